@@ -1,0 +1,1 @@
+"""siglo's built-in backend plugins, each registered through the ``siglo`` entry point."""

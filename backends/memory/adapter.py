@@ -1,0 +1,350 @@
+"""The in-memory storage adapter (reference model)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, TypeVar
+
+from siglo import codec
+from siglo.adapter import Capability, StorageAdapter
+from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
+from siglo.clock import Clock, system_clock
+from siglo.errors import (
+    CheckpointConflictError,
+    InvalidArgumentError,
+    LockNotAcquiredError,
+    WaitRecordClaimError,
+)
+from siglo.locking import DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
+from siglo.sentinel import MISSING, Missing
+from siglo.validation import (
+    check_save_arguments,
+    check_wait_record,
+    require_id,
+    require_optional_id,
+    require_ttl_ms,
+)
+
+__all__ = ["DEFAULT_CACHE_TTL_MS", "DEFAULT_CLAIM_LEASE_MS", "MemoryStorageAdapter"]
+
+T = TypeVar("T")
+
+DEFAULT_CACHE_TTL_MS: Final = 300_000
+DEFAULT_CLAIM_LEASE_MS: Final = 60_000
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A stored JSON document and the time it is gone (``None``: kept until removed)."""
+
+    data: bytes
+    gone_at: int | None
+
+    def live(self, now: int) -> bool:
+        return self.gone_at is None or now < self.gone_at
+
+
+def _earliest(*times: int | None) -> int | None:
+    present = [t for t in times if t is not None]
+    return min(present) if present else None
+
+
+class MemoryStorageAdapter(StorageAdapter):
+    """The whole storage contract in plain dicts; every expiry uses the injected clock.
+
+    ``checkpoint_ttl_ms`` (default: none) bounds how long checkpoints without their own
+    ``expires_at``, wait records and context streams are kept, as the seed's
+    ``checkpointTtlMs`` does for Redis. ``cache_ttl_ms`` is the step cache's default TTL,
+    ``claim_lease_ms`` how long a wait-record claim lasts before another claimant may
+    take the record over.
+    """
+
+    name: ClassVar[str] = "memory"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.CHECKPOINTS,
+            Capability.WAIT_RECORDS,
+            Capability.WORKFLOW_LOCK,
+            Capability.STEP_CACHE,
+            Capability.CONTEXT_STREAM,
+            Capability.CACHE_EVENTS,
+            Capability.CLOCK,
+        }
+    )
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        checkpoint_ttl_ms: int | None = None,
+        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+        claim_lease_ms: int = DEFAULT_CLAIM_LEASE_MS,
+        workflow_lock_timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
+    ) -> None:
+        self.clock: Clock = clock or system_clock
+        self.checkpoint_ttl_ms = require_ttl_ms(
+            "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
+        )
+        self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
+        self.claim_lease_ms = require_ttl_ms("claim_lease_ms", claim_lease_ms)
+        self.workflow_lock_timeout_ms = require_ttl_ms(
+            "workflow_lock_timeout_ms", workflow_lock_timeout_ms
+        )
+        self._checkpoints: dict[tuple[str | None, str], _Entry] = {}
+        self._waits: dict[str, _Entry] = {}
+        self._latest_wait_of_stack: dict[str, str] = {}
+        self._cache: dict[str, _Entry] = {}
+        self._contexts: dict[tuple[str | None, str, str], tuple[dict[str, bytes], int | None]] = {}
+        self._workflow_locks: dict[str, asyncio.Lock] = {}
+        self.cache_events: list[CacheEvent] = []
+        """Cache events received, newest last (telemetry only; bounded to 1,000)."""
+
+    def _retention(self, now: int) -> int | None:
+        return None if self.checkpoint_ttl_ms is None else now + self.checkpoint_ttl_ms
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def _live_checkpoint(self, key: tuple[str | None, str], now: int) -> Checkpoint | None:
+        entry = self._checkpoints.get(key)
+        if entry is None or not entry.live(now):
+            return None
+        return Checkpoint.from_json(entry.data)
+
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        data = checkpoint.to_json()
+        now = self.clock.now_ms()
+        key = (checkpoint.namespace, checkpoint.stack_id)
+        current = self._live_checkpoint(key, now)
+        current_revision = None if current is None else current.revision
+        if expected_revision is not None:
+            won = (current_revision or 0) == expected_revision
+        else:
+            won = current_revision is None or checkpoint.revision > current_revision
+        if not won:
+            raise CheckpointConflictError(
+                checkpoint.stack_id, current_revision, expected_revision, checkpoint.revision
+            )
+        gone_at = _earliest(checkpoint.expires_at, self._retention(now))
+        self._checkpoints[key] = _Entry(data, gone_at)
+
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        now = self.clock.now_ms()
+        found = self._live_checkpoint((namespace, stack_id), now)
+        if found is None and namespace is not None and fallback:
+            found = self._live_checkpoint((None, stack_id), now)
+        return found
+
+    async def clean_expired_checkpoints(self) -> int:
+        now = self.clock.now_ms()
+        expired = [key for key, entry in self._checkpoints.items() if not entry.live(now)]
+        for key in expired:
+            del self._checkpoints[key]
+        return len(expired)
+
+    # -- wait records --------------------------------------------------------------------
+
+    def _live_wait(self, key: str, now: int) -> WaitRecord | None:
+        entry = self._waits.get(key)
+        if entry is None or not entry.live(now):
+            return None
+        return WaitRecord.from_json(entry.data)
+
+    def _store_wait(self, record: WaitRecord) -> None:
+        # Transitions keep the retention the record was saved with.
+        self._waits[record.correlation_key].data = record.to_json()
+
+    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        check_wait_record(record)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        data = record.to_json()
+        now = self.clock.now_ms()
+        gone_at = now + ttl_ms if ttl_ms is not None else self._retention(now)
+        self._waits[record.correlation_key] = _Entry(data, gone_at)
+        self._latest_wait_of_stack[record.stack_id] = record.correlation_key
+
+    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
+        now = self.clock.now_ms()
+        record = self._live_wait(key, now)
+        if record is not None:
+            return record
+        latest = self._latest_wait_of_stack.get(key)
+        if latest is not None:
+            record = self._live_wait(latest, now)
+            if record is not None:
+                return record
+        # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
+        checkpoint = self._live_checkpoint((None, key), now)
+        if checkpoint is not None and checkpoint.metadata:
+            embedded = checkpoint.metadata.get("waitRecord")
+            if isinstance(embedded, dict):
+                return WaitRecord.from_wire(embedded)
+        return None
+
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
+        require_id("correlation_key", correlation_key)
+        require_optional_id("claimant_id", claimant_id)
+        require_ttl_ms("lease_ms", lease_ms, optional=True)
+        if event_payload is not MISSING:
+            codec.dumps(event_payload, what="event_payload")
+        claimant = claimant_id or uuid.uuid4().hex
+        now = self.clock.now_ms()
+        record = self._live_wait(correlation_key, now)
+        if record is None or record.status in ("completed", "cancelled"):
+            return None
+        if (
+            record.status == "claimed"
+            and not record.lease_expired(now)
+            and record.claimant_id != claimant
+        ):
+            return None
+        if record.is_expired(now) and not allow_expired:
+            return None
+        claimed = record.replace(
+            status="claimed",
+            claimant_id=claimant,
+            claimed_at=now,
+            lease_expires_at=now + (lease_ms or self.claim_lease_ms),
+            event_payload=record.event_payload if event_payload is MISSING else event_payload,
+        )
+        self._store_wait(claimed)
+        return claimed
+
+    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+        require_id("correlation_key", correlation_key)
+        require_id("claimant_id", claimant_id)
+        now = self.clock.now_ms()
+        record = self._live_wait(correlation_key, now)
+        if record is None:
+            raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
+        if record.status != "claimed":
+            raise WaitRecordClaimError(
+                f"wait record {correlation_key!r} is {record.status}, not claimed"
+            )
+        if record.claimant_id != claimant_id:
+            raise WaitRecordClaimError(
+                f"wait record {correlation_key!r} is claimed by another claimant"
+            )
+        self._store_wait(record.replace(status="completed", completed_at=now))
+
+    async def cancel_wait_record(self, correlation_key: str) -> bool:
+        require_id("correlation_key", correlation_key)
+        record = self._live_wait(correlation_key, self.clock.now_ms())
+        if record is None or record.status not in ("waiting", "claimed"):
+            return False
+        self._store_wait(record.replace(status="cancelled"))
+        return True
+
+    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        now = self.clock.now_ms()
+        for key in list(self._waits):
+            record = self._live_wait(key, now)
+            if (
+                record is not None
+                and record.stack_id == stack_id
+                and record.namespace == namespace
+                and record.status in ("waiting", "claimed")
+            ):
+                self._store_wait(record.replace(status="cancelled"))
+        key_cp = (namespace, stack_id)
+        checkpoint = self._live_checkpoint(key_cp, now)
+        if checkpoint is not None and checkpoint.status not in TERMINAL_STATUSES:
+            cancelled = checkpoint.replace(
+                status="cancelled", revision=checkpoint.revision + 1, timestamp=now
+            )
+            self._checkpoints[key_cp].data = cancelled.to_json()
+
+    async def with_workflow_lock(
+        self,
+        stack_id: str,
+        action: Callable[[], Awaitable[T]],
+        *,
+        timeout_ms: int | None = None,
+    ) -> T:
+        require_id("stack_id", stack_id)
+        require_ttl_ms("timeout_ms", timeout_ms, optional=True)
+        lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
+        timeout = (timeout_ms or self.workflow_lock_timeout_ms) / 1000
+        try:
+            await asyncio.wait_for(lock.acquire(), timeout)
+        except TimeoutError:
+            raise LockNotAcquiredError(
+                f"workflow lock for stack {stack_id!r} still held after {timeout * 1000:.0f} ms"
+            ) from None
+        try:
+            return await action()
+        finally:
+            lock.release()
+
+    # -- step cache ------------------------------------------------------------------------
+
+    async def get_cached_step(self, key: str) -> Any | Missing:
+        require_id("key", key)
+        entry = self._cache.get(key)
+        if entry is None or not entry.live(self.clock.now_ms()):
+            return MISSING
+        return codec.loads(entry.data, what="cached step")
+
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        data = codec.dumps(value, what=f"cached value of {key!r}")
+        self._cache[key] = _Entry(data, self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
+
+    # -- context stream and telemetry ---------------------------------------------------------
+
+    async def on_context_change(self, event: ContextChangeEvent) -> None:
+        if not isinstance(event, ContextChangeEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
+            )
+        now = self.clock.now_ms()
+        key = (event.namespace, event.stack_id, event.step_id)
+        fields, gone_at = self._contexts.get(key, ({}, None))
+        if gone_at is not None and now >= gone_at:
+            fields = {}
+        if event.op == "delete":
+            fields.pop(event.key, None)
+        else:
+            fields[event.key] = codec.dumps(event.value, what=f"context value {event.key!r}")
+        self._contexts[key] = (fields, self._retention(now))
+
+    async def get_context_changes(
+        self, stack_id: str, step_id: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        require_id("stack_id", stack_id)
+        require_id("step_id", step_id)
+        require_optional_id("namespace", namespace)
+        fields, gone_at = self._contexts.get((namespace, stack_id, step_id), ({}, None))
+        if gone_at is not None and self.clock.now_ms() >= gone_at:
+            return {}
+        return {name: codec.loads(data, what="context value") for name, data in fields.items()}
+
+    async def on_cache_event(self, event: CacheEvent) -> None:
+        if not isinstance(event, CacheEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.CacheEvent, got {type(event).__name__}"
+            )
+        self.cache_events.append(event)
+        del self.cache_events[:-1000]

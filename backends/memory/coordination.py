@@ -1,0 +1,145 @@
+"""In-memory idempotency store, lock and nonce store (reference model of seed 001 §6–§8)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from siglo import codec
+from siglo.clock import Clock, system_clock
+from siglo.coordination import (
+    DEFAULT_LOCK_TTL_MS,
+    ClaimState,
+    LockBase,
+    LockResult,
+    new_lock_token,
+    nonce_ttl_ms,
+)
+from siglo.sentinel import MISSING, Missing
+from siglo.validation import require_id, require_ttl_ms
+
+__all__ = [
+    "DEFAULT_IDEMPOTENCY_TTL_MS",
+    "MemoryIdempotencyStore",
+    "MemoryLock",
+    "MemoryNonceStore",
+]
+
+DEFAULT_IDEMPOTENCY_TTL_MS: Final = 86_400_000
+IN_PROGRESS: Final = "in-progress"
+COMPLETED_PREFIX: Final = "COMPLETED:"
+
+
+class _ExpiringDict:
+    """A dict whose entries vanish at their expiry time by the given clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._items: dict[str, tuple[str, int]] = {}
+
+    def get(self, key: str) -> str | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if self.clock.now_ms() >= item[1]:
+            del self._items[key]
+            return None
+        return item[0]
+
+    def set(self, key: str, value: str, ttl_ms: int) -> None:
+        self._items[key] = (value, self.clock.now_ms() + ttl_ms)
+
+    def delete(self, key: str) -> None:
+        self._items.pop(key, None)
+
+
+class MemoryIdempotencyStore:
+    """Values as in Redis: ``in-progress`` while claimed, ``COMPLETED:<json>`` when done."""
+
+    def __init__(
+        self, *, clock: Clock | None = None, default_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS
+    ) -> None:
+        self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
+        self._keys = _ExpiringDict(clock or system_clock)
+
+    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        value = self._keys.get(key)
+        if value is None:
+            self._keys.set(key, IN_PROGRESS, ttl_ms or self.default_ttl_ms)
+            return "claimed"
+        return "completed" if value.startswith(COMPLETED_PREFIX) else "in-progress"
+
+    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        encoded = codec.dumps_str(result, what=f"result of {key!r}")
+        self._keys.set(key, COMPLETED_PREFIX + encoded, ttl_ms or self.default_ttl_ms)
+
+    async def fail(self, key: str, error: BaseException | None = None) -> None:
+        require_id("key", key)
+        if self._keys.get(key) == IN_PROGRESS:
+            self._keys.delete(key)
+
+    async def get_result(self, key: str) -> Any | Missing:
+        require_id("key", key)
+        value = self._keys.get(key)
+        if value is None or not value.startswith(COMPLETED_PREFIX):
+            return MISSING
+        return codec.loads(value[len(COMPLETED_PREFIX) :], what="idempotency result")
+
+    async def get(self, key: str) -> Any | Missing:
+        return await self.get_result(key)
+
+
+class MemoryLock(LockBase):
+    """Token-checked locks with a TTL and a fencing counter per key."""
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self.clock = clock or system_clock
+        self._holders = _ExpiringDict(self.clock)
+        self._fences: dict[str, int] = {}
+
+    async def acquire(
+        self, lock_key: str, ttl_ms: int = DEFAULT_LOCK_TTL_MS, custom_token: str | None = None
+    ) -> LockResult:
+        self._check_acquire(lock_key, ttl_ms, custom_token)
+        token = custom_token or new_lock_token(self.clock.now_ms())
+        if self._holders.get(lock_key) is not None:
+            return LockResult(acquired=False, token=token)
+        self._holders.set(lock_key, token, ttl_ms)
+        fence = self._fences.get(lock_key, 0) + 1
+        self._fences[lock_key] = fence
+        return LockResult(acquired=True, token=token, fencing_token=fence)
+
+    async def release(self, lock_key: str, token: str) -> bool:
+        require_id("lock_key", lock_key)
+        require_id("token", token)
+        if self._holders.get(lock_key) != token:
+            return False
+        self._holders.delete(lock_key)
+        return True
+
+    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
+        require_id("lock_key", lock_key)
+        require_id("token", token)
+        require_ttl_ms("ttl_ms", ttl_ms)
+        if self._holders.get(lock_key) != token:
+            return False
+        self._holders.set(lock_key, token, ttl_ms)
+        return True
+
+
+class MemoryNonceStore:
+    """First claim of a key within its window wins; later ones are replays."""
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._seen = _ExpiringDict(clock or system_clock)
+
+    async def claim(self, key: str, ttl_seconds: float) -> bool:
+        require_id("key", key)
+        ttl_ms = nonce_ttl_ms(ttl_seconds)
+        if self._seen.get(key) is not None:
+            return False
+        self._seen.set(key, "1", ttl_ms)
+        return True

@@ -1,0 +1,123 @@
+"""siglo: pluggable, multi-backend storage for durable workflows.
+
+Checkpoints with optimistic concurrency, durable wait records, step caches,
+context-change streams, and the idempotency keys, locks and nonces beside them, on
+in-memory, Redis, SQLite and PostgreSQL backends discovered as plugins.
+"""
+
+from __future__ import annotations
+
+from siglo.adapter import Capability, StorageAdapter
+from siglo.backend import Backend
+from siglo.checkpoint import Checkpoint, Status
+from siglo.clock import Clock, ManualClock, SystemClock
+from siglo.connect import connect
+from siglo.coordination import ClaimState, IdempotencyStore, Lock, LockResult, NonceStore
+from siglo.errors import (
+    BackendNotFoundError,
+    CapabilityNotSupportedError,
+    CheckpointConflictError,
+    CheckpointConflictException,
+    CheckpointVersionError,
+    CheckpointVersionException,
+    DriverNotInstalledError,
+    InvalidArgumentError,
+    InvalidStateTransitionError,
+    LockNotAcquiredError,
+    MalformedRecordError,
+    NamespaceMismatchError,
+    NamespaceMismatchException,
+    PluginError,
+    SchemaVersionError,
+    SigloError,
+    StorageAdapterError,
+    StorageAdapterException,
+    UnknownStackError,
+    WaitRecordClaimError,
+    WorkflowVersionMismatchError,
+    WorkflowVersionMismatchException,
+)
+from siglo.manager import (
+    ErrorMode,
+    StorageManager,
+    StorageWarning,
+    default_storage_manager,
+    use_storage,
+)
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, WaitStatus
+from siglo.redaction import REDACTED
+from siglo.sentinel import MISSING, Missing
+from siglo.stack import ExecutionStack
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MISSING",
+    "REDACTED",
+    "Backend",
+    "BackendNotFoundError",
+    "CacheEvent",
+    "Capability",
+    "CapabilityNotSupportedError",
+    "Checkpoint",
+    "CheckpointConflictError",
+    "CheckpointConflictException",
+    "CheckpointVersionError",
+    "CheckpointVersionException",
+    "ClaimState",
+    "Clock",
+    "ContextChangeEvent",
+    "DriverNotInstalledError",
+    "ErrorMode",
+    "ExecutionStack",
+    "IdempotencyStore",
+    "InvalidArgumentError",
+    "InvalidStateTransitionError",
+    "Lock",
+    "LockNotAcquiredError",
+    "LockResult",
+    "MalformedRecordError",
+    "ManualClock",
+    "Missing",
+    "NamespaceMismatchError",
+    "NamespaceMismatchException",
+    "NonceStore",
+    "PluginError",
+    "SchemaVersionError",
+    "SigloError",
+    "Status",
+    "StorageAdapter",
+    "StorageAdapterError",
+    "StorageAdapterException",
+    "StorageManager",
+    "StorageWarning",
+    "SystemClock",
+    "UnknownStackError",
+    "WaitRecord",
+    "WaitRecordClaimError",
+    "WaitStatus",
+    "WorkflowVersionMismatchError",
+    "WorkflowVersionMismatchException",
+    "__version__",
+    "connect",
+    "default_storage_manager",
+    "use_storage",
+]
+
+
+def __getattr__(name: str) -> object:
+    # The Redis classes of seed 001 are public under their seed names, imported lazily
+    # so that `import siglo` never needs the redis driver.
+    if name in _REDIS_NAMES:
+        import importlib
+
+        from siglo.plugins import get_registry
+
+        get_registry().backend("redis").load_factory()  # says which extra is missing
+        return getattr(importlib.import_module("siglo.backends.redis"), name)
+    raise AttributeError(f"module 'siglo' has no attribute {name!r}")
+
+
+_REDIS_NAMES = frozenset(
+    {"RedisStorageAdapter", "RedisIdempotencyStore", "RedisLock", "RedisNonceStore"}
+)

@@ -1,0 +1,5 @@
+"""``python -m siglo`` runs the command line."""
+
+from siglo.cli import main
+
+main()

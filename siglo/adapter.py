@@ -1,0 +1,209 @@
+"""The storage adapter contract (seed 000 §6), snake_case and async.
+
+Every method is optional. An adapter says which parts it implements in
+:attr:`StorageAdapter.capabilities`; the base class answers the rest with
+:class:`~siglo.errors.CapabilityNotSupportedError`. The contract suite checks that a
+declared capability is really implemented, and reports an undeclared one as "not
+supported" rather than passed. The rules every method obeys are on ``docs/contract.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Final, TypeVar
+
+from siglo.checkpoint import Checkpoint
+from siglo.errors import CapabilityNotSupportedError
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
+from siglo.sentinel import MISSING, Missing
+
+__all__ = ["CAPABILITY_METHODS", "Capability", "StorageAdapter"]
+
+T = TypeVar("T")
+
+
+class Capability(enum.StrEnum):
+    """An optional part of the storage contract."""
+
+    CHECKPOINTS = "checkpoints"
+    """save_checkpoint (atomic compare-and-set), get_checkpoint, clean_expired_checkpoints."""
+    WAIT_RECORDS = "wait_records"
+    """save / get / claim / complete / cancel wait records, and cancel_workflow."""
+    WORKFLOW_LOCK = "workflow_lock"
+    """with_workflow_lock: actions for one stack never overlap."""
+    STEP_CACHE = "step_cache"
+    """get_cached_step / set_cached_step, with a cached None distinct from a miss."""
+    CONTEXT_STREAM = "context_stream"
+    """on_context_change, readable back through get_context_changes."""
+    CACHE_EVENTS = "cache_events"
+    """on_cache_event accepts telemetry without affecting stored state."""
+    IDEMPOTENCY = "idempotency"
+    """The backend provides an idempotency store (seed 001 §6)."""
+    LOCKS = "locks"
+    """The backend provides a distributed lock with fencing tokens (seed 001 §7)."""
+    NONCES = "nonces"
+    """The backend provides a nonce store (seed 001 §8)."""
+    CLOCK = "clock"
+    """Every expiry decision uses the injected Clock, so tests can move time."""
+
+
+CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
+    Capability.CHECKPOINTS: ("save_checkpoint", "get_checkpoint", "clean_expired_checkpoints"),
+    Capability.WAIT_RECORDS: (
+        "save_wait_record",
+        "get_wait_record",
+        "claim_wait_record",
+        "complete_wait_record",
+        "cancel_wait_record",
+        "cancel_workflow",
+    ),
+    Capability.WORKFLOW_LOCK: ("with_workflow_lock",),
+    Capability.STEP_CACHE: ("get_cached_step", "set_cached_step"),
+    Capability.CONTEXT_STREAM: ("on_context_change", "get_context_changes"),
+    Capability.CACHE_EVENTS: ("on_cache_event",),
+}
+"""The adapter methods each adapter-level capability requires."""
+
+
+class StorageAdapter:
+    """Base class of storage adapters.
+
+    Subclasses set :attr:`name` and :attr:`capabilities` and override the methods of the
+    capabilities they declare. Methods of undeclared capabilities raise
+    :class:`~siglo.errors.CapabilityNotSupportedError`.
+    """
+
+    name: ClassVar[str] = "adapter"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+
+    def supports(self, capability: Capability | str) -> bool:
+        """Whether this adapter declares ``capability``."""
+        return Capability(capability) in self.capabilities
+
+    def _unsupported(self, method: str) -> CapabilityNotSupportedError:
+        return CapabilityNotSupportedError(
+            f"storage adapter {self.name!r} does not implement {method}()"
+        )
+
+    # -- 1. context and event streaming -------------------------------------------
+
+    async def on_context_change(self, event: ContextChangeEvent) -> None:
+        """Record one context mutation (non-blocking telemetry: must not raise on I/O)."""
+        raise self._unsupported("on_context_change")
+
+    async def get_context_changes(
+        self, stack_id: str, step_id: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """The latest recorded value of every field of one step's context stream."""
+        raise self._unsupported("get_context_changes")
+
+    # -- 2. checkpointing ------------------------------------------------------------
+
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        """Store ``checkpoint`` under ``(checkpoint.namespace, checkpoint.stack_id)``.
+
+        An atomic compare-and-set on the stored revision: with ``expected_revision`` the
+        live stored revision (0 when none) must equal it, without it the new revision
+        must be greater than the stored one. Otherwise raises
+        :class:`~siglo.errors.CheckpointConflictError` and stores nothing.
+        """
+        raise self._unsupported("save_checkpoint")
+
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
+        """The live checkpoint of a stack, or ``None``.
+
+        With a ``namespace``, looks there first and, when ``fallback`` is true, then at
+        the un-namespaced checkpoint (seed 001 §5). Expired checkpoints are never returned.
+        """
+        raise self._unsupported("get_checkpoint")
+
+    async def clean_expired_checkpoints(self) -> int:
+        """Delete expired checkpoints; return how many (0 for native-expiry stores)."""
+        raise self._unsupported("clean_expired_checkpoints")
+
+    # -- 3. durable waits ------------------------------------------------------------
+
+    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        """Store ``record`` under its correlation key, indexed by its stack id.
+
+        ``ttl_ms`` is how long the record is kept (``None``: the adapter's default);
+        past it the record is gone. It is distinct from the wait's deadline
+        ``record.expires_at``.
+        """
+        raise self._unsupported("save_wait_record")
+
+    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        """The record with this correlation key, else the latest saved for this stack id."""
+        raise self._unsupported("get_wait_record")
+
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
+        """Atomically move one record from ``waiting`` to ``claimed``.
+
+        Returns the claimed record, or ``None`` when it cannot be claimed (missing,
+        completed, cancelled, claimed under a live lease by another claimant, or past its
+        deadline without ``allow_expired``). Exactly one concurrent caller wins.
+        """
+        raise self._unsupported("claim_wait_record")
+
+    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+        """Mark a claimed record completed; only its claimant may.
+
+        Raises :class:`~siglo.errors.WaitRecordClaimError` otherwise, changing nothing.
+        """
+        raise self._unsupported("complete_wait_record")
+
+    async def cancel_wait_record(self, correlation_key: str) -> bool:
+        """Cancel a waiting or claimed record; ``True`` if it was cancelled by this call."""
+        raise self._unsupported("cancel_wait_record")
+
+    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
+        """Cancel every open wait of the stack and mark its checkpoint ``cancelled``."""
+        raise self._unsupported("cancel_workflow")
+
+    async def with_workflow_lock(
+        self,
+        stack_id: str,
+        action: Callable[[], Awaitable[T]],
+        *,
+        timeout_ms: int | None = None,
+    ) -> T:
+        """Run ``action`` holding the stack's lock; two actions never overlap.
+
+        Waits up to ``timeout_ms`` (``None``: the adapter's default) for the lock, then
+        raises :class:`~siglo.errors.LockNotAcquiredError`.
+        """
+        raise self._unsupported("with_workflow_lock")
+
+    # -- 4. step cache ---------------------------------------------------------------
+
+    async def get_cached_step(self, key: str) -> Any | Missing:
+        """The cached value, or :data:`~siglo.MISSING` (a cached ``None`` is a hit)."""
+        raise self._unsupported("get_cached_step")
+
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        """Cache ``value`` for ``ttl_ms`` (``None``: the adapter's default)."""
+        raise self._unsupported("set_cached_step")
+
+    # -- 5. telemetry ------------------------------------------------------------------
+
+    async def on_cache_event(self, event: CacheEvent) -> None:
+        """Accept a cache telemetry event; it never changes stored state."""
+        raise self._unsupported("on_cache_event")
+
+    # -- life cycle --------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Release connections. The default does nothing."""

@@ -1,0 +1,80 @@
+"""``siglo backends``: every discovered plugin and what its backends can do."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from siglo.plugins import get_registry
+
+__all__ = ["backends", "describe_plugins"]
+
+
+def describe_plugins() -> list[dict[str, Any]]:
+    """One entry per discovered plugin, as ``siglo backends --json`` prints it."""
+    rows: list[dict[str, Any]] = []
+    for info in get_registry().plugins.values():
+        rows.append(
+            {
+                "plugin": info.name,
+                "distribution": info.distribution,
+                "version": info.version,
+                "status": "blocked" if info.blocked else ("error" if info.error else "ok"),
+                "error": info.error,
+                "backends": [
+                    {
+                        "name": spec.name,
+                        "schemes": list(spec.schemes),
+                        "capabilities": sorted(c.value for c in spec.capabilities),
+                        "driver_installed": spec.driver_installed,
+                        "missing_drivers": spec.missing_drivers(),
+                        "extra": spec.extra,
+                        "description": spec.description,
+                    }
+                    for spec in info.backends
+                ],
+            }
+        )
+    return rows
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+def backends(as_json: bool) -> None:
+    """List discovered backend plugins: schemes, capabilities, driver status."""
+    rows = describe_plugins()
+    if as_json:
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    table = Table(title="siglo backends", show_lines=True)
+    for column in ("backend", "plugin", "distribution", "schemes", "capabilities", "driver"):
+        table.add_column(column, overflow="fold")
+    broken: list[tuple[str, str]] = []
+    for row in rows:
+        dist = f"{row['distribution'] or '-'} {row['version'] or ''}".strip()
+        if row["status"] != "ok":
+            broken.append((row["plugin"], row["error"] or "blocked by SIGLO_DISABLE_PLUGINS"))
+            continue
+        for b in row["backends"]:
+            if b["driver_installed"]:
+                driver = "[green]installed[/green]"
+            else:
+                hint = f"pip install 'siglo[{b['extra']}]'" if b["extra"] else "missing"
+                driver = f"[red]missing[/red] ({', '.join(b['missing_drivers'])}): {hint}"
+            table.add_row(
+                b["name"],
+                row["plugin"],
+                dist,
+                ", ".join(f"{s}://" for s in b["schemes"]),
+                ", ".join(b["capabilities"]),
+                driver,
+            )
+    console = Console()
+    console.print(table)
+    for name, why in broken:
+        console.print(f"[yellow]plugin {name!r} not loaded:[/yellow] {why}", highlight=False)

@@ -1,0 +1,183 @@
+"""The one error hierarchy of siglo.
+
+Every error siglo raises derives from :class:`SigloError`. The names follow PEP 8; the
+names of the TypeScript original (``CheckpointConflictException`` …) are kept as aliases
+so code ported from it reads the same.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendNotFoundError",
+    "CapabilityNotSupportedError",
+    "CheckpointConflictError",
+    "CheckpointConflictException",
+    "CheckpointVersionError",
+    "CheckpointVersionException",
+    "DriverNotInstalledError",
+    "InvalidArgumentError",
+    "InvalidStateTransitionError",
+    "LockNotAcquiredError",
+    "MalformedRecordError",
+    "NamespaceMismatchError",
+    "NamespaceMismatchException",
+    "PluginError",
+    "SchemaVersionError",
+    "SigloError",
+    "StorageAdapterError",
+    "StorageAdapterException",
+    "UnknownStackError",
+    "WaitRecordClaimError",
+    "WorkflowVersionMismatchError",
+    "WorkflowVersionMismatchException",
+]
+
+
+class SigloError(Exception):
+    """Base class of every error siglo raises."""
+
+
+class InvalidArgumentError(SigloError, ValueError):
+    """An argument is malformed; the message names it. Nothing stored was changed."""
+
+
+class MalformedRecordError(SigloError, ValueError):
+    """A stored or received document does not have the documented shape.
+
+    ``field`` names the offending field (dotted for nested ones), ``kind`` the document
+    (``"checkpoint"``, ``"wait record"`` …).
+    """
+
+    def __init__(self, kind: str, field: str, problem: str) -> None:
+        self.kind = kind
+        self.field = field
+        self.problem = problem
+        super().__init__(f"malformed {kind}: field {field!r} {problem}")
+
+
+class CheckpointVersionError(MalformedRecordError):
+    """A checkpoint was written by a newer storage schema than this siglo understands."""
+
+    def __init__(self, version: object, supported: int = 2) -> None:
+        self.version = version
+        self.supported = supported
+        super().__init__(
+            "checkpoint",
+            "version",
+            f"is {version!r}; this siglo reads storage schema versions up to {supported}. "
+            "Upgrade siglo to read it.",
+        )
+
+
+class CheckpointConflictError(SigloError):
+    """An optimistic-concurrency save lost: the stored revision is not the expected one.
+
+    ``current_revision`` is the revision stored when the save was refused (``None`` when
+    no live checkpoint exists); ``expected_revision`` is what the caller expected
+    (``None`` for a save without one, refused because it would not move the revision
+    forward); ``attempted_revision`` is the revision of the refused checkpoint.
+    """
+
+    def __init__(
+        self,
+        stack_id: str,
+        current_revision: int | None,
+        expected_revision: int | None,
+        attempted_revision: int | None = None,
+    ) -> None:
+        self.stack_id = stack_id
+        self.current_revision = current_revision
+        self.expected_revision = expected_revision
+        self.attempted_revision = attempted_revision
+        if expected_revision is not None:
+            detail = f"expected revision {expected_revision}, stored is {current_revision}"
+        else:
+            detail = (
+                f"revision {attempted_revision} does not move past the stored revision "
+                f"{current_revision}"
+            )
+        super().__init__(
+            f"checkpoint conflict on stack {stack_id!r}: {detail}; "
+            "reload the latest checkpoint, reconcile and retry"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.stack_id, self.current_revision, self.expected_revision, self.attempted_revision),
+        )
+
+
+class NamespaceMismatchError(SigloError):
+    """A checkpoint of one namespace was restored where another was expected."""
+
+    def __init__(self, stack_id: str, expected_namespace: str, actual_namespace: str) -> None:
+        self.stack_id = stack_id
+        self.expected_namespace = expected_namespace
+        self.actual_namespace = actual_namespace
+        super().__init__(
+            f"checkpoint of stack {stack_id!r} belongs to namespace {actual_namespace!r}, "
+            f"not the expected {expected_namespace!r}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.stack_id, self.expected_namespace, self.actual_namespace))
+
+
+class StorageAdapterError(SigloError):
+    """A backend failed (connection lost, timeout, driver error).
+
+    The driver's exception is the ``__cause__``. Error modes decide whether the storage
+    manager raises, logs or swallows it.
+    """
+
+
+class WorkflowVersionMismatchError(SigloError):
+    """A workflow's steps changed since the checkpoint was written, with no migration."""
+
+
+class InvalidStateTransitionError(SigloError):
+    """A status transition the execution lifecycle does not allow."""
+
+
+class UnknownStackError(SigloError, KeyError):
+    """No live execution stack has this id in the storage manager."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown stack"
+
+
+class WaitRecordClaimError(SigloError):
+    """A wait record could not be completed: missing, not claimed, or claimed by another."""
+
+
+class LockNotAcquiredError(SigloError):
+    """A lock is held by someone else and could not be acquired in time."""
+
+
+class CapabilityNotSupportedError(SigloError, NotImplementedError):
+    """The adapter does not implement an optional part of the storage contract."""
+
+
+class PluginError(SigloError):
+    """A backend plugin is broken: it failed to load or declared something invalid."""
+
+
+class BackendNotFoundError(SigloError, LookupError):
+    """No registered backend serves a URL's scheme."""
+
+
+class DriverNotInstalledError(SigloError, ImportError):
+    """A backend's driver is not installed; the message says which extra to install."""
+
+
+class SchemaVersionError(SigloError):
+    """A database's siglo schema is older or newer than this siglo's code."""
+
+
+# The names of the TypeScript original.
+CheckpointVersionException = CheckpointVersionError
+CheckpointConflictException = CheckpointConflictError
+NamespaceMismatchException = NamespaceMismatchError
+StorageAdapterException = StorageAdapterError
+WorkflowVersionMismatchException = WorkflowVersionMismatchError

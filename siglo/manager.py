@@ -1,0 +1,430 @@
+"""The storage manager: live execution stacks, snapshots and the adapter behind them."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+import warnings
+from collections.abc import Collection, Mapping
+from typing import Any, Final, Literal, get_args
+
+from siglo import codec
+from siglo.adapter import Capability, StorageAdapter
+from siglo.backend import Backend
+from siglo.background import SerialJobs
+from siglo.checkpoint import CHECKPOINT_VERSION, SCHEMA_VERSION, Checkpoint
+from siglo.clock import Clock, system_clock
+from siglo.errors import (
+    InvalidArgumentError,
+    NamespaceMismatchError,
+    SigloError,
+    StorageAdapterError,
+    UnknownStackError,
+)
+from siglo.records import ContextChangeEvent, ContextOp
+from siglo.redaction import redact_contexts
+from siglo.stack import ExecutionStack
+from siglo.validation import require_id, require_optional_id, require_ttl_ms
+
+__all__ = [
+    "ERROR_MODES",
+    "ErrorMode",
+    "StorageManager",
+    "StorageWarning",
+    "default_storage_manager",
+    "use_storage",
+]
+
+logger = logging.getLogger("siglo")
+
+ErrorMode = Literal["best-effort", "warn", "strict"]
+ERROR_MODES: Final = frozenset(get_args(ErrorMode))
+
+
+class StorageWarning(UserWarning):
+    """Issued for an adapter failure in ``warn`` error mode."""
+
+
+def _is_adapter_failure(exc: BaseException) -> bool:
+    """Error modes govern adapter failures only; contract outcomes (a conflict, a
+    namespace mismatch) and the caller's own bad input always propagate."""
+    return isinstance(exc, StorageAdapterError) or not isinstance(exc, SigloError)
+
+
+class StorageManager:
+    """Owns live execution stacks and persists their snapshots through an adapter.
+
+    ``error_mode`` decides what an adapter failure does (seed 000 §5): ``"best-effort"``
+    swallows it, ``"warn"`` logs it to the ``siglo`` logger and issues a
+    :class:`StorageWarning`, ``"strict"`` raises :class:`~siglo.errors.StorageAdapterError`
+    — for a background save, from the next awaited manager call or :meth:`flush`. A
+    :class:`~siglo.errors.CheckpointConflictError` is raised in every mode.
+    ``namespace_fallback`` lets a namespaced load fall back to the un-namespaced
+    checkpoint, as the seed does.
+    """
+
+    def __init__(
+        self,
+        adapter: StorageAdapter | Backend | None = None,
+        *,
+        error_mode: ErrorMode = "best-effort",
+        clock: Clock | None = None,
+        namespace_fallback: bool = True,
+    ) -> None:
+        self._adapter: StorageAdapter | None = None
+        self.use_storage(adapter)
+        self._error_mode: ErrorMode = "best-effort"
+        self.set_error_mode(error_mode)
+        self.clock: Clock = clock or system_clock
+        self.namespace_fallback = namespace_fallback
+        self._stacks: dict[str, ExecutionStack] = {}
+        self._jobs = SerialJobs()
+        self._deferred: list[BaseException] = []
+
+    # -- configuration -------------------------------------------------------------------
+
+    @property
+    def adapter(self) -> StorageAdapter | None:
+        """The storage adapter in use (``None``: snapshots are taken but not stored)."""
+        return self._adapter
+
+    def use_storage(self, adapter: StorageAdapter | Backend | None) -> None:
+        """Store through ``adapter`` (or a :class:`~siglo.Backend`'s adapter) from now on."""
+        if isinstance(adapter, Backend):
+            adapter = adapter.adapter
+        if adapter is not None and not isinstance(adapter, StorageAdapter):
+            raise InvalidArgumentError(
+                f"use_storage() takes a siglo.StorageAdapter or siglo.Backend, "
+                f"got {type(adapter).__name__}"
+            )
+        self._adapter = adapter
+
+    @property
+    def error_mode(self) -> ErrorMode:
+        """The current error mode."""
+        return self._error_mode
+
+    def set_error_mode(self, mode: ErrorMode) -> None:
+        """Set the error mode: ``"best-effort"``, ``"warn"`` or ``"strict"``."""
+        if mode not in ERROR_MODES:
+            raise InvalidArgumentError(
+                f"error mode must be one of {', '.join(sorted(ERROR_MODES))}, got {mode!r}"
+            )
+        self._error_mode = mode
+
+    def _supports(self, capability: Capability) -> StorageAdapter | None:
+        adapter = self._adapter
+        return adapter if adapter is not None and adapter.supports(capability) else None
+
+    # -- live stacks -----------------------------------------------------------------------
+
+    def create_stack(
+        self,
+        stack_id: str | None = None,
+        *,
+        workflow_id: str | None = None,
+        namespace: str | None = None,
+        type: str = "execution",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> ExecutionStack:
+        """Start a live stack (``stack_id`` defaults to a new UUID) with status running."""
+        stack_id = require_id("stack_id", stack_id if stack_id is not None else str(uuid.uuid4()))
+        require_optional_id("workflow_id", workflow_id)
+        require_optional_id("namespace", namespace)
+        require_id("type", type)
+        if stack_id in self._stacks:
+            raise InvalidArgumentError(f"a live stack with id {stack_id!r} already exists")
+        stack = ExecutionStack(
+            stack_id=stack_id,
+            manager=self,
+            workflow_id=workflow_id,
+            namespace=namespace,
+            type=type,
+            metadata=dict(metadata or {}),
+        )
+        self._stacks[stack_id] = stack
+        return stack
+
+    def get_stack(self, stack_id: str) -> ExecutionStack:
+        """The live stack with this id; raises :class:`~siglo.errors.UnknownStackError`."""
+        try:
+            return self._stacks[stack_id]
+        except KeyError:
+            raise UnknownStackError(f"no live stack with id {stack_id!r}") from None
+
+    def discard_stack(self, stack_id: str) -> None:
+        """Forget a live stack (its stored checkpoints stay)."""
+        self._stacks.pop(stack_id, None)
+
+    @property
+    def stacks(self) -> Mapping[str, ExecutionStack]:
+        """The live stacks by id (read-only view)."""
+        return dict(self._stacks)
+
+    def _context_changed(
+        self, stack: ExecutionStack, step_id: str, key: str, value: Any, op: ContextOp
+    ) -> None:
+        adapter = self._supports(Capability.CONTEXT_STREAM)
+        if adapter is None:
+            return
+        event = ContextChangeEvent(
+            stack_id=stack.stack_id,
+            step_id=step_id,
+            key=key,
+            value=value,
+            op=op,
+            namespace=stack.namespace,
+            revision=stack.revision,
+            timestamp=self.clock.now_ms(),
+        )
+
+        async def stream() -> None:
+            try:
+                await adapter.on_context_change(event)
+            except Exception as exc:
+                self._handle_failure(
+                    exc, f"streaming a context change of {stack.stack_id!r}", background=True
+                )
+
+        self._jobs.submit(stack.stack_id, stream)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def _snapshot(
+        self,
+        stack_id: str,
+        expected_revision: int | None,
+        redact_fields: Collection[str],
+        ttl_ms: int | None,
+    ) -> Checkpoint:
+        stack = self.get_stack(stack_id)
+        if expected_revision is not None and (
+            type(expected_revision) is not int or expected_revision < 0
+        ):
+            raise InvalidArgumentError(
+                f"expected_revision must be a non-negative integer, got {expected_revision!r}"
+            )
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        if isinstance(redact_fields, str):
+            raise InvalidArgumentError("redact_fields must be a collection of names, not a string")
+        revision = stack.revision + 1
+        if expected_revision is not None and revision <= expected_revision:
+            raise InvalidArgumentError(
+                f"expected_revision {expected_revision} is ahead of stack {stack_id!r}'s "
+                f"revision {stack.revision}; restore the latest checkpoint first"
+            )
+        now = self.clock.now_ms()
+        contexts = (
+            redact_contexts(stack.contexts, frozenset(redact_fields))
+            if redact_fields
+            else stack.contexts
+        )
+        wire: dict[str, Any] = {
+            "version": CHECKPOINT_VERSION,
+            "schemaVersion": SCHEMA_VERSION,
+            "stackId": stack.stack_id,
+            "type": stack.type,
+            "status": stack.status,
+            "revision": revision,
+            "chains": stack.chains,
+            "contexts": contexts,
+            "timestamp": now,
+        }
+        if stack.workflow_id is not None:
+            wire["workflowId"] = stack.workflow_id
+        if stack.namespace is not None:
+            wire["namespace"] = stack.namespace
+        if ttl_ms is not None:
+            wire["expiresAt"] = now + ttl_ms
+        if stack.metadata:
+            wire["metadata"] = stack.metadata
+        # Encoding then decoding is the deep copy: later mutations of the live stack
+        # cannot reach the snapshot, non-JSON context values fail here, synchronously,
+        # and the adapter reuses the encoding instead of serialising again.
+        checkpoint = Checkpoint.from_json(codec.dumps(wire, what=f"stack {stack_id!r}"))
+        stack.revision = revision
+        return checkpoint
+
+    def checkpoint(
+        self,
+        stack_id: str,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+    ) -> Checkpoint:
+        """Snapshot a live stack now and save it in the background.
+
+        The snapshot has the next revision, ``redact_fields`` replaced by
+        ``"[REDACTED]"`` at any depth of the contexts (the live stack keeps them), and
+        ``expires_at`` ``ttl_ms`` from now. With ``expected_revision`` the save is a
+        compare-and-set against the stored revision. Saves of one stack reach the store
+        in the order taken; a failure surfaces from the next awaited call or
+        :meth:`flush` (a conflict always, an adapter failure in strict mode).
+        """
+        checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
+        adapter = self._supports(Capability.CHECKPOINTS)
+        if adapter is not None:
+
+            async def save() -> None:
+                try:
+                    await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
+                except Exception as exc:
+                    self._handle_failure(exc, f"saving checkpoint of {stack_id!r}", background=True)
+
+            self._jobs.submit(stack_id, save)
+        return checkpoint
+
+    async def save_checkpoint(
+        self,
+        stack_id: str,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+    ) -> Checkpoint:
+        """Snapshot a live stack and wait until it is stored (see :meth:`checkpoint`).
+
+        Earlier background saves of the stack land first. Raises
+        :class:`~siglo.errors.CheckpointConflictError` on a lost compare-and-set, and
+        :class:`~siglo.errors.StorageAdapterError` on an adapter failure in strict mode.
+        """
+        self._raise_deferred()
+        await self._jobs.drain(stack_id)
+        self._raise_deferred()
+        checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
+        adapter = self._supports(Capability.CHECKPOINTS)
+        if adapter is not None:
+            try:
+                await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
+            except Exception as exc:
+                self._handle_failure(exc, f"saving checkpoint of {stack_id!r}")
+        return checkpoint
+
+    def restore_checkpoint(
+        self,
+        checkpoint: Checkpoint | Mapping[str, Any] | bytes | str,
+        *,
+        expected_namespace: str | None = None,
+    ) -> ExecutionStack:
+        """Make a checkpoint the live stack of its id (replacing any live one).
+
+        Accepts a :class:`Checkpoint`, a wire document or its JSON. Raises
+        :class:`~siglo.errors.NamespaceMismatchError` when ``expected_namespace`` and the
+        checkpoint's namespace are both present and differ, and
+        :class:`~siglo.errors.CheckpointVersionError` for a storage schema above 2.
+        """
+        if isinstance(checkpoint, bytes | str):
+            checkpoint = Checkpoint.from_json(checkpoint)
+        elif not isinstance(checkpoint, Checkpoint):
+            checkpoint = Checkpoint.from_wire(checkpoint)
+        require_optional_id("expected_namespace", expected_namespace)
+        if (
+            expected_namespace is not None
+            and checkpoint.namespace is not None
+            and checkpoint.namespace != expected_namespace
+        ):
+            raise NamespaceMismatchError(
+                checkpoint.stack_id, expected_namespace, checkpoint.namespace
+            )
+        # The live stack must not share dicts with the (immutable) checkpoint.
+        copy = codec.loads(
+            codec.dumps(
+                {"contexts": checkpoint.contexts, "metadata": checkpoint.metadata or {}},
+                what="checkpoint",
+            )
+        )
+        stack = ExecutionStack(
+            stack_id=checkpoint.stack_id,
+            manager=self,
+            workflow_id=checkpoint.workflow_id,
+            namespace=checkpoint.namespace,
+            type=checkpoint.type,
+            status=checkpoint.status,
+            revision=checkpoint.revision,
+            chains=list(checkpoint.chains),
+            contexts=copy["contexts"],
+            metadata=copy["metadata"],
+        )
+        self._stacks[stack.stack_id] = stack
+        return stack
+
+    async def load_checkpoint(
+        self, stack_id: str, *, namespace: str | None = None
+    ) -> Checkpoint | None:
+        """The stored checkpoint of a stack, or ``None`` (also for a swallowed failure)."""
+        self._raise_deferred()
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        adapter = self._supports(Capability.CHECKPOINTS)
+        if adapter is None:
+            return None
+        await self._jobs.drain(stack_id)
+        try:
+            return await adapter.get_checkpoint(
+                stack_id, namespace, fallback=self.namespace_fallback
+            )
+        except Exception as exc:
+            self._handle_failure(exc, f"loading checkpoint of {stack_id!r}")
+            return None
+
+    async def resume(self, stack_id: str, *, namespace: str | None = None) -> ExecutionStack | None:
+        """Load a stack's checkpoint and restore it as the live stack (``None`` if none)."""
+        checkpoint = await self.load_checkpoint(stack_id, namespace=namespace)
+        if checkpoint is None:
+            return None
+        return self.restore_checkpoint(checkpoint, expected_namespace=namespace)
+
+    async def clean_expired_checkpoints(self) -> int:
+        """Ask the adapter to remove expired checkpoints; returns how many it removed."""
+        self._raise_deferred()
+        adapter = self._supports(Capability.CHECKPOINTS)
+        if adapter is None:
+            return 0
+        try:
+            return await adapter.clean_expired_checkpoints()
+        except Exception as exc:
+            self._handle_failure(exc, "cleaning expired checkpoints")
+            return 0
+
+    async def flush(self) -> None:
+        """Wait for every background save and stream, then raise what they deferred."""
+        await self._jobs.drain()
+        self._raise_deferred()
+
+    # -- failures ---------------------------------------------------------------------------
+
+    def _handle_failure(self, exc: Exception, doing: str, *, background: bool = False) -> None:
+        if not _is_adapter_failure(exc):
+            if background:
+                self._deferred.append(exc)
+                return
+            raise exc
+        if not isinstance(exc, StorageAdapterError):
+            wrapped = StorageAdapterError(f"storage adapter failed {doing}: {exc}")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        if self._error_mode == "strict":
+            if background:
+                self._deferred.append(exc)
+                return
+            raise exc
+        if self._error_mode == "warn":
+            logger.warning("siglo: %s failed: %s", doing, exc, exc_info=exc)
+            warnings.warn(f"siglo: {doing} failed: {exc}", StorageWarning, stacklevel=2)
+
+    def _raise_deferred(self) -> None:
+        if self._deferred:
+            exc = self._deferred.pop(0)
+            if self._deferred:
+                exc.add_note(f"{len(self._deferred)} more background failure(s) are queued")
+            raise exc
+
+
+default_storage_manager: Final = StorageManager()
+"""The process-wide manager that :func:`use_storage` configures."""
+
+
+def use_storage(adapter: StorageAdapter | Backend | None) -> None:
+    """Make the default storage manager store through ``adapter`` (seed's ``useStorage``)."""
+    default_storage_manager.use_storage(adapter)

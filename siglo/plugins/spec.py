@@ -1,0 +1,22 @@
+"""The hook specifications a siglo plugin may implement."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from siglo.plugins import hookspec
+
+if TYPE_CHECKING:
+    from siglo.plugins.registry import BackendRegistry
+
+
+class SigloHookSpec:
+    """Hooks of the ``siglo`` plugin group."""
+
+    @hookspec
+    def siglo_register_backends(self, registry: BackendRegistry) -> None:
+        """Declare backends with ``registry.add_backend(...)``.
+
+        Declarations are data: the factory is a dotted path imported only when a URL of
+        the backend is connected, so listing plugins never imports a driver.
+        """

@@ -1,0 +1,83 @@
+"""Argument checks shared by every backend, so each rejects bad input the same way."""
+
+from __future__ import annotations
+
+from typing import Any, overload
+
+from siglo.checkpoint import Checkpoint
+from siglo.errors import InvalidArgumentError
+from siglo.records import WaitRecord
+
+__all__ = [
+    "check_save_arguments",
+    "check_wait_record",
+    "require_id",
+    "require_optional_id",
+    "require_ttl_ms",
+]
+
+
+def require_id(name: str, value: Any) -> str:
+    """``value`` must be a non-empty string (any characters: ids are data, never syntax)."""
+    if type(value) is not str:
+        raise InvalidArgumentError(f"{name} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidArgumentError(f"{name} must not be empty")
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL; refusing it everywhere keeps backends alike.
+        raise InvalidArgumentError(f"{name} must not contain a NUL character")
+    return value
+
+
+def require_optional_id(name: str, value: Any) -> str | None:
+    """Like :func:`require_id`, or ``None``."""
+    return None if value is None else require_id(name, value)
+
+
+@overload
+def require_ttl_ms(name: str, value: Any) -> int: ...
+@overload
+def require_ttl_ms(name: str, value: Any, *, optional: bool) -> int | None: ...
+def require_ttl_ms(name: str, value: Any, *, optional: bool = False) -> int | None:
+    """A TTL in milliseconds must be a positive integer (or ``None`` where allowed)."""
+    if value is None:
+        if optional:
+            return None
+        raise InvalidArgumentError(f"{name} is required")
+    if type(value) is not int:
+        raise InvalidArgumentError(f"{name} must be an integer of milliseconds, got {value!r}")
+    if value <= 0:
+        raise InvalidArgumentError(f"{name} must be positive, got {value}")
+    return value
+
+
+def check_save_arguments(checkpoint: Any, expected_revision: Any) -> None:
+    """Reject a malformed save before anything is read or written (shared by backends)."""
+    if not isinstance(checkpoint, Checkpoint):
+        raise InvalidArgumentError(
+            f"checkpoint must be a siglo.Checkpoint, got {type(checkpoint).__name__}"
+        )
+    require_id("checkpoint.stack_id", checkpoint.stack_id)
+    require_optional_id("checkpoint.namespace", checkpoint.namespace)
+    if expected_revision is None:
+        return
+    if type(expected_revision) is not int or expected_revision < 0:
+        raise InvalidArgumentError(
+            f"expected_revision must be a non-negative integer, got {expected_revision!r}"
+        )
+    if checkpoint.revision <= expected_revision:
+        raise InvalidArgumentError(
+            f"checkpoint revision {checkpoint.revision} must be greater than "
+            f"expected_revision {expected_revision}"
+        )
+
+
+def check_wait_record(record: Any) -> WaitRecord:
+    """Reject a wait record that is not one, or has an unusable key or stack id."""
+    if not isinstance(record, WaitRecord):
+        raise InvalidArgumentError(
+            f"record must be a siglo.WaitRecord, got {type(record).__name__}"
+        )
+    require_id("record.correlation_key", record.correlation_key)
+    require_id("record.stack_id", record.stack_id)
+    return record

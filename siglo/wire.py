@@ -1,0 +1,119 @@
+"""The field tables behind siglo's wire documents.
+
+Each document class (checkpoint, wait record, events) is a frozen dataclass with
+snake_case attributes and a table of its fields: the camelCase wire name, the kind of
+value, and whether it may be absent. One validator serves construction in Python and
+decoding from JSON, so the rules cannot drift apart; its messages name the wire field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from siglo.errors import MalformedRecordError
+
+__all__ = ["Field", "check_fields", "from_wire_fields", "to_wire_fields"]
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a wire document."""
+
+    attr: str
+    wire: str
+    kind: str  # "str", "int", "dict", "str_list", "dict_of_dicts", "any", or "choice"
+    optional: bool = False
+    choices: frozenset[str] = frozenset()
+
+
+def _bad(doc_kind: str, f: Field, problem: str) -> MalformedRecordError:
+    return MalformedRecordError(doc_kind, f.wire, problem)
+
+
+def _check_value(doc_kind: str, f: Field, value: Any) -> None:
+    kind = f.kind
+    if kind == "any":
+        return
+    if kind in ("str", "choice"):
+        if type(value) is not str:
+            raise _bad(doc_kind, f, f"must be a string, got {type(value).__name__}")
+        if kind == "choice" and value not in f.choices:
+            allowed = ", ".join(sorted(f.choices))
+            raise _bad(doc_kind, f, f"is {value!r}; allowed: {allowed}")
+    elif kind == "int":
+        # bool is an int subclass; True is not a revision.
+        if type(value) is not int:
+            raise _bad(doc_kind, f, f"must be an integer, got {type(value).__name__}")
+    elif kind == "dict":
+        if not isinstance(value, dict):
+            raise _bad(doc_kind, f, f"must be an object, got {type(value).__name__}")
+    elif kind == "str_list":
+        if not isinstance(value, list | tuple):
+            raise _bad(doc_kind, f, f"must be a list of strings, got {type(value).__name__}")
+        for i, item in enumerate(value):
+            if type(item) is not str:
+                raise MalformedRecordError(
+                    doc_kind, f"{f.wire}[{i}]", f"must be a string, got {type(item).__name__}"
+                )
+    elif kind == "dict_of_dicts":
+        if not isinstance(value, dict):
+            raise _bad(doc_kind, f, f"must be an object, got {type(value).__name__}")
+        for key, inner in value.items():
+            if type(key) is not str:
+                raise _bad(doc_kind, f, f"has a non-string key {key!r}")
+            if not isinstance(inner, dict):
+                raise MalformedRecordError(
+                    doc_kind, f"{f.wire}.{key}", f"must be an object, got {type(inner).__name__}"
+                )
+    else:  # pragma: no cover - a programming error in a field table
+        raise AssertionError(f"unknown field kind {kind!r}")
+
+
+def check_fields(doc_kind: str, fields: tuple[Field, ...], obj: object) -> None:
+    """Validate the attributes of a constructed document."""
+    for f in fields:
+        value = getattr(obj, f.attr)
+        if value is None:
+            if not f.optional and f.kind != "any":
+                raise _bad(doc_kind, f, "is required")
+            continue
+        _check_value(doc_kind, f, value)
+
+
+def from_wire_fields(
+    doc_kind: str, fields: tuple[Field, ...], doc: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Map a decoded wire document to constructor keywords.
+
+    Returns ``(kwargs, extra)``: ``extra`` holds keys this version does not know, kept so
+    that a re-save does not drop what a newer writer added. A ``null`` optional field
+    reads as absent.
+    """
+    if not isinstance(doc, Mapping):
+        raise MalformedRecordError(
+            doc_kind, "<document>", f"must be an object, got {type(doc).__name__}"
+        )
+    kwargs: dict[str, Any] = {}
+    for f in fields:
+        if f.wire in doc:
+            kwargs[f.attr] = doc[f.wire]
+        elif not f.optional:
+            raise _bad(doc_kind, f, "is missing")
+    known = {f.wire for f in fields}
+    extra = {k: v for k, v in doc.items() if k not in known}
+    return kwargs, extra
+
+
+def to_wire_fields(fields: tuple[Field, ...], obj: object) -> dict[str, Any]:
+    """The wire document of ``obj``: camelCase keys, absent optional fields omitted."""
+    doc: dict[str, Any] = {}
+    for f in fields:
+        value = getattr(obj, f.attr)
+        if value is None and f.optional:
+            continue
+        if f.kind == "str_list":
+            value = list(value)
+        doc[f.wire] = value
+    return doc
