@@ -1,0 +1,385 @@
+"""The storage manager: snapshots, revisions, redaction, namespaces, error modes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import siglo
+from siglo import (
+    Capability,
+    Checkpoint,
+    CheckpointConflictError,
+    ManualClock,
+    StorageAdapter,
+    StorageAdapterError,
+    StorageManager,
+)
+from siglo.redaction import REDACTED, redact
+
+
+class RecordingAdapter(StorageAdapter):
+    """Records what reaches the adapter; `fail` makes every call raise the given error.
+
+    The manager's error-mode policy is what these tests check, so the failure is
+    injected here; the backends' own tests produce real connection failures.
+    """
+
+    name: ClassVar[str] = "recording"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.CHECKPOINTS, Capability.CONTEXT_STREAM}
+    )
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[int, int | None]] = []
+        self.events: list[siglo.ContextChangeEvent] = []
+        self.fail: Exception | None = None
+        self.delay = 0.0
+
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        self.saved.append((checkpoint.revision, expected_revision))
+
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
+        if self.fail is not None:
+            raise self.fail
+        return None
+
+    async def clean_expired_checkpoints(self) -> int:
+        if self.fail is not None:
+            raise self.fail
+        return 0
+
+    async def on_context_change(self, event: siglo.ContextChangeEvent) -> None:
+        await asyncio.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        self.events.append(event)
+
+
+@pytest.mark.rule("manager.snapshot")
+async def test_snapshot_is_synchronous_immutable_and_has_the_next_revision(
+    manager: StorageManager, clock: ManualClock
+) -> None:
+    stack = manager.create_stack("s", workflow_id="wf", namespace="ns", metadata={"m": 1})
+    stack.set("step", "items", [1, 2])
+    stack.push_chain("step")
+    cp = manager.checkpoint("s", ttl_ms=1_000)
+    assert cp.revision == 1
+    assert stack.revision == 1
+    assert cp.timestamp == clock.now_ms()
+    assert cp.expires_at == clock.now_ms() + 1_000
+    assert cp.workflow_id == "wf"
+    assert cp.namespace == "ns"
+    assert cp.chains == ("step",)
+    assert cp.metadata == {"m": 1}
+    stack.context("step")["items"].append(3)
+    stack.set("step", "new", True)
+    assert cp.contexts == {"step": {"items": [1, 2]}}
+    assert manager.checkpoint("s").revision == 2
+    await manager.flush()
+    stored = await manager.load_checkpoint("s", namespace="ns")
+    assert stored is not None
+    assert stored.revision == 2
+    assert stored.contexts == {"step": {"items": [1, 2, 3], "new": True}}
+
+
+@pytest.mark.rule("manager.snapshot")
+async def test_snapshot_of_non_json_context_fails_synchronously(manager: StorageManager) -> None:
+    stack = manager.create_stack("s")
+    stack.contexts["step"] = {"bad": {1, 2}}
+    with pytest.raises(siglo.InvalidArgumentError, match="not JSON"):
+        manager.checkpoint("s")
+    assert stack.revision == 0
+
+
+@pytest.mark.rule("manager.redaction")
+async def test_redaction_reaches_every_depth_and_leaves_the_live_stack(
+    manager: StorageManager,
+) -> None:
+    stack = manager.create_stack("s")
+    stack.set("login", "password", "hunter2")
+    stack.set("login", "user", {"name": "ada", "token": "t0", "keys": [{"apiKey": "k"}, "x"]})
+    stack.set("login", "batches", [[{"token": "deep"}], {"ok": 1}])
+    cp = await manager.save_checkpoint("s", redact_fields=["password", "token", "apiKey"])
+    assert cp.contexts["login"] == {
+        "password": REDACTED,
+        "user": {"name": "ada", "token": REDACTED, "keys": [{"apiKey": REDACTED}, "x"]},
+        "batches": [[{"token": REDACTED}], {"ok": 1}],
+    }
+    stored = await manager.load_checkpoint("s")
+    assert stored is not None and stored.contexts == cp.contexts
+    assert stack.contexts["login"]["password"] == "hunter2"
+    assert stack.contexts["login"]["user"]["keys"][0]["apiKey"] == "k"
+
+
+json_leaf = st.none() | st.integers() | st.text(max_size=5)
+json_tree = st.recursive(
+    json_leaf,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["token", "a", "b", "password"]), inner, max_size=3)
+    ),
+    max_leaves=15,
+)
+
+
+def _keys_with_values(value: Any, field: str) -> list[Any]:
+    found: list[Any] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == field:
+                found.append(v)
+            found.extend(_keys_with_values(v, field))
+    elif isinstance(value, list):
+        for v in value:
+            found.extend(_keys_with_values(v, field))
+    return found
+
+
+@pytest.mark.rule("manager.redaction")
+@given(json_tree)
+def test_redact_property(tree: Any) -> None:
+    before = repr(tree)
+    out = redact(tree, {"token", "password"})
+    assert repr(tree) == before  # the input is untouched
+    for field in ("token", "password"):
+        assert all(v == REDACTED for v in _keys_with_values(out, field))
+    assert redact(out, {"token", "password"}) == out
+
+
+@pytest.mark.rule("manager.background.order")
+async def test_background_saves_land_in_order() -> None:
+    adapter = RecordingAdapter()
+    manager = StorageManager(adapter)
+    manager.create_stack("s")
+    adapter.delay = 0.001
+    for _ in range(20):
+        manager.checkpoint("s")
+    saved = await manager.save_checkpoint("s")
+    assert [rev for rev, _ in adapter.saved] == list(range(1, 22))
+    assert saved.revision == 21
+
+
+@pytest.mark.rule("manager.background.order")
+def test_snapshots_taken_outside_an_event_loop_are_saved_by_flush() -> None:
+    adapter = RecordingAdapter()
+    manager = StorageManager(adapter)
+    manager.create_stack("s")
+    manager.checkpoint("s")
+    manager.checkpoint("s")
+    assert adapter.saved == []
+    asyncio.run(manager.flush())
+    assert adapter.saved == [(1, None), (2, None)]
+
+
+@pytest.mark.rule("manager.conflict.always", "checkpoint.occ.conflict")
+@pytest.mark.parametrize("mode", ["best-effort", "warn", "strict"])
+async def test_conflicts_are_raised_in_every_mode(
+    mode: siglo.ErrorMode, memory: siglo.Backend, clock: ManualClock
+) -> None:
+    manager = StorageManager(memory, clock=clock, error_mode=mode)
+    manager.create_stack("s")
+    await manager.save_checkpoint("s")  # revision 1 stored
+    with pytest.raises(CheckpointConflictError) as info:
+        await manager.save_checkpoint("s", expected_revision=0)
+    assert (info.value.stack_id, info.value.current_revision, info.value.expected_revision) == (
+        "s",
+        1,
+        0,
+    )
+    # In the background, the conflict surfaces from the next awaited call.
+    manager.checkpoint("s", expected_revision=0)
+    with pytest.raises(CheckpointConflictError):
+        await manager.flush()
+    await manager.flush()  # raised once, then gone
+
+
+@pytest.mark.rule("manager.conflict.always")
+async def test_background_conflict_surfaces_from_the_next_awaited_call(
+    memory: siglo.Backend, clock: ManualClock
+) -> None:
+    writer_a = StorageManager(memory, clock=clock)
+    writer_b = StorageManager(memory, clock=clock)
+    writer_a.create_stack("s")
+    writer_b.create_stack("s")
+    await writer_a.save_checkpoint("s", expected_revision=0)
+    writer_b.checkpoint("s", expected_revision=0)  # loses in the background
+    await asyncio.sleep(0.01)
+    with pytest.raises(CheckpointConflictError):
+        await writer_b.load_checkpoint("other")
+
+
+@pytest.mark.rule("manager.error-mode")
+async def test_best_effort_swallows_adapter_failures() -> None:
+    adapter = RecordingAdapter()
+    adapter.fail = ConnectionError("connection refused")
+    manager = StorageManager(adapter)
+    manager.create_stack("s")
+    cp = await manager.save_checkpoint("s")
+    assert cp.revision == 1
+    manager.checkpoint("s")
+    await manager.flush()
+    assert await manager.load_checkpoint("s") is None
+    assert await manager.clean_expired_checkpoints() == 0
+
+
+@pytest.mark.rule("manager.error-mode")
+async def test_warn_logs_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+    adapter = RecordingAdapter()
+    adapter.fail = ConnectionError("connection refused")
+    manager = StorageManager(adapter, error_mode="warn")
+    manager.create_stack("s")
+    with caplog.at_level(logging.WARNING, logger="siglo"), pytest.warns(siglo.StorageWarning):
+        await manager.save_checkpoint("s")
+    assert "connection refused" in caplog.text
+
+
+@pytest.mark.rule("manager.error-mode")
+async def test_strict_raises_wrapped_failures_awaited_and_from_background() -> None:
+    adapter = RecordingAdapter()
+    cause = ConnectionError("connection refused")
+    adapter.fail = cause
+    manager = StorageManager(adapter)
+    manager.set_error_mode("strict")
+    manager.create_stack("s")
+    with pytest.raises(StorageAdapterError) as info:
+        await manager.save_checkpoint("s")
+    assert info.value.__cause__ is cause
+    manager.checkpoint("s")
+    await asyncio.sleep(0.01)
+    with pytest.raises(StorageAdapterError):
+        await manager.load_checkpoint("s")
+    # A StorageAdapterError from the adapter is raised as it is.
+    adapter.fail = StorageAdapterError("timed out")
+    with pytest.raises(StorageAdapterError, match="timed out"):
+        await manager.save_checkpoint("s")
+    with pytest.raises(siglo.InvalidArgumentError):
+        manager.set_error_mode("loud")  # type: ignore[arg-type]
+
+
+@pytest.mark.rule("manager.error-mode")
+async def test_context_stream_failures_follow_the_error_mode() -> None:
+    adapter = RecordingAdapter()
+    adapter.fail = ConnectionError("down")
+    manager = StorageManager(adapter, error_mode="strict")
+    manager.create_stack("s").set("a", "k", 1)
+    with pytest.raises(StorageAdapterError):
+        await manager.flush()
+
+
+@pytest.mark.rule("manager.restore.namespace")
+async def test_restore_checks_the_namespace(manager: StorageManager) -> None:
+    manager.create_stack("s", namespace="ns-A").set("step", "x", 1)
+    cp = await manager.save_checkpoint("s")
+    with pytest.raises(siglo.NamespaceMismatchError) as info:
+        manager.restore_checkpoint(cp, expected_namespace="ns-B")
+    assert (info.value.expected_namespace, info.value.actual_namespace) == ("ns-B", "ns-A")
+    stack = manager.restore_checkpoint(cp, expected_namespace="ns-A")
+    assert stack.contexts == {"step": {"x": 1}}
+    assert stack.revision == 1
+    stack.set("step", "x", 2)
+    assert cp.contexts["step"]["x"] == 1  # the live stack does not share the snapshot
+    # No expected namespace, or an un-namespaced checkpoint: no check.
+    manager.restore_checkpoint(cp)
+    bare = cp.replace(namespace=None)
+    manager.restore_checkpoint(bare, expected_namespace="ns-B")
+    # A wire document or JSON restores too, and a future version is refused.
+    manager.restore_checkpoint(cp.to_json())
+    with pytest.raises(siglo.CheckpointVersionError):
+        manager.restore_checkpoint({**cp.to_wire(), "version": 3})
+
+
+@pytest.mark.rule("manager.restore.namespace")
+async def test_resume_loads_and_restores(manager: StorageManager) -> None:
+    manager.create_stack("s", namespace="t").set("a", "v", [1])
+    await manager.save_checkpoint("s")
+    manager.discard_stack("s")
+    stack = await manager.resume("s", namespace="t")
+    assert stack is not None and stack.contexts == {"a": {"v": [1]}}
+    assert await manager.resume("missing") is None
+
+
+@pytest.mark.rule("manager.context-stream", "context.stream")
+async def test_context_mutations_stream_in_order(
+    manager: StorageManager, memory: siglo.Backend
+) -> None:
+    adapter = RecordingAdapter()
+    adapter.delay = 0.001
+    recording = StorageManager(adapter)
+    stack = recording.create_stack("s", namespace="ns")
+    for i in range(10):
+        stack.set("step", "counter", i)
+    stack.delete("step", "counter")
+    await recording.flush()
+    assert [(e.op, e.value) for e in adapter.events] == [("set", i) for i in range(10)] + [
+        ("delete", None)
+    ]
+    assert all(e.namespace == "ns" and e.step_id == "step" for e in adapter.events)
+
+    live = manager.create_stack("m", namespace="ns")
+    live.set("step", "a", {"x": 1})
+    live.set("step", "b", 2)
+    live.delete("step", "b")
+    await manager.flush()
+    assert await memory.adapter.get_context_changes("m", "step", "ns") == {"a": {"x": 1}}
+    assert await memory.adapter.get_context_changes("m", "step") == {}
+
+
+@pytest.mark.rule("manager.status")
+def test_status_transitions(manager: StorageManager) -> None:
+    stack = manager.create_stack("s")
+    stack.transition("waiting")
+    stack.transition("running")
+    stack.transition("completed")
+    assert stack.is_terminal
+    with pytest.raises(siglo.InvalidStateTransitionError):
+        stack.transition("running")
+    with pytest.raises(siglo.InvalidArgumentError):
+        manager.create_stack("t").transition("paused")
+
+
+@pytest.mark.rule("manager.snapshot")
+def test_manager_argument_checks(manager: StorageManager) -> None:
+    manager.create_stack("s")
+    with pytest.raises(siglo.InvalidArgumentError, match="already exists"):
+        manager.create_stack("s")
+    with pytest.raises(siglo.UnknownStackError):
+        manager.checkpoint("nope")
+    with pytest.raises(siglo.InvalidArgumentError, match="ttl_ms"):
+        manager.checkpoint("s", ttl_ms=0)
+    with pytest.raises(siglo.InvalidArgumentError, match="expected_revision"):
+        manager.checkpoint("s", expected_revision=-1)
+    with pytest.raises(siglo.InvalidArgumentError, match="redact_fields"):
+        manager.checkpoint("s", redact_fields="token")
+    with pytest.raises(siglo.InvalidArgumentError, match="use_storage"):
+        manager.use_storage(object())  # type: ignore[arg-type]
+    assert manager.get_stack("s").revision == 0
+    assert len(manager.create_stack().stack_id) == 36
+
+
+async def test_use_storage_configures_the_default_manager(memory: siglo.Backend) -> None:
+    previous = siglo.default_storage_manager.adapter
+    try:
+        siglo.use_storage(memory)
+        assert siglo.default_storage_manager.adapter is memory.adapter
+    finally:
+        siglo.use_storage(previous)
+
+
+def test_manager_without_adapter_still_snapshots() -> None:
+    manager = StorageManager()
+    manager.create_stack("s")
+    assert manager.checkpoint("s").revision == 1
+    assert asyncio.run(manager.load_checkpoint("s")) is None
