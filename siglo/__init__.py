@@ -48,6 +48,7 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, WaitStatus
 from siglo.redaction import REDACTED
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
+from siglo.workflow import Flow, Step, WorkflowSuspended, flow, wait_for_event
 
 __version__ = "0.1.0"
 
@@ -70,6 +71,7 @@ __all__ = [
     "DriverNotInstalledError",
     "ErrorMode",
     "ExecutionStack",
+    "Flow",
     "IdempotencyStore",
     "InvalidArgumentError",
     "InvalidStateTransitionError",
@@ -86,6 +88,7 @@ __all__ = [
     "SchemaVersionError",
     "SigloError",
     "Status",
+    "Step",
     "StorageAdapter",
     "StorageAdapterError",
     "StorageAdapterException",
@@ -97,11 +100,14 @@ __all__ = [
     "WaitRecordClaimError",
     "WaitStatus",
     "WorkflowVersionMismatchError",
+    "WorkflowSuspended",
     "WorkflowVersionMismatchException",
     "__version__",
     "connect",
     "default_storage_manager",
+    "flow",
     "use_storage",
+    "wait_for_event",
 ]
 
 

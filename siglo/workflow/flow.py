@@ -1,0 +1,312 @@
+"""Flows: steps run in order, checkpointed after each, resumable anywhere."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from siglo.adapter import Capability, StorageAdapter
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    InvalidArgumentError,
+    InvalidStateTransitionError,
+    WaitRecordClaimError,
+    WorkflowVersionMismatchError,
+)
+from siglo.manager import StorageManager, default_storage_manager
+from siglo.records import CacheEvent, WaitRecord
+from siglo.sentinel import MISSING, Missing
+from siglo.stack import ExecutionStack
+from siglo.validation import require_id
+from siglo.workflow.step import Step, StepRun, _Suspend, current_step
+
+__all__ = ["Flow", "WorkflowSuspended", "flow"]
+
+OUTPUT: Final = "output"
+EVENT: Final = "event"
+WAITING_FOR: Final = "waitingFor"
+
+Migration = Callable[[ExecutionStack], None]
+
+
+class WorkflowSuspended(Exception):
+    """A run stopped to wait for an event; deliver it with :meth:`Flow.deliver`.
+
+    Not named ``…Error``: like ``StopIteration`` it is a signal, not a failure.
+    """
+
+    def __init__(self, stack_id: str, correlation_key: str, step: str) -> None:
+        self.stack_id = stack_id
+        self.correlation_key = correlation_key
+        self.step = step
+        super().__init__(
+            f"workflow {stack_id!r} is waiting in step {step!r} for event {correlation_key!r}"
+        )
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Steps that run in order, each output the next one's input.
+
+    ``version`` fingerprints the step names: a checkpoint written by a flow with other
+    steps is refused on resume unless :meth:`with_migration` registered a migration from
+    its version.
+    """
+
+    steps: tuple[Step, ...]
+    name: str
+    migrations: Mapping[str, Migration] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        """A fingerprint of the flow's step names, in order."""
+        names = "\x1f".join(step.name for step in self.steps)
+        return hashlib.sha256(names.encode()).hexdigest()[:16]
+
+    def with_migration(self, from_version: str, migrate: Migration) -> Flow:
+        """A copy that resumes checkpoints of ``from_version`` after ``migrate(stack)``."""
+        return replace(self, migrations={**self.migrations, from_version: migrate})
+
+    # -- running --------------------------------------------------------------------
+
+    async def run(
+        self,
+        input: Any = None,
+        *,
+        manager: StorageManager | None = None,
+        stack_id: str | None = None,
+        namespace: str | None = None,
+    ) -> Any:
+        """Run from the first step and return the last step's output.
+
+        Raises :class:`WorkflowSuspended` if a step waits for an event; the exception of
+        a failing step propagates after the stack is checkpointed as ``failed``.
+        """
+        manager = manager or default_storage_manager
+        stack = manager.create_stack(
+            stack_id,
+            workflow_id=self.name,
+            namespace=namespace,
+            metadata={"flowVersion": self.version, "input": input},
+        )
+        await manager.save_checkpoint(stack.stack_id, expected_revision=0)
+        return await self._execute(manager, stack)
+
+    async def resume(
+        self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
+    ) -> Any:
+        """Continue a run from its last checkpoint (after a crash, in any process).
+
+        A completed run returns its output; a run still waiting raises
+        :class:`WorkflowSuspended` again.
+        """
+        manager = manager or default_storage_manager
+        stack = await self._restore(manager, stack_id, namespace)
+        return await self._continue(manager, stack)
+
+    async def deliver(
+        self,
+        correlation_key: str,
+        payload: Any = None,
+        *,
+        manager: StorageManager | None = None,
+        claimant_id: str | None = None,
+        allow_expired: bool = False,
+    ) -> Any:
+        """Deliver an event to the run waiting for it, resume that run here, and return
+        its output (or raise :class:`WorkflowSuspended` if it waits again).
+
+        The wait record is claimed atomically, so an event delivered twice, or by two
+        processes at once, resumes the run once; the other delivery raises
+        :class:`~siglo.errors.WaitRecordClaimError`.
+        """
+        manager = manager or default_storage_manager
+        adapter = _require(manager, Capability.WAIT_RECORDS)
+        record = await adapter.claim_wait_record(
+            correlation_key, claimant_id, event_payload=payload, allow_expired=allow_expired
+        )
+        if record is None:
+            raise WaitRecordClaimError(
+                f"no claimable wait for event {correlation_key!r}: unknown, already "
+                "delivered, cancelled, or past its deadline (pass allow_expired=True)"
+            )
+        assert record.claimant_id is not None  # a claim always has a claimant
+
+        async def resume_with_event() -> Any:
+            stack = await self._restore(manager, record.stack_id, record.namespace)
+            step = record.step_id or self._waiting_step(stack)[0]
+            stack.set(step, EVENT, payload)
+            if stack.status == "waiting":
+                stack.transition("running")
+            try:
+                return await self._continue(manager, stack)
+            finally:
+                await adapter.complete_wait_record(correlation_key, record.claimant_id or "")
+
+        if adapter.supports(Capability.WORKFLOW_LOCK):
+            return await adapter.with_workflow_lock(record.stack_id, resume_with_event)
+        return await resume_with_event()
+
+    # -- internals ------------------------------------------------------------------
+
+    async def _restore(
+        self, manager: StorageManager, stack_id: str, namespace: str | None
+    ) -> ExecutionStack:
+        require_id("stack_id", stack_id)
+        stack = await manager.resume(stack_id, namespace=namespace)
+        if stack is None:
+            raise InvalidArgumentError(f"no checkpoint of workflow {stack_id!r} to resume")
+        stored = stack.metadata.get("flowVersion")
+        if stored != self.version:
+            migrate = self.migrations.get(str(stored))
+            if migrate is None:
+                raise WorkflowVersionMismatchError(
+                    f"workflow {stack_id!r} was checkpointed by flow version {stored!r}; "
+                    f"this flow is version {self.version!r} (its steps changed). Register "
+                    f"a migration with flow.with_migration({stored!r}, fn)."
+                )
+            migrate(stack)
+            stack.metadata["flowVersion"] = self.version
+        return stack
+
+    async def _continue(self, manager: StorageManager, stack: ExecutionStack) -> Any:
+        if stack.status == "completed":
+            return self._last_output(stack)
+        if stack.status == "waiting":
+            step, key = self._waiting_step(stack)
+            raise WorkflowSuspended(stack.stack_id, key, step)
+        if stack.status != "running":
+            raise InvalidStateTransitionError(
+                f"workflow {stack.stack_id!r} is {stack.status}; it cannot be resumed"
+            )
+        return await self._execute(manager, stack)
+
+    def _last_output(self, stack: ExecutionStack) -> Any:
+        value = stack.metadata.get("input")
+        for step in self.steps:
+            ctx = stack.contexts.get(step.name, {})
+            if OUTPUT in ctx:
+                value = ctx[OUTPUT]
+        return value
+
+    def _waiting_step(self, stack: ExecutionStack) -> tuple[str, str]:
+        for step in self.steps:
+            ctx = stack.contexts.get(step.name, {})
+            if OUTPUT not in ctx and WAITING_FOR in ctx:
+                return step.name, str(ctx[WAITING_FOR])
+        raise InvalidStateTransitionError(f"workflow {stack.stack_id!r} waits for nothing")
+
+    async def _execute(self, manager: StorageManager, stack: ExecutionStack) -> Any:
+        value = stack.metadata.get("input")
+        for step in self.steps:
+            ctx = stack.contexts.get(step.name, {})
+            if OUTPUT in ctx:  # finished before a crash or a wait
+                value = ctx[OUTPUT]
+                continue
+            try:
+                value = await self._run_step(manager, stack, step, value, ctx.get(EVENT, MISSING))
+            except _Suspend as wait:
+                await self._suspend(manager, stack, step, wait)
+                raise WorkflowSuspended(stack.stack_id, wait.correlation_key, step.name) from None
+            except Exception:
+                stack.transition("failed")
+                await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+                raise
+            stack.set(step.name, OUTPUT, value)
+            stack.push_chain(step.name)
+            await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+        stack.transition("completed")
+        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+        return value
+
+    async def _run_step(
+        self,
+        manager: StorageManager,
+        stack: ExecutionStack,
+        step: Step,
+        value: Any,
+        event: Any | Missing,
+    ) -> Any:
+        adapter = manager.adapter
+        cache = adapter if adapter is not None and adapter.supports(Capability.STEP_CACHE) else None
+        key = step.cache_key_for(value) if step.cache_ttl_ms is not None else None
+        if cache is not None and key is not None:
+            cached = await cache.get_cached_step(key)
+            kind = "miss" if cached is MISSING else "hit"
+            await self._cache_event(manager, kind, key, stack, step)
+            if cached is not MISSING:
+                return cached
+        token = current_step.set(StepRun(stack.stack_id, step.name, stack.namespace, event))
+        try:
+            output = await step.fn(value)
+        finally:
+            current_step.reset(token)
+        if cache is not None and key is not None:
+            await cache.set_cached_step(key, output, step.cache_ttl_ms)
+            await self._cache_event(manager, "set", key, stack, step)
+        return output
+
+    async def _cache_event(
+        self,
+        manager: StorageManager,
+        kind: str,
+        key: str,
+        stack: ExecutionStack,
+        step: Step,
+    ) -> None:
+        adapter = manager.adapter
+        if adapter is None or not adapter.supports(Capability.CACHE_EVENTS):
+            return
+        event = CacheEvent(
+            type=kind,  # type: ignore[arg-type]  # one of the literal kinds above
+            key=key,
+            timestamp=manager.clock.now_ms(),
+            stack_id=stack.stack_id,
+            step_id=step.name,
+            ttl_ms=step.cache_ttl_ms,
+        )
+        await adapter.on_cache_event(event)
+
+    async def _suspend(
+        self, manager: StorageManager, stack: ExecutionStack, step: Step, wait: _Suspend
+    ) -> None:
+        adapter = _require(manager, Capability.WAIT_RECORDS)
+        now = manager.clock.now_ms()
+        record = WaitRecord(
+            correlation_key=wait.correlation_key,
+            stack_id=stack.stack_id,
+            namespace=stack.namespace,
+            step_id=step.name,
+            created_at=now,
+            expires_at=None if wait.timeout_ms is None else now + wait.timeout_ms,
+        )
+        # The wait record goes first: a crash before the checkpoint leaves a wait that an
+        # event can still resume (from the previous checkpoint), never a checkpoint
+        # waiting for a record that does not exist.
+        await adapter.save_wait_record(record)
+        stack.set(step.name, WAITING_FOR, wait.correlation_key)
+        stack.metadata["waitRecord"] = record.to_wire()
+        stack.transition("waiting")
+        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+
+
+def _require(manager: StorageManager, capability: Capability) -> StorageAdapter:
+    adapter = manager.adapter
+    if adapter is None or not adapter.supports(capability):
+        name = "no adapter" if adapter is None else f"adapter {adapter.name!r}"
+        raise CapabilityNotSupportedError(
+            f"this workflow needs the {capability.value} capability, which {name} lacks"
+        )
+    return adapter
+
+
+def flow(*steps: Step, name: str | None = None) -> Flow:
+    """A flow of ``steps`` (seed 001 §9's ``flow(a, b)``); ``name`` defaults to theirs."""
+    if not steps:
+        raise InvalidArgumentError("a flow needs at least one step")
+    names = [step.name for step in steps]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"step names in a flow must be unique: {names}")
+    return Flow(steps=tuple(steps), name=name or "+".join(names))

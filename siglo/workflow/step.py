@@ -1,0 +1,112 @@
+"""Steps: named async functions, optionally cached, that may wait for an event."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from siglo.errors import InvalidArgumentError
+from siglo.sentinel import MISSING
+from siglo.validation import require_id, require_ttl_ms
+
+__all__ = ["Step", "StepRun", "wait_for_event"]
+
+StepFn = Callable[[Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Step:
+    """A named unit of work: ``await fn(input)`` returns the step's output.
+
+    Create with :meth:`create`; :meth:`cache` returns a copy whose output is kept in the
+    backend's step cache. A step is the unit of retry: after a crash, or when the event
+    it waited for arrives, a step runs again from its start, so its effects before a
+    wait should be idempotent (an idempotency key helps).
+    """
+
+    name: str
+    fn: StepFn
+    cache_ttl_ms: int | None = None
+    cache_key: Callable[[Any], str] | None = None
+
+    @classmethod
+    def create(cls, name: str, fn: StepFn) -> Step:
+        """A step called ``name`` running ``fn``."""
+        require_id("step name", name)
+        if not callable(fn):
+            raise InvalidArgumentError(f"step {name!r}: fn must be an async callable")
+        return cls(name=name, fn=fn)
+
+    def cache(
+        self, *, ttl_ms: int, key: Callable[[Any], str] | Callable[[], str] | None = None
+    ) -> Step:
+        """A copy whose output is cached for ``ttl_ms`` under ``key(input)``.
+
+        ``key`` may also take no argument (the seed's ``key: () => 'rates-latest'``).
+        Without ``key`` the cache key is the step's name (one entry for all inputs).
+        """
+        require_ttl_ms("ttl_ms", ttl_ms)
+        if key is not None and not _takes_an_argument(key):
+            no_arg = cast(Callable[[], str], key)
+            key = lambda _input: no_arg()  # noqa: E731 - adapts the seed's form
+        return replace(self, cache_ttl_ms=ttl_ms, cache_key=cast(Callable[[Any], str], key))
+
+    def cache_key_for(self, value: Any) -> str:
+        """The step-cache key of this step for ``value``."""
+        key = self.name if self.cache_key is None else self.cache_key(value)
+        return require_id(f"cache key of step {self.name!r}", key)
+
+
+def _takes_an_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins): assume the documented form
+        return True
+    return True
+
+
+@dataclass
+class StepRun:
+    """What a running step knows: its stack and step, and an event already delivered."""
+
+    stack_id: str
+    step: str
+    namespace: str | None
+    event: Any = MISSING
+
+
+current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("siglo_current_step")
+
+
+class _Suspend(Exception):
+    """Raised inside a step to unwind it to the flow runner; never seen by users."""
+
+    def __init__(self, correlation_key: str, timeout_ms: int | None) -> None:
+        super().__init__(correlation_key)
+        self.correlation_key = correlation_key
+        self.timeout_ms = timeout_ms
+
+
+async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None) -> Any:
+    """Inside a step: the payload of the event with ``correlation_key``.
+
+    The first time, this records a durable wait and suspends the run (the flow's ``run``
+    raises :class:`~siglo.workflow.WorkflowSuspended`). When the event is delivered, the
+    step runs again from its start and this call returns the event's payload.
+    ``timeout_ms`` sets the wait's deadline; a late event is refused unless delivered
+    with ``allow_expired``.
+    """
+    require_id("correlation_key", correlation_key)
+    require_ttl_ms("timeout_ms", timeout_ms, optional=True)
+    try:
+        run = current_step.get()
+    except LookupError:
+        raise InvalidArgumentError("wait_for_event() can only be awaited inside a step") from None
+    if run.event is not MISSING:
+        return run.event
+    raise _Suspend(correlation_key, timeout_ms)

@@ -1,0 +1,210 @@
+"""The workflow runtime: checkpointed steps, crash recovery, durable waits, caching."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import siglo
+from siglo import ManualClock, Step, StorageManager, WorkflowSuspended, flow, wait_for_event
+from siglo.backends.memory import MemoryStorageAdapter
+
+
+def fresh_manager(backend: siglo.Backend, clock: ManualClock) -> StorageManager:
+    """A new manager on the same store: what another process would have."""
+    return StorageManager(backend, clock=clock, error_mode="strict")
+
+
+async def test_steps_run_in_order_and_are_checkpointed(
+    memory: siglo.Backend, manager: StorageManager
+) -> None:
+    async def double(x: int) -> int:
+        return x * 2
+
+    async def describe(x: int) -> dict[str, int]:
+        return {"result": x}
+
+    billing = flow(Step.create("double", double), Step.create("describe", describe))
+    assert await billing.run(21, manager=manager, stack_id="run-1") == {"result": 42}
+    stored = await memory.adapter.get_checkpoint("run-1")
+    assert stored is not None
+    assert stored.status == "completed"
+    assert stored.chains == ("double", "describe")
+    assert stored.contexts == {"double": {"output": 42}, "describe": {"output": {"result": 42}}}
+    assert stored.workflow_id == "double+describe"
+    # Resuming a completed run returns its output without running anything.
+    assert await billing.resume("run-1", manager=fresh_manager(memory, manager.clock)) == {
+        "result": 42
+    }
+
+
+async def test_a_crashed_run_resumes_after_its_last_finished_step(
+    memory: siglo.Backend, clock: ManualClock
+) -> None:
+    calls = {"first": 0, "second": 0}
+    hang = asyncio.Event()
+
+    async def first(x: int) -> int:
+        calls["first"] += 1
+        return x + 1
+
+    async def second(x: int) -> int:
+        calls["second"] += 1
+        if calls["second"] == 1:
+            await hang.wait()  # the worker dies here
+        return x * 10
+
+    work = flow(Step.create("first", first), Step.create("second", second))
+    doomed = asyncio.create_task(work.run(1, manager=fresh_manager(memory, clock), stack_id="w"))
+    await asyncio.sleep(0.01)
+    doomed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    assert await work.resume("w", manager=fresh_manager(memory, clock)) == 20
+    assert calls == {"first": 1, "second": 2}
+
+
+async def test_a_step_waits_for_an_event_delivered_elsewhere(
+    memory: siglo.Backend, clock: ManualClock
+) -> None:
+    async def request(order: dict[str, Any]) -> dict[str, Any]:
+        approval = await wait_for_event(f"approval:{order['id']}", timeout_ms=60_000)
+        return {**order, "approved_by": approval["by"]}
+
+    async def ship(order: dict[str, Any]) -> str:
+        return f"shipped {order['id']} ({order['approved_by']})"
+
+    approvals = flow(Step.create("request", request), Step.create("ship", ship))
+    with pytest.raises(WorkflowSuspended) as info:
+        await approvals.run({"id": 7}, manager=fresh_manager(memory, clock), stack_id="o7")
+    assert (info.value.correlation_key, info.value.step) == ("approval:7", "request")
+    record = await memory.adapter.get_wait_record("approval:7")
+    assert record is not None
+    assert (record.status, record.stack_id, record.expires_at) == (
+        "waiting",
+        "o7",
+        clock.now_ms() + 60_000,
+    )
+    assert (await memory.adapter.get_wait_record("o7")) == record
+    stored = await memory.adapter.get_checkpoint("o7")
+    assert stored is not None and stored.status == "waiting"
+    # Still waiting: resuming says so again.
+    with pytest.raises(WorkflowSuspended):
+        await approvals.resume("o7", manager=fresh_manager(memory, clock))
+
+    # Two processes receive the same webhook: the run resumes once.
+    results = await asyncio.gather(
+        approvals.deliver("approval:7", {"by": "ada"}, manager=fresh_manager(memory, clock)),
+        approvals.deliver("approval:7", {"by": "bob"}, manager=fresh_manager(memory, clock)),
+        return_exceptions=True,
+    )
+    done = [r for r in results if isinstance(r, str)]
+    refused = [r for r in results if isinstance(r, siglo.WaitRecordClaimError)]
+    assert len(done) == 1 and len(refused) == 1
+    assert done[0] in ("shipped 7 (ada)", "shipped 7 (bob)")
+    record = await memory.adapter.get_wait_record("approval:7")
+    assert record is not None and record.status == "completed"
+    final = await memory.adapter.get_checkpoint("o7")
+    assert final is not None and final.status == "completed"
+
+
+async def test_late_events_need_allow_expired(memory: siglo.Backend, clock: ManualClock) -> None:
+    async def wait(_: Any) -> Any:
+        return await wait_for_event("late", timeout_ms=1_000)
+
+    waiting = flow(Step.create("wait", wait))
+    with pytest.raises(WorkflowSuspended):
+        await waiting.run(manager=fresh_manager(memory, clock), stack_id="late-run")
+    clock.advance(1_000)
+    with pytest.raises(siglo.WaitRecordClaimError, match="deadline"):
+        await waiting.deliver("late", 1, manager=fresh_manager(memory, clock))
+    assert (
+        await waiting.deliver("late", 1, manager=fresh_manager(memory, clock), allow_expired=True)
+        == 1
+    )
+
+
+async def test_changed_steps_need_a_migration(memory: siglo.Backend, clock: ManualClock) -> None:
+    async def ask(_: Any) -> Any:
+        return await wait_for_event("answer")
+
+    async def old_tail(x: Any) -> str:
+        return f"old {x}"
+
+    async def new_tail(x: Any) -> str:
+        return f"new {x}"
+
+    v1 = flow(Step.create("ask", ask), Step.create("tail", old_tail), name="survey")
+    v2 = flow(Step.create("ask", ask), Step.create("finish", new_tail), name="survey")
+    assert v1.version != v2.version
+    with pytest.raises(WorkflowSuspended):
+        await v1.run(manager=fresh_manager(memory, clock), stack_id="survey-1")
+    with pytest.raises(siglo.WorkflowVersionMismatchError, match="with_migration"):
+        await v2.resume("survey-1", manager=fresh_manager(memory, clock))
+    with pytest.raises(siglo.WorkflowVersionMismatchError):
+        await v2.deliver("answer", 1, manager=fresh_manager(memory, clock))
+    migrated = v2.with_migration(v1.version, lambda stack: None)
+    # The refused delivery kept its claim; let its lease run out before redelivering.
+    clock.advance(MemoryStorageAdapter(clock=clock).claim_lease_ms)
+    assert await migrated.deliver("answer", 42, manager=fresh_manager(memory, clock)) == "new 42"
+
+
+async def test_a_failing_step_marks_the_run_failed(
+    memory: siglo.Backend, manager: StorageManager
+) -> None:
+    async def broken(_: Any) -> Any:
+        raise ValueError("card declined")
+
+    with pytest.raises(ValueError, match="card declined"):
+        await flow(Step.create("charge", broken)).run(manager=manager, stack_id="f")
+    stored = await memory.adapter.get_checkpoint("f")
+    assert stored is not None and stored.status == "failed"
+    with pytest.raises(siglo.InvalidStateTransitionError):
+        await flow(Step.create("charge", broken)).resume("f", manager=manager)
+
+
+async def test_cached_steps_hit_the_step_cache(memory: siglo.Backend, clock: ManualClock) -> None:
+    fetches = 0
+
+    async def fetch_rates(_: Any) -> dict[str, float]:
+        nonlocal fetches
+        fetches += 1
+        return {"EUR": 1.08}
+
+    async def settle(rates: dict[str, float]) -> float:
+        return 5000 * rates["EUR"]
+
+    rates = Step.create("fetchRates", fetch_rates).cache(
+        ttl_ms=300_000, key=lambda: "currency-rates-latest"
+    )
+    billing = flow(rates, Step.create("settle", settle))
+    for run in range(3):
+        assert await billing.run(
+            None, manager=fresh_manager(memory, clock), stack_id=f"b{run}"
+        ) == (5400.0)
+    assert fetches == 1
+    assert await memory.adapter.get_cached_step("currency-rates-latest") == {"EUR": 1.08}
+    adapter = memory.adapter
+    assert isinstance(adapter, MemoryStorageAdapter)
+    assert [e.type for e in adapter.cache_events] == ["miss", "set", "hit", "hit"]
+    clock.advance(300_000)
+    await billing.run(None, manager=fresh_manager(memory, clock), stack_id="b-late")
+    assert fetches == 2
+
+
+def test_flow_and_step_arguments() -> None:
+    async def noop(_: Any) -> None:
+        return None
+
+    with pytest.raises(siglo.InvalidArgumentError):
+        flow()
+    with pytest.raises(siglo.InvalidArgumentError, match="unique"):
+        flow(Step.create("a", noop), Step.create("a", noop))
+    with pytest.raises(siglo.InvalidArgumentError):
+        Step.create("", noop)
+    with pytest.raises(siglo.InvalidArgumentError):
+        Step.create("a", noop).cache(ttl_ms=0)
+    with pytest.raises(siglo.InvalidArgumentError, match="inside a step"):
+        asyncio.run(wait_for_event("x"))
