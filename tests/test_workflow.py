@@ -10,6 +10,7 @@ import pytest
 import siglo
 from siglo import ManualClock, Step, StorageManager, WorkflowSuspended, flow, wait_for_event
 from siglo.backends.memory import MemoryStorageAdapter
+from siglo.workflow import run_input
 
 
 def fresh_manager(backend: siglo.Backend, clock: ManualClock) -> StorageManager:
@@ -208,3 +209,5 @@ def test_flow_and_step_arguments() -> None:
         Step.create("a", noop).cache(ttl_ms=0)
     with pytest.raises(siglo.InvalidArgumentError, match="inside a step"):
         asyncio.run(wait_for_event("x"))
+    with pytest.raises(siglo.InvalidArgumentError, match="inside a step"):
+        run_input()

@@ -238,7 +238,10 @@ class Flow:
             await self._cache_event(manager, kind, key, stack, step)
             if cached is not MISSING:
                 return cached
-        token = current_step.set(StepRun(stack.stack_id, step.name, stack.namespace, event))
+        run = StepRun(
+            stack.stack_id, step.name, stack.namespace, stack.metadata.get("input"), event
+        )
+        token = current_step.set(run)
         try:
             output = await step.fn(value)
         finally:

@@ -12,7 +12,7 @@ from siglo.errors import InvalidArgumentError
 from siglo.sentinel import MISSING
 from siglo.validation import require_id, require_ttl_ms
 
-__all__ = ["Step", "StepRun", "wait_for_event"]
+__all__ = ["Step", "StepRun", "run_input", "wait_for_event"]
 
 StepFn = Callable[[Any], Awaitable[Any]]
 
@@ -77,6 +77,7 @@ class StepRun:
     stack_id: str
     step: str
     namespace: str | None
+    input: Any = None
     event: Any = MISSING
 
 
@@ -92,6 +93,19 @@ class _Suspend(Exception):
         self.timeout_ms = timeout_ms
 
 
+def _current(what: str) -> StepRun:
+    try:
+        return current_step.get()
+    except LookupError:
+        raise InvalidArgumentError(f"{what} can only be used inside a step") from None
+
+
+def run_input() -> Any:
+    """Inside a step: the input the run was started with (each step receives the
+    previous step's output; this is the original input)."""
+    return _current("run_input()").input
+
+
 async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None) -> Any:
     """Inside a step: the payload of the event with ``correlation_key``.
 
@@ -103,10 +117,7 @@ async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None)
     """
     require_id("correlation_key", correlation_key)
     require_ttl_ms("timeout_ms", timeout_ms, optional=True)
-    try:
-        run = current_step.get()
-    except LookupError:
-        raise InvalidArgumentError("wait_for_event() can only be awaited inside a step") from None
+    run = _current("wait_for_event()")
     if run.event is not MISSING:
         return run.event
     raise _Suspend(correlation_key, timeout_ms)

@@ -1,0 +1,81 @@
+"""Seed 001 §9's production example (examples/production.py) runs end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import siglo
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "production.py"
+
+
+@pytest.fixture(scope="module")
+def production() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("siglo_production_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def restore_default_adapter() -> object:
+    previous = siglo.default_storage_manager.adapter
+    yield
+    siglo.use_storage(previous)
+
+
+async def run_example(production: ModuleType, backend: siglo.Backend) -> None:
+    service = production.Service(backend)
+    assert siglo.default_storage_manager.adapter is backend.adapter
+
+    settled = await service.process_daily_settlement("settlement-1")
+    assert settled == {"invoiceId": "INV-2026-10", "settled": True, "amountUSD": 5400.0}
+    cp = await backend.adapter.get_checkpoint("settlement-1")
+    assert cp is not None and cp.status == "completed"
+    assert await backend.adapter.get_cached_step("currency-rates-latest") == {
+        "EUR": 1.08,
+        "GBP": 1.27,
+        "JPY": 154.2,
+    }
+
+    # Single flight: while one settlement holds the lock, another is refused.
+    assert backend.lock is not None
+    held = await backend.lock.acquire("lock:daily-settlement", 5_000)
+    with pytest.raises(siglo.LockNotAcquiredError, match="lock:daily-settlement"):
+        await service.process_daily_settlement("settlement-2")
+    assert await backend.lock.release("lock:daily-settlement", held.token)
+
+    # Webhooks: processed once, replays rejected, redelivery gets the stored result.
+    first = await service.handle_webhook("sig-1", {"id": "evt_1", "amount": 10})
+    assert first == {"processed": True, "id": "evt_1"}
+    with pytest.raises(PermissionError, match="replayed"):
+        await service.handle_webhook("sig-1", {"id": "evt_1", "amount": 10})
+    again = await service.handle_webhook("sig-2", {"id": "evt_1", "amount": 10})
+    assert again == first
+    # Concurrent deliveries of one event with distinct signatures: one processes it.
+    assert backend.idempotency is not None
+    await backend.idempotency.claim("evt_2")
+    with pytest.raises(RuntimeError, match="in progress"):
+        await service.handle_webhook("sig-3", {"id": "evt_2", "amount": 1})
+
+
+@pytest.mark.usefixtures("restore_default_adapter")
+async def test_production_example_on_memory(production: ModuleType) -> None:
+    async with siglo.connect("memory://") as backend:
+        await run_example(production, backend)
+
+
+def test_production_example_as_a_script() -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "memory://"], capture_output=True, text=True, check=True
+    )
+    assert "'settled': True" in done.stdout
