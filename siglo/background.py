@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 
@@ -55,8 +54,9 @@ class SerialJobs:
     @staticmethod
     async def _run(previous: asyncio.Task[None] | None, job: Job) -> None:
         if previous is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(previous)
+            # wait() neither raises the previous job's outcome nor cancels it, and a
+            # cancellation of this job still propagates.
+            await asyncio.wait([previous])
         await job()
 
     async def drain(self, key: str | None = None) -> None:
