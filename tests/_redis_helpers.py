@@ -67,13 +67,21 @@ async def raw_redis() -> AsyncIterator[Any]:
         await client.aclose()
 
 
-def free_port(low: int, high: int) -> int:
-    """A loopback port in ``[low, high)`` nobody listens on."""
+def free_ports(low: int, high: int, count: int = 1) -> list[int]:
+    """``count`` loopback ports in ``[low, high)`` that nobody listens on."""
+    found = []
     for port in range(low, high):
         with socket.socket() as probe:
             if probe.connect_ex(("127.0.0.1", port)) != 0:
-                return port
-    raise RuntimeError(f"no free port in {low}-{high}")
+                found.append(port)
+                if len(found) == count:
+                    return found
+    raise RuntimeError(f"not {count} free ports in {low}-{high}")
+
+
+def free_port(low: int, high: int) -> int:
+    """A loopback port in ``[low, high)`` nobody listens on."""
+    return free_ports(low, high)[0]
 
 
 class RedisServer:
@@ -100,6 +108,7 @@ class RedisServer:
                 "--save", "",
                 "--appendonly", "no",
                 "--dir", str(self.dir),
+                "--logfile", str(self.dir / "redis.log"),
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,
@@ -111,7 +120,9 @@ class RedisServer:
                 if probe.connect_ex(("127.0.0.1", self.port)) == 0:
                     return self
             time.sleep(0.02)
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
+        log = self.dir / "redis.log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        raise RuntimeError(f"redis-server on port {self.port} did not start:\n{tail}")
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -137,8 +148,11 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_cluster(ports: list[int]) -> Iterator[list[RedisServer]]:
-    """Three cluster-enabled servers joined by ``redis-cli --cluster create``."""
+def start_cluster(ports: list[int], bus_ports: list[int]) -> Iterator[list[RedisServer]]:
+    """Three cluster-enabled servers joined by ``redis-cli --cluster create``.
+
+    The cluster bus ports are given too, so nothing listens outside our port range.
+    """
     if shutil.which("redis-cli") is None:
         _unavailable("redis-cli binary not found; cannot create a Redis Cluster")
     servers = [
@@ -147,8 +161,9 @@ def start_cluster(ports: list[int]) -> Iterator[list[RedisServer]]:
             "--cluster-enabled", "yes",
             "--cluster-config-file", f"nodes-{port}.conf",
             "--cluster-node-timeout", "2000",
+            "--cluster-port", str(bus),
         )
-        for port in ports
+        for port, bus in zip(ports, bus_ports, strict=True)
     ]  # fmt: skip
     try:
         for server in servers:

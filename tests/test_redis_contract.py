@@ -623,9 +623,14 @@ OPS = ["save", "save_exp", "get", "wsave", "wget", "claim", "complete", "cancel"
 @pytest.mark.parametrize("seed", range(4))
 async def test_random_program_matches_memory(seed: int) -> None:
     require_redis()
+    await run_random_program(REDIS_URL, seed)
+
+
+async def run_random_program(url: str, seed: int) -> None:
+    """Drive memory and the Redis at ``url`` with one random program; compare each result."""
     rng = random.Random(seed)
     ids = ["a", "b", "a:b", "{a}"]
-    async with siglo.connect("memory://") as memory, isolated(REDIS_URL) as redis_backend:
+    async with siglo.connect("memory://") as memory, isolated(url) as redis_backend:
         seen: set[str] = set()
         for step in range(250):
             op = rng.choice(OPS)

@@ -103,12 +103,15 @@ def client_from_url(url: str, *, cluster: bool | None = None, **kwargs: Any) -> 
     if cluster is None:
         cluster = bool(ours.get("cluster", False))
     query = dict(parse_qsl(urlsplit(driver_url).query))
-    if "socket_timeout" not in query:
-        kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     if "socket_connect_timeout" not in query:
         kwargs.setdefault("socket_connect_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     if cluster:
+        # No socket_timeout here: with one, redis-py's RedisCluster fails concurrent
+        # first commands ("'NoneType' object has no attribute 'writelines'").
+        # command_timeout_ms bounds every call anyway.
         return redis.asyncio.RedisCluster.from_url(driver_url, **kwargs)
+    if "socket_timeout" not in query:
+        kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     # A few quick retries ride out a blip; a dead server fails in well under a second.
     kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 3))
     return redis.asyncio.Redis.from_url(driver_url, **kwargs)
