@@ -30,7 +30,7 @@ exactly the seed's key names.
 
 from __future__ import annotations
 
-import functools
+import threading
 from binascii import crc_hqx
 from dataclasses import dataclass
 from typing import Final
@@ -118,18 +118,38 @@ def hash_slot(key: str | bytes) -> int:
     return crc_hqx(data if tag is None else tag, 0) % CLUSTER_SLOTS
 
 
-@functools.lru_cache(maxsize=4096)
-def slot_tag(slot: int) -> str:
-    """The first hex number whose CRC16 falls in ``slot``: ``{tag}`` pins a key there.
+class _SlotTags:
+    """The first hex number (``0``, ``1`` … ``ff`` …) hashing to each slot, found lazily.
 
-    Deterministic, so every process derives the same key (about 16,000 CRCs, cached).
+    One scan goes forward through the numbers and remembers every slot it passes, so a
+    few lock keys cost a few milliseconds and all 16,384 slots at most one full scan
+    (~160,000 CRCs). The answer never depends on the order of questions: every process
+    derives the same key names.
     """
-    n = 0
-    while True:
-        tag = format(n, "x")
-        if crc_hqx(tag.encode(), 0) % CLUSTER_SLOTS == slot:
+
+    def __init__(self) -> None:
+        self._tags: dict[int, str] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, slot: int) -> str:
+        tag = self._tags.get(slot)
+        if tag is not None:
             return tag
-        n += 1
+        if not 0 <= slot < CLUSTER_SLOTS:
+            raise ValueError(f"no cluster slot {slot}")
+        with self._lock:
+            n, tags = self._next, self._tags
+            while slot not in tags:
+                candidate = b"%x" % n
+                tags.setdefault(crc_hqx(candidate, 0) & (CLUSTER_SLOTS - 1), candidate.decode())
+                n += 1
+            self._next = n
+            return tags[slot]
+
+
+slot_tag: Final = _SlotTags()
+"""``slot_tag(slot)``: a short tag whose ``{tag}`` pins a key to ``slot``."""
 
 
 def fence_key(fence_prefix: str, lock_key: str, full_lock_key: str) -> str:
