@@ -36,6 +36,7 @@ __all__ = ["client_from_url", "connect", "isolated"]
 
 SCHEMES: Final = ("redis", "rediss", "unix")
 _DEFAULT_SOCKET_TIMEOUT_S: Final = 5.0
+_DEFAULT_MAX_CONNECTIONS: Final = 64
 
 
 def _boolean(name: str, value: Any) -> bool:
@@ -114,7 +115,15 @@ def client_from_url(url: str, *, cluster: bool | None = None, **kwargs: Any) -> 
         kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     # A few quick retries ride out a blip; a dead server fails in well under a second.
     kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 3))
-    return redis.asyncio.Redis.from_url(driver_url, **kwargs)
+    if "max_connections" in query or "max_connections" in kwargs:
+        return redis.asyncio.Redis.from_url(driver_url, **kwargs)
+    # A bounded pool that makes callers queue: a burst of thousands of concurrent calls
+    # reuses a few dozen sockets instead of opening one each (command_timeout_ms still
+    # bounds the wait).
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        driver_url, max_connections=_DEFAULT_MAX_CONNECTIONS, timeout=None, **kwargs
+    )
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 def connect(
