@@ -656,3 +656,34 @@ async def run_random_program(url: str, seed: int) -> None:
             assert results[0] == results[1], f"step {step}: {op} {args}"
         # The program reached both outcomes of the interesting operations.
         assert {"save:tuple", "save:NoneType", "claim:tuple", "claim:NoneType"} <= seen
+
+
+@rule("checkpoint.occ.expected", "checkpoint.occ.monotonic", "cache.roundtrip")
+async def test_huge_revisions_and_ttls(backend: siglo.Backend) -> None:
+    a = backend.adapter
+    big = 2**60
+    await a.save_checkpoint(cp(revision=big))
+    with pytest.raises(CheckpointConflictError):
+        await a.save_checkpoint(cp(revision=big))
+    await a.save_checkpoint(cp(revision=big + 1), expected_revision=big)
+    with pytest.raises(CheckpointConflictError) as err:
+        await a.save_checkpoint(cp(revision=big + 3), expected_revision=big)
+    assert err.value.current_revision == big + 1
+    assert (await a.get_checkpoint("s")).revision == big + 1  # type: ignore[union-attr]
+    # As doubles, 2**53 and 2**53 + 1 are equal; as revisions they are not.
+    await a.save_checkpoint(cp("t", revision=2**53))
+    await a.save_checkpoint(cp("t", revision=2**53 + 1))
+    await a.save_checkpoint(cp("t", revision=2**53 + 2), expected_revision=2**53 + 1)
+    await a.save_checkpoint(cp("far", revision=1, expires_at=2**62))
+    assert await a.get_checkpoint("far") is not None
+    await a.save_wait_record(wr(), ttl_ms=2**62)
+    assert await a.claim_wait_record("k", "c", lease_ms=2**40) is not None
+    await a.set_cached_step("k", 1, ttl_ms=2**62)
+    assert await a.get_cached_step("k") == 1
+    lock, idem, nonces = backend.lock, backend.idempotency, backend.nonces
+    assert lock is not None and idem is not None and nonces is not None
+    held = await lock.acquire("L", 2**62)
+    assert held.acquired and await lock.extend("L", held.token, 2**62)
+    assert await idem.claim("i", ttl_ms=2**62) == "claimed"
+    await idem.complete("i", 1, ttl_ms=2**62)
+    assert await nonces.claim("n", 2.0**50)

@@ -15,7 +15,14 @@ from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
-from siglo.backends.redis.commands import DEFAULT_COMMAND_TIMEOUT_MS, Commands, raw, sha1, text
+from siglo.backends.redis.commands import (
+    DEFAULT_COMMAND_TIMEOUT_MS,
+    Commands,
+    clamp_px,
+    raw,
+    sha1,
+    text,
+)
 from siglo.backends.redis.coordination import RedisLock
 from siglo.backends.redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
 from siglo.backends.redis.scripts import (
@@ -159,7 +166,7 @@ class RedisStorageAdapter(StorageAdapter):
         candidates = [] if expires_at is None else [expires_at - now]
         if self.checkpoint_ttl_ms is not None:
             candidates.append(self.checkpoint_ttl_ms)
-        return min(candidates) if candidates else None
+        return clamp_px(min(candidates)) if candidates else None
 
     async def save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
@@ -168,9 +175,10 @@ class RedisStorageAdapter(StorageAdapter):
         data = checkpoint.to_json()
         now = _now_ms()
         px = self._px(checkpoint.expires_at, now)
+        key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
         reply = await self._redis.script(
             CHECKPOINT_CAS,
-            [self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)],
+            [key],
             [
                 data,
                 checkpoint.revision,
@@ -179,7 +187,11 @@ class RedisStorageAdapter(StorageAdapter):
                 "" if px is None else px,
             ],
         )
-        if int(reply[0]) == 1:
+        outcome = int(reply[0])
+        if outcome == 1:
+            return
+        if outcome == 2:
+            await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
             return
         stored = int(reply[1])
         raise CheckpointConflictError(
@@ -187,6 +199,38 @@ class RedisStorageAdapter(StorageAdapter):
             None if stored < 0 else stored,
             expected_revision,
             checkpoint.revision,
+        )
+
+    async def _save_checkpoint_exactly(
+        self,
+        checkpoint: Checkpoint,
+        expected_revision: int | None,
+        key: str,
+        data: bytes,
+        px: int | None,
+    ) -> None:
+        """The compare-and-set for revisions of 2**53 and above, in exact integers.
+
+        Decided here, written by the swap script only if the stored value is still the
+        one decided on (else decided again): as atomic as the Lua compare-and-set.
+        """
+        for _ in range(_MAX_SWAP_ATTEMPTS):
+            current, stored_data = await self._live_checkpoint(
+                checkpoint.stack_id, checkpoint.namespace, _now_ms()
+            )
+            current_revision = None if current is None else current.revision
+            if expected_revision is not None:
+                won = (current_revision or 0) == expected_revision
+            else:
+                won = current_revision is None or checkpoint.revision > current_revision
+            if not won:
+                raise CheckpointConflictError(
+                    checkpoint.stack_id, current_revision, expected_revision, checkpoint.revision
+                )
+            if await self._swap(key, stored_data, data, "" if px is None else px):
+                return
+        raise StorageAdapterError(
+            f"checkpoint of stack {checkpoint.stack_id!r} kept changing under contention"
         )
 
     async def _live_checkpoint(
@@ -230,8 +274,8 @@ class RedisStorageAdapter(StorageAdapter):
         record = WaitRecord.from_json(data)
         return (record if record.correlation_key == key else None), data
 
-    async def _swap(self, key: str, old: bytes | None, new: bytes) -> bool:
-        return int(await self._redis.script(SWAP, [key], [sha1(old), new])) == 1
+    async def _swap(self, key: str, old: bytes | None, new: bytes, ttl: int | str = "keep") -> bool:
+        return int(await self._redis.script(SWAP, [key], [sha1(old), new, ttl])) == 1
 
     async def _transition(
         self, correlation_key: str, decide: Callable[[WaitRecord | None], WaitRecord | None]
@@ -258,7 +302,7 @@ class RedisStorageAdapter(StorageAdapter):
         data = record.to_json()
         retention = ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms
         await self._redis.set(self.keys.wait(record.correlation_key), data, px=retention)
-        px = "" if retention is None else retention
+        px = "" if retention is None else clamp_px(retention)
         await self._redis.script(
             WAIT_INDEX_ADD, [self.keys.wait_index(record.stack_id)], [record.correlation_key, px]
         )
@@ -469,7 +513,8 @@ class RedisStorageAdapter(StorageAdapter):
         if self.checkpoint_ttl_ms is None:
             await self._redis.call("PERSIST", self.client.persist(key))
         else:
-            await self._redis.call("PEXPIRE", self.client.pexpire(key, self.checkpoint_ttl_ms))
+            retention = clamp_px(self.checkpoint_ttl_ms)
+            await self._redis.call("PEXPIRE", self.client.pexpire(key, retention))
 
     async def get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None

@@ -17,9 +17,25 @@ from typing import Any, Final, Protocol, runtime_checkable
 from siglo.backends.redis.scripts import Script
 from siglo.errors import MalformedRecordError, SigloError, StorageAdapterError
 
-__all__ = ["DEFAULT_COMMAND_TIMEOUT_MS", "Commands", "RedisClientInterface", "sha1", "text"]
+__all__ = [
+    "DEFAULT_COMMAND_TIMEOUT_MS",
+    "MAX_PX_MS",
+    "Commands",
+    "RedisClientInterface",
+    "clamp_px",
+    "sha1",
+    "text",
+]
 
 DEFAULT_COMMAND_TIMEOUT_MS: Final = 10_000
+MAX_PX_MS: Final = 2**53
+"""The longest TTL sent to Redis (~285,000 years): its clock plus a longer ``PX`` would
+overflow, and every expiry written into a document is still checked when read."""
+
+
+def clamp_px(ms: int) -> int:
+    """``ms`` capped at :data:`MAX_PX_MS`."""
+    return min(ms, MAX_PX_MS)
 
 
 @runtime_checkable
@@ -94,7 +110,7 @@ class Commands:
     ) -> bool:
         kwargs: dict[str, Any] = {}
         if px is not None:
-            kwargs["px"] = px
+            kwargs["px"] = clamp_px(px)
         if nx:
             kwargs["nx"] = True
         return bool(await self.call("SET", self.client.set(key, value, **kwargs)))

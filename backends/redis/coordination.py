@@ -7,7 +7,7 @@ from typing import Any, Final
 import orjson
 
 from siglo import codec
-from siglo.backends.redis.commands import DEFAULT_COMMAND_TIMEOUT_MS, Commands, text
+from siglo.backends.redis.commands import DEFAULT_COMMAND_TIMEOUT_MS, Commands, clamp_px, text
 from siglo.backends.redis.keys import (
     DEFAULT_PREFIX,
     KeySpace,
@@ -91,7 +91,7 @@ class RedisIdempotencyStore(_ClientOwner):
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         reply = await self._redis.script(
-            IDEMPOTENCY_CLAIM, [self.key_prefix + key], [ttl_ms or self.default_ttl_ms]
+            IDEMPOTENCY_CLAIM, [self.key_prefix + key], [clamp_px(ttl_ms or self.default_ttl_ms)]
         )
         state = text(reply)
         if state not in ("claimed", "completed", "in-progress"):
@@ -176,7 +176,9 @@ class RedisLock(_ClientOwner, LockBase):
         token = custom_token or new_lock_token()
         key, fence = self._keys(lock_key)
         if self._redis.has_eval:
-            reply = int(await self._redis.script(LOCK_ACQUIRE, [key, fence], [token, ttl_ms]))
+            reply = int(
+                await self._redis.script(LOCK_ACQUIRE, [key, fence], [token, clamp_px(ttl_ms)])
+            )
             if reply == 0:
                 return LockResult(acquired=False, token=token)
             return LockResult(acquired=True, token=token, fencing_token=reply)
@@ -202,10 +204,10 @@ class RedisLock(_ClientOwner, LockBase):
         require_ttl_ms("ttl_ms", ttl_ms)
         key, _ = self._keys(lock_key)
         if self._require_eval("extend"):
-            return int(await self._redis.script(LOCK_EXTEND, [key], [token, ttl_ms])) == 1
+            return int(await self._redis.script(LOCK_EXTEND, [key], [token, clamp_px(ttl_ms)])) == 1
         if text(await self._redis.get(key)) != token:
             return False
-        return bool(await self._redis.call("PEXPIRE", self.client.pexpire(key, ttl_ms)))
+        return bool(await self._redis.call("PEXPIRE", self.client.pexpire(key, clamp_px(ttl_ms))))
 
 
 class RedisNonceStore(_ClientOwner):

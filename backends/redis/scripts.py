@@ -45,7 +45,10 @@ CHECKPOINT_CAS: Final = Script(
 -- KEYS[1] checkpoint key. ARGV[1] new JSON, ARGV[2] its revision, ARGV[3] expected
 -- revision ('' = none: the new revision must be above the stored one), ARGV[4] now (ms),
 -- ARGV[5] PX ('' = keep forever; <= 0 = already expired: delete).
--- Returns {1} when stored, {0, stored revision or -1 for none} on a conflict.
+-- Returns {1} when stored, {0, stored revision or -1 for none} on a conflict, and {2}
+-- when a revision is too large for Lua's doubles to compare exactly (the caller then
+-- decides in exact integers and writes with the swap script).
+local exact = 9007199254740992
 local current = redis.call('GET', KEYS[1])
 local stored = nil
 if current then
@@ -59,11 +62,16 @@ if current then
     stored = doc['revision']
   end
 end
+local new = tonumber(ARGV[2])
+local expected = tonumber(ARGV[3])
+if new >= exact or (stored and stored >= exact) or (expected and expected >= exact) then
+  return {2}
+end
 local won
-if ARGV[3] ~= '' then
-  won = (stored or 0) == tonumber(ARGV[3])
+if expected then
+  won = (stored or 0) == expected
 else
-  won = stored == nil or tonumber(ARGV[2]) > stored
+  won = stored == nil or new > stored
 end
 if not won then
   return {0, stored or -1}
@@ -84,15 +92,23 @@ SWAP: Final = Script(
     """
 -- Replace a value only if it is still the one the caller decided on.
 -- KEYS[1] key. ARGV[1] SHA-1 of the value read ('' = the key must be absent),
--- ARGV[2] new value. The key keeps its TTL. Returns 1 if swapped, 0 if it had changed.
+-- ARGV[2] new value, ARGV[3] TTL: 'keep' (keep the key's TTL), '' (none), PX in ms,
+-- or <= 0 (already expired: delete). Returns 1 if done, 0 if the value had changed.
 local current = redis.call('GET', KEYS[1])
 if ARGV[1] == '' then
   if current then return 0 end
-  redis.call('SET', KEYS[1], ARGV[2])
-  return 1
+elseif not current or redis.sha1hex(current) ~= ARGV[1] then
+  return 0
 end
-if not current or redis.sha1hex(current) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+if ARGV[3] == 'keep' then
+  redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+elseif ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2])
+elseif tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+end
 return 1
 """,
 )
