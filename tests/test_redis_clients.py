@@ -132,3 +132,18 @@ def test_bad_options_are_rejected() -> None:
     ]:
         with pytest.raises(siglo.InvalidArgumentError):
             siglo.connect(url, **options)
+
+
+async def test_backend_url_carries_the_options(redis_backend: siglo.Backend) -> None:
+    prefix = redis_backend.adapter.keys.prefix  # type: ignore[attr-defined]
+    async with siglo.connect(
+        REDIS_URL, prefix=prefix, checkpoint_ttl_ms=None, record_context_changes=False
+    ) as first:
+        assert "checkpoint_ttl_ms=none" in first.url and "record_context_changes=false" in first.url
+        async with siglo.connect(first.url) as second:
+            adapter = second.adapter
+            assert isinstance(adapter, RedisStorageAdapter)
+            assert adapter.keys.prefix == prefix and adapter.checkpoint_ttl_ms is None
+            assert adapter.record_context_changes is False
+            await first.adapter.set_cached_step("shared", [1])
+            assert await adapter.get_cached_step("shared") == [1]

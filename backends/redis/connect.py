@@ -175,7 +175,9 @@ def connect(
     nonces = RedisNonceStore(client, key_prefix=keys.nonce_prefix, command_timeout_ms=timeout)
     backend = Backend(
         name="redis",
-        url=url,
+        url=_with_params(
+            url, {("prefix" if k == "key_prefix" else k): v for k, v in options.items()}
+        ),
         adapter=adapter,
         idempotency=idempotency,
         lock=lock,
@@ -186,10 +188,20 @@ def connect(
     return backend
 
 
-def _with_prefix(url: str, prefix: str) -> str:
+def _url_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
+
+
+def _with_params(url: str, params: dict[str, Any]) -> str:
+    """``url`` with siglo's options set in its query, so another process can repeat it."""
+    ours = {k: _url_value(v) for k, v in params.items() if k in _OPTIONS}
+    if not ours:
+        return url
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "prefix"]
-    query.append(("prefix", prefix))
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
+    query.extend(ours.items())
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
@@ -228,7 +240,7 @@ async def isolated(url: str = "redis://127.0.0.1:6379/0", **options: Any) -> Asy
     """
     options.pop("prefix", None)
     prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
-    backend = connect(_with_prefix(url, prefix), **options)
+    backend = connect(_with_params(url, {"prefix": prefix}), **options)
     try:
         yield backend
     finally:
