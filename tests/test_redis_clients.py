@@ -34,6 +34,9 @@ class SeedMinimalClient:
     async def hset(self, key: str, *args: Any, **kwargs: Any) -> Any:
         return await self._client.hset(key, *args, **kwargs)
 
+    async def hgetall(self, key: str) -> Any:
+        return await self._client.hgetall(key)
+
     async def pexpire(self, key: str, ms: int) -> Any:
         return await self._client.pexpire(key, ms)
 
@@ -63,6 +66,10 @@ async def test_eval_less_client_follows_the_seeds_rules(
     nonces = RedisNonceStore(client, key_prefix=f"{prefix}wh:dedup:")
     assert await nonces.claim("n", 60) and not await nonces.claim("n", 60)
     adapter = RedisStorageAdapter(client, key_prefix=prefix)
+    # The context stream needs no script: the seed's HSET then PEXPIRE.
+    event = siglo.ContextChangeEvent(stack_id="s", step_id="p", key="f", value=[1], timestamp=1)
+    await adapter.on_context_change(event)
+    assert await adapter.get_context_changes("s", "p") == {"f": [1]}
     with pytest.raises(StorageAdapterError, match="no eval"):
         await adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
 

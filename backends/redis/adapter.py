@@ -27,6 +27,7 @@ from siglo.backends.redis.coordination import RedisLock
 from siglo.backends.redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
 from siglo.backends.redis.scripts import (
     CHECKPOINT_CAS,
+    CONTEXT_CHANGE,
     SWAP,
     WAIT_INDEX_ADD,
     WAIT_STACK_COPY,
@@ -491,7 +492,7 @@ class RedisStorageAdapter(StorageAdapter):
     # -- context stream and telemetry ---------------------------------------------------------
 
     async def on_context_change(self, event: ContextChangeEvent) -> None:
-        """``HSET`` (or ``HDEL``) the field, then ``PEXPIRE`` the hash (seed 001 §5).
+        """``HSET`` (or ``HDEL``) the field and ``PEXPIRE`` the hash (seed 001 §5), atomically.
 
         Bad input raises :class:`~siglo.errors.InvalidArgumentError`; a Redis failure
         raises :class:`~siglo.errors.StorageAdapterError`, which the storage manager
@@ -506,14 +507,22 @@ class RedisStorageAdapter(StorageAdapter):
         if not self.record_context_changes:
             return
         key = self.keys.context(event.stack_id, event.step_id, event.namespace)
+        retention = None if self.checkpoint_ttl_ms is None else clamp_px(self.checkpoint_ttl_ms)
+        if self._redis.has_eval:
+            await self._redis.script(
+                CONTEXT_CHANGE,
+                [key],
+                [event.op, event.key, value, "" if retention is None else retention],
+            )
+            return
+        # A client without eval (seed 001 §4): the seed's two commands.
         if event.op == "delete":
             await self._redis.call("HDEL", self.client.hdel(key, event.key))
         else:
             await self._redis.call("HSET", self.client.hset(key, event.key, value))
-        if self.checkpoint_ttl_ms is None:
+        if retention is None:
             await self._redis.call("PERSIST", self.client.persist(key))
         else:
-            retention = clamp_px(self.checkpoint_ttl_ms)
             await self._redis.call("PEXPIRE", self.client.pexpire(key, retention))
 
     async def get_context_changes(

@@ -16,6 +16,7 @@ from typing import Final
 __all__ = [
     "CHECKPOINT_CAS",
     "COMPARE_AND_DELETE",
+    "CONTEXT_CHANGE",
     "IDEMPOTENCY_CLAIM",
     "LOCK_ACQUIRE",
     "LOCK_EXTEND",
@@ -151,6 +152,26 @@ elseif before == -2 or (before >= 0 and before < tonumber(ARGV[2])) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return score
+""",
+)
+
+CONTEXT_CHANGE: Final = Script(
+    "context_change",
+    """
+-- Seed 001 §5's HSET + PEXPIRE of a context stream, in one step (a crash between the two
+-- would leave a hash that never expires). KEYS[1] context hash. ARGV[1] 'set' or
+-- 'delete', ARGV[2] field, ARGV[3] JSON value, ARGV[4] retention in ms ('' = none).
+if ARGV[1] == 'delete' then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+else
+  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+end
+if ARGV[4] == '' then
+  redis.call('PERSIST', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+return 1
 """,
 )
 
