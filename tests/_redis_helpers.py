@@ -30,18 +30,21 @@ REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
 def _unavailable(message: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{message} (CI=true: a missing backend fails the run)")
-    pytest.skip(message)
+    pytest.skip(f"{message}; skipping")
 
 
 def require_redis(url: str = REDIS_URL) -> None:
     """Skip (fail under CI=true) with a plain message when Redis is unreachable."""
-    import redis
+    try:
+        import redis
+    except ImportError:
+        _unavailable("the redis driver is not installed (pip install 'siglo[redis]')")
 
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
     try:
         client.ping()
     except Exception as exc:
-        _unavailable(f"Redis at {url} is unreachable ({exc}); skipping the Redis tests")
+        _unavailable(f"Redis at {url} is unreachable ({exc})")
     finally:
         client.close()
 
@@ -89,7 +92,7 @@ class RedisServer:
 
     def __init__(self, port: int, *extra: str) -> None:
         if shutil.which("redis-server") is None:
-            _unavailable("redis-server binary not found; cannot start a private Redis")
+            _unavailable("redis-server binary not found: cannot start a private Redis")
         self.port = port
         self.extra = extra
         self.dir = Path(tempfile.mkdtemp(prefix=f"siglo-redis-{port}-"))
@@ -154,7 +157,7 @@ def start_cluster(ports: list[int], bus_ports: list[int]) -> Iterator[list[Redis
     The cluster bus ports are given too, so nothing listens outside our port range.
     """
     if shutil.which("redis-cli") is None:
-        _unavailable("redis-cli binary not found; cannot create a Redis Cluster")
+        _unavailable("redis-cli binary not found: cannot create a Redis Cluster")
     servers = [
         RedisServer(
             port,
