@@ -1,0 +1,204 @@
+"""The Redis key topology of seed 001 §5, in one place.
+
+Every key starts with one prefix (``siglo:`` by default; ``prefix=`` replaces it, which
+is how tests isolate). With the default prefix the names are exactly the seed's:
+
+=============================================  =====================================
+key                                            holds
+=============================================  =====================================
+``siglo:checkpoint:<stackId>``                 checkpoint JSON (no namespace)
+``siglo:<ns>:checkpoint:<stackId>``            checkpoint JSON (namespace ``ns``)
+``siglo:wait:<correlationKey>``                wait record JSON
+``siglo:wait:<stackId>``                       copy of the stack's latest wait record
+``siglo:wait-index:<stackId>``                 siglo only: sorted set of the stack's
+                                               correlation keys, latest saved last
+``siglo:cache:<key>``                          step-cache JSON
+``siglo:[<ns>:]context:<stackId>:<stepId>``    hash: context field → JSON value
+``siglo:lock:<key>``                           lock token
+``siglo:lock-fence:{<tag>}<key>``              siglo only: fencing counter of a lock
+``siglo:idempotency:<key>``                    ``in-progress`` / ``COMPLETED:<json>``
+``siglo:wh:dedup:<key>``                       nonce ``"1"``
+=============================================  =====================================
+
+Ids are data, so two different ids must never make the same key. The seed's names are
+ambiguous in two places, and only there siglo escapes (``%`` → ``%25``, ``:`` → ``%3A``):
+a namespace that contains ``:`` or ``%`` or is one of the words above (``wait``,
+``cache`` …; its first character is escaped too), and the stack id of a context key when
+it contains ``:`` or ``%``. Every other id is used verbatim, so the usual ids give
+exactly the seed's key names.
+"""
+
+from __future__ import annotations
+
+import threading
+from binascii import crc_hqx
+from dataclasses import dataclass
+from typing import Final
+
+from siglo.errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "RESERVED_NAMESPACES",
+    "KeySpace",
+    "check_prefix",
+    "escape",
+    "fence_key",
+    "hash_slot",
+    "namespace_segment",
+    "slot_tag",
+]
+
+DEFAULT_PREFIX: Final = "siglo:"
+CLUSTER_SLOTS: Final = 16_384
+
+RESERVED_NAMESPACES: Final = frozenset(
+    {
+        "checkpoint",
+        "wait",
+        "wait-index",
+        "cache",
+        "context",
+        "lock",
+        "lock-fence",
+        "idempotency",
+        "wh",
+    }
+)
+"""Namespaces that would read as one of siglo's own key kinds; they are escaped."""
+
+
+def escape(segment: str) -> str:
+    """Percent-escape ``%`` and ``:`` so a segment cannot swallow a separator."""
+    return segment.replace("%", "%25").replace(":", "%3A")
+
+
+def namespace_segment(namespace: str) -> str:
+    """The namespace as it appears in a key: verbatim unless that would be ambiguous."""
+    if ":" not in namespace and "%" not in namespace and namespace not in RESERVED_NAMESPACES:
+        return namespace
+    escaped = escape(namespace)
+    if namespace in RESERVED_NAMESPACES:
+        # An escaped form always contains "%", a verbatim one never does: injective.
+        escaped = f"%{ord(escaped[0]):02X}{escaped[1:]}"
+    return escaped
+
+
+def _context_stack_segment(stack_id: str) -> str:
+    return stack_id if ":" not in stack_id and "%" not in stack_id else escape(stack_id)
+
+
+def check_prefix(name: str, prefix: object) -> str:
+    """A key prefix must be a non-empty string without a partial cluster hash tag."""
+    if type(prefix) is not str or not prefix:
+        raise InvalidArgumentError(f"{name} must be a non-empty string, got {prefix!r}")
+    if "\x00" in prefix:
+        raise InvalidArgumentError(f"{name} must not contain a NUL character")
+    if ("{" in prefix or "}" in prefix) and _hash_tag(prefix.encode()) is None:
+        raise InvalidArgumentError(
+            f"{name} {prefix!r} has a brace but no complete {{hash tag}}; "
+            "it would scatter related keys over cluster slots"
+        )
+    return prefix
+
+
+def _hash_tag(key: bytes) -> bytes | None:
+    start = key.find(b"{")
+    if start > -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return None
+
+
+def hash_slot(key: str | bytes) -> int:
+    """The Redis Cluster slot of ``key`` (CRC16 of its hash tag, or of the whole key)."""
+    data = key.encode() if isinstance(key, str) else key
+    tag = _hash_tag(data)
+    return crc_hqx(data if tag is None else tag, 0) % CLUSTER_SLOTS
+
+
+class _SlotTags:
+    """The first hex number (``0``, ``1`` … ``ff`` …) hashing to each slot, found lazily.
+
+    One scan goes forward through the numbers and remembers every slot it passes, so a
+    few lock keys cost a few milliseconds and all 16,384 slots at most one full scan
+    (~160,000 CRCs). The answer never depends on the order of questions: every process
+    derives the same key names.
+    """
+
+    def __init__(self) -> None:
+        self._tags: dict[int, str] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, slot: int) -> str:
+        tag = self._tags.get(slot)
+        if tag is not None:
+            return tag
+        if not 0 <= slot < CLUSTER_SLOTS:
+            raise ValueError(f"no cluster slot {slot}")
+        with self._lock:
+            n, tags = self._next, self._tags
+            while slot not in tags:
+                candidate = b"%x" % n
+                tags.setdefault(crc_hqx(candidate, 0) & (CLUSTER_SLOTS - 1), candidate.decode())
+                n += 1
+            self._next = n
+            return tags[slot]
+
+
+slot_tag: Final = _SlotTags()
+"""``slot_tag(slot)``: a short tag whose ``{tag}`` pins a key to ``slot``."""
+
+
+def fence_key(fence_prefix: str, lock_key: str, full_lock_key: str) -> str:
+    """The fencing counter of a lock, in the same cluster slot as the lock's key.
+
+    The seed's lock key ``siglo:lock:<key>`` has no hash tag, so the counter carries a
+    tag computed to hash to the lock key's slot: the acquire script may touch both.
+    """
+    return f"{fence_prefix}{{{slot_tag(hash_slot(full_lock_key))}}}{lock_key}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Key names of the storage adapter under one prefix (default ``siglo:``)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def checkpoint(self, stack_id: str, namespace: str | None = None) -> str:
+        if namespace is None:
+            return f"{self.prefix}checkpoint:{stack_id}"
+        return f"{self.prefix}{namespace_segment(namespace)}:checkpoint:{stack_id}"
+
+    def wait(self, key: str) -> str:
+        return f"{self.prefix}wait:{key}"
+
+    def wait_index(self, stack_id: str) -> str:
+        return f"{self.prefix}wait-index:{stack_id}"
+
+    def cache(self, key: str) -> str:
+        return f"{self.prefix}cache:{key}"
+
+    def context(self, stack_id: str, step_id: str, namespace: str | None = None) -> str:
+        ns = "" if namespace is None else f"{namespace_segment(namespace)}:"
+        return f"{self.prefix}{ns}context:{_context_stack_segment(stack_id)}:{step_id}"
+
+    @property
+    def lock_prefix(self) -> str:
+        return f"{self.prefix}lock:"
+
+    @property
+    def idempotency_prefix(self) -> str:
+        return f"{self.prefix}idempotency:"
+
+    @property
+    def nonce_prefix(self) -> str:
+        return f"{self.prefix}wh:dedup:"
+
+
+def default_fence_prefix(lock_prefix: str) -> str:
+    """``siglo:lock:`` → ``siglo:lock-fence:``: beside the locks, never one of them."""
+    base = lock_prefix[:-1] if lock_prefix.endswith(":") else lock_prefix
+    return f"{base}-fence:"

@@ -1,0 +1,223 @@
+"""The Lua scripts behind siglo's atomic Redis operations.
+
+Each runs inside Redis as one atomic step, so a read and the write that depends on it
+can never be split by another client. They are sent once and then run by SHA
+(``EVALSHA``); after a ``NOSCRIPT`` (a restarted or failed-over server, ``SCRIPT
+FLUSH``) the runner sends the source again. Every script touches only the keys it is
+given, all in one cluster slot, so they run on a Redis Cluster too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = [
+    "CHECKPOINT_CAS",
+    "COMPARE_AND_DELETE",
+    "CONTEXT_CHANGE",
+    "IDEMPOTENCY_CLAIM",
+    "LOCK_ACQUIRE",
+    "LOCK_EXTEND",
+    "SWAP",
+    "WAIT_INDEX_ADD",
+    "WAIT_STACK_COPY",
+    "Script",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script and its SHA-1, the name ``EVALSHA`` knows it by."""
+
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+
+CHECKPOINT_CAS: Final = Script(
+    "checkpoint_cas",
+    """
+-- Compare-and-set of a checkpoint on its stored revision.
+-- KEYS[1] checkpoint key. ARGV[1] new JSON, ARGV[2] its revision, ARGV[3] expected
+-- revision ('' = none: the new revision must be above the stored one), ARGV[4] now (ms),
+-- ARGV[5] PX ('' = keep forever; <= 0 = already expired: delete).
+-- Returns {1} when stored, {0, stored revision or -1 for none} on a conflict, and {2}
+-- when a revision is too large for Lua's doubles to compare exactly (the caller then
+-- decides in exact integers and writes with the swap script).
+local exact = 9007199254740992
+local current = redis.call('GET', KEYS[1])
+local stored = nil
+if current then
+  local ok, doc = pcall(cjson.decode, current)
+  if not ok or type(doc) ~= 'table' or type(doc['revision']) ~= 'number' then
+    return redis.error_reply('SIGLO_MALFORMED stored checkpoint has no numeric revision')
+  end
+  local expires = doc['expiresAt']
+  -- Past its expiresAt a checkpoint is gone, whatever TTL its writer gave the key.
+  if not (type(expires) == 'number' and tonumber(ARGV[4]) >= expires) then
+    stored = doc['revision']
+  end
+end
+local new = tonumber(ARGV[2])
+local expected = tonumber(ARGV[3])
+if new >= exact or (stored and stored >= exact) or (expected and expected >= exact) then
+  return {2}
+end
+local won
+if expected then
+  won = (stored or 0) == expected
+else
+  won = stored == nil or new > stored
+end
+if not won then
+  return {0, stored or -1}
+end
+if ARGV[5] == '' then
+  redis.call('SET', KEYS[1], ARGV[1])
+elseif tonumber(ARGV[5]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[5])
+else
+  redis.call('DEL', KEYS[1])
+end
+return {1}
+""",
+)
+
+SWAP: Final = Script(
+    "swap",
+    """
+-- Replace a value only if it is still the one the caller decided on.
+-- KEYS[1] key. ARGV[1] SHA-1 of the value read ('' = the key must be absent),
+-- ARGV[2] new value, ARGV[3] TTL: 'keep' (keep the key's TTL), '' (none), PX in ms,
+-- or <= 0 (already expired: delete). Returns 1 if done, 0 if the value had changed.
+local current = redis.call('GET', KEYS[1])
+if ARGV[1] == '' then
+  if current then return 0 end
+elseif not current or redis.sha1hex(current) ~= ARGV[1] then
+  return 0
+end
+if ARGV[3] == 'keep' then
+  redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+elseif ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2])
+elseif tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1
+""",
+)
+
+WAIT_STACK_COPY: Final = Script(
+    "wait_stack_copy",
+    """
+-- Seed 001 §5 also stores a wait record under siglo:wait:<stackId>; never let that copy
+-- overwrite the record whose correlation key is that same string.
+-- KEYS[1] siglo:wait:<stackId>. ARGV[1] record JSON, ARGV[2] stack id, ARGV[3] PX ('' none).
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, doc = pcall(cjson.decode, current)
+  if ok and type(doc) == 'table' and doc['correlationKey'] == ARGV[2] then return 0 end
+end
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+end
+return 1
+""",
+)
+
+WAIT_INDEX_ADD: Final = Script(
+    "wait_index_add",
+    """
+-- Record a correlation key as the latest wait of a stack.
+-- KEYS[1] siglo:wait-index:<stackId> (sorted set: score = save order).
+-- ARGV[1] correlation key, ARGV[2] retention of the record in ms ('' = none).
+-- The index lives as long as the longest-lived record it names.
+local before = redis.call('PTTL', KEYS[1])
+local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local score = 1
+if top[2] then score = tonumber(top[2]) + 1 end
+redis.call('ZADD', KEYS[1], score, ARGV[1])
+if ARGV[2] == '' then
+  redis.call('PERSIST', KEYS[1])
+elseif before == -2 or (before >= 0 and before < tonumber(ARGV[2])) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return score
+""",
+)
+
+CONTEXT_CHANGE: Final = Script(
+    "context_change",
+    """
+-- Seed 001 §5's HSET + PEXPIRE of a context stream, in one step (a crash between the two
+-- would leave a hash that never expires). KEYS[1] context hash. ARGV[1] 'set' or
+-- 'delete', ARGV[2] field, ARGV[3] JSON value, ARGV[4] retention in ms ('' = none).
+if ARGV[1] == 'delete' then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+else
+  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+end
+if ARGV[4] == '' then
+  redis.call('PERSIST', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+return 1
+""",
+)
+
+IDEMPOTENCY_CLAIM: Final = Script(
+    "idempotency_claim",
+    """
+-- Seed 001 §6 claim, in one step: SET NX, else report the state that blocked it.
+-- KEYS[1] key. ARGV[1] TTL ms. Returns 'claimed', 'completed' or 'in-progress'.
+if redis.call('SET', KEYS[1], 'in-progress', 'PX', ARGV[1], 'NX') then
+  return 'claimed'
+end
+local value = redis.call('GET', KEYS[1])
+if value and string.sub(value, 1, 10) == 'COMPLETED:' then return 'completed' end
+return 'in-progress'
+""",
+)
+
+COMPARE_AND_DELETE: Final = Script(
+    "compare_and_delete",
+    # Seed 001 §7's release script, verbatim; the idempotency fail() uses it too.
+    """if redis.call("get", KEYS[1]) == ARGV[1] then
+    return redis.call("del", KEYS[1])
+else
+    return 0
+end""",
+)
+
+LOCK_ACQUIRE: Final = Script(
+    "lock_acquire",
+    """
+-- KEYS[1] lock key, KEYS[2] its fencing counter (same slot). ARGV[1] token, ARGV[2] TTL ms.
+-- Returns the new fencing token, or 0 when the lock is held.
+if redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+""",
+)
+
+LOCK_EXTEND: Final = Script(
+    "lock_extend",
+    """
+-- KEYS[1] lock key. ARGV[1] token, ARGV[2] TTL ms. 1 if the holder's TTL was reset.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+""",
+)

@@ -1,0 +1,203 @@
+"""Fixtures and helpers shared by the Redis tests (imported by each test_redis_* module).
+
+``SIGLO_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``) is the shared server; every
+test works under its own random key prefix and deletes it afterwards. Servers a test
+must own (one to kill, a 3-master cluster) are started from the installed binaries on
+loopback ports 30000-30099 and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import siglo
+from siglo.backends.redis import isolated
+
+REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _unavailable(message: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message} (CI=true: a missing backend fails the run)")
+    pytest.skip(f"{message}; skipping")
+
+
+def require_redis(url: str = REDIS_URL) -> None:
+    """Skip (fail under CI=true) with a plain message when Redis is unreachable."""
+    try:
+        import redis
+    except ImportError:
+        _unavailable("the redis driver is not installed (pip install 'siglo[redis]')")
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    try:
+        client.ping()
+    except Exception as exc:
+        _unavailable(f"Redis at {url} is unreachable ({exc})")
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def redis_backend() -> AsyncIterator[siglo.Backend]:
+    """A Redis backend on the shared server under a fresh prefix, removed afterwards."""
+    require_redis()
+    async with isolated(REDIS_URL) as backend:
+        yield backend
+
+
+@pytest.fixture
+async def raw_redis() -> AsyncIterator[Any]:
+    """A plain redis-py client (str replies) on the shared server."""
+    require_redis()
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def free_ports(low: int, high: int, count: int = 1) -> list[int]:
+    """``count`` loopback ports in ``[low, high)`` that nobody listens on."""
+    found = []
+    for port in range(low, high):
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                found.append(port)
+                if len(found) == count:
+                    return found
+    raise RuntimeError(f"not {count} free ports in {low}-{high}")
+
+
+def free_port(low: int, high: int) -> int:
+    """A loopback port in ``[low, high)`` nobody listens on."""
+    return free_ports(low, high)[0]
+
+
+class RedisServer:
+    """A redis-server of our own on a loopback port (killed, paused, restarted by tests)."""
+
+    def __init__(self, port: int, *extra: str) -> None:
+        if shutil.which("redis-server") is None:
+            _unavailable("redis-server binary not found: cannot start a private Redis")
+        self.port = port
+        self.extra = extra
+        self.dir = Path(tempfile.mkdtemp(prefix=f"siglo-redis-{port}-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.dir),
+                "--logfile", str(self.dir / "redis.log"),
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.02)
+        log = self.dir / "redis.log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        raise RuntimeError(f"redis-server on port {self.port} did not start:\n{tail}")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+
+    def pause(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_cluster(ports: list[int], bus_ports: list[int]) -> Iterator[list[RedisServer]]:
+    """Three cluster-enabled servers joined by ``redis-cli --cluster create``.
+
+    The cluster bus ports are given too, so nothing listens outside our port range.
+    """
+    if shutil.which("redis-cli") is None:
+        _unavailable("redis-cli binary not found: cannot create a Redis Cluster")
+    servers = [
+        RedisServer(
+            port,
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", f"nodes-{port}.conf",
+            "--cluster-node-timeout", "2000",
+            "--cluster-port", str(bus),
+        )
+        for port, bus in zip(ports, bus_ports, strict=True)
+    ]  # fmt: skip
+    try:
+        for server in servers:
+            server.start()
+        subprocess.run(
+            [
+                "redis-cli", "--cluster", "create",
+                *(f"127.0.0.1:{p}" for p in ports),
+                "--cluster-replicas", "0", "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while True:
+            states = [
+                subprocess.run(
+                    ["redis-cli", "-p", str(p), "cluster", "info"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout
+                for p in ports
+            ]
+            if all("cluster_state:ok" in s for s in states):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster did not become ready: {states}")
+            time.sleep(0.1)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()

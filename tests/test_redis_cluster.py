@@ -1,0 +1,114 @@
+"""The Redis backend on a real 3-master Redis Cluster started on loopback.
+
+The session fixture starts three ``redis-server --cluster-enabled yes`` on free ports
+in 30010-30099 (cluster bus ports there too), joins them with ``redis-cli --cluster
+create`` and stops them afterwards (about two seconds). The contract tests of
+``test_redis_contract`` run here again with ``backend`` bound to the cluster: every
+multi-key script must keep its keys in one slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from _redis_helpers import free_ports, start_cluster
+from test_redis_contract import (
+    run_random_program,
+    test_cancel_workflow,
+    test_checkpoint_compare_and_set,
+    test_checkpoint_concurrent_saves_one_winner,
+    test_checkpoint_expiry,
+    test_checkpoint_namespaces,
+    test_checkpoint_roundtrip,
+    test_context_stream,
+    test_hostile_ids,
+    test_idempotency,
+    test_lock,
+    test_nonces,
+    test_step_cache,
+    test_wait_claims,
+    test_wait_complete_and_cancel,
+    test_wait_lookup,
+    test_workflow_lock,
+)
+
+import siglo
+from siglo.backends.redis import isolated
+from siglo.backends.redis.keys import hash_slot
+
+pytestmark = pytest.mark.redis_cluster
+
+__all__ = [
+    "test_cancel_workflow",
+    "test_checkpoint_compare_and_set",
+    "test_checkpoint_concurrent_saves_one_winner",
+    "test_checkpoint_expiry",
+    "test_checkpoint_namespaces",
+    "test_checkpoint_roundtrip",
+    "test_context_stream",
+    "test_hostile_ids",
+    "test_idempotency",
+    "test_lock",
+    "test_nonces",
+    "test_step_cache",
+    "test_wait_claims",
+    "test_wait_complete_and_cancel",
+    "test_wait_lookup",
+    "test_workflow_lock",
+]
+
+
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    ports = free_ports(30010, 30100, 6)
+    for _ in start_cluster(ports[:3], ports[3:]):
+        yield f"redis://127.0.0.1:{ports[0]}/0?cluster=true"
+
+
+@pytest.fixture
+async def backend(cluster_url: str) -> AsyncIterator[siglo.Backend]:
+    async with isolated(cluster_url) as cluster_backend:
+        yield cluster_backend
+
+
+async def test_connected_to_a_cluster(backend: siglo.Backend) -> None:
+    from redis.asyncio import RedisCluster
+
+    client = backend.adapter.client  # type: ignore[attr-defined]
+    assert isinstance(client, RedisCluster)
+    assert await backend.adapter.get_checkpoint("s") is None  # connects lazily
+    assert len(client.get_primaries()) == 3
+
+
+@pytest.mark.rule("lock.fencing", "lock.acquire.exclusive")
+async def test_locks_over_many_slots(backend: siglo.Backend) -> None:
+    lock = backend.lock
+    assert lock is not None
+    keys = [f"lock-{i}" for i in range(64)] + ["a{b}c", "x}y{", "{}", "ü"]
+    assert len({hash_slot(k) for k in keys}) > 30  # spread over all three masters
+    for key in keys:
+        first = await lock.acquire(key, 5_000)
+        assert first.acquired and first.fencing_token == 1
+        assert await lock.extend(key, first.token, 5_000)
+        assert await lock.release(key, first.token)
+        again = await lock.acquire(key, 5_000)
+        assert again.fencing_token == 2
+
+
+@pytest.mark.parametrize("seed", range(2))
+async def test_random_program_matches_memory_on_cluster(cluster_url: str, seed: int) -> None:
+    await run_random_program(cluster_url, seed)
+
+
+async def test_isolated_cleans_every_master(cluster_url: str) -> None:
+    async with isolated(cluster_url) as b:
+        for i in range(50):
+            await b.adapter.set_cached_step(f"k{i}", i)
+        url = b.url
+        client = b.adapter.client  # type: ignore[attr-defined]
+        prefix = b.adapter.keys.prefix  # type: ignore[attr-defined]
+        assert len([k async for k in client.scan_iter(match=prefix + "*")]) == 50
+    async with siglo.connect(url) as again:
+        client = again.adapter.client  # type: ignore[attr-defined]
+        assert [k async for k in client.scan_iter(match=prefix + "*")] == []

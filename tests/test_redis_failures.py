@@ -1,0 +1,138 @@
+"""Connection failures against a Redis of our own: killed, paused, script cache flushed.
+
+Every driver failure surfaces as ``StorageAdapterError`` with the driver's exception as
+``__cause__``, the storage manager applies its error mode to it, and a server that stops
+answering makes calls fail after ``command_timeout_ms`` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+from _redis_helpers import RedisServer, free_port
+
+import siglo
+from siglo import Checkpoint, StorageAdapterError, StorageWarning
+
+rule = pytest.mark.rule
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    own = RedisServer(free_port(30000, 30010)).start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+async def every_call_fails(backend: siglo.Backend) -> None:
+    a, lock, idem, nonces = backend.adapter, backend.lock, backend.idempotency, backend.nonces
+    assert lock is not None and idem is not None and nonces is not None
+    calls = [
+        a.save_checkpoint(Checkpoint(stack_id="s", revision=9, timestamp=1)),
+        a.get_checkpoint("s"),
+        a.get_wait_record("k"),
+        a.claim_wait_record("k", "c"),
+        a.get_cached_step("k"),
+        a.set_cached_step("k", 1),
+        a.with_workflow_lock("s", lambda: asyncio.sleep(0), timeout_ms=100),
+        lock.acquire("L"),
+        idem.claim("i"),
+        nonces.claim("n", 1),
+    ]
+    for call in calls:
+        with pytest.raises(StorageAdapterError) as err:
+            await call
+        assert err.value.__cause__ is not None
+
+
+@rule("manager.error-mode")
+async def test_killed_server_raises_storage_adapter_error(server: RedisServer) -> None:
+    async with siglo.connect(server.url) as backend:
+        await backend.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+        server.kill()
+        started = time.monotonic()
+        await every_call_fails(backend)
+        assert time.monotonic() - started < 15
+
+
+@rule("manager.error-mode")
+async def test_manager_error_modes_with_a_dead_server(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with siglo.connect(server.url) as backend:
+        server.kill()
+        best = siglo.StorageManager(backend, error_mode="best-effort")
+        best.create_stack("s")
+        await best.save_checkpoint("s")  # swallowed
+        assert await best.load_checkpoint("s") is None
+
+        warn = siglo.StorageManager(backend, error_mode="warn")
+        warn.create_stack("s")
+        with caplog.at_level(logging.WARNING, logger="siglo"), pytest.warns(StorageWarning):
+            await warn.save_checkpoint("s")
+        assert any("failed" in r.message for r in caplog.records)
+
+        strict = siglo.StorageManager(backend, error_mode="strict")
+        stack = strict.create_stack("s")
+        with pytest.raises(StorageAdapterError) as err:
+            await strict.save_checkpoint("s")
+        assert err.value.__cause__ is not None
+        # A background context-change stream fails too, raised by flush() in strict mode.
+        stack.set("step", "field", 1)
+        with pytest.raises(StorageAdapterError) as err:
+            await strict.flush()
+        assert err.value.__cause__ is not None
+        strict.checkpoint("s")
+        with pytest.raises(StorageAdapterError):
+            await strict.flush()
+
+
+async def test_paused_server_times_out_instead_of_hanging(server: RedisServer) -> None:
+    async with siglo.connect(server.url, command_timeout_ms=300) as backend:
+        assert await backend.adapter.get_checkpoint("s") is None  # connected
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StorageAdapterError, match="timed out") as err:
+                await backend.adapter.get_checkpoint("s")
+            assert isinstance(err.value.__cause__, TimeoutError)
+            assert time.monotonic() - started < 2
+            assert backend.lock is not None
+            with pytest.raises(StorageAdapterError):
+                await backend.lock.acquire("L")
+            assert time.monotonic() - started < 4
+        finally:
+            server.resume()
+
+
+async def test_scripts_reload_after_noscript(server: RedisServer) -> None:
+    async with siglo.connect(server.url) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+        client = a.client  # type: ignore[attr-defined]
+        await client.script_flush()
+        from siglo.backends.redis.scripts import CHECKPOINT_CAS
+
+        # The cache is empty: the next EVALSHA gets NOSCRIPT.
+        assert await client.script_exists(CHECKPOINT_CAS.sha) == [False]
+        await a.save_checkpoint(Checkpoint(stack_id="s", revision=2, timestamp=1))
+        assert (await a.get_checkpoint("s")).revision == 2  # type: ignore[union-attr]
+        assert await client.script_exists(CHECKPOINT_CAS.sha) == [True]  # reloaded
+
+
+async def test_restarted_server_is_reached_again(server: RedisServer) -> None:
+    async with siglo.connect(server.url) as backend:
+        await backend.adapter.set_cached_step("k", 1)
+        server.kill()
+        with pytest.raises(StorageAdapterError):
+            await backend.adapter.get_cached_step("k")
+        server.start()
+        await backend.adapter.set_cached_step("k", 2)  # fresh server, scripts reloaded too
+        await backend.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+        assert await backend.adapter.get_cached_step("k") == 2
