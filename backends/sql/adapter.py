@@ -16,6 +16,8 @@ from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
 from siglo.backends.sql.coordination import SqlLock
 from siglo.backends.sql.database import Database, Row
+from siglo.backends.sql.migrations import migrate, read_version
+from siglo.backends.sql.schema import DEFAULT_PREFIX, SCHEMA_VERSION, build_tables
 from siglo.backends.sql.statements import Statements
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
@@ -107,8 +109,12 @@ class SqlStorageAdapter(StorageAdapter):
         workflow_lock_timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
         workflow_lock_ttl_ms: int = DEFAULT_WORKFLOW_LOCK_TTL_MS,
         clean_batch_size: int = DEFAULT_CLEAN_BATCH_SIZE,
+        table_prefix: str = DEFAULT_PREFIX,
+        schema: str | None = None,
     ) -> None:
         self.database = database
+        self.table_prefix = table_prefix
+        self.schema = schema
         self.clock: Clock = clock or system_clock
         self.checkpoint_ttl_ms = require_ttl_ms(
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
@@ -155,6 +161,19 @@ class SqlStorageAdapter(StorageAdapter):
     async def aclose(self) -> None:
         """Close the connections this adapter's backend opened."""
         await self.database.aclose()
+
+    async def schema_version(self) -> int:
+        """The schema version of the database (0: no siglo tables yet)."""
+        await self.database.connect_unchecked()
+        return await read_version(self.database, build_tables(self.table_prefix, self.schema))
+
+    async def migrate(self, *, target: int = SCHEMA_VERSION) -> tuple[int, int]:
+        """Apply the migrations up to ``target``; ``(version before, version after)``.
+
+        What ``siglo migrate URL`` runs. Safe to run from several processes at once.
+        """
+        await self.database.connect_unchecked()
+        return await migrate(self.database, self.table_prefix, self.schema, target=target)
 
     # -- checkpoints -------------------------------------------------------------------
 

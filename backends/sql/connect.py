@@ -174,7 +174,14 @@ def assemble_backend(
     for_update = " FOR UPDATE" if db.dialect_name == "postgresql" else ""
     statements = build_statements(tables, db.sa_dialect, for_update=for_update)
     clock = settings.clock
-    adapter = adapter_cls(db, statements, clock=clock, **settings.adapter_options)
+    adapter = adapter_cls(
+        db,
+        statements,
+        clock=clock,
+        table_prefix=settings.prefix,
+        schema=settings.schema,
+        **settings.adapter_options,
+    )
     return Backend(
         name=name,
         url=url,

@@ -58,6 +58,7 @@ class Database(abc.ABC):
         self.on_open = on_open
         self.description = description
         self._ready = False
+        self._connected = False
         self._opening = asyncio.Lock()
 
     def sql(self, text: str) -> str:
@@ -78,23 +79,38 @@ class Database(abc.ABC):
         async with self._opening:
             if self._ready:
                 return
-            try:
-                await self._connect()
-            except SigloError:
-                raise
-            except Exception as exc:
-                raise self.wrap(exc, "connecting") from exc
+            await self._connect_once()
             try:
                 if self.on_open is not None:
                     await self.on_open(self)
             except BaseException:
-                await self._disconnect()
+                await self.aclose()
                 raise
             self._ready = True
+
+    async def connect_unchecked(self) -> None:
+        """Connect without the schema check, for the migrations and ``siglo migrate``.
+
+        Only the ``raw_*`` methods may be used until :meth:`open` has succeeded.
+        """
+        async with self._opening:
+            await self._connect_once()
+
+    async def _connect_once(self) -> None:
+        if self._connected:
+            return
+        try:
+            await self._connect()
+        except SigloError:
+            raise
+        except Exception as exc:
+            raise self.wrap(exc, "connecting") from exc
+        self._connected = True
 
     async def aclose(self) -> None:
         """Close the connections this database opened (never a user's engine)."""
         self._ready = False
+        self._connected = False
         await self._disconnect()
 
     @abc.abstractmethod
