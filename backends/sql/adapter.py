@@ -16,6 +16,7 @@ from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
 from siglo.backends.sql.coordination import SqlLock
 from siglo.backends.sql.database import Database, Row
+from siglo.backends.sql.keys import row_id
 from siglo.backends.sql.migrations import migrate, read_version
 from siglo.backends.sql.schema import DEFAULT_PREFIX, SCHEMA_VERSION, build_tables
 from siglo.backends.sql.statements import Statements
@@ -191,24 +192,24 @@ class SqlStorageAdapter(StorageAdapter):
             None if self.checkpoint_ttl_ms is None else now + self.checkpoint_ttl_ms,
         )
         fetch = self.database.fetch
+        key = row_id(namespace, stack_id)
         if expected_revision is None:
             rows = await fetch(
                 self._cp_save_forward,
-                (namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
+                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
             )
         elif expected_revision == 0:
             rows = await fetch(
                 self._cp_insert_if_absent,
-                (namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
+                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
             )
         else:
             rows = await fetch(
                 self._cp_update_expected,
-                (revision, checkpoint.status, gone_at, data, namespace, stack_id,
-                 expected_revision, now),
-            )  # fmt: skip
+                (revision, checkpoint.status, gone_at, data, key, expected_revision, now),
+            )
         if not rows:
-            found = await fetch(self._cp_current_revision, (namespace, stack_id, now))
+            found = await fetch(self._cp_current_revision, (key, now))
             raise CheckpointConflictError(
                 stack_id, found[0][0] if found else None, expected_revision, revision
             )
@@ -220,11 +221,13 @@ class SqlStorageAdapter(StorageAdapter):
         require_optional_id("namespace", namespace)
         now = self.clock.now_ms()
         if namespace is None:
-            rows = await self.database.fetch(self._cp_get, ("", stack_id, now))
+            rows = await self.database.fetch(self._cp_get, (row_id("", stack_id), now))
         elif fallback:
-            rows = await self.database.fetch(self._cp_get_fallback, (namespace, stack_id, now))
+            rows = await self.database.fetch(
+                self._cp_get_fallback, (row_id(namespace, stack_id), row_id("", stack_id), now)
+            )
         else:
-            rows = await self.database.fetch(self._cp_get, (namespace, stack_id, now))
+            rows = await self.database.fetch(self._cp_get, (row_id(namespace, stack_id), now))
         return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
 
     async def _clean(self, sql: str) -> int:
@@ -266,21 +269,27 @@ class SqlStorageAdapter(StorageAdapter):
         now = self.clock.now_ms()
         gone_at = now + ttl_ms if ttl_ms is not None else self._retention(now)
         db = self.database
+        namespace = record.namespace or ""
+        wait_id = row_id(record.correlation_key)
         async with db.transaction() as tx:
             await tx.fetch(
                 db.sql(self._s.wait_upsert),
-                (record.correlation_key, record.stack_id, record.namespace or "",
-                 record.status, record.expires_at, record.claimant_id, record.claimed_at,
-                 record.lease_expires_at, record.completed_at, payload, gone_at, data),
+                (wait_id, record.correlation_key, record.stack_id, namespace,
+                 row_id(namespace, record.stack_id), record.status, record.expires_at,
+                 record.claimant_id, record.claimed_at, record.lease_expires_at,
+                 record.completed_at, payload, gone_at, data),
             )  # fmt: skip
             await tx.fetch(
-                db.sql(self._s.wait_latest_upsert), (record.stack_id, record.correlation_key)
+                db.sql(self._s.wait_latest_upsert),
+                (row_id(record.stack_id), record.stack_id, wait_id),
             )
 
     async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
         key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
         now = self.clock.now_ms()
-        rows = await self.database.fetch(self._wait_get, (key, now, key, now, key, now))
+        rows = await self.database.fetch(
+            self._wait_get, (row_id(key), now, row_id(key), now, row_id("", key), now)
+        )
         if not rows:
             return None
         row = rows[0]
@@ -314,7 +323,7 @@ class SqlStorageAdapter(StorageAdapter):
         lease = now + (lease_ms or self.claim_lease_ms)
         rows = await self.database.fetch(
             self._wait_claim,
-            (claimant, now, lease, payload, correlation_key, now, claimant, now,
+            (claimant, now, lease, payload, row_id(correlation_key), now, claimant, now,
              bool(allow_expired), now),
         )  # fmt: skip
         return _wait_from_row(rows[0]) if rows else None
@@ -324,12 +333,11 @@ class SqlStorageAdapter(StorageAdapter):
         require_id("claimant_id", claimant_id)
         db = self.database
         now = self.clock.now_ms()
-        rows = await db.fetch(
-            db.sql(self._s.wait_complete), (now, correlation_key, now, claimant_id)
-        )
+        key = row_id(correlation_key)
+        rows = await db.fetch(db.sql(self._s.wait_complete), (now, key, now, claimant_id))
         if rows:
             return
-        state = await db.fetch(db.sql(self._s.wait_state), (correlation_key, now))
+        state = await db.fetch(db.sql(self._s.wait_state), (key, now))
         if not state:
             raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
         if state[0][0] != "claimed":
@@ -343,7 +351,9 @@ class SqlStorageAdapter(StorageAdapter):
     async def cancel_wait_record(self, correlation_key: str) -> bool:
         require_id("correlation_key", correlation_key)
         db = self.database
-        rows = await db.fetch(db.sql(self._s.wait_cancel), (correlation_key, self.clock.now_ms()))
+        rows = await db.fetch(
+            db.sql(self._s.wait_cancel), (row_id(correlation_key), self.clock.now_ms())
+        )
         return bool(rows)
 
     async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
@@ -352,9 +362,10 @@ class SqlStorageAdapter(StorageAdapter):
         db = self.database
         ns = namespace or ""
         now = self.clock.now_ms()
+        key = row_id(ns, stack_id)
         async with db.transaction() as tx:
-            await tx.fetch(db.sql(self._s.wait_cancel_stack), (stack_id, ns, now))
-            rows = await tx.fetch(db.sql(self._s.cp_get_for_cancel), (ns, stack_id, now))
+            await tx.fetch(db.sql(self._s.wait_cancel_stack), (key, now))
+            rows = await tx.fetch(db.sql(self._s.cp_get_for_cancel), (key, now))
             if not rows:
                 return
             checkpoint = Checkpoint.from_json(bytes(rows[0][0]))
@@ -365,7 +376,7 @@ class SqlStorageAdapter(StorageAdapter):
             )
             await tx.fetch(
                 db.sql(self._s.cp_set_cancelled),
-                (cancelled.revision, cancelled.to_json(), ns, stack_id),
+                (cancelled.revision, cancelled.to_json(), key),
             )
 
     async def with_workflow_lock(
@@ -389,7 +400,7 @@ class SqlStorageAdapter(StorageAdapter):
 
     async def get_cached_step(self, key: str) -> Any | Missing:
         require_id("key", key)
-        rows = await self.database.fetch(self._cache_get, (key, self.clock.now_ms()))
+        rows = await self.database.fetch(self._cache_get, (row_id(key), self.clock.now_ms()))
         if not rows:
             return MISSING
         return codec.loads(rows[0][0], what="cached step")
@@ -399,7 +410,7 @@ class SqlStorageAdapter(StorageAdapter):
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         data = codec.dumps(value, what=f"cached value of {key!r}")
         gone_at = self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms)
-        await self.database.fetch(self._cache_set, (key, gone_at, data))
+        await self.database.fetch(self._cache_set, (row_id(key), key, gone_at, data))
 
     # -- context stream and telemetry ---------------------------------------------------------
 
@@ -410,25 +421,26 @@ class SqlStorageAdapter(StorageAdapter):
             )
         db = self.database
         s = self._s
-        ns = event.namespace or ""
-        stream = (ns, event.stack_id, event.step_id)
+        names = (event.namespace or "", event.stack_id, event.step_id)
+        stream = row_id(*names)
+        field_id = row_id(*names, event.key)
         now = self.clock.now_ms()
         params: tuple[Any, ...]
         if event.op == "delete":
-            change, params = s.ctx_delete, (*stream, event.key)
+            change, params = s.ctx_delete, (field_id,)
         else:
             value = codec.dumps(event.value, what=f"context value {event.key!r}")
             change = s.ctx_set
-            params = (*stream, event.key, value, self._retention(now))
+            params = (field_id, stream, *names, event.key, value, self._retention(now))
         if self.checkpoint_ttl_ms is None:
             await db.fetch(db.sql(change), params)
             return
         # A stream lives as long as its latest event keeps it: an expired stream starts
         # empty, and every event renews the retention of all its fields.
         async with db.transaction() as tx:
-            await tx.fetch(db.sql(s.ctx_drop_expired), (*stream, now))
+            await tx.fetch(db.sql(s.ctx_drop_expired), (stream, now))
             await tx.fetch(db.sql(change), params)
-            await tx.fetch(db.sql(s.ctx_touch), (self._retention(now), *stream))
+            await tx.fetch(db.sql(s.ctx_touch), (self._retention(now), stream))
 
     async def get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
@@ -437,9 +449,8 @@ class SqlStorageAdapter(StorageAdapter):
         require_id("step_id", step_id)
         require_optional_id("namespace", namespace)
         db = self.database
-        rows = await db.fetch(
-            db.sql(self._s.ctx_get), (namespace or "", stack_id, step_id, self.clock.now_ms())
-        )
+        stream = row_id(namespace or "", stack_id, step_id)
+        rows = await db.fetch(db.sql(self._s.ctx_get), (stream, self.clock.now_ms()))
         return {name: codec.loads(data, what="context value") for name, data in rows}
 
     async def on_cache_event(self, event: CacheEvent) -> None:

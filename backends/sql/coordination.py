@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from siglo import codec
 from siglo.backends.sql.database import Database
+from siglo.backends.sql.keys import row_id
 from siglo.backends.sql.statements import Statements
 from siglo.clock import Clock, system_clock
 from siglo.coordination import (
@@ -56,11 +57,12 @@ class SqlIdempotencyStore:
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         ttl = ttl_ms or self.default_ttl_ms
+        rid = row_id(key)
         for _ in range(100):
             now = self.clock.now_ms()
-            if await self._db.fetch(self._claim, (key, now + ttl, now)):
+            if await self._db.fetch(self._claim, (rid, key, now + ttl, now)):
                 return "claimed"
-            rows = await self._db.fetch(self._state, (key, now))
+            rows = await self._db.fetch(self._state, (rid, now))
             if rows:
                 return "completed" if rows[0][0] == "completed" else "in-progress"
             # The holder failed (deleting its key) between our two statements: claim again.
@@ -71,15 +73,15 @@ class SqlIdempotencyStore:
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         data = codec.dumps(result, what=f"result of {key!r}")
         gone_at = self.clock.now_ms() + (ttl_ms or self.default_ttl_ms)
-        await self._db.fetch(self._complete, (key, data, gone_at))
+        await self._db.fetch(self._complete, (row_id(key), key, data, gone_at))
 
     async def fail(self, key: str, error: BaseException | None = None) -> None:
         require_id("key", key)
-        await self._db.fetch(self._fail, (key, self.clock.now_ms()))
+        await self._db.fetch(self._fail, (row_id(key), self.clock.now_ms()))
 
     async def get_result(self, key: str) -> Any | Missing:
         require_id("key", key)
-        rows = await self._db.fetch(self._result, (key, self.clock.now_ms()))
+        rows = await self._db.fetch(self._result, (row_id(key), self.clock.now_ms()))
         if not rows:
             return MISSING
         return codec.loads(rows[0][0], what="idempotency result")
@@ -117,7 +119,10 @@ class SqlLock(LockBase):
         self._check_acquire(lock_key, ttl_ms, custom_token)
         now = self.clock.now_ms()
         token = custom_token or new_lock_token(now)
-        rows = await self._db.fetch(self._acquire, (self.scope, lock_key, token, now + ttl_ms, now))
+        rows = await self._db.fetch(
+            self._acquire,
+            (row_id(self.scope, lock_key), self.scope, lock_key, token, now + ttl_ms, now),
+        )
         if not rows:
             return LockResult(acquired=False, token=token)
         return LockResult(acquired=True, token=token, fencing_token=int(rows[0][0]))
@@ -126,7 +131,7 @@ class SqlLock(LockBase):
         require_id("lock_key", lock_key)
         require_id("token", token)
         rows = await self._db.fetch(
-            self._release, (self.scope, lock_key, token, self.clock.now_ms())
+            self._release, (row_id(self.scope, lock_key), token, self.clock.now_ms())
         )
         return bool(rows)
 
@@ -135,7 +140,9 @@ class SqlLock(LockBase):
         require_id("token", token)
         require_ttl_ms("ttl_ms", ttl_ms)
         now = self.clock.now_ms()
-        rows = await self._db.fetch(self._extend, (now + ttl_ms, self.scope, lock_key, token, now))
+        rows = await self._db.fetch(
+            self._extend, (now + ttl_ms, row_id(self.scope, lock_key), token, now)
+        )
         return bool(rows)
 
 
@@ -153,4 +160,4 @@ class SqlNonceStore:
         require_id("key", key)
         ttl_ms = nonce_ttl_ms(ttl_seconds)
         now = self.clock.now_ms()
-        return bool(await self._db.fetch(self._claim, (key, now + ttl_ms, now)))
+        return bool(await self._db.fetch(self._claim, (row_id(key), key, now + ttl_ms, now)))

@@ -6,9 +6,12 @@ PostgreSQL); the hot statements that read and write them are plain SQL text in
 
 Conventions, chosen for the queries that use them:
 
-- An absent namespace is stored as ``''`` (ids are never empty, so ``''`` cannot be a real
-  namespace). Comparisons are then plain ``=``, NULL-safe in both databases, and the
-  primary key ``(namespace, stack_id)`` is a real unique key.
+- Every table's primary key ``id`` is a 16-byte BLAKE2b digest of the row's ids
+  (:func:`siglo.backends.sql.keys.row_id`), computed in Python: ids of any length and
+  characters fit one small index entry, and lookups are one equality on it. The ids
+  themselves are kept in text columns, as data.
+- An absent namespace is stored (and digested) as ``''``: ids are never empty, so ``''``
+  cannot be a real namespace, and an un-namespaced row never matches a namespaced one.
 - ``gone_at`` is the millisecond time a row stops existing (``NULL``: kept until removed),
   compared with the injected clock's ``now`` passed as a parameter, never the database's
   clock. Every table with a ``gone_at`` has an index on it for the expiry sweeps.
@@ -28,7 +31,6 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
-    PrimaryKeyConstraint,
     Table,
     Text,
 )
@@ -74,6 +76,13 @@ class Tables:
     context_changes: Table | None
 
 
+def _id() -> Column[bytes]:
+    # The primary key is a 16-byte digest of the row's ids (siglo.backends.sql.keys):
+    # ids may be 1,000 characters of 4-byte unicode, past PostgreSQL's btree limit of
+    # 2,704 bytes per index row, and a fixed-size key keeps every index small.
+    return Column("id", LargeBinary, primary_key=True)
+
+
 def build_tables(
     prefix: str = DEFAULT_PREFIX, schema: str | None = None, *, version: int = SCHEMA_VERSION
 ) -> Tables:
@@ -101,21 +110,24 @@ def build_tables(
     checkpoints = Table(
         f"{p}checkpoints",
         md,
+        _id(),
         Column("namespace", Text, nullable=False),
         Column("stack_id", Text, nullable=False),
         Column("revision", BigInteger, nullable=False),
         Column("status", Text, nullable=False),
         Column("gone_at", BigInteger, nullable=True),
         Column("document", LargeBinary, nullable=False),
-        PrimaryKeyConstraint("namespace", "stack_id", name=f"{p}checkpoints_pk"),
         Index(f"{p}checkpoints_gone_at", "gone_at"),
     )
     wait_records = Table(
         f"{p}wait_records",
         md,
-        Column("correlation_key", Text, primary_key=True),
+        _id(),
+        Column("correlation_key", Text, nullable=False),
         Column("stack_id", Text, nullable=False),
         Column("namespace", Text, nullable=False),
+        # digest(namespace, stack_id): cancel_workflow finds a stack's records by it
+        Column("stack_ref", LargeBinary, nullable=False),
         Column("status", Text, nullable=False),
         Column("deadline", BigInteger, nullable=True),
         Column("claimant_id", Text, nullable=True),
@@ -125,21 +137,23 @@ def build_tables(
         Column("event_payload", LargeBinary, nullable=True),
         Column("gone_at", BigInteger, nullable=True),
         Column("document", LargeBinary, nullable=False),
-        Index(f"{p}wait_records_stack", "stack_id", "namespace"),
+        Index(f"{p}wait_records_stack", "stack_ref"),
         Index(f"{p}wait_records_gone_at", "gone_at"),
     )
-    # The correlation key most recently saved for each stack (SPEC: get_wait_record by
-    # stack id returns the record most recently saved for it).
+    # The wait record most recently saved for each stack id (get_wait_record by stack
+    # id returns it): id is digest(stack_id), wait_id the record's id.
     wait_latest = Table(
         f"{p}wait_latest",
         md,
-        Column("stack_id", Text, primary_key=True),
-        Column("correlation_key", Text, nullable=False),
+        _id(),
+        Column("stack_id", Text, nullable=False),
+        Column("wait_id", LargeBinary, nullable=False),
     )
     step_cache = Table(
         f"{p}step_cache",
         md,
-        Column("key", Text, primary_key=True),
+        _id(),
+        Column("key", Text, nullable=False),
         Column("gone_at", BigInteger, nullable=False),
         Column("value", LargeBinary, nullable=False),
         Index(f"{p}step_cache_gone_at", "gone_at"),
@@ -147,13 +161,15 @@ def build_tables(
     idempotency = Table(
         f"{p}idempotency_keys",
         md,
-        Column("key", Text, primary_key=True),
+        _id(),
+        Column("key", Text, nullable=False),
         Column("state", Text, nullable=False),
         Column("result", LargeBinary, nullable=True),
         Column("gone_at", BigInteger, nullable=False),
         Index(f"{p}idempotency_keys_gone_at", "gone_at"),
     )
     lock_columns: list[SchemaItem] = [
+        _id(),
         Column("scope", Text, nullable=False),
         Column("key", Text, nullable=False),
         Column("token", Text, nullable=True),
@@ -165,13 +181,13 @@ def build_tables(
         f"{p}locks",
         md,
         *lock_columns,
-        PrimaryKeyConstraint("scope", "key", name=f"{p}locks_pk"),
         Index(f"{p}locks_gone_at", "gone_at"),
     )
     nonces = Table(
         f"{p}nonces",
         md,
-        Column("key", Text, primary_key=True),
+        _id(),
+        Column("key", Text, nullable=False),
         Column("gone_at", BigInteger, nullable=False),
         Index(f"{p}nonces_gone_at", "gone_at"),
     )
@@ -180,15 +196,16 @@ def build_tables(
         context_changes = Table(
             f"{p}context_changes",
             md,
+            _id(),
+            # digest(namespace, stack_id, step_id): one stream's fields share it
+            Column("stream", LargeBinary, nullable=False),
             Column("namespace", Text, nullable=False),
             Column("stack_id", Text, nullable=False),
             Column("step_id", Text, nullable=False),
             Column("field", Text, nullable=False),
             Column("value", LargeBinary, nullable=False),
             Column("gone_at", BigInteger, nullable=True),
-            PrimaryKeyConstraint(
-                "namespace", "stack_id", "step_id", "field", name=f"{p}context_changes_pk"
-            ),
+            Index(f"{p}context_changes_stream", "stream"),
             Index(f"{p}context_changes_gone_at", "gone_at"),
         )
     return Tables(
