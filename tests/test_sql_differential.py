@@ -23,7 +23,6 @@ from sql_support import KINDS, open_backend
 
 import siglo
 from siglo import Checkpoint, ContextChangeEvent, ManualClock, WaitRecord
-from siglo.sentinel import MISSING
 
 STACKS = ["s1", "s2", "a:b*{c}", "ünï'%_\\", "x" * 300]
 NAMESPACES = [None, None, "A", "b:*%", "ü"]
@@ -166,7 +165,9 @@ class Program:
 
 async def _run(backend: siglo.Backend, clock: ManualClock, op: str, args: Any, kw: Any) -> Any:
     a = backend.adapter
-    assert backend.idempotency and backend.lock and backend.nonces
+    assert backend.idempotency
+    assert backend.lock
+    assert backend.nonces
     if op == "advance":
         clock.advance(args[0])
         return None
