@@ -72,3 +72,38 @@ async def open_backend(kind: str, **options: Any) -> AsyncIterator[Backend]:
         from siglo.backends.sqlite import isolated  # type: ignore[assignment]
     async with isolated(url, **options) as backend:
         yield backend
+
+
+# -- worker processes ------------------------------------------------------------------
+
+
+def spawn_pool(processes: int) -> Any:
+    """A pool of ``processes`` spawned workers, warmed up (imports done)."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+    list(pool.map(time.sleep, [0.01] * processes))
+    return pool
+
+
+async def race(pool: Any, processes: int, job: str, url: str, **args: Any) -> list[Any]:
+    """Run ``job`` in every worker, all starting at the same instant; their results.
+
+    Fails the test if any worker saw an error (a leaked "database is locked" included).
+    """
+    import asyncio
+    import time
+
+    from sql_workers import run_job
+
+    start_at = time.time() + 0.5
+    futures = [
+        asyncio.wrap_future(pool.submit(run_job, job, url, start_at, worker, args))
+        for worker in range(processes)
+    ]
+    outcomes = await asyncio.gather(*futures)
+    errors = [e for o in outcomes for e in o["errors"]]
+    assert errors == [], errors
+    return [o["result"] for o in outcomes]

@@ -8,18 +8,14 @@ processes.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import multiprocessing
-import time
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pytest
-from sql_support import SHARED_KINDS, open_backend
-from sql_workers import run_job
+from sql_support import SHARED_KINDS, open_backend, spawn_pool
+from sql_support import race as sql_race
 
 from siglo import WaitRecord
 
@@ -28,26 +24,16 @@ pytestmark = pytest.mark.parametrize("kind", SHARED_KINDS)
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[ProcessPoolExecutor]:
-    with ProcessPoolExecutor(PROCESSES, mp_context=multiprocessing.get_context("spawn")) as p:
-        # Warm the workers up (imports) so that the races start together.
-        list(p.map(time.sleep, [0.01] * PROCESSES))
+def pool() -> Iterator[Any]:
+    with spawn_pool(PROCESSES) as p:
         yield p
 
 
-async def race(pool: ProcessPoolExecutor, job: str, url: str, **args: Any) -> list[Any]:
-    start_at = time.time() + 0.5
-    futures = [
-        asyncio.wrap_future(pool.submit(run_job, job, url, start_at, worker, args))
-        for worker in range(PROCESSES)
-    ]
-    outcomes = await asyncio.gather(*futures)
-    errors = [e for o in outcomes for e in o["errors"]]
-    assert errors == [], errors
-    return [o["result"] for o in outcomes]
+async def race(pool: Any, job: str, url: str, **args: Any) -> list[Any]:
+    return await sql_race(pool, PROCESSES, job, url, **args)
 
 
-async def test_cas_saves_race(kind: str, pool: ProcessPoolExecutor) -> None:
+async def test_cas_saves_race(kind: str, pool: Any) -> None:
     rounds = 15
     async with open_backend(kind) as backend:
         wins = await race(pool, "cas", backend.url, rounds=rounds)
@@ -60,7 +46,7 @@ async def test_cas_saves_race(kind: str, pool: ProcessPoolExecutor) -> None:
         assert stored.contexts == {"w": {"worker": winner}}
 
 
-async def test_claims_race(kind: str, pool: ProcessPoolExecutor) -> None:
+async def test_claims_race(kind: str, pool: Any) -> None:
     keys = [f"k{i}" for i in range(25)]
     async with open_backend(kind) as backend:
         for key in keys:
@@ -75,14 +61,14 @@ async def test_claims_race(kind: str, pool: ProcessPoolExecutor) -> None:
 
 
 @pytest.mark.parametrize("job", ["idempotency", "nonces"])
-async def test_key_claims_race(kind: str, job: str, pool: ProcessPoolExecutor) -> None:
+async def test_key_claims_race(kind: str, job: str, pool: Any) -> None:
     keys = [f"k{i}" for i in range(25)]
     async with open_backend(kind) as backend:
         won = await race(pool, job, backend.url, keys=keys)
         assert Counter(k for w in won for k in w) == Counter(keys)
 
 
-async def test_locks_race(kind: str, pool: ProcessPoolExecutor) -> None:
+async def test_locks_race(kind: str, pool: Any) -> None:
     keys = [f"k{i}" for i in range(25)]
     async with open_backend(kind) as backend:
         won = await race(pool, "locks", backend.url, keys=keys)
@@ -91,7 +77,7 @@ async def test_locks_race(kind: str, pool: ProcessPoolExecutor) -> None:
         assert all(fence == 1 for _, fence in acquired)
 
 
-async def test_workflow_lock_across_processes(kind: str, pool: ProcessPoolExecutor) -> None:
+async def test_workflow_lock_across_processes(kind: str, pool: Any) -> None:
     count = 8
     async with open_backend(kind) as backend:
         spans = await race(pool, "workflow", backend.url, count=count)
