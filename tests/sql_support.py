@@ -1,0 +1,109 @@
+"""Shared helpers of the SQL backend tests (imported by tests/test_sql_*.py and friends).
+
+Every backend a test opens is on private storage: SQLite a fresh temporary file or a
+private in-memory database, PostgreSQL a fresh schema ``siglo_test_<random>``, dropped
+afterwards. PostgreSQL comes from ``SIGLO_POSTGRES_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``); when it cannot be reached its tests are
+skipped with a plain message, except under ``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from siglo.backend import Backend
+
+POSTGRES_URL = os.environ.get("SIGLO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+KINDS = ("sqlite-memory", "sqlite-file", "postgres")
+SHARED_KINDS = ("sqlite-file", "postgres")
+"""Backends that several processes share."""
+
+
+@functools.cache
+def postgres_problem() -> str | None:
+    """Why PostgreSQL cannot be used here, or ``None``."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install 'siglo[postgres]')"
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=3):
+            return None
+    except Exception as exc:
+        return f"PostgreSQL is not reachable at {POSTGRES_URL}: {exc}".strip()
+
+
+def require_postgres() -> None:
+    """Skip (or, under CI=true, fail) when PostgreSQL is not reachable."""
+    problem = postgres_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{problem} (CI=true: a missing backend fails the run)")
+    pytest.skip(f"{problem}; skipping the PostgreSQL tests")
+
+
+def base_url(kind: str) -> str:
+    """The URL :func:`open_backend` isolates from."""
+    if kind == "sqlite-memory":
+        return "sqlite://"
+    if kind == "sqlite-file":
+        return "sqlite:///siglo-test.db"
+    if kind == "postgres":
+        require_postgres()
+        return POSTGRES_URL
+    raise ValueError(kind)
+
+
+@asynccontextmanager
+async def open_backend(kind: str, **options: Any) -> AsyncIterator[Backend]:
+    """A backend of ``kind`` on private storage, removed afterwards."""
+    url = base_url(kind)
+    if kind == "postgres":
+        from siglo.backends.postgres import isolated
+    else:
+        from siglo.backends.sqlite import isolated  # type: ignore[assignment]
+    async with isolated(url, **options) as backend:
+        yield backend
+
+
+# -- worker processes ------------------------------------------------------------------
+
+
+def spawn_pool(processes: int) -> Any:
+    """A pool of ``processes`` spawned workers, warmed up (imports done)."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+    list(pool.map(time.sleep, [0.01] * processes))
+    return pool
+
+
+async def race(pool: Any, processes: int, job: str, url: str, **args: Any) -> list[Any]:
+    """Run ``job`` in every worker, all starting at the same instant; their results.
+
+    Fails the test if any worker saw an error (a leaked "database is locked" included).
+    """
+    import asyncio
+    import time
+
+    from sql_workers import run_job
+
+    start_at = time.time() + 0.5
+    futures = [
+        asyncio.wrap_future(pool.submit(run_job, job, url, start_at, worker, args))
+        for worker in range(processes)
+    ]
+    outcomes = await asyncio.gather(*futures)
+    errors = [e for o in outcomes for e in o["errors"]]
+    assert errors == [], errors
+    return [o["result"] for o in outcomes]
