@@ -185,7 +185,7 @@ def run_contract(
         if r.capability is not None and r.capability not in tgt.capabilities:
             results[r.id] = RuleResult(r, "not supported", f"capability {r.capability.value!r} not declared")
             continue
-        failed = [outcomes[n].failed[r.id] for n in names if r.id in outcomes[n].failed]
+        failed = [o.failed[r.id] for o in outcomes.values() if r.id in o.failed]
         if failed:
             results[r.id] = RuleResult(r, "FAIL", failed[0], names)
         elif any(outcomes[n].completed for n in names):
