@@ -24,6 +24,9 @@ from siglo.plugins import get_registry
 
 __all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
 
+PROCESSES: Final = 4
+"""How many processes race in the cross-process concurrency checks."""
+
 BackendFactory = Callable[..., Backend]
 """``factory(**options) -> Backend``: a third party's adapter, or a broken one in tests."""
 
@@ -125,6 +128,7 @@ class Session:
         self.clock: ManualClock | None = ManualClock() if target.clock_controlled else None
         self._stack = contextlib.AsyncExitStack()
         self._shared: Backend | None = None
+        self._pool: Any = None
 
     def backend_options(self) -> dict[str, Any]:
         """Options for the backend under test (the clock too, when the suite controls it)."""
@@ -162,6 +166,18 @@ class Session:
             yield backend
         finally:
             await backend.aclose()
+
+    def process_pool(self) -> Any:
+        """Worker processes for cross-process checks (spawned once per run, warmed up)."""
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(
+                PROCESSES, mp_context=multiprocessing.get_context("spawn")
+            )
+            self._stack.callback(self._pool.shutdown, cancel_futures=True)
+        return self._pool
 
     def open_backend(self) -> Backend:
         """A new connection to this run's storage (the shared one when isolated)."""
