@@ -6,6 +6,7 @@ import click
 
 from siglo import __version__
 from siglo.cli.backends import backends
+from siglo.cli.check import check
 
 __all__ = ["cli", "main"]
 
@@ -17,6 +18,7 @@ def cli() -> None:
 
 
 cli.add_command(backends)
+cli.add_command(check)
 
 
 def main() -> None:
