@@ -420,7 +420,16 @@ async def _bad_coordination_input(ctx: CheckContext) -> None:
         await _rejects("nonce claim(ttl_seconds=nan)", lambda: nonces.claim(ctx.id("n"), float("nan")))
 
 
-HOSTILE_EXTRA = ("ab", "abc", "a", "a\\\\b", "a'; DROP TABLE x; --", "a\nb", "a\tb")
+HOSTILE_EXTRA = (
+    "ab",
+    "abc",
+    "a\\\\b",
+    "a'; DROP TABLE x; --",
+    "a\nb",
+    "a\tb",
+    "y" * 300 + "1",
+    "y" * 300 + "2",
+)
 
 
 @check("ids.hostile")

@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
+from hypothesis.stateful import Bundle, multiple, precondition, rule
 
 from siglo.adapter import Capability
 from siglo.backends.memory.adapter import MemoryStorageAdapter
@@ -45,6 +45,10 @@ class WaitMachine(ContractMachine):
         "ids.hostile",
     )
 
+    saved = Bundle("saved")
+    """Keys of saved records: lifecycle steps draw from it, so programs reach them."""
+    claimed = Bundle("claimed")
+
     def __init__(self) -> None:
         super().__init__()
         self.keys: set[str] = set()
@@ -81,15 +85,22 @@ class WaitMachine(ContractMachine):
             return cp.replace(timestamp=0)
         return cp
 
-    def explain(self, key: str) -> str:
-        """The rule behind the reference's answer to ``get_wait_record(key)``."""
+    def explain(self, key: str, got: Any) -> str:
+        """The rule behind the reference's answer to ``get_wait_record(key)``, given the
+        backend's answer ``got``."""
         now = self.now()
         entry = self.ref_adapter._waits.get(key)
         if entry is not None:
-            return self.last_rule.get(key, "wait.roundtrip") if entry.live(now) else "wait.retention"
+            if entry.live(now):
+                return self.last_rule.get(key, "wait.roundtrip")
+            if isinstance(got, WaitRecord) and got.correlation_key == key:
+                return "wait.retention"
         latest = self.ref_adapter._latest_wait_of_stack.get(key)
         if latest is not None and latest in self.ref_adapter._waits:
-            return "wait.by-stack" if self.ref_adapter._waits[latest].live(now) else "wait.retention"
+            if self.ref_adapter._waits[latest].live(now):
+                return "wait.by-stack"
+            if isinstance(got, WaitRecord) and got.correlation_key == latest:
+                return "wait.retention"
         if any(stack == key for _, stack in self.cp_keys):
             return "wait.checkpoint-fallback"
         return "wait.roundtrip"
@@ -113,13 +124,14 @@ class WaitMachine(ContractMachine):
         if self.tainted:
             return
         if self.norm(got.value, True) != self.norm(want.value, False):
-            self.diverge(rule_hint or self.explain(key),
+            self.diverge(rule_hint or self.explain(key, got.value),
                          f"get_wait_record({key!r}) {got!r}; reference {want!r}")
 
     # -- rules --------------------------------------------------------------------------
 
     @precondition(lambda self: self.live())
     @rule(
+        target=saved,
         key=st.sampled_from(KEYS),
         stack=st.sampled_from(STACKS),
         ns=NAMESPACES,
@@ -129,7 +141,7 @@ class WaitMachine(ContractMachine):
         payload=json_values,
     )
     def save(self, key: str, stack: str, ns: str | None, status: Any, deadline: str,
-             ttl: str, payload: Any) -> None:
+             ttl: str, payload: Any) -> Any:
         now = self.now()
         expires = {"none": None, "past": now - 600_000, "far": now + 3_600_000,
                    "soon": now + 2_000 if self.clock_controlled else None}[deadline]
@@ -144,7 +156,7 @@ class WaitMachine(ContractMachine):
         want = self.call(self.ref.adapter.save_wait_record(record, ttl_ms=ttl_ms), "wait.roundtrip")
         self.unexpected(got, "wait.roundtrip", "save_wait_record")
         if self.tainted:
-            return
+            return key
         assert want.ok, want
         self.keys.add(record.correlation_key)
         self.last_rule[record.correlation_key] = "wait.roundtrip"
@@ -153,6 +165,7 @@ class WaitMachine(ContractMachine):
         self.direct(stored is not None and self.norm(stored, True) == self.norm(record, False),
                     "wait.roundtrip", f"saved {record!r}, read back {stored!r}")
         self.compare_get(record.stack_id)
+        return key
 
     @precondition(lambda self: self.live())
     @rule(key=st.sampled_from(KEYS + STACKS + EMBED_ONLY))
@@ -161,13 +174,14 @@ class WaitMachine(ContractMachine):
 
     @precondition(lambda self: self.live())
     @rule(
-        key=st.sampled_from(KEYS),
+        target=claimed,
+        key=st.one_of(saved, st.sampled_from(KEYS)),
         who=CLAIMANTS,
         allow_expired=st.booleans(),
         payload=st.one_of(st.just(MISSING), json_values),
         lease=st.sampled_from(("default", "short", "long")),
     )
-    def claim(self, key: str, who: str | None, allow_expired: bool, payload: Any, lease: str) -> None:
+    def claim(self, key: str, who: str | None, allow_expired: bool, payload: Any, lease: str) -> Any:
         ck = self.kk(key)
         lease_ms = {"default": None, "long": 600_000,
                     "short": 1_500 if self.clock_controlled else None}[lease]
@@ -186,7 +200,7 @@ class WaitMachine(ContractMachine):
             "wait.claim.once")
         self.unexpected(got, "wait.claim.once", "claim_wait_record")
         if self.tainted:
-            return
+            return multiple()
         mine: WaitRecord | None = got.value
         theirs: WaitRecord | None = want.value
         now = self.now()
@@ -235,21 +249,23 @@ class WaitMachine(ContractMachine):
             self.direct(after == pre, "wait.claim.refused",
                         f"a refused claim changed {pre!r} into {after!r}")
         if self.tainted:
-            return
+            return multiple()
         if self.norm(mine, True) != self.norm(theirs, False):
             rule_id = reason
             if mine is not None and theirs is not None:
                 rule_id = "wait.claim.once" if reason == "wait.claim.refused" else reason
             self.diverge(rule_id, f"claim_wait_record({ck!r}, {ref_who!r}) {got!r}; "
                                   f"reference {want!r}")
-            return
+            return multiple()
         if theirs is not None and mine is not None:
             assert mine.claimant_id and theirs.claimant_id
             self.holders[ck] = (theirs.claimant_id, mine.claimant_id)
             self.last_rule[ck] = reason if reason != "wait.claim.refused" else "wait.claim.once"
+            return key
+        return multiple()
 
     @precondition(lambda self: self.live())
-    @rule(key=st.sampled_from(KEYS), who=st.sampled_from(("holder", "holder", "c1", "c2")))
+    @rule(key=st.one_of(claimed, saved), who=st.sampled_from(("holder", "holder", "c1", "c2")))
     def complete(self, key: str, who: str) -> None:
         ck = self.kk(key)
         ref_who, be_who = self.holders.get(ck, ("c1", "c1")) if who == "holder" else (who, who)
@@ -288,7 +304,7 @@ class WaitMachine(ContractMachine):
         self.compare_get(ck)
 
     @precondition(lambda self: self.live())
-    @rule(key=st.sampled_from(KEYS))
+    @rule(key=st.one_of(saved, claimed))
     def cancel(self, key: str) -> None:
         ck = self.kk(key)
         known = self.ref_has(ck)
@@ -318,6 +334,22 @@ class WaitMachine(ContractMachine):
         if want.value:
             self.last_rule[ck] = "wait.cancel"
         self.compare_get(ck)
+
+    @precondition(lambda self: self.live())
+    @rule(
+        key=saved,
+        who=CLAIMANTS,
+        completer=st.sampled_from(("holder", "c2")),
+        then_cancel=st.booleans(),
+    )
+    def claim_complete(self, key: str, who: str | None, completer: str, then_cancel: bool) -> None:
+        """A whole lifecycle in one step (hypothesis enables a random subset of rules per
+        example, so separate claim and complete steps rarely meet)."""
+        self.claim(key, who, False, MISSING, "default")
+        if not self.tainted:
+            self.complete(key, completer)
+        if then_cancel and not self.tainted:
+            self.cancel(key)
 
     @precondition(lambda self: self.live() and self.declared(Capability.CHECKPOINTS))
     @rule(
