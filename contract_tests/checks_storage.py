@@ -167,6 +167,10 @@ async def checkpoint_expiry_in_time(ctx: CheckContext) -> None:
     """A checkpoint expires when its time comes, clean-up or not, and the stack is free."""
     ttl = ctx.short_ttl_ms()
     stack, keep = ctx.id("expiring"), ctx.id("kept")
+    try:
+        await ctx.backend.adapter.save_checkpoint(_cp(ctx, ctx.id("fresh"), 1), expected_revision=0)
+    except CheckpointConflictError as exc:
+        fail("checkpoint.occ.expected", f"expected_revision=0 on a new stack conflicted: {exc}")
     await ctx.backend.adapter.save_checkpoint(_cp(ctx, stack, 5, expires_at=ctx.now_ms() + ttl))
     await ctx.backend.adapter.save_checkpoint(_cp(ctx, keep, 1))
     got = await ctx.backend.adapter.get_checkpoint(stack)
@@ -295,6 +299,8 @@ async def namespace_lookups(ctx: CheckContext) -> None:
     await adapter.save_checkpoint(_cp(ctx, stack, 1, metadata={"at": "root"}))
     await adapter.save_checkpoint(_cp(ctx, stack, 7, namespace=ns_a, metadata={"at": "a"}))
     got = await adapter.get_checkpoint(stack, ns_b)
+    expect(got is None or got.namespace in (None, ns_b), "checkpoint.namespace.isolation",
+           f"a get in namespace b returned namespace a's checkpoint: {got!r}")
     expect(got is not None and got.metadata == {"at": "root"}, "checkpoint.namespace.fallback",
            f"get in an empty namespace returned {got!r}, not the un-namespaced checkpoint")
     expect(await adapter.get_checkpoint(stack, ns_b, fallback=False) is None,
@@ -302,8 +308,7 @@ async def namespace_lookups(ctx: CheckContext) -> None:
     got = await adapter.get_checkpoint(stack)
     expect(got is not None and got.metadata == {"at": "root"}, "checkpoint.namespace.fallback",
            f"an un-namespaced get returned {got!r}")
-    await adapter.save_checkpoint(_cp(ctx, stack, 1, namespace=ns_b, metadata={"at": "b"}),
-                                  expected_revision=0)
+    await adapter.save_checkpoint(_cp(ctx, stack, 1, namespace=ns_b, metadata={"at": "b"}))
     got = await adapter.get_checkpoint(stack, ns_a)
     expect(got is not None and got.metadata == {"at": "a"}, "checkpoint.namespace.isolation",
            f"namespace a now reads {got!r}")
