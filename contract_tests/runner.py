@@ -19,7 +19,13 @@ from hypothesis.stateful import run_state_machine_as_test
 from siglo.adapter import Capability
 from siglo.contract_tests.registry import CHECKS, Check, CheckContext, RuleViolation
 from siglo.contract_tests.rules import Rule, select_rules
-from siglo.contract_tests.target import BackendFactory, Session, Target, new_prefix
+from siglo.contract_tests.target import (
+    DEFAULT_OPTIONS,
+    BackendFactory,
+    Session,
+    Target,
+    new_prefix,
+)
 from siglo.errors import CapabilityNotSupportedError
 
 __all__ = ["PROFILES", "Report", "RuleResult", "Verdict", "run_contract"]
@@ -112,6 +118,7 @@ def run_contract(
     capabilities: Iterable[Capability | str] | None = None,
     options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    keep_going: bool = True,
 ) -> Report:
     """Run the contract suite against ``target`` and return a verdict per adapter rule.
 
@@ -120,7 +127,10 @@ def run_contract(
     what the backend declares), or a :class:`Target`. ``rules`` are glob patterns of rule
     ids (``"checkpoint.*"``); ``examples`` overrides the profile's number of examples per
     state machine; ``seed`` makes the run deterministic (a random one is picked and
-    reported otherwise). Synchronous: call it outside a running event loop.
+    reported otherwise). With ``keep_going`` (the default) a state machine that failed on
+    one rule is run again without that rule's comparisons, so the others get a verdict
+    too. ``options`` go to the backend's factory (defaults: :data:`DEFAULT_OPTIONS`).
+    Synchronous: call it outside a running event loop.
     """
     if seed is None:
         seed = random.getrandbits(32)
@@ -166,7 +176,7 @@ def run_contract(
                 if progress:
                     progress("start", chk, "")
                 if chk.machine is not None:
-                    out = _run_machine(chk, session, loop, hyp_settings, seed, selected_ids)
+                    out = _run_machine(chk, session, loop, hyp_settings, seed, keep_going)
                 else:
                     random.seed(seed)
                     out = _run_async_check(chk, session, loop)
@@ -232,7 +242,7 @@ def _run_machine(
     loop: asyncio.AbstractEventLoop,
     hyp_settings: settings,
     seed: int,
-    selected: set[str],
+    keep_going: bool,
 ) -> _CheckOutcome:
     from siglo.contract_tests.machine_base import ContractMachine
 
@@ -240,7 +250,7 @@ def _run_machine(
     base = chk.machine()
     out = _CheckOutcome()
     skip: set[str] = set()
-    for _ in range(_MAX_MACHINE_RERUNS):
+    for _ in range(_MAX_MACHINE_RERUNS if keep_going else 1):
         attrs = {"session": session, "loop": loop, "skip": frozenset(skip)}
         machine_cls = type(base.__name__, (base,), attrs)
         assert issubclass(machine_cls, ContractMachine)
