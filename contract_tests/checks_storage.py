@@ -64,10 +64,15 @@ async def concurrent_checkpoint_saves(ctx: CheckContext) -> None:
            f"the stored checkpoint is not the winner's ({winners[0]}): {stored!r}")
     if shares_across_processes(ctx):
         cp = _cp(ctx, stack, 3).to_wire()
+        rounds = 10
         out = await in_processes(ctx, "cas_save", [
-            {"stack_id": stack, "checkpoint": cp, "expected": 2} for _ in range(PROCESSES)])
-        expect(out.count("won") == 1, "checkpoint.occ.atomic",
-               f"{out.count('won')} of {PROCESSES} processes won the same CAS save: {out}")
+            {"stack_id": stack, "checkpoint": cp, "expected": 2, "rounds": rounds}
+            for _ in range(PROCESSES)])
+        for i in range(rounds):
+            results = [proc[i] for proc in out]
+            expect(results.count("won") == 1, "checkpoint.occ.atomic",
+                   f"{results.count('won')} of {PROCESSES} processes won the same CAS save "
+                   f"(expected_revision={2 + i}): {results}")
 
 
 @check("wait.claim.once")

@@ -37,12 +37,20 @@ async def _work(kind: str, url: str, options: dict[str, Any], start_at: float, a
         if delay > 0:
             await asyncio.sleep(delay)
         if kind == "cas_save":
-            cp = Checkpoint.from_wire(args["checkpoint"])
-            try:
-                await backend.adapter.save_checkpoint(cp, expected_revision=args["expected"])
-                return "won"
-            except CheckpointConflictError:
-                return "conflict"
+            # Several rounds, each a race of every process on the next revision.
+            outcomes: list[str] = []
+            for i in range(args["rounds"]):
+                delay = start_at + i * 0.05 - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                doc = dict(args["checkpoint"], revision=args["expected"] + i + 1)
+                try:
+                    await backend.adapter.save_checkpoint(
+                        Checkpoint.from_wire(doc), expected_revision=args["expected"] + i)
+                    outcomes.append("won")
+                except CheckpointConflictError:
+                    outcomes.append("conflict")
+            return outcomes
         if kind == "wait_claim":
             rec = await backend.adapter.claim_wait_record(args["key"], args["claimant"])
             return None if rec is None else rec.claimant_id
