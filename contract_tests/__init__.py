@@ -1,1 +1,24 @@
-"""siglo's contract suite (shipped in the wheel as ``siglo.contract_tests``)."""
+"""siglo's contract suite (shipped in the wheel as ``siglo.contract_tests``).
+
+Run it with ``siglo check URL``, from Python with :func:`run_contract`, or under pytest
+by subclassing :class:`siglo.contract_tests.pytest_suite.ContractSuite`. The rules it
+checks are on ``docs/contract.md`` and in :mod:`siglo.contract_tests.rules`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from siglo.contract_tests.runner import Report, RuleResult, run_contract
+
+__all__ = ["Report", "RuleResult", "run_contract"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily: the pytest plugin imports this package in every user's test run.
+    if name in __all__:
+        from siglo.contract_tests import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'siglo.contract_tests' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Shared fixtures of siglo's own tests."""
+"""Shared fixtures and configuration of siglo's own tests."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import pytest
 
 import siglo
 from siglo import ManualClock
+
+pytest_plugins = ["pytester"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,6 +6,7 @@ import click
 
 from siglo import __version__
 from siglo.cli.backends import backends
+from siglo.cli.check import check
 from siglo.cli.migrate import migrate
 
 __all__ = ["cli", "main"]
@@ -18,6 +19,7 @@ def cli() -> None:
 
 
 cli.add_command(backends)
+cli.add_command(check)
 cli.add_command(migrate)
 
 

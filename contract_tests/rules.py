@@ -1,0 +1,137 @@
+"""The rules of ``docs/contract.md``, machine-readable.
+
+Each rule has a stable id, the capability a backend must declare for the rule to apply
+(``None``: every backend), whether the contract suite checks it against backends
+(``adapter``) or siglo's own tests check it (``core``), and a one-line summary. A test in
+``tests/`` keeps this list and the documentation page identical.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from siglo.adapter import Capability
+
+__all__ = ["ADAPTER_RULES", "CORE_RULES", "RULES", "Rule", "rule", "select_rules"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One documented rule."""
+
+    id: str
+    capability: Capability | None
+    """The capability the rule belongs to; ``None`` for rules every backend obeys."""
+    kind: Literal["adapter", "core"]
+    summary: str
+
+
+_C = Capability
+
+
+def _a(rule_id: str, capability: Capability | None, summary: str) -> Rule:
+    return Rule(rule_id, capability, "adapter", summary)
+
+
+def _core(rule_id: str, summary: str) -> Rule:
+    return Rule(rule_id, None, "core", summary)
+
+
+RULES: Final[tuple[Rule, ...]] = (
+    _a("checkpoint.roundtrip", _C.CHECKPOINTS, "a saved checkpoint reads back equal, extra included"),
+    _a("checkpoint.missing", _C.CHECKPOINTS, "a stack never saved reads as None"),
+    _a("checkpoint.occ.expected", _C.CHECKPOINTS, "a save with the right expected_revision stores"),
+    _a("checkpoint.occ.conflict", _C.CHECKPOINTS, "a wrong expected_revision raises a conflict, nothing changes"),
+    _a("checkpoint.occ.monotonic", _C.CHECKPOINTS, "a save without expected_revision must move the revision forward"),
+    _a("checkpoint.occ.atomic", _C.CHECKPOINTS, "of N concurrent CAS saves exactly one wins"),
+    _a("checkpoint.namespace.isolation", _C.CHECKPOINTS, "namespaces never leak into each other"),
+    _a("checkpoint.namespace.fallback", _C.CHECKPOINTS, "a namespaced read falls back to the un-namespaced checkpoint"),
+    _a("checkpoint.expiry.hidden", _C.CHECKPOINTS, "an expired checkpoint is never returned"),
+    _a("checkpoint.expiry.clean", _C.CHECKPOINTS, "clean-up removes expired checkpoints only"),
+    _a("wait.roundtrip", _C.WAIT_RECORDS, "a saved wait record reads back equal; a re-save replaces it"),
+    _a("wait.by-stack", _C.WAIT_RECORDS, "a stack id finds the stack's latest wait record"),
+    _a("wait.checkpoint-fallback", _C.WAIT_RECORDS, "a wait record embedded in the checkpoint is found"),
+    _a("wait.claim.once", _C.WAIT_RECORDS, "a claim moves waiting to claimed for exactly one caller"),
+    _a("wait.claim.refused", _C.WAIT_RECORDS, "unclaimable records give None and do not change"),
+    _a("wait.claim.expired", _C.WAIT_RECORDS, "a record past its deadline needs allow_expired"),
+    _a("wait.claim.lease", _C.WAIT_RECORDS, "a claim whose lease ran out can be taken over"),
+    _a("wait.complete.claimant", _C.WAIT_RECORDS, "only the claimant completes a claimed record"),
+    _a("wait.cancel", _C.WAIT_RECORDS, "cancel moves waiting/claimed to cancelled, else False"),
+    _a("wait.cancel-workflow", _C.WAIT_RECORDS, "cancel_workflow cancels the stack's waits and checkpoint"),
+    _a("wait.retention", _C.WAIT_RECORDS, "a record past its retention is gone"),
+    _a("lock.workflow.exclusive", _C.WORKFLOW_LOCK, "workflow-lock actions for one stack never overlap"),
+    _a("lock.workflow.release-on-error", _C.WORKFLOW_LOCK, "an action's exception propagates and frees the lock"),
+    _a("cache.roundtrip", _C.STEP_CACHE, "a cached value reads back equal; a re-set replaces it"),
+    _a("cache.falsy-hit", _C.STEP_CACHE, "a cached None/0/False/''/[]/{} is a hit"),
+    _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),
+    _a("cache.expiry", _C.STEP_CACHE, "a value past its TTL is MISSING"),
+    _a("context.stream", _C.CONTEXT_STREAM, "context changes read back as the latest value per field"),
+    _a("cache-events.accepted", _C.CACHE_EVENTS, "cache events are accepted and change nothing"),
+    _a("idempotency.claim.once", _C.IDEMPOTENCY, "exactly one claim of a key returns 'claimed'"),
+    _a("idempotency.complete", _C.IDEMPOTENCY, "a completed key returns its result, None included"),
+    _a("idempotency.fail", _C.IDEMPOTENCY, "fail frees an in-progress key, never a completed one"),
+    _a("idempotency.expiry", _C.IDEMPOTENCY, "a key past its TTL is gone"),
+    _a("lock.acquire.exclusive", _C.LOCKS, "a held lock cannot be acquired; one of N concurrent wins"),
+    _a("lock.release.token", _C.LOCKS, "only the holder's token releases"),
+    _a("lock.extend.token", _C.LOCKS, "only the holder's token extends"),
+    _a("lock.expiry", _C.LOCKS, "a lock past its TTL can be acquired"),
+    _a("lock.fencing", _C.LOCKS, "fencing tokens strictly increase per key"),
+    _a("lock.token", _C.LOCKS, "tokens are the custom token or lock_<ms>_<32 hex>, unique"),
+    _a("lock.with-lock", _C.LOCKS, "with_lock runs under the lock and releases it, or refuses"),
+    _a("nonce.claim.once", _C.NONCES, "the first claim of a nonce in its window wins"),
+    _a("nonce.expiry", _C.NONCES, "a nonce can be claimed again after its window"),
+    _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
+    _a("ids.hostile", None, "ids of any characters but NUL are data"),
+    _a("capability.declared", None, "every method of a declared capability is implemented"),
+    _core("manager.snapshot", "checkpoint() returns an immutable snapshot"),
+    _core("manager.redaction", "redact_fields redacts at any depth, in the snapshot only"),
+    _core("manager.background.order", "background saves reach the adapter in order"),
+    _core("manager.conflict.always", "conflicts are raised in every error mode"),
+    _core("manager.error-mode", "adapter failures follow the error mode"),
+    _core("manager.restore.namespace", "restore refuses a namespace mismatch"),
+    _core("manager.context-stream", "context mutations are streamed in order"),
+    _core("manager.status", "status transitions follow the lifecycle"),
+    _core("wire.checkpoint", "checkpoint JSON is seed 000 §1, camelCase"),
+    _core("wire.version", "version above 2 raises CheckpointVersionError"),
+    _core("wire.malformed", "malformed documents raise MalformedRecordError"),
+    _core("plugins.discovery", "backends come from the siglo entry-point group"),
+    _core("plugins.broken", "a broken plugin is reported and others load"),
+    _core("plugins.blocked", "SIGLO_DISABLE_PLUGINS blocks a plugin"),
+    _core("plugins.driver-missing", "a missing driver says which extra to install"),
+)
+"""Every rule on ``docs/contract.md``, in page order."""
+
+ADAPTER_RULES: Final = tuple(r for r in RULES if r.kind == "adapter")
+"""The rules the contract suite checks against a backend."""
+CORE_RULES: Final = tuple(r for r in RULES if r.kind == "core")
+"""The rules siglo's own tests check (storage manager, wire format, plugins)."""
+
+_BY_ID: Final = {r.id: r for r in RULES}
+
+
+def rule(rule_id: str) -> Rule:
+    """The rule with this id (``KeyError`` naming it if there is none)."""
+    try:
+        return _BY_ID[rule_id]
+    except KeyError:
+        raise KeyError(f"no rule {rule_id!r} on docs/contract.md") from None
+
+
+def select_rules(patterns: Iterable[str] | None = None) -> tuple[Rule, ...]:
+    """Adapter rules whose id matches any glob ``pattern`` (``checkpoint.*``); all if none.
+
+    A pattern without glob characters also matches as a prefix (``wait`` → ``wait.*``).
+    """
+    pats = [p for p in (patterns or ()) if p]
+    if not pats:
+        return ADAPTER_RULES
+
+    def matches(rule_id: str, pattern: str) -> bool:
+        if any(ch in pattern for ch in "*?["):
+            return fnmatch.fnmatchcase(rule_id, pattern)
+        return rule_id == pattern or rule_id.startswith(pattern + ".")
+
+    return tuple(r for r in ADAPTER_RULES if any(matches(r.id, p) for p in pats))

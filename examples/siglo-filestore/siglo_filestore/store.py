@@ -1,0 +1,208 @@
+"""The file store: a directory of JSON files, one per checkpoint and per cached step.
+
+Every operation takes an exclusive ``flock`` on ``DIR/.lock`` and reads and writes
+without awaiting in between, so each compare-and-set is atomic across tasks and
+processes. File names are SHA-256 digests of the ids, so any id (``:``, ``*``, ``/``,
+unicode, 1,000 characters) is data, never a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import unquote, urlsplit
+
+from siglo import (
+    MISSING,
+    Backend,
+    Capability,
+    Checkpoint,
+    CheckpointConflictError,
+    Clock,
+    InvalidArgumentError,
+    StorageAdapter,
+    StorageAdapterError,
+)
+from siglo import codec
+from siglo.clock import system_clock
+from siglo.sentinel import Missing
+from siglo.validation import check_save_arguments, require_id, require_optional_id, require_ttl_ms
+
+__all__ = ["FileStorageAdapter", "connect", "isolated"]
+
+DEFAULT_CACHE_TTL_MS = 300_000
+
+
+def _digest(*parts: str | None) -> str:
+    return hashlib.sha256(codec.dumps(list(parts))).hexdigest()
+
+
+class FileStorageAdapter(StorageAdapter):
+    """Checkpoints and step cache in files; expiry by the injected clock."""
+
+    name: ClassVar[str] = "filestore"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.CHECKPOINTS, Capability.STEP_CACHE, Capability.CLOCK}
+    )
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        clock: Clock | None = None,
+        checkpoint_ttl_ms: int | None = None,
+        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+    ) -> None:
+        self.root = root
+        self.clock = clock or system_clock
+        self.checkpoint_ttl_ms = require_ttl_ms("checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True)
+        self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
+        for sub in ("checkpoints", "cache"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- files ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            with open(self.root / ".lock", "a+b") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise StorageAdapterError(f"filestore {self.root}: {exc}") from exc
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        doc: dict[str, Any] = codec.loads(data, what=f"filestore entry {path.name}")
+        return doc
+
+    def _live(self, path: Path, now: int) -> dict[str, Any] | None:
+        doc = self._read(path)
+        if doc is None or (doc["goneAt"] is not None and now >= doc["goneAt"]):
+            return None
+        return doc
+
+    def _write(self, path: Path, doc: dict[str, Any]) -> None:
+        # Write then rename: a reader never sees half a file.
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(codec.dumps(doc))
+        os.replace(tmp, path)
+
+    def _checkpoint_path(self, namespace: str | None, stack_id: str) -> Path:
+        return self.root / "checkpoints" / f"{_digest(namespace, stack_id)}.json"
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        path = self._checkpoint_path(checkpoint.namespace, checkpoint.stack_id)
+        with self._locked():
+            now = self.clock.now_ms()
+            current = self._live(path, now)
+            revision = None if current is None else Checkpoint.from_wire(current["doc"]).revision
+            if expected_revision is not None:
+                won = (revision or 0) == expected_revision
+            else:
+                won = revision is None or checkpoint.revision > revision
+            if not won:
+                raise CheckpointConflictError(
+                    checkpoint.stack_id, revision, expected_revision, checkpoint.revision
+                )
+            limits = [t for t in (checkpoint.expires_at,
+                                  None if self.checkpoint_ttl_ms is None
+                                  else now + self.checkpoint_ttl_ms) if t is not None]
+            self._write(path, {"doc": checkpoint.to_wire(), "goneAt": min(limits, default=None)})
+
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        with self._locked():
+            now = self.clock.now_ms()
+            found = self._live(self._checkpoint_path(namespace, stack_id), now)
+            if found is None and namespace is not None and fallback:
+                found = self._live(self._checkpoint_path(None, stack_id), now)
+        return None if found is None else Checkpoint.from_wire(found["doc"])
+
+    async def clean_expired_checkpoints(self) -> int:
+        removed = 0
+        with self._locked():
+            now = self.clock.now_ms()
+            for path in (self.root / "checkpoints").glob("*.json"):
+                doc = self._read(path)
+                if doc is not None and doc["goneAt"] is not None and now >= doc["goneAt"]:
+                    path.unlink()
+                    removed += 1
+        return removed
+
+    # -- step cache ------------------------------------------------------------------------
+
+    async def get_cached_step(self, key: str) -> Any | Missing:
+        require_id("key", key)
+        with self._locked():
+            doc = self._live(self.root / "cache" / f"{_digest(key)}.json", self.clock.now_ms())
+        return MISSING if doc is None else doc["value"]
+
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        codec.dumps(value, what=f"cached value of {key!r}")  # reject non-JSON before writing
+        with self._locked():
+            gone_at = self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms)
+            self._write(self.root / "cache" / f"{_digest(key)}.json",
+                        {"value": value, "goneAt": gone_at})
+
+
+def _root(url: str) -> Path:
+    parts = urlsplit(url)
+    if parts.scheme != "filestore" or not parts.path:
+        raise InvalidArgumentError(f"expected filestore:///path/to/dir, got {url!r}")
+    return Path(unquote(parts.path))
+
+
+def connect(
+    url: str,
+    *,
+    clock: Clock | None = None,
+    checkpoint_ttl_ms: int | None = None,
+    cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+    **unused: Any,
+) -> Backend:
+    """A backend on the directory of ``filestore:///path``.
+
+    Options of capabilities this store does not have (``claim_lease_ms`` …) are
+    accepted and ignored, so callers such as the contract suite can pass one set of
+    options to every backend.
+    """
+    adapter = FileStorageAdapter(
+        _root(url), clock=clock, checkpoint_ttl_ms=checkpoint_ttl_ms, cache_ttl_ms=cache_ttl_ms
+    )
+    return Backend(name="filestore", url=url, adapter=adapter)
+
+
+@contextlib.asynccontextmanager
+async def isolated(url: str, **options: Any) -> AsyncIterator[Backend]:
+    """A backend on a fresh temporary directory, removed afterwards (for the suite)."""
+    root = tempfile.mkdtemp(prefix="siglo-filestore-")
+    backend = connect(f"filestore://{root}", **options)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,598 @@
+"""Deliberately broken backends: each a small subclass of the memory backend that breaks
+exactly one adapter rule of docs/contract.md. The contract suite must fail each of them
+and name that rule (tests/test_contract_mutants.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
+from siglo.adapter import StorageAdapter
+from siglo.backend import Backend
+from siglo.backends.memory import connect as memory_connect
+from siglo.backends.memory.adapter import MemoryStorageAdapter, _Entry
+from siglo.backends.memory.coordination import (
+    COMPLETED_PREFIX,
+    IN_PROGRESS,
+    MemoryIdempotencyStore,
+    MemoryLock,
+    MemoryNonceStore,
+)
+from siglo.coordination import LockResult, nonce_ttl_ms
+from siglo.errors import InvalidArgumentError
+from siglo.records import CacheEvent, ContextChangeEvent
+from siglo.validation import check_save_arguments
+
+T = TypeVar("T")
+
+_ADAPTER_OPTIONS = ("checkpoint_ttl_ms", "cache_ttl_ms", "claim_lease_ms")
+
+
+def _factory(
+    adapter: type[MemoryStorageAdapter] | None = None,
+    idempotency: type[MemoryIdempotencyStore] | None = None,
+    lock: type[MemoryLock] | None = None,
+    nonces: type[MemoryNonceStore] | None = None,
+) -> Callable[..., Backend]:
+    """A factory like the memory backend's, with some parts replaced by broken ones."""
+
+    def factory(**options: Any) -> Backend:
+        backend = memory_connect("memory://", **options)
+        clock = options.get("clock")
+        if adapter is not None:
+            backend.adapter = adapter(
+                clock=clock, **{k: v for k, v in options.items() if k in _ADAPTER_OPTIONS}
+            )
+        if idempotency is not None:
+            backend.idempotency = idempotency(clock=clock)
+        if lock is not None:
+            backend.lock = lock(clock=clock)
+        if nonces is not None:
+            backend.nonces = nonces(clock=clock)
+        return backend
+
+    return factory
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+
+class DropsExtraFields(MemoryStorageAdapter):
+    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
+                             fallback: bool = True) -> Checkpoint | None:
+        cp = await super().get_checkpoint(stack_id, namespace, fallback=fallback)
+        return None if cp is None else cp.replace(extra={})
+
+
+class GhostCheckpoint(MemoryStorageAdapter):
+    """A stack never saved reads as an empty revision-0 checkpoint."""
+
+    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
+                             fallback: bool = True) -> Checkpoint | None:
+        cp = await super().get_checkpoint(stack_id, namespace, fallback=fallback)
+        if cp is None:
+            return Checkpoint(stack_id=stack_id, namespace=namespace, revision=0,
+                              timestamp=self.clock.now_ms())
+        return cp
+
+
+class AbsentIsNotZero(MemoryStorageAdapter):
+    """With expected_revision=0 a save of a new stack conflicts (absent taken as None)."""
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, *,
+                              expected_revision: int | None = None) -> None:
+        if expected_revision == 0:
+            now = self.clock.now_ms()
+            if self._live_checkpoint((checkpoint.namespace, checkpoint.stack_id), now) is None:
+                raise CheckpointConflictError(checkpoint.stack_id, None, 0, checkpoint.revision)
+        await super().save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+class IgnoresExpectedRevision(MemoryStorageAdapter):
+    """A save with expected_revision stores whatever is stored."""
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, *,
+                              expected_revision: int | None = None) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        if expected_revision is None:
+            await super().save_checkpoint(checkpoint)
+            return
+        key = (checkpoint.namespace, checkpoint.stack_id)
+        self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
+
+
+class AllowsSidewaysSave(MemoryStorageAdapter):
+    """Without expected_revision, a save of the stored revision is accepted."""
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, *,
+                              expected_revision: int | None = None) -> None:
+        if expected_revision is None:
+            current = self._live_checkpoint((checkpoint.namespace, checkpoint.stack_id),
+                                            self.clock.now_ms())
+            if current is not None and current.revision == checkpoint.revision:
+                self._checkpoints[(checkpoint.namespace, checkpoint.stack_id)].data = (
+                    checkpoint.to_json())
+                return
+        await super().save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+class ReadThenWriteSave(MemoryStorageAdapter):
+    """Checks the revision, then yields to the event loop before writing: not atomic."""
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, *,
+                              expected_revision: int | None = None) -> None:
+        key = (checkpoint.namespace, checkpoint.stack_id)
+        current = self._live_checkpoint(key, self.clock.now_ms())
+        stored = 0 if current is None else current.revision
+        if expected_revision is not None and stored != expected_revision:
+            raise CheckpointConflictError(checkpoint.stack_id, current and current.revision,
+                                          expected_revision, checkpoint.revision)
+        await asyncio.sleep(0)
+        self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
+
+
+class OneBucketForNamespaces(MemoryStorageAdapter):
+    """Every non-empty namespace shares one bucket."""
+
+    @staticmethod
+    def _ns(namespace: str | None) -> str | None:
+        return None if namespace is None else "ns"
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, *,
+                              expected_revision: int | None = None) -> None:
+        stored = checkpoint.namespace
+        key = (self._ns(stored), checkpoint.stack_id)
+        current = self._live_checkpoint(key, self.clock.now_ms())
+        revision = None if current is None else current.revision
+        ok = ((revision or 0) == expected_revision if expected_revision is not None
+              else revision is None or checkpoint.revision > revision)
+        check_save_arguments(checkpoint, expected_revision)
+        if not ok:
+            raise CheckpointConflictError(checkpoint.stack_id, revision, expected_revision,
+                                          checkpoint.revision)
+        self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
+
+    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
+                             fallback: bool = True) -> Checkpoint | None:
+        now = self.clock.now_ms()
+        found = self._live_checkpoint((self._ns(namespace), stack_id), now)
+        if found is None and namespace is not None and fallback:
+            found = self._live_checkpoint((None, stack_id), now)
+        return found
+
+
+class AlwaysFallsBack(MemoryStorageAdapter):
+    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
+                             fallback: bool = True) -> Checkpoint | None:
+        return await super().get_checkpoint(stack_id, namespace, fallback=True)
+
+
+class ReturnsExpired(MemoryStorageAdapter):
+    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
+                             fallback: bool = True) -> Checkpoint | None:
+        for key in ((namespace, stack_id), (None, stack_id)):
+            entry = self._checkpoints.get(key)
+            if entry is not None:
+                return Checkpoint.from_json(entry.data)
+            if namespace is None or not fallback:
+                break
+        return None
+
+
+class CleansLiveCheckpoints(MemoryStorageAdapter):
+    """Clean-up removes every checkpoint that has an expiry time, expired or not."""
+
+    async def clean_expired_checkpoints(self) -> int:
+        doomed = [k for k, e in self._checkpoints.items() if e.gone_at is not None]
+        for key in doomed:
+            del self._checkpoints[key]
+        return len(doomed)
+
+
+class TruncatesIds(MemoryStorageAdapter):
+    """Stores checkpoints under the first 255 characters of the stack id (a VARCHAR(255))."""
+
+    async def save_checkpoint(self, checkpoint: Checkpoint, *,
+                              expected_revision: int | None = None) -> None:
+        await super().save_checkpoint(checkpoint.replace(stack_id=checkpoint.stack_id[:255]),
+                                      expected_revision=expected_revision)
+
+    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
+                             fallback: bool = True) -> Checkpoint | None:
+        cp = await super().get_checkpoint(stack_id[:255], namespace, fallback=fallback)
+        return None if cp is None else cp.replace(stack_id=stack_id)
+
+
+class AcceptsEmptyIds(MemoryStorageAdapter):
+    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
+                             fallback: bool = True) -> Checkpoint | None:
+        if stack_id == "":
+            return None
+        return await super().get_checkpoint(stack_id, namespace, fallback=fallback)
+
+
+# -- wait records ------------------------------------------------------------------------------
+
+
+class DropsWaitMetadata(MemoryStorageAdapter):
+    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        await super().save_wait_record(record.replace(metadata=None), ttl_ms=ttl_ms)
+
+
+class FirstRecordOfStack(MemoryStorageAdapter):
+    """The stack index keeps the first record saved for a stack, not the latest."""
+
+    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        previous = self._latest_wait_of_stack.get(record.stack_id)
+        await super().save_wait_record(record, ttl_ms=ttl_ms)
+        if previous is not None and previous in self._waits:
+            self._latest_wait_of_stack[record.stack_id] = previous
+
+
+class NoCheckpointFallback(MemoryStorageAdapter):
+    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        now = self.clock.now_ms()
+        record = self._live_wait(correlation_key_or_stack_id, now)
+        if record is None and correlation_key_or_stack_id in self._latest_wait_of_stack:
+            record = self._live_wait(self._latest_wait_of_stack[correlation_key_or_stack_id], now)
+        return record
+
+
+class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
+    """Checks the record is waiting, yields to the event loop, then writes: not atomic."""
+
+    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
+                                allow_expired: bool = False, event_payload: Any = MISSING,
+                                lease_ms: int | None = None) -> WaitRecord | None:
+        now = self.clock.now_ms()
+        record = self._live_wait(correlation_key, now)
+        if record is None or record.status != "waiting" or (
+                record.is_expired(now) and not allow_expired):
+            return await super().claim_wait_record(
+                correlation_key, claimant_id, allow_expired=allow_expired,
+                event_payload=event_payload, lease_ms=lease_ms)
+        await asyncio.sleep(0)
+        claimed = record.replace(
+            status="claimed", claimant_id=claimant_id or secrets.token_hex(8), claimed_at=now,
+            lease_expires_at=now + (lease_ms or self.claim_lease_ms),
+            event_payload=record.event_payload if event_payload is MISSING else event_payload)
+        self._store_wait(claimed)
+        return claimed
+
+
+class ClaimsCompleted(MemoryStorageAdapter):
+    """A completed record can be claimed again."""
+
+    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
+                                allow_expired: bool = False, event_payload: Any = MISSING,
+                                lease_ms: int | None = None) -> WaitRecord | None:
+        record = self._live_wait(correlation_key, self.clock.now_ms())
+        if record is not None and record.status == "completed":
+            self._store_wait(record.replace(status="waiting"))
+        return await super().claim_wait_record(
+            correlation_key, claimant_id, allow_expired=allow_expired,
+            event_payload=event_payload, lease_ms=lease_ms)
+
+
+class IgnoresDeadline(MemoryStorageAdapter):
+    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
+                                allow_expired: bool = False, event_payload: Any = MISSING,
+                                lease_ms: int | None = None) -> WaitRecord | None:
+        return await super().claim_wait_record(
+            correlation_key, claimant_id, allow_expired=True,
+            event_payload=event_payload, lease_ms=lease_ms)
+
+
+class LeaseNeverEnds(MemoryStorageAdapter):
+    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
+                                allow_expired: bool = False, event_payload: Any = MISSING,
+                                lease_ms: int | None = None) -> WaitRecord | None:
+        record = self._live_wait(correlation_key, self.clock.now_ms())
+        if (record is not None and record.status == "claimed"
+                and record.claimant_id != claimant_id):
+            return None
+        return await super().claim_wait_record(
+            correlation_key, claimant_id, allow_expired=allow_expired,
+            event_payload=event_payload, lease_ms=lease_ms)
+
+
+class AnyoneCompletes(MemoryStorageAdapter):
+    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+        record = self._live_wait(correlation_key, self.clock.now_ms())
+        if record is not None and record.status == "claimed" and record.claimant_id:
+            claimant_id = record.claimant_id
+        await super().complete_wait_record(correlation_key, claimant_id)
+
+
+class CancelsCompleted(MemoryStorageAdapter):
+    async def cancel_wait_record(self, correlation_key: str) -> bool:
+        record = self._live_wait(correlation_key, self.clock.now_ms())
+        if record is not None and record.status == "completed":
+            self._store_wait(record.replace(status="cancelled"))
+            return True
+        return await super().cancel_wait_record(correlation_key)
+
+
+class CancelWorkflowKeepsRevision(MemoryStorageAdapter):
+    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
+        key = (namespace, stack_id)
+        before = self._live_checkpoint(key, self.clock.now_ms())
+        await super().cancel_workflow(stack_id, namespace)
+        after = self._live_checkpoint(key, self.clock.now_ms())
+        if before is not None and after is not None and after.revision != before.revision:
+            self._checkpoints[key].data = after.replace(revision=before.revision).to_json()
+
+
+class KeepsWaitsForever(MemoryStorageAdapter):
+    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        await super().save_wait_record(record, ttl_ms=None)
+        self._waits[record.correlation_key].gone_at = None
+
+
+# -- workflow lock ----------------------------------------------------------------------------
+
+
+class NoWorkflowLock(MemoryStorageAdapter):
+    async def with_workflow_lock(self, stack_id: str, action: Callable[[], Awaitable[T]], *,
+                                 timeout_ms: int | None = None) -> T:
+        return await action()
+
+
+class WorkflowLockLeaksOnError(MemoryStorageAdapter):
+    async def with_workflow_lock(self, stack_id: str, action: Callable[[], Awaitable[T]], *,
+                                 timeout_ms: int | None = None) -> T:
+        lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), (timeout_ms or 30_000) / 1000)
+        except TimeoutError:
+            from siglo.errors import LockNotAcquiredError
+
+            raise LockNotAcquiredError(f"workflow lock {stack_id!r} held") from None
+        result = await action()  # no finally: an exception leaves the lock held
+        lock.release()
+        return result
+
+
+# -- step cache, context, cache events ------------------------------------------------------
+
+
+class FirstSetWins(MemoryStorageAdapter):
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        if await self.get_cached_step(key) is MISSING:
+            await super().set_cached_step(key, value, ttl_ms)
+
+
+class DropsCachedNone(MemoryStorageAdapter):
+    async def get_cached_step(self, key: str) -> Any:
+        value = await super().get_cached_step(key)
+        return MISSING if value is None else value
+
+
+class MissIsNone(MemoryStorageAdapter):
+    async def get_cached_step(self, key: str) -> Any:
+        value = await super().get_cached_step(key)
+        return None if value is MISSING and key not in self._cache else value
+
+
+class CacheIgnoresTtl(MemoryStorageAdapter):
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        await super().set_cached_step(key, value, None)
+
+
+class IgnoresContextDeletes(MemoryStorageAdapter):
+    async def on_context_change(self, event: ContextChangeEvent) -> None:
+        if isinstance(event, ContextChangeEvent) and event.op == "delete":
+            return
+        await super().on_context_change(event)
+
+
+class ErrorEventsEvictCache(MemoryStorageAdapter):
+    async def on_cache_event(self, event: CacheEvent) -> None:
+        await super().on_cache_event(event)
+        if event.type == "error":
+            self._cache.pop(event.key, None)
+
+
+class UndeclaredCacheMethods(MemoryStorageAdapter):
+    """Declares the step cache but does not implement reading it."""
+
+    get_cached_step = StorageAdapter.get_cached_step  # type: ignore[assignment]
+
+
+# -- idempotency, locks, nonces ------------------------------------------------------------
+
+
+class IdempotencyYields(MemoryIdempotencyStore):
+    async def claim(self, key: str, ttl_ms: int | None = None) -> Any:
+        value = self._keys.get(key)
+        await asyncio.sleep(0)
+        if value is None:
+            self._keys.set(key, IN_PROGRESS, ttl_ms or self.default_ttl_ms)
+            return "claimed"
+        return "completed" if value.startswith(COMPLETED_PREFIX) else "in-progress"
+
+
+class IdempotencyDropsNone(MemoryIdempotencyStore):
+    async def get_result(self, key: str) -> Any:
+        value = await super().get_result(key)
+        return MISSING if value is None else value
+
+
+class FailDeletesCompleted(MemoryIdempotencyStore):
+    async def fail(self, key: str, error: BaseException | None = None) -> None:
+        self._keys.delete(key)
+
+
+class IdempotencyIgnoresTtl(MemoryIdempotencyStore):
+    async def claim(self, key: str, ttl_ms: int | None = None) -> Any:
+        return await super().claim(key, None)
+
+    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
+        await super().complete(key, result, None)
+
+
+class LockYields(MemoryLock):
+    """Checks the lock is free, yields to the event loop, then takes it: not atomic."""
+
+    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
+                      custom_token: str | None = None) -> LockResult:
+        token = custom_token or f"lock_{self.clock.now_ms()}_{secrets.token_hex(16)}"
+        held = self._holders.get(lock_key)
+        await asyncio.sleep(0)
+        if held is not None:
+            return LockResult(acquired=False, token=token)
+        self._holders.set(lock_key, token, ttl_ms)
+        fence = self._fences.get(lock_key, 0) + 1
+        self._fences[lock_key] = fence
+        return LockResult(acquired=True, token=token, fencing_token=fence)
+
+
+class ReleaseIgnoresToken(MemoryLock):
+    async def release(self, lock_key: str, token: str) -> bool:
+        if self._holders.get(lock_key) is None:
+            return False
+        self._holders.delete(lock_key)
+        return True
+
+
+class ExtendIgnoresToken(MemoryLock):
+    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
+        holder = self._holders.get(lock_key)
+        if holder is None:
+            return False
+        self._holders.set(lock_key, holder, ttl_ms)
+        return True
+
+
+class LockNeverExpires(MemoryLock):
+    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
+                      custom_token: str | None = None) -> LockResult:
+        return await super().acquire(lock_key, 10**12, custom_token)
+
+    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
+        return await super().extend(lock_key, token, 10**12)
+
+
+class ConstantFencing(MemoryLock):
+    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
+                      custom_token: str | None = None) -> LockResult:
+        result = await super().acquire(lock_key, ttl_ms, custom_token)
+        if result.acquired:
+            return LockResult(acquired=True, token=result.token, fencing_token=1)
+        return result
+
+
+class BadTokenFormat(MemoryLock):
+    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
+                      custom_token: str | None = None) -> LockResult:
+        return await super().acquire(lock_key, ttl_ms,
+                                     custom_token or f"lock-{secrets.token_hex(8)}")
+
+
+class WithLockLeaksOnError(MemoryLock):
+    async def with_lock(self, lock_key: str, fn: Callable[[], Awaitable[T]],
+                        ttl_ms: int = 10_000) -> T:
+        result = await self.acquire(lock_key, ttl_ms)
+        if not result.acquired:
+            from siglo.errors import LockNotAcquiredError
+
+            raise LockNotAcquiredError(f"lock {lock_key!r} held")
+        value = await fn()  # no finally: an exception leaves the lock held
+        await self.release(lock_key, result.token)
+        return value
+
+
+class NonceYields(MemoryNonceStore):
+    async def claim(self, key: str, ttl_seconds: float) -> bool:
+        ttl_ms = nonce_ttl_ms(ttl_seconds)
+        seen = self._seen.get(key)
+        await asyncio.sleep(0)
+        if seen is not None:
+            return False
+        self._seen.set(key, "1", ttl_ms)
+        return True
+
+
+class NonceWindowTooLong(MemoryNonceStore):
+    async def claim(self, key: str, ttl_seconds: float) -> bool:
+        return await super().claim(key, ttl_seconds * 1000)
+
+
+class NotJsonChecked(MemoryStorageAdapter):
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        try:
+            await super().set_cached_step(key, value, ttl_ms)
+        except InvalidArgumentError:
+            await super().set_cached_step(key, repr(value), ttl_ms)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A broken backend and the rule it breaks."""
+
+    rule_id: str
+    factory: Callable[..., Backend]
+    rules: tuple[str, ...]
+    """Rule patterns to run (the broken rule's area keeps the test quick)."""
+    description: str
+
+
+def _m(rule_id: str, description: str, rules: tuple[str, ...] | None = None,
+       **parts: Any) -> Mutant:
+    return Mutant(rule_id, _factory(**parts), rules or (rule_id,), description)
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    _m("checkpoint.roundtrip", "drops unknown wire fields", ("checkpoint",), adapter=DropsExtraFields),
+    _m("checkpoint.missing", "a never-saved stack reads as revision 0", ("checkpoint.missing",), adapter=GhostCheckpoint),
+    _m("checkpoint.occ.expected", "an absent checkpoint is not revision 0", ("checkpoint",), adapter=AbsentIsNotZero),
+    _m("checkpoint.occ.conflict", "a save ignores expected_revision", ("checkpoint",), adapter=IgnoresExpectedRevision),
+    _m("checkpoint.occ.monotonic", "a save may rewrite the stored revision", ("checkpoint",), adapter=AllowsSidewaysSave),
+    _m("checkpoint.occ.atomic", "read, yield, write", ("checkpoint.occ.atomic",), adapter=ReadThenWriteSave),
+    _m("checkpoint.namespace.isolation", "one bucket for all namespaces", ("checkpoint",), adapter=OneBucketForNamespaces),
+    _m("checkpoint.namespace.fallback", "fallback=False is ignored", ("checkpoint",), adapter=AlwaysFallsBack),
+    _m("checkpoint.expiry.hidden", "expired checkpoints are returned", ("checkpoint",), adapter=ReturnsExpired),
+    _m("checkpoint.expiry.clean", "clean-up removes live checkpoints", ("checkpoint",), adapter=CleansLiveCheckpoints),
+    _m("wait.roundtrip", "a saved record loses its metadata", ("wait",), adapter=DropsWaitMetadata),
+    _m("wait.by-stack", "the stack index keeps the first record", ("wait",), adapter=FirstRecordOfStack),
+    _m("wait.checkpoint-fallback", "no fallback to the checkpoint", ("wait",), adapter=NoCheckpointFallback),
+    _m("wait.claim.once", "two claimants win a race", ("wait.claim.once",), adapter=ClaimYieldsBeforeWriting),
+    _m("wait.claim.refused", "a completed record can be claimed", ("wait",), adapter=ClaimsCompleted),
+    _m("wait.claim.expired", "the deadline is ignored", ("wait",), adapter=IgnoresDeadline),
+    _m("wait.claim.lease", "a lease never runs out", ("wait",), adapter=LeaseNeverEnds),
+    _m("wait.complete.claimant", "anyone completes a claimed record", ("wait",), adapter=AnyoneCompletes),
+    _m("wait.cancel", "a completed record can be cancelled", ("wait",), adapter=CancelsCompleted),
+    _m("wait.cancel-workflow", "the cancelled checkpoint keeps its revision", ("wait",), adapter=CancelWorkflowKeepsRevision),
+    _m("wait.retention", "records are kept forever", ("wait",), adapter=KeepsWaitsForever),
+    _m("lock.workflow.exclusive", "no lock at all", ("lock.workflow",), adapter=NoWorkflowLock),
+    _m("lock.workflow.release-on-error", "an exception leaks the lock", ("lock.workflow",), adapter=WorkflowLockLeaksOnError),
+    _m("cache.roundtrip", "the first set wins", ("cache",), adapter=FirstSetWins),
+    _m("cache.falsy-hit", "a cached None is a miss", ("cache",), adapter=DropsCachedNone),
+    _m("cache.miss", "a miss is None", ("cache.miss",), adapter=MissIsNone),
+    _m("cache.expiry", "TTLs are ignored", ("cache",), adapter=CacheIgnoresTtl),
+    _m("context.stream", "deletes are ignored", ("context.stream",), adapter=IgnoresContextDeletes),
+    _m("cache-events.accepted", "error events evict the cache", ("cache-events.accepted",), adapter=ErrorEventsEvictCache),
+    _m("idempotency.claim.once", "two claimers win a race", ("idempotency.claim.once",), idempotency=IdempotencyYields),
+    _m("idempotency.complete", "a None result is a miss", ("idempotency",), idempotency=IdempotencyDropsNone),
+    _m("idempotency.fail", "fail deletes completed results", ("idempotency",), idempotency=FailDeletesCompleted),
+    _m("idempotency.expiry", "TTLs are ignored", ("idempotency",), idempotency=IdempotencyIgnoresTtl),
+    _m("lock.acquire.exclusive", "two acquirers win a race", ("lock.acquire.exclusive",), lock=LockYields),
+    _m("lock.release.token", "release ignores the token", ("lock",), lock=ReleaseIgnoresToken),
+    _m("lock.extend.token", "extend ignores the token", ("lock",), lock=ExtendIgnoresToken),
+    _m("lock.expiry", "locks never expire", ("lock",), lock=LockNeverExpires),
+    _m("lock.fencing", "the fencing token is constant", ("lock",), lock=ConstantFencing),
+    _m("lock.token", "tokens are not lock_<ms>_<hex>", ("lock",), lock=BadTokenFormat),
+    _m("lock.with-lock", "with_lock leaks the lock on error", ("lock.with-lock",), lock=WithLockLeaksOnError),
+    _m("nonce.claim.once", "two claimers win a race", ("nonce.claim.once",), nonces=NonceYields),
+    _m("nonce.expiry", "the window is 1000 times too long", ("nonce",), nonces=NonceWindowTooLong),
+    _m("input.rejected", "an empty stack id is accepted", ("input.rejected",), adapter=AcceptsEmptyIds),
+    _m("ids.hostile", "stack ids are truncated to 255 characters", ("ids.hostile",), adapter=TruncatesIds),
+    _m("capability.declared", "declares the step cache without get_cached_step", ("capability.declared",), adapter=UndeclaredCacheMethods),
+)
+"""One broken backend per adapter rule of docs/contract.md."""
+
+del Capability

@@ -1,0 +1,125 @@
+"""``siglo check`` and :func:`run_contract` against the reference backend."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from siglo import Capability
+from siglo.backends.memory import connect as memory_connect
+from siglo.cli import cli
+from siglo.contract_tests.rules import ADAPTER_RULES
+from siglo.contract_tests.runner import run_contract
+from tests.mutants import MUTANTS
+
+
+def test_memory_passes_every_rule() -> None:
+    report = run_contract("memory://", seed=7)
+    assert {rid: r.verdict for rid, r in report.results.items()} == {
+        r.id: "pass" for r in ADAPTER_RULES
+    }
+
+
+def test_siglo_check_memory(tmp_path: Path) -> None:
+    junit = tmp_path / "report.xml"
+    result = CliRunner().invoke(cli, ["check", "memory://", "--seed", "3", "--junit-xml", str(junit)])
+    assert result.exit_code == 0, result.output
+    assert "checkpoint.occ.conflict" in result.output
+    assert f"{len(ADAPTER_RULES)} pass" in result.output
+    suite = ET.parse(junit).getroot()
+    assert suite.get("tests") == str(len(ADAPTER_RULES)) and suite.get("failures") == "0"
+
+
+def test_siglo_check_defaults_to_the_embedded_backend() -> None:
+    result = CliRunner().invoke(cli, ["check", "--rule", "cache.*", "--examples", "5"])
+    assert result.exit_code == 0, result.output
+    assert "siglo check memory://" in result.output
+    assert "cache.falsy-hit" in result.output and "checkpoint.roundtrip" not in result.output
+
+
+def test_siglo_check_unknown_rule_pattern() -> None:
+    result = CliRunner().invoke(cli, ["check", "memory://", "--rule", "no.such.rule"])
+    assert result.exit_code == 2
+    assert "no rule matches" in result.output
+
+
+def test_siglo_check_unknown_scheme() -> None:
+    result = CliRunner().invoke(cli, ["check", "nosuch://x"])
+    assert result.exit_code == 1
+    assert "no backend serves nosuch://" in result.output
+
+
+def test_siglo_check_fails_a_broken_backend(tmp_path: Path) -> None:
+    """A registered backend that breaks a rule: exit status 1, the rule and its counter-example."""
+    from siglo.plugins import get_registry, hookimpl
+
+    mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.conflict")
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def siglo_register_backends(registry):  # type: ignore[no-untyped-def]
+            registry.add_backend(
+                "broken", schemes=("broken",),
+                factory=lambda url, **options: mutant.factory(**options),
+                capabilities=[c.value for c in Capability],
+            )
+
+    registry = get_registry()
+    registry.register(Plugin(), "broken-test-plugin")
+    try:
+        junit = tmp_path / "report.xml"
+        result = CliRunner().invoke(cli, ["check", "broken://", "--rule", "checkpoint.occ.*",
+                                          "--seed", "1", "--junit-xml", str(junit)])
+    finally:
+        registry.unregister("broken-test-plugin")
+    assert result.exit_code == 1, result.output
+    assert "FAIL" in result.output and "CheckpointMachine()" in result.output
+    failed = [c.get("name") for c in ET.parse(junit).getroot() if c.find("failure") is not None]
+    assert "checkpoint.occ.conflict" in failed
+
+
+def test_undeclared_capabilities_are_not_supported() -> None:
+    def factory(**options: object) -> object:
+        backend = memory_connect("memory://", **options)  # type: ignore[arg-type]
+        backend.nonces = None
+        backend.lock = None
+        return backend
+
+    report = run_contract(factory, rules=["nonce", "lock.fencing", "cache.miss"], seed=1,
+                          examples=5)
+    assert report.verdict("nonce.claim.once") == "not supported"
+    assert report.verdict("nonce.expiry") == "not supported"
+    assert report.verdict("lock.fencing") == "not supported"
+    assert report.verdict("cache.miss") == "pass"
+    assert report.ok
+
+
+def test_a_declared_capability_without_its_parts_fails() -> None:
+    def factory(**options: object) -> object:
+        backend = memory_connect("memory://", **options)  # type: ignore[arg-type]
+        backend.nonces = None
+        return backend
+
+    report = run_contract(factory, capabilities=[*Capability], rules=["capability.declared"],
+                          seed=1)
+    assert report.verdict("capability.declared") == "FAIL"
+    assert "nonces" in report.results["capability.declared"].detail
+
+
+def test_seed_makes_a_run_reproducible() -> None:
+    mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.monotonic")
+    details = {run_contract(mutant.factory, rules=["checkpoint.occ.monotonic"], seed=5,
+                            keep_going=False).results["checkpoint.occ.monotonic"].detail
+               for _ in range(2)}
+    assert len(details) == 1
+
+
+@pytest.mark.parametrize("profile", ["ci", "thorough"])
+def test_profiles_exist(profile: str) -> None:
+    from siglo.contract_tests.runner import PROFILES
+
+    assert PROFILES[profile]["max_examples"] > 0
