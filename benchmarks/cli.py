@@ -32,7 +32,9 @@ def _csv(choices: tuple[str, ...] | list[str]) -> Callable[[str], list[str]]:
         items = [t.strip() for t in text.split(",") if t.strip()]
         bad = [t for t in items if t not in choices]
         if bad:
-            raise argparse.ArgumentTypeError(f"unknown: {', '.join(bad)}; choose from {', '.join(choices)}")
+            raise argparse.ArgumentTypeError(
+                f"unknown: {', '.join(bad)}; choose from {', '.join(choices)}"
+            )
         return items
 
     return parse
@@ -60,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-expired", type=int, default=100_000)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for the results")
     p.add_argument("--no-chart", action="store_true")
-    p.add_argument("--redis-url", default=os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument(
+        "--redis-url", default=os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
     p.add_argument(
         "--postgres-url",
         default=os.environ.get("SIGLO_POSTGRES_URL", "postgresql://127.0.0.1:5432/test"),
@@ -117,7 +121,9 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
         else:
             from benchmarks.langgraph_subject import LangGraphSubject
 
-            out.append(LangGraphSubject(backend, args.postgres_url if backend == "postgres" else None))
+            out.append(
+                LangGraphSubject(backend, args.postgres_url if backend == "postgres" else None)
+            )
     return out
 
 
@@ -147,7 +153,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         args.sizes, ops_scale=0.01 if args.quick else args.ops_scale, names=set(args.workloads)
     )
     if args.quick:
-        workloads = [Workload(w.name, w.size, w.concurrency, max(w.concurrency * 2, 4)) for w in workloads]
+        workloads = [
+            Workload(w.name, w.size, w.concurrency, max(w.concurrency * 2, 4)) for w in workloads
+        ]
     doc: dict[str, Any] = {
         "meta": {
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -181,13 +189,17 @@ async def _run_backend(
             await s.open()
         except Exception as exc:
             reason = f"{_label(s)}: cannot open: {type(exc).__name__}: {exc}"
-            doc["subjects"].append({"backend": backend, "kind": s.kind, "status": "skipped", "reason": reason})
+            doc["subjects"].append(
+                {"backend": backend, "kind": s.kind, "status": "skipped", "reason": reason}
+            )
             print(f"[skip] {reason}", flush=True)
             continue
         version = await s.server_version()
         if version:
             doc["meta"]["machine"]["servers"][backend] = version
-        doc["subjects"].append({"backend": backend, "kind": s.kind, "status": "ok", "detail": s.detail})
+        doc["subjects"].append(
+            {"backend": backend, "kind": s.kind, "status": "ok", "detail": s.detail}
+        )
         subjects.append(s)
     try:
         if subjects:
@@ -198,7 +210,9 @@ async def _run_backend(
                 for s in subjects:
                     if s.kind == "langgraph":
                         continue
-                    doc["scale"].append(await run_scale(s, args.scale_rows, args.scale_expired, args.quick))
+                    doc["scale"].append(
+                        await run_scale(s, args.scale_rows, args.scale_expired, args.quick)
+                    )
     finally:
         for s in subjects:
             try:
@@ -253,7 +267,11 @@ async def _run_workloads(
                 entry["extra"] = extras[i]
             doc["results"].append(entry)
             if status[i][0] == "ok":
-                print(f"{backend:8} {s.kind:9} {w.id:22} {entry['median']:>10.0f} ops/s  spread {entry['spread']:.0%}", flush=True)
+                print(
+                    f"{backend:8} {s.kind:9} {w.id:22} {entry['median']:>10.0f} ops/s"
+                    f"  spread {entry['spread']:.0%}",
+                    flush=True,
+                )
             elif status[i][0] == "error":
                 print(f"{backend:8} {s.kind:9} {w.id:22} ERROR {status[i][1]}", flush=True)
 
@@ -269,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         note = report.chart(doc, args.out / "ratios.png")
         if note:
             print(f"[chart] {note}")
-    print(f"results in {args.out}/ (results.json, results.md{'' if args.no_chart else ', ratios.png'})")
+    chart_name = "" if args.no_chart else ", ratios.png"
+    print(f"results in {args.out}/ (results.json, results.md{chart_name})")
     errors = [r for r in doc["results"] if r["status"] == "error"]
     errors += [s for s in doc["scale"] if s.get("status") == "error"]
     if errors:

@@ -109,10 +109,16 @@ class RawPostgresSubject(Subject):
         assert self.pool is not None
         async with self.pool.connection() as conn:
             cur = await conn.execute(_CLEAN, (now_ms(),))
-            return cur.rowcount
+            count: int = cur.rowcount
+            return count
 
     async def put_wait(self, key: str, stack_id: str) -> None:
-        doc = {"correlationKey": key, "stackId": stack_id, "status": "waiting", "createdAt": now_ms()}
+        doc = {
+            "correlationKey": key,
+            "stackId": stack_id,
+            "status": "waiting",
+            "createdAt": now_ms(),
+        }
         await self._one(_PUT_WAIT, (key, stack_id, Jsonb(doc)))
 
     async def claim_wait(self, key: str, claimant: str) -> bool:

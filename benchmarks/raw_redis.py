@@ -121,9 +121,15 @@ class RawRedisSubject(Subject):
 
     async def put_wait(self, key: str, stack_id: str) -> None:
         assert self.r is not None
-        doc = {"correlationKey": key, "stackId": stack_id, "status": "waiting"}
-        doc["createdAt"] = now_ms()
-        await self.r.hset(self.prefix + "wait:" + key, mapping={"s": "waiting", "d": orjson.dumps(doc)})
+        doc = {
+            "correlationKey": key,
+            "stackId": stack_id,
+            "status": "waiting",
+            "createdAt": now_ms(),
+        }
+        await self.r.hset(
+            self.prefix + "wait:" + key, mapping={"s": "waiting", "d": orjson.dumps(doc)}
+        )
 
     async def claim_wait(self, key: str, claimant: str) -> bool:
         now = now_ms()

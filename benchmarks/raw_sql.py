@@ -66,7 +66,8 @@ AND (deadline IS NULL OR deadline > {p})
 RETURNING doc"""
 
 # params: key, expires_at, now
-IDEM_CLAIM = """INSERT INTO idempotency AS i (key, state, expires_at) VALUES ({p}, 'in-progress', {p})
+IDEM_CLAIM = """INSERT INTO idempotency AS i (key, state, expires_at)
+VALUES ({p}, 'in-progress', {p})
 ON CONFLICT (key) DO UPDATE SET state = 'in-progress', result = NULL,
 expires_at = excluded.expires_at
 WHERE i.expires_at <= {p}

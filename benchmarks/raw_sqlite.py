@@ -90,7 +90,12 @@ class RawSqliteSubject(Subject):
         return count
 
     async def put_wait(self, key: str, stack_id: str) -> None:
-        doc = {"correlationKey": key, "stackId": stack_id, "status": "waiting", "createdAt": now_ms()}
+        doc = {
+            "correlationKey": key,
+            "stackId": stack_id,
+            "status": "waiting",
+            "createdAt": now_ms(),
+        }
         await self._rows(_PUT_WAIT, (key, stack_id, orjson.dumps(doc)))
 
     async def claim_wait(self, key: str, claimant: str) -> bool:

@@ -39,12 +39,18 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
     doc["ratios"] = ratios
     targets: list[dict[str, Any]] = []
     for x in ratios:
-        if x["vs"] == "raw" and x["backend"] in DRIVER_BACKENDS and x["name"] in ("save", "load", "cas"):
+        if (
+            x["vs"] == "raw"
+            and x["backend"] in DRIVER_BACKENDS
+            and x["name"] in ("save", "load", "cas")
+        ):
             targets.append({**x, "target": "siglo >= 0.8x raw driver", "threshold": 0.8})
         if x["vs"] == "raw" and x["backend"] == "redis" and x["name"] == "lock":
             targets.append({**x, "target": "lock pairs >= 1.0x redis-py Lock", "threshold": 1.0})
         if x["vs"] == "langgraph" and x["name"] in ("save", "load") and x["concurrency"] == 32:
-            targets.append({**x, "target": "siglo >= 2x LangGraph saver at 32 callers", "threshold": 2.0})
+            targets.append(
+                {**x, "target": "siglo >= 2x LangGraph saver at 32 callers", "threshold": 2.0}
+            )
     for t in targets:
         t["met"] = t["ratio"] >= t["threshold"]
     for s in doc.get("scale", []):
@@ -119,8 +125,14 @@ def markdown(doc: dict[str, Any]) -> str:
     ratio_of = {(x["backend"], x["workload"], x["vs"]): x["ratio"] for x in doc.get("ratios", [])}
     backends = list(dict.fromkeys(r["backend"] for r in doc["results"]))
     for backend in backends:
-        kinds = [k for k in ("siglo", "raw", "langgraph") if any(r["backend"] == backend and r["kind"] == k for r in doc["results"])]
-        workloads = list(dict.fromkeys(r["workload"] for r in doc["results"] if r["backend"] == backend))
+        kinds = [
+            k
+            for k in ("siglo", "raw", "langgraph")
+            if any(r["backend"] == backend and r["kind"] == k for r in doc["results"])
+        ]
+        workloads = list(
+            dict.fromkeys(r["workload"] for r in doc["results"] if r["backend"] == backend)
+        )
         lines += [f"### {backend}", ""]
         header = ["workload"] + [f"{k} ops/s" for k in kinds]
         if "raw" in kinds and "siglo" in kinds:
@@ -184,7 +196,13 @@ def chart(doc: dict[str, Any], path: Path) -> str | None:
         return "no ratios to chart"
     backends = list(dict.fromkeys(x["backend"] for x in ratios))
     fig, axes = plt.subplots(
-        1, len(backends), figsize=(4.2 * len(backends), 0.28 * max(len([x for x in ratios if x["backend"] == b]) for b in backends) + 1.8), squeeze=False
+        1,
+        len(backends),
+        figsize=(
+            4.2 * len(backends),
+            0.28 * max(len([x for x in ratios if x["backend"] == b]) for b in backends) + 1.8,
+        ),
+        squeeze=False,
     )
     for ax, backend in zip(axes[0], backends, strict=True):
         rows = [x for x in ratios if x["backend"] == backend]

@@ -22,7 +22,9 @@ _CONTEXTS: dict[str, Any] = {"step-0": {"status": "done", "n": 1}}
 _FILLERS = 32
 
 
-async def _fill(subject: Subject, prefix: str, start: int, stop: int, expires_at: int | None = None) -> None:
+async def _fill(
+    subject: Subject, prefix: str, start: int, stop: int, expires_at: int | None = None
+) -> None:
     next_i = start
     last_report = time.monotonic()
 
@@ -34,7 +36,11 @@ async def _fill(subject: Subject, prefix: str, start: int, stop: int, expires_at
             await subject.save(f"{prefix}{i}", 1, _CONTEXTS, expires_at=expires_at)
             if time.monotonic() - last_report > 10:
                 last_report = time.monotonic()
-                print(f"  … {subject.kind}:{subject.backend} filled {next_i - start:,} / {stop - start:,}", flush=True)
+                print(
+                    f"  … {subject.kind}:{subject.backend} filled "
+                    f"{next_i - start:,} / {stop - start:,}",
+                    flush=True,
+                )
 
     await asyncio.gather(*(worker() for _ in range(_FILLERS)))
 
@@ -58,7 +64,12 @@ async def run_scale(subject: Subject, rows: int, expired: int, quick: bool) -> d
     expired = 200 if quick else expired
     samples = 50 if quick else 2_000
     prefix = "scale-"
-    out: dict[str, Any] = {"backend": subject.backend, "kind": subject.kind, "rows_small": small, "rows_large": large}
+    out: dict[str, Any] = {
+        "backend": subject.backend,
+        "kind": subject.kind,
+        "rows_small": small,
+        "rows_large": large,
+    }
     print(f"[scale] {subject.kind}:{subject.backend}: filling {small:,} rows", flush=True)
     try:
         t0 = time.perf_counter()

@@ -6,14 +6,13 @@ import contextlib
 from typing import Any
 
 import siglo
+from benchmarks.payloads import now_ms
+from benchmarks.subject import Conflict, Subject
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError
 from siglo.plugins import get_registry
 from siglo.records import WaitRecord
-
-from benchmarks.payloads import now_ms
-from benchmarks.subject import Conflict, Subject
 
 
 class SigloSubject(Subject):

@@ -87,7 +87,9 @@ def default_workloads(
     return out
 
 
-async def _workers(concurrency: int, per_worker: int, op: Callable[[int, int], Awaitable[None]]) -> float:
+async def _workers(
+    concurrency: int, per_worker: int, op: Callable[[int, int], Awaitable[None]]
+) -> float:
     async def worker(w: int) -> None:
         for j in range(per_worker):
             await op(w, j)
