@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for the results")
     p.add_argument("--no-chart", action="store_true")
     p.add_argument(
+        "--update-docs",
+        type=Path,
+        metavar="PAGE",
+        help="replace the results section of PAGE (docs/benchmarks.md) with this run's",
+    )
+    p.add_argument(
         "--redis-url", default=os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     p.add_argument(
@@ -289,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[chart] {note}")
     chart_name = "" if args.no_chart else ", ratios.png"
     print(f"results in {args.out}/ (results.json, results.md{chart_name})")
+    if args.update_docs is not None:
+        chart_path = None if args.no_chart else args.out / "ratios.png"
+        report.update_page(args.update_docs, doc, chart_path)
+        print(f"updated {args.update_docs}")
     errors = [r for r in doc["results"] if r["status"] == "error"]
     errors += [s for s in doc["scale"] if s.get("status") == "error"]
     if errors:

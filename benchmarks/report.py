@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
+
+START_MARK = "<!-- benchmark-results:start -->"
+END_MARK = "<!-- benchmark-results:end -->"
 
 DRIVER_BACKENDS = ("redis", "postgres", "sqlite")
 
@@ -226,3 +230,17 @@ def chart(doc: dict[str, Any], path: Path) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def update_page(page: Path, doc: dict[str, Any], chart_path: Path | None) -> None:
+    """Replace the text between the result markers of ``page`` with this run's results."""
+    text = page.read_text()
+    if START_MARK not in text or END_MARK not in text:
+        raise SystemExit(f"{page} has no {START_MARK} … {END_MARK} section to update")
+    body = markdown(doc)
+    if chart_path is not None and chart_path.exists():
+        rel = os.path.relpath(chart_path, page.parent)
+        body = f"![siglo / baseline ratios]({rel})\n\n{body}"
+    head, rest = text.split(START_MARK, 1)
+    _, tail = rest.split(END_MARK, 1)
+    page.write_text(f"{head}{START_MARK}\n{body}\n{END_MARK}{tail}")
