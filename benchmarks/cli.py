@@ -76,6 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SIGLO_POSTGRES_URL", "postgresql://127.0.0.1:5432/test"),
     )
     p.add_argument("--pg-pool", type=int, default=10, help="raw psycopg pool size")
+    p.add_argument(
+        "--siglo-opt",
+        action="append",
+        default=[],
+        metavar="BACKEND:KEY=VALUE",
+        help="an option for siglo's backend factory (repeatable; VALUE parsed as JSON "
+        "if it can be), e.g. postgres:pool_size=20",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds one measurement may take before it is reported as an error",
+    )
     return p
 
 
@@ -90,7 +104,7 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
         "postgres": args.postgres_url,
         "sqlite": f"sqlite:///{os.path.join(tmp, 'siglo.db')}",
     }
-    out.append(_siglo_or_reason(backend, urls[backend], SigloSubject))
+    out.append(_siglo_or_reason(backend, urls[backend], SigloSubject, siglo_options(args, backend)))
     if backend == "memory":
         from benchmarks.raw_memory import RawMemorySubject
 
@@ -133,7 +147,26 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
     return out
 
 
-def _siglo_or_reason(backend: str, url: str, cls: Callable[..., Subject]) -> Subject | str:
+def siglo_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """The ``--siglo-opt`` options given for ``backend``."""
+    options: dict[str, Any] = {}
+    for item in args.siglo_opt:
+        target, _, assignment = item.partition(":")
+        key, eq, raw = assignment.partition("=")
+        if not eq or not key or target not in BACKENDS:
+            raise SystemExit(f"--siglo-opt {item!r}: expected BACKEND:KEY=VALUE")
+        if target != backend:
+            continue
+        try:
+            options[key] = json.loads(raw)
+        except ValueError:
+            options[key] = raw
+    return options
+
+
+def _siglo_or_reason(
+    backend: str, url: str, cls: Callable[..., Subject], options: dict[str, Any]
+) -> Subject | str:
     from siglo.errors import SigloError
     from siglo.plugins import get_registry
 
@@ -144,7 +177,7 @@ def _siglo_or_reason(backend: str, url: str, cls: Callable[..., Subject]) -> Sub
     missing = spec.missing_drivers()
     if missing:
         return f"siglo {backend}: drivers missing: {', '.join(missing)}"
-    return cls(backend, url)
+    return cls(backend, url, **options)
 
 
 def _label(s: Subject) -> str:
@@ -245,9 +278,12 @@ async def _run_workloads(
                     continue
                 tag = f"b{secrets.token_hex(3)}"
                 try:
-                    m = await measure(s, w, tag)
+                    m = await asyncio.wait_for(measure(s, w, tag), args.timeout)
                 except NotImplementedError:
                     status[i] = ("unsupported", None)
+                    continue
+                except TimeoutError:
+                    status[i] = ("error", f"timed out after {args.timeout:.0f} s")
                     continue
                 except Exception as exc:
                     status[i] = ("error", f"{type(exc).__name__}: {exc}")
