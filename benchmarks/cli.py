@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pg-pool", type=int, default=10, help="raw psycopg pool size")
     p.add_argument(
+        "--pg-doc-type",
+        choices=("jsonb", "text", "bytea"),
+        default="jsonb",
+        help="the raw Postgres document column (match siglo's backend for a fair ratio)",
+    )
+    p.add_argument(
         "--siglo-opt",
         action="append",
         default=[],
@@ -122,7 +128,11 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
         else:
             from benchmarks.raw_postgres import RawPostgresSubject
 
-            out.append(RawPostgresSubject(args.postgres_url, pool_size=args.pg_pool))
+            out.append(
+                RawPostgresSubject(
+                    args.postgres_url, pool_size=args.pg_pool, doc_type=args.pg_doc_type
+                )
+            )
     elif backend == "sqlite":
         if importlib.util.find_spec("aiosqlite") is None:
             out.append("raw sqlite: aiosqlite not installed")

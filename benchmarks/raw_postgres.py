@@ -21,9 +21,11 @@ from benchmarks import raw_sql as q
 from benchmarks.payloads import now_ms, wire_document
 from benchmarks.subject import Conflict, Subject
 
+DOC_TYPES = ("jsonb", "text", "bytea")
 
-def _sql(stmt: str) -> str:
-    return q.render(stmt, p="%s", doc="JSONB")
+
+def _sql(stmt: str, doc_type: str = "jsonb") -> str:
+    return q.render(stmt, p="%s", doc=doc_type.upper())
 
 
 class RawPostgresSubject(Subject):
@@ -32,11 +34,14 @@ class RawPostgresSubject(Subject):
     kind = "raw"
     backend = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, doc_type: str = "jsonb") -> None:
+        if doc_type not in DOC_TYPES:
+            raise ValueError(f"doc_type must be one of {DOC_TYPES}, got {doc_type!r}")
         self.url = url
         self.pool_size = pool_size
+        self.doc_type = doc_type
         self.schema = f"siglo_bench_{secrets.token_hex(4)}"
-        self.detail = f"psycopg 3 pool({pool_size}), prepared, JSONB via orjson"
+        self.detail = f"psycopg 3 pool({pool_size}), prepared, {doc_type.upper()} documents, orjson"
         self.pool: AsyncConnectionPool[Any] | None = None
 
     async def open(self) -> None:
@@ -44,7 +49,7 @@ class RawPostgresSubject(Subject):
             await conn.execute(f'CREATE SCHEMA "{self.schema}"')
             await conn.execute(f'SET search_path TO "{self.schema}"')
             for stmt in q.SCHEMA:
-                await conn.execute(_sql(stmt).encode())
+                await conn.execute(_sql(stmt, self.doc_type).encode())
 
         async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
             set_json_loads(orjson.loads, conn)
@@ -70,6 +75,16 @@ class RawPostgresSubject(Subject):
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
 
+    def _doc(self, value: Any) -> Any:
+        """``value`` as a parameter of the document column's type (encoded once)."""
+        if self.doc_type == "jsonb":
+            return Jsonb(value)  # encoded by the orjson dumps set in configure()
+        data = orjson.dumps(value)
+        return data.decode() if self.doc_type == "text" else data
+
+    def _decode(self, column: Any) -> Any:
+        return column if self.doc_type == "jsonb" else orjson.loads(column)
+
     async def _one(self, stmt: str, params: tuple[Any, ...]) -> Any:
         assert self.pool is not None
         async with self.pool.connection() as conn:
@@ -85,7 +100,7 @@ class RawPostgresSubject(Subject):
         expected_revision: int | None = None,
         expires_at: int | None = None,
     ) -> None:
-        doc = Jsonb(wire_document(stack_id, revision, contexts, expires_at=expires_at))
+        doc = self._doc(wire_document(stack_id, revision, contexts, expires_at=expires_at))
         now = now_ms()
         if expected_revision is None:
             row = await self._one(_SAVE_PLAIN, (stack_id, revision, doc, expires_at, now))
@@ -102,7 +117,7 @@ class RawPostgresSubject(Subject):
         row = await self._one(_LOAD, (stack_id, now_ms()))
         if row is None:
             return None
-        revision: int = row[0]["revision"]
+        revision: int = self._decode(row[0])["revision"]
         return revision
 
     async def clean_expired(self) -> int:
@@ -119,20 +134,23 @@ class RawPostgresSubject(Subject):
             "status": "waiting",
             "createdAt": now_ms(),
         }
-        await self._one(_PUT_WAIT, (key, stack_id, Jsonb(doc)))
+        await self._one(_PUT_WAIT, (key, stack_id, self._doc(doc)))
 
     async def claim_wait(self, key: str, claimant: str) -> bool:
         now = now_ms()
         row = await self._one(
-            _CLAIM_WAIT, (claimant, now + 60_000, Jsonb({"approved": True}), key, now, now)
+            _CLAIM_WAIT, (claimant, now + 60_000, self._doc({"approved": True}), key, now, now)
         )
-        return row is not None
+        if row is None:
+            return False
+        self._decode(row[0])
+        return True
 
     async def idempotency_claim_complete(self, key: str, result: Any) -> None:
         now = now_ms()
         row = await self._one(_IDEM_CLAIM, (key, now + 86_400_000, now))
         assert row is not None
-        await self._one(_IDEM_COMPLETE, (Jsonb(result), now + 86_400_000, key))
+        await self._one(_IDEM_COMPLETE, (self._doc(result), now + 86_400_000, key))
 
     async def lock_pair(self, key: str) -> None:
         token = f"lock_{now_ms()}_{uuid.uuid4().hex}"
@@ -144,8 +162,10 @@ class RawPostgresSubject(Subject):
 
     async def cache_set_get(self, key: str, value: Any) -> None:
         now = now_ms()
-        await self._one(_CACHE_SET, (key, Jsonb(value), now + 300_000))
-        assert await self._one(_CACHE_GET, (key, now)) is not None
+        await self._one(_CACHE_SET, (key, self._doc(value), now + 300_000))
+        row = await self._one(_CACHE_GET, (key, now))
+        assert row is not None
+        self._decode(row[0])
 
 
 _SAVE_PLAIN = _sql(q.SAVE_PLAIN)
