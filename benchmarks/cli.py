@@ -336,10 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.out / "results.md").write_text(report.markdown(doc))
     if not args.no_chart:
-        note = report.chart(doc, args.out / "ratios.png")
-        if note:
-            print(f"[chart] {note}")
-    chart_name = "" if args.no_chart else ", ratios.png"
+        for note in (
+            report.chart(doc, args.out / "ratios.png"),
+            report.ops_chart(doc, args.out / "ops.png"),
+        ):
+            if note:
+                print(f"[chart] {note}")
+    chart_name = "" if args.no_chart else ", ratios.png, ops.png"
     print(f"results in {args.out}/ (results.json, results.md{chart_name})")
     if args.update_docs is not None:
         chart_path = None if args.no_chart else args.out / "ratios.png"

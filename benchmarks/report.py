@@ -238,9 +238,72 @@ def update_page(page: Path, doc: dict[str, Any], chart_path: Path | None) -> Non
     if START_MARK not in text or END_MARK not in text:
         raise SystemExit(f"{page} has no {START_MARK} … {END_MARK} section to update")
     body = markdown(doc)
-    if chart_path is not None and chart_path.exists():
-        rel = os.path.relpath(chart_path, page.parent)
-        body = f"![siglo / baseline ratios]({rel})\n\n{body}"
+    if chart_path is not None:
+        for name, alt in (
+            ("ops.png", "ops/s per subject"),
+            (chart_path.name, "siglo / baseline ratios"),
+        ):
+            image = chart_path.parent / name
+            if image.exists():
+                rel = os.path.relpath(image, page.parent)
+                body = f"![{alt}]({rel})\n\n{body}"
     head, rest = text.split(START_MARK, 1)
     _, tail = rest.split(END_MARK, 1)
     page.write_text(f"{head}{START_MARK}\n{body}\n{END_MARK}{tail}")
+
+
+_KIND_COLORS = {"siglo": "#4c72b0", "raw": "#55a868", "langgraph": "#dd8452"}
+
+
+def ops_chart(doc: dict[str, Any], path: Path) -> str | None:
+    """Draw absolute ops/s of every subject per workload (log scale) as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+    results = [r for r in doc["results"] if r["median"]]
+    if not results:
+        return "no results to chart"
+    backends = list(dict.fromkeys(r["backend"] for r in results))
+    workloads = {
+        b: list(dict.fromkeys(r["workload"] for r in results if r["backend"] == b))
+        for b in backends
+    }
+    tallest = max(len(w) for w in workloads.values())
+    fig, axes = plt.subplots(
+        1, len(backends), figsize=(4.2 * len(backends), 0.38 * tallest + 1.8), squeeze=False
+    )
+    for ax, backend in zip(axes[0], backends, strict=True):
+        names = workloads[backend]
+        kinds = [
+            k
+            for k in _KIND_COLORS
+            if any(r["backend"] == backend and r["kind"] == k for r in results)
+        ]
+        height = 0.8 / len(kinds)
+        for j, kind in enumerate(kinds):
+            by_w = {
+                r["workload"]: r["median"]
+                for r in results
+                if r["backend"] == backend and r["kind"] == kind
+            }
+            ys = [i + j * height for i, w in enumerate(names) if w in by_w]
+            xs = [by_w[w] for w in names if w in by_w]
+            ax.barh(ys, xs, height=height, color=_KIND_COLORS[kind], label=kind)
+        ax.set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_title(f"{backend}: ops/s (median)")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(
+        f"siglo benchmarks {doc['meta']['started']} — {doc['meta']['machine']['cpu']}, "
+        f"{doc['meta']['machine']['cores']} cores",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
