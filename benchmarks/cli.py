@@ -259,15 +259,37 @@ async def _run_backend(
                 for s in subjects:
                     if s.kind == "langgraph":
                         continue
-                    doc["scale"].append(
-                        await run_scale(s, args.scale_rows, args.scale_expired, args.quick)
-                    )
+                    doc["scale"].append(await _scale_with_twin(s, backend, args, tmp, run_scale))
     finally:
         for s in subjects:
             try:
                 await s.close()
             except Exception as exc:  # cleanup must not hide the results
                 print(f"[warn] closing {_label(s)}: {exc}", file=sys.stderr)
+
+
+async def _scale_with_twin(
+    subject: Subject,
+    backend: str,
+    args: argparse.Namespace,
+    tmp: str,
+    run_scale: Callable[..., Any],
+) -> dict[str, Any]:
+    """Run the scale workloads with a second store of the same kind for the small side."""
+    twin_dir = os.path.join(tmp, f"twin-{secrets.token_hex(3)}")
+    os.makedirs(twin_dir)
+    twins = [t for t in make_subjects(backend, args, twin_dir) if not isinstance(t, str)]
+    twin = next((t for t in twins if t.kind == subject.kind), None)
+    if twin is None:
+        return {"backend": backend, "kind": subject.kind, "status": "error", "error": "no twin"}
+    await twin.open()
+    try:
+        result: dict[str, Any] = await run_scale(
+            subject, twin, args.scale_rows, args.scale_expired, args.quick
+        )
+        return result
+    finally:
+        await twin.close()
 
 
 async def _run_workloads(
