@@ -8,7 +8,8 @@ decoding from JSON, so the rules cannot drift apart; its messages name the wire 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,13 +72,43 @@ def _check_value(doc_kind: str, f: Field, value: Any) -> None:
         raise AssertionError(f"unknown field kind {kind!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A field table prepared once: one C-level getter for every attribute, the wire
+    names this version knows. Validation runs on every checkpoint built or read, so it
+    is on every save's and every load's path."""
+
+    fields: tuple[Field, ...]
+    get_all: Callable[[object], tuple[Any, ...]]
+    known: frozenset[str]
+
+
+_plans: dict[int, _Plan] = {}
+
+
+def _plan(fields: tuple[Field, ...]) -> _Plan:
+    plan = _plans.get(id(fields))
+    if plan is None or plan.fields is not fields:
+        getter = operator.attrgetter(*(f.attr for f in fields))
+        # attrgetter of one name returns the value, not a 1-tuple.
+        get_all = getter if len(fields) > 1 else (lambda obj: (getter(obj),))
+        plan = _Plan(fields, get_all, frozenset(f.wire for f in fields))
+        _plans[id(fields)] = plan  # the plan holds the table, so its id is not reused
+    return plan
+
+
 def check_fields(doc_kind: str, fields: tuple[Field, ...], obj: object) -> None:
     """Validate the attributes of a constructed document."""
-    for f in fields:
-        value = getattr(obj, f.attr)
+    plan = _plan(fields)
+    for f, value in zip(plan.fields, plan.get_all(obj), strict=True):
         if value is None:
             if not f.optional and f.kind != "any":
                 raise _bad(doc_kind, f, "is required")
+            continue
+        # Fast acceptance of the common scalar cases; anything else (containers,
+        # choices, and every failure, with its message) goes through _check_value.
+        kind = f.kind
+        if (kind == "str" and type(value) is str) or (kind == "int" and type(value) is int):
             continue
         _check_value(doc_kind, f, value)
 
@@ -101,7 +132,9 @@ def from_wire_fields(
             kwargs[f.attr] = doc[f.wire]
         elif not f.optional:
             raise _bad(doc_kind, f, "is missing")
-    known = {f.wire for f in fields}
+    if len(kwargs) == len(doc):
+        return kwargs, {}  # every key is a known field: nothing extra to keep
+    known = _plan(fields).known
     extra = {k: v for k, v in doc.items() if k not in known}
     return kwargs, extra
 
@@ -109,8 +142,8 @@ def from_wire_fields(
 def to_wire_fields(fields: tuple[Field, ...], obj: object) -> dict[str, Any]:
     """The wire document of ``obj``: camelCase keys, absent optional fields omitted."""
     doc: dict[str, Any] = {}
-    for f in fields:
-        value = getattr(obj, f.attr)
+    plan = _plan(fields)
+    for f, value in zip(plan.fields, plan.get_all(obj), strict=True):
         if value is None and f.optional:
             continue
         if f.kind == "str_list":

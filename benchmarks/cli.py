@@ -1,0 +1,378 @@
+"""``python -m benchmarks``: run the workloads, write JSON, markdown and a PNG chart."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import machine, report
+from benchmarks.payloads import SIZES
+from benchmarks.stats import summarize
+from benchmarks.subject import Subject
+from benchmarks.workloads import Workload, default_workloads, measure
+
+BACKENDS = ("memory", "redis", "postgres", "sqlite")
+WORKLOAD_NAMES = ("save", "load", "cas", "wait_claim", "idempotency", "lock", "cache")
+DEFAULT_OUT = Path(__file__).parent / "results"
+
+
+def _csv(choices: tuple[str, ...] | list[str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown: {', '.join(bad)}; choose from {', '.join(choices)}"
+            )
+        return items
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see ``python -m benchmarks --help``)."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Benchmark siglo's backends against the raw drivers (and LangGraph's savers).",
+    )
+    p.add_argument("--backends", type=_csv(BACKENDS), default=list(BACKENDS))
+    p.add_argument("--sizes", type=_csv(list(SIZES)), default=list(SIZES))
+    p.add_argument("--workloads", type=_csv(WORKLOAD_NAMES), default=list(WORKLOAD_NAMES))
+    p.add_argument("--repeat", type=int, default=5, help="runs per measurement (median reported)")
+    p.add_argument("--ops-scale", type=float, default=1.0, help="multiply every op count")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke mode: a handful of ops, one run; exits non-zero if any workload fails",
+    )
+    p.add_argument("--no-langgraph", action="store_true", help="skip LangGraph's savers")
+    p.add_argument("--scale", action="store_true", help="also run the scale workloads (slow)")
+    p.add_argument("--scale-rows", type=int, default=1_000_000)
+    p.add_argument("--scale-expired", type=int, default=100_000)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for the results")
+    p.add_argument("--no-chart", action="store_true")
+    p.add_argument(
+        "--update-docs",
+        type=Path,
+        metavar="PAGE",
+        help="replace the results section of PAGE (docs/benchmarks.md) with this run's",
+    )
+    p.add_argument(
+        "--redis-url", default=os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    p.add_argument(
+        "--postgres-url",
+        default=os.environ.get("SIGLO_POSTGRES_URL", "postgresql://127.0.0.1:5432/test"),
+    )
+    p.add_argument("--pg-pool", type=int, default=10, help="raw psycopg pool size")
+    p.add_argument(
+        "--pg-doc-type",
+        choices=("jsonb", "text", "bytea"),
+        default="jsonb",
+        help="the raw Postgres document column (match siglo's backend for a fair ratio)",
+    )
+    p.add_argument(
+        "--siglo-opt",
+        action="append",
+        default=[],
+        metavar="BACKEND:KEY=VALUE",
+        help="an option for siglo's backend factory (repeatable; VALUE parsed as JSON "
+        "if it can be), e.g. postgres:pool_size=20",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds one measurement may take before it is reported as an error",
+    )
+    return p
+
+
+def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subject | str]:
+    """The subjects of ``backend``; a string is the reason one is unavailable."""
+    from benchmarks.siglo_subject import SigloSubject
+
+    out: list[Subject | str] = []
+    urls = {
+        "memory": "memory://",
+        "redis": args.redis_url,
+        "postgres": args.postgres_url,
+        "sqlite": f"sqlite:///{os.path.join(tmp, 'siglo.db')}",
+    }
+    out.append(_siglo_or_reason(backend, urls[backend], SigloSubject, siglo_options(args, backend)))
+    if backend == "memory":
+        from benchmarks.raw_memory import RawMemorySubject
+
+        out.append(RawMemorySubject())
+    elif backend == "redis":
+        if importlib.util.find_spec("redis") is None:
+            out.append("raw redis: redis-py not installed (pip install -e '.[redis]')")
+        else:
+            from benchmarks.raw_redis import RawRedisSubject
+
+            out.append(RawRedisSubject(args.redis_url))
+    elif backend == "postgres":
+        if importlib.util.find_spec("psycopg_pool") is None:
+            out.append("raw postgres: psycopg[pool] not installed")
+        else:
+            from benchmarks.raw_postgres import RawPostgresSubject
+
+            out.append(
+                RawPostgresSubject(
+                    args.postgres_url, pool_size=args.pg_pool, doc_type=args.pg_doc_type
+                )
+            )
+    elif backend == "sqlite":
+        if importlib.util.find_spec("aiosqlite") is None:
+            out.append("raw sqlite: aiosqlite not installed")
+        else:
+            from benchmarks.raw_sqlite import RawSqliteSubject
+
+            out.append(RawSqliteSubject(os.path.join(tmp, "raw.db")))
+    if backend in ("sqlite", "postgres") and not args.no_langgraph:
+        module = f"langgraph.checkpoint.{backend}.aio"
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            out.append(f"langgraph {backend}: langgraph-checkpoint-{backend} not installed")
+        else:
+            from benchmarks.langgraph_subject import LangGraphSubject
+
+            out.append(
+                LangGraphSubject(backend, args.postgres_url if backend == "postgres" else None)
+            )
+    return out
+
+
+def siglo_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """The ``--siglo-opt`` options given for ``backend``."""
+    options: dict[str, Any] = {}
+    for item in args.siglo_opt:
+        target, _, assignment = item.partition(":")
+        key, eq, raw = assignment.partition("=")
+        if not eq or not key or target not in BACKENDS:
+            raise SystemExit(f"--siglo-opt {item!r}: expected BACKEND:KEY=VALUE")
+        if target != backend:
+            continue
+        try:
+            options[key] = json.loads(raw)
+        except ValueError:
+            options[key] = raw
+    return options
+
+
+def _siglo_or_reason(
+    backend: str, url: str, cls: Callable[..., Subject], options: dict[str, Any]
+) -> Subject | str:
+    from siglo.errors import SigloError
+    from siglo.plugins import get_registry
+
+    try:
+        spec = get_registry().for_url(url)
+    except SigloError as exc:
+        return f"siglo {backend}: not registered ({exc.__class__.__name__})"
+    missing = spec.missing_drivers()
+    if missing:
+        return f"siglo {backend}: drivers missing: {', '.join(missing)}"
+    return cls(backend, url, **options)
+
+
+def _label(s: Subject) -> str:
+    return f"{s.kind}:{s.backend}"
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run everything the arguments ask for; return the results document."""
+    if args.quick:
+        args.repeat = 1
+    workloads = default_workloads(
+        args.sizes, ops_scale=0.01 if args.quick else args.ops_scale, names=set(args.workloads)
+    )
+    if args.quick:
+        workloads = [
+            Workload(w.name, w.size, w.concurrency, max(w.concurrency * 2, 4)) for w in workloads
+        ]
+    doc: dict[str, Any] = {
+        "meta": {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "argv": sys.argv[1:],
+            "quick": args.quick,
+            "repeat": args.repeat,
+            "machine": machine.describe(),
+        },
+        "subjects": [],
+        "results": [],
+        "scale": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="siglo-bench-") as tmp:
+        for backend in args.backends:
+            await _run_backend(backend, args, workloads, doc, tmp)
+    doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    report.add_ratios_and_targets(doc)
+    return doc
+
+
+async def _run_backend(
+    backend: str, args: argparse.Namespace, workloads: list[Workload], doc: dict[str, Any], tmp: str
+) -> None:
+    subjects: list[Subject] = []
+    for s in make_subjects(backend, args, tmp):
+        if isinstance(s, str):
+            doc["subjects"].append({"backend": backend, "status": "skipped", "reason": s})
+            print(f"[skip] {s}", flush=True)
+            continue
+        try:
+            await s.open()
+        except Exception as exc:
+            reason = f"{_label(s)}: cannot open: {type(exc).__name__}: {exc}"
+            doc["subjects"].append(
+                {"backend": backend, "kind": s.kind, "status": "skipped", "reason": reason}
+            )
+            print(f"[skip] {reason}", flush=True)
+            continue
+        version = await s.server_version()
+        if version:
+            doc["meta"]["machine"]["servers"][backend] = version
+        doc["subjects"].append(
+            {"backend": backend, "kind": s.kind, "status": "ok", "detail": s.detail}
+        )
+        subjects.append(s)
+    try:
+        if subjects:
+            await _run_workloads(backend, subjects, workloads, args, doc)
+            if args.scale:
+                from benchmarks.scale import run_scale
+
+                for s in subjects:
+                    if s.kind == "langgraph":
+                        continue
+                    doc["scale"].append(await _scale_with_twin(s, backend, args, tmp, run_scale))
+    finally:
+        for s in subjects:
+            try:
+                await s.close()
+            except Exception as exc:  # cleanup must not hide the results
+                print(f"[warn] closing {_label(s)}: {exc}", file=sys.stderr)
+
+
+async def _scale_with_twin(
+    subject: Subject,
+    backend: str,
+    args: argparse.Namespace,
+    tmp: str,
+    run_scale: Callable[..., Any],
+) -> dict[str, Any]:
+    """Run the scale workloads with a second store of the same kind for the small side."""
+    twin_dir = os.path.join(tmp, f"twin-{secrets.token_hex(3)}")
+    os.makedirs(twin_dir)
+    twins = [t for t in make_subjects(backend, args, twin_dir) if not isinstance(t, str)]
+    twin = next((t for t in twins if t.kind == subject.kind), None)
+    if twin is None:
+        return {"backend": backend, "kind": subject.kind, "status": "error", "error": "no twin"}
+    await twin.open()
+    try:
+        result: dict[str, Any] = await run_scale(
+            subject, twin, args.scale_rows, args.scale_expired, args.quick
+        )
+        return result
+    finally:
+        await twin.close()
+
+
+async def _run_workloads(
+    backend: str,
+    subjects: list[Subject],
+    workloads: list[Workload],
+    args: argparse.Namespace,
+    doc: dict[str, Any],
+) -> None:
+    for w in workloads:
+        runs: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
+        extras: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(subjects))}
+        status: dict[int, tuple[str, str | None]] = {i: ("ok", None) for i in range(len(subjects))}
+        # Interleave the subjects run by run, so a noisy moment hits all of them alike.
+        for _ in range(args.repeat):
+            for i, s in enumerate(subjects):
+                if status[i][0] != "ok":
+                    continue
+                tag = f"b{secrets.token_hex(3)}"
+                try:
+                    m = await asyncio.wait_for(measure(s, w, tag), args.timeout)
+                except NotImplementedError:
+                    status[i] = ("unsupported", None)
+                    continue
+                except TimeoutError:
+                    status[i] = ("error", f"timed out after {args.timeout:.0f} s")
+                    continue
+                except Exception as exc:
+                    status[i] = ("error", f"{type(exc).__name__}: {exc}")
+                    traceback.print_exc()
+                    continue
+                runs[i].append(m.ops_per_s)
+                extras[i].append(m.extra)
+        for i, s in enumerate(subjects):
+            entry = {
+                "backend": backend,
+                "kind": s.kind,
+                "workload": w.id,
+                "name": w.name,
+                "size": w.size,
+                "concurrency": w.concurrency,
+                "ops": w.ops,
+                "status": status[i][0],
+                "error": status[i][1],
+                "runs": runs[i],
+                **summarize(runs[i]),
+            }
+            if extras[i] and any(extras[i]):
+                entry["extra"] = extras[i]
+            doc["results"].append(entry)
+            if status[i][0] == "ok":
+                print(
+                    f"{backend:8} {s.kind:9} {w.id:22} {entry['median']:>10.0f} ops/s"
+                    f"  spread {entry['spread']:.0%}",
+                    flush=True,
+                )
+            elif status[i][0] == "error":
+                print(f"{backend:8} {s.kind:9} {w.id:22} ERROR {status[i][1]}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    doc = asyncio.run(run(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (args.out / "results.md").write_text(report.markdown(doc))
+    if not args.no_chart:
+        for note in (
+            report.chart(doc, args.out / "ratios.png"),
+            report.ops_chart(doc, args.out / "ops.png"),
+        ):
+            if note:
+                print(f"[chart] {note}")
+    chart_name = "" if args.no_chart else ", ratios.png, ops.png"
+    print(f"results in {args.out}/ (results.json, results.md{chart_name})")
+    if args.update_docs is not None:
+        chart_path = None if args.no_chart else args.out / "ratios.png"
+        report.update_page(args.update_docs, doc, chart_path)
+        print(f"updated {args.update_docs}")
+    errors = [r for r in doc["results"] if r["status"] == "error"]
+    errors += [s for s in doc["scale"] if s.get("status") == "error"]
+    if errors:
+        print(f"{len(errors)} workload(s) failed", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,309 @@
+"""Ratios, targets, the markdown table and the PNG chart of a results document."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+START_MARK = "<!-- benchmark-results:start -->"
+END_MARK = "<!-- benchmark-results:end -->"
+
+DRIVER_BACKENDS = ("redis", "postgres", "sqlite")
+
+
+def _index(doc: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {(r["backend"], r["kind"], r["workload"]): r for r in doc["results"]}
+
+
+def add_ratios_and_targets(doc: dict[str, Any]) -> None:
+    """Fill ``doc["ratios"]`` (siglo / raw, siglo / langgraph) and ``doc["targets"]``."""
+    idx = _index(doc)
+    ratios: list[dict[str, Any]] = []
+    for (backend, kind, workload), r in idx.items():
+        if kind != "siglo" or r["median"] is None:
+            continue
+        for other in ("raw", "langgraph"):
+            o = idx.get((backend, other, workload))
+            if o is None or not o["median"]:
+                continue
+            ratios.append(
+                {
+                    "backend": backend,
+                    "workload": workload,
+                    "name": r["name"],
+                    "size": r["size"],
+                    "concurrency": r["concurrency"],
+                    "vs": other,
+                    "siglo": r["median"],
+                    "other": o["median"],
+                    "ratio": r["median"] / o["median"],
+                }
+            )
+    doc["ratios"] = ratios
+    targets: list[dict[str, Any]] = []
+    for x in ratios:
+        if (
+            x["vs"] == "raw"
+            and x["backend"] in DRIVER_BACKENDS
+            and x["name"] in ("save", "load", "cas")
+        ):
+            targets.append({**x, "target": "siglo >= 0.8x raw driver", "threshold": 0.8})
+        if x["vs"] == "raw" and x["backend"] == "redis" and x["name"] == "lock":
+            targets.append({**x, "target": "lock pairs >= 1.0x redis-py Lock", "threshold": 1.0})
+        if x["vs"] == "langgraph" and x["name"] in ("save", "load") and x["concurrency"] == 32:
+            targets.append(
+                {**x, "target": "siglo >= 2x LangGraph saver at 32 callers", "threshold": 2.0}
+            )
+    for t in targets:
+        t["met"] = t["ratio"] >= t["threshold"]
+    for s in doc.get("scale", []):
+        ratio = s.get("load_latency_ratio")
+        if ratio is not None and s.get("kind") == "siglo":
+            targets.append(
+                {
+                    "backend": s["backend"],
+                    "workload": f"load latency {s['rows_large']:,} / {s['rows_small']:,} rows",
+                    "target": "load latency at 1M rows <= 1.5x at 1k",
+                    "threshold": 1.5,
+                    "ratio": ratio,
+                    "met": ratio <= 1.5,
+                }
+            )
+    doc["targets"] = targets
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.0f}"
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "–"
+    if r["status"] == "unsupported":
+        return "n/a"
+    if r["status"] == "error":
+        return "error"
+    spread = f" ±{r['spread'] / 2:.0%}" if r.get("spread") else ""
+    return f"{_fmt(r['median'])}{spread}"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The results as markdown: machine, subjects, targets, one table per backend."""
+    meta = doc["meta"]
+    m = meta["machine"]
+    lines = [
+        f"Run {meta['started']} – {meta.get('finished', '?')}, "
+        f"{meta['repeat']} run(s) per measurement{' (quick smoke mode)' if meta['quick'] else ''}, "
+        f"commit {m.get('siglo_commit') or '?'}.",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB, {m['os']}, "
+        f"Python {m['python']}, SQLite {m['sqlite']}"
+        + "".join(f", {v}" for v in m.get("servers", {}).values())
+        + ".",
+        "",
+        "Subjects:",
+        "",
+    ]
+    for s in doc["subjects"]:
+        if s["status"] == "ok":
+            lines.append(f"- {s['kind']}:{s['backend']} — {s['detail']}")
+        else:
+            lines.append(f"- skipped: {s['reason']}")
+    lines.append("")
+    targets = doc.get("targets", [])
+    if targets:
+        met = sum(1 for t in targets if t["met"])
+        lines += [f"Targets met: {met} of {len(targets)}.", ""]
+        missed = [t for t in targets if not t["met"]]
+        if missed:
+            lines += ["| missed target | backend | workload | ratio |", "|---|---|---|---:|"]
+            lines += [
+                f"| {t['target']} | {t['backend']} | {t['workload']} | {t['ratio']:.2f} |"
+                for t in missed
+            ]
+            lines.append("")
+    idx = _index(doc)
+    ratio_of = {(x["backend"], x["workload"], x["vs"]): x["ratio"] for x in doc.get("ratios", [])}
+    backends = list(dict.fromkeys(r["backend"] for r in doc["results"]))
+    for backend in backends:
+        kinds = [
+            k
+            for k in ("siglo", "raw", "langgraph")
+            if any(r["backend"] == backend and r["kind"] == k for r in doc["results"])
+        ]
+        workloads = list(
+            dict.fromkeys(r["workload"] for r in doc["results"] if r["backend"] == backend)
+        )
+        lines += [f"### {backend}", ""]
+        header = ["workload"] + [f"{k} ops/s" for k in kinds]
+        if "raw" in kinds and "siglo" in kinds:
+            header.append("siglo / raw")
+        if "langgraph" in kinds and "siglo" in kinds:
+            header.append("siglo / langgraph")
+        lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+        for w in workloads:
+            row = [w] + [_cell(idx.get((backend, k, w))) for k in kinds]
+            if "raw" in kinds and "siglo" in kinds:
+                x = ratio_of.get((backend, w, "raw"))
+                row.append("–" if x is None else f"**{x:.2f}**")
+            if "langgraph" in kinds and "siglo" in kinds:
+                x = ratio_of.get((backend, w, "langgraph"))
+                row.append("–" if x is None else f"{x:.2f}")
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    errors = [r for r in doc["results"] if r["status"] == "error"]
+    if errors:
+        lines += ["Errors:", ""]
+        lines += [f"- {r['kind']}:{r['backend']} {r['workload']}: {r['error']}" for r in errors]
+        lines.append("")
+    if doc.get("scale"):
+        lines += [
+            "### scale",
+            "",
+            "| subject | rows (small → large) | load p50 µs small | load p50 µs large | ratio | "
+            "clean-up of expired rows | clean-up s | peak Python MB |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for s in doc["scale"]:
+            if s.get("status") == "error":
+                lines.append(f"| {s['kind']}:{s['backend']} | error: {s['error']} | | | | | | |")
+                continue
+            lines.append(
+                f"| {s['kind']}:{s['backend']} | {s['rows_small']:,} → {s['rows_large']:,} | "
+                f"{s['load_us_small']:.0f} | {s['load_us_large']:.0f} | "
+                f"{s['load_latency_ratio']:.2f} | {s['expired_rows']:,} (removed "
+                f"{s['cleaned']:,}) | {s['clean_seconds']:.2f} | {s['clean_peak_mb']:.1f} |"
+            )
+        lines.append("")
+    lines += [
+        "Cells: median ops/s, ± half the spread (max − min) of the runs. "
+        "Ratios compare medians of the same run.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def chart(doc: dict[str, Any], path: Path) -> str | None:
+    """Draw siglo / raw (and siglo / langgraph) ratios as a PNG; a note if impossible."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+    ratios = [x for x in doc.get("ratios", [])]
+    if not ratios:
+        return "no ratios to chart"
+    backends = list(dict.fromkeys(x["backend"] for x in ratios))
+    fig, axes = plt.subplots(
+        1,
+        len(backends),
+        figsize=(
+            4.2 * len(backends),
+            0.28 * max(len([x for x in ratios if x["backend"] == b]) for b in backends) + 1.8,
+        ),
+        squeeze=False,
+    )
+    for ax, backend in zip(axes[0], backends, strict=True):
+        rows = [x for x in ratios if x["backend"] == backend]
+        labels = [f"{x['workload']} vs {x['vs']}" for x in rows]
+        values = [x["ratio"] for x in rows]
+        colors = ["#4c72b0" if x["vs"] == "raw" else "#dd8452" for x in rows]
+        ax.barh(range(len(rows)), values, color=colors)
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        if backend in DRIVER_BACKENDS:
+            ax.axvline(0.8, color="red", linestyle="--", linewidth=0.8)
+        ax.set_title(f"{backend}: siglo / baseline")
+        ax.set_xlabel("ratio of ops/s (higher is better for siglo)")
+    fig.suptitle(
+        f"siglo benchmarks {doc['meta']['started']} — {doc['meta']['machine']['cpu']}, "
+        f"{doc['meta']['machine']['cores']} cores",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def update_page(page: Path, doc: dict[str, Any], chart_path: Path | None) -> None:
+    """Replace the text between the result markers of ``page`` with this run's results."""
+    text = page.read_text()
+    if START_MARK not in text or END_MARK not in text:
+        raise SystemExit(f"{page} has no {START_MARK} … {END_MARK} section to update")
+    body = markdown(doc)
+    if chart_path is not None:
+        for name, alt in (
+            ("ops.png", "ops/s per subject"),
+            (chart_path.name, "siglo / baseline ratios"),
+        ):
+            image = chart_path.parent / name
+            if image.exists():
+                rel = os.path.relpath(image, page.parent)
+                body = f"![{alt}]({rel})\n\n{body}"
+    head, rest = text.split(START_MARK, 1)
+    _, tail = rest.split(END_MARK, 1)
+    page.write_text(f"{head}{START_MARK}\n{body}\n{END_MARK}{tail}")
+
+
+_KIND_COLORS = {"siglo": "#4c72b0", "raw": "#55a868", "langgraph": "#dd8452"}
+
+
+def ops_chart(doc: dict[str, Any], path: Path) -> str | None:
+    """Draw absolute ops/s of every subject per workload (log scale) as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+    results = [r for r in doc["results"] if r["median"]]
+    if not results:
+        return "no results to chart"
+    backends = list(dict.fromkeys(r["backend"] for r in results))
+    workloads = {
+        b: list(dict.fromkeys(r["workload"] for r in results if r["backend"] == b))
+        for b in backends
+    }
+    tallest = max(len(w) for w in workloads.values())
+    fig, axes = plt.subplots(
+        1, len(backends), figsize=(4.2 * len(backends), 0.38 * tallest + 1.8), squeeze=False
+    )
+    for ax, backend in zip(axes[0], backends, strict=True):
+        names = workloads[backend]
+        kinds = [
+            k
+            for k in _KIND_COLORS
+            if any(r["backend"] == backend and r["kind"] == k for r in results)
+        ]
+        height = 0.8 / len(kinds)
+        for j, kind in enumerate(kinds):
+            by_w = {
+                r["workload"]: r["median"]
+                for r in results
+                if r["backend"] == backend and r["kind"] == kind
+            }
+            ys = [i + j * height for i, w in enumerate(names) if w in by_w]
+            xs = [by_w[w] for w in names if w in by_w]
+            ax.barh(ys, xs, height=height, color=_KIND_COLORS[kind], label=kind)
+        ax.set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_title(f"{backend}: ops/s (median)")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(
+        f"siglo benchmarks {doc['meta']['started']} — {doc['meta']['machine']['cpu']}, "
+        f"{doc['meta']['machine']['cores']} cores",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
