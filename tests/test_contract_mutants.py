@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from siglo.contract_tests.runner import run_contract
-from tests.mutants import MUTANTS, Mutant
+from mutants import MUTANTS, Mutant
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.rule_id for m in MUTANTS])
