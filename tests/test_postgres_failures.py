@@ -110,7 +110,15 @@ def _pg_bin(name: str) -> str | None:
 
 @pytest.fixture
 def private_postgres() -> Iterator[tuple[str, str]]:
-    """A PostgreSQL server of our own on 127.0.0.1:30150 (so that we can stop it)."""
+    """A PostgreSQL server of our own on 127.0.0.1:30150 (so that we can stop it).
+
+    Creating a cluster takes seconds: it runs under CI=true or SIGLO_TEST_PRIVATE_POSTGRES=1.
+    """
+    if "true" not in (
+        os.environ.get("CI", "").lower(),
+        os.environ.get("SIGLO_TEST_PRIVATE_POSTGRES", "").replace("1", "true"),
+    ):
+        pytest.skip("set SIGLO_TEST_PRIVATE_POSTGRES=1 to stop and restart a private server")
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if initdb is None or pg_ctl is None or shutil.which("runuser") is None:
         pytest.skip("no PostgreSQL server binaries here to start a private server")

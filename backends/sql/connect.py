@@ -191,4 +191,6 @@ def assemble_backend(
         ),
         lock=SqlLock(db, statements, clock=clock),
         nonces=SqlNonceStore(db, statements, clock=clock),
+        # The adapter closes the database too; closing twice is harmless.
+        on_close=[db.aclose],
     )
