@@ -137,6 +137,8 @@ class SqlStorageAdapter(StorageAdapter):
         self._cp_get = s(statements.cp_get)
         self._cp_get_fallback = s(statements.cp_get_fallback)
         self._wait_get = s(statements.wait_get)
+        one = statements.wait_save_one
+        self._wait_save_one = None if one is None else s(one)
         self._wait_claim = s(statements.wait_claim)
         self._cache_get = s(statements.cache_get)
         self._cache_set = s(statements.cache_set)
@@ -271,18 +273,19 @@ class SqlStorageAdapter(StorageAdapter):
         db = self.database
         namespace = record.namespace or ""
         wait_id = row_id(record.correlation_key)
+        params = (
+            wait_id, record.correlation_key, record.stack_id, namespace,
+            row_id(namespace, record.stack_id), record.status, record.expires_at,
+            record.claimant_id, record.claimed_at, record.lease_expires_at,
+            record.completed_at, payload, gone_at, data,
+        )  # fmt: skip
+        latest = (row_id(record.stack_id), record.stack_id, wait_id)
+        if self._wait_save_one is not None:
+            await db.fetch(self._wait_save_one, params + latest)
+            return
         async with db.transaction() as tx:
-            await tx.fetch(
-                db.sql(self._s.wait_upsert),
-                (wait_id, record.correlation_key, record.stack_id, namespace,
-                 row_id(namespace, record.stack_id), record.status, record.expires_at,
-                 record.claimant_id, record.claimed_at, record.lease_expires_at,
-                 record.completed_at, payload, gone_at, data),
-            )  # fmt: skip
-            await tx.fetch(
-                db.sql(self._s.wait_latest_upsert),
-                (row_id(record.stack_id), record.stack_id, wait_id),
-            )
+            await tx.fetch(db.sql(self._s.wait_upsert), params)
+            await tx.fetch(db.sql(self._s.wait_latest_upsert), latest)
 
     async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
         key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
