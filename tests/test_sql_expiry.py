@@ -76,3 +76,26 @@ async def test_expired_rows_are_gone_everywhere(kind: str) -> None:
         assert await backend.nonces.claim("n", 1) is True
         # The freed lock row keeps its fencing counter.
         assert (await backend.lock.acquire("l")).fencing_token == 2
+
+
+async def test_far_future_times_do_not_overflow(kind: str) -> None:
+    """Times past what a BIGINT holds mean "never", as they do for the memory model."""
+    async with open_backend(kind) as backend:
+        a = backend.adapter
+        far = 10**20
+        beyond = 2**63 + 5  # past BIGINT, still JSON (orjson writes up to 64-bit unsigned)
+        cp = Checkpoint(stack_id="s", revision=1, timestamp=1, expires_at=beyond)
+        await a.save_checkpoint(cp)
+        assert await a.get_checkpoint("s") == cp
+        await a.set_cached_step("c", 1, ttl_ms=far)
+        assert await a.get_cached_step("c") == 1
+        await a.save_wait_record(WaitRecord(correlation_key="k", stack_id="s", expires_at=beyond))
+        record = await a.get_wait_record("k")
+        assert record is not None
+        assert record.expires_at == beyond
+        assert backend.lock
+        assert backend.nonces
+        assert backend.idempotency
+        assert (await backend.lock.acquire("l", far)).acquired
+        assert await backend.nonces.claim("n", 1e17)
+        assert await backend.idempotency.claim("i", far) == "claimed"
