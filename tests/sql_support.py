@@ -77,19 +77,31 @@ async def open_backend(kind: str, **options: Any) -> AsyncIterator[Backend]:
 # -- worker processes ------------------------------------------------------------------
 
 
-def spawn_pool(processes: int) -> Any:
-    """A pool of ``processes`` spawned workers, warmed up (imports done)."""
-    import multiprocessing
-    import time
-    from concurrent.futures import ProcessPoolExecutor
-
-    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
-    list(pool.map(time.sleep, [0.01] * processes))
-    return pool
+_pool: Any = None
+POOL_SIZE = 4
 
 
-async def race(pool: Any, processes: int, job: str, url: str, **args: Any) -> list[Any]:
-    """Run ``job`` in every worker, all starting at the same instant; their results.
+def worker_pool() -> Any:
+    """The test run's pool of spawned worker processes, warmed up (imports done).
+
+    Made once and shared by every test module (spawning and importing is the slow part);
+    shut down when the run exits.
+    """
+    global _pool
+    if _pool is None:
+        import atexit
+        import multiprocessing
+        import time
+        from concurrent.futures import ProcessPoolExecutor
+
+        _pool = ProcessPoolExecutor(POOL_SIZE, mp_context=multiprocessing.get_context("spawn"))
+        list(_pool.map(time.sleep, [0.01] * POOL_SIZE))
+        atexit.register(_pool.shutdown)
+    return _pool
+
+
+async def race(job: str, url: str, **args: Any) -> list[Any]:
+    """Run ``job`` in every worker process, all starting at the same instant; their results.
 
     Fails the test if any worker saw an error (a leaked "database is locked" included).
     """
@@ -98,10 +110,11 @@ async def race(pool: Any, processes: int, job: str, url: str, **args: Any) -> li
 
     from sql_workers import run_job
 
+    pool = worker_pool()
     start_at = time.time() + 0.5
     futures = [
         asyncio.wrap_future(pool.submit(run_job, job, url, start_at, worker, args))
-        for worker in range(processes)
+        for worker in range(POOL_SIZE)
     ]
     outcomes = await asyncio.gather(*futures)
     errors = [e for o in outcomes for e in o["errors"]]

@@ -13,14 +13,14 @@ import asyncio
 import secrets
 import sqlite3
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sql_support import POSTGRES_URL, SHARED_KINDS, open_backend, race, require_postgres, spawn_pool
+from sql_support import POSTGRES_URL, SHARED_KINDS, open_backend, race, require_postgres
 
 import siglo
 from siglo.backends.sql import SCHEMA_VERSION
@@ -153,15 +153,9 @@ async def test_no_tables_and_no_auto_migrate(kind: str) -> None:
             await backend.adapter.open()  # type: ignore[attr-defined]
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Any]:
-    with spawn_pool(4) as p:
-        yield p
-
-
-async def test_concurrent_migrate_from_processes(kind: str, pool: Any) -> None:
+async def test_concurrent_migrate_from_processes(kind: str) -> None:
     async with open_backend(kind, auto_migrate=False) as backend:
-        results = await race(pool, 4, "migrate", backend.url)
+        results = await race("migrate", backend.url)
         assert sorted(map(tuple, results)) == [(0, 2)] + [(2, 2)] * 3
         db = backend.adapter.database  # type: ignore[attr-defined]
         await db.connect_unchecked()

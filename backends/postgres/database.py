@@ -92,6 +92,11 @@ class PostgresDatabase(Database):
                 await conn.execute("SELECT 1")
             self._engine_open = True
             return
+        # One direct connection first: a refused connection, a wrong password or a
+        # missing database fails at once with libpq's own message, where the pool would
+        # retry until its timeout and report only that it timed out.
+        probe = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        await probe.close()
         pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
             self.conninfo,
             min_size=self.pool_min_size,

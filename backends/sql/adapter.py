@@ -16,7 +16,7 @@ from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
 from siglo.backends.sql.coordination import SqlLock
 from siglo.backends.sql.database import Database, Row
-from siglo.backends.sql.keys import row_id
+from siglo.backends.sql.keys import MAX_MS, at_most, row_id
 from siglo.backends.sql.migrations import migrate, read_version
 from siglo.backends.sql.schema import DEFAULT_PREFIX, SCHEMA_VERSION, build_tables
 from siglo.backends.sql.statements import Statements
@@ -137,6 +137,8 @@ class SqlStorageAdapter(StorageAdapter):
         self._cp_get = s(statements.cp_get)
         self._cp_get_fallback = s(statements.cp_get_fallback)
         self._wait_get = s(statements.wait_get)
+        one = statements.wait_save_one
+        self._wait_save_one = None if one is None else s(one)
         self._wait_claim = s(statements.wait_claim)
         self._cache_get = s(statements.cache_get)
         self._cache_set = s(statements.cache_set)
@@ -148,7 +150,7 @@ class SqlStorageAdapter(StorageAdapter):
         """Cache events received, newest last (telemetry only; bounded to 1,000)."""
 
     def _retention(self, now: int) -> int | None:
-        return None if self.checkpoint_ttl_ms is None else now + self.checkpoint_ttl_ms
+        return None if self.checkpoint_ttl_ms is None else at_most(now + self.checkpoint_ttl_ms)
 
     async def open(self) -> None:
         """Connect and check the schema now, instead of on the first call.
@@ -191,6 +193,8 @@ class SqlStorageAdapter(StorageAdapter):
             checkpoint.expires_at,
             None if self.checkpoint_ttl_ms is None else now + self.checkpoint_ttl_ms,
         )
+        if gone_at is not None and gone_at > MAX_MS:
+            gone_at = MAX_MS
         fetch = self.database.fetch
         key = row_id(namespace, stack_id)
         if expected_revision is None:
@@ -267,22 +271,24 @@ class SqlStorageAdapter(StorageAdapter):
         data = record.to_json()
         payload = codec.dumps(record.event_payload, what="event_payload")
         now = self.clock.now_ms()
-        gone_at = now + ttl_ms if ttl_ms is not None else self._retention(now)
+        gone_at = at_most(now + ttl_ms) if ttl_ms is not None else self._retention(now)
         db = self.database
         namespace = record.namespace or ""
         wait_id = row_id(record.correlation_key)
+        params = (
+            wait_id, record.correlation_key, record.stack_id, namespace,
+            row_id(namespace, record.stack_id), record.status,
+            None if record.expires_at is None else at_most(record.expires_at),
+            record.claimant_id, record.claimed_at, record.lease_expires_at,
+            record.completed_at, payload, gone_at, data,
+        )  # fmt: skip
+        latest = (row_id(record.stack_id), record.stack_id, wait_id)
+        if self._wait_save_one is not None:
+            await db.fetch(self._wait_save_one, params + latest)
+            return
         async with db.transaction() as tx:
-            await tx.fetch(
-                db.sql(self._s.wait_upsert),
-                (wait_id, record.correlation_key, record.stack_id, namespace,
-                 row_id(namespace, record.stack_id), record.status, record.expires_at,
-                 record.claimant_id, record.claimed_at, record.lease_expires_at,
-                 record.completed_at, payload, gone_at, data),
-            )  # fmt: skip
-            await tx.fetch(
-                db.sql(self._s.wait_latest_upsert),
-                (row_id(record.stack_id), record.stack_id, wait_id),
-            )
+            await tx.fetch(db.sql(self._s.wait_upsert), params)
+            await tx.fetch(db.sql(self._s.wait_latest_upsert), latest)
 
     async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
         key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
@@ -409,7 +415,7 @@ class SqlStorageAdapter(StorageAdapter):
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         data = codec.dumps(value, what=f"cached value of {key!r}")
-        gone_at = self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms)
+        gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
         await self.database.fetch(self._cache_set, (row_id(key), key, gone_at, data))
 
     # -- context stream and telemetry ---------------------------------------------------------

@@ -171,8 +171,13 @@ def assemble_backend(
 ) -> Backend:
     """The adapter, idempotency store, lock and nonce store over one database."""
     tables = build_tables(settings.prefix, settings.schema)
-    for_update = " FOR UPDATE" if db.dialect_name == "postgresql" else ""
-    statements = build_statements(tables, db.sa_dialect, for_update=for_update)
+    postgres = db.dialect_name == "postgresql"
+    statements = build_statements(
+        tables,
+        db.sa_dialect,
+        for_update=" FOR UPDATE" if postgres else "",
+        writable_ctes=postgres,
+    )
     clock = settings.clock
     adapter = adapter_cls(
         db,
@@ -191,4 +196,6 @@ def assemble_backend(
         ),
         lock=SqlLock(db, statements, clock=clock),
         nonces=SqlNonceStore(db, statements, clock=clock),
+        # The adapter closes the database too; closing twice is harmless.
+        on_close=[db.aclose],
     )

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from siglo import codec
 from siglo.backends.sql.database import Database
-from siglo.backends.sql.keys import row_id
+from siglo.backends.sql.keys import at_most, row_id
 from siglo.backends.sql.statements import Statements
 from siglo.clock import Clock, system_clock
 from siglo.coordination import (
@@ -60,7 +60,7 @@ class SqlIdempotencyStore:
         rid = row_id(key)
         for _ in range(100):
             now = self.clock.now_ms()
-            if await self._db.fetch(self._claim, (rid, key, now + ttl, now)):
+            if await self._db.fetch(self._claim, (rid, key, at_most(now + ttl), now)):
                 return "claimed"
             rows = await self._db.fetch(self._state, (rid, now))
             if rows:
@@ -72,7 +72,7 @@ class SqlIdempotencyStore:
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         data = codec.dumps(result, what=f"result of {key!r}")
-        gone_at = self.clock.now_ms() + (ttl_ms or self.default_ttl_ms)
+        gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.default_ttl_ms))
         await self._db.fetch(self._complete, (row_id(key), key, data, gone_at))
 
     async def fail(self, key: str, error: BaseException | None = None) -> None:
@@ -121,7 +121,7 @@ class SqlLock(LockBase):
         token = custom_token or new_lock_token(now)
         rows = await self._db.fetch(
             self._acquire,
-            (row_id(self.scope, lock_key), self.scope, lock_key, token, now + ttl_ms, now),
+            (row_id(self.scope, lock_key), self.scope, lock_key, token, at_most(now + ttl_ms), now),
         )
         if not rows:
             return LockResult(acquired=False, token=token)
@@ -141,7 +141,7 @@ class SqlLock(LockBase):
         require_ttl_ms("ttl_ms", ttl_ms)
         now = self.clock.now_ms()
         rows = await self._db.fetch(
-            self._extend, (now + ttl_ms, row_id(self.scope, lock_key), token, now)
+            self._extend, (at_most(now + ttl_ms), row_id(self.scope, lock_key), token, now)
         )
         return bool(rows)
 
@@ -160,4 +160,5 @@ class SqlNonceStore:
         require_id("key", key)
         ttl_ms = nonce_ttl_ms(ttl_seconds)
         now = self.clock.now_ms()
-        return bool(await self._db.fetch(self._claim, (row_id(key), key, now + ttl_ms, now)))
+        gone_at = at_most(now + ttl_ms)
+        return bool(await self._db.fetch(self._claim, (row_id(key), key, gone_at, now)))

@@ -59,6 +59,7 @@ class Database(abc.ABC):
         self.description = description
         self._ready = False
         self._connected = False
+        self._closed = False
         self._opening = asyncio.Lock()
 
     def sql(self, text: str) -> str:
@@ -84,7 +85,7 @@ class Database(abc.ABC):
                 if self.on_open is not None:
                     await self.on_open(self)
             except BaseException:
-                await self.aclose()
+                await self._reset()
                 raise
             self._ready = True
 
@@ -97,6 +98,8 @@ class Database(abc.ABC):
             await self._connect_once()
 
     async def _connect_once(self) -> None:
+        if self._closed:
+            raise StorageAdapterError(f"{self.description}: the backend is closed")
         if self._connected:
             return
         try:
@@ -108,7 +111,14 @@ class Database(abc.ABC):
         self._connected = True
 
     async def aclose(self) -> None:
-        """Close the connections this database opened (never a user's engine)."""
+        """Close the connections this database opened (never a user's engine).
+
+        Idempotent; afterwards every call raises :class:`StorageAdapterError`.
+        """
+        self._closed = True
+        await self._reset()
+
+    async def _reset(self) -> None:
         self._ready = False
         self._connected = False
         await self._disconnect()

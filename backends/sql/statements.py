@@ -38,6 +38,8 @@ class Statements:
     # wait records
     wait_upsert: str
     wait_latest_upsert: str
+    wait_save_one: str | None
+    """Both upserts in one statement (a data-modifying CTE), where the dialect has them."""
     wait_get: str
     wait_state: str
     wait_claim: str
@@ -73,12 +75,16 @@ class Statements:
     nonce_clean_batch: str
 
 
-def build_statements(tables: Tables, dialect: Dialect, *, for_update: str) -> Statements:
+def build_statements(
+    tables: Tables, dialect: Dialect, *, for_update: str, writable_ctes: bool
+) -> Statements:
     """Statements for ``tables`` quoted for ``dialect``.
 
     ``for_update`` is the row-locking suffix of a read that a write in the same
     transaction depends on (``" FOR UPDATE"`` on PostgreSQL; ``""`` on SQLite, where
-    ``BEGIN IMMEDIATE`` already holds the write lock).
+    ``BEGIN IMMEDIATE`` already holds the write lock). ``writable_ctes``: whether
+    ``WITH … AS (INSERT …) INSERT …`` is allowed (PostgreSQL), which makes saving a wait
+    record with its by-stack index one statement instead of a transaction.
     """
     q = dialect.identifier_preparer
 
@@ -105,6 +111,23 @@ def build_statements(tables: Tables, dialect: Dialect, *, for_update: str) -> St
     state_cols = "status, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload"
     wait_cols = f"document, {state_cols}"
     wait_cols_r = "r.document, " + ", ".join("r." + c.strip() for c in state_cols.split(","))
+
+    wait_upsert = (
+        f"INSERT INTO {w} (id, correlation_key, stack_id, namespace, stack_ref, status, "
+        "deadline, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload, "
+        "gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET stack_id = excluded.stack_id, "
+        "namespace = excluded.namespace, stack_ref = excluded.stack_ref, "
+        "status = excluded.status, deadline = excluded.deadline, "
+        "claimant_id = excluded.claimant_id, claimed_at = excluded.claimed_at, "
+        "lease_expires_at = excluded.lease_expires_at, "
+        "completed_at = excluded.completed_at, event_payload = excluded.event_payload, "
+        "gone_at = excluded.gone_at, document = excluded.document"
+    )
+    wait_latest_upsert = (
+        f"INSERT INTO {wl} (id, stack_id, wait_id) VALUES (?, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET wait_id = excluded.wait_id"
+    )
 
     def clean(table: str) -> str:
         # Bounded batches through the gone_at index; RETURNING counts what went.
@@ -139,21 +162,12 @@ def build_statements(tables: Tables, dialect: Dialect, *, for_update: str) -> St
             f"UPDATE {cp} SET revision = ?, status = 'cancelled', document = ? WHERE id = ?"
         ),
         cp_clean_batch=clean(cp),
-        wait_upsert=(
-            f"INSERT INTO {w} (id, correlation_key, stack_id, namespace, stack_ref, status, "
-            "deadline, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload, "
-            "gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (id) DO UPDATE SET stack_id = excluded.stack_id, "
-            "namespace = excluded.namespace, stack_ref = excluded.stack_ref, "
-            "status = excluded.status, deadline = excluded.deadline, "
-            "claimant_id = excluded.claimant_id, claimed_at = excluded.claimed_at, "
-            "lease_expires_at = excluded.lease_expires_at, "
-            "completed_at = excluded.completed_at, event_payload = excluded.event_payload, "
-            "gone_at = excluded.gone_at, document = excluded.document"
-        ),
-        wait_latest_upsert=(
-            f"INSERT INTO {wl} (id, stack_id, wait_id) VALUES (?, ?, ?) "
-            "ON CONFLICT (id) DO UPDATE SET wait_id = excluded.wait_id"
+        wait_upsert=wait_upsert,
+        wait_latest_upsert=wait_latest_upsert,
+        wait_save_one=(
+            f"WITH saved AS ({wait_upsert} RETURNING 1) {wait_latest_upsert}"
+            if writable_ctes
+            else None
         ),
         # By correlation key, else the record most recently saved for the stack id, else
         # the un-namespaced checkpoint (whose metadata may embed a wait record).
@@ -239,9 +253,11 @@ def build_statements(tables: Tables, dialect: Dialect, *, for_update: str) -> St
             f"UPDATE {lk} SET gone_at = ? WHERE id = ? AND token = ? AND gone_at > ? RETURNING 1"
         ),
         # Expired leases are freed, never deleted: the fence must survive.
+        # Only the public lock's scope: workflow-lock leases run on wall time, not on the
+        # injected clock the clean-up compares with.
         lock_clean_batch=(
             f"UPDATE {lk} SET token = NULL, gone_at = NULL WHERE id IN "
-            f"(SELECT id FROM {lk} WHERE gone_at <= ? LIMIT ?) RETURNING 1"
+            f"(SELECT id FROM {lk} WHERE gone_at <= ? AND scope = 'lock' LIMIT ?) RETURNING 1"
         ),
         nonce_claim=(
             f"INSERT INTO {nc} (id, key, gone_at) VALUES (?, ?, ?) ON CONFLICT (id) "

@@ -122,8 +122,12 @@ async def isolated(url: str = "sqlite://", **options: Any) -> AsyncIterator[Back
         return
     directory = tempfile.mkdtemp(prefix="siglo-sqlite-")
     path = os.path.join(directory, "siglo.db")
-    backend = connect(with_url_options(f"sqlite:///{path}", url_options), **options)
-    # path is absolute, so the URL reads sqlite:////tmp/…: any process finds it.
+    try:
+        # path is absolute, so the URL reads sqlite:////tmp/…: any process finds it.
+        backend = connect(with_url_options(f"sqlite:///{path}", url_options), **options)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     try:
         yield backend
     finally:

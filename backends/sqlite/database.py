@@ -95,7 +95,13 @@ class SqliteDatabase(Database):
             self._sa_conn = sa_conn
         else:
             # isolation_level=None: no implicit BEGIN; siglo says when a transaction is.
-            conn = await aiosqlite.connect(self.path or ":memory:", isolation_level=None)
+            try:
+                conn = await aiosqlite.connect(self.path or ":memory:", isolation_level=None)
+            except BaseException:
+                # aiosqlite stops its worker thread without waiting for it; give it a
+                # moment, or it may report to an event loop that has since closed.
+                await asyncio.sleep(0.01)
+                raise
         assert isinstance(conn, aiosqlite.Connection)
         self._conn = conn
         try:
@@ -154,16 +160,30 @@ class SqliteDatabase(Database):
     async def raw_transaction(self) -> AsyncIterator[Executor]:
         conn = self._connection()
         async with self._lock:
-            if conn.in_transaction:  # left open by a cancelled task: start clean
-                await self._run(conn, "ROLLBACK", ())
-            await self._run(conn, "BEGIN IMMEDIATE", ())
             try:
+                await self._run(conn, "BEGIN IMMEDIATE", ())
                 yield _Tx(self, conn)
+                await self._run(conn, "COMMIT", ())
             except BaseException:
-                with suppress(Exception):
-                    await asyncio.shield(conn.execute("ROLLBACK"))
+                await self._rollback(conn)
                 raise
-            await self._run(conn, "COMMIT", ())
+
+    @staticmethod
+    async def _rollback(conn: aiosqlite.Connection) -> None:
+        # aiosqlite runs a connection's calls in order, so this ROLLBACK comes after every
+        # statement of the transaction, even one still running for a cancelled task. It
+        # is awaited through any further cancellation, under the lock: the next user of
+        # the connection must never find a transaction left open.
+        task = asyncio.ensure_future(conn.execute("ROLLBACK"))
+        while True:
+            try:
+                await asyncio.shield(task)
+                return
+            except asyncio.CancelledError:
+                if task.done():
+                    return
+            except Exception:  # no transaction was open (BEGIN itself failed)
+                return
 
     async def migration_lock(self, tx: Executor, name: str) -> None:
         # BEGIN IMMEDIATE already holds the database's write lock.
