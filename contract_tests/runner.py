@@ -17,7 +17,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from siglo.adapter import Capability
-from siglo.contract_tests.registry import CHECKS, Check, CheckContext, RuleViolation
+from siglo.contract_tests.registry import Check, CheckContext, RuleViolation
 from siglo.contract_tests.rules import Rule, select_rules
 from siglo.contract_tests.target import (
     DEFAULT_OPTIONS,
@@ -159,12 +159,13 @@ def run_contract(
         **budget,
     )
 
-    _load_checks()
+    from siglo.contract_tests.checks import all_checks
+
     started = time.monotonic()
     outcomes: dict[str, _CheckOutcome] = {}
     to_run = [
         c
-        for c in CHECKS
+        for c in all_checks()
         if selected_ids.intersection(c.rules) and c.capabilities() <= tgt.capabilities
     ]
     loop = asyncio.new_event_loop()
@@ -205,11 +206,6 @@ def run_contract(
     return Report(tgt.label, seed, profile, results, time.monotonic() - started)
 
 
-def _load_checks() -> None:
-    # Importing the check modules registers their checks.
-    from siglo.contract_tests import checks  # noqa: F401
-
-
 def _describe(exc: BaseException) -> str:
     notes = getattr(exc, "__notes__", [])
     return "\n".join([str(exc), *notes])
@@ -229,10 +225,10 @@ def _run_async_check(chk: Check, session: Session, loop: asyncio.AbstractEventLo
     except RuleViolation as exc:
         out.failed[exc.rule_id] = f"{chk.name}: {_describe(exc)}"
     except CapabilityNotSupportedError as exc:
-        out.failed["capability.declared"] = f"{chk.name}: {exc}"
+        out.failed["capability.declared"] = f"[capability.declared] {chk.name}: {exc}"
     except Exception as exc:
         tb = "".join(traceback.format_exception(exc, limit=-3))
-        out.failed[chk.rules[0]] = f"{chk.name} raised {exc!r}\n{tb}"
+        out.failed[chk.rules[0]] = f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}"
     return out
 
 
@@ -267,7 +263,9 @@ def _run_machine(
             continue
         except Exception as exc:
             tb = "".join(traceback.format_exception(exc, limit=-4))
-            out.failed.setdefault(chk.rules[0], f"{chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines))
+            out.failed.setdefault(
+                chk.rules[0], f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines)
+            )
             break
         out.completed = True
         break

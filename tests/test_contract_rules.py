@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from siglo.contract_tests.registry import CHECKS
+from siglo.contract_tests.checks import all_checks
 from siglo.contract_tests.rules import ADAPTER_RULES, CORE_RULES, RULES, select_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +37,7 @@ def rule_ids_marked_in_tests() -> set[str]:
 
 
 def suite_rule_ids() -> set[str]:
-    import siglo.contract_tests.checks  # noqa: F401  (registers the checks)
-
-    return {rule_id for chk in CHECKS for rule_id in chk.rules}
+    return {rule_id for chk in all_checks() for rule_id in chk.rules}
 
 
 def test_rule_list_matches_the_contract_page() -> None:
