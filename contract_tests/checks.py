@@ -36,20 +36,48 @@ def _machines() -> list[Check]:
     from siglo.contract_tests.machine_waits import WaitMachine
 
     return [
-        _machine("checkpoint_machine", Capability.CHECKPOINTS, lambda: CheckpointMachine,
-                 "saves, loads, namespaces, expiry and clean-up vs the reference"),
-        _machine("wait_record_machine", Capability.WAIT_RECORDS, lambda: WaitMachine,
-                 "wait-record lifecycles vs the reference"),
-        _machine("step_cache_machine", Capability.STEP_CACHE, lambda: CacheMachine,
-                 "step-cache sets, gets, TTLs and cache events vs the reference"),
-        _machine("context_stream_machine", Capability.CONTEXT_STREAM, lambda: ContextMachine,
-                 "context-change streams vs the reference"),
-        _machine("idempotency_machine", Capability.IDEMPOTENCY, lambda: IdempotencyMachine,
-                 "idempotency claims, completes, fails and TTLs vs the reference"),
-        _machine("lock_machine", Capability.LOCKS, lambda: LockMachine,
-                 "lock acquires, releases, extends, fencing and TTLs vs the reference"),
-        _machine("nonce_machine", Capability.NONCES, lambda: NonceMachine,
-                 "nonce claims and windows vs the reference"),
+        _machine(
+            "checkpoint_machine",
+            Capability.CHECKPOINTS,
+            lambda: CheckpointMachine,
+            "saves, loads, namespaces, expiry and clean-up vs the reference",
+        ),
+        _machine(
+            "wait_record_machine",
+            Capability.WAIT_RECORDS,
+            lambda: WaitMachine,
+            "wait-record lifecycles vs the reference",
+        ),
+        _machine(
+            "step_cache_machine",
+            Capability.STEP_CACHE,
+            lambda: CacheMachine,
+            "step-cache sets, gets, TTLs and cache events vs the reference",
+        ),
+        _machine(
+            "context_stream_machine",
+            Capability.CONTEXT_STREAM,
+            lambda: ContextMachine,
+            "context-change streams vs the reference",
+        ),
+        _machine(
+            "idempotency_machine",
+            Capability.IDEMPOTENCY,
+            lambda: IdempotencyMachine,
+            "idempotency claims, completes, fails and TTLs vs the reference",
+        ),
+        _machine(
+            "lock_machine",
+            Capability.LOCKS,
+            lambda: LockMachine,
+            "lock acquires, releases, extends, fencing and TTLs vs the reference",
+        ),
+        _machine(
+            "nonce_machine",
+            Capability.NONCES,
+            lambda: NonceMachine,
+            "nonce claims and windows vs the reference",
+        ),
     ]
 
 

@@ -59,11 +59,15 @@ class ContractSuite:
 
     @staticmethod
     def _run(config: pytest.Config, cls: type[ContractSuite]) -> Report:
-        target: Any = cls.backend_factory if cls.backend_factory is not None else (
-            cls.url or config.getoption("siglo_url"))
+        target: Any = (
+            cls.backend_factory
+            if cls.backend_factory is not None
+            else (cls.url or config.getoption("siglo_url"))
+        )
         if target is None:
-            pytest.fail(f"{cls.__name__}: set url or backend_factory, or pass --siglo-url",
-                        pytrace=False)
+            pytest.fail(
+                f"{cls.__name__}: set url or backend_factory, or pass --siglo-url", pytrace=False
+            )
         return run_contract(
             target,
             rules=cls.rules or config.getoption("siglo_rule"),
@@ -83,5 +87,8 @@ class ContractSuite:
         if result.verdict == "not supported":
             pytest.skip(f"not supported: {result.detail}")
         if result.verdict != "pass":
-            pytest.fail(f"{rule_id}: {result.verdict}\n{result.detail}\n"
-                        f"(seed {siglo_contract_report.seed})", pytrace=False)
+            pytest.fail(
+                f"{rule_id}: {result.verdict}\n{result.detail}\n"
+                f"(seed {siglo_contract_report.seed})",
+                pytrace=False,
+            )

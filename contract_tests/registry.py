@@ -144,13 +144,17 @@ def check(
     def register(fn: AsyncCheck) -> AsyncCheck:
         # Marked, not appended to a global list: collecting from the modules stays right
         # when a test harness re-imports them.
-        setattr(fn, CHECK_ATTRIBUTE, Check(
-            name=fn.__name__,
-            rules=rule_ids,
-            requires=frozenset(requires),
-            fn=fn,
-            doc=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
-        ))
+        setattr(
+            fn,
+            CHECK_ATTRIBUTE,
+            Check(
+                name=fn.__name__,
+                rules=rule_ids,
+                requires=frozenset(requires),
+                fn=fn,
+                doc=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
+            ),
+        )
         return fn
 
     return register

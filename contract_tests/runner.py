@@ -20,7 +20,6 @@ from siglo.adapter import Capability
 from siglo.contract_tests.registry import Check, CheckContext, RuleViolation
 from siglo.contract_tests.rules import Rule, select_rules
 from siglo.contract_tests.target import (
-    DEFAULT_OPTIONS,
     BackendFactory,
     Session,
     Target,
@@ -82,12 +81,12 @@ class Report:
         for res in self.results.values():
             body = ""
             if res.verdict == "FAIL":
-                body = f"<failure message={quoteattr(res.detail.splitlines()[0] if res.detail else 'failed')}>{escape(res.detail)}</failure>"
+                first = res.detail.splitlines()[0] if res.detail else "failed"
+                body = f"<failure message={quoteattr(first)}>{escape(res.detail)}</failure>"
             elif res.verdict != "pass":
                 body = f"<skipped message={quoteattr(res.verdict)}/>"
-            cases.append(
-                f'  <testcase classname="siglo.contract" name={quoteattr(res.rule.id)}>{body}</testcase>'
-            )
+            name = quoteattr(res.rule.id)
+            cases.append(f'  <testcase classname="siglo.contract" name={name}>{body}</testcase>')
         failures = len(self.failures)
         skipped = sum(r.verdict not in ("pass", "FAIL") for r in self.results.values())
         return (
@@ -156,7 +155,8 @@ def run_contract(
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
         phases=[p for p in Phase if p is not Phase.explain],
-        **budget,
+        max_examples=budget["max_examples"],
+        stateful_step_count=budget["stateful_step_count"],
     )
 
     from siglo.contract_tests.checks import all_checks
@@ -194,7 +194,9 @@ def run_contract(
     for r in selected:
         names = [c.name for c in to_run if r.id in c.rules]
         if r.capability is not None and r.capability not in tgt.capabilities:
-            results[r.id] = RuleResult(r, "not supported", f"capability {r.capability.value!r} not declared")
+            results[r.id] = RuleResult(
+                r, "not supported", f"capability {r.capability.value!r} not declared"
+            )
             continue
         failed = [o.failed[r.id] for o in outcomes.values() if r.id in o.failed]
         if failed:
@@ -211,7 +213,9 @@ def _describe(exc: BaseException) -> str:
     return "\n".join([str(exc), *notes])
 
 
-def _run_async_check(chk: Check, session: Session, loop: asyncio.AbstractEventLoop) -> _CheckOutcome:
+def _run_async_check(
+    chk: Check, session: Session, loop: asyncio.AbstractEventLoop
+) -> _CheckOutcome:
     assert chk.fn is not None
     out = _CheckOutcome()
 
@@ -252,19 +256,26 @@ def _run_machine(
         assert issubclass(machine_cls, ContractMachine)
         machine_cls = hypothesis_seed(seed)(machine_cls)
         lines: list[str] = []
+
+        def collect(line: object, sink: list[str] = lines) -> None:
+            sink.append(str(line))
+
         try:
-            with with_reporter(lines.append):
+            with with_reporter(collect):
                 run_state_machine_as_test(machine_cls, settings=hyp_settings)
         except RuleViolation as exc:
             program = "\n".join(lines)
-            detail = f"{_describe(exc)}\nFalsifying program:\n{program}" if program else _describe(exc)
+            detail = (
+                f"{_describe(exc)}\nFalsifying program:\n{program}" if program else _describe(exc)
+            )
             out.failed.setdefault(exc.rule_id, detail)
             skip.add(exc.rule_id)
             continue
         except Exception as exc:
             tb = "".join(traceback.format_exception(exc, limit=-4))
             out.failed.setdefault(
-                chk.rules[0], f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines)
+                chk.rules[0],
+                f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines),
             )
             break
         out.completed = True

@@ -72,17 +72,24 @@ class Target:
         """The backend registered for ``url``'s scheme, with its declared capabilities."""
         spec = get_registry().for_url(url)
         factory = spec.load_factory()
+        isolated = spec.load_isolated()
+
+        def make(**opts: Any) -> Backend:
+            backend: Backend = factory(url, **opts)
+            return backend
+
+        def make_isolated(**opts: Any) -> AbstractAsyncContextManager[Backend]:
+            assert isolated is not None
+            cm: AbstractAsyncContextManager[Backend] = isolated(url, **opts)
+            return cm
+
         return cls(
             label=url,
             capabilities=spec.capabilities,
             multiprocess=spec.multiprocess,
             url=url,
-            factory=lambda **opts: factory(url, **opts),
-            isolated=(
-                (lambda **opts: isolated(url, **opts))
-                if (isolated := spec.load_isolated()) is not None
-                else None
-            ),
+            factory=make,
+            isolated=make_isolated if isolated is not None else None,
             options=dict(DEFAULT_OPTIONS if options is None else options),
         )
 
@@ -108,7 +115,7 @@ class Target:
 
                 asyncio.run(probe.aclose())
         return cls(
-            label=label or getattr(factory, "__qualname__", repr(factory)),
+            label=label or str(getattr(factory, "__qualname__", repr(factory))),
             capabilities=frozenset(capabilities),
             multiprocess=False,
             factory=factory,

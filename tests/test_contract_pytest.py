@@ -70,7 +70,16 @@ def test_contract_suite_by_option_and_factory_failure(pytester: pytest.Pytester)
             backend_factory = broken
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "-q", "--siglo-url", "memory://",
-                                "--siglo-rule", "cache.falsy-hit", "--siglo-seed", "1")
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--siglo-url",
+        "memory://",
+        "--siglo-rule",
+        "cache.falsy-hit",
+        "--siglo-seed",
+        "1",
+    )
     result.assert_outcomes(passed=1, failed=1, skipped=88)
     result.stdout.fnmatch_lines(["*TestBroken::test_rule?cache.falsy-hit?*"])

@@ -31,7 +31,9 @@ def rule_ids_marked_in_tests() -> set[str]:
                 and node.func.value.attr == "mark"
             ):
                 found.update(
-                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                    a.value
+                    for a in node.args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str)
                 )
     return found
 
@@ -74,7 +76,12 @@ def test_core_rules_are_not_run_against_backends() -> None:
 
 def test_rule_patterns() -> None:
     assert [r.id for r in select_rules(["wait.claim.*"])] == [
-        "wait.claim.once", "wait.claim.refused", "wait.claim.expired", "wait.claim.lease"]
+        "wait.claim.once",
+        "wait.claim.refused",
+        "wait.claim.expired",
+        "wait.claim.lease",
+    ]
     assert {r.id for r in select_rules(["lock"])} == {
-        r.id for r in ADAPTER_RULES if r.id.startswith("lock.")}
+        r.id for r in ADAPTER_RULES if r.id.startswith("lock.")
+    }
     assert select_rules(None) == ADAPTER_RULES
