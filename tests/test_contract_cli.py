@@ -130,10 +130,10 @@ def test_a_declared_capability_without_its_parts_fails() -> None:
 
 
 def test_seed_makes_a_run_reproducible() -> None:
-    mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.monotonic")
+    mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.conflict")
     details = {
-        run_contract(mutant.factory, rules=["checkpoint.occ.monotonic"], seed=5, keep_going=False)
-        .results["checkpoint.occ.monotonic"]
+        run_contract(mutant.factory, rules=["checkpoint.occ.conflict"], seed=5, keep_going=False)
+        .results["checkpoint.occ.conflict"]
         .detail
         for _ in range(2)
     }
