@@ -8,6 +8,12 @@ import pytest
 pytest_plugins = ["pytester"]
 
 
+@pytest.fixture(autouse=True)
+def _quiet_asyncio_plugin(pytester: pytest.Pytester) -> None:
+    # The inner runs do not read this project's configuration.
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+
+
 def test_plugin_adds_no_tests_to_a_users_run(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_user="""
