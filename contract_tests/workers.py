@@ -14,7 +14,6 @@ from typing import Any
 
 from siglo.checkpoint import Checkpoint
 from siglo.clock import ManualClock
-from siglo.connect import connect
 from siglo.errors import CheckpointConflictError
 
 __all__ = ["run_worker"]
@@ -32,7 +31,9 @@ def run_worker(
 async def _work(
     kind: str, url: str, options: dict[str, Any], start_at: float, args: dict[str, Any]
 ) -> Any:
-    backend = connect(url, **options)
+    from siglo.contract_tests.target import connect_url
+
+    backend = connect_url(url, **options)
     try:
         # Warm the connection first, so the race is between calls, not connects.
         if kind == "cas_save" or kind == "workflow_lock":
