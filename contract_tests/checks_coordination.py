@@ -23,12 +23,18 @@ async def concurrent_idempotency_claims(ctx: CheckContext) -> None:
     key = ctx.id("idem-race")
     async with contenders(ctx) as backends:
         states = await asyncio.gather(*(b.idempotency.claim(key) for b in backends))  # type: ignore[union-attr]
-    expect(states.count("claimed") == 1 and states.count("in-progress") == TASKS - 1,
-           "idempotency.claim.once", f"{TASKS} concurrent claims returned {states}")
+    expect(
+        states.count("claimed") == 1 and states.count("in-progress") == TASKS - 1,
+        "idempotency.claim.once",
+        f"{TASKS} concurrent claims returned {states}",
+    )
     if shares_across_processes(ctx):
         out = await in_processes(ctx, "idem_claim", [{"key": ctx.id("idem-race-2")}] * PROCESSES)
-        expect(out.count("claimed") == 1, "idempotency.claim.once",
-               f"{PROCESSES} processes' claims returned {out}")
+        expect(
+            out.count("claimed") == 1,
+            "idempotency.claim.once",
+            f"{PROCESSES} processes' claims returned {out}",
+        )
 
 
 @check("nonce.claim.once")
@@ -53,8 +59,11 @@ async def concurrent_lock_acquires(ctx: CheckContext) -> None:
     expect(len(won) == 1, "lock.acquire.exclusive", f"{len(won)} of {TASKS} acquires succeeded")
     if shares_across_processes(ctx):
         out = await in_processes(ctx, "lock_acquire", [{"key": ctx.id("lock-race-2")}] * PROCESSES)
-        expect(out.count(True) == 1, "lock.acquire.exclusive",
-               f"{out.count(True)} of {PROCESSES} processes acquired the same lock")
+        expect(
+            out.count(True) == 1,
+            "lock.acquire.exclusive",
+            f"{out.count(True)} of {PROCESSES} processes acquired the same lock",
+        )
 
 
 @check("lock.with-lock")
@@ -116,8 +125,11 @@ async def idempotency_in_time(ctx: CheckContext) -> None:
     expect(await idem.get_result(key) is MISSING, "idempotency.complete", "result before complete")
     expect(await idem.claim(key, ttl) == "claimed", "idempotency.claim.once", "first claim")
     await ctx.pass_time(ttl)
-    expect(await idem.claim(key, 60_000) == "claimed", "idempotency.expiry",
-           "a key past its TTL was not claimable again")
+    expect(
+        await idem.claim(key, 60_000) == "claimed",
+        "idempotency.expiry",
+        "a key past its TTL was not claimable again",
+    )
     await idem.complete(key, None, ttl)
     expect(await idem.claim(key) == "completed", "idempotency.complete", "not completed")
     got = await idem.get_result(key)
@@ -141,17 +153,33 @@ async def lock_in_time(ctx: CheckContext) -> None:
     key = ctx.id("lock")
     first = await lock.acquire(key, ttl)
     expect(first.acquired, "lock.acquire.exclusive", "a free lock was not acquired")
-    expect(not await lock.release(key, "not-the-token"), "lock.release.token", "wrong token released")
-    expect(not await lock.extend(key, "not-the-token", ttl), "lock.extend.token", "wrong token extended")
-    expect(not (await lock.acquire(key, ttl)).acquired, "lock.acquire.exclusive", "held lock acquired")
+    expect(
+        not await lock.release(key, "not-the-token"), "lock.release.token", "wrong token released"
+    )
+    expect(
+        not await lock.extend(key, "not-the-token", ttl),
+        "lock.extend.token",
+        "wrong token extended",
+    )
+    expect(
+        not (await lock.acquire(key, ttl)).acquired, "lock.acquire.exclusive", "held lock acquired"
+    )
     await ctx.pass_time(ttl)
     second = await lock.acquire(key, 60_000)
     expect(second.acquired, "lock.expiry", "a lock past its TTL could not be acquired")
-    expect(not await lock.extend(key, first.token, 60_000), "lock.extend.token",
-           "an expired holder extended the lock")
-    expect(not await lock.release(key, first.token), "lock.release.token",
-           "an expired holder released another holder's lock")
-    expect(await lock.extend(key, second.token, 60_000), "lock.extend.token", "holder could not extend")
+    expect(
+        not await lock.extend(key, first.token, 60_000),
+        "lock.extend.token",
+        "an expired holder extended the lock",
+    )
+    expect(
+        not await lock.release(key, first.token),
+        "lock.release.token",
+        "an expired holder released another holder's lock",
+    )
+    expect(
+        await lock.extend(key, second.token, 60_000), "lock.extend.token", "holder could not extend"
+    )
     expect(await lock.release(key, second.token), "lock.release.token", "holder could not release")
 
 

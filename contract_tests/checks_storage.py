@@ -4,6 +4,7 @@ declared capabilities. The state machines cover the rest of the adapter rules.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,52 +52,84 @@ async def concurrent_checkpoint_saves(ctx: CheckContext) -> None:
                 await backend.adapter.save_checkpoint(cp, expected_revision=1)
                 return "won"
             except CheckpointConflictError as exc:
-                expect(exc.current_revision == 2, "checkpoint.occ.atomic",
-                       f"a losing save saw current_revision={exc.current_revision}, want 2")
+                expect(
+                    exc.current_revision == 2,
+                    "checkpoint.occ.atomic",
+                    f"a losing save saw current_revision={exc.current_revision}, want 2",
+                )
                 return "conflict"
 
         results = await asyncio.gather(*(save(i, b) for i, b in enumerate(backends)))
     winners = [i for i, r in enumerate(results) if r == "won"]
-    expect(len(winners) == 1, "checkpoint.occ.atomic",
-           f"{len(winners)} of {TASKS} concurrent saves with expected_revision=1 won: {results}")
+    expect(
+        len(winners) == 1,
+        "checkpoint.occ.atomic",
+        f"{len(winners)} of {TASKS} concurrent saves with expected_revision=1 won: {results}",
+    )
     stored = await ctx.backend.adapter.get_checkpoint(stack)
-    expect(stored is not None and stored.metadata == {"writer": winners[0]}, "checkpoint.occ.atomic",
-           f"the stored checkpoint is not the winner's ({winners[0]}): {stored!r}")
+    expect(
+        stored is not None and stored.metadata == {"writer": winners[0]},
+        "checkpoint.occ.atomic",
+        f"the stored checkpoint is not the winner's ({winners[0]}): {stored!r}",
+    )
     if shares_across_processes(ctx):
         cp = _cp(ctx, stack, 3).to_wire()
         rounds = 10
-        out = await in_processes(ctx, "cas_save", [
-            {"stack_id": stack, "checkpoint": cp, "expected": 2, "rounds": rounds}
-            for _ in range(PROCESSES)])
+        out = await in_processes(
+            ctx,
+            "cas_save",
+            [
+                {"stack_id": stack, "checkpoint": cp, "expected": 2, "rounds": rounds}
+                for _ in range(PROCESSES)
+            ],
+        )
         for i in range(rounds):
             results = [proc[i] for proc in out]
-            expect(results.count("won") == 1, "checkpoint.occ.atomic",
-                   f"{results.count('won')} of {PROCESSES} processes won the same CAS save "
-                   f"(expected_revision={2 + i}): {results}")
+            expect(
+                results.count("won") == 1,
+                "checkpoint.occ.atomic",
+                f"{results.count('won')} of {PROCESSES} processes won the same CAS save "
+                f"(expected_revision={2 + i}): {results}",
+            )
 
 
 @check("wait.claim.once")
 async def concurrent_wait_claims(ctx: CheckContext) -> None:
     """N concurrent claims of one waiting record: exactly one claimant."""
     key = ctx.id("claim-race")
-    await ctx.backend.adapter.save_wait_record(WaitRecord(correlation_key=key, stack_id=ctx.id("s")))
+    await ctx.backend.adapter.save_wait_record(
+        WaitRecord(correlation_key=key, stack_id=ctx.id("s"))
+    )
     async with contenders(ctx) as backends:
-        results = await asyncio.gather(*(
-            b.adapter.claim_wait_record(key, f"claimant-{i}") for i, b in enumerate(backends)))
+        results = await asyncio.gather(
+            *(b.adapter.claim_wait_record(key, f"claimant-{i}") for i, b in enumerate(backends))
+        )
     winners = [r.claimant_id for r in results if r is not None]
-    expect(len(winners) == 1, "wait.claim.once",
-           f"{len(winners)} of {TASKS} concurrent claimants got the record: {winners}")
+    expect(
+        len(winners) == 1,
+        "wait.claim.once",
+        f"{len(winners)} of {TASKS} concurrent claimants got the record: {winners}",
+    )
     stored = await ctx.backend.adapter.get_wait_record(key)
-    expect(stored is not None and stored.claimant_id == winners[0], "wait.claim.once",
-           f"the stored claimant is not the winner {winners[0]!r}: {stored!r}")
+    expect(
+        stored is not None and stored.claimant_id == winners[0],
+        "wait.claim.once",
+        f"the stored claimant is not the winner {winners[0]!r}: {stored!r}",
+    )
     if shares_across_processes(ctx):
         key2 = ctx.id("claim-race-2")
-        await ctx.backend.adapter.save_wait_record(WaitRecord(correlation_key=key2, stack_id=ctx.id("s")))
-        out = await in_processes(ctx, "wait_claim", [
-            {"key": key2, "claimant": f"proc-{i}"} for i in range(PROCESSES)])
+        await ctx.backend.adapter.save_wait_record(
+            WaitRecord(correlation_key=key2, stack_id=ctx.id("s"))
+        )
+        out = await in_processes(
+            ctx, "wait_claim", [{"key": key2, "claimant": f"proc-{i}"} for i in range(PROCESSES)]
+        )
         won = [o for o in out if o is not None]
-        expect(len(won) == 1, "wait.claim.once",
-               f"{len(won)} of {PROCESSES} processes claimed the same record: {out}")
+        expect(
+            len(won) == 1,
+            "wait.claim.once",
+            f"{len(won)} of {PROCESSES} processes claimed the same record: {out}",
+        )
 
 
 @check("lock.workflow.exclusive")
@@ -121,18 +154,30 @@ async def workflow_lock_exclusive(ctx: CheckContext) -> None:
             return result
 
         results = await asyncio.gather(*(run(i, b) for i, b in enumerate(backends)))
-    expect(overlaps == 0, "lock.workflow.exclusive",
-           f"{overlaps} times an action started while another for the same stack ran")
-    expect(results == list(range(len(results))), "lock.workflow.exclusive",
-           f"with_workflow_lock did not return the actions' results: {results}")
+    expect(
+        overlaps == 0,
+        "lock.workflow.exclusive",
+        f"{overlaps} times an action started while another for the same stack ran",
+    )
+    expect(
+        results == list(range(len(results))),
+        "lock.workflow.exclusive",
+        f"with_workflow_lock did not return the actions' results: {results}",
+    )
     if shares_across_processes(ctx):
-        out = await in_processes(ctx, "workflow_lock", [
-            {"stack_id": stack, "hold_s": 0.02, "rounds": 3} for _ in range(PROCESSES)])
+        out = await in_processes(
+            ctx,
+            "workflow_lock",
+            [{"stack_id": stack, "hold_s": 0.02, "rounds": 3} for _ in range(PROCESSES)],
+        )
         intervals = sorted(iv for proc in out for iv in proc)
-        for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
-            expect(start >= end, "lock.workflow.exclusive",
-                   f"actions in two processes overlapped: one ran until {end:.4f}, "
-                   f"another started at {start:.4f}")
+        for (_, end), (start, _) in itertools.pairwise(intervals):
+            expect(
+                start >= end,
+                "lock.workflow.exclusive",
+                f"actions in two processes overlapped: one ran until {end:.4f}, "
+                f"another started at {start:.4f}",
+            )
 
 
 @check("lock.workflow.release-on-error")
@@ -158,7 +203,8 @@ async def workflow_lock_release_on_error(ctx: CheckContext) -> None:
 
     try:
         result = await asyncio.wait_for(
-            ctx.backend.adapter.with_workflow_lock(stack, ok, timeout_ms=2_000), 5)
+            ctx.backend.adapter.with_workflow_lock(stack, ok, timeout_ms=2_000), 5
+        )
     except (LockNotAcquiredError, TimeoutError):
         fail("lock.workflow.release-on-error", "the lock was still held after the action raised")
     expect(result == "ran", "lock.workflow.release-on-error", f"result {result!r}")
@@ -185,8 +231,11 @@ async def checkpoint_expiry_in_time(ctx: CheckContext) -> None:
     expect(got is None, "checkpoint.expiry.hidden", f"expired checkpoint returned: {got!r}")
     count = await ctx.backend.adapter.clean_expired_checkpoints()
     expect(type(count) is int and count >= 0, "checkpoint.expiry.clean", f"count {count!r}")
-    expect(await ctx.backend.adapter.get_checkpoint(keep) is not None, "checkpoint.expiry.clean",
-           "clean_expired_checkpoints removed a live checkpoint")
+    expect(
+        await ctx.backend.adapter.get_checkpoint(keep) is not None,
+        "checkpoint.expiry.clean",
+        "clean_expired_checkpoints removed a live checkpoint",
+    )
     try:
         await ctx.backend.adapter.save_checkpoint(_cp(ctx, stack, 1), expected_revision=0)
     except CheckpointConflictError as exc:
@@ -199,16 +248,31 @@ async def wait_retention_in_time(ctx: CheckContext) -> None:
     ttl = ctx.short_ttl_ms()
     key, stack = ctx.id("retained"), ctx.id("retained-stack")
     await ctx.backend.adapter.save_wait_record(
-        WaitRecord(correlation_key=key, stack_id=stack), ttl_ms=ttl)
-    expect(await ctx.backend.adapter.get_wait_record(key) is not None, "wait.retention",
-           "a record within its retention was not returned")
+        WaitRecord(correlation_key=key, stack_id=stack), ttl_ms=ttl
+    )
+    expect(
+        await ctx.backend.adapter.get_wait_record(key) is not None,
+        "wait.retention",
+        "a record within its retention was not returned",
+    )
     await ctx.pass_time(ttl)
     adapter = ctx.backend.adapter
     expect(await adapter.get_wait_record(key) is None, "wait.retention", "returned after retention")
-    expect(await adapter.get_wait_record(stack) is None, "wait.retention",
-           "returned by stack id after retention")
-    expect(await adapter.claim_wait_record(key, "c") is None, "wait.retention", "claimed after retention")
-    expect(await adapter.cancel_wait_record(key) is False, "wait.retention", "cancelled after retention")
+    expect(
+        await adapter.get_wait_record(stack) is None,
+        "wait.retention",
+        "returned by stack id after retention",
+    )
+    expect(
+        await adapter.claim_wait_record(key, "c") is None,
+        "wait.retention",
+        "claimed after retention",
+    )
+    expect(
+        await adapter.cancel_wait_record(key) is False,
+        "wait.retention",
+        "cancelled after retention",
+    )
     try:
         await adapter.complete_wait_record(key, "c")
     except WaitRecordClaimError:
@@ -223,13 +287,17 @@ async def wait_deadline_in_time(ctx: CheckContext) -> None:
     ttl = ctx.short_ttl_ms()
     key = ctx.id("deadline")
     await ctx.backend.adapter.save_wait_record(
-        WaitRecord(correlation_key=key, stack_id=ctx.id("s"), expires_at=ctx.now_ms() + ttl))
+        WaitRecord(correlation_key=key, stack_id=ctx.id("s"), expires_at=ctx.now_ms() + ttl)
+    )
     await ctx.pass_time(ttl)
     got = await ctx.backend.adapter.claim_wait_record(key, "late")
     expect(got is None, "wait.claim.expired", f"claimed past the deadline: {got!r}")
     got = await ctx.backend.adapter.claim_wait_record(key, "late", allow_expired=True)
-    expect(got is not None and got.status == "claimed", "wait.claim.expired",
-           f"allow_expired=True did not claim: {got!r}")
+    expect(
+        got is not None and got.status == "claimed",
+        "wait.claim.expired",
+        f"allow_expired=True did not claim: {got!r}",
+    )
 
 
 @check("wait.claim.lease")
@@ -241,12 +309,18 @@ async def wait_lease_in_time(ctx: CheckContext) -> None:
     await adapter.save_wait_record(WaitRecord(correlation_key=key, stack_id=ctx.id("s")))
     first = await adapter.claim_wait_record(key, "first", lease_ms=lease)
     expect(first is not None, "wait.claim.once", "a waiting record could not be claimed")
-    expect(await adapter.claim_wait_record(key, "second") is None, "wait.claim.refused",
-           "a second claimant took a record under a live lease")
+    expect(
+        await adapter.claim_wait_record(key, "second") is None,
+        "wait.claim.refused",
+        "a second claimant took a record under a live lease",
+    )
     await ctx.pass_time(lease)
     second = await adapter.claim_wait_record(key, "second")
-    expect(second is not None and second.claimant_id == "second", "wait.claim.lease",
-           f"the lease ran out but the record stayed with the first claimant: {second!r}")
+    expect(
+        second is not None and second.claimant_id == "second",
+        "wait.claim.lease",
+        f"the lease ran out but the record stayed with the first claimant: {second!r}",
+    )
 
 
 @check("cache.expiry", "cache.miss", "cache.falsy-hit")
@@ -254,11 +328,15 @@ async def cache_in_time(ctx: CheckContext) -> None:
     """Falsy values are hits, unknown keys miss, values past their TTL miss."""
     adapter = ctx.backend.adapter
     expect(await adapter.get_cached_step(ctx.id("never")) is MISSING, "cache.miss", "not MISSING")
-    for i, value in enumerate((None, 0, False, "", [], {})):
+    falsy: tuple[Any, ...] = (None, 0, False, "", [], {})
+    for i, value in enumerate(falsy):
         await adapter.set_cached_step(ctx.id(f"falsy{i}"), value, 60_000)
         got = await adapter.get_cached_step(ctx.id(f"falsy{i}"))
-        expect(got is not MISSING and canon(got) == canon(value), "cache.falsy-hit",
-               f"cached {value!r}, got {got!r}")
+        expect(
+            got is not MISSING and canon(got) == canon(value),
+            "cache.falsy-hit",
+            f"cached {value!r}, got {got!r}",
+        )
     ttl = ctx.short_ttl_ms()
     await adapter.set_cached_step(ctx.id("short"), {"v": 1}, ttl)
     expect(await adapter.get_cached_step(ctx.id("short")) == {"v": 1}, "cache.roundtrip", "lost")
@@ -278,22 +356,39 @@ async def wait_lookups(ctx: CheckContext) -> None:
     for name in ("w1", "w2"):
         await adapter.save_wait_record(WaitRecord(correlation_key=ctx.id(name), stack_id=stack))
     got = await adapter.get_wait_record(stack)
-    expect(got is not None and got.correlation_key == ctx.id("w2"), "wait.by-stack",
-           f"get_wait_record(stack) returned {got!r}, not the latest record")
+    expect(
+        got is not None and got.correlation_key == ctx.id("w2"),
+        "wait.by-stack",
+        f"get_wait_record(stack) returned {got!r}, not the latest record",
+    )
     await adapter.claim_wait_record(ctx.id("w2"), "c")
     got = await adapter.get_wait_record(stack)
-    expect(got is not None and got.status == "claimed", "wait.by-stack",
-           f"by stack id the record is not in its current state: {got!r}")
+    expect(
+        got is not None and got.status == "claimed",
+        "wait.by-stack",
+        f"by stack id the record is not in its current state: {got!r}",
+    )
     embedded = WaitRecord(correlation_key=ctx.id("inner"), stack_id=ctx.id("cp-stack"))
-    await adapter.save_checkpoint(_cp(ctx, ctx.id("cp-stack"), 1,
-                                      metadata={"waitRecord": embedded.to_wire()}))
+    await adapter.save_checkpoint(
+        _cp(ctx, ctx.id("cp-stack"), 1, metadata={"waitRecord": embedded.to_wire()})
+    )
     got = await adapter.get_wait_record(ctx.id("cp-stack"))
     expect(got == embedded, "wait.checkpoint-fallback", f"got {got!r}, want {embedded!r}")
-    await adapter.save_checkpoint(_cp(ctx, ctx.id("ns-stack"), 1, namespace=ctx.id("ns"),
-                                      metadata={"waitRecord": embedded.to_wire()}))
+    await adapter.save_checkpoint(
+        _cp(
+            ctx,
+            ctx.id("ns-stack"),
+            1,
+            namespace=ctx.id("ns"),
+            metadata={"waitRecord": embedded.to_wire()},
+        )
+    )
     got = await adapter.get_wait_record(ctx.id("ns-stack"))
-    expect(got is None, "wait.checkpoint-fallback",
-           f"a namespaced checkpoint's embedded record was returned: {got!r}")
+    expect(
+        got is None,
+        "wait.checkpoint-fallback",
+        f"a namespaced checkpoint's embedded record was returned: {got!r}",
+    )
 
 
 @check("checkpoint.namespace.fallback", "checkpoint.namespace.isolation")
@@ -304,19 +399,34 @@ async def namespace_lookups(ctx: CheckContext) -> None:
     await adapter.save_checkpoint(_cp(ctx, stack, 1, metadata={"at": "root"}))
     await adapter.save_checkpoint(_cp(ctx, stack, 7, namespace=ns_a, metadata={"at": "a"}))
     got = await adapter.get_checkpoint(stack, ns_b)
-    expect(got is None or got.namespace in (None, ns_b), "checkpoint.namespace.isolation",
-           f"a get in namespace b returned namespace a's checkpoint: {got!r}")
-    expect(got is not None and got.metadata == {"at": "root"}, "checkpoint.namespace.fallback",
-           f"get in an empty namespace returned {got!r}, not the un-namespaced checkpoint")
-    expect(await adapter.get_checkpoint(stack, ns_b, fallback=False) is None,
-           "checkpoint.namespace.fallback", "fallback=False still fell back")
+    expect(
+        got is None or got.namespace in (None, ns_b),
+        "checkpoint.namespace.isolation",
+        f"a get in namespace b returned namespace a's checkpoint: {got!r}",
+    )
+    expect(
+        got is not None and got.metadata == {"at": "root"},
+        "checkpoint.namespace.fallback",
+        f"get in an empty namespace returned {got!r}, not the un-namespaced checkpoint",
+    )
+    expect(
+        await adapter.get_checkpoint(stack, ns_b, fallback=False) is None,
+        "checkpoint.namespace.fallback",
+        "fallback=False still fell back",
+    )
     got = await adapter.get_checkpoint(stack)
-    expect(got is not None and got.metadata == {"at": "root"}, "checkpoint.namespace.fallback",
-           f"an un-namespaced get returned {got!r}")
+    expect(
+        got is not None and got.metadata == {"at": "root"},
+        "checkpoint.namespace.fallback",
+        f"an un-namespaced get returned {got!r}",
+    )
     await adapter.save_checkpoint(_cp(ctx, stack, 1, namespace=ns_b, metadata={"at": "b"}))
     got = await adapter.get_checkpoint(stack, ns_a)
-    expect(got is not None and got.metadata == {"at": "a"}, "checkpoint.namespace.isolation",
-           f"namespace a now reads {got!r}")
+    expect(
+        got is not None and got.metadata == {"at": "a"},
+        "checkpoint.namespace.isolation",
+        f"namespace a now reads {got!r}",
+    )
 
 
 # -- input, ids, capabilities ------------------------------------------------------------
@@ -350,36 +460,61 @@ async def bad_input(ctx: CheckContext) -> None:
         await _rejects("get_checkpoint(123)", lambda: a.get_checkpoint(123))  # type: ignore[arg-type]
         await _rejects("get_checkpoint(ns='')", lambda: a.get_checkpoint(stack, ""))
         await _rejects("save_checkpoint('x')", lambda: a.save_checkpoint("x"))  # type: ignore[arg-type]
-        await _rejects("save_checkpoint(expected_revision=-1)",
-                       lambda: a.save_checkpoint(_cp(ctx, stack, 9), expected_revision=-1))
-        await _rejects("save_checkpoint(expected_revision='3')",
-                       lambda: a.save_checkpoint(_cp(ctx, stack, 9), expected_revision="3"))  # type: ignore[arg-type]
-        await _rejects("save_checkpoint(revision 3, expected_revision=3)",
-                       lambda: a.save_checkpoint(_cp(ctx, stack, 3), expected_revision=3))
-        await _rejects("save_checkpoint(stack id with NUL)",
-                       lambda: a.save_checkpoint(_cp(ctx, stack + "\x00", 9)))
+        await _rejects(
+            "save_checkpoint(expected_revision=-1)",
+            lambda: a.save_checkpoint(_cp(ctx, stack, 9), expected_revision=-1),
+        )
+        await _rejects(
+            "save_checkpoint(expected_revision='3')",
+            lambda: a.save_checkpoint(_cp(ctx, stack, 9), expected_revision="3"),  # type: ignore[arg-type]
+        )
+        await _rejects(
+            "save_checkpoint(revision 3, expected_revision=3)",
+            lambda: a.save_checkpoint(_cp(ctx, stack, 3), expected_revision=3),
+        )
+        await _rejects(
+            "save_checkpoint(stack id with NUL)",
+            lambda: a.save_checkpoint(_cp(ctx, stack + "\x00", 9)),
+        )
         after = await a.get_checkpoint(stack)
         expect(after == cp, "input.rejected", f"rejected saves changed {cp!r} into {after!r}")
     if C.WAIT_RECORDS in caps:
         key = ctx.id("wait")
         await a.save_wait_record(WaitRecord(correlation_key=key, stack_id=ctx.id("s")))
         before = await a.get_wait_record(key)
-        await _rejects("save_wait_record(key '')", lambda: a.save_wait_record(
-            WaitRecord(correlation_key="", stack_id="s")))
-        await _rejects("save_wait_record(ttl_ms=0)", lambda: a.save_wait_record(
-            WaitRecord(correlation_key=key, stack_id="other"), ttl_ms=0))
-        await _rejects("save_wait_record(ttl_ms=1.5)", lambda: a.save_wait_record(
-            WaitRecord(correlation_key=key, stack_id="other"), ttl_ms=1.5))  # type: ignore[arg-type]
+        await _rejects(
+            "save_wait_record(key '')",
+            lambda: a.save_wait_record(WaitRecord(correlation_key="", stack_id="s")),
+        )
+        await _rejects(
+            "save_wait_record(ttl_ms=0)",
+            lambda: a.save_wait_record(WaitRecord(correlation_key=key, stack_id="other"), ttl_ms=0),
+        )
+        await _rejects(
+            "save_wait_record(ttl_ms=1.5)",
+            lambda: a.save_wait_record(
+                WaitRecord(correlation_key=key, stack_id="other"),
+                ttl_ms=1.5,  # type: ignore[arg-type]
+            ),
+        )
         await _rejects("get_wait_record('')", lambda: a.get_wait_record(""))
-        await _rejects("claim_wait_record(lease_ms=0)", lambda: a.claim_wait_record(key, "c", lease_ms=0))
-        await _rejects("claim_wait_record(event_payload=non-JSON)",
-                       lambda: a.claim_wait_record(key, "c", event_payload=_NotJson()))
+        await _rejects(
+            "claim_wait_record(lease_ms=0)", lambda: a.claim_wait_record(key, "c", lease_ms=0)
+        )
+        await _rejects(
+            "claim_wait_record(event_payload=non-JSON)",
+            lambda: a.claim_wait_record(key, "c", event_payload=_NotJson()),
+        )
         await _rejects("claim_wait_record(claimant '')", lambda: a.claim_wait_record(key, ""))
         await _rejects("complete_wait_record(claimant '')", lambda: a.complete_wait_record(key, ""))
         await _rejects("cancel_wait_record('')", lambda: a.cancel_wait_record(""))
         await _rejects("cancel_workflow('')", lambda: a.cancel_workflow(""))
         after_rec = await a.get_wait_record(key)
-        expect(after_rec == before, "input.rejected", f"rejected calls changed {before!r} into {after_rec!r}")
+        expect(
+            after_rec == before,
+            "input.rejected",
+            f"rejected calls changed {before!r} into {after_rec!r}",
+        )
     if C.STEP_CACHE in caps:
         ck = ctx.id("cache")
         await a.set_cached_step(ck, "kept", 60_000)
@@ -388,7 +523,9 @@ async def bad_input(ctx: CheckContext) -> None:
         await _rejects("set_cached_step(ttl_ms=True)", lambda: a.set_cached_step(ck, 1, True))
         await _rejects("get_cached_step('')", lambda: a.get_cached_step(""))
         got = await a.get_cached_step(ck)
-        expect(got == "kept", "input.rejected", f"rejected sets changed the cached value to {got!r}")
+        expect(
+            got == "kept", "input.rejected", f"rejected sets changed the cached value to {got!r}"
+        )
     if C.CONTEXT_STREAM in caps:
         await _rejects("on_context_change('x')", lambda: a.on_context_change("x"))  # type: ignore[arg-type]
         await _rejects("get_context_changes('')", lambda: a.get_context_changes("", "p"))
@@ -415,8 +552,11 @@ async def _bad_coordination_input(ctx: CheckContext) -> None:
         await _rejects("idempotency claim(ttl_ms=0)", lambda: idem.claim(key, 0))
         await _rejects("idempotency complete(non-JSON)", lambda: idem.complete(key, _NotJson()))
         state = await idem.claim(key)
-        expect(state == "in-progress", "input.rejected",
-               f"a rejected complete changed the key: claim now says {state!r}")
+        expect(
+            state == "in-progress",
+            "input.rejected",
+            f"a rejected complete changed the key: claim now says {state!r}",
+        )
     if b.lock is not None and C.LOCKS in ctx.session.target.capabilities:
         lock = b.lock
         await _rejects("lock acquire('')", lambda: lock.acquire(""))
@@ -427,7 +567,9 @@ async def _bad_coordination_input(ctx: CheckContext) -> None:
         nonces = b.nonces
         await _rejects("nonce claim('')", lambda: nonces.claim("", 1))
         await _rejects("nonce claim(ttl_seconds=0)", lambda: nonces.claim(ctx.id("n"), 0))
-        await _rejects("nonce claim(ttl_seconds=nan)", lambda: nonces.claim(ctx.id("n"), float("nan")))
+        await _rejects(
+            "nonce claim(ttl_seconds=nan)", lambda: nonces.claim(ctx.id("n"), float("nan"))
+        )
 
 
 HOSTILE_EXTRA = (
@@ -450,34 +592,46 @@ async def hostile_ids(ctx: CheckContext) -> None:
     a = ctx.backend.adapter
     if C.CHECKPOINTS in caps:
         for i, name in enumerate(ids):
-            await a.save_checkpoint(_cp(ctx, ctx.id(name), 1, namespace=ctx.id(name),
-                                        metadata={"i": i}))
+            await a.save_checkpoint(
+                _cp(ctx, ctx.id(name), 1, namespace=ctx.id(name), metadata={"i": i})
+            )
             await a.save_checkpoint(_cp(ctx, ctx.id(name), 1, metadata={"i": i}))
         for i, name in enumerate(ids):
             for ns in (ctx.id(name), None):
                 got = await a.get_checkpoint(ctx.id(name), ns, fallback=False)
-                expect(got is not None and got.metadata == {"i": i} and got.stack_id == ctx.id(name),
-                       "ids.hostile", f"checkpoint of id {name!r} (ns {ns!r}) read back as {got!r}")
+                expect(
+                    got is not None and got.metadata == {"i": i} and got.stack_id == ctx.id(name),
+                    "ids.hostile",
+                    f"checkpoint of id {name!r} (ns {ns!r}) read back as {got!r}",
+                )
     if C.STEP_CACHE in caps:
         for i, name in enumerate(ids):
             await a.set_cached_step(ctx.id(name), i, 60_000)
         for i, name in enumerate(ids):
-            got = await a.get_cached_step(ctx.id(name))
-            expect(got == i, "ids.hostile", f"cache key {name!r} read back {got!r}, want {i}")
+            value = await a.get_cached_step(ctx.id(name))
+            expect(value == i, "ids.hostile", f"cache key {name!r} read back {value!r}, want {i}")
     if C.WAIT_RECORDS in caps:
         for name in ids:
-            await a.save_wait_record(WaitRecord(correlation_key=ctx.id(name), stack_id=ctx.id("S" + name)))
+            await a.save_wait_record(
+                WaitRecord(correlation_key=ctx.id(name), stack_id=ctx.id("S" + name))
+            )
         for name in ids:
-            got = await a.get_wait_record(ctx.id(name))
-            expect(got is not None and got.correlation_key == ctx.id(name), "ids.hostile",
-                   f"wait record {name!r} read back as {got!r}")
+            record = await a.get_wait_record(ctx.id(name))
+            expect(
+                record is not None and record.correlation_key == ctx.id(name),
+                "ids.hostile",
+                f"wait record {name!r} read back as {record!r}",
+            )
     if C.CONTEXT_STREAM in caps:
         for i, name in enumerate(ids):
-            await a.on_context_change(ContextChangeEvent(
-                stack_id=ctx.id(name), step_id=name, key=name, value=i, timestamp=ctx.now_ms()))
+            await a.on_context_change(
+                ContextChangeEvent(
+                    stack_id=ctx.id(name), step_id=name, key=name, value=i, timestamp=ctx.now_ms()
+                )
+            )
         for i, name in enumerate(ids):
-            got = await a.get_context_changes(ctx.id(name), name)
-            expect(got == {name: i}, "ids.hostile", f"context of {name!r} read back as {got!r}")
+            fields = await a.get_context_changes(ctx.id(name), name)
+            expect(fields == {name: i}, "ids.hostile", f"context of {name!r} read back {fields!r}")
 
 
 @check("capability.declared")
@@ -510,8 +664,11 @@ async def declared_capabilities_work(ctx: CheckContext) -> None:
         await a.get_cached_step(ctx.id("cap"))
 
     async def context() -> None:
-        await a.on_context_change(ContextChangeEvent(
-            stack_id=stack, step_id="p", key="k", value=1, timestamp=ctx.now_ms()))
+        await a.on_context_change(
+            ContextChangeEvent(
+                stack_id=stack, step_id="p", key="k", value=1, timestamp=ctx.now_ms()
+            )
+        )
         await a.get_context_changes(stack, "p")
 
     async def events() -> None:
@@ -520,13 +677,22 @@ async def declared_capabilities_work(ctx: CheckContext) -> None:
     async def workflow_lock() -> None:
         await a.with_workflow_lock(stack, noop)
 
-    calls = {C.CHECKPOINTS: checkpoints, C.WAIT_RECORDS: waits, C.STEP_CACHE: cache,
-             C.CONTEXT_STREAM: context, C.CACHE_EVENTS: events, C.WORKFLOW_LOCK: workflow_lock}
+    calls = {
+        C.CHECKPOINTS: checkpoints,
+        C.WAIT_RECORDS: waits,
+        C.STEP_CACHE: cache,
+        C.CONTEXT_STREAM: context,
+        C.CACHE_EVENTS: events,
+        C.WORKFLOW_LOCK: workflow_lock,
+    }
     for cap, call in calls.items():
         if cap not in caps:
             continue
-        expect(cap in a.capabilities, "capability.declared",
-               f"the backend declares {cap.value!r} but its adapter's capabilities do not")
+        expect(
+            cap in a.capabilities,
+            "capability.declared",
+            f"the backend declares {cap.value!r} but its adapter's capabilities do not",
+        )
         for method in CAPABILITY_METHODS[cap]:
             expect(getattr(type(a), method) is not None, "capability.declared", method)
         try:
@@ -540,8 +706,14 @@ async def declared_capabilities_work(ctx: CheckContext) -> None:
     ):
         if cap in caps:
             part = getattr(ctx.backend, attr)
-            expect(part is not None, "capability.declared",
-                   f"the backend declares {cap.value!r} but Backend.{attr} is None")
+            expect(
+                part is not None,
+                "capability.declared",
+                f"the backend declares {cap.value!r} but Backend.{attr} is None",
+            )
             for method in methods:
-                expect(callable(getattr(part, method, None)), "capability.declared",
-                       f"Backend.{attr}.{method} is missing")
+                expect(
+                    callable(getattr(part, method, None)),
+                    "capability.declared",
+                    f"Backend.{attr}.{method} is missing",
+                )

@@ -64,13 +64,15 @@ json_values = st.recursive(
     json_scalars,
     lambda children: st.one_of(
         st.lists(children, max_size=3),
-        st.dictionaries(st.text(max_size=5).filter(lambda s: "\x00" not in s), children, max_size=3),
+        st.dictionaries(
+            st.text(max_size=5).filter(lambda s: "\x00" not in s), children, max_size=3
+        ),
     ),
     max_leaves=6,
 )
 """JSON data, falsy values (``None``, ``0``, ``False``, ``""``, ``[]``, ``{}``) included."""
 
-falsy_values: Final = (None, 0, False, "", [], {})
+falsy_values: Final[tuple[Any, ...]] = (None, 0, False, "", [], {})
 
 
 def canon(value: Any) -> bytes:

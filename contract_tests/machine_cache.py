@@ -74,8 +74,11 @@ class CacheMachine(ContractMachine):
     @rule(key=CACHE_KEYS, value=VALUES, ttl=st.sampled_from(("default", "long", "short")))
     def set(self, key: str, value: Any, ttl: str) -> None:
         ck = self.kk(key)
-        ttl_ms = {"default": None, "long": 3_600_000,
-                  "short": 2_000 if self.clock_controlled else None}[ttl]
+        ttl_ms = {
+            "default": None,
+            "long": 3_600_000,
+            "short": 2_000 if self.clock_controlled else None,
+        }[ttl]
         got = self.call(self.backend.adapter.set_cached_step(ck, value, ttl_ms), "cache.roundtrip")
         want = self.call(self.ref.adapter.set_cached_step(ck, value, ttl_ms), "cache.roundtrip")
         self.unexpected(got, "cache.roundtrip", "set_cached_step")
@@ -85,11 +88,17 @@ class CacheMachine(ContractMachine):
         self.keys.add(ck)
         read = self.call(self.backend.adapter.get_cached_step(ck), "cache.roundtrip")
         if read.value is MISSING:
-            self.direct(False, "cache.falsy-hit" if not value else "cache.roundtrip",
-                        f"set {value!r} under {ck!r}, read back MISSING")
+            self.direct(
+                False,
+                "cache.falsy-hit" if not value else "cache.roundtrip",
+                f"set {value!r} under {ck!r}, read back MISSING",
+            )
         else:
-            self.direct(canon(read.value) == canon(value), "cache.roundtrip",
-                        f"set {value!r} under {ck!r}, read back {read.value!r}")
+            self.direct(
+                canon(read.value) == canon(value),
+                "cache.roundtrip",
+                f"set {value!r} under {ck!r}, read back {read.value!r}",
+            )
 
     @precondition(lambda self: self.live())
     @rule(key=CACHE_KEYS)
@@ -104,8 +113,14 @@ class CacheMachine(ContractMachine):
     )
     def cache_event(self, key: str, kind: Any, ttl: int | None) -> None:
         ck = self.kk(key)
-        event = CacheEvent(type=kind, key=ck, timestamp=self.now(), stack_id=self.kk("s"),
-                           step_id="step", ttl_ms=ttl)
+        event = CacheEvent(
+            type=kind,
+            key=ck,
+            timestamp=self.now(),
+            stack_id=self.kk("s"),
+            step_id="step",
+            ttl_ms=ttl,
+        )
         got = self.call(self.backend.adapter.on_cache_event(event), "cache-events.accepted")
         self.call(self.ref.adapter.on_cache_event(event), "cache-events.accepted")
         self.unexpected(got, "cache-events.accepted", "on_cache_event")
@@ -135,8 +150,10 @@ class ContextMachine(ContractMachine):
         if self.tainted:
             return
         if canon(got.value) != canon(want.value):
-            self.diverge("context.stream", f"get_context_changes({stack!r}, {step!r}, {ns!r}) "
-                                           f"{got!r}; reference {want!r}")
+            self.diverge(
+                "context.stream",
+                f"get_context_changes({stack!r}, {step!r}, {ns!r}) {got!r}; reference {want!r}",
+            )
 
     @precondition(lambda self: self.live())
     @rule(
@@ -147,11 +164,16 @@ class ContextMachine(ContractMachine):
         delete=st.booleans(),
         value=VALUES,
     )
-    def change(self, stack: str, step: str, ns: str | None, field: str, delete: bool,
-               value: Any) -> None:
+    def change(
+        self, stack: str, step: str, ns: str | None, field: str, delete: bool, value: Any
+    ) -> None:
         event = ContextChangeEvent(
-            stack_id=self.kk(stack), step_id=step, key=field, timestamp=self.now(),
-            value=None if delete else value, op="delete" if delete else "set",
+            stack_id=self.kk(stack),
+            step_id=step,
+            key=field,
+            timestamp=self.now(),
+            value=None if delete else value,
+            op="delete" if delete else "set",
             namespace=self.k(ns),
         )
         got = self.call(self.backend.adapter.on_context_change(event), "context.stream")

@@ -17,7 +17,9 @@ __all__ = ["CheckpointMachine"]
 
 # Half the draws come from a small hot set, so programs revisit the same stacks.
 STACKS = st.one_of(st.sampled_from(("a", "b")), st.sampled_from(HOSTILE_IDS))
-NAMESPACES = st.one_of(st.sampled_from((None, "n")), st.sampled_from((None, "n", "n:a", "a", "*", "{n}")))
+NAMESPACES = st.one_of(
+    st.sampled_from((None, "n")), st.sampled_from((None, "n", "n:a", "a", "*", "{n}"))
+)
 EXPIRY = st.sampled_from(("none", "none", "past", "soon", "later", "far"))
 
 
@@ -136,43 +138,65 @@ class CheckpointMachine(ContractMachine):
         pre = self.compare_get(key[1], key[0], False)
         if self.tainted:
             return
-        got = self.call(self.backend.adapter.save_checkpoint(cp, expected_revision=expected_revision),
-                        "checkpoint.occ.expected")
-        want = self.call(self.ref.adapter.save_checkpoint(cp, expected_revision=expected_revision),
-                         "checkpoint.occ.expected")
-        post = self.call(self.backend.adapter.get_checkpoint(key[1], key[0], fallback=False),
-                         "checkpoint.roundtrip")
+        got = self.call(
+            self.backend.adapter.save_checkpoint(cp, expected_revision=expected_revision),
+            "checkpoint.occ.expected",
+        )
+        want = self.call(
+            self.ref.adapter.save_checkpoint(cp, expected_revision=expected_revision),
+            "checkpoint.occ.expected",
+        )
+        post = self.call(
+            self.backend.adapter.get_checkpoint(key[1], key[0], fallback=False),
+            "checkpoint.roundtrip",
+        )
         self.unexpected(post, "checkpoint.roundtrip", "get_checkpoint")
         if self.tainted:
             return
         if want.ok:
             self.cleaned.discard(key)
-        occ_rule = "checkpoint.occ.conflict" if expected_revision is not None else (
-            "checkpoint.occ.monotonic")
+        occ_rule = (
+            "checkpoint.occ.conflict"
+            if expected_revision is not None
+            else ("checkpoint.occ.monotonic")
+        )
         # Direct rules first: they hold whatever the reference says.
         before: Checkpoint | None = pre.value
         stored = 0 if before is None else before.revision
         if got.ok:
             if expected_revision is not None:
-                self.direct(stored == expected_revision, occ_rule,
-                            f"save with expected_revision={expected_revision} succeeded although "
-                            f"the stored revision was {before and before.revision}")
+                self.direct(
+                    stored == expected_revision,
+                    occ_rule,
+                    f"save with expected_revision={expected_revision} succeeded although "
+                    f"the stored revision was {before and before.revision}",
+                )
             else:
-                self.direct(before is None or revision > before.revision, occ_rule,
-                            f"save of revision {revision} succeeded although revision "
-                            f"{before and before.revision} was stored")
+                self.direct(
+                    before is None or revision > before.revision,
+                    occ_rule,
+                    f"save of revision {revision} succeeded although revision "
+                    f"{before and before.revision} was stored",
+                )
             if cp.is_expired(self.now()):
-                self.direct(post.value is None, "checkpoint.expiry.hidden",
-                            f"a checkpoint saved with expires_at in the past was returned: "
-                            f"{post.value!r}")
+                self.direct(
+                    post.value is None,
+                    "checkpoint.expiry.hidden",
+                    f"a checkpoint saved with expires_at in the past was returned: {post.value!r}",
+                )
             else:
-                self.direct(post.value == cp, "checkpoint.roundtrip",
-                            f"saved {cp!r}, read back {post.value!r}")
+                self.direct(
+                    post.value == cp,
+                    "checkpoint.roundtrip",
+                    f"saved {cp!r}, read back {post.value!r}",
+                )
         elif isinstance(got.error, CheckpointConflictError):
             err = got.error
-            self.direct(post.value == before, occ_rule,
-                        f"a refused save changed the stored checkpoint from {before!r} to "
-                        f"{post.value!r}")
+            self.direct(
+                post.value == before,
+                occ_rule,
+                f"a refused save changed the stored checkpoint from {before!r} to {post.value!r}",
+            )
             self.direct(
                 (err.stack_id, err.expected_revision) == (cp.stack_id, expected_revision),
                 occ_rule,
@@ -180,10 +204,12 @@ class CheckpointMachine(ContractMachine):
                 f"expected_revision={err.expected_revision!r}; want {cp.stack_id!r}, "
                 f"{expected_revision!r}",
             )
-            self.direct(err.current_revision == (None if before is None else before.revision),
-                        occ_rule,
-                        f"conflict carries current_revision={err.current_revision!r} but the "
-                        f"stored revision is {before and before.revision!r}")
+            self.direct(
+                err.current_revision == (None if before is None else before.revision),
+                occ_rule,
+                f"conflict carries current_revision={err.current_revision!r} but the "
+                f"stored revision is {before and before.revision!r}",
+            )
         if self.tainted:
             return
         # Agreement with the reference.
@@ -192,26 +218,33 @@ class CheckpointMachine(ContractMachine):
                 assert isinstance(want.error, CheckpointConflictError)
                 mine, theirs = got.error, want.error
                 if (mine.current_revision, mine.expected_revision) != (
-                    theirs.current_revision, theirs.expected_revision
+                    theirs.current_revision,
+                    theirs.expected_revision,
                 ):
                     self.diverge(occ_rule, f"conflict {mine!r}, reference {theirs!r}")
             return
-        if isinstance(want.error, InvalidArgumentError) or isinstance(got.error, InvalidArgumentError):
+        if isinstance(want.error, InvalidArgumentError) or isinstance(
+            got.error, InvalidArgumentError
+        ):
             self.diverge("input.rejected", f"save {got!r}; reference {want!r}")
             return
         if want.ok and isinstance(got.error, CheckpointConflictError):
             seen = got.error.current_revision
             if seen is not None and self._other_namespace_with_revision(key[1], key[0], seen):
-                self.diverge("checkpoint.namespace.isolation",
-                             f"save conflicted with revision {seen} of another namespace")
+                self.diverge(
+                    "checkpoint.namespace.isolation",
+                    f"save conflicted with revision {seen} of another namespace",
+                )
                 return
             expired = self._ref_stored_expired(key)
             if expired is not None and seen == expired.revision:
-                self.diverge("checkpoint.expiry.hidden",
-                             f"save conflicted with expired revision {seen}")
+                self.diverge(
+                    "checkpoint.expiry.hidden", f"save conflicted with expired revision {seen}"
+                )
                 return
             self.diverge(
-                "checkpoint.occ.expected" if expected_revision is not None
+                "checkpoint.occ.expected"
+                if expected_revision is not None
                 else "checkpoint.occ.monotonic",
                 f"save {got!r}; the reference stored it",
             )
@@ -227,22 +260,33 @@ class CheckpointMachine(ContractMachine):
         self.compare_get(self.kk(stack), self.k(ns), fallback)
 
     def compare_get(self, stack: str, ns: str | None, fallback: bool) -> Outcome:
-        got = self.call(self.backend.adapter.get_checkpoint(stack, ns, fallback=fallback),
-                        "checkpoint.roundtrip")
-        want = self.call(self.ref.adapter.get_checkpoint(stack, ns, fallback=fallback),
-                         "checkpoint.roundtrip")
+        got = self.call(
+            self.backend.adapter.get_checkpoint(stack, ns, fallback=fallback),
+            "checkpoint.roundtrip",
+        )
+        want = self.call(
+            self.ref.adapter.get_checkpoint(stack, ns, fallback=fallback), "checkpoint.roundtrip"
+        )
         self.unexpected(got, "checkpoint.roundtrip", "get_checkpoint")
         if not self.tainted:
             self.judge_get(stack, ns, fallback, got.value, want.value)
         return got
 
-    def judge_get(self, stack: str, ns: str | None, fallback: bool, mine: Checkpoint | None,
-                  theirs: Checkpoint | None) -> None:
+    def judge_get(
+        self,
+        stack: str,
+        ns: str | None,
+        fallback: bool,
+        mine: Checkpoint | None,
+        theirs: Checkpoint | None,
+    ) -> None:
         """Fail the rule that explains why the backend read ``mine`` and not ``theirs``."""
         if mine == theirs:
             return
-        what = (f"get_checkpoint({stack!r}, {ns!r}, fallback={fallback}) returned {mine!r}; "
-                f"reference returned {theirs!r}")
+        what = (
+            f"get_checkpoint({stack!r}, {ns!r}, fallback={fallback}) returned {mine!r}; "
+            f"reference returned {theirs!r}"
+        )
         if mine is not None and mine.namespace != ns:
             rule_id = (
                 "checkpoint.namespace.isolation"
@@ -277,9 +321,11 @@ class CheckpointMachine(ContractMachine):
         self.unexpected(got, "checkpoint.expiry.clean", "clean_expired_checkpoints")
         if self.tainted:
             return
-        self.direct(isinstance(got.value, int) and not isinstance(got.value, bool)
-                    and got.value >= 0, "checkpoint.expiry.clean",
-                    f"clean_expired_checkpoints returned {got.value!r}, not a count >= 0")
+        self.direct(
+            isinstance(got.value, int) and not isinstance(got.value, bool) and got.value >= 0,
+            "checkpoint.expiry.clean",
+            f"clean_expired_checkpoints returned {got.value!r}, not a count >= 0",
+        )
         now = self.now()
         for key, entry in list(self.ref_adapter._checkpoints.items()):
             if not entry.live(now):
@@ -287,14 +333,17 @@ class CheckpointMachine(ContractMachine):
         self.run(self.ref.adapter.clean_expired_checkpoints())
         # A live checkpoint must survive; an expired one must not be returned.
         for ns, stack in sorted(self.touched, key=repr):
-            got_cp = self.call(self.backend.adapter.get_checkpoint(stack, ns, fallback=False),
-                               "checkpoint.expiry.clean")
+            got_cp = self.call(
+                self.backend.adapter.get_checkpoint(stack, ns, fallback=False),
+                "checkpoint.expiry.clean",
+            )
             want_cp = self._ref_live((ns, stack))
             if self.tainted:
                 return
             if got_cp.value is None and want_cp is not None:
-                self.diverge("checkpoint.expiry.clean",
-                             f"clean-up removed the live checkpoint {want_cp!r}")
+                self.diverge(
+                    "checkpoint.expiry.clean", f"clean-up removed the live checkpoint {want_cp!r}"
+                )
             else:
                 self.judge_get(stack, ns, False, got_cp.value, want_cp)
 

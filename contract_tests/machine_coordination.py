@@ -49,8 +49,11 @@ class IdempotencyMachine(ContractMachine):
         return item is not None and self.now() >= item[1]
 
     def ttl(self, choice: str) -> int | None:
-        return {"default": None, "long": 3_600_000,
-                "short": 2_000 if self.clock_controlled else None}[choice]
+        return {
+            "default": None,
+            "long": 3_600_000,
+            "short": 2_000 if self.clock_controlled else None,
+        }[choice]
 
     @precondition(lambda self: self.live())
     @rule(key=KEYS, ttl=st.sampled_from(("default", "long", "short")))
@@ -61,14 +64,23 @@ class IdempotencyMachine(ContractMachine):
         want = self.call(self.ref_store.claim(k, self.ttl(ttl)), "idempotency.claim.once")
         self.unexpected(got, "idempotency.claim.once", "claim")
         if not self.tainted and got.value != want.value:
-            rule_id = "idempotency.expiry" if expired else (
-                "idempotency.complete" if "completed" in (got.value, want.value)
-                else "idempotency.claim.once")
+            rule_id = (
+                "idempotency.expiry"
+                if expired
+                else (
+                    "idempotency.complete"
+                    if "completed" in (got.value, want.value)
+                    else "idempotency.claim.once"
+                )
+            )
             self.diverge(rule_id, f"claim({k!r}) {got!r}; reference {want!r}")
 
     @precondition(lambda self: self.live())
-    @rule(key=KEYS, result=st.one_of(st.none(), json_values),
-          ttl=st.sampled_from(("default", "long", "short")))
+    @rule(
+        key=KEYS,
+        result=st.one_of(st.none(), json_values),
+        ttl=st.sampled_from(("default", "long", "short")),
+    )
     def complete(self, key: str, result: Any, ttl: str) -> None:
         k = self.kk(key)
         got = self.call(self.store.complete(k, result, self.ttl(ttl)), "idempotency.complete")
@@ -77,8 +89,11 @@ class IdempotencyMachine(ContractMachine):
         if self.tainted:
             return
         read = self.call(self.store.get_result(k), "idempotency.complete")
-        self.direct(read.value is not MISSING and _same(read.value, result),
-                    "idempotency.complete", f"completed {k!r} with {result!r}, get_result {read!r}")
+        self.direct(
+            read.value is not MISSING and _same(read.value, result),
+            "idempotency.complete",
+            f"completed {k!r} with {result!r}, get_result {read!r}",
+        )
         self.compare(key, "idempotency.complete")
 
     @precondition(lambda self: self.live())
@@ -103,8 +118,10 @@ class IdempotencyMachine(ContractMachine):
             want = self.call(getattr(self.ref_store, method)(k), "idempotency.complete")
             self.unexpected(got, "idempotency.complete", method)
             if not self.tainted and not _same(got.value, want.value):
-                self.diverge("idempotency.expiry" if expired else rule_hint or "idempotency.complete",
-                             f"{method}({k!r}) {got!r}; reference {want!r}")
+                self.diverge(
+                    "idempotency.expiry" if expired else rule_hint or "idempotency.complete",
+                    f"{method}({k!r}) {got!r}; reference {want!r}",
+                )
                 return
 
     @precondition(lambda self: self.live() and self.clock_controlled)
@@ -163,24 +180,37 @@ class LockMachine(ContractMachine):
         mine, theirs = got.value, want.value
         if mine.acquired:
             if custom:
-                self.direct(mine.token == token, "lock.token",
-                            f"custom token {token!r}, acquire returned {mine.token!r}")
+                self.direct(
+                    mine.token == token,
+                    "lock.token",
+                    f"custom token {token!r}, acquire returned {mine.token!r}",
+                )
             else:
-                self.direct(isinstance(mine.token, str) and TOKEN_FORMAT.fullmatch(mine.token),
-                            "lock.token", f"token {mine.token!r} is not lock_<ms>_<32 hex>")
-                self.direct(mine.token not in self.tokens, "lock.token",
-                            f"token {mine.token!r} returned twice")
-            self.direct(isinstance(mine.fencing_token, int)
-                        and mine.fencing_token > self.fences.get(k, 0), "lock.fencing",
-                        f"fencing token {mine.fencing_token!r} after {self.fences.get(k)!r}")
+                self.direct(
+                    isinstance(mine.token, str) and TOKEN_FORMAT.fullmatch(mine.token),
+                    "lock.token",
+                    f"token {mine.token!r} is not lock_<ms>_<32 hex>",
+                )
+                self.direct(
+                    mine.token not in self.tokens,
+                    "lock.token",
+                    f"token {mine.token!r} returned twice",
+                )
+            self.direct(
+                isinstance(mine.fencing_token, int) and mine.fencing_token > self.fences.get(k, 0),
+                "lock.fencing",
+                f"fencing token {mine.fencing_token!r} after {self.fences.get(k)!r}",
+            )
             if isinstance(mine.fencing_token, int):
                 self.fences[k] = mine.fencing_token
             self.tokens.add(mine.token)
         if self.tainted:
             return
         if mine.acquired != theirs.acquired:
-            self.diverge("lock.expiry" if expired else "lock.acquire.exclusive",
-                         f"acquire({k!r}) {got!r}; reference {want!r}")
+            self.diverge(
+                "lock.expiry" if expired else "lock.acquire.exclusive",
+                f"acquire({k!r}) {got!r}; reference {want!r}",
+            )
             return
         if mine.acquired:
             self.holders[k] = (theirs.token, mine.token)
@@ -197,9 +227,10 @@ class LockMachine(ContractMachine):
         want = self.call(self.ref_lock.release(k, ref_tok), "lock.release.token")
         self.unexpected(got, "lock.release.token", "release")
         if not self.tainted and got.value is not want.value:
-            self.diverge("lock.expiry" if expired else "lock.release.token",
-                         f"release({k!r}, {'holder' if holder else 'other'}) {got!r}; "
-                         f"reference {want!r}")
+            self.diverge(
+                "lock.expiry" if expired else "lock.release.token",
+                f"release({k!r}, {'holder' if holder else 'other'}) {got!r}; reference {want!r}",
+            )
         self.probe(k, "lock.release.token")
 
     @precondition(lambda self: self.live())
@@ -214,9 +245,10 @@ class LockMachine(ContractMachine):
         want = self.call(self.ref_lock.extend(k, ref_tok, self.ttl(ttl)), "lock.extend.token")
         self.unexpected(got, "lock.extend.token", "extend")
         if not self.tainted and got.value is not want.value:
-            self.diverge("lock.expiry" if expired else "lock.extend.token",
-                         f"extend({k!r}, {'holder' if holder else 'other'}) {got!r}; "
-                         f"reference {want!r}")
+            self.diverge(
+                "lock.expiry" if expired else "lock.extend.token",
+                f"extend({k!r}, {'holder' if holder else 'other'}) {got!r}; reference {want!r}",
+            )
 
     def probe(self, k: str, rule_id: str) -> None:
         """Whether the lock is held, observed by a try-acquire that is undone at once."""
@@ -229,8 +261,11 @@ class LockMachine(ContractMachine):
         if self.tainted:
             return
         if got.value.acquired != want.value.acquired:
-            self.diverge(rule_id, f"afterwards the lock {'was' if got.value.acquired else 'was not'}"
-                                  f" free; reference {want!r}")
+            self.diverge(
+                rule_id,
+                f"afterwards the lock {'was' if got.value.acquired else 'was not'}"
+                f" free; reference {want!r}",
+            )
             return
         if got.value.acquired:
             self.fences[k] = max(self.fences.get(k, 0), got.value.fencing_token or 0)
@@ -267,8 +302,10 @@ class NonceMachine(ContractMachine):
         want = self.call(self.ref.nonces.claim(k, ttl), "nonce.claim.once")  # type: ignore[union-attr]
         self.unexpected(got, "nonce.claim.once", "claim")
         if not self.tainted and got.value is not want.value:
-            self.diverge("nonce.expiry" if expired else "nonce.claim.once",
-                         f"claim({k!r}, {ttl}) {got!r}; reference {want!r}")
+            self.diverge(
+                "nonce.expiry" if expired else "nonce.claim.once",
+                f"claim({k!r}, {ttl}) {got!r}; reference {want!r}",
+            )
 
     @precondition(lambda self: self.live() and self.clock_controlled)
     @rule(ms=st.sampled_from((1, 1_499, 1_500, 2_000, 60_000)))

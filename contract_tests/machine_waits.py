@@ -11,7 +11,7 @@ from hypothesis.stateful import Bundle, multiple, precondition, rule
 from siglo.adapter import Capability
 from siglo.backends.memory.adapter import MemoryStorageAdapter
 from siglo.checkpoint import Checkpoint
-from siglo.contract_tests.machine_base import ContractMachine, Outcome, canon, json_values
+from siglo.contract_tests.machine_base import ContractMachine, canon, json_values
 from siglo.errors import WaitRecordClaimError
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
@@ -124,8 +124,10 @@ class WaitMachine(ContractMachine):
         if self.tainted:
             return
         if self.norm(got.value, True) != self.norm(want.value, False):
-            self.diverge(rule_hint or self.explain(key, got.value),
-                         f"get_wait_record({key!r}) {got!r}; reference {want!r}")
+            self.diverge(
+                rule_hint or self.explain(key, got.value),
+                f"get_wait_record({key!r}) {got!r}; reference {want!r}",
+            )
 
     # -- rules --------------------------------------------------------------------------
 
@@ -140,19 +142,43 @@ class WaitMachine(ContractMachine):
         ttl=st.sampled_from(("default", "long", "short")),
         payload=json_values,
     )
-    def save(self, key: str, stack: str, ns: str | None, status: Any, deadline: str,
-             ttl: str, payload: Any) -> Any:
+    def save(
+        self,
+        key: str,
+        stack: str,
+        ns: str | None,
+        status: Any,
+        deadline: str,
+        ttl: str,
+        payload: Any,
+    ) -> Any:
         now = self.now()
-        expires = {"none": None, "past": now - 600_000, "far": now + 3_600_000,
-                   "soon": now + 2_000 if self.clock_controlled else None}[deadline]
-        ttl_ms = {"default": None, "long": 7_200_000,
-                  "short": 4_000 if self.clock_controlled else None}[ttl]
+        expires = {
+            "none": None,
+            "past": now - 600_000,
+            "far": now + 3_600_000,
+            "soon": now + 2_000 if self.clock_controlled else None,
+        }[deadline]
+        ttl_ms = {
+            "default": None,
+            "long": 7_200_000,
+            "short": 4_000 if self.clock_controlled else None,
+        }[ttl]
         record = WaitRecord(
-            correlation_key=self.kk(key), stack_id=self.kk(stack), namespace=self.k(ns),
-            status=status, step_id="step", event_type="evt", created_at=now,
-            expires_at=expires, event_payload=payload, metadata={"m": [1]},
+            correlation_key=self.kk(key),
+            stack_id=self.kk(stack),
+            namespace=self.k(ns),
+            status=status,
+            step_id="step",
+            event_type="evt",
+            created_at=now,
+            expires_at=expires,
+            event_payload=payload,
+            metadata={"m": [1]},
         )
-        got = self.call(self.backend.adapter.save_wait_record(record, ttl_ms=ttl_ms), "wait.roundtrip")
+        got = self.call(
+            self.backend.adapter.save_wait_record(record, ttl_ms=ttl_ms), "wait.roundtrip"
+        )
         want = self.call(self.ref.adapter.save_wait_record(record, ttl_ms=ttl_ms), "wait.roundtrip")
         self.unexpected(got, "wait.roundtrip", "save_wait_record")
         if self.tainted:
@@ -162,8 +188,11 @@ class WaitMachine(ContractMachine):
         self.last_rule[record.correlation_key] = "wait.roundtrip"
         self.holders.pop(record.correlation_key, None)
         stored = self.by_key("backend", record.correlation_key)
-        self.direct(stored is not None and self.norm(stored, True) == self.norm(record, False),
-                    "wait.roundtrip", f"saved {record!r}, read back {stored!r}")
+        self.direct(
+            stored is not None and self.norm(stored, True) == self.norm(record, False),
+            "wait.roundtrip",
+            f"saved {record!r}, read back {stored!r}",
+        )
         self.compare_get(record.stack_id)
         return key
 
@@ -181,10 +210,15 @@ class WaitMachine(ContractMachine):
         payload=st.one_of(st.just(MISSING), json_values),
         lease=st.sampled_from(("default", "short", "long")),
     )
-    def claim(self, key: str, who: str | None, allow_expired: bool, payload: Any, lease: str) -> Any:
+    def claim(
+        self, key: str, who: str | None, allow_expired: bool, payload: Any, lease: str
+    ) -> Any:
         ck = self.kk(key)
-        lease_ms = {"default": None, "long": 600_000,
-                    "short": 1_500 if self.clock_controlled else None}[lease]
+        lease_ms = {
+            "default": None,
+            "long": 600_000,
+            "short": 1_500 if self.clock_controlled else None,
+        }[lease]
         if who == "holder":
             ref_who, be_who = self.holders.get(ck, ("c1", "c1"))
         else:
@@ -192,12 +226,18 @@ class WaitMachine(ContractMachine):
         known = self.ref_has(ck)
         ref_pre = self.ref_adapter._live_wait(ck, self.now())
         pre = self.by_key("backend", ck) if known else None
-        got = self.call(self.backend.adapter.claim_wait_record(
-            ck, be_who, allow_expired=allow_expired, event_payload=payload, lease_ms=lease_ms),
-            "wait.claim.once")
-        want = self.call(self.ref.adapter.claim_wait_record(
-            ck, ref_who, allow_expired=allow_expired, event_payload=payload, lease_ms=lease_ms),
-            "wait.claim.once")
+        got = self.call(
+            self.backend.adapter.claim_wait_record(
+                ck, be_who, allow_expired=allow_expired, event_payload=payload, lease_ms=lease_ms
+            ),
+            "wait.claim.once",
+        )
+        want = self.call(
+            self.ref.adapter.claim_wait_record(
+                ck, ref_who, allow_expired=allow_expired, event_payload=payload, lease_ms=lease_ms
+            ),
+            "wait.claim.once",
+        )
         self.unexpected(got, "wait.claim.once", "claim_wait_record")
         if self.tainted:
             return multiple()
@@ -215,8 +255,10 @@ class WaitMachine(ContractMachine):
             reason = "wait.claim.lease" if ref_pre.lease_expired(now) else "wait.claim.refused"
         elif ref_pre.status == "claimed":
             reason = "wait.claim.refused"  # the claimant renewing its lease
-        if reason in ("wait.claim.once", "wait.claim.lease") and ref_pre is not None and (
-            ref_pre.is_expired(now)
+        if (
+            reason in ("wait.claim.once", "wait.claim.lease")
+            and ref_pre is not None
+            and (ref_pre.is_expired(now))
         ):
             reason = "wait.claim.expired"
         note(f"# claim of a record {ref_pre and ref_pre.status} by {ref_who!r}: {reason}")
@@ -225,40 +267,66 @@ class WaitMachine(ContractMachine):
             self.alias[mine.claimant_id] = theirs.claimant_id
         # Direct rules.
         if mine is not None:
-            self.direct(mine.status == "claimed" and mine.correlation_key == ck, "wait.claim.once",
-                        f"claim returned {mine!r}, not a claimed record of {ck!r}")
-            self.direct(mine.claimant_id == be_who if be_who else bool(mine.claimant_id),
-                        "wait.claim.once", f"claimant_id {mine.claimant_id!r}, want {be_who!r}")
-            self.direct(mine.claimed_at is not None and mine.lease_expires_at ==
-                        mine.claimed_at + (lease_ms or self.lease_default), "wait.claim.once",
-                        f"claimed_at {mine.claimed_at}, lease_expires_at {mine.lease_expires_at}, "
-                        f"lease {lease_ms or self.lease_default} ms")
+            self.direct(
+                mine.status == "claimed" and mine.correlation_key == ck,
+                "wait.claim.once",
+                f"claim returned {mine!r}, not a claimed record of {ck!r}",
+            )
+            self.direct(
+                mine.claimant_id == be_who if be_who else bool(mine.claimant_id),
+                "wait.claim.once",
+                f"claimant_id {mine.claimant_id!r}, want {be_who!r}",
+            )
+            self.direct(
+                mine.claimed_at is not None
+                and mine.lease_expires_at == mine.claimed_at + (lease_ms or self.lease_default),
+                "wait.claim.once",
+                f"claimed_at {mine.claimed_at}, lease_expires_at {mine.lease_expires_at}, "
+                f"lease {lease_ms or self.lease_default} ms",
+            )
             if pre is not None:
                 expected_payload = pre.event_payload if payload is MISSING else payload
-                self.direct(canon(mine.event_payload) == canon(expected_payload), "wait.claim.once",
-                            f"event_payload {mine.event_payload!r}, want {expected_payload!r}")
-                self.direct(not pre.is_expired(now) or allow_expired, "wait.claim.expired",
-                            f"claimed a record past its deadline without allow_expired: {pre!r}")
-                self.direct(pre.status not in ("completed", "cancelled"), "wait.claim.refused",
-                            f"claimed a {pre.status} record")
+                self.direct(
+                    canon(mine.event_payload) == canon(expected_payload),
+                    "wait.claim.once",
+                    f"event_payload {mine.event_payload!r}, want {expected_payload!r}",
+                )
+                self.direct(
+                    not pre.is_expired(now) or allow_expired,
+                    "wait.claim.expired",
+                    f"claimed a record past its deadline without allow_expired: {pre!r}",
+                )
+                self.direct(
+                    pre.status not in ("completed", "cancelled"),
+                    "wait.claim.refused",
+                    f"claimed a {pre.status} record",
+                )
             after = self.by_key("backend", ck)
-            self.direct(after == mine, "wait.claim.once",
-                        f"claim returned {mine!r} but the store has {after!r}")
+            self.direct(
+                after == mine,
+                "wait.claim.once",
+                f"claim returned {mine!r} but the store has {after!r}",
+            )
         elif pre is not None:
             after = self.by_key("backend", ck)
-            self.direct(after == pre, "wait.claim.refused",
-                        f"a refused claim changed {pre!r} into {after!r}")
+            self.direct(
+                after == pre,
+                "wait.claim.refused",
+                f"a refused claim changed {pre!r} into {after!r}",
+            )
         if self.tainted:
             return multiple()
         if self.norm(mine, True) != self.norm(theirs, False):
             rule_id = reason
             if mine is not None and theirs is not None:
                 rule_id = "wait.claim.once" if reason == "wait.claim.refused" else reason
-            self.diverge(rule_id, f"claim_wait_record({ck!r}, {ref_who!r}) {got!r}; "
-                                  f"reference {want!r}")
+            self.diverge(
+                rule_id, f"claim_wait_record({ck!r}, {ref_who!r}) {got!r}; reference {want!r}"
+            )
             return multiple()
         if theirs is not None and mine is not None:
-            assert mine.claimant_id and theirs.claimant_id
+            assert mine.claimant_id
+            assert theirs.claimant_id
             self.holders[ck] = (theirs.claimant_id, mine.claimant_id)
             self.last_rule[ck] = reason if reason != "wait.claim.refused" else "wait.claim.once"
             return key
@@ -271,8 +339,12 @@ class WaitMachine(ContractMachine):
         ref_who, be_who = self.holders.get(ck, ("c1", "c1")) if who == "holder" else (who, who)
         known = self.ref_has(ck)
         pre = self.by_key("backend", ck) if known else None
-        got = self.call(self.backend.adapter.complete_wait_record(ck, be_who), "wait.complete.claimant")
-        want = self.call(self.ref.adapter.complete_wait_record(ck, ref_who), "wait.complete.claimant")
+        got = self.call(
+            self.backend.adapter.complete_wait_record(ck, be_who), "wait.complete.claimant"
+        )
+        want = self.call(
+            self.ref.adapter.complete_wait_record(ck, ref_who), "wait.complete.claimant"
+        )
         if self.tainted:
             return
         for out in (got,):
@@ -282,22 +354,34 @@ class WaitMachine(ContractMachine):
         if pre is not None:
             after = self.by_key("backend", ck)
             if got.ok:
-                self.direct(pre.status == "claimed" and pre.claimant_id == be_who,
-                            "wait.complete.claimant",
-                            f"{be_who!r} completed a record {pre.status} by {pre.claimant_id!r}")
-                self.direct(after is not None and after.status == "completed",
-                            "wait.complete.claimant", f"after complete the record is {after!r}")
+                self.direct(
+                    pre.status == "claimed" and pre.claimant_id == be_who,
+                    "wait.complete.claimant",
+                    f"{be_who!r} completed a record {pre.status} by {pre.claimant_id!r}",
+                )
+                self.direct(
+                    after is not None and after.status == "completed",
+                    "wait.complete.claimant",
+                    f"after complete the record is {after!r}",
+                )
             else:
-                self.direct(after == pre, "wait.complete.claimant",
-                            f"a refused complete changed {pre!r} into {after!r}")
+                self.direct(
+                    after == pre,
+                    "wait.complete.claimant",
+                    f"a refused complete changed {pre!r} into {after!r}",
+                )
         if self.tainted:
             return
         entry = self.ref_adapter._waits.get(ck)
         if got.ok != want.ok:
-            rule_id = ("wait.retention" if entry is not None and not entry.live(self.now())
-                       else "wait.complete.claimant")
-            self.diverge(rule_id, f"complete_wait_record({ck!r}, {be_who!r}) {got!r}; "
-                                  f"reference {want!r}")
+            rule_id = (
+                "wait.retention"
+                if entry is not None and not entry.live(self.now())
+                else "wait.complete.claimant"
+            )
+            self.diverge(
+                rule_id, f"complete_wait_record({ck!r}, {be_who!r}) {got!r}; reference {want!r}"
+            )
             return
         if want.ok:
             self.last_rule[ck] = "wait.complete.claimant"
@@ -317,18 +401,28 @@ class WaitMachine(ContractMachine):
         if pre is not None:
             after = self.by_key("backend", ck)
             if got.value is True:
-                self.direct(pre.status in ("waiting", "claimed") and after is not None
-                            and after.status == "cancelled", "wait.cancel",
-                            f"cancel returned True: {pre!r} → {after!r}")
+                self.direct(
+                    pre.status in ("waiting", "claimed")
+                    and after is not None
+                    and after.status == "cancelled",
+                    "wait.cancel",
+                    f"cancel returned True: {pre!r} → {after!r}",
+                )
             else:
-                self.direct(after == pre, "wait.cancel",
-                            f"cancel returned {got.value!r} but changed {pre!r} into {after!r}")
+                self.direct(
+                    after == pre,
+                    "wait.cancel",
+                    f"cancel returned {got.value!r} but changed {pre!r} into {after!r}",
+                )
         if self.tainted:
             return
         if got.value is not want.value:
             entry = self.ref_adapter._waits.get(ck)
-            rule_id = ("wait.retention" if entry is not None and not entry.live(self.now())
-                       else "wait.cancel")
+            rule_id = (
+                "wait.retention"
+                if entry is not None and not entry.live(self.now())
+                else "wait.cancel"
+            )
             self.diverge(rule_id, f"cancel_wait_record({ck!r}) {got!r}; reference {want!r}")
             return
         if want.value:
@@ -363,12 +457,21 @@ class WaitMachine(ContractMachine):
         current = self.ref_adapter._live_checkpoint(key, self.now())
         metadata = None
         if embed:
-            embedded = WaitRecord(correlation_key=self.kk("embedded"), stack_id=key[1],
-                                  namespace=key[0], event_type="evt")
+            embedded = WaitRecord(
+                correlation_key=self.kk("embedded"),
+                stack_id=key[1],
+                namespace=key[0],
+                event_type="evt",
+            )
             metadata = {"waitRecord": embedded.to_wire()}
-        cp = Checkpoint(stack_id=key[1], namespace=key[0], status=status,
-                        revision=(current.revision if current else 0) + 1,
-                        timestamp=self.now(), metadata=metadata)
+        cp = Checkpoint(
+            stack_id=key[1],
+            namespace=key[0],
+            status=status,
+            revision=(current.revision if current else 0) + 1,
+            timestamp=self.now(),
+            metadata=metadata,
+        )
         got = self.call(self.backend.adapter.save_checkpoint(cp), "checkpoint.roundtrip")
         want = self.call(self.ref.adapter.save_checkpoint(cp), "checkpoint.roundtrip")
         if self.tainted:
@@ -396,13 +499,17 @@ class WaitMachine(ContractMachine):
                 return
         if self.declared(Capability.CHECKPOINTS):
             for cns, cstack in sorted(self.cp_keys, key=repr):
-                mine = self.call(self.backend.adapter.get_checkpoint(cstack, cns, fallback=False),
-                                 "wait.cancel-workflow")
+                mine = self.call(
+                    self.backend.adapter.get_checkpoint(cstack, cns, fallback=False),
+                    "wait.cancel-workflow",
+                )
                 theirs = self.ref_adapter._live_checkpoint((cns, cstack), self.now())
                 if self.norm_cp(mine.value) != self.norm_cp(theirs):
-                    self.diverge("wait.cancel-workflow",
-                                 f"after cancel_workflow({sid!r}, {nsk!r}) the checkpoint at "
-                                 f"({cns!r}, {cstack!r}) is {mine!r}; reference {theirs!r}")
+                    self.diverge(
+                        "wait.cancel-workflow",
+                        f"after cancel_workflow({sid!r}, {nsk!r}) the checkpoint at "
+                        f"({cns!r}, {cstack!r}) is {mine!r}; reference {theirs!r}",
+                    )
                     return
 
     @precondition(lambda self: self.live() and self.clock_controlled)

@@ -13,18 +13,32 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("siglo", "siglo contract suite")
-    group.addoption("--siglo-url", default=None,
-                    help="Backend URL a ContractSuite subclass without its own url runs against.")
-    group.addoption("--siglo-examples", type=int, default=None,
-                    help="Examples per contract state machine (overrides the profile).")
+    group.addoption(
+        "--siglo-url",
+        default=None,
+        help="Backend URL a ContractSuite subclass without its own url runs against.",
+    )
+    group.addoption(
+        "--siglo-examples",
+        type=int,
+        default=None,
+        help="Examples per contract state machine (overrides the profile).",
+    )
     group.addoption("--siglo-seed", type=int, default=None, help="Seed of the contract suite.")
-    group.addoption("--siglo-profile", default=None, choices=("ci", "thorough"),
-                    help="Hypothesis budget of the contract suite (default: ci).")
-    group.addoption("--siglo-rule", action="append", default=None, metavar="PATTERN",
-                    help="Only contract rules matching PATTERN (repeatable).")
+    group.addoption(
+        "--siglo-profile",
+        default=None,
+        choices=("ci", "thorough"),
+        help="Hypothesis budget of the contract suite (default: ci).",
+    )
+    group.addoption(
+        "--siglo-rule",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="Only contract rules matching PATTERN (repeatable).",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "rule(*ids): the docs/contract.md rule ids this test checks"
-    )
+    config.addinivalue_line("markers", "rule(*ids): the docs/contract.md rule ids this test checks")

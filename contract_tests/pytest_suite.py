@@ -27,6 +27,9 @@ from siglo.contract_tests.runner import Report, run_contract
 
 __all__ = ["ContractSuite"]
 
+_REPORTS: dict[type, Report] = {}
+"""One run per suite class (a function-scoped fixture reads it)."""
+
 
 class ContractSuite:
     """Base class: set :attr:`url` or :attr:`backend_factory` (or pass ``--siglo-url``)."""
@@ -45,16 +48,26 @@ class ContractSuite:
     options: ClassVar[dict[str, Any] | None] = None
     """Factory options (default: the suite's explicit TTLs, so the reference agrees)."""
 
-    @pytest.fixture(scope="class")
+    @pytest.fixture
     def siglo_contract_report(self, request: pytest.FixtureRequest) -> Report:
         """The suite's report for this class's backend (run once per class)."""
         cls = request.cls
-        config = request.config
-        target: Any = cls.backend_factory if cls.backend_factory is not None else (
-            cls.url or config.getoption("siglo_url"))
+        assert cls is not None
+        if cls not in _REPORTS:
+            _REPORTS[cls] = self._run(request.config, cls)
+        return _REPORTS[cls]
+
+    @staticmethod
+    def _run(config: pytest.Config, cls: type[ContractSuite]) -> Report:
+        target: Any = (
+            cls.backend_factory
+            if cls.backend_factory is not None
+            else (cls.url or config.getoption("siglo_url"))
+        )
         if target is None:
-            pytest.fail(f"{cls.__name__}: set url or backend_factory, or pass --siglo-url",
-                        pytrace=False)
+            pytest.fail(
+                f"{cls.__name__}: set url or backend_factory, or pass --siglo-url", pytrace=False
+            )
         return run_contract(
             target,
             rules=cls.rules or config.getoption("siglo_rule"),
@@ -74,5 +87,8 @@ class ContractSuite:
         if result.verdict == "not supported":
             pytest.skip(f"not supported: {result.detail}")
         if result.verdict != "pass":
-            pytest.fail(f"{rule_id}: {result.verdict}\n{result.detail}\n"
-                        f"(seed {siglo_contract_report.seed})", pytrace=False)
+            pytest.fail(
+                f"{rule_id}: {result.verdict}\n{result.detail}\n"
+                f"(seed {siglo_contract_report.seed})",
+                pytrace=False,
+            )

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from siglo.contract_tests.target import Session
 
 __all__ = [
-    "CHECKS",
+    "CHECK_ATTRIBUTE",
     "Check",
     "CheckContext",
     "RuleViolation",
@@ -130,26 +130,30 @@ class Check:
         return frozenset(caps)
 
 
-CHECKS: Final[list[Check]] = []
-"""Every check of the suite, in registration order."""
+CHECK_ATTRIBUTE: Final = "siglo_contract_check"
+"""The attribute :func:`check` sets on a check function (collected by ``checks.all_checks``)."""
 
 
 def check(
     *rule_ids: str, requires: tuple[Capability, ...] = ()
 ) -> Callable[[AsyncCheck], AsyncCheck]:
-    """Register an async check of ``rule_ids``."""
+    """Declare an async check of ``rule_ids``."""
     for rule_id in rule_ids:
         lookup_rule(rule_id)
 
     def register(fn: AsyncCheck) -> AsyncCheck:
-        CHECKS.append(
+        # Marked, not appended to a global list: collecting from the modules stays right
+        # when a test harness re-imports them.
+        setattr(
+            fn,
+            CHECK_ATTRIBUTE,
             Check(
                 name=fn.__name__,
                 rules=rule_ids,
                 requires=frozenset(requires),
                 fn=fn,
                 doc=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
-            )
+            ),
         )
         return fn
 

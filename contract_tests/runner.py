@@ -17,10 +17,9 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from siglo.adapter import Capability
-from siglo.contract_tests.registry import CHECKS, Check, CheckContext, RuleViolation
+from siglo.contract_tests.registry import Check, CheckContext, RuleViolation
 from siglo.contract_tests.rules import Rule, select_rules
 from siglo.contract_tests.target import (
-    DEFAULT_OPTIONS,
     BackendFactory,
     Session,
     Target,
@@ -82,12 +81,12 @@ class Report:
         for res in self.results.values():
             body = ""
             if res.verdict == "FAIL":
-                body = f"<failure message={quoteattr(res.detail.splitlines()[0] if res.detail else 'failed')}>{escape(res.detail)}</failure>"
+                first = res.detail.splitlines()[0] if res.detail else "failed"
+                body = f"<failure message={quoteattr(first)}>{escape(res.detail)}</failure>"
             elif res.verdict != "pass":
                 body = f"<skipped message={quoteattr(res.verdict)}/>"
-            cases.append(
-                f'  <testcase classname="siglo.contract" name={quoteattr(res.rule.id)}>{body}</testcase>'
-            )
+            name = quoteattr(res.rule.id)
+            cases.append(f'  <testcase classname="siglo.contract" name={name}>{body}</testcase>')
         failures = len(self.failures)
         skipped = sum(r.verdict not in ("pass", "FAIL") for r in self.results.values())
         return (
@@ -156,15 +155,17 @@ def run_contract(
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
         phases=[p for p in Phase if p is not Phase.explain],
-        **budget,
+        max_examples=budget["max_examples"],
+        stateful_step_count=budget["stateful_step_count"],
     )
 
-    _load_checks()
+    from siglo.contract_tests.checks import all_checks
+
     started = time.monotonic()
     outcomes: dict[str, _CheckOutcome] = {}
     to_run = [
         c
-        for c in CHECKS
+        for c in all_checks()
         if selected_ids.intersection(c.rules) and c.capabilities() <= tgt.capabilities
     ]
     loop = asyncio.new_event_loop()
@@ -193,7 +194,9 @@ def run_contract(
     for r in selected:
         names = [c.name for c in to_run if r.id in c.rules]
         if r.capability is not None and r.capability not in tgt.capabilities:
-            results[r.id] = RuleResult(r, "not supported", f"capability {r.capability.value!r} not declared")
+            results[r.id] = RuleResult(
+                r, "not supported", f"capability {r.capability.value!r} not declared"
+            )
             continue
         failed = [o.failed[r.id] for o in outcomes.values() if r.id in o.failed]
         if failed:
@@ -205,17 +208,14 @@ def run_contract(
     return Report(tgt.label, seed, profile, results, time.monotonic() - started)
 
 
-def _load_checks() -> None:
-    # Importing the check modules registers their checks.
-    from siglo.contract_tests import checks  # noqa: F401
-
-
 def _describe(exc: BaseException) -> str:
     notes = getattr(exc, "__notes__", [])
     return "\n".join([str(exc), *notes])
 
 
-def _run_async_check(chk: Check, session: Session, loop: asyncio.AbstractEventLoop) -> _CheckOutcome:
+def _run_async_check(
+    chk: Check, session: Session, loop: asyncio.AbstractEventLoop
+) -> _CheckOutcome:
     assert chk.fn is not None
     out = _CheckOutcome()
 
@@ -229,10 +229,10 @@ def _run_async_check(chk: Check, session: Session, loop: asyncio.AbstractEventLo
     except RuleViolation as exc:
         out.failed[exc.rule_id] = f"{chk.name}: {_describe(exc)}"
     except CapabilityNotSupportedError as exc:
-        out.failed["capability.declared"] = f"{chk.name}: {exc}"
+        out.failed["capability.declared"] = f"[capability.declared] {chk.name}: {exc}"
     except Exception as exc:
         tb = "".join(traceback.format_exception(exc, limit=-3))
-        out.failed[chk.rules[0]] = f"{chk.name} raised {exc!r}\n{tb}"
+        out.failed[chk.rules[0]] = f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}"
     return out
 
 
@@ -256,18 +256,27 @@ def _run_machine(
         assert issubclass(machine_cls, ContractMachine)
         machine_cls = hypothesis_seed(seed)(machine_cls)
         lines: list[str] = []
+
+        def collect(line: object, sink: list[str] = lines) -> None:
+            sink.append(str(line))
+
         try:
-            with with_reporter(lines.append):
+            with with_reporter(collect):
                 run_state_machine_as_test(machine_cls, settings=hyp_settings)
         except RuleViolation as exc:
             program = "\n".join(lines)
-            detail = f"{_describe(exc)}\nFalsifying program:\n{program}" if program else _describe(exc)
+            detail = (
+                f"{_describe(exc)}\nFalsifying program:\n{program}" if program else _describe(exc)
+            )
             out.failed.setdefault(exc.rule_id, detail)
             skip.add(exc.rule_id)
             continue
         except Exception as exc:
             tb = "".join(traceback.format_exception(exc, limit=-4))
-            out.failed.setdefault(chk.rules[0], f"{chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines))
+            out.failed.setdefault(
+                chk.rules[0],
+                f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines),
+            )
             break
         out.completed = True
         break

@@ -11,6 +11,7 @@ a third party's factory) get a new backend per example instead.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -36,6 +37,26 @@ DEFAULT_OPTIONS: Final[dict[str, Any]] = {
     "claim_lease_ms": 60_000,
 }
 """Options passed to the backend under test *and* the reference, so their defaults agree."""
+
+
+def accepted_options(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The ``options`` that ``fn`` accepts by name (all of them if it takes ``**kwargs``),
+    so a backend without, say, wait records need not declare ``claim_lease_ms``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return options
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return options
+    names = {p.name for p in params}
+    return {k: v for k, v in options.items() if k in names}
+
+
+def connect_url(url: str, **options: Any) -> Backend:
+    """``siglo.connect(url, **options)``, passing only the options the factory accepts."""
+    factory = get_registry().for_url(url).load_factory()
+    backend: Backend = factory(url, **accepted_options(factory, options))
+    return backend
 
 
 def declared_capabilities(backend: Backend) -> frozenset[Capability]:
@@ -72,17 +93,26 @@ class Target:
         """The backend registered for ``url``'s scheme, with its declared capabilities."""
         spec = get_registry().for_url(url)
         factory = spec.load_factory()
+        isolated = spec.load_isolated()
+
+        def make(**opts: Any) -> Backend:
+            backend: Backend = factory(url, **accepted_options(factory, opts))
+            return backend
+
+        def make_isolated(**opts: Any) -> AbstractAsyncContextManager[Backend]:
+            assert isolated is not None
+            cm: AbstractAsyncContextManager[Backend] = isolated(
+                url, **accepted_options(isolated, opts)
+            )
+            return cm
+
         return cls(
             label=url,
             capabilities=spec.capabilities,
             multiprocess=spec.multiprocess,
             url=url,
-            factory=lambda **opts: factory(url, **opts),
-            isolated=(
-                (lambda **opts: isolated(url, **opts))
-                if (isolated := spec.load_isolated()) is not None
-                else None
-            ),
+            factory=make,
+            isolated=make_isolated if isolated is not None else None,
             options=dict(DEFAULT_OPTIONS if options is None else options),
         )
 
@@ -108,7 +138,7 @@ class Target:
 
                 asyncio.run(probe.aclose())
         return cls(
-            label=label or getattr(factory, "__qualname__", repr(factory)),
+            label=label or str(getattr(factory, "__qualname__", repr(factory))),
             capabilities=frozenset(capabilities),
             multiprocess=False,
             factory=factory,
@@ -182,9 +212,7 @@ class Session:
     def open_backend(self) -> Backend:
         """A new connection to this run's storage (the shared one when isolated)."""
         if self._shared is not None:
-            from siglo.connect import connect
-
-            return connect(self._shared.url, **self.backend_options())
+            return connect_url(self._shared.url, **self.backend_options())
         raise RuntimeError("no shared storage: this target makes a backend per example")
 
     def reference(self) -> Backend:

@@ -14,21 +14,26 @@ from typing import Any
 
 from siglo.checkpoint import Checkpoint
 from siglo.clock import ManualClock
-from siglo.connect import connect
 from siglo.errors import CheckpointConflictError
 
 __all__ = ["run_worker"]
 
 
-def run_worker(kind: str, url: str, options: dict[str, Any], start_at: float, args: dict[str, Any]) -> Any:
+def run_worker(
+    kind: str, url: str, options: dict[str, Any], start_at: float, args: dict[str, Any]
+) -> Any:
     """Entry point of a worker process (a module-level function, so spawn can pickle it)."""
     if options.pop("manual_clock_ms", None) is not None:
         options["clock"] = ManualClock(args["now_ms"])
     return asyncio.run(_work(kind, url, options, start_at, args))
 
 
-async def _work(kind: str, url: str, options: dict[str, Any], start_at: float, args: dict[str, Any]) -> Any:
-    backend = connect(url, **options)
+async def _work(
+    kind: str, url: str, options: dict[str, Any], start_at: float, args: dict[str, Any]
+) -> Any:
+    from siglo.contract_tests.target import connect_url
+
+    backend = connect_url(url, **options)
     try:
         # Warm the connection first, so the race is between calls, not connects.
         if kind == "cas_save" or kind == "workflow_lock":
@@ -46,7 +51,8 @@ async def _work(kind: str, url: str, options: dict[str, Any], start_at: float, a
                 doc = dict(args["checkpoint"], revision=args["expected"] + i + 1)
                 try:
                     await backend.adapter.save_checkpoint(
-                        Checkpoint.from_wire(doc), expected_revision=args["expected"] + i)
+                        Checkpoint.from_wire(doc), expected_revision=args["expected"] + i
+                    )
                     outcomes.append("won")
                 except CheckpointConflictError:
                     outcomes.append("conflict")

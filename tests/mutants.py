@@ -62,8 +62,9 @@ def _factory(
 
 
 class DropsExtraFields(MemoryStorageAdapter):
-    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
-                             fallback: bool = True) -> Checkpoint | None:
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
         cp = await super().get_checkpoint(stack_id, namespace, fallback=fallback)
         return None if cp is None else cp.replace(extra={})
 
@@ -71,20 +72,23 @@ class DropsExtraFields(MemoryStorageAdapter):
 class GhostCheckpoint(MemoryStorageAdapter):
     """A stack never saved reads as an empty revision-0 checkpoint."""
 
-    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
-                             fallback: bool = True) -> Checkpoint | None:
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
         cp = await super().get_checkpoint(stack_id, namespace, fallback=fallback)
         if cp is None:
-            return Checkpoint(stack_id=stack_id, namespace=namespace, revision=0,
-                              timestamp=self.clock.now_ms())
+            return Checkpoint(
+                stack_id=stack_id, namespace=namespace, revision=0, timestamp=self.clock.now_ms()
+            )
         return cp
 
 
 class AbsentIsNotZero(MemoryStorageAdapter):
     """With expected_revision=0 a save of a new stack conflicts (absent taken as None)."""
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, *,
-                              expected_revision: int | None = None) -> None:
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
         if expected_revision == 0:
             now = self.clock.now_ms()
             if self._live_checkpoint((checkpoint.namespace, checkpoint.stack_id), now) is None:
@@ -95,8 +99,9 @@ class AbsentIsNotZero(MemoryStorageAdapter):
 class IgnoresExpectedRevision(MemoryStorageAdapter):
     """A save with expected_revision stores whatever is stored."""
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, *,
-                              expected_revision: int | None = None) -> None:
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
         check_save_arguments(checkpoint, expected_revision)
         if expected_revision is None:
             await super().save_checkpoint(checkpoint)
@@ -108,14 +113,17 @@ class IgnoresExpectedRevision(MemoryStorageAdapter):
 class AllowsSidewaysSave(MemoryStorageAdapter):
     """Without expected_revision, a save of the stored revision is accepted."""
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, *,
-                              expected_revision: int | None = None) -> None:
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
         if expected_revision is None:
-            current = self._live_checkpoint((checkpoint.namespace, checkpoint.stack_id),
-                                            self.clock.now_ms())
+            current = self._live_checkpoint(
+                (checkpoint.namespace, checkpoint.stack_id), self.clock.now_ms()
+            )
             if current is not None and current.revision == checkpoint.revision:
-                self._checkpoints[(checkpoint.namespace, checkpoint.stack_id)].data = (
-                    checkpoint.to_json())
+                self._checkpoints[
+                    (checkpoint.namespace, checkpoint.stack_id)
+                ].data = checkpoint.to_json()
                 return
         await super().save_checkpoint(checkpoint, expected_revision=expected_revision)
 
@@ -123,14 +131,19 @@ class AllowsSidewaysSave(MemoryStorageAdapter):
 class ReadThenWriteSave(MemoryStorageAdapter):
     """Checks the revision, then yields to the event loop before writing: not atomic."""
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, *,
-                              expected_revision: int | None = None) -> None:
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
         key = (checkpoint.namespace, checkpoint.stack_id)
         current = self._live_checkpoint(key, self.clock.now_ms())
         stored = 0 if current is None else current.revision
         if expected_revision is not None and stored != expected_revision:
-            raise CheckpointConflictError(checkpoint.stack_id, current and current.revision,
-                                          expected_revision, checkpoint.revision)
+            raise CheckpointConflictError(
+                checkpoint.stack_id,
+                current and current.revision,
+                expected_revision,
+                checkpoint.revision,
+            )
         await asyncio.sleep(0)
         self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
 
@@ -142,22 +155,28 @@ class OneBucketForNamespaces(MemoryStorageAdapter):
     def _ns(namespace: str | None) -> str | None:
         return None if namespace is None else "ns"
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, *,
-                              expected_revision: int | None = None) -> None:
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
         stored = checkpoint.namespace
         key = (self._ns(stored), checkpoint.stack_id)
         current = self._live_checkpoint(key, self.clock.now_ms())
         revision = None if current is None else current.revision
-        ok = ((revision or 0) == expected_revision if expected_revision is not None
-              else revision is None or checkpoint.revision > revision)
+        ok = (
+            (revision or 0) == expected_revision
+            if expected_revision is not None
+            else revision is None or checkpoint.revision > revision
+        )
         check_save_arguments(checkpoint, expected_revision)
         if not ok:
-            raise CheckpointConflictError(checkpoint.stack_id, revision, expected_revision,
-                                          checkpoint.revision)
+            raise CheckpointConflictError(
+                checkpoint.stack_id, revision, expected_revision, checkpoint.revision
+            )
         self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
 
-    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
-                             fallback: bool = True) -> Checkpoint | None:
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
         now = self.clock.now_ms()
         found = self._live_checkpoint((self._ns(namespace), stack_id), now)
         if found is None and namespace is not None and fallback:
@@ -166,14 +185,16 @@ class OneBucketForNamespaces(MemoryStorageAdapter):
 
 
 class AlwaysFallsBack(MemoryStorageAdapter):
-    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
-                             fallback: bool = True) -> Checkpoint | None:
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
         return await super().get_checkpoint(stack_id, namespace, fallback=True)
 
 
 class ReturnsExpired(MemoryStorageAdapter):
-    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
-                             fallback: bool = True) -> Checkpoint | None:
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
         for key in ((namespace, stack_id), (None, stack_id)):
             entry = self._checkpoints.get(key)
             if entry is not None:
@@ -196,20 +217,25 @@ class CleansLiveCheckpoints(MemoryStorageAdapter):
 class TruncatesIds(MemoryStorageAdapter):
     """Stores checkpoints under the first 255 characters of the stack id (a VARCHAR(255))."""
 
-    async def save_checkpoint(self, checkpoint: Checkpoint, *,
-                              expected_revision: int | None = None) -> None:
-        await super().save_checkpoint(checkpoint.replace(stack_id=checkpoint.stack_id[:255]),
-                                      expected_revision=expected_revision)
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        await super().save_checkpoint(
+            checkpoint.replace(stack_id=checkpoint.stack_id[:255]),
+            expected_revision=expected_revision,
+        )
 
-    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
-                             fallback: bool = True) -> Checkpoint | None:
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
         cp = await super().get_checkpoint(stack_id[:255], namespace, fallback=fallback)
         return None if cp is None else cp.replace(stack_id=stack_id)
 
 
 class AcceptsEmptyIds(MemoryStorageAdapter):
-    async def get_checkpoint(self, stack_id: str, namespace: str | None = None, *,
-                             fallback: bool = True) -> Checkpoint | None:
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
         if stack_id == "":
             return None
         return await super().get_checkpoint(stack_id, namespace, fallback=fallback)
@@ -245,21 +271,37 @@ class NoCheckpointFallback(MemoryStorageAdapter):
 class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
     """Checks the record is waiting, yields to the event loop, then writes: not atomic."""
 
-    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
-                                allow_expired: bool = False, event_payload: Any = MISSING,
-                                lease_ms: int | None = None) -> WaitRecord | None:
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
         now = self.clock.now_ms()
         record = self._live_wait(correlation_key, now)
-        if record is None or record.status != "waiting" or (
-                record.is_expired(now) and not allow_expired):
+        if (
+            record is None
+            or record.status != "waiting"
+            or (record.is_expired(now) and not allow_expired)
+        ):
             return await super().claim_wait_record(
-                correlation_key, claimant_id, allow_expired=allow_expired,
-                event_payload=event_payload, lease_ms=lease_ms)
+                correlation_key,
+                claimant_id,
+                allow_expired=allow_expired,
+                event_payload=event_payload,
+                lease_ms=lease_ms,
+            )
         await asyncio.sleep(0)
         claimed = record.replace(
-            status="claimed", claimant_id=claimant_id or secrets.token_hex(8), claimed_at=now,
+            status="claimed",
+            claimant_id=claimant_id or secrets.token_hex(8),
+            claimed_at=now,
             lease_expires_at=now + (lease_ms or self.claim_lease_ms),
-            event_payload=record.event_payload if event_payload is MISSING else event_payload)
+            event_payload=record.event_payload if event_payload is MISSING else event_payload,
+        )
         self._store_wait(claimed)
         return claimed
 
@@ -267,37 +309,66 @@ class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
 class ClaimsCompleted(MemoryStorageAdapter):
     """A completed record can be claimed again."""
 
-    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
-                                allow_expired: bool = False, event_payload: Any = MISSING,
-                                lease_ms: int | None = None) -> WaitRecord | None:
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is not None and record.status == "completed":
             self._store_wait(record.replace(status="waiting"))
         return await super().claim_wait_record(
-            correlation_key, claimant_id, allow_expired=allow_expired,
-            event_payload=event_payload, lease_ms=lease_ms)
+            correlation_key,
+            claimant_id,
+            allow_expired=allow_expired,
+            event_payload=event_payload,
+            lease_ms=lease_ms,
+        )
 
 
 class IgnoresDeadline(MemoryStorageAdapter):
-    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
-                                allow_expired: bool = False, event_payload: Any = MISSING,
-                                lease_ms: int | None = None) -> WaitRecord | None:
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
         return await super().claim_wait_record(
-            correlation_key, claimant_id, allow_expired=True,
-            event_payload=event_payload, lease_ms=lease_ms)
+            correlation_key,
+            claimant_id,
+            allow_expired=True,
+            event_payload=event_payload,
+            lease_ms=lease_ms,
+        )
 
 
 class LeaseNeverEnds(MemoryStorageAdapter):
-    async def claim_wait_record(self, correlation_key: str, claimant_id: str | None = None, *,
-                                allow_expired: bool = False, event_payload: Any = MISSING,
-                                lease_ms: int | None = None) -> WaitRecord | None:
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
         record = self._live_wait(correlation_key, self.clock.now_ms())
-        if (record is not None and record.status == "claimed"
-                and record.claimant_id != claimant_id):
+        if record is not None and record.status == "claimed" and record.claimant_id != claimant_id:
             return None
         return await super().claim_wait_record(
-            correlation_key, claimant_id, allow_expired=allow_expired,
-            event_payload=event_payload, lease_ms=lease_ms)
+            correlation_key,
+            claimant_id,
+            allow_expired=allow_expired,
+            event_payload=event_payload,
+            lease_ms=lease_ms,
+        )
 
 
 class AnyoneCompletes(MemoryStorageAdapter):
@@ -337,14 +408,16 @@ class KeepsWaitsForever(MemoryStorageAdapter):
 
 
 class NoWorkflowLock(MemoryStorageAdapter):
-    async def with_workflow_lock(self, stack_id: str, action: Callable[[], Awaitable[T]], *,
-                                 timeout_ms: int | None = None) -> T:
+    async def with_workflow_lock(
+        self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
+    ) -> T:
         return await action()
 
 
 class WorkflowLockLeaksOnError(MemoryStorageAdapter):
-    async def with_workflow_lock(self, stack_id: str, action: Callable[[], Awaitable[T]], *,
-                                 timeout_ms: int | None = None) -> T:
+    async def with_workflow_lock(
+        self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
+    ) -> T:
         lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
         try:
             await asyncio.wait_for(lock.acquire(), (timeout_ms or 30_000) / 1000)
@@ -438,8 +511,9 @@ class IdempotencyIgnoresTtl(MemoryIdempotencyStore):
 class LockYields(MemoryLock):
     """Checks the lock is free, yields to the event loop, then takes it: not atomic."""
 
-    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
-                      custom_token: str | None = None) -> LockResult:
+    async def acquire(
+        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
+    ) -> LockResult:
         token = custom_token or f"lock_{self.clock.now_ms()}_{secrets.token_hex(16)}"
         held = self._holders.get(lock_key)
         await asyncio.sleep(0)
@@ -469,8 +543,9 @@ class ExtendIgnoresToken(MemoryLock):
 
 
 class LockNeverExpires(MemoryLock):
-    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
-                      custom_token: str | None = None) -> LockResult:
+    async def acquire(
+        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
+    ) -> LockResult:
         return await super().acquire(lock_key, 10**12, custom_token)
 
     async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
@@ -478,8 +553,9 @@ class LockNeverExpires(MemoryLock):
 
 
 class ConstantFencing(MemoryLock):
-    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
-                      custom_token: str | None = None) -> LockResult:
+    async def acquire(
+        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
+    ) -> LockResult:
         result = await super().acquire(lock_key, ttl_ms, custom_token)
         if result.acquired:
             return LockResult(acquired=True, token=result.token, fencing_token=1)
@@ -487,15 +563,18 @@ class ConstantFencing(MemoryLock):
 
 
 class BadTokenFormat(MemoryLock):
-    async def acquire(self, lock_key: str, ttl_ms: int = 10_000,
-                      custom_token: str | None = None) -> LockResult:
-        return await super().acquire(lock_key, ttl_ms,
-                                     custom_token or f"lock-{secrets.token_hex(8)}")
+    async def acquire(
+        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
+    ) -> LockResult:
+        return await super().acquire(
+            lock_key, ttl_ms, custom_token or f"lock-{secrets.token_hex(8)}"
+        )
 
 
 class WithLockLeaksOnError(MemoryLock):
-    async def with_lock(self, lock_key: str, fn: Callable[[], Awaitable[T]],
-                        ttl_ms: int = 10_000) -> T:
+    async def with_lock(
+        self, lock_key: str, fn: Callable[[], Awaitable[T]], ttl_ms: int = 10_000
+    ) -> T:
         result = await self.acquire(lock_key, ttl_ms)
         if not result.acquired:
             from siglo.errors import LockNotAcquiredError
@@ -541,57 +620,193 @@ class Mutant:
     description: str
 
 
-def _m(rule_id: str, description: str, rules: tuple[str, ...] | None = None,
-       **parts: Any) -> Mutant:
+def _m(
+    rule_id: str, description: str, rules: tuple[str, ...] | None = None, **parts: Any
+) -> Mutant:
     return Mutant(rule_id, _factory(**parts), rules or (rule_id,), description)
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    _m("checkpoint.roundtrip", "drops unknown wire fields", ("checkpoint",), adapter=DropsExtraFields),
-    _m("checkpoint.missing", "a never-saved stack reads as revision 0", ("checkpoint.missing",), adapter=GhostCheckpoint),
-    _m("checkpoint.occ.expected", "an absent checkpoint is not revision 0", ("checkpoint",), adapter=AbsentIsNotZero),
-    _m("checkpoint.occ.conflict", "a save ignores expected_revision", ("checkpoint",), adapter=IgnoresExpectedRevision),
-    _m("checkpoint.occ.monotonic", "a save may rewrite the stored revision", ("checkpoint",), adapter=AllowsSidewaysSave),
-    _m("checkpoint.occ.atomic", "read, yield, write", ("checkpoint.occ.atomic",), adapter=ReadThenWriteSave),
-    _m("checkpoint.namespace.isolation", "one bucket for all namespaces", ("checkpoint",), adapter=OneBucketForNamespaces),
-    _m("checkpoint.namespace.fallback", "fallback=False is ignored", ("checkpoint",), adapter=AlwaysFallsBack),
-    _m("checkpoint.expiry.hidden", "expired checkpoints are returned", ("checkpoint",), adapter=ReturnsExpired),
-    _m("checkpoint.expiry.clean", "clean-up removes live checkpoints", ("checkpoint",), adapter=CleansLiveCheckpoints),
+    _m(
+        "checkpoint.roundtrip",
+        "drops unknown wire fields",
+        ("checkpoint",),
+        adapter=DropsExtraFields,
+    ),
+    _m(
+        "checkpoint.missing",
+        "a never-saved stack reads as revision 0",
+        ("checkpoint.missing",),
+        adapter=GhostCheckpoint,
+    ),
+    _m(
+        "checkpoint.occ.expected",
+        "an absent checkpoint is not revision 0",
+        ("checkpoint",),
+        adapter=AbsentIsNotZero,
+    ),
+    _m(
+        "checkpoint.occ.conflict",
+        "a save ignores expected_revision",
+        ("checkpoint",),
+        adapter=IgnoresExpectedRevision,
+    ),
+    _m(
+        "checkpoint.occ.monotonic",
+        "a save may rewrite the stored revision",
+        ("checkpoint",),
+        adapter=AllowsSidewaysSave,
+    ),
+    _m(
+        "checkpoint.occ.atomic",
+        "read, yield, write",
+        ("checkpoint.occ.atomic",),
+        adapter=ReadThenWriteSave,
+    ),
+    _m(
+        "checkpoint.namespace.isolation",
+        "one bucket for all namespaces",
+        ("checkpoint",),
+        adapter=OneBucketForNamespaces,
+    ),
+    _m(
+        "checkpoint.namespace.fallback",
+        "fallback=False is ignored",
+        ("checkpoint",),
+        adapter=AlwaysFallsBack,
+    ),
+    _m(
+        "checkpoint.expiry.hidden",
+        "expired checkpoints are returned",
+        ("checkpoint",),
+        adapter=ReturnsExpired,
+    ),
+    _m(
+        "checkpoint.expiry.clean",
+        "clean-up removes live checkpoints",
+        ("checkpoint",),
+        adapter=CleansLiveCheckpoints,
+    ),
     _m("wait.roundtrip", "a saved record loses its metadata", ("wait",), adapter=DropsWaitMetadata),
-    _m("wait.by-stack", "the stack index keeps the first record", ("wait",), adapter=FirstRecordOfStack),
-    _m("wait.checkpoint-fallback", "no fallback to the checkpoint", ("wait",), adapter=NoCheckpointFallback),
-    _m("wait.claim.once", "two claimants win a race", ("wait.claim.once",), adapter=ClaimYieldsBeforeWriting),
-    _m("wait.claim.refused", "a completed record can be claimed", ("wait",), adapter=ClaimsCompleted),
+    _m(
+        "wait.by-stack",
+        "the stack index keeps the first record",
+        ("wait",),
+        adapter=FirstRecordOfStack,
+    ),
+    _m(
+        "wait.checkpoint-fallback",
+        "no fallback to the checkpoint",
+        ("wait",),
+        adapter=NoCheckpointFallback,
+    ),
+    _m(
+        "wait.claim.once",
+        "two claimants win a race",
+        ("wait.claim.once",),
+        adapter=ClaimYieldsBeforeWriting,
+    ),
+    _m(
+        "wait.claim.refused",
+        "a completed record can be claimed",
+        ("wait",),
+        adapter=ClaimsCompleted,
+    ),
     _m("wait.claim.expired", "the deadline is ignored", ("wait",), adapter=IgnoresDeadline),
     _m("wait.claim.lease", "a lease never runs out", ("wait",), adapter=LeaseNeverEnds),
-    _m("wait.complete.claimant", "anyone completes a claimed record", ("wait",), adapter=AnyoneCompletes),
+    _m(
+        "wait.complete.claimant",
+        "anyone completes a claimed record",
+        ("wait",),
+        adapter=AnyoneCompletes,
+    ),
     _m("wait.cancel", "a completed record can be cancelled", ("wait",), adapter=CancelsCompleted),
-    _m("wait.cancel-workflow", "the cancelled checkpoint keeps its revision", ("wait",), adapter=CancelWorkflowKeepsRevision),
+    _m(
+        "wait.cancel-workflow",
+        "the cancelled checkpoint keeps its revision",
+        ("wait",),
+        adapter=CancelWorkflowKeepsRevision,
+    ),
     _m("wait.retention", "records are kept forever", ("wait",), adapter=KeepsWaitsForever),
     _m("lock.workflow.exclusive", "no lock at all", ("lock.workflow",), adapter=NoWorkflowLock),
-    _m("lock.workflow.release-on-error", "an exception leaks the lock", ("lock.workflow",), adapter=WorkflowLockLeaksOnError),
+    _m(
+        "lock.workflow.release-on-error",
+        "an exception leaks the lock",
+        ("lock.workflow",),
+        adapter=WorkflowLockLeaksOnError,
+    ),
     _m("cache.roundtrip", "the first set wins", ("cache",), adapter=FirstSetWins),
     _m("cache.falsy-hit", "a cached None is a miss", ("cache",), adapter=DropsCachedNone),
     _m("cache.miss", "a miss is None", ("cache.miss",), adapter=MissIsNone),
     _m("cache.expiry", "TTLs are ignored", ("cache",), adapter=CacheIgnoresTtl),
     _m("context.stream", "deletes are ignored", ("context.stream",), adapter=IgnoresContextDeletes),
-    _m("cache-events.accepted", "error events evict the cache", ("cache-events.accepted",), adapter=ErrorEventsEvictCache),
-    _m("idempotency.claim.once", "two claimers win a race", ("idempotency.claim.once",), idempotency=IdempotencyYields),
-    _m("idempotency.complete", "a None result is a miss", ("idempotency",), idempotency=IdempotencyDropsNone),
-    _m("idempotency.fail", "fail deletes completed results", ("idempotency",), idempotency=FailDeletesCompleted),
-    _m("idempotency.expiry", "TTLs are ignored", ("idempotency",), idempotency=IdempotencyIgnoresTtl),
-    _m("lock.acquire.exclusive", "two acquirers win a race", ("lock.acquire.exclusive",), lock=LockYields),
+    _m(
+        "cache-events.accepted",
+        "error events evict the cache",
+        ("cache-events.accepted",),
+        adapter=ErrorEventsEvictCache,
+    ),
+    _m(
+        "idempotency.claim.once",
+        "two claimers win a race",
+        ("idempotency.claim.once",),
+        idempotency=IdempotencyYields,
+    ),
+    _m(
+        "idempotency.complete",
+        "a None result is a miss",
+        ("idempotency",),
+        idempotency=IdempotencyDropsNone,
+    ),
+    _m(
+        "idempotency.fail",
+        "fail deletes completed results",
+        ("idempotency",),
+        idempotency=FailDeletesCompleted,
+    ),
+    _m(
+        "idempotency.expiry",
+        "TTLs are ignored",
+        ("idempotency",),
+        idempotency=IdempotencyIgnoresTtl,
+    ),
+    _m(
+        "lock.acquire.exclusive",
+        "two acquirers win a race",
+        ("lock.acquire.exclusive",),
+        lock=LockYields,
+    ),
     _m("lock.release.token", "release ignores the token", ("lock",), lock=ReleaseIgnoresToken),
     _m("lock.extend.token", "extend ignores the token", ("lock",), lock=ExtendIgnoresToken),
     _m("lock.expiry", "locks never expire", ("lock",), lock=LockNeverExpires),
     _m("lock.fencing", "the fencing token is constant", ("lock",), lock=ConstantFencing),
     _m("lock.token", "tokens are not lock_<ms>_<hex>", ("lock",), lock=BadTokenFormat),
-    _m("lock.with-lock", "with_lock leaks the lock on error", ("lock.with-lock",), lock=WithLockLeaksOnError),
+    _m(
+        "lock.with-lock",
+        "with_lock leaks the lock on error",
+        ("lock.with-lock",),
+        lock=WithLockLeaksOnError,
+    ),
     _m("nonce.claim.once", "two claimers win a race", ("nonce.claim.once",), nonces=NonceYields),
     _m("nonce.expiry", "the window is 1000 times too long", ("nonce",), nonces=NonceWindowTooLong),
-    _m("input.rejected", "an empty stack id is accepted", ("input.rejected",), adapter=AcceptsEmptyIds),
-    _m("ids.hostile", "stack ids are truncated to 255 characters", ("ids.hostile",), adapter=TruncatesIds),
-    _m("capability.declared", "declares the step cache without get_cached_step", ("capability.declared",), adapter=UndeclaredCacheMethods),
+    _m(
+        "input.rejected",
+        "an empty stack id is accepted",
+        ("input.rejected",),
+        adapter=AcceptsEmptyIds,
+    ),
+    _m(
+        "ids.hostile",
+        "stack ids are truncated to 255 characters",
+        ("ids.hostile",),
+        adapter=TruncatesIds,
+    ),
+    _m(
+        "capability.declared",
+        "declares the step cache without get_cached_step",
+        ("capability.declared",),
+        adapter=UndeclaredCacheMethods,
+    ),
 )
 """One broken backend per adapter rule of docs/contract.md."""
 

@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from siglo.contract_tests.registry import CHECKS
+from siglo.contract_tests.checks import all_checks
 from siglo.contract_tests.rules import ADAPTER_RULES, CORE_RULES, RULES, select_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,15 +31,15 @@ def rule_ids_marked_in_tests() -> set[str]:
                 and node.func.value.attr == "mark"
             ):
                 found.update(
-                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                    a.value
+                    for a in node.args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str)
                 )
     return found
 
 
 def suite_rule_ids() -> set[str]:
-    import siglo.contract_tests.checks  # noqa: F401  (registers the checks)
-
-    return {rule_id for chk in CHECKS for rule_id in chk.rules}
+    return {rule_id for chk in all_checks() for rule_id in chk.rules}
 
 
 def test_rule_list_matches_the_contract_page() -> None:
@@ -76,7 +76,12 @@ def test_core_rules_are_not_run_against_backends() -> None:
 
 def test_rule_patterns() -> None:
     assert [r.id for r in select_rules(["wait.claim.*"])] == [
-        "wait.claim.once", "wait.claim.refused", "wait.claim.expired", "wait.claim.lease"]
+        "wait.claim.once",
+        "wait.claim.refused",
+        "wait.claim.expired",
+        "wait.claim.lease",
+    ]
     assert {r.id for r in select_rules(["lock"])} == {
-        r.id for r in ADAPTER_RULES if r.id.startswith("lock.")}
+        r.id for r in ADAPTER_RULES if r.id.startswith("lock.")
+    }
     assert select_rules(None) == ADAPTER_RULES

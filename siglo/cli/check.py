@@ -16,20 +16,44 @@ __all__ = ["DEFAULT_URL", "check"]
 DEFAULT_URL: Final = "memory://"
 """The backend ``siglo check`` runs against when given no URL (siglo's embedded default)."""
 
-_STYLE: Final = {"pass": "green", "FAIL": "bold red", "not supported": "yellow", "not run": "magenta"}
+_STYLE: Final = {
+    "pass": "green",
+    "FAIL": "bold red",
+    "not supported": "yellow",
+    "not run": "magenta",
+}
 
 
 @click.command()
 @click.argument("url", required=False, default=None)
-@click.option("--examples", "-n", type=click.IntRange(min=1), default=None,
-              help="Examples per state machine (overrides the profile).")
+@click.option(
+    "--examples",
+    "-n",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Examples per state machine (overrides the profile).",
+)
 @click.option("--seed", type=int, default=None, help="Seed for a reproducible run.")
-@click.option("--profile", type=click.Choice(["ci", "thorough"]), default="ci", show_default=True,
-              help="Hypothesis budget: ci (quick) or thorough (long runs).")
-@click.option("--rule", "rules", multiple=True, metavar="PATTERN",
-              help="Only rules matching PATTERN (glob, or an id prefix such as 'wait'). Repeatable.")
-@click.option("--junit-xml", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write a JUnit XML report (one test case per rule).")
+@click.option(
+    "--profile",
+    type=click.Choice(["ci", "thorough"]),
+    default="ci",
+    show_default=True,
+    help="Hypothesis budget: ci (quick) or thorough (long runs).",
+)
+@click.option(
+    "--rule",
+    "rules",
+    multiple=True,
+    metavar="PATTERN",
+    help="Only rules matching PATTERN (glob, or an id prefix such as 'wait'). Repeatable.",
+)
+@click.option(
+    "--junit-xml",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a JUnit XML report (one test case per rule).",
+)
 def check(
     url: str | None,
     examples: int | None,
@@ -72,8 +96,14 @@ def check(
             progress.console.print(f"  {mark} {chk.name}", highlight=False)
 
         try:
-            report = run_contract(target, rules=rules or None, examples=examples, seed=seed,
-                                  profile=profile, progress=on_progress)
+            report = run_contract(
+                target,
+                rules=rules or None,
+                examples=examples,
+                seed=seed,
+                profile=profile,
+                progress=on_progress,
+            )
         except SigloError as exc:
             raise click.ClickException(str(exc)) from exc
 
@@ -88,8 +118,11 @@ def check(
     out.print(table)
     counts = {v: sum(r.verdict == v for r in report.results.values()) for v in _STYLE}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    out.print(f"{summary} in {report.seconds:.1f}s (seed {report.seed}, profile {report.profile}; "
-              f"rerun with --seed {report.seed})", highlight=False)
+    out.print(
+        f"{summary} in {report.seconds:.1f}s (seed {report.seed}, profile {report.profile}; "
+        f"rerun with --seed {report.seed})",
+        highlight=False,
+    )
     if junit_xml is not None:
         junit_xml.write_text(report.to_junit_xml(), encoding="utf-8")
     if not report.ok:

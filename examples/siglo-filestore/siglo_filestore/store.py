@@ -29,8 +29,8 @@ from siglo import (
     InvalidArgumentError,
     StorageAdapter,
     StorageAdapterError,
+    codec,
 )
-from siglo import codec
 from siglo.clock import system_clock
 from siglo.sentinel import Missing
 from siglo.validation import check_save_arguments, require_id, require_optional_id, require_ttl_ms
@@ -62,7 +62,9 @@ class FileStorageAdapter(StorageAdapter):
     ) -> None:
         self.root = root
         self.clock = clock or system_clock
-        self.checkpoint_ttl_ms = require_ttl_ms("checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True)
+        self.checkpoint_ttl_ms = require_ttl_ms(
+            "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
+        )
         self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
         for sub in ("checkpoints", "cache"):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -123,9 +125,14 @@ class FileStorageAdapter(StorageAdapter):
                 raise CheckpointConflictError(
                     checkpoint.stack_id, revision, expected_revision, checkpoint.revision
                 )
-            limits = [t for t in (checkpoint.expires_at,
-                                  None if self.checkpoint_ttl_ms is None
-                                  else now + self.checkpoint_ttl_ms) if t is not None]
+            limits = [
+                t
+                for t in (
+                    checkpoint.expires_at,
+                    None if self.checkpoint_ttl_ms is None else now + self.checkpoint_ttl_ms,
+                )
+                if t is not None
+            ]
             self._write(path, {"doc": checkpoint.to_wire(), "goneAt": min(limits, default=None)})
 
     async def get_checkpoint(
@@ -165,8 +172,9 @@ class FileStorageAdapter(StorageAdapter):
         codec.dumps(value, what=f"cached value of {key!r}")  # reject non-JSON before writing
         with self._locked():
             gone_at = self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms)
-            self._write(self.root / "cache" / f"{_digest(key)}.json",
-                        {"value": value, "goneAt": gone_at})
+            self._write(
+                self.root / "cache" / f"{_digest(key)}.json", {"value": value, "goneAt": gone_at}
+            )
 
 
 def _root(url: str) -> Path:
