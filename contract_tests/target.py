@@ -180,7 +180,7 @@ class Session:
     @property
     def shared_url(self) -> str | None:
         """The URL other connections and processes use to reach this run's storage."""
-        if self._shared is not None:
+        if self._shared is not None and self._shared.url_shares_storage:
             return self._shared.url
         return None
 

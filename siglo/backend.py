@@ -27,6 +27,9 @@ class Backend:
     idempotency: IdempotencyStore | None = None
     lock: Lock | None = None
     nonces: NonceStore | None = None
+    url_shares_storage: bool = True
+    """Whether :func:`siglo.connect` of :attr:`url` reaches this same storage again (a
+    server or a file does; ``memory://`` and ``sqlite://`` are private to this object)."""
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list, repr=False)
 
     async def aclose(self) -> None:

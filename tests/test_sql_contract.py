@@ -274,3 +274,21 @@ async def test_capabilities_declared_and_events(kind: str) -> None:
         event = siglo.CacheEvent(type="hit", key="k", timestamp=1)
         await backend.adapter.on_cache_event(event)
         assert await backend.adapter.get_cached_step("k") is siglo.MISSING
+
+
+async def test_expected_zero_matches_a_checkpoint_stored_at_revision_zero(kind: str) -> None:
+    """checkpoint.occ.expected: a live checkpoint at revision 0 is "revision 0", as an
+    absent one is (found by the contract suite's state machine on sqlite://)."""
+    async with open_backend(kind) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(Checkpoint(stack_id="s", revision=0, timestamp=1))
+        await a.save_checkpoint(
+            Checkpoint(stack_id="s", revision=1, timestamp=2), expected_revision=0
+        )
+        stored = await a.get_checkpoint("s")
+        assert stored is not None
+        assert stored.revision == 1
+        with pytest.raises(siglo.CheckpointConflictError):
+            await a.save_checkpoint(
+                Checkpoint(stack_id="s", revision=2, timestamp=3), expected_revision=0
+            )

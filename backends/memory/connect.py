@@ -35,6 +35,7 @@ def connect(url: str = "memory://", *, clock: Clock | None = None, **options: An
         idempotency=MemoryIdempotencyStore(clock=clock),
         lock=MemoryLock(clock=clock),
         nonces=MemoryNonceStore(clock=clock),
+        url_shares_storage=bool(name),
     )
     if name:
         _named[name] = backend

@@ -137,9 +137,11 @@ def build_statements(
         )
 
     return Statements(
+        # expected_revision=0: no live checkpoint, or a live one stored at revision 0.
         cp_insert_if_absent=(
             f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?) "
-            f"ON CONFLICT (id) DO UPDATE SET {cp_set} WHERE {cp_expired} RETURNING 1"
+            f"ON CONFLICT (id) DO UPDATE SET {cp_set} "
+            f"WHERE {cp_expired} OR {cp}.revision = 0 RETURNING 1"
         ),
         cp_save_forward=(
             f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?) "

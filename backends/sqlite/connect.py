@@ -105,6 +105,7 @@ def _build(
     )
     backend_url = with_url_options(base, settings.url_options()) if engine is None else url
     backend = assemble_backend("sqlite", backend_url, db, settings, SqliteStorageAdapter)
+    backend.url_shares_storage = path is not None
     return backend
 
 
