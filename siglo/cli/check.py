@@ -13,8 +13,9 @@ from rich.table import Table
 
 __all__ = ["DEFAULT_URL", "check"]
 
-DEFAULT_URL: Final = "memory://"
-"""The backend ``siglo check`` runs against when given no URL (siglo's embedded default)."""
+DEFAULT_URL: Final = "sqlite:///siglo-check.db"
+"""The backend ``siglo check`` runs against when given no URL: siglo's embedded default,
+SQLite on a file (the suite works in a temporary file of its own and removes it)."""
 
 _STYLE: Final = {
     "pass": "green",
@@ -62,7 +63,7 @@ def check(
     rules: tuple[str, ...],
     junit_xml: Path | None,
 ) -> None:
-    """Run the contract suite against the backend URL resolves to (default memory://).
+    """Run the contract suite against the backend URL resolves to (default: SQLite on a file).
 
     Prints a table of rule id, verdict (pass / FAIL / not supported) and, for a failure,
     the shrunk counter-example. Exits non-zero if any rule fails.
