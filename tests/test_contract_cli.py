@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from mutants import MUTANTS
 
 from siglo import Capability
 from siglo.backends.memory import connect as memory_connect
 from siglo.cli import cli
 from siglo.contract_tests.rules import ADAPTER_RULES
 from siglo.contract_tests.runner import run_contract
-from mutants import MUTANTS
 
 
 def test_memory_passes_every_rule() -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from mutants import MUTANTS, Mutant
 
 from siglo.contract_tests.runner import Report, run_contract
-from mutants import MUTANTS, Mutant
 
 SEEDS = (1, 2, 3)
 """The state machines search: a mutant must be caught within these seeds' budget (the
