@@ -12,6 +12,7 @@ from mutants import MUTANTS
 from siglo import Capability
 from siglo.backends.memory import connect as memory_connect
 from siglo.cli import cli
+from siglo.cli.check import DEFAULT_URL
 from siglo.contract_tests.rules import ADAPTER_RULES
 from siglo.contract_tests.runner import run_contract
 
@@ -39,7 +40,8 @@ def test_siglo_check_memory(tmp_path: Path) -> None:
 def test_siglo_check_defaults_to_the_embedded_backend() -> None:
     result = CliRunner().invoke(cli, ["check", "--rule", "cache.*", "--examples", "5"])
     assert result.exit_code == 0, result.output
-    assert "siglo check memory://" in result.output
+    assert f"siglo check {DEFAULT_URL}" in result.output
+    assert DEFAULT_URL.startswith("sqlite:///")
     assert "cache.falsy-hit" in result.output
     assert "checkpoint.roundtrip" not in result.output
 
