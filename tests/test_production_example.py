@@ -8,8 +8,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _redis_helpers import REDIS_URL, require_redis
+from sql_support import POSTGRES_URL, require_postgres
 
 import siglo
+from siglo.plugins import get_registry
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "production.py"
 
@@ -69,6 +72,26 @@ async def run_example(production: ModuleType, backend: siglo.Backend) -> None:
 @pytest.mark.usefixtures("restore_default_adapter")
 async def test_production_example_on_memory(production: ModuleType) -> None:
     async with siglo.connect("memory://") as backend:
+        await run_example(production, backend)
+
+
+@pytest.mark.usefixtures("restore_default_adapter")
+@pytest.mark.parametrize("backend_name", ["redis", "postgres", "sqlite"])
+async def test_production_example_on_every_server_backend(
+    production: ModuleType, backend_name: str, tmp_path: Path
+) -> None:
+    """Seed 001 §9 is written for Redis; the same program runs on every backend."""
+    if backend_name == "redis":
+        require_redis()
+        url = REDIS_URL
+    elif backend_name == "postgres":
+        require_postgres()
+        url = POSTGRES_URL
+    else:
+        url = f"sqlite:///{tmp_path / 'production.db'}"
+    isolated = get_registry().for_url(url).load_isolated()
+    assert isolated is not None
+    async with isolated(url) as backend:
         await run_example(production, backend)
 
 

@@ -29,6 +29,7 @@ async def test_steps_run_in_order_and_are_checkpointed(
 
     billing = flow(Step.create("double", double), Step.create("describe", describe))
     assert await billing.run(21, manager=manager, stack_id="run-1") == {"result": 42}
+    assert "run-1" not in manager.stacks  # the checkpoint holds the run, not the manager
     stored = await memory.adapter.get_checkpoint("run-1")
     assert stored is not None
     assert stored.status == "completed"

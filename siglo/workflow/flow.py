@@ -91,8 +91,13 @@ class Flow:
             namespace=namespace,
             metadata={"flowVersion": self.version, "input": input},
         )
-        await manager.save_checkpoint(stack.stack_id, expected_revision=0)
-        return await self._execute(manager, stack)
+        try:
+            await manager.save_checkpoint(stack.stack_id, expected_revision=0)
+            return await self._execute(manager, stack)
+        finally:
+            # The checkpoint holds the run now; a long-lived manager must not keep
+            # every finished or suspended run's live stack.
+            manager.discard_stack(stack.stack_id)
 
     async def resume(
         self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
@@ -104,7 +109,10 @@ class Flow:
         """
         manager = manager or default_storage_manager
         stack = await self._restore(manager, stack_id, namespace)
-        return await self._continue(manager, stack)
+        try:
+            return await self._continue(manager, stack)
+        finally:
+            manager.discard_stack(stack.stack_id)
 
     async def deliver(
         self,
@@ -143,6 +151,7 @@ class Flow:
             try:
                 return await self._continue(manager, stack)
             finally:
+                manager.discard_stack(stack.stack_id)
                 await adapter.complete_wait_record(correlation_key, record.claimant_id or "")
 
         if adapter.supports(Capability.WORKFLOW_LOCK):
