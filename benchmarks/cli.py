@@ -8,11 +8,12 @@ import importlib.util
 import json
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -350,10 +351,29 @@ async def _run_workloads(
                 print(f"{backend:8} {s.kind:9} {w.id:22} ERROR {status[i][1]}", flush=True)
 
 
+async def _cancellable(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Run ``coro``; SIGINT or SIGTERM cancel it, so every subject's clean-up still runs
+    (a run started in the background ignores SIGINT, and SIGTERM would kill it outright,
+    leaving its schema, key prefix or file behind)."""
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
-    doc = asyncio.run(run(args))
+    try:
+        doc = asyncio.run(_cancellable(run(args)))
+    except asyncio.CancelledError:
+        print("interrupted: private data removed, no results written", file=sys.stderr)
+        return 130
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.out / "results.md").write_text(report.markdown(doc))

@@ -327,13 +327,10 @@ class StorageManager:
             raise NamespaceMismatchError(
                 checkpoint.stack_id, expected_namespace, checkpoint.namespace
             )
-        # The live stack must not share dicts with the (immutable) checkpoint.
-        copy = codec.loads(
-            codec.dumps(
-                {"contexts": checkpoint.contexts, "metadata": checkpoint.metadata or {}},
-                what="checkpoint",
-            )
-        )
+        # The live stack must not share dicts with the (immutable) checkpoint: decode a
+        # fresh copy from its JSON, which a loaded checkpoint already holds (no re-encode).
+        doc = codec.loads(checkpoint.to_json(), what="checkpoint")
+        copy = {"contexts": doc["contexts"], "metadata": doc.get("metadata") or {}}
         stack = ExecutionStack(
             stack_id=checkpoint.stack_id,
             manager=self,
