@@ -15,7 +15,8 @@ Equivalence, per operation (see docs/benchmarks.md):
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
@@ -67,7 +68,7 @@ class RawRedisSubject(Subject):
         self.r = Redis.from_url(self.url)
         self._save = self.r.register_script(_SAVE)
         self._claim = self.r.register_script(_CLAIM)
-        await self.r.ping()
+        await cast(Awaitable[bool], self.r.ping())
 
     async def server_version(self) -> str | None:
         assert self.r is not None
@@ -110,7 +111,7 @@ class RawRedisSubject(Subject):
 
     async def load(self, stack_id: str) -> int | None:
         assert self.r is not None
-        data = await self.r.hget(self.prefix + "cp:" + stack_id, "d")
+        data = await cast(Awaitable[bytes | None], self.r.hget(self.prefix + "cp:" + stack_id, "d"))
         if data is None:
             return None
         revision: int = orjson.loads(data)["revision"]
@@ -127,8 +128,11 @@ class RawRedisSubject(Subject):
             "status": "waiting",
             "createdAt": now_ms(),
         }
-        await self.r.hset(
-            self.prefix + "wait:" + key, mapping={"s": "waiting", "d": orjson.dumps(doc)}
+        await cast(
+            Awaitable[int],
+            self.r.hset(
+                self.prefix + "wait:" + key, mapping={"s": "waiting", "d": orjson.dumps(doc)}
+            ),
         )
 
     async def claim_wait(self, key: str, claimant: str) -> bool:
