@@ -252,6 +252,7 @@ async def isolated(url: str = "redis://127.0.0.1:6379/0", **options: Any) -> Asy
     process shares the same keys.
     """
     options.pop("prefix", None)
+    options.pop("key_prefix", None)
     prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
     backend = connect(_with_params(url, {"prefix": prefix}), **options)
     try:
