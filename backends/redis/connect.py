@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -107,9 +108,9 @@ def client_from_url(url: str, *, cluster: bool | None = None, **kwargs: Any) -> 
     if "socket_connect_timeout" not in query:
         kwargs.setdefault("socket_connect_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     if cluster:
-        # No socket_timeout here: with one, redis-py's RedisCluster fails concurrent
-        # first commands ("'NoneType' object has no attribute 'writelines'").
-        # command_timeout_ms bounds every call anyway.
+        _warn_if_cluster_driver_is_unsafe(redis.__version__)
+        # No socket_timeout here: it makes redis-py 7's RedisCluster fail concurrent
+        # first commands; command_timeout_ms bounds every call anyway.
         return redis.asyncio.RedisCluster.from_url(driver_url, **kwargs)
     if "socket_timeout" not in query:
         kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
@@ -124,6 +125,18 @@ def client_from_url(url: str, *, cluster: bool | None = None, **kwargs: Any) -> 
         driver_url, max_connections=_DEFAULT_MAX_CONNECTIONS, timeout=None, **kwargs
     )
     return redis.asyncio.Redis.from_pool(pool)
+
+
+def _warn_if_cluster_driver_is_unsafe(version: str) -> None:
+    major = version.split(".", 1)[0]
+    if major.isdigit() and int(major) >= 7:
+        warnings.warn(
+            f"redis-py {version}'s RedisCluster can hand one pooled connection to two "
+            "callers under concurrency (replies read by the wrong caller); siglo's "
+            "tests pass with redis-py 6.4. Install 'siglo[redis]' to get a safe version.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def connect(
@@ -239,6 +252,7 @@ async def isolated(url: str = "redis://127.0.0.1:6379/0", **options: Any) -> Asy
     process shares the same keys.
     """
     options.pop("prefix", None)
+    options.pop("key_prefix", None)
     prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
     backend = connect(_with_params(url, {"prefix": prefix}), **options)
     try:
