@@ -15,7 +15,8 @@ from _redis_helpers import REDIS_URL, require_redis
 from sql_support import POSTGRES_URL, require_postgres
 
 
-def _check(url: str, tmp_path: Path) -> None:
+def run_siglo_check(url: str, tmp_path: Path) -> None:
+    """Run `siglo check URL` in a subprocess; it must pass every rule it checks."""
     report = tmp_path / "report.xml"
     done = subprocess.run(
         [sys.executable, "-m", "siglo", "check", url, "--junit-xml", str(report)],
@@ -36,16 +37,16 @@ def _check(url: str, tmp_path: Path) -> None:
     ids=["memory", "sqlite-memory", "sqlite-file"],
 )
 def test_siglo_check_embedded_backends(url: str, tmp_path: Path) -> None:
-    _check(url, tmp_path)
+    run_siglo_check(url, tmp_path)
 
 
 @pytest.mark.rule("capability.declared")
 def test_siglo_check_postgres(tmp_path: Path) -> None:
     require_postgres()
-    _check(POSTGRES_URL, tmp_path)
+    run_siglo_check(POSTGRES_URL, tmp_path)
 
 
 @pytest.mark.rule("capability.declared")
 def test_siglo_check_redis(tmp_path: Path) -> None:
     require_redis()
-    _check(REDIS_URL, tmp_path)
+    run_siglo_check(REDIS_URL, tmp_path)

@@ -10,9 +10,11 @@ multi-key script must keep its keys in one slot.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from _redis_helpers import free_ports, start_cluster
+from test_contract_builtin_backends import run_siglo_check
 from test_redis_contract import (
     run_random_program,
     test_cancel_workflow,
@@ -112,3 +114,9 @@ async def test_isolated_cleans_every_master(cluster_url: str) -> None:
     async with siglo.connect(url) as again:
         client = again.adapter.client  # type: ignore[attr-defined]
         assert [k async for k in client.scan_iter(match=prefix + "*")] == []
+
+
+@pytest.mark.rule("capability.declared")
+def test_siglo_check_passes_on_the_cluster(cluster_url: str, tmp_path: Path) -> None:
+    """Issue 4: `siglo check` against the loopback cluster passes every rule."""
+    run_siglo_check(cluster_url, tmp_path)
