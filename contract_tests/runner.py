@@ -262,7 +262,7 @@ def _run_machine(
 
         try:
             with with_reporter(collect):
-                run_state_machine_as_test(machine_cls, settings=hyp_settings)
+                run_state_machine_as_test(machine_cls, settings=hyp_settings)  # type: ignore[no-untyped-call,unused-ignore]  # untyped before hypothesis 6.16x
         except RuleViolation as exc:
             program = "\n".join(lines)
             detail = (

@@ -19,6 +19,7 @@ __all__ = [
     "ContextOp",
     "WaitRecord",
     "WaitStatus",
+    "embedded_wait_record",
 ]
 
 WaitStatus = Literal["waiting", "claimed", "completed", "cancelled"]
@@ -108,6 +109,15 @@ class WaitRecord:
     def replace(self, **changes: Any) -> WaitRecord:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def embedded_wait_record(metadata: Mapping[str, Any] | None) -> WaitRecord | None:
+    """The wait record a checkpoint keeps as ``metadata.waitRecord`` (seed 001 §5), if any.
+
+    ``get_wait_record`` falls back to it when neither index has the key.
+    """
+    embedded = metadata.get("waitRecord") if metadata else None
+    return WaitRecord.from_wire(embedded) if isinstance(embedded, dict) else None
 
 
 ContextOp = Literal["set", "delete"]

@@ -19,7 +19,7 @@ from siglo.errors import (
     WaitRecordClaimError,
 )
 from siglo.locking import DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS
-from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
     check_save_arguments,
@@ -186,11 +186,7 @@ class MemoryStorageAdapter(StorageAdapter):
                 return record
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
         checkpoint = self._live_checkpoint((None, key), now)
-        if checkpoint is not None and checkpoint.metadata:
-            embedded = checkpoint.metadata.get("waitRecord")
-            if isinstance(embedded, dict):
-                return WaitRecord.from_wire(embedded)
-        return None
+        return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
     async def claim_wait_record(
         self,

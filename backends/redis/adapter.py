@@ -45,7 +45,7 @@ from siglo.locking import (
     DEFAULT_WORKFLOW_LOCK_TTL_MS,
     run_with_lock,
 )
-from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
     check_save_arguments,
@@ -337,11 +337,7 @@ class RedisStorageAdapter(StorageAdapter):
             return record
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
         checkpoint, _ = await self._live_checkpoint(key, None, _now_ms())
-        if checkpoint is not None and checkpoint.metadata:
-            embedded = checkpoint.metadata.get("waitRecord")
-            if isinstance(embedded, dict):
-                return WaitRecord.from_wire(embedded)
-        return None
+        return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
     async def claim_wait_record(
         self,

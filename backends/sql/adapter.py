@@ -28,7 +28,7 @@ from siglo.locking import (
     DEFAULT_WORKFLOW_LOCK_TTL_MS,
     run_with_lock,
 )
-from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
     check_save_arguments,
@@ -303,11 +303,7 @@ class SqlStorageAdapter(StorageAdapter):
             return _wait_from_row(row[1:])
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
         checkpoint = Checkpoint.from_json(bytes(row[1]))
-        if checkpoint.metadata:
-            embedded = checkpoint.metadata.get("waitRecord")
-            if isinstance(embedded, dict):
-                return WaitRecord.from_wire(embedded)
-        return None
+        return embedded_wait_record(checkpoint.metadata)
 
     async def claim_wait_record(
         self,
