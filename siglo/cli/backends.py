@@ -51,9 +51,13 @@ def backends(as_json: bool) -> None:
     if as_json:
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
+    # One scheme and one capability per line keep names whole in a narrow terminal.
     table = Table(title="siglo backends", show_lines=True)
-    for column in ("backend", "plugin", "distribution", "schemes", "capabilities", "driver"):
-        table.add_column(column, overflow="fold")
+    table.add_column("backend", overflow="fold")
+    table.add_column("plugin", overflow="fold")
+    table.add_column("driver", overflow="fold", min_width=9)
+    table.add_column("schemes", no_wrap=True)
+    table.add_column("capabilities", no_wrap=True)
     broken: list[tuple[str, str]] = []
     for row in rows:
         dist = f"{row['distribution'] or '-'} {row['version'] or ''}".strip()
@@ -68,11 +72,10 @@ def backends(as_json: bool) -> None:
                 driver = f"[red]missing[/red] ({', '.join(b['missing_drivers'])}): {hint}"
             table.add_row(
                 b["name"],
-                row["plugin"],
-                dist,
-                ", ".join(f"{s}://" for s in b["schemes"]),
-                ", ".join(b["capabilities"]),
+                f"{row['plugin']}\n({dist})",
                 driver,
+                "\n".join(f"{s}://" for s in b["schemes"]),
+                "\n".join(b["capabilities"]),
             )
     console = Console()
     console.print(table)
