@@ -31,6 +31,12 @@ __all__ = ["DEFAULT_BUSY_TIMEOUT_MS", "SqliteDatabase"]
 
 DEFAULT_BUSY_TIMEOUT_MS: Final = 10_000
 SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+MMAP_SIZE_BYTES: Final = 1 << 30
+"""``PRAGMA mmap_size``: reads of a file up to 1 GiB go through the OS page cache mapped
+into the process instead of a ``read()`` per page (address space, not memory)."""
+CACHE_SIZE_KIB: Final = 65_536
+"""``PRAGMA cache_size`` (64 MiB, SQLite's default is 2 MiB): with the default, a keyed
+lookup in a million-checkpoint file was twice as slow as in a thousand-checkpoint one."""
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -110,6 +116,9 @@ class SqliteDatabase(Database):
                 # WAL: readers never block the writer, and a commit is one append.
                 await self._run(conn, "PRAGMA journal_mode = WAL", ())
                 await conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+                # Keeps keyed lookups flat as the file grows (docs/benchmarks.md, scale).
+                await conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
+                await conn.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
         except BaseException:
             await self._disconnect()
             raise
