@@ -2,8 +2,9 @@
 
 aiosqlite runs every call on the connection's own thread, so each statement costs a
 thread hop: one ``execute_fetchall`` per operation keeps it to one. The connection is
-shared by the backend's tasks under an :class:`asyncio.Lock` (a transaction must not
-interleave with another task's statements). Across processes SQLite's own locking
+shared by the backend's tasks: a transaction holds an :class:`asyncio.Lock` from its
+``BEGIN`` to its end, so no other task's statement runs inside it; single statements
+outside a transaction go straight to the connection. Across processes SQLite's own locking
 serialises writers: ``BEGIN IMMEDIATE`` takes the write lock up front where a read and a
 write must be atomic, the busy timeout makes a writer wait for another, and a
 "database is locked" that still comes back is retried until the busy timeout has passed.
@@ -162,6 +163,21 @@ class SqliteDatabase(Database):
 
     async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         conn = self._connection()
+        if not self._lock.locked():
+            # No transaction is open, and none can open before this statement runs:
+            # aiosqlite runs a connection's calls in the order they were submitted, and
+            # a transaction submits its BEGIN only once it holds the lock. So single
+            # statements need not wait for each other (each is its own autocommit
+            # transaction); 32 callers keep the connection's thread busy instead of
+            # taking turns through the event loop.
+            try:
+                return list(await conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+            except SigloError:
+                raise
+            except Exception as exc:
+                if not _is_busy(exc):
+                    raise self.wrap(exc, "running a statement") from exc
+            # Busy: retried under the lock, where a transaction cannot open in the gap.
         async with self._lock:
             return await self._run(conn, sql, params)
 
