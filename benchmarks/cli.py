@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pg-doc-type",
         choices=("jsonb", "text", "bytea"),
-        default="jsonb",
-        help="the raw Postgres document column (match siglo's backend for a fair ratio)",
+        default="bytea",
+        help="the raw Postgres document column (default bytea, what siglo's backend stores)",
     )
     p.add_argument(
         "--siglo-opt",

@@ -48,6 +48,17 @@ class _Entry:
         return self.gone_at is None or now < self.gone_at
 
 
+@dataclass(slots=True)
+class _StoredCheckpoint(_Entry):
+    """A stored checkpoint: its JSON and, beside it, its revision.
+
+    A save compares revisions only; keeping the revision here spares decoding the
+    stored document on every save.
+    """
+
+    revision: int
+
+
 def _earliest(*times: int | None) -> int | None:
     present = [t for t in times if t is not None]
     return min(present) if present else None
@@ -94,7 +105,7 @@ class MemoryStorageAdapter(StorageAdapter):
         self.workflow_lock_timeout_ms = require_ttl_ms(
             "workflow_lock_timeout_ms", workflow_lock_timeout_ms
         )
-        self._checkpoints: dict[tuple[str | None, str], _Entry] = {}
+        self._checkpoints: dict[tuple[str | None, str], _StoredCheckpoint] = {}
         self._waits: dict[str, _Entry] = {}
         self._latest_wait_of_stack: dict[str, str] = {}
         self._cache: dict[str, _Entry] = {}
@@ -108,11 +119,15 @@ class MemoryStorageAdapter(StorageAdapter):
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def _live_checkpoint(self, key: tuple[str | None, str], now: int) -> Checkpoint | None:
+    def _live_entry(self, key: tuple[str | None, str], now: int) -> _StoredCheckpoint | None:
         entry = self._checkpoints.get(key)
         if entry is None or not entry.live(now):
             return None
-        return Checkpoint.from_json(entry.data)
+        return entry
+
+    def _live_checkpoint(self, key: tuple[str | None, str], now: int) -> Checkpoint | None:
+        entry = self._live_entry(key, now)
+        return None if entry is None else Checkpoint.from_json(entry.data)
 
     async def save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
@@ -121,7 +136,7 @@ class MemoryStorageAdapter(StorageAdapter):
         data = checkpoint.to_json()
         now = self.clock.now_ms()
         key = (checkpoint.namespace, checkpoint.stack_id)
-        current = self._live_checkpoint(key, now)
+        current = self._live_entry(key, now)
         current_revision = None if current is None else current.revision
         if expected_revision is not None:
             won = (current_revision or 0) == expected_revision
@@ -132,7 +147,7 @@ class MemoryStorageAdapter(StorageAdapter):
                 checkpoint.stack_id, current_revision, expected_revision, checkpoint.revision
             )
         gone_at = _earliest(checkpoint.expires_at, self._retention(now))
-        self._checkpoints[key] = _Entry(data, gone_at)
+        self._checkpoints[key] = _StoredCheckpoint(data, gone_at, checkpoint.revision)
 
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
@@ -269,7 +284,9 @@ class MemoryStorageAdapter(StorageAdapter):
             cancelled = checkpoint.replace(
                 status="cancelled", revision=checkpoint.revision + 1, timestamp=now
             )
-            self._checkpoints[key_cp].data = cancelled.to_json()
+            entry = self._checkpoints[key_cp]
+            entry.data = cancelled.to_json()
+            entry.revision = cancelled.revision
 
     async def with_workflow_lock(
         self,
