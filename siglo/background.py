@@ -70,8 +70,3 @@ class SerialJobs:
         tails = [t for t in tails if t.get_loop() is loop]
         if tails:
             await asyncio.gather(*tails, return_exceptions=True)
-
-    @property
-    def pending(self) -> int:
-        """Jobs not yet finished (one per key with work queued, plus loop-less ones)."""
-        return len(self._tails) + len(self._waiting)

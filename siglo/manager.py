@@ -330,7 +330,6 @@ class StorageManager:
         # The live stack must not share dicts with the (immutable) checkpoint: decode a
         # fresh copy from its JSON, which a loaded checkpoint already holds (no re-encode).
         doc = codec.loads(checkpoint.to_json(), what="checkpoint")
-        copy = {"contexts": doc["contexts"], "metadata": doc.get("metadata") or {}}
         stack = ExecutionStack(
             stack_id=checkpoint.stack_id,
             manager=self,
@@ -340,8 +339,8 @@ class StorageManager:
             status=checkpoint.status,
             revision=checkpoint.revision,
             chains=list(checkpoint.chains),
-            contexts=copy["contexts"],
-            metadata=copy["metadata"],
+            contexts=doc["contexts"],
+            metadata=doc.get("metadata") or {},
         )
         self._stacks[stack.stack_id] = stack
         return stack

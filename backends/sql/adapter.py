@@ -16,7 +16,7 @@ from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
 from siglo.backends.sql.coordination import SqlLock
 from siglo.backends.sql.database import Database, Row
-from siglo.backends.sql.keys import MAX_MS, at_most, row_id
+from siglo.backends.sql.keys import at_most, row_id
 from siglo.backends.sql.migrations import migrate, read_version
 from siglo.backends.sql.schema import DEFAULT_PREFIX, SCHEMA_VERSION, build_tables
 from siglo.backends.sql.statements import Statements
@@ -189,12 +189,8 @@ class SqlStorageAdapter(StorageAdapter):
         namespace = checkpoint.namespace or ""
         stack_id = checkpoint.stack_id
         revision = checkpoint.revision
-        gone_at = _earliest(
-            checkpoint.expires_at,
-            None if self.checkpoint_ttl_ms is None else now + self.checkpoint_ttl_ms,
-        )
-        if gone_at is not None and gone_at > MAX_MS:
-            gone_at = MAX_MS
+        expires_at = None if checkpoint.expires_at is None else at_most(checkpoint.expires_at)
+        gone_at = _earliest(expires_at, self._retention(now))
         fetch = self.database.fetch
         key = row_id(namespace, stack_id)
         if expected_revision is None:

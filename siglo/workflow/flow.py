@@ -140,7 +140,8 @@ class Flow:
                 f"no claimable wait for event {correlation_key!r}: unknown, already "
                 "delivered, cancelled, or past its deadline (pass allow_expired=True)"
             )
-        assert record.claimant_id is not None  # a claim always has a claimant
+        claimant = record.claimant_id
+        assert claimant is not None  # a successful claim always names its claimant
 
         async def resume_with_event() -> Any:
             stack = await self._restore(manager, record.stack_id, record.namespace)
@@ -152,7 +153,7 @@ class Flow:
                 return await self._continue(manager, stack)
             finally:
                 manager.discard_stack(stack.stack_id)
-                await adapter.complete_wait_record(correlation_key, record.claimant_id or "")
+                await adapter.complete_wait_record(correlation_key, claimant)
 
         if adapter.supports(Capability.WORKFLOW_LOCK):
             return await adapter.with_workflow_lock(record.stack_id, resume_with_event)
