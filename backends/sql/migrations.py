@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger
+from sqlalchemy import BigInteger, Table
 from sqlalchemy.engine import Dialect
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, Index
 
 from siglo.backends.sql.database import Database, Executor
 from siglo.backends.sql.schema import SCHEMA_VERSION, Tables, build_tables
@@ -69,9 +69,30 @@ def _v2(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     ]
 
 
+def _v3(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
+    before = build_tables(prefix, schema, version=2)
+    after = build_tables(prefix, schema, version=3)
+    out: list[str] = []
+    for name in ("checkpoints", "wait_records", "locks", "context_changes"):
+        old = _expiry_index(getattr(before, name))
+        new = _expiry_index(getattr(after, name))
+        # Same name, now partial. Inside the migration's transaction, so a failure leaves
+        # the old index; PostgreSQL locks the table while the index is built.
+        out.append(str(DropIndex(old).compile(dialect=dialect)).strip())
+        out.append(str(CreateIndex(new).compile(dialect=dialect)).strip())
+    return out
+
+
+def _expiry_index(table: Table | None) -> Index:
+    assert table is not None
+    (index,) = (i for i in table.indexes if str(i.name).endswith("_gone_at"))
+    return index
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, wait records, step cache, idempotency, locks, nonces", _v1),
     Migration(2, "lock fencing counters; context change streams", _v2),
+    Migration(3, "partial expiry indexes: only rows that can expire", _v3),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

@@ -14,7 +14,9 @@ Conventions, chosen for the queries that use them:
   cannot be a real namespace, and an un-namespaced row never matches a namespaced one.
 - ``gone_at`` is the millisecond time a row stops existing (``NULL``: kept until removed),
   compared with the injected clock's ``now`` passed as a parameter, never the database's
-  clock. Every table with a ``gone_at`` has an index on it for the expiry sweeps.
+  clock. Every table with a ``gone_at`` has an index on it for the expiry sweeps; where
+  ``gone_at`` may be ``NULL`` the index is partial (``WHERE gone_at IS NOT NULL``, from
+  version 3), so a row that never expires costs no index entry on its writes.
 - Documents are stored as the exact JSON bytes siglo encoded (``BLOB`` / ``bytea``): the
   wire document of SPEC §2 comes back byte for byte, and decoding reuses it.
 """
@@ -33,12 +35,13 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    text,
 )
 from sqlalchemy.sql.schema import SchemaItem
 
 __all__ = ["DEFAULT_PREFIX", "SCHEMA_VERSION", "Tables", "build_tables", "check_identifier"]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """The schema version this code reads and writes."""
 
 DEFAULT_PREFIX: Final = "siglo_"
@@ -86,19 +89,29 @@ def _id() -> Column[bytes]:
 def build_tables(
     prefix: str = DEFAULT_PREFIX, schema: str | None = None, *, version: int = SCHEMA_VERSION
 ) -> Tables:
-    """The tables as they are at schema ``version`` (1 or 2).
+    """The tables as they are at schema ``version`` (1 to 3).
 
     Version 1: checkpoints, wait records, step cache, idempotency keys, locks (lease rows
     with an owner token), nonces. Version 2 adds the locks' fencing counter (``fence``)
-    and the ``context_changes`` table behind the context stream.
+    and the ``context_changes`` table behind the context stream. Version 3 makes the
+    expiry index of every table whose ``gone_at`` may be ``NULL`` (checkpoints, wait
+    records, locks, context changes) partial: it holds only the rows that can expire.
     """
     check_identifier("table prefix", prefix) if prefix else None
     if schema is not None:
         check_identifier("schema", schema)
-    if version not in (1, 2):
+    if version not in (1, 2, 3):
         raise ValueError(f"no schema version {version}")
     md = MetaData(schema=schema)
     p = prefix
+
+    def expiry_index(table: str) -> Index:
+        # For a gone_at that may be NULL (kept until removed). The sweeps' ``gone_at <= ?``
+        # implies ``gone_at IS NOT NULL``, so both planners still use the partial index.
+        if version < 3:
+            return Index(f"{table}_gone_at", "gone_at")
+        partial = text("gone_at IS NOT NULL")
+        return Index(f"{table}_gone_at", "gone_at", sqlite_where=partial, postgresql_where=partial)
 
     schema_version = Table(
         f"{p}schema_version",
@@ -117,7 +130,7 @@ def build_tables(
         Column("status", Text, nullable=False),
         Column("gone_at", BigInteger, nullable=True),
         Column("document", LargeBinary, nullable=False),
-        Index(f"{p}checkpoints_gone_at", "gone_at"),
+        expiry_index(f"{p}checkpoints"),
     )
     wait_records = Table(
         f"{p}wait_records",
@@ -138,7 +151,7 @@ def build_tables(
         Column("gone_at", BigInteger, nullable=True),
         Column("document", LargeBinary, nullable=False),
         Index(f"{p}wait_records_stack", "stack_ref"),
-        Index(f"{p}wait_records_gone_at", "gone_at"),
+        expiry_index(f"{p}wait_records"),
     )
     # The wait record most recently saved for each stack id (get_wait_record by stack
     # id returns it): id is digest(stack_id), wait_id the record's id.
@@ -181,7 +194,7 @@ def build_tables(
         f"{p}locks",
         md,
         *lock_columns,
-        Index(f"{p}locks_gone_at", "gone_at"),
+        expiry_index(f"{p}locks"),
     )
     nonces = Table(
         f"{p}nonces",
@@ -206,7 +219,7 @@ def build_tables(
             Column("value", LargeBinary, nullable=False),
             Column("gone_at", BigInteger, nullable=True),
             Index(f"{p}context_changes_stream", "stream"),
-            Index(f"{p}context_changes_gone_at", "gone_at"),
+            expiry_index(f"{p}context_changes"),
         )
     return Tables(
         metadata=md,
