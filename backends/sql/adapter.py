@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
+from siglo.backends.sql.batching import KeyedReads
 from siglo.backends.sql.coordination import SqlLock
 from siglo.backends.sql.database import Database, Row
 from siglo.backends.sql.keys import at_most, row_id
@@ -136,6 +137,15 @@ class SqlStorageAdapter(StorageAdapter):
         self._cp_current_revision = s(statements.cp_current_revision)
         self._cp_get = s(statements.cp_get)
         self._cp_get_fallback = s(statements.cp_get_fallback)
+        self._cp_reads: KeyedReads | None = None
+        if database.coalesce_reads:
+            many = statements.cp_get_many
+            self._cp_reads = KeyedReads(
+                database,
+                self._cp_get,
+                lambda n: s(many.format(ids=", ".join(["?"] * n))),
+                lambda: self.clock.now_ms(),
+            )
         self._wait_get = s(statements.wait_get)
         one = statements.wait_save_one
         self._wait_save_one = None if one is None else s(one)
@@ -219,15 +229,17 @@ class SqlStorageAdapter(StorageAdapter):
     ) -> Checkpoint | None:
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
-        now = self.clock.now_ms()
-        if namespace is None:
-            rows = await self.database.fetch(self._cp_get, (row_id("", stack_id), now))
-        elif fallback:
+        if namespace is not None and fallback:
             rows = await self.database.fetch(
-                self._cp_get_fallback, (row_id(namespace, stack_id), row_id("", stack_id), now)
+                self._cp_get_fallback,
+                (row_id(namespace, stack_id), row_id("", stack_id), self.clock.now_ms()),
             )
-        else:
-            rows = await self.database.fetch(self._cp_get, (row_id(namespace, stack_id), now))
+            return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
+        key = row_id(namespace or "", stack_id)
+        if self._cp_reads is not None:
+            data = await self._cp_reads.get(key)
+            return None if data is None else Checkpoint.from_json(data)
+        rows = await self.database.fetch(self._cp_get, (key, self.clock.now_ms()))
         return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
 
     async def _clean(self, sql: str) -> int:

@@ -53,6 +53,9 @@ class Database(abc.ABC):
     sa_dialect: Dialect
     """The SQLAlchemy dialect that compiles DDL and quotes identifiers."""
     placeholder: str = "?"
+    coalesce_reads: bool = False
+    """Whether concurrent keyed reads should share one statement
+    (:mod:`siglo.backends.sql.batching`): worth it on one connection, not on a pool."""
 
     def __init__(self, *, on_open: OnOpen | None = None, description: str = "") -> None:
         self.on_open = on_open

@@ -31,6 +31,8 @@ class Statements:
     cp_update_expected: str
     cp_current_revision: str
     cp_get: str
+    cp_get_many: str
+    """``{ids}`` stands for one ``?`` per id (``str.format``)."""
     cp_get_fallback: str
     cp_get_for_cancel: str
     cp_set_cancelled: str
@@ -154,6 +156,8 @@ def build_statements(
         ),
         cp_current_revision=f"SELECT revision FROM {cp} WHERE id = ? AND {LIVE}",
         cp_get=f"SELECT document FROM {cp} WHERE id = ? AND {LIVE}",
+        # Concurrent cp_get lookups in one statement (siglo.backends.sql.batching).
+        cp_get_many=f"SELECT id, document FROM {cp} WHERE id IN ({{ids}}) AND {LIVE}",
         # The namespaced checkpoint first, else the un-namespaced one (seed 001 §5).
         cp_get_fallback=(
             f"SELECT document FROM {cp} WHERE id IN (?, ?) AND {LIVE} "

@@ -59,6 +59,7 @@ class SqliteDatabase(Database):
 
     dialect_name = "sqlite"
     sa_dialect = sqlite_dialect.dialect()
+    coalesce_reads = True  # one connection: every statement waits for the one before
 
     def __init__(
         self,

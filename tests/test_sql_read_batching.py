@@ -1,0 +1,145 @@
+"""Concurrent checkpoint loads on SQLite share one statement (siglo.backends.sql.batching).
+
+Against real SQLite: the statements that ran are read from the connection's own trace
+callback, a failing batch is real SQL that SQLite rejects, and cancellation is of real
+tasks awaiting real statements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import siglo
+from siglo import Checkpoint, ManualClock
+from siglo.backends.sql.batching import KeyedReads
+from siglo.backends.sql.keys import row_id
+from siglo.errors import StorageAdapterError
+
+
+@pytest.fixture
+async def backend(tmp_path: Any) -> AsyncIterator[siglo.Backend]:
+    clock = ManualClock(1_000_000)
+    async with siglo.connect(f"sqlite:///{tmp_path}/b.db", clock=clock) as b:
+        await b.adapter.open()  # type: ignore[attr-defined]
+        yield b
+
+
+async def traced(backend: siglo.Backend) -> list[str]:
+    """Every statement the backend's connection runs from now on."""
+    statements: list[str] = []
+    conn = backend.adapter.database._conn  # type: ignore[attr-defined]
+    await conn.set_trace_callback(statements.append)  # called on the connection's thread
+    return statements
+
+
+async def save(backend: siglo.Backend, stack_id: str, revision: int, **kw: Any) -> None:
+    cp = Checkpoint(stack_id=stack_id, revision=revision, timestamp=1, **kw)
+    await backend.adapter.save_checkpoint(cp)
+
+
+async def test_concurrent_loads_share_statements_and_read_what_is_stored(
+    backend: siglo.Backend,
+) -> None:
+    adapter: Any = backend.adapter
+    for i in range(40):
+        await save(backend, f"s{i}", i + 1)
+    await save(backend, "expired", 1, expires_at=adapter.clock.now_ms() - 1)
+    await save(backend, "s1", 7, namespace="tenant")  # another row, same stack id
+    statements = await traced(backend)
+    ids = [f"s{i}" for i in range(40)] + ["s3", "s3", "missing", "expired"]
+    found = await asyncio.gather(*(adapter.get_checkpoint(i) for i in ids))
+    assert [None if cp is None else (cp.stack_id, cp.revision) for cp in found] == [
+        *((f"s{i}", i + 1) for i in range(40)),
+        ("s3", 4),
+        ("s3", 4),
+        None,
+        None,
+    ]
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    # The first lookup runs alone; the 43 that queued behind it share batches of <= 64.
+    assert len(reads) == 2, reads
+    assert " IN (" in reads[1]
+
+
+async def test_sequential_loads_run_alone(backend: siglo.Backend) -> None:
+    await save(backend, "a", 1)
+    statements = await traced(backend)
+    for _ in range(3):
+        cp = await backend.adapter.get_checkpoint("a")
+        assert cp is not None
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(reads) == 3
+    assert not any(" IN (" in s for s in reads)
+
+
+async def test_a_batch_sees_writes_that_finished_before_it_was_asked(
+    backend: siglo.Backend,
+) -> None:
+    adapter: Any = backend.adapter
+    await save(backend, "a", 1)
+    first = asyncio.ensure_future(adapter.get_checkpoint("a"))
+    await asyncio.sleep(0)  # the first lookup is running; the save queues behind it
+    await save(backend, "a", 2)
+    later = await adapter.get_checkpoint("a")  # asked after the save returned
+    assert (await first) is not None
+    assert later is not None
+    assert later.revision == 2
+
+
+def reads_of(backend: siglo.Backend, many: str) -> KeyedReads:
+    adapter: Any = backend.adapter
+    db = adapter.database
+    return KeyedReads(db, db.sql(adapter._s.cp_get), lambda n: many, adapter.clock.now_ms)
+
+
+async def test_a_failing_batch_fails_its_callers_only(backend: siglo.Backend) -> None:
+    await save(backend, "a", 1)
+    reads = reads_of(backend, "SELECT id, document FROM no_such_table WHERE id IN (?)")
+    key = row_id("", "a")
+    results = await asyncio.gather(reads.get(key), reads.get(key), return_exceptions=True)
+    assert isinstance(results[0], bytes)  # ran alone, with the single-key statement
+    assert isinstance(results[1], StorageAdapterError)
+    assert "no_such_table" in str(results[1])
+    # The reader is usable afterwards.
+    assert await reads.get(key) == results[0]
+
+
+async def test_cancelled_callers_leave_the_others_answered(backend: siglo.Backend) -> None:
+    adapter: Any = backend.adapter
+    for name in ("a", "b", "c"):
+        await save(backend, name, 1)
+    db = adapter.database
+    many = db.sql(adapter._s.cp_get_many)
+    reads = reads_of(backend, "")
+    reads._many = lambda n: many.format(ids=", ".join(["?"] * n))  # type: ignore[method-assign]
+    runner = asyncio.ensure_future(reads.get(row_id("", "a")))
+    await asyncio.sleep(0)
+    waiter_b = asyncio.ensure_future(reads.get(row_id("", "b")))
+    waiter_c = asyncio.ensure_future(reads.get(row_id("", "c")))
+    await asyncio.sleep(0)
+    runner.cancel()
+    waiter_b.cancel()
+    assert await waiter_c is not None
+    for task in (runner, waiter_b):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    # Nothing is left running or waiting: the next call runs alone at once.
+    assert await reads.get(row_id("", "b")) is not None
+    assert not reads._running
+    assert not reads._waiting
+
+
+async def test_closing_the_backend_fails_queued_loads(tmp_path: Any) -> None:
+    b = siglo.connect(f"sqlite:///{tmp_path}/c.db")
+    await save(b, "a", 1)
+    loads = [asyncio.ensure_future(b.adapter.get_checkpoint("a")) for _ in range(5)]
+    await asyncio.sleep(0)
+    await b.aclose()
+    results = await asyncio.gather(*loads, return_exceptions=True)
+    for result in results:
+        assert result is None or isinstance(result, (Checkpoint, StorageAdapterError)), result
+    assert any(isinstance(r, StorageAdapterError) for r in results)
