@@ -144,7 +144,7 @@ class RedisStorageAdapter(StorageAdapter):
         if isinstance(client, str):
             from siglo.backends.redis.connect import client_from_url
 
-            client = client_from_url(client)
+            client = client_from_url(client, command_timeout_ms=command_timeout_ms)
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
         self.workflow_lock = RedisLock(

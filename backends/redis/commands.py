@@ -9,11 +9,11 @@ the original as ``__cause__``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
+from siglo.backends.redis.deadlines import Deadlines
 from siglo.backends.redis.scripts import Script
 from siglo.errors import MalformedRecordError, SigloError, StorageAdapterError
 
@@ -82,6 +82,9 @@ class Commands:
     def __init__(self, client: Any, *, command_timeout_ms: int | None) -> None:
         self.client = client
         self.timeout_s = None if command_timeout_ms is None else command_timeout_ms / 1000
+        self._deadlines = Deadlines(self.timeout_s)
+        evalsha = getattr(client, "evalsha", None)
+        self._evalsha = evalsha if callable(evalsha) else None
 
     @property
     def has_eval(self) -> bool:
@@ -91,8 +94,7 @@ class Commands:
     async def call(self, what: str, awaitable: Awaitable[Any]) -> Any:
         """Await one client call under the timeout, wrapping any driver failure."""
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await awaitable
+            return await self._deadlines.run(awaitable)
         except SigloError:
             raise
         except TimeoutError as exc:
@@ -125,12 +127,11 @@ class Commands:
                 f"the redis client {type(self.client).__name__} has no eval(): siglo's "
                 f"{script.name} must run as a Lua script to be atomic"
             )
-        argv = [a if isinstance(a, bytes | str) else str(a) for a in args]
-        evalsha = getattr(self.client, "evalsha", None)
-        if callable(evalsha):
+        argv = [a if type(a) is bytes or type(a) is str else str(a) for a in args]
+        evalsha = self._evalsha
+        if evalsha is not None:
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    return await evalsha(script.sha, len(keys), *keys, *argv)
+                return await self._deadlines.run(evalsha(script.sha, len(keys), *keys, *argv))
             except Exception as exc:
                 if not _is_noscript(exc):
                     # Re-enter call() so the failure is wrapped the same way.

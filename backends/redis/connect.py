@@ -92,10 +92,20 @@ def _split(url: str) -> tuple[str, dict[str, Any]]:
     return urlunsplit(parts._replace(query=urlencode(theirs))), ours
 
 
-def client_from_url(url: str, *, cluster: bool | None = None, **kwargs: Any) -> Any:
+def client_from_url(
+    url: str,
+    *,
+    cluster: bool | None = None,
+    command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    **kwargs: Any,
+) -> Any:
     """A ``redis.asyncio`` client for ``url`` with bounded timeouts and retries.
 
-    siglo's query parameters are ignored here except ``cluster``.
+    siglo's query parameters are ignored here except ``cluster``. ``command_timeout_ms``
+    is the bound the siglo classes using the client put on every call: when there is
+    none, the client gets a 5 s ``socket_timeout`` so that no read waits forever (redis-py
+    arms a timer for every read and starts a task for every write under a socket
+    timeout, ~9 µs a call, so it is not set twice).
     """
     import redis.asyncio
     from redis.asyncio.retry import Retry
@@ -112,7 +122,7 @@ def client_from_url(url: str, *, cluster: bool | None = None, **kwargs: Any) -> 
         # No socket_timeout here: it makes redis-py 7's RedisCluster fail concurrent
         # first commands; command_timeout_ms bounds every call anyway.
         return redis.asyncio.RedisCluster.from_url(driver_url, **kwargs)
-    if "socket_timeout" not in query:
+    if "socket_timeout" not in query and command_timeout_ms is None:
         kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     # A few quick retries ride out a blip; a dead server fails in well under a second.
     kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 3))
@@ -168,7 +178,7 @@ def connect(
     timeout = settings.get("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS)
     owned = client is None
     if client is None:
-        client = client_from_url(url, cluster=cluster)
+        client = client_from_url(url, cluster=cluster, command_timeout_ms=timeout)
     keys = KeySpace(prefix)
     # A client that has not connected yet holds no sockets: if an option is rejected
     # below, dropping it is enough.
