@@ -85,11 +85,8 @@ class Commands:
         self._deadlines = Deadlines(self.timeout_s)
         evalsha = getattr(client, "evalsha", None)
         self._evalsha = evalsha if callable(evalsha) else None
-
-    @property
-    def has_eval(self) -> bool:
+        self.has_eval = callable(getattr(client, "eval", None))
         """Whether the client can run Lua (seed 001 §4: ``eval`` is optional)."""
-        return callable(getattr(self.client, "eval", None))
 
     async def call(self, what: str, awaitable: Awaitable[Any]) -> Any:
         """Await one client call under the timeout, wrapping any driver failure."""

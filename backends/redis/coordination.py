@@ -191,7 +191,7 @@ class RedisLock(_ClientOwner, LockBase):
     async def release(self, lock_key: str, token: str) -> bool:
         require_id("lock_key", lock_key)
         require_id("token", token)
-        key, _ = self._keys(lock_key)
+        key = self.key_prefix + lock_key
         if self._require_eval("release"):
             return int(await self._redis.script(COMPARE_AND_DELETE, [key], [token])) == 1
         if text(await self._redis.get(key)) != token:
@@ -202,7 +202,7 @@ class RedisLock(_ClientOwner, LockBase):
         require_id("lock_key", lock_key)
         require_id("token", token)
         require_ttl_ms("ttl_ms", ttl_ms)
-        key, _ = self._keys(lock_key)
+        key = self.key_prefix + lock_key
         if self._require_eval("extend"):
             return int(await self._redis.script(LOCK_EXTEND, [key], [token, clamp_px(ttl_ms)])) == 1
         if text(await self._redis.get(key)) != token:
