@@ -29,9 +29,10 @@ keeps each statement quick so the next batch is not kept waiting)."""
 class KeyedReads:
     """Lookups of one value by row id, coalesced while one is running.
 
-    ``single(now)`` reads ``(value,)`` rows for parameters ``(id, now)``; ``many(n)``
-    returns the SQL that reads ``(id, value)`` rows for parameters ``(id_1 … id_n,
-    now)``. ``clock`` gives the ``now`` of each statement, read when it is sent.
+    ``single`` is the SQL that reads ``(value,)`` rows for parameters ``(id, now)``;
+    ``many(n)`` returns the SQL that reads ``(id, value)`` rows for parameters
+    ``(id_1 … id_n, now)``. ``clock`` gives the ``now`` of each statement, read when it
+    is sent.
     """
 
     def __init__(
@@ -49,16 +50,22 @@ class KeyedReads:
         self._sql: dict[int, str] = {}
         self._clock = clock
         self._max_batch = max_batch
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._waiting: dict[bytes, list[asyncio.Future[bytes | None]]] = {}
         self._drainer: asyncio.Task[None] | None = None
 
     async def get(self, key: bytes) -> bytes | None:
         """The value stored under ``key`` (``None``: no live row)."""
-        if self._running:
-            future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._running and self._loop is loop:
+            future: asyncio.Future[bytes | None] = loop.create_future()
             self._waiting.setdefault(key, []).append(future)
             return await future
+        if self._loop is not loop:
+            # Used from a new event loop: a lookup left running on the old one (its loop
+            # closed under it) will never hand over, so nothing may wait for it.
+            self._loop, self._waiting, self._drainer = loop, {}, None
         self._running = True
         try:
             rows = await self._db.fetch(self._single, (key, self._clock()))
@@ -70,7 +77,8 @@ class KeyedReads:
         """After a lookup: answer whoever queued behind it, or stand down."""
         if self._waiting:
             # A task of its own, so the caller that ran the lookup returns now.
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+            assert self._loop is not None
+            self._drainer = self._loop.create_task(self._drain())
         else:
             self._running = False
 
