@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the raw Postgres document column (default bytea, what siglo's backend stores)",
     )
     p.add_argument(
+        "--pg-compression",
+        choices=("lz4", "pglz"),
+        default="lz4",
+        help="the raw Postgres documents' compression (default lz4 where the server has it, "
+        "as siglo's schema)",
+    )
+    p.add_argument(
         "--siglo-opt",
         action="append",
         default=[],
@@ -131,7 +138,10 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
 
             out.append(
                 RawPostgresSubject(
-                    args.postgres_url, pool_size=args.pg_pool, doc_type=args.pg_doc_type
+                    args.postgres_url,
+                    pool_size=args.pg_pool,
+                    doc_type=args.pg_doc_type,
+                    compression=args.pg_compression,
                 )
             )
     elif backend == "sqlite":

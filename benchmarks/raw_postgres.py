@@ -22,6 +22,7 @@ from benchmarks.payloads import now_ms, wire_document
 from benchmarks.subject import Conflict, Subject
 
 DOC_TYPES = ("jsonb", "text", "bytea")
+COMPRESSIONS = ("lz4", "pglz")
 
 
 def _sql(stmt: str, doc_type: str = "jsonb") -> str:
@@ -34,14 +35,22 @@ class RawPostgresSubject(Subject):
     kind = "raw"
     backend = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int = 10, doc_type: str = "jsonb") -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 10, doc_type: str = "jsonb", compression: str = "lz4"
+    ) -> None:
         if doc_type not in DOC_TYPES:
             raise ValueError(f"doc_type must be one of {DOC_TYPES}, got {doc_type!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         self.url = url
         self.pool_size = pool_size
         self.doc_type = doc_type
+        self.compression = compression
         self.schema = f"siglo_bench_{secrets.token_hex(4)}"
-        self.detail = f"psycopg 3 pool({pool_size}), prepared, {doc_type.upper()} documents, orjson"
+        self.detail = (
+            f"psycopg 3 pool({pool_size}), prepared, {doc_type.upper()} documents "
+            f"({compression}), orjson"
+        )
         self.pool: AsyncConnectionPool[Any] | None = None
 
     async def open(self) -> None:
@@ -50,6 +59,18 @@ class RawPostgresSubject(Subject):
             await conn.execute(f'SET search_path TO "{self.schema}"')
             for stmt in q.SCHEMA:
                 await conn.execute(_sql(stmt, self.doc_type).encode())
+            if self.compression == "lz4":
+                # As siglo's schema does where the server has lz4 (else pglz, the default).
+                cur = await conn.execute(
+                    "SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' "
+                    "AND 'lz4' = ANY (enumvals)"
+                )
+                if await cur.fetchone():
+                    for table, column in q.DOCUMENT_COLUMNS:
+                        alter = f"ALTER TABLE {table} ALTER COLUMN {column} SET COMPRESSION lz4"
+                        await conn.execute(alter.encode())
+                else:
+                    self.detail = self.detail.replace("(lz4)", "(pglz: no lz4 on the server)")
 
         async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
             set_json_loads(orjson.loads, conn)

@@ -26,6 +26,15 @@ SCHEMA = (
         key TEXT PRIMARY KEY, value {doc} NOT NULL, expires_at BIGINT NOT NULL)""",
 )
 
+# The document columns (table, column), for PostgreSQL's column compression.
+DOCUMENT_COLUMNS = (
+    ("checkpoints", "doc"),
+    ("waits", "payload"),
+    ("waits", "doc"),
+    ("idempotency", "result"),
+    ("cache", "value"),
+)
+
 # params: stack_id, revision, doc, expires_at, now
 SAVE_PLAIN = """INSERT INTO checkpoints AS c (stack_id, revision, doc, expires_at)
 VALUES ({p}, {p}, {p}, {p})

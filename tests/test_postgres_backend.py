@@ -88,3 +88,35 @@ async def test_application_engine(schema: str) -> None:
             assert rows.all() == [(3,)]
     finally:
         await engine.dispose()
+
+
+async def test_documents_are_lz4_compressed_where_the_server_has_it(schema: str) -> None:
+    async with siglo.connect(f"{POSTGRES_URL}?schema={schema}") as backend:
+        adapter = backend.adapter
+        big = {"main": {"text": "checkpoint " * 30_000}}  # ~330 KB: stored compressed
+        await adapter.save_checkpoint(
+            Checkpoint(stack_id="s", revision=1, timestamp=1, contexts=big)
+        )
+        db = adapter.database  # type: ignore[attr-defined]
+        rows = await db.fetch(
+            "SELECT name FROM pg_settings WHERE name = 'default_toast_compression' "
+            "AND 'lz4' = ANY (enumvals)"
+        )
+        has_lz4 = bool(rows)
+        columns = await db.fetch(
+            "SELECT c.relname, a.attname, a.attcompression FROM pg_attribute a "
+            "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND a.attname IN ('document', 'value', 'result', "
+            "'event_payload') AND c.relkind = 'r'",
+            (schema,),
+        )
+        assert len(columns) == 6, columns
+        expected = "l" if has_lz4 else ""
+        assert {str(row[2]) for row in columns} == {expected}, columns
+        stored = await db.fetch(
+            f'SELECT pg_column_compression(document) FROM "{schema}".siglo_checkpoints'
+        )
+        assert stored[0][0] == ("lz4" if has_lz4 else "pglz")
+        loaded = await adapter.get_checkpoint("s")
+        assert loaded is not None
+        assert loaded.contexts == big

@@ -80,7 +80,41 @@ def _v3(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
         # the old index; PostgreSQL locks the table while the index is built.
         out.append(str(DropIndex(old).compile(dialect=dialect)).strip())
         out.append(str(CreateIndex(new).compile(dialect=dialect)).strip())
+    if dialect.name == "postgresql":
+        out.append(_lz4_documents(after, dialect))
     return out
+
+
+# (table attribute of Tables, column): the columns holding documents and JSON values.
+_DOCUMENT_COLUMNS = (
+    ("checkpoints", "document"),
+    ("wait_records", "document"),
+    ("wait_records", "event_payload"),
+    ("step_cache", "value"),
+    ("idempotency", "result"),
+    ("context_changes", "value"),
+)
+
+
+def _lz4_documents(tables: Tables, dialect: Dialect) -> str:
+    """PostgreSQL: compress documents with lz4 where the server has it (14+, built with
+    lz4) instead of the default pglz: a 256 KB checkpoint's update took 2.5 ms with pglz
+    and 1.0 ms with lz4 (docs/backends/postgres.md). Values written before keep their
+    compression and stay readable. One ``DO`` block, so the check and the changes are
+    one statement of the migration's transaction."""
+    alters = "\n    ".join(
+        f"ALTER TABLE {dialect.identifier_preparer.format_table(getattr(tables, table))} "
+        f"ALTER COLUMN {column} SET COMPRESSION lz4;"
+        for table, column in _DOCUMENT_COLUMNS
+    )
+    return (
+        "DO $$ BEGIN\n"
+        "  IF EXISTS (SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression'"
+        " AND 'lz4' = ANY (enumvals)) THEN\n"
+        f"    {alters}\n"
+        "  END IF;\n"
+        "END $$"
+    )
 
 
 def _expiry_index(table: Table | None) -> Index:
@@ -92,7 +126,7 @@ def _expiry_index(table: Table | None) -> Index:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, wait records, step cache, idempotency, locks, nonces", _v1),
     Migration(2, "lock fencing counters; context change streams", _v2),
-    Migration(3, "partial expiry indexes: only rows that can expire", _v3),
+    Migration(3, "partial expiry indexes; PostgreSQL: lz4-compressed documents", _v3),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 
