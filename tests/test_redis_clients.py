@@ -154,3 +154,25 @@ async def test_backend_url_carries_the_options(redis_backend: siglo.Backend) -> 
             assert adapter.record_context_changes is False
             await first.adapter.set_cached_step("shared", [1])
             assert await adapter.get_cached_step("shared") == [1]
+
+
+async def test_isolated_removes_every_key_however_many() -> None:
+    # 200,000 keys: one UNLINK per key, all under one 10 s command timeout, left most of
+    # a million-checkpoint scale run behind. Each SCAN page now goes in one call.
+    import redis.asyncio
+
+    from siglo.backends.redis import isolated
+
+    require_redis()
+    client = redis.asyncio.Redis.from_url(REDIS_URL)
+    try:
+        async with isolated(REDIS_URL) as backend:
+            prefix = backend.adapter.keys.prefix  # type: ignore[attr-defined]
+            async with client.pipeline(transaction=False) as pipe:
+                for i in range(200_000):
+                    pipe.set(f"{prefix}checkpoint:s{i}", b"{}")
+                await pipe.execute()
+            assert await client.exists(f"{prefix}checkpoint:s199999") == 1
+        assert [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)] == []
+    finally:
+        await client.aclose()

@@ -19,6 +19,7 @@ options given to :func:`connect` win over the URL's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 import warnings
@@ -31,7 +32,7 @@ from siglo.backends.redis.adapter import RedisStorageAdapter
 from siglo.backends.redis.commands import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo.backends.redis.coordination import RedisIdempotencyStore, RedisLock, RedisNonceStore
 from siglo.backends.redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, StorageAdapterError
 
 __all__ = ["client_from_url", "connect", "isolated"]
 
@@ -228,30 +229,45 @@ def _with_params(url: str, params: dict[str, Any]) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-async def delete_prefix(client: Any, prefix: str) -> int:
+async def delete_prefix(
+    client: Any, prefix: str, *, command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS
+) -> int:
     """``SCAN`` for every key under ``prefix`` and ``UNLINK`` it (never ``FLUSHDB``).
 
-    On a cluster, redis-py's ``scan_iter`` walks every primary.
+    Each Redis call is bounded by ``command_timeout_ms``; the sweep as a whole is not (a
+    million keys take a while). On a cluster, redis-py's ``scan_iter`` walks every
+    primary and keys are unlinked one by one (a batch's keys live in different slots);
+    on a single server each ``SCAN`` page is unlinked in one call.
     """
+    import redis.asyncio
+
+    timeout = None if command_timeout_ms is None else command_timeout_ms / 1000
     pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
     removed = 0
-    batch: list[Any] = []
-    async for key in client.scan_iter(match=pattern, count=500):
-        batch.append(key)
-        if len(batch) >= 100:
-            removed += await _unlink(client, batch)
-            batch = []
-    if batch:
-        removed += await _unlink(client, batch)
-    return removed
-
-
-async def _unlink(client: Any, keys: list[Any]) -> int:
-    # One key per call: on a cluster the keys of a batch live in different slots.
-    total = 0
-    for key in keys:
-        total += int(await client.unlink(key))
-    return total
+    try:
+        if isinstance(client, redis.asyncio.RedisCluster):
+            keys = client.scan_iter(match=pattern, count=1000)
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        key = await anext(keys)
+                except StopAsyncIteration:
+                    return removed
+                async with asyncio.timeout(timeout):
+                    removed += int(await client.unlink(key))
+        cursor = 0
+        while True:
+            async with asyncio.timeout(timeout):
+                cursor, page = await client.scan(cursor, match=pattern, count=1000)
+            if page:
+                async with asyncio.timeout(timeout):
+                    removed += int(await client.unlink(*page))
+            if int(cursor) == 0:
+                return removed
+    except (redis.RedisError, OSError, TimeoutError) as exc:
+        raise StorageAdapterError(
+            f"redis: removing the keys under {prefix!r} failed after {removed}: {exc!r}"
+        ) from exc
 
 
 @contextlib.asynccontextmanager
@@ -271,6 +287,6 @@ async def isolated(url: str = "redis://127.0.0.1:6379/0", **options: Any) -> Asy
         adapter = backend.adapter
         assert isinstance(adapter, RedisStorageAdapter)
         try:
-            await adapter._redis.call("cleanup", delete_prefix(adapter.client, prefix))
+            await delete_prefix(adapter.client, prefix)
         finally:
             await backend.aclose()
