@@ -36,9 +36,9 @@ class Deadlines:
     async def run(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable``; :class:`TimeoutError` once the timeout has passed."""
         timeout = self.timeout_s
-        task = asyncio.current_task()
         if timeout is None:
             return await awaitable
+        task = asyncio.current_task()
         if task is None or task in self._inflight:
             # Not in a task, or a call nested in a call: the general mechanism.
             async with asyncio.timeout(timeout):
