@@ -71,3 +71,52 @@ async def test_script_compares_with_the_decoded_revision(
     reply = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, 1, 123_456, NOW, 60_000])
     assert [int(x) for x in reply] == [0, _expected(data)]
     assert await adapter._redis.get(key) == data  # a conflict writes nothing
+
+
+DUPLICATES = {"duplicate revision", "duplicate, escaped"}
+
+
+@pytest.mark.parametrize(
+    ("label", "data"),
+    [d for d in DOCUMENTS if d[0] not in DUPLICATES],
+    ids=[label for label, _ in DOCUMENTS if label not in DUPLICATES],
+)
+async def test_a_plain_save_moves_forward_from_the_decoded_revision_only(
+    redis_backend: siglo.Backend,
+    label: str,
+    data: bytes,
+) -> None:
+    # A plain save may be decided by the document's opening alone (GETRANGE), and only
+    # when it moves forward; every refusal reads the whole document.
+    adapter = redis_backend.adapter
+    assert isinstance(adapter, RedisStorageAdapter)
+    key = adapter.keys.checkpoint(f"plain-{label}")
+    decoded = _expected(data)
+    new = Checkpoint(stack_id="s", revision=1, timestamp=NOW).to_json()
+    await adapter._redis.set(key, data, px=60_000)
+    if decoded >= 0:
+        reply = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, decoded, "", NOW, 60_000])
+        assert [int(x) for x in reply] == [0, decoded]
+        assert await adapter._redis.get(key) == data
+    reply = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, decoded + 1, "", NOW, 60_000])
+    assert [int(x) for x in reply] == [1]
+    assert await adapter._redis.get(key) == new
+
+
+async def test_a_repeated_revision_key_is_judged_by_its_first_for_a_forward_save(
+    redis_backend: siglo.Backend,
+) -> None:
+    # No JSON encoder writes a repeated key (RFC 8259 leaves reading one to the reader).
+    # A plain save moving forward from the first occurrence is decided by the opening,
+    # so it replaces the document; anything else reads the whole text, where cjson (and
+    # orjson on load) take the last occurrence. Documented in docs/backends/redis.md.
+    adapter = redis_backend.adapter
+    assert isinstance(adapter, RedisStorageAdapter)
+    key = adapter.keys.checkpoint("repeated")
+    data = b'{"version":2,"revision":1,"contexts":{},"revision":7}'
+    new = Checkpoint(stack_id="s", revision=1, timestamp=NOW).to_json()
+    await adapter._redis.set(key, data, px=60_000)
+    refused = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, 1, "", NOW, 60_000])
+    assert [int(x) for x in refused] == [0, 7]
+    forward = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, 2, "", NOW, 60_000])
+    assert [int(x) for x in forward] == [1]
