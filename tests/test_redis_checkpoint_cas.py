@@ -56,20 +56,35 @@ def _expected(data: bytes) -> int:
     return int(doc["revision"])
 
 
+NEW = Checkpoint(stack_id="s", revision=1, timestamp=NOW).to_json()
+
+
+async def _stored(backend: siglo.Backend, name: str, data: bytes) -> tuple[Any, str]:
+    """The adapter, and the key of a checkpoint stored as ``data`` (any text at all)."""
+    adapter = backend.adapter
+    assert isinstance(adapter, RedisStorageAdapter)
+    key = adapter.keys.checkpoint(name)
+    await adapter._redis.set(key, data, px=60_000)
+    return adapter, key
+
+
+async def _cas(adapter: Any, key: str, revision: int, expected: int | str = "") -> list[int]:
+    """The script's reply to saving ``NEW`` at ``revision`` ('' expected: a plain save)."""
+    reply = await adapter._redis.script(
+        CHECKPOINT_CAS, [key], [NEW, revision, expected, NOW, 60_000]
+    )
+    return [int(x) for x in reply]
+
+
 @pytest.mark.parametrize(("label", "data"), DOCUMENTS, ids=[label for label, _ in DOCUMENTS])
 async def test_script_compares_with_the_decoded_revision(
     redis_backend: siglo.Backend,
     label: str,
     data: bytes,
 ) -> None:
-    adapter = redis_backend.adapter
-    assert isinstance(adapter, RedisStorageAdapter)
-    key = adapter.keys.checkpoint(f"probe-{label}")
-    await adapter._redis.set(key, data, px=60_000)
-    new = Checkpoint(stack_id="s", revision=1, timestamp=NOW).to_json()
+    adapter, key = await _stored(redis_backend, f"probe-{label}", data)
     # An expected revision nothing stores: the script reports what it compared with.
-    reply = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, 1, 123_456, NOW, 60_000])
-    assert [int(x) for x in reply] == [0, _expected(data)]
+    assert await _cas(adapter, key, 1, expected=123_456) == [0, _expected(data)]
     assert await adapter._redis.get(key) == data  # a conflict writes nothing
 
 
@@ -88,19 +103,13 @@ async def test_a_plain_save_moves_forward_from_the_decoded_revision_only(
 ) -> None:
     # A plain save may be decided by the document's opening alone (GETRANGE), and only
     # when it moves forward; every refusal reads the whole document.
-    adapter = redis_backend.adapter
-    assert isinstance(adapter, RedisStorageAdapter)
-    key = adapter.keys.checkpoint(f"plain-{label}")
+    adapter, key = await _stored(redis_backend, f"plain-{label}", data)
     decoded = _expected(data)
-    new = Checkpoint(stack_id="s", revision=1, timestamp=NOW).to_json()
-    await adapter._redis.set(key, data, px=60_000)
     if decoded >= 0:
-        reply = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, decoded, "", NOW, 60_000])
-        assert [int(x) for x in reply] == [0, decoded]
+        assert await _cas(adapter, key, decoded) == [0, decoded]
         assert await adapter._redis.get(key) == data
-    reply = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, decoded + 1, "", NOW, 60_000])
-    assert [int(x) for x in reply] == [1]
-    assert await adapter._redis.get(key) == new
+    assert await _cas(adapter, key, decoded + 1) == [1]
+    assert await adapter._redis.get(key) == NEW
 
 
 async def test_a_repeated_revision_key_is_judged_by_its_first_for_a_forward_save(
@@ -110,13 +119,7 @@ async def test_a_repeated_revision_key_is_judged_by_its_first_for_a_forward_save
     # A plain save moving forward from the first occurrence is decided by the opening,
     # so it replaces the document; anything else reads the whole text, where cjson (and
     # orjson on load) take the last occurrence. Documented in docs/backends/redis.md.
-    adapter = redis_backend.adapter
-    assert isinstance(adapter, RedisStorageAdapter)
-    key = adapter.keys.checkpoint("repeated")
-    data = b'{"version":2,"revision":1,"contexts":{},"revision":7}'
-    new = Checkpoint(stack_id="s", revision=1, timestamp=NOW).to_json()
-    await adapter._redis.set(key, data, px=60_000)
-    refused = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, 1, "", NOW, 60_000])
-    assert [int(x) for x in refused] == [0, 7]
-    forward = await adapter._redis.script(CHECKPOINT_CAS, [key], [new, 2, "", NOW, 60_000])
-    assert [int(x) for x in forward] == [1]
+    data = dict(DOCUMENTS)["duplicate revision"]  # revision 1, then revision 7
+    adapter, key = await _stored(redis_backend, "repeated", data)
+    assert await _cas(adapter, key, 1) == [0, 7]
+    assert await _cas(adapter, key, 2) == [1]

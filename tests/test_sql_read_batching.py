@@ -8,7 +8,7 @@ tasks awaiting real statements.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -90,15 +90,16 @@ async def test_a_batch_sees_writes_that_finished_before_it_was_asked(
     assert later.revision == 2
 
 
-def reads_of(backend: siglo.Backend, many: str) -> KeyedReads:
+def reads_of(backend: siglo.Backend, many: Callable[[int], str]) -> KeyedReads:
+    """A reader of checkpoint documents whose batches run ``many(n)``."""
     adapter: Any = backend.adapter
     db = adapter.database
-    return KeyedReads(db, db.sql(adapter._s.cp_get), lambda n: many, adapter.clock.now_ms)
+    return KeyedReads(db, db.sql(adapter._s.cp_get), many, adapter.clock.now_ms)
 
 
 async def test_a_failing_batch_fails_its_callers_only(backend: siglo.Backend) -> None:
     await save(backend, "a", 1)
-    reads = reads_of(backend, "SELECT id, document FROM no_such_table WHERE id IN (?)")
+    reads = reads_of(backend, lambda n: "SELECT id, document FROM no_such_table WHERE id IN (?)")
     key = row_id("", "a")
     results = await asyncio.gather(reads.get(key), reads.get(key), return_exceptions=True)
     assert isinstance(results[0], bytes)  # ran alone, with the single-key statement
@@ -112,10 +113,8 @@ async def test_cancelled_callers_leave_the_others_answered(backend: siglo.Backen
     adapter: Any = backend.adapter
     for name in ("a", "b", "c"):
         await save(backend, name, 1)
-    db = adapter.database
-    many = db.sql(adapter._s.cp_get_many)
-    reads = reads_of(backend, "")
-    reads._many = lambda n: many.format(ids=", ".join(["?"] * n))  # type: ignore[method-assign]
+    many = adapter.database.sql(adapter._s.cp_get_many)
+    reads = reads_of(backend, lambda n: many.format(ids=", ".join(["?"] * n)))
     runner = asyncio.ensure_future(reads.get(row_id("", "a")))
     await asyncio.sleep(0)
     waiter_b = asyncio.ensure_future(reads.get(row_id("", "b")))

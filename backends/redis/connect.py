@@ -19,7 +19,6 @@ options given to :func:`connect` win over the URL's.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 import warnings
@@ -31,6 +30,7 @@ from siglo.backend import Backend
 from siglo.backends.redis.adapter import RedisStorageAdapter
 from siglo.backends.redis.commands import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo.backends.redis.coordination import RedisIdempotencyStore, RedisLock, RedisNonceStore
+from siglo.backends.redis.deadlines import Deadlines
 from siglo.backends.redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 
@@ -241,7 +241,7 @@ async def delete_prefix(
     """
     import redis.asyncio
 
-    timeout = None if command_timeout_ms is None else command_timeout_ms / 1000
+    bounded = Deadlines(None if command_timeout_ms is None else command_timeout_ms / 1000).run
     pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
     removed = 0
     try:
@@ -249,19 +249,15 @@ async def delete_prefix(
             keys = client.scan_iter(match=pattern, count=1000)
             while True:
                 try:
-                    async with asyncio.timeout(timeout):
-                        key = await anext(keys)
+                    key = await bounded(anext(keys))
                 except StopAsyncIteration:
                     return removed
-                async with asyncio.timeout(timeout):
-                    removed += int(await client.unlink(key))
+                removed += int(await bounded(client.unlink(key)))
         cursor = 0
         while True:
-            async with asyncio.timeout(timeout):
-                cursor, page = await client.scan(cursor, match=pattern, count=1000)
+            cursor, page = await bounded(client.scan(cursor, match=pattern, count=1000))
             if page:
-                async with asyncio.timeout(timeout):
-                    removed += int(await client.unlink(*page))
+                removed += int(await bounded(client.unlink(*page)))
             if int(cursor) == 0:
                 return removed
     except (redis.RedisError, OSError, TimeoutError) as exc:
