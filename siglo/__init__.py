@@ -120,7 +120,7 @@ def __getattr__(name: str) -> object:
         from siglo.plugins import get_registry
 
         get_registry().backend("redis").load_factory()  # says which extra is missing
-        return getattr(importlib.import_module("siglo.backends.redis"), name)
+        return getattr(importlib.import_module("siglo_redis"), name)
     raise AttributeError(f"module 'siglo' has no attribute {name!r}")
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import siglo
-from siglo.backends.redis import isolated
+from siglo_redis import isolated
 
 REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -13,19 +13,19 @@ from typing import Any, TypeVar
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
-from siglo.backends.memory import connect as memory_connect
-from siglo.backends.memory.adapter import MemoryStorageAdapter, _Entry
-from siglo.backends.memory.coordination import (
+from siglo.coordination import LockResult, nonce_ttl_ms
+from siglo.errors import InvalidArgumentError
+from siglo.records import CacheEvent, ContextChangeEvent
+from siglo.validation import check_save_arguments
+from siglo_memory import connect as memory_connect
+from siglo_memory.adapter import MemoryStorageAdapter, _Entry
+from siglo_memory.coordination import (
     COMPLETED_PREFIX,
     IN_PROGRESS,
     MemoryIdempotencyStore,
     MemoryLock,
     MemoryNonceStore,
 )
-from siglo.coordination import LockResult, nonce_ttl_ms
-from siglo.errors import InvalidArgumentError
-from siglo.records import CacheEvent, ContextChangeEvent
-from siglo.validation import check_save_arguments
 
 T = TypeVar("T")
 

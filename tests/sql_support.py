@@ -67,9 +67,9 @@ async def open_backend(kind: str, **options: Any) -> AsyncIterator[Backend]:
     """A backend of ``kind`` on private storage, removed afterwards."""
     url = base_url(kind)
     if kind == "postgres":
-        from siglo.backends.postgres import isolated
+        from siglo_postgres import isolated
     else:
-        from siglo.backends.sqlite import isolated  # type: ignore[assignment]
+        from siglo_sqlite import isolated  # type: ignore[assignment]
     async with isolated(url, **options) as backend:
         yield backend
 

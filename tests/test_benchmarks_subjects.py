@@ -59,7 +59,7 @@ def isolated_plugin() -> Iterator[list[str]]:
         registry.add_backend(
             "benchiso",
             schemes=("benchiso",),
-            factory="siglo.backends.memory.connect:connect",
+            factory="siglo_memory.connect:connect",
             capabilities=("checkpoints", "wait_records", "step_cache", "idempotency", "locks"),
             isolated=isolated,
         )

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from mutants import MUTANTS
 
 from siglo import Capability
-from siglo.backends.memory import connect as memory_connect
 from siglo.cli import cli
 from siglo.cli.check import DEFAULT_URL
-from siglo.contract_tests.rules import ADAPTER_RULES
-from siglo.contract_tests.runner import run_contract
+from siglo_contract.rules import ADAPTER_RULES
+from siglo_contract.runner import run_contract
+from siglo_memory import connect as memory_connect
 
 
 def test_memory_passes_every_rule() -> None:
@@ -144,6 +144,6 @@ def test_seed_makes_a_run_reproducible() -> None:
 
 @pytest.mark.parametrize("profile", ["ci", "thorough"])
 def test_profiles_exist(profile: str) -> None:
-    from siglo.contract_tests.runner import PROFILES
+    from siglo_contract.runner import PROFILES
 
     assert PROFILES[profile]["max_examples"] > 0

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from siglo.contract_tests.runner import run_contract
+from siglo_contract.runner import run_contract
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("siglo_filestore") is None and os.environ.get("CI") != "true",

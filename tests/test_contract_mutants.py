@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mutants import MUTANTS, Mutant
 
-from siglo.contract_tests.runner import Report, run_contract
+from siglo_contract.runner import Report, run_contract
 
 SEEDS = (1, 2, 3)
 """The state machines search: a mutant must be caught within these seeds' budget (the
@@ -28,6 +28,6 @@ def test_mutant_is_caught_by_its_rule(mutant: Mutant) -> None:
 
 
 def test_every_adapter_rule_has_a_mutant() -> None:
-    from siglo.contract_tests.rules import ADAPTER_RULES
+    from siglo_contract.rules import ADAPTER_RULES
 
     assert sorted(m.rule_id for m in MUTANTS) == sorted(r.id for r in ADAPTER_RULES)

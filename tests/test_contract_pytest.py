@@ -17,7 +17,7 @@ def _quiet_asyncio_plugin(pytester: pytest.Pytester) -> None:
 def test_plugin_adds_no_tests_to_a_users_run(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_user="""
-        from siglo.contract_tests.pytest_suite import ContractSuite  # imported, not subclassed
+        from siglo_contract.pytest_suite import ContractSuite  # imported, not subclassed
 
         def test_mine():
             assert True
@@ -37,7 +37,7 @@ def test_plugin_registers_the_rule_marker(pytester: pytest.Pytester) -> None:
 def test_contract_suite_by_url(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_contract="""
-        from siglo.contract_tests.pytest_suite import ContractSuite
+        from siglo_contract.pytest_suite import ContractSuite
 
         class TestMemoryContract(ContractSuite):
             url = "memory://"
@@ -55,9 +55,9 @@ def test_contract_suite_by_option_and_factory_failure(pytester: pytest.Pytester)
     pytester.makepyfile(
         test_contract="""
         from siglo import MISSING
-        from siglo.backends.memory import connect
-        from siglo.backends.memory.adapter import MemoryStorageAdapter
-        from siglo.contract_tests.pytest_suite import ContractSuite
+        from siglo_memory import connect
+        from siglo_memory.adapter import MemoryStorageAdapter
+        from siglo_contract.pytest_suite import ContractSuite
 
         class DropsNone(MemoryStorageAdapter):
             async def get_cached_step(self, key):

@@ -6,8 +6,8 @@ import ast
 import re
 from pathlib import Path
 
-from siglo.contract_tests.checks import all_checks
-from siglo.contract_tests.rules import ADAPTER_RULES, CORE_RULES, RULES, select_rules
+from siglo_contract.checks import all_checks
+from siglo_contract.rules import ADAPTER_RULES, CORE_RULES, RULES, select_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT_PAGE = ROOT / "docs" / "contract.md"

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from siglo import Backend, Capability
-from siglo.backends.memory import connect as memory_connect
-from siglo.contract_tests.runner import run_contract
-from siglo.contract_tests.target import Target
+from siglo_contract.runner import run_contract
+from siglo_contract.target import Target
+from siglo_memory import connect as memory_connect
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ import pytest
 import siglo
 from siglo import MISSING, Checkpoint, CheckpointConflictError, ManualClock, WaitRecord
 from siglo.adapter import CAPABILITY_METHODS
-from siglo.backends.memory import MemoryStorageAdapter
+from siglo_memory import MemoryStorageAdapter
 
 HOSTILE = [
     "a:b",

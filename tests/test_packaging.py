@@ -1,7 +1,8 @@
 """The wheel: built from this tree, installed into a fresh virtualenv, it works.
 
 This is what `pip install siglo` gives a user: the core, the in-memory backend and the
-contract suite, every module inside the `siglo` namespace.
+contract suite. Every module's name is its path below a source root (SPEC §1): `siglo/`,
+one `siglo_*` package per built-in backend, and `siglo_contract`.
 """
 
 from __future__ import annotations
@@ -32,19 +33,29 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.rule("plugins.discovery")
-def test_wheel_holds_only_the_siglo_namespace(wheel: Path) -> None:
+def test_wheel_holds_only_siglo_named_packages(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
-    assert top == {"siglo", f"{wheel.name.split('-py3')[0]}.dist-info"}
-    assert "siglo/py.typed" in names
-    assert "siglo/backends/memory/adapter.py" in names
-    assert "siglo/contract_tests/__init__.py" in names
+    packages = {
+        "siglo",
+        "siglo_memory",
+        "siglo_redis",
+        "siglo_sql",
+        "siglo_sqlite",
+        "siglo_postgres",
+        "siglo_contract",
+    }
+    assert top == packages | {f"{wheel.name.split('-py3')[0]}.dist-info"}
+    for package in packages:
+        assert f"{package}/py.typed" in names
+    assert "siglo_memory/adapter.py" in names
+    assert "siglo_contract/__init__.py" in names
     entry_points = (
         zipfile.ZipFile(wheel)
         .read(f"{wheel.name.split('-py3')[0]}.dist-info/entry_points.txt")
         .decode()
     )
-    assert "memory = siglo.backends.memory.plugin" in entry_points
+    assert "memory = siglo_memory.plugin" in entry_points
 
 
 @pytest.mark.timeout(600)

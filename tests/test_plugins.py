@@ -36,7 +36,7 @@ def fake_distributions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                 registry.add_backend(
                     "goodstore",
                     schemes=("good",),
-                    factory="siglo.backends.memory.connect:connect",
+                    factory="siglo_memory.connect:connect",
                     capabilities=("checkpoints",),
                 )
             """

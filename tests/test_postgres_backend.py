@@ -10,7 +10,7 @@ from sql_support import POSTGRES_URL, require_postgres
 
 import siglo
 from siglo import Checkpoint
-from siglo.backends.postgres import connect_engine, drop_schema
+from siglo_postgres import connect_engine, drop_schema
 
 
 @pytest.fixture

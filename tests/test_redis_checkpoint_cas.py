@@ -16,8 +16,8 @@ from _redis_helpers import redis_backend  # noqa: F401  (fixture)
 
 import siglo
 from siglo import Checkpoint
-from siglo.backends.redis.adapter import RedisStorageAdapter
-from siglo.backends.redis.scripts import CHECKPOINT_CAS
+from siglo_redis.adapter import RedisStorageAdapter
+from siglo_redis.scripts import CHECKPOINT_CAS
 
 pytestmark = pytest.mark.rule("checkpoint.occ.conflict")
 

@@ -10,8 +10,8 @@ from _redis_helpers import REDIS_URL, RedisServer, free_port, redis_backend, req
 
 import siglo
 from siglo import Checkpoint, StorageAdapterError
-from siglo.backends.redis import RedisLock, RedisNonceStore, RedisStorageAdapter
-from siglo.backends.redis.adapter import RedisStorageAdapter as AdapterClass
+from siglo_redis import RedisLock, RedisNonceStore, RedisStorageAdapter
+from siglo_redis.adapter import RedisStorageAdapter as AdapterClass
 
 rule = pytest.mark.rule
 
@@ -161,7 +161,7 @@ async def test_isolated_removes_every_key_however_many() -> None:
     # a million-checkpoint scale run behind. Each SCAN page now goes in one call.
     import redis.asyncio
 
-    from siglo.backends.redis import isolated
+    from siglo_redis import isolated
 
     require_redis()
     client = redis.asyncio.Redis.from_url(REDIS_URL)

@@ -36,8 +36,8 @@ from test_redis_contract import (
 )
 
 import siglo
-from siglo.backends.redis import isolated
-from siglo.backends.redis.keys import hash_slot
+from siglo_redis import isolated
+from siglo_redis.keys import hash_slot
 
 pytestmark = pytest.mark.redis_cluster
 

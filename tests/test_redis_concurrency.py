@@ -13,7 +13,7 @@ from _redis_helpers import REDIS_URL, redis_backend, require_redis  # noqa: F401
 
 import siglo
 from siglo import Checkpoint, WaitRecord
-from siglo.backends.redis import isolated
+from siglo_redis import isolated
 
 rule = pytest.mark.rule
 N = 16

@@ -21,13 +21,13 @@ from _redis_helpers import REDIS_URL, require_redis
 import siglo
 from siglo import MISSING, CacheEvent, Checkpoint, ContextChangeEvent, WaitRecord
 from siglo.adapter import CAPABILITY_METHODS
-from siglo.backends.redis import isolated
 from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
     LockNotAcquiredError,
     WaitRecordClaimError,
 )
+from siglo_redis import isolated
 
 rule = pytest.mark.rule
 

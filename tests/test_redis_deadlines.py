@@ -1,4 +1,4 @@
-"""The Redis classes' call timeout (siglo.backends.redis.deadlines): one timer for every
+"""The Redis classes' call timeout (siglo_redis.deadlines): one timer for every
 call in flight, with ``asyncio.timeout``'s behaviour. Real tasks and real sleeps; the
 paused-server test in test_redis_failures.py checks it against a real Redis."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from siglo.backends.redis.deadlines import Deadlines
+from siglo_redis.deadlines import Deadlines
 
 
 async def test_a_late_call_times_out_and_leaves_its_task_usable() -> None:

@@ -117,7 +117,7 @@ async def test_scripts_reload_after_noscript(server: RedisServer) -> None:
         await a.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
         client = a.client  # type: ignore[attr-defined]
         await client.script_flush()
-        from siglo.backends.redis.scripts import CHECKPOINT_CAS
+        from siglo_redis.scripts import CHECKPOINT_CAS
 
         # The cache is empty: the next EVALSHA gets NOSCRIPT.
         assert await client.script_exists(CHECKPOINT_CAS.sha) == [False]

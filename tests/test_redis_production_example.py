@@ -16,7 +16,7 @@ import pytest
 from _redis_helpers import REDIS_URL, require_redis
 
 import siglo
-from siglo.backends.redis.connect import delete_prefix
+from siglo_redis.connect import delete_prefix
 
 pytestmark = pytest.mark.rule("lock.with-lock", "idempotency.complete", "nonce.claim.once")
 

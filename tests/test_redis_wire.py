@@ -16,8 +16,8 @@ from _redis_helpers import raw_redis, redis_backend  # noqa: F401  (fixtures)
 
 import siglo
 from siglo import MISSING, Checkpoint, ContextChangeEvent, WaitRecord
-from siglo.backends.redis.adapter import RedisStorageAdapter
-from siglo.backends.redis.keys import KeySpace, fence_key, hash_slot
+from siglo_redis.adapter import RedisStorageAdapter
+from siglo_redis.keys import KeySpace, fence_key, hash_slot
 
 pytestmark = pytest.mark.rule("wire.checkpoint")
 

@@ -23,7 +23,7 @@ async def test_clean_in_batches_returns_the_count(kind: str) -> None:
         db = a.database  # type: ignore[attr-defined]
         cp = db.sql(a._s.cp_insert_if_absent)  # type: ignore[attr-defined]
         # 250 checkpoints expiring at 1_500, 10 kept: written directly, in one transaction.
-        from siglo.backends.sql.keys import row_id
+        from siglo_sql.keys import row_id
 
         async with db.transaction() as tx:
             for i in range(260):

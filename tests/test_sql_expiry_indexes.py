@@ -15,12 +15,12 @@ import pytest
 from sql_support import SHARED_KINDS, open_backend
 
 from siglo import Checkpoint
-from siglo.backends.sql.keys import row_id
-from siglo.backends.sql.schema import SCHEMA_VERSION
+from siglo_sql.keys import row_id
+from siglo_sql.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.parametrize("kind", SHARED_KINDS)
 
-# (statement of siglo.backends.sql.statements, table suffix, partial since version 3)
+# (statement of siglo_sql.statements, table suffix, partial since version 3)
 SWEEPS = (
     ("cp_clean_batch", "checkpoints", True),
     ("wait_clean_batch", "wait_records", True),

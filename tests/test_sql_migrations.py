@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from sql_support import POSTGRES_URL, SHARED_KINDS, open_backend, race, require_postgres
 
 import siglo
-from siglo.backends.sql import SCHEMA_VERSION
 from siglo.cli import cli
+from siglo_sql import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).parent / "fixtures"
 pytestmark = pytest.mark.parametrize("kind", SHARED_KINDS)
@@ -44,7 +44,7 @@ async def v1_database(kind: str) -> AsyncIterator[str]:
     require_postgres()
     import psycopg
 
-    from siglo.backends.postgres import drop_schema
+    from siglo_postgres import drop_schema
 
     schema = f"siglo_test_{secrets.token_hex(6)}"
     async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as conn:

@@ -1,4 +1,4 @@
-"""Concurrent checkpoint loads on SQLite share one statement (siglo.backends.sql.batching).
+"""Concurrent checkpoint loads on SQLite share one statement (siglo_sql.batching).
 
 Against real SQLite: the statements that ran are read from the connection's own trace
 callback, a failing batch is real SQL that SQLite rejects, and cancellation is of real
@@ -15,9 +15,9 @@ import pytest
 
 import siglo
 from siglo import Checkpoint, ManualClock
-from siglo.backends.sql.batching import KeyedReads
-from siglo.backends.sql.keys import row_id
 from siglo.errors import StorageAdapterError
+from siglo_sql.batching import KeyedReads
+from siglo_sql.keys import row_id
 
 
 @pytest.fixture

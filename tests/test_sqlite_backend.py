@@ -12,7 +12,7 @@ import pytest
 
 import siglo
 from siglo import Checkpoint
-from siglo.backends.sqlite import connect_engine, is_memory_url
+from siglo_sqlite import connect_engine, is_memory_url
 
 
 def cp(revision: int = 1, stack_id: str = "s") -> Checkpoint:

@@ -9,8 +9,8 @@ import pytest
 
 import siglo
 from siglo import ManualClock, Step, StorageManager, WorkflowSuspended, flow, wait_for_event
-from siglo.backends.memory import MemoryStorageAdapter
 from siglo.workflow import run_input
+from siglo_memory import MemoryStorageAdapter
 
 
 def fresh_manager(backend: siglo.Backend, clock: ManualClock) -> StorageManager:

@@ -68,10 +68,10 @@ def check(
     Prints a table of rule id, verdict (pass / FAIL / not supported) and, for a failure,
     the shrunk counter-example. Exits non-zero if any rule fails.
     """
-    from siglo.contract_tests.registry import Check
-    from siglo.contract_tests.rules import select_rules
-    from siglo.contract_tests.runner import run_contract
     from siglo.errors import SigloError
+    from siglo_contract.registry import Check
+    from siglo_contract.rules import select_rules
+    from siglo_contract.runner import run_contract
 
     target = url or DEFAULT_URL
     console = Console(stderr=True)

@@ -1,1 +1,0 @@
-"""siglo's built-in backend plugins, each registered through the ``siglo`` entry point."""

@@ -1,0 +1,156 @@
+"""``postgresql://…`` and ``postgresql+psycopg://…`` URLs, or an application's engine."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+from urllib.parse import urlsplit
+
+from siglo.backend import Backend
+from siglo.errors import InvalidArgumentError
+from siglo_postgres.database import (
+    DEFAULT_POOL_MAX_SIZE,
+    DEFAULT_POOL_MIN_SIZE,
+    DEFAULT_POOL_TIMEOUT_MS,
+    PostgresDatabase,
+)
+from siglo_sql.adapter import SqlStorageAdapter
+from siglo_sql.connect import (
+    COMMON_OPTIONS,
+    SqlSettings,
+    assemble_backend,
+    split_url_options,
+    take_options,
+    with_url_options,
+)
+from siglo_sql.schema import check_identifier
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["PostgresStorageAdapter", "connect", "connect_engine", "drop_schema", "isolated"]
+
+SCHEMES: Final = ("postgresql", "postgresql+psycopg", "postgres")
+POSTGRES_OPTIONS: Final = COMMON_OPTIONS | {
+    "schema",
+    "pool_min_size",
+    "pool_max_size",
+    "pool_timeout_ms",
+    "connect_timeout_ms",
+    "prepare_threshold",
+}
+DEFAULT_CONNECT_TIMEOUT_MS: Final = 10_000
+
+
+class PostgresStorageAdapter(SqlStorageAdapter):
+    """The SQL storage adapter on PostgreSQL."""
+
+    name: ClassVar[str] = "postgres"
+
+
+def _conninfo(base: str, connect_timeout_ms: int) -> str:
+    """A libpq URI: the driver suffix dropped, a connect timeout added if none is set."""
+    scheme, rest = base.split("://", 1)
+    if scheme.lower() not in SCHEMES:
+        raise InvalidArgumentError(f"not a postgresql:// URL: {base!r}")
+    conninfo = "postgresql://" + rest
+    if "connect_timeout=" not in urlsplit(conninfo).query:
+        seconds = max(1, -(-connect_timeout_ms // 1000))  # libpq wants whole seconds
+        conninfo = with_url_options(conninfo, {"connect_timeout": seconds})
+    return conninfo
+
+
+def _describe(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = f":{parts.port}" if parts.port else ""
+    return f"postgresql {host}{port}{parts.path or ''}"
+
+
+def connect(url: str, **options: Any) -> Backend:
+    """A PostgreSQL backend. Connects lazily: the first call opens the pool and checks
+    (or, with ``auto_migrate=True``, the default, migrates) the schema.
+
+    Options (keyword, or URL query parameter): ``schema`` (default: the connection's
+    ``search_path``, normally ``public``), ``table_prefix`` (default ``siglo_``),
+    ``auto_migrate``, ``pool_min_size`` (1), ``pool_max_size`` (10), ``pool_timeout_ms``
+    (10000: the wait for a free connection), ``connect_timeout_ms`` (10000),
+    ``prepare_threshold`` (0; ``None`` to never prepare), ``clock``,
+    ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``,
+    ``workflow_lock_timeout_ms``, ``workflow_lock_ttl_ms``, ``idempotency_ttl_ms``,
+    ``clean_batch_size``. Other query parameters go to libpq (``sslmode`` …).
+    """
+    base, url_options = split_url_options(url, POSTGRES_OPTIONS - {"clock"})
+    merged = take_options(options, url_options, POSTGRES_OPTIONS)
+    conninfo = _conninfo(base, merged.pop("connect_timeout_ms", DEFAULT_CONNECT_TIMEOUT_MS))
+    return _build(base, conninfo, merged, engine=None)
+
+
+def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
+    """A PostgreSQL backend on an application's own ``postgresql+psycopg`` ``AsyncEngine``.
+
+    Each operation checks a connection out of the engine's pool (so the engine's own
+    connection settings apply); siglo never disposes the engine. ``schema`` and
+    ``table_prefix`` choose the tables; other options as for :func:`connect`, except the
+    pool settings, which are the engine's.
+    """
+    if engine.dialect.name != "postgresql" or engine.dialect.driver != "psycopg":
+        raise InvalidArgumentError(
+            "connect_engine() needs a postgresql+psycopg AsyncEngine, got "
+            f"{engine.url.render_as_string(hide_password=True)!r}"
+        )
+    allowed = POSTGRES_OPTIONS - {
+        "pool_min_size",
+        "pool_max_size",
+        "pool_timeout_ms",
+        "connect_timeout_ms",
+        "prepare_threshold",
+    }
+    merged = take_options(options, {}, allowed)
+    base = engine.url.render_as_string(hide_password=True)
+    return _build(base, "", merged, engine=engine)
+
+
+def _build(
+    base: str, conninfo: str, options: dict[str, Any], *, engine: AsyncEngine | None
+) -> Backend:
+    schema = options.pop("schema", None)
+    settings = SqlSettings(options, schema=schema)
+    db = PostgresDatabase(
+        conninfo,
+        description=_describe(base),
+        pool_min_size=options.pop("pool_min_size", DEFAULT_POOL_MIN_SIZE),
+        pool_max_size=options.pop("pool_max_size", DEFAULT_POOL_MAX_SIZE),
+        pool_timeout_ms=options.pop("pool_timeout_ms", DEFAULT_POOL_TIMEOUT_MS),
+        prepare_threshold=options.pop("prepare_threshold", 0),
+        engine=engine,
+        on_open=settings.on_open,
+    )
+    url = with_url_options(base, settings.url_options())
+    return assemble_backend("postgres", url, db, settings, PostgresStorageAdapter)
+
+
+async def drop_schema(url: str, schema: str) -> None:
+    """Drop ``schema`` and everything in it (used by :func:`isolated` and tests)."""
+    import psycopg
+
+    check_identifier("schema", schema)
+    base, _ = split_url_options(url, POSTGRES_OPTIONS)
+    conninfo = _conninfo(base, DEFAULT_CONNECT_TIMEOUT_MS)
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@asynccontextmanager
+async def isolated(url: str, **options: Any) -> AsyncIterator[Backend]:
+    """A backend in a fresh schema ``siglo_test_<random>``, dropped afterwards."""
+    schema = f"siglo_test_{secrets.token_hex(6)}"
+    options["schema"] = schema
+    backend = connect(url, **options)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+        await drop_schema(url, schema)

@@ -1,0 +1,163 @@
+"""PostgreSQL through a psycopg 3 ``AsyncConnectionPool``.
+
+Connections are in autocommit mode: most operations are one statement, which is its own
+transaction. Statements are prepared on their first use on each connection
+(``prepare_threshold=0``; pass ``prepare_threshold=None`` behind a PgBouncer older than
+1.21 in transaction mode) and results come in binary, so a checkpoint's ``bytea`` arrives
+as the very bytes that were stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from typing import TYPE_CHECKING, Any, Final
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy.dialects import postgresql
+
+from siglo.errors import SigloError, StorageAdapterError
+from siglo_sql.database import Database, Executor, OnOpen, Row
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["DEFAULT_POOL_MAX_SIZE", "DEFAULT_POOL_TIMEOUT_MS", "PostgresDatabase"]
+
+DEFAULT_POOL_MIN_SIZE: Final = 1
+DEFAULT_POOL_MAX_SIZE: Final = 10
+DEFAULT_POOL_TIMEOUT_MS: Final = 10_000
+
+AsyncConn = psycopg.AsyncConnection[Any]
+
+
+async def _fetch(conn: AsyncConn, sql: str, params: Sequence[Any]) -> list[Row]:
+    if params:
+        cur = await conn.execute(sql, params, binary=True)
+    else:
+        # DDL and other parameterless statements: not worth a prepared statement.
+        cur = await conn.execute(sql, prepare=False)
+    if cur.description is None:
+        return []
+    return await cur.fetchall()
+
+
+class _Tx:
+    def __init__(self, db: PostgresDatabase, conn: AsyncConn) -> None:
+        self._db = db
+        self._conn = conn
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        try:
+            return await _fetch(self._conn, sql, params)
+        except SigloError:
+            raise
+        except Exception as exc:
+            raise self._db.wrap(exc, "running a statement") from exc
+
+
+class PostgresDatabase(Database):
+    """A PostgreSQL database reached through ``conninfo`` (or an application's engine)."""
+
+    dialect_name = "postgresql"
+    sa_dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    placeholder = "%s"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        description: str,
+        pool_min_size: int = DEFAULT_POOL_MIN_SIZE,
+        pool_max_size: int = DEFAULT_POOL_MAX_SIZE,
+        pool_timeout_ms: int = DEFAULT_POOL_TIMEOUT_MS,
+        prepare_threshold: int | None = 0,
+        engine: AsyncEngine | None = None,
+        on_open: OnOpen | None = None,
+    ) -> None:
+        super().__init__(on_open=on_open, description=description)
+        self.conninfo = conninfo
+        self.pool_min_size = pool_min_size
+        self.pool_max_size = pool_max_size
+        self.pool_timeout_ms = pool_timeout_ms
+        self.prepare_threshold = prepare_threshold
+        self.engine = engine
+        self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        self._engine_open = False
+
+    async def _connect(self) -> None:
+        if self.engine is not None:
+            async with self._engine_connection() as conn:
+                await conn.execute("SELECT 1")
+            self._engine_open = True
+            return
+        # One direct connection first: a refused connection, a wrong password or a
+        # missing database fails at once with libpq's own message, where the pool would
+        # retry until its timeout and report only that it timed out.
+        probe = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        await probe.close()
+        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+            self.conninfo,
+            min_size=self.pool_min_size,
+            max_size=self.pool_max_size,
+            timeout=self.pool_timeout_ms / 1000,
+            kwargs={"autocommit": True, "prepare_threshold": self.prepare_threshold},
+            open=False,
+            name="siglo",
+        )
+        try:
+            await pool.open(wait=True, timeout=self.pool_timeout_ms / 1000)
+        except BaseException:
+            with suppress(Exception):
+                await pool.close(timeout=0)
+            raise
+        self._pool = pool
+
+    async def _disconnect(self) -> None:
+        self._engine_open = False
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with suppress(Exception):
+                await pool.close()
+
+    @asynccontextmanager
+    async def _engine_connection(self) -> AsyncIterator[AsyncConn]:
+        assert self.engine is not None
+        async with self.engine.connect() as sa_conn:
+            sa_conn = await sa_conn.execution_options(isolation_level="AUTOCOMMIT")
+            raw = await sa_conn.get_raw_connection()
+            conn = raw.driver_connection
+            assert isinstance(conn, psycopg.AsyncConnection)
+            yield conn
+
+    def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
+        if self._pool is not None:
+            return self._pool.connection()
+        if self.engine is not None and self._engine_open:
+            return self._engine_connection()
+        raise StorageAdapterError(f"{self.description} is closed")
+
+    async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        try:
+            async with self._connection() as conn:
+                return await _fetch(conn, sql, params)
+        except SigloError:
+            raise
+        except Exception as exc:
+            raise self.wrap(exc, "running a statement") from exc
+
+    @asynccontextmanager
+    async def raw_transaction(self) -> AsyncIterator[Executor]:
+        try:
+            async with self._connection() as conn, conn.transaction():
+                yield _Tx(self, conn)
+        except SigloError:
+            raise
+        except Exception as exc:
+            raise self.wrap(exc, "in a transaction") from exc
+
+    async def migration_lock(self, tx: Executor, name: str) -> None:
+        # A transaction-level advisory lock: released at commit, and (unlike a session
+        # lock) correct behind a transaction-pooling PgBouncer.
+        await tx.fetch("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))

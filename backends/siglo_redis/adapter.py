@@ -1,0 +1,543 @@
+"""``RedisStorageAdapter``: the storage contract on Redis, in seed 001 §5's key topology.
+
+Time: Redis expires keys by its own clock from the ``PX`` a write carries. siglo derives
+that ``PX`` from the client's wall clock (``expires_at - now``), and every decision that
+reads a time inside a document (a checkpoint's ``expiresAt``, a wait's deadline, a claim
+lease) uses the client's wall clock too. On one host the two are the same clock.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Final, TypeVar
+
+from siglo import codec
+from siglo.adapter import Capability, StorageAdapter
+from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
+from siglo.errors import (
+    CheckpointConflictError,
+    InvalidArgumentError,
+    StorageAdapterError,
+    WaitRecordClaimError,
+)
+from siglo.locking import (
+    DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
+    DEFAULT_WORKFLOW_LOCK_TTL_MS,
+    run_with_lock,
+)
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
+from siglo.sentinel import MISSING, Missing
+from siglo.validation import (
+    check_save_arguments,
+    check_wait_record,
+    require_id,
+    require_optional_id,
+    require_ttl_ms,
+)
+from siglo_redis.commands import (
+    DEFAULT_COMMAND_TIMEOUT_MS,
+    Commands,
+    clamp_px,
+    raw,
+    sha1,
+    text,
+)
+from siglo_redis.coordination import RedisLock
+from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
+from siglo_redis.scripts import (
+    CHECKPOINT_CAS,
+    CONTEXT_CHANGE,
+    SWAP,
+    WAIT_INDEX_ADD,
+    WAIT_STACK_COPY,
+)
+from siglo_redis.values import decode_cached, decode_context_value, encode_cached
+
+__all__ = [
+    "DEFAULT_CACHE_TTL_MS",
+    "DEFAULT_CHECKPOINT_TTL_MS",
+    "DEFAULT_CLAIM_LEASE_MS",
+    "RedisStorageAdapter",
+]
+
+T = TypeVar("T")
+
+DEFAULT_CHECKPOINT_TTL_MS: Final = 86_400_000
+DEFAULT_CACHE_TTL_MS: Final = 300_000
+DEFAULT_CLAIM_LEASE_MS: Final = 60_000
+WORKFLOW_LOCK_PREFIX: Final = "workflow:"
+_MAX_SWAP_ATTEMPTS: Final = 1_000
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RedisStorageAdapter(StorageAdapter):
+    """The storage contract on Redis (seed 001 §5), stricter where SPEC §4 says so.
+
+    ``client`` is any client with the methods of seed 001 §4 (``redis.asyncio.Redis``,
+    ``redis.asyncio.RedisCluster``, valkey's client) or a ``redis://`` URL to build one
+    from; a client built here is closed by :meth:`aclose`, a client passed in never is.
+
+    Options (seed names in snake_case):
+
+    - ``checkpoint_ttl_ms`` (default 24 h; ``None``: keep until removed) bounds how long
+      checkpoints without an earlier ``expires_at``, wait records and context streams are
+      kept.
+    - ``cache_ttl_ms`` (default 5 min) is the step cache's default TTL.
+    - ``record_context_changes`` (default ``True``) writes context changes to
+      ``siglo:[<ns>:]context:<stackId>:<stepId>``.
+    - ``key_prefix`` (default ``siglo:``) replaces the leading ``siglo:`` of every key;
+      ``lock_key_prefix`` (default ``<key_prefix>lock:``) is where workflow locks live.
+    - ``claim_lease_ms`` (default 60 s) is how long a wait-record claim lasts.
+    - ``workflow_lock_ttl_ms`` / ``workflow_lock_timeout_ms`` govern
+      :meth:`with_workflow_lock` (the lease is renewed while the action runs).
+    - ``command_timeout_ms`` (default 10 s; ``None``: none) bounds every Redis call.
+    """
+
+    name: ClassVar[str] = "redis"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.CHECKPOINTS,
+            Capability.WAIT_RECORDS,
+            Capability.WORKFLOW_LOCK,
+            Capability.STEP_CACHE,
+            Capability.CONTEXT_STREAM,
+            Capability.CACHE_EVENTS,
+        }
+    )
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        checkpoint_ttl_ms: int | None = DEFAULT_CHECKPOINT_TTL_MS,
+        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+        record_context_changes: bool = True,
+        key_prefix: str = DEFAULT_PREFIX,
+        lock_key_prefix: str | None = None,
+        claim_lease_ms: int = DEFAULT_CLAIM_LEASE_MS,
+        workflow_lock_ttl_ms: int = DEFAULT_WORKFLOW_LOCK_TTL_MS,
+        workflow_lock_timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
+        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    ) -> None:
+        self.checkpoint_ttl_ms = require_ttl_ms(
+            "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
+        )
+        self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
+        self.claim_lease_ms = require_ttl_ms("claim_lease_ms", claim_lease_ms)
+        self.workflow_lock_ttl_ms = require_ttl_ms("workflow_lock_ttl_ms", workflow_lock_ttl_ms)
+        self.workflow_lock_timeout_ms = require_ttl_ms(
+            "workflow_lock_timeout_ms", workflow_lock_timeout_ms
+        )
+        require_ttl_ms("command_timeout_ms", command_timeout_ms, optional=True)
+        if not isinstance(record_context_changes, bool):
+            raise InvalidArgumentError(
+                f"record_context_changes must be a bool, got {record_context_changes!r}"
+            )
+        self.record_context_changes = record_context_changes
+        self.keys = KeySpace(check_prefix("key_prefix", key_prefix))
+        self._owns_client = isinstance(client, str)
+        if isinstance(client, str):
+            from siglo_redis.connect import client_from_url
+
+            client = client_from_url(client, command_timeout_ms=command_timeout_ms)
+        self.client: Any = client
+        self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
+        self.workflow_lock = RedisLock(
+            client,
+            lock_key_prefix or self.keys.lock_prefix,
+            strict_atomicity=True,
+            command_timeout_ms=command_timeout_ms,
+        )
+
+    async def aclose(self) -> None:
+        """Close the client if this adapter built it from a URL."""
+        if self._owns_client:
+            self._owns_client = False
+            await self._redis.call("close", self.client.aclose())
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def _px(self, expires_at: int | None, now: int) -> int | None:
+        """The key's TTL: the earlier of ``expires_at`` and the retention (may be <= 0)."""
+        candidates = [] if expires_at is None else [expires_at - now]
+        if self.checkpoint_ttl_ms is not None:
+            candidates.append(self.checkpoint_ttl_ms)
+        return clamp_px(min(candidates)) if candidates else None
+
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        data = checkpoint.to_json()
+        now = _now_ms()
+        px = self._px(checkpoint.expires_at, now)
+        key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+        reply = await self._redis.script(
+            CHECKPOINT_CAS,
+            [key],
+            [
+                data,
+                checkpoint.revision,
+                "" if expected_revision is None else expected_revision,
+                now,
+                "" if px is None else px,
+            ],
+        )
+        outcome = int(reply[0])
+        if outcome == 1:
+            return
+        if outcome == 2:
+            await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
+            return
+        stored = int(reply[1])
+        raise CheckpointConflictError(
+            checkpoint.stack_id,
+            None if stored < 0 else stored,
+            expected_revision,
+            checkpoint.revision,
+        )
+
+    async def _save_checkpoint_exactly(
+        self,
+        checkpoint: Checkpoint,
+        expected_revision: int | None,
+        key: str,
+        data: bytes,
+        px: int | None,
+    ) -> None:
+        """The compare-and-set for revisions of 2**53 and above, in exact integers.
+
+        Decided here, written by the swap script only if the stored value is still the
+        one decided on (else decided again): as atomic as the Lua compare-and-set.
+        """
+        for _ in range(_MAX_SWAP_ATTEMPTS):
+            current, stored_data = await self._live_checkpoint(
+                checkpoint.stack_id, checkpoint.namespace, _now_ms()
+            )
+            current_revision = None if current is None else current.revision
+            if expected_revision is not None:
+                won = (current_revision or 0) == expected_revision
+            else:
+                won = current_revision is None or checkpoint.revision > current_revision
+            if not won:
+                raise CheckpointConflictError(
+                    checkpoint.stack_id, current_revision, expected_revision, checkpoint.revision
+                )
+            if await self._swap(key, stored_data, data, "" if px is None else px):
+                return
+        raise StorageAdapterError(
+            f"checkpoint of stack {checkpoint.stack_id!r} kept changing under contention"
+        )
+
+    async def _live_checkpoint(
+        self, stack_id: str, namespace: str | None, now: int
+    ) -> tuple[Checkpoint | None, bytes | None]:
+        data = await self._redis.get(self.keys.checkpoint(stack_id, namespace))
+        if data is None:
+            return None, None
+        checkpoint = Checkpoint.from_json(data)
+        # A key of another writer may outlive its expiresAt (the seed's PX ignores it).
+        if checkpoint.is_expired(now):
+            return None, data
+        return checkpoint, data
+
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        now = _now_ms()
+        found, _ = await self._live_checkpoint(stack_id, namespace, now)
+        if found is None and namespace is not None and fallback:
+            found, _ = await self._live_checkpoint(stack_id, None, now)
+        return found
+
+    async def clean_expired_checkpoints(self) -> int:
+        """Redis expires keys itself (seed 001 §5): nothing to sweep, returns 0."""
+        return 0
+
+    # -- wait records --------------------------------------------------------------------
+
+    async def _read_wait(self, key: str) -> tuple[WaitRecord | None, bytes | None]:
+        """The record stored at ``wait:<key>`` and its raw value.
+
+        Only a record whose correlation key is ``key`` counts: the seed's per-stack copy
+        (stored at ``wait:<stackId>``) is not the record *of* that key.
+        """
+        data = await self._redis.get(self.keys.wait(key))
+        if data is None:
+            return None, None
+        record = WaitRecord.from_json(data)
+        return (record if record.correlation_key == key else None), data
+
+    async def _swap(self, key: str, old: bytes | None, new: bytes, ttl: int | str = "keep") -> bool:
+        return int(await self._redis.script(SWAP, [key], [sha1(old), new, ttl])) == 1
+
+    async def _transition(
+        self, correlation_key: str, decide: Callable[[WaitRecord | None], WaitRecord | None]
+    ) -> tuple[WaitRecord | None, WaitRecord | None]:
+        """Read, decide, write-if-unchanged; retried until the decision stands.
+
+        ``decide`` maps the current record to its next state (``None``: leave it). The
+        swap script writes only if the value is still the one decided on, so the whole
+        transition is atomic: of N racing callers exactly one moves a record.
+        Returns ``(record before, record after or None)``.
+        """
+        for _ in range(_MAX_SWAP_ATTEMPTS):
+            record, data = await self._read_wait(correlation_key)
+            after = decide(record)
+            if after is None:
+                return record, None
+            if await self._swap(self.keys.wait(correlation_key), data, after.to_json()):
+                return record, after
+        raise StorageAdapterError(f"wait record {correlation_key!r} kept changing under contention")
+
+    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        check_wait_record(record)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        data = record.to_json()
+        retention = ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms
+        await self._redis.set(self.keys.wait(record.correlation_key), data, px=retention)
+        px = "" if retention is None else clamp_px(retention)
+        await self._redis.script(
+            WAIT_INDEX_ADD, [self.keys.wait_index(record.stack_id)], [record.correlation_key, px]
+        )
+        if record.stack_id != record.correlation_key:
+            # Seed 001 §5's second index, read by TypeScript workers.
+            await self._redis.script(
+                WAIT_STACK_COPY, [self.keys.wait(record.stack_id)], [data, record.stack_id, px]
+            )
+
+    async def _latest_of_stack(self, stack_id: str, copy: bytes | None) -> WaitRecord | None:
+        latest = await self._redis.call(
+            "ZREVRANGE", self.client.zrevrange(self.keys.wait_index(stack_id), 0, 0)
+        )
+        if latest:
+            record, _ = await self._read_wait(text(latest[0]) or "")
+            return record
+        if copy is not None:
+            # Written by a worker without siglo's index: follow the seed's copy.
+            pointed = WaitRecord.from_json(copy).correlation_key
+            record, _ = await self._read_wait(pointed)
+            return record
+        return None
+
+    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
+        record, data = await self._read_wait(key)
+        if record is not None:
+            return record
+        record = await self._latest_of_stack(key, data)
+        if record is not None:
+            return record
+        # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
+        checkpoint, _ = await self._live_checkpoint(key, None, _now_ms())
+        return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
+
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
+        require_id("correlation_key", correlation_key)
+        require_optional_id("claimant_id", claimant_id)
+        require_ttl_ms("lease_ms", lease_ms, optional=True)
+        if event_payload is not MISSING:
+            codec.dumps(event_payload, what="event_payload")
+        claimant = claimant_id or uuid.uuid4().hex
+        lease = lease_ms or self.claim_lease_ms
+
+        def decide(record: WaitRecord | None) -> WaitRecord | None:
+            now = _now_ms()
+            if record is None or record.status in ("completed", "cancelled"):
+                return None
+            if (
+                record.status == "claimed"
+                and not record.lease_expired(now)
+                and record.claimant_id != claimant
+            ):
+                return None
+            if record.is_expired(now) and not allow_expired:
+                return None
+            return record.replace(
+                status="claimed",
+                claimant_id=claimant,
+                claimed_at=now,
+                lease_expires_at=now + lease,
+                event_payload=record.event_payload if event_payload is MISSING else event_payload,
+            )
+
+        _, claimed = await self._transition(correlation_key, decide)
+        return claimed
+
+    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+        require_id("correlation_key", correlation_key)
+        require_id("claimant_id", claimant_id)
+
+        def decide(record: WaitRecord | None) -> WaitRecord | None:
+            if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
+                return None
+            return record.replace(status="completed", completed_at=_now_ms())
+
+        record, completed = await self._transition(correlation_key, decide)
+        if completed is not None:
+            return
+        if record is None:
+            raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
+        if record.status != "claimed":
+            raise WaitRecordClaimError(
+                f"wait record {correlation_key!r} is {record.status}, not claimed"
+            )
+        raise WaitRecordClaimError(
+            f"wait record {correlation_key!r} is claimed by another claimant"
+        )
+
+    @staticmethod
+    def _cancel_decision(
+        stack_id: str | None = None, namespace: str | None = None
+    ) -> Callable[[WaitRecord | None], WaitRecord | None]:
+        def decide(record: WaitRecord | None) -> WaitRecord | None:
+            if record is None or record.status not in ("waiting", "claimed"):
+                return None
+            if stack_id is not None and (
+                record.stack_id != stack_id or record.namespace != namespace
+            ):
+                return None
+            return record.replace(status="cancelled")
+
+        return decide
+
+    async def cancel_wait_record(self, correlation_key: str) -> bool:
+        require_id("correlation_key", correlation_key)
+        _, cancelled = await self._transition(correlation_key, self._cancel_decision())
+        return cancelled is not None
+
+    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        members = await self._redis.call(
+            "ZRANGE", self.client.zrange(self.keys.wait_index(stack_id), 0, -1)
+        )
+        keys = {text(m) or "" for m in members or ()}
+        copy = await self._redis.get(self.keys.wait(stack_id))
+        if copy is not None:
+            # A record with this correlation key, or the seed's copy naming one.
+            keys.add(WaitRecord.from_json(copy).correlation_key)
+        decide = self._cancel_decision(stack_id, namespace)
+        for correlation_key in sorted(keys):
+            await self._transition(correlation_key, decide)
+        key = self.keys.checkpoint(stack_id, namespace)
+        for _ in range(_MAX_SWAP_ATTEMPTS):
+            now = _now_ms()
+            checkpoint, data = await self._live_checkpoint(stack_id, namespace, now)
+            if checkpoint is None or checkpoint.status in TERMINAL_STATUSES:
+                return
+            cancelled = checkpoint.replace(
+                status="cancelled", revision=checkpoint.revision + 1, timestamp=now
+            )
+            if await self._swap(key, data, cancelled.to_json()):
+                return
+        raise StorageAdapterError(
+            f"checkpoint of stack {stack_id!r} kept changing under contention"
+        )
+
+    async def with_workflow_lock(
+        self,
+        stack_id: str,
+        action: Callable[[], Awaitable[T]],
+        *,
+        timeout_ms: int | None = None,
+    ) -> T:
+        """Run ``action`` under the distributed lock ``<lock prefix>workflow:<stackId>``.
+
+        A token-checked :class:`RedisLock` lease, renewed while the action runs, so two
+        actions for one stack never overlap in any process sharing this Redis.
+        """
+        require_id("stack_id", stack_id)
+        require_ttl_ms("timeout_ms", timeout_ms, optional=True)
+        return await run_with_lock(
+            self.workflow_lock,
+            WORKFLOW_LOCK_PREFIX + stack_id,
+            action,
+            ttl_ms=self.workflow_lock_ttl_ms,
+            timeout_ms=timeout_ms or self.workflow_lock_timeout_ms,
+        )
+
+    # -- step cache ------------------------------------------------------------------------
+
+    async def get_cached_step(self, key: str) -> Any | Missing:
+        require_id("key", key)
+        data = await self._redis.get(self.keys.cache(key))
+        return MISSING if data is None else decode_cached(data)
+
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        data = encode_cached(value, what=f"cached value of {key!r}")
+        await self._redis.set(self.keys.cache(key), data, px=ttl_ms or self.cache_ttl_ms)
+
+    # -- context stream and telemetry ---------------------------------------------------------
+
+    async def on_context_change(self, event: ContextChangeEvent) -> None:
+        """``HSET`` (or ``HDEL``) the field and ``PEXPIRE`` the hash (seed 001 §5), atomically.
+
+        Bad input raises :class:`~siglo.errors.InvalidArgumentError`; a Redis failure
+        raises :class:`~siglo.errors.StorageAdapterError`, which the storage manager
+        (which streams these in the background) treats by its error mode — swallowed in
+        ``best-effort``, as the seed's non-blocking telemetry does.
+        """
+        if not isinstance(event, ContextChangeEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
+            )
+        value = codec.dumps(event.value, what=f"context value {event.key!r}")
+        if not self.record_context_changes:
+            return
+        key = self.keys.context(event.stack_id, event.step_id, event.namespace)
+        retention = None if self.checkpoint_ttl_ms is None else clamp_px(self.checkpoint_ttl_ms)
+        if self._redis.has_eval:
+            await self._redis.script(
+                CONTEXT_CHANGE,
+                [key],
+                [event.op, event.key, value, "" if retention is None else retention],
+            )
+            return
+        # A client without eval (seed 001 §4): the seed's two commands.
+        if event.op == "delete":
+            await self._redis.call("HDEL", self.client.hdel(key, event.key))
+        else:
+            await self._redis.call("HSET", self.client.hset(key, event.key, value))
+        if retention is None:
+            await self._redis.call("PERSIST", self.client.persist(key))
+        else:
+            await self._redis.call("PEXPIRE", self.client.pexpire(key, retention))
+
+    async def get_context_changes(
+        self, stack_id: str, step_id: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        require_id("stack_id", stack_id)
+        require_id("step_id", step_id)
+        require_optional_id("namespace", namespace)
+        fields = await self._redis.call(
+            "HGETALL", self.client.hgetall(self.keys.context(stack_id, step_id, namespace))
+        )
+        return {
+            text(name) or "": decode_context_value(raw(data) or b"")
+            for name, data in (fields or {}).items()
+        }
+
+    async def on_cache_event(self, event: CacheEvent) -> None:
+        """Telemetry only: accepted, nothing is stored."""
+        if not isinstance(event, CacheEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.CacheEvent, got {type(event).__name__}"
+            )

@@ -1,0 +1,143 @@
+"""The Redis commands siglo sends, with one error policy and one timeout.
+
+Any client with the async methods of seed 001 §4 works: ``redis.asyncio.Redis``,
+``redis.asyncio.RedisCluster``, valkey's client, or anything shaped like them. Every
+call is bounded by ``command_timeout_ms`` (a stalled server never hangs the caller) and
+every driver exception is re-raised as :class:`~siglo.errors.StorageAdapterError` with
+the original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Sequence
+from typing import Any, Final, Protocol, runtime_checkable
+
+from siglo.errors import MalformedRecordError, SigloError, StorageAdapterError
+from siglo_redis.deadlines import Deadlines
+from siglo_redis.scripts import Script
+
+__all__ = [
+    "DEFAULT_COMMAND_TIMEOUT_MS",
+    "MAX_PX_MS",
+    "Commands",
+    "RedisClientInterface",
+    "clamp_px",
+    "sha1",
+    "text",
+]
+
+DEFAULT_COMMAND_TIMEOUT_MS: Final = 10_000
+MAX_PX_MS: Final = 2**53
+"""The longest TTL sent to Redis (~285,000 years): its clock plus a longer ``PX`` would
+overflow, and every expiry written into a document is still checked when read."""
+
+
+def clamp_px(ms: int) -> int:
+    """``ms`` capped at :data:`MAX_PX_MS`."""
+    return min(ms, MAX_PX_MS)
+
+
+@runtime_checkable
+class RedisClientInterface(Protocol):
+    """The client methods seed 001 §4 requires (``hgetall``, ``expire``, ``pexpire`` and
+    ``eval`` are optional there). siglo's atomic operations need ``eval``/``evalsha``."""
+
+    async def get(self, key: str) -> Any: ...
+    async def set(self, key: str, value: Any, *args: Any, **kwargs: Any) -> Any: ...
+    async def delete(self, *keys: str) -> Any: ...
+    async def hset(self, key: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def text(value: Any) -> str | None:
+    """A reply as ``str`` (clients differ in ``decode_responses``)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode()
+    return str(value)
+
+
+def raw(value: Any) -> bytes | None:
+    """A reply as ``bytes``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def sha1(value: bytes | None) -> str:
+    """What ``redis.sha1hex`` says of a value; ``''`` stands for "absent"."""
+    return "" if value is None else hashlib.sha1(value).hexdigest()
+
+
+def _is_noscript(exc: BaseException) -> bool:
+    return type(exc).__name__ == "NoScriptError" or str(exc).startswith("NOSCRIPT")
+
+
+class Commands:
+    """A client plus the policy every siglo Redis class applies to it."""
+
+    def __init__(self, client: Any, *, command_timeout_ms: int | None) -> None:
+        self.client = client
+        self.timeout_s = None if command_timeout_ms is None else command_timeout_ms / 1000
+        self._deadlines = Deadlines(self.timeout_s)
+        evalsha = getattr(client, "evalsha", None)
+        self._evalsha = evalsha if callable(evalsha) else None
+        self.has_eval = callable(getattr(client, "eval", None))
+        """Whether the client can run Lua (seed 001 §4: ``eval`` is optional)."""
+
+    async def call(self, what: str, awaitable: Awaitable[Any]) -> Any:
+        """Await one client call under the timeout, wrapping any driver failure."""
+        try:
+            return await self._deadlines.run(awaitable)
+        except SigloError:
+            raise
+        except TimeoutError as exc:
+            raise StorageAdapterError(f"redis {what} timed out after {self.timeout_s} s") from exc
+        except Exception as exc:
+            if str(exc).startswith("SIGLO_MALFORMED"):
+                raise MalformedRecordError("checkpoint", "revision", str(exc)[16:]) from exc
+            raise StorageAdapterError(f"redis {what} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def get(self, key: str) -> bytes | None:
+        return raw(await self.call("GET", self.client.get(key)))
+
+    async def set(
+        self, key: str, value: bytes | str, *, px: int | None = None, nx: bool = False
+    ) -> bool:
+        kwargs: dict[str, Any] = {}
+        if px is not None:
+            kwargs["px"] = clamp_px(px)
+        if nx:
+            kwargs["nx"] = True
+        return bool(await self.call("SET", self.client.set(key, value, **kwargs)))
+
+    async def delete(self, *keys: str) -> int:
+        return int(await self.call("DEL", self.client.delete(*keys)) or 0)
+
+    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run ``script`` by SHA, sending its source again after a ``NOSCRIPT``."""
+        if not self.has_eval:
+            raise StorageAdapterError(
+                f"the redis client {type(self.client).__name__} has no eval(): siglo's "
+                f"{script.name} must run as a Lua script to be atomic"
+            )
+        argv = [a if type(a) is bytes or type(a) is str else str(a) for a in args]
+        evalsha = self._evalsha
+        if evalsha is not None:
+            try:
+                return await self._deadlines.run(evalsha(script.sha, len(keys), *keys, *argv))
+            except Exception as exc:
+                if not _is_noscript(exc):
+                    # Re-enter call() so the failure is wrapped the same way.
+                    await self.call(script.name, _reraise(exc))
+        # EVAL also caches the script, so the next EVALSHA finds it.
+        return await self.call(
+            script.name, self.client.eval(script.source, len(keys), *keys, *argv)
+        )
+
+
+async def _reraise(exc: BaseException) -> Any:
+    raise exc

@@ -1,0 +1,288 @@
+"""``redis://``, ``rediss://`` and ``unix://`` URLs: one client, four Redis classes.
+
+siglo's own options can ride in the URL's query string, so that
+``siglo.connect(backend.url)`` in another process reaches the same keys:
+
+``prefix``
+    replaces the leading ``siglo:`` of every key (tests isolate with it);
+``cluster``
+    ``true`` to connect a :class:`redis.asyncio.RedisCluster` (seed nodes from the URL);
+``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``, ``workflow_lock_ttl_ms``,
+``workflow_lock_timeout_ms``, ``command_timeout_ms``, ``idempotency_ttl_ms``
+    integers (``none`` for no checkpoint retention / no command timeout);
+``record_context_changes``, ``strict_atomicity``
+    ``true`` / ``false``.
+
+Any other query parameter goes to redis-py (``socket_timeout``, ``db`` …). Keyword
+options given to :func:`connect` win over the URL's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from siglo.backend import Backend
+from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo_redis.adapter import RedisStorageAdapter
+from siglo_redis.commands import DEFAULT_COMMAND_TIMEOUT_MS
+from siglo_redis.coordination import RedisIdempotencyStore, RedisLock, RedisNonceStore
+from siglo_redis.deadlines import Deadlines
+from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
+
+__all__ = ["client_from_url", "connect", "isolated"]
+
+SCHEMES: Final = ("redis", "rediss", "unix")
+_DEFAULT_SOCKET_TIMEOUT_S: Final = 5.0
+_DEFAULT_MAX_CONNECTIONS: Final = 64
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise InvalidArgumentError(f"{name} must be true or false, got {value!r}")
+
+
+def _integer(name: str, value: Any) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    if str(value).lower() in ("none", "null", ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}") from None
+
+
+_OPTIONS: Final[dict[str, Callable[[str, Any], Any]]] = {
+    "prefix": lambda _n, v: v,
+    "cluster": _boolean,
+    "checkpoint_ttl_ms": _integer,
+    "cache_ttl_ms": _integer,
+    "claim_lease_ms": _integer,
+    "workflow_lock_ttl_ms": _integer,
+    "workflow_lock_timeout_ms": _integer,
+    "command_timeout_ms": _integer,
+    "idempotency_ttl_ms": _integer,
+    "record_context_changes": _boolean,
+    "strict_atomicity": _boolean,
+}
+
+
+def _split(url: str) -> tuple[str, dict[str, Any]]:
+    """The URL without siglo's query parameters, and those parameters (typed)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in SCHEMES:
+        raise InvalidArgumentError(f"not a redis://, rediss:// or unix:// URL: {url!r}")
+    ours: dict[str, Any] = {}
+    theirs: list[tuple[str, str]] = []
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in _OPTIONS:
+            ours[name] = _OPTIONS[name](name, value)
+        else:
+            theirs.append((name, value))
+    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+
+
+def client_from_url(
+    url: str,
+    *,
+    cluster: bool | None = None,
+    command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    **kwargs: Any,
+) -> Any:
+    """A ``redis.asyncio`` client for ``url`` with bounded timeouts and retries.
+
+    siglo's query parameters are ignored here except ``cluster``. ``command_timeout_ms``
+    is the bound the siglo classes using the client put on every call: when there is
+    none, the client gets a 5 s ``socket_timeout`` so that no read waits forever (redis-py
+    arms a timer for every read and starts a task for every write under a socket
+    timeout, ~9 µs a call, so it is not set twice).
+    """
+    import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
+
+    driver_url, ours = _split(url)
+    if cluster is None:
+        cluster = bool(ours.get("cluster", False))
+    query = dict(parse_qsl(urlsplit(driver_url).query))
+    if "socket_connect_timeout" not in query:
+        kwargs.setdefault("socket_connect_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
+    if cluster:
+        _warn_if_cluster_driver_is_unsafe(redis.__version__)
+        # No socket_timeout here: it makes redis-py 7's RedisCluster fail concurrent
+        # first commands; command_timeout_ms bounds every call anyway.
+        return redis.asyncio.RedisCluster.from_url(driver_url, **kwargs)
+    if "socket_timeout" not in query and command_timeout_ms is None:
+        kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
+    # A few quick retries ride out a blip; a dead server fails in well under a second.
+    kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 3))
+    if "max_connections" in query or "max_connections" in kwargs:
+        return redis.asyncio.Redis.from_url(driver_url, **kwargs)
+    # A bounded pool that makes callers queue: a burst of thousands of concurrent calls
+    # reuses a few dozen sockets instead of opening one each (command_timeout_ms still
+    # bounds the wait).
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        driver_url, max_connections=_DEFAULT_MAX_CONNECTIONS, timeout=None, **kwargs
+    )
+    return redis.asyncio.Redis.from_pool(pool)
+
+
+def _warn_if_cluster_driver_is_unsafe(version: str) -> None:
+    major = version.split(".", 1)[0]
+    if major.isdigit() and int(major) >= 7:
+        warnings.warn(
+            f"redis-py {version}'s RedisCluster can hand one pooled connection to two "
+            "callers under concurrency (replies read by the wrong caller); siglo's "
+            "tests pass with redis-py 6.4. Install 'siglo[redis]' to get a safe version.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def connect(
+    url: str = "redis://127.0.0.1:6379/0", *, client: Any = None, **options: Any
+) -> Backend:
+    """A Redis :class:`~siglo.Backend`: the adapter and the three coordination classes.
+
+    ``client`` (optional) is a client to use instead of building one from ``url``; it is
+    never closed by siglo. Options are those of :class:`RedisStorageAdapter` plus
+    ``prefix``, ``cluster``, ``idempotency_ttl_ms`` and ``strict_atomicity`` (for the
+    lock), from keyword arguments or the URL's query string.
+    """
+    _, from_url = _split(url)
+    unknown = set(options) - set(_OPTIONS) - {"key_prefix"}
+    adapter_only = {"lock_key_prefix"}
+    unknown -= adapter_only
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown redis option(s): {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(set(_OPTIONS) | adapter_only))}"
+        )
+    settings = {**from_url, **{k: v for k, v in options.items() if k not in adapter_only}}
+    prefix = check_prefix(
+        "prefix", settings.pop("prefix", settings.pop("key_prefix", DEFAULT_PREFIX))
+    )
+    cluster = bool(settings.pop("cluster", False))
+    strict = bool(settings.pop("strict_atomicity", False))
+    idempotency_ttl_ms = settings.pop("idempotency_ttl_ms", None)
+    timeout = settings.get("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS)
+    owned = client is None
+    if client is None:
+        client = client_from_url(url, cluster=cluster, command_timeout_ms=timeout)
+    keys = KeySpace(prefix)
+    # A client that has not connected yet holds no sockets: if an option is rejected
+    # below, dropping it is enough.
+    adapter = RedisStorageAdapter(
+        client,
+        key_prefix=prefix,
+        lock_key_prefix=options.get("lock_key_prefix"),
+        **settings,
+    )
+    idempotency = RedisIdempotencyStore(
+        client,
+        key_prefix=keys.idempotency_prefix,
+        command_timeout_ms=timeout,
+        **({} if idempotency_ttl_ms is None else {"default_ttl_ms": idempotency_ttl_ms}),
+    )
+    lock = RedisLock(client, keys.lock_prefix, strict_atomicity=strict, command_timeout_ms=timeout)
+    nonces = RedisNonceStore(client, key_prefix=keys.nonce_prefix, command_timeout_ms=timeout)
+    backend = Backend(
+        name="redis",
+        url=_with_params(
+            url, {("prefix" if k == "key_prefix" else k): v for k, v in options.items()}
+        ),
+        adapter=adapter,
+        idempotency=idempotency,
+        lock=lock,
+        nonces=nonces,
+    )
+    if owned:
+        backend.on_close.append(client.aclose)
+    return backend
+
+
+def _url_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
+
+
+def _with_params(url: str, params: dict[str, Any]) -> str:
+    """``url`` with siglo's options set in its query, so another process can repeat it."""
+    ours = {k: _url_value(v) for k, v in params.items() if k in _OPTIONS}
+    if not ours:
+        return url
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
+    query.extend(ours.items())
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+async def delete_prefix(
+    client: Any, prefix: str, *, command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS
+) -> int:
+    """``SCAN`` for every key under ``prefix`` and ``UNLINK`` it (never ``FLUSHDB``).
+
+    Each Redis call is bounded by ``command_timeout_ms``; the sweep as a whole is not (a
+    million keys take a while). On a cluster, redis-py's ``scan_iter`` walks every
+    primary and keys are unlinked one by one (a batch's keys live in different slots);
+    on a single server each ``SCAN`` page is unlinked in one call.
+    """
+    import redis.asyncio
+
+    bounded = Deadlines(None if command_timeout_ms is None else command_timeout_ms / 1000).run
+    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
+    removed = 0
+    try:
+        if isinstance(client, redis.asyncio.RedisCluster):
+            keys = client.scan_iter(match=pattern, count=1000)
+            while True:
+                try:
+                    key = await bounded(anext(keys))
+                except StopAsyncIteration:
+                    return removed
+                removed += int(await bounded(client.unlink(key)))
+        cursor = 0
+        while True:
+            cursor, page = await bounded(client.scan(cursor, match=pattern, count=1000))
+            if page:
+                removed += int(await bounded(client.unlink(*page)))
+            if int(cursor) == 0:
+                return removed
+    except (redis.RedisError, OSError, TimeoutError) as exc:
+        raise StorageAdapterError(
+            f"redis: removing the keys under {prefix!r} failed after {removed}: {exc!r}"
+        ) from exc
+
+
+@contextlib.asynccontextmanager
+async def isolated(url: str = "redis://127.0.0.1:6379/0", **options: Any) -> AsyncIterator[Backend]:
+    """A backend under a fresh random prefix; every key under it is deleted afterwards.
+
+    ``backend.url`` carries the prefix, so ``siglo.connect(backend.url)`` in another
+    process shares the same keys.
+    """
+    options.pop("prefix", None)
+    options.pop("key_prefix", None)
+    prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
+    backend = connect(_with_params(url, {"prefix": prefix}), **options)
+    try:
+        yield backend
+    finally:
+        adapter = backend.adapter
+        assert isinstance(adapter, RedisStorageAdapter)
+        try:
+            await delete_prefix(adapter.client, prefix)
+        finally:
+            await backend.aclose()

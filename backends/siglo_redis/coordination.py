@@ -1,0 +1,232 @@
+"""``RedisIdempotencyStore``, ``RedisLock`` and ``RedisNonceStore`` (seed 001 §6–§8)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import orjson
+
+from siglo import codec
+from siglo.coordination import (
+    DEFAULT_LOCK_TTL_MS,
+    ClaimState,
+    LockBase,
+    LockResult,
+    new_lock_token,
+    nonce_ttl_ms,
+)
+from siglo.errors import StorageAdapterError
+from siglo.sentinel import MISSING, Missing
+from siglo.validation import require_id, require_ttl_ms
+from siglo_redis.commands import DEFAULT_COMMAND_TIMEOUT_MS, Commands, clamp_px, text
+from siglo_redis.keys import (
+    DEFAULT_PREFIX,
+    KeySpace,
+    check_prefix,
+    default_fence_prefix,
+    fence_key,
+)
+from siglo_redis.scripts import (
+    COMPARE_AND_DELETE,
+    IDEMPOTENCY_CLAIM,
+    LOCK_ACQUIRE,
+    LOCK_EXTEND,
+)
+
+__all__ = [
+    "DEFAULT_IDEMPOTENCY_TTL_MS",
+    "RedisIdempotencyStore",
+    "RedisLock",
+    "RedisNonceStore",
+]
+
+DEFAULT_IDEMPOTENCY_TTL_MS: Final = 86_400_000
+IN_PROGRESS: Final = "in-progress"
+COMPLETED_PREFIX: Final = "COMPLETED:"
+_DEFAULT_KEYS: Final = KeySpace(DEFAULT_PREFIX)
+
+
+class _ClientOwner:
+    """Holds a client, or builds (and later closes) one from a URL."""
+
+    def __init__(self, client: Any, command_timeout_ms: int | None) -> None:
+        require_ttl_ms("command_timeout_ms", command_timeout_ms, optional=True)
+        self._owns_client = isinstance(client, str)
+        if isinstance(client, str):
+            from siglo_redis.connect import client_from_url
+
+            client = client_from_url(client, command_timeout_ms=command_timeout_ms)
+        self.client: Any = client
+        self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
+
+    async def aclose(self) -> None:
+        """Close the client if it was built here from a URL; a passed-in one stays open."""
+        if self._owns_client:
+            self._owns_client = False
+            await self._redis.call("close", self.client.aclose())
+
+
+class RedisIdempotencyStore(_ClientOwner):
+    """Single-flight claims with a remembered result (seed 001 §6).
+
+    Keys are ``<key_prefix><key>`` (default ``siglo:idempotency:``) holding
+    ``in-progress`` while claimed and ``COMPLETED:<json>`` once done, for
+    ``default_ttl_ms`` (24 h) unless a call passes ``ttl_ms``. ``claim`` and ``fail`` are
+    single Lua scripts, so a claim's answer and ``fail``'s compare-and-delete are atomic.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        key_prefix: str = _DEFAULT_KEYS.idempotency_prefix,
+        default_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS,
+        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    ) -> None:
+        self.key_prefix = check_prefix("key_prefix", key_prefix)
+        self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
+        super().__init__(client, command_timeout_ms)
+
+    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        reply = await self._redis.script(
+            IDEMPOTENCY_CLAIM, [self.key_prefix + key], [clamp_px(ttl_ms or self.default_ttl_ms)]
+        )
+        state = text(reply)
+        if state not in ("claimed", "completed", "in-progress"):
+            raise StorageAdapterError(f"unexpected idempotency claim reply {reply!r}")
+        return state  # type: ignore[return-value]
+
+    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        encoded = codec.dumps_str(result, what=f"result of {key!r}")
+        await self._redis.set(
+            self.key_prefix + key, COMPLETED_PREFIX + encoded, px=ttl_ms or self.default_ttl_ms
+        )
+
+    async def fail(self, key: str, error: BaseException | None = None) -> None:
+        """Delete the key only while it is ``in-progress`` (atomic compare-and-delete)."""
+        require_id("key", key)
+        await self._redis.script(COMPARE_AND_DELETE, [self.key_prefix + key], [IN_PROGRESS])
+
+    async def get_result(self, key: str) -> Any | Missing:
+        require_id("key", key)
+        value = text(await self._redis.get(self.key_prefix + key))
+        if value is None or not value.startswith(COMPLETED_PREFIX):
+            return MISSING
+        try:
+            return orjson.loads(value[len(COMPLETED_PREFIX) :])
+        except orjson.JSONDecodeError:
+            return MISSING  # seed 001 §6: unparseable is "no result"
+
+    async def get(self, key: str) -> Any | Missing:
+        return await self.get_result(key)
+
+
+class RedisLock(_ClientOwner, LockBase):
+    """A distributed mutex with per-holder tokens and fencing tokens (seed 001 §7).
+
+    ``RedisLock(client)`` or ``RedisLock(client, "siglo:lock:")``; the lock lives at
+    ``<key_prefix><lock_key>`` holding the token. Every successful acquire also
+    increments a counter at ``<fence_prefix>{<slot tag>}<lock_key>`` (default prefix
+    ``siglo:lock-fence:``; the tag keeps it in the lock key's cluster slot) and returns
+    it as ``fencing_token``.
+
+    Release and extend are Lua scripts checking the token. For a client without
+    ``eval`` the seed's rule applies: with ``strict_atomicity=True`` release raises,
+    otherwise it falls back to ``GET`` then ``DEL`` (which can race an expiry).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        key_prefix: str = _DEFAULT_KEYS.lock_prefix,
+        *,
+        strict_atomicity: bool = False,
+        fence_prefix: str | None = None,
+        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    ) -> None:
+        self.key_prefix = check_prefix("key_prefix", key_prefix)
+        self.fence_prefix = check_prefix(
+            "fence_prefix", fence_prefix or default_fence_prefix(key_prefix)
+        )
+        self.strict_atomicity = bool(strict_atomicity)
+        super().__init__(client, command_timeout_ms)
+
+    def _keys(self, lock_key: str) -> tuple[str, str]:
+        full = self.key_prefix + lock_key
+        return full, fence_key(self.fence_prefix, lock_key, full)
+
+    def _require_eval(self, what: str) -> bool:
+        if self._redis.has_eval:
+            return True
+        if self.strict_atomicity:
+            raise StorageAdapterError(
+                f"RedisLock: client.eval is required for atomic {what} "
+                "to prevent TOCTOU race condition."
+            )
+        return False
+
+    async def acquire(
+        self, lock_key: str, ttl_ms: int = DEFAULT_LOCK_TTL_MS, custom_token: str | None = None
+    ) -> LockResult:
+        self._check_acquire(lock_key, ttl_ms, custom_token)
+        token = custom_token or new_lock_token()
+        key, fence = self._keys(lock_key)
+        if self._redis.has_eval:
+            reply = int(
+                await self._redis.script(LOCK_ACQUIRE, [key, fence], [token, clamp_px(ttl_ms)])
+            )
+            if reply == 0:
+                return LockResult(acquired=False, token=token)
+            return LockResult(acquired=True, token=token, fencing_token=reply)
+        if not await self._redis.set(key, token, px=ttl_ms, nx=True):
+            return LockResult(acquired=False, token=token)
+        incr = getattr(self.client, "incr", None)
+        fencing = int(await self._redis.call("INCR", incr(fence))) if callable(incr) else None
+        return LockResult(acquired=True, token=token, fencing_token=fencing)
+
+    async def release(self, lock_key: str, token: str) -> bool:
+        require_id("lock_key", lock_key)
+        require_id("token", token)
+        key = self.key_prefix + lock_key
+        if self._require_eval("release"):
+            return int(await self._redis.script(COMPARE_AND_DELETE, [key], [token])) == 1
+        if text(await self._redis.get(key)) != token:
+            return False
+        return await self._redis.delete(key) == 1
+
+    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
+        require_id("lock_key", lock_key)
+        require_id("token", token)
+        require_ttl_ms("ttl_ms", ttl_ms)
+        key = self.key_prefix + lock_key
+        if self._require_eval("extend"):
+            return int(await self._redis.script(LOCK_EXTEND, [key], [token, clamp_px(ttl_ms)])) == 1
+        if text(await self._redis.get(key)) != token:
+            return False
+        return bool(await self._redis.call("PEXPIRE", self.client.pexpire(key, clamp_px(ttl_ms))))
+
+
+class RedisNonceStore(_ClientOwner):
+    """Webhook replay protection (seed 001 §8): ``SET <prefix><key> "1" PX <ttl> NX``.
+
+    The default prefix is the seed's ``siglo:wh:dedup:``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        key_prefix: str = _DEFAULT_KEYS.nonce_prefix,
+        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    ) -> None:
+        self.key_prefix = check_prefix("key_prefix", key_prefix)
+        super().__init__(client, command_timeout_ms)
+
+    async def claim(self, key: str, ttl_seconds: float) -> bool:
+        require_id("key", key)
+        ttl_ms = nonce_ttl_ms(ttl_seconds)
+        return await self._redis.set(self.key_prefix + key, "1", px=ttl_ms, nx=True)

@@ -1,0 +1,30 @@
+"""Registers the Redis backend with siglo's plugin registry."""
+
+from __future__ import annotations
+
+from siglo.plugins import BackendRegistry, hookimpl
+
+
+@hookimpl
+def siglo_register_backends(registry: BackendRegistry) -> None:
+    registry.add_backend(
+        "redis",
+        schemes=("redis", "rediss", "unix"),
+        factory="siglo_redis.connect:connect",
+        capabilities=(
+            "checkpoints",
+            "wait_records",
+            "workflow_lock",
+            "step_cache",
+            "context_stream",
+            "cache_events",
+            "idempotency",
+            "locks",
+            "nonces",
+        ),
+        requires=("redis",),
+        extra="redis",
+        description="Redis / Redis Cluster / Valkey, in seed 001's key topology",
+        multiprocess=True,
+        isolated="siglo_redis.connect:isolated",
+    )

@@ -1,0 +1,472 @@
+"""The SQL storage adapter, written once for SQLite and PostgreSQL.
+
+Every operation is one statement where the contract needs atomicity (see
+:mod:`siglo_sql.statements`); the two that need several (saving a wait record
+with its by-stack index, cancelling a workflow) run in one transaction. Semantics are
+those of the memory backend, rule by rule of ``docs/contract.md``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Final, TypeVar
+
+from siglo import codec
+from siglo.adapter import Capability, StorageAdapter
+from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
+from siglo.clock import Clock, system_clock
+from siglo.errors import CheckpointConflictError, InvalidArgumentError, WaitRecordClaimError
+from siglo.locking import (
+    DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
+    DEFAULT_WORKFLOW_LOCK_TTL_MS,
+    run_with_lock,
+)
+from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
+from siglo.sentinel import MISSING, Missing
+from siglo.validation import (
+    check_save_arguments,
+    check_wait_record,
+    require_id,
+    require_optional_id,
+    require_ttl_ms,
+)
+from siglo_sql.batching import KeyedReads
+from siglo_sql.coordination import SqlLock
+from siglo_sql.database import Database, Row
+from siglo_sql.keys import at_most, row_id
+from siglo_sql.migrations import migrate, read_version
+from siglo_sql.schema import DEFAULT_PREFIX, SCHEMA_VERSION, build_tables
+from siglo_sql.statements import Statements
+
+__all__ = [
+    "DEFAULT_CACHE_TTL_MS",
+    "DEFAULT_CLAIM_LEASE_MS",
+    "DEFAULT_CLEAN_BATCH_SIZE",
+    "SqlStorageAdapter",
+]
+
+T = TypeVar("T")
+
+DEFAULT_CACHE_TTL_MS: Final = 300_000
+DEFAULT_CLAIM_LEASE_MS: Final = 60_000
+DEFAULT_CLEAN_BATCH_SIZE: Final = 1_000
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _wait_from_row(row: Row) -> WaitRecord:
+    """A wait record from its saved document and its current state columns."""
+    doc, status, claimant_id, claimed_at, lease_expires_at, completed_at, payload = row
+    record = WaitRecord.from_json(doc)
+    return record.replace(
+        status=status,
+        claimant_id=claimant_id,
+        claimed_at=claimed_at,
+        lease_expires_at=lease_expires_at,
+        completed_at=completed_at,
+        event_payload=record.event_payload
+        if payload is None
+        else codec.loads(payload, what="event payload"),
+    )
+
+
+class SqlStorageAdapter(StorageAdapter):
+    """The storage contract on SQL tables; every expiry uses the injected clock.
+
+    Options as the memory backend's: ``checkpoint_ttl_ms`` (default: none) bounds how
+    long checkpoints without their own ``expires_at``, wait records and context streams
+    are kept; ``cache_ttl_ms`` is the step cache's default TTL; ``claim_lease_ms`` how
+    long a wait-record claim lasts. ``workflow_lock_timeout_ms`` is how long
+    :meth:`with_workflow_lock` waits; ``workflow_lock_ttl_ms`` the lease of its lock row
+    (renewed while the action runs, so a crashed holder frees it after that long).
+    """
+
+    name: ClassVar[str] = "sql"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {
+            Capability.CHECKPOINTS,
+            Capability.WAIT_RECORDS,
+            Capability.WORKFLOW_LOCK,
+            Capability.STEP_CACHE,
+            Capability.CONTEXT_STREAM,
+            Capability.CACHE_EVENTS,
+            Capability.CLOCK,
+        }
+    )
+
+    def __init__(
+        self,
+        database: Database,
+        statements: Statements,
+        *,
+        clock: Clock | None = None,
+        checkpoint_ttl_ms: int | None = None,
+        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+        claim_lease_ms: int = DEFAULT_CLAIM_LEASE_MS,
+        workflow_lock_timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
+        workflow_lock_ttl_ms: int = DEFAULT_WORKFLOW_LOCK_TTL_MS,
+        clean_batch_size: int = DEFAULT_CLEAN_BATCH_SIZE,
+        table_prefix: str = DEFAULT_PREFIX,
+        schema: str | None = None,
+    ) -> None:
+        self.database = database
+        self.table_prefix = table_prefix
+        self.schema = schema
+        self.clock: Clock = clock or system_clock
+        self.checkpoint_ttl_ms = require_ttl_ms(
+            "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
+        )
+        self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
+        self.claim_lease_ms = require_ttl_ms("claim_lease_ms", claim_lease_ms)
+        self.workflow_lock_timeout_ms = require_ttl_ms(
+            "workflow_lock_timeout_ms", workflow_lock_timeout_ms
+        )
+        self.workflow_lock_ttl_ms = require_ttl_ms("workflow_lock_ttl_ms", workflow_lock_ttl_ms)
+        self.clean_batch_size = require_ttl_ms("clean_batch_size", clean_batch_size)
+        self._s = statements
+        s = database.sql
+        # Statements in the driver's placeholder style, converted once.
+        self._cp_insert_if_absent = s(statements.cp_insert_if_absent)
+        self._cp_save_forward = s(statements.cp_save_forward)
+        self._cp_update_expected = s(statements.cp_update_expected)
+        self._cp_current_revision = s(statements.cp_current_revision)
+        self._cp_get = s(statements.cp_get)
+        self._cp_get_fallback = s(statements.cp_get_fallback)
+        self._cp_reads: KeyedReads | None = None
+        if database.coalesce_reads:
+            many = statements.cp_get_many
+            self._cp_reads = KeyedReads(
+                database,
+                self._cp_get,
+                lambda n: s(many.format(ids=", ".join(["?"] * n))),
+                lambda: self.clock.now_ms(),
+            )
+        self._wait_get = s(statements.wait_get)
+        one = statements.wait_save_one
+        self._wait_save_one = None if one is None else s(one)
+        self._wait_claim = s(statements.wait_claim)
+        self._cache_get = s(statements.cache_get)
+        self._cache_set = s(statements.cache_set)
+        # The workflow lock is a lease row like any lock, in its own scope. Its lease
+        # runs on wall time: it only frees the lock of a crashed holder (the memory
+        # model's lock never expires), so a test moving a ManualClock must not free it.
+        self._workflow_lock = SqlLock(database, statements, clock=system_clock, scope="workflow")
+        self.cache_events: list[CacheEvent] = []
+        """Cache events received, newest last (telemetry only; bounded to 1,000)."""
+
+    def _retention(self, now: int) -> int | None:
+        return None if self.checkpoint_ttl_ms is None else at_most(now + self.checkpoint_ttl_ms)
+
+    async def open(self) -> None:
+        """Connect and check the schema now, instead of on the first call.
+
+        Raises :class:`~siglo.errors.SchemaVersionError` when the database's schema is
+        older (and ``auto_migrate`` is off) or newer than this siglo, and
+        :class:`~siglo.errors.StorageAdapterError` when the database cannot be reached.
+        """
+        await self.database.open()
+
+    async def aclose(self) -> None:
+        """Close the connections this adapter's backend opened."""
+        await self.database.aclose()
+
+    async def schema_version(self) -> int:
+        """The schema version of the database (0: no siglo tables yet)."""
+        await self.database.connect_unchecked()
+        return await read_version(self.database, build_tables(self.table_prefix, self.schema))
+
+    async def migrate(self, *, target: int = SCHEMA_VERSION) -> tuple[int, int]:
+        """Apply the migrations up to ``target``; ``(version before, version after)``.
+
+        What ``siglo migrate URL`` runs. Safe to run from several processes at once.
+        """
+        await self.database.connect_unchecked()
+        return await migrate(self.database, self.table_prefix, self.schema, target=target)
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        data = checkpoint.to_json()
+        now = self.clock.now_ms()
+        namespace = checkpoint.namespace or ""
+        stack_id = checkpoint.stack_id
+        revision = checkpoint.revision
+        expires_at = None if checkpoint.expires_at is None else at_most(checkpoint.expires_at)
+        gone_at = _earliest(expires_at, self._retention(now))
+        fetch = self.database.fetch
+        key = row_id(namespace, stack_id)
+        if expected_revision is None:
+            rows = await fetch(
+                self._cp_save_forward,
+                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
+            )
+        elif expected_revision == 0:
+            rows = await fetch(
+                self._cp_insert_if_absent,
+                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
+            )
+        else:
+            rows = await fetch(
+                self._cp_update_expected,
+                (revision, checkpoint.status, gone_at, data, key, expected_revision, now),
+            )
+        if not rows:
+            found = await fetch(self._cp_current_revision, (key, now))
+            raise CheckpointConflictError(
+                stack_id, found[0][0] if found else None, expected_revision, revision
+            )
+
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None:
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        if namespace is not None and fallback:
+            rows = await self.database.fetch(
+                self._cp_get_fallback,
+                (row_id(namespace, stack_id), row_id("", stack_id), self.clock.now_ms()),
+            )
+            return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
+        key = row_id(namespace or "", stack_id)
+        if self._cp_reads is not None:
+            data = await self._cp_reads.get(key)
+            return None if data is None else Checkpoint.from_json(data)
+        rows = await self.database.fetch(self._cp_get, (key, self.clock.now_ms()))
+        return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
+
+    async def _clean(self, sql: str) -> int:
+        sql = self.database.sql(sql)
+        now = self.clock.now_ms()
+        total = 0
+        while True:
+            rows = await self.database.fetch(sql, (now, self.clean_batch_size))
+            total += len(rows)
+            if len(rows) < self.clean_batch_size:
+                return total
+
+    async def clean_expired_checkpoints(self) -> int:
+        """Delete expired checkpoints in batches of ``clean_batch_size``; how many went."""
+        return await self._clean(self._s.cp_clean_batch)
+
+    async def clean_expired(self) -> dict[str, int]:
+        """Delete expired rows of every table (checkpoints, wait records, step cache,
+        context streams, idempotency keys, nonces; expired locks are freed, their rows
+        kept for the fencing counter). Returns the count per table."""
+        s = self._s
+        return {
+            "checkpoints": await self._clean(s.cp_clean_batch),
+            "wait_records": await self._clean(s.wait_clean_batch),
+            "step_cache": await self._clean(s.cache_clean_batch),
+            "context_changes": await self._clean(s.ctx_clean_batch),
+            "idempotency_keys": await self._clean(s.idem_clean_batch),
+            "locks": await self._clean(s.lock_clean_batch),
+            "nonces": await self._clean(s.nonce_clean_batch),
+        }
+
+    # -- wait records --------------------------------------------------------------------
+
+    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        check_wait_record(record)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        data = record.to_json()
+        payload = codec.dumps(record.event_payload, what="event_payload")
+        now = self.clock.now_ms()
+        gone_at = at_most(now + ttl_ms) if ttl_ms is not None else self._retention(now)
+        db = self.database
+        namespace = record.namespace or ""
+        wait_id = row_id(record.correlation_key)
+        params = (
+            wait_id, record.correlation_key, record.stack_id, namespace,
+            row_id(namespace, record.stack_id), record.status,
+            None if record.expires_at is None else at_most(record.expires_at),
+            record.claimant_id, record.claimed_at, record.lease_expires_at,
+            record.completed_at, payload, gone_at, data,
+        )  # fmt: skip
+        latest = (row_id(record.stack_id), record.stack_id, wait_id)
+        if self._wait_save_one is not None:
+            await db.fetch(self._wait_save_one, params + latest)
+            return
+        async with db.transaction() as tx:
+            await tx.fetch(db.sql(self._s.wait_upsert), params)
+            await tx.fetch(db.sql(self._s.wait_latest_upsert), latest)
+
+    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
+        now = self.clock.now_ms()
+        rows = await self.database.fetch(
+            self._wait_get, (row_id(key), now, row_id(key), now, row_id("", key), now)
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        if row[0] != 3:
+            return _wait_from_row(row[1:])
+        # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
+        checkpoint = Checkpoint.from_json(bytes(row[1]))
+        return embedded_wait_record(checkpoint.metadata)
+
+    async def claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+    ) -> WaitRecord | None:
+        require_id("correlation_key", correlation_key)
+        require_optional_id("claimant_id", claimant_id)
+        require_ttl_ms("lease_ms", lease_ms, optional=True)
+        payload = (
+            None if event_payload is MISSING else codec.dumps(event_payload, what="event_payload")
+        )
+        claimant = claimant_id or uuid.uuid4().hex
+        now = self.clock.now_ms()
+        lease = now + (lease_ms or self.claim_lease_ms)
+        rows = await self.database.fetch(
+            self._wait_claim,
+            (claimant, now, lease, payload, row_id(correlation_key), now, claimant, now,
+             bool(allow_expired), now),
+        )  # fmt: skip
+        return _wait_from_row(rows[0]) if rows else None
+
+    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+        require_id("correlation_key", correlation_key)
+        require_id("claimant_id", claimant_id)
+        db = self.database
+        now = self.clock.now_ms()
+        key = row_id(correlation_key)
+        rows = await db.fetch(db.sql(self._s.wait_complete), (now, key, now, claimant_id))
+        if rows:
+            return
+        state = await db.fetch(db.sql(self._s.wait_state), (key, now))
+        if not state:
+            raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
+        if state[0][0] != "claimed":
+            raise WaitRecordClaimError(
+                f"wait record {correlation_key!r} is {state[0][0]}, not claimed"
+            )
+        raise WaitRecordClaimError(
+            f"wait record {correlation_key!r} is claimed by another claimant"
+        )
+
+    async def cancel_wait_record(self, correlation_key: str) -> bool:
+        require_id("correlation_key", correlation_key)
+        db = self.database
+        rows = await db.fetch(
+            db.sql(self._s.wait_cancel), (row_id(correlation_key), self.clock.now_ms())
+        )
+        return bool(rows)
+
+    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        db = self.database
+        ns = namespace or ""
+        now = self.clock.now_ms()
+        key = row_id(ns, stack_id)
+        async with db.transaction() as tx:
+            await tx.fetch(db.sql(self._s.wait_cancel_stack), (key, now))
+            rows = await tx.fetch(db.sql(self._s.cp_get_for_cancel), (key, now))
+            if not rows:
+                return
+            checkpoint = Checkpoint.from_json(bytes(rows[0][0]))
+            if checkpoint.status in TERMINAL_STATUSES:
+                return
+            cancelled = checkpoint.replace(
+                status="cancelled", revision=checkpoint.revision + 1, timestamp=now
+            )
+            await tx.fetch(
+                db.sql(self._s.cp_set_cancelled),
+                (cancelled.revision, cancelled.to_json(), key),
+            )
+
+    async def with_workflow_lock(
+        self,
+        stack_id: str,
+        action: Callable[[], Awaitable[T]],
+        *,
+        timeout_ms: int | None = None,
+    ) -> T:
+        require_id("stack_id", stack_id)
+        require_ttl_ms("timeout_ms", timeout_ms, optional=True)
+        return await run_with_lock(
+            self._workflow_lock,
+            stack_id,
+            action,
+            ttl_ms=self.workflow_lock_ttl_ms,
+            timeout_ms=timeout_ms or self.workflow_lock_timeout_ms,
+        )
+
+    # -- step cache ------------------------------------------------------------------------
+
+    async def get_cached_step(self, key: str) -> Any | Missing:
+        require_id("key", key)
+        rows = await self.database.fetch(self._cache_get, (row_id(key), self.clock.now_ms()))
+        if not rows:
+            return MISSING
+        return codec.loads(rows[0][0], what="cached step")
+
+    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        data = codec.dumps(value, what=f"cached value of {key!r}")
+        gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
+        await self.database.fetch(self._cache_set, (row_id(key), key, gone_at, data))
+
+    # -- context stream and telemetry ---------------------------------------------------------
+
+    async def on_context_change(self, event: ContextChangeEvent) -> None:
+        if not isinstance(event, ContextChangeEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
+            )
+        db = self.database
+        s = self._s
+        names = (event.namespace or "", event.stack_id, event.step_id)
+        stream = row_id(*names)
+        field_id = row_id(*names, event.key)
+        now = self.clock.now_ms()
+        params: tuple[Any, ...]
+        if event.op == "delete":
+            change, params = s.ctx_delete, (field_id,)
+        else:
+            value = codec.dumps(event.value, what=f"context value {event.key!r}")
+            change = s.ctx_set
+            params = (field_id, stream, *names, event.key, value, self._retention(now))
+        if self.checkpoint_ttl_ms is None:
+            await db.fetch(db.sql(change), params)
+            return
+        # A stream lives as long as its latest event keeps it: an expired stream starts
+        # empty, and every event renews the retention of all its fields.
+        async with db.transaction() as tx:
+            await tx.fetch(db.sql(s.ctx_drop_expired), (stream, now))
+            await tx.fetch(db.sql(change), params)
+            await tx.fetch(db.sql(s.ctx_touch), (self._retention(now), stream))
+
+    async def get_context_changes(
+        self, stack_id: str, step_id: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        require_id("stack_id", stack_id)
+        require_id("step_id", step_id)
+        require_optional_id("namespace", namespace)
+        db = self.database
+        stream = row_id(namespace or "", stack_id, step_id)
+        rows = await db.fetch(db.sql(self._s.ctx_get), (stream, self.clock.now_ms()))
+        return {name: codec.loads(data, what="context value") for name, data in rows}
+
+    async def on_cache_event(self, event: CacheEvent) -> None:
+        if not isinstance(event, CacheEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.CacheEvent, got {type(event).__name__}"
+            )
+        self.cache_events.append(event)
+        del self.cache_events[:-1000]

@@ -1,0 +1,120 @@
+"""Concurrent keyed reads answered by one statement.
+
+An SQLite backend has one connection, and aiosqlite runs its statements one at a time on
+the connection's thread, each a hop to that thread and a wake-up of the event loop when
+it is done. When 32 tasks load checkpoints at once, that per-statement cost is most of
+the work. :class:`KeyedReads` lets the first caller run its lookup at once, alone (no
+added latency when calls come one by one), and answers every caller that arrives while
+a lookup is running with one ``SELECT … WHERE id IN (…)`` when it is done.
+
+Each batch is one statement, so each caller's answer comes from one consistent snapshot
+taken after the caller asked: what it would have read had it run alone at that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final
+
+from siglo_sql.database import Database
+
+__all__ = ["DEFAULT_MAX_BATCH", "KeyedReads"]
+
+DEFAULT_MAX_BATCH: Final = 64
+"""Keys per statement at most (SQLite allows 32,766 parameters; a short ``IN`` list
+keeps each statement quick so the next batch is not kept waiting)."""
+
+
+class KeyedReads:
+    """Lookups of one value by row id, coalesced while one is running.
+
+    ``single`` is the SQL that reads ``(value,)`` rows for parameters ``(id, now)``;
+    ``many(n)`` returns the SQL that reads ``(id, value)`` rows for parameters
+    ``(id_1 … id_n, now)``. ``clock`` gives the ``now`` of each statement, read when it
+    is sent.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        single: str,
+        many: Callable[[int], str],
+        clock: Callable[[], int],
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        self._db = database
+        self._single = single
+        self._many = many
+        self._sql: dict[int, str] = {}
+        self._clock = clock
+        self._max_batch = max_batch
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._waiting: dict[bytes, list[asyncio.Future[bytes | None]]] = {}
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def get(self, key: bytes) -> bytes | None:
+        """The value stored under ``key`` (``None``: no live row)."""
+        loop = asyncio.get_running_loop()
+        if self._running and self._loop is loop:
+            future: asyncio.Future[bytes | None] = loop.create_future()
+            self._waiting.setdefault(key, []).append(future)
+            return await future
+        if self._loop is not loop:
+            # Used from a new event loop: a lookup left running on the old one (its loop
+            # closed under it) will never hand over, so nothing may wait for it.
+            self._loop, self._waiting, self._drainer = loop, {}, None
+        self._running = True
+        try:
+            rows = await self._db.fetch(self._single, (key, self._clock()))
+        finally:
+            self._hand_over()
+        return bytes(rows[0][0]) if rows else None
+
+    def _hand_over(self) -> None:
+        """After a lookup: answer whoever queued behind it, or stand down."""
+        if self._waiting:
+            # A task of its own, so the caller that ran the lookup returns now.
+            assert self._loop is not None
+            self._drainer = self._loop.create_task(self._drain())
+        else:
+            self._running = False
+
+    async def _drain(self) -> None:
+        batch: dict[bytes, list[asyncio.Future[bytes | None]]] = {}
+        try:
+            while self._waiting:
+                keys = list(self._waiting)[: self._max_batch]
+                batch = {key: self._waiting.pop(key) for key in keys}
+                try:
+                    rows = await self._db.fetch(self._statement(len(keys)), (*keys, self._clock()))
+                except Exception as exc:  # the statement failed: so does every read in it
+                    for futures in batch.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(exc)
+                    continue
+                found = {bytes(row[0]): bytes(row[1]) for row in rows}
+                for key, futures in batch.items():
+                    value = found.get(key)
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(value)
+        finally:
+            self._running = False
+            self._drainer = None
+            # Stopped by cancellation (the loop is closing): nobody may be left waiting.
+            left = [*batch.values(), *self._waiting.values()]
+            self._waiting = {}
+            for futures in left:
+                for future in futures:
+                    if not future.done():
+                        future.cancel()
+
+    def _statement(self, n: int) -> str:
+        sql = self._sql.get(n)
+        if sql is None:
+            sql = self._sql[n] = self._many(n)
+        return sql

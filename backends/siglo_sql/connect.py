@@ -1,0 +1,201 @@
+"""Options shared by the SQL backends, and assembling a :class:`~siglo.Backend`.
+
+Options are keyword arguments of ``connect`` or query parameters of the URL (strings,
+converted here); a keyword argument wins over the URL. Those that decide which tables
+are used (``table_prefix``, Postgres ``schema``) are written back into
+:attr:`Backend.url`, so ``siglo.connect(backend.url)`` in another process reaches the
+same tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode
+
+from siglo.backend import Backend
+from siglo.clock import Clock
+from siglo.errors import InvalidArgumentError
+from siglo_sql.adapter import SqlStorageAdapter
+from siglo_sql.coordination import (
+    DEFAULT_IDEMPOTENCY_TTL_MS,
+    SqlIdempotencyStore,
+    SqlLock,
+    SqlNonceStore,
+)
+from siglo_sql.database import Database
+from siglo_sql.migrations import ensure_schema
+from siglo_sql.schema import DEFAULT_PREFIX, build_tables, check_identifier
+from siglo_sql.statements import build_statements
+
+__all__ = [
+    "ADAPTER_OPTIONS",
+    "INT_OPTIONS",
+    "SqlSettings",
+    "assemble_backend",
+    "split_url_options",
+    "take_options",
+    "with_url_options",
+]
+
+ADAPTER_OPTIONS: Final = frozenset(
+    {
+        "checkpoint_ttl_ms",
+        "cache_ttl_ms",
+        "claim_lease_ms",
+        "workflow_lock_timeout_ms",
+        "workflow_lock_ttl_ms",
+        "clean_batch_size",
+    }
+)
+COMMON_OPTIONS: Final = ADAPTER_OPTIONS | {
+    "clock",
+    "auto_migrate",
+    "table_prefix",
+    "idempotency_ttl_ms",
+}
+INT_OPTIONS: Final = frozenset(
+    {
+        *ADAPTER_OPTIONS,
+        "idempotency_ttl_ms",
+        "busy_timeout_ms",
+        "pool_min_size",
+        "pool_max_size",
+        "pool_timeout_ms",
+        "connect_timeout_ms",
+        "prepare_threshold",
+    }
+)
+BOOL_OPTIONS: Final = frozenset({"auto_migrate"})
+
+
+def _convert(name: str, value: str) -> Any:
+    if name in INT_OPTIONS:
+        if value.lower() in ("", "none", "null") and name == "prepare_threshold":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"URL option {name} must be an integer, got {value!r}"
+            ) from None
+    if name in BOOL_OPTIONS:
+        lowered = value.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise InvalidArgumentError(f"URL option {name} must be true or false, got {value!r}")
+    return value
+
+
+def _split(url: str) -> tuple[str, list[tuple[str, str]]]:
+    # Not urlunsplit: it turns "sqlite://" into "sqlite:".
+    base, _, query = url.partition("?")
+    return base, parse_qsl(query, keep_blank_values=True)
+
+
+def _join(base: str, query: list[tuple[str, str]]) -> str:
+    return f"{base}?{urlencode(query)}" if query else base
+
+
+def split_url_options(url: str, known: frozenset[str]) -> tuple[str, dict[str, Any]]:
+    """``url`` without siglo's query parameters, and those parameters converted."""
+    base, query = _split(url)
+    ours: dict[str, Any] = {}
+    theirs: list[tuple[str, str]] = []
+    for name, value in query:
+        if name in known:
+            ours[name] = _convert(name, value)
+        else:
+            theirs.append((name, value))
+    return _join(base, theirs), ours
+
+
+def with_url_options(url: str, options: Mapping[str, Any]) -> str:
+    """``url`` with ``options`` set as query parameters (``None`` values left out)."""
+    base, query = _split(url)
+    query = [(k, v) for k, v in query if k not in options]
+    query += [(k, str(v)) for k, v in options.items() if v is not None]
+    return _join(base, query)
+
+
+def take_options(
+    options: dict[str, Any], url_options: Mapping[str, Any], allowed: frozenset[str]
+) -> dict[str, Any]:
+    """Keyword options over URL options; an unknown keyword is an error naming it."""
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"
+        )
+    merged = dict(url_options)
+    merged.update(options)
+    return merged
+
+
+class SqlSettings:
+    """The options every SQL backend takes, validated."""
+
+    def __init__(self, options: dict[str, Any], *, schema: str | None = None) -> None:
+        self.clock: Clock | None = options.pop("clock", None)
+        self.auto_migrate = options.pop("auto_migrate", True)
+        if not isinstance(self.auto_migrate, bool):
+            raise InvalidArgumentError(
+                f"auto_migrate must be True or False, got {self.auto_migrate!r}"
+            )
+        prefix = options.pop("table_prefix", DEFAULT_PREFIX)
+        self.prefix = check_identifier("table_prefix", prefix) if prefix else ""
+        self.schema = check_identifier("schema", schema) if schema is not None else None
+        self.idempotency_ttl_ms = options.pop("idempotency_ttl_ms", DEFAULT_IDEMPOTENCY_TTL_MS)
+        self.adapter_options = {k: options.pop(k) for k in list(options) if k in ADAPTER_OPTIONS}
+
+    def url_options(self) -> dict[str, Any]:
+        """What must travel in the URL for another process to reach the same tables."""
+        return {
+            "table_prefix": self.prefix if self.prefix != DEFAULT_PREFIX else None,
+            "schema": self.schema,
+        }
+
+    async def on_open(self, db: Database) -> None:
+        """The start-up schema check (and migration when ``auto_migrate``)."""
+        await ensure_schema(db, self.prefix, self.schema, auto_migrate=self.auto_migrate)
+
+
+def assemble_backend(
+    name: str,
+    url: str,
+    db: Database,
+    settings: SqlSettings,
+    adapter_cls: type[SqlStorageAdapter],
+) -> Backend:
+    """The adapter, idempotency store, lock and nonce store over one database."""
+    tables = build_tables(settings.prefix, settings.schema)
+    postgres = db.dialect_name == "postgresql"
+    statements = build_statements(
+        tables,
+        db.sa_dialect,
+        for_update=" FOR UPDATE" if postgres else "",
+        writable_ctes=postgres,
+    )
+    clock = settings.clock
+    adapter = adapter_cls(
+        db,
+        statements,
+        clock=clock,
+        table_prefix=settings.prefix,
+        schema=settings.schema,
+        **settings.adapter_options,
+    )
+    return Backend(
+        name=name,
+        url=url,
+        adapter=adapter,
+        idempotency=SqlIdempotencyStore(
+            db, statements, clock=clock, default_ttl_ms=settings.idempotency_ttl_ms
+        ),
+        lock=SqlLock(db, statements, clock=clock),
+        nonces=SqlNonceStore(db, statements, clock=clock),
+        # The adapter closes the database too; closing twice is harmless.
+        on_close=[db.aclose],
+    )

@@ -1,0 +1,164 @@
+"""Idempotency store, lock and nonce store on SQL tables (seed 001 §6–§8).
+
+Claims go through the primary key: one conditional upsert decides the winner, so two
+processes can never both win. Locks are lease rows (owner token, expiry, fencing
+counter), not session advisory locks, which break behind a transaction-pooling
+PgBouncer. Every expiry compares with the injected clock's ``now``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from siglo import codec
+from siglo.clock import Clock, system_clock
+from siglo.coordination import (
+    DEFAULT_LOCK_TTL_MS,
+    ClaimState,
+    LockBase,
+    LockResult,
+    new_lock_token,
+    nonce_ttl_ms,
+)
+from siglo.errors import StorageAdapterError
+from siglo.sentinel import MISSING, Missing
+from siglo.validation import require_id, require_ttl_ms
+from siglo_sql.database import Database
+from siglo_sql.keys import at_most, row_id
+from siglo_sql.statements import Statements
+
+__all__ = ["DEFAULT_IDEMPOTENCY_TTL_MS", "SqlIdempotencyStore", "SqlLock", "SqlNonceStore"]
+
+DEFAULT_IDEMPOTENCY_TTL_MS: Final = 86_400_000
+
+
+class SqlIdempotencyStore:
+    """States as in Redis: ``in-progress`` while claimed, ``completed`` with a result."""
+
+    def __init__(
+        self,
+        database: Database,
+        statements: Statements,
+        *,
+        clock: Clock | None = None,
+        default_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS,
+    ) -> None:
+        self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
+        self.clock: Clock = clock or system_clock
+        self._db = database
+        sql = database.sql
+        self._claim = sql(statements.idem_claim)
+        self._state = sql(statements.idem_state)
+        self._complete = sql(statements.idem_complete)
+        self._fail = sql(statements.idem_fail)
+        self._result = sql(statements.idem_result)
+
+    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        ttl = ttl_ms or self.default_ttl_ms
+        rid = row_id(key)
+        for _ in range(100):
+            now = self.clock.now_ms()
+            if await self._db.fetch(self._claim, (rid, key, at_most(now + ttl), now)):
+                return "claimed"
+            rows = await self._db.fetch(self._state, (rid, now))
+            if rows:
+                return "completed" if rows[0][0] == "completed" else "in-progress"
+            # The holder failed (deleting its key) between our two statements: claim again.
+        raise StorageAdapterError(f"idempotency key {key!r}: no stable state after 100 tries")
+
+    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        data = codec.dumps(result, what=f"result of {key!r}")
+        gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.default_ttl_ms))
+        await self._db.fetch(self._complete, (row_id(key), key, data, gone_at))
+
+    async def fail(self, key: str, error: BaseException | None = None) -> None:
+        require_id("key", key)
+        await self._db.fetch(self._fail, (row_id(key), self.clock.now_ms()))
+
+    async def get_result(self, key: str) -> Any | Missing:
+        require_id("key", key)
+        rows = await self._db.fetch(self._result, (row_id(key), self.clock.now_ms()))
+        if not rows:
+            return MISSING
+        return codec.loads(rows[0][0], what="idempotency result")
+
+    async def get(self, key: str) -> Any | Missing:
+        return await self.get_result(key)
+
+
+class SqlLock(LockBase):
+    """Token-checked lease rows with a TTL and a fencing counter per key.
+
+    ``scope`` separates independent lock spaces in one table (``"lock"`` for this
+    public lock, ``"workflow"`` for the adapter's workflow locks).
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        statements: Statements,
+        *,
+        clock: Clock | None = None,
+        scope: str = "lock",
+    ) -> None:
+        self.clock: Clock = clock or system_clock
+        self.scope = scope
+        self._db = database
+        sql = database.sql
+        self._acquire = sql(statements.lock_acquire)
+        self._release = sql(statements.lock_release)
+        self._extend = sql(statements.lock_extend)
+
+    async def acquire(
+        self, lock_key: str, ttl_ms: int = DEFAULT_LOCK_TTL_MS, custom_token: str | None = None
+    ) -> LockResult:
+        self._check_acquire(lock_key, ttl_ms, custom_token)
+        now = self.clock.now_ms()
+        token = custom_token or new_lock_token(now)
+        rows = await self._db.fetch(
+            self._acquire,
+            (row_id(self.scope, lock_key), self.scope, lock_key, token, at_most(now + ttl_ms), now),
+        )
+        if not rows:
+            return LockResult(acquired=False, token=token)
+        return LockResult(acquired=True, token=token, fencing_token=int(rows[0][0]))
+
+    async def release(self, lock_key: str, token: str) -> bool:
+        require_id("lock_key", lock_key)
+        require_id("token", token)
+        rows = await self._db.fetch(
+            self._release, (row_id(self.scope, lock_key), token, self.clock.now_ms())
+        )
+        return bool(rows)
+
+    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
+        require_id("lock_key", lock_key)
+        require_id("token", token)
+        require_ttl_ms("ttl_ms", ttl_ms)
+        now = self.clock.now_ms()
+        rows = await self._db.fetch(
+            self._extend, (at_most(now + ttl_ms), row_id(self.scope, lock_key), token, now)
+        )
+        return bool(rows)
+
+
+class SqlNonceStore:
+    """First claim of a key within its window wins; later ones are replays."""
+
+    def __init__(
+        self, database: Database, statements: Statements, *, clock: Clock | None = None
+    ) -> None:
+        self.clock: Clock = clock or system_clock
+        self._db = database
+        self._claim = database.sql(statements.nonce_claim)
+
+    async def claim(self, key: str, ttl_seconds: float) -> bool:
+        require_id("key", key)
+        ttl_ms = nonce_ttl_ms(ttl_seconds)
+        now = self.clock.now_ms()
+        gone_at = at_most(now + ttl_ms)
+        return bool(await self._db.fetch(self._claim, (row_id(key), key, gone_at, now)))

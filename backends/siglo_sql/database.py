@@ -1,0 +1,159 @@
+"""The driver-level connection layer shared by the SQL backends.
+
+SQLAlchemy describes the schema and compiles its DDL; the statements that run on every
+checkpoint save, load, claim or CAS go straight to the driver connection (psycopg 3 or
+aiosqlite), because SQLAlchemy's async execution costs about 120 µs a statement over raw
+psycopg and several times raw aiosqlite's cost (see ``docs/backends/postgres.md``).
+
+A :class:`Database` runs one statement with :meth:`Database.fetch` (autocommit) or several
+in :meth:`Database.transaction`. Statements are written with ``?`` placeholders and
+converted once per dialect. Every driver exception is wrapped in
+:class:`~siglo.errors.StorageAdapterError` with the original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Dialect
+
+from siglo.errors import SigloError, StorageAdapterError
+
+__all__ = ["Database", "Executor", "OnOpen", "Row"]
+
+Row = tuple[Any, ...]
+
+
+class Executor(Protocol):
+    """Runs statements on one connection (inside a transaction, or autocommit)."""
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run one statement; its rows (``[]`` for a statement without a result)."""
+        ...
+
+
+OnOpen = Callable[["Database"], Awaitable[None]]
+"""Called once the first connection works, before any other statement: the schema check."""
+
+
+class Database(abc.ABC):
+    """One siglo database: how to reach it, and how to run statements on it.
+
+    It opens lazily: the first :meth:`fetch` or :meth:`transaction` connects, then runs
+    ``on_open`` (the schema version check, or the automatic migration) before anything
+    else may run. A failed open leaves it closed, so the next call tries again.
+    """
+
+    dialect_name: str
+    """``"sqlite"`` or ``"postgresql"``."""
+    sa_dialect: Dialect
+    """The SQLAlchemy dialect that compiles DDL and quotes identifiers."""
+    placeholder: str = "?"
+    coalesce_reads: bool = False
+    """Whether concurrent keyed reads should share one statement
+    (:mod:`siglo_sql.batching`): worth it on one connection, not on a pool."""
+
+    def __init__(self, *, on_open: OnOpen | None = None, description: str = "") -> None:
+        self.on_open = on_open
+        self.description = description
+        self._ready = False
+        self._connected = False
+        self._closed = False
+        self._opening = asyncio.Lock()
+
+    def sql(self, text: str) -> str:
+        """``text`` with this driver's placeholder style."""
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def wrap(self, exc: BaseException, doing: str) -> StorageAdapterError:
+        """A driver failure as siglo's error, naming the database and what was done."""
+        return StorageAdapterError(
+            f"{self.dialect_name} storage failed {doing} ({self.description}): "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    async def open(self) -> None:
+        """Connect and run the schema check now (otherwise the first call does)."""
+        if self._ready:
+            return
+        async with self._opening:
+            if self._ready:
+                return
+            await self._connect_once()
+            try:
+                if self.on_open is not None:
+                    await self.on_open(self)
+            except BaseException:
+                await self._reset()
+                raise
+            self._ready = True
+
+    async def connect_unchecked(self) -> None:
+        """Connect without the schema check, for the migrations and ``siglo migrate``.
+
+        Only the ``raw_*`` methods may be used until :meth:`open` has succeeded.
+        """
+        async with self._opening:
+            await self._connect_once()
+
+    async def _connect_once(self) -> None:
+        if self._closed:
+            raise StorageAdapterError(f"{self.description}: the backend is closed")
+        if self._connected:
+            return
+        try:
+            await self._connect()
+        except SigloError:
+            raise
+        except Exception as exc:
+            raise self.wrap(exc, "connecting") from exc
+        self._connected = True
+
+    async def aclose(self) -> None:
+        """Close the connections this database opened (never a user's engine).
+
+        Idempotent; afterwards every call raises :class:`StorageAdapterError`.
+        """
+        self._closed = True
+        await self._reset()
+
+    async def _reset(self) -> None:
+        self._ready = False
+        self._connected = False
+        await self._disconnect()
+
+    @abc.abstractmethod
+    async def _connect(self) -> None: ...
+
+    @abc.abstractmethod
+    async def _disconnect(self) -> None: ...
+
+    @abc.abstractmethod
+    async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """:meth:`fetch` without the open check (used while opening)."""
+
+    @abc.abstractmethod
+    def raw_transaction(self) -> Any:
+        """:meth:`transaction` without the open check (used while opening)."""
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """Run one statement in its own (autocommit) transaction; its rows."""
+        if not self._ready:
+            await self.open()
+        return await self.raw_fetch(sql, params)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Executor]:
+        """A write transaction (SQLite: ``BEGIN IMMEDIATE``); commits unless it raises."""
+        if not self._ready:
+            await self.open()
+        async with self.raw_transaction() as tx:
+            yield tx
+
+    @abc.abstractmethod
+    async def migration_lock(self, tx: Executor, name: str) -> None:
+        """Inside ``tx``, wait until no other process is migrating ``name``."""

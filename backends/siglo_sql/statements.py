@@ -1,0 +1,273 @@
+"""The SQL text of every hot statement, built once per installation and dialect.
+
+Each operation of the contract is one statement where it can be: a conditional upsert
+(``INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING``) or a conditional
+``UPDATE … RETURNING``. Both SQLite (3.35+) and PostgreSQL accept the same text; the few
+differences are parameters of :func:`build_statements`. ``now`` is always a parameter
+(the injected clock), never the database's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Table
+from sqlalchemy.engine import Dialect
+
+from siglo_sql.schema import Tables
+
+__all__ = ["Statements", "build_statements"]
+
+LIVE = "(gone_at IS NULL OR gone_at > ?)"
+
+
+@dataclass(frozen=True)
+class Statements:
+    """SQL for one set of tables, with ``?`` placeholders."""
+
+    # checkpoints
+    cp_insert_if_absent: str
+    cp_save_forward: str
+    cp_update_expected: str
+    cp_current_revision: str
+    cp_get: str
+    cp_get_many: str
+    """``{ids}`` stands for one ``?`` per id (``str.format``)."""
+    cp_get_fallback: str
+    cp_get_for_cancel: str
+    cp_set_cancelled: str
+    cp_clean_batch: str
+    # wait records
+    wait_upsert: str
+    wait_latest_upsert: str
+    wait_save_one: str | None
+    """Both upserts in one statement (a data-modifying CTE), where the dialect has them."""
+    wait_get: str
+    wait_state: str
+    wait_claim: str
+    wait_complete: str
+    wait_cancel: str
+    wait_cancel_stack: str
+    wait_clean_batch: str
+    # step cache
+    cache_get: str
+    cache_set: str
+    cache_clean_batch: str
+    # context stream
+    ctx_drop_expired: str
+    ctx_set: str
+    ctx_delete: str
+    ctx_touch: str
+    ctx_get: str
+    ctx_clean_batch: str
+    # idempotency
+    idem_claim: str
+    idem_state: str
+    idem_complete: str
+    idem_fail: str
+    idem_result: str
+    idem_clean_batch: str
+    # locks
+    lock_acquire: str
+    lock_release: str
+    lock_extend: str
+    lock_clean_batch: str
+    # nonces
+    nonce_claim: str
+    nonce_clean_batch: str
+
+
+def build_statements(
+    tables: Tables, dialect: Dialect, *, for_update: str, writable_ctes: bool
+) -> Statements:
+    """Statements for ``tables`` quoted for ``dialect``.
+
+    ``for_update`` is the row-locking suffix of a read that a write in the same
+    transaction depends on (``" FOR UPDATE"`` on PostgreSQL; ``""`` on SQLite, where
+    ``BEGIN IMMEDIATE`` already holds the write lock). ``writable_ctes``: whether
+    ``WITH … AS (INSERT …) INSERT …`` is allowed (PostgreSQL), which makes saving a wait
+    record with its by-stack index one statement instead of a transaction.
+    """
+    q = dialect.identifier_preparer
+
+    def name(table: Table) -> str:
+        return q.format_table(table)
+
+    cp = name(tables.checkpoints)
+    w = name(tables.wait_records)
+    wl = name(tables.wait_latest)
+    sc = name(tables.step_cache)
+    idem = name(tables.idempotency)
+    lk = name(tables.locks)
+    nc = name(tables.nonces)
+    assert tables.context_changes is not None, "statements need the current schema"
+    cx = name(tables.context_changes)
+
+    cp_cols = "(id, namespace, stack_id, revision, status, gone_at, document)"
+    cp_set = (
+        "revision = excluded.revision, status = excluded.status, "
+        "gone_at = excluded.gone_at, document = excluded.document"
+    )
+    # An expired row counts as absent: a save may replace it whatever its revision.
+    cp_expired = f"({cp}.gone_at IS NOT NULL AND {cp}.gone_at <= ?)"
+    state_cols = "status, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload"
+    wait_cols = f"document, {state_cols}"
+    wait_cols_r = "r.document, " + ", ".join("r." + c.strip() for c in state_cols.split(","))
+
+    wait_upsert = (
+        f"INSERT INTO {w} (id, correlation_key, stack_id, namespace, stack_ref, status, "
+        "deadline, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload, "
+        "gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET stack_id = excluded.stack_id, "
+        "namespace = excluded.namespace, stack_ref = excluded.stack_ref, "
+        "status = excluded.status, deadline = excluded.deadline, "
+        "claimant_id = excluded.claimant_id, claimed_at = excluded.claimed_at, "
+        "lease_expires_at = excluded.lease_expires_at, "
+        "completed_at = excluded.completed_at, event_payload = excluded.event_payload, "
+        "gone_at = excluded.gone_at, document = excluded.document"
+    )
+    wait_latest_upsert = (
+        f"INSERT INTO {wl} (id, stack_id, wait_id) VALUES (?, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET wait_id = excluded.wait_id"
+    )
+
+    def clean(table: str) -> str:
+        # Bounded batches through the gone_at index; RETURNING counts what went.
+        return (
+            f"DELETE FROM {table} WHERE id IN "
+            f"(SELECT id FROM {table} WHERE gone_at <= ? LIMIT ?) RETURNING 1"
+        )
+
+    return Statements(
+        # expected_revision=0: no live checkpoint, or a live one stored at revision 0.
+        cp_insert_if_absent=(
+            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?) "
+            f"ON CONFLICT (id) DO UPDATE SET {cp_set} "
+            f"WHERE {cp_expired} OR {cp}.revision = 0 RETURNING 1"
+        ),
+        cp_save_forward=(
+            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?) "
+            f"ON CONFLICT (id) DO UPDATE SET {cp_set} "
+            f"WHERE {cp_expired} OR {cp}.revision < excluded.revision RETURNING 1"
+        ),
+        cp_update_expected=(
+            f"UPDATE {cp} SET revision = ?, status = ?, gone_at = ?, document = ? "
+            f"WHERE id = ? AND revision = ? AND {LIVE} RETURNING 1"
+        ),
+        cp_current_revision=f"SELECT revision FROM {cp} WHERE id = ? AND {LIVE}",
+        cp_get=f"SELECT document FROM {cp} WHERE id = ? AND {LIVE}",
+        # Concurrent cp_get lookups in one statement (siglo_sql.batching).
+        cp_get_many=f"SELECT id, document FROM {cp} WHERE id IN ({{ids}}) AND {LIVE}",
+        # The namespaced checkpoint first, else the un-namespaced one (seed 001 §5).
+        cp_get_fallback=(
+            f"SELECT document FROM {cp} WHERE id IN (?, ?) AND {LIVE} "
+            "ORDER BY namespace = '' LIMIT 1"
+        ),
+        cp_get_for_cancel=f"SELECT document FROM {cp} WHERE id = ? AND {LIVE}{for_update}",
+        cp_set_cancelled=(
+            f"UPDATE {cp} SET revision = ?, status = 'cancelled', document = ? WHERE id = ?"
+        ),
+        cp_clean_batch=clean(cp),
+        wait_upsert=wait_upsert,
+        wait_latest_upsert=wait_latest_upsert,
+        wait_save_one=(
+            f"WITH saved AS ({wait_upsert} RETURNING 1) {wait_latest_upsert}"
+            if writable_ctes
+            else None
+        ),
+        # By correlation key, else the record most recently saved for the stack id, else
+        # the un-namespaced checkpoint (whose metadata may embed a wait record).
+        wait_get=(
+            f"SELECT 1, {wait_cols} FROM {w} WHERE id = ? AND {LIVE} "
+            f"UNION ALL SELECT 2, {wait_cols_r} FROM {wl} l JOIN {w} r ON r.id = l.wait_id "
+            "WHERE l.id = ? AND (r.gone_at IS NULL OR r.gone_at > ?) "
+            f"UNION ALL SELECT 3, document, NULL, NULL, NULL, NULL, NULL, NULL FROM {cp} "
+            f"WHERE id = ? AND {LIVE} ORDER BY 1 LIMIT 1"
+        ),
+        wait_state=f"SELECT status, claimant_id FROM {w} WHERE id = ? AND {LIVE}",
+        wait_claim=(
+            f"UPDATE {w} SET status = 'claimed', claimant_id = ?, claimed_at = ?, "
+            "lease_expires_at = ?, event_payload = COALESCE(?, event_payload) "
+            f"WHERE id = ? AND {LIVE} AND (status = 'waiting' OR "
+            "(status = 'claimed' AND (claimant_id = ? OR "
+            "(lease_expires_at IS NOT NULL AND lease_expires_at <= ?)))) "
+            "AND (? OR deadline IS NULL OR deadline > ?) "
+            f"RETURNING {wait_cols}"
+        ),
+        wait_complete=(
+            f"UPDATE {w} SET status = 'completed', completed_at = ? "
+            f"WHERE id = ? AND {LIVE} AND status = 'claimed' AND claimant_id = ? RETURNING 1"
+        ),
+        wait_cancel=(
+            f"UPDATE {w} SET status = 'cancelled' WHERE id = ? AND {LIVE} "
+            "AND status IN ('waiting', 'claimed') RETURNING 1"
+        ),
+        wait_cancel_stack=(
+            f"UPDATE {w} SET status = 'cancelled' WHERE stack_ref = ? "
+            f"AND {LIVE} AND status IN ('waiting', 'claimed') RETURNING 1"
+        ),
+        wait_clean_batch=clean(w),
+        cache_get=f"SELECT value FROM {sc} WHERE id = ? AND gone_at > ?",
+        cache_set=(
+            f"INSERT INTO {sc} (id, key, gone_at, value) VALUES (?, ?, ?, ?) ON CONFLICT (id) "
+            "DO UPDATE SET gone_at = excluded.gone_at, value = excluded.value"
+        ),
+        cache_clean_batch=clean(sc),
+        ctx_drop_expired=f"DELETE FROM {cx} WHERE stream = ? AND gone_at <= ?",
+        ctx_set=(
+            f"INSERT INTO {cx} (id, stream, namespace, stack_id, step_id, field, value, "
+            "gone_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) "
+            "DO UPDATE SET value = excluded.value, gone_at = excluded.gone_at"
+        ),
+        ctx_delete=f"DELETE FROM {cx} WHERE id = ?",
+        ctx_touch=f"UPDATE {cx} SET gone_at = ? WHERE stream = ?",
+        ctx_get=f"SELECT field, value FROM {cx} WHERE stream = ? AND {LIVE}",
+        ctx_clean_batch=clean(cx),
+        idem_claim=(
+            f"INSERT INTO {idem} (id, key, state, result, gone_at) "
+            "VALUES (?, ?, 'in-progress', NULL, ?) "
+            "ON CONFLICT (id) DO UPDATE SET state = 'in-progress', result = NULL, "
+            f"gone_at = excluded.gone_at WHERE {idem}.gone_at <= ? RETURNING 1"
+        ),
+        idem_state=f"SELECT state FROM {idem} WHERE id = ? AND gone_at > ?",
+        idem_complete=(
+            f"INSERT INTO {idem} (id, key, state, result, gone_at) "
+            "VALUES (?, ?, 'completed', ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET state = 'completed', result = excluded.result, "
+            "gone_at = excluded.gone_at"
+        ),
+        idem_fail=(
+            f"DELETE FROM {idem} WHERE id = ? AND state = 'in-progress' AND gone_at > ? RETURNING 1"
+        ),
+        idem_result=(
+            f"SELECT result FROM {idem} WHERE id = ? AND state = 'completed' AND gone_at > ?"
+        ),
+        idem_clean_batch=clean(idem),
+        # The row outlives its holders so that the fencing counter only goes up.
+        lock_acquire=(
+            f"INSERT INTO {lk} (id, scope, key, token, gone_at, fence) "
+            "VALUES (?, ?, ?, ?, ?, 1) "
+            "ON CONFLICT (id) DO UPDATE SET token = excluded.token, "
+            f"gone_at = excluded.gone_at, fence = {lk}.fence + 1 "
+            f"WHERE {lk}.token IS NULL OR {lk}.gone_at <= ? RETURNING fence"
+        ),
+        lock_release=(
+            f"UPDATE {lk} SET token = NULL, gone_at = NULL WHERE id = ? "
+            "AND token = ? AND gone_at > ? RETURNING 1"
+        ),
+        lock_extend=(
+            f"UPDATE {lk} SET gone_at = ? WHERE id = ? AND token = ? AND gone_at > ? RETURNING 1"
+        ),
+        # Expired leases are freed, never deleted: the fence must survive.
+        # Only the public lock's scope: workflow-lock leases run on wall time, not on the
+        # injected clock the clean-up compares with.
+        lock_clean_batch=(
+            f"UPDATE {lk} SET token = NULL, gone_at = NULL WHERE id IN "
+            f"(SELECT id FROM {lk} WHERE gone_at <= ? AND scope = 'lock' LIMIT ?) RETURNING 1"
+        ),
+        nonce_claim=(
+            f"INSERT INTO {nc} (id, key, gone_at) VALUES (?, ?, ?) ON CONFLICT (id) "
+            f"DO UPDATE SET gone_at = excluded.gone_at WHERE {nc}.gone_at <= ? RETURNING 1"
+        ),
+        nonce_clean_batch=clean(nc),
+    )

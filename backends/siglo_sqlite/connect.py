@@ -1,0 +1,136 @@
+"""``sqlite:///path.db`` (a file, shared by processes) and ``sqlite://`` (private memory)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+from urllib.parse import unquote, urlsplit
+
+from siglo.backend import Backend
+from siglo.errors import InvalidArgumentError
+from siglo_sql.adapter import SqlStorageAdapter
+from siglo_sql.connect import (
+    COMMON_OPTIONS,
+    SqlSettings,
+    assemble_backend,
+    split_url_options,
+    take_options,
+    with_url_options,
+)
+from siglo_sqlite.database import DEFAULT_BUSY_TIMEOUT_MS, SqliteDatabase
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["SqliteStorageAdapter", "connect", "connect_engine", "isolated", "is_memory_url"]
+
+SCHEMES: Final = ("sqlite", "sqlite+aiosqlite")
+SQLITE_OPTIONS: Final = COMMON_OPTIONS | {"busy_timeout_ms", "synchronous"}
+
+
+class SqliteStorageAdapter(SqlStorageAdapter):
+    """The SQL storage adapter on SQLite."""
+
+    name: ClassVar[str] = "sqlite"
+
+
+def _path_of(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in SCHEMES:
+        raise InvalidArgumentError(f"not an sqlite:// URL: {url!r}")
+    if parts.netloc and parts.netloc != "localhost":
+        raise InvalidArgumentError(
+            f"sqlite URLs have no host: use sqlite:///relative.db or sqlite:////absolute.db, "
+            f"got {url!r}"
+        )
+    # SQLAlchemy's convention: sqlite:///rel.db is relative, sqlite:////abs.db absolute.
+    path = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
+    if parts.netloc:  # sqlite://localhost/abs.db
+        path = unquote(parts.path)
+    return None if path in ("", ":memory:") else path
+
+
+def is_memory_url(url: str) -> bool:
+    """Whether ``url`` names a private in-memory database (one process only)."""
+    return _path_of(url) is None
+
+
+def connect(url: str = "sqlite://", **options: Any) -> Backend:
+    """An SQLite backend. Connects lazily: the first call opens the file and checks
+    (or, with ``auto_migrate=True``, the default, migrates) the schema.
+
+    Options (keyword, or URL query parameter): ``table_prefix`` (default ``siglo_``),
+    ``auto_migrate``, ``busy_timeout_ms`` (default 10000), ``synchronous`` (default
+    ``NORMAL``), ``clock``, ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``,
+    ``workflow_lock_timeout_ms``, ``workflow_lock_ttl_ms``, ``idempotency_ttl_ms``,
+    ``clean_batch_size``.
+    """
+    base, url_options = split_url_options(url, SQLITE_OPTIONS - {"clock"})
+    path = _path_of(base)
+    merged = take_options(options, url_options, SQLITE_OPTIONS)
+    return _build(url, base, path, merged, engine=None)
+
+
+def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
+    """An SQLite backend on an application's own ``sqlite+aiosqlite`` ``AsyncEngine``.
+
+    siglo checks one connection out of the engine for its lifetime and returns it on
+    close; it never disposes the engine. Options as for :func:`connect`.
+    """
+    url = engine.url.render_as_string(hide_password=True)
+    if engine.dialect.name != "sqlite" or engine.dialect.driver != "aiosqlite":
+        raise InvalidArgumentError(
+            f"connect_engine() needs an sqlite+aiosqlite AsyncEngine, got {url!r}"
+        )
+    merged = take_options(options, {}, SQLITE_OPTIONS)
+    database = engine.url.database
+    path = None if database in (None, "", ":memory:") else database
+    return _build(url, url, path, merged, engine=engine)
+
+
+def _build(
+    url: str, base: str, path: str | None, options: dict[str, Any], *, engine: AsyncEngine | None
+) -> Backend:
+    settings = SqlSettings(options)
+    db = SqliteDatabase(
+        path,
+        busy_timeout_ms=options.pop("busy_timeout_ms", DEFAULT_BUSY_TIMEOUT_MS),
+        synchronous=options.pop("synchronous", "NORMAL"),
+        engine=engine,
+        on_open=settings.on_open,
+    )
+    backend_url = with_url_options(base, settings.url_options()) if engine is None else url
+    backend = assemble_backend("sqlite", backend_url, db, settings, SqliteStorageAdapter)
+    backend.url_shares_storage = path is not None
+    return backend
+
+
+@asynccontextmanager
+async def isolated(url: str = "sqlite://", **options: Any) -> AsyncIterator[Backend]:
+    """A backend on private storage: a new temporary file (removed afterwards) for a file
+    URL, a new private in-memory database for ``sqlite://``."""
+    base, url_options = split_url_options(url, SQLITE_OPTIONS - {"clock"})
+    if _path_of(base) is None:
+        backend = connect(url, **options)
+        try:
+            yield backend
+        finally:
+            await backend.aclose()
+        return
+    directory = tempfile.mkdtemp(prefix="siglo-sqlite-")
+    path = os.path.join(directory, "siglo.db")
+    try:
+        # path is absolute, so the URL reads sqlite:////tmp/…: any process finds it.
+        backend = connect(with_url_options(f"sqlite:///{path}", url_options), **options)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+        shutil.rmtree(directory, ignore_errors=True)

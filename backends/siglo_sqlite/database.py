@@ -1,0 +1,216 @@
+"""One long-lived aiosqlite connection per backend, in WAL mode.
+
+aiosqlite runs every call on the connection's own thread, so each statement costs a
+thread hop: one ``execute_fetchall`` per operation keeps it to one. The connection is
+shared by the backend's tasks: a transaction holds an :class:`asyncio.Lock` from its
+``BEGIN`` to its end, so no other task's statement runs inside it; single statements
+outside a transaction go straight to the connection. Across processes SQLite's own locking
+serialises writers: ``BEGIN IMMEDIATE`` takes the write lock up front where a read and a
+write must be atomic, the busy timeout makes a writer wait for another, and a
+"database is locked" that still comes back is retried until the busy timeout has passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import TYPE_CHECKING, Any, Final
+
+import aiosqlite
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
+from siglo_sql.database import Database, Executor, OnOpen, Row
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+__all__ = ["DEFAULT_BUSY_TIMEOUT_MS", "SqliteDatabase"]
+
+DEFAULT_BUSY_TIMEOUT_MS: Final = 10_000
+SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+MMAP_SIZE_BYTES: Final = 1 << 30
+"""``PRAGMA mmap_size``: reads of a file up to 1 GiB go through the OS page cache mapped
+into the process instead of a ``read()`` per page (address space, not memory)."""
+CACHE_SIZE_KIB: Final = 65_536
+"""``PRAGMA cache_size`` (64 MiB, SQLite's default is 2 MiB): with the default, a keyed
+lookup in a million-checkpoint file was twice as slow as in a thousand-checkpoint one."""
+
+
+def _is_busy(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+class _Tx:
+    def __init__(self, db: SqliteDatabase, conn: aiosqlite.Connection) -> None:
+        self._db = db
+        self._conn = conn
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._db._run(self._conn, sql, params)
+
+
+class SqliteDatabase(Database):
+    """An SQLite file (or a private in-memory database when ``path`` is ``None``)."""
+
+    dialect_name = "sqlite"
+    sa_dialect = sqlite_dialect.dialect()
+    coalesce_reads = True  # one connection: every statement waits for the one before
+
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        synchronous: str = "NORMAL",
+        engine: AsyncEngine | None = None,
+        on_open: OnOpen | None = None,
+    ) -> None:
+        super().__init__(
+            on_open=on_open, description=f"sqlite {path!r}" if path else "sqlite in-memory"
+        )
+        if type(busy_timeout_ms) is not int or busy_timeout_ms < 0:
+            raise InvalidArgumentError(
+                f"busy_timeout_ms must be a non-negative integer, got {busy_timeout_ms!r}"
+            )
+        if synchronous.upper() not in SYNCHRONOUS_MODES:
+            raise InvalidArgumentError(
+                f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}, "
+                f"got {synchronous!r}"
+            )
+        self.path = path
+        self.busy_timeout_ms = busy_timeout_ms
+        self.synchronous = synchronous.upper()
+        self.engine = engine
+        self._conn: aiosqlite.Connection | None = None
+        self._sa_conn: AsyncConnection | None = None
+        self._lock = asyncio.Lock()
+
+    async def _connect(self) -> None:
+        if self.engine is not None:
+            sa_conn = await self.engine.connect()
+            try:
+                sa_conn = await sa_conn.execution_options(isolation_level="AUTOCOMMIT")
+                raw = await sa_conn.get_raw_connection()
+                conn = raw.driver_connection
+            except BaseException:
+                await sa_conn.close()
+                raise
+            self._sa_conn = sa_conn
+        else:
+            # isolation_level=None: no implicit BEGIN; siglo says when a transaction is.
+            try:
+                conn = await aiosqlite.connect(self.path or ":memory:", isolation_level=None)
+            except BaseException:
+                # aiosqlite stops its worker thread without waiting for it; give it a
+                # moment, or it may report to an event loop that has since closed.
+                await asyncio.sleep(0.01)
+                raise
+        assert isinstance(conn, aiosqlite.Connection)
+        self._conn = conn
+        try:
+            await conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+            if self.path is not None:
+                # WAL: readers never block the writer, and a commit is one append.
+                await self._run(conn, "PRAGMA journal_mode = WAL", ())
+                await conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+                # Keeps keyed lookups flat as the file grows (docs/benchmarks.md, scale).
+                await conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
+                await conn.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
+        except BaseException:
+            await self._disconnect()
+            raise
+
+    async def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        sa_conn, self._sa_conn = self._sa_conn, None
+        if sa_conn is not None:
+            with suppress(Exception):
+                await sa_conn.close()  # back to the user's pool; their engine stays open
+        elif conn is not None:
+            with suppress(Exception):
+                await conn.close()
+
+    async def _run(self, conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[Row]:
+        deadline = 0.0
+        delay = 0.001
+        while True:
+            try:
+                return list(await conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+            except SigloError:
+                raise
+            except Exception as exc:
+                if _is_busy(exc):
+                    # The busy handler gave up, or was not consulted (SQLite skips it
+                    # where waiting could deadlock): wait and retry within the timeout.
+                    now = time.monotonic()
+                    if not deadline:
+                        deadline = now + self.busy_timeout_ms / 1000
+                    if now < deadline:
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 0.05)
+                        continue
+                raise self.wrap(exc, "running a statement") from exc
+
+    def _connection(self) -> aiosqlite.Connection:
+        conn = self._conn
+        if conn is None:
+            raise StorageAdapterError(f"{self.description} is closed")
+        return conn
+
+    async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        conn = self._connection()
+        if not self._lock.locked():
+            # No transaction is open, and none can open before this statement runs:
+            # aiosqlite runs a connection's calls in the order they were submitted, and
+            # a transaction submits its BEGIN only once it holds the lock. So single
+            # statements need not wait for each other (each is its own autocommit
+            # transaction); 32 callers keep the connection's thread busy instead of
+            # taking turns through the event loop.
+            try:
+                return list(await conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+            except SigloError:
+                raise
+            except Exception as exc:
+                if not _is_busy(exc):
+                    raise self.wrap(exc, "running a statement") from exc
+            # Busy: retried under the lock, where a transaction cannot open in the gap.
+        async with self._lock:
+            return await self._run(conn, sql, params)
+
+    @asynccontextmanager
+    async def raw_transaction(self) -> AsyncIterator[Executor]:
+        conn = self._connection()
+        async with self._lock:
+            try:
+                await self._run(conn, "BEGIN IMMEDIATE", ())
+                yield _Tx(self, conn)
+                await self._run(conn, "COMMIT", ())
+            except BaseException:
+                await self._rollback(conn)
+                raise
+
+    @staticmethod
+    async def _rollback(conn: aiosqlite.Connection) -> None:
+        # aiosqlite runs a connection's calls in order, so this ROLLBACK comes after every
+        # statement of the transaction, even one still running for a cancelled task. It
+        # is awaited through any further cancellation, under the lock: the next user of
+        # the connection must never find a transaction left open.
+        task = asyncio.ensure_future(conn.execute("ROLLBACK"))
+        while True:
+            try:
+                await asyncio.shield(task)
+                return
+            except asyncio.CancelledError:
+                if task.done():
+                    return
+            except Exception:  # no transaction was open (BEGIN itself failed)
+                return
+
+    async def migration_lock(self, tx: Executor, name: str) -> None:
+        # BEGIN IMMEDIATE already holds the database's write lock.
+        return None

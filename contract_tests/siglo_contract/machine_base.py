@@ -1,0 +1,187 @@
+"""The base of the suite's state machines: the backend under test against the reference.
+
+Each example gets a backend from the run's :class:`~siglo_contract.target.Session`
+and a fresh in-memory reference backend, applies the same random program to both, and
+requires the same observable results at every step. The machines also assert rules
+directly, so a bug the reference shares is still caught. All ids go through :meth:`k`,
+which prefixes them with the example's random prefix (cheap isolation on shared storage).
+
+Async calls run on the run's event loop, one ``run_until_complete`` per call: hypothesis
+drives the machine synchronously, and backends bound to that loop keep working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, ClassVar, Final, TypeVar
+
+import orjson
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from siglo.adapter import Capability
+from siglo.backend import Backend
+from siglo.errors import CapabilityNotSupportedError
+from siglo_contract.registry import fail
+from siglo_contract.target import Session, new_prefix
+
+__all__ = ["HOSTILE_IDS", "ContractMachine", "Outcome", "canon", "json_values"]
+
+T = TypeVar("T")
+
+HOSTILE_IDS: Final = (
+    "a",
+    "b",
+    "a:b",
+    "a*",
+    "*",
+    "a?",
+    "[a]",
+    "{a}",
+    "'a'",
+    '"a"',
+    "a%",
+    "a_",
+    "a\\b",
+    "a b",
+    "ü名🙂",
+    "x" * 1000,
+)
+"""Logical ids the machines draw from: ``:``, globs, hash tags, quotes, SQL LIKE
+wildcards, backslashes, spaces, unicode and a very long id (``ids.hostile``)."""
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**53), max_value=2**53),
+    st.sampled_from([0.5, -1.25, 1e10]),
+    st.text(max_size=8).filter(lambda s: "\x00" not in s),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.dictionaries(
+            st.text(max_size=5).filter(lambda s: "\x00" not in s), children, max_size=3
+        ),
+    ),
+    max_leaves=6,
+)
+"""JSON data, falsy values (``None``, ``0``, ``False``, ``""``, ``[]``, ``{}``) included."""
+
+falsy_values: Final[tuple[Any, ...]] = (None, 0, False, "", [], {})
+
+
+def canon(value: Any) -> bytes:
+    """A canonical encoding, so ``0`` and ``False`` differ and key order does not matter."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+class Outcome:
+    """What a call did: returned ``value`` or raised ``error``."""
+
+    __slots__ = ("error", "value")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value = value
+        self.error = error
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def kind(self) -> str:
+        return "ok" if self.error is None else type(self.error).__name__
+
+    def __repr__(self) -> str:
+        return f"returned {self.value!r}" if self.error is None else f"raised {self.error!r}"
+
+
+class ContractMachine(RuleBasedStateMachine):
+    """Backend under test vs reference; subclasses add rules for one area of the contract."""
+
+    session: ClassVar[Session]
+    loop: ClassVar[asyncio.AbstractEventLoop]
+    skip: ClassVar[frozenset[str]] = frozenset()
+    """Rules already reported failing in this run: a divergence on one of them ends the
+    comparisons of that example instead of failing again, so other rules get a chance."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cm: AbstractAsyncContextManager[Backend] = self.session.backend()
+        self.backend: Backend = self.run(self._cm.__aenter__())
+        self.ref: Backend = self.session.reference()
+        self.prefix = new_prefix()
+        self.tainted = False
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @classmethod
+    def declared(cls, capability: Capability) -> bool:
+        return capability in cls.session.target.capabilities
+
+    @property
+    def clock_controlled(self) -> bool:
+        return self.session.clock is not None
+
+    def now(self) -> int:
+        """Now, for generating times: the manual clock (the reference's, too)."""
+        if self.session.clock is not None:
+            return self.session.clock.now_ms()
+        return self.ref.adapter.clock.now_ms()  # type: ignore[attr-defined,no-any-return]
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(awaitable)
+
+    def call(self, awaitable: Awaitable[Any], rule_id: str) -> Outcome:
+        """Run one call; an error that is not part of the contract fails ``rule_id``."""
+        try:
+            return Outcome(self.run(awaitable))
+        except CapabilityNotSupportedError as exc:
+            fail("capability.declared", f"a declared capability's method is missing: {exc}")
+        except AssertionError:
+            raise
+        except Exception as exc:
+            return Outcome(error=exc)
+
+    def k(self, name: str | None) -> str | None:
+        """The real id of logical id ``name`` in this example (``None`` stays ``None``)."""
+        return None if name is None else self.prefix + name
+
+    def kk(self, name: str) -> str:
+        return self.prefix + name
+
+    def diverge(self, rule_id: str, message: str) -> None:
+        """The backend disagrees with the reference; ``rule_id`` explains the outcome."""
+        if rule_id in self.skip:
+            self.tainted = True
+            note(f"(divergence on {rule_id}, already reported; comparisons stop here)")
+            return
+        fail(rule_id, message)
+
+    def direct(self, condition: object, rule_id: str, message: str) -> None:
+        """A rule asserted on the backend alone (catches bugs the reference shares)."""
+        if not condition:
+            self.diverge(rule_id, message)
+
+    def unexpected(self, outcome: Outcome, rule_id: str, what: str) -> None:
+        """Fail ``rule_id`` if ``outcome`` is an error the contract does not allow here."""
+        if outcome.error is not None:
+            self.diverge(rule_id, f"{what} raised {outcome.error!r}")
+
+    def teardown(self) -> None:
+        try:
+            self.run(self._cm.__aexit__(None, None, None))
+        finally:
+            self.run(self.ref.aclose())
+
+    def live(self) -> bool:
+        return not self.tainted
+
+    @precondition(lambda self: self.tainted)
+    @rule()
+    def idle(self) -> None:
+        """The only step left once an already-reported rule diverged."""

@@ -1,0 +1,354 @@
+"""State machine of the checkpoint rules: OCC saves, namespaces, fallback, expiry, clean-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from siglo.checkpoint import STATUSES, Checkpoint
+from siglo.errors import CheckpointConflictError, InvalidArgumentError
+from siglo_contract.machine_base import HOSTILE_IDS, ContractMachine, Outcome
+from siglo_memory.adapter import MemoryStorageAdapter
+
+__all__ = ["CheckpointMachine"]
+
+# Half the draws come from a small hot set, so programs revisit the same stacks.
+STACKS = st.one_of(st.sampled_from(("a", "b")), st.sampled_from(HOSTILE_IDS))
+NAMESPACES = st.one_of(
+    st.sampled_from((None, "n")), st.sampled_from((None, "n", "n:a", "a", "*", "{n}"))
+)
+EXPIRY = st.sampled_from(("none", "none", "past", "soon", "later", "far"))
+
+
+class CheckpointMachine(ContractMachine):
+    """Saves (with and without ``expected_revision``, stale, conflicting), loads with and
+    without namespaces and fallback, expiry by the clock, and clean-up."""
+
+    RULE_IDS = (
+        "checkpoint.roundtrip",
+        "checkpoint.missing",
+        "checkpoint.occ.expected",
+        "checkpoint.occ.conflict",
+        "checkpoint.occ.monotonic",
+        "checkpoint.namespace.isolation",
+        "checkpoint.namespace.fallback",
+        "checkpoint.expiry.hidden",
+        "checkpoint.expiry.clean",
+        "ids.hostile",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.touched: set[tuple[str | None, str]] = set()
+        self.cleaned: set[tuple[str | None, str]] = set()
+        """Keys whose checkpoint the reference removed in a clean-up since their save."""
+
+    @property
+    def ref_adapter(self) -> MemoryStorageAdapter:
+        adapter = self.ref.adapter
+        assert isinstance(adapter, MemoryStorageAdapter)
+        return adapter
+
+    def _ref_live(self, key: tuple[str | None, str]) -> Checkpoint | None:
+        return self.ref_adapter._live_checkpoint(key, self.now())
+
+    def _ref_stored_expired(self, key: tuple[str | None, str]) -> Checkpoint | None:
+        entry = self.ref_adapter._checkpoints.get(key)
+        if entry is None or entry.live(self.now()):
+            return None
+        return Checkpoint.from_json(entry.data)
+
+    def _other_namespace_with_revision(self, stack: str, ns: str | None, revision: int) -> bool:
+        for other_ns, other_stack in self.touched:
+            if other_stack == stack and other_ns != ns:
+                cp = self._ref_live((other_ns, stack))
+                if cp is not None and cp.revision == revision:
+                    return True
+        return False
+
+    def _expiry(self, choice: str) -> int | None:
+        now = self.now()
+        if choice == "past":
+            return now - 600_000
+        if choice == "soon" and self.clock_controlled:
+            return now + 1_000
+        if choice == "later" and self.clock_controlled:
+            return now + 5_000
+        if choice == "far":
+            return now + 3_600_000
+        return None
+
+    # -- rules --------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live())
+    @rule(
+        stack=STACKS,
+        ns=NAMESPACES,
+        rev_delta=st.sampled_from((1, 1, 2, 0, -1)),
+        expected=st.sampled_from(("none", "none", "right", "right", "wrong")),
+        wrong_delta=st.sampled_from((-1, 1, 2)),
+        expiry=EXPIRY,
+        status=st.sampled_from(sorted(STATUSES)),
+        extra=st.booleans(),
+        context=st.integers(0, 3),
+    )
+    def save(
+        self,
+        stack: str,
+        ns: str | None,
+        rev_delta: int,
+        expected: str,
+        wrong_delta: int,
+        expiry: str,
+        status: Any,
+        extra: bool,
+        context: int,
+    ) -> None:
+        key = (self.k(ns), self.kk(stack))
+        ref_now = self._ref_live(key)
+        current = 0 if ref_now is None else ref_now.revision
+        revision = max(0, current + rev_delta)
+        expected_revision: int | None = None
+        if expected == "right":
+            expected_revision = current
+        elif expected == "wrong":
+            expected_revision = max(0, current + wrong_delta)
+            if expected_revision == current:
+                expected_revision = current + 1
+        if expected_revision is not None and revision <= expected_revision:
+            revision = expected_revision + 1
+        cp = Checkpoint(
+            stack_id=key[1],
+            namespace=key[0],
+            revision=revision,
+            timestamp=self.now(),
+            status=status,
+            chains=("main",),
+            contexts={"main": {"step": context, "none": None}},
+            expires_at=self._expiry(expiry),
+            metadata={"n": context} if context % 2 else None,
+            extra={"futureField": {"x": [1, "two"]}} if extra else {},
+        )
+        note(f"# save rev={revision} expected={expected_revision} (reference has {current})")
+        self.touched.add(key)
+        # The stored state first: direct rules below reason from what the backend reads.
+        pre = self.compare_get(key[1], key[0], False)
+        if self.tainted:
+            return
+        got = self.call(
+            self.backend.adapter.save_checkpoint(cp, expected_revision=expected_revision),
+            "checkpoint.occ.expected",
+        )
+        want = self.call(
+            self.ref.adapter.save_checkpoint(cp, expected_revision=expected_revision),
+            "checkpoint.occ.expected",
+        )
+        post = self.call(
+            self.backend.adapter.get_checkpoint(key[1], key[0], fallback=False),
+            "checkpoint.roundtrip",
+        )
+        self.unexpected(post, "checkpoint.roundtrip", "get_checkpoint")
+        if self.tainted:
+            return
+        if want.ok:
+            self.cleaned.discard(key)
+        occ_rule = (
+            "checkpoint.occ.conflict"
+            if expected_revision is not None
+            else ("checkpoint.occ.monotonic")
+        )
+        # Direct rules first: they hold whatever the reference says.
+        before: Checkpoint | None = pre.value
+        stored = 0 if before is None else before.revision
+        if got.ok:
+            if expected_revision is not None:
+                self.direct(
+                    stored == expected_revision,
+                    occ_rule,
+                    f"save with expected_revision={expected_revision} succeeded although "
+                    f"the stored revision was {before and before.revision}",
+                )
+            else:
+                self.direct(
+                    before is None or revision > before.revision,
+                    occ_rule,
+                    f"save of revision {revision} succeeded although revision "
+                    f"{before and before.revision} was stored",
+                )
+            if cp.is_expired(self.now()):
+                self.direct(
+                    post.value is None,
+                    "checkpoint.expiry.hidden",
+                    f"a checkpoint saved with expires_at in the past was returned: {post.value!r}",
+                )
+            else:
+                self.direct(
+                    post.value == cp,
+                    "checkpoint.roundtrip",
+                    f"saved {cp!r}, read back {post.value!r}",
+                )
+        elif isinstance(got.error, CheckpointConflictError):
+            err = got.error
+            self.direct(
+                post.value == before,
+                occ_rule,
+                f"a refused save changed the stored checkpoint from {before!r} to {post.value!r}",
+            )
+            self.direct(
+                (err.stack_id, err.expected_revision) == (cp.stack_id, expected_revision),
+                occ_rule,
+                f"conflict carries stack_id={err.stack_id!r}, "
+                f"expected_revision={err.expected_revision!r}; want {cp.stack_id!r}, "
+                f"{expected_revision!r}",
+            )
+            self.direct(
+                err.current_revision == (None if before is None else before.revision),
+                occ_rule,
+                f"conflict carries current_revision={err.current_revision!r} but the "
+                f"stored revision is {before and before.revision!r}",
+            )
+        if self.tainted:
+            return
+        # Agreement with the reference.
+        if got.kind() == want.kind():
+            if isinstance(got.error, CheckpointConflictError):
+                assert isinstance(want.error, CheckpointConflictError)
+                mine, theirs = got.error, want.error
+                if (mine.current_revision, mine.expected_revision) != (
+                    theirs.current_revision,
+                    theirs.expected_revision,
+                ):
+                    self.diverge(occ_rule, f"conflict {mine!r}, reference {theirs!r}")
+            return
+        if isinstance(want.error, InvalidArgumentError) or isinstance(
+            got.error, InvalidArgumentError
+        ):
+            self.diverge("input.rejected", f"save {got!r}; reference {want!r}")
+            return
+        if want.ok and isinstance(got.error, CheckpointConflictError):
+            seen = got.error.current_revision
+            if seen is not None and self._other_namespace_with_revision(key[1], key[0], seen):
+                self.diverge(
+                    "checkpoint.namespace.isolation",
+                    f"save conflicted with revision {seen} of another namespace",
+                )
+                return
+            expired = self._ref_stored_expired(key)
+            if expired is not None and seen == expired.revision:
+                self.diverge(
+                    "checkpoint.expiry.hidden", f"save conflicted with expired revision {seen}"
+                )
+                return
+            self.diverge(
+                "checkpoint.occ.expected"
+                if expected_revision is not None
+                else "checkpoint.occ.monotonic",
+                f"save {got!r}; the reference stored it",
+            )
+            return
+        if want.ok or got.ok:
+            self.diverge(occ_rule, f"save {got!r}; reference {want!r}")
+            return
+        self.diverge("checkpoint.roundtrip", f"save {got!r}; reference {want!r}")
+
+    @precondition(lambda self: self.live())
+    @rule(stack=STACKS, ns=NAMESPACES, fallback=st.booleans())
+    def get(self, stack: str, ns: str | None, fallback: bool) -> None:
+        self.compare_get(self.kk(stack), self.k(ns), fallback)
+
+    def compare_get(self, stack: str, ns: str | None, fallback: bool) -> Outcome:
+        got = self.call(
+            self.backend.adapter.get_checkpoint(stack, ns, fallback=fallback),
+            "checkpoint.roundtrip",
+        )
+        want = self.call(
+            self.ref.adapter.get_checkpoint(stack, ns, fallback=fallback), "checkpoint.roundtrip"
+        )
+        self.unexpected(got, "checkpoint.roundtrip", "get_checkpoint")
+        if not self.tainted:
+            self.judge_get(stack, ns, fallback, got.value, want.value)
+        return got
+
+    def judge_get(
+        self,
+        stack: str,
+        ns: str | None,
+        fallback: bool,
+        mine: Checkpoint | None,
+        theirs: Checkpoint | None,
+    ) -> None:
+        """Fail the rule that explains why the backend read ``mine`` and not ``theirs``."""
+        if mine == theirs:
+            return
+        what = (
+            f"get_checkpoint({stack!r}, {ns!r}, fallback={fallback}) returned {mine!r}; "
+            f"reference returned {theirs!r}"
+        )
+        if mine is not None and mine.namespace != ns:
+            rule_id = (
+                "checkpoint.namespace.isolation"
+                if ns is not None and mine.namespace is not None
+                else "checkpoint.namespace.fallback"
+            )
+            if theirs is not None and theirs.namespace == mine.namespace:
+                rule_id = "checkpoint.roundtrip"
+            self.diverge(rule_id, what)
+        elif theirs is not None and theirs.namespace != ns:
+            self.diverge("checkpoint.namespace.fallback", what)
+        elif mine is not None and theirs is None:
+            key = (mine.namespace, stack)
+            if self._ref_stored_expired(key) is not None or key in self.cleaned:
+                self.diverge("checkpoint.expiry.hidden", what)
+            elif key in self.touched:
+                self.diverge("checkpoint.roundtrip", what)
+            else:
+                self.diverge("checkpoint.missing", what)
+        elif mine is not None and theirs is not None and mine.revision == theirs.revision:
+            self.diverge("checkpoint.roundtrip", what)
+        elif mine is not None and theirs is not None and mine.revision != theirs.revision:
+            # A different document of the same stack: one of its saves went wrong.
+            self.diverge("checkpoint.roundtrip", what)
+        else:
+            self.diverge("checkpoint.roundtrip", what)
+
+    @precondition(lambda self: self.live())
+    @rule()
+    def clean(self) -> None:
+        got = self.call(self.backend.adapter.clean_expired_checkpoints(), "checkpoint.expiry.clean")
+        self.unexpected(got, "checkpoint.expiry.clean", "clean_expired_checkpoints")
+        if self.tainted:
+            return
+        self.direct(
+            isinstance(got.value, int) and not isinstance(got.value, bool) and got.value >= 0,
+            "checkpoint.expiry.clean",
+            f"clean_expired_checkpoints returned {got.value!r}, not a count >= 0",
+        )
+        now = self.now()
+        for key, entry in list(self.ref_adapter._checkpoints.items()):
+            if not entry.live(now):
+                self.cleaned.add(key)
+        self.run(self.ref.adapter.clean_expired_checkpoints())
+        # A live checkpoint must survive; an expired one must not be returned.
+        for ns, stack in sorted(self.touched, key=repr):
+            got_cp = self.call(
+                self.backend.adapter.get_checkpoint(stack, ns, fallback=False),
+                "checkpoint.expiry.clean",
+            )
+            want_cp = self._ref_live((ns, stack))
+            if self.tainted:
+                return
+            if got_cp.value is None and want_cp is not None:
+                self.diverge(
+                    "checkpoint.expiry.clean", f"clean-up removed the live checkpoint {want_cp!r}"
+                )
+            else:
+                self.judge_get(stack, ns, False, got_cp.value, want_cp)
+
+    @precondition(lambda self: self.live() and self.clock_controlled)
+    @rule(ms=st.sampled_from((1, 999, 1_000, 4_000, 60_000)))
+    def advance(self, ms: int) -> None:
+        assert self.session.clock is not None
+        self.session.clock.advance(ms)

@@ -1,0 +1,519 @@
+"""State machine of the wait-record rules: lifecycle, claims, leases, cancel, retention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, multiple, precondition, rule
+
+from siglo.adapter import Capability
+from siglo.checkpoint import Checkpoint
+from siglo.errors import WaitRecordClaimError
+from siglo.records import WaitRecord
+from siglo.sentinel import MISSING
+from siglo_contract.machine_base import ContractMachine, canon, json_values
+from siglo_memory.adapter import MemoryStorageAdapter
+
+__all__ = ["WaitMachine"]
+
+KEYS = ("k1", "k2", "k:1", "*", "{k}", "ü名", "s1")
+STACKS = ("s1", "s2", "s:1", "k1")
+EMBED_ONLY = ("e1",)
+NAMESPACES = st.sampled_from((None, "n", "n:x"))
+CLAIMANTS = st.sampled_from(("holder", "c1", "c2", None))
+
+
+class WaitMachine(ContractMachine):
+    """Wait-record lifecycles: save, get by key / by stack / from the checkpoint, claim
+    (with ``allow_expired``, payloads, leases), complete by the right and the wrong
+    claimant, cancel and ``cancel_workflow``, with retention and deadlines on the clock."""
+
+    RULE_IDS = (
+        "wait.roundtrip",
+        "wait.by-stack",
+        "wait.checkpoint-fallback",
+        "wait.claim.once",
+        "wait.claim.refused",
+        "wait.claim.expired",
+        "wait.claim.lease",
+        "wait.complete.claimant",
+        "wait.cancel",
+        "wait.cancel-workflow",
+        "wait.retention",
+        "ids.hostile",
+    )
+
+    saved = Bundle("saved")
+    """Keys of saved records: lifecycle steps draw from it, so programs reach them."""
+    claimed = Bundle("claimed")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: set[str] = set()
+        self.last_rule: dict[str, str] = {}
+        self.holders: dict[str, tuple[str, str]] = {}
+        """Correlation key → (reference claimant, backend claimant) of the last claim."""
+        self.alias: dict[str, str] = {}
+        """Backend-generated claimant id → the reference's, for comparisons."""
+        self.cp_keys: set[tuple[str | None, str]] = set()
+
+    @property
+    def ref_adapter(self) -> MemoryStorageAdapter:
+        adapter = self.ref.adapter
+        assert isinstance(adapter, MemoryStorageAdapter)
+        return adapter
+
+    @property
+    def lease_default(self) -> int:
+        return int(self.session.target.options.get("claim_lease_ms", 60_000))
+
+    def norm(self, rec: Any, backend_side: bool) -> Any:
+        """A record comparable across sides: generated claimants aliased, and without
+        times when the backend keeps its own clock."""
+        if not isinstance(rec, WaitRecord):
+            return rec
+        if backend_side and rec.claimant_id in self.alias:
+            rec = rec.replace(claimant_id=self.alias[rec.claimant_id])
+        if not self.clock_controlled:
+            rec = rec.replace(claimed_at=None, lease_expires_at=None, completed_at=None)
+        return rec.replace(event_payload=canon(rec.event_payload))
+
+    def norm_cp(self, cp: Any) -> Any:
+        if isinstance(cp, Checkpoint) and not self.clock_controlled:
+            return cp.replace(timestamp=0)
+        return cp
+
+    def explain(self, key: str, got: Any) -> str:
+        """The rule behind the reference's answer to ``get_wait_record(key)``, given the
+        backend's answer ``got``."""
+        now = self.now()
+        entry = self.ref_adapter._waits.get(key)
+        if entry is not None:
+            if entry.live(now):
+                return self.last_rule.get(key, "wait.roundtrip")
+            if isinstance(got, WaitRecord) and got.correlation_key == key:
+                return "wait.retention"
+        latest = self.ref_adapter._latest_wait_of_stack.get(key)
+        if latest is not None and latest in self.ref_adapter._waits:
+            if self.ref_adapter._waits[latest].live(now):
+                return "wait.by-stack"
+            if isinstance(got, WaitRecord) and got.correlation_key == latest:
+                return "wait.retention"
+        if any(stack == key for _, stack in self.cp_keys):
+            return "wait.checkpoint-fallback"
+        return "wait.roundtrip"
+
+    def by_key(self, side: str, key: str) -> WaitRecord | None:
+        """The record stored under correlation key ``key`` (through the public API, only
+        when the reference knows the key has one, so no other index answers instead)."""
+        adapter = self.backend.adapter if side == "backend" else self.ref.adapter
+        out = self.call(adapter.get_wait_record(key), "wait.roundtrip")
+        self.unexpected(out, "wait.roundtrip", f"get_wait_record({key!r})")
+        value: WaitRecord | None = out.value
+        return value
+
+    def ref_has(self, key: str) -> bool:
+        return self.ref_adapter._live_wait(key, self.now()) is not None
+
+    def compare_get(self, key: str, rule_hint: str | None = None) -> None:
+        got = self.call(self.backend.adapter.get_wait_record(key), "wait.roundtrip")
+        want = self.call(self.ref.adapter.get_wait_record(key), "wait.roundtrip")
+        self.unexpected(got, "wait.roundtrip", f"get_wait_record({key!r})")
+        if self.tainted:
+            return
+        if self.norm(got.value, True) != self.norm(want.value, False):
+            self.diverge(
+                rule_hint or self.explain(key, got.value),
+                f"get_wait_record({key!r}) {got!r}; reference {want!r}",
+            )
+
+    # -- rules --------------------------------------------------------------------------
+
+    @precondition(lambda self: self.live())
+    @rule(
+        target=saved,
+        key=st.sampled_from(KEYS),
+        stack=st.sampled_from(STACKS),
+        ns=NAMESPACES,
+        status=st.sampled_from(("waiting", "waiting", "waiting", "completed", "cancelled")),
+        deadline=st.sampled_from(("none", "past", "soon", "far", "far")),
+        ttl=st.sampled_from(("default", "long", "short")),
+        payload=json_values,
+    )
+    def save(
+        self,
+        key: str,
+        stack: str,
+        ns: str | None,
+        status: Any,
+        deadline: str,
+        ttl: str,
+        payload: Any,
+    ) -> Any:
+        now = self.now()
+        expires = {
+            "none": None,
+            "past": now - 600_000,
+            "far": now + 3_600_000,
+            "soon": now + 2_000 if self.clock_controlled else None,
+        }[deadline]
+        ttl_ms = {
+            "default": None,
+            "long": 7_200_000,
+            "short": 4_000 if self.clock_controlled else None,
+        }[ttl]
+        record = WaitRecord(
+            correlation_key=self.kk(key),
+            stack_id=self.kk(stack),
+            namespace=self.k(ns),
+            status=status,
+            step_id="step",
+            event_type="evt",
+            created_at=now,
+            expires_at=expires,
+            event_payload=payload,
+            metadata={"m": [1]},
+        )
+        got = self.call(
+            self.backend.adapter.save_wait_record(record, ttl_ms=ttl_ms), "wait.roundtrip"
+        )
+        want = self.call(self.ref.adapter.save_wait_record(record, ttl_ms=ttl_ms), "wait.roundtrip")
+        self.unexpected(got, "wait.roundtrip", "save_wait_record")
+        if self.tainted:
+            return key
+        assert want.ok, want
+        self.keys.add(record.correlation_key)
+        self.last_rule[record.correlation_key] = "wait.roundtrip"
+        self.holders.pop(record.correlation_key, None)
+        stored = self.by_key("backend", record.correlation_key)
+        self.direct(
+            stored is not None and self.norm(stored, True) == self.norm(record, False),
+            "wait.roundtrip",
+            f"saved {record!r}, read back {stored!r}",
+        )
+        self.compare_get(record.stack_id)
+        return key
+
+    @precondition(lambda self: self.live())
+    @rule(key=st.sampled_from(KEYS + STACKS + EMBED_ONLY))
+    def get(self, key: str) -> None:
+        self.compare_get(self.kk(key))
+
+    @precondition(lambda self: self.live())
+    @rule(
+        target=claimed,
+        key=st.one_of(saved, st.sampled_from(KEYS)),
+        who=CLAIMANTS,
+        allow_expired=st.booleans(),
+        payload=st.one_of(st.just(MISSING), json_values),
+        lease=st.sampled_from(("default", "short", "long")),
+    )
+    def claim(
+        self, key: str, who: str | None, allow_expired: bool, payload: Any, lease: str
+    ) -> Any:
+        ck = self.kk(key)
+        lease_ms = {
+            "default": None,
+            "long": 600_000,
+            "short": 1_500 if self.clock_controlled else None,
+        }[lease]
+        if who == "holder":
+            ref_who, be_who = self.holders.get(ck, ("c1", "c1"))
+        else:
+            ref_who = be_who = who  # type: ignore[assignment]
+        known = self.ref_has(ck)
+        ref_pre = self.ref_adapter._live_wait(ck, self.now())
+        pre = self.by_key("backend", ck) if known else None
+        got = self.call(
+            self.backend.adapter.claim_wait_record(
+                ck, be_who, allow_expired=allow_expired, event_payload=payload, lease_ms=lease_ms
+            ),
+            "wait.claim.once",
+        )
+        want = self.call(
+            self.ref.adapter.claim_wait_record(
+                ck, ref_who, allow_expired=allow_expired, event_payload=payload, lease_ms=lease_ms
+            ),
+            "wait.claim.once",
+        )
+        self.unexpected(got, "wait.claim.once", "claim_wait_record")
+        if self.tainted:
+            return multiple()
+        mine: WaitRecord | None = got.value
+        theirs: WaitRecord | None = want.value
+        now = self.now()
+        # Why the reference answered as it did.
+        reason = "wait.claim.once"
+        entry = self.ref_adapter._waits.get(ck)
+        if entry is not None and not entry.live(now):
+            reason = "wait.retention"
+        elif ref_pre is None or ref_pre.status in ("completed", "cancelled"):
+            reason = "wait.claim.refused"
+        elif ref_pre.status == "claimed" and ref_pre.claimant_id != ref_who:
+            reason = "wait.claim.lease" if ref_pre.lease_expired(now) else "wait.claim.refused"
+        elif ref_pre.status == "claimed":
+            reason = "wait.claim.refused"  # the claimant renewing its lease
+        if (
+            reason in ("wait.claim.once", "wait.claim.lease")
+            and ref_pre is not None
+            and (ref_pre.is_expired(now))
+        ):
+            reason = "wait.claim.expired"
+        note(f"# claim of a record {ref_pre and ref_pre.status} by {ref_who!r}: {reason}")
+        if mine is not None and who is None and mine.claimant_id and theirs is not None:
+            assert theirs.claimant_id is not None
+            self.alias[mine.claimant_id] = theirs.claimant_id
+        # Direct rules.
+        if mine is not None:
+            self.direct(
+                mine.status == "claimed" and mine.correlation_key == ck,
+                "wait.claim.once",
+                f"claim returned {mine!r}, not a claimed record of {ck!r}",
+            )
+            self.direct(
+                mine.claimant_id == be_who if be_who else bool(mine.claimant_id),
+                "wait.claim.once",
+                f"claimant_id {mine.claimant_id!r}, want {be_who!r}",
+            )
+            self.direct(
+                mine.claimed_at is not None
+                and mine.lease_expires_at == mine.claimed_at + (lease_ms or self.lease_default),
+                "wait.claim.once",
+                f"claimed_at {mine.claimed_at}, lease_expires_at {mine.lease_expires_at}, "
+                f"lease {lease_ms or self.lease_default} ms",
+            )
+            if pre is not None:
+                expected_payload = pre.event_payload if payload is MISSING else payload
+                self.direct(
+                    canon(mine.event_payload) == canon(expected_payload),
+                    "wait.claim.once",
+                    f"event_payload {mine.event_payload!r}, want {expected_payload!r}",
+                )
+                self.direct(
+                    not pre.is_expired(now) or allow_expired,
+                    "wait.claim.expired",
+                    f"claimed a record past its deadline without allow_expired: {pre!r}",
+                )
+                self.direct(
+                    pre.status not in ("completed", "cancelled"),
+                    "wait.claim.refused",
+                    f"claimed a {pre.status} record",
+                )
+            after = self.by_key("backend", ck)
+            self.direct(
+                after == mine,
+                "wait.claim.once",
+                f"claim returned {mine!r} but the store has {after!r}",
+            )
+        elif pre is not None:
+            after = self.by_key("backend", ck)
+            self.direct(
+                after == pre,
+                "wait.claim.refused",
+                f"a refused claim changed {pre!r} into {after!r}",
+            )
+        if self.tainted:
+            return multiple()
+        if self.norm(mine, True) != self.norm(theirs, False):
+            rule_id = reason
+            if mine is not None and theirs is not None:
+                rule_id = "wait.claim.once" if reason == "wait.claim.refused" else reason
+            self.diverge(
+                rule_id, f"claim_wait_record({ck!r}, {ref_who!r}) {got!r}; reference {want!r}"
+            )
+            return multiple()
+        if theirs is not None and mine is not None:
+            assert mine.claimant_id
+            assert theirs.claimant_id
+            self.holders[ck] = (theirs.claimant_id, mine.claimant_id)
+            self.last_rule[ck] = reason if reason != "wait.claim.refused" else "wait.claim.once"
+            return key
+        return multiple()
+
+    @precondition(lambda self: self.live())
+    @rule(key=st.one_of(claimed, saved), who=st.sampled_from(("holder", "holder", "c1", "c2")))
+    def complete(self, key: str, who: str) -> None:
+        ck = self.kk(key)
+        ref_who, be_who = self.holders.get(ck, ("c1", "c1")) if who == "holder" else (who, who)
+        known = self.ref_has(ck)
+        pre = self.by_key("backend", ck) if known else None
+        got = self.call(
+            self.backend.adapter.complete_wait_record(ck, be_who), "wait.complete.claimant"
+        )
+        want = self.call(
+            self.ref.adapter.complete_wait_record(ck, ref_who), "wait.complete.claimant"
+        )
+        if self.tainted:
+            return
+        for out in (got,):
+            if out.error is not None and not isinstance(out.error, WaitRecordClaimError):
+                self.diverge("wait.complete.claimant", f"complete raised {out.error!r}")
+                return
+        if pre is not None:
+            after = self.by_key("backend", ck)
+            if got.ok:
+                self.direct(
+                    pre.status == "claimed" and pre.claimant_id == be_who,
+                    "wait.complete.claimant",
+                    f"{be_who!r} completed a record {pre.status} by {pre.claimant_id!r}",
+                )
+                self.direct(
+                    after is not None and after.status == "completed",
+                    "wait.complete.claimant",
+                    f"after complete the record is {after!r}",
+                )
+            else:
+                self.direct(
+                    after == pre,
+                    "wait.complete.claimant",
+                    f"a refused complete changed {pre!r} into {after!r}",
+                )
+        if self.tainted:
+            return
+        entry = self.ref_adapter._waits.get(ck)
+        if got.ok != want.ok:
+            rule_id = (
+                "wait.retention"
+                if entry is not None and not entry.live(self.now())
+                else "wait.complete.claimant"
+            )
+            self.diverge(
+                rule_id, f"complete_wait_record({ck!r}, {be_who!r}) {got!r}; reference {want!r}"
+            )
+            return
+        if want.ok:
+            self.last_rule[ck] = "wait.complete.claimant"
+        self.compare_get(ck)
+
+    @precondition(lambda self: self.live())
+    @rule(key=st.one_of(saved, claimed))
+    def cancel(self, key: str) -> None:
+        ck = self.kk(key)
+        known = self.ref_has(ck)
+        pre = self.by_key("backend", ck) if known else None
+        got = self.call(self.backend.adapter.cancel_wait_record(ck), "wait.cancel")
+        want = self.call(self.ref.adapter.cancel_wait_record(ck), "wait.cancel")
+        self.unexpected(got, "wait.cancel", "cancel_wait_record")
+        if self.tainted:
+            return
+        if pre is not None:
+            after = self.by_key("backend", ck)
+            if got.value is True:
+                self.direct(
+                    pre.status in ("waiting", "claimed")
+                    and after is not None
+                    and after.status == "cancelled",
+                    "wait.cancel",
+                    f"cancel returned True: {pre!r} → {after!r}",
+                )
+            else:
+                self.direct(
+                    after == pre,
+                    "wait.cancel",
+                    f"cancel returned {got.value!r} but changed {pre!r} into {after!r}",
+                )
+        if self.tainted:
+            return
+        if got.value is not want.value:
+            entry = self.ref_adapter._waits.get(ck)
+            rule_id = (
+                "wait.retention"
+                if entry is not None and not entry.live(self.now())
+                else "wait.cancel"
+            )
+            self.diverge(rule_id, f"cancel_wait_record({ck!r}) {got!r}; reference {want!r}")
+            return
+        if want.value:
+            self.last_rule[ck] = "wait.cancel"
+        self.compare_get(ck)
+
+    @precondition(lambda self: self.live())
+    @rule(
+        key=saved,
+        who=CLAIMANTS,
+        completer=st.sampled_from(("holder", "c2")),
+        then_cancel=st.booleans(),
+    )
+    def claim_complete(self, key: str, who: str | None, completer: str, then_cancel: bool) -> None:
+        """A whole lifecycle in one step (hypothesis enables a random subset of rules per
+        example, so separate claim and complete steps rarely meet)."""
+        self.claim(key, who, False, MISSING, "default")
+        if not self.tainted:
+            self.complete(key, completer)
+        if then_cancel and not self.tainted:
+            self.cancel(key)
+
+    @precondition(lambda self: self.live() and self.declared(Capability.CHECKPOINTS))
+    @rule(
+        stack=st.sampled_from(STACKS + EMBED_ONLY),
+        ns=NAMESPACES,
+        status=st.sampled_from(("running", "waiting", "completed", "failed", "cancelled")),
+        embed=st.booleans(),
+    )
+    def save_checkpoint(self, stack: str, ns: str | None, status: Any, embed: bool) -> None:
+        key = (self.k(ns), self.kk(stack))
+        current = self.ref_adapter._live_checkpoint(key, self.now())
+        metadata = None
+        if embed:
+            embedded = WaitRecord(
+                correlation_key=self.kk("embedded"),
+                stack_id=key[1],
+                namespace=key[0],
+                event_type="evt",
+            )
+            metadata = {"waitRecord": embedded.to_wire()}
+        cp = Checkpoint(
+            stack_id=key[1],
+            namespace=key[0],
+            status=status,
+            revision=(current.revision if current else 0) + 1,
+            timestamp=self.now(),
+            metadata=metadata,
+        )
+        got = self.call(self.backend.adapter.save_checkpoint(cp), "checkpoint.roundtrip")
+        want = self.call(self.ref.adapter.save_checkpoint(cp), "checkpoint.roundtrip")
+        if self.tainted:
+            return
+        if got.kind() != want.kind():
+            self.diverge("checkpoint.occ.monotonic", f"save {got!r}; reference {want!r}")
+        self.cp_keys.add(key)
+
+    @precondition(lambda self: self.live())
+    @rule(stack=st.sampled_from(STACKS + EMBED_ONLY), ns=NAMESPACES)
+    def cancel_workflow(self, stack: str, ns: str | None) -> None:
+        sid, nsk = self.kk(stack), self.k(ns)
+        got = self.call(self.backend.adapter.cancel_workflow(sid, nsk), "wait.cancel-workflow")
+        want = self.call(self.ref.adapter.cancel_workflow(sid, nsk), "wait.cancel-workflow")
+        self.unexpected(got, "wait.cancel-workflow", "cancel_workflow")
+        if self.tainted:
+            return
+        assert want.ok, want
+        for ck in sorted(self.keys):
+            rec = self.ref_adapter._live_wait(ck, self.now())
+            if rec is not None and rec.stack_id == sid and rec.namespace == nsk:
+                self.last_rule[ck] = "wait.cancel-workflow"
+            self.compare_get(ck, "wait.cancel-workflow")
+            if self.tainted:
+                return
+        if self.declared(Capability.CHECKPOINTS):
+            for cns, cstack in sorted(self.cp_keys, key=repr):
+                mine = self.call(
+                    self.backend.adapter.get_checkpoint(cstack, cns, fallback=False),
+                    "wait.cancel-workflow",
+                )
+                theirs = self.ref_adapter._live_checkpoint((cns, cstack), self.now())
+                if self.norm_cp(mine.value) != self.norm_cp(theirs):
+                    self.diverge(
+                        "wait.cancel-workflow",
+                        f"after cancel_workflow({sid!r}, {nsk!r}) the checkpoint at "
+                        f"({cns!r}, {cstack!r}) is {mine!r}; reference {theirs!r}",
+                    )
+                    return
+
+    @precondition(lambda self: self.live() and self.clock_controlled)
+    @rule(ms=st.sampled_from((1, 1_000, 1_500, 2_000, 4_000, 60_000)))
+    def advance(self, ms: int) -> None:
+        assert self.session.clock is not None
+        self.session.clock.advance(ms)

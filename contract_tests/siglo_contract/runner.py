@@ -1,0 +1,283 @@
+"""Running the suite: :func:`run_contract` → a :class:`Report` with a verdict per rule."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+from xml.sax.saxutils import escape, quoteattr
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import run_state_machine_as_test
+
+from siglo.adapter import Capability
+from siglo.errors import CapabilityNotSupportedError
+from siglo_contract.registry import Check, CheckContext, RuleViolation
+from siglo_contract.rules import Rule, select_rules
+from siglo_contract.target import (
+    BackendFactory,
+    Session,
+    Target,
+    new_prefix,
+)
+
+__all__ = ["PROFILES", "Report", "RuleResult", "Verdict", "run_contract"]
+
+Verdict = Literal["pass", "FAIL", "not supported", "not run"]
+
+PROFILES: Final[dict[str, dict[str, int]]] = {
+    "ci": {"max_examples": 25, "stateful_step_count": 25},
+    "thorough": {"max_examples": 400, "stateful_step_count": 60},
+}
+"""Hypothesis budgets per state machine: ``ci`` (the default) keeps a whole run to
+seconds on local backends; ``thorough`` is for long runs."""
+
+_MAX_MACHINE_RERUNS: Final = 3
+
+
+@dataclass
+class RuleResult:
+    """The verdict on one rule, and for a failure the (shrunk) counter-example."""
+
+    rule: Rule
+    verdict: Verdict
+    detail: str = ""
+    checks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """What :func:`run_contract` found."""
+
+    target: str
+    seed: int
+    profile: str
+    results: dict[str, RuleResult]
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[RuleResult]:
+        """The rules that failed."""
+        return [r for r in self.results.values() if r.verdict == "FAIL"]
+
+    @property
+    def ok(self) -> bool:
+        """True when no rule failed (rules not supported are not failures)."""
+        return not self.failures
+
+    def verdict(self, rule_id: str) -> Verdict:
+        """The verdict on ``rule_id``."""
+        return self.results[rule_id].verdict
+
+    def to_junit_xml(self) -> str:
+        """A JUnit XML report: one test case per rule; not supported is skipped."""
+        cases = []
+        for res in self.results.values():
+            body = ""
+            if res.verdict == "FAIL":
+                first = res.detail.splitlines()[0] if res.detail else "failed"
+                body = f"<failure message={quoteattr(first)}>{escape(res.detail)}</failure>"
+            elif res.verdict != "pass":
+                body = f"<skipped message={quoteattr(res.verdict)}/>"
+            name = quoteattr(res.rule.id)
+            cases.append(f'  <testcase classname="siglo.contract" name={name}>{body}</testcase>')
+        failures = len(self.failures)
+        skipped = sum(r.verdict not in ("pass", "FAIL") for r in self.results.values())
+        return (
+            '<?xml version="1.0" encoding="utf-8"?>\n'
+            f"<testsuite name={quoteattr('siglo contract: ' + self.target)} "
+            f'tests="{len(self.results)}" failures="{failures}" skipped="{skipped}" '
+            f'time="{self.seconds:.3f}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+        )
+
+
+Progress = Callable[[str, Check, str], None]
+"""``progress(event, check, message)``; events are ``"start"``, ``"pass"``, ``"fail"``."""
+
+
+@dataclass
+class _CheckOutcome:
+    completed: bool = False
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def run_contract(
+    target: str | BackendFactory | Target,
+    *,
+    rules: Iterable[str] | None = None,
+    examples: int | None = None,
+    seed: int | None = None,
+    profile: str = "ci",
+    capabilities: Iterable[Capability | str] | None = None,
+    options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    keep_going: bool = True,
+) -> Report:
+    """Run the contract suite against ``target`` and return a verdict per adapter rule.
+
+    ``target`` is a backend URL (resolved through the plugin registry), a factory
+    ``(**options) -> siglo.Backend`` (called once per example; ``capabilities`` default to
+    what the backend declares), or a :class:`Target`. ``rules`` are glob patterns of rule
+    ids (``"checkpoint.*"``); ``examples`` overrides the profile's number of examples per
+    state machine; ``seed`` makes the run deterministic (a random one is picked and
+    reported otherwise). With ``keep_going`` (the default) a state machine that failed on
+    one rule is run again without that rule's comparisons, so the others get a verdict
+    too. ``options`` go to the backend's factory (defaults: :data:`DEFAULT_OPTIONS`).
+    Synchronous: call it outside a running event loop.
+    """
+    if seed is None:
+        seed = random.getrandbits(32)
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    if isinstance(target, Target):
+        tgt = target
+    elif isinstance(target, str):
+        tgt = Target.from_url(target, options=options)
+    else:
+        caps = None if capabilities is None else frozenset(Capability(c) for c in capabilities)
+        tgt = Target.from_factory(target, capabilities=caps, options=options)
+    selected = select_rules(rules)
+    selected_ids = {r.id for r in selected}
+    budget = dict(PROFILES[profile])
+    if examples is not None:
+        budget["max_examples"] = examples
+    hyp_settings = settings(
+        deadline=None,
+        database=None,
+        derandomize=False,
+        print_blob=False,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+        phases=[p for p in Phase if p is not Phase.explain],
+        max_examples=budget["max_examples"],
+        stateful_step_count=budget["stateful_step_count"],
+    )
+
+    from siglo_contract.checks import all_checks
+
+    started = time.monotonic()
+    outcomes: dict[str, _CheckOutcome] = {}
+    to_run = [
+        c
+        for c in all_checks()
+        if selected_ids.intersection(c.rules) and c.capabilities() <= tgt.capabilities
+    ]
+    loop = asyncio.new_event_loop()
+    try:
+        session = tgt.session()
+        loop.run_until_complete(session.__aenter__())
+        try:
+            for chk in to_run:
+                if progress:
+                    progress("start", chk, "")
+                if chk.machine is not None:
+                    out = _run_machine(chk, session, loop, hyp_settings, seed, keep_going)
+                else:
+                    random.seed(seed)
+                    out = _run_async_check(chk, session, loop)
+                outcomes[chk.name] = out
+                if progress:
+                    msg = ", ".join(sorted(out.failed))
+                    progress("fail" if out.failed else "pass", chk, msg)
+        finally:
+            loop.run_until_complete(session.__aexit__(None, None, None))
+    finally:
+        loop.close()
+
+    results: dict[str, RuleResult] = {}
+    for r in selected:
+        names = [c.name for c in to_run if r.id in c.rules]
+        if r.capability is not None and r.capability not in tgt.capabilities:
+            results[r.id] = RuleResult(
+                r, "not supported", f"capability {r.capability.value!r} not declared"
+            )
+            continue
+        failed = [o.failed[r.id] for o in outcomes.values() if r.id in o.failed]
+        if failed:
+            results[r.id] = RuleResult(r, "FAIL", failed[0], names)
+        elif any(outcomes[n].completed for n in names):
+            results[r.id] = RuleResult(r, "pass", "", names)
+        else:
+            results[r.id] = RuleResult(r, "not run", "no check of this rule completed", names)
+    return Report(tgt.label, seed, profile, results, time.monotonic() - started)
+
+
+def _describe(exc: BaseException) -> str:
+    notes = getattr(exc, "__notes__", [])
+    return "\n".join([str(exc), *notes])
+
+
+def _run_async_check(
+    chk: Check, session: Session, loop: asyncio.AbstractEventLoop
+) -> _CheckOutcome:
+    assert chk.fn is not None
+    out = _CheckOutcome()
+
+    async def body() -> None:
+        async with session.backend() as backend:
+            await chk.fn(CheckContext(session, backend, new_prefix()))  # type: ignore[misc]
+
+    try:
+        loop.run_until_complete(body())
+        out.completed = True
+    except RuleViolation as exc:
+        out.failed[exc.rule_id] = f"{chk.name}: {_describe(exc)}"
+    except CapabilityNotSupportedError as exc:
+        out.failed["capability.declared"] = f"[capability.declared] {chk.name}: {exc}"
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(exc, limit=-3))
+        out.failed[chk.rules[0]] = f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}"
+    return out
+
+
+def _run_machine(
+    chk: Check,
+    session: Session,
+    loop: asyncio.AbstractEventLoop,
+    hyp_settings: settings,
+    seed: int,
+    keep_going: bool,
+) -> _CheckOutcome:
+    from siglo_contract.machine_base import ContractMachine
+
+    assert chk.machine is not None
+    base = chk.machine()
+    out = _CheckOutcome()
+    skip: set[str] = set()
+    for _ in range(_MAX_MACHINE_RERUNS if keep_going else 1):
+        attrs = {"session": session, "loop": loop, "skip": frozenset(skip)}
+        machine_cls = type(base.__name__, (base,), attrs)
+        assert issubclass(machine_cls, ContractMachine)
+        machine_cls = hypothesis_seed(seed)(machine_cls)
+        lines: list[str] = []
+
+        def collect(line: object, sink: list[str] = lines) -> None:
+            sink.append(str(line))
+
+        try:
+            with with_reporter(collect):
+                run_state_machine_as_test(machine_cls, settings=hyp_settings)  # type: ignore[no-untyped-call,unused-ignore]  # untyped before hypothesis 6.16x
+        except RuleViolation as exc:
+            program = "\n".join(lines)
+            detail = (
+                f"{_describe(exc)}\nFalsifying program:\n{program}" if program else _describe(exc)
+            )
+            out.failed.setdefault(exc.rule_id, detail)
+            skip.add(exc.rule_id)
+            continue
+        except Exception as exc:
+            tb = "".join(traceback.format_exception(exc, limit=-4))
+            out.failed.setdefault(
+                chk.rules[0],
+                f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines),
+            )
+            break
+        out.completed = True
+        break
+    return out

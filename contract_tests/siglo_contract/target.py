@@ -1,0 +1,228 @@
+"""What the suite runs against: a URL resolved through the plugin registry, or a factory.
+
+A :class:`Target` opens a :class:`Session` for one run. The session hands out backends
+for checks and state-machine examples. Storage is isolated **per run** (the backend's
+``isolated`` factory: own key prefix, schema or temporary file) and every example gets a
+fresh random prefix for all its ids, which is cheap on every backend (a Postgres schema
+per example would cost ~50 ms). Backends without an ``isolated`` factory (``memory://``,
+a third party's factory) get a new backend per example instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from siglo.adapter import Capability
+from siglo.backend import Backend
+from siglo.clock import ManualClock
+from siglo.plugins import get_registry
+
+__all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
+
+PROCESSES: Final = 4
+"""How many processes race in the cross-process concurrency checks."""
+
+BackendFactory = Callable[..., Backend]
+"""``factory(**options) -> Backend``: a third party's adapter, or a broken one in tests."""
+
+DEFAULT_OPTIONS: Final[dict[str, Any]] = {
+    "checkpoint_ttl_ms": 86_400_000,
+    "cache_ttl_ms": 300_000,
+    "claim_lease_ms": 60_000,
+}
+"""Options passed to the backend under test *and* the reference, so their defaults agree."""
+
+
+def accepted_options(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The ``options`` that ``fn`` accepts by name (all of them if it takes ``**kwargs``),
+    so a backend without, say, wait records need not declare ``claim_lease_ms``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return options
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return options
+    names = {p.name for p in params}
+    return {k: v for k, v in options.items() if k in names}
+
+
+def connect_url(url: str, **options: Any) -> Backend:
+    """``siglo.connect(url, **options)``, passing only the options the factory accepts."""
+    factory = get_registry().for_url(url).load_factory()
+    backend: Backend = factory(url, **accepted_options(factory, options))
+    return backend
+
+
+def declared_capabilities(backend: Backend) -> frozenset[Capability]:
+    """What a backend object declares: its adapter's capabilities plus its coordination parts."""
+    caps = set(backend.adapter.capabilities)
+    if backend.idempotency is not None:
+        caps.add(Capability.IDEMPOTENCY)
+    if backend.lock is not None:
+        caps.add(Capability.LOCKS)
+    if backend.nonces is not None:
+        caps.add(Capability.NONCES)
+    return frozenset(caps)
+
+
+@dataclass
+class Target:
+    """A backend to check. Build with :meth:`from_url` or :meth:`from_factory`."""
+
+    label: str
+    capabilities: frozenset[Capability]
+    multiprocess: bool
+    url: str | None = None
+    factory: BackendFactory | None = None
+    isolated: Callable[..., AbstractAsyncContextManager[Backend]] | None = None
+    options: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_OPTIONS))
+
+    @property
+    def clock_controlled(self) -> bool:
+        """Whether the suite moves this backend's time with a :class:`ManualClock`."""
+        return Capability.CLOCK in self.capabilities
+
+    @classmethod
+    def from_url(cls, url: str, *, options: dict[str, Any] | None = None) -> Target:
+        """The backend registered for ``url``'s scheme, with its declared capabilities."""
+        spec = get_registry().for_url(url)
+        factory = spec.load_factory()
+        isolated = spec.load_isolated()
+
+        def make(**opts: Any) -> Backend:
+            backend: Backend = factory(url, **accepted_options(factory, opts))
+            return backend
+
+        def make_isolated(**opts: Any) -> AbstractAsyncContextManager[Backend]:
+            assert isolated is not None
+            cm: AbstractAsyncContextManager[Backend] = isolated(
+                url, **accepted_options(isolated, opts)
+            )
+            return cm
+
+        return cls(
+            label=url,
+            capabilities=spec.capabilities,
+            multiprocess=spec.multiprocess,
+            url=url,
+            factory=make,
+            isolated=make_isolated if isolated is not None else None,
+            options=dict(DEFAULT_OPTIONS if options is None else options),
+        )
+
+    @classmethod
+    def from_factory(
+        cls,
+        factory: BackendFactory,
+        *,
+        capabilities: frozenset[Capability] | None = None,
+        options: dict[str, Any] | None = None,
+        label: str | None = None,
+    ) -> Target:
+        """A backend made by ``factory(**options)``; capabilities default to what it declares.
+
+        The factory is called once per example, so each gets fresh storage.
+        """
+        opts = dict(DEFAULT_OPTIONS if options is None else options)
+        if capabilities is None:
+            probe = factory(**opts)
+            capabilities = declared_capabilities(probe)
+            with contextlib.suppress(Exception):
+                import asyncio
+
+                asyncio.run(probe.aclose())
+        return cls(
+            label=label or str(getattr(factory, "__qualname__", repr(factory))),
+            capabilities=frozenset(capabilities),
+            multiprocess=False,
+            factory=factory,
+            options=opts,
+        )
+
+    def session(self) -> Session:
+        """A session for one run (use as an async context manager)."""
+        return Session(self)
+
+
+class Session:
+    """One run's storage: a shared isolated backend, or a factory called per example."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.clock: ManualClock | None = ManualClock() if target.clock_controlled else None
+        self._stack = contextlib.AsyncExitStack()
+        self._shared: Backend | None = None
+        self._pool: Any = None
+
+    def backend_options(self) -> dict[str, Any]:
+        """Options for the backend under test (the clock too, when the suite controls it)."""
+        opts = dict(self.target.options)
+        if self.clock is not None:
+            opts["clock"] = self.clock
+        return opts
+
+    async def __aenter__(self) -> Session:
+        if self.target.isolated is not None:
+            self._shared = await self._stack.enter_async_context(
+                self.target.isolated(**self.backend_options())
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    @property
+    def shared_url(self) -> str | None:
+        """The URL other connections and processes use to reach this run's storage."""
+        if self._shared is not None and self._shared.url_shares_storage:
+            return self._shared.url
+        return None
+
+    @contextlib.asynccontextmanager
+    async def backend(self) -> AsyncIterator[Backend]:
+        """A backend for one check or example; its ids must use :func:`new_prefix`."""
+        if self._shared is not None:
+            yield self._shared
+            return
+        assert self.target.factory is not None
+        backend = self.target.factory(**self.backend_options())
+        try:
+            yield backend
+        finally:
+            await backend.aclose()
+
+    def process_pool(self) -> Any:
+        """Worker processes for cross-process checks (spawned once per run, warmed up)."""
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(
+                PROCESSES, mp_context=multiprocessing.get_context("spawn")
+            )
+            self._stack.callback(self._pool.shutdown, cancel_futures=True)
+        return self._pool
+
+    def open_backend(self) -> Backend:
+        """A new connection to this run's storage (the shared one when isolated)."""
+        if self._shared is not None:
+            return connect_url(self._shared.url, **self.backend_options())
+        raise RuntimeError("no shared storage: this target makes a backend per example")
+
+    def reference(self) -> Backend:
+        """A fresh in-memory reference backend with the same options and clock."""
+        from siglo_memory.connect import connect as memory_connect
+
+        opts = {k: v for k, v in self.target.options.items() if k in DEFAULT_OPTIONS}
+        return memory_connect("memory://", clock=self.clock or ManualClock(), **opts)
+
+
+def new_prefix() -> str:
+    """A random id prefix that keeps one example's data apart from every other's."""
+    return f"t{secrets.token_hex(4)}/"
