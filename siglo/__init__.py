@@ -41,6 +41,7 @@ from siglo.manager import (
     ErrorMode,
     StorageManager,
     StorageWarning,
+    default_error_mode,
     default_storage_manager,
     use_storage,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "WorkflowVersionMismatchException",
     "__version__",
     "connect",
+    "default_error_mode",
     "default_storage_manager",
     "flow",
     "use_storage",

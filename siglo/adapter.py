@@ -76,6 +76,9 @@ class StorageAdapter:
 
     name: ClassVar[str] = "adapter"
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    durable: ClassVar[bool] = True
+    """Whether what the adapter stores outlives the process. A
+    :class:`~siglo.StorageManager` over a durable adapter defaults to ``strict``."""
 
     def supports(self, capability: Capability | str) -> bool:
         """Whether this adapter declares ``capability``."""

@@ -31,6 +31,7 @@ __all__ = [
     "ErrorMode",
     "StorageManager",
     "StorageWarning",
+    "default_error_mode",
     "default_storage_manager",
     "use_storage",
 ]
@@ -39,6 +40,16 @@ logger = logging.getLogger("siglo")
 
 ErrorMode = Literal["best-effort", "warn", "strict"]
 ERROR_MODES: Final = frozenset(get_args(ErrorMode))
+
+
+def default_error_mode(adapter: StorageAdapter | None) -> ErrorMode:
+    """The error mode a manager gets when none is given (SPEC §4 "Safe default").
+
+    ``"strict"`` over a durable adapter (:attr:`StorageAdapter.durable`: every built-in
+    backend but ``memory://``), ``"best-effort"`` over ``memory://`` or no adapter, where
+    nothing outlives the process anyway.
+    """
+    return "strict" if adapter is not None and adapter.durable else "best-effort"
 
 
 class StorageWarning(UserWarning):
@@ -61,20 +72,28 @@ class StorageManager:
     :class:`~siglo.errors.CheckpointConflictError` is raised in every mode.
     ``namespace_fallback`` lets a namespaced load fall back to the un-namespaced
     checkpoint, as the seed does.
+
+    Without an explicit ``error_mode`` the manager is ``"strict"`` over a durable adapter
+    (every backend but ``memory://``) and ``"best-effort"`` over ``memory://`` or no
+    adapter — a deliberate difference from the TypeScript original, whose default is
+    always ``best-effort``: a user who connected a database never loses data silently.
+    The default follows :meth:`use_storage` until a mode is set explicitly.
     """
 
     def __init__(
         self,
         adapter: StorageAdapter | Backend | None = None,
         *,
-        error_mode: ErrorMode = "best-effort",
+        error_mode: ErrorMode | None = None,
         clock: Clock | None = None,
         namespace_fallback: bool = True,
     ) -> None:
         self._adapter: StorageAdapter | None = None
-        self.use_storage(adapter)
         self._error_mode: ErrorMode = "best-effort"
-        self.set_error_mode(error_mode)
+        self._explicit_mode = False
+        self.use_storage(adapter)
+        if error_mode is not None:
+            self.set_error_mode(error_mode)
         self.clock: Clock = clock or system_clock
         self.namespace_fallback = namespace_fallback
         self._stacks: dict[str, ExecutionStack] = {}
@@ -98,6 +117,8 @@ class StorageManager:
                 f"got {type(adapter).__name__}"
             )
         self._adapter = adapter
+        if not self._explicit_mode:
+            self._error_mode = default_error_mode(adapter)
 
     @property
     def error_mode(self) -> ErrorMode:
@@ -105,12 +126,16 @@ class StorageManager:
         return self._error_mode
 
     def set_error_mode(self, mode: ErrorMode) -> None:
-        """Set the error mode: ``"best-effort"``, ``"warn"`` or ``"strict"``."""
+        """Set the error mode: ``"best-effort"``, ``"warn"`` or ``"strict"``.
+
+        An explicit mode wins over the default of :func:`default_error_mode` from then on.
+        """
         if mode not in ERROR_MODES:
             raise InvalidArgumentError(
                 f"error mode must be one of {', '.join(sorted(ERROR_MODES))}, got {mode!r}"
             )
         self._error_mode = mode
+        self._explicit_mode = True
 
     def _supports(self, capability: Capability) -> StorageAdapter | None:
         adapter = self._adapter

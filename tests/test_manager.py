@@ -225,7 +225,7 @@ async def test_background_conflict_surfaces_from_the_next_awaited_call(
 async def test_best_effort_swallows_adapter_failures() -> None:
     adapter = RecordingAdapter()
     adapter.fail = ConnectionError("connection refused")
-    manager = StorageManager(adapter)
+    manager = StorageManager(adapter, error_mode="best-effort")
     manager.create_stack("s")
     cp = await manager.save_checkpoint("s")
     assert cp.revision == 1
@@ -233,6 +233,52 @@ async def test_best_effort_swallows_adapter_failures() -> None:
     await manager.flush()
     assert await manager.load_checkpoint("s") is None
     assert await manager.clean_expired_checkpoints() == 0
+
+
+@pytest.mark.rule("manager.error-mode.default")
+async def test_a_durable_adapter_is_strict_by_default() -> None:
+    adapter = RecordingAdapter()  # durable, as every adapter but memory:// is
+    adapter.fail = ConnectionError("connection refused")
+    manager = StorageManager(adapter)
+    assert manager.error_mode == "strict"
+    manager.create_stack("s")
+    with pytest.raises(StorageAdapterError, match="connection refused"):
+        await manager.save_checkpoint("s")
+
+
+@pytest.mark.rule("manager.error-mode.default")
+def test_memory_and_no_adapter_stay_best_effort(memory: siglo.Backend) -> None:
+    assert StorageManager().error_mode == "best-effort"
+    assert StorageManager(memory).error_mode == "best-effort"
+    assert siglo.default_error_mode(memory.adapter) == "best-effort"
+    assert siglo.default_error_mode(RecordingAdapter()) == "strict"
+
+
+@pytest.mark.rule("manager.error-mode.default")
+@pytest.mark.parametrize("url", ["sqlite://", "redis://127.0.0.1:6379/0"])
+async def test_built_in_durable_backends_are_strict_by_default(url: str) -> None:
+    backend = siglo.connect(url)
+    try:
+        assert StorageManager(backend).error_mode == "strict"
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.rule("manager.error-mode.default")
+def test_the_default_follows_use_storage_until_a_mode_is_set(memory: siglo.Backend) -> None:
+    manager = StorageManager()
+    manager.use_storage(RecordingAdapter())
+    assert manager.error_mode == "strict"
+    manager.use_storage(memory)
+    assert manager.error_mode == "best-effort"
+    manager.set_error_mode("warn")
+    manager.use_storage(RecordingAdapter())
+    assert manager.error_mode == "warn"
+    # An explicit mode wins, in either direction.
+    assert StorageManager(RecordingAdapter(), error_mode="best-effort").error_mode == (
+        "best-effort"
+    )
+    assert StorageManager(memory, error_mode="strict").error_mode == "strict"
 
 
 @pytest.mark.rule("manager.error-mode")

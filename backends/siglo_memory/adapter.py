@@ -75,6 +75,7 @@ class MemoryStorageAdapter(StorageAdapter):
     """
 
     name: ClassVar[str] = "memory"
+    durable: ClassVar[bool] = False  # nothing outlives the process: best-effort by default
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.CHECKPOINTS,

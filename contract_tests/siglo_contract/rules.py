@@ -139,6 +139,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("manager.background.order", "background saves reach the adapter in order"),
     _core("manager.conflict.always", "conflicts are raised in every error mode"),
     _core("manager.error-mode", "adapter failures follow the error mode"),
+    _core("manager.error-mode.default", "strict by default over a durable backend"),
     _core("manager.restore.namespace", "restore refuses a namespace mismatch"),
     _core("manager.context-stream", "context mutations are streamed in order"),
     _core("manager.status", "status transitions follow the lifecycle"),
