@@ -7,6 +7,9 @@ siglo's own options can ride in the URL's query string, so that
     replaces the leading ``siglo:`` of every key (tests isolate with it);
 ``cluster``
     ``true`` to connect a :class:`redis.asyncio.RedisCluster` (seed nodes from the URL);
+``auto_pipeline``
+    ``false`` to send each command on its own pooled connection instead of writing
+    concurrent commands together (:mod:`siglo_redis.pipelining`; default ``true``);
 ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``, ``workflow_lock_ttl_ms``,
 ``workflow_lock_timeout_ms``, ``command_timeout_ms``, ``idempotency_ttl_ms``
     integers (``none`` for no checkpoint retention / no command timeout);
@@ -66,6 +69,7 @@ def _integer(name: str, value: Any) -> int | None:
 _OPTIONS: Final[dict[str, Callable[[str, Any], Any]]] = {
     "prefix": lambda _n, v: v,
     "cluster": _boolean,
+    "auto_pipeline": _boolean,
     "checkpoint_ttl_ms": _integer,
     "cache_ttl_ms": _integer,
     "claim_lease_ms": _integer,
@@ -98,11 +102,14 @@ def client_from_url(
     *,
     cluster: bool | None = None,
     command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    auto_pipeline: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """A ``redis.asyncio`` client for ``url`` with bounded timeouts and retries.
 
-    siglo's query parameters are ignored here except ``cluster``. ``command_timeout_ms``
+    Unless ``auto_pipeline`` is false, concurrent single commands on the client share
+    socket writes and reads (:mod:`siglo_redis.pipelining`). siglo's query parameters
+    are ignored here except ``cluster`` and ``auto_pipeline``. ``command_timeout_ms``
     is the bound the siglo classes using the client put on every call: when there is
     none, the client gets a 5 s ``socket_timeout`` so that no read waits forever (redis-py
     arms a timer for every read and starts a task for every write under a socket
@@ -112,9 +119,15 @@ def client_from_url(
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialWithJitterBackoff
 
+    from siglo_redis.pipelining import AutoPipelinedRedis, AutoPipelinedRedisCluster
+
     driver_url, ours = _split(url)
     if cluster is None:
         cluster = bool(ours.get("cluster", False))
+    if auto_pipeline is None:
+        auto_pipeline = bool(ours.get("auto_pipeline", True))
+    redis_class: Any = AutoPipelinedRedis if auto_pipeline else redis.asyncio.Redis
+    cluster_class: Any = AutoPipelinedRedisCluster if auto_pipeline else redis.asyncio.RedisCluster
     query = dict(parse_qsl(urlsplit(driver_url).query))
     if "socket_connect_timeout" not in query:
         kwargs.setdefault("socket_connect_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
@@ -122,20 +135,20 @@ def client_from_url(
         _warn_if_cluster_driver_is_unsafe(redis.__version__)
         # No socket_timeout here: it makes redis-py 7's RedisCluster fail concurrent
         # first commands; command_timeout_ms bounds every call anyway.
-        return redis.asyncio.RedisCluster.from_url(driver_url, **kwargs)
+        return cluster_class.from_url(driver_url, **kwargs)
     if "socket_timeout" not in query and command_timeout_ms is None:
         kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     # A few quick retries ride out a blip; a dead server fails in well under a second.
     kwargs.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 3))
     if "max_connections" in query or "max_connections" in kwargs:
-        return redis.asyncio.Redis.from_url(driver_url, **kwargs)
+        return redis_class.from_url(driver_url, **kwargs)
     # A bounded pool that makes callers queue: a burst of thousands of concurrent calls
     # reuses a few dozen sockets instead of opening one each (command_timeout_ms still
     # bounds the wait).
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         driver_url, max_connections=_DEFAULT_MAX_CONNECTIONS, timeout=None, **kwargs
     )
-    return redis.asyncio.Redis.from_pool(pool)
+    return redis_class.from_pool(pool)
 
 
 def _warn_if_cluster_driver_is_unsafe(version: str) -> None:
@@ -174,12 +187,15 @@ def connect(
         "prefix", settings.pop("prefix", settings.pop("key_prefix", DEFAULT_PREFIX))
     )
     cluster = bool(settings.pop("cluster", False))
+    auto_pipeline = bool(settings.pop("auto_pipeline", True))
     strict = bool(settings.pop("strict_atomicity", False))
     idempotency_ttl_ms = settings.pop("idempotency_ttl_ms", None)
     timeout = settings.get("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS)
     owned = client is None
     if client is None:
-        client = client_from_url(url, cluster=cluster, command_timeout_ms=timeout)
+        client = client_from_url(
+            url, cluster=cluster, command_timeout_ms=timeout, auto_pipeline=auto_pipeline
+        )
     keys = KeySpace(prefix)
     # A client that has not connected yet holds no sockets: if an option is rejected
     # below, dropping it is enough.

@@ -1,0 +1,294 @@
+"""Auto-pipelining (siglo_redis.pipelining) against real Redis servers.
+
+The shared server for the ordinary cases (each test under its own key prefix); a private
+server on a loopback port where a connection is killed; the 3-master loopback cluster
+for per-node batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from _redis_helpers import (
+    REDIS_URL,
+    RedisServer,
+    free_port,
+    free_ports,
+    require_redis,
+    start_cluster,
+)
+
+from siglo.checkpoint import Checkpoint
+from siglo.errors import StorageAdapterError
+from siglo_redis import isolated
+from siglo_redis.commands import Commands
+from siglo_redis.connect import client_from_url
+from siglo_redis.pipelining import AutoPipelinedRedis, AutoPipelinedRedisCluster
+
+# A Lua script that keeps Redis busy for about ARGV[1] milliseconds, then returns 'done'.
+_SPIN = """
+local t = redis.call('TIME')
+local start = t[1] * 1000 + t[2] / 1000
+repeat
+  t = redis.call('TIME')
+until t[1] * 1000 + t[2] / 1000 - start >= tonumber(ARGV[1])
+return 'done'
+"""
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Any]:
+    require_redis()
+    c = client_from_url(REDIS_URL)
+    try:
+        yield c
+    finally:
+        await c.aclose()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"siglo-test-{uuid.uuid4().hex[:12]}:"
+
+
+async def _cleanup(client: Any, prefix: str) -> None:
+    keys = [k async for k in client.scan_iter(match=prefix + "*")]
+    if keys:
+        await client.delete(*keys)
+
+
+async def test_built_clients_pipeline_unless_told_not_to() -> None:
+    assert isinstance(client_from_url(REDIS_URL), AutoPipelinedRedis)
+    plain = client_from_url(REDIS_URL + "?auto_pipeline=false")
+    assert not isinstance(plain, AutoPipelinedRedis)
+    assert isinstance(client_from_url(REDIS_URL, cluster=True), AutoPipelinedRedisCluster)
+
+
+async def test_concurrent_calls_share_writes_and_get_their_own_replies(
+    client: Any, prefix: str
+) -> None:
+    try:
+        await asyncio.gather(*(client.set(f"{prefix}{i}", f"v{i}") for i in range(200)))
+        pipe = client._auto_pipeline
+        before = pipe.writes
+        got = await asyncio.gather(*(client.get(f"{prefix}{i}") for i in range(200)))
+        assert got == [f"v{i}".encode() for i in range(200)]
+        # 200 calls issued in one loop turn: one lone write, then one batch.
+        assert pipe.writes - before <= 3
+    finally:
+        await _cleanup(client, prefix)
+
+
+async def test_sequential_calls_are_written_at_once(client: Any, prefix: str) -> None:
+    try:
+        await client.set(prefix + "k", "1")
+        pipe = client._auto_pipeline
+        before = pipe.writes
+        for _ in range(20):
+            assert await client.get(prefix + "k") == b"1"
+        assert pipe.writes - before == 20
+    finally:
+        await _cleanup(client, prefix)
+
+
+async def test_an_error_in_the_middle_of_a_batch_fails_only_its_call(
+    client: Any, prefix: str
+) -> None:
+    import redis
+
+    try:
+        await client.set(prefix + "s", "text")
+        results = await asyncio.gather(
+            client.set(prefix + "a", "1"),
+            client.hget(prefix + "s", "field"),  # WRONGTYPE
+            client.eval("return redis.error_reply('boom')", 0),
+            client.incr(prefix + "a"),
+            client.get(prefix + "a"),
+            return_exceptions=True,
+        )
+        assert results[0] is True
+        assert isinstance(results[1], redis.ResponseError)
+        assert "WRONGTYPE" in str(results[1])
+        assert isinstance(results[2], redis.ResponseError)
+        assert "boom" in str(results[2])
+        assert results[3] == 2
+        assert results[4] == b"2"
+    finally:
+        await _cleanup(client, prefix)
+
+
+async def test_a_call_cancelled_before_its_write_never_runs(client: Any, prefix: str) -> None:
+    try:
+        await client.set(prefix + "n", "0")
+        first = asyncio.ensure_future(client.eval(_SPIN, 0, 50))
+        await asyncio.sleep(0.01)  # the spin is written and running
+        queued = asyncio.ensure_future(client.incr(prefix + "n"))
+        await asyncio.sleep(0)  # queued behind it, not yet written
+        queued.cancel()
+        assert await first == b"done"
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert await client.get(prefix + "n") == b"0"
+    finally:
+        await _cleanup(client, prefix)
+
+
+async def test_a_call_cancelled_after_its_write_leaves_the_stream_in_step(
+    client: Any, prefix: str
+) -> None:
+    try:
+        await client.set(prefix + "x", "x-value")
+        spin = asyncio.ensure_future(client.eval(_SPIN, 0, 80))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        written = asyncio.ensure_future(client.get(prefix + "x"))
+        await asyncio.sleep(0.02)  # both written; Redis still spinning
+        written.cancel()
+        spin.cancel()
+        await asyncio.gather(spin, written, return_exceptions=True)
+        # The dropped replies were read and discarded: the next calls get their own.
+        assert await client.set(prefix + "y", "y-value") is True
+        assert await asyncio.gather(client.get(prefix + "y"), client.get(prefix + "x")) == [
+            b"y-value",
+            b"x-value",
+        ]
+    finally:
+        await _cleanup(client, prefix)
+
+
+async def test_deadlines_time_out_a_pipelined_call_and_later_calls_still_match(
+    client: Any, prefix: str
+) -> None:
+    commands = Commands(client, command_timeout_ms=30)
+    try:
+        await client.set(prefix + "k", "v")
+        with pytest.raises(StorageAdapterError, match="timed out"):
+            await commands.call("EVAL", client.eval(_SPIN, 0, 200))
+        await asyncio.sleep(0.3)  # Redis is busy with the spin until then
+        late = await asyncio.gather(*(commands.get(prefix + "k") for _ in range(5)))
+        assert late == [b"v"] * 5
+    finally:
+        await _cleanup(client, prefix)
+
+
+async def test_siglo_backend_under_32_callers_stores_every_checkpoint() -> None:
+    require_redis()
+    async with isolated(REDIS_URL) as backend:
+        adapter = backend.adapter
+
+        async def writer(w: int) -> None:
+            for r in range(1, 21):
+                cp = Checkpoint(
+                    stack_id=f"s{w}", revision=r, timestamp=r, contexts={"c": {"w": w, "r": r}}
+                )
+                await adapter.save_checkpoint(cp)
+                got = await adapter.get_checkpoint(f"s{w}")
+                assert got is not None
+                assert (got.revision, got.contexts) == (r, {"c": {"w": w, "r": r}})
+
+        await asyncio.gather(*(writer(w) for w in range(32)))
+        assert isinstance(adapter.client, AutoPipelinedRedis)  # type: ignore[attr-defined]
+        assert adapter.client._auto_pipeline.writes < 32 * 40  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    server = RedisServer(free_port(30100, 30200)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def _kill_pipeline_connection(client: Any, server: RedisServer) -> None:
+    """``CLIENT KILL`` the pipeline's socket, from another connection (own server only)."""
+    import redis.asyncio
+
+    conn = client._auto_pipeline._conn
+    host, port = conn._writer.get_extra_info("sockname")[:2]
+    killer = redis.asyncio.Redis.from_url(server.url)
+    try:
+        assert await killer.client_kill_filter(_id=None, addr=f"{host}:{port}") == 1
+    finally:
+        await killer.aclose()
+
+
+async def test_a_lost_connection_fails_in_flight_calls_and_later_calls_reconnect(
+    own_server: RedisServer,
+) -> None:
+    import redis
+
+    client = client_from_url(own_server.url, retry=None)
+    try:
+        await client.set("k", "v")
+        own_server.pause()  # the calls below are written and never answered
+        in_flight = [asyncio.ensure_future(client.get("k")) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        own_server.kill()
+        results = await asyncio.gather(*in_flight, return_exceptions=True)
+        assert all(isinstance(r, redis.ConnectionError) for r in results), results
+        own_server.start()
+        assert await asyncio.gather(*(client.set(f"k{i}", i) for i in range(10))) == [True] * 10
+        assert await client.get("k9") == b"9"
+    finally:
+        await client.aclose()
+
+
+async def test_a_lost_connection_is_retried_by_the_clients_policy(
+    own_server: RedisServer,
+) -> None:
+    client = client_from_url(own_server.url)  # siglo's default: 3 quick retries
+    try:
+        await client.set("k", "v")
+        await _kill_pipeline_connection(client, own_server)
+        assert await asyncio.gather(*(client.get("k") for _ in range(10))) == [b"v"] * 10
+    finally:
+        await client.aclose()
+
+
+async def test_a_killed_server_fails_calls_with_storage_adapter_error(
+    own_server: RedisServer,
+) -> None:
+    async with isolated(own_server.url) as backend:
+        cp = Checkpoint(stack_id="s", revision=1, timestamp=1, contexts={"c": {}})
+        await backend.adapter.save_checkpoint(cp)
+        own_server.kill()
+        results = await asyncio.gather(
+            *(backend.adapter.get_checkpoint("s") for _ in range(8)), return_exceptions=True
+        )
+        assert all(isinstance(r, StorageAdapterError) for r in results), results
+        own_server.start()
+        found = await backend.adapter.get_checkpoint("s")
+        assert found is None  # a fresh server (no persistence): reached again, empty
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    ports = free_ports(30200, 30300, 6)
+    for _ in start_cluster(ports[:3], ports[3:]):
+        yield f"redis://127.0.0.1:{ports[0]}/0?cluster=true"
+
+
+@pytest.mark.redis_cluster
+async def test_cluster_batches_per_node(cluster_url: str) -> None:
+    async with isolated(cluster_url) as backend:
+        client = backend.adapter.client  # type: ignore[attr-defined]
+        assert isinstance(client, AutoPipelinedRedisCluster)
+
+        async def writer(w: int) -> None:
+            for r in range(1, 11):
+                cp = Checkpoint(stack_id=f"s{w}", revision=r, timestamp=r, contexts={"c": {}})
+                await backend.adapter.save_checkpoint(cp)
+                got = await backend.adapter.get_checkpoint(f"s{w}")
+                assert got is not None
+                assert got.revision == r
+
+        await asyncio.gather(*(writer(w) for w in range(48)))
+        pipes = client._node_pipelines
+        # 48 stacks hash to every master: one pipeline per node, each batching.
+        assert len(pipes) == 3
+        assert sum(p.writes for p in pipes.values()) < 48 * 20
