@@ -22,6 +22,7 @@ from _redis_helpers import (
     start_cluster,
 )
 
+import siglo
 from siglo.checkpoint import Checkpoint
 from siglo.errors import StorageAdapterError
 from siglo_redis import isolated
@@ -66,6 +67,12 @@ async def test_built_clients_pipeline_unless_told_not_to() -> None:
     plain = client_from_url(REDIS_URL + "?auto_pipeline=false")
     assert not isinstance(plain, AutoPipelinedRedis)
     assert isinstance(client_from_url(REDIS_URL, cluster=True), AutoPipelinedRedisCluster)
+    backend = siglo.connect(REDIS_URL, auto_pipeline=False)
+    try:
+        assert not isinstance(backend.adapter.client, AutoPipelinedRedis)  # type: ignore[attr-defined]
+        assert "auto_pipeline=false" in backend.url
+    finally:
+        await backend.aclose()
 
 
 async def test_concurrent_calls_share_writes_and_get_their_own_replies(
