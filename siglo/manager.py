@@ -22,7 +22,7 @@ from siglo.errors import (
     UnknownStackError,
 )
 from siglo.records import ContextChangeEvent, ContextOp
-from siglo.redaction import redact_contexts
+from siglo.redaction import REDACTED, check_redact_fields, redact, redact_contexts
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id, require_ttl_ms
 
@@ -40,6 +40,9 @@ logger = logging.getLogger("siglo")
 
 ErrorMode = Literal["best-effort", "warn", "strict"]
 ERROR_MODES: Final = frozenset(get_args(ErrorMode))
+
+MAX_DEFERRED_STACKS: Final = 10_000
+"""How many stacks' background failures strict mode keeps for their next call."""
 
 
 def default_error_mode(adapter: StorageAdapter | None) -> ErrorMode:
@@ -68,10 +71,15 @@ class StorageManager:
     ``error_mode`` decides what an adapter failure does (seed 000 §5): ``"best-effort"``
     swallows it, ``"warn"`` logs it to the ``siglo`` logger and issues a
     :class:`StorageWarning`, ``"strict"`` raises :class:`~siglo.errors.StorageAdapterError`
-    — for a background save, from the next awaited manager call or :meth:`flush`. A
-    :class:`~siglo.errors.CheckpointConflictError` is raised in every mode.
-    ``namespace_fallback`` lets a namespaced load fall back to the un-namespaced
-    checkpoint, as the seed does.
+    — for a background save or stream, once, from the next awaited manager call for that
+    stack or from :meth:`flush`. A :class:`~siglo.errors.CheckpointConflictError` is
+    raised in every mode. ``namespace_fallback`` lets a namespaced load fall back to the
+    un-namespaced checkpoint, as the seed does.
+
+    ``redact_fields`` names context keys whose values never leave the process: they are
+    ``"[REDACTED]"``, at any depth, in every snapshot, in the context-change stream and
+    in event payloads a flow stores in wait records. Keys a stack was created with, or
+    that a :meth:`checkpoint` call named, are redacted from then on for that stack too.
 
     Without an explicit ``error_mode`` the manager is ``"strict"`` over a durable adapter
     (every backend but ``memory://``) and ``"best-effort"`` over ``memory://`` or no
@@ -87,8 +95,10 @@ class StorageManager:
         error_mode: ErrorMode | None = None,
         clock: Clock | None = None,
         namespace_fallback: bool = True,
+        redact_fields: Collection[str] = (),
     ) -> None:
         self._adapter: StorageAdapter | None = None
+        self._redact_fields = check_redact_fields(redact_fields)
         self._error_mode: ErrorMode = "best-effort"
         self._explicit_mode = False
         self.use_storage(adapter)
@@ -98,7 +108,11 @@ class StorageManager:
         self.namespace_fallback = namespace_fallback
         self._stacks: dict[str, ExecutionStack] = {}
         self._jobs = SerialJobs()
-        self._deferred: list[BaseException] = []
+        # One background failure per stack, raised once (SPEC §4): a stack's first
+        # failure waits for that stack's next call or flush(); later ones are counted
+        # on it, so the store of failures is bounded by the stacks that failed.
+        self._deferred: dict[str, BaseException] = {}
+        self._more_failures: dict[str, int] = {}
 
     # -- configuration -------------------------------------------------------------------
 
@@ -137,6 +151,28 @@ class StorageManager:
         self._error_mode = mode
         self._explicit_mode = True
 
+    @property
+    def redact_fields(self) -> frozenset[str]:
+        """Context keys redacted from everything every stack sends out (see the class)."""
+        return self._redact_fields
+
+    def set_redact_fields(self, fields: Collection[str]) -> None:
+        """Replace the manager-wide redacted keys (stacks keep the ones they added)."""
+        self._redact_fields = check_redact_fields(fields)
+
+    def redact(self, value: Any, stack_id: str | None = None) -> Any:
+        """``value`` as siglo would store it: a copy with the redacted keys replaced.
+
+        Uses the manager's keys, plus those of the live stack ``stack_id`` if given.
+        """
+        fields = self._fields_of(self._stacks.get(stack_id) if stack_id is not None else None)
+        return redact(value, fields) if fields else value
+
+    def _fields_of(self, stack: ExecutionStack | None) -> frozenset[str]:
+        if stack is None or not stack.redact_fields:
+            return self._redact_fields
+        return self._redact_fields | stack.redact_fields
+
     def _supports(self, capability: Capability) -> StorageAdapter | None:
         adapter = self._adapter
         return adapter if adapter is not None and adapter.supports(capability) else None
@@ -151,12 +187,18 @@ class StorageManager:
         namespace: str | None = None,
         type: str = "execution",
         metadata: Mapping[str, Any] | None = None,
+        redact_fields: Collection[str] = (),
     ) -> ExecutionStack:
-        """Start a live stack (``stack_id`` defaults to a new UUID) with status running."""
+        """Start a live stack (``stack_id`` defaults to a new UUID) with status running.
+
+        ``redact_fields`` adds keys redacted from everything this stack sends out, on top
+        of the manager's.
+        """
         stack_id = require_id("stack_id", stack_id if stack_id is not None else str(uuid.uuid4()))
         require_optional_id("workflow_id", workflow_id)
         require_optional_id("namespace", namespace)
         require_id("type", type)
+        fields = check_redact_fields(redact_fields)
         if stack_id in self._stacks:
             raise InvalidArgumentError(f"a live stack with id {stack_id!r} already exists")
         stack = ExecutionStack(
@@ -166,6 +208,7 @@ class StorageManager:
             namespace=namespace,
             type=type,
             metadata=dict(metadata or {}),
+            redact_fields=fields,
         )
         self._stacks[stack_id] = stack
         return stack
@@ -192,23 +235,34 @@ class StorageManager:
         adapter = self._supports(Capability.CONTEXT_STREAM)
         if adapter is None:
             return
-        event = ContextChangeEvent(
-            stack_id=stack.stack_id,
-            step_id=step_id,
-            key=key,
-            value=value,
-            op=op,
-            namespace=stack.namespace,
-            revision=stack.revision,
-            timestamp=self.clock.now_ms(),
-        )
+        fields = self._fields_of(stack)
+        revision = stack.revision
+        now = self.clock.now_ms()
 
         async def stream() -> None:
             try:
+                # Redacted here, in the job, like the encoding: a value too deep to
+                # redact fails this stream (raised for the stack), not the caller's set().
+                if key in fields and op == "set":
+                    sent: Any = REDACTED
+                else:
+                    sent = redact(value, fields) if fields else value
+                event = ContextChangeEvent(
+                    stack_id=stack.stack_id,
+                    step_id=step_id,
+                    key=key,
+                    value=sent,
+                    op=op,
+                    namespace=stack.namespace,
+                    revision=revision,
+                    timestamp=now,
+                )
                 await adapter.on_context_change(event)
             except Exception as exc:
                 self._handle_failure(
-                    exc, f"streaming a context change of {stack.stack_id!r}", background=True
+                    exc,
+                    f"streaming a context change of {stack.stack_id!r}",
+                    background=stack.stack_id,
                 )
 
         self._jobs.submit(stack.stack_id, stream)
@@ -230,8 +284,7 @@ class StorageManager:
                 f"expected_revision must be a non-negative integer, got {expected_revision!r}"
             )
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
-        if isinstance(redact_fields, str):
-            raise InvalidArgumentError("redact_fields must be a collection of names, not a string")
+        named = check_redact_fields(redact_fields)
         revision = stack.revision + 1
         if expected_revision is not None and revision <= expected_revision:
             raise InvalidArgumentError(
@@ -239,11 +292,12 @@ class StorageManager:
                 f"revision {stack.revision}; restore the latest checkpoint first"
             )
         now = self.clock.now_ms()
-        contexts = (
-            redact_contexts(stack.contexts, frozenset(redact_fields))
-            if redact_fields
-            else stack.contexts
-        )
+        # Keys once named for a stack stay redacted: its later stream events and
+        # snapshots must not send what an earlier snapshot withheld.
+        if not named <= stack.redact_fields:
+            stack.redact_fields = stack.redact_fields | named
+        fields = self._fields_of(stack)
+        contexts = redact_contexts(stack.contexts, fields) if fields else stack.contexts
         wire: dict[str, Any] = {
             "version": CHECKPOINT_VERSION,
             "schemaVersion": SCHEMA_VERSION,
@@ -295,7 +349,9 @@ class StorageManager:
                 try:
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
                 except Exception as exc:
-                    self._handle_failure(exc, f"saving checkpoint of {stack_id!r}", background=True)
+                    self._handle_failure(
+                        exc, f"saving checkpoint of {stack_id!r}", background=stack_id
+                    )
 
             self._jobs.submit(stack_id, save)
         return checkpoint
@@ -314,9 +370,8 @@ class StorageManager:
         :class:`~siglo.errors.CheckpointConflictError` on a lost compare-and-set, and
         :class:`~siglo.errors.StorageAdapterError` on an adapter failure in strict mode.
         """
-        self._raise_deferred()
         await self._jobs.drain(stack_id)
-        self._raise_deferred()
+        self._raise_deferred(stack_id)
         checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is not None:
@@ -374,13 +429,13 @@ class StorageManager:
         self, stack_id: str, *, namespace: str | None = None
     ) -> Checkpoint | None:
         """The stored checkpoint of a stack, or ``None`` (also for a swallowed failure)."""
-        self._raise_deferred()
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
+        await self._jobs.drain(stack_id)
+        self._raise_deferred(stack_id)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is None:
             return None
-        await self._jobs.drain(stack_id)
         try:
             return await adapter.get_checkpoint(
                 stack_id, namespace, fallback=self.namespace_fallback
@@ -398,7 +453,6 @@ class StorageManager:
 
     async def clean_expired_checkpoints(self) -> int:
         """Ask the adapter to remove expired checkpoints; returns how many it removed."""
-        self._raise_deferred()
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is None:
             return 0
@@ -409,16 +463,32 @@ class StorageManager:
             return 0
 
     async def flush(self) -> None:
-        """Wait for every background save and stream, then raise what they deferred."""
+        """Wait for every background save and stream, then raise what they deferred.
+
+        Raises the first stack's failure, with a note naming the other stacks that
+        failed; every deferred failure is then cleared (each is raised once).
+        """
         await self._jobs.drain()
-        self._raise_deferred()
+        if not self._deferred:
+            return
+        failures, self._deferred = self._deferred, {}
+        more, self._more_failures = self._more_failures, {}
+        (first_stack, exc), *others = failures.items()
+        self._note_more(exc, more.get(first_stack, 0))
+        if others:
+            names = ", ".join(repr(stack_id) for stack_id, _ in others[:10])
+            if len(others) > 10:
+                names += f" and {len(others) - 10} more"
+            exc.add_note(f"background failures of other stacks were also cleared: {names}")
+        raise exc
 
     # -- failures ---------------------------------------------------------------------------
 
-    def _handle_failure(self, exc: Exception, doing: str, *, background: bool = False) -> None:
+    def _handle_failure(self, exc: Exception, doing: str, *, background: str | None = None) -> None:
+        """Apply the error mode; ``background`` is the stack id of a background job."""
         if not _is_adapter_failure(exc):
-            if background:
-                self._deferred.append(exc)
+            if background is not None:
+                self._defer(background, exc)
                 return
             raise exc
         if not isinstance(exc, StorageAdapterError):
@@ -426,19 +496,36 @@ class StorageManager:
             wrapped.__cause__ = exc
             exc = wrapped
         if self._error_mode == "strict":
-            if background:
-                self._deferred.append(exc)
+            if background is not None:
+                self._defer(background, exc)
                 return
             raise exc
         if self._error_mode == "warn":
             logger.warning("siglo: %s failed: %s", doing, exc, exc_info=exc)
             warnings.warn(f"siglo: {doing} failed: {exc}", StorageWarning, stacklevel=2)
 
-    def _raise_deferred(self) -> None:
-        if self._deferred:
-            exc = self._deferred.pop(0)
-            if self._deferred:
-                exc.add_note(f"{len(self._deferred)} more background failure(s) are queued")
+    def _defer(self, stack_id: str, exc: BaseException) -> None:
+        if stack_id not in self._deferred and len(self._deferred) >= MAX_DEFERRED_STACKS:
+            # Bounded even when a whole fleet of stacks fails during an outage: past the
+            # cap a failure is logged, not kept (a failure is never silent in strict mode).
+            logger.error("siglo: background failure of stack %r: %s", stack_id, exc)
+            return
+        if stack_id in self._deferred:
+            # The first failure is the one to report; the rest are counted, not kept.
+            self._more_failures[stack_id] = self._more_failures.get(stack_id, 0) + 1
+        else:
+            self._deferred[stack_id] = exc
+
+    @staticmethod
+    def _note_more(exc: BaseException, more: int) -> None:
+        if more:
+            exc.add_note(f"{more} later background failure(s) of this stack were dropped")
+
+    def _raise_deferred(self, stack_id: str) -> None:
+        """Raise (and forget) the failure a background job of ``stack_id`` deferred."""
+        exc = self._deferred.pop(stack_id, None)
+        if exc is not None:
+            self._note_more(exc, self._more_failures.pop(stack_id, 0))
             raise exc
 
 

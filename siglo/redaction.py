@@ -1,13 +1,39 @@
-"""Field redaction for checkpoint snapshots (seed 000 §4, SPEC §4)."""
+"""Field redaction for everything siglo sends out of the process (seed 000 §4, SPEC §4)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-__all__ = ["REDACTED", "redact", "redact_contexts"]
+from siglo.errors import InvalidArgumentError
+
+__all__ = ["MAX_REDACTION_DEPTH", "REDACTED", "check_redact_fields", "redact", "redact_contexts"]
 
 REDACTED: Final = "[REDACTED]"
+
+MAX_REDACTION_DEPTH: Final = 10_000
+"""Containers nested deeper than this are refused (a cycle is infinitely deep).
+
+JSON encoding refuses far less deep documents anyway (orjson stops at 255 levels), so
+the limit never refuses a value that could have been stored; it only turns a cycle or a
+pathological value into a clear error instead of an endless walk.
+"""
+
+
+def check_redact_fields(fields: Any) -> frozenset[str]:
+    """``fields`` as a frozenset of names; a bare string or a non-string name is refused."""
+    if isinstance(fields, str | bytes):
+        raise InvalidArgumentError("redact_fields must be a collection of names, not a string")
+    try:
+        names = frozenset(fields)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"redact_fields must be a collection of names, got {type(fields).__name__}"
+        ) from None
+    for name in names:
+        if type(name) is not str:
+            raise InvalidArgumentError(f"redact_fields names must be strings, got {name!r}")
+    return names
 
 
 def redact(value: Any, fields: Collection[str]) -> Any:
@@ -15,12 +41,44 @@ def redact(value: Any, fields: Collection[str]) -> Any:
 
     Applies at any depth: nested objects and objects inside lists and tuples. Values
     that are not containers are returned as they are; ``value`` itself is not changed.
+    The walk is iterative, so a deeply nested value cannot exhaust Python's stack; a
+    value nested deeper than :data:`MAX_REDACTION_DEPTH` (or holding a cycle) raises
+    :class:`~siglo.errors.InvalidArgumentError`.
     """
-    if isinstance(value, Mapping):
-        return {k: REDACTED if k in fields else redact(v, fields) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v, fields) for v in value]
-    return value
+    if not isinstance(value, Mapping | list | tuple):
+        return value
+    root = _empty_copy(value)
+    # Each entry: a source container, the copy being filled, and its depth.
+    todo: list[tuple[Any, Any, int]] = [(value, root, 1)]
+    while todo:
+        source, copy, depth = todo.pop()
+        if depth > MAX_REDACTION_DEPTH:
+            raise InvalidArgumentError(
+                f"a value to redact is nested deeper than {MAX_REDACTION_DEPTH} levels "
+                "(or contains a cycle); it cannot be stored as JSON"
+            )
+        if isinstance(source, Mapping):
+            for key, item in source.items():
+                if key in fields:
+                    copy[key] = REDACTED
+                else:
+                    copy[key] = _child(item, depth, todo)
+        else:
+            copy.extend(_child(item, depth, todo) for item in source)
+    return root
+
+
+def _empty_copy(container: Any) -> Any:
+    return {} if isinstance(container, Mapping) else []
+
+
+def _child(item: Any, depth: int, todo: list[tuple[Any, Any, int]]) -> Any:
+    """``item`` itself, or an empty copy queued to be filled (containers)."""
+    if isinstance(item, Mapping | list | tuple):
+        copy = _empty_copy(item)
+        todo.append((item, copy, depth + 1))
+        return copy
+    return item
 
 
 def redact_contexts(

@@ -44,6 +44,8 @@ class ExecutionStack:
     chains: list[str] = field(default_factory=list)
     contexts: dict[str, dict[str, Any]] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    redact_fields: frozenset[str] = frozenset()
+    """Keys redacted from this stack's snapshots and stream, beside the manager's."""
 
     def context(self, step_id: str) -> dict[str, Any]:
         """A step's context (created empty on first use). Mutate it with :meth:`set`."""

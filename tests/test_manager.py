@@ -217,8 +217,11 @@ async def test_background_conflict_surfaces_from_the_next_awaited_call(
     await writer_a.save_checkpoint("s", expected_revision=0)
     writer_b.checkpoint("s", expected_revision=0)  # loses in the background
     await asyncio.sleep(0.01)
+    # SPEC §4: raised to the next call for THAT stack, never to an unrelated one.
+    assert await writer_b.load_checkpoint("other") is None
     with pytest.raises(CheckpointConflictError):
-        await writer_b.load_checkpoint("other")
+        await writer_b.load_checkpoint("s")
+    await writer_b.flush()  # raised once, then gone
 
 
 @pytest.mark.rule("manager.error-mode")

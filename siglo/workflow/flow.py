@@ -133,31 +133,49 @@ class Flow:
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
         record = await adapter.claim_wait_record(
-            correlation_key, claimant_id, event_payload=payload, allow_expired=allow_expired
+            correlation_key,
+            claimant_id,
+            # The payload becomes context: what leaves the process is redacted.
+            event_payload=manager.redact(payload),
+            allow_expired=allow_expired,
         )
         if record is None:
-            raise WaitRecordClaimError(
-                f"no claimable wait for event {correlation_key!r}: unknown, already "
-                "delivered, cancelled, or past its deadline (pass allow_expired=True)"
-            )
+            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key))
         claimant = record.claimant_id
         assert claimant is not None  # a successful claim always names its claimant
+        started = False
 
         async def resume_with_event() -> Any:
+            nonlocal started
             stack = await self._restore(manager, record.stack_id, record.namespace)
             step = record.step_id or self._waiting_step(stack)[0]
             stack.set(step, EVENT, payload)
             if stack.status == "waiting":
                 stack.transition("running")
+            started = True
             try:
                 return await self._continue(manager, stack)
             finally:
                 manager.discard_stack(stack.stack_id)
                 await adapter.complete_wait_record(correlation_key, claimant)
 
-        if adapter.supports(Capability.WORKFLOW_LOCK):
-            return await adapter.with_workflow_lock(record.stack_id, resume_with_event)
-        return await resume_with_event()
+        try:
+            if adapter.supports(Capability.WORKFLOW_LOCK):
+                return await adapter.with_workflow_lock(record.stack_id, resume_with_event)
+            return await resume_with_event()
+        except BaseException as refused:
+            if not started:
+                # Refused before the run began (a changed flow, no checkpoint, a busy
+                # lock): the event was not consumed, so the wait must not stay claimed
+                # for the whole lease. Put it back to waiting for the next delivery.
+                try:
+                    await _release_claim(adapter, record)
+                except Exception as exc:
+                    refused.add_note(
+                        f"the claim on {correlation_key!r} could not be released ({exc}); "
+                        "it frees itself when its lease ends"
+                    )
+            raise
 
     # -- internals ------------------------------------------------------------------
 
@@ -175,7 +193,8 @@ class Flow:
                 raise WorkflowVersionMismatchError(
                     f"workflow {stack_id!r} was checkpointed by flow version {stored!r}; "
                     f"this flow is version {self.version!r} (its steps changed). Register "
-                    f"a migration with flow.with_migration({stored!r}, fn)."
+                    f"a migration with flow.with_migration({stored!r}, fn), or resume it "
+                    "with the flow that wrote it; a pending event stays deliverable."
                 )
             migrate(stack)
             stack.metadata["flowVersion"] = self.version
@@ -303,6 +322,52 @@ class Flow:
         stack.metadata["waitRecord"] = record.to_wire()
         stack.transition("waiting")
         await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+
+
+async def _why_unclaimable(adapter: StorageAdapter, correlation_key: str) -> str:
+    """The reason a claim was refused, and what to do about it, for the error message."""
+    record = await adapter.get_wait_record(correlation_key)
+    if record is not None and record.correlation_key != correlation_key:
+        record = None  # the latest wait of a stack with this id, not the wait of this key
+    head = f"no claimable wait for event {correlation_key!r}"
+    if record is None:
+        return f"{head}: no wait has this correlation key (never saved, or past its retention)"
+    if record.status == "completed":
+        return f"{head}: it was already delivered"
+    if record.status == "cancelled":
+        return f"{head}: the wait was cancelled"
+    if record.status == "claimed":
+        return (
+            f"{head}: another delivery holds its claim until {record.lease_expires_at} "
+            "(epoch ms); deliver again after that if it does not complete"
+        )
+    if record.expires_at is not None:
+        return (
+            f"{head}: it passed its deadline ({record.expires_at}, epoch ms); "
+            "pass allow_expired=True to deliver it late"
+        )
+    return f"{head}: it changed while being claimed; deliver again"
+
+
+async def _release_claim(adapter: StorageAdapter, claimed: WaitRecord) -> None:
+    """Put a wait this delivery claimed back to ``waiting`` (if the claim is still ours)."""
+    current = await adapter.get_wait_record(claimed.correlation_key)
+    if (
+        current is None
+        or current.correlation_key != claimed.correlation_key
+        or current.status != "claimed"
+        or current.claimant_id != claimed.claimant_id
+    ):
+        return  # completed, cancelled or taken over meanwhile: not ours to release
+    await adapter.save_wait_record(
+        current.replace(
+            status="waiting",
+            claimant_id=None,
+            claimed_at=None,
+            lease_expires_at=None,
+            event_payload=None,
+        )
+    )
 
 
 def _require(manager: StorageManager, capability: Capability) -> StorageAdapter:

@@ -1,0 +1,118 @@
+"""Redaction covers every way out of the process (SPEC §4, issue 11 defect 1).
+
+A secret under a redacted key must never reach storage by any path: checkpoints, the
+context-change stream, event payloads a flow stores in wait records — read back as the
+raw bytes of every backend — nor the log output.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from raw_storage import KINDS, any_backend, raw_bytes
+
+import siglo
+from siglo import REDACTED, Step, StorageManager, flow, wait_for_event
+from siglo.errors import InvalidArgumentError
+from siglo.redaction import MAX_REDACTION_DEPTH, redact
+
+SECRETS = {
+    "password": "hunter2-PASSWORD-5f1c",
+    "apiKey": "sk-live-APIKEY-77aa",
+    "event": "EVENT-SECRET-0b9e",
+    "sticky": "STICKY-TOKEN-c3d2",
+}
+VISIBLE = "visible-marker-4242"
+
+
+async def _login(_: Any) -> dict[str, Any]:
+    event = await wait_for_event("approve:redaction")
+    return {"approved": event}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_no_secret_reaches_raw_storage_or_logs(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend, error_mode="strict", redact_fields={"password", "apiKey"})
+
+        # Checkpoints and the stream of a namespaced stack, secrets at any depth.
+        stack = manager.create_stack("redaction-1", namespace="tenant-a")
+        stack.set("login", "user", VISIBLE)
+        stack.set("login", "password", SECRETS["password"])
+        stack.set("login", "profile", {"keys": [{"apiKey": SECRETS["apiKey"]}], "n": 1})
+        manager.checkpoint("redaction-1")
+        await manager.save_checkpoint("redaction-1", ttl_ms=60_000)
+
+        # A key named only on one checkpoint call stays redacted for that stack.
+        other = manager.create_stack("redaction-2")
+        other.set("s", "token", "not-yet-secret")
+        await manager.save_checkpoint("redaction-2", redact_fields={"token"})
+        other.set("s", "token", SECRETS["sticky"])
+        await manager.save_checkpoint("redaction-2")
+
+        # An event payload a flow stores in its wait record and in the step's context.
+        login = flow(Step.create("login", _login), name="redaction-flow")
+        with pytest.raises(siglo.WorkflowSuspended):
+            await login.run(None, manager=manager, stack_id="redaction-3")
+        result = await login.deliver(
+            "approve:redaction", {"password": SECRETS["event"], "ok": True}, manager=manager
+        )
+        # The live run saw the real value; only what left the process is redacted.
+        assert result == {"approved": {"password": SECRETS["event"], "ok": True}}
+        await manager.flush()
+
+        # The adapter reads the redaction back through its own API too.
+        adapter = backend.adapter
+        stream = await adapter.get_context_changes("redaction-1", "login", "tenant-a")
+        assert stream["password"] == REDACTED
+        assert stream["profile"] == {"keys": [{"apiKey": REDACTED}], "n": 1}
+        assert (await adapter.get_context_changes("redaction-2", "s"))["token"] == REDACTED
+        record = await adapter.get_wait_record("approve:redaction")
+        assert record is not None and record.event_payload == {"password": REDACTED, "ok": True}
+
+        raw = await raw_bytes(kind, backend)
+        assert VISIBLE.encode() in raw, "the raw dump does not read the stored data"
+        for name, secret in SECRETS.items():
+            assert secret.encode() not in raw, f"{name} secret found in raw {kind} storage"
+    for name, secret in SECRETS.items():
+        assert secret not in caplog.text, f"{name} secret found in the log output"
+    # The live stacks kept their values.
+    assert stack.contexts["login"]["password"] == SECRETS["password"]
+
+
+def test_redacting_a_10000_deep_context_is_a_clear_error_not_a_recursion_error() -> None:
+    deep: Any = {"password": "x"}
+    for _ in range(10_000):
+        deep = {"child": deep}
+    manager = StorageManager(redact_fields={"password"})
+    stack = manager.create_stack("deep")
+    stack.context("s")["value"] = deep
+    with pytest.raises(InvalidArgumentError):
+        manager.checkpoint("deep")
+    assert stack.revision == 0  # nothing was taken
+
+
+def test_redact_is_iterative_and_refuses_cycles() -> None:
+    deep: Any = {"password": "x"}
+    for _ in range(MAX_REDACTION_DEPTH - 2):
+        deep = [deep]
+    out = redact(deep, {"password"})
+    for _ in range(MAX_REDACTION_DEPTH - 2):
+        out = out[0]
+    assert out == {"password": REDACTED}
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    with pytest.raises(InvalidArgumentError, match="cycle"):
+        redact(cyclic, {"password"})
+
+
+def test_redact_fields_must_be_names() -> None:
+    with pytest.raises(InvalidArgumentError):
+        StorageManager(redact_fields="password")
+    with pytest.raises(InvalidArgumentError):
+        StorageManager(redact_fields=[1])  # type: ignore[list-item]
