@@ -1,7 +1,13 @@
 """The storage adapter contract (seed 000 §6), snake_case and async.
 
+Every public method checks its arguments here, once for every backend, and then calls a
+protected hook of the same name with a ``_do_`` prefix (``save_checkpoint`` →
+``_do_save_checkpoint``). A backend implements only the hooks, and each hook receives
+arguments already checked: bad input is refused the same way everywhere, before
+anything is read or written.
+
 Every method is optional. An adapter says which parts it implements in
-:attr:`StorageAdapter.capabilities`; the base class answers the rest with
+:attr:`StorageAdapter.capabilities`; a hook it does not implement raises
 :class:`~siglo.errors.CapabilityNotSupportedError`. The contract suite checks that a
 declared capability is really implemented, and reports an undeclared one as "not
 supported" rather than passed. The rules every method obeys are on ``docs/contract.md``.
@@ -13,10 +19,18 @@ import enum
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final, TypeVar
 
+from siglo import codec
 from siglo.checkpoint import Checkpoint
-from siglo.errors import CapabilityNotSupportedError
+from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
+from siglo.validation import (
+    check_save_arguments,
+    check_wait_record,
+    require_id,
+    require_optional_id,
+    require_ttl_ms,
+)
 
 __all__ = ["CAPABILITY_METHODS", "Capability", "StorageAdapter"]
 
@@ -69,8 +83,9 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
 class StorageAdapter:
     """Base class of storage adapters.
 
-    Subclasses set :attr:`name` and :attr:`capabilities` and override the methods of the
-    capabilities they declare. Methods of undeclared capabilities raise
+    Subclasses set :attr:`name` and :attr:`capabilities` and implement the ``_do_…``
+    hooks of the capabilities they declare; the public methods check their arguments
+    and call those hooks. A hook not implemented raises
     :class:`~siglo.errors.CapabilityNotSupportedError`.
     """
 
@@ -84,6 +99,18 @@ class StorageAdapter:
         """Whether this adapter declares ``capability``."""
         return Capability(capability) in self.capabilities
 
+    def implements(self, method: str) -> bool:
+        """Whether this adapter's class implements the contract method ``method``.
+
+        True when its ``_do_<method>`` hook is overridden (or, for an adapter written
+        before the hooks, the public method itself).
+        """
+        cls = type(self)
+        hook = "_do_" + method
+        return getattr(cls, hook) is not getattr(StorageAdapter, hook) or getattr(
+            cls, method
+        ) is not getattr(StorageAdapter, method)
+
     def _unsupported(self, method: str) -> CapabilityNotSupportedError:
         return CapabilityNotSupportedError(
             f"storage adapter {self.name!r} does not implement {method}()"
@@ -93,13 +120,20 @@ class StorageAdapter:
 
     async def on_context_change(self, event: ContextChangeEvent) -> None:
         """Record one context mutation (non-blocking telemetry: must not raise on I/O)."""
-        raise self._unsupported("on_context_change")
+        if not isinstance(event, ContextChangeEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
+            )
+        await self._do_on_context_change(event)
 
     async def get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
     ) -> dict[str, Any]:
         """The latest recorded value of every field of one step's context stream."""
-        raise self._unsupported("get_context_changes")
+        require_id("stack_id", stack_id)
+        require_id("step_id", step_id)
+        require_optional_id("namespace", namespace)
+        return await self._do_get_context_changes(stack_id, step_id, namespace)
 
     # -- 2. checkpointing ------------------------------------------------------------
 
@@ -113,7 +147,8 @@ class StorageAdapter:
         must be greater than the stored one. Otherwise raises
         :class:`~siglo.errors.CheckpointConflictError` and stores nothing.
         """
-        raise self._unsupported("save_checkpoint")
+        check_save_arguments(checkpoint, expected_revision)
+        await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
@@ -123,11 +158,13 @@ class StorageAdapter:
         With a ``namespace``, looks there first and, when ``fallback`` is true, then at
         the un-namespaced checkpoint (seed 001 §5). Expired checkpoints are never returned.
         """
-        raise self._unsupported("get_checkpoint")
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        return await self._do_get_checkpoint(stack_id, namespace, fallback=fallback)
 
     async def clean_expired_checkpoints(self) -> int:
         """Delete expired checkpoints; return how many (0 for native-expiry stores)."""
-        raise self._unsupported("clean_expired_checkpoints")
+        return await self._do_clean_expired_checkpoints()
 
     # -- 3. durable waits ------------------------------------------------------------
 
@@ -138,11 +175,14 @@ class StorageAdapter:
         past it the record is gone. It is distinct from the wait's deadline
         ``record.expires_at``.
         """
-        raise self._unsupported("save_wait_record")
+        check_wait_record(record)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        await self._do_save_wait_record(record, ttl_ms=ttl_ms)
 
     async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
         """The record with this correlation key, else the latest saved for this stack id."""
-        raise self._unsupported("get_wait_record")
+        require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
+        return await self._do_get_wait_record(correlation_key_or_stack_id)
 
     async def claim_wait_record(
         self,
@@ -159,22 +199,38 @@ class StorageAdapter:
         completed, cancelled, claimed under a live lease by another claimant, or past its
         deadline without ``allow_expired``). Exactly one concurrent caller wins.
         """
-        raise self._unsupported("claim_wait_record")
+        require_id("correlation_key", correlation_key)
+        require_optional_id("claimant_id", claimant_id)
+        require_ttl_ms("lease_ms", lease_ms, optional=True)
+        if event_payload is not MISSING:
+            codec.dumps(event_payload, what="event_payload")  # JSON data, or refused here
+        return await self._do_claim_wait_record(
+            correlation_key,
+            claimant_id,
+            allow_expired=allow_expired,
+            event_payload=event_payload,
+            lease_ms=lease_ms,
+        )
 
     async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
         """Mark a claimed record completed; only its claimant may.
 
         Raises :class:`~siglo.errors.WaitRecordClaimError` otherwise, changing nothing.
         """
-        raise self._unsupported("complete_wait_record")
+        require_id("correlation_key", correlation_key)
+        require_id("claimant_id", claimant_id)
+        await self._do_complete_wait_record(correlation_key, claimant_id)
 
     async def cancel_wait_record(self, correlation_key: str) -> bool:
         """Cancel a waiting or claimed record; ``True`` if it was cancelled by this call."""
-        raise self._unsupported("cancel_wait_record")
+        require_id("correlation_key", correlation_key)
+        return await self._do_cancel_wait_record(correlation_key)
 
     async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
         """Cancel every open wait of the stack and mark its checkpoint ``cancelled``."""
-        raise self._unsupported("cancel_workflow")
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        await self._do_cancel_workflow(stack_id, namespace)
 
     async def with_workflow_lock(
         self,
@@ -188,25 +244,97 @@ class StorageAdapter:
         Waits up to ``timeout_ms`` (``None``: the adapter's default) for the lock, then
         raises :class:`~siglo.errors.LockNotAcquiredError`.
         """
-        raise self._unsupported("with_workflow_lock")
+        require_id("stack_id", stack_id)
+        require_ttl_ms("timeout_ms", timeout_ms, optional=True)
+        return await self._do_with_workflow_lock(stack_id, action, timeout_ms=timeout_ms)
 
     # -- 4. step cache ---------------------------------------------------------------
 
     async def get_cached_step(self, key: str) -> Any | Missing:
         """The cached value, or :data:`~siglo.MISSING` (a cached ``None`` is a hit)."""
-        raise self._unsupported("get_cached_step")
+        require_id("key", key)
+        return await self._do_get_cached_step(key)
 
     async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         """Cache ``value`` for ``ttl_ms`` (``None``: the adapter's default)."""
-        raise self._unsupported("set_cached_step")
+        require_id("key", key)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        await self._do_set_cached_step(key, value, ttl_ms)
 
     # -- 5. telemetry ------------------------------------------------------------------
 
     async def on_cache_event(self, event: CacheEvent) -> None:
         """Accept a cache telemetry event; it never changes stored state."""
-        raise self._unsupported("on_cache_event")
+        if not isinstance(event, CacheEvent):
+            raise InvalidArgumentError(
+                f"event must be a siglo.CacheEvent, got {type(event).__name__}"
+            )
+        await self._do_on_cache_event(event)
 
     # -- life cycle --------------------------------------------------------------------
 
     async def aclose(self) -> None:
         """Release connections. The default does nothing."""
+
+    # -- hooks a backend implements (arguments already checked) ----------------------
+
+    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
+        raise self._unsupported("on_context_change")
+
+    async def _do_get_context_changes(
+        self, stack_id: str, step_id: str, namespace: str | None
+    ) -> dict[str, Any]:
+        raise self._unsupported("get_context_changes")
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None
+    ) -> None:
+        raise self._unsupported("save_checkpoint")
+
+    async def _do_get_checkpoint(
+        self, stack_id: str, namespace: str | None, *, fallback: bool
+    ) -> Checkpoint | None:
+        raise self._unsupported("get_checkpoint")
+
+    async def _do_clean_expired_checkpoints(self) -> int:
+        raise self._unsupported("clean_expired_checkpoints")
+
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> None:
+        raise self._unsupported("save_wait_record")
+
+    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        raise self._unsupported("get_wait_record")
+
+    async def _do_claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None,
+        *,
+        allow_expired: bool,
+        event_payload: Any,
+        lease_ms: int | None,
+    ) -> WaitRecord | None:
+        raise self._unsupported("claim_wait_record")
+
+    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+        raise self._unsupported("complete_wait_record")
+
+    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
+        raise self._unsupported("cancel_wait_record")
+
+    async def _do_cancel_workflow(self, stack_id: str, namespace: str | None) -> None:
+        raise self._unsupported("cancel_workflow")
+
+    async def _do_with_workflow_lock(
+        self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None
+    ) -> T:
+        raise self._unsupported("with_workflow_lock")
+
+    async def _do_get_cached_step(self, key: str) -> Any | Missing:
+        raise self._unsupported("get_cached_step")
+
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None) -> None:
+        raise self._unsupported("set_cached_step")
+
+    async def _do_on_cache_event(self, event: CacheEvent) -> None:
+        raise self._unsupported("on_cache_event")

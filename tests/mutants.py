@@ -13,10 +13,9 @@ from typing import Any, TypeVar
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
-from siglo.coordination import LockResult, nonce_ttl_ms
+from siglo.coordination import LockResult
 from siglo.errors import InvalidArgumentError
 from siglo.records import CacheEvent, ContextChangeEvent
-from siglo.validation import check_save_arguments
 from siglo_memory import connect as memory_connect
 from siglo_memory.adapter import MemoryStorageAdapter, _Entry
 from siglo_memory.coordination import (
@@ -62,20 +61,20 @@ def _factory(
 
 
 class DropsExtraFields(MemoryStorageAdapter):
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        cp = await super().get_checkpoint(stack_id, namespace, fallback=fallback)
+        cp = await super()._do_get_checkpoint(stack_id, namespace, fallback=fallback)
         return None if cp is None else cp.replace(extra={})
 
 
 class GhostCheckpoint(MemoryStorageAdapter):
     """A stack never saved reads as an empty revision-0 checkpoint."""
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        cp = await super().get_checkpoint(stack_id, namespace, fallback=fallback)
+        cp = await super()._do_get_checkpoint(stack_id, namespace, fallback=fallback)
         if cp is None:
             return Checkpoint(
                 stack_id=stack_id, namespace=namespace, revision=0, timestamp=self.clock.now_ms()
@@ -86,25 +85,24 @@ class GhostCheckpoint(MemoryStorageAdapter):
 class AbsentIsNotZero(MemoryStorageAdapter):
     """With expected_revision=0 a save of a new stack conflicts (absent taken as None)."""
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
         if expected_revision == 0:
             now = self.clock.now_ms()
             if self._live_checkpoint((checkpoint.namespace, checkpoint.stack_id), now) is None:
                 raise CheckpointConflictError(checkpoint.stack_id, None, 0, checkpoint.revision)
-        await super().save_checkpoint(checkpoint, expected_revision=expected_revision)
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
 
 class IgnoresExpectedRevision(MemoryStorageAdapter):
     """A save with expected_revision stores whatever is stored."""
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        check_save_arguments(checkpoint, expected_revision)
         if expected_revision is None:
-            await super().save_checkpoint(checkpoint)
+            await super()._do_save_checkpoint(checkpoint)
             return
         key = (checkpoint.namespace, checkpoint.stack_id)
         self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
@@ -113,7 +111,7 @@ class IgnoresExpectedRevision(MemoryStorageAdapter):
 class AllowsSidewaysSave(MemoryStorageAdapter):
     """Without expected_revision, a save of the stored revision is accepted."""
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
         if expected_revision is None:
@@ -125,13 +123,13 @@ class AllowsSidewaysSave(MemoryStorageAdapter):
                     (checkpoint.namespace, checkpoint.stack_id)
                 ].data = checkpoint.to_json()
                 return
-        await super().save_checkpoint(checkpoint, expected_revision=expected_revision)
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
 
 class ReadThenWriteSave(MemoryStorageAdapter):
     """Checks the revision, then yields to the event loop before writing: not atomic."""
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
         key = (checkpoint.namespace, checkpoint.stack_id)
@@ -155,7 +153,7 @@ class OneBucketForNamespaces(MemoryStorageAdapter):
     def _ns(namespace: str | None) -> str | None:
         return None if namespace is None else "ns"
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
         stored = checkpoint.namespace
@@ -167,14 +165,13 @@ class OneBucketForNamespaces(MemoryStorageAdapter):
             if expected_revision is not None
             else revision is None or checkpoint.revision > revision
         )
-        check_save_arguments(checkpoint, expected_revision)
         if not ok:
             raise CheckpointConflictError(
                 checkpoint.stack_id, revision, expected_revision, checkpoint.revision
             )
         self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         now = self.clock.now_ms()
@@ -185,14 +182,14 @@ class OneBucketForNamespaces(MemoryStorageAdapter):
 
 
 class AlwaysFallsBack(MemoryStorageAdapter):
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        return await super().get_checkpoint(stack_id, namespace, fallback=True)
+        return await super()._do_get_checkpoint(stack_id, namespace, fallback=True)
 
 
 class ReturnsExpired(MemoryStorageAdapter):
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         for key in ((namespace, stack_id), (None, stack_id)):
@@ -207,7 +204,7 @@ class ReturnsExpired(MemoryStorageAdapter):
 class CleansLiveCheckpoints(MemoryStorageAdapter):
     """Clean-up removes every checkpoint that has an expiry time, expired or not."""
 
-    async def clean_expired_checkpoints(self) -> int:
+    async def _do_clean_expired_checkpoints(self) -> int:
         doomed = [k for k, e in self._checkpoints.items() if e.gone_at is not None]
         for key in doomed:
             del self._checkpoints[key]
@@ -217,22 +214,24 @@ class CleansLiveCheckpoints(MemoryStorageAdapter):
 class TruncatesIds(MemoryStorageAdapter):
     """Stores checkpoints under the first 255 characters of the stack id (a VARCHAR(255))."""
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        await super().save_checkpoint(
+        await super()._do_save_checkpoint(
             checkpoint.replace(stack_id=checkpoint.stack_id[:255]),
             expected_revision=expected_revision,
         )
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        cp = await super().get_checkpoint(stack_id[:255], namespace, fallback=fallback)
+        cp = await super()._do_get_checkpoint(stack_id[:255], namespace, fallback=fallback)
         return None if cp is None else cp.replace(stack_id=stack_id)
 
 
 class AcceptsEmptyIds(MemoryStorageAdapter):
+    """Overrides the public method, skipping the base class's argument checks."""
+
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
@@ -245,22 +244,22 @@ class AcceptsEmptyIds(MemoryStorageAdapter):
 
 
 class DropsWaitMetadata(MemoryStorageAdapter):
-    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        await super().save_wait_record(record.replace(metadata=None), ttl_ms=ttl_ms)
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        await super()._do_save_wait_record(record.replace(metadata=None), ttl_ms=ttl_ms)
 
 
 class FirstRecordOfStack(MemoryStorageAdapter):
     """The stack index keeps the first record saved for a stack, not the latest."""
 
-    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         previous = self._latest_wait_of_stack.get(record.stack_id)
-        await super().save_wait_record(record, ttl_ms=ttl_ms)
+        await super()._do_save_wait_record(record, ttl_ms=ttl_ms)
         if previous is not None and previous in self._waits:
             self._latest_wait_of_stack[record.stack_id] = previous
 
 
 class NoCheckpointFallback(MemoryStorageAdapter):
-    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
         now = self.clock.now_ms()
         record = self._live_wait(correlation_key_or_stack_id, now)
         if record is None and correlation_key_or_stack_id in self._latest_wait_of_stack:
@@ -271,7 +270,7 @@ class NoCheckpointFallback(MemoryStorageAdapter):
 class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
     """Checks the record is waiting, yields to the event loop, then writes: not atomic."""
 
-    async def claim_wait_record(
+    async def _do_claim_wait_record(
         self,
         correlation_key: str,
         claimant_id: str | None = None,
@@ -287,7 +286,7 @@ class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
             or record.status != "waiting"
             or (record.is_expired(now) and not allow_expired)
         ):
-            return await super().claim_wait_record(
+            return await super()._do_claim_wait_record(
                 correlation_key,
                 claimant_id,
                 allow_expired=allow_expired,
@@ -309,7 +308,7 @@ class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
 class ClaimsCompleted(MemoryStorageAdapter):
     """A completed record can be claimed again."""
 
-    async def claim_wait_record(
+    async def _do_claim_wait_record(
         self,
         correlation_key: str,
         claimant_id: str | None = None,
@@ -321,7 +320,7 @@ class ClaimsCompleted(MemoryStorageAdapter):
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is not None and record.status == "completed":
             self._store_wait(record.replace(status="waiting"))
-        return await super().claim_wait_record(
+        return await super()._do_claim_wait_record(
             correlation_key,
             claimant_id,
             allow_expired=allow_expired,
@@ -331,7 +330,7 @@ class ClaimsCompleted(MemoryStorageAdapter):
 
 
 class IgnoresDeadline(MemoryStorageAdapter):
-    async def claim_wait_record(
+    async def _do_claim_wait_record(
         self,
         correlation_key: str,
         claimant_id: str | None = None,
@@ -340,7 +339,7 @@ class IgnoresDeadline(MemoryStorageAdapter):
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
     ) -> WaitRecord | None:
-        return await super().claim_wait_record(
+        return await super()._do_claim_wait_record(
             correlation_key,
             claimant_id,
             allow_expired=True,
@@ -350,7 +349,7 @@ class IgnoresDeadline(MemoryStorageAdapter):
 
 
 class LeaseNeverEnds(MemoryStorageAdapter):
-    async def claim_wait_record(
+    async def _do_claim_wait_record(
         self,
         correlation_key: str,
         claimant_id: str | None = None,
@@ -362,7 +361,7 @@ class LeaseNeverEnds(MemoryStorageAdapter):
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is not None and record.status == "claimed" and record.claimant_id != claimant_id:
             return None
-        return await super().claim_wait_record(
+        return await super()._do_claim_wait_record(
             correlation_key,
             claimant_id,
             allow_expired=allow_expired,
@@ -372,35 +371,35 @@ class LeaseNeverEnds(MemoryStorageAdapter):
 
 
 class AnyoneCompletes(MemoryStorageAdapter):
-    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is not None and record.status == "claimed" and record.claimant_id:
             claimant_id = record.claimant_id
-        await super().complete_wait_record(correlation_key, claimant_id)
+        await super()._do_complete_wait_record(correlation_key, claimant_id)
 
 
 class CancelsCompleted(MemoryStorageAdapter):
-    async def cancel_wait_record(self, correlation_key: str) -> bool:
+    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is not None and record.status == "completed":
             self._store_wait(record.replace(status="cancelled"))
             return True
-        return await super().cancel_wait_record(correlation_key)
+        return await super()._do_cancel_wait_record(correlation_key)
 
 
 class CancelWorkflowKeepsRevision(MemoryStorageAdapter):
-    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
+    async def _do_cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
         key = (namespace, stack_id)
         before = self._live_checkpoint(key, self.clock.now_ms())
-        await super().cancel_workflow(stack_id, namespace)
+        await super()._do_cancel_workflow(stack_id, namespace)
         after = self._live_checkpoint(key, self.clock.now_ms())
         if before is not None and after is not None and after.revision != before.revision:
             self._checkpoints[key].data = after.replace(revision=before.revision).to_json()
 
 
 class KeepsWaitsForever(MemoryStorageAdapter):
-    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        await super().save_wait_record(record, ttl_ms=None)
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        await super()._do_save_wait_record(record, ttl_ms=None)
         self._waits[record.correlation_key].gone_at = None
 
 
@@ -408,14 +407,14 @@ class KeepsWaitsForever(MemoryStorageAdapter):
 
 
 class NoWorkflowLock(MemoryStorageAdapter):
-    async def with_workflow_lock(
+    async def _do_with_workflow_lock(
         self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
     ) -> T:
         return await action()
 
 
 class WorkflowLockLeaksOnError(MemoryStorageAdapter):
-    async def with_workflow_lock(
+    async def _do_with_workflow_lock(
         self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
     ) -> T:
         lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
@@ -434,38 +433,38 @@ class WorkflowLockLeaksOnError(MemoryStorageAdapter):
 
 
 class FirstSetWins(MemoryStorageAdapter):
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         if await self.get_cached_step(key) is MISSING:
-            await super().set_cached_step(key, value, ttl_ms)
+            await super()._do_set_cached_step(key, value, ttl_ms)
 
 
 class DropsCachedNone(MemoryStorageAdapter):
-    async def get_cached_step(self, key: str) -> Any:
-        value = await super().get_cached_step(key)
+    async def _do_get_cached_step(self, key: str) -> Any:
+        value = await super()._do_get_cached_step(key)
         return MISSING if value is None else value
 
 
 class MissIsNone(MemoryStorageAdapter):
-    async def get_cached_step(self, key: str) -> Any:
-        value = await super().get_cached_step(key)
+    async def _do_get_cached_step(self, key: str) -> Any:
+        value = await super()._do_get_cached_step(key)
         return None if value is MISSING and key not in self._cache else value
 
 
 class CacheIgnoresTtl(MemoryStorageAdapter):
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        await super().set_cached_step(key, value, None)
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        await super()._do_set_cached_step(key, value, None)
 
 
 class IgnoresContextDeletes(MemoryStorageAdapter):
-    async def on_context_change(self, event: ContextChangeEvent) -> None:
+    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         if isinstance(event, ContextChangeEvent) and event.op == "delete":
             return
-        await super().on_context_change(event)
+        await super()._do_on_context_change(event)
 
 
 class ErrorEventsEvictCache(MemoryStorageAdapter):
-    async def on_cache_event(self, event: CacheEvent) -> None:
-        await super().on_cache_event(event)
+    async def _do_on_cache_event(self, event: CacheEvent) -> None:
+        await super()._do_on_cache_event(event)
         if event.type == "error":
             self._cache.pop(event.key, None)
 
@@ -473,14 +472,14 @@ class ErrorEventsEvictCache(MemoryStorageAdapter):
 class UndeclaredCacheMethods(MemoryStorageAdapter):
     """Declares the step cache but does not implement reading it."""
 
-    get_cached_step = StorageAdapter.get_cached_step  # type: ignore[assignment]
+    _do_get_cached_step = StorageAdapter._do_get_cached_step  # type: ignore[assignment]
 
 
 # -- idempotency, locks, nonces ------------------------------------------------------------
 
 
 class IdempotencyYields(MemoryIdempotencyStore):
-    async def claim(self, key: str, ttl_ms: int | None = None) -> Any:
+    async def _do_claim(self, key: str, ttl_ms: int | None) -> Any:
         value = self._keys.get(key)
         await asyncio.sleep(0)
         if value is None:
@@ -490,30 +489,28 @@ class IdempotencyYields(MemoryIdempotencyStore):
 
 
 class IdempotencyDropsNone(MemoryIdempotencyStore):
-    async def get_result(self, key: str) -> Any:
-        value = await super().get_result(key)
+    async def _do_get_result(self, key: str) -> Any:
+        value = await super()._do_get_result(key)
         return MISSING if value is None else value
 
 
 class FailDeletesCompleted(MemoryIdempotencyStore):
-    async def fail(self, key: str, error: BaseException | None = None) -> None:
+    async def _do_fail(self, key: str, error: BaseException | None) -> None:
         self._keys.delete(key)
 
 
 class IdempotencyIgnoresTtl(MemoryIdempotencyStore):
-    async def claim(self, key: str, ttl_ms: int | None = None) -> Any:
-        return await super().claim(key, None)
+    async def _do_claim(self, key: str, ttl_ms: int | None) -> Any:
+        return await super()._do_claim(key, None)
 
-    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
-        await super().complete(key, result, None)
+    async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
+        await super()._do_complete(key, result, None)
 
 
 class LockYields(MemoryLock):
     """Checks the lock is free, yields to the event loop, then takes it: not atomic."""
 
-    async def acquire(
-        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
-    ) -> LockResult:
+    async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         token = custom_token or f"lock_{self.clock.now_ms()}_{secrets.token_hex(16)}"
         held = self._holders.get(lock_key)
         await asyncio.sleep(0)
@@ -526,7 +523,7 @@ class LockYields(MemoryLock):
 
 
 class ReleaseIgnoresToken(MemoryLock):
-    async def release(self, lock_key: str, token: str) -> bool:
+    async def _do_release(self, lock_key: str, token: str) -> bool:
         if self._holders.get(lock_key) is None:
             return False
         self._holders.delete(lock_key)
@@ -534,7 +531,7 @@ class ReleaseIgnoresToken(MemoryLock):
 
 
 class ExtendIgnoresToken(MemoryLock):
-    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
+    async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         holder = self._holders.get(lock_key)
         if holder is None:
             return False
@@ -543,30 +540,24 @@ class ExtendIgnoresToken(MemoryLock):
 
 
 class LockNeverExpires(MemoryLock):
-    async def acquire(
-        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
-    ) -> LockResult:
-        return await super().acquire(lock_key, 10**12, custom_token)
+    async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
+        return await super()._do_acquire(lock_key, 10**12, custom_token)
 
-    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
-        return await super().extend(lock_key, token, 10**12)
+    async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
+        return await super()._do_extend(lock_key, token, 10**12)
 
 
 class ConstantFencing(MemoryLock):
-    async def acquire(
-        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
-    ) -> LockResult:
-        result = await super().acquire(lock_key, ttl_ms, custom_token)
+    async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
+        result = await super()._do_acquire(lock_key, ttl_ms, custom_token)
         if result.acquired:
             return LockResult(acquired=True, token=result.token, fencing_token=1)
         return result
 
 
 class BadTokenFormat(MemoryLock):
-    async def acquire(
-        self, lock_key: str, ttl_ms: int = 10_000, custom_token: str | None = None
-    ) -> LockResult:
-        return await super().acquire(
+    async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
+        return await super()._do_acquire(
             lock_key, ttl_ms, custom_token or f"lock-{secrets.token_hex(8)}"
         )
 
@@ -586,8 +577,7 @@ class WithLockLeaksOnError(MemoryLock):
 
 
 class NonceYields(MemoryNonceStore):
-    async def claim(self, key: str, ttl_seconds: float) -> bool:
-        ttl_ms = nonce_ttl_ms(ttl_seconds)
+    async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         seen = self._seen.get(key)
         await asyncio.sleep(0)
         if seen is not None:
@@ -597,16 +587,16 @@ class NonceYields(MemoryNonceStore):
 
 
 class NonceWindowTooLong(MemoryNonceStore):
-    async def claim(self, key: str, ttl_seconds: float) -> bool:
-        return await super().claim(key, ttl_seconds * 1000)
+    async def _do_claim(self, key: str, ttl_ms: int) -> bool:
+        return await super()._do_claim(key, ttl_ms * 1000)
 
 
 class NotJsonChecked(MemoryStorageAdapter):
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         try:
-            await super().set_cached_step(key, value, ttl_ms)
+            await super()._do_set_cached_step(key, value, ttl_ms)
         except InvalidArgumentError:
-            await super().set_cached_step(key, repr(value), ttl_ms)
+            await super()._do_set_cached_step(key, repr(value), ttl_ms)
 
 
 @dataclass(frozen=True)

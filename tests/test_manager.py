@@ -41,7 +41,7 @@ class RecordingAdapter(StorageAdapter):
         self.fail: Exception | None = None
         self.delay = 0.0
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
         await asyncio.sleep(self.delay)
@@ -49,19 +49,19 @@ class RecordingAdapter(StorageAdapter):
             raise self.fail
         self.saved.append((checkpoint.revision, expected_revision))
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         if self.fail is not None:
             raise self.fail
         return None
 
-    async def clean_expired_checkpoints(self) -> int:
+    async def _do_clean_expired_checkpoints(self) -> int:
         if self.fail is not None:
             raise self.fail
         return 0
 
-    async def on_context_change(self, event: siglo.ContextChangeEvent) -> None:
+    async def _do_on_context_change(self, event: siglo.ContextChangeEvent) -> None:
         await asyncio.sleep(self.delay)
         if self.fail is not None:
             raise self.fail

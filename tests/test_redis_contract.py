@@ -549,7 +549,7 @@ async def test_declared_capabilities_are_implemented(backend: siglo.Backend) -> 
             "clock",
         )
         for method in CAPABILITY_METHODS.get(capability, ()):
-            assert type(a).__dict__.get(method) is not None, f"{spec.name} lacks {method}"
+            assert a.implements(method), f"{spec.name} lacks {method}"
     assert backend.idempotency is not None and backend.lock is not None
     assert backend.nonces is not None
 

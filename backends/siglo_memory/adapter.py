@@ -14,7 +14,6 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import (
     CheckpointConflictError,
-    InvalidArgumentError,
     LockNotAcquiredError,
     WaitRecordClaimError,
 )
@@ -22,10 +21,6 @@ from siglo.locking import DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
-    check_save_arguments,
-    check_wait_record,
-    require_id,
-    require_optional_id,
     require_ttl_ms,
 )
 
@@ -130,10 +125,9 @@ class MemoryStorageAdapter(StorageAdapter):
         entry = self._live_entry(key, now)
         return None if entry is None else Checkpoint.from_json(entry.data)
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        check_save_arguments(checkpoint, expected_revision)
         data = checkpoint.to_json()
         now = self.clock.now_ms()
         key = (checkpoint.namespace, checkpoint.stack_id)
@@ -150,18 +144,16 @@ class MemoryStorageAdapter(StorageAdapter):
         gone_at = _earliest(checkpoint.expires_at, self._retention(now))
         self._checkpoints[key] = _StoredCheckpoint(data, gone_at, checkpoint.revision)
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
         now = self.clock.now_ms()
         found = self._live_checkpoint((namespace, stack_id), now)
         if found is None and namespace is not None and fallback:
             found = self._live_checkpoint((None, stack_id), now)
         return found
 
-    async def clean_expired_checkpoints(self) -> int:
+    async def _do_clean_expired_checkpoints(self) -> int:
         now = self.clock.now_ms()
         expired = [key for key, entry in self._checkpoints.items() if not entry.live(now)]
         for key in expired:
@@ -180,17 +172,15 @@ class MemoryStorageAdapter(StorageAdapter):
         # Transitions keep the retention the record was saved with.
         self._waits[record.correlation_key].data = record.to_json()
 
-    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        check_wait_record(record)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         data = record.to_json()
         now = self.clock.now_ms()
         gone_at = now + ttl_ms if ttl_ms is not None else self._retention(now)
         self._waits[record.correlation_key] = _Entry(data, gone_at)
         self._latest_wait_of_stack[record.stack_id] = record.correlation_key
 
-    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
-        key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
+    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        key = correlation_key_or_stack_id
         now = self.clock.now_ms()
         record = self._live_wait(key, now)
         if record is not None:
@@ -204,7 +194,7 @@ class MemoryStorageAdapter(StorageAdapter):
         checkpoint = self._live_checkpoint((None, key), now)
         return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
-    async def claim_wait_record(
+    async def _do_claim_wait_record(
         self,
         correlation_key: str,
         claimant_id: str | None = None,
@@ -213,11 +203,6 @@ class MemoryStorageAdapter(StorageAdapter):
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
     ) -> WaitRecord | None:
-        require_id("correlation_key", correlation_key)
-        require_optional_id("claimant_id", claimant_id)
-        require_ttl_ms("lease_ms", lease_ms, optional=True)
-        if event_payload is not MISSING:
-            codec.dumps(event_payload, what="event_payload")
         claimant = claimant_id or uuid.uuid4().hex
         now = self.clock.now_ms()
         record = self._live_wait(correlation_key, now)
@@ -241,9 +226,7 @@ class MemoryStorageAdapter(StorageAdapter):
         self._store_wait(claimed)
         return claimed
 
-    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
-        require_id("correlation_key", correlation_key)
-        require_id("claimant_id", claimant_id)
+    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
         now = self.clock.now_ms()
         record = self._live_wait(correlation_key, now)
         if record is None:
@@ -258,17 +241,14 @@ class MemoryStorageAdapter(StorageAdapter):
             )
         self._store_wait(record.replace(status="completed", completed_at=now))
 
-    async def cancel_wait_record(self, correlation_key: str) -> bool:
-        require_id("correlation_key", correlation_key)
+    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is None or record.status not in ("waiting", "claimed"):
             return False
         self._store_wait(record.replace(status="cancelled"))
         return True
 
-    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
-        require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
+    async def _do_cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
         now = self.clock.now_ms()
         for key in list(self._waits):
             record = self._live_wait(key, now)
@@ -289,15 +269,13 @@ class MemoryStorageAdapter(StorageAdapter):
             entry.data = cancelled.to_json()
             entry.revision = cancelled.revision
 
-    async def with_workflow_lock(
+    async def _do_with_workflow_lock(
         self,
         stack_id: str,
         action: Callable[[], Awaitable[T]],
         *,
         timeout_ms: int | None = None,
     ) -> T:
-        require_id("stack_id", stack_id)
-        require_ttl_ms("timeout_ms", timeout_ms, optional=True)
         lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
         timeout = (timeout_ms or self.workflow_lock_timeout_ms) / 1000
         try:
@@ -313,26 +291,19 @@ class MemoryStorageAdapter(StorageAdapter):
 
     # -- step cache ------------------------------------------------------------------------
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        require_id("key", key)
+    async def _do_get_cached_step(self, key: str) -> Any | Missing:
         entry = self._cache.get(key)
         if entry is None or not entry.live(self.clock.now_ms()):
             return MISSING
         return codec.loads(entry.data, what="cached step")
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         data = codec.dumps(value, what=f"cached value of {key!r}")
         self._cache[key] = _Entry(data, self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
 
     # -- context stream and telemetry ---------------------------------------------------------
 
-    async def on_context_change(self, event: ContextChangeEvent) -> None:
-        if not isinstance(event, ContextChangeEvent):
-            raise InvalidArgumentError(
-                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
-            )
+    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         now = self.clock.now_ms()
         key = (event.namespace, event.stack_id, event.step_id)
         fields, gone_at = self._contexts.get(key, ({}, None))
@@ -344,21 +315,14 @@ class MemoryStorageAdapter(StorageAdapter):
             fields[event.key] = codec.dumps(event.value, what=f"context value {event.key!r}")
         self._contexts[key] = (fields, self._retention(now))
 
-    async def get_context_changes(
+    async def _do_get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
     ) -> dict[str, Any]:
-        require_id("stack_id", stack_id)
-        require_id("step_id", step_id)
-        require_optional_id("namespace", namespace)
         fields, gone_at = self._contexts.get((namespace, stack_id, step_id), ({}, None))
         if gone_at is not None and self.clock.now_ms() >= gone_at:
             return {}
         return {name: codec.loads(data, what="context value") for name, data in fields.items()}
 
-    async def on_cache_event(self, event: CacheEvent) -> None:
-        if not isinstance(event, CacheEvent):
-            raise InvalidArgumentError(
-                f"event must be a siglo.CacheEvent, got {type(event).__name__}"
-            )
+    async def _do_on_cache_event(self, event: CacheEvent) -> None:
         self.cache_events.append(event)
         del self.cache_events[:-1000]

@@ -7,15 +7,15 @@ from typing import Any, Final
 from siglo import codec
 from siglo.clock import Clock, system_clock
 from siglo.coordination import (
-    DEFAULT_LOCK_TTL_MS,
     ClaimState,
+    IdempotencyStoreBase,
     LockBase,
     LockResult,
+    NonceStoreBase,
     new_lock_token,
-    nonce_ttl_ms,
 )
 from siglo.sentinel import MISSING, Missing
-from siglo.validation import require_id, require_ttl_ms
+from siglo.validation import require_ttl_ms
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_TTL_MS",
@@ -52,7 +52,7 @@ class _ExpiringDict:
         self._items.pop(key, None)
 
 
-class MemoryIdempotencyStore:
+class MemoryIdempotencyStore(IdempotencyStoreBase):
     """Values as in Redis: ``in-progress`` while claimed, ``COMPLETED:<json>`` when done."""
 
     def __init__(
@@ -61,35 +61,26 @@ class MemoryIdempotencyStore:
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
         self._keys = _ExpiringDict(clock or system_clock)
 
-    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
         value = self._keys.get(key)
         if value is None:
             self._keys.set(key, IN_PROGRESS, ttl_ms or self.default_ttl_ms)
             return "claimed"
         return "completed" if value.startswith(COMPLETED_PREFIX) else "in-progress"
 
-    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
         encoded = codec.dumps_str(result, what=f"result of {key!r}")
         self._keys.set(key, COMPLETED_PREFIX + encoded, ttl_ms or self.default_ttl_ms)
 
-    async def fail(self, key: str, error: BaseException | None = None) -> None:
-        require_id("key", key)
+    async def _do_fail(self, key: str, error: BaseException | None) -> None:
         if self._keys.get(key) == IN_PROGRESS:
             self._keys.delete(key)
 
-    async def get_result(self, key: str) -> Any | Missing:
-        require_id("key", key)
+    async def _do_get_result(self, key: str) -> Any | Missing:
         value = self._keys.get(key)
         if value is None or not value.startswith(COMPLETED_PREFIX):
             return MISSING
         return codec.loads(value[len(COMPLETED_PREFIX) :], what="idempotency result")
-
-    async def get(self, key: str) -> Any | Missing:
-        return await self.get_result(key)
 
 
 class MemoryLock(LockBase):
@@ -100,10 +91,7 @@ class MemoryLock(LockBase):
         self._holders = _ExpiringDict(self.clock)
         self._fences: dict[str, int] = {}
 
-    async def acquire(
-        self, lock_key: str, ttl_ms: int = DEFAULT_LOCK_TTL_MS, custom_token: str | None = None
-    ) -> LockResult:
-        self._check_acquire(lock_key, ttl_ms, custom_token)
+    async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         token = custom_token or new_lock_token(self.clock.now_ms())
         if self._holders.get(lock_key) is not None:
             return LockResult(acquired=False, token=token)
@@ -112,33 +100,26 @@ class MemoryLock(LockBase):
         self._fences[lock_key] = fence
         return LockResult(acquired=True, token=token, fencing_token=fence)
 
-    async def release(self, lock_key: str, token: str) -> bool:
-        require_id("lock_key", lock_key)
-        require_id("token", token)
+    async def _do_release(self, lock_key: str, token: str) -> bool:
         if self._holders.get(lock_key) != token:
             return False
         self._holders.delete(lock_key)
         return True
 
-    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
-        require_id("lock_key", lock_key)
-        require_id("token", token)
-        require_ttl_ms("ttl_ms", ttl_ms)
+    async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         if self._holders.get(lock_key) != token:
             return False
         self._holders.set(lock_key, token, ttl_ms)
         return True
 
 
-class MemoryNonceStore:
+class MemoryNonceStore(NonceStoreBase):
     """First claim of a key within its window wins; later ones are replays."""
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._seen = _ExpiringDict(clock or system_clock)
 
-    async def claim(self, key: str, ttl_seconds: float) -> bool:
-        require_id("key", key)
-        ttl_ms = nonce_ttl_ms(ttl_seconds)
+    async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         if self._seen.get(key) is not None:
             return False
         self._seen.set(key, "1", ttl_ms)

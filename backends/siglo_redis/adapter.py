@@ -30,10 +30,6 @@ from siglo.locking import (
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
-    check_save_arguments,
-    check_wait_record,
-    require_id,
-    require_optional_id,
     require_ttl_ms,
 )
 from siglo_redis.commands import (
@@ -169,10 +165,9 @@ class RedisStorageAdapter(StorageAdapter):
             candidates.append(self.checkpoint_ttl_ms)
         return clamp_px(min(candidates)) if candidates else None
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        check_save_arguments(checkpoint, expected_revision)
         data = checkpoint.to_json()
         now = _now_ms()
         px = self._px(checkpoint.expires_at, now)
@@ -246,18 +241,16 @@ class RedisStorageAdapter(StorageAdapter):
             return None, data
         return checkpoint, data
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
         now = _now_ms()
         found, _ = await self._live_checkpoint(stack_id, namespace, now)
         if found is None and namespace is not None and fallback:
             found, _ = await self._live_checkpoint(stack_id, None, now)
         return found
 
-    async def clean_expired_checkpoints(self) -> int:
+    async def _do_clean_expired_checkpoints(self) -> int:
         """Redis expires keys itself (seed 001 §5): nothing to sweep, returns 0."""
         return 0
 
@@ -297,9 +290,7 @@ class RedisStorageAdapter(StorageAdapter):
                 return record, after
         raise StorageAdapterError(f"wait record {correlation_key!r} kept changing under contention")
 
-    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        check_wait_record(record)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         data = record.to_json()
         retention = ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms
         await self._redis.set(self.keys.wait(record.correlation_key), data, px=retention)
@@ -327,8 +318,8 @@ class RedisStorageAdapter(StorageAdapter):
             return record
         return None
 
-    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
-        key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
+    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        key = correlation_key_or_stack_id
         record, data = await self._read_wait(key)
         if record is not None:
             return record
@@ -339,7 +330,7 @@ class RedisStorageAdapter(StorageAdapter):
         checkpoint, _ = await self._live_checkpoint(key, None, _now_ms())
         return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
-    async def claim_wait_record(
+    async def _do_claim_wait_record(
         self,
         correlation_key: str,
         claimant_id: str | None = None,
@@ -348,11 +339,6 @@ class RedisStorageAdapter(StorageAdapter):
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
     ) -> WaitRecord | None:
-        require_id("correlation_key", correlation_key)
-        require_optional_id("claimant_id", claimant_id)
-        require_ttl_ms("lease_ms", lease_ms, optional=True)
-        if event_payload is not MISSING:
-            codec.dumps(event_payload, what="event_payload")
         claimant = claimant_id or uuid.uuid4().hex
         lease = lease_ms or self.claim_lease_ms
 
@@ -379,9 +365,7 @@ class RedisStorageAdapter(StorageAdapter):
         _, claimed = await self._transition(correlation_key, decide)
         return claimed
 
-    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
-        require_id("correlation_key", correlation_key)
-        require_id("claimant_id", claimant_id)
+    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
 
         def decide(record: WaitRecord | None) -> WaitRecord | None:
             if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
@@ -416,14 +400,11 @@ class RedisStorageAdapter(StorageAdapter):
 
         return decide
 
-    async def cancel_wait_record(self, correlation_key: str) -> bool:
-        require_id("correlation_key", correlation_key)
+    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         _, cancelled = await self._transition(correlation_key, self._cancel_decision())
         return cancelled is not None
 
-    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
-        require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
+    async def _do_cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
         members = await self._redis.call(
             "ZRANGE", self.client.zrange(self.keys.wait_index(stack_id), 0, -1)
         )
@@ -450,7 +431,7 @@ class RedisStorageAdapter(StorageAdapter):
             f"checkpoint of stack {stack_id!r} kept changing under contention"
         )
 
-    async def with_workflow_lock(
+    async def _do_with_workflow_lock(
         self,
         stack_id: str,
         action: Callable[[], Awaitable[T]],
@@ -462,8 +443,6 @@ class RedisStorageAdapter(StorageAdapter):
         A token-checked :class:`RedisLock` lease, renewed while the action runs, so two
         actions for one stack never overlap in any process sharing this Redis.
         """
-        require_id("stack_id", stack_id)
-        require_ttl_ms("timeout_ms", timeout_ms, optional=True)
         return await run_with_lock(
             self.workflow_lock,
             WORKFLOW_LOCK_PREFIX + stack_id,
@@ -474,20 +453,17 @@ class RedisStorageAdapter(StorageAdapter):
 
     # -- step cache ------------------------------------------------------------------------
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        require_id("key", key)
+    async def _do_get_cached_step(self, key: str) -> Any | Missing:
         data = await self._redis.get(self.keys.cache(key))
         return MISSING if data is None else decode_cached(data)
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         data = encode_cached(value, what=f"cached value of {key!r}")
         await self._redis.set(self.keys.cache(key), data, px=ttl_ms or self.cache_ttl_ms)
 
     # -- context stream and telemetry ---------------------------------------------------------
 
-    async def on_context_change(self, event: ContextChangeEvent) -> None:
+    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         """``HSET`` (or ``HDEL``) the field and ``PEXPIRE`` the hash (seed 001 §5), atomically.
 
         Bad input raises :class:`~siglo.errors.InvalidArgumentError`; a Redis failure
@@ -495,10 +471,6 @@ class RedisStorageAdapter(StorageAdapter):
         (which streams these in the background) treats by its error mode — swallowed in
         ``best-effort``, as the seed's non-blocking telemetry does.
         """
-        if not isinstance(event, ContextChangeEvent):
-            raise InvalidArgumentError(
-                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
-            )
         value = codec.dumps(event.value, what=f"context value {event.key!r}")
         if not self.record_context_changes:
             return
@@ -521,12 +493,9 @@ class RedisStorageAdapter(StorageAdapter):
         else:
             await self._redis.call("PEXPIRE", self.client.pexpire(key, retention))
 
-    async def get_context_changes(
+    async def _do_get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
     ) -> dict[str, Any]:
-        require_id("stack_id", stack_id)
-        require_id("step_id", step_id)
-        require_optional_id("namespace", namespace)
         fields = await self._redis.call(
             "HGETALL", self.client.hgetall(self.keys.context(stack_id, step_id, namespace))
         )
@@ -535,9 +504,5 @@ class RedisStorageAdapter(StorageAdapter):
             for name, data in (fields or {}).items()
         }
 
-    async def on_cache_event(self, event: CacheEvent) -> None:
+    async def _do_on_cache_event(self, event: CacheEvent) -> None:
         """Telemetry only: accepted, nothing is stored."""
-        if not isinstance(event, CacheEvent):
-            raise InvalidArgumentError(
-                f"event must be a siglo.CacheEvent, got {type(event).__name__}"
-            )

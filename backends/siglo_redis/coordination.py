@@ -8,16 +8,16 @@ import orjson
 
 from siglo import codec
 from siglo.coordination import (
-    DEFAULT_LOCK_TTL_MS,
     ClaimState,
+    IdempotencyStoreBase,
     LockBase,
     LockResult,
+    NonceStoreBase,
     new_lock_token,
-    nonce_ttl_ms,
 )
 from siglo.errors import StorageAdapterError
 from siglo.sentinel import MISSING, Missing
-from siglo.validation import require_id, require_ttl_ms
+from siglo.validation import require_ttl_ms
 from siglo_redis.commands import DEFAULT_COMMAND_TIMEOUT_MS, Commands, clamp_px, text
 from siglo_redis.keys import (
     DEFAULT_PREFIX,
@@ -66,7 +66,7 @@ class _ClientOwner:
             await self._redis.call("close", self.client.aclose())
 
 
-class RedisIdempotencyStore(_ClientOwner):
+class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):
     """Single-flight claims with a remembered result (seed 001 §6).
 
     Keys are ``<key_prefix><key>`` (default ``siglo:idempotency:``) holding
@@ -87,9 +87,7 @@ class RedisIdempotencyStore(_ClientOwner):
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
         super().__init__(client, command_timeout_ms)
 
-    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
         reply = await self._redis.script(
             IDEMPOTENCY_CLAIM, [self.key_prefix + key], [clamp_px(ttl_ms or self.default_ttl_ms)]
         )
@@ -98,21 +96,17 @@ class RedisIdempotencyStore(_ClientOwner):
             raise StorageAdapterError(f"unexpected idempotency claim reply {reply!r}")
         return state  # type: ignore[return-value]
 
-    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
         encoded = codec.dumps_str(result, what=f"result of {key!r}")
         await self._redis.set(
             self.key_prefix + key, COMPLETED_PREFIX + encoded, px=ttl_ms or self.default_ttl_ms
         )
 
-    async def fail(self, key: str, error: BaseException | None = None) -> None:
+    async def _do_fail(self, key: str, error: BaseException | None) -> None:
         """Delete the key only while it is ``in-progress`` (atomic compare-and-delete)."""
-        require_id("key", key)
         await self._redis.script(COMPARE_AND_DELETE, [self.key_prefix + key], [IN_PROGRESS])
 
-    async def get_result(self, key: str) -> Any | Missing:
-        require_id("key", key)
+    async def _do_get_result(self, key: str) -> Any | Missing:
         value = text(await self._redis.get(self.key_prefix + key))
         if value is None or not value.startswith(COMPLETED_PREFIX):
             return MISSING
@@ -120,9 +114,6 @@ class RedisIdempotencyStore(_ClientOwner):
             return orjson.loads(value[len(COMPLETED_PREFIX) :])
         except orjson.JSONDecodeError:
             return MISSING  # seed 001 §6: unparseable is "no result"
-
-    async def get(self, key: str) -> Any | Missing:
-        return await self.get_result(key)
 
 
 class RedisLock(_ClientOwner, LockBase):
@@ -169,10 +160,7 @@ class RedisLock(_ClientOwner, LockBase):
             )
         return False
 
-    async def acquire(
-        self, lock_key: str, ttl_ms: int = DEFAULT_LOCK_TTL_MS, custom_token: str | None = None
-    ) -> LockResult:
-        self._check_acquire(lock_key, ttl_ms, custom_token)
+    async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         token = custom_token or new_lock_token()
         key, fence = self._keys(lock_key)
         if self._redis.has_eval:
@@ -188,9 +176,7 @@ class RedisLock(_ClientOwner, LockBase):
         fencing = int(await self._redis.call("INCR", incr(fence))) if callable(incr) else None
         return LockResult(acquired=True, token=token, fencing_token=fencing)
 
-    async def release(self, lock_key: str, token: str) -> bool:
-        require_id("lock_key", lock_key)
-        require_id("token", token)
+    async def _do_release(self, lock_key: str, token: str) -> bool:
         key = self.key_prefix + lock_key
         if self._require_eval("release"):
             return int(await self._redis.script(COMPARE_AND_DELETE, [key], [token])) == 1
@@ -198,10 +184,7 @@ class RedisLock(_ClientOwner, LockBase):
             return False
         return await self._redis.delete(key) == 1
 
-    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
-        require_id("lock_key", lock_key)
-        require_id("token", token)
-        require_ttl_ms("ttl_ms", ttl_ms)
+    async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         key = self.key_prefix + lock_key
         if self._require_eval("extend"):
             return int(await self._redis.script(LOCK_EXTEND, [key], [token, clamp_px(ttl_ms)])) == 1
@@ -210,7 +193,7 @@ class RedisLock(_ClientOwner, LockBase):
         return bool(await self._redis.call("PEXPIRE", self.client.pexpire(key, clamp_px(ttl_ms))))
 
 
-class RedisNonceStore(_ClientOwner):
+class RedisNonceStore(_ClientOwner, NonceStoreBase):
     """Webhook replay protection (seed 001 §8): ``SET <prefix><key> "1" PX <ttl> NX``.
 
     The default prefix is the seed's ``siglo:wh:dedup:``.
@@ -226,7 +209,5 @@ class RedisNonceStore(_ClientOwner):
         self.key_prefix = check_prefix("key_prefix", key_prefix)
         super().__init__(client, command_timeout_ms)
 
-    async def claim(self, key: str, ttl_seconds: float) -> bool:
-        require_id("key", key)
-        ttl_ms = nonce_ttl_ms(ttl_seconds)
+    async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         return await self._redis.set(self.key_prefix + key, "1", px=ttl_ms, nx=True)

@@ -16,7 +16,7 @@ from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
-from siglo.errors import CheckpointConflictError, InvalidArgumentError, WaitRecordClaimError
+from siglo.errors import CheckpointConflictError, WaitRecordClaimError
 from siglo.locking import (
     DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
     DEFAULT_WORKFLOW_LOCK_TTL_MS,
@@ -25,10 +25,6 @@ from siglo.locking import (
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
-    check_save_arguments,
-    check_wait_record,
-    require_id,
-    require_optional_id,
     require_ttl_ms,
 )
 from siglo_sql.batching import KeyedReads
@@ -190,10 +186,9 @@ class SqlStorageAdapter(StorageAdapter):
 
     # -- checkpoints -------------------------------------------------------------------
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        check_save_arguments(checkpoint, expected_revision)
         data = checkpoint.to_json()
         now = self.clock.now_ms()
         namespace = checkpoint.namespace or ""
@@ -224,11 +219,9 @@ class SqlStorageAdapter(StorageAdapter):
                 stack_id, found[0][0] if found else None, expected_revision, revision
             )
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
         if namespace is not None and fallback:
             rows = await self.database.fetch(
                 self._cp_get_fallback,
@@ -252,7 +245,7 @@ class SqlStorageAdapter(StorageAdapter):
             if len(rows) < self.clean_batch_size:
                 return total
 
-    async def clean_expired_checkpoints(self) -> int:
+    async def _do_clean_expired_checkpoints(self) -> int:
         """Delete expired checkpoints in batches of ``clean_batch_size``; how many went."""
         return await self._clean(self._s.cp_clean_batch)
 
@@ -273,9 +266,7 @@ class SqlStorageAdapter(StorageAdapter):
 
     # -- wait records --------------------------------------------------------------------
 
-    async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        check_wait_record(record)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         data = record.to_json()
         payload = codec.dumps(record.event_payload, what="event_payload")
         now = self.clock.now_ms()
@@ -298,8 +289,8 @@ class SqlStorageAdapter(StorageAdapter):
             await tx.fetch(db.sql(self._s.wait_upsert), params)
             await tx.fetch(db.sql(self._s.wait_latest_upsert), latest)
 
-    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
-        key = require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
+    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+        key = correlation_key_or_stack_id
         now = self.clock.now_ms()
         rows = await self.database.fetch(
             self._wait_get, (row_id(key), now, row_id(key), now, row_id("", key), now)
@@ -313,7 +304,7 @@ class SqlStorageAdapter(StorageAdapter):
         checkpoint = Checkpoint.from_json(bytes(row[1]))
         return embedded_wait_record(checkpoint.metadata)
 
-    async def claim_wait_record(
+    async def _do_claim_wait_record(
         self,
         correlation_key: str,
         claimant_id: str | None = None,
@@ -322,9 +313,6 @@ class SqlStorageAdapter(StorageAdapter):
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
     ) -> WaitRecord | None:
-        require_id("correlation_key", correlation_key)
-        require_optional_id("claimant_id", claimant_id)
-        require_ttl_ms("lease_ms", lease_ms, optional=True)
         payload = (
             None if event_payload is MISSING else codec.dumps(event_payload, what="event_payload")
         )
@@ -338,9 +326,7 @@ class SqlStorageAdapter(StorageAdapter):
         )  # fmt: skip
         return _wait_from_row(rows[0]) if rows else None
 
-    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
-        require_id("correlation_key", correlation_key)
-        require_id("claimant_id", claimant_id)
+    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
         db = self.database
         now = self.clock.now_ms()
         key = row_id(correlation_key)
@@ -358,17 +344,14 @@ class SqlStorageAdapter(StorageAdapter):
             f"wait record {correlation_key!r} is claimed by another claimant"
         )
 
-    async def cancel_wait_record(self, correlation_key: str) -> bool:
-        require_id("correlation_key", correlation_key)
+    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         db = self.database
         rows = await db.fetch(
             db.sql(self._s.wait_cancel), (row_id(correlation_key), self.clock.now_ms())
         )
         return bool(rows)
 
-    async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
-        require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
+    async def _do_cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
         db = self.database
         ns = namespace or ""
         now = self.clock.now_ms()
@@ -389,15 +372,13 @@ class SqlStorageAdapter(StorageAdapter):
                 (cancelled.revision, cancelled.to_json(), key),
             )
 
-    async def with_workflow_lock(
+    async def _do_with_workflow_lock(
         self,
         stack_id: str,
         action: Callable[[], Awaitable[T]],
         *,
         timeout_ms: int | None = None,
     ) -> T:
-        require_id("stack_id", stack_id)
-        require_ttl_ms("timeout_ms", timeout_ms, optional=True)
         return await run_with_lock(
             self._workflow_lock,
             stack_id,
@@ -408,27 +389,20 @@ class SqlStorageAdapter(StorageAdapter):
 
     # -- step cache ------------------------------------------------------------------------
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        require_id("key", key)
+    async def _do_get_cached_step(self, key: str) -> Any | Missing:
         rows = await self.database.fetch(self._cache_get, (row_id(key), self.clock.now_ms()))
         if not rows:
             return MISSING
         return codec.loads(rows[0][0], what="cached step")
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         data = codec.dumps(value, what=f"cached value of {key!r}")
         gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
         await self.database.fetch(self._cache_set, (row_id(key), key, gone_at, data))
 
     # -- context stream and telemetry ---------------------------------------------------------
 
-    async def on_context_change(self, event: ContextChangeEvent) -> None:
-        if not isinstance(event, ContextChangeEvent):
-            raise InvalidArgumentError(
-                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
-            )
+    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         db = self.database
         s = self._s
         names = (event.namespace or "", event.stack_id, event.step_id)
@@ -452,21 +426,14 @@ class SqlStorageAdapter(StorageAdapter):
             await tx.fetch(db.sql(change), params)
             await tx.fetch(db.sql(s.ctx_touch), (self._retention(now), stream))
 
-    async def get_context_changes(
+    async def _do_get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
     ) -> dict[str, Any]:
-        require_id("stack_id", stack_id)
-        require_id("step_id", step_id)
-        require_optional_id("namespace", namespace)
         db = self.database
         stream = row_id(namespace or "", stack_id, step_id)
         rows = await db.fetch(db.sql(self._s.ctx_get), (stream, self.clock.now_ms()))
         return {name: codec.loads(data, what="context value") for name, data in rows}
 
-    async def on_cache_event(self, event: CacheEvent) -> None:
-        if not isinstance(event, CacheEvent):
-            raise InvalidArgumentError(
-                f"event must be a siglo.CacheEvent, got {type(event).__name__}"
-            )
+    async def _do_on_cache_event(self, event: CacheEvent) -> None:
         self.cache_events.append(event)
         del self.cache_events[:-1000]

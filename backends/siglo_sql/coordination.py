@@ -13,16 +13,16 @@ from typing import Any, Final
 from siglo import codec
 from siglo.clock import Clock, system_clock
 from siglo.coordination import (
-    DEFAULT_LOCK_TTL_MS,
     ClaimState,
+    IdempotencyStoreBase,
     LockBase,
     LockResult,
+    NonceStoreBase,
     new_lock_token,
-    nonce_ttl_ms,
 )
 from siglo.errors import StorageAdapterError
 from siglo.sentinel import MISSING, Missing
-from siglo.validation import require_id, require_ttl_ms
+from siglo.validation import require_ttl_ms
 from siglo_sql.database import Database
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.statements import Statements
@@ -32,7 +32,7 @@ __all__ = ["DEFAULT_IDEMPOTENCY_TTL_MS", "SqlIdempotencyStore", "SqlLock", "SqlN
 DEFAULT_IDEMPOTENCY_TTL_MS: Final = 86_400_000
 
 
-class SqlIdempotencyStore:
+class SqlIdempotencyStore(IdempotencyStoreBase):
     """States as in Redis: ``in-progress`` while claimed, ``completed`` with a result."""
 
     def __init__(
@@ -53,9 +53,7 @@ class SqlIdempotencyStore:
         self._fail = sql(statements.idem_fail)
         self._result = sql(statements.idem_result)
 
-    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
         ttl = ttl_ms or self.default_ttl_ms
         rid = row_id(key)
         for _ in range(100):
@@ -68,26 +66,19 @@ class SqlIdempotencyStore:
             # The holder failed (deleting its key) between our two statements: claim again.
         raise StorageAdapterError(f"idempotency key {key!r}: no stable state after 100 tries")
 
-    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
         data = codec.dumps(result, what=f"result of {key!r}")
         gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.default_ttl_ms))
         await self._db.fetch(self._complete, (row_id(key), key, data, gone_at))
 
-    async def fail(self, key: str, error: BaseException | None = None) -> None:
-        require_id("key", key)
+    async def _do_fail(self, key: str, error: BaseException | None) -> None:
         await self._db.fetch(self._fail, (row_id(key), self.clock.now_ms()))
 
-    async def get_result(self, key: str) -> Any | Missing:
-        require_id("key", key)
+    async def _do_get_result(self, key: str) -> Any | Missing:
         rows = await self._db.fetch(self._result, (row_id(key), self.clock.now_ms()))
         if not rows:
             return MISSING
         return codec.loads(rows[0][0], what="idempotency result")
-
-    async def get(self, key: str) -> Any | Missing:
-        return await self.get_result(key)
 
 
 class SqlLock(LockBase):
@@ -113,10 +104,7 @@ class SqlLock(LockBase):
         self._release = sql(statements.lock_release)
         self._extend = sql(statements.lock_extend)
 
-    async def acquire(
-        self, lock_key: str, ttl_ms: int = DEFAULT_LOCK_TTL_MS, custom_token: str | None = None
-    ) -> LockResult:
-        self._check_acquire(lock_key, ttl_ms, custom_token)
+    async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         now = self.clock.now_ms()
         token = custom_token or new_lock_token(now)
         rows = await self._db.fetch(
@@ -127,18 +115,13 @@ class SqlLock(LockBase):
             return LockResult(acquired=False, token=token)
         return LockResult(acquired=True, token=token, fencing_token=int(rows[0][0]))
 
-    async def release(self, lock_key: str, token: str) -> bool:
-        require_id("lock_key", lock_key)
-        require_id("token", token)
+    async def _do_release(self, lock_key: str, token: str) -> bool:
         rows = await self._db.fetch(
             self._release, (row_id(self.scope, lock_key), token, self.clock.now_ms())
         )
         return bool(rows)
 
-    async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
-        require_id("lock_key", lock_key)
-        require_id("token", token)
-        require_ttl_ms("ttl_ms", ttl_ms)
+    async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()
         rows = await self._db.fetch(
             self._extend, (at_most(now + ttl_ms), row_id(self.scope, lock_key), token, now)
@@ -146,7 +129,7 @@ class SqlLock(LockBase):
         return bool(rows)
 
 
-class SqlNonceStore:
+class SqlNonceStore(NonceStoreBase):
     """First claim of a key within its window wins; later ones are replays."""
 
     def __init__(
@@ -156,9 +139,7 @@ class SqlNonceStore:
         self._db = database
         self._claim = database.sql(statements.nonce_claim)
 
-    async def claim(self, key: str, ttl_seconds: float) -> bool:
-        require_id("key", key)
-        ttl_ms = nonce_ttl_ms(ttl_seconds)
+    async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()
         gone_at = at_most(now + ttl_ms)
         return bool(await self._db.fetch(self._claim, (row_id(key), key, gone_at, now)))

@@ -694,7 +694,7 @@ async def declared_capabilities_work(ctx: CheckContext) -> None:
             f"the backend declares {cap.value!r} but its adapter's capabilities do not",
         )
         for method in CAPABILITY_METHODS[cap]:
-            expect(getattr(type(a), method) is not None, "capability.declared", method)
+            expect(a.implements(method), "capability.declared", f"{method}() is not implemented")
         try:
             await call()
         except CapabilityNotSupportedError as exc:

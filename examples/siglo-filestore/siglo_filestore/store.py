@@ -33,7 +33,7 @@ from siglo import (
 )
 from siglo.clock import system_clock
 from siglo.sentinel import Missing
-from siglo.validation import check_save_arguments, require_id, require_optional_id, require_ttl_ms
+from siglo.validation import require_ttl_ms
 
 __all__ = ["FileStorageAdapter", "connect", "isolated"]
 
@@ -108,10 +108,9 @@ class FileStorageAdapter(StorageAdapter):
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    async def save_checkpoint(
+    async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        check_save_arguments(checkpoint, expected_revision)
         path = self._checkpoint_path(checkpoint.namespace, checkpoint.stack_id)
         with self._locked():
             now = self.clock.now_ms()
@@ -135,11 +134,9 @@ class FileStorageAdapter(StorageAdapter):
             ]
             self._write(path, {"doc": checkpoint.to_wire(), "goneAt": min(limits, default=None)})
 
-    async def get_checkpoint(
+    async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
         with self._locked():
             now = self.clock.now_ms()
             found = self._live(self._checkpoint_path(namespace, stack_id), now)
@@ -147,7 +144,7 @@ class FileStorageAdapter(StorageAdapter):
                 found = self._live(self._checkpoint_path(None, stack_id), now)
         return None if found is None else Checkpoint.from_wire(found["doc"])
 
-    async def clean_expired_checkpoints(self) -> int:
+    async def _do_clean_expired_checkpoints(self) -> int:
         removed = 0
         with self._locked():
             now = self.clock.now_ms()
@@ -160,15 +157,12 @@ class FileStorageAdapter(StorageAdapter):
 
     # -- step cache ------------------------------------------------------------------------
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        require_id("key", key)
+    async def _do_get_cached_step(self, key: str) -> Any | Missing:
         with self._locked():
             doc = self._live(self.root / "cache" / f"{_digest(key)}.json", self.clock.now_ms())
         return MISSING if doc is None else doc["value"]
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        require_id("key", key)
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         codec.dumps(value, what=f"cached value of {key!r}")  # reject non-JSON before writing
         with self._locked():
             gone_at = self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms)
