@@ -23,8 +23,10 @@ from siglo_sql.connect import (
     assemble_backend,
     split_url_options,
     take_options,
+    timeout_option,
     with_url_options,
 )
+from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo_sql.schema import check_identifier
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ POSTGRES_OPTIONS: Final = COMMON_OPTIONS | {
     "pool_timeout_ms",
     "connect_timeout_ms",
     "prepare_threshold",
+    "command_timeout_ms",
 }
 DEFAULT_CONNECT_TIMEOUT_MS: Final = 10_000
 
@@ -77,6 +80,7 @@ def connect(url: str, **options: Any) -> Backend:
     ``search_path``, normally ``public``), ``table_prefix`` (default ``siglo_``),
     ``auto_migrate``, ``pool_min_size`` (1), ``pool_max_size`` (10), ``pool_timeout_ms``
     (10000: the wait for a free connection), ``connect_timeout_ms`` (10000),
+    ``command_timeout_ms`` (10000, as Redis; ``None`` for none: the bound on every call),
     ``prepare_threshold`` (0; ``None`` to never prepare), ``clock``,
     ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``,
     ``workflow_lock_timeout_ms``, ``workflow_lock_ttl_ms``, ``idempotency_ttl_ms``,
@@ -127,8 +131,9 @@ def _build(
         prepare_threshold=options.pop("prepare_threshold", 0),
         engine=engine,
         on_open=settings.on_open,
+        command_timeout_ms=options.pop("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS),
     )
-    url = with_url_options(base, settings.url_options())
+    url = with_url_options(base, {**settings.url_options(), **timeout_option(db)})
     return assemble_backend("postgres", url, db, settings, PostgresStorageAdapter)
 
 

@@ -5,10 +5,21 @@ transaction. Statements are prepared on their first use on each connection
 (``prepare_threshold=0``; pass ``prepare_threshold=None`` behind a PgBouncer older than
 1.21 in transaction mode) and results come in binary, so a checkpoint's ``bytea`` arrives
 as the very bytes that were stored.
+
+Every call is bounded by ``command_timeout_ms`` from the wait for a pooled connection to
+the last row (:meth:`PostgresDatabase._bounded`): at the bound the server is asked to
+cancel the statement (one waiting for a lock held elsewhere ends at once, the
+connection stays usable); a server that answers neither the statement nor the cancel
+request (stopped, or the network stalled) has the connection's socket shut down
+:data:`SEVER_AFTER_MS` later, so the call still ends, and the pool drops the connection.
+Either way the caller gets :class:`~siglo.errors.StorageAdapterError` saying it timed out.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final
@@ -18,16 +29,19 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.dialects import postgresql
 
 from siglo.errors import SigloError, StorageAdapterError
-from siglo_sql.database import Database, Executor, OnOpen, Row
+from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS, Database, Executor, OnOpen, Row
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["DEFAULT_POOL_MAX_SIZE", "DEFAULT_POOL_TIMEOUT_MS", "PostgresDatabase"]
+__all__ = ["DEFAULT_POOL_MAX_SIZE", "DEFAULT_POOL_TIMEOUT_MS", "SEVER_AFTER_MS", "PostgresDatabase"]
 
 DEFAULT_POOL_MIN_SIZE: Final = 1
 DEFAULT_POOL_MAX_SIZE: Final = 10
 DEFAULT_POOL_TIMEOUT_MS: Final = 10_000
+SEVER_AFTER_MS: Final = 1_000
+"""How long past its bound a cancelled call may wait for the server to acknowledge the
+cancellation before its connection is cut (psycopg alone would wait up to 10 s)."""
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -41,6 +55,47 @@ async def _fetch(conn: AsyncConn, sql: str, params: Sequence[Any]) -> list[Row]:
     if cur.description is None:
         return []
     return await cur.fetchall()
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+"""Cancel requests still in flight after their call ended (kept from the collector)."""
+
+
+class _Watch:
+    """The deadline of one call on one connection (see the module docstring).
+
+    At the deadline it asks the server to cancel what the connection is running, without
+    cancelling the caller's task (psycopg would then wait up to 10 s for the server to
+    acknowledge); if the call is still running :data:`SEVER_AFTER_MS` later, it shuts the
+    connection's socket so that the call reads end-of-file and fails at once.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: AsyncConn, deadline: float) -> None:
+        self.conn = conn
+        self.expired = False
+        self._loop = loop
+        self._timer: asyncio.TimerHandle | None = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        task = self._loop.create_task(self._cancel())
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+        self._timer = self._loop.call_later(SEVER_AFTER_MS / 1000, self._sever)
+
+    async def _cancel(self) -> None:
+        with suppress(Exception):
+            await self.conn.cancel_safe(timeout=SEVER_AFTER_MS / 1000)
+
+    def _sever(self) -> None:
+        self._timer = None
+        with suppress(Exception), socket.socket(fileno=os.dup(self.conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class _Tx:
@@ -75,8 +130,11 @@ class PostgresDatabase(Database):
         prepare_threshold: int | None = 0,
         engine: AsyncEngine | None = None,
         on_open: OnOpen | None = None,
+        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
     ) -> None:
-        super().__init__(on_open=on_open, description=description)
+        super().__init__(
+            on_open=on_open, description=description, command_timeout_ms=command_timeout_ms
+        )
         self.conninfo = conninfo
         self.pool_min_size = pool_min_size
         self.pool_max_size = pool_max_size
@@ -131,16 +189,37 @@ class PostgresDatabase(Database):
             assert isinstance(conn, psycopg.AsyncConnection)
             yield conn
 
-    def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
+    def _connection(self, timeout_s: float | None = None) -> AbstractAsyncContextManager[AsyncConn]:
         if self._pool is not None:
-            return self._pool.connection()
+            return self._pool.connection(timeout_s)
         if self.engine is not None and self._engine_open:
             return self._engine_connection()
         raise StorageAdapterError(f"{self.description} is closed")
 
+    @asynccontextmanager
+    async def _bounded(self, doing: str) -> AsyncIterator[AsyncConn]:
+        """A connection for one call, the whole call bounded (see the module docstring)."""
+        timeout_ms = self.command_timeout_ms
+        if timeout_ms is None:
+            async with self._connection() as conn:
+                yield conn
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        async with self._connection(min(timeout_ms, self.pool_timeout_ms) / 1000) as conn:
+            watch = _Watch(loop, conn, deadline)
+            try:
+                yield conn
+            except Exception as exc:
+                if watch.expired:
+                    raise self.timed_out(doing, exc) from exc
+                raise
+            finally:
+                watch.close()
+
     async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         try:
-            async with self._connection() as conn:
+            async with self._bounded("running a statement") as conn:
                 return await _fetch(conn, sql, params)
         except SigloError:
             raise
@@ -150,7 +229,7 @@ class PostgresDatabase(Database):
     @asynccontextmanager
     async def raw_transaction(self) -> AsyncIterator[Executor]:
         try:
-            async with self._connection() as conn, conn.transaction():
+            async with self._bounded("in a transaction") as conn, conn.transaction():
                 yield _Tx(self, conn)
         except SigloError:
             raise

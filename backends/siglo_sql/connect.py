@@ -23,7 +23,7 @@ from siglo_sql.coordination import (
     SqlLock,
     SqlNonceStore,
 )
-from siglo_sql.database import Database
+from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS, Database
 from siglo_sql.migrations import ensure_schema
 from siglo_sql.schema import DEFAULT_PREFIX, build_tables, check_identifier
 from siglo_sql.statements import build_statements
@@ -35,6 +35,7 @@ __all__ = [
     "assemble_backend",
     "split_url_options",
     "take_options",
+    "timeout_option",
     "with_url_options",
 ]
 
@@ -53,6 +54,7 @@ COMMON_OPTIONS: Final = ADAPTER_OPTIONS | {
     "auto_migrate",
     "table_prefix",
     "idempotency_ttl_ms",
+    "command_timeout_ms",
 }
 INT_OPTIONS: Final = frozenset(
     {
@@ -64,14 +66,17 @@ INT_OPTIONS: Final = frozenset(
         "pool_timeout_ms",
         "connect_timeout_ms",
         "prepare_threshold",
+        "command_timeout_ms",
     }
 )
+NULLABLE_INT_OPTIONS: Final = frozenset({"prepare_threshold", "command_timeout_ms"})
+"""Integers that ``none`` (or an empty value) turns off."""
 BOOL_OPTIONS: Final = frozenset({"auto_migrate"})
 
 
 def _convert(name: str, value: str) -> Any:
     if name in INT_OPTIONS:
-        if value.lower() in ("", "none", "null") and name == "prepare_threshold":
+        if value.lower() in ("", "none", "null") and name in NULLABLE_INT_OPTIONS:
             return None
         try:
             return int(value)
@@ -118,6 +123,15 @@ def with_url_options(url: str, options: Mapping[str, Any]) -> str:
     query = [(k, v) for k, v in query if k not in options]
     query += [(k, str(v)) for k, v in options.items() if v is not None]
     return _join(base, query)
+
+
+def timeout_option(db: Database) -> dict[str, Any]:
+    """``command_timeout_ms`` for the backend's URL when it is not the default, so that
+    ``siglo.connect(backend.url)`` in another process bounds its calls alike."""
+    timeout = db.command_timeout_ms
+    if timeout == DEFAULT_COMMAND_TIMEOUT_MS:
+        return {}
+    return {"command_timeout_ms": "none" if timeout is None else timeout}
 
 
 def take_options(

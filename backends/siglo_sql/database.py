@@ -17,13 +17,17 @@ import abc
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from sqlalchemy.engine import Dialect
 
 from siglo.errors import SigloError, StorageAdapterError
+from siglo.validation import require_ttl_ms
 
-__all__ = ["Database", "Executor", "OnOpen", "Row"]
+__all__ = ["DEFAULT_COMMAND_TIMEOUT_MS", "Database", "Executor", "OnOpen", "Row"]
+
+DEFAULT_COMMAND_TIMEOUT_MS: Final = 10_000
+"""The bound on every call (statement or transaction), as Redis's ``command_timeout_ms``."""
 
 Row = tuple[Any, ...]
 
@@ -57,9 +61,20 @@ class Database(abc.ABC):
     """Whether concurrent keyed reads should share one statement
     (:mod:`siglo_sql.batching`): worth it on one connection, not on a pool."""
 
-    def __init__(self, *, on_open: OnOpen | None = None, description: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        on_open: OnOpen | None = None,
+        description: str = "",
+        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    ) -> None:
         self.on_open = on_open
         self.description = description
+        self.command_timeout_ms = require_ttl_ms(
+            "command_timeout_ms", command_timeout_ms, optional=True
+        )
+        """The bound on each call, including the wait for a lock or a connection
+        (``None``: unbounded)."""
         self._ready = False
         self._connected = False
         self._closed = False
@@ -74,6 +89,16 @@ class Database(abc.ABC):
         return StorageAdapterError(
             f"{self.dialect_name} storage failed {doing} ({self.description}): "
             f"{type(exc).__name__}: {exc}"
+        )
+
+    def timed_out(self, doing: str, cause: BaseException | None = None) -> StorageAdapterError:
+        """The error of a call that did not finish within its bound (``cause``: the
+        driver's last word, if any)."""
+        last = "" if cause is None else f"; last error {type(cause).__name__}: {cause}"
+        return StorageAdapterError(
+            f"{self.dialect_name} storage timed out {doing} ({self.description}): not done "
+            f"within its bound (command_timeout_ms={self.command_timeout_ms}; a lock held "
+            f"elsewhere, or a stalled server){last}"
         )
 
     async def open(self) -> None:

@@ -19,8 +19,10 @@ from siglo_sql.connect import (
     assemble_backend,
     split_url_options,
     take_options,
+    timeout_option,
     with_url_options,
 )
+from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo_sqlite.database import DEFAULT_BUSY_TIMEOUT_MS, SqliteDatabase
 
 if TYPE_CHECKING:
@@ -64,7 +66,8 @@ def connect(url: str = "sqlite://", **options: Any) -> Backend:
     (or, with ``auto_migrate=True``, the default, migrates) the schema.
 
     Options (keyword, or URL query parameter): ``table_prefix`` (default ``siglo_``),
-    ``auto_migrate``, ``busy_timeout_ms`` (default 10000), ``synchronous`` (default
+    ``auto_migrate``, ``busy_timeout_ms`` (default 10000), ``command_timeout_ms`` (default
+    10000, as Redis; ``None`` for none: the bound on each call's waits), ``synchronous`` (default
     ``NORMAL``), ``clock``, ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``,
     ``workflow_lock_timeout_ms``, ``workflow_lock_ttl_ms``, ``idempotency_ttl_ms``,
     ``clean_batch_size``.
@@ -102,8 +105,13 @@ def _build(
         synchronous=options.pop("synchronous", "NORMAL"),
         engine=engine,
         on_open=settings.on_open,
+        command_timeout_ms=options.pop("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS),
     )
-    backend_url = with_url_options(base, settings.url_options()) if engine is None else url
+    backend_url = (
+        with_url_options(base, {**settings.url_options(), **timeout_option(db)})
+        if engine is None
+        else url
+    )
     backend = assemble_backend("sqlite", backend_url, db, settings, SqliteStorageAdapter)
     backend.url_shares_storage = path is not None
     return backend

@@ -8,6 +8,12 @@ outside a transaction go straight to the connection. Across processes SQLite's o
 serialises writers: ``BEGIN IMMEDIATE`` takes the write lock up front where a read and a
 write must be atomic, the busy timeout makes a writer wait for another, and a
 "database is locked" that still comes back is retried until the busy timeout has passed.
+
+Every call is bounded by ``command_timeout_ms``: its waits (for this backend's own
+transaction in progress, for another connection's write lock) end at the call's deadline
+with :class:`~siglo.errors.StorageAdapterError`, so a lock held elsewhere never hangs a
+call. The busy handler never waits past the bound either (``PRAGMA busy_timeout`` is the
+smaller of ``busy_timeout_ms`` and ``command_timeout_ms``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import aiosqlite
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
-from siglo_sql.database import Database, Executor, OnOpen, Row
+from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS, Database, Executor, OnOpen, Row
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -46,12 +52,13 @@ def _is_busy(exc: BaseException) -> bool:
 
 
 class _Tx:
-    def __init__(self, db: SqliteDatabase, conn: aiosqlite.Connection) -> None:
+    def __init__(self, db: SqliteDatabase, conn: aiosqlite.Connection, deadline: float) -> None:
         self._db = db
         self._conn = conn
+        self._deadline = deadline
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        return await self._db._run(self._conn, sql, params)
+        return await self._db._run(self._conn, sql, params, self._deadline)
 
 
 class SqliteDatabase(Database):
@@ -69,9 +76,12 @@ class SqliteDatabase(Database):
         synchronous: str = "NORMAL",
         engine: AsyncEngine | None = None,
         on_open: OnOpen | None = None,
+        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
     ) -> None:
         super().__init__(
-            on_open=on_open, description=f"sqlite {path!r}" if path else "sqlite in-memory"
+            on_open=on_open,
+            description=f"sqlite {path!r}" if path else "sqlite in-memory",
+            command_timeout_ms=command_timeout_ms,
         )
         if type(busy_timeout_ms) is not int or busy_timeout_ms < 0:
             raise InvalidArgumentError(
@@ -113,10 +123,13 @@ class SqliteDatabase(Database):
         assert isinstance(conn, aiosqlite.Connection)
         self._conn = conn
         try:
-            await conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+            busy_ms = self.busy_timeout_ms
+            if self.command_timeout_ms is not None:
+                busy_ms = min(busy_ms, self.command_timeout_ms)
+            await conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
             if self.path is not None:
                 # WAL: readers never block the writer, and a commit is one append.
-                await self._run(conn, "PRAGMA journal_mode = WAL", ())
+                await self._run(conn, "PRAGMA journal_mode = WAL", (), self._deadline())
                 await conn.execute(f"PRAGMA synchronous = {self.synchronous}")
                 # Keeps keyed lookups flat as the file grows (docs/benchmarks.md, scale).
                 await conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
@@ -135,8 +148,16 @@ class SqliteDatabase(Database):
             with suppress(Exception):
                 await conn.close()
 
-    async def _run(self, conn: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[Row]:
-        deadline = 0.0
+    def _deadline(self) -> float:
+        """When a call starting now must be over (``time.monotonic()``)."""
+        bound_ms = self.busy_timeout_ms
+        if self.command_timeout_ms is not None:
+            bound_ms = min(bound_ms, self.command_timeout_ms)
+        return time.monotonic() + bound_ms / 1000
+
+    async def _run(
+        self, conn: aiosqlite.Connection, sql: str, params: Sequence[Any], deadline: float
+    ) -> list[Row]:
         delay = 0.001
         while True:
             try:
@@ -146,15 +167,22 @@ class SqliteDatabase(Database):
             except Exception as exc:
                 if _is_busy(exc):
                     # The busy handler gave up, or was not consulted (SQLite skips it
-                    # where waiting could deadlock): wait and retry within the timeout.
-                    now = time.monotonic()
-                    if not deadline:
-                        deadline = now + self.busy_timeout_ms / 1000
-                    if now < deadline:
-                        await asyncio.sleep(delay)
+                    # where waiting could deadlock): wait and retry until the deadline.
+                    remaining = deadline - time.monotonic()
+                    if remaining > 0:
+                        await asyncio.sleep(min(delay, remaining))
                         delay = min(delay * 2, 0.05)
                         continue
+                    raise self.timed_out("waiting for the write lock", exc) from exc
                 raise self.wrap(exc, "running a statement") from exc
+
+    async def _take_lock(self, deadline: float) -> None:
+        """This connection's transaction lock, waiting no later than ``deadline``."""
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._lock.acquire()
+        except TimeoutError as exc:
+            raise self.timed_out("waiting for a transaction in progress") from exc
 
     def _connection(self) -> aiosqlite.Connection:
         conn = self._conn
@@ -164,6 +192,7 @@ class SqliteDatabase(Database):
 
     async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         conn = self._connection()
+        deadline = self._deadline()
         if not self._lock.locked():
             # No transaction is open, and none can open before this statement runs:
             # aiosqlite runs a connection's calls in the order they were submitted, and
@@ -179,20 +208,27 @@ class SqliteDatabase(Database):
                 if not _is_busy(exc):
                     raise self.wrap(exc, "running a statement") from exc
             # Busy: retried under the lock, where a transaction cannot open in the gap.
-        async with self._lock:
-            return await self._run(conn, sql, params)
+        await self._take_lock(deadline)
+        try:
+            return await self._run(conn, sql, params, deadline)
+        finally:
+            self._lock.release()
 
     @asynccontextmanager
     async def raw_transaction(self) -> AsyncIterator[Executor]:
         conn = self._connection()
-        async with self._lock:
+        deadline = self._deadline()
+        await self._take_lock(deadline)
+        try:
             try:
-                await self._run(conn, "BEGIN IMMEDIATE", ())
-                yield _Tx(self, conn)
-                await self._run(conn, "COMMIT", ())
+                await self._run(conn, "BEGIN IMMEDIATE", (), deadline)
+                yield _Tx(self, conn, deadline)
+                await self._run(conn, "COMMIT", (), deadline)
             except BaseException:
                 await self._rollback(conn)
                 raise
+        finally:
+            self._lock.release()
 
     @staticmethod
     async def _rollback(conn: aiosqlite.Connection) -> None:

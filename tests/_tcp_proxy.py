@@ -1,0 +1,145 @@
+"""A TCP proxy on loopback that a test controls: forward, freeze, or cut.
+
+It stands between a client and a real server (PostgreSQL, Redis) to produce the two
+faults a client cannot tell from a real outage:
+
+- :meth:`TcpProxy.freeze`: bytes stop flowing both ways, connections stay open and new
+  ones are accepted but never answered (a server stopped with SIGSTOP, a network stall);
+- :meth:`TcpProxy.cut`: every connection is closed and new ones are refused (a server
+  restart); :meth:`TcpProxy.restore` brings it back.
+
+It runs on its own threads, so a frozen proxy never blocks the test's event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from types import TracebackType
+
+__all__ = ["TcpProxy", "tcp_proxy"]
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``upstream``; :attr:`port` is chosen by the OS."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(64)
+        self.port: int = self._server.getsockname()[1]
+        self._frozen = threading.Event()
+        self._down = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._threads: list[threading.Thread] = []
+        self._start(self._accept)
+
+    def _start(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self) -> None:
+        self._server.settimeout(0.05)
+        while not self._stop.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                continue
+            if self._down.is_set():
+                client.close()  # refused, as by a server that is not listening yet
+                continue
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._pairs.append((client, upstream))
+            self._start(self._pump, client, upstream)
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        peers = {client: upstream, upstream: client}
+        try:
+            while not self._stop.is_set():
+                if self._frozen.is_set():
+                    # Read nothing: the kernel buffers fill and the sender stalls too.
+                    self._stop.wait(0.02)
+                    if self._down.is_set():
+                        return
+                    continue
+                readable, _, _ = select.select(list(peers), [], [], 0.05)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    peers[sock].sendall(data)
+        except OSError:
+            return
+        finally:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    @property
+    def url_host(self) -> str:
+        """``127.0.0.1:<port>``, for a URL through the proxy."""
+        return f"127.0.0.1:{self.port}"
+
+    def freeze(self) -> None:
+        """Stop forwarding: every call in flight or sent later waits forever."""
+        self._frozen.set()
+
+    def thaw(self) -> None:
+        """Forward again (what was sent while frozen is delivered now)."""
+        self._frozen.clear()
+
+    def cut(self) -> None:
+        """Close every connection and refuse new ones, as a stopped server would."""
+        self._down.set()
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def restore(self) -> None:
+        """Accept and forward again (after :meth:`cut` or :meth:`freeze`)."""
+        self._frozen.clear()
+        self._down.clear()
+
+    def close(self) -> None:
+        """Stop every thread and close every socket."""
+        self.cut()
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        self._server.close()
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def tcp_proxy(host: str, port: int) -> Iterator[TcpProxy]:
+    """A :class:`TcpProxy` to ``host:port``, closed afterwards."""
+    with TcpProxy((host, port)) as proxy:
+        yield proxy
