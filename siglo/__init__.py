@@ -51,7 +51,18 @@ from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
 from siglo.workflow import Flow, Step, WorkflowSuspended, flow, wait_for_event
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    # One version source: the distribution's metadata, set in pyproject.toml.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("siglo")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "MISSING",

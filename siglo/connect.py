@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Final
+from urllib.parse import urlsplit
 
 from siglo.backend import Backend
-from siglo.errors import PluginError
+from siglo.errors import InvalidArgumentError, PluginError
 from siglo.plugins import get_registry
 
-__all__ = ["connect"]
+__all__ = ["URL_ENV", "check_port", "connect"]
 
 
-def connect(url: str, **options: Any) -> Backend:
-    """Connect to the backend that serves ``url``'s scheme.
+URL_ENV: Final = "SIGLO_URL"
+"""The environment variable :func:`connect` (and the ``siglo`` command) read a backend
+URL from when given none."""
+
+
+def connect(url: str | None = None, **options: Any) -> Backend:
+    """Connect to the backend that serves ``url``'s scheme (default: ``$SIGLO_URL``).
 
     ``memory://``, ``sqlite:///path.db``, ``sqlite://``, ``postgresql://…`` and
     ``redis://…`` are built in; plugins add more. ``options`` go to the backend's factory
@@ -21,6 +28,14 @@ def connect(url: str, **options: Any) -> Backend:
     A missing driver raises :class:`~siglo.errors.DriverNotInstalledError` saying which
     extra to install.
     """
+    if url is None:
+        url = os.environ.get(URL_ENV)
+        if not url:
+            raise InvalidArgumentError(
+                f"siglo.connect() was given no URL and {URL_ENV} is not set: pass a URL "
+                "such as 'sqlite:///siglo.db' or set the environment variable"
+            )
+    check_port(url)
     spec = get_registry().for_url(url)
     backend = spec.load_factory()(url, **options)
     if not isinstance(backend, Backend):
@@ -29,3 +44,22 @@ def connect(url: str, **options: Any) -> Backend:
             f"{type(backend).__name__} from its factory, not a siglo.Backend"
         )
     return backend
+
+
+def check_port(url: str) -> None:
+    """Refuse a URL whose port is not a number from 0 to 65535, before any backend sees it.
+
+    A host list (``postgresql://h1:5432,h2:5433/db``) is left to the backend.
+    """
+    if not isinstance(url, str):
+        return
+    try:
+        parts = urlsplit(url)
+        if "," not in parts.netloc:
+            parts.port  # noqa: B018  (parsing it is the check)
+    except ValueError as exc:
+        host = url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]
+        raise InvalidArgumentError(
+            f"bad port in the backend URL (host part {host!r}): {exc}; "
+            "a port is a number from 0 to 65535"
+        ) from None

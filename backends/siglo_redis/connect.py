@@ -87,6 +87,14 @@ def _split(url: str) -> tuple[str, dict[str, Any]]:
     parts = urlsplit(url)
     if parts.scheme.lower() not in SCHEMES:
         raise InvalidArgumentError(f"not a redis://, rediss:// or unix:// URL: {url!r}")
+    if parts.scheme.lower() != "unix":
+        # redis-py reads a path that is not a number as database 0, silently.
+        db = parts.path.strip("/")
+        if db and not (db.isascii() and db.isdigit()):
+            raise InvalidArgumentError(
+                f"the path of a redis URL is the database number, got {db!r}: "
+                "use redis://host:port/0 (or no path for database 0)"
+            )
     ours: dict[str, Any] = {}
     theirs: list[tuple[str, str]] = []
     for name, value in parse_qsl(parts.query, keep_blank_values=True):

@@ -31,7 +31,7 @@ from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database, Row
 from siglo_sql.keys import at_most, row_id
-from siglo_sql.migrations import migrate, read_version
+from siglo_sql.migrations import check_target, migrate, read_version
 from siglo_sql.schema import DEFAULT_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import Statements
 
@@ -172,7 +172,10 @@ class SqlStorageAdapter(StorageAdapter):
         await self.database.aclose()
 
     async def schema_version(self) -> int:
-        """The schema version of the database (0: no siglo tables yet)."""
+        """The schema version of the database (0: no siglo tables yet, or no database
+        file: asking never creates one)."""
+        if not self.database.exists():
+            return 0
         await self.database.connect_unchecked()
         return await read_version(self.database, build_tables(self.table_prefix, self.schema))
 
@@ -181,6 +184,7 @@ class SqlStorageAdapter(StorageAdapter):
 
         What ``siglo migrate URL`` runs. Safe to run from several processes at once.
         """
+        check_target(target)  # before connecting: a bad target creates no file
         await self.database.connect_unchecked()
         return await migrate(self.database, self.table_prefix, self.schema, target=target)
 

@@ -80,6 +80,11 @@ class Database(abc.ABC):
         self._closed = False
         self._opening = asyncio.Lock()
 
+    def exists(self) -> bool:
+        """Whether the database is there already; a server's database is (connecting
+        says otherwise), a file may not be, and looking must not create it."""
+        return True
+
     def sql(self, text: str) -> str:
         """``text`` with this driver's placeholder style."""
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)

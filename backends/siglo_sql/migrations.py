@@ -23,7 +23,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, Index
 
 from siglo.clock import system_clock
-from siglo.errors import SchemaVersionError
+from siglo.errors import InvalidArgumentError, SchemaVersionError
 from siglo_sql.database import Database, Executor
 from siglo_sql.schema import SCHEMA_VERSION, Tables, build_tables
 
@@ -161,6 +161,14 @@ def _too_new(version: int, where: str) -> SchemaVersionError:
     )
 
 
+def check_target(target: int) -> None:
+    """Refuse a migration target this siglo does not know."""
+    if type(target) is not int or not 1 <= target <= SCHEMA_VERSION:
+        raise InvalidArgumentError(
+            f"no schema version {target!r}: this siglo knows versions 1 to {SCHEMA_VERSION}"
+        )
+
+
 async def migrate(
     db: Database, prefix: str, schema: str | None, *, target: int = SCHEMA_VERSION
 ) -> tuple[int, int]:
@@ -169,8 +177,7 @@ async def migrate(
     Safe to run from several processes at once. A database newer than ``target`` raises
     :class:`~siglo.errors.SchemaVersionError` and is left alone.
     """
-    if not 1 <= target <= SCHEMA_VERSION:
-        raise ValueError(f"no schema version {target}")
+    check_target(target)
     tables = build_tables(prefix, schema)
     dialect = db.sa_dialect
     name = _version_table(tables, dialect)
@@ -184,8 +191,13 @@ async def migrate(
         await tx.fetch(str(ddl.compile(dialect=dialect)).strip())
         rows = await tx.fetch(f"SELECT MAX(version) FROM {name}")
         before = int(rows[0][0] or 0)
-        if before > target:
+        if before > SCHEMA_VERSION:
             raise _too_new(before, db.description)
+        if before > target:
+            raise SchemaVersionError(
+                f"the siglo schema of {db.description} is already at version {before}, past "
+                f"the target version {target}; migrations only go forward"
+            )
         for migration in MIGRATIONS[before:target]:
             for statement in migration.ddl(prefix, schema, dialect):
                 await tx.fetch(statement)

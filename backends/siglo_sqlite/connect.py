@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import unquote, urlsplit
 
 from siglo.backend import Backend
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo_sql.adapter import SqlStorageAdapter
 from siglo_sql.connect import (
     COMMON_OPTIONS,
@@ -119,17 +119,27 @@ def _build(
 
 @asynccontextmanager
 async def isolated(url: str = "sqlite://", **options: Any) -> AsyncIterator[Backend]:
-    """A backend on private storage: a new temporary file (removed afterwards) for a file
-    URL, a new private in-memory database for ``sqlite://``."""
+    """A backend on private storage: a new temporary file in a new directory beside the
+    URL's file (both removed afterwards; the URL's file is not touched), a new private
+    in-memory database for ``sqlite://``."""
     base, url_options = split_url_options(url, SQLITE_OPTIONS - {"clock"})
-    if _path_of(base) is None:
+    given = _path_of(base)
+    if given is None:
         backend = connect(url, **options)
         try:
             yield backend
         finally:
             await backend.aclose()
         return
-    directory = tempfile.mkdtemp(prefix="siglo-sqlite-")
+    # Beside the file the URL names, so that a directory siglo cannot write is found
+    # here (the file itself is never touched).
+    beside = os.path.dirname(os.path.abspath(given))  # noqa: ASYNC240  (string work, no I/O)
+    try:
+        directory = tempfile.mkdtemp(prefix="siglo-sqlite-", dir=beside)
+    except OSError as exc:
+        raise StorageAdapterError(
+            f"sqlite: cannot create a database in {beside!r} (for {given!r}): {exc.strerror or exc}"
+        ) from exc
     path = os.path.join(directory, "siglo.db")
     try:
         # path is absolute, so the URL reads sqlite:////tmp/…: any process finds it.

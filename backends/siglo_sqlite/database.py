@@ -19,6 +19,7 @@ smaller of ``busy_timeout_ms`` and ``command_timeout_ms``).
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -99,6 +100,9 @@ class SqliteDatabase(Database):
         self._conn: aiosqlite.Connection | None = None
         self._sa_conn: AsyncConnection | None = None
         self._lock = asyncio.Lock()
+
+    def exists(self) -> bool:
+        return self.engine is not None or self.path is None or os.path.exists(self.path)
 
     async def _connect(self) -> None:
         if self.engine is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import traceback
@@ -17,7 +18,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from siglo.adapter import Capability
-from siglo.errors import CapabilityNotSupportedError
+from siglo.errors import CapabilityNotSupportedError, SigloError, StorageAdapterError
 from siglo_contract.registry import Check, CheckContext, RuleViolation
 from siglo_contract.rules import Rule, select_rules
 from siglo_contract.target import (
@@ -60,6 +61,9 @@ class Report:
     profile: str
     results: dict[str, RuleResult]
     seconds: float = 0.0
+    storage: str | None = None
+    """The URL of the isolated storage the run used (a temporary file, a key prefix's
+    server), when the backend has one."""
 
     @property
     def failures(self) -> list[RuleResult]:
@@ -118,6 +122,7 @@ def run_contract(
     options: dict[str, Any] | None = None,
     progress: Progress | None = None,
     keep_going: bool = True,
+    on_plan: Callable[[list[Check]], None] | None = None,
 ) -> Report:
     """Run the contract suite against ``target`` and return a verdict per adapter rule.
 
@@ -129,6 +134,11 @@ def run_contract(
     reported otherwise). With ``keep_going`` (the default) a state machine that failed on
     one rule is run again without that rule's comparisons, so the others get a verdict
     too. ``options`` go to the backend's factory (defaults: :data:`DEFAULT_OPTIONS`).
+    ``on_plan`` is told the checks that will run, before the first starts.
+
+    Before any check, a URL target's backend must answer one read within
+    :data:`PROBE_TIMEOUT_S`: an unreachable backend raises
+    :class:`~siglo.errors.StorageAdapterError` once, instead of failing every rule.
     Synchronous: call it outside a running event loop.
     """
     if seed is None:
@@ -168,10 +178,29 @@ def run_contract(
         for c in all_checks()
         if selected_ids.intersection(c.rules) and c.capabilities() <= tgt.capabilities
     ]
+    if on_plan is not None:
+        on_plan(list(to_run))
+    storage: str | None = None
     loop = asyncio.new_event_loop()
     try:
         session = tgt.session()
-        loop.run_until_complete(session.__aenter__())
+        try:
+            loop.run_until_complete(session.__aenter__())
+        except SigloError:
+            raise
+        except Exception as exc:
+            raise StorageAdapterError(
+                f"cannot open isolated storage on {tgt.label}: {type(exc).__name__}: {exc}"
+            ) from exc
+        storage = session.shared_url
+        try:
+            if tgt.url is not None:
+                loop.run_until_complete(_probe(session, tgt.label))
+        except BaseException:
+            # The backend is unreachable: its clean-up would only fail the same way.
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(session.__aexit__(None, None, None))
+            raise
         try:
             for chk in to_run:
                 if progress:
@@ -205,7 +234,28 @@ def run_contract(
             results[r.id] = RuleResult(r, "pass", "", names)
         else:
             results[r.id] = RuleResult(r, "not run", "no check of this rule completed", names)
-    return Report(tgt.label, seed, profile, results, time.monotonic() - started)
+    return Report(tgt.label, seed, profile, results, time.monotonic() - started, storage)
+
+
+PROBE_TIMEOUT_S: Final = 10.0
+"""How long the backend has to answer the read that starts a run."""
+
+
+async def _probe(session: Session, label: str) -> None:
+    """One cheap read, so an unreachable backend is one clear error, not 40 failed rules.
+
+    Only a failure to reach the backend counts; anything else the checks judge.
+    """
+    async with session.backend() as backend:
+        adapter = backend.adapter
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                if adapter.supports(Capability.CHECKPOINTS):
+                    await adapter.get_checkpoint(new_prefix() + "probe")
+                elif backend.idempotency is not None:
+                    await backend.idempotency.get(new_prefix() + "probe")
+        except (StorageAdapterError, OSError, TimeoutError) as exc:
+            raise StorageAdapterError(f"cannot reach the backend at {label}: {exc}") from exc
 
 
 def _describe(exc: BaseException) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from siglo.adapter import Capability
 from siglo.backend import Backend
+from siglo.cli.errors import display_url
 from siglo.clock import ManualClock
 from siglo.plugins import get_registry
 
@@ -107,7 +108,7 @@ class Target:
             return cm
 
         return cls(
-            label=url,
+            label=display_url(url),
             capabilities=spec.capabilities,
             multiprocess=spec.multiprocess,
             url=url,

@@ -1,4 +1,9 @@
-"""The ``siglo`` command line: a click group; each command lives in its own module."""
+"""The ``siglo`` command line: a click group; each command lives in its own module.
+
+Failures are reported by :mod:`siglo.cli.errors` (one ``Error:`` line and a hint, exit
+status 1, a traceback only with ``--debug``); commands added to :data:`cli` get that for
+free.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,26 @@ import click
 from siglo import __version__
 from siglo.cli.backends import backends
 from siglo.cli.check import check
+from siglo.cli.errors import DEBUG_ENV, SigloGroup
 from siglo.cli.migrate import migrate
 
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="siglo")
-def cli() -> None:
-    """siglo: storage for durable workflows."""
+@click.group(cls=SigloGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="siglo", message="%(prog)s %(version)s")
+@click.option(
+    "--debug",
+    is_flag=True,
+    help=f"Show the full traceback of a failure (or set {DEBUG_ENV}=1).",
+)
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """siglo: storage for durable workflows.
+
+    Commands that take a backend URL read $SIGLO_URL when given none.
+    """
+    ctx.meta["siglo.debug"] = debug
 
 
 cli.add_command(backends)

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from siglo.cli.errors import CliError, display_url, resolve_url
+from siglo.connect import check_port
+
+if TYPE_CHECKING:
+    from siglo_contract.registry import Check
 
 __all__ = ["DEFAULT_URL", "check"]
 
 DEFAULT_URL: Final = "sqlite:///siglo-check.db"
-"""The backend ``siglo check`` runs against when given no URL: siglo's embedded default,
-SQLite on a file (the suite works in a temporary file of its own and removes it)."""
+"""The backend ``siglo check`` runs against when given no URL and no ``$SIGLO_URL``:
+siglo's embedded default, SQLite on a file. The suite works in a temporary directory
+beside that file and removes it; the file itself is never created."""
 
 _STYLE: Final = {
     "pass": "green",
@@ -23,6 +35,37 @@ _STYLE: Final = {
     "not supported": "yellow",
     "not run": "magenta",
 }
+
+
+def _writable_report(path: Path) -> None:
+    """Fail now, not after the whole run, if the JUnit report cannot be written."""
+    existed = path.exists()
+    try:
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise CliError(
+            f"cannot write the JUnit XML report {str(path)!r}: {exc.strerror or exc}",
+            "pass --junit-xml a path in a directory that exists and that you can write",
+        ) from None
+    if not existed:
+        path.unlink()
+
+
+@contextlib.contextmanager
+def _private_hypothesis_dir() -> Iterator[None]:
+    """Hypothesis keeps caches in ``./.hypothesis``; a command must not litter the cwd."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    with tempfile.TemporaryDirectory(prefix="siglo-check-hypothesis-") as directory:
+        set_hypothesis_home_dir(directory)
+        try:
+            yield
+        finally:
+            set_hypothesis_home_dir(None)
 
 
 @click.command()
@@ -63,58 +106,74 @@ def check(
     rules: tuple[str, ...],
     junit_xml: Path | None,
 ) -> None:
-    """Run the contract suite against the backend URL resolves to (default: SQLite on a file).
+    """Run the contract suite against the backend at URL.
 
+    URL defaults to $SIGLO_URL, then to SQLite on a file (sqlite:///siglo-check.db).
+    The suite runs on isolated storage of that backend (a temporary file beside the
+    SQLite file, its own Redis key prefix or PostgreSQL schema) and removes it.
     Prints a table of rule id, verdict (pass / FAIL / not supported) and, for a failure,
     the shrunk counter-example. Exits non-zero if any rule fails.
     """
-    from siglo.errors import SigloError
-    from siglo_contract.registry import Check
     from siglo_contract.rules import select_rules
     from siglo_contract.runner import run_contract
 
-    target = url or DEFAULT_URL
+    target = resolve_url(url, default=DEFAULT_URL)
+    shown = display_url(target)
+    check_port(target)
+    if not select_rules(rules):
+        raise click.UsageError(
+            f"no rule matches {', '.join(rules)}; rule ids are listed on docs/contract.md "
+            "(a pattern is a glob or an id prefix)"
+        )
+    if junit_xml is not None:
+        _writable_report(junit_xml)
     console = Console(stderr=True)
     out = Console()
-    if not select_rules(rules):
-        raise click.UsageError(f"no rule matches {', '.join(rules)}; see docs/contract.md")
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(f"checking {target}", total=None)
+    with (
+        _private_hypothesis_dir(),
+        Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress,
+    ):
+        task = progress.add_task(f"connecting to {escape(shown)}", total=None)
+
+        def on_plan(checks: list[Check]) -> None:
+            progress.update(task, total=len(checks), completed=0)
+            console.print(f"siglo check {escape(shown)}: {len(checks)} checks", highlight=False)
 
         def on_progress(event: str, chk: Check, message: str) -> None:
+            ids = escape(", ".join(chk.rules))
             if event == "start":
-                progress.update(task, description=f"{target}: {chk.name}")
+                progress.update(task, description=f"{chk.name} [dim]({ids})[/dim]")
                 return
             progress.advance(task)
-            mark = "[green]✓[/green]" if event == "pass" else f"[red]✗ {message}[/red]"
-            progress.console.print(f"  {mark} {chk.name}", highlight=False)
+            mark = "[green]✓[/green]" if event == "pass" else f"[red]✗ {escape(message)}[/red]"
+            progress.console.print(f"  {mark} {chk.name} [dim]({ids})[/dim]", highlight=False)
 
-        try:
-            report = run_contract(
-                target,
-                rules=rules or None,
-                examples=examples,
-                seed=seed,
-                profile=profile,
-                progress=on_progress,
-            )
-        except SigloError as exc:
-            raise click.ClickException(str(exc)) from exc
+        report = run_contract(
+            target,
+            rules=rules or None,
+            examples=examples,
+            seed=seed,
+            profile=profile,
+            progress=on_progress,
+            on_plan=on_plan,
+        )
 
-    table = Table(title=f"siglo check {target}", show_lines=not report.ok)
+    table = Table(title=f"siglo check {escape(report.target)}", show_lines=not report.ok)
+    if report.storage is not None:
+        table.caption = escape(f"run on isolated storage {display_url(report.storage)}, removed")
     table.add_column("rule")
     table.add_column("verdict")
     table.add_column("counter-example", overflow="fold")
     for res in report.results.values():
         style = _STYLE[res.verdict]
-        detail = res.detail if res.verdict == "FAIL" else ""
+        detail = escape(res.detail) if res.verdict == "FAIL" else ""
         table.add_row(res.rule.id, f"[{style}]{res.verdict}[/{style}]", detail)
     out.print(table)
     counts = {v: sum(r.verdict == v for r in report.results.values()) for v in _STYLE}
@@ -123,6 +182,7 @@ def check(
         f"{summary} in {report.seconds:.1f}s (seed {report.seed}, profile {report.profile}; "
         f"rerun with --seed {report.seed})",
         highlight=False,
+        markup=False,
     )
     if junit_xml is not None:
         junit_xml.write_text(report.to_junit_xml(), encoding="utf-8")

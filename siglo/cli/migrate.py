@@ -3,26 +3,41 @@
 from __future__ import annotations
 
 import asyncio
-import sys
+from typing import Any
 
 import click
 
+from siglo.backend import Backend
+from siglo.cli.errors import CliError, resolve_url
 from siglo.connect import connect
-from siglo.errors import SigloError
 
 __all__ = ["migrate"]
 
 
+def _versioned(backend: Backend) -> tuple[Any, Any]:
+    adapter = backend.adapter
+    run = getattr(adapter, "migrate", None)
+    current = getattr(adapter, "schema_version", None)
+    if run is None or current is None:
+        raise CliError(
+            f"backend {backend.name!r} has no versioned schema: there is nothing to migrate",
+            "`siglo migrate` is for the SQL backends (sqlite:///path.db, postgresql://…)",
+        )
+    return run, current
+
+
 async def _migrate(url: str, target: int | None, status_only: bool) -> str:
+    # Built without options first, to ask whether the backend has a schema at all: a
+    # backend that has none (memory://, redis://) would refuse `auto_migrate`. Building
+    # a backend opens nothing; the first call does.
+    probe = connect(url)
+    try:
+        _versioned(probe)
+    finally:
+        await probe.aclose()
     backend = connect(url, auto_migrate=False)
     try:
-        adapter = backend.adapter
-        run = getattr(adapter, "migrate", None)
-        current = getattr(adapter, "schema_version", None)
-        if run is None or current is None:
-            raise click.ClickException(
-                f"backend {backend.name!r} has no versioned schema: nothing to migrate"
-            )
+        run, current = _versioned(backend)
         if status_only:
             return f"{backend.name}: schema version {await current()}"
         before, after = await (run() if target is None else run(target=target))
@@ -34,18 +49,22 @@ async def _migrate(url: str, target: int | None, status_only: bool) -> str:
 
 
 @click.command()
-@click.argument("url")
-@click.option("--to", "target", type=int, default=None, help="Stop at this schema version.")
-@click.option("--status", "status_only", is_flag=True, help="Only print the schema version.")
-def migrate(url: str, target: int | None, status_only: bool) -> None:
-    """Apply the schema migrations of a SQL backend (sqlite://, postgresql://).
+@click.argument("url", required=False, default=None)
+@click.option(
+    "--to",
+    "target",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop at this schema version (default: this siglo's).",
+)
+@click.option(
+    "--status", "status_only", is_flag=True, help="Only print the schema version (changes nothing)."
+)
+def migrate(url: str | None, target: int | None, status_only: bool) -> None:
+    """Apply the schema migrations of a SQL backend (sqlite:///path.db, postgresql://…).
 
-    Safe to run from several processes at once. A database whose schema is newer than
-    this siglo is left alone and reported as an error.
+    URL defaults to $SIGLO_URL. Safe to run from several processes at once. A database
+    whose schema is newer than this siglo is left alone and reported as an error.
     """
-    try:
-        message = asyncio.run(_migrate(url, target, status_only))
-    except SigloError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    message = asyncio.run(_migrate(resolve_url(url), target, status_only))
     click.echo(message)

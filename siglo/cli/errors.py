@@ -1,0 +1,175 @@
+"""How every ``siglo`` command reports a failure: one line ``Error: …``, a hint, exit 1.
+
+Commands raise :class:`CliError` (or let a :class:`~siglo.errors.SigloError` or any other
+exception escape); :class:`SigloGroup` turns what escapes into a :class:`CliError`, so no
+user ever sees a traceback unless they ask for it with ``siglo --debug``. A new command
+needs nothing of its own: register it on the group and raise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import IO, Any, Final, TypeVar
+
+import click
+
+from siglo.connect import URL_ENV
+from siglo.errors import (
+    BackendNotFoundError,
+    CapabilityNotSupportedError,
+    DriverNotInstalledError,
+    InvalidArgumentError,
+    MalformedRecordError,
+    SchemaVersionError,
+    SigloError,
+    StorageAdapterError,
+)
+
+__all__ = [
+    "DEBUG_ENV",
+    "URL_ENV",
+    "CliError",
+    "SigloGroup",
+    "as_cli_error",
+    "display_url",
+    "hint_for",
+    "resolve_url",
+]
+
+DEBUG_ENV: Final = "SIGLO_DEBUG"
+"""Set to ``1`` for tracebacks, like ``siglo --debug``."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip()) or "failed"
+
+
+class CliError(click.ClickException):
+    """A failure shown as ``Error: <message>`` and, on the next line, ``Hint: <hint>``.
+
+    The message is folded onto one line. ``exit_code`` is 1.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(_one_line(message))
+        self.hint = hint
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"Error: {self.format_message()}", file=file, err=True)
+        if self.hint:
+            click.echo(f"Hint: {self.hint}", file=file, err=True)
+
+
+def hint_for(exc: BaseException) -> str:
+    """What to try next for a failure of this kind."""
+    if isinstance(exc, DriverNotInstalledError):
+        return "install the extra named above; `siglo backends` shows every driver's status"
+    if isinstance(exc, BackendNotFoundError):
+        return "`siglo backends` lists the installed backends and their URL schemes"
+    if isinstance(exc, SchemaVersionError):
+        return "`siglo migrate URL --status` shows the schema version; `siglo migrate URL` upgrades"
+    if isinstance(exc, StorageAdapterError):
+        return (
+            "check that the backend is reachable: the server running, the URL's host, "
+            "port and database (or file path) right"
+        )
+    if isinstance(exc, CapabilityNotSupportedError):
+        return "`siglo backends` lists what each backend supports"
+    if isinstance(exc, InvalidArgumentError | MalformedRecordError):
+        return "fix the value named above (URL forms: see `siglo backends` and docs/backends/)"
+    if isinstance(exc, SigloError):
+        return "see the siglo documentation for this error"
+    return f"rerun with `siglo --debug` (or {DEBUG_ENV}=1) for the traceback, and report it"
+
+
+def as_cli_error(exc: BaseException) -> CliError:
+    """``exc`` as the one-line error users see."""
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, SigloError):
+        return CliError(str(exc), hint_for(exc))
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return CliError(f"{exc.strerror}{where}", "check the path and its permissions")
+    detail = str(exc) or "(no message)"
+    return CliError(f"unexpected {type(exc).__name__}: {detail}", hint_for(exc))
+
+
+def debug_enabled(ctx: click.Context | None = None) -> bool:
+    """Whether ``--debug`` was given (on the root command) or ``SIGLO_DEBUG`` is set."""
+    if os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes"}:
+        return True
+    ctx = ctx or click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return bool(root is not None and root.meta.get("siglo.debug"))
+
+
+class SigloGroup(click.Group):
+    """The ``siglo`` group: any exception a command lets escape becomes a :class:`CliError`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+        except Exception as exc:
+            if debug_enabled(ctx):
+                raise
+            raise as_cli_error(exc) from exc
+
+
+def resolve_url(url: str | None, *, default: str | None = None) -> str:
+    """The backend URL a command works on: ``url`` if given, else ``$SIGLO_URL``, else
+    ``default``. An empty or malformed URL is an error, never a silent fallback."""
+    if url is None:
+        env = os.environ.get(URL_ENV)
+        if env is not None:
+            url, source = env, f"${URL_ENV}"
+        elif default is not None:
+            return default
+        else:
+            raise CliError(
+                "no backend URL given", f"pass one (e.g. sqlite:///siglo.db) or set {URL_ENV}"
+            )
+    else:
+        source = "URL"
+    if not url.strip():
+        raise CliError(
+            f"the {source} is empty",
+            "pass a backend URL such as sqlite:///siglo.db or redis://localhost:6379/0",
+        )
+    if "://" not in url:
+        raise CliError(
+            f"{url!r} is not a backend URL (expected scheme://…)",
+            "for example sqlite:///siglo.db, redis://localhost:6379/0, postgresql://host/db",
+        )
+    return url.strip()
+
+
+def display_url(url: str) -> str:
+    """``url`` as siglo prints it: any password masked."""
+    try:
+        from siglo.urls import mask_credentials  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # until siglo.urls lands: the same rule, here
+        return _mask_password(url)
+    masked: str = mask_credentials(url)
+    return masked
+
+
+def _mask_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, hostport = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hostport}{slash}{tail}"
