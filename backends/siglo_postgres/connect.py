@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import urlsplit
 
+from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError
 from siglo_postgres.database import (
@@ -24,7 +25,6 @@ from siglo_sql.connect import (
     split_url_options,
     take_options,
     timeout_option,
-    with_url_options,
 )
 from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo_sql.schema import check_identifier
@@ -61,7 +61,7 @@ def _conninfo(base: str, connect_timeout_ms: int) -> str:
     conninfo = "postgresql://" + rest
     if "connect_timeout=" not in urlsplit(conninfo).query:
         seconds = max(1, -(-connect_timeout_ms // 1000))  # libpq wants whole seconds
-        conninfo = with_url_options(conninfo, {"connect_timeout": seconds})
+        conninfo = urls.with_options(conninfo, {"connect_timeout": seconds})
     return conninfo
 
 
@@ -133,7 +133,7 @@ def _build(
         on_open=settings.on_open,
         command_timeout_ms=options.pop("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS),
     )
-    url = with_url_options(base, {**settings.url_options(), **timeout_option(db)})
+    url = urls.with_options(base, {**settings.url_options(), **timeout_option(db)})
     return assemble_backend("postgres", url, db, settings, PostgresStorageAdapter)
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import contextlib
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
+from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo_redis.adapter import RedisStorageAdapter
@@ -44,41 +45,19 @@ _DEFAULT_SOCKET_TIMEOUT_S: Final = 5.0
 _DEFAULT_MAX_CONNECTIONS: Final = 64
 
 
-def _boolean(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    lowered = str(value).lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise InvalidArgumentError(f"{name} must be true or false, got {value!r}")
-
-
-def _integer(name: str, value: Any) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
-    if str(value).lower() in ("none", "null", ""):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}") from None
-
-
-_OPTIONS: Final[dict[str, Callable[[str, Any], Any]]] = {
-    "prefix": lambda _n, v: v,
-    "cluster": _boolean,
-    "auto_pipeline": _boolean,
-    "checkpoint_ttl_ms": _integer,
-    "cache_ttl_ms": _integer,
-    "claim_lease_ms": _integer,
-    "workflow_lock_ttl_ms": _integer,
-    "workflow_lock_timeout_ms": _integer,
-    "command_timeout_ms": _integer,
-    "idempotency_ttl_ms": _integer,
-    "record_context_changes": _boolean,
-    "strict_atomicity": _boolean,
+_OPTIONS: Final[dict[str, urls.Converter]] = {
+    "prefix": urls.text,
+    "cluster": urls.boolean,
+    "auto_pipeline": urls.boolean,
+    "checkpoint_ttl_ms": urls.optional_integer,
+    "cache_ttl_ms": urls.optional_integer,
+    "claim_lease_ms": urls.optional_integer,
+    "workflow_lock_ttl_ms": urls.optional_integer,
+    "workflow_lock_timeout_ms": urls.optional_integer,
+    "command_timeout_ms": urls.optional_integer,
+    "idempotency_ttl_ms": urls.optional_integer,
+    "record_context_changes": urls.boolean,
+    "strict_atomicity": urls.boolean,
 }
 
 
@@ -95,14 +74,7 @@ def _split(url: str) -> tuple[str, dict[str, Any]]:
                 f"the path of a redis URL is the database number, got {db!r}: "
                 "use redis://host:port/0 (or no path for database 0)"
             )
-    ours: dict[str, Any] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if name in _OPTIONS:
-            ours[name] = _OPTIONS[name](name, value)
-        else:
-            theirs.append((name, value))
-    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+    return urls.split_options(url, _OPTIONS)
 
 
 def client_from_url(
@@ -236,21 +208,9 @@ def connect(
     return backend
 
 
-def _url_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "none" if value is None else str(value)
-
-
 def _with_params(url: str, params: dict[str, Any]) -> str:
     """``url`` with siglo's options set in its query, so another process can repeat it."""
-    ours = {k: _url_value(v) for k, v in params.items() if k in _OPTIONS}
-    if not ours:
-        return url
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
-    query.extend(ours.items())
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return urls.with_options(url, {k: v for k, v in params.items() if k in _OPTIONS})
 
 
 async def delete_prefix(

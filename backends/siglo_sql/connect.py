@@ -1,8 +1,8 @@
 """Options shared by the SQL backends, and assembling a :class:`~siglo.Backend`.
 
-Options are keyword arguments of ``connect`` or query parameters of the URL (strings,
-converted here); a keyword argument wins over the URL. Those that decide which tables
-are used (``table_prefix``, Postgres ``schema``) are written back into
+Options are keyword arguments of ``connect`` or query parameters of the URL (read by
+:mod:`siglo.urls` with :data:`CONVERTERS`); a keyword argument wins over the URL. Those
+that decide which tables are used (``table_prefix``, Postgres ``schema``) are written back into
 :attr:`Backend.url`, so ``siglo.connect(backend.url)`` in another process reaches the
 same tables.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode
 
+from siglo import urls
 from siglo.backend import Backend
 from siglo.clock import Clock
 from siglo.errors import InvalidArgumentError
@@ -30,13 +30,12 @@ from siglo_sql.statements import build_statements
 
 __all__ = [
     "ADAPTER_OPTIONS",
-    "INT_OPTIONS",
+    "CONVERTERS",
     "SqlSettings",
     "assemble_backend",
     "split_url_options",
     "take_options",
     "timeout_option",
-    "with_url_options",
 ]
 
 ADAPTER_OPTIONS: Final = frozenset(
@@ -56,73 +55,25 @@ COMMON_OPTIONS: Final = ADAPTER_OPTIONS | {
     "idempotency_ttl_ms",
     "command_timeout_ms",
 }
-INT_OPTIONS: Final = frozenset(
-    {
-        *ADAPTER_OPTIONS,
-        "idempotency_ttl_ms",
-        "busy_timeout_ms",
-        "pool_min_size",
-        "pool_max_size",
-        "pool_timeout_ms",
-        "connect_timeout_ms",
-        "prepare_threshold",
-        "command_timeout_ms",
-    }
-)
-NULLABLE_INT_OPTIONS: Final = frozenset({"prepare_threshold", "command_timeout_ms"})
-"""Integers that ``none`` (or an empty value) turns off."""
-BOOL_OPTIONS: Final = frozenset({"auto_migrate"})
-
-
-def _convert(name: str, value: str) -> Any:
-    if name in INT_OPTIONS:
-        if value.lower() in ("", "none", "null") and name in NULLABLE_INT_OPTIONS:
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"URL option {name} must be an integer, got {value!r}"
-            ) from None
-    if name in BOOL_OPTIONS:
-        lowered = value.lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise InvalidArgumentError(f"URL option {name} must be true or false, got {value!r}")
-    return value
-
-
-def _split(url: str) -> tuple[str, list[tuple[str, str]]]:
-    # Not urlunsplit: it turns "sqlite://" into "sqlite:".
-    base, _, query = url.partition("?")
-    return base, parse_qsl(query, keep_blank_values=True)
-
-
-def _join(base: str, query: list[tuple[str, str]]) -> str:
-    return f"{base}?{urlencode(query)}" if query else base
+CONVERTERS: Final[dict[str, urls.Converter]] = {
+    **dict.fromkeys(ADAPTER_OPTIONS, urls.integer),
+    "checkpoint_ttl_ms": urls.optional_integer,  # none: kept until removed
+    "idempotency_ttl_ms": urls.integer,
+    "busy_timeout_ms": urls.integer,
+    "pool_min_size": urls.integer,
+    "pool_max_size": urls.integer,
+    "pool_timeout_ms": urls.integer,
+    "connect_timeout_ms": urls.integer,
+    "prepare_threshold": urls.optional_integer,  # none: never prepare
+    "command_timeout_ms": urls.optional_integer,  # none: calls are not bounded
+    "auto_migrate": urls.boolean,
+}
+"""How each SQL option given in a URL's query is read (any other option is text)."""
 
 
 def split_url_options(url: str, known: frozenset[str]) -> tuple[str, dict[str, Any]]:
-    """``url`` without siglo's query parameters, and those parameters converted."""
-    base, query = _split(url)
-    ours: dict[str, Any] = {}
-    theirs: list[tuple[str, str]] = []
-    for name, value in query:
-        if name in known:
-            ours[name] = _convert(name, value)
-        else:
-            theirs.append((name, value))
-    return _join(base, theirs), ours
-
-
-def with_url_options(url: str, options: Mapping[str, Any]) -> str:
-    """``url`` with ``options`` set as query parameters (``None`` values left out)."""
-    base, query = _split(url)
-    query = [(k, v) for k, v in query if k not in options]
-    query += [(k, str(v)) for k, v in options.items() if v is not None]
-    return _join(base, query)
+    """``url`` without the query parameters in ``known``, and those parameters typed."""
+    return urls.split_options(url, {name: CONVERTERS.get(name, urls.text) for name in known})
 
 
 def timeout_option(db: Database) -> dict[str, Any]:
@@ -166,10 +117,12 @@ class SqlSettings:
 
     def url_options(self) -> dict[str, Any]:
         """What must travel in the URL for another process to reach the same tables."""
-        return {
-            "table_prefix": self.prefix if self.prefix != DEFAULT_PREFIX else None,
-            "schema": self.schema,
-        }
+        options: dict[str, Any] = {}
+        if self.prefix != DEFAULT_PREFIX:
+            options["table_prefix"] = self.prefix
+        if self.schema is not None:
+            options["schema"] = self.schema
+        return options
 
     async def on_open(self, db: Database) -> None:
         """The start-up schema check (and migration when ``auto_migrate``)."""

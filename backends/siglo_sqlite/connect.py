@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import unquote, urlsplit
 
+from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo_sql.adapter import SqlStorageAdapter
@@ -20,7 +21,6 @@ from siglo_sql.connect import (
     split_url_options,
     take_options,
     timeout_option,
-    with_url_options,
 )
 from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo_sqlite.database import DEFAULT_BUSY_TIMEOUT_MS, SqliteDatabase
@@ -108,7 +108,7 @@ def _build(
         command_timeout_ms=options.pop("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS),
     )
     backend_url = (
-        with_url_options(base, {**settings.url_options(), **timeout_option(db)})
+        urls.with_options(base, {**settings.url_options(), **timeout_option(db)})
         if engine is None
         else url
     )
@@ -143,7 +143,7 @@ async def isolated(url: str = "sqlite://", **options: Any) -> AsyncIterator[Back
     path = os.path.join(directory, "siglo.db")
     try:
         # path is absolute, so the URL reads sqlite:////tmp/…: any process finds it.
-        backend = connect(with_url_options(f"sqlite:///{path}", url_options), **options)
+        backend = connect(urls.with_options(f"sqlite:///{path}", url_options), **options)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise

@@ -1,0 +1,158 @@
+"""Options in a backend URL's query string, and URLs safe to print.
+
+A backend's options can ride in its URL (``redis://host/0?prefix=app:&cache_ttl_ms=1000``)
+so that ``siglo.connect(backend.url)`` in another process reaches the same storage with
+the same settings. Every built-in backend, and any plugin, reads them the same way:
+
+.. code-block:: python
+
+    from siglo import urls
+
+    OPTIONS = {"cache_ttl_ms": urls.integer, "compress": urls.boolean}
+    base, options = urls.split_options(url, OPTIONS)  # typed; other parameters stay
+    url = urls.with_options(base, options)  # and back
+
+A value that does not convert raises :class:`~siglo.errors.InvalidArgumentError` naming
+the option. :func:`mask_credentials` hides the password of a URL (in its user info or
+its query) before the URL is logged or shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+from urllib.parse import parse_qsl, unquote_plus, urlencode
+
+from siglo.errors import InvalidArgumentError
+
+__all__ = [
+    "MASK",
+    "Converter",
+    "boolean",
+    "integer",
+    "mask_credentials",
+    "optional_integer",
+    "split_options",
+    "text",
+    "url_value",
+    "with_options",
+]
+
+Converter = Callable[[str, str], Any]
+"""Turns one query value into its typed value: ``(option name, text) -> value``."""
+
+MASK: Final = "***"
+"""What :func:`mask_credentials` puts in place of a secret."""
+
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+_NONE: Final = frozenset({"", "none", "null"})
+_SECRET_PARAMETERS: Final = frozenset(
+    {"password", "passwd", "pass", "sslpassword", "secret", "token", "api_key", "apikey"}
+)
+
+
+def integer(name: str, value: str) -> int:
+    """An integer (``"10000"``)."""
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"URL option {name} must be an integer, got {value!r}") from None
+
+
+def optional_integer(name: str, value: str) -> int | None:
+    """An integer, or ``None`` for ``none``, ``null`` or an empty value."""
+    return None if value.lower() in _NONE else integer(name, value)
+
+
+def boolean(name: str, value: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``, ``on``/``off``)."""
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise InvalidArgumentError(f"URL option {name} must be true or false, got {value!r}")
+
+
+def text(name: str, value: str) -> str:
+    """The value as given."""
+    return value
+
+
+def _split(url: str) -> tuple[str, list[tuple[str, str]]]:
+    # Not urlsplit/urlunsplit: they turn "sqlite://" into "sqlite:".
+    base, _, query = url.partition("?")
+    return base, parse_qsl(query, keep_blank_values=True)
+
+
+def _join(base: str, query: list[tuple[str, str]]) -> str:
+    return f"{base}?{urlencode(query)}" if query else base
+
+
+def split_options(url: str, options: Mapping[str, Converter]) -> tuple[str, dict[str, Any]]:
+    """``url`` without the query parameters named in ``options``, and those converted.
+
+    Every other query parameter stays in the returned URL (for the driver). Raises
+    :class:`~siglo.errors.InvalidArgumentError` naming the option whose value does not
+    convert.
+    """
+    base, query = _split(url)
+    ours: dict[str, Any] = {}
+    theirs: list[tuple[str, str]] = []
+    for name, value in query:
+        convert = options.get(name)
+        if convert is None:
+            theirs.append((name, value))
+        else:
+            ours[name] = convert(name, value)
+    return _join(base, theirs), ours
+
+
+def url_value(value: Any) -> str:
+    """How :func:`with_options` writes a value: ``true``/``false``, ``none``, or ``str``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
+
+
+def with_options(url: str, options: Mapping[str, Any]) -> str:
+    """``url`` with ``options`` set as query parameters, replacing any of the same name.
+
+    Values are written by :func:`url_value`, so the converters above read them back.
+    """
+    if not options:
+        return url
+    base, query = _split(url)
+    query = [(k, v) for k, v in query if k not in options]
+    query += [(k, url_value(v)) for k, v in options.items()]
+    return _join(base, query)
+
+
+def mask_credentials(url: str) -> str:
+    """``url`` with its password replaced by ``***``, fit for logs and messages.
+
+    The password of the user info (``redis://user:secret@host``) and the values of query
+    parameters that carry secrets (``password``, ``sslpassword``, ``token`` …) are masked;
+    the rest of the URL, user name included, is kept as written, so the URL still says
+    where it goes.
+    """
+    base, sep, query = url.partition("?")
+    scheme_end = base.find("://")
+    if scheme_end >= 0:
+        start = scheme_end + 3
+        # The last "@" ends the user info even when an unescaped "/" or "@" is in the
+        # password: masking too much is safe, showing a password is not.
+        at = base.rfind("@", start)
+        userinfo = base[start:at] if at >= 0 else ""
+        if ":" in userinfo:
+            user = userinfo.partition(":")[0]
+            base = f"{base[:start]}{user}:{MASK}{base[at:]}"
+    if query:
+        pieces = query.split("&")
+        for i, piece in enumerate(pieces):
+            name, equals, _value = piece.partition("=")
+            if equals and unquote_plus(name).lower() in _SECRET_PARAMETERS:
+                pieces[i] = f"{name}={MASK}"
+        query = "&".join(pieces)
+    return base + sep + query

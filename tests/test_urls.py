@@ -1,0 +1,94 @@
+"""siglo.urls: URL query options read one way by every backend, and masked credentials."""
+
+from __future__ import annotations
+
+import pytest
+
+import siglo
+from siglo import urls
+from siglo.errors import InvalidArgumentError
+
+OPTIONS = {
+    "ttl_ms": urls.integer,
+    "retention_ms": urls.optional_integer,
+    "on": urls.boolean,
+    "prefix": urls.text,
+}
+
+
+def test_split_options_types_ours_and_keeps_the_rest() -> None:
+    base, ours = urls.split_options(
+        "redis://h:6379/0?ttl_ms=5&db=2&on=YES&retention_ms=none&prefix=a:b", OPTIONS
+    )
+    assert base == "redis://h:6379/0?db=2"
+    assert ours == {"ttl_ms": 5, "on": True, "retention_ms": None, "prefix": "a:b"}
+
+
+def test_split_options_keeps_a_url_without_host_as_written() -> None:
+    assert urls.split_options("sqlite://", OPTIONS) == ("sqlite://", {})
+    assert urls.split_options("sqlite://?on=0", OPTIONS) == ("sqlite://", {"on": False})
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("ttl_ms=soon", "URL option ttl_ms must be an integer, got 'soon'"),
+        ("retention_ms=1.5", "URL option retention_ms must be an integer, got '1.5'"),
+        ("on=maybe", "URL option on must be true or false, got 'maybe'"),
+    ],
+)
+def test_a_bad_value_names_its_option(query: str, message: str) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        urls.split_options(f"redis://h/0?{query}", OPTIONS)
+    assert str(caught.value) == message
+
+
+def test_with_options_round_trips_through_split_options() -> None:
+    values = {"ttl_ms": 7, "retention_ms": None, "on": False, "prefix": "x y&z"}
+    url = urls.with_options("sqlite:///a.db?keep=1&ttl_ms=1", values)
+    assert url.startswith("sqlite:///a.db?keep=1&")
+    assert urls.split_options(url, OPTIONS) == ("sqlite:///a.db?keep=1", values)
+    assert urls.with_options("sqlite://", {}) == "sqlite://"
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("redis://:secret@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://user:secret@h/0?db=1", "redis://user:***@h/0?db=1"),
+        ("redis://u:p/w@rd@h/0", "redis://u:***@h/0"),
+        (
+            "postgresql://app:p%40ss@db/x?sslmode=require&password=pw&sslpassword=k",
+            "postgresql://app:***@db/x?sslmode=require&password=***&sslpassword=***",
+        ),
+        ("postgresql://u:p@[::1]:5432/d", "postgresql://u:***@[::1]:5432/d"),
+        ("unix:///tmp/r.sock?password=s&db=1", "unix:///tmp/r.sock?password=***&db=1"),
+        ("redis://user@h/0", "redis://user@h/0"),
+        ("sqlite://", "sqlite://"),
+        ("sqlite:///tmp/a@b.db", "sqlite:///tmp/a@b.db"),
+    ],
+)
+def test_mask_credentials(url: str, masked: str) -> None:
+    assert urls.mask_credentials(url) == masked
+
+
+def test_backends_read_url_options_with_the_shared_parser() -> None:
+    with pytest.raises(InvalidArgumentError, match="URL option cache_ttl_ms must be an integer"):
+        siglo.connect("sqlite://?cache_ttl_ms=abc")
+    with pytest.raises(InvalidArgumentError, match="URL option cluster must be true or false"):
+        siglo.connect("redis://127.0.0.1:6379/0?cluster=perhaps")
+    with pytest.raises(InvalidArgumentError, match="URL option prepare_threshold must be an"):
+        siglo.connect("postgresql://127.0.0.1/test?prepare_threshold=x")
+
+
+async def test_backend_urls_carry_their_options_back() -> None:
+    backend = siglo.connect("sqlite://?table_prefix=app_&cache_ttl_ms=5")
+    try:
+        assert backend.url == "sqlite://?table_prefix=app_"
+    finally:
+        await backend.aclose()
+    backend = siglo.connect("redis://127.0.0.1:6379/0?db=0", checkpoint_ttl_ms=None)
+    try:
+        assert backend.url == "redis://127.0.0.1:6379/0?db=0&checkpoint_ttl_ms=none"
+    finally:
+        await backend.aclose()
