@@ -25,6 +25,7 @@ from siglo.errors import (
     SigloError,
     StorageAdapterError,
 )
+from siglo.urls import mask_credentials
 
 __all__ = [
     "DEBUG_ENV",
@@ -155,21 +156,4 @@ def resolve_url(url: str | None, *, default: str | None = None) -> str:
 
 def display_url(url: str) -> str:
     """``url`` as siglo prints it: any password masked."""
-    try:
-        from siglo.urls import mask_credentials  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # until siglo.urls lands: the same rule, here
-        return _mask_password(url)
-    masked: str = mask_credentials(url)
-    return masked
-
-
-def _mask_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hostport = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{hostport}{slash}{tail}"
+    return mask_credentials(url)
