@@ -23,6 +23,7 @@ from siglo.errors import (
     DriverNotInstalledError,
     InvalidArgumentError,
     InvalidStateTransitionError,
+    LockLostError,
     LockNotAcquiredError,
     MalformedRecordError,
     NamespaceMismatchError,
@@ -37,6 +38,7 @@ from siglo.errors import (
     WorkflowVersionMismatchError,
     WorkflowVersionMismatchException,
 )
+from siglo.locking import Lease, current_lease
 from siglo.manager import (
     ErrorMode,
     StorageManager,
@@ -88,6 +90,8 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidStateTransitionError",
     "Lock",
+    "Lease",
+    "LockLostError",
     "LockNotAcquiredError",
     "LockResult",
     "MalformedRecordError",
@@ -116,6 +120,7 @@ __all__ = [
     "WorkflowVersionMismatchException",
     "__version__",
     "connect",
+    "current_lease",
     "default_error_mode",
     "default_storage_manager",
     "flow",

@@ -17,6 +17,7 @@ __all__ = [
     "DriverNotInstalledError",
     "InvalidArgumentError",
     "InvalidStateTransitionError",
+    "LockLostError",
     "LockNotAcquiredError",
     "MalformedRecordError",
     "NamespaceMismatchError",
@@ -153,6 +154,13 @@ class WaitRecordClaimError(SigloError):
 
 class LockNotAcquiredError(SigloError):
     """A lock is held by someone else and could not be acquired in time."""
+
+
+class LockLostError(SigloError):
+    """A lock's lease lapsed (or was taken over) while its action ran; the action was
+    cancelled. ``fencing_token`` is the lost lease's token (``None`` if it had none)."""
+
+    fencing_token: int | None = None
 
 
 class CapabilityNotSupportedError(SigloError, NotImplementedError):

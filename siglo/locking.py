@@ -1,22 +1,35 @@
-"""``with_workflow_lock`` built on any :class:`~siglo.coordination.Lock`.
+"""``with_workflow_lock`` built on any :class:`~siglo.coordination.Lock`, as a lease.
 
 Backends whose workflow lock is a lease row or key share this: wait for the lock with
-jittered back-off, keep the lease alive while the action runs (so a long action does not
-lose it to the TTL), and release with the owner's token afterwards.
+jittered back-off, renew the lease while the action runs, release it with the owner's
+token afterwards. A lease that cannot be renewed before it lapses cancels the action and
+raises :class:`~siglo.errors.LockLostError`: the action never goes on silently while a
+second holder may already have entered. Each holder gets a fencing token that only grows
+(:func:`current_lease`), so a store can refuse the writes of a holder that paused past
+its lease — see ``docs/safety.md`` for what a lease can and cannot promise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from siglo.coordination import Lock
-from siglo.errors import LockNotAcquiredError
+from siglo.errors import LockLostError, LockNotAcquiredError
 
-__all__ = ["DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS", "DEFAULT_WORKFLOW_LOCK_TTL_MS", "run_with_lock"]
+__all__ = [
+    "DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS",
+    "DEFAULT_WORKFLOW_LOCK_TTL_MS",
+    "Lease",
+    "current_lease",
+    "run_with_lock",
+    "using_lease",
+]
 
 T = TypeVar("T")
 
@@ -24,6 +37,44 @@ DEFAULT_WORKFLOW_LOCK_TTL_MS: Final = 30_000
 DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS: Final = 30_000
 _MIN_POLL_S: Final = 0.002
 _MAX_POLL_S: Final = 0.05
+_RENEWALS_PER_TTL: Final = 3
+"""A healthy lease is renewed every third of its TTL."""
+_SAFETY_FRACTION: Final = 0.1
+"""The action is cancelled this fraction of the TTL before the lease would lapse."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The workflow lock an action holds, readable inside it with :func:`current_lease`.
+
+    ``fencing_token`` grows with every holder of ``key`` (``None`` where the backend's
+    lock has none): pass it to a store that remembers the highest token it has seen and
+    refuses lower ones, and a holder that paused past its lease cannot overwrite the work
+    of the next one.
+    """
+
+    key: str
+    token: str
+    fencing_token: int | None
+
+
+_current: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
+    "siglo_workflow_lease", default=None
+)
+
+
+def current_lease() -> Lease | None:
+    """The :class:`Lease` of the workflow lock the running action holds, or ``None``."""
+    return _current.get()
+
+
+async def using_lease(lease: Lease, action: Callable[[], Awaitable[T]]) -> T:
+    """Run ``action`` with ``lease`` as its :func:`current_lease` (for non-lease locks)."""
+    reset = _current.set(lease)
+    try:
+        return await action()
+    finally:
+        _current.reset(reset)
 
 
 async def run_with_lock(
@@ -36,13 +87,17 @@ async def run_with_lock(
 ) -> T:
     """Acquire ``lock_key`` (waiting up to ``timeout_ms``), run ``action``, release.
 
-    While the action runs the lease is extended every third of ``ttl_ms``. Raises
+    While the action runs the lease is renewed every third of ``ttl_ms``; a failed
+    renewal is retried until shortly before the lease would lapse. If it cannot be
+    renewed by then (the server stalled, the lock was taken over), the action is
+    cancelled and :class:`~siglo.errors.LockLostError` raised. Raises
     :class:`~siglo.errors.LockNotAcquiredError` if the lock stays taken past the timeout.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_ms / 1000
     delay = _MIN_POLL_S
     while True:
+        started = loop.time()
         result = await lock.acquire(lock_key, ttl_ms)
         if result.acquired:
             break
@@ -55,20 +110,90 @@ async def run_with_lock(
         await asyncio.sleep(min(remaining, delay * (0.5 + random.random())))
         delay = min(delay * 2, _MAX_POLL_S)
 
-    token = result.token
-
-    async def keep_alive() -> None:
-        while True:
-            await asyncio.sleep(ttl_ms / 3000)
-            if not await lock.extend(lock_key, token, ttl_ms):
-                return
-
-    renewer = asyncio.create_task(keep_alive())
+    lease = Lease(lock_key, result.token, result.fencing_token)
+    renewer = _Renewer(lock, lease, ttl_ms, lapses_at=started + ttl_ms / 1000)
+    reset = _current.set(lease)
     try:
-        return await action()
+        # A child task (it copies the context, lease included), so it can be cancelled.
+        work = asyncio.ensure_future(action())
     finally:
-        renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await renewer
+        _current.reset(reset)
+    keeper = asyncio.create_task(renewer.run())
+    try:
+        await asyncio.wait({work, keeper}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            # The keeper finished first: the lease is lost. Stop the action before
+            # another holder can enter, then report it.
+            work.cancel()
+            await asyncio.wait({work})
+            raise renewer.lost_error()
+        return work.result()
+    finally:
+        keeper.cancel()
+        if not work.done():  # we ourselves were cancelled: so is the action
+            work.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+        with contextlib.suppress(BaseException):
+            await keeper
         with contextlib.suppress(Exception):
-            await lock.release(lock_key, token)
+            # Bounded: a stalled server must not hold the caller past the lease.
+            async with asyncio.timeout(ttl_ms / 1000):
+                await lock.release(lock_key, lease.token)
+
+
+class _Renewer:
+    """Keeps one lease alive; returns (ending the wait) only when it is lost."""
+
+    def __init__(self, lock: Lock, lease: Lease, ttl_ms: int, *, lapses_at: float) -> None:
+        self.lock = lock
+        self.lease = lease
+        self.ttl_s = ttl_ms / 1000
+        self.ttl_ms = ttl_ms
+        # Measured from before the request that set the lease: the server's lease
+        # cannot end earlier than this on our clock, only later.
+        self.lapses_at = lapses_at
+        self.taken_over = False
+        self.last_error: BaseException | None = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        margin = self.ttl_s * _SAFETY_FRACTION
+        while True:
+            await asyncio.sleep(self.ttl_s / _RENEWALS_PER_TTL)
+            while True:
+                started = loop.time()
+                remaining = self.lapses_at - margin - started
+                if remaining <= 0:
+                    return  # could not renew in time: the lease is as good as lost
+                try:
+                    async with asyncio.timeout(remaining):
+                        renewed = await self.lock.extend(
+                            self.lease.key, self.lease.token, self.ttl_ms
+                        )
+                except Exception as exc:  # a timeout or a failed call: retry while time is left
+                    self.last_error = exc
+                    await asyncio.sleep(min(self.ttl_s / 10, max(0.0, remaining)))
+                    continue
+                if not renewed:
+                    self.taken_over = True
+                    return
+                self.lapses_at = started + self.ttl_s
+                break
+
+    def lost_error(self) -> LockLostError:
+        key = self.lease.key
+        if self.taken_over:
+            why = "the lease had expired and another holder took it (or it was removed)"
+        else:
+            cause = f": {self.last_error!r}" if self.last_error is not None else ""
+            why = f"it could not be renewed before it would lapse{cause}"
+        error = LockLostError(
+            f"workflow lock {key!r} was lost while its action ran ({why}); the action was "
+            "cancelled. Its writes before that may race a later holder's: use the lease's "
+            "fencing token or a compare-and-set save to refuse stale writes."
+        )
+        error.fencing_token = self.lease.fencing_token
+        if self.last_error is not None:
+            error.__cause__ = self.last_error
+        return error

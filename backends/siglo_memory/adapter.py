@@ -17,7 +17,7 @@ from siglo.errors import (
     LockNotAcquiredError,
     WaitRecordClaimError,
 )
-from siglo.locking import DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS
+from siglo.locking import DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS, Lease, using_lease
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
@@ -107,6 +107,7 @@ class MemoryStorageAdapter(StorageAdapter):
         self._cache: dict[str, _Entry] = {}
         self._contexts: dict[tuple[str | None, str, str], tuple[dict[str, bytes], int | None]] = {}
         self._workflow_locks: dict[str, asyncio.Lock] = {}
+        self._workflow_fences: dict[str, int] = {}
         self.cache_events: list[CacheEvent] = []
         """Cache events received, newest last (telemetry only; bounded to 1,000)."""
 
@@ -285,7 +286,11 @@ class MemoryStorageAdapter(StorageAdapter):
                 f"workflow lock for stack {stack_id!r} still held after {timeout * 1000:.0f} ms"
             ) from None
         try:
-            return await action()
+            # In one process the lock cannot be lost; the fencing token still grows
+            # per holder, as on every backend.
+            fence = self._workflow_fences.get(stack_id, 0) + 1
+            self._workflow_fences[stack_id] = fence
+            return await using_lease(Lease(stack_id, f"memory-{fence}", fence), action)
         finally:
             lock.release()
 
