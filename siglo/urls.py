@@ -48,7 +48,17 @@ _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
 _NONE: Final = frozenset({"", "none", "null"})
 _SECRET_PARAMETERS: Final = frozenset(
-    {"password", "passwd", "pass", "sslpassword", "secret", "token", "api_key", "apikey"}
+    {
+        "password",
+        "passwd",
+        "pass",
+        "sslpassword",
+        "sentinel_password",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+    }
 )
 
 

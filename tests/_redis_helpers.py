@@ -201,3 +201,127 @@ def start_cluster(ports: list[int], bus_ports: list[int]) -> Iterator[list[Redis
     finally:
         for server in servers:
             server.stop()
+
+
+class RedisSentinel:
+    """A ``redis-server --sentinel`` of our own watching ``service`` on a loopback port."""
+
+    def __init__(self, port: int, service: str, master_port: int, quorum: int = 2) -> None:
+        self.port = port
+        self.dir = Path(tempfile.mkdtemp(prefix=f"siglo-sentinel-{port}-"))
+        # A fast failover for tests: down after 1 s, a new attempt after 3 s.
+        (self.dir / "sentinel.conf").write_text(
+            f"port {port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self.dir}\n"
+            f"logfile {self.dir / 'sentinel.log'}\n"
+            f"sentinel monitor {service} 127.0.0.1 {master_port} {quorum}\n"
+            f"sentinel down-after-milliseconds {service} 1000\n"
+            f"sentinel failover-timeout {service} 3000\n"
+            f"sentinel parallel-syncs {service} 1\n"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RedisSentinel:
+        self.process = subprocess.Popen(
+            ["redis-server", str(self.dir / "sentinel.conf"), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, self.dir / "sentinel.log")
+        return self
+
+    def ask(self, *command: str) -> str:
+        return subprocess.run(
+            ["redis-cli", "-p", str(self.port), *command],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_for_port(port: int, log: Path, seconds: float = 10) -> None:
+    """Until something listens on loopback ``port``; the log's tail in the error if not."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}:\n{tail}")
+
+
+def redis_cli(port: int, *command: str) -> str:
+    """One ``redis-cli`` command against a loopback port (its stdout)."""
+    return subprocess.run(
+        ["redis-cli", "-p", str(port), *command], capture_output=True, text=True, timeout=10
+    ).stdout
+
+
+class SentinelGroup:
+    """1 master, 1 replica and 3 Sentinels on loopback ports, for ``service``."""
+
+    service = "siglo"
+
+    def __init__(self, ports: list[int]) -> None:
+        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+            _unavailable("redis-server / redis-cli not found: cannot start Redis Sentinel")
+        master, replica, *sentinels = ports
+        self.master = RedisServer(master)
+        self.replica = RedisServer(replica, "--replicaof", "127.0.0.1", str(master))
+        self.sentinels = [RedisSentinel(p, self.service, master) for p in sentinels]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    def master_port(self) -> int | None:
+        """The master's port as the first Sentinel names it now."""
+        reply = self.sentinels[0].ask("sentinel", "get-master-addr-by-name", self.service)
+        lines = reply.split()
+        return int(lines[1]) if len(lines) == 2 else None
+
+    def start(self) -> SentinelGroup:
+        self.master.start()
+        self.replica.start()
+        for sentinel in self.sentinels:
+            sentinel.start()
+        deadline = time.monotonic() + 30
+        while True:
+            link = redis_cli(self.replica.port, "info", "replication")
+            views = [s.ask("sentinel", "master", self.service) for s in self.sentinels]
+            if "master_link_status:up" in link and all(
+                _field(v, "num-slaves") == "1" and _field(v, "num-other-sentinels") == "2"
+                for v in views
+            ):
+                return self
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Sentinel group not ready: {link} {views}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.stop()
+        self.replica.stop()
+        self.master.stop()
+
+
+def _field(reply: str, name: str) -> str | None:
+    """A field of ``SENTINEL MASTER``'s flat name/value reply."""
+    lines = reply.split("\n")
+    for i, line in enumerate(lines[:-1]):
+        if line.strip() == name:
+            return lines[i + 1].strip()
+    return None

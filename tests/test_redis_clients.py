@@ -117,7 +117,8 @@ async def test_unix_socket_url(unix_server: str) -> None:
 def test_registered_as_the_redis_plugin() -> None:
     spec = siglo.plugins.get_registry().for_url("rediss://example:6380/0")
     assert spec.name == "redis" and spec.plugin == "redis"
-    assert spec.schemes == ("redis", "rediss", "unix")
+    assert spec.schemes == ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+    assert siglo.plugins.get_registry().for_url("redis+sentinel://h:1/svc/0") == spec
     assert spec.extra == "redis" and spec.multiprocess and spec.isolated is not None
     assert "clock" not in {c.value for c in spec.capabilities}
     assert {c.value for c in spec.capabilities} == {

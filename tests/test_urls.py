@@ -64,6 +64,10 @@ def test_with_options_round_trips_through_split_options() -> None:
         ("postgresql://u:p@[::1]:5432/d", "postgresql://u:***@[::1]:5432/d"),
         ("unix:///tmp/r.sock?password=s&db=1", "unix:///tmp/r.sock?password=***&db=1"),
         ("redis://user@h/0", "redis://user@h/0"),
+        (
+            "redis+sentinel://:m@h1:26379,h2/svc/0?sentinel_password=s",
+            "redis+sentinel://:***@h1:26379,h2/svc/0?sentinel_password=***",
+        ),
         ("sqlite://", "sqlite://"),
         ("sqlite:///tmp/a@b.db", "sqlite:///tmp/a@b.db"),
     ],

@@ -154,7 +154,9 @@ class RedisStorageAdapter(StorageAdapter):
         """Close the client if this adapter built it from a URL."""
         if self._owns_client:
             self._owns_client = False
-            await self._redis.call("close", self.client.aclose())
+            from siglo_redis.connect import close_client
+
+            await self._redis.call("close", close_client(self.client))
 
     # -- checkpoints -------------------------------------------------------------------
 

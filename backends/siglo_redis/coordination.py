@@ -63,7 +63,9 @@ class _ClientOwner:
         """Close the client if it was built here from a URL; a passed-in one stays open."""
         if self._owns_client:
             self._owns_client = False
-            await self._redis.call("close", self.client.aclose())
+            from siglo_redis.connect import close_client
+
+            await self._redis.call("close", close_client(self.client))
 
 
 class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):

@@ -9,7 +9,7 @@ from siglo.plugins import BackendRegistry, hookimpl
 def siglo_register_backends(registry: BackendRegistry) -> None:
     registry.add_backend(
         "redis",
-        schemes=("redis", "rediss", "unix"),
+        schemes=("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel"),
         factory="siglo_redis.connect:connect",
         capabilities=(
             "checkpoints",
@@ -24,7 +24,7 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         ),
         requires=("redis",),
         extra="redis",
-        description="Redis / Redis Cluster / Valkey, in seed 001's key topology",
+        description="Redis / Redis Cluster / Redis Sentinel / Valkey, in seed 001's key topology",
         multiprocess=True,
         isolated="siglo_redis.connect:isolated",
     )
