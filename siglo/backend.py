@@ -6,8 +6,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from siglo.adapter import StorageAdapter
+from siglo.adapter import Capability, StorageAdapter
 from siglo.coordination import IdempotencyStore, Lock, NonceStore
+from siglo.errors import CapabilityNotSupportedError
 
 __all__ = ["Backend"]
 
@@ -31,6 +32,48 @@ class Backend:
     """Whether :func:`siglo.connect` of :attr:`url` reaches this same storage again (a
     server or a file does; ``memory://`` and ``sqlite://`` are private to this object)."""
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list, repr=False)
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this backend object has: its adapter's capabilities, plus ``idempotency``,
+        ``locks`` and ``nonces`` for the coordination parts it carries.
+        :func:`siglo.connect` checks that they are what the plugin registered."""
+        caps = set(self.adapter.capabilities)
+        if self.idempotency is not None:
+            caps.add(Capability.IDEMPOTENCY)
+        if self.lock is not None:
+            caps.add(Capability.LOCKS)
+        if self.nonces is not None:
+            caps.add(Capability.NONCES)
+        return frozenset(caps)
+
+    def require_idempotency(self) -> IdempotencyStore:
+        """The idempotency store; :class:`~siglo.errors.CapabilityNotSupportedError` if
+        this backend has none (a typed alternative to checking ``idempotency`` for None)."""
+        if self.idempotency is None:
+            raise self._missing("an idempotency store", Capability.IDEMPOTENCY)
+        return self.idempotency
+
+    def require_lock(self) -> Lock:
+        """The distributed lock; :class:`~siglo.errors.CapabilityNotSupportedError` if
+        this backend has none."""
+        if self.lock is None:
+            raise self._missing("a distributed lock", Capability.LOCKS)
+        return self.lock
+
+    def require_nonces(self) -> NonceStore:
+        """The nonce store; :class:`~siglo.errors.CapabilityNotSupportedError` if this
+        backend has none."""
+        if self.nonces is None:
+            raise self._missing("a nonce store", Capability.NONCES)
+        return self.nonces
+
+    def _missing(self, what: str, capability: Capability) -> CapabilityNotSupportedError:
+        return CapabilityNotSupportedError(
+            f"backend {self.name!r} has no {what[2:] if what.startswith('a ') else what} "
+            f"(capability {capability.value!r} not supported); `siglo backends` lists what "
+            "each backend supports"
+        )
 
     async def aclose(self) -> None:
         """Close the adapter and release every connection this backend opened."""

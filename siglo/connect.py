@@ -6,11 +6,12 @@ import os
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError, PluginError
 from siglo.plugins import get_registry
 
-__all__ = ["URL_ENV", "check_port", "connect"]
+__all__ = ["URL_ENV", "check_capabilities", "check_port", "connect"]
 
 
 URL_ENV: Final = "SIGLO_URL"
@@ -43,7 +44,28 @@ def connect(url: str | None = None, **options: Any) -> Backend:
             f"backend {spec.name!r} (plugin {spec.plugin!r}) returned "
             f"{type(backend).__name__} from its factory, not a siglo.Backend"
         )
+    check_capabilities(spec.name, spec.plugin, spec.capabilities, backend)
     return backend
+
+
+def check_capabilities(
+    name: str, plugin: str, registered: frozenset[Capability], backend: Backend
+) -> None:
+    """The capabilities a plugin registers (what ``siglo backends`` lists without
+    importing a driver) must be those of the backend its factory builds (the adapter
+    class's ``capabilities`` and the coordination parts it carries); otherwise the
+    plugin is broken and says so here, at the first connect, not in a user's code."""
+    actual = backend.capabilities
+    if actual == registered:
+        return
+    backend_only = ", ".join(sorted(c.value for c in actual - registered)) or "none"
+    registry_only = ", ".join(sorted(c.value for c in registered - actual)) or "none"
+    raise PluginError(
+        f"backend {name!r} (plugin {plugin!r}) registers capabilities its backend does not "
+        f"match: only on the backend: {backend_only}; only in the registration: "
+        f"{registry_only}. Declare the same set in add_backend(capabilities=...) and on "
+        "the adapter class"
+    )
 
 
 def check_port(url: str) -> None:

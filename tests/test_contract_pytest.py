@@ -89,3 +89,20 @@ def test_contract_suite_by_option_and_factory_failure(pytester: pytest.Pytester)
     )
     result.assert_outcomes(passed=1, failed=1, skipped=88)
     result.stdout.fnmatch_lines(["*TestBroken::test_rule?cache.falsy-hit?*"])
+
+
+def test_a_suite_without_a_backend_is_one_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_contract="""
+        from siglo_contract.pytest_suite import ContractSuite
+
+        class TestNothing(ContractSuite):
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    outcomes = result.parseoutcomes()
+    # One error (the fixture's), every other rule skipped pointing at it.
+    assert outcomes.get("errors") == 1, outcomes
+    assert "failed" not in outcomes and "passed" not in outcomes
+    result.stdout.fnmatch_lines(["*TestNothing: set url or backend_factory*"])

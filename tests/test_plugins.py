@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import siglo
-from siglo.plugins import BackendRegistry, PluginRegistry, hookimpl
+from siglo.plugins import BackendRegistry, PluginRegistry, get_registry, hookimpl
 
 
 @pytest.fixture
@@ -151,3 +151,72 @@ def test_factory_must_return_a_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("siglo.plugins.registry._registry", registry)
     with pytest.raises(siglo.PluginError, match=r"not a siglo\.Backend"):
         siglo.connect("wrong://")
+
+
+@pytest.mark.rule("plugins.capabilities-agree")
+def test_registered_capabilities_must_match_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    from siglo_memory.connect import connect as memory_connect
+
+    registry = PluginRegistry(load_entry_points=False)
+
+    class Overclaims:
+        @hookimpl
+        def siglo_register_backends(self, registry: BackendRegistry) -> None:
+            registry.add_backend(
+                "overclaims",
+                schemes=("overclaims",),
+                factory=lambda url, **kw: memory_connect("memory://"),
+                capabilities=("checkpoints", "wait_records"),  # memory has more
+            )
+
+    registry.register(Overclaims(), "overclaims")
+    monkeypatch.setattr("siglo.plugins.registry._registry", registry)
+    with pytest.raises(siglo.PluginError, match="only on the backend: cache_events"):
+        siglo.connect("overclaims://")
+
+
+@pytest.mark.rule("plugins.capabilities-agree")
+def test_every_installed_backend_registers_what_it_has() -> None:
+    # The built-in backends and the example plugin: siglo.connect() checks agreement.
+    for url in ("memory://", "sqlite://", "redis://127.0.0.1:6379/0", "filestore:///tmp/fh"):
+        backend = siglo.connect(url)
+        assert backend.capabilities == get_registry().for_url(url).capabilities
+
+
+@pytest.mark.rule("plugins.driver-missing")
+def test_a_third_party_names_its_own_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = PluginRegistry(load_entry_points=False)
+
+    class ThirdParty:
+        @hookimpl
+        def siglo_register_backends(self, registry: BackendRegistry) -> None:
+            registry.add_backend(
+                "thirdparty",
+                schemes=("thirdparty",),
+                factory="siglo_test_driverless:connect",
+                requires=("siglo_test_no_such_driver",),
+                install_hint="pip install 'siglo-thirdparty[fast]'",
+            )
+
+    registry.register(ThirdParty(), "thirdparty")
+    monkeypatch.setattr("siglo.plugins.registry._registry", registry)
+    with pytest.raises(siglo.DriverNotInstalledError, match=r"siglo-thirdparty\[fast\]"):
+        siglo.connect("thirdparty://x")
+    from click.testing import CliRunner
+
+    from siglo.cli import cli
+
+    shown = CliRunner().invoke(cli, ["backends"], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    assert "pip install 'siglo-thirdparty[fast]'" in shown.output  # not eaten as markup
+
+
+async def test_typed_accessors_of_coordination_parts() -> None:
+    backend = siglo.connect("memory://")
+    assert backend.require_lock() is backend.lock
+    assert backend.require_idempotency() is backend.idempotency
+    assert backend.require_nonces() is backend.nonces
+    bare = siglo.Backend(name="bare", url="bare://", adapter=backend.adapter)
+    for require in (bare.require_lock, bare.require_idempotency, bare.require_nonces):
+        with pytest.raises(siglo.CapabilityNotSupportedError, match="'bare' has no"):
+            require()

@@ -30,6 +30,9 @@ __all__ = ["ContractSuite"]
 _REPORTS: dict[type, Report] = {}
 """One run per suite class (a function-scoped fixture reads it)."""
 
+_UNCONFIGURED: set[type] = set()
+"""Suite classes with no backend: reported once, by their first test."""
+
 
 class ContractSuite:
     """Base class: set :attr:`url` or :attr:`backend_factory` (or pass ``--siglo-url``)."""
@@ -53,6 +56,8 @@ class ContractSuite:
         """The suite's report for this class's backend (run once per class)."""
         cls = request.cls
         assert cls is not None
+        if cls in _UNCONFIGURED:
+            pytest.skip(f"{cls.__name__} has no backend: see its first test's error")
         if cls not in _REPORTS:
             _REPORTS[cls] = self._run(request.config, cls)
         return _REPORTS[cls]
@@ -65,6 +70,8 @@ class ContractSuite:
             else (cls.url or config.getoption("siglo_url"))
         )
         if target is None:
+            # One error for the class, not one per rule: its other tests are skipped.
+            _UNCONFIGURED.add(cls)
             pytest.fail(
                 f"{cls.__name__}: set url or backend_factory, or pass --siglo-url", pytrace=False
             )

@@ -150,6 +150,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("plugins.broken", "a broken plugin is reported and others load"),
     _core("plugins.blocked", "SIGLO_DISABLE_PLUGINS blocks a plugin"),
     _core("plugins.driver-missing", "a missing driver says which extra to install"),
+    _core("plugins.capabilities-agree", "registered capabilities match the backend's"),
 )
 """Every rule on ``docs/contract.md``, in page order."""
 

@@ -62,14 +62,7 @@ def connect_url(url: str, **options: Any) -> Backend:
 
 def declared_capabilities(backend: Backend) -> frozenset[Capability]:
     """What a backend object declares: its adapter's capabilities plus its coordination parts."""
-    caps = set(backend.adapter.capabilities)
-    if backend.idempotency is not None:
-        caps.add(Capability.IDEMPOTENCY)
-    if backend.lock is not None:
-        caps.add(Capability.LOCKS)
-    if backend.nonces is not None:
-        caps.add(Capability.NONCES)
-    return frozenset(caps)
+    return backend.capabilities
 
 
 @dataclass

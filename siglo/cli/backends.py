@@ -8,6 +8,7 @@ from typing import Any
 import click
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from siglo.plugins import get_registry
@@ -34,6 +35,7 @@ def describe_plugins() -> list[dict[str, Any]]:
                         "driver_installed": spec.driver_installed,
                         "missing_drivers": spec.missing_drivers(),
                         "extra": spec.extra,
+                        "install": spec.install_command() if not spec.driver_installed else None,
                         "description": spec.description,
                     }
                     for spec in info.backends
@@ -68,16 +70,20 @@ def backends(as_json: bool) -> None:
             if b["driver_installed"]:
                 driver = "[green]installed[/green]"
             else:
-                hint = f"pip install 'siglo[{b['extra']}]'" if b["extra"] else "missing"
-                driver = f"[red]missing[/red] ({', '.join(b['missing_drivers'])}): {hint}"
+                # escape(): rich would read the [redis] of siglo[redis] as markup.
+                missing = escape(", ".join(b["missing_drivers"]))
+                driver = f"[red]missing[/red] ({missing}): {escape(b['install'])}"
             table.add_row(
-                b["name"],
-                f"{row['plugin']}\n({dist})",
+                escape(b["name"]),
+                escape(f"{row['plugin']}\n({dist})"),
                 driver,
-                "\n".join(f"{s}://" for s in b["schemes"]),
+                escape("\n".join(f"{s}://" for s in b["schemes"])),
                 "\n".join(b["capabilities"]),
             )
     console = Console()
     console.print(table)
     for name, why in broken:
-        console.print(f"[yellow]plugin {name!r} not loaded:[/yellow] {why}", highlight=False)
+        console.print(
+            f"[yellow]plugin {escape(repr(name))} not loaded:[/yellow] {escape(why)}",
+            highlight=False,
+        )

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from siglo.cli.errors import CliError, display_url, resolve_url
 from siglo.connect import check_port
+from siglo.errors import SigloError
 
 if TYPE_CHECKING:
     from siglo_contract.registry import Check
@@ -29,12 +30,34 @@ DEFAULT_URL: Final = "sqlite:///siglo-check.db"
 siglo's embedded default, SQLite on a file. The suite works in a temporary directory
 beside that file and removes it; the file itself is never created."""
 
+FALLBACK_URL: Final = "memory://"
+"""What ``siglo check`` runs against with no URL when SQLite's driver is not installed
+(a core-only install): the reference backend, which needs no driver."""
+
 _STYLE: Final = {
     "pass": "green",
     "FAIL": "bold red",
     "not supported": "yellow",
     "not run": "magenta",
 }
+
+
+def _default_url() -> str:
+    from siglo.plugins import get_registry
+
+    try:
+        sqlite = get_registry().for_url(DEFAULT_URL)
+    except SigloError:
+        sqlite = None
+    if sqlite is not None and sqlite.driver_installed:
+        return DEFAULT_URL
+    click.echo(
+        f"siglo check: no URL given and SQLite's driver is not installed "
+        f"({sqlite.install_command() if sqlite else 'pip install siglo[sqlite]'}); "
+        f"checking {FALLBACK_URL} instead",
+        err=True,
+    )
+    return FALLBACK_URL
 
 
 def _writable_report(path: Path) -> None:
@@ -108,7 +131,8 @@ def check(
 ) -> None:
     """Run the contract suite against the backend at URL.
 
-    URL defaults to $SIGLO_URL, then to SQLite on a file (sqlite:///siglo-check.db).
+    URL defaults to $SIGLO_URL, then to SQLite on a file (sqlite:///siglo-check.db), or
+    to memory:// when SQLite's driver is not installed.
     The suite runs on isolated storage of that backend (a temporary file beside the
     SQLite file, its own Redis key prefix or PostgreSQL schema) and removes it.
     Prints a table of rule id, verdict (pass / FAIL / not supported) and, for a failure,
@@ -117,7 +141,7 @@ def check(
     from siglo_contract.rules import select_rules
     from siglo_contract.runner import run_contract
 
-    target = resolve_url(url, default=DEFAULT_URL)
+    target = resolve_url(url, default=_default_url())
     shown = display_url(target)
     check_port(target)
     if not select_rules(rules):

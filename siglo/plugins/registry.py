@@ -50,6 +50,17 @@ class BackendSpec:
     multiprocess: bool = False
     """Whether several processes connecting to one URL share the same storage."""
     plugin: str = ""
+    install_hint: str | None = None
+    """What to install when a driver is missing, for a third-party plugin
+    (``"pip install 'siglo-mystore[fast]'"``); the default names ``siglo[extra]``."""
+
+    def install_command(self) -> str:
+        """The command that installs this backend's drivers."""
+        if self.install_hint:
+            return self.install_hint
+        if self.extra:
+            return f"pip install 'siglo[{self.extra}]'"
+        return f"pip install {' '.join(self.requires)}" if self.requires else "nothing"
 
     def missing_drivers(self) -> list[str]:
         """Driver modules in ``requires`` that cannot be imported here."""
@@ -63,9 +74,9 @@ class BackendSpec:
     def _require_drivers(self) -> None:
         missing = self.missing_drivers()
         if missing:
-            hint = f"pip install 'siglo[{self.extra}]'" if self.extra else "install them"
             raise DriverNotInstalledError(
-                f"backend {self.name!r} needs {', '.join(missing)}, which is not installed: {hint}"
+                f"backend {self.name!r} needs {', '.join(missing)}, which is not installed: "
+                f"{self.install_command()}"
             )
 
     def load_factory(self) -> Callable[..., Any]:
@@ -100,6 +111,7 @@ class BackendRegistry:
         description: str = "",
         isolated: str | Callable[..., Any] | None = None,
         multiprocess: bool = False,
+        install_hint: str | None = None,
     ) -> None:
         """Declare one backend; invalid declarations raise :class:`PluginError`.
 
@@ -127,6 +139,7 @@ class BackendRegistry:
                 isolated=isolated,
                 multiprocess=multiprocess,
                 plugin=self.plugin,
+                install_hint=install_hint,
             )
         )
 
