@@ -16,12 +16,14 @@ supported" rather than passed. The rules every method obeys are on ``docs/contra
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
 from siglo.checkpoint import Checkpoint
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
+from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
+from siglo.listing import check_list_arguments as _check_list_arguments
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
@@ -60,6 +62,12 @@ class Capability(enum.StrEnum):
     """The backend provides a nonce store (seed 001 §8)."""
     CLOCK = "clock"
     """Every expiry decision uses the injected Clock, so tests can move time."""
+    LISTING = "listing"
+    """list_checkpoints: keyset pages of checkpoint summaries, filtered (SPEC §9)."""
+    DELETION = "deletion"
+    """delete_checkpoint: a stack and everything of it, compare-and-set (SPEC §9)."""
+    DUE_WAITS = "due_waits"
+    """list_due_waits: waits whose deadline has passed, oldest first (durable timers)."""
 
 
 CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
@@ -76,6 +84,9 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
     Capability.STEP_CACHE: ("get_cached_step", "set_cached_step"),
     Capability.CONTEXT_STREAM: ("on_context_change", "get_context_changes"),
     Capability.CACHE_EVENTS: ("on_cache_event",),
+    Capability.LISTING: ("list_checkpoints",),
+    Capability.DELETION: ("delete_checkpoint",),
+    Capability.DUE_WAITS: ("list_due_waits",),
 }
 """The adapter methods each adapter-level capability requires."""
 
@@ -270,6 +281,83 @@ class StorageAdapter:
                 f"event must be a siglo.CacheEvent, got {type(event).__name__}"
             )
         await self._do_on_cache_event(event)
+
+    # -- 6. operating what is stored (SPEC §9) -----------------------------------------
+
+    async def list_checkpoints(
+        self,
+        *,
+        namespace: str | Missing | None = MISSING,
+        status: str | Iterable[str] | None = None,
+        workflow_id: str | None = None,
+        updated_before: int | None = None,
+        updated_after: int | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> CheckpointPage:
+        """A page of summaries of the live checkpoints that pass every filter.
+
+        ``namespace`` omitted lists every namespace, ``None`` the un-namespaced stacks
+        only. ``status`` is one status or several; ``updated_after < timestamp <
+        updated_before``. Pass a page's ``next_cursor`` as ``cursor`` for the next page
+        (``None`` when the walk is done). Pages follow a fixed order of the backend, so a
+        stack is never returned twice in one walk, and an expired or deleted stack never.
+        """
+        query = _check_list_arguments(
+            namespace=namespace,
+            status=status,
+            workflow_id=workflow_id,
+            updated_before=updated_before,
+            updated_after=updated_after,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._do_list_checkpoints(query)
+
+    async def delete_checkpoint(
+        self,
+        stack_id: str,
+        namespace: str | None = None,
+        *,
+        expected_revision: int | None = None,
+    ) -> bool:
+        """Delete a stack: its checkpoint, its wait records and its context streams.
+
+        With ``expected_revision`` the live stored revision must equal it, else
+        :class:`~siglo.errors.CheckpointConflictError` and nothing changes. Returns
+        whether a live checkpoint was deleted. The step cache, keyed by cache key rather
+        than by stack, is not touched.
+        """
+        require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
+        if expected_revision is not None and (
+            type(expected_revision) is not int or expected_revision < 1
+        ):
+            raise InvalidArgumentError(
+                f"expected_revision must be a positive integer, got {expected_revision!r}"
+            )
+        return await self._do_delete_checkpoint(stack_id, namespace, expected_revision)
+
+    async def list_due_waits(self, *, limit: int = DEFAULT_PAGE_SIZE) -> list[WaitRecord]:
+        """Wait records whose deadline ``expires_at`` has passed and that nobody holds
+        (``waiting``, or ``claimed`` under a lapsed lease), earliest deadline first, at
+        most ``limit``. What a timer worker fires."""
+        if type(limit) is not int or not 1 <= limit <= MAX_PAGE_SIZE:
+            raise InvalidArgumentError(
+                f"limit must be an integer from 1 to {MAX_PAGE_SIZE}, got {limit!r}"
+            )
+        return await self._do_list_due_waits(limit)
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        raise self._unsupported("list_checkpoints")
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        raise self._unsupported("delete_checkpoint")
+
+    async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
+        raise self._unsupported("list_due_waits")
 
     # -- life cycle --------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
@@ -15,6 +15,7 @@ from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
 from siglo.coordination import LockResult
 from siglo.errors import InvalidArgumentError
+from siglo.listing import CheckpointPage, ListQuery, decode_cursor, encode_cursor
 from siglo.records import CacheEvent, ContextChangeEvent
 from siglo_memory import connect as memory_connect
 from siglo_memory.adapter import MemoryStorageAdapter, _Entry
@@ -599,6 +600,88 @@ class NotJsonChecked(MemoryStorageAdapter):
             await super()._do_set_cached_step(key, repr(value), ttl_ms)
 
 
+# -- operating what is stored -------------------------------------------------------------
+
+
+class CursorSkipsOne(MemoryStorageAdapter):
+    """A page's next_cursor points one stack too far: every page boundary loses one."""
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        page = await super()._do_list_checkpoints(query)
+        if page.next_cursor is None:
+            return page
+        peek = await super()._do_list_checkpoints(replace(query, limit=1, cursor=page.next_cursor))
+        if not peek.items:
+            return page
+        last = peek.items[0]
+        return CheckpointPage(page.items, encode_cursor(last.namespace or "", last.stack_id))
+
+
+class StatusFilterIgnored(MemoryStorageAdapter):
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        return await super()._do_list_checkpoints(replace(query, statuses=None))
+
+
+class ListsExpired(MemoryStorageAdapter):
+    """Listing forgets expiry (the entries' gone_at is ignored)."""
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        saved = {k: e.gone_at for k, e in self._checkpoints.items()}
+        for entry in self._checkpoints.values():
+            entry.gone_at = None
+        try:
+            return await super()._do_list_checkpoints(query)
+        finally:
+            for key, gone_at in saved.items():
+                if key in self._checkpoints:
+                    self._checkpoints[key].gone_at = gone_at
+
+
+class OffsetPages(MemoryStorageAdapter):
+    """Pages by offset into the sorted stacks: a stack saved or deleted before the
+    position shifts every later one."""
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        offset = 0 if query.cursor is None else int(decode_cursor(query.cursor, 1)[0])
+        everything = await super()._do_list_checkpoints(replace(query, cursor=None, limit=10_000))
+        items = list(everything.items)[offset : offset + query.limit]
+        more = offset + query.limit < len(everything.items)
+        return CheckpointPage(items, encode_cursor(str(offset + query.limit)) if more else None)
+
+
+class DeleteKeepsWaits(MemoryStorageAdapter):
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        waits = dict(self._waits)
+        deleted = await super()._do_delete_checkpoint(stack_id, namespace, expected_revision)
+        self._waits.update(waits)
+        return deleted
+
+
+class DeleteIgnoresExpectedRevision(MemoryStorageAdapter):
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        return await super()._do_delete_checkpoint(stack_id, namespace, None)
+
+
+class DueIncludesHeld(MemoryStorageAdapter):
+    """A claim under a live lease is fired again (two workers would both fire it)."""
+
+    async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
+        now = self.clock.now_ms()
+        due = [
+            record
+            for key in self._waits
+            if (record := self._live_wait(key, now)) is not None
+            and record.is_expired(now)
+            and record.status in ("waiting", "claimed")
+        ]
+        due.sort(key=lambda r: (r.expires_at or 0, r.correlation_key))
+        return due[:limit]
+
+
 @dataclass(frozen=True)
 class Mutant:
     """A broken backend and the rule it breaks."""
@@ -779,6 +862,28 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("nonce.claim.once", "two claimers win a race", ("nonce.claim.once",), nonces=NonceYields),
     _m("nonce.expiry", "the window is 1000 times too long", ("nonce",), nonces=NonceWindowTooLong),
+    _m("list.walk", "a next_cursor skips a stack", ("list.walk",), adapter=CursorSkipsOne),
+    _m(
+        "list.filters",
+        "the status filter is ignored",
+        ("list.filters",),
+        adapter=StatusFilterIgnored,
+    ),
+    _m("list.hidden", "expired checkpoints are listed", ("list.hidden",), adapter=ListsExpired),
+    _m("list.concurrent", "offset pagination", ("list.concurrent",), adapter=OffsetPages),
+    _m(
+        "delete.stack",
+        "wait records outlive their stack",
+        ("delete.stack",),
+        adapter=DeleteKeepsWaits,
+    ),
+    _m(
+        "delete.cas",
+        "expected_revision is ignored",
+        ("delete.cas",),
+        adapter=DeleteIgnoresExpectedRevision,
+    ),
+    _m("waits.due", "a claim under a live lease is due", ("waits.due",), adapter=DueIncludesHeld),
     _m(
         "input.rejected",
         "an empty stack id is accepted",

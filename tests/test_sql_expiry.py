@@ -29,7 +29,8 @@ async def test_clean_in_batches_returns_the_count(kind: str) -> None:
             for i in range(260):
                 gone = 1_500 if i < 250 else None
                 doc = Checkpoint(stack_id=f"s{i}", revision=1, timestamp=1).to_json()
-                await tx.fetch(cp, (row_id("", f"s{i}"), "", f"s{i}", 1, "running", gone, doc, 0))
+                params = (row_id("", f"s{i}"), "", f"s{i}", 1, "running", gone, doc)
+                await tx.fetch(cp, (*params, None, 1, None, 0))
         assert await a.clean_expired_checkpoints() == 0
         clock.advance(499)
         assert await a.get_checkpoint("s0") is not None

@@ -87,11 +87,18 @@ async def test_version_2_database_migrates_to_partial_indexes(kind: str) -> None
         # Rows written at version 2, one expired and one kept until removed, survive
         # the migration and are swept correctly through the new index.
         db = adapter.database
-        save = db.sql(adapter._s.cp_save_forward)
+        # The columns of version 2 (later versions add columns the current save sets).
+        save = db.sql(
+            "INSERT INTO siglo_checkpoints (id, namespace, stack_id, revision, status, "
+            "gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            if kind != "postgres"
+            else f"INSERT INTO {adapter.schema}.siglo_checkpoints (id, namespace, stack_id, "
+            "revision, status, gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
         for stack_id, gone_at in (("kept", None), ("expired", 1)):
             doc = Checkpoint(stack_id=stack_id, revision=1, timestamp=1).to_json()
             key = row_id("", stack_id)
-            await db.raw_fetch(save, (key, "", stack_id, 1, "running", gone_at, doc, 2))
+            await db.raw_fetch(save, (key, "", stack_id, 1, "running", gone_at, doc))
         assert await adapter.migrate() == (2, SCHEMA_VERSION)
         kept = await adapter.get_checkpoint("kept")
         assert kept is not None

@@ -97,6 +97,13 @@ async def check_v1_data(backend: siglo.Backend) -> None:
     assert await a.get_context_changes("stack-1", "p") == {"k": 1}
     # And the claimed record can still be completed by its claimant.
     await a.complete_wait_record("order-2", "worker-1")
+    # Version 4's listing columns were filled from the documents written before.
+    page = await a.list_checkpoints()
+    assert {(s.namespace, s.stack_id, s.revision, s.status, s.timestamp) for s in page.items} == {
+        (None, "stack-1", 3, "waiting", 1_700_000_000_000),
+        ("tenant-a", "stack-1", 7, "waiting", 1_700_000_000_000),
+    }
+    assert [s.revision for s in (await a.list_checkpoints(namespace="tenant-a")).items] == [7]
 
 
 async def test_v1_is_refused_without_auto_migrate(kind: str) -> None:

@@ -17,6 +17,7 @@ from siglo.errors import (
     LockNotAcquiredError,
     WaitRecordClaimError,
 )
+from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
 from siglo.locking import DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS, Lease, using_lease
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
@@ -80,6 +81,9 @@ class MemoryStorageAdapter(StorageAdapter):
             Capability.CONTEXT_STREAM,
             Capability.CACHE_EVENTS,
             Capability.CLOCK,
+            Capability.LISTING,
+            Capability.DELETION,
+            Capability.DUE_WAITS,
         }
     )
 
@@ -160,6 +164,64 @@ class MemoryStorageAdapter(StorageAdapter):
         for key in expired:
             del self._checkpoints[key]
         return len(expired)
+
+    # -- operating what is stored -----------------------------------------------------
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        # The walk's order: (namespace or "", stack id). "" is no namespace's name, so
+        # the un-namespaced stacks come first and no two stacks share a position.
+        after = None if query.cursor is None else tuple(decode_cursor(query.cursor, 2))
+        now = self.clock.now_ms()
+        found: list[tuple[tuple[str, str], CheckpointSummary]] = []
+        for (namespace, stack_id), entry in self._checkpoints.items():
+            position = (namespace or "", stack_id)
+            if (after is not None and position <= after) or not entry.live(now):
+                continue
+            checkpoint = Checkpoint.from_json(entry.data)
+            if query.matches(checkpoint):
+                found.append((position, CheckpointSummary.of(checkpoint)))
+        found.sort(key=lambda item: item[0])
+        page = found[: query.limit]
+        more = len(found) > query.limit
+        return CheckpointPage(
+            [summary for _, summary in page], encode_cursor(*page[-1][0]) if more else None
+        )
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        now = self.clock.now_ms()
+        key = (namespace, stack_id)
+        current = self._live_entry(key, now)
+        if expected_revision is not None and (
+            current is None or current.revision != expected_revision
+        ):
+            raise CheckpointConflictError(
+                stack_id, None if current is None else current.revision, expected_revision
+            )
+        self._checkpoints.pop(key, None)
+        for wait_key in list(self._waits):
+            record = WaitRecord.from_json(self._waits[wait_key].data)
+            if record.stack_id == stack_id and record.namespace == namespace:
+                del self._waits[wait_key]
+                if self._latest_wait_of_stack.get(stack_id) == wait_key:
+                    del self._latest_wait_of_stack[stack_id]
+        for context_key in list(self._contexts):
+            if context_key[:2] == key:
+                del self._contexts[context_key]
+        return current is not None
+
+    async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
+        now = self.clock.now_ms()
+        due: list[WaitRecord] = []
+        for key in self._waits:
+            record = self._live_wait(key, now)
+            if record is None or not record.is_expired(now):
+                continue
+            if record.status == "waiting" or record.lease_expired(now):
+                due.append(record)
+        due.sort(key=lambda r: (r.expires_at or 0, r.correlation_key))
+        return due[:limit]
 
     # -- wait records --------------------------------------------------------------------
 

@@ -22,6 +22,9 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
             "locks",
             "nonces",
             "clock",
+            "listing",
+            "deletion",
+            "due_waits",
         ),
         description="In-process reference backend (the contract suite's model)",
     )

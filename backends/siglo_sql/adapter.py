@@ -17,6 +17,7 @@ from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import CheckpointConflictError, WaitRecordClaimError
+from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import (
     DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
     DEFAULT_WORKFLOW_LOCK_TTL_MS,
@@ -31,8 +32,9 @@ from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database, Row
 from siglo_sql.keys import at_most, row_id
+from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
-from siglo_sql.schema import DEFAULT_PREFIX, SCHEMA_VERSION, build_tables
+from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import Statements
 
 __all__ = [
@@ -92,6 +94,9 @@ class SqlStorageAdapter(StorageAdapter):
             Capability.CONTEXT_STREAM,
             Capability.CACHE_EVENTS,
             Capability.CLOCK,
+            Capability.LISTING,
+            Capability.DELETION,
+            Capability.DUE_WAITS,
         }
     )
 
@@ -205,17 +210,30 @@ class SqlStorageAdapter(StorageAdapter):
         if expected_revision is None:
             rows = await fetch(
                 self._cp_save_forward,
-                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
-            )
+                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data,
+                 checkpoint.workflow_id, at_most(checkpoint.timestamp), expires_at, now),
+            )  # fmt: skip
         elif expected_revision == 0:
             rows = await fetch(
                 self._cp_insert_if_absent,
-                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data, now),
-            )
+                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data,
+                 checkpoint.workflow_id, at_most(checkpoint.timestamp), expires_at, now),
+            )  # fmt: skip
         else:
             rows = await fetch(
                 self._cp_update_expected,
-                (revision, checkpoint.status, gone_at, data, key, expected_revision, now),
+                (
+                    revision,
+                    checkpoint.status,
+                    gone_at,
+                    data,
+                    checkpoint.workflow_id,
+                    at_most(checkpoint.timestamp),
+                    expires_at,
+                    key,
+                    expected_revision,
+                    now,
+                ),
             )
         if not rows:
             found = await fetch(self._cp_current_revision, (key, now))
@@ -267,6 +285,50 @@ class SqlStorageAdapter(StorageAdapter):
             "locks": await self._clean(s.lock_clean_batch),
             "nonces": await self._clean(s.nonce_clean_batch),
         }
+
+    # -- operating what is stored -----------------------------------------------------
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        db = self.database
+        where, params = page_conditions(query, db.dialect_name)
+        sql = db.sql(self._s.cp_list.format(where=where))
+        # One row more than the page tells whether another page follows.
+        rows = await db.fetch(sql, (*params, self.clock.now_ms(), query.limit + 1))
+        page = rows[: query.limit]
+        more = len(rows) > query.limit
+        return CheckpointPage([summary_of(r) for r in page], cursor_of(page[-1]) if more else None)
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        db = self.database
+        s = self._s
+        ns = namespace or ""
+        key = row_id(ns, stack_id)
+        now = self.clock.now_ms()
+        # One transaction: the checkpoint, its wait records and its context streams go
+        # together, or (a refused compare-and-set) nothing does.
+        async with db.transaction() as tx:
+            if expected_revision is None:
+                rows = await tx.fetch(db.sql(s.cp_delete), (key,))
+            else:
+                rows = await tx.fetch(db.sql(s.cp_delete_expected), (key, expected_revision, now))
+                if not rows:
+                    found = await tx.fetch(db.sql(s.cp_current_revision), (key, now))
+                    raise CheckpointConflictError(
+                        stack_id, found[0][0] if found else None, expected_revision
+                    )
+            await tx.fetch(db.sql(s.wait_delete_stack), (key,))
+            await tx.fetch(db.sql(s.wait_latest_delete_orphan), (row_id(stack_id),))
+            await tx.fetch(db.sql(s.ctx_delete_stack), (stack_id[:ID_PREFIX], stack_id, ns))
+        return any(gone_at is None or gone_at > now for (gone_at,) in rows)
+
+    async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
+        now = self.clock.now_ms()
+        rows = await self.database.fetch(
+            self.database.sql(self._s.wait_due), (now, now, now, limit)
+        )
+        return [_wait_from_row(row) for row in rows]
 
     # -- wait records --------------------------------------------------------------------
 
@@ -373,7 +435,7 @@ class SqlStorageAdapter(StorageAdapter):
             )
             await tx.fetch(
                 db.sql(self._s.cp_set_cancelled),
-                (cancelled.revision, cancelled.to_json(), key),
+                (cancelled.revision, cancelled.to_json(), now, key),
             )
 
     async def _do_with_workflow_lock(

@@ -25,6 +25,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, Index
 from siglo.clock import system_clock
 from siglo.errors import InvalidArgumentError, SchemaVersionError
 from siglo_sql.database import Database, Executor
+from siglo_sql.keys import MAX_MS
 from siglo_sql.schema import SCHEMA_VERSION, Tables, build_tables
 
 __all__ = ["MIGRATIONS", "Migration", "ensure_schema", "migrate", "read_version"]
@@ -85,6 +86,51 @@ def _v3(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     return out
 
 
+def _v4(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
+    after = build_tables(prefix, schema, version=4)
+    q = dialect.identifier_preparer
+    cp = q.format_table(after.checkpoints)
+    bigint = dialect.type_compiler_instance.process(BigInteger())
+    text_type = "TEXT"
+    if dialect.name == "postgresql":
+        doc = "convert_from(document, 'UTF8')::jsonb"
+        field = {
+            "workflow_id": f"{doc} ->> 'workflowId'",
+            "updated_at": f"LEAST(({doc} ->> 'timestamp')::numeric, {MAX_MS})::bigint",
+            "expires_at": f"LEAST(({doc} ->> 'expiresAt')::numeric, {MAX_MS})::bigint",
+        }
+    else:
+        doc = "CAST(document AS TEXT)"
+        field = {
+            "workflow_id": f"json_extract({doc}, '$.workflowId')",
+            "updated_at": f"json_extract({doc}, '$.timestamp')",
+            "expires_at": f"json_extract({doc}, '$.expiresAt')",
+        }
+    assert after.context_changes is not None
+    new_indexes = [
+        i
+        for i in (
+            *after.checkpoints.indexes,
+            *after.wait_records.indexes,
+            *after.context_changes.indexes,
+        )
+        if str(i.name).endswith(("_namespace", "_deadline", "_stack"))
+        and not str(i.name).endswith("wait_records_stack")
+    ]
+    return [
+        f"ALTER TABLE {cp} ADD COLUMN workflow_id {text_type}",
+        f"ALTER TABLE {cp} ADD COLUMN updated_at {bigint}",
+        f"ALTER TABLE {cp} ADD COLUMN expires_at {bigint}",
+        # Rows written before: the listing columns from their documents.
+        f"UPDATE {cp} SET workflow_id = {field['workflow_id']}, "
+        f"updated_at = {field['updated_at']}, expires_at = {field['expires_at']}",
+        *(
+            str(CreateIndex(i).compile(dialect=dialect)).strip()
+            for i in sorted(new_indexes, key=lambda i: str(i.name))
+        ),
+    ]
+
+
 # (table attribute of Tables, column): the columns holding documents and JSON values.
 _DOCUMENT_COLUMNS = (
     ("checkpoints", "document"),
@@ -127,6 +173,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoints, wait records, step cache, idempotency, locks, nonces", _v1),
     Migration(2, "lock fencing counters; context change streams", _v2),
     Migration(3, "partial expiry indexes; PostgreSQL: lz4-compressed documents", _v3),
+    Migration(4, "checkpoint listing columns and index; wait deadline index", _v4),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

@@ -35,16 +35,27 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    func,
     text,
 )
 from sqlalchemy.sql.schema import SchemaItem
 
-__all__ = ["DEFAULT_PREFIX", "SCHEMA_VERSION", "Tables", "build_tables", "check_identifier"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "ID_PREFIX",
+    "SCHEMA_VERSION",
+    "Tables",
+    "build_tables",
+    "check_identifier",
+]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema version this code reads and writes."""
 
 DEFAULT_PREFIX: Final = "siglo_"
+ID_PREFIX: Final = 200
+"""How many characters of an id an index holds (4 bytes each at most: within
+PostgreSQL's limit of an index row)."""
 
 
 def check_identifier(what: str, value: str) -> str:
@@ -89,18 +100,22 @@ def _id() -> Column[bytes]:
 def build_tables(
     prefix: str = DEFAULT_PREFIX, schema: str | None = None, *, version: int = SCHEMA_VERSION
 ) -> Tables:
-    """The tables as they are at schema ``version`` (1 to 3).
+    """The tables as they are at schema ``version`` (1 to 4).
 
     Version 1: checkpoints, wait records, step cache, idempotency keys, locks (lease rows
     with an owner token), nonces. Version 2 adds the locks' fencing counter (``fence``)
     and the ``context_changes`` table behind the context stream. Version 3 makes the
     expiry index of every table whose ``gone_at`` may be ``NULL`` (checkpoints, wait
     records, locks, context changes) partial: it holds only the rows that can expire.
+    Version 4 (SPEC §9, listing and timers) adds the checkpoints' ``workflow_id``,
+    ``updated_at`` (the checkpoint's ``timestamp``) and ``expires_at`` columns, an index
+    on ``(namespace, id)`` that a namespace's walk follows (an unfiltered walk follows the
+    primary key), and a partial index on the wait records' ``deadline`` for due waits.
     """
     check_identifier("table prefix", prefix) if prefix else None
     if schema is not None:
         check_identifier("schema", schema)
-    if version not in (1, 2, 3):
+    if version not in (1, 2, 3, 4):
         raise ValueError(f"no schema version {version}")
     md = MetaData(schema=schema)
     p = prefix
@@ -113,6 +128,14 @@ def build_tables(
         partial = text("gone_at IS NOT NULL")
         return Index(f"{table}_gone_at", "gone_at", sqlite_where=partial, postgresql_where=partial)
 
+    def deadline_index(table: str) -> Index:
+        # Due waits: ``deadline <= ?`` implies ``deadline IS NOT NULL``; waits without a
+        # deadline (most) cost no entry.
+        partial = text("deadline IS NOT NULL")
+        return Index(
+            f"{table}_deadline", "deadline", sqlite_where=partial, postgresql_where=partial
+        )
+
     schema_version = Table(
         f"{p}schema_version",
         md,
@@ -120,9 +143,7 @@ def build_tables(
         Column("applied_at", BigInteger, nullable=False),
         Column("description", Text, nullable=False),
     )
-    checkpoints = Table(
-        f"{p}checkpoints",
-        md,
+    checkpoint_items: list[SchemaItem] = [
         _id(),
         Column("namespace", Text, nullable=False),
         Column("stack_id", Text, nullable=False),
@@ -131,7 +152,23 @@ def build_tables(
         Column("gone_at", BigInteger, nullable=True),
         Column("document", LargeBinary, nullable=False),
         expiry_index(f"{p}checkpoints"),
-    )
+    ]
+    if version >= 4:
+        checkpoint_items += [
+            Column("workflow_id", Text, nullable=True),
+            Column("updated_at", BigInteger, nullable=True),
+            Column("expires_at", BigInteger, nullable=True),
+        ]
+    checkpoints = Table(f"{p}checkpoints", md, *checkpoint_items)
+    if version >= 4:
+        # Keyset walks of one namespace: equality on the namespace, then id order. On
+        # its first ID_PREFIX characters: a whole id may pass PostgreSQL's 2,704-byte
+        # limit of an index row (the query also compares the whole namespace).
+        Index(
+            f"{p}checkpoints_namespace",
+            func.substr(checkpoints.c.namespace, 1, ID_PREFIX),
+            checkpoints.c.id,
+        )
     wait_records = Table(
         f"{p}wait_records",
         md,
@@ -152,6 +189,7 @@ def build_tables(
         Column("document", LargeBinary, nullable=False),
         Index(f"{p}wait_records_stack", "stack_ref"),
         expiry_index(f"{p}wait_records"),
+        *([deadline_index(f"{p}wait_records")] if version >= 4 else []),
     )
     # The wait record most recently saved for each stack id (get_wait_record by stack
     # id returns it): id is digest(stack_id), wait_id the record's id.
@@ -221,6 +259,12 @@ def build_tables(
             Index(f"{p}context_changes_stream", "stream"),
             expiry_index(f"{p}context_changes"),
         )
+        if version >= 4:
+            # delete_checkpoint removes a stack's streams of every step.
+            Index(
+                f"{p}context_changes_stack",
+                func.substr(context_changes.c.stack_id, 1, ID_PREFIX),
+            )
     return Tables(
         metadata=md,
         version=version,

@@ -9,14 +9,15 @@ differences are parameters of :func:`build_statements`. ``now`` is always a para
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import Table
 from sqlalchemy.engine import Dialect
 
-from siglo_sql.schema import Tables
+from siglo_sql.schema import ID_PREFIX, Tables
 
-__all__ = ["Statements", "build_statements"]
+__all__ = ["Statements", "build_statements", "exact_match"]
 
 LIVE = "(gone_at IS NULL OR gone_at > ?)"
 
@@ -37,6 +38,10 @@ class Statements:
     cp_get_for_cancel: str
     cp_set_cancelled: str
     cp_clean_batch: str
+    cp_list: str
+    """``{where}`` stands for the walk's conditions (:mod:`siglo_sql.listing`)."""
+    cp_delete: str
+    cp_delete_expected: str
     # wait records
     wait_upsert: str
     wait_latest_upsert: str
@@ -49,6 +54,9 @@ class Statements:
     wait_cancel: str
     wait_cancel_stack: str
     wait_clean_batch: str
+    wait_due: str
+    wait_delete_stack: str
+    wait_latest_delete_orphan: str
     # step cache
     cache_get: str
     cache_set: str
@@ -60,6 +68,7 @@ class Statements:
     ctx_touch: str
     ctx_get: str
     ctx_clean_batch: str
+    ctx_delete_stack: str
     # idempotency
     idem_claim: str
     idem_state: str
@@ -77,6 +86,16 @@ class Statements:
     nonce_clean_batch: str
 
 
+def exact_match(dialect_name: str) -> Callable[[str], str]:
+    """How a query compares a whole id beside its indexed prefix ``substr(col, 1, N)``.
+
+    SQLite propagates ``col = ?`` into ``substr(col, 1, N)``, which then no longer
+    matches the expression index; ``+col`` (no index use, no propagation) keeps the
+    index usable. PostgreSQL needs nothing of the kind.
+    """
+    return (lambda column: f"+{column}") if dialect_name == "sqlite" else (lambda column: column)
+
+
 def build_statements(
     tables: Tables, dialect: Dialect, *, for_update: str, writable_ctes: bool
 ) -> Statements:
@@ -89,6 +108,7 @@ def build_statements(
     record with its by-stack index one statement instead of a transaction.
     """
     q = dialect.identifier_preparer
+    exact = exact_match(dialect.name)
 
     def name(table: Table) -> str:
         return q.format_table(table)
@@ -103,10 +123,15 @@ def build_statements(
     assert tables.context_changes is not None, "statements need the current schema"
     cx = name(tables.context_changes)
 
-    cp_cols = "(id, namespace, stack_id, revision, status, gone_at, document)"
+    cp_cols = (
+        "(id, namespace, stack_id, revision, status, gone_at, document, workflow_id, "
+        "updated_at, expires_at)"
+    )
     cp_set = (
         "revision = excluded.revision, status = excluded.status, "
-        "gone_at = excluded.gone_at, document = excluded.document"
+        "gone_at = excluded.gone_at, document = excluded.document, "
+        "workflow_id = excluded.workflow_id, updated_at = excluded.updated_at, "
+        "expires_at = excluded.expires_at"
     )
     # An expired row counts as absent: a save may replace it whatever its revision.
     cp_expired = f"({cp}.gone_at IS NOT NULL AND {cp}.gone_at <= ?)"
@@ -141,17 +166,18 @@ def build_statements(
     return Statements(
         # expected_revision=0: no live checkpoint, or a live one stored at revision 0.
         cp_insert_if_absent=(
-            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?) "
+            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             f"ON CONFLICT (id) DO UPDATE SET {cp_set} "
             f"WHERE {cp_expired} OR {cp}.revision = 0 RETURNING 1"
         ),
         cp_save_forward=(
-            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?) "
+            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             f"ON CONFLICT (id) DO UPDATE SET {cp_set} "
             f"WHERE {cp_expired} OR {cp}.revision < excluded.revision RETURNING 1"
         ),
         cp_update_expected=(
-            f"UPDATE {cp} SET revision = ?, status = ?, gone_at = ?, document = ? "
+            f"UPDATE {cp} SET revision = ?, status = ?, gone_at = ?, document = ?, "
+            "workflow_id = ?, updated_at = ?, expires_at = ? "
             f"WHERE id = ? AND revision = ? AND {LIVE} RETURNING 1"
         ),
         cp_current_revision=f"SELECT revision FROM {cp} WHERE id = ? AND {LIVE}",
@@ -165,9 +191,21 @@ def build_statements(
         ),
         cp_get_for_cancel=f"SELECT document FROM {cp} WHERE id = ? AND {LIVE}{for_update}",
         cp_set_cancelled=(
-            f"UPDATE {cp} SET revision = ?, status = 'cancelled', document = ? WHERE id = ?"
+            f"UPDATE {cp} SET revision = ?, status = 'cancelled', document = ?, "
+            "updated_at = ? WHERE id = ?"
         ),
         cp_clean_batch=clean(cp),
+        # Keyset pages in id order: the primary key, or (namespace prefix, id) for one
+        # namespace. The {where} conditions are siglo_sql.listing's.
+        cp_list=(
+            "SELECT namespace, stack_id, workflow_id, status, revision, updated_at, "
+            f"expires_at, id FROM {cp} WHERE {{where}} AND {LIVE} ORDER BY id LIMIT ?"
+        ),
+        # RETURNING gone_at: whether the row deleted was live (an expired one goes too).
+        cp_delete=f"DELETE FROM {cp} WHERE id = ? RETURNING gone_at",
+        cp_delete_expected=(
+            f"DELETE FROM {cp} WHERE id = ? AND revision = ? AND {LIVE} RETURNING gone_at"
+        ),
         wait_upsert=wait_upsert,
         wait_latest_upsert=wait_latest_upsert,
         wait_save_one=(
@@ -207,6 +245,17 @@ def build_statements(
             f"AND {LIVE} AND status IN ('waiting', 'claimed') RETURNING 1"
         ),
         wait_clean_batch=clean(w),
+        # Through the partial deadline index; a claim whose lease ran out is due again.
+        wait_due=(
+            f"SELECT {wait_cols} FROM {w} WHERE deadline <= ? AND {LIVE} "
+            "AND (status = 'waiting' OR (status = 'claimed' AND lease_expires_at IS NOT NULL "
+            "AND lease_expires_at <= ?)) ORDER BY deadline, correlation_key LIMIT ?"
+        ),
+        wait_delete_stack=f"DELETE FROM {w} WHERE stack_ref = ? RETURNING id",
+        wait_latest_delete_orphan=(
+            f"DELETE FROM {wl} WHERE id = ? AND NOT EXISTS "
+            f"(SELECT 1 FROM {w} WHERE {w}.id = {wl}.wait_id)"
+        ),
         cache_get=f"SELECT value FROM {sc} WHERE id = ? AND gone_at > ?",
         cache_set=(
             f"INSERT INTO {sc} (id, key, gone_at, value) VALUES (?, ?, ?, ?) ON CONFLICT (id) "
@@ -223,6 +272,10 @@ def build_statements(
         ctx_touch=f"UPDATE {cx} SET gone_at = ? WHERE stream = ?",
         ctx_get=f"SELECT field, value FROM {cx} WHERE stream = ? AND {LIVE}",
         ctx_clean_batch=clean(cx),
+        ctx_delete_stack=(
+            f"DELETE FROM {cx} WHERE substr(stack_id, 1, {ID_PREFIX}) = ? "
+            f"AND {exact('stack_id')} = ? AND namespace = ?"
+        ),
         idem_claim=(
             f"INSERT INTO {idem} (id, key, state, result, gone_at) "
             "VALUES (?, ?, 'in-progress', NULL, ?) "

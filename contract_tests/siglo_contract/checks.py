@@ -83,10 +83,10 @@ def _machines() -> list[Check]:
 
 def all_checks() -> list[Check]:
     """The state machines, then every ``@check`` of the check modules, in source order."""
-    from siglo_contract import checks_coordination, checks_storage
+    from siglo_contract import checks_coordination, checks_operations, checks_storage
 
     found = _machines()
-    for module in (checks_storage, checks_coordination):
+    for module in (checks_storage, checks_coordination, checks_operations):
         for value in vars(module).values():
             chk = getattr(value, CHECK_ATTRIBUTE, None)
             if isinstance(chk, Check):

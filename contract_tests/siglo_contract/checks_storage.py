@@ -677,7 +677,19 @@ async def declared_capabilities_work(ctx: CheckContext) -> None:
     async def workflow_lock() -> None:
         await a.with_workflow_lock(stack, noop)
 
+    async def listing() -> None:
+        await a.list_checkpoints(namespace=stack, limit=1)
+
+    async def deletion() -> None:
+        await a.delete_checkpoint(ctx.id("cap-deleted"))
+
+    async def due_waits() -> None:
+        await a.list_due_waits(limit=1)
+
     calls = {
+        C.LISTING: listing,
+        C.DELETION: deletion,
+        C.DUE_WAITS: due_waits,
         C.CHECKPOINTS: checkpoints,
         C.WAIT_RECORDS: waits,
         C.STEP_CACHE: cache,

@@ -1,0 +1,77 @@
+"""The conditions of a ``list_checkpoints`` page on the SQL tables.
+
+Pages are keyset pages in primary-key order: ``id > <last id of the previous page>``,
+so a stack is never returned twice in one walk, whatever is written meanwhile. A walk of
+one namespace follows the ``(substr(namespace, 1, ID_PREFIX), id)`` index; any other
+walk follows the primary key. The other filters are checked on the rows the walk meets
+(``status``, ``workflow_id`` and the ``updated_at`` bounds are columns of the row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from siglo.errors import InvalidArgumentError
+from siglo.listing import CheckpointSummary, ListQuery, decode_cursor, encode_cursor
+from siglo.sentinel import MISSING
+from siglo_sql.keys import MAX_MS, at_most
+from siglo_sql.schema import ID_PREFIX
+from siglo_sql.statements import exact_match
+
+__all__ = ["cursor_of", "page_conditions", "summary_of"]
+
+
+def page_conditions(query: ListQuery, dialect_name: str) -> tuple[str, list[Any]]:
+    """The ``WHERE`` conditions of a page (without liveness) and their parameters."""
+    where: list[str] = []
+    params: list[Any] = []
+    if query.namespace is not MISSING:
+        namespace = query.namespace or ""
+        exact = exact_match(dialect_name)("namespace")
+        where.append(f"substr(namespace, 1, {ID_PREFIX}) = ? AND {exact} = ?")
+        params += [namespace[:ID_PREFIX], namespace]
+    if query.cursor is not None:
+        (last,) = decode_cursor(query.cursor, 1)
+        try:
+            after = bytes.fromhex(last)
+        except ValueError:
+            raise InvalidArgumentError(f"cursor {query.cursor!r} is not a SQL backend's") from None
+        where.append("id > ?")
+        params.append(after)
+    if query.statuses is not None:
+        where.append(f"status IN ({', '.join('?' * len(query.statuses))})")
+        params += sorted(query.statuses)
+    if query.workflow_id is not None:
+        where.append("workflow_id = ?")
+        params.append(query.workflow_id)
+    if query.updated_before is not None:
+        where.append("updated_at < ?")
+        params.append(_bigint(query.updated_before))
+    if query.updated_after is not None:
+        where.append("updated_at > ?")
+        params.append(_bigint(query.updated_after))
+    return (" AND ".join(where) or "1 = 1"), params
+
+
+def _bigint(ms: int) -> int:
+    # A bound past what a BIGINT holds means the same as the largest (or smallest) one.
+    return max(-MAX_MS - 1, at_most(ms))
+
+
+def summary_of(row: tuple[Any, ...]) -> CheckpointSummary:
+    """A summary from a ``cp_list`` row."""
+    namespace, stack_id, workflow_id, status, revision, updated_at, expires_at, _ = row
+    return CheckpointSummary(
+        stack_id=stack_id,
+        namespace=namespace or None,
+        workflow_id=workflow_id,
+        status=status,
+        revision=int(revision),
+        timestamp=int(updated_at),
+        expires_at=None if expires_at is None else int(expires_at),
+    )
+
+
+def cursor_of(row: tuple[Any, ...]) -> str:
+    """The cursor of the page that ends with ``row``."""
+    return encode_cursor(bytes(row[-1]).hex())
