@@ -97,7 +97,13 @@ class WaitRecord:
 
     @classmethod
     def from_wire(cls, doc: Any) -> WaitRecord:
-        """Build from a decoded wire document, validating every field."""
+        """Build from a decoded wire document, validating every field.
+
+        A document without ``status`` — as the TypeScript adapter of seed 001 writes
+        them, its record has no such field — is a record still ``waiting``.
+        """
+        if isinstance(doc, dict) and "status" not in doc:
+            doc = {**doc, "status": "waiting"}
         kwargs, extra = from_wire_fields("wait record", _WAIT_FIELDS, doc)
         return cls(**kwargs, extra=extra)
 
