@@ -27,6 +27,7 @@ from siglo.listing import check_list_arguments as _check_list_arguments
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import (
+    check_context_change,
     check_save_arguments,
     check_wait_record,
     require_id,
@@ -131,11 +132,7 @@ class StorageAdapter:
 
     async def on_context_change(self, event: ContextChangeEvent) -> None:
         """Record one context mutation (non-blocking telemetry: must not raise on I/O)."""
-        if not isinstance(event, ContextChangeEvent):
-            raise InvalidArgumentError(
-                f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
-            )
-        await self._do_on_context_change(event)
+        await self._do_on_context_change(check_context_change(event))
 
     async def get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None

@@ -6,9 +6,10 @@ from typing import Any, overload
 
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
-from siglo.records import WaitRecord
+from siglo.records import ContextChangeEvent, WaitRecord
 
 __all__ = [
+    "check_context_change",
     "check_save_arguments",
     "check_wait_record",
     "require_id",
@@ -26,7 +27,21 @@ def require_id(name: str, value: Any) -> str:
     if "\x00" in value:
         # PostgreSQL text cannot hold NUL; refusing it everywhere keeps backends alike.
         raise InvalidArgumentError(f"{name} must not contain a NUL character")
+    if not value.isascii():
+        _require_encodable(name, value)
     return value
+
+
+def _require_encodable(name: str, value: str) -> None:
+    """A lone surrogate (``"\\ud800"``) has no UTF-8 form: no store can hold it, so every
+    backend refuses it here alike instead of failing in its driver."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{name} must be valid Unicode text: it holds a lone surrogate "
+            f"{value[exc.start]!r} at position {exc.start}"
+        ) from None
 
 
 def require_optional_id(name: str, value: Any) -> str | None:
@@ -80,4 +95,22 @@ def check_wait_record(record: Any) -> WaitRecord:
         )
     require_id("record.correlation_key", record.correlation_key)
     require_id("record.stack_id", record.stack_id)
+    require_optional_id("record.namespace", record.namespace)
     return record
+
+
+def check_context_change(event: Any) -> ContextChangeEvent:
+    """Reject an event that is not one, or whose ids could not be stored as given.
+
+    An empty namespace is refused rather than read as "no namespace": on SQL it would
+    write into the un-namespaced stream.
+    """
+    if not isinstance(event, ContextChangeEvent):
+        raise InvalidArgumentError(
+            f"event must be a siglo.ContextChangeEvent, got {type(event).__name__}"
+        )
+    require_id("event.stack_id", event.stack_id)
+    require_id("event.step_id", event.step_id)
+    require_id("event.key", event.key)
+    require_optional_id("event.namespace", event.namespace)
+    return event
