@@ -430,6 +430,33 @@ class WorkflowLockLeaksOnError(MemoryStorageAdapter):
         return result
 
 
+class WorkflowLockIsAPublicLock(MemoryStorageAdapter):
+    """with_workflow_lock(X) takes the public lock "workflow:X" (issue 11 defect 7)."""
+
+    public: MemoryLock
+
+    async def _do_with_workflow_lock(
+        self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
+    ) -> T:
+        from siglo.locking import run_with_lock
+
+        return await run_with_lock(
+            self.public, "workflow:" + stack_id, action, timeout_ms=timeout_ms or 30_000
+        )
+
+
+def _shares_public_lock(**options: Any) -> Backend:
+    backend = memory_connect("memory://", **options)
+    adapter = WorkflowLockIsAPublicLock(
+        clock=options.get("clock"),
+        **{k: v for k, v in options.items() if k in _ADAPTER_OPTIONS},
+    )
+    assert isinstance(backend.lock, MemoryLock)
+    adapter.public = backend.lock
+    backend.adapter = adapter
+    return backend
+
+
 # -- step cache, context, cache events ------------------------------------------------------
 
 
@@ -807,6 +834,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "an exception leaks the lock",
         ("lock.workflow",),
         adapter=WorkflowLockLeaksOnError,
+    ),
+    Mutant(
+        "lock.workflow.separate",
+        _shares_public_lock,
+        ("lock.workflow.separate",),
+        "with_workflow_lock(X) is the public lock 'workflow:X'",
     ),
     _m("cache.roundtrip", "the first set wins", ("cache",), adapter=FirstSetWins),
     _m("cache.falsy-hit", "a cached None is a miss", ("cache",), adapter=DropsCachedNone),

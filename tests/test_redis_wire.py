@@ -17,7 +17,7 @@ from _redis_helpers import raw_redis, redis_backend  # noqa: F401  (fixtures)
 import siglo
 from siglo import MISSING, Checkpoint, ContextChangeEvent, WaitRecord
 from siglo_redis.adapter import RedisStorageAdapter
-from siglo_redis.keys import KeySpace, fence_key, hash_slot
+from siglo_redis.keys import KeySpace, fence_key, hash_slot, legacy_fence_key
 
 pytestmark = pytest.mark.rule("wire.checkpoint")
 
@@ -58,7 +58,9 @@ def test_ambiguous_ids_get_distinct_keys() -> None:
 def test_fence_key_shares_the_lock_keys_slot() -> None:
     for lock_key in ["daily", "lock:daily-settlement", "a{b}c", "x}y{", "{}", "ü" * 50]:
         full = "siglo:lock:" + lock_key
-        assert hash_slot(fence_key("siglo:lock-fence:", lock_key, full)) == hash_slot(full)
+        assert hash_slot(fence_key("siglo:lock-fence:", full)) == hash_slot(full)
+        legacy = legacy_fence_key("siglo:lock-fence:", lock_key, full)
+        assert hash_slot(legacy) == hash_slot(full)
 
 
 async def test_siglo_writes_the_seeds_keys(redis_backend: siglo.Backend, raw_redis: Any) -> None:

@@ -63,7 +63,6 @@ T = TypeVar("T")
 DEFAULT_CHECKPOINT_TTL_MS: Final = 86_400_000
 DEFAULT_CACHE_TTL_MS: Final = 300_000
 DEFAULT_CLAIM_LEASE_MS: Final = 60_000
-WORKFLOW_LOCK_PREFIX: Final = "workflow:"
 _MAX_SWAP_ATTEMPTS: Final = 1_000
 
 
@@ -87,7 +86,8 @@ class RedisStorageAdapter(StorageAdapter):
     - ``record_context_changes`` (default ``True``) writes context changes to
       ``siglo:[<ns>:]context:<stackId>:<stepId>``.
     - ``key_prefix`` (default ``siglo:``) replaces the leading ``siglo:`` of every key;
-      ``lock_key_prefix`` (default ``<key_prefix>lock:``) is where workflow locks live.
+      ``lock_key_prefix`` (default ``<key_prefix>workflow-lock:``) is where workflow
+      locks live: never under the public :class:`RedisLock`'s ``<key_prefix>lock:``.
     - ``claim_lease_ms`` (default 60 s) is how long a wait-record claim lasts.
     - ``workflow_lock_ttl_ms`` / ``workflow_lock_timeout_ms`` govern
       :meth:`with_workflow_lock` (the lease is renewed while the action runs).
@@ -143,9 +143,14 @@ class RedisStorageAdapter(StorageAdapter):
             client = client_from_url(client, command_timeout_ms=command_timeout_ms)
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
+        if lock_key_prefix is not None and lock_key_prefix == self.keys.lock_prefix:
+            raise InvalidArgumentError(
+                f"lock_key_prefix {lock_key_prefix!r} is the public RedisLock's prefix: "
+                "workflow locks and public locks must never share keys"
+            )
         self.workflow_lock = RedisLock(
             client,
-            lock_key_prefix or self.keys.lock_prefix,
+            lock_key_prefix or self.keys.workflow_lock_prefix,
             strict_atomicity=True,
             command_timeout_ms=command_timeout_ms,
         )
@@ -440,14 +445,14 @@ class RedisStorageAdapter(StorageAdapter):
         *,
         timeout_ms: int | None = None,
     ) -> T:
-        """Run ``action`` under the distributed lock ``<lock prefix>workflow:<stackId>``.
+        """Run ``action`` under the distributed lock ``<key_prefix>workflow-lock:<stackId>``.
 
         A token-checked :class:`RedisLock` lease, renewed while the action runs, so two
         actions for one stack never overlap in any process sharing this Redis.
         """
         return await run_with_lock(
             self.workflow_lock,
-            WORKFLOW_LOCK_PREFIX + stack_id,
+            stack_id,
             action,
             ttl_ms=self.workflow_lock_ttl_ms,
             timeout_ms=timeout_ms or self.workflow_lock_timeout_ms,

@@ -25,6 +25,7 @@ from siglo_redis.keys import (
     check_prefix,
     default_fence_prefix,
     fence_key,
+    legacy_fence_key,
 )
 from siglo_redis.scripts import (
     COMPARE_AND_DELETE,
@@ -123,9 +124,10 @@ class RedisLock(_ClientOwner, LockBase):
 
     ``RedisLock(client)`` or ``RedisLock(client, "siglo:lock:")``; the lock lives at
     ``<key_prefix><lock_key>`` holding the token. Every successful acquire also
-    increments a counter at ``<fence_prefix>{<slot tag>}<lock_key>`` (default prefix
-    ``siglo:lock-fence:``; the tag keeps it in the lock key's cluster slot) and returns
-    it as ``fencing_token``.
+    increments the counter of the lock key's cluster slot, ``<fence_prefix>{<slot tag>}``
+    (default prefix ``siglo:lock-fence:``), and returns it as ``fencing_token``: a key's
+    tokens only grow, and there are at most 16,384 counters however many lock keys are
+    used (:func:`~siglo_redis.keys.fence_key`).
 
     Release and extend are Lua scripts checking the token. For a client without
     ``eval`` the seed's rule applies: with ``strict_atomicity=True`` release raises,
@@ -148,9 +150,13 @@ class RedisLock(_ClientOwner, LockBase):
         self.strict_atomicity = bool(strict_atomicity)
         super().__init__(client, command_timeout_ms)
 
-    def _keys(self, lock_key: str) -> tuple[str, str]:
+    def _keys(self, lock_key: str) -> tuple[str, str, str]:
         full = self.key_prefix + lock_key
-        return full, fence_key(self.fence_prefix, lock_key, full)
+        return (
+            full,
+            fence_key(self.fence_prefix, full),
+            legacy_fence_key(self.fence_prefix, lock_key, full),
+        )
 
     def _require_eval(self, what: str) -> bool:
         if self._redis.has_eval:
@@ -164,10 +170,12 @@ class RedisLock(_ClientOwner, LockBase):
 
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         token = custom_token or new_lock_token()
-        key, fence = self._keys(lock_key)
+        key, fence, legacy = self._keys(lock_key)
         if self._redis.has_eval:
             reply = int(
-                await self._redis.script(LOCK_ACQUIRE, [key, fence], [token, clamp_px(ttl_ms)])
+                await self._redis.script(
+                    LOCK_ACQUIRE, [key, fence, legacy], [token, clamp_px(ttl_ms)]
+                )
             )
             if reply == 0:
                 return LockResult(acquired=False, token=token)

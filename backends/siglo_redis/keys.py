@@ -15,7 +15,10 @@ key                                            holds
 ``siglo:cache:<key>``                          step-cache JSON
 ``siglo:[<ns>:]context:<stackId>:<stepId>``    hash: context field → JSON value
 ``siglo:lock:<key>``                           lock token
-``siglo:lock-fence:{<tag>}<key>``              siglo only: fencing counter of a lock
+``siglo:lock-fence:{<tag>}``                   siglo only: fencing counter of the
+                                               locks of one cluster slot
+``siglo:workflow-lock:<stackId>``              siglo only: ``with_workflow_lock``'s token
+``siglo:workflow-lock-fence:{<tag>}``          siglo only: its fencing counters
 ``siglo:idempotency:<key>``                    ``in-progress`` / ``COMPLETED:<json>``
 ``siglo:wh:dedup:<key>``                       nonce ``"1"``
 =============================================  =====================================
@@ -45,6 +48,7 @@ __all__ = [
     "escape",
     "fence_key",
     "hash_slot",
+    "legacy_fence_key",
     "namespace_segment",
     "slot_tag",
 ]
@@ -61,6 +65,8 @@ RESERVED_NAMESPACES: Final = frozenset(
         "context",
         "lock",
         "lock-fence",
+        "workflow-lock",
+        "workflow-lock-fence",
         "idempotency",
         "wh",
     }
@@ -152,13 +158,25 @@ slot_tag: Final = _SlotTags()
 """``slot_tag(slot)``: a short tag whose ``{tag}`` pins a key to ``slot``."""
 
 
-def fence_key(fence_prefix: str, lock_key: str, full_lock_key: str) -> str:
-    """The fencing counter of a lock, in the same cluster slot as the lock's key.
+def fence_key(fence_prefix: str, full_lock_key: str) -> str:
+    """The fencing counter of a lock: one counter per cluster slot, in the lock key's slot.
 
-    The seed's lock key ``siglo:lock:<key>`` has no hash tag, so the counter carries a
-    tag computed to hash to the lock key's slot: the acquire script may touch both.
+    Every lock key of a slot shares it, so a key's fencing tokens still only grow while
+    the counters number at most 16,384 per prefix, however many lock keys come and go
+    (a counter per lock key would stay forever). The seed's lock key ``siglo:lock:<key>``
+    has no hash tag, so the counter carries a tag computed to hash to the lock key's
+    slot: the acquire script may touch both.
     """
-    return f"{fence_prefix}{{{slot_tag(hash_slot(full_lock_key))}}}{lock_key}"
+    return f"{fence_prefix}{{{slot_tag(hash_slot(full_lock_key))}}}"
+
+
+def legacy_fence_key(fence_prefix: str, lock_key: str, full_lock_key: str) -> str:
+    """Where siglo before the per-slot counters kept one counter per lock key.
+
+    The acquire script folds such a counter into its slot's counter and deletes it, so a
+    key's fencing tokens keep growing across the upgrade.
+    """
+    return f"{fence_key(fence_prefix, full_lock_key)}{lock_key}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +206,11 @@ class KeySpace:
     @property
     def lock_prefix(self) -> str:
         return f"{self.prefix}lock:"
+
+    @property
+    def workflow_lock_prefix(self) -> str:
+        """Where ``with_workflow_lock`` keeps its leases: never a public lock's key."""
+        return f"{self.prefix}workflow-lock:"
 
     @property
     def idempotency_prefix(self) -> str:

@@ -254,12 +254,23 @@ end""",
 LOCK_ACQUIRE: Final = Script(
     "lock_acquire",
     """
--- KEYS[1] lock key, KEYS[2] its fencing counter (same slot). ARGV[1] token, ARGV[2] TTL ms.
+-- KEYS[1] lock key, KEYS[2] the fencing counter of its slot, KEYS[3] the per-key counter
+-- of older siglo versions (all in one slot). ARGV[1] token, ARGV[2] TTL ms.
 -- Returns the new fencing token, or 0 when the lock is held.
-if redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') then
-  return redis.call('INCR', KEYS[2])
+if not redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') then
+  return 0
 end
-return 0
+local fence = redis.call('INCR', KEYS[2])
+local legacy = tonumber(redis.call('GET', KEYS[3]))
+if legacy then
+  -- Fold the old per-key counter in, so this key's tokens keep growing, and drop it.
+  redis.call('DEL', KEYS[3])
+  if legacy >= fence then
+    fence = legacy + 1
+    redis.call('SET', KEYS[2], fence)
+  end
+end
+return fence
 """,
 )
 

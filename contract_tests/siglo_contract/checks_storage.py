@@ -210,6 +210,49 @@ async def workflow_lock_release_on_error(ctx: CheckContext) -> None:
     expect(result == "ran", "lock.workflow.release-on-error", f"result {result!r}")
 
 
+@check("lock.workflow.separate", requires=(C.LOCKS,))
+async def workflow_lock_separate(ctx: CheckContext) -> None:
+    """The public lock never holds a workflow lock, whatever its name, nor the reverse."""
+    stack = ctx.id("wf-sep")
+    lock = ctx.backend.lock
+    assert lock is not None
+    held = []
+    for name in (f"workflow:{stack}", stack, f"workflow-lock:{stack}"):
+        result = await lock.acquire(name, 60_000)
+        expect(result.acquired, "lock.workflow.separate", f"public lock {name!r} not acquired")
+        held.append((name, result.token))
+
+    async def inside() -> str:
+        other = ctx.id("wf-sep-other")
+        for name in (f"workflow:{other}", other):
+            got = await lock.acquire(name, 60_000)
+            expect(
+                got.acquired,
+                "lock.workflow.separate",
+                f"public lock {name!r} was taken by with_workflow_lock({other!r})",
+            )
+            await lock.release(name, got.token)
+        return "ran"
+
+    async def outer() -> str:
+        return await ctx.backend.adapter.with_workflow_lock(
+            ctx.id("wf-sep-other"), inside, timeout_ms=1_000
+        )
+
+    try:
+        result = await asyncio.wait_for(
+            ctx.backend.adapter.with_workflow_lock(stack, outer, timeout_ms=1_000), 10
+        )
+    except (LockNotAcquiredError, TimeoutError):
+        fail(
+            "lock.workflow.separate",
+            f"with_workflow_lock({stack!r}) waited for public locks named like it",
+        )
+    expect(result == "ran", "lock.workflow.separate", f"result {result!r}")
+    for name, token in held:
+        await lock.release(name, token)
+
+
 # -- time, on the backend's clock or for real ------------------------------------------
 
 

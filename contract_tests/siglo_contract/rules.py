@@ -104,6 +104,11 @@ RULES: Final[tuple[Rule, ...]] = (
         _C.WORKFLOW_LOCK,
         "an action's exception propagates and frees the lock",
     ),
+    _a(
+        "lock.workflow.separate",
+        _C.WORKFLOW_LOCK,
+        "the workflow lock and the public lock never share keys",
+    ),
     _a("cache.roundtrip", _C.STEP_CACHE, "a cached value reads back equal; a re-set replaces it"),
     _a("cache.falsy-hit", _C.STEP_CACHE, "a cached None/0/False/''/[]/{} is a hit"),
     _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),
