@@ -21,6 +21,7 @@ from typing import Final, TypeVar
 
 from siglo.coordination import Lock
 from siglo.errors import LockLostError, LockNotAcquiredError
+from siglo.lease_release import release_lease
 
 __all__ = [
     "DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS",
@@ -136,10 +137,10 @@ async def run_with_lock(
                 await work
         with contextlib.suppress(BaseException):
             await keeper
-        with contextlib.suppress(Exception):
-            # Bounded: a stalled server must not hold the caller past the lease.
-            async with asyncio.timeout(ttl_ms / 1000):
-                await lock.release(lock_key, lease.token)
+        # Bounded: a stalled server must not hold the caller past the lease. A failed
+        # release is retried in the background until it works or the lease lapses by
+        # itself: an outage must not strand the lock for the whole lease (defect 5).
+        await release_lease(lock, lock_key, lease.token, lapses_at=renewer.lapses_at)
 
 
 class _Renewer:
