@@ -32,6 +32,7 @@ from siglo.lease_release import releases_pending
 from siglo_postgres import drop_schema
 from siglo_redis.connect import delete_prefix
 
+CHECKPOINT = siglo.Checkpoint(stack_id="s", revision=1, timestamp=1)
 LEASE_MS = 20_000
 """Far longer than the test waits: a lock freed only by its TTL fails the test."""
 

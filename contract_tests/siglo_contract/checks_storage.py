@@ -218,9 +218,9 @@ async def workflow_lock_separate(ctx: CheckContext) -> None:
     assert lock is not None
     held = []
     for name in (f"workflow:{stack}", stack, f"workflow-lock:{stack}"):
-        result = await lock.acquire(name, 60_000)
-        expect(result.acquired, "lock.workflow.separate", f"public lock {name!r} not acquired")
-        held.append((name, result.token))
+        taken = await lock.acquire(name, 60_000)
+        expect(taken.acquired, "lock.workflow.separate", f"public lock {name!r} not acquired")
+        held.append((name, taken.token))
 
     async def inside() -> str:
         other = ctx.id("wf-sep-other")
