@@ -91,12 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
         "as siglo's schema)",
     )
     p.add_argument(
+        "--sqlite-synchronous",
+        choices=("NORMAL", "FULL"),
+        default="NORMAL",
+        help="PRAGMA synchronous of every SQLite subject (siglo, raw, LangGraph), so all "
+        "run at the same durability (default NORMAL, siglo's default)",
+    )
+    p.add_argument(
         "--siglo-opt",
         action="append",
         default=[],
         metavar="BACKEND:KEY=VALUE",
         help="an option for siglo's backend factory (repeatable; VALUE parsed as JSON "
         "if it can be), e.g. postgres:pool_size=20",
+    )
+    p.add_argument(
+        "--load-note",
+        default="",
+        help="a sentence on what else ran on the machine, printed beside the load average",
     )
     p.add_argument(
         "--timeout",
@@ -118,7 +130,10 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
         "postgres": args.postgres_url,
         "sqlite": f"sqlite:///{os.path.join(tmp, 'siglo.db')}",
     }
-    out.append(_siglo_or_reason(backend, urls[backend], SigloSubject, siglo_options(args, backend)))
+    options = siglo_options(args, backend)
+    if backend == "sqlite":
+        options.setdefault("synchronous", args.sqlite_synchronous)
+    out.append(_siglo_or_reason(backend, urls[backend], SigloSubject, options))
     if backend == "memory":
         from benchmarks.raw_memory import RawMemorySubject
 
@@ -150,7 +165,9 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
         else:
             from benchmarks.raw_sqlite import RawSqliteSubject
 
-            out.append(RawSqliteSubject(os.path.join(tmp, "raw.db")))
+            out.append(
+                RawSqliteSubject(os.path.join(tmp, "raw.db"), synchronous=args.sqlite_synchronous)
+            )
     if backend in ("sqlite", "postgres") and not args.no_langgraph:
         module = f"langgraph.checkpoint.{backend}.aio"
         try:
@@ -163,7 +180,11 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
             from benchmarks.langgraph_subject import LangGraphSubject
 
             out.append(
-                LangGraphSubject(backend, args.postgres_url if backend == "postgres" else None)
+                LangGraphSubject(
+                    backend,
+                    args.postgres_url if backend == "postgres" else None,
+                    sqlite_synchronous=args.sqlite_synchronous,
+                )
             )
     return out
 
@@ -223,6 +244,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "quick": args.quick,
             "repeat": args.repeat,
             "machine": machine.describe(),
+            "load": {"start": list(os.getloadavg())},
+            "load_note": args.load_note,
         },
         "subjects": [],
         "results": [],
@@ -232,6 +255,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for backend in args.backends:
             await _run_backend(backend, args, workloads, doc, tmp)
     doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    doc["meta"]["load"]["end"] = list(os.getloadavg())
     report.add_ratios_and_targets(doc)
     return doc
 
@@ -314,9 +338,12 @@ async def _run_workloads(
         runs: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
         extras: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(subjects))}
         status: dict[int, tuple[str, str | None]] = {i: ("ok", None) for i in range(len(subjects))}
-        # Interleave the subjects run by run, so a noisy moment hits all of them alike.
-        for _ in range(args.repeat):
-            for i, s in enumerate(subjects):
+        # Interleave the subjects round by round, so a noisy moment hits all of them
+        # alike; the order turns each round, so none always runs first (or last).
+        for round_no in range(args.repeat):
+            shift = round_no % len(subjects)
+            for i in [*range(shift, len(subjects)), *range(shift)]:
+                s = subjects[i]
                 if status[i][0] != "ok":
                     continue
                 tag = f"b{secrets.token_hex(3)}"
@@ -379,6 +406,9 @@ async def _cancellable(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, A
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.update_docs is not None and (args.quick or args.repeat < 3):
+        # A published ratio is the median of at least three interleaved rounds.
+        raise SystemExit("--update-docs needs --repeat 3 or more (and not --quick)")
     try:
         doc = asyncio.run(_cancellable(run(args)))
     except asyncio.CancelledError:

@@ -21,8 +21,11 @@ class LangGraphSubject(Subject):
 
     kind = "langgraph"
 
-    def __init__(self, backend: str, url: str | None = None) -> None:
+    def __init__(
+        self, backend: str, url: str | None = None, *, sqlite_synchronous: str = "NORMAL"
+    ) -> None:
         self.backend = backend
+        self.sqlite_synchronous = sqlite_synchronous
         self.url = url
         self._stack = contextlib.AsyncExitStack()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -42,7 +45,13 @@ class LangGraphSubject(Subject):
                 AsyncSqliteSaver.from_conn_string(path)
             )
             await self.saver.setup()
-            self.detail = "langgraph AsyncSqliteSaver (one lock)"
+            # The saver leaves SQLite's default, synchronous=FULL (an fsync per commit);
+            # the comparison is at the durability siglo and the raw baseline run with.
+            await self.saver.conn.execute(f"PRAGMA synchronous={self.sqlite_synchronous}")
+            self.detail = (
+                f"langgraph AsyncSqliteSaver (one lock), WAL + synchronous="
+                f"{self.sqlite_synchronous} (set by the benchmark; the saver's default is FULL)"
+            )
         elif self.backend == "postgres":
             import psycopg
             from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver

@@ -1,8 +1,9 @@
 """The raw psycopg 3 baseline: a connection pool and prepared statements.
 
 One statement per operation (see :mod:`benchmarks.raw_sql`), ``prepare=True`` so each is
-parsed and planned once per connection, autocommit (each statement is its own
-transaction, as a single-statement compare-and-set needs no more), orjson for JSON.
+parsed and planned once per connection, binary results (as siglo's backend), autocommit
+(each statement is its own transaction, as a single-statement compare-and-set needs no
+more), orjson for JSON.
 The data lives in a private schema that is dropped afterwards.
 """
 
@@ -48,7 +49,7 @@ class RawPostgresSubject(Subject):
         self.compression = compression
         self.schema = f"siglo_bench_{secrets.token_hex(4)}"
         self.detail = (
-            f"psycopg 3 pool({pool_size}), prepared, {doc_type.upper()} documents "
+            f"psycopg 3 pool({pool_size}), prepared, binary, {doc_type.upper()} documents "
             f"({compression}), orjson"
         )
         self.pool: AsyncConnectionPool[Any] | None = None
@@ -109,7 +110,9 @@ class RawPostgresSubject(Subject):
     async def _one(self, stmt: str, params: tuple[Any, ...]) -> Any:
         assert self.pool is not None
         async with self.pool.connection() as conn:
-            cur = await conn.execute(stmt, params, prepare=True)
+            # Binary results, as siglo's backend reads them: a BYTEA document arrives as
+            # its bytes, not as hex text of twice the size to decode.
+            cur = await conn.execute(stmt, params, prepare=True, binary=True)
             return await cur.fetchone() if cur.description is not None else None
 
     async def save(

@@ -1,7 +1,9 @@
 """The raw aiosqlite baseline: one connection, WAL, the same single statements.
 
-``journal_mode=WAL`` and ``synchronous=NORMAL`` (durable across a process crash, the
-usual setting for WAL), autocommit, documents as BLOBs of orjson bytes. Every statement
+``journal_mode=WAL``, ``synchronous=NORMAL`` by default (durable across a process crash,
+the usual setting for WAL, and siglo's default) and the other pragmas siglo's SQLite
+backend sets (``busy_timeout``, ``mmap_size``, ``cache_size``), autocommit, documents as
+BLOBs of orjson bytes. Every statement
 is one thread hop (``execute_fetchall``), the least aiosqlite allows.
 """
 
@@ -19,6 +21,9 @@ from benchmarks import raw_sql as q
 from benchmarks.payloads import now_ms, wire_document
 from benchmarks.subject import Conflict, Subject
 
+# The pragmas siglo's SQLite backend sets, so the baseline has the same file settings.
+from siglo_sqlite.database import CACHE_SIZE_KIB, DEFAULT_BUSY_TIMEOUT_MS, MMAP_SIZE_BYTES
+
 
 def _sql(stmt: str) -> str:
     return q.render(stmt, p="?", doc="BLOB")
@@ -30,16 +35,23 @@ class RawSqliteSubject(Subject):
     kind = "raw"
     backend = "sqlite"
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, *, synchronous: str = "NORMAL") -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="siglo-bench-") if path is None else None
         self.path = path or os.path.join(self._tmp.name if self._tmp else ".", "raw.db")
-        self.detail = "aiosqlite, 1 connection, WAL + synchronous=NORMAL, BLOB"
+        self.synchronous = synchronous
+        self.detail = (
+            f"aiosqlite, 1 connection, WAL + synchronous={synchronous}, "
+            "siglo's mmap_size/cache_size/busy_timeout, BLOB"
+        )
         self.db: aiosqlite.Connection | None = None
 
     async def open(self) -> None:
         self.db = await aiosqlite.connect(self.path, isolation_level=None)
+        await self.db.execute(f"PRAGMA busy_timeout = {DEFAULT_BUSY_TIMEOUT_MS}")
         await self.db.execute("PRAGMA journal_mode=WAL")
-        await self.db.execute("PRAGMA synchronous=NORMAL")
+        await self.db.execute(f"PRAGMA synchronous={self.synchronous}")
+        await self.db.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
+        await self.db.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
         for stmt in q.SCHEMA:
             await self.db.execute(_sql(stmt))
 

@@ -3,7 +3,10 @@
 A measurement runs ``concurrency`` workers (asyncio tasks) that together perform about
 ``ops`` operations, and returns operations per second. Keys are fresh per measurement
 (``tag``), so repeats never see each other's data. Setup (pre-saving what a load reads,
-creating the wait records a claim takes) happens before the clock starts.
+creating the wait records a claim takes) happens before the clock starts, and so does a
+warm-up: every worker first performs :data:`WARMUP` operations of the same kind,
+untimed, so that connection pools have opened their connections and statements are
+prepared on them before anything is timed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from benchmarks.subject import Conflict, Subject
 SEQ: Final = 1
 CONC: Final = 32
 CAS_WRITERS: Final = 8
+"""CAS with this many writers shares one stack (they contend); at :data:`CONC` each
+writer updates a stack of its own (read-modify-write without contention)."""
+WARMUP: Final = 3
+"""Untimed operations per worker before the clock starts."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ def default_workloads(
             Workload("load", size, CONC, n(ops)),
             Workload("cas", size, SEQ, n(ops / 2)),
             Workload("cas", size, CAS_WRITERS, n(ops / 2)),
+            Workload("cas", size, CONC, n(ops / 2)),
         ]
     for name in ("wait_claim", "idempotency", "lock", "cache"):
         out += [Workload(name, None, SEQ, n(1000)), Workload(name, None, CONC, n(1000))]
@@ -90,12 +98,16 @@ def default_workloads(
 async def _workers(
     concurrency: int, per_worker: int, op: Callable[[int, int], Awaitable[None]]
 ) -> float:
-    async def worker(w: int) -> None:
-        for j in range(per_worker):
+    """Warm up (:data:`WARMUP` untimed ops per worker, ``j`` = 0 …), then time
+    ``per_worker`` ops per worker (``j`` = WARMUP …); return the timed seconds."""
+
+    async def worker(w: int, start: int, stop: int) -> None:
+        for j in range(start, stop):
             await op(w, j)
 
+    await asyncio.gather(*(worker(w, 0, WARMUP) for w in range(concurrency)))
     start = time.perf_counter()
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    await asyncio.gather(*(worker(w, WARMUP, WARMUP + per_worker) for w in range(concurrency)))
     return time.perf_counter() - start
 
 
@@ -127,15 +139,18 @@ async def measure(subject: Subject, workload: Workload, tag: str) -> Measurement
 
     elif name == "cas":
         # Read-modify-write: load, then save with expected_revision; a writer that
-        # loses reloads and retries. All writers share one stack, so with 8 of them
-        # they contend; one op is one successful update.
+        # loses reloads and retries; one op is one successful update. Up to
+        # CAS_WRITERS writers share one stack (they contend); more each have their own.
         ctx = contexts_of(workload.size or "1k")
-        stack = f"{tag}-cas"
-        await subject.save(stack, 1, ctx, expected_revision=0)
+        shared = c <= CAS_WRITERS
+        stacks = [f"{tag}-cas"] if shared else [f"{tag}-cas-{w}" for w in range(c)]
+        for stack in stacks:
+            await subject.save(stack, 1, ctx, expected_revision=0)
         conflicts = 0
 
         async def op(w: int, j: int) -> None:
             nonlocal conflicts
+            stack = stacks[0] if shared else stacks[w]
             while True:
                 current = await subject.load(stack)
                 assert current is not None
@@ -146,16 +161,18 @@ async def measure(subject: Subject, workload: Workload, tag: str) -> Measurement
                     conflicts += 1
 
         seconds = await _workers(c, k, op)
-        final = await subject.load(stack)
-        assert final == 1 + total, f"lost updates: {final} != {1 + total}"
+        finals = [await subject.load(stack) for stack in stacks]
+        done = (total + WARMUP * c) // len(stacks)
+        assert finals == [1 + done] * len(stacks), f"lost updates: {finals} != {1 + done}"
         return Measurement(total / seconds, total, seconds, {"conflicts": conflicts})
 
     elif name == "wait_claim":
-        for i in range(total):
+        per = WARMUP + k
+        for i in range(per * c):
             await subject.put_wait(f"{tag}-{i}", f"{tag}-stack-{i}")
 
         async def op(w: int, j: int) -> None:
-            assert await subject.claim_wait(f"{tag}-{w * k + j}", f"claimant-{w}")
+            assert await subject.claim_wait(f"{tag}-{w * per + j}", f"claimant-{w}")
 
     elif name == "idempotency":
         result = {"status": "ok", "id": 12345, "items": [1, 2, 3]}
