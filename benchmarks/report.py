@@ -265,10 +265,6 @@ def markdown(doc: dict[str, Any]) -> str:
         "in the same round), with their min–max.",
         "",
     ]
-    if doc.get("e2e"):
-        from benchmarks.e2e_report import e2e_markdown
-
-        lines += e2e_markdown(doc)
     return "\n".join(lines)
 
 

@@ -111,6 +111,10 @@ class Checkpoint:
         A ``version`` above 2 raises :class:`~siglo.errors.CheckpointVersionError`; any
         other problem raises :class:`~siglo.errors.MalformedRecordError`.
         """
+        if cls is Checkpoint and type(doc) is dict:
+            fast = _from_plain_wire(doc)
+            if fast is not None:
+                return fast
         if isinstance(doc, Mapping) and "version" in doc:
             _check_version(doc["version"])
         kwargs, extra = from_wire_fields("checkpoint", _FIELDS, doc)
@@ -147,3 +151,88 @@ def _check_version(version: object) -> None:
         raise MalformedRecordError(
             "checkpoint", "version", f"is {version}; only storage schema version 2 is readable"
         )
+
+
+_OPTIONAL_WIRE: Final = ("workflowId", "namespace", "expiresAt", "metadata")
+_set = object.__setattr__
+
+
+def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint of a well-formed document in the shape siglo writes, else ``None``.
+
+    Every load decodes a checkpoint, and building it through the dataclass constructor
+    (keyword unpacking, then the generic field-table validation) cost about three times
+    ``orjson.loads`` of a 1 KB document. This checks the same rules inline and fills the
+    slots directly. It only ever accepts: anything unusual (an unknown field, a ``null``,
+    a wrong type, another version) returns ``None`` and the caller takes the general
+    path, which raises the exact error naming the field. tests/test_checkpoint_decode.py
+    checks that both paths agree on every document.
+    """
+    try:
+        version = doc["version"]
+        schema_version = doc["schemaVersion"]
+        stack_id = doc["stackId"]
+        kind = doc["type"]
+        status = doc["status"]
+        revision = doc["revision"]
+        chains = doc["chains"]
+        contexts = doc["contexts"]
+        timestamp = doc["timestamp"]
+    except KeyError:
+        return None
+    if not (
+        type(version) is int
+        and version == CHECKPOINT_VERSION
+        and type(schema_version) is str
+        and schema_version.startswith("2.")
+        and type(stack_id) is str
+        and type(kind) is str
+        and type(status) is str
+        and status in STATUSES
+        and type(revision) is int
+        and revision >= 0
+        and type(timestamp) is int
+        and type(chains) is list
+        and type(contexts) is dict
+    ):
+        return None
+    for chain in chains:
+        if type(chain) is not str:
+            return None
+    for key, inner in contexts.items():
+        if type(key) is not str or type(inner) is not dict:
+            return None
+    size = 9
+    workflow_id = namespace = expires_at = metadata = None
+    if len(doc) != size:
+        workflow_id = doc.get("workflowId")
+        namespace = doc.get("namespace")
+        expires_at = doc.get("expiresAt")
+        metadata = doc.get("metadata")
+        if (
+            (workflow_id is not None and type(workflow_id) is not str)
+            or (namespace is not None and type(namespace) is not str)
+            or (expires_at is not None and type(expires_at) is not int)
+            or (metadata is not None and type(metadata) is not dict)
+        ):
+            return None
+        present = sum(1 for name in _OPTIONAL_WIRE if doc.get(name) is not None)
+        if len(doc) != size + present:
+            return None  # a null optional field or an unknown one: the general path
+    checkpoint: Checkpoint = object.__new__(Checkpoint)
+    _set(checkpoint, "stack_id", stack_id)
+    _set(checkpoint, "revision", revision)
+    _set(checkpoint, "timestamp", timestamp)
+    _set(checkpoint, "status", status)
+    _set(checkpoint, "type", kind)
+    _set(checkpoint, "chains", tuple(chains))
+    _set(checkpoint, "contexts", contexts)
+    _set(checkpoint, "workflow_id", workflow_id)
+    _set(checkpoint, "namespace", namespace)
+    _set(checkpoint, "expires_at", expires_at)
+    _set(checkpoint, "metadata", metadata)
+    _set(checkpoint, "version", version)
+    _set(checkpoint, "schema_version", schema_version)
+    _set(checkpoint, "extra", {})
+    _set(checkpoint, "_json", None)
+    return checkpoint

@@ -1,0 +1,128 @@
+"""The plain-document fast path of ``Checkpoint.from_wire`` agrees with the general path.
+
+The fast path only ever accepts: for every document it either builds exactly the
+checkpoint the general (field-table) path builds, or declines and the general path
+decides, so errors still name the field that is wrong (tests/test_wire.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from siglo.checkpoint import _FIELDS, Checkpoint, _from_plain_wire
+from siglo.errors import SigloError
+from siglo.wire import from_wire_fields
+
+
+def _general(doc: Any) -> Checkpoint:
+    if isinstance(doc, dict) and "version" in doc:
+        from siglo.checkpoint import _check_version
+
+        _check_version(doc["version"])
+    kwargs, extra = from_wire_fields("checkpoint", _FIELDS, doc)
+    return Checkpoint(**kwargs, extra=extra)
+
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3), st.floats(0, 1)
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_good = {
+    "version": st.just(2),
+    "schemaVersion": st.sampled_from(["2.0.0", "2.1.0"]),
+    "stackId": st.text(min_size=1, max_size=5),
+    "type": st.sampled_from(["execution", "x"]),
+    "status": st.sampled_from(["running", "waiting", "completed"]),
+    "revision": st.integers(0, 2**60),
+    "chains": st.lists(st.text(max_size=3), max_size=3),
+    "contexts": st.dictionaries(
+        st.text(max_size=3), st.dictionaries(st.text(max_size=3), _values, max_size=2), max_size=3
+    ),
+    "timestamp": st.integers(0, 2**50),
+    "workflowId": st.text(max_size=4),
+    "namespace": st.text(min_size=1, max_size=4),
+    "expiresAt": st.integers(0, 2**50),
+    "metadata": st.dictionaries(st.text(max_size=3), _values, max_size=2),
+}
+_bad = {
+    "version": st.sampled_from([1, 3, True, "2", 2.0]),
+    "schemaVersion": st.sampled_from(["1.0.0", 2, ""]),
+    "status": st.sampled_from(["done", 1, None]),
+    "revision": st.sampled_from([-1, True, 1.5, "3", None]),
+    "chains": st.sampled_from([["a", 1], "ab", None, {}]),
+    "contexts": st.sampled_from([{"a": 1}, {"a": []}, [], None]),
+    "timestamp": st.sampled_from([None, "1", 1.0]),
+    "workflowId": st.sampled_from([None, 3]),
+    "expiresAt": st.sampled_from([None, "x", False]),
+    "metadata": st.sampled_from([None, [], "m"]),
+    "stackId": st.sampled_from(["", None, 5]),
+}
+
+
+@st.composite
+def documents(draw: st.DrawFn) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for name, strategy in _good.items():
+        optional = name in ("workflowId", "namespace", "expiresAt", "metadata")
+        if optional and draw(st.booleans()):
+            continue
+        if not optional and draw(st.integers(0, 30)) == 0:
+            continue  # a required field missing
+        if name in _bad and draw(st.integers(0, 8)) == 0:
+            doc[name] = draw(_bad[name])
+        else:
+            doc[name] = draw(strategy)
+    if draw(st.integers(0, 6)) == 0:
+        doc[draw(st.sampled_from(["newField", "x", "contexts2"]))] = draw(_values)
+    return doc
+
+
+@settings(max_examples=600, deadline=None)
+@given(documents())
+def test_fast_path_builds_what_the_general_path_builds_or_declines(doc: dict[str, Any]) -> None:
+    fast = _from_plain_wire(doc)
+    try:
+        general: Checkpoint | SigloError = _general(doc)
+    except SigloError as exc:
+        general = exc
+    if fast is not None:
+        assert isinstance(general, Checkpoint), general
+        assert fast == general
+        assert fast.extra == general.extra == {}
+        assert type(fast.chains) is tuple
+    # Whatever the path, from_wire gives the general path's result or its exact error.
+    try:
+        got: Checkpoint | SigloError = Checkpoint.from_wire(doc)
+    except SigloError as exc:
+        got = exc
+    if isinstance(general, SigloError):
+        assert type(got) is type(general)
+        assert str(got) == str(general)
+    else:
+        assert got == general
+
+
+def test_the_documents_siglo_writes_take_the_fast_path() -> None:
+    plain = Checkpoint(stack_id="s", revision=3, timestamp=1, contexts={"c": {"k": [1]}})
+    full = plain.replace(workflow_id="w", namespace="n", expires_at=9, metadata={"m": 1})
+    for checkpoint in (plain, full):
+        fast = _from_plain_wire(checkpoint.to_wire())
+        assert fast == checkpoint
+        assert Checkpoint.from_json(checkpoint.to_json()) == checkpoint
+
+
+def test_a_null_optional_field_or_an_unknown_field_takes_the_general_path() -> None:
+    doc = Checkpoint(stack_id="s", revision=1, timestamp=1).to_wire()
+    assert _from_plain_wire({**doc, "expiresAt": None}) is None
+    assert Checkpoint.from_wire({**doc, "expiresAt": None}).expires_at is None
+    assert _from_plain_wire({**doc, "future": 1}) is None
+    assert Checkpoint.from_wire({**doc, "future": 1}).extra == {"future": 1}
