@@ -9,6 +9,7 @@ from types import TracebackType
 from siglo.adapter import Capability, StorageAdapter
 from siglo.coordination import IdempotencyStore, Lock, NonceStore
 from siglo.errors import CapabilityNotSupportedError
+from siglo.urls import mask_credentials
 
 __all__ = ["Backend"]
 
@@ -23,7 +24,8 @@ class Backend:
 
     name: str
     """The registered backend name (``"memory"``, ``"redis"`` …)."""
-    url: str
+    url: str = field(repr=False)
+    """The URL it was connected with, credentials included (``repr`` masks them)."""
     adapter: StorageAdapter
     idempotency: IdempotencyStore | None = None
     lock: Lock | None = None
@@ -74,6 +76,10 @@ class Backend:
             f"(capability {capability.value!r} not supported); `siglo backends` lists what "
             "each backend supports"
         )
+
+    def __repr__(self) -> str:
+        # The URL may carry a password: repr() ends up in logs and tracebacks.
+        return f"Backend(name={self.name!r}, url={mask_credentials(self.url)!r})"
 
     async def aclose(self) -> None:
         """Close the adapter and release every connection this backend opened."""

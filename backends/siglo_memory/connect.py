@@ -8,6 +8,7 @@ from urllib.parse import unquote, urlsplit
 from siglo.backend import Backend
 from siglo.clock import Clock
 from siglo.errors import InvalidArgumentError
+from siglo.urls import mask_credentials
 from siglo_memory.adapter import MemoryStorageAdapter
 from siglo_memory.coordination import MemoryIdempotencyStore, MemoryLock, MemoryNonceStore
 
@@ -24,7 +25,7 @@ def connect(url: str = "memory://", *, clock: Clock | None = None, **options: An
     """
     parts = urlsplit(url)
     if parts.scheme != "memory":
-        raise InvalidArgumentError(f"not a memory:// URL: {url!r}")
+        raise InvalidArgumentError(f"not a memory:// URL: {mask_credentials(url)!r}")
     name = unquote(parts.netloc + parts.path)
     if name and name in _named:
         return _named[name]

@@ -91,7 +91,8 @@ def _split(url: str) -> tuple[str, dict[str, Any]]:
     parts = urlsplit(url)
     if parts.scheme.lower() not in SCHEMES:
         raise InvalidArgumentError(
-            f"not a redis://, rediss://, unix:// or redis+sentinel:// URL: {url!r}"
+            "not a redis://, rediss://, unix:// or redis+sentinel:// URL: "
+            f"{urls.mask_credentials(url)!r}"
         )
     # A Sentinel URL's path is /service_name[/db], checked where it is read.
     if parts.scheme.lower() not in ("unix", *SENTINEL_SCHEMES):
@@ -191,11 +192,12 @@ def _sentinel_address(item: str, url: str) -> tuple[str, int]:
     else:
         host, _, port = item.partition(":")
     if not host:
-        raise InvalidArgumentError(f"empty Sentinel host in {url!r}")
+        raise InvalidArgumentError(f"empty Sentinel host in {urls.mask_credentials(url)!r}")
     try:
         return host, int(port) if port else _DEFAULT_SENTINEL_PORT
     except ValueError:
-        raise InvalidArgumentError(f"bad Sentinel port {port!r} in {url!r}") from None
+        shown = urls.mask_credentials(url)
+        raise InvalidArgumentError(f"bad Sentinel port {port!r} in {shown!r}") from None
 
 
 def _sentinel_master(
@@ -213,7 +215,7 @@ def _sentinel_master(
     if not addresses or not path or len(path) > 2:
         raise InvalidArgumentError(
             "a Sentinel URL is redis+sentinel://host:port[,host:port…]/service_name[/db], "
-            f"got {url!r}"
+            f"got {urls.mask_credentials(url)!r}"
         )
     service = unquote(path[0])
     options: dict[str, Any] = dict(parse_qsl(parts.query))
@@ -221,7 +223,8 @@ def _sentinel_master(
     try:
         options["db"] = int(path[1] if len(path) > 1 else options.get("db", 0))
     except ValueError:
-        raise InvalidArgumentError(f"the database of {url!r} must be a number") from None
+        shown = urls.mask_credentials(url)
+        raise InvalidArgumentError(f"the database of {shown!r} must be a number") from None
     if userinfo:
         user, colon, password = userinfo.partition(":")
         if user:

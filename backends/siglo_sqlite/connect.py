@@ -43,11 +43,11 @@ class SqliteStorageAdapter(SqlStorageAdapter):
 def _path_of(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.scheme.lower() not in SCHEMES:
-        raise InvalidArgumentError(f"not an sqlite:// URL: {url!r}")
+        raise InvalidArgumentError(f"not an sqlite:// URL: {urls.mask_credentials(url)!r}")
     if parts.netloc and parts.netloc != "localhost":
         raise InvalidArgumentError(
             f"sqlite URLs have no host: use sqlite:///relative.db or sqlite:////absolute.db, "
-            f"got {url!r}"
+            f"got {urls.mask_credentials(url)!r}"
         )
     # SQLAlchemy's convention: sqlite:///rel.db is relative, sqlite:////abs.db absolute.
     path = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
@@ -87,7 +87,8 @@ def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
     url = engine.url.render_as_string(hide_password=True)
     if engine.dialect.name != "sqlite" or engine.dialect.driver != "aiosqlite":
         raise InvalidArgumentError(
-            f"connect_engine() needs an sqlite+aiosqlite AsyncEngine, got {url!r}"
+            "connect_engine() needs an sqlite+aiosqlite AsyncEngine, "
+            f"got {urls.mask_credentials(url)!r}"
         )
     merged = take_options(options, {}, SQLITE_OPTIONS)
     database = engine.url.database

@@ -148,7 +148,7 @@ def resolve_url(url: str | None, *, default: str | None = None) -> str:
         )
     if "://" not in url:
         raise CliError(
-            f"{url!r} is not a backend URL (expected scheme://…)",
+            f"{mask_credentials(url)!r} is not a backend URL (expected scheme://…)",
             "for example sqlite:///siglo.db, redis://localhost:6379/0, postgresql://host/db",
         )
     return url.strip()

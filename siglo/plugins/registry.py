@@ -17,6 +17,7 @@ import pluggy
 
 from siglo.adapter import Capability
 from siglo.errors import BackendNotFoundError, DriverNotInstalledError, PluginError
+from siglo.urls import mask_credentials
 
 __all__ = ["BackendRegistry", "BackendSpec", "PluginInfo", "PluginRegistry", "get_registry"]
 
@@ -255,7 +256,9 @@ class PluginRegistry:
     def for_url(self, url: str) -> BackendSpec:
         """The backend serving ``url``'s scheme (``postgresql+psycopg`` matches as is)."""
         if not isinstance(url, str) or "://" not in url:
-            raise BackendNotFoundError(f"not a backend URL: {url!r} (expected scheme://...)")
+            raise BackendNotFoundError(
+                f"not a backend URL: {mask_credentials(url)!r} (expected scheme://...)"
+            )
         scheme = url.split("://", 1)[0].lower()
         for spec in self.backends():
             if scheme in spec.schemes:

@@ -33,6 +33,7 @@ from siglo import (
 )
 from siglo.clock import system_clock
 from siglo.sentinel import Missing
+from siglo.urls import mask_credentials
 from siglo.validation import require_ttl_ms
 
 __all__ = ["FileStorageAdapter", "connect", "isolated"]
@@ -174,7 +175,8 @@ class FileStorageAdapter(StorageAdapter):
 def _root(url: str) -> Path:
     parts = urlsplit(url)
     if parts.scheme != "filestore" or not parts.path:
-        raise InvalidArgumentError(f"expected filestore:///path/to/dir, got {url!r}")
+        shown = mask_credentials(url)
+        raise InvalidArgumentError(f"expected filestore:///path/to/dir, got {shown!r}")
     return Path(unquote(parts.path))
 
 

@@ -1,0 +1,89 @@
+"""Credentials in a backend URL are masked wherever siglo prints or reprs it (defect 8).
+
+Before: a password in the URL appeared in ``siglo check`` output, its JUnit XML and
+``repr(backend)``. Against real servers: PostgreSQL (trust auth ignores the password)
+and a private redis-server started with ``--requirepass``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _redis_helpers import RedisServer, free_port, require_redis
+from sql_support import POSTGRES_URL, require_postgres
+
+import siglo
+from siglo import InvalidArgumentError
+
+PASSWORD = "pw-Sekr3t-91c4"
+
+
+def _with_password(url: str, user: str = "") -> str:
+    scheme, rest = url.split("://", 1)
+    rest = rest.split("@", 1)[-1]
+    return f"{scheme}://{user}:{PASSWORD}@{rest}"
+
+
+def _siglo(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-m", "siglo", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def redis_with_password() -> RedisServer:
+    require_redis()
+    server = RedisServer(free_port(30200, 30300), "--requirepass", PASSWORD).start()
+    yield server  # type: ignore[misc]
+    server.stop()
+
+
+async def test_repr_of_a_backend_masks_the_password(redis_with_password: RedisServer) -> None:
+    require_postgres()
+    url = _with_password(redis_with_password.url)
+    async with siglo.connect(url) as backend:
+        await backend.adapter.set_cached_step("k", 1)  # the password really works
+        assert PASSWORD not in repr(backend)
+        assert "***" in repr(backend)
+        assert backend.url == url  # the URL itself is kept, to reconnect
+    pg = _with_password(POSTGRES_URL, "postgres")
+    async with siglo.connect(pg) as backend:
+        assert await backend.adapter.get_checkpoint("nothing") is None
+        assert PASSWORD not in repr(backend)
+
+
+def test_siglo_check_output_and_junit_xml_mask_the_password(tmp_path: Path) -> None:
+    require_postgres()
+    xml = tmp_path / "report.xml"
+    url = _with_password(POSTGRES_URL, "postgres")
+    done = _siglo("check", url, "--rule", "checkpoint.occ", "--junit-xml", str(xml))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert PASSWORD not in done.stdout + done.stderr
+    report = xml.read_text()
+    assert "checkpoint.occ" in report
+    assert PASSWORD not in report
+
+
+def test_siglo_check_failure_masks_the_password(redis_with_password: RedisServer) -> None:
+    wrong = redis_with_password.url.replace("redis://", "redis://:Wrong-" + PASSWORD + "@")
+    done = _siglo("check", wrong, "--rule", "checkpoint.occ")
+    assert done.returncode != 0
+    assert PASSWORD not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_error_messages_about_a_url_mask_the_password() -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        siglo.connect(f"redis://:{PASSWORD}@127.0.0.1:6379/not-a-number")
+    assert PASSWORD not in str(info.value)
+    with pytest.raises(siglo.SigloError) as unknown:
+        siglo.connect(f"nosuchscheme://user:{PASSWORD}@host/db")
+    assert PASSWORD not in str(unknown.value)
