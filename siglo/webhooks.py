@@ -1,0 +1,188 @@
+"""Webhook signatures: HMAC-SHA256 over the timestamp and the raw body, replay-proof.
+
+The header scheme is the common ``t=<unix seconds>,v1=<hex HMAC-SHA256>`` (Stripe's):
+the signed message is ``f"{t}.".encode() + body``. :func:`verify` checks, in order, that
+the header is there and well formed, that ``t`` is within ``tolerance_s`` of now in
+either direction, that a ``v1`` signature matches (compared in constant time; several
+``v1`` entries, or several secrets, allow rotating a secret), and only then claims a
+nonce for the delivery in a :class:`~siglo.coordination.NonceStore`, so a replay within
+the window is refused while a forged request cannot use up a nonce. Each refusal is its
+own :class:`WebhookError` subclass. :func:`sign` makes the header (for tests, or for a
+sender).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from siglo.clock import Clock, system_clock
+from siglo.coordination import NonceStore
+from siglo.errors import InvalidArgumentError, SigloError
+
+__all__ = [
+    "DEFAULT_HEADER",
+    "DEFAULT_TOLERANCE_S",
+    "VerifiedWebhook",
+    "WebhookError",
+    "WebhookReplayError",
+    "WebhookSignatureError",
+    "WebhookSignatureMissingError",
+    "WebhookTimestampError",
+    "sign",
+    "verify",
+]
+
+DEFAULT_HEADER: Final = "Siglo-Signature"
+DEFAULT_TOLERANCE_S: Final = 300
+"""Five minutes either way, as Stripe's libraries default to."""
+_SCHEME: Final = "v1"
+_NONCE_PREFIX: Final = "webhook:"
+
+Secret = str | bytes
+
+
+class WebhookError(SigloError):
+    """A webhook request was refused; the subclass says why. Answer it with a 4xx."""
+
+
+class WebhookSignatureMissingError(WebhookError):
+    """The signature header is absent or not of the form ``t=…,v1=…``."""
+
+
+class WebhookTimestampError(WebhookError):
+    """The signed timestamp is further from now than the tolerance (past or future)."""
+
+
+class WebhookSignatureError(WebhookError):
+    """No ``v1`` signature matches the body and timestamp under the secret(s)."""
+
+
+class WebhookReplayError(WebhookError):
+    """This exact signed delivery was already accepted within its tolerance window."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedWebhook:
+    """What :func:`verify` established: the signed timestamp and the matching signature."""
+
+    timestamp: int
+    signature: str
+
+
+def _key(secret: Secret) -> bytes:
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes) or not secret:
+        raise InvalidArgumentError("a webhook secret must be a non-empty str or bytes")
+    return secret
+
+
+def _raw(body: object) -> bytes:
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    raise InvalidArgumentError(
+        f"the webhook body must be the raw request bytes, got {type(body).__name__} "
+        "(a re-encoded body may not be the bytes that were signed)"
+    )
+
+
+def _digest(key: bytes, timestamp: int, body: bytes) -> str:
+    return hmac.new(key, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+
+
+def sign(secret: Secret, body: bytes, *, timestamp: int | None = None) -> str:
+    """The header value ``t=<timestamp>,v1=<signature>`` for ``body`` (``timestamp``:
+    Unix seconds, default now)."""
+    if timestamp is None:
+        timestamp = system_clock.now_ms() // 1000
+    if type(timestamp) is not int or timestamp < 0:
+        raise InvalidArgumentError(f"timestamp must be Unix seconds, got {timestamp!r}")
+    return f"t={timestamp},{_SCHEME}={_digest(_key(secret), timestamp, _raw(body))}"
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    wanted = name.lower()
+    for key, value in headers.items():
+        if key.lower() == wanted:
+            return value
+    raise WebhookSignatureMissingError(f"the request has no {name} header")
+
+
+def _parse(value: str, name: str) -> tuple[int, list[str]]:
+    timestamp: int | None = None
+    signatures: list[str] = []
+    for item in value.split(","):
+        field, equals, content = item.strip().partition("=")
+        if not equals:
+            continue
+        if field == "t":
+            if timestamp is not None or not content.isascii() or not content.isdigit():
+                raise WebhookSignatureMissingError(f"the {name} header has a malformed t=")
+            timestamp = int(content)
+        elif field == _SCHEME:
+            signatures.append(content)
+    if timestamp is None or not signatures:
+        raise WebhookSignatureMissingError(
+            f"the {name} header must hold t=<unix seconds> and at least one {_SCHEME}=<hex>"
+        )
+    return timestamp, signatures
+
+
+async def verify(
+    secret: Secret | Sequence[Secret],
+    body: bytes,
+    headers: Mapping[str, str],
+    nonce_store: NonceStore,
+    *,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    header: str = DEFAULT_HEADER,
+    clock: Clock | None = None,
+) -> VerifiedWebhook:
+    """Verify a signed webhook request and claim it once; raise a :class:`WebhookError`.
+
+    ``secret`` may be several secrets (any one may match, for rotation); ``body`` is the
+    raw request body; ``headers`` the request headers (looked up case-insensitively);
+    ``tolerance_s`` how far the signed time may be from now, in either direction.
+    """
+    if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, int | float):
+        raise InvalidArgumentError(f"tolerance_s must be a number of seconds, got {tolerance_s!r}")
+    if not math.isfinite(tolerance_s) or tolerance_s <= 0:
+        raise InvalidArgumentError(f"tolerance_s must be positive and finite, got {tolerance_s}")
+    keys = [_key(s) for s in ([secret] if isinstance(secret, str | bytes) else secret)]
+    if not keys:
+        raise InvalidArgumentError("at least one webhook secret is required")
+    raw = _raw(body)
+    timestamp, signatures = _parse(_header(headers, header), header)
+
+    now_s = (clock or system_clock).now_ms() / 1000
+    if abs(now_s - timestamp) > tolerance_s:
+        raise WebhookTimestampError(
+            f"the signed timestamp {timestamp} is {now_s - timestamp:+.0f} s from now; "
+            f"the tolerance is {tolerance_s:g} s either way (a stale or replayed request, "
+            "or a clock out of sync)"
+        )
+    matched: str | None = None
+    for key in keys:
+        expected = _digest(key, timestamp, raw)
+        for candidate in signatures:
+            # compare_digest: the time taken does not reveal how much of it matched.
+            if hmac.compare_digest(expected, candidate) and matched is None:
+                matched = expected
+    if matched is None:
+        raise WebhookSignatureError(
+            f"no {_SCHEME} signature in the {header} header matches the body "
+            "(wrong secret, or the body was changed or re-encoded)"
+        )
+    # Only a genuine request claims its nonce, and only for as long as its timestamp can
+    # pass the check above; after that the timestamp check refuses a replay by itself.
+    window = max(1.0, timestamp + tolerance_s - now_s + 1)
+    if not await nonce_store.claim(f"{_NONCE_PREFIX}{timestamp}:{matched}", window):
+        raise WebhookReplayError(
+            f"this webhook (t={timestamp}) was already accepted: a replay is refused"
+        )
+    return VerifiedWebhook(timestamp=timestamp, signature=matched)

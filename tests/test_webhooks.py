@@ -1,0 +1,103 @@
+"""Webhook verification (issue 11 "Also build"): HMAC-SHA256 over the timestamp and the
+raw body, a tolerance in both directions, then a nonce claim — on every backend's nonce
+store (memory, SQLite, PostgreSQL, Redis)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from raw_storage import KINDS, any_backend
+
+from siglo import InvalidArgumentError, SigloError
+from siglo.webhooks import (
+    VerifiedWebhook,
+    WebhookReplayError,
+    WebhookSignatureError,
+    WebhookSignatureMissingError,
+    WebhookTimestampError,
+    sign,
+    verify,
+)
+
+SECRET = "whsec_test_5e2f"
+BODY = b'{"id":"evt_1","type":"invoice.paid","amount":5000}'
+
+
+def _headers(value: str, name: str = "Siglo-Signature") -> dict[str, str]:
+    return {name: value, "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_verify_accepts_once_and_refuses_each_bad_request(kind: str) -> None:
+    async with any_backend(kind) as backend:
+        nonces = backend.nonces
+        assert nonces is not None
+        now = int(time.time())
+        header = sign(SECRET, BODY, timestamp=now)
+
+        # A forged or tampered request first: it must not use up the genuine one's nonce.
+        with pytest.raises(WebhookSignatureError):
+            await verify(SECRET, BODY + b" ", _headers(header), nonces)
+        with pytest.raises(WebhookSignatureError):
+            await verify("another-secret", BODY, _headers(header), nonces)
+
+        verified = await verify(SECRET, BODY, _headers(header), nonces)
+        assert verified == VerifiedWebhook(timestamp=now, signature=header.split("v1=")[1])
+        # A replay inside the window, even with the header name in another case.
+        with pytest.raises(WebhookReplayError):
+            await verify(SECRET, BODY, {"siglo-signature": header}, nonces)
+
+        # The tolerance holds in both directions.
+        old = sign(SECRET, BODY, timestamp=now - 330)
+        with pytest.raises(WebhookTimestampError):
+            await verify(SECRET, BODY, _headers(old), nonces, tolerance_s=300)
+        future = sign(SECRET, BODY, timestamp=now + 330)
+        with pytest.raises(WebhookTimestampError):
+            await verify(SECRET, BODY, _headers(future), nonces, tolerance_s=300)
+        inside = sign(SECRET, BODY, timestamp=now - 250)
+        assert (await verify(SECRET, BODY, _headers(inside), nonces)).timestamp == now - 250
+
+        # Secret rotation: several v1 entries, or several secrets.
+        other = sign("old-secret", BODY, timestamp=now + 1)
+        rotated = f"{other},v1={sign(SECRET, BODY, timestamp=now + 1).split('v1=')[1]}"
+        await verify(SECRET, BODY, _headers(rotated), nonces)
+        again = sign("old-secret", BODY, timestamp=now + 2)
+        await verify(["new-secret", "old-secret"], BODY, _headers(again), nonces)
+
+        # A Stripe-style header name.
+        stripe = sign(SECRET, BODY, timestamp=now + 3)
+        await verify(
+            SECRET, BODY, _headers(stripe, "Stripe-Signature"), nonces, header="Stripe-Signature"
+        )
+
+
+async def test_missing_or_malformed_headers_and_bad_arguments() -> None:
+    async with any_backend("memory") as backend:
+        nonces = backend.nonces
+        assert nonces is not None
+        now = int(time.time())
+        for value in ("", "v1=abc", f"t={now}", "t=abc,v1=00", f"t={now},t={now},v1=00"):
+            with pytest.raises(WebhookSignatureMissingError):
+                await verify(SECRET, BODY, _headers(value), nonces)
+        with pytest.raises(WebhookSignatureMissingError):
+            await verify(SECRET, BODY, {}, nonces)
+        header = _headers(sign(SECRET, BODY))
+        with pytest.raises(InvalidArgumentError):
+            await verify(SECRET, BODY.decode(), header, nonces)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            await verify("", BODY, header, nonces)
+        with pytest.raises(InvalidArgumentError):
+            await verify(SECRET, BODY, header, nonces, tolerance_s=0)
+        with pytest.raises(InvalidArgumentError):
+            await verify([], BODY, header, nonces)
+        # Every refusal is a SigloError a handler can catch once.
+        assert issubclass(WebhookReplayError, SigloError)
+
+
+def test_sign_matches_the_documented_scheme() -> None:
+    import hashlib
+    import hmac
+
+    expected = hmac.new(SECRET.encode(), b"1700000000." + BODY, hashlib.sha256).hexdigest()
+    assert sign(SECRET, BODY, timestamp=1_700_000_000) == f"t=1700000000,v1={expected}"
