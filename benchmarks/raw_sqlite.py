@@ -22,7 +22,8 @@ from benchmarks.payloads import now_ms, wire_document
 from benchmarks.subject import Conflict, Subject
 
 # The pragmas siglo's SQLite backend sets, so the baseline has the same file settings.
-from siglo_sqlite.database import CACHE_SIZE_KIB, DEFAULT_BUSY_TIMEOUT_MS, MMAP_SIZE_BYTES
+from siglo.settings import DEFAULTS
+from siglo_sqlite.database import CACHE_SIZE_KIB, MMAP_SIZE_BYTES
 
 
 def _sql(stmt: str) -> str:
@@ -47,7 +48,7 @@ class RawSqliteSubject(Subject):
 
     async def open(self) -> None:
         self.db = await aiosqlite.connect(self.path, isolation_level=None)
-        await self.db.execute(f"PRAGMA busy_timeout = {DEFAULT_BUSY_TIMEOUT_MS}")
+        await self.db.execute(f"PRAGMA busy_timeout = {DEFAULTS.busy_timeout_ms}")
         await self.db.execute("PRAGMA journal_mode=WAL")
         await self.db.execute(f"PRAGMA synchronous={self.synchronous}")
         await self.db.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")

@@ -19,6 +19,7 @@ from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError, LockNotAcquiredError
 from siglo.sentinel import Missing
+from siglo.settings import DEFAULTS
 from siglo.validation import require_id, require_ttl_ms
 
 __all__ = [
@@ -38,7 +39,8 @@ __all__ = [
 T = TypeVar("T")
 
 ClaimState = Literal["claimed", "completed", "in-progress"]
-DEFAULT_LOCK_TTL_MS: Final = 10_000
+DEFAULT_LOCK_TTL_MS: Final = DEFAULTS.lock_ttl_ms
+"""The lease of :meth:`Lock.acquire` when the caller names none (seed 001 §7: 10 s)."""
 
 
 @runtime_checkable

@@ -22,10 +22,9 @@ from typing import Final, TypeVar
 from siglo.coordination import Lock
 from siglo.errors import LockLostError, LockNotAcquiredError
 from siglo.lease_release import release_lease
+from siglo.settings import DEFAULTS
 
 __all__ = [
-    "DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS",
-    "DEFAULT_WORKFLOW_LOCK_TTL_MS",
     "Lease",
     "current_lease",
     "run_with_lock",
@@ -34,8 +33,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-DEFAULT_WORKFLOW_LOCK_TTL_MS: Final = 30_000
-DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS: Final = 30_000
 _MIN_POLL_S: Final = 0.002
 _MAX_POLL_S: Final = 0.05
 _RENEWALS_PER_TTL: Final = 3
@@ -83,8 +80,8 @@ async def run_with_lock(
     lock_key: str,
     action: Callable[[], Awaitable[T]],
     *,
-    ttl_ms: int = DEFAULT_WORKFLOW_LOCK_TTL_MS,
-    timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
+    ttl_ms: int = DEFAULTS.workflow_lock_ttl_ms,
+    timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
 ) -> T:
     """Acquire ``lock_key`` (waiting up to ``timeout_ms``), run ``action``, release.
 

@@ -23,10 +23,9 @@ from sql_support import POSTGRES_URL, require_postgres
 
 import siglo
 from siglo import Checkpoint
+from siglo.settings import DEFAULTS
 from siglo_postgres import drop_schema, isolated
-from siglo_redis.commands import DEFAULT_COMMAND_TIMEOUT_MS as REDIS_DEFAULT
 from siglo_redis.connect import delete_prefix
-from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS
 
 BOUND_MS = 800
 MARGIN_S = 1.5
@@ -52,7 +51,7 @@ async def bounded_failure(call: object, bound_ms: int = BOUND_MS) -> float:
 
 
 def test_default_is_the_redis_command_timeout() -> None:
-    assert DEFAULT_COMMAND_TIMEOUT_MS == REDIS_DEFAULT == 10_000
+    assert DEFAULTS.command_timeout_ms == 10_000
     backend = siglo.connect(POSTGRES_URL)
     assert backend.adapter.database.command_timeout_ms == 10_000  # type: ignore[attr-defined]
     backend = siglo.connect("sqlite://")

@@ -6,7 +6,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
@@ -18,19 +18,15 @@ from siglo.errors import (
     WaitRecordClaimError,
 )
 from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
-from siglo.locking import DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS, Lease, using_lease
+from siglo.locking import Lease, using_lease
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
-from siglo.validation import (
-    require_ttl_ms,
-)
+from siglo.settings import DEFAULTS
+from siglo.validation import require_ttl_ms
 
-__all__ = ["DEFAULT_CACHE_TTL_MS", "DEFAULT_CLAIM_LEASE_MS", "MemoryStorageAdapter"]
+__all__ = ["MemoryStorageAdapter"]
 
 T = TypeVar("T")
-
-DEFAULT_CACHE_TTL_MS: Final = 300_000
-DEFAULT_CLAIM_LEASE_MS: Final = 60_000
 
 
 @dataclass(slots=True)
@@ -92,9 +88,9 @@ class MemoryStorageAdapter(StorageAdapter):
         *,
         clock: Clock | None = None,
         checkpoint_ttl_ms: int | None = None,
-        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
-        claim_lease_ms: int = DEFAULT_CLAIM_LEASE_MS,
-        workflow_lock_timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
+        cache_ttl_ms: int = DEFAULTS.cache_ttl_ms,
+        claim_lease_ms: int = DEFAULTS.claim_lease_ms,
+        workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
     ) -> None:
         self.clock: Clock = clock or system_clock
         self.checkpoint_ttl_ms = require_ttl_ms(

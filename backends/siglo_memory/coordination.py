@@ -15,16 +15,15 @@ from siglo.coordination import (
     new_lock_token,
 )
 from siglo.sentinel import MISSING, Missing
+from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 
 __all__ = [
-    "DEFAULT_IDEMPOTENCY_TTL_MS",
     "MemoryIdempotencyStore",
     "MemoryLock",
     "MemoryNonceStore",
 ]
 
-DEFAULT_IDEMPOTENCY_TTL_MS: Final = 86_400_000
 IN_PROGRESS: Final = "in-progress"
 COMPLETED_PREFIX: Final = "COMPLETED:"
 
@@ -56,7 +55,7 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
     """Values as in Redis: ``in-progress`` while claimed, ``COMPLETED:<json>`` when done."""
 
     def __init__(
-        self, *, clock: Clock | None = None, default_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS
+        self, *, clock: Clock | None = None, default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms
     ) -> None:
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
         self._keys = _ExpiringDict(clock or system_clock)

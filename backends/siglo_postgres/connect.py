@@ -11,12 +11,8 @@ from urllib.parse import urlsplit
 from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError
-from siglo_postgres.database import (
-    DEFAULT_POOL_MAX_SIZE,
-    DEFAULT_POOL_MIN_SIZE,
-    DEFAULT_POOL_TIMEOUT_MS,
-    PostgresDatabase,
-)
+from siglo.settings import DEFAULTS
+from siglo_postgres.database import PostgresDatabase
 from siglo_sql.adapter import SqlStorageAdapter
 from siglo_sql.connect import (
     COMMON_OPTIONS,
@@ -26,7 +22,6 @@ from siglo_sql.connect import (
     take_options,
     timeout_option,
 )
-from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo_sql.schema import check_identifier
 
 if TYPE_CHECKING:
@@ -44,7 +39,6 @@ POSTGRES_OPTIONS: Final = COMMON_OPTIONS | {
     "prepare_threshold",
     "command_timeout_ms",
 }
-DEFAULT_CONNECT_TIMEOUT_MS: Final = 10_000
 
 
 class PostgresStorageAdapter(SqlStorageAdapter):
@@ -88,7 +82,7 @@ def connect(url: str, **options: Any) -> Backend:
     """
     base, url_options = split_url_options(url, POSTGRES_OPTIONS - {"clock"})
     merged = take_options(options, url_options, POSTGRES_OPTIONS)
-    conninfo = _conninfo(base, merged.pop("connect_timeout_ms", DEFAULT_CONNECT_TIMEOUT_MS))
+    conninfo = _conninfo(base, merged.pop("connect_timeout_ms", DEFAULTS.connect_timeout_ms))
     return _build(base, conninfo, merged, engine=None)
 
 
@@ -125,13 +119,13 @@ def _build(
     db = PostgresDatabase(
         conninfo,
         description=_describe(base),
-        pool_min_size=options.pop("pool_min_size", DEFAULT_POOL_MIN_SIZE),
-        pool_max_size=options.pop("pool_max_size", DEFAULT_POOL_MAX_SIZE),
-        pool_timeout_ms=options.pop("pool_timeout_ms", DEFAULT_POOL_TIMEOUT_MS),
+        pool_min_size=options.pop("pool_min_size", DEFAULTS.pool_min_size),
+        pool_max_size=options.pop("pool_max_size", DEFAULTS.pool_max_size),
+        pool_timeout_ms=options.pop("pool_timeout_ms", DEFAULTS.pool_timeout_ms),
         prepare_threshold=options.pop("prepare_threshold", 0),
         engine=engine,
         on_open=settings.on_open,
-        command_timeout_ms=options.pop("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS),
+        command_timeout_ms=options.pop("command_timeout_ms", DEFAULTS.command_timeout_ms),
     )
     url = urls.with_options(base, {**settings.url_options(), **timeout_option(db)})
     return assemble_backend("postgres", url, db, settings, PostgresStorageAdapter)
@@ -143,7 +137,7 @@ async def drop_schema(url: str, schema: str) -> None:
 
     check_identifier("schema", schema)
     base, _ = split_url_options(url, POSTGRES_OPTIONS)
-    conninfo = _conninfo(base, DEFAULT_CONNECT_TIMEOUT_MS)
+    conninfo = _conninfo(base, DEFAULTS.connect_timeout_ms)
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 

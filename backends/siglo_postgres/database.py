@@ -29,16 +29,14 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.dialects import postgresql
 
 from siglo.errors import SigloError, StorageAdapterError
-from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS, Database, Executor, OnOpen, Row
+from siglo.settings import DEFAULTS
+from siglo_sql.database import Database, Executor, OnOpen, Row
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["DEFAULT_POOL_MAX_SIZE", "DEFAULT_POOL_TIMEOUT_MS", "SEVER_AFTER_MS", "PostgresDatabase"]
+__all__ = ["SEVER_AFTER_MS", "PostgresDatabase"]
 
-DEFAULT_POOL_MIN_SIZE: Final = 1
-DEFAULT_POOL_MAX_SIZE: Final = 10
-DEFAULT_POOL_TIMEOUT_MS: Final = 10_000
 SEVER_AFTER_MS: Final = 1_000
 """How long past its bound a cancelled call may wait for the server to acknowledge the
 cancellation before its connection is cut (psycopg alone would wait up to 10 s)."""
@@ -124,13 +122,13 @@ class PostgresDatabase(Database):
         conninfo: str,
         *,
         description: str,
-        pool_min_size: int = DEFAULT_POOL_MIN_SIZE,
-        pool_max_size: int = DEFAULT_POOL_MAX_SIZE,
-        pool_timeout_ms: int = DEFAULT_POOL_TIMEOUT_MS,
+        pool_min_size: int = DEFAULTS.pool_min_size,
+        pool_max_size: int = DEFAULTS.pool_max_size,
+        pool_timeout_ms: int = DEFAULTS.pool_timeout_ms,
         prepare_threshold: int | None = 0,
         engine: AsyncEngine | None = None,
         on_open: OnOpen | None = None,
-        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+        command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         super().__init__(
             on_open=on_open, description=description, command_timeout_ms=command_timeout_ms

@@ -22,18 +22,12 @@ from siglo.errors import (
     StorageAdapterError,
     WaitRecordClaimError,
 )
-from siglo.locking import (
-    DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
-    DEFAULT_WORKFLOW_LOCK_TTL_MS,
-    run_with_lock,
-)
+from siglo.locking import run_with_lock
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
-from siglo.validation import (
-    require_ttl_ms,
-)
+from siglo.settings import DEFAULTS
+from siglo.validation import require_ttl_ms
 from siglo_redis.commands import (
-    DEFAULT_COMMAND_TIMEOUT_MS,
     Commands,
     clamp_px,
     raw,
@@ -51,18 +45,10 @@ from siglo_redis.scripts import (
 )
 from siglo_redis.values import decode_cached, decode_context_value, encode_cached
 
-__all__ = [
-    "DEFAULT_CACHE_TTL_MS",
-    "DEFAULT_CHECKPOINT_TTL_MS",
-    "DEFAULT_CLAIM_LEASE_MS",
-    "RedisStorageAdapter",
-]
+__all__ = ["RedisStorageAdapter"]
 
 T = TypeVar("T")
 
-DEFAULT_CHECKPOINT_TTL_MS: Final = 86_400_000
-DEFAULT_CACHE_TTL_MS: Final = 300_000
-DEFAULT_CLAIM_LEASE_MS: Final = 60_000
 _MAX_SWAP_ATTEMPTS: Final = 1_000
 
 
@@ -110,15 +96,15 @@ class RedisStorageAdapter(StorageAdapter):
         self,
         client: Any,
         *,
-        checkpoint_ttl_ms: int | None = DEFAULT_CHECKPOINT_TTL_MS,
-        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+        checkpoint_ttl_ms: int | None = DEFAULTS.checkpoint_ttl_ms,
+        cache_ttl_ms: int = DEFAULTS.cache_ttl_ms,
         record_context_changes: bool = True,
         key_prefix: str = DEFAULT_PREFIX,
         lock_key_prefix: str | None = None,
-        claim_lease_ms: int = DEFAULT_CLAIM_LEASE_MS,
-        workflow_lock_ttl_ms: int = DEFAULT_WORKFLOW_LOCK_TTL_MS,
-        workflow_lock_timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
-        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+        claim_lease_ms: int = DEFAULTS.claim_lease_ms,
+        workflow_lock_ttl_ms: int = DEFAULTS.workflow_lock_ttl_ms,
+        workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
+        command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         self.checkpoint_ttl_ms = require_ttl_ms(
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True

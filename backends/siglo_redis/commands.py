@@ -18,7 +18,6 @@ from siglo_redis.deadlines import Deadlines
 from siglo_redis.scripts import Script
 
 __all__ = [
-    "DEFAULT_COMMAND_TIMEOUT_MS",
     "MAX_PX_MS",
     "Commands",
     "RedisClientInterface",
@@ -27,7 +26,6 @@ __all__ = [
     "text",
 ]
 
-DEFAULT_COMMAND_TIMEOUT_MS: Final = 10_000
 MAX_PX_MS: Final = 2**53
 """The longest TTL sent to Redis (~285,000 years): its clock plus a longer ``PX`` would
 overflow, and every expiry written into a document is still checked when read."""

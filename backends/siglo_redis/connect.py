@@ -44,8 +44,8 @@ from urllib.parse import parse_qsl, urlsplit
 from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.settings import DEFAULTS
 from siglo_redis.adapter import RedisStorageAdapter
-from siglo_redis.commands import DEFAULT_COMMAND_TIMEOUT_MS
 from siglo_redis.coordination import RedisIdempotencyStore, RedisLock, RedisNonceStore
 from siglo_redis.deadlines import Deadlines
 from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
@@ -110,7 +110,7 @@ def client_from_url(
     url: str,
     *,
     cluster: bool | None = None,
-    command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+    command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     auto_pipeline: bool | None = None,
     **kwargs: Any,
 ) -> Any:
@@ -297,7 +297,7 @@ def connect(
     client_options = {k: settings.pop(k) for k in _CLIENT_OPTIONS & set(settings)}
     strict = bool(settings.pop("strict_atomicity", False))
     idempotency_ttl_ms = settings.pop("idempotency_ttl_ms", None)
-    timeout = settings.get("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS)
+    timeout = settings.get("command_timeout_ms", DEFAULTS.command_timeout_ms)
     owned = client is None
     if client is None:
         client = client_from_url(
@@ -344,7 +344,7 @@ def _with_params(url: str, params: dict[str, Any]) -> str:
 
 
 async def delete_prefix(
-    client: Any, prefix: str, *, command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS
+    client: Any, prefix: str, *, command_timeout_ms: int | None = DEFAULTS.command_timeout_ms
 ) -> int:
     """``SCAN`` for every key under ``prefix`` and ``UNLINK`` it (never ``FLUSHDB``).
 

@@ -17,8 +17,9 @@ from siglo.coordination import (
 )
 from siglo.errors import StorageAdapterError
 from siglo.sentinel import MISSING, Missing
+from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
-from siglo_redis.commands import DEFAULT_COMMAND_TIMEOUT_MS, Commands, clamp_px, text
+from siglo_redis.commands import Commands, clamp_px, text
 from siglo_redis.keys import (
     DEFAULT_PREFIX,
     KeySpace,
@@ -35,13 +36,11 @@ from siglo_redis.scripts import (
 )
 
 __all__ = [
-    "DEFAULT_IDEMPOTENCY_TTL_MS",
     "RedisIdempotencyStore",
     "RedisLock",
     "RedisNonceStore",
 ]
 
-DEFAULT_IDEMPOTENCY_TTL_MS: Final = 86_400_000
 IN_PROGRESS: Final = "in-progress"
 COMPLETED_PREFIX: Final = "COMPLETED:"
 _DEFAULT_KEYS: Final = KeySpace(DEFAULT_PREFIX)
@@ -83,8 +82,8 @@ class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):
         client: Any,
         *,
         key_prefix: str = _DEFAULT_KEYS.idempotency_prefix,
-        default_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS,
-        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+        default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms,
+        command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         self.key_prefix = check_prefix("key_prefix", key_prefix)
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
@@ -141,7 +140,7 @@ class RedisLock(_ClientOwner, LockBase):
         *,
         strict_atomicity: bool = False,
         fence_prefix: str | None = None,
-        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+        command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         self.key_prefix = check_prefix("key_prefix", key_prefix)
         self.fence_prefix = check_prefix(
@@ -214,7 +213,7 @@ class RedisNonceStore(_ClientOwner, NonceStoreBase):
         client: Any,
         *,
         key_prefix: str = _DEFAULT_KEYS.nonce_prefix,
-        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+        command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         self.key_prefix = check_prefix("key_prefix", key_prefix)
         super().__init__(client, command_timeout_ms)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
@@ -18,16 +18,11 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import CheckpointConflictError, WaitRecordClaimError
 from siglo.listing import CheckpointPage, ListQuery
-from siglo.locking import (
-    DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
-    DEFAULT_WORKFLOW_LOCK_TTL_MS,
-    run_with_lock,
-)
+from siglo.locking import run_with_lock
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
-from siglo.validation import (
-    require_ttl_ms,
-)
+from siglo.settings import DEFAULTS
+from siglo.validation import require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database, Row
@@ -37,18 +32,9 @@ from siglo_sql.migrations import check_target, migrate, read_version
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import Statements
 
-__all__ = [
-    "DEFAULT_CACHE_TTL_MS",
-    "DEFAULT_CLAIM_LEASE_MS",
-    "DEFAULT_CLEAN_BATCH_SIZE",
-    "SqlStorageAdapter",
-]
+__all__ = ["SqlStorageAdapter"]
 
 T = TypeVar("T")
-
-DEFAULT_CACHE_TTL_MS: Final = 300_000
-DEFAULT_CLAIM_LEASE_MS: Final = 60_000
-DEFAULT_CLEAN_BATCH_SIZE: Final = 1_000
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:
@@ -107,11 +93,11 @@ class SqlStorageAdapter(StorageAdapter):
         *,
         clock: Clock | None = None,
         checkpoint_ttl_ms: int | None = None,
-        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
-        claim_lease_ms: int = DEFAULT_CLAIM_LEASE_MS,
-        workflow_lock_timeout_ms: int = DEFAULT_WORKFLOW_LOCK_TIMEOUT_MS,
-        workflow_lock_ttl_ms: int = DEFAULT_WORKFLOW_LOCK_TTL_MS,
-        clean_batch_size: int = DEFAULT_CLEAN_BATCH_SIZE,
+        cache_ttl_ms: int = DEFAULTS.cache_ttl_ms,
+        claim_lease_ms: int = DEFAULTS.claim_lease_ms,
+        workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
+        workflow_lock_ttl_ms: int = DEFAULTS.workflow_lock_ttl_ms,
+        clean_batch_size: int = DEFAULTS.clean_batch_size,
         table_prefix: str = DEFAULT_PREFIX,
         schema: str | None = None,
     ) -> None:

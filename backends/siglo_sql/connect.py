@@ -16,14 +16,14 @@ from siglo import urls
 from siglo.backend import Backend
 from siglo.clock import Clock
 from siglo.errors import InvalidArgumentError
+from siglo.settings import DEFAULTS
 from siglo_sql.adapter import SqlStorageAdapter
 from siglo_sql.coordination import (
-    DEFAULT_IDEMPOTENCY_TTL_MS,
     SqlIdempotencyStore,
     SqlLock,
     SqlNonceStore,
 )
-from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS, Database
+from siglo_sql.database import Database
 from siglo_sql.migrations import ensure_schema
 from siglo_sql.schema import DEFAULT_PREFIX, build_tables, check_identifier
 from siglo_sql.statements import build_statements
@@ -80,7 +80,7 @@ def timeout_option(db: Database) -> dict[str, Any]:
     """``command_timeout_ms`` for the backend's URL when it is not the default, so that
     ``siglo.connect(backend.url)`` in another process bounds its calls alike."""
     timeout = db.command_timeout_ms
-    if timeout == DEFAULT_COMMAND_TIMEOUT_MS:
+    if timeout == DEFAULTS.command_timeout_ms:
         return {}
     return {"command_timeout_ms": "none" if timeout is None else timeout}
 
@@ -112,7 +112,7 @@ class SqlSettings:
         prefix = options.pop("table_prefix", DEFAULT_PREFIX)
         self.prefix = check_identifier("table_prefix", prefix) if prefix else ""
         self.schema = check_identifier("schema", schema) if schema is not None else None
-        self.idempotency_ttl_ms = options.pop("idempotency_ttl_ms", DEFAULT_IDEMPOTENCY_TTL_MS)
+        self.idempotency_ttl_ms = options.pop("idempotency_ttl_ms", DEFAULTS.idempotency_ttl_ms)
         self.adapter_options = {k: options.pop(k) for k in list(options) if k in ADAPTER_OPTIONS}
 
     def url_options(self) -> dict[str, Any]:

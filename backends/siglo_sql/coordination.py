@@ -8,7 +8,7 @@ PgBouncer. Every expiry compares with the injected clock's ``now``.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from siglo import codec
 from siglo.clock import Clock, system_clock
@@ -22,14 +22,13 @@ from siglo.coordination import (
 )
 from siglo.errors import StorageAdapterError
 from siglo.sentinel import MISSING, Missing
+from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 from siglo_sql.database import Database
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.statements import Statements
 
-__all__ = ["DEFAULT_IDEMPOTENCY_TTL_MS", "SqlIdempotencyStore", "SqlLock", "SqlNonceStore"]
-
-DEFAULT_IDEMPOTENCY_TTL_MS: Final = 86_400_000
+__all__ = ["SqlIdempotencyStore", "SqlLock", "SqlNonceStore"]
 
 
 class SqlIdempotencyStore(IdempotencyStoreBase):
@@ -41,7 +40,7 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
         statements: Statements,
         *,
         clock: Clock | None = None,
-        default_ttl_ms: int = DEFAULT_IDEMPOTENCY_TTL_MS,
+        default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms,
     ) -> None:
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
         self.clock: Clock = clock or system_clock

@@ -17,16 +17,16 @@ import abc
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Dialect
 
 from siglo.errors import SigloError, StorageAdapterError
+from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 
-__all__ = ["DEFAULT_COMMAND_TIMEOUT_MS", "Database", "Executor", "OnOpen", "Row"]
+__all__ = ["Database", "Executor", "OnOpen", "Row"]
 
-DEFAULT_COMMAND_TIMEOUT_MS: Final = 10_000
 """The bound on every call (statement or transaction), as Redis's ``command_timeout_ms``."""
 
 Row = tuple[Any, ...]
@@ -66,7 +66,7 @@ class Database(abc.ABC):
         *,
         on_open: OnOpen | None = None,
         description: str = "",
-        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+        command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         self.on_open = on_open
         self.description = description

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.settings import DEFAULTS
 from siglo_sql.adapter import SqlStorageAdapter
 from siglo_sql.connect import (
     COMMON_OPTIONS,
@@ -22,8 +23,7 @@ from siglo_sql.connect import (
     take_options,
     timeout_option,
 )
-from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS
-from siglo_sqlite.database import DEFAULT_BUSY_TIMEOUT_MS, SqliteDatabase
+from siglo_sqlite.database import SqliteDatabase
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -102,11 +102,11 @@ def _build(
     settings = SqlSettings(options)
     db = SqliteDatabase(
         path,
-        busy_timeout_ms=options.pop("busy_timeout_ms", DEFAULT_BUSY_TIMEOUT_MS),
+        busy_timeout_ms=options.pop("busy_timeout_ms", DEFAULTS.busy_timeout_ms),
         synchronous=options.pop("synchronous", "NORMAL"),
         engine=engine,
         on_open=settings.on_open,
-        command_timeout_ms=options.pop("command_timeout_ms", DEFAULT_COMMAND_TIMEOUT_MS),
+        command_timeout_ms=options.pop("command_timeout_ms", DEFAULTS.command_timeout_ms),
     )
     backend_url = (
         urls.with_options(base, {**settings.url_options(), **timeout_option(db)})

@@ -30,14 +30,14 @@ import aiosqlite
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
-from siglo_sql.database import DEFAULT_COMMAND_TIMEOUT_MS, Database, Executor, OnOpen, Row
+from siglo.settings import DEFAULTS
+from siglo_sql.database import Database, Executor, OnOpen, Row
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-__all__ = ["DEFAULT_BUSY_TIMEOUT_MS", "SqliteDatabase"]
+__all__ = ["SqliteDatabase"]
 
-DEFAULT_BUSY_TIMEOUT_MS: Final = 10_000
 SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 MMAP_SIZE_BYTES: Final = 1 << 30
 """``PRAGMA mmap_size``: reads of a file up to 1 GiB go through the OS page cache mapped
@@ -73,11 +73,11 @@ class SqliteDatabase(Database):
         self,
         path: str | None,
         *,
-        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        busy_timeout_ms: int = DEFAULTS.busy_timeout_ms,
         synchronous: str = "NORMAL",
         engine: AsyncEngine | None = None,
         on_open: OnOpen | None = None,
-        command_timeout_ms: int | None = DEFAULT_COMMAND_TIMEOUT_MS,
+        command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         super().__init__(
             on_open=on_open,

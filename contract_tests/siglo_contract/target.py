@@ -23,6 +23,7 @@ from siglo.backend import Backend
 from siglo.cli.errors import display_url
 from siglo.clock import ManualClock
 from siglo.plugins import get_registry
+from siglo.settings import DEFAULTS
 
 __all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
 
@@ -33,9 +34,9 @@ BackendFactory = Callable[..., Backend]
 """``factory(**options) -> Backend``: a third party's adapter, or a broken one in tests."""
 
 DEFAULT_OPTIONS: Final[dict[str, Any]] = {
-    "checkpoint_ttl_ms": 86_400_000,
-    "cache_ttl_ms": 300_000,
-    "claim_lease_ms": 60_000,
+    "checkpoint_ttl_ms": DEFAULTS.checkpoint_ttl_ms,
+    "cache_ttl_ms": DEFAULTS.cache_ttl_ms,
+    "claim_lease_ms": DEFAULTS.claim_lease_ms,
 }
 """Options passed to the backend under test *and* the reference, so their defaults agree."""
 

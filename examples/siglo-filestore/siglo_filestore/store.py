@@ -33,12 +33,11 @@ from siglo import (
 )
 from siglo.clock import system_clock
 from siglo.sentinel import Missing
+from siglo.settings import DEFAULTS
 from siglo.urls import mask_credentials
 from siglo.validation import require_ttl_ms
 
 __all__ = ["FileStorageAdapter", "connect", "isolated"]
-
-DEFAULT_CACHE_TTL_MS = 300_000
 
 
 def _digest(*parts: str | None) -> str:
@@ -59,7 +58,7 @@ class FileStorageAdapter(StorageAdapter):
         *,
         clock: Clock | None = None,
         checkpoint_ttl_ms: int | None = None,
-        cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+        cache_ttl_ms: int = DEFAULTS.cache_ttl_ms,
     ) -> None:
         self.root = root
         self.clock = clock or system_clock
@@ -185,7 +184,7 @@ def connect(
     *,
     clock: Clock | None = None,
     checkpoint_ttl_ms: int | None = None,
-    cache_ttl_ms: int = DEFAULT_CACHE_TTL_MS,
+    cache_ttl_ms: int = DEFAULTS.cache_ttl_ms,
     **unused: Any,
 ) -> Backend:
     """A backend on the directory of ``filestore:///path``.
