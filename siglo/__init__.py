@@ -35,6 +35,7 @@ from siglo.errors import (
     StorageAdapterException,
     UnknownStackError,
     WaitRecordClaimError,
+    WaitTimeoutError,
     WorkflowVersionMismatchError,
     WorkflowVersionMismatchException,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "UnknownStackError",
     "WaitRecord",
     "WaitRecordClaimError",
+    "WaitTimeoutError",
     "WaitStatus",
     "WorkflowVersionMismatchError",
     "WorkflowSuspended",

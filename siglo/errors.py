@@ -29,6 +29,7 @@ __all__ = [
     "StorageAdapterException",
     "UnknownStackError",
     "WaitRecordClaimError",
+    "WaitTimeoutError",
     "WorkflowVersionMismatchError",
     "WorkflowVersionMismatchException",
 ]
@@ -135,6 +136,19 @@ class StorageAdapterError(SigloError):
 
 class WorkflowVersionMismatchError(SigloError):
     """A workflow's steps changed since the checkpoint was written, with no migration."""
+
+
+class WaitTimeoutError(SigloError):
+    """Raised inside a step by :func:`siglo.workflow.wait_for_event` when the wait's
+    ``timeout_ms`` passed before its event arrived (a ``siglo worker`` fired the timer).
+
+    The step may catch it and go on (its output is then the run's next input); uncaught,
+    it fails the run like any exception of a step.
+    """
+
+    def __init__(self, correlation_key: str) -> None:
+        self.correlation_key = correlation_key
+        super().__init__(f"no event {correlation_key!r} arrived before the wait's timeout")
 
 
 class InvalidStateTransitionError(SigloError):

@@ -30,7 +30,9 @@ def run_worker(url: str, log: Path, command: str, **env: str) -> subprocess.Comp
 
 
 def test_a_killed_worker_is_resumed_and_the_event_delivered_elsewhere(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'flows.db'}"
+    # A crashed process's workflow lock is free once its lease lapses: a short lease
+    # keeps the resume below from waiting out the 30 s default.
+    url = f"sqlite:///{tmp_path / 'flows.db'}?workflow_lock_ttl_ms=1500"
     log = tmp_path / "steps.log"
 
     crashed = run_worker(url, log, "run", SIGLO_TEST_CRASH_IN_CHARGE="1")

@@ -14,6 +14,7 @@ from siglo.cli.backends import backends
 from siglo.cli.check import check
 from siglo.cli.errors import DEBUG_ENV, SigloGroup
 from siglo.cli.migrate import migrate
+from siglo.cli.worker import worker
 
 __all__ = ["cli", "main"]
 
@@ -37,6 +38,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 cli.add_command(backends)
 cli.add_command(check)
 cli.add_command(migrate)
+cli.add_command(worker)
 
 
 def main() -> None:

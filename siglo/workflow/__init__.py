@@ -9,6 +9,17 @@ cache. A flow whose steps changed since a checkpoint was written refuses to resu
 """
 
 from siglo.workflow.flow import Flow, WorkflowSuspended, flow
-from siglo.workflow.step import Step, run_input, wait_for_event
+from siglo.workflow.step import Step, run_input, sleep, wait_for_event
+from siglo.workflow.worker import Worker, WorkerPass
 
-__all__ = ["Flow", "Step", "WorkflowSuspended", "flow", "run_input", "wait_for_event"]
+__all__ = [
+    "Flow",
+    "Step",
+    "Worker",
+    "WorkerPass",
+    "WorkflowSuspended",
+    "flow",
+    "run_input",
+    "sleep",
+    "wait_for_event",
+]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.errors import (
     CapabilityNotSupportedError,
+    CheckpointConflictError,
     InvalidArgumentError,
     InvalidStateTransitionError,
     WaitRecordClaimError,
@@ -19,7 +21,7 @@ from siglo.manager import StorageManager, default_storage_manager
 from siglo.records import CacheEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
-from siglo.validation import require_id
+from siglo.validation import require_id, require_optional_id
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["Flow", "WorkflowSuspended", "flow"]
@@ -27,8 +29,10 @@ __all__ = ["Flow", "WorkflowSuspended", "flow"]
 OUTPUT: Final = "output"
 EVENT: Final = "event"
 WAITING_FOR: Final = "waitingFor"
+TIMED_OUT: Final = "timedOut"
 
 Migration = Callable[[ExecutionStack], None]
+T = TypeVar("T")
 
 
 class WorkflowSuspended(Exception):
@@ -79,25 +83,50 @@ class Flow:
         stack_id: str | None = None,
         namespace: str | None = None,
     ) -> Any:
-        """Run from the first step and return the last step's output.
+        """Run the flow and return the last step's output: run-or-continue.
 
-        Raises :class:`WorkflowSuspended` if a step waits for an event; the exception of
-        a failing step propagates after the stack is checkpointed as ``failed``.
+        Without ``stack_id`` (a new UUID) or with one not stored yet, the run starts from
+        the first step with ``input``. With the ``stack_id`` of a run already stored, that
+        run is taken up instead (its own input is kept): a completed run returns its
+        output, a run waiting for an event raises :class:`WorkflowSuspended` again, a run
+        left ``running`` by a crashed process continues after its last finished step, and
+        a run that failed or was cancelled raises
+        :class:`~siglo.errors.InvalidStateTransitionError` saying so. So a script may run
+        twice on a persistent store and get the same answer.
+
+        The run holds the stack's workflow lock (where the backend has one), so two
+        callers never execute one run at once, and a ``siglo worker`` can tell a crashed
+        run (lock lease lapsed) from a live one. Raises :class:`WorkflowSuspended` if a
+        step waits; a failing step's exception propagates after the stack is
+        checkpointed as ``failed``.
         """
         manager = manager or default_storage_manager
-        stack = manager.create_stack(
-            stack_id,
-            workflow_id=self.name,
-            namespace=namespace,
-            metadata={"flowVersion": self.version, "input": input},
-        )
-        try:
-            await manager.save_checkpoint(stack.stack_id, expected_revision=0)
-            return await self._execute(manager, stack)
-        finally:
-            # The checkpoint holds the run now; a long-lived manager must not keep
-            # every finished or suspended run's live stack.
-            manager.discard_stack(stack.stack_id)
+        run_id = require_id("stack_id", stack_id if stack_id is not None else str(uuid.uuid4()))
+        require_optional_id("namespace", namespace)
+
+        async def start_or_continue() -> Any:
+            if await manager.load_checkpoint(run_id, namespace=namespace) is None:
+                stack = manager.create_stack(
+                    run_id,
+                    workflow_id=self.name,
+                    namespace=namespace,
+                    metadata={"flowVersion": self.version, "input": input},
+                )
+                try:
+                    await manager.save_checkpoint(run_id, expected_revision=0)
+                except CheckpointConflictError:
+                    # Created meanwhile by a caller without the lock: take that run up.
+                    manager.discard_stack(run_id)
+                else:
+                    try:
+                        return await self._execute(manager, stack)
+                    finally:
+                        # The checkpoint holds the run now; a long-lived manager must
+                        # not keep every finished or suspended run's live stack.
+                        manager.discard_stack(run_id)
+            return await self._take_up(manager, run_id, namespace)
+
+        return await _locked(manager, run_id, start_or_continue)
 
     async def resume(
         self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
@@ -105,14 +134,68 @@ class Flow:
         """Continue a run from its last checkpoint (after a crash, in any process).
 
         A completed run returns its output; a run still waiting raises
-        :class:`WorkflowSuspended` again.
+        :class:`WorkflowSuspended` again. Holds the workflow lock like :meth:`run`.
         """
         manager = manager or default_storage_manager
-        stack = await self._restore(manager, stack_id, namespace)
+        require_id("stack_id", stack_id)
+        return await _locked(manager, stack_id, lambda: self._take_up(manager, stack_id, namespace))
+
+    async def recover(
+        self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
+    ) -> bool:
+        """Continue a run left ``running`` by a process that died; ``True`` if it was.
+
+        Only a run whose workflow lock is free is taken: a live process renews its
+        lease, so a free lock on a ``running`` run means its process is gone (or its
+        lease lapsed). Raises :class:`~siglo.errors.LockNotAcquiredError` at once when
+        the lock is held. Finished steps are not run again; the step that was running
+        when the process died runs again from its start. What ``siglo worker`` calls.
+        """
+        manager = manager or default_storage_manager
+        require_id("stack_id", stack_id)
+        adapter = _require(manager, Capability.WORKFLOW_LOCK)
+
+        async def take_over() -> bool:
+            stack = await self._restore(manager, stack_id, namespace)
+            try:
+                if stack.status != "running":
+                    return False  # finished, or suspended, since it was listed
+                await self._execute(manager, stack)
+                return True
+            finally:
+                manager.discard_stack(stack_id)
+
         try:
-            return await self._continue(manager, stack)
-        finally:
-            manager.discard_stack(stack.stack_id)
+            return await adapter.with_workflow_lock(stack_id, take_over, timeout_ms=1)
+        except WorkflowSuspended:
+            return True
+
+    async def fire_timeout(
+        self,
+        correlation_key: str,
+        *,
+        manager: StorageManager | None = None,
+        claimant_id: str | None = None,
+    ) -> Any:
+        """Resume the run whose wait ``correlation_key`` is past its deadline, as timed out.
+
+        Claims the wait (with ``allow_expired``) exactly like :meth:`deliver`, so of two
+        workers firing one timer, or a timer racing a late event, one wins and the other
+        gets :class:`~siglo.errors.WaitRecordClaimError`. In the step,
+        :func:`~siglo.workflow.wait_for_event` raises
+        :class:`~siglo.errors.WaitTimeoutError` and :func:`~siglo.workflow.sleep` returns.
+        """
+        manager = manager or default_storage_manager
+        adapter = _require(manager, Capability.WAIT_RECORDS)
+        record = await adapter.claim_wait_record(correlation_key, claimant_id, allow_expired=True)
+        if record is None:
+            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key))
+        if not record.is_expired(manager.clock.now_ms()):
+            await _release_claim(adapter, record)
+            raise InvalidArgumentError(f"the wait {correlation_key!r} is not past its deadline")
+        return await self._resume_claimed(
+            manager, adapter, record, lambda stack, step: stack.set(step, TIMED_OUT, True)
+        )
 
     async def deliver(
         self,
@@ -141,15 +224,29 @@ class Flow:
         )
         if record is None:
             raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key))
+        return await self._resume_claimed(
+            manager, adapter, record, lambda stack, step: stack.set(step, EVENT, payload)
+        )
+
+    async def _resume_claimed(
+        self,
+        manager: StorageManager,
+        adapter: StorageAdapter,
+        record: WaitRecord,
+        outcome: Callable[[ExecutionStack, str], None],
+    ) -> Any:
+        """Resume the run of a wait this process claimed, after ``outcome`` marked the
+        waiting step (an event, or a timeout); complete the wait afterwards."""
+        correlation_key = record.correlation_key
         claimant = record.claimant_id
         assert claimant is not None  # a successful claim always names its claimant
         started = False
 
-        async def resume_with_event() -> Any:
+        async def resume_with_outcome() -> Any:
             nonlocal started
             stack = await self._restore(manager, record.stack_id, record.namespace)
             step = record.step_id or self._waiting_step(stack)[0]
-            stack.set(step, EVENT, payload)
+            outcome(stack, step)
             if stack.status == "waiting":
                 stack.transition("running")
             started = True
@@ -161,8 +258,8 @@ class Flow:
 
         try:
             if adapter.supports(Capability.WORKFLOW_LOCK):
-                return await adapter.with_workflow_lock(record.stack_id, resume_with_event)
-            return await resume_with_event()
+                return await adapter.with_workflow_lock(record.stack_id, resume_with_outcome)
+            return await resume_with_outcome()
         except BaseException as refused:
             if not started:
                 # Refused before the run began (a changed flow, no checkpoint, a busy
@@ -200,6 +297,13 @@ class Flow:
             stack.metadata["flowVersion"] = self.version
         return stack
 
+    async def _take_up(self, manager: StorageManager, stack_id: str, namespace: str | None) -> Any:
+        stack = await self._restore(manager, stack_id, namespace)
+        try:
+            return await self._continue(manager, stack)
+        finally:
+            manager.discard_stack(stack_id)
+
     async def _continue(self, manager: StorageManager, stack: ExecutionStack) -> Any:
         if stack.status == "completed":
             return self._last_output(stack)
@@ -208,7 +312,9 @@ class Flow:
             raise WorkflowSuspended(stack.stack_id, key, step)
         if stack.status != "running":
             raise InvalidStateTransitionError(
-                f"workflow {stack.stack_id!r} is {stack.status}; it cannot be resumed"
+                f"workflow {stack.stack_id!r} already ended {stack.status}; it cannot be "
+                "continued. Start a new run under another stack_id, or remove this one "
+                f"(siglo rm URL {stack.stack_id})"
             )
         return await self._execute(manager, stack)
 
@@ -235,7 +341,9 @@ class Flow:
                 value = ctx[OUTPUT]
                 continue
             try:
-                value = await self._run_step(manager, stack, step, value, ctx.get(EVENT, MISSING))
+                value = await self._run_step(
+                    manager, stack, step, value, ctx.get(EVENT, MISSING), bool(ctx.get(TIMED_OUT))
+                )
             except _Suspend as wait:
                 await self._suspend(manager, stack, step, wait)
                 raise WorkflowSuspended(stack.stack_id, wait.correlation_key, step.name) from None
@@ -257,6 +365,7 @@ class Flow:
         step: Step,
         value: Any,
         event: Any | Missing,
+        timed_out: bool = False,
     ) -> Any:
         adapter = manager.adapter
         cache = adapter if adapter is not None and adapter.supports(Capability.STEP_CACHE) else None
@@ -268,7 +377,12 @@ class Flow:
             if cached is not MISSING:
                 return cached
         run = StepRun(
-            stack.stack_id, step.name, stack.namespace, stack.metadata.get("input"), event
+            stack.stack_id,
+            step.name,
+            stack.namespace,
+            stack.metadata.get("input"),
+            event,
+            timed_out,
         )
         token = current_step.set(run)
         try:
@@ -368,6 +482,14 @@ async def _release_claim(adapter: StorageAdapter, claimed: WaitRecord) -> None:
             event_payload=None,
         )
     )
+
+
+async def _locked(manager: StorageManager, stack_id: str, action: Callable[[], Awaitable[T]]) -> T:
+    """``action`` under the stack's workflow lock, where the backend has one."""
+    adapter = manager.adapter
+    if adapter is not None and adapter.supports(Capability.WORKFLOW_LOCK):
+        return await adapter.with_workflow_lock(stack_id, action)
+    return await action()
 
 
 def _require(manager: StorageManager, capability: Capability) -> StorageAdapter:

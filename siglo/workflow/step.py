@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, WaitTimeoutError
 from siglo.sentinel import MISSING
 from siglo.validation import require_id, require_ttl_ms
 
-__all__ = ["Step", "StepRun", "run_input", "wait_for_event"]
+__all__ = ["Step", "StepRun", "run_input", "sleep", "wait_for_event"]
 
 StepFn = Callable[[Any], Awaitable[Any]]
 
@@ -79,6 +79,8 @@ class StepRun:
     namespace: str | None
     input: Any = None
     event: Any = MISSING
+    timed_out: bool = False
+    """The step's wait passed its timeout (a worker fired the timer) with no event."""
 
 
 current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("siglo_current_step")
@@ -113,11 +115,36 @@ async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None)
     raises :class:`~siglo.workflow.WorkflowSuspended`). When the event is delivered, the
     step runs again from its start and this call returns the event's payload.
     ``timeout_ms`` sets the wait's deadline; a late event is refused unless delivered
-    with ``allow_expired``.
+    with ``allow_expired``. Once the deadline passes, a ``siglo worker`` (or
+    :class:`~siglo.workflow.Worker`) resumes the run and this call raises
+    :class:`~siglo.errors.WaitTimeoutError` in the step, which may catch it. A step
+    waits at most once (one ``wait_for_event`` or one :func:`sleep`).
     """
     require_id("correlation_key", correlation_key)
     require_ttl_ms("timeout_ms", timeout_ms, optional=True)
     run = _current("wait_for_event()")
     if run.event is not MISSING:
         return run.event
+    if run.timed_out:
+        raise WaitTimeoutError(correlation_key)
     raise _Suspend(correlation_key, timeout_ms)
+
+
+def sleep_key(namespace: str | None, stack_id: str, step: str) -> str:
+    """The correlation key of a step's durable sleep (unique per namespace, stack, step)."""
+    return "siglo-sleep\x1f" + "\x1f".join((namespace or "", stack_id, step))
+
+
+async def sleep(ms: int) -> None:
+    """Inside a step: suspend the run durably for ``ms`` milliseconds.
+
+    The run is checkpointed as ``waiting`` on a wait record whose deadline is now +
+    ``ms``; when it has passed, a ``siglo worker`` resumes the run in any process, the
+    step runs again from its start and this call returns. Nothing is held in memory
+    meanwhile: the process may exit. A step sleeps (or waits) at most once.
+    """
+    require_ttl_ms("ms", ms)
+    run = _current("sleep()")
+    if run.event is not MISSING or run.timed_out:
+        return
+    raise _Suspend(sleep_key(run.namespace, run.stack_id, run.step), ms)

@@ -1,0 +1,69 @@
+"""What the commands that operate a store share: opening it, and printing results as a
+table on a terminal or as JSON for scripts."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from siglo.adapter import Capability
+from siglo.backend import Backend
+from siglo.cli.errors import CliError, display_url
+from siglo.connect import connect
+
+__all__ = ["format_ms", "open_store", "print_json", "print_table", "require"]
+
+
+@asynccontextmanager
+async def open_store(url: str) -> AsyncIterator[Backend]:
+    """The backend at ``url``, closed afterwards."""
+    backend = connect(url)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+
+
+def require(backend: Backend, *capabilities: Capability) -> None:
+    """Refuse, naming the capability, when the backend lacks one."""
+    for capability in capabilities:
+        if not backend.adapter.supports(capability):
+            raise CliError(
+                f"backend {backend.name!r} at {display_url(backend.url)} does not support "
+                f"{capability.value}",
+                "`siglo backends` lists what each backend supports",
+            )
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout."""
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A table (on a terminal rich draws it; piped, it stays plain text)."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row))
+    Console().print(table)
+
+
+def format_ms(ms: int | None) -> str | None:
+    """A millisecond timestamp as UTC ISO 8601 (``None`` stays ``None``)."""
+    if ms is None:
+        return None
+    import datetime as dt
+
+    try:
+        moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
