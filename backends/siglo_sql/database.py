@@ -59,7 +59,8 @@ class Database(abc.ABC):
     placeholder: str = "?"
     coalesce_reads: bool = False
     """Whether concurrent keyed reads should share one statement
-    (:mod:`siglo_sql.batching`): worth it on one connection, not on a pool."""
+    (:mod:`siglo_sql.batching`): SQLite's one connection and PostgreSQL's pool both say
+    yes (each statement is a round trip and a statement's work in the server)."""
 
     def __init__(
         self,

@@ -1,0 +1,142 @@
+"""Concurrent checkpoint loads on PostgreSQL share one statement (siglo_sql.batching).
+
+Against the real server, on a private schema: the statements come from a recorder
+wrapped around the database's real ``fetch`` (it records, then runs them), a failing
+batch is SQL that PostgreSQL rejects, and a slow batch is a real ``pg_sleep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sql_support import open_backend
+
+import siglo
+from siglo import Checkpoint
+from siglo.errors import StorageAdapterError
+from siglo_sql.batching import KeyedReads
+from siglo_sql.keys import row_id
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[siglo.Backend]:
+    async with open_backend("postgres") as b:
+        await b.adapter.open()  # type: ignore[attr-defined]
+        yield b
+
+
+def record(backend: siglo.Backend) -> list[str]:
+    """Every statement the backend's database runs from now on (then run for real)."""
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    statements: list[str] = []
+    real = db.fetch
+
+    async def fetch(sql: str, params: Any = ()) -> Any:
+        statements.append(sql)
+        return await real(sql, params)
+
+    db.fetch = fetch
+    return statements
+
+
+async def save(backend: siglo.Backend, stack_id: str, revision: int, **kw: Any) -> None:
+    cp = Checkpoint(stack_id=stack_id, revision=revision, timestamp=1, **kw)
+    await backend.adapter.save_checkpoint(cp)
+
+
+async def test_concurrent_loads_share_statements_and_read_what_is_stored(
+    backend: siglo.Backend,
+) -> None:
+    adapter: Any = backend.adapter
+    for i in range(40):
+        await save(backend, f"s{i}", i + 1)
+    await save(backend, "expired", 1, expires_at=adapter.clock.now_ms() - 1)
+    await save(backend, "s1", 7, namespace="tenant")  # another row, same stack id
+    statements = record(backend)
+    ids = [f"s{i}" for i in range(40)] + ["s3", "s3", "missing", "expired"]
+    found = await asyncio.gather(*(adapter.get_checkpoint(i) for i in ids))
+    assert [None if cp is None else (cp.stack_id, cp.revision) for cp in found] == [
+        *((f"s{i}", i + 1) for i in range(40)),
+        ("s3", 4),
+        ("s3", 4),
+        None,
+        None,
+    ]
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    # The first lookup runs alone; the 43 that queued behind it share one batch.
+    assert len(reads) == 2, reads
+    assert " IN (" in reads[1]
+
+
+async def test_sequential_loads_run_alone(backend: siglo.Backend) -> None:
+    await save(backend, "a", 1)
+    statements = record(backend)
+    for _ in range(3):
+        assert await backend.adapter.get_checkpoint("a") is not None
+    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert len(reads) == 3
+    assert not any(" IN (" in s for s in reads)
+
+
+async def test_a_batch_sees_writes_that_finished_before_it_was_asked(
+    backend: siglo.Backend,
+) -> None:
+    adapter: Any = backend.adapter
+    await save(backend, "a", 1)
+    first = asyncio.ensure_future(adapter.get_checkpoint("a"))
+    await asyncio.sleep(0)  # the first lookup is running
+    await save(backend, "a", 2)  # on another pooled connection, committed
+    later = await adapter.get_checkpoint("a")  # asked after the save returned
+    assert (await first) is not None
+    assert later is not None
+    assert later.revision == 2
+
+
+def reads_with(backend: siglo.Backend, many: str) -> KeyedReads:
+    adapter: Any = backend.adapter
+    db = adapter.database
+    return KeyedReads(
+        db,
+        db.sql(adapter._s.cp_get),
+        lambda n: db.sql(many.format(ids=", ".join(["?"] * n))),
+        adapter.clock.now_ms,
+    )
+
+
+async def test_a_failing_batch_fails_its_callers_only(backend: siglo.Backend) -> None:
+    await save(backend, "a", 1)
+    reads = reads_with(
+        backend, "SELECT id, document FROM no_such_table WHERE id IN ({ids}) AND ? > 0"
+    )
+    key = row_id("", "a")
+    results = await asyncio.gather(reads.get(key), reads.get(key), return_exceptions=True)
+    assert isinstance(results[0], bytes)  # ran alone, with the single-key statement
+    assert isinstance(results[1], StorageAdapterError)
+    assert "no_such_table" in str(results[1])
+    assert await reads.get(key) == results[0]  # usable afterwards
+
+
+async def test_cancelled_callers_of_a_running_batch_leave_the_others_answered(
+    backend: siglo.Backend,
+) -> None:
+    adapter: Any = backend.adapter
+    for name in ("a", "b", "c", "d"):
+        await save(backend, name, 1)
+    # The batch statement sleeps 0.3 s in the server before answering.
+    slow = adapter._s.cp_get_many.replace("WHERE", "WHERE pg_sleep(0.3) IS NOT NULL AND", 1)
+    reads = reads_with(backend, slow)
+    runner = asyncio.ensure_future(reads.get(row_id("", "a")))
+    await asyncio.sleep(0)
+    waiters = [asyncio.ensure_future(reads.get(row_id("", n))) for n in ("b", "c", "d")]
+    await runner
+    await asyncio.sleep(0.1)  # the batch of b, c, d is running in the server
+    waiters[0].cancel()
+    assert await waiters[1] is not None
+    assert await waiters[2] is not None
+    with pytest.raises(asyncio.CancelledError):
+        await waiters[0]
+    assert not reads._running
+    assert not reads._waiting
