@@ -5,7 +5,8 @@ other way round, on every backend."""
 from __future__ import annotations
 
 import pytest
-from all_backends import KINDS, open_any
+from raw_storage import KINDS
+from raw_storage import any_backend as open_any
 
 
 @pytest.mark.rule("lock.workflow.separate")

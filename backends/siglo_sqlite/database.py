@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["SqliteDatabase"]
 
 SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+_SHORTEN_SLACK_MS: Final = 50
+"""A call with less than its full busy wait left by this much sets a shorter one."""
 MMAP_SIZE_BYTES: Final = 1 << 30
 """``PRAGMA mmap_size``: reads of a file up to 1 GiB go through the OS page cache mapped
 into the process instead of a ``read()`` per page (address space, not memory)."""
@@ -127,10 +129,7 @@ class SqliteDatabase(Database):
         assert isinstance(conn, aiosqlite.Connection)
         self._conn = conn
         try:
-            busy_ms = self.busy_timeout_ms
-            if self.command_timeout_ms is not None:
-                busy_ms = min(busy_ms, self.command_timeout_ms)
-            await conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            await conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if self.path is not None:
                 # WAL: readers never block the writer, and a commit is one append.
                 await self._run(conn, "PRAGMA journal_mode = WAL", (), self._deadline())
@@ -152,33 +151,55 @@ class SqliteDatabase(Database):
             with suppress(Exception):
                 await conn.close()
 
+    @property
+    def _busy_ms(self) -> int:
+        """The longest one call may wait for the write lock."""
+        if self.command_timeout_ms is None:
+            return self.busy_timeout_ms
+        return min(self.busy_timeout_ms, self.command_timeout_ms)
+
     def _deadline(self) -> float:
         """When a call starting now must be over (``time.monotonic()``)."""
-        bound_ms = self.busy_timeout_ms
-        if self.command_timeout_ms is not None:
-            bound_ms = min(bound_ms, self.command_timeout_ms)
-        return time.monotonic() + bound_ms / 1000
+        return time.monotonic() + self._busy_ms / 1000
 
     async def _run(
-        self, conn: aiosqlite.Connection, sql: str, params: Sequence[Any], deadline: float
+        self,
+        conn: aiosqlite.Connection,
+        sql: str,
+        params: Sequence[Any],
+        deadline: float,
+        busy: Exception | None = None,
     ) -> list[Row]:
+        """Run one statement, retrying "database is locked" until ``deadline`` (``busy``:
+        the busy error of an attempt made before)."""
         delay = 0.001
-        while True:
-            try:
-                return list(await conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
-            except SigloError:
-                raise
-            except Exception as exc:
-                if _is_busy(exc):
+        shortened = False
+        try:
+            while True:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0:
+                    raise self.timed_out("waiting for the write lock", busy) from busy
+                if remaining_ms < self._busy_ms - _SHORTEN_SLACK_MS:
+                    # A retry, or a call that queued first: SQLite's busy handler must
+                    # not wait past this call's deadline.
+                    await conn.execute(f"PRAGMA busy_timeout = {remaining_ms}")
+                    shortened = True
+                try:
+                    return list(await conn.execute_fetchall(sql, params))  # type: ignore[arg-type]
+                except SigloError:
+                    raise
+                except Exception as exc:
+                    if not _is_busy(exc):
+                        raise self.wrap(exc, "running a statement") from exc
                     # The busy handler gave up, or was not consulted (SQLite skips it
-                    # where waiting could deadlock): wait and retry until the deadline.
-                    remaining = deadline - time.monotonic()
-                    if remaining > 0:
-                        await asyncio.sleep(min(delay, remaining))
-                        delay = min(delay * 2, 0.05)
-                        continue
-                    raise self.timed_out("waiting for the write lock", exc) from exc
-                raise self.wrap(exc, "running a statement") from exc
+                    # where waiting could deadlock): retry until the deadline.
+                    busy = exc
+                    await asyncio.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+                    delay = min(delay * 2, 0.05)
+        finally:
+            if shortened:
+                with suppress(Exception):
+                    await asyncio.shield(conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}"))
 
     async def _take_lock(self, deadline: float) -> None:
         """This connection's transaction lock, waiting no later than ``deadline``."""
@@ -197,6 +218,7 @@ class SqliteDatabase(Database):
     async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         conn = self._connection()
         deadline = self._deadline()
+        busy: Exception | None = None
         if not self._lock.locked():
             # No transaction is open, and none can open before this statement runs:
             # aiosqlite runs a connection's calls in the order they were submitted, and
@@ -211,10 +233,11 @@ class SqliteDatabase(Database):
             except Exception as exc:
                 if not _is_busy(exc):
                     raise self.wrap(exc, "running a statement") from exc
+                busy = exc
             # Busy: retried under the lock, where a transaction cannot open in the gap.
         await self._take_lock(deadline)
         try:
-            return await self._run(conn, sql, params, deadline)
+            return await self._run(conn, sql, params, deadline, busy)
         finally:
             self._lock.release()
 
