@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import Any, Final, overload
 
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
 from siglo.records import ContextChangeEvent, WaitRecord
 
 __all__ = [
+    "MAX_ID_LENGTH",
     "check_context_change",
     "check_save_arguments",
     "check_wait_record",
@@ -18,12 +19,21 @@ __all__ = [
 ]
 
 
+MAX_ID_LENGTH: Final = 4096
+"""The longest id (in characters) any backend accepts, so every backend accepts the same."""
+
+
 def require_id(name: str, value: Any) -> str:
-    """``value`` must be a non-empty string (any characters: ids are data, never syntax)."""
+    """``value`` must be a non-empty string of at most :data:`MAX_ID_LENGTH` characters of
+    Unicode text without NUL (any other characters: ids are data, never syntax)."""
     if type(value) is not str:
         raise InvalidArgumentError(f"{name} must be a string, got {type(value).__name__}")
     if not value:
         raise InvalidArgumentError(f"{name} must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgumentError(
+            f"{name} must be at most {MAX_ID_LENGTH} characters, got {len(value)}"
+        )
     if "\x00" in value:
         # PostgreSQL text cannot hold NUL; refusing it everywhere keeps backends alike.
         raise InvalidArgumentError(f"{name} must not contain a NUL character")
@@ -96,6 +106,7 @@ def check_wait_record(record: Any) -> WaitRecord:
     require_id("record.correlation_key", record.correlation_key)
     require_id("record.stack_id", record.stack_id)
     require_optional_id("record.namespace", record.namespace)
+    require_optional_id("record.claimant_id", record.claimant_id)
     return record
 
 

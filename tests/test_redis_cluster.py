@@ -2,9 +2,8 @@
 
 The session fixture starts three ``redis-server --cluster-enabled yes`` on free ports
 in 30010-30099 (cluster bus ports there too), joins them with ``redis-cli --cluster
-create`` and stops them afterwards (about two seconds). The contract tests of
-``test_redis_contract`` run here again with ``backend`` bound to the cluster: every
-multi-key script must keep its keys in one slot.
+create`` and stops them afterwards (about two seconds). ``siglo check`` runs the
+whole contract suite against it: every multi-key script must keep its keys in one slot.
 """
 
 from __future__ import annotations
@@ -15,50 +14,12 @@ from pathlib import Path
 import pytest
 from _redis_helpers import free_ports, start_cluster
 from test_contract_builtin_backends import run_siglo_check
-from test_redis_contract import (
-    run_random_program,
-    test_cancel_workflow,
-    test_checkpoint_compare_and_set,
-    test_checkpoint_concurrent_saves_one_winner,
-    test_checkpoint_expiry,
-    test_checkpoint_namespaces,
-    test_checkpoint_roundtrip,
-    test_context_stream,
-    test_hostile_ids,
-    test_idempotency,
-    test_lock,
-    test_nonces,
-    test_step_cache,
-    test_wait_claims,
-    test_wait_complete_and_cancel,
-    test_wait_lookup,
-    test_workflow_lock,
-)
 
 import siglo
 from siglo_redis import isolated
 from siglo_redis.keys import hash_slot
 
 pytestmark = pytest.mark.redis_cluster
-
-__all__ = [
-    "test_cancel_workflow",
-    "test_checkpoint_compare_and_set",
-    "test_checkpoint_concurrent_saves_one_winner",
-    "test_checkpoint_expiry",
-    "test_checkpoint_namespaces",
-    "test_checkpoint_roundtrip",
-    "test_context_stream",
-    "test_hostile_ids",
-    "test_idempotency",
-    "test_lock",
-    "test_nonces",
-    "test_step_cache",
-    "test_wait_claims",
-    "test_wait_complete_and_cancel",
-    "test_wait_lookup",
-    "test_workflow_lock",
-]
 
 
 @pytest.fixture(scope="session")
@@ -96,11 +57,6 @@ async def test_locks_over_many_slots(backend: siglo.Backend) -> None:
         assert await lock.release(key, first.token)
         again = await lock.acquire(key, 5_000)
         assert again.fencing_token == 2
-
-
-@pytest.mark.parametrize("seed", range(2))
-async def test_random_program_matches_memory_on_cluster(cluster_url: str, seed: int) -> None:
-    await run_random_program(cluster_url, seed)
 
 
 async def test_isolated_cleans_every_master(cluster_url: str) -> None:

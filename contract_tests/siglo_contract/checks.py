@@ -83,10 +83,30 @@ def _machines() -> list[Check]:
 
 def all_checks() -> list[Check]:
     """The state machines, then every ``@check`` of the check modules, in source order."""
-    from siglo_contract import checks_coordination, checks_operations, checks_storage
+    from siglo_contract import (
+        checks_cache,
+        checks_checkpoints,
+        checks_concurrency,
+        checks_coordination,
+        checks_ids,
+        checks_input,
+        checks_operations,
+        checks_wait_claims,
+        checks_waits,
+    )
 
     found = _machines()
-    for module in (checks_storage, checks_coordination, checks_operations):
+    for module in (
+        checks_checkpoints,
+        checks_waits,
+        checks_wait_claims,
+        checks_cache,
+        checks_concurrency,
+        checks_coordination,
+        checks_operations,
+        checks_input,
+        checks_ids,
+    ):
         for value in vars(module).values():
             chk = getattr(value, CHECK_ATTRIBUTE, None)
             if isinstance(chk, Check):

@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.errors import CapabilityNotSupportedError
-from siglo_contract.registry import fail
+from siglo_contract.registry import EVIDENCE_DIRECT, EVIDENCE_DIVERGENCE, fail
 from siglo_contract.target import Session, new_prefix
 
 __all__ = ["HOSTILE_IDS", "ContractMachine", "Outcome", "canon", "json_values"]
@@ -137,11 +137,17 @@ class ContractMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(awaitable)
 
     def call(self, awaitable: Awaitable[Any], rule_id: str) -> Outcome:
-        """Run one call; an error that is not part of the contract fails ``rule_id``."""
+        """Run one call and return what it did (errors included: the caller judges them).
+
+        A declared method that says it is not supported fails ``capability.declared``
+        only as a divergence: the focused check of that rule calls every method and is
+        the better witness, while a method refusing some inputs this way breaks the rule
+        the machine was exercising.
+        """
         try:
             return Outcome(self.run(awaitable))
         except CapabilityNotSupportedError as exc:
-            fail("capability.declared", f"a declared capability's method is missing: {exc}")
+            return Outcome(error=exc)
         except AssertionError:
             raise
         except Exception as exc:
@@ -154,18 +160,18 @@ class ContractMachine(RuleBasedStateMachine):
     def kk(self, name: str) -> str:
         return self.prefix + name
 
-    def diverge(self, rule_id: str, message: str) -> None:
+    def diverge(self, rule_id: str, message: str, evidence: int = EVIDENCE_DIVERGENCE) -> None:
         """The backend disagrees with the reference; ``rule_id`` explains the outcome."""
         if rule_id in self.skip:
             self.tainted = True
             note(f"(divergence on {rule_id}, already reported; comparisons stop here)")
             return
-        fail(rule_id, message)
+        fail(rule_id, message, evidence=evidence)
 
     def direct(self, condition: object, rule_id: str, message: str) -> None:
         """A rule asserted on the backend alone (catches bugs the reference shares)."""
         if not condition:
-            self.diverge(rule_id, message)
+            self.diverge(rule_id, message, EVIDENCE_DIRECT)
 
     def unexpected(self, outcome: Outcome, rule_id: str, what: str) -> None:
         """Fail ``rule_id`` if ``outcome`` is an error the contract does not allow here."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from siglo.adapter import Capability
 from siglo.backend import Backend
+from siglo.checkpoint import Checkpoint
 from siglo_contract.rules import rule as lookup_rule
 
 if TYPE_CHECKING:
@@ -20,6 +21,9 @@ __all__ = [
     "CHECK_ATTRIBUTE",
     "Check",
     "CheckContext",
+    "EVIDENCE_DIRECT",
+    "EVIDENCE_DIVERGENCE",
+    "EVIDENCE_FOCUSED",
     "RuleViolation",
     "check",
     "expect",
@@ -28,10 +32,24 @@ __all__ = [
 ]
 
 
+EVIDENCE_FOCUSED: Final = 3
+"""A focused check saw the rule broken by a call made for that rule."""
+EVIDENCE_DIRECT: Final = 2
+"""A state machine saw the rule broken on the backend alone."""
+EVIDENCE_DIVERGENCE: Final = 1
+"""A state machine saw the backend disagree with the reference and named the likeliest rule."""
+
+
 class RuleViolation(AssertionError):
-    """A backend broke rule :attr:`rule_id`; the message says how."""
+    """A backend broke rule :attr:`rule_id`; the message says how.
+
+    :attr:`evidence` says how directly the failing call shows it (``EVIDENCE_*``): when one
+    bug breaks several rules, the report names the best-evidenced one as the primary
+    failure and the others as its consequences.
+    """
 
     rule_id: str = ""
+    evidence: int = EVIDENCE_FOCUSED
 
 
 _VIOLATION_TYPES: dict[str, type[RuleViolation]] = {}
@@ -47,9 +65,11 @@ def violation_type(rule_id: str) -> type[RuleViolation]:
     return _VIOLATION_TYPES[rule_id]
 
 
-def fail(rule_id: str, message: str) -> NoReturn:
+def fail(rule_id: str, message: str, *, evidence: int = EVIDENCE_FOCUSED) -> NoReturn:
     """Raise the violation of ``rule_id``."""
-    raise violation_type(rule_id)(f"[{rule_id}] {message}")
+    exc = violation_type(rule_id)(f"[{rule_id}] {message}")
+    exc.evidence = evidence
+    raise exc
 
 
 def expect(condition: object, rule_id: str, message: str) -> None:
@@ -65,6 +85,14 @@ class CheckContext:
     session: Session
     backend: Backend
     prefix: str
+    current_rule: str | None = None
+    """The rule of the step running now: an unexpected error is blamed on it."""
+
+    def about(self, rule_id: str) -> None:
+        """Start a step of the check that exercises ``rule_id``; an unexpected error
+        (not a violation) from here on fails that rule, not the check's first one."""
+        lookup_rule(rule_id)
+        self.current_rule = rule_id
 
     def id(self, name: str) -> str:
         """``name`` made unique to this check (every id a check uses goes through here)."""
@@ -92,6 +120,10 @@ class CheckContext:
             self.session.clock.advance(ms)
         else:
             await asyncio.sleep(ms / 1000 + 0.05)
+
+    def checkpoint(self, stack: str, revision: int, **fields: Any) -> Checkpoint:
+        """A checkpoint of ``stack`` (an id already made with :meth:`id`) stamped now."""
+        return Checkpoint(stack_id=stack, revision=revision, timestamp=self.now_ms(), **fields)
 
     def short_ttl_ms(self) -> int:
         """A TTL that :meth:`pass_time` can outlast quickly but that outlives a few calls."""

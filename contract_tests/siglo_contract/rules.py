@@ -15,7 +15,15 @@ from typing import Final, Literal
 
 from siglo.adapter import Capability
 
-__all__ = ["ADAPTER_RULES", "CORE_RULES", "RULES", "Rule", "rule", "select_rules"]
+__all__ = [
+    "ADAPTER_RULES",
+    "CORE_RULES",
+    "RULES",
+    "Rule",
+    "primary_order",
+    "rule",
+    "select_rules",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +192,19 @@ CORE_RULES: Final = tuple(r for r in RULES if r.kind == "core")
 """The rules siglo's own tests check (storage manager, wire format, plugins)."""
 
 _BY_ID: Final = {r.id: r for r in RULES}
+
+
+_FIRST: Final = ("capability.declared",)
+"""Rules that come before page order when naming the primary failure: a method that is
+not implemented breaks every rule that calls it."""
+
+
+def primary_order() -> dict[str, int]:
+    """Rule id → rank for naming a report's primary failure among equally evidenced ones:
+    :data:`_FIRST`, then page order, which goes from basic to derived rules in each area
+    (a broken round trip explains a broken lookup, not the other way round)."""
+    ids = [*_FIRST, *(r.id for r in RULES if r.id not in _FIRST)]
+    return {rule_id: i for i, rule_id in enumerate(ids)}
 
 
 def rule(rule_id: str) -> Rule:

@@ -18,9 +18,14 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from siglo.adapter import Capability
-from siglo.errors import CapabilityNotSupportedError, SigloError, StorageAdapterError
-from siglo_contract.registry import Check, CheckContext, RuleViolation
-from siglo_contract.rules import Rule, select_rules
+from siglo.errors import SigloError, StorageAdapterError
+from siglo_contract.registry import (
+    EVIDENCE_DIRECT,
+    Check,
+    CheckContext,
+    RuleViolation,
+)
+from siglo_contract.rules import Rule, primary_order, select_rules
 from siglo_contract.target import (
     BackendFactory,
     Session,
@@ -50,6 +55,8 @@ class RuleResult:
     verdict: Verdict
     detail: str = ""
     checks: list[str] = field(default_factory=list)
+    evidence: int = 0
+    """For a failure: how directly it was seen (``registry.EVIDENCE_*``, higher is better)."""
 
 
 @dataclass
@@ -69,6 +76,22 @@ class Report:
     def failures(self) -> list[RuleResult]:
         """The rules that failed."""
         return [r for r in self.results.values() if r.verdict == "FAIL"]
+
+    @property
+    def primary(self) -> RuleResult | None:
+        """The failure that names the broken rule: the best-evidenced one (a focused check
+        beats a state machine's direct assertion, which beats a divergence from the
+        reference), and among equals the most basic rule (``rules.primary_order``)."""
+        if not self.failures:
+            return None
+        order = primary_order()
+        return min(self.failures, key=lambda r: (-r.evidence, order[r.rule.id]))
+
+    @property
+    def consequences(self) -> list[RuleResult]:
+        """The failures other than :attr:`primary` (most often symptoms of the same bug)."""
+        primary = self.primary
+        return [r for r in self.failures if r is not primary]
 
     @property
     def ok(self) -> bool:
@@ -109,6 +132,12 @@ Progress = Callable[[str, Check, str], None]
 class _CheckOutcome:
     completed: bool = False
     failed: dict[str, str] = field(default_factory=dict)
+    evidence: dict[str, int] = field(default_factory=dict)
+
+    def add(self, rule_id: str, detail: str, evidence: int) -> None:
+        """Record the first failure of ``rule_id`` (and the best evidence seen for it)."""
+        self.failed.setdefault(rule_id, detail)
+        self.evidence[rule_id] = max(self.evidence.get(rule_id, 0), evidence)
 
 
 def run_contract(
@@ -227,9 +256,12 @@ def run_contract(
                 r, "not supported", f"capability {r.capability.value!r} not declared"
             )
             continue
-        failed = [o.failed[r.id] for o in outcomes.values() if r.id in o.failed]
+        failed = sorted(
+            ((o.evidence[r.id], o.failed[r.id]) for o in outcomes.values() if r.id in o.failed),
+            key=lambda f: -f[0],
+        )
         if failed:
-            results[r.id] = RuleResult(r, "FAIL", failed[0], names)
+            results[r.id] = RuleResult(r, "FAIL", failed[0][1], names, failed[0][0])
         elif any(outcomes[n].completed for n in names):
             results[r.id] = RuleResult(r, "pass", "", names)
         else:
@@ -268,21 +300,25 @@ def _run_async_check(
 ) -> _CheckOutcome:
     assert chk.fn is not None
     out = _CheckOutcome()
+    contexts: list[CheckContext] = []
 
     async def body() -> None:
         async with session.backend() as backend:
-            await chk.fn(CheckContext(session, backend, new_prefix()))  # type: ignore[misc]
+            ctx = CheckContext(session, backend, new_prefix())
+            contexts.append(ctx)
+            await chk.fn(ctx)  # type: ignore[misc]
 
     try:
         loop.run_until_complete(body())
         out.completed = True
     except RuleViolation as exc:
-        out.failed[exc.rule_id] = f"{chk.name}: {_describe(exc)}"
-    except CapabilityNotSupportedError as exc:
-        out.failed["capability.declared"] = f"[capability.declared] {chk.name}: {exc}"
+        out.add(exc.rule_id, f"{chk.name}: {_describe(exc)}", exc.evidence)
     except Exception as exc:
+        # Blamed on the step that was running, with less weight than a seen violation:
+        # an error is a symptom whose cause may be an earlier step's rule.
+        blamed = (contexts[0].current_rule if contexts else None) or chk.rules[0]
         tb = "".join(traceback.format_exception(exc, limit=-3))
-        out.failed[chk.rules[0]] = f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}"
+        out.add(blamed, f"[{blamed}] {chk.name} raised {exc!r}\n{tb}", EVIDENCE_DIRECT)
     return out
 
 
@@ -318,14 +354,15 @@ def _run_machine(
             detail = (
                 f"{_describe(exc)}\nFalsifying program:\n{program}" if program else _describe(exc)
             )
-            out.failed.setdefault(exc.rule_id, detail)
+            out.add(exc.rule_id, detail, exc.evidence)
             skip.add(exc.rule_id)
             continue
         except Exception as exc:
             tb = "".join(traceback.format_exception(exc, limit=-4))
-            out.failed.setdefault(
+            out.add(
                 chk.rules[0],
                 f"[{chk.rules[0]}] {chk.name} raised {exc!r}\n{tb}\n" + "\n".join(lines),
+                0,
             )
             break
         out.completed = True

@@ -1,0 +1,183 @@
+"""Focused checks of the step cache, the context stream and cache events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from siglo.records import CACHE_EVENT_TYPES, CacheEvent, ContextChangeEvent
+from siglo.sentinel import MISSING
+from siglo_contract.machine_base import canon, falsy_values
+from siglo_contract.registry import CheckContext, check, expect
+
+CACHE_VALUES: tuple[Any, ...] = (
+    1.5,
+    "s",
+    [None, {}],
+    {"value": 1},
+    {"value": None},
+    {"value": 1, "other": 2},
+    {"a": {"b": []}},
+    2**53 + 1,
+    -(2**40),
+    "ünï🙂\n\t\"'\\",
+    0.0,
+    [0, False, None, "", 0.0],
+)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, with ``0``, ``False``, ``0.0`` and MISSING told apart."""
+    if a is MISSING or b is MISSING:
+        return a is b
+    return canon(a) == canon(b)
+
+
+@check("cache.roundtrip")
+async def cache_roundtrip(ctx: CheckContext) -> None:
+    """Values of every JSON shape read back equal, type included; a re-set replaces."""
+    ctx.about("cache.roundtrip")
+    a = ctx.backend.adapter
+    key = ctx.id("k")
+    for value in (*CACHE_VALUES, *falsy_values, "last"):
+        await a.set_cached_step(key, value)
+        got = await a.get_cached_step(key)
+        expect(
+            _same(got, value),
+            "cache.roundtrip",
+            f"set {value!r}, read back {got!r}",
+        )
+    for i, value in enumerate(CACHE_VALUES):
+        await a.set_cached_step(ctx.id(f"v{i}"), value, 600_000)
+    for i, value in enumerate(CACHE_VALUES):
+        got = await a.get_cached_step(ctx.id(f"v{i}"))
+        expect(_same(got, value), "cache.roundtrip", f"key v{i}: {value!r} read as {got!r}")
+
+
+@check("cache.falsy-hit")
+async def cache_falsy_hit(ctx: CheckContext) -> None:
+    """A cached None, 0, False, "", [] or {} is a hit."""
+    ctx.about("cache.falsy-hit")
+    a = ctx.backend.adapter
+    for i, value in enumerate(falsy_values):
+        await a.set_cached_step(ctx.id(f"falsy{i}"), value, 60_000)
+    for i, value in enumerate(falsy_values):
+        got = await a.get_cached_step(ctx.id(f"falsy{i}"))
+        expect(_same(got, value), "cache.falsy-hit", f"cached {value!r}, got {got!r}")
+
+
+@check("cache.miss")
+async def cache_miss(ctx: CheckContext) -> None:
+    """Keys never set are MISSING, also next to keys that are set."""
+    ctx.about("cache.miss")
+    a = ctx.backend.adapter
+    await a.set_cached_step(ctx.id("ab"), None, 60_000)
+    for name in ("never", "a", "ab ", "AB", "abc"):
+        got = await a.get_cached_step(ctx.id(name))
+        expect(got is MISSING, "cache.miss", f"key {name!r} never set returned {got!r}")
+
+
+@check("cache.expiry")
+async def cache_expiry(ctx: CheckContext) -> None:
+    """A value past its TTL is MISSING; a longer TTL keeps it."""
+    ctx.about("cache.expiry")
+    a = ctx.backend.adapter
+    ttl = ctx.short_ttl_ms()
+    await a.set_cached_step(ctx.id("short"), {"v": 1}, ttl)
+    await a.set_cached_step(ctx.id("falsy"), None, ttl)
+    await a.set_cached_step(ctx.id("long"), {"v": 2}, 600_000)
+    await a.set_cached_step(ctx.id("huge"), 3, 2**62)
+    expect(
+        _same(await a.get_cached_step(ctx.id("short")), {"v": 1}),
+        "cache.roundtrip",
+        "a value within its TTL was lost",
+    )
+    await ctx.pass_time(ttl)
+    for name in ("short", "falsy"):
+        got = await a.get_cached_step(ctx.id(name))
+        expect(got is MISSING, "cache.expiry", f"value {name!r} past its TTL returned: {got!r}")
+    for name, value in (("long", {"v": 2}), ("huge", 3)):
+        got = await a.get_cached_step(ctx.id(name))
+        expect(_same(got, value), "cache.expiry", f"value {name!r} in its TTL read as {got!r}")
+
+
+def _event(ctx: CheckContext, stack: str, step: str, key: str, **kw: Any) -> ContextChangeEvent:
+    return ContextChangeEvent(
+        stack_id=ctx.id(stack), step_id=step, key=key, timestamp=ctx.now_ms(), **kw
+    )
+
+
+@check("context.stream")
+async def context_stream(ctx: CheckContext) -> None:
+    """The latest value of every field set and not deleted, for that exact (namespace,
+    stack, step): many fields, None values, deletes, re-sets, look-alike keys."""
+    ctx.about("context.stream")
+    a = ctx.backend.adapter
+    events = [
+        _event(ctx, "s", "p", "a", value=1),
+        _event(ctx, "s", "p", "b", value={"x": None}),
+        _event(ctx, "s", "p", "a", value=[2]),
+        _event(ctx, "s", "p", "b", op="delete"),
+        _event(ctx, "s", "p", "c", value=None),
+        _event(ctx, "s", "p", "gone", op="delete"),
+        _event(ctx, "s", "p", "d", value=0),
+        _event(ctx, "s", "p", "d", op="delete"),
+        _event(ctx, "s", "p", "d", value=False),
+        _event(ctx, "s", "p", "a", value="ns", namespace=ctx.id("N")),
+        _event(ctx, "s:p", "q", "z", value=1),
+        _event(ctx, "s", "p:q", "y", value=2),
+        *(_event(ctx, "many", "p", f"field:{i}", value={"i": i}) for i in range(40)),
+        *(_event(ctx, "many", "p", f"field:{i}", op="delete") for i in range(0, 40, 3)),
+    ]
+    for event in events:
+        await a.on_context_change(event)
+    want: list[tuple[str, str, str | None, dict[str, Any]]] = [
+        ("s", "p", None, {"a": [2], "c": None, "d": False}),
+        ("s", "p", ctx.id("N"), {"a": "ns"}),
+        ("s", "p:q", None, {"y": 2}),
+        ("s:p", "q", None, {"z": 1}),
+        ("s", "q", None, {}),
+        ("never", "p", None, {}),
+        ("many", "p", None, {f"field:{i}": {"i": i} for i in range(40) if i % 3}),
+    ]
+    for stack, step, ns, fields in want:
+        got = await a.get_context_changes(ctx.id(stack), step, ns)
+        expect(
+            canon(got) == canon(fields),
+            "context.stream",
+            f"get_context_changes({stack!r}, {step!r}, {ns!r}) returned {got!r}, want {fields!r}",
+        )
+
+
+@check("cache-events.accepted")
+async def cache_events(ctx: CheckContext) -> None:
+    """Every kind of cache event is accepted and changes no stored state."""
+    ctx.about("cache-events.accepted")
+    a = ctx.backend.adapter
+    from siglo.adapter import Capability
+
+    cache = Capability.STEP_CACHE in ctx.session.target.capabilities
+    if cache:
+        await a.set_cached_step(ctx.id("set"), {"v": 1}, 600_000)
+        await a.set_cached_step(ctx.id("none"), None, 600_000)
+    for kind in sorted(CACHE_EVENT_TYPES):
+        for key in ("set", "none", "unset"):
+            for ttl in (None, 1, 10**9):
+                await a.on_cache_event(
+                    CacheEvent(
+                        type=kind,  # type: ignore[arg-type]
+                        key=ctx.id(key),
+                        timestamp=ctx.now_ms(),
+                        stack_id=ctx.id("s"),
+                        step_id="step",
+                        ttl_ms=ttl,
+                    )
+                )
+            await a.on_cache_event(CacheEvent(type=kind, key=ctx.id(key), timestamp=0))  # type: ignore[arg-type]
+    if cache:
+        for key, want in (("set", {"v": 1}), ("none", None), ("unset", MISSING)):
+            got = await a.get_cached_step(ctx.id(key))
+            expect(
+                _same(got, want),
+                "cache-events.accepted",
+                f"after cache events, key {key!r} reads {got!r}, want {want!r}",
+            )

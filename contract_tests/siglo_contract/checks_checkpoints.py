@@ -1,0 +1,359 @@
+"""Focused checks of the checkpoint rules: one deterministic scenario per rule, so each
+is caught whatever the seed (the checkpoint machine adds the random interleavings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from siglo.checkpoint import Checkpoint
+from siglo.errors import CheckpointConflictError
+from siglo_contract.machine_base import canon
+from siglo_contract.registry import CheckContext, check, expect, fail
+
+BIG = 2**60
+"""A revision far above 32 bits; ``2**53`` and ``2**53 + 1`` are also used (equal as
+doubles, different as revisions)."""
+
+
+def same(a: Checkpoint | None, b: Checkpoint | None) -> bool:
+    """Equal, with ``0``, ``False`` and ``0.0`` told apart."""
+    if a is None or b is None:
+        return a is b
+    return a == b and canon(a.to_wire()) == canon(b.to_wire())
+
+
+async def _conflict(
+    ctx: CheckContext, rule_id: str, cp: Checkpoint, expected: int | None
+) -> CheckpointConflictError:
+    """Save ``cp``; it must raise a conflict (else ``rule_id`` fails) and change nothing."""
+    a = ctx.backend.adapter
+    before = await a.get_checkpoint(cp.stack_id, cp.namespace, fallback=False)
+    try:
+        await a.save_checkpoint(cp, expected_revision=expected)
+    except CheckpointConflictError as exc:
+        after = await a.get_checkpoint(cp.stack_id, cp.namespace, fallback=False)
+        expect(
+            same(after, before),
+            rule_id,
+            f"a refused save of revision {cp.revision} (expected_revision={expected}) "
+            f"changed {before!r} into {after!r}",
+        )
+        expect(
+            (exc.stack_id, exc.expected_revision) == (cp.stack_id, expected),
+            rule_id,
+            f"the conflict carries stack_id={exc.stack_id!r}, expected_revision="
+            f"{exc.expected_revision!r}; want {cp.stack_id!r}, {expected!r}",
+        )
+        want = None if before is None else before.revision
+        expect(
+            exc.current_revision == want,
+            rule_id,
+            f"the conflict carries current_revision={exc.current_revision!r}, "
+            f"the stored revision is {want!r}",
+        )
+        return exc
+    fail(
+        rule_id,
+        f"a save of revision {cp.revision} with expected_revision={expected} was accepted "
+        f"although {before and before.revision!r} was stored",
+    )
+
+
+async def _stores(ctx: CheckContext, rule_id: str, cp: Checkpoint, expected: int | None) -> None:
+    """Save ``cp``; it must be stored (else ``rule_id`` fails)."""
+    a = ctx.backend.adapter
+    try:
+        await a.save_checkpoint(cp, expected_revision=expected)
+    except CheckpointConflictError as exc:
+        fail(rule_id, f"a save of revision {cp.revision} (expected_revision={expected}): {exc}")
+    got = await a.get_checkpoint(cp.stack_id, cp.namespace, fallback=False)
+    expect(
+        got is not None and got.revision == cp.revision,
+        rule_id,
+        f"saved revision {cp.revision} (expected_revision={expected}), read back {got!r}",
+    )
+
+
+@check("checkpoint.roundtrip")
+async def checkpoint_roundtrip(ctx: CheckContext) -> None:
+    """Every field reads back equal: varied contexts, empty and absent metadata, unknown
+    wire fields; a re-save replaces the whole document."""
+    ctx.about("checkpoint.roundtrip")
+    a = ctx.backend.adapter
+    stack = ctx.id("full")
+    contexts: dict[str, Any] = {
+        "x": {
+            "k": [1, {"n": None}, [], {}],
+            "empty": {},
+            "list": [],
+            "ü名🙂": "ünï",
+            "float": 1.5,
+            "false": False,
+            "zero": 0,
+            "big": 2**53 + 1,
+            "neg": -(2**40),
+            "text": 'q"\\\n\t',
+        },
+        "y": {},
+        "z": {"deep": {"a": {"b": {"c": [[{"d": [None]}]]}}}},
+        "many": {f"f{i}": i for i in range(60)},
+    }
+    variants = [
+        ctx.checkpoint(
+            stack,
+            3,
+            workflow_id="wf:1",
+            status="waiting",
+            type="custom-type",
+            chains=("x", "y", "z", "many"),
+            contexts=contexts,
+            metadata={"m": {}, "list": [1, "two", None]},
+            expires_at=ctx.now_ms() + 3_600_000,
+            extra={"unknownField": {"kept": [1, 2]}, "nullField": None},
+        ),
+        ctx.checkpoint(stack, 4, metadata={}),
+        ctx.checkpoint(stack, 5, metadata=None, contexts={}, chains=()),
+        ctx.checkpoint(stack, 6, contexts={"only": {"v": None}}, chains=("only",), metadata={}),
+    ]
+    for cp in variants:
+        await a.save_checkpoint(cp)
+        got = await a.get_checkpoint(stack)
+        expect(same(got, cp), "checkpoint.roundtrip", f"saved {cp!r}, read back {got!r}")
+        expect(
+            got is not None and dict(got.extra) == dict(cp.extra),
+            "checkpoint.roundtrip",
+            f"unknown wire fields {dict(cp.extra)!r} read back as {got and dict(got.extra)!r}",
+        )
+    namespaced = ctx.checkpoint(stack, 1, namespace=ctx.id("ns"), metadata={})
+    await a.save_checkpoint(namespaced)
+    got = await a.get_checkpoint(stack, ctx.id("ns"), fallback=False)
+    expect(same(got, namespaced), "checkpoint.roundtrip", f"read back {got!r}")
+
+
+@check("checkpoint.missing")
+async def checkpoint_missing(ctx: CheckContext) -> None:
+    """Stacks never saved read as None, also next to similar ids and in namespaces."""
+    ctx.about("checkpoint.missing")
+    a = ctx.backend.adapter
+    await a.save_checkpoint(ctx.checkpoint(ctx.id("ab"), 1))
+    await a.save_checkpoint(ctx.checkpoint(ctx.id("a"), 1, namespace=ctx.id("n")))
+    for stack, ns, fallback in (
+        (ctx.id("never"), None, True),
+        (ctx.id("a"), None, True),
+        (ctx.id("A"), None, True),
+        (ctx.id("ab "), None, True),
+        (ctx.id("never"), ctx.id("n"), True),
+        (ctx.id("a"), ctx.id("other"), True),
+        (ctx.id("ab"), ctx.id("n"), False),
+    ):
+        got = await a.get_checkpoint(stack, ns, fallback=fallback)
+        expect(
+            got is None,
+            "checkpoint.missing",
+            f"get_checkpoint({stack!r}, {ns!r}, fallback={fallback}) of a stack never saved "
+            f"there returned {got!r}",
+        )
+
+
+@check("checkpoint.occ.expected")
+async def checkpoint_occ_expected(ctx: CheckContext) -> None:
+    """The right expected_revision stores: an absent checkpoint and one stored at
+    revision 0 are both revision 0; huge revisions are exact."""
+    ctx.about("checkpoint.occ.expected")
+    rule_id = "checkpoint.occ.expected"
+    stack = ctx.id("cas")
+    await _stores(ctx, rule_id, ctx.checkpoint(stack, 1), 0)
+    for revision in (2, 3, 10):
+        await _stores(
+            ctx, rule_id, ctx.checkpoint(stack, revision), revision - 1 if revision < 10 else 3
+        )
+    zero = ctx.id("zero")
+    await _stores(ctx, rule_id, ctx.checkpoint(zero, 0), None)
+    await _stores(ctx, rule_id, ctx.checkpoint(zero, 1), 0)
+    big = ctx.id("big")
+    await _stores(ctx, rule_id, ctx.checkpoint(big, BIG), None)
+    await _stores(ctx, rule_id, ctx.checkpoint(big, BIG + 1), BIG)
+    near = ctx.id("2**53")
+    await _stores(ctx, rule_id, ctx.checkpoint(near, 2**53), 0)
+    await _stores(ctx, rule_id, ctx.checkpoint(near, 2**53 + 1), 2**53)
+    await _stores(ctx, rule_id, ctx.checkpoint(near, 2**53 + 2), 2**53 + 1)
+
+
+@check("checkpoint.occ.conflict")
+async def checkpoint_occ_conflict(ctx: CheckContext) -> None:
+    """A wrong expected_revision (above, below, on an absent stack, off by one from a huge
+    revision) raises a conflict carrying the stored revision; nothing changes."""
+    ctx.about("checkpoint.occ.conflict")
+    rule_id = "checkpoint.occ.conflict"
+    stack = ctx.id("cas")
+    await ctx.backend.adapter.save_checkpoint(ctx.checkpoint(stack, 2, metadata={"v": 2}))
+    for revision, expected in ((5, 3), (5, 1), (3, 0), (2**53 + 3, 2**53 + 2)):
+        await _conflict(ctx, rule_id, ctx.checkpoint(stack, revision, status="failed"), expected)
+    absent = ctx.id("absent")
+    await _conflict(ctx, rule_id, ctx.checkpoint(absent, 5), 3)
+    await _conflict(ctx, rule_id, ctx.checkpoint(absent, 2), 1)
+    zero = ctx.id("zero")
+    await ctx.backend.adapter.save_checkpoint(ctx.checkpoint(zero, 0))
+    await _conflict(ctx, rule_id, ctx.checkpoint(zero, 2), 1)
+    big = ctx.id("big")
+    await ctx.backend.adapter.save_checkpoint(ctx.checkpoint(big, BIG + 1))
+    await _conflict(ctx, rule_id, ctx.checkpoint(big, BIG + 3), BIG)
+    await _conflict(ctx, rule_id, ctx.checkpoint(big, BIG + 3), BIG + 2)
+
+
+@check("checkpoint.occ.monotonic")
+async def checkpoint_occ_monotonic(ctx: CheckContext) -> None:
+    """Without expected_revision a save must move the revision forward: the same or a
+    lower revision conflicts and changes nothing; a higher one stores."""
+    ctx.about("checkpoint.occ.monotonic")
+    rule_id = "checkpoint.occ.monotonic"
+    stack = ctx.id("plain")
+    await _stores(ctx, rule_id, ctx.checkpoint(stack, 2, metadata={"v": 2}), None)
+    for revision in (2, 1, 0):
+        await _conflict(ctx, rule_id, ctx.checkpoint(stack, revision, status="failed"), None)
+    await _stores(ctx, rule_id, ctx.checkpoint(stack, 3), None)
+    await _stores(ctx, rule_id, ctx.checkpoint(stack, 7), None)
+    await _conflict(ctx, rule_id, ctx.checkpoint(stack, 7, metadata={"sideways": True}), None)
+    zero = ctx.id("zero")
+    await _stores(ctx, rule_id, ctx.checkpoint(zero, 0), None)
+    await _conflict(ctx, rule_id, ctx.checkpoint(zero, 0, metadata={}), None)
+    near = ctx.id("2**53")
+    await _stores(ctx, rule_id, ctx.checkpoint(near, 2**53), None)
+    await _stores(ctx, rule_id, ctx.checkpoint(near, 2**53 + 1), None)
+    await _conflict(ctx, rule_id, ctx.checkpoint(near, 2**53 + 1), None)
+    await _conflict(ctx, rule_id, ctx.checkpoint(near, 2**53), None)
+    big = ctx.id("big")
+    await _stores(ctx, rule_id, ctx.checkpoint(big, BIG), None)
+    await _conflict(ctx, rule_id, ctx.checkpoint(big, BIG - 1), None)
+
+
+@check("checkpoint.namespace.fallback", "checkpoint.namespace.isolation")
+async def namespace_lookups(ctx: CheckContext) -> None:
+    """Namespaced reads fall back to the un-namespaced checkpoint, never to another ns;
+    each namespace has its own revisions, conflicts and clean-up."""
+    a = ctx.backend.adapter
+    stack, ns_a, ns_b, ns_c = ctx.id("s"), ctx.id("a"), ctx.id("b"), ctx.id("c")
+    ctx.about("checkpoint.namespace.isolation")
+    await a.save_checkpoint(ctx.checkpoint(stack, 5, namespace=ns_a, metadata={"at": "a"}))
+    try:
+        await a.save_checkpoint(ctx.checkpoint(stack, 1, namespace=ns_b, metadata={"at": "b"}))
+        await a.save_checkpoint(
+            ctx.checkpoint(stack, 1, namespace=ns_c, metadata={"at": "c"}), expected_revision=0
+        )
+    except CheckpointConflictError as exc:
+        fail(
+            "checkpoint.namespace.isolation",
+            f"a save in a fresh namespace conflicted with another namespace's: {exc}",
+        )
+    for ns, want in ((ns_a, 5), (ns_b, 1), (ns_c, 1)):
+        got = await a.get_checkpoint(stack, ns)
+        expect(
+            got is not None and got.revision == want and got.namespace == ns,
+            "checkpoint.namespace.isolation",
+            f"namespace {ns!r} reads {got!r}, want its own revision {want}",
+        )
+    conflict = await _conflict(
+        ctx, "checkpoint.namespace.isolation", ctx.checkpoint(stack, 9, namespace=ns_b), 4
+    )
+    expect(
+        conflict.current_revision == 1,
+        "checkpoint.namespace.isolation",
+        "a conflict in namespace b carried another namespace's revision "
+        f"{conflict.current_revision}",
+    )
+    await a.save_checkpoint(
+        ctx.checkpoint(ctx.id("gone"), 1, namespace=ns_a, expires_at=ctx.now_ms() - 1)
+    )
+    await a.save_checkpoint(ctx.checkpoint(ctx.id("gone"), 1, namespace=ns_b))
+    await a.clean_expired_checkpoints()
+    got = await a.get_checkpoint(ctx.id("gone"), ns_b)
+    expect(
+        got is not None,
+        "checkpoint.namespace.isolation",
+        "clean-up of an expired checkpoint in namespace a removed namespace b's",
+    )
+    ctx.about("checkpoint.namespace.fallback")
+    expect(
+        await a.get_checkpoint(stack) is None,
+        "checkpoint.namespace.fallback",
+        "get_checkpoint without a namespace returned a namespaced checkpoint",
+    )
+    expect(
+        await a.get_checkpoint(stack, ctx.id("d")) is None,
+        "checkpoint.namespace.fallback",
+        "a get in an empty namespace fell back to another namespace",
+    )
+    await a.save_checkpoint(ctx.checkpoint(stack, 3, metadata={"at": "root"}))
+    got = await a.get_checkpoint(stack, ctx.id("d"))
+    expect(
+        got is not None and got.namespace is None and got.metadata == {"at": "root"},
+        "checkpoint.namespace.fallback",
+        f"get in an empty namespace returned {got!r}, not the un-namespaced checkpoint",
+    )
+    expect(
+        await a.get_checkpoint(stack, ctx.id("d"), fallback=False) is None,
+        "checkpoint.namespace.fallback",
+        "fallback=False still fell back",
+    )
+    got = await a.get_checkpoint(stack)
+    expect(
+        got is not None and got.metadata == {"at": "root"},
+        "checkpoint.namespace.fallback",
+        f"an un-namespaced get returned {got!r}",
+    )
+    got = await a.get_checkpoint(stack, ns_a)
+    expect(
+        got is not None and got.metadata == {"at": "a"},
+        "checkpoint.namespace.isolation",
+        f"namespace a now reads {got!r}",
+    )
+
+
+@check("checkpoint.expiry.hidden", "checkpoint.expiry.clean")
+async def checkpoint_expiry_in_time(ctx: CheckContext) -> None:
+    """A checkpoint expires when its time comes, clean-up or not, and the stack is free;
+    clean-up keeps live checkpoints."""
+    a = ctx.backend.adapter
+    ttl = ctx.short_ttl_ms()
+    stack, keep, past = ctx.id("expiring"), ctx.id("kept"), ctx.id("past")
+    far = ctx.id("far")
+    ctx.about("checkpoint.expiry.hidden")
+    await a.save_checkpoint(ctx.checkpoint(past, 4, expires_at=ctx.now_ms() - 1))
+    got = await a.get_checkpoint(past)
+    expect(got is None, "checkpoint.expiry.hidden", f"an expired checkpoint returned: {got!r}")
+    try:
+        await a.save_checkpoint(ctx.checkpoint(past, 1), expected_revision=0)
+    except CheckpointConflictError as exc:
+        fail("checkpoint.expiry.hidden", f"a save over an expired checkpoint conflicted: {exc}")
+    await a.save_checkpoint(ctx.checkpoint(stack, 5, expires_at=ctx.now_ms() + ttl))
+    await a.save_checkpoint(ctx.checkpoint(keep, 1))
+    await a.save_checkpoint(ctx.checkpoint(far, 1, expires_at=ctx.now_ms() + 3_600_000))
+    await a.save_checkpoint(ctx.checkpoint(ctx.id("huge"), 1, expires_at=2**62))
+    got = await a.get_checkpoint(stack)
+    expect(got is not None, "checkpoint.expiry.hidden", "a live checkpoint was not returned")
+    await ctx.pass_time(ttl)
+    got = await a.get_checkpoint(stack)
+    expect(got is None, "checkpoint.expiry.hidden", f"expired checkpoint returned: {got!r}")
+    try:
+        await a.save_checkpoint(ctx.checkpoint(stack, 1))
+    except CheckpointConflictError as exc:
+        fail("checkpoint.expiry.hidden", f"a plain save after expiry conflicted: {exc}")
+    ctx.about("checkpoint.expiry.clean")
+    await a.save_checkpoint(ctx.checkpoint(ctx.id("old"), 1, expires_at=ctx.now_ms() - 1))
+    count = await a.clean_expired_checkpoints()
+    expect(
+        type(count) is int and count >= 0,
+        "checkpoint.expiry.clean",
+        f"clean_expired_checkpoints returned {count!r}, not a count >= 0",
+    )
+    for live in (keep, far, stack, ctx.id("huge")):
+        expect(
+            await a.get_checkpoint(live) is not None,
+            "checkpoint.expiry.clean",
+            f"clean_expired_checkpoints removed the live checkpoint {live!r}",
+        )
+    expect(
+        await a.get_checkpoint(ctx.id("old")) is None,
+        "checkpoint.expiry.hidden",
+        "an expired checkpoint was returned after clean-up",
+    )
