@@ -12,7 +12,7 @@ from typing import Any, Final
 from siglo.adapter import Capability
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
-from siglo.records import WaitRecord
+from siglo.records import ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING
 from siglo.validation import MAX_ID_LENGTH
 from siglo_contract.machine_base import canon
@@ -300,7 +300,30 @@ def _cache_and_context_calls(ctx: CheckContext, s: _State) -> list[Awaitable[Non
             ),
         ]
     if C.CONTEXT_STREAM in s.caps:
+
+        def event(**fields: Any) -> ContextChangeEvent:
+            base: dict[str, Any] = {
+                "stack_id": s.stack,
+                "step_id": "p",
+                "key": "k",
+                "value": 1,
+                "timestamp": ctx.now_ms(),
+            }
+            return ContextChangeEvent(**{**base, **fields})
+
         calls += [
+            *_record_ids(
+                "on_context_change", lambda v: event(stack_id=v), "stack_id",
+                lambda e: a.on_context_change(e),
+            ),
+            *_record_ids(
+                "on_context_change", lambda v: event(step_id=v), "step_id",
+                lambda e: a.on_context_change(e),
+            ),
+            *_record_ids(
+                "on_context_change", lambda v: event(namespace=v), "namespace",
+                lambda e: a.on_context_change(e),
+            ),
             _rejects("on_context_change('x')", "event", lambda: a.on_context_change("x")),  # type: ignore[arg-type]
             _ids("get_context_changes", "stack_id", lambda v: a.get_context_changes(v, "p")),
             _ids("get_context_changes", "step_id", lambda v: a.get_context_changes(s.stack, v)),
