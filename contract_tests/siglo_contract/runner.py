@@ -261,7 +261,10 @@ def run_contract(
             key=lambda f: -f[0],
         )
         if failed:
-            results[r.id] = RuleResult(r, "FAIL", failed[0][1], names, failed[0][0])
+            # The best-evidenced witness first; a second one (often a state machine's
+            # counter-example program) shows the rule broken in context.
+            detail = "\n\nAlso seen by another check:\n".join(f[1] for f in failed[:2])
+            results[r.id] = RuleResult(r, "FAIL", detail, names, failed[0][0])
         elif any(outcomes[n].completed for n in names):
             results[r.id] = RuleResult(r, "pass", "", names)
         else:
