@@ -19,9 +19,11 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
+    SigloError,
     StorageAdapterError,
     WaitRecordClaimError,
 )
+from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import run_with_lock
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
@@ -36,8 +38,10 @@ from siglo_redis.commands import (
 )
 from siglo_redis.coordination import RedisLock
 from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
+from siglo_redis.listing import CheckpointIndex, member_of
 from siglo_redis.scripts import (
     CHECKPOINT_CAS,
+    CHECKPOINT_DELETE,
     CONTEXT_CHANGE,
     SWAP,
     WAIT_INDEX_ADD,
@@ -89,6 +93,9 @@ class RedisStorageAdapter(StorageAdapter):
             Capability.STEP_CACHE,
             Capability.CONTEXT_STREAM,
             Capability.CACHE_EVENTS,
+            Capability.LISTING,
+            Capability.DELETION,
+            Capability.DUE_WAITS,
         }
     )
 
@@ -129,6 +136,7 @@ class RedisStorageAdapter(StorageAdapter):
             client = client_from_url(client, command_timeout_ms=command_timeout_ms)
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
+        self._index = CheckpointIndex(self._redis, client, self.keys)
         if lock_key_prefix is not None and lock_key_prefix == self.keys.lock_prefix:
             raise InvalidArgumentError(
                 f"lock_key_prefix {lock_key_prefix!r} is the public RedisLock's prefix: "
@@ -165,15 +173,18 @@ class RedisStorageAdapter(StorageAdapter):
         now = _now_ms()
         px = self._px(checkpoint.expires_at, now)
         key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+        shard = self._index.shard_of(key)
+        await self._index.register(shard)
         reply = await self._redis.script(
             CHECKPOINT_CAS,
-            [key],
+            [key, self._index.key(shard)],
             [
                 data,
                 checkpoint.revision,
                 "" if expected_revision is None else expected_revision,
                 now,
                 "" if px is None else px,
+                member_of(checkpoint.stack_id, checkpoint.namespace),
             ],
         )
         outcome = int(reply[0])
@@ -216,6 +227,11 @@ class RedisStorageAdapter(StorageAdapter):
                 raise CheckpointConflictError(
                     checkpoint.stack_id, current_revision, expected_revision, checkpoint.revision
                 )
+            # Listed before it is written: the index may name a checkpoint not (yet)
+            # there, which a walk skips, but never misses one that is.
+            index = self._index.key(self._index.shard_of(key))
+            member = member_of(checkpoint.stack_id, checkpoint.namespace)
+            await self._redis.call("ZADD", self.client.zadd(index, {member: 0}))
             if await self._swap(key, stored_data, data, "" if px is None else px):
                 return
         raise StorageAdapterError(
@@ -246,6 +262,70 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_clean_expired_checkpoints(self) -> int:
         """Redis expires keys itself (seed 001 §5): nothing to sweep, returns 0."""
         return 0
+
+    # -- operating what is stored (siglo_redis.listing) ---------------------------------
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        return await self._index.page(query, _now_ms())
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        key = self.keys.checkpoint(stack_id, namespace)
+        reply = await self._redis.script(
+            CHECKPOINT_DELETE,
+            [key, self._index.key(self._index.shard_of(key))],
+            [
+                member_of(stack_id, namespace),
+                "" if expected_revision is None else expected_revision,
+                _now_ms(),
+            ],
+        )
+        if int(reply[0]) == 0:
+            stored = int(reply[1])
+            raise CheckpointConflictError(
+                stack_id, None if stored < 0 else stored, expected_revision
+            )
+        # The rest lives in other slots: deleted after the checkpoint, one key at a time
+        # (a crash midway leaves records that expire with their retention).
+        document = raw(reply[2]) or b""
+        steps: list[str] = []
+        if document:
+            try:
+                steps = list(Checkpoint.from_json(document).contexts)
+            except SigloError:
+                steps = []
+        await self._delete_waits_of(stack_id, namespace)
+        if steps:
+            await self._redis.delete(
+                *(self.keys.context(stack_id, step, namespace) for step in steps)
+            )
+        return int(reply[1]) == 1
+
+    async def _delete_waits_of(self, stack_id: str, namespace: str | None) -> None:
+        index = self.keys.wait_index(stack_id)
+        members = await self._redis.call("ZRANGE", self.client.zrange(index, 0, -1))
+        keys = {text(m) or "" for m in members or ()}
+        copy = await self._redis.get(self.keys.wait(stack_id))
+        if copy is not None:
+            keys.add(WaitRecord.from_json(copy).correlation_key)
+        for correlation_key in sorted(keys):
+            record, _ = await self._read_wait(correlation_key)
+            if record is None or record.stack_id != stack_id or record.namespace != namespace:
+                continue
+            await self._redis.delete(self.keys.wait(correlation_key))
+            await self._redis.call("ZREM", self.client.zrem(index, correlation_key))
+        if copy is not None:
+            seed_copy = WaitRecord.from_json(copy)
+            if seed_copy.stack_id == stack_id and seed_copy.namespace == namespace:
+                await self._redis.delete(self.keys.wait(stack_id))
+
+    async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
+        async def read(key: str) -> WaitRecord | None:
+            record, _ = await self._read_wait(key)
+            return record
+
+        return await self._index.due(limit, _now_ms(), read)
 
     # -- wait records --------------------------------------------------------------------
 
@@ -285,6 +365,8 @@ class RedisStorageAdapter(StorageAdapter):
 
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         data = record.to_json()
+        # Indexed by deadline before it is written: a due wait is never missed.
+        await self._index.add_deadline(record)
         retention = ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms
         await self._redis.set(self.keys.wait(record.correlation_key), data, px=retention)
         px = "" if retention is None else clamp_px(retention)

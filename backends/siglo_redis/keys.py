@@ -14,6 +14,13 @@ key                                            holds
                                                correlation keys, latest saved last
 ``siglo:cache:<key>``                          step-cache JSON
 ``siglo:[<ns>:]context:<stackId>:<stepId>``    hash: context field → JSON value
+``siglo:checkpoint-index[:{<tag>}]``          siglo only: sorted set listing the
+                                               checkpoints (one per cluster slot on a
+                                               cluster, tagged to that slot)
+``siglo:checkpoint-shards``                    siglo only (cluster): the slots that
+                                               have a listing index
+``siglo:wait-deadlines``                       siglo only: sorted set of correlation
+                                               keys by deadline (due waits)
 ``siglo:lock:<key>``                           lock token
 ``siglo:lock-fence:{<tag>}``                   siglo only: fencing counter of the
                                                locks of one cluster slot
@@ -192,6 +199,20 @@ class KeySpace:
 
     def wait(self, key: str) -> str:
         return f"{self.prefix}wait:{key}"
+
+    def checkpoint_index(self, slot: int | None) -> str:
+        """The listing index: one key, or on a cluster one per slot, in that slot."""
+        if slot is None:
+            return f"{self.prefix}checkpoint-index"
+        return f"{self.prefix}checkpoint-index:{{{slot_tag(slot)}}}"
+
+    @property
+    def checkpoint_shards(self) -> str:
+        return f"{self.prefix}checkpoint-shards"
+
+    @property
+    def wait_deadlines(self) -> str:
+        return f"{self.prefix}wait-deadlines"
 
     def wait_index(self, stack_id: str) -> str:
         return f"{self.prefix}wait-index:{stack_id}"

@@ -15,6 +15,9 @@ from typing import Final
 
 __all__ = [
     "CHECKPOINT_CAS",
+    "CHECKPOINT_DELETE",
+    "DEADLINE_PRUNE",
+    "INDEX_PRUNE",
     "COMPARE_AND_DELETE",
     "CONTEXT_CHANGE",
     "IDEMPOTENCY_CLAIM",
@@ -46,6 +49,8 @@ CHECKPOINT_CAS: Final = Script(
 -- KEYS[1] checkpoint key. ARGV[1] new JSON, ARGV[2] its revision, ARGV[3] expected
 -- revision ('' = none: the new revision must be above the stored one), ARGV[4] now (ms),
 -- ARGV[5] PX ('' = keep forever; <= 0 = already expired: delete).
+-- KEYS[2], when given: the listing index (a sorted set in the checkpoint key's cluster
+-- slot) and ARGV[6] the checkpoint's member in it; a write adds it, a delete removes it.
 -- Returns {1} when stored, {0, stored revision or -1 for none} on a conflict, and {2}
 -- when a revision is too large for Lua's doubles to compare exactly (the caller then
 -- decides in exact integers and writes with the swap script).
@@ -59,7 +64,10 @@ local function write()
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[5])
   else
     redis.call('DEL', KEYS[1])
+    if KEYS[2] then redis.call('ZREM', KEYS[2], ARGV[6]) end
+    return {1}
   end
+  if KEYS[2] then redis.call('ZADD', KEYS[2], 0, ARGV[6]) end
   return {1}
 end
 -- The first top-level "revision" of a document, read off its opening text without
@@ -280,6 +288,63 @@ LOCK_EXTEND: Final = Script(
 -- KEYS[1] lock key. ARGV[1] token, ARGV[2] TTL ms. 1 if the holder's TTL was reset.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+""",
+)
+
+
+CHECKPOINT_DELETE: Final = Script(
+    "checkpoint_delete",
+    """
+-- Delete a checkpoint and its listing-index member, compare-and-set when asked.
+-- KEYS[1] checkpoint key, KEYS[2] listing index (same cluster slot). ARGV[1] member,
+-- ARGV[2] expected revision ('' = any), ARGV[3] now (ms).
+-- Returns {1, 1 if the deleted checkpoint was live else 0, its JSON or ''}, or
+-- {0, stored revision or -1} when the stored revision is not the expected one.
+local current = redis.call('GET', KEYS[1])
+local live = 0
+local revision = -1
+if current then
+  local ok, doc = pcall(cjson.decode, current)
+  if ok and type(doc) == 'table' and type(doc['revision']) == 'number' then
+    local expires = doc['expiresAt']
+    if not (type(expires) == 'number' and tonumber(ARGV[3]) >= expires) then
+      live = 1
+      revision = doc['revision']
+    end
+  end
+end
+if ARGV[2] ~= '' and (live == 0 or revision ~= tonumber(ARGV[2])) then
+  return {0, revision}
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return {1, live, current or ''}
+""",
+)
+
+INDEX_PRUNE: Final = Script(
+    "index_prune",
+    """
+-- Drop a listing-index member whose checkpoint key is gone (expired by Redis): only if
+-- it is still gone, so a save racing the prune keeps its member.
+-- KEYS[1] checkpoint key, KEYS[2] listing index (same slot). ARGV[1] member.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.call('ZREM', KEYS[2], ARGV[1])
+end
+return 0
+""",
+)
+
+DEADLINE_PRUNE: Final = Script(
+    "deadline_prune",
+    """
+-- Drop a correlation key from the due-wait index if its deadline there is still the
+-- one the caller saw (a re-save with a new deadline keeps its entry).
+-- KEYS[1] deadline index. ARGV[1] correlation key, ARGV[2] the score seen.
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
 end
 return 0
 """,

@@ -257,15 +257,17 @@ async def list_under_concurrent_writes(ctx: CheckContext) -> None:
 
 @check("delete.stack")
 async def delete_removes_the_stack(ctx: CheckContext) -> None:
-    """delete_checkpoint removes the checkpoint, the stack's waits and context streams
-    in that namespace (other namespaces and stacks keep theirs); True only if it was live."""
+    """delete_checkpoint removes the checkpoint, the stack's waits and the context streams
+    of its checkpoint's steps in that namespace (other namespaces and stacks keep theirs);
+    True only if it was live."""
     a = ctx.backend.adapter
     caps = ctx.session.target.capabilities
     stack, other_stack = ctx.id("doomed"), ctx.id("bystander")
     ns = ctx.id("del-ns")
     for namespace in (ns, None):
         for sid in (stack, other_stack):
-            await a.save_checkpoint(_cp(ctx, sid, 2, namespace=namespace))
+            # As a workflow leaves it: the step's context in the checkpoint, streamed too.
+            await a.save_checkpoint(_cp(ctx, sid, 2, namespace=namespace, contexts={"p": {"k": 1}}))
             if C.WAIT_RECORDS in caps:
                 await a.save_wait_record(
                     WaitRecord(

@@ -1,0 +1,214 @@
+"""Listing checkpoints and finding due waits on Redis (SPEC §9).
+
+**The listing index.** Every checkpoint save adds the checkpoint's member
+(``<namespace>\\0<stackId>``, ``\\0<stackId>`` without a namespace) to a sorted set with
+score 0, inside the same compare-and-set script that writes the checkpoint, so the two
+never disagree; a delete removes both in one script. On a Redis Cluster a script may only
+touch keys of one slot, so there the index is one sorted set per slot, tagged to it
+(``siglo:checkpoint-index:{<tag>}``), and ``siglo:checkpoint-shards`` records which slots
+have one (written before the first save into a slot). A walk goes through the shards in
+slot order and through each shard in member order (``ZRANGEBYLEX``); the cursor is the
+last (shard, member) returned, so a stack is never returned twice in one walk. Members
+are ids, compared bytewise: a namespace's stacks are one contiguous range.
+
+Redis expires checkpoint keys itself, so an index member may outlive its checkpoint: a
+walk drops it, with a script that removes it only if the key is still gone (a save
+racing the walk keeps its member).
+
+**Cost.** A save does one ``ZADD`` in its script (O(log N)). A page reads
+``ZRANGEBYLEX`` chunks and ``MGET``\\s the documents (one slot per shard, so ``MGET`` is
+cluster-safe), decoding each to apply the filters: a filtered walk reads every
+checkpoint of the namespace (or of the store), as the SQL backends scan their index.
+
+**Due waits.** ``siglo:wait-deadlines`` holds each wait with a deadline, scored by it,
+added before the record is written. ``list_due_waits`` reads the earliest entries and
+each record; an entry whose record is gone, finished, or has another deadline now is
+dropped (only if its score is still the one read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from siglo.checkpoint import Checkpoint
+from siglo.errors import InvalidArgumentError
+from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
+from siglo.records import WaitRecord
+from siglo.sentinel import MISSING
+from siglo_redis.commands import Commands, raw, text
+from siglo_redis.keys import KeySpace, hash_slot
+from siglo_redis.scripts import DEADLINE_PRUNE, INDEX_PRUNE
+
+__all__ = ["CheckpointIndex", "member_of", "split_member"]
+
+_CHUNK = 200
+"""Members read per ``ZRANGEBYLEX`` while a page fills."""
+
+
+def member_of(stack_id: str, namespace: str | None) -> str:
+    """A checkpoint's member in the listing index."""
+    return f"{namespace or ''}\x00{stack_id}"
+
+
+def split_member(member: str) -> tuple[str | None, str]:
+    """``(namespace, stack id)`` of a member."""
+    namespace, _, stack_id = member.partition("\x00")
+    return namespace or None, stack_id
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (keys of a script must share a slot)."""
+    return callable(getattr(client, "get_node_from_key", None))
+
+
+class CheckpointIndex:
+    """The listing index and the due-wait index of one adapter."""
+
+    def __init__(self, redis: Commands, client: Any, keys: KeySpace) -> None:
+        self._redis = redis
+        self._client = client
+        self._keys = keys
+        self.cluster = is_cluster(client)
+        self._registered: set[int] = set()
+
+    def shard_of(self, checkpoint_key: str) -> int | None:
+        """The shard a checkpoint's member lives in (``None``: the one index)."""
+        return hash_slot(checkpoint_key) if self.cluster else None
+
+    def key(self, shard: int | None) -> str:
+        return self._keys.checkpoint_index(shard)
+
+    async def register(self, shard: int | None) -> None:
+        """Before a save into ``shard``: make sure walks know the shard (cluster only)."""
+        if shard is None or shard in self._registered:
+            return
+        await self._redis.call(
+            "ZADD", self._client.zadd(self._keys.checkpoint_shards, {str(shard): shard})
+        )
+        self._registered.add(shard)
+
+    async def _shards(self) -> list[int] | list[None]:
+        if not self.cluster:
+            return [None]
+        found = await self._redis.call(
+            "ZRANGE", self._client.zrange(self._keys.checkpoint_shards, 0, -1)
+        )
+        return [*sorted(int(text(m) or 0) for m in found or ())]
+
+    async def page(self, query: ListQuery, now: int) -> CheckpointPage:
+        """A page of the walk ``query`` describes."""
+        start_shard, after = -1, None
+        if query.cursor is not None:
+            shard_text, after = decode_cursor(query.cursor, 2)
+            try:
+                start_shard = int(shard_text)
+            except ValueError:
+                raise InvalidArgumentError(f"cursor {query.cursor!r} is not Redis's") from None
+        prefix = None if query.namespace is MISSING else f"{query.namespace or ''}\x00"
+        high = "+" if prefix is None else "(" + prefix[:-1] + "\x01"
+        found: list[tuple[int, str, CheckpointSummary]] = []
+        for shard in await self._shards():
+            number = -1 if shard is None else shard
+            if number < start_shard:
+                continue
+            if number == start_shard and after is not None:
+                low = "(" + after
+            else:
+                low = "-" if prefix is None else "[" + prefix
+            low = await self._fill(shard, number, low, high, query, now, found)
+            if len(found) > query.limit:
+                break
+        items = found[: query.limit]
+        if len(found) <= query.limit:
+            return CheckpointPage([s for _, _, s in items], None)
+        number, member, _ = items[-1]
+        return CheckpointPage([s for _, _, s in items], encode_cursor(str(number), member))
+
+    async def _fill(
+        self,
+        shard: int | None,
+        number: int,
+        low: str,
+        high: str,
+        query: ListQuery,
+        now: int,
+        found: list[tuple[int, str, CheckpointSummary]],
+    ) -> str:
+        index = self.key(shard)
+        while len(found) <= query.limit:
+            members = await self._redis.call(
+                "ZRANGEBYLEX", self._client.zrangebylex(index, low, high, 0, _CHUNK)
+            )
+            names = [text(m) or "" for m in members or ()]
+            if not names:
+                return low
+            keys = [self._keys.checkpoint(sid, ns) for ns, sid in map(split_member, names)]
+            docs = await self._redis.call("MGET", self._client.mget(keys))
+            for member, key, doc in zip(names, keys, docs or (), strict=True):
+                low = "(" + member
+                data = raw(doc)
+                if data is None:
+                    await self._redis.script(INDEX_PRUNE, [key, index], [member])
+                    continue
+                checkpoint = Checkpoint.from_json(data)
+                if checkpoint.is_expired(now) or not query.matches(checkpoint):
+                    continue
+                found.append((number, member, CheckpointSummary.of(checkpoint)))
+                if len(found) > query.limit:
+                    return low
+            if len(names) < _CHUNK:
+                return low
+        return low
+
+    async def add_deadline(self, record: WaitRecord) -> None:
+        """Before a wait with a deadline is written: index it by its deadline."""
+        if record.expires_at is None or record.status not in ("waiting", "claimed"):
+            return
+        await self._redis.call(
+            "ZADD",
+            self._client.zadd(
+                self._keys.wait_deadlines, {record.correlation_key: record.expires_at}
+            ),
+        )
+
+    async def due(self, limit: int, now: int, read: Any) -> list[WaitRecord]:
+        """At most ``limit`` due waits, earliest deadline first. ``read(key)`` reads a
+        record (``None`` when gone)."""
+        due: list[WaitRecord] = []
+        offset = 0
+        index = self._keys.wait_deadlines
+        while len(due) < limit:
+            entries = await self._redis.call(
+                "ZRANGEBYSCORE",
+                self._client.zrangebyscore(
+                    index, "-inf", now, start=offset, num=_CHUNK, withscores=True
+                ),
+            )
+            if not entries:
+                return due
+            pairs = [(text(m) or "", float(score)) for m, score in entries]
+            records = await asyncio.gather(*(read(key) for key, _ in pairs))
+            for (key, score), record in zip(pairs, records, strict=True):
+                pending = record is not None and record.status in ("waiting", "claimed")
+                if not pending or record.expires_at != int(score):
+                    removed = await self._redis.script(
+                        DEADLINE_PRUNE, [index], [key, _score_text(score)]
+                    )
+                    offset -= int(removed or 0)
+                    continue
+                if record.is_expired(now) and (
+                    record.status == "waiting" or record.lease_expired(now)
+                ):
+                    due.append(record)
+                    if len(due) == limit:
+                        return due
+            offset += len(pairs)
+            if len(pairs) < _CHUNK:
+                return due
+        return due
+
+
+def _score_text(score: float) -> str:
+    # ZSCORE answers with Redis's own formatting of the double: integers without ".0".
+    return str(int(score)) if score == int(score) else repr(score)
