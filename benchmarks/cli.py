@@ -59,6 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-langgraph", action="store_true", help="skip LangGraph's savers")
     p.add_argument("--scale", action="store_true", help="also run the scale workloads (slow)")
+    p.add_argument(
+        "--scale-backends",
+        type=_csv(BACKENDS),
+        default=None,
+        help="the backends the scale workloads run on (default: --backends)",
+    )
+    p.add_argument(
+        "--e2e",
+        action="store_true",
+        help="also run the end-to-end workflow comparison (siglo, DBOS, LangGraph)",
+    )
+    p.add_argument(
+        "--e2e-backends",
+        type=_csv(("redis", "postgres", "sqlite")),
+        default=["postgres", "sqlite", "redis"],
+    )
+    p.add_argument("--e2e-scale", type=float, default=1.0, help="multiply the workflow run counts")
     p.add_argument("--scale-rows", type=int, default=1_000_000)
     p.add_argument("--scale-expired", type=int, default=100_000)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for the results")
@@ -254,6 +271,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="siglo-bench-") as tmp:
         for backend in args.backends:
             await _run_backend(backend, args, workloads, doc, tmp)
+    if args.e2e:
+        from benchmarks.e2e import run_e2e
+
+        await run_e2e(args, doc)
     doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     doc["meta"]["load"]["end"] = list(os.getloadavg())
     report.add_ratios_and_targets(doc)
@@ -288,7 +309,7 @@ async def _run_backend(
     try:
         if subjects:
             await _run_workloads(backend, subjects, workloads, args, doc)
-            if args.scale:
+            if args.scale and backend in (args.scale_backends or args.backends):
                 from benchmarks.scale import run_scale
 
                 for s in subjects:
@@ -418,9 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.out / "results.md").write_text(report.markdown(doc))
     if not args.no_chart:
+        from benchmarks.e2e import e2e_chart
+
         for note in (
             report.chart(doc, args.out / "ratios.png"),
             report.ops_chart(doc, args.out / "ops.png"),
+            e2e_chart(doc, args.out / "e2e.png") if doc.get("e2e") else None,
         ):
             if note:
                 print(f"[chart] {note}")
@@ -432,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"updated {args.update_docs}")
     errors = [r for r in doc["results"] if r["status"] == "error"]
     errors += [s for s in doc["scale"] if s.get("status") == "error"]
+    errors += [e for e in doc.get("e2e", []) if e.get("status") == "error"]
     if errors:
         print(f"{len(errors)} workload(s) failed", file=sys.stderr)
         return 1

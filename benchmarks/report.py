@@ -265,6 +265,10 @@ def markdown(doc: dict[str, Any]) -> str:
         "in the same round), with their min–max.",
         "",
     ]
+    if doc.get("e2e"):
+        from benchmarks.e2e import e2e_markdown
+
+        lines += e2e_markdown(doc)
     return "\n".join(lines)
 
 
@@ -331,6 +335,7 @@ def update_page(page: Path, doc: dict[str, Any], chart_path: Path | None) -> Non
     body = markdown(doc)
     if chart_path is not None:
         for name, alt in (
+            ("e2e.png", "end to end: workflow runs/s"),
             ("ops.png", "ops/s per subject"),
             (chart_path.name, "siglo / baseline ratios"),
         ):

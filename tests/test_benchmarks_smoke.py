@@ -88,3 +88,21 @@ def test_quick_scale_runs(tmp_path: Path) -> None:
         assert s["load_us_small"] > 0
         assert s["load_us_large"] > 0
         assert s["cleaned"] == s["expired_rows"]  # memory has no native expiry
+
+
+def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
+    """The end-to-end comparison runs (siglo, and DBOS / LangGraph where installed)."""
+    _, doc = _run(tmp_path, "--backends", "", "--e2e", "--e2e-backends", "sqlite", "--no-chart")
+    rows = doc["e2e"]
+    systems = {r["system"] for r in rows}
+    assert "siglo" in systems
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["concurrency"] in (1, 32)
+        assert r["runs_per_s"] > 0
+        assert 0 < r["step_p50_us"] <= r["step_p99_us"]
+    for x in doc["e2e_ratios"]:
+        assert x["vs"] in ("dbos", "langgraph")
+        assert x["ratio_min"] <= x["ratio"] <= x["ratio_max"]
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "end to end: a 3-step durable workflow" in md
