@@ -38,7 +38,9 @@ POSTGRES_OPTIONS: Final = COMMON_OPTIONS | {
     "connect_timeout_ms",
     "prepare_threshold",
     "command_timeout_ms",
+    "pgbouncer",
 }
+PGBOUNCER_MODES: Final = ("transaction", "session")
 
 
 class PostgresStorageAdapter(SqlStorageAdapter):
@@ -61,9 +63,36 @@ def _conninfo(base: str, connect_timeout_ms: int) -> str:
 
 def _describe(url: str) -> str:
     parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    port = f":{parts.port}" if parts.port else ""
-    return f"postgresql {host}{port}{parts.path or ''}"
+    # The hosts as written: a multi-host URL (h1:p1,h2:p2) has no single port.
+    hosts = parts.netloc.rpartition("@")[2] or "localhost"
+    return f"postgresql {hosts}{parts.path or ''}"
+
+
+def _pgbouncer(options: dict[str, Any]) -> dict[str, Any]:
+    """Settings for a server reached through PgBouncer (``pgbouncer=transaction``).
+
+    In transaction pooling each transaction may run on a different server connection, so
+    nothing may outlive one: PgBouncer before 1.21 does not carry prepared statements
+    across, hence none are prepared unless ``prepare_threshold`` says otherwise. siglo
+    uses no other session state (no ``SET``, no session advisory lock, no ``LISTEN``).
+    Returns what must travel in :attr:`Backend.url` for another process to connect alike.
+    """
+    mode = options.pop("pgbouncer", None)
+    explicit = "prepare_threshold" in options
+    if mode is not None and mode not in PGBOUNCER_MODES:
+        raise InvalidArgumentError(
+            f"pgbouncer must be one of {', '.join(PGBOUNCER_MODES)}, got {mode!r} "
+            "(statement pooling cannot run siglo's transactions)"
+        )
+    if mode == "transaction" and not explicit:
+        options["prepare_threshold"] = None
+    travel: dict[str, Any] = {}
+    if mode is not None:
+        travel["pgbouncer"] = mode
+    if explicit:
+        threshold = options["prepare_threshold"]
+        travel["prepare_threshold"] = "none" if threshold is None else threshold
+    return travel
 
 
 def connect(url: str, **options: Any) -> Backend:
@@ -75,7 +104,9 @@ def connect(url: str, **options: Any) -> Backend:
     ``auto_migrate``, ``pool_min_size`` (1), ``pool_max_size`` (10), ``pool_timeout_ms``
     (10000: the wait for a free connection), ``connect_timeout_ms`` (10000),
     ``command_timeout_ms`` (10000, as Redis; ``None`` for none: the bound on every call),
-    ``prepare_threshold`` (0; ``None`` to never prepare), ``clock``,
+    ``prepare_threshold`` (0; ``None`` to never prepare), ``pgbouncer``
+    (``transaction`` behind a transaction-pooling PgBouncer: prepares nothing unless
+    ``prepare_threshold`` is given; ``session``: as direct), ``clock``,
     ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``,
     ``workflow_lock_timeout_ms``, ``workflow_lock_ttl_ms``, ``idempotency_ttl_ms``,
     ``clean_batch_size``. Other query parameters go to libpq (``sslmode`` …).
@@ -105,6 +136,7 @@ def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
         "pool_timeout_ms",
         "connect_timeout_ms",
         "prepare_threshold",
+        "pgbouncer",  # the engine's connections are configured by the application
     }
     merged = take_options(options, {}, allowed)
     base = engine.url.render_as_string(hide_password=True)
@@ -115,6 +147,7 @@ def _build(
     base: str, conninfo: str, options: dict[str, Any], *, engine: AsyncEngine | None
 ) -> Backend:
     schema = options.pop("schema", None)
+    travel = _pgbouncer(options)
     settings = SqlSettings(options, schema=schema)
     db = PostgresDatabase(
         conninfo,
@@ -127,7 +160,7 @@ def _build(
         on_open=settings.on_open,
         command_timeout_ms=options.pop("command_timeout_ms", DEFAULTS.command_timeout_ms),
     )
-    url = urls.with_options(base, {**settings.url_options(), **timeout_option(db)})
+    url = urls.with_options(base, {**settings.url_options(), **timeout_option(db), **travel})
     return assemble_backend("postgres", url, db, settings, PostgresStorageAdapter)
 
 

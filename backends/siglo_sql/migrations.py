@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from sqlalchemy import BigInteger, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, Index
 
 from siglo.clock import system_clock
-from siglo.errors import InvalidArgumentError, SchemaVersionError
+from siglo.errors import InvalidArgumentError, SchemaVersionError, StorageAdapterError
 from siglo_sql.database import Database, Executor
 from siglo_sql.keys import MAX_MS
 from siglo_sql.schema import SCHEMA_VERSION, Tables, build_tables
@@ -216,6 +217,12 @@ def check_target(target: int) -> None:
         )
 
 
+_CREATED_MEANWHILE: Final = frozenset({"23505", "42P06", "42P07", "42710"})
+"""SQLSTATEs of a ``CREATE … IF NOT EXISTS`` that met what another migrator had just
+created: unique violation, duplicate schema, table, object."""
+_ATTEMPTS: Final = 3
+
+
 async def migrate(
     db: Database, prefix: str, schema: str | None, *, target: int = SCHEMA_VERSION
 ) -> tuple[int, int]:
@@ -225,6 +232,25 @@ async def migrate(
     :class:`~siglo.errors.SchemaVersionError` and is left alone.
     """
     check_target(target)
+    for attempt in range(_ATTEMPTS):
+        try:
+            return await _migrate_once(db, prefix, schema, target)
+        except StorageAdapterError as exc:
+            # PostgreSQL checks IF NOT EXISTS against the server connection's catalog
+            # cache, which takes in other sessions' changes at a transaction's start
+            # (and on table locks), not on an advisory lock: a connection that looked
+            # the schema up as missing just before another migrator created it still
+            # misses it after taking the migration lock (seen behind PgBouncer, which
+            # hands server connections around). A new transaction sees it.
+            state = getattr(exc.__cause__, "sqlstate", None)
+            if state not in _CREATED_MEANWHILE or attempt == _ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _migrate_once(
+    db: Database, prefix: str, schema: str | None, target: int
+) -> tuple[int, int]:
     tables = build_tables(prefix, schema)
     dialect = db.sa_dialect
     name = _version_table(tables, dialect)
