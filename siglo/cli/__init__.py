@@ -14,6 +14,8 @@ from siglo.cli.backends import backends
 from siglo.cli.check import check
 from siglo.cli.errors import DEBUG_ENV, SigloGroup
 from siglo.cli.migrate import migrate
+from siglo.cli.store import clean, ls, prune, rm, show
+from siglo.cli.transfer import export, import_
 from siglo.cli.worker import worker
 
 __all__ = ["cli", "main"]
@@ -38,6 +40,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
 cli.add_command(backends)
 cli.add_command(check)
 cli.add_command(migrate)
+cli.add_command(ls)
+cli.add_command(show)
+cli.add_command(rm)
+cli.add_command(prune)
+cli.add_command(export)
+cli.add_command(import_)
+cli.add_command(clean)
 cli.add_command(worker)
 
 

@@ -46,18 +46,23 @@ def print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
+_WHOLE = frozenset({"status", "revision", "removed", "kind", "field"})
+
+
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A table (on a terminal rich draws it; piped, it stays plain text)."""
     table = Table(title=title)
     for column in columns:
-        table.add_column(column, overflow="fold")
+        # Ids may fold over lines; short values and times never do.
+        table.add_column(column, overflow="fold", no_wrap=column in _WHOLE or "UTC" in column)
     for row in rows:
         table.add_row(*("-" if v is None else str(v) for v in row))
     Console().print(table)
 
 
 def format_ms(ms: int | None) -> str | None:
-    """A millisecond timestamp as UTC ISO 8601 (``None`` stays ``None``)."""
+    """A millisecond timestamp as UTC ``YYYY-MM-DD HH:MM:SS`` (``None`` stays ``None``);
+    ``--json`` output keeps the milliseconds themselves."""
     if ms is None:
         return None
     import datetime as dt
@@ -66,4 +71,4 @@ def format_ms(ms: int | None) -> str | None:
         moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
     except (OverflowError, OSError, ValueError):
         return str(ms)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return moment.strftime("%Y-%m-%d %H:%M:%S")

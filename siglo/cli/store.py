@@ -1,0 +1,337 @@
+"""``siglo ls``, ``show``, ``rm``, ``prune`` and ``clean``: find, inspect and remove what a
+store holds (SPEC §9). Tables on a terminal, ``--json`` for scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import click
+
+from siglo.adapter import Capability
+from siglo.checkpoint import STATUSES
+from siglo.cli.common import format_ms, open_store, print_json, print_table, require
+from siglo.cli.errors import CliError, resolve_url
+from siglo.clock import system_clock
+from siglo.errors import CheckpointConflictError
+from siglo.listing import CheckpointSummary
+from siglo.records import WaitRecord, embedded_wait_record
+from siglo.sentinel import MISSING, Missing
+
+__all__ = ["clean", "ls", "parse_duration", "prune", "rm", "show"]
+
+_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_duration(text: str) -> int:
+    """``7d``, ``12h``, ``30m``, ``45s``, ``500ms``, ``2w`` (or a sum: ``1d12h``) in ms."""
+    parts = re.findall(r"(\d+)\s*(ms|s|m|h|d|w)", text.strip().lower())
+    if not parts or re.sub(r"(\d+)\s*(ms|s|m|h|d|w)|\s", "", text.strip().lower()):
+        raise click.BadParameter(f"{text!r} is not a duration such as 7d, 12h, 30m or 45s")
+    return sum(int(n) * _UNITS[unit] for n, unit in parts)
+
+
+def _statuses(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    wanted = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in STATUSES]
+    if unknown or not wanted:
+        raise click.BadParameter(
+            f"{text!r}: statuses are {', '.join(sorted(STATUSES))} (comma-separated)"
+        )
+    return wanted
+
+
+def _namespace(value: str | None, *, unnamespaced: bool) -> str | Missing | None:
+    if unnamespaced:
+        if value is not None:
+            raise click.UsageError("--namespace and --no-namespace exclude each other")
+        return None
+    return MISSING if value is None else value
+
+
+_ROW = (
+    "stack id",
+    "namespace",
+    "workflow",
+    "status",
+    "revision",
+    "updated (UTC)",
+    "expires (UTC)",
+)
+
+
+def _print_summaries(items: list[CheckpointSummary]) -> None:
+    # The expiry column only when something expires: the table stays within 80 columns.
+    expiring = any(s.expires_at is not None for s in items)
+    columns = _ROW if expiring else _ROW[:-1]
+    print_table(None, columns, [_row(s)[: len(columns)] for s in items])
+
+
+def _row(s: CheckpointSummary) -> list[Any]:
+    return [
+        s.stack_id,
+        s.namespace,
+        s.workflow_id,
+        s.status,
+        s.revision,
+        format_ms(s.timestamp),
+        format_ms(s.expires_at),
+    ]
+
+
+namespace_option = click.option(
+    "--namespace", "-n", default=None, help="Only this namespace (default: every one)."
+)
+no_namespace_option = click.option(
+    "--no-namespace", "unnamespaced", is_flag=True, help="Only stacks without a namespace."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+@click.command()
+@click.argument("url", required=False, default=None)
+@namespace_option
+@no_namespace_option
+@click.option("--status", default=None, help="Comma-separated statuses, e.g. running,waiting.")
+@click.option("--workflow", default=None, help="Only runs of this workflow id.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--cursor", default=None, help="Continue after a previous page (its next cursor).")
+@json_option
+def ls(
+    url: str | None,
+    namespace: str | None,
+    unnamespaced: bool,
+    status: str | None,
+    workflow: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List stored checkpoints, a page at a time."""
+
+    async def run() -> None:
+        async with open_store(resolve_url(url)) as backend:
+            require(backend, Capability.LISTING)
+            page = await backend.adapter.list_checkpoints(
+                namespace=_namespace(namespace, unnamespaced=unnamespaced),
+                status=_statuses(status),
+                workflow_id=workflow,
+                limit=limit,
+                cursor=cursor,
+            )
+        if as_json:
+            print_json({"items": [s.to_wire() for s in page.items], "nextCursor": page.next_cursor})
+            return
+        _print_summaries(list(page.items))
+        click.echo(f"{len(page.items)} stack(s)")
+        if page.next_cursor is not None:
+            click.echo(f"more: --cursor {page.next_cursor}")
+
+    asyncio.run(run())
+
+
+@click.command()
+@click.argument("url", required=False, default=None)
+@click.argument("stack_id")
+@click.option("--namespace", "-n", default=None, help="The stack's namespace.")
+@json_option
+def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -> None:
+    """Show one stack: its checkpoint (as stored: redacted fields stay redacted) and its
+    wait records."""
+
+    async def run() -> None:
+        async with open_store(resolve_url(url)) as backend:
+            adapter = backend.adapter
+            checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
+            if checkpoint is None:
+                where = f" in namespace {namespace!r}" if namespace else ""
+                raise CliError(
+                    f"no stack {stack_id!r}{where}", "`siglo ls URL` lists the stored stacks"
+                )
+            waits: list[WaitRecord] = []
+            if adapter.supports(Capability.WAIT_RECORDS):
+                embedded = embedded_wait_record(checkpoint.metadata)
+                keys = [] if embedded is None else [embedded.correlation_key]
+                latest = await adapter.get_wait_record(stack_id)
+                if latest is not None and latest.stack_id == stack_id:
+                    keys.append(latest.correlation_key)
+                for key in dict.fromkeys(keys):
+                    record = await adapter.get_wait_record(key)
+                    if record is not None and record.namespace == namespace:
+                        waits.append(record)
+        doc = checkpoint.to_wire()
+        if as_json:
+            print_json({"checkpoint": doc, "waitRecords": [w.to_wire() for w in waits]})
+            return
+        print_table(
+            f"stack {stack_id}",
+            ("field", "value"),
+            [
+                ("namespace", checkpoint.namespace),
+                ("workflow", checkpoint.workflow_id),
+                ("status", checkpoint.status),
+                ("revision", checkpoint.revision),
+                ("updated (UTC)", format_ms(checkpoint.timestamp)),
+                ("expires (UTC)", format_ms(checkpoint.expires_at)),
+                ("chains", " → ".join(checkpoint.chains) or None),
+            ],
+        )
+        for step, context in checkpoint.contexts.items():
+            print_table(
+                f"context {step}",
+                ("key", "value"),
+                [(key, _compact(value)) for key, value in context.items()],
+            )
+        if waits:
+            print_table(
+                "wait records",
+                ("correlation key", "status", "step", "deadline (UTC)", "claimant"),
+                [
+                    (w.correlation_key, w.status, w.step_id, format_ms(w.expires_at), w.claimant_id)
+                    for w in waits
+                ],
+            )
+
+    asyncio.run(run())
+
+
+def _compact(value: Any) -> str:
+    import orjson
+
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+@click.command()
+@click.argument("url", required=False, default=None)
+@click.argument("stack_id")
+@click.option("--namespace", "-n", default=None, help="The stack's namespace.")
+@click.option(
+    "--revision",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Only if the stored revision is this one (compare-and-set).",
+)
+def rm(url: str | None, stack_id: str, namespace: str | None, revision: int | None) -> None:
+    """Delete a stack: its checkpoint, wait records and context streams."""
+
+    async def run() -> None:
+        async with open_store(resolve_url(url)) as backend:
+            require(backend, Capability.DELETION)
+            try:
+                deleted = await backend.adapter.delete_checkpoint(
+                    stack_id, namespace, expected_revision=revision
+                )
+            except CheckpointConflictError as exc:
+                raise CliError(
+                    f"stack {stack_id!r} is at revision {exc.current_revision}, not {revision}; "
+                    "nothing was deleted",
+                    "`siglo show URL STACK_ID` shows the current revision",
+                ) from exc
+        if not deleted:
+            raise CliError(f"no stack {stack_id!r} to delete", "`siglo ls URL` lists them")
+        click.echo(f"deleted {stack_id}")
+
+    asyncio.run(run())
+
+
+@click.command()
+@click.argument("url", required=False, default=None)
+@click.option(
+    "--status",
+    default="completed,failed,cancelled",
+    show_default=True,
+    help="Comma-separated statuses to prune.",
+)
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    help="Only stacks not updated for this long: 7d, 12h, 30m …",
+)
+@namespace_option
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@json_option
+def prune(
+    url: str | None,
+    status: str,
+    older_than: str,
+    namespace: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Delete finished stacks older than a cut-off (each only if unchanged since listed)."""
+    statuses = _statuses(status)
+    cutoff = system_clock.now_ms() - parse_duration(older_than)
+
+    async def run() -> tuple[list[CheckpointSummary], int]:
+        chosen: list[CheckpointSummary] = []
+        changed = 0
+        async with open_store(resolve_url(url)) as backend:
+            require(backend, Capability.LISTING)
+            if not dry_run:
+                require(backend, Capability.DELETION)
+            adapter = backend.adapter
+            cursor = None
+            while True:
+                page = await adapter.list_checkpoints(
+                    namespace=MISSING if namespace is None else namespace,
+                    status=statuses,
+                    updated_before=cutoff,
+                    limit=500,
+                    cursor=cursor,
+                )
+                for summary in page.items:
+                    if dry_run:
+                        chosen.append(summary)
+                        continue
+                    try:
+                        # Compare-and-set: a stack written since it was listed stays.
+                        if await adapter.delete_checkpoint(
+                            summary.stack_id,
+                            summary.namespace,
+                            expected_revision=summary.revision,
+                        ):
+                            chosen.append(summary)
+                    except CheckpointConflictError:
+                        changed += 1
+                if (cursor := page.next_cursor) is None:
+                    return chosen, changed
+
+    chosen, changed = asyncio.run(run())
+    verb = "would delete" if dry_run else "deleted"
+    if as_json:
+        print_json({"dryRun": dry_run, "stacks": [s.to_wire() for s in chosen], "changed": changed})
+        return
+    if dry_run and chosen:
+        _print_summaries(chosen)
+    click.echo(
+        f"{verb} {len(chosen)} stack(s) older than {older_than} ({', '.join(statuses or [])})"
+    )
+    if changed:
+        click.echo(f"kept {changed} stack(s) written meanwhile")
+
+
+@click.command()
+@click.argument("url", required=False, default=None)
+@json_option
+def clean(url: str | None, as_json: bool) -> None:
+    """Remove expired records now, with a count per kind (Redis expires keys itself)."""
+
+    async def run() -> dict[str, int]:
+        async with open_store(resolve_url(url)) as backend:
+            adapter = backend.adapter
+            everything = getattr(adapter, "clean_expired", None)
+            if callable(everything):
+                counts: dict[str, int] = await everything()
+                return counts
+            require(backend, Capability.CHECKPOINTS)
+            return {"checkpoints": await adapter.clean_expired_checkpoints()}
+
+    counts = asyncio.run(run())
+    if as_json:
+        print_json(counts)
+        return
+    print_table("expired records removed", ("kind", "removed"), list(counts.items()))
