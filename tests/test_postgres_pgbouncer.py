@@ -26,7 +26,8 @@ from test_contract_builtin_backends import run_siglo_check
 
 import siglo
 from siglo import Checkpoint, InvalidArgumentError, WaitRecord
-from siglo_postgres import connect, drop_schema, isolated
+from siglo_postgres import drop_schema, isolated
+from siglo_postgres.connect import connect
 
 
 @pytest.fixture(scope="module")
