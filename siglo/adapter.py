@@ -78,6 +78,7 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
         "get_wait_record",
         "claim_wait_record",
         "complete_wait_record",
+        "release_wait_record",
         "cancel_wait_record",
         "cancel_workflow",
     ),
@@ -228,6 +229,18 @@ class StorageAdapter:
         require_id("correlation_key", correlation_key)
         require_id("claimant_id", claimant_id)
         await self._do_complete_wait_record(correlation_key, claimant_id)
+
+    async def release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+        """Give a claim back: a record claimed by ``claimant_id`` is ``waiting`` again.
+
+        Atomic, and only for the claimant: ``True`` if this call released it; ``False``
+        (nothing changed) when the record is missing, not claimed, or claimed by another.
+        Its claimant, claim time and lease are cleared; the event payload is kept.
+        For a delivery that was refused before it used the event.
+        """
+        require_id("correlation_key", correlation_key)
+        require_id("claimant_id", claimant_id)
+        return await self._do_release_wait_record(correlation_key, claimant_id)
 
     async def cancel_wait_record(self, correlation_key: str) -> bool:
         """Cancel a waiting or claimed record; ``True`` if it was cancelled by this call."""
@@ -403,6 +416,9 @@ class StorageAdapter:
 
     async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
         raise self._unsupported("complete_wait_record")
+
+    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+        raise self._unsupported("release_wait_record")
 
     async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         raise self._unsupported("cancel_wait_record")

@@ -379,6 +379,14 @@ class AnyoneCompletes(MemoryStorageAdapter):
         await super()._do_complete_wait_record(correlation_key, claimant_id)
 
 
+class AnyoneReleases(MemoryStorageAdapter):
+    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+        record = self._live_wait(correlation_key, self.clock.now_ms())
+        if record is not None and record.status == "claimed" and record.claimant_id:
+            claimant_id = record.claimant_id
+        return await super()._do_release_wait_record(correlation_key, claimant_id)
+
+
 class CancelsCompleted(MemoryStorageAdapter):
     async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         record = self._live_wait(correlation_key, self.clock.now_ms())
@@ -820,6 +828,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("wait",),
         adapter=AnyoneCompletes,
     ),
+    _m("wait.release", "anyone releases a claim", ("wait",), adapter=AnyoneReleases),
     _m("wait.cancel", "a completed record can be cancelled", ("wait",), adapter=CancelsCompleted),
     _m(
         "wait.cancel-workflow",

@@ -300,6 +300,17 @@ class MemoryStorageAdapter(StorageAdapter):
             )
         self._store_wait(record.replace(status="completed", completed_at=now))
 
+    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+        record = self._live_wait(correlation_key, self.clock.now_ms())
+        if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
+            return False
+        self._store_wait(
+            record.replace(
+                status="waiting", claimant_id=None, claimed_at=None, lease_expires_at=None
+            )
+        )
+        return True
+
     async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is None or record.status not in ("waiting", "claimed"):

@@ -460,6 +460,17 @@ class RedisStorageAdapter(StorageAdapter):
             f"wait record {correlation_key!r} is claimed by another claimant"
         )
 
+    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+        def decide(record: WaitRecord | None) -> WaitRecord | None:
+            if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
+                return None
+            return record.replace(
+                status="waiting", claimant_id=None, claimed_at=None, lease_expires_at=None
+            )
+
+        _, released = await self._transition(correlation_key, decide)
+        return released is not None
+
     @staticmethod
     def _cancel_decision(
         stack_id: str | None = None, namespace: str | None = None

@@ -396,6 +396,14 @@ class SqlStorageAdapter(StorageAdapter):
             f"wait record {correlation_key!r} is claimed by another claimant"
         )
 
+    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+        db = self.database
+        rows = await db.fetch(
+            db.sql(self._s.wait_release),
+            (row_id(correlation_key), self.clock.now_ms(), claimant_id),
+        )
+        return bool(rows)
+
     async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         db = self.database
         rows = await db.fetch(

@@ -51,6 +51,7 @@ class Statements:
     wait_state: str
     wait_claim: str
     wait_complete: str
+    wait_release: str
     wait_cancel: str
     wait_cancel_stack: str
     wait_clean_batch: str
@@ -235,6 +236,11 @@ def build_statements(
         wait_complete=(
             f"UPDATE {w} SET status = 'completed', completed_at = ? "
             f"WHERE id = ? AND {LIVE} AND status = 'claimed' AND claimant_id = ? RETURNING 1"
+        ),
+        wait_release=(
+            f"UPDATE {w} SET status = 'waiting', claimant_id = NULL, claimed_at = NULL, "
+            f"lease_expires_at = NULL WHERE id = ? AND {LIVE} AND status = 'claimed' "
+            "AND claimant_id = ? RETURNING 1"
         ),
         wait_cancel=(
             f"UPDATE {w} SET status = 'cancelled' WHERE id = ? AND {LIVE} "

@@ -207,3 +207,61 @@ async def wait_complete(ctx: CheckContext) -> None:
     await claim_as(ctx, lapsed.correlation_key, "holder", lease_ms=ttl)
     await ctx.pass_time(ttl)
     await complete_refused(ctx, lapsed.correlation_key, "intruder")
+
+
+@check("wait.release")
+async def wait_release(ctx: CheckContext) -> None:
+    """``release_wait_record`` puts a claimed record back to ``waiting`` for its claimant
+    only (claimant, claim time and lease cleared, payload kept); otherwise it returns
+    False and changes nothing."""
+    ctx.about("wait.release")
+    a = ctx.backend.adapter
+    expect(
+        await a.release_wait_record(ctx.id("never-saved"), "c") is False,
+        "wait.release",
+        "releasing a missing record did not return False",
+    )
+    rec = await store_record(ctx, record(ctx, "k", event_payload={"stored": 1}))
+    expect(
+        await a.release_wait_record(rec.correlation_key, "c") is False,
+        "wait.release",
+        "releasing a waiting record did not return False",
+    )
+    await claim_as(ctx, rec.correlation_key, "claimant", event_payload={"event": 2})
+    for other in ("Claimant", "claimant ", "other"):
+        before = await a.get_wait_record(rec.correlation_key)
+        released = await a.release_wait_record(rec.correlation_key, other)
+        after = await a.get_wait_record(rec.correlation_key)
+        expect(
+            released is False and same(after, before),
+            "wait.release",
+            f"release by {other!r} returned {released!r} and changed {before!r} into {after!r}",
+        )
+    expect(
+        await a.release_wait_record(rec.correlation_key, "claimant") is True,
+        "wait.release",
+        "the claimant's release did not return True",
+    )
+    back = await a.get_wait_record(rec.correlation_key)
+    expect(
+        back is not None
+        and back.status == "waiting"
+        and back.claimant_id is None
+        and back.claimed_at is None
+        and back.lease_expires_at is None
+        and canon(back.event_payload) == canon({"event": 2}),
+        "wait.release",
+        f"after the claimant's release the record is {back!r}",
+    )
+    again = await a.claim_wait_record(rec.correlation_key, "next")
+    expect(
+        again is not None and again.claimant_id == "next",
+        "wait.release",
+        f"a released record could not be claimed again: {again!r}",
+    )
+    await a.complete_wait_record(rec.correlation_key, "next")
+    expect(
+        await a.release_wait_record(rec.correlation_key, "next") is False,
+        "wait.release",
+        "a completed record was released",
+    )

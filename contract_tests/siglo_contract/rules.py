@@ -95,6 +95,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("wait.claim.expired", _C.WAIT_RECORDS, "a record past its deadline needs allow_expired"),
     _a("wait.claim.lease", _C.WAIT_RECORDS, "a claim whose lease ran out can be taken over"),
     _a("wait.complete.claimant", _C.WAIT_RECORDS, "only the claimant completes a claimed record"),
+    _a("wait.release", _C.WAIT_RECORDS, "only the claimant releases a claim, back to waiting"),
     _a("wait.cancel", _C.WAIT_RECORDS, "cancel moves waiting/claimed to cancelled, else False"),
     _a(
         "wait.cancel-workflow",

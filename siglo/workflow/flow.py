@@ -191,7 +191,8 @@ class Flow:
         if record is None:
             raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key))
         if not record.is_expired(manager.clock.now_ms()):
-            await _release_claim(adapter, record)
+            assert record.claimant_id is not None  # a successful claim names its claimant
+            await adapter.release_wait_record(correlation_key, record.claimant_id)
             raise InvalidArgumentError(f"the wait {correlation_key!r} is not past its deadline")
         return await self._resume_claimed(
             manager, adapter, record, lambda stack, step: stack.set(step, TIMED_OUT, True)
@@ -266,7 +267,7 @@ class Flow:
                 # lock): the event was not consumed, so the wait must not stay claimed
                 # for the whole lease. Put it back to waiting for the next delivery.
                 try:
-                    await _release_claim(adapter, record)
+                    await adapter.release_wait_record(correlation_key, claimant)
                 except Exception as exc:
                     refused.add_note(
                         f"the claim on {correlation_key!r} could not be released ({exc}); "
@@ -461,27 +462,6 @@ async def _why_unclaimable(adapter: StorageAdapter, correlation_key: str) -> str
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"
-
-
-async def _release_claim(adapter: StorageAdapter, claimed: WaitRecord) -> None:
-    """Put a wait this delivery claimed back to ``waiting`` (if the claim is still ours)."""
-    current = await adapter.get_wait_record(claimed.correlation_key)
-    if (
-        current is None
-        or current.correlation_key != claimed.correlation_key
-        or current.status != "claimed"
-        or current.claimant_id != claimed.claimant_id
-    ):
-        return  # completed, cancelled or taken over meanwhile: not ours to release
-    await adapter.save_wait_record(
-        current.replace(
-            status="waiting",
-            claimant_id=None,
-            claimed_at=None,
-            lease_expires_at=None,
-            event_payload=None,
-        )
-    )
 
 
 async def _locked(manager: StorageManager, stack_id: str, action: Callable[[], Awaitable[T]]) -> T:
