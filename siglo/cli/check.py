@@ -19,6 +19,7 @@ from rich.table import Table
 from siglo.cli.errors import CliError, display_url, resolve_url
 from siglo.connect import check_port
 from siglo.errors import SigloError
+from siglo.plugins import get_registry
 
 if TYPE_CHECKING:
     from siglo_contract.registry import Check
@@ -43,8 +44,6 @@ _STYLE: Final = {
 
 
 def _default_url() -> str:
-    from siglo.plugins import get_registry
-
     try:
         sqlite = get_registry().for_url(DEFAULT_URL)
     except SigloError:
@@ -141,9 +140,11 @@ def check(
     from siglo_contract.rules import select_rules
     from siglo_contract.runner import run_contract
 
-    target = resolve_url(url, default=_default_url())
+    target = resolve_url(url, default=_default_url)
     shown = display_url(target)
     check_port(target)
+    # An unknown scheme or a missing driver is said now, before any progress is drawn.
+    get_registry().for_url(target).load_factory()
     if not select_rules(rules):
         raise click.UsageError(
             f"no rule matches {', '.join(rules)}; rule ids are listed on docs/contract.md "

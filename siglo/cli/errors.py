@@ -126,15 +126,16 @@ class SigloGroup(click.Group):
             raise as_cli_error(exc) from exc
 
 
-def resolve_url(url: str | None, *, default: str | None = None) -> str:
+def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = None) -> str:
     """The backend URL a command works on: ``url`` if given, else ``$SIGLO_URL``, else
-    ``default``. An empty or malformed URL is an error, never a silent fallback."""
+    ``default`` (a callable is asked only then). An empty or malformed URL is an error,
+    never a silent fallback."""
     if url is None:
         env = os.environ.get(URL_ENV)
         if env is not None:
             url, source = env, f"${URL_ENV}"
         elif default is not None:
-            return default
+            return default() if callable(default) else default
         else:
             raise CliError(
                 "no backend URL given", f"pass one (e.g. sqlite:///siglo.db) or set {URL_ENV}"
