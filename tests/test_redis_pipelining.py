@@ -299,3 +299,38 @@ async def test_cluster_batches_per_node(cluster_url: str) -> None:
         # 48 stacks hash to every master: one pipeline per node, each batching.
         assert len(pipes) == 3
         assert sum(p.writes for p in pipes.values()) < 48 * 20
+
+
+def test_commands_are_packed_as_redis_py_packs_them() -> None:
+    from redis.asyncio.connection import Connection
+
+    from siglo_redis.pipelining import _Entry, pack
+
+    conn = Connection()
+    commands = [
+        ("EVALSHA", "a" * 40, 2, "k1", "k2", b"\x00\xff bytes", "", "ünïcode ✓", -5, 2**62),
+        ("SET", "k", "v", "PX", 1000),
+        ("CONFIG GET", "maxmemory"),  # redis-py splits the name: packed by redis-py
+        ("SET", "k", 1.5),  # floats: redis-py's repr
+    ]
+    entries = [_Entry(c, {}, None) for c in commands]
+    chunks, packed = pack(conn, entries)
+    assert packed == entries
+    assert b"".join(chunks) == b"".join(b"".join(conn.pack_command(*c)) for c in commands)
+
+
+async def test_a_command_that_cannot_be_encoded_fails_alone(client: Any, prefix: str) -> None:
+    import redis
+
+    try:
+        results = await asyncio.gather(
+            client.set(prefix + "a", "1"),
+            client.set(prefix + "b", True),  # redis-py refuses to encode a bool
+            client.get(prefix + "a"),
+            return_exceptions=True,
+        )
+        assert results[0] is True
+        assert isinstance(results[1], redis.DataError)
+        assert results[2] == b"1"
+    finally:
+        await _cleanup(client, prefix)
