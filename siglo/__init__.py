@@ -7,6 +7,9 @@ in-memory, Redis, SQLite and PostgreSQL backends discovered as plugins.
 
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+
 from siglo.adapter import Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint, Status
@@ -48,6 +51,7 @@ from siglo.manager import (
     default_storage_manager,
     use_storage,
 )
+from siglo.plugins import get_registry
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, WaitStatus
 from siglo.redaction import REDACTED
 from siglo.sentinel import MISSING, Missing
@@ -57,8 +61,6 @@ from siglo.workflow import Flow, Step, WorkflowSuspended, flow, wait_for_event
 
 def _version() -> str:
     # One version source: the distribution's metadata, set in pyproject.toml.
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("siglo")
     except PackageNotFoundError:  # a source tree on sys.path, not installed
@@ -135,10 +137,6 @@ def __getattr__(name: str) -> object:
     # The Redis classes of seed 001 are public under their seed names, imported lazily
     # so that `import siglo` never needs the redis driver.
     if name in _REDIS_NAMES:
-        import importlib
-
-        from siglo.plugins import get_registry
-
         get_registry().backend("redis").load_factory()  # says which extra is missing
         return getattr(importlib.import_module("siglo_redis"), name)
     raise AttributeError(f"module 'siglo' has no attribute {name!r}")

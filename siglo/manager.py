@@ -229,9 +229,14 @@ class StorageManager:
         """The live stacks by id (read-only view)."""
         return dict(self._stacks)
 
-    def _context_changed(
+    def stream_context_change(
         self, stack: ExecutionStack, step_id: str, key: str, value: Any, op: ContextOp
     ) -> None:
+        """Stream one change of a stack's context to the adapter, in the background.
+
+        Called by :meth:`ExecutionStack.set` and :meth:`ExecutionStack.delete` (the
+        :class:`~siglo.stack.ContextStream` protocol); failures follow the error mode.
+        """
         adapter = self._supports(Capability.CONTEXT_STREAM)
         if adapter is None:
             return

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from siglo.checkpoint import STATUSES, TERMINAL_STATUSES, Status
 from siglo.errors import InvalidArgumentError, InvalidStateTransitionError
+from siglo.records import ContextOp
 from siglo.validation import require_id
 
-if TYPE_CHECKING:
-    from siglo.manager import StorageManager
-
-__all__ = ["ALLOWED_TRANSITIONS", "ExecutionStack"]
+__all__ = ["ALLOWED_TRANSITIONS", "ContextStream", "ExecutionStack"]
 
 ALLOWED_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "running": frozenset({"waiting", "completed", "failed", "cancelled"}),
@@ -22,6 +20,17 @@ ALLOWED_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "cancelled": frozenset(),
 }
 """Status transitions the lifecycle allows; terminal statuses allow none."""
+
+
+class ContextStream(Protocol):
+    """Where a stack sends its context changes: the :class:`~siglo.StorageManager` that
+    created it (which streams them to the adapter's ``on_context_change``)."""
+
+    def stream_context_change(
+        self, stack: ExecutionStack, step_id: str, key: str, value: Any, op: ContextOp
+    ) -> None:
+        """Take one change of ``stack``'s context; must not block or raise on I/O."""
+        ...
 
 
 @dataclass(eq=False)
@@ -35,7 +44,8 @@ class ExecutionStack:
     """
 
     stack_id: str
-    manager: StorageManager = field(repr=False)
+    manager: ContextStream = field(repr=False)
+    """The manager that created the stack; it streams the stack's context changes."""
     workflow_id: str | None = None
     namespace: str | None = None
     type: str = "execution"
@@ -55,13 +65,13 @@ class ExecutionStack:
         """Set ``key`` in a step's context and stream the change."""
         require_id("key", key)
         self.context(step_id)[key] = value
-        self.manager._context_changed(self, step_id, key, value, "set")
+        self.manager.stream_context_change(self, step_id, key, value, "set")
 
     def delete(self, step_id: str, key: str) -> None:
         """Remove ``key`` from a step's context (if present) and stream the change."""
         require_id("key", key)
         self.context(step_id).pop(key, None)
-        self.manager._context_changed(self, step_id, key, None, "delete")
+        self.manager.stream_context_change(self, step_id, key, None, "delete")
 
     def push_chain(self, chain: str) -> None:
         """Append an entry (a step or chain id) to the stack's chain list."""

@@ -166,7 +166,7 @@ def _build(
 
 async def drop_schema(url: str, schema: str) -> None:
     """Drop ``schema`` and everything in it (used by :func:`isolated` and tests)."""
-    import psycopg
+    import psycopg  # the optional driver (siglo[postgres]): imported when used
 
     check_identifier("schema", schema)
     base, _ = split_url_options(url, POSTGRES_OPTIONS)

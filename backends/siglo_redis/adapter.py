@@ -29,6 +29,7 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_w
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
+from siglo_redis.client import client_from_url, close_client
 from siglo_redis.commands import (
     Commands,
     clamp_px,
@@ -131,8 +132,6 @@ class RedisStorageAdapter(StorageAdapter):
         self.keys = KeySpace(check_prefix("key_prefix", key_prefix))
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
-            from siglo_redis.connect import client_from_url
-
             client = client_from_url(client, command_timeout_ms=command_timeout_ms)
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
@@ -153,8 +152,6 @@ class RedisStorageAdapter(StorageAdapter):
         """Close the client if this adapter built it from a URL."""
         if self._owns_client:
             self._owns_client = False
-            from siglo_redis.connect import close_client
-
             await self._redis.call("close", close_client(self.client))
 
     # -- checkpoints -------------------------------------------------------------------

@@ -19,6 +19,7 @@ from siglo.errors import StorageAdapterError
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
+from siglo_redis.client import client_from_url, close_client
 from siglo_redis.commands import Commands, clamp_px, text
 from siglo_redis.keys import (
     DEFAULT_PREFIX,
@@ -53,8 +54,6 @@ class _ClientOwner:
         require_ttl_ms("command_timeout_ms", command_timeout_ms, optional=True)
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
-            from siglo_redis.connect import client_from_url
-
             client = client_from_url(client, command_timeout_ms=command_timeout_ms)
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
@@ -63,8 +62,6 @@ class _ClientOwner:
         """Close the client if it was built here from a URL; a passed-in one stays open."""
         if self._owns_client:
             self._owns_client = False
-            from siglo_redis.connect import close_client
-
             await self._redis.call("close", close_client(self.client))
 
 

@@ -40,6 +40,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.schema import SchemaItem
 
+from siglo.errors import InvalidArgumentError
+
 __all__ = [
     "DEFAULT_PREFIX",
     "ID_PREFIX",
@@ -60,8 +62,6 @@ PostgreSQL's limit of an index row)."""
 
 def check_identifier(what: str, value: str) -> str:
     """Table prefixes and schema names become SQL identifiers: keep them plain."""
-    from siglo.errors import InvalidArgumentError
-
     if not isinstance(value, str) or not all(
         c.isascii() and (c.isalnum() or c == "_") for c in value
     ):

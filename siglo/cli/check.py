@@ -80,6 +80,8 @@ def _private_hypothesis_dir() -> Iterator[None]:
     if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
         yield
         return
+    # Imported here, not at the top: it loads all of hypothesis (~0.3 s), which only
+    # `siglo check` needs; every other command starts without it.
     from hypothesis.configuration import set_hypothesis_home_dir
 
     with tempfile.TemporaryDirectory(prefix="siglo-check-hypothesis-") as directory:

@@ -3,6 +3,7 @@ table on a terminal or as JSON for scripts."""
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -65,8 +66,6 @@ def format_ms(ms: int | None) -> str | None:
     ``--json`` output keeps the milliseconds themselves."""
     if ms is None:
         return None
-    import datetime as dt
-
     try:
         moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
     except (OverflowError, OSError, ValueError):

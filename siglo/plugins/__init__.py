@@ -13,20 +13,8 @@ that implements :func:`~siglo.plugins.spec.SigloHookSpec.siglo_register_backends
 
 from __future__ import annotations
 
-from typing import Final
-
-import pluggy
-
-GROUP: Final = "siglo"
-"""The entry-point group (and pluggy project name) of siglo plugins."""
-
-DISABLE_ENV: Final = "SIGLO_DISABLE_PLUGINS"
-"""Comma-separated plugin names to skip, like tox's ``TOX_DISABLED_EXTERNAL_PLUGINS``."""
-
-hookimpl: Final = pluggy.HookimplMarker(GROUP)
-hookspec: Final = pluggy.HookspecMarker(GROUP)
-
-from siglo.plugins.registry import (  # noqa: E402  (the markers must exist first)
+from siglo.plugins.markers import DISABLE_ENV, GROUP, hookimpl, hookspec
+from siglo.plugins.registry import (
     BackendRegistry,
     BackendSpec,
     PluginInfo,

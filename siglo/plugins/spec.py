@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from siglo.plugins import hookspec
-
-if TYPE_CHECKING:
-    from siglo.plugins.registry import BackendRegistry
+from siglo.plugins.backends import BackendRegistry
+from siglo.plugins.markers import hookspec
 
 
 class SigloHookSpec:
