@@ -116,3 +116,35 @@ def test_redact_fields_must_be_names() -> None:
         StorageManager(redact_fields="password")
     with pytest.raises(InvalidArgumentError):
         StorageManager(redact_fields=[1])  # type: ignore[list-item]
+
+
+async def test_failures_logged_in_warn_mode_carry_no_secret(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Log records and error messages: a backend failing while a redacted value is sent
+    (a private redis-server killed mid-run) is logged and warned without the secret."""
+    from _redis_helpers import RedisServer, free_port, require_redis
+
+    require_redis()
+    server = RedisServer(free_port(30200, 30300)).start()
+    try:
+        async with siglo.connect(server.url + "?command_timeout_ms=500") as backend:
+            manager = StorageManager(backend, error_mode="warn", redact_fields={"password"})
+            stack = manager.create_stack("logged")
+            server.kill()
+            caplog.set_level(logging.DEBUG)
+            with pytest.warns(siglo.StorageWarning) as warned:
+                stack.set("s", "password", SECRETS["password"])
+                stack.set("s", "nested", [{"password": SECRETS["apiKey"]}])
+                manager.checkpoint("logged")
+                await manager.flush()
+                await manager.save_checkpoint("logged")
+            assert "failed" in caplog.text  # the failures were logged
+            shown = caplog.text + "\n".join(str(w.message) for w in warned)
+            for record in caplog.records:
+                if record.exc_info and record.exc_info[1] is not None:
+                    shown += repr(record.exc_info[1].args)
+            for secret in SECRETS.values():
+                assert secret not in shown
+    finally:
+        server.stop()
