@@ -133,12 +133,16 @@ async def test_failures_logged_in_warn_mode_carry_no_secret(
             stack = manager.create_stack("logged")
             server.kill()
             caplog.set_level(logging.DEBUG)
-            with pytest.warns(siglo.StorageWarning) as warned:
+
+            async def send_while_down() -> None:
                 stack.set("s", "password", SECRETS["password"])
                 stack.set("s", "nested", [{"password": SECRETS["apiKey"]}])
                 manager.checkpoint("logged")
                 await manager.flush()
                 await manager.save_checkpoint("logged")
+
+            with pytest.warns(siglo.StorageWarning) as warned:
+                await send_while_down()
             assert "failed" in caplog.text  # the failures were logged
             shown = caplog.text + "\n".join(str(w.message) for w in warned)
             for record in caplog.records:
