@@ -173,6 +173,15 @@ class PostgresNode:
                 **_as_postgres(),  # type: ignore[call-overload]
             )
         _wait_listening(self.port, self.log, 60)
+        # Listening is not accepting: a server starting up (or replaying) refuses first.
+        deadline = time.monotonic() + 60
+        while subprocess.run(
+            [pg_binary("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)],
+            timeout=10,
+        ).returncode:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"postgres on {self.port} is not ready:\n{self.log}")
+            time.sleep(0.05)
         return self
 
     def kill(self) -> None:
