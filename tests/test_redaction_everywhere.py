@@ -32,6 +32,7 @@ async def _login(_: Any) -> dict[str, Any]:
     return {"approved": event}
 
 
+@pytest.mark.rule("manager.redaction")
 @pytest.mark.parametrize("kind", KINDS)
 async def test_no_secret_reaches_raw_storage_or_logs(
     kind: str, caplog: pytest.LogCaptureFixture
@@ -118,6 +119,7 @@ def test_redact_fields_must_be_names() -> None:
         StorageManager(redact_fields=[1])  # type: ignore[list-item]
 
 
+@pytest.mark.rule("manager.redaction")
 async def test_failures_logged_in_warn_mode_carry_no_secret(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -22,6 +22,7 @@ def private_redis() -> RedisServer:
     server.stop()
 
 
+@pytest.mark.rule("manager.error-mode")
 async def test_old_failures_are_not_replayed_on_unrelated_calls(
     private_redis: RedisServer,
 ) -> None:
@@ -58,6 +59,7 @@ async def test_old_failures_are_not_replayed_on_unrelated_calls(
         await manager.flush()  # nothing left over
 
 
+@pytest.mark.rule("manager.error-mode")
 async def test_failures_are_bounded_per_stack_and_flush_raises_once(
     private_redis: RedisServer,
 ) -> None:

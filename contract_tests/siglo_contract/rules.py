@@ -168,7 +168,10 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
     _a("capability.declared", None, "every method of a declared capability is implemented"),
     _core("manager.snapshot", "checkpoint() returns an immutable snapshot"),
-    _core("manager.redaction", "redact_fields redacts at any depth, in the snapshot only"),
+    _core(
+        "manager.redaction",
+        "redact_fields redacts at any depth in snapshots, the stream and event payloads",
+    ),
     _core("manager.background.order", "background saves reach the adapter in order"),
     _core("manager.conflict.always", "conflicts are raised in every error mode"),
     _core("manager.error-mode", "adapter failures follow the error mode"),
