@@ -70,10 +70,11 @@ async def _stored(backend: siglo.Backend, name: str, data: bytes) -> tuple[Any, 
 
 async def _cas(adapter: Any, key: str, revision: int, expected: int | str = "") -> list[int]:
     """The script's reply to saving ``NEW`` at ``revision`` ('' expected: a plain save)."""
-    reply = await adapter._redis.script(
-        CHECKPOINT_CAS, [key], [NEW, revision, expected, NOW, 60_000]
+    reply = int(
+        await adapter._redis.script(CHECKPOINT_CAS, [key], [NEW, revision, expected, NOW, 60_000])
     )
-    return [int(x) for x in reply]
+    # The script answers with one integer: 1 stored, 2 exact path, else -2 - stored.
+    return [reply] if reply in (1, 2) else [0, -2 - reply]
 
 
 @pytest.mark.parametrize(("label", "data"), DOCUMENTS, ids=[label for label, _ in DOCUMENTS])

@@ -184,13 +184,13 @@ class RedisStorageAdapter(StorageAdapter):
                 member_of(checkpoint.stack_id, checkpoint.namespace),
             ],
         )
-        outcome = int(reply[0])
+        outcome = int(reply)
         if outcome == 1:
             return
         if outcome == 2:
             await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
             return
-        stored = int(reply[1])
+        stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
         raise CheckpointConflictError(
             checkpoint.stack_id,
             None if stored < 0 else stored,

@@ -51,9 +51,10 @@ CHECKPOINT_CAS: Final = Script(
 -- ARGV[5] PX ('' = keep forever; <= 0 = already expired: delete).
 -- KEYS[2], when given: the listing index (a sorted set in the checkpoint key's cluster
 -- slot) and ARGV[6] the checkpoint's member in it; a write adds it, a delete removes it.
--- Returns {1} when stored, {0, stored revision or -1 for none} on a conflict, and {2}
--- when a revision is too large for Lua's doubles to compare exactly (the caller then
--- decides in exact integers and writes with the swap script).
+-- Returns an integer (a table reply costs more to build and to parse): 1 when stored,
+-- 2 when a revision is too large for Lua's doubles to compare exactly (the caller then
+-- decides in exact integers and writes with the swap script), and on a conflict
+-- -2 - stored revision (-1 for none: so -1 means "nothing stored", -2 "revision 0" …).
 local exact = 9007199254740992
 local new = tonumber(ARGV[2])
 local expected = tonumber(ARGV[3])
@@ -65,10 +66,10 @@ local function write()
   else
     redis.call('DEL', KEYS[1])
     if KEYS[2] then redis.call('ZREM', KEYS[2], ARGV[6]) end
-    return {1}
+    return 1
   end
   if KEYS[2] then redis.call('ZADD', KEYS[2], 0, ARGV[6]) end
-  return {1}
+  return 1
 end
 -- The first top-level "revision" of a document, read off its opening text without
 -- decoding it, when the opening is members whose values are integers or strings
@@ -133,7 +134,7 @@ elseif current then
   end
 end
 if new >= exact or (stored and stored >= exact) or (expected and expected >= exact) then
-  return {2}
+  return 2
 end
 local won
 if expected then
@@ -142,7 +143,7 @@ else
   won = stored == nil or new > stored
 end
 if not won then
-  return {0, stored or -1}
+  return -2 - (stored or -1)
 end
 return write()
 """,
