@@ -36,3 +36,15 @@ def test_python_dash_m_siglo_runs_the_cli() -> None:
         [sys.executable, "-m", "siglo", "--version"], capture_output=True, text=True, check=True
     )
     assert "siglo" in done.stdout
+
+
+def test_version_comes_from_the_distribution_metadata() -> None:
+    from importlib.metadata import version
+
+    import siglo
+
+    assert siglo.__version__ == version("siglo")
+    done = subprocess.run(
+        [sys.executable, "-m", "siglo", "--version"], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == f"siglo {version('siglo')}"
