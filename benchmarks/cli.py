@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the backends the scale workloads run on (default: --backends)",
     )
     p.add_argument(
+        "--scale-kinds",
+        type=_csv(("siglo", "raw")),
+        default=["siglo", "raw"],
+        help="whose scale workloads run (the target is siglo's; raw is for comparison)",
+    )
+    p.add_argument(
         "--e2e",
         action="store_true",
         help="also run the end-to-end workflow comparison (siglo, DBOS, LangGraph)",
@@ -121,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BACKEND:KEY=VALUE",
         help="an option for siglo's backend factory (repeatable; VALUE parsed as JSON "
         "if it can be), e.g. postgres:pool_size=20",
+    )
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="run nothing: write the report (and --update-docs) from an earlier run's results.json",
     )
     p.add_argument(
         "--load-note",
@@ -313,7 +325,7 @@ async def _run_backend(
                 from benchmarks.scale import run_scale
 
                 for s in subjects:
-                    if s.kind == "langgraph":
+                    if s.kind not in args.scale_kinds:
                         continue
                     doc["scale"].append(await _scale_with_twin(s, backend, args, tmp, run_scale))
     finally:
@@ -427,14 +439,22 @@ async def _cancellable(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, A
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
-    if args.update_docs is not None and (args.quick or args.repeat < 3):
-        # A published ratio is the median of at least three interleaved rounds.
-        raise SystemExit("--update-docs needs --repeat 3 or more (and not --quick)")
-    try:
-        doc = asyncio.run(_cancellable(run(args)))
-    except asyncio.CancelledError:
-        print("interrupted: private data removed, no results written", file=sys.stderr)
-        return 130
+    if args.render is not None:
+        # The report of an earlier run again (after the reasons of its misses were
+        # written down, say): the figures are that run's, untouched.
+        doc = json.loads(args.render.read_text())
+        report.add_ratios_and_targets(doc)
+    else:
+        if args.update_docs is not None and (args.quick or args.repeat < 3):
+            # A published ratio is the median of at least three interleaved rounds.
+            raise SystemExit("--update-docs needs --repeat 3 or more (and not --quick)")
+        try:
+            doc = asyncio.run(_cancellable(run(args)))
+        except asyncio.CancelledError:
+            print("interrupted: private data removed, no results written", file=sys.stderr)
+            return 130
+    if doc["meta"].get("quick") and args.update_docs is not None:
+        raise SystemExit("--update-docs: a quick run is not published")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.out / "results.md").write_text(report.markdown(doc))
