@@ -220,3 +220,36 @@ async def test_typed_accessors_of_coordination_parts() -> None:
     for require in (bare.require_lock, bare.require_idempotency, bare.require_nonces):
         with pytest.raises(siglo.CapabilityNotSupportedError, match="'bare' has no"):
             require()
+
+
+_NO_DRIVERS = """
+import importlib.abc, sys
+
+class NoDrivers(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"sqlalchemy", "aiosqlite", "psycopg", "psycopg_pool", "redis"}:
+            raise ImportError(f"{name} is not installed here")
+        return None
+
+sys.meta_path.insert(0, NoDrivers())
+import json, siglo
+from siglo.plugins import get_registry
+rows = {name: info.error for name, info in get_registry().plugins.items()}
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.rule("plugins.driver-missing")
+def test_built_in_plugins_load_without_any_driver() -> None:
+    # Importing a plugin imports no driver: what a core-only install sees when it loads
+    # the plugins (tests/test_packaging.py checks a real one, and its messages).
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_DRIVERS], capture_output=True, text=True, check=True
+    )
+    assert json.loads(done.stdout) == {
+        name: None for name in ("memory", "redis", "sqlite", "postgres", "filestore")
+    }
