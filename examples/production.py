@@ -85,7 +85,12 @@ async def main(url: str) -> None:
     async with siglo.connect(url) as backend:  # 1. the client (7. closed on exit)
         service = Service(backend)
         print(await service.process_daily_settlement("settlement-2026-11-29"))
-        print(await service.handle_webhook("sig-1", {"id": "evt_1", "amount": 10}))
+        try:
+            print(await service.handle_webhook("sig-1", {"id": "evt_1", "amount": 10}))
+        except PermissionError as refused:
+            # Run twice on one store: the settlement run is found and its result returned
+            # (flow.run is run-or-continue), and this second delivery of sig-1 is a replay.
+            print(f"refused: {refused}")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ async def test_a_namespace_walk_follows_the_namespace_index(kind: str) -> None:
             ListQuery(namespace="tenant"),
             ListQuery(namespace="tenant", cursor=cursor, statuses=frozenset({"completed"})),
             ListQuery(namespace=None, cursor=cursor),
+            # As long as the indexed prefix: the whole namespace is compared as well.
+            ListQuery(namespace="n" * 250, cursor=cursor),
         ):
             plan = await _list_plan(adapter, kind, query)
             assert "siglo_checkpoints_namespace" in plan, plan

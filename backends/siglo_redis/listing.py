@@ -42,8 +42,16 @@ from siglo_redis.scripts import DEADLINE_PRUNE, INDEX_PRUNE
 
 __all__ = ["CheckpointIndex", "member_of", "split_member"]
 
-_CHUNK = 200
-"""Members read per ``ZRANGEBYLEX`` while a page fills."""
+_CHUNK = 2_000
+"""The most members read per ``ZRANGEBYLEX`` while a page fills."""
+
+
+def _status_patterns(query: ListQuery) -> tuple[bytes, ...]:
+    """Byte strings one of which a document of a wanted status must contain (its status
+    as a JSON string, however the writer spaced its keys); ``()``: no status filter."""
+    if query.statuses is None:
+        return ()
+    return tuple(b'"' + status.encode() + b'"' for status in sorted(query.statuses))
 
 
 def member_of(stack_id: str, namespace: str | None) -> str:
@@ -136,9 +144,13 @@ class CheckpointIndex:
         found: list[tuple[int, str, CheckpointSummary]],
     ) -> str:
         index = self.key(shard)
+        # The first read asks for just enough for the page; a filter that skips most
+        # documents makes each next read twice as large.
+        chunk = query.limit + 1
+        wanted = _status_patterns(query)
         while len(found) <= query.limit:
             members = await self._redis.call(
-                "ZRANGEBYLEX", self._client.zrangebylex(index, low, high, 0, _CHUNK)
+                "ZRANGEBYLEX", self._client.zrangebylex(index, low, high, 0, chunk)
             )
             names = [text(m) or "" for m in members or ()]
             if not names:
@@ -151,14 +163,17 @@ class CheckpointIndex:
                 if data is None:
                     await self._redis.script(INDEX_PRUNE, [key, index], [member])
                     continue
+                if wanted and not any(pattern in data for pattern in wanted):
+                    continue  # cannot have a wanted status: not worth decoding
                 checkpoint = Checkpoint.from_json(data)
                 if checkpoint.is_expired(now) or not query.matches(checkpoint):
                     continue
                 found.append((number, member, CheckpointSummary.of(checkpoint)))
                 if len(found) > query.limit:
                     return low
-            if len(names) < _CHUNK:
+            if len(names) < chunk:
                 return low
+            chunk = min(chunk * 2, _CHUNK)
         return low
 
     async def add_deadline(self, record: WaitRecord) -> None:

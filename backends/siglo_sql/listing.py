@@ -27,9 +27,14 @@ def page_conditions(query: ListQuery, dialect_name: str) -> tuple[str, list[Any]
     params: list[Any] = []
     if query.namespace is not MISSING:
         namespace = query.namespace or ""
-        exact = exact_match(dialect_name)("namespace")
-        where.append(f"substr(namespace, 1, {ID_PREFIX}) = ? AND {exact} = ?")
-        params += [namespace[:ID_PREFIX], namespace]
+        where.append(f"substr(namespace, 1, {ID_PREFIX}) = ?")
+        params.append(namespace[:ID_PREFIX])
+        if len(namespace) >= ID_PREFIX:
+            # Only a namespace as long as the indexed prefix can share it with another.
+            # (Shorter, the prefix's equality is exact, and no second condition makes
+            # the planner misjudge how many rows match.)
+            where.append(f"{exact_match(dialect_name)('namespace')} = ?")
+            params.append(namespace)
     if query.cursor is not None:
         (last,) = decode_cursor(query.cursor, 1)
         try:

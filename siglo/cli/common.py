@@ -47,7 +47,7 @@ def print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-_WHOLE = frozenset({"status", "revision", "removed", "kind", "field"})
+_WHOLE = frozenset({"status", "rev", "removed", "kind", "field", "namespace"})
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -62,7 +62,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
 
 
 def format_ms(ms: int | None) -> str | None:
-    """A millisecond timestamp as UTC ``YYYY-MM-DD HH:MM:SS`` (``None`` stays ``None``);
+    """A millisecond timestamp as UTC ``YYYY-MM-DD HH:MM`` (``None`` stays ``None``);
     ``--json`` output keeps the milliseconds themselves."""
     if ms is None:
         return None
@@ -70,4 +70,4 @@ def format_ms(ms: int | None) -> str | None:
         moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
     except (OverflowError, OSError, ValueError):
         return str(ms)
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return moment.strftime("%Y-%m-%d %H:%M")

@@ -57,7 +57,7 @@ _ROW = (
     "namespace",
     "workflow",
     "status",
-    "revision",
+    "rev",
     "updated (UTC)",
     "expires (UTC)",
 )
