@@ -151,8 +151,11 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_cluster(ports: list[int], bus_ports: list[int]) -> Iterator[list[RedisServer]]:
-    """Three cluster-enabled servers joined by ``redis-cli --cluster create``.
+def start_cluster(
+    ports: list[int], bus_ports: list[int], replicas: int = 0
+) -> Iterator[list[RedisServer]]:
+    """Cluster-enabled servers joined by ``redis-cli --cluster create``: three masters,
+    or with ``replicas=1`` three masters and three replicas (six ports).
 
     The cluster bus ports are given too, so nothing listens outside our port range.
     """
@@ -175,7 +178,7 @@ def start_cluster(ports: list[int], bus_ports: list[int]) -> Iterator[list[Redis
             [
                 "redis-cli", "--cluster", "create",
                 *(f"127.0.0.1:{p}" for p in ports),
-                "--cluster-replicas", "0", "--cluster-yes",
+                "--cluster-replicas", str(replicas), "--cluster-yes",
             ],
             check=True,
             capture_output=True,

@@ -131,6 +131,13 @@ def client_from_url(
         _warn_if_cluster_driver_is_unsafe(redis.__version__)
         # No socket_timeout here: it makes redis-py 7's RedisCluster fail concurrent
         # first commands; command_timeout_ms bounds every call anyway.
+        if "reinitialize_steps" not in query:
+            # redis-py re-reads the whole topology after every 5th MOVED by closing the
+            # client, which cuts connections other calls have written on: their
+            # commands, possibly run, are sent again (a won compare-and-set reported as
+            # a conflict, a lock handed out twice while slots move). 0: each MOVED
+            # patches the slot table instead; a failed connection still re-reads it all.
+            kwargs.setdefault("reinitialize_steps", 0)
         return cluster_class.from_url(driver_url, **kwargs)
     if "socket_timeout" not in query and command_timeout_ms is None:
         kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)

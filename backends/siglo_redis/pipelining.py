@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -345,6 +346,23 @@ class AutoPipeline:
         """Allow use again after :meth:`aclose` (a new connection on the next call)."""
         self._closed = False
 
+    async def retire(self, grace_s: float) -> None:
+        """Close once every call already queued or written has its reply (at most
+        ``grace_s``; after that, as :meth:`aclose`).
+
+        A written command may have run: failing its call would make the caller (or
+        redis-py's cluster retry) send it again, and a compare-and-set or a claim that
+        ran twice reports a conflict or a refusal for what it had in fact done.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        # Polled: the reader hands replies out one by one and signals nothing when done.
+        for _ in range(int(grace_s / 0.005) + 1):
+            if not (self._inflight or self._queue) or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.005)
+        await self.aclose()
+
 
 async def _no_cleanup(_error: Exception) -> None:
     """The retry's failure hook: the pipeline has already dropped the connection."""
@@ -413,6 +431,11 @@ class _PipelinedNode:
         return await self._pipe.execute(args, kwargs)
 
 
+_ROUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("siglo_routing", default=False)
+"""True inside redis-py's routing of one command: an ``aclose()`` there is its own."""
+_RETIRE_GRACE_S: Final = 30.0
+
+
 class AutoPipelinedRedisCluster(redis.asyncio.RedisCluster):
     """``redis.asyncio.RedisCluster`` with one :class:`AutoPipeline` per node.
 
@@ -444,13 +467,31 @@ class AutoPipelinedRedisCluster(redis.asyncio.RedisCluster):
 
     async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
         node: Any = _PipelinedNode(target_node, self._pipeline_for(target_node))
-        return await super()._execute_command(node, *args, **kwargs)
+        token = _ROUTING.set(True)
+        try:
+            return await super()._execute_command(node, *args, **kwargs)
+        finally:
+            _ROUTING.reset(token)
 
     async def aclose(self, *args: Any, **kwargs: Any) -> None:
-        # redis-py also calls aclose() itself to re-read the topology after a failure;
-        # the node pipelines then fail their pending calls (redis-py retries them) and
-        # reconnect on the next call.
-        for pipe in list((self._node_pipelines or {}).values()):
-            await pipe.aclose()
-            pipe.reopen()
+        pipes = list((self._node_pipelines or {}).values())
+        self._node_pipelines = {}
+        if _ROUTING.get():
+            # redis-py calls aclose() itself to re-read the topology: after a connection
+            # failure, and after every few MOVED replies (so, all through a resharding).
+            # Other callers' commands are then written and may have run; failing them
+            # would have redis-py send them again (a lock taken twice, a won
+            # compare-and-set reported as a conflict). New calls get new pipelines; the
+            # old ones close once their calls are answered (or their connection fails).
+            for pipe in pipes:
+                task = asyncio.get_running_loop().create_task(pipe.retire(_RETIRE_GRACE_S))
+                _RETIRING.add(task)
+                task.add_done_callback(_RETIRING.discard)
+        else:
+            for pipe in pipes:
+                await pipe.aclose()
         await super().aclose(*args, **kwargs)
+
+
+_RETIRING: set[asyncio.Task[None]] = set()
+"""Pipelines closing in the background (kept from the garbage collector)."""
