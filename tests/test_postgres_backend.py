@@ -39,10 +39,10 @@ async def test_url_forms_and_options(schema: str) -> None:
         assert rows == [("siglo-test",)]
         rows = await db.fetch(
             db.sql(
-                "SELECT data_type FROM information_schema.columns WHERE table_schema = ? "
+                "SELECT data_type FROM information_schema.columns WHERE table_schema = :schema "
                 "AND table_name = 'siglo_checkpoints' AND column_name = 'document'"
             ),
-            (schema,),
+            {"schema": schema},
         )
         assert rows == [("bytea",)]
         # More concurrent operations than pooled connections: they queue, all succeed.

@@ -19,6 +19,7 @@ from siglo import Checkpoint
 from siglo.errors import StorageAdapterError
 from siglo_sql.batching import KeyedReads
 from siglo_sql.keys import row_id
+from siglo_sql.statements import many_ids
 
 
 @pytest.fixture
@@ -100,8 +101,8 @@ def reads_with(backend: siglo.Backend, many: str) -> KeyedReads:
     db = adapter.database
     return KeyedReads(
         db,
-        db.sql(adapter._s.cp_get),
-        lambda n: db.sql(many.format(ids=", ".join(["?"] * n))),
+        adapter._s.cp_get,
+        lambda n: db.sql(many.format(ids=many_ids(n))),
         adapter.clock.now_ms,
     )
 

@@ -21,7 +21,7 @@ async def test_clean_in_batches_returns_the_count(kind: str) -> None:
     async with open_backend(kind, clock=clock, clean_batch_size=100) as backend:
         a = backend.adapter
         db = a.database  # type: ignore[attr-defined]
-        cp = db.sql(a._s.cp_insert_if_absent)  # type: ignore[attr-defined]
+        cp = a._s.cp_insert_if_absent  # type: ignore[attr-defined]
         # 250 checkpoints expiring at 1_500, 10 kept: written directly, in one transaction.
         from siglo_sql.keys import row_id
 
@@ -29,8 +29,10 @@ async def test_clean_in_batches_returns_the_count(kind: str) -> None:
             for i in range(260):
                 gone = 1_500 if i < 250 else None
                 doc = Checkpoint(stack_id=f"s{i}", revision=1, timestamp=1).to_json()
-                params = (row_id("", f"s{i}"), "", f"s{i}", 1, "running", gone, doc)
-                await tx.fetch(cp, (*params, None, 1, None, 0))
+                row = {"id": row_id("", f"s{i}"), "namespace": "", "stack_id": f"s{i}"}
+                row.update(revision=1, status="running", gone_at=gone, document=doc)
+                row.update(workflow_id=None, updated_at=1, expires_at=None, now=0)
+                await tx.fetch(cp, row)
         assert await a.clean_expired_checkpoints() == 0
         clock.advance(499)
         assert await a.get_checkpoint("s0") is not None

@@ -38,9 +38,9 @@ async def _plan(adapter: Any, kind: str, sql: str) -> str:
     if kind == "postgres":
         async with db.transaction() as tx:
             await tx.fetch("SET LOCAL enable_seqscan = off")
-            rows = await tx.fetch("EXPLAIN " + sql, (0, 10))
+            rows = await tx.fetch("EXPLAIN " + sql, {"now": 0, "limit": 10})
         return "\n".join(str(r[0]) for r in rows)
-    rows = await db.fetch("EXPLAIN QUERY PLAN " + sql, (0, 10))
+    rows = await db.fetch("EXPLAIN QUERY PLAN " + sql, {"now": 0, "limit": 10})
     return "\n".join(str(r[-1]) for r in rows)
 
 
@@ -90,15 +90,17 @@ async def test_version_2_database_migrates_to_partial_indexes(kind: str) -> None
         # The columns of version 2 (later versions add columns the current save sets).
         save = db.sql(
             "INSERT INTO siglo_checkpoints (id, namespace, stack_id, revision, status, "
-            "gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "gone_at, document) VALUES (:id, '', :stack_id, 1, 'running', :gone_at, :document)"
             if kind != "postgres"
             else f"INSERT INTO {adapter.schema}.siglo_checkpoints (id, namespace, stack_id, "
-            "revision, status, gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "revision, status, gone_at, document) "
+            "VALUES (:id, '', :stack_id, 1, 'running', :gone_at, :document)"
         )
         for stack_id, gone_at in (("kept", None), ("expired", 1)):
             doc = Checkpoint(stack_id=stack_id, revision=1, timestamp=1).to_json()
             key = row_id("", stack_id)
-            await db.raw_fetch(save, (key, "", stack_id, 1, "running", gone_at, doc))
+            row = {"id": key, "stack_id": stack_id, "gone_at": gone_at, "document": doc}
+            await db.raw_fetch(save, row)
         assert await adapter.migrate() == (2, SCHEMA_VERSION)
         kept = await adapter.get_checkpoint("kept")
         assert kept is not None

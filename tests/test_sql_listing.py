@@ -20,7 +20,7 @@ from siglo_sql.listing import page_conditions
 pytestmark = pytest.mark.parametrize("kind", SHARED_KINDS)
 
 
-async def _plan(adapter: Any, kind: str, sql: str, params: tuple[Any, ...]) -> str:
+async def _plan(adapter: Any, kind: str, sql: str, params: dict[str, Any]) -> str:
     db = adapter.database
     sql = db.sql(sql)
     if kind == "postgres":
@@ -38,7 +38,7 @@ async def _plan(adapter: Any, kind: str, sql: str, params: tuple[Any, ...]) -> s
 async def _list_plan(adapter: Any, kind: str, query: ListQuery) -> str:
     where, params = page_conditions(query, adapter.database.dialect_name)
     sql = adapter._s.cp_list.format(where=where)
-    return await _plan(adapter, kind, sql, (*params, 0, 101))
+    return await _plan(adapter, kind, sql, {**params, "now": 0, "limit": 101})
 
 
 @pytest.mark.rule("list.walk")
@@ -80,7 +80,7 @@ async def test_due_waits_follow_the_deadline_index(kind: str) -> None:
     async with open_backend(kind) as backend:
         adapter: Any = backend.adapter
         await adapter.open()
-        plan = await _plan(adapter, kind, adapter._s.wait_due, (0, 0, 0, 10))
+        plan = await _plan(adapter, kind, adapter._s.wait_due, {"now": 0, "limit": 10})
         assert "siglo_wait_records_deadline" in plan, plan
 
 
@@ -90,9 +90,10 @@ async def test_deleting_a_stack_follows_indexes(kind: str) -> None:
         adapter: Any = backend.adapter
         await adapter.open()
         s = adapter._s
-        plan = await _plan(adapter, kind, s.ctx_delete_stack, ("x", "x", ""))
+        params = {"stack_id_prefix": "x", "stack_id": "x", "namespace": ""}
+        plan = await _plan(adapter, kind, s.ctx_delete_stack, params)
         assert "siglo_context_changes_stack" in plan, plan
-        plan = await _plan(adapter, kind, s.wait_delete_stack, (bytes(16),))
+        plan = await _plan(adapter, kind, s.wait_delete_stack, {"stack_ref": bytes(16)})
         assert "siglo_wait_records_stack" in plan, plan
 
 

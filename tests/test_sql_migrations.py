@@ -142,8 +142,11 @@ async def test_newer_database_is_refused(kind: str) -> None:
         if kind == "postgres":
             table = f'"{backend.adapter.schema}".{table}'  # type: ignore[attr-defined]
         await db.fetch(
-            db.sql(f"INSERT INTO {table} (version, applied_at, description) VALUES (?, ?, ?)"),
-            (SCHEMA_VERSION + 1, 1, "from the future"),
+            db.sql(
+                f"INSERT INTO {table} (version, applied_at, description) "
+                "VALUES (:version, 1, 'from the future')"
+            ),
+            {"version": SCHEMA_VERSION + 1},
         )
         later = siglo.connect(backend.url)
         with pytest.raises(siglo.SchemaVersionError, match="newer than this siglo"):

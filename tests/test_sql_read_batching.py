@@ -18,6 +18,7 @@ from siglo import Checkpoint, ManualClock
 from siglo.errors import StorageAdapterError
 from siglo_sql.batching import KeyedReads
 from siglo_sql.keys import row_id
+from siglo_sql.statements import many_ids
 
 
 @pytest.fixture
@@ -94,12 +95,12 @@ def reads_of(backend: siglo.Backend, many: Callable[[int], str]) -> KeyedReads:
     """A reader of checkpoint documents whose batches run ``many(n)``."""
     adapter: Any = backend.adapter
     db = adapter.database
-    return KeyedReads(db, db.sql(adapter._s.cp_get), many, adapter.clock.now_ms)
+    return KeyedReads(db, adapter._s.cp_get, many, adapter.clock.now_ms)
 
 
 async def test_a_failing_batch_fails_its_callers_only(backend: siglo.Backend) -> None:
     await save(backend, "a", 1)
-    reads = reads_of(backend, lambda n: "SELECT id, document FROM no_such_table WHERE id IN (?)")
+    reads = reads_of(backend, lambda n: "SELECT id, document FROM no_such_table WHERE id IN (:id0)")
     key = row_id("", "a")
     results = await asyncio.gather(reads.get(key), reads.get(key), return_exceptions=True)
     assert isinstance(results[0], bytes)  # ran alone, with the single-key statement
@@ -113,8 +114,8 @@ async def test_cancelled_callers_leave_the_others_answered(backend: siglo.Backen
     adapter: Any = backend.adapter
     for name in ("a", "b", "c"):
         await save(backend, name, 1)
-    many = adapter.database.sql(adapter._s.cp_get_many)
-    reads = reads_of(backend, lambda n: many.format(ids=", ".join(["?"] * n)))
+    many = adapter._s.cp_get_many
+    reads = reads_of(backend, lambda n: adapter.database.sql(many.format(ids=many_ids(n))))
     runner = asyncio.ensure_future(reads.get(row_id("", "a")))
     await asyncio.sleep(0)
     waiter_b = asyncio.ensure_future(reads.get(row_id("", "b")))

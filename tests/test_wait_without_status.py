@@ -38,7 +38,7 @@ async def _store_without_status(kind: str, backend: siglo.Backend, doc: dict[str
         table = adapter.table_prefix + "wait_records"
         if adapter.schema:
             table = f'"{adapter.schema}".{table}'
-        await db.fetch(db.sql(f"UPDATE {table} SET document = ?"), (data,))
+        await db.fetch(db.sql(f"UPDATE {table} SET document = :document"), {"document": data})
 
 
 @pytest.mark.parametrize("kind", KINDS)

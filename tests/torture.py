@@ -439,8 +439,8 @@ async def fuzz_stored(kind: str, backend: siglo.Backend, count: int) -> dict[str
             db = adapter.database
             table = f"{adapter.table_prefix}checkpoints"
             name = f'"{adapter.schema}".{table}' if adapter.schema else table
-            update = db.sql(f"UPDATE {name} SET document = ? WHERE stack_id = ?")
-            await db.fetch(update, (data, stack))
+            update = db.sql(f"UPDATE {name} SET document = :document WHERE stack_id = :stack")
+            await db.fetch(update, {"document": data, "stack": stack})
         try:
             await adapter.get_checkpoint(stack)
             outcomes["accepted"] += 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,7 +30,7 @@ from sqlalchemy.dialects import postgresql
 
 from siglo.errors import SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
-from siglo_sql.database import Database, Executor, OnOpen, Row
+from siglo_sql.database import Database, Executor, OnOpen, Params, Row
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -44,7 +44,7 @@ cancellation before its connection is cut (psycopg alone would wait up to 10 s).
 AsyncConn = psycopg.AsyncConnection[Any]
 
 
-async def _fetch(conn: AsyncConn, sql: str, params: Sequence[Any]) -> list[Row]:
+async def _fetch(conn: AsyncConn, sql: str, params: Params) -> list[Row]:
     if params:
         cur = await conn.execute(sql, params, binary=True)
     else:
@@ -101,7 +101,7 @@ class _Tx:
         self._db = db
         self._conn = conn
 
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         try:
             return await _fetch(self._conn, sql, params)
         except SigloError:
@@ -115,7 +115,7 @@ class PostgresDatabase(Database):
 
     dialect_name = "postgresql"
     sa_dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    placeholder = "%s"
+    pyformat = True
     coalesce_reads = True
     """Concurrent checkpoint loads share one ``SELECT … IN (…)`` while a lookup runs
     (:mod:`siglo_sql.batching`): a pool runs ten statements at once, but each still costs
@@ -220,7 +220,7 @@ class PostgresDatabase(Database):
             finally:
                 watch.close()
 
-    async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
         try:
             async with self._bounded("running a statement") as conn:
                 return await _fetch(conn, sql, params)

@@ -30,7 +30,7 @@ from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
-from siglo_sql.statements import Statements
+from siglo_sql.statements import Statements, many_ids
 
 __all__ = ["SqlStorageAdapter"]
 
@@ -115,30 +115,19 @@ class SqlStorageAdapter(StorageAdapter):
         )
         self.workflow_lock_ttl_ms = require_ttl_ms("workflow_lock_ttl_ms", workflow_lock_ttl_ms)
         self.clean_batch_size = require_ttl_ms("clean_batch_size", clean_batch_size)
+        # Statements already in the driver's parameter style (converted at connect).
         self._s = statements
-        s = database.sql
-        # Statements in the driver's placeholder style, converted once.
-        self._cp_insert_if_absent = s(statements.cp_insert_if_absent)
-        self._cp_save_forward = s(statements.cp_save_forward)
-        self._cp_update_expected = s(statements.cp_update_expected)
-        self._cp_current_revision = s(statements.cp_current_revision)
-        self._cp_get = s(statements.cp_get)
-        self._cp_get_fallback = s(statements.cp_get_fallback)
         self._cp_reads: KeyedReads | None = None
         if database.coalesce_reads:
             many = statements.cp_get_many
             self._cp_reads = KeyedReads(
                 database,
-                self._cp_get,
-                lambda n: s(many.format(ids=", ".join(["?"] * n))),
+                statements.cp_get,
+                lambda n: database.sql(many.format(ids=many_ids(n))),
                 lambda: self.clock.now_ms(),
             )
-        self._wait_get = s(statements.wait_get)
-        one = statements.wait_save_one
-        self._wait_save_one = None if one is None else s(one)
-        self._wait_claim = s(statements.wait_claim)
-        self._cache_get = s(statements.cache_get)
-        self._cache_set = s(statements.cache_set)
+        self._cp_list: dict[str, str] = {}
+        """``cp_list`` completed and converted, by the shape of its conditions."""
         # The workflow lock is a lease row like any lock, in its own scope. Its lease
         # runs on wall time: it only frees the lock of a crashed holder (the memory
         # model's lock never expires), so a test moving a ManualClock must not free it.
@@ -192,37 +181,30 @@ class SqlStorageAdapter(StorageAdapter):
         expires_at = None if checkpoint.expires_at is None else at_most(checkpoint.expires_at)
         gone_at = _earliest(expires_at, self._retention(now))
         fetch = self.database.fetch
+        s = self._s
         key = row_id(namespace, stack_id)
+        row = {
+            "id": key,
+            "namespace": namespace,
+            "stack_id": stack_id,
+            "revision": revision,
+            "status": checkpoint.status,
+            "gone_at": gone_at,
+            "document": data,
+            "workflow_id": checkpoint.workflow_id,
+            "updated_at": at_most(checkpoint.timestamp),
+            "expires_at": expires_at,
+            "expected": expected_revision,
+            "now": now,
+        }
         if expected_revision is None:
-            rows = await fetch(
-                self._cp_save_forward,
-                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data,
-                 checkpoint.workflow_id, at_most(checkpoint.timestamp), expires_at, now),
-            )  # fmt: skip
+            rows = await fetch(s.cp_save_forward, row)
         elif expected_revision == 0:
-            rows = await fetch(
-                self._cp_insert_if_absent,
-                (key, namespace, stack_id, revision, checkpoint.status, gone_at, data,
-                 checkpoint.workflow_id, at_most(checkpoint.timestamp), expires_at, now),
-            )  # fmt: skip
+            rows = await fetch(s.cp_insert_if_absent, row)
         else:
-            rows = await fetch(
-                self._cp_update_expected,
-                (
-                    revision,
-                    checkpoint.status,
-                    gone_at,
-                    data,
-                    checkpoint.workflow_id,
-                    at_most(checkpoint.timestamp),
-                    expires_at,
-                    key,
-                    expected_revision,
-                    now,
-                ),
-            )
+            rows = await fetch(s.cp_update_expected, row)
         if not rows:
-            found = await fetch(self._cp_current_revision, (key, now))
+            found = await fetch(s.cp_current_revision, {"id": key, "now": now})
             raise CheckpointConflictError(
                 stack_id, found[0][0] if found else None, expected_revision, revision
             )
@@ -232,23 +214,26 @@ class SqlStorageAdapter(StorageAdapter):
     ) -> Checkpoint | None:
         if namespace is not None and fallback:
             rows = await self.database.fetch(
-                self._cp_get_fallback,
-                (row_id(namespace, stack_id), row_id("", stack_id), self.clock.now_ms()),
+                self._s.cp_get_fallback,
+                {
+                    "id": row_id(namespace, stack_id),
+                    "fallback_id": row_id("", stack_id),
+                    "now": self.clock.now_ms(),
+                },
             )
             return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
         key = row_id(namespace or "", stack_id)
         if self._cp_reads is not None:
             data = await self._cp_reads.get(key)
             return None if data is None else Checkpoint.from_json(data)
-        rows = await self.database.fetch(self._cp_get, (key, self.clock.now_ms()))
+        rows = await self.database.fetch(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
         return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
 
     async def _clean(self, sql: str) -> int:
-        sql = self.database.sql(sql)
-        now = self.clock.now_ms()
+        params = {"now": self.clock.now_ms(), "limit": self.clean_batch_size}
         total = 0
         while True:
-            rows = await self.database.fetch(sql, (now, self.clean_batch_size))
+            rows = await self.database.fetch(sql, params)
             total += len(rows)
             if len(rows) < self.clean_batch_size:
                 return total
@@ -277,9 +262,12 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
         db = self.database
         where, params = page_conditions(query, db.dialect_name)
-        sql = db.sql(self._s.cp_list.format(where=where))
+        sql = self._cp_list.get(where)
+        if sql is None:  # a shape of conditions not seen yet: converted once
+            sql = self._cp_list[where] = db.sql(self._s.cp_list.format(where=where))
         # One row more than the page tells whether another page follows.
-        rows = await db.fetch(sql, (*params, self.clock.now_ms(), query.limit + 1))
+        params.update(now=self.clock.now_ms(), limit=query.limit + 1)
+        rows = await db.fetch(sql, params)
         page = rows[: query.limit]
         more = len(rows) > query.limit
         return CheckpointPage([summary_of(r) for r in page], cursor_of(page[-1]) if more else None)
@@ -296,24 +284,26 @@ class SqlStorageAdapter(StorageAdapter):
         # together, or (a refused compare-and-set) nothing does.
         async with db.transaction() as tx:
             if expected_revision is None:
-                rows = await tx.fetch(db.sql(s.cp_delete), (key,))
+                rows = await tx.fetch(s.cp_delete, {"id": key})
             else:
-                rows = await tx.fetch(db.sql(s.cp_delete_expected), (key, expected_revision, now))
+                expected = {"id": key, "expected": expected_revision, "now": now}
+                rows = await tx.fetch(s.cp_delete_expected, expected)
                 if not rows:
-                    found = await tx.fetch(db.sql(s.cp_current_revision), (key, now))
+                    found = await tx.fetch(s.cp_current_revision, {"id": key, "now": now})
                     raise CheckpointConflictError(
                         stack_id, found[0][0] if found else None, expected_revision
                     )
-            await tx.fetch(db.sql(s.wait_delete_stack), (key,))
-            await tx.fetch(db.sql(s.wait_latest_delete_orphan), (row_id(stack_id),))
-            await tx.fetch(db.sql(s.ctx_delete_stack), (stack_id[:ID_PREFIX], stack_id, ns))
+            await tx.fetch(s.wait_delete_stack, {"stack_ref": key})
+            await tx.fetch(s.wait_latest_delete_orphan, {"latest_id": row_id(stack_id)})
+            await tx.fetch(
+                s.ctx_delete_stack,
+                {"stack_id_prefix": stack_id[:ID_PREFIX], "stack_id": stack_id, "namespace": ns},
+            )
         return any(gone_at is None or gone_at > now for (gone_at,) in rows)
 
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
         now = self.clock.now_ms()
-        rows = await self.database.fetch(
-            self.database.sql(self._s.wait_due), (now, now, now, limit)
-        )
+        rows = await self.database.fetch(self._s.wait_due, {"now": now, "limit": limit})
         return [_wait_from_row(row) for row in rows]
 
     # -- wait records --------------------------------------------------------------------
@@ -326,26 +316,36 @@ class SqlStorageAdapter(StorageAdapter):
         db = self.database
         namespace = record.namespace or ""
         wait_id = row_id(record.correlation_key)
-        params = (
-            wait_id, record.correlation_key, record.stack_id, namespace,
-            row_id(namespace, record.stack_id), record.status,
-            None if record.expires_at is None else at_most(record.expires_at),
-            record.claimant_id, record.claimed_at, record.lease_expires_at,
-            record.completed_at, payload, gone_at, data,
-        )  # fmt: skip
-        latest = (row_id(record.stack_id), record.stack_id, wait_id)
-        if self._wait_save_one is not None:
-            await db.fetch(self._wait_save_one, params + latest)
+        params = {
+            "id": wait_id,
+            "correlation_key": record.correlation_key,
+            "stack_id": record.stack_id,
+            "namespace": namespace,
+            "stack_ref": row_id(namespace, record.stack_id),
+            "status": record.status,
+            "deadline": None if record.expires_at is None else at_most(record.expires_at),
+            "claimant_id": record.claimant_id,
+            "claimed_at": record.claimed_at,
+            "lease_expires_at": record.lease_expires_at,
+            "completed_at": record.completed_at,
+            "event_payload": payload,
+            "gone_at": gone_at,
+            "document": data,
+            "latest_id": row_id(record.stack_id),
+        }
+        s = self._s
+        if s.wait_save_one is not None:
+            await db.fetch(s.wait_save_one, params)
             return
         async with db.transaction() as tx:
-            await tx.fetch(db.sql(self._s.wait_upsert), params)
-            await tx.fetch(db.sql(self._s.wait_latest_upsert), latest)
+            await tx.fetch(s.wait_upsert, params)
+            await tx.fetch(s.wait_latest_upsert, params)
 
     async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
         key = correlation_key_or_stack_id
         now = self.clock.now_ms()
         rows = await self.database.fetch(
-            self._wait_get, (row_id(key), now, row_id(key), now, row_id("", key), now)
+            self._s.wait_get, {"id": row_id(key), "checkpoint_id": row_id("", key), "now": now}
         )
         if not rows:
             return None
@@ -372,20 +372,28 @@ class SqlStorageAdapter(StorageAdapter):
         now = self.clock.now_ms()
         lease = now + (lease_ms or self.claim_lease_ms)
         rows = await self.database.fetch(
-            self._wait_claim,
-            (claimant, now, lease, payload, row_id(correlation_key), now, claimant, now,
-             bool(allow_expired), now),
-        )  # fmt: skip
+            self._s.wait_claim,
+            {
+                "id": row_id(correlation_key),
+                "claimant_id": claimant,
+                "lease_expires_at": lease,
+                "event_payload": payload,
+                "allow_expired": bool(allow_expired),
+                "now": now,
+            },
+        )
         return _wait_from_row(rows[0]) if rows else None
 
     async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
         db = self.database
         now = self.clock.now_ms()
         key = row_id(correlation_key)
-        rows = await db.fetch(db.sql(self._s.wait_complete), (now, key, now, claimant_id))
+        rows = await db.fetch(
+            self._s.wait_complete, {"id": key, "claimant_id": claimant_id, "now": now}
+        )
         if rows:
             return
-        state = await db.fetch(db.sql(self._s.wait_state), (key, now))
+        state = await db.fetch(self._s.wait_state, {"id": key, "now": now})
         if not state:
             raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
         if state[0][0] != "claimed":
@@ -399,15 +407,15 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
         db = self.database
         rows = await db.fetch(
-            db.sql(self._s.wait_release),
-            (row_id(correlation_key), self.clock.now_ms(), claimant_id),
+            self._s.wait_release,
+            {"id": row_id(correlation_key), "claimant_id": claimant_id, "now": self.clock.now_ms()},
         )
         return bool(rows)
 
     async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
         db = self.database
         rows = await db.fetch(
-            db.sql(self._s.wait_cancel), (row_id(correlation_key), self.clock.now_ms())
+            self._s.wait_cancel, {"id": row_id(correlation_key), "now": self.clock.now_ms()}
         )
         return bool(rows)
 
@@ -417,8 +425,8 @@ class SqlStorageAdapter(StorageAdapter):
         now = self.clock.now_ms()
         key = row_id(ns, stack_id)
         async with db.transaction() as tx:
-            await tx.fetch(db.sql(self._s.wait_cancel_stack), (key, now))
-            rows = await tx.fetch(db.sql(self._s.cp_get_for_cancel), (key, now))
+            await tx.fetch(self._s.wait_cancel_stack, {"stack_ref": key, "now": now})
+            rows = await tx.fetch(self._s.cp_get_for_cancel, {"id": key, "now": now})
             if not rows:
                 return
             checkpoint = Checkpoint.from_json(bytes(rows[0][0]))
@@ -428,8 +436,13 @@ class SqlStorageAdapter(StorageAdapter):
                 status="cancelled", revision=checkpoint.revision + 1, timestamp=now
             )
             await tx.fetch(
-                db.sql(self._s.cp_set_cancelled),
-                (cancelled.revision, cancelled.to_json(), now, key),
+                self._s.cp_set_cancelled,
+                {
+                    "id": key,
+                    "revision": cancelled.revision,
+                    "document": cancelled.to_json(),
+                    "updated_at": now,
+                },
             )
 
     async def _do_with_workflow_lock(
@@ -450,7 +463,9 @@ class SqlStorageAdapter(StorageAdapter):
     # -- step cache ------------------------------------------------------------------------
 
     async def _do_get_cached_step(self, key: str) -> Any | Missing:
-        rows = await self.database.fetch(self._cache_get, (row_id(key), self.clock.now_ms()))
+        rows = await self.database.fetch(
+            self._s.cache_get, {"id": row_id(key), "now": self.clock.now_ms()}
+        )
         if not rows:
             return MISSING
         return codec.loads(rows[0][0], what="cached step")
@@ -458,7 +473,9 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         data = codec.dumps(value, what=f"cached value of {key!r}")
         gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
-        await self.database.fetch(self._cache_set, (row_id(key), key, gone_at, data))
+        await self.database.fetch(
+            self._s.cache_set, {"id": row_id(key), "key": key, "gone_at": gone_at, "value": data}
+        )
 
     # -- context stream and telemetry ---------------------------------------------------------
 
@@ -467,31 +484,40 @@ class SqlStorageAdapter(StorageAdapter):
         s = self._s
         names = (event.namespace or "", event.stack_id, event.step_id)
         stream = row_id(*names)
-        field_id = row_id(*names, event.key)
         now = self.clock.now_ms()
-        params: tuple[Any, ...]
+        params: dict[str, Any] = {
+            "id": row_id(*names, event.key),
+            "stream": stream,
+            "gone_at": self._retention(now),
+            "now": now,
+        }
         if event.op == "delete":
-            change, params = s.ctx_delete, (field_id,)
+            change = s.ctx_delete
         else:
-            value = codec.dumps(event.value, what=f"context value {event.key!r}")
             change = s.ctx_set
-            params = (field_id, stream, *names, event.key, value, self._retention(now))
+            params.update(
+                namespace=names[0],
+                stack_id=event.stack_id,
+                step_id=event.step_id,
+                field=event.key,
+                value=codec.dumps(event.value, what=f"context value {event.key!r}"),
+            )
         if self.checkpoint_ttl_ms is None:
-            await db.fetch(db.sql(change), params)
+            await db.fetch(change, params)
             return
         # A stream lives as long as its latest event keeps it: an expired stream starts
         # empty, and every event renews the retention of all its fields.
         async with db.transaction() as tx:
-            await tx.fetch(db.sql(s.ctx_drop_expired), (stream, now))
-            await tx.fetch(db.sql(change), params)
-            await tx.fetch(db.sql(s.ctx_touch), (self._retention(now), stream))
+            await tx.fetch(s.ctx_drop_expired, params)
+            await tx.fetch(change, params)
+            await tx.fetch(s.ctx_touch, params)
 
     async def _do_get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
     ) -> dict[str, Any]:
         db = self.database
         stream = row_id(namespace or "", stack_id, step_id)
-        rows = await db.fetch(db.sql(self._s.ctx_get), (stream, self.clock.now_ms()))
+        rows = await db.fetch(self._s.ctx_get, {"stream": stream, "now": self.clock.now_ms()})
         return {name: codec.loads(data, what="context value") for name, data in rows}
 
     async def _do_on_cache_event(self, event: CacheEvent) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from siglo_sql.database import Database
 
@@ -31,10 +31,10 @@ keeps each statement quick so the next batch is not kept waiting)."""
 class KeyedReads:
     """Lookups of one value by row id, coalesced while one is running.
 
-    ``single`` is the SQL that reads ``(value,)`` rows for parameters ``(id, now)``;
-    ``many(n)`` returns the SQL that reads ``(id, value)`` rows for parameters
-    ``(id_1 … id_n, now)``. ``clock`` gives the ``now`` of each statement, read when it
-    is sent.
+    ``single`` is the SQL that reads ``(value,)`` rows for parameters ``:id`` and
+    ``:now``; ``many(n)`` returns the SQL that reads ``(id, value)`` rows for parameters
+    ``:id0`` … ``:id<n-1>`` and ``:now`` (built once per ``n``). ``clock`` gives the
+    ``now`` of each statement, read when it is sent.
     """
 
     def __init__(
@@ -70,7 +70,7 @@ class KeyedReads:
             self._loop, self._waiting, self._drainer = loop, {}, None
         self._running = True
         try:
-            rows = await self._db.fetch(self._single, (key, self._clock()))
+            rows = await self._db.fetch(self._single, {"id": key, "now": self._clock()})
         finally:
             self._hand_over()
         return bytes(rows[0][0]) if rows else None
@@ -91,7 +91,9 @@ class KeyedReads:
                 keys = list(self._waiting)[: self._max_batch]
                 batch = {key: self._waiting.pop(key) for key in keys}
                 try:
-                    rows = await self._db.fetch(self._statement(len(keys)), (*keys, self._clock()))
+                    params: dict[str, Any] = {f"id{i}": key for i, key in enumerate(keys)}
+                    params["now"] = self._clock()
+                    rows = await self._db.fetch(self._statement(len(keys)), params)
                 except Exception as exc:  # the statement failed: so does every read in it
                     for futures in batch.values():
                         for future in futures:

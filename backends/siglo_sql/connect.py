@@ -144,6 +144,7 @@ def assemble_backend(
         db.sa_dialect,
         for_update=" FOR UPDATE" if postgres else "",
         writable_ctes=postgres,
+        style=db.sql,
     )
     clock = settings.clock
     adapter = adapter_cls(

@@ -45,21 +45,17 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
         self.clock: Clock = clock or system_clock
         self._db = database
-        sql = database.sql
-        self._claim = sql(statements.idem_claim)
-        self._state = sql(statements.idem_state)
-        self._complete = sql(statements.idem_complete)
-        self._fail = sql(statements.idem_fail)
-        self._result = sql(statements.idem_result)
+        self._s = statements
 
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
         ttl = ttl_ms or self.default_ttl_ms
         rid = row_id(key)
         for _ in range(100):
             now = self.clock.now_ms()
-            if await self._db.fetch(self._claim, (rid, key, at_most(now + ttl), now)):
+            params = {"id": rid, "key": key, "gone_at": at_most(now + ttl), "now": now}
+            if await self._db.fetch(self._s.idem_claim, params):
                 return "claimed"
-            rows = await self._db.fetch(self._state, (rid, now))
+            rows = await self._db.fetch(self._s.idem_state, params)
             if rows:
                 return "completed" if rows[0][0] == "completed" else "in-progress"
             # The holder failed (deleting its key) between our two statements: claim again.
@@ -68,13 +64,18 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
     async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
         data = codec.dumps(result, what=f"result of {key!r}")
         gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.default_ttl_ms))
-        await self._db.fetch(self._complete, (row_id(key), key, data, gone_at))
+        await self._db.fetch(
+            self._s.idem_complete,
+            {"id": row_id(key), "key": key, "result": data, "gone_at": gone_at},
+        )
 
     async def _do_fail(self, key: str, error: BaseException | None) -> None:
-        await self._db.fetch(self._fail, (row_id(key), self.clock.now_ms()))
+        await self._db.fetch(self._s.idem_fail, {"id": row_id(key), "now": self.clock.now_ms()})
 
     async def _do_get_result(self, key: str) -> Any | Missing:
-        rows = await self._db.fetch(self._result, (row_id(key), self.clock.now_ms()))
+        rows = await self._db.fetch(
+            self._s.idem_result, {"id": row_id(key), "now": self.clock.now_ms()}
+        )
         if not rows:
             return MISSING
         return codec.loads(rows[0][0], what="idempotency result")
@@ -98,17 +99,21 @@ class SqlLock(LockBase):
         self.clock: Clock = clock or system_clock
         self.scope = scope
         self._db = database
-        sql = database.sql
-        self._acquire = sql(statements.lock_acquire)
-        self._release = sql(statements.lock_release)
-        self._extend = sql(statements.lock_extend)
+        self._s = statements
 
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         now = self.clock.now_ms()
         token = custom_token or new_lock_token(now)
         rows = await self._db.fetch(
-            self._acquire,
-            (row_id(self.scope, lock_key), self.scope, lock_key, token, at_most(now + ttl_ms), now),
+            self._s.lock_acquire,
+            {
+                "id": row_id(self.scope, lock_key),
+                "scope": self.scope,
+                "key": lock_key,
+                "token": token,
+                "gone_at": at_most(now + ttl_ms),
+                "now": now,
+            },
         )
         if not rows:
             return LockResult(acquired=False, token=token)
@@ -116,14 +121,21 @@ class SqlLock(LockBase):
 
     async def _do_release(self, lock_key: str, token: str) -> bool:
         rows = await self._db.fetch(
-            self._release, (row_id(self.scope, lock_key), token, self.clock.now_ms())
+            self._s.lock_release,
+            {"id": row_id(self.scope, lock_key), "token": token, "now": self.clock.now_ms()},
         )
         return bool(rows)
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()
         rows = await self._db.fetch(
-            self._extend, (at_most(now + ttl_ms), row_id(self.scope, lock_key), token, now)
+            self._s.lock_extend,
+            {
+                "id": row_id(self.scope, lock_key),
+                "token": token,
+                "gone_at": at_most(now + ttl_ms),
+                "now": now,
+            },
         )
         return bool(rows)
 
@@ -136,9 +148,10 @@ class SqlNonceStore(NonceStoreBase):
     ) -> None:
         self.clock: Clock = clock or system_clock
         self._db = database
-        self._claim = database.sql(statements.nonce_claim)
+        self._s = statements
 
     async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()
         gone_at = at_most(now + ttl_ms)
-        return bool(await self._db.fetch(self._claim, (row_id(key), key, gone_at, now)))
+        params = {"id": row_id(key), "key": key, "gone_at": gone_at, "now": now}
+        return bool(await self._db.fetch(self._s.nonce_claim, params))

@@ -6,8 +6,9 @@ aiosqlite), because SQLAlchemy's async execution costs about 120 µs a statement
 psycopg and several times raw aiosqlite's cost (see ``docs/backends/postgres.md``).
 
 A :class:`Database` runs one statement with :meth:`Database.fetch` (autocommit) or several
-in :meth:`Database.transaction`. Statements are written with ``?`` placeholders and
-converted once per dialect. Every driver exception is wrapped in
+in :meth:`Database.transaction`. Statements are written with named parameters
+(``:name``) and converted to the driver's style once (:meth:`Database.sql`); the
+parameters of a call are a dict. Every driver exception is wrapped in
 :class:`~siglo.errors.StorageAdapterError` with the original as ``__cause__``.
 """
 
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -25,17 +27,21 @@ from siglo.errors import SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 
-__all__ = ["Database", "Executor", "OnOpen", "Row"]
-
-"""The bound on every call (statement or transaction), as Redis's ``command_timeout_ms``."""
+__all__ = ["Database", "Executor", "OnOpen", "Params", "Row"]
 
 Row = tuple[Any, ...]
+
+Params = Mapping[str, Any] | Sequence[Any]
+"""A statement's parameters: a dict for siglo's named statements (``()`` for none)."""
+
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+"""A ``:name`` parameter (not a ``::`` cast, not part of a word)."""
 
 
 class Executor(Protocol):
     """Runs statements on one connection (inside a transaction, or autocommit)."""
 
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         """Run one statement; its rows (``[]`` for a statement without a result)."""
         ...
 
@@ -56,7 +62,9 @@ class Database(abc.ABC):
     """``"sqlite"`` or ``"postgresql"``."""
     sa_dialect: Dialect
     """The SQLAlchemy dialect that compiles DDL and quotes identifiers."""
-    placeholder: str = "?"
+    pyformat: bool = False
+    """Whether the driver names parameters ``%(name)s`` (psycopg) instead of ``:name``
+    (sqlite3)."""
     coalesce_reads: bool = False
     """Whether concurrent keyed reads should share one statement
     (:mod:`siglo_sql.batching`): SQLite's one connection and PostgreSQL's pool both say
@@ -87,8 +95,11 @@ class Database(abc.ABC):
         return True
 
     def sql(self, text: str) -> str:
-        """``text`` with this driver's placeholder style."""
-        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+        """``text``, written with ``:name`` parameters, in this driver's style.
+
+        Called once per statement when a backend is built, never per call.
+        """
+        return _NAMED.sub(r"%(\1)s", text) if self.pyformat else text
 
     def wrap(self, exc: BaseException, doing: str) -> StorageAdapterError:
         """A driver failure as siglo's error, naming the database and what was done."""
@@ -164,14 +175,14 @@ class Database(abc.ABC):
     async def _disconnect(self) -> None: ...
 
     @abc.abstractmethod
-    async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
         """:meth:`fetch` without the open check (used while opening)."""
 
     @abc.abstractmethod
     def raw_transaction(self) -> Any:
         """:meth:`transaction` without the open check (used while opening)."""
 
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         """Run one statement in its own (autocommit) transaction; its rows."""
         if not self._ready:
             await self.open()

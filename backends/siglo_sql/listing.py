@@ -21,40 +21,45 @@ from siglo_sql.statements import exact_match
 __all__ = ["cursor_of", "page_conditions", "summary_of"]
 
 
-def page_conditions(query: ListQuery, dialect_name: str) -> tuple[str, list[Any]]:
-    """The ``WHERE`` conditions of a page (without liveness) and their parameters."""
+def page_conditions(query: ListQuery, dialect_name: str) -> tuple[str, dict[str, Any]]:
+    """The ``WHERE`` conditions of a page (without liveness) and their named parameters.
+
+    The conditions' text depends only on which filters are set (and how many statuses),
+    so the caller converts each shape once.
+    """
     where: list[str] = []
-    params: list[Any] = []
+    params: dict[str, Any] = {}
     if query.namespace is not MISSING:
         namespace = query.namespace or ""
-        where.append(f"substr(namespace, 1, {ID_PREFIX}) = ?")
-        params.append(namespace[:ID_PREFIX])
+        where.append(f"substr(namespace, 1, {ID_PREFIX}) = :ns_prefix")
+        params["ns_prefix"] = namespace[:ID_PREFIX]
         if len(namespace) >= ID_PREFIX:
             # Only a namespace as long as the indexed prefix can share it with another.
             # (Shorter, the prefix's equality is exact, and no second condition makes
             # the planner misjudge how many rows match.)
-            where.append(f"{exact_match(dialect_name)('namespace')} = ?")
-            params.append(namespace)
+            where.append(f"{exact_match(dialect_name)('namespace')} = :namespace")
+            params["namespace"] = namespace
     if query.cursor is not None:
         (last,) = decode_cursor(query.cursor, 1)
         try:
             after = bytes.fromhex(last)
         except ValueError:
             raise InvalidArgumentError(f"cursor {query.cursor!r} is not a SQL backend's") from None
-        where.append("id > ?")
-        params.append(after)
+        where.append("id > :after")
+        params["after"] = after
     if query.statuses is not None:
-        where.append(f"status IN ({', '.join('?' * len(query.statuses))})")
-        params += sorted(query.statuses)
+        names = [f"status{i}" for i in range(len(query.statuses))]
+        where.append(f"status IN ({', '.join(':' + n for n in names)})")
+        params.update(zip(names, sorted(query.statuses), strict=True))
     if query.workflow_id is not None:
-        where.append("workflow_id = ?")
-        params.append(query.workflow_id)
+        where.append("workflow_id = :workflow_id")
+        params["workflow_id"] = query.workflow_id
     if query.updated_before is not None:
-        where.append("updated_at < ?")
-        params.append(_bigint(query.updated_before))
+        where.append("updated_at < :updated_before")
+        params["updated_before"] = _bigint(query.updated_before)
     if query.updated_after is not None:
-        where.append("updated_at > ?")
-        params.append(_bigint(query.updated_after))
+        where.append("updated_at > :updated_after")
+        params["updated_after"] = _bigint(query.updated_after)
     return (" AND ".join(where) or "1 = 1"), params
 
 

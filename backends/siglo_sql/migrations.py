@@ -188,12 +188,12 @@ async def read_version(db: Database, tables: Tables, executor: Executor | None =
     fetch = executor.fetch if executor is not None else db.raw_fetch
     name = _version_table(tables, db.sa_dialect)
     if db.dialect_name == "postgresql":
-        rows = await fetch(db.sql("SELECT to_regclass(?) IS NOT NULL"), (name,))
+        rows = await fetch(db.sql("SELECT to_regclass(:name) IS NOT NULL"), {"name": name})
         exists = bool(rows[0][0])
     else:
         rows = await fetch(
-            db.sql("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"),
-            (tables.schema_version.name,),
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :name",
+            {"name": tables.schema_version.name},
         )
         exists = bool(rows)
     if not exists:
@@ -275,8 +275,15 @@ async def _migrate_once(
             for statement in migration.ddl(prefix, schema, dialect):
                 await tx.fetch(statement)
             await tx.fetch(
-                db.sql(f"INSERT INTO {name} (version, applied_at, description) VALUES (?, ?, ?)"),
-                (migration.version, system_clock.now_ms(), migration.description),
+                db.sql(
+                    f"INSERT INTO {name} (version, applied_at, description) "
+                    "VALUES (:version, :applied_at, :description)"
+                ),
+                {
+                    "version": migration.version,
+                    "applied_at": system_clock.now_ms(),
+                    "description": migration.description,
+                },
             )
     return before, max(before, target)
 

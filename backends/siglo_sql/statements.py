@@ -5,6 +5,12 @@ Each operation of the contract is one statement where it can be: a conditional u
 ``UPDATE … RETURNING``. Both SQLite (3.35+) and PostgreSQL accept the same text; the few
 differences are parameters of :func:`build_statements`. ``now`` is always a parameter
 (the injected clock), never the database's clock.
+
+Parameters are named (``:now``, ``:id``), so a value used twice is bound once, and the
+statements are grouped by table below. :func:`build_statements` converts every statement
+to the driver's parameter style once, when a backend is connected
+(:meth:`siglo_sql.database.Database.sql`); nothing is converted per call. Two are
+templates completed per shape: ``cp_get_many`` (``{ids}``) and ``cp_list`` (``{where}``).
 """
 
 from __future__ import annotations
@@ -17,14 +23,15 @@ from sqlalchemy.engine import Dialect
 
 from siglo_sql.schema import ID_PREFIX, Tables
 
-__all__ = ["Statements", "build_statements", "exact_match"]
+__all__ = ["LIVE", "Statements", "build_statements", "exact_match", "many_ids"]
 
-LIVE = "(gone_at IS NULL OR gone_at > ?)"
+LIVE = "(gone_at IS NULL OR gone_at > :now)"
+"""A row that has not expired at ``:now``."""
 
 
 @dataclass(frozen=True)
 class Statements:
-    """SQL for one set of tables, with ``?`` placeholders."""
+    """SQL for one set of tables, in the driver's parameter style."""
 
     # checkpoints
     cp_insert_if_absent: str
@@ -33,13 +40,15 @@ class Statements:
     cp_current_revision: str
     cp_get: str
     cp_get_many: str
-    """``{ids}`` stands for one ``?`` per id (``str.format``)."""
+    """A template: ``{ids}`` stands for ``:id0, :id1, …`` (:func:`many_ids`), to be
+    completed and converted with :meth:`~siglo_sql.database.Database.sql`."""
     cp_get_fallback: str
     cp_get_for_cancel: str
     cp_set_cancelled: str
     cp_clean_batch: str
     cp_list: str
-    """``{where}`` stands for the walk's conditions (:mod:`siglo_sql.listing`)."""
+    """A template: ``{where}`` stands for the walk's conditions (:mod:`siglo_sql.listing`),
+    to be completed and converted with :meth:`~siglo_sql.database.Database.sql`."""
     cp_delete: str
     cp_delete_expected: str
     # wait records
@@ -87,6 +96,11 @@ class Statements:
     nonce_clean_batch: str
 
 
+def many_ids(n: int) -> str:
+    """The ``{ids}`` of ``cp_get_many`` for ``n`` ids: ``:id0, :id1, …``."""
+    return ", ".join(f":id{i}" for i in range(n))
+
+
 def exact_match(dialect_name: str) -> Callable[[str], str]:
     """How a query compares a whole id beside its indexed prefix ``substr(col, 1, N)``.
 
@@ -98,15 +112,22 @@ def exact_match(dialect_name: str) -> Callable[[str], str]:
 
 
 def build_statements(
-    tables: Tables, dialect: Dialect, *, for_update: str, writable_ctes: bool
+    tables: Tables,
+    dialect: Dialect,
+    *,
+    for_update: str,
+    writable_ctes: bool,
+    style: Callable[[str], str],
 ) -> Statements:
-    """Statements for ``tables`` quoted for ``dialect``.
+    """Statements for ``tables`` quoted for ``dialect``, in the driver's parameter style.
 
     ``for_update`` is the row-locking suffix of a read that a write in the same
     transaction depends on (``" FOR UPDATE"`` on PostgreSQL; ``""`` on SQLite, where
     ``BEGIN IMMEDIATE`` already holds the write lock). ``writable_ctes``: whether
     ``WITH … AS (INSERT …) INSERT …`` is allowed (PostgreSQL), which makes saving a wait
-    record with its by-stack index one statement instead of a transaction.
+    record with its by-stack index one statement instead of a transaction. ``style``
+    converts ``:name`` parameters to the driver's (:meth:`Database.sql`); it is applied
+    here, once, to every statement but the two templates.
     """
     q = dialect.identifier_preparer
     exact = exact_match(dialect.name)
@@ -114,36 +135,121 @@ def build_statements(
     def name(table: Table) -> str:
         return q.format_table(table)
 
-    cp = name(tables.checkpoints)
-    w = name(tables.wait_records)
-    wl = name(tables.wait_latest)
-    sc = name(tables.step_cache)
-    idem = name(tables.idempotency)
-    lk = name(tables.locks)
-    nc = name(tables.nonces)
     assert tables.context_changes is not None, "statements need the current schema"
-    cx = name(tables.context_changes)
+    sections = (
+        _checkpoints(name(tables.checkpoints), for_update),
+        _wait_records(
+            name(tables.wait_records),
+            name(tables.wait_latest),
+            name(tables.checkpoints),
+            writable_ctes=writable_ctes,
+        ),
+        _step_cache(name(tables.step_cache)),
+        _context_changes(name(tables.context_changes), exact),
+        _idempotency(name(tables.idempotency)),
+        _locks(name(tables.locks)),
+        _nonces(name(tables.nonces)),
+    )
+    templates = {"cp_get_many", "cp_list"}
+    statements: dict[str, str | None] = {}
+    for section in sections:
+        for key, text in section.items():
+            statements[key] = text if text is None or key in templates else style(text)
+    return Statements(**statements)  # type: ignore[arg-type]
 
-    cp_cols = (
+
+def _clean(table: str) -> str:
+    # Bounded batches through the gone_at index; RETURNING counts what went.
+    return (
+        f"DELETE FROM {table} WHERE id IN "
+        f"(SELECT id FROM {table} WHERE gone_at <= :now LIMIT :limit) RETURNING 1"
+    )
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+CHECKPOINT_ROW = (
+    ":id, :namespace, :stack_id, :revision, :status, :gone_at, :document, :workflow_id, "
+    ":updated_at, :expires_at"
+)
+"""The parameters of a whole checkpoint row, in column order."""
+
+
+def _checkpoints(cp: str, for_update: str) -> dict[str, str | None]:
+    cols = (
         "(id, namespace, stack_id, revision, status, gone_at, document, workflow_id, "
         "updated_at, expires_at)"
     )
-    cp_set = (
+    update = (
         "revision = excluded.revision, status = excluded.status, "
         "gone_at = excluded.gone_at, document = excluded.document, "
         "workflow_id = excluded.workflow_id, updated_at = excluded.updated_at, "
         "expires_at = excluded.expires_at"
     )
     # An expired row counts as absent: a save may replace it whatever its revision.
-    cp_expired = f"({cp}.gone_at IS NOT NULL AND {cp}.gone_at <= ?)"
-    state_cols = "status, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload"
-    wait_cols = f"document, {state_cols}"
-    wait_cols_r = "r.document, " + ", ".join("r." + c.strip() for c in state_cols.split(","))
+    expired = f"({cp}.gone_at IS NOT NULL AND {cp}.gone_at <= :now)"
+    return {
+        # expected_revision=0: no live checkpoint, or a live one stored at revision 0.
+        "cp_insert_if_absent": (
+            f"INSERT INTO {cp} {cols} VALUES ({CHECKPOINT_ROW}) "
+            f"ON CONFLICT (id) DO UPDATE SET {update} "
+            f"WHERE {expired} OR {cp}.revision = 0 RETURNING 1"
+        ),
+        "cp_save_forward": (
+            f"INSERT INTO {cp} {cols} VALUES ({CHECKPOINT_ROW}) "
+            f"ON CONFLICT (id) DO UPDATE SET {update} "
+            f"WHERE {expired} OR {cp}.revision < excluded.revision RETURNING 1"
+        ),
+        "cp_update_expected": (
+            f"UPDATE {cp} SET revision = :revision, status = :status, gone_at = :gone_at, "
+            "document = :document, workflow_id = :workflow_id, updated_at = :updated_at, "
+            "expires_at = :expires_at "
+            f"WHERE id = :id AND revision = :expected AND {LIVE} RETURNING 1"
+        ),
+        "cp_current_revision": f"SELECT revision FROM {cp} WHERE id = :id AND {LIVE}",
+        "cp_get": f"SELECT document FROM {cp} WHERE id = :id AND {LIVE}",
+        # Concurrent cp_get lookups in one statement (siglo_sql.batching).
+        "cp_get_many": f"SELECT id, document FROM {cp} WHERE id IN ({{ids}}) AND {LIVE}",
+        # The namespaced checkpoint first, else the un-namespaced one (seed 001 §5).
+        "cp_get_fallback": (
+            f"SELECT document FROM {cp} WHERE id IN (:id, :fallback_id) AND {LIVE} "
+            "ORDER BY namespace = '' LIMIT 1"
+        ),
+        "cp_get_for_cancel": (f"SELECT document FROM {cp} WHERE id = :id AND {LIVE}{for_update}"),
+        "cp_set_cancelled": (
+            f"UPDATE {cp} SET revision = :revision, status = 'cancelled', "
+            "document = :document, updated_at = :updated_at WHERE id = :id"
+        ),
+        "cp_clean_batch": _clean(cp),
+        # Keyset pages in id order: the primary key, or (namespace prefix, id) for one
+        # namespace. The {where} conditions are siglo_sql.listing's.
+        "cp_list": (
+            "SELECT namespace, stack_id, workflow_id, status, revision, updated_at, "
+            f"expires_at, id FROM {cp} WHERE {{where}} AND {LIVE} ORDER BY id LIMIT :limit"
+        ),
+        # RETURNING gone_at: whether the row deleted was live (an expired one goes too).
+        "cp_delete": f"DELETE FROM {cp} WHERE id = :id RETURNING gone_at",
+        "cp_delete_expected": (
+            f"DELETE FROM {cp} WHERE id = :id AND revision = :expected AND {LIVE} RETURNING gone_at"
+        ),
+    }
 
-    wait_upsert = (
+
+# -- wait records --------------------------------------------------------------------------
+
+STATE_COLUMNS = "status, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload"
+"""A wait record's state columns, after its document in every row read back."""
+
+
+def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str, str | None]:
+    wait_cols = f"document, {STATE_COLUMNS}"
+    wait_cols_r = "r.document, " + ", ".join("r." + c.strip() for c in STATE_COLUMNS.split(","))
+    upsert = (
         f"INSERT INTO {w} (id, correlation_key, stack_id, namespace, stack_ref, status, "
         "deadline, claimant_id, claimed_at, lease_expires_at, completed_at, event_payload, "
-        "gone_at, document) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "gone_at, document) VALUES (:id, :correlation_key, :stack_id, :namespace, "
+        ":stack_ref, :status, :deadline, :claimant_id, :claimed_at, :lease_expires_at, "
+        ":completed_at, :event_payload, :gone_at, :document) "
         "ON CONFLICT (id) DO UPDATE SET stack_id = excluded.stack_id, "
         "namespace = excluded.namespace, stack_ref = excluded.stack_ref, "
         "status = excluded.status, deadline = excluded.deadline, "
@@ -152,181 +258,175 @@ def build_statements(
         "completed_at = excluded.completed_at, event_payload = excluded.event_payload, "
         "gone_at = excluded.gone_at, document = excluded.document"
     )
-    wait_latest_upsert = (
-        f"INSERT INTO {wl} (id, stack_id, wait_id) VALUES (?, ?, ?) "
+    latest_upsert = (
+        f"INSERT INTO {wl} (id, stack_id, wait_id) VALUES (:latest_id, :stack_id, :id) "
         "ON CONFLICT (id) DO UPDATE SET wait_id = excluded.wait_id"
     )
-
-    def clean(table: str) -> str:
-        # Bounded batches through the gone_at index; RETURNING counts what went.
-        return (
-            f"DELETE FROM {table} WHERE id IN "
-            f"(SELECT id FROM {table} WHERE gone_at <= ? LIMIT ?) RETURNING 1"
-        )
-
-    return Statements(
-        # expected_revision=0: no live checkpoint, or a live one stored at revision 0.
-        cp_insert_if_absent=(
-            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            f"ON CONFLICT (id) DO UPDATE SET {cp_set} "
-            f"WHERE {cp_expired} OR {cp}.revision = 0 RETURNING 1"
-        ),
-        cp_save_forward=(
-            f"INSERT INTO {cp} {cp_cols} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            f"ON CONFLICT (id) DO UPDATE SET {cp_set} "
-            f"WHERE {cp_expired} OR {cp}.revision < excluded.revision RETURNING 1"
-        ),
-        cp_update_expected=(
-            f"UPDATE {cp} SET revision = ?, status = ?, gone_at = ?, document = ?, "
-            "workflow_id = ?, updated_at = ?, expires_at = ? "
-            f"WHERE id = ? AND revision = ? AND {LIVE} RETURNING 1"
-        ),
-        cp_current_revision=f"SELECT revision FROM {cp} WHERE id = ? AND {LIVE}",
-        cp_get=f"SELECT document FROM {cp} WHERE id = ? AND {LIVE}",
-        # Concurrent cp_get lookups in one statement (siglo_sql.batching).
-        cp_get_many=f"SELECT id, document FROM {cp} WHERE id IN ({{ids}}) AND {LIVE}",
-        # The namespaced checkpoint first, else the un-namespaced one (seed 001 §5).
-        cp_get_fallback=(
-            f"SELECT document FROM {cp} WHERE id IN (?, ?) AND {LIVE} "
-            "ORDER BY namespace = '' LIMIT 1"
-        ),
-        cp_get_for_cancel=f"SELECT document FROM {cp} WHERE id = ? AND {LIVE}{for_update}",
-        cp_set_cancelled=(
-            f"UPDATE {cp} SET revision = ?, status = 'cancelled', document = ?, "
-            "updated_at = ? WHERE id = ?"
-        ),
-        cp_clean_batch=clean(cp),
-        # Keyset pages in id order: the primary key, or (namespace prefix, id) for one
-        # namespace. The {where} conditions are siglo_sql.listing's.
-        cp_list=(
-            "SELECT namespace, stack_id, workflow_id, status, revision, updated_at, "
-            f"expires_at, id FROM {cp} WHERE {{where}} AND {LIVE} ORDER BY id LIMIT ?"
-        ),
-        # RETURNING gone_at: whether the row deleted was live (an expired one goes too).
-        cp_delete=f"DELETE FROM {cp} WHERE id = ? RETURNING gone_at",
-        cp_delete_expected=(
-            f"DELETE FROM {cp} WHERE id = ? AND revision = ? AND {LIVE} RETURNING gone_at"
-        ),
-        wait_upsert=wait_upsert,
-        wait_latest_upsert=wait_latest_upsert,
-        wait_save_one=(
-            f"WITH saved AS ({wait_upsert} RETURNING 1) {wait_latest_upsert}"
-            if writable_ctes
-            else None
+    return {
+        "wait_upsert": upsert,
+        "wait_latest_upsert": latest_upsert,
+        "wait_save_one": (
+            f"WITH saved AS ({upsert} RETURNING 1) {latest_upsert}" if writable_ctes else None
         ),
         # By correlation key, else the record most recently saved for the stack id, else
         # the un-namespaced checkpoint (whose metadata may embed a wait record).
-        wait_get=(
-            f"SELECT 1, {wait_cols} FROM {w} WHERE id = ? AND {LIVE} "
+        "wait_get": (
+            f"SELECT 1, {wait_cols} FROM {w} WHERE id = :id AND {LIVE} "
             f"UNION ALL SELECT 2, {wait_cols_r} FROM {wl} l JOIN {w} r ON r.id = l.wait_id "
-            "WHERE l.id = ? AND (r.gone_at IS NULL OR r.gone_at > ?) "
+            "WHERE l.id = :id AND (r.gone_at IS NULL OR r.gone_at > :now) "
             f"UNION ALL SELECT 3, document, NULL, NULL, NULL, NULL, NULL, NULL FROM {cp} "
-            f"WHERE id = ? AND {LIVE} ORDER BY 1 LIMIT 1"
+            f"WHERE id = :checkpoint_id AND {LIVE} ORDER BY 1 LIMIT 1"
         ),
-        wait_state=f"SELECT status, claimant_id FROM {w} WHERE id = ? AND {LIVE}",
-        wait_claim=(
-            f"UPDATE {w} SET status = 'claimed', claimant_id = ?, claimed_at = ?, "
-            "lease_expires_at = ?, event_payload = COALESCE(?, event_payload) "
-            f"WHERE id = ? AND {LIVE} AND (status = 'waiting' OR "
-            "(status = 'claimed' AND (claimant_id = ? OR "
-            "(lease_expires_at IS NOT NULL AND lease_expires_at <= ?)))) "
-            "AND (? OR deadline IS NULL OR deadline > ?) "
+        "wait_state": f"SELECT status, claimant_id FROM {w} WHERE id = :id AND {LIVE}",
+        "wait_claim": (
+            f"UPDATE {w} SET status = 'claimed', claimant_id = :claimant_id, "
+            "claimed_at = :now, lease_expires_at = :lease_expires_at, "
+            "event_payload = COALESCE(:event_payload, event_payload) "
+            f"WHERE id = :id AND {LIVE} AND (status = 'waiting' OR "
+            "(status = 'claimed' AND (claimant_id = :claimant_id OR "
+            "(lease_expires_at IS NOT NULL AND lease_expires_at <= :now)))) "
+            "AND (:allow_expired OR deadline IS NULL OR deadline > :now) "
             f"RETURNING {wait_cols}"
         ),
-        wait_complete=(
-            f"UPDATE {w} SET status = 'completed', completed_at = ? "
-            f"WHERE id = ? AND {LIVE} AND status = 'claimed' AND claimant_id = ? RETURNING 1"
+        "wait_complete": (
+            f"UPDATE {w} SET status = 'completed', completed_at = :now WHERE id = :id "
+            f"AND {LIVE} AND status = 'claimed' AND claimant_id = :claimant_id RETURNING 1"
         ),
-        wait_release=(
+        "wait_release": (
             f"UPDATE {w} SET status = 'waiting', claimant_id = NULL, claimed_at = NULL, "
-            f"lease_expires_at = NULL WHERE id = ? AND {LIVE} AND status = 'claimed' "
-            "AND claimant_id = ? RETURNING 1"
+            f"lease_expires_at = NULL WHERE id = :id AND {LIVE} AND status = 'claimed' "
+            "AND claimant_id = :claimant_id RETURNING 1"
         ),
-        wait_cancel=(
-            f"UPDATE {w} SET status = 'cancelled' WHERE id = ? AND {LIVE} "
+        "wait_cancel": (
+            f"UPDATE {w} SET status = 'cancelled' WHERE id = :id AND {LIVE} "
             "AND status IN ('waiting', 'claimed') RETURNING 1"
         ),
-        wait_cancel_stack=(
-            f"UPDATE {w} SET status = 'cancelled' WHERE stack_ref = ? "
+        "wait_cancel_stack": (
+            f"UPDATE {w} SET status = 'cancelled' WHERE stack_ref = :stack_ref "
             f"AND {LIVE} AND status IN ('waiting', 'claimed') RETURNING 1"
         ),
-        wait_clean_batch=clean(w),
+        "wait_clean_batch": _clean(w),
         # Through the partial deadline index; a claim whose lease ran out is due again.
-        wait_due=(
-            f"SELECT {wait_cols} FROM {w} WHERE deadline <= ? AND {LIVE} "
+        "wait_due": (
+            f"SELECT {wait_cols} FROM {w} WHERE deadline <= :now AND {LIVE} "
             "AND (status = 'waiting' OR (status = 'claimed' AND lease_expires_at IS NOT NULL "
-            "AND lease_expires_at <= ?)) ORDER BY deadline, correlation_key LIMIT ?"
+            "AND lease_expires_at <= :now)) ORDER BY deadline, correlation_key LIMIT :limit"
         ),
-        wait_delete_stack=f"DELETE FROM {w} WHERE stack_ref = ? RETURNING id",
-        wait_latest_delete_orphan=(
-            f"DELETE FROM {wl} WHERE id = ? AND NOT EXISTS "
+        "wait_delete_stack": f"DELETE FROM {w} WHERE stack_ref = :stack_ref RETURNING id",
+        "wait_latest_delete_orphan": (
+            f"DELETE FROM {wl} WHERE id = :latest_id AND NOT EXISTS "
             f"(SELECT 1 FROM {w} WHERE {w}.id = {wl}.wait_id)"
         ),
-        cache_get=f"SELECT value FROM {sc} WHERE id = ? AND gone_at > ?",
-        cache_set=(
-            f"INSERT INTO {sc} (id, key, gone_at, value) VALUES (?, ?, ?, ?) ON CONFLICT (id) "
-            "DO UPDATE SET gone_at = excluded.gone_at, value = excluded.value"
+    }
+
+
+# -- step cache ----------------------------------------------------------------------------
+
+
+def _step_cache(sc: str) -> dict[str, str | None]:
+    return {
+        "cache_get": f"SELECT value FROM {sc} WHERE id = :id AND gone_at > :now",
+        "cache_set": (
+            f"INSERT INTO {sc} (id, key, gone_at, value) VALUES (:id, :key, :gone_at, :value) "
+            "ON CONFLICT (id) DO UPDATE SET gone_at = excluded.gone_at, value = excluded.value"
         ),
-        cache_clean_batch=clean(sc),
-        ctx_drop_expired=f"DELETE FROM {cx} WHERE stream = ? AND gone_at <= ?",
-        ctx_set=(
+        "cache_clean_batch": _clean(sc),
+    }
+
+
+# -- context streams -----------------------------------------------------------------------
+
+
+def _context_changes(cx: str, exact: Callable[[str], str]) -> dict[str, str | None]:
+    return {
+        "ctx_drop_expired": f"DELETE FROM {cx} WHERE stream = :stream AND gone_at <= :now",
+        "ctx_set": (
             f"INSERT INTO {cx} (id, stream, namespace, stack_id, step_id, field, value, "
-            "gone_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) "
+            "gone_at) VALUES (:id, :stream, :namespace, :stack_id, :step_id, :field, :value, "
+            ":gone_at) ON CONFLICT (id) "
             "DO UPDATE SET value = excluded.value, gone_at = excluded.gone_at"
         ),
-        ctx_delete=f"DELETE FROM {cx} WHERE id = ?",
-        ctx_touch=f"UPDATE {cx} SET gone_at = ? WHERE stream = ?",
-        ctx_get=f"SELECT field, value FROM {cx} WHERE stream = ? AND {LIVE}",
-        ctx_clean_batch=clean(cx),
-        ctx_delete_stack=(
-            f"DELETE FROM {cx} WHERE substr(stack_id, 1, {ID_PREFIX}) = ? "
-            f"AND {exact('stack_id')} = ? AND namespace = ?"
+        "ctx_delete": f"DELETE FROM {cx} WHERE id = :id",
+        "ctx_touch": f"UPDATE {cx} SET gone_at = :gone_at WHERE stream = :stream",
+        "ctx_get": f"SELECT field, value FROM {cx} WHERE stream = :stream AND {LIVE}",
+        "ctx_clean_batch": _clean(cx),
+        "ctx_delete_stack": (
+            f"DELETE FROM {cx} WHERE substr(stack_id, 1, {ID_PREFIX}) = :stack_id_prefix "
+            f"AND {exact('stack_id')} = :stack_id AND namespace = :namespace"
         ),
-        idem_claim=(
+    }
+
+
+# -- idempotency keys ----------------------------------------------------------------------
+
+
+def _idempotency(idem: str) -> dict[str, str | None]:
+    return {
+        "idem_claim": (
             f"INSERT INTO {idem} (id, key, state, result, gone_at) "
-            "VALUES (?, ?, 'in-progress', NULL, ?) "
+            "VALUES (:id, :key, 'in-progress', NULL, :gone_at) "
             "ON CONFLICT (id) DO UPDATE SET state = 'in-progress', result = NULL, "
-            f"gone_at = excluded.gone_at WHERE {idem}.gone_at <= ? RETURNING 1"
+            f"gone_at = excluded.gone_at WHERE {idem}.gone_at <= :now RETURNING 1"
         ),
-        idem_state=f"SELECT state FROM {idem} WHERE id = ? AND gone_at > ?",
-        idem_complete=(
+        "idem_state": f"SELECT state FROM {idem} WHERE id = :id AND gone_at > :now",
+        "idem_complete": (
             f"INSERT INTO {idem} (id, key, state, result, gone_at) "
-            "VALUES (?, ?, 'completed', ?, ?) "
+            "VALUES (:id, :key, 'completed', :result, :gone_at) "
             "ON CONFLICT (id) DO UPDATE SET state = 'completed', result = excluded.result, "
             "gone_at = excluded.gone_at"
         ),
-        idem_fail=(
-            f"DELETE FROM {idem} WHERE id = ? AND state = 'in-progress' AND gone_at > ? RETURNING 1"
+        "idem_fail": (
+            f"DELETE FROM {idem} WHERE id = :id AND state = 'in-progress' AND gone_at > :now "
+            "RETURNING 1"
         ),
-        idem_result=(
-            f"SELECT result FROM {idem} WHERE id = ? AND state = 'completed' AND gone_at > ?"
+        "idem_result": (
+            f"SELECT result FROM {idem} WHERE id = :id AND state = 'completed' AND gone_at > :now"
         ),
-        idem_clean_batch=clean(idem),
+        "idem_clean_batch": _clean(idem),
+    }
+
+
+# -- locks ---------------------------------------------------------------------------------
+
+
+def _locks(lk: str) -> dict[str, str | None]:
+    return {
         # The row outlives its holders so that the fencing counter only goes up.
-        lock_acquire=(
+        "lock_acquire": (
             f"INSERT INTO {lk} (id, scope, key, token, gone_at, fence) "
-            "VALUES (?, ?, ?, ?, ?, 1) "
+            "VALUES (:id, :scope, :key, :token, :gone_at, 1) "
             "ON CONFLICT (id) DO UPDATE SET token = excluded.token, "
             f"gone_at = excluded.gone_at, fence = {lk}.fence + 1 "
-            f"WHERE {lk}.token IS NULL OR {lk}.gone_at <= ? RETURNING fence"
+            f"WHERE {lk}.token IS NULL OR {lk}.gone_at <= :now RETURNING fence"
         ),
-        lock_release=(
-            f"UPDATE {lk} SET token = NULL, gone_at = NULL WHERE id = ? "
-            "AND token = ? AND gone_at > ? RETURNING 1"
+        "lock_release": (
+            f"UPDATE {lk} SET token = NULL, gone_at = NULL WHERE id = :id "
+            "AND token = :token AND gone_at > :now RETURNING 1"
         ),
-        lock_extend=(
-            f"UPDATE {lk} SET gone_at = ? WHERE id = ? AND token = ? AND gone_at > ? RETURNING 1"
+        "lock_extend": (
+            f"UPDATE {lk} SET gone_at = :gone_at WHERE id = :id AND token = :token "
+            "AND gone_at > :now RETURNING 1"
         ),
         # Expired leases are freed, never deleted: the fence must survive.
         # Only the public lock's scope: workflow-lock leases run on wall time, not on the
         # injected clock the clean-up compares with.
-        lock_clean_batch=(
+        "lock_clean_batch": (
             f"UPDATE {lk} SET token = NULL, gone_at = NULL WHERE id IN "
-            f"(SELECT id FROM {lk} WHERE gone_at <= ? AND scope = 'lock' LIMIT ?) RETURNING 1"
+            f"(SELECT id FROM {lk} WHERE gone_at <= :now AND scope = 'lock' LIMIT :limit) "
+            "RETURNING 1"
         ),
-        nonce_claim=(
-            f"INSERT INTO {nc} (id, key, gone_at) VALUES (?, ?, ?) ON CONFLICT (id) "
-            f"DO UPDATE SET gone_at = excluded.gone_at WHERE {nc}.gone_at <= ? RETURNING 1"
+    }
+
+
+# -- nonces --------------------------------------------------------------------------------
+
+
+def _nonces(nc: str) -> dict[str, str | None]:
+    return {
+        "nonce_claim": (
+            f"INSERT INTO {nc} (id, key, gone_at) VALUES (:id, :key, :gone_at) "
+            f"ON CONFLICT (id) DO UPDATE SET gone_at = excluded.gone_at "
+            f"WHERE {nc}.gone_at <= :now RETURNING 1"
         ),
-        nonce_clean_batch=clean(nc),
-    )
+        "nonce_clean_batch": _clean(nc),
+    }

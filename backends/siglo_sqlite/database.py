@@ -22,16 +22,16 @@ import asyncio
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import aiosqlite
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
-from siglo_sql.database import Database, Executor, OnOpen, Row
+from siglo_sql.database import Database, Executor, OnOpen, Params, Row
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -60,7 +60,7 @@ class _Tx:
         self._conn = conn
         self._deadline = deadline
 
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         return await self._db._run(self._conn, sql, params, self._deadline)
 
 
@@ -166,7 +166,7 @@ class SqliteDatabase(Database):
         self,
         conn: aiosqlite.Connection,
         sql: str,
-        params: Sequence[Any],
+        params: Params,
         deadline: float,
         busy: Exception | None = None,
     ) -> list[Row]:
@@ -215,7 +215,7 @@ class SqliteDatabase(Database):
             raise StorageAdapterError(f"{self.description} is closed")
         return conn
 
-    async def raw_fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
         conn = self._connection()
         deadline = self._deadline()
         busy: Exception | None = None

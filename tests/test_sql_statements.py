@@ -1,0 +1,88 @@
+"""SQL statements: named parameters, converted once to each driver's style."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from siglo_postgres.database import PostgresDatabase
+from siglo_sql.schema import build_tables
+from siglo_sql.statements import Statements, build_statements, many_ids
+from siglo_sqlite.database import SqliteDatabase
+
+NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+PYFORMAT = re.compile(r"%\((\w+)\)s")
+
+
+def _statements(db: PostgresDatabase | SqliteDatabase) -> Statements:
+    postgres = db.dialect_name == "postgresql"
+    return build_statements(
+        build_tables("siglo_", None),
+        db.sa_dialect,
+        for_update=" FOR UPDATE" if postgres else "",
+        writable_ctes=postgres,
+        style=db.sql,
+    )
+
+
+SQLITE = _statements(SqliteDatabase(None))
+POSTGRES = _statements(PostgresDatabase("postgresql://127.0.0.1/none", description="x"))
+TEMPLATES = {"cp_get_many", "cp_list"}
+
+
+def _texts(statements: Statements) -> dict[str, str]:
+    return {
+        f.name: text
+        for f in dataclasses.fields(statements)
+        if (text := getattr(statements, f.name)) is not None
+    }
+
+
+def test_no_statement_binds_by_position() -> None:
+    for statements in (SQLITE, POSTGRES):
+        for name, text in _texts(statements).items():
+            assert "?" not in text, name
+            assert "%s" not in text, name
+
+
+def test_sqlite_keeps_names_and_postgres_gets_them_in_its_style() -> None:
+    for name, text in _texts(POSTGRES).items():
+        if name in TEMPLATES:
+            assert not PYFORMAT.search(text), name  # completed and converted per shape
+            continue
+        assert not NAMED.search(text), (name, text)
+        sqlite_text = getattr(SQLITE, name)
+        if sqlite_text is not None:  # wait_save_one exists on PostgreSQL only
+            assert PYFORMAT.findall(text) == NAMED.findall(sqlite_text), name
+
+
+def test_the_wait_claim_binds_now_once_by_name() -> None:
+    names = NAMED.findall(SQLITE.wait_claim)
+    assert names.count("now") >= 4
+    assert set(names) == {
+        "claimant_id",
+        "now",
+        "lease_expires_at",
+        "event_payload",
+        "id",
+        "allow_expired",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "converted"),
+    [
+        ("SELECT :a, :b_2 WHERE x = :a", "SELECT %(a)s, %(b_2)s WHERE x = %(a)s"),
+        (
+            "SELECT x::text, 'y' FROM t WHERE id = :id",
+            "SELECT x::text, 'y' FROM t WHERE id = %(id)s",
+        ),
+        (f"IN ({many_ids(3)})", "IN (%(id0)s, %(id1)s, %(id2)s)"),
+    ],
+)
+def test_conversion_to_pyformat(text: str, converted: str) -> None:
+    db = PostgresDatabase("postgresql://127.0.0.1/none", description="x")
+    assert db.sql(text) == converted
+    assert SqliteDatabase(None).sql(text) == text
