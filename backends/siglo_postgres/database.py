@@ -242,4 +242,4 @@ class PostgresDatabase(Database):
     async def migration_lock(self, tx: Executor, name: str) -> None:
         # A transaction-level advisory lock: released at commit, and (unlike a session
         # lock) correct behind a transaction-pooling PgBouncer.
-        await tx.fetch("SELECT pg_advisory_xact_lock(hashtext(%s))", (name,))
+        await tx.fetch("SELECT pg_advisory_xact_lock(hashtext(%(name)s))", {"name": name})
