@@ -182,7 +182,7 @@ class _Renewer:
     def lost_error(self) -> LockLostError:
         key = self.lease.key
         if self.taken_over:
-            why = "the lease had expired and another holder took it (or it was removed)"
+            why = "a renewal found it expired, taken by another holder or removed"
         else:
             cause = f": {self.last_error!r}" if self.last_error is not None else ""
             why = f"it could not be renewed before it would lapse{cause}"

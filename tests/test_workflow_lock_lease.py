@@ -123,7 +123,7 @@ async def test_redis_lease_taken_over_is_reported(private_redis: RedisServer) ->
         finally:
             await raw.aclose()
         assert probe.cancelled_at is not None
-        assert "another holder took it" in str(error)
+        assert "taken by another holder" in str(error)
 
 
 async def test_sqlite_write_lock_held_elsewhere_cancels_the_action() -> None:
@@ -220,15 +220,15 @@ async def test_every_holder_reads_a_growing_fencing_token(kind: str) -> None:
         assert tokens == sorted(set(tokens)), tokens
 
 
-async def test_shared_redis_workflow_lock_also_reports_loss() -> None:
-    """Smoke on the shared server: a healthy long action keeps its lease by renewal."""
+async def test_a_healthy_long_action_keeps_its_lease() -> None:
+    """On the shared server: an action three leases long keeps the lock by renewal."""
     require_redis()
     from siglo_redis import isolated
 
-    async with isolated(REDIS_URL, workflow_lock_ttl_ms=300) as backend:
+    async with isolated(REDIS_URL, workflow_lock_ttl_ms=1_000) as backend:
 
         async def long() -> str:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(3.0)
             return "done"
 
         assert await backend.adapter.with_workflow_lock("long", long) == "done"
