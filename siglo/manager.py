@@ -343,8 +343,8 @@ class StorageManager:
         ``"[REDACTED]"`` at any depth of the contexts (the live stack keeps them), and
         ``expires_at`` ``ttl_ms`` from now. With ``expected_revision`` the save is a
         compare-and-set against the stored revision. Saves of one stack reach the store
-        in the order taken; a failure surfaces from the next awaited call or
-        :meth:`flush` (a conflict always, an adapter failure in strict mode).
+        in the order taken; a failure surfaces once, from the next awaited call for this
+        stack or :meth:`flush` (a conflict always, an adapter failure in strict mode).
         """
         checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
         adapter = self._supports(Capability.CHECKPOINTS)
