@@ -481,7 +481,10 @@ class StorageManager:
         (first_stack, exc), *others = failures.items()
         self._note_more(exc, more.get(first_stack, 0))
         if others:
-            names = ", ".join(repr(stack_id) for stack_id, _ in others[:10])
+            names = ", ".join(
+                repr(stack_id) + (f" (+{more[stack_id]} later)" if more.get(stack_id) else "")
+                for stack_id, _ in others[:10]
+            )
             if len(others) > 10:
                 names += f" and {len(others) - 10} more"
             exc.add_note(f"background failures of other stacks were also cleared: {names}")
