@@ -102,3 +102,27 @@ def test_production_example_as_a_script() -> None:
         [sys.executable, str(EXAMPLE), "memory://"], capture_output=True, text=True, check=True
     )
     assert "'settled': True" in done.stdout
+
+
+def test_the_script_runs_twice_on_one_store(tmp_path: Path) -> None:
+    """SPEC §9: run again on a persistent store, the settlement run is found and its
+    result returned (run-or-continue), and the replayed webhook is refused."""
+    import os
+    import subprocess
+
+    root = EXAMPLE.parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), str(root / "backends")]),
+    }
+    url = f"sqlite:///{tmp_path / 'production.db'}"
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLE), url], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.splitlines())
+    first, second = outputs
+    assert second[0] == first[0]  # the same settlement, not a second one
+    assert "refused: Duplicate or replayed webhook" in second[1]

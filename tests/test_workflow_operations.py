@@ -192,3 +192,16 @@ def test_a_worker_needs_flows(manager: StorageManager) -> None:
         Worker(manager, [])
     with pytest.raises(siglo.InvalidArgumentError):
         Worker(manager, ["not a flow"])  # type: ignore[list-item]
+
+
+async def test_a_pass_is_bounded_by_its_batch(manager: StorageManager, clock: ManualClock) -> None:
+    async def nap(_: Any) -> None:
+        await sleep(5)
+
+    f = flow(Step.create("nap", nap), name="bounded")
+    for i in range(5):
+        with pytest.raises(WorkflowSuspended):
+            await f.run(None, manager=manager, stack_id=f"bounded-{i}")
+    clock.advance(5)
+    worker = Worker(manager, [f], batch=2)
+    assert [(await worker.run_once()).timers_fired for _ in range(4)] == [2, 2, 1, 0]
