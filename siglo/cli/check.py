@@ -193,8 +193,6 @@ def check(
         )
 
     table = Table(title=f"siglo check {escape(report.target)}", show_lines=not report.ok)
-    if report.storage is not None:
-        table.caption = escape(f"run on isolated storage {display_url(report.storage)}, removed")
     table.add_column("rule")
     table.add_column("verdict")
     table.add_column("counter-example", overflow="fold")
@@ -203,6 +201,13 @@ def check(
         detail = escape(res.detail) if res.verdict == "FAIL" else ""
         table.add_row(res.rule.id, f"[{style}]{res.verdict}[/{style}]", detail)
     out.print(table)
+    if report.storage is not None:
+        out.print(
+            f"run on isolated storage {display_url(report.storage)}, since removed",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     counts = {v: sum(r.verdict == v for r in report.results.values()) for v in _STYLE}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     out.print(
