@@ -8,10 +8,9 @@ lease) uses the client's wall clock too. On one host the two are the same clock.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
@@ -21,7 +20,6 @@ from siglo.errors import (
     InvalidArgumentError,
     SigloError,
     StorageAdapterError,
-    WaitRecordClaimError,
 )
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import run_with_lock
@@ -34,7 +32,6 @@ from siglo_redis.commands import (
     Commands,
     clamp_px,
     raw,
-    sha1,
     text,
 )
 from siglo_redis.coordination import RedisLock
@@ -44,21 +41,23 @@ from siglo_redis.scripts import (
     CHECKPOINT_CAS,
     CHECKPOINT_DELETE,
     CONTEXT_CHANGE,
-    SWAP,
-    WAIT_INDEX_ADD,
-    WAIT_STACK_COPY,
 )
 from siglo_redis.values import decode_cached, decode_context_value, encode_cached
+from siglo_redis.waits import (
+    MAX_SWAP_ATTEMPTS,
+    WaitRecords,
+    cancel_decision,
+    claim_decision,
+    complete_decision,
+    completion_refused,
+    now_ms,
+    release_decision,
+    swap,
+)
 
 __all__ = ["RedisStorageAdapter"]
 
 T = TypeVar("T")
-
-_MAX_SWAP_ATTEMPTS: Final = 1_000
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class RedisStorageAdapter(StorageAdapter):
@@ -136,6 +135,7 @@ class RedisStorageAdapter(StorageAdapter):
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
         self._index = CheckpointIndex(self._redis, client, self.keys)
+        self._waits = WaitRecords(self._redis, client, self.keys)
         if lock_key_prefix is not None and lock_key_prefix == self.keys.lock_prefix:
             raise InvalidArgumentError(
                 f"lock_key_prefix {lock_key_prefix!r} is the public RedisLock's prefix: "
@@ -167,7 +167,7 @@ class RedisStorageAdapter(StorageAdapter):
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
         data = checkpoint.to_json()
-        now = _now_ms()
+        now = now_ms()
         px = self._px(checkpoint.expires_at, now)
         key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
         shard = self._index.shard_of(key)
@@ -211,9 +211,9 @@ class RedisStorageAdapter(StorageAdapter):
         Decided here, written by the swap script only if the stored value is still the
         one decided on (else decided again): as atomic as the Lua compare-and-set.
         """
-        for _ in range(_MAX_SWAP_ATTEMPTS):
+        for _ in range(MAX_SWAP_ATTEMPTS):
             current, stored_data = await self._live_checkpoint(
-                checkpoint.stack_id, checkpoint.namespace, _now_ms()
+                checkpoint.stack_id, checkpoint.namespace, now_ms()
             )
             current_revision = None if current is None else current.revision
             if expected_revision is not None:
@@ -229,7 +229,7 @@ class RedisStorageAdapter(StorageAdapter):
             index = self._index.key(self._index.shard_of(key))
             member = member_of(checkpoint.stack_id, checkpoint.namespace)
             await self._redis.call("ZADD", self.client.zadd(index, {member: 0}))
-            if await self._swap(key, stored_data, data, "" if px is None else px):
+            if await swap(self._redis, key, stored_data, data, "" if px is None else px):
                 return
         raise StorageAdapterError(
             f"checkpoint of stack {checkpoint.stack_id!r} kept changing under contention"
@@ -250,7 +250,7 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
-        now = _now_ms()
+        now = now_ms()
         found, _ = await self._live_checkpoint(stack_id, namespace, now)
         if found is None and namespace is not None and fallback:
             found, _ = await self._live_checkpoint(stack_id, None, now)
@@ -263,7 +263,7 @@ class RedisStorageAdapter(StorageAdapter):
     # -- operating what is stored (siglo_redis.listing) ---------------------------------
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
-        return await self._index.page(query, _now_ms())
+        return await self._index.page(query, now_ms())
 
     async def _do_delete_checkpoint(
         self, stack_id: str, namespace: str | None, expected_revision: int | None
@@ -275,7 +275,7 @@ class RedisStorageAdapter(StorageAdapter):
             [
                 member_of(stack_id, namespace),
                 "" if expected_revision is None else expected_revision,
-                _now_ms(),
+                now_ms(),
             ],
         )
         if int(reply[0]) == 0:
@@ -292,114 +292,37 @@ class RedisStorageAdapter(StorageAdapter):
                 steps = list(Checkpoint.from_json(document).contexts)
             except SigloError:
                 steps = []
-        await self._delete_waits_of(stack_id, namespace)
+        await self._waits.delete_of_stack(stack_id, namespace)
         if steps:
             await self._redis.delete(
                 *(self.keys.context(stack_id, step, namespace) for step in steps)
             )
         return int(reply[1]) == 1
 
-    async def _delete_waits_of(self, stack_id: str, namespace: str | None) -> None:
-        index = self.keys.wait_index(stack_id)
-        members = await self._redis.call("ZRANGE", self.client.zrange(index, 0, -1))
-        keys = {text(m) or "" for m in members or ()}
-        copy = await self._redis.get(self.keys.wait(stack_id))
-        if copy is not None:
-            keys.add(WaitRecord.from_json(copy).correlation_key)
-        for correlation_key in sorted(keys):
-            record, _ = await self._read_wait(correlation_key)
-            if record is None or record.stack_id != stack_id or record.namespace != namespace:
-                continue
-            await self._redis.delete(self.keys.wait(correlation_key))
-            await self._redis.call("ZREM", self.client.zrem(index, correlation_key))
-        if copy is not None:
-            seed_copy = WaitRecord.from_json(copy)
-            if seed_copy.stack_id == stack_id and seed_copy.namespace == namespace:
-                await self._redis.delete(self.keys.wait(stack_id))
-
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
         async def read(key: str) -> WaitRecord | None:
-            record, _ = await self._read_wait(key)
+            record, _ = await self._waits.read(key)
             return record
 
-        return await self._index.due(limit, _now_ms(), read)
+        return await self._index.due(limit, now_ms(), read)
 
-    # -- wait records --------------------------------------------------------------------
-
-    async def _read_wait(self, key: str) -> tuple[WaitRecord | None, bytes | None]:
-        """The record stored at ``wait:<key>`` and its raw value.
-
-        Only a record whose correlation key is ``key`` counts: the seed's per-stack copy
-        (stored at ``wait:<stackId>``) is not the record *of* that key.
-        """
-        data = await self._redis.get(self.keys.wait(key))
-        if data is None:
-            return None, None
-        record = WaitRecord.from_json(data)
-        return (record if record.correlation_key == key else None), data
-
-    async def _swap(self, key: str, old: bytes | None, new: bytes, ttl: int | str = "keep") -> bool:
-        return int(await self._redis.script(SWAP, [key], [sha1(old), new, ttl])) == 1
-
-    async def _transition(
-        self, correlation_key: str, decide: Callable[[WaitRecord | None], WaitRecord | None]
-    ) -> tuple[WaitRecord | None, WaitRecord | None]:
-        """Read, decide, write-if-unchanged; retried until the decision stands.
-
-        ``decide`` maps the current record to its next state (``None``: leave it). The
-        swap script writes only if the value is still the one decided on, so the whole
-        transition is atomic: of N racing callers exactly one moves a record.
-        Returns ``(record before, record after or None)``.
-        """
-        for _ in range(_MAX_SWAP_ATTEMPTS):
-            record, data = await self._read_wait(correlation_key)
-            after = decide(record)
-            if after is None:
-                return record, None
-            if await self._swap(self.keys.wait(correlation_key), data, after.to_json()):
-                return record, after
-        raise StorageAdapterError(f"wait record {correlation_key!r} kept changing under contention")
+    # -- wait records (siglo_redis.waits) ------------------------------------------------
 
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        data = record.to_json()
         # Indexed by deadline before it is written: a due wait is never missed.
         await self._index.add_deadline(record)
-        retention = ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms
-        await self._redis.set(self.keys.wait(record.correlation_key), data, px=retention)
-        px = "" if retention is None else clamp_px(retention)
-        await self._redis.script(
-            WAIT_INDEX_ADD, [self.keys.wait_index(record.stack_id)], [record.correlation_key, px]
-        )
-        if record.stack_id != record.correlation_key:
-            # Seed 001 §5's second index, read by TypeScript workers.
-            await self._redis.script(
-                WAIT_STACK_COPY, [self.keys.wait(record.stack_id)], [data, record.stack_id, px]
-            )
-
-    async def _latest_of_stack(self, stack_id: str, copy: bytes | None) -> WaitRecord | None:
-        latest = await self._redis.call(
-            "ZREVRANGE", self.client.zrevrange(self.keys.wait_index(stack_id), 0, 0)
-        )
-        if latest:
-            record, _ = await self._read_wait(text(latest[0]) or "")
-            return record
-        if copy is not None:
-            # Written by a worker without siglo's index: follow the seed's copy.
-            pointed = WaitRecord.from_json(copy).correlation_key
-            record, _ = await self._read_wait(pointed)
-            return record
-        return None
+        await self._waits.save(record, ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms)
 
     async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
         key = correlation_key_or_stack_id
-        record, data = await self._read_wait(key)
+        record, data = await self._waits.read(key)
         if record is not None:
             return record
-        record = await self._latest_of_stack(key, data)
+        record = await self._waits.latest_of_stack(key, data)
         if record is not None:
             return record
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
-        checkpoint, _ = await self._live_checkpoint(key, None, _now_ms())
+        checkpoint, _ = await self._live_checkpoint(key, None, now_ms())
         return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
     async def _do_claim_wait_record(
@@ -412,103 +335,42 @@ class RedisStorageAdapter(StorageAdapter):
         lease_ms: int | None = None,
     ) -> WaitRecord | None:
         claimant = claimant_id or uuid.uuid4().hex
-        lease = lease_ms or self.claim_lease_ms
-
-        def decide(record: WaitRecord | None) -> WaitRecord | None:
-            now = _now_ms()
-            if record is None or record.status in ("completed", "cancelled"):
-                return None
-            if (
-                record.status == "claimed"
-                and not record.lease_expired(now)
-                and record.claimant_id != claimant
-            ):
-                return None
-            if record.is_expired(now) and not allow_expired:
-                return None
-            return record.replace(
-                status="claimed",
-                claimant_id=claimant,
-                claimed_at=now,
-                lease_expires_at=now + lease,
-                event_payload=record.event_payload if event_payload is MISSING else event_payload,
-            )
-
-        _, claimed = await self._transition(correlation_key, decide)
+        decide = claim_decision(
+            claimant, lease_ms or self.claim_lease_ms, allow_expired, event_payload
+        )
+        _, claimed = await self._waits.transition(correlation_key, decide)
         return claimed
 
     async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
-
-        def decide(record: WaitRecord | None) -> WaitRecord | None:
-            if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
-                return None
-            return record.replace(status="completed", completed_at=_now_ms())
-
-        record, completed = await self._transition(correlation_key, decide)
-        if completed is not None:
-            return
-        if record is None:
-            raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
-        if record.status != "claimed":
-            raise WaitRecordClaimError(
-                f"wait record {correlation_key!r} is {record.status}, not claimed"
-            )
-        raise WaitRecordClaimError(
-            f"wait record {correlation_key!r} is claimed by another claimant"
+        before, completed = await self._waits.transition(
+            correlation_key, complete_decision(claimant_id)
         )
+        if completed is None:
+            raise completion_refused(correlation_key, before)
 
     async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
-        def decide(record: WaitRecord | None) -> WaitRecord | None:
-            if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
-                return None
-            return record.replace(
-                status="waiting", claimant_id=None, claimed_at=None, lease_expires_at=None
-            )
-
-        _, released = await self._transition(correlation_key, decide)
+        _, released = await self._waits.transition(correlation_key, release_decision(claimant_id))
         return released is not None
 
-    @staticmethod
-    def _cancel_decision(
-        stack_id: str | None = None, namespace: str | None = None
-    ) -> Callable[[WaitRecord | None], WaitRecord | None]:
-        def decide(record: WaitRecord | None) -> WaitRecord | None:
-            if record is None or record.status not in ("waiting", "claimed"):
-                return None
-            if stack_id is not None and (
-                record.stack_id != stack_id or record.namespace != namespace
-            ):
-                return None
-            return record.replace(status="cancelled")
-
-        return decide
-
     async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
-        _, cancelled = await self._transition(correlation_key, self._cancel_decision())
+        _, cancelled = await self._waits.transition(correlation_key, cancel_decision())
         return cancelled is not None
 
     async def _do_cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
-        members = await self._redis.call(
-            "ZRANGE", self.client.zrange(self.keys.wait_index(stack_id), 0, -1)
-        )
-        keys = {text(m) or "" for m in members or ()}
-        copy = await self._redis.get(self.keys.wait(stack_id))
-        if copy is not None:
-            # A record with this correlation key, or the seed's copy naming one.
-            keys.add(WaitRecord.from_json(copy).correlation_key)
-        decide = self._cancel_decision(stack_id, namespace)
+        keys, _ = await self._waits.keys_of_stack(stack_id)
+        decide = cancel_decision(stack_id, namespace)
         for correlation_key in sorted(keys):
-            await self._transition(correlation_key, decide)
+            await self._waits.transition(correlation_key, decide)
         key = self.keys.checkpoint(stack_id, namespace)
-        for _ in range(_MAX_SWAP_ATTEMPTS):
-            now = _now_ms()
+        for _ in range(MAX_SWAP_ATTEMPTS):
+            now = now_ms()
             checkpoint, data = await self._live_checkpoint(stack_id, namespace, now)
             if checkpoint is None or checkpoint.status in TERMINAL_STATUSES:
                 return
             cancelled = checkpoint.replace(
                 status="cancelled", revision=checkpoint.revision + 1, timestamp=now
             )
-            if await self._swap(key, data, cancelled.to_json()):
+            if await swap(self._redis, key, data, cancelled.to_json()):
                 return
         raise StorageAdapterError(
             f"checkpoint of stack {stack_id!r} kept changing under contention"

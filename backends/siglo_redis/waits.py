@@ -1,0 +1,226 @@
+"""Wait records on Redis: how they are stored, read, indexed and moved between states.
+
+A record lives at ``<prefix>wait:<correlationKey>``, is indexed by stack in the sorted
+set ``<prefix>wait-index:<stackId>`` and, for TypeScript workers, copied to
+``<prefix>wait:<stackId>`` (seed 001 §5). A state change (claim, complete, release,
+cancel) is a *transition*: read the record, decide its next state with a pure function,
+and write it only if the stored value is still the one decided on (the ``SWAP`` script),
+retrying otherwise. Of N racing callers exactly one moves a record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from siglo.errors import StorageAdapterError, WaitRecordClaimError
+from siglo.records import WaitRecord
+from siglo.sentinel import MISSING
+from siglo_redis.commands import Commands, clamp_px, sha1, text
+from siglo_redis.keys import KeySpace
+from siglo_redis.scripts import SWAP, WAIT_INDEX_ADD, WAIT_STACK_COPY
+
+__all__ = [
+    "MAX_SWAP_ATTEMPTS",
+    "Decide",
+    "WaitRecords",
+    "cancel_decision",
+    "claim_decision",
+    "complete_decision",
+    "completion_refused",
+    "now_ms",
+    "release_decision",
+    "swap",
+]
+
+MAX_SWAP_ATTEMPTS: Final = 1_000
+"""How often a compare-and-swap is retried under contention before giving up."""
+
+Decide = Callable[[WaitRecord | None], WaitRecord | None]
+"""The next state of a record (``None``: leave it as it is)."""
+
+
+def now_ms() -> int:
+    """The client's wall clock, which every decision about a time in a document uses."""
+    return time.time_ns() // 1_000_000
+
+
+async def swap(
+    redis: Commands, key: str, old: bytes | None, new: bytes, ttl: int | str = "keep"
+) -> bool:
+    """Write ``new`` at ``key`` only if it still holds ``old`` (``None``: absent)."""
+    return int(await redis.script(SWAP, [key], [sha1(old), new, ttl])) == 1
+
+
+# -- decisions -------------------------------------------------------------------------------
+
+
+def claim_decision(claimant: str, lease_ms: int, allow_expired: bool, event_payload: Any) -> Decide:
+    """``waiting`` (or claimed under a lapsed lease, or by ``claimant``) → ``claimed``."""
+
+    def decide(record: WaitRecord | None) -> WaitRecord | None:
+        now = now_ms()
+        if record is None or record.status in ("completed", "cancelled"):
+            return None
+        if (
+            record.status == "claimed"
+            and not record.lease_expired(now)
+            and record.claimant_id != claimant
+        ):
+            return None
+        if record.is_expired(now) and not allow_expired:
+            return None
+        return record.replace(
+            status="claimed",
+            claimant_id=claimant,
+            claimed_at=now,
+            lease_expires_at=now + lease_ms,
+            event_payload=record.event_payload if event_payload is MISSING else event_payload,
+        )
+
+    return decide
+
+
+def complete_decision(claimant_id: str) -> Decide:
+    """``claimed`` by ``claimant_id`` → ``completed``."""
+
+    def decide(record: WaitRecord | None) -> WaitRecord | None:
+        if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
+            return None
+        return record.replace(status="completed", completed_at=now_ms())
+
+    return decide
+
+
+def completion_refused(correlation_key: str, record: WaitRecord | None) -> WaitRecordClaimError:
+    """Why a completion did not happen, as the contract names it."""
+    if record is None:
+        return WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
+    if record.status != "claimed":
+        return WaitRecordClaimError(
+            f"wait record {correlation_key!r} is {record.status}, not claimed"
+        )
+    return WaitRecordClaimError(f"wait record {correlation_key!r} is claimed by another claimant")
+
+
+def release_decision(claimant_id: str) -> Decide:
+    """``claimed`` by ``claimant_id`` → ``waiting`` again."""
+
+    def decide(record: WaitRecord | None) -> WaitRecord | None:
+        if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
+            return None
+        return record.replace(
+            status="waiting", claimant_id=None, claimed_at=None, lease_expires_at=None
+        )
+
+    return decide
+
+
+def cancel_decision(stack_id: str | None = None, namespace: str | None = None) -> Decide:
+    """``waiting`` or ``claimed`` → ``cancelled`` (only the records of one stack, if given)."""
+
+    def decide(record: WaitRecord | None) -> WaitRecord | None:
+        if record is None or record.status not in ("waiting", "claimed"):
+            return None
+        if stack_id is not None and (record.stack_id != stack_id or record.namespace != namespace):
+            return None
+        return record.replace(status="cancelled")
+
+    return decide
+
+
+# -- storage -------------------------------------------------------------------------------
+
+
+class WaitRecords:
+    """Reads, writes and transitions of wait records in one key space."""
+
+    def __init__(self, redis: Commands, client: Any, keys: KeySpace) -> None:
+        self._redis = redis
+        self._client = client
+        self._keys = keys
+
+    async def read(self, key: str) -> tuple[WaitRecord | None, bytes | None]:
+        """The record stored at ``wait:<key>`` and its raw value.
+
+        Only a record whose correlation key is ``key`` counts: the seed's per-stack copy
+        (stored at ``wait:<stackId>``) is not the record *of* that key.
+        """
+        data = await self._redis.get(self._keys.wait(key))
+        if data is None:
+            return None, None
+        record = WaitRecord.from_json(data)
+        return (record if record.correlation_key == key else None), data
+
+    async def save(self, record: WaitRecord, retention_ms: int | None) -> None:
+        """Store ``record`` for ``retention_ms`` (``None``: until removed), indexed by stack."""
+        data = record.to_json()
+        await self._redis.set(self._keys.wait(record.correlation_key), data, px=retention_ms)
+        px = "" if retention_ms is None else clamp_px(retention_ms)
+        await self._redis.script(
+            WAIT_INDEX_ADD, [self._keys.wait_index(record.stack_id)], [record.correlation_key, px]
+        )
+        if record.stack_id != record.correlation_key:
+            # Seed 001 §5's second index, read by TypeScript workers.
+            await self._redis.script(
+                WAIT_STACK_COPY, [self._keys.wait(record.stack_id)], [data, record.stack_id, px]
+            )
+
+    async def transition(
+        self, correlation_key: str, decide: Decide
+    ) -> tuple[WaitRecord | None, WaitRecord | None]:
+        """Read, decide, write-if-unchanged; retried until the decision stands.
+
+        Returns ``(record before, record after or None)``.
+        """
+        for _ in range(MAX_SWAP_ATTEMPTS):
+            record, data = await self.read(correlation_key)
+            after = decide(record)
+            if after is None:
+                return record, None
+            if await swap(self._redis, self._keys.wait(correlation_key), data, after.to_json()):
+                return record, after
+        raise StorageAdapterError(f"wait record {correlation_key!r} kept changing under contention")
+
+    async def latest_of_stack(self, stack_id: str, copy: bytes | None) -> WaitRecord | None:
+        """The record saved last for ``stack_id`` (``copy``: the value at ``wait:<stackId>``)."""
+        latest = await self._redis.call(
+            "ZREVRANGE", self._client.zrevrange(self._keys.wait_index(stack_id), 0, 0)
+        )
+        if latest:
+            record, _ = await self.read(text(latest[0]) or "")
+            return record
+        if copy is not None:
+            # Written by a worker without siglo's index: follow the seed's copy.
+            pointed = WaitRecord.from_json(copy).correlation_key
+            record, _ = await self.read(pointed)
+            return record
+        return None
+
+    async def keys_of_stack(self, stack_id: str) -> tuple[set[str], bytes | None]:
+        """The correlation keys indexed for ``stack_id``, and the seed's copy if any."""
+        members = await self._redis.call(
+            "ZRANGE", self._client.zrange(self._keys.wait_index(stack_id), 0, -1)
+        )
+        keys = {text(m) or "" for m in members or ()}
+        copy = await self._redis.get(self._keys.wait(stack_id))
+        if copy is not None:
+            # A record with this correlation key, or the seed's copy naming one.
+            keys.add(WaitRecord.from_json(copy).correlation_key)
+        return keys, copy
+
+    async def delete_of_stack(self, stack_id: str, namespace: str | None) -> None:
+        """Delete every record of the stack (and the seed's copy when it is one of them)."""
+        keys, copy = await self.keys_of_stack(stack_id)
+        index = self._keys.wait_index(stack_id)
+        for correlation_key in sorted(keys):
+            record, _ = await self.read(correlation_key)
+            if record is None or record.stack_id != stack_id or record.namespace != namespace:
+                continue
+            await self._redis.delete(self._keys.wait(correlation_key))
+            await self._redis.call("ZREM", self._client.zrem(index, correlation_key))
+        if copy is not None:
+            seed_copy = WaitRecord.from_json(copy)
+            if seed_copy.stack_id == stack_id and seed_copy.namespace == namespace:
+                await self._redis.delete(self._keys.wait(stack_id))
