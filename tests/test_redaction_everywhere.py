@@ -19,6 +19,7 @@ from siglo.errors import InvalidArgumentError
 from siglo.redaction import MAX_REDACTION_DEPTH, redact
 
 SECRETS = {
+    "cached": "CACHED-OUTPUT-SECRET-8d1a",
     "password": "hunter2-PASSWORD-5f1c",
     "apiKey": "sk-live-APIKEY-77aa",
     "event": "EVENT-SECRET-0b9e",
@@ -27,7 +28,15 @@ SECRETS = {
 VISIBLE = "visible-marker-4242"
 
 
-async def _login(_: Any) -> dict[str, Any]:
+async def _fetch_credentials(_: Any) -> dict[str, Any]:
+    return {"user": VISIBLE, "password": SECRETS["cached"]}
+
+
+seen_passwords: list[Any] = []
+
+
+async def _login(credentials: Any) -> dict[str, Any]:
+    seen_passwords.append(credentials["password"])
     event = await wait_for_event("approve:redaction")
     return {"approved": event}
 
@@ -57,13 +66,21 @@ async def test_no_secret_reaches_raw_storage_or_logs(
         await manager.save_checkpoint("redaction-2")
 
         # An event payload a flow stores in its wait record and in the step's context.
-        login = flow(Step.create("login", _login), name="redaction-flow")
+        # A cached step's output is stored in the step cache: redacted like context.
+        login = flow(
+            Step.create("fetch", _fetch_credentials).cache(ttl_ms=60_000),
+            Step.create("login", _login),
+            name="redaction-flow",
+        )
+        seen_passwords.clear()
         with pytest.raises(siglo.WorkflowSuspended):
             await login.run(None, manager=manager, stack_id="redaction-3")
         result = await login.deliver(
             "approve:redaction", {"password": SECRETS["event"], "ok": True}, manager=manager
         )
-        # The live run saw the real value; only what left the process is redacted.
+        # The live run saw the real values (the resumed run reads the redacted
+        # checkpoint, as any resume does); only what left the process is redacted.
+        assert seen_passwords == [SECRETS["cached"], REDACTED]
         assert result == {"approved": {"password": SECRETS["event"], "ok": True}}
         await manager.flush()
 
@@ -73,6 +90,7 @@ async def test_no_secret_reaches_raw_storage_or_logs(
         assert stream["password"] == REDACTED
         assert stream["profile"] == {"keys": [{"apiKey": REDACTED}], "n": 1}
         assert (await adapter.get_context_changes("redaction-2", "s"))["token"] == REDACTED
+        assert await adapter.get_cached_step("fetch") == {"user": VISIBLE, "password": REDACTED}
         record = await adapter.get_wait_record("approve:redaction")
         assert record is not None and record.event_payload == {"password": REDACTED, "ok": True}
 

@@ -391,7 +391,10 @@ class Flow:
         finally:
             current_step.reset(token)
         if cache is not None and key is not None:
-            await cache.set_cached_step(key, output, step.cache_ttl_ms)
+            # The output becomes context, so it is stored redacted like context: a later
+            # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
+            cached_output = manager.redact(output, stack.stack_id)
+            await cache.set_cached_step(key, cached_output, step.cache_ttl_ms)
             await self._cache_event(manager, "set", key, stack, step)
         return output
 
