@@ -25,38 +25,17 @@ from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
-from siglo_sql.database import Database, Row
+from siglo_sql.database import Database
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
+from siglo_sql.rows import checkpoint_row, wait_from_row, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import Statements, many_ids
 
 __all__ = ["SqlStorageAdapter"]
 
 T = TypeVar("T")
-
-
-def _earliest(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
-
-
-def _wait_from_row(row: Row) -> WaitRecord:
-    """A wait record from its saved document and its current state columns."""
-    doc, status, claimant_id, claimed_at, lease_expires_at, completed_at, payload = row
-    record = WaitRecord.from_json(doc)
-    return record.replace(
-        status=status,
-        claimant_id=claimant_id,
-        claimed_at=claimed_at,
-        lease_expires_at=lease_expires_at,
-        completed_at=completed_at,
-        event_payload=record.event_payload
-        if payload is None
-        else codec.loads(payload, what="event payload"),
-    )
 
 
 class SqlStorageAdapter(StorageAdapter):
@@ -173,30 +152,11 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        data = checkpoint.to_json()
         now = self.clock.now_ms()
-        namespace = checkpoint.namespace or ""
-        stack_id = checkpoint.stack_id
-        revision = checkpoint.revision
-        expires_at = None if checkpoint.expires_at is None else at_most(checkpoint.expires_at)
-        gone_at = _earliest(expires_at, self._retention(now))
         fetch = self.database.fetch
         s = self._s
-        key = row_id(namespace, stack_id)
-        row = {
-            "id": key,
-            "namespace": namespace,
-            "stack_id": stack_id,
-            "revision": revision,
-            "status": checkpoint.status,
-            "gone_at": gone_at,
-            "document": data,
-            "workflow_id": checkpoint.workflow_id,
-            "updated_at": at_most(checkpoint.timestamp),
-            "expires_at": expires_at,
-            "expected": expected_revision,
-            "now": now,
-        }
+        row = checkpoint_row(checkpoint, self._retention(now), now)
+        row["expected"] = expected_revision
         if expected_revision is None:
             rows = await fetch(s.cp_save_forward, row)
         elif expected_revision == 0:
@@ -204,9 +164,12 @@ class SqlStorageAdapter(StorageAdapter):
         else:
             rows = await fetch(s.cp_update_expected, row)
         if not rows:
-            found = await fetch(s.cp_current_revision, {"id": key, "now": now})
+            found = await fetch(s.cp_current_revision, row)
             raise CheckpointConflictError(
-                stack_id, found[0][0] if found else None, expected_revision, revision
+                checkpoint.stack_id,
+                found[0][0] if found else None,
+                expected_revision,
+                checkpoint.revision,
             )
 
     async def _do_get_checkpoint(
@@ -304,35 +267,15 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
         now = self.clock.now_ms()
         rows = await self.database.fetch(self._s.wait_due, {"now": now, "limit": limit})
-        return [_wait_from_row(row) for row in rows]
+        return [wait_from_row(row) for row in rows]
 
     # -- wait records --------------------------------------------------------------------
 
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        data = record.to_json()
-        payload = codec.dumps(record.event_payload, what="event_payload")
         now = self.clock.now_ms()
         gone_at = at_most(now + ttl_ms) if ttl_ms is not None else self._retention(now)
         db = self.database
-        namespace = record.namespace or ""
-        wait_id = row_id(record.correlation_key)
-        params = {
-            "id": wait_id,
-            "correlation_key": record.correlation_key,
-            "stack_id": record.stack_id,
-            "namespace": namespace,
-            "stack_ref": row_id(namespace, record.stack_id),
-            "status": record.status,
-            "deadline": None if record.expires_at is None else at_most(record.expires_at),
-            "claimant_id": record.claimant_id,
-            "claimed_at": record.claimed_at,
-            "lease_expires_at": record.lease_expires_at,
-            "completed_at": record.completed_at,
-            "event_payload": payload,
-            "gone_at": gone_at,
-            "document": data,
-            "latest_id": row_id(record.stack_id),
-        }
+        params = wait_row(record, gone_at)
         s = self._s
         if s.wait_save_one is not None:
             await db.fetch(s.wait_save_one, params)
@@ -351,7 +294,7 @@ class SqlStorageAdapter(StorageAdapter):
             return None
         row = rows[0]
         if row[0] != 3:
-            return _wait_from_row(row[1:])
+            return wait_from_row(row[1:])
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
         checkpoint = Checkpoint.from_json(bytes(row[1]))
         return embedded_wait_record(checkpoint.metadata)
@@ -382,7 +325,7 @@ class SqlStorageAdapter(StorageAdapter):
                 "now": now,
             },
         )
-        return _wait_from_row(rows[0]) if rows else None
+        return wait_from_row(rows[0]) if rows else None
 
     async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
         db = self.database

@@ -1,0 +1,83 @@
+"""Documents as table rows and back: the named parameters a checkpoint or a wait record
+is written with, and a wait record read from its row.
+
+Kept apart from :mod:`siglo_sql.adapter`, which decides *which* statement runs; this
+module only says what a row holds (the tables are :mod:`siglo_sql.schema`'s).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from siglo import codec
+from siglo.checkpoint import Checkpoint
+from siglo.records import WaitRecord
+from siglo_sql.database import Row
+from siglo_sql.keys import at_most, row_id
+
+__all__ = ["checkpoint_row", "earliest", "wait_from_row", "wait_row"]
+
+
+def earliest(a: int | None, b: int | None) -> int | None:
+    """The earlier of two optional times (``None``: never)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def checkpoint_row(checkpoint: Checkpoint, retention: int | None, now: int) -> dict[str, Any]:
+    """The parameters of a checkpoint's row; it is gone at the earlier of its own
+    ``expires_at`` and ``retention`` (both clamped to what a BIGINT holds)."""
+    namespace = checkpoint.namespace or ""
+    expires_at = None if checkpoint.expires_at is None else at_most(checkpoint.expires_at)
+    return {
+        "id": row_id(namespace, checkpoint.stack_id),
+        "namespace": namespace,
+        "stack_id": checkpoint.stack_id,
+        "revision": checkpoint.revision,
+        "status": checkpoint.status,
+        "gone_at": earliest(expires_at, retention),
+        "document": checkpoint.to_json(),
+        "workflow_id": checkpoint.workflow_id,
+        "updated_at": at_most(checkpoint.timestamp),
+        "expires_at": expires_at,
+        "now": now,
+    }
+
+
+def wait_row(record: WaitRecord, gone_at: int | None) -> dict[str, Any]:
+    """The parameters of a wait record's row and of its by-stack index row."""
+    namespace = record.namespace or ""
+    return {
+        "id": row_id(record.correlation_key),
+        "correlation_key": record.correlation_key,
+        "stack_id": record.stack_id,
+        "namespace": namespace,
+        "stack_ref": row_id(namespace, record.stack_id),
+        "status": record.status,
+        "deadline": None if record.expires_at is None else at_most(record.expires_at),
+        "claimant_id": record.claimant_id,
+        "claimed_at": record.claimed_at,
+        "lease_expires_at": record.lease_expires_at,
+        "completed_at": record.completed_at,
+        "event_payload": codec.dumps(record.event_payload, what="event_payload"),
+        "gone_at": gone_at,
+        "document": record.to_json(),
+        "latest_id": row_id(record.stack_id),
+    }
+
+
+def wait_from_row(row: Row) -> WaitRecord:
+    """A wait record from its saved document and its current state columns."""
+    doc, status, claimant_id, claimed_at, lease_expires_at, completed_at, payload = row
+    record = WaitRecord.from_json(doc)
+    return record.replace(
+        status=status,
+        claimant_id=claimant_id,
+        claimed_at=claimed_at,
+        lease_expires_at=lease_expires_at,
+        completed_at=completed_at,
+        event_payload=record.event_payload
+        if payload is None
+        else codec.loads(payload, what="event payload"),
+    )
