@@ -205,3 +205,23 @@ async def test_a_pass_is_bounded_by_its_batch(manager: StorageManager, clock: Ma
     clock.advance(5)
     worker = Worker(manager, [f], batch=2)
     assert [(await worker.run_once()).timers_fired for _ in range(4)] == [2, 2, 1, 0]
+
+
+async def test_foreign_due_waits_do_not_fill_a_pass(
+    memory: siglo.Backend, manager: StorageManager, clock: ManualClock
+) -> None:
+    from siglo import WaitRecord
+
+    for i in range(5):  # due waits no flow of this worker owns
+        await memory.adapter.save_wait_record(
+            WaitRecord(correlation_key=f"foreign-{i}", stack_id=f"f-{i}", expires_at=1)
+        )
+
+    async def nap(_: Any) -> None:
+        await sleep(5)
+
+    f = flow(Step.create("nap", nap), name="own")
+    with pytest.raises(WorkflowSuspended):
+        await f.run(None, manager=manager, stack_id="own-1")
+    clock.advance(5)
+    assert (await Worker(manager, [f], batch=2).run_once()).timers_fired == 1

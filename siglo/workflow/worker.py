@@ -23,13 +23,14 @@ from typing import Final
 
 from siglo.adapter import Capability
 from siglo.errors import InvalidArgumentError, LockNotAcquiredError, WaitRecordClaimError
-from siglo.listing import DEFAULT_PAGE_SIZE
+from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from siglo.manager import StorageManager
 from siglo.workflow.flow import Flow, WorkflowSuspended
 
 __all__ = ["DEFAULT_INTERVAL_S", "Worker", "WorkerPass"]
 
 DEFAULT_INTERVAL_S: Final = 1.0
+_LOOK_AHEAD: Final = 10
 
 log = logging.getLogger("siglo.worker")
 
@@ -110,7 +111,15 @@ class Worker:
                 await asyncio.wait_for(stop.wait(), interval_s)
 
     async def _fire_timers(self, done: WorkerPass) -> None:
-        for record in await self.adapter.list_due_waits(limit=self.batch):
+        # Due waits of flows this worker does not run (another worker's, or waits used
+        # without a flow) are skipped; reading several batches' worth keeps them from
+        # filling every pass. (More than that many foreign due waits still would: run a
+        # worker for every flow of a store.)
+        due = await self.adapter.list_due_waits(limit=min(self.batch * _LOOK_AHEAD, MAX_PAGE_SIZE))
+        fired = 0
+        for record in due:
+            if fired == self.batch:
+                return
             checkpoint = await self.manager.load_checkpoint(
                 record.stack_id, namespace=record.namespace
             )
@@ -127,6 +136,7 @@ class Worker:
                 pass
             except Exception as exc:
                 self._failed(done, record.stack_id, exc)
+            fired += 1
             done.timers_fired += 1
 
     async def _recover(self, done: WorkerPass) -> None:
