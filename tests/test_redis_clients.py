@@ -123,7 +123,7 @@ def test_registered_as_the_redis_plugin() -> None:
     assert "clock" not in {c.value for c in spec.capabilities}
     assert {c.value for c in spec.capabilities} == {
         "checkpoints", "wait_records", "workflow_lock", "step_cache", "context_stream",
-        "cache_events", "idempotency", "locks", "nonces",
+        "cache_events", "idempotency", "locks", "nonces", "listing", "deletion", "due_waits",
     }  # fmt: skip
     assert siglo.RedisStorageAdapter is RedisStorageAdapter
 
