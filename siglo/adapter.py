@@ -188,10 +188,18 @@ class StorageAdapter:
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         await self._do_save_wait_record(record, ttl_ms=ttl_ms)
 
-    async def get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
-        """The record with this correlation key, else the latest saved for this stack id."""
+    async def get_wait_record(
+        self, correlation_key_or_stack_id: str, *, namespace: str | None = None
+    ) -> WaitRecord | None:
+        """The record with this correlation key, else the latest saved for this stack id.
+
+        Wait records are scoped by the namespace of their stack (``record.namespace``):
+        ``namespace`` names it (``None``: an un-namespaced stack, the seed's keys), and a
+        record of one namespace is never seen, claimed or changed from another.
+        """
         require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
-        return await self._do_get_wait_record(correlation_key_or_stack_id)
+        require_optional_id("namespace", namespace)
+        return await self._do_get_wait_record(correlation_key_or_stack_id, namespace)
 
     async def claim_wait_record(
         self,
@@ -201,15 +209,18 @@ class StorageAdapter:
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         """Atomically move one record from ``waiting`` to ``claimed``.
 
         Returns the claimed record, or ``None`` when it cannot be claimed (missing,
         completed, cancelled, claimed under a live lease by another claimant, or past its
         deadline without ``allow_expired``). Exactly one concurrent caller wins.
+        ``namespace``: the namespace of the record's stack (see :meth:`get_wait_record`).
         """
         require_id("correlation_key", correlation_key)
         require_optional_id("claimant_id", claimant_id)
+        require_optional_id("namespace", namespace)
         require_ttl_ms("lease_ms", lease_ms, optional=True)
         if event_payload is not MISSING:
             codec.dumps(event_payload, what="event_payload")  # JSON data, or refused here
@@ -219,33 +230,48 @@ class StorageAdapter:
             allow_expired=allow_expired,
             event_payload=event_payload,
             lease_ms=lease_ms,
+            namespace=namespace,
         )
 
-    async def complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def complete_wait_record(
+        self, correlation_key: str, claimant_id: str, *, namespace: str | None = None
+    ) -> None:
         """Mark a claimed record completed; only its claimant may.
 
         Raises :class:`~siglo.errors.WaitRecordClaimError` otherwise, changing nothing.
+        ``namespace``: the namespace of the record's stack (see :meth:`get_wait_record`).
         """
         require_id("correlation_key", correlation_key)
         require_id("claimant_id", claimant_id)
-        await self._do_complete_wait_record(correlation_key, claimant_id)
+        require_optional_id("namespace", namespace)
+        await self._do_complete_wait_record(correlation_key, claimant_id, namespace)
 
-    async def release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+    async def release_wait_record(
+        self, correlation_key: str, claimant_id: str, *, namespace: str | None = None
+    ) -> bool:
         """Give a claim back: a record claimed by ``claimant_id`` is ``waiting`` again.
 
         Atomic, and only for the claimant: ``True`` if this call released it; ``False``
         (nothing changed) when the record is missing, not claimed, or claimed by another.
         Its claimant, claim time and lease are cleared; the event payload is kept.
-        For a delivery that was refused before it used the event.
+        For a delivery that was refused before it used the event. ``namespace``: the
+        namespace of the record's stack (see :meth:`get_wait_record`).
         """
         require_id("correlation_key", correlation_key)
         require_id("claimant_id", claimant_id)
-        return await self._do_release_wait_record(correlation_key, claimant_id)
+        require_optional_id("namespace", namespace)
+        return await self._do_release_wait_record(correlation_key, claimant_id, namespace)
 
-    async def cancel_wait_record(self, correlation_key: str) -> bool:
-        """Cancel a waiting or claimed record; ``True`` if it was cancelled by this call."""
+    async def cancel_wait_record(
+        self, correlation_key: str, *, namespace: str | None = None
+    ) -> bool:
+        """Cancel a waiting or claimed record; ``True`` if it was cancelled by this call.
+
+        ``namespace``: the namespace of the record's stack (see :meth:`get_wait_record`).
+        """
         require_id("correlation_key", correlation_key)
-        return await self._do_cancel_wait_record(correlation_key)
+        require_optional_id("namespace", namespace)
+        return await self._do_cancel_wait_record(correlation_key, namespace)
 
     async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
         """Cancel every open wait of the stack and mark its checkpoint ``cancelled``."""
@@ -400,7 +426,9 @@ class StorageAdapter:
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> None:
         raise self._unsupported("save_wait_record")
 
-    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+    async def _do_get_wait_record(
+        self, correlation_key_or_stack_id: str, namespace: str | None
+    ) -> WaitRecord | None:
         raise self._unsupported("get_wait_record")
 
     async def _do_claim_wait_record(
@@ -411,16 +439,21 @@ class StorageAdapter:
         allow_expired: bool,
         event_payload: Any,
         lease_ms: int | None,
+        namespace: str | None,
     ) -> WaitRecord | None:
         raise self._unsupported("claim_wait_record")
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None
+    ) -> None:
         raise self._unsupported("complete_wait_record")
 
-    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+    async def _do_release_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None
+    ) -> bool:
         raise self._unsupported("release_wait_record")
 
-    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
+    async def _do_cancel_wait_record(self, correlation_key: str, namespace: str | None) -> bool:
         raise self._unsupported("cancel_wait_record")
 
     async def _do_cancel_workflow(self, stack_id: str, namespace: str | None) -> None:

@@ -18,7 +18,7 @@ from siglo.errors import InvalidArgumentError
 from siglo.listing import CheckpointPage, ListQuery, decode_cursor, encode_cursor
 from siglo.records import CacheEvent, ContextChangeEvent
 from siglo_memory import connect as memory_connect
-from siglo_memory.adapter import MemoryStorageAdapter, _Entry
+from siglo_memory.adapter import MemoryStorageAdapter, _Entry, wait_key
 from siglo_memory.coordination import (
     COMPLETED_PREFIX,
     IN_PROGRESS,
@@ -253,18 +253,22 @@ class FirstRecordOfStack(MemoryStorageAdapter):
     """The stack index keeps the first record saved for a stack, not the latest."""
 
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        previous = self._latest_wait_of_stack.get(record.stack_id)
+        stack = wait_key(record.namespace, record.stack_id)
+        previous = self._latest_wait_of_stack.get(stack)
         await super()._do_save_wait_record(record, ttl_ms=ttl_ms)
         if previous is not None and previous in self._waits:
-            self._latest_wait_of_stack[record.stack_id] = previous
+            self._latest_wait_of_stack[stack] = previous
 
 
 class NoCheckpointFallback(MemoryStorageAdapter):
-    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+    async def _do_get_wait_record(
+        self, correlation_key_or_stack_id: str, namespace: str | None = None
+    ) -> WaitRecord | None:
         now = self.clock.now_ms()
-        record = self._live_wait(correlation_key_or_stack_id, now)
-        if record is None and correlation_key_or_stack_id in self._latest_wait_of_stack:
-            record = self._live_wait(self._latest_wait_of_stack[correlation_key_or_stack_id], now)
+        key = wait_key(namespace, correlation_key_or_stack_id)
+        record = self._live_wait(key, now)
+        if record is None and key in self._latest_wait_of_stack:
+            record = self._live_wait(self._latest_wait_of_stack[key], now)
         return record
 
 
@@ -279,9 +283,10 @@ class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         now = self.clock.now_ms()
-        record = self._live_wait(correlation_key, now)
+        record = self._live_wait(wait_key(namespace, correlation_key), now)
         if (
             record is None
             or record.status != "waiting"
@@ -293,6 +298,7 @@ class ClaimYieldsBeforeWriting(MemoryStorageAdapter):
                 allow_expired=allow_expired,
                 event_payload=event_payload,
                 lease_ms=lease_ms,
+                namespace=namespace,
             )
         await asyncio.sleep(0)
         claimed = record.replace(
@@ -317,8 +323,9 @@ class ClaimsCompleted(MemoryStorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
-        record = self._live_wait(correlation_key, self.clock.now_ms())
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
         if record is not None and record.status == "completed":
             self._store_wait(record.replace(status="waiting"))
         return await super()._do_claim_wait_record(
@@ -327,6 +334,7 @@ class ClaimsCompleted(MemoryStorageAdapter):
             allow_expired=allow_expired,
             event_payload=event_payload,
             lease_ms=lease_ms,
+            namespace=namespace,
         )
 
 
@@ -339,6 +347,7 @@ class IgnoresDeadline(MemoryStorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         return await super()._do_claim_wait_record(
             correlation_key,
@@ -346,6 +355,7 @@ class IgnoresDeadline(MemoryStorageAdapter):
             allow_expired=True,
             event_payload=event_payload,
             lease_ms=lease_ms,
+            namespace=namespace,
         )
 
 
@@ -358,8 +368,9 @@ class LeaseNeverEnds(MemoryStorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
-        record = self._live_wait(correlation_key, self.clock.now_ms())
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
         if record is not None and record.status == "claimed" and record.claimant_id != claimant_id:
             return None
         return await super()._do_claim_wait_record(
@@ -368,15 +379,18 @@ class LeaseNeverEnds(MemoryStorageAdapter):
             allow_expired=allow_expired,
             event_payload=event_payload,
             lease_ms=lease_ms,
+            namespace=namespace,
         )
 
 
 class AnyoneCompletes(MemoryStorageAdapter):
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
-        record = self._live_wait(correlation_key, self.clock.now_ms())
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
         if record is not None and record.status == "claimed" and record.claimant_id:
             claimant_id = record.claimant_id
-        await super()._do_complete_wait_record(correlation_key, claimant_id)
+        await super()._do_complete_wait_record(correlation_key, claimant_id, namespace)
 
 
 class AnyoneReleases(MemoryStorageAdapter):
@@ -388,12 +402,14 @@ class AnyoneReleases(MemoryStorageAdapter):
 
 
 class CancelsCompleted(MemoryStorageAdapter):
-    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
-        record = self._live_wait(correlation_key, self.clock.now_ms())
+    async def _do_cancel_wait_record(
+        self, correlation_key: str, namespace: str | None = None
+    ) -> bool:
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
         if record is not None and record.status == "completed":
             self._store_wait(record.replace(status="cancelled"))
             return True
-        return await super()._do_cancel_wait_record(correlation_key)
+        return await super()._do_cancel_wait_record(correlation_key, namespace)
 
 
 class CancelWorkflowKeepsRevision(MemoryStorageAdapter):
@@ -406,10 +422,56 @@ class CancelWorkflowKeepsRevision(MemoryStorageAdapter):
             self._checkpoints[key].data = after.replace(revision=before.revision).to_json()
 
 
+class WaitsShareNamespaces(MemoryStorageAdapter):
+    """Wait records keyed by correlation key / stack id alone, whatever their namespace
+    (issue 11 defect 12: one tenant read another's record)."""
+
+    def _store_wait(self, record: WaitRecord) -> None:
+        self._waits[record.correlation_key].data = record.to_json()
+
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        await super()._do_save_wait_record(record.replace(namespace=None), ttl_ms=ttl_ms)
+        self._waits[record.correlation_key].data = record.to_json()
+
+    async def _do_get_wait_record(
+        self, correlation_key_or_stack_id: str, namespace: str | None = None
+    ) -> WaitRecord | None:
+        return await super()._do_get_wait_record(correlation_key_or_stack_id, None)
+
+    async def _do_claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+        namespace: str | None = None,
+    ) -> WaitRecord | None:
+        return await super()._do_claim_wait_record(
+            correlation_key,
+            claimant_id,
+            allow_expired=allow_expired,
+            event_payload=event_payload,
+            lease_ms=lease_ms,
+            namespace=None,
+        )
+
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
+        await super()._do_complete_wait_record(correlation_key, claimant_id, None)
+
+    async def _do_cancel_wait_record(
+        self, correlation_key: str, namespace: str | None = None
+    ) -> bool:
+        return await super()._do_cancel_wait_record(correlation_key, None)
+
+
 class KeepsWaitsForever(MemoryStorageAdapter):
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         await super()._do_save_wait_record(record, ttl_ms=None)
-        self._waits[record.correlation_key].gone_at = None
+        self._waits[wait_key(record.namespace, record.correlation_key)].gone_at = None
 
 
 # -- workflow lock ----------------------------------------------------------------------------
@@ -843,6 +905,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "an exception leaks the lock",
         ("lock.workflow",),
         adapter=WorkflowLockLeaksOnError,
+    ),
+    _m(
+        "wait.namespace.isolation",
+        "wait records of every namespace share one key",
+        adapter=WaitsShareNamespaces,
     ),
     Mutant(
         "lock.workflow.separate",

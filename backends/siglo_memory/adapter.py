@@ -56,6 +56,16 @@ def _earliest(*times: int | None) -> int | None:
     return min(present) if present else None
 
 
+WaitKey = str | tuple[str, str]
+"""Where the model keeps a wait record: the seed's plain key for an un-namespaced stack,
+``(namespace, key)`` for a namespaced one (wait records never cross namespaces)."""
+
+
+def wait_key(namespace: str | None, key: str) -> WaitKey:
+    """The model's key of the wait record (or stack index) ``key`` in ``namespace``."""
+    return key if namespace is None else (namespace, key)
+
+
 class MemoryStorageAdapter(StorageAdapter):
     """The whole storage contract in plain dicts; every expiry uses the injected clock.
 
@@ -102,8 +112,9 @@ class MemoryStorageAdapter(StorageAdapter):
             "workflow_lock_timeout_ms", workflow_lock_timeout_ms
         )
         self._checkpoints: dict[tuple[str | None, str], _StoredCheckpoint] = {}
-        self._waits: dict[str, _Entry] = {}
-        self._latest_wait_of_stack: dict[str, str] = {}
+        # Keyed by wait_key(namespace of the record's stack, correlation key / stack id).
+        self._waits: dict[WaitKey, _Entry] = {}
+        self._latest_wait_of_stack: dict[WaitKey, WaitKey] = {}
         self._cache: dict[str, _Entry] = {}
         self._contexts: dict[tuple[str | None, str, str], tuple[dict[str, bytes], int | None]] = {}
         self._workflow_locks: dict[str, asyncio.Lock] = {}
@@ -196,12 +207,13 @@ class MemoryStorageAdapter(StorageAdapter):
                 stack_id, None if current is None else current.revision, expected_revision
             )
         self._checkpoints.pop(key, None)
-        for wait_key in list(self._waits):
-            record = WaitRecord.from_json(self._waits[wait_key].data)
+        for stored_key in list(self._waits):
+            record = WaitRecord.from_json(self._waits[stored_key].data)
             if record.stack_id == stack_id and record.namespace == namespace:
-                del self._waits[wait_key]
-                if self._latest_wait_of_stack.get(stack_id) == wait_key:
-                    del self._latest_wait_of_stack[stack_id]
+                del self._waits[stored_key]
+                latest = wait_key(namespace, stack_id)
+                if self._latest_wait_of_stack.get(latest) == stored_key:
+                    del self._latest_wait_of_stack[latest]
         for context_key in list(self._contexts):
             if context_key[:2] == key:
                 del self._contexts[context_key]
@@ -221,7 +233,7 @@ class MemoryStorageAdapter(StorageAdapter):
 
     # -- wait records --------------------------------------------------------------------
 
-    def _live_wait(self, key: str, now: int) -> WaitRecord | None:
+    def _live_wait(self, key: WaitKey, now: int) -> WaitRecord | None:
         entry = self._waits.get(key)
         if entry is None or not entry.live(now):
             return None
@@ -229,17 +241,22 @@ class MemoryStorageAdapter(StorageAdapter):
 
     def _store_wait(self, record: WaitRecord) -> None:
         # Transitions keep the retention the record was saved with.
-        self._waits[record.correlation_key].data = record.to_json()
+        self._waits[wait_key(record.namespace, record.correlation_key)].data = record.to_json()
 
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         data = record.to_json()
         now = self.clock.now_ms()
         gone_at = now + ttl_ms if ttl_ms is not None else self._retention(now)
-        self._waits[record.correlation_key] = _Entry(data, gone_at)
-        self._latest_wait_of_stack[record.stack_id] = record.correlation_key
+        ns = record.namespace
+        self._waits[wait_key(ns, record.correlation_key)] = _Entry(data, gone_at)
+        self._latest_wait_of_stack[wait_key(ns, record.stack_id)] = wait_key(
+            ns, record.correlation_key
+        )
 
-    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
-        key = correlation_key_or_stack_id
+    async def _do_get_wait_record(
+        self, correlation_key_or_stack_id: str, namespace: str | None = None
+    ) -> WaitRecord | None:
+        key = wait_key(namespace, correlation_key_or_stack_id)
         now = self.clock.now_ms()
         record = self._live_wait(key, now)
         if record is not None:
@@ -250,7 +267,7 @@ class MemoryStorageAdapter(StorageAdapter):
             if record is not None:
                 return record
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
-        checkpoint = self._live_checkpoint((None, key), now)
+        checkpoint = self._live_checkpoint((namespace, correlation_key_or_stack_id), now)
         return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
     async def _do_claim_wait_record(
@@ -261,10 +278,11 @@ class MemoryStorageAdapter(StorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         claimant = claimant_id or uuid.uuid4().hex
         now = self.clock.now_ms()
-        record = self._live_wait(correlation_key, now)
+        record = self._live_wait(wait_key(namespace, correlation_key), now)
         if record is None or record.status in ("completed", "cancelled"):
             return None
         if (
@@ -285,9 +303,11 @@ class MemoryStorageAdapter(StorageAdapter):
         self._store_wait(claimed)
         return claimed
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
         now = self.clock.now_ms()
-        record = self._live_wait(correlation_key, now)
+        record = self._live_wait(wait_key(namespace, correlation_key), now)
         if record is None:
             raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
         if record.status != "claimed":
@@ -300,8 +320,10 @@ class MemoryStorageAdapter(StorageAdapter):
             )
         self._store_wait(record.replace(status="completed", completed_at=now))
 
-    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
-        record = self._live_wait(correlation_key, self.clock.now_ms())
+    async def _do_release_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> bool:
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
         if record is None or record.status != "claimed" or record.claimant_id != claimant_id:
             return False
         self._store_wait(
@@ -311,8 +333,10 @@ class MemoryStorageAdapter(StorageAdapter):
         )
         return True
 
-    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
-        record = self._live_wait(correlation_key, self.clock.now_ms())
+    async def _do_cancel_wait_record(
+        self, correlation_key: str, namespace: str | None = None
+    ) -> bool:
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
         if record is None or record.status not in ("waiting", "claimed"):
             return False
         self._store_wait(record.replace(status="cancelled"))

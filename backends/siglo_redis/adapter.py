@@ -36,7 +36,7 @@ from siglo_redis.commands import (
 )
 from siglo_redis.coordination import RedisLock
 from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
-from siglo_redis.listing import CheckpointIndex, member_of
+from siglo_redis.listing import CheckpointIndex, deadline_member_parts, member_of
 from siglo_redis.scripts import (
     CHECKPOINT_CAS,
     CHECKPOINT_DELETE,
@@ -300,8 +300,9 @@ class RedisStorageAdapter(StorageAdapter):
         return int(reply[1]) == 1
 
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
-        async def read(key: str) -> WaitRecord | None:
-            record, _ = await self._waits.read(key)
+        async def read(member: str) -> WaitRecord | None:
+            namespace, key = deadline_member_parts(member)
+            record, _ = await self._waits.read(key, namespace)
             return record
 
         return await self._index.due(limit, now_ms(), read)
@@ -313,16 +314,18 @@ class RedisStorageAdapter(StorageAdapter):
         await self._index.add_deadline(record)
         await self._waits.save(record, ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms)
 
-    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+    async def _do_get_wait_record(
+        self, correlation_key_or_stack_id: str, namespace: str | None = None
+    ) -> WaitRecord | None:
         key = correlation_key_or_stack_id
-        record, data = await self._waits.read(key)
+        record, data = await self._waits.read(key, namespace)
         if record is not None:
             return record
-        record = await self._waits.latest_of_stack(key, data)
+        record = await self._waits.latest_of_stack(key, namespace, data)
         if record is not None:
             return record
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
-        checkpoint, _ = await self._live_checkpoint(key, None, now_ms())
+        checkpoint, _ = await self._live_checkpoint(key, namespace, now_ms())
         return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
     async def _do_claim_wait_record(
@@ -333,34 +336,43 @@ class RedisStorageAdapter(StorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         claimant = claimant_id or uuid.uuid4().hex
         decide = claim_decision(
             claimant, lease_ms or self.claim_lease_ms, allow_expired, event_payload
         )
-        _, claimed = await self._waits.transition(correlation_key, decide)
+        _, claimed = await self._waits.transition(correlation_key, namespace, decide)
         return claimed
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
         before, completed = await self._waits.transition(
-            correlation_key, complete_decision(claimant_id)
+            correlation_key, namespace, complete_decision(claimant_id)
         )
         if completed is None:
             raise completion_refused(correlation_key, before)
 
-    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
-        _, released = await self._waits.transition(correlation_key, release_decision(claimant_id))
+    async def _do_release_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> bool:
+        _, released = await self._waits.transition(
+            correlation_key, namespace, release_decision(claimant_id)
+        )
         return released is not None
 
-    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
-        _, cancelled = await self._waits.transition(correlation_key, cancel_decision())
+    async def _do_cancel_wait_record(
+        self, correlation_key: str, namespace: str | None = None
+    ) -> bool:
+        _, cancelled = await self._waits.transition(correlation_key, namespace, cancel_decision())
         return cancelled is not None
 
     async def _do_cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
-        keys, _ = await self._waits.keys_of_stack(stack_id)
+        keys, _ = await self._waits.keys_of_stack(stack_id, namespace)
         decide = cancel_decision(stack_id, namespace)
         for correlation_key in sorted(keys):
-            await self._waits.transition(correlation_key, decide)
+            await self._waits.transition(correlation_key, namespace, decide)
         key = self.keys.checkpoint(stack_id, namespace)
         for _ in range(MAX_SWAP_ATTEMPTS):
             now = now_ms()

@@ -8,9 +8,10 @@ key                                            holds
 =============================================  =====================================
 ``siglo:checkpoint:<stackId>``                 checkpoint JSON (no namespace)
 ``siglo:<ns>:checkpoint:<stackId>``            checkpoint JSON (namespace ``ns``)
-``siglo:wait:<correlationKey>``                wait record JSON
-``siglo:wait:<stackId>``                       copy of the stack's latest wait record
-``siglo:wait-index:<stackId>``                 siglo only: sorted set of the stack's
+``siglo:[<ns>:]wait:<correlationKey>``         wait record JSON (``ns``: the namespace
+                                               of its stack, if it has one)
+``siglo:[<ns>:]wait:<stackId>``                copy of the stack's latest wait record
+``siglo:[<ns>:]wait-index:<stackId>``          siglo only: sorted set of the stack's
                                                correlation keys, latest saved last
 ``siglo:cache:<key>``                          step-cache JSON
 ``siglo:[<ns>:]context:<stackId>:<stepId>``    hash: context field → JSON value
@@ -197,8 +198,12 @@ class KeySpace:
             return f"{self.prefix}checkpoint:{stack_id}"
         return f"{self.prefix}{namespace_segment(namespace)}:checkpoint:{stack_id}"
 
-    def wait(self, key: str) -> str:
-        return f"{self.prefix}wait:{key}"
+    def wait(self, key: str, namespace: str | None = None) -> str:
+        """A wait record (or the seed's per-stack copy): the seed's key for an
+        un-namespaced stack, ``<ns>:wait:<key>`` for a namespaced one."""
+        if namespace is None:
+            return f"{self.prefix}wait:{key}"
+        return f"{self.prefix}{namespace_segment(namespace)}:wait:{key}"
 
     def checkpoint_index(self, slot: int | None) -> str:
         """The listing index: one key, or on a cluster one per slot, in that slot."""
@@ -214,8 +219,10 @@ class KeySpace:
     def wait_deadlines(self) -> str:
         return f"{self.prefix}wait-deadlines"
 
-    def wait_index(self, stack_id: str) -> str:
-        return f"{self.prefix}wait-index:{stack_id}"
+    def wait_index(self, stack_id: str, namespace: str | None = None) -> str:
+        if namespace is None:
+            return f"{self.prefix}wait-index:{stack_id}"
+        return f"{self.prefix}{namespace_segment(namespace)}:wait-index:{stack_id}"
 
     def cache(self, key: str) -> str:
         return f"{self.prefix}cache:{key}"

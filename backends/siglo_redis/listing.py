@@ -40,7 +40,13 @@ from siglo_redis.commands import Commands, raw, text
 from siglo_redis.keys import KeySpace, hash_slot
 from siglo_redis.scripts import DEADLINE_PRUNE, INDEX_PRUNE
 
-__all__ = ["CheckpointIndex", "member_of", "split_member"]
+__all__ = [
+    "CheckpointIndex",
+    "deadline_member",
+    "deadline_member_parts",
+    "member_of",
+    "split_member",
+]
 
 _CHUNK = 2_000
 """The most members read per ``ZRANGEBYLEX`` while a page fills."""
@@ -183,7 +189,8 @@ class CheckpointIndex:
         await self._redis.call(
             "ZADD",
             self._client.zadd(
-                self._keys.wait_deadlines, {record.correlation_key: record.expires_at}
+                self._keys.wait_deadlines,
+                {deadline_member(record.namespace, record.correlation_key): record.expires_at},
             ),
         )
 
@@ -222,6 +229,18 @@ class CheckpointIndex:
             if len(pairs) < _CHUNK:
                 return due
         return due
+
+
+def deadline_member(namespace: str | None, correlation_key: str) -> str:
+    """A wait's member of the deadline index: its correlation key, prefixed with its
+    namespace and a NUL (which no id contains) when its stack has one."""
+    return correlation_key if namespace is None else f"{namespace}\x00{correlation_key}"
+
+
+def deadline_member_parts(member: str) -> tuple[str | None, str]:
+    """``(namespace, correlation key)`` of a deadline-index member."""
+    namespace, nul, key = member.partition("\x00")
+    return (namespace, key) if nul else (None, member)
 
 
 def _score_text(score: float) -> str:

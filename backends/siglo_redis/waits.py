@@ -141,13 +141,16 @@ class WaitRecords:
         self._client = client
         self._keys = keys
 
-    async def read(self, key: str) -> tuple[WaitRecord | None, bytes | None]:
-        """The record stored at ``wait:<key>`` and its raw value.
+    async def read(
+        self, key: str, namespace: str | None = None
+    ) -> tuple[WaitRecord | None, bytes | None]:
+        """The record stored at ``[<ns>:]wait:<key>`` and its raw value (``namespace``:
+        of the record's stack; records never cross namespaces).
 
         Only a record whose correlation key is ``key`` counts: the seed's per-stack copy
         (stored at ``wait:<stackId>``) is not the record *of* that key.
         """
-        data = await self._redis.get(self._keys.wait(key))
+        data = await self._redis.get(self._keys.wait(key, namespace))
         if data is None:
             return None, None
         record = WaitRecord.from_json(data)
@@ -156,55 +159,65 @@ class WaitRecords:
     async def save(self, record: WaitRecord, retention_ms: int | None) -> None:
         """Store ``record`` for ``retention_ms`` (``None``: until removed), indexed by stack."""
         data = record.to_json()
-        await self._redis.set(self._keys.wait(record.correlation_key), data, px=retention_ms)
+        ns = record.namespace
+        await self._redis.set(self._keys.wait(record.correlation_key, ns), data, px=retention_ms)
         px = "" if retention_ms is None else clamp_px(retention_ms)
         await self._redis.script(
-            WAIT_INDEX_ADD, [self._keys.wait_index(record.stack_id)], [record.correlation_key, px]
+            WAIT_INDEX_ADD,
+            [self._keys.wait_index(record.stack_id, ns)],
+            [record.correlation_key, px],
         )
         if record.stack_id != record.correlation_key:
             # Seed 001 §5's second index, read by TypeScript workers.
             await self._redis.script(
-                WAIT_STACK_COPY, [self._keys.wait(record.stack_id)], [data, record.stack_id, px]
+                WAIT_STACK_COPY,
+                [self._keys.wait(record.stack_id, ns)],
+                [data, record.stack_id, px],
             )
 
     async def transition(
-        self, correlation_key: str, decide: Decide
+        self, correlation_key: str, namespace: str | None, decide: Decide
     ) -> tuple[WaitRecord | None, WaitRecord | None]:
         """Read, decide, write-if-unchanged; retried until the decision stands.
 
         Returns ``(record before, record after or None)``.
         """
         for _ in range(MAX_SWAP_ATTEMPTS):
-            record, data = await self.read(correlation_key)
+            record, data = await self.read(correlation_key, namespace)
             after = decide(record)
             if after is None:
                 return record, None
-            if await swap(self._redis, self._keys.wait(correlation_key), data, after.to_json()):
+            key = self._keys.wait(correlation_key, namespace)
+            if await swap(self._redis, key, data, after.to_json()):
                 return record, after
         raise StorageAdapterError(f"wait record {correlation_key!r} kept changing under contention")
 
-    async def latest_of_stack(self, stack_id: str, copy: bytes | None) -> WaitRecord | None:
+    async def latest_of_stack(
+        self, stack_id: str, namespace: str | None, copy: bytes | None
+    ) -> WaitRecord | None:
         """The record saved last for ``stack_id`` (``copy``: the value at ``wait:<stackId>``)."""
         latest = await self._redis.call(
-            "ZREVRANGE", self._client.zrevrange(self._keys.wait_index(stack_id), 0, 0)
+            "ZREVRANGE", self._client.zrevrange(self._keys.wait_index(stack_id, namespace), 0, 0)
         )
         if latest:
-            record, _ = await self.read(text(latest[0]) or "")
+            record, _ = await self.read(text(latest[0]) or "", namespace)
             return record
         if copy is not None:
             # Written by a worker without siglo's index: follow the seed's copy.
             pointed = WaitRecord.from_json(copy).correlation_key
-            record, _ = await self.read(pointed)
+            record, _ = await self.read(pointed, namespace)
             return record
         return None
 
-    async def keys_of_stack(self, stack_id: str) -> tuple[set[str], bytes | None]:
+    async def keys_of_stack(
+        self, stack_id: str, namespace: str | None
+    ) -> tuple[set[str], bytes | None]:
         """The correlation keys indexed for ``stack_id``, and the seed's copy if any."""
         members = await self._redis.call(
-            "ZRANGE", self._client.zrange(self._keys.wait_index(stack_id), 0, -1)
+            "ZRANGE", self._client.zrange(self._keys.wait_index(stack_id, namespace), 0, -1)
         )
         keys = {text(m) or "" for m in members or ()}
-        copy = await self._redis.get(self._keys.wait(stack_id))
+        copy = await self._redis.get(self._keys.wait(stack_id, namespace))
         if copy is not None:
             # A record with this correlation key, or the seed's copy naming one.
             keys.add(WaitRecord.from_json(copy).correlation_key)
@@ -212,15 +225,15 @@ class WaitRecords:
 
     async def delete_of_stack(self, stack_id: str, namespace: str | None) -> None:
         """Delete every record of the stack (and the seed's copy when it is one of them)."""
-        keys, copy = await self.keys_of_stack(stack_id)
-        index = self._keys.wait_index(stack_id)
+        keys, copy = await self.keys_of_stack(stack_id, namespace)
+        index = self._keys.wait_index(stack_id, namespace)
         for correlation_key in sorted(keys):
-            record, _ = await self.read(correlation_key)
+            record, _ = await self.read(correlation_key, namespace)
             if record is None or record.stack_id != stack_id or record.namespace != namespace:
                 continue
-            await self._redis.delete(self._keys.wait(correlation_key))
+            await self._redis.delete(self._keys.wait(correlation_key, namespace))
             await self._redis.call("ZREM", self._client.zrem(index, correlation_key))
         if copy is not None:
             seed_copy = WaitRecord.from_json(copy)
             if seed_copy.stack_id == stack_id and seed_copy.namespace == namespace:
-                await self._redis.delete(self._keys.wait(stack_id))
+                await self._redis.delete(self._keys.wait(stack_id, namespace))

@@ -29,7 +29,7 @@ from siglo_sql.database import Database
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
-from siglo_sql.rows import checkpoint_row, wait_from_row, wait_row
+from siglo_sql.rows import checkpoint_row, wait_from_row, wait_id, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import Statements, many_ids
 
@@ -257,7 +257,7 @@ class SqlStorageAdapter(StorageAdapter):
                         stack_id, found[0][0] if found else None, expected_revision
                     )
             await tx.fetch(s.wait_delete_stack, {"stack_ref": key})
-            await tx.fetch(s.wait_latest_delete_orphan, {"latest_id": row_id(stack_id)})
+            await tx.fetch(s.wait_latest_delete_orphan, {"latest_id": wait_id(namespace, stack_id)})
             await tx.fetch(
                 s.ctx_delete_stack,
                 {"stack_id_prefix": stack_id[:ID_PREFIX], "stack_id": stack_id, "namespace": ns},
@@ -284,11 +284,18 @@ class SqlStorageAdapter(StorageAdapter):
             await tx.fetch(s.wait_upsert, params)
             await tx.fetch(s.wait_latest_upsert, params)
 
-    async def _do_get_wait_record(self, correlation_key_or_stack_id: str) -> WaitRecord | None:
+    async def _do_get_wait_record(
+        self, correlation_key_or_stack_id: str, namespace: str | None = None
+    ) -> WaitRecord | None:
         key = correlation_key_or_stack_id
         now = self.clock.now_ms()
         rows = await self.database.fetch(
-            self._s.wait_get, {"id": row_id(key), "checkpoint_id": row_id("", key), "now": now}
+            self._s.wait_get,
+            {
+                "id": wait_id(namespace, key),
+                "checkpoint_id": row_id(namespace or "", key),
+                "now": now,
+            },
         )
         if not rows:
             return None
@@ -307,6 +314,7 @@ class SqlStorageAdapter(StorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         payload = (
             None if event_payload is MISSING else codec.dumps(event_payload, what="event_payload")
@@ -317,7 +325,7 @@ class SqlStorageAdapter(StorageAdapter):
         rows = await self.database.fetch(
             self._s.wait_claim,
             {
-                "id": row_id(correlation_key),
+                "id": wait_id(namespace, correlation_key),
                 "claimant_id": claimant,
                 "lease_expires_at": lease,
                 "event_payload": payload,
@@ -327,10 +335,12 @@ class SqlStorageAdapter(StorageAdapter):
         )
         return wait_from_row(rows[0]) if rows else None
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
         db = self.database
         now = self.clock.now_ms()
-        key = row_id(correlation_key)
+        key = wait_id(namespace, correlation_key)
         rows = await db.fetch(
             self._s.wait_complete, {"id": key, "claimant_id": claimant_id, "now": now}
         )
@@ -347,18 +357,27 @@ class SqlStorageAdapter(StorageAdapter):
             f"wait record {correlation_key!r} is claimed by another claimant"
         )
 
-    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
+    async def _do_release_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> bool:
         db = self.database
         rows = await db.fetch(
             self._s.wait_release,
-            {"id": row_id(correlation_key), "claimant_id": claimant_id, "now": self.clock.now_ms()},
+            {
+                "id": wait_id(namespace, correlation_key),
+                "claimant_id": claimant_id,
+                "now": self.clock.now_ms(),
+            },
         )
         return bool(rows)
 
-    async def _do_cancel_wait_record(self, correlation_key: str) -> bool:
+    async def _do_cancel_wait_record(
+        self, correlation_key: str, namespace: str | None = None
+    ) -> bool:
         db = self.database
         rows = await db.fetch(
-            self._s.wait_cancel, {"id": row_id(correlation_key), "now": self.clock.now_ms()}
+            self._s.wait_cancel,
+            {"id": wait_id(namespace, correlation_key), "now": self.clock.now_ms()},
         )
         return bool(rows)
 

@@ -15,7 +15,13 @@ from siglo.records import WaitRecord
 from siglo_sql.database import Row
 from siglo_sql.keys import at_most, row_id
 
-__all__ = ["checkpoint_row", "earliest", "wait_from_row", "wait_row"]
+__all__ = [
+    "checkpoint_row",
+    "earliest",
+    "wait_from_row",
+    "wait_id",
+    "wait_row",
+]
 
 
 def earliest(a: int | None, b: int | None) -> int | None:
@@ -45,11 +51,18 @@ def checkpoint_row(checkpoint: Checkpoint, retention: int | None, now: int) -> d
     }
 
 
+def wait_id(namespace: str | None, key: str) -> bytes:
+    """The row id of a wait record (or of a stack's latest-wait row): the correlation key
+    (stack id) alone for an un-namespaced stack, as before namespaces scoped waits; with
+    the namespace for a namespaced one, so two tenants' records never share a row."""
+    return row_id(key) if namespace is None else row_id(namespace, key)
+
+
 def wait_row(record: WaitRecord, gone_at: int | None) -> dict[str, Any]:
     """The parameters of a wait record's row and of its by-stack index row."""
     namespace = record.namespace or ""
     return {
-        "id": row_id(record.correlation_key),
+        "id": wait_id(record.namespace, record.correlation_key),
         "correlation_key": record.correlation_key,
         "stack_id": record.stack_id,
         "namespace": namespace,
@@ -63,7 +76,7 @@ def wait_row(record: WaitRecord, gone_at: int | None) -> dict[str, Any]:
         "event_payload": codec.dumps(record.event_payload, what="event_payload"),
         "gone_at": gone_at,
         "document": record.to_json(),
-        "latest_id": row_id(record.stack_id),
+        "latest_id": wait_id(record.namespace, record.stack_id),
     }
 
 

@@ -271,6 +271,22 @@ def _wait_calls(ctx: CheckContext, s: _State) -> list[Awaitable[None]]:
         _ids("complete_wait_record", "correlation_key", lambda v: a.complete_wait_record(v, "c")),
         _ids("complete_wait_record", "claimant_id", lambda v: a.complete_wait_record(key, v)),
         _ids("cancel_wait_record", "correlation_key", lambda v: a.cancel_wait_record(v)),
+        _ids(
+            "get_wait_record", "namespace", lambda v: a.get_wait_record(key, namespace=v),
+            required=False,
+        ),
+        _ids(
+            "claim_wait_record", "namespace", lambda v: a.claim_wait_record(key, "c", namespace=v),
+            required=False,
+        ),
+        _ids(
+            "complete_wait_record", "namespace",
+            lambda v: a.complete_wait_record(key, "c", namespace=v), required=False,
+        ),
+        _ids(
+            "cancel_wait_record", "namespace", lambda v: a.cancel_wait_record(key, namespace=v),
+            required=False,
+        ),
         _ids("cancel_workflow", "stack_id", lambda v: a.cancel_workflow(v)),
         _ids(
             "cancel_workflow", "namespace", lambda v: a.cancel_workflow(s.stack, v),

@@ -296,11 +296,11 @@ async def delete_removes_the_stack(ctx: CheckContext) -> None:
         "the checkpoint is still there",
     )
     if C.WAIT_RECORDS in caps:
-        record = await a.get_wait_record(f"{stack}:{ns}:w")
+        record = await a.get_wait_record(f"{stack}:{ns}:w", namespace=ns)
         expect(record is None, "delete.stack", f"its wait record is still there: {record!r}")
         for sid, namespace in ((stack, None), (other_stack, ns), (other_stack, None)):
             expect(
-                await a.get_wait_record(f"{sid}:{namespace}:w") is not None,
+                await a.get_wait_record(f"{sid}:{namespace}:w", namespace=namespace) is not None,
                 "delete.stack",
                 f"the wait record of ({namespace!r}, {sid!r}) went too",
             )

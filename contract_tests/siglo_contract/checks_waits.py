@@ -340,3 +340,76 @@ async def wait_retention(ctx: CheckContext) -> None:
             pass
         else:
             fail("wait.retention", "completed after retention")
+
+
+@check("wait.namespace.isolation")
+async def wait_namespace_isolation(ctx: CheckContext) -> None:
+    """Two tenants' wait records with the same correlation key and stack id, and an
+    un-namespaced one: each is read, claimed, completed and cancelled in its namespace
+    only."""
+    a = ctx.backend.adapter
+    rule = "wait.namespace.isolation"
+    key, stack = ctx.id("tenant-wait"), ctx.id("tenant-stack")
+    spaces: list[str | None] = [None, ctx.id("tenant-a"), ctx.id("tenant-b")]
+    for ns in spaces:
+        await a.save_wait_record(
+            WaitRecord(correlation_key=key, stack_id=stack, namespace=ns, metadata={"of": str(ns)})
+        )
+
+    async def of(ns: str | None, lookup: str = key) -> WaitRecord | None:
+        return await a.get_wait_record(lookup, namespace=ns)
+
+    for ns in spaces:
+        for lookup in (key, stack):
+            got = await of(ns, lookup)
+            expect(
+                got is not None
+                and got.namespace == ns
+                and (got.metadata or {}).get("of") == str(ns),
+                rule,
+                f"get_wait_record({lookup!r}, namespace={ns!r}) returned {got!r}",
+            )
+    stranger = await of(ctx.id("tenant-c"))
+    expect(stranger is None, rule, f"a namespace with no records read {stranger!r}")
+
+    none_ns, ns_a, ns_b = spaces
+    claimed = await a.claim_wait_record(key, "claimant-a", namespace=ns_a)
+    expect(claimed is not None and claimed.namespace == ns_a, rule, f"claim in A: {claimed!r}")
+    for ns in (none_ns, ns_b):
+        other = await of(ns)
+        expect(
+            other is not None and other.status == "waiting",
+            rule,
+            f"a claim in namespace {ns_a!r} changed the record of {ns!r}: {other!r}",
+        )
+    claimed_b = await a.claim_wait_record(key, "claimant-b", namespace=ns_b)
+    expect(claimed_b is not None, rule, "the same key in namespace B could not be claimed")
+    await a.complete_wait_record(key, "claimant-a", namespace=ns_a)
+    b_now = await of(ns_b)
+    expect(
+        b_now is not None and b_now.status == "claimed" and b_now.claimant_id == "claimant-b",
+        rule,
+        f"completing in A changed B: {b_now!r}",
+    )
+    try:
+        await a.complete_wait_record(key, "claimant-a", namespace=ns_b)
+    except WaitRecordClaimError:
+        pass
+    else:
+        fail(rule, "A's claimant completed B's record")
+    expect(await a.cancel_wait_record(key, namespace=none_ns), rule, "cancel (no namespace)")
+    for ns, status in ((ns_a, "completed"), (ns_b, "claimed")):
+        got = await of(ns)
+        expect(
+            got is not None and got.status == status,
+            rule,
+            f"cancelling the un-namespaced record changed {ns!r}: {got!r}",
+        )
+    await a.cancel_workflow(stack, ns_b)
+    for ns, status in ((none_ns, "cancelled"), (ns_a, "completed"), (ns_b, "cancelled")):
+        got = await of(ns)
+        expect(
+            got is not None and got.status == status,
+            rule,
+            f"after cancel_workflow in {ns_b!r}, the record of {ns!r} is {got!r}",
+        )

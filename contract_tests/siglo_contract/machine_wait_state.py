@@ -133,7 +133,6 @@ class WaitMachineBase(ContractMachine):
         target=saved,
         key=st.sampled_from(KEYS),
         stack=st.sampled_from(STACKS),
-        ns=NAMESPACES,
         status=st.sampled_from(("waiting", "waiting", "waiting", "completed", "cancelled")),
         deadline=st.sampled_from(("none", "past", "soon", "far", "far")),
         ttl=st.sampled_from(("default", "long", "short")),
@@ -143,7 +142,6 @@ class WaitMachineBase(ContractMachine):
         self,
         key: str,
         stack: str,
-        ns: str | None,
         status: Any,
         deadline: str,
         ttl: str,
@@ -164,7 +162,9 @@ class WaitMachineBase(ContractMachine):
         record = WaitRecord(
             correlation_key=self.kk(key),
             stack_id=self.kk(stack),
-            namespace=self.k(ns),
+            # Records of un-namespaced stacks only: this machine looks records up by
+            # key alone. Namespaced records: the wait.namespace.isolation check.
+            namespace=None,
             status=status,
             step_id="step",
             event_type="evt",

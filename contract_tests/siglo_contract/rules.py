@@ -104,6 +104,11 @@ RULES: Final[tuple[Rule, ...]] = (
     ),
     _a("wait.retention", _C.WAIT_RECORDS, "a record past its retention is gone"),
     _a(
+        "wait.namespace.isolation",
+        _C.WAIT_RECORDS,
+        "wait records of one namespace are never seen or changed from another",
+    ),
+    _a(
         "lock.workflow.exclusive",
         _C.WORKFLOW_LOCK,
         "workflow-lock actions for one stack never overlap",

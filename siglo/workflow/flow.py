@@ -176,6 +176,7 @@ class Flow:
         *,
         manager: StorageManager | None = None,
         claimant_id: str | None = None,
+        namespace: str | None = None,
     ) -> Any:
         """Resume the run whose wait ``correlation_key`` is past its deadline, as timed out.
 
@@ -187,12 +188,16 @@ class Flow:
         """
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
-        record = await adapter.claim_wait_record(correlation_key, claimant_id, allow_expired=True)
+        record = await adapter.claim_wait_record(
+            correlation_key, claimant_id, allow_expired=True, namespace=namespace
+        )
         if record is None:
-            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key))
+            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key, namespace))
         if not record.is_expired(manager.clock.now_ms()):
             assert record.claimant_id is not None  # a successful claim names its claimant
-            await adapter.release_wait_record(correlation_key, record.claimant_id)
+            await adapter.release_wait_record(
+                correlation_key, record.claimant_id, namespace=record.namespace
+            )
             raise InvalidArgumentError(f"the wait {correlation_key!r} is not past its deadline")
         return await self._resume_claimed(
             manager, adapter, record, lambda stack, step: stack.set(step, TIMED_OUT, True)
@@ -206,13 +211,15 @@ class Flow:
         manager: StorageManager | None = None,
         claimant_id: str | None = None,
         allow_expired: bool = False,
+        namespace: str | None = None,
     ) -> Any:
         """Deliver an event to the run waiting for it, resume that run here, and return
         its output (or raise :class:`WorkflowSuspended` if it waits again).
 
         The wait record is claimed atomically, so an event delivered twice, or by two
         processes at once, resumes the run once; the other delivery raises
-        :class:`~siglo.errors.WaitRecordClaimError`.
+        :class:`~siglo.errors.WaitRecordClaimError`. ``namespace`` is the namespace of
+        the waiting run (wait records never cross namespaces).
         """
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
@@ -222,9 +229,10 @@ class Flow:
             # The payload becomes context: what leaves the process is redacted.
             event_payload=manager.redact(payload),
             allow_expired=allow_expired,
+            namespace=namespace,
         )
         if record is None:
-            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key))
+            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key, namespace))
         return await self._resume_claimed(
             manager, adapter, record, lambda stack, step: stack.set(step, EVENT, payload)
         )
@@ -255,7 +263,9 @@ class Flow:
                 return await self._continue(manager, stack)
             finally:
                 manager.discard_stack(stack.stack_id)
-                await adapter.complete_wait_record(correlation_key, claimant)
+                await adapter.complete_wait_record(
+                    correlation_key, claimant, namespace=record.namespace
+                )
 
         try:
             if adapter.supports(Capability.WORKFLOW_LOCK):
@@ -267,7 +277,9 @@ class Flow:
                 # lock): the event was not consumed, so the wait must not stay claimed
                 # for the whole lease. Put it back to waiting for the next delivery.
                 try:
-                    await adapter.release_wait_record(correlation_key, claimant)
+                    await adapter.release_wait_record(
+                        correlation_key, claimant, namespace=record.namespace
+                    )
                 except Exception as exc:
                     refused.add_note(
                         f"the claim on {correlation_key!r} could not be released ({exc}); "
@@ -442,9 +454,11 @@ class Flow:
         await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
 
 
-async def _why_unclaimable(adapter: StorageAdapter, correlation_key: str) -> str:
+async def _why_unclaimable(
+    adapter: StorageAdapter, correlation_key: str, namespace: str | None
+) -> str:
     """The reason a claim was refused, and what to do about it, for the error message."""
-    record = await adapter.get_wait_record(correlation_key)
+    record = await adapter.get_wait_record(correlation_key, namespace=namespace)
     if record is not None and record.correlation_key != correlation_key:
         record = None  # the latest wait of a stack with this id, not the wait of this key
     head = f"no claimable wait for event {correlation_key!r}"

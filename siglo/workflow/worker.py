@@ -128,7 +128,10 @@ class Worker:
                 continue  # not a run of ours (or gone): another worker's, or nobody's
             try:
                 await flow.fire_timeout(
-                    record.correlation_key, manager=self.manager, claimant_id=self.worker_id
+                    record.correlation_key,
+                    manager=self.manager,
+                    claimant_id=self.worker_id,
+                    namespace=record.namespace,
                 )
             except (WaitRecordClaimError, LockNotAcquiredError):
                 continue  # another worker, or a late event, got there first
