@@ -241,14 +241,20 @@ async def test_cancel(adapter: MemoryStorageAdapter) -> None:
     await adapter.save_checkpoint(cp("s", revision=4))
     await adapter.save_checkpoint(cp("s", revision=2, namespace="t", status="completed"))
     await adapter.cancel_workflow("s")
-    statuses = {k: (await adapter.get_wait_record(k)).status for k in "abcd"}  # type: ignore[union-attr]
+    # Wait records are read in the namespace of their stack (rule wait.namespace.isolation).
+    ns_of = {key: ns for key, _, ns in waits}
+    statuses = {
+        k: (await adapter.get_wait_record(k, namespace=ns_of[k])).status  # type: ignore[union-attr]
+        for k in "abcd"
+    }
     assert statuses == {"a": "cancelled", "b": "cancelled", "c": "waiting", "d": "waiting"}
     stored = await adapter.get_checkpoint("s")
     assert stored is not None and (stored.status, stored.revision) == ("cancelled", 5)
     await adapter.cancel_workflow("s", "t")
     done = await adapter.get_checkpoint("s", "t")
     assert done is not None and (done.status, done.revision) == ("completed", 2)
-    assert (await adapter.get_wait_record("c")).status == "cancelled"  # type: ignore[union-attr]
+    assert (await adapter.get_wait_record("c", namespace="t")).status == "cancelled"  # type: ignore[union-attr]
+    assert await adapter.get_wait_record("c") is None  # not from the un-namespaced space
     assert await adapter.cancel_wait_record("d") is True
     assert await adapter.cancel_wait_record("d") is False
 
