@@ -102,3 +102,26 @@ def test_tenants_with_colliding_ids_never_see_each_other(kind: str) -> None:
             isolated()
         finally:
             runner.run(opened.__aexit__(None, None, None))
+
+
+@pytest.mark.rule("wait.checkpoint-fallback", "wait.namespace.isolation")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_checkpoint_fallback_reads_the_namespace_asked_for(kind: str) -> None:
+    async with any_backend(kind) as backend:
+        adapter = backend.adapter
+        for ns in ("tenant-a", None):
+            embedded = WaitRecord(correlation_key=f"evt-{ns}", stack_id="s", namespace=ns)
+            await adapter.save_checkpoint(
+                siglo.Checkpoint(
+                    stack_id="s",
+                    namespace=ns,
+                    revision=1,
+                    timestamp=1,
+                    metadata={"waitRecord": embedded.to_wire()},
+                )
+            )
+        a = await adapter.get_wait_record("s", namespace="tenant-a")
+        assert a is not None and a.correlation_key == "evt-tenant-a"
+        plain = await adapter.get_wait_record("s")
+        assert plain is not None and plain.correlation_key == "evt-None"
+        assert await adapter.get_wait_record("s", namespace="tenant-b") is None
