@@ -27,7 +27,7 @@ def record(ctx: CheckContext, key: str, stack: str = "s", **fields: Any) -> Wait
 async def store_record(ctx: CheckContext, rec: WaitRecord, ttl_ms: int | None = None) -> WaitRecord:
     """Save ``rec`` and read it back (``wait.roundtrip`` if it does not)."""
     await ctx.backend.adapter.save_wait_record(rec, ttl_ms=ttl_ms)
-    got = await ctx.backend.adapter.get_wait_record(rec.correlation_key)
+    got = await ctx.backend.adapter.get_wait_record(rec.correlation_key, namespace=rec.namespace)
     expect(same(got, rec), "wait.roundtrip", f"saved {rec!r}, read back {got!r}")
     return rec
 
@@ -246,11 +246,11 @@ async def wait_cancel_workflow(ctx: CheckContext) -> None:
     for name, status in states.items():
         await store_record(ctx, record(ctx, name, namespace=ns))
         if status in ("claimed", "completed"):
-            await claim_as(ctx, ctx.id(name), "c")
+            await claim_as(ctx, ctx.id(name), "c", namespace=ns)
         if status == "completed":
-            await a.complete_wait_record(ctx.id(name), "c")
+            await a.complete_wait_record(ctx.id(name), "c", namespace=ns)
         if status == "cancelled":
-            await a.cancel_wait_record(ctx.id(name))
+            await a.cancel_wait_record(ctx.id(name), namespace=ns)
     await store_record(ctx, record(ctx, "other-ns", namespace=other_ns))
     await store_record(ctx, record(ctx, "no-ns"))
     await store_record(ctx, record(ctx, "other-stack", "t", namespace=ns))
@@ -269,8 +269,9 @@ async def wait_cancel_workflow(ctx: CheckContext) -> None:
         "no-ns": "waiting",
         "other-stack": "waiting",
     }
+    namespace_of = {"other-ns": other_ns, "no-ns": None}
     for name, status in want.items():
-        got = await a.get_wait_record(ctx.id(name))
+        got = await a.get_wait_record(ctx.id(name), namespace=namespace_of.get(name, ns))
         expect(
             got is not None and got.status == status,
             "wait.cancel-workflow",
