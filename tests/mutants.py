@@ -394,11 +394,13 @@ class AnyoneCompletes(MemoryStorageAdapter):
 
 
 class AnyoneReleases(MemoryStorageAdapter):
-    async def _do_release_wait_record(self, correlation_key: str, claimant_id: str) -> bool:
-        record = self._live_wait(correlation_key, self.clock.now_ms())
+    async def _do_release_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> bool:
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
         if record is not None and record.status == "claimed" and record.claimant_id:
             claimant_id = record.claimant_id
-        return await super()._do_release_wait_record(correlation_key, claimant_id)
+        return await super()._do_release_wait_record(correlation_key, claimant_id, namespace)
 
 
 class CancelsCompleted(MemoryStorageAdapter):
