@@ -82,6 +82,18 @@ async def test_due_waits_follow_the_deadline_index(kind: str) -> None:
         await adapter.open()
         plan = await _plan(adapter, kind, adapter._s.wait_due, {"now": 0, "limit": 10})
         assert "siglo_wait_records_deadline" in plan, plan
+        # Only waits that can still fire are indexed: the history is never scanned.
+        db = adapter.database
+        if kind == "postgres":
+            rows = await db.fetch(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'siglo_wait_records_deadline'"
+                f" AND schemaname = '{adapter.schema}'"
+            )
+        else:
+            rows = await db.fetch(
+                "SELECT sql FROM sqlite_master WHERE name = 'siglo_wait_records_deadline'"
+            )
+        assert "status" in str(rows[0][0]), rows
 
 
 @pytest.mark.rule("delete.stack")

@@ -129,9 +129,11 @@ def build_tables(
         return Index(f"{table}_gone_at", "gone_at", sqlite_where=partial, postgresql_where=partial)
 
     def deadline_index(table: str) -> Index:
-        # Due waits: ``deadline <= ?`` implies ``deadline IS NOT NULL``; waits without a
-        # deadline (most) cost no entry.
-        partial = text("deadline IS NOT NULL")
+        # Due waits: only waits that can still fire are in it (waits without a deadline,
+        # and finished ones, cost no entry), so looking up due waits never wades through
+        # the history. The due-wait query repeats both conditions, so both planners can
+        # tell the index applies.
+        partial = text("deadline IS NOT NULL AND status IN ('waiting', 'claimed')")
         return Index(
             f"{table}_deadline", "deadline", sqlite_where=partial, postgresql_where=partial
         )

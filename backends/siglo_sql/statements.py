@@ -306,10 +306,12 @@ def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str,
             f"AND {LIVE} AND status IN ('waiting', 'claimed') RETURNING 1"
         ),
         "wait_clean_batch": _clean(w),
-        # Through the partial deadline index; a claim whose lease ran out is due again.
+        # Through the partial deadline index (its conditions repeated, so the planner
+        # sees it applies); a claim whose lease ran out is due again.
         "wait_due": (
-            f"SELECT {wait_cols} FROM {w} WHERE deadline <= :now AND {LIVE} "
-            "AND (status = 'waiting' OR (status = 'claimed' AND lease_expires_at IS NOT NULL "
+            f"SELECT {wait_cols} FROM {w} WHERE deadline IS NOT NULL AND deadline <= :now "
+            f"AND status IN ('waiting', 'claimed') AND {LIVE} "
+            "AND (status = 'waiting' OR (lease_expires_at IS NOT NULL "
             "AND lease_expires_at <= :now)) ORDER BY deadline, correlation_key LIMIT :limit"
         ),
         "wait_delete_stack": f"DELETE FROM {w} WHERE stack_ref = :stack_ref RETURNING id",
