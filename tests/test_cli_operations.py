@@ -179,3 +179,23 @@ async def test_import_refuses_what_is_not_a_dump() -> None:
         assert bad.exit_code == 1 and "not a siglo export header" in bad.output
         broken = await invoke("import", dst.url, input=b'{"siglo":"export","format":1}\nnot json\n')
         assert broken.exit_code == 1 and "line 2" in broken.output
+
+
+async def test_clean_on_redis_drops_what_its_indexes_still_name() -> None:
+    async with shared_store("redis") as backend:
+        a = backend.adapter
+        now = system_clock.now_ms()
+        await a.save_checkpoint(Checkpoint(stack_id="brief", revision=1, timestamp=now,
+                                           expires_at=now + 50))  # fmt: skip
+        await a.save_checkpoint(Checkpoint(stack_id="kept", revision=1, timestamp=now))
+        wait = WaitRecord(correlation_key="w", stack_id="kept", expires_at=now + 3_600_000)
+        await a.save_wait_record(wait)
+        await a.claim_wait_record("w", "me")
+        await a.complete_wait_record("w", "me")
+        await asyncio.sleep(0.2)  # Redis expires "brief"
+        cleaned = json.loads((await invoke("clean", backend.url, "--json")).output)
+        assert cleaned == {"checkpoints": 0, "checkpoint_index": 1, "wait_deadlines": 1}
+        again = json.loads((await invoke("clean", backend.url, "--json")).output)
+        assert again == {"checkpoints": 0, "checkpoint_index": 0, "wait_deadlines": 0}
+        page = await a.list_checkpoints()
+        assert [s.stack_id for s in page.items] == ["kept"]

@@ -260,6 +260,19 @@ class RedisStorageAdapter(StorageAdapter):
         """Redis expires keys itself (seed 001 §5): nothing to sweep, returns 0."""
         return 0
 
+    async def clean_expired(self) -> dict[str, int]:
+        """What ``siglo clean`` runs: Redis expires the records themselves (0 of them
+        here); this drops what siglo's own indexes still name — listing-index members of
+        expired checkpoints, due-wait entries of gone or finished waits — and counts
+        them."""
+
+        async def read(member: str) -> WaitRecord | None:
+            namespace, key = deadline_member_parts(member)
+            record, _ = await self._waits.read(key, namespace)
+            return record
+
+        return {"checkpoints": 0, **await self._index.sweep(read)}
+
     # -- operating what is stored (siglo_redis.listing) ---------------------------------
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:

@@ -182,6 +182,55 @@ class CheckpointIndex:
             chunk = min(chunk * 2, _CHUNK)
         return low
 
+    async def sweep(self, read: Any) -> dict[str, int]:
+        """Drop every listing-index member whose checkpoint Redis has expired, and every
+        due-wait entry whose wait is gone or finished; the counts. (Walks and due-wait
+        lookups drop those they meet; this reaches the rest, for a store nobody walks.)"""
+        members = 0
+        for shard in await self._shards():
+            index = self.key(shard)
+            low = "-"
+            while True:
+                found = await self._redis.call(
+                    "ZRANGEBYLEX", self._client.zrangebylex(index, low, "+", 0, _CHUNK)
+                )
+                names = [text(m) or "" for m in found or ()]
+                if not names:
+                    break
+                keys = [self._keys.checkpoint(sid, ns) for ns, sid in map(split_member, names)]
+                docs = await self._redis.call("MGET", self._client.mget(keys))
+                for member, key, doc in zip(names, keys, docs or (), strict=True):
+                    if doc is None:
+                        members += int(
+                            await self._redis.script(INDEX_PRUNE, [key, index], [member]) or 0
+                        )
+                low = "(" + names[-1]
+        deadlines = 0
+        index = self._keys.wait_deadlines
+        start = 0
+        while True:
+            entries = await self._redis.call(
+                "ZRANGE", self._client.zrange(index, start, start + _CHUNK - 1, withscores=True)
+            )
+            if not entries:
+                break
+            pairs = [(text(m) or "", float(score)) for m, score in entries]
+            records = await asyncio.gather(*(read(key) for key, _ in pairs))
+            kept = 0
+            for (key, score), record in zip(pairs, records, strict=True):
+                pending = record is not None and record.status in ("waiting", "claimed")
+                if pending and record.expires_at == int(score):
+                    kept += 1
+                    continue
+                deadlines += int(
+                    await self._redis.script(DEADLINE_PRUNE, [index], [key, _score_text(score)])
+                    or 0
+                )
+            start += kept
+            if len(pairs) < _CHUNK:
+                break
+        return {"checkpoint_index": members, "wait_deadlines": deadlines}
+
     async def add_deadline(self, record: WaitRecord) -> None:
         """Before a wait with a deadline is written: index it by its deadline."""
         if record.expires_at is None or record.status not in ("waiting", "claimed"):
