@@ -33,7 +33,8 @@ class Figures:
     lost: int = 0
     """Acknowledged saves missing afterwards."""
     recovery_s: float = 0.0
-    """From the fault to the moment every writer had saved again."""
+    """From the fault to the moment every writer had saved again after its last failure
+    (0 when no call failed)."""
     longest_failed_call_s: float = 0.0
     failures: list[str] = field(default_factory=list)
 
@@ -95,6 +96,9 @@ async def run_through_failover(
                 figures.longest_failed_call_s = max(figures.longest_failed_call_s, elapsed)
                 if len(figures.failures) < 5:
                     figures.failures.append(str(exc)[:200])
+                # Recovered means: saving again after the last failure.
+                recovered.pop(stack, None)
+                all_recovered.clear()
                 # Failures during a failover come fast (a refused connection): do not spin.
                 await asyncio.sleep(0.05)
                 continue
@@ -114,16 +118,33 @@ async def run_through_failover(
         await asyncio.sleep(before_s)
         fault_at = time.monotonic()
         await fault()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(all_recovered.wait(), limit_s)
-        await asyncio.sleep(after_s)
+        deadline = fault_at + limit_s
+        # Every writer saving again, and still so ``after_s`` later (a failover's first
+        # failures can come after the first successes).
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_recovered.wait(), max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(after_s)
+            if all_recovered.is_set() or time.monotonic() > deadline:
+                break
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert len(recovered) == writers, f"not every writer recovered: {figures.failures}"
-    figures.recovery_s = max(recovered.values()) - fault_at
+    figures.recovery_s = max(recovered.values()) - fault_at if figures.failed_calls else 0.0
     for stack in stacks:
-        stored = await adapter.get_checkpoint(stack)
+        stored = await _settled_read(adapter, stack)
         if stored is None or stored.revision < acked.get(stack, 0):
             figures.lost += acked.get(stack, 0) - (0 if stored is None else stored.revision)
     return figures
+
+
+async def _settled_read(adapter: siglo.StorageAdapter, stack: str) -> Checkpoint | None:
+    """The stored checkpoint, read again while the topology is still settling (a Sentinel
+    may briefly name no master just after a failover); at most 10 s."""
+    for _ in range(100):
+        try:
+            return await adapter.get_checkpoint(stack)
+        except StorageAdapterError:
+            await asyncio.sleep(0.1)
+    return await adapter.get_checkpoint(stack)

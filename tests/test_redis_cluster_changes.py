@@ -259,7 +259,7 @@ async def _run(cluster: list[RedisServer], fault: str, pipelined: bool = True) -
                 redis_cli(replica.port, "cluster", "failover")
             else:
                 next(s for s in cluster if s.port == target.port).kill()
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while not any(n.master and n.port == replica.port for n in cluster_nodes(replica.port)):
                 assert time.monotonic() < deadline, "the replica was not promoted"
                 await asyncio.sleep(0.1)
