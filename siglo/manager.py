@@ -1,32 +1,40 @@
-"""The storage manager: live execution stacks, snapshots and the adapter behind them."""
+"""The storage manager: live execution stacks, snapshots and the adapter behind them.
+
+What an adapter failure does is in :mod:`siglo.error_modes`, background failures wait
+in :mod:`siglo.deferred_failures`, snapshots are built in :mod:`siglo.snapshots`, and
+this module keeps the manager's API and the process-wide default manager.
+"""
 
 from __future__ import annotations
 
-import logging
 import uuid
-import warnings
 from collections.abc import Collection, Mapping
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final
 
-from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.background import SerialJobs
-from siglo.checkpoint import CHECKPOINT_VERSION, SCHEMA_VERSION, Checkpoint
+from siglo.checkpoint import Checkpoint
 from siglo.clock import Clock, system_clock
-from siglo.errors import (
-    InvalidArgumentError,
-    NamespaceMismatchError,
-    SigloError,
-    StorageAdapterError,
-    UnknownStackError,
+from siglo.deferred_failures import DeferredFailures
+from siglo.error_modes import (
+    ERROR_MODES,
+    ErrorMode,
+    StorageWarning,
+    check_error_mode,
+    default_error_mode,
+    surfaced_failure,
 )
-from siglo.records import ContextChangeEvent, ContextOp
-from siglo.redaction import REDACTED, check_redact_fields, redact, redact_contexts
+from siglo.errors import InvalidArgumentError, UnknownStackError
+from siglo.records import ContextOp
+from siglo.redaction import check_redact_fields, redact
+from siglo.snapshots import context_change_event, restore_stack, take_snapshot
 from siglo.stack import ExecutionStack
-from siglo.validation import require_id, require_optional_id, require_ttl_ms
+from siglo.validation import require_id, require_optional_id
 
 __all__ = [
+    # ERROR_MODES, ErrorMode, StorageWarning, default_error_mode live in
+    # siglo.error_modes; re-exported so their first import path keeps working.
     "ERROR_MODES",
     "ErrorMode",
     "StorageManager",
@@ -35,34 +43,6 @@ __all__ = [
     "default_storage_manager",
     "use_storage",
 ]
-
-logger = logging.getLogger("siglo")
-
-ErrorMode = Literal["best-effort", "warn", "strict"]
-ERROR_MODES: Final = frozenset(get_args(ErrorMode))
-
-MAX_DEFERRED_STACKS: Final = 10_000
-"""How many stacks' background failures strict mode keeps for their next call."""
-
-
-def default_error_mode(adapter: StorageAdapter | None) -> ErrorMode:
-    """The error mode a manager gets when none is given (SPEC §4 "Safe default").
-
-    ``"strict"`` over a durable adapter (:attr:`StorageAdapter.durable`: every built-in
-    backend but ``memory://``), ``"best-effort"`` over ``memory://`` or no adapter, where
-    nothing outlives the process anyway.
-    """
-    return "strict" if adapter is not None and adapter.durable else "best-effort"
-
-
-class StorageWarning(UserWarning):
-    """Issued for an adapter failure in ``warn`` error mode."""
-
-
-def _is_adapter_failure(exc: BaseException) -> bool:
-    """Error modes govern adapter failures only; contract outcomes (a conflict, a
-    namespace mismatch) and the caller's own bad input always propagate."""
-    return isinstance(exc, StorageAdapterError) or not isinstance(exc, SigloError)
 
 
 class StorageManager:
@@ -108,11 +88,8 @@ class StorageManager:
         self.namespace_fallback = namespace_fallback
         self._stacks: dict[str, ExecutionStack] = {}
         self._jobs = SerialJobs()
-        # One background failure per stack, raised once (SPEC §4): a stack's first
-        # failure waits for that stack's next call or flush(); later ones are counted
-        # on it, so the store of failures is bounded by the stacks that failed.
-        self._deferred: dict[str, BaseException] = {}
-        self._more_failures: dict[str, int] = {}
+        # One background failure per stack, raised once (SPEC §4).
+        self._deferred = DeferredFailures()
 
     # -- configuration -------------------------------------------------------------------
 
@@ -144,11 +121,7 @@ class StorageManager:
 
         An explicit mode wins over the default of :func:`default_error_mode` from then on.
         """
-        if mode not in ERROR_MODES:
-            raise InvalidArgumentError(
-                f"error mode must be one of {', '.join(sorted(ERROR_MODES))}, got {mode!r}"
-            )
-        self._error_mode = mode
+        self._error_mode = check_error_mode(mode)
         self._explicit_mode = True
 
     @property
@@ -248,19 +221,8 @@ class StorageManager:
             try:
                 # Redacted here, in the job, like the encoding: a value too deep to
                 # redact fails this stream (raised for the stack), not the caller's set().
-                if key in fields and op == "set":
-                    sent: Any = REDACTED
-                else:
-                    sent = redact(value, fields) if fields else value
-                event = ContextChangeEvent(
-                    stack_id=stack.stack_id,
-                    step_id=step_id,
-                    key=key,
-                    value=sent,
-                    op=op,
-                    namespace=stack.namespace,
-                    revision=revision,
-                    timestamp=now,
+                event = context_change_event(
+                    stack, step_id, key, value, op, fields=fields, revision=revision, timestamp=now
                 )
                 await adapter.on_context_change(event)
             except Exception as exc:
@@ -281,53 +243,14 @@ class StorageManager:
         redact_fields: Collection[str],
         ttl_ms: int | None,
     ) -> Checkpoint:
-        stack = self.get_stack(stack_id)
-        if expected_revision is not None and (
-            type(expected_revision) is not int or expected_revision < 0
-        ):
-            raise InvalidArgumentError(
-                f"expected_revision must be a non-negative integer, got {expected_revision!r}"
-            )
-        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
-        named = check_redact_fields(redact_fields)
-        revision = stack.revision + 1
-        if expected_revision is not None and revision <= expected_revision:
-            raise InvalidArgumentError(
-                f"expected_revision {expected_revision} is ahead of stack {stack_id!r}'s "
-                f"revision {stack.revision}; restore the latest checkpoint first"
-            )
-        now = self.clock.now_ms()
-        # Keys once named for a stack stay redacted: its later stream events and
-        # snapshots must not send what an earlier snapshot withheld.
-        if not named <= stack.redact_fields:
-            stack.redact_fields = stack.redact_fields | named
-        fields = self._fields_of(stack)
-        contexts = redact_contexts(stack.contexts, fields) if fields else stack.contexts
-        wire: dict[str, Any] = {
-            "version": CHECKPOINT_VERSION,
-            "schemaVersion": SCHEMA_VERSION,
-            "stackId": stack.stack_id,
-            "type": stack.type,
-            "status": stack.status,
-            "revision": revision,
-            "chains": stack.chains,
-            "contexts": contexts,
-            "timestamp": now,
-        }
-        if stack.workflow_id is not None:
-            wire["workflowId"] = stack.workflow_id
-        if stack.namespace is not None:
-            wire["namespace"] = stack.namespace
-        if ttl_ms is not None:
-            wire["expiresAt"] = now + ttl_ms
-        if stack.metadata:
-            wire["metadata"] = stack.metadata
-        # Encoding then decoding is the deep copy: later mutations of the live stack
-        # cannot reach the snapshot, non-JSON context values fail here, synchronously,
-        # and the adapter reuses the encoding instead of serialising again.
-        checkpoint = Checkpoint.from_json(codec.dumps(wire, what=f"stack {stack_id!r}"))
-        stack.revision = revision
-        return checkpoint
+        return take_snapshot(
+            self.get_stack(stack_id),
+            self._redact_fields,
+            self.clock,
+            expected_revision=expected_revision,
+            redact_fields=redact_fields,
+            ttl_ms=ttl_ms,
+        )
 
     def checkpoint(
         self,
@@ -376,7 +299,7 @@ class StorageManager:
         :class:`~siglo.errors.StorageAdapterError` on an adapter failure in strict mode.
         """
         await self._jobs.drain(stack_id)
-        self._raise_deferred(stack_id)
+        self._deferred.raise_for(stack_id)
         checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is not None:
@@ -399,34 +322,7 @@ class StorageManager:
         checkpoint's namespace are both present and differ, and
         :class:`~siglo.errors.CheckpointVersionError` for a storage schema above 2.
         """
-        if isinstance(checkpoint, bytes | str):
-            checkpoint = Checkpoint.from_json(checkpoint)
-        elif not isinstance(checkpoint, Checkpoint):
-            checkpoint = Checkpoint.from_wire(checkpoint)
-        require_optional_id("expected_namespace", expected_namespace)
-        if (
-            expected_namespace is not None
-            and checkpoint.namespace is not None
-            and checkpoint.namespace != expected_namespace
-        ):
-            raise NamespaceMismatchError(
-                checkpoint.stack_id, expected_namespace, checkpoint.namespace
-            )
-        # The live stack must not share dicts with the (immutable) checkpoint: decode a
-        # fresh copy from its JSON, which a loaded checkpoint already holds (no re-encode).
-        doc = codec.loads(checkpoint.to_json(), what="checkpoint")
-        stack = ExecutionStack(
-            stack_id=checkpoint.stack_id,
-            manager=self,
-            workflow_id=checkpoint.workflow_id,
-            namespace=checkpoint.namespace,
-            type=checkpoint.type,
-            status=checkpoint.status,
-            revision=checkpoint.revision,
-            chains=list(checkpoint.chains),
-            contexts=doc["contexts"],
-            metadata=doc.get("metadata") or {},
-        )
+        stack = restore_stack(checkpoint, self, expected_namespace=expected_namespace)
         self._stacks[stack.stack_id] = stack
         return stack
 
@@ -437,7 +333,7 @@ class StorageManager:
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
         await self._jobs.drain(stack_id)
-        self._raise_deferred(stack_id)
+        self._deferred.raise_for(stack_id)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is None:
             return None
@@ -474,67 +370,20 @@ class StorageManager:
         failed; every deferred failure is then cleared (each is raised once).
         """
         await self._jobs.drain()
-        if not self._deferred:
-            return
-        failures, self._deferred = self._deferred, {}
-        more, self._more_failures = self._more_failures, {}
-        (first_stack, exc), *others = failures.items()
-        self._note_more(exc, more.get(first_stack, 0))
-        if others:
-            names = ", ".join(
-                repr(stack_id) + (f" (+{more[stack_id]} later)" if more.get(stack_id) else "")
-                for stack_id, _ in others[:10]
-            )
-            if len(others) > 10:
-                names += f" and {len(others) - 10} more"
-            exc.add_note(f"background failures of other stacks were also cleared: {names}")
-        raise exc
+        self._deferred.raise_all()
 
     # -- failures ---------------------------------------------------------------------------
 
     def _handle_failure(self, exc: Exception, doing: str, *, background: str | None = None) -> None:
-        """Apply the error mode; ``background`` is the stack id of a background job."""
-        if not _is_adapter_failure(exc):
-            if background is not None:
-                self._defer(background, exc)
-                return
-            raise exc
-        if not isinstance(exc, StorageAdapterError):
-            wrapped = StorageAdapterError(f"storage adapter failed {doing}: {exc}")
-            wrapped.__cause__ = exc
-            exc = wrapped
-        if self._error_mode == "strict":
-            if background is not None:
-                self._defer(background, exc)
-                return
-            raise exc
-        if self._error_mode == "warn":
-            logger.warning("siglo: %s failed: %s", doing, exc, exc_info=exc)
-            warnings.warn(f"siglo: {doing} failed: {exc}", StorageWarning, stacklevel=2)
-
-    def _defer(self, stack_id: str, exc: BaseException) -> None:
-        if stack_id not in self._deferred and len(self._deferred) >= MAX_DEFERRED_STACKS:
-            # Bounded even when a whole fleet of stacks fails during an outage: past the
-            # cap a failure is logged, not kept (a failure is never silent in strict mode).
-            logger.error("siglo: background failure of stack %r: %s", stack_id, exc)
+        """Apply the error mode; ``background`` is the stack id of a background job,
+        whose failure waits for that stack's next call or :meth:`flush`."""
+        failure = surfaced_failure(exc, doing, self._error_mode)
+        if failure is None:
             return
-        if stack_id in self._deferred:
-            # The first failure is the one to report; the rest are counted, not kept.
-            self._more_failures[stack_id] = self._more_failures.get(stack_id, 0) + 1
-        else:
-            self._deferred[stack_id] = exc
-
-    @staticmethod
-    def _note_more(exc: BaseException, more: int) -> None:
-        if more:
-            exc.add_note(f"{more} later background failure(s) of this stack were dropped")
-
-    def _raise_deferred(self, stack_id: str) -> None:
-        """Raise (and forget) the failure a background job of ``stack_id`` deferred."""
-        exc = self._deferred.pop(stack_id, None)
-        if exc is not None:
-            self._note_more(exc, self._more_failures.pop(stack_id, 0))
-            raise exc
+        if background is not None:
+            self._deferred.defer(background, failure)
+            return
+        raise failure
 
 
 default_storage_manager: Final = StorageManager()

@@ -93,9 +93,9 @@ async def test_kept_failures_are_capped_and_the_rest_logged(
     """Past MAX_DEFERRED_STACKS stacks a failure is logged at ERROR instead of kept."""
     import logging
 
-    import siglo.manager
+    import siglo.deferred_failures
 
-    monkeypatch.setattr(siglo.manager, "MAX_DEFERRED_STACKS", 3)
+    monkeypatch.setattr(siglo.deferred_failures, "MAX_DEFERRED_STACKS", 3)
     async with siglo.connect(private_redis.url + "?command_timeout_ms=1000") as backend:
         manager = StorageManager(backend, error_mode="strict")
         stacks = [f"capped-{i}" for i in range(5)]

@@ -1,0 +1,153 @@
+"""A live stack to and from what is stored: its snapshot (a :class:`Checkpoint`), its
+context-change events (both redacted), and the stack a checkpoint restores."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from siglo import codec
+from siglo.checkpoint import CHECKPOINT_VERSION, SCHEMA_VERSION, Checkpoint
+from siglo.clock import Clock
+from siglo.errors import InvalidArgumentError, NamespaceMismatchError
+from siglo.records import ContextChangeEvent, ContextOp
+from siglo.redaction import REDACTED, check_redact_fields, redact, redact_contexts
+from siglo.stack import ContextStream, ExecutionStack
+from siglo.validation import require_optional_id, require_ttl_ms
+
+__all__ = ["context_change_event", "restore_stack", "take_snapshot"]
+
+
+def take_snapshot(
+    stack: ExecutionStack,
+    manager_fields: frozenset[str],
+    clock: Clock,
+    *,
+    expected_revision: int | None,
+    redact_fields: Collection[str],
+    ttl_ms: int | None,
+) -> Checkpoint:
+    """Snapshot ``stack`` at its next revision, which the stack then takes.
+
+    The keys of ``manager_fields``, the stack's own and ``redact_fields`` (which the
+    stack keeps from then on) are redacted from the contexts; ``expires_at`` is
+    ``ttl_ms`` from now. Bad arguments raise before anything changes.
+    """
+    if expected_revision is not None and (
+        type(expected_revision) is not int or expected_revision < 0
+    ):
+        raise InvalidArgumentError(
+            f"expected_revision must be a non-negative integer, got {expected_revision!r}"
+        )
+    require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+    named = check_redact_fields(redact_fields)
+    revision = stack.revision + 1
+    if expected_revision is not None and revision <= expected_revision:
+        raise InvalidArgumentError(
+            f"expected_revision {expected_revision} is ahead of stack {stack.stack_id!r}'s "
+            f"revision {stack.revision}; restore the latest checkpoint first"
+        )
+    now = clock.now_ms()
+    # Keys once named for a stack stay redacted: its later stream events and
+    # snapshots must not send what an earlier snapshot withheld.
+    if not named <= stack.redact_fields:
+        stack.redact_fields = stack.redact_fields | named
+    fields = manager_fields | stack.redact_fields
+    contexts = redact_contexts(stack.contexts, fields) if fields else stack.contexts
+    wire: dict[str, Any] = {
+        "version": CHECKPOINT_VERSION,
+        "schemaVersion": SCHEMA_VERSION,
+        "stackId": stack.stack_id,
+        "type": stack.type,
+        "status": stack.status,
+        "revision": revision,
+        "chains": stack.chains,
+        "contexts": contexts,
+        "timestamp": now,
+    }
+    if stack.workflow_id is not None:
+        wire["workflowId"] = stack.workflow_id
+    if stack.namespace is not None:
+        wire["namespace"] = stack.namespace
+    if ttl_ms is not None:
+        wire["expiresAt"] = now + ttl_ms
+    if stack.metadata:
+        wire["metadata"] = stack.metadata
+    # Encoding then decoding is the deep copy: later mutations of the live stack
+    # cannot reach the snapshot, non-JSON context values fail here, synchronously,
+    # and the adapter reuses the encoding instead of serialising again.
+    checkpoint = Checkpoint.from_json(codec.dumps(wire, what=f"stack {stack.stack_id!r}"))
+    stack.revision = revision
+    return checkpoint
+
+
+def context_change_event(
+    stack: ExecutionStack,
+    step_id: str,
+    key: str,
+    value: Any,
+    op: ContextOp,
+    *,
+    fields: frozenset[str],
+    revision: int,
+    timestamp: int,
+) -> ContextChangeEvent:
+    """The event streamed for one change of ``stack``'s context, ``fields`` redacted.
+
+    A set of a redacted key sends ``"[REDACTED]"``; any other value is redacted at any
+    depth (a value too deep to redact raises :class:`InvalidArgumentError`).
+    """
+    if key in fields and op == "set":
+        sent: Any = REDACTED
+    else:
+        sent = redact(value, fields) if fields else value
+    return ContextChangeEvent(
+        stack_id=stack.stack_id,
+        step_id=step_id,
+        key=key,
+        value=sent,
+        op=op,
+        namespace=stack.namespace,
+        revision=revision,
+        timestamp=timestamp,
+    )
+
+
+def restore_stack(
+    checkpoint: Checkpoint | Mapping[str, Any] | bytes | str,
+    stream: ContextStream,
+    *,
+    expected_namespace: str | None,
+) -> ExecutionStack:
+    """A new live stack holding ``checkpoint`` (a :class:`Checkpoint`, a wire document
+    or its JSON), streaming its context changes to ``stream``.
+
+    Raises :class:`~siglo.errors.NamespaceMismatchError` when ``expected_namespace`` and
+    the checkpoint's namespace are both present and differ.
+    """
+    if isinstance(checkpoint, bytes | str):
+        checkpoint = Checkpoint.from_json(checkpoint)
+    elif not isinstance(checkpoint, Checkpoint):
+        checkpoint = Checkpoint.from_wire(checkpoint)
+    require_optional_id("expected_namespace", expected_namespace)
+    if (
+        expected_namespace is not None
+        and checkpoint.namespace is not None
+        and checkpoint.namespace != expected_namespace
+    ):
+        raise NamespaceMismatchError(checkpoint.stack_id, expected_namespace, checkpoint.namespace)
+    # The live stack must not share dicts with the (immutable) checkpoint: decode a
+    # fresh copy from its JSON, which a loaded checkpoint already holds (no re-encode).
+    doc = codec.loads(checkpoint.to_json(), what="checkpoint")
+    return ExecutionStack(
+        stack_id=checkpoint.stack_id,
+        manager=stream,
+        workflow_id=checkpoint.workflow_id,
+        namespace=checkpoint.namespace,
+        type=checkpoint.type,
+        status=checkpoint.status,
+        revision=checkpoint.revision,
+        chains=list(checkpoint.chains),
+        contexts=doc["contexts"],
+        metadata=doc.get("metadata") or {},
+    )
