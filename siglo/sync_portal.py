@@ -1,0 +1,106 @@
+"""The portal of :mod:`siglo.sync`: an event loop in a daemon thread, and the way into
+it from other threads (one per process, started on first use, closed at exit)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import ParamSpec, TypeVar
+
+__all__ = ["Portal", "get_portal"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Portal:
+    """An asyncio event loop in a daemon thread, and the way into it from other threads."""
+
+    def __init__(self, name: str = "siglo-sync") -> None:
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.call_soon(self._ready.set)
+        self._loop.run_forever()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The portal's event loop."""
+        return self._loop
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop still accepts calls."""
+        return self._thread.is_alive() and not self._loop.is_closed()
+
+    def run(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Await ``fn(*args, **kwargs)`` on the portal's loop; return or raise its outcome."""
+
+        async def call() -> T:
+            return await fn(*args, **kwargs)
+
+        return self._wait(call)
+
+    def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Call the plain function ``fn`` on the portal's loop thread (where the objects it
+        touches live), and return or raise its outcome."""
+
+        async def call() -> T:
+            return fn(*args, **kwargs)
+
+        return self._wait(call)
+
+    def _wait(self, make: Callable[[], Awaitable[T]]) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                "siglo.sync called from inside its own event loop: in async code use the "
+                "async API (await …), not siglo.sync"
+            )
+        if not self.running:
+            raise RuntimeError("the siglo.sync portal is closed")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(_as_coroutine(make), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupted caller (Ctrl-C) does not leave its call running
+            raise
+
+    def close(self) -> None:
+        """Stop the loop (after the calls in flight) and its thread."""
+        if not self.running:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+async def _as_coroutine(make: Callable[[], Awaitable[T]]) -> T:
+    return await make()
+
+
+_portal_lock = threading.Lock()
+_portal: Portal | None = None
+
+
+def get_portal() -> Portal:
+    """The process-wide portal every facade object uses, started on first use."""
+    global _portal
+    with _portal_lock:
+        if _portal is None or not _portal.running:
+            _portal = Portal()
+        return _portal
+
+
+@atexit.register
+def _close_portal() -> None:
+    with _portal_lock:
+        if _portal is not None:
+            _portal.close()
