@@ -79,8 +79,20 @@ def test_fresh_venv_install_lists_memory_and_connects(
         env=clean_env(),
     )
     rows = {row["plugin"]: row for row in json.loads(listing.stdout)}
+    assert set(rows) == {"memory", "redis", "sqlite", "postgres"}
     assert rows["memory"]["backends"][0]["capabilities"]
+    # The whole suite, every rule, against the backend a core install has.
+    check = subprocess.run(
+        [str(bin_dir / "siglo"), "check", "memory://", "--seed", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "FAIL" not in check.stdout
     smoke = (
+        "import siglo_contract\n"
         "import asyncio, siglo\n"
         "b = siglo.connect('memory://')\n"
         "m = siglo.StorageManager(b, error_mode='strict')\n"
