@@ -15,7 +15,14 @@ from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint, Status
 from siglo.clock import Clock, ManualClock, SystemClock
 from siglo.connect import connect
-from siglo.coordination import ClaimState, IdempotencyStore, Lock, LockResult, NonceStore
+from siglo.coordination import (
+    ClaimState,
+    IdempotencyClaim,
+    IdempotencyStore,
+    Lock,
+    LockResult,
+    NonceStore,
+)
 from siglo.errors import (
     BackendNotFoundError,
     CapabilityNotSupportedError,
@@ -24,6 +31,8 @@ from siglo.errors import (
     CheckpointVersionError,
     CheckpointVersionException,
     DriverNotInstalledError,
+    IdempotencyKeyMismatchError,
+    IdempotencyOwnershipError,
     InvalidArgumentError,
     InvalidStateTransitionError,
     LockLostError,
@@ -83,6 +92,7 @@ __all__ = [
     "CheckpointVersionError",
     "CheckpointVersionException",
     "ClaimState",
+    "IdempotencyClaim",
     "Clock",
     "ContextChangeEvent",
     "DriverNotInstalledError",
@@ -94,6 +104,8 @@ __all__ = [
     "InvalidStateTransitionError",
     "Lock",
     "Lease",
+    "IdempotencyKeyMismatchError",
+    "IdempotencyOwnershipError",
     "LockLostError",
     "LockNotAcquiredError",
     "LockResult",

@@ -10,6 +10,7 @@ argument once and call the backend's ``_do_…`` hooks, as
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import secrets
 import time
@@ -17,7 +18,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
-from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError, LockNotAcquiredError
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    IdempotencyKeyMismatchError,
+    IdempotencyOwnershipError,
+    InvalidArgumentError,
+    LockNotAcquiredError,
+)
 from siglo.sentinel import Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_id, require_ttl_ms
@@ -25,6 +32,7 @@ from siglo.validation import require_id, require_ttl_ms
 __all__ = [
     "DEFAULT_LOCK_TTL_MS",
     "ClaimState",
+    "IdempotencyClaim",
     "IdempotencyStore",
     "IdempotencyStoreBase",
     "Lock",
@@ -32,6 +40,8 @@ __all__ = [
     "LockResult",
     "NonceStore",
     "NonceStoreBase",
+    "fingerprint_digest",
+    "new_idempotency_token",
     "new_lock_token",
     "nonce_ttl_ms",
 ]
@@ -39,6 +49,9 @@ __all__ = [
 T = TypeVar("T")
 
 ClaimState = Literal["claimed", "completed", "in-progress"]
+OwnedClaimReply = Literal["claimed", "completed", "in-progress", "mismatch"]
+"""What a backend's :meth:`IdempotencyStoreBase._do_claim_owned` answers: a claim state,
+or ``"mismatch"`` when the key is held under a different fingerprint."""
 DEFAULT_LOCK_TTL_MS: Final = DEFAULTS.lock_ttl_ms
 """The lease of :meth:`Lock.acquire` when the caller names none (seed 001 §7: 10 s)."""
 
@@ -47,17 +60,34 @@ DEFAULT_LOCK_TTL_MS: Final = DEFAULTS.lock_ttl_ms
 class IdempotencyStore(Protocol):
     """Single-flight execution claims with a remembered result (seed 001 §6)."""
 
-    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
+    async def claim(
+        self, key: str, ttl_ms: int | None = None, *, fingerprint: str | None = None
+    ) -> ClaimState:
         """``"claimed"`` for exactly one caller; then ``"in-progress"`` until completed
         or failed; ``"completed"`` once a result is stored."""
         ...
 
-    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
+    async def claim_owned(
+        self, key: str, ttl_ms: int | None = None, *, fingerprint: str | None = None
+    ) -> IdempotencyClaim:
+        """Like :meth:`claim`, and the winner gets the owner token ``complete`` and
+        ``fail`` require."""
+        ...
+
+    async def complete(
+        self, key: str, result: Any, ttl_ms: int | None = None, *, token: str | None = None
+    ) -> None:
         """Store ``result`` (JSON data) and mark the key completed."""
         ...
 
-    async def fail(self, key: str, error: BaseException | None = None) -> None:
+    async def fail(
+        self, key: str, error: BaseException | None = None, *, token: str | None = None
+    ) -> None:
         """Free an in-progress key for retry; a completed result is kept."""
+        ...
+
+    async def extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Renew an owned claim's lease; ``True`` if ``token`` still held the key."""
         ...
 
     async def get_result(self, key: str) -> Any | Missing:
@@ -67,6 +97,37 @@ class IdempotencyStore(Protocol):
     async def get(self, key: str) -> Any | Missing:
         """Alias of :meth:`get_result`."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyClaim:
+    """The outcome of :meth:`IdempotencyStore.claim_owned`.
+
+    ``token`` is set only when ``state == "claimed"``: the owner passes it to ``complete``
+    and ``fail``, which refuse anyone else once the key is owned.
+    """
+
+    state: ClaimState
+    token: str | None = None
+
+    @property
+    def claimed(self) -> bool:
+        """``True`` when this caller won the claim (and holds ``token``)."""
+        return self.state == "claimed"
+
+
+def new_idempotency_token() -> str:
+    """A fresh owner token for an idempotency claim: ``idem_<32 hex digits>``."""
+    return f"idem_{secrets.token_hex(16)}"
+
+
+def fingerprint_digest(fingerprint: str) -> str:
+    """What is stored for a payload fingerprint: its SHA-256 in hex (64 characters).
+
+    Stores keep this digest, never the fingerprint itself, so a fingerprint may be the
+    request body, and the stored form is fixed-size and free of separators.
+    """
+    return hashlib.sha256(fingerprint.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,27 +195,93 @@ def nonce_ttl_ms(ttl_seconds: float) -> int:
 class IdempotencyStoreBase:
     """Base class of idempotency stores: argument checks once, then the ``_do_…`` hooks.
 
-    Subclasses implement :meth:`_do_claim`, :meth:`_do_complete`, :meth:`_do_fail` and
-    :meth:`_do_get_result`; each receives arguments already checked.
+    Subclasses implement :meth:`_do_claim`, :meth:`_do_claim_owned`, :meth:`_do_complete`,
+    :meth:`_do_complete_owned`, :meth:`_do_fail`, :meth:`_do_fail_owned` and
+    :meth:`_do_get_result`; each receives arguments already checked (a fingerprint as its
+    :func:`fingerprint_digest`). An owned hook answers ``False`` when the caller is not the
+    owner, and the base class raises :class:`~siglo.errors.IdempotencyOwnershipError`.
+
+    Without ``ttl_ms``, :meth:`claim_owned` holds the key in progress for the store's
+    ``default_lease_ms`` (``idempotency_lease_ms``, 30 s), so a crashed owner frees it in
+    seconds; its token guards against the lapse (a lapsed owner's ``complete`` is refused,
+    and :meth:`extend` renews a live claim). The seed's token-less :meth:`claim` keeps the
+    seed's default, ``default_ttl_ms`` (24 h): an unowned claim that lapsed while its
+    caller still ran could be completed twice. ``complete`` keeps a result for
+    ``default_ttl_ms``.
     """
 
-    async def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
+    default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms
+    default_lease_ms: int = DEFAULTS.idempotency_lease_ms
+
+    def _default_claim_ms(self, token: str | None) -> int:
+        """A claim's lifetime when it names none: the lease if owned, else the seed's."""
+        return self.default_lease_ms if token is not None else self.default_ttl_ms
+
+    async def claim(
+        self, key: str, ttl_ms: int | None = None, *, fingerprint: str | None = None
+    ) -> ClaimState:
         """``"claimed"`` for exactly one caller; then ``"in-progress"`` until completed
-        or failed; ``"completed"`` once a result is stored."""
+        or failed; ``"completed"`` once a result is stored.
+
+        This seed-compatible claim has no owner: anyone may ``complete`` or ``fail`` it.
+        With ``fingerprint`` the key remembers it, and a claim with another fingerprint
+        raises :class:`~siglo.errors.IdempotencyKeyMismatchError`."""
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
-        return await self._do_claim(key, ttl_ms)
+        if fingerprint is None:
+            return await self._do_claim(key, ttl_ms)
+        digest = _digest(fingerprint)
+        return _claim_state(key, await self._do_claim_owned(key, ttl_ms, None, digest))
 
-    async def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
-        """Store ``result`` (JSON data) and mark the key completed."""
+    async def claim_owned(
+        self, key: str, ttl_ms: int | None = None, *, fingerprint: str | None = None
+    ) -> IdempotencyClaim:
+        """Like :meth:`claim`, and the winner gets an owner token: only it can then
+        ``complete`` or ``fail`` the key, and only while its lease (``ttl_ms``, default
+        ``default_lease_ms``) lasts."""
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
-        await self._do_complete(key, result, ttl_ms)
+        digest = None if fingerprint is None else _digest(fingerprint)
+        token = new_idempotency_token()
+        state = _claim_state(key, await self._do_claim_owned(key, ttl_ms, token, digest))
+        return IdempotencyClaim(state, token if state == "claimed" else None)
 
-    async def fail(self, key: str, error: BaseException | None = None) -> None:
-        """Free an in-progress key for retry; a completed result is kept."""
+    async def complete(
+        self, key: str, result: Any, ttl_ms: int | None = None, *, token: str | None = None
+    ) -> None:
+        """Store ``result`` (JSON data) and mark the key completed.
+
+        With ``token`` (from :meth:`claim_owned`) it succeeds only while that claim still
+        holds the key; without, only if no owned claim holds it. Otherwise it raises
+        :class:`~siglo.errors.IdempotencyOwnershipError` and changes nothing."""
         require_id("key", key)
-        await self._do_fail(key, error)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        if token is not None:
+            require_id("token", token)
+        if not await self._do_complete_owned(key, result, ttl_ms, token):
+            raise _not_owner(key, "complete", token)
+
+    async def fail(
+        self, key: str, error: BaseException | None = None, *, token: str | None = None
+    ) -> None:
+        """Free an in-progress key for retry; a completed result is kept.
+
+        With ``token`` it succeeds only while that claim still holds the key; without, it
+        frees only a key no owned claim holds. Otherwise it raises
+        :class:`~siglo.errors.IdempotencyOwnershipError` and changes nothing."""
+        require_id("key", key)
+        if token is not None:
+            require_id("token", token)
+        if not await self._do_fail_owned(key, error, token):
+            raise _not_owner(key, "fail", token)
+
+    async def extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Renew an owned claim's lease to ``ttl_ms`` from now; ``True`` if ``token`` still
+        held the key in progress (``False``, and nothing changes, otherwise)."""
+        require_id("key", key)
+        require_id("token", token)
+        require_ttl_ms("ttl_ms", ttl_ms)
+        return await self._do_extend(key, token, ttl_ms)
 
     async def get_result(self, key: str) -> Any | Missing:
         """The completed result, or :data:`~siglo.MISSING`."""
@@ -168,14 +295,75 @@ class IdempotencyStoreBase:
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
         raise _unsupported(self, "claim")
 
+    async def _do_claim_owned(
+        self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
+    ) -> OwnedClaimReply:
+        """Claim with an owner ``token`` and a fingerprint digest (either may be ``None``).
+
+        The default serves only the seed's claim (a store written before owners existed)."""
+        if token is None and fingerprint is None:
+            return await self._do_claim(key, ttl_ms)
+        raise _unsupported(self, "claim_owned")
+
     async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
         raise _unsupported(self, "complete")
+
+    async def _do_complete_owned(
+        self, key: str, result: Any, ttl_ms: int | None, token: str | None
+    ) -> bool:
+        """Complete if ``token`` owns the key (``None``: if no owned claim holds it).
+
+        The default serves only token-less calls, through :meth:`_do_complete`."""
+        if token is not None:
+            raise _unsupported(self, "complete(token=…)")
+        await self._do_complete(key, result, ttl_ms)
+        return True
 
     async def _do_fail(self, key: str, error: BaseException | None) -> None:
         raise _unsupported(self, "fail")
 
+    async def _do_fail_owned(
+        self, key: str, error: BaseException | None, token: str | None
+    ) -> bool:
+        """Fail if ``token`` owns the key (``None``: if no owned claim holds it).
+
+        The default serves only token-less calls, through :meth:`_do_fail`."""
+        if token is not None:
+            raise _unsupported(self, "fail(token=…)")
+        await self._do_fail(key, error)
+        return True
+
+    async def _do_extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        raise _unsupported(self, "extend")
+
     async def _do_get_result(self, key: str) -> Any | Missing:
         raise _unsupported(self, "get_result")
+
+
+def _digest(fingerprint: str) -> str:
+    if not isinstance(fingerprint, str):
+        raise InvalidArgumentError(f"fingerprint must be a string, got {fingerprint!r}")
+    return fingerprint_digest(fingerprint)
+
+
+def _claim_state(key: str, reply: OwnedClaimReply) -> ClaimState:
+    if reply == "mismatch":
+        raise IdempotencyKeyMismatchError(
+            f"idempotency key {key!r} is held for a request with a different fingerprint"
+        )
+    return reply
+
+
+def _not_owner(key: str, what: str, token: str | None) -> IdempotencyOwnershipError:
+    if token is None:
+        return IdempotencyOwnershipError(
+            f"cannot {what} idempotency key {key!r} without its owner token: "
+            "an owned claim holds it"
+        )
+    return IdempotencyOwnershipError(
+        f"cannot {what} idempotency key {key!r}: the token does not own it "
+        "(its lease lapsed, or it was failed, completed or claimed by another)"
+    )
 
 
 class LockBase:

@@ -17,6 +17,8 @@ __all__ = [
     "DriverNotInstalledError",
     "InvalidArgumentError",
     "InvalidStateTransitionError",
+    "IdempotencyKeyMismatchError",
+    "IdempotencyOwnershipError",
     "LockLostError",
     "LockNotAcquiredError",
     "MalformedRecordError",
@@ -164,6 +166,18 @@ class UnknownStackError(SigloError, KeyError):
 
 class WaitRecordClaimError(SigloError):
     """A wait record could not be completed: missing, not claimed, or claimed by another."""
+
+
+class IdempotencyOwnershipError(SigloError):
+    """``complete`` or ``fail`` of an idempotency key by someone who does not own its claim:
+    a wrong or missing owner token, or the owner's lease lapsed (the key may since have been
+    claimed by another, completed, or freed). Nothing stored was changed."""
+
+
+class IdempotencyKeyMismatchError(SigloError):
+    """An idempotency key was claimed again with a different payload fingerprint than the
+    claim that holds it (in progress or completed): the same key names a different request.
+    Nothing stored was changed."""
 
 
 class LockNotAcquiredError(SigloError):

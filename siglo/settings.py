@@ -32,7 +32,10 @@ class Defaults:
     claim_lease_ms: int = 60_000
     """How long a wait-record claim lasts before another claimant may take it over."""
     idempotency_ttl_ms: int = 86_400_000
-    """How long an idempotency key (claimed or completed) is kept (24 h)."""
+    """How long a completed idempotency key (its result) is kept (24 h)."""
+    idempotency_lease_ms: int = 30_000
+    """How long an idempotency claim stays in progress when ``claim`` names no TTL: a
+    crashed claimer frees its key this soon, not after the result's retention."""
     lock_ttl_ms: int = 10_000
     """The lease of ``Lock.acquire`` / ``with_lock`` when the caller names none."""
     workflow_lock_ttl_ms: int = 30_000

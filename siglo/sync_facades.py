@@ -13,7 +13,7 @@ from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.connect import connect as async_connect
-from siglo.coordination import DEFAULT_LOCK_TTL_MS, ClaimState, LockResult
+from siglo.coordination import DEFAULT_LOCK_TTL_MS, ClaimState, IdempotencyClaim, LockResult
 from siglo.sentinel import Missing
 from siglo.stack import ExecutionStack
 from siglo.sync_portal import Portal, get_portal
@@ -162,18 +162,39 @@ class SyncIdempotencyStore(Facade):
 
     __slots__ = ()
 
-    def claim(self, key: str, ttl_ms: int | None = None) -> ClaimState:
+    def claim(
+        self, key: str, ttl_ms: int | None = None, *, fingerprint: str | None = None
+    ) -> ClaimState:
         """``IdempotencyStore.claim``."""
-        state: ClaimState = self._portal.run(self._inner.claim, key, ttl_ms)
+        state: ClaimState = self._portal.run(
+            self._inner.claim, key, ttl_ms, fingerprint=fingerprint
+        )
         return state
 
-    def complete(self, key: str, result: Any, ttl_ms: int | None = None) -> None:
-        """``IdempotencyStore.complete``."""
-        self._portal.run(self._inner.complete, key, result, ttl_ms)
+    def claim_owned(
+        self, key: str, ttl_ms: int | None = None, *, fingerprint: str | None = None
+    ) -> IdempotencyClaim:
+        """``IdempotencyStore.claim_owned``."""
+        claim: IdempotencyClaim = self._portal.run(
+            self._inner.claim_owned, key, ttl_ms, fingerprint=fingerprint
+        )
+        return claim
 
-    def fail(self, key: str, error: BaseException | None = None) -> None:
+    def complete(
+        self, key: str, result: Any, ttl_ms: int | None = None, *, token: str | None = None
+    ) -> None:
+        """``IdempotencyStore.complete``."""
+        self._portal.run(self._inner.complete, key, result, ttl_ms, token=token)
+
+    def fail(
+        self, key: str, error: BaseException | None = None, *, token: str | None = None
+    ) -> None:
         """``IdempotencyStore.fail``."""
-        self._portal.run(self._inner.fail, key, error)
+        self._portal.run(self._inner.fail, key, error, token=token)
+
+    def extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        """``IdempotencyStore.extend``."""
+        return bool(self._portal.run(self._inner.extend, key, token, ttl_ms))
 
     def get_result(self, key: str) -> Any | Missing:
         """``IdempotencyStore.get_result``."""

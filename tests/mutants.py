@@ -607,6 +607,34 @@ class IdempotencyIgnoresTtl(MemoryIdempotencyStore):
         await super()._do_complete(key, result, None)
 
 
+class CompleteIgnoresOwner(MemoryIdempotencyStore):
+    """Anyone may complete or fail: the token is not checked (the Powertools failure)."""
+
+    async def _do_complete_owned(
+        self, key: str, result: Any, ttl_ms: int | None, token: str | None
+    ) -> bool:
+        await self._do_complete(key, result, ttl_ms)
+        return True
+
+
+class LeaseIsRetention(MemoryIdempotencyStore):
+    """An in-progress claim is kept as long as a result: a crashed claimer holds it a day."""
+
+    async def _do_claim_owned(
+        self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
+    ) -> Any:
+        return await super()._do_claim_owned(key, ttl_ms or self.default_ttl_ms, token, fingerprint)
+
+
+class IgnoresFingerprint(MemoryIdempotencyStore):
+    """The fingerprint is never stored, so a different request under the key passes."""
+
+    async def _do_claim_owned(
+        self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
+    ) -> Any:
+        return await super()._do_claim_owned(key, ttl_ms, token, None)
+
+
 class LockYields(MemoryLock):
     """Checks the lock is free, yields to the event loop, then takes it: not atomic."""
 
@@ -953,6 +981,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "TTLs are ignored",
         ("idempotency",),
         idempotency=IdempotencyIgnoresTtl,
+    ),
+    _m(
+        "idempotency.owner",
+        "complete ignores the owner token",
+        ("idempotency.owner",),
+        idempotency=CompleteIgnoresOwner,
+    ),
+    _m(
+        "idempotency.lease",
+        "an in-progress claim lasts as long as a result",
+        ("idempotency.lease",),
+        idempotency=LeaseIsRetention,
+    ),
+    _m(
+        "idempotency.fingerprint",
+        "fingerprints are ignored",
+        ("idempotency.fingerprint",),
+        idempotency=IgnoresFingerprint,
     ),
     _m(
         "lock.acquire.exclusive",

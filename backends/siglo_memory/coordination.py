@@ -12,6 +12,7 @@ from siglo.coordination import (
     LockBase,
     LockResult,
     NonceStoreBase,
+    OwnedClaimReply,
     new_lock_token,
 )
 from siglo.sentinel import MISSING, Missing
@@ -52,28 +53,100 @@ class _ExpiringDict:
 
 
 class MemoryIdempotencyStore(IdempotencyStoreBase):
-    """Values as in Redis: ``in-progress`` while claimed, ``COMPLETED:<json>`` when done."""
+    """Values as in Redis: ``in-progress`` while claimed, ``COMPLETED:<json>`` when done.
+
+    Beside each value, as Redis keeps it in a sibling key, ``<owner token>:<fingerprint
+    digest>`` (either part empty when absent), set and expiring with the value.
+    """
 
     def __init__(
-        self, *, clock: Clock | None = None, default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms
+        self,
+        *,
+        clock: Clock | None = None,
+        default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms,
+        default_lease_ms: int = DEFAULTS.idempotency_lease_ms,
     ) -> None:
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
+        self.default_lease_ms = require_ttl_ms("default_lease_ms", default_lease_ms)
         self._keys = _ExpiringDict(clock or system_clock)
+        self._meta = _ExpiringDict(clock or system_clock)
+
+    def _owner_and_fingerprint(self, key: str) -> tuple[str, str]:
+        """The live key's owner token and fingerprint digest (``""`` for none)."""
+        meta = self._meta.get(key) if self._keys.get(key) is not None else None
+        owner, _, fingerprint = (meta or ":").partition(":")
+        return owner, fingerprint
+
+    def _set_meta(self, key: str, owner: str, fingerprint: str, ttl_ms: int) -> None:
+        if owner or fingerprint:
+            self._meta.set(key, f"{owner}:{fingerprint}", ttl_ms)
+        else:
+            self._meta.delete(key)
+
+    def _held_by_owner(self, key: str) -> str:
+        """The owner token of a live in-progress claim, ``""`` when none holds the key."""
+        if self._keys.get(key) != IN_PROGRESS:
+            return ""
+        return self._owner_and_fingerprint(key)[0]
 
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
+        reply = await self._do_claim_owned(key, ttl_ms, None, None)
+        assert reply != "mismatch"  # no fingerprint given: nothing to mismatch
+        return reply
+
+    async def _do_claim_owned(
+        self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
+    ) -> OwnedClaimReply:
         value = self._keys.get(key)
         if value is None:
-            self._keys.set(key, IN_PROGRESS, ttl_ms or self.default_ttl_ms)
+            lease = ttl_ms or self._default_claim_ms(token)
+            self._keys.set(key, IN_PROGRESS, lease)
+            self._set_meta(key, token or "", fingerprint or "", lease)
             return "claimed"
+        stored = self._owner_and_fingerprint(key)[1]
+        if fingerprint and stored and stored != fingerprint:
+            return "mismatch"
         return "completed" if value.startswith(COMPLETED_PREFIX) else "in-progress"
 
     async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
         encoded = codec.dumps_str(result, what=f"result of {key!r}")
-        self._keys.set(key, COMPLETED_PREFIX + encoded, ttl_ms or self.default_ttl_ms)
+        ttl = ttl_ms or self.default_ttl_ms
+        fingerprint = self._owner_and_fingerprint(key)[1]
+        self._keys.set(key, COMPLETED_PREFIX + encoded, ttl)
+        # The fingerprint stays with the result; the claim's owner is done.
+        self._set_meta(key, "", fingerprint, ttl)
+
+    async def _do_complete_owned(
+        self, key: str, result: Any, ttl_ms: int | None, token: str | None
+    ) -> bool:
+        if self._held_by_owner(key) != (token or ""):
+            return False
+        await self._do_complete(key, result, ttl_ms)
+        return True
 
     async def _do_fail(self, key: str, error: BaseException | None) -> None:
         if self._keys.get(key) == IN_PROGRESS:
             self._keys.delete(key)
+            self._meta.delete(key)
+
+    async def _do_fail_owned(
+        self, key: str, error: BaseException | None, token: str | None
+    ) -> bool:
+        if token is None:
+            if self._held_by_owner(key):
+                return False
+        elif self._held_by_owner(key) != token:
+            return False
+        await self._do_fail(key, error)
+        return True
+
+    async def _do_extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        if self._held_by_owner(key) != token:
+            return False
+        fingerprint = self._owner_and_fingerprint(key)[1]
+        self._keys.set(key, IN_PROGRESS, ttl_ms)
+        self._set_meta(key, token, fingerprint, ttl_ms)
+        return True
 
     async def _do_get_result(self, key: str) -> Any | Missing:
         value = self._keys.get(key)

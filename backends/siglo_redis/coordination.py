@@ -13,9 +13,10 @@ from siglo.coordination import (
     LockBase,
     LockResult,
     NonceStoreBase,
+    OwnedClaimReply,
     new_lock_token,
 )
-from siglo.errors import StorageAdapterError
+from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
@@ -26,12 +27,17 @@ from siglo_redis.keys import (
     KeySpace,
     check_prefix,
     default_fence_prefix,
+    default_owner_prefix,
     fence_key,
+    idempotency_owner_key,
     legacy_fence_key,
 )
 from siglo_redis.scripts import (
     COMPARE_AND_DELETE,
-    IDEMPOTENCY_CLAIM,
+    IDEMPOTENCY_CLAIM_OWNED,
+    IDEMPOTENCY_COMPLETE,
+    IDEMPOTENCY_EXTEND,
+    IDEMPOTENCY_FAIL,
     LOCK_ACQUIRE,
     LOCK_EXTEND,
 )
@@ -66,12 +72,16 @@ class _ClientOwner:
 
 
 class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):
-    """Single-flight claims with a remembered result (seed 001 §6).
+    """Single-flight claims with a remembered result (seed 001 §6), with owners.
 
     Keys are ``<key_prefix><key>`` (default ``siglo:idempotency:``) holding
-    ``in-progress`` while claimed and ``COMPLETED:<json>`` once done, for
-    ``default_ttl_ms`` (24 h) unless a call passes ``ttl_ms``. ``claim`` and ``fail`` are
-    single Lua scripts, so a claim's answer and ``fail``'s compare-and-delete are atomic.
+    ``in-progress`` while claimed and ``COMPLETED:<json>`` once done, exactly the seed's
+    values, so the TypeScript side reads them. A claim lasts ``default_lease_ms`` (30 s)
+    unless it passes ``ttl_ms``; a result ``default_ttl_ms`` (24 h). The owner token and
+    the fingerprint digest live in a sibling key in the same cluster slot,
+    ``<owner_prefix>{<slot tag>}<key>`` (default prefix ``siglo:idempotency-owner:``),
+    holding ``<token>:<digest>`` and expiring with the key. ``claim``, ``complete`` and
+    ``fail`` are one Lua script each over both keys.
     """
 
     def __init__(
@@ -79,31 +89,67 @@ class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):
         client: Any,
         *,
         key_prefix: str = _DEFAULT_KEYS.idempotency_prefix,
+        owner_prefix: str | None = None,
         default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms,
+        default_lease_ms: int = DEFAULTS.idempotency_lease_ms,
         command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
     ) -> None:
         self.key_prefix = check_prefix("key_prefix", key_prefix)
+        self.owner_prefix = check_prefix(
+            "owner_prefix", owner_prefix or default_owner_prefix(key_prefix)
+        )
+        if self.owner_prefix == self.key_prefix:
+            raise InvalidArgumentError("owner_prefix must differ from key_prefix")
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
+        self.default_lease_ms = require_ttl_ms("default_lease_ms", default_lease_ms)
         super().__init__(client, command_timeout_ms)
 
+    def _keys(self, key: str) -> list[str]:
+        full = self.key_prefix + key
+        return [full, idempotency_owner_key(self.owner_prefix, full, key)]
+
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
+        reply = await self._do_claim_owned(key, ttl_ms, None, None)
+        if reply == "mismatch":  # impossible without a fingerprint
+            raise StorageAdapterError(f"unexpected idempotency claim reply {reply!r}")
+        return reply
+
+    async def _do_claim_owned(
+        self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
+    ) -> OwnedClaimReply:
+        lease = clamp_px(ttl_ms or self._default_claim_ms(token))
         reply = await self._redis.script(
-            IDEMPOTENCY_CLAIM, [self.key_prefix + key], [clamp_px(ttl_ms or self.default_ttl_ms)]
+            IDEMPOTENCY_CLAIM_OWNED, self._keys(key), [lease, token or "", fingerprint or ""]
         )
         state = text(reply)
-        if state not in ("claimed", "completed", "in-progress"):
+        if state not in ("claimed", "completed", "in-progress", "mismatch"):
             raise StorageAdapterError(f"unexpected idempotency claim reply {reply!r}")
         return state  # type: ignore[return-value]
 
-    async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
+    async def _do_complete_owned(
+        self, key: str, result: Any, ttl_ms: int | None, token: str | None
+    ) -> bool:
         encoded = codec.dumps_str(result, what=f"result of {key!r}")
-        await self._redis.set(
-            self.key_prefix + key, COMPLETED_PREFIX + encoded, px=ttl_ms or self.default_ttl_ms
+        px = clamp_px(ttl_ms or self.default_ttl_ms)
+        reply = await self._redis.script(
+            IDEMPOTENCY_COMPLETE,
+            self._keys(key),
+            [COMPLETED_PREFIX + encoded, px, token or ""],
         )
+        return int(reply) == 1
 
-    async def _do_fail(self, key: str, error: BaseException | None) -> None:
-        """Delete the key only while it is ``in-progress`` (atomic compare-and-delete)."""
-        await self._redis.script(COMPARE_AND_DELETE, [self.key_prefix + key], [IN_PROGRESS])
+    async def _do_fail_owned(
+        self, key: str, error: BaseException | None, token: str | None
+    ) -> bool:
+        """Delete the key only while it is ``in-progress`` and the caller owns it (or, token-
+        less, nobody does): one script."""
+        return int(await self._redis.script(IDEMPOTENCY_FAIL, self._keys(key), [token or ""])) == 1
+
+    async def _do_extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        reply = await self._redis.script(
+            IDEMPOTENCY_EXTEND, self._keys(key), [token, clamp_px(ttl_ms)]
+        )
+        return int(reply) == 1
 
     async def _do_get_result(self, key: str) -> Any | Missing:
         value = text(await self._redis.get(self.key_prefix + key))

@@ -28,6 +28,8 @@ key                                            holds
 ``siglo:workflow-lock:<stackId>``              siglo only: ``with_workflow_lock``'s token
 ``siglo:workflow-lock-fence:{<tag>}``          siglo only: its fencing counters
 ``siglo:idempotency:<key>``                    ``in-progress`` / ``COMPLETED:<json>``
+``siglo:idempotency-owner:{<tag>}<key>``       siglo only: ``<owner token>:<fingerprint
+                                               digest>`` of that key, in its slot
 ``siglo:wh:dedup:<key>``                       nonce ``"1"``
 =============================================  =====================================
 
@@ -247,6 +249,22 @@ class KeySpace:
     @property
     def nonce_prefix(self) -> str:
         return f"{self.prefix}wh:dedup:"
+
+
+def idempotency_owner_key(owner_prefix: str, full_key: str, key: str) -> str:
+    """The sibling of an idempotency key holding its owner token and fingerprint digest.
+
+    The seed's key has no hash tag, so the sibling carries a tag hashing to the key's
+    cluster slot (a prefix with its own tag pins both anyway): one script touches both.
+    The tag is a function of the key, so distinct keys have distinct siblings.
+    """
+    return f"{owner_prefix}{{{slot_tag(hash_slot(full_key))}}}{key}"
+
+
+def default_owner_prefix(idempotency_prefix: str) -> str:
+    """``siglo:idempotency:`` → ``siglo:idempotency-owner:``: beside the keys, never one."""
+    base = idempotency_prefix[:-1] if idempotency_prefix.endswith(":") else idempotency_prefix
+    return f"{base}-owner:"
 
 
 def default_fence_prefix(lock_prefix: str) -> str:

@@ -20,7 +20,10 @@ __all__ = [
     "INDEX_PRUNE",
     "COMPARE_AND_DELETE",
     "CONTEXT_CHANGE",
-    "IDEMPOTENCY_CLAIM",
+    "IDEMPOTENCY_CLAIM_OWNED",
+    "IDEMPOTENCY_COMPLETE",
+    "IDEMPOTENCY_EXTEND",
+    "IDEMPOTENCY_FAIL",
     "LOCK_ACQUIRE",
     "LOCK_EXTEND",
     "SWAP",
@@ -236,23 +239,99 @@ return 1
 """,
 )
 
-IDEMPOTENCY_CLAIM: Final = Script(
-    "idempotency_claim",
+_IDEMPOTENCY_META: Final = """
+local value = redis.call('GET', KEYS[1])
+local owner, fingerprint = '', ''
+local meta = value and redis.call('GET', KEYS[2])
+if meta then
+  owner, fingerprint = string.match(meta, '^([^:]*):(.*)$')
+  owner, fingerprint = owner or '', fingerprint or ''
+end
+local held = ''
+if value == 'in-progress' then held = owner end
+"""
+
+IDEMPOTENCY_CLAIM_OWNED: Final = Script(
+    "idempotency_claim_owned",
     """
--- Seed 001 §6 claim, in one step: SET NX, else report the state that blocked it.
--- KEYS[1] key. ARGV[1] TTL ms. Returns 'claimed', 'completed' or 'in-progress'.
+-- A claim with an owner token and a fingerprint digest, in one step. KEYS[1] the seed's
+-- key (stays 'in-progress' / 'COMPLETED:<json>'), KEYS[2] its sibling
+-- '<owner token>:<fingerprint digest>' (same slot). ARGV[1] lease ms, ARGV[2] token or
+-- '', ARGV[3] digest or ''. Returns 'claimed', 'completed', 'in-progress' or 'mismatch'.
 if redis.call('SET', KEYS[1], 'in-progress', 'PX', ARGV[1], 'NX') then
+  if ARGV[2] == '' and ARGV[3] == '' then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('SET', KEYS[2], ARGV[2] .. ':' .. ARGV[3], 'PX', ARGV[1])
+  end
   return 'claimed'
 end
-local value = redis.call('GET', KEYS[1])
+"""
+    + _IDEMPOTENCY_META
+    + """
+if ARGV[3] ~= '' and fingerprint ~= '' and fingerprint ~= ARGV[3] then return 'mismatch' end
 if value and string.sub(value, 1, 10) == 'COMPLETED:' then return 'completed' end
 return 'in-progress'
 """,
 )
 
+IDEMPOTENCY_COMPLETE: Final = Script(
+    "idempotency_complete",
+    """
+-- Complete only for the owner. KEYS[1] key, KEYS[2] sibling. ARGV[1] 'COMPLETED:<json>',
+-- ARGV[2] PX, ARGV[3] token ('' = token-less: only if no owned claim holds the key).
+-- Returns 1 when stored, 0 when refused (nothing changed).
+"""
+    + _IDEMPOTENCY_META
+    + """
+if held ~= ARGV[3] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if fingerprint ~= '' then
+  redis.call('SET', KEYS[2], ':' .. fingerprint, 'PX', ARGV[2])
+else
+  redis.call('DEL', KEYS[2])
+end
+return 1
+""",
+)
+
+IDEMPOTENCY_FAIL: Final = Script(
+    "idempotency_fail",
+    """
+-- Free an in-progress key, only for its owner. KEYS[1] key, KEYS[2] sibling. ARGV[1]
+-- token ('' = token-less: frees only a key no owned claim holds; nothing to free is fine).
+-- Returns 1 when done, 0 when refused (nothing changed).
+"""
+    + _IDEMPOTENCY_META
+    + """
+if held ~= ARGV[1] then return 0 end
+if value ~= 'in-progress' then
+  if ARGV[1] == '' then return 1 end
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+""",
+)
+
+IDEMPOTENCY_EXTEND: Final = Script(
+    "idempotency_extend",
+    """
+-- Renew an owned claim's lease. KEYS[1] key, KEYS[2] sibling. ARGV[1] token, ARGV[2] PX.
+-- Returns 1 when renewed, 0 when the token does not hold the key in progress.
+"""
+    + _IDEMPOTENCY_META
+    + """
+if held == '' or held ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+""",
+)
+
 COMPARE_AND_DELETE: Final = Script(
     "compare_and_delete",
-    # Seed 001 §7's release script, verbatim; the idempotency fail() uses it too.
+    # Seed 001 §7's release script, verbatim.
     """if redis.call("get", KEYS[1]) == ARGV[1] then
     return redis.call("del", KEYS[1])
 else

@@ -18,6 +18,7 @@ from siglo.coordination import (
     LockBase,
     LockResult,
     NonceStoreBase,
+    OwnedClaimReply,
     new_lock_token,
 )
 from siglo.errors import StorageAdapterError
@@ -32,7 +33,12 @@ __all__ = ["SqlIdempotencyStore", "SqlLock", "SqlNonceStore"]
 
 
 class SqlIdempotencyStore(IdempotencyStoreBase):
-    """States as in Redis: ``in-progress`` while claimed, ``completed`` with a result."""
+    """States as in Redis: ``in-progress`` while claimed, ``completed`` with a result.
+
+    An owned claim's token is in the row's ``owner`` column, a fingerprint's digest in
+    ``fingerprint`` (schema version 5). ``claim``, ``complete`` and ``fail`` decide in one
+    conditional statement each.
+    """
 
     def __init__(
         self,
@@ -41,36 +47,73 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
         *,
         clock: Clock | None = None,
         default_ttl_ms: int = DEFAULTS.idempotency_ttl_ms,
+        default_lease_ms: int = DEFAULTS.idempotency_lease_ms,
     ) -> None:
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
+        self.default_lease_ms = require_ttl_ms("default_lease_ms", default_lease_ms)
         self.clock: Clock = clock or system_clock
         self._db = database
         self._s = statements
 
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
-        ttl = ttl_ms or self.default_ttl_ms
+        reply = await self._do_claim_owned(key, ttl_ms, None, None)
+        if reply == "mismatch":  # impossible without a fingerprint
+            raise StorageAdapterError(f"idempotency key {key!r}: unexpected mismatch")
+        return reply
+
+    async def _do_claim_owned(
+        self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
+    ) -> OwnedClaimReply:
+        lease = ttl_ms or self._default_claim_ms(token)
         rid = row_id(key)
         for _ in range(100):
             now = self.clock.now_ms()
-            params = {"id": rid, "key": key, "gone_at": at_most(now + ttl), "now": now}
+            params = {
+                "id": rid,
+                "key": key,
+                "gone_at": at_most(now + lease),
+                "now": now,
+                "owner": token,
+                "fingerprint": fingerprint,
+            }
             if await self._db.fetch(self._s.idem_claim, params):
                 return "claimed"
-            rows = await self._db.fetch(self._s.idem_state, params)
+            rows = await self._db.fetch(self._s.idem_state, {"id": rid, "now": now})
             if rows:
-                return "completed" if rows[0][0] == "completed" else "in-progress"
+                state, stored = rows[0][0], rows[0][1]
+                if fingerprint and stored and stored != fingerprint:
+                    return "mismatch"
+                return "completed" if state == "completed" else "in-progress"
             # The holder failed (deleting its key) between our two statements: claim again.
         raise StorageAdapterError(f"idempotency key {key!r}: no stable state after 100 tries")
 
-    async def _do_complete(self, key: str, result: Any, ttl_ms: int | None) -> None:
+    async def _do_complete_owned(
+        self, key: str, result: Any, ttl_ms: int | None, token: str | None
+    ) -> bool:
         data = codec.dumps(result, what=f"result of {key!r}")
-        gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.default_ttl_ms))
-        await self._db.fetch(
-            self._s.idem_complete,
-            {"id": row_id(key), "key": key, "result": data, "gone_at": gone_at},
-        )
+        now = self.clock.now_ms()
+        gone_at = at_most(now + (ttl_ms or self.default_ttl_ms))
+        params: dict[str, Any] = {"id": row_id(key), "result": data, "gone_at": gone_at, "now": now}
+        if token is None:
+            return bool(await self._db.fetch(self._s.idem_complete, {**params, "key": key}))
+        return bool(await self._db.fetch(self._s.idem_complete_owned, {**params, "owner": token}))
 
-    async def _do_fail(self, key: str, error: BaseException | None) -> None:
-        await self._db.fetch(self._s.idem_fail, {"id": row_id(key), "now": self.clock.now_ms()})
+    async def _do_fail_owned(
+        self, key: str, error: BaseException | None, token: str | None
+    ) -> bool:
+        params: dict[str, Any] = {"id": row_id(key), "now": self.clock.now_ms()}
+        if token is not None:
+            return bool(await self._db.fetch(self._s.idem_fail_owned, {**params, "owner": token}))
+        if await self._db.fetch(self._s.idem_fail, params):
+            return True
+        # Nothing freed: fine (the seed's fail) unless an owned claim holds the key. This
+        # read only decides whether to report; the delete above already decided the change.
+        return not await self._db.fetch(self._s.idem_owned, params)
+
+    async def _do_extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        now = self.clock.now_ms()
+        params = {"id": row_id(key), "owner": token, "gone_at": at_most(now + ttl_ms), "now": now}
+        return bool(await self._db.fetch(self._s.idem_extend, params))
 
     async def _do_get_result(self, key: str) -> Any | Missing:
         rows = await self._db.fetch(

@@ -132,6 +132,16 @@ def _v4(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     ]
 
 
+def _v5(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
+    t = build_tables(prefix, schema, version=5)
+    idem = dialect.identifier_preparer.format_table(t.idempotency)
+    # Rows written before have no owner and no fingerprint: seed-compatible claims.
+    return [
+        f"ALTER TABLE {idem} ADD COLUMN owner TEXT",
+        f"ALTER TABLE {idem} ADD COLUMN fingerprint TEXT",
+    ]
+
+
 # (table attribute of Tables, column): the columns holding documents and JSON values.
 _DOCUMENT_COLUMNS = (
     ("checkpoints", "document"),
@@ -175,6 +185,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "lock fencing counters; context change streams", _v2),
     Migration(3, "partial expiry indexes; PostgreSQL: lz4-compressed documents", _v3),
     Migration(4, "checkpoint listing columns and index; wait deadline index", _v4),
+    Migration(5, "idempotency owner tokens and payload fingerprints", _v5),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

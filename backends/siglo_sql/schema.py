@@ -51,7 +51,7 @@ __all__ = [
     "check_identifier",
 ]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """The schema version this code reads and writes."""
 
 DEFAULT_PREFIX: Final = "siglo_"
@@ -100,7 +100,7 @@ def _id() -> Column[bytes]:
 def build_tables(
     prefix: str = DEFAULT_PREFIX, schema: str | None = None, *, version: int = SCHEMA_VERSION
 ) -> Tables:
-    """The tables as they are at schema ``version`` (1 to 4).
+    """The tables as they are at schema ``version`` (1 to 5).
 
     Version 1: checkpoints, wait records, step cache, idempotency keys, locks (lease rows
     with an owner token), nonces. Version 2 adds the locks' fencing counter (``fence``)
@@ -111,11 +111,13 @@ def build_tables(
     ``updated_at`` (the checkpoint's ``timestamp``) and ``expires_at`` columns, an index
     on ``(namespace, id)`` that a namespace's walk follows (an unfiltered walk follows the
     primary key), and a partial index on the wait records' ``deadline`` for due waits.
+    Version 5 adds the idempotency keys' ``owner`` (the owner token of an owned claim) and
+    ``fingerprint`` (the digest of the claim's payload fingerprint), both nullable.
     """
     check_identifier("table prefix", prefix) if prefix else None
     if schema is not None:
         check_identifier("schema", schema)
-    if version not in (1, 2, 3, 4):
+    if version not in (1, 2, 3, 4, 5):
         raise ValueError(f"no schema version {version}")
     md = MetaData(schema=schema)
     p = prefix
@@ -211,14 +213,22 @@ def build_tables(
         Column("value", LargeBinary, nullable=False),
         Index(f"{p}step_cache_gone_at", "gone_at"),
     )
-    idempotency = Table(
-        f"{p}idempotency_keys",
-        md,
+    idempotency_columns: list[SchemaItem] = [
         _id(),
         Column("key", Text, nullable=False),
         Column("state", Text, nullable=False),
         Column("result", LargeBinary, nullable=True),
         Column("gone_at", BigInteger, nullable=False),
+    ]
+    if version >= 5:
+        idempotency_columns += [
+            Column("owner", Text, nullable=True),
+            Column("fingerprint", Text, nullable=True),
+        ]
+    idempotency = Table(
+        f"{p}idempotency_keys",
+        md,
+        *idempotency_columns,
         Index(f"{p}idempotency_keys_gone_at", "gone_at"),
     )
     lock_columns: list[SchemaItem] = [

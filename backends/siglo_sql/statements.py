@@ -83,7 +83,11 @@ class Statements:
     idem_claim: str
     idem_state: str
     idem_complete: str
+    idem_complete_owned: str
+    idem_extend: str
     idem_fail: str
+    idem_fail_owned: str
+    idem_owned: str
     idem_result: str
     idem_clean_batch: str
     # locks
@@ -363,24 +367,45 @@ def _context_changes(cx: str, exact: Callable[[str], str]) -> dict[str, str | No
 
 
 def _idempotency(idem: str) -> dict[str, str | None]:
+    # A live key held by an owned claim: token-less complete and fail must not touch it.
+    owned = f"{idem}.state = 'in-progress' AND {idem}.owner IS NOT NULL AND {idem}.gone_at > :now"
     return {
         "idem_claim": (
-            f"INSERT INTO {idem} (id, key, state, result, gone_at) "
-            "VALUES (:id, :key, 'in-progress', NULL, :gone_at) "
+            f"INSERT INTO {idem} (id, key, state, result, gone_at, owner, fingerprint) "
+            "VALUES (:id, :key, 'in-progress', NULL, :gone_at, :owner, :fingerprint) "
             "ON CONFLICT (id) DO UPDATE SET state = 'in-progress', result = NULL, "
-            f"gone_at = excluded.gone_at WHERE {idem}.gone_at <= :now RETURNING 1"
+            "gone_at = excluded.gone_at, owner = excluded.owner, "
+            f"fingerprint = excluded.fingerprint WHERE {idem}.gone_at <= :now RETURNING 1"
         ),
-        "idem_state": f"SELECT state FROM {idem} WHERE id = :id AND gone_at > :now",
+        "idem_state": f"SELECT state, fingerprint FROM {idem} WHERE id = :id AND gone_at > :now",
+        # Token-less (the seed's complete): upsert unless an owned claim holds the key; a
+        # live key's fingerprint stays with the result.
         "idem_complete": (
-            f"INSERT INTO {idem} (id, key, state, result, gone_at) "
-            "VALUES (:id, :key, 'completed', :result, :gone_at) "
+            f"INSERT INTO {idem} (id, key, state, result, gone_at, owner, fingerprint) "
+            "VALUES (:id, :key, 'completed', :result, :gone_at, NULL, NULL) "
             "ON CONFLICT (id) DO UPDATE SET state = 'completed', result = excluded.result, "
-            "gone_at = excluded.gone_at"
+            "gone_at = excluded.gone_at, owner = NULL, "
+            f"fingerprint = CASE WHEN {idem}.gone_at > :now THEN {idem}.fingerprint END "
+            f"WHERE NOT ({owned}) RETURNING 1"
+        ),
+        "idem_complete_owned": (
+            f"UPDATE {idem} SET state = 'completed', result = :result, gone_at = :gone_at, "
+            "owner = NULL WHERE id = :id AND state = 'in-progress' AND owner = :owner "
+            "AND gone_at > :now RETURNING 1"
+        ),
+        "idem_extend": (
+            f"UPDATE {idem} SET gone_at = :gone_at WHERE id = :id AND state = 'in-progress' "
+            "AND owner = :owner AND gone_at > :now RETURNING 1"
         ),
         "idem_fail": (
             f"DELETE FROM {idem} WHERE id = :id AND state = 'in-progress' AND gone_at > :now "
-            "RETURNING 1"
+            "AND owner IS NULL RETURNING 1"
         ),
+        "idem_fail_owned": (
+            f"DELETE FROM {idem} WHERE id = :id AND state = 'in-progress' AND owner = :owner "
+            "AND gone_at > :now RETURNING 1"
+        ),
+        "idem_owned": f"SELECT 1 FROM {idem} WHERE id = :id AND {owned}",
         "idem_result": (
             f"SELECT result FROM {idem} WHERE id = :id AND state = 'completed' AND gone_at > :now"
         ),

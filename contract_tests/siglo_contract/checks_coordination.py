@@ -4,9 +4,16 @@ callers, real time, and ``with_lock``."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
-from siglo.errors import LockNotAcquiredError
+from siglo.coordination import IdempotencyClaim
+from siglo.errors import (
+    IdempotencyKeyMismatchError,
+    IdempotencyOwnershipError,
+    LockNotAcquiredError,
+)
 from siglo.sentinel import MISSING
+from siglo.settings import DEFAULTS
 from siglo_contract.concurrency import (
     PROCESSES,
     TASKS,
@@ -194,3 +201,150 @@ async def nonce_in_time(ctx: CheckContext) -> None:
     expect(not await nonces.claim(key, ttl / 1000), "nonce.claim.once", "replay accepted")
     await ctx.pass_time(ttl)
     expect(await nonces.claim(key, ttl / 1000), "nonce.expiry", "not claimable after its window")
+
+
+async def _refused(
+    call: Callable[[], Awaitable[object]], error: type[Exception], rule_id: str, what: str
+) -> None:
+    try:
+        await call()
+    except error:
+        return
+    except Exception as exc:
+        fail(rule_id, f"{what} raised {exc!r}, not {error.__name__}")
+    fail(rule_id, f"{what} did not raise {error.__name__}")
+
+
+@check("idempotency.owner")
+async def idempotency_owners(ctx: CheckContext) -> None:
+    """Only an owned claim's token completes or fails it; a stale token changes nothing."""
+    idem = ctx.backend.idempotency
+    assert idem is not None
+    rid = "idempotency.owner"
+    key = ctx.id("idem-owner")
+    won = await idem.claim_owned(key, 60_000)
+    expect(won.state == "claimed" and bool(won.token), rid, f"first claim_owned {won!r}")
+    assert won.token is not None
+    lost = await idem.claim_owned(key, 60_000)
+    expect(lost == IdempotencyClaim("in-progress"), rid, f"second claim_owned {lost!r}")
+    for what, call in (
+        ("complete with a wrong token", lambda: idem.complete(key, 1, token="idem_not-it")),
+        ("complete without a token", lambda: idem.complete(key, 1)),
+        ("fail with a wrong token", lambda: idem.fail(key, token="idem_not-it")),
+        ("fail without a token", lambda: idem.fail(key)),
+    ):
+        await _refused(call, IdempotencyOwnershipError, rid, f"{what} of an owned claim")
+    expect(await idem.claim(key) == "in-progress", rid, "a refused call changed the claim")
+    expect(await idem.get_result(key) is MISSING, rid, "a refused complete stored a result")
+    await idem.complete(key, {"paid": 1}, token=won.token)
+    expect(await idem.get_result(key) == {"paid": 1}, rid, "the owner's complete was lost")
+    for what, call in (
+        ("complete", lambda: idem.complete(key, {"paid": 2}, token=won.token)),
+        ("fail", lambda: idem.fail(key, token=won.token)),
+    ):
+        await _refused(call, IdempotencyOwnershipError, rid, f"{what} with a spent token")
+    expect(await idem.get_result(key) == {"paid": 1}, rid, "a spent token changed the result")
+    # The owner's fail frees the key; its token then owns nothing.
+    other = ctx.id("idem-owner-fail")
+    first = await idem.claim_owned(other, 60_000)
+    await idem.fail(other, token=first.token)
+    second = await idem.claim_owned(other, 60_000)
+    expect(
+        second.state == "claimed" and second.token not in (None, first.token),
+        rid,
+        f"claim_owned after the owner's fail: {second!r}",
+    )
+    await _refused(
+        lambda: idem.complete(other, 1, token=first.token),
+        IdempotencyOwnershipError,
+        rid,
+        "complete with the token of a failed claim",
+    )
+    # The seed's token-less claim has no owner: token-less calls work as in the seed.
+    seed = ctx.id("idem-owner-seed")
+    expect(await idem.claim(seed, 60_000) == "claimed", rid, "seed claim")
+    await idem.complete(seed, 3)
+    expect(await idem.get_result(seed) == 3, rid, "token-less complete of a seed claim")
+
+
+@check("idempotency.lease")
+async def idempotency_lease(ctx: CheckContext) -> None:
+    """A claim lasts its lease; after it lapses one new owner, and the old one is refused."""
+    idem = ctx.backend.idempotency
+    assert idem is not None
+    rid = "idempotency.lease"
+    ttl = ctx.short_ttl_ms()
+    key = ctx.id("idem-lease")
+    old = await idem.claim_owned(key, ttl)
+    expect(old.state == "claimed", rid, f"first claim {old!r}")
+    await ctx.pass_time(ttl)
+    async with contenders(ctx) as backends:
+        claims = await asyncio.gather(*(b.idempotency.claim_owned(key, 60_000) for b in backends))  # type: ignore[union-attr]
+    owners = [c for c in claims if c.state == "claimed"]
+    expect(
+        len(owners) == 1 and all(c.state == "in-progress" for c in claims if c not in owners),
+        rid,
+        f"{len(claims)} concurrent claims after the lease lapsed: {[c.state for c in claims]}",
+    )
+    await _refused(
+        lambda: idem.complete(key, "twice", token=old.token),
+        IdempotencyOwnershipError,
+        rid,
+        "complete by the owner whose lease lapsed",
+    )
+    await idem.complete(key, "once", token=owners[0].token)
+    expect(await idem.get_result(key) == "once", rid, "the new owner's complete was lost")
+    # The owner extends its lease; nobody else can.
+    slow = ctx.id("idem-lease-extend")
+    held = await idem.claim_owned(slow, ttl)
+    assert held.token is not None
+    expect(not await idem.extend(slow, "idem_not-it", 60_000), rid, "a wrong token extended")
+    expect(await idem.extend(slow, held.token, 60_000), rid, "the owner could not extend")
+    await ctx.pass_time(ttl)
+    expect(await idem.claim(slow) == "in-progress", rid, "an extended claim lapsed")
+    await idem.complete(slow, "done", token=held.token)
+    expect(not await idem.extend(slow, held.token, 60_000), rid, "a completed claim extended")
+    if not ctx.clock_controlled:
+        return  # the default lease is 30 s: only a manual clock can let it pass quickly
+    lease = int(getattr(idem, "default_lease_ms", DEFAULTS.idempotency_lease_ms))
+    retention = int(getattr(idem, "default_ttl_ms", DEFAULTS.idempotency_ttl_ms))
+    expect(lease < retention, rid, f"the lease ({lease} ms) is not shorter than {retention} ms")
+    crashed = ctx.id("idem-lease-default")
+    expect((await idem.claim_owned(crashed)).state == "claimed", rid, "default claim")
+    await ctx.pass_time(lease - 1)
+    expect(await idem.claim(crashed) == "in-progress", rid, "a claim ended before its lease")
+    await ctx.pass_time(1)
+    expect(
+        await idem.claim(crashed) == "claimed",
+        rid,
+        f"a crashed claim still held its key after the {lease} ms default lease",
+    )
+    await idem.complete(crashed, "kept")
+    await ctx.pass_time(lease * 2)
+    expect(await idem.get_result(crashed) == "kept", rid, "a result expired with the lease")
+
+
+@check("idempotency.fingerprint")
+async def idempotency_fingerprint(ctx: CheckContext) -> None:
+    """A key claimed again with another fingerprint is refused, in progress and completed."""
+    idem = ctx.backend.idempotency
+    assert idem is not None
+    rid = "idempotency.fingerprint"
+    key = ctx.id("idem-fp")
+    won = await idem.claim_owned(key, 60_000, fingerprint='{"amount": 10}')
+    expect(won.state == "claimed", rid, f"first claim {won!r}")
+    for stage in ("in progress", "completed"):
+        for what, call in (
+            ("claim", lambda: idem.claim(key, fingerprint='{"amount": 99}')),
+            ("claim_owned", lambda: idem.claim_owned(key, fingerprint='{"amount": 99}')),
+        ):
+            await _refused(
+                call, IdempotencyKeyMismatchError, rid, f"{what} with another fingerprint {stage}"
+            )
+        want = "in-progress" if stage == "in progress" else "completed"
+        same = await idem.claim(key, fingerprint='{"amount": 10}')
+        expect(same == want, rid, f"claim with the same fingerprint {stage}: {same!r}")
+        expect(await idem.claim(key) == want, rid, f"claim without a fingerprint {stage}")
+        if stage == "in progress":
+            await idem.complete(key, {"ok": True}, token=won.token)
+    expect(await idem.get_result(key) == {"ok": True}, rid, "a refused claim changed the result")

@@ -138,6 +138,21 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("idempotency.fail", _C.IDEMPOTENCY, "fail frees an in-progress key, never a completed one"),
     _a("idempotency.expiry", _C.IDEMPOTENCY, "a key past its TTL is gone"),
     _a(
+        "idempotency.owner",
+        _C.IDEMPOTENCY,
+        "only the owner token of an owned claim completes or fails it",
+    ),
+    _a(
+        "idempotency.lease",
+        _C.IDEMPOTENCY,
+        "a claim lasts its lease, shorter than a result's retention; then one new owner",
+    ),
+    _a(
+        "idempotency.fingerprint",
+        _C.IDEMPOTENCY,
+        "a key claimed again with another fingerprint is refused",
+    ),
+    _a(
         "lock.acquire.exclusive",
         _C.LOCKS,
         "a held lock cannot be acquired; one of N concurrent wins",
