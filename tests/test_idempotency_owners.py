@@ -144,3 +144,16 @@ async def test_version_4_rows_migrate_to_owned_claims(kind: str) -> None:
         with pytest.raises(IdempotencyOwnershipError):
             await idem.complete("new", 1)
         await idem.complete("new", 1, token=fresh.token)
+
+
+@pytest.mark.rule("idempotency.lease")
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_lease_from_the_url_options(kind: str) -> None:
+    """``idempotency_lease_ms`` (a URL or keyword option) sets an owned claim's lease."""
+    async with any_backend(kind, idempotency_lease_ms=150) as backend:
+        idem: Any = backend.idempotency
+        assert idem.default_lease_ms == 150
+        first = await idem.claim_owned("k")
+        await asyncio.sleep(0.3)
+        second = await idem.claim_owned("k")
+        assert second.state == "claimed" and second.token != first.token

@@ -109,6 +109,7 @@ def connect(url: str, **options: Any) -> Backend:
     ``prepare_threshold`` is given; ``session``: as direct), ``clock``,
     ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``,
     ``workflow_lock_timeout_ms``, ``workflow_lock_ttl_ms``, ``idempotency_ttl_ms``,
+    ``idempotency_lease_ms``,
     ``clean_batch_size``. Other query parameters go to libpq (``sslmode`` …).
     """
     base, url_options = split_url_options(url, POSTGRES_OPTIONS - {"clock"})

@@ -41,6 +41,7 @@ OPTIONS: Final[dict[str, urls.Converter]] = {
     "workflow_lock_timeout_ms": urls.optional_integer,
     "command_timeout_ms": urls.optional_integer,
     "idempotency_ttl_ms": urls.optional_integer,
+    "idempotency_lease_ms": urls.optional_integer,
     "record_context_changes": urls.boolean,
     "strict_atomicity": urls.boolean,
     "wait_replicas": urls.integer,

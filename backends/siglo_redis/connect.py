@@ -12,7 +12,8 @@ siglo's own options can ride in the URL's query string, so that
     ``false`` to send each command on its own pooled connection instead of writing
     concurrent commands together (:mod:`siglo_redis.pipelining`; default ``true``);
 ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``, ``workflow_lock_ttl_ms``,
-``workflow_lock_timeout_ms``, ``command_timeout_ms``, ``idempotency_ttl_ms``
+``workflow_lock_timeout_ms``, ``command_timeout_ms``, ``idempotency_ttl_ms``,
+``idempotency_lease_ms``
     integers (``none`` for no checkpoint retention / no command timeout);
 ``record_context_changes``, ``strict_atomicity``
     ``true`` / ``false``;
@@ -59,7 +60,8 @@ def connect(
 
     ``client`` (optional) is a client to use instead of building one from ``url``; it is
     never closed by siglo. Options are those of :class:`RedisStorageAdapter` plus
-    ``prefix``, ``cluster``, ``idempotency_ttl_ms`` and ``strict_atomicity`` (for the
+    ``prefix``, ``cluster``, ``idempotency_ttl_ms``, ``idempotency_lease_ms`` and
+    ``strict_atomicity`` (for the
     lock), from keyword arguments or the URL's query string.
     """
     _, from_url = split_url(url)
@@ -80,6 +82,7 @@ def connect(
     client_options = {k: settings.pop(k) for k in CLIENT_OPTIONS & set(settings)}
     strict = bool(settings.pop("strict_atomicity", False))
     idempotency_ttl_ms = settings.pop("idempotency_ttl_ms", None)
+    idempotency_lease_ms = settings.pop("idempotency_lease_ms", None)
     timeout = settings.get("command_timeout_ms", DEFAULTS.command_timeout_ms)
     owned = client is None
     if client is None:
@@ -103,6 +106,7 @@ def connect(
         key_prefix=keys.idempotency_prefix,
         command_timeout_ms=timeout,
         **({} if idempotency_ttl_ms is None else {"default_ttl_ms": idempotency_ttl_ms}),
+        **({} if idempotency_lease_ms is None else {"default_lease_ms": idempotency_lease_ms}),
     )
     lock = RedisLock(client, keys.lock_prefix, strict_atomicity=strict, command_timeout_ms=timeout)
     nonces = RedisNonceStore(client, key_prefix=keys.nonce_prefix, command_timeout_ms=timeout)

@@ -53,12 +53,14 @@ COMMON_OPTIONS: Final = ADAPTER_OPTIONS | {
     "auto_migrate",
     "table_prefix",
     "idempotency_ttl_ms",
+    "idempotency_lease_ms",
     "command_timeout_ms",
 }
 CONVERTERS: Final[dict[str, urls.Converter]] = {
     **dict.fromkeys(ADAPTER_OPTIONS, urls.integer),
     "checkpoint_ttl_ms": urls.optional_integer,  # none: kept until removed
     "idempotency_ttl_ms": urls.integer,
+    "idempotency_lease_ms": urls.integer,
     "busy_timeout_ms": urls.integer,
     "pool_min_size": urls.integer,
     "pool_max_size": urls.integer,
@@ -113,6 +115,9 @@ class SqlSettings:
         self.prefix = check_identifier("table_prefix", prefix) if prefix else ""
         self.schema = check_identifier("schema", schema) if schema is not None else None
         self.idempotency_ttl_ms = options.pop("idempotency_ttl_ms", DEFAULTS.idempotency_ttl_ms)
+        self.idempotency_lease_ms = options.pop(
+            "idempotency_lease_ms", DEFAULTS.idempotency_lease_ms
+        )
         self.adapter_options = {k: options.pop(k) for k in list(options) if k in ADAPTER_OPTIONS}
 
     def url_options(self) -> dict[str, Any]:
@@ -160,7 +165,11 @@ def assemble_backend(
         url=url,
         adapter=adapter,
         idempotency=SqlIdempotencyStore(
-            db, statements, clock=clock, default_ttl_ms=settings.idempotency_ttl_ms
+            db,
+            statements,
+            clock=clock,
+            default_ttl_ms=settings.idempotency_ttl_ms,
+            default_lease_ms=settings.idempotency_lease_ms,
         ),
         lock=SqlLock(db, statements, clock=clock),
         nonces=SqlNonceStore(db, statements, clock=clock),

@@ -70,6 +70,7 @@ def connect(url: str = "sqlite://", **options: Any) -> Backend:
     10000, as Redis; ``None`` for none: the bound on each call's waits), ``synchronous`` (default
     ``NORMAL``), ``clock``, ``checkpoint_ttl_ms``, ``cache_ttl_ms``, ``claim_lease_ms``,
     ``workflow_lock_timeout_ms``, ``workflow_lock_ttl_ms``, ``idempotency_ttl_ms``,
+    ``idempotency_lease_ms``,
     ``clean_batch_size``.
     """
     base, url_options = split_url_options(url, SQLITE_OPTIONS - {"clock"})
