@@ -59,6 +59,23 @@ async def test_locks_over_many_slots(backend: siglo.Backend) -> None:
         assert again.fencing_token == 2
 
 
+@pytest.mark.rule("idempotency.owner", "idempotency.fingerprint")
+async def test_owned_idempotency_keys_over_many_slots(backend: siglo.Backend) -> None:
+    """Each owned-claim script touches the seed's key and its owner sibling: one slot."""
+    idem = backend.idempotency
+    assert idem is not None
+    keys = [f"pay-{i}" for i in range(64)] + ["a{b}c", "x}y{", "{}", "ü"]
+    assert len({hash_slot(k) for k in keys}) > 30
+    for key in keys:
+        claim = await idem.claim_owned(key, 5_000, fingerprint=key)
+        assert claim.state == "claimed" and claim.token is not None
+        assert await idem.extend(key, claim.token, 5_000)
+        await idem.complete(key, {"k": key}, token=claim.token)
+        assert await idem.claim(key, fingerprint=key) == "completed"
+        other = await idem.claim_owned(f"{key}-f", 5_000)
+        await idem.fail(f"{key}-f", token=other.token)
+
+
 async def test_isolated_cleans_every_master(cluster_url: str) -> None:
     async with isolated(cluster_url) as b:
         for i in range(50):
