@@ -57,6 +57,16 @@ async def _idempotency(backend: siglo.Backend, worker: int, keys: list[str]) -> 
     return [k for k in keys if await backend.idempotency.claim(k) == "claimed"]
 
 
+async def _idempotency_owned(backend: siglo.Backend, worker: int, keys: list[str]) -> list[Any]:
+    assert backend.idempotency is not None
+    out = []
+    for key in keys:
+        claim = await backend.idempotency.claim_owned(key)
+        if claim.state == "claimed":
+            out.append([key, claim.token])
+    return out
+
+
 async def _nonces(backend: siglo.Backend, worker: int, keys: list[str]) -> list[Any]:
     assert backend.nonces is not None
     return [k for k in keys if await backend.nonces.claim(k, 60)]
@@ -96,6 +106,7 @@ JOBS: dict[str, Any] = {
     "cas": _cas,
     "claims": _claims,
     "idempotency": _idempotency,
+    "idempotency_owned": _idempotency_owned,
     "nonces": _nonces,
     "locks": _locks,
     "workflow": _workflow,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from raw_storage import KINDS, any_backend
-from sql_support import SHARED_KINDS, open_backend
+from sql_support import SHARED_KINDS, open_backend, race
 
 from siglo.coordination import IdempotencyClaim, fingerprint_digest
 from siglo.errors import (
@@ -157,3 +157,23 @@ async def test_lease_from_the_url_options(kind: str) -> None:
         await asyncio.sleep(0.3)
         second = await idem.claim_owned("k")
         assert second.state == "claimed" and second.token != first.token
+
+
+@pytest.mark.rule("idempotency.lease", "idempotency.owner")
+@pytest.mark.parametrize("kind", SHARED_KINDS)
+async def test_one_new_owner_across_processes(kind: str) -> None:
+    """Worker processes race to claim keys whose first owner's lease lapsed: each key
+    gets exactly one new owner, and every lapsed owner's complete is refused."""
+    async with open_backend(kind) as backend:
+        idem: Any = backend.idempotency
+        keys = [f"order-{i}" for i in range(20)]
+        stale = {k: (await idem.claim_owned(k, 100)).token for k in keys}
+        await asyncio.sleep(0.2)
+        won = [pair for result in await race("idempotency_owned", backend.url, keys=keys)
+               for pair in result]  # fmt: skip
+        assert sorted(k for k, _ in won) == sorted(keys)
+        for key, token in won:
+            with pytest.raises(IdempotencyOwnershipError):
+                await idem.complete(key, "stale", token=stale[key])
+            await idem.complete(key, "new", token=token)
+            assert await idem.get_result(key) == "new"
