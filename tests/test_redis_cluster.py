@@ -59,16 +59,29 @@ async def test_locks_over_many_slots(backend: siglo.Backend) -> None:
         assert again.fencing_token == 2
 
 
-@pytest.mark.rule("idempotency.owner", "idempotency.fingerprint")
+@pytest.mark.rule("idempotency.owner", "idempotency.lease", "idempotency.fingerprint")
 async def test_owned_idempotency_keys_over_many_slots(backend: siglo.Backend) -> None:
-    """Each owned-claim script touches the seed's key and its owner sibling: one slot."""
+    """Each owned-claim script touches the seed's key and its owner sibling: one slot.
+    After the first owners' leases lapse, concurrent claimers get one new owner per key
+    and the stale owners' complete is refused."""
+    import asyncio
+
+    from siglo.errors import IdempotencyOwnershipError
+
     idem = backend.idempotency
     assert idem is not None
     keys = [f"pay-{i}" for i in range(64)] + ["a{b}c", "x}y{", "{}", "ü"]
     assert len({hash_slot(k) for k in keys}) > 30
+    stale = {k: (await idem.claim_owned(k, 100, fingerprint=k)).token for k in keys}
+    await asyncio.sleep(0.25)
     for key in keys:
-        claim = await idem.claim_owned(key, 5_000, fingerprint=key)
-        assert claim.state == "claimed" and claim.token is not None
+        claims = await asyncio.gather(
+            *(idem.claim_owned(key, 5_000, fingerprint=key) for _ in range(4))
+        )
+        (claim,) = [c for c in claims if c.state == "claimed"]
+        assert claim.token is not None
+        with pytest.raises(IdempotencyOwnershipError):
+            await idem.complete(key, "stale", token=stale[key])
         assert await idem.extend(key, claim.token, 5_000)
         await idem.complete(key, {"k": key}, token=claim.token)
         assert await idem.claim(key, fingerprint=key) == "completed"
