@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 import siglo
 from siglo import ManualClock
 
 pytest_plugins = ["pytester"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("siglo mutants", "the contract suite's mutation test")
+    group.addoption(
+        "--mutant-seeds",
+        type=int,
+        default=1,
+        help="How many seeds tests/test_contract_mutants.py runs every mutant with.",
+    )
+    group.addoption(
+        "--mutant-seed",
+        type=int,
+        default=random.randrange(2**31),
+        help="The first of those seeds (default: random, printed in the header).",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seeds = config.getoption("mutant_seeds")
+    base = config.getoption("mutant_seed")
+    return f"mutant seeds: {base}..{base + seeds - 1} (--mutant-seed {base} --mutant-seeds {seeds})"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,15 +10,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import mutants_holes as h
+
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
 from siglo.coordination import LockResult
 from siglo.errors import InvalidArgumentError
 from siglo.listing import CheckpointPage, ListQuery, decode_cursor, encode_cursor
+from siglo.manager import StorageManager
 from siglo.records import CacheEvent, ContextChangeEvent
+from siglo_contract.target import Target
 from siglo_memory import connect as memory_connect
-from siglo_memory.adapter import MemoryStorageAdapter, _Entry, wait_key
+from siglo_memory.adapter import (
+    MemoryStorageAdapter,
+    _earliest,
+    _Entry,
+    _StoredCheckpoint,
+    wait_key,
+)
 from siglo_memory.coordination import (
     COMPLETED_PREFIX,
     IN_PROGRESS,
@@ -136,7 +146,12 @@ class ReadThenWriteSave(MemoryStorageAdapter):
         key = (checkpoint.namespace, checkpoint.stack_id)
         current = self._live_checkpoint(key, self.clock.now_ms())
         stored = 0 if current is None else current.revision
-        if expected_revision is not None and stored != expected_revision:
+        refused = (
+            stored != expected_revision
+            if expected_revision is not None
+            else current is not None and checkpoint.revision <= stored
+        )
+        if refused:
             raise CheckpointConflictError(
                 checkpoint.stack_id,
                 current and current.revision,
@@ -144,7 +159,10 @@ class ReadThenWriteSave(MemoryStorageAdapter):
                 checkpoint.revision,
             )
         await asyncio.sleep(0)
-        self._checkpoints[key] = _Entry(checkpoint.to_json(), checkpoint.expires_at)
+        gone_at = _earliest(checkpoint.expires_at, self._retention(self.clock.now_ms()))
+        self._checkpoints[key] = _StoredCheckpoint(
+            checkpoint.to_json(), gone_at, checkpoint.revision
+        )
 
 
 class OneBucketForNamespaces(MemoryStorageAdapter):
@@ -815,125 +833,122 @@ class Mutant:
 
     rule_id: str
     factory: Callable[..., Backend]
-    rules: tuple[str, ...]
-    """Rule patterns to run (the broken rule's area keeps the test quick)."""
     description: str
+    name: str
+    """The broken part's class name: a stable id for the test and for worker processes."""
+    manager: type[StorageManager] = StorageManager
+    """The manager the suite's end-to-end checks use (a broken one for ``manager.*``)."""
+
+    def target(self) -> Target:
+        """The suite's target for this mutant, as a third party's factory would give."""
+        target = Target.from_factory(self.factory, label=self.name)
+        target.manager_factory = self.manager
+        return target
 
 
 def _m(
-    rule_id: str, description: str, rules: tuple[str, ...] | None = None, **parts: Any
+    rule_id: str,
+    description: str,
+    manager: type[StorageManager] = StorageManager,
+    **parts: Any,
 ) -> Mutant:
-    return Mutant(rule_id, _factory(**parts), rules or (rule_id,), description)
+    names = "+".join(
+        cls.__name__ for cls in [*parts.values(), manager] if cls is not StorageManager
+    )
+    return Mutant(rule_id, _factory(**parts), description, names, manager)
 
 
 MUTANTS: tuple[Mutant, ...] = (
     _m(
         "checkpoint.roundtrip",
         "drops unknown wire fields",
-        ("checkpoint",),
         adapter=DropsExtraFields,
     ),
     _m(
         "checkpoint.missing",
         "a never-saved stack reads as revision 0",
-        ("checkpoint.missing",),
         adapter=GhostCheckpoint,
     ),
     _m(
         "checkpoint.occ.expected",
         "an absent checkpoint is not revision 0",
-        ("checkpoint",),
         adapter=AbsentIsNotZero,
     ),
     _m(
         "checkpoint.occ.conflict",
         "a save ignores expected_revision",
-        ("checkpoint",),
         adapter=IgnoresExpectedRevision,
     ),
     _m(
         "checkpoint.occ.monotonic",
         "a save may rewrite the stored revision",
-        ("checkpoint",),
         adapter=AllowsSidewaysSave,
     ),
     _m(
         "checkpoint.occ.atomic",
         "read, yield, write",
-        ("checkpoint.occ.atomic",),
         adapter=ReadThenWriteSave,
     ),
     _m(
         "checkpoint.namespace.isolation",
         "one bucket for all namespaces",
-        ("checkpoint",),
         adapter=OneBucketForNamespaces,
     ),
     _m(
         "checkpoint.namespace.fallback",
         "fallback=False is ignored",
-        ("checkpoint",),
         adapter=AlwaysFallsBack,
     ),
     _m(
         "checkpoint.expiry.hidden",
         "expired checkpoints are returned",
-        ("checkpoint",),
         adapter=ReturnsExpired,
     ),
     _m(
         "checkpoint.expiry.clean",
         "clean-up removes live checkpoints",
-        ("checkpoint",),
         adapter=CleansLiveCheckpoints,
     ),
-    _m("wait.roundtrip", "a saved record loses its metadata", ("wait",), adapter=DropsWaitMetadata),
+    _m("wait.roundtrip", "a saved record loses its metadata", adapter=DropsWaitMetadata),
     _m(
         "wait.by-stack",
         "the stack index keeps the first record",
-        ("wait",),
         adapter=FirstRecordOfStack,
     ),
     _m(
         "wait.checkpoint-fallback",
         "no fallback to the checkpoint",
-        ("wait",),
         adapter=NoCheckpointFallback,
     ),
     _m(
         "wait.claim.once",
         "two claimants win a race",
-        ("wait.claim.once",),
         adapter=ClaimYieldsBeforeWriting,
     ),
     _m(
         "wait.claim.refused",
         "a completed record can be claimed",
-        ("wait",),
         adapter=ClaimsCompleted,
     ),
-    _m("wait.claim.expired", "the deadline is ignored", ("wait",), adapter=IgnoresDeadline),
-    _m("wait.claim.lease", "a lease never runs out", ("wait",), adapter=LeaseNeverEnds),
+    _m("wait.claim.expired", "the deadline is ignored", adapter=IgnoresDeadline),
+    _m("wait.claim.lease", "a lease never runs out", adapter=LeaseNeverEnds),
     _m(
         "wait.complete.claimant",
         "anyone completes a claimed record",
-        ("wait",),
         adapter=AnyoneCompletes,
     ),
-    _m("wait.release", "anyone releases a claim", ("wait",), adapter=AnyoneReleases),
-    _m("wait.cancel", "a completed record can be cancelled", ("wait",), adapter=CancelsCompleted),
+    _m("wait.release", "anyone releases a claim", adapter=AnyoneReleases),
+    _m("wait.cancel", "a completed record can be cancelled", adapter=CancelsCompleted),
     _m(
         "wait.cancel-workflow",
         "the cancelled checkpoint keeps its revision",
-        ("wait",),
         adapter=CancelWorkflowKeepsRevision,
     ),
-    _m("wait.retention", "records are kept forever", ("wait",), adapter=KeepsWaitsForever),
-    _m("lock.workflow.exclusive", "no lock at all", ("lock.workflow",), adapter=NoWorkflowLock),
+    _m("wait.retention", "records are kept forever", adapter=KeepsWaitsForever),
+    _m("lock.workflow.exclusive", "no lock at all", adapter=NoWorkflowLock),
     _m(
         "lock.workflow.release-on-error",
         "an exception leaks the lock",
-        ("lock.workflow",),
         adapter=WorkflowLockLeaksOnError,
     ),
     _m(
@@ -947,39 +962,34 @@ MUTANTS: tuple[Mutant, ...] = (
         ("lock.workflow.separate",),
         "with_workflow_lock(X) is the public lock 'workflow:X'",
     ),
-    _m("cache.roundtrip", "the first set wins", ("cache",), adapter=FirstSetWins),
-    _m("cache.falsy-hit", "a cached None is a miss", ("cache",), adapter=DropsCachedNone),
-    _m("cache.miss", "a miss is None", ("cache.miss",), adapter=MissIsNone),
-    _m("cache.expiry", "TTLs are ignored", ("cache",), adapter=CacheIgnoresTtl),
-    _m("context.stream", "deletes are ignored", ("context.stream",), adapter=IgnoresContextDeletes),
+    _m("cache.roundtrip", "the first set wins", adapter=FirstSetWins),
+    _m("cache.falsy-hit", "a cached None is a miss", adapter=DropsCachedNone),
+    _m("cache.miss", "a miss is None", adapter=MissIsNone),
+    _m("cache.expiry", "TTLs are ignored", adapter=CacheIgnoresTtl),
+    _m("context.stream", "deletes are ignored", adapter=IgnoresContextDeletes),
     _m(
         "cache-events.accepted",
         "error events evict the cache",
-        ("cache-events.accepted",),
         adapter=ErrorEventsEvictCache,
     ),
     _m(
         "idempotency.claim.once",
         "two claimers win a race",
-        ("idempotency.claim.once",),
         idempotency=IdempotencyYields,
     ),
     _m(
         "idempotency.complete",
         "a None result is a miss",
-        ("idempotency",),
         idempotency=IdempotencyDropsNone,
     ),
     _m(
         "idempotency.fail",
         "fail deletes completed results",
-        ("idempotency",),
         idempotency=FailDeletesCompleted,
     ),
     _m(
         "idempotency.expiry",
         "TTLs are ignored",
-        ("idempotency",),
         idempotency=IdempotencyIgnoresTtl,
     ),
     _m(
@@ -1003,63 +1013,161 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(
         "lock.acquire.exclusive",
         "two acquirers win a race",
-        ("lock.acquire.exclusive",),
         lock=LockYields,
     ),
-    _m("lock.release.token", "release ignores the token", ("lock",), lock=ReleaseIgnoresToken),
-    _m("lock.extend.token", "extend ignores the token", ("lock",), lock=ExtendIgnoresToken),
-    _m("lock.expiry", "locks never expire", ("lock",), lock=LockNeverExpires),
-    _m("lock.fencing", "the fencing token is constant", ("lock",), lock=ConstantFencing),
-    _m("lock.token", "tokens are not lock_<ms>_<hex>", ("lock",), lock=BadTokenFormat),
+    _m("lock.release.token", "release ignores the token", lock=ReleaseIgnoresToken),
+    _m("lock.extend.token", "extend ignores the token", lock=ExtendIgnoresToken),
+    _m("lock.expiry", "locks never expire", lock=LockNeverExpires),
+    _m("lock.fencing", "the fencing token is constant", lock=ConstantFencing),
+    _m("lock.token", "tokens are not lock_<ms>_<hex>", lock=BadTokenFormat),
     _m(
         "lock.with-lock",
         "with_lock leaks the lock on error",
-        ("lock.with-lock",),
         lock=WithLockLeaksOnError,
     ),
-    _m("nonce.claim.once", "two claimers win a race", ("nonce.claim.once",), nonces=NonceYields),
-    _m("nonce.expiry", "the window is 1000 times too long", ("nonce",), nonces=NonceWindowTooLong),
-    _m("list.walk", "a next_cursor skips a stack", ("list.walk",), adapter=CursorSkipsOne),
+    _m("nonce.claim.once", "two claimers win a race", nonces=NonceYields),
+    _m("nonce.expiry", "the window is 1000 times too long", nonces=NonceWindowTooLong),
+    _m("list.walk", "a next_cursor skips a stack", adapter=CursorSkipsOne),
     _m(
         "list.filters",
         "the status filter is ignored",
-        ("list.filters",),
         adapter=StatusFilterIgnored,
     ),
-    _m("list.hidden", "expired checkpoints are listed", ("list.hidden",), adapter=ListsExpired),
-    _m("list.concurrent", "offset pagination", ("list.concurrent",), adapter=OffsetPages),
+    _m("list.hidden", "expired checkpoints are listed", adapter=ListsExpired),
+    _m("list.concurrent", "offset pagination", adapter=OffsetPages),
     _m(
         "delete.stack",
         "wait records outlive their stack",
-        ("delete.stack",),
         adapter=DeleteKeepsWaits,
     ),
     _m(
         "delete.cas",
         "expected_revision is ignored",
-        ("delete.cas",),
         adapter=DeleteIgnoresExpectedRevision,
     ),
-    _m("waits.due", "a claim under a live lease is due", ("waits.due",), adapter=DueIncludesHeld),
+    _m("waits.due", "a claim under a live lease is due", adapter=DueIncludesHeld),
     _m(
         "input.rejected",
         "an empty stack id is accepted",
-        ("input.rejected",),
         adapter=AcceptsEmptyIds,
     ),
     _m(
         "ids.hostile",
         "stack ids are truncated to 255 characters",
-        ("ids.hostile",),
         adapter=TruncatesIds,
     ),
     _m(
         "capability.declared",
         "declares the step cache without get_cached_step",
-        ("capability.declared",),
         adapter=UndeclaredCacheMethods,
     ),
 )
 """One broken backend per adapter rule of docs/contract.md."""
+
+HOLES: tuple[Mutant, ...] = (
+    _m(
+        "checkpoint.roundtrip",
+        "an empty metadata object reads as None",
+        adapter=h.EmptyMetadataIsNone,
+    ),
+    _m("checkpoint.roundtrip", "empty contexts are not stored", adapter=h.DropsEmptyContexts),
+    _m(
+        "wait.roundtrip",
+        "unknown wire fields of wait records are lost",
+        adapter=h.DropsWaitExtraFields,
+    ),
+    _m("context.stream", "a stream keeps eight fields", adapter=h.ContextKeepsEightFields),
+    _m(
+        "wait.complete.claimant",
+        "completing a key never saved is quiet",
+        adapter=h.CompletesNeverSaved,
+    ),
+    _m("wait.cancel-workflow", "cancel_workflow cancels one wait", adapter=h.CancelWorkflowOneWait),
+    _m("wait.claim.refused", "claimants compared without case", adapter=h.ClaimantCaseBlind),
+    _m("wait.complete.claimant", "a prefix of the claimant completes", adapter=h.CompleteByPrefix),
+    _m("wait.claim.once", "a None payload keeps the stored one", adapter=h.NonePayloadKeepsStored),
+    _m(
+        "wait.complete.claimant",
+        "after the lease anyone completes",
+        adapter=h.LapsedLeaseAnyoneCompletes,
+    ),
+    _m("lock.release.token", "a prefix of the token releases", lock=h.ReleaseTokenPrefix),
+    _m(
+        "input.rejected",
+        "a lone surrogate cache key is accepted",
+        adapter=h.AcceptsSurrogateCacheKeys,
+    ),
+    _m("input.rejected", "a float lease_ms is rounded", adapter=h.AcceptsFloatLease),
+    _m("input.rejected", "ttl_ms=True is 1 ms", idempotency=h.AcceptsBoolIdempotencyTtl),
+    _m(
+        "input.rejected",
+        "an over-long namespace raises ValueError",
+        adapter=h.OverlongNamespaceWrongError,
+    ),
+    _m("input.rejected", "an empty context step id is stored", adapter=h.AcceptsEmptyContextStep),
+    _m("checkpoint.occ.monotonic", "a lower revision overwrites", adapter=h.AllowsBackwardsSave),
+    _m(
+        "nonce.claim.once",
+        "a nonce is forgotten after one replay",
+        nonces=h.NonceReplayAfterRefusal,
+    ),
+    _m(
+        "idempotency.complete",
+        "complete without claim keeps nothing",
+        idempotency=h.CompleteWithoutClaimStoresNothing,
+    ),
+    _m("lock.fencing", "fencing restarts after an expiry", lock=h.FencingRestartsAfterExpiry),
+    _m("lock.extend.token", "extend keeps the old expiry", lock=h.ExtendKeepsOldExpiry),
+    _m(
+        "lock.workflow.exclusive",
+        "waiters give up after 300 ms and run",
+        adapter=h.WorkflowWaitersGiveUp,
+    ),
+    _m(
+        "lock.workflow.exclusive",
+        "a timed-out waiter runs anyway",
+        adapter=h.WorkflowTimeoutRunsAnyway,
+    ),
+    _m(
+        "checkpoint.occ.conflict",
+        "a conflict names the expected revision as current",
+        adapter=h.ConflictNamesExpectedAsCurrent,
+    ),
+    _m(
+        "checkpoint.expiry.hidden",
+        "an expired checkpoint still conflicts",
+        adapter=h.ExpiredStillConflicts,
+    ),
+    _m("cache-events.accepted", "error events are refused", adapter=h.RejectsErrorEvents),
+    _m(
+        "wait.complete.claimant", "a cancelled record completes", adapter=h.CancelledRecordCompletes
+    ),
+)
+"""One broken backend per kind of hole (tests/mutants_holes.py)."""
+
+MANAGERS: tuple[Mutant, ...] = (
+    _m("manager.redaction.stored", "the stream skips redaction", manager=h.StreamSkipsRedaction),
+    _m(
+        "manager.redaction.stored",
+        "background checkpoints skip redaction",
+        manager=h.BackgroundSkipsRedaction,
+    ),
+    _m(
+        "manager.conflict.stored",
+        "best-effort swallows conflicts",
+        manager=h.BestEffortSwallowsConflicts,
+    ),
+    _m(
+        "manager.restore.stored",
+        "restore ignores the expected namespace",
+        manager=h.RestoreIgnoresNamespace,
+    ),
+)
+"""Broken managers over a sound backend, for the suite's end-to-end rules."""
+
+ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MANAGERS + HOLES
+"""Every mutant the suite must kill, naming its rule as the primary failure."""
+
+BY_NAME: dict[str, Mutant] = {m.name: m for m in ALL_MUTANTS}
 
 del Capability

@@ -90,6 +90,8 @@ def all_checks() -> list[Check]:
         checks_coordination,
         checks_ids,
         checks_input,
+        checks_locks,
+        checks_manager,
         checks_operations,
         checks_wait_claims,
         checks_waits,
@@ -103,9 +105,11 @@ def all_checks() -> list[Check]:
         checks_cache,
         checks_concurrency,
         checks_coordination,
+        checks_locks,
         checks_operations,
         checks_input,
         checks_ids,
+        checks_manager,
     ):
         for value in vars(module).values():
             chk = getattr(value, CHECK_ATTRIBUTE, None)

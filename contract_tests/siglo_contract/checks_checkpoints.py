@@ -130,6 +130,18 @@ async def checkpoint_roundtrip(ctx: CheckContext) -> None:
     expect(same(got, namespaced), "checkpoint.roundtrip", f"read back {got!r}")
 
 
+def _blame_found(got: Checkpoint | None, stack: str, ns: str | None, fallback: bool) -> str:
+    """The rule a get broke by returning ``got`` where nothing should be found: another
+    namespace's checkpoint is a leak, the un-namespaced one a fallback that should not
+    have happened; anything else is a checkpoint made up."""
+    if got is not None and got.stack_id == stack and got.namespace != ns:
+        if got.namespace is not None:
+            return "checkpoint.namespace.isolation"
+        if ns is not None and not fallback:
+            return "checkpoint.namespace.fallback"
+    return "checkpoint.missing"
+
+
 @check("checkpoint.missing")
 async def checkpoint_missing(ctx: CheckContext) -> None:
     """Stacks never saved read as None, also next to similar ids and in namespaces."""
@@ -149,7 +161,7 @@ async def checkpoint_missing(ctx: CheckContext) -> None:
         got = await a.get_checkpoint(stack, ns, fallback=fallback)
         expect(
             got is None,
-            "checkpoint.missing",
+            _blame_found(got, stack, ns, fallback),
             f"get_checkpoint({stack!r}, {ns!r}, fallback={fallback}) of a stack never saved "
             f"there returned {got!r}",
         )
@@ -265,11 +277,15 @@ async def namespace_lookups(ctx: CheckContext) -> None:
         ctx.checkpoint(ctx.id("gone"), 1, namespace=ns_a, expires_at=ctx.now_ms() - 1)
     )
     await a.save_checkpoint(ctx.checkpoint(ctx.id("gone"), 1, namespace=ns_b))
+    await a.save_checkpoint(ctx.checkpoint(ctx.id("control"), 1, namespace=ns_a))
     await a.clean_expired_checkpoints()
     got = await a.get_checkpoint(ctx.id("gone"), ns_b)
+    control = await a.get_checkpoint(ctx.id("control"), ns_a)
     expect(
         got is not None,
-        "checkpoint.namespace.isolation",
+        # A clean-up that removes live checkpoints everywhere breaks its own rule; one that
+        # keeps them but takes another namespace's along breaks isolation.
+        "checkpoint.namespace.isolation" if control is not None else "checkpoint.expiry.clean",
         "clean-up of an expired checkpoint in namespace a removed namespace b's",
     )
     ctx.about("checkpoint.namespace.fallback")

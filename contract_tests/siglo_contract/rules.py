@@ -187,6 +187,21 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
     _a("capability.declared", None, "every method of a declared capability is implemented"),
+    _a(
+        "manager.redaction.stored",
+        _C.CHECKPOINTS,
+        "a manager with redact_fields sends the backend no redacted value",
+    ),
+    _a(
+        "manager.conflict.stored",
+        _C.CHECKPOINTS,
+        "a lost CAS through a manager raises in every error mode",
+    ),
+    _a(
+        "manager.restore.stored",
+        _C.CHECKPOINTS,
+        "a stored checkpoint restores with its own namespace expected only",
+    ),
     _core("manager.snapshot", "checkpoint() returns an immutable snapshot"),
     _core(
         "manager.redaction",

@@ -22,6 +22,7 @@ from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.cli.errors import display_url
 from siglo.clock import ManualClock
+from siglo.manager import StorageManager
 from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
 
@@ -77,6 +78,8 @@ class Target:
     factory: BackendFactory | None = None
     isolated: Callable[..., AbstractAsyncContextManager[Backend]] | None = None
     options: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_OPTIONS))
+    manager_factory: Callable[..., StorageManager] = StorageManager
+    """The manager the end-to-end checks (``manager.*.stored``) drive the backend with."""
 
     @property
     def clock_controlled(self) -> bool:

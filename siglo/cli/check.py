@@ -196,10 +196,12 @@ def check(
     table.add_column("rule")
     table.add_column("verdict")
     table.add_column("counter-example", overflow="fold")
+    primary = report.primary
     for res in report.results.values():
         style = _STYLE[res.verdict]
         detail = escape(res.detail) if res.verdict == "FAIL" else ""
-        table.add_row(res.rule.id, f"[{style}]{res.verdict}[/{style}]", detail)
+        verdict = res.verdict if res is not primary else "FAIL (primary)"
+        table.add_row(res.rule.id, f"[{style}]{verdict}[/{style}]", detail)
     out.print(table)
     if report.storage is not None:
         out.print(
@@ -207,6 +209,14 @@ def check(
             highlight=False,
             markup=False,
             soft_wrap=True,
+        )
+    if primary is not None:
+        others = ", ".join(r.rule.id for r in report.consequences)
+        out.print(
+            f"primary failure: {primary.rule.id}"
+            + (f"; likely consequences: {others}" if others else ""),
+            highlight=False,
+            markup=False,
         )
     counts = {v: sum(r.verdict == v for r in report.results.values()) for v in _STYLE}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)

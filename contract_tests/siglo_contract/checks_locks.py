@@ -1,0 +1,213 @@
+"""Focused checks of the lock, nonce and idempotency rules that need time or exact
+values: fencing across an expiry, extend really moving the expiry, tokens that differ
+only slightly, replays, and results completed without a claim. Time moves on the
+backend's clock, or for real with short TTLs (Redis has no injectable clock)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from siglo.sentinel import MISSING
+from siglo_contract.registry import CheckContext, check, expect
+
+TOKEN: Final = re.compile(r"lock_(\d+)_[0-9a-f]{32}")
+
+
+@check("lock.fencing")
+async def lock_fencing(ctx: CheckContext) -> None:
+    """Fencing tokens grow with every acquire of a key: after a release, after an expiry
+    (the holder's TTL ran out and another took over), and with a custom token."""
+    ctx.about("lock.fencing")
+    lock = ctx.backend.lock
+    assert lock is not None
+    key = ctx.id("fenced")
+    ttl = ctx.short_ttl_ms()
+    seen: list[int] = []
+
+    def record(what: str, fencing: int | None) -> None:
+        expect(
+            isinstance(fencing, int) and (not seen or fencing > seen[-1]),
+            "lock.fencing",
+            f"{what}: fencing token {fencing!r} after {seen}",
+        )
+        assert fencing is not None
+        seen.append(fencing)
+
+    first = await lock.acquire(key, 600_000)
+    expect(first.acquired, "lock.acquire.exclusive", "a free lock was not acquired")
+    record("first acquire", first.fencing_token)
+    expect(await lock.release(key, first.token), "lock.release.token", "holder's release")
+    second = await lock.acquire(key, ttl, ctx.id("custom"))
+    expect(second.acquired, "lock.acquire.exclusive", "a released lock was not acquired")
+    record("acquire after a release", second.fencing_token)
+    await ctx.pass_time(ttl)
+    third = await lock.acquire(key, 600_000)
+    expect(third.acquired, "lock.expiry", "a lock past its TTL could not be acquired")
+    record("acquire after the holder expired", third.fencing_token)
+    other = await lock.acquire(ctx.id("other-key"), 600_000)
+    expect(
+        isinstance(other.fencing_token, int),
+        "lock.fencing",
+        f"another key's fencing token is {other.fencing_token!r}",
+    )
+    await lock.release(key, third.token)
+    await lock.release(ctx.id("other-key"), other.token)
+
+
+@check("lock.extend.token")
+async def lock_extend(ctx: CheckContext) -> None:
+    """Extend by the holder moves the expiry (the lock outlives its first TTL); extend by
+    anyone else, or by a token that differs slightly, changes nothing."""
+    ctx.about("lock.extend.token")
+    lock = ctx.backend.lock
+    assert lock is not None
+    ttl = ctx.short_ttl_ms()
+    key = ctx.id("extended")
+    held = await lock.acquire(key, ttl)
+    expect(held.acquired, "lock.acquire.exclusive", "a free lock was not acquired")
+    for wrong in (held.token.upper(), held.token[:-1], held.token + "x", "other"):
+        expect(
+            await lock.extend(key, wrong, 600_000) is False,
+            "lock.extend.token",
+            f"extend with token {wrong!r} (not the holder's) returned True",
+        )
+    expect(
+        await lock.extend(key, held.token, 600_000) is True,
+        "lock.extend.token",
+        "the holder's extend returned False",
+    )
+    await ctx.pass_time(ttl)
+    taken = await lock.acquire(key, 600_000)
+    expect(
+        not taken.acquired,
+        "lock.extend.token",
+        "the lock expired at its first TTL although the holder extended it",
+    )
+    short, control = ctx.id("not-extended"), ctx.id("control")
+    await lock.acquire(short, ttl)
+    await lock.acquire(control, ttl)
+    expect(
+        await lock.extend(short, "intruder", 600_000) is False,
+        "lock.extend.token",
+        "a stranger's extend returned True",
+    )
+    await ctx.pass_time(ttl)
+    after = await lock.acquire(short, 600_000)
+    untouched = await lock.acquire(control, 600_000)
+    expect(
+        after.acquired,
+        # The control lock, never extended, tells a lock that never expires (its own
+        # rule) from a refused extend that still moved the expiry.
+        "lock.extend.token" if untouched.acquired else "lock.expiry",
+        "a lock past its TTL (after a stranger's refused extend) was still held",
+    )
+    await lock.release(key, held.token)
+    await lock.release(short, after.token)
+
+
+@check("lock.release.token")
+async def lock_release(ctx: CheckContext) -> None:
+    """Only the holder's exact token releases; a released lock does not release again."""
+    ctx.about("lock.release.token")
+    lock = ctx.backend.lock
+    assert lock is not None
+    key = ctx.id("released")
+    held = await lock.acquire(key, 600_000, ctx.id("Token"))
+    expect(held.acquired, "lock.acquire.exclusive", "a free lock was not acquired")
+    for wrong in (ctx.id("token"), ctx.id("Toke"), ctx.id("Token "), ctx.id("Token2"), "x"):
+        expect(
+            await lock.release(key, wrong) is False,
+            "lock.release.token",
+            f"release with {wrong!r} (the holder's is {held.token!r}) returned True",
+        )
+        expect(
+            not (await lock.acquire(key, 600_000)).acquired,
+            "lock.release.token",
+            f"release with {wrong!r} freed the lock",
+        )
+    expect(await lock.release(key, held.token) is True, "lock.release.token", "holder refused")
+    expect(
+        await lock.release(key, held.token) is False,
+        "lock.release.token",
+        "a second release by the same token returned True",
+    )
+
+
+@check("lock.token")
+async def lock_tokens(ctx: CheckContext) -> None:
+    """Tokens are the custom token, or lock_<epoch ms>_<32 hex>, different every time."""
+    ctx.about("lock.token")
+    lock = ctx.backend.lock
+    assert lock is not None
+    tokens = set()
+    for i in range(6):
+        key = ctx.id(f"tok{i}")
+        got = await lock.acquire(key, 600_000)
+        match = TOKEN.fullmatch(got.token)
+        expect(match is not None, "lock.token", f"token {got.token!r} is not lock_<ms>_<hex>")
+        assert match is not None
+        expect(
+            abs(int(match.group(1)) - ctx.now_ms()) < 600_000,
+            "lock.token",
+            f"token {got.token!r} does not carry the time of the acquire ({ctx.now_ms()})",
+        )
+        tokens.add(got.token)
+    expect(len(tokens) == 6, "lock.token", f"tokens repeat: {sorted(tokens)}")
+    custom = await lock.acquire(ctx.id("custom"), 600_000, ctx.id("my token"))
+    expect(custom.token == ctx.id("my token"), "lock.token", f"custom token {custom.token!r}")
+
+
+@check("nonce.claim.once")
+async def nonce_replays(ctx: CheckContext) -> None:
+    """The first claim wins; every replay in the window is refused, not only the first;
+    nonces that differ slightly are different nonces."""
+    ctx.about("nonce.claim.once")
+    nonces = ctx.backend.nonces
+    assert nonces is not None
+    key = ctx.id("n")
+    expect(await nonces.claim(key, 600) is True, "nonce.claim.once", "first claim refused")
+    for i in range(4):
+        expect(
+            await nonces.claim(key, 600) is False,
+            "nonce.claim.once",
+            f"replay {i + 1} within the window was accepted",
+        )
+    for other in ("N", "n ", "n2"):
+        expect(
+            await nonces.claim(ctx.id(other), 600) is True,
+            "nonce.claim.once",
+            f"nonce {other!r} was refused because of nonce 'n'",
+        )
+
+
+@check("idempotency.complete", "idempotency.fail")
+async def idempotency_results(ctx: CheckContext) -> None:
+    """A result completed without a claim is kept; falsy results are results; fail of an
+    unknown key is harmless; fail with an error frees an in-progress key."""
+    idem = ctx.backend.idempotency
+    assert idem is not None
+    ctx.about("idempotency.complete")
+    results: tuple[Any, ...] = (None, 0, False, "", [], {}, {"r": [1]})
+    for i, result in enumerate(results):
+        key = ctx.id(f"direct{i}")
+        await idem.complete(key, result, 600_000)
+        got = await idem.get_result(key)
+        expect(
+            got is not MISSING and got == result and type(got) is type(result),
+            "idempotency.complete",
+            f"completed {key!r} without a claim with {result!r}; get_result {got!r}",
+        )
+        state = await idem.claim(key)
+        expect(state == "completed", "idempotency.complete", f"claim after complete: {state!r}")
+    ctx.about("idempotency.fail")
+    await idem.fail(ctx.id("never-claimed"))
+    expect(
+        await idem.claim(ctx.id("never-claimed")) == "claimed",
+        "idempotency.fail",
+        "fail of an unknown key left it unclaimable",
+    )
+    key = ctx.id("failed")
+    await idem.claim(key)
+    await idem.fail(key, RuntimeError("boom"))
+    expect(await idem.claim(key) == "claimed", "idempotency.fail", "fail(error) kept the key")
