@@ -71,10 +71,12 @@ class ContextKeepsEightFields(MemoryStorageAdapter):
 class CompletesNeverSaved(MemoryStorageAdapter):
     """wait.complete.claimant: completing a key never saved returns quietly."""
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
         if self._live_wait(correlation_key, self.clock.now_ms()) is None:
             return
-        await super()._do_complete_wait_record(correlation_key, claimant_id)
+        await super()._do_complete_wait_record(correlation_key, claimant_id, namespace)
 
 
 class CancelWorkflowOneWait(MemoryStorageAdapter):
@@ -109,6 +111,7 @@ class ClaimantCaseBlind(MemoryStorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if (
@@ -124,17 +127,20 @@ class ClaimantCaseBlind(MemoryStorageAdapter):
             allow_expired=allow_expired,
             event_payload=event_payload,
             lease_ms=lease_ms,
+            namespace=namespace,
         )
 
 
 class CompleteByPrefix(MemoryStorageAdapter):
     """wait.complete.claimant: any claimant id that is a prefix of the holder's completes."""
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is not None and (record.claimant_id or "").startswith(claimant_id):
             claimant_id = record.claimant_id or claimant_id
-        await super()._do_complete_wait_record(correlation_key, claimant_id)
+        await super()._do_complete_wait_record(correlation_key, claimant_id, namespace)
 
 
 class NonePayloadKeepsStored(MemoryStorageAdapter):
@@ -148,6 +154,7 @@ class NonePayloadKeepsStored(MemoryStorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         return await super()._do_claim_wait_record(
             correlation_key,
@@ -155,18 +162,21 @@ class NonePayloadKeepsStored(MemoryStorageAdapter):
             allow_expired=allow_expired,
             event_payload=MISSING if event_payload is None else event_payload,
             lease_ms=lease_ms,
+            namespace=namespace,
         )
 
 
 class LapsedLeaseAnyoneCompletes(MemoryStorageAdapter):
     """wait.complete.claimant: once the lease has run out, anyone may complete."""
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
         now = self.clock.now_ms()
         record = self._live_wait(correlation_key, now)
         if record is not None and record.lease_expired(now):
             claimant_id = record.claimant_id or claimant_id
-        await super()._do_complete_wait_record(correlation_key, claimant_id)
+        await super()._do_complete_wait_record(correlation_key, claimant_id, namespace)
 
 
 class ReleaseTokenPrefix(MemoryLock):
@@ -203,6 +213,7 @@ class AcceptsFloatLease(MemoryStorageAdapter):
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
+        namespace: str | None = None,
     ) -> WaitRecord | None:
         if isinstance(lease_ms, float) and lease_ms == lease_ms:
             lease_ms = max(1, round(lease_ms))
@@ -212,6 +223,7 @@ class AcceptsFloatLease(MemoryStorageAdapter):
             allow_expired=allow_expired,
             event_payload=event_payload,
             lease_ms=lease_ms,
+            namespace=namespace,
         )
 
 
@@ -394,14 +406,16 @@ class RejectsErrorEvents(MemoryStorageAdapter):
 class CancelledRecordCompletes(MemoryStorageAdapter):
     """wait.complete.claimant: the claimant of a cancelled record can still complete it."""
 
-    async def _do_complete_wait_record(self, correlation_key: str, claimant_id: str) -> None:
+    async def _do_complete_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> None:
         record = self._live_wait(correlation_key, self.clock.now_ms())
         if record is not None and record.status == "cancelled" and record.claimant_id:
             if record.claimant_id == claimant_id:
                 self._store_wait(record.replace(status="completed", completed_at=0))
                 return
             raise WaitRecordClaimError("claimed by another claimant")
-        await super()._do_complete_wait_record(correlation_key, claimant_id)
+        await super()._do_complete_wait_record(correlation_key, claimant_id, namespace)
 
 
 # -- siglo's manager over the backend (the suite's end-to-end rules) ------------------------
@@ -410,13 +424,13 @@ class CancelledRecordCompletes(MemoryStorageAdapter):
 class StreamSkipsRedaction(StorageManager):
     """manager.redaction.stored: context changes are streamed unredacted."""
 
-    def _context_changed(
+    def stream_context_change(
         self, stack: ExecutionStack, step_id: str, key: str, value: Any, op: Any
     ) -> None:
         kept, stack_kept = self._redact_fields, stack.redact_fields
         self._redact_fields, stack.redact_fields = frozenset(), frozenset()
         try:
-            super()._context_changed(stack, step_id, key, value, op)
+            super().stream_context_change(stack, step_id, key, value, op)
         finally:
             self._redact_fields, stack.redact_fields = kept, stack_kept
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from siglo.adapter import CAPABILITY_METHODS, Capability
-from siglo.errors import CapabilityNotSupportedError
+from siglo.errors import CapabilityNotSupportedError, CheckpointConflictError
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.validation import MAX_ID_LENGTH
 from siglo_contract.machine_base import HOSTILE_IDS
@@ -50,10 +50,17 @@ async def hostile_ids(ctx: CheckContext) -> None:
     a = ctx.backend.adapter
     if C.CHECKPOINTS in caps:
         for i, name in enumerate(ids):
-            await a.save_checkpoint(
-                ctx.checkpoint(ctx.id(name), 1, namespace=ctx.id(name), metadata={"i": i})
-            )
-            await a.save_checkpoint(ctx.checkpoint(ctx.id(name), 1, metadata={"i": i}))
+            for ns in (ctx.id(name), None):
+                try:
+                    await a.save_checkpoint(
+                        ctx.checkpoint(ctx.id(name), 1, namespace=ns, metadata={"i": i})
+                    )
+                except CheckpointConflictError as exc:
+                    fail(
+                        "ids.hostile",
+                        f"the first save of id {name!r} (ns {ns!r}) conflicted with another "
+                        f"id's checkpoint: {exc}",
+                    )
         for i, name in enumerate(ids):
             for ns in (ctx.id(name), None):
                 got = await a.get_checkpoint(ctx.id(name), ns, fallback=False)

@@ -198,6 +198,11 @@ class CheckpointMachine(ContractMachine):
                 f"a refused save changed the stored checkpoint from {before!r} to {post.value!r}",
             )
             self.direct(
+                err.stack_id == cp.stack_id,
+                "ids.hostile",
+                f"a conflict on stack {cp.stack_id!r} names stack {err.stack_id!r}",
+            )
+            self.direct(
                 (err.stack_id, err.expected_revision) == (cp.stack_id, expected_revision),
                 occ_rule,
                 f"conflict carries stack_id={err.stack_id!r}, "
