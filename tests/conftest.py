@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -17,8 +18,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--mutant-seeds",
         type=int,
-        default=1,
-        help="How many seeds tests/test_contract_mutants.py runs every mutant with.",
+        # Several under CI=true, so luck cannot pass CI; one locally, to stay quick.
+        default=int(os.environ.get("SIGLO_MUTANT_SEEDS", "3" if os.environ.get("CI") else "1")),
+        help="How many seeds tests/test_contract_mutants.py runs every mutant with "
+        "(default: $SIGLO_MUTANT_SEEDS, else 3 under CI, else 1).",
     )
     group.addoption(
         "--mutant-seed",
