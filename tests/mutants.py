@@ -995,19 +995,16 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(
         "idempotency.owner",
         "complete ignores the owner token",
-        ("idempotency.owner",),
         idempotency=CompleteIgnoresOwner,
     ),
     _m(
         "idempotency.lease",
         "an in-progress claim lasts as long as a result",
-        ("idempotency.lease",),
         idempotency=LeaseIsRetention,
     ),
     _m(
         "idempotency.fingerprint",
         "fingerprints are ignored",
-        ("idempotency.fingerprint",),
         idempotency=IgnoresFingerprint,
     ),
     _m(

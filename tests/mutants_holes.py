@@ -230,8 +230,8 @@ class AcceptsFloatLease(MemoryStorageAdapter):
 class AcceptsBoolIdempotencyTtl(MemoryIdempotencyStore):
     """input.rejected: ``ttl_ms=True`` is taken as 1 ms."""
 
-    async def claim(self, key: str, ttl_ms: int | None = None) -> Any:
-        return await super().claim(key, 1 if ttl_ms is True else ttl_ms)
+    async def claim(self, key: str, ttl_ms: int | None = None, **options: Any) -> Any:
+        return await super().claim(key, 1 if ttl_ms is True else ttl_ms, **options)
 
 
 class OverlongNamespaceWrongError(MemoryStorageAdapter):
