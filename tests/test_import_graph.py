@@ -1,4 +1,5 @@
-"""The import graph of siglo and its built-in backends: no loops, imports at the top.
+"""The import graph of siglo, its built-in backends and the contract suite: no loops,
+imports at the top.
 
 Read from the source with ``ast`` (nothing is imported), counting imports inside
 functions and under ``TYPE_CHECKING`` too, so a loop cannot hide behind a deferred
@@ -12,13 +13,27 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_ROOTS = (ROOT, ROOT / "backends")
-PACKAGES = ("siglo", "siglo_memory", "siglo_redis", "siglo_sql", "siglo_sqlite", "siglo_postgres")
+SOURCE_ROOTS = (ROOT, ROOT / "backends", ROOT / "contract_tests")
+PACKAGES = (
+    "siglo",
+    "siglo_memory",
+    "siglo_redis",
+    "siglo_sql",
+    "siglo_sqlite",
+    "siglo_postgres",
+    "siglo_contract",
+)
 
 DEFERRED_ALLOWED = {
     # These subclass redis-py's clients, so they import the optional driver at their top.
     ("siglo_redis.client", "siglo_redis.pipelining"),
     ("siglo_redis.client", "siglo_redis.replication"),
+    # The pytest11 plugin imports the siglo_contract package in every user's test run;
+    # its run_contract (hypothesis, every check, the reference backend) loads on first use.
+    ("siglo_contract", "siglo_contract.runner"),
+    # siglo's CLI loads the suite only for `siglo check`, not for every command.
+    ("siglo.cli.check", "siglo_contract.rules"),
+    ("siglo.cli.check", "siglo_contract.runner"),
 }
 
 
@@ -109,6 +124,7 @@ def _cycles() -> list[list[str]]:
 def test_the_graph_covers_every_package() -> None:
     assert {m.split(".")[0] for m in MODULES} == set(PACKAGES)
     assert "siglo.plugins.registry" in MODULES and "siglo_redis.client" in MODULES
+    assert "siglo_contract" in MODULES and "siglo_contract.checks" in MODULES
 
 
 def test_no_import_loops() -> None:
@@ -126,3 +142,12 @@ def test_the_checker_sees_a_loop() -> None:
         assert any("siglo.codec" in cycle for cycle in _cycles())
     finally:
         GRAPH["siglo.codec"].pop()
+
+
+def test_the_checker_sees_a_loop_in_the_suite() -> None:
+    # A loop through the package: siglo_contract -> runner -> checks -> siglo_contract.
+    GRAPH["siglo_contract.checks"].append(("siglo_contract", True))
+    try:
+        assert any("siglo_contract.runner" in cycle for cycle in _cycles())
+    finally:
+        GRAPH["siglo_contract.checks"].pop()

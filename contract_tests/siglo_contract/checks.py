@@ -7,6 +7,27 @@ from collections.abc import Callable
 from hypothesis.stateful import RuleBasedStateMachine
 
 from siglo.adapter import Capability
+from siglo_contract import (  # the check modules, read for their @check functions
+    checks_cache,
+    checks_checkpoints,
+    checks_concurrency,
+    checks_coordination,
+    checks_ids,
+    checks_input,
+    checks_locks,
+    checks_manager,
+    checks_operations,
+    checks_wait_claims,
+    checks_waits,
+)
+from siglo_contract.machine_cache import CacheMachine, ContextMachine
+from siglo_contract.machine_checkpoints import CheckpointMachine
+from siglo_contract.machine_coordination import (
+    IdempotencyMachine,
+    LockMachine,
+    NonceMachine,
+)
+from siglo_contract.machine_waits import WaitMachine
 from siglo_contract.registry import CHECK_ATTRIBUTE, Check
 
 __all__ = ["all_checks"]
@@ -26,15 +47,6 @@ def _machine(
 
 
 def _machines() -> list[Check]:
-    from siglo_contract.machine_cache import CacheMachine, ContextMachine
-    from siglo_contract.machine_checkpoints import CheckpointMachine
-    from siglo_contract.machine_coordination import (
-        IdempotencyMachine,
-        LockMachine,
-        NonceMachine,
-    )
-    from siglo_contract.machine_waits import WaitMachine
-
     return [
         _machine(
             "checkpoint_machine",
@@ -83,20 +95,6 @@ def _machines() -> list[Check]:
 
 def all_checks() -> list[Check]:
     """The state machines, then every ``@check`` of the check modules, in source order."""
-    from siglo_contract import (
-        checks_cache,
-        checks_checkpoints,
-        checks_concurrency,
-        checks_coordination,
-        checks_ids,
-        checks_input,
-        checks_locks,
-        checks_manager,
-        checks_operations,
-        checks_wait_claims,
-        checks_waits,
-    )
-
     found = _machines()
     for module in (
         checks_checkpoints,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from siglo.adapter import Capability
 from siglo.records import CACHE_EVENT_TYPES, CacheEvent, ContextChangeEvent
 from siglo.sentinel import MISSING
 from siglo_contract.machine_base import canon, falsy_values
@@ -153,8 +154,6 @@ async def cache_events(ctx: CheckContext) -> None:
     """Every kind of cache event is accepted and changes no stored state."""
     ctx.about("cache-events.accepted")
     a = ctx.backend.adapter
-    from siglo.adapter import Capability
-
     cache = Capability.STEP_CACHE in ctx.session.target.capabilities
     if cache:
         await a.set_cached_step(ctx.id("set"), {"v": 1}, 600_000)

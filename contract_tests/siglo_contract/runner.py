@@ -19,6 +19,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from siglo.adapter import Capability
 from siglo.errors import SigloError, StorageAdapterError
+from siglo_contract.checks import all_checks
+from siglo_contract.machine_base import ContractMachine
 from siglo_contract.registry import (
     EVIDENCE_DIRECT,
     Check,
@@ -198,8 +200,6 @@ def run_contract(
         stateful_step_count=budget["stateful_step_count"],
     )
 
-    from siglo_contract.checks import all_checks
-
     started = time.monotonic()
     outcomes: dict[str, _CheckOutcome] = {}
     to_run = [
@@ -333,8 +333,6 @@ def _run_machine(
     seed: int,
     keep_going: bool,
 ) -> _CheckOutcome:
-    from siglo_contract.machine_base import ContractMachine
-
     assert chk.machine is not None
     base = chk.machine()
     out = _CheckOutcome()

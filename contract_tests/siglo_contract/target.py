@@ -25,6 +25,7 @@ from siglo.clock import ManualClock
 from siglo.manager import StorageManager
 from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
+from siglo_memory.connect import connect as memory_connect
 
 __all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
 
@@ -215,8 +216,6 @@ class Session:
 
     def reference(self) -> Backend:
         """A fresh in-memory reference backend with the same options and clock."""
-        from siglo_memory.connect import connect as memory_connect
-
         opts = {k: v for k, v in self.target.options.items() if k in DEFAULT_OPTIONS}
         return memory_connect("memory://", clock=self.clock or ManualClock(), **opts)
 

@@ -15,6 +15,7 @@ from typing import Any
 from siglo.checkpoint import Checkpoint
 from siglo.clock import ManualClock
 from siglo.errors import CheckpointConflictError
+from siglo_contract.target import connect_url
 
 __all__ = ["run_worker"]
 
@@ -31,8 +32,6 @@ def run_worker(
 async def _work(
     kind: str, url: str, options: dict[str, Any], start_at: float, args: dict[str, Any]
 ) -> Any:
-    from siglo_contract.target import connect_url
-
     backend = connect_url(url, **options)
     try:
         # Warm the connection first, so the race is between calls, not connects.
