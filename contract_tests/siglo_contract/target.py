@@ -20,11 +20,11 @@ from typing import Any, Final
 
 from siglo.adapter import Capability
 from siglo.backend import Backend
-from siglo.cli.errors import display_url
 from siglo.clock import ManualClock
 from siglo.manager import StorageManager
 from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
+from siglo.urls import mask_credentials
 from siglo_memory.connect import connect as memory_connect
 
 __all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
@@ -106,7 +106,7 @@ class Target:
             return cm
 
         return cls(
-            label=display_url(url),
+            label=mask_credentials(url),
             capabilities=spec.capabilities,
             multiprocess=spec.multiprocess,
             url=url,
