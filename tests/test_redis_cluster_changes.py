@@ -252,7 +252,13 @@ async def _run(cluster: list[RedisServer], fault: str, pipelined: bool = True) -
             owners = cluster_nodes(target.port)
             new_owner = next(n for n in owners if n.id == target.id)
             assert moving <= new_owner.slots  # the hot slots moved
-            replica = next(n for n in owners if n.master_id == target.id)
+            # The new owner's replica, once the nodes' gossip shows it healthy again (a
+            # node busy with the migration can be flagged ``fail?`` for a moment).
+            deadline = time.monotonic() + 30
+            while (replica := next((n for n in owners if n.master_id == target.id), None)) is None:
+                assert time.monotonic() < deadline, "no healthy replica of the new owner"
+                await asyncio.sleep(0.1)
+                owners = cluster_nodes(target.port)
             if fault == "none":
                 return
             if fault == "failover":
