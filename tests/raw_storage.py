@@ -4,6 +4,8 @@ The redaction tests look for a secret in what each backend really stores: every 
 key under the test's prefix, every row of every table of the test's PostgreSQL schema
 (as the server renders it, so compressed documents are read decompressed), the SQLite
 database file with its write-ahead log, and every bytes or str the memory backend holds.
+Tables, rows and keys are read in a sorted order, so two reads of storage whose content
+did not change compare equal (``tests/test_bad_ids.py`` relies on it).
 """
 
 from __future__ import annotations
@@ -86,14 +88,19 @@ async def raw_bytes(kind: str, backend: Backend) -> bytes:
         async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as conn:
             tables = await (
                 await conn.execute(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+                    " ORDER BY table_name",
                     (schema,),
                 )
             ).fetchall()
             for (table,) in tables:
-                rows = await (
-                    await conn.execute(f'SELECT t::text FROM "{schema}"."{table}" t')
-                ).fetchall()
+                # Sorted: a heap's physical order (and so an unordered SELECT's) may
+                # change without any row changing, which is not what callers compare.
+                rows = sorted(
+                    await (
+                        await conn.execute(f'SELECT t::text FROM "{schema}"."{table}" t')
+                    ).fetchall()
+                )
                 out.extend(row[0].encode() for row in rows)
                 # bytea renders as hex: decode every \\x… run back to its bytes too.
                 for (text,) in rows:
@@ -108,18 +115,20 @@ async def raw_bytes(kind: str, backend: Backend) -> bytes:
         client = redis.asyncio.Redis.from_url(REDIS_URL)
         out = []
         try:
-            async for key in client.scan_iter(match=prefix + "*", count=1000):
+            # SCAN's order is the hash table's, which may change with no key changing.
+            keys = sorted([key async for key in client.scan_iter(match=prefix + "*", count=1000)])
+            for key in keys:
                 out.append(key)
                 kind_of = (await client.type(key)).decode()
                 if kind_of == "string":
                     out.append(await client.get(key) or b"")
                 elif kind_of == "hash":
-                    for field, value in (await client.hgetall(key)).items():
+                    for field, value in sorted((await client.hgetall(key)).items()):
                         out.extend((field, value))
                 elif kind_of == "zset":
                     out.extend(await client.zrange(key, 0, -1))
                 elif kind_of == "set":
-                    out.extend(await client.smembers(key))
+                    out.extend(sorted(await client.smembers(key)))
                 elif kind_of == "list":
                     out.extend(await client.lrange(key, 0, -1))
         finally:
