@@ -1,8 +1,9 @@
-"""Concurrent checkpoint loads on PostgreSQL share one statement (siglo_sql.batching).
+"""Concurrent checkpoint loads on PostgreSQL (siglo_sql.batching): a failing batch and
+the callers of a running batch cancelled. What SQLite and PostgreSQL share is in
+``test_read_batching.py``.
 
-Against the real server, on a private schema: the statements come from a recorder
-wrapped around the database's real ``fetch`` (it records, then runs them), a failing
-batch is SQL that PostgreSQL rejects, and a slow batch is a real ``pg_sleep``.
+Against the real server, on a private schema: a failing batch is SQL that PostgreSQL
+rejects, and a slow batch is a real ``pg_sleep``.
 """
 
 from __future__ import annotations
@@ -29,71 +30,9 @@ async def backend() -> AsyncIterator[siglo.Backend]:
         yield b
 
 
-def record(backend: siglo.Backend) -> list[str]:
-    """Every statement the backend's database runs from now on (then run for real)."""
-    db: Any = backend.adapter.database  # type: ignore[attr-defined]
-    statements: list[str] = []
-    real = db.fetch
-
-    async def fetch(sql: str, params: Any = ()) -> Any:
-        statements.append(sql)
-        return await real(sql, params)
-
-    db.fetch = fetch
-    return statements
-
-
 async def save(backend: siglo.Backend, stack_id: str, revision: int, **kw: Any) -> None:
     cp = Checkpoint(stack_id=stack_id, revision=revision, timestamp=1, **kw)
     await backend.adapter.save_checkpoint(cp)
-
-
-async def test_concurrent_loads_share_statements_and_read_what_is_stored(
-    backend: siglo.Backend,
-) -> None:
-    adapter: Any = backend.adapter
-    for i in range(40):
-        await save(backend, f"s{i}", i + 1)
-    await save(backend, "expired", 1, expires_at=adapter.clock.now_ms() - 1)
-    await save(backend, "s1", 7, namespace="tenant")  # another row, same stack id
-    statements = record(backend)
-    ids = [f"s{i}" for i in range(40)] + ["s3", "s3", "missing", "expired"]
-    found = await asyncio.gather(*(adapter.get_checkpoint(i) for i in ids))
-    assert [None if cp is None else (cp.stack_id, cp.revision) for cp in found] == [
-        *((f"s{i}", i + 1) for i in range(40)),
-        ("s3", 4),
-        ("s3", 4),
-        None,
-        None,
-    ]
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-    # The first lookup runs alone; the 43 that queued behind it share one batch.
-    assert len(reads) == 2, reads
-    assert " IN (" in reads[1]
-
-
-async def test_sequential_loads_run_alone(backend: siglo.Backend) -> None:
-    await save(backend, "a", 1)
-    statements = record(backend)
-    for _ in range(3):
-        assert await backend.adapter.get_checkpoint("a") is not None
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-    assert len(reads) == 3
-    assert not any(" IN (" in s for s in reads)
-
-
-async def test_a_batch_sees_writes_that_finished_before_it_was_asked(
-    backend: siglo.Backend,
-) -> None:
-    adapter: Any = backend.adapter
-    await save(backend, "a", 1)
-    first = asyncio.ensure_future(adapter.get_checkpoint("a"))
-    await asyncio.sleep(0)  # the first lookup is running
-    await save(backend, "a", 2)  # on another pooled connection, committed
-    later = await adapter.get_checkpoint("a")  # asked after the save returned
-    assert (await first) is not None
-    assert later is not None
-    assert later.revision == 2
 
 
 def reads_with(backend: siglo.Backend, many: str) -> KeyedReads:

@@ -1,8 +1,8 @@
-"""Concurrent checkpoint loads on SQLite share one statement (siglo_sql.batching).
+"""Concurrent checkpoint loads on SQLite (siglo_sql.batching): failures, cancellation,
+closing, a new event loop. What SQLite and PostgreSQL share is in ``test_read_batching.py``.
 
-Against real SQLite: the statements that ran are read from the connection's own trace
-callback, a failing batch is real SQL that SQLite rejects, and cancellation is of real
-tasks awaiting real statements.
+Against real SQLite: a failing batch is real SQL that SQLite rejects, and cancellation is
+of real tasks awaiting real statements.
 """
 
 from __future__ import annotations
@@ -29,66 +29,9 @@ async def backend(tmp_path: Any) -> AsyncIterator[siglo.Backend]:
         yield b
 
 
-async def traced(backend: siglo.Backend) -> list[str]:
-    """Every statement the backend's connection runs from now on."""
-    statements: list[str] = []
-    conn = backend.adapter.database._conn  # type: ignore[attr-defined]
-    await conn.set_trace_callback(statements.append)  # called on the connection's thread
-    return statements
-
-
 async def save(backend: siglo.Backend, stack_id: str, revision: int, **kw: Any) -> None:
     cp = Checkpoint(stack_id=stack_id, revision=revision, timestamp=1, **kw)
     await backend.adapter.save_checkpoint(cp)
-
-
-async def test_concurrent_loads_share_statements_and_read_what_is_stored(
-    backend: siglo.Backend,
-) -> None:
-    adapter: Any = backend.adapter
-    for i in range(40):
-        await save(backend, f"s{i}", i + 1)
-    await save(backend, "expired", 1, expires_at=adapter.clock.now_ms() - 1)
-    await save(backend, "s1", 7, namespace="tenant")  # another row, same stack id
-    statements = await traced(backend)
-    ids = [f"s{i}" for i in range(40)] + ["s3", "s3", "missing", "expired"]
-    found = await asyncio.gather(*(adapter.get_checkpoint(i) for i in ids))
-    assert [None if cp is None else (cp.stack_id, cp.revision) for cp in found] == [
-        *((f"s{i}", i + 1) for i in range(40)),
-        ("s3", 4),
-        ("s3", 4),
-        None,
-        None,
-    ]
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-    # The first lookup runs alone; the 43 that queued behind it share batches of <= 64.
-    assert len(reads) == 2, reads
-    assert " IN (" in reads[1]
-
-
-async def test_sequential_loads_run_alone(backend: siglo.Backend) -> None:
-    await save(backend, "a", 1)
-    statements = await traced(backend)
-    for _ in range(3):
-        cp = await backend.adapter.get_checkpoint("a")
-        assert cp is not None
-    reads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-    assert len(reads) == 3
-    assert not any(" IN (" in s for s in reads)
-
-
-async def test_a_batch_sees_writes_that_finished_before_it_was_asked(
-    backend: siglo.Backend,
-) -> None:
-    adapter: Any = backend.adapter
-    await save(backend, "a", 1)
-    first = asyncio.ensure_future(adapter.get_checkpoint("a"))
-    await asyncio.sleep(0)  # the first lookup is running; the save queues behind it
-    await save(backend, "a", 2)
-    later = await adapter.get_checkpoint("a")  # asked after the save returned
-    assert (await first) is not None
-    assert later is not None
-    assert later.revision == 2
 
 
 def reads_of(backend: siglo.Backend, many: Callable[[int], str]) -> KeyedReads:
