@@ -16,6 +16,7 @@ supported" rather than passed. The rules every method obeys are on ``docs/contra
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar, Final, TypeVar
 
@@ -226,7 +227,8 @@ class StorageAdapter:
             codec.dumps(event_payload, what="event_payload")  # JSON data, or refused here
         return await self._do_claim_wait_record(
             correlation_key,
-            claimant_id,
+            # Resolved here, so every backend gives an anonymous claim a fresh identity.
+            claimant_id or uuid.uuid4().hex,
             allow_expired=allow_expired,
             event_payload=event_payload,
             lease_ms=lease_ms,
@@ -434,7 +436,7 @@ class StorageAdapter:
     async def _do_claim_wait_record(
         self,
         correlation_key: str,
-        claimant_id: str | None,
+        claimant_id: str,
         *,
         allow_expired: bool,
         event_payload: Any,

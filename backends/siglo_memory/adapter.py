@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -273,14 +272,13 @@ class MemoryStorageAdapter(StorageAdapter):
     async def _do_claim_wait_record(
         self,
         correlation_key: str,
-        claimant_id: str | None = None,
+        claimant_id: str,
         *,
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
         namespace: str | None = None,
     ) -> WaitRecord | None:
-        claimant = claimant_id or uuid.uuid4().hex
         now = self.clock.now_ms()
         record = self._live_wait(wait_key(namespace, correlation_key), now)
         if record is None or record.status in ("completed", "cancelled"):
@@ -288,14 +286,14 @@ class MemoryStorageAdapter(StorageAdapter):
         if (
             record.status == "claimed"
             and not record.lease_expired(now)
-            and record.claimant_id != claimant
+            and record.claimant_id != claimant_id
         ):
             return None
         if record.is_expired(now) and not allow_expired:
             return None
         claimed = record.replace(
             status="claimed",
-            claimant_id=claimant,
+            claimant_id=claimant_id,
             claimed_at=now,
             lease_expires_at=now + (lease_ms or self.claim_lease_ms),
             event_payload=record.event_payload if event_payload is MISSING else event_payload,

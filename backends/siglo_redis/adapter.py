@@ -8,7 +8,6 @@ lease) uses the client's wall clock too. On one host the two are the same clock.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -344,16 +343,15 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_claim_wait_record(
         self,
         correlation_key: str,
-        claimant_id: str | None = None,
+        claimant_id: str,
         *,
         allow_expired: bool = False,
         event_payload: Any = MISSING,
         lease_ms: int | None = None,
         namespace: str | None = None,
     ) -> WaitRecord | None:
-        claimant = claimant_id or uuid.uuid4().hex
         decide = claim_decision(
-            claimant, lease_ms or self.claim_lease_ms, allow_expired, event_payload
+            claimant_id, lease_ms or self.claim_lease_ms, allow_expired, event_payload
         )
         _, claimed = await self._waits.transition(correlation_key, namespace, decide)
         return claimed

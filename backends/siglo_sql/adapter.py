@@ -8,7 +8,6 @@ those of the memory backend, rule by rule of ``docs/contract.md``.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
@@ -309,7 +308,7 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_claim_wait_record(
         self,
         correlation_key: str,
-        claimant_id: str | None = None,
+        claimant_id: str,
         *,
         allow_expired: bool = False,
         event_payload: Any = MISSING,
@@ -319,14 +318,13 @@ class SqlStorageAdapter(StorageAdapter):
         payload = (
             None if event_payload is MISSING else codec.dumps(event_payload, what="event_payload")
         )
-        claimant = claimant_id or uuid.uuid4().hex
         now = self.clock.now_ms()
         lease = now + (lease_ms or self.claim_lease_ms)
         rows = await self.database.fetch(
             self._s.wait_claim,
             {
                 "id": wait_id(namespace, correlation_key),
-                "claimant_id": claimant,
+                "claimant_id": claimant_id,
                 "lease_expires_at": lease,
                 "event_payload": payload,
                 "allow_expired": bool(allow_expired),
