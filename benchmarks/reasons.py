@@ -26,9 +26,10 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "workflow",
         None,
         None,
-        "commits per run: siglo's flow runs 13 statements, 11 of them commits (workflow "
-        "lock taken and released, creation, a context-stream row and a checkpoint per step, "
-        "the cache entry, completion; recorded at its database's fetch), DBOS 8 commits in "
+        "commits per run: siglo's flow runs 12 statements, 10 of them writes (workflow "
+        "lock taken and released, creation, a context-stream row per step, a checkpoint "
+        "after each of the first two steps, the cache entry, the last step with the "
+        "completion; recorded at its database's fetch), DBOS 8 commits in "
         "16 statements (counted with SQLAlchemy events on its engine); with the shared "
         "server's commits at several ms each, the count decides. LangGraph's count was "
         "not measured",

@@ -42,6 +42,33 @@ async def test_steps_run_in_order_and_are_checkpointed(
     }
 
 
+async def test_the_last_step_and_the_completion_are_one_checkpoint(
+    memory: siglo.Backend, manager: StorageManager
+) -> None:
+    saved: list[tuple[int, str, tuple[str, ...]]] = []
+    save = memory.adapter.save_checkpoint
+
+    async def recording(checkpoint: siglo.Checkpoint, **kwargs: Any) -> None:
+        saved.append((checkpoint.revision, checkpoint.status, checkpoint.chains))
+        await save(checkpoint, **kwargs)
+
+    memory.adapter.save_checkpoint = recording  # type: ignore[method-assign]
+
+    async def inc(x: int) -> int:
+        return x + 1
+
+    three = flow(*(Step.create(name, inc) for name in ("a", "b", "c")))
+    assert await three.run(0, manager=manager, stack_id="run-1") == 3
+    # Creation, one checkpoint after each step but the last, and the last step's outcome
+    # with the completion: one save fewer than a checkpoint per step plus the completion.
+    assert saved == [
+        (1, "running", ()),
+        (2, "running", ("a",)),
+        (3, "running", ("a", "b")),
+        (4, "completed", ("a", "b", "c")),
+    ]
+
+
 async def test_a_crashed_run_resumes_after_its_last_finished_step(
     memory: siglo.Backend, clock: ManualClock
 ) -> None:

@@ -348,6 +348,7 @@ class Flow:
 
     async def _execute(self, manager: StorageManager, stack: ExecutionStack) -> Any:
         value = stack.metadata.get("input")
+        last = self.steps[-1]
         for step in self.steps:
             ctx = stack.contexts.get(step.name, {})
             if OUTPUT in ctx:  # finished before a crash or a wait
@@ -366,6 +367,11 @@ class Flow:
                 raise
             stack.set(step.name, OUTPUT, value)
             stack.push_chain(step.name)
+            if step is last:
+                # The last step's outcome and the completion are one checkpoint: nothing
+                # runs between them, so a separate save would only cost a commit (a
+                # crash before it reruns the step, as before any step's checkpoint).
+                break
             await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
         stack.transition("completed")
         await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
