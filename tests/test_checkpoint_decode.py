@@ -1,4 +1,5 @@
-"""The plain-document fast path of ``Checkpoint.from_wire`` agrees with the general path.
+"""The fast paths of ``Checkpoint`` agree with the general (field-table) paths: decoding
+(``from_wire``), the check on construction, and the wire document a save encodes.
 
 The fast path only ever accepts: for every document it either builds exactly the
 checkpoint the general (field-table) path builds, or declines and the general path
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from siglo.checkpoint import _FIELDS, Checkpoint, _from_plain_wire
+from siglo.checkpoint import _FIELDS, Checkpoint, _from_plain_wire, _plain_fields
 from siglo.errors import SigloError
-from siglo.wire import from_wire_fields
+from siglo.wire import check_fields, from_wire_fields, to_wire_fields
 
 
 def _general(doc: Any) -> Checkpoint:
@@ -126,3 +128,40 @@ def test_a_null_optional_field_or_an_unknown_field_takes_the_general_path() -> N
     assert Checkpoint.from_wire({**doc, "expiresAt": None}).expires_at is None
     assert _from_plain_wire({**doc, "future": 1}) is None
     assert Checkpoint.from_wire({**doc, "future": 1}).extra == {"future": 1}
+
+
+def _unchecked(doc: dict[str, Any]) -> Checkpoint:
+    """A checkpoint holding ``doc``'s values as attributes, built without any check."""
+    checkpoint: Checkpoint = object.__new__(Checkpoint)
+    values = {f.attr: doc.get(f.wire) for f in _FIELDS}
+    if isinstance(values["chains"], list):
+        values["chains"] = tuple(values["chains"])  # as __post_init__ converts first
+    for name, value in {**values, "extra": {}, "_json": None}.items():
+        object.__setattr__(checkpoint, name, value)
+    return checkpoint
+
+
+@settings(max_examples=600, deadline=None)
+@given(documents())
+def test_the_construction_check_accepts_only_what_the_field_table_accepts(
+    doc: dict[str, Any],
+) -> None:
+    checkpoint = _unchecked(doc)
+    if _plain_fields(checkpoint):
+        check_fields("checkpoint", _FIELDS, checkpoint)  # must not raise
+        # and what a save encodes is the field table's document, key order included
+        wire = checkpoint.to_wire()
+        general = to_wire_fields(_FIELDS, checkpoint)
+        assert list(wire.items()) == list(general.items())
+
+
+def test_construction_errors_still_name_the_field() -> None:
+    with pytest.raises(SigloError, match="revision"):
+        Checkpoint(stack_id="s", revision=True, timestamp=1)
+    with pytest.raises(SigloError, match=r"chains\[1\]"):
+        Checkpoint(stack_id="s", revision=1, timestamp=1, chains=("a", 2))  # type: ignore[arg-type]
+    with pytest.raises(SigloError, match=r"contexts\.c"):
+        Checkpoint(stack_id="s", revision=1, timestamp=1, contexts={"c": 1})  # type: ignore[dict-item]
+    # A list of chains takes the general path, which converts it.
+    plain = Checkpoint(stack_id="s", revision=1, timestamp=1, chains=["a"])  # type: ignore[arg-type]
+    assert plain.chains == ("a",)
