@@ -26,10 +26,10 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "workflow",
         None,
         None,
-        "commits per run: siglo's flow runs 12 statements, 10 of them writes (workflow "
-        "lock taken and released, creation, a context-stream row per step, a checkpoint "
-        "after each of the first two steps, the cache entry, the last step with the "
-        "completion; recorded at its database's fetch), DBOS 8 commits in "
+        "commits per run: siglo's flow runs 9 statements, 7 of them writes (workflow "
+        "lock taken and released, creation, each step's context-stream row and checkpoint "
+        "in one statement, the last with the completion, the cache entry; recorded at its "
+        "database's fetch; 13 and 11 before this round), DBOS 8 commits in "
         "16 statements (counted with SQLAlchemy events on its engine); with the shared "
         "server's commits at several ms each, the count decides. LangGraph's count was "
         "not measured",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
@@ -159,6 +159,27 @@ class StorageAdapter:
         """
         check_save_arguments(checkpoint, expected_revision)
         await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+    async def save_checkpoint_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        """Record ``changes`` (as :meth:`on_context_change`), then store ``checkpoint``
+        (as :meth:`save_checkpoint`): what the storage manager sends when a stack is
+        saved right after its context changed.
+
+        Here, the two calls in that order. A backend may override it to write both in
+        one statement (the SQL backend on PostgreSQL: one round trip and one commit);
+        the changes are then recorded even when the checkpoint's compare-and-set is
+        refused, as with the two calls, and a failure of either fails the call.
+        """
+        check_save_arguments(checkpoint, expected_revision)
+        for change in changes:
+            await self.on_context_change(change)
+        await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
 
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True

@@ -8,7 +8,7 @@ this module keeps the manager's API and the process-wide default manager.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 from siglo.adapter import Capability, StorageAdapter
@@ -26,7 +26,7 @@ from siglo.error_modes import (
     surfaced_failure,
 )
 from siglo.errors import InvalidArgumentError, UnknownStackError
-from siglo.records import ContextOp
+from siglo.records import ContextChangeEvent, ContextOp
 from siglo.redaction import check_redact_fields, redact
 from siglo.snapshots import context_change_event, restore_stack, take_snapshot
 from siglo.stack import ExecutionStack
@@ -88,6 +88,9 @@ class StorageManager:
         self.namespace_fallback = namespace_fallback
         self._stacks: dict[str, ExecutionStack] = {}
         self._jobs = SerialJobs()
+        # Context changes of each stack whose stream job has not started yet, oldest
+        # first: the next save of the stack may send them with its checkpoint.
+        self._unstreamed: dict[str, list[_Unstreamed]] = {}
         # One background failure per stack, raised once (SPEC §4).
         self._deferred = DeferredFailures()
 
@@ -216,23 +219,67 @@ class StorageManager:
         fields = self._fields_of(stack)
         revision = stack.revision
         now = self.clock.now_ms()
+        stack_id = stack.stack_id
+
+        def build() -> ContextChangeEvent:
+            # Redacted here, in the job, like the encoding: a value too deep to redact
+            # fails this stream (raised for the stack), not the caller's set().
+            return context_change_event(
+                stack, step_id, key, value, op, fields=fields, revision=revision, timestamp=now
+            )
+
+        change = _Unstreamed(build)
+        self._unstreamed.setdefault(stack_id, []).append(change)
 
         async def stream() -> None:
+            if change.taken:
+                return  # sent with a checkpoint (save_checkpoint)
+            change.taken = True
+            pending = self._unstreamed.get(stack_id)
+            if pending and pending[0] is change:  # jobs of a stack start in order
+                del pending[0]
+                if not pending:
+                    del self._unstreamed[stack_id]
             try:
-                # Redacted here, in the job, like the encoding: a value too deep to
-                # redact fails this stream (raised for the stack), not the caller's set().
-                event = context_change_event(
-                    stack, step_id, key, value, op, fields=fields, revision=revision, timestamp=now
-                )
-                await adapter.on_context_change(event)
+                await adapter.on_context_change(change.build())
             except Exception as exc:
                 self._handle_failure(
-                    exc,
-                    f"streaming a context change of {stack.stack_id!r}",
-                    background=stack.stack_id,
+                    exc, f"streaming a context change of {stack_id!r}", background=stack_id
                 )
 
-        self._jobs.submit(stack.stack_id, stream)
+        self._jobs.submit(stack_id, stream)
+
+    def _take_unstreamed(self, stack_id: str) -> list[_Unstreamed]:
+        """The stack's context changes whose stream has not started, now the caller's."""
+        taken = [c for c in self._unstreamed.pop(stack_id, ()) if not c.taken]
+        for change in taken:
+            change.taken = True
+        return taken
+
+    def _built(self, stack_id: str, changes: list[_Unstreamed]) -> list[ContextChangeEvent]:
+        """The events of ``changes``; one that cannot be built fails as its stream job
+        would have (deferred for the stack, raised by the caller's next check)."""
+        events = []
+        for change in changes:
+            try:
+                events.append(change.build())
+            except Exception as exc:
+                self._handle_failure(
+                    exc, f"streaming a context change of {stack_id!r}", background=stack_id
+                )
+        return events
+
+    async def _stream_now(self, stack_id: str, events: list[ContextChangeEvent]) -> None:
+        """Send ``events`` one by one, as their stream jobs would have."""
+        adapter = self._supports(Capability.CONTEXT_STREAM)
+        for event in events:
+            try:
+                if adapter is not None:
+                    await adapter.on_context_change(event)
+            except Exception as exc:
+                self._handle_failure(
+                    exc, f"streaming a context change of {stack_id!r}", background=stack_id
+                )
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -281,6 +328,9 @@ class StorageManager:
                         exc, f"saving checkpoint of {stack_id!r}", background=stack_id
                     )
 
+            # Changes set before this snapshot stream before it: none is left for a
+            # later save to send after it.
+            self._unstreamed.pop(stack_id, None)
             self._jobs.submit(stack_id, save)
         return checkpoint
 
@@ -298,13 +348,28 @@ class StorageManager:
         :class:`~siglo.errors.CheckpointConflictError` on a lost compare-and-set, and
         :class:`~siglo.errors.StorageAdapterError` on an adapter failure in strict mode.
         """
-        await self._jobs.drain(stack_id)
-        self._deferred.raise_for(stack_id)
-        checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
+        # On a backend that writes context changes and a checkpoint in one statement
+        # (StorageAdapter.save_checkpoint_streamed overridden), the changes not streamed
+        # yet go with the checkpoint: one round trip and one commit fewer per change, the
+        # order kept. Elsewhere their jobs stream them first, as always.
         adapter = self._supports(Capability.CHECKPOINTS)
+        together = adapter is not None and _writes_together(adapter)
+        events = self._built(stack_id, self._take_unstreamed(stack_id)) if together else []
+        await self._jobs.drain(stack_id)
+        try:
+            self._deferred.raise_for(stack_id)
+            checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
+        except BaseException:
+            await self._stream_now(stack_id, events)  # as their jobs would have
+            raise
         if adapter is not None:
             try:
-                await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
+                if events:
+                    await adapter.save_checkpoint_streamed(
+                        checkpoint, events, expected_revision=expected_revision
+                    )
+                else:
+                    await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
             except Exception as exc:
                 self._handle_failure(exc, f"saving checkpoint of {stack_id!r}")
         return checkpoint
@@ -384,6 +449,26 @@ class StorageManager:
             self._deferred.defer(background, failure)
             return
         raise failure
+
+
+def _writes_together(adapter: StorageAdapter) -> bool:
+    """Whether ``adapter`` writes context changes with a checkpoint in one go (it
+    overrides :meth:`StorageAdapter.save_checkpoint_streamed`); otherwise the manager
+    streams them first, each failure handled on its own, as it always has."""
+    return (
+        adapter.supports(Capability.CONTEXT_STREAM)
+        and type(adapter).save_checkpoint_streamed is not StorageAdapter.save_checkpoint_streamed
+    )
+
+
+class _Unstreamed:
+    """A context change queued for the stream; ``taken`` once its job or a save sends it."""
+
+    __slots__ = ("build", "taken")
+
+    def __init__(self, build: Callable[[], ContextChangeEvent]) -> None:
+        self.build = build
+        self.taken = False
 
 
 default_storage_manager: Final = StorageManager()

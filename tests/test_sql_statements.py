@@ -33,11 +33,15 @@ TEMPLATES = {"cp_get_many", "cp_list"}
 
 
 def _texts(statements: Statements) -> dict[str, str]:
-    return {
-        f.name: text
-        for f in dataclasses.fields(statements)
-        if (text := getattr(statements, f.name)) is not None
-    }
+    """Every statement by name; a group of statements (``cp_streamed``) as ``group.key``."""
+    texts: dict[str, str] = {}
+    for f in dataclasses.fields(statements):
+        value = getattr(statements, f.name)
+        if isinstance(value, dict):
+            texts.update({f"{f.name}.{key}": text for key, text in value.items()})
+        elif value is not None:
+            texts[f.name] = value
+    return texts
 
 
 def test_no_statement_binds_by_position() -> None:
@@ -53,9 +57,19 @@ def test_sqlite_keeps_names_and_postgres_gets_them_in_its_style() -> None:
             assert not PYFORMAT.search(text), name  # completed and converted per shape
             continue
         assert not NAMED.search(text), (name, text)
-        sqlite_text = getattr(SQLITE, name)
+        sqlite_text = _texts(SQLITE).get(name)
         if sqlite_text is not None:  # wait_save_one exists on PostgreSQL only
             assert PYFORMAT.findall(text) == NAMED.findall(sqlite_text), name
+
+
+def test_postgres_streamed_saves_bind_the_change_and_the_checkpoint_apart() -> None:
+    # SQLite has no writable CTEs: a change and a checkpoint are two statements there.
+    assert SQLITE.cp_streamed is None
+    assert POSTGRES.cp_streamed is not None
+    change = [f"ctx_{name}" for name in PYFORMAT.findall(POSTGRES.ctx_set)]
+    for key, text in POSTGRES.cp_streamed.items():
+        assert text.startswith("WITH ctx AS (INSERT INTO"), key
+        assert PYFORMAT.findall(text) == change + PYFORMAT.findall(getattr(POSTGRES, key)), key
 
 
 def test_the_wait_claim_binds_now_once_by_name() -> None:

@@ -8,7 +8,7 @@ those of the memory backend, rule by rule of ``docs/contract.md``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
@@ -21,7 +21,7 @@ from siglo.locking import run_with_lock
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
-from siglo.validation import require_ttl_ms
+from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database
@@ -33,6 +33,10 @@ from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_ta
 from siglo_sql.statements import Statements, many_ids
 
 __all__ = ["SqlStorageAdapter"]
+
+_WRITES = frozenset(
+    {"save_checkpoint", "on_context_change", "_do_save_checkpoint", "_do_on_context_change"}
+)
 
 T = TypeVar("T")
 
@@ -149,7 +153,11 @@ class SqlStorageAdapter(StorageAdapter):
     # -- checkpoints -------------------------------------------------------------------
 
     async def _do_save_checkpoint(
-        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+        self,
+        checkpoint: Checkpoint,
+        *,
+        expected_revision: int | None = None,
+        streamed: tuple[dict[str, str], dict[str, Any]] | None = None,
     ) -> None:
         now = self.clock.now_ms()
         fetch = self.database.fetch
@@ -157,11 +165,16 @@ class SqlStorageAdapter(StorageAdapter):
         row = checkpoint_row(checkpoint, self._retention(now), now)
         row["expected"] = expected_revision
         if expected_revision is None:
-            rows = await fetch(s.cp_save_forward, row)
+            key = "cp_save_forward"
         elif expected_revision == 0:
-            rows = await fetch(s.cp_insert_if_absent, row)
+            key = "cp_insert_if_absent"
         else:
-            rows = await fetch(s.cp_update_expected, row)
+            key = "cp_update_expected"
+        if streamed is None:
+            rows = await fetch(getattr(s, key), row)
+        else:  # with a context change in front (save_checkpoint_streamed)
+            statements, change = streamed
+            rows = await fetch(statements[key], {**row, **change})
         if not rows:
             found = await fetch(s.cp_current_revision, row)
             raise CheckpointConflictError(
@@ -170,6 +183,52 @@ class SqlStorageAdapter(StorageAdapter):
                 expected_revision,
                 checkpoint.revision,
             )
+
+    async def save_checkpoint_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        """One context change set and the checkpoint in one statement where the dialect
+        allows it (PostgreSQL: ``WITH ctx AS (INSERT …) INSERT/UPDATE …``, one round
+        trip, one commit); both in one statement land together or not at all, and the
+        change lands even when the checkpoint's compare-and-set is refused, as when the
+        two are sent apart. Otherwise (SQLite, a delete, several changes, a retention
+        that renews the stream, a subclass with its own writes) the two calls in order.
+        """
+        streamed = self._s.cp_streamed
+        if (
+            streamed is None
+            or len(changes) != 1
+            or changes[0].op != "set"
+            or self.checkpoint_ttl_ms is not None
+            or not self._own_writes()
+        ):
+            await super().save_checkpoint_streamed(
+                checkpoint, changes, expected_revision=expected_revision
+            )
+            return
+        check_save_arguments(checkpoint, expected_revision)
+        event = check_context_change(changes[0])
+        params = self._context_row(event, self.clock.now_ms())
+        prefixed = {f"ctx_{name}": value for name, value in params.items()}
+        await self._do_save_checkpoint(
+            checkpoint, expected_revision=expected_revision, streamed=(streamed, prefixed)
+        )
+
+    def _own_writes(self) -> bool:
+        """Whether saving and streaming are this class's own: a subclass or an instance
+        that replaces either (a wrapper, a test's recorder) gets the two calls."""
+        cls = type(self)
+        return (
+            cls._do_save_checkpoint is SqlStorageAdapter._do_save_checkpoint
+            and cls._do_on_context_change is SqlStorageAdapter._do_on_context_change
+            and cls.save_checkpoint is StorageAdapter.save_checkpoint
+            and cls.on_context_change is StorageAdapter.on_context_change
+            and not _WRITES & vars(self).keys()
+        )
 
     async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
@@ -439,22 +498,16 @@ class SqlStorageAdapter(StorageAdapter):
 
     # -- context stream and telemetry ---------------------------------------------------------
 
-    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
-        db = self.database
-        s = self._s
+    def _context_row(self, event: ContextChangeEvent, now: int) -> dict[str, Any]:
+        """The parameters of a context change's statement (``ctx_set`` or ``ctx_delete``)."""
         names = (event.namespace or "", event.stack_id, event.step_id)
-        stream = row_id(*names)
-        now = self.clock.now_ms()
         params: dict[str, Any] = {
             "id": row_id(*names, event.key),
-            "stream": stream,
+            "stream": row_id(*names),
             "gone_at": self._retention(now),
             "now": now,
         }
-        if event.op == "delete":
-            change = s.ctx_delete
-        else:
-            change = s.ctx_set
+        if event.op != "delete":
             params.update(
                 namespace=names[0],
                 stack_id=event.stack_id,
@@ -462,6 +515,13 @@ class SqlStorageAdapter(StorageAdapter):
                 field=event.key,
                 value=codec.dumps(event.value, what=f"context value {event.key!r}"),
             )
+        return params
+
+    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
+        db = self.database
+        s = self._s
+        params = self._context_row(event, self.clock.now_ms())
+        change = s.ctx_delete if event.op == "delete" else s.ctx_set
         if self.checkpoint_ttl_ms is None:
             await db.fetch(change, params)
             return

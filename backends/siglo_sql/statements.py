@@ -15,8 +15,10 @@ templates completed per shape: ``cp_get_many`` (``{ids}``) and ``cp_list`` (``{w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Table
 from sqlalchemy.engine import Dialect
@@ -51,6 +53,11 @@ class Statements:
     to be completed and converted with :meth:`~siglo_sql.database.Database.sql`."""
     cp_delete: str
     cp_delete_expected: str
+    cp_streamed: dict[str, str] | None
+    """Where the dialect has writable CTEs: ``cp_save_forward``, ``cp_insert_if_absent``
+    and ``cp_update_expected`` (the keys), each with one context change's ``ctx_set`` in
+    front (``WITH ctx AS (…)``, its parameters named ``ctx_…``): a step's stream row and
+    its checkpoint in one statement."""
     # wait records
     wait_upsert: str
     wait_latest_upsert: str
@@ -155,11 +162,23 @@ def build_statements(
         _nonces(name(tables.nonces)),
     )
     templates = {"cp_get_many", "cp_list"}
-    statements: dict[str, str | None] = {}
+    statements: dict[str, Any] = {}
     for section in sections:
         for key, text in section.items():
             statements[key] = text if text is None or key in templates else style(text)
-    return Statements(**statements)  # type: ignore[arg-type]
+    statements["cp_streamed"] = None
+    if writable_ctes:
+        named = {k: v for section in sections for k, v in section.items()}
+        ctx_set = _NAME.sub(r":ctx_\1", named["ctx_set"] or "")
+        statements["cp_streamed"] = {
+            key: style(f"WITH ctx AS ({ctx_set}) {named[key]}")
+            for key in ("cp_save_forward", "cp_insert_if_absent", "cp_update_expected")
+        }
+    return Statements(**statements)
+
+
+_NAME = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+"""A ``:name`` parameter (as :mod:`siglo_sql.database` finds them)."""
 
 
 def _clean(table: str) -> str:
