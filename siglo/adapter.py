@@ -160,6 +160,12 @@ class StorageAdapter:
         check_save_arguments(checkpoint, expected_revision)
         await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
+    def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
+        """Whether :meth:`save_checkpoint_streamed` writes ``changes`` and a checkpoint
+        in one go (here: never). The storage manager sends them with a checkpoint only
+        then; otherwise it streams them first, each failure handled on its own."""
+        return False
+
     async def save_checkpoint_streamed(
         self,
         checkpoint: Checkpoint,
@@ -172,9 +178,10 @@ class StorageAdapter:
         saved right after its context changed.
 
         Here, the two calls in that order. A backend may override it to write both in
-        one statement (the SQL backend on PostgreSQL: one round trip and one commit);
-        the changes are then recorded even when the checkpoint's compare-and-set is
-        refused, as with the two calls, and a failure of either fails the call.
+        one statement (the SQL backend on PostgreSQL: one round trip and one commit),
+        saying which changes it takes in :meth:`writes_with_checkpoint`; the changes are
+        then recorded even when the checkpoint's compare-and-set is refused, as with the
+        two calls, and a failure of either fails the call.
         """
         check_save_arguments(checkpoint, expected_revision)
         for change in changes:

@@ -356,6 +356,11 @@ class StorageManager:
         together = adapter is not None and _writes_together(adapter)
         events = self._built(stack_id, self._take_unstreamed(stack_id)) if together else []
         await self._jobs.drain(stack_id)
+        if events and not (adapter is not None and adapter.writes_with_checkpoint(events)):
+            # Not these: streamed now, one by one, their failures handled on their own
+            # and raised below, as their jobs' would have been.
+            await self._stream_now(stack_id, events)
+            events = []
         try:
             self._deferred.raise_for(stack_id)
             checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)

@@ -119,6 +119,9 @@ class Together(MemoryStorageAdapter):
         self.order.append(f"save {checkpoint.revision}")
         await super().save_checkpoint(checkpoint, expected_revision=expected_revision)
 
+    def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
+        return True
+
     async def save_checkpoint_streamed(
         self,
         checkpoint: Checkpoint,
@@ -196,3 +199,29 @@ async def test_a_replaced_write_gets_the_two_calls(backend: siglo.Backend) -> No
     await adapter.save_checkpoint_streamed(cp, [change], expected_revision=0)
     assert seen == ["k"]
     assert await adapter.get_checkpoint("s") == cp
+
+
+async def test_a_failing_stream_does_not_cost_the_checkpoint_where_they_are_two_writes(
+    backend: siglo.Backend,
+) -> None:
+    # Best-effort: a context change that cannot be stored (its value is not JSON) is
+    # swallowed, and where the change and the checkpoint are two writes (SQLite) the
+    # checkpoint is still stored, as before the two were sent together.
+    manager = StorageManager(backend, error_mode="best-effort")
+    stack = manager.create_stack("run-1")
+    await manager.save_checkpoint("run-1", expected_revision=0)
+    stack.set("step", "ok", 1)
+    adapter: Any = backend.adapter
+    encode = adapter._context_row
+
+    def failing(event: ContextChangeEvent, now: int) -> Any:
+        raise siglo.errors.StorageAdapterError("stream down")
+
+    adapter._context_row = failing
+    postgres = adapter.database.dialect_name == "postgresql"
+    await manager.save_checkpoint("run-1", expected_revision=1)
+    adapter._context_row = encode
+    stored = await adapter.get_checkpoint("run-1")
+    assert stored is not None
+    # On PostgreSQL the two are one statement: both fail or neither (docs/backends).
+    assert stored.revision == (1 if postgres else 2)

@@ -199,13 +199,7 @@ class SqlStorageAdapter(StorageAdapter):
         that renews the stream, a subclass with its own writes) the two calls in order.
         """
         streamed = self._s.cp_streamed
-        if (
-            streamed is None
-            or len(changes) != 1
-            or changes[0].op != "set"
-            or self.checkpoint_ttl_ms is not None
-            or not self._own_writes()
-        ):
+        if streamed is None or not self.writes_with_checkpoint(changes):
             await super().save_checkpoint_streamed(
                 checkpoint, changes, expected_revision=expected_revision
             )
@@ -216,6 +210,17 @@ class SqlStorageAdapter(StorageAdapter):
         prefixed = {f"ctx_{name}": value for name, value in params.items()}
         await self._do_save_checkpoint(
             checkpoint, expected_revision=expected_revision, streamed=(streamed, prefixed)
+        )
+
+    def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
+        """One change set, on PostgreSQL, without a retention (whose stream writes are a
+        transaction of their own), by this class's own writes."""
+        return (
+            self._s.cp_streamed is not None
+            and len(changes) == 1
+            and changes[0].op == "set"
+            and self.checkpoint_ttl_ms is None
+            and self._own_writes()
         )
 
     def _own_writes(self) -> bool:
