@@ -42,6 +42,18 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
     ),
     (
         "postgres",
+        "load",
+        "1k",
+        1,
+        "the shared server's round trip, not a statement more: a load is one prepared "
+        "statement and one round trip for siglo and raw alike; siglo runs 362 Python calls "
+        "a load against raw's 302 (cProfile: the call's deadline timer, the pooled "
+        "connection's context manager, the checkpoint's decode). An interleaved A/B "
+        "(9 rounds of 300 loads, load average ~6) measured 559 against 486 us a load, "
+        "0.86 (0.19-1.81)",
+    ),
+    (
+        "postgres",
         "workflow",
         None,
         None,
