@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+import mutants_backends as b
 import mutants_holes as h
 
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
@@ -1162,9 +1163,13 @@ MANAGERS: tuple[Mutant, ...] = (
 )
 """Broken managers over a sound backend, for the suite's end-to-end rules."""
 
-ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MANAGERS + HOLES
+BACKENDS: tuple[b.BackendMutant, ...] = b.BACKENDS
+"""Real SQLite, PostgreSQL and Redis backends with one statement, script or hook broken
+(tests/mutants_backends.py)."""
+
+ALL_MUTANTS: tuple[Mutant | b.BackendMutant, ...] = MUTANTS + MANAGERS + HOLES + BACKENDS
 """Every mutant the suite must kill, naming its rule as the primary failure."""
 
-BY_NAME: dict[str, Mutant] = {m.name: m for m in ALL_MUTANTS}
+BY_NAME: dict[str, Mutant | b.BackendMutant] = {m.name: m for m in ALL_MUTANTS}
 
 del Capability

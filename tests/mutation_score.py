@@ -18,13 +18,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mutant_runs import MutantRun, run_mutant
-from mutants import ALL_MUTANTS
+from mutants import ALL_MUTANTS, BY_NAME
 
 
 def score(seeds: list[int], workers: int, names: list[str] | None = None) -> list[MutantRun]:
     """Every (mutant, seed) run, in parallel."""
     chosen = names or [m.name for m in ALL_MUTANTS]
     context = multiprocessing.get_context("spawn")
+    # The slow real-backend runs first, as tests/test_contract_mutants.py does.
+    slow = {m.name for m in ALL_MUTANTS if hasattr(m, "kind")}
+    chosen = sorted(chosen, key=lambda name: name not in slow)
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         futures = [pool.submit(run_mutant, name, seed) for name in chosen for seed in seeds]
         return [f.result() for f in futures]
@@ -46,6 +49,11 @@ def main() -> None:
         killed = sum(r.killed for r in mine)
         mean = sum(r.seconds for r in mine) / len(mine)
         print(f"| {seed} | {killed} / {len(mine)} | {mean:.1f} s |")
+    kinds: dict[str, list[float]] = {}
+    for r in runs:
+        kinds.setdefault(getattr(BY_NAME[r.name], "kind", "memory"), []).append(r.seconds)
+    for kind, seconds in sorted(kinds.items()):
+        print(f"{kind}: {len(seconds)} runs, {sum(seconds) / len(seconds):.1f} s each on average")
     for r in runs:
         if not r.killed:
             print(

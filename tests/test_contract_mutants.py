@@ -1,6 +1,7 @@
 """The suite's power, measured as a third party would: every deliberately broken backend
-(tests/mutants.py) is run through the whole suite — every rule, the default profile, one
-seed — and must fail with the rule it breaks as the report's primary failure.
+(tests/mutants.py: over memory, and over real SQLite, PostgreSQL and Redis) is run
+through the whole suite — every rule, the default profile, one seed — and must fail
+with the rule it breaks as the report's primary failure.
 
 Seeds rotate: each run picks a random base seed and prints it (``--mutant-seed`` fixes
 it); ``--mutant-seeds N`` runs N seeds (CI uses several; the default is one, to keep
@@ -11,11 +12,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
+from _redis_helpers import require_redis
 from mutant_runs import MutantRun, run_mutant
-from mutants import ALL_MUTANTS, MANAGERS, MUTANTS, Mutant
+from mutants import ALL_MUTANTS, BACKENDS, BY_NAME, MANAGERS, MUTANTS, Mutant
+from mutants_backends import BackendMutant
+from sql_support import require_postgres
 
 from siglo_contract.rules import ADAPTER_RULES
 
@@ -28,26 +33,58 @@ def mutant_seeds(config: pytest.Config) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def mutant_runs(request: pytest.FixtureRequest) -> dict[str, list[MutantRun]]:
-    """Every mutant under every seed, run in parallel worker processes."""
+def mutant_runs(request: pytest.FixtureRequest) -> dict[str, list[MutantRun | Exception]]:
+    """Every mutant under every seed, run in parallel worker processes; a run that could
+    not start (its PostgreSQL or Redis unreachable) keeps its exception."""
     seeds = mutant_seeds(request.config)
     workers = max(1, min(os.cpu_count() or 1, 4))
-    runs: dict[str, list[MutantRun]] = {m.name: [] for m in ALL_MUTANTS}
+    runs: dict[str, list[MutantRun | Exception]] = {m.name: [] for m in ALL_MUTANTS}
+    # The real-backend mutants take 3-8 times as long as the memory ones: started first,
+    # they do not leave one worker finishing a long run after the others are done.
+    started = time.monotonic()
+    ordered = [*BACKENDS, *(m for m in ALL_MUTANTS if m not in BACKENDS)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_mutant, m.name, seed) for m in ALL_MUTANTS for seed in seeds]
-        for future in futures:
-            run = future.result()
-            runs[run.name].append(run)
+        futures = {pool.submit(run_mutant, m.name, seed): m.name for m in ordered for seed in seeds}
+        for future, name in futures.items():
+            try:
+                runs[name].append(future.result())
+            except Exception as exc:
+                runs[name].append(exc)
+    _print_times(runs, time.monotonic() - started)
     return runs
+
+
+def _print_times(runs: dict[str, list[MutantRun | Exception]], seconds: float) -> None:
+    """Where the time went (shown with ``-s``): the mean run per kind of backend."""
+    by_kind: dict[str, list[float]] = {}
+    for name, done in runs.items():
+        kind = getattr(BY_NAME[name], "kind", "memory")
+        by_kind.setdefault(kind, []).extend(r.seconds for r in done if isinstance(r, MutantRun))
+    print(f"\nmutant runs: {sum(map(len, runs.values()))} in {seconds:.0f} s")
+    for kind, times in sorted(by_kind.items()):
+        if times:
+            print(f"  {kind}: {len(times)} runs, {sum(times) / len(times):.1f} s on average")
+
+
+def _require(mutant: Mutant | BackendMutant) -> None:
+    """Skip (fail under CI=true) a real-backend mutant whose server is unreachable."""
+    kind = getattr(mutant, "kind", None)
+    if kind == "postgres":
+        require_postgres()
+    elif kind == "redis":
+        require_redis()
 
 
 # The first test waits for the whole pool (minutes): past pytest-timeout's default.
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("mutant", ALL_MUTANTS, ids=[m.name for m in ALL_MUTANTS])
 def test_mutant_is_killed_with_its_rule_as_primary_failure(
-    mutant: Mutant, mutant_runs: dict[str, list[MutantRun]]
+    mutant: Mutant | BackendMutant, mutant_runs: dict[str, list[MutantRun | Exception]]
 ) -> None:
     for run in mutant_runs[mutant.name]:
+        if isinstance(run, Exception):
+            _require(mutant)
+            raise run
         assert run.killed, (
             f"{mutant.description} ({mutant.name}) breaks {mutant.rule_id}; with seed "
             f"{run.seed} the primary failure was {run.primary!r} (failures: "
@@ -56,7 +93,7 @@ def test_mutant_is_killed_with_its_rule_as_primary_failure(
 
 
 def test_every_adapter_rule_has_a_mutant() -> None:
-    covered = {m.rule_id for m in MUTANTS + MANAGERS}
+    covered = {m.rule_id for m in MUTANTS + MANAGERS + BACKENDS}
     assert covered == {r.id for r in ADAPTER_RULES}
 
 

@@ -10,10 +10,13 @@ there to prove the checks bite).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Final
 
 from siglo.adapter import Capability
-from siglo.errors import CheckpointConflictError, NamespaceMismatchError
+from siglo.backend import Backend
+from siglo.error_modes import StorageWarning
+from siglo.errors import CheckpointConflictError, NamespaceMismatchError, StorageAdapterError
 from siglo.redaction import REDACTED
 from siglo_contract.machine_base import canon
 from siglo_contract.registry import CheckContext, check, expect, fail
@@ -151,3 +154,92 @@ async def restore_end_to_end(ctx: CheckContext) -> None:
         "manager.restore.stored",
         f"restored stack {live!r} is not the stored checkpoint {stored!r}",
     )
+
+
+def _second_backend(ctx: CheckContext) -> Backend | None:
+    """Another backend of the target: a new connection to the run's storage, or the
+    target's factory's; ``None`` when the target offers neither."""
+    if ctx.session.shared_url is not None:
+        return ctx.session.open_backend()
+    factory = ctx.session.target.factory
+    return None if factory is None else factory(**ctx.session.backend_options())
+
+
+async def _refuses(backend: Backend, stack_id: str) -> bool:
+    """Whether the (closed) backend fails a plain read with ``StorageAdapterError``."""
+    try:
+        await backend.adapter.get_checkpoint(stack_id)
+    except StorageAdapterError:
+        return True
+    return False
+
+
+@check("manager.error-mode.stored", requires=(Capability.CHECKPOINTS,))
+async def error_modes_end_to_end(ctx: CheckContext) -> None:
+    """A manager over a backend that really fails (a second backend of the target,
+    closed) follows its error mode, in the foreground and the background: ``strict``
+    raises ``StorageAdapterError`` (a background failure once, from the next ``flush()``),
+    ``warn`` issues a ``StorageWarning`` and returns, ``best-effort`` returns quietly."""
+    ctx.about("manager.error-mode.stored")
+    closed = _second_backend(ctx)
+    if closed is None:
+        return
+    on_close = list(closed.on_close)
+    await closed.aclose()
+    try:
+        refuses = await _refuses(closed, ctx.id("probe"))
+    finally:
+        # A client that reconnected for the probe (Redis) is closed again, the same way.
+        closed.on_close = on_close
+        await closed.aclose()
+    if not refuses:
+        # Nothing to close (memory://) or a client that reconnects (Redis): this target
+        # cannot produce a failure this way, so there is nothing to observe.
+        return
+    factory = ctx.session.target.manager_factory
+    for mode in ("strict", "warn", "best-effort"):
+        manager = factory(closed.adapter, clock=ctx.session.clock, error_mode=mode)
+        stack_id = ctx.id(f"failing-{mode}")
+        # No context change: a failed stream would be one more failure to count.
+        manager.create_stack(stack_id)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            foreground = await _outcome(manager.save_checkpoint(stack_id))
+            manager.checkpoint(stack_id)
+            background = await _outcome(manager.flush())
+            again = await _outcome(manager.flush())
+        warned = sum(issubclass(w.category, StorageWarning) for w in seen)
+        for save, outcome in (("save_checkpoint", foreground), ("a background save", background)):
+            if mode == "strict":
+                expect(
+                    isinstance(outcome, StorageAdapterError),
+                    "manager.error-mode.stored",
+                    f"strict: {save} over a failing backend gave {outcome!r}, "
+                    "not StorageAdapterError",
+                )
+            else:
+                expect(
+                    outcome is None,
+                    "manager.error-mode.stored",
+                    f"{mode}: {save} over a failing backend raised {outcome!r}",
+                )
+        expect(
+            again is None,
+            "manager.error-mode.stored",
+            f"{mode}: a background failure was raised twice (second flush: {again!r})",
+        )
+        expected_warnings = 2 if mode == "warn" else 0
+        expect(
+            warned == expected_warnings,
+            "manager.error-mode.stored",
+            f"{mode}: {warned} StorageWarning(s) for two failed saves, not {expected_warnings}",
+        )
+
+
+async def _outcome(call: Any) -> BaseException | None:
+    """What awaiting ``call`` raised (``None`` when it returned)."""
+    try:
+        await call
+    except Exception as exc:
+        return exc
+    return None

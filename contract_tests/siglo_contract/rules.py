@@ -202,6 +202,11 @@ RULES: Final[tuple[Rule, ...]] = (
         _C.CHECKPOINTS,
         "a stored checkpoint restores with its own namespace expected only",
     ),
+    _a(
+        "manager.error-mode.stored",
+        _C.CHECKPOINTS,
+        "a failing backend's errors follow the manager's error mode",
+    ),
     _core("manager.snapshot", "checkpoint() returns an immutable snapshot"),
     _core(
         "manager.redaction",
