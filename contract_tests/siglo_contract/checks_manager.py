@@ -10,7 +10,10 @@ there to prove the checks bite).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
+from collections.abc import Iterator
 from typing import Any, Final
 
 from siglo.adapter import Capability
@@ -179,7 +182,8 @@ async def error_modes_end_to_end(ctx: CheckContext) -> None:
     """A manager over a backend that really fails (a second backend of the target,
     closed) follows its error mode, in the foreground and the background: ``strict``
     raises ``StorageAdapterError`` (a background failure once, from the next ``flush()``),
-    ``warn`` issues a ``StorageWarning`` and returns, ``best-effort`` returns quietly."""
+    ``warn`` logs one record to the ``siglo`` logger and issues one ``StorageWarning`` per
+    failed save and returns, ``best-effort`` returns quietly."""
     ctx.about("manager.error-mode.stored")
     closed = _second_backend(ctx)
     if closed is None:
@@ -202,7 +206,7 @@ async def error_modes_end_to_end(ctx: CheckContext) -> None:
         stack_id = ctx.id(f"failing-{mode}")
         # No context change: a failed stream would be one more failure to count.
         manager.create_stack(stack_id)
-        with warnings.catch_warnings(record=True) as seen:
+        with warnings.catch_warnings(record=True) as seen, _siglo_log() as logged:
             warnings.simplefilter("always")
             foreground = await _outcome(manager.save_checkpoint(stack_id))
             manager.checkpoint(stack_id)
@@ -234,6 +238,36 @@ async def error_modes_end_to_end(ctx: CheckContext) -> None:
             "manager.error-mode.stored",
             f"{mode}: {warned} StorageWarning(s) for two failed saves, not {expected_warnings}",
         )
+        expect(
+            len(logged) == expected_warnings,
+            "manager.error-mode.stored",
+            f"{mode}: {len(logged)} record(s) on the 'siglo' logger for two failed saves, "
+            f"not {expected_warnings}",
+        )
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _siglo_log() -> Iterator[list[logging.LogRecord]]:
+    """The ``siglo`` logger's warnings while inside, kept from the run's output (the
+    failures are the check's own doing)."""
+    logger = logging.getLogger("siglo")
+    handler, propagate = _Records(), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield handler.records
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 async def _outcome(call: Any) -> BaseException | None:
