@@ -1140,6 +1140,16 @@ HOLES: tuple[Mutant, ...] = (
     _m(
         "wait.complete.claimant", "a cancelled record completes", adapter=h.CancelledRecordCompletes
     ),
+    _m(
+        "context.streamed-save",
+        "a streamed save writes the changes after the checkpoint",
+        adapter=h.SavesBeforeStreaming,
+    ),
+    _m(
+        "context.streamed-save",
+        "a lone streamed delete is written as a null set",
+        adapter=h.StreamedDeleteSetsNull,
+    ),
 )
 """One broken backend per kind of hole (tests/mutants_holes.py)."""
 

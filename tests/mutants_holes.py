@@ -8,7 +8,8 @@ must fail each and name that rule as the primary failure."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from siglo import MISSING, Checkpoint, CheckpointConflictError, WaitRecord
@@ -419,6 +420,40 @@ class CancelledRecordCompletes(MemoryStorageAdapter):
 
 
 # -- siglo's manager over the backend (the suite's end-to-end rules) ------------------------
+
+
+class SavesBeforeStreaming(MemoryStorageAdapter):
+    """context.streamed-save: a streamed save writes the checkpoint first and the changes
+    after it, so a refused compare-and-set loses them."""
+
+    async def save_checkpoint_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
+        for change in changes:
+            await self.on_context_change(change)
+
+
+class StreamedDeleteSetsNull(MemoryStorageAdapter):
+    """context.streamed-save: one change sent with a checkpoint is written as a set, so a
+    delete stores the field as null (a combined statement that knows only sets)."""
+
+    async def save_checkpoint_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        if len(changes) == 1 and changes[0].op == "delete":
+            changes = [dataclasses.replace(changes[0], op="set", value=None)]
+        await super().save_checkpoint_streamed(
+            checkpoint, changes, expected_revision=expected_revision
+        )
 
 
 class StreamSkipsRedaction(StorageManager):

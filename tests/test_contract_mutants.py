@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 from _redis_helpers import require_redis
 from mutant_runs import MutantRun, run_mutant
-from mutants import ALL_MUTANTS, BACKENDS, BY_NAME, MANAGERS, MUTANTS, Mutant
+from mutants import ALL_MUTANTS, BACKENDS, BY_NAME, Mutant
 from mutants_backends import BackendMutant
 from sql_support import require_postgres
 
@@ -93,7 +93,7 @@ def test_mutant_is_killed_with_its_rule_as_primary_failure(
 
 
 def test_every_adapter_rule_has_a_mutant() -> None:
-    covered = {m.rule_id for m in MUTANTS + MANAGERS + BACKENDS}
+    covered = {m.rule_id for m in ALL_MUTANTS}
     assert covered == {r.id for r in ADAPTER_RULES}
 
 

@@ -1,14 +1,19 @@
-"""Focused checks of the step cache, the context stream and cache events."""
+"""Focused checks of the step cache, the context stream (and the streamed save that
+writes changes with a checkpoint) and cache events."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from siglo.adapter import Capability
+from siglo.backend import Backend
+from siglo.checkpoint import Checkpoint
+from siglo.errors import CheckpointConflictError, InvalidArgumentError
 from siglo.records import CACHE_EVENT_TYPES, CacheEvent, ContextChangeEvent
 from siglo.sentinel import MISSING
+from siglo_contract.checks_checkpoints import same
 from siglo_contract.machine_base import canon, falsy_values
-from siglo_contract.registry import CheckContext, check, expect
+from siglo_contract.registry import CheckContext, check, expect, fail
 
 CACHE_VALUES: tuple[Any, ...] = (
     1.5,
@@ -180,3 +185,140 @@ async def cache_events(ctx: CheckContext) -> None:
                 "cache-events.accepted",
                 f"after cache events, key {key!r} reads {got!r}, want {want!r}",
             )
+
+
+_STREAMED: Final = "context.streamed-save"
+
+
+@check(_STREAMED, requires=(Capability.CHECKPOINTS, Capability.CONTEXT_STREAM))
+async def context_streamed_save(ctx: CheckContext) -> None:
+    """save_checkpoint_streamed = the changes (in order), then the save: with one set
+    change (what a backend may write in one statement), several, a delete, a falsy value,
+    none; a refused compare-and-set keeps the changes and the stored checkpoint; bad save
+    arguments write nothing. Un-namespaced and namespaced, with the suite's options and
+    without a checkpoint retention (a user's default)."""
+    ctx.about(_STREAMED)
+    for ns in (None, ctx.id("N")):
+        await _StreamedSaves(ctx, ctx.backend, ns).run()
+    # The suite's options give checkpoints a retention; a user's default has none, and a
+    # backend may write the two differently then (PostgreSQL: one statement).
+    async with ctx.session.backend_with(checkpoint_ttl_ms=None) as plain:
+        await _StreamedSaves(ctx, plain, ctx.id("no-retention")).run()
+
+
+class _StreamedSaves:
+    """One stack's program of streamed saves and what must be stored after each."""
+
+    def __init__(self, ctx: CheckContext, backend: Backend, namespace: str | None) -> None:
+        self.ctx = ctx
+        self.a = backend.adapter
+        self.ns = namespace
+        self.stack = ctx.id(f"streamed-{namespace is not None}")
+
+    def cp(self, revision: int) -> Checkpoint:
+        return Checkpoint(
+            stack_id=self.stack,
+            namespace=self.ns,
+            revision=revision,
+            timestamp=self.ctx.now_ms(),
+            contexts={"p": {"rev": revision}},
+        )
+
+    def change(self, key: str, **kw: Any) -> ContextChangeEvent:
+        return ContextChangeEvent(
+            stack_id=self.stack,
+            step_id="p",
+            key=key,
+            timestamp=self.ctx.now_ms(),
+            namespace=self.ns,
+            **kw,
+        )
+
+    async def stored(self) -> tuple[Checkpoint | None, dict[str, Any]]:
+        return (
+            await self.a.get_checkpoint(self.stack, self.ns, fallback=False),
+            await self.a.get_context_changes(self.stack, "p", self.ns),
+        )
+
+    async def saves(self, revision: int, expected: int | None, *changes: Any) -> None:
+        try:
+            await self.a.save_checkpoint_streamed(
+                self.cp(revision), list(changes), expected_revision=expected
+            )
+        except CheckpointConflictError as exc:
+            fail(_STREAMED, f"revision {revision} (expected_revision={expected}) refused: {exc}")
+
+    async def refused(self, revision: int, expected: int | None, *changes: Any) -> None:
+        before, _ = await self.stored()
+        try:
+            await self.a.save_checkpoint_streamed(
+                self.cp(revision), list(changes), expected_revision=expected
+            )
+        except CheckpointConflictError as exc:
+            expect(
+                (exc.stack_id, exc.expected_revision) == (self.stack, expected),
+                _STREAMED,
+                f"the conflict carries {exc.stack_id!r}, expected_revision="
+                f"{exc.expected_revision!r}; want {self.stack!r}, {expected!r}",
+            )
+        else:
+            fail(
+                _STREAMED,
+                f"revision {revision} (expected_revision={expected}) over {before!r} was accepted",
+            )
+        after, _ = await self.stored()
+        expect(same(after, before), _STREAMED, f"a refused save changed {before!r} to {after!r}")
+
+    async def holds(self, revision: int, fields: dict[str, Any]) -> None:
+        got, changes = await self.stored()
+        expect(
+            got is not None
+            and got.revision == revision
+            and canon(got.contexts) == canon({"p": {"rev": revision}}),
+            _STREAMED,
+            f"after the streamed saves the checkpoint is {got!r}; want revision {revision}",
+        )
+        expect(
+            canon(changes) == canon(fields),
+            _STREAMED,
+            f"after the streamed saves the stream holds {changes!r}; want {fields!r}",
+        )
+
+    async def run(self) -> None:
+        c = self.change
+        await self.saves(1, None, c("a", value=1))
+        await self.holds(1, {"a": 1})
+        await self.refused(2, 0, c("b", value=2))
+        await self.holds(1, {"a": 1, "b": 2})
+        await self.saves(2, 1, c("a", value=[3]))
+        await self.holds(2, {"a": [3], "b": 2})
+        await self.refused(9, 5, c("c", value=None))
+        await self.holds(2, {"a": [3], "b": 2, "c": None})
+        await self.refused(2, None, c("d", value=0))  # a plain save must move forward
+        fields: dict[str, Any] = {"a": [3], "b": 2, "c": None, "d": 0}
+        await self.holds(2, fields)
+        await self.saves(3, 2, c("e", value=False), c("a", op="delete"), c("e", value={"x": ""}))
+        fields = {"b": 2, "c": None, "d": 0, "e": {"x": ""}}
+        await self.holds(3, fields)
+        await self.saves(4, None)
+        await self.holds(4, fields)
+        await self.saves(5, 4, c("b", op="delete"))  # one change, a delete
+        del fields["b"]
+        await self.holds(5, fields)
+        await self.refused(6, 0, c("c", op="delete"))
+        del fields["c"]
+        await self.holds(5, fields)
+        for bad in (-1, True):
+            try:
+                await self.a.save_checkpoint_streamed(
+                    self.cp(6), [c("bad", value=1)], expected_revision=bad
+                )
+            except InvalidArgumentError:
+                pass
+            except Exception as exc:  # any other outcome breaks the rule
+                fail(
+                    _STREAMED, f"expected_revision={bad!r} raised {exc!r}, not InvalidArgumentError"
+                )
+            else:
+                fail(_STREAMED, f"expected_revision={bad!r} was accepted")
+            await self.holds(5, fields)

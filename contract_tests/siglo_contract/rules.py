@@ -132,6 +132,11 @@ RULES: Final[tuple[Rule, ...]] = (
         _C.CONTEXT_STREAM,
         "context changes read back as the latest value per field",
     ),
+    _a(
+        "context.streamed-save",
+        _C.CONTEXT_STREAM,
+        "save_checkpoint_streamed records the changes, then saves; refused saves keep them",
+    ),
     _a("cache-events.accepted", _C.CACHE_EVENTS, "cache events are accepted and change nothing"),
     _a("idempotency.claim.once", _C.IDEMPOTENCY, "exactly one claim of a key returns 'claimed'"),
     _a("idempotency.complete", _C.IDEMPOTENCY, "a completed key returns its result, None included"),

@@ -196,6 +196,21 @@ class Session:
         finally:
             await backend.aclose()
 
+    @contextlib.asynccontextmanager
+    async def backend_with(self, **overrides: Any) -> AsyncIterator[Backend]:
+        """A backend on this run's storage opened with some options changed (a check that
+        must also see the backend as a user configures it by default), closed afterwards."""
+        options = {**self.backend_options(), **overrides}
+        if self._shared is not None:
+            backend = connect_url(self._shared.url, **options)
+        else:
+            assert self.target.factory is not None
+            backend = self.target.factory(**options)
+        try:
+            yield backend
+        finally:
+            await backend.aclose()
+
     def process_pool(self) -> Any:
         """Worker processes for cross-process checks (spawned once per run, warmed up)."""
         if self._pool is None:
