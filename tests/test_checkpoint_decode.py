@@ -135,7 +135,7 @@ def _unchecked(doc: dict[str, Any]) -> Checkpoint:
     checkpoint: Checkpoint = object.__new__(Checkpoint)
     values = {f.attr: doc.get(f.wire) for f in _FIELDS}
     if isinstance(values["chains"], list):
-        values["chains"] = tuple(values["chains"])  # as __post_init__ converts first
+        values["chains"] = tuple(values["chains"])  # as the construction check converts first
     for name, value in {**values, "extra": {}, "_json": None}.items():
         object.__setattr__(checkpoint, name, value)
     return checkpoint
@@ -165,3 +165,37 @@ def test_construction_errors_still_name_the_field() -> None:
     # A list of chains takes the general path, which converts it.
     plain = Checkpoint(stack_id="s", revision=1, timestamp=1, chains=["a"])  # type: ignore[arg-type]
     assert plain.chains == ("a",)
+
+
+def test_the_written_out_init_takes_the_fields_and_their_defaults() -> None:
+    """``Checkpoint.__init__`` is written by hand (for speed): its parameters are the
+    dataclass's init fields, in order, each with the field's default."""
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(Checkpoint.__init__).parameters
+    fields = [f for f in dataclasses.fields(Checkpoint) if f.init]
+    assert [name for name in params if name != "self"] == [f.name for f in fields]
+    for f in fields:
+        param = params[f.name]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY
+        if f.default is not dataclasses.MISSING:
+            assert param.default == f.default, f.name
+        elif f.default_factory is not dataclasses.MISSING:
+            made = Checkpoint(stack_id="s", revision=1, timestamp=1)
+            assert getattr(made, f.name) == f.default_factory(), f.name
+            # a new one for each checkpoint, never shared
+            assert getattr(made, f.name) is not getattr(
+                Checkpoint(stack_id="s", revision=1, timestamp=1), f.name
+            )
+        else:
+            assert param.default is inspect.Parameter.empty, f.name
+    assert Checkpoint(stack_id="s", revision=1, timestamp=1).to_json() is not None
+    with pytest.raises(SigloError, match="contexts"):
+        Checkpoint(stack_id="s", revision=1, timestamp=1, contexts=None)  # type: ignore[arg-type]
+
+
+def test_an_unencodable_checkpoint_names_its_stack() -> None:
+    checkpoint = Checkpoint(stack_id="s-9", revision=1, timestamp=1, contexts={"c": {"k": {1, 2}}})
+    with pytest.raises(SigloError, match="checkpoint of stack 's-9' is not JSON"):
+        checkpoint.to_json()
