@@ -146,6 +146,20 @@ class PostgresAnyoneReleases(_SqlEdit, PostgresStorageAdapter):
     OLD = " AND claimant_id = :claimant_id"
 
 
+class PostgresStreamedSaveIgnoresExpected(_Broken, PostgresStorageAdapter):
+    """context.streamed-save: the one-statement save with a context change (``WITH ctx AS
+    (INSERT …) UPDATE …``) lost ``revision = :expected``; the plain save is sound."""
+
+    def break_in(self) -> None:
+        streamed: Any = self._s.cp_streamed
+        old = self.database.sql(" AND revision = :expected")
+        text: str = streamed["cp_update_expected"]
+        if old not in text:
+            raise AssertionError(f"{old!r} is not in the streamed compare-and-set: {text}")
+        edited = {**streamed, "cp_update_expected": text.replace(old, "", 1)}
+        self._s = dataclasses.replace(self._s, cp_streamed=edited)
+
+
 # -- Redis: one script, key or hook ------------------------------------------------------------
 
 
@@ -334,6 +348,12 @@ class BackendMutant:
 
 
 BACKENDS: tuple[BackendMutant, ...] = (
+    BackendMutant(
+        "context.streamed-save",
+        "postgres",
+        PostgresStreamedSaveIgnoresExpected,
+        "the one-statement streamed save ignores the expected revision",
+    ),
     BackendMutant(
         "wait.claim.expired", "sqlite", SqliteClaimIgnoresDeadline, "claims ignore the deadline"
     ),

@@ -198,14 +198,16 @@ class Session:
 
     @contextlib.asynccontextmanager
     async def backend_with(self, **overrides: Any) -> AsyncIterator[Backend]:
-        """A backend on this run's storage opened with some options changed (a check that
-        must also see the backend as a user configures it by default), closed afterwards."""
+        """A backend of the target opened with some options changed, for a check that
+        must also see it as a user configures it by default: on storage of its own (the
+        target's isolation, or its factory), removed or closed afterwards."""
         options = {**self.backend_options(), **overrides}
-        if self._shared is not None:
-            backend = connect_url(self._shared.url, **options)
-        else:
-            assert self.target.factory is not None
-            backend = self.target.factory(**options)
+        if self.target.isolated is not None:
+            async with self.target.isolated(**options) as backend:
+                yield backend
+            return
+        assert self.target.factory is not None
+        backend = self.target.factory(**options)
         try:
             yield backend
         finally:
