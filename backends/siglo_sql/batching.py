@@ -72,7 +72,10 @@ class KeyedReads:
         try:
             rows = await self._db.fetch(self._single, {"id": key, "now": self._clock()})
         finally:
-            self._hand_over()
+            if self._waiting:
+                self._hand_over()
+            else:  # nobody queued (every call, when calls come one by one)
+                self._running = False
         return bytes(rows[0][0]) if rows else None
 
     def _hand_over(self) -> None:

@@ -217,7 +217,9 @@ class SqliteDatabase(Database):
 
     async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
         conn = self._connection()
-        deadline = self._deadline()
+        # The call's start; its deadline (start + _busy_ms) is worked out only when a
+        # statement has to wait, as few do (two calls fewer on every statement).
+        start = time.monotonic()
         busy: Exception | None = None
         if not self._lock.locked():
             # No transaction is open, and none can open before this statement runs:
@@ -235,6 +237,7 @@ class SqliteDatabase(Database):
                     raise self.wrap(exc, "running a statement") from exc
                 busy = exc
             # Busy: retried under the lock, where a transaction cannot open in the gap.
+        deadline = start + self._busy_ms / 1000
         await self._take_lock(deadline)
         try:
             return await self._run(conn, sql, params, deadline, busy)
