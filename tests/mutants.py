@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import mutants_backends as b
 import mutants_holes as h
+import mutants_values as v
 
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
 from siglo.adapter import StorageAdapter
@@ -1153,6 +1154,62 @@ HOLES: tuple[Mutant, ...] = (
 )
 """One broken backend per kind of hole (tests/mutants_holes.py)."""
 
+VALUES: tuple[Mutant, ...] = (
+    _m(
+        "checkpoint.roundtrip",
+        "falsy scalar metadata entries are not stored",
+        adapter=v.MetadataDropsFalsyScalars,
+    ),
+    _m("checkpoint.roundtrip", "context keys with ':' are lost", adapter=v.ContextDropsColonKeys),
+    _m(
+        "checkpoint.roundtrip",
+        "nested nulls of a context are dropped",
+        adapter=v.ContextDropsNestedNulls,
+    ),
+    _m(
+        "checkpoint.roundtrip",
+        "scalar and list unknown wire fields are lost",
+        adapter=v.CheckpointExtraDropsScalarsAndLists,
+    ),
+    _m(
+        "wait.roundtrip",
+        "falsy unknown wire fields of wait records are lost",
+        adapter=v.WaitExtraKeepsTruthy,
+    ),
+    _m(
+        "wait.cancel-workflow",
+        "claims with a lapsed lease stay claimed",
+        adapter=v.CancelWorkflowSkipsLapsedClaims,
+    ),
+    _m(
+        "wait.complete.claimant",
+        "claimants compared without leading spaces",
+        adapter=v.CompleteIgnoresLeadingSpace,
+    ),
+    _m(
+        "wait.claim.refused",
+        "a claimant ending with the holder's id takes the record",
+        adapter=v.ClaimByPrefixedClaimant,
+    ),
+    _m(
+        "wait.claim.once",
+        "a False or empty-string event payload keeps the stored one",
+        adapter=v.FalsePayloadKeepsStored,
+    ),
+    _m(
+        "context.stream",
+        "a stream of over sixteen fields ignores re-sets",
+        adapter=v.ContextBigStreamKeepsFirstValue,
+    ),
+    _m(
+        "idempotency.owner",
+        "owner tokens compared without case",
+        idempotency=v.OwnerTokenCaseBlind,
+    ),
+)
+"""Broken backends only a machine generating the whole value space catches
+(tests/mutants_values.py)."""
+
 MANAGERS: tuple[Mutant, ...] = (
     _m("manager.redaction.stored", "the stream skips redaction", manager=h.StreamSkipsRedaction),
     _m(
@@ -1177,7 +1234,7 @@ BACKENDS: tuple[b.BackendMutant, ...] = b.BACKENDS
 """Real SQLite, PostgreSQL and Redis backends with one statement, script or hook broken
 (tests/mutants_backends.py)."""
 
-ALL_MUTANTS: tuple[Mutant | b.BackendMutant, ...] = MUTANTS + MANAGERS + HOLES + BACKENDS
+ALL_MUTANTS: tuple[Mutant | b.BackendMutant, ...] = MUTANTS + MANAGERS + HOLES + VALUES + BACKENDS
 """Every mutant the suite must kill, naming its rule as the primary failure."""
 
 BY_NAME: dict[str, Mutant | b.BackendMutant] = {m.name: m for m in ALL_MUTANTS}

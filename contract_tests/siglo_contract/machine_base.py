@@ -28,7 +28,18 @@ from siglo.errors import CapabilityNotSupportedError
 from siglo_contract.registry import EVIDENCE_DIRECT, EVIDENCE_DIVERGENCE, fail
 from siglo_contract.target import Session, new_prefix
 
-__all__ = ["HOSTILE_IDS", "ContractMachine", "Outcome", "canon", "json_values"]
+__all__ = [
+    "FIELD_NAMES",
+    "HOSTILE_IDS",
+    "LOOK_ALIKES",
+    "ContractMachine",
+    "Outcome",
+    "canon",
+    "json_values",
+    "look_alike",
+    "nested_values",
+    "values",
+]
 
 T = TypeVar("T")
 
@@ -73,6 +84,55 @@ json_values = st.recursive(
 """JSON data, falsy values (``None``, ``0``, ``False``, ``""``, ``[]``, ``{}``) included."""
 
 falsy_values: Final[tuple[Any, ...]] = (None, 0, False, "", [], {})
+
+FIELD_NAMES = st.sampled_from(
+    ("step", "a", "b:c", "::", "ü名🙂", "k 1", "0", "null", "x" * 300, "{h}", "*", "%_")
+)
+"""Names of object members the machines generate: ``:``, unicode, spaces, long, key-like."""
+values = st.one_of(st.sampled_from(falsy_values), json_values)
+"""JSON data with the falsy values drawn often."""
+SHAPES: Final[tuple[Any, ...]] = (
+    *falsy_values,
+    1,
+    -(2**53),
+    0.5,
+    "ü名🙂",
+    "x" * 300,
+    [None],
+    [0, False, "", [], {}],
+    [[{"a": None}], []],
+    {"a": None},
+    {"a": {"b": None, "c": 0}},
+    {"b:c": {"::": [None, {"d": False}]}},
+    {"ü名🙂": "", "k 1": []},
+    {"null": {}, "0": {"x" * 300: None}},
+    {"a": [1, {"b": {"c": [None]}}], "e": {"f": {"g": {}}}},
+)
+"""Values of fixed shapes: falsy ones, nested objects and lists with ``null`` and falsy
+members, keys with ``:``, unicode, spaces and 300 characters."""
+nested_values = st.one_of(st.sampled_from(SHAPES), json_values)
+"""Values of any shape: the fixed ones above half the time (cheap to draw), else random
+JSON data."""
+
+LOOK_ALIKES: Final = ("~case", "~prefix", "~suffix", "~space", "~lead", "~cut")
+"""Ways a claimant id or owner token can differ from the holder's only slightly."""
+
+
+def look_alike(holder: str, how: str) -> str:
+    """An id that differs from ``holder`` only slightly (``how``: one of
+    :data:`LOOK_ALIKES`), never equal to it."""
+    if how == "~case":
+        swapped = holder.swapcase()
+        return swapped if swapped != holder else holder + "X"
+    if how == "~prefix":
+        return "x" + holder
+    if how == "~suffix":
+        return holder + "2"
+    if how == "~space":
+        return holder + " "
+    if how == "~lead":
+        return " " + holder
+    return holder[:-1] if len(holder) > 1 else holder + holder
 
 
 def canon(value: Any) -> bytes:

@@ -23,6 +23,24 @@ __all__ = ["CacheMachine", "ContextMachine"]
 
 CACHE_KEYS = st.one_of(st.sampled_from(("a", "b")), st.sampled_from(HOSTILE_IDS))
 VALUES = st.one_of(st.sampled_from(falsy_values), json_values)
+STREAM_FIELDS: tuple[str, ...] = (
+    *(f"f{i}" for i in range(12)),
+    "f:g",
+    "F0",
+    "ü",
+    "名前",
+    "🙂",
+    "a b",
+    "*",
+    "{f}",
+    "%_",
+    "y" * 200,
+    "y" * 201,
+)
+"""Context field names (23): enough for streams of many fields, with ``:``, unicode, case
+and length look-alikes."""
+BURST_VALUES: tuple[Any, ...] = (*falsy_values, 1, "v", {"n": [None]}, [0, ""], 0.5)
+"""Values of a burst, falsy ones included."""
 
 
 class CacheMachine(ContractMachine):
@@ -142,6 +160,7 @@ class ContextMachine(ContractMachine):
     def __init__(self) -> None:
         super().__init__()
         self.streams: set[tuple[str, str, str | None]] = set()
+        self.bursts = 0
 
     def compare(self, stack: str, step: str, ns: str | None) -> None:
         got = self.call(self.backend.adapter.get_context_changes(stack, step, ns), "context.stream")
@@ -160,11 +179,56 @@ class ContextMachine(ContractMachine):
         stack=st.sampled_from(("s", "s:1", "*")),
         step=st.sampled_from(("p", "p:1", "{p}")),
         ns=st.sampled_from((None, "n", "n:s")),
-        field=st.sampled_from(("f", "g", "f:g", "ü")),
+        field=st.sampled_from(STREAM_FIELDS),
         delete=st.booleans(),
         value=VALUES,
     )
     def change(
+        self, stack: str, step: str, ns: str | None, field: str, delete: bool, value: Any
+    ) -> None:
+        self.send(stack, step, ns, field, delete, value)
+        for s, p, n in sorted(self.streams, key=repr):
+            self.compare(s, p, n)
+
+    # At most two bursts a program: each writes a dozen or more changes.
+    @precondition(lambda self: self.live() and self.bursts < 2)
+    @rule(
+        stack=st.sampled_from(("s", "s:1", "*")),
+        step=st.sampled_from(("p", "p:1", "{p}")),
+        ns=st.sampled_from((None, "n", "n:s")),
+        fields=st.lists(st.sampled_from(STREAM_FIELDS), min_size=8, max_size=20, unique=True),
+        offset=st.integers(0, len(BURST_VALUES) - 1),
+        again=st.lists(
+            st.tuples(st.sampled_from(STREAM_FIELDS), st.sampled_from((False, False, True))),
+            max_size=4,
+        ),
+    )
+    def burst(
+        self,
+        stack: str,
+        step: str,
+        ns: str | None,
+        fields: list[str],
+        offset: int,
+        again: list[tuple[str, bool]],
+    ) -> None:
+        """Many fields set on one stream in one step, then some of them set again or
+        deleted: single changes from a few names never grow a stream past a handful."""
+        self.bursts += 1
+        # Values cycle through a fixed list (falsy ones included) from a drawn offset:
+        # drawing one per field would cost more than the calls.
+        n = len(BURST_VALUES)
+        for i, field in enumerate(fields):
+            self.send(stack, step, ns, field, False, BURST_VALUES[(offset + i) % n])
+            if self.tainted:
+                return
+        for i, (field, delete) in enumerate(again):
+            self.send(stack, step, ns, field, delete, BURST_VALUES[(offset + 7 * i + 3) % n])
+            if self.tainted:
+                return
+        self.compare(self.kk(stack), step, self.k(ns))
+
+    def send(
         self, stack: str, step: str, ns: str | None, field: str, delete: bool, value: Any
     ) -> None:
         event = ContextChangeEvent(
@@ -180,8 +244,6 @@ class ContextMachine(ContractMachine):
         self.call(self.ref.adapter.on_context_change(event), "context.stream")
         self.unexpected(got, "context.stream", "on_context_change")
         self.streams.add((event.stack_id, step, event.namespace))
-        for s, p, n in sorted(self.streams, key=repr):
-            self.compare(s, p, n)
 
     @precondition(lambda self: self.live())
     @rule(

@@ -10,7 +10,12 @@ from hypothesis.stateful import precondition, rule
 
 from siglo.checkpoint import STATUSES, Checkpoint
 from siglo.errors import CheckpointConflictError, InvalidArgumentError
-from siglo_contract.machine_base import HOSTILE_IDS, ContractMachine, Outcome
+from siglo_contract.machine_base import (
+    HOSTILE_IDS,
+    ContractMachine,
+    Outcome,
+    falsy_values,
+)
 from siglo_memory.adapter import MemoryStorageAdapter
 
 __all__ = ["CheckpointMachine"]
@@ -21,6 +26,55 @@ NAMESPACES = st.one_of(
     st.sampled_from((None, "n")), st.sampled_from((None, "n", "n:a", "a", "*", "{n}"))
 )
 EXPIRY = st.sampled_from(("none", "none", "past", "soon", "later", "far"))
+
+MANY_KEYS = tuple(f"f{i}" for i in range(30))
+MANY_VALUES = (*falsy_values, 1, "v", {"n": [None, {}]}, [0, ""])
+# Whole objects drawn from fixed shapes: hypothesis draws a dictionary key by key, which
+# cost more than the saves themselves; these shapes hold what the generator is for.
+CONTEXT = st.one_of(
+    st.sampled_from(
+        (
+            {},
+            {"step": 1},
+            {"b:c": {"d": None}},
+            {"ü名🙂": [None, {}], "k 1": ""},
+            {"a": {"b": {"c": None, "d": 0}}, "::": False},
+            {"x" * 300: [[]], "0": {}},
+            {"null": None, "a": [{"b": None}], "{h}": {"*": {"%_": []}}},
+        )
+    ),
+    st.integers(12, 30).map(
+        lambda n: {key: MANY_VALUES[i % len(MANY_VALUES)] for i, key in enumerate(MANY_KEYS[:n])}
+    ),
+)
+"""One chain's context: empty, a few keys of any shape, or many keys."""
+CONTEXTS = st.dictionaries(st.sampled_from(("main", "side:1", "ü")), CONTEXT, max_size=2)
+METADATA = st.sampled_from(
+    (
+        None,
+        None,
+        {},
+        {"a": 0},
+        {"b:c": False, "ü名🙂": ""},
+        {"n": {"m": {}}, "l": [1, None]},
+        {"x" * 300: None},
+        {"k 1": [0, ""], "null": {"a": None}},
+    )
+)
+"""Absent, empty, nested, with falsy members."""
+EXTRA = st.sampled_from(
+    (
+        {},
+        {},
+        {"futureField": 1},
+        {"x-vendor": [1, None]},
+        {"nullField": None, "ünknown": ""},
+        {"futureField": False},
+        {"futureField": {"a": [0]}},
+        {"x-vendor": "v", "ünknown": 0},
+    )
+)
+"""Unknown wire fields (``extra``): the wire format keeps every field it does not know."""
 
 
 class CheckpointMachine(ContractMachine):
@@ -92,8 +146,9 @@ class CheckpointMachine(ContractMachine):
         wrong_delta=st.sampled_from((-1, 1, 2)),
         expiry=EXPIRY,
         status=st.sampled_from(sorted(STATUSES)),
-        extra=st.booleans(),
-        context=st.integers(0, 3),
+        extra=EXTRA,
+        contexts=CONTEXTS,
+        metadata=METADATA,
     )
     def save(
         self,
@@ -104,8 +159,9 @@ class CheckpointMachine(ContractMachine):
         wrong_delta: int,
         expiry: str,
         status: Any,
-        extra: bool,
-        context: int,
+        extra: dict[str, Any],
+        contexts: dict[str, dict[str, Any]],
+        metadata: dict[str, Any] | None,
     ) -> None:
         key = (self.k(ns), self.kk(stack))
         ref_now = self._ref_live(key)
@@ -126,11 +182,11 @@ class CheckpointMachine(ContractMachine):
             revision=revision,
             timestamp=self.now(),
             status=status,
-            chains=("main",),
-            contexts={"main": {"step": context, "none": None}},
+            chains=tuple(contexts),
+            contexts=contexts,
             expires_at=self._expiry(expiry),
-            metadata={"n": context} if context % 2 else None,
-            extra={"futureField": {"x": [1, "two"]}} if extra else {},
+            metadata=metadata,
+            extra=extra,
         )
         note(f"# save rev={revision} expected={expected_revision} (reference has {current})")
         self.touched.add(key)

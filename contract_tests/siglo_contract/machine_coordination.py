@@ -10,12 +10,23 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from siglo.coordination import IdempotencyStore, Lock, NonceStore
+from siglo.errors import IdempotencyOwnershipError
 from siglo.sentinel import MISSING
-from siglo_contract.machine_base import ContractMachine, canon, json_values
+from siglo_contract.machine_base import (
+    LOOK_ALIKES,
+    ContractMachine,
+    Outcome,
+    canon,
+    falsy_values,
+    json_values,
+    look_alike,
+)
 
 __all__ = ["IdempotencyMachine", "LockMachine", "NonceMachine"]
 
 KEYS = st.sampled_from(("i1", "i:2", "*", "{i}", "ü"))
+TOKENS = st.one_of(st.sampled_from(("owner", "owner", "none")), st.sampled_from(LOOK_ALIKES))
+"""Which token a complete or fail passes: the owner's, none, or a look-alike of it."""
 TOKEN_FORMAT: Final = re.compile(r"lock_\d+_[0-9a-f]{32}")
 
 
@@ -26,14 +37,116 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class IdempotencyMachine(ContractMachine):
-    """Claims, completes (``None`` results included), fails and TTLs of idempotency keys."""
+    """Claims (owned ones too), completes (``None`` results included) and fails, of
+    claimed keys and of keys never claimed, with the owner's token, none, or one that
+    differs from it only slightly; TTLs and leases on the clock."""
 
     RULE_IDS = (
         "idempotency.claim.once",
         "idempotency.complete",
         "idempotency.fail",
         "idempotency.expiry",
+        "idempotency.owner",
     )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owners: dict[str, tuple[str, str]] = {}
+        """Key → (reference token, backend token) of its last owned claim."""
+        self.fresh = 0
+
+    def key(self, key: str, fresh: bool) -> str:
+        """The real key: ``key``, or with ``fresh`` one never claimed nor completed."""
+        if fresh:
+            self.fresh += 1
+            return f"never-{self.fresh}"
+        return key
+
+    def tokens(self, k: str, how: str) -> tuple[str | None, str | None]:
+        """(reference, backend) token for ``how`` (see :data:`TOKENS`)."""
+        if how == "none":
+            return None, None
+        ref_tok, be_tok = self.owners.get(k, ("idem_x", "idem_x"))
+        if how == "owner":
+            return ref_tok, be_tok
+        return look_alike(ref_tok, how), look_alike(be_tok, how)
+
+    @precondition(lambda self: self.live())
+    @rule(key=KEYS, ttl=st.sampled_from(("default", "long", "short")))
+    def claim_owned(self, key: str, ttl: str) -> None:
+        k = self.kk(key)
+        expired = self.expired_in_ref(k)
+        got = self.call(self.store.claim_owned(k, self.ttl(ttl)), "idempotency.owner")
+        want = self.call(self.ref_store.claim_owned(k, self.ttl(ttl)), "idempotency.owner")
+        self.unexpected(got, "idempotency.owner", "claim_owned")
+        if self.tainted:
+            return
+        mine, theirs = got.value, want.value
+        if mine.state != theirs.state:
+            rule_id = (
+                "idempotency.expiry"
+                if expired
+                else (
+                    "idempotency.complete"
+                    if "completed" in (mine.state, theirs.state)
+                    else "idempotency.claim.once"
+                )
+            )
+            self.diverge(rule_id, f"claim_owned({k!r}) {got!r}; reference {want!r}")
+            return
+        self.direct(
+            (mine.token is not None) == (mine.state == "claimed"),
+            "idempotency.owner",
+            f"claim_owned({k!r}) returned {mine!r}: a token exactly when claimed",
+        )
+        if mine.state == "claimed" and mine.token is not None:
+            self.owners[k] = (theirs.token, mine.token)
+
+    @precondition(lambda self: self.live())
+    @rule(
+        ttl=st.sampled_from(("default", "long", "short")),
+        rivals=st.lists(st.sampled_from(LOOK_ALIKES), min_size=1, max_size=3),
+        result=st.one_of(st.sampled_from(falsy_values), json_values),
+        finish=st.sampled_from(("complete", "fail")),
+    )
+    def owned_lifecycle(self, ttl: str, rivals: list[str], result: Any, finish: str) -> None:
+        """An owned claim of a new key, completes and fails with tokens that differ from
+        the owner's only slightly (all refused), then the owner's complete or fail."""
+        key = self.key("", True)
+        self.claim_owned(key, ttl)
+        for how in rivals:
+            if self.tainted:
+                return
+            self.complete(key, False, result, "long", how)
+            if not self.tainted:
+                self.fail_key(key, False, how)
+        if self.tainted:
+            return
+        if finish == "complete":
+            self.complete(key, False, result, "long", "owner")
+        else:
+            self.fail_key(key, False, "owner")
+
+    def owned_call(self, what: str, k: str, how: str, mine: Outcome, theirs: Outcome) -> bool:
+        """Compare an owned complete or fail; ``False`` once a divergence was reported."""
+        if self.tainted:
+            return False
+        refused = isinstance(mine.error, IdempotencyOwnershipError)
+        if refused and isinstance(theirs.error, IdempotencyOwnershipError):
+            return True
+        if refused and theirs.ok:
+            self.diverge(
+                "idempotency.expiry" if self.expired_in_ref(k) else "idempotency.owner",
+                f"{what}({k!r}, token={how}) {mine!r}; reference {theirs!r}",
+            )
+            return False
+        if mine.ok and isinstance(theirs.error, IdempotencyOwnershipError):
+            self.diverge(
+                "idempotency.owner", f"{what}({k!r}, token={how}) {mine!r}; reference {theirs!r}"
+            )
+            return False
+        self.unexpected(mine, f"idempotency.{what}", what)
+        return not self.tainted
 
     @property
     def store(self) -> IdempotencyStore:
@@ -78,15 +191,24 @@ class IdempotencyMachine(ContractMachine):
     @precondition(lambda self: self.live())
     @rule(
         key=KEYS,
-        result=st.one_of(st.none(), json_values),
+        fresh=st.booleans(),
+        result=st.one_of(st.none(), st.sampled_from(falsy_values), json_values),
         ttl=st.sampled_from(("default", "long", "short")),
+        how=TOKENS,
     )
-    def complete(self, key: str, result: Any, ttl: str) -> None:
+    def complete(self, key: str, fresh: bool, result: Any, ttl: str, how: str) -> None:
+        key = self.key(key, fresh)
         k = self.kk(key)
-        got = self.call(self.store.complete(k, result, self.ttl(ttl)), "idempotency.complete")
-        self.call(self.ref_store.complete(k, result, self.ttl(ttl)), "idempotency.complete")
-        self.unexpected(got, "idempotency.complete", "complete")
-        if self.tainted:
+        ref_tok, be_tok = self.tokens(k, how)
+        got = self.call(
+            self.store.complete(k, result, self.ttl(ttl), token=be_tok), "idempotency.complete"
+        )
+        want = self.call(
+            self.ref_store.complete(k, result, self.ttl(ttl), token=ref_tok),
+            "idempotency.complete",
+        )
+        if not self.owned_call("complete", k, how, got, want) or not want.ok:
+            self.compare(key, "idempotency.owner")
             return
         read = self.call(self.store.get_result(k), "idempotency.complete")
         self.direct(
@@ -97,13 +219,24 @@ class IdempotencyMachine(ContractMachine):
         self.compare(key, "idempotency.complete")
 
     @precondition(lambda self: self.live())
-    @rule(key=KEYS)
-    def fail_key(self, key: str) -> None:
+    @rule(key=KEYS, fresh=st.booleans(), how=TOKENS)
+    def fail_key(self, key: str, fresh: bool, how: str) -> None:
+        key = self.key(key, fresh)
         k = self.kk(key)
-        got = self.call(self.store.fail(k), "idempotency.fail")
-        self.call(self.ref_store.fail(k), "idempotency.fail")
-        self.unexpected(got, "idempotency.fail", "fail")
-        self.compare(key, "idempotency.fail")
+        ref_tok, be_tok = self.tokens(k, how)
+        got = self.call(self.store.fail(k, token=be_tok), "idempotency.fail")
+        want = self.call(self.ref_store.fail(k, token=ref_tok), "idempotency.fail")
+        if not self.owned_call("fail", k, how, got, want):
+            self.compare(key, "idempotency.owner")
+            return
+        self.compare(key, "idempotency.fail" if want.ok else "idempotency.owner")
+        if self.tainted or not fresh:
+            return
+        # A key failed without any claim must be claimable at once.
+        got = self.call(self.store.claim(k), "idempotency.fail")
+        want = self.call(self.ref_store.claim(k), "idempotency.fail")
+        if not self.tainted and got.value != want.value:
+            self.diverge("idempotency.fail", f"claim after fail of a never-claimed key {got!r}")
 
     @precondition(lambda self: self.live())
     @rule(key=KEYS)

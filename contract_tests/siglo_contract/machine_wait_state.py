@@ -11,16 +11,36 @@ from hypothesis.stateful import Bundle, precondition, rule
 from siglo.adapter import Capability
 from siglo.checkpoint import Checkpoint
 from siglo.records import WaitRecord
-from siglo_contract.machine_base import ContractMachine, canon, json_values
+from siglo_contract.machine_base import LOOK_ALIKES, ContractMachine, canon, nested_values
 from siglo_memory.adapter import MemoryStorageAdapter
 
-__all__ = ["CLAIMANTS", "EMBED_ONLY", "KEYS", "NAMESPACES", "STACKS", "WaitMachineBase"]
+__all__ = [
+    "CLAIMANTS",
+    "EMBED_ONLY",
+    "KEYS",
+    "NAMESPACES",
+    "STACKS",
+    "WAIT_EXTRA",
+    "WaitMachineBase",
+]
 
 KEYS = ("k1", "k2", "k:1", "*", "{k}", "ü名", "s1")
 STACKS = ("s1", "s2", "s:1", "k1")
 EMBED_ONLY = ("e1",)
 NAMESPACES = st.sampled_from((None, "n", "n:x"))
-CLAIMANTS = st.sampled_from(("holder", "c1", "c2", None))
+CLAIMANTS = st.one_of(st.sampled_from(("holder", "c1", "c2", None)), st.sampled_from(LOOK_ALIKES))
+WAIT_EXTRA = st.sampled_from(
+    (
+        {},
+        {},
+        {"customField": 0},
+        {"x-vendor": [None, {}], "ünknown": ""},
+        {"nullField": None},
+        {"customField": False, "x-vendor": {"a": {"b": None}}},
+        {"ünknown": "v", "nullField": []},
+    )
+)
+"""Unknown wire fields of a wait record (kept by the wire format), falsy ones included."""
 
 
 class WaitMachineBase(ContractMachine):
@@ -136,7 +156,8 @@ class WaitMachineBase(ContractMachine):
         status=st.sampled_from(("waiting", "waiting", "waiting", "completed", "cancelled")),
         deadline=st.sampled_from(("none", "past", "soon", "far", "far")),
         ttl=st.sampled_from(("default", "long", "short")),
-        payload=json_values,
+        payload=nested_values,
+        extra=WAIT_EXTRA,
     )
     def save(
         self,
@@ -146,6 +167,7 @@ class WaitMachineBase(ContractMachine):
         deadline: str,
         ttl: str,
         payload: Any,
+        extra: dict[str, Any],
     ) -> Any:
         now = self.now()
         expires = {
@@ -172,6 +194,7 @@ class WaitMachineBase(ContractMachine):
             expires_at=expires,
             event_payload=payload,
             metadata={"m": [1]},
+            extra=extra,
         )
         got = self.call(
             self.backend.adapter.save_wait_record(record, ttl_ms=ttl_ms), "wait.roundtrip"

@@ -12,17 +12,27 @@ from siglo.adapter import Capability
 from siglo.errors import WaitRecordClaimError
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
-from siglo_contract.machine_base import canon, json_values
+from siglo_contract.machine_base import (
+    LOOK_ALIKES,
+    canon,
+    falsy_values,
+    look_alike,
+    nested_values,
+)
 from siglo_contract.machine_wait_state import (
     CLAIMANTS,
     EMBED_ONLY,
     KEYS,
     NAMESPACES,
     STACKS,
+    WAIT_EXTRA,
     WaitMachineBase,
 )
 
 __all__ = ["WaitMachine"]
+
+CLAIM_PAYLOADS = (*falsy_values, {"a": [1, {"b": None}]}, [[None]])
+"""Event payloads a claim passes: falsy ones (``null`` included) and nested."""
 
 saved = WaitMachineBase.saved
 claimed = WaitMachineBase.claimed
@@ -39,7 +49,7 @@ class WaitMachine(WaitMachineBase):
         key=st.one_of(saved, st.sampled_from(KEYS)),
         who=CLAIMANTS,
         allow_expired=st.booleans(),
-        payload=st.one_of(st.just(MISSING), json_values),
+        payload=st.one_of(st.just(MISSING), st.sampled_from(CLAIM_PAYLOADS), nested_values),
         lease=st.sampled_from(("default", "short", "long")),
     )
     def claim(
@@ -51,10 +61,7 @@ class WaitMachine(WaitMachineBase):
             "long": 600_000,
             "short": 1_500 if self.clock_controlled else None,
         }[lease]
-        if who == "holder":
-            ref_who, be_who = self.holders.get(ck, ("c1", "c1"))
-        else:
-            ref_who = be_who = who  # type: ignore[assignment]
+        ref_who, be_who = self.claimants(ck, who)
         known = self.ref_has(ck)
         ref_pre = self.ref_adapter._live_wait(ck, self.now())
         pre = self.by_key("backend", ck) if known else None
@@ -98,7 +105,15 @@ class WaitMachine(WaitMachineBase):
             assert theirs.claimant_id is not None
             self.alias[mine.claimant_id] = theirs.claimant_id
         # Direct rules.
-        if mine is not None:
+        if mine is not None and pre is not None and pre.status == "claimed":
+            # Refusal first: a record held by another claimant under a live lease is
+            # not handed over, so a wrong claimant on it is that rule's failure.
+            self.direct(
+                pre.claimant_id == be_who or pre.lease_expired(now) or pre.is_expired(now),
+                "wait.claim.refused",
+                f"{be_who!r} claimed a record held by {pre.claimant_id!r} under a live lease",
+            )
+        if mine is not None and not self.tainted:
             self.direct(
                 mine.status == "claimed" and mine.correlation_key == ck,
                 "wait.claim.once",
@@ -164,11 +179,26 @@ class WaitMachine(WaitMachineBase):
             return key
         return multiple()
 
+    def claimants(self, ck: str, who: str | None) -> tuple[Any, Any]:
+        """(reference, backend) claimant ids for ``who``: the holder of ``ck``, one that
+        differs from the holder's only slightly, or a plain id (``None``: generated)."""
+        if who == "holder":
+            return self.holders.get(ck, ("c1", "c1"))
+        if who in LOOK_ALIKES:
+            ref_holder, be_holder = self.holders.get(ck, ("c1", "c1"))
+            return look_alike(ref_holder, who), look_alike(be_holder, who)
+        return who, who
+
     @precondition(lambda self: self.live())
-    @rule(key=st.one_of(claimed, saved), who=st.sampled_from(("holder", "holder", "c1", "c2")))
+    @rule(
+        key=st.one_of(claimed, saved),
+        who=st.one_of(
+            st.sampled_from(("holder", "holder", "c1", "c2")), st.sampled_from(LOOK_ALIKES)
+        ),
+    )
     def complete(self, key: str, who: str) -> None:
         ck = self.kk(key)
-        ref_who, be_who = self.holders.get(ck, ("c1", "c1")) if who == "holder" else (who, who)
+        ref_who, be_who = self.claimants(ck, who)
         known = self.ref_has(ck)
         pre = self.by_key("backend", ck) if known else None
         got = self.call(
@@ -265,13 +295,20 @@ class WaitMachine(WaitMachineBase):
     @rule(
         key=saved,
         who=CLAIMANTS,
-        completer=st.sampled_from(("holder", "c2")),
+        completer=st.one_of(st.sampled_from(("holder", "c2")), st.sampled_from(LOOK_ALIKES)),
+        lapse=st.booleans(),
         then_cancel=st.booleans(),
     )
-    def claim_complete(self, key: str, who: str | None, completer: str, then_cancel: bool) -> None:
+    def claim_complete(
+        self, key: str, who: str | None, completer: str, lapse: bool, then_cancel: bool
+    ) -> None:
         """A whole lifecycle in one step (hypothesis enables a random subset of rules per
-        example, so separate claim and complete steps rarely meet)."""
-        self.claim(key, who, False, MISSING, "default")
+        example, so separate claim and complete steps rarely meet); with ``lapse``, the
+        complete comes after the claim's lease ran out."""
+        lapse = lapse and self.clock_controlled
+        self.claim(key, who, False, MISSING, "short" if lapse else "default")
+        if lapse and not self.tainted:
+            self.advance(2_000)
         if not self.tainted:
             self.complete(key, completer)
         if then_cancel and not self.tainted:
@@ -308,3 +345,58 @@ class WaitMachine(WaitMachineBase):
                         f"({cns!r}, {cstack!r}) is {mine!r}; reference {theirs!r}",
                     )
                     return
+
+    @precondition(lambda self: self.live())
+    @rule(
+        stack=st.sampled_from(STACKS),
+        keys=st.lists(st.sampled_from(KEYS), min_size=2, max_size=4, unique=True),
+        steps=st.lists(
+            st.sampled_from(("open", "open", "claim", "claim", "lapse", "done", "cancel")),
+            min_size=4,
+            max_size=4,
+        ),
+        payloads=st.lists(st.sampled_from(CLAIM_PAYLOADS), min_size=4, max_size=4),
+        extra=WAIT_EXTRA,
+        rival=st.sampled_from(LOOK_ALIKES),
+        then=st.sampled_from(("cancel_workflow", "cancel_workflow", "nothing")),
+    )
+    def several_waits(
+        self,
+        stack: str,
+        keys: list[str],
+        steps: list[str],
+        payloads: list[Any],
+        extra: dict[str, Any],
+        rival: str,
+        then: str,
+    ) -> None:
+        """Two to four waits of one stack at once, in every state (waiting, claimed,
+        claimed with a lapsed lease, completed, cancelled), claimed with payloads of any
+        shape (falsy ones included) and raced by a claimant whose id differs from the
+        holder's only slightly; then most often ``cancel_workflow`` of that stack:
+        separate steps rarely leave a stack with two open waits."""
+        lapse = self.clock_controlled and "lapse" in steps[: len(keys)]
+        raced = False
+        for key, step, payload in zip(keys, steps, payloads, strict=False):
+            if self.tainted:
+                return
+            self.save(key, stack, "waiting", "far", "long", {"stored": key}, extra)
+            if self.tainted:
+                return
+            if step in ("claim", "done") or (step == "lapse" and lapse):
+                short = step == "lapse"
+                self.claim(key, f"c-{key}", False, payload, "short" if short else "long")
+                if not raced and not self.tainted:
+                    # One race per step: the look-alike claims, then completes.
+                    raced = True
+                    self.claim(key, rival, False, MISSING, "long")
+                    if not self.tainted:
+                        self.complete(key, rival)
+                if step == "done" and not self.tainted:
+                    self.complete(key, "holder")
+            elif step == "cancel":
+                self.cancel(key)
+        if lapse and not self.tainted:
+            self.advance(2_000)
+        if then == "cancel_workflow" and not self.tainted:
+            self.cancel_workflow(stack, None)
