@@ -186,7 +186,12 @@ class WaitMachine(WaitMachineBase):
             return self.holders.get(ck, ("c1", "c1"))
         if who in LOOK_ALIKES:
             ref_holder, be_holder = self.holders.get(ck, ("c1", "c1"))
-            return look_alike(ref_holder, who), look_alike(be_holder, who)
+            ref_id, be_id = look_alike(ref_holder, who), look_alike(be_holder, who)
+            if be_id != ref_id:
+                # A look-alike of an anonymous holder (each side generated its own id):
+                # the same claimant on both sides, as the holders themselves are.
+                self.alias[be_id] = ref_id
+            return ref_id, be_id
         return who, who
 
     @precondition(lambda self: self.live())
