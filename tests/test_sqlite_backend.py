@@ -100,9 +100,35 @@ async def test_busy_past_the_timeout_is_wrapped(tmp_path: Path) -> None:
         with pytest.raises(siglo.StorageAdapterError, match="locked") as info:
             await backend.adapter.save_checkpoint(cp(2))
         assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+        assert "busy_timeout_ms=150" in str(info.value)  # the bound that applied
         assert time.monotonic() - began < 2.5
         holder.join()
         await backend.adapter.save_checkpoint(cp(2))  # and it works again afterwards
+
+
+async def test_a_zero_busy_timeout_waits_for_no_lock_but_does_the_work(tmp_path: Path) -> None:
+    """The busy timeout bounds waits for a lock, not a call's own work: with 0, a fresh file
+    is migrated (a transaction of many statements) and every operation runs, and only a
+    lock held elsewhere fails, at once. (It bounded the whole transaction: a migration
+    slower than a 150 ms busy timeout on a loaded machine timed out with no lock held,
+    and busy_timeout_ms=0 could not open a file at all.)"""
+    url = f"sqlite:///{tmp_path}/zero.db"
+    async with siglo.connect(url, busy_timeout_ms=0) as backend:
+        await backend.adapter.save_checkpoint(cp(1))
+        await backend.adapter.cancel_workflow("s")  # a BEGIN IMMEDIATE transaction
+        got = await backend.adapter.get_checkpoint("s")
+        assert got is not None
+        assert got.status == "cancelled"
+        ready = threading.Event()
+        holder = threading.Thread(target=_hold_write_lock, args=(tmp_path / "zero.db", 2.0, ready))
+        holder.start()
+        await asyncio.to_thread(ready.wait)
+        began = time.monotonic()
+        with pytest.raises(siglo.StorageAdapterError, match="locked"):
+            await backend.adapter.cancel_workflow("s")
+        assert time.monotonic() - began < 1.5
+        holder.join()
+        await backend.adapter.cancel_workflow("s")
 
 
 async def test_unopenable_file_is_wrapped(tmp_path: Path) -> None:

@@ -114,9 +114,14 @@ class Database(abc.ABC):
         last = "" if cause is None else f"; last error {type(cause).__name__}: {cause}"
         return StorageAdapterError(
             f"{self.dialect_name} storage timed out {doing} ({self.description}): not done "
-            f"within its bound (command_timeout_ms={self.command_timeout_ms}; a lock held "
-            f"elsewhere, or a stalled server){last}"
+            f"within its bound ({self.bound_text}; a lock held elsewhere, or a stalled "
+            f"server){last}"
         )
+
+    @property
+    def bound_text(self) -> str:
+        """The setting(s) that bound a call, as an error message names them."""
+        return f"command_timeout_ms={self.command_timeout_ms}"
 
     async def open(self) -> None:
         """Connect and run the schema check now (otherwise the first call does)."""
