@@ -21,7 +21,9 @@ import siglo
 from siglo import Checkpoint
 
 
-@pytest.fixture(params=["sqlite-file", "postgres"])
+# SQLite in memory: on a file, keyed reads run at once on the event loop's thread
+# (SqliteDatabase.read, test_sqlite_reader.py) and none ever queues.
+@pytest.fixture(params=["sqlite-memory", "postgres"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[siglo.Backend]:
     async with open_backend(request.param) as b:
         await b.adapter.open()  # type: ignore[attr-defined]

@@ -1,6 +1,9 @@
 """Concurrent checkpoint loads on SQLite (siglo_sql.batching): failures, cancellation,
 closing, a new event loop. What SQLite and PostgreSQL share is in ``test_read_batching.py``.
 
+On a private in-memory database: on a file, keyed reads run at once on the event loop's
+thread (``SqliteDatabase.read``, ``test_sqlite_reader.py``), so none ever queues.
+
 Against real SQLite: a failing batch is real SQL that SQLite rejects, and cancellation is
 of real tasks awaiting real statements.
 """
@@ -22,9 +25,9 @@ from siglo_sql.statements import many_ids
 
 
 @pytest.fixture
-async def backend(tmp_path: Any) -> AsyncIterator[siglo.Backend]:
+async def backend() -> AsyncIterator[siglo.Backend]:
     clock = ManualClock(1_000_000)
-    async with siglo.connect(f"sqlite:///{tmp_path}/b.db", clock=clock) as b:
+    async with siglo.connect("sqlite://", clock=clock) as b:
         await b.adapter.open()  # type: ignore[attr-defined]
         yield b
 
@@ -76,8 +79,8 @@ async def test_cancelled_callers_leave_the_others_answered(backend: siglo.Backen
     assert not reads._waiting
 
 
-async def test_closing_the_backend_fails_queued_loads(tmp_path: Any) -> None:
-    b = siglo.connect(f"sqlite:///{tmp_path}/c.db")
+async def test_closing_the_backend_fails_queued_loads() -> None:
+    b = siglo.connect("sqlite://")
     await save(b, "a", 1)
     loads = [asyncio.ensure_future(b.adapter.get_checkpoint("a")) for _ in range(5)]
     await asyncio.sleep(0)

@@ -239,7 +239,7 @@ class SqlStorageAdapter(StorageAdapter):
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         if namespace is not None and fallback:
-            rows = await self.database.fetch(
+            rows = await self.database.read(
                 self._s.cp_get_fallback,
                 {
                     "id": row_id(namespace, stack_id),
@@ -252,7 +252,7 @@ class SqlStorageAdapter(StorageAdapter):
         if self._cp_reads is not None:
             data = await self._cp_reads.get(key)
             return None if data is None else Checkpoint.from_json(data)
-        rows = await self.database.fetch(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
+        rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
         return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
 
     async def _clean(self, sql: str) -> int:
@@ -352,7 +352,7 @@ class SqlStorageAdapter(StorageAdapter):
     ) -> WaitRecord | None:
         key = correlation_key_or_stack_id
         now = self.clock.now_ms()
-        rows = await self.database.fetch(
+        rows = await self.database.read(
             self._s.wait_get,
             {
                 "id": wait_id(namespace, key),
@@ -487,7 +487,7 @@ class SqlStorageAdapter(StorageAdapter):
     # -- step cache ------------------------------------------------------------------------
 
     async def _do_get_cached_step(self, key: str) -> Any | Missing:
-        rows = await self.database.fetch(
+        rows = await self.database.read(
             self._s.cache_get, {"id": row_id(key), "now": self.clock.now_ms()}
         )
         if not rows:
@@ -542,7 +542,7 @@ class SqlStorageAdapter(StorageAdapter):
     ) -> dict[str, Any]:
         db = self.database
         stream = row_id(namespace or "", stack_id, step_id)
-        rows = await db.fetch(self._s.ctx_get, {"stream": stream, "now": self.clock.now_ms()})
+        rows = await db.read(self._s.ctx_get, {"stream": stream, "now": self.clock.now_ms()})
         return {name: codec.loads(data, what="context value") for name, data in rows}
 
     async def _do_on_cache_event(self, event: CacheEvent) -> None:

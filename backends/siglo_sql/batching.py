@@ -70,7 +70,7 @@ class KeyedReads:
             self._loop, self._waiting, self._drainer = loop, {}, None
         self._running = True
         try:
-            rows = await self._db.fetch(self._single, {"id": key, "now": self._clock()})
+            rows = await self._db.read(self._single, {"id": key, "now": self._clock()})
         finally:
             if self._waiting:
                 self._hand_over()
@@ -96,7 +96,7 @@ class KeyedReads:
                 try:
                     params: dict[str, Any] = {f"id{i}": key for i, key in enumerate(keys)}
                     params["now"] = self._clock()
-                    rows = await self._db.fetch(self._statement(len(keys)), params)
+                    rows = await self._db.read(self._statement(len(keys)), params)
                 except Exception as exc:  # the statement failed: so does every read in it
                     for futures in batch.values():
                         for future in futures:

@@ -193,6 +193,11 @@ class Database(abc.ABC):
             await self.open()
         return await self.raw_fetch(sql, params)
 
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
+        """A keyed read of a few rows, outside any transaction: :meth:`fetch` here; a
+        dialect may answer it without a hop to a driver thread (SQLite)."""
+        return await self.fetch(sql, params)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Executor]:
         """A write transaction (SQLite: ``BEGIN IMMEDIATE``); commits unless it raises."""

@@ -1,4 +1,6 @@
-"""One long-lived aiosqlite connection per backend, in WAL mode.
+"""One long-lived aiosqlite connection per backend, in WAL mode, and for files a second,
+read-only ``sqlite3`` connection for keyed reads on the event loop's thread
+(:meth:`SqliteDatabase.read`).
 
 aiosqlite runs every call on the connection's own thread, so each statement costs a
 thread hop: one ``execute_fetchall`` per operation keeps it to one. The connection is
@@ -54,6 +56,23 @@ def _is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
+def _open_reader(path: str) -> sqlite3.Connection:
+    """The connection :meth:`SqliteDatabase.read` uses: autocommit (each read its own
+    snapshot), read-only, never waiting for a lock, the main connection's page settings."""
+    # check_same_thread off: opened by whichever thread runs the event loop at connect,
+    # and only ever used from the loop's thread.
+    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        reader.execute("PRAGMA busy_timeout = 0")
+        reader.execute("PRAGMA query_only = ON")
+        reader.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
+        reader.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
 class _Tx:
     def __init__(self, db: SqliteDatabase, conn: aiosqlite.Connection, deadline: float) -> None:
         self._db = db
@@ -100,6 +119,8 @@ class SqliteDatabase(Database):
         self.synchronous = synchronous.upper()
         self.engine = engine
         self._conn: aiosqlite.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        """A second connection to the file, for :meth:`read` on the event loop's thread."""
         self._sa_conn: AsyncConnection | None = None
         self._lock = asyncio.Lock()
 
@@ -137,6 +158,8 @@ class SqliteDatabase(Database):
                 # Keeps keyed lookups flat as the file grows (docs/benchmarks.md, scale).
                 await conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
                 await conn.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
+                if self.engine is None:
+                    self._reader = _open_reader(self.path)
         except BaseException:
             await self._disconnect()
             raise
@@ -144,6 +167,9 @@ class SqliteDatabase(Database):
     async def _disconnect(self) -> None:
         conn, self._conn = self._conn, None
         sa_conn, self._sa_conn = self._sa_conn, None
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
         if sa_conn is not None:
             with suppress(Exception):
                 await sa_conn.close()  # back to the user's pool; their engine stays open
@@ -255,6 +281,31 @@ class SqliteDatabase(Database):
             return await self._run(conn, sql, params, deadline, busy)
         finally:
             self._lock.release()
+
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
+        """A keyed read, run at once on the event loop's thread by the reader connection
+        when it need not wait, else as :meth:`fetch` does.
+
+        In WAL mode a reader never waits for a writer, and a lookup by key in a file
+        mapped into memory takes microseconds: less than the hop to aiosqlite's thread and
+        back (about 100 us here), which was most of a sequential load. The reader's busy
+        timeout is 0, so it never blocks the loop on a lock: where SQLite would make it
+        wait (another process holding the file exclusively, a WAL being recovered) it
+        gets "database is locked" and the read goes through the driver thread, which
+        waits as any call does. It sees what is committed when it starts, as a read
+        outside a transaction on the main connection does; this backend's own
+        transaction in progress is not waited for (its writes are not committed yet).
+        """
+        if not self._ready:
+            await self.open()
+        reader = self._reader
+        if reader is not None:
+            try:
+                return reader.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                if not _is_busy(exc):
+                    raise self.wrap(exc, "running a statement") from exc
+        return await self.raw_fetch(sql, params)
 
     @asynccontextmanager
     async def raw_transaction(self) -> AsyncIterator[Executor]:
