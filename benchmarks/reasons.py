@@ -27,9 +27,11 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
             name,
             None,
             1,
-            "Python around one statement: a save and a load are each one statement in one "
-            "thread hop into aiosqlite, for siglo and raw alike (counted at aiosqlite's "
-            "Connection._execute); the statement alone, interleaved, costs siglo 36.0 us "
+            "Python around one statement: a save is one statement in one thread hop into "
+            "aiosqlite, for siglo and raw alike (counted at aiosqlite's "
+            "Connection._execute; siglo's loads, and the load of a CAS, run on its reader "
+            "connection without the hop since bea2090); the statement alone, interleaved, "
+            "costs siglo 36.0 us "
             "against raw's 32.0 (siglo's row has 10 columns and 3 indexes, raw's 5 and 2); "
             "building a 1 KB checkpoint and its row costs 14.0 us "
             "against 1.8 us for raw's dict and orjson.dumps (21.9 before this round's "
@@ -57,10 +59,11 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "workflow",
         None,
         None,
-        "commits per run: siglo's flow runs 9 statements, 7 of them writes (workflow "
+        "commits per run: siglo's flow runs 8 statements, 7 of them writes (workflow "
         "lock taken and released, creation, each step's context-stream row and checkpoint "
-        "in one statement, the last with the completion, the cache entry; recorded at its "
-        "database's fetch; 13 and 11 before this round), DBOS 8 commits in "
+        "in one statement, the last with the completion, the cache entry; the one read, "
+        "the cached step's look-up; tests/test_flow_statements.py; 13 and 11 two rounds "
+        "ago, 9 and 7 with a read of the run before its creation), DBOS 8 commits in "
         "16 statements (counted with SQLAlchemy events on its engine); with the shared "
         "server's commits at several ms each, the count decides. LangGraph's count was "
         "not measured",

@@ -105,7 +105,14 @@ class Flow:
         require_optional_id("namespace", namespace)
 
         async def start_or_continue() -> Any:
-            if await manager.load_checkpoint(run_id, namespace=namespace) is None:
+            # Without a namespace the creation's compare-and-set (expected revision 0) is
+            # the look-up: it stores nothing where a run is stored, and a new run, the
+            # usual case, costs no read first (one round trip fewer a run). A namespaced
+            # run reads first: its look-up falls back to the stack without a namespace,
+            # which the creation does not see.
+            if namespace is None or (
+                await manager.load_checkpoint(run_id, namespace=namespace) is None
+            ):
                 stack = manager.create_stack(
                     run_id,
                     workflow_id=self.name,
@@ -115,7 +122,8 @@ class Flow:
                 try:
                     await manager.save_checkpoint(run_id, expected_revision=0)
                 except CheckpointConflictError:
-                    # Created meanwhile by a caller without the lock: take that run up.
+                    # Stored already (or created meanwhile by a caller without the
+                    # lock): take that run up.
                     manager.discard_stack(run_id)
                 else:
                     try:

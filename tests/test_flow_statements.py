@@ -1,0 +1,88 @@
+"""What one run of a 3-step flow (one step cached) sends to an SQL database: each
+statement recorded at the database's ``fetch``/``read``, the way the end-to-end benchmark's
+flow runs (docs/benchmarks.md counts them). The count is what the run costs on a server
+whose commits take milliseconds, so a change that adds one must show up here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sql_support import open_backend
+
+import siglo
+from siglo import Step, flow
+from siglo_sql.database import Database
+
+
+@pytest.fixture(params=["sqlite-file", "postgres"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[siglo.Backend]:
+    async with open_backend(request.param) as b:
+        await b.adapter.open()  # type: ignore[attr-defined]
+        yield b
+
+
+def record(backend: siglo.Backend) -> list[str]:
+    """The first words of every statement the backend's database runs from now on."""
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    sent: list[str] = []
+    # ``read`` is ``fetch`` unless the dialect has its own (SQLite's reader connection).
+    own_read = type(db).read is not Database.read
+    for name in ("fetch", "read") if own_read else ("fetch",):
+        real = getattr(db, name)
+
+        async def call(sql: str, params: Any = (), _real: Any = real) -> Any:
+            sent.append(" ".join(sql.split()[:3]).upper())
+            return await _real(sql, params)
+
+        setattr(db, name, call)
+    return sent
+
+
+def three_steps() -> Any:
+    async def step(inp: dict[str, Any]) -> dict[str, Any]:
+        return {"run": inp["run"], "step": inp.get("step", 0) + 1}
+
+    return flow(
+        Step.create("fetch", step),
+        Step.create("price", step).cache(ttl_ms=300_000, key=lambda inp: f"price-{inp['run']}"),
+        Step.create("settle", step),
+        name="statements",
+    )
+
+
+async def test_a_new_run_sends_no_read_before_creating(backend: siglo.Backend) -> None:
+    manager = siglo.StorageManager(backend, error_mode="strict")
+    work = three_steps()
+    await work.run({"run": "warm"}, manager=manager, stack_id="warm")  # migrations, caches
+    sent = record(backend)
+    out = await work.run({"run": "r1"}, manager=manager, stack_id="r1")
+    assert out == {"run": "r1", "step": 3}
+    reads = [s for s in sent if s.startswith(("SELECT", "WITH LIVE"))]
+    writes = [s for s in sent if s not in reads]
+    # Writes: the workflow lock taken, the creation, one per step (with its context
+    # change where the dialect allows, the last with the completion), the cache entry,
+    # the lock released. The one read: the cached step's look-up. No look-up of the
+    # run before its creation: the creation's compare-and-set is that look-up.
+    assert len(reads) == 1, sent
+    streamed_with_checkpoint = backend.name == "postgres"
+    assert len(writes) == (7 if streamed_with_checkpoint else 10), sent
+
+
+async def test_a_stored_run_is_taken_up_and_nothing_is_written_for_it(
+    backend: siglo.Backend,
+) -> None:
+    """The creation's refused compare-and-set stores nothing; the stored run answers."""
+    manager = siglo.StorageManager(backend, error_mode="strict")
+    work = three_steps()
+    first = await work.run({"run": "r"}, manager=manager, stack_id="r")
+    stored = await backend.adapter.get_checkpoint("r")
+    assert stored is not None
+    again = await work.run({"run": "other input"}, manager=manager, stack_id="r")
+    assert again == first
+    after = await backend.adapter.get_checkpoint("r")
+    assert after is not None
+    assert after.revision == stored.revision
+    assert after.to_json() == stored.to_json()
