@@ -69,19 +69,28 @@ async def test_a_read_sees_what_another_connection_committed(
         assert got.revision == 2  # a new snapshot per read, not one kept open
 
 
-async def test_a_read_inside_this_backends_transaction_does_not_wait_for_it(
+async def test_a_read_asked_while_a_write_is_in_flight_reads_after_it(
     backend: siglo.Backend,
 ) -> None:
-    """It reads what is committed; on the one driver connection it would have waited for
-    the transaction, here held by the reading task itself."""
-    await backend.adapter.save_checkpoint(cp(1))
+    """While the driver connection has work in flight the read queues behind it there:
+    it sees the write asked before it, and the loop leaves the GIL to the driver."""
+    adapter: Any = backend.adapter
+    await adapter.save_checkpoint(cp(1))
     db = database(backend)
-    table = backend.adapter._s.cp_get.split(" FROM ")[1].split()[0]  # type: ignore[attr-defined]
-    async with db.transaction() as tx:
-        await tx.fetch(f"UPDATE {table} SET revision = 99")
-        got = await asyncio.wait_for(backend.adapter.get_checkpoint("s"), 2)
-        assert got is not None
-        assert got.revision == 1
+    on_reader: list[str] = []
+    db._reader.set_trace_callback(on_reader.append)
+    saving = asyncio.ensure_future(adapter.save_checkpoint(cp(2)))
+    await asyncio.sleep(0)  # the save is submitted to aiosqlite's thread
+    assert db._on_driver == 1
+    got = await adapter.get_checkpoint("s")
+    await saving
+    assert got is not None
+    assert got.revision == 2
+    assert on_reader == []
+    assert db._on_driver == 0
+    got = await adapter.get_checkpoint("s")  # idle again: on the reader
+    assert got is not None
+    assert len(on_reader) == 1
 
 
 class _BusyReader:
