@@ -11,6 +11,10 @@ a lookup is running with one ``SELECT … WHERE id IN (…)`` when it is done.
 
 Each batch is one statement, so each caller's answer comes from one consistent snapshot
 taken after the caller asked: what it would have read had it run alone at that moment.
+
+Lookups go through :meth:`Database.read`: on an SQLite file a lookup made while the driver
+connection is idle runs inline on the reader connection and returns before anyone can
+queue behind it, so batches form only while writes or other reads are in flight.
 """
 
 from __future__ import annotations

@@ -171,7 +171,8 @@ class SqliteDatabase(Database):
         sa_conn, self._sa_conn = self._sa_conn, None
         reader, self._reader = self._reader, None
         if reader is not None:
-            reader.close()
+            with suppress(Exception):
+                reader.close()
         if sa_conn is not None:
             with suppress(Exception):
                 await sa_conn.close()  # back to the user's pool; their engine stays open
@@ -300,10 +301,10 @@ class SqliteDatabase(Database):
         mapped into memory takes microseconds: less than the hop to aiosqlite's thread and
         back (about 100 us here), which was most of a sequential load. The reader's busy
         timeout is 0, so it never blocks the loop on a lock: where SQLite would make it
-        wait (another process holding the file exclusively, a WAL being recovered) it
-        gets "database is locked" and the read goes through the driver thread, which
-        waits as any call does. It sees what is committed when it starts, as a read
-        outside a transaction on the main connection does.
+        wait (a WAL being recovered after a crash) it gets "database is locked" and the
+        read goes through the driver thread, which waits as any call does. It sees what
+        is committed when it starts, as a read outside a transaction on the main
+        connection does.
 
         While the aiosqlite connection has statements in flight or a transaction open,
         reads queue behind them there (coalesced by :mod:`siglo_sql.batching`), as before
