@@ -6,6 +6,7 @@ whose commits take milliseconds, so a change that adds one must show up here.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -86,3 +87,66 @@ async def test_a_stored_run_is_taken_up_and_nothing_is_written_for_it(
     assert after is not None
     assert after.revision == stored.revision
     assert after.to_json() == stored.to_json()
+
+
+async def test_a_cache_entry_is_written_beside_its_steps_checkpoint(
+    backend: siglo.Backend,
+) -> None:
+    """The cached step's cache entry and checkpoint are in flight at once, and both land."""
+    manager = siglo.StorageManager(backend, error_mode="strict")
+    work = three_steps()
+    await work.run({"run": "warm"}, manager=manager, stack_id="warm")
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    real = db.fetch
+    in_flight: list[str] = []
+    overlaps: list[list[str]] = []
+
+    async def fetch(sql: str, params: Any = ()) -> Any:
+        in_flight.append(" ".join(sql.split()[:3]).upper())
+        overlaps.append(list(in_flight))
+        try:
+            await asyncio.sleep(0.005)  # long enough for a write sent beside it to start
+            return await real(sql, params)
+        finally:
+            in_flight.pop(0)
+
+    db.fetch = fetch
+    out = await work.run({"run": "r2"}, manager=manager, stack_id="r2")
+    assert out == {"run": "r2", "step": 3}
+    assert max(len(o) for o in overlaps) == 2, overlaps
+    assert await backend.adapter.get_cached_step("price-r2") == {"run": "r2", "step": 2}
+    stored = await backend.adapter.get_checkpoint("r2")
+    assert stored is not None
+    assert stored.status == "completed"
+    assert stored.contexts["price"]["output"] == {"run": "r2", "step": 2}
+
+
+async def test_a_failed_cache_write_is_raised_and_its_checkpoint_kept(
+    backend: siglo.Backend,
+) -> None:
+    """The database refuses the cache entry (a trigger): ``run`` raises, the checkpoint
+    written beside it has landed, and the run continues from it without the entry."""
+    if backend.name != "postgres":
+        pytest.skip("the refusal is a PostgreSQL trigger")
+    manager = siglo.StorageManager(backend, error_mode="strict")
+    work = three_steps()
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    table = f"{backend.adapter.schema}.{backend.adapter.table_prefix}step_cache"  # type: ignore[attr-defined]
+    await db.fetch(
+        f"CREATE FUNCTION {backend.adapter.schema}.refuse() RETURNS trigger"  # type: ignore[attr-defined]
+        " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no cache today'; END $$"
+    )
+    await db.fetch(
+        f"CREATE TRIGGER refuse BEFORE INSERT ON {table}"
+        f" FOR EACH ROW EXECUTE FUNCTION {backend.adapter.schema}.refuse()"  # type: ignore[attr-defined]
+    )
+    with pytest.raises(siglo.StorageAdapterError, match="no cache today"):
+        await work.run({"run": "r3"}, manager=manager, stack_id="r3")
+    stored = await backend.adapter.get_checkpoint("r3")
+    assert stored is not None
+    assert stored.status == "running"
+    assert stored.contexts["price"]["output"] == {"run": "r3", "step": 2}
+    assert await backend.adapter.get_cached_step("price-r3") is siglo.MISSING
+    await db.fetch(f"DROP TRIGGER refuse ON {table}")
+    out = await work.resume("r3", manager=siglo.StorageManager(backend, error_mode="strict"))
+    assert out == {"run": "r3", "step": 3}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -363,7 +364,7 @@ class Flow:
                 value = ctx[OUTPUT]
                 continue
             try:
-                value = await self._run_step(
+                value, cache_write = await self._run_step(
                     manager, stack, step, value, ctx.get(EVENT, MISSING), bool(ctx.get(TIMED_OUT))
                 )
             except _Suspend as wait:
@@ -379,10 +380,11 @@ class Flow:
                 # The last step's outcome and the completion are one checkpoint: nothing
                 # runs between them, so a separate save would only cost a commit (a
                 # crash before it reruns the step, as before any step's checkpoint).
-                break
+                stack.transition("completed")
+            await _save_with(manager, stack, cache_write)
+        if stack.status != "completed":  # every step had finished before the last save
+            stack.transition("completed")
             await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
-        stack.transition("completed")
-        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
         return value
 
     async def _run_step(
@@ -393,7 +395,12 @@ class Flow:
         value: Any,
         event: Any | Missing,
         timed_out: bool = False,
-    ) -> Any:
+    ) -> tuple[Any, Callable[[], Awaitable[None]] | None]:
+        """The step's output, and the write of its cache entry if one is due.
+
+        The cache entry is not written here: the caller writes it beside the step's
+        checkpoint (:func:`_save_with`), so the two are in flight together.
+        """
         adapter = manager.adapter
         cache = adapter if adapter is not None and adapter.supports(Capability.STEP_CACHE) else None
         key = step.cache_key_for(value) if step.cache_ttl_ms is not None else None
@@ -402,7 +409,7 @@ class Flow:
             kind = "miss" if cached is MISSING else "hit"
             await self._cache_event(manager, kind, key, stack, step)
             if cached is not MISSING:
-                return cached
+                return cached, None
         run = StepRun(
             stack.stack_id,
             step.name,
@@ -416,13 +423,17 @@ class Flow:
             output = await step.fn(value)
         finally:
             current_step.reset(token)
-        if cache is not None and key is not None:
-            # The output becomes context, so it is stored redacted like context: a later
-            # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
-            cached_output = manager.redact(output, stack.stack_id)
+        if cache is None or key is None:
+            return output, None
+        # The output becomes context, so it is stored redacted like context: a later
+        # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
+        cached_output = manager.redact(output, stack.stack_id)
+
+        async def write_cache_entry() -> None:
             await cache.set_cached_step(key, cached_output, step.cache_ttl_ms)
             await self._cache_event(manager, "set", key, stack, step)
-        return output
+
+        return output, write_cache_entry
 
     async def _cache_event(
         self,
@@ -493,6 +504,33 @@ async def _why_unclaimable(
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"
+
+
+async def _save_with(
+    manager: StorageManager,
+    stack: ExecutionStack,
+    cache_write: Callable[[], Awaitable[None]] | None,
+) -> None:
+    """Checkpoint ``stack``, with a step's cache entry written at the same time.
+
+    Neither write depends on the other, so they go out together (one round trip on a
+    server instead of two, one pipelined write on Redis). Either order is safe after a
+    crash: a cache entry without the checkpoint makes the rerun step a cache hit, a
+    checkpoint without the entry only misses the cache next time. Both are awaited to
+    the end; a failure of either is raised, the checkpoint's first.
+    """
+    if cache_write is None:
+        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+        return
+    # The save is awaited directly, not as a task: its first part (taking the context
+    # changes not streamed yet) must run before the loop turns and their jobs start.
+    cache_task = asyncio.ensure_future(cache_write())
+    try:
+        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+    finally:
+        (cached,) = await asyncio.gather(cache_task, return_exceptions=True)
+    if isinstance(cached, BaseException):
+        raise cached
 
 
 async def _locked(manager: StorageManager, stack_id: str, action: Callable[[], Awaitable[T]]) -> T:
