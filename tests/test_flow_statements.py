@@ -25,13 +25,18 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[siglo.Backend
         yield b
 
 
+def entry_points(db: Any, *names: str) -> list[str]:
+    """Of ``names``, those the database runs statements through: ``fetch``, and ``read``
+    and ``write`` where the dialect has its own (SQLite's reader and writer connections;
+    elsewhere they call ``fetch``)."""
+    return [n for n in names if n == "fetch" or getattr(type(db), n) is not getattr(Database, n)]
+
+
 def record(backend: siglo.Backend) -> list[str]:
     """The first words of every statement the backend's database runs from now on."""
     db: Any = backend.adapter.database  # type: ignore[attr-defined]
     sent: list[str] = []
-    # ``read`` is ``fetch`` unless the dialect has its own (SQLite's reader connection).
-    own_read = type(db).read is not Database.read
-    for name in ("fetch", "read") if own_read else ("fetch",):
+    for name in entry_points(db, "fetch", "read", "write"):
         real = getattr(db, name)
 
         async def call(sql: str, params: Any = (), _real: Any = real) -> Any:
@@ -97,20 +102,21 @@ async def test_a_cache_entry_is_written_beside_its_steps_checkpoint(
     work = three_steps()
     await work.run({"run": "warm"}, manager=manager, stack_id="warm")
     db: Any = backend.adapter.database  # type: ignore[attr-defined]
-    real = db.fetch
     in_flight: list[str] = []
     overlaps: list[list[str]] = []
+    for name in entry_points(db, "fetch", "write"):
+        real = getattr(db, name)
 
-    async def fetch(sql: str, params: Any = ()) -> Any:
-        in_flight.append(" ".join(sql.split()[:3]).upper())
-        overlaps.append(list(in_flight))
-        try:
-            await asyncio.sleep(0.005)  # long enough for a write sent beside it to start
-            return await real(sql, params)
-        finally:
-            in_flight.pop(0)
+        async def send(sql: str, params: Any = (), _real: Any = real) -> Any:
+            in_flight.append(" ".join(sql.split()[:3]).upper())
+            overlaps.append(list(in_flight))
+            try:
+                await asyncio.sleep(0.005)  # long enough for a write sent beside it to start
+                return await _real(sql, params)
+            finally:
+                in_flight.pop(0)
 
-    db.fetch = fetch
+        setattr(db, name, send)
     out = await work.run({"run": "r2"}, manager=manager, stack_id="r2")
     assert out == {"run": "r2", "step": 3}
     assert max(len(o) for o in overlaps) == 2, overlaps
@@ -126,27 +132,36 @@ async def test_a_failed_cache_write_is_raised_and_its_checkpoint_kept(
 ) -> None:
     """The database refuses the cache entry (a trigger): ``run`` raises, the checkpoint
     written beside it has landed, and the run continues from it without the entry."""
-    if backend.name != "postgres":
-        pytest.skip("the refusal is a PostgreSQL trigger")
     manager = siglo.StorageManager(backend, error_mode="strict")
     work = three_steps()
-    db: Any = backend.adapter.database  # type: ignore[attr-defined]
-    table = f"{backend.adapter.schema}.{backend.adapter.table_prefix}step_cache"  # type: ignore[attr-defined]
-    await db.fetch(
-        f"CREATE FUNCTION {backend.adapter.schema}.refuse() RETURNS trigger"  # type: ignore[attr-defined]
-        " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no cache today'; END $$"
-    )
-    await db.fetch(
-        f"CREATE TRIGGER refuse BEFORE INSERT ON {table}"
-        f" FOR EACH ROW EXECUTE FUNCTION {backend.adapter.schema}.refuse()"  # type: ignore[attr-defined]
-    )
+    adapter: Any = backend.adapter
+    db: Any = adapter.database
+    if backend.name == "postgres":
+        table = f"{adapter.schema}.{adapter.table_prefix}step_cache"
+        await db.fetch(
+            f"CREATE FUNCTION {adapter.schema}.refuse() RETURNS trigger"
+            " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no cache today'; END $$"
+        )
+        await db.fetch(
+            f"CREATE TRIGGER refuse BEFORE INSERT ON {table}"
+            f" FOR EACH ROW EXECUTE FUNCTION {adapter.schema}.refuse()"
+        )
+        drop = f"DROP TRIGGER refuse ON {table}"
+    else:  # the SQLite file: the refusal meets the inline writer (SqliteDatabase.write)
+        table = f"{adapter.table_prefix}step_cache"
+        await db.fetch(
+            f"CREATE TRIGGER refuse BEFORE INSERT ON {table}"
+            " BEGIN SELECT RAISE(ABORT, 'no cache today'); END"
+        )
+        drop = "DROP TRIGGER refuse"
     with pytest.raises(siglo.StorageAdapterError, match="no cache today"):
         await work.run({"run": "r3"}, manager=manager, stack_id="r3")
-    stored = await backend.adapter.get_checkpoint("r3")
+    stored = await adapter.get_checkpoint("r3")
     assert stored is not None
     assert stored.status == "running"
     assert stored.contexts["price"]["output"] == {"run": "r3", "step": 2}
-    assert await backend.adapter.get_cached_step("price-r3") is siglo.MISSING
-    await db.fetch(f"DROP TRIGGER refuse ON {table}")
+    assert await adapter.get_cached_step("price-r3") is siglo.MISSING
+    await db.fetch(drop)
     out = await work.resume("r3", manager=siglo.StorageManager(backend, error_mode="strict"))
     assert out == {"run": "r3", "step": 3}
+    assert await adapter.get_cached_step("price-r3") is siglo.MISSING  # a finished step

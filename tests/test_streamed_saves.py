@@ -31,7 +31,8 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[siglo.Backend
 
 
 def count_statements(backend: siglo.Backend) -> list[str]:
-    """The first word of every statement the backend's database runs from now on."""
+    """The first word of every statement the backend's database runs from now on, on
+    its driver or (SQLite) its inline writer."""
     db: Any = backend.adapter.database  # type: ignore[attr-defined]
     ran: list[str] = []
     fetch = db.raw_fetch
@@ -41,6 +42,9 @@ def count_statements(backend: siglo.Backend) -> list[str]:
         return await fetch(sql, params)
 
     db.raw_fetch = counting
+    writer = getattr(db, "_writer", None)  # SQLite's keyed writes on the loop's thread
+    if writer is not None:
+        writer.set_trace_callback(lambda sql: ran.append(sql.split()[0]))
     return ran
 
 

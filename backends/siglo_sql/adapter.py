@@ -160,7 +160,7 @@ class SqlStorageAdapter(StorageAdapter):
         streamed: tuple[dict[str, str], dict[str, Any]] | None = None,
     ) -> None:
         now = self.clock.now_ms()
-        fetch = self.database.fetch
+        write = self.database.write
         s = self._s
         row = checkpoint_row(checkpoint, self._retention(now), now)
         row["expected"] = expected_revision
@@ -171,12 +171,12 @@ class SqlStorageAdapter(StorageAdapter):
         else:
             key = "cp_update_expected"
         if streamed is None:
-            rows = await fetch(getattr(s, key), row)
+            rows = await write(getattr(s, key), row)
         else:  # with a context change in front (save_checkpoint_streamed)
             statements, change = streamed
-            rows = await fetch(statements[key], {**row, **change})
+            rows = await write(statements[key], {**row, **change})
         if not rows:
-            found = await fetch(s.cp_current_revision, row)
+            found = await self.database.read(s.cp_current_revision, row)
             raise CheckpointConflictError(
                 checkpoint.stack_id,
                 found[0][0] if found else None,
@@ -497,7 +497,7 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         data = codec.dumps(value, what=f"cached value of {key!r}")
         gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
-        await self.database.fetch(
+        await self.database.write(
             self._s.cache_set, {"id": row_id(key), "key": key, "gone_at": gone_at, "value": data}
         )
 

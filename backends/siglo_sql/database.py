@@ -198,6 +198,12 @@ class Database(abc.ABC):
         dialect may answer it without a hop to a driver thread (SQLite)."""
         return await self.fetch(sql, params)
 
+    async def write(self, sql: str, params: Params = ()) -> list[Row]:
+        """A keyed write of a row or two, one statement outside any transaction (a
+        checkpoint's save or compare-and-set, a cache entry): :meth:`fetch` here; a dialect
+        may run it without a hop to a driver thread (SQLite)."""
+        return await self.fetch(sql, params)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Executor]:
         """A write transaction (SQLite: ``BEGIN IMMEDIATE``); commits unless it raises."""
