@@ -27,20 +27,28 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
             name,
             None,
             1,
-            "Python around one statement: a save is one statement in one thread hop into "
-            "aiosqlite, for siglo and raw alike (counted at aiosqlite's "
-            "Connection._execute; siglo's loads, and the load of a CAS, run on its reader "
-            "connection without the hop since bea2090); the statement alone, interleaved, "
-            "costs siglo 36.0 us "
-            "against raw's 32.0 (siglo's row has 10 columns and 3 indexes, raw's 5 and 2); "
-            "building a 1 KB checkpoint and its row costs 14.0 us "
-            "against 1.8 us for raw's dict and orjson.dumps (21.9 before this round's "
-            "construction fast path); decoding a checkpoint 7.7 us against orjson.loads' "
-            "3.9 at 1 KB, 66 against 58 at 16 KB. A sequential interleaved A/B before that "
-            "change (9 rounds, load average ~1): save 1 KB 0.53 (0.46-0.76), load 1 KB "
-            "0.75, load 16 KB 0.86, CAS 16 KB 0.75",
+            "the noise of one thread hop in a few: since 0d6b67e a sequential save or "
+            "compare-and-set runs on siglo's writer connection on the loop's thread (one "
+            "in 32 through aiosqlite, to checkpoint the WAL there) and a load on its reader, "
+            "while raw takes a hop to aiosqlite's thread for each. Interleaved A/B, same "
+            "code with and without the writer (python -m benchmarks.sqlite_writes_ab, 7 "
+            "rounds of 1,000): saves 3.94 (2.15-5.59) x as fast at 1 KB, 3.06 (2.64-3.39) "
+            "at 16 KB; compare-and-sets 4.09 (3.62-4.71) and 2.56 (1.98-2.93)",
         )
         for name in ("save", "load", "cas")
+    ),
+    (
+        "sqlite",
+        "scale",
+        None,
+        None,
+        "SQLite's own lookup, not siglo's: siglo's load statement run by plain sqlite3 "
+        "with siglo's page settings on the same table and indexes (python -m "
+        "benchmarks.sqlite_lookups, 3 rounds of 2,000 random ids) took 10.9-13.3 us at "
+        "1,000 rows and 18.5-20.2 us at 1,000,000 on a connection new to the files "
+        "(ratio 1.41-1.85: every lookup descends the id index and the table, and the "
+        "pages of the large file are mapped as first touched), 1.25-1.41 after 20,000 "
+        "lookups",
     ),
     (
         "postgres",
@@ -61,8 +69,9 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         None,
         "commits per run: siglo's flow runs 8 statements, 7 of them writes (workflow "
         "lock taken and released, creation, each step's context-stream row and checkpoint "
-        "in one statement, the last with the completion, the cache entry; the one read, "
-        "the cached step's look-up; tests/test_flow_statements.py; 13 and 11 two rounds "
+        "in one statement, the last with the completion, the cache entry, in flight "
+        "beside its step's checkpoint since f1b949a, so 7 round trips; the one read, "
+        "the cached step's look-up; tests/test_flow_statements.py; 13 and 11 three rounds "
         "ago, 9 and 7 with a read of the run before its creation), DBOS 8 commits in "
         "16 statements (counted with SQLAlchemy events on its engine); with the shared "
         "server's commits at several ms each, the count decides. LangGraph's count was "

@@ -103,6 +103,7 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
             targets.append(
                 {
                     "backend": s["backend"],
+                    "name": "scale",
                     "workload": f"load latency {s['rows_large']:,} / {s['rows_small']:,} rows",
                     "target": "load latency at 1M rows <= 1.5x at 1k, every round",
                     "threshold": 1.5,
