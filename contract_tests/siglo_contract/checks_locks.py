@@ -9,7 +9,7 @@ import re
 from typing import Any, Final
 
 from siglo.sentinel import MISSING
-from siglo_contract.machine_base import LOOK_ALIKES, look_alike
+from siglo_contract.machine_base import look_alikes
 from siglo_contract.registry import CheckContext, check, expect
 
 TOKEN: Final = re.compile(r"lock_(\d+)_[0-9a-f]{32}")
@@ -67,7 +67,7 @@ async def lock_extend(ctx: CheckContext) -> None:
     key = ctx.id("extended")
     held = await lock.acquire(key, ttl)
     expect(held.acquired, "lock.acquire.exclusive", "a free lock was not acquired")
-    for wrong in (*(look_alike(held.token, how) for how in LOOK_ALIKES), "other"):
+    for wrong in (*look_alikes(held.token), "other"):
         expect(
             await lock.extend(key, wrong, 600_000) is False,
             "lock.extend.token",

@@ -14,15 +14,8 @@ from siglo_contract.checks_waits import (
     same,
     store_record,
 )
-from siglo_contract.machine_base import LOOK_ALIKES, canon, look_alike
+from siglo_contract.machine_base import canon, look_alikes
 from siglo_contract.registry import CheckContext, check, expect
-
-
-def _look_alikes(holder: str) -> tuple[str, ...]:
-    """Every id the state machines treat as differing from ``holder`` only slightly (case,
-    a prefix, a suffix, a trailing or leading space, one character less): the focused
-    checks try them all, so no look-alike is left to a seed's luck."""
-    return tuple(look_alike(holder, how) for how in LOOK_ALIKES)
 
 
 @check("wait.claim.once")
@@ -99,7 +92,7 @@ async def wait_claimrefused(ctx: CheckContext) -> None:
     await refused(ctx, "wait.claim.refused", ctx.id("never-saved"), "c")
     held = await store_record(ctx, record(ctx, "held", event_payload={"p": 1}))
     first = await claim_as(ctx, held.correlation_key, "holder", lease_ms=600_000)
-    for other in (*_look_alikes("holder"), "HOLDER", "other"):
+    for other in (*look_alikes("holder"), "HOLDER", "other"):
         await refused(ctx, "wait.claim.refused", held.correlation_key, other)
     await refused(ctx, "wait.claim.refused", held.correlation_key, None)
     renewed = await a.claim_wait_record(
@@ -192,7 +185,7 @@ async def wait_complete(ctx: CheckContext) -> None:
     rec = await store_record(ctx, record(ctx, "k"))
     await complete_refused(ctx, rec.correlation_key, "c")
     await claim_as(ctx, rec.correlation_key, "claimant")
-    for other in (*_look_alikes("claimant"), "other"):
+    for other in (*look_alikes("claimant"), "other"):
         await complete_refused(ctx, rec.correlation_key, other)
     await a.complete_wait_record(rec.correlation_key, "claimant")
     done = await a.get_wait_record(rec.correlation_key)
@@ -235,7 +228,7 @@ async def wait_release(ctx: CheckContext) -> None:
         "releasing a waiting record did not return False",
     )
     await claim_as(ctx, rec.correlation_key, "claimant", event_payload={"event": 2})
-    for other in (*_look_alikes("claimant"), "other"):
+    for other in (*look_alikes("claimant"), "other"):
         before = await a.get_wait_record(rec.correlation_key)
         released = await a.release_wait_record(rec.correlation_key, other)
         after = await a.get_wait_record(rec.correlation_key)

@@ -37,6 +37,7 @@ __all__ = [
     "canon",
     "json_values",
     "look_alike",
+    "look_alikes",
     "nested_values",
     "values",
 ]
@@ -133,6 +134,12 @@ def look_alike(holder: str, how: str) -> str:
     if how == "~lead":
         return " " + holder
     return holder[:-1] if len(holder) > 1 else holder + holder
+
+
+def look_alikes(holder: str) -> tuple[str, ...]:
+    """Every look-alike of ``holder`` (:func:`look_alike` of each of :data:`LOOK_ALIKES`):
+    the focused checks try them all, so no look-alike is left to a seed's luck."""
+    return tuple(look_alike(holder, how) for how in LOOK_ALIKES)
 
 
 def canon(value: Any) -> bytes:
