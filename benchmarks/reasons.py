@@ -21,6 +21,51 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "a write) and 0.19 s waiting in epoll; siglo's own Python was under 0.1 s. At load "
         "average ~2 the same cells measured save 2.00, load 2.13 (run at 19a4269)",
     ),
+    (
+        "sqlite",
+        "save",
+        None,
+        32,
+        "not this round's inline writer: at 32 callers the aiosqlite connection is busy, so "
+        "every save takes the hop as raw's does; an interleaved A/B of the same code with "
+        "and without the writer (python -m benchmarks.sqlite_writes_ab 5 32) measured "
+        "0.98 (0.89-1.35) at 1 KB and 1.00 (0.78-1.14) at 16 KB. The loop's thread does "
+        "more per save than raw's: building a 1 KB checkpoint and its row took 14.0 us "
+        "against 1.8 us for raw's dict and orjson.dumps (fourth round); at 32 callers that "
+        "thread, not the statement, sets the pace. Earlier runs: 0.71 (0.60-0.77) at 1 KB "
+        "(9728891)",
+    ),
+    *(
+        (
+            "redis",
+            name,
+            "256k",
+            1,
+            "not explained, and not from this round (no Redis code changed since 9728891, "
+            "where save measured 0.90 (0.85-0.98) and CAS 0.96 (0.95-1.05)): a rerun of the "
+            "two cells with 5 rounds right after this run measured save 0.75 (0.67-0.80) "
+            "and CAS 0.92 (0.82-1.12). A plain save's script reads 4 KB of the stored "
+            "document (GETRANGE), not all of it; encoding and checking the 256 KB "
+            "checkpoint in Python was not profiled this round",
+        )
+        for name in ("save", "cas")
+    ),
+    *(
+        (
+            "postgres",
+            name,
+            size,
+            None,
+            "not from this round (since 9728891 no PostgreSQL read path changed, and a save "
+            "only by one call: Database.write, which is fetch there; in that run the cells "
+            "measured load 16 KB / 256 KB at 32 callers 1.79 (1.76-1.82) / "
+            "1.70 (1.65-1.71), save 16 KB at 32 callers 0.89 (0.83-0.95), CAS 16 KB one at "
+            "a time 0.93 (0.85-1.03)); in this run the machine was about 3 x slower than in "
+            "that one (raw aiosqlite 1 KB saves 3,518/s against 10,630/s) and the rounds "
+            "of these cells spread widely",
+        )
+        for name, size in (("load", "16k"), ("load", "256k"), ("save", "16k"), ("cas", "16k"))
+    ),
     *(
         (
             "sqlite",

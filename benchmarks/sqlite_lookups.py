@@ -70,13 +70,13 @@ def _median_us(db: sqlite3.Connection, rows: int, rng: random.Random, n: int) ->
     return statistics.median(times)
 
 
-def main() -> None:
-    sizes = (1_000, 1_000_000)
+def main(sizes: tuple[int, int] = (1_000, 1_000_000), rounds: int = 3) -> None:
+    """Build the two files (``sizes`` rows), then print ``rounds`` rounds of medians."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = {rows: Path(tmp) / f"{rows}.db" for rows in sizes}
         for rows, path in paths.items():
             _build(path, rows)
-        for round_ in range(3):
+        for round_ in range(rounds):
             rng = random.Random(round_)
             conns = {rows: _connect(path) for rows, path in paths.items()}
             cold = {rows: _median_us(conns[rows], rows, rng, SAMPLES) for rows in sizes}

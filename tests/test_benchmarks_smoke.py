@@ -7,6 +7,7 @@ skipped by the harness itself, never as failures.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -106,3 +107,38 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
         assert x["ratio_min"] <= x["ratio"] <= x["ratio_max"]
     md = (tmp_path / "out" / "results.md").read_text()
     assert "end to end: a 3-step durable workflow" in md
+
+
+def test_the_sqlite_writes_ab_runs_and_prints_every_cell(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/benchmarks.md and docs/backends/sqlite.md quote this A/B: it runs, one caller
+    and several, and prints a ratio for each of its four cells."""
+    from benchmarks import sqlite_writes_ab
+
+    monkeypatch.setattr(sqlite_writes_ab, "OPS", 40)
+    for callers in (1, 4):
+        asyncio.run(sqlite_writes_ab.main(1, callers))
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split(":")[0] for line in lines] == [
+            "save 1k",
+            "save 16k",
+            "cas 1k",
+            "cas 16k",
+        ]
+        assert all(f"{callers} caller(s)" in line for line in lines)
+
+
+def test_the_sqlite_lookups_measure_both_files(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plain-sqlite3 lookups the SQLite scale miss cites: both files built, each
+    round's cold and warm medians printed."""
+    from benchmarks import sqlite_lookups
+
+    monkeypatch.setattr(sqlite_lookups, "SAMPLES", 50)
+    monkeypatch.setattr(sqlite_lookups, "WARMING", 100)
+    sqlite_lookups.main(sizes=(100, 2_000), rounds=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert all(line.startswith(f"round {n}: cold ") for n, line in enumerate(lines, 1))
