@@ -69,6 +69,42 @@ async def test_the_last_step_and_the_completion_are_one_checkpoint(
     ]
 
 
+async def test_a_run_with_every_output_stored_but_not_completed_only_completes(
+    memory: siglo.Backend, clock: ManualClock
+) -> None:
+    """A checkpoint whose steps all have outputs but which is still ``running`` (as a
+    version that saved the last step and the completion apart could leave it after a
+    crash): resuming runs no step and stores the completion."""
+    ran: list[str] = []
+
+    async def inc(x: int) -> int:
+        ran.append("step")
+        return x + 1
+
+    two = flow(Step.create("a", inc), Step.create("b", inc))
+    probe = fresh_manager(memory, clock)
+    assert await two.run(0, manager=probe, stack_id="probe") == 2
+    done = await memory.adapter.get_checkpoint("probe")
+    assert done is not None
+    ran.clear()
+    left = siglo.Checkpoint(
+        stack_id="left",
+        revision=3,
+        timestamp=1,
+        status="running",
+        workflow_id=done.workflow_id,
+        contexts=done.contexts,
+        chains=done.chains,
+        metadata=done.metadata,
+    )
+    await memory.adapter.save_checkpoint(left, expected_revision=0)
+    assert await two.resume("left", manager=fresh_manager(memory, clock)) == 2
+    assert ran == []
+    stored = await memory.adapter.get_checkpoint("left")
+    assert stored is not None
+    assert (stored.status, stored.revision) == ("completed", 4)
+
+
 async def test_a_crashed_run_resumes_after_its_last_finished_step(
     memory: siglo.Backend, clock: ManualClock
 ) -> None:

@@ -64,39 +64,36 @@ def _is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
-def _open_reader(path: str) -> sqlite3.Connection:
-    """The connection :meth:`SqliteDatabase.read` uses: autocommit (each read its own
-    snapshot), read-only, never waiting for a lock, the main connection's page settings."""
+def _open_inline(path: str, *pragmas: str) -> sqlite3.Connection:
+    """A connection used on the event loop's thread: autocommit (each statement its own
+    transaction and snapshot), never waiting for a lock, the main connection's page
+    settings, and ``pragmas``."""
     # check_same_thread off: opened by whichever thread runs the event loop at connect,
     # and only ever used from the loop's thread.
-    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        reader.execute("PRAGMA busy_timeout = 0")
-        reader.execute("PRAGMA query_only = ON")
-        reader.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
-        reader.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
+        for pragma in (
+            "busy_timeout = 0",
+            *pragmas,
+            f"mmap_size = {MMAP_SIZE_BYTES}",
+            f"cache_size = -{CACHE_SIZE_KIB}",
+        ):
+            conn.execute(f"PRAGMA {pragma}")
     except BaseException:
-        reader.close()
+        conn.close()
         raise
-    return reader
+    return conn
+
+
+def _open_reader(path: str) -> sqlite3.Connection:
+    """The connection :meth:`SqliteDatabase.read` uses: read-only."""
+    return _open_inline(path, "query_only = ON")
 
 
 def _open_writer(path: str, synchronous: str) -> sqlite3.Connection:
-    """The connection :meth:`SqliteDatabase.write` uses: autocommit, never waiting for a
-    lock, never checkpointing the WAL (that stays on the driver's thread), the main
-    connection's durability and page settings."""
-    # check_same_thread off: as the reader's.
-    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        writer.execute("PRAGMA busy_timeout = 0")
-        writer.execute(f"PRAGMA synchronous = {synchronous}")
-        writer.execute("PRAGMA wal_autocheckpoint = 0")
-        writer.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
-        writer.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
-    except BaseException:
-        writer.close()
-        raise
-    return writer
+    """The connection :meth:`SqliteDatabase.write` uses: the main connection's durability,
+    never checkpointing the WAL (that stays on the driver's thread)."""
+    return _open_inline(path, f"synchronous = {synchronous}", "wal_autocheckpoint = 0")
 
 
 class _Tx:

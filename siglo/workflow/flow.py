@@ -382,7 +382,9 @@ class Flow:
                 # crash before it reruns the step, as before any step's checkpoint).
                 stack.transition("completed")
             await _save_with(manager, stack, cache_write)
-        if stack.status != "completed":  # every step had finished before the last save
+        if stack.status != "completed":
+            # Every step's output was stored already (a run checkpointed by a version that
+            # saved the last step and the completion apart): only the completion is left.
             stack.transition("completed")
             await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
         return value
