@@ -319,6 +319,39 @@ def test_commands_are_packed_as_redis_py_packs_them() -> None:
     assert b"".join(chunks) == b"".join(b"".join(conn.pack_command(*c)) for c in commands)
 
 
+def test_a_large_argument_is_sent_uncopied() -> None:
+    """Past _HIREDIS_MAX_ARG an argument goes out as redis-py sends it: its own chunk, the
+    caller's bytes object itself (hiredis would copy it into a new buffer, a fresh
+    allocation of its size on every save of a large checkpoint). The wire bytes are the
+    same either way."""
+    from redis.asyncio.connection import Connection
+
+    from siglo_redis.pipelining import _HIREDIS_MAX_ARG, _Entry, pack
+
+    conn = Connection()
+    big = b"x" * (_HIREDIS_MAX_ARG + 1)
+    small = b"y" * _HIREDIS_MAX_ARG
+    commands = [("EVALSHA", "a" * 40, 1, "k", big, 3), ("EVALSHA", "a" * 40, 1, "k", small, 3)]
+    entries = [_Entry(c, {}, None) for c in commands]
+    chunks, packed = pack(conn, entries)
+    assert packed == entries
+    assert any(chunk is big for chunk in chunks)
+    assert not any(chunk is small for chunk in chunks)  # up to the cutoff: hiredis packs it
+    assert b"".join(chunks) == b"".join(b"".join(conn.pack_command(*c)) for c in commands)
+
+
+async def test_a_large_checkpoint_round_trips_through_the_pipeline() -> None:
+    require_redis()
+    big = {"step": {"blob": "z" * 300_000}}
+    async with isolated(REDIS_URL) as backend:
+        for revision in (1, 2):
+            cp = Checkpoint(stack_id="big", revision=revision, timestamp=1, contexts=big)
+            await backend.adapter.save_checkpoint(cp, expected_revision=revision - 1)
+        got = await backend.adapter.get_checkpoint("big")
+        assert got is not None
+        assert (got.revision, got.contexts) == (2, big)
+
+
 async def test_a_command_that_cannot_be_encoded_fails_alone(client: Any, prefix: str) -> None:
     import redis
 
