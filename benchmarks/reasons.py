@@ -41,34 +41,15 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
             name,
             "256k",
             1,
-            "checking the checkpoint, which raw does not do: cProfile of 200 sequential "
-            "saves of the 256 KB checkpoint (after this run, with the test suite running "
-            "beside it) spent 290 us a save in Checkpoint's field check (_plain_fields: "
-            "every value of the contexts walked, so that what cannot come back from JSON as "
-            "it went in is refused before anything is stored), beside 385 us in "
-            "orjson.dumps and 420 us packing the command, which raw pays too; timed in the "
-            "same process, siglo 1,747-2,459 us a save against raw's 1,285-1,551. No Redis "
-            "code changed since 9728891 (save 0.90 (0.85-0.98), CAS 0.96 (0.95-1.05)); a "
-            "5-round rerun of the two cells right after this run: save 0.75 (0.67-0.80), "
-            "CAS 0.92 (0.82-1.12)",
+            "the check of the checkpoint, and one slow round: before 582fa17 hiredis packed "
+            "the 256 KB argument, ~420 us a save in cProfile (a fresh buffer each time); "
+            "since, timed in one process with the test suite running beside it, siglo "
+            "took 1,200-1,460 us a save against raw's 1,095-1,462, and cProfile shows "
+            "Checkpoint's construction check (_plain_fields, one type check per context "
+            "entry, 1,014 entries here: 54 us by timeit, ~300 us inside the save loop) as "
+            "the one cost raw does not have. The cell's median met 0.8 in this run",
         )
         for name in ("save", "cas")
-    ),
-    *(
-        (
-            "postgres",
-            name,
-            size,
-            None,
-            "not from this round (since 9728891 no PostgreSQL read path changed, and a save "
-            "only by one call: Database.write, which is fetch there; in that run the cells "
-            "measured load 16 KB / 256 KB at 32 callers 1.79 (1.76-1.82) / "
-            "1.70 (1.65-1.71), save 16 KB at 32 callers 0.89 (0.83-0.95), CAS 16 KB one at "
-            "a time 0.93 (0.85-1.03)); in this run the machine was about 3 x slower than in "
-            "that one (raw aiosqlite 1 KB saves 3,518/s against 10,630/s) and the rounds "
-            "of these cells spread widely",
-        )
-        for name, size in (("load", "16k"), ("load", "256k"), ("save", "16k"), ("cas", "16k"))
     ),
     *(
         (
@@ -110,6 +91,23 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "connection's context manager, the checkpoint's decode). An interleaved A/B "
         "(9 rounds of 300 loads, load average ~6) measured 559 against 486 us a load, "
         "0.86 (0.19-1.81)",
+    ),
+    *(
+        (
+            "postgres",
+            name,
+            size,
+            None,
+            "not from this round (since 9728891 no PostgreSQL read path changed, and a save "
+            "only by one call: Database.write, which is fetch there; in that run the cells "
+            "measured load 16 KB / 256 KB at 32 callers 1.79 (1.76-1.82) / "
+            "1.70 (1.65-1.71), save 16 KB at 32 callers 0.89 (0.83-0.95), CAS 16 KB one at "
+            "a time 0.93 (0.85-1.03)); in this round's runs the machine was 2.4 to 3 x slower "
+            "than in that one (raw aiosqlite 1 KB saves one at a time: 3,518 and 4,397/s "
+            "against 10,630/s) and the rounds of these cells spread widely",
+        )
+        for name in ("load", "save", "cas")
+        for size in ("1k", "16k", "256k")
     ),
     (
         "postgres",
