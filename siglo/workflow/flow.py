@@ -515,11 +515,12 @@ async def _save_with(
 ) -> None:
     """Checkpoint ``stack``, with a step's cache entry written at the same time.
 
-    Neither write depends on the other, so they go out together (one round trip on a
-    server instead of two, one pipelined write on Redis). Either order is safe after a
-    crash: a cache entry without the checkpoint makes the rerun step a cache hit, a
-    checkpoint without the entry only misses the cache next time. Both are awaited to
-    the end; a failure of either is raised, the checkpoint's first.
+    Neither write depends on the other, so neither waits for the other: one round trip on
+    a server instead of two; on Redis both share the auto-pipelined connection, the second
+    sent without waiting for the first's reply. Either order is safe after a crash: a
+    cache entry without the checkpoint makes the rerun step a cache hit, a checkpoint
+    without the entry only misses the cache next time. Both are awaited to the end; a
+    failure of either is raised, the checkpoint's first.
     """
     if cache_write is None:
         await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
