@@ -142,3 +142,24 @@ def test_the_sqlite_lookups_measure_both_files(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
     assert all(line.startswith(f"round {n}: cold ") for n, line in enumerate(lines, 1))
+
+
+def test_the_postgres_pipeline_ab_runs_and_prints_every_cell(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/backends/postgres.md quotes this A/B: it runs and prints both ways of both
+    writes."""
+    from sql_support import POSTGRES_URL
+
+    from benchmarks import postgres_pipeline_ab
+
+    monkeypatch.setattr(postgres_pipeline_ab, "OPS", 10)
+    monkeypatch.setattr(postgres_pipeline_ab, "URL", POSTGRES_URL)
+    asyncio.run(postgres_pipeline_ab.main(2))
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(line.split(":")[0] for line in lines) == [
+        "context change, pipelined",
+        "context change, transaction",
+        "delete, pipelined",
+        "delete, transaction",
+    ]

@@ -81,6 +81,11 @@ async def test_operations_through_one_server_connection(bouncer: PgBouncer) -> N
             held = await backend.lock.acquire("L", 5_000)
             assert held.acquired
             assert not (await other.lock.acquire("L", 5_000)).acquired
+            # A delete is several statements sent pipelined, ended by one Sync
+            # (Database.fetch_all): the bouncer runs them as one transaction.
+            assert await other.adapter.delete_checkpoint("s") is True
+            assert await backend.adapter.get_checkpoint("s") is None
+            assert await backend.adapter.get_wait_record("k") is None
 
 
 def test_siglo_check_passes_through_pgbouncer(bouncer: PgBouncer, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,15 +44,19 @@ cancellation before its connection is cut (psycopg alone would wait up to 10 s).
 AsyncConn = psycopg.AsyncConnection[Any]
 
 
-async def _fetch(conn: AsyncConn, sql: str, params: Params) -> list[Row]:
+async def _execute(conn: AsyncConn, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
     if params:
-        cur = await conn.execute(sql, params, binary=True)
-    else:
-        # DDL and other parameterless statements: not worth a prepared statement.
-        cur = await conn.execute(sql, prepare=False)
-    if cur.description is None:
-        return []
-    return await cur.fetchall()
+        return await conn.execute(sql, params, binary=True)
+    # DDL and other parameterless statements: not worth a prepared statement.
+    return await conn.execute(sql, prepare=False)
+
+
+async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[Row]:
+    return [] if cur.description is None else await cur.fetchall()
+
+
+async def _fetch(conn: AsyncConn, sql: str, params: Params) -> list[Row]:
+    return await _rows(await _execute(conn, sql, params))
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()
@@ -228,6 +232,26 @@ class PostgresDatabase(Database):
             raise
         except Exception as exc:
             raise self.wrap(exc, "running a statement") from exc
+
+    async def fetch_all(self, statements: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Run ``statements`` in order as one transaction, sent together: one round trip.
+
+        psycopg's pipeline mode on an autocommit connection sends every statement, then
+        one Sync; the server runs them as one implicit transaction, which the Sync commits
+        (or, after an error, rolls back), and returns every result in that one reply. An
+        explicit ``BEGIN`` … ``COMMIT`` would add a round trip at each end.
+        """
+        if not self._ready:
+            await self.open()
+        try:
+            async with self._bounded("in a transaction") as conn:
+                async with conn.pipeline():
+                    cursors = [await _execute(conn, sql, params) for sql, params in statements]
+                return [await _rows(cur) for cur in cursors]
+        except SigloError:
+            raise
+        except Exception as exc:
+            raise self.wrap(exc, "in a transaction") from exc
 
     @asynccontextmanager
     async def raw_transaction(self) -> AsyncIterator[Executor]:

@@ -24,7 +24,7 @@ from siglo.settings import DEFAULTS
 from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
-from siglo_sql.database import Database
+from siglo_sql.database import Database, Params
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
@@ -308,23 +308,28 @@ class SqlStorageAdapter(StorageAdapter):
         now = self.clock.now_ms()
         # One transaction: the checkpoint, its wait records and its context streams go
         # together, or (a refused compare-and-set) nothing does.
-        async with db.transaction() as tx:
-            if expected_revision is None:
-                rows = await tx.fetch(s.cp_delete, {"id": key})
-            else:
-                expected = {"id": key, "expected": expected_revision, "now": now}
-                rows = await tx.fetch(s.cp_delete_expected, expected)
-                if not rows:
-                    found = await tx.fetch(s.cp_current_revision, {"id": key, "now": now})
-                    raise CheckpointConflictError(
-                        stack_id, found[0][0] if found else None, expected_revision
-                    )
-            await tx.fetch(s.wait_delete_stack, {"stack_ref": key})
-            await tx.fetch(s.wait_latest_delete_orphan, {"latest_id": wait_id(namespace, stack_id)})
-            await tx.fetch(
+        rest: list[tuple[str, Params]] = [
+            (s.wait_delete_stack, {"stack_ref": key}),
+            (s.wait_latest_delete_orphan, {"latest_id": wait_id(namespace, stack_id)}),
+            (
                 s.ctx_delete_stack,
                 {"stack_id_prefix": stack_id[:ID_PREFIX], "stack_id": stack_id, "namespace": ns},
-            )
+            ),
+        ]
+        if expected_revision is None:
+            # Nothing to decide: sent together (one round trip on PostgreSQL).
+            rows = (await db.fetch_all([(s.cp_delete, {"id": key}), *rest]))[0]
+            return any(gone_at is None or gone_at > now for (gone_at,) in rows)
+        async with db.transaction() as tx:
+            expected = {"id": key, "expected": expected_revision, "now": now}
+            rows = await tx.fetch(s.cp_delete_expected, expected)
+            if not rows:
+                found = await tx.fetch(s.cp_current_revision, {"id": key, "now": now})
+                raise CheckpointConflictError(
+                    stack_id, found[0][0] if found else None, expected_revision
+                )
+            for sql, params in rest:
+                await tx.fetch(sql, params)
         return any(gone_at is None or gone_at > now for (gone_at,) in rows)
 
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
@@ -343,9 +348,7 @@ class SqlStorageAdapter(StorageAdapter):
         if s.wait_save_one is not None:
             await db.fetch(s.wait_save_one, params)
             return
-        async with db.transaction() as tx:
-            await tx.fetch(s.wait_upsert, params)
-            await tx.fetch(s.wait_latest_upsert, params)
+        await db.fetch_all([(s.wait_upsert, params), (s.wait_latest_upsert, params)])
 
     async def _do_get_wait_record(
         self, correlation_key_or_stack_id: str, namespace: str | None = None
@@ -531,11 +534,9 @@ class SqlStorageAdapter(StorageAdapter):
             await db.fetch(change, params)
             return
         # A stream lives as long as its latest event keeps it: an expired stream starts
-        # empty, and every event renews the retention of all its fields.
-        async with db.transaction() as tx:
-            await tx.fetch(s.ctx_drop_expired, params)
-            await tx.fetch(change, params)
-            await tx.fetch(s.ctx_touch, params)
+        # empty, and every event renews the retention of all its fields. One transaction,
+        # sent together (one round trip on PostgreSQL).
+        await db.fetch_all([(s.ctx_drop_expired, params), (change, params), (s.ctx_touch, params)])
 
     async def _do_get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None

@@ -5,8 +5,9 @@ checkpoint save, load, claim or CAS go straight to the driver connection (psycop
 aiosqlite), because SQLAlchemy's async execution costs about 120 µs a statement over raw
 psycopg and several times raw aiosqlite's cost (see ``docs/backends/postgres.md``).
 
-A :class:`Database` runs one statement with :meth:`Database.fetch` (autocommit) or several
-in :meth:`Database.transaction`. Statements are written with named parameters
+A :class:`Database` runs one statement with :meth:`Database.fetch` (autocommit), several
+that need nothing from each other with :meth:`Database.fetch_all`, or several in
+:meth:`Database.transaction`. Statements are written with named parameters
 (``:name``) and converted to the driver's style once (:meth:`Database.sql`); the
 parameters of a call are a dict. Every driver exception is wrapped in
 :class:`~siglo.errors.StorageAdapterError` with the original as ``__cause__``.
@@ -203,6 +204,17 @@ class Database(abc.ABC):
         checkpoint's save or compare-and-set, a cache entry): :meth:`fetch` here; a dialect
         may run it without a hop to a driver thread (SQLite)."""
         return await self.fetch(sql, params)
+
+    async def fetch_all(self, statements: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Run ``statements`` in order as one transaction; the rows of each.
+
+        For statements that need nothing from each other's results and where no result
+        decides whether to commit: an error in any of them undoes them all. Here they run
+        one after another in :meth:`transaction`; a dialect may send them together
+        (PostgreSQL: pipeline mode, one round trip).
+        """
+        async with self.transaction() as tx:
+            return [await tx.fetch(sql, params) for sql, params in statements]
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Executor]:
