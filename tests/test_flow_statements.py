@@ -108,7 +108,7 @@ async def test_a_cache_entry_is_written_beside_its_steps_checkpoint(
         real = getattr(db, name)
 
         async def send(sql: str, params: Any = (), _real: Any = real) -> Any:
-            in_flight.append(" ".join(sql.split()[:3]).upper())
+            in_flight.append(" ".join(sql.split()[:3]).upper())  # INSERT INTO <table>
             overlaps.append(list(in_flight))
             try:
                 await asyncio.sleep(0.005)  # long enough for a write sent beside it to start
@@ -120,6 +120,9 @@ async def test_a_cache_entry_is_written_beside_its_steps_checkpoint(
     out = await work.run({"run": "r2"}, manager=manager, stack_id="r2")
     assert out == {"run": "r2", "step": 3}
     assert max(len(o) for o in overlaps) == 2, overlaps
+    # One of them is the cache entry: a pair in flight includes its INSERT.
+    pairs = [o for o in overlaps if len(o) == 2]
+    assert any(s.startswith("INSERT") and "STEP_CACHE" in s for o in pairs for s in o), overlaps
     assert await backend.adapter.get_cached_step("price-r2") == {"run": "r2", "step": 2}
     stored = await backend.adapter.get_checkpoint("r2")
     assert stored is not None
