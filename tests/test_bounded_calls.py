@@ -96,6 +96,8 @@ async def test_postgres_row_lock_held_elsewhere(pg: siglo.Backend) -> None:
         await other.execute(f'SELECT 1 FROM "{schema}".siglo_checkpoints FOR UPDATE')
         await bounded_failure(pg.adapter.save_checkpoint(cp(2)))
         await bounded_failure(pg.adapter.save_checkpoint(cp(2), expected_revision=1))
+        # A delete's statements go out pipelined (Database.fetch_all): cancelled alike.
+        await bounded_failure(pg.adapter.delete_checkpoint("s"))
         await other.rollback()
     # The lock is gone: the same backend works again, and nothing half-done was kept.
     got = await pg.adapter.get_checkpoint("s")
