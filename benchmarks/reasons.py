@@ -32,8 +32,8 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "0.98 (0.89-1.35) at 1 KB and 1.00 (0.78-1.14) at 16 KB. The loop's thread does "
         "more per save than raw's: building a 1 KB checkpoint and its row took 14.0 us "
         "against 1.8 us for raw's dict and orjson.dumps (fourth round); at 32 callers that "
-        "thread, not the statement, sets the pace. Earlier runs: 0.71 (0.60-0.77) at 1 KB "
-        "(9728891)",
+        "thread, not the statement, sets the pace. Runs: 0.71 (0.60-0.77) at 1 KB at "
+        "9728891, 0.82 (0.69-1.05) at 6230cac",
     ),
     *(
         (
@@ -47,7 +47,7 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
             "took 1,200-1,460 us a save against raw's 1,095-1,462, and cProfile shows "
             "Checkpoint's construction check (_plain_fields, one type check per context "
             "entry, 1,014 entries here: 54 us by timeit, ~300 us inside the save loop) as "
-            "the one cost raw does not have. The cell's median met 0.8 in this run",
+            "the one cost raw does not have. The cell's median met 0.8 in the run at 582fa17",
         )
         for name in ("save", "cas")
     ),
@@ -74,11 +74,12 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         None,
         "SQLite's own lookup, not siglo's: siglo's load statement run by plain sqlite3 "
         "with siglo's page settings on the same table and indexes (python -m "
-        "benchmarks.sqlite_lookups, 3 rounds of 2,000 random ids) took 10.9-13.3 us at "
-        "1,000 rows and 18.5-20.2 us at 1,000,000 on a connection new to the files "
-        "(ratio 1.41-1.85: every lookup descends the id index and the table, and the "
-        "pages of the large file are mapped as first touched), 1.25-1.41 after 20,000 "
-        "lookups",
+        "benchmarks.sqlite_lookups, 3 rounds of 2,000 random ids, at 6230cac) took 5.4 us "
+        "at 1,000 rows and 11.2-11.3 us at 1,000,000 on a connection new to the files "
+        "(ratio 2.08: every lookup descends the id index and the table, and the pages of "
+        "the large file are mapped as first touched), 1.36-1.39 after 20,000 lookups; the "
+        "scale run's rounds fall as pages are touched (1.91, 1.78, 1.74, 1.64, 1.57 at "
+        "6230cac). A WITHOUT ROWID table (one tree) measured slower at both sizes",
     ),
     (
         "postgres",
@@ -94,20 +95,37 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
     ),
     *(
         (
+            backend,
+            "load",
+            "256k",
+            32,
+            "the loop's thread, not the database: at 256 KB a load is CPU-bound in the "
+            "client, so 32 callers load no faster than one and coalescing has no round "
+            "trips left to save (run at 6230cac: siglo on PostgreSQL 501-525 loads/s at 32 "
+            "callers, 450-498 one at a time; raw 365-461 and 345-390; on SQLite siglo "
+            "692-711 and 715-739, LangGraph 336-350 and 358-380). cProfile of 640 "
+            "PostgreSQL loads by 32 callers, per load: orjson.loads 758 us, the young-"
+            "generation GC pass that follows the decode ~306 us, the checkpoint's check "
+            "175 us, freeing the document ~190 us; the ratios at 32 callers are those one "
+            "at a time",
+        )
+        for backend in ("postgres", "sqlite")
+    ),
+    *(
+        (
             "postgres",
             name,
-            size,
             None,
-            "not from this round (since 9728891 no PostgreSQL read path changed, and a save "
-            "only by one call: Database.write, which is fetch there; in that run the cells "
-            "measured load 16 KB / 256 KB at 32 callers 1.79 (1.76-1.82) / "
-            "1.70 (1.65-1.71), save 16 KB at 32 callers 0.89 (0.83-0.95), CAS 16 KB one at "
-            "a time 0.93 (0.85-1.03)); in this round's runs the machine was 2.4 to 3 x slower "
-            "than in that one (raw aiosqlite 1 KB saves one at a time: 3,518 and 4,397/s "
-            "against 10,630/s) and the rounds of these cells spread widely",
+            32,
+            "single rounds, not the median: save 1 KB at 32 callers measured 0.91 "
+            "(0.63-1.24) in the run at 6230cac, and in a rerun of the cell alone (python "
+            "-m benchmarks --backends postgres --sizes 1k --workloads save --repeat 7) 0.89 "
+            "(0.70-1.05); with siglo's pool opened to 10 connections before timing, as the "
+            "raw pool is (--siglo-opt postgres:pool_min_size=10), 0.89 (0.69-0.95), so not "
+            "the pool's growth: siglo ~7,300 saves/s against raw's ~8,200 in most rounds, "
+            "one round in seven near 5,500",
         )
-        for name in ("load", "save", "cas")
-        for size in ("1k", "16k", "256k")
+        for name in ("save", "cas")
     ),
     (
         "postgres",
@@ -118,11 +136,14 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "lock taken and released, creation, each step's context-stream row and checkpoint "
         "in one statement, the last with the completion, the cache entry, in flight "
         "beside its step's checkpoint since f1b949a, so 7 round trips; the one read, "
-        "the cached step's look-up; tests/test_flow_statements.py; 13 and 11 three rounds "
-        "ago, 9 and 7 with a read of the run before its creation), DBOS 8 commits in "
-        "16 statements (counted with SQLAlchemy events on its engine); with the shared "
-        "server's commits at several ms each, the count decides. LangGraph's count was "
-        "not measured",
+        "the cached step's look-up; tests/test_flow_statements.py), DBOS 8 commits in 16 "
+        "statements (counted with SQLAlchemy events on its engine); LangGraph's count was "
+        "not measured. Timed at the database's fetch in one process (200 runs, at "
+        "6230cac): 3,454 us a run, each write 391-453 us (its commit), the read 208 us. "
+        "Sending the cached step's look-up beside the checkpoint before it was tried and "
+        "measured 1.00 (0.95-1.20) x the runs/s without it (7 interleaved rounds, one "
+        "run at a time): not kept. The ratio moves with the machine: 2.26 (1.99-2.36) in "
+        "the run at 582fa17, on a machine 2.4 to 3 x slower",
     ),
 ]
 
