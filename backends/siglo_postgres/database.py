@@ -35,13 +35,18 @@ from siglo_sql.database import Database, Executor, OnOpen, Params, Row
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["SEVER_AFTER_MS", "PostgresDatabase"]
+__all__ = ["PIPELINE_MODE", "SEVER_AFTER_MS", "PostgresDatabase"]
 
 SEVER_AFTER_MS: Final = 1_000
 """How long past its bound a cancelled call may wait for the server to acknowledge the
 cancellation before its connection is cut (psycopg alone would wait up to 10 s)."""
 
 AsyncConn = psycopg.AsyncConnection[Any]
+
+PIPELINE_MODE: Final = psycopg.Pipeline.is_supported()
+"""Whether psycopg's libpq has pipeline mode (libpq 14 or newer: psycopg's binary wheels
+bundle one; a psycopg built against an older system libpq has none, and
+:meth:`PostgresDatabase.fetch_all` then runs its statements in a transaction)."""
 
 
 async def _execute(conn: AsyncConn, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
@@ -239,8 +244,11 @@ class PostgresDatabase(Database):
         psycopg's pipeline mode on an autocommit connection sends every statement, then
         one Sync; the server runs them as one implicit transaction, which the Sync commits
         (or, after an error, rolls back), and returns every result in that one reply. An
-        explicit ``BEGIN`` … ``COMMIT`` would add a round trip at each end.
+        explicit ``BEGIN`` … ``COMMIT`` would add a round trip at each end. Without
+        pipeline mode (:data:`PIPELINE_MODE`), one after another in a transaction.
         """
+        if not PIPELINE_MODE:
+            return await super().fetch_all(statements)
         if not self._ready:
             await self.open()
         try:
