@@ -74,6 +74,30 @@ async def open_backend(kind: str, **options: Any) -> AsyncIterator[Backend]:
         yield backend
 
 
+async def refusing_trigger(backend: Backend, table: str, event: str, message: str) -> str:
+    """A trigger on siglo's ``table`` (its name without the prefix) that fails every
+    ``event`` (``INSERT``, ``DELETE`` …) with ``message``; returns the SQL that drops it."""
+    adapter: Any = backend.adapter
+    db = adapter.database
+    if backend.name == "postgres":
+        full = f"{adapter.schema}.{adapter.table_prefix}{table}"
+        await db.fetch(
+            f"CREATE FUNCTION {adapter.schema}.refuse() RETURNS trigger"
+            f" LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION '{message}'; END $$"
+        )
+        await db.fetch(
+            f"CREATE TRIGGER refuse BEFORE {event} ON {full}"
+            f" FOR EACH ROW EXECUTE FUNCTION {adapter.schema}.refuse()"
+        )
+        return f"DROP TRIGGER refuse ON {full}"
+    full = f"{adapter.table_prefix}{table}"
+    await db.fetch(
+        f"CREATE TRIGGER refuse BEFORE {event} ON {full}"
+        f" BEGIN SELECT RAISE(ABORT, '{message}'); END"
+    )
+    return "DROP TRIGGER refuse"
+
+
 # -- worker processes ------------------------------------------------------------------
 
 

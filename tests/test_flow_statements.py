@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from sql_support import open_backend
+from sql_support import open_backend, refusing_trigger
 
 import siglo
 from siglo import Step, flow
@@ -139,24 +139,8 @@ async def test_a_failed_cache_write_is_raised_and_its_checkpoint_kept(
     work = three_steps()
     adapter: Any = backend.adapter
     db: Any = adapter.database
-    if backend.name == "postgres":
-        table = f"{adapter.schema}.{adapter.table_prefix}step_cache"
-        await db.fetch(
-            f"CREATE FUNCTION {adapter.schema}.refuse() RETURNS trigger"
-            " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no cache today'; END $$"
-        )
-        await db.fetch(
-            f"CREATE TRIGGER refuse BEFORE INSERT ON {table}"
-            f" FOR EACH ROW EXECUTE FUNCTION {adapter.schema}.refuse()"
-        )
-        drop = f"DROP TRIGGER refuse ON {table}"
-    else:  # the SQLite file: the refusal meets the inline writer (SqliteDatabase.write)
-        table = f"{adapter.table_prefix}step_cache"
-        await db.fetch(
-            f"CREATE TRIGGER refuse BEFORE INSERT ON {table}"
-            " BEGIN SELECT RAISE(ABORT, 'no cache today'); END"
-        )
-        drop = "DROP TRIGGER refuse"
+    # On the SQLite file the refusal meets the inline writer (SqliteDatabase.write).
+    drop = await refusing_trigger(backend, "step_cache", "INSERT", "no cache today")
     with pytest.raises(siglo.StorageAdapterError, match="no cache today"):
         await work.run({"run": "r3"}, manager=manager, stack_id="r3")
     stored = await adapter.get_checkpoint("r3")

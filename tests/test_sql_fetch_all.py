@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
 import pytest
-from sql_support import open_backend
+from sql_support import open_backend, refusing_trigger
 
 import siglo
 from siglo import Checkpoint, ContextChangeEvent
@@ -66,29 +67,6 @@ async def test_an_error_in_any_statement_undoes_them_all(backend: siglo.Backend)
     assert await db.fetch(f"SELECT v FROM {t}") == [("a",)]
 
 
-async def refuse_deletes_of_context_changes(backend: siglo.Backend) -> str:
-    """A trigger that fails every delete of a context change; returns the SQL dropping it."""
-    adapter: Any = backend.adapter
-    db = adapter.database
-    if backend.name == "postgres":
-        table = f"{adapter.schema}.{adapter.table_prefix}context_changes"
-        await db.fetch(
-            f"CREATE FUNCTION {adapter.schema}.refuse() RETURNS trigger"
-            " LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'not today'; END $$"
-        )
-        await db.fetch(
-            f"CREATE TRIGGER refuse BEFORE DELETE ON {table}"
-            f" FOR EACH ROW EXECUTE FUNCTION {adapter.schema}.refuse()"
-        )
-        return f"DROP TRIGGER refuse ON {table}"
-    table = f"{adapter.table_prefix}context_changes"
-    await db.fetch(
-        f"CREATE TRIGGER refuse BEFORE DELETE ON {table}"
-        " BEGIN SELECT RAISE(ABORT, 'not today'); END"
-    )
-    return "DROP TRIGGER refuse"
-
-
 async def test_a_delete_refused_at_its_last_statement_changes_nothing(
     backend: siglo.Backend,
 ) -> None:
@@ -104,7 +82,7 @@ async def test_a_delete_refused_at_its_last_statement_changes_nothing(
     await adapter.on_context_change(
         ContextChangeEvent(stack_id="s", step_id="p", key="f", value=1, timestamp=now)
     )
-    drop = await refuse_deletes_of_context_changes(backend)
+    drop = await refusing_trigger(backend, "context_changes", "DELETE", "not today")
     with pytest.raises(siglo.StorageAdapterError, match="not today"):
         await adapter.delete_checkpoint("s")
     assert (await adapter.get_checkpoint("s")) is not None
@@ -117,15 +95,34 @@ async def test_a_delete_refused_at_its_last_statement_changes_nothing(
     assert await adapter.get_context_changes("s", "p") == {}
 
 
-async def round_trips(trace: Any, call: Any) -> int:
-    """The round trips libpq made while ``call`` ran, read in the connection's protocol
-    trace (``trace``): each Sync (the end of extended-protocol messages) and each simple
-    Query (psycopg's ``BEGIN`` and ``COMMIT``) waits for the server's answer."""
-    trace.seek(0, os.SEEK_END)
-    start = trace.tell()
-    await call
-    trace.seek(start)
-    return sum(line.split()[:1] == ["F"] and line.split()[2] in ("Sync", "Query") for line in trace)
+@asynccontextmanager
+async def traced(
+    backend: siglo.Backend,
+) -> AsyncIterator[Callable[[Awaitable[Any]], Awaitable[int]]]:
+    """libpq's protocol trace of the backend's pool's one connection, while in the block;
+    yields ``round_trips(call)``: how many round trips the connection made while ``call``
+    ran. Each Sync (the end of extended-protocol messages) and each simple Query
+    (psycopg's ``BEGIN`` and ``COMMIT``) waits for the server's answer."""
+    pool = backend.adapter.database._pool  # type: ignore[attr-defined]
+    with tempfile.TemporaryFile("w+") as trace:
+        async with pool.connection() as conn:
+            conn.pgconn.trace(trace.fileno())
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+
+        async def round_trips(call: Awaitable[Any]) -> int:
+            trace.seek(0, os.SEEK_END)
+            start = trace.tell()
+            await call
+            trace.seek(start)
+            return sum(
+                line.split()[:1] == ["F"] and line.split()[2] in ("Sync", "Query") for line in trace
+            )
+
+        try:
+            yield round_trips
+        finally:
+            async with pool.connection() as conn:
+                conn.pgconn.untrace()
 
 
 async def test_on_postgres_they_are_one_round_trip() -> None:
@@ -142,19 +139,10 @@ async def test_on_postgres_they_are_one_round_trip() -> None:
         for n in (1, 2):
             await adapter.save_checkpoint(Checkpoint(stack_id=f"s{n}", revision=1, timestamp=now))
         event = ContextChangeEvent(stack_id="s1", step_id="p", key="f", value=1, timestamp=now)
-        pool = adapter.database._pool
-        with tempfile.TemporaryFile("w+") as trace:
-            async with pool.connection() as conn:
-                conn.pgconn.trace(trace.fileno())
-                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                assert await round_trips(trace, adapter.on_context_change(event)) == 1
-                assert await round_trips(trace, adapter.delete_checkpoint("s1")) == 1
-                expected = adapter.delete_checkpoint("s2", expected_revision=1)
-                assert await round_trips(trace, expected) > 1
-            finally:
-                async with pool.connection() as conn:
-                    conn.pgconn.untrace()
+        async with traced(backend) as round_trips:
+            assert await round_trips(adapter.on_context_change(event)) == 1
+            assert await round_trips(adapter.delete_checkpoint("s1")) == 1
+            assert await round_trips(adapter.delete_checkpoint("s2", expected_revision=1)) > 1
         assert await adapter.get_checkpoint("s1") is None
         assert await adapter.get_context_changes("s1", "p") == {}
 
@@ -175,15 +163,7 @@ async def test_without_pipeline_mode_they_run_in_a_transaction(
         await adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
         assert await adapter.delete_checkpoint("s") is True
         await adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
-        pool = adapter.database._pool
-        with tempfile.TemporaryFile("w+") as trace:
-            async with pool.connection() as conn:
-                conn.pgconn.trace(trace.fileno())
-                conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-            try:
-                # BEGIN, the four statements, COMMIT.
-                assert await round_trips(trace, adapter.delete_checkpoint("s")) == 6
-            finally:
-                async with pool.connection() as conn:
-                    conn.pgconn.untrace()
+        async with traced(backend) as round_trips:
+            # BEGIN, the four statements, COMMIT.
+            assert await round_trips(adapter.delete_checkpoint("s")) == 6
         assert await adapter.get_checkpoint("s") is None
