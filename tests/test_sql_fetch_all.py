@@ -139,12 +139,19 @@ async def test_on_postgres_they_are_one_round_trip() -> None:
         for n in (1, 2):
             await adapter.save_checkpoint(Checkpoint(stack_id=f"s{n}", revision=1, timestamp=now))
         event = ContextChangeEvent(stack_id="s1", step_id="p", key="f", value=1, timestamp=now)
+        # Outside the trace: a statement run on its own is prepared on first use (a round
+        # trip more); pipelined ones are prepared in the pipeline.
+        await adapter.save_wait_record(siglo.WaitRecord(stack_id="s3", correlation_key="k0"))
         async with traced(backend) as round_trips:
             assert await round_trips(adapter.on_context_change(event)) == 1
             assert await round_trips(adapter.delete_checkpoint("s1")) == 1
             assert await round_trips(adapter.delete_checkpoint("s2", expected_revision=1)) > 1
+            # A wait record and its by-stack index: one statement (a writable CTE) here.
+            wait = siglo.WaitRecord(stack_id="s3", correlation_key="k3", created_at=now)
+            assert await round_trips(adapter.save_wait_record(wait)) == 1
         assert await adapter.get_checkpoint("s1") is None
         assert await adapter.get_context_changes("s1", "p") == {}
+        assert await adapter.get_wait_record("k3") is not None
 
 
 async def test_without_pipeline_mode_they_run_in_a_transaction(
