@@ -76,8 +76,9 @@ async def _stores(ctx: CheckContext, rule_id: str, cp: Checkpoint, expected: int
 
 @check("checkpoint.roundtrip")
 async def checkpoint_roundtrip(ctx: CheckContext) -> None:
-    """Every field reads back equal: varied contexts, empty and absent metadata, unknown
-    wire fields; a re-save replaces the whole document."""
+    """Every field reads back equal: varied contexts (falsy values, ``:`` in keys, nulls
+    in nested objects), empty, absent and falsy-valued metadata, unknown wire fields; a
+    re-save replaces the whole document."""
     ctx.about("checkpoint.roundtrip")
     a = ctx.backend.adapter
     stack = ctx.id("full")
@@ -93,6 +94,9 @@ async def checkpoint_roundtrip(ctx: CheckContext) -> None:
             "big": 2**53 + 1,
             "neg": -(2**40),
             "text": 'q"\\\n\t',
+            "blank": "",
+            "a:b": "colon",
+            "nested": {"a": {"n": None}},
         },
         "y": {},
         "z": {"deep": {"a": {"b": {"c": [[{"d": [None]}]]}}}},
@@ -107,7 +111,8 @@ async def checkpoint_roundtrip(ctx: CheckContext) -> None:
             type="custom-type",
             chains=("x", "y", "z", "many"),
             contexts=contexts,
-            metadata={"m": {}, "list": [1, "two", None]},
+            # Falsy scalars too: a backend that drops them loses what a user stored.
+            metadata={"m": {}, "list": [1, "two", None], "f": False, "e": "", "z": 0, "n": None},
             expires_at=ctx.now_ms() + 3_600_000,
             extra={"unknownField": {"kept": [1, 2]}, "nullField": None},
         ),
