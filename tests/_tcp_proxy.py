@@ -81,7 +81,9 @@ class TcpProxy:
                     if not data:
                         return
                     peers[sock].sendall(data)
-        except OSError:
+        except (OSError, ValueError):
+            # cut() closes the sockets under this thread: a closed socket's fileno is -1,
+            # which select() refuses with ValueError rather than OSError.
             return
         finally:
             for sock in (client, upstream):

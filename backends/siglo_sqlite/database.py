@@ -24,7 +24,7 @@ import asyncio
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Final
 
@@ -64,19 +64,26 @@ def _is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
-def _open_inline(path: str, *pragmas: str) -> sqlite3.Connection:
+def _open_inline(path: str, wait_ms: int, *pragmas: str) -> sqlite3.Connection:
     """A connection used on the event loop's thread: autocommit (each statement its own
-    transaction and snapshot), never waiting for a lock, the main connection's page
-    settings, and ``pragmas``."""
-    # check_same_thread off: opened by whichever thread runs the event loop at connect,
-    # and only ever used from the loop's thread.
+    transaction and snapshot), never waiting for a lock once open, the main connection's
+    page settings, and ``pragmas``.
+
+    Setting it up reads the schema, and that read may meet a lock: another process
+    opening the file (its first connection briefly locks the WAL index) or holding it.
+    Until it is set up it waits for a lock up to ``wait_ms``, as the main connection
+    does; it is set up off the event loop's thread, so that wait never holds the loop.
+    """
+    # check_same_thread off: set up on a worker thread, then only ever used from the
+    # loop's thread.
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         for pragma in (
-            "busy_timeout = 0",
+            f"busy_timeout = {max(0, wait_ms)}",
             *pragmas,
             f"mmap_size = {MMAP_SIZE_BYTES}",
             f"cache_size = -{CACHE_SIZE_KIB}",
+            "busy_timeout = 0",
         ):
             conn.execute(f"PRAGMA {pragma}")
     except BaseException:
@@ -85,15 +92,15 @@ def _open_inline(path: str, *pragmas: str) -> sqlite3.Connection:
     return conn
 
 
-def _open_reader(path: str) -> sqlite3.Connection:
+def _open_reader(path: str, wait_ms: int) -> sqlite3.Connection:
     """The connection :meth:`SqliteDatabase.read` uses: read-only."""
-    return _open_inline(path, "query_only = ON")
+    return _open_inline(path, wait_ms, "query_only = ON")
 
 
-def _open_writer(path: str, synchronous: str) -> sqlite3.Connection:
+def _open_writer(path: str, wait_ms: int, synchronous: str) -> sqlite3.Connection:
     """The connection :meth:`SqliteDatabase.write` uses: the main connection's durability,
     never checkpointing the WAL (that stays on the driver's thread)."""
-    return _open_inline(path, f"synchronous = {synchronous}", "wal_autocheckpoint = 0")
+    return _open_inline(path, wait_ms, f"synchronous = {synchronous}", "wal_autocheckpoint = 0")
 
 
 class _Tx:
@@ -182,18 +189,45 @@ class SqliteDatabase(Database):
         try:
             await conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if self.path is not None:
-                # WAL: readers never block the writer, and a commit is one append.
-                await self._run(conn, "PRAGMA journal_mode = WAL", (), self._deadline())
-                await conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-                # Keeps keyed lookups flat as the file grows (docs/benchmarks.md, scale).
-                await conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE_BYTES}")
-                await conn.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
-                if self.engine is None:
-                    self._reader = _open_reader(self.path)
-                    if self.synchronous in INLINE_WRITE_MODES:
-                        self._writer = _open_writer(self.path, self.synchronous)
+                await self._set_up_file(conn, self.path)
         except BaseException:
             await self._disconnect()
+            raise
+
+    async def _set_up_file(self, conn: aiosqlite.Connection, path: str) -> None:
+        """WAL mode and the page settings on ``conn``; the inline connections.
+
+        Every statement here may meet a lock (other processes creating or opening the
+        same file at the same moment): each waits and retries until the connect's
+        deadline, like any call, and a lock held past it is a timeout naming the bound.
+        """
+        deadline = self._deadline()
+        for pragma in (
+            # WAL: readers never block the writer, and a commit is one append.
+            "journal_mode = WAL",
+            f"synchronous = {self.synchronous}",
+            # Keeps keyed lookups flat as the file grows (docs/benchmarks.md, scale).
+            f"mmap_size = {MMAP_SIZE_BYTES}",
+            f"cache_size = -{CACHE_SIZE_KIB}",
+        ):
+            await self._run(conn, f"PRAGMA {pragma}", (), deadline)
+        if self.engine is not None:
+            return
+        self._reader = await self._open_off_loop(_open_reader, path, deadline)
+        if self.synchronous in INLINE_WRITE_MODES:
+            self._writer = await self._open_off_loop(_open_writer, path, deadline, self.synchronous)
+
+    async def _open_off_loop(
+        self, opener: Callable[..., sqlite3.Connection], path: str, deadline: float, *args: str
+    ) -> sqlite3.Connection:
+        """``opener(path, wait_ms, *args)`` on a worker thread, waiting for a lock no
+        later than ``deadline``."""
+        wait_ms = int((deadline - time.monotonic()) * 1000)
+        try:
+            return await asyncio.to_thread(opener, path, wait_ms, *args)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise self.timed_out("waiting for a lock to open the file", exc) from exc
             raise
 
     async def _disconnect(self) -> None:
