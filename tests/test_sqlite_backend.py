@@ -1,9 +1,12 @@
-"""SQLite specifics: URL forms, WAL, the busy timeout, failures, an application's engine."""
+"""SQLite specifics: URL forms, WAL, the busy timeout, failures, an application's engine,
+a backend never closed."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -186,3 +189,47 @@ async def test_closed_backend_refuses_calls() -> None:
     await backend.aclose()  # idempotent
     with pytest.raises(siglo.StorageAdapterError, match="closed"):
         await backend.adapter.get_checkpoint("s")
+
+
+# A program that never closes its backend: the checkpoint it saved, then it ends.
+UNCLOSED = """
+import asyncio, sys
+import siglo
+from siglo import Checkpoint
+
+kept = None
+
+async def main(url, where):
+    global kept
+    backend = siglo.connect(url)
+    if where == "global":
+        kept = backend
+    await backend.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+    print("saved", flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize(("where", "file"), [("local", True), ("global", True), ("local", False)])
+async def test_a_backend_never_closed_does_not_keep_the_process_alive(
+    tmp_path: Path, where: str, file: bool
+) -> None:
+    """aiosqlite's worker thread is not a daemon and never ends on its own; siglo makes
+    it one, so a program that forgets ``aclose()`` still exits, and what it committed
+    is kept (SQLite's journal, as for an open plain ``sqlite3`` connection at exit)."""
+    url = f"sqlite:///{tmp_path}/unclosed.db" if file else "sqlite://"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", UNCLOSED, url, where],
+        capture_output=True,
+        text=True,
+        timeout=30,  # before the fix it never returned
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "saved\n"
+    if file:
+        async with siglo.connect(url) as backend:
+            stored = await backend.adapter.get_checkpoint("s")
+        assert stored is not None
+        assert stored.revision == 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
@@ -103,6 +104,24 @@ def _open_writer(path: str, wait_ms: int, synchronous: str) -> sqlite3.Connectio
     return _open_inline(path, wait_ms, f"synchronous = {synchronous}", "wal_autocheckpoint = 0")
 
 
+def _daemonic(conn: aiosqlite.Connection) -> aiosqlite.Connection:
+    """``conn`` (not yet awaited) with its worker thread made a daemon.
+
+    aiosqlite's thread is not a daemon, and it holds its last job, and through it the
+    connection, until the next one comes: a backend that is never closed kept the
+    process from exiting, forever (aiosqlite issue 299). A daemon thread lets the process
+    exit as it does with an open plain ``sqlite3`` connection; SQLite's journal makes
+    that safe (a transaction not committed is rolled back when the file is next opened,
+    one committed is kept). Before 0.22 the connection was itself the thread; since, the
+    thread is its ``_thread``. tests/test_sqlite_backend.py fails if an unclosed backend
+    stops the process exiting.
+    """
+    thread = conn if isinstance(conn, threading.Thread) else getattr(conn, "_thread", None)
+    if isinstance(thread, threading.Thread) and not thread.is_alive():
+        thread.daemon = True
+    return conn
+
+
 class _Tx:
     def __init__(self, db: SqliteDatabase, conn: aiosqlite.Connection, deadline: float) -> None:
         self._db = db
@@ -178,7 +197,9 @@ class SqliteDatabase(Database):
         else:
             # isolation_level=None: no implicit BEGIN; siglo says when a transaction is.
             try:
-                conn = await aiosqlite.connect(self.path or ":memory:", isolation_level=None)
+                conn = await _daemonic(
+                    aiosqlite.connect(self.path or ":memory:", isolation_level=None)
+                )
             except BaseException:
                 # aiosqlite stops its worker thread without waiting for it; give it a
                 # moment, or it may report to an event loop that has since closed.
