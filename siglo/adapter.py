@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
 from siglo.checkpoint import Checkpoint
+from siglo.closing import Closable
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
 from siglo.listing import check_list_arguments as _check_list_arguments
@@ -94,7 +95,7 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
 """The adapter methods each adapter-level capability requires."""
 
 
-class StorageAdapter:
+class StorageAdapter(Closable):
     """Base class of storage adapters.
 
     Subclasses set :attr:`name` and :attr:`capabilities` and implement the ``_do_…``
@@ -134,6 +135,7 @@ class StorageAdapter:
 
     async def on_context_change(self, event: ContextChangeEvent) -> None:
         """Record one context mutation (non-blocking telemetry: must not raise on I/O)."""
+        self._require_open()
         await self._do_on_context_change(check_context_change(event))
 
     async def get_context_changes(
@@ -143,6 +145,7 @@ class StorageAdapter:
         require_id("stack_id", stack_id)
         require_id("step_id", step_id)
         require_optional_id("namespace", namespace)
+        self._require_open()
         return await self._do_get_context_changes(stack_id, step_id, namespace)
 
     # -- 2. checkpointing ------------------------------------------------------------
@@ -158,6 +161,7 @@ class StorageAdapter:
         :class:`~siglo.errors.CheckpointConflictError` and stores nothing.
         """
         check_save_arguments(checkpoint, expected_revision)
+        self._require_open()
         await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
     def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
@@ -198,10 +202,12 @@ class StorageAdapter:
         """
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
+        self._require_open()
         return await self._do_get_checkpoint(stack_id, namespace, fallback=fallback)
 
     async def clean_expired_checkpoints(self) -> int:
         """Delete expired checkpoints; return how many (0 for native-expiry stores)."""
+        self._require_open()
         return await self._do_clean_expired_checkpoints()
 
     # -- 3. durable waits ------------------------------------------------------------
@@ -215,6 +221,7 @@ class StorageAdapter:
         """
         check_wait_record(record)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        self._require_open()
         await self._do_save_wait_record(record, ttl_ms=ttl_ms)
 
     async def get_wait_record(
@@ -228,6 +235,7 @@ class StorageAdapter:
         """
         require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
         require_optional_id("namespace", namespace)
+        self._require_open()
         return await self._do_get_wait_record(correlation_key_or_stack_id, namespace)
 
     async def claim_wait_record(
@@ -253,6 +261,7 @@ class StorageAdapter:
         require_ttl_ms("lease_ms", lease_ms, optional=True)
         if event_payload is not MISSING:
             codec.dumps(event_payload, what="event_payload")  # JSON data, or refused here
+        self._require_open()
         return await self._do_claim_wait_record(
             correlation_key,
             # Resolved here, so every backend gives an anonymous claim a fresh identity.
@@ -274,6 +283,7 @@ class StorageAdapter:
         require_id("correlation_key", correlation_key)
         require_id("claimant_id", claimant_id)
         require_optional_id("namespace", namespace)
+        self._require_open()
         await self._do_complete_wait_record(correlation_key, claimant_id, namespace)
 
     async def release_wait_record(
@@ -290,6 +300,7 @@ class StorageAdapter:
         require_id("correlation_key", correlation_key)
         require_id("claimant_id", claimant_id)
         require_optional_id("namespace", namespace)
+        self._require_open()
         return await self._do_release_wait_record(correlation_key, claimant_id, namespace)
 
     async def cancel_wait_record(
@@ -301,12 +312,14 @@ class StorageAdapter:
         """
         require_id("correlation_key", correlation_key)
         require_optional_id("namespace", namespace)
+        self._require_open()
         return await self._do_cancel_wait_record(correlation_key, namespace)
 
     async def cancel_workflow(self, stack_id: str, namespace: str | None = None) -> None:
         """Cancel every open wait of the stack and mark its checkpoint ``cancelled``."""
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
+        self._require_open()
         await self._do_cancel_workflow(stack_id, namespace)
 
     async def with_workflow_lock(
@@ -323,6 +336,7 @@ class StorageAdapter:
         """
         require_id("stack_id", stack_id)
         require_ttl_ms("timeout_ms", timeout_ms, optional=True)
+        self._require_open()
         return await self._do_with_workflow_lock(stack_id, action, timeout_ms=timeout_ms)
 
     # -- 4. step cache ---------------------------------------------------------------
@@ -330,12 +344,14 @@ class StorageAdapter:
     async def get_cached_step(self, key: str) -> Any | Missing:
         """The cached value, or :data:`~siglo.MISSING` (a cached ``None`` is a hit)."""
         require_id("key", key)
+        self._require_open()
         return await self._do_get_cached_step(key)
 
     async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         """Cache ``value`` for ``ttl_ms`` (``None``: the adapter's default)."""
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        self._require_open()
         await self._do_set_cached_step(key, value, ttl_ms)
 
     # -- 5. telemetry ------------------------------------------------------------------
@@ -346,6 +362,7 @@ class StorageAdapter:
             raise InvalidArgumentError(
                 f"event must be a siglo.CacheEvent, got {type(event).__name__}"
             )
+        self._require_open()
         await self._do_on_cache_event(event)
 
     # -- 6. operating what is stored (SPEC §9) -----------------------------------------
@@ -378,6 +395,7 @@ class StorageAdapter:
             limit=limit,
             cursor=cursor,
         )
+        self._require_open()
         return await self._do_list_checkpoints(query)
 
     async def delete_checkpoint(
@@ -402,6 +420,7 @@ class StorageAdapter:
             raise InvalidArgumentError(
                 f"expected_revision must be a positive integer, got {expected_revision!r}"
             )
+        self._require_open()
         return await self._do_delete_checkpoint(stack_id, namespace, expected_revision)
 
     async def list_due_waits(self, *, limit: int = DEFAULT_PAGE_SIZE) -> list[WaitRecord]:
@@ -412,6 +431,7 @@ class StorageAdapter:
             raise InvalidArgumentError(
                 f"limit must be an integer from 1 to {MAX_PAGE_SIZE}, got {limit!r}"
             )
+        self._require_open()
         return await self._do_list_due_waits(limit)
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
@@ -428,7 +448,13 @@ class StorageAdapter:
     # -- life cycle --------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Release connections. The default does nothing."""
+        """Release connections; afterwards every call raises
+        :class:`~siglo.errors.StorageAdapterError`. An adapter that overrides it calls
+        ``await super().aclose()`` (a backend's ``aclose()`` marks it closed anyway)."""
+        self.mark_closed()
+
+    def _describe_part(self) -> str:
+        return f"storage adapter {self.name!r}"
 
     # -- hooks a backend implements (arguments already checked) ----------------------
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from siglo.adapter import Capability, StorageAdapter
+from siglo.closing import Closable
 from siglo.coordination import IdempotencyStore, Lock, NonceStore
 from siglo.errors import CapabilityNotSupportedError
 from siglo.urls import mask_credentials
@@ -82,11 +83,22 @@ class Backend:
         return f"Backend(name={self.name!r}, url={mask_credentials(self.url)!r})"
 
     async def aclose(self) -> None:
-        """Close the adapter and release every connection this backend opened."""
-        await self.adapter.aclose()
-        callbacks, self.on_close = self.on_close, []
-        for close in reversed(callbacks):
-            await close()
+        """Close the adapter and release every connection this backend opened.
+
+        Afterwards every call of the adapter and of the coordination stores raises
+        :class:`~siglo.errors.StorageAdapterError` (contract rule ``backend.closed``).
+        """
+        try:
+            await self.adapter.aclose()
+            callbacks, self.on_close = self.on_close, []
+            for close in reversed(callbacks):
+                await close()
+        finally:
+            # Marked here as well as by the parts' own aclose(): an adapter or store that
+            # overrides it without calling the base class still refuses.
+            for part in (self.adapter, self.idempotency, self.lock, self.nonces):
+                if isinstance(part, Closable):
+                    part.mark_closed()
 
     async def __aenter__(self) -> Backend:
         return self

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
+from siglo.closing import Closable
 from siglo.errors import (
     CapabilityNotSupportedError,
     IdempotencyKeyMismatchError,
@@ -192,7 +193,7 @@ def nonce_ttl_ms(ttl_seconds: float) -> int:
     return max(1, math.floor(ttl_seconds * 1000))
 
 
-class IdempotencyStoreBase:
+class IdempotencyStoreBase(Closable):
     """Base class of idempotency stores: argument checks once, then the ``_do_…`` hooks.
 
     Subclasses implement :meth:`_do_claim`, :meth:`_do_claim_owned`, :meth:`_do_complete`,
@@ -228,6 +229,7 @@ class IdempotencyStoreBase:
         raises :class:`~siglo.errors.IdempotencyKeyMismatchError`."""
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        self._require_open()
         if fingerprint is None:
             return await self._do_claim(key, ttl_ms)
         digest = _digest(fingerprint)
@@ -243,6 +245,7 @@ class IdempotencyStoreBase:
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         digest = None if fingerprint is None else _digest(fingerprint)
         token = new_idempotency_token()
+        self._require_open()
         state = _claim_state(key, await self._do_claim_owned(key, ttl_ms, token, digest))
         return IdempotencyClaim(state, token if state == "claimed" else None)
 
@@ -258,6 +261,7 @@ class IdempotencyStoreBase:
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         if token is not None:
             require_id("token", token)
+        self._require_open()
         if not await self._do_complete_owned(key, result, ttl_ms, token):
             raise _not_owner(key, "complete", token)
 
@@ -272,6 +276,7 @@ class IdempotencyStoreBase:
         require_id("key", key)
         if token is not None:
             require_id("token", token)
+        self._require_open()
         if not await self._do_fail_owned(key, error, token):
             raise _not_owner(key, "fail", token)
 
@@ -281,11 +286,13 @@ class IdempotencyStoreBase:
         require_id("key", key)
         require_id("token", token)
         require_ttl_ms("ttl_ms", ttl_ms)
+        self._require_open()
         return await self._do_extend(key, token, ttl_ms)
 
     async def get_result(self, key: str) -> Any | Missing:
         """The completed result, or :data:`~siglo.MISSING`."""
         require_id("key", key)
+        self._require_open()
         return await self._do_get_result(key)
 
     async def get(self, key: str) -> Any | Missing:
@@ -366,7 +373,7 @@ def _not_owner(key: str, what: str, token: str | None) -> IdempotencyOwnershipEr
     )
 
 
-class LockBase:
+class LockBase(Closable):
     """Base class of locks: argument checks once, then the ``_do_…`` hooks, and
     :meth:`with_lock` built on :meth:`acquire` and :meth:`release`.
 
@@ -382,12 +389,14 @@ class LockBase:
         require_ttl_ms("ttl_ms", ttl_ms)
         if custom_token is not None:
             require_id("custom_token", custom_token)
+        self._require_open()
         return await self._do_acquire(lock_key, ttl_ms, custom_token)
 
     async def release(self, lock_key: str, token: str) -> bool:
         """Release if ``token`` still holds the lock; ``True`` if released."""
         require_id("lock_key", lock_key)
         require_id("token", token)
+        self._require_open()
         return await self._do_release(lock_key, token)
 
     async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
@@ -395,6 +404,7 @@ class LockBase:
         require_id("lock_key", lock_key)
         require_id("token", token)
         require_ttl_ms("ttl_ms", ttl_ms)
+        self._require_open()
         return await self._do_extend(lock_key, token, ttl_ms)
 
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
@@ -427,7 +437,7 @@ class LockBase:
                 await self.release(lock_key, result.token)
 
 
-class NonceStoreBase:
+class NonceStoreBase(Closable):
     """Base class of nonce stores: argument checks once, then :meth:`_do_claim`.
 
     The hook receives the window already converted to milliseconds (:func:`nonce_ttl_ms`).
@@ -436,7 +446,9 @@ class NonceStoreBase:
     async def claim(self, key: str, ttl_seconds: float) -> bool:
         """``True`` for the first claim within the window, ``False`` for a replay."""
         require_id("key", key)
-        return await self._do_claim(key, nonce_ttl_ms(ttl_seconds))
+        ttl_ms = nonce_ttl_ms(ttl_seconds)
+        self._require_open()
+        return await self._do_claim(key, ttl_ms)
 
     async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         raise _unsupported(self, "claim")

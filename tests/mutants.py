@@ -1138,6 +1138,7 @@ HOLES: tuple[Mutant, ...] = (
         adapter=h.ExpiredStillConflicts,
     ),
     _m("cache-events.accepted", "error events are refused", adapter=h.RejectsErrorEvents),
+    _m("backend.closed", "a closed adapter still answers", adapter=h.AnswersAfterClose),
     _m(
         "wait.complete.claimant", "a cancelled record completes", adapter=h.CancelledRecordCompletes
     ),

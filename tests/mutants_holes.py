@@ -496,3 +496,10 @@ class RestoreIgnoresNamespace(StorageManager):
 
     def restore_checkpoint(self, checkpoint: Any, *, expected_namespace: str | None = None) -> Any:
         return super().restore_checkpoint(checkpoint)
+
+
+class AnswersAfterClose(MemoryStorageAdapter):
+    """A closed adapter still answers, as the Redis client that reconnected did."""
+
+    def _require_open(self) -> None:
+        return None

@@ -93,6 +93,31 @@ async def test_a_passed_client_is_never_closed(redis_backend: siglo.Backend) -> 
     async with siglo.connect(REDIS_URL, client=client, prefix=prefix) as backend:
         await backend.adapter.set_cached_step("k", 2)
     assert await client.ping()  # still open
+    # The backend refuses all the same: it was closed (redis-py would reconnect).
+    with pytest.raises(StorageAdapterError, match="storage adapter 'redis' is closed"):
+        await backend.adapter.get_cached_step("k")
+    await client.aclose()
+
+
+async def test_a_class_closed_alone_refuses_and_keeps_a_passed_client(
+    redis_backend: siglo.Backend,
+) -> None:
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(REDIS_URL)
+    prefix = redis_backend.adapter.keys.prefix  # type: ignore[attr-defined]
+    adapter = RedisStorageAdapter(client, key_prefix=prefix)
+    lock = RedisLock(client, f"{prefix}lock:")
+    for part in (adapter, lock):
+        await part.aclose()
+        await part.aclose()  # twice is harmless
+        assert part.closed
+    with pytest.raises(StorageAdapterError, match="is closed"):
+        await adapter.set_cached_step("k", 3)
+    with pytest.raises(StorageAdapterError, match="RedisLock is closed"):
+        await lock.acquire("L")
+    assert await redis_backend.adapter.get_cached_step("k") is siglo.MISSING  # not stored
+    assert await client.ping()  # a passed-in client stays open
     await client.aclose()
 
 

@@ -148,10 +148,14 @@ class RedisStorageAdapter(StorageAdapter):
         )
 
     async def aclose(self) -> None:
-        """Close the client if this adapter built it from a URL."""
-        if self._owns_client:
-            self._owns_client = False
-            await self._redis.call("close", close_client(self.client))
+        """Close the client if this adapter built it from a URL (a passed-in one stays
+        open); either way the adapter refuses every call from now on."""
+        try:
+            if self._owns_client:
+                self._owns_client = False
+                await self._redis.call("close", close_client(self.client))
+        finally:
+            await super().aclose()
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -264,6 +268,7 @@ class RedisStorageAdapter(StorageAdapter):
         here); this drops what siglo's own indexes still name — listing-index members of
         expired checkpoints, due-wait entries of gone or finished waits — and counts
         them."""
+        self._require_open()
 
         async def read(member: str) -> WaitRecord | None:
             namespace, key = deadline_member_parts(member)

@@ -7,6 +7,7 @@ from typing import Any, Final
 import orjson
 
 from siglo import codec
+from siglo.closing import Closable
 from siglo.coordination import (
     ClaimState,
     IdempotencyStoreBase,
@@ -53,7 +54,7 @@ COMPLETED_PREFIX: Final = "COMPLETED:"
 _DEFAULT_KEYS: Final = KeySpace(DEFAULT_PREFIX)
 
 
-class _ClientOwner:
+class _ClientOwner(Closable):
     """Holds a client, or builds (and later closes) one from a URL."""
 
     def __init__(self, client: Any, command_timeout_ms: int | None) -> None:
@@ -65,10 +66,14 @@ class _ClientOwner:
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
 
     async def aclose(self) -> None:
-        """Close the client if it was built here from a URL; a passed-in one stays open."""
-        if self._owns_client:
-            self._owns_client = False
-            await self._redis.call("close", close_client(self.client))
+        """Close the client if it was built here from a URL (a passed-in one stays
+        open); either way the store refuses every call from now on."""
+        try:
+            if self._owns_client:
+                self._owns_client = False
+                await self._redis.call("close", close_client(self.client))
+        finally:
+            self.mark_closed()
 
 
 class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):

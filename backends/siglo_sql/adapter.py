@@ -131,7 +131,10 @@ class SqlStorageAdapter(StorageAdapter):
 
     async def aclose(self) -> None:
         """Close the connections this adapter's backend opened."""
-        await self.database.aclose()
+        try:
+            await self.database.aclose()
+        finally:
+            await super().aclose()
 
     async def schema_version(self) -> int:
         """The schema version of the database (0: no siglo tables yet, or no database
@@ -272,6 +275,7 @@ class SqlStorageAdapter(StorageAdapter):
         """Delete expired rows of every table (checkpoints, wait records, step cache,
         context streams, idempotency keys, nonces; expired locks are freed, their rows
         kept for the fencing counter). Returns the count per table."""
+        self._require_open()
         s = self._s
         return {
             "checkpoints": await self._clean(s.cp_clean_batch),

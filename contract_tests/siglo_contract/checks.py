@@ -14,6 +14,7 @@ from siglo_contract import (  # the check modules, read for their @check functio
     checks_coordination,
     checks_ids,
     checks_input,
+    checks_lifecycle,
     checks_locks,
     checks_manager,
     checks_operations,
@@ -107,6 +108,7 @@ def all_checks() -> list[Check]:
         checks_operations,
         checks_input,
         checks_ids,
+        checks_lifecycle,
         checks_manager,
     ):
         for value in vars(module).values():

@@ -21,6 +21,7 @@ from siglo.backend import Backend
 from siglo.error_modes import StorageWarning
 from siglo.errors import CheckpointConflictError, NamespaceMismatchError, StorageAdapterError
 from siglo.redaction import REDACTED
+from siglo_contract.checks_lifecycle import second_backend
 from siglo_contract.machine_base import canon
 from siglo_contract.registry import CheckContext, check, expect, fail
 
@@ -159,15 +160,6 @@ async def restore_end_to_end(ctx: CheckContext) -> None:
     )
 
 
-def _second_backend(ctx: CheckContext) -> Backend | None:
-    """Another backend of the target: a new connection to the run's storage, or the
-    target's factory's; ``None`` when the target offers neither."""
-    if ctx.session.shared_url is not None:
-        return ctx.session.open_backend()
-    factory = ctx.session.target.factory
-    return None if factory is None else factory(**ctx.session.backend_options())
-
-
 async def _refuses(backend: Backend, stack_id: str) -> bool:
     """Whether the (closed) backend fails a plain read with ``StorageAdapterError``."""
     try:
@@ -185,7 +177,7 @@ async def error_modes_end_to_end(ctx: CheckContext) -> None:
     ``warn`` logs one record to the ``siglo`` logger and issues one ``StorageWarning`` per
     failed save and returns, ``best-effort`` returns quietly."""
     ctx.about("manager.error-mode.stored")
-    closed = _second_backend(ctx)
+    closed = second_backend(ctx)
     if closed is None:
         return
     on_close = list(closed.on_close)

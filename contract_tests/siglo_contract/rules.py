@@ -193,6 +193,11 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
     _a("capability.declared", None, "every method of a declared capability is implemented"),
     _a(
+        "backend.closed",
+        None,
+        "after aclose() every call raises StorageAdapterError, stores nothing",
+    ),
+    _a(
         "manager.redaction.stored",
         _C.CHECKPOINTS,
         "a manager with redact_fields sends the backend no redacted value",
