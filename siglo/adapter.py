@@ -1,10 +1,10 @@
 """The storage adapter contract (seed 000 §6), snake_case and async.
 
-Every public method checks its arguments here, once for every backend, and then calls a
-protected hook of the same name with a ``_do_`` prefix (``save_checkpoint`` →
-``_do_save_checkpoint``). A backend implements only the hooks, and each hook receives
-arguments already checked: bad input is refused the same way everywhere, before
-anything is read or written.
+Every public method checks its arguments here, once for every backend, refuses once the
+adapter is closed (:class:`~siglo.closing.Closable`), and then calls a protected hook of
+the same name with a ``_do_`` prefix (``save_checkpoint`` → ``_do_save_checkpoint``).
+A backend implements only the hooks, and each hook receives arguments already checked:
+bad input is refused the same way everywhere, before anything is read or written.
 
 Every method is optional. An adapter says which parts it implements in
 :attr:`StorageAdapter.capabilities`; a hook it does not implement raises
@@ -134,9 +134,12 @@ class StorageAdapter(Closable):
     # -- 1. context and event streaming -------------------------------------------
 
     async def on_context_change(self, event: ContextChangeEvent) -> None:
-        """Record one context mutation (non-blocking telemetry: must not raise on I/O)."""
+        """Record one context mutation. A storage failure raises
+        :class:`~siglo.errors.StorageAdapterError`, which the storage manager handles by
+        its error mode."""
+        event = check_context_change(event)
         self._require_open()
-        await self._do_on_context_change(check_context_change(event))
+        await self._do_on_context_change(event)
 
     async def get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
