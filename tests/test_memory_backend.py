@@ -383,7 +383,28 @@ async def test_every_declared_method_is_implemented(adapter: MemoryStorageAdapte
             assert adapter.implements(method)
 
 
-def test_named_memory_stores_are_shared() -> None:
+async def test_named_memory_stores_are_shared_and_each_connection_closes_alone() -> None:
+    """memory://NAME stands in for a server: every connect reaches the same data, and
+    closing one connection leaves the others working (contract rule backend.closed)."""
     first = siglo.connect("memory://shared-test-store")
-    assert siglo.connect("memory://shared-test-store") is first
-    assert siglo.connect("memory://") is not siglo.connect("memory://")
+    second = siglo.connect("memory://shared-test-store")
+    assert second is not first
+    assert first.url_shares_storage
+    await first.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+    assert (await second.adapter.get_checkpoint("s")).revision == 1  # type: ignore[union-attr]
+    assert (await first.require_lock().acquire("L")).acquired
+    assert not (await second.require_lock().acquire("L")).acquired  # one lock table
+    assert await first.require_idempotency().claim("k") == "claimed"
+    assert await second.require_idempotency().claim("k") == "in-progress"
+    assert await first.require_nonces().claim("n", 60)
+    assert not await second.require_nonces().claim("n", 60)
+    await first.aclose()
+    with pytest.raises(siglo.StorageAdapterError, match="is closed"):
+        await first.adapter.get_checkpoint("s")
+    await second.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=2, timestamp=1))
+    third = siglo.connect("memory://shared-test-store")
+    assert (await third.adapter.get_checkpoint("s")).revision == 2  # type: ignore[union-attr]
+    assert (await third.require_lock().release("L", "not-the-token")) is False
+    private = siglo.connect("memory://")
+    assert not private.url_shares_storage
+    assert await private.adapter.get_checkpoint("s") is None

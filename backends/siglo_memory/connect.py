@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -20,24 +21,47 @@ _named: dict[str, Backend] = {}
 def connect(url: str = "memory://", *, clock: Clock | None = None, **options: Any) -> Backend:
     """A memory backend. Options go to :class:`MemoryStorageAdapter`.
 
-    ``memory://`` is a new, private store; ``memory://NAME`` returns the same store for
+    ``memory://`` is a new, private store; ``memory://NAME`` reaches the same store for
     the same name for the life of the process (options apply when it is first made).
+    Each call returns a backend of its own, as a connection to a server is: closing one
+    leaves the others working.
     """
     parts = urlsplit(url)
     if parts.scheme != "memory":
         raise InvalidArgumentError(f"not a memory:// URL: {mask_credentials(url)!r}")
     name = unquote(parts.netloc + parts.path)
-    if name and name in _named:
-        return _named[name]
-    backend = Backend(
+    if name:
+        if name not in _named:
+            _named[name] = _new(url, clock, options, shared=True)
+        return _handle(_named[name])
+    return _new(url, clock, options, shared=False)
+
+
+def _handle(store: Backend) -> Backend:
+    """A new backend on ``store``'s data, closed on its own.
+
+    Shallow copies: each part's state is containers that are only ever changed in place
+    (dicts of records, locks, fences; the cache-event list), so every copy reads and
+    changes the same data, while its closed flag is its own.
+    """
+    return Backend(
+        name=store.name,
+        url=store.url,
+        adapter=copy.copy(store.adapter),
+        idempotency=copy.copy(store.idempotency),
+        lock=copy.copy(store.lock),
+        nonces=copy.copy(store.nonces),
+        url_shares_storage=True,
+    )
+
+
+def _new(url: str, clock: Clock | None, options: dict[str, Any], *, shared: bool) -> Backend:
+    return Backend(
         name="memory",
         url=url,
         adapter=MemoryStorageAdapter(clock=clock, **options),
         idempotency=MemoryIdempotencyStore(clock=clock),
         lock=MemoryLock(clock=clock),
         nonces=MemoryNonceStore(clock=clock),
-        url_shares_storage=bool(name),
+        url_shares_storage=shared,
     )
-    if name:
-        _named[name] = backend
-    return backend
