@@ -244,18 +244,18 @@ def markdown(doc: dict[str, Any]) -> str:
             "### scale",
             "",
             "| subject | rows (small → large) | load p50 µs small | load p50 µs large | "
-            "ratio, median (min–max of rounds) | "
+            "ratio, median (min–max of rounds) | first touch: ratio (min–max) | "
             "clean-up of expired rows | clean-up s | peak Python MB |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for s in doc["scale"]:
             if s.get("status") == "error":
-                lines.append(f"| {s['kind']}:{s['backend']} | error: {s['error']} | | | | | | |")
+                lines.append(f"| {s['kind']}:{s['backend']} | error: {s['error']} | | | | | | | |")
                 continue
             lines.append(
                 f"| {s['kind']}:{s['backend']} | {s['rows_small']:,} → {s['rows_large']:,} | "
                 f"{s['load_us_small']:.0f} | {s['load_us_large']:.0f} | "
-                f"{s['load_latency_ratio']:.2f} ({_scale_range(s)}) | "
+                f"{s['load_latency_ratio']:.2f} ({_scale_range(s)}) | {_first_touch(s)} | "
                 f"{s['expired_rows']:,} (removed "
                 f"{s['cleaned']:,}) | {s['clean_seconds']:.2f} | {s['clean_peak_mb']:.1f} |"
             )
@@ -280,6 +280,15 @@ def _range(x: dict[str, Any]) -> str:
 def _scale_range(s: dict[str, Any]) -> str:
     rounds = s.get("load_latency_rounds") or [s["load_latency_ratio"]]
     return f"{min(rounds):.2f}–{max(rounds):.2f}"
+
+
+def _first_touch(s: dict[str, Any]) -> str:
+    """The ratio of the loads right after the fill, before the warming (runs before the
+    warming was added have none)."""
+    rounds = s.get("first_touch_rounds")
+    if not rounds:
+        return "–"
+    return f"{s['first_touch_ratio']:.2f} ({min(rounds):.2f}–{max(rounds):.2f})"
 
 
 def chart(doc: dict[str, Any], path: Path) -> str | None:

@@ -88,7 +88,14 @@ def test_quick_scale_runs(tmp_path: Path) -> None:
         assert s["status"] == "ok", s
         assert s["load_us_small"] > 0
         assert s["load_us_large"] > 0
+        # The loads right after the fill are measured and reported apart from the
+        # target's rounds, which come after the warming loads.
+        assert len(s["first_touch_rounds"]) == len(s["load_latency_rounds"]) == 5
+        assert s["first_touch_ratio"] > 0 and s["warming_loads"] > 0
         assert s["cleaned"] == s["expired_rows"]  # memory has no native expiry
+    md = (tmp_path / "out" / "results.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| siglo:memory | 100"))
+    assert f"| {scale['siglo']['first_touch_ratio']:.2f} (" in row
 
 
 def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
