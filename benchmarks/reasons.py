@@ -21,20 +21,6 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "a write) and 0.19 s waiting in epoll; siglo's own Python was under 0.1 s. At load "
         "average ~2 the same cells measured save 2.00, load 2.13 (run at 19a4269)",
     ),
-    (
-        "sqlite",
-        "save",
-        None,
-        32,
-        "not this round's inline writer: at 32 callers the aiosqlite connection is busy, so "
-        "every save takes the hop as raw's does; an interleaved A/B of the same code with "
-        "and without the writer (python -m benchmarks.sqlite_writes_ab 5 32) measured "
-        "0.98 (0.89-1.35) at 1 KB and 1.00 (0.78-1.14) at 16 KB. The loop's thread does "
-        "more per save than raw's: building a 1 KB checkpoint and its row took 14.0 us "
-        "against 1.8 us for raw's dict and orjson.dumps (fourth round); at 32 callers that "
-        "thread, not the statement, sets the pace. Runs: 0.71 (0.60-0.77) at 1 KB at "
-        "9728891, 0.82 (0.69-1.05) at 6230cac",
-    ),
     *(
         (
             "redis",
@@ -58,8 +44,8 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
             None,
             1,
             "the noise of one thread hop in a few: since 0d6b67e a sequential save or "
-            "compare-and-set runs on siglo's writer connection on the loop's thread (one "
-            "in 32 through aiosqlite, to checkpoint the WAL there) and a load on its reader, "
+            "compare-and-set runs on siglo's writer connection on the loop's thread (the "
+            "WAL checkpointed on a thread of its own) and a load on its reader, "
             "while raw takes a hop to aiosqlite's thread for each. Interleaved A/B, same "
             "code with and without the writer (python -m benchmarks.sqlite_writes_ab, 7 "
             "rounds of 1,000): saves 3.94 (2.15-5.59) x as fast at 1 KB, 3.06 (2.64-3.39) "

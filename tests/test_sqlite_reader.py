@@ -17,7 +17,6 @@ import pytest
 import siglo
 from siglo import Checkpoint
 from siglo.records import WaitRecord
-from siglo_sqlite.database import DRIVER_WRITE_EVERY
 
 
 def cp(revision: int, stack_id: str = "s") -> Checkpoint:
@@ -80,9 +79,10 @@ async def test_a_read_asked_while_a_write_is_in_flight_reads_after_it(
     db = database(backend)
     on_reader: list[str] = []
     db._reader.set_trace_callback(on_reader.append)
-    db._inline_writes = DRIVER_WRITE_EVERY  # this save goes to the driver's thread
+    writer, db._writer = db._writer, None  # this save goes to the driver's thread
     saving = asyncio.ensure_future(adapter.save_checkpoint(cp(2)))
     await asyncio.sleep(0)  # the save is submitted to aiosqlite's thread
+    db._writer = writer
     assert db._on_driver == 1
     got = await adapter.get_checkpoint("s")
     await saving

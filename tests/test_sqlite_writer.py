@@ -12,6 +12,7 @@ import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 import siglo
 from siglo import Checkpoint
 from siglo_sqlite import database as sqlite_database
-from siglo_sqlite.database import DRIVER_WRITE_EVERY
+from siglo_sqlite.database import CHECKPOINT_EVERY_MIN
 
 
 def cp(revision: int, stack_id: str = "s", size: int = 0) -> Checkpoint:
@@ -47,22 +48,57 @@ def writes(trace: list[str]) -> list[str]:
     return [s for s in trace if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
 
 
-async def test_sequential_writes_run_on_the_writer_one_in_n_on_the_driver(
+@asynccontextmanager
+async def loop_turns() -> AsyncIterator[list[int]]:
+    """Counts (in its one item) the 10 ms sleeps the loop completes meanwhile: that it
+    keeps turning while a call waits."""
+    turns = [0]
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            turns[0] += 1
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        yield turns
+    finally:
+        ticker.cancel()
+
+
+async def driver_trace(db: Any) -> list[str]:
+    """The statements the aiosqlite connection runs from now on."""
+    trace: list[str] = []
+    await db._conn.set_trace_callback(trace.append)
+    return trace
+
+
+async def test_sequential_writes_run_on_the_writer_and_a_thread_checkpoints(
     backend: siglo.Backend,
 ) -> None:
+    """Every write runs on the writer, none on the driver; every so many, the
+    checkpointer's connection checkpoints the WAL on its own thread."""
     adapter: Any = backend.adapter
     db = database(backend)
     on_driver: list[str] = []
     on_writer: list[str] = []
+    checkpoints: list[str] = []
     await db._conn.set_trace_callback(on_driver.append)
     db._writer.set_trace_callback(on_writer.append)
+    db._checkpointer.set_trace_callback(checkpoints.append)
     db._inline_writes = 0
-    total = 2 * (DRIVER_WRITE_EVERY + 1)
+    total = 2 * (CHECKPOINT_EVERY_MIN + 1)
     for revision in range(1, total + 1):  # saves and compare-and-sets
         await adapter.save_checkpoint(cp(revision), expected_revision=revision - 1)
     await adapter.set_cached_step("step", {"v": 1})
-    assert len(writes(on_driver)) == 2, on_driver
-    assert len(writes(on_writer)) == total - 1
+    db._checkpointing.result(timeout=5)  # the last checkpoint asked has answered
+    assert writes(on_driver) == [], on_driver
+    # Each write once, or twice where the checkpoint's last step made it wait and retry.
+    assert total + 1 <= len(writes(on_writer)) <= total + 1 + len(checkpoints), on_writer
+    assert checkpoints[:2] == [
+        "PRAGMA wal_checkpoint(PASSIVE)",
+        "PRAGMA wal_checkpoint(RESTART)",
+    ], checkpoints
     got = await adapter.get_checkpoint("s")
     assert got is not None
     assert got.revision == total
@@ -92,21 +128,24 @@ async def test_a_refused_compare_and_set_on_the_writer_stores_nothing(
 async def test_a_write_asked_while_a_statement_is_in_flight_runs_after_it(
     backend: siglo.Backend,
 ) -> None:
-    """While the driver connection has a statement in flight, a write queues behind it
-    there: a compare-and-set on the revision that statement writes succeeds (run inline
-    at once, it would have met revision 1 and been refused)."""
+    """While the driver connection has a statement in flight, a write waits for it (on
+    the loop, in turn), then runs inline: a compare-and-set on the revision that
+    statement writes succeeds (run inline at once, it would have met revision 1 and
+    been refused)."""
     adapter: Any = backend.adapter
     db = database(backend)
     await adapter.save_checkpoint(cp(1))
     on_writer: list[str] = []
     db._writer.set_trace_callback(on_writer.append)
-    db._inline_writes = DRIVER_WRITE_EVERY  # the next save goes to the driver's thread
+    writer, db._writer = db._writer, None  # the next save goes to the driver's thread
     first = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
     await asyncio.sleep(0)  # submitted to aiosqlite's thread
+    db._writer = writer
     assert db._on_driver == 1
     await adapter.save_checkpoint(cp(3), expected_revision=2)
+    assert first.done()
     await first
-    assert on_writer == []
+    assert writes(on_writer) == [on_writer[-1]] and "revision = 2" in on_writer[-1]
     got = await adapter.get_checkpoint("s")
     assert got is not None
     assert got.revision == 3
@@ -121,30 +160,20 @@ async def test_a_write_that_meets_another_connections_lock_waits_on_the_driver(
     adapter: Any = backend.adapter
     db = database(backend)
     await adapter.save_checkpoint(cp(1))
-    on_driver: list[str] = []
-    await db._conn.set_trace_callback(on_driver.append)
+    on_driver = await driver_trace(db)
     other = sqlite3.connect(f"{tmp_path}/w.db", isolation_level=None, check_same_thread=False)
     try:
         other.execute("BEGIN IMMEDIATE")
         loop = asyncio.get_running_loop()
         loop.call_later(0.3, other.execute, "COMMIT")
-        ticks = 0
-
-        async def tick() -> None:  # the loop keeps turning while the save waits
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        ticker = asyncio.ensure_future(tick())
-        started = time.monotonic()
-        await adapter.save_checkpoint(cp(2), expected_revision=1)
-        waited = time.monotonic() - started
-        ticker.cancel()
+        async with loop_turns() as turns:
+            started = time.monotonic()
+            await adapter.save_checkpoint(cp(2), expected_revision=1)
+            waited = time.monotonic() - started
     finally:
         other.close()
     assert waited >= 0.25
-    assert ticks >= 10
+    assert turns[0] >= 10
     assert writes(on_driver), on_driver
     got = await adapter.get_checkpoint("s")
     assert got is not None
@@ -174,8 +203,9 @@ async def test_the_wal_is_checkpointed_though_the_writer_never_does(
     backend: siglo.Backend, tmp_path: Path
 ) -> None:
     """600 saves of 16 KB (about five pages each): the WAL would pass 12 MB unchecked;
-    every DRIVER_WRITE_EVERY-th write checkpoints it on the driver's thread, so the WAL
-    file stays near SQLite's 1,000 pages (4 MB) plus one round of inline writes."""
+    a checkpoint on the driver's thread every so many writes (an interval that adapts
+    to about 1,000 frames a checkpoint) keeps the WAL file near SQLite's 1,000 pages
+    (4 MB)."""
     adapter: Any = backend.adapter
     for i in range(600):
         await adapter.save_checkpoint(cp(1, stack_id=f"s{i}", size=16_000))
@@ -185,8 +215,8 @@ async def test_the_wal_is_checkpointed_though_the_writer_never_does(
 async def test_without_the_driver_writes_the_wal_would_grow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The control of the test above: with every write inline, nothing checkpoints."""
-    monkeypatch.setattr(sqlite_database, "DRIVER_WRITE_EVERY", 10**9)
+    """The control of the test above: with no checkpoint asked, nothing checkpoints."""
+    monkeypatch.setattr(sqlite_database.SqliteDatabase, "_checkpoint_soon", lambda self: None)
     async with siglo.connect(f"sqlite:///{tmp_path}/g.db") as backend:
         adapter: Any = backend.adapter
         for i in range(600):
@@ -204,8 +234,7 @@ async def test_a_syncing_commit_never_runs_on_the_loop(tmp_path: Path, synchrono
         db = database(backend)
         assert db._writer is None
         assert db._reader is not None
-        on_driver: list[str] = []
-        await db._conn.set_trace_callback(on_driver.append)
+        on_driver = await driver_trace(db)
         await adapter.save_checkpoint(cp(2), expected_revision=1)
         assert writes(on_driver)
 
@@ -221,3 +250,163 @@ async def test_a_closed_backend_closes_its_writer(tmp_path: Path) -> None:
         writer.execute("SELECT 1")
     with pytest.raises(siglo.StorageAdapterError):
         await backend.adapter.save_checkpoint(cp(2))
+
+
+async def test_thirty_two_callers_write_inline_and_the_wal_stays_bounded(
+    backend: siglo.Backend, tmp_path: Path
+) -> None:
+    """32 callers saving at once: every write runs on the writer (none takes the hop to
+    the driver, as one in 32 did, after which every caller's writes followed it there),
+    the WAL is checkpointed and starts over, and every save is stored."""
+    adapter: Any = backend.adapter
+    db = database(backend)
+    on_driver = await driver_trace(db)
+
+    async def caller(n: int) -> None:
+        for i in range(40):
+            await adapter.save_checkpoint(cp(1, stack_id=f"c{n}-{i}", size=4_000))
+
+    await asyncio.gather(*(caller(n) for n in range(32)))
+    assert writes(on_driver) == []
+    assert wal_bytes(tmp_path / "w.db") < 6 * 2**20  # 1,280 saves of ~2 pages: ~10 MB
+    for n in range(32):
+        got = await adapter.get_checkpoint(f"c{n}-39")
+        assert got is not None
+
+
+async def test_a_write_waits_for_the_checkpoints_last_step_and_a_later_read_sees_it(
+    backend: siglo.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another connection reads in the WAL, so the checkpoint's last step (start the WAL
+    over) keeps trying for its bound (half a second here, so that a loaded machine
+    cannot miss it). A write asked then waits on the loop for it (not on the driver),
+    and a read asked after the write waits behind it and sees it; once the reader is
+    gone, the next checkpoint starts the WAL over."""
+    monkeypatch.setattr(sqlite_database, "CHECKPOINT_RESTART_WAIT_MS", 500)
+    adapter: Any = backend.adapter
+    db = database(backend)
+    await adapter.save_checkpoint(cp(1))
+    other = sqlite3.connect(f"{tmp_path}/w.db", isolation_level=None)
+    try:
+        other.execute("BEGIN")
+        other.execute("SELECT count(*) FROM siglo_checkpoints").fetchall()  # reads the WAL
+        on_driver = await driver_trace(db)
+        db._checkpoint_soon()
+        async with asyncio.timeout(5):
+            # The copy is done; the last step is trying. (A flag set on another
+            # thread: polled, as no event of the loop's can be set from there.)
+            while not db._restarting:  # noqa: ASYNC110
+                await asyncio.sleep(0.0005)
+        saving = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
+        loading = asyncio.ensure_future(adapter.get_checkpoint("s"))
+        await asyncio.sleep(0)
+        assert not saving.done() and not loading.done()
+        await saving
+        got = await loading
+        assert got is not None and got.revision == 2
+        assert writes(on_driver) == []
+        busy, frames, _ = db._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert frames > 0  # the WAL did not start over while the reader was in it
+    finally:
+        other.close()
+    db._checkpoint_soon()
+    db._checkpointing.result(timeout=5)
+    await adapter.save_checkpoint(cp(3), expected_revision=2)
+    busy, after, _ = db._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert busy == 0 and 0 < after < frames  # started over: that write went to its beginning
+
+
+async def test_closing_during_a_checkpoint_waits_for_it(tmp_path: Path) -> None:
+    backend = siglo.connect(f"sqlite:///{tmp_path}/c.db")
+    adapter: Any = backend.adapter
+    for i in range(50):
+        await adapter.save_checkpoint(cp(1, stack_id=f"s{i}", size=16_000))
+    db = database(backend)
+    db._checkpoint_soon()
+    checkpoint = db._checkpointing
+    await backend.aclose()
+    assert checkpoint.done()
+    assert db._checkpointer is None and db._checkpoint_thread is None
+    async with siglo.connect(f"sqlite:///{tmp_path}/c.db") as again:
+        assert await again.adapter.get_checkpoint("s49") is not None
+
+
+async def test_calls_asked_while_a_write_waits_run_after_it_in_order(
+    backend: siglo.Backend,
+) -> None:
+    """A write waits in turn for a statement in flight on the driver. A read, a
+    statement and a transaction asked after it wait behind it, and each sees it."""
+    adapter: Any = backend.adapter
+    db = database(backend)
+    await adapter.save_checkpoint(cp(1))
+    writer, db._writer = db._writer, None  # this save goes to the driver's thread
+    first = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
+    await asyncio.sleep(0)
+    db._writer = writer
+    second = asyncio.ensure_future(adapter.save_checkpoint(cp(3), expected_revision=2))
+    await asyncio.sleep(0)
+    assert db._in_line == 1  # the second save waits for the first
+    select = "SELECT revision FROM siglo_checkpoints"
+
+    async def in_a_transaction() -> list[Any]:
+        async with db.transaction() as tx:
+            rows: list[Any] = await tx.fetch(select)
+            return rows
+
+    reading = asyncio.ensure_future(adapter.get_checkpoint("s"))
+    fetching = asyncio.ensure_future(db.fetch(select))
+    transacting = asyncio.ensure_future(in_a_transaction())
+    await asyncio.gather(first, second)
+    got = await reading
+    assert got is not None and got.revision == 3
+    assert await fetching == [(3,)]
+    assert await transacting == [(3,)]
+    assert db._in_line == 0
+
+
+async def test_writes_after_a_statement_on_the_driver_go_back_inline(
+    backend: siglo.Backend,
+) -> None:
+    """32 callers saving while other statements keep going to the driver (a context
+    change, a listing): a save asked meanwhile waits for them and runs inline; none
+    follows them onto the driver."""
+    adapter: Any = backend.adapter
+    db = database(backend)
+    on_driver = await driver_trace(db)
+
+    async def caller(n: int) -> None:
+        for i in range(30):
+            await adapter.save_checkpoint(cp(1, stack_id=f"c{n}-{i}"))
+            if i % 10 == 5:
+                await db.fetch("SELECT count(*) FROM siglo_checkpoints")
+
+    await asyncio.gather(*(caller(n) for n in range(32)))
+    assert sum("count(*)" in s for s in on_driver) == 96
+    assert writes(on_driver) == []
+    for n in range(32):
+        assert await adapter.get_checkpoint(f"c{n}-29") is not None
+
+
+async def test_writes_that_reach_the_wals_bound_wait_for_the_checkpoint(
+    backend: siglo.Backend,
+) -> None:
+    """A checkpoint that takes long (a slow disk: stood in for by a job that sleeps on
+    the checkpointer's thread) holds up writes once they reach the interval's worth
+    since it started, so the WAL does not grow past its bound meanwhile; the loop
+    keeps turning, and the writes land when it ends."""
+    adapter: Any = backend.adapter
+    db = database(backend)
+    await adapter.save_checkpoint(cp(1))
+    db._checkpointing = db._checkpoint_thread.submit(time.sleep, 0.3)
+    db._checkpoint_done = asyncio.wrap_future(db._checkpointing)
+    db._inline_writes = db._checkpoint_every - 1
+    async with loop_turns() as turns:
+        started = time.monotonic()
+        await adapter.save_checkpoint(cp(2), expected_revision=1)  # the last one allowed
+        assert time.monotonic() - started < 0.1
+        await adapter.save_checkpoint(cp(3), expected_revision=2)  # waits for it
+        waited = time.monotonic() - started
+    assert waited >= 0.25
+    assert turns[0] >= 10
+    got = await adapter.get_checkpoint("s")
+    assert got is not None and got.revision == 3

@@ -21,12 +21,14 @@ smaller of ``busy_timeout_ms`` and ``command_timeout_ms``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Final
 
 import aiosqlite
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = ["SqliteDatabase"]
+
+_log = logging.getLogger("siglo.sqlite")
 
 SYNCHRONOUS_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 _SHORTEN_SLACK_MS: Final = 50
@@ -55,9 +59,19 @@ lookup in a million-checkpoint file was twice as slow as in a thousand-checkpoin
 INLINE_WRITE_MODES: Final = frozenset({"OFF", "NORMAL"})
 """The ``synchronous`` modes whose commits :meth:`SqliteDatabase.write` may run on the
 event loop's thread: in WAL mode neither syncs a commit."""
-DRIVER_WRITE_EVERY: Final = 32
-"""One keyed write in this many goes through the driver connection even when it could run
-inline, so that the WAL is checkpointed on the driver's thread (:meth:`SqliteDatabase.write`)."""
+CHECKPOINT_FRAMES: Final = 1_000
+"""The WAL frames (pages) the inline writes let the WAL reach before it starts over:
+SQLite's own ``wal_autocheckpoint`` default. A checkpoint starts at about half, and writes
+wait for it if they reach the other half before it ends."""
+CHECKPOINT_EVERY_MIN: Final = 32
+"""The fewest inline writes between two checkpoints of the WAL (:meth:`SqliteDatabase.write`);
+also the first interval."""
+CHECKPOINT_EVERY_MAX: Final = 4_096
+"""The most (small writes fill 1,000 frames slowly)."""
+CHECKPOINT_RESTART_WAIT_MS: Final = 10
+"""How long the checkpoint's last step tries to start the WAL over while another
+connection reads or writes it, before leaving that to a later checkpoint: the inline
+writes wait for that step, so it must stay short."""
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -100,8 +114,14 @@ def _open_reader(path: str, wait_ms: int) -> sqlite3.Connection:
 
 def _open_writer(path: str, wait_ms: int, synchronous: str) -> sqlite3.Connection:
     """The connection :meth:`SqliteDatabase.write` uses: the main connection's durability,
-    never checkpointing the WAL (that stays on the driver's thread)."""
+    never checkpointing the WAL (the checkpointer's thread does)."""
     return _open_inline(path, wait_ms, f"synchronous = {synchronous}", "wal_autocheckpoint = 0")
+
+
+def _open_checkpointer(path: str, wait_ms: int, synchronous: str) -> sqlite3.Connection:
+    """The connection that checkpoints the WAL of the writer's commits, on a thread of its
+    own (:meth:`SqliteDatabase.write`); it syncs as the main connection does."""
+    return _open_inline(path, wait_ms, f"synchronous = {synchronous}")
 
 
 def _daemonic(conn: aiosqlite.Connection) -> aiosqlite.Connection:
@@ -173,10 +193,31 @@ class SqliteDatabase(Database):
         self._writer: sqlite3.Connection | None = None
         """A third, for :meth:`write` on the event loop's thread (files at a
         ``synchronous`` that does not sync each commit)."""
+        self._tickets = 0
+        """Calls submitted to the aiosqlite connection so far (each call's number)."""
+        self._open_tickets: set[int] = set()
+        """The numbers of those not answered yet."""
+        self._answer_waits: list[tuple[int, asyncio.Future[None]]] = []
+        """Calls waiting until every call numbered below theirs has answered."""
+        self._line = asyncio.Lock()
+        """The turn of calls that wait (:meth:`_turn`): first come, first served."""
+        self._in_line = 0
+        """Calls waiting for their turn or holding it: calls asked meanwhile queue too."""
         self._inline_writes = 0
-        """Writes :meth:`write` has run inline since one last went to the driver."""
-        self._on_driver = 0
-        """Statements submitted to the aiosqlite connection and not answered yet."""
+        """Writes :meth:`write` has run inline since the last checkpoint was asked."""
+        self._checkpoint_every = CHECKPOINT_EVERY_MIN
+        """Inline writes between two checkpoints of the WAL (adapts to the frames found)."""
+        self._checkpointer: sqlite3.Connection | None = None
+        """A fourth connection, only for checkpoints, on :attr:`_checkpoint_thread`."""
+        self._checkpoint_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._checkpointing: concurrent.futures.Future[None] | None = None
+        """The checkpoint submitted last (done once it has answered)."""
+        self._checkpoint_done: asyncio.Future[None] | None = None
+        """The same, as the loop's future: what a write the checkpoint holds up waits for."""
+        self._restarting = False
+        """True while the checkpoint's last step runs: writes wait for it to end."""
+        self._since_restart = 0
+        """Inline writes since the WAL last started over (frames per write, for the interval)."""
         self._sa_conn: AsyncConnection | None = None
         self._lock = asyncio.Lock()
 
@@ -237,6 +278,12 @@ class SqliteDatabase(Database):
         self._reader = await self._open_off_loop(_open_reader, path, deadline)
         if self.synchronous in INLINE_WRITE_MODES:
             self._writer = await self._open_off_loop(_open_writer, path, deadline, self.synchronous)
+            self._checkpointer = await self._open_off_loop(
+                _open_checkpointer, path, deadline, self.synchronous
+            )
+            self._checkpoint_thread = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="siglo-sqlite-checkpoint"
+            )
 
     async def _open_off_loop(
         self, opener: Callable[..., sqlite3.Connection], path: str, deadline: float, *args: str
@@ -252,11 +299,26 @@ class SqliteDatabase(Database):
             raise
 
     async def _disconnect(self) -> None:
+        checkpoint, self._checkpointing = self._checkpointing, None
+        self._checkpoint_done = None
+        thread, self._checkpoint_thread = self._checkpoint_thread, None
+        try:
+            if checkpoint is not None and not checkpoint.done():
+                # A checkpoint under way ends first (milliseconds): its connection is
+                # closed below. It never raises (see _checkpoint_wal).
+                await asyncio.wait({asyncio.wrap_future(checkpoint)})
+        finally:
+            if thread is not None:
+                thread.shutdown(wait=False)
+            await self._close_connections()
+
+    async def _close_connections(self) -> None:
         conn, self._conn = self._conn, None
         sa_conn, self._sa_conn = self._sa_conn, None
         reader, self._reader = self._reader, None
         writer, self._writer = self._writer, None
-        for inline in (reader, writer):
+        checkpointer, self._checkpointer = self._checkpointer, None
+        for inline in (reader, writer, checkpointer):
             if inline is not None:
                 with suppress(Exception):
                     inline.close()
@@ -343,12 +405,83 @@ class SqliteDatabase(Database):
             raise StorageAdapterError(f"{self.description} is closed")
         return conn
 
+    @property
+    def _on_driver(self) -> int:
+        """Statements submitted to the aiosqlite connection and not answered yet."""
+        return len(self._open_tickets)
+
     async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
-        self._on_driver += 1
+        ticket = self._tickets
+        self._tickets = ticket + 1
+        self._open_tickets.add(ticket)
         try:
             return await self._fetch_on_driver(sql, params)
         finally:
-            self._on_driver -= 1
+            self._open_tickets.discard(ticket)
+            if self._answer_waits:
+                self._wake_answered()
+
+    def _wake_answered(self) -> None:
+        """Let go the calls whose earlier driver calls have all answered."""
+        lowest_open = min(self._open_tickets, default=self._tickets)
+        still: list[tuple[int, asyncio.Future[None]]] = []
+        for until, waiting in self._answer_waits:
+            if until <= lowest_open:
+                if not waiting.done():
+                    waiting.set_result(None)
+            else:
+                still.append((until, waiting))
+        self._answer_waits = still
+
+    async def _answered(self, until: int) -> None:
+        """Wait until every driver call numbered below ``until`` has answered."""
+        if any(ticket < until for ticket in self._open_tickets):
+            waiting = asyncio.get_running_loop().create_future()
+            self._answer_waits.append((until, waiting))
+            await waiting
+
+    @asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """Queue behind the calls waiting already, then wait for the driver's calls asked
+        before this one: what follows runs after every call asked before it.
+
+        The inline connections keep this backend's calls in the order they were asked
+        only if a call asked while others are still under way runs after them. A call
+        that cannot run at once waits here, on the loop, and then runs inline, instead
+        of queueing on the driver: with 32 callers the driver never emptied once one
+        call was on it, and every call took the hop. Calls asked while any waits queue
+        behind it (first come, first served), so none overtakes another.
+        """
+        until = self._tickets
+        self._in_line += 1
+        try:
+            async with self._line:
+                await self._answered(until)
+                yield
+        finally:
+            self._in_line -= 1
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        if not self._ready:
+            await self.open()
+        if self._in_line:
+            async with self._turn():
+                return await self.raw_fetch(sql, params)
+        return await self.raw_fetch(sql, params)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Executor]:
+        if not self._ready:
+            await self.open()
+        async with AsyncExitStack() as stack:
+            if self._in_line:
+                # Its turn lasts until it holds the transaction lock: calls asked after
+                # it then wait for that lock, and so run after the transaction.
+                async with self._turn():
+                    tx = await stack.enter_async_context(self.raw_transaction())
+            else:
+                tx = await stack.enter_async_context(self.raw_transaction())
+            yield tx
 
     async def _fetch_on_driver(self, sql: str, params: Params) -> list[Row]:
         conn = self._connection()
@@ -398,12 +531,25 @@ class SqliteDatabase(Database):
         the reader existed: a read then sees this backend's writes asked before it, and
         the loop's thread, which would hold the GIL for every inline read, leaves it to
         the driver thread: with 32 callers saving and loading, inline reads starved the
-        writes (compare-and-set at 32 callers 0.92 -> 0.64 x raw).
+        writes (compare-and-set at 32 callers 0.92 -> 0.64 x raw). While calls wait for
+        their turn (:meth:`_turn`), a read waits behind them, then runs inline.
         """
         if not self._ready:
             await self.open()
         reader = self._reader
+        if self._in_line:
+            async with self._turn():
+                return await self._read_now(reader, sql, params)
         if reader is not None and not self._on_driver and not self._lock.locked():
+            return await self._read_now(reader, sql, params)
+        return await self.raw_fetch(sql, params)
+
+    async def _read_now(
+        self, reader: sqlite3.Connection | None, sql: str, params: Params
+    ) -> list[Row]:
+        """On the reader if there is one, no transaction is open and no lock is in the
+        way, else on the driver."""
+        if reader is not None and not self._lock.locked():
             try:
                 return reader.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
@@ -426,30 +572,122 @@ class SqliteDatabase(Database):
         Only where a commit does not sync (``synchronous`` ``NORMAL`` or ``OFF``, in WAL
         mode a commit appends to the WAL): a commit that waited for the disk would stall
         the event loop. For the same reason the writer never checkpoints the WAL
-        (``wal_autocheckpoint = 0``): every :data:`DRIVER_WRITE_EVERY`-th write goes
-        through the driver connection, whose commit checkpoints the WAL (copy and sync)
-        on the driver's thread once it has grown past SQLite's 1,000 pages, as every
-        commit there did before.
+        (``wal_autocheckpoint = 0``): a checkpoint (copy and sync) runs every so many
+        inline writes on a thread and connection of its own (:meth:`_checkpoint_wal`),
+        beside them. It changes nothing a call reads, so calls go on while it runs, and
+        it is submitted without a turn of the loop, so a caller saving in a loop that
+        never waits still has its WAL checkpointed. (Before, one write in 32 went through
+        the driver, whose commit checkpointed: with 32 callers the driver then always had
+        one in flight, and every write took the hop.)
         """
         if not self._ready:
             await self.open()
         writer = self._writer
+        if writer is None:
+            return await self.fetch(sql, params)
         if (
-            writer is not None
+            not self._in_line
             and not self._on_driver
             and not self._lock.locked()
-            and self._inline_writes < DRIVER_WRITE_EVERY
+            and not self._checkpoint_in_the_way()
         ):
-            try:
-                rows = writer.execute(sql, params).fetchall()
-            except sqlite3.Error as exc:
-                if not _is_busy(exc):
-                    raise self.wrap(exc, "running a statement") from exc
-            else:
-                self._inline_writes += 1
+            rows = self._write_inline(writer, sql, params)
+            if rows is not None:
                 return rows
-        self._inline_writes = 0
-        return await self.raw_fetch(sql, params)
+            if not self._checkpointing_now():
+                return await self.raw_fetch(sql, params)  # another connection's lock
+            # This backend's own checkpoint holds the lock: wait for it, in turn.
+        async with self._turn():
+            for _ in range(2):
+                while self._checkpoint_in_the_way():
+                    await self._checkpoint_answered()
+                if self._lock.locked():
+                    break
+                rows = self._write_inline(writer, sql, params)
+                if rows is not None:
+                    return rows
+                if not self._checkpointing_now():
+                    break
+                await self._checkpoint_answered()
+            # A transaction open, or another connection's lock: the driver waits for it.
+            return await self.raw_fetch(sql, params)
+
+    def _write_inline(
+        self, writer: sqlite3.Connection, sql: str, params: Params
+    ) -> list[Row] | None:
+        """The write on the writer; ``None`` if a lock is in the way (it never waits)."""
+        try:
+            rows = writer.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            if not _is_busy(exc):
+                raise self.wrap(exc, "running a statement") from exc
+            return None
+        self._inline_writes += 1
+        self._since_restart += 1
+        if self._inline_writes >= self._checkpoint_every:
+            self._checkpoint_soon()
+        return rows
+
+    def _checkpointing_now(self) -> bool:
+        """Whether this backend's checkpoint is under way."""
+        return self._checkpoint_done is not None and not self._checkpoint_done.done()
+
+    def _checkpoint_in_the_way(self) -> bool:
+        """Whether a write must wait for the checkpoint under way: its last step holds the
+        write lock, or the WAL has grown as far as it may before that step."""
+        return self._checkpointing_now() and (
+            self._restarting or self._inline_writes >= self._checkpoint_every
+        )
+
+    async def _checkpoint_answered(self) -> None:
+        checkpoint = self._checkpoint_done
+        if checkpoint is not None and not checkpoint.done():
+            await asyncio.wait({checkpoint})
+
+    def _checkpoint_soon(self) -> None:
+        """Start a checkpoint of the WAL on the checkpointer's thread, unless one runs."""
+        thread = self._checkpoint_thread
+        if thread is not None and (self._checkpointing is None or self._checkpointing.done()):
+            self._inline_writes = 0
+            self._checkpointing = thread.submit(self._checkpoint_wal)
+            self._checkpoint_done = asyncio.wrap_future(self._checkpointing)
+
+    def _checkpoint_wal(self) -> None:
+        """Checkpoint the WAL and start it over. Runs on the checkpointer's thread; never
+        raises (a failed checkpoint is tried again at the next interval).
+
+        Two steps. ``PASSIVE`` copies the WAL's frames into the file without taking a
+        lock, while the inline writes go on (they append more). ``RESTART`` then copies
+        the frames appended meanwhile and makes the next write start the WAL from its
+        beginning, so the file stops growing. It needs the write lock and no reader in
+        the WAL: new writes wait on the loop while it runs (:attr:`_restarting`), and it
+        tries again for at most :data:`CHECKPOINT_RESTART_WAIT_MS` while another
+        connection reads or writes. (SQLite's own busy wait would sleep a millisecond
+        first, with the writes waiting.) The frames the WAL held at the end set the
+        interval to the next checkpoint, aiming at :data:`CHECKPOINT_FRAMES`."""
+        conn = self._checkpointer
+        if conn is None:
+            return
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self._restarting = True
+            give_up = time.monotonic() + CHECKPOINT_RESTART_WAIT_MS / 1000
+            while True:
+                busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                if not busy or time.monotonic() >= give_up:
+                    break
+                time.sleep(0.0002)
+        except Exception as exc:
+            _log.debug("checkpointing the WAL of %s failed: %s", self.description, exc)
+            return
+        finally:
+            self._restarting = False
+        if busy:
+            return
+        writes, self._since_restart = self._since_restart, 0
+        if frames > 0 and writes > 0:
+            every = int(CHECKPOINT_FRAMES / 2 / (frames / writes))
+            self._checkpoint_every = min(CHECKPOINT_EVERY_MAX, max(CHECKPOINT_EVERY_MIN, every))
 
     @asynccontextmanager
     async def raw_transaction(self) -> AsyncIterator[Executor]:
