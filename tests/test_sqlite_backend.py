@@ -4,12 +4,14 @@ a backend never closed."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -233,3 +235,27 @@ async def test_a_backend_never_closed_does_not_keep_the_process_alive(
             stored = await backend.adapter.get_checkpoint("s")
         assert stored is not None
         assert stored.revision == 1
+
+
+async def test_opens_when_the_loops_default_executor_is_shut_down(tmp_path: Path) -> None:
+    """DBOS Transact sets its own pool as the loop's default executor and shuts that
+    pool down when it stops; every ``asyncio.to_thread`` then fails. A file-backed
+    backend opened after that still opens (its connections are opened on its own
+    thread), and its writes are checkpointed there too."""
+    loop = asyncio.get_running_loop()
+    gone = concurrent.futures.ThreadPoolExecutor(1)
+    loop.set_default_executor(gone)
+    gone.shutdown()
+    try:
+        with pytest.raises(RuntimeError):
+            await asyncio.to_thread(time.sleep, 0)  # the condition DBOS leaves behind
+        async with siglo.connect(f"sqlite:///{tmp_path}/d.db") as backend:
+            for i in range(100):
+                await backend.adapter.save_checkpoint(cp(stack_id=f"s{i}"))
+            db: Any = backend.adapter.database  # type: ignore[attr-defined]
+            assert db._checkpointing is not None
+            await asyncio.wrap_future(db._checkpointing)
+            assert db._checkpointing.exception() is None
+            assert await backend.adapter.get_checkpoint("s99") is not None
+    finally:
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())

@@ -326,7 +326,7 @@ async def test_closing_during_a_checkpoint_waits_for_it(tmp_path: Path) -> None:
     checkpoint = db._checkpointing
     await backend.aclose()
     assert checkpoint.done()
-    assert db._checkpointer is None and db._checkpoint_thread is None
+    assert db._checkpointer is None and db._thread is None
     async with siglo.connect(f"sqlite:///{tmp_path}/c.db") as again:
         assert await again.adapter.get_checkpoint("s49") is not None
 
@@ -397,7 +397,7 @@ async def test_writes_that_reach_the_wals_bound_wait_for_the_checkpoint(
     adapter: Any = backend.adapter
     db = database(backend)
     await adapter.save_checkpoint(cp(1))
-    db._checkpointing = db._checkpoint_thread.submit(time.sleep, 0.3)
+    db._checkpointing = db._thread.submit(time.sleep, 0.3)
     db._checkpoint_done = asyncio.wrap_future(db._checkpointing)
     db._inline_writes = db._checkpoint_every - 1
     async with loop_turns() as turns:
@@ -410,3 +410,50 @@ async def test_writes_that_reach_the_wals_bound_wait_for_the_checkpoint(
     assert turns[0] >= 10
     got = await adapter.get_checkpoint("s")
     assert got is not None and got.revision == 3
+
+
+async def test_a_write_waiting_for_a_checkpoint_past_its_bound_times_out(
+    tmp_path: Path,
+) -> None:
+    """The wait for a checkpoint is bounded like any wait of the call: past
+    ``busy_timeout_ms`` the write raises the timeout naming it and stores nothing."""
+    async with siglo.connect(f"sqlite:///{tmp_path}/t.db?busy_timeout_ms=200") as backend:
+        adapter: Any = backend.adapter
+        db = database(backend)
+        await adapter.save_checkpoint(cp(1))
+        db._checkpointing = db._thread.submit(time.sleep, 1.0)
+        db._checkpoint_done = asyncio.wrap_future(db._checkpointing)
+        db._inline_writes = db._checkpoint_every
+        started = time.monotonic()
+        with pytest.raises(siglo.StorageAdapterError, match="busy_timeout_ms=200") as err:
+            await adapter.save_checkpoint(cp(2), expected_revision=1)
+        assert "checkpoint of the WAL" in str(err.value)
+        assert 0.15 <= time.monotonic() - started < 0.6
+        got = await adapter.get_checkpoint("s")
+        assert got is not None and got.revision == 1
+        await db._checkpoint_done
+        await adapter.save_checkpoint(cp(2), expected_revision=1)
+
+
+async def test_a_wait_in_turn_counts_against_the_calls_bound(tmp_path: Path) -> None:
+    """A transaction is open; a statement asked then waits on the driver for its lock,
+    and a write asked after it waits in turn for that statement, then for the lock. The
+    write's two waits together end at its bound (200 ms from when it was asked), not
+    one bound after the other, and it stores nothing."""
+    async with siglo.connect(f"sqlite:///{tmp_path}/u.db?busy_timeout_ms=200") as backend:
+        adapter: Any = backend.adapter
+        db = database(backend)
+        await adapter.save_checkpoint(cp(1))
+        async with db.transaction() as tx:
+            await tx.fetch("SELECT 1")
+            statement = asyncio.ensure_future(db.fetch("SELECT count(*) FROM siglo_checkpoints"))
+            await asyncio.sleep(0.05)  # the statement waits for the transaction's lock
+            started = time.monotonic()
+            with pytest.raises(siglo.StorageAdapterError, match="busy_timeout_ms=200"):
+                await adapter.save_checkpoint(cp(2), expected_revision=1)
+            took = time.monotonic() - started
+            with pytest.raises(siglo.StorageAdapterError, match="busy_timeout_ms=200"):
+                await statement
+        assert 0.15 <= took < 0.3
+        got = await adapter.get_checkpoint("s")
+        assert got is not None and got.revision == 1

@@ -208,8 +208,12 @@ class SqliteDatabase(Database):
         self._checkpoint_every = CHECKPOINT_EVERY_MIN
         """Inline writes between two checkpoints of the WAL (adapts to the frames found)."""
         self._checkpointer: sqlite3.Connection | None = None
-        """A fourth connection, only for checkpoints, on :attr:`_checkpoint_thread`."""
-        self._checkpoint_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        """A fourth connection, only for checkpoints, on :attr:`_thread`."""
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        """A file-backed backend's own worker thread: it opens the inline connections
+        and runs the checkpoints. Its own, not the loop's default executor, which the
+        application may replace (DBOS Transact sets its pool there, and shuts that pool
+        down when it stops: every ``asyncio.to_thread`` after that fails)."""
         self._checkpointing: concurrent.futures.Future[None] | None = None
         """The checkpoint submitted last (done once it has answered)."""
         self._checkpoint_done: asyncio.Future[None] | None = None
@@ -275,24 +279,24 @@ class SqliteDatabase(Database):
             await self._run(conn, f"PRAGMA {pragma}", (), deadline)
         if self.engine is not None:
             return
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="siglo-sqlite")
         self._reader = await self._open_off_loop(_open_reader, path, deadline)
         if self.synchronous in INLINE_WRITE_MODES:
             self._writer = await self._open_off_loop(_open_writer, path, deadline, self.synchronous)
             self._checkpointer = await self._open_off_loop(
                 _open_checkpointer, path, deadline, self.synchronous
             )
-            self._checkpoint_thread = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="siglo-sqlite-checkpoint"
-            )
 
     async def _open_off_loop(
         self, opener: Callable[..., sqlite3.Connection], path: str, deadline: float, *args: str
     ) -> sqlite3.Connection:
-        """``opener(path, wait_ms, *args)`` on a worker thread, waiting for a lock no
+        """``opener(path, wait_ms, *args)`` on :attr:`_thread`, waiting for a lock no
         later than ``deadline``."""
         wait_ms = int((deadline - time.monotonic()) * 1000)
+        thread = self._thread
+        assert thread is not None  # set up before any opener runs
         try:
-            return await asyncio.to_thread(opener, path, wait_ms, *args)
+            return await asyncio.wrap_future(thread.submit(opener, path, wait_ms, *args))
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
                 raise self.timed_out("waiting for a lock to open the file", exc) from exc
@@ -301,7 +305,7 @@ class SqliteDatabase(Database):
     async def _disconnect(self) -> None:
         checkpoint, self._checkpointing = self._checkpointing, None
         self._checkpoint_done = None
-        thread, self._checkpoint_thread = self._checkpoint_thread, None
+        thread, self._thread = self._thread, None
         try:
             if checkpoint is not None and not checkpoint.done():
                 # A checkpoint under way ends first (milliseconds): its connection is
@@ -411,11 +415,16 @@ class SqliteDatabase(Database):
         return len(self._open_tickets)
 
     async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        return await self._driver_fetch(sql, params, time.monotonic())
+
+    async def _driver_fetch(self, sql: str, params: Params, start: float) -> list[Row]:
+        """:meth:`raw_fetch` of a call that started at ``start`` (``time.monotonic()``):
+        its waits end at ``start`` plus the busy bound, however long it waited in turn."""
         ticket = self._tickets
         self._tickets = ticket + 1
         self._open_tickets.add(ticket)
         try:
-            return await self._fetch_on_driver(sql, params)
+            return await self._fetch_on_driver(sql, params, start)
         finally:
             self._open_tickets.discard(ticket)
             if self._answer_waits:
@@ -441,7 +450,7 @@ class SqliteDatabase(Database):
             await waiting
 
     @asynccontextmanager
-    async def _turn(self) -> AsyncIterator[None]:
+    async def _turn(self, start: float) -> AsyncIterator[None]:
         """Queue behind the calls waiting already, then wait for the driver's calls asked
         before this one: what follows runs after every call asked before it.
 
@@ -451,22 +460,41 @@ class SqliteDatabase(Database):
         of queueing on the driver: with 32 callers the driver never emptied once one
         call was on it, and every call took the hop. Calls asked while any waits queue
         behind it (first come, first served), so none overtakes another.
+
+        The wait is the call's, bounded like its others: past ``start`` plus the busy
+        bound it raises the timeout naming the bound, and the call has done nothing.
         """
         until = self._tickets
         self._in_line += 1
         try:
-            async with self._line:
-                await self._answered(until)
+            try:
+                async with asyncio.timeout(self._left(start)):
+                    await self._line.acquire()
+                    try:
+                        await self._answered(until)
+                    except BaseException:
+                        self._line.release()
+                        raise
+            except TimeoutError as exc:
+                raise self.timed_out("waiting for this backend's calls asked before it") from exc
+            try:
                 yield
+            finally:
+                self._line.release()
         finally:
             self._in_line -= 1
+
+    def _left(self, start: float) -> float:
+        """Seconds left to a call that started at ``start`` before its bound."""
+        return max(0.0, start + self._busy_ms / 1000 - time.monotonic())
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         if not self._ready:
             await self.open()
         if self._in_line:
-            async with self._turn():
-                return await self.raw_fetch(sql, params)
+            start = time.monotonic()
+            async with self._turn(start):
+                return await self._driver_fetch(sql, params, start)
         return await self.raw_fetch(sql, params)
 
     @asynccontextmanager
@@ -474,20 +502,20 @@ class SqliteDatabase(Database):
         if not self._ready:
             await self.open()
         async with AsyncExitStack() as stack:
+            start = time.monotonic()
             if self._in_line:
                 # Its turn lasts until it holds the transaction lock: calls asked after
                 # it then wait for that lock, and so run after the transaction.
-                async with self._turn():
-                    tx = await stack.enter_async_context(self.raw_transaction())
+                async with self._turn(start):
+                    tx = await stack.enter_async_context(self.raw_transaction(start))
             else:
-                tx = await stack.enter_async_context(self.raw_transaction())
+                tx = await stack.enter_async_context(self.raw_transaction(start))
             yield tx
 
-    async def _fetch_on_driver(self, sql: str, params: Params) -> list[Row]:
+    async def _fetch_on_driver(self, sql: str, params: Params, start: float) -> list[Row]:
         conn = self._connection()
-        # The call's start; its deadline (start + _busy_ms) is worked out only when a
-        # statement has to wait, as few do (two calls fewer on every statement).
-        start = time.monotonic()
+        # Its deadline (start + _busy_ms) is worked out only when a statement has to
+        # wait, as few do (a call fewer on every statement).
         busy: Exception | None = None
         if not self._lock.locked():
             # No transaction is open, and none can open before this statement runs:
@@ -538,14 +566,15 @@ class SqliteDatabase(Database):
             await self.open()
         reader = self._reader
         if self._in_line:
-            async with self._turn():
-                return await self._read_now(reader, sql, params)
+            start = time.monotonic()
+            async with self._turn(start):
+                return await self._read_now(reader, sql, params, start)
         if reader is not None and not self._on_driver and not self._lock.locked():
-            return await self._read_now(reader, sql, params)
+            return await self._read_now(reader, sql, params, time.monotonic())
         return await self.raw_fetch(sql, params)
 
     async def _read_now(
-        self, reader: sqlite3.Connection | None, sql: str, params: Params
+        self, reader: sqlite3.Connection | None, sql: str, params: Params, start: float
     ) -> list[Row]:
         """On the reader if there is one, no transaction is open and no lock is in the
         way, else on the driver."""
@@ -555,7 +584,7 @@ class SqliteDatabase(Database):
             except sqlite3.Error as exc:
                 if not _is_busy(exc):
                     raise self.wrap(exc, "running a statement") from exc
-        return await self.raw_fetch(sql, params)
+        return await self._driver_fetch(sql, params, start)
 
     async def write(self, sql: str, params: Params = ()) -> list[Row]:
         """A keyed write, run at once on the event loop's thread by the writer connection
@@ -585,6 +614,7 @@ class SqliteDatabase(Database):
         writer = self._writer
         if writer is None:
             return await self.fetch(sql, params)
+        start = time.monotonic()
         if (
             not self._in_line
             and not self._on_driver
@@ -597,10 +627,10 @@ class SqliteDatabase(Database):
             if not self._checkpointing_now():
                 return await self.raw_fetch(sql, params)  # another connection's lock
             # This backend's own checkpoint holds the lock: wait for it, in turn.
-        async with self._turn():
+        async with self._turn(start):
             for _ in range(2):
                 while self._checkpoint_in_the_way():
-                    await self._checkpoint_answered()
+                    await self._checkpoint_answered(start)
                 if self._lock.locked():
                     break
                 rows = self._write_inline(writer, sql, params)
@@ -608,9 +638,9 @@ class SqliteDatabase(Database):
                     return rows
                 if not self._checkpointing_now():
                     break
-                await self._checkpoint_answered()
+                await self._checkpoint_answered(start)
             # A transaction open, or another connection's lock: the driver waits for it.
-            return await self.raw_fetch(sql, params)
+            return await self._driver_fetch(sql, params, start)
 
     def _write_inline(
         self, writer: sqlite3.Connection, sql: str, params: Params
@@ -639,21 +669,29 @@ class SqliteDatabase(Database):
             self._restarting or self._inline_writes >= self._checkpoint_every
         )
 
-    async def _checkpoint_answered(self) -> None:
+    async def _checkpoint_answered(self, start: float) -> None:
+        """Wait for the checkpoint under way, within the bound of a call started at
+        ``start``."""
         checkpoint = self._checkpoint_done
         if checkpoint is not None and not checkpoint.done():
-            await asyncio.wait({checkpoint})
+            await asyncio.wait({checkpoint}, timeout=self._left(start))
+            if not checkpoint.done():
+                raise self.timed_out("waiting for a checkpoint of the WAL to end")
 
     def _checkpoint_soon(self) -> None:
-        """Start a checkpoint of the WAL on the checkpointer's thread, unless one runs."""
-        thread = self._checkpoint_thread
-        if thread is not None and (self._checkpointing is None or self._checkpointing.done()):
+        """Start a checkpoint of the WAL on :attr:`_thread`, unless one runs."""
+        thread = self._thread
+        if (
+            thread is not None
+            and self._checkpointer is not None
+            and (self._checkpointing is None or self._checkpointing.done())
+        ):
             self._inline_writes = 0
             self._checkpointing = thread.submit(self._checkpoint_wal)
             self._checkpoint_done = asyncio.wrap_future(self._checkpointing)
 
     def _checkpoint_wal(self) -> None:
-        """Checkpoint the WAL and start it over. Runs on the checkpointer's thread; never
+        """Checkpoint the WAL and start it over. Runs on :attr:`_thread`; never
         raises (a failed checkpoint is tried again at the next interval).
 
         Two steps. ``PASSIVE`` copies the WAL's frames into the file without taking a
@@ -690,9 +728,9 @@ class SqliteDatabase(Database):
             self._checkpoint_every = min(CHECKPOINT_EVERY_MAX, max(CHECKPOINT_EVERY_MIN, every))
 
     @asynccontextmanager
-    async def raw_transaction(self) -> AsyncIterator[Executor]:
+    async def raw_transaction(self, start: float | None = None) -> AsyncIterator[Executor]:
         conn = self._connection()
-        deadline = self._deadline()
+        deadline = self._deadline() if start is None else start + self._busy_ms / 1000
         await self._take_lock(deadline)
         try:
             try:
