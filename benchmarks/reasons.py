@@ -103,13 +103,15 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
             name,
             None,
             32,
-            "single rounds, not the median: save 1 KB at 32 callers measured 0.91 "
-            "(0.63-1.24) in the run at 6230cac, and in a rerun of the cell alone (python "
-            "-m benchmarks --backends postgres --sizes 1k --workloads save --repeat 7) 0.89 "
-            "(0.70-1.05); with siglo's pool opened to 10 connections before timing, as the "
-            "raw pool is (--siglo-opt postgres:pool_min_size=10), 0.89 (0.69-0.95), so not "
-            "the pool's growth: siglo ~7,300 saves/s against raw's ~8,200 in most rounds, "
-            "one round in seven near 5,500",
+            "single rounds, and about a tenth below raw, measured, not explained: at 32 "
+            "callers siglo saved ~7,300 1 KB checkpoints a second against raw's ~8,200 in "
+            "most rounds, one round in seven near 5,500. Save 1 KB: 0.91 (0.63-1.24) in the "
+            "run at 6230cac, 0.86 (0.66-0.90) at d78f26a; the cell alone (python -m "
+            "benchmarks --backends postgres --sizes 1k --workloads save --repeat 7) 0.89 "
+            "(0.70-1.05), and 0.89 (0.69-0.95) with siglo's pool opened to 10 connections "
+            "before timing as the raw pool is (--siglo-opt postgres:pool_min_size=10), so "
+            "not the pool's growth. Save 16 KB: 0.84 (0.77-0.96) at d78f26a, alone for 7 "
+            "rounds 0.88 (0.72-1.49) (siglo 7,219 saves/s, raw 8,110)",
         )
         for name in ("save", "cas")
     ),
@@ -128,8 +130,10 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "6230cac): 3,454 us a run, each write 391-453 us (its commit), the read 208 us. "
         "Sending the cached step's look-up beside the checkpoint before it was tried and "
         "measured 1.00 (0.95-1.20) x the runs/s without it (7 interleaved rounds, one "
-        "run at a time): not kept. The ratio moves with the machine: 2.26 (1.99-2.36) in "
-        "the run at 582fa17, on a machine 2.4 to 3 x slower",
+        "run at a time): not kept. The ratio moves with the machine and the run: 2.26 "
+        "(1.99-2.36) at 582fa17 (a machine 2.4 to 3 x slower), 1.93 (1.55-2.15) at "
+        "6230cac, and with twice the runs a round (--e2e-scale 2) 2.17 (1.75-2.35) at "
+        "7dbeb12 and 1.99 (1.89-2.11) at d78f26a, the same flow code",
     ),
 ]
 
