@@ -450,7 +450,7 @@ class SqliteDatabase(Database):
             await waiting
 
     @asynccontextmanager
-    async def _turn(self, start: float) -> AsyncIterator[None]:
+    async def _turn(self) -> AsyncIterator[None]:
         """Queue behind the calls waiting already, then wait for the driver's calls asked
         before this one: what follows runs after every call asked before it.
 
@@ -461,39 +461,27 @@ class SqliteDatabase(Database):
         call was on it, and every call took the hop. Calls asked while any waits queue
         behind it (first come, first served), so none overtakes another.
 
-        The wait is the call's, bounded like its others: past ``start`` plus the busy
-        bound it raises the timeout naming the bound, and the call has done nothing.
+        This wait is the one the call would have had queued behind those calls on the
+        driver: not cut short, since the bound is on waits for a lock, not on the work
+        of calls asked before (each of which is bounded the same way). It counts against
+        the call's bound if the call then meets a lock: its deadline runs from when it
+        was asked (``start``, passed on to the driver).
         """
         until = self._tickets
         self._in_line += 1
         try:
-            try:
-                async with asyncio.timeout(self._left(start)):
-                    await self._line.acquire()
-                    try:
-                        await self._answered(until)
-                    except BaseException:
-                        self._line.release()
-                        raise
-            except TimeoutError as exc:
-                raise self.timed_out("waiting for this backend's calls asked before it") from exc
-            try:
+            async with self._line:
+                await self._answered(until)
                 yield
-            finally:
-                self._line.release()
         finally:
             self._in_line -= 1
-
-    def _left(self, start: float) -> float:
-        """Seconds left to a call that started at ``start`` before its bound."""
-        return max(0.0, start + self._busy_ms / 1000 - time.monotonic())
 
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
         if not self._ready:
             await self.open()
         if self._in_line:
             start = time.monotonic()
-            async with self._turn(start):
+            async with self._turn():
                 return await self._driver_fetch(sql, params, start)
         return await self.raw_fetch(sql, params)
 
@@ -506,7 +494,7 @@ class SqliteDatabase(Database):
             if self._in_line:
                 # Its turn lasts until it holds the transaction lock: calls asked after
                 # it then wait for that lock, and so run after the transaction.
-                async with self._turn(start):
+                async with self._turn():
                     tx = await stack.enter_async_context(self.raw_transaction(start))
             else:
                 tx = await stack.enter_async_context(self.raw_transaction(start))
@@ -567,7 +555,7 @@ class SqliteDatabase(Database):
         reader = self._reader
         if self._in_line:
             start = time.monotonic()
-            async with self._turn(start):
+            async with self._turn():
                 return await self._read_now(reader, sql, params, start)
         if reader is not None and not self._on_driver and not self._lock.locked():
             return await self._read_now(reader, sql, params, time.monotonic())
@@ -627,10 +615,10 @@ class SqliteDatabase(Database):
             if not self._checkpointing_now():
                 return await self.raw_fetch(sql, params)  # another connection's lock
             # This backend's own checkpoint holds the lock: wait for it, in turn.
-        async with self._turn(start):
+        async with self._turn():
             for _ in range(2):
                 while self._checkpoint_in_the_way():
-                    await self._checkpoint_answered(start)
+                    await self._checkpoint_answered()
                 if self._lock.locked():
                     break
                 rows = self._write_inline(writer, sql, params)
@@ -638,7 +626,7 @@ class SqliteDatabase(Database):
                     return rows
                 if not self._checkpointing_now():
                     break
-                await self._checkpoint_answered(start)
+                await self._checkpoint_answered()
             # A transaction open, or another connection's lock: the driver waits for it.
             return await self._driver_fetch(sql, params, start)
 
@@ -669,14 +657,13 @@ class SqliteDatabase(Database):
             self._restarting or self._inline_writes >= self._checkpoint_every
         )
 
-    async def _checkpoint_answered(self, start: float) -> None:
-        """Wait for the checkpoint under way, within the bound of a call started at
-        ``start``."""
+    async def _checkpoint_answered(self) -> None:
+        """Wait for the checkpoint under way: work, like a checkpoint a commit on the
+        driver runs (its last step waits at most :data:`CHECKPOINT_RESTART_WAIT_MS` for
+        other connections), so not cut short by the call's bound."""
         checkpoint = self._checkpoint_done
         if checkpoint is not None and not checkpoint.done():
-            await asyncio.wait({checkpoint}, timeout=self._left(start))
-            if not checkpoint.done():
-                raise self.timed_out("waiting for a checkpoint of the WAL to end")
+            await asyncio.wait({checkpoint})
 
     def _checkpoint_soon(self) -> None:
         """Start a checkpoint of the WAL on :attr:`_thread`, unless one runs."""
