@@ -3,10 +3,10 @@
 A backend's adapter and its coordination stores (idempotency, lock, nonces) share this
 base. :meth:`Backend.aclose` marks each of them closed after releasing their
 connections, and every public call checks it, after its argument checks. Without it a
-closed backend's behaviour depended on its driver: SQLite and PostgreSQL refused, the Redis client
-reconnected (a connection nobody would close again) and the memory backend answered,
-so code that kept using a backend it had closed worked on one backend and failed on
-another (contract rule ``backend.closed``).
+closed backend's behaviour depended on its driver: SQLite and PostgreSQL refused, the
+Redis client reconnected (a connection nobody would close again) and the memory backend
+answered, so code that kept using a backend it had closed worked on one backend and
+failed on another (contract rule ``backend.closed``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""One long-lived aiosqlite connection per backend, in WAL mode, and for files a second,
-read-only ``sqlite3`` connection for keyed reads on the event loop's thread
-(:meth:`SqliteDatabase.read`).
+"""One long-lived aiosqlite connection per backend, in WAL mode. For files, three more
+plain ``sqlite3`` connections: a read-only one for keyed reads and one for keyed writes,
+both used on the event loop's thread (:meth:`SqliteDatabase.read`,
+:meth:`SqliteDatabase.write`), and one that checkpoints the WAL on the backend's own
+worker thread, which also opens them. A call that must wait for calls asked before it
+waits its turn on the loop (:meth:`SqliteDatabase._turn`), so the calls keep their order.
 
 aiosqlite runs every call on the connection's own thread, so each statement costs a
 thread hop: one ``execute_fetchall`` per operation keeps it to one. The connection is
@@ -558,20 +561,27 @@ class SqliteDatabase(Database):
             async with self._turn():
                 return await self._read_now(reader, sql, params, start)
         if reader is not None and not self._on_driver and not self._lock.locked():
-            return await self._read_now(reader, sql, params, time.monotonic())
+            return await self._read_now(reader, sql, params)
         return await self.raw_fetch(sql, params)
 
     async def _read_now(
-        self, reader: sqlite3.Connection | None, sql: str, params: Params, start: float
+        self,
+        reader: sqlite3.Connection | None,
+        sql: str,
+        params: Params,
+        start: float | None = None,
     ) -> list[Row]:
         """On the reader if there is one, no transaction is open and no lock is in the
-        way, else on the driver."""
+        way, else on the driver (``start``: when a call that waited in turn was asked;
+        ``None``: now)."""
         if reader is not None and not self._lock.locked():
             try:
                 return reader.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
                 if not _is_busy(exc):
                     raise self.wrap(exc, "running a statement") from exc
+        if start is None:
+            return await self.raw_fetch(sql, params)
         return await self._driver_fetch(sql, params, start)
 
     async def write(self, sql: str, params: Params = ()) -> list[Row]:
@@ -602,7 +612,6 @@ class SqliteDatabase(Database):
         writer = self._writer
         if writer is None:
             return await self.fetch(sql, params)
-        start = time.monotonic()
         if (
             not self._in_line
             and not self._on_driver
@@ -615,6 +624,7 @@ class SqliteDatabase(Database):
             if not self._checkpointing_now():
                 return await self.raw_fetch(sql, params)  # another connection's lock
             # This backend's own checkpoint holds the lock: wait for it, in turn.
+        start = time.monotonic()  # nothing was awaited since the call was asked
         async with self._turn():
             for _ in range(2):
                 while self._checkpoint_in_the_way():
