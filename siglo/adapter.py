@@ -195,6 +195,28 @@ class StorageAdapter(Closable):
             await self.on_context_change(change)
         await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
 
+    async def save_checkpoint_unlocking(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        """:meth:`save_checkpoint_streamed`, as the last write of the action that holds
+        the stack's workflow lock (:meth:`with_workflow_lock`) in this task: what the
+        storage manager sends for ``save_checkpoint(…, unlock=True)``.
+
+        A backend may release that lock in the same transaction as the save (the SQL
+        backend on PostgreSQL: one round trip, one commit; see
+        :func:`siglo.locking.held`), whatever the compare-and-set's outcome; if the write
+        fails, the lock stays held until the action ends. Here, and wherever no such lock
+        is held, only the save: the lock is released when the action ends, as always.
+        Either way the lock is held until the save has landed.
+        """
+        await self.save_checkpoint_streamed(
+            checkpoint, changes, expected_revision=expected_revision
+        )
+
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:

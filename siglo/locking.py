@@ -7,6 +7,11 @@ raises :class:`~siglo.errors.LockLostError`: the action never goes on silently w
 second holder may already have entered. Each holder gets a fencing token that only grows
 (:func:`current_lease`), so a store can refuse the writes of a holder that paused past
 its lease — see ``docs/safety.md`` for what a lease can and cannot promise.
+
+An action's last write may take the release with it (:func:`held`): a backend that can
+send the write and the release together (PostgreSQL: one transaction, one round trip)
+releases the lease there and marks the hold released, and the release after the action
+is then skipped. The lock is still held until that write has landed.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from siglo.lease_release import release_lease
 from siglo.settings import DEFAULTS
 
 __all__ = [
+    "Hold",
     "Lease",
     "current_lease",
+    "held",
     "run_with_lock",
     "using_lease",
 ]
@@ -56,19 +63,46 @@ class Lease:
     fencing_token: int | None
 
 
-_current: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
+@dataclass(slots=True)
+class Hold:
+    """The running action's hold of a workflow lock: its :class:`Lease`, the
+    :class:`~siglo.coordination.Lock` it is held on (``None`` for a lock that is not a
+    lease in a store), and whether the action's last write released it already."""
+
+    lease: Lease
+    lock: Lock | None
+    released: bool = False
+
+
+_current: contextvars.ContextVar[Hold | None] = contextvars.ContextVar(
     "siglo_workflow_lease", default=None
 )
 
 
 def current_lease() -> Lease | None:
     """The :class:`Lease` of the workflow lock the running action holds, or ``None``."""
-    return _current.get()
+    hold = _current.get()
+    return None if hold is None else hold.lease
+
+
+def held(lock: Lock, lock_key: str) -> Hold | None:
+    """The running action's hold of ``lock_key`` on ``lock``, if it is not released yet.
+
+    For a backend whose next write is the action's last (``unlock=True`` on the storage
+    manager's save): it may release the lease in the same transaction as that write, with
+    the owner's token, and then set :attr:`Hold.released` so that the release after the
+    action is skipped. It must set it only once the write and the release have both
+    committed; if they fail, the release after the action happens as always.
+    """
+    hold = _current.get()
+    if hold is None or hold.released or hold.lock is not lock or hold.lease.key != lock_key:
+        return None
+    return hold
 
 
 async def using_lease(lease: Lease, action: Callable[[], Awaitable[T]]) -> T:
     """Run ``action`` with ``lease`` as its :func:`current_lease` (for non-lease locks)."""
-    reset = _current.set(lease)
+    reset = _current.set(Hold(lease, None))
     try:
         return await action()
     finally:
@@ -108,9 +142,9 @@ async def run_with_lock(
         await asyncio.sleep(min(remaining, delay * (0.5 + random.random())))
         delay = min(delay * 2, _MAX_POLL_S)
 
-    lease = Lease(lock_key, result.token, result.fencing_token)
-    renewer = _Renewer(lock, lease, ttl_ms, lapses_at=started + ttl_ms / 1000)
-    reset = _current.set(lease)
+    hold = Hold(Lease(lock_key, result.token, result.fencing_token), lock)
+    renewer = _Renewer(lock, hold, ttl_ms, lapses_at=started + ttl_ms / 1000)
+    reset = _current.set(hold)
     try:
         # A child task (it copies the context, lease included), so it can be cancelled.
         work = asyncio.ensure_future(action())
@@ -119,6 +153,10 @@ async def run_with_lock(
     keeper = asyncio.create_task(renewer.run())
     try:
         await asyncio.wait({work, keeper}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done() and hold.released:
+            # The action's last write released the lease (the keeper stopped renewing
+            # it): nothing of the action is left to write, so it finishes on its own.
+            return await work
         if not work.done():
             # The keeper finished first: the lease is lost. Stop the action before
             # another holder can enter, then report it.
@@ -137,15 +175,18 @@ async def run_with_lock(
         # Bounded: a stalled server must not hold the caller past the lease. A failed
         # release is retried in the background until it works or the lease lapses by
         # itself: an outage must not strand the lock for the whole lease (defect 5).
-        await release_lease(lock, lock_key, lease.token, lapses_at=renewer.lapses_at)
+        if not hold.released:
+            await release_lease(lock, lock_key, hold.lease.token, lapses_at=renewer.lapses_at)
 
 
 class _Renewer:
-    """Keeps one lease alive; returns (ending the wait) only when it is lost."""
+    """Keeps one lease alive; returns (ending the wait) only when it is lost, or when the
+    action's last write released it (:attr:`Hold.released`)."""
 
-    def __init__(self, lock: Lock, lease: Lease, ttl_ms: int, *, lapses_at: float) -> None:
+    def __init__(self, lock: Lock, hold: Hold, ttl_ms: int, *, lapses_at: float) -> None:
         self.lock = lock
-        self.lease = lease
+        self.hold = hold
+        self.lease = hold.lease
         self.ttl_s = ttl_ms / 1000
         self.ttl_ms = ttl_ms
         # Measured from before the request that set the lease: the server's lease
@@ -160,6 +201,8 @@ class _Renewer:
         while True:
             await asyncio.sleep(self.ttl_s / _RENEWALS_PER_TTL)
             while True:
+                if self.hold.released:
+                    return  # released with the action's last write: nothing to keep
                 started = loop.time()
                 remaining = self.lapses_at - margin - started
                 if remaining <= 0:
@@ -174,6 +217,8 @@ class _Renewer:
                     await asyncio.sleep(min(self.ttl_s / 10, max(0.0, remaining)))
                     continue
                 if not renewed:
+                    # Refused: taken over — or released meanwhile by the action's last
+                    # write, which run_with_lock tells apart by the hold.
                     self.taken_over = True
                     return
                 self.lapses_at = started + self.ttl_s

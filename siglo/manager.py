@@ -341,12 +341,19 @@ class StorageManager:
         expected_revision: int | None = None,
         redact_fields: Collection[str] = (),
         ttl_ms: int | None = None,
+        unlock: bool = False,
     ) -> Checkpoint:
         """Snapshot a live stack and wait until it is stored (see :meth:`checkpoint`).
 
         Earlier background saves of the stack land first. Raises
         :class:`~siglo.errors.CheckpointConflictError` on a lost compare-and-set, and
         :class:`~siglo.errors.StorageAdapterError` on an adapter failure in strict mode.
+
+        ``unlock=True`` says this save is the last write of the action that holds the
+        stack's workflow lock (``adapter.with_workflow_lock``) in this task: nothing of
+        the action may be written after it. A backend may then release the lock in the
+        same transaction (PostgreSQL: one round trip fewer); elsewhere the lock is
+        released when the action ends, as always. Without such a lock it changes nothing.
         """
         # On a backend that writes context changes and a checkpoint in one statement
         # (StorageAdapter.save_checkpoint_streamed overridden), the changes not streamed
@@ -369,7 +376,11 @@ class StorageManager:
             raise
         if adapter is not None:
             try:
-                if events:
+                if unlock:
+                    await adapter.save_checkpoint_unlocking(
+                        checkpoint, events, expected_revision=expected_revision
+                    )
+                elif events:
                     await adapter.save_checkpoint_streamed(
                         checkpoint, events, expected_revision=expected_revision
                     )

@@ -506,17 +506,26 @@ class NoWorkflowLock(MemoryStorageAdapter):
         return await action()
 
 
+async def _take_memory_workflow_lock(
+    adapter: MemoryStorageAdapter, stack_id: str, timeout_ms: int | None
+) -> asyncio.Lock:
+    """The memory backend's workflow lock of ``stack_id``, acquired (for mutants that
+    release it their own way)."""
+    lock = adapter._workflow_locks.setdefault(stack_id, asyncio.Lock())
+    try:
+        await asyncio.wait_for(lock.acquire(), (timeout_ms or 30_000) / 1000)
+    except TimeoutError:
+        from siglo.errors import LockNotAcquiredError
+
+        raise LockNotAcquiredError(f"workflow lock {stack_id!r} held") from None
+    return lock
+
+
 class WorkflowLockLeaksOnError(MemoryStorageAdapter):
     async def _do_with_workflow_lock(
         self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
     ) -> T:
-        lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
-        try:
-            await asyncio.wait_for(lock.acquire(), (timeout_ms or 30_000) / 1000)
-        except TimeoutError:
-            from siglo.errors import LockNotAcquiredError
-
-            raise LockNotAcquiredError(f"workflow lock {stack_id!r} held") from None
+        lock = await _take_memory_workflow_lock(self, stack_id, timeout_ms)
         result = await action()  # no finally: an exception leaves the lock held
         lock.release()
         return result
@@ -535,6 +544,73 @@ class WorkflowLockIsAPublicLock(MemoryStorageAdapter):
         return await run_with_lock(
             self.public, "workflow:" + stack_id, action, timeout_ms=timeout_ms or 30_000
         )
+
+
+class _EarlyOrNeverUnlock(MemoryStorageAdapter):
+    """A memory workflow lock whose unlocking save decides the release itself."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._taken: set[str] = set()
+        """Stacks whose lock the unlocking save dealt with (released, or skipped)."""
+
+    def _unlock_at_save(self, stack_id: str) -> None:
+        raise NotImplementedError
+
+    async def _do_with_workflow_lock(
+        self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
+    ) -> T:
+        lock = await _take_memory_workflow_lock(self, stack_id, timeout_ms)
+        try:
+            return await action()
+        finally:
+            if stack_id in self._taken:
+                self._taken.discard(stack_id)  # the unlocking save dealt with the lock
+            else:
+                lock.release()
+
+    async def save_checkpoint_unlocking(
+        self,
+        checkpoint: Checkpoint,
+        changes: Any = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        lock = self._workflow_locks.get(checkpoint.stack_id)
+        if lock is not None and lock.locked() and checkpoint.stack_id not in self._taken:
+            self._taken.add(checkpoint.stack_id)
+            self._unlock_at_save(checkpoint.stack_id)
+            await asyncio.sleep(0.2)  # the save lands later
+        await super().save_checkpoint_unlocking(
+            checkpoint, changes, expected_revision=expected_revision
+        )
+
+
+class UnlocksBeforeSaving(_EarlyOrNeverUnlock):
+    """lock.workflow.unlocking-save: the lock is freed first, then (checked and) saved."""
+
+    def _unlock_at_save(self, stack_id: str) -> None:
+        self._workflow_locks[stack_id].release()
+
+
+class UnlockingStrandsLock(_EarlyOrNeverUnlock):
+    """lock.workflow.unlocking-save: the release is skipped, as if the save had sent it."""
+
+    def _unlock_at_save(self, stack_id: str) -> None:
+        pass
+
+
+class UnlockingIgnoresExpected(MemoryStorageAdapter):
+    """lock.workflow.unlocking-save: the last save of an action drops expected_revision."""
+
+    async def save_checkpoint_unlocking(
+        self,
+        checkpoint: Checkpoint,
+        changes: Any = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        await super().save_checkpoint_unlocking(checkpoint, changes)
 
 
 def _shares_public_lock(**options: Any) -> Backend:
@@ -963,6 +1039,21 @@ MUTANTS: tuple[Mutant, ...] = (
         _shares_public_lock,
         ("lock.workflow.separate",),
         "with_workflow_lock(X) is the public lock 'workflow:X'",
+    ),
+    _m(
+        "lock.workflow.unlocking-save",
+        "the unlocking save frees the lock before saving",
+        adapter=UnlocksBeforeSaving,
+    ),
+    _m(
+        "lock.workflow.unlocking-save",
+        "the unlocking save never frees the lock",
+        adapter=UnlockingStrandsLock,
+    ),
+    _m(
+        "lock.workflow.unlocking-save",
+        "the unlocking save drops expected_revision",
+        adapter=UnlockingIgnoresExpected,
     ),
     _m("cache.roundtrip", "the first set wins", adapter=FirstSetWins),
     _m("cache.falsy-hit", "a cached None is a miss", adapter=DropsCachedNone),

@@ -23,11 +23,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from siglo import locking
 from siglo.backend import Backend
+from siglo.checkpoint import Checkpoint
 from siglo.errors import StorageAdapterError
 from siglo.listing import CheckpointPage, ListQuery
+from siglo.locking import held
 from siglo.manager import StorageManager
 from siglo.plugins import get_registry
+from siglo.records import ContextChangeEvent
 from siglo_contract.target import Target, accepted_options, connect_url
 from siglo_postgres.connect import PostgresStorageAdapter
 from siglo_redis.adapter import RedisStorageAdapter
@@ -158,6 +162,40 @@ class PostgresStreamedSaveIgnoresExpected(_Broken, PostgresStorageAdapter):
             raise AssertionError(f"{old!r} is not in the streamed compare-and-set: {text}")
         edited = {**streamed, "cp_update_expected": text.replace(old, "", 1)}
         self._s = dataclasses.replace(self._s, cp_streamed=edited)
+
+
+class PostgresUnlockingSendsNoRelease(_Broken, PostgresStorageAdapter):
+    """lock.workflow.unlocking-save: the action's last save goes out without the lock's
+    release, yet marks the hold released, so nobody releases the lock until its TTL."""
+
+    async def save_checkpoint_unlocking(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        hold = held(self._workflow_lock, checkpoint.stack_id)
+        await self.save_checkpoint_streamed(
+            checkpoint, changes, expected_revision=expected_revision
+        )
+        if hold is not None:
+            hold.released = True
+
+
+class PostgresUnlockingReleasesAnyHold(_Broken, PostgresStorageAdapter):
+    """lock.workflow.unlocking-save: the release sent with a save is of whatever lock the
+    action holds, so another stack's save frees it."""
+
+    async def save_checkpoint_unlocking(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        hold = locking._current.get()
+        await self._save_streamed(checkpoint, changes, expected_revision, hold)
 
 
 # -- Redis: one script, key or hook ------------------------------------------------------------
@@ -386,6 +424,18 @@ BACKENDS: tuple[BackendMutant, ...] = (
     ),
     BackendMutant("wait.release", "postgres", PostgresAnyoneReleases, "anyone releases a claim"),
     BackendMutant(
+        "lock.workflow.unlocking-save",
+        "postgres",
+        PostgresUnlockingSendsNoRelease,
+        "the last save does not send the release it promises",
+    ),
+    BackendMutant(
+        "lock.workflow.unlocking-save",
+        "postgres",
+        PostgresUnlockingReleasesAnyHold,
+        "another stack's last save releases the held lock",
+    ),
+    BackendMutant(
         "lock.release.token", "redis", RedisReleaseIgnoresToken, "release compares nothing"
     ),
     BackendMutant("lock.extend.token", "redis", RedisExtendIgnoresToken, "extend compares nothing"),
@@ -417,5 +467,5 @@ BACKENDS: tuple[BackendMutant, ...] = (
         manager=StrictDropsBackgroundFailures,
     ),
 )
-"""Real backends with one statement, script or hook broken (6 SQLite, 4 PostgreSQL,
+"""Real backends with one statement, script or hook broken (6 SQLite, 6 PostgreSQL,
 8 Redis), and a broken manager over SQLite, whose closed backend really fails."""

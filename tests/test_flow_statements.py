@@ -7,6 +7,7 @@ whose commits take milliseconds, so a change that adds one must show up here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from sql_support import open_backend, refusing_trigger
 
 import siglo
-from siglo import Step, flow
+from siglo import Step, WorkflowSuspended, flow, wait_for_event
 from siglo_sql.database import Database
 
 
@@ -32,18 +33,42 @@ def entry_points(db: Any, *names: str) -> list[str]:
     return [n for n in names if n == "fetch" or getattr(type(db), n) is not getattr(Database, n)]
 
 
-def record(backend: siglo.Backend) -> list[str]:
-    """The first words of every statement the backend's database runs from now on."""
+def head(sql: str) -> str:
+    """A statement's first three words (``INSERT INTO <table>``), upper case."""
+    return " ".join(sql.split()[:3]).upper()
+
+
+def saves_checkpoint(head: str) -> bool:
+    """Whether a statement of that head writes a checkpoint (``WITH ctx AS``: a context
+    change and a checkpoint in one statement)."""
+    return "CHECKPOINTS" in head or head == "WITH CTX AS"
+
+
+def record(backend: siglo.Backend, sends: list[list[str]] | None = None) -> list[str]:
+    """The first words of every statement the backend's database runs from now on; and
+    in ``sends``, the statements of each call, one list per call (``fetch_all`` sends
+    several in one call: one round trip on PostgreSQL)."""
     db: Any = backend.adapter.database  # type: ignore[attr-defined]
     sent: list[str] = []
+    calls = sends if sends is not None else []
     for name in entry_points(db, "fetch", "read", "write"):
         real = getattr(db, name)
 
         async def call(sql: str, params: Any = (), _real: Any = real) -> Any:
-            sent.append(" ".join(sql.split()[:3]).upper())
+            sent.append(head(sql))
+            calls.append([head(sql)])
             return await _real(sql, params)
 
         setattr(db, name, call)
+    real_all = db.fetch_all
+
+    async def call_all(statements: Any) -> Any:
+        heads = [head(sql) for sql, _ in statements]
+        sent.extend(heads)
+        calls.append(heads)
+        return await real_all(statements)  # its statements run on a transaction's executor
+
+    db.fetch_all = call_all
     return sent
 
 
@@ -75,6 +100,34 @@ async def test_a_new_run_sends_no_read_before_creating(backend: siglo.Backend) -
     assert len(reads) == 1, sent
     streamed_with_checkpoint = backend.name == "postgres"
     assert len(writes) == (7 if streamed_with_checkpoint else 10), sent
+
+
+async def test_the_lock_is_released_with_the_last_checkpoint(backend: siglo.Backend) -> None:
+    """On PostgreSQL the completion's checkpoint and the workflow lock's release are one
+    call to the database (one transaction, one round trip: tests/test_sql_fetch_all.py
+    counts its Syncs); on SQLite, whose writes are no round trip, the release follows
+    alone. Either way the run is completed and its lock free when ``run`` returns."""
+    manager = siglo.StorageManager(backend, error_mode="strict")
+    work = three_steps()
+    await work.run({"run": "warm"}, manager=manager, stack_id="warm")
+    calls: list[list[str]] = []
+    record(backend, calls)
+    await work.run({"run": "r-last"}, manager=manager, stack_id="r-last")
+    last, before = calls[-1], calls[-2]
+    if backend.name == "postgres":
+        assert len(last) == 2 and saves_checkpoint(last[0]) and "LOCKS" in last[1], calls
+        assert len(calls) == 7, calls  # 8 statements, the last two in one call
+    else:
+        assert len(last) == 1 and "LOCKS" in last[0], calls
+        assert saves_checkpoint(before[-1]), calls
+    stored = await backend.adapter.get_checkpoint("r-last")
+    assert stored is not None and stored.status == "completed"
+
+    async def enter() -> str:
+        return "entered"
+
+    entered = backend.adapter.with_workflow_lock("r-last", enter, timeout_ms=50)
+    assert await entered == "entered"
 
 
 async def test_a_stored_run_is_taken_up_and_nothing_is_written_for_it(
@@ -152,3 +205,49 @@ async def test_a_failed_cache_write_is_raised_and_its_checkpoint_kept(
     out = await work.resume("r3", manager=siglo.StorageManager(backend, error_mode="strict"))
     assert out == {"run": "r3", "step": 3}
     assert await adapter.get_cached_step("price-r3") is siglo.MISSING  # a finished step
+
+
+@pytest.mark.parametrize("ending", ["fails", "waits", "delivered"])
+async def test_a_run_that_fails_or_waits_releases_its_lock_with_that_checkpoint(
+    backend: siglo.Backend, ending: str
+) -> None:
+    """A failing step's ``failed`` checkpoint and a suspending step's ``waiting`` one are
+    the run's last writes too: on PostgreSQL each goes in one call with the lock's
+    release. A delivered event's run is not: the wait's completion follows its
+    checkpoint, so the lock is released after that, alone."""
+    manager = siglo.StorageManager(backend, error_mode="strict")
+
+    async def first(inp: Any) -> Any:
+        return inp
+
+    async def second(inp: Any) -> Any:
+        if ending == "fails":
+            raise ValueError("step failed")
+        return await wait_for_event(f"approve-{ending}")
+
+    work = flow(Step.create("first", first), Step.create("second", second), name=ending)
+    with contextlib.suppress(ValueError, WorkflowSuspended):  # statements prepared
+        await work.run("warm", manager=manager, stack_id=f"warm-{ending}")
+    calls: list[list[str]] = []
+    record(backend, calls)
+    with pytest.raises(ValueError if ending == "fails" else WorkflowSuspended):
+        await work.run("in", manager=manager, stack_id=f"r-{ending}")
+    if ending == "delivered":
+        calls.clear()
+        assert await work.deliver(f"approve-{ending}", "ok", manager=manager) == "ok"
+    last = calls[-1]
+    if backend.name == "postgres" and ending != "delivered":
+        assert len(last) == 2 and saves_checkpoint(last[0]) and "LOCKS" in last[1], calls
+    else:
+        assert len(last) == 1 and "LOCKS" in last[0], calls
+    stored = await backend.adapter.get_checkpoint(f"r-{ending}")
+    assert stored is not None
+    assert (
+        stored.status == {"fails": "failed", "waits": "waiting", "delivered": "completed"}[ending]
+    )
+
+    async def enter() -> str:
+        return "entered"
+
+    entered = backend.adapter.with_workflow_lock(f"r-{ending}", enter, timeout_ms=50)
+    assert await entered == "entered"

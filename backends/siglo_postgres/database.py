@@ -130,6 +130,7 @@ class PostgresDatabase(Database):
     (:mod:`siglo_sql.batching`): a pool runs ten statements at once, but each still costs
     a round trip and a statement's work in the server, and one statement for 30 ids
     costs little more than one for a single id (docs/benchmarks.md)."""
+    sends_together = PIPELINE_MODE
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import CheckpointConflictError, WaitRecordClaimError
 from siglo.listing import CheckpointPage, ListQuery
-from siglo.locking import run_with_lock
+from siglo.locking import Hold, held, run_with_lock
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -161,9 +161,9 @@ class SqlStorageAdapter(StorageAdapter):
         *,
         expected_revision: int | None = None,
         streamed: tuple[dict[str, str], dict[str, Any]] | None = None,
+        release: Hold | None = None,
     ) -> None:
         now = self.clock.now_ms()
-        write = self.database.write
         s = self._s
         row = checkpoint_row(checkpoint, self._retention(now), now)
         row["expected"] = expected_revision
@@ -174,10 +174,20 @@ class SqlStorageAdapter(StorageAdapter):
         else:
             key = "cp_update_expected"
         if streamed is None:
-            rows = await write(getattr(s, key), row)
+            save: tuple[str, Params] = (getattr(s, key), row)
         else:  # with a context change in front (save_checkpoint_streamed)
             statements, change = streamed
-            rows = await write(statements[key], {**row, **change})
+            save = (statements[key], {**row, **change})
+        if release is None:
+            rows = await self.database.write(*save)
+        else:
+            # The action's last write (save_checkpoint_unlocking): the release of its
+            # workflow lock commits with it, whatever the compare-and-set decides, in one
+            # round trip; if they fail, neither is done and the lock is released as usual.
+            lease = release.lease
+            unlock = self._workflow_lock.release_statement(lease.key, lease.token)
+            rows = (await self.database.fetch_all([save, unlock]))[0]
+            release.released = True
         if not rows:
             found = await self.database.read(s.cp_current_revision, row)
             raise CheckpointConflictError(
@@ -201,18 +211,47 @@ class SqlStorageAdapter(StorageAdapter):
         two are sent apart. Otherwise (SQLite, a delete, several changes, a retention
         that renews the stream, a subclass with its own writes) the two calls in order.
         """
-        streamed = self._s.cp_streamed
-        if streamed is None or not self.writes_with_checkpoint(changes):
+        await self._save_streamed(checkpoint, changes, expected_revision, None)
+
+    async def save_checkpoint_unlocking(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        """:meth:`save_checkpoint_streamed`, and where the database sends statements
+        together (PostgreSQL's pipeline mode) the release of the stack's workflow lock
+        this task holds in the same transaction: one round trip, one commit."""
+        hold = None
+        if self.database.sends_together:
+            hold = held(self._workflow_lock, checkpoint.stack_id)
+        await self._save_streamed(checkpoint, changes, expected_revision, hold)
+
+    async def _save_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        expected_revision: int | None,
+        release: Hold | None,
+    ) -> None:
+        together = self.writes_with_checkpoint(changes) if changes else self._own_writes()
+        if not together:
             await super().save_checkpoint_streamed(
                 checkpoint, changes, expected_revision=expected_revision
             )
             return
         check_save_arguments(checkpoint, expected_revision)
-        event = check_context_change(changes[0])
-        params = self._context_row(event, self.clock.now_ms())
-        prefixed = {f"ctx_{name}": value for name, value in params.items()}
+        self._require_open()
+        streamed = None
+        if changes:
+            assert self._s.cp_streamed is not None  # writes_with_checkpoint said so
+            event = check_context_change(changes[0])
+            params = self._context_row(event, self.clock.now_ms())
+            prefixed = {f"ctx_{name}": value for name, value in params.items()}
+            streamed = (self._s.cp_streamed, prefixed)
         await self._do_save_checkpoint(
-            checkpoint, expected_revision=expected_revision, streamed=(streamed, prefixed)
+            checkpoint, expected_revision=expected_revision, streamed=streamed, release=release
         )
 
     def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:

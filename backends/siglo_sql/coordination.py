@@ -162,12 +162,14 @@ class SqlLock(LockBase):
             return LockResult(acquired=False, token=token)
         return LockResult(acquired=True, token=token, fencing_token=int(rows[0][0]))
 
+    def release_statement(self, lock_key: str, token: str) -> tuple[str, dict[str, Any]]:
+        """The release of ``lock_key`` held with ``token``: its SQL and parameters (sent
+        alone by :meth:`release`, or with an action's last write)."""
+        params = {"id": row_id(self.scope, lock_key), "token": token, "now": self.clock.now_ms()}
+        return self._s.lock_release, params
+
     async def _do_release(self, lock_key: str, token: str) -> bool:
-        rows = await self._db.fetch(
-            self._s.lock_release,
-            {"id": row_id(self.scope, lock_key), "token": token, "now": self.clock.now_ms()},
-        )
-        return bool(rows)
+        return bool(await self._db.fetch(*self.release_statement(lock_key, token)))
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()

@@ -70,6 +70,10 @@ class Database(abc.ABC):
     """Whether concurrent keyed reads should share one statement
     (:mod:`siglo_sql.batching`): SQLite's one connection and PostgreSQL's pool both say
     yes (each statement is a round trip and a statement's work in the server)."""
+    sends_together: bool = False
+    """Whether :meth:`fetch_all` sends its statements in one round trip (PostgreSQL's
+    pipeline mode), so that a write gains nothing by being sent alone: the release of a
+    workflow lock then goes with the action's last save."""
 
     def __init__(
         self,

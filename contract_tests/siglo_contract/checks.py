@@ -18,6 +18,7 @@ from siglo_contract import (  # the check modules, read for their @check functio
     checks_locks,
     checks_manager,
     checks_operations,
+    checks_unlocking,
     checks_wait_claims,
     checks_waits,
 )
@@ -103,6 +104,7 @@ def all_checks() -> list[Check]:
         checks_wait_claims,
         checks_cache,
         checks_concurrency,
+        checks_unlocking,
         checks_coordination,
         checks_locks,
         checks_operations,

@@ -123,6 +123,11 @@ RULES: Final[tuple[Rule, ...]] = (
         _C.WORKFLOW_LOCK,
         "the workflow lock and the public lock never share keys",
     ),
+    _a(
+        "lock.workflow.unlocking-save",
+        _C.WORKFLOW_LOCK,
+        "an action's unlocking save is a save; the lock is free after the action, not before it",
+    ),
     _a("cache.roundtrip", _C.STEP_CACHE, "a cached value reads back equal; a re-set replaces it"),
     _a("cache.falsy-hit", _C.STEP_CACHE, "a cached None/0/False/''/[]/{} is a hit"),
     _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),

@@ -128,7 +128,7 @@ class Flow:
                     manager.discard_stack(run_id)
                 else:
                     try:
-                        return await self._execute(manager, stack)
+                        return await self._execute(manager, stack, unlock=True)
                     finally:
                         # The checkpoint holds the run now; a long-lived manager must
                         # not keep every finished or suspended run's live stack.
@@ -169,7 +169,7 @@ class Flow:
             try:
                 if stack.status != "running":
                     return False  # finished, or suspended, since it was listed
-                await self._execute(manager, stack)
+                await self._execute(manager, stack, unlock=True)
                 return True
             finally:
                 manager.discard_stack(stack_id)
@@ -269,7 +269,8 @@ class Flow:
                 stack.transition("running")
             started = True
             try:
-                return await self._continue(manager, stack)
+                # Not the action's last write: the wait's completion comes after it.
+                return await self._continue(manager, stack, unlock=False)
             finally:
                 manager.discard_stack(stack.stack_id)
                 await adapter.complete_wait_record(
@@ -322,11 +323,13 @@ class Flow:
     async def _take_up(self, manager: StorageManager, stack_id: str, namespace: str | None) -> Any:
         stack = await self._restore(manager, stack_id, namespace)
         try:
-            return await self._continue(manager, stack)
+            return await self._continue(manager, stack, unlock=True)
         finally:
             manager.discard_stack(stack_id)
 
-    async def _continue(self, manager: StorageManager, stack: ExecutionStack) -> Any:
+    async def _continue(
+        self, manager: StorageManager, stack: ExecutionStack, *, unlock: bool
+    ) -> Any:
         if stack.status == "completed":
             return self._last_output(stack)
         if stack.status == "waiting":
@@ -338,7 +341,7 @@ class Flow:
                 "continued. Start a new run under another stack_id, or remove this one "
                 f"(siglo rm URL {stack.stack_id})"
             )
-        return await self._execute(manager, stack)
+        return await self._execute(manager, stack, unlock=unlock)
 
     def _last_output(self, stack: ExecutionStack) -> Any:
         value = stack.metadata.get("input")
@@ -355,7 +358,15 @@ class Flow:
                 return step.name, str(ctx[WAITING_FOR])
         raise InvalidStateTransitionError(f"workflow {stack.stack_id!r} waits for nothing")
 
-    async def _execute(self, manager: StorageManager, stack: ExecutionStack) -> Any:
+    async def _execute(
+        self, manager: StorageManager, stack: ExecutionStack, *, unlock: bool
+    ) -> Any:
+        """Run the steps not finished yet, checkpointing each; the last step's output.
+
+        ``unlock``: the run's last checkpoint (completed, failed or waiting) is the last
+        write of the action holding the workflow lock, so the lock may be released with
+        it (``StorageManager.save_checkpoint(…, unlock=True)``).
+        """
         value = stack.metadata.get("input")
         last = self.steps[-1]
         for step in self.steps:
@@ -368,11 +379,13 @@ class Flow:
                     manager, stack, step, value, ctx.get(EVENT, MISSING), bool(ctx.get(TIMED_OUT))
                 )
             except _Suspend as wait:
-                await self._suspend(manager, stack, step, wait)
+                await self._suspend(manager, stack, step, wait, unlock=unlock)
                 raise WorkflowSuspended(stack.stack_id, wait.correlation_key, step.name) from None
             except Exception:
                 stack.transition("failed")
-                await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+                await manager.save_checkpoint(
+                    stack.stack_id, expected_revision=stack.revision, unlock=unlock
+                )
                 raise
             stack.set(step.name, OUTPUT, value)
             stack.push_chain(step.name)
@@ -381,12 +394,14 @@ class Flow:
                 # runs between them, so a separate save would only cost a commit (a
                 # crash before it reruns the step, as before any step's checkpoint).
                 stack.transition("completed")
-            await _save_with(manager, stack, cache_write)
+            await _save_with(manager, stack, cache_write, unlock=unlock and step is last)
         if stack.status != "completed":
             # Every step's output was stored already (a run checkpointed by a version that
             # saved the last step and the completion apart): only the completion is left.
             stack.transition("completed")
-            await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+            await manager.save_checkpoint(
+                stack.stack_id, expected_revision=stack.revision, unlock=unlock
+            )
         return value
 
     async def _run_step(
@@ -459,7 +474,13 @@ class Flow:
         await adapter.on_cache_event(event)
 
     async def _suspend(
-        self, manager: StorageManager, stack: ExecutionStack, step: Step, wait: _Suspend
+        self,
+        manager: StorageManager,
+        stack: ExecutionStack,
+        step: Step,
+        wait: _Suspend,
+        *,
+        unlock: bool,
     ) -> None:
         adapter = _require(manager, Capability.WAIT_RECORDS)
         now = manager.clock.now_ms()
@@ -478,7 +499,9 @@ class Flow:
         stack.set(step.name, WAITING_FOR, wait.correlation_key)
         stack.metadata["waitRecord"] = record.to_wire()
         stack.transition("waiting")
-        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+        await manager.save_checkpoint(
+            stack.stack_id, expected_revision=stack.revision, unlock=unlock
+        )
 
 
 async def _why_unclaimable(
@@ -512,6 +535,8 @@ async def _save_with(
     manager: StorageManager,
     stack: ExecutionStack,
     cache_write: Callable[[], Awaitable[None]] | None,
+    *,
+    unlock: bool,
 ) -> None:
     """Checkpoint ``stack``, with a step's cache entry written at the same time.
 
@@ -520,10 +545,15 @@ async def _save_with(
     sent without waiting for the first's reply. Either order is safe after a crash: a
     cache entry without the checkpoint makes the rerun step a cache hit, a checkpoint
     without the entry only misses the cache next time. Both are awaited to the end; a
-    failure of either is raised, the checkpoint's first.
+    failure of either is raised, the checkpoint's first. ``unlock``: the checkpoint is
+    the action's last write (:meth:`StorageManager.save_checkpoint`) — unless a cache
+    entry goes beside it, which the lock must still cover: then the lock is released
+    after both, when the action ends.
     """
     if cache_write is None:
-        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+        await manager.save_checkpoint(
+            stack.stack_id, expected_revision=stack.revision, unlock=unlock
+        )
         return
     # The save is awaited directly, not as a task: its first part (taking the context
     # changes not streamed yet) must run before the loop turns and their jobs start.
