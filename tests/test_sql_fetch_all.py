@@ -103,7 +103,7 @@ async def traced(
     yields ``round_trips(call)``: how many round trips the connection made while ``call``
     ran. Each Sync (the end of extended-protocol messages) and each simple Query
     (psycopg's ``BEGIN`` and ``COMMIT``) waits for the server's answer."""
-    pool = backend.adapter.database._pool  # type: ignore[attr-defined]
+    pool = backend.adapter.database._pool.pool  # type: ignore[attr-defined]  # psycopg's
     with tempfile.TemporaryFile("w+") as trace:
         async with pool.connection() as conn:
             conn.pgconn.trace(trace.fileno())

@@ -18,10 +18,9 @@ Either way the caller gets :class:`~siglo.errors.StorageAdapterError` saying it 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
@@ -30,16 +29,14 @@ from sqlalchemy.dialects import postgresql
 
 from siglo.errors import SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
+from siglo_postgres.checkout import PooledConnections
+from siglo_postgres.watches import SEVER_AFTER_MS, Watch, Watches
 from siglo_sql.database import Database, Executor, OnOpen, Params, Row
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = ["PIPELINE_MODE", "SEVER_AFTER_MS", "PostgresDatabase"]
-
-SEVER_AFTER_MS: Final = 1_000
-"""How long past its bound a cancelled call may wait for the server to acknowledge the
-cancellation before its connection is cut (psycopg alone would wait up to 10 s)."""
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -64,45 +61,57 @@ async def _fetch(conn: AsyncConn, sql: str, params: Params) -> list[Row]:
     return await _rows(await _execute(conn, sql, params))
 
 
-_BACKGROUND: set[asyncio.Task[None]] = set()
-"""Cancel requests still in flight after their call ended (kept from the collector)."""
+class _Call:
+    """One call's connection, the whole call bounded: ``async with db._bounded(doing)``.
 
-
-class _Watch:
-    """The deadline of one call on one connection (see the module docstring).
-
-    At the deadline it asks the server to cancel what the connection is running, without
-    cancelling the caller's task (psycopg would then wait up to 10 s for the server to
-    acknowledge); if the call is still running :data:`SEVER_AFTER_MS` later, it shuts the
-    connection's socket so that the call reads end-of-file and fails at once.
+    The bound runs from the wait for a pooled connection to the last row (see the module
+    docstring); a call still running at its deadline fails with
+    :class:`~siglo.errors.StorageAdapterError` saying it timed out. A class rather than
+    a generator-based context manager: every statement goes through it.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: AsyncConn, deadline: float) -> None:
-        self.conn = conn
-        self.expired = False
-        self._loop = loop
-        self._timer: asyncio.TimerHandle | None = loop.call_at(deadline, self._expire)
+    __slots__ = ("_checkout", "_db", "_doing", "_watch")
 
-    def _expire(self) -> None:
-        self.expired = True
-        task = self._loop.create_task(self._cancel())
-        _BACKGROUND.add(task)
-        task.add_done_callback(_BACKGROUND.discard)
-        self._timer = self._loop.call_later(SEVER_AFTER_MS / 1000, self._sever)
+    def __init__(self, db: PostgresDatabase, doing: str) -> None:
+        self._db = db
+        self._doing = doing
+        self._watch: Watch | None = None
+        self._checkout: AbstractAsyncContextManager[AsyncConn] | None = None
 
-    async def _cancel(self) -> None:
-        with suppress(Exception):
-            await self.conn.cancel_safe(timeout=SEVER_AFTER_MS / 1000)
+    async def __aenter__(self) -> AsyncConn:
+        db = self._db
+        checkout = self._checkout = db._connection()
+        if db._watches is None:  # unbounded calls
+            return await checkout.__aenter__()
+        watch = self._watch = db._watches.start(asyncio.get_running_loop())
+        try:
+            conn = await checkout.__aenter__()
+        except BaseException:
+            db._watches.end(watch)
+            raise
+        if watch.expired:  # the bound passed just as the connection came
+            db._watches.end(watch)
+            await checkout.__aexit__(None, None, None)
+            raise db.timed_out(self._doing)
+        watch.conn = conn
+        return conn
 
-    def _sever(self) -> None:
-        self._timer = None
-        with suppress(Exception), socket.socket(fileno=os.dup(self.conn.pgconn.socket)) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        watch = self._watch
+        checkout = self._checkout
+        assert checkout is not None
+        if watch is not None:
+            # Before the connection goes back: no cancel or cut may reach its next call.
+            assert self._db._watches is not None
+            self._db._watches.end(watch)
+        await checkout.__aexit__(exc_type, exc, tb)
+        if watch is not None and watch.expired and isinstance(exc, Exception):
+            raise self._db.timed_out(self._doing, exc) from exc
 
 
 class _Tx:
@@ -154,8 +163,9 @@ class PostgresDatabase(Database):
         self.pool_timeout_ms = pool_timeout_ms
         self.prepare_threshold = prepare_threshold
         self.engine = engine
-        self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        self._pool: PooledConnections | None = None
         self._engine_open = False
+        self._watches = None if command_timeout_ms is None else Watches(command_timeout_ms / 1000)
 
     async def _connect(self) -> None:
         if self.engine is not None:
@@ -183,14 +193,16 @@ class PostgresDatabase(Database):
             with suppress(Exception):
                 await pool.close(timeout=0)
             raise
-        self._pool = pool
+        # The wait for a connection is bounded like the call (whichever is shorter).
+        wait_ms = min(self.pool_timeout_ms, self.command_timeout_ms or self.pool_timeout_ms)
+        self._pool = PooledConnections(pool, self.pool_max_size, wait_ms / 1000)
 
     async def _disconnect(self) -> None:
         self._engine_open = False
-        pool, self._pool = self._pool, None
-        if pool is not None:
+        pooled, self._pool = self._pool, None
+        if pooled is not None:
             with suppress(Exception):
-                await pool.close()
+                await pooled.pool.close()
 
     @asynccontextmanager
     async def _engine_connection(self) -> AsyncIterator[AsyncConn]:
@@ -202,33 +214,16 @@ class PostgresDatabase(Database):
             assert isinstance(conn, psycopg.AsyncConnection)
             yield conn
 
-    def _connection(self, timeout_s: float | None = None) -> AbstractAsyncContextManager[AsyncConn]:
+    def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
         if self._pool is not None:
-            return self._pool.connection(timeout_s)
+            return self._pool.connection()
         if self.engine is not None and self._engine_open:
             return self._engine_connection()
         raise StorageAdapterError(f"{self.description} is closed")
 
-    @asynccontextmanager
-    async def _bounded(self, doing: str) -> AsyncIterator[AsyncConn]:
+    def _bounded(self, doing: str) -> _Call:
         """A connection for one call, the whole call bounded (see the module docstring)."""
-        timeout_ms = self.command_timeout_ms
-        if timeout_ms is None:
-            async with self._connection() as conn:
-                yield conn
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
-        async with self._connection(min(timeout_ms, self.pool_timeout_ms) / 1000) as conn:
-            watch = _Watch(loop, conn, deadline)
-            try:
-                yield conn
-            except Exception as exc:
-                if watch.expired:
-                    raise self.timed_out(doing, exc) from exc
-                raise
-            finally:
-                watch.close()
+        return _Call(self, doing)
 
     async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
         try:
