@@ -19,6 +19,7 @@ from typing import Any
 
 from benchmarks import machine, report
 from benchmarks.payloads import SIZES
+from benchmarks.slices import round_order, slice_size
 from benchmarks.stats import summarize
 from benchmarks.subject import Subject
 from benchmarks.workloads import Workload, default_workloads, measure
@@ -51,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=_csv(list(SIZES)), default=list(SIZES))
     p.add_argument("--workloads", type=_csv(WORKLOAD_NAMES), default=list(WORKLOAD_NAMES))
     p.add_argument("--repeat", type=int, default=5, help="runs per measurement (median reported)")
+    p.add_argument(
+        "--slices",
+        type=int,
+        default=3,
+        help="passes per round, each timing a part of its operations, alternating the "
+        "subjects' order (benchmarks/slices.py)",
+    )
     p.add_argument("--ops-scale", type=float, default=1.0, help="multiply every op count")
     p.add_argument(
         "--quick",
@@ -259,6 +267,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run everything the arguments ask for; return the results document."""
     if args.quick:
         args.repeat = 1
+        args.slices = 1
     workloads = default_workloads(
         args.sizes, ops_scale=0.01 if args.quick else args.ops_scale, names=set(args.workloads)
     )
@@ -272,6 +281,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "argv": sys.argv[1:],
             "quick": args.quick,
             "repeat": args.repeat,
+            "slices": args.slices,
             "machine": machine.describe(),
             "load": {"start": list(os.getloadavg())},
             "load_note": args.load_note,
@@ -371,29 +381,42 @@ async def _run_workloads(
         runs: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
         extras: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(subjects))}
         status: dict[int, tuple[str, str | None]] = {i: ("ok", None) for i in range(len(subjects))}
-        # Interleave the subjects round by round, so a noisy moment hits all of them
+        # Interleave the subjects round by round, and within a round in passes of
+        # alternating order (benchmarks/slices.py), so a noisy moment hits all of them
         # alike; the order turns each round, so none always runs first (or last).
+        part = Workload(
+            w.name, w.size, w.concurrency, slice_size(w.ops, args.slices, w.concurrency)
+        )
         for round_no in range(args.repeat):
-            shift = round_no % len(subjects)
-            for i in [*range(shift, len(subjects)), *range(shift)]:
-                s = subjects[i]
-                if status[i][0] != "ok":
-                    continue
-                tag = f"b{secrets.token_hex(3)}"
-                try:
-                    m = await asyncio.wait_for(measure(s, w, tag), args.timeout)
-                except NotImplementedError:
-                    status[i] = ("unsupported", None)
-                    continue
-                except TimeoutError:
-                    status[i] = ("error", f"timed out after {args.timeout:.0f} s")
-                    continue
-                except Exception as exc:
-                    status[i] = ("error", f"{type(exc).__name__}: {exc}")
-                    traceback.print_exc()
-                    continue
-                runs[i].append(m.ops_per_s)
-                extras[i].append(m.extra)
+            done = dict.fromkeys(range(len(subjects)), 0)
+            took = dict.fromkeys(range(len(subjects)), 0.0)
+            extra: dict[int, dict[str, Any]] = {i: {} for i in range(len(subjects))}
+            for order in round_order(len(subjects), round_no, args.slices):
+                for i in order:
+                    s = subjects[i]
+                    if status[i][0] != "ok":
+                        continue
+                    tag = f"b{secrets.token_hex(3)}"
+                    try:
+                        m = await asyncio.wait_for(measure(s, part, tag), args.timeout)
+                    except NotImplementedError:
+                        status[i] = ("unsupported", None)
+                        continue
+                    except TimeoutError:
+                        status[i] = ("error", f"timed out after {args.timeout:.0f} s")
+                        continue
+                    except Exception as exc:
+                        status[i] = ("error", f"{type(exc).__name__}: {exc}")
+                        traceback.print_exc()
+                        continue
+                    done[i] += m.ops
+                    took[i] += m.seconds
+                    for key, value in m.extra.items():  # counts (a CAS's conflicts)
+                        extra[i][key] = extra[i].get(key, 0) + value
+            for i in range(len(subjects)):
+                if status[i][0] == "ok" and took[i] > 0:
+                    runs[i].append(done[i] / took[i])
+                    extras[i].append(extra[i])
         for i, s in enumerate(subjects):
             entry = {
                 "backend": backend,
@@ -402,7 +425,7 @@ async def _run_workloads(
                 "name": w.name,
                 "size": w.size,
                 "concurrency": w.concurrency,
-                "ops": w.ops,
+                "ops": part.ops * args.slices,
                 "status": status[i][0],
                 "error": status[i][1],
                 "runs": runs[i],

@@ -38,6 +38,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
+from benchmarks.slices import round_order, slice_size
+
 Recorder = Callable[[str, int], None]
 
 _PAYLOAD = {"items": [{"sku": f"SKU-{i}", "qty": i, "price": 9.5 + i} for i in range(4)]}
@@ -372,7 +374,21 @@ async def measure_runs(subject: E2ESubject, concurrency: int, runs: int) -> dict
     latencies.sort()
     return {
         "runs_per_s": per * concurrency / seconds,
+        "runs": per * concurrency,
+        "seconds": seconds,
         "step_us": latencies,
+    }
+
+
+def _joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One round of a system from its passes: its runs over its time, all latencies."""
+    runs = sum(p["runs"] for p in parts)
+    seconds = sum(p["seconds"] for p in parts)
+    return {
+        "runs_per_s": runs / seconds,
+        "runs": runs,
+        "seconds": seconds,
+        "step_us": sorted(x for p in parts for x in p["step_us"]),
     }
 
 
@@ -413,6 +429,7 @@ def make_e2e_subjects(backend: str, args: Any, tmp: str) -> list[E2ESubject | st
 async def run_e2e(args: Any, doc: dict[str, Any]) -> None:
     """Run the end-to-end comparison on each of ``args.e2e_backends``; fill ``doc``."""
     rounds = args.repeat
+    slices = getattr(args, "slices", 1)
     doc.setdefault("e2e", [])
     doc.setdefault("e2e_subjects", [])
     with tempfile.TemporaryDirectory(prefix="siglo-e2e-") as tmp:
@@ -443,20 +460,29 @@ async def run_e2e(args: Any, doc: dict[str, Any]) -> None:
                         runs = concurrency * 2
                     results: dict[str, list[dict[str, Any]]] = {s.system: [] for s in subjects}
                     errors: dict[str, str] = {}
+                    part = max(concurrency, slice_size(runs, slices, 1))
                     for round_no in range(rounds):
-                        shift = round_no % len(subjects)
-                        order = subjects[shift:] + subjects[:shift]
-                        for s in order:
-                            if s.system in errors:
+                        # In passes of alternating order, as the workloads
+                        # (benchmarks/slices.py): a system's round is its runs over its
+                        # time summed across the passes.
+                        parts: dict[str, list[dict[str, Any]]] = {s.system: [] for s in subjects}
+                        for order in round_order(len(subjects), round_no, slices):
+                            for s in (subjects[i] for i in order):
+                                if s.system in errors:
+                                    continue
+                                try:
+                                    m = await asyncio.wait_for(
+                                        measure_runs(s, concurrency, part), args.timeout
+                                    )
+                                except Exception as exc:
+                                    errors[s.system] = f"{type(exc).__name__}: {exc}"
+                                    print(f"[e2e error] {s.system}:{backend}: {exc!r}", flush=True)
+                                    continue
+                                parts[s.system].append(m)
+                        for s in subjects:
+                            if s.system in errors or not parts[s.system]:
                                 continue
-                            try:
-                                m = await asyncio.wait_for(
-                                    measure_runs(s, concurrency, runs), args.timeout
-                                )
-                            except Exception as exc:
-                                errors[s.system] = f"{type(exc).__name__}: {exc}"
-                                print(f"[e2e error] {s.system}:{backend}: {exc!r}", flush=True)
-                                continue
+                            m = _joined(parts[s.system])
                             results[s.system].append(m)
                             print(
                                 f"e2e {backend:8} {s.system:9} c{concurrency:<3} "
@@ -474,7 +500,7 @@ async def run_e2e(args: Any, doc: dict[str, Any]) -> None:
                                 "system": s.system,
                                 "detail": s.detail,
                                 "concurrency": concurrency,
-                                "runs": runs,
+                                "runs": part * slices,
                                 "status": "error" if s.system in errors else "ok",
                                 "error": errors.get(s.system),
                                 "runs_per_s_rounds": [m["runs_per_s"] for m in ms],

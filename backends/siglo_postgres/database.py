@@ -53,8 +53,14 @@ async def _execute(conn: AsyncConn, sql: str, params: Params) -> psycopg.AsyncCu
     return await conn.execute(sql, prepare=False)
 
 
+_TUPLES_OK: Final = psycopg.pq.ExecStatus.TUPLES_OK
+
+
 async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[Row]:
-    return [] if cur.description is None else await cur.fetchall()
+    # Whether the statement returns rows, from its result's status: ``cur.description``
+    # would build a column description to say so (2.2 µs against 0.07, every statement).
+    result = cur.pgresult
+    return await cur.fetchall() if result is not None and result.status == _TUPLES_OK else []
 
 
 async def _fetch(conn: AsyncConn, sql: str, params: Params) -> list[Row]:
