@@ -71,7 +71,9 @@ def default_workloads(
 ) -> list[Workload]:
     """The standard set: checkpoints at every size (sequential, 32 callers, 8 contending
     CAS writers), then the coordination workloads sequential and at 32 callers."""
-    base = {"1k": 2000, "16k": 1000, "256k": 150}
+    # Larger documents take longer per operation and their rounds are more exposed to
+    # single pauses (a full garbage collection is tens of milliseconds): more of them.
+    base = {"1k": 2000, "16k": 2000, "256k": 450}
 
     def n(x: float) -> int:
         return max(1, int(x * ops_scale))
