@@ -92,6 +92,12 @@ def test_quick_scale_runs(tmp_path: Path) -> None:
         # target's rounds, which come after the warming loads.
         assert len(s["first_touch_rounds"]) == len(s["load_latency_rounds"]) == 5
         assert s["first_touch_ratio"] > 0 and s["warming_loads"] > 0
+        # Each ratio is the median of its rounds, so it lies within their range.
+        for ratio, rounds in (
+            ("load_latency_ratio", "load_latency_rounds"),
+            ("first_touch_ratio", "first_touch_rounds"),
+        ):
+            assert min(s[rounds]) <= s[ratio] <= max(s[rounds]), (ratio, s[ratio], s[rounds])
         assert s["cleaned"] == s["expired_rows"]  # memory has no native expiry
     md = (tmp_path / "out" / "results.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| siglo:memory | 100"))

@@ -9,6 +9,7 @@ and a row lock held by another connection.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -140,7 +141,7 @@ async def test_calls_held_up_at_once_each_fail_at_their_own_deadline() -> None:
             await other.rollback()
         for t in took:
             assert bound_ms / 1000 - 0.05 <= t < bound_ms / 1000 + 1.0, took
-        gaps = [b - a for a, b in zip(ended, ended[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(ended)]
         assert all(0.05 < g < 0.4 for g in gaps), (ended, gaps)
         await pg.adapter.save_checkpoint(cp(2), expected_revision=1)
 
