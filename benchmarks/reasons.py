@@ -72,68 +72,69 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "load",
         "1k",
         1,
-        "the shared server's round trip, not a statement more: a load is one prepared "
-        "statement and one round trip for siglo and raw alike; siglo runs 362 Python calls "
-        "a load against raw's 302 (cProfile: the call's deadline timer, the pooled "
-        "connection's context manager, the checkpoint's decode). An interleaved A/B "
-        "(9 rounds of 300 loads, load average ~6) measured 559 against 486 us a load, "
-        "0.86 (0.19-1.81)",
-    ),
-    *(
-        (
-            backend,
-            "load",
-            "256k",
-            32,
-            "the loop's thread, not the database: at 256 KB a load is CPU-bound in the "
-            "client, so 32 callers load no faster than one and coalescing has no round "
-            "trips left to save (run at 6230cac: siglo on PostgreSQL 501-525 loads/s at 32 "
-            "callers, 450-498 one at a time; raw 365-461 and 345-390; on SQLite siglo "
-            "692-711 and 715-739, LangGraph 336-350 and 358-380). cProfile of 640 "
-            "PostgreSQL loads by 32 callers, per load: orjson.loads 758 us, the young-"
-            "generation GC pass that follows the decode ~306 us, the checkpoint's check "
-            "175 us, freeing the document ~190 us; the ratios at 32 callers are those one "
-            "at a time",
-        )
-        for backend in ("postgres", "sqlite")
-    ),
-    *(
-        (
-            "postgres",
-            name,
-            None,
-            32,
-            "single rounds, and about a tenth below raw, measured, not explained: at 32 "
-            "callers siglo saved ~7,300 1 KB checkpoints a second against raw's ~8,200 in "
-            "most rounds, one round in seven near 5,500. Save 1 KB: 0.91 (0.63-1.24) in the "
-            "run at 6230cac, 0.86 (0.66-0.90) at d78f26a; the cell alone (python -m "
-            "benchmarks --backends postgres --sizes 1k --workloads save --repeat 7) 0.89 "
-            "(0.70-1.05), and 0.89 (0.69-0.95) with siglo's pool opened to 10 connections "
-            "before timing as the raw pool is (--siglo-opt postgres:pool_min_size=10), so "
-            "not the pool's growth. Save 16 KB: 0.84 (0.77-0.96) at d78f26a, alone for 7 "
-            "rounds 0.88 (0.72-1.49) (siglo 7,219 saves/s, raw 8,110)",
-        )
-        for name in ("save", "cas")
+        "siglo's own Python, about a tenth more than raw's: one at a time a load is "
+        "CPU-bound in the client on this machine (the process busy 90-100 % of the wall "
+        "time, siglo and raw alike), and py-spy of 18,000 loads each (at b63254c) counted "
+        "10.7 % more samples for siglo: the coalescing reads' bookkeeping 2 %, the "
+        "adapter's checks 2 %, the checkpoint's check 2 %; psycopg's execute and the pool "
+        "the same for both",
     ),
     (
         "postgres",
-        "workflow",
-        None,
-        None,
-        "commits per run: siglo's flow runs 8 statements, 7 of them writes (workflow "
-        "lock taken and released, creation, each step's context-stream row and checkpoint "
-        "in one statement, the last with the completion, the cache entry, in flight "
-        "beside its step's checkpoint since f1b949a, so 7 round trips; the one read, "
-        "the cached step's look-up; tests/test_flow_statements.py), DBOS 8 commits in 16 "
-        "statements (counted with SQLAlchemy events on its engine); LangGraph's count was "
-        "not measured. Timed at the database's fetch in one process (200 runs, at "
-        "6230cac): 3,454 us a run, each write 391-453 us (its commit), the read 208 us. "
-        "Sending the cached step's look-up beside the checkpoint before it was tried and "
-        "measured 1.00 (0.95-1.20) x the runs/s without it (7 interleaved rounds, one "
-        "run at a time): not kept. The ratio moves with the machine and the run: 2.26 "
-        "(1.99-2.36) at 582fa17 (a machine 2.4 to 3 x slower), 1.93 (1.55-2.15) at "
-        "6230cac, and with twice the runs a round (--e2e-scale 2) 2.17 (1.75-2.35) at "
-        "7dbeb12 and 1.99 (1.89-2.11) at d78f26a, the same flow code",
+        "save",
+        "16k",
+        1,
+        "single rounds: a sequential 16 KB save waits on the server's commit for about "
+        "half its time (the client busy 50-58 % of the wall time, siglo and raw alike, "
+        "one process, 4 interleaved rounds at b63254c), so a pass meets the disk's "
+        "moment; medians 0.95 and 0.97 in the two full runs of the eighth round, lows 0.69 "
+        "and 0.76, and 0.96 / 0.79 in two runs of the cell's backend alone",
+    ),
+    (
+        "postgres",
+        "load",
+        "16k",
+        32,
+        "decoding, in the client, for both: py-spy of 12,000 loads by 32 callers (at "
+        "b63254c) found 89 % of siglo's load in Checkpoint.from_json (orjson 80 %); "
+        "sharing the statements saves the rest, which is raw's per-statement cost, so "
+        "the ratio cannot pass what decoding leaves. 1.43 (1.21-1.66) and 1.62 "
+        "(1.26-1.96) in the two full runs of the eighth round; 1.59 (1.57-1.66) in the "
+        "seventh's, on a quieter machine",
+    ),
+    (
+        "postgres",
+        "load",
+        "256k",
+        32,
+        "decoding, in the client, for every subject: Checkpoint.from_json is 97 % of "
+        "siglo's load at 32 callers (py-spy), 2.1-2.2 ms a load in the benchmark's "
+        "process against 1.4 ms alone (orjson.loads 1.26-1.40 ms of it), with a full "
+        "garbage collection of 35-44 ms every ~100 loads; raw decodes the same bytes with "
+        "the collector running (9 collections a load to siglo's 1.3). Tried and not "
+        "kept: msgspec's decoder (1,390 us against orjson's 1,250-1,270 at 256 KB), "
+        "batches capped at 1 MiB (308 / 311 / 295 loads/s for one batch of all / 1 MiB / "
+        "none, 5 rounds in passes), a young-generation collection before each large "
+        "decode (full collections 24 -> 4, loads/s 351 -> 356)",
+    ),
+    (
+        "sqlite",
+        "load",
+        "256k",
+        32,
+        "LangGraph's saver in the same process, measured, not explained: siglo's 256 KB "
+        "loads at 32 callers ran 493-540/s before a LangGraph measurement in one process "
+        "and 349-380/s right after it, back to 477/s two measurements later, with as many "
+        "objects on the heap; without LangGraph in the run (--no-langgraph) siglo's cell "
+        "measured 488/s at 32 callers and 487/s one at a time, with it 366 and 488",
+    ),
+    (
+        "sqlite",
+        "save",
+        "256k",
+        32,
+        "no measured reason for the low rounds: 0.92 (0.83-1.00) and 0.83 (0.80-0.97) in "
+        "the two full runs of the eighth round, 1.03 (0.81-1.04) in the seventh's",
     ),
 ]
 

@@ -160,6 +160,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"Run {meta['started']} – {meta.get('finished', '?')}, "
         f"{meta['repeat']} round(s) per measurement"
+        f"{_passes(meta.get('slices', 1))}"
         f"{' (quick smoke mode)' if meta['quick'] else ''}, "
         f"commit {m.get('siglo_commit') or '?'}.",
         "",
@@ -271,6 +272,11 @@ def markdown(doc: dict[str, Any]) -> str:
 
         lines += e2e_markdown(doc)
     return "\n".join(lines)
+
+
+def _passes(slices: int) -> str:
+    """How a round was timed, for the report's first line (runs before passes: none)."""
+    return f" of {slices} passes each (benchmarks/slices.py)" if slices > 1 else ""
 
 
 def _range(x: dict[str, Any]) -> str:
