@@ -108,6 +108,23 @@ RULES: Final[tuple[Rule, ...]] = (
         _C.WAIT_RECORDS,
         "wait records of one namespace are never seen or changed from another",
     ),
+    _a("cache.roundtrip", _C.STEP_CACHE, "a cached value reads back equal; a re-set replaces it"),
+    _a("cache.falsy-hit", _C.STEP_CACHE, "a cached None/0/False/''/[]/{} is a hit"),
+    _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),
+    _a("cache.expiry", _C.STEP_CACHE, "a value past its TTL is MISSING"),
+    _a(
+        "context.stream",
+        _C.CONTEXT_STREAM,
+        "context changes read back as the latest value per field",
+    ),
+    _a(
+        "context.streamed-save",
+        _C.CONTEXT_STREAM,
+        "save_checkpoint_streamed records the changes, then saves; refused saves keep them",
+    ),
+    _a("cache-events.accepted", _C.CACHE_EVENTS, "cache events are accepted and change nothing"),
+    # After the context stream's rules: an unlocking save is a streamed save, so a broken
+    # streamed save must be blamed on context.streamed-save, the rule it breaks first.
     _a(
         "lock.workflow.exclusive",
         _C.WORKFLOW_LOCK,
@@ -128,21 +145,6 @@ RULES: Final[tuple[Rule, ...]] = (
         _C.WORKFLOW_LOCK,
         "an action's unlocking save is a save; the lock is free after the action, not before it",
     ),
-    _a("cache.roundtrip", _C.STEP_CACHE, "a cached value reads back equal; a re-set replaces it"),
-    _a("cache.falsy-hit", _C.STEP_CACHE, "a cached None/0/False/''/[]/{} is a hit"),
-    _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),
-    _a("cache.expiry", _C.STEP_CACHE, "a value past its TTL is MISSING"),
-    _a(
-        "context.stream",
-        _C.CONTEXT_STREAM,
-        "context changes read back as the latest value per field",
-    ),
-    _a(
-        "context.streamed-save",
-        _C.CONTEXT_STREAM,
-        "save_checkpoint_streamed records the changes, then saves; refused saves keep them",
-    ),
-    _a("cache-events.accepted", _C.CACHE_EVENTS, "cache events are accepted and change nothing"),
     _a("idempotency.claim.once", _C.IDEMPOTENCY, "exactly one claim of a key returns 'claimed'"),
     _a("idempotency.complete", _C.IDEMPOTENCY, "a completed key returns its result, None included"),
     _a("idempotency.fail", _C.IDEMPOTENCY, "fail frees an in-progress key, never a completed one"),
