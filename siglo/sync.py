@@ -106,6 +106,7 @@ class StorageManager(Facade):
         namespace: str | None = None,
         type: str = "execution",
         metadata: Mapping[str, Any] | None = None,
+        redact_fields: Collection[str] = (),
     ) -> SyncStack:
         """``StorageManager.create_stack``."""
         stack = self._portal.call(
@@ -115,6 +116,7 @@ class StorageManager(Facade):
             namespace=namespace,
             type=type,
             metadata=metadata,
+            redact_fields=redact_fields,
         )
         return SyncStack(stack, self._portal)
 
@@ -151,14 +153,22 @@ class StorageManager(Facade):
         expected_revision: int | None = None,
         redact_fields: Collection[str] = (),
         ttl_ms: int | None = None,
+        unlock: bool = False,
     ) -> Checkpoint:
-        """``StorageManager.save_checkpoint``."""
+        """``StorageManager.save_checkpoint``.
+
+        ``unlock=True`` inside ``adapter.with_workflow_lock(stack_id, fn)``: the save is
+        the last write of ``fn``, and the backend may release the lock with it, as in
+        async code (the call carries the worker thread's context, the lock's hold
+        included, onto the portal's loop).
+        """
         saved: Checkpoint = self._portal.run(
             self._inner.save_checkpoint,
             stack_id,
             expected_revision=expected_revision,
             redact_fields=redact_fields,
             ttl_ms=ttl_ms,
+            unlock=unlock,
         )
         return saved
 

@@ -6,6 +6,7 @@ SQLite file, a Redis key prefix, a PostgreSQL schema), entered on the portal's l
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import uuid
@@ -17,7 +18,10 @@ import pytest
 
 import siglo
 from siglo import sync
+from siglo.adapter import StorageAdapter
+from siglo.coordination import IdempotencyStore, Lock, NonceStore
 from siglo.plugins import get_registry
+from siglo.stack import ExecutionStack
 
 URLS = {
     "memory": "memory://",
@@ -99,6 +103,42 @@ def test_adapter_and_coordination(backend: sync.SyncBackend) -> None:
     assert nonces.claim(key, 60) is False
 
 
+def test_a_stacks_own_redact_fields_reach_storage(backend: sync.SyncBackend) -> None:
+    manager = sync.StorageManager(backend, error_mode="strict")
+    stack_id = f"redact-{uuid.uuid4()}"
+    stack = manager.create_stack(stack_id, redact_fields=["card"])
+    stack.set("pay", "card", "4242 4242")
+    stack.set("pay", "amount", 1200)
+    manager.save_checkpoint(stack_id)
+    stored = manager.load_checkpoint(stack_id)
+    assert stored is not None
+    assert stored.contexts == {"pay": {"card": "[REDACTED]", "amount": 1200}}
+    assert stack.context("pay")["card"] == "4242 4242"  # the live context keeps it
+
+
+def test_an_unlocking_save_in_a_workflow_lock(backend: sync.SyncBackend) -> None:
+    """``save_checkpoint(…, unlock=True)`` from the worker thread of
+    ``adapter.with_workflow_lock``: on PostgreSQL the lock is free once the save has
+    returned (released in the save's transaction), so the thread can take it again;
+    elsewhere it is held until the function returns. Either way it is free afterwards."""
+    manager = sync.StorageManager(backend, error_mode="strict")
+    stack_id = f"unlock-{uuid.uuid4()}"
+    manager.create_stack(stack_id).set("s", "n", 1)
+
+    def last_write() -> str:
+        manager.save_checkpoint(stack_id, unlock=True)
+        try:
+            return str(backend.adapter.with_workflow_lock(stack_id, lambda: "free", timeout_ms=50))
+        except siglo.LockNotAcquiredError:
+            return "held"
+
+    inside = backend.adapter.with_workflow_lock(stack_id, last_write)
+    assert inside == ("free" if backend.name == "postgres" else "held")
+    stored = manager.load_checkpoint(stack_id)
+    assert stored is not None and stored.contexts == {"s": {"n": 1}}
+    assert backend.adapter.with_workflow_lock(stack_id, lambda: "after", timeout_ms=50) == "after"
+
+
 def test_many_threads_at_once(backend: sync.SyncBackend) -> None:
     manager = sync.StorageManager(backend, error_mode="strict")
     stack_id = f"race-{uuid.uuid4()}"
@@ -147,3 +187,40 @@ def test_connect_reads_siglo_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIGLO_URL", "memory://")
     with sync.connect() as backend:
         assert backend.name == "memory"
+
+
+FACADES: list[tuple[type[Any], type[Any]]] = [
+    (sync.StorageManager, siglo.StorageManager),
+    (sync.SyncStack, ExecutionStack),
+    (sync.SyncAdapter, StorageAdapter),
+    (sync.SyncIdempotencyStore, IdempotencyStore),
+    (sync.SyncLock, Lock),
+    (sync.SyncNonceStore, NonceStore),
+    (sync.SyncBackend, siglo.Backend),
+]
+ASYNC_NAMES = {"close": "aclose"}
+"""A facade method whose async counterpart has another name."""
+
+
+def parameters(fn: Any) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize(("facade", "async_type"), FACADES, ids=lambda t: t.__name__)
+def test_every_facade_method_takes_the_async_methods_parameters(
+    facade: type[Any], async_type: type[Any]
+) -> None:
+    """A blocking method the facade spells out takes what its async method takes, by the
+    same names, kinds and defaults: an option added to the async API and not to the
+    facade would be refused in synchronous code (as ``unlock`` and a stack's
+    ``redact_fields`` were)."""
+    checked = 0
+    for name, fn in vars(facade).items():
+        if name.startswith("_") or not inspect.isfunction(fn):
+            continue
+        counterpart = getattr(async_type, ASYNC_NAMES.get(name, name), None)
+        if counterpart is None:  # the facade's own (require_lock …): checked elsewhere
+            continue
+        assert parameters(fn) == parameters(counterpart), f"{facade.__name__}.{name}"
+        checked += 1
+    assert checked > 0
