@@ -122,19 +122,30 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "load",
         "256k",
         32,
-        "LangGraph's saver in the same process, measured, not explained: siglo's 256 KB "
-        "loads at 32 callers ran 493-540/s before a LangGraph measurement in one process "
-        "and 349-380/s right after it, back to 477/s two measurements later, with as many "
-        "objects on the heap; without LangGraph in the run (--no-langgraph) siglo's cell "
-        "measured 488/s at 32 callers and 487/s one at a time, with it 366 and 488",
+        "siglo's loads late in the full run, not LangGraph: siglo's cell was 319/s there "
+        "(363 one at a time), LangGraph's 190. Outside the full run siglo is 2.2-3.5x: "
+        "in one process with only the two SQLite subjects (450 loads at 32 callers, "
+        "S S S L S S S L S S S, twice, at 5a8e2f2) siglo ran 448-715/s and LangGraph "
+        "174-253/s, and siglo 524-565/s right after a LangGraph measurement against "
+        "448-715 before any; --backends sqlite --sizes 256k --workloads load --repeat 3 gave "
+        "409/s against 160 (2.56). A larger heap did not slow siglo: 497-761/s with 1.5 "
+        "and 3 million more objects on it, 375-620 before them (one process). The "
+        "earlier reading (493-540/s before a LangGraph measurement, 349-380 after) was "
+        "not seen again; what slows siglo's 256 KB loads late in the full run is not found",
     ),
     (
         "sqlite",
         "save",
         "256k",
         32,
-        "no measured reason for the low rounds: 0.92 (0.83-1.00) and 0.83 (0.80-0.97) in "
-        "the two full runs of the eighth round, 1.03 (0.81-1.04) in the seventh's",
+        "the checkpoint's construction check, and the machine: siglo's save builds a "
+        "Checkpoint whose check (_plain_fields, one type check per context entry, 1,014 "
+        "entries) took 61-65 us a save inside the save loop, 10-12 % of a 256 KB save on "
+        "SQLite one at a time and at 32 callers (timed around it, two runs at 5a8e2f2), a "
+        "cost raw does not have; the encoding and the statement are the same. In 6 "
+        "interleaved rounds in one process at 32 callers siglo ran 1,495-1,892/s and raw "
+        "1,362-1,932/s (medians 1,548 and 1,456). 0.92 (0.83-1.00) and 0.83 (0.80-0.97) "
+        "in the two full runs of the eighth round, 1.03 (0.81-1.04) in the seventh's",
     ),
 ]
 
