@@ -122,16 +122,21 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "load",
         "256k",
         32,
-        "siglo's loads late in the full run, not LangGraph: siglo's cell was 319/s there "
-        "(363 one at a time), LangGraph's 190. Outside the full run siglo is 2.2-3.5x: "
-        "in one process with only the two SQLite subjects (450 loads at 32 callers, "
-        "S S S L S S S L S S S, twice, at 5a8e2f2) siglo ran 448-715/s and LangGraph "
-        "174-253/s, and siglo 524-565/s right after a LangGraph measurement against "
-        "448-715 before any; --backends sqlite --sizes 256k --workloads load --repeat 3 gave "
-        "409/s against 160 (2.56). A larger heap did not slow siglo: 497-761/s with 1.5 "
-        "and 3 million more objects on it, 375-620 before them (one process). The "
-        "earlier reading (493-540/s before a LangGraph measurement, 349-380 after) was "
-        "not seen again; what slows siglo's 256 KB loads late in the full run is not found",
+        "the C allocator, as far as measured: a "
+        "256 KB load makes a few allocations above glibc's mmap threshold (the row's "
+        "blob and its bytes at least), and served by fresh mappings they cost "
+        "about 0.5 ms more a load in this VM, siglo's and raw's alike, so the faster "
+        "subject's ratio falls. Runs of --backends sqlite --sizes 256k --workloads load "
+        "--repeat 3 at 5a8e2f2: with LangGraph in the run siglo/raw at 32 callers was "
+        "1.61, 1.67, 1.74, without it 1.91, 2.01, 2.07, 2.22 (2.14 after the other "
+        "backends); with glibc's large "
+        "allocations all mapped afresh (MALLOC_MMAP_THRESHOLD_=131072) siglo ran "
+        "455-521/s and 1.51-1.78 x raw with or without LangGraph; with all of them from "
+        "the heap, never trimmed (MALLOC_MMAP_THRESHOLD_=4194304, "
+        "MALLOC_TRIM_THRESHOLD_=268435456) 588-778/s, 1.99 and 2.02 x raw with LangGraph "
+        "(2.54 and 2.58 x LangGraph), 2.20 and 1.71 without: the fall with LangGraph went "
+        "away. How LangGraph's saver moves glibc's dynamic threshold is not measured. In "
+        "the full run siglo's cell was 319/s (363 one at a time), LangGraph's 190",
     ),
     (
         "sqlite",
