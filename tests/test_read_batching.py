@@ -81,6 +81,33 @@ async def test_concurrent_loads_share_statements_and_read_what_is_stored(
     assert " IN (" in reads[1]
 
 
+async def test_callers_that_ask_again_at_once_share_the_next_batch(
+    backend: siglo.Backend,
+) -> None:
+    """32 callers loading 3 times each, one after another: the first lookup runs alone,
+    and every later one shares a batch. The callers a batch answered ask again in the
+    loop's next turn; had the first of them run its lookup alone again, each batch would
+    cost a lone statement more (6 reads instead of 4)."""
+    adapter: Any = backend.adapter
+    for i in range(32):
+        await save(backend, f"c{i}", i + 1)
+    statements = await statements_run(backend)
+
+    async def caller(i: int) -> list[int]:
+        out = []
+        for _ in range(3):
+            cp = await adapter.get_checkpoint(f"c{i}")
+            assert cp is not None
+            out.append(cp.revision)
+        return out
+
+    revisions = await asyncio.gather(*(caller(i) for i in range(32)))
+    assert revisions == [[i + 1] * 3 for i in range(32)]
+    reads = reads_in(statements)
+    assert len(reads) == 4, reads
+    assert " IN (" not in reads[0] and all(" IN (" in s for s in reads[1:])
+
+
 async def test_sequential_loads_run_alone(backend: siglo.Backend) -> None:
     await save(backend, "a", 1)
     statements = await statements_run(backend)
