@@ -100,7 +100,8 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "sharing the statements saves the rest, which is raw's per-statement cost, so "
         "the ratio cannot pass what decoding leaves. 1.43 (1.21-1.66) and 1.62 "
         "(1.26-1.96) in the two full runs of the eighth round; 1.59 (1.57-1.66) in the "
-        "seventh's, on a quieter machine",
+        "seventh's, on a quieter machine; 1.66 (1.31-2.08) in the ninth's, with the next "
+        "batch shared (siglo's loads 1.04-1.22 x as fast in three A/B runs)",
     ),
     (
         "postgres",
@@ -115,7 +116,19 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "kept: msgspec's decoder (1,390 us against orjson's 1,250-1,270 at 256 KB), "
         "batches capped at 1 MiB (308 / 311 / 295 loads/s for one batch of all / 1 MiB / "
         "none, 5 rounds in passes), a young-generation collection before each large "
-        "decode (full collections 24 -> 4, loads/s 351 -> 356)",
+        "decode (full collections 24 -> 4, loads/s 351 -> 356). 1.56 (1.35-1.71) in the "
+        "eighth round's run, 1.52 (1.48-1.72) in the ninth's",
+    ),
+    (
+        "sqlite",
+        "load",
+        "1k",
+        32,
+        "the baseline's round, not siglo's: in the ninth round's run raw aiosqlite ran "
+        "52,011 loads/s in its second round against 22,024 and 19,948 in the other two "
+        "(its 1 KB saves at 32 callers 17,265 in the same round against 8,868 and 9,239), "
+        "siglo 40,372 against 52,480 and 64,868; cause not found. The cell's median was "
+        "2.63, its other rounds 2.95 and 2.63; 2.99 (2.51-3.41) in the eighth round's run",
     ),
     (
         "sqlite",
