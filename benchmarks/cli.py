@@ -284,6 +284,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "slices": args.slices,
             "machine": machine.describe(),
             "load": {"start": list(os.getloadavg())},
+            "cpu_ticks": {"start": machine.cpu_times()},
             "load_note": args.load_note,
         },
         "subjects": [],
@@ -299,6 +300,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await run_e2e(args, doc)
     doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     doc["meta"]["load"]["end"] = list(os.getloadavg())
+    doc["meta"]["cpu_ticks"]["end"] = machine.cpu_times()
     report.add_ratios_and_targets(doc)
     return doc
 
@@ -381,6 +383,9 @@ async def _run_workloads(
         runs: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
         extras: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(subjects))}
         status: dict[int, tuple[str, str | None]] = {i: ("ok", None) for i in range(len(subjects))}
+        # The share of the machine's CPU time the hypervisor took during each subject's
+        # passes of each round (machine.cpu_times): a low round can be checked against it.
+        steals: dict[int, list[float | None]] = {i: [] for i in range(len(subjects))}
         # Interleave the subjects round by round, and within a round in passes of
         # alternating order (benchmarks/slices.py), so a noisy moment hits all of them
         # alike; the order turns each round, so none always runs first (or last).
@@ -391,12 +396,14 @@ async def _run_workloads(
             done = dict.fromkeys(range(len(subjects)), 0)
             took = dict.fromkeys(range(len(subjects)), 0.0)
             extra: dict[int, dict[str, Any]] = {i: {} for i in range(len(subjects))}
+            ticks = {i: [0, 0] for i in range(len(subjects))}  # stolen, all
             for order in round_order(len(subjects), round_no, args.slices):
                 for i in order:
                     s = subjects[i]
                     if status[i][0] != "ok":
                         continue
                     tag = f"b{secrets.token_hex(3)}"
+                    before = machine.cpu_times()
                     try:
                         m = await asyncio.wait_for(measure(s, part, tag), args.timeout)
                     except NotImplementedError:
@@ -409,6 +416,10 @@ async def _run_workloads(
                         status[i] = ("error", f"{type(exc).__name__}: {exc}")
                         traceback.print_exc()
                         continue
+                    after = machine.cpu_times()
+                    if before is not None and after is not None:
+                        ticks[i][0] += after[0] - before[0]
+                        ticks[i][1] += after[1] - before[1]
                     done[i] += m.ops
                     took[i] += m.seconds
                     for key, value in m.extra.items():  # counts (a CAS's conflicts)
@@ -417,6 +428,7 @@ async def _run_workloads(
                 if status[i][0] == "ok" and took[i] > 0:
                     runs[i].append(done[i] / took[i])
                     extras[i].append(extra[i])
+                    steals[i].append(ticks[i][0] / ticks[i][1] if ticks[i][1] else None)
         for i, s in enumerate(subjects):
             entry = {
                 "backend": backend,
@@ -429,6 +441,7 @@ async def _run_workloads(
                 "status": status[i][0],
                 "error": status[i][1],
                 "runs": runs[i],
+                "steal": steals[i],
                 **summarize(runs[i]),
             }
             if extras[i] and any(extras[i]):

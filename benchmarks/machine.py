@@ -53,6 +53,33 @@ def _git_commit() -> str | None:
         return None
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """``(steal, total)``: the clock ticks of all CPUs since boot, from ``/proc/stat``;
+    ``None`` where there is no such file.
+
+    *Steal* is time a CPU of this virtual machine was ready to run and the hypervisor ran
+    another guest instead: the part of a shared machine's noise that can be measured from
+    inside. ``total`` is every state's ticks (user, nice, system, idle, iowait, irq,
+    softirq, steal; guest time is already counted in user and nice).
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(x) for x in fields[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time stolen between two :func:`cpu_times`."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
+
+
 def describe() -> dict[str, Any]:
     """CPU, cores, memory, OS, Python and driver versions."""
     return {

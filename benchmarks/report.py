@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks import machine
+
 START_MARK = "<!-- benchmark-results:start -->"
 END_MARK = "<!-- benchmark-results:end -->"
 
@@ -23,6 +25,34 @@ def round_ratios(mine: list[float], other: list[float]) -> list[float]:
     if len(mine) != len(other):
         return []
     return [a / b for a, b in zip(mine, other, strict=True) if b]
+
+
+def round_steals(mine: dict[str, Any], other: dict[str, Any]) -> list[list[float | None]]:
+    """``[siglo's, other's]`` share of CPU time stolen by the hypervisor in each round
+    (empty for a run recorded before the figure was: ``steal`` in each result)."""
+    a, b = mine.get("steal") or [], other.get("steal") or []
+    if len(a) != len(b) or len(a) != len(mine["runs"]) or len(b) != len(other["runs"]):
+        return []
+    return [[x, y] for x, y in zip(a, b, strict=True)]
+
+
+def low_round_steal(x: dict[str, Any]) -> str:
+    """The CPU time stolen during the lowest round of a ratio, siglo's passes / the
+    baseline's, as percentages (``–`` where the run did not record it)."""
+    rounds, steals = x.get("rounds") or [], x.get("steal") or []
+    if not rounds or len(steals) != len(rounds):
+        return "–"
+    mine, other = steals[rounds.index(min(rounds))]
+    return " / ".join("–" if v is None else f"{v:.0%}" for v in (mine, other))
+
+
+def run_steal(meta: dict[str, Any]) -> float | None:
+    """The share of the machine's CPU time stolen by the hypervisor during the whole run."""
+    ticks = meta.get("cpu_ticks") or {}
+    start, end = ticks.get("start"), ticks.get("end")
+    return machine.steal_share(
+        None if not start else (start[0], start[1]), None if not end else (end[0], end[1])
+    )
 
 
 def add_ratios_and_targets(doc: dict[str, Any]) -> None:
@@ -58,6 +88,7 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
                     "ratio": statistics.median(rounds),
                     "ratio_min": min(rounds),
                     "ratio_max": max(rounds),
+                    "steal": round_steals(r, o),
                 }
             )
     doc["ratios"] = ratios
@@ -174,6 +205,15 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Load average (1 / 5 / 15 min): {load_text or 'unknown'}."
         + (f" {meta['load_note']}" if meta.get("load_note") else ""),
         "",
+        *(
+            [
+                f"CPU time stolen by the hypervisor (steal, `/proc/stat`) during the run: "
+                f"{steal:.1%} of the machine's.",
+                "",
+            ]
+            if (steal := run_steal(meta)) is not None
+            else []
+        ),
         "Subjects:",
         "",
     ]
@@ -197,12 +237,12 @@ def markdown(doc: dict[str, Any]) -> str:
         if missed:
             lines += [
                 "| missed target | backend | workload | ratio, median (min–max) "
-                "| measured reason |",
-                "|---|---|---|---:|---|",
+                "| CPU stolen in the lowest round, siglo / baseline | measured reason |",
+                "|---|---|---|---:|---:|---|",
             ]
             lines += [
                 f"| {t['target']} | {t['backend']} | {t['workload']} | {ratio_text(t)} | "
-                f"{reason_for(t)} |"
+                f"{low_round_steal(t)} | {reason_for(t)} |"
                 for t in missed
             ]
             lines.append("")

@@ -47,6 +47,12 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
         assert r["runs"]
         assert all(x > 0 for x in r["runs"])
         assert r["min"] <= r["median"] <= r["max"]
+        # The CPU time stolen during each round's passes of the subject, a share.
+        assert len(r["steal"]) == len(r["runs"])
+        assert all(x is None or 0.0 <= x <= 1.0 for x in r["steal"])
+    ticks = doc["meta"]["cpu_ticks"]
+    if ticks["start"] is not None:  # a Linux machine: /proc/stat
+        assert ticks["end"][1] > ticks["start"][1] and ticks["end"][0] >= ticks["start"][0]
     # One ratio per workload, siglo / raw, all positive.
     ratios = [x for x in doc["ratios"] if x["backend"] == "memory"]
     assert {x["workload"] for x in ratios} == {r["workload"] for r in siglo}
@@ -54,6 +60,8 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "results.md").read_text()
     assert "### memory" in md
     assert "siglo / raw" in md
+    if ticks["start"] is not None:
+        assert "CPU time stolen by the hypervisor" in md
 
 
 def test_quick_all_available_backends_and_chart(tmp_path: Path) -> None:
