@@ -7,6 +7,7 @@ import os
 import platform
 import sqlite3
 import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -73,8 +74,9 @@ def cpu_times() -> tuple[int, int] | None:
     return ticks[7], sum(ticks)
 
 
-def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
-    """The share of the machine's CPU time stolen between two :func:`cpu_times`."""
+def steal_share(start: Sequence[int] | None, end: Sequence[int] | None) -> float | None:
+    """The share of the machine's CPU time stolen between two :func:`cpu_times` (or
+    their JSON lists)."""
     if start is None or end is None or end[1] <= start[1]:
         return None
     return (end[0] - start[0]) / (end[1] - start[1])

@@ -178,8 +178,8 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "after another (tests/test_flow_statements.py), and in the tenth round's second "
         "run the rounds' rates moved 2.2x within each subject (siglo 95, 123 and 213 "
         "runs/s, LangGraph's saver 41, 48 and 84); the low round is the one where siglo's "
-        "fell most (1.99; the others 2.54 and 2.96). Stolen CPU does not show it (the "
-        "end-to-end rounds do not record it); cause not found. 2.27 (2.14-2.36) in the "
+        "fell most (1.99; the others 2.54 and 2.96). The end-to-end rounds do not record "
+        "stolen CPU time; cause not found. 2.27 (2.14-2.36) in the "
         "ninth round's run, 2.32 (2.02-2.52) in the tenth's first",
     ),
 ]

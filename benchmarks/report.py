@@ -49,10 +49,7 @@ def low_round_steal(x: dict[str, Any]) -> str:
 def run_steal(meta: dict[str, Any]) -> float | None:
     """The share of the machine's CPU time stolen by the hypervisor during the whole run."""
     ticks = meta.get("cpu_ticks") or {}
-    start, end = ticks.get("start"), ticks.get("end")
-    return machine.steal_share(
-        None if not start else (start[0], start[1]), None if not end else (end[0], end[1])
-    )
+    return machine.steal_share(ticks.get("start"), ticks.get("end"))
 
 
 def add_ratios_and_targets(doc: dict[str, Any]) -> None:

@@ -49,3 +49,53 @@ def test_a_run_recorded_without_steal_renders_a_dash() -> None:
     assert report.low_round_steal({"rounds": [2.0], "steal": []}) == "–"
     assert report.run_steal({}) is None
     assert report.run_steal({"cpu_ticks": {"start": [0, 100], "end": [5, 200]}}) == 0.05
+
+
+def test_the_report_shows_the_runs_steal_and_a_missed_targets_low_round() -> None:
+    def result(kind: str, runs: list[float], steal: list[float | None]) -> dict[str, Any]:
+        return {
+            "backend": "redis",
+            "kind": kind,
+            "workload": "save/1k/c1",
+            "name": "save",
+            "size": "1k",
+            "concurrency": 1,
+            "status": "ok",
+            "runs": runs,
+            "steal": steal,
+            "median": sorted(runs)[1],
+            "spread": 0.0,
+        }
+
+    doc: dict[str, Any] = {
+        "meta": {
+            "started": "2026-12-02T00:00:00Z",
+            "finished": "2026-12-02T00:01:00Z",
+            "repeat": 3,
+            "slices": 3,
+            "quick": False,
+            "machine": {
+                "cpu": "x",
+                "cores": 2,
+                "memory_gb": 1,
+                "os": "y",
+                "python": "3",
+                "sqlite": "3",
+                "siglo_commit": "abc",
+            },
+            "load": {},
+            "cpu_ticks": {"start": [0, 1000], "end": [72, 2000]},
+        },
+        "subjects": [],
+        # Round 2 misses 0.8 (siglo 70 against raw 100), with 30 % / 5 % stolen.
+        "results": [
+            result("siglo", [100.0, 70.0, 100.0], [0.01, 0.30, 0.02]),
+            result("raw", [100.0, 100.0, 100.0], [0.01, 0.05, 0.02]),
+        ],
+        "scale": [],
+    }
+    report.add_ratios_and_targets(doc)
+    md = report.markdown(doc)
+    assert "during the run: 7.2% of the machine's." in md
+    missed = [line for line in md.splitlines() if line.startswith("| siglo >= 0.8x raw")]
+    assert len(missed) == 1 and "| 30% / 5% |" in missed[0], missed
