@@ -183,6 +183,44 @@ async def test_a_cache_entry_is_written_beside_its_steps_checkpoint(
     assert stored.contexts["price"]["output"] == {"run": "r2", "step": 2}
 
 
+async def test_a_cached_steps_look_up_goes_beside_the_checkpoint_before_it(
+    backend: siglo.Backend,
+) -> None:
+    """The cached step's input is the output of the step before it, known before that
+    step's checkpoint is sent: its cache look-up is sent while that checkpoint is being
+    written, not after it has landed (one round trip fewer, one after the other)."""
+    manager = siglo.StorageManager(backend, error_mode="strict")
+    work = three_steps()
+    await work.run({"run": "warm"}, manager=manager, stack_id="warm")
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    events: list[tuple[str, str]] = []  # ("start" | "end", statement)
+    for name in entry_points(db, "fetch", "read", "write"):
+        real = getattr(db, name)
+
+        async def send(sql: str, params: Any = (), _real: Any = real) -> Any:
+            text = " ".join(sql.split()).upper()
+            what = "CACHE LOOK-UP" if text.startswith("SELECT VALUE FROM") else head(sql)
+            events.append(("start", what))
+            try:
+                await asyncio.sleep(0.005)  # long enough for a call sent beside it to start
+                return await _real(sql, params)
+            finally:
+                events.append(("end", what))
+
+        setattr(db, name, send)
+    out = await work.run({"run": "r-ahead"}, manager=manager, stack_id="r-ahead")
+    assert out == {"run": "r-ahead", "step": 3}
+    # The checkpoints written through these calls start with the creation, then the first
+    # step's (the one before the cached step); the look-up starts before that one ends.
+    ends = [i for i, (kind, what) in enumerate(events) if kind == "end" and saves_checkpoint(what)]
+    lookups = [i for i, event in enumerate(events) if event == ("start", "CACHE LOOK-UP")]
+    assert len(lookups) == 1 and len(ends) >= 2, events
+    assert ends[0] < lookups[0] < ends[1], events
+    stored = await backend.adapter.get_checkpoint("r-ahead")
+    assert stored is not None and stored.status == "completed"
+    assert stored.contexts["fetch"]["output"] == {"run": "r-ahead", "step": 1}
+
+
 async def test_a_failed_cache_write_is_raised_and_its_checkpoint_kept(
     backend: siglo.Backend,
 ) -> None:

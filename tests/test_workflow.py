@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -257,6 +258,134 @@ async def test_cached_steps_hit_the_step_cache(memory: siglo.Backend, clock: Man
     clock.advance(300_000)
     await billing.run(None, manager=fresh_manager(memory, clock), stack_id="b-late")
     assert fetches == 2
+
+
+async def test_a_cached_steps_look_up_is_taken_after_the_checkpoint_before_it(
+    memory: siglo.Backend, manager: StorageManager
+) -> None:
+    """The look-up is sent beside the previous step's checkpoint (tests/
+    test_flow_statements.py), but nothing is decided from it earlier: its cache event
+    follows that checkpoint, and its failure fails the run there, with the previous
+    step's output stored."""
+    adapter = memory.adapter
+    assert isinstance(adapter, MemoryStorageAdapter)
+    order: list[str] = []
+    save, lookup = adapter.save_checkpoint, adapter.get_cached_step
+
+    async def saving(checkpoint: siglo.Checkpoint, **kwargs: Any) -> None:
+        await asyncio.sleep(0.002)  # the look-up, sent beside it, answers first
+        await save(checkpoint, **kwargs)
+        order.append(f"saved {checkpoint.status} {checkpoint.chains}")
+
+    async def looking_up(key: str, **kwargs: Any) -> Any:
+        order.append(f"look-up {key}")
+        if key == "rates-broken":
+            raise siglo.StorageAdapterError("cache unreachable")
+        return await lookup(key, **kwargs)
+
+    adapter.save_checkpoint = saving  # type: ignore[method-assign]
+    adapter.get_cached_step = looking_up  # type: ignore[method-assign]
+
+    async def fetch(run: str) -> str:
+        return run
+
+    async def rates(run: str) -> dict[str, float]:
+        return {"EUR": 1.08}
+
+    work = flow(
+        Step.create("fetch", fetch),
+        Step.create("rates", rates).cache(ttl_ms=60_000, key=lambda run: f"rates-{run}"),
+    )
+    assert await work.run("ok", manager=manager, stack_id="ok") == {"EUR": 1.08}
+    assert order[:3] == ["saved running ()", "look-up rates-ok", "saved running ('fetch',)"]
+    assert [e.type for e in adapter.cache_events] == ["miss", "set"]
+
+    order.clear()
+    with pytest.raises(siglo.StorageAdapterError, match="cache unreachable"):
+        await work.run("broken", manager=manager, stack_id="broken")
+    assert order == [
+        "saved running ()",
+        "look-up rates-broken",
+        "saved running ('fetch',)",
+        "saved failed ('fetch',)",
+    ]
+    stored = await adapter.get_checkpoint("broken")
+    assert stored is not None and stored.status == "failed"
+    assert stored.contexts["fetch"]["output"] == "broken"
+
+
+async def test_a_failed_checkpoint_drops_the_next_steps_look_up(
+    memory: siglo.Backend, manager: StorageManager
+) -> None:
+    """The checkpoint before a cached step fails: its error is raised, the look-up sent
+    beside it is dropped (its outcome retrieved, no event), and the cached step never runs."""
+    adapter = memory.adapter
+    assert isinstance(adapter, MemoryStorageAdapter)
+    save = adapter.save_checkpoint
+
+    async def refusing(checkpoint: siglo.Checkpoint, **kwargs: Any) -> None:
+        if checkpoint.chains == ("fetch",):
+            await asyncio.sleep(0.002)  # the look-up fails first
+            raise siglo.StorageAdapterError("disk full")
+        await save(checkpoint, **kwargs)
+
+    async def failing_look_up(key: str, **kwargs: Any) -> Any:
+        raise siglo.StorageAdapterError("cache unreachable")
+
+    adapter.save_checkpoint = refusing  # type: ignore[method-assign]
+    adapter.get_cached_step = failing_look_up  # type: ignore[method-assign]
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+    ran: list[str] = []
+
+    async def fetch(run: str) -> str:
+        return run
+
+    async def rates(run: str) -> str:
+        ran.append(run)
+        return run
+
+    work = flow(
+        Step.create("fetch", fetch),
+        Step.create("rates", rates).cache(ttl_ms=60_000, key=lambda run: f"rates-{run}"),
+    )
+    try:
+        with pytest.raises(siglo.StorageAdapterError, match="disk full"):
+            await work.run("r", manager=manager, stack_id="r")
+        gc.collect()  # a task whose exception nobody retrieved is reported when collected
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert unretrieved == []
+    assert ran == []
+    assert adapter.cache_events == []
+
+
+async def test_a_cached_step_sees_the_entry_the_step_before_it_wrote(
+    memory: siglo.Backend, manager: StorageManager
+) -> None:
+    """Two cached steps under one key: the second's look-up is not sent ahead of the
+    first's cache write, so it finds that entry, as when each waited for the other."""
+    adapter = memory.adapter
+    assert isinstance(adapter, MemoryStorageAdapter)
+    ran: list[str] = []
+
+    async def first(_: Any) -> str:
+        ran.append("first")
+        return "from first"
+
+    async def second(_: Any) -> str:
+        ran.append("second")
+        return "from second"
+
+    work = flow(
+        Step.create("first", first).cache(ttl_ms=60_000, key=lambda: "shared"),
+        Step.create("second", second).cache(ttl_ms=60_000, key=lambda: "shared"),
+    )
+    assert await work.run(None, manager=manager, stack_id="s") == "from first"
+    assert ran == ["first"]
+    assert [e.type for e in adapter.cache_events] == ["miss", "set", "hit"]
 
 
 def test_flow_and_step_arguments() -> None:

@@ -369,14 +369,21 @@ class Flow:
         """
         value = stack.metadata.get("input")
         last = self.steps[-1]
-        for step in self.steps:
+        ahead: _LookAhead | None = None
+        for index, step in enumerate(self.steps):
             ctx = stack.contexts.get(step.name, {})
             if OUTPUT in ctx:  # finished before a crash or a wait
                 value = ctx[OUTPUT]
                 continue
             try:
                 value, cache_write = await self._run_step(
-                    manager, stack, step, value, ctx.get(EVENT, MISSING), bool(ctx.get(TIMED_OUT))
+                    manager,
+                    stack,
+                    step,
+                    value,
+                    ctx.get(EVENT, MISSING),
+                    bool(ctx.get(TIMED_OUT)),
+                    ahead,
                 )
             except _Suspend as wait:
                 await self._suspend(manager, stack, step, wait, unlock=unlock)
@@ -394,7 +401,19 @@ class Flow:
                 # runs between them, so a separate save would only cost a commit (a
                 # crash before it reruns the step, as before any step's checkpoint).
                 stack.transition("completed")
-            await _save_with(manager, stack, cache_write, unlock=unlock and step is last)
+            # The next step's cache look-up goes beside this checkpoint, unless this step
+            # writes a cache entry, which a look-up of the same key must see.
+            ahead = (
+                None
+                if step is last or cache_write is not None
+                else _look_ahead(manager, stack, self.steps[index + 1], value)
+            )
+            try:
+                await _save_with(manager, stack, cache_write, unlock=unlock and step is last)
+            except BaseException:
+                if ahead is not None:
+                    await ahead.discard()
+                raise
         if stack.status != "completed":
             # Every step's output was stored already (a run checkpointed by a version that
             # saved the last step and the completion apart): only the completion is left.
@@ -412,17 +431,21 @@ class Flow:
         value: Any,
         event: Any | Missing,
         timed_out: bool = False,
+        ahead: _LookAhead | None = None,
     ) -> tuple[Any, Callable[[], Awaitable[None]] | None]:
         """The step's output, and the write of its cache entry if one is due.
 
         The cache entry is not written here: the caller writes it beside the step's
-        checkpoint (:func:`_save_with`), so the two are in flight together.
+        checkpoint (:func:`_save_with`), so the two are in flight together. ``ahead``:
+        this step's cache look-up, already sent beside the previous step's checkpoint.
         """
-        adapter = manager.adapter
-        cache = adapter if adapter is not None and adapter.supports(Capability.STEP_CACHE) else None
-        key = step.cache_key_for(value) if step.cache_ttl_ms is not None else None
+        cache = _step_cache(manager)
+        if ahead is not None:
+            key: str | None = ahead.key
+        else:
+            key = step.cache_key_for(value) if step.cache_ttl_ms is not None else None
         if cache is not None and key is not None:
-            cached = await cache.get_cached_step(key)
+            cached = await (ahead.lookup if ahead is not None else cache.get_cached_step(key))
             kind = "miss" if cached is MISSING else "hit"
             await self._cache_event(manager, kind, key, stack, step)
             if cached is not MISSING:
@@ -564,6 +587,52 @@ async def _save_with(
         (cached,) = await asyncio.gather(cache_task, return_exceptions=True)
     if isinstance(cached, BaseException):
         raise cached
+
+
+def _step_cache(manager: StorageManager) -> StorageAdapter | None:
+    """The manager's adapter if it has a step cache."""
+    adapter = manager.adapter
+    return adapter if adapter is not None and adapter.supports(Capability.STEP_CACHE) else None
+
+
+class _LookAhead:
+    """A cached step's look-up, sent while the step before it is being checkpointed.
+
+    The step's input is the previous step's output, known before that output's
+    checkpoint is sent, so the look-up need not wait for the checkpoint: both are in
+    flight at once, one round trip of a server's instead of two one after the other
+    (tests/test_flow_statements.py). Nothing is decided from it earlier than before: the
+    step awaits it where it would have sent it, and its outcome (a hit, a miss, an
+    error) is taken there, after the checkpoint has landed.
+    """
+
+    __slots__ = ("key", "lookup")
+
+    def __init__(self, key: str, lookup: asyncio.Future[Any]) -> None:
+        self.key = key
+        self.lookup = lookup
+
+    async def discard(self) -> None:
+        """Drop a look-up whose step will not run now (the checkpoint before it failed)."""
+        self.lookup.cancel()
+        await asyncio.gather(self.lookup, return_exceptions=True)
+
+
+def _look_ahead(
+    manager: StorageManager, stack: ExecutionStack, step: Step, value: Any
+) -> _LookAhead | None:
+    """Start ``step``'s cache look-up for the input ``value``, if it has a cache and is
+    still to run."""
+    cache = _step_cache(manager)
+    if cache is None or step.cache_ttl_ms is None or OUTPUT in stack.contexts.get(step.name, {}):
+        return None
+    try:
+        key = step.cache_key_for(value)
+    except Exception:
+        # Not sent ahead: the key is worked out again where the step runs, and its error
+        # is raised there, after the previous step's checkpoint, as without a look-ahead.
+        return None
+    return _LookAhead(key, asyncio.ensure_future(cache.get_cached_step(key)))
 
 
 async def _locked(manager: StorageManager, stack_id: str, action: Callable[[], Awaitable[T]]) -> T:
