@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import json
 import os
@@ -18,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import machine, report
+from benchmarks.interference import RETIMES, STEAL_LIMIT, timed_pass
 from benchmarks.payloads import SIZES
 from benchmarks.slices import round_order, slice_size
 from benchmarks.stats import summarize
 from benchmarks.subject import Subject
-from benchmarks.workloads import Workload, default_workloads, measure
+from benchmarks.workloads import Measurement, Workload, default_workloads, measure
 
 BACKENDS = ("memory", "redis", "postgres", "sqlite")
 WORKLOAD_NAMES = ("save", "load", "cas", "wait_claim", "idempotency", "lock", "cache")
@@ -60,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
         "subjects' order (benchmarks/slices.py)",
     )
     p.add_argument("--ops-scale", type=float, default=1.0, help="multiply every op count")
+    p.add_argument(
+        "--steal-limit",
+        type=float,
+        default=STEAL_LIMIT,
+        help="time a pass again when more than this share of the machine's CPU time was "
+        "stolen by the hypervisor during it (benchmarks/interference.py; 1 never does)",
+    )
+    p.add_argument(
+        "--retimes",
+        type=int,
+        default=RETIMES,
+        help="how many times a pass over --steal-limit is timed again before it is kept",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -268,6 +283,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
         args.repeat = 1
         args.slices = 1
+        args.retimes = 0
     workloads = default_workloads(
         args.sizes, ops_scale=0.01 if args.quick else args.ops_scale, names=set(args.workloads)
     )
@@ -282,6 +298,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "quick": args.quick,
             "repeat": args.repeat,
             "slices": args.slices,
+            "steal_limit": args.steal_limit,
+            "retimes": args.retimes,
             "machine": machine.describe(),
             "load": {"start": list(os.getloadavg())},
             "cpu_ticks": {"start": machine.cpu_times()},
@@ -386,6 +404,10 @@ async def _run_workloads(
         # The share of the machine's CPU time the hypervisor took during each subject's
         # passes of each round (machine.cpu_times): a low round can be checked against it.
         steals: dict[int, list[float | None]] = {i: [] for i in range(len(subjects))}
+        # Passes timed again because of steal, and kept over the limit, per round
+        # (benchmarks/interference.py).
+        retimes: dict[int, list[int]] = {i: [] for i in range(len(subjects))}
+        overs: dict[int, list[int]] = {i: [] for i in range(len(subjects))}
         # Interleave the subjects round by round, and within a round in passes of
         # alternating order (benchmarks/slices.py), so a noisy moment hits all of them
         # alike; the order turns each round, so none always runs first (or last).
@@ -397,15 +419,19 @@ async def _run_workloads(
             took = dict.fromkeys(range(len(subjects)), 0.0)
             extra: dict[int, dict[str, Any]] = {i: {} for i in range(len(subjects))}
             ticks = {i: [0, 0] for i in range(len(subjects))}  # stolen, all
+            retimed = dict.fromkeys(range(len(subjects)), 0)
+            over_limit = dict.fromkeys(range(len(subjects)), 0)
             for order in round_order(len(subjects), round_no, args.slices):
                 for i in order:
                     s = subjects[i]
                     if status[i][0] != "ok":
                         continue
-                    tag = f"b{secrets.token_hex(3)}"
-                    before = machine.cpu_times()
                     try:
-                        m = await asyncio.wait_for(measure(s, part, tag), args.timeout)
+                        kept = await timed_pass(
+                            functools.partial(_measure_once, s, part, args.timeout),
+                            limit=args.steal_limit,
+                            retimes=args.retimes,
+                        )
                     except NotImplementedError:
                         status[i] = ("unsupported", None)
                         continue
@@ -416,10 +442,11 @@ async def _run_workloads(
                         status[i] = ("error", f"{type(exc).__name__}: {exc}")
                         traceback.print_exc()
                         continue
-                    after = machine.cpu_times()
-                    if before is not None and after is not None:
-                        ticks[i][0] += after[0] - before[0]
-                        ticks[i][1] += after[1] - before[1]
+                    m = kept.result
+                    ticks[i][0] += kept.stolen
+                    ticks[i][1] += kept.ticks
+                    retimed[i] += kept.retimed
+                    over_limit[i] += kept.over_limit
                     done[i] += m.ops
                     took[i] += m.seconds
                     for key, value in m.extra.items():  # counts (a CAS's conflicts)
@@ -429,6 +456,8 @@ async def _run_workloads(
                     runs[i].append(done[i] / took[i])
                     extras[i].append(extra[i])
                     steals[i].append(ticks[i][0] / ticks[i][1] if ticks[i][1] else None)
+                    retimes[i].append(retimed[i])
+                    overs[i].append(over_limit[i])
         for i, s in enumerate(subjects):
             entry = {
                 "backend": backend,
@@ -442,6 +471,8 @@ async def _run_workloads(
                 "error": status[i][1],
                 "runs": runs[i],
                 "steal": steals[i],
+                "retimed": retimes[i],
+                "over_limit": overs[i],
                 **summarize(runs[i]),
             }
             if extras[i] and any(extras[i]):
@@ -455,6 +486,11 @@ async def _run_workloads(
                 )
             elif status[i][0] == "error":
                 print(f"{backend:8} {s.kind:9} {w.id:22} ERROR {status[i][1]}", flush=True)
+
+
+async def _measure_once(subject: Subject, workload: Workload, bound_s: float) -> Measurement:
+    """One pass of ``workload`` on ``subject``, on fresh keys, within ``bound_s`` seconds."""
+    return await asyncio.wait_for(measure(subject, workload, f"b{secrets.token_hex(3)}"), bound_s)
 
 
 async def _cancellable(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import statistics
@@ -38,6 +39,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
+from benchmarks.interference import RETIMES, STEAL_LIMIT, timed_pass
 from benchmarks.slices import round_order, slice_size
 
 Recorder = Callable[[str, int], None]
@@ -380,15 +382,28 @@ async def measure_runs(subject: E2ESubject, concurrency: int, runs: int) -> dict
     }
 
 
+async def _runs_once(
+    subject: E2ESubject, concurrency: int, runs: int, bound_s: float
+) -> dict[str, Any]:
+    """One pass of :func:`measure_runs`, within ``bound_s`` seconds."""
+    return await asyncio.wait_for(measure_runs(subject, concurrency, runs), bound_s)
+
+
 def _joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One round of a system from its passes: its runs over its time, all latencies."""
+    """One round of a system from its passes: its runs over its time, all latencies, the
+    share of the CPU time stolen during them and the passes timed again for it
+    (benchmarks/interference.py)."""
     runs = sum(p["runs"] for p in parts)
     seconds = sum(p["seconds"] for p in parts)
+    ticks = sum(p.get("ticks", 0) for p in parts)
     return {
         "runs_per_s": runs / seconds,
         "runs": runs,
         "seconds": seconds,
         "step_us": sorted(x for p in parts for x in p["step_us"]),
+        "steal": sum(p.get("stolen", 0) for p in parts) / ticks if ticks else None,
+        "retimed": sum(p.get("retimed", 0) for p in parts),
+        "over_limit": sum(p.get("over_limit", 0) for p in parts),
     }
 
 
@@ -471,14 +486,26 @@ async def run_e2e(args: Any, doc: dict[str, Any]) -> None:
                                 if s.system in errors:
                                     continue
                                 try:
-                                    m = await asyncio.wait_for(
-                                        measure_runs(s, concurrency, part), args.timeout
+                                    kept = await timed_pass(
+                                        functools.partial(
+                                            _runs_once, s, concurrency, part, args.timeout
+                                        ),
+                                        limit=getattr(args, "steal_limit", STEAL_LIMIT),
+                                        retimes=getattr(args, "retimes", RETIMES),
                                     )
                                 except Exception as exc:
                                     errors[s.system] = f"{type(exc).__name__}: {exc}"
                                     print(f"[e2e error] {s.system}:{backend}: {exc!r}", flush=True)
                                     continue
-                                parts[s.system].append(m)
+                                parts[s.system].append(
+                                    {
+                                        **kept.result,
+                                        "stolen": kept.stolen,
+                                        "ticks": kept.ticks,
+                                        "retimed": kept.retimed,
+                                        "over_limit": int(kept.over_limit),
+                                    }
+                                )
                         for s in subjects:
                             if s.system in errors or not parts[s.system]:
                                 continue
@@ -504,6 +531,9 @@ async def run_e2e(args: Any, doc: dict[str, Any]) -> None:
                                 "status": "error" if s.system in errors else "ok",
                                 "error": errors.get(s.system),
                                 "runs_per_s_rounds": [m["runs_per_s"] for m in ms],
+                                "steal": [m["steal"] for m in ms],
+                                "retimed": [m["retimed"] for m in ms],
+                                "over_limit": [m["over_limit"] for m in ms],
                                 "runs_per_s": (
                                     statistics.median([m["runs_per_s"] for m in ms]) if ms else None
                                 ),
@@ -543,6 +573,12 @@ def add_e2e_ratios(doc: dict[str, Any]) -> None:
             ]
             if not rounds:
                 continue
+            mine, other = r.get("steal") or [], o.get("steal") or []
+            steal = (
+                [[a, b] for a, b in zip(mine, other, strict=True)]
+                if len(mine) == len(other) == len(rounds)
+                else []
+            )
             ratios.append(
                 {
                     "backend": r["backend"],
@@ -551,9 +587,11 @@ def add_e2e_ratios(doc: dict[str, Any]) -> None:
                     "size": None,
                     "concurrency": r["concurrency"],
                     "vs": o["system"],
+                    "rounds": rounds,
                     "ratio": statistics.median(rounds),
                     "ratio_min": min(rounds),
                     "ratio_max": max(rounds),
+                    "steal": steal,
                 }
             )
     doc["e2e_ratios"] = ratios

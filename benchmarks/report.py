@@ -52,6 +52,27 @@ def run_steal(meta: dict[str, Any]) -> float | None:
     return machine.steal_share(ticks.get("start"), ticks.get("end"))
 
 
+def retimed_text(doc: dict[str, Any]) -> str | None:
+    """How many passes were timed again because of stolen CPU time, and how many were
+    kept over the limit (``None`` for a run recorded before passes were timed again)."""
+    meta = doc["meta"]
+    if "steal_limit" not in meta:
+        return None
+    slices = meta.get("slices", 1)
+    rows = [r for r in doc["results"] if r.get("status") == "ok"] + [
+        r for r in doc.get("e2e", []) if r.get("status") == "ok"
+    ]
+    kept = sum(len(r.get("retimed", [])) * slices for r in rows)
+    retimed = sum(sum(r.get("retimed", [])) for r in rows)
+    over = sum(sum(r.get("over_limit", [])) for r in rows)
+    return (
+        f"Passes timed again because more than {meta['steal_limit']:.0%} of the machine's "
+        f"CPU time was stolen during them (benchmarks/interference.py): {retimed:,} "
+        f"attempts dropped for {kept:,} passes kept; {over:,} kept over the limit after "
+        f"{meta.get('retimes', 0)} attempts more."
+    )
+
+
 def add_ratios_and_targets(doc: dict[str, Any]) -> None:
     """Fill ``doc["ratios"]`` (siglo / raw, siglo / langgraph) and ``doc["targets"]``.
 
@@ -211,6 +232,7 @@ def markdown(doc: dict[str, Any]) -> str:
             if (steal := run_steal(meta)) is not None
             else []
         ),
+        *([text, ""] if (text := retimed_text(doc)) else []),
         "Subjects:",
         "",
     ]

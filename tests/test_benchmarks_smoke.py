@@ -50,6 +50,8 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
         # The CPU time stolen during each round's passes of the subject, a share.
         assert len(r["steal"]) == len(r["runs"])
         assert all(x is None or 0.0 <= x <= 1.0 for x in r["steal"])
+        # Quick mode times no pass again (benchmarks/interference.py), and says so.
+        assert r["retimed"] == [0] * len(r["runs"]) and r["over_limit"] == r["retimed"]
     ticks = doc["meta"]["cpu_ticks"]
     if ticks["start"] is not None:  # a Linux machine: /proc/stat
         assert ticks["end"][1] > ticks["start"][1] and ticks["end"][0] >= ticks["start"][0]
@@ -62,6 +64,7 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
     assert "siglo / raw" in md
     if ticks["start"] is not None:
         assert "CPU time stolen by the hypervisor" in md
+    assert "0 attempts dropped for " in md
 
 
 def test_quick_all_available_backends_and_chart(tmp_path: Path) -> None:
@@ -123,9 +126,14 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
         assert r["concurrency"] in (1, 32)
         assert r["runs_per_s"] > 0
         assert 0 < r["step_p50_us"] <= r["step_p99_us"]
+        # Each round's stolen share and its passes timed again (none in quick mode).
+        assert len(r["steal"]) == len(r["runs_per_s_rounds"])
+        assert all(x is None or 0.0 <= x <= 1.0 for x in r["steal"])
+        assert r["retimed"] == [0] * len(r["runs_per_s_rounds"]) == r["over_limit"]
     for x in doc["e2e_ratios"]:
         assert x["vs"] in ("dbos", "langgraph")
         assert x["ratio_min"] <= x["ratio"] <= x["ratio_max"]
+        assert len(x["steal"]) in (0, len(x["rounds"]))
     md = (tmp_path / "out" / "results.md").read_text()
     assert "end to end: a 3-step durable workflow" in md
 
@@ -184,3 +192,22 @@ def test_the_postgres_pipeline_ab_runs_and_prints_every_cell(
         "delete, pipelined",
         "delete, transaction",
     ]
+
+
+def test_the_steal_ab_runs_and_prints_both_ways_of_counting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/benchmarks.md quotes this A/B (Method: passes timed again): it runs and prints
+    the correlations and the rounds from first and from kept attempts."""
+    from benchmarks import steal_ab
+
+    asyncio.run(steal_ab.main("memory", "save", "1k", 1, rounds=3, pause_s=0))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6, lines
+    assert lines[0].startswith("memory save/1k/c1: siglo first attempts: stolen share median")
+    assert lines[1].startswith("memory save/1k/c1: raw first attempts:")
+    assert "difference of their shares" in lines[2]
+    assert lines[3].startswith("memory save/1k/c1: siglo / raw, first attempts, 3 rounds: ")
+    assert lines[4].startswith("memory save/1k/c1: siglo / raw, kept attempts, 3 rounds: ")
+    assert lines[5].startswith("memory save/1k/c1: passes timed again: ")
+    assert lines[5].endswith(" of 18")  # 3 rounds of 3 passes of each subject
