@@ -211,3 +211,20 @@ def test_the_steal_ab_runs_and_prints_both_ways_of_counting(
     assert lines[4].startswith("memory save/1k/c1: siglo / raw, kept attempts, 3 rounds: ")
     assert lines[5].startswith("memory save/1k/c1: passes timed again: ")
     assert lines[5].endswith(" of 18")  # 3 rounds of 3 passes of each subject
+
+
+def test_the_lookahead_ab_runs_both_ways_and_restores_the_flow(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/benchmarks.md and docs/workflows.md quote this A/B: it runs both ways, prints
+    one line, and leaves the look-ahead in place."""
+    import siglo.workflow.flow  # noqa: F401
+    from benchmarks import lookahead_ab
+
+    module = sys.modules["siglo.workflow.flow"]
+    before = module._look_ahead
+    asyncio.run(lookahead_ab.main("memory", 1, 4, 2))
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("memory c1: runs/s sent after ")
+    assert line.endswith(", 2 blocks of 4 runs")
+    assert module._look_ahead is before
