@@ -228,3 +228,24 @@ def test_the_lookahead_ab_runs_both_ways_and_restores_the_flow(
     assert line.startswith("memory c1: runs/s sent after ")
     assert line.endswith(", 2 blocks of 4 runs")
     assert module._look_ahead is before
+
+
+def test_the_decoders_comparison_times_every_decoder(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/benchmarks.md quotes this (eleventh round): the same document decoded as JSON
+    and as msgpack, every decoder timed, the decoded values the same."""
+    ormsgpack = pytest.importorskip("ormsgpack")
+    import orjson
+
+    from benchmarks import decoders
+    from benchmarks.payloads import make_contexts, wire_document
+
+    doc = wire_document("same", 1, make_contexts(1024), expires_at=None)
+    assert ormsgpack.unpackb(ormsgpack.packb(doc)) == orjson.loads(orjson.dumps(doc))
+    decoders.main("1k", 2, 3)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("1k: ") and " as msgpack" in lines[0]
+    for line, name in zip(
+        lines[1:], ("orjson.loads", "ormsgpack.unpackb", "Checkpoint.from_json"), strict=True
+    ):
+        assert line.startswith(f"1k: {name} ") and line.endswith(", 2 rounds of 3")
