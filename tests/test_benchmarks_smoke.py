@@ -32,6 +32,18 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     return proc, json.loads((out / "results.json").read_text())
 
 
+def _times_no_pass_again(
+    retimed: list[int], over_limit: list[int], steal: list[float | None]
+) -> None:
+    """Quick mode (one pass a round, ``--retimes 0``) drops no attempt; a round's pass
+    is counted over the limit exactly when more than 10 % of the CPU time was stolen
+    during it, as a hypervisor may do during any run."""
+    assert retimed == [0] * len(steal)
+    for over, share in zip(over_limit, steal, strict=True):
+        stolen_over_limit = share is not None and share > 0.10 + 1e-9
+        assert over == int(stolen_over_limit) or (share is not None and abs(share - 0.10) < 1e-9)
+
+
 def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
     _, doc = _run(tmp_path, "--backends", "memory", "--no-chart")
     assert doc["meta"]["quick"] is True
@@ -51,7 +63,7 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
         assert len(r["steal"]) == len(r["runs"])
         assert all(x is None or 0.0 <= x <= 1.0 for x in r["steal"])
         # Quick mode times no pass again (benchmarks/interference.py), and says so.
-        assert r["retimed"] == [0] * len(r["runs"]) and r["over_limit"] == r["retimed"]
+        _times_no_pass_again(r["retimed"], r["over_limit"], r["steal"])
     ticks = doc["meta"]["cpu_ticks"]
     if ticks["start"] is not None:  # a Linux machine: /proc/stat
         assert ticks["end"][1] > ticks["start"][1] and ticks["end"][0] >= ticks["start"][0]
@@ -129,7 +141,7 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
         # Each round's stolen share and its passes timed again (none in quick mode).
         assert len(r["steal"]) == len(r["runs_per_s_rounds"])
         assert all(x is None or 0.0 <= x <= 1.0 for x in r["steal"])
-        assert r["retimed"] == [0] * len(r["runs_per_s_rounds"]) == r["over_limit"]
+        _times_no_pass_again(r["retimed"], r["over_limit"], r["steal"])
     for x in doc["e2e_ratios"]:
         assert x["vs"] in ("dbos", "langgraph")
         assert x["ratio_min"] <= x["ratio"] <= x["ratio_max"]
