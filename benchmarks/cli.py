@@ -408,6 +408,10 @@ async def _run_workloads(
         # (benchmarks/interference.py).
         retimes: dict[int, list[int]] = {i: [] for i in range(len(subjects))}
         overs: dict[int, list[int]] = {i: [] for i in range(len(subjects))}
+        # The client's CPU time per operation in each round, and the part of it in the
+        # garbage collector, in ms (benchmarks/client_cpu.py).
+        cpus: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
+        gcs: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
         # Interleave the subjects round by round, and within a round in passes of
         # alternating order (benchmarks/slices.py), so a noisy moment hits all of them
         # alike; the order turns each round, so none always runs first (or last).
@@ -417,6 +421,8 @@ async def _run_workloads(
         for round_no in range(args.repeat):
             done = dict.fromkeys(range(len(subjects)), 0)
             took = dict.fromkeys(range(len(subjects)), 0.0)
+            cpu = dict.fromkeys(range(len(subjects)), 0.0)
+            in_gc = dict.fromkeys(range(len(subjects)), 0.0)
             extra: dict[int, dict[str, Any]] = {i: {} for i in range(len(subjects))}
             ticks = {i: [0, 0] for i in range(len(subjects))}  # stolen, all
             retimed = dict.fromkeys(range(len(subjects)), 0)
@@ -449,6 +455,8 @@ async def _run_workloads(
                     over_limit[i] += kept.over_limit
                     done[i] += m.ops
                     took[i] += m.seconds
+                    cpu[i] += m.cpu_s
+                    in_gc[i] += m.gc_s
                     for key, value in m.extra.items():  # counts (a CAS's conflicts)
                         extra[i][key] = extra[i].get(key, 0) + value
             for i in range(len(subjects)):
@@ -458,6 +466,8 @@ async def _run_workloads(
                     steals[i].append(ticks[i][0] / ticks[i][1] if ticks[i][1] else None)
                     retimes[i].append(retimed[i])
                     overs[i].append(over_limit[i])
+                    cpus[i].append(cpu[i] / done[i] * 1e3)
+                    gcs[i].append(in_gc[i] / done[i] * 1e3)
         for i, s in enumerate(subjects):
             entry = {
                 "backend": backend,
@@ -473,6 +483,8 @@ async def _run_workloads(
                 "steal": steals[i],
                 "retimed": retimes[i],
                 "over_limit": overs[i],
+                "cpu_ms_per_op": cpus[i],
+                "gc_ms_per_op": gcs[i],
                 **summarize(runs[i]),
             }
             if extras[i] and any(extras[i]):

@@ -46,6 +46,28 @@ def low_round_steal(x: dict[str, Any]) -> str:
     return " / ".join("–" if v is None else f"{v:.0%}" for v in (mine, other))
 
 
+def round_cpus(mine: dict[str, Any], other: dict[str, Any]) -> list[list[float]]:
+    """``[siglo's, other's]`` client CPU time per operation in each round, in ms, each
+    followed by the part of it in the garbage collector: ``[cpu, gc, cpu, gc]`` (empty for
+    a run recorded before the figure was: ``cpu_ms_per_op`` in each result)."""
+    n = len(mine["runs"])
+    parts = [mine.get("cpu_ms_per_op"), mine.get("gc_ms_per_op")]
+    parts += [other.get("cpu_ms_per_op"), other.get("gc_ms_per_op")]
+    if len(other["runs"]) != n or any(p is None or len(p) != n for p in parts):
+        return []
+    return [[p[k] for p in parts if p is not None] for k in range(n)]
+
+
+def low_round_cpu(x: dict[str, Any]) -> str:
+    """The client's CPU time per operation in the lowest round of a ratio, siglo's / the
+    baseline's, in ms with the collector's part in brackets (``–`` where not recorded)."""
+    rounds, cpus = x.get("rounds") or [], x.get("cpu") or []
+    if not rounds or len(cpus) != len(rounds):
+        return "–"
+    a, a_gc, b, b_gc = cpus[rounds.index(min(rounds))]
+    return f"{a:.2f} ({a_gc:.2f}) / {b:.2f} ({b_gc:.2f})"
+
+
 def run_steal(meta: dict[str, Any]) -> float | None:
     """The share of the machine's CPU time stolen by the hypervisor during the whole run."""
     ticks = meta.get("cpu_ticks") or {}
@@ -107,6 +129,7 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
                     "ratio_min": min(rounds),
                     "ratio_max": max(rounds),
                     "steal": round_steals(r, o),
+                    "cpu": round_cpus(r, o),
                 }
             )
     doc["ratios"] = ratios
@@ -256,12 +279,14 @@ def markdown(doc: dict[str, Any]) -> str:
         if missed:
             lines += [
                 "| missed target | backend | workload | ratio, median (min–max) "
-                "| CPU stolen in the lowest round, siglo / baseline | measured reason |",
-                "|---|---|---|---:|---:|---|",
+                "| CPU stolen in the lowest round, siglo / baseline "
+                "| client CPU per op in that round, ms (collecting), siglo / baseline "
+                "| measured reason |",
+                "|---|---|---|---:|---:|---:|---|",
             ]
             lines += [
                 f"| {t['target']} | {t['backend']} | {t['workload']} | {ratio_text(t)} | "
-                f"{low_round_steal(t)} | {reason_for(t)} |"
+                f"{low_round_steal(t)} | {low_round_cpu(t)} | {reason_for(t)} |"
                 for t in missed
             ]
             lines.append("")

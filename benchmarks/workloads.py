@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from benchmarks.client_cpu import ClientClock, Reading
 from benchmarks.payloads import SIZES, make_contexts
 from benchmarks.subject import Conflict, Subject
 
@@ -54,6 +54,10 @@ class Measurement:
     ops: int
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+    cpu_s: float = 0.0
+    """The process's CPU time during the timed operations (benchmarks/client_cpu.py)."""
+    gc_s: float = 0.0
+    """Of the timed wall time, the part spent in the cyclic garbage collector."""
 
 
 _contexts_cache: dict[str, dict[str, Any]] = {}
@@ -99,18 +103,19 @@ def default_workloads(
 
 async def _workers(
     concurrency: int, per_worker: int, op: Callable[[int, int], Awaitable[None]]
-) -> float:
+) -> Reading:
     """Warm up (:data:`WARMUP` untimed ops per worker, ``j`` = 0 …), then time
-    ``per_worker`` ops per worker (``j`` = WARMUP …); return the timed seconds."""
+    ``per_worker`` ops per worker (``j`` = WARMUP …); return what the timed part took."""
 
     async def worker(w: int, start: int, stop: int) -> None:
         for j in range(start, stop):
             await op(w, j)
 
     await asyncio.gather(*(worker(w, 0, WARMUP) for w in range(concurrency)))
-    start = time.perf_counter()
+    clock = ClientClock()
+    clock.start()
     await asyncio.gather(*(worker(w, WARMUP, WARMUP + per_worker) for w in range(concurrency)))
-    return time.perf_counter() - start
+    return clock.stop()
 
 
 async def measure(subject: Subject, workload: Workload, tag: str) -> Measurement:
@@ -162,11 +167,11 @@ async def measure(subject: Subject, workload: Workload, tag: str) -> Measurement
                 except Conflict:
                     conflicts += 1
 
-        seconds = await _workers(c, k, op)
+        took = await _workers(c, k, op)
         finals = [await subject.load(stack) for stack in stacks]
         done = (total + WARMUP * c) // len(stacks)
         assert finals == [1 + done] * len(stacks), f"lost updates: {finals} != {1 + done}"
-        return Measurement(total / seconds, total, seconds, {"conflicts": conflicts})
+        return _measurement(total, took, {"conflicts": conflicts})
 
     elif name == "wait_claim":
         per = WARMUP + k
@@ -196,5 +201,10 @@ async def measure(subject: Subject, workload: Workload, tag: str) -> Measurement
     else:
         raise ValueError(f"unknown workload {name!r}")
 
-    seconds = await _workers(c, k, op)
-    return Measurement(total / seconds, total, seconds, extra)
+    return _measurement(total, await _workers(c, k, op), extra)
+
+
+def _measurement(total: int, took: Reading, extra: dict[str, Any]) -> Measurement:
+    return Measurement(
+        total / took.seconds, total, took.seconds, extra, cpu_s=took.cpu_s, gc_s=took.gc_s
+    )

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 import pytest
+from _report_helpers import report_meta
 
 from benchmarks import machine, report
 
@@ -68,24 +69,7 @@ def test_the_report_shows_the_runs_steal_and_a_missed_targets_low_round() -> Non
         }
 
     doc: dict[str, Any] = {
-        "meta": {
-            "started": "2026-12-02T00:00:00Z",
-            "finished": "2026-12-02T00:01:00Z",
-            "repeat": 3,
-            "slices": 3,
-            "quick": False,
-            "machine": {
-                "cpu": "x",
-                "cores": 2,
-                "memory_gb": 1,
-                "os": "y",
-                "python": "3",
-                "sqlite": "3",
-                "siglo_commit": "abc",
-            },
-            "load": {},
-            "cpu_ticks": {"start": [0, 1000], "end": [72, 2000]},
-        },
+        "meta": report_meta(cpu_ticks={"start": [0, 1000], "end": [72, 2000]}),
         "subjects": [],
         # Round 2 misses 0.8 (siglo 70 against raw 100), with 30 % / 5 % stolen.
         "results": [

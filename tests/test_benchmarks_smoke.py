@@ -64,6 +64,10 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
         assert all(x is None or 0.0 <= x <= 1.0 for x in r["steal"])
         # Quick mode times no pass again (benchmarks/interference.py), and says so.
         _times_no_pass_again(r["retimed"], r["over_limit"], r["steal"])
+        # The client's CPU time per operation in each round, and its collections' part.
+        assert len(r["cpu_ms_per_op"]) == len(r["gc_ms_per_op"]) == len(r["runs"])
+        assert all(c > 0 for c in r["cpu_ms_per_op"]), r["cpu_ms_per_op"]
+        assert all(g >= 0 for g in r["gc_ms_per_op"]), r["gc_ms_per_op"]
     ticks = doc["meta"]["cpu_ticks"]
     if ticks["start"] is not None:  # a Linux machine: /proc/stat
         assert ticks["end"][1] > ticks["start"][1] and ticks["end"][0] >= ticks["start"][0]
