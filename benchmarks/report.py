@@ -36,14 +36,22 @@ def round_steals(mine: dict[str, Any], other: dict[str, Any]) -> list[list[float
     return [[x, y] for x, y in zip(a, b, strict=True)]
 
 
+def _at_lowest_round(x: dict[str, Any], key: str) -> Any | None:
+    """``x[key]``'s entry for the lowest of the ratio's rounds (``None`` where the run
+    did not record ``key`` for every round)."""
+    rounds, per_round = x.get("rounds") or [], x.get(key) or []
+    if not rounds or len(per_round) != len(rounds):
+        return None
+    return per_round[rounds.index(min(rounds))]
+
+
 def low_round_steal(x: dict[str, Any]) -> str:
     """The CPU time stolen during the lowest round of a ratio, siglo's passes / the
     baseline's, as percentages (``–`` where the run did not record it)."""
-    rounds, steals = x.get("rounds") or [], x.get("steal") or []
-    if not rounds or len(steals) != len(rounds):
+    steals = _at_lowest_round(x, "steal")
+    if steals is None:
         return "–"
-    mine, other = steals[rounds.index(min(rounds))]
-    return " / ".join("–" if v is None else f"{v:.0%}" for v in (mine, other))
+    return " / ".join("–" if v is None else f"{v:.0%}" for v in steals)
 
 
 def round_cpus(mine: dict[str, Any], other: dict[str, Any]) -> list[list[float]]:
@@ -55,16 +63,16 @@ def round_cpus(mine: dict[str, Any], other: dict[str, Any]) -> list[list[float]]
     parts += [other.get("cpu_ms_per_op"), other.get("gc_ms_per_op")]
     if len(other["runs"]) != n or any(p is None or len(p) != n for p in parts):
         return []
-    return [[p[k] for p in parts if p is not None] for k in range(n)]
+    return [list(round_parts) for round_parts in zip(*parts, strict=True)]
 
 
 def low_round_cpu(x: dict[str, Any]) -> str:
     """The client's CPU time per operation in the lowest round of a ratio, siglo's / the
     baseline's, in ms with the collector's part in brackets (``–`` where not recorded)."""
-    rounds, cpus = x.get("rounds") or [], x.get("cpu") or []
-    if not rounds or len(cpus) != len(rounds):
+    cpus = _at_lowest_round(x, "cpu")
+    if cpus is None:
         return "–"
-    a, a_gc, b, b_gc = cpus[rounds.index(min(rounds))]
+    a, a_gc, b, b_gc = cpus
     return f"{a:.2f} ({a_gc:.2f}) / {b:.2f} ({b_gc:.2f})"
 
 
