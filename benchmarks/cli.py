@@ -304,6 +304,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "load": {"start": list(os.getloadavg())},
             "cpu_ticks": {"start": machine.cpu_times()},
             "load_note": args.load_note,
+            # What ran, in the order it ran: "workloads:<backend>", "e2e", "scale:<backend>".
+            "order": [],
         },
         "subjects": [],
         "results": [],
@@ -312,10 +314,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="siglo-bench-") as tmp:
         for backend in args.backends:
             await _run_backend(backend, args, workloads, doc, tmp)
-    if args.e2e:
-        from benchmarks.e2e import run_e2e
+        if args.e2e:
+            from benchmarks.e2e import run_e2e
 
-        await run_e2e(args, doc)
+            doc["meta"]["order"].append("e2e")
+            await run_e2e(args, doc)
+        # Every backend's workloads and the end-to-end comparison before any scale
+        # workload: a scale run fills a million rows, and the process it leaves (its
+        # heap, the C allocator's state) slowed the large-document cells timed after it
+        # (docs/benchmarks.md, Method).
+        if args.scale:
+            for backend in args.backends:
+                if backend in (args.scale_backends or args.backends):
+                    await _run_scale(backend, args, doc, tmp)
     doc["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     doc["meta"]["load"]["end"] = list(os.getloadavg())
     doc["meta"]["cpu_ticks"]["end"] = machine.cpu_times()
@@ -348,22 +359,47 @@ async def _run_backend(
             {"backend": backend, "kind": s.kind, "status": "ok", "detail": s.detail}
         )
         subjects.append(s)
+    doc["meta"]["order"].append(f"workloads:{backend}")
     try:
         if subjects:
             await _run_workloads(backend, subjects, workloads, args, doc)
-            if args.scale and backend in (args.scale_backends or args.backends):
-                from benchmarks.scale import run_scale
-
-                for s in subjects:
-                    if s.kind not in args.scale_kinds:
-                        continue
-                    doc["scale"].append(await _scale_with_twin(s, backend, args, tmp, run_scale))
     finally:
-        for s in subjects:
+        await _close_all(subjects)
+
+
+async def _run_scale(backend: str, args: argparse.Namespace, doc: dict[str, Any], tmp: str) -> None:
+    """The scale workloads of ``backend``, on subjects of their own (opened for them)."""
+    from benchmarks.scale import run_scale
+
+    doc["meta"]["order"].append(f"scale:{backend}")
+    scale_dir = os.path.join(tmp, f"scale-{backend}")
+    os.makedirs(scale_dir)
+    subjects: list[Subject] = []
+    try:
+        for s in make_subjects(backend, args, scale_dir):
+            if isinstance(s, str) or s.kind not in args.scale_kinds:
+                continue  # an unavailable subject was reported with the workloads
             try:
-                await s.close()
-            except Exception as exc:  # cleanup must not hide the results
-                print(f"[warn] closing {_label(s)}: {exc}", file=sys.stderr)
+                await s.open()
+            except Exception as exc:
+                doc["scale"].append(_scale_error(backend, s.kind, f"cannot open: {exc}"))
+                continue
+            subjects.append(s)
+            doc["scale"].append(await _scale_with_twin(s, backend, args, scale_dir, run_scale))
+    finally:
+        await _close_all(subjects)
+
+
+def _scale_error(backend: str, kind: str, error: str) -> dict[str, Any]:
+    return {"backend": backend, "kind": kind, "status": "error", "error": error}
+
+
+async def _close_all(subjects: list[Subject]) -> None:
+    for s in subjects:
+        try:
+            await s.close()
+        except Exception as exc:  # cleanup must not hide the results
+            print(f"[warn] closing {_label(s)}: {exc}", file=sys.stderr)
 
 
 async def _scale_with_twin(
@@ -379,7 +415,7 @@ async def _scale_with_twin(
     twins = [t for t in make_subjects(backend, args, twin_dir) if not isinstance(t, str)]
     twin = next((t for t in twins if t.kind == subject.kind), None)
     if twin is None:
-        return {"backend": backend, "kind": subject.kind, "status": "error", "error": "no twin"}
+        return _scale_error(backend, subject.kind, "no twin")
     await twin.open()
     try:
         result: dict[str, Any] = await run_scale(

@@ -227,6 +227,19 @@ def _cell(r: dict[str, Any] | None) -> str:
     return f"{_fmt(r['median'])}{spread}"
 
 
+def order_text(meta: dict[str, Any]) -> str:
+    """What ran, in order (a run made before the order was recorded says nothing)."""
+    names = {"workloads": "the workloads on {}", "scale": "the scale workloads on {}"}
+    steps = []
+    for step in meta.get("order") or []:
+        phase, _, backend = step.partition(":")
+        if phase == "e2e":
+            steps.append("the end-to-end comparison")
+        else:
+            steps.append(names[phase].format(backend))
+    return f"Order: {', then '.join(steps)}." if steps else ""
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """The results as markdown: machine, subjects, targets, one table per backend."""
     meta = doc["meta"]
@@ -246,6 +259,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Command: `python -m benchmarks {' '.join(meta.get('argv', []))}`".rstrip() + "",
         "",
+        *([order, ""] if (order := order_text(meta)) else []),
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB, {m['os']}, "
         f"Python {m['python']}, SQLite {m['sqlite']}"
         + "".join(f", {v}" for v in m.get("servers", {}).values())

@@ -101,13 +101,33 @@ def test_quick_scale_runs(tmp_path: Path) -> None:
     _, doc = _run(
         tmp_path,
         "--backends",
+        "memory,sqlite",
+        "--scale-backends",
         "memory",
         "--workloads",
         "load",
         "--sizes",
         "1k",
         "--scale",
+        "--e2e",
+        "--e2e-backends",
+        "sqlite",
+        "--no-langgraph",
         "--no-chart",
+    )
+    # Every backend's workloads, and the end-to-end comparison, run before any scale
+    # workload, whose fill would leave its process state to what is timed after it;
+    # the report says the order.
+    assert doc["meta"]["order"] == [
+        "workloads:memory",
+        "workloads:sqlite",
+        "e2e",
+        "scale:memory",
+    ]
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert (
+        "Order: the workloads on memory, then the workloads on sqlite, then the "
+        "end-to-end comparison, then the scale workloads on memory." in md
     )
     scale = {s["kind"]: s for s in doc["scale"]}
     assert set(scale) == {"siglo", "raw"}
@@ -126,7 +146,6 @@ def test_quick_scale_runs(tmp_path: Path) -> None:
         ):
             assert min(s[rounds]) <= s[ratio] <= max(s[rounds]), (ratio, s[ratio], s[rounds])
         assert s["cleaned"] == s["expired_rows"]  # memory has no native expiry
-    md = (tmp_path / "out" / "results.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| siglo:memory | 100"))
     assert f"| {scale['siglo']['first_touch_ratio']:.2f} (" in row
 
