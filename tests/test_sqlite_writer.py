@@ -1,8 +1,9 @@
-"""Keyed writes to an SQLite file (a checkpoint's save or compare-and-set, a cache entry)
-run at once on the event loop's thread (``SqliteDatabase.write``), on a third connection
-that never waits for a lock and never checkpoints the WAL: that they stay off aiosqlite's
-thread, what happens when they meet a lock held by another connection, that the WAL is
-still checkpointed, and where they are not used. Against real files and real locks.
+"""Keyed writes to an SQLite file (a checkpoint's save or compare-and-set, a cache entry,
+a coordination record's or wait record's transition) run at once on the event loop's
+thread (``SqliteDatabase.write``), on a third connection that never waits for a lock and
+never checkpoints the WAL: that they stay off aiosqlite's thread, what happens when they
+meet a lock held by another connection, that the WAL is still checkpointed, and where
+they are not used. Against real files and real locks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 import siglo
 from siglo import Checkpoint
+from siglo.records import WaitRecord
 from siglo_sqlite import database as sqlite_database
 from siglo_sqlite.database import CHECKPOINT_EVERY_MIN
 
@@ -108,6 +110,68 @@ async def test_sequential_writes_run_on_the_writer_and_a_thread_checkpoints(
     assert db._writer.execute("PRAGMA busy_timeout").fetchone() == (0,)
     assert db._writer.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
     assert db._writer.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+
+
+def statements(trace: list[str]) -> list[str]:
+    return [
+        s
+        for s in trace
+        if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE", "SELECT", "WITH"))
+    ]
+
+
+async def test_coordination_and_wait_transitions_run_inline_not_on_the_driver(
+    backend: siglo.Backend,
+) -> None:
+    """Idempotency keys, locks, nonces and a wait record's claim, completion, release
+    and cancellation are one keyed statement each (or a write and a keyed read of its
+    state): they run on the writer and the reader, none on the aiosqlite connection."""
+    adapter: Any = backend.adapter
+    idem, lock, nonces = backend.idempotency, backend.lock, backend.nonces
+    assert idem is not None and lock is not None and nonces is not None
+    for key in ("w1", "w2", "w3"):
+        await adapter.save_wait_record(WaitRecord(correlation_key=key, stack_id="s", created_at=1))
+    db = database(backend)
+    on_driver = await driver_trace(db)
+    on_writer: list[str] = []
+    on_reader: list[str] = []
+    db._writer.set_trace_callback(on_writer.append)
+    db._reader.set_trace_callback(on_reader.append)
+
+    assert await idem.claim("k") == "claimed"
+    assert await idem.claim("k") == "in-progress"  # the claim refused, then its state read
+    await idem.complete("k", {"paid": 1})
+    assert await idem.get_result("k") == {"paid": 1}
+    owned = await idem.claim_owned("o", 60_000)
+    assert owned.token is not None
+    assert await idem.extend("o", owned.token, 60_000)
+    await idem.fail("o", token=owned.token)
+    await idem.fail("nobody")  # nothing freed: the owned-claim read decides
+    held = await lock.acquire("l", 10_000)
+    assert held.acquired and held.token
+    assert not (await lock.acquire("l", 10_000)).acquired
+    assert await lock.extend("l", held.token, 10_000)
+    assert await lock.release("l", held.token)
+    assert await nonces.claim("n", 60)
+    assert not await nonces.claim("n", 60)
+    assert await adapter.claim_wait_record("w1", "me") is not None
+    with pytest.raises(siglo.WaitRecordClaimError):
+        await adapter.complete_wait_record("w1", "someone else")  # then the state read
+    await adapter.complete_wait_record("w1", "me")
+    assert await adapter.claim_wait_record("w2", "me") is not None
+    assert await adapter.release_wait_record("w2", "me")
+    assert await adapter.cancel_wait_record("w3")
+
+    assert statements(on_driver) == [], on_driver
+    # 19 writes: each call above one, the second nonce claim too; 4 reads: the state
+    # after the refused claim, the result, the owned-claim check, the claimant check.
+    assert len(statements(on_writer)) == 19, on_writer
+    assert len(statements(on_reader)) == 4, on_reader
+    # What they stored is what the driver connection reads.
+    assert (await adapter.get_wait_record("w1")).status == "completed"
+    assert (await adapter.get_wait_record("w2")).status == "waiting"
+    assert (await adapter.get_wait_record("w3")).status == "cancelled"
+    assert await idem.claim("o") == "claimed"  # failed, so free again
 
 
 async def test_a_refused_compare_and_set_on_the_writer_stores_nothing(

@@ -430,7 +430,7 @@ class SqlStorageAdapter(StorageAdapter):
         )
         now = self.clock.now_ms()
         lease = now + (lease_ms or self.claim_lease_ms)
-        rows = await self.database.fetch(
+        rows = await self.database.write(
             self._s.wait_claim,
             {
                 "id": wait_id(namespace, correlation_key),
@@ -449,12 +449,12 @@ class SqlStorageAdapter(StorageAdapter):
         db = self.database
         now = self.clock.now_ms()
         key = wait_id(namespace, correlation_key)
-        rows = await db.fetch(
+        rows = await db.write(
             self._s.wait_complete, {"id": key, "claimant_id": claimant_id, "now": now}
         )
         if rows:
             return
-        state = await db.fetch(self._s.wait_state, {"id": key, "now": now})
+        state = await db.read(self._s.wait_state, {"id": key, "now": now})
         if not state:
             raise WaitRecordClaimError(f"no wait record with correlation key {correlation_key!r}")
         if state[0][0] != "claimed":
@@ -469,7 +469,7 @@ class SqlStorageAdapter(StorageAdapter):
         self, correlation_key: str, claimant_id: str, namespace: str | None = None
     ) -> bool:
         db = self.database
-        rows = await db.fetch(
+        rows = await db.write(
             self._s.wait_release,
             {
                 "id": wait_id(namespace, correlation_key),
@@ -483,7 +483,7 @@ class SqlStorageAdapter(StorageAdapter):
         self, correlation_key: str, namespace: str | None = None
     ) -> bool:
         db = self.database
-        rows = await db.fetch(
+        rows = await db.write(
             self._s.wait_cancel,
             {"id": wait_id(namespace, correlation_key), "now": self.clock.now_ms()},
         )

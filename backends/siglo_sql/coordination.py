@@ -76,9 +76,9 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
                 "owner": token,
                 "fingerprint": fingerprint,
             }
-            if await self._db.fetch(self._s.idem_claim, params):
+            if await self._db.write(self._s.idem_claim, params):
                 return "claimed"
-            rows = await self._db.fetch(self._s.idem_state, {"id": rid, "now": now})
+            rows = await self._db.read(self._s.idem_state, {"id": rid, "now": now})
             if rows:
                 state, stored = rows[0][0], rows[0][1]
                 if fingerprint and stored and stored != fingerprint:
@@ -95,28 +95,28 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
         gone_at = at_most(now + (ttl_ms or self.default_ttl_ms))
         params: dict[str, Any] = {"id": row_id(key), "result": data, "gone_at": gone_at, "now": now}
         if token is None:
-            return bool(await self._db.fetch(self._s.idem_complete, {**params, "key": key}))
-        return bool(await self._db.fetch(self._s.idem_complete_owned, {**params, "owner": token}))
+            return bool(await self._db.write(self._s.idem_complete, {**params, "key": key}))
+        return bool(await self._db.write(self._s.idem_complete_owned, {**params, "owner": token}))
 
     async def _do_fail_owned(
         self, key: str, error: BaseException | None, token: str | None
     ) -> bool:
         params: dict[str, Any] = {"id": row_id(key), "now": self.clock.now_ms()}
         if token is not None:
-            return bool(await self._db.fetch(self._s.idem_fail_owned, {**params, "owner": token}))
-        if await self._db.fetch(self._s.idem_fail, params):
+            return bool(await self._db.write(self._s.idem_fail_owned, {**params, "owner": token}))
+        if await self._db.write(self._s.idem_fail, params):
             return True
         # Nothing freed: fine (the seed's fail) unless an owned claim holds the key. This
         # read only decides whether to report; the delete above already decided the change.
-        return not await self._db.fetch(self._s.idem_owned, params)
+        return not await self._db.read(self._s.idem_owned, params)
 
     async def _do_extend(self, key: str, token: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()
         params = {"id": row_id(key), "owner": token, "gone_at": at_most(now + ttl_ms), "now": now}
-        return bool(await self._db.fetch(self._s.idem_extend, params))
+        return bool(await self._db.write(self._s.idem_extend, params))
 
     async def _do_get_result(self, key: str) -> Any | Missing:
-        rows = await self._db.fetch(
+        rows = await self._db.read(
             self._s.idem_result, {"id": row_id(key), "now": self.clock.now_ms()}
         )
         if not rows:
@@ -147,7 +147,7 @@ class SqlLock(LockBase):
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         now = self.clock.now_ms()
         token = custom_token or new_lock_token(now)
-        rows = await self._db.fetch(
+        rows = await self._db.write(
             self._s.lock_acquire,
             {
                 "id": row_id(self.scope, lock_key),
@@ -169,11 +169,11 @@ class SqlLock(LockBase):
         return self._s.lock_release, params
 
     async def _do_release(self, lock_key: str, token: str) -> bool:
-        return bool(await self._db.fetch(*self.release_statement(lock_key, token)))
+        return bool(await self._db.write(*self.release_statement(lock_key, token)))
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()
-        rows = await self._db.fetch(
+        rows = await self._db.write(
             self._s.lock_extend,
             {
                 "id": row_id(self.scope, lock_key),
@@ -199,4 +199,4 @@ class SqlNonceStore(NonceStoreBase):
         now = self.clock.now_ms()
         gone_at = at_most(now + ttl_ms)
         params = {"id": row_id(key), "key": key, "gone_at": gone_at, "now": now}
-        return bool(await self._db.fetch(self._s.nonce_claim, params))
+        return bool(await self._db.write(self._s.nonce_claim, params))

@@ -205,8 +205,9 @@ class Database(abc.ABC):
 
     async def write(self, sql: str, params: Params = ()) -> list[Row]:
         """A keyed write of a row or two, one statement outside any transaction (a
-        checkpoint's save or compare-and-set, a cache entry): :meth:`fetch` here; a dialect
-        may run it without a hop to a driver thread (SQLite)."""
+        checkpoint's save or compare-and-set, a cache entry, a wait record's, idempotency
+        key's, lock's or nonce's transition): :meth:`fetch` here; a dialect may run it
+        without a hop to a driver thread (SQLite)."""
         return await self.fetch(sql, params)
 
     async def fetch_all(self, statements: Sequence[tuple[str, Params]]) -> list[list[Row]]:
