@@ -46,8 +46,11 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
             "since, timed in one process with the test suite running beside it, siglo "
             "took 1,200-1,460 us a save against raw's 1,095-1,462, and cProfile shows "
             "Checkpoint's construction check (_plain_fields, one type check per context "
-            "entry, 1,014 entries here: 54 us by timeit, ~300 us inside the save loop) as "
-            "the one cost raw does not have. The cell's median met 0.8 in the run at 582fa17; "
+            "entry, 1,014 entries here: 54 us by timeit; cProfile charged it ~300 us inside "
+            "the save loop, but cProfile slows a loop of Python bytecode more than the calls "
+            "around it: timed in place with perf_counter_ns it took 43-46 us of a 256 KB save "
+            "on PostgreSQL in the thirteenth round) as the one cost raw does not have. The "
+            "cell's median met 0.8 in the run at 582fa17; "
             "the save's 0.92 (0.86-0.96) and 0.92 (0.72-1.05) in the tenth round's two "
             "runs, 12 % of the CPU stolen in siglo's passes of the low round, 8 % in raw's",
         )
@@ -111,7 +114,14 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "load",
         "16k",
         32,
-        "decoding, in the client, for both: py-spy of 12,000 loads by 32 callers (at "
+        "in the thirteenth round, a wait, not more work: siglo's client spent 0.100-0.107 "
+        "ms of CPU a load in every round of the published run, but in the low round it "
+        "was busy 74 % of its passes' wall time against 92-94 % in the other two (raw's "
+        "93-98 %), so the time went waiting for the server, whose work in that round is "
+        "not recorded; the same in the run before it (busy 73 % in the low round, 1.42, "
+        "against 91-95 %; 1.86 (1.42-2.11)), and not in the one before that (93-95 % in "
+        "every round; 2.21 (1.84-2.29)). Apart from such a round, decoding, in the "
+        "client, for both: py-spy of 12,000 loads by 32 callers (at "
         "b63254c) found 89 % of siglo's load in Checkpoint.from_json (orjson 80 %); "
         "sharing the statements saves the rest, which is raw's per-statement cost, so "
         "the ratio cannot pass what decoding leaves. 1.43 (1.21-1.66) and 1.62 "
@@ -144,7 +154,12 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         "raw's 3.5-4.0 (0.47 against 1.2 ms of it collecting: 7 full collections in 900 "
         "loads against 54). 1.46 (1.38-1.47) and 1.42 (1.39-1.48) in two runs before the "
         "published one, 1.53 (1.42-1.61) in it, siglo's low round 341 loads/s against "
-        "383 and 384",
+        "383 and 384. In the thirteenth round's three full runs (an AMD EPYC, under 2 % "
+        "stolen) 1.97 (1.62-2.11), 1.89 (1.73-2.01) and, published, 1.64 (1.31-1.70); in "
+        "its low round siglo's client spent 2.15 ms of CPU a load (0.49 collecting) and "
+        "raw's 2.80 (1.34), both busy 96 % of their passes: the CPU ratio, 1.30, is the "
+        "round's ratio; in the other rounds siglo spent 1.69 and 1.99 ms, raw 2.89 and "
+        "3.28",
     ),
     (
         "sqlite",
