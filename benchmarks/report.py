@@ -229,14 +229,15 @@ def _cell(r: dict[str, Any] | None) -> str:
 
 def order_text(meta: dict[str, Any]) -> str:
     """What ran, in order (a run made before the order was recorded says nothing)."""
-    names = {"workloads": "the workloads on {}", "scale": "the scale workloads on {}"}
-    steps = []
-    for step in meta.get("order") or []:
-        phase, _, backend = step.partition(":")
-        if phase == "e2e":
-            steps.append("the end-to-end comparison")
-        else:
-            steps.append(names[phase].format(backend))
+    names = {
+        "workloads": "the workloads on {}",
+        "e2e": "the end-to-end comparison",
+        "scale": "the scale workloads on {}",
+    }
+    steps = [
+        names[phase].format(backend)
+        for phase, _, backend in (step.partition(":") for step in meta.get("order") or [])
+    ]
     return f"Order: {', then '.join(steps)}." if steps else ""
 
 
