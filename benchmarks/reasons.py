@@ -221,7 +221,8 @@ REASONS: Final[list[tuple[str | None, str | None, str | None, int | None, str]]]
         None,
         1,
         "the rounds, not a change: one run at a time a PostgreSQL run is 6 round trips one "
-        "after another (5 since the eleventh round; tests/test_flow_statements.py), and in "
+        "after another (5 since the eleventh round; "
+        "tests/workflows/test_flow_statements.py), and in "
         "the tenth round's second "
         "run the rounds' rates moved 2.2x within each subject (siglo 95, 123 and 213 "
         "runs/s, LangGraph's saver 41, 48 and 84); the low round is the one where siglo's "

@@ -100,7 +100,7 @@ class Checkpoint:
         # checkpoint, and the generated frozen ``__init__`` (an ``object.__setattr__``
         # by name per field) took about twice as long as setting each slot through its
         # descriptor. The parameters and defaults are the fields' own
-        # (tests/test_checkpoint_decode.py holds the two to the same signature).
+        # (tests/core/test_checkpoint_decode.py holds the two to the same signature).
         _set_stack_id(self, stack_id)
         _set_revision(self, revision)
         _set_timestamp(self, timestamp)
@@ -139,7 +139,7 @@ class Checkpoint:
     def to_wire(self) -> dict[str, Any]:
         """The camelCase wire document (seed 000 §1); absent optional fields are omitted."""
         # The field table's order, written out (every save encodes it: the generic
-        # to_wire_fields took twice as long). tests/test_checkpoint_decode.py holds the
+        # to_wire_fields took twice as long). tests/core/test_checkpoint_decode.py holds the
         # two to the same document, key order included.
         doc: dict[str, Any] = {
             "version": self.version,
@@ -234,7 +234,7 @@ def _plain_fields(c: Checkpoint) -> bool:
     as encoding a 1 KB document. This accepts only; anything else (a subclass, a
     ``Mapping`` that is not a ``dict``, any invalid value) returns ``False`` and
     :func:`~siglo.wire.check_fields` decides, with the error naming the field.
-    tests/test_checkpoint_decode.py holds the two checks to the same verdict.
+    tests/core/test_checkpoint_decode.py holds the two checks to the same verdict.
     """
     if not (
         type(c.version) is int
@@ -296,7 +296,7 @@ def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
     ``orjson.loads`` of a 1 KB document. This checks the same rules inline and fills the
     slots directly. It only ever accepts: anything unusual (an unknown field, a ``null``,
     a wrong type, another version) returns ``None`` and the caller takes the general
-    path, which raises the exact error naming the field. tests/test_checkpoint_decode.py
+    path, which raises the exact error naming the field. tests/core/test_checkpoint_decode.py
     checks that both paths agree on every document.
     """
     try:

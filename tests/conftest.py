@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
+from mutant_seeds import mutant_base_seed
 
 import siglo
 from siglo import ManualClock
@@ -18,25 +18,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--mutant-seeds",
         type=int,
-        # Two under CI=true (with a random base, so each CI run tries two new seeds and
-        # luck cannot pass it twice running); one locally, to stay quick. Three made the
-        # CI run ~25 minutes once the real-backend mutants came in.
-        default=int(os.environ.get("SIGLO_MUTANT_SEEDS", "2" if os.environ.get("CI") else "1")),
-        help="How many seeds tests/test_contract_mutants.py runs every mutant with "
-        "(default: $SIGLO_MUTANT_SEEDS, else 2 under CI, else 1).",
+        default=int(os.environ.get("SIGLO_MUTANT_SEEDS", "1")),
+        help="How many seeds tests/suite/test_contract_mutants.py runs every mutant with "
+        "(default: $SIGLO_MUTANT_SEEDS, else 1).",
     )
     group.addoption(
         "--mutant-seed",
         type=int,
-        default=random.randrange(2**31),
-        help="The first of those seeds (default: random, printed in the header).",
+        default=None,
+        help="The first of those seeds (default: derived from the commit, printed in the header).",
+    )
+    group.addoption(
+        "--mutant-whole",
+        action="store_true",
+        default=os.environ.get("SIGLO_MUTANT_WHOLE", "") not in ("", "0"),
+        help="Run the whole suite against every mutant instead of the trimmed run "
+        "(tests/support/mutant_runs.py; default: $SIGLO_MUTANT_WHOLE).",
     )
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     seeds = config.getoption("mutant_seeds")
-    base = config.getoption("mutant_seed")
-    return f"mutant seeds: {base}..{base + seeds - 1} (--mutant-seed {base} --mutant-seeds {seeds})"
+    base = mutant_base_seed(config)
+    whole = " --mutant-whole" if config.getoption("mutant_whole") else ""
+    return (
+        f"mutant seeds: {base}..{base + seeds - 1} "
+        f"(--mutant-seed {base} --mutant-seeds {seeds}{whole})"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -136,7 +136,7 @@ def _daemonic(conn: aiosqlite.Connection) -> aiosqlite.Connection:
     exit as it does with an open plain ``sqlite3`` connection; SQLite's journal makes
     that safe (a transaction not committed is rolled back when the file is next opened,
     one committed is kept). Before 0.22 the connection was itself the thread; since, the
-    thread is its ``_thread``. tests/test_sqlite_backend.py fails if an unclosed backend
+    thread is its ``_thread``. tests/backends/test_sqlite_backend.py fails if an unclosed backend
     stops the process exiting.
     """
     thread = conn if isinstance(conn, threading.Thread) else getattr(conn, "_thread", None)

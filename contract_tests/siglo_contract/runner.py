@@ -154,6 +154,7 @@ def run_contract(
     progress: Progress | None = None,
     keep_going: bool = True,
     on_plan: Callable[[list[Check]], None] | None = None,
+    only: Callable[[Check], bool] | None = None,
 ) -> Report:
     """Run the contract suite against ``target`` and return a verdict per adapter rule.
 
@@ -165,7 +166,9 @@ def run_contract(
     reported otherwise). With ``keep_going`` (the default) a state machine that failed on
     one rule is run again without that rule's comparisons, so the others get a verdict
     too. ``options`` go to the backend's factory (defaults: :data:`DEFAULT_OPTIONS`).
-    ``on_plan`` is told the checks that will run, before the first starts.
+    ``on_plan`` is told the checks that will run, before the first starts. ``only``
+    narrows the run to the checks it accepts (a rule none of whose checks ran is
+    ``"not run"``); every failure those checks see is reported, whatever its rule.
 
     Before any check, a URL target's backend must answer one read within
     :data:`PROBE_TIMEOUT_S`: an unreachable backend raises
@@ -205,7 +208,9 @@ def run_contract(
     to_run = [
         c
         for c in all_checks()
-        if selected_ids.intersection(c.rules) and c.capabilities() <= tgt.capabilities
+        if selected_ids.intersection(c.rules)
+        and c.capabilities() <= tgt.capabilities
+        and (only is None or only(c))
     ]
     if on_plan is not None:
         on_plan(list(to_run))
@@ -355,7 +360,10 @@ def _run_machine(
             detail = (
                 f"{_describe(exc)}\nFalsifying program:\n{program}" if program else _describe(exc)
             )
-            out.add(exc.rule_id, detail, exc.evidence)
+            # A machine's evidence is at most direct: only a focused check, a call made
+            # for one rule, is focused evidence. (A trimmed mutation run relies on it: a
+            # focused failure cannot be outranked by a machine it did not run.)
+            out.add(exc.rule_id, detail, min(exc.evidence, EVIDENCE_DIRECT))
             skip.add(exc.rule_id)
             continue
         except Exception as exc:

@@ -601,7 +601,7 @@ class _LookAhead:
     The step's input is the previous step's output, known before that output's
     checkpoint is sent, so the look-up need not wait for the checkpoint: both are in
     flight at once, one round trip of a server's instead of two one after the other
-    (tests/test_flow_statements.py). Nothing is decided from it earlier than before: the
+    (tests/workflows/test_flow_statements.py). Nothing is decided from it earlier than before: the
     step awaits it where it would have sent it, and its outcome (a hit, a miss, an
     error) is taken there, after the checkpoint has landed.
     """

@@ -1,0 +1,209 @@
+"""Every call is bounded in time (SPEC §4): a lock held elsewhere or a frozen server gives
+StorageAdapterError within ``command_timeout_ms`` (plus a small margin), never a hang.
+
+The faults are real: a row or table lock held by another PostgreSQL connection, a write
+lock held by another SQLite connection, and a TCP proxy on loopback (tests/support/_tcp_proxy.py)
+that stops forwarding in front of the real PostgreSQL and Redis servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from _tcp_proxy import tcp_proxy
+from sql_support import POSTGRES_URL, require_postgres
+
+import siglo
+from siglo import Checkpoint
+from siglo.settings import DEFAULTS
+from siglo_postgres import drop_schema, isolated
+from siglo_redis.connect import delete_prefix
+
+BOUND_MS = 800
+MARGIN_S = 1.5
+"""What a bounded call may take beyond its bound: cancelling the statement in the
+server, scheduling on a shared machine."""
+
+REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def cp(revision: int, stack_id: str = "s") -> Checkpoint:
+    return Checkpoint(stack_id=stack_id, revision=revision, timestamp=1)
+
+
+async def bounded_failure(call: object, bound_ms: int = BOUND_MS) -> float:
+    """Await ``call``; it must raise StorageAdapterError within the bound. Its duration."""
+    began = time.monotonic()
+    with pytest.raises(siglo.StorageAdapterError) as info:
+        await asyncio.wait_for(call, timeout=bound_ms / 1000 + 30)  # type: ignore[arg-type]
+    took = time.monotonic() - began
+    assert took < bound_ms / 1000 + MARGIN_S, f"took {took:.2f} s, bound {bound_ms} ms"
+    assert info.value.__cause__ is not None or "timed out" in str(info.value)
+    return took
+
+
+def test_default_is_the_redis_command_timeout() -> None:
+    assert DEFAULTS.command_timeout_ms == 10_000
+    backend = siglo.connect(POSTGRES_URL)
+    assert backend.adapter.database.command_timeout_ms == 10_000  # type: ignore[attr-defined]
+    backend = siglo.connect("sqlite://")
+    assert backend.adapter.database.command_timeout_ms == 10_000  # type: ignore[attr-defined]
+
+
+def test_timeout_option_from_url_and_keyword() -> None:
+    backend = siglo.connect(f"{POSTGRES_URL}?command_timeout_ms=1234")
+    assert backend.adapter.database.command_timeout_ms == 1234  # type: ignore[attr-defined]
+    assert "command_timeout_ms=1234" in backend.url
+    backend = siglo.connect(POSTGRES_URL, command_timeout_ms=None)
+    assert backend.adapter.database.command_timeout_ms is None  # type: ignore[attr-defined]
+    backend = siglo.connect("sqlite://?command_timeout_ms=2345")
+    assert backend.adapter.database.command_timeout_ms == 2345  # type: ignore[attr-defined]
+    with pytest.raises(siglo.InvalidArgumentError, match="command_timeout_ms"):
+        siglo.connect("sqlite://", command_timeout_ms=0)
+    with pytest.raises(siglo.InvalidArgumentError, match="command_timeout_ms"):
+        siglo.connect(POSTGRES_URL, command_timeout_ms=-5)
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def pg() -> AsyncIterator[siglo.Backend]:
+    require_postgres()
+    async with isolated(POSTGRES_URL, command_timeout_ms=BOUND_MS) as backend:
+        await backend.adapter.save_checkpoint(cp(1))
+        yield backend
+
+
+def _schema_of(backend: siglo.Backend) -> str:
+    schema = backend.adapter.schema  # type: ignore[attr-defined]
+    assert isinstance(schema, str)
+    return schema
+
+
+async def test_postgres_row_lock_held_elsewhere(pg: siglo.Backend) -> None:
+    schema = _schema_of(pg)
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as other:
+        # Another session locks every checkpoint row and keeps its transaction open.
+        await other.execute(f'SELECT 1 FROM "{schema}".siglo_checkpoints FOR UPDATE')
+        await bounded_failure(pg.adapter.save_checkpoint(cp(2)))
+        await bounded_failure(pg.adapter.save_checkpoint(cp(2), expected_revision=1))
+        # A delete's statements go out pipelined (Database.fetch_all): cancelled alike.
+        await bounded_failure(pg.adapter.delete_checkpoint("s"))
+        await other.rollback()
+    # The lock is gone: the same backend works again, and nothing half-done was kept.
+    got = await pg.adapter.get_checkpoint("s")
+    assert got is not None and got.revision == 1
+    await pg.adapter.save_checkpoint(cp(2), expected_revision=1)
+
+
+async def test_postgres_table_lock_held_elsewhere(pg: siglo.Backend) -> None:
+    schema = _schema_of(pg)
+    assert pg.lock is not None and pg.idempotency is not None
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as other:
+        for table in ("checkpoints", "locks", "idempotency_keys", "wait_records"):
+            await other.execute(f'LOCK TABLE "{schema}".siglo_{table} IN ACCESS EXCLUSIVE MODE')
+        await bounded_failure(pg.adapter.get_checkpoint("s"))
+        await bounded_failure(pg.lock.acquire("k"))
+        await bounded_failure(pg.idempotency.claim("k"))
+        await bounded_failure(pg.adapter.with_workflow_lock("s", asyncio.sleep, timeout_ms=100))
+        await other.rollback()
+    assert (await pg.lock.acquire("k")).acquired
+
+
+async def test_postgres_frozen_server() -> None:
+    require_postgres()
+    parts = urlsplit(POSTGRES_URL)
+    schema = "siglo_test_frozen_" + os.urandom(4).hex()
+    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        url = POSTGRES_URL.replace(parts.netloc, f"{parts.username}@{proxy.url_host}")
+        backend = siglo.connect(url, schema=schema, command_timeout_ms=BOUND_MS)
+        try:
+            await backend.adapter.save_checkpoint(cp(1))
+            proxy.freeze()
+            await bounded_failure(backend.adapter.get_checkpoint("s"))
+            await bounded_failure(backend.adapter.save_checkpoint(cp(2)))
+            assert backend.lock is not None
+            await bounded_failure(backend.lock.acquire("k"))
+            proxy.thaw()
+            # Back to normal within a few calls (broken connections are replaced).
+            for _ in range(50):
+                try:
+                    got = await backend.adapter.get_checkpoint("s")
+                    break
+                except siglo.StorageAdapterError:
+                    await asyncio.sleep(0.05)
+            else:
+                pytest.fail("no recovery after the proxy thawed")
+            assert got is not None
+        finally:
+            proxy.restore()
+            await backend.aclose()
+            await drop_schema(POSTGRES_URL, schema)
+
+
+# -- SQLite ----------------------------------------------------------------------------------
+
+
+async def test_sqlite_write_lock_held_by_another_connection() -> None:
+    directory = tempfile.mkdtemp(prefix="siglo-bounded-")
+    path = os.path.join(directory, "siglo.db")
+    backend = siglo.connect(f"sqlite:///{path}", command_timeout_ms=BOUND_MS)
+    try:
+        await backend.adapter.save_checkpoint(cp(1))
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock until it ends
+        try:
+            took = await bounded_failure(backend.adapter.save_checkpoint(cp(2)))
+            assert took > BOUND_MS / 1000 * 0.5  # it did wait for the lock first
+            # One busy wait, not two: a retry never waits past the call's deadline.
+            assert took < BOUND_MS / 1000 + 0.5
+            assert backend.lock is not None and backend.idempotency is not None
+            await bounded_failure(backend.lock.acquire("k"))
+            await bounded_failure(backend.idempotency.claim("k"))
+            # Reads still work beside a writer (WAL).
+            got = await backend.adapter.get_checkpoint("s")
+            assert got is not None and got.revision == 1
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        await backend.adapter.save_checkpoint(cp(2), expected_revision=1)
+    finally:
+        await backend.aclose()
+
+
+# -- Redis (already bounded; kept so a regression is caught) ---------------------------------
+
+
+async def test_redis_frozen_server() -> None:
+    import redis
+
+    parts = urlsplit(REDIS_URL)
+    try:
+        redis.Redis(host=parts.hostname, port=parts.port or 6379, socket_timeout=2).ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
+        url = f"redis://{proxy.url_host}{parts.path or '/0'}"
+        prefix = f"siglo-test-frozen-{os.urandom(4).hex()}:"
+        backend = siglo.connect(url, prefix=prefix, command_timeout_ms=BOUND_MS)
+        try:
+            await backend.adapter.save_checkpoint(cp(1))
+            proxy.freeze()
+            await bounded_failure(backend.adapter.get_checkpoint("s"))
+            assert backend.lock is not None
+            await bounded_failure(backend.lock.acquire("k"))
+        finally:
+            proxy.restore()
+            await backend.aclose()
+        cleanup = siglo.connect(REDIS_URL, prefix=prefix)
+        await delete_prefix(cleanup.adapter.client, prefix)  # type: ignore[attr-defined]
+        await cleanup.aclose()

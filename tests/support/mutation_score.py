@@ -1,0 +1,67 @@
+"""The suite's mutation score: ``python tests/support/mutation_score.py --seeds 1,2,3,4``.
+
+Runs every mutant of tests/support/mutants.py through the whole suite as a third party would
+(``siglo check``: every rule, the default profile, one seed per run) in worker
+processes, and prints, per seed, how many were killed with the right rule as the primary
+failure, and every miss. docs/contract.md publishes its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mutant_runs import MutantRun, run_mutant
+from mutants import ALL_MUTANTS, BY_NAME
+
+
+def score(seeds: list[int], workers: int, names: list[str] | None = None) -> list[MutantRun]:
+    """Every (mutant, seed) run, in parallel."""
+    chosen = names or [m.name for m in ALL_MUTANTS]
+    context = multiprocessing.get_context("spawn")
+    # The slow real-backend runs first, as tests/suite/test_contract_mutants.py does.
+    slow = {m.name for m in ALL_MUTANTS if hasattr(m, "kind")}
+    chosen = sorted(chosen, key=lambda name: name not in slow)
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = [pool.submit(run_mutant, name, seed) for name in chosen for seed in seeds]
+        return [f.result() for f in futures]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", default="1", help="comma-separated seeds")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma-separated mutant names")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    started = time.monotonic()
+    runs = score(seeds, args.workers, [n for n in args.only.split(",") if n] or None)
+    print("| seed | killed with the right rule as primary failure | time per run |")
+    print("|---|---|---|")
+    for seed in seeds:
+        mine = [r for r in runs if r.seed == seed]
+        killed = sum(r.killed for r in mine)
+        mean = sum(r.seconds for r in mine) / len(mine)
+        print(f"| {seed} | {killed} / {len(mine)} | {mean:.1f} s |")
+    kinds: dict[str, list[float]] = {}
+    for r in runs:
+        kinds.setdefault(getattr(BY_NAME[r.name], "kind", "memory"), []).append(r.seconds)
+    for kind, seconds in sorted(kinds.items()):
+        print(f"{kind}: {len(seconds)} runs, {sum(seconds) / len(seconds):.1f} s each on average")
+    for r in runs:
+        if not r.killed:
+            print(
+                f"MISS {r.name} seed {r.seed}: breaks {r.rule_id}, primary {r.primary}, "
+                f"failures {list(r.failed)}\n    {r.detail[:500]!r}"
+            )
+    print(f"{len(runs)} runs in {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""``siglo check URL`` as CI and users run it: the real command line in a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["run_siglo_check"]
+
+
+def run_siglo_check(url: str, tmp_path: Path) -> None:
+    """Run `siglo check URL` in a subprocess; it must pass every rule it checks."""
+    report = tmp_path / "report.xml"
+    done = subprocess.run(
+        [sys.executable, "-m", "siglo", "check", url, "--junit-xml", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert "FAIL" not in done.stdout
+    xml = report.read_text()
+    assert 'failures="0"' in xml

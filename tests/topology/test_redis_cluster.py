@@ -1,0 +1,108 @@
+"""The Redis backend on a real 3-master Redis Cluster started on loopback.
+
+The session fixture starts three ``redis-server --cluster-enabled yes`` on free ports
+in 30010-30099 (cluster bus ports there too), joins them with ``redis-cli --cluster
+create`` and stops them afterwards (about two seconds). ``siglo check`` runs the
+whole contract suite against it: every multi-key script must keep its keys in one slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from _redis_helpers import free_ports, start_cluster
+from siglo_check import run_siglo_check
+
+import siglo
+from siglo_redis import isolated
+from siglo_redis.keys import hash_slot
+
+pytestmark = pytest.mark.redis_cluster
+
+
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    ports = free_ports(30010, 30100, 6)
+    for _ in start_cluster(ports[:3], ports[3:]):
+        yield f"redis://127.0.0.1:{ports[0]}/0?cluster=true"
+
+
+@pytest.fixture
+async def backend(cluster_url: str) -> AsyncIterator[siglo.Backend]:
+    async with isolated(cluster_url) as cluster_backend:
+        yield cluster_backend
+
+
+async def test_connected_to_a_cluster(backend: siglo.Backend) -> None:
+    from redis.asyncio import RedisCluster
+
+    client = backend.adapter.client  # type: ignore[attr-defined]
+    assert isinstance(client, RedisCluster)
+    assert await backend.adapter.get_checkpoint("s") is None  # connects lazily
+    assert len(client.get_primaries()) == 3
+
+
+@pytest.mark.rule("lock.fencing", "lock.acquire.exclusive")
+async def test_locks_over_many_slots(backend: siglo.Backend) -> None:
+    lock = backend.lock
+    assert lock is not None
+    keys = [f"lock-{i}" for i in range(64)] + ["a{b}c", "x}y{", "{}", "ü"]
+    assert len({hash_slot(k) for k in keys}) > 30  # spread over all three masters
+    for key in keys:
+        first = await lock.acquire(key, 5_000)
+        assert first.acquired and first.fencing_token == 1
+        assert await lock.extend(key, first.token, 5_000)
+        assert await lock.release(key, first.token)
+        again = await lock.acquire(key, 5_000)
+        assert again.fencing_token == 2
+
+
+@pytest.mark.rule("idempotency.owner", "idempotency.lease", "idempotency.fingerprint")
+async def test_owned_idempotency_keys_over_many_slots(backend: siglo.Backend) -> None:
+    """Each owned-claim script touches the seed's key and its owner sibling: one slot.
+    After the first owners' leases lapse, concurrent claimers get one new owner per key
+    and the stale owners' complete is refused."""
+    import asyncio
+
+    from siglo.errors import IdempotencyOwnershipError
+
+    idem = backend.idempotency
+    assert idem is not None
+    keys = [f"pay-{i}" for i in range(64)] + ["a{b}c", "x}y{", "{}", "ü"]
+    assert len({hash_slot(k) for k in keys}) > 30
+    stale = {k: (await idem.claim_owned(k, 100, fingerprint=k)).token for k in keys}
+    await asyncio.sleep(0.25)
+    for key in keys:
+        claims = await asyncio.gather(
+            *(idem.claim_owned(key, 5_000, fingerprint=key) for _ in range(4))
+        )
+        (claim,) = [c for c in claims if c.state == "claimed"]
+        assert claim.token is not None
+        with pytest.raises(IdempotencyOwnershipError):
+            await idem.complete(key, "stale", token=stale[key])
+        assert await idem.extend(key, claim.token, 5_000)
+        await idem.complete(key, {"k": key}, token=claim.token)
+        assert await idem.claim(key, fingerprint=key) == "completed"
+        other = await idem.claim_owned(f"{key}-f", 5_000)
+        await idem.fail(f"{key}-f", token=other.token)
+
+
+async def test_isolated_cleans_every_master(cluster_url: str) -> None:
+    async with isolated(cluster_url) as b:
+        for i in range(50):
+            await b.adapter.set_cached_step(f"k{i}", i)
+        url = b.url
+        client = b.adapter.client  # type: ignore[attr-defined]
+        prefix = b.adapter.keys.prefix  # type: ignore[attr-defined]
+        assert len([k async for k in client.scan_iter(match=prefix + "*")]) == 50
+    async with siglo.connect(url) as again:
+        client = again.adapter.client  # type: ignore[attr-defined]
+        assert [k async for k in client.scan_iter(match=prefix + "*")] == []
+
+
+@pytest.mark.rule("capability.declared")
+def test_siglo_check_passes_on_the_cluster(cluster_url: str, tmp_path: Path) -> None:
+    """Issue 4: `siglo check` against the loopback cluster passes every rule."""
+    run_siglo_check(cluster_url, tmp_path)

@@ -1,0 +1,150 @@
+"""The Redis backend behind Redis Sentinel: 1 master, 1 replica, 3 Sentinels on loopback.
+
+Each test starts its own group on free ports in 30100-30199 (about a second) and stops
+it. The failover test kills the master with SIGKILL in the middle of a write load: the
+Sentinels promote the replica, and the same backend object (no restart) writes to it.
+Set ``SIGLO_TEST_TOPOLOGIES=1`` for the run without ``WAIT`` as well, whose losses are
+measured and reported rather than asserted (Redis replication is asynchronous).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _failover import run_through_failover
+from _redis_helpers import SentinelGroup, free_ports, redis_cli
+from siglo_check import run_siglo_check
+
+import siglo
+from siglo import InvalidArgumentError, StorageAdapterError
+from siglo_redis import connect
+from siglo_redis.connect import client_from_url
+
+
+@pytest.fixture
+def group() -> Iterator[SentinelGroup]:
+    own = SentinelGroup(free_ports(30100, 30200, 5))
+    try:
+        yield own.start()
+    finally:
+        own.stop()
+
+
+async def test_the_url_names_the_sentinels_the_service_and_the_db() -> None:
+    client = client_from_url(
+        "redis+sentinel://:secret@127.0.0.1:30111,[::1],h3:7/my%20svc/3"
+        "?sentinel_password=s3&socket_timeout=2"
+    )
+    try:
+        pool = client.connection_pool
+        assert pool.service_name == "my svc"
+        assert pool.connection_kwargs["db"] == 3
+        assert pool.connection_kwargs["password"] == "secret"
+        assert pool.connection_kwargs["socket_timeout"] == 2.0
+        sentinels = pool.sentinel_manager.sentinels
+        kwargs = [s.connection_pool.connection_kwargs for s in sentinels]
+        assert [(k["host"], k["port"]) for k in kwargs] == [
+            ("127.0.0.1", 30111),
+            ("::1", 26379),
+            ("h3", 7),
+        ]
+        assert all(k["password"] == "s3" for k in kwargs)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://127.0.0.1:26379",
+        "redis+sentinel://127.0.0.1:26379/svc/0/extra",
+        "redis+sentinel://127.0.0.1:x/svc",
+        "redis+sentinel://127.0.0.1:26379/svc/notadb",
+        "redis+sentinel:///svc",
+        "redis://127.0.0.1:6379/0?wait_replicas=-1",
+        "redis://127.0.0.1:6379/0?cluster=true&wait_replicas=1",
+    ],
+)
+def test_bad_sentinel_and_wait_urls_are_refused(url: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        connect(url)
+
+
+async def test_siglo_connect_reaches_the_master(group: SentinelGroup) -> None:
+    async with siglo.connect(group.url) as backend:
+        await backend.adapter.set_cached_step("k", 1)
+        assert await backend.adapter.get_cached_step("k") == 1
+        info = await backend.adapter.client.info("server")  # type: ignore[attr-defined]
+        assert info["tcp_port"] == group.master.port
+
+
+def test_siglo_check_passes_against_the_sentinel_url(group: SentinelGroup, tmp_path: Path) -> None:
+    run_siglo_check(group.url, tmp_path)
+
+
+async def test_wait_replicas_fails_a_write_no_replica_confirms(group: SentinelGroup) -> None:
+    async with siglo.connect(group.url + "?wait_replicas=1&wait_timeout_ms=200") as backend:
+        await backend.adapter.set_cached_step("k", 1)  # the replica confirms
+        group.replica.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StorageAdapterError, match="confirmed by 0 of the 1 replica"):
+                await backend.adapter.set_cached_step("k", 2)
+            assert time.monotonic() - started < 2
+            # The write did reach the master: not acknowledged is not "not written".
+            assert await backend.adapter.get_cached_step("k") == 2
+        finally:
+            group.replica.resume()
+
+
+async def _failover(group: SentinelGroup, *, restart_old_master: bool) -> None:
+    """Kill the master; once a Sentinel names the new one, restart the old one (empty),
+    as a supervisor would, so that the Sentinels make it the new master's replica."""
+    old = group.master.port
+    group.master.kill()
+    if not restart_old_master:
+        return
+
+    async def later() -> None:
+        for _ in range(600):
+            if group.master_port() not in (old, None):
+                group.master.start()
+                return
+            await asyncio.sleep(0.1)
+
+    asyncio.get_running_loop().create_task(later())
+
+
+async def test_failover_with_wait_loses_no_acknowledged_save(group: SentinelGroup) -> None:
+    """The master dies mid-run: calls fail for a bounded time, then the same backend
+    writes to the promoted replica, and every save confirmed by a replica is there."""
+    url = group.url + "?wait_replicas=1&wait_timeout_ms=1000&command_timeout_ms=3000"
+    async with siglo.connect(url) as backend:
+        figures = await run_through_failover(
+            backend, lambda: _failover(group, restart_old_master=True), limit_s=40
+        )
+        print(figures.line("redis sentinel, wait_replicas=1"))
+        assert group.master_port() == group.replica.port
+        assert figures.lost == 0
+        assert figures.recovery_s < 30
+        assert figures.longest_failed_call_s < 5
+        info = redis_cli(group.replica.port, "info", "replication")
+        assert "role:master" in info
+
+
+@pytest.mark.measured_losses
+async def test_failover_without_wait_is_measured(group: SentinelGroup) -> None:
+    """Without WAIT a save the master acknowledged may not have reached the replica:
+    the losses are counted (and reported), not asserted away."""
+    async with siglo.connect(group.url + "?command_timeout_ms=3000") as backend:
+        figures = await run_through_failover(
+            backend, lambda: _failover(group, restart_old_master=False), limit_s=40
+        )
+        print(figures.line("redis sentinel, no WAIT"))
+        assert group.master_port() == group.replica.port
+        assert figures.recovery_s < 30
+        assert figures.longest_failed_call_s < 5
