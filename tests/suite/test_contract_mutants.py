@@ -28,6 +28,10 @@ from sql_support import require_postgres
 
 from siglo_contract.rules import ADAPTER_RULES
 
+# One worker runs every mutant test (pytest-xdist --dist loadgroup): the runs are one
+# module fixture, which each worker would otherwise start again.
+pytestmark = pytest.mark.xdist_group("mutants")
+
 
 def mutant_seeds(config: pytest.Config) -> list[int]:
     """The seeds this run tries: ``--mutant-seeds`` consecutive ones from the base."""
@@ -41,7 +45,9 @@ def mutant_runs(request: pytest.FixtureRequest) -> dict[str, list[MutantRun | Ex
     """Every mutant under every seed, run in parallel worker processes; a run that could
     not start (its PostgreSQL or Redis unreachable) keeps its exception."""
     seeds = mutant_seeds(request.config)
-    workers = max(1, min(os.cpu_count() or 1, 4))
+    # A run spends about half its time waiting (the workflow-lock hold, server round
+    # trips): twice as many workers as cores keep both busy.
+    workers = max(1, min(2 * (os.cpu_count() or 1), 8))
     runs: dict[str, list[MutantRun | Exception]] = {m.name: [] for m in ALL_MUTANTS}
     # The real-backend mutants take 3-8 times as long as the memory ones: started first,
     # they do not leave one worker finishing a long run after the others are done.

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from _redis_helpers import free_ports
+from ports import free_ports
 
 __all__ = ["PgBouncer", "PostgresPair", "free_ports", "pg_binary"]
 

@@ -46,23 +46,6 @@ def require_redis(url: str = REDIS_URL) -> None:
         client.close()
 
 
-def free_ports(low: int, high: int, count: int = 1) -> list[int]:
-    """``count`` loopback ports in ``[low, high)`` that nobody listens on."""
-    found = []
-    for port in range(low, high):
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) != 0:
-                found.append(port)
-                if len(found) == count:
-                    return found
-    raise RuntimeError(f"not {count} free ports in {low}-{high}")
-
-
-def free_port(low: int, high: int) -> int:
-    """A loopback port in ``[low, high)`` nobody listens on."""
-    return free_ports(low, high)[0]
-
-
 class RedisServer:
     """A redis-server of our own on a loopback port (killed, paused, restarted by tests)."""
 
