@@ -40,7 +40,8 @@ def test_the_harness_imports_no_experiment() -> None:
 def test_the_pipelining_ab_runs_and_prints_both_ratios(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """docs/benchmarks.md quotes this A/B: it runs and prints the save and load ratios."""
+    """docs/benchmarks-history.md quotes this A/B: it runs and prints the save and load
+    ratios."""
     from _redis_helpers import REDIS_URL, require_redis
 
     from benchmarks.experiments import pipelining_ab
@@ -57,8 +58,8 @@ def test_the_pipelining_ab_runs_and_prints_both_ratios(
 def test_the_sqlite_writes_ab_runs_and_prints_every_cell(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """docs/benchmarks.md and docs/backends/sqlite.md quote this A/B: it runs, one caller
-    and several, and prints a ratio for each of its four cells."""
+    """docs/benchmarks-history.md and docs/backends/sqlite.md quote this A/B: it runs, one
+    caller and several, and prints a ratio for each of its four cells."""
     from benchmarks.experiments import sqlite_writes_ab
 
     monkeypatch.setattr(sqlite_writes_ab, "OPS", 40)
@@ -113,8 +114,8 @@ def test_the_postgres_pipeline_ab_runs_and_prints_every_cell(
 def test_the_steal_ab_runs_and_prints_both_ways_of_counting(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """docs/benchmarks.md quotes this A/B (Method: passes timed again): it runs and prints
-    the correlations and the rounds from first and from kept attempts."""
+    """docs/benchmarks.md quotes this A/B (Method: what the machine took): it runs and
+    prints the correlations and the rounds from first and from kept attempts."""
     from benchmarks.experiments import steal_ab
 
     asyncio.run(steal_ab.main("memory", "save", "1k", 1, rounds=3, pause_s=0))
@@ -132,8 +133,8 @@ def test_the_steal_ab_runs_and_prints_both_ways_of_counting(
 def test_the_lookahead_ab_runs_both_ways_and_restores_the_flow(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """docs/benchmarks.md and docs/workflows.md quote this A/B: it runs both ways, prints
-    one line, and leaves the look-ahead in place."""
+    """docs/benchmarks-history.md and docs/workflows.md quote this A/B: it runs both ways,
+    prints one line, and leaves the look-ahead in place."""
     import siglo.workflow.flow  # noqa: F401
     from benchmarks.experiments import lookahead_ab
 
@@ -147,8 +148,8 @@ def test_the_lookahead_ab_runs_both_ways_and_restores_the_flow(
 
 
 def test_the_decoders_comparison_times_every_decoder(capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/benchmarks.md quotes this (eleventh round): the same document decoded as JSON
-    and as msgpack, every decoder timed, the decoded values the same."""
+    """benchmarks/reasons.py quotes this (SQLite 256 KB loads): the same document decoded as
+    JSON and as msgpack, every decoder timed, the decoded values the same."""
     ormsgpack = pytest.importorskip("ormsgpack")
     import orjson
 
