@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results in {args.out}/ (results.json, results.md{chart_name})")
     if args.update_docs is not None:
         chart_path = None if args.no_chart else args.out / "ratios.png"
-        report.update_page(args.update_docs, doc, chart_path)
+        report.update_page(args.update_docs, doc, chart_path, args.out / "results.md")
         print(f"updated {args.update_docs}")
     errors = [r for r in doc["results"] if r["status"] == "error"]
     errors += [s for s in doc["scale"] if s.get("status") == "error"]

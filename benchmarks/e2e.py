@@ -597,8 +597,9 @@ def add_e2e_ratios(doc: dict[str, Any]) -> None:
     doc["e2e_ratios"] = ratios
 
 
-def e2e_markdown(doc: dict[str, Any]) -> list[str]:
-    """The end-to-end table (and the chart, if drawn) as markdown lines."""
+def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
+    """The end-to-end table as markdown lines, followed by what each system ran
+    (``systems``)."""
     rows = doc.get("e2e", [])
     if not rows:
         return []
@@ -627,6 +628,8 @@ def e2e_markdown(doc: dict[str, Any]) -> list[str]:
             f"| {r['backend']} | {r['system']} | {r['concurrency']} | {r['runs_per_s']:,.0f} | "
             f"{r['step_p50_us']:,.0f} | {r['step_p99_us']:,.0f} | {ratio} |"
         )
+    if not systems:
+        return [*lines, ""]
     lines += ["", "Systems:", ""]
     seen: set[tuple[str, str]] = set()
     for r in rows:

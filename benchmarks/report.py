@@ -241,8 +241,8 @@ def order_text(meta: dict[str, Any]) -> str:
     return f"Order: {', then '.join(steps)}." if steps else ""
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    """The results as markdown: machine, subjects, targets, one table per backend."""
+def _run_lines(doc: dict[str, Any]) -> list[str]:
+    """When and how the run was made, on what machine, and what the machine took."""
     meta = doc["meta"]
     m = meta["machine"]
     load = meta.get("load") or {}
@@ -251,7 +251,7 @@ def markdown(doc: dict[str, Any]) -> str:
         for when in ("start", "end")
         if load.get(when)
     )
-    lines = [
+    return [
         f"Run {meta['started']} – {meta.get('finished', '?')}, "
         f"{meta['repeat']} round(s) per measurement"
         f"{_passes(meta.get('slices', 1))}"
@@ -279,52 +279,72 @@ def markdown(doc: dict[str, Any]) -> str:
             else []
         ),
         *([text, ""] if (text := retimed_text(doc)) else []),
-        "Subjects:",
-        "",
     ]
+
+
+def _subject_lines(doc: dict[str, Any]) -> list[str]:
+    lines = ["Subjects:", ""]
     for s in doc["subjects"]:
         if s["status"] == "ok":
             lines.append(f"- {s['kind']}:{s['backend']} — {s['detail']}")
         else:
             lines.append(f"- skipped: {s['reason']}")
-    lines.append("")
-    targets = doc.get("targets", [])
-    if targets:
-        from benchmarks.reasons import reason_for
+    return [*lines, ""]
 
-        met = sum(1 for t in targets if t["met"])
+
+def _target_lines(doc: dict[str, Any]) -> list[str]:
+    """How many targets the run met, and every miss with its measured reason."""
+    targets = doc.get("targets", [])
+    if not targets:
+        return []
+    from benchmarks.reasons import reason_for
+
+    met = sum(1 for t in targets if t["met"])
+    lines = [
+        f"Targets met: {met} of {len(targets)} (a target is met only when every round meets it).",
+        "",
+    ]
+    missed = [t for t in targets if not t["met"]]
+    if missed:
         lines += [
-            f"Targets met: {met} of {len(targets)} (a target is met only when every "
-            "round meets it).",
-            "",
+            "| missed target | backend | workload | ratio, median (min–max) "
+            "| CPU stolen in the lowest round, siglo / baseline "
+            "| client CPU per op in that round, ms (collecting), siglo / baseline "
+            "| measured reason |",
+            "|---|---|---|---:|---:|---:|---|",
         ]
-        missed = [t for t in targets if not t["met"]]
-        if missed:
-            lines += [
-                "| missed target | backend | workload | ratio, median (min–max) "
-                "| CPU stolen in the lowest round, siglo / baseline "
-                "| client CPU per op in that round, ms (collecting), siglo / baseline "
-                "| measured reason |",
-                "|---|---|---|---:|---:|---:|---|",
-            ]
-            lines += [
-                f"| {t['target']} | {t['backend']} | {t['workload']} | {ratio_text(t)} | "
-                f"{low_round_steal(t)} | {low_round_cpu(t)} | {reason_for(t)} |"
-                for t in missed
-            ]
-            lines.append("")
+        lines += [
+            f"| {t['target']} | {t['backend']} | {t['workload']} | {ratio_text(t)} | "
+            f"{low_round_steal(t)} | {low_round_cpu(t)} | {reason_for(t)} |"
+            for t in missed
+        ]
+        lines.append("")
+    return lines
+
+
+def _backends(doc: dict[str, Any]) -> list[str]:
+    return list(dict.fromkeys(r["backend"] for r in doc["results"]))
+
+
+def _kinds(doc: dict[str, Any], backend: str) -> list[str]:
+    return [
+        k
+        for k in ("siglo", "raw", "langgraph")
+        if any(r["backend"] == backend and r["kind"] == k for r in doc["results"])
+    ]
+
+
+def _workloads(doc: dict[str, Any], backends: list[str]) -> list[str]:
+    return list(dict.fromkeys(r["workload"] for r in doc["results"] if r["backend"] in backends))
+
+
+def _backend_tables(doc: dict[str, Any]) -> list[str]:
+    """One table per backend: every subject's ops/s and siglo's ratios."""
     idx = _index(doc)
     ratio_of = {(x["backend"], x["workload"], x["vs"]): x for x in doc.get("ratios", [])}
-    backends = list(dict.fromkeys(r["backend"] for r in doc["results"]))
-    for backend in backends:
-        kinds = [
-            k
-            for k in ("siglo", "raw", "langgraph")
-            if any(r["backend"] == backend and r["kind"] == k for r in doc["results"])
-        ]
-        workloads = list(
-            dict.fromkeys(r["workload"] for r in doc["results"] if r["backend"] == backend)
-        )
+    lines: list[str] = []
+    for backend in _backends(doc):
+        kinds = _kinds(doc, backend)
         lines += [f"### {backend}", ""]
         header = ["workload"] + [f"{k} ops/s" for k in kinds]
         if "raw" in kinds and "siglo" in kinds:
@@ -332,7 +352,7 @@ def markdown(doc: dict[str, Any]) -> str:
         if "langgraph" in kinds and "siglo" in kinds:
             header.append("siglo / langgraph")
         lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-        for w in workloads:
+        for w in _workloads(doc, [backend]):
             row = [w] + [_cell(idx.get((backend, k, w))) for k in kinds]
             if "raw" in kinds and "siglo" in kinds:
                 x = ratio_of.get((backend, w, "raw"))
@@ -342,42 +362,106 @@ def markdown(doc: dict[str, Any]) -> str:
                 row.append("–" if x is None else f"{x['ratio']:.2f} ({_range(x)})")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    errors = [r for r in doc["results"] if r["status"] == "error"]
-    if errors:
-        lines += ["Errors:", ""]
-        lines += [f"- {r['kind']}:{r['backend']} {r['workload']}: {r['error']}" for r in errors]
-        lines.append("")
-    if doc.get("scale"):
-        lines += [
-            "### scale",
-            "",
-            "| subject | rows (small → large) | load p50 µs small | load p50 µs large | "
-            "ratio, median (min–max of rounds) | first touch: ratio (min–max) | "
-            "clean-up of expired rows | clean-up s | peak Python MB |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for s in doc["scale"]:
-            if s.get("status") == "error":
-                lines.append(f"| {s['kind']}:{s['backend']} | error: {s['error']} | | | | | | | |")
-                continue
-            lines.append(
-                f"| {s['kind']}:{s['backend']} | {s['rows_small']:,} → {s['rows_large']:,} | "
-                f"{s['load_us_small']:.0f} | {s['load_us_large']:.0f} | "
-                f"{s['load_latency_ratio']:.2f} ({_scale_range(s)}) | {_first_touch(s)} | "
-                f"{s['expired_rows']:,} (removed "
-                f"{s['cleaned']:,}) | {s['clean_seconds']:.2f} | {s['clean_peak_mb']:.1f} |"
-            )
-        lines.append("")
-    lines += [
-        "Cells: median ops/s of the rounds, ± half their spread (max − min). A ratio is "
-        "the median of the per-round ratios (siglo and the baseline timed back to back "
-        "in the same round), with their min–max.",
-        "",
-    ]
-    if doc.get("e2e"):
-        from benchmarks.e2e import e2e_markdown
+    return lines
 
-        lines += e2e_markdown(doc)
+
+def _ratio_table(doc: dict[str, Any]) -> list[str]:
+    """siglo's ratios of every backend in one table: a column per backend and baseline."""
+    ratio_of = {(x["backend"], x["workload"], x["vs"]): x for x in doc.get("ratios", [])}
+    pairs = {(backend, vs) for backend, _, vs in ratio_of}
+    columns = [(b, vs) for b in _backends(doc) for vs in ("raw", "langgraph") if (b, vs) in pairs]
+    if not columns:
+        return []
+    lines = [
+        "### siglo / baseline, per workload",
+        "",
+        "| workload | " + " | ".join(f"{b} / {vs}" for b, vs in columns) + " |",
+        "|---" + "|---:" * len(columns) + "|",
+    ]
+    for w in _workloads(doc, [b for b, _ in columns]):
+        cells = []
+        for backend, vs in columns:
+            x = ratio_of.get((backend, w, vs))
+            cells.append("–" if x is None else f"{x['ratio']:.2f} ({_range(x)})")
+        lines.append(f"| {w} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _error_lines(doc: dict[str, Any]) -> list[str]:
+    errors = [r for r in doc["results"] if r["status"] == "error"]
+    if not errors:
+        return []
+    lines = ["Errors:", ""]
+    lines += [f"- {r['kind']}:{r['backend']} {r['workload']}: {r['error']}" for r in errors]
+    return [*lines, ""]
+
+
+def _scale_lines(doc: dict[str, Any]) -> list[str]:
+    if not doc.get("scale"):
+        return []
+    lines = [
+        "### scale",
+        "",
+        "| subject | rows (small → large) | load p50 µs small | load p50 µs large | "
+        "ratio, median (min–max of rounds) | first touch: ratio (min–max) | "
+        "clean-up of expired rows | clean-up s | peak Python MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in doc["scale"]:
+        if s.get("status") == "error":
+            lines.append(f"| {s['kind']}:{s['backend']} | error: {s['error']} | | | | | | | |")
+            continue
+        lines.append(
+            f"| {s['kind']}:{s['backend']} | {s['rows_small']:,} → {s['rows_large']:,} | "
+            f"{s['load_us_small']:.0f} | {s['load_us_large']:.0f} | "
+            f"{s['load_latency_ratio']:.2f} ({_scale_range(s)}) | {_first_touch(s)} | "
+            f"{s['expired_rows']:,} (removed "
+            f"{s['cleaned']:,}) | {s['clean_seconds']:.2f} | {s['clean_peak_mb']:.1f} |"
+        )
+    return [*lines, ""]
+
+
+_CELLS_NOTE = (
+    "Cells: median ops/s of the rounds, ± half their spread (max − min). A ratio is the "
+    "median of the per-round ratios (siglo and the baseline timed back to back in the same "
+    "round), with their min–max."
+)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The whole report (``results.md``): machine, subjects, targets, one table per
+    backend with every subject's ops/s, scale, end to end."""
+    from benchmarks.e2e import e2e_markdown
+
+    lines = [
+        *_run_lines(doc),
+        *_subject_lines(doc),
+        *_target_lines(doc),
+        *_backend_tables(doc),
+        *_error_lines(doc),
+        *_scale_lines(doc),
+        _CELLS_NOTE,
+        "",
+        *e2e_markdown(doc),
+    ]
+    return "\n".join(lines)
+
+
+def page_markdown(doc: dict[str, Any], report_link: str) -> str:
+    """The results section of the benchmarks page: the run, its targets, siglo's ratios
+    of every backend in one table, scale and end to end; every subject's ops/s and the
+    subjects themselves are in the whole report at ``report_link``."""
+    from benchmarks.e2e import e2e_markdown
+
+    lines = [
+        *_run_lines(doc),
+        *_target_lines(doc),
+        *_ratio_table(doc),
+        *_error_lines(doc),
+        *_scale_lines(doc),
+        *e2e_markdown(doc, systems=False),
+        f"Every subject's ops/s, the subjects and the systems: [the whole report]({report_link}).",
+    ]
     return "\n".join(lines)
 
 
@@ -450,12 +534,16 @@ def chart(doc: dict[str, Any], path: Path) -> str | None:
     return None
 
 
-def update_page(page: Path, doc: dict[str, Any], chart_path: Path | None) -> None:
-    """Replace the text between the result markers of ``page`` with this run's results."""
+def update_page(
+    page: Path, doc: dict[str, Any], chart_path: Path | None, report_path: Path
+) -> None:
+    """Replace the text between the result markers of ``page`` with this run's results
+    (:func:`page_markdown`), linking the charts beside ``chart_path`` and the whole report
+    at ``report_path``."""
     text = page.read_text()
     if START_MARK not in text or END_MARK not in text:
         raise SystemExit(f"{page} has no {START_MARK} … {END_MARK} section to update")
-    body = markdown(doc)
+    body = page_markdown(doc, os.path.relpath(report_path, page.parent))
     if chart_path is not None:
         for name, alt in (
             ("e2e.png", "end to end: workflow runs/s"),

@@ -3,17 +3,23 @@
 docs/benchmarks.md says how many targets its run met and that a target counts as met
 only when every round meets it; these tests hold the page and its ``results.json`` to
 that, so a hand edit or a stale render cannot report a cell as met whose rounds miss.
+The page's results section is exactly what the renderer makes of ``results.json``, and
+the page stays method and results: at most 250 lines, its history on a page of its own.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
+from benchmarks import report
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "benchmarks.md"
+HISTORY = ROOT / "docs" / "benchmarks-history.md"
 RESULTS = ROOT / "docs" / "benchmarks" / "results.json"
 
 
@@ -50,3 +56,29 @@ def test_every_missed_target_is_listed_with_its_range() -> None:
         if not t["met"]:
             row = f"| {t['backend']} | {t['workload']} | {t['ratio']:.2f} ({t['ratio_min']:.2f}–"
             assert row in page, row
+
+
+def test_the_results_section_is_the_render_of_results_json(tmp_path: Path) -> None:
+    # The page rendered again from its results.json, beside its charts, as
+    # `python -m benchmarks --render … --out docs/benchmarks --update-docs …` does.
+    (tmp_path / "benchmarks").mkdir()
+    for chart in ("ratios.png", "ops.png", "e2e.png"):
+        shutil.copy(RESULTS.parent / chart, tmp_path / "benchmarks" / chart)
+    page = tmp_path / "benchmarks.md"
+    page.write_text(PAGE.read_text())
+    doc = json.loads(RESULTS.read_text())
+    report.add_ratios_and_targets(doc)
+    out = tmp_path / "benchmarks"
+    report.update_page(page, doc, out / "ratios.png", out / "results.md")
+    assert page.read_text() == PAGE.read_text()
+    # … and the whole report beside it is the render's too.
+    assert (RESULTS.parent / "results.md").read_text() == report.markdown(doc)
+
+
+def test_the_page_is_method_and_results_and_links_its_history() -> None:
+    page = PAGE.read_text()
+    assert len(page.splitlines()) <= 250
+    assert "](benchmarks-history.md)" in page
+    assert " round (issue 15)" not in page and HISTORY.exists()
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert "benchmarks-history.md" in nav

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 from _redis_helpers import require_redis
 from mutant_runs import MutantRun, run_mutant
 from mutant_seeds import mutant_base_seed
-from mutants import ALL_MUTANTS, BACKENDS, BY_NAME, Mutant
+from mutants import ALL_MUTANTS, BACKENDS, BY_NAME, HOLES, MANAGERS, MUTANTS, VALUES, Mutant
 from mutants_backends import BackendMutant
 from sql_support import require_postgres
 
@@ -112,3 +115,27 @@ def test_every_adapter_rule_has_a_mutant() -> None:
 
 def test_mutant_names_are_unique() -> None:
     assert len({m.name for m in ALL_MUTANTS}) == len(ALL_MUTANTS)
+
+
+def test_the_contract_page_counts_the_mutants_there_are() -> None:
+    """docs/contract.md, "The suite's power", says how many mutants of each kind the score
+    is over."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text()
+    power = " ".join(page.split("## The suite's power", 1)[1].split("\n## ", 1)[0].split())
+    kinds = Counter(getattr(m, "kind", None) for m in BACKENDS)
+    manager_over_sqlite = sum(1 for m in BACKENDS if m.rule_id.startswith("manager."))
+    claims = [
+        f"backends, {len(ALL_MUTANTS)} of them",
+        f"`MUTANTS`, {len(MUTANTS)} for {len({m.rule_id for m in MUTANTS})} rules",
+        f"and {len(MANAGERS)} broken storage managers",
+        f"`tests/support/mutants_holes.py`, {len(HOLES)}:",
+        f"`tests/support/mutants_values.py`, {len(VALUES)});",
+        f"`tests/support/mutants_backends.py`, {len(BACKENDS)}: "
+        f"{kinds['sqlite'] - manager_over_sqlite} on SQLite and a broken manager over SQLite",
+        f"{kinds['postgres']} on PostgreSQL, {kinds['redis']} on Redis",
+    ]
+    assert manager_over_sqlite == 1
+    for claim in claims:
+        assert claim in power, claim
+    for killed in re.findall(r"\*\*(\d+) / (\d+)\*\*", power):
+        assert killed == (str(len(ALL_MUTANTS)),) * 2, killed

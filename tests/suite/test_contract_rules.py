@@ -6,8 +6,12 @@ import ast
 import re
 from pathlib import Path
 
+from siglo.adapter import Capability
+from siglo_contract import checks_cache
 from siglo_contract.checks import all_checks
-from siglo_contract.rules import ADAPTER_RULES, CORE_RULES, RULES, select_rules
+from siglo_contract.machine_cache import CacheMachine
+from siglo_contract.registry import CHECK_ATTRIBUTE
+from siglo_contract.rules import ADAPTER_RULES, CORE_RULES, RULES, rule, select_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_PAGE = ROOT / "docs" / "contract.md"
@@ -85,3 +89,23 @@ def test_rule_patterns() -> None:
         r.id for r in ADAPTER_RULES if r.id.startswith("lock.")
     }
     assert select_rules(None) == ADAPTER_RULES
+
+
+def test_the_recipe_for_a_rule_walks_through_a_rule_wired_as_it_says() -> None:
+    """docs/adding-a-rule.md follows cache.falsy-hit through every step: its row, its
+    entry in rules.py, its focused check, its state machine and its mutant."""
+    from mutants import BY_NAME, MUTANTS, DropsCachedNone
+
+    page = " ".join((ROOT / "docs" / "adding-a-rule.md").read_text(encoding="utf-8").split())
+    example = rule("cache.falsy-hit")
+    assert example.id in documented_rule_ids()
+    assert example.kind == "adapter" and example.capability is Capability.STEP_CACHE
+    assert f'`_a("cache.falsy-hit", _C.STEP_CACHE, "{example.summary}")`' in page
+    focused = getattr(checks_cache.cache_falsy_hit, CHECK_ATTRIBUTE)
+    assert focused.rules == ("cache.falsy-hit",)
+    assert "`cache_falsy_hit` in `checks_cache.py`" in page
+    assert "cache.falsy-hit" in CacheMachine.RULE_IDS
+    mutant = BY_NAME["DropsCachedNone"]
+    assert mutant in MUTANTS and mutant.rule_id == "cache.falsy-hit"
+    assert f'_m("cache.falsy-hit", "{mutant.description}", adapter=DropsCachedNone)' in page
+    assert "_do_get_cached_step" in vars(DropsCachedNone)

@@ -1,10 +1,10 @@
-"""Sequential Redis latency with and without auto-pipelining, interleaved rounds.
+"""Measured sequential Redis saves and loads a second with auto-pipelining and without.
 
-``python -m benchmarks.pipelining_ab [REDIS_URL]``: two siglo Redis backends on one
-server, one built with ``auto_pipeline=False``; each round times 500 sequential saves
-and 500 loads of a 1 KB checkpoint on each (the order turns every round), and the
+``python -m benchmarks.experiments.pipelining_ab [REDIS_URL]``: two siglo Redis backends
+on one server, one built with ``auto_pipeline=False``; each round times 500 sequential
+saves and 500 loads of a 1 KB checkpoint on each (the order turns every round), and the
 per-round ratio of the pipelined one's speed to the other's is printed as median
-(min–max). Auto-pipelining must not make a lone caller slower (docs/benchmarks.md).
+(min–max). Auto-pipelining must not make a lone caller slower (docs/backends/redis.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""SQLite's own keyed lookup at 1,000 and at 1,000,000 rows, without siglo.
+"""Measured SQLite's own keyed lookup at 1,000 and 1,000,000 rows, without siglo.
 
-``python -m benchmarks.sqlite_lookups``: two files in a temporary directory with siglo's
-checkpoints table (its columns, its three indexes, 16-byte digest ids in random order)
-and small documents, as the scale benchmark fills them; then siglo's load statement run
-by plain ``sqlite3`` with siglo's page settings, 2,000 random ids per sample, on a fresh
-connection (cold: as the scale benchmark's reader meets a file it has not read) and again
-after 20,000 lookups (warm), the two files alternating. Prints the median µs of each and
-the large / small ratio: what the scale target's ratio is for the database alone.
+``python -m benchmarks.experiments.sqlite_lookups``: two files in a temporary directory
+with siglo's checkpoints table (its columns, its three indexes, 16-byte digest ids in
+random order) and small documents, as the scale benchmark fills them; then siglo's load
+statement run by plain ``sqlite3`` with siglo's page settings, 2,000 random ids per
+sample, on a fresh connection (cold: as the scale benchmark's reader meets a file it has
+not read) and again after 20,000 lookups (warm), the two files alternating. Prints the
+median µs of each and the large / small ratio: what the scale target's ratio is for the
+database alone.
 """
 
 from __future__ import annotations

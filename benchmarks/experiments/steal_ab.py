@@ -1,17 +1,15 @@
-"""What the hypervisor's steal does to one workload's passes, and what timing them again
-does to its rounds (benchmarks/interference.py).
+"""Measured how a pass's speed follows the CPU time the hypervisor stole (interference.py).
 
-``python -m benchmarks.steal_ab BACKEND WORKLOAD SIZE CONCURRENCY [ROUNDS]`` (SIZE ``-``
-for the coordination workloads): siglo and the raw driver of BACKEND, ROUNDS rounds
-(default 10) of three passes in alternating order, as the benchmark times them. Every
-attempt of a pass is kept here: the first, and those timed again while the stolen share
-was over :data:`~benchmarks.interference.STEAL_LIMIT`. Prints
+``python -m benchmarks.experiments.steal_ab BACKEND WORKLOAD SIZE CONCURRENCY [ROUNDS]``
+(SIZE ``-`` for the coordination workloads): siglo and the raw driver of BACKEND, ROUNDS
+rounds (default 10) of three passes in alternating order, as the benchmark times them.
+Every attempt of a pass is kept here: the first, and those timed again while the stolen
+share was over :data:`~benchmarks.interference.STEAL_LIMIT`. Prints
 
 * per subject, the correlation of a first attempt's log ops/s with its stolen share,
   and of the pair's log ratio with the difference of their shares;
-* the rounds' siglo / raw ratios from the first attempts alone (as before passes were
-  timed again) and from the kept ones, as median (min–max), and how many passes were
-  timed again.
+* the rounds' siglo / raw ratios from the first attempts alone and from the kept ones,
+  as median (min–max), and how many passes were timed again.
 """
 
 from __future__ import annotations
@@ -111,7 +109,7 @@ async def main(
 
 
 def _cli(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.steal_ab")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.experiments.steal_ab")
     p.add_argument("backend", choices=("memory", "redis", "postgres", "sqlite"))
     p.add_argument("workload")
     p.add_argument("size", help="1k, 16k, 256k, or - for the coordination workloads")

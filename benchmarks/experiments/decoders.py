@@ -1,7 +1,7 @@
-"""The benchmark's checkpoint decoded as JSON and as msgpack, in one process.
+"""Measured the µs to decode the benchmark's checkpoint by orjson, ormsgpack, Checkpoint.from_json.
 
-``python -m benchmarks.decoders [SIZE [ROUNDS [NUMBER]]]``: the wire document every
-subject stores (``benchmarks.payloads``, SIZE ``1k``, ``16k`` or ``256k``, default
+``python -m benchmarks.experiments.decoders [SIZE [ROUNDS [NUMBER]]]``: the wire document
+every subject stores (``benchmarks.payloads``, SIZE ``1k``, ``16k`` or ``256k``, default
 ``256k``) encoded once as JSON (orjson, what siglo stores) and once as msgpack
 (ormsgpack, what LangGraph's savers store), then decoded NUMBER times (default 200) by
 ``orjson.loads``, ``ormsgpack.unpackb`` and siglo's ``Checkpoint.from_json`` in turn,

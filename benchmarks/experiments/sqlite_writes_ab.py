@@ -1,12 +1,12 @@
-"""SQLite writes on the loop's thread and through aiosqlite's, interleaved.
+"""Measured SQLite saves and compare-and-sets written on the loop's thread and through aiosqlite.
 
-``python -m benchmarks.sqlite_writes_ab [ROUNDS [CALLERS]]``: two siglo SQLite backends
-on two files in one temporary directory, one with its inline writer connection removed
-(every write takes the hop to aiosqlite's thread, as before ``SqliteDatabase.write``);
-each round times 1,000 saves and 1,000 compare-and-sets of a 1 KB and of a 16 KB
-checkpoint on each, by one caller or by CALLERS concurrent ones on stacks of their own
-(the order turns every round). Prints, per workload, the per-round ratio of the inline
-backend's speed to the other's as median (min–max).
+``python -m benchmarks.experiments.sqlite_writes_ab [ROUNDS [CALLERS]]``: two siglo SQLite
+backends on two files in one temporary directory, one with its inline writer connection
+removed (every write takes the hop to aiosqlite's thread); each round times 1,000 saves
+and 1,000 compare-and-sets of a 1 KB and of a 16 KB checkpoint on each, by one caller or
+by CALLERS concurrent ones on stacks of their own (the order turns every round). Prints,
+per workload, the per-round ratio of the inline backend's speed to the other's as
+median (min–max).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""A flow's cache look-up sent ahead, and not, interleaved in one process.
+"""Measured a flow's runs/s with its cached step's look-up sent ahead and sent after.
 
-``python -m benchmarks.lookahead_ab BACKEND [CONCURRENCY [RUNS [BLOCKS]]]``: the
-end-to-end benchmark's 3-step flow (``benchmarks.e2e``, the second step cached) on
+``python -m benchmarks.experiments.lookahead_ab BACKEND [CONCURRENCY [RUNS [BLOCKS]]]``:
+the end-to-end benchmark's 3-step flow (``benchmarks.e2e``, the second step cached) on
 siglo's BACKEND, in BLOCKS blocks (default 16) of RUNS runs (default 60) by CONCURRENCY
 concurrent runs (default 1), every block timed once with the cached step's look-up sent
 beside the checkpoint before it (``siglo.workflow.flow._look_ahead``) and once with it
-sent after that checkpoint has landed, as before; the order turns every block. Prints
-runs/s of each and the per-block ratio, new / old, as median (min–max).
+sent after that checkpoint has landed; the order turns every block. Prints runs/s of
+each and the per-block ratio, ahead / after, as median (min–max).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""PostgreSQL writes of several statements, pipelined and as an explicit transaction.
+"""Measured the µs of a PostgreSQL write of several statements, pipelined and in a transaction.
 
-``python -m benchmarks.postgres_pipeline_ab [ROUNDS]``: one siglo PostgreSQL backend
-(its own schema, ``checkpoint_ttl_ms`` set) on ``$SIGLO_POSTGRES_URL``; each round times
-200 context changes (three statements each under a retention) and 200 checkpoint
-deletes (four statements each), once with ``Database.fetch_all`` as PostgreSQL sends it
-(pipeline mode, one round trip) and once as the base class runs it (``BEGIN``, each
-statement, ``COMMIT``), the order turning every round. Prints the median (min–max) µs of
-each.
+``python -m benchmarks.experiments.postgres_pipeline_ab [ROUNDS]``: one siglo PostgreSQL
+backend (its own schema, ``checkpoint_ttl_ms`` set) on ``$SIGLO_POSTGRES_URL``; each
+round times 200 context changes (three statements each under a retention) and 200
+checkpoint deletes (four statements each), once with ``Database.fetch_all`` as
+PostgreSQL sends it (pipeline mode, one round trip) and once as the base class runs it
+(``BEGIN``, each statement, ``COMMIT``), the order turning every round. Prints the
+median (min–max) µs of each.
 """
 
 from __future__ import annotations
