@@ -14,6 +14,7 @@ from siglo.adapter import Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint, Status
 from siglo.clock import Clock, ManualClock, SystemClock
+from siglo.config import Settings, configure, current_settings, load_settings
 from siglo.connect import connect
 from siglo.coordination import (
     ClaimState,
@@ -24,6 +25,7 @@ from siglo.coordination import (
     NonceStore,
 )
 from siglo.errors import (
+    AmbiguousStackError,
     BackendNotFoundError,
     CapabilityNotSupportedError,
     CheckpointConflictError,
@@ -81,6 +83,7 @@ __version__ = _version()
 __all__ = [
     "MISSING",
     "REDACTED",
+    "AmbiguousStackError",
     "Backend",
     "BackendNotFoundError",
     "CacheEvent",
@@ -118,6 +121,7 @@ __all__ = [
     "PluginError",
     "SchemaVersionError",
     "SigloError",
+    "Settings",
     "Status",
     "Step",
     "StorageAdapter",
@@ -135,11 +139,14 @@ __all__ = [
     "WorkflowSuspended",
     "WorkflowVersionMismatchException",
     "__version__",
+    "configure",
     "connect",
     "current_lease",
+    "current_settings",
     "default_error_mode",
     "default_storage_manager",
     "flow",
+    "load_settings",
     "use_storage",
     "wait_for_event",
 ]

@@ -10,6 +10,7 @@ from siglo.adapter import Capability, StorageAdapter
 from siglo.closing import Closable
 from siglo.coordination import IdempotencyStore, Lock, NonceStore
 from siglo.errors import CapabilityNotSupportedError
+from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.urls import mask_credentials
 
 __all__ = ["Backend"]
@@ -49,6 +50,18 @@ class Backend:
         if self.nonces is not None:
             caps.add(Capability.NONCES)
         return frozenset(caps)
+
+    def use_pipeline(self, pipeline: Pipeline) -> None:
+        """Store through ``pipeline`` from now on (:func:`siglo.connect` does this with the
+        settings' pipeline): the adapter and the idempotency store are put behind it."""
+        self.adapter, self.idempotency = pipeline_parts(self.adapter, self.idempotency, pipeline)
+
+    @property
+    def raw_adapter(self) -> StorageAdapter:
+        """The backend's own adapter, without the pipeline in front of it: what is stored,
+        as it is stored (for tools that copy stored bytes)."""
+        adapter = self.adapter
+        return adapter.inner if isinstance(adapter, PipelineAdapter) else adapter
 
     def require_idempotency(self) -> IdempotencyStore:
         """The idempotency store; :class:`~siglo.errors.CapabilityNotSupportedError` if

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from siglo import urls
 from siglo.adapter import Capability
 from siglo.backend import Backend
+from siglo.config import Settings, current_settings
 from siglo.errors import InvalidArgumentError, PluginError
+from siglo.pipeline import Pipeline
 from siglo.plugins import get_registry
 
 __all__ = ["URL_ENV", "check_capabilities", "check_port", "connect"]
@@ -19,8 +21,16 @@ URL_ENV: Final = "SIGLO_URL"
 URL from when given none."""
 
 
-def connect(url: str | None = None, **options: Any) -> Backend:
-    """Connect to the backend that serves ``url``'s scheme (default: ``$SIGLO_URL``).
+def connect(url: str | None = None, *, settings: Settings | None = None, **options: Any) -> Backend:
+    """Connect to the backend that serves ``url``'s scheme, configured by ``settings``.
+
+    ``settings`` default to the process's (:func:`siglo.config.current_settings`: the
+    settings file, ``SIGLO_*`` variables, :func:`siglo.configure`). Without ``url`` the
+    settings' URL is used (``$SIGLO_URL``, ``url`` in ``siglo.toml``), with the
+    settings' backend ``options``. The settings' ``command_timeout_ms`` bounds every call
+    of a backend that has such a bound, unless the URL or ``options`` set it. The backend
+    returned stores through the settings' pipeline (:mod:`siglo.pipeline`: redaction),
+    whatever path then uses it.
 
     ``memory://``, ``sqlite:///path.db``, ``sqlite://``, ``postgresql://…`` and
     ``redis://…`` are built in; plugins add more. ``options`` go to the backend's factory
@@ -29,15 +39,26 @@ def connect(url: str | None = None, **options: Any) -> Backend:
     A missing driver raises :class:`~siglo.errors.DriverNotInstalledError` saying which
     extra to install.
     """
+    if settings is None:
+        settings = current_settings()
     if url is None:
-        url = os.environ.get(URL_ENV)
+        url = settings.url
         if not url:
             raise InvalidArgumentError(
-                f"siglo.connect() was given no URL and {URL_ENV} is not set: pass a URL "
-                "such as 'sqlite:///siglo.db' or set the environment variable"
+                f"siglo.connect() was given no URL, and no settings name one: pass a URL such "
+                f"as 'sqlite:///siglo.db', set {URL_ENV}, or set url in siglo.toml "
+                "(docs/configuration.md)"
             )
+    if url == settings.url:
+        options = {**settings.options, **options}
     check_port(url)
     spec = get_registry().for_url(url)
+    if (
+        spec.bounded
+        and "command_timeout_ms" not in options
+        and "command_timeout_ms" not in urls.query_names(url)
+    ):
+        options["command_timeout_ms"] = settings.command_timeout_ms
     backend = spec.load_factory()(url, **options)
     if not isinstance(backend, Backend):
         raise PluginError(
@@ -45,6 +66,7 @@ def connect(url: str | None = None, **options: Any) -> Backend:
             f"{type(backend).__name__} from its factory, not a siglo.Backend"
         )
     check_capabilities(spec.name, spec.plugin, spec.capabilities, backend)
+    backend.use_pipeline(Pipeline(settings))
     return backend
 
 

@@ -8,6 +8,7 @@ so code ported from it reads the same.
 from __future__ import annotations
 
 __all__ = [
+    "AmbiguousStackError",
     "BackendNotFoundError",
     "CapabilityNotSupportedError",
     "CheckpointConflictError",
@@ -162,6 +163,12 @@ class UnknownStackError(SigloError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown stack"
+
+
+class AmbiguousStackError(SigloError):
+    """A call named a stack by id while several callers hold a live stack of that id in
+    one storage manager: it is refused rather than acting on another caller's stack.
+    Save the stack object instead (``await stack.save()`` / ``manager.save(stack)``)."""
 
 
 class WaitRecordClaimError(SigloError):

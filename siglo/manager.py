@@ -8,6 +8,7 @@ this module keeps the manager's API and the process-wide default manager.
 from __future__ import annotations
 
 import uuid
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
@@ -16,6 +17,7 @@ from siglo.backend import Backend
 from siglo.background import SerialJobs
 from siglo.checkpoint import Checkpoint
 from siglo.clock import Clock, system_clock
+from siglo.config import Settings, current_settings, settings_generation
 from siglo.deferred_failures import DeferredFailures
 from siglo.error_modes import (
     ERROR_MODES,
@@ -25,7 +27,7 @@ from siglo.error_modes import (
     default_error_mode,
     surfaced_failure,
 )
-from siglo.errors import InvalidArgumentError, UnknownStackError
+from siglo.errors import AmbiguousStackError, InvalidArgumentError, UnknownStackError
 from siglo.records import ContextChangeEvent, ContextOp
 from siglo.redaction import check_redact_fields, redact
 from siglo.snapshots import context_change_event, restore_stack, take_snapshot
@@ -72,21 +74,33 @@ class StorageManager:
         self,
         adapter: StorageAdapter | Backend | None = None,
         *,
+        settings: Settings | None = None,
         error_mode: ErrorMode | None = None,
         clock: Clock | None = None,
-        namespace_fallback: bool = True,
+        namespace_fallback: bool | None = None,
         redact_fields: Collection[str] = (),
     ) -> None:
+        if settings is not None and not isinstance(settings, Settings):
+            raise InvalidArgumentError(
+                f"settings must be a siglo.Settings, got {type(settings).__name__}"
+            )
+        self._settings = settings
+        # The process's settings as last read, for a manager given none (re-read when
+        # settings_generation() moves: a cheap check on the hot path).
+        self._followed: tuple[int, Settings] | None = None
         self._adapter: StorageAdapter | None = None
-        self._redact_fields = check_redact_fields(redact_fields)
-        self._error_mode: ErrorMode = "best-effort"
-        self._explicit_mode = False
+        # Keys named here are redacted on top of the settings' (never instead of them).
+        self._extra_fields = check_redact_fields(redact_fields)
+        self._explicit_mode: ErrorMode | None = None
+        self._fallback = namespace_fallback
         self.use_storage(adapter)
         if error_mode is not None:
             self.set_error_mode(error_mode)
         self.clock: Clock = clock or system_clock
-        self.namespace_fallback = namespace_fallback
+        # The latest live stack of each id, and every live stack of each id: two callers
+        # sharing the manager may each hold one (see _one_live).
         self._stacks: dict[str, ExecutionStack] = {}
+        self._live: dict[str, weakref.WeakSet[ExecutionStack]] = {}
         self._jobs = SerialJobs()
         # Context changes of each stack whose stream job has not started yet, oldest
         # first: the next save of the stack may send them with its checkpoint.
@@ -95,6 +109,18 @@ class StorageManager:
         self._deferred = DeferredFailures()
 
     # -- configuration -------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The settings this manager follows: those it was given, else the process's
+        (:func:`siglo.config.current_settings`, followed as they change)."""
+        if self._settings is not None:
+            return self._settings
+        followed = self._followed
+        if followed is None or followed[0] != settings_generation():
+            settings = current_settings()
+            self._followed = followed = (settings_generation(), settings)
+        return followed[1]
 
     @property
     def adapter(self) -> StorageAdapter | None:
@@ -111,43 +137,69 @@ class StorageManager:
                 f"got {type(adapter).__name__}"
             )
         self._adapter = adapter
-        if not self._explicit_mode:
-            self._error_mode = default_error_mode(adapter)
 
     @property
     def error_mode(self) -> ErrorMode:
-        """The current error mode."""
-        return self._error_mode
+        """The error mode in effect: the one set explicitly (argument or
+        :meth:`set_error_mode`), else the settings', else the safe default of
+        :func:`default_error_mode` for the adapter in use."""
+        if self._explicit_mode is not None:
+            return self._explicit_mode
+        configured = self.settings.error_mode
+        if configured is not None:
+            return check_error_mode(configured)
+        return default_error_mode(self._adapter)
 
     def set_error_mode(self, mode: ErrorMode) -> None:
         """Set the error mode: ``"best-effort"``, ``"warn"`` or ``"strict"``.
 
-        An explicit mode wins over the default of :func:`default_error_mode` from then on.
+        An explicit mode wins over the settings and the default from then on.
         """
-        self._error_mode = check_error_mode(mode)
-        self._explicit_mode = True
+        self._explicit_mode = check_error_mode(mode)
+
+    @property
+    def namespace_fallback(self) -> bool:
+        """Whether a namespaced load falls back to the un-namespaced checkpoint: the value
+        given to the manager, else the settings'."""
+        if self._fallback is not None:
+            return self._fallback
+        return self.settings.namespace_fallback
+
+    @namespace_fallback.setter
+    def namespace_fallback(self, value: bool) -> None:
+        if type(value) is not bool:
+            raise InvalidArgumentError(f"namespace_fallback must be a bool, got {value!r}")
+        self._fallback = value
 
     @property
     def redact_fields(self) -> frozenset[str]:
-        """Context keys redacted from everything every stack sends out (see the class)."""
-        return self._redact_fields
+        """Context keys redacted from everything every stack sends out: the settings'
+        and those given to the manager (see the class)."""
+        configured = self.settings.redact_fields
+        return configured | self._extra_fields if self._extra_fields else configured
 
     def set_redact_fields(self, fields: Collection[str]) -> None:
-        """Replace the manager-wide redacted keys (stacks keep the ones they added)."""
-        self._redact_fields = check_redact_fields(fields)
+        """Replace the keys this manager redacts on top of the settings' (stacks keep the
+        ones they added; the settings' are always redacted)."""
+        self._extra_fields = check_redact_fields(fields)
 
-    def redact(self, value: Any, stack_id: str | None = None) -> Any:
+    def redact(self, value: Any, stack_id: str | ExecutionStack | None = None) -> Any:
         """``value`` as siglo would store it: a copy with the redacted keys replaced.
 
-        Uses the manager's keys, plus those of the live stack ``stack_id`` if given.
+        Uses the manager's keys, plus those of the live stack (given, or of ``stack_id``).
         """
-        fields = self._fields_of(self._stacks.get(stack_id) if stack_id is not None else None)
+        if isinstance(stack_id, ExecutionStack):
+            stack: ExecutionStack | None = stack_id
+        else:
+            stack = self._stacks.get(stack_id) if stack_id is not None else None
+        fields = self._fields_of(stack)
         return redact(value, fields) if fields else value
 
     def _fields_of(self, stack: ExecutionStack | None) -> frozenset[str]:
+        fields = self.redact_fields
         if stack is None or not stack.redact_fields:
-            return self._redact_fields
-        return self._redact_fields | stack.redact_fields
+            return fields
+        return fields | stack.redact_fields
 
     def _supports(self, capability: Capability) -> StorageAdapter | None:
         adapter = self._adapter
@@ -175,7 +227,7 @@ class StorageManager:
         require_optional_id("namespace", namespace)
         require_id("type", type)
         fields = check_redact_fields(redact_fields)
-        if stack_id in self._stacks:
+        if self._live_of(stack_id):
             raise InvalidArgumentError(f"a live stack with id {stack_id!r} already exists")
         stack = ExecutionStack(
             stack_id=stack_id,
@@ -186,23 +238,76 @@ class StorageManager:
             metadata=dict(metadata or {}),
             redact_fields=fields,
         )
-        self._stacks[stack_id] = stack
+        self._register(stack)
         return stack
 
-    def get_stack(self, stack_id: str) -> ExecutionStack:
-        """The live stack with this id; raises :class:`~siglo.errors.UnknownStackError`."""
+    def _register(self, stack: ExecutionStack) -> None:
+        self._stacks[stack.stack_id] = stack
+        self._live.setdefault(stack.stack_id, weakref.WeakSet()).add(stack)
+
+    def _live_of(self, stack_id: str) -> list[ExecutionStack]:
+        """Every live stack of ``stack_id`` some caller still holds (the latest one is
+        held by the manager until discarded)."""
+        live = self._live.get(stack_id)
+        if not live:
+            self._live.pop(stack_id, None)
+            return []
+        return list(live)
+
+    def _one_live(self, stack_id: str) -> ExecutionStack:
+        """The live stack of ``stack_id`` an id-based call means: the only one.
+
+        Two callers sharing this manager (two requests of a web application) can each hold
+        a live stack of the same id; a call that names only the id could then act on the
+        other caller's stack — save it, acknowledge it — so it is refused instead.
+        """
+        live = self._live_of(stack_id)
+        if len(live) > 1:
+            raise AmbiguousStackError(
+                f"{len(live)} live stacks of {stack_id!r} are held in this manager (another "
+                "caller resumed or restored the same id): save the stack object itself, "
+                "with `await stack.save(...)` or `manager.save(stack, ...)`"
+            )
         try:
             return self._stacks[stack_id]
         except KeyError:
             raise UnknownStackError(f"no live stack with id {stack_id!r}") from None
 
-    def discard_stack(self, stack_id: str) -> None:
-        """Forget a live stack (its stored checkpoints stay)."""
+    def _stack(self, stack: str | ExecutionStack) -> ExecutionStack:
+        """``stack`` itself (it must be one of this manager's), or the one live stack of
+        the id (:meth:`_one_live`)."""
+        if isinstance(stack, ExecutionStack):
+            if stack.manager is not self:
+                raise InvalidArgumentError(
+                    f"stack {stack.stack_id!r} belongs to another manager; save it there"
+                )
+            return stack
+        return self._one_live(stack)
+
+    def get_stack(self, stack_id: str) -> ExecutionStack:
+        """The live stack with this id; raises :class:`~siglo.errors.UnknownStackError`,
+        or :class:`~siglo.errors.AmbiguousStackError` when several callers hold one."""
+        return self._one_live(stack_id)
+
+    def discard_stack(self, stack_id: str | ExecutionStack) -> None:
+        """Forget a live stack (its stored checkpoints stay): every live stack of the id
+        given, or the stack object given."""
+        if isinstance(stack_id, ExecutionStack):
+            stack = stack_id
+            if self._stacks.get(stack.stack_id) is stack:
+                del self._stacks[stack.stack_id]
+            live = self._live.get(stack.stack_id)
+            if live is not None:
+                live.discard(stack)
+                if not live:
+                    del self._live[stack.stack_id]
+            return
         self._stacks.pop(stack_id, None)
+        self._live.pop(stack_id, None)
 
     @property
     def stacks(self) -> Mapping[str, ExecutionStack]:
-        """The live stacks by id (read-only view)."""
+        """The latest live stack of each id (read-only view)."""
         return dict(self._stacks)
 
     def stream_context_change(
@@ -285,14 +390,14 @@ class StorageManager:
 
     def _snapshot(
         self,
-        stack_id: str,
+        stack: ExecutionStack,
         expected_revision: int | None,
         redact_fields: Collection[str],
         ttl_ms: int | None,
     ) -> Checkpoint:
         return take_snapshot(
-            self.get_stack(stack_id),
-            self._redact_fields,
+            stack,
+            self.redact_fields,
             self.clock,
             expected_revision=expected_revision,
             redact_fields=redact_fields,
@@ -301,7 +406,7 @@ class StorageManager:
 
     def checkpoint(
         self,
-        stack_id: str,
+        stack_id: str | ExecutionStack,
         *,
         expected_revision: int | None = None,
         redact_fields: Collection[str] = (),
@@ -309,14 +414,18 @@ class StorageManager:
     ) -> Checkpoint:
         """Snapshot a live stack now and save it in the background.
 
-        The snapshot has the next revision, ``redact_fields`` replaced by
+        ``stack_id`` is the stack's id, when this manager holds one live stack of that id
+        (:class:`~siglo.errors.AmbiguousStackError` when several callers hold one), or the
+        stack object itself. The snapshot has the next revision, ``redact_fields`` replaced by
         ``"[REDACTED]"`` at any depth of the contexts (the live stack keeps them), and
         ``expires_at`` ``ttl_ms`` from now. With ``expected_revision`` the save is a
         compare-and-set against the stored revision. Saves of one stack reach the store
         in the order taken; a failure surfaces once, from the next awaited call for this
         stack or :meth:`flush` (a conflict always, an adapter failure in strict mode).
         """
-        checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
+        live = self._stack(stack_id)
+        stack_id = live.stack_id
+        checkpoint = self._snapshot(live, expected_revision, redact_fields, ttl_ms)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is not None:
 
@@ -334,9 +443,37 @@ class StorageManager:
             self._jobs.submit(stack_id, save)
         return checkpoint
 
+    async def save(
+        self,
+        stack: ExecutionStack,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+        unlock: bool = False,
+    ) -> Checkpoint:
+        """Snapshot ``stack`` — this very object — and wait until it is stored.
+
+        The way to save in concurrent code: a manager shared by concurrent requests
+        never saves (nor acknowledges) a stack another request holds, whatever ids they
+        share. See :meth:`save_checkpoint` for the arguments and errors.
+        """
+        if not isinstance(stack, ExecutionStack):
+            raise InvalidArgumentError(
+                f"save() takes the live stack itself, got {type(stack).__name__}; "
+                "save_checkpoint() takes an id"
+            )
+        return await self.save_checkpoint(
+            stack,
+            expected_revision=expected_revision,
+            redact_fields=redact_fields,
+            ttl_ms=ttl_ms,
+            unlock=unlock,
+        )
+
     async def save_checkpoint(
         self,
-        stack_id: str,
+        stack_id: str | ExecutionStack,
         *,
         expected_revision: int | None = None,
         redact_fields: Collection[str] = (),
@@ -344,6 +481,12 @@ class StorageManager:
         unlock: bool = False,
     ) -> Checkpoint:
         """Snapshot a live stack and wait until it is stored (see :meth:`checkpoint`).
+
+        ``stack_id`` is the stack's id, when this manager holds one live stack of that
+        id, or the stack object itself: when several callers hold one (a shared manager,
+        two requests that resumed the same id) an id is refused with
+        :class:`~siglo.errors.AmbiguousStackError` rather than saving another caller's
+        stack — use :meth:`save` (or ``await stack.save()``) in concurrent code.
 
         Earlier background saves of the stack land first. Raises
         :class:`~siglo.errors.CheckpointConflictError` on a lost compare-and-set, and
@@ -355,6 +498,8 @@ class StorageManager:
         same transaction (PostgreSQL: one round trip fewer); elsewhere the lock is
         released when the action ends, as always. Without such a lock it changes nothing.
         """
+        live = self._stack(stack_id)
+        stack_id = live.stack_id
         # On a backend that writes context changes and a checkpoint in one statement
         # (StorageAdapter.save_checkpoint_streamed overridden), the changes not streamed
         # yet go with the checkpoint: one round trip and one commit fewer per change, the
@@ -370,7 +515,7 @@ class StorageManager:
             events = []
         try:
             self._deferred.raise_for(stack_id)
-            checkpoint = self._snapshot(stack_id, expected_revision, redact_fields, ttl_ms)
+            checkpoint = self._snapshot(live, expected_revision, redact_fields, ttl_ms)
         except BaseException:
             await self._stream_now(stack_id, events)  # as their jobs would have
             raise
@@ -396,15 +541,17 @@ class StorageManager:
         *,
         expected_namespace: str | None = None,
     ) -> ExecutionStack:
-        """Make a checkpoint the live stack of its id (replacing any live one).
+        """Make a checkpoint a live stack of its id, and return it.
 
         Accepts a :class:`Checkpoint`, a wire document or its JSON. Raises
         :class:`~siglo.errors.NamespaceMismatchError` when ``expected_namespace`` and the
         checkpoint's namespace are both present and differ, and
-        :class:`~siglo.errors.CheckpointVersionError` for a storage schema above 2.
+        :class:`~siglo.errors.CheckpointVersionError` for a storage schema above 2. A live
+        stack of the same id that another caller still holds stays that caller's (save
+        each through its own object: see :meth:`save`).
         """
         stack = restore_stack(checkpoint, self, expected_namespace=expected_namespace)
-        self._stacks[stack.stack_id] = stack
+        self._register(stack)
         return stack
 
     async def load_checkpoint(
@@ -458,7 +605,7 @@ class StorageManager:
     def _handle_failure(self, exc: Exception, doing: str, *, background: str | None = None) -> None:
         """Apply the error mode; ``background`` is the stack id of a background job,
         whose failure waits for that stack's next call or :meth:`flush`."""
-        failure = surfaced_failure(exc, doing, self._error_mode)
+        failure = surfaced_failure(exc, doing, self.error_mode)
         if failure is None:
             return
         if background is not None:

@@ -7,9 +7,20 @@ from typing import Any, Final
 
 from siglo.errors import InvalidArgumentError
 
-__all__ = ["MAX_REDACTION_DEPTH", "REDACTED", "check_redact_fields", "redact", "redact_contexts"]
+__all__ = [
+    "MAX_REDACTION_DEPTH",
+    "REDACTED",
+    "REDACT_FIELDS_KEY",
+    "check_redact_fields",
+    "redact",
+    "redact_contexts",
+]
 
 REDACTED: Final = "[REDACTED]"
+
+REDACT_FIELDS_KEY: Final = "redactFields"
+"""The checkpoint ``metadata`` key naming the keys redacted from it: a process that
+restores the stack keeps redacting them, whatever its own settings say."""
 
 MAX_REDACTION_DEPTH: Final = 10_000
 """Containers nested deeper than this are refused (a cycle is infinitely deep).

@@ -11,7 +11,13 @@ from siglo.checkpoint import CHECKPOINT_VERSION, SCHEMA_VERSION, Checkpoint
 from siglo.clock import Clock
 from siglo.errors import InvalidArgumentError, NamespaceMismatchError
 from siglo.records import ContextChangeEvent, ContextOp
-from siglo.redaction import REDACTED, check_redact_fields, redact, redact_contexts
+from siglo.redaction import (
+    REDACT_FIELDS_KEY,
+    REDACTED,
+    check_redact_fields,
+    redact,
+    redact_contexts,
+)
 from siglo.stack import ContextStream, ExecutionStack
 from siglo.validation import require_optional_id, require_ttl_ms
 
@@ -54,6 +60,14 @@ def take_snapshot(
         stack.redact_fields = stack.redact_fields | named
     fields = manager_fields | stack.redact_fields
     contexts = redact_contexts(stack.contexts, fields) if fields else stack.contexts
+    metadata: Mapping[str, Any] = stack.metadata
+    if fields:
+        # The metadata leaves the process too (a flow's input, a wait's event payload),
+        # and names the keys redacted, so any process that restores the stack — a
+        # worker, another replica — keeps redacting them (restore_stack).
+        metadata = dict(redact(stack.metadata, fields))
+        listed = set(metadata.get(REDACT_FIELDS_KEY) or ()) | fields
+        metadata[REDACT_FIELDS_KEY] = sorted(listed)
     wire: dict[str, Any] = {
         "version": CHECKPOINT_VERSION,
         "schemaVersion": SCHEMA_VERSION,
@@ -71,8 +85,8 @@ def take_snapshot(
         wire["namespace"] = stack.namespace
     if ttl_ms is not None:
         wire["expiresAt"] = now + ttl_ms
-    if stack.metadata:
-        wire["metadata"] = stack.metadata
+    if metadata:
+        wire["metadata"] = metadata
     # Encoding then decoding is the deep copy: later mutations of the live stack
     # cannot reach the snapshot, non-JSON context values fail here, synchronously,
     # and the adapter reuses the encoding instead of serialising again.
@@ -139,6 +153,7 @@ def restore_stack(
     # The live stack must not share dicts with the (immutable) checkpoint: decode a
     # fresh copy from its JSON, which a loaded checkpoint already holds (no re-encode).
     doc = codec.loads(checkpoint.to_json(), what="checkpoint")
+    metadata = doc.get("metadata") or {}
     return ExecutionStack(
         stack_id=checkpoint.stack_id,
         manager=stream,
@@ -149,5 +164,14 @@ def restore_stack(
         revision=checkpoint.revision,
         chains=list(checkpoint.chains),
         contexts=doc["contexts"],
-        metadata=doc.get("metadata") or {},
+        metadata=metadata,
+        redact_fields=_named_redactions(metadata),
     )
+
+
+def _named_redactions(metadata: Mapping[str, Any]) -> frozenset[str]:
+    """The keys a checkpoint says were redacted from it (``metadata.redactFields``)."""
+    named = metadata.get(REDACT_FIELDS_KEY)
+    if not isinstance(named, list):
+        return frozenset()
+    return frozenset(name for name in named if isinstance(name, str) and name)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from siglo.checkpoint import STATUSES, TERMINAL_STATUSES, Status
 from siglo.errors import InvalidArgumentError, InvalidStateTransitionError
 from siglo.records import ContextOp
 from siglo.validation import require_id
+
+if TYPE_CHECKING:
+    from siglo.checkpoint import Checkpoint
 
 __all__ = ["ALLOWED_TRANSITIONS", "ContextStream", "ExecutionStack"]
 
@@ -23,13 +27,37 @@ ALLOWED_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
 
 
 class ContextStream(Protocol):
-    """Where a stack sends its context changes: the :class:`~siglo.StorageManager` that
-    created it (which streams them to the adapter's ``on_context_change``)."""
+    """Where a stack sends its context changes and its saves: the
+    :class:`~siglo.StorageManager` that created it (which streams changes to the
+    adapter's ``on_context_change`` and stores snapshots)."""
 
     def stream_context_change(
         self, stack: ExecutionStack, step_id: str, key: str, value: Any, op: ContextOp
     ) -> None:
         """Take one change of ``stack``'s context; must not block or raise on I/O."""
+        ...
+
+    async def save(
+        self,
+        stack: ExecutionStack,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+        unlock: bool = False,
+    ) -> Checkpoint:
+        """Snapshot ``stack`` and wait until it is stored."""
+        ...
+
+    def checkpoint(
+        self,
+        stack_id: str | ExecutionStack,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+    ) -> Checkpoint:
+        """Snapshot ``stack`` now and store it in the background."""
         ...
 
 
@@ -72,6 +100,38 @@ class ExecutionStack:
         require_id("key", key)
         self.context(step_id).pop(key, None)
         self.manager.stream_context_change(self, step_id, key, None, "delete")
+
+    async def save(
+        self,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+        unlock: bool = False,
+    ) -> Checkpoint:
+        """Snapshot this stack and wait until it is stored (its manager's
+        :meth:`~siglo.StorageManager.save`): always this object, never another caller's
+        stack of the same id. With ``expected_revision`` the save is a compare-and-set."""
+        return await self.manager.save(
+            self,
+            expected_revision=expected_revision,
+            redact_fields=redact_fields,
+            ttl_ms=ttl_ms,
+            unlock=unlock,
+        )
+
+    def checkpoint(
+        self,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+    ) -> Checkpoint:
+        """Snapshot this stack now and store it in the background (its manager's
+        :meth:`~siglo.StorageManager.checkpoint`); returns the snapshot."""
+        return self.manager.checkpoint(
+            self, expected_revision=expected_revision, redact_fields=redact_fields, ttl_ms=ttl_ms
+        )
 
     def push_chain(self, chain: str) -> None:
         """Append an entry (a step or chain id) to the stack's chain list."""

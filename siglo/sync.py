@@ -7,8 +7,9 @@ through one event loop running in a daemon thread (the *portal*)::
 
     with sync.connect("sqlite:///app.db") as backend:
         manager = sync.StorageManager(backend)
-        manager.create_stack("order-42").set("charge", "amount", 1200)
-        manager.save_checkpoint("order-42")
+        stack = manager.create_stack("order-42")
+        stack.set("charge", "amount", 1200)
+        stack.save()
         print(manager.load_checkpoint("order-42").revision)
 
 Every call is handed to the portal's loop and the calling thread waits for its result;
@@ -29,9 +30,12 @@ from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.clock import Clock
+from siglo.config import Settings
 from siglo.coordination import DEFAULT_LOCK_TTL_MS as DEFAULT_LOCK_TTL_MS
 from siglo.error_modes import ErrorMode
+from siglo.errors import InvalidArgumentError
 from siglo.manager import StorageManager as AsyncStorageManager
+from siglo.stack import ExecutionStack
 from siglo.sync_facades import (
     Facade,
     SyncAdapter,
@@ -70,20 +74,36 @@ class StorageManager(Facade):
         self,
         adapter: SyncBackend | Backend | StorageAdapter | None = None,
         *,
+        settings: Settings | None = None,
         error_mode: ErrorMode | None = None,
         clock: Clock | None = None,
-        namespace_fallback: bool = True,
+        namespace_fallback: bool | None = None,
+        redact_fields: Collection[str] = (),
     ) -> None:
         portal = get_portal()
         target = _unwrap(adapter)
         manager = portal.call(
             AsyncStorageManager,
             target,
+            settings=settings,
             error_mode=error_mode,
             clock=clock,
             namespace_fallback=namespace_fallback,
+            redact_fields=redact_fields,
         )
         super().__init__(manager, portal)
+
+    @property
+    def settings(self) -> Settings:
+        """``StorageManager.settings``."""
+        settings: Settings = self._inner.settings
+        return settings
+
+    @property
+    def redact_fields(self) -> frozenset[str]:
+        """``StorageManager.redact_fields``."""
+        fields: frozenset[str] = self._inner.redact_fields
+        return fields
 
     @property
     def error_mode(self) -> ErrorMode:
@@ -124,13 +144,36 @@ class StorageManager(Facade):
         """``StorageManager.get_stack``."""
         return SyncStack(self._portal.call(self._inner.get_stack, stack_id), self._portal)
 
-    def discard_stack(self, stack_id: str) -> None:
+    def discard_stack(self, stack_id: str | SyncStack) -> None:
         """``StorageManager.discard_stack``."""
-        self._portal.call(self._inner.discard_stack, stack_id)
+        self._portal.call(self._inner.discard_stack, _live(stack_id))
+
+    def save(
+        self,
+        stack: SyncStack,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+        unlock: bool = False,
+    ) -> Checkpoint:
+        """``StorageManager.save``: this very stack, stored (the way to save in code that
+        several threads run at once)."""
+        if not isinstance(stack, SyncStack):
+            raise InvalidArgumentError(
+                f"save() takes the live stack itself, got {type(stack).__name__}; "
+                "save_checkpoint() takes an id"
+            )
+        return stack.save(
+            expected_revision=expected_revision,
+            redact_fields=redact_fields,
+            ttl_ms=ttl_ms,
+            unlock=unlock,
+        )
 
     def checkpoint(
         self,
-        stack_id: str,
+        stack_id: str | SyncStack,
         *,
         expected_revision: int | None = None,
         redact_fields: Collection[str] = (),
@@ -139,7 +182,7 @@ class StorageManager(Facade):
         """``StorageManager.checkpoint``: a snapshot, saved in the background."""
         snapshot: Checkpoint = self._portal.call(
             self._inner.checkpoint,
-            stack_id,
+            _live(stack_id),
             expected_revision=expected_revision,
             redact_fields=redact_fields,
             ttl_ms=ttl_ms,
@@ -148,7 +191,7 @@ class StorageManager(Facade):
 
     def save_checkpoint(
         self,
-        stack_id: str,
+        stack_id: str | SyncStack,
         *,
         expected_revision: int | None = None,
         redact_fields: Collection[str] = (),
@@ -164,7 +207,7 @@ class StorageManager(Facade):
         """
         saved: Checkpoint = self._portal.run(
             self._inner.save_checkpoint,
-            stack_id,
+            _live(stack_id),
             expected_revision=expected_revision,
             redact_fields=redact_fields,
             ttl_ms=ttl_ms,
@@ -203,6 +246,14 @@ class StorageManager(Facade):
     def flush(self) -> None:
         """``StorageManager.flush``: wait for background saves, raise what they deferred."""
         self._portal.run(self._inner.flush)
+
+
+def _live(stack: str | SyncStack) -> str | ExecutionStack:
+    """An id as it is, a stack facade as the stack behind it."""
+    if isinstance(stack, SyncStack):
+        inner: ExecutionStack = stack.wrapped
+        return inner
+    return stack
 
 
 def _unwrap(

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import TracebackType
 from typing import Any, TypeVar
 
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
+from siglo.config import Settings
 from siglo.connect import connect as async_connect
 from siglo.coordination import DEFAULT_LOCK_TTL_MS, ClaimState, IdempotencyClaim, LockResult
 from siglo.sentinel import Missing
@@ -98,6 +99,40 @@ class SyncStack(Facade):
         """``ExecutionStack.context``."""
         value: dict[str, Any] = self._portal.call(self._inner.context, step_id)
         return value
+
+    def save(
+        self,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+        unlock: bool = False,
+    ) -> Checkpoint:
+        """``ExecutionStack.save``: this stack, stored; blocks until it is."""
+        saved: Checkpoint = self._portal.run(
+            self._inner.save,
+            expected_revision=expected_revision,
+            redact_fields=redact_fields,
+            ttl_ms=ttl_ms,
+            unlock=unlock,
+        )
+        return saved
+
+    def checkpoint(
+        self,
+        *,
+        expected_revision: int | None = None,
+        redact_fields: Collection[str] = (),
+        ttl_ms: int | None = None,
+    ) -> Checkpoint:
+        """``ExecutionStack.checkpoint``: a snapshot, stored in the background."""
+        snapshot: Checkpoint = self._portal.call(
+            self._inner.checkpoint,
+            expected_revision=expected_revision,
+            redact_fields=redact_fields,
+            ttl_ms=ttl_ms,
+        )
+        return snapshot
 
     def push_chain(self, chain: str) -> None:
         """``ExecutionStack.push_chain``."""
@@ -310,10 +345,13 @@ class SyncBackend:
         self.close()
 
 
-def connect(url: str | None = None, **options: Any) -> SyncBackend:
-    """:func:`siglo.connect` for synchronous code (``url`` defaults to ``$SIGLO_URL``).
+def connect(
+    url: str | None = None, *, settings: Settings | None = None, **options: Any
+) -> SyncBackend:
+    """:func:`siglo.connect` for synchronous code: the same settings (``url`` defaults to
+    the settings' URL, ``$SIGLO_URL``), the same pipeline.
 
     The backend is built on the portal's loop, where all its calls then run.
     """
     portal = get_portal()
-    return SyncBackend(portal.call(async_connect, url, **options), portal)
+    return SyncBackend(portal.call(async_connect, url, settings=settings, **options), portal)

@@ -32,6 +32,7 @@ __all__ = [
     "integer",
     "mask_credentials",
     "optional_integer",
+    "query_names",
     "split_options",
     "text",
     "url_value",
@@ -117,6 +118,11 @@ def split_options(url: str, options: Mapping[str, Converter]) -> tuple[str, dict
         else:
             ours[name] = convert(name, value)
     return _join(base, theirs), ours
+
+
+def query_names(url: str) -> frozenset[str]:
+    """The names of ``url``'s query parameters."""
+    return frozenset(name for name, _ in _split(url)[1])
 
 
 def url_value(value: Any) -> str:

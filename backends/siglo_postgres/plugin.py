@@ -30,5 +30,6 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         requires=("sqlalchemy", "psycopg", "psycopg_pool"),
         extra="postgres",
         multiprocess=True,
+        bounded=True,
         description="PostgreSQL via a psycopg 3 connection pool",
     )

@@ -29,5 +29,6 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         extra="redis",
         description="Redis / Redis Cluster / Redis Sentinel / Valkey, in seed 001's key topology",
         multiprocess=True,
+        bounded=True,
         isolated="siglo_redis.connect:isolated",
     )

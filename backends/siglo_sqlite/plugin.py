@@ -32,5 +32,6 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         # A file is shared by every process that opens it; sqlite:// (memory) is private
         # to one backend: see siglo_sqlite.is_memory_url.
         multiprocess=True,
+        bounded=True,
         description="SQLite file (WAL) or private in-memory database, via aiosqlite",
     )

@@ -7,16 +7,20 @@ free.
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from siglo import __version__
 from siglo.cli.backends import backends
 from siglo.cli.check import check
+from siglo.cli.config import config
 from siglo.cli.errors import DEBUG_ENV, SigloGroup
 from siglo.cli.migrate import migrate
 from siglo.cli.store import clean, ls, prune, rm, show
 from siglo.cli.transfer import export, import_
 from siglo.cli.worker import worker
+from siglo.config import CONFIG_ENV, reset_settings
 
 __all__ = ["cli", "main"]
 
@@ -28,17 +32,32 @@ __all__ = ["cli", "main"]
     is_flag=True,
     help=f"Show the full traceback of a failure (or set {DEBUG_ENV}=1).",
 )
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help=f"The settings file to read (or set {CONFIG_ENV}); default: the nearest "
+    "siglo.toml, or pyproject.toml with [tool.siglo].",
+)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, config_file: str | None) -> None:
     """siglo: storage for durable workflows.
 
-    Commands that take a backend URL read $SIGLO_URL when given none.
+    Every command takes its settings (redacted fields, error mode, timeouts, the backend
+    URL when none is given) from the settings file and SIGLO_* variables: `siglo config`
+    shows them.
     """
     ctx.meta["siglo.debug"] = debug
+    if config_file is not None:
+        # For this process: every settings load from here on reads this file.
+        os.environ[CONFIG_ENV] = config_file
+        reset_settings()
 
 
 cli.add_command(backends)
 cli.add_command(check)
+cli.add_command(config)
 cli.add_command(migrate)
 cli.add_command(ls)
 cli.add_command(show)

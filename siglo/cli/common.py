@@ -15,16 +15,17 @@ from rich.table import Table
 
 from siglo.adapter import Capability
 from siglo.backend import Backend
-from siglo.cli.errors import CliError, display_url
+from siglo.cli.errors import CliError, cli_settings, display_url
 from siglo.connect import connect
 
 __all__ = ["format_ms", "open_store", "print_json", "print_table", "require"]
 
 
 @asynccontextmanager
-async def open_store(url: str) -> AsyncIterator[Backend]:
-    """The backend at ``url``, closed afterwards."""
-    backend = connect(url)
+async def open_store(url: str, **options: Any) -> AsyncIterator[Backend]:
+    """The backend at ``url`` with the settings every command takes (:func:`cli_settings`:
+    timeouts, backend options, the pipeline), closed afterwards."""
+    backend = connect(url, settings=cli_settings(), **options)
     try:
         yield backend
     finally:

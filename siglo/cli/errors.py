@@ -14,6 +14,7 @@ from typing import IO, Any, Final, TypeVar
 
 import click
 
+from siglo.config import Settings, current_settings
 from siglo.connect import URL_ENV
 from siglo.errors import (
     BackendNotFoundError,
@@ -30,6 +31,7 @@ from siglo.urls import mask_credentials
 __all__ = [
     "DEBUG_ENV",
     "URL_ENV",
+    "cli_settings",
     "CliError",
     "SigloGroup",
     "as_cli_error",
@@ -126,19 +128,31 @@ class SigloGroup(click.Group):
             raise as_cli_error(exc) from exc
 
 
+def cli_settings() -> Settings:
+    """The settings every command takes: the process's (``--config`` / ``$SIGLO_CONFIG``,
+    else the nearest ``siglo.toml`` or ``[tool.siglo]``, then ``SIGLO_*`` variables, or
+    what the application's code passed to :func:`siglo.configure`). A bad settings file
+    or variable is one ``Error:`` line."""
+    try:
+        return current_settings()
+    except InvalidArgumentError as exc:
+        raise CliError(str(exc), "fix the setting, or see `siglo config --help`") from exc
+
+
 def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = None) -> str:
-    """The backend URL a command works on: ``url`` if given, else ``$SIGLO_URL``, else
-    ``default`` (a callable is asked only then). An empty or malformed URL is an error,
-    never a silent fallback."""
+    """The backend URL a command works on: ``url`` if given, else the settings' (``url`` in
+    the settings file, ``$SIGLO_URL``), else ``default`` (a callable is asked only then).
+    An empty or malformed URL is an error, never a silent fallback."""
     if url is None:
-        env = os.environ.get(URL_ENV)
-        if env is not None:
-            url, source = env, f"${URL_ENV}"
+        configured = cli_settings().url
+        if configured is not None:
+            url, source = configured, f"URL of the settings ({cli_settings().source})"
         elif default is not None:
             return default() if callable(default) else default
         else:
             raise CliError(
-                "no backend URL given", f"pass one (e.g. sqlite:///siglo.db) or set {URL_ENV}"
+                "no backend URL given",
+                f"pass one (e.g. sqlite:///siglo.db), set {URL_ENV}, or set url in siglo.toml",
             )
     else:
         source = "URL"

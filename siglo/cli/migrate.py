@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from siglo.backend import Backend
-from siglo.cli.errors import CliError, resolve_url
+from siglo.cli.errors import CliError, cli_settings, resolve_url
 from siglo.connect import connect
 
 __all__ = ["migrate"]
@@ -30,12 +30,12 @@ async def _migrate(url: str, target: int | None, status_only: bool) -> str:
     # Built without options first, to ask whether the backend has a schema at all: a
     # backend that has none (memory://, redis://) would refuse `auto_migrate`. Building
     # a backend opens nothing; the first call does.
-    probe = connect(url)
+    probe = connect(url, settings=cli_settings())
     try:
         _versioned(probe)
     finally:
         await probe.aclose()
-    backend = connect(url, auto_migrate=False)
+    backend = connect(url, settings=cli_settings(), auto_migrate=False)
     try:
         run, current = _versioned(backend)
         if status_only:

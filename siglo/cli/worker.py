@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from siglo.cli.errors import CliError, display_url, resolve_url
+from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
+from siglo.config import Settings
 from siglo.connect import connect
 from siglo.manager import StorageManager
 from siglo.workflow.flow import Flow
@@ -51,13 +52,21 @@ def load_flows(specs: Iterable[str]) -> list[Flow]:
     return flows
 
 
-async def _work(url: str, flows: list[Flow], batch: int, interval: float, once: bool) -> None:
-    backend = connect(url)
-    manager = StorageManager(backend, error_mode="strict")
+async def _work(
+    url: str, settings: Settings, flows: list[Flow], batch: int, interval: float, once: bool
+) -> None:
+    backend = connect(url, settings=settings)
+    # The application's settings (its file, its environment, what its module passed to
+    # siglo.configure): a worker stores what the application would, redacted the same.
+    manager = StorageManager(backend, settings=settings)
     try:
         runner = Worker(manager, flows, batch=batch)
         names = ", ".join(sorted(runner.flows))
         click.echo(f"siglo worker {runner.worker_id} on {display_url(url)}: flows {names}")
+        click.echo(
+            f"settings from {settings.source}: error mode {manager.error_mode}, "
+            f"{len(manager.redact_fields)} redacted field(s)"
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -121,6 +130,9 @@ def worker(
     executed by one process at a time. SIGTERM or Ctrl-C stops after the run in
     progress.
     """
-    target = resolve_url(url)
+    # The flows' modules first: an application that decides its settings in code
+    # (siglo.configure at import) has them in effect before the worker reads them.
     flows = load_flows(flow_specs)
-    asyncio.run(_work(target, flows, batch, interval, once))
+    settings = cli_settings()
+    target = resolve_url(url)
+    asyncio.run(_work(target, settings, flows, batch, interval, once))

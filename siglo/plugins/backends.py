@@ -47,6 +47,9 @@ class BackendSpec:
     install_hint: str | None = None
     """What to install when a driver is missing, for a third-party plugin
     (``"pip install 'siglo-mystore[fast]'"``); the default names ``siglo[extra]``."""
+    bounded: bool = False
+    """Whether the factory takes ``command_timeout_ms``, the bound on every call to the
+    server (SPEC §4): :func:`siglo.connect` passes the settings' bound to it."""
 
     def install_command(self) -> str:
         """The command that installs this backend's drivers."""
@@ -106,6 +109,7 @@ class BackendRegistry:
         isolated: str | Callable[..., Any] | None = None,
         multiprocess: bool = False,
         install_hint: str | None = None,
+        bounded: bool = False,
     ) -> None:
         """Declare one backend; invalid declarations raise :class:`PluginError`.
 
@@ -134,5 +138,6 @@ class BackendRegistry:
                 multiprocess=multiprocess,
                 plugin=self.plugin,
                 install_hint=install_hint,
+                bounded=bounded,
             )
         )

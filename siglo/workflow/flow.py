@@ -121,18 +121,18 @@ class Flow:
                     metadata={"flowVersion": self.version, "input": input},
                 )
                 try:
-                    await manager.save_checkpoint(run_id, expected_revision=0)
+                    await manager.save(stack, expected_revision=0)
                 except CheckpointConflictError:
                     # Stored already (or created meanwhile by a caller without the
                     # lock): take that run up.
-                    manager.discard_stack(run_id)
+                    manager.discard_stack(stack)
                 else:
                     try:
                         return await self._execute(manager, stack, unlock=True)
                     finally:
                         # The checkpoint holds the run now; a long-lived manager must
                         # not keep every finished or suspended run's live stack.
-                        manager.discard_stack(run_id)
+                        manager.discard_stack(stack)
             return await self._take_up(manager, run_id, namespace)
 
         return await _locked(manager, run_id, start_or_continue)
@@ -172,7 +172,7 @@ class Flow:
                 await self._execute(manager, stack, unlock=True)
                 return True
             finally:
-                manager.discard_stack(stack_id)
+                manager.discard_stack(stack)
 
         try:
             return await adapter.with_workflow_lock(stack_id, take_over, timeout_ms=1)
@@ -272,7 +272,7 @@ class Flow:
                 # Not the action's last write: the wait's completion comes after it.
                 return await self._continue(manager, stack, unlock=False)
             finally:
-                manager.discard_stack(stack.stack_id)
+                manager.discard_stack(stack)
                 await adapter.complete_wait_record(
                     correlation_key, claimant, namespace=record.namespace
                 )
@@ -325,7 +325,7 @@ class Flow:
         try:
             return await self._continue(manager, stack, unlock=True)
         finally:
-            manager.discard_stack(stack_id)
+            manager.discard_stack(stack)
 
     async def _continue(
         self, manager: StorageManager, stack: ExecutionStack, *, unlock: bool
@@ -390,9 +390,7 @@ class Flow:
                 raise WorkflowSuspended(stack.stack_id, wait.correlation_key, step.name) from None
             except Exception:
                 stack.transition("failed")
-                await manager.save_checkpoint(
-                    stack.stack_id, expected_revision=stack.revision, unlock=unlock
-                )
+                await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
                 raise
             stack.set(step.name, OUTPUT, value)
             stack.push_chain(step.name)
@@ -418,9 +416,7 @@ class Flow:
             # Every step's output was stored already (a run checkpointed by a version that
             # saved the last step and the completion apart): only the completion is left.
             stack.transition("completed")
-            await manager.save_checkpoint(
-                stack.stack_id, expected_revision=stack.revision, unlock=unlock
-            )
+            await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
         return value
 
     async def _run_step(
@@ -522,9 +518,7 @@ class Flow:
         stack.set(step.name, WAITING_FOR, wait.correlation_key)
         stack.metadata["waitRecord"] = record.to_wire()
         stack.transition("waiting")
-        await manager.save_checkpoint(
-            stack.stack_id, expected_revision=stack.revision, unlock=unlock
-        )
+        await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
 
 
 async def _why_unclaimable(
@@ -574,15 +568,13 @@ async def _save_with(
     after both, when the action ends.
     """
     if cache_write is None:
-        await manager.save_checkpoint(
-            stack.stack_id, expected_revision=stack.revision, unlock=unlock
-        )
+        await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
         return
     # The save is awaited directly, not as a task: its first part (taking the context
     # changes not streamed yet) must run before the loop turns and their jobs start.
     cache_task = asyncio.ensure_future(cache_write())
     try:
-        await manager.save_checkpoint(stack.stack_id, expected_revision=stack.revision)
+        await manager.save(stack, expected_revision=stack.revision)
     finally:
         (cached,) = await asyncio.gather(cache_task, return_exceptions=True)
     if isinstance(cached, BaseException):

@@ -1,0 +1,371 @@
+"""The one configuration: what an application decides once, for every path (SPEC §4).
+
+An application decides a few things about its stored state once: which context keys never
+leave the process (``redact_fields``), what an adapter failure does (``error_mode``),
+whether a namespaced read may fall back to the stack without a namespace, how long a call
+to the server may take, and the backend's URL and options. :class:`Settings` holds those
+decisions, and every path that writes, reads or prints stored data takes them from here:
+:func:`siglo.connect`, :class:`siglo.StorageManager`, the synchronous facade, flows,
+``siglo worker`` and every other ``siglo`` command, export and import.
+
+The settings in effect are read, in this order, each later source winning:
+
+1. the defaults below;
+2. a file: ``$SIGLO_CONFIG`` if set, else the nearest ``siglo.toml``, or
+   ``pyproject.toml`` with a ``[tool.siglo]`` table, found from the current directory
+   upwards (as ruff and pytest find theirs);
+3. ``SIGLO_*`` environment variables (:data:`ENVIRONMENT`);
+4. explicit arguments: :func:`configure` in the application's code, or ``settings=`` /
+   keyword arguments where a single call takes them.
+
+``redact_fields`` is the exception: the keys of every source are redacted (a later source
+adds keys, never removes one), so no layer can expose a field another one protects.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+from siglo.errors import InvalidArgumentError
+from siglo.redaction import check_redact_fields
+from siglo.settings import DEFAULTS
+from siglo.urls import mask_credentials
+
+__all__ = [
+    "CONFIG_ENV",
+    "ENVIRONMENT",
+    "FILE_NAMES",
+    "Settings",
+    "configure",
+    "current_settings",
+    "find_config_file",
+    "load_settings",
+    "reset_settings",
+    "settings_generation",
+]
+
+CONFIG_ENV: Final = "SIGLO_CONFIG"
+"""The environment variable naming the settings file to read (instead of searching)."""
+
+FILE_NAMES: Final = ("siglo.toml", "pyproject.toml")
+"""The files searched for, in each directory from the current one upwards: ``siglo.toml``
+(settings at its top level), then ``pyproject.toml`` (settings under ``[tool.siglo]``;
+a ``pyproject.toml`` without that table does not count)."""
+
+_ERROR_MODES: Final = frozenset({"best-effort", "warn", "strict"})
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What an application decides once about its stored state (immutable).
+
+    Build one with :func:`load_settings` (file, environment, then arguments), change one
+    with :meth:`replace`, and make one the process's with :func:`configure`.
+    """
+
+    url: str | None = None
+    """The backend URL :func:`siglo.connect` and every ``siglo`` command use when given
+    none (``$SIGLO_URL``)."""
+    redact_fields: frozenset[str] = frozenset()
+    """Context keys whose values never leave the process: ``"[REDACTED]"`` at any depth in
+    everything stored — checkpoints (contexts and metadata), the context-change stream,
+    wait-record payloads, cached step outputs, idempotency results."""
+    error_mode: str | None = None
+    """``"best-effort"``, ``"warn"`` or ``"strict"``; ``None``: strict over a durable
+    backend, best-effort over ``memory://`` (see :class:`siglo.StorageManager`)."""
+    namespace_fallback: bool = True
+    """Whether a namespaced read falls back to the stack saved without a namespace (the
+    seed's behaviour); ``False`` keeps every tenant's reads inside its namespace."""
+    command_timeout_ms: int | None = DEFAULTS.command_timeout_ms
+    """The bound on every call to the server, for every backend that has one (``None``:
+    unbounded)."""
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Further options of the backend at :attr:`url` (a Redis ``prefix``, a PostgreSQL
+    ``schema``, pool sizes …), passed to its factory when the URL is this one."""
+    source: str = "defaults"
+    """Where these settings were read from (for messages; not a setting)."""
+
+    def __post_init__(self) -> None:
+        # Checked once, here: every way of building settings refuses the same things.
+        object.__setattr__(self, "redact_fields", check_redact_fields(self.redact_fields))
+        if self.error_mode is not None and self.error_mode not in _ERROR_MODES:
+            raise InvalidArgumentError(
+                f"error_mode must be one of {', '.join(sorted(_ERROR_MODES))}, "
+                f"got {self.error_mode!r} ({self.source})"
+            )
+        if self.url is not None and (not isinstance(self.url, str) or not self.url):
+            raise InvalidArgumentError(f"url must be a non-empty string ({self.source})")
+        if type(self.namespace_fallback) is not bool:
+            raise InvalidArgumentError(
+                f"namespace_fallback must be true or false, got {self.namespace_fallback!r} "
+                f"({self.source})"
+            )
+        timeout = self.command_timeout_ms
+        if timeout is not None and (type(timeout) is not int or timeout <= 0):
+            raise InvalidArgumentError(
+                f"command_timeout_ms must be a positive integer of milliseconds or none, "
+                f"got {timeout!r} ({self.source})"
+            )
+        if not isinstance(self.options, Mapping) or not all(
+            isinstance(k, str) for k in self.options
+        ):
+            raise InvalidArgumentError(
+                f"options must be a table of option names to values ({self.source})"
+            )
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def replace(self, **changes: Any) -> Settings:
+        """These settings with ``changes`` applied (``redact_fields`` added to, not
+        replaced: see the module). Unknown names raise
+        :class:`~siglo.errors.InvalidArgumentError`."""
+        _check_names(changes, "replace()")
+        if "redact_fields" in changes:
+            changes["redact_fields"] = self.redact_fields | check_redact_fields(
+                changes["redact_fields"]
+            )
+        return replace(self, **changes)
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain values, the URL's credentials masked (``siglo config``)."""
+        return {
+            "url": None if self.url is None else mask_credentials(self.url),
+            "redact_fields": sorted(self.redact_fields),
+            "error_mode": self.error_mode,
+            "namespace_fallback": self.namespace_fallback,
+            "command_timeout_ms": self.command_timeout_ms,
+            "options": {
+                k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
+            },
+            "source": self.source,
+        }
+
+    def __repr__(self) -> str:
+        # Settings end up in logs and tracebacks: the URL's password never does.
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.describe().items())
+        return f"Settings({shown})"
+
+
+SETTING_NAMES: Final = frozenset(f.name for f in fields(Settings)) - {"source"}
+"""The names a settings file, :func:`configure` or :meth:`Settings.replace` accept."""
+
+ENVIRONMENT: Final[dict[str, str]] = {
+    "SIGLO_URL": "url",
+    "SIGLO_REDACT_FIELDS": "redact_fields",
+    "SIGLO_ERROR_MODE": "error_mode",
+    "SIGLO_NAMESPACE_FALLBACK": "namespace_fallback",
+    "SIGLO_COMMAND_TIMEOUT_MS": "command_timeout_ms",
+}
+"""The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
+comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``
+an integer or ``none``."""
+
+
+def _secret_option(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in ("password", "secret", "token", "key"))
+
+
+def _check_names(values: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(values) - SETTING_NAMES)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown setting(s) {', '.join(map(repr, unknown))} in {where}; known: "
+            f"{', '.join(sorted(SETTING_NAMES))}"
+        )
+
+
+def find_config_file(
+    start: Path | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[Path, Mapping[str, Any]] | None:
+    """The settings file in effect and its siglo table, or ``None`` (see the module).
+
+    ``$SIGLO_CONFIG`` names the file (a ``siglo.toml``-style file, or a ``pyproject.toml``
+    whose ``[tool.siglo]`` is read); otherwise the nearest ``siglo.toml`` or
+    ``pyproject.toml`` with ``[tool.siglo]`` from ``start`` (the current directory) up.
+    A file that does not parse raises :class:`~siglo.errors.InvalidArgumentError`.
+    """
+    named = (os.environ if environ is None else environ).get(CONFIG_ENV)
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise InvalidArgumentError(f"{CONFIG_ENV}={named!r} is not a file")
+        table = _table(path, required=True)
+        assert table is not None  # required: a file without its table raised
+        return path, table
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        for name in FILE_NAMES:
+            path = directory / name
+            if path.is_file():
+                table = _table(path, required=False)
+                if table is not None:
+                    return path, table
+    return None
+
+
+def _table(path: Path, *, required: bool) -> Mapping[str, Any] | None:
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InvalidArgumentError(f"cannot read siglo settings from {path}: {exc}") from None
+    if path.name == "pyproject.toml":
+        table = document.get("tool", {}).get("siglo")
+        if table is None:
+            if required:
+                raise InvalidArgumentError(f"{path} has no [tool.siglo] table")
+            return None
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(f"[tool.siglo] in {path} is not a table")
+        return table
+    return document
+
+
+def _from_file(path: Path, table: Mapping[str, Any]) -> dict[str, Any]:
+    where = f"[tool.siglo] of {path}" if path.name == "pyproject.toml" else str(path)
+    _check_names(table, where)
+    values = dict(table)
+    if "command_timeout_ms" in values and values["command_timeout_ms"] in ("none", "None"):
+        values["command_timeout_ms"] = None
+    if "redact_fields" in values and (
+        isinstance(values["redact_fields"], str) or not isinstance(values["redact_fields"], list)
+    ):
+        raise InvalidArgumentError(f"redact_fields in {where} must be a list of key names")
+    return values
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for variable, name in ENVIRONMENT.items():
+        raw = environ.get(variable)
+        if raw is None or (raw == "" and name != "redact_fields"):
+            continue
+        if name == "redact_fields":
+            values[name] = [part.strip() for part in raw.split(",") if part.strip()]
+        elif name == "namespace_fallback":
+            lowered = raw.strip().lower()
+            if lowered not in _TRUE | _FALSE:
+                raise InvalidArgumentError(f"{variable} must be true or false, got {raw!r}")
+            values[name] = lowered in _TRUE
+        elif name == "command_timeout_ms":
+            if raw.strip().lower() in ("none", "null"):
+                values[name] = None
+            else:
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise InvalidArgumentError(
+                        f"{variable} must be an integer of milliseconds or none, got {raw!r}"
+                    ) from None
+        else:
+            values[name] = raw
+    return values
+
+
+def load_settings(
+    *, start: Path | None = None, environ: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """The settings of the file in effect, then the environment, then ``overrides``.
+
+    ``start`` is where the file search begins (the current directory); ``environ`` the
+    environment (``os.environ``). Bad values raise
+    :class:`~siglo.errors.InvalidArgumentError` naming the setting and where it was read.
+    """
+    environ = os.environ if environ is None else environ
+    settings = Settings()
+    found = find_config_file(start, environ)
+    sources: list[str] = []
+    if found is not None:
+        path, table = found
+        settings = _layer(settings, _from_file(path, table), str(path))
+        sources.append(str(path))
+    env_values = _from_environment(environ)
+    if env_values:
+        settings = _layer(settings, env_values, "environment")
+        sources.append("environment")
+    if overrides:
+        _check_names(overrides, "the arguments")
+        settings = _layer(settings, overrides, "arguments")
+        sources.append("arguments")
+    return replace(settings, source=" + ".join(sources) or "defaults")
+
+
+def _layer(settings: Settings, values: Mapping[str, Any], source: str) -> Settings:
+    layered = replace(settings, source=source)
+    try:
+        return layered.replace(**values)
+    except TypeError as exc:  # a value of the wrong type reaching frozenset() and the like
+        raise InvalidArgumentError(f"bad siglo setting in {source}: {exc}") from None
+
+
+_lock = threading.Lock()
+_configured: Settings | None = None
+_loaded: tuple[tuple[str, ...], Settings] | None = None
+_generation = 0
+
+
+def _inputs() -> tuple[str, ...]:
+    """What loaded settings depend on: the current directory and the variables read."""
+    environ = os.environ
+    return (os.getcwd(), environ.get(CONFIG_ENV, ""), *(environ.get(v, "\0") for v in ENVIRONMENT))
+
+
+def current_settings() -> Settings:
+    """The process's settings: those given to :func:`configure`, else those loaded from
+    the settings file and the environment — read again when the current directory or a
+    ``SIGLO_*`` variable changed since they were read."""
+    global _loaded, _generation
+    configured = _configured
+    if configured is not None:
+        return configured
+    inputs = _inputs()
+    loaded = _loaded
+    if loaded is not None and loaded[0] == inputs:
+        return loaded[1]
+    with _lock:
+        settings = load_settings()
+        _loaded = (inputs, settings)
+        _generation += 1
+    return settings
+
+
+def settings_generation() -> int:
+    """A number that changes whenever the process's settings may have: a manager that
+    follows them re-reads them only then (a cheap check on its hot path)."""
+    return _generation
+
+
+def configure(settings: Settings | None = None, **overrides: Any) -> Settings:
+    """Decide the process's settings in code, once, where the application starts.
+
+    ``configure(redact_fields=["card"], error_mode="strict")`` loads the file and the
+    environment and applies these on top; ``configure(settings)`` installs settings built
+    elsewhere (with ``overrides`` applied to them). Every manager, backend, flow and
+    command that is not given settings of its own uses these from now on — a
+    ``siglo worker --flows app:flows`` too, when ``app`` calls this at import. Returns
+    the settings installed.
+    """
+    global _configured, _generation
+    new = load_settings(**overrides) if settings is None else settings.replace(**overrides)
+    with _lock:
+        _configured = new
+        _generation += 1
+    return new
+
+
+def reset_settings() -> None:
+    """Forget the settings given to :func:`configure` and those loaded: the next use
+    reads the file and the environment again."""
+    global _configured, _loaded, _generation
+    with _lock:
+        _configured = None
+        _loaded = None
+        _generation += 1

@@ -1,0 +1,299 @@
+"""The one configuration (SPEC §4 "One configuration, every path"): where settings are read
+from, in which order, what a bad one says, and that connect(), the manager, the
+synchronous facade and the command line take them from there."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import siglo
+from siglo import sync
+from siglo.cli import cli
+from siglo.config import (
+    CONFIG_ENV,
+    ENVIRONMENT,
+    Settings,
+    configure,
+    current_settings,
+    load_settings,
+    reset_settings,
+)
+from siglo.errors import InvalidArgumentError
+from siglo.redaction import REDACT_FIELDS_KEY, REDACTED
+
+
+@pytest.fixture(autouse=True)
+def _clean_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test in an empty directory, without SIGLO_* variables, with fresh settings."""
+    for name in (*ENVIRONMENT, CONFIG_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    reset_settings()
+    yield
+    reset_settings()
+
+
+def test_defaults_without_file_or_environment() -> None:
+    settings = load_settings()
+    assert settings == Settings(source="defaults")
+    assert settings.redact_fields == frozenset()
+    assert settings.error_mode is None
+    assert settings.namespace_fallback is True
+    assert settings.command_timeout_ms == 10_000
+
+
+def test_siglo_toml_then_environment_then_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "siglo.toml").write_text(
+        'url = "sqlite:///from-file.db"\n'
+        'redact_fields = ["card"]\n'
+        'error_mode = "warn"\n'
+        "command_timeout_ms = 2500\n"
+        "[options]\n"
+        "busy_timeout_ms = 1234\n"
+    )
+    from_file = load_settings()
+    assert from_file.url == "sqlite:///from-file.db"
+    assert from_file.error_mode == "warn"
+    assert from_file.command_timeout_ms == 2500
+    assert dict(from_file.options) == {"busy_timeout_ms": 1234}
+    assert from_file.source == str(tmp_path / "siglo.toml")
+
+    monkeypatch.setenv("SIGLO_ERROR_MODE", "strict")
+    monkeypatch.setenv("SIGLO_REDACT_FIELDS", "cvv, pin")
+    monkeypatch.setenv("SIGLO_NAMESPACE_FALLBACK", "false")
+    monkeypatch.setenv("SIGLO_COMMAND_TIMEOUT_MS", "none")
+    layered = load_settings(error_mode="best-effort", redact_fields=["token"])
+    assert layered.error_mode == "best-effort"  # arguments win
+    assert layered.namespace_fallback is False  # the environment wins over the default
+    assert layered.command_timeout_ms is None  # and over the file
+    assert layered.url == "sqlite:///from-file.db"  # the file, where nothing else spoke
+    # Redacted keys accumulate: no later source can expose what an earlier one protects.
+    assert layered.redact_fields == {"card", "cvv", "pin", "token"}
+    assert "environment" in layered.source and "arguments" in layered.source
+
+
+def test_pyproject_tool_siglo_found_from_a_subdirectory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "app"\n\n[tool.siglo]\nredact_fields = ["password"]\n'
+    )
+    deep = tmp_path / "src" / "app"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    assert load_settings().redact_fields == {"password"}
+
+
+def test_a_pyproject_without_tool_siglo_does_not_stop_the_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "siglo.toml").write_text('redact_fields = ["outer"]\n')
+    inner = tmp_path / "pkg"
+    inner.mkdir()
+    (inner / "pyproject.toml").write_text('[project]\nname = "pkg"\n')
+    monkeypatch.chdir(inner)
+    assert load_settings().redact_fields == {"outer"}
+
+
+def test_siglo_config_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "siglo.toml").write_text('redact_fields = ["here"]\n')
+    elsewhere = tmp_path / "deploy.toml"
+    elsewhere.write_text('redact_fields = ["there"]\n')
+    monkeypatch.setenv(CONFIG_ENV, str(elsewhere))
+    assert load_settings().redact_fields == {"there"}
+    monkeypatch.setenv(CONFIG_ENV, str(tmp_path / "missing.toml"))
+    with pytest.raises(InvalidArgumentError, match="SIGLO_CONFIG"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('redact_feilds = ["card"]\n', r"unknown setting\(s\) 'redact_feilds'.*known: "),
+        ('error_mode = "loud"\n', r"error_mode must be one of .*siglo\.toml"),
+        ('redact_fields = "card"\n', r"redact_fields .* must be a list"),
+        ("command_timeout_ms = -5\n", r"command_timeout_ms must be a positive integer"),
+        ("namespace_fallback = 1\n", r"namespace_fallback must be true or false"),
+        ("this is not toml", r"cannot read siglo settings"),
+    ],
+)
+def test_a_bad_settings_file_is_refused_naming_what_and_where(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    (tmp_path / "siglo.toml").write_text(content)
+    with pytest.raises(InvalidArgumentError, match=message):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("SIGLO_ERROR_MODE", "loud", "error_mode must be one of"),
+        ("SIGLO_NAMESPACE_FALLBACK", "maybe", "SIGLO_NAMESPACE_FALLBACK must be true or false"),
+        ("SIGLO_COMMAND_TIMEOUT_MS", "soon", "SIGLO_COMMAND_TIMEOUT_MS must be an integer"),
+    ],
+)
+def test_a_bad_variable_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidArgumentError, match=message):
+        load_settings()
+
+
+def test_unknown_argument_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(InvalidArgumentError, match="known: command_timeout_ms"):
+        load_settings(redact="card")
+
+
+def test_repr_and_describe_mask_the_password() -> None:
+    settings = Settings(url="postgresql://app:s3cret@db/app", options={"sslpassword": "k3y"})
+    assert "s3cret" not in repr(settings) and "k3y" not in repr(settings)
+    assert settings.describe()["url"] == "postgresql://app:***@db/app"
+
+
+def test_current_settings_follow_the_environment_and_configure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert current_settings().url is None
+    monkeypatch.setenv("SIGLO_URL", "memory://")
+    assert current_settings().url == "memory://"  # read again: the variable changed
+    configured = configure(redact_fields=["card"])
+    assert current_settings() is configured
+    assert configured.url == "memory://"  # configure() layers on the file and environment
+    reset_settings()
+    assert current_settings().redact_fields == frozenset()
+
+
+async def test_connect_takes_url_options_and_timeout_from_the_settings(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "app.db"
+    settings = Settings(url=f"sqlite:///{db}", command_timeout_ms=1234)
+    async with siglo.connect(settings=settings) as backend:
+        assert backend.name == "sqlite"
+        assert backend.raw_adapter.database.command_timeout_ms == 1234
+    # A URL's own bound wins over the settings'.
+    async with siglo.connect(f"sqlite:///{db}?command_timeout_ms=99", settings=settings) as b:
+        assert b.raw_adapter.database.command_timeout_ms == 99
+    # Backend options of the settings belong to the settings' URL only.
+    other = Settings(url="redis://127.0.0.1:1/0", options={"prefix": "x:"})
+    async with siglo.connect(f"sqlite:///{db}", settings=other) as backend:
+        assert backend.name == "sqlite"
+
+
+def test_connect_without_any_url_says_where_to_set_one() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"SIGLO_URL, or set url in siglo\.toml"):
+        siglo.connect()
+
+
+async def test_a_connected_backend_redacts_whatever_path_writes(tmp_path: Path) -> None:
+    settings = Settings(redact_fields=frozenset({"card"}))
+    async with siglo.connect(f"sqlite:///{tmp_path / 'p.db'}", settings=settings) as backend:
+        # The adapter itself, as an import or a user's own code calls it.
+        await backend.adapter.save_checkpoint(
+            siglo.Checkpoint(
+                stack_id="s",
+                revision=1,
+                timestamp=1,
+                contexts={"pay": {"card": "4111", "amount": 5}},
+                metadata={"input": {"card": "4111"}},
+            )
+        )
+        stored = await backend.raw_adapter.get_checkpoint("s")
+        assert stored is not None
+        assert stored.contexts == {"pay": {"card": REDACTED, "amount": 5}}
+        assert stored.metadata == {"input": {"card": REDACTED}, REDACT_FIELDS_KEY: ["card"]}
+        assert backend.idempotency is not None
+        await backend.idempotency.claim("k")
+        await backend.idempotency.complete("k", {"card": "4111"})
+        assert await backend.idempotency.get_result("k") == {"card": REDACTED}
+        await backend.adapter.set_cached_step("c", [{"card": "4111"}])
+        assert await backend.adapter.get_cached_step("c") == [{"card": REDACTED}]
+
+
+async def test_without_a_stage_connect_returns_the_backend_as_it_is() -> None:
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        assert backend.adapter is backend.raw_adapter
+
+
+async def test_the_manager_follows_the_settings_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SIGLO_ERROR_MODE", "warn")
+    monkeypatch.setenv("SIGLO_REDACT_FIELDS", "card")
+    monkeypatch.setenv("SIGLO_NAMESPACE_FALLBACK", "false")
+    async with siglo.connect("memory://") as backend:
+        manager = siglo.StorageManager(backend)
+        assert manager.error_mode == "warn"
+        assert manager.redact_fields == {"card"}
+        assert manager.namespace_fallback is False
+        explicit = siglo.StorageManager(
+            backend, error_mode="strict", redact_fields=["pin"], namespace_fallback=True
+        )
+        assert explicit.error_mode == "strict"
+        assert explicit.redact_fields == {"card", "pin"}  # added to, never instead of
+        assert explicit.namespace_fallback is True
+        given = siglo.StorageManager(backend, settings=Settings(redact_fields=frozenset({"x"})))
+        assert given.redact_fields == {"x"}
+        assert given.error_mode == "best-effort"  # memory://'s safe default
+
+
+async def test_a_restored_stack_keeps_redacting_what_its_writer_redacted() -> None:
+    """A process whose own settings name no redaction (a worker started without the
+    application's settings) still redacts the keys a checkpoint says were redacted."""
+    async with siglo.connect("memory://") as backend:
+        writer = siglo.StorageManager(backend, redact_fields=["card"])
+        stack = writer.create_stack("order")
+        stack.set("pay", "card", "4111")
+        await stack.save()
+        reader = siglo.StorageManager(backend)
+        assert reader.redact_fields == frozenset()
+        resumed = await reader.resume("order")
+        assert resumed is not None and resumed.redact_fields == {"card"}
+        resumed.set("pay", "card", "5500")
+        resumed.set("retry", "payload", {"card": "5500"})
+        saved = await resumed.save()
+        assert saved.contexts == {
+            "pay": {"card": REDACTED},
+            "retry": {"payload": {"card": REDACTED}},
+        }
+
+
+def test_the_sync_manager_takes_settings_and_redact_fields() -> None:
+    with sync.connect("memory://") as backend:
+        manager = sync.StorageManager(backend, redact_fields=["card"])
+        assert manager.redact_fields == {"card"}
+        stack = manager.create_stack("s")
+        stack.set("pay", "card", "4111")
+        saved = stack.save()
+        assert saved.contexts == {"pay": {"card": REDACTED}}
+        configured = sync.StorageManager(
+            backend, settings=Settings(redact_fields=frozenset({"pin"}))
+        )
+        assert configured.settings.redact_fields == {"pin"}
+
+
+def test_the_command_line_shows_and_uses_the_settings(tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    (tmp_path / "siglo.toml").write_text(f'url = "sqlite:///{db}"\nredact_fields = ["card"]\n')
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["config", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert '"card"' in shown.output and str(db) in shown.output
+    listed = runner.invoke(cli, ["ls"])  # no URL: the settings' URL
+    assert listed.exit_code == 0, listed.output
+    assert "0 stack(s)" in listed.output
+    other = tmp_path / "other.toml"
+    other.write_text('error_mode = "loud"\n')
+    bad = runner.invoke(cli, ["--config", str(other), "config"])
+    assert bad.exit_code == 1
+    assert "Error: error_mode must be one of" in bad.output
+    assert os.environ.get(CONFIG_ENV) == str(other)  # for the rest of the process
