@@ -23,8 +23,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from _postgres_helpers import private_postgres_server
-from _redis_helpers import REDIS_URL, free_port, require_redis
+from _redis_helpers import REDIS_URL, require_redis
 from _tcp_proxy import TcpProxy, tcp_proxy
+from ports import free_port
 from sql_support import POSTGRES_URL, require_postgres
 
 import siglo

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _redis_helpers import REDIS_URL, RedisServer, free_port, require_redis
+from _redis_helpers import REDIS_URL, RedisServer, require_redis
+from ports import free_port
 
 import siglo
 from siglo import Checkpoint, StorageAdapterError

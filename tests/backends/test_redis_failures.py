@@ -13,7 +13,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _redis_helpers import RedisServer, free_port
+from _redis_helpers import RedisServer
+from ports import free_port
 
 import siglo
 from siglo import Checkpoint, StorageAdapterError, StorageWarning

@@ -13,14 +13,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from _redis_helpers import (
-    REDIS_URL,
-    RedisServer,
-    free_port,
-    free_ports,
-    require_redis,
-    start_cluster,
-)
+from _redis_helpers import REDIS_URL, RedisServer, require_redis, start_cluster
+from ports import free_port, free_ports
 
 import siglo
 from siglo.checkpoint import Checkpoint

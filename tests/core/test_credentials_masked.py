@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _redis_helpers import RedisServer, free_port, require_redis
+from _redis_helpers import RedisServer, require_redis
+from ports import free_port
 from sql_support import POSTGRES_URL, require_postgres
 
 import siglo

@@ -143,7 +143,8 @@ async def test_failures_logged_in_warn_mode_carry_no_secret(
 ) -> None:
     """Log records and error messages: a backend failing while a redacted value is sent
     (a private redis-server killed mid-run) is logged and warned without the secret."""
-    from _redis_helpers import RedisServer, free_port, require_redis
+    from _redis_helpers import RedisServer, require_redis
+    from ports import free_port
 
     require_redis()
     server = RedisServer(free_port(30200, 30300)).start()

@@ -8,7 +8,8 @@ private redis-server of our own that is stopped during the saves and started aga
 from __future__ import annotations
 
 import pytest
-from _redis_helpers import RedisServer, free_port, require_redis
+from _redis_helpers import RedisServer, require_redis
+from ports import free_port
 
 import siglo
 from siglo import StorageAdapterError, StorageManager

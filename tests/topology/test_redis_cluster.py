@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from _redis_helpers import free_ports, start_cluster
+from _redis_helpers import start_cluster
+from ports import free_ports
 from siglo_check import run_siglo_check
 
 import siglo

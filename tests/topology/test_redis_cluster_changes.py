@@ -31,7 +31,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from _redis_helpers import RedisServer, free_ports, redis_cli, start_cluster
+from _redis_helpers import RedisServer, redis_cli, start_cluster
+from ports import free_ports
 
 import siglo
 from siglo import Checkpoint, CheckpointConflictError, StorageAdapterError, WaitRecord

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from _failover import run_through_failover
-from _redis_helpers import SentinelGroup, free_ports, redis_cli
+from _redis_helpers import SentinelGroup, redis_cli
+from ports import free_ports
 from siglo_check import run_siglo_check
 
 import siglo

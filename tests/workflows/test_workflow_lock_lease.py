@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from _redis_helpers import REDIS_URL, RedisServer, free_port, require_redis
+from _redis_helpers import REDIS_URL, RedisServer, require_redis
+from ports import free_port
 from raw_storage import KINDS, any_backend
 from sql_support import POSTGRES_URL
 
