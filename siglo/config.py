@@ -246,7 +246,15 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for variable, name in ENVIRONMENT.items():
         raw = environ.get(variable)
-        if raw is None or (raw == "" and name != "redact_fields"):
+        if raw is None:
+            continue
+        if raw == "" and name == "url":
+            # Set but empty is a mistake (a variable that lost its value), not "none".
+            raise InvalidArgumentError(
+                f"${variable} is empty: unset it, or give a backend URL such as "
+                "sqlite:///siglo.db"
+            )
+        if raw == "" and name != "redact_fields":
             continue
         if name == "redact_fields":
             values[name] = [part.strip() for part in raw.split(",") if part.strip()]

@@ -11,6 +11,7 @@ from siglo.backend import Backend
 from siglo.config import Settings, current_settings
 from siglo.errors import InvalidArgumentError, PluginError
 from siglo.pipeline import Pipeline
+from siglo.settings import DEFAULTS
 from siglo.plugins import get_registry
 
 __all__ = ["URL_ENV", "check_capabilities", "check_port", "connect"]
@@ -55,9 +56,12 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     spec = get_registry().for_url(url)
     if (
         spec.bounded
+        and settings.command_timeout_ms != DEFAULTS.command_timeout_ms
         and "command_timeout_ms" not in options
         and "command_timeout_ms" not in urls.query_names(url)
     ):
+        # Only a bound the settings changed: the backend's own default is the same, and
+        # a backend writes an option it is given into its URL (for other processes).
         options["command_timeout_ms"] = settings.command_timeout_ms
     backend = spec.load_factory()(url, **options)
     if not isinstance(backend, Backend):

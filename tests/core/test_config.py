@@ -31,7 +31,10 @@ from siglo.redaction import REDACT_FIELDS_KEY, REDACTED
 def _clean_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test in an empty directory, without SIGLO_* variables, with fresh settings."""
     for name in (*ENVIRONMENT, CONFIG_ENV):
-        monkeypatch.delenv(name, raising=False)
+        # Set, then removed: monkeypatch restores the variable's absence afterwards even
+        # when the code under test sets it (siglo --config does, for its process).
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     reset_settings()
     yield
