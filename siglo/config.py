@@ -251,8 +251,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         if raw == "" and name == "url":
             # Set but empty is a mistake (a variable that lost its value), not "none".
             raise InvalidArgumentError(
-                f"${variable} is empty: unset it, or give a backend URL such as "
-                "sqlite:///siglo.db"
+                f"${variable} is empty: unset it, or give a backend URL such as sqlite:///siglo.db"
             )
         if raw == "" and name != "redact_fields":
             continue

@@ -11,8 +11,8 @@ from siglo.backend import Backend
 from siglo.config import Settings, current_settings
 from siglo.errors import InvalidArgumentError, PluginError
 from siglo.pipeline import Pipeline
-from siglo.settings import DEFAULTS
 from siglo.plugins import get_registry
+from siglo.settings import DEFAULTS
 
 __all__ = ["URL_ENV", "check_capabilities", "check_port", "connect"]
 
