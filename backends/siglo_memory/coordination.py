@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Final
 
 from siglo import codec
@@ -18,6 +19,7 @@ from siglo.coordination import (
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
+from siglo_memory.model import ExpiringKeysModel
 
 __all__ = [
     "MemoryIdempotencyStore",
@@ -51,6 +53,10 @@ class _ExpiringDict:
     def delete(self, key: str) -> None:
         self._items.pop(key, None)
 
+    def view(self) -> ExpiringKeysModel:
+        """A read-only view of the entries, expired ones not yet purged included."""
+        return ExpiringKeysModel(MappingProxyType(self._items))
+
 
 class MemoryIdempotencyStore(IdempotencyStoreBase):
     """Values as in Redis: ``in-progress`` while claimed, ``COMPLETED:<json>`` when done.
@@ -70,6 +76,12 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
         self.default_lease_ms = require_ttl_ms("default_lease_ms", default_lease_ms)
         self._keys = _ExpiringDict(clock or system_clock)
         self._meta = _ExpiringDict(clock or system_clock)
+
+    @property
+    def model(self) -> ExpiringKeysModel:
+        """A read-only view of the keys (claims and results) and their expiries, for the
+        contract suite's state machines (see :mod:`siglo_memory.model`)."""
+        return self._keys.view()
 
     def _owner_and_fingerprint(self, key: str) -> tuple[str, str]:
         """The live key's owner token and fingerprint digest (``""`` for none)."""
@@ -163,6 +175,12 @@ class MemoryLock(LockBase):
         self._holders = _ExpiringDict(self.clock)
         self._fences: dict[str, int] = {}
 
+    @property
+    def model(self) -> ExpiringKeysModel:
+        """A read-only view of the held lock keys and their expiries, for the contract
+        suite's state machines (see :mod:`siglo_memory.model`)."""
+        return self._holders.view()
+
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         token = custom_token or new_lock_token(self.clock.now_ms())
         if self._holders.get(lock_key) is not None:
@@ -190,6 +208,12 @@ class MemoryNonceStore(NonceStoreBase):
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._seen = _ExpiringDict(clock or system_clock)
+
+    @property
+    def model(self) -> ExpiringKeysModel:
+        """A read-only view of the claimed nonces and their expiries, for the contract
+        suite's state machines (see :mod:`siglo_memory.model`)."""
+        return self._seen.view()
 
     async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         if self._seen.get(key) is not None:
