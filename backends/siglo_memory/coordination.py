@@ -8,7 +8,6 @@ from typing import Any, Final
 from siglo import codec
 from siglo.clock import Clock, system_clock
 from siglo.coordination import (
-    ClaimState,
     IdempotencyStoreBase,
     LockBase,
     LockResult,
@@ -100,11 +99,6 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
         if self._keys.get(key) != IN_PROGRESS:
             return ""
         return self._owner_and_fingerprint(key)[0]
-
-    async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
-        reply = await self._do_claim_owned(key, ttl_ms, None, None)
-        assert reply != "mismatch"  # no fingerprint given: nothing to mismatch
-        return reply
 
     async def _do_claim_owned(
         self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
