@@ -23,7 +23,7 @@ from benchmarks.subject import Conflict, Subject
 
 # The pragmas siglo's SQLite backend sets, so the baseline has the same file settings.
 from siglo.settings import DEFAULTS
-from siglo_sqlite.database import CACHE_SIZE_KIB, MMAP_SIZE_BYTES
+from siglo_sqlite.connections import CACHE_SIZE_KIB, MMAP_SIZE_BYTES
 
 
 def _sql(stmt: str) -> str:

@@ -23,11 +23,14 @@ from typing import Any, ClassVar, Final, TypeVar
 from siglo import codec
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
+from siglo.coordination import Lock
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
 from siglo.listing import check_list_arguments as _check_list_arguments
+from siglo.locking import run_with_lock
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
+from siglo.settings import DEFAULTS
 from siglo.validation import (
     check_context_change,
     check_save_arguments,
@@ -109,6 +112,16 @@ class StorageAdapter(Closable):
     durable: ClassVar[bool] = True
     """Whether what the adapter stores outlives the process. A
     :class:`~siglo.StorageManager` over a durable adapter defaults to ``strict``."""
+    workflow_lock: Lock | None = None
+    """The lock :meth:`with_workflow_lock` takes, keyed by the stack id, if the backend
+    provides one (any :class:`~siglo.coordination.Lock`): the base class then runs the
+    action under it with :func:`siglo.locking.run_with_lock`. A backend with a lock of
+    another kind overrides ``_do_with_workflow_lock`` instead."""
+    workflow_lock_ttl_ms: int = DEFAULTS.workflow_lock_ttl_ms
+    """The lease of :attr:`workflow_lock`, renewed while the action runs."""
+    workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms
+    """How long :meth:`with_workflow_lock` waits for the lock when the caller names no
+    ``timeout_ms``."""
 
     def supports(self, capability: Capability | str) -> bool:
         """Whether this adapter declares ``capability``."""
@@ -118,8 +131,11 @@ class StorageAdapter(Closable):
         """Whether this adapter's class implements the contract method ``method``.
 
         True when its ``_do_<method>`` hook is overridden (or, for an adapter written
-        before the hooks, the public method itself).
+        before the hooks, the public method itself), and for ``with_workflow_lock`` when
+        it provides a :attr:`workflow_lock`.
         """
+        if method == "with_workflow_lock" and self.workflow_lock is not None:
+            return True
         cls = type(self)
         hook = "_do_" + method
         return getattr(cls, hook) is not getattr(StorageAdapter, hook) or getattr(
@@ -543,7 +559,18 @@ class StorageAdapter(Closable):
     async def _do_with_workflow_lock(
         self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None
     ) -> T:
-        raise self._unsupported("with_workflow_lock")
+        """``action`` under :attr:`workflow_lock` (key: ``stack_id``), its lease renewed
+        while it runs; unsupported without one."""
+        lock = self.workflow_lock
+        if lock is None:
+            raise self._unsupported("with_workflow_lock")
+        return await run_with_lock(
+            lock,
+            stack_id,
+            action,
+            ttl_ms=self.workflow_lock_ttl_ms,
+            timeout_ms=timeout_ms or self.workflow_lock_timeout_ms,
+        )
 
     async def _do_get_cached_step(self, key: str) -> Any | Missing:
         raise self._unsupported("get_cached_step")

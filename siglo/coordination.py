@@ -25,6 +25,7 @@ from siglo.errors import (
     IdempotencyOwnershipError,
     InvalidArgumentError,
     LockNotAcquiredError,
+    StorageAdapterError,
 )
 from siglo.sentinel import Missing
 from siglo.settings import DEFAULTS
@@ -196,11 +197,15 @@ def nonce_ttl_ms(ttl_seconds: float) -> int:
 class IdempotencyStoreBase(Closable):
     """Base class of idempotency stores: argument checks once, then the ``_do_…`` hooks.
 
-    Subclasses implement :meth:`_do_claim`, :meth:`_do_claim_owned`, :meth:`_do_complete`,
-    :meth:`_do_complete_owned`, :meth:`_do_fail`, :meth:`_do_fail_owned` and
-    :meth:`_do_get_result`; each receives arguments already checked (a fingerprint as its
-    :func:`fingerprint_digest`). An owned hook answers ``False`` when the caller is not the
-    owner, and the base class raises :class:`~siglo.errors.IdempotencyOwnershipError`.
+    Subclasses implement :meth:`_do_claim_owned`, :meth:`_do_complete`,
+    :meth:`_do_complete_owned`, :meth:`_do_fail`, :meth:`_do_fail_owned`,
+    :meth:`_do_extend` and :meth:`_do_get_result`; each receives arguments already
+    checked (a fingerprint as its :func:`fingerprint_digest`). The seed's claim,
+    :meth:`_do_claim`, is :meth:`_do_claim_owned` with no owner and no fingerprint; a
+    store written before owners existed implements :meth:`_do_claim` instead (and then
+    has only the token-less calls). An owned hook answers ``False`` when the caller is
+    not the owner, and the base class raises
+    :class:`~siglo.errors.IdempotencyOwnershipError`.
 
     Without ``ttl_ms``, :meth:`claim_owned` holds the key in progress for the store's
     ``default_lease_ms`` (``idempotency_lease_ms``, 30 s), so a crashed owner frees it in
@@ -300,15 +305,26 @@ class IdempotencyStoreBase(Closable):
         return await self.get_result(key)
 
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
-        raise _unsupported(self, "claim")
+        """The seed's claim: :meth:`_do_claim_owned` with no owner and no fingerprint
+        (which has nothing to mismatch: a ``"mismatch"`` answer is the store's fault)."""
+        if not _overrides(self, "_do_claim_owned"):
+            raise _unsupported(self, "claim")
+        reply = await self._do_claim_owned(key, ttl_ms, None, None)
+        if reply == "mismatch":
+            raise StorageAdapterError(
+                f"idempotency key {key!r}: {type(self).__name__} answered a claim without "
+                "a fingerprint with 'mismatch'"
+            )
+        return reply
 
     async def _do_claim_owned(
         self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
     ) -> OwnedClaimReply:
         """Claim with an owner ``token`` and a fingerprint digest (either may be ``None``).
 
-        The default serves only the seed's claim (a store written before owners existed)."""
-        if token is None and fingerprint is None:
+        The default serves only the seed's claim of a store that implements
+        :meth:`_do_claim` (one written before owners existed)."""
+        if token is None and fingerprint is None and _overrides(self, "_do_claim"):
             return await self._do_claim(key, ttl_ms)
         raise _unsupported(self, "claim_owned")
 
@@ -345,6 +361,12 @@ class IdempotencyStoreBase(Closable):
 
     async def _do_get_result(self, key: str) -> Any | Missing:
         raise _unsupported(self, "get_result")
+
+
+def _overrides(store: IdempotencyStoreBase, hook: str) -> bool:
+    """Whether ``store``'s class implements ``hook`` (the two claim hooks' defaults call
+    each other: each only when the other is the store's own)."""
+    return getattr(type(store), hook) is not getattr(IdempotencyStoreBase, hook)
 
 
 def _digest(fingerprint: str) -> str:

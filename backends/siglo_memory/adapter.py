@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
@@ -22,8 +23,9 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_w
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
+from siglo_memory.model import StorageModel, WaitKey, wait_key
 
-__all__ = ["MemoryStorageAdapter"]
+__all__ = ["MemoryStorageAdapter", "WaitKey", "wait_key"]
 
 T = TypeVar("T")
 
@@ -53,16 +55,6 @@ class _StoredCheckpoint(_Entry):
 def _earliest(*times: int | None) -> int | None:
     present = [t for t in times if t is not None]
     return min(present) if present else None
-
-
-WaitKey = str | tuple[str, str]
-"""Where the model keeps a wait record: the seed's plain key for an un-namespaced stack,
-``(namespace, key)`` for a namespaced one (wait records never cross namespaces)."""
-
-
-def wait_key(namespace: str | None, key: str) -> WaitKey:
-    """The model's key of the wait record (or stack index) ``key`` in ``namespace``."""
-    return key if namespace is None else (namespace, key)
 
 
 class MemoryStorageAdapter(StorageAdapter):
@@ -120,6 +112,17 @@ class MemoryStorageAdapter(StorageAdapter):
         self._workflow_fences: dict[str, int] = {}
         self.cache_events: list[CacheEvent] = []
         """Cache events received, newest last (telemetry only; bounded to 1,000)."""
+
+    @property
+    def model(self) -> StorageModel:
+        """A read-only view of the stored entries, expired ones included (for the
+        contract suite's state machines; see :mod:`siglo_memory.model`)."""
+        return StorageModel(
+            checkpoints=MappingProxyType(self._checkpoints),
+            waits=MappingProxyType(self._waits),
+            latest_wait_of_stack=MappingProxyType(self._latest_wait_of_stack),
+            cache=MappingProxyType(self._cache),
+        )
 
     def _retention(self, now: int) -> int | None:
         return None if self.checkpoint_ttl_ms is None else now + self.checkpoint_ttl_ms

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Final
 
 from siglo import codec
 from siglo.clock import Clock, system_clock
 from siglo.coordination import (
-    ClaimState,
     IdempotencyStoreBase,
     LockBase,
     LockResult,
@@ -18,6 +18,7 @@ from siglo.coordination import (
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
+from siglo_memory.model import ExpiringKeysModel
 
 __all__ = [
     "MemoryIdempotencyStore",
@@ -51,6 +52,10 @@ class _ExpiringDict:
     def delete(self, key: str) -> None:
         self._items.pop(key, None)
 
+    def view(self) -> ExpiringKeysModel:
+        """A read-only view of the entries, expired ones not yet purged included."""
+        return ExpiringKeysModel(MappingProxyType(self._items))
+
 
 class MemoryIdempotencyStore(IdempotencyStoreBase):
     """Values as in Redis: ``in-progress`` while claimed, ``COMPLETED:<json>`` when done.
@@ -71,6 +76,12 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
         self._keys = _ExpiringDict(clock or system_clock)
         self._meta = _ExpiringDict(clock or system_clock)
 
+    @property
+    def model(self) -> ExpiringKeysModel:
+        """A read-only view of the keys (claims and results) and their expiries, for the
+        contract suite's state machines (see :mod:`siglo_memory.model`)."""
+        return self._keys.view()
+
     def _owner_and_fingerprint(self, key: str) -> tuple[str, str]:
         """The live key's owner token and fingerprint digest (``""`` for none)."""
         meta = self._meta.get(key) if self._keys.get(key) is not None else None
@@ -88,11 +99,6 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
         if self._keys.get(key) != IN_PROGRESS:
             return ""
         return self._owner_and_fingerprint(key)[0]
-
-    async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
-        reply = await self._do_claim_owned(key, ttl_ms, None, None)
-        assert reply != "mismatch"  # no fingerprint given: nothing to mismatch
-        return reply
 
     async def _do_claim_owned(
         self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None
@@ -163,6 +169,12 @@ class MemoryLock(LockBase):
         self._holders = _ExpiringDict(self.clock)
         self._fences: dict[str, int] = {}
 
+    @property
+    def model(self) -> ExpiringKeysModel:
+        """A read-only view of the held lock keys and their expiries, for the contract
+        suite's state machines (see :mod:`siglo_memory.model`)."""
+        return self._holders.view()
+
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         token = custom_token or new_lock_token(self.clock.now_ms())
         if self._holders.get(lock_key) is not None:
@@ -190,6 +202,12 @@ class MemoryNonceStore(NonceStoreBase):
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self._seen = _ExpiringDict(clock or system_clock)
+
+    @property
+    def model(self) -> ExpiringKeysModel:
+        """A read-only view of the claimed nonces and their expiries, for the contract
+        suite's state machines (see :mod:`siglo_memory.model`)."""
+        return self._seen.view()
 
     async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         if self._seen.get(key) is not None:

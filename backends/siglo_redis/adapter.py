@@ -8,8 +8,7 @@ lease) uses the client's wall clock too. On one host the two are the same clock.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
@@ -21,7 +20,6 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.listing import CheckpointPage, ListQuery
-from siglo.locking import run_with_lock
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -55,8 +53,6 @@ from siglo_redis.waits import (
 )
 
 __all__ = ["RedisStorageAdapter"]
-
-T = TypeVar("T")
 
 
 class RedisStorageAdapter(StorageAdapter):
@@ -140,6 +136,9 @@ class RedisStorageAdapter(StorageAdapter):
                 f"lock_key_prefix {lock_key_prefix!r} is the public RedisLock's prefix: "
                 "workflow locks and public locks must never share keys"
             )
+        # with_workflow_lock takes <key_prefix>workflow-lock:<stackId>: a token-checked
+        # lease renewed while the action runs, so two actions for one stack never overlap
+        # in any process sharing this Redis.
         self.workflow_lock = RedisLock(
             client,
             lock_key_prefix or self.keys.workflow_lock_prefix,
@@ -402,26 +401,6 @@ class RedisStorageAdapter(StorageAdapter):
                 return
         raise StorageAdapterError(
             f"checkpoint of stack {stack_id!r} kept changing under contention"
-        )
-
-    async def _do_with_workflow_lock(
-        self,
-        stack_id: str,
-        action: Callable[[], Awaitable[T]],
-        *,
-        timeout_ms: int | None = None,
-    ) -> T:
-        """Run ``action`` under the distributed lock ``<key_prefix>workflow-lock:<stackId>``.
-
-        A token-checked :class:`RedisLock` lease, renewed while the action runs, so two
-        actions for one stack never overlap in any process sharing this Redis.
-        """
-        return await run_with_lock(
-            self.workflow_lock,
-            stack_id,
-            action,
-            ttl_ms=self.workflow_lock_ttl_ms,
-            timeout_ms=timeout_ms or self.workflow_lock_timeout_ms,
         )
 
     # -- step cache ------------------------------------------------------------------------

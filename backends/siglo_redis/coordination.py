@@ -9,7 +9,6 @@ import orjson
 from siglo import codec
 from siglo.closing import Closable
 from siglo.coordination import (
-    ClaimState,
     IdempotencyStoreBase,
     LockBase,
     LockResult,
@@ -112,12 +111,6 @@ class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):
     def _keys(self, key: str) -> list[str]:
         full = self.key_prefix + key
         return [full, idempotency_owner_key(self.owner_prefix, full, key)]
-
-    async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
-        reply = await self._do_claim_owned(key, ttl_ms, None, None)
-        if reply == "mismatch":  # impossible without a fingerprint
-            raise StorageAdapterError(f"unexpected idempotency claim reply {reply!r}")
-        return reply
 
     async def _do_claim_owned(
         self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None

@@ -8,8 +8,8 @@ those of the memory backend, rule by rule of ``docs/contract.md``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
@@ -17,7 +17,7 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import CheckpointConflictError, WaitRecordClaimError
 from siglo.listing import CheckpointPage, ListQuery
-from siglo.locking import Hold, held, run_with_lock
+from siglo.locking import Hold, held
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -37,8 +37,6 @@ __all__ = ["SqlStorageAdapter"]
 _WRITES = frozenset(
     {"save_checkpoint", "on_context_change", "_do_save_checkpoint", "_do_on_context_change"}
 )
-
-T = TypeVar("T")
 
 
 class SqlStorageAdapter(StorageAdapter):
@@ -67,6 +65,7 @@ class SqlStorageAdapter(StorageAdapter):
             Capability.DUE_WAITS,
         }
     )
+    workflow_lock: SqlLock
 
     def __init__(
         self,
@@ -113,7 +112,7 @@ class SqlStorageAdapter(StorageAdapter):
         # The workflow lock is a lease row like any lock, in its own scope. Its lease
         # runs on wall time: it only frees the lock of a crashed holder (the memory
         # model's lock never expires), so a test moving a ManualClock must not free it.
-        self._workflow_lock = SqlLock(database, statements, clock=system_clock, scope="workflow")
+        self.workflow_lock = SqlLock(database, statements, clock=system_clock, scope="workflow")
         self.cache_events: list[CacheEvent] = []
         """Cache events received, newest last (telemetry only; bounded to 1,000)."""
 
@@ -185,7 +184,7 @@ class SqlStorageAdapter(StorageAdapter):
             # workflow lock commits with it, whatever the compare-and-set decides, in one
             # round trip; if they fail, neither is done and the lock is released as usual.
             lease = release.lease
-            unlock = self._workflow_lock.release_statement(lease.key, lease.token)
+            unlock = self.workflow_lock.release_statement(lease.key, lease.token)
             rows = (await self.database.fetch_all([save, unlock]))[0]
             release.released = True
         if not rows:
@@ -225,7 +224,7 @@ class SqlStorageAdapter(StorageAdapter):
         this task holds in the same transaction: one round trip, one commit."""
         hold = None
         if self.database.sends_together:
-            hold = held(self._workflow_lock, checkpoint.stack_id)
+            hold = held(self.workflow_lock, checkpoint.stack_id)
         await self._save_streamed(checkpoint, changes, expected_revision, hold)
 
     async def _save_streamed(
@@ -514,21 +513,6 @@ class SqlStorageAdapter(StorageAdapter):
                     "updated_at": now,
                 },
             )
-
-    async def _do_with_workflow_lock(
-        self,
-        stack_id: str,
-        action: Callable[[], Awaitable[T]],
-        *,
-        timeout_ms: int | None = None,
-    ) -> T:
-        return await run_with_lock(
-            self._workflow_lock,
-            stack_id,
-            action,
-            ttl_ms=self.workflow_lock_ttl_ms,
-            timeout_ms=timeout_ms or self.workflow_lock_timeout_ms,
-        )
 
     # -- step cache ------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from typing import Any
 from siglo import codec
 from siglo.clock import Clock, system_clock
 from siglo.coordination import (
-    ClaimState,
     IdempotencyStoreBase,
     LockBase,
     LockResult,
@@ -54,12 +53,6 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
         self.clock: Clock = clock or system_clock
         self._db = database
         self._s = statements
-
-    async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
-        reply = await self._do_claim_owned(key, ttl_ms, None, None)
-        if reply == "mismatch":  # impossible without a fingerprint
-            raise StorageAdapterError(f"idempotency key {key!r}: unexpected mismatch")
-        return reply
 
     async def _do_claim_owned(
         self, key: str, ttl_ms: int | None, token: str | None, fingerprint: str | None

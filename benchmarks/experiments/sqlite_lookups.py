@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from siglo_sqlite.database import CACHE_SIZE_KIB, MMAP_SIZE_BYTES
+from siglo_sqlite.connections import CACHE_SIZE_KIB, MMAP_SIZE_BYTES
 
 SAMPLES = 2_000
 WARMING = 20_000

@@ -81,7 +81,7 @@ class CacheMachine(ContractMachine):
         if rule_hint is not None:
             self.diverge(rule_hint, what)
         elif want.value is MISSING:
-            entry = self.ref_adapter._cache.get(key)
+            entry = self.ref_adapter.model.cached_step(key)
             self.diverge("cache.expiry" if entry is not None else "cache.miss", what)
         elif got.value is MISSING and not want.value:
             self.diverge("cache.falsy-hit", what)

@@ -107,13 +107,13 @@ class CheckpointMachine(ContractMachine):
         return adapter
 
     def _ref_live(self, key: tuple[str | None, str]) -> Checkpoint | None:
-        return self.ref_adapter._live_checkpoint(key, self.now())
+        return self.ref_adapter.model.live_checkpoint(key, self.now())
 
     def _ref_stored_expired(self, key: tuple[str | None, str]) -> Checkpoint | None:
-        entry = self.ref_adapter._checkpoints.get(key)
-        if entry is None or entry.live(self.now()):
+        stored = self.ref_adapter.model.checkpoint(key)
+        if stored is None or stored.live(self.now()):
             return None
-        return Checkpoint.from_json(entry.data)
+        return stored.value
 
     def _other_namespace_with_revision(self, stack: str, ns: str | None, revision: int) -> bool:
         for other_ns, other_stack in self.touched:
@@ -387,10 +387,7 @@ class CheckpointMachine(ContractMachine):
             "checkpoint.expiry.clean",
             f"clean_expired_checkpoints returned {got.value!r}, not a count >= 0",
         )
-        now = self.now()
-        for key, entry in list(self.ref_adapter._checkpoints.items()):
-            if not entry.live(now):
-                self.cleaned.add(key)
+        self.cleaned.update(self.ref_adapter.model.expired_checkpoints(self.now()))
         self.run(self.ref.adapter.clean_expired_checkpoints())
         # A live checkpoint must survive; an expired one must not be returned.
         for ns, stack in sorted(self.touched, key=repr):

@@ -21,6 +21,7 @@ from siglo_contract.machine_base import (
     json_values,
     look_alike,
 )
+from siglo_memory.coordination import MemoryIdempotencyStore, MemoryLock, MemoryNonceStore
 
 __all__ = ["IdempotencyMachine", "LockMachine", "NonceMachine"]
 
@@ -154,12 +155,13 @@ class IdempotencyMachine(ContractMachine):
         return self.backend.idempotency
 
     @property
-    def ref_store(self) -> Any:
-        return self.ref.idempotency
+    def ref_store(self) -> MemoryIdempotencyStore:
+        store = self.ref.idempotency
+        assert isinstance(store, MemoryIdempotencyStore)
+        return store
 
     def expired_in_ref(self, key: str) -> bool:
-        item = self.ref_store._keys._items.get(key)
-        return item is not None and self.now() >= item[1]
+        return self.ref_store.model.lapsed(key, self.now())
 
     def ttl(self, choice: str) -> int | None:
         return {
@@ -289,12 +291,13 @@ class LockMachine(ContractMachine):
         return self.backend.lock
 
     @property
-    def ref_lock(self) -> Any:
-        return self.ref.lock
+    def ref_lock(self) -> MemoryLock:
+        lock = self.ref.lock
+        assert isinstance(lock, MemoryLock)
+        return lock
 
     def expired_in_ref(self, key: str) -> bool:
-        item = self.ref_lock._holders._items.get(key)
-        return item is not None and self.now() >= item[1]
+        return self.ref_lock.model.lapsed(key, self.now())
 
     def ttl(self, choice: str) -> int:
         return {"long": 600_000, "short": 2_000 if self.clock_controlled else 600_000}[choice]
@@ -423,16 +426,21 @@ class NonceMachine(ContractMachine):
         assert self.backend.nonces is not None
         return self.backend.nonces
 
+    @property
+    def ref_nonces(self) -> MemoryNonceStore:
+        nonces = self.ref.nonces
+        assert isinstance(nonces, MemoryNonceStore)
+        return nonces
+
     @precondition(lambda self: self.live())
     @rule(key=KEYS, ttl=st.sampled_from((0.0005, 1.5, 2, 60)))
     def claim(self, key: str, ttl: float) -> None:
         if not self.clock_controlled and ttl < 60:
             ttl = 60
         k = self.kk(key)
-        item = self.ref.nonces._seen._items.get(k)  # type: ignore[union-attr]
-        expired = item is not None and self.now() >= item[1]
+        expired = self.ref_nonces.model.lapsed(k, self.now())
         got = self.call(self.nonces.claim(k, ttl), "nonce.claim.once")
-        want = self.call(self.ref.nonces.claim(k, ttl), "nonce.claim.once")  # type: ignore[union-attr]
+        want = self.call(self.ref_nonces.claim(k, ttl), "nonce.claim.once")
         self.unexpected(got, "nonce.claim.once", "claim")
         if not self.tainted and got.value is not want.value:
             self.diverge(

@@ -106,15 +106,17 @@ class WaitMachineBase(ContractMachine):
         """The rule behind the reference's answer to ``get_wait_record(key)``, given the
         backend's answer ``got``."""
         now = self.now()
-        entry = self.ref_adapter._waits.get(key)
+        model = self.ref_adapter.model
+        entry = model.wait_record(key)
         if entry is not None:
             if entry.live(now):
                 return self.last_rule.get(key, "wait.roundtrip")
             if isinstance(got, WaitRecord) and got.correlation_key == key:
                 return "wait.retention"
-        latest = self.ref_adapter._latest_wait_of_stack.get(key)
-        if latest is not None and latest in self.ref_adapter._waits:
-            if self.ref_adapter._waits[latest].live(now):
+        latest = model.latest_wait_of_stack(key)
+        latest_entry = None if latest is None else model.wait_record(latest)
+        if latest_entry is not None:
+            if latest_entry.live(now):
                 return "wait.by-stack"
             if isinstance(got, WaitRecord) and got.correlation_key == latest:
                 return "wait.retention"
@@ -132,7 +134,7 @@ class WaitMachineBase(ContractMachine):
         return value
 
     def ref_has(self, key: str) -> bool:
-        return self.ref_adapter._live_wait(key, self.now()) is not None
+        return self.ref_adapter.model.live_wait_record(key, self.now()) is not None
 
     def compare_get(self, key: str, rule_hint: str | None = None) -> None:
         got = self.call(self.backend.adapter.get_wait_record(key), "wait.roundtrip")
@@ -230,7 +232,7 @@ class WaitMachineBase(ContractMachine):
     )
     def save_checkpoint(self, stack: str, ns: str | None, status: Any, embed: bool) -> None:
         key = (self.k(ns), self.kk(stack))
-        current = self.ref_adapter._live_checkpoint(key, self.now())
+        current = self.ref_adapter.model.live_checkpoint(key, self.now())
         metadata = None
         if embed:
             embedded = WaitRecord(

@@ -63,7 +63,7 @@ class WaitMachine(WaitMachineBase):
         }[lease]
         ref_who, be_who = self.claimants(ck, who)
         known = self.ref_has(ck)
-        ref_pre = self.ref_adapter._live_wait(ck, self.now())
+        ref_pre = self.ref_adapter.model.live_wait_record(ck, self.now())
         pre = self.by_key("backend", ck) if known else None
         got = self.call(
             self.backend.adapter.claim_wait_record(
@@ -85,7 +85,7 @@ class WaitMachine(WaitMachineBase):
         now = self.now()
         # Why the reference answered as it did.
         reason = "wait.claim.once"
-        entry = self.ref_adapter._waits.get(ck)
+        entry = self.ref_adapter.model.wait_record(ck)
         if entry is not None and not entry.live(now):
             reason = "wait.retention"
         elif ref_pre is None or ref_pre.status in ("completed", "cancelled"):
@@ -239,7 +239,7 @@ class WaitMachine(WaitMachineBase):
                 )
         if self.tainted:
             return
-        entry = self.ref_adapter._waits.get(ck)
+        entry = self.ref_adapter.model.wait_record(ck)
         if got.ok != want.ok:
             rule_id = (
                 "wait.retention"
@@ -284,7 +284,7 @@ class WaitMachine(WaitMachineBase):
         if self.tainted:
             return
         if got.value is not want.value:
-            entry = self.ref_adapter._waits.get(ck)
+            entry = self.ref_adapter.model.wait_record(ck)
             rule_id = (
                 "wait.retention"
                 if entry is not None and not entry.live(self.now())
@@ -330,7 +330,7 @@ class WaitMachine(WaitMachineBase):
             return
         assert want.ok, want
         for ck in sorted(self.keys):
-            rec = self.ref_adapter._live_wait(ck, self.now())
+            rec = self.ref_adapter.model.live_wait_record(ck, self.now())
             if rec is not None and rec.stack_id == sid and rec.namespace == nsk:
                 self.last_rule[ck] = "wait.cancel-workflow"
             self.compare_get(ck, "wait.cancel-workflow")
@@ -342,7 +342,7 @@ class WaitMachine(WaitMachineBase):
                     self.backend.adapter.get_checkpoint(cstack, cns, fallback=False),
                     "wait.cancel-workflow",
                 )
-                theirs = self.ref_adapter._live_checkpoint((cns, cstack), self.now())
+                theirs = self.ref_adapter.model.live_checkpoint((cns, cstack), self.now())
                 if self.norm_cp(mine.value) != self.norm_cp(theirs):
                     self.diverge(
                         "wait.cancel-workflow",

@@ -34,7 +34,7 @@ async def statements_run(backend: siglo.Backend) -> list[str]:
     """Every statement the backend's database runs from now on."""
     db: Any = backend.adapter.database  # type: ignore[attr-defined]
     statements: list[str] = []
-    conn = getattr(db, "_conn", None)
+    conn = getattr(getattr(db, "_driver", None), "conn", None)  # SQLite's aiosqlite connection
     if conn is not None and hasattr(conn, "set_trace_callback"):
         await conn.set_trace_callback(statements.append)  # on the connection's thread
         return statements

@@ -253,9 +253,9 @@ async def test_opens_when_the_loops_default_executor_is_shut_down(tmp_path: Path
             for i in range(100):
                 await backend.adapter.save_checkpoint(cp(stack_id=f"s{i}"))
             db: Any = backend.adapter.database  # type: ignore[attr-defined]
-            assert db._checkpointing is not None
-            await asyncio.wrap_future(db._checkpointing)
-            assert db._checkpointing.exception() is None
+            assert db._wal._submitted is not None
+            await asyncio.wrap_future(db._wal._submitted)
+            assert db._wal._submitted.exception() is None
             assert await backend.adapter.get_checkpoint("s99") is not None
     finally:
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())

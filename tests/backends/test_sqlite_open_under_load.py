@@ -22,7 +22,7 @@ import pytest
 import siglo
 from siglo import Checkpoint
 from siglo.errors import StorageAdapterError
-from siglo_sqlite.database import _open_reader, _open_writer
+from siglo_sqlite.connections import open_reader, open_writer
 
 # Opens the file and closes it again, as fast as it can: each time its process's first
 # connection, which locks the WAL index exclusively for a moment to see whether it is
@@ -85,8 +85,8 @@ async def test_setting_up_an_inline_connection_waits_for_other_processes_opening
     errors: list[str] = []
     with other_processes(OPENER, str(path), count=3):
         for attempt in range(300):
-            opener = _open_reader if attempt % 2 else _open_writer
-            args = () if opener is _open_reader else ("NORMAL",)
+            opener = open_reader if attempt % 2 else open_writer
+            args = () if opener is open_reader else ("NORMAL",)
             try:
                 opener(str(path), wait_ms, *args).close()
             except sqlite3.OperationalError as exc:

@@ -44,7 +44,7 @@ async def test_keyed_reads_run_on_the_reader_not_the_driver_thread(
     on_driver: list[str] = []
     on_reader: list[str] = []
     db = database(backend)
-    await db._conn.set_trace_callback(on_driver.append)
+    await db._driver.conn.set_trace_callback(on_driver.append)
     db._reader.set_trace_callback(on_reader.append)
     assert (await adapter.get_checkpoint("s")).revision == 1
     assert (await adapter.get_checkpoint("s", "tenant")).revision == 1  # falls back to ''
@@ -83,13 +83,13 @@ async def test_a_read_asked_while_a_write_is_in_flight_reads_after_it(
     saving = asyncio.ensure_future(adapter.save_checkpoint(cp(2)))
     await asyncio.sleep(0)  # the save is submitted to aiosqlite's thread
     db._writer = writer
-    assert db._on_driver == 1
+    assert db._order.on_driver == 1
     got = await adapter.get_checkpoint("s")
     await saving
     assert got is not None
     assert got.revision == 2
     assert on_reader == []
-    assert db._on_driver == 0
+    assert db._order.on_driver == 0
     got = await adapter.get_checkpoint("s")  # idle again: on the reader
     assert got is not None
     assert len(on_reader) == 1
@@ -114,7 +114,7 @@ async def test_a_read_that_meets_a_lock_goes_through_the_driver_thread(
     await backend.adapter.save_checkpoint(cp(1))
     db = database(backend)
     on_driver: list[str] = []
-    await db._conn.set_trace_callback(on_driver.append)
+    await db._driver.conn.set_trace_callback(on_driver.append)
     real, db._reader = db._reader, _BusyReader()
     try:
         got = await backend.adapter.get_checkpoint("s")

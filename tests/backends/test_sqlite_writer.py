@@ -22,8 +22,8 @@ import pytest
 import siglo
 from siglo import Checkpoint
 from siglo.records import WaitRecord
-from siglo_sqlite import database as sqlite_database
-from siglo_sqlite.database import CHECKPOINT_EVERY_MIN
+from siglo_sqlite import wal_checkpoints
+from siglo_sqlite.wal_checkpoints import CHECKPOINT_EVERY_MIN
 
 
 def cp(revision: int, stack_id: str = "s", size: int = 0) -> Checkpoint:
@@ -71,7 +71,7 @@ async def loop_turns() -> AsyncIterator[list[int]]:
 async def driver_trace(db: Any) -> list[str]:
     """The statements the aiosqlite connection runs from now on."""
     trace: list[str] = []
-    await db._conn.set_trace_callback(trace.append)
+    await db._driver.conn.set_trace_callback(trace.append)
     return trace
 
 
@@ -85,15 +85,15 @@ async def test_sequential_writes_run_on_the_writer_and_a_thread_checkpoints(
     on_driver: list[str] = []
     on_writer: list[str] = []
     checkpoints: list[str] = []
-    await db._conn.set_trace_callback(on_driver.append)
+    await db._driver.conn.set_trace_callback(on_driver.append)
     db._writer.set_trace_callback(on_writer.append)
-    db._checkpointer.set_trace_callback(checkpoints.append)
-    db._inline_writes = 0
+    db._wal.conn.set_trace_callback(checkpoints.append)
+    db._wal._writes = 0
     total = 2 * (CHECKPOINT_EVERY_MIN + 1)
     for revision in range(1, total + 1):  # saves and compare-and-sets
         await adapter.save_checkpoint(cp(revision), expected_revision=revision - 1)
     await adapter.set_cached_step("step", {"v": 1})
-    db._checkpointing.result(timeout=5)  # the last checkpoint asked has answered
+    db._wal._submitted.result(timeout=5)  # the last checkpoint asked has answered
     assert writes(on_driver) == [], on_driver
     # Each write once, or twice where the checkpoint's last step made it wait and retry.
     assert total + 1 <= len(writes(on_writer)) <= total + 1 + len(checkpoints), on_writer
@@ -205,7 +205,7 @@ async def test_a_write_asked_while_a_statement_is_in_flight_runs_after_it(
     first = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
     await asyncio.sleep(0)  # submitted to aiosqlite's thread
     db._writer = writer
-    assert db._on_driver == 1
+    assert db._order.on_driver == 1
     await adapter.save_checkpoint(cp(3), expected_revision=2)
     assert first.done()
     await first
@@ -280,7 +280,7 @@ async def test_without_the_driver_writes_the_wal_would_grow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control of the test above: with no checkpoint asked, nothing checkpoints."""
-    monkeypatch.setattr(sqlite_database.SqliteDatabase, "_checkpoint_soon", lambda self: None)
+    monkeypatch.setattr(wal_checkpoints.WalCheckpoints, "soon", lambda self: None)
     async with siglo.connect(f"sqlite:///{tmp_path}/g.db") as backend:
         adapter: Any = backend.adapter
         for i in range(600):
@@ -346,7 +346,7 @@ async def test_a_write_waits_for_the_checkpoints_last_step_and_a_later_read_sees
     cannot miss it). A write asked then waits on the loop for it (not on the driver),
     and a read asked after the write waits behind it and sees it; once the reader is
     gone, the next checkpoint starts the WAL over."""
-    monkeypatch.setattr(sqlite_database, "CHECKPOINT_RESTART_WAIT_MS", 500)
+    monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_RESTART_WAIT_MS", 500)
     adapter: Any = backend.adapter
     db = database(backend)
     await adapter.save_checkpoint(cp(1))
@@ -355,11 +355,11 @@ async def test_a_write_waits_for_the_checkpoints_last_step_and_a_later_read_sees
         other.execute("BEGIN")
         other.execute("SELECT count(*) FROM siglo_checkpoints").fetchall()  # reads the WAL
         on_driver = await driver_trace(db)
-        db._checkpoint_soon()
+        db._wal.soon()
         async with asyncio.timeout(5):
             # The copy is done; the last step is trying. (A flag set on another
             # thread: polled, as no event of the loop's can be set from there.)
-            while not db._restarting:  # noqa: ASYNC110
+            while not db._wal._restarting:  # noqa: ASYNC110
                 await asyncio.sleep(0.0005)
         saving = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
         loading = asyncio.ensure_future(adapter.get_checkpoint("s"))
@@ -369,14 +369,14 @@ async def test_a_write_waits_for_the_checkpoints_last_step_and_a_later_read_sees
         got = await loading
         assert got is not None and got.revision == 2
         assert writes(on_driver) == []
-        busy, frames, _ = db._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        busy, frames, _ = db._wal.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         assert frames > 0  # the WAL did not start over while the reader was in it
     finally:
         other.close()
-    db._checkpoint_soon()
-    db._checkpointing.result(timeout=5)
+    db._wal.soon()
+    db._wal._submitted.result(timeout=5)
     await adapter.save_checkpoint(cp(3), expected_revision=2)
-    busy, after, _ = db._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    busy, after, _ = db._wal.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     assert busy == 0 and 0 < after < frames  # started over: that write went to its beginning
 
 
@@ -386,11 +386,13 @@ async def test_closing_during_a_checkpoint_waits_for_it(tmp_path: Path) -> None:
     for i in range(50):
         await adapter.save_checkpoint(cp(1, stack_id=f"s{i}", size=16_000))
     db = database(backend)
-    db._checkpoint_soon()
-    checkpoint = db._checkpointing
+    db._wal.soon()
+    checkpoint, checkpointer = db._wal._submitted, db._wal.conn
     await backend.aclose()
     assert checkpoint.done()
-    assert db._checkpointer is None and db._thread is None
+    assert db._wal is None and db._thread is None
+    with pytest.raises(sqlite3.ProgrammingError):
+        checkpointer.execute("SELECT 1")  # closed with the backend, after the checkpoint
     async with siglo.connect(f"sqlite:///{tmp_path}/c.db") as again:
         assert await again.adapter.get_checkpoint("s49") is not None
 
@@ -409,7 +411,7 @@ async def test_calls_asked_while_a_write_waits_run_after_it_in_order(
     db._writer = writer
     second = asyncio.ensure_future(adapter.save_checkpoint(cp(3), expected_revision=2))
     await asyncio.sleep(0)
-    assert db._in_line == 1  # the second save waits for the first
+    assert db._order.in_line == 1  # the second save waits for the first
     select = "SELECT revision FROM siglo_checkpoints"
 
     async def in_a_transaction() -> list[Any]:
@@ -425,7 +427,7 @@ async def test_calls_asked_while_a_write_waits_run_after_it_in_order(
     assert got is not None and got.revision == 3
     assert await fetching == [(3,)]
     assert await transacting == [(3,)]
-    assert db._in_line == 0
+    assert db._order.in_line == 0
 
 
 async def test_writes_after_a_statement_on_the_driver_go_back_inline(
@@ -461,9 +463,9 @@ async def test_writes_that_reach_the_wals_bound_wait_for_the_checkpoint(
     adapter: Any = backend.adapter
     db = database(backend)
     await adapter.save_checkpoint(cp(1))
-    db._checkpointing = db._thread.submit(time.sleep, 0.3)
-    db._checkpoint_done = asyncio.wrap_future(db._checkpointing)
-    db._inline_writes = db._checkpoint_every - 1
+    db._wal._submitted = db._thread.submit(time.sleep, 0.3)
+    db._wal._done = asyncio.wrap_future(db._wal._submitted)
+    db._wal._writes = db._wal._every - 1
     async with loop_turns() as turns:
         started = time.monotonic()
         await adapter.save_checkpoint(cp(2), expected_revision=1)  # the last one allowed
@@ -487,9 +489,9 @@ async def test_a_slow_checkpoint_is_waited_for_past_the_bound_as_work(
         adapter: Any = backend.adapter
         db = database(backend)
         await adapter.save_checkpoint(cp(1))
-        db._checkpointing = db._thread.submit(time.sleep, 1.0)
-        db._checkpoint_done = asyncio.wrap_future(db._checkpointing)
-        db._inline_writes = db._checkpoint_every
+        db._wal._submitted = db._thread.submit(time.sleep, 1.0)
+        db._wal._done = asyncio.wrap_future(db._wal._submitted)
+        db._wal._writes = db._wal._every
         started = time.monotonic()
         await adapter.save_checkpoint(cp(2), expected_revision=1)
         assert time.monotonic() - started >= 0.9
@@ -515,7 +517,7 @@ async def test_with_no_busy_wait_concurrent_calls_queue_and_none_fails(
                     await db.fetch("SELECT count(*) FROM siglo_checkpoints")
 
         await asyncio.gather(*(caller(n) for n in range(32)))
-        assert db._checkpointing is not None  # checkpoints ran among them
+        assert db._wal._submitted is not None  # checkpoints ran among them
         for n in range(32):
             assert await adapter.get_checkpoint(f"c{n}-39") is not None
 

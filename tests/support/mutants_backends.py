@@ -175,7 +175,7 @@ class PostgresUnlockingSendsNoRelease(_Broken, PostgresStorageAdapter):
         *,
         expected_revision: int | None = None,
     ) -> None:
-        hold = held(self._workflow_lock, checkpoint.stack_id)
+        hold = held(self.workflow_lock, checkpoint.stack_id)
         await self.save_checkpoint_streamed(
             checkpoint, changes, expected_revision=expected_revision
         )
