@@ -21,9 +21,10 @@ from siglo_contract.concurrency import (
 )
 from siglo_contract.registry import CheckContext, check, expect, fail
 
-FIRST_HOLD_S: Final = 1.0
-"""How long the first workflow-lock action holds the lock while the others wait: a lock
-whose waiters give up (and run anyway) after anything shorter shows as an overlap."""
+FIRST_HOLD_MS: Final = 1000
+"""How long the first workflow-lock action holds the lock while the others wait, unless
+the run's profile says otherwise (``workflow_lock_hold_ms``): a lock whose waiters give
+up (and run anyway) after anything shorter shows as an overlap."""
 HOLD_S: Final = 0.02
 """How long each later action holds it."""
 
@@ -143,6 +144,7 @@ async def workflow_lock_exclusive(ctx: CheckContext) -> None:
     holds the lock; results are returned; a waiter that gives up raises
     LockNotAcquiredError without running its action."""
     ctx.about("lock.workflow.exclusive")
+    first_hold_s = ctx.session.profile.get("workflow_lock_hold_ms", FIRST_HOLD_MS) / 1000
     stack = ctx.id("wf")
     inside = 0
     overlaps: list[str] = []
@@ -157,7 +159,7 @@ async def workflow_lock_exclusive(ctx: CheckContext) -> None:
                 if inside > 1:
                     overlaps.append(f"action {i} started while {inside - 1} other(s) ran")
                 order.append(i)
-                await asyncio.sleep(FIRST_HOLD_S if i == 0 else HOLD_S)
+                await asyncio.sleep(first_hold_s if i == 0 else HOLD_S)
                 inside -= 1
                 return i
 

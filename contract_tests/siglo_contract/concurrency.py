@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +10,6 @@ from typing import Any
 from siglo.backend import Backend
 from siglo_contract.registry import CheckContext
 from siglo_contract.target import PROCESSES
-from siglo_contract.workers import run_worker
 
 __all__ = ["PROCESSES", "TASKS", "contenders", "in_processes"]
 
@@ -48,18 +46,18 @@ async def in_processes(ctx: CheckContext, kind: str, args: list[dict[str, Any]])
         a.setdefault("now_ms", ctx.now_ms())
     if ctx.session.clock is not None:
         options["manual_clock_ms"] = ctx.now_ms()
-    pool = ctx.session.process_pool()
-    loop = asyncio.get_running_loop()
-    if not getattr(ctx.session, "_pool_warm", False):
-        # The first tasks pay for spawning and importing: give them time to be ready.
+    workers = await ctx.session.worker_processes()
+    if not ctx.session.workers_warm:
+        # The first calls pay for starting and importing: give them time to be ready.
         start_at = time.time() + 3.0
-        ctx.session._pool_warm = True  # type: ignore[attr-defined]
+        ctx.session.workers_warm = True
     else:
         start_at = time.time() + 0.3
-    futures = [
-        loop.run_in_executor(pool, run_worker, kind, url, dict(options), start_at, a) for a in args
+    requests = [
+        {"kind": kind, "url": url, "options": options, "start_at": start_at, "args": a}
+        for a in args
     ]
-    return list(await asyncio.gather(*futures))
+    return await workers.run(requests)
 
 
 __all__ += ["shares_across_processes"]

@@ -40,11 +40,13 @@ __all__ = ["PROFILES", "Report", "RuleResult", "Verdict", "run_contract"]
 Verdict = Literal["pass", "FAIL", "not supported", "not run"]
 
 PROFILES: Final[dict[str, dict[str, int]]] = {
-    "ci": {"max_examples": 25, "stateful_step_count": 25},
-    "thorough": {"max_examples": 400, "stateful_step_count": 60},
+    "ci": {"max_examples": 25, "stateful_step_count": 25, "workflow_lock_hold_ms": 1000},
+    "thorough": {"max_examples": 400, "stateful_step_count": 60, "workflow_lock_hold_ms": 3000},
 }
-"""Hypothesis budgets per state machine: ``ci`` (the default) keeps a whole run to
-seconds on local backends; ``thorough`` is for long runs."""
+"""Budgets per profile: examples and steps per state machine, and how long the first
+action of ``workflow_lock_exclusive`` holds the lock while the others wait (a backend
+whose waiters give up and run after less than that shows as an overlap). ``ci`` (the
+default) keeps a whole run to seconds on local backends; ``thorough`` is for long runs."""
 
 _MAX_MACHINE_RERUNS: Final = 3
 
@@ -217,7 +219,7 @@ def run_contract(
     storage: str | None = None
     loop = asyncio.new_event_loop()
     try:
-        session = tgt.session()
+        session = tgt.session(budget)
         try:
             loop.run_until_complete(session.__aenter__())
         except SigloError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -25,6 +25,7 @@ from siglo.manager import StorageManager
 from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
 from siglo.urls import mask_credentials
+from siglo_contract.processes import WorkerProcesses
 from siglo_memory.connect import connect as memory_connect
 
 __all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
@@ -144,20 +145,25 @@ class Target:
             options=opts,
         )
 
-    def session(self) -> Session:
-        """A session for one run (use as an async context manager)."""
-        return Session(self)
+    def session(self, profile: Mapping[str, int] | None = None) -> Session:
+        """A session for one run (use as an async context manager) with the run's
+        profile budgets (``runner.PROFILES``)."""
+        return Session(self, profile)
 
 
 class Session:
     """One run's storage: a shared isolated backend, or a factory called per example."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, profile: Mapping[str, int] | None = None) -> None:
         self.target = target
+        self.profile: Mapping[str, int] = dict(profile or {})
+        """The run's profile budgets (``runner.PROFILES``)."""
         self.clock: ManualClock | None = ManualClock() if target.clock_controlled else None
         self._stack = contextlib.AsyncExitStack()
         self._shared: Backend | None = None
-        self._pool: Any = None
+        self._workers: WorkerProcesses | None = None
+        self.workers_warm = False
+        """Whether the worker processes have answered once (imports done)."""
 
     def backend_options(self) -> dict[str, Any]:
         """Options for the backend under test (the clock too, when the suite controls it)."""
@@ -213,17 +219,14 @@ class Session:
         finally:
             await backend.aclose()
 
-    def process_pool(self) -> Any:
-        """Worker processes for cross-process checks (spawned once per run, warmed up)."""
-        if self._pool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._pool = ProcessPoolExecutor(
-                PROCESSES, mp_context=multiprocessing.get_context("spawn")
-            )
-            self._stack.callback(self._pool.shutdown, cancel_futures=True)
-        return self._pool
+    async def worker_processes(self) -> WorkerProcesses:
+        """The worker processes of cross-process checks (started once per run, reused;
+        stopped when the run ends)."""
+        if self._workers is None:
+            self._workers = WorkerProcesses(PROCESSES)
+            await self._workers.start()
+            self._stack.push_async_callback(self._workers.close)
+        return self._workers
 
     def open_backend(self) -> Backend:
         """A new connection to this run's storage (the shared one when isolated)."""

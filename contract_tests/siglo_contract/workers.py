@@ -1,32 +1,64 @@
 """Callers in other processes, for the concurrency rules of backends shared across processes.
 
-Each worker connects to the run's storage by URL (``Backend.url`` of the isolated
-backend), waits until a common start time so the callers really overlap, makes one call
-and returns a plain, picklable result.
+A worker is a process of its own, ``python -m siglo_contract.workers``: it never imports
+the script that runs the suite (as ``multiprocessing``'s spawn would, which re-runs a
+script without a ``__main__`` guard), so ``run_contract`` works from any script. It reads
+one request per line on stdin (JSON: ``kind``, ``url``, ``options``, ``start_at``,
+``args``) and answers each with one line on stdout: ``{"result": …}`` or
+``{"error": "…"}``. For each request it connects to the run's storage by URL
+(``Backend.url`` of the isolated backend), waits until the common start time so the
+callers really overlap, makes its call and answers with plain JSON data.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
+import traceback
 from typing import Any
+
+import orjson
 
 from siglo.checkpoint import Checkpoint
 from siglo.clock import ManualClock
 from siglo.errors import CheckpointConflictError
 from siglo_contract.target import connect_url
 
-__all__ = ["run_worker"]
+__all__ = ["run_worker", "serve"]
 
 
 def run_worker(
     kind: str, url: str, options: dict[str, Any], start_at: float, args: dict[str, Any]
 ) -> Any:
-    """Entry point of a worker process (a module-level function, so spawn can pickle it)."""
+    """One request: connect, wait for ``start_at``, make the call, return its result."""
     if options.pop("manual_clock_ms", None) is not None:
         options["clock"] = ManualClock(args["now_ms"])
     return asyncio.run(_work(kind, url, options, start_at, args))
+
+
+def serve() -> None:
+    """Answer requests from stdin until it closes (the process's main loop)."""
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        try:
+            request = orjson.loads(line)
+            result = run_worker(
+                request["kind"],
+                request["url"],
+                request["options"],
+                request["start_at"],
+                request["args"],
+            )
+            answer = orjson.dumps({"result": result})
+        except Exception as exc:
+            detail = "".join(traceback.format_exception(exc, limit=-3))
+            answer = orjson.dumps({"error": f"{type(exc).__name__}: {exc}\n{detail}"})
+        out.write(answer + b"\n")
+        out.flush()
 
 
 async def _work(
@@ -84,3 +116,7 @@ async def _work(
         raise ValueError(f"unknown worker kind {kind!r}")
     finally:
         await backend.aclose()
+
+
+if __name__ == "__main__":
+    serve()
