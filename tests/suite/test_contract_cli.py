@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import xml.etree.ElementTree as ET
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner
 from mutants import MUTANTS
 
-from siglo import Capability
+import siglo
+from siglo import Capability, LockNotAcquiredError
 from siglo.cli import cli
 from siglo.cli.check import DEFAULT_URL
 from siglo_contract.rules import ADAPTER_RULES
 from siglo_contract.runner import run_contract
 from siglo_memory import connect as memory_connect
+from siglo_memory.adapter import MemoryStorageAdapter
+
+T = TypeVar("T")
 
 
 def test_memory_passes_every_rule() -> None:
@@ -147,3 +154,44 @@ def test_profiles_exist(profile: str) -> None:
     from siglo_contract.runner import PROFILES
 
     assert PROFILES[profile]["max_examples"] > 0
+
+
+class _GivesUpAfterTwoSeconds(MemoryStorageAdapter):
+    """Waiters without a timeout of their own wait for the workflow lock at most 2 s, then
+    run their action anyway (one with a shorter ``timeout_ms`` is refused as it should)."""
+
+    async def _do_with_workflow_lock(
+        self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None = None
+    ) -> T:
+        lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), min(timeout_ms or 2000, 2000) / 1000)
+        except TimeoutError:
+            if timeout_ms is not None and timeout_ms < 2000:
+                raise LockNotAcquiredError(f"workflow lock {stack_id!r} held") from None
+            return await action()  # the bug: an overlap instead of LockNotAcquiredError
+        try:
+            return await action()
+        finally:
+            lock.release()
+
+
+def _gives_up_backend(**options: Any) -> siglo.Backend:
+    backend = memory_connect("memory://", **options)
+    backend.adapter = _GivesUpAfterTwoSeconds(clock=options.get("clock"))
+    return backend
+
+
+@pytest.mark.rule("lock.workflow.exclusive")
+def test_the_profiles_workflow_lock_hold_decides_what_the_check_can_see() -> None:
+    """The first action's hold is the profile's ``workflow_lock_hold_ms``: 3 s in
+    ``thorough`` shows a lock whose waiters give up after 2 s; 1 s in ``ci`` cannot."""
+    from siglo_contract.runner import PROFILES
+
+    assert PROFILES["ci"]["workflow_lock_hold_ms"] == 1000
+    assert PROFILES["thorough"]["workflow_lock_hold_ms"] == 3000
+    rules = ["lock.workflow.exclusive"]
+    thorough = run_contract(_gives_up_backend, rules=rules, seed=1, profile="thorough")
+    assert thorough.verdict("lock.workflow.exclusive") == "FAIL"
+    ci = run_contract(_gives_up_backend, rules=rules, seed=1, profile="ci")
+    assert ci.verdict("lock.workflow.exclusive") == "pass"
