@@ -1,7 +1,7 @@
 """The PostgreSQL backend: ``postgresql://…`` and ``postgresql+psycopg://…``.
 
 See ``docs/backends/postgres.md``. This package imports no driver: the plugin loads with
-the core alone (``siglo backends`` then says ``pip install 'siglo[postgres]'``), and the
+the core alone (``siglo backends`` then says ``pip install 'siglo[postgres]>=0.1,<1'``), and the
 names below are imported on first use. The connect function is
 ``siglo_postgres.connect.connect`` (``siglo.connect(url)`` finds it through the plugin).
 """

@@ -1,7 +1,7 @@
 """The SQLite backend: ``sqlite:///path.db`` and ``sqlite://`` (private, in memory).
 
 See ``docs/backends/sqlite.md``. This package imports no driver: the plugin loads with
-the core alone (``siglo backends`` then says ``pip install 'siglo[sqlite]'``), and the
+the core alone (``siglo backends`` then says ``pip install 'siglo[sqlite]>=0.1,<1'``), and the
 names below are imported on first use. The connect function is
 ``siglo_sqlite.connect.connect`` (``siglo.connect(url)`` finds it through the plugin).
 """

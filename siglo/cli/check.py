@@ -50,9 +50,9 @@ def _default_url() -> str:
         sqlite = None
     if sqlite is not None and sqlite.driver_installed:
         return DEFAULT_URL
+    install = sqlite.install_command() if sqlite else "pip install 'siglo[sqlite]>=0.1,<1'"
     click.echo(
-        f"siglo check: no URL given and SQLite's driver is not installed "
-        f"({sqlite.install_command() if sqlite else 'pip install siglo[sqlite]'}); "
+        f"siglo check: no URL given and SQLite's driver is not installed ({install}); "
         f"checking {FALLBACK_URL} instead",
         err=True,
     )

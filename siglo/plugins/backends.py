@@ -56,7 +56,8 @@ class BackendSpec:
         if self.install_hint:
             return self.install_hint
         if self.extra:
-            return f"pip install 'siglo[{self.extra}]'"
+            # Pinned below 1: the package named siglo on PyPI (1.0.x) is unrelated.
+            return f"pip install 'siglo[{self.extra}]>=0.1,<1'"
         return f"pip install {' '.join(self.requires)}" if self.requires else "nothing"
 
     def missing_drivers(self) -> list[str]:

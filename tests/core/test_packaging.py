@@ -188,13 +188,13 @@ def test_each_extra_in_a_fresh_venv(extra: str, installs: dict[str, Path], tmp_p
     table = _siglo(bin_dir, "backends", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     for name in {"redis", "sqlite", "postgres"} - present:
-        assert f"pip install 'siglo[{name}]'" in table.stdout, table.stdout
+        assert f"pip install 'siglo[{name}]>=0.1,<1'" in table.stdout, table.stdout
     # A backend whose driver is missing: one error line naming the extra.
     for name in sorted({"redis", "sqlite", "postgres"} - present)[:1]:
         refused = _siglo(bin_dir, "check", BACKEND_URLS[name], *QUICK, cwd=tmp_path)
         assert refused.returncode == 1
         assert refused.stderr.startswith("Error: "), refused.stderr
-        assert f"pip install 'siglo[{name}]'" in refused.stderr
+        assert f"pip install 'siglo[{name}]>=0.1,<1'" in refused.stderr
         assert "Traceback" not in refused.stderr
     # `siglo check` with no URL works on every install (SQLite, or memory:// without it).
     default = _siglo(bin_dir, "check", *QUICK, cwd=tmp_path)

@@ -114,7 +114,9 @@ def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     spec = registry.for_url("needs://x")
     assert not spec.driver_installed
     assert spec.missing_drivers() == ["siglo_test_no_such_driver"]
-    with pytest.raises(siglo.DriverNotInstalledError, match=r"pip install 'siglo\[needs\]'"):
+    with pytest.raises(
+        siglo.DriverNotInstalledError, match=r"pip install 'siglo\[needs\]>=0.1,<1'"
+    ):
         siglo.connect("needs://x")
 
 

@@ -35,7 +35,7 @@ def require_redis(url: str = REDIS_URL) -> None:
     try:
         import redis
     except ImportError:
-        _unavailable("the redis driver is not installed (pip install 'siglo[redis]')")
+        _unavailable("the redis driver is not installed (pip install 'siglo[redis]>=0.1,<1')")
 
     client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
     try:

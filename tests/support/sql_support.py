@@ -32,7 +32,7 @@ def postgres_problem() -> str | None:
     try:
         import psycopg
     except ImportError:
-        return "psycopg is not installed (pip install 'siglo[postgres]')"
+        return "psycopg is not installed (pip install 'siglo[postgres]>=0.1,<1')"
     try:
         with psycopg.connect(POSTGRES_URL, connect_timeout=3):
             return None
