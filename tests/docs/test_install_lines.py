@@ -5,7 +5,6 @@ excludes it too."""
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
