@@ -643,9 +643,17 @@ class Drill:
                     raise
                 await asyncio.sleep(0.1)
 
+    def _remembered(self, acked: float) -> bool:
+        """Whether a claim acknowledged at ``acked`` is still within the drill's window
+        (leases and nonces of a longer run lapse by design: not checked)."""
+        return self._now() - acked < self.window_s - 60
+
     async def _sweep(self) -> None:
         """Every acknowledgement checked once more against the store."""
         adapter = self.backend.adapter
+        self._claims = [(k, at) for k, at in self._claims if self._remembered(at)]
+        self._idempotency = [c for c in self._idempotency if self._remembered(c[2])]
+        self._nonces = [(k, at) for k, at in self._nonces if self._remembered(at)]
         for stack in self._stacks:
             stored = await self._patiently(
                 adapter.get_checkpoint, stack.stack_id, self.id, fallback=False

@@ -12,6 +12,7 @@ import click
 from siglo import __version__
 from siglo.cli.backends import backends
 from siglo.cli.check import check
+from siglo.cli.drill import drill
 from siglo.cli.errors import DEBUG_ENV, SigloGroup
 from siglo.cli.migrate import migrate
 from siglo.cli.store import clean, ls, prune, rm, show
@@ -39,6 +40,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 cli.add_command(backends)
 cli.add_command(check)
+cli.add_command(drill)
 cli.add_command(migrate)
 cli.add_command(ls)
 cli.add_command(show)
