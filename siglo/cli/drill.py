@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from typing import Literal
@@ -121,6 +122,10 @@ def drill(
     Exit status 3 when something the setting promises to keep was lost.
     """
     target = resolve_url(url)
+    if not logging.getLogger().handlers:
+        # The drill reports every failed call itself; without this, psycopg's pool
+        # would print a warning for each connection it fails to make mid-failover.
+        logging.getLogger("psycopg").addHandler(logging.NullHandler())
     report = asyncio.run(
         _drill(
             target,
