@@ -51,6 +51,7 @@ from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.errors import (
     CheckpointConflictError,
+    InvalidArgumentError,
     OutcomeUnknownError,
     SigloError,
     StorageAdapterError,
@@ -288,8 +289,11 @@ class Drill:
         window_s: float = 3600.0,
         drill_id: str | None = None,
     ) -> None:
-        if rate <= 0 or workers < 2:
-            raise ValueError("rate must be positive and workers at least 2")
+        if not rate > 0 or workers < 2:
+            raise InvalidArgumentError(
+                f"a drill needs a positive rate and at least 2 workers, got rate={rate!r}, "
+                f"workers={workers!r}"
+            )
         self.backend = backend
         self.rate = rate
         self.workers = workers

@@ -76,18 +76,23 @@ async def _fetch(conn: AsyncConn, sql: str, params: Params) -> list[Row]:
     return await _rows(await _execute(conn, sql, params))
 
 
-_SYNC_REP_CANCELLED: Final = "canceling wait for synchronous replication"
-"""The start of the warning PostgreSQL sends when a cancel (or a terminate) reaches a
-commit that waits for its synchronous standby: the commit is kept locally and the call
-answers success (``src/backend/replication/syncrep.c``; servers with ``lc_messages``
-other than English word it otherwise, and only our own cancels are then caught, by the
-expired bound)."""
-
-
 def _left_ambiguous(diag: psycopg.errors.Diagnostic) -> bool:
-    """Whether a notice says a commit may not have reached the synchronous standby."""
+    """Whether a notice says a commit may not have reached the synchronous standby.
+
+    PostgreSQL warns "canceling wait for synchronous replication due to user request"
+    when a cancel reaches a commit that waits for its synchronous standby (the commit is
+    kept locally and the call answers success), and "canceling the wait for synchronous
+    replication and terminating connection …" when a terminate does
+    (``src/backend/replication/syncrep.c``). A server whose ``lc_messages`` is not
+    English words them otherwise: then only siglo's own cancels are caught, by the
+    expired bound.
+    """
     message = diag.message_primary or ""
-    return diag.severity_nonlocalized == "WARNING" and message.startswith(_SYNC_REP_CANCELLED)
+    return (
+        diag.severity_nonlocalized == "WARNING"
+        and message.startswith("canceling")
+        and "synchronous replication" in message
+    )
 
 
 class _Ambiguity:

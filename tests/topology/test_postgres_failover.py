@@ -27,6 +27,7 @@ import pytest
 from _failover import run_through_failover
 from _pg_topologies import PostgresPair, free_ports
 
+from siglo import Checkpoint, OutcomeUnknownError
 from siglo.drill import DrillReport
 from siglo_postgres.connect import connect
 
@@ -133,6 +134,43 @@ async def test_a_standby_stalled_past_the_timeout_loses_nothing_acknowledged(
     assert report.lost_saves == 0, report.violations
     assert report.double_lock_holders == 0, report.violations
     assert report.violations == [], report.violations
+
+
+async def test_a_commit_whose_standby_wait_is_cancelled_is_an_unknown_outcome(
+    sync_pair: PostgresPair,
+) -> None:
+    """Another session cancels a save whose commit waits for the stalled standby, well
+    within siglo's bound: PostgreSQL commits locally, warns and answers success; siglo
+    raises OutcomeUnknownError (the save is on the primary only)."""
+    sender = int(sync_pair.primary.sql("SELECT pid FROM pg_stat_replication"))
+    async with connect(sync_pair.url + "&command_timeout_ms=20000") as backend:
+        await backend.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+        os.kill(sender, signal.SIGSTOP)
+        try:
+            save = asyncio.create_task(
+                backend.adapter.save_checkpoint(
+                    Checkpoint(stack_id="s", revision=2, timestamp=1), expected_revision=1
+                )
+            )
+            # Cancel whatever commit waits for the standby until the save returns (a
+            # cancel that lands before the commit's wait begins is not seen by it).
+            deadline = time.monotonic() + 10
+            while not save.done():
+                assert time.monotonic() < deadline, sync_pair.primary.sql(
+                    "SELECT pid, backend_type, state, wait_event_type, wait_event, left(query, 50) "
+                    "FROM pg_stat_activity"
+                )
+                sync_pair.primary.sql(
+                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                    "WHERE wait_event = 'SyncRep'"
+                )
+                await asyncio.wait({save}, timeout=0.2)
+            with pytest.raises(OutcomeUnknownError, match="committed locally only"):
+                await save
+        finally:
+            os.kill(sender, signal.SIGCONT)
+        stored = await backend.adapter.get_checkpoint("s")
+        assert stored is not None and stored.revision == 2  # on the primary, all the same
 
 
 @pytest.mark.measured_losses
