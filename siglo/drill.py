@@ -405,7 +405,8 @@ class Drill:
                     await asyncio.wait_for(stop.wait(), 0.05)
             else:
                 self._succeeded(worker)
-        await self._release_due(worker, force=True)
+        # Locks still held stay held for the sweep, which checks that the store still
+        # refuses them to another holder; the cleanup releases them.
 
     def _failed(self, worker: int, kind: Kind, began: float, exc: Exception) -> None:
         ended = self._now()
@@ -550,7 +551,7 @@ class Drill:
                 )
         self._fences[key].append((acked, fencing))
 
-    async def _release_due(self, worker: int, *, force: bool = False) -> None:
+    async def _release_due(self, worker: int) -> None:
         lock = self.backend.lock
         if lock is None:
             return
@@ -559,7 +560,7 @@ class Drill:
             for hold in list(holds):
                 if hold.worker != worker or hold.released is not None:
                     continue
-                if not force and now < hold.release_at:
+                if now < hold.release_at:
                     continue
                 hold.released = self._now()
                 with contextlib.suppress(StorageAdapterError):
@@ -707,8 +708,8 @@ class Drill:
             began = self._now()
             result = await self._patiently(lock.acquire, key, 1_000)
             if not result.acquired:
-                # Still held: by a lease of ours not yet lapsed (checked below) or a
-                # release that was lost (a lease that lapses by itself).
+                # Still held: by a lease of ours not yet lapsed, or one whose release
+                # was lost in a failover (it lapses by itself).
                 continue
             self._check_grant(key, began, self._now(), result.fencing_token, " to the sweep")
             await self._quietly(lock.release(key, result.token))

@@ -18,8 +18,6 @@ well, whose losses are measured and reported rather than asserted.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -56,15 +54,11 @@ async def _kill_and_promote(pair: PostgresPair) -> None:
 
 
 async def _stall_kill_and_promote(pair: PostgresPair, stall_s: float) -> None:
-    """The standby stops confirming (the primary's WAL sender is stopped) for longer
-    than the calls' bound, then the primary dies and the standby is promoted: the
-    commits made during the stall are on the dead primary only."""
-    sender = int(pair.primary.sql("SELECT pid FROM pg_stat_replication"))
-    os.kill(sender, signal.SIGSTOP)
-    try:
-        await asyncio.sleep(stall_s)
-    finally:
-        os.kill(sender, signal.SIGKILL)  # a stopped process does not see its postmaster die
+    """Replication stalls (the standby confirms nothing more) for longer than the calls'
+    bound, then the primary dies and the standby is promoted: the commits made during
+    the stall were kept on the dead primary only."""
+    pair.link.freeze()
+    await asyncio.sleep(stall_s)
     pair.primary.kill()
     await asyncio.to_thread(pair.promote)
 
@@ -142,10 +136,9 @@ async def test_a_commit_whose_standby_wait_is_cancelled_is_an_unknown_outcome(
     """Another session cancels a save whose commit waits for the stalled standby, well
     within siglo's bound: PostgreSQL commits locally, warns and answers success; siglo
     raises OutcomeUnknownError (the save is on the primary only)."""
-    sender = int(sync_pair.primary.sql("SELECT pid FROM pg_stat_replication"))
     async with connect(sync_pair.url + "&command_timeout_ms=20000") as backend:
         await backend.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
-        os.kill(sender, signal.SIGSTOP)
+        sync_pair.link.freeze()
         try:
             save = asyncio.create_task(
                 backend.adapter.save_checkpoint(
@@ -168,7 +161,7 @@ async def test_a_commit_whose_standby_wait_is_cancelled_is_an_unknown_outcome(
             with pytest.raises(OutcomeUnknownError, match="committed locally only"):
                 await save
         finally:
-            os.kill(sender, signal.SIGCONT)
+            sync_pair.link.thaw()
         stored = await backend.adapter.get_checkpoint("s")
         assert stored is not None and stored.revision == 2  # on the primary, all the same
 
