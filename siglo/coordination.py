@@ -137,7 +137,12 @@ class LockResult:
     """The outcome of :meth:`Lock.acquire`.
 
     ``fencing_token`` goes up with every successful acquire of a key, so a resource can
-    refuse writes from a holder whose lock has since passed to another.
+    refuse writes from a holder whose lock has since passed to another. It goes up on
+    one server, and across a failover only where the store replicates each grant before
+    acknowledging it (Redis ``wait_replicas``, a PostgreSQL synchronous standby): on an
+    asynchronously replicated store a failover can hand the same tokens out again, and
+    the lock to a second holder (docs/deploying.md, "What an acknowledgement survives";
+    protect the resource with compare-and-set as well).
     """
 
     acquired: bool

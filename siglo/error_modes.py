@@ -7,7 +7,12 @@ import warnings
 from typing import Final, Literal, get_args
 
 from siglo.adapter import StorageAdapter
-from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
+from siglo.errors import (
+    InvalidArgumentError,
+    OutcomeUnknownError,
+    SigloError,
+    StorageAdapterError,
+)
 
 __all__ = [
     "ERROR_MODES",
@@ -61,8 +66,16 @@ def surfaced_failure(exc: Exception, doing: str, mode: ErrorMode) -> Exception |
     other exception) in ``"strict"`` mode; in ``"warn"`` mode it is logged to the
     ``siglo`` logger and issued as a :class:`StorageWarning`; in ``"best-effort"`` mode
     it is swallowed.
+
+    An :class:`~siglo.errors.OutcomeUnknownError` is raised in every mode (``"warn"``
+    logs it too): the write may or may not be stored, and a caller that carried on as
+    if it had succeeded would act on a guess (SPEC §4).
     """
     if not _is_adapter_failure(exc):
+        return exc
+    if isinstance(exc, OutcomeUnknownError):
+        if mode == "warn":
+            logger.warning("siglo: %s: %s", doing, exc, exc_info=exc)
         return exc
     if not isinstance(exc, StorageAdapterError):
         wrapped = StorageAdapterError(f"storage adapter failed {doing}: {exc}")

@@ -25,6 +25,7 @@ __all__ = [
     "MalformedRecordError",
     "NamespaceMismatchError",
     "NamespaceMismatchException",
+    "OutcomeUnknownError",
     "PluginError",
     "SchemaVersionError",
     "SigloError",
@@ -135,6 +136,38 @@ class StorageAdapterError(SigloError):
     The driver's exception is the ``__cause__``. Error modes decide whether the storage
     manager raises, logs or swallows it.
     """
+
+
+class OutcomeUnknownError(StorageAdapterError):
+    """A call whose outcome is unknown: it may or may not have taken effect.
+
+    Raised when a call ran past its time limit after its request may have reached the
+    server (``command_timeout_ms``), or when the server itself left the outcome
+    ambiguous: PostgreSQL committed locally but its synchronous standby never confirmed
+    the commit, Redis applied a write that fewer replicas than ``wait_replicas``
+    confirmed. The write may be there now and be lost in a failover, or be there for
+    good, or never have happened. It is never reported as a success (SPEC §4, "an
+    acknowledgement is never a guess"), and the storage manager raises it in every
+    error mode.
+
+    What to do: re-read what the call wrote before acting on it, and retry writes as a
+    compare-and-set (a checkpoint's ``expected_revision``, a lock's owner token, a
+    claim's claimant), so that a retry of a write that did land conflicts instead of
+    applying twice. A subclass of :class:`StorageAdapterError`, so handlers of adapter
+    failures still catch it. ``operation`` names the call, ``reason`` why its outcome
+    is unknown.
+    """
+
+    def __init__(self, operation: str, reason: str) -> None:
+        self.operation = operation
+        self.reason = reason
+        super().__init__(
+            f"outcome unknown: {operation} may or may not have taken effect ({reason}); "
+            "re-read before acting on it, and retry it as a compare-and-set"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.operation, self.reason))
 
 
 class WorkflowVersionMismatchError(SigloError):

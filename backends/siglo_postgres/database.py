@@ -12,13 +12,22 @@ cancel the statement (one waiting for a lock held elsewhere ends at once, the
 connection stays usable); a server that answers neither the statement nor the cancel
 request (stopped, or the network stalled) has the connection's socket shut down
 :data:`SEVER_AFTER_MS` later, so the call still ends, and the pool drops the connection.
-Either way the caller gets :class:`~siglo.errors.StorageAdapterError` saying it timed out.
+
+What the caller gets says what is known of the outcome (SPEC §4: an acknowledgement is
+never a guess). A call whose statement the server cancelled was rolled back: a plain
+:class:`~siglo.errors.StorageAdapterError` saying it timed out. Any other end of a call
+past its bound is :class:`~siglo.errors.OutcomeUnknownError` — a cut connection, and a
+call that *succeeded* after its bound: a cancel that reaches a commit waiting for its
+synchronous standby cancels only the wait, and PostgreSQL commits locally, warns
+("canceling wait for synchronous replication … already committed locally") and answers
+success; the standby may never get that commit. The same warning on a call within its
+bound (another session cancelled it) is an unknown outcome too (:func:`_left_ambiguous`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -27,7 +36,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.dialects import postgresql
 
-from siglo.errors import SigloError, StorageAdapterError
+from siglo.errors import OutcomeUnknownError, SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo_postgres.checkout import PooledConnections
 from siglo_postgres.watches import SEVER_AFTER_MS, Watch, Watches
@@ -67,6 +76,66 @@ async def _fetch(conn: AsyncConn, sql: str, params: Params) -> list[Row]:
     return await _rows(await _execute(conn, sql, params))
 
 
+def _left_ambiguous(diag: psycopg.errors.Diagnostic) -> bool:
+    """Whether a notice says a commit may not have reached the synchronous standby.
+
+    PostgreSQL warns "canceling wait for synchronous replication due to user request"
+    when a cancel reaches a commit that waits for its synchronous standby (the commit is
+    kept locally and the call answers success), and "canceling the wait for synchronous
+    replication and terminating connection …" when a terminate does
+    (``src/backend/replication/syncrep.c``). A server whose ``lc_messages`` is not
+    English words them otherwise: then only siglo's own cancels are caught, by the
+    expired bound.
+    """
+    message = diag.message_primary or ""
+    return (
+        diag.severity_nonlocalized == "WARNING"
+        and message.startswith("canceling")
+        and "synchronous replication" in message
+    )
+
+
+class _Ambiguity:
+    """The connections whose current call got the warning of :func:`_left_ambiguous`.
+
+    Each connection gets one notice handler when it is opened; the handler marks the
+    connection (by id: no reference from the handler back to the connection), and the
+    call that ends on it reads and clears the mark.
+    """
+
+    __slots__ = ("marked",)
+
+    def __init__(self) -> None:
+        self.marked: set[int] = set()
+
+    def watch(self, conn: AsyncConn) -> Callable[[psycopg.errors.Diagnostic], None]:
+        """Mark ``conn`` whenever the server warns that a commit was left ambiguous;
+        returns the handler added to it."""
+        key = id(conn)
+        marked = self.marked
+
+        def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+            if _left_ambiguous(diag):
+                marked.add(key)
+
+        conn.add_notice_handler(on_notice)
+        return on_notice
+
+    async def configure(self, conn: AsyncConn) -> None:
+        """The pool's ``configure`` callback."""
+        self.watch(conn)
+
+    def take(self, conn: AsyncConn) -> bool:
+        """Whether ``conn``'s call was left ambiguous (the mark is cleared)."""
+        if not self.marked:
+            return False
+        key = id(conn)
+        if key in self.marked:
+            self.marked.discard(key)
+            return True
+        return False
+
+
 class _Call:
     """One call's connection, the whole call bounded: ``async with db._bounded(doing)``.
 
@@ -76,30 +145,32 @@ class _Call:
     a generator-based context manager: every statement goes through it.
     """
 
-    __slots__ = ("_checkout", "_db", "_doing", "_watch")
+    __slots__ = ("_checkout", "_conn", "_db", "_doing", "_watch")
 
     def __init__(self, db: PostgresDatabase, doing: str) -> None:
         self._db = db
         self._doing = doing
         self._watch: Watch | None = None
+        self._conn: AsyncConn | None = None
         self._checkout: AbstractAsyncContextManager[AsyncConn] | None = None
 
     async def __aenter__(self) -> AsyncConn:
         db = self._db
         checkout = self._checkout = db._connection()
         if db._watches is None:  # unbounded calls
-            return await checkout.__aenter__()
+            conn = self._conn = await checkout.__aenter__()
+            return conn
         watch = self._watch = db._watches.start(asyncio.get_running_loop())
         try:
             conn = await checkout.__aenter__()
         except BaseException:
             db._watches.end(watch)
             raise
-        if watch.expired:  # the bound passed just as the connection came
+        if watch.expired:  # the bound passed just as the connection came: nothing sent
             db._watches.end(watch)
             await checkout.__aexit__(None, None, None)
             raise db.timed_out(self._doing)
-        watch.conn = conn
+        watch.conn = self._conn = conn
         return conn
 
     async def __aexit__(
@@ -111,13 +182,26 @@ class _Call:
         watch = self._watch
         checkout = self._checkout
         assert checkout is not None
+        db = self._db
         if watch is not None:
             # Before the connection goes back: no cancel or cut may reach its next call.
-            assert self._db._watches is not None
-            self._db._watches.end(watch)
+            assert db._watches is not None
+            db._watches.end(watch)
+        conn = self._conn
+        ambiguous = conn is not None and db._ambiguity.take(conn)
         await checkout.__aexit__(exc_type, exc, tb)
-        if watch is not None and watch.expired and isinstance(exc, Exception):
-            raise self._db.timed_out(self._doing, exc) from exc
+        if watch is not None and watch.expired:
+            if isinstance(exc, psycopg.errors.QueryCanceled):
+                # The server cancelled the statement: rolled back, not done.
+                raise db.timed_out(self._doing, exc) from exc
+            if exc is None or isinstance(exc, Exception):
+                raise db.outcome_unknown(self._doing, exc) from exc
+        if ambiguous and (exc is None or isinstance(exc, Exception)):
+            raise OutcomeUnknownError(
+                f"{db.dialect_name} storage {self._doing} ({db.description})",
+                "PostgreSQL cancelled the wait for the synchronous standby and committed "
+                "locally only: the commit may be lost in a failover",
+            ) from exc
 
 
 class _Tx:
@@ -172,6 +256,7 @@ class PostgresDatabase(Database):
         self._pool: PooledConnections | None = None
         self._engine_open = False
         self._watches = None if command_timeout_ms is None else Watches(command_timeout_ms / 1000)
+        self._ambiguity = _Ambiguity()
 
     async def _connect(self) -> None:
         if self.engine is not None:
@@ -190,6 +275,7 @@ class PostgresDatabase(Database):
             max_size=self.pool_max_size,
             timeout=self.pool_timeout_ms / 1000,
             kwargs={"autocommit": True, "prepare_threshold": self.prepare_threshold},
+            configure=self._ambiguity.configure,
             open=False,
             name="siglo",
         )
@@ -218,7 +304,12 @@ class PostgresDatabase(Database):
             raw = await sa_conn.get_raw_connection()
             conn = raw.driver_connection
             assert isinstance(conn, psycopg.AsyncConnection)
-            yield conn
+            # The application's connection: the notice handler is ours for this call only.
+            handler = self._ambiguity.watch(conn)
+            try:
+                yield conn
+            finally:
+                conn.remove_notice_handler(handler)
 
     def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
         if self._pool is not None:

@@ -48,10 +48,17 @@ OPTIONS: Final[dict[str, urls.Converter]] = {
     "wait_timeout_ms": urls.integer,
     "sentinel_password": urls.text,
     "sentinel_username": urls.text,
+    "reinitialize_steps": urls.integer,
 }
 # Options of the client, not of the siglo classes.
 CLIENT_OPTIONS: Final = frozenset(
-    {"wait_replicas", "wait_timeout_ms", "sentinel_password", "sentinel_username"}
+    {
+        "wait_replicas",
+        "wait_timeout_ms",
+        "sentinel_password",
+        "sentinel_username",
+        "reinitialize_steps",
+    }
 )
 
 
@@ -115,8 +122,13 @@ def client_from_url(
             f"wait_replicas and wait_timeout_ms must be >= 0, got {wait_replicas!r} "
             f"and {wait_timeout_ms!r}"
         )
-    if wait_replicas and cluster:
-        raise InvalidArgumentError("wait_replicas is not supported with cluster=true")
+    reinitialize_steps = ours.get("reinitialize_steps")
+    if reinitialize_steps is not None and (not cluster or reinitialize_steps < 0):
+        raise InvalidArgumentError(
+            "reinitialize_steps is an option of cluster=true, a number >= 0 "
+            f"(0 recommended), got {reinitialize_steps!r}"
+            + ("" if cluster else " without cluster=true")
+        )
     if wait_replicas:
         # Imported here: the module subclasses redis-py's client, an optional driver.
         # WAIT must follow the write on its own connection, which a shared auto-pipeline
@@ -125,6 +137,11 @@ def client_from_url(
 
         redis_class = WaitingRedis
     cluster_class: Any = AutoPipelinedRedisCluster if auto_pipeline else redis.asyncio.RedisCluster
+    if wait_replicas and cluster:
+        # WAIT per shard: each write goes with a WAIT to its own slot's master.
+        from siglo_redis.replication import WaitingRedisCluster
+
+        cluster_class = WaitingRedisCluster
     query = dict(parse_qsl(urlsplit(driver_url).query))
     if "socket_connect_timeout" not in query:
         kwargs.setdefault("socket_connect_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
@@ -132,14 +149,18 @@ def client_from_url(
         _warn_if_cluster_driver_is_unsafe(redis.__version__)
         # No socket_timeout here: it makes redis-py 7's RedisCluster fail concurrent
         # first commands; command_timeout_ms bounds every call anyway.
-        if "reinitialize_steps" not in query:
-            # redis-py re-reads the whole topology after every 5th MOVED by closing the
-            # client, which cuts connections other calls have written on: their
-            # commands, possibly run, are sent again (a won compare-and-set reported as
-            # a conflict, a lock handed out twice while slots move). 0: each MOVED
-            # patches the slot table instead; a failed connection still re-reads it all.
-            kwargs.setdefault("reinitialize_steps", 0)
-        return cluster_class.from_url(driver_url, **kwargs)
+        # redis-py re-reads the whole topology after every 5th MOVED by closing the
+        # client, which cuts connections other calls have written on: their commands,
+        # possibly run, are sent again (a won compare-and-set reported as a conflict, a
+        # lock handed out twice while slots move). 0: each MOVED patches the slot table
+        # instead; a failed connection still re-reads it all. Read here as a number:
+        # redis-py would take the URL's value as a string and fail on every MOVED.
+        kwargs.setdefault("reinitialize_steps", reinitialize_steps or 0)
+        client = cluster_class.from_url(driver_url, **kwargs)
+        if wait_replicas:
+            timeout = _DEFAULT_WAIT_TIMEOUT_MS if wait_timeout_ms is None else wait_timeout_ms
+            client.require_replicas(wait_replicas, timeout)
+        return client
     if "socket_timeout" not in query and command_timeout_ms is None:
         kwargs.setdefault("socket_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     # A few quick retries ride out a blip; a dead server fails in well under a second.

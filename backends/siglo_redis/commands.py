@@ -4,7 +4,9 @@ Any client with the async methods of seed 001 §4 works: ``redis.asyncio.Redis``
 ``redis.asyncio.RedisCluster``, valkey's client, or anything shaped like them. Every
 call is bounded by ``command_timeout_ms`` (a stalled server never hangs the caller) and
 every driver exception is re-raised as :class:`~siglo.errors.StorageAdapterError` with
-the original as ``__cause__``.
+the original as ``__cause__``: :class:`~siglo.errors.OutcomeUnknownError` for a call
+whose reply did not arrive in time (a script may have run) and for a write that fewer
+replicas than ``wait_replicas`` confirmed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import hashlib
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
-from siglo.errors import MalformedRecordError, SigloError, StorageAdapterError
+from siglo.errors import (
+    MalformedRecordError,
+    OutcomeUnknownError,
+    SigloError,
+    StorageAdapterError,
+)
 from siglo_redis.deadlines import Deadlines
 from siglo_redis.scripts import Script
 
@@ -93,8 +100,16 @@ class Commands:
         except SigloError:
             raise
         except TimeoutError as exc:
-            raise StorageAdapterError(f"redis {what} timed out after {self.timeout_s} s") from exc
+            # The command may have been written and run: only its reply is missing.
+            raise OutcomeUnknownError(
+                f"redis {what}",
+                f"timed out after {self.timeout_s} s (command_timeout_ms): no reply, and "
+                "the server may have run it",
+            ) from exc
         except Exception as exc:
+            if getattr(exc, "outcome_unknown", False):
+                # siglo_redis.replication: written on the master, not confirmed by replicas.
+                raise OutcomeUnknownError(f"redis {what}", str(exc)) from exc
             if str(exc).startswith("SIGLO_MALFORMED"):
                 raise MalformedRecordError("checkpoint", "revision", str(exc)[16:]) from exc
             raise StorageAdapterError(f"redis {what} failed: {type(exc).__name__}: {exc}") from exc

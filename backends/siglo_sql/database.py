@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Dialect
 
-from siglo.errors import SigloError, StorageAdapterError
+from siglo.errors import OutcomeUnknownError, SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 
@@ -121,6 +121,19 @@ class Database(abc.ABC):
             f"{self.dialect_name} storage timed out {doing} ({self.description}): not done "
             f"within its bound ({self.bound_text}; a lock held elsewhere, or a stalled "
             f"server){last}"
+        )
+
+    def outcome_unknown(
+        self, doing: str, cause: BaseException | None = None
+    ) -> OutcomeUnknownError:
+        """The error of a call that ended past its bound after its request may have
+        reached the server: it may or may not have taken effect (``cause``: the
+        driver's last word, if any; ``None`` for a call that succeeded too late)."""
+        last = "" if cause is None else f"; last error {type(cause).__name__}: {cause}"
+        return OutcomeUnknownError(
+            f"{self.dialect_name} storage {doing} ({self.description})",
+            f"timed out: not answered within its bound ({self.bound_text}), and the "
+            f"server may have run it{last}",
         )
 
     @property

@@ -15,6 +15,7 @@ from siglo import __version__
 from siglo.cli.backends import backends
 from siglo.cli.check import check
 from siglo.cli.config import config
+from siglo.cli.drill import drill
 from siglo.cli.errors import DEBUG_ENV, SigloGroup
 from siglo.cli.migrate import migrate
 from siglo.cli.store import clean, ls, prune, rm, show
@@ -58,6 +59,7 @@ def cli(ctx: click.Context, debug: bool, config_file: str | None) -> None:
 cli.add_command(backends)
 cli.add_command(check)
 cli.add_command(config)
+cli.add_command(drill)
 cli.add_command(migrate)
 cli.add_command(ls)
 cli.add_command(show)

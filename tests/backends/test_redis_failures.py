@@ -17,7 +17,7 @@ from _redis_helpers import RedisServer
 from ports import free_port
 
 import siglo
-from siglo import Checkpoint, StorageAdapterError, StorageWarning
+from siglo import Checkpoint, OutcomeUnknownError, StorageAdapterError, StorageWarning
 
 rule = pytest.mark.rule
 
@@ -94,13 +94,40 @@ async def test_manager_error_modes_with_a_dead_server(
             await strict.flush()
 
 
+@rule("manager.error-mode")
+async def test_an_unknown_outcome_is_raised_in_every_error_mode(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A save whose reply did not come within command_timeout_ms may be stored: the
+    manager never reports it as done, whatever its error mode (SPEC §4)."""
+    async with siglo.connect(server.url, command_timeout_ms=300) as backend:
+        assert await backend.adapter.get_checkpoint("s") is None  # connected
+        server.pause()
+        try:
+            for mode in ("best-effort", "warn", "strict"):
+                manager = siglo.StorageManager(backend, error_mode=mode)  # type: ignore[arg-type]
+                manager.create_stack("s")
+                with (
+                    caplog.at_level(logging.WARNING, logger="siglo"),
+                    pytest.raises(OutcomeUnknownError, match="may or may not"),
+                ):
+                    await manager.save_checkpoint("s")
+                # A background save's unknown outcome surfaces from the next call.
+                manager.checkpoint("s")
+                with pytest.raises(OutcomeUnknownError):
+                    await manager.flush()
+            assert any("outcome unknown" in r.getMessage() for r in caplog.records)
+        finally:
+            server.resume()
+
+
 async def test_paused_server_times_out_instead_of_hanging(server: RedisServer) -> None:
     async with siglo.connect(server.url, command_timeout_ms=300) as backend:
         assert await backend.adapter.get_checkpoint("s") is None  # connected
         server.pause()
         try:
             started = time.monotonic()
-            with pytest.raises(StorageAdapterError, match="timed out") as err:
+            with pytest.raises(OutcomeUnknownError, match="timed out") as err:
                 await backend.adapter.get_checkpoint("s")
             assert isinstance(err.value.__cause__, TimeoutError)
             assert time.monotonic() - started < 2

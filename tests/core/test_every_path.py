@@ -405,6 +405,7 @@ COMMANDS: dict[str, str] = {
     "check": "its own isolated storage",
     "clean": "deletes only",
     "config": "no stored data",
+    "drill": "synthetic data under a namespace of its own, removed afterwards",
     "export": "reads",
     "import": "siglo import",
     "ls": "reads",
@@ -417,7 +418,10 @@ COMMANDS: dict[str, str] = {
 """Every ``siglo`` command: the path of :data:`PATHS` that covers it, or why none is needed."""
 
 _NOT_WRITERS = frozenset({"reads", "no I/O", "deletes only", "no stored data", "schema only"})
-_NOT_WRITERS |= {"its own isolated storage"}
+_NOT_WRITERS |= {
+    "its own isolated storage",
+    "synthetic data under a namespace of its own, removed afterwards",
+}
 
 
 def _public_methods(cls: type[Any]) -> set[str]:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from _tcp_proxy import TcpProxy
 from ports import free_ports
 
 __all__ = ["PgBouncer", "PostgresPair", "free_ports", "pg_binary"]
@@ -224,7 +225,12 @@ class PostgresNode:
 
 
 class PostgresPair:
-    """A primary and a streaming replica (``pg_basebackup``), synchronous or not."""
+    """A primary and a streaming replica (``pg_basebackup``), synchronous or not.
+
+    The replica streams through :attr:`link`, a TCP proxy on loopback: ``link.freeze()``
+    stalls replication (the standby confirms nothing more, and receives nothing more)
+    without stopping a process of either server.
+    """
 
     def __init__(self, ports: Sequence[int], *, synchronous: bool = True) -> None:
         self.root = _own_dir("siglo-pg-pair-")
@@ -232,6 +238,7 @@ class PostgresPair:
         self.primary = PostgresNode(self.root, "primary", primary_port)
         self.replica = PostgresNode(self.root, "replica", replica_port)
         self.synchronous = synchronous
+        self.link = TcpProxy(("127.0.0.1", primary_port))
 
     @property
     def url(self) -> str:
@@ -268,7 +275,7 @@ class PostgresPair:
             "cluster_name=replica",
             "-c",
             "primary_conninfo="
-            f"host=127.0.0.1 port={primary.port} user=postgres application_name=replica",
+            f"host=127.0.0.1 port={self.link.port} user=postgres application_name=replica",
         )
         deadline = time.monotonic() + 30
         wanted = "sync" if self.synchronous else "async"
@@ -283,8 +290,10 @@ class PostgresPair:
         self.replica.run(pg_binary("pg_ctl"), "promote", "-w", "-D", str(self.replica.data))
 
     def stop(self) -> None:
+        self.link.restore()
         with contextlib.suppress(Exception):
             self.replica.stop()
         with contextlib.suppress(Exception):
             self.primary.stop()
+        self.link.close()
         shutil.rmtree(self.root, ignore_errors=True)

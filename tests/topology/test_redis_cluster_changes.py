@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
+from _failover import run_through_failover
 from _redis_helpers import RedisServer, redis_cli, start_cluster
 from ports import free_ports
 
@@ -86,7 +87,10 @@ def wait_cluster_ok(ports: list[int], seconds: float = 30) -> None:
 
 @pytest.fixture
 def cluster() -> Iterator[list[RedisServer]]:
-    ports = free_ports(30200, 30300, 12)
+    yield from _started_cluster(free_ports(30200, 30300, 12))
+
+
+def _started_cluster(ports: list[int]) -> Iterator[list[RedisServer]]:
     for servers in start_cluster(ports[:6], ports[6:], replicas=1):
         # All three replicas known as such (roles spread by gossip: read too early, the
         # list was empty and the wait passed at once) and synced with their masters. A
@@ -103,6 +107,13 @@ def cluster() -> Iterator[list[RedisServer]]:
             assert time.monotonic() < deadline, f"replicas did not sync: {replicas}"
             time.sleep(0.1)
         yield servers
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[list[RedisServer]]:
+    """One cluster with replicas for the tests that leave it usable (a reshard, a
+    stopped replica resumed, a killed master restarted as a replica: the last)."""
+    yield from _started_cluster(free_ports(30200, 30300, 12))
 
 
 def pick_ids(keyspace: Callable[[str], str], slots: set[int], count: int, tag: str) -> list[str]:
@@ -323,3 +334,137 @@ async def test_reshard_and_failover_under_contention(
 @pytest.mark.measured_losses
 async def test_reshard_and_master_killed_under_contention(cluster: list[RedisServer]) -> None:
     await _run(cluster, "kill")
+
+
+def _shard_of(cluster: list[RedisServer], slot: int) -> tuple[Node, Node]:
+    """The master serving ``slot`` and its replica."""
+    nodes = cluster_nodes(cluster[0].port)
+    master = next(n for n in nodes if n.master and slot in n.slots)
+    replica = next(n for n in nodes if n.master_id == master.id)
+    return master, replica
+
+
+def _server(cluster: list[RedisServer], port: int) -> RedisServer:
+    return next(s for s in cluster if s.port == port)
+
+
+async def test_wait_replicas_confirms_each_write_on_its_own_shard(
+    shared_cluster: list[RedisServer],
+) -> None:
+    """Issue 32: ``wait_replicas`` with ``cluster=true`` (refused before). Each write
+    waits for the replica of its own slot's master: with one shard's replica stopped,
+    writes there fail with OutcomeUnknownError (applied on the master, not confirmed)
+    while the other shards' writes are confirmed."""
+    cluster = shared_cluster
+    prefix = f"siglo-wait-{uuid.uuid4().hex[:8]}:"
+    keys = KeySpace(prefix)
+    url = f"redis://127.0.0.1:{cluster[0].port}/0?cluster=true&prefix={prefix}"
+    async with connect(url + "&wait_replicas=1&wait_timeout_ms=300") as backend:
+        stacks = [f"stack-{i}" for i in range(32)]
+        for stack in stacks:  # every shard confirms
+            await backend.adapter.save_checkpoint(
+                Checkpoint(stack_id=stack, revision=1, timestamp=1)
+            )
+        stalled = stacks[0]
+        master, replica = _shard_of(cluster, hash_slot(keys.checkpoint(stalled)))
+        elsewhere = next(
+            s
+            for s in stacks
+            if _shard_of(cluster, hash_slot(keys.checkpoint(s)))[0].id != master.id
+        )
+        _server(cluster, replica.port).pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(siglo.OutcomeUnknownError, match="confirmed by 0 of the 1"):
+                await backend.adapter.save_checkpoint(
+                    Checkpoint(stack_id=stalled, revision=2, timestamp=1), expected_revision=1
+                )
+            assert time.monotonic() - started < 2
+            await backend.adapter.save_checkpoint(
+                Checkpoint(stack_id=elsewhere, revision=2, timestamp=1), expected_revision=1
+            )
+            assert backend.lock is not None
+            lock_key = pick_ids(lambda k: keys.lock_prefix + k, master.slots, 1, "lock")[0]
+            with pytest.raises(siglo.OutcomeUnknownError):
+                await backend.lock.acquire(lock_key, 5_000)
+        finally:
+            _server(cluster, replica.port).resume()
+        # Applied on the master all the same: not acknowledged is not "not written".
+        stored = await backend.adapter.get_checkpoint(stalled)
+        assert stored is not None and stored.revision == 2
+        await backend.adapter.delete_checkpoint(stalled)
+        for stack in stacks:
+            await backend.adapter.delete_checkpoint(stack)
+
+
+async def test_reinitialize_steps_in_the_url_follows_moved_slots(
+    shared_cluster: list[RedisServer],
+) -> None:
+    """Issue 32: ``reinitialize_steps=0`` given in the URL reached redis-py as the
+    string ``"0"``, and every call meeting ``MOVED`` then failed (a TypeError)."""
+    cluster = shared_cluster
+    ports = [s.port for s in cluster]
+    masters = sorted(
+        (n for n in cluster_nodes(ports[0]) if n.master and n.slots), key=lambda n: min(n.slots)
+    )
+    source, target = masters[0], masters[1]
+    moving = set(sorted(source.slots)[:MOVED_SLOTS])
+    prefix = f"siglo-reinit-{uuid.uuid4().hex[:8]}:"
+    stacks = pick_ids(KeySpace(prefix).checkpoint, moving, 4, "stack")
+    url = f"redis://127.0.0.1:{ports[0]}/0?cluster=true&reinitialize_steps=0&prefix={prefix}"
+    async with connect(url) as backend:
+        assert backend.adapter.client.reinitialize_steps == 0  # type: ignore[attr-defined]
+        for stack in stacks:
+            await backend.adapter.save_checkpoint(
+                Checkpoint(stack_id=stack, revision=1, timestamp=1)
+            )
+        await asyncio.to_thread(reshard, ports[0], source, target)
+        for stack in stacks:  # the client's slot map is stale: MOVED
+            await backend.adapter.save_checkpoint(
+                Checkpoint(stack_id=stack, revision=2, timestamp=1), expected_revision=1
+            )
+            stored = await backend.adapter.get_checkpoint(stack)
+            assert stored is not None and stored.revision == 2
+            await backend.adapter.delete_checkpoint(stack)
+
+
+async def test_master_killed_with_wait_loses_nothing_acknowledged(
+    shared_cluster: list[RedisServer],
+) -> None:
+    """A master dies mid-drill; its replica takes over after the node timeout, and the
+    old master, restarted empty as a supervisor would, rejoins as the new master's
+    replica. With ``wait_replicas=1`` every acknowledged write was on the replica that
+    took over: no save lost, no lock granted twice, no fencing token going back, no
+    claim won twice."""
+    cluster = shared_cluster
+    ports = [s.port for s in cluster]
+    victim = next(n for n in cluster_nodes(ports[0]) if n.master and n.slots)
+    replica = next(n for n in cluster_nodes(ports[0]) if n.master_id == victim.id)
+    seed = next(p for p in ports if p != victim.port)
+    url = (
+        f"redis://127.0.0.1:{seed}/0?cluster=true&wait_replicas=1&wait_timeout_ms=1000"
+        "&command_timeout_ms=3000"
+    )
+
+    async def kill_and_restart() -> None:
+        _server(cluster, victim.port).kill()
+
+        async def later() -> None:
+            deadline = time.monotonic() + 60
+            while not any(n.master and n.port == replica.port for n in cluster_nodes(seed)):
+                if time.monotonic() > deadline:
+                    return
+                await asyncio.sleep(0.1)
+            await asyncio.to_thread(_server(cluster, victim.port).start)
+
+        asyncio.get_running_loop().create_task(later())
+
+    async with connect(url) as backend:
+        report = await run_through_failover(backend, kill_and_restart, limit_s=60)
+        print(report.line("redis cluster, wait_replicas=1, a master killed"))
+        for violation in report.violations[:10]:
+            print("  ", violation)
+        assert report.setting == "cluster with WAIT"
+        assert report.failed_calls > 0  # the kill was met
+        assert report.violations == [], report.violations
+        assert report.cleaned_up

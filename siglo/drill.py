@@ -1,0 +1,797 @@
+"""``siglo drill``: an accounting workload run through a failover of your own topology.
+
+Start it, fail the primary over by whatever means you have, stop it: every
+acknowledged operation is accounted for. Workers go round the five primitives, each
+call bounded by the store's own timeouts and all of them together by ``rate``:
+
+save
+    each worker saves its own checkpoint with revisions 1, 2, 3 …, each a
+    compare-and-set on the one before. A conflict makes it read the stored revision:
+    below the acknowledged one, acknowledged saves were **lost**; above it, a failed
+    save had been applied after all (*ambiguous*, the expected outcome of a failure).
+lock
+    two workers contend on each lock key, hold a lock they win for ``hold_s`` while they
+    go on with other work, then release it. A lock granted while another worker holds
+    an acknowledged lease of the same key (acquired before this call began, its lease
+    not run out and its release not started when this call ended) is a **double lock
+    holder**; a fencing token not above every token acknowledged for the key before the
+    call began is a **fence regression**.
+wait claim, idempotency claim, nonce
+    a worker creates a wait record and claims it, claims an idempotency key, claims a
+    nonce, and claims each a second time at once: a second win is a **double claim**
+    (a **nonce replay** for a nonce).
+
+When it stops it sweeps what was acknowledged, once the store answers again: every
+acknowledged save must be stored, every acknowledged claim must refuse one more
+claimant, every lock still held must refuse another holder, and each lock key's next
+fencing token must be above all acknowledged ones. Then it removes what it wrote
+(checkpoints with their wait records, locks, idempotency claims; nonces have no delete
+and expire after the drill's window). Everything it writes is under its own id
+(``siglo-drill-<hex>``: the namespace of its checkpoints and wait records, the prefix
+of its keys), so it never touches an application's data.
+
+The verdict compares the violations with what docs/deploying.md promises for the
+setting (:data:`GUARANTEES`): where an acknowledgement is promised to survive, any
+violation fails the drill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+from siglo.backend import Backend
+from siglo.checkpoint import Checkpoint
+from siglo.errors import (
+    CheckpointConflictError,
+    InvalidArgumentError,
+    OutcomeUnknownError,
+    SigloError,
+    StorageAdapterError,
+)
+from siglo.records import WaitRecord
+
+__all__ = [
+    "GUARANTEES",
+    "KINDS",
+    "Drill",
+    "DrillReport",
+    "Expectation",
+    "Violation",
+    "detect_setting",
+]
+
+T = TypeVar("T")
+
+Kind = Literal["save", "lock", "wait", "idempotency", "nonce"]
+KINDS: Final[tuple[Kind, ...]] = ("save", "lock", "wait", "idempotency", "nonce")
+"""The primitives the workload goes round, in order."""
+
+Expectation = Literal["nothing-lost", "may-lose"]
+
+GUARANTEES: Final[dict[str, Expectation]] = {
+    "single server": "nothing-lost",
+    "synchronous standby": "nothing-lost",
+    "wait_replicas": "nothing-lost",
+    "cluster with WAIT": "nothing-lost",
+    "asynchronous replica": "may-lose",
+    "no WAIT": "may-lose",
+    "cluster without WAIT": "may-lose",
+}
+"""What docs/deploying.md ("What an acknowledgement survives") promises per setting, for
+every primitive alike: ``nothing-lost``, or ``may-lose`` (saves lost, locks and claims
+granted twice, fencing tokens going back)."""
+
+VIOLATIONS: Final = (
+    "lost save",
+    "double lock holder",
+    "fence regression",
+    "double wait claim",
+    "double idempotency claim",
+    "nonce replay",
+)
+"""The kinds of :class:`Violation`, as reported."""
+
+_CLOCK_MARGIN_S: Final = 0.05
+"""Slack on the client's own clock before two leases count as overlapping."""
+_KEPT_VIOLATIONS: Final = 200
+"""Violations listed one by one in a report (all are counted)."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One acknowledgement the store did not honour, traced to its operation."""
+
+    kind: str
+    """One of :data:`VIOLATIONS`."""
+    key: str
+    """The stack id or key concerned."""
+    detail: str
+    """What was acknowledged when, and what the store did instead."""
+    at_s: float
+    """When it was found, in seconds since the drill began."""
+
+
+@dataclass
+class DrillReport:
+    """What a drill measured (``--json`` prints it as a document)."""
+
+    drill_id: str
+    setting: str
+    expectation: Expectation
+    duration_s: float = 0.0
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    outcome_unknown: int = 0
+    """Failed calls that were :class:`~siglo.errors.OutcomeUnknownError`."""
+    acknowledged: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    ambiguous_saves: int = 0
+    """Failed saves found applied afterwards (a retry conflicted with them)."""
+    first_failure_s: float | None = None
+    """When the first call failed, in seconds since the drill began."""
+    recovered_s: float | None = None
+    """From the start of the first failed call to the end of the first successful call
+    begun after the last failure (``None`` when nothing failed, or nothing succeeded
+    after the last failure)."""
+    longest_failed_call_s: float = 0.0
+    outage_s: float = 0.0
+    """The longest stretch in which no call succeeded (failed calls, and calls held up
+    waiting for a server, alike): what a failover cost the workload."""
+    lost_saves: int = 0
+    double_lock_holders: int = 0
+    fence_regressions: int = 0
+    double_wait_claims: int = 0
+    double_idempotency_claims: int = 0
+    nonce_replays: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    sample_failures: list[str] = field(default_factory=list)
+    cleaned_up: bool = False
+
+    @property
+    def failed_calls(self) -> int:
+        return sum(self.failures.values())
+
+    @property
+    def total_violations(self) -> int:
+        return (
+            self.lost_saves
+            + self.double_lock_holders
+            + self.fence_regressions
+            + self.double_wait_claims
+            + self.double_idempotency_claims
+            + self.nonce_replays
+        )
+
+    @property
+    def verdict(self) -> Literal["pass", "fail", "losses allowed"]:
+        """``pass``: nothing acknowledged was lost; ``fail``: something was, where the
+        setting promises nothing is; ``losses allowed``: something was, as the setting
+        allows."""
+        if self.total_violations == 0:
+            return "pass"
+        return "fail" if self.expectation == "nothing-lost" else "losses allowed"
+
+    def as_json(self) -> dict[str, Any]:
+        """The report as JSON data."""
+        document = asdict(self)
+        document.update(
+            failed_calls=self.failed_calls,
+            total_violations=self.total_violations,
+            verdict=self.verdict,
+        )
+        return document
+
+    def summary(self) -> list[tuple[str, str]]:
+        """The report as (label, value) lines, for a terminal."""
+
+        def seconds(value: float | None) -> str:
+            return "-" if value is None else f"{value:.2f} s"
+
+        calls = ", ".join(f"{k} {self.calls[k]}" for k in KINDS)
+        failed = ", ".join(f"{k} {self.failures[k]}" for k in KINDS if self.failures[k])
+        return [
+            ("drill", self.drill_id),
+            ("setting", f"{self.setting} (the table promises: {self.expectation})"),
+            ("ran", seconds(self.duration_s)),
+            ("calls", f"{sum(self.calls.values())} ({calls})"),
+            (
+                "failed calls",
+                f"{self.failed_calls}"
+                + (f" ({failed})" if failed else "")
+                + f", {self.outcome_unknown} with an unknown outcome",
+            ),
+            ("first failure", seconds(self.first_failure_s)),
+            ("time to recover", seconds(self.recovered_s)),
+            ("longest stretch without a success", seconds(self.outage_s)),
+            ("longest failed call", seconds(self.longest_failed_call_s)),
+            ("acknowledged", ", ".join(f"{k} {self.acknowledged[k]}" for k in KINDS)),
+            ("ambiguous saves", str(self.ambiguous_saves)),
+            ("acknowledged saves lost", str(self.lost_saves)),
+            ("double lock holders", str(self.double_lock_holders)),
+            ("fence regressions", str(self.fence_regressions)),
+            ("double wait claims", str(self.double_wait_claims)),
+            ("double idempotency claims", str(self.double_idempotency_claims)),
+            ("nonce replays", str(self.nonce_replays)),
+            ("cleaned up", "yes" if self.cleaned_up else "no"),
+            ("verdict", self.verdict),
+        ]
+
+    def line(self, name: str) -> str:
+        """One ``FAILOVER …`` line (the topology tests print it under ``-s``)."""
+        return (
+            f"FAILOVER {name}: no call succeeded for {self.outage_s:.2f} s, recovered "
+            f"{self.recovered_s or 0.0:.2f} s after the first failure, "
+            f"{self.failed_calls} calls failed ({self.outcome_unknown} unknown, longest "
+            f"{self.longest_failed_call_s:.2f} s), {sum(self.acknowledged.values())} "
+            f"acknowledged ({self.acknowledged['save']} saves), {self.ambiguous_saves} "
+            f"ambiguous, {self.lost_saves} saves lost, {self.double_lock_holders} double "
+            f"lock holders, {self.fence_regressions} fence regressions, "
+            f"{self.double_wait_claims + self.double_idempotency_claims} double claims, "
+            f"{self.nonce_replays} nonce replays"
+        )
+
+
+@dataclass
+class _Hold:
+    """One acknowledged lease of a lock key."""
+
+    worker: int
+    token: str
+    fencing: int | None
+    began: float
+    acked: float
+    lease_end: float
+    release_at: float
+    """When its holder plans to release it."""
+    released: float | None = None
+    """When its release call began (the lease may end there, whatever the call said)."""
+
+    def end(self) -> float:
+        return self.lease_end if self.released is None else min(self.lease_end, self.released)
+
+
+@dataclass
+class _Stack:
+    """One worker's checkpoint: the revision it builds on and the last acknowledged."""
+
+    stack_id: str
+    revision: int = 0
+    acked: int = 0
+    acked_at: float = 0.0
+
+
+class Drill:
+    """The workload; :meth:`run` it until ``stop`` is set, then read :attr:`report`.
+
+    ``rate`` bounds the calls per second of all workers together (the sweep and the
+    cleanup come on top); ``lock_ttl_ms`` is the lease of each lock it takes, held for
+    ``hold_s``; ``window_s`` is how long claims and nonces must be remembered (the
+    drill's planned length plus the sweep).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        rate: float = 100.0,
+        workers: int = 8,
+        setting: str = "single server",
+        expectation: Expectation | None = None,
+        hold_s: float = 1.0,
+        lock_ttl_ms: int = 10_000,
+        window_s: float = 3600.0,
+        drill_id: str | None = None,
+    ) -> None:
+        if not rate > 0 or workers < 2:
+            raise InvalidArgumentError(
+                f"a drill needs a positive rate and at least 2 workers, got rate={rate!r}, "
+                f"workers={workers!r}"
+            )
+        self.backend = backend
+        self.rate = rate
+        self.workers = workers
+        self.hold_s = hold_s
+        self.lock_ttl_ms = lock_ttl_ms
+        self.window_s = window_s
+        self.id = drill_id or f"siglo-drill-{secrets.token_hex(4)}"
+        self.report = DrillReport(
+            drill_id=self.id,
+            setting=setting,
+            expectation=expectation or GUARANTEES.get(setting, "nothing-lost"),
+        )
+        self._t0 = time.monotonic()
+        self._next_due = 0.0
+        self._last_success = 0.0
+        self._stacks = [_Stack(f"{self.id}-s{i}") for i in range(workers)]
+        self._lock_keys = [f"{self.id}:lock:{i}" for i in range(max(1, workers // 2))]
+        self._holds: dict[str, list[_Hold]] = {k: [] for k in self._lock_keys}
+        self._fences: dict[str, list[tuple[float, int]]] = {k: [] for k in self._lock_keys}
+        self._claims: list[tuple[str, float]] = []  # wait records acknowledged claimed
+        self._idempotency: list[tuple[str, str, float]] = []  # key, owner token, when
+        self._nonces: list[tuple[str, float]] = []
+        self._counter = itertools.count()
+        self._failures: list[tuple[float, float]] = []  # (began, ended) of failed calls
+        self._last_failure_end = -1.0
+        self._first_success_after_last_failure: float | None = None
+        self._worker_failure: dict[int, float] = {}
+        self._worker_success: dict[int, float] = {}
+
+    # -- time -----------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def recovered(self, since: float | None = None) -> bool:
+        """Whether every worker has succeeded since its last failure (and, with
+        ``since``, since that moment, in seconds since the drill began)."""
+        for worker in range(self.workers):
+            success = self._worker_success.get(worker)
+            if success is None or success < self._worker_failure.get(worker, -1.0):
+                return False
+            if since is not None and success < since:
+                return False
+        return True
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the drill began."""
+        return self._now()
+
+    # -- the run --------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, duration_s: float | None = None) -> DrillReport:
+        """Run the workload until ``stop`` is set (or ``duration_s`` passed), sweep,
+        clean up, and return the report."""
+        self._t0 = time.monotonic()
+        tasks = [asyncio.create_task(self._worker(i, stop)) for i in range(self.workers)]
+        try:
+            if duration_s is None:
+                await stop.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), duration_s)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.report.duration_s = self._now()
+        # A store that never came back: the stretch runs to the end.
+        self.report.outage_s = max(
+            self.report.outage_s, self.report.duration_s - self._last_success
+        )
+        self._settle_recovery()
+        try:
+            await self._sweep()
+        finally:
+            self.report.cleaned_up = await self._clean_up()
+        return self.report
+
+    async def _worker(self, worker: int, stop: asyncio.Event) -> None:
+        operations: dict[Kind, Callable[[int], Awaitable[None]]] = {
+            "save": self._save,
+            "lock": self._lock,
+            "wait": self._wait,
+            "idempotency": self._idempotency_claim,
+            "nonce": self._nonce,
+        }
+        for kind in itertools.cycle(KINDS[worker % len(KINDS) :] + KINDS[: worker % len(KINDS)]):
+            if stop.is_set():
+                break
+            # The rate: calls of all workers together start 1 / rate apart, and calls
+            # held up (a stalled server) do not make up for lost time in a burst.
+            now = self._now()
+            due = max(self._next_due, now)
+            self._next_due = due + 1 / self.rate
+            delay = due - now
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    break
+            began = self._now()
+            self.report.calls[kind] += 1
+            try:
+                await operations[kind](worker)
+            except StorageAdapterError as exc:
+                self._failed(worker, kind, began, exc)
+                # Failures during a failover come fast (a refused connection): no spin.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.05)
+            else:
+                self._succeeded(worker)
+        # Locks still held stay held for the sweep, which checks that the store still
+        # refuses them to another holder; the cleanup releases them.
+
+    def _failed(self, worker: int, kind: Kind, began: float, exc: Exception) -> None:
+        ended = self._now()
+        report = self.report
+        report.failures[kind] += 1
+        if isinstance(exc, OutcomeUnknownError):
+            report.outcome_unknown += 1
+        report.longest_failed_call_s = max(report.longest_failed_call_s, ended - began)
+        if report.first_failure_s is None:
+            report.first_failure_s = began
+        if len(report.sample_failures) < 5:
+            report.sample_failures.append(f"{kind}: {str(exc)[:300]}")
+        self._failures.append((began, ended))
+        self._worker_failure[worker] = ended
+        if ended > self._last_failure_end:
+            self._last_failure_end = ended
+            self._first_success_after_last_failure = None
+
+    def _succeeded(self, worker: int) -> None:
+        ended = self._now()
+        self._worker_success[worker] = ended
+        report = self.report
+        report.outage_s = max(report.outage_s, ended - self._last_success)
+        self._last_success = ended
+        if self._failures and self._first_success_after_last_failure is None:
+            self._first_success_after_last_failure = ended
+
+    def _settle_recovery(self) -> None:
+        report = self.report
+        if report.first_failure_s is None or self._first_success_after_last_failure is None:
+            return
+        report.recovered_s = self._first_success_after_last_failure - report.first_failure_s
+
+    def _violation(self, kind: str, key: str, detail: str) -> None:
+        report = self.report
+        attribute = {
+            "lost save": "lost_saves",
+            "double lock holder": "double_lock_holders",
+            "fence regression": "fence_regressions",
+            "double wait claim": "double_wait_claims",
+            "double idempotency claim": "double_idempotency_claims",
+            "nonce replay": "nonce_replays",
+        }[kind]
+        if kind != "lost save":  # lost saves are counted by revision, where found
+            setattr(report, attribute, getattr(report, attribute) + 1)
+        if len(report.violations) < _KEPT_VIOLATIONS:
+            report.violations.append(Violation(kind, key, detail, round(self._now(), 3)))
+
+    # -- the primitives ---------------------------------------------------------------------
+
+    async def _save(self, worker: int) -> None:
+        stack = self._stacks[worker]
+        adapter = self.backend.adapter
+        revision = stack.revision + 1
+        try:
+            await adapter.save_checkpoint(
+                Checkpoint(
+                    stack_id=stack.stack_id,
+                    revision=revision,
+                    timestamp=revision,
+                    namespace=self.id,
+                ),
+                expected_revision=stack.revision,
+            )
+        except CheckpointConflictError:
+            stored = await adapter.get_checkpoint(stack.stack_id, self.id, fallback=False)
+            self._account_stored(stack, 0 if stored is None else stored.revision, during=True)
+            return
+        stack.revision = stack.acked = revision
+        stack.acked_at = self._now()
+        self.report.acknowledged["save"] += 1
+
+    def _account_stored(self, stack: _Stack, stored: int, *, during: bool) -> None:
+        if stored < stack.acked:
+            lost = stack.acked - stored
+            self.report.lost_saves += lost
+            self._violation(
+                "lost save",
+                stack.stack_id,
+                f"revision {stack.acked} acknowledged at {stack.acked_at:.2f} s; the store "
+                f"has {stored or 'no checkpoint'}"
+                + ("" if during else " after the drill")
+                + f" ({lost} acknowledged save(s) lost)",
+            )
+            stack.acked = stored
+        elif during and stored > stack.revision:
+            self.report.ambiguous_saves += 1
+        stack.revision = stored
+
+    async def _lock(self, worker: int) -> None:
+        await self._release_due(worker)
+        lock = self.backend.lock
+        if lock is None:
+            return
+        key = self._lock_keys[worker % len(self._lock_keys)]
+        if any(h.worker == worker and h.released is None for h in self._holds[key]):
+            return  # still holding it
+        began = self._now()
+        result = await lock.acquire(key, self.lock_ttl_ms)
+        if not result.acquired:
+            return
+        acked = self._now()
+        self.report.acknowledged["lock"] += 1
+        self._check_grant(key, began, acked, result.fencing_token, "")
+        self._holds[key].append(
+            _Hold(
+                worker=worker,
+                token=result.token,
+                fencing=result.fencing_token,
+                began=began,
+                acked=acked,
+                lease_end=began + self.lock_ttl_ms / 1000,
+                release_at=acked + self.hold_s,
+            )
+        )
+
+    def _check_grant(
+        self, key: str, began: float, acked: float, fencing: int | None, who: str
+    ) -> None:
+        """A lock of ``key`` granted by a call from ``began`` to ``acked``."""
+        for hold in self._holds[key]:
+            if hold.acked <= began and acked + _CLOCK_MARGIN_S < hold.end():
+                self._violation(
+                    "double lock holder",
+                    key,
+                    f"granted{who} at {acked:.2f} s while worker {hold.worker} held it "
+                    f"(acquired at {hold.acked:.2f} s, fencing token {hold.fencing}, lease "
+                    f"to {hold.lease_end:.2f} s, not released)",
+                )
+                break
+        if fencing is None:
+            return
+        before = [(at, token) for at, token in self._fences[key] if at <= began]
+        if before:
+            at, highest = max(before, key=lambda item: item[1])
+            if fencing <= highest:
+                self._violation(
+                    "fence regression",
+                    key,
+                    f"fencing token {fencing} granted{who} at {acked:.2f} s; token {highest} "
+                    f"had been acknowledged at {at:.2f} s",
+                )
+        self._fences[key].append((acked, fencing))
+
+    async def _release_due(self, worker: int) -> None:
+        lock = self.backend.lock
+        if lock is None:
+            return
+        now = self._now()
+        for key, holds in self._holds.items():
+            for hold in list(holds):
+                if hold.worker != worker or hold.released is not None:
+                    continue
+                if now < hold.release_at:
+                    continue
+                hold.released = self._now()
+                with contextlib.suppress(StorageAdapterError):
+                    await lock.release(key, hold.token)
+            # Keep what can still overlap a grant, and what the sweep checks.
+            holds[:] = [h for h in holds if h.released is None or h.end() > now - 1]
+
+    async def _wait(self, worker: int) -> None:
+        adapter = self.backend.adapter
+        n = next(self._counter)
+        key = f"{self.id}-w{n}"
+        stack = self._stacks[worker].stack_id
+        await adapter.save_wait_record(
+            WaitRecord(correlation_key=key, stack_id=stack, namespace=self.id)
+        )
+        lease_ms = int(self.window_s * 1000)
+        first = await adapter.claim_wait_record(
+            key, f"{self.id}-a{worker}", lease_ms=lease_ms, namespace=self.id
+        )
+        if first is None:
+            return
+        acked = self._now()
+        self.report.acknowledged["wait"] += 1
+        self._claims.append((key, acked))
+        second = await adapter.claim_wait_record(
+            key, f"{self.id}-b{worker}", lease_ms=lease_ms, namespace=self.id
+        )
+        if second is not None:
+            self._violation(
+                "double wait claim",
+                key,
+                f"claimed again by a second claimant; first claim acknowledged at {acked:.2f} s",
+            )
+
+    async def _idempotency_claim(self, worker: int) -> None:
+        store = self.backend.idempotency
+        if store is None:
+            return
+        key = f"{self.id}:idem:{next(self._counter)}"
+        ttl_ms = int(self.window_s * 1000)
+        claim = await store.claim_owned(key, ttl_ms)
+        if not claim.claimed:
+            return
+        acked = self._now()
+        self.report.acknowledged["idempotency"] += 1
+        assert claim.token is not None
+        self._idempotency.append((key, claim.token, acked))
+        again = await store.claim_owned(key, ttl_ms)
+        if again.claimed:
+            self._violation(
+                "double idempotency claim",
+                key,
+                f"claimed again; first claim acknowledged at {acked:.2f} s",
+            )
+
+    async def _nonce(self, worker: int) -> None:
+        store = self.backend.nonces
+        if store is None:
+            return
+        key = f"{self.id}:nonce:{next(self._counter)}"
+        if not await store.claim(key, self.window_s):
+            return
+        acked = self._now()
+        self.report.acknowledged["nonce"] += 1
+        self._nonces.append((key, acked))
+        if await store.claim(key, self.window_s):
+            self._violation(
+                "nonce replay", key, f"accepted again; first claim acknowledged at {acked:.2f} s"
+            )
+
+    # -- after the run ----------------------------------------------------------------------
+
+    @staticmethod
+    async def _patiently(
+        call: Callable[..., Awaitable[T]], *args: Any, seconds: float = 30.0, **kwargs: Any
+    ) -> T:
+        """``call(*args, **kwargs)``, tried again while the store is still settling
+        after a failover (a Sentinel may name no master for a moment)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                return await call(*args, **kwargs)
+            except StorageAdapterError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
+    def _remembered(self, acked: float) -> bool:
+        """Whether a claim acknowledged at ``acked`` is still within the drill's window
+        (leases and nonces of a longer run lapse by design: not checked)."""
+        return self._now() - acked < self.window_s - 60
+
+    async def _sweep(self) -> None:
+        """Every acknowledgement checked once more against the store."""
+        adapter = self.backend.adapter
+        self._claims = [(k, at) for k, at in self._claims if self._remembered(at)]
+        self._idempotency = [c for c in self._idempotency if self._remembered(c[2])]
+        self._nonces = [(k, at) for k, at in self._nonces if self._remembered(at)]
+        for stack in self._stacks:
+            stored = await self._patiently(
+                adapter.get_checkpoint, stack.stack_id, self.id, fallback=False
+            )
+            self._account_stored(stack, 0 if stored is None else stored.revision, during=False)
+        sweeper = f"{self.id}-sweeper"
+        for key, acked in self._claims:
+            again = await self._patiently(
+                adapter.claim_wait_record, key, sweeper, lease_ms=60_000, namespace=self.id
+            )
+            if again is not None:
+                self._violation(
+                    "double wait claim",
+                    key,
+                    f"claimed again after the drill; the claim acknowledged at {acked:.2f} s "
+                    "was lost",
+                )
+        idempotency = self.backend.idempotency
+        if idempotency is not None:
+            for key, _token, acked in self._idempotency:
+                claim = await self._patiently(idempotency.claim_owned, key, 60_000)
+                if claim.claimed:
+                    self._violation(
+                        "double idempotency claim",
+                        key,
+                        f"claimed again after the drill; the claim acknowledged at {acked:.2f} s "
+                        "was lost",
+                    )
+                    await self._quietly(idempotency.fail(key, token=claim.token))
+        nonces = self.backend.nonces
+        if nonces is not None:
+            for key, acked in self._nonces:
+                if await self._patiently(nonces.claim, key, self.window_s):
+                    self._violation(
+                        "nonce replay",
+                        key,
+                        "accepted again after the drill; first claim acknowledged at "
+                        f"{acked:.2f} s",
+                    )
+        await self._sweep_locks()
+
+    async def _sweep_locks(self) -> None:
+        lock = self.backend.lock
+        if lock is None:
+            return
+        for key in self._lock_keys:
+            began = self._now()
+            result = await self._patiently(lock.acquire, key, 1_000)
+            if not result.acquired:
+                # Still held: by a lease of ours not yet lapsed, or one whose release
+                # was lost in a failover (it lapses by itself).
+                continue
+            self._check_grant(key, began, self._now(), result.fencing_token, " to the sweep")
+            await self._quietly(lock.release(key, result.token))
+
+    @staticmethod
+    async def _quietly(call: Awaitable[Any]) -> None:
+        with contextlib.suppress(SigloError):
+            await call
+
+    async def _clean_up(self) -> bool:
+        """Remove what the drill wrote; whether every removal succeeded."""
+        clean = True
+        adapter = self.backend.adapter
+        lock = self.backend.lock
+        idempotency = self.backend.idempotency
+        try:
+            for stack in self._stacks:
+                # Its wait records go with it.
+                await self._patiently(
+                    adapter.delete_checkpoint, stack.stack_id, self.id, seconds=10.0
+                )
+            if lock is not None:
+                for key, holds in self._holds.items():
+                    for hold in holds:
+                        await self._patiently(lock.release, key, hold.token, seconds=10.0)
+            if idempotency is not None:
+                for key, token, _acked in self._idempotency:
+                    with contextlib.suppress(SigloError):
+                        await idempotency.fail(key, token=token)
+        except StorageAdapterError:
+            clean = False
+        return clean
+
+
+async def detect_setting(backend: Backend) -> str:
+    """The replication setting of ``backend``, as a column of docs/deploying.md's table.
+
+    Redis: ``wait_replicas`` and ``cluster`` from the URL, else a Sentinel URL or a
+    server with replicas (``INFO replication``) is ``no WAIT``. PostgreSQL: a standby
+    named in ``synchronous_standby_names`` with ``synchronous_commit`` ``on``,
+    ``remote_write`` or ``remote_apply`` is a synchronous standby, else a server with
+    replicas (``pg_stat_replication``) has an asynchronous one. Anything else (SQLite,
+    memory, a lone server) is a single server. A managed service may replicate where
+    the server cannot see it (``--expect`` then says what its provider promises).
+    """
+    if backend.name == "redis":
+        return await _redis_setting(backend)
+    if backend.name == "postgres":
+        return await _postgres_setting(backend)
+    return "single server"
+
+
+async def _redis_setting(backend: Backend) -> str:
+    parts = urlsplit(backend.url)
+    query = dict(parse_qsl(parts.query))
+    cluster = query.get("cluster", "").lower() in ("true", "1", "yes", "on")
+    waits = query.get("wait_replicas", "0") not in ("", "0")
+    if cluster:
+        return "cluster with WAIT" if waits else "cluster without WAIT"
+    if waits:
+        return "wait_replicas"
+    if parts.scheme.lower().endswith("+sentinel"):
+        return "no WAIT"
+    client = getattr(backend.adapter, "client", None)
+    with contextlib.suppress(Exception):
+        info = await client.info("replication")  # type: ignore[union-attr]
+        if int(info.get("connected_slaves", 0)) > 0:
+            return "no WAIT"
+    return "single server"
+
+
+async def _postgres_setting(backend: Backend) -> str:
+    database = getattr(backend.adapter, "database", None)
+    raw_fetch = getattr(database, "raw_fetch", None)
+    if raw_fetch is None:
+        return "single server"
+    await database.open()  # type: ignore[union-attr]
+    rows = await raw_fetch(
+        "SELECT current_setting('synchronous_standby_names'), "
+        "current_setting('synchronous_commit'), (SELECT count(*) FROM pg_stat_replication)"
+    )
+    names, commit, replicas = rows[0]
+    if str(names).strip() and str(commit) in ("on", "remote_write", "remote_apply"):
+        return "synchronous standby"
+    return "asynchronous replica" if int(replicas) > 0 else "single server"
