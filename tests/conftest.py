@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 from mutant_seeds import mutant_base_seed
@@ -47,8 +48,51 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+_DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rule(*ids): the docs/contract.md rule ids this test checks")
+    if not hasattr(config, "workerinput"):  # the controller, before any xdist worker starts
+        _own_postgres_database(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run_database = getattr(config, "_siglo_run_database", None)
+    if run_database is not None:
+        base_url, name = run_database
+        import psycopg
+
+        with psycopg.connect(base_url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _own_postgres_database(config: pytest.Config) -> None:
+    """Give this run a PostgreSQL database of its own, dropped when it ends.
+
+    Tests that open a backend on the URL's default schema would otherwise share it with
+    every other run on the server (another checkout's run at a newer schema version then
+    fails this one). The URL of ``SIGLO_POSTGRES_URL`` (default
+    ``postgresql://postgres@127.0.0.1:5432/test``) is the server; the run's tests and the
+    processes they start see ``SIGLO_POSTGRES_URL`` pointing at ``siglo_run_<hex>`` on it.
+    When the server cannot be reached, or the role may not create a database, the URL is
+    left as it is (the PostgreSQL tests then skip, or use that URL's database).
+    """
+    base_url = os.environ.get("SIGLO_POSTGRES_URL", _DEFAULT_POSTGRES_URL)
+    try:
+        import psycopg
+
+        name = f"siglo_run_{secrets.token_hex(4)}"
+        with psycopg.connect(base_url, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except Exception:
+        return
+    scheme_and_server, _, rest = base_url.partition("://")
+    server, _, query = rest.partition("?")
+    server = server.split("/", 1)[0]
+    url = f"{scheme_and_server}://{server}/{name}" + (f"?{query}" if query else "")
+    os.environ["SIGLO_POSTGRES_URL"] = url
+    config._siglo_run_database = (base_url, name)  # type: ignore[attr-defined]
 
 
 @pytest.fixture
