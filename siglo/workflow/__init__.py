@@ -10,10 +10,11 @@ cache. A flow whose steps changed since a checkpoint was written refuses to resu
 
 from siglo.workflow.flow import Flow, WorkflowSuspended, flow
 from siglo.workflow.step import Step, run_input, sleep, wait_for_event
-from siglo.workflow.worker import Worker, WorkerPass
+from siglo.workflow.worker import RetryPolicy, Worker, WorkerPass
 
 __all__ = [
     "Flow",
+    "RetryPolicy",
     "Step",
     "Worker",
     "WorkerPass",

@@ -1,0 +1,227 @@
+"""``siglo worker`` as a supervised process (issue 31, defects 3 and 10), in real
+processes with real signals and a real Redis restart:
+
+- SIGTERM in the middle of a batch: the run in progress finishes, no run starts after
+  the signal, exit status 0;
+- the storage goes away for ~8 s (a private redis-server stopped and started again on
+  its port, its data kept in an append-only file): the worker says it is retrying,
+  does not die, and every timer due before, during and after the outage fires exactly
+  once;
+- storage that stays away: the worker gives up after ``--retry-for`` with status 3;
+  a bad URL or settings file is status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _redis_helpers import RedisServer
+from ops_support import shared_store
+from ports import free_port
+
+import siglo
+from siglo.workflow import WorkflowSuspended
+from siglo.workflow.step import sleep_key
+
+ROOT = Path(__file__).resolve().parents[2]
+SUPPORT = ROOT / "tests" / "support"
+
+
+def _env(marks: Path, **extra: str) -> dict[str, str]:
+    paths = [str(SUPPORT), str(ROOT), str(ROOT / "backends"), str(ROOT / "contract_tests")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "SIGLO_TEST_MARKS": str(marks),
+        **extra,
+    }
+
+
+def _worker(url: str, marks: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "siglo", "worker", url, "--flows", "supervised_flows:naps", *args],
+        env=_env(marks, **env),
+        cwd=SUPPORT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _marks(marks: Path) -> Counter[str]:
+    if not marks.exists():
+        return Counter()
+    return Counter(marks.read_text().splitlines())
+
+
+def _count(marks: Path, kind: str) -> int:
+    return sum(n for line, n in _marks(marks).items() if line.startswith(kind + " "))
+
+
+async def _until(condition: object, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        result = condition() if callable(condition) else condition
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _start_naps(backend: siglo.Backend, ids: list[str], nap_ms: int) -> None:
+    from supervised_flows import naps
+
+    manager = siglo.StorageManager(backend, error_mode="strict")
+    for stack_id in ids:
+        with pytest.raises(WorkflowSuspended):
+            await naps.run(nap_ms, manager=manager, stack_id=stack_id)
+
+
+async def test_sigterm_lets_the_run_in_progress_finish_and_starts_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marks = tmp_path / "marks"
+    monkeypatch.setenv("SIGLO_TEST_MARKS", str(marks))
+    ids = [f"nap-{i:02d}" for i in range(20)]
+    async with shared_store("sqlite") as backend:
+        await _start_naps(backend, ids, 1)  # all 20 due at once: one batch
+        worker = _worker(backend.url, marks, "--interval", "0.05", SIGLO_TEST_STEP_S="0.3")
+        try:
+            await _until(lambda: _count(marks, "start") >= 2, "the worker to be in its batch")
+            worker.send_signal(signal.SIGTERM)
+            started_by_then = _count(marks, "start")
+            out, err = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+        started = _count(marks, "start")
+        # Nothing started after the signal; what had started finished (and is stored).
+        assert started == started_by_then, f"{started - started_by_then} run(s) began after SIGTERM"
+        assert _count(marks, "end") == started
+        assert worker.returncode == 0, err
+        assert "SIGTERM: stopping after the run in progress" in err
+        assert "siglo worker stopped" in out
+        done = 0
+        for stack_id in ids:
+            stored = await backend.adapter.get_checkpoint(stack_id)
+            assert stored is not None
+            if f"start {stack_id}" in _marks(marks):
+                assert stored.status == "completed", stack_id
+                done += 1
+            else:
+                assert stored.status == "waiting", stack_id  # for the next worker
+        assert done == started < len(ids)
+
+
+async def test_a_second_signal_stops_at_once_and_leaves_the_run_for_recovery(
+    tmp_path: Path,
+) -> None:
+    marks = tmp_path / "marks"
+    async with shared_store("sqlite") as backend:
+        await _start_naps(backend, ["long-1"], 1)
+        worker = _worker(backend.url, marks, "--interval", "0.05", SIGLO_TEST_STEP_S="3600")
+        try:
+            await _until(lambda: _count(marks, "start") == 1, "the run to start")
+            worker.send_signal(signal.SIGINT)
+            await asyncio.sleep(0.3)
+            assert worker.poll() is None, "the first signal waits for the run in progress"
+            worker.send_signal(signal.SIGINT)
+            out, err = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+        assert worker.returncode == 0, err
+        assert "SIGINT again: stopping now" in err
+        assert "left for recovery" in out
+        # Cut off in the step: the timer's claim is held until its lease lapses, then
+        # the timer is due again for any worker; the run is not marked failed.
+        stored = await backend.adapter.get_checkpoint("long-1")
+        assert stored is not None and stored.status == "waiting"
+        wait = await backend.adapter.get_wait_record(sleep_key(None, "long-1", "nap"))
+        assert wait is not None and wait.status == "claimed"
+        assert _count(marks, "end") == 0
+
+
+async def test_timers_fire_exactly_once_across_a_redis_restart(tmp_path: Path) -> None:
+    """The server goes away for ~8 s and comes back with its data (an append-only file,
+    as a production Redis keeps it): the worker retries, and every timer — due before,
+    during and after the outage — fires once."""
+    marks = tmp_path / "marks"
+    server = RedisServer(
+        free_port(30400, 30500), "--appendonly", "yes", "--appendfsync", "always"
+    ).start()
+    try:
+        url = f"{server.url}?command_timeout_ms=1000"
+        async with siglo.connect(url) as backend:
+            await _start_naps(backend, ["before"], 1)
+            await _start_naps(backend, ["during"], 2_500)
+            await _start_naps(backend, ["after-1", "after-2"], 12_000)
+            worker = _worker(url, marks, "--interval", "0.1", "--retry-for", "60")
+            try:
+                await _until(lambda: _count(marks, "end") == 1, "the first timer")
+                server.halt()
+                outage = time.monotonic()
+                await asyncio.sleep(8)
+                server.start()
+                down_for = time.monotonic() - outage
+                await _until(lambda: _count(marks, "end") == 4, "every timer", seconds=90)
+                await asyncio.sleep(1)  # time for a second firing, were there one
+                assert worker.poll() is None, "the worker must outlive the outage"
+                worker.send_signal(signal.SIGTERM)
+                _, err = worker.communicate(timeout=30)
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.communicate()
+            assert worker.returncode == 0, err
+            assert down_for >= 8
+            assert "storage unreachable" in err and "retrying in" in err, err
+            assert "storage reachable again" in err, err
+            assert _marks(marks) == Counter(
+                {f"{kind} {stack_id}": 1 for kind in ("start", "end")
+                 for stack_id in ("before", "during", "after-1", "after-2")}
+            )  # fmt: skip
+            for stack_id in ("before", "during", "after-1", "after-2"):
+                stored = await backend.adapter.get_checkpoint(stack_id)
+                assert stored is not None and stored.status == "completed", stack_id
+    finally:
+        server.stop()
+
+
+async def test_storage_that_stays_away_ends_with_status_3(tmp_path: Path) -> None:
+    port = free_port(30400, 30500)  # nothing listens there
+    url = f"redis://127.0.0.1:{port}/0?command_timeout_ms=500"
+    began = time.monotonic()
+    worker = _worker(url, tmp_path / "marks", "--retry-for", "2")
+    out, err = worker.communicate(timeout=60)
+    took = time.monotonic() - began
+    assert worker.returncode == 3, out + err
+    assert "retrying in" in err
+    assert "gave up" in err and "--retry-for 2 s" in err
+    assert took < 15, took
+
+
+def test_a_bad_url_or_settings_file_is_status_1(tmp_path: Path) -> None:
+    worker = _worker("nope://x", tmp_path / "marks", "--retry-for", "60")
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 1, out + err
+    assert "Error:" in err and "nope" in err
+    bad = tmp_path / "siglo.toml"
+    bad.write_text("no_such_setting = 1\n")
+    worker = _worker("sqlite://", tmp_path / "marks", SIGLO_CONFIG=str(bad))
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 1, out + err
+    assert "Error:" in err and "no_such_setting" in err
