@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from ops_support import shared_store
 from ports import free_port
 
 import siglo
-from siglo.workflow import WorkflowSuspended
+from siglo.workflow import RetryPolicy, Worker, WorkflowSuspended
 from siglo.workflow.step import sleep_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,3 +226,48 @@ def test_a_bad_url_or_settings_file_is_status_1(tmp_path: Path) -> None:
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 1, out + err
     assert "Error:" in err and "no_such_setting" in err
+
+
+async def test_the_worker_says_what_it_waits_for_on_a_held_run() -> None:
+    """A `running` run whose lock is held: one line saying when a crashed holder's lease
+    lapses at the latest, and one when the run is recovered."""
+    gate = asyncio.Event()
+
+    async def hold(_: object) -> str:
+        await gate.wait()
+        return "done"
+
+    held = siglo.flow(siglo.Step.create("hold", hold), name="held")
+    lines: list[str] = []
+    async with siglo.connect("sqlite://?workflow_lock_ttl_ms=12000") as backend:
+        manager = siglo.StorageManager(backend)
+        running = asyncio.ensure_future(held.run(None, manager=manager, stack_id="r-1"))
+        while await backend.adapter.get_checkpoint("r-1") is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        worker = Worker(manager, [held], notify=lines.append)
+        assert (await worker.run_once()).runs_recovered == 0
+        assert (await worker.run_once()).runs_recovered == 0
+        assert lines == [
+            "run 'r-1' (held) is running with its workflow lock held: alive in another "
+            "process, or crashed; if crashed, its lease lapses in 12 s at most and this "
+            "worker recovers it then"
+        ]  # once, not every pass
+        running.cancel()  # the holder goes; its lock is released
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        gate.set()
+        assert (await worker.run_once()).runs_recovered == 1
+        assert lines[-1] == "run 'r-1' recovered: its lease had lapsed"
+
+
+def test_retry_policy_backs_off_with_jitter_and_checks_its_arguments() -> None:
+    policy = RetryPolicy(initial_delay_s=0.5, max_delay_s=30, give_up_after_s=300)
+    rng = random.Random(7)
+    for attempt, ceiling in [(0, 0.5), (1, 1.0), (2, 2.0), (5, 16.0), (6, 30.0), (99, 30.0)]:
+        delays = [policy.delay_s(attempt, rng) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays), (attempt, min(delays))
+        assert max(delays) - min(delays) > ceiling / 4  # jittered, not one value
+    for bad in ({"initial_delay_s": 0}, {"max_delay_s": -1}, {"give_up_after_s": -1}):
+        with pytest.raises(siglo.InvalidArgumentError, match=next(iter(bad))):
+            RetryPolicy(**bad)  # type: ignore[arg-type]
+    assert RetryPolicy(give_up_after_s=None).give_up_after_s is None
