@@ -469,6 +469,7 @@ class Flow:
             stack.metadata.get("input"),
             event,
             timed_out,
+            manager,
         )
         token = current_step.set(run)
         try:

@@ -396,6 +396,8 @@ API: dict[str, str] = {
     "Flow.with_migration": "no I/O",
     # the synchronous facade's manager forwards to StorageManager
     "sync.StorageManager.*": "siglo.sync",
+    # siglo.sync.SyncFlow forwards to Flow on the portal's loop
+    "sync.SyncFlow.*": "flow.run (input, durable wait, cached step)",
 }
 """Every public method applications write through: the path of :data:`PATHS` that
 covers it, or why none is needed."""
