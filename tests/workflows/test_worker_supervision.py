@@ -4,9 +4,9 @@ processes with real signals and a real Redis restart:
 - SIGTERM in the middle of a batch: the run in progress finishes, no run starts after
   the signal, exit status 0;
 - the storage goes away for ~8 s (a private redis-server stopped and started again on
-  its port, its data kept in an append-only file): the worker says it is retrying,
-  does not die, and every timer due before, during and after the outage fires exactly
-  once;
+  its port with its data; PostgreSQL's connections cut and refused; SQLite's write lock
+  held by another process): the worker says it is retrying, does not die, and every
+  timer due before, during and after the outage fires exactly once;
 - storage that stays away: the worker gives up after ``--retry-for`` with status 3;
   a bad URL or settings file is status 1.
 """
@@ -17,15 +17,21 @@ import asyncio
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from _redis_helpers import RedisServer
-from ops_support import shared_store
+from _tcp_proxy import tcp_proxy
+from ops_support import DURABLE_KINDS, shared_store, with_option
 from ports import free_port
 
 import siglo
@@ -156,50 +162,102 @@ async def test_a_second_signal_stops_at_once_and_leaves_the_run_for_recovery(
         assert _count(marks, "end") == 0
 
 
-async def test_timers_fire_exactly_once_across_a_redis_restart(tmp_path: Path) -> None:
-    """The server goes away for ~8 s and comes back with its data (an append-only file,
-    as a production Redis keeps it): the worker retries, and every timer — due before,
-    during and after the outage — fires once."""
+@dataclass
+class Outage:
+    """A store the worker reaches at ``url``, and how to take it away and bring it back."""
+
+    url: str
+    backend: siglo.Backend
+    down: Callable[[], None]
+    up: Callable[[], None]
+
+
+@asynccontextmanager
+async def _outage(kind: str, tmp_path: Path) -> AsyncIterator[Outage]:
+    """A real outage of each backend:
+
+    - Redis: a private redis-server stopped (SIGTERM) and started again on its port, its
+      data kept in an append-only file, as a production Redis keeps it;
+    - PostgreSQL: the server behind a loopback proxy that closes every connection and
+      refuses new ones, as a restarting server does;
+    - SQLite: another process's connection holding the write lock (``BEGIN EXCLUSIVE``),
+      so every write the worker tries waits out its busy timeout and fails.
+    """
+    if kind == "redis":
+        server = RedisServer(
+            free_port(30400, 30500), "--appendonly", "yes", "--appendfsync", "always"
+        ).start()
+        try:
+            url = f"{server.url}?command_timeout_ms=1000"
+            async with siglo.connect(url) as backend:
+                yield Outage(url, backend, server.halt, server.start)
+        finally:
+            server.stop()
+    elif kind == "postgres":
+        async with shared_store("postgres") as store:
+            parts = urlsplit(store.url)
+            with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+                url = urlunsplit(parts._replace(netloc=proxy.url_host))
+                url = with_option(url, "command_timeout_ms", 1000)
+                url = with_option(url, "connect_timeout_ms", 1000)
+                yield Outage(url, store, proxy.cut, proxy.restore)
+    else:
+        async with shared_store("sqlite") as store:
+            url = with_option(store.url, "busy_timeout_ms", 300)
+            path = urlsplit(store.url).path
+            holder: list[sqlite3.Connection] = []
+
+            def lock() -> None:
+                connection = sqlite3.connect(path, isolation_level=None)
+                connection.execute("BEGIN EXCLUSIVE")
+                holder.append(connection)
+
+            def unlock() -> None:
+                connection = holder.pop()
+                connection.execute("COMMIT")
+                connection.close()
+
+            yield Outage(url, store, lock, unlock)
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_timers_fire_exactly_once_across_an_outage(kind: str, tmp_path: Path) -> None:
+    """The storage goes away for ~8 s and comes back: the worker says it is retrying,
+    does not die, and every timer — due before, during and after the outage — fires
+    once."""
     marks = tmp_path / "marks"
-    server = RedisServer(
-        free_port(30400, 30500), "--appendonly", "yes", "--appendfsync", "always"
-    ).start()
-    try:
-        url = f"{server.url}?command_timeout_ms=1000"
-        async with siglo.connect(url) as backend:
-            await _start_naps(backend, ["before"], 1)
-            await _start_naps(backend, ["during"], 2_500)
-            await _start_naps(backend, ["after-1", "after-2"], 12_000)
-            worker = _worker(url, marks, "--interval", "0.1", "--retry-for", "60")
-            try:
-                await _until(lambda: _count(marks, "end") == 1, "the first timer")
-                server.halt()
-                outage = time.monotonic()
-                await asyncio.sleep(8)
-                server.start()
-                down_for = time.monotonic() - outage
-                await _until(lambda: _count(marks, "end") == 4, "every timer", seconds=90)
-                await asyncio.sleep(1)  # time for a second firing, were there one
-                assert worker.poll() is None, "the worker must outlive the outage"
-                worker.send_signal(signal.SIGTERM)
-                _, err = worker.communicate(timeout=30)
-            finally:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.communicate()
-            assert worker.returncode == 0, err
-            assert down_for >= 8
-            assert "storage unreachable" in err and "retrying in" in err, err
-            assert "storage reachable again" in err, err
-            assert _marks(marks) == Counter(
-                {f"{kind} {stack_id}": 1 for kind in ("start", "end")
-                 for stack_id in ("before", "during", "after-1", "after-2")}
-            )  # fmt: skip
-            for stack_id in ("before", "during", "after-1", "after-2"):
-                stored = await backend.adapter.get_checkpoint(stack_id)
-                assert stored is not None and stored.status == "completed", stack_id
-    finally:
-        server.stop()
+    async with _outage(kind, tmp_path) as outage:
+        await _start_naps(outage.backend, ["before"], 1)
+        await _start_naps(outage.backend, ["during"], 2_500)
+        await _start_naps(outage.backend, ["after-1", "after-2"], 12_000)
+        worker = _worker(outage.url, marks, "--interval", "0.1", "--retry-for", "60")
+        try:
+            await _until(lambda: _count(marks, "end") == 1, "the first timer")
+            outage.down()
+            began = time.monotonic()
+            await asyncio.sleep(8)
+            outage.up()
+            down_for = time.monotonic() - began
+            await _until(lambda: _count(marks, "end") == 4, "every timer", seconds=90)
+            await asyncio.sleep(1)  # time for a second firing, were there one
+            assert worker.poll() is None, "the worker must outlive the outage"
+            worker.send_signal(signal.SIGTERM)
+            _, err = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+        assert worker.returncode == 0, err
+        assert down_for >= 8
+        assert "storage unreachable" in err and "retrying in" in err, err
+        assert "storage reachable again" in err, err
+        runs = ("before", "during", "after-1", "after-2")
+        assert _marks(marks) == Counter(
+            {f"{mark} {stack_id}": 1 for mark in ("start", "end") for stack_id in runs}
+        )
+        for stack_id in runs:
+            stored = await outage.backend.adapter.get_checkpoint(stack_id)
+            assert stored is not None and stored.status == "completed", stack_id
 
 
 async def test_storage_that_stays_away_ends_with_status_3(tmp_path: Path) -> None:
