@@ -95,13 +95,14 @@ async def _start_naps(backend: siglo.Backend, ids: list[str], nap_ms: int) -> No
             await naps.run(nap_ms, manager=manager, stack_id=stack_id)
 
 
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_sigterm_lets_the_run_in_progress_finish_and_starts_no_other(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     marks = tmp_path / "marks"
     monkeypatch.setenv("SIGLO_TEST_MARKS", str(marks))
     ids = [f"nap-{i:02d}" for i in range(20)]
-    async with shared_store("sqlite") as backend:
+    async with shared_store(kind) as backend:
         await _start_naps(backend, ids, 1)  # all 20 due at once: one batch
         worker = _worker(backend.url, marks, "--interval", "0.05", SIGLO_TEST_STEP_S="0.3")
         try:
@@ -271,6 +272,20 @@ async def test_storage_that_stays_away_ends_with_status_3(tmp_path: Path) -> Non
     assert "retrying in" in err
     assert "gave up" in err and "--retry-for 2 s" in err
     assert took < 15, took
+
+
+async def test_a_signal_while_retrying_stops_at_once(tmp_path: Path) -> None:
+    port = free_port(30400, 30500)  # nothing listens there
+    url = f"redis://127.0.0.1:{port}/0?command_timeout_ms=500"
+    worker = _worker(url, tmp_path / "marks", "--retry-for", "600")
+    await asyncio.sleep(2)  # retrying by now: the backoff is 0.5 s, 1 s, 2 s …
+    assert worker.poll() is None
+    began = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, out + err
+    assert time.monotonic() - began < 5  # not after the backoff's wait
+    assert "retrying in" in err and "siglo worker stopped" in out
 
 
 def test_a_bad_url_or_settings_file_is_status_1(tmp_path: Path) -> None:
