@@ -206,7 +206,11 @@ Exit status:
     "backoff (0.5 s doubling to 30 s, with jitter) for this long, then exit with status 3. "
     "0: no retry.",
 )
-@click.option("--once", is_flag=True, help="One pass, then exit.")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="One pass, then exit (retried like the loop while the storage fails).",
+)
 def worker(
     url: str | None,
     flow_specs: tuple[str, ...],
