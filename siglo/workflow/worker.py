@@ -278,9 +278,10 @@ class Worker:
                 continue  # another worker, or a late event, got there first
             except WorkflowSuspended:
                 pass
-            except RETRYABLE:
+            except StorageAdapterError:
                 # The storage failed, not the run: the loop backs off and retries. The
-                # claim's lease lapses and the timer fires again then.
+                # claim's lease lapses and the timer fires again then. (An OSError here
+                # is the step's own, a failure of the run: siglo wraps a driver's.)
                 raise
             except Exception as exc:
                 self._failed(done, record.stack_id, exc)
@@ -309,7 +310,7 @@ class Worker:
             except LockNotAcquiredError:
                 self._lock_held(key, flow.name)
                 continue  # alive in some process, or its lease has not lapsed yet
-            except RETRYABLE:
+            except StorageAdapterError:
                 raise  # the storage failed, not the run: the loop backs off and retries
             except Exception as exc:
                 self._held.pop(key, None)

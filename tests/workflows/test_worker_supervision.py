@@ -35,7 +35,8 @@ from ops_support import DURABLE_KINDS, shared_store, with_option
 from ports import free_port
 
 import siglo
-from siglo.workflow import RetryPolicy, Worker, WorkflowSuspended
+import siglo.workflow
+from siglo.workflow import RetryPolicy, Worker, WorkflowSuspended, run_input
 from siglo.workflow.step import sleep_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -344,3 +345,30 @@ def test_retry_policy_backs_off_with_jitter_and_checks_its_arguments() -> None:
         with pytest.raises(siglo.InvalidArgumentError, match=next(iter(bad))):
             RetryPolicy(**bad)  # type: ignore[arg-type]
     assert RetryPolicy(give_up_after_s=None).give_up_after_s is None
+
+
+async def test_a_step_that_fails_on_its_own_connection_is_a_failed_run_not_an_outage() -> None:
+    """A step's own ``ConnectionError`` (an HTTP call) fails that run; the worker does not
+    take it for a storage outage and goes on with the next timer."""
+
+    async def call_out(_: object) -> str:
+        await siglo.workflow.sleep(1)
+        if run_input() == "bad":
+            raise ConnectionError("payment provider unreachable")
+        return "ok"
+
+    calls = siglo.flow(siglo.Step.create("call", call_out), name="calls")
+    lines: list[str] = []
+    async with siglo.connect("sqlite://") as backend:
+        manager = siglo.StorageManager(backend)
+        for stack_id in ("bad", "good"):
+            with pytest.raises(WorkflowSuspended):
+                await calls.run(stack_id, manager=manager, stack_id=stack_id)
+        await asyncio.sleep(0.01)
+        done = await Worker(manager, [calls], notify=lines.append).run_once()
+        assert done.timers_fired == 2
+        assert done.failures == ["run 'bad' failed: ConnectionError: payment provider unreachable"]
+        assert lines == []  # nothing about the storage
+        for stack_id, status in (("bad", "failed"), ("good", "completed")):
+            stored = await backend.adapter.get_checkpoint(stack_id)
+            assert stored is not None and stored.status == status
