@@ -68,7 +68,15 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, WaitStatus
 from siglo.redaction import REDACTED
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
-from siglo.workflow import Flow, Step, WorkflowSuspended, flow, wait_for_event
+from siglo.workflow import (
+    Flow,
+    Step,
+    WorkflowSuspended,
+    current_backend,
+    current_manager,
+    flow,
+    wait_for_event,
+)
 
 
 def _version() -> str:
@@ -143,7 +151,9 @@ __all__ = [
     "__version__",
     "configure",
     "connect",
+    "current_backend",
     "current_lease",
+    "current_manager",
     "current_settings",
     "default_error_mode",
     "default_storage_manager",

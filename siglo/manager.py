@@ -89,6 +89,7 @@ class StorageManager:
         # settings_generation() moves: a cheap check on the hot path).
         self._followed: tuple[int, Settings] | None = None
         self._adapter: StorageAdapter | None = None
+        self._backend: Backend | None = None
         # Keys named here are redacted on top of the settings' (never instead of them).
         self._extra_fields = check_redact_fields(redact_fields)
         self._explicit_mode: ErrorMode | None = None
@@ -129,6 +130,7 @@ class StorageManager:
 
     def use_storage(self, adapter: StorageAdapter | Backend | None) -> None:
         """Store through ``adapter`` (or a :class:`~siglo.Backend`'s adapter) from now on."""
+        backend = adapter if isinstance(adapter, Backend) else None
         if isinstance(adapter, Backend):
             adapter = adapter.adapter
         if adapter is not None and not isinstance(adapter, StorageAdapter):
@@ -137,6 +139,13 @@ class StorageManager:
                 f"got {type(adapter).__name__}"
             )
         self._adapter = adapter
+        self._backend = backend
+
+    @property
+    def backend(self) -> Backend | None:
+        """The :class:`~siglo.Backend` this manager stores through, with its idempotency
+        store, lock and nonce store; ``None`` when it was given a bare adapter."""
+        return self._backend
 
     @property
     def error_mode(self) -> ErrorMode:

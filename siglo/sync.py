@@ -12,6 +12,12 @@ through one event loop running in a daemon thread (the *portal*)::
         stack.save()
         print(manager.load_checkpoint("order-42").revision)
 
+A flow runs from synchronous code through :class:`SyncFlow` — its steps stay ``async``
+functions and run on the portal's loop::
+
+    orders = sync.SyncFlow(siglo.flow(Step.create("charge", charge)))
+    print(orders.run({"id": 7}, manager=manager, stack_id="order-7"))
+
 Every call is handed to the portal's loop and the calling thread waits for its result;
 nothing here re-implements a backend: each method forwards to the async object of the
 same name (:class:`siglo.StorageManager`, the backend's adapter, idempotency store, lock
@@ -47,6 +53,7 @@ from siglo.sync_facades import (
     connect,
 )
 from siglo.sync_portal import Portal, get_portal
+from siglo.workflow.flow import Flow
 
 # The portal is in siglo.sync_portal, the facades of a stack, an adapter, the
 # coordination stores and a backend in siglo.sync_facades; all are exported here.
@@ -54,6 +61,7 @@ __all__ = [
     "Portal",
     "StorageManager",
     "SyncAdapter",
+    "SyncFlow",
     "SyncBackend",
     "SyncIdempotencyStore",
     "SyncLock",
@@ -246,6 +254,113 @@ class StorageManager(Facade):
     def flush(self) -> None:
         """``StorageManager.flush``: wait for background saves, raise what they deferred."""
         self._portal.run(self._inner.flush)
+
+
+class SyncFlow:
+    """A :class:`siglo.Flow` run from synchronous code: ``run``, ``resume``, ``deliver``
+    and ``recover`` block until the flow returns, suspends or fails.
+
+    The flow's steps are the same ``async`` functions, run on the portal's loop, so a
+    Django view, a Celery task or a script runs, resumes and delivers to the very runs
+    that async code and ``siglo worker`` do (same storage, same lock, same checkpoints).
+    ``manager`` is a :class:`StorageManager` of this module (or an async one); without
+    it, :data:`siglo.default_storage_manager`. :class:`~siglo.workflow.WorkflowSuspended`
+    and a step's exception are raised as in async code.
+    """
+
+    __slots__ = ("_portal", "flow")
+
+    def __init__(self, flow: Flow) -> None:
+        if not isinstance(flow, Flow):
+            raise InvalidArgumentError(
+                f"SyncFlow takes a siglo.Flow (from siglo.flow(...)), got {type(flow).__name__}"
+            )
+        self.flow = flow
+        self._portal = get_portal()
+
+    @property
+    def name(self) -> str:
+        """The flow's name (the ``workflow_id`` of its runs)."""
+        return self.flow.name
+
+    def run(
+        self,
+        input: Any = None,
+        *,
+        manager: StorageManager | AsyncStorageManager | None = None,
+        stack_id: str | None = None,
+        namespace: str | None = None,
+    ) -> Any:
+        """``Flow.run``: run (or continue) the run, and return its output."""
+        return self._portal.run(
+            self.flow.run,
+            input,
+            manager=_manager(manager),
+            stack_id=stack_id,
+            namespace=namespace,
+        )
+
+    def resume(
+        self,
+        stack_id: str,
+        *,
+        manager: StorageManager | AsyncStorageManager | None = None,
+        namespace: str | None = None,
+    ) -> Any:
+        """``Flow.resume``: continue a run from its last checkpoint."""
+        return self._portal.run(
+            self.flow.resume, stack_id, manager=_manager(manager), namespace=namespace
+        )
+
+    def recover(
+        self,
+        stack_id: str,
+        *,
+        manager: StorageManager | AsyncStorageManager | None = None,
+        namespace: str | None = None,
+    ) -> bool:
+        """``Flow.recover``: continue a run a dead process left ``running``."""
+        recovered: bool = self._portal.run(
+            self.flow.recover, stack_id, manager=_manager(manager), namespace=namespace
+        )
+        return recovered
+
+    def deliver(
+        self,
+        correlation_key: str,
+        payload: Any = None,
+        *,
+        manager: StorageManager | AsyncStorageManager | None = None,
+        claimant_id: str | None = None,
+        allow_expired: bool = False,
+        namespace: str | None = None,
+    ) -> Any:
+        """``Flow.deliver``: deliver an event to the run waiting for it, resume it here."""
+        return self._portal.run(
+            self.flow.deliver,
+            correlation_key,
+            payload,
+            manager=_manager(manager),
+            claimant_id=claimant_id,
+            allow_expired=allow_expired,
+            namespace=namespace,
+        )
+
+    def __repr__(self) -> str:
+        return f"<siglo.sync.SyncFlow {self.flow.name!r}>"
+
+
+def _manager(
+    manager: StorageManager | AsyncStorageManager | None,
+) -> AsyncStorageManager | None:
+    if manager is None or isinstance(manager, AsyncStorageManager):
+        return manager
+    if isinstance(manager, StorageManager):
+        inner: AsyncStorageManager = manager.wrapped
+        return inner
+    raise InvalidArgumentError(
+        f"manager must be a siglo.sync.StorageManager, got {type(manager).__name__}"
+    )
 
 
 def _live(stack: str | SyncStack) -> str | ExecutionStack:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import os
 import signal
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import IO, Any, Final
 
 import click
 
@@ -18,9 +17,22 @@ from siglo.config import Settings
 from siglo.connect import connect
 from siglo.manager import StorageManager
 from siglo.workflow.flow import Flow
-from siglo.workflow.worker import DEFAULT_INTERVAL_S, Worker
+from siglo.workflow.worker import (
+    DEFAULT_INTERVAL_S,
+    RETRYABLE,
+    RetryPolicy,
+    Worker,
+    WorkerPass,
+)
 
-__all__ = ["load_flows", "worker"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_GAVE_UP",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "load_flows",
+    "worker",
+]
 
 
 def load_flows(specs: Iterable[str]) -> list[Flow]:
@@ -52,15 +64,31 @@ def load_flows(specs: Iterable[str]) -> list[Flow]:
     return flows
 
 
+EXIT_OK: Final = 0
+"""Stopped cleanly: ``--once`` done, or stopped by SIGTERM / SIGINT."""
+EXIT_ERROR: Final = 1
+"""Could not start (settings, URL, flows) or failed unexpectedly: nothing to retry."""
+EXIT_USAGE: Final = 2
+"""Bad command-line options (click's usage error)."""
+EXIT_GAVE_UP: Final = 3
+"""The storage kept failing for longer than ``--retry-for``."""
+
+
 async def _work(
-    url: str, settings: Settings, flows: list[Flow], batch: int, interval: float, once: bool
+    url: str,
+    settings: Settings,
+    flows: list[Flow],
+    batch: int,
+    interval: float,
+    once: bool,
+    retry: RetryPolicy,
 ) -> None:
     backend = connect(url, settings=settings)
     # The application's settings (its file, its environment, what its module passed to
     # siglo.configure): a worker stores what the application would, redacted the same.
     manager = StorageManager(backend, settings=settings)
     try:
-        runner = Worker(manager, flows, batch=batch)
+        runner = Worker(manager, flows, batch=batch, notify=lambda line: click.echo(line, err=True))
         names = ", ".join(sorted(runner.flows))
         click.echo(f"siglo worker {runner.worker_id} on {display_url(url)}: flows {names}")
         click.echo(
@@ -68,26 +96,44 @@ async def _work(
             f"{len(manager.redact_fields)} redacted field(s)"
         )
         stop = asyncio.Event()
+        signalled = False
+        main = asyncio.current_task()
         loop = asyncio.get_running_loop()
+
+        def on_signal(name: str) -> None:
+            nonlocal signalled
+            if signalled:
+                # A second signal: stop now. The run in progress is cut off; it stays
+                # `running`, and its lease lapses for a worker to recover it.
+                click.echo(f"{name} again: stopping now", err=True)
+                if main is not None:
+                    main.cancel()
+                return
+            signalled = True
+            stop.set()
+            click.echo(
+                f"{name}: stopping after the run in progress (again to stop at once)", err=True
+            )
+
+        def on_pass(done: WorkerPass) -> None:
+            if done.busy:
+                click.echo(
+                    f"fired {done.timers_fired} timer(s), recovered {done.runs_recovered} run(s)"
+                )
+            for line in done.failures:
+                click.echo(line, err=True)
+            if once:
+                stop.set()  # one successful pass (retried as the loop retries)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            # Graceful: the run in progress finishes and is checkpointed, then we exit.
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig.name)
         try:
-            while not stop.is_set():
-                done = await runner.run_once()
-                if done.busy:
-                    click.echo(
-                        f"fired {done.timers_fired} timer(s), recovered "
-                        f"{done.runs_recovered} run(s)"
-                    )
-                for line in done.failures:
-                    click.echo(line, err=True)
-                if once:
-                    break
-                if done.busy:
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+            await runner.run(interval_s=interval, stop=stop, retry=retry, on_pass=on_pass)
+        except asyncio.CancelledError:
+            click.echo("siglo worker stopped (the run in progress is left for recovery)")
+            return
+        except RETRYABLE as exc:
+            raise _GaveUp(exc, retry) from exc
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
@@ -96,7 +142,37 @@ async def _work(
         await backend.aclose()
 
 
-@click.command()
+class _GaveUp(click.ClickException):
+    """The storage failed for longer than ``--retry-for``: exit status 3."""
+
+    exit_code = EXIT_GAVE_UP
+
+    def __init__(self, exc: BaseException, retry: RetryPolicy) -> None:
+        bound = retry.give_up_after_s
+        super().__init__(
+            f"gave up: the storage kept failing (retries bounded by --retry-for {bound:g} s): "
+            f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        )
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"Error: {self.format_message()}", file=file, err=True)
+        click.echo(
+            "Hint: check that the backend is reachable; a supervisor (systemd, Kubernetes) "
+            "restarts the worker, or raise --retry-for",
+            file=file,
+            err=True,
+        )
+
+
+@click.command(
+    epilog="""\b
+Exit status:
+  0  stopped cleanly (--once done, or SIGTERM / SIGINT)
+  1  could not start (settings, URL, flows) or an unexpected failure
+  2  bad command-line options
+  3  gave up: the storage kept failing for longer than --retry-for
+"""
+)
 @click.argument("url", required=False, default=None)
 @click.option(
     "--flows",
@@ -120,19 +196,42 @@ async def _work(
     show_default=True,
     help="Seconds to wait after a pass that found nothing.",
 )
-@click.option("--once", is_flag=True, help="One pass, then exit.")
+@click.option(
+    "--retry-for",
+    type=click.FloatRange(min=0),
+    default=RetryPolicy().give_up_after_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="While the storage fails (unreachable, timed out, outcome unknown), retry with "
+    "backoff (0.5 s doubling to 30 s, with jitter) for this long, then exit with status 3. "
+    "0: no retry.",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="One pass, then exit (retried like the loop while the storage fails).",
+)
 def worker(
-    url: str | None, flow_specs: tuple[str, ...], batch: int, interval: float, once: bool
+    url: str | None,
+    flow_specs: tuple[str, ...],
+    batch: int,
+    interval: float,
+    retry_for: float,
+    once: bool,
 ) -> None:
     """Fire due timers and recover crashed runs of the given flows, until SIGTERM.
 
     Several workers may run side by side: each timer fires once and each run is
     executed by one process at a time. SIGTERM or Ctrl-C stops after the run in
-    progress.
+    progress: no run starts after the signal; a second signal stops at once (the run
+    in progress is then left for another worker to recover). A storage failure does
+    not stop the worker: it says what it waits for and retries with backoff for
+    --retry-for seconds. Calls are bounded by the settings' command_timeout_ms.
     """
     # The flows' modules first: an application that decides its settings in code
     # (siglo.configure at import) has them in effect before the worker reads them.
     flows = load_flows(flow_specs)
     settings = cli_settings()
     target = resolve_url(url)
-    asyncio.run(_work(target, settings, flows, batch, interval, once))
+    retry = RetryPolicy(give_up_after_s=retry_for)
+    asyncio.run(_work(target, settings, flows, batch, interval, once, retry))

@@ -9,15 +9,25 @@ cache. A flow whose steps changed since a checkpoint was written refuses to resu
 """
 
 from siglo.workflow.flow import Flow, WorkflowSuspended, flow
-from siglo.workflow.step import Step, run_input, sleep, wait_for_event
-from siglo.workflow.worker import Worker, WorkerPass
+from siglo.workflow.step import (
+    Step,
+    current_backend,
+    current_manager,
+    run_input,
+    sleep,
+    wait_for_event,
+)
+from siglo.workflow.worker import RetryPolicy, Worker, WorkerPass
 
 __all__ = [
     "Flow",
+    "RetryPolicy",
     "Step",
     "Worker",
     "WorkerPass",
     "WorkflowSuspended",
+    "current_backend",
+    "current_manager",
     "flow",
     "run_input",
     "sleep",

@@ -15,6 +15,7 @@ from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
     InvalidStateTransitionError,
+    StorageAdapterError,
     WaitRecordClaimError,
     WorkflowVersionMismatchError,
 )
@@ -270,12 +271,27 @@ class Flow:
             started = True
             try:
                 # Not the action's last write: the wait's completion comes after it.
-                return await self._continue(manager, stack, unlock=False)
-            finally:
+                result = await self._continue(manager, stack, unlock=False)
+            except Exception as exc:
                 manager.discard_stack(stack)
-                await adapter.complete_wait_record(
-                    correlation_key, claimant, namespace=record.namespace
-                )
+                if not isinstance(exc, StorageAdapterError):
+                    await adapter.complete_wait_record(
+                        correlation_key, claimant, namespace=record.namespace
+                    )
+                # A storage failure may have kept the run's outcome from being stored,
+                # and a cancelled run (a worker stopped at once, the process ending) has
+                # none: the wait stays claimed, and when the claim's lease lapses the
+                # timer is due again or the event can be delivered again (the step runs
+                # again from its start, as after a crash).
+                raise
+            except BaseException:
+                manager.discard_stack(stack)
+                raise
+            manager.discard_stack(stack)
+            await adapter.complete_wait_record(
+                correlation_key, claimant, namespace=record.namespace
+            )
+            return result
 
         try:
             if adapter.supports(Capability.WORKFLOW_LOCK):
@@ -453,6 +469,7 @@ class Flow:
             stack.metadata.get("input"),
             event,
             timed_out,
+            manager,
         )
         token = current_step.set(run)
         try:

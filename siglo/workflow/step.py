@@ -6,13 +6,25 @@ import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from siglo.errors import InvalidArgumentError, WaitTimeoutError
 from siglo.sentinel import MISSING
 from siglo.validation import require_id, require_ttl_ms
 
-__all__ = ["Step", "StepRun", "run_input", "sleep", "wait_for_event"]
+if TYPE_CHECKING:  # the manager imports nothing of the workflow; only its type is named
+    from siglo.backend import Backend
+    from siglo.manager import StorageManager
+
+__all__ = [
+    "Step",
+    "StepRun",
+    "current_backend",
+    "current_manager",
+    "run_input",
+    "sleep",
+    "wait_for_event",
+]
 
 StepFn = Callable[[Any], Awaitable[Any]]
 
@@ -81,6 +93,8 @@ class StepRun:
     event: Any = MISSING
     timed_out: bool = False
     """The step's wait passed its timeout (a worker fired the timer) with no event."""
+    manager: StorageManager | None = None
+    """The manager running the step (the application's, or ``siglo worker``'s)."""
 
 
 current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("siglo_current_step")
@@ -100,6 +114,47 @@ def _current(what: str) -> StepRun:
         return current_step.get()
     except LookupError:
         raise InvalidArgumentError(f"{what} can only be used inside a step") from None
+
+
+def current_manager() -> StorageManager:
+    """Inside a step: the :class:`~siglo.StorageManager` running it.
+
+    Whoever runs the step — the application's ``flow.run``, a delivery, or ``siglo
+    worker`` firing a timer or recovering a crashed run — sets it, so a step reaches the
+    same storage, with the same settings, wherever it runs.
+    """
+    return _manager("current_manager()")
+
+
+def _manager(what: str) -> StorageManager:
+    manager = _current(what).manager
+    if manager is None:  # a StepRun built by hand (tests); the runner always sets it
+        raise InvalidArgumentError(f"{what}: this step was run without a manager")
+    return manager
+
+
+def current_backend() -> Backend:
+    """Inside a step: the :class:`~siglo.Backend` the running manager stores through —
+    its idempotency store, lock and nonce store included::
+
+        async def charge(order):
+            payments = siglo.current_backend().require_idempotency()
+            claim = await payments.claim(f"charge:{order['id']}")
+            ...
+
+    In ``siglo worker`` this is the worker's backend (the application's settings, its
+    redaction and timeouts). Raises :class:`~siglo.errors.InvalidArgumentError` outside a
+    step, or when the manager was given a bare adapter instead of the backend that
+    :func:`siglo.connect` returns.
+    """
+    backend = _manager("current_backend()").backend
+    if backend is None:
+        raise InvalidArgumentError(
+            "current_backend(): the manager running this step was given a bare storage "
+            "adapter; build it from the backend siglo.connect() returns "
+            "(StorageManager(backend)) to reach its idempotency store, lock and nonces"
+        )
+    return backend
 
 
 def run_input() -> Any:

@@ -9,6 +9,13 @@ process for long, and several workers side by side share the work safely:
 - a crashed run is taken only with its workflow lock, which a live process renews while
   it runs, so a run is never executed by two processes at once, and a free lock on a
   ``running`` run means its process is gone.
+
+:meth:`Worker.run` is a supervised loop: a storage failure (the server unreachable or
+restarting, a call past its time limit, an outcome left unknown) does not end it; it
+waits with exponential backoff and jitter (:class:`RetryPolicy`) and tries again, until
+the storage has been failing for longer than the policy's bound, and says what it is
+waiting for. A stop request (SIGTERM in ``siglo worker``) is honoured between runs: no
+run starts after it, the one in progress finishes.
 """
 
 from __future__ import annotations
@@ -16,23 +23,86 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import random
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 from siglo.adapter import Capability
-from siglo.errors import InvalidArgumentError, LockNotAcquiredError, WaitRecordClaimError
+from siglo.errors import (
+    InvalidArgumentError,
+    LockNotAcquiredError,
+    StorageAdapterError,
+    WaitRecordClaimError,
+)
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from siglo.manager import StorageManager
 from siglo.workflow.flow import Flow, WorkflowSuspended
 
-__all__ = ["DEFAULT_INTERVAL_S", "Worker", "WorkerPass"]
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "RETRYABLE",
+    "RetryPolicy",
+    "Worker",
+    "WorkerPass",
+]
 
 DEFAULT_INTERVAL_S: Final = 1.0
 _LOOK_AHEAD: Final = 10
 
+RETRYABLE: Final = (StorageAdapterError, OSError)
+"""The failures the worker's loop rides out: a storage call that failed or timed out
+(:class:`~siglo.errors.StorageAdapterError`, its :class:`~siglo.errors.OutcomeUnknownError`
+included) and, should a driver's ever escape unwrapped, a connection error or a timeout."""
+
 log = logging.getLogger("siglo.worker")
+_RANDOM: Final = random.Random()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long and how often the worker's loop retries while the storage fails.
+
+    The n-th retry in a row waits ``min(max_delay_s, initial_delay_s * 2**n)`` seconds,
+    of which a random half is jitter (so workers that lost one server together do not
+    return together); a pass that succeeds starts over. Once the storage has been
+    failing for ``give_up_after_s`` seconds (``None``: never) the loop gives up and
+    raises the last error.
+    """
+
+    initial_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+    give_up_after_s: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("initial_delay_s", "max_delay_s"):
+            value = getattr(self, name)
+            if not _positive(value):
+                raise InvalidArgumentError(f"{name} must be a positive number, got {value!r}")
+        if self.give_up_after_s is not None and not (
+            _positive(self.give_up_after_s) or self.give_up_after_s == 0
+        ):
+            raise InvalidArgumentError(
+                f"give_up_after_s must be a number >= 0 or None, got {self.give_up_after_s!r}"
+            )
+
+    def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
+        """The wait before retry number ``attempt`` (0 for the first), jitter included."""
+        ceiling = min(self.max_delay_s, self.initial_delay_s * 2.0 ** min(attempt, 60))
+        jitter: float = (rng or _RANDOM).uniform(0, ceiling / 2)
+        return ceiling / 2 + jitter
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 @dataclass
@@ -43,6 +113,8 @@ class WorkerPass:
     runs_recovered: int = 0
     failures: list[str] = field(default_factory=list)
     """One line per run that raised (its exception was logged; the run is ``failed``)."""
+    stopped: bool = False
+    """The pass ended early because a stop was requested (the run in progress finished)."""
 
     @property
     def busy(self) -> bool:
@@ -64,8 +136,12 @@ class Worker:
         *,
         batch: int = DEFAULT_PAGE_SIZE,
         worker_id: str | None = None,
+        notify: Callable[[str], None] | None = None,
     ) -> None:
         self.manager = manager
+        # What the worker is waiting for goes to its log, and to ``notify`` (siglo worker
+        # prints it) so an operator sees why nothing happens.
+        self._notify = notify
         self.flows: dict[str, Flow] = {}
         for f in flows:
             if not isinstance(f, Flow):
@@ -78,39 +154,101 @@ class Worker:
         self.batch = batch
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self._cursor: str | None = None
+        # Runs found `running` with their lock held: when first seen (monotonic s), and
+        # whether the lease has since outlived a crashed holder's (the holder is alive).
+        self._held: dict[tuple[str | None, str], tuple[float, bool]] = {}
+        self._seen_this_walk: set[tuple[str | None, str]] = set()
         adapter = manager.adapter
         if adapter is None:
             raise InvalidArgumentError("the worker's storage manager has no storage adapter")
         self.adapter = adapter
 
-    async def run_once(self) -> WorkerPass:
-        """One bounded pass: fire due timers, then recover crashed runs."""
+    async def run_once(self, *, stop: asyncio.Event | None = None) -> WorkerPass:
+        """One bounded pass: fire due timers, then recover crashed runs.
+
+        With ``stop`` set (before or during the pass), no further timer fires and no
+        further run is taken up; the run in progress finishes first. A storage failure
+        is raised (:data:`RETRYABLE`); :meth:`run` retries it.
+        """
         done = WorkerPass()
         if self.adapter.supports(Capability.DUE_WAITS):
-            await self._fire_timers(done)
-        if self.adapter.supports(Capability.LISTING) and self.adapter.supports(
-            Capability.WORKFLOW_LOCK
+            await self._fire_timers(done, stop)
+        if (
+            not done.stopped
+            and self.adapter.supports(Capability.LISTING)
+            and self.adapter.supports(Capability.WORKFLOW_LOCK)
         ):
-            await self._recover(done)
+            await self._recover(done, stop)
         return done
 
     async def run(
-        self, *, interval_s: float = DEFAULT_INTERVAL_S, stop: asyncio.Event | None = None
+        self,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        stop: asyncio.Event | None = None,
+        retry: RetryPolicy | None = None,
+        on_pass: Callable[[WorkerPass], None] | None = None,
     ) -> None:
         """Pass after pass until ``stop`` is set; waits ``interval_s`` after an idle pass.
 
         Setting ``stop`` ends the loop after the run in progress: a run is never cut off
-        in the middle by a graceful stop (SIGTERM in ``siglo worker``).
+        in the middle by a graceful stop (SIGTERM in ``siglo worker``), and none starts
+        after it. A storage failure (:data:`RETRYABLE`) is retried with backoff as
+        ``retry`` says (default :class:`RetryPolicy`); past its bound the last error is
+        raised. ``on_pass`` is called with each pass's :class:`WorkerPass`.
         """
         stop = stop or asyncio.Event()
+        retry = retry or RetryPolicy()
+        failing_since: float | None = None
+        attempt = 0
         while not stop.is_set():
-            done = await self.run_once()
+            try:
+                done = await self.run_once(stop=stop)
+            except RETRYABLE as exc:
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                failing_for = now - failing_since
+                delay = retry.delay_s(attempt)
+                attempt += 1
+                reason = f"{type(exc).__name__}: {exc}"
+                if (
+                    retry.give_up_after_s is not None
+                    and failing_for + delay > retry.give_up_after_s
+                ):
+                    self._say(
+                        f"storage unreachable ({reason}); giving up: it has failed for "
+                        f"{failing_for:.1f} s and a retry in {delay:.1f} s would pass the "
+                        f"bound of {retry.give_up_after_s:g} s",
+                        logging.ERROR,
+                    )
+                    raise
+                self._say(
+                    f"storage unreachable ({reason}); retrying in {delay:.1f} s "
+                    f"(failing for {failing_for:.1f} s)",
+                    logging.WARNING,
+                )
+                await _wait(stop, delay)
+                continue
+            if failing_since is not None:
+                self._say(f"storage reachable again after {time.monotonic() - failing_since:.1f} s")
+                failing_since, attempt = None, 0
+            if on_pass is not None:
+                on_pass(done)
             if done.busy:
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+            await _wait(stop, interval_s)
 
-    async def _fire_timers(self, done: WorkerPass) -> None:
+    def _say(self, line: str, level: int = logging.INFO) -> None:
+        # One place each line goes: the caller's ``notify`` (siglo worker prints it), or
+        # else the log (where logging's last-resort handler would print it a second time).
+        if self._notify is not None:
+            log.debug(line)
+            self._notify(line)
+        else:
+            log.log(level, line)
+
+    async def _fire_timers(self, done: WorkerPass, stop: asyncio.Event | None) -> None:
         # Due waits of flows this worker does not run (another worker's, or waits used
         # without a flow) are skipped; reading several batches' worth keeps them from
         # filling every pass. (More than that many foreign due waits still would: run a
@@ -119,6 +257,9 @@ class Worker:
         fired = 0
         for record in due:
             if fired == self.batch:
+                return
+            if stop is not None and stop.is_set():
+                done.stopped = True
                 return
             checkpoint = await self.manager.load_checkpoint(
                 record.stack_id, namespace=record.namespace
@@ -137,12 +278,17 @@ class Worker:
                 continue  # another worker, or a late event, got there first
             except WorkflowSuspended:
                 pass
+            except StorageAdapterError:
+                # The storage failed, not the run: the loop backs off and retries. The
+                # claim's lease lapses and the timer fires again then. (An OSError here
+                # is the step's own, a failure of the run: siglo wraps a driver's.)
+                raise
             except Exception as exc:
                 self._failed(done, record.stack_id, exc)
             fired += 1
             done.timers_fired += 1
 
-    async def _recover(self, done: WorkerPass) -> None:
+    async def _recover(self, done: WorkerPass, stop: asyncio.Event | None) -> None:
         page = await self.adapter.list_checkpoints(
             status="running", limit=self.batch, cursor=self._cursor
         )
@@ -152,19 +298,70 @@ class Worker:
             flow = self.flows.get(summary.workflow_id or "")
             if flow is None:
                 continue
+            if stop is not None and stop.is_set():
+                done.stopped = True
+                return
+            key = (summary.namespace, summary.stack_id)
+            self._seen_this_walk.add(key)
             try:
-                if await flow.recover(
+                recovered = await flow.recover(
                     summary.stack_id, manager=self.manager, namespace=summary.namespace
-                ):
-                    done.runs_recovered += 1
+                )
             except LockNotAcquiredError:
-                continue  # alive in some process
+                self._lock_held(key, flow.name)
+                continue  # alive in some process, or its lease has not lapsed yet
+            except StorageAdapterError:
+                raise  # the storage failed, not the run: the loop backs off and retries
             except Exception as exc:
+                self._held.pop(key, None)
                 done.runs_recovered += 1
                 self._failed(done, summary.stack_id, exc)
+                continue
+            if recovered:
+                if key in self._held:
+                    self._say(f"run {_name(key)} recovered: its lease had lapsed")
+                self._held.pop(key, None)
+                done.runs_recovered += 1
+        if page.next_cursor is None:
+            # A full walk: forget runs no longer `running` (finished in their process).
+            for gone in set(self._held) - self._seen_this_walk:
+                del self._held[gone]
+            self._seen_this_walk.clear()
+
+    def _lock_held(self, key: tuple[str | None, str], flow_name: str) -> None:
+        """Say once what the worker waits for on a `running` run whose lock is held."""
+        now = time.monotonic()
+        lease_s = self.adapter.workflow_lock_ttl_ms / 1000
+        first, alive = self._held.get(key, (now, False))
+        if key not in self._held:
+            # Its holder renewed the lease before now if at all, so a crashed holder's
+            # lease lapses within one lease of now (with this worker's lease setting).
+            self._say(
+                f"run {_name(key)} ({flow_name}) is running with its workflow lock held: "
+                f"alive in another process, or crashed; if crashed, its lease lapses in "
+                f"{lease_s:.0f} s at most and this worker recovers it then"
+            )
+        elif not alive and now - first > lease_s + 1:
+            alive = True
+            self._say(
+                f"run {_name(key)} ({flow_name}) is alive in another process (its lease "
+                f"was renewed past {lease_s:.0f} s); not recovering it"
+            )
+        self._held[key] = (first, alive)
 
     @staticmethod
     def _failed(done: WorkerPass, stack_id: str, exc: BaseException) -> None:
         line = f"run {stack_id!r} failed: {type(exc).__name__}: {exc}"
         log.warning(line, exc_info=exc)
         done.failures.append(line)
+
+
+def _name(key: tuple[str | None, str]) -> str:
+    namespace, stack_id = key
+    return repr(stack_id) if namespace is None else f"{stack_id!r} (namespace {namespace!r})"
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    """Up to ``seconds``, or until ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

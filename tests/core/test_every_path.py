@@ -10,7 +10,11 @@ event, a cached step), the idempotency store, the synchronous facade, ``siglo wo
 real entry point — the worker and the command line as processes of their own, given only
 the directory they run in — against SQLite, PostgreSQL and Redis, and the test reads the
 raw stored bytes: the secret is nowhere, and what was written under a namespace is found
-there and only there.
+there and only there. And each path is bounded in time by the same settings: run against
+a Redis that stops answering (a TCP proxy on loopback that freezes) with a tight
+``command_timeout_ms`` in the application's ``siglo.toml``, it fails within a few seconds
+with siglo's timeout (``StorageAdapterError`` / ``OutcomeUnknownError``) — it never hangs
+and never reports success. So do the commands that only read or delete.
 
 :data:`API` classifies every public method of the objects applications write through and
 every ``siglo`` command: a method or command added later fails
@@ -27,13 +31,17 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
+import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
+from _tcp_proxy import TcpProxy, tcp_proxy
 from ops_support import DURABLE_KINDS, shared_store
 from raw_storage import raw_bytes
 
@@ -88,6 +96,17 @@ APP = textwrap.dedent(
 )
 
 
+class CommandFailed(AssertionError):
+    """A ``siglo`` command the path ran exited with a non-zero status (or hung)."""
+
+    def __init__(self, args: tuple[str, ...], status: int | None, output: str, took: float):
+        self.status = status
+        self.output = output
+        self.took = took
+        what = "hung" if status is None else f"exited with status {status}"
+        super().__init__(f"siglo {' '.join(args)} {what} after {took:.1f} s:\n{output[-3000:]}")
+
+
 @dataclass
 class Env:
     """One backend on private storage, and the directory an application runs in."""
@@ -98,10 +117,21 @@ class Env:
     home: Path
     """The application's directory: its siglo.toml and app_flows.py."""
     app_configures: bool = False
+    before_command: Callable[[], None] | None = None
+    """Called just before each ``siglo`` command (the timeout check freezes the server)."""
+    extra_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """More arguments for a command, by its name."""
+    command_limit_s: float = 120
+    """A command still running after this long is killed and reported as hung."""
 
     @property
     def url(self) -> str:
         return self.backend.url
+
+    @property
+    def settings_url(self) -> str:
+        """The URL in the application's siglo.toml."""
+        return str(tomllib.loads((self.home / "siglo.toml").read_text())["url"])
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in (*ENVIRONMENT, CONFIG_ENV)}
@@ -113,26 +143,42 @@ class Env:
         return env
 
     def siglo(self, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        """The ``siglo`` command, run in the application's directory."""
-        done = subprocess.run(
-            [sys.executable, "-m", "siglo", *args],
-            cwd=self.home,
-            env=self.env(),
-            input=stdin,
-            capture_output=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, (done.stdout + done.stderr).decode()[-3000:]
+        """The ``siglo`` command, run in the application's directory; :class:`CommandFailed`
+        unless it succeeds."""
+        if self.before_command is not None:
+            self.before_command()
+        argv = [sys.executable, "-m", "siglo", *args, *self.extra_args.get(args[0], ())]
+        began = time.monotonic()
+        try:
+            done = subprocess.run(
+                argv,
+                cwd=self.home,
+                env=self.env(),
+                input=stdin,
+                capture_output=True,
+                timeout=self.command_limit_s,
+            )
+        except subprocess.TimeoutExpired as hung:
+            output = (hung.stdout or b"") + (hung.stderr or b"")
+            raise CommandFailed(args, None, output.decode(), time.monotonic() - began) from None
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode()
+            raise CommandFailed(args, done.returncode, output, time.monotonic() - began)
         return done
 
 
 Path_ = Callable[[Env, str], Awaitable[None]]
 PATHS: dict[str, Path_] = {}
+BY_COMMAND: set[str] = set()
+"""Paths whose writer is a ``siglo`` command (what runs before it in the test process
+only prepares the data it works on)."""
 
 
-def path(name: str) -> Callable[[Path_], Path_]:
+def path(name: str, *, by_command: bool = False) -> Callable[[Path_], Path_]:
     def register(fn: Path_) -> Path_:
         PATHS[name] = fn
+        if by_command:
+            BY_COMMAND.add(name)
         return fn
 
     return register
@@ -222,7 +268,7 @@ async def _sync(env: Env, ident: str) -> None:
     await asyncio.to_thread(write)
 
 
-@path("siglo worker (a timer it fires)")
+@path("siglo worker (a timer it fires)", by_command=True)
 async def _worker_timer(env: Env, ident: str) -> None:
     flows = app_flows(env)
     # The run starts in the application (its own settings), times out, and is left to the
@@ -235,7 +281,7 @@ async def _worker_timer(env: Env, ident: str) -> None:
     env.siglo("worker", "--flows", "app_flows:flows", "--once")
 
 
-@path("siglo worker (a crashed run it recovers)")
+@path("siglo worker (a crashed run it recovers)", by_command=True)
 async def _worker_recovery(env: Env, ident: str) -> None:
     flows = app_flows(env)
     os.environ["APP_HANG"] = "1"
@@ -256,7 +302,7 @@ async def _worker_recovery(env: Env, ident: str) -> None:
     env.siglo("worker", "--flows", "app_flows:flows", "--once")
 
 
-@path("siglo import")
+@path("siglo import", by_command=True)
 async def _import(env: Env, ident: str) -> None:
     # A dump written where nothing was redacted (another application, an old version).
     elsewhere = env.home / "elsewhere"
@@ -359,6 +405,117 @@ async def test_the_worker_takes_settings_the_application_decides_in_code(
             await _assert_redacted_and_namespaced(env, name, ident)
 
 
+# -- the timeout -----------------------------------------------------------------------------
+
+TIGHT_MS = 300
+"""``command_timeout_ms`` in the application's siglo.toml for the timeout check."""
+BOUND_S = 4.0
+"""How long a path in the test process may take to fail against a frozen server: a few
+calls' worth of :data:`TIGHT_MS`, with room for a loaded machine. The default timeout
+(10 s) is far beyond it, so a path that dropped the setting fails the check."""
+COMMAND_BOUND_S = 8.0
+"""The same for a ``siglo`` command, which also starts a Python process and imports the
+application: still under the default timeout alone."""
+HUNG_S = 30.0
+"""Past this a path is reported as hung (and the check fails)."""
+TIMEOUT_WORDS = ("timed out", "may or may not have taken effect")
+"""What siglo's error says of a call past its time limit (StorageAdapterError's timeout,
+OutcomeUnknownError)."""
+
+
+@asynccontextmanager
+async def frozen_redis_application(home: Path) -> AsyncIterator[tuple[Env, TcpProxy]]:
+    """The application's directory with its siglo.toml naming a Redis reached through a
+    loopback proxy the test freezes, and the tight timeout (from the settings only: the
+    URL carries none)."""
+    async with shared_store("redis") as store:
+        parts = urlsplit(store.url)
+        with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
+            query = [(k, v) for k, v in parse_qsl(parts.query) if k != "command_timeout_ms"]
+            url = urlunsplit(parts._replace(netloc=proxy.url_host, query=urlencode(query)))
+            (home / "siglo.toml").write_text(
+                f'url = "{url}"\ncommand_timeout_ms = {TIGHT_MS}\nredact_fields = ["{FIELD}"]\n'
+            )
+            (home / "app_flows.py").write_text(APP)
+            env = Env(
+                "redis",
+                store,
+                home,
+                # One pass, no retry: the worker's supervised loop would otherwise ride
+                # the outage out (tests/workflows/test_worker_supervision.py).
+                extra_args={"worker": ("--retry-for", "0")},
+                command_limit_s=HUNG_S,
+            )
+            yield env, proxy
+
+
+def _timed_out(text: str) -> bool:
+    return any(word in text for word in TIMEOUT_WORDS)
+
+
+@pytest.mark.rule("manager.redaction")
+@pytest.mark.parametrize("name", sorted(PATHS))
+async def test_every_path_is_bounded_by_the_settings_timeout(name: str, home: Path) -> None:
+    """Against a server that stops answering, each path fails within the bound with
+    siglo's timeout, its timeout read from the application's siglo.toml — in this
+    process, in the synchronous facade, and in ``siglo worker`` and ``siglo import``."""
+    ident = "bounded-" + re.sub(r"[^a-z]+", "-", name).strip("-")
+    async with frozen_redis_application(home) as (env, proxy):
+        if name in BY_COMMAND:
+            env.before_command = proxy.freeze  # the data it works on is in place
+        else:
+            proxy.freeze()
+        began = time.monotonic()
+        failure: BaseException | None = None
+        try:
+            await asyncio.wait_for(PATHS[name](env, ident), HUNG_S)
+        except (CommandFailed, TimeoutError, siglo.StorageAdapterError) as exc:
+            failure = exc
+        finally:
+            took = time.monotonic() - began
+            proxy.cut()  # what still waits on the frozen server ends now
+    if failure is None:
+        pytest.fail(f"{name} reported success against a frozen server")
+    if isinstance(failure, TimeoutError):
+        pytest.fail(f"{name} hung for {HUNG_S} s against a frozen server")
+    if isinstance(failure, CommandFailed):
+        assert failure.status is not None, f"{name} hung: {failure}"
+        assert _timed_out(failure.output), f"{name} failed, not on the timeout: {failure}"
+        assert failure.took < COMMAND_BOUND_S, f"{name} took {failure.took:.1f} s: {failure}"
+    else:
+        assert _timed_out(str(failure)), f"{name} failed, not on the timeout: {failure!r}"
+        assert took < BOUND_S, f"{name} took {took:.1f} s to fail (bound {BOUND_S} s)"
+
+
+READ_AND_DELETE: dict[str, tuple[str, ...]] = {
+    "ls": ("ls",),
+    # The URL is given: with an optional URL before a required id, click reads the id
+    # as the URL. The timeout still comes from the settings only.
+    "show": ("show", "{url}", "some-stack"),
+    "export": ("export",),
+    "rm": ("rm", "{url}", "some-stack"),
+    "prune": ("prune", "--older-than", "1d"),
+    "clean": ("clean",),
+}
+"""The commands that read or delete, as they would run against the application's store."""
+
+
+@pytest.mark.parametrize("command", sorted(READ_AND_DELETE))
+async def test_every_command_is_bounded_by_the_settings_timeout(command: str, home: Path) -> None:
+    async with frozen_redis_application(home) as (env, proxy):
+        args = [a.format(url=env.settings_url) for a in READ_AND_DELETE[command]]
+        proxy.freeze()
+        try:
+            with pytest.raises(CommandFailed) as failed:
+                await asyncio.to_thread(env.siglo, *args)
+        finally:
+            proxy.cut()
+        assert failed.value.status is not None, f"siglo {command} hung"
+        assert failed.value.status == 1, failed.value
+        assert _timed_out(failed.value.output), failed.value
+        assert failed.value.took < COMMAND_BOUND_S, failed.value
+
+
 # -- completeness -------------------------------------------------------------------------------
 
 API: dict[str, str] = {
@@ -396,6 +553,8 @@ API: dict[str, str] = {
     "Flow.with_migration": "no I/O",
     # the synchronous facade's manager forwards to StorageManager
     "sync.StorageManager.*": "siglo.sync",
+    # siglo.sync.SyncFlow forwards to Flow on the portal's loop
+    "sync.SyncFlow.*": "flow.run (input, durable wait, cached step)",
 }
 """Every public method applications write through: the path of :data:`PATHS` that
 covers it, or why none is needed."""

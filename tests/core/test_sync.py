@@ -197,6 +197,7 @@ FACADES: list[tuple[type[Any], type[Any]]] = [
     (sync.SyncLock, Lock),
     (sync.SyncNonceStore, NonceStore),
     (sync.SyncBackend, siglo.Backend),
+    (sync.SyncFlow, siglo.Flow),
 ]
 ASYNC_NAMES = {"close": "aclose"}
 """A facade method whose async counterpart has another name."""
