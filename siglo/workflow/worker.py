@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from siglo import telemetry
 from siglo.adapter import Capability
 from siglo.errors import InvalidArgumentError, LockNotAcquiredError, WaitRecordClaimError
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
@@ -116,6 +117,7 @@ class Worker:
         # filling every pass. (More than that many foreign due waits still would: run a
         # worker for every flow of a store.)
         due = await self.adapter.list_due_waits(limit=min(self.batch * _LOOK_AHEAD, MAX_PAGE_SIZE))
+        telemetry.note_due_waits(due, self.manager.clock.now_ms())
         fired = 0
         for record in due:
             if fired == self.batch:
@@ -157,6 +159,7 @@ class Worker:
                     summary.stack_id, manager=self.manager, namespace=summary.namespace
                 ):
                     done.runs_recovered += 1
+                    telemetry.note_recovery(summary.workflow_id)
             except LockNotAcquiredError:
                 continue  # alive in some process
             except Exception as exc:
