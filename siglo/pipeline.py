@@ -367,11 +367,17 @@ TRACED_IDEMPOTENCY_CALLS: Final = (
 
 def _traced(base: type[Any], operation: str, prefix: str = "") -> Any:
     untraced = getattr(base, operation)
+    name = prefix + operation
 
     async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return await self.telemetry.call(
-            self.attributes, prefix + operation, untraced, self, *args, **kwargs
-        )
+        # The span's attributes are built once per part and operation, not per call.
+        attributes = self.operation_attributes.get(name)
+        if attributes is None:
+            attributes = self.operation_attributes[name] = {
+                **self.attributes,
+                "db.operation.name": name,
+            }
+        return await self.telemetry.call(attributes, name, untraced, self, *args, **kwargs)
 
     call.__name__ = operation
     call.__doc__ = untraced.__doc__
@@ -384,6 +390,7 @@ class TracedPipelineAdapter(PipelineAdapter):
 
     telemetry: Telemetry
     attributes: dict[str, Any]
+    operation_attributes: dict[str, dict[str, Any]]
 
 
 for _name in TRACED_CALLS:
@@ -428,6 +435,7 @@ def pipeline_adapter(
         assert pipeline.telemetry is not None
         piped.telemetry = pipeline.telemetry
         piped.attributes = attributes or {"db.system.name": adapter.name}
+        piped.operation_attributes = {}
     return piped
 
 
@@ -486,6 +494,7 @@ class TracedPipelineIdempotencyStore(PipelineIdempotencyStore):
 
     telemetry: Telemetry
     attributes: dict[str, Any]
+    operation_attributes: dict[str, dict[str, Any]]
 
 
 for _name in TRACED_IDEMPOTENCY_CALLS:
@@ -514,4 +523,5 @@ def pipeline_parts(
     store = TracedPipelineIdempotencyStore(idempotency, pipeline)
     store.telemetry = pipeline.telemetry
     store.attributes = attributes or {"db.system.name": "unknown"}
+    store.operation_attributes = {}
     return piped, store

@@ -221,8 +221,12 @@ class Telemetry:
         **kwargs: Any,
     ) -> Any:
         """``await fn(*args, **kwargs)`` inside a client span named ``operation``, timed
-        into the duration histogram; a conflict or a timeout is counted."""
-        attrs = {**attributes, "db.operation.name": operation}
+        into the duration histogram; a conflict or a timeout is counted. ``attributes``
+        are the backend's, with ``db.operation.name`` or without (then it is added)."""
+        attrs = attributes if "db.operation.name" in attributes else {
+            **attributes,
+            "db.operation.name": operation,
+        }
         with self.tracer.start_as_current_span(
             operation,
             kind=otel_trace.SpanKind.CLIENT,  # type: ignore[union-attr]

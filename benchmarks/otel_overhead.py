@@ -1,0 +1,165 @@
+"""What siglo[otel] costs on sequential 1 KB saves and loads (docs/observability.md).
+
+``python -m benchmarks.otel_overhead [--backends memory,sqlite,redis,postgres]
+[--rounds 7] [--ops 400]`` times one stack's sequential compare-and-set saves and its
+loads, on each backend, under three conditions built exactly as :func:`siglo.connect`
+builds them (the settings' pipeline in front of the backend's own adapter):
+
+- ``absent``: as if ``opentelemetry-api`` were not installed (siglo's telemetry module
+  sees no API);
+- ``api``: the API installed and no SDK configured (the API's default providers);
+- ``sdk``: the OpenTelemetry SDK recording every span (a batch processor handing them to
+  an exporter that drops them, so the figure is siglo's and the SDK's, not an
+  exporter's network) and every metric (an in-memory reader).
+
+Rounds are interleaved (every condition once per round, the order turning each round)
+and each cell reports the median per-operation time over the rounds, with its range, and
+the ratio of each condition's median to ``absent``'s. Every backend works on private data
+(its isolation factory: own key prefix, schema or file) and removes it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+import siglo
+from benchmarks.payloads import SIZES, make_contexts, now_ms
+from siglo import telemetry
+from siglo.adapter import StorageAdapter
+from siglo.checkpoint import Checkpoint
+from siglo.config import current_settings
+from siglo.pipeline import Pipeline, pipeline_adapter
+from siglo.plugins import get_registry
+
+URLS = {
+    "memory": "memory://",
+    "sqlite": "sqlite:///{tmp}/otel-overhead.db",
+    "redis": os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    "postgres": os.environ.get("SIGLO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+}
+CONDITIONS = ("absent", "api", "sdk")
+
+
+class _Drop(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def _adapter(raw: StorageAdapter, condition: str, url: str, name: str) -> StorageAdapter:
+    settings = current_settings()
+    saved_api = telemetry.otel_trace
+    if condition == "absent":
+        telemetry.otel_trace = None  # type: ignore[assignment]  # as without the API
+    try:
+        pipeline = Pipeline(settings)
+    finally:
+        telemetry.otel_trace = saved_api
+    if condition == "sdk":
+        assert pipeline.telemetry is not None
+    else:
+        assert pipeline.telemetry is None
+    return pipeline_adapter(raw, pipeline, telemetry.db_attributes(name, url))
+
+
+async def _time(adapter: StorageAdapter, stack: str, ops: int, contexts: Any, rev: int) -> tuple[float, float, int]:
+    started = time.perf_counter()
+    for _ in range(ops):
+        rev += 1
+        cp = Checkpoint(stack_id=stack, revision=rev, timestamp=now_ms(), contexts=contexts)
+        await adapter.save_checkpoint(cp, expected_revision=rev - 1)
+    saved = time.perf_counter()
+    for _ in range(ops):
+        await adapter.get_checkpoint(stack)
+    loaded = time.perf_counter()
+    return (saved - started) / ops, (loaded - saved) / ops, rev
+
+
+async def bench(name: str, url: str, rounds: int, ops: int) -> dict[str, dict[str, list[float]]]:
+    spec = get_registry().for_url(url)
+    isolated = spec.load_isolated()
+    contexts = make_contexts(SIZES["1k"])
+    sdk_tracer = TracerProvider()
+    sdk_tracer.add_span_processor(BatchSpanProcessor(_Drop()))
+    sdk_meter = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    results: dict[str, dict[str, list[float]]] = {c: {"save": [], "load": []} for c in CONDITIONS}
+    if isolated is not None:
+        context = isolated(url)
+    else:
+        context = siglo.connect(url)
+    async with context as backend:
+        raw = backend.raw_adapter
+        adapters: dict[str, StorageAdapter] = {}
+        for condition in CONDITIONS:
+            if condition == "sdk":
+                telemetry.use(sdk_tracer, sdk_meter)
+            try:
+                adapters[condition] = _adapter(raw, condition, url, name)
+            finally:
+                telemetry.use()
+        revisions = dict.fromkeys(CONDITIONS, 0)
+        # A warm-up round, not counted: connections, statement caches, the JIT-less
+        # interpreter's first calls.
+        for condition in CONDITIONS:
+            *_, revisions[condition] = await _time(
+                adapters[condition], f"otel-{condition}", ops // 4, contexts, 0
+            )
+        order = list(CONDITIONS)
+        for _ in range(rounds):
+            for condition in order:
+                save, load, revisions[condition] = await _time(
+                    adapters[condition], f"otel-{condition}", ops, contexts, revisions[condition]
+                )
+                results[condition]["save"].append(save)
+                results[condition]["load"].append(load)
+            order.reverse() if _ % 2 == 0 else order.append(order.pop(0))
+    sdk_tracer.shutdown()
+    sdk_meter.shutdown()
+    return results
+
+
+def report(name: str, results: dict[str, dict[str, list[float]]]) -> list[str]:
+    lines = []
+    for op in ("save", "load"):
+        base = statistics.median(results["absent"][op])
+        for condition in CONDITIONS:
+            runs = results[condition][op]
+            med = statistics.median(runs)
+            lines.append(
+                f"| {name} | {op} | {condition} | {med * 1e6:.1f} µs "
+                f"| {min(runs) * 1e6:.1f}–{max(runs) * 1e6:.1f} | {med / base:.3f} |"
+            )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", default="memory,sqlite,redis,postgres")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--ops", type=int, default=400)
+    parser.add_argument("--tmp", default="/tmp")
+    args = parser.parse_args(argv)
+    print("| backend | op | condition | median per op | range over rounds | / absent |")
+    print("|---|---|---|---|---|---|")
+    for name in args.backends.split(","):
+        url = URLS[name].format(tmp=args.tmp)
+        try:
+            results = asyncio.run(bench(name, url, args.rounds, args.ops))
+        except Exception as exc:  # a server that is not there: say so, go on
+            print(f"| {name} | skipped: {type(exc).__name__}: {exc} |")
+            continue
+        print("\n".join(report(name, results)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
