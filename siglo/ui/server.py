@@ -54,6 +54,8 @@ CSRF_COOKIE: Final = "siglo_ui_csrf"
 PAGE_SIZES: Final = (25, 50, 100, 200)
 TEMPLATES: Final = Path(__file__).parent / "templates"
 STYLESHEET: Final = (TEMPLATES / "ui.css").read_text()
+COUNTS_KEPT_MS: Final = 10_000
+"""How long the counts by status of one listing are reused while paging through it."""
 ACTIONS: Final = {"cancel": "Cancel run", "delete": "Delete run", "deliver": "Deliver event"}
 
 
@@ -117,6 +119,7 @@ def create_app(
     env.globals["shown_url"] = mask_credentials(url)
     env.globals["actions"] = ACTIONS
     state: dict[str, Any] = {}
+    count_cache: dict[tuple[Any, ...], tuple[dict[str, int], bool, int]] = {}
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -189,7 +192,9 @@ def create_app(
                     return redirect
             response = await call_next(request)
             response.headers["X-Frame-Options"] = "DENY"
-            response.headers["Referrer-Policy"] = "no-referrer"
+            # same-origin, not no-referrer: under no-referrer a browser sends its form
+            # posts with "Origin: null", which the origin check must refuse.
+            response.headers["Referrer-Policy"] = "same-origin"
             response.headers["Content-Security-Policy"] = (
                 "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
                 "frame-ancestors 'none'"
@@ -221,6 +226,19 @@ def create_app(
             updated_before=_parse_time(q.get("before"), "updated before"),
         )
 
+    async def counted(filters: data.RunFilter) -> tuple[dict[str, int], bool, int]:
+        # Counting pages through every matching run: paging on through one listing
+        # reuses the counts of its first page for a few seconds instead of recounting.
+        now = system_clock.now_ms()
+        key = (filters.namespace, filters.workflow_id, filters.updated_after, filters.updated_before)
+        kept = count_cache.get(key)
+        if kept is not None and now - kept[2] < COUNTS_KEPT_MS:
+            return kept
+        counts, capped = await data.status_counts(adapter(), filters)
+        count_cache.clear()  # one listing at a time is kept: bounded memory
+        count_cache[key] = (counts, capped, now)
+        return counts, capped, now
+
     async def runs(request: Request) -> Response:
         q = request.query_params
         try:
@@ -231,7 +249,7 @@ def create_app(
             page = await data.runs_page(
                 adapter(), filters, limit=limit, cursor=q.get("cursor") or None
             )
-            counts, capped = await data.status_counts(adapter(), filters)
+            counts, capped, counted_at = await counted(filters)
         except (InvalidArgumentError, ValueError) as exc:
             return refuse(request, 400, str(exc))
         kept = [(k, v) for k, v in q.multi_items() if k not in {"cursor", "page"}]
@@ -249,6 +267,7 @@ def create_app(
                 "page": page,
                 "counts": counts,
                 "capped": capped,
+                "counted_at": counted_at,
                 "total": sum(counts.values()),
                 "filters": filters,
                 "q": q,
@@ -336,6 +355,7 @@ def create_app(
                 message = await do(manager, stack_id, namespace, revision)
         except SigloError as exc:
             return refuse(request, 409, str(exc))
+        count_cache.clear()  # the counts changed
         back = run_url(stack_id, namespace) if stack_id and action != "delete" else "/runs"
         return render(
             request, "message.html", {"title": "Done", "message": message, "back": back}

@@ -39,10 +39,20 @@ ORDERS = flow(
 )
 
 
-async def seed(backend: siglo.Backend, settings: siglo.Settings, *, bulk: int = 0) -> None:
+async def _remind(_: Any) -> Any:
+    return await wait_for_event("remind:r-1", timeout_ms=1)
+
+
+REMINDERS = flow(Step.create("remind", _remind), name="reminders")
+
+
+async def seed(
+    backend: siglo.Backend, settings: siglo.Settings, *, bulk: int = 0, overdue: bool = False
+) -> None:
     """Real runs of :data:`ORDERS` in :data:`NAMESPACE` (``order-1`` and ``order-2``
     waiting, ``order-3`` completed), and ``bulk`` checkpoints ``bulk-00000`` … spread
-    over the statuses and two workflows, without a namespace."""
+    over the statuses and two workflows, without a namespace; with ``overdue``, the run
+    ``reminder-1`` waiting on a wait past its deadline."""
     manager = StorageManager(backend, settings=settings)
     for n in range(1, 4):
         try:
@@ -50,6 +60,11 @@ async def seed(backend: siglo.Backend, settings: siglo.Settings, *, bulk: int = 
         except WorkflowSuspended:
             pass
     await ORDERS.deliver("approve:o-3", {"by": "ops"}, manager=manager, namespace=NAMESPACE)
+    if overdue:
+        try:  # a wait whose deadline passes at once: overdue until a worker fires it
+            await REMINDERS.run(None, manager=manager, stack_id="reminder-1")
+        except WorkflowSuspended:
+            pass
     adapter = backend.adapter
     now = 1_780_000_000_000
     batch: list[Checkpoint] = []
