@@ -58,13 +58,14 @@ class _Drop(SpanExporter):
 
 def _adapter(raw: StorageAdapter, condition: str, url: str, name: str) -> StorageAdapter:
     settings = current_settings()
-    saved_api = telemetry.otel_trace
+    module = vars(telemetry)
+    saved_api = module["otel_trace"]
     if condition == "absent":
-        telemetry.otel_trace = None  # type: ignore[assignment]  # as without the API
+        module["otel_trace"] = None  # what siglo.telemetry holds without the API
     try:
         pipeline = Pipeline(settings)
     finally:
-        telemetry.otel_trace = saved_api
+        module["otel_trace"] = saved_api
     if condition == "sdk":
         assert pipeline.telemetry is not None
     else:
@@ -72,7 +73,9 @@ def _adapter(raw: StorageAdapter, condition: str, url: str, name: str) -> Storag
     return pipeline_adapter(raw, pipeline, telemetry.db_attributes(name, url))
 
 
-async def _time(adapter: StorageAdapter, stack: str, ops: int, contexts: Any, rev: int) -> tuple[float, float, int]:
+async def _time(
+    adapter: StorageAdapter, stack: str, ops: int, contexts: Any, rev: int
+) -> tuple[float, float, int]:
     started = time.perf_counter()
     for _ in range(ops):
         rev += 1
@@ -93,10 +96,7 @@ async def bench(name: str, url: str, rounds: int, ops: int) -> dict[str, dict[st
     sdk_tracer.add_span_processor(BatchSpanProcessor(_Drop()))
     sdk_meter = MeterProvider(metric_readers=[InMemoryMetricReader()])
     results: dict[str, dict[str, list[float]]] = {c: {"save": [], "load": []} for c in CONDITIONS}
-    if isolated is not None:
-        context = isolated(url)
-    else:
-        context = siglo.connect(url)
+    context = isolated(url) if isolated is not None else siglo.connect(url)
     async with context as backend:
         raw = backend.raw_adapter
         adapters: dict[str, StorageAdapter] = {}

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import time
 import weakref
-from contextvars import ContextVar
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
@@ -75,9 +75,13 @@ def use(tracer_provider: Any = None, meter_provider: Any = None) -> None:
     neither goes back to the global providers). For tests, and for applications that keep
     siglo's telemetry apart; backends connected afterwards pick it up."""
     global _override
-    _override = None if tracer_provider is None and meter_provider is None else (
-        tracer_provider,
-        meter_provider,
+    _override = (
+        None
+        if tracer_provider is None and meter_provider is None
+        else (
+            tracer_provider,
+            meter_provider,
+        )
     )
     _cache.clear()
 
@@ -160,10 +164,9 @@ class Telemetry:
     """siglo's tracer and instruments on one pair of providers."""
 
     def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
-        assert otel_trace is not None and otel_metrics is not None
-        self.tracer = otel_trace.get_tracer(
-            INSTRUMENTATION_NAME, tracer_provider=tracer_provider
-        )
+        assert otel_trace is not None
+        assert otel_metrics is not None
+        self.tracer = otel_trace.get_tracer(INSTRUMENTATION_NAME, tracer_provider=tracer_provider)
         meter = otel_metrics.get_meter(INSTRUMENTATION_NAME, meter_provider=meter_provider)
         self.duration = meter.create_histogram(
             "db.client.operation.duration",
@@ -223,13 +226,17 @@ class Telemetry:
         """``await fn(*args, **kwargs)`` inside a client span named ``operation``, timed
         into the duration histogram; a conflict or a timeout is counted. ``attributes``
         are the backend's, with ``db.operation.name`` or without (then it is added)."""
-        attrs = attributes if "db.operation.name" in attributes else {
-            **attributes,
-            "db.operation.name": operation,
-        }
+        attrs = (
+            attributes
+            if "db.operation.name" in attributes
+            else {
+                **attributes,
+                "db.operation.name": operation,
+            }
+        )
         with self.tracer.start_as_current_span(
             operation,
-            kind=otel_trace.SpanKind.CLIENT,  # type: ignore[union-attr]
+            kind=otel_trace.SpanKind.CLIENT,
             attributes=attrs,
             record_exception=True,
             set_status_on_exception=True,
@@ -260,7 +267,7 @@ class Telemetry:
         if links_from:
             linked = _span_context(links_from)
             if linked is not None:
-                links.append(otel_trace.Link(linked, {"siglo.link": "suspended_by"}))  # type: ignore[union-attr]
+                links.append(otel_trace.Link(linked, {"siglo.link": "suspended_by"}))
         with self.tracer.start_as_current_span(
             name, attributes=dict(attributes), links=links
         ) as span:
@@ -269,7 +276,8 @@ class Telemetry:
     def traceparent(self) -> str | None:
         """The W3C ``traceparent`` of the current workflow run's span (else of the current
         span; ``None`` outside a recording one)."""
-        assert TraceContextTextMapPropagator is not None and otel_trace is not None
+        assert TraceContextTextMapPropagator is not None
+        assert otel_trace is not None
         carrier: dict[str, str] = {}
         run = _run_span.get()
         context = None if run is None else otel_trace.set_span_in_context(run)
@@ -284,7 +292,8 @@ class Telemetry:
 
 
 def _span_context(traceparent: str) -> Any:
-    assert TraceContextTextMapPropagator is not None and otel_trace is not None
+    assert TraceContextTextMapPropagator is not None
+    assert otel_trace is not None
     context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
     span_context = otel_trace.get_current_span(context).get_span_context()
     return span_context if span_context.is_valid else None

@@ -175,9 +175,7 @@ def create_app(
                     or (bearer[7:] if bearer.lower().startswith("bearer ") else None)
                     or request.cookies.get(TOKEN_COOKIE)
                 )
-                if presented is None or not hmac.compare_digest(
-                    presented.encode(), token.encode()
-                ):
+                if presented is None or not hmac.compare_digest(presented.encode(), token.encode()):
                     return PlainTextResponse(
                         "siglo ui needs its token: open the URL `siglo ui` printed "
                         "(…?token=…), or send Authorization: Bearer <token>",
@@ -230,7 +228,12 @@ def create_app(
         # Counting pages through every matching run: paging on through one listing
         # reuses the counts of its first page for a few seconds instead of recounting.
         now = system_clock.now_ms()
-        key = (filters.namespace, filters.workflow_id, filters.updated_after, filters.updated_before)
+        key = (
+            filters.namespace,
+            filters.workflow_id,
+            filters.updated_after,
+            filters.updated_before,
+        )
         kept = count_cache.get(key)
         if kept is not None and now - kept[2] < COUNTS_KEPT_MS:
             return kept
@@ -277,8 +280,10 @@ def create_app(
                 "page_number": page_number,
                 "next_url": next_url,
                 "first_url": first_url,
-                "status_url": lambda status: "/runs?"
-                + urlencode([(k, v) for k, v in kept if k != "status"] + [("status", status)]),
+                "status_url": lambda status: (
+                    "/runs?"
+                    + urlencode([(k, v) for k, v in kept if k != "status"] + [("status", status)])
+                ),
             },
         )
 
@@ -357,9 +362,7 @@ def create_app(
             return refuse(request, 409, str(exc))
         count_cache.clear()  # the counts changed
         back = run_url(stack_id, namespace) if stack_id and action != "delete" else "/runs"
-        return render(
-            request, "message.html", {"title": "Done", "message": message, "back": back}
-        )
+        return render(request, "message.html", {"title": "Done", "message": message, "back": back})
 
     async def home(_: Request) -> Response:
         return RedirectResponse("/runs", 302)

@@ -365,7 +365,11 @@ class Flow:
         return await self._execute(manager, stack, unlock=unlock)
 
     def _attributes(self, run_id: str, namespace: str | None) -> dict[str, Any]:
-        return {"siglo.workflow.name": self.name, "siglo.run.id": run_id, "siglo.namespace": namespace}
+        return {
+            "siglo.workflow.name": self.name,
+            "siglo.run.id": run_id,
+            "siglo.namespace": namespace,
+        }
 
     def _last_output(self, stack: ExecutionStack) -> Any:
         value = stack.metadata.get("input")

@@ -303,7 +303,7 @@ async def _ui_deliver(env: Env, ident: str) -> None:
             page = (await client.get("/confirm/deliver", params=query)).text
             found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
             assert found is not None
-            payload = '{"%s": "%s", "nested": [{"%s": "%s"}]}' % (FIELD, SECRET, FIELD, SECRET)
+            payload = f'{{"{FIELD}": "{SECRET}", "nested": [{{"{FIELD}": "{SECRET}"}}]}}'
             done = await client.post(
                 "/actions/deliver", data={**query, "payload": payload, "csrf": found.group(1)}
             )

@@ -93,13 +93,14 @@ async def test_deliver_cancel_and_delete_are_confirmed_csrf_checked_and_stored(
 ) -> None:
     async with dashboard(store.url) as client:
         confirm = await client.get(
-            "/confirm/deliver", params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"}
+            "/confirm/deliver",
+            params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"},
         )
         form = {
             "id": "order-1",
             "namespace": NAMESPACE,
             "key": "approve:o-1",
-            "payload": '{"by": "ui", "card": "%s"}' % SECRET,
+            "payload": f'{{"by": "ui", "card": "{SECRET}"}}',
         }
         # No token, a stale token, another origin: refused, nothing delivered.
         assert (await client.post("/actions/deliver", data=form)).status_code == 403

@@ -63,34 +63,48 @@ def shots(tmp_path: Path) -> Path:
     return path
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True  # up (a token refuses)
+    except OSError:
+        return False
+
+
 @asynccontextmanager
 async def serve(url: str, *args: str) -> AsyncIterator[str]:
     """``siglo ui URL`` in its own process, as a user starts it; its base URL."""
     port = free_port(30700, 30800)
     env = {**os.environ, "SIGLO_REDACT_FIELDS": FIELD}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "siglo", "ui", url, "--port", str(port), *args],
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "siglo",
+        "ui",
+        url,
+        "--port",
+        str(port),
+        *args,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/ui.css", timeout=2):  # noqa: S310 (loopback)
-                    break
-            except urllib.error.HTTPError:
-                break  # up (a token refuses)
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(process.communicate()[1].decode()) from None
-                await asyncio.sleep(0.1)
+        while not await asyncio.to_thread(_answers, f"{base}/ui.css"):
+            if process.returncode is not None or time.monotonic() > deadline:
+                process.kill()
+                assert process.stderr is not None
+                raise AssertionError((await process.stderr.read()).decode())
+            await asyncio.sleep(0.1)
         yield base
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        if process.returncode is None:
+            process.terminate()
+        await asyncio.wait_for(process.wait(), 10)
 
 
 @asynccontextmanager
@@ -148,7 +162,7 @@ async def test_pages_filters_a_run_and_an_action(
         navigate(browser, By.ID, "deliver")
         payload = browser.find_element(By.ID, "payload")
         payload.clear()
-        payload.send_keys('{"by": "browser", "card": "%s"}' % SECRET)
+        payload.send_keys(f'{{"by": "browser", "card": "{SECRET}"}}')
         if kind == "sqlite":
             browser.save_screenshot(str(shots / "ui-confirm.png"))
         navigate(browser, By.ID, "confirm-button")

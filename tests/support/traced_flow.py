@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
@@ -37,10 +38,15 @@ async def ship(approved: Any) -> str:
     return f"shipped {approved['order']}"
 
 
-FLOW = flow(Step.create("reserve", reserve), Step.create("approve", approve), Step.create("ship", ship), name="orders")
+FLOW = flow(
+    Step.create("reserve", reserve),
+    Step.create("approve", approve),
+    Step.create("ship", ship),
+    name="orders",
+)
 
 
-async def main(url: str, out: str, part: str) -> None:
+async def main(url: str, part: str) -> dict[str, Any]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -74,9 +80,9 @@ async def main(url: str, out: str, part: str) -> None:
         }
         for s in exporter.get_finished_spans()
     ]
-    with open(out, "w") as f:
-        json.dump({"result": result, "spans": spans}, f)
+    return {"result": result, "spans": spans}
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    url, out, part = sys.argv[1:4]
+    Path(out).write_text(json.dumps(asyncio.run(main(url, part))))

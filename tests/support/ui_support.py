@@ -8,6 +8,7 @@ ones) and ``bulk`` plain checkpoints for the paging tests, in batches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Final
 
 import siglo
@@ -34,7 +35,9 @@ async def _ship(approved: Any) -> str:
 
 
 ORDERS = flow(
-    Step.create("take", _take), Step.create("approve", _approve), Step.create("ship", _ship),
+    Step.create("take", _take),
+    Step.create("approve", _approve),
+    Step.create("ship", _ship),
     name="orders",
 )
 
@@ -55,16 +58,13 @@ async def seed(
     ``reminder-1`` waiting on a wait past its deadline."""
     manager = StorageManager(backend, settings=settings)
     for n in range(1, 4):
-        try:
+        with contextlib.suppress(WorkflowSuspended):
             await ORDERS.run(f"o-{n}", manager=manager, stack_id=f"order-{n}", namespace=NAMESPACE)
-        except WorkflowSuspended:
-            pass
     await ORDERS.deliver("approve:o-3", {"by": "ops"}, manager=manager, namespace=NAMESPACE)
     if overdue:
-        try:  # a wait whose deadline passes at once: overdue until a worker fires it
+        # A wait whose deadline passes at once: overdue until a worker fires it.
+        with contextlib.suppress(WorkflowSuspended):
             await REMINDERS.run(None, manager=manager, stack_id="reminder-1")
-        except WorkflowSuspended:
-            pass
     adapter = backend.adapter
     now = 1_780_000_000_000
     batch: list[Checkpoint] = []
