@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.otel_overhead [--backends memory,sqlite,redis,postgres]
 [--rounds 7] [--ops 400]`` times one stack's sequential compare-and-set saves and its
-loads, on each backend, under three conditions built exactly as :func:`siglo.connect`
+loads (1 KB), and runs of a three-step flow (``flow``: its run and step spans, and its
+checkpoints), on each backend, under three conditions built exactly as :func:`siglo.connect`
 builds them (the settings' pipeline in front of the backend's own adapter):
 
 - ``absent``: as if ``opentelemetry-api`` were not installed (siglo's telemetry module
@@ -25,7 +26,8 @@ import asyncio
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -88,6 +90,44 @@ async def _time(
     return (saved - started) / ops, (loaded - saved) / ops, rev
 
 
+async def _step(value: Any) -> Any:
+    return {"seen": value}
+
+
+FLOW = siglo.flow(
+    siglo.Step.create("a", _step),
+    siglo.Step.create("b", _step),
+    siglo.Step.create("c", _step),
+    name="otel-overhead",
+)
+
+
+@contextmanager
+def _condition(condition: str, sdk: tuple[Any, Any]) -> Iterator[None]:
+    """While a flow runs: the workflow spans see what they would see under ``condition``."""
+    module = vars(telemetry)
+    saved_api = module["otel_trace"]
+    if condition == "absent":
+        module["otel_trace"] = None
+    elif condition == "sdk":
+        telemetry.use(*sdk)
+    try:
+        yield
+    finally:
+        module["otel_trace"] = saved_api
+        telemetry.use()
+
+
+async def _time_flows(
+    manager: siglo.StorageManager, prefix: str, runs: int, first: int, condition: str, sdk: Any
+) -> float:
+    with _condition(condition, sdk):
+        started = time.perf_counter()
+        for n in range(first, first + runs):
+            await FLOW.run(n, manager=manager, stack_id=f"{prefix}-{n}")
+        return (time.perf_counter() - started) / runs
+
+
 async def bench(name: str, url: str, rounds: int, ops: int) -> dict[str, dict[str, list[float]]]:
     spec = get_registry().for_url(url)
     isolated = spec.load_isolated()
@@ -95,7 +135,9 @@ async def bench(name: str, url: str, rounds: int, ops: int) -> dict[str, dict[st
     sdk_tracer = TracerProvider()
     sdk_tracer.add_span_processor(BatchSpanProcessor(_Drop()))
     sdk_meter = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    results: dict[str, dict[str, list[float]]] = {c: {"save": [], "load": []} for c in CONDITIONS}
+    results: dict[str, dict[str, list[float]]] = {
+        c: {"save": [], "load": [], "flow": []} for c in CONDITIONS
+    }
     context = isolated(url) if isolated is not None else siglo.connect(url)
     async with context as backend:
         raw = backend.raw_adapter
@@ -107,6 +149,9 @@ async def bench(name: str, url: str, rounds: int, ops: int) -> dict[str, dict[st
                 adapters[condition] = _adapter(raw, condition, url, name)
             finally:
                 telemetry.use()
+        managers = {c: siglo.StorageManager(adapters[c]) for c in CONDITIONS}
+        flows = max(1, ops // 8)
+        started_flows = dict.fromkeys(CONDITIONS, 0)
         revisions = dict.fromkeys(CONDITIONS, 0)
         # A warm-up round, not counted: connections, statement caches, the JIT-less
         # interpreter's first calls.
@@ -122,6 +167,17 @@ async def bench(name: str, url: str, rounds: int, ops: int) -> dict[str, dict[st
                 )
                 results[condition]["save"].append(save)
                 results[condition]["load"].append(load)
+                results[condition]["flow"].append(
+                    await _time_flows(
+                        managers[condition],
+                        f"flow-{condition}",
+                        flows,
+                        started_flows[condition],
+                        condition,
+                        (sdk_tracer, sdk_meter),
+                    )
+                )
+                started_flows[condition] += flows
             order.reverse() if _ % 2 == 0 else order.append(order.pop(0))
     sdk_tracer.shutdown()
     sdk_meter.shutdown()
@@ -130,7 +186,7 @@ async def bench(name: str, url: str, rounds: int, ops: int) -> dict[str, dict[st
 
 def report(name: str, results: dict[str, dict[str, list[float]]]) -> list[str]:
     lines = []
-    for op in ("save", "load"):
+    for op in ("save", "load", "flow"):
         base = statistics.median(results["absent"][op])
         for condition in CONDITIONS:
             runs = results[condition][op]

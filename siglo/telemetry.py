@@ -21,10 +21,11 @@ attribute.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
@@ -35,10 +36,12 @@ from siglo.records import WaitRecord
 try:  # the optional API (siglo[otel]); siglo works the same without it
     from opentelemetry import metrics as otel_metrics
     from opentelemetry import trace as otel_trace
+    from opentelemetry.metrics import _internal as _otel_metrics_internal
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised by the overhead benchmark's "absent" cell
     otel_metrics = None  # type: ignore[assignment]
     otel_trace = None  # type: ignore[assignment]
+    _otel_metrics_internal = None  # type: ignore[assignment]
     TraceContextTextMapPropagator = None  # type: ignore[assignment,misc]
 
 __all__ = [
@@ -59,6 +62,13 @@ so the run that resumes it (in any process) links to it."""
 
 # The OTel names of the backends siglo ships; any other backend reports its own name.
 _DB_SYSTEMS: Final = {"postgres": "postgresql", "sqlite": "sqlite", "redis": "redis"}
+
+_PROVIDER_VARIABLES: Final = frozenset(
+    {"OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER"}
+)
+
+# Read once: they are set before a process starts (auto-instrumentation), not in it.
+_PROVIDERS_FROM_ENVIRONMENT: Final = any(name in os.environ for name in _PROVIDER_VARIABLES)
 
 _override: tuple[Any, Any] | None = None
 _cache: dict[tuple[int, int], Telemetry] = {}
@@ -97,6 +107,18 @@ def _is_sdk(provider: Any) -> bool:
     }
 
 
+def _nothing_set() -> bool:
+    # The fast answer for the common case, no SDK (a workflow step asks once per step):
+    # the API keeps its global providers in these module variables until an SDK sets
+    # them (in code, or through the OTEL_PYTHON_*_PROVIDER variables, which the public
+    # getters read). Any other API layout takes the public getters.
+    if _PROVIDERS_FROM_ENVIRONMENT:
+        return False
+    tracer = getattr(otel_trace, "_TRACER_PROVIDER", False)
+    meter = getattr(_otel_metrics_internal, "_METER_PROVIDER", False)
+    return tracer is None and meter is None
+
+
 def current() -> Telemetry | None:
     """The telemetry siglo reports to now, or ``None`` when no SDK listens (or the API is
     not installed)."""
@@ -105,6 +127,8 @@ def current() -> Telemetry | None:
     if _override is not None:
         tracer_provider, meter_provider = _override
     else:
+        if _nothing_set():
+            return None
         tracer_provider = otel_trace.get_tracer_provider()
         meter_provider = otel_metrics.get_meter_provider()
     if not _is_sdk(tracer_provider) and not _is_sdk(meter_provider):
@@ -234,28 +258,32 @@ class Telemetry:
                 "db.operation.name": operation,
             }
         )
-        with self.tracer.start_as_current_span(
-            operation,
-            kind=otel_trace.SpanKind.CLIENT,
-            attributes=attrs,
-            record_exception=True,
-            set_status_on_exception=True,
-        ) as span:
-            started = time.perf_counter()
-            try:
-                result = await fn(*args, **kwargs)
-            except BaseException as exc:
-                kind = type(exc).__qualname__
-                span.set_attribute("error.type", kind)
-                failed = {**attrs, "error.type": kind}
-                self.duration.record(time.perf_counter() - started, failed)
-                if isinstance(exc, CheckpointConflictError):
-                    self.conflicts.add(1, attrs)
-                elif _timed_out(exc):
-                    self.timeouts.add(1, attrs)
-                raise
-            self.duration.record(time.perf_counter() - started, attrs)
-            return result
+        failed: dict[str, Any] | None = None
+        started = time.perf_counter()
+        try:
+            with self.tracer.start_as_current_span(
+                operation,
+                kind=otel_trace.SpanKind.CLIENT,
+                attributes=attrs,
+                record_exception=True,
+                set_status_on_exception=True,
+            ) as span:
+                try:
+                    return await fn(*args, **kwargs)
+                except BaseException as exc:
+                    kind = type(exc).__qualname__
+                    span.set_attribute("error.type", kind)
+                    failed = {**attrs, "error.type": kind}
+                    if isinstance(exc, CheckpointConflictError):
+                        self.conflicts.add(1, attrs)
+                    elif _timed_out(exc):
+                        self.timeouts.add(1, attrs)
+                    raise
+        finally:
+            # Recorded after the span has ended: inside it the SDK also offers each
+            # measurement to the exemplar reservoir (measured: a call went from 95 to
+            # 79 µs with an SDK on a loaded 2-core machine, against 39 µs for a bare span).
+            self.duration.record(time.perf_counter() - started, failed or attrs)
 
     @contextmanager
     def span(
@@ -313,16 +341,26 @@ def note_retry(kind: str) -> None:
         telemetry.retried(kind)
 
 
-@contextmanager
-def workflow_span(name: str, attributes: Mapping[str, Any], *, run: bool = False) -> Iterator[None]:
+def workflow_span(
+    name: str, attributes: Mapping[str, Any], *, run: bool = False
+) -> AbstractContextManager[None]:
     """A workflow run's (``run``) or step's span when anything listens; nothing otherwise.
 
     A run's span is the one :func:`link_to_suspender` links, whichever storage call's span
     is current when the checkpoint is read."""
     telemetry = current()
     if telemetry is None:
-        yield
-        return
+        return _NOTHING  # one shared, reusable no-op: no generator per step
+    return _workflow_span(telemetry, name, attributes, run)
+
+
+_NOTHING: Final = nullcontext()
+
+
+@contextmanager
+def _workflow_span(
+    telemetry: Telemetry, name: str, attributes: Mapping[str, Any], run: bool
+) -> Iterator[None]:
     with telemetry.span(name, {k: v for k, v in attributes.items() if v is not None}) as span:
         if not run:
             yield
