@@ -60,7 +60,7 @@ def ui(url: str | None, host: str, port: int, token: str | None) -> None:
     except ImportError as exc:
         raise CliError(
             f"siglo ui needs its extra ({exc.name} is not installed)",
-            "pip install 'siglo[ui]'",
+            "pip install 'siglo[ui]>=0.1,<1'",
         ) from exc
     app, target, token = build_app(url, host, token)
     loopback = is_loopback(host)
