@@ -227,6 +227,11 @@ class Telemetry:
             unit="s",
             description="How long past its deadline a due wait was when a worker found it.",
         )
+        self.step_cache = meter.create_counter(
+            "siglo.step.cache",
+            unit="{lookup}",
+            description="Step cache look-ups of workflow steps, by result (hit, miss).",
+        )
         self.recoveries = meter.create_counter(
             "siglo.worker.recoveries",
             unit="{run}",
@@ -407,3 +412,15 @@ def note_recovery(workflow_id: str | None) -> None:
     telemetry = current()
     if telemetry is not None:
         telemetry.recoveries.add(1, {"siglo.workflow.name": workflow_id or ""})
+
+
+def note_step_cache(result: str) -> None:
+    """Count a step's cache look-up (``hit`` / ``miss``) and mark the step's span, if
+    anything listens."""
+    telemetry = current()
+    if telemetry is None:
+        return
+    telemetry.step_cache.add(1, {"siglo.step.cache": result})
+    span = otel_trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute("siglo.step.cache", result)

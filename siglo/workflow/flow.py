@@ -478,6 +478,7 @@ class Flow:
         if cache is not None and key is not None:
             cached = await (ahead.lookup if ahead is not None else cache.get_cached_step(key))
             kind = "miss" if cached is MISSING else "hit"
+            telemetry.note_step_cache(kind)
             await self._cache_event(manager, kind, key, stack, step)
             if cached is not MISSING:
                 return cached, None

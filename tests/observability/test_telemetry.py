@@ -13,6 +13,7 @@ import siglo
 from siglo import StorageManager, telemetry
 from siglo.errors import CheckpointConflictError
 from siglo.pipeline import PipelineAdapter, TracedPipelineAdapter
+from siglo.workflow import Worker
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
@@ -144,3 +145,56 @@ async def test_background_saves_show_in_the_queue_depth_gauge(sdk: Sdk) -> None:
         await manager.flush()
     depth = sdk.metrics()["siglo.background.queue_depth"]
     assert sum(p.value for p in depth) == 0
+
+
+async def test_the_worker_counts_due_waits_their_lateness_and_recoveries(sdk: Sdk) -> None:
+    clock = siglo.ManualClock(1_000_000)
+
+    async def remind(_: Any) -> Any:
+        try:
+            return await siglo.wait_for_event("remind:1", timeout_ms=1_000)
+        except siglo.WaitTimeoutError:
+            return "timed out"
+
+    async def noop(value: Any) -> Any:
+        return value
+
+    reminders = siglo.flow(siglo.Step.create("remind", remind), name="reminders")
+    jobs = siglo.flow(siglo.Step.create("noop", noop), name="jobs")
+    async with siglo.connect("memory://", clock=clock) as backend:
+        manager = StorageManager(backend, clock=clock)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await reminders.run(None, manager=manager, stack_id="r-1")
+        # A run left running by a process that died (its lock is free).
+        crashed = manager.create_stack(
+            "j-1", workflow_id="jobs", metadata={"flowVersion": jobs.version}
+        )
+        await manager.save(crashed, expected_revision=0)
+        manager.discard_stack(crashed)
+        clock.advance(3_500)  # 2.5 s past the deadline
+        done = await Worker(manager, [reminders, jobs]).run_once()
+        assert (done.timers_fired, done.runs_recovered) == (1, 1)
+    metrics = sdk.metrics()
+    assert [p.value for p in metrics["siglo.waits.due"]] == [1]
+    (lateness,) = metrics["siglo.wait.lateness"]
+    assert (lateness.count, lateness.sum) == (1, 2.5)
+    (recoveries,) = metrics["siglo.worker.recoveries"]
+    assert recoveries.value == 1
+    assert recoveries.attributes == {"siglo.workflow.name": "jobs"}
+
+
+async def test_a_step_cache_hit_is_counted_and_marked_on_the_step(sdk: Sdk) -> None:
+    async def price(order: Any) -> int:
+        return 42
+
+    pricing = siglo.flow(
+        siglo.Step.create("price", price).cache(ttl_ms=60_000, key=lambda _: "p"), name="pricing"
+    )
+    async with siglo.connect("memory://") as backend:
+        manager = StorageManager(backend)
+        await pricing.run("a", manager=manager, stack_id="p-1")
+        await pricing.run("a", manager=manager, stack_id="p-2")
+    steps = [s for s in sdk.spans.get_finished_spans() if s.name == "step price"]
+    assert [dict(s.attributes or {}).get("siglo.step.cache") for s in steps] == ["miss", "hit"]
+    counted = {p.attributes["siglo.step.cache"]: p.value for p in sdk.metrics()["siglo.step.cache"]}
+    assert counted == {"miss": 1, "hit": 1}
