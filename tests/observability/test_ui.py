@@ -187,3 +187,39 @@ async def test_a_url_password_is_never_shown() -> None:
                 page = (await client.get(path)).text
                 assert "hunter2-pw" not in page
                 assert "***" in page
+
+
+async def test_a_value_stored_before_its_field_was_redacted_is_not_shown(
+    store: siglo.Backend,
+) -> None:
+    unredacted = siglo.Settings()
+    async with siglo.connect(store.url, settings=unredacted) as backend:
+        manager = siglo.StorageManager(backend, settings=unredacted)
+        stack = manager.create_stack("legacy-1", metadata={"note": {FIELD: SECRET}})
+        stack.set("pay", FIELD, SECRET)
+        await manager.save(stack, expected_revision=0)
+        stored = await backend.raw_adapter.get_checkpoint("legacy-1")
+        assert stored is not None and stored.contexts["pay"][FIELD] == SECRET
+    async with dashboard(store.url) as client:
+        page = await client.get("/run", params={"id": "legacy-1"})
+        assert page.status_code == 200
+        assert SECRET not in page.text
+        assert page.text.count("[REDACTED]") >= 2  # the context, the metadata (the stream)
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+def test_any_bind_beyond_loopback_needs_a_token_and_generate_makes_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from siglo.cli.errors import CliError
+    from siglo.cli.ui import TOKEN_ENV, build_app
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(CliError, match="a token is required"):
+        build_app("memory://", "0.0.0.0", None)
+    _, url, token = build_app("memory://", "0.0.0.0", "generate")
+    assert url == "memory://" and token is not None and len(token) >= 32
+    monkeypatch.setenv(TOKEN_ENV, "from-the-environment")
+    assert build_app("memory://", "192.0.2.7", None)[2] == "from-the-environment"
+    assert build_app("memory://", "127.0.0.1", None)[2] == "from-the-environment"
