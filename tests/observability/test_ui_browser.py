@@ -172,13 +172,30 @@ async def test_pages_filters_a_run_and_an_action(
         assert text(browser, "#status") == "running"
         assert SECRET not in browser.page_source
 
-        # What needs attention: the overdue reminder, and the bulk runs left running
-        # (no process holds their lock).
-        navigate(browser, By.ID, "nav-attention")
-        assert "remind:r-1" in text(browser, "#overdue")
-        assert int(text(browser, "#n-crashed")) >= 12
-        if kind == "sqlite":
-            browser.save_screenshot(str(shots / "ui-attention.png"))
+        # What needs attention: the overdue reminder, the bulk runs left running (no
+        # process holds their lock), and one whose lock this process holds meanwhile.
+        async with siglo.connect(url, settings=SETTINGS) as holder:
+            holding, release = asyncio.Event(), asyncio.Event()
+
+            async def hold() -> None:
+                holding.set()
+                await release.wait()
+
+            held = asyncio.create_task(holder.adapter.with_workflow_lock("bulk-00003", hold))
+            await holding.wait()
+            try:
+                await asyncio.to_thread(navigate, browser, By.ID, "nav-attention")
+                assert "remind:r-1" in text(browser, "#overdue")
+                assert "bulk-00003" in text(browser, "#held")
+                assert "bulk-00003" not in text(browser, "#crashed")
+                assert int(text(browser, "#n-crashed")) >= 11
+                if kind == "sqlite":
+                    browser.set_window_size(1280, 1400)  # the page's three tables
+                    browser.save_screenshot(str(shots / "ui-attention.png"))
+                    browser.set_window_size(1280, 900)
+            finally:
+                release.set()
+                await held
 
 
 async def test_paging_across_10000_runs(browser: webdriver.Chrome) -> None:
