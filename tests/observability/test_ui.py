@@ -223,3 +223,18 @@ def test_any_bind_beyond_loopback_needs_a_token_and_generate_makes_one(
     monkeypatch.setenv(TOKEN_ENV, "from-the-environment")
     assert build_app("memory://", "192.0.2.7", None)[2] == "from-the-environment"
     assert build_app("memory://", "127.0.0.1", None)[2] == "from-the-environment"
+
+
+async def test_stored_markup_is_shown_as_text(store: siglo.Backend) -> None:
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        stack = manager.create_stack("<script>alert(1)</script>", workflow_id="<i>w</i>")
+        stack.set("<b>step</b>", "note", "<img src=x onerror=alert(2)>")
+        await manager.save(stack, expected_revision=0)
+    async with dashboard(store.url) as client:
+        listing = (await client.get("/runs", params={"workflow": "<i>w</i>"})).text
+        page = (await client.get("/run", params={"id": "<script>alert(1)</script>"})).text
+    for html in (listing, page):
+        assert "<script>alert(1)" not in html and "<i>w</i>" not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<img" not in page and "<b>step" not in page
