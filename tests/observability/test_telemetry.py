@@ -3,15 +3,18 @@ counted conflicts, nothing when no SDK listens (docs/observability.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import siglo
 from siglo import StorageManager, telemetry
-from siglo.errors import CheckpointConflictError
+from siglo.errors import CheckpointConflictError, LockLostError
+from siglo.locking import current_lease
 from siglo.pipeline import PipelineAdapter, TracedPipelineAdapter
 from siglo.workflow import Worker
 
@@ -198,3 +201,25 @@ async def test_a_step_cache_hit_is_counted_and_marked_on_the_step(sdk: Sdk) -> N
     assert [dict(s.attributes or {}).get("siglo.step.cache") for s in steps] == ["miss", "hit"]
     counted = {p.attributes["siglo.step.cache"]: p.value for p in sdk.metrics()["siglo.step.cache"]}
     assert counted == {"miss": 1, "hit": 1}
+
+
+async def test_a_lost_lease_is_counted(sdk: Sdk, tmp_path: Path) -> None:
+    pytest.importorskip("aiosqlite")
+    url = f"sqlite:///{tmp_path / 'lease.db'}"
+    async with siglo.connect(url, workflow_lock_ttl_ms=300) as backend:
+        # The backend's own adapter: the pipeline's class shadows workflow_lock.
+        lock = backend.raw_adapter.workflow_lock
+        assert lock is not None
+
+        async def action() -> None:
+            lease = current_lease()
+            assert lease is not None
+            # Another holder takes the lock from under the action.
+            assert await lock.release(lease.key, lease.token)
+            assert (await lock.acquire(lease.key, 60_000)).acquired
+            await asyncio.sleep(10)
+
+        with pytest.raises(LockLostError):
+            await backend.adapter.with_workflow_lock("s-1", action)
+    (losses,) = sdk.metrics()["siglo.lock.lease_losses"]
+    assert losses.value == 1
