@@ -26,7 +26,7 @@ from siglo.adapter import StorageAdapter
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
-from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore
+from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore, Lock
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.redaction import REDACT_FIELDS_KEY, REDACTED, redact
@@ -142,6 +142,34 @@ class PipelineAdapter(StorageAdapter):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} over {self.inner!r}>"
+
+    # StorageAdapter declares these with class-level defaults, which __getattr__ never
+    # sees past: without these, the pipeline's adapter answered the defaults (no lock,
+    # the default lease) instead of the backend's own.
+
+    @property
+    def workflow_lock(self) -> Lock | None:
+        return self.inner.workflow_lock
+
+    @workflow_lock.setter
+    def workflow_lock(self, lock: Lock | None) -> None:
+        self.inner.workflow_lock = lock
+
+    @property
+    def workflow_lock_ttl_ms(self) -> int:
+        return self.inner.workflow_lock_ttl_ms
+
+    @workflow_lock_ttl_ms.setter
+    def workflow_lock_ttl_ms(self, ttl_ms: int) -> None:
+        self.inner.workflow_lock_ttl_ms = ttl_ms
+
+    @property
+    def workflow_lock_timeout_ms(self) -> int:
+        return self.inner.workflow_lock_timeout_ms
+
+    @workflow_lock_timeout_ms.setter
+    def workflow_lock_timeout_ms(self, timeout_ms: int) -> None:
+        self.inner.workflow_lock_timeout_ms = timeout_ms
 
     # -- what the backend is -------------------------------------------------------------
 

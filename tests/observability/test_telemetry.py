@@ -207,8 +207,7 @@ async def test_a_lost_lease_is_counted(sdk: Sdk, tmp_path: Path) -> None:
     pytest.importorskip("aiosqlite")
     url = f"sqlite:///{tmp_path / 'lease.db'}"
     async with siglo.connect(url, workflow_lock_ttl_ms=300) as backend:
-        # The backend's own adapter: the pipeline's class shadows workflow_lock.
-        lock = backend.raw_adapter.workflow_lock
+        lock = backend.adapter.workflow_lock
         assert lock is not None
 
         async def action() -> None:
