@@ -11,6 +11,7 @@ from siglo.closing import Closable
 from siglo.coordination import IdempotencyStore, Lock, NonceStore
 from siglo.errors import CapabilityNotSupportedError
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
+from siglo.telemetry import db_attributes
 from siglo.urls import mask_credentials
 
 __all__ = ["Backend"]
@@ -54,7 +55,10 @@ class Backend:
     def use_pipeline(self, pipeline: Pipeline) -> None:
         """Store through ``pipeline`` from now on (:func:`siglo.connect` does this with the
         settings' pipeline): the adapter and the idempotency store are put behind it."""
-        self.adapter, self.idempotency = pipeline_parts(self.adapter, self.idempotency, pipeline)
+        attributes = None if pipeline.telemetry is None else db_attributes(self.name, self.url)
+        self.adapter, self.idempotency = pipeline_parts(
+            self.adapter, self.idempotency, pipeline, attributes
+        )
 
     @property
     def raw_adapter(self) -> StorageAdapter:

@@ -6,6 +6,8 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 
+from siglo import telemetry
+
 __all__ = ["SerialJobs"]
 
 Job = Callable[[], Awaitable[None]]
@@ -23,6 +25,13 @@ class SerialJobs:
     def __init__(self) -> None:
         self._tails: dict[str, asyncio.Task[None]] = {}
         self._waiting: list[tuple[str, Job]] = []
+        # Read by the queue-depth gauge when a meter collects (nothing per job).
+        telemetry.register_queue(self)
+
+    def pending(self) -> int:
+        """Jobs submitted and not finished yet (the last of each key, and those waiting
+        for a loop)."""
+        return len(self._tails) + len(self._waiting)
 
     def submit(self, key: str, job: Job) -> None:
         """Queue ``job`` after the previous job of ``key``."""

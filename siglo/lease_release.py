@@ -17,6 +17,7 @@ import asyncio
 import logging
 from typing import Final
 
+from siglo import telemetry
 from siglo.coordination import Lock
 
 __all__ = ["release_lease", "releases_pending"]
@@ -66,6 +67,7 @@ async def _retry(lock: Lock, lock_key: str, token: str, lapses_at: float) -> Non
         if remaining <= 0:
             return
         await asyncio.sleep(min(delay, remaining))
+        telemetry.note_retry("lease_release")
         delay = min(delay * 2, _MAX_RETRY_S)
         try:
             await lock.release(lock_key, token)

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
+from siglo import telemetry
 from siglo.coordination import Lock
 from siglo.errors import LockLostError, LockNotAcquiredError
 from siglo.lease_release import release_lease
@@ -162,7 +163,9 @@ async def run_with_lock(
             # another holder can enter, then report it.
             work.cancel()
             await asyncio.wait({work})
-            raise renewer.lost_error()
+            lost = renewer.lost_error()
+            telemetry.note_lease_lost(lost)
+            raise lost
         return work.result()
     finally:
         keeper.cancel()
@@ -214,6 +217,7 @@ class _Renewer:
                         )
                 except Exception as exc:  # a timeout or a failed call: retry while time is left
                     self.last_error = exc
+                    telemetry.note_retry("lease_renewal")
                     await asyncio.sleep(min(self.ttl_s / 10, max(0.0, remaining)))
                     continue
                 if not renewed:

@@ -19,23 +19,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
+from siglo import telemetry
 from siglo.adapter import StorageAdapter
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
-from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore
+from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore, Lock
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.redaction import REDACT_FIELDS_KEY, REDACTED, redact
 from siglo.sentinel import MISSING, Missing
+from siglo.telemetry import Telemetry
 
 __all__ = [
     "REDACT_FIELDS_KEY",
     "Pipeline",
     "PipelineAdapter",
     "PipelineIdempotencyStore",
+    "TracedPipelineAdapter",
+    "TracedPipelineIdempotencyStore",
     "pipeline_adapter",
     "pipeline_parts",
 ]
@@ -46,15 +50,19 @@ T = TypeVar("T")
 class Pipeline:
     """The stages a payload passes between siglo and a backend, built from settings."""
 
-    __slots__ = ("redact_fields",)
+    __slots__ = ("redact_fields", "telemetry")
 
     def __init__(self, settings: Settings) -> None:
         self.redact_fields = settings.redact_fields
+        # Decided once, here: without an OpenTelemetry SDK there is no tracing stage at
+        # all, so the calls cost what they cost without siglo[otel] (docs/observability.md).
+        self.telemetry = telemetry.current()
 
     @property
     def is_identity(self) -> bool:
-        """Whether every stage passes payloads through unchanged (nothing to wrap)."""
-        return not self.redact_fields
+        """Whether every stage passes payloads through unchanged and nothing is traced
+        (nothing to wrap)."""
+        return not self.redact_fields and self.telemetry is None
 
     # -- toward the backend ----------------------------------------------------------------
 
@@ -134,6 +142,34 @@ class PipelineAdapter(StorageAdapter):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} over {self.inner!r}>"
+
+    # StorageAdapter declares these with class-level defaults, which __getattr__ never
+    # sees past: without these, the pipeline's adapter answered the defaults (no lock,
+    # the default lease) instead of the backend's own.
+
+    @property
+    def workflow_lock(self) -> Lock | None:
+        return self.inner.workflow_lock
+
+    @workflow_lock.setter
+    def workflow_lock(self, lock: Lock | None) -> None:
+        self.inner.workflow_lock = lock
+
+    @property
+    def workflow_lock_ttl_ms(self) -> int:
+        return self.inner.workflow_lock_ttl_ms
+
+    @workflow_lock_ttl_ms.setter
+    def workflow_lock_ttl_ms(self, ttl_ms: int) -> None:
+        self.inner.workflow_lock_ttl_ms = ttl_ms
+
+    @property
+    def workflow_lock_timeout_ms(self) -> int:
+        return self.inner.workflow_lock_timeout_ms
+
+    @workflow_lock_timeout_ms.setter
+    def workflow_lock_timeout_ms(self, timeout_ms: int) -> None:
+        self.inner.workflow_lock_timeout_ms = timeout_ms
 
     # -- what the backend is -------------------------------------------------------------
 
@@ -322,17 +358,83 @@ class PipelineAdapter(StorageAdapter):
         return [r for r in map(self.pipeline.wait_in, due) if r is not None]
 
 
-_CLASSES: dict[type[StorageAdapter], type[PipelineAdapter]] = {}
+# Every storage call the tracing stage puts in a span (all of a backend's contract
+# calls that reach the server; the sync ones decide locally and are left alone).
+TRACED_CALLS: Final = (
+    "on_context_change",
+    "get_context_changes",
+    "save_checkpoint",
+    "save_checkpoint_streamed",
+    "save_checkpoint_unlocking",
+    "get_checkpoint",
+    "clean_expired_checkpoints",
+    "save_wait_record",
+    "get_wait_record",
+    "claim_wait_record",
+    "complete_wait_record",
+    "release_wait_record",
+    "cancel_wait_record",
+    "cancel_workflow",
+    "with_workflow_lock",
+    "get_cached_step",
+    "set_cached_step",
+    "on_cache_event",
+    "list_checkpoints",
+    "delete_checkpoint",
+    "list_due_waits",
+)
+TRACED_IDEMPOTENCY_CALLS: Final = (
+    "claim",
+    "claim_owned",
+    "complete",
+    "fail",
+    "extend",
+    "get_result",
+)
 
 
-def _pipeline_class(inner: type[StorageAdapter]) -> type[PipelineAdapter]:
+def _traced(base: type[Any], operation: str, prefix: str = "") -> Any:
+    untraced = getattr(base, operation)
+    name = prefix + operation
+
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # The span's attributes are built once per part and operation, not per call.
+        attributes = self.operation_attributes.get(name)
+        if attributes is None:
+            attributes = self.operation_attributes[name] = {
+                **self.attributes,
+                "db.operation.name": name,
+            }
+        return await self.telemetry.call(attributes, name, untraced, self, *args, **kwargs)
+
+    call.__name__ = operation
+    call.__doc__ = untraced.__doc__
+    return call
+
+
+class TracedPipelineAdapter(PipelineAdapter):
+    """A :class:`PipelineAdapter` whose every storage call is a span and a timing
+    (:mod:`siglo.telemetry`); what the stages make of the payloads is the same."""
+
+    telemetry: Telemetry
+    attributes: dict[str, Any]
+    operation_attributes: dict[str, dict[str, Any]]
+
+
+for _name in TRACED_CALLS:
+    setattr(TracedPipelineAdapter, _name, _traced(PipelineAdapter, _name))
+
+_CLASSES: dict[tuple[type[StorageAdapter], bool], type[PipelineAdapter]] = {}
+
+
+def _pipeline_class(inner: type[StorageAdapter], traced: bool) -> type[PipelineAdapter]:
     # One class per backend class: what the backend declares about itself (name,
     # capabilities, durability) is declared on the class, as siglo reads it.
-    if inner in _CLASSES:
-        return _CLASSES[inner]
-    made = _CLASSES[inner] = type(
-        f"Pipeline{inner.__name__}",
-        (PipelineAdapter,),
+    if (inner, traced) in _CLASSES:
+        return _CLASSES[inner, traced]
+    made = _CLASSES[inner, traced] = type(
+        f"{'Traced' if traced else ''}Pipeline{inner.__name__}",
+        (TracedPipelineAdapter if traced else PipelineAdapter,),
         {
             "inner_class": inner,
             "name": inner.name,
@@ -344,14 +446,25 @@ def _pipeline_class(inner: type[StorageAdapter]) -> type[PipelineAdapter]:
     return made
 
 
-def pipeline_adapter(adapter: StorageAdapter, pipeline: Pipeline) -> StorageAdapter:
+def pipeline_adapter(
+    adapter: StorageAdapter, pipeline: Pipeline, attributes: dict[str, Any] | None = None
+) -> StorageAdapter:
     """``adapter`` behind ``pipeline`` (``adapter`` itself when the pipeline has nothing to
-    do; an adapter already behind a pipeline is put behind this one instead)."""
+    do; an adapter already behind a pipeline is put behind this one instead).
+    ``attributes``: the backend's span attributes (:func:`siglo.telemetry.db_attributes`)
+    when the pipeline traces."""
     if isinstance(adapter, PipelineAdapter):
         adapter = adapter.inner
     if pipeline.is_identity:
         return adapter
-    return _pipeline_class(type(adapter))(adapter, pipeline)
+    traced = pipeline.telemetry is not None
+    piped = _pipeline_class(type(adapter), traced)(adapter, pipeline)
+    if isinstance(piped, TracedPipelineAdapter):
+        assert pipeline.telemetry is not None
+        piped.telemetry = pipeline.telemetry
+        piped.attributes = attributes or {"db.system.name": adapter.name}
+        piped.operation_attributes = {}
+    return piped
 
 
 class PipelineIdempotencyStore(Closable):
@@ -404,13 +517,39 @@ class PipelineIdempotencyStore(Closable):
         return await self.get_result(key)
 
 
+class TracedPipelineIdempotencyStore(PipelineIdempotencyStore):
+    """A :class:`PipelineIdempotencyStore` whose every call is a span and a timing."""
+
+    telemetry: Telemetry
+    attributes: dict[str, Any]
+    operation_attributes: dict[str, dict[str, Any]]
+
+
+for _name in TRACED_IDEMPOTENCY_CALLS:
+    setattr(
+        TracedPipelineIdempotencyStore,
+        _name,
+        _traced(PipelineIdempotencyStore, _name, prefix="idempotency."),
+    )
+
+
 def pipeline_parts(
-    adapter: StorageAdapter, idempotency: IdempotencyStore | None, pipeline: Pipeline
+    adapter: StorageAdapter,
+    idempotency: IdempotencyStore | None,
+    pipeline: Pipeline,
+    attributes: dict[str, Any] | None = None,
 ) -> tuple[StorageAdapter, IdempotencyStore | None]:
-    """A backend's adapter and idempotency store behind ``pipeline``."""
-    piped = pipeline_adapter(adapter, pipeline)
+    """A backend's adapter and idempotency store behind ``pipeline`` (``attributes``:
+    the backend's span attributes, when the pipeline traces)."""
+    piped = pipeline_adapter(adapter, pipeline, attributes)
     if idempotency is None or pipeline.is_identity:
         return piped, idempotency
     if isinstance(idempotency, PipelineIdempotencyStore):
         idempotency = idempotency.inner
-    return piped, PipelineIdempotencyStore(idempotency, pipeline)
+    if pipeline.telemetry is None:
+        return piped, PipelineIdempotencyStore(idempotency, pipeline)
+    store = TracedPipelineIdempotencyStore(idempotency, pipeline)
+    store.telemetry = pipeline.telemetry
+    store.attributes = attributes or {"db.system.name": "unknown"}
+    store.operation_attributes = {}
+    return piped, store

@@ -20,6 +20,7 @@ from siglo.cli.errors import DEBUG_ENV, SigloGroup
 from siglo.cli.migrate import migrate
 from siglo.cli.store import clean, ls, prune, rm, show
 from siglo.cli.transfer import export, import_
+from siglo.cli.ui import ui
 from siglo.cli.worker import worker
 from siglo.config import CONFIG_ENV, reset_settings
 
@@ -69,6 +70,7 @@ cli.add_command(export)
 cli.add_command(import_)
 cli.add_command(clean)
 cli.add_command(worker)
+cli.add_command(ui)
 
 
 def main() -> None:

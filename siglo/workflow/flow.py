@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 
+from siglo import telemetry
 from siglo.adapter import Capability, StorageAdapter
 from siglo.errors import (
     CapabilityNotSupportedError,
@@ -136,7 +137,10 @@ class Flow:
                         manager.discard_stack(stack)
             return await self._take_up(manager, run_id, namespace)
 
-        return await _locked(manager, run_id, start_or_continue)
+        with telemetry.workflow_span(
+            f"run {self.name}", self._attributes(run_id, namespace), run=True
+        ):
+            return await _locked(manager, run_id, start_or_continue)
 
     async def resume(
         self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
@@ -148,7 +152,12 @@ class Flow:
         """
         manager = manager or default_storage_manager
         require_id("stack_id", stack_id)
-        return await _locked(manager, stack_id, lambda: self._take_up(manager, stack_id, namespace))
+        with telemetry.workflow_span(
+            f"resume {self.name}", self._attributes(stack_id, namespace), run=True
+        ):
+            return await _locked(
+                manager, stack_id, lambda: self._take_up(manager, stack_id, namespace)
+            )
 
     async def recover(
         self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
@@ -176,7 +185,10 @@ class Flow:
                 manager.discard_stack(stack)
 
         try:
-            return await adapter.with_workflow_lock(stack_id, take_over, timeout_ms=1)
+            with telemetry.workflow_span(
+                f"recover {self.name}", self._attributes(stack_id, namespace), run=True
+            ):
+                return await adapter.with_workflow_lock(stack_id, take_over, timeout_ms=1)
         except WorkflowSuspended:
             return True
 
@@ -294,9 +306,17 @@ class Flow:
             return result
 
         try:
-            if adapter.supports(Capability.WORKFLOW_LOCK):
-                return await adapter.with_workflow_lock(record.stack_id, resume_with_outcome)
-            return await resume_with_outcome()
+            with telemetry.workflow_span(
+                f"resume {self.name}",
+                {
+                    **self._attributes(record.stack_id, record.namespace),
+                    "siglo.wait.correlation_key": correlation_key,
+                },
+                run=True,
+            ):
+                if adapter.supports(Capability.WORKFLOW_LOCK):
+                    return await adapter.with_workflow_lock(record.stack_id, resume_with_outcome)
+                return await resume_with_outcome()
         except BaseException as refused:
             if not started:
                 # Refused before the run began (a changed flow, no checkpoint, a busy
@@ -322,6 +342,7 @@ class Flow:
         stack = await manager.resume(stack_id, namespace=namespace)
         if stack is None:
             raise InvalidArgumentError(f"no checkpoint of workflow {stack_id!r} to resume")
+        telemetry.link_to_suspender(stack.metadata)
         stored = stack.metadata.get("flowVersion")
         if stored != self.version:
             migrate = self.migrations.get(str(stored))
@@ -359,6 +380,13 @@ class Flow:
             )
         return await self._execute(manager, stack, unlock=unlock)
 
+    def _attributes(self, run_id: str, namespace: str | None) -> dict[str, Any]:
+        return {
+            "siglo.workflow.name": self.name,
+            "siglo.run.id": run_id,
+            "siglo.namespace": namespace,
+        }
+
     def _last_output(self, stack: ExecutionStack) -> Any:
         value = stack.metadata.get("input")
         for step in self.steps:
@@ -392,15 +420,22 @@ class Flow:
                 value = ctx[OUTPUT]
                 continue
             try:
-                value, cache_write = await self._run_step(
-                    manager,
-                    stack,
-                    step,
-                    value,
-                    ctx.get(EVENT, MISSING),
-                    bool(ctx.get(TIMED_OUT)),
-                    ahead,
-                )
+                with telemetry.workflow_span(
+                    f"step {step.name}",
+                    {
+                        **self._attributes(stack.stack_id, stack.namespace),
+                        "siglo.step.name": step.name,
+                    },
+                ):
+                    value, cache_write = await self._run_step(
+                        manager,
+                        stack,
+                        step,
+                        value,
+                        ctx.get(EVENT, MISSING),
+                        bool(ctx.get(TIMED_OUT)),
+                        ahead,
+                    )
             except _Suspend as wait:
                 await self._suspend(manager, stack, step, wait, unlock=unlock)
                 raise WorkflowSuspended(stack.stack_id, wait.correlation_key, step.name) from None
@@ -459,6 +494,7 @@ class Flow:
         if cache is not None and key is not None:
             cached = await (ahead.lookup if ahead is not None else cache.get_cached_step(key))
             kind = "miss" if cached is MISSING else "hit"
+            telemetry.note_step_cache(kind)
             await self._cache_event(manager, kind, key, stack, step)
             if cached is not MISSING:
                 return cached, None
@@ -534,6 +570,10 @@ class Flow:
         await adapter.save_wait_record(record)
         stack.set(step.name, WAITING_FOR, wait.correlation_key)
         stack.metadata["waitRecord"] = record.to_wire()
+        traceparent = telemetry.suspending_traceparent()
+        if traceparent is not None:
+            # The run that resumes this one (in any process) links its span to ours.
+            stack.metadata[telemetry.TRACEPARENT_KEY] = traceparent
         stack.transition("waiting")
         await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from siglo import telemetry
 from siglo.adapter import Capability
 from siglo.errors import (
     InvalidArgumentError,
@@ -254,6 +255,7 @@ class Worker:
         # filling every pass. (More than that many foreign due waits still would: run a
         # worker for every flow of a store.)
         due = await self.adapter.list_due_waits(limit=min(self.batch * _LOOK_AHEAD, MAX_PAGE_SIZE))
+        telemetry.note_due_waits(due, self.manager.clock.now_ms())
         fired = 0
         for record in due:
             if fired == self.batch:
@@ -322,6 +324,7 @@ class Worker:
                     self._say(f"run {_name(key)} recovered: its lease had lapsed")
                 self._held.pop(key, None)
                 done.runs_recovered += 1
+                telemetry.note_recovery(summary.workflow_id)
         if page.next_cursor is None:
             # A full walk: forget runs no longer `running` (finished in their process).
             for gone in set(self._held) - self._seen_this_walk:

@@ -326,6 +326,36 @@ async def _import(env: Env, ident: str) -> None:
     env.siglo("import", stdin=dump)
 
 
+@path("siglo ui (deliver an event)")
+async def _ui_deliver(env: Env, ident: str) -> None:
+    pytest.importorskip("starlette")
+    import httpx
+
+    from siglo.cli.ui import build_app
+
+    async def wait(_: Any) -> Any:
+        return await siglo.wait_for_event(f"approve:{ident}")
+
+    run = siglo.flow(siglo.Step.create("wait", wait), name="paths-ui")
+    async with siglo.connect() as backend:
+        with pytest.raises(siglo.WorkflowSuspended):
+            await run.run(None, manager=siglo.StorageManager(backend), stack_id=ident, namespace=NS)
+    # The dashboard as `siglo ui` builds it: the command's URL and settings.
+    app, _, _ = build_app(None, "127.0.0.1", None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            query = {"id": ident, "namespace": NS, "key": f"approve:{ident}"}
+            page = (await client.get("/confirm/deliver", params=query)).text
+            found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+            assert found is not None
+            payload = f'{{"{FIELD}": "{SECRET}", "nested": [{{"{FIELD}": "{SECRET}"}}]}}'
+            done = await client.post(
+                "/actions/deliver", data={**query, "payload": payload, "csrf": found.group(1)}
+            )
+            assert done.status_code == 200, done.text
+
+
 # -- the checks -------------------------------------------------------------------------------
 
 
@@ -572,6 +602,7 @@ COMMANDS: dict[str, str] = {
     "prune": "deletes only",
     "rm": "deletes only",
     "show": "reads",
+    "ui": "siglo ui (deliver an event)",
     "worker": "siglo worker (a timer it fires)",
 }
 """Every ``siglo`` command: the path of :data:`PATHS` that covers it, or why none is needed."""

@@ -64,6 +64,13 @@ def test_wheel_holds_only_siglo_named_packages(wheel: Path) -> None:
     assert "memory = siglo_memory.plugin" in entry_points
 
 
+def test_wheel_holds_the_dashboards_templates(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    for page in ("base", "runs", "run", "attention", "confirm", "message", "tree"):
+        assert f"siglo/ui/templates/{page}.html" in names
+    assert "siglo/ui/templates/ui.css" in names
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.rule("plugins.discovery")
 def test_fresh_venv_install_lists_memory_and_connects(
@@ -206,4 +213,8 @@ def test_each_extra_in_a_fresh_venv(extra: str, installs: dict[str, Path], tmp_p
         done = _siglo(bin_dir, "check", BACKEND_URLS[name], *QUICK, cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "FAIL" not in done.stdout
+    # `siglo ui` without its extra: one error line naming it.
+    ui = _siglo(bin_dir, "ui", "memory://", cwd=tmp_path)
+    assert ui.returncode == 1, ui.stderr
+    assert "pip install 'siglo[ui]>=0.1,<1'" in ui.stderr and "Traceback" not in ui.stderr
     assert list(tmp_path.iterdir()) == []  # nothing left behind in the cwd

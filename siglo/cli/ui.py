@@ -1,0 +1,71 @@
+"""``siglo ui [URL]``: the local dashboard of a store (``siglo[ui]``: Starlette, Jinja2,
+uvicorn), on the one configuration like every command."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import TYPE_CHECKING, Final
+
+import click
+
+from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+__all__ = ["TOKEN_ENV", "build_app", "ui"]
+
+TOKEN_ENV: Final = "SIGLO_UI_TOKEN"
+
+
+def build_app(url: str | None, host: str, token: str | None) -> tuple[Starlette, str, str | None]:
+    """The dashboard ``siglo ui`` serves: the URL and settings every command takes
+    (:func:`~siglo.cli.errors.resolve_url`, :func:`~siglo.cli.errors.cli_settings`), and
+    the token (``--token``, else ``$SIGLO_UI_TOKEN``; ``generate`` makes one), which any
+    bind beyond loopback requires. Returns the app, the URL and the token."""
+    from siglo.ui.server import create_app, is_loopback
+
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if token == "generate":
+        token = secrets.token_urlsafe(24)
+    loopback = is_loopback(host)
+    if not loopback and not token:
+        raise CliError(
+            f"binding {host} exposes the store beyond this machine: a token is required",
+            f"pass --token SECRET (or --token generate, or set {TOKEN_ENV}), or bind 127.0.0.1",
+        )
+    target = resolve_url(url)
+    app = create_app(target, settings=cli_settings(), token=token, loopback_only=loopback)
+    return app, target, token
+
+
+@click.command()
+@click.argument("url", required=False, default=None)
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option(
+    "--token",
+    default=None,
+    help=f"Require this token on every request (or set {TOKEN_ENV}); required to bind "
+    "anything but a loopback address. `--token generate` makes one.",
+)
+def ui(url: str | None, host: str, port: int, token: str | None) -> None:
+    """A local web dashboard of what the store holds: runs, one run's history, what
+    needs attention, and confirmed actions (cancel, deliver an event, delete)."""
+    try:
+        import uvicorn
+
+        from siglo.ui.server import is_loopback
+    except ImportError as exc:
+        raise CliError(
+            f"siglo ui needs its extra ({exc.name} is not installed)",
+            "pip install 'siglo[ui]>=0.1,<1'",
+        ) from exc
+    app, target, token = build_app(url, host, token)
+    loopback = is_loopback(host)
+    shown = f"http://{'127.0.0.1' if loopback else host}:{port}/"
+    click.echo(f"siglo ui on {display_url(target)} at {shown}", err=True)
+    if token:
+        click.echo(f"open {shown}?token={token}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,141 @@
+"""The dashboard's actions: cancel a run, deliver an event to its wait, delete it.
+
+Each goes through the backend :func:`siglo.connect` opened with the one configuration
+(its pipeline: an event's payload is stored redacted like any other), and each is
+compare-and-set or a claim, so an action confirmed on a page that has gone stale since
+is refused instead of undoing what happened meanwhile.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from siglo.adapter import Capability
+from siglo.checkpoint import TERMINAL_STATUSES
+from siglo.errors import CheckpointConflictError, SigloError
+from siglo.manager import StorageManager
+from siglo.stack import ExecutionStack
+from siglo.workflow.flow import EVENT, OUTPUT, WAITING_FOR
+
+__all__ = ["ActionRefused", "cancel_run", "delete_run", "deliver_event"]
+
+
+class ActionRefused(SigloError):
+    """An action that was not carried out; nothing stored changed. The message says why."""
+
+
+def _require(manager: StorageManager, capability: Capability, what: str) -> None:
+    adapter = manager.adapter
+    if adapter is None or not adapter.supports(capability):
+        raise ActionRefused(f"this backend cannot {what} (no {capability.value} capability)")
+
+
+async def cancel_run(
+    manager: StorageManager, stack_id: str, namespace: str | None, expected_revision: int
+) -> str:
+    """Cancel the run (its open waits too), if it is still at ``expected_revision`` and
+    not finished."""
+    _require(manager, Capability.WAIT_RECORDS, "cancel a run")
+    adapter = manager.adapter
+    assert adapter is not None
+    stored = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
+    if stored is None:
+        raise ActionRefused(f"no run {stack_id!r} to cancel")
+    if stored.revision != expected_revision:
+        raise ActionRefused(
+            f"run {stack_id!r} changed since the page was shown (revision {stored.revision}, "
+            f"not {expected_revision}); nothing was cancelled: look again"
+        )
+    if stored.status in TERMINAL_STATUSES:
+        raise ActionRefused(f"run {stack_id!r} already ended {stored.status}")
+    await adapter.cancel_workflow(stack_id, namespace)
+    return f"cancelled {stack_id}"
+
+
+async def delete_run(
+    manager: StorageManager, stack_id: str, namespace: str | None, expected_revision: int
+) -> str:
+    """Delete the run with its wait records and context streams, if it is still at
+    ``expected_revision`` (compare-and-set)."""
+    _require(manager, Capability.DELETION, "delete a run")
+    adapter = manager.adapter
+    assert adapter is not None
+    try:
+        deleted = await adapter.delete_checkpoint(
+            stack_id, namespace, expected_revision=expected_revision
+        )
+    except CheckpointConflictError as exc:
+        raise ActionRefused(
+            f"run {stack_id!r} is at revision {exc.current_revision}, not {expected_revision}; "
+            "nothing was deleted: look again"
+        ) from exc
+    if not deleted:
+        raise ActionRefused(f"no run {stack_id!r} to delete")
+    return f"deleted {stack_id}"
+
+
+def _waiting_step(stack: ExecutionStack, correlation_key: str) -> str | None:
+    for step, ctx in stack.contexts.items():
+        if OUTPUT not in ctx and ctx.get(WAITING_FOR) == correlation_key:
+            return step
+    return None
+
+
+async def deliver_event(
+    manager: StorageManager, correlation_key: str, namespace: str | None, payload: Any
+) -> str:
+    """Deliver ``payload`` to the wait ``correlation_key``: claim the wait (so the event
+    is delivered once, whoever else delivers it), store the event in the waiting step's
+    context and mark the run ``running`` (one compare-and-set save), then complete the
+    wait. The dashboard does not run the application's steps: the next ``siglo worker``
+    pass with the run's flow continues it, as it continues any run whose process is
+    gone, and the waiting step's ``wait_for_event`` returns ``payload``. Refused
+    (nothing changed) if the wait is not open or the run moved on."""
+    _require(manager, Capability.WAIT_RECORDS, "deliver an event")
+    adapter = manager.adapter
+    assert adapter is not None
+    claimant = f"siglo-ui-{uuid.uuid4().hex[:12]}"
+    record = await adapter.claim_wait_record(
+        correlation_key,
+        claimant,
+        event_payload=manager.redact(payload),
+        namespace=namespace,
+    )
+    if record is None:
+        raise ActionRefused(
+            f"the wait {correlation_key!r} is not open (delivered, cancelled, timed out, or "
+            "claimed by another process); nothing was delivered"
+        )
+
+    async def mark() -> None:
+        stack = await manager.resume(record.stack_id, namespace=record.namespace)
+        if stack is None:
+            raise ActionRefused(f"the run {record.stack_id!r} of this wait is gone")
+        try:
+            step = record.step_id or _waiting_step(stack, correlation_key)
+            if step is None or stack.status != "waiting":
+                raise ActionRefused(
+                    f"run {record.stack_id!r} is {stack.status}, not waiting for "
+                    f"{correlation_key!r}; nothing was delivered"
+                )
+            stack.set(step, EVENT, payload)
+            stack.transition("running")
+            await manager.save(stack, expected_revision=stack.revision)
+        finally:
+            manager.discard_stack(stack)
+
+    try:
+        if adapter.supports(Capability.WORKFLOW_LOCK):
+            await adapter.with_workflow_lock(record.stack_id, mark, timeout_ms=2_000)
+        else:
+            await mark()
+    except BaseException:
+        # Not delivered: the wait goes back to waiting for the next delivery.
+        await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
+        raise
+    await adapter.complete_wait_record(correlation_key, claimant, namespace=record.namespace)
+    return (
+        f"delivered to {correlation_key}: run {record.stack_id} continues on the next "
+        "`siglo worker` pass"
+    )

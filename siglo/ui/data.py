@@ -1,0 +1,238 @@
+"""What the dashboard shows, read through the backend's pipeline: runs a page at a time
+with counts by status, one run's history, and what needs attention."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from siglo.adapter import Capability, StorageAdapter
+from siglo.checkpoint import STATUSES, Checkpoint
+from siglo.errors import LockNotAcquiredError
+from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
+from siglo.records import WaitRecord, embedded_wait_record
+from siglo.redaction import REDACT_FIELDS_KEY, redact
+from siglo.sentinel import MISSING, Missing
+
+__all__ = [
+    "COUNT_LIMIT",
+    "Attention",
+    "RunDetail",
+    "RunFilter",
+    "attention",
+    "lock_state",
+    "run_detail",
+    "runs_page",
+    "status_counts",
+]
+
+COUNT_LIMIT: Final = 100_000
+"""Counting by status stops here (and says so): a listing is paged, not a count query."""
+
+STATUS_ORDER: Final = ("running", "waiting", "completed", "failed", "cancelled")
+assert set(STATUS_ORDER) == STATUSES
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """The listing's filters, as the runs page's form gives them."""
+
+    namespace: str | Missing | None = MISSING
+    """``MISSING``: every namespace; ``None``: only runs without one."""
+    statuses: tuple[str, ...] = ()
+    workflow_id: str | None = None
+    updated_after: int | None = None
+    updated_before: int | None = None
+
+    def listing(self, *, with_status: bool = True) -> dict[str, Any]:
+        """Keyword arguments of ``list_checkpoints`` for these filters."""
+        return {
+            "namespace": self.namespace,
+            "status": list(self.statuses) if with_status and self.statuses else None,
+            "workflow_id": self.workflow_id,
+            "updated_after": self.updated_after,
+            "updated_before": self.updated_before,
+        }
+
+
+async def runs_page(
+    adapter: StorageAdapter, filters: RunFilter, *, limit: int, cursor: str | None
+) -> CheckpointPage:
+    """One page of runs, newest keyset order of the backend (``cursor``: the previous
+    page's ``next_cursor``)."""
+    return await adapter.list_checkpoints(**filters.listing(), limit=limit, cursor=cursor)
+
+
+async def status_counts(adapter: StorageAdapter, filters: RunFilter) -> tuple[dict[str, int], bool]:
+    """How many runs match ``filters`` in each status (the status filter aside), and
+    whether counting stopped at :data:`COUNT_LIMIT` before the end."""
+    counts = dict.fromkeys(STATUS_ORDER, 0)
+    seen = 0
+    for status in STATUS_ORDER:
+        cursor: str | None = None
+        while True:
+            page = await adapter.list_checkpoints(
+                **{**filters.listing(with_status=False), "status": status},
+                limit=MAX_PAGE_SIZE,
+                cursor=cursor,
+            )
+            counts[status] += len(page.items)
+            seen += len(page.items)
+            if seen >= COUNT_LIMIT:
+                return counts, True
+            if (cursor := page.next_cursor) is None:
+                break
+    return counts, False
+
+
+@dataclass
+class RunDetail:
+    """One run as the run page shows it; every payload already redacted."""
+
+    checkpoint: Checkpoint
+    contexts: dict[str, Any]
+    metadata: dict[str, Any]
+    waits: list[WaitRecord]
+    stream: dict[str, dict[str, Any]]
+    """Per step, the context stream's latest value of each key (streamed changes)."""
+    lock: str | None
+    """``held`` (a process runs it), ``free``, or ``None`` (no workflow lock, or not
+    running)."""
+    redacted: frozenset[str] = field(default_factory=frozenset)
+
+
+def redacting(checkpoint: Checkpoint | None, fields: Iterable[str]) -> frozenset[str]:
+    """The keys to hide when showing ``checkpoint``: the settings' and those its
+    metadata says it was saved without."""
+    named: Iterable[str] = ()
+    if checkpoint is not None and checkpoint.metadata:
+        named = checkpoint.metadata.get(REDACT_FIELDS_KEY) or ()
+    return frozenset(fields) | frozenset(str(f) for f in named)
+
+
+def hide(value: Any, fields: frozenset[str]) -> Any:
+    """``value`` with ``fields`` redacted at any depth (a stored value saved before a field
+    was redacted is still not shown)."""
+    return redact(value, fields) if fields else value
+
+
+async def lock_state(adapter: StorageAdapter, stack_id: str) -> str | None:
+    """Whether the run's workflow lock is held, found the way a worker finds it: by
+    taking it for an instant (a held lock refuses at once)."""
+    if not adapter.supports(Capability.WORKFLOW_LOCK):
+        return None
+
+    async def nothing() -> None:
+        return None
+
+    try:
+        await adapter.with_workflow_lock(stack_id, nothing, timeout_ms=1)
+    except LockNotAcquiredError:
+        return "held"
+    return "free"
+
+
+async def waits_of(adapter: StorageAdapter, checkpoint: Checkpoint) -> list[WaitRecord]:
+    """The run's wait records: the one its metadata names and the latest of its id."""
+    if not adapter.supports(Capability.WAIT_RECORDS):
+        return []
+    stack_id, namespace = checkpoint.stack_id, checkpoint.namespace
+    embedded = embedded_wait_record(checkpoint.metadata)
+    keys = [] if embedded is None else [embedded.correlation_key]
+    latest = await adapter.get_wait_record(stack_id, namespace=namespace)
+    if latest is not None and latest.stack_id == stack_id:
+        keys.append(latest.correlation_key)
+    found = []
+    for key in dict.fromkeys(keys):
+        record = await adapter.get_wait_record(key, namespace=namespace)
+        if record is not None and record.stack_id == stack_id:
+            found.append(record)
+    return found
+
+
+async def run_detail(
+    adapter: StorageAdapter,
+    stack_id: str,
+    namespace: str | None,
+    redact_fields: Iterable[str],
+) -> RunDetail | None:
+    """One run's checkpoint, wait records, context stream and lock; ``None`` if no
+    checkpoint of ``stack_id`` is stored in ``namespace``."""
+    checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
+    if checkpoint is None:
+        return None
+    fields = redacting(checkpoint, redact_fields)
+    stream: dict[str, dict[str, Any]] = {}
+    if adapter.supports(Capability.CONTEXT_STREAM):
+        for step in checkpoint.contexts:
+            changes = await adapter.get_context_changes(stack_id, step, namespace)
+            if changes:
+                stream[step] = hide(changes, fields)
+    waits = [
+        w.replace(
+            event_payload=hide(w.event_payload, fields),
+            metadata=None if w.metadata is None else hide(w.metadata, fields),
+        )
+        for w in await waits_of(adapter, checkpoint)
+    ]
+    lock = await lock_state(adapter, stack_id) if checkpoint.status == "running" else None
+    return RunDetail(
+        checkpoint=checkpoint,
+        contexts=hide(checkpoint.contexts, fields),
+        metadata=hide(dict(checkpoint.metadata or {}), fields),
+        waits=waits,
+        stream=stream,
+        lock=lock,
+        redacted=fields,
+    )
+
+
+@dataclass
+class Attention:
+    """What an operator should look at."""
+
+    crashed: list[CheckpointSummary]
+    """``running`` runs whose workflow lock is free: their process is gone, and a
+    ``siglo worker`` with their flow will recover them."""
+    held: list[CheckpointSummary]
+    """``running`` runs whose lock a live process holds."""
+    overdue: list[WaitRecord]
+    """Waits past their deadline that no worker has fired yet."""
+    scanned: int
+    """How many running runs were looked at (at most the page asked for)."""
+    capabilities: Mapping[str, bool]
+
+
+async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Attention:
+    """Crashed runs awaiting recovery, runs holding their lock, and overdue waits (at
+    most ``limit`` of each)."""
+    crashed: list[CheckpointSummary] = []
+    held: list[CheckpointSummary] = []
+    scanned = 0
+    listing = adapter.supports(Capability.LISTING)
+    if listing:
+        page = await adapter.list_checkpoints(status="running", limit=limit)
+        scanned = len(page.items)
+        for summary in page.items:
+            state = await lock_state(adapter, summary.stack_id)
+            (held if state == "held" else crashed).append(summary)
+    overdue: list[WaitRecord] = []
+    due = adapter.supports(Capability.DUE_WAITS)
+    if due:
+        overdue = [
+            w.replace(event_payload=None, metadata=None)
+            for w in await adapter.list_due_waits(limit=limit)
+            if w.expires_at is not None and w.expires_at <= now_ms
+        ]
+    return Attention(
+        crashed=crashed,
+        held=held,
+        overdue=overdue,
+        scanned=scanned,
+        capabilities={
+            "listing": listing,
+            "due_waits": due,
+            "workflow_lock": adapter.supports(Capability.WORKFLOW_LOCK),
+        },
+    )

@@ -1,0 +1,29 @@
+"""A backend behind the pipeline answers for its workflow lock as the backend itself does:
+the lock, its lease and its wait (StorageAdapter declares them with class defaults, which
+the pipeline's adapter used to answer instead)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import siglo
+from siglo.pipeline import PipelineAdapter
+
+pytest.importorskip("aiosqlite")
+
+
+async def test_the_pipelines_adapter_answers_the_backends_workflow_lock(tmp_path: Path) -> None:
+    settings = siglo.Settings(redact_fields=frozenset({"card"}))
+    url = f"sqlite:///{tmp_path / 'lock.db'}"
+    async with siglo.connect(
+        url, settings=settings, workflow_lock_ttl_ms=4_321, workflow_lock_timeout_ms=1_234
+    ) as backend:
+        piped, raw = backend.adapter, backend.raw_adapter
+        assert isinstance(piped, PipelineAdapter)
+        assert raw.workflow_lock is not None
+        assert piped.workflow_lock is raw.workflow_lock
+        assert (piped.workflow_lock_ttl_ms, piped.workflow_lock_timeout_ms) == (4_321, 1_234)
+        piped.workflow_lock_ttl_ms = 5_000
+        assert raw.workflow_lock_ttl_ms == 5_000

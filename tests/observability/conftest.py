@@ -1,0 +1,1 @@
+"""Observability tests: OpenTelemetry spans and metrics, and the ``siglo ui`` dashboard."""

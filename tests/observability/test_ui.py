@@ -1,0 +1,240 @@
+"""``siglo ui``: its pages and actions over HTTP, on the three real backends, through the
+one configuration (redacted fields stay redacted, a URL's password is never shown,
+actions are confirmed, CSRF-protected, compare-and-set) — docs/observability.md."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+from ops_support import DURABLE_KINDS, shared_store
+from ui_support import FIELD, NAMESPACE, ORDERS, SECRET, seed
+
+import siglo
+from siglo.ui.server import create_app
+from siglo.workflow import Worker
+
+SETTINGS = siglo.Settings(redact_fields=frozenset({FIELD}))
+
+
+@asynccontextmanager
+async def dashboard(
+    url: str, *, token: str | None = None, host: str = "127.0.0.1"
+) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(url, settings=SETTINGS, token=token, loopback_only=host == "127.0.0.1")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}:8765") as c:
+            yield c
+
+
+def csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, page
+    return found.group(1)
+
+
+@pytest.fixture(params=DURABLE_KINDS)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[siglo.Backend]:
+    async with shared_store(request.param) as backend:
+        async with siglo.connect(backend.url, settings=SETTINGS) as piped:
+            await seed(piped, SETTINGS, bulk=60)
+        yield backend
+
+
+async def test_runs_page_lists_counts_filters_and_pages(store: siglo.Backend) -> None:
+    async with dashboard(store.url) as client:
+        page = (await client.get("/runs")).text
+        # 60 bulk runs (12 of each status) and 3 orders (2 waiting, 1 completed).
+        counts = dict(re.findall(r'id="count-(\w+)">\w+ <b>(\d+)</b>', page))
+        assert counts == {
+            "running": "12",
+            "waiting": "14",
+            "completed": "13",
+            "failed": "12",
+            "cancelled": "12",
+        }
+        waiting = (await client.get("/runs", params={"status": "waiting"})).text
+        assert "order-1" in waiting and "bulk-00000" not in waiting
+        shop = (await client.get("/runs", params={"namespace": NAMESPACE})).text
+        assert re.findall(r">(order-\d)</a>", shop) and "bulk-" not in shop
+        nightly = (await client.get("/runs", params={"workflow": "nightly", "limit": 25})).text
+        assert nightly.count(">nightly<") == 25 and ">hourly<" not in nightly
+        seen: list[str] = []
+        url: str | None = "/runs?workflow=nightly&limit=25"
+        while url is not None:
+            text = (await client.get(url.replace("&amp;", "&"))).text
+            seen += re.findall(r">(bulk-\d+)</a>", text)
+            found = re.search(r'href="([^"]+)" id="next"', text)
+            url = found.group(1) if found else None
+        assert len(seen) == len(set(seen)) == 30
+        bad = await client.get("/runs", params={"status": "sleeping"})
+        assert bad.status_code == 400 and "unknown status &#39;sleeping&#39;" in bad.text
+
+
+async def test_run_page_keeps_redacted_fields_redacted(store: siglo.Backend) -> None:
+    async with dashboard(store.url) as client:
+        page = await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})
+        assert page.status_code == 200
+        text = page.text
+        assert SECRET not in text
+        assert "[REDACTED]" in text
+        assert "approve:o-1" in text and 'id="deliver"' in text
+        assert "step <b>take</b> finished" in text
+        missing = await client.get("/run", params={"id": "order-1"})
+        assert missing.status_code == 404
+
+
+async def test_deliver_cancel_and_delete_are_confirmed_csrf_checked_and_stored(
+    store: siglo.Backend,
+) -> None:
+    async with dashboard(store.url) as client:
+        confirm = await client.get(
+            "/confirm/deliver",
+            params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"},
+        )
+        form = {
+            "id": "order-1",
+            "namespace": NAMESPACE,
+            "key": "approve:o-1",
+            "payload": f'{{"by": "ui", "card": "{SECRET}"}}',
+        }
+        # No token, a stale token, another origin: refused, nothing delivered.
+        assert (await client.post("/actions/deliver", data=form)).status_code == 403
+        stale = {**form, "csrf": "0" * 64}
+        assert (await client.post("/actions/deliver", data=stale)).status_code == 403
+        other = await client.post(
+            "/actions/deliver",
+            data={**form, "csrf": csrf(confirm.text)},
+            headers={"origin": "http://evil.example"},
+        )
+        assert other.status_code == 403
+        bad_json = await client.post(
+            "/actions/deliver", data={**form, "payload": "{", "csrf": csrf(confirm.text)}
+        )
+        assert bad_json.status_code == 409 and "not JSON" in bad_json.text
+        done = await client.post("/actions/deliver", data={**form, "csrf": csrf(confirm.text)})
+        assert done.status_code == 200, done.text
+        assert "continues on the next" in done.text
+        again = await client.post("/actions/deliver", data={**form, "csrf": csrf(confirm.text)})
+        assert again.status_code == 409 and "not open" in again.text
+
+        # Stale revision: refused; the right one: cancelled.
+        run = (await client.get("/run", params={"id": "order-2", "namespace": NAMESPACE})).text
+        revision = re.search(r"<th>revision</th><td>(\d+)</td>", run)
+        assert revision
+        rev = int(revision.group(1))
+        link = re.search(r'href="(/confirm/cancel\?[^"]+)"', run)
+        assert link
+        page = (await client.get(link.group(1).replace("&amp;", "&"))).text
+        assert f'name="revision" value="{rev}"' in page
+        cancel = {"id": "order-2", "namespace": NAMESPACE, "csrf": csrf(page)}
+        stale_cancel = await client.post("/actions/cancel", data={**cancel, "revision": rev - 1})
+        assert stale_cancel.status_code == 409 and "changed since" in stale_cancel.text
+        ok = await client.post("/actions/cancel", data={**cancel, "revision": str(rev)})
+        assert ok.status_code == 200 and "cancelled order-2" in ok.text
+        deleted = await client.post(
+            "/actions/delete",
+            data={"id": "bulk-00001", "namespace": "", "csrf": csrf(page), "revision": "1"},
+        )
+        assert deleted.status_code == 200 and "deleted bulk-00001" in deleted.text
+        gone = await client.get("/run", params={"id": "bulk-00001"})
+        assert gone.status_code == 404
+
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        # The event is stored redacted, and a worker with the flow finishes the run.
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        stored = await backend.raw_adapter.get_checkpoint("order-1", NAMESPACE)
+        assert stored is not None and stored.status == "running"
+        assert SECRET not in repr(stored.contexts)
+        await Worker(manager, [ORDERS]).run_once()
+        finished = await backend.adapter.get_checkpoint("order-1", NAMESPACE)
+        assert finished is not None and finished.status == "completed"
+        assert finished.contexts["approve"]["output"]["approved"]["by"] == "ui"
+        cancelled = await backend.adapter.get_checkpoint("order-2", NAMESPACE)
+        assert cancelled is not None and cancelled.status == "cancelled"
+
+
+async def test_the_token_and_the_loopback_names(store: siglo.Backend) -> None:
+    async with dashboard(store.url, token="t0ken") as client:
+        assert (await client.get("/runs")).status_code == 401
+        first = await client.get("/runs", params={"token": "t0ken"})
+        assert first.status_code == 303 and "token" not in first.headers["location"]
+        assert (await client.get("/runs")).status_code == 200  # the cookie
+        client.cookies.clear()
+        bearer = await client.get("/runs", headers={"authorization": "Bearer t0ken"})
+        assert bearer.status_code == 200
+        assert (await client.get("/runs", params={"token": "wrong"})).status_code == 401
+    async with dashboard(store.url) as client:
+        rebound = await client.get("/runs", headers={"host": "attacker.example:8765"})
+        assert rebound.status_code == 421
+
+
+async def test_a_url_password_is_never_shown() -> None:
+    from sql_support import POSTGRES_URL, require_postgres
+
+    require_postgres()
+    async with shared_store("postgres") as backend:
+        url = backend.url.replace("postgresql://", "postgresql://postgres:hunter2-pw@", 1)
+        if "@" in backend.url:
+            url = re.sub(r"//([^:@/]+)(:[^@/]*)?@", r"//\1:hunter2-pw@", backend.url, count=1)
+        assert POSTGRES_URL
+        async with dashboard(url) as client:
+            for path in ("/runs", "/attention"):
+                page = (await client.get(path)).text
+                assert "hunter2-pw" not in page
+                assert "***" in page
+
+
+async def test_a_value_stored_before_its_field_was_redacted_is_not_shown(
+    store: siglo.Backend,
+) -> None:
+    unredacted = siglo.Settings()
+    async with siglo.connect(store.url, settings=unredacted) as backend:
+        manager = siglo.StorageManager(backend, settings=unredacted)
+        stack = manager.create_stack("legacy-1", metadata={"note": {FIELD: SECRET}})
+        stack.set("pay", FIELD, SECRET)
+        await manager.save(stack, expected_revision=0)
+        stored = await backend.raw_adapter.get_checkpoint("legacy-1")
+        assert stored is not None and stored.contexts["pay"][FIELD] == SECRET
+    async with dashboard(store.url) as client:
+        page = await client.get("/run", params={"id": "legacy-1"})
+        assert page.status_code == 200
+        assert SECRET not in page.text
+        assert page.text.count("[REDACTED]") >= 2  # the context, the metadata (the stream)
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+def test_any_bind_beyond_loopback_needs_a_token_and_generate_makes_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from siglo.cli.errors import CliError
+    from siglo.cli.ui import TOKEN_ENV, build_app
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(CliError, match="a token is required"):
+        build_app("memory://", "0.0.0.0", None)
+    _, url, token = build_app("memory://", "0.0.0.0", "generate")
+    assert url == "memory://" and token is not None and len(token) >= 32
+    monkeypatch.setenv(TOKEN_ENV, "from-the-environment")
+    assert build_app("memory://", "192.0.2.7", None)[2] == "from-the-environment"
+    assert build_app("memory://", "127.0.0.1", None)[2] == "from-the-environment"
+
+
+async def test_stored_markup_is_shown_as_text(store: siglo.Backend) -> None:
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        stack = manager.create_stack("<script>alert(1)</script>", workflow_id="<i>w</i>")
+        stack.set("<b>step</b>", "note", "<img src=x onerror=alert(2)>")
+        await manager.save(stack, expected_revision=0)
+    async with dashboard(store.url) as client:
+        listing = (await client.get("/runs", params={"workflow": "<i>w</i>"})).text
+        page = (await client.get("/run", params={"id": "<script>alert(1)</script>"})).text
+    for html in (listing, page):
+        assert "<script>alert(1)" not in html and "<i>w</i>" not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<img" not in page and "<b>step" not in page
