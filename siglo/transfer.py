@@ -63,7 +63,9 @@ async def export_lines(
             yield b'{"kind":"checkpoint","document":' + checkpoint.to_json() + b"}"
             embedded = embedded_wait_record(checkpoint.metadata) if waits else None
             if embedded is not None:
-                record = await adapter.get_wait_record(embedded.correlation_key)
+                record = await adapter.get_wait_record(
+                    embedded.correlation_key, namespace=checkpoint.namespace
+                )
                 if record is not None and record.correlation_key == embedded.correlation_key:
                     yield b'{"kind":"wait","record":' + record.to_json() + b"}"
         if page.next_cursor is None:

@@ -155,11 +155,12 @@ def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -
             if adapter.supports(Capability.WAIT_RECORDS):
                 embedded = embedded_wait_record(checkpoint.metadata)
                 keys = [] if embedded is None else [embedded.correlation_key]
-                latest = await adapter.get_wait_record(stack_id)
+                # Wait records live in their stack's namespace: every read names it.
+                latest = await adapter.get_wait_record(stack_id, namespace=namespace)
                 if latest is not None and latest.stack_id == stack_id:
                     keys.append(latest.correlation_key)
                 for key in dict.fromkeys(keys):
-                    record = await adapter.get_wait_record(key)
+                    record = await adapter.get_wait_record(key, namespace=namespace)
                     if record is not None and record.namespace == namespace:
                         waits.append(record)
         doc = checkpoint.to_wire()
