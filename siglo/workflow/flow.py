@@ -19,18 +19,17 @@ from siglo.errors import (
     WorkflowVersionMismatchError,
 )
 from siglo.manager import StorageManager, default_storage_manager
+from siglo.moments import describe_ms
 from siglo.records import CacheEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
+from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, wait_outcome
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["Flow", "WorkflowSuspended", "flow"]
 
 OUTPUT: Final = "output"
-EVENT: Final = "event"
-WAITING_FOR: Final = "waitingFor"
-TIMED_OUT: Final = "timedOut"
 
 Migration = Callable[[ExecutionStack], None]
 T = TypeVar("T")
@@ -201,7 +200,9 @@ class Flow:
             correlation_key, claimant_id, allow_expired=True, namespace=namespace
         )
         if record is None:
-            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key, namespace))
+            raise WaitRecordClaimError(
+                await _why_unclaimable(adapter, correlation_key, namespace, manager.clock.now_ms())
+            )
         if not record.is_expired(manager.clock.now_ms()):
             assert record.claimant_id is not None  # a successful claim names its claimant
             await adapter.release_wait_record(
@@ -241,7 +242,9 @@ class Flow:
             namespace=namespace,
         )
         if record is None:
-            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key, namespace))
+            raise WaitRecordClaimError(
+                await _why_unclaimable(adapter, correlation_key, namespace, manager.clock.now_ms())
+            )
         return await self._resume_claimed(
             manager, adapter, record, lambda stack, step: stack.set(step, EVENT, payload)
         )
@@ -522,7 +525,7 @@ class Flow:
 
 
 async def _why_unclaimable(
-    adapter: StorageAdapter, correlation_key: str, namespace: str | None
+    adapter: StorageAdapter, correlation_key: str, namespace: str | None, now: int
 ) -> str:
     """The reason a claim was refused, and what to do about it, for the error message."""
     record = await adapter.get_wait_record(correlation_key, namespace=namespace)
@@ -532,17 +535,26 @@ async def _why_unclaimable(
     if record is None:
         return f"{head}: no wait has this correlation key (never saved, or past its retention)"
     if record.status == "completed":
+        checkpoint = None
+        if adapter.supports(Capability.CHECKPOINTS):
+            checkpoint = await adapter.get_checkpoint(record.stack_id, namespace, fallback=False)
+        if wait_outcome(record, checkpoint, now) == "timed out":
+            return (
+                f"{head}: it timed out: its deadline {describe_ms(record.expires_at, now)} "
+                "passed and its run went on without the event"
+            )
         return f"{head}: it was already delivered"
     if record.status == "cancelled":
         return f"{head}: the wait was cancelled"
     if record.status == "claimed":
         return (
-            f"{head}: another delivery holds its claim until {record.lease_expires_at} "
-            "(epoch ms); deliver again after that if it does not complete"
+            f"{head}: another delivery holds its claim until "
+            f"{describe_ms(record.lease_expires_at, now)}; deliver again after that if it "
+            "does not complete"
         )
     if record.expires_at is not None:
         return (
-            f"{head}: it passed its deadline ({record.expires_at}, epoch ms); "
+            f"{head}: it passed its deadline {describe_ms(record.expires_at, now)}; "
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"

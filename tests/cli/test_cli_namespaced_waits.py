@@ -86,7 +86,7 @@ async def test_show_rm_prune_see_the_waits_of_namespaced_runs(kind: str) -> None
         waits = json.loads(shown.output)["waitRecords"]
         assert [(w["correlationKey"], w["namespace"]) for w in waits] == [("approve:1", NS)]
         table = await invoke("show", url, "order-1", "--namespace", NS)
-        assert "wait records" in table.output and "approve:1" in table.output
+        assert "wait approve:1" in table.output and "waiting" in table.output
 
         removed = await invoke("rm", url, "order-1", "--namespace", NS)
         assert removed.exit_code == 0, removed.output
