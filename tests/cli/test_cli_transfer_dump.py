@@ -11,6 +11,7 @@ interruption (issue 31, defect 5), on real SQLite, PostgreSQL and Redis stores.
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 import orjson
@@ -226,3 +227,42 @@ async def test_a_format_1_dump_still_imports_with_a_warning() -> None:
         future = [orjson.dumps({**header, "format": 3}), *lines[1:]]
         refused = await invoke("import", dst.url, input=b"\n".join(future))
         assert refused.exit_code == 1 and "format 1 or 2" in refused.output
+
+
+async def many(backend: siglo.Backend, count: int) -> None:
+    """``count`` runs, every third waiting on a wait of its namespace."""
+    now = system_clock.now_ms()
+    for i in range(count):
+        wait = None
+        if i % 3 == 0:
+            wait = WaitRecord(correlation_key=f"k{i}", stack_id=f"s{i}", namespace=NS,
+                              step_id="approve", expires_at=now + 3_600_000)  # fmt: skip
+        await run(backend, f"s{i}", NS, wait)
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_killed_import_process_is_completed_by_running_it_again(kind: str) -> None:
+    """`siglo import` SIGKILLed mid-way (a real process, a real kill), then run again."""
+    count = 900
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        await many(src, count)
+        dump = (await invoke("export", src.url)).stdout_bytes
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "siglo", "import", dst.url,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        assert process.stdin is not None
+        process.stdin.write(dump)
+        await process.stdin.drain()
+        process.stdin.close()
+        # Killed as soon as some of the dump is in.
+        while not (await dst.adapter.list_checkpoints(limit=1)).items:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        process.kill()
+        await process.wait()
+        stored = await dst.adapter.list_checkpoints(limit=1000)
+        assert 0 < len(stored.items) < count, "the import was not cut: make the dump larger"
+        again = await invoke("import", dst.url, input=dump)
+        assert again.exit_code == 0, again.output
+        assert documents(await dump_of(dst)) == documents(dump.splitlines())
