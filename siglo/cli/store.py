@@ -141,8 +141,13 @@ def ls(
 @click.option("--namespace", "-n", default=None, help="The stack's namespace.")
 @json_option
 def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -> None:
-    """Show one stack: its checkpoint (as stored: redacted fields stay redacted) and its
-    wait records."""
+    """Show one stack: its checkpoint (as stored: redacted fields stay redacted), what it
+    waits for, and its wait records.
+
+    Each wait has an outcome: waiting, sleeping, due, claimed, claim lapsed, delivered,
+    timed out, slept or cancelled. Times are ISO-8601 UTC with a relative time; --json
+    keeps the stored epoch milliseconds and adds each record's "outcome".
+    """
 
     async def run() -> None:
         async with open_store(resolve_url(url)) as backend:
