@@ -19,12 +19,12 @@ from siglo.errors import (
     WorkflowVersionMismatchError,
 )
 from siglo.manager import StorageManager, default_storage_manager
-from siglo.moments import describe_ms
-from siglo.records import CacheEvent, WaitRecord
+from siglo.moments import describe_ms, iso_ms
+from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
-from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, wait_outcome
+from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, is_sleep, wait_outcome
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["Flow", "WorkflowSuspended", "flow"]
@@ -41,13 +41,23 @@ class WorkflowSuspended(Exception):
     Not named ``…Error``: like ``StopIteration`` it is a signal, not a failure.
     """
 
-    def __init__(self, stack_id: str, correlation_key: str, step: str) -> None:
+    def __init__(
+        self, stack_id: str, correlation_key: str, step: str, *, until_ms: int | None = None
+    ) -> None:
         self.stack_id = stack_id
         self.correlation_key = correlation_key
         self.step = step
-        super().__init__(
-            f"workflow {stack_id!r} is waiting in step {step!r} for event {correlation_key!r}"
-        )
+        self.until_ms = until_ms
+        """The wait's deadline (a sleep's end), epoch ms; ``None`` if it has none."""
+        if is_sleep(correlation_key):
+            # A sleep's key is siglo's own: say what the run does instead.
+            until = "" if until_ms is None else f" until {iso_ms(until_ms)}"
+            text = f"workflow {stack_id!r} is sleeping in step {step!r}{until}"
+        else:
+            text = (
+                f"workflow {stack_id!r} is waiting in step {step!r} for event {correlation_key!r}"
+            )
+        super().__init__(text)
 
 
 @dataclass(frozen=True)
@@ -337,7 +347,7 @@ class Flow:
             return self._last_output(stack)
         if stack.status == "waiting":
             step, key = self._waiting_step(stack)
-            raise WorkflowSuspended(stack.stack_id, key, step)
+            raise WorkflowSuspended(stack.stack_id, key, step, until_ms=_deadline(stack))
         if stack.status != "running":
             raise InvalidStateTransitionError(
                 f"workflow {stack.stack_id!r} already ended {stack.status}; it cannot be "
@@ -390,7 +400,9 @@ class Flow:
                 )
             except _Suspend as wait:
                 await self._suspend(manager, stack, step, wait, unlock=unlock)
-                raise WorkflowSuspended(stack.stack_id, wait.correlation_key, step.name) from None
+                raise WorkflowSuspended(
+                    stack.stack_id, wait.correlation_key, step.name, until_ms=_deadline(stack)
+                ) from None
             except Exception:
                 stack.transition("failed")
                 await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
@@ -522,6 +534,12 @@ class Flow:
         stack.metadata["waitRecord"] = record.to_wire()
         stack.transition("waiting")
         await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
+
+
+def _deadline(stack: ExecutionStack) -> int | None:
+    """The deadline of the wait a suspended stack keeps in its metadata, if any."""
+    embedded = embedded_wait_record(stack.metadata)
+    return None if embedded is None else embedded.expires_at
 
 
 async def _why_unclaimable(

@@ -98,7 +98,14 @@ async def test_a_sleeping_run_shows_what_it_waits_for(kind: str) -> None:
     async with shared_store(kind) as backend:
         manager = siglo.StorageManager(backend)
         before = system_clock.now_ms()
-        await suspended(naps.run(None, manager=manager, stack_id="nap-1", namespace=NS))
+        with pytest.raises(siglo.WorkflowSuspended) as asleep:
+            await naps.run(None, manager=manager, stack_id="nap-1", namespace=NS)
+        # What the run's own exception says, the first time and on a later run:
+        assert "siglo-sleep" not in str(asleep.value)
+        assert re.search(r"sleeping in step 'nap' until \d{4}-\d\d-\d\dT", str(asleep.value))
+        with pytest.raises(siglo.WorkflowSuspended) as still:
+            await naps.run(None, manager=manager, stack_id="nap-1", namespace=NS)
+        assert str(still.value) == str(asleep.value)
         doc, text = await show(backend.url, "nap-1")
         assert doc["waitingFor"].startswith("sleeping until ")
         assert doc["waitRecords"][0]["outcome"] == "sleeping"
