@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
-from siglo.cli.common import open_store, require
+from siglo.cli.common import open_store, print_json, require
 from siglo.cli.errors import CliError, resolve_url
 from siglo.sentinel import MISSING
 from siglo.transfer import DumpError, ImportReport, export_lines, import_lines
@@ -86,7 +86,8 @@ def _lines(source: IO[bytes]) -> Iterator[bytes]:
     default="-",
     help="Read here instead of stdin.",
 )
-def import_(url: str | None, source: IO[bytes]) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
+def import_(url: str | None, source: IO[bytes], as_json: bool) -> None:
     """Import a dump of `siglo export`: revisions preserved, never over newer data.
 
     The whole dump is checked first: one that is cut short (an export that failed),
@@ -118,6 +119,22 @@ def import_(url: str | None, source: IO[bytes]) -> None:
             "(its last line is the trailer)",
         ) from exc
     summary = report.summary
+    if as_json:
+        print_json(
+            {
+                "format": None if summary is None else summary.format,
+                "verified": summary is not None and summary.verified,
+                "dump": {
+                    "checkpoints": None if summary is None else summary.checkpoints,
+                    "waits": None if summary is None else summary.waits,
+                },
+                "imported": report.imported,
+                "present": report.present,
+                "skipped": report.skipped,
+                "waits": report.waits,
+                "waitsPresent": report.waits_present,
+            }
+        )
     if summary is not None and not summary.verified:
         click.echo(
             f"warning: a dump of format {summary.format} has no trailer, so a cut one "
@@ -125,6 +142,8 @@ def import_(url: str | None, source: IO[bytes]) -> None:
             "checked",
             err=True,
         )
+    if as_json:
+        return
     click.echo(
         f"imported {report.imported} checkpoint(s) and {report.waits} wait record(s); "
         f"{report.present} checkpoint(s) and {report.waits_present} wait record(s) "

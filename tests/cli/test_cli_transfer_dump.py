@@ -11,6 +11,7 @@ interruption (issue 31, defect 5), on real SQLite, PostgreSQL and Redis stores.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from typing import Any
 
@@ -167,6 +168,18 @@ async def test_an_altered_dump_is_refused() -> None:
         whole = await invoke("import", dst.url, input=b"".join(lines))
         assert whole.exit_code == 0, whole.output
         assert "imported 4 checkpoint(s) and 3 wait record(s)" in whole.output
+        again = await invoke("import", dst.url, "--json", input=b"".join(lines))
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout) == {
+            "format": 2,
+            "verified": True,
+            "dump": {"checkpoints": 4, "waits": 3},
+            "imported": 0,
+            "present": 4,
+            "skipped": 0,
+            "waits": 0,
+            "waitsPresent": 3,
+        }
 
 
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
