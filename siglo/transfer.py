@@ -212,9 +212,8 @@ def _embedded_json(line: bytes, key: str) -> bytes:
 Entry = tuple[Literal["checkpoint"], Checkpoint] | tuple[Literal["wait"], WaitRecord]
 
 
-def _entry(line: bytes, number: int) -> Entry:
-    """The checkpoint or wait record of a dump line, validated."""
-    doc = _document(line, number)
+def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
+    """The checkpoint or wait record of a dump line (``doc``, parsed), validated."""
     kind = doc.get("kind")
     try:
         if kind == "checkpoint":
@@ -283,13 +282,12 @@ def verify_dump(lines: Iterable[bytes]) -> DumpSummary:
                 f"line {number} comes after the trailer (line {ended_at}): "
                 "the dump is not one export"
             )
-        if summary.format >= 2 and line.startswith(b'{"siglo"'):
-            doc = _document(line, number)
-            if doc.get("siglo") == "end":
-                _check_trailer(doc, number, digest)
-                ended_at = number
-                continue
-        kind, _ = _entry(line, number)
+        doc = _document(line, number)
+        if summary.format >= 2 and doc.get("siglo") == "end":
+            _check_trailer(doc, number, digest)
+            ended_at = number
+            continue
+        kind, _ = _entry(line, number, doc)
         digest.add(line)
         if kind == "checkpoint":
             digest.checkpoints += 1
@@ -375,9 +373,10 @@ async def _write(
         if not header_seen:
             header_seen = True
             continue
-        if line.startswith(b'{"siglo"'):
-            continue  # the trailer, verified already
-        kind, value = _entry(line, number)
+        doc = _document(line, number)
+        if doc.get("siglo") == "end":
+            break  # the trailer, verified already: the last line
+        kind, value = _entry(line, number, doc)
         if kind == "checkpoint":
             assert isinstance(value, Checkpoint)
             owner = value

@@ -25,7 +25,7 @@ from siglo import Checkpoint, WaitRecord
 from siglo.cli import cli
 from siglo.clock import system_clock
 from siglo.errors import InvalidArgumentError
-from siglo.transfer import ImportReport, export_lines, import_lines
+from siglo.transfer import ImportReport, export_lines, import_lines, verify_dump
 
 NS = "tenant:a"
 
@@ -165,6 +165,10 @@ async def test_an_altered_dump_is_refused() -> None:
             refused = await invoke("import", dst.url, input=b"".join(bad))
             assert refused.exit_code == 1 and says in refused.output, refused.output
         assert (await dst.adapter.list_checkpoints()).items == []
+        # The trailer is read as JSON: its keys in another order (or spaced) still vouch.
+        trailer = orjson.loads(lines[-1])
+        reordered = [*lines[:-1], json.dumps(trailer, sort_keys=True, indent=None).encode()]
+        assert verify_dump(reordered).verified
         whole = await invoke("import", dst.url, input=b"".join(lines))
         assert whole.exit_code == 0, whole.output
         assert "imported 4 checkpoint(s) and 3 wait record(s)" in whole.output
