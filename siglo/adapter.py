@@ -80,6 +80,7 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
     Capability.CHECKPOINTS: ("save_checkpoint", "get_checkpoint", "clean_expired_checkpoints"),
     Capability.WAIT_RECORDS: (
         "save_wait_record",
+        "create_wait_record",
         "get_wait_record",
         "claim_wait_record",
         "complete_wait_record",
@@ -264,6 +265,20 @@ class StorageAdapter(Closable):
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         self._require_open()
         await self._do_save_wait_record(record, ttl_ms=ttl_ms)
+
+    async def create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> bool:
+        """Store ``record`` exactly as given — its status, claim, lease and event payload —
+        unless a live record already has its correlation key in its namespace.
+
+        ``True`` if this call stored it; ``False`` if a record was there, which is left
+        as it was. Atomic: of concurrent creates of one key, one stores. ``ttl_ms`` as in
+        :meth:`save_wait_record`. This is how ``siglo import`` brings a wait over
+        without ever replacing one the store already has (delivered or claimed since).
+        """
+        check_wait_record(record)
+        require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        self._require_open()
+        return await self._do_create_wait_record(record, ttl_ms=ttl_ms)
 
     async def get_wait_record(
         self, correlation_key_or_stack_id: str, *, namespace: str | None = None
@@ -522,6 +537,9 @@ class StorageAdapter(Closable):
 
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> None:
         raise self._unsupported("save_wait_record")
+
+    async def _do_create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> bool:
+        raise self._unsupported("create_wait_record")
 
     async def _do_get_wait_record(
         self, correlation_key_or_stack_id: str, namespace: str | None

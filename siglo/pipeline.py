@@ -249,6 +249,9 @@ class PipelineAdapter(StorageAdapter):
     async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         await self.inner.save_wait_record(self.pipeline.wait_out(record), ttl_ms=ttl_ms)
 
+    async def create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> bool:
+        return await self.inner.create_wait_record(self.pipeline.wait_out(record), ttl_ms=ttl_ms)
+
     async def get_wait_record(
         self, correlation_key_or_stack_id: str, *, namespace: str | None = None
     ) -> WaitRecord | None:

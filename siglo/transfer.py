@@ -1,55 +1,127 @@
 """Export a store to JSON Lines and import it into any backend (SPEC §9).
 
-The dump is one JSON document per line:
+The dump (format 2) is one JSON document per line:
 
-- a header ``{"siglo": "export", "format": 1, "exportedAt": <ms>, "namespace": …}``;
+- a header ``{"siglo": "export", "format": 2, "exportedAt": <ms>, "namespace": …}``
+  (``namespace`` only for an export of one namespace);
 - per live checkpoint, ``{"kind": "checkpoint", "document": <the stored JSON>}`` — the
   document exactly as the backend holds it, byte for byte, so an export imported
   anywhere and exported again gives the same documents;
 - after a checkpoint whose run waits (its ``metadata.waitRecord``), that wait's current
-  record: ``{"kind": "wait", "record": <wait record JSON>}``, so the run stays
-  resumable by its event (or its timer) in the new store.
+  record, read in the stack's namespace: ``{"kind": "wait", "record": <wait record
+  JSON>}`` with its status, claim and event payload, so the run stays resumable by its
+  event (or its timer) in the new store;
+- last, a trailer ``{"siglo": "end", "checkpoints": N, "waits": M, "lines": L,
+  "sha256": <hex>}``: how many checkpoint and wait lines came before it, how many lines
+  in all (the header included), and the SHA-256 of those lines, each followed by one
+  ``\\n``. An export that failed half-way has no trailer.
 
-Importing saves each checkpoint *without* ``expected_revision``: the store's
-compare-and-set takes it only if it moves the stack's revision forward, so an import
-never overwrites newer data and a second run of the same import (after an interruption)
-skips what is already there. Context-change streams (telemetry) and the step cache are
-not exported.
+Import reads the whole dump first (spooled to a temporary file beyond a few MiB) and
+refuses one that is cut (no trailer, or lines after it), altered (counts or digest do
+not match) or malformed, naming the line, **before anything is written**. Then it saves
+each checkpoint *without* ``expected_revision``: the store's compare-and-set takes it only
+if it moves the stack's revision forward, so an import never overwrites newer data. A
+wait goes in after its checkpoint: replacing the store's record when the import moved the
+checkpoint forward, and with :meth:`~siglo.StorageAdapter.create_wait_record` — only
+where the store has none, atomically — when the store already held that very revision
+(an earlier run of the same import, interrupted after the checkpoint). So an interrupted
+import is completed by running it again, at whatever point it stopped: nothing is
+written twice, nothing is left out, and a wait delivered in the new store meanwhile is
+not put back. Dumps of format 1 (no trailer) are still read, without the check.
+
+Context-change streams (telemetry) and the step cache are not exported.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import hashlib
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import IO, Any, Final, Literal
 
 import orjson
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import Checkpoint
 from siglo.clock import system_clock
-from siglo.errors import CheckpointConflictError, InvalidArgumentError
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    CheckpointConflictError,
+    InvalidArgumentError,
+    SigloError,
+)
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 
-__all__ = ["FORMAT", "ImportReport", "export_lines", "import_lines"]
+__all__ = [
+    "FORMAT",
+    "DumpError",
+    "READABLE_FORMATS",
+    "DumpSummary",
+    "ImportReport",
+    "export_lines",
+    "import_lines",
+    "verify_dump",
+]
 
-FORMAT: Final = 1
+FORMAT: Final = 2
+"""The format :func:`export_lines` writes."""
+READABLE_FORMATS: Final = (1, 2)
+"""The formats :func:`import_lines` reads (1: no trailer, so a cut dump goes unnoticed)."""
+
 _PAGE: Final = 500
+
+
+class DumpError(InvalidArgumentError):
+    """A dump that is not one whole, unaltered export: cut short, changed, malformed, or
+    of a format this siglo does not read. Raised before anything is imported."""
+
+
+_SPOOL_BYTES: Final = 8 * 1024 * 1024
+
+
+class _Digest:
+    """Counts and SHA-256 of the lines before the trailer, as the trailer states them."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.lines = 0
+        self.checkpoints = 0
+        self.waits = 0
+
+    def add(self, line: bytes) -> None:
+        self.sha.update(line)
+        self.sha.update(b"\n")
+        self.lines += 1
+
+    def trailer(self) -> dict[str, Any]:
+        return {
+            "siglo": "end",
+            "checkpoints": self.checkpoints,
+            "waits": self.waits,
+            "lines": self.lines,
+            "sha256": self.sha.hexdigest(),
+        }
 
 
 async def export_lines(
     adapter: StorageAdapter, *, namespace: str | Missing | None = MISSING
 ) -> AsyncIterator[bytes]:
     """The dump of every live checkpoint (of ``namespace``, if given), line by line
-    (each without its newline)."""
+    (each without its newline), its trailer last."""
     if not adapter.supports(Capability.LISTING):
-        raise InvalidArgumentError(f"backend {adapter.name!r} cannot list its checkpoints")
+        raise CapabilityNotSupportedError(
+            f"backend {adapter.name!r} cannot list its checkpoints (capability listing)"
+        )
+    digest = _Digest()
     header: dict[str, Any] = {"siglo": "export", "format": FORMAT}
     header["exportedAt"] = system_clock.now_ms()
     if namespace is not MISSING:
         header["namespace"] = namespace
-    yield orjson.dumps(header)
+    line = orjson.dumps(header)
+    digest.add(line)
+    yield line
     waits = adapter.supports(Capability.WAIT_RECORDS)
     cursor = None
     while True:
@@ -60,15 +132,38 @@ async def export_lines(
             )
             if checkpoint is None:
                 continue  # deleted or expired since the page was read
-            yield b'{"kind":"checkpoint","document":' + checkpoint.to_json() + b"}"
+            line = b'{"kind":"checkpoint","document":' + checkpoint.to_json() + b"}"
+            digest.add(line)
+            digest.checkpoints += 1
+            yield line
             embedded = embedded_wait_record(checkpoint.metadata) if waits else None
             if embedded is not None:
-                record = await adapter.get_wait_record(embedded.correlation_key)
+                # Wait records live in their stack's namespace: read them there.
+                record = await adapter.get_wait_record(
+                    embedded.correlation_key, namespace=checkpoint.namespace
+                )
                 if record is not None and record.correlation_key == embedded.correlation_key:
-                    yield b'{"kind":"wait","record":' + record.to_json() + b"}"
+                    line = b'{"kind":"wait","record":' + record.to_json() + b"}"
+                    digest.add(line)
+                    digest.waits += 1
+                    yield line
         if page.next_cursor is None:
-            return
+            break
         cursor = page.next_cursor
+    yield orjson.dumps(digest.trailer())
+
+
+@dataclass
+class DumpSummary:
+    """What a verified dump holds (:func:`verify_dump`)."""
+
+    format: int
+    checkpoints: int = 0
+    waits: int = 0
+    namespace: str | Missing | None = MISSING
+    """The namespace the export was limited to (``MISSING``: every namespace)."""
+    verified: bool = False
+    """Whether a trailer vouched for the dump's counts and digest (format 2)."""
 
 
 @dataclass
@@ -78,19 +173,28 @@ class ImportReport:
     imported: int = 0
     """Checkpoints saved."""
     skipped: int = 0
-    """Checkpoints not saved: the store already had that revision or a newer one."""
+    """Checkpoints not saved: the store already had a newer revision (or, at that
+    revision, another document)."""
+    present: int = 0
+    """Checkpoints already there at exactly that revision: an earlier run of this import
+    saved them (their waits are completed now if that run stopped before them)."""
     waits: int = 0
     """Wait records saved."""
+    waits_present: int = 0
+    """Wait records the store already had (from an earlier run, or changed there since),
+    left as they are."""
     namespaces: set[str | None] = field(default_factory=set)
+    summary: DumpSummary | None = None
+    """The dump's header and trailer, as verified before anything was written."""
 
 
 def _document(line: bytes, number: int) -> dict[str, Any]:
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"line {number} of the dump is not JSON: {exc}") from None
+        raise DumpError(f"line {number} of the dump is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise InvalidArgumentError(f"line {number} of the dump is not a JSON object")
+        raise DumpError(f"line {number} of the dump is not a JSON object")
     return value
 
 
@@ -100,57 +204,228 @@ def _embedded_json(line: bytes, key: str) -> bytes:
     marker = b'"' + key.encode() + b'":'
     start = line.find(marker)
     end = line.rstrip().rfind(b"}")
+    if start < 0 or end <= start:
+        raise DumpError(f"no {key!r} in the line")
     return line[start + len(marker) : end].strip()
+
+
+Entry = tuple[Literal["checkpoint"], Checkpoint] | tuple[Literal["wait"], WaitRecord]
+
+
+def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
+    """The checkpoint or wait record of a dump line (``doc``, parsed), validated."""
+    kind = doc.get("kind")
+    try:
+        if kind == "checkpoint":
+            return "checkpoint", Checkpoint.from_json(_embedded_json(line, "document"))
+        if kind == "wait":
+            return "wait", WaitRecord.from_json(_embedded_json(line, "record"))
+    except SigloError as exc:
+        raise DumpError(f"line {number} of the dump: {exc}") from None
+    if doc.get("siglo") == "end":
+        raise DumpError(f"line {number}: a second trailer")
+    raise DumpError(f"line {number} has an unknown kind {kind!r}")
+
+
+def _numbered(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """Non-blank lines without their line ending, with their line numbers."""
+    for number, raw in enumerate(lines, start=1):
+        line = raw.rstrip(b"\r\n")
+        if line.strip():
+            yield number, line
+
+
+def _header(line: bytes, number: int) -> DumpSummary:
+    doc = _document(line, number)
+    if doc.get("siglo") != "export" or doc.get("format") not in READABLE_FORMATS:
+        formats = " or ".join(map(str, READABLE_FORMATS))
+        found = doc.get("format") if doc.get("siglo") == "export" else None
+        detail = f" (it says format {found!r})" if found is not None else ""
+        raise DumpError(f"line {number} is not a siglo export header (format {formats}){detail}")
+    summary = DumpSummary(format=int(doc["format"]))
+    if "namespace" in doc:
+        summary.namespace = doc["namespace"]
+    return summary
+
+
+def _check_trailer(doc: dict[str, Any], number: int, digest: _Digest) -> None:
+    stated = {k: doc.get(k) for k in ("checkpoints", "waits", "lines", "sha256")}
+    found = {k: v for k, v in digest.trailer().items() if k != "siglo"}
+    wrong = [
+        f"{k} {stated[k]!r} (the dump has {found[k]!r})" for k in found if stated[k] != found[k]
+    ]
+    if wrong:
+        raise DumpError(
+            f"the dump does not match its trailer (line {number}): {'; '.join(wrong)}; "
+            "it was altered or assembled from parts: export again"
+        )
+
+
+def verify_dump(lines: Iterable[bytes]) -> DumpSummary:
+    """Read a whole dump and check it without writing anything: its header, every line,
+    and (format 2) that its trailer is there, last, and matches the counts and SHA-256.
+
+    Raises :class:`DumpError` naming what is wrong: a dump cut
+    short (no trailer — the export failed or was interrupted), lines after the trailer,
+    counts or digest that do not match (altered), a malformed line.
+    """
+    summary: DumpSummary | None = None
+    digest = _Digest()
+    ended_at: int | None = None
+    for number, line in _numbered(lines):
+        if summary is None:
+            summary = _header(line, number)
+            digest.add(line)
+            continue
+        if ended_at is not None:
+            raise DumpError(
+                f"line {number} comes after the trailer (line {ended_at}): "
+                "the dump is not one export"
+            )
+        doc = _document(line, number)
+        if summary.format >= 2 and doc.get("siglo") == "end":
+            _check_trailer(doc, number, digest)
+            ended_at = number
+            continue
+        kind, _ = _entry(line, number, doc)
+        digest.add(line)
+        if kind == "checkpoint":
+            digest.checkpoints += 1
+        else:
+            digest.waits += 1
+    if summary is None:
+        raise DumpError("the dump is empty: no siglo export header")
+    if summary.format >= 2 and ended_at is None:
+        raise DumpError(
+            f"the dump is cut short: no trailer after its {digest.lines} line(s) "
+            f"({digest.checkpoints} checkpoint(s), {digest.waits} wait record(s)); the "
+            "export failed or was interrupted: nothing was imported, export again"
+        )
+    summary.checkpoints, summary.waits = digest.checkpoints, digest.waits
+    summary.verified = ended_at is not None
+    return summary
+
+
+class _Spool:
+    """The dump's lines kept for a second pass: in memory, on disk beyond a few MiB."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115
+
+    def keep(self, lines: Iterable[bytes]) -> Iterator[bytes]:
+        for line in lines:
+            self.file.write(line if line.endswith(b"\n") else line + b"\n")
+            yield line
+
+    def replay(self) -> Iterator[bytes]:
+        self.file.seek(0)
+        yield from self.file
+
+    def close(self) -> None:
+        self.file.close()
 
 
 async def import_lines(
     adapter: StorageAdapter,
     lines: Iterable[bytes],
     *,
-    progress: Any = None,
+    progress: Callable[[ImportReport], Any] | None = None,
 ) -> ImportReport:
     """Import a dump made by :func:`export_lines` into ``adapter``.
 
-    ``progress(report)``, if given, is called after every line. Raises
-    :class:`~siglo.errors.InvalidArgumentError` naming the line for a malformed dump.
+    The whole dump is verified first (:func:`verify_dump`); a cut, altered or malformed
+    dump raises :class:`DumpError` naming what is wrong, and
+    nothing is written. Running an interrupted import again completes it.
+    ``progress(report)``, if given, is called after every line written.
     """
-    report = ImportReport()
+    spool = _Spool()
+    try:
+        summary = verify_dump(spool.keep(lines))
+        if summary.waits and not adapter.supports(Capability.WAIT_RECORDS):
+            raise CapabilityNotSupportedError(
+                f"the dump holds {summary.waits} wait record(s) and backend "
+                f"{adapter.name!r} has no wait records: nothing was imported"
+            )
+        report = ImportReport(summary=summary)
+        await _write(adapter, spool.replay(), report, progress)
+        return report
+    finally:
+        spool.close()
+
+
+WaitMode = Literal["save", "create"] | None
+
+
+async def _write(
+    adapter: StorageAdapter,
+    lines: Iterable[bytes],
+    report: ImportReport,
+    progress: Callable[[ImportReport], Any] | None,
+) -> None:
+    # How the wait after a checkpoint goes in: "save" (the import moved the checkpoint
+    # forward: the dumped wait is the truth for it), "create" (the store already held
+    # that revision: add the wait only where it has none), None (skip: the store's run
+    # is elsewhere, and a wait of an older revision must not replace its waits).
+    mode: WaitMode = None
+    owner: Checkpoint | None = None
     header_seen = False
-    # A wait is saved only after its checkpoint went in: a skipped (older) checkpoint's
-    # wait must not replace the newer store's.
-    last_saved: Checkpoint | None = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        doc = _document(line, number)
+    for number, line in _numbered(lines):
         if not header_seen:
-            if doc.get("siglo") != "export" or doc.get("format") != FORMAT:
-                raise InvalidArgumentError(
-                    f"line {number} is not a siglo export header (format {FORMAT})"
-                )
             header_seen = True
             continue
-        kind = doc.get("kind")
+        doc = _document(line, number)
+        if doc.get("siglo") == "end":
+            break  # the trailer, verified already: the last line
+        kind, value = _entry(line, number, doc)
         if kind == "checkpoint":
-            checkpoint = Checkpoint.from_json(_embedded_json(line, "document"))
-            try:
-                await adapter.save_checkpoint(checkpoint)
-            except CheckpointConflictError:
-                report.skipped += 1
-                last_saved = None
-            else:
-                report.imported += 1
-                report.namespaces.add(checkpoint.namespace)
-                last_saved = checkpoint
-        elif kind == "wait":
-            record = WaitRecord.from_json(_embedded_json(line, "record"))
-            if last_saved is not None and record.stack_id == last_saved.stack_id:
-                await adapter.save_wait_record(record)
-                report.waits += 1
+            assert isinstance(value, Checkpoint)
+            owner = value
+            mode = await _import_checkpoint(adapter, value, report)
         else:
-            raise InvalidArgumentError(f"line {number} has an unknown kind {kind!r}")
+            assert isinstance(value, WaitRecord)
+            if (
+                mode is not None
+                and owner is not None
+                and (value.stack_id, value.namespace) == (owner.stack_id, owner.namespace)
+            ):
+                await _import_wait(adapter, value, mode, report)
         if progress is not None:
             progress(report)
-    if not header_seen:
-        raise InvalidArgumentError("the dump is empty: no siglo export header")
-    return report
+
+
+async def _import_checkpoint(
+    adapter: StorageAdapter, checkpoint: Checkpoint, report: ImportReport
+) -> WaitMode:
+    try:
+        await adapter.save_checkpoint(checkpoint)
+    except CheckpointConflictError:
+        stored = await adapter.get_checkpoint(
+            checkpoint.stack_id, checkpoint.namespace, fallback=False
+        )
+        if (
+            stored is not None
+            and stored.revision == checkpoint.revision
+            and stored.timestamp == checkpoint.timestamp
+        ):
+            # This very revision (same revision, same save time): an earlier run of
+            # this import wrote it and may have stopped before its wait.
+            report.present += 1
+            report.namespaces.add(checkpoint.namespace)
+            return "create"
+        report.skipped += 1
+        return None
+    report.imported += 1
+    report.namespaces.add(checkpoint.namespace)
+    return "save"
+
+
+async def _import_wait(
+    adapter: StorageAdapter, record: WaitRecord, mode: WaitMode, report: ImportReport
+) -> None:
+    if mode == "save":
+        await adapter.save_wait_record(record)
+        report.waits += 1
+    elif await adapter.create_wait_record(record):
+        report.waits += 1
+    else:
+        report.waits_present += 1

@@ -255,6 +255,14 @@ class MemoryStorageAdapter(StorageAdapter):
             ns, record.correlation_key
         )
 
+    async def _do_create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> bool:
+        # No await between the look and the write: atomic on the event loop.
+        key = wait_key(record.namespace, record.correlation_key)
+        if self._live_wait(key, self.clock.now_ms()) is not None:
+            return False
+        await self._do_save_wait_record(record, ttl_ms=ttl_ms)
+        return True
+
     async def _do_get_wait_record(
         self, correlation_key_or_stack_id: str, namespace: str | None = None
     ) -> WaitRecord | None:

@@ -330,6 +330,16 @@ class RedisStorageAdapter(StorageAdapter):
         await self._index.add_deadline(record)
         await self._waits.save(record, ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms)
 
+    async def _do_create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> bool:
+        # Indexed by deadline before it is written, as a save is; an entry of a record
+        # already there keeps its deadline, and the created record's is set after.
+        await self._index.add_deadline(record, keep_existing=True)
+        retention = ttl_ms if ttl_ms is not None else self.checkpoint_ttl_ms
+        if not await self._waits.create(record, retention):
+            return False
+        await self._index.add_deadline(record)
+        return True
+
     async def _do_get_wait_record(
         self, correlation_key_or_stack_id: str, namespace: str | None = None
     ) -> WaitRecord | None:

@@ -231,8 +231,11 @@ class CheckpointIndex:
                 break
         return {"checkpoint_index": members, "wait_deadlines": deadlines}
 
-    async def add_deadline(self, record: WaitRecord) -> None:
-        """Before a wait with a deadline is written: index it by its deadline."""
+    async def add_deadline(self, record: WaitRecord, *, keep_existing: bool = False) -> None:
+        """Before a wait with a deadline is written: index it by its deadline.
+
+        ``keep_existing``: leave the entry of a record already indexed under this key as
+        it is (before a create that may find that record there and change nothing)."""
         if record.expires_at is None or record.status not in ("waiting", "claimed"):
             return
         await self._redis.call(
@@ -240,6 +243,7 @@ class CheckpointIndex:
             self._client.zadd(
                 self._keys.wait_deadlines,
                 {deadline_member(record.namespace, record.correlation_key): record.expires_at},
+                nx=keep_existing,
             ),
         )
 

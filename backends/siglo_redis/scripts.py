@@ -27,6 +27,7 @@ __all__ = [
     "LOCK_ACQUIRE",
     "LOCK_EXTEND",
     "SWAP",
+    "WAIT_CREATE",
     "WAIT_INDEX_ADD",
     "WAIT_STACK_COPY",
     "Script",
@@ -184,6 +185,29 @@ WAIT_STACK_COPY: Final = Script(
 -- Seed 001 §5 also stores a wait record under siglo:wait:<stackId>; never let that copy
 -- overwrite the record whose correlation key is that same string.
 -- KEYS[1] siglo:wait:<stackId>. ARGV[1] record JSON, ARGV[2] stack id, ARGV[3] PX ('' none).
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, doc = pcall(cjson.decode, current)
+  if ok and type(doc) == 'table' and doc['correlationKey'] == ARGV[2] then return 0 end
+end
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+end
+return 1
+""",
+)
+
+WAIT_CREATE: Final = Script(
+    "wait_create",
+    """
+-- Store a wait record only if no record of its correlation key is there (an import
+-- that must not overwrite a wait the store already has, in whatever state).
+-- KEYS[1] siglo:[<ns>:]wait:<key>. ARGV[1] record JSON, ARGV[2] correlation key,
+-- ARGV[3] PX ('' none). A per-stack copy of seed 001 §5 that merely sits at this key
+-- (another record's, for a stack whose id is this key) is not a record of the key.
+-- Returns 1 when stored, 0 when the key's record exists (nothing changed).
 local current = redis.call('GET', KEYS[1])
 if current then
   local ok, doc = pcall(cjson.decode, current)

@@ -19,7 +19,7 @@ from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 from siglo_redis.commands import Commands, clamp_px, sha1, text
 from siglo_redis.keys import KeySpace
-from siglo_redis.scripts import SWAP, WAIT_INDEX_ADD, WAIT_STACK_COPY
+from siglo_redis.scripts import SWAP, WAIT_CREATE, WAIT_INDEX_ADD, WAIT_STACK_COPY
 
 __all__ = [
     "MAX_SWAP_ATTEMPTS",
@@ -161,6 +161,27 @@ class WaitRecords:
         data = record.to_json()
         ns = record.namespace
         await self._redis.set(self._keys.wait(record.correlation_key, ns), data, px=retention_ms)
+        await self._index_by_stack(record, data, retention_ms)
+
+    async def create(self, record: WaitRecord, retention_ms: int | None) -> bool:
+        """Store ``record`` as :meth:`save` does, but only if its correlation key has no
+        record (one atomic script); ``True`` if stored."""
+        data = record.to_json()
+        px = "" if retention_ms is None else clamp_px(retention_ms)
+        created = await self._redis.script(
+            WAIT_CREATE,
+            [self._keys.wait(record.correlation_key, record.namespace)],
+            [data, record.correlation_key, px],
+        )
+        if int(created) != 1:
+            return False
+        await self._index_by_stack(record, data, retention_ms)
+        return True
+
+    async def _index_by_stack(
+        self, record: WaitRecord, data: bytes, retention_ms: int | None
+    ) -> None:
+        ns = record.namespace
         px = "" if retention_ms is None else clamp_px(retention_ms)
         await self._redis.script(
             WAIT_INDEX_ADD,

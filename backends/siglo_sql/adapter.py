@@ -392,6 +392,18 @@ class SqlStorageAdapter(StorageAdapter):
             return
         await db.fetch_all([(s.wait_upsert, params), (s.wait_latest_upsert, params)])
 
+    async def _do_create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> bool:
+        now = self.clock.now_ms()
+        gone_at = at_most(now + ttl_ms) if ttl_ms is not None else self._retention(now)
+        params = {**wait_row(record, gone_at), "now": now}
+        s = self._s
+        # One transaction: the by-stack index names the record only if it was written.
+        async with self.database.transaction() as tx:
+            if not await tx.fetch(s.wait_create, params):
+                return False
+            await tx.fetch(s.wait_latest_upsert, params)
+        return True
+
     async def _do_get_wait_record(
         self, correlation_key_or_stack_id: str, namespace: str | None = None
     ) -> WaitRecord | None:

@@ -61,6 +61,7 @@ class Statements:
     # wait records
     wait_upsert: str
     wait_latest_upsert: str
+    wait_create: str
     wait_save_one: str | None
     """Both upserts in one statement (a data-modifying CTE), where the dialect has them."""
     wait_get: str
@@ -281,6 +282,12 @@ def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str,
         "completed_at = excluded.completed_at, event_payload = excluded.event_payload, "
         "gone_at = excluded.gone_at, document = excluded.document"
     )
+    # An import's create: the same row, written only where no live row has the id (an
+    # expired one is replaced). RETURNING says whether it was written.
+    create = (
+        upsert.replace(f"INSERT INTO {w} ", f"INSERT INTO {w} AS t ", 1)
+        + " WHERE t.gone_at IS NOT NULL AND t.gone_at <= :now RETURNING 1"
+    )
     latest_upsert = (
         f"INSERT INTO {wl} (id, stack_id, wait_id) VALUES (:latest_id, :stack_id, :id) "
         "ON CONFLICT (id) DO UPDATE SET wait_id = excluded.wait_id"
@@ -288,6 +295,7 @@ def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str,
     return {
         "wait_upsert": upsert,
         "wait_latest_upsert": latest_upsert,
+        "wait_create": create,
         "wait_save_one": (
             f"WITH saved AS ({upsert} RETURNING 1) {latest_upsert}" if writable_ctes else None
         ),

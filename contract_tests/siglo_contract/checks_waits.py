@@ -4,6 +4,7 @@ with short TTLs."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from siglo.adapter import Capability
@@ -341,6 +342,70 @@ async def wait_retention(ctx: CheckContext) -> None:
             pass
         else:
             fail("wait.retention", "completed after retention")
+
+
+@check("wait.create")
+async def wait_create(ctx: CheckContext) -> None:
+    """A create stores a claimed record as given where its key has none; a second create
+    (another state) returns False and changes nothing; another namespace, and a key whose
+    record is past its retention, take a create; of eight concurrent creates one wins."""
+    ctx.about("wait.create")
+    a = ctx.backend.adapter
+    rule = "wait.create"
+    now = ctx.now_ms()
+    claimed = record(
+        ctx,
+        "created",
+        status="claimed",
+        claimant_id="holder",
+        claimed_at=now,
+        lease_expires_at=now + 600_000,
+        expires_at=now + 3_600_000,
+        event_payload={"paid": 0},
+    )
+    first = await a.create_wait_record(claimed)
+    got = await a.get_wait_record(claimed.correlation_key)
+    expect(first is True, rule, f"create_wait_record of a new key returned {first!r}")
+    expect(same(got, claimed), rule, f"created {claimed!r}, read back {got!r}")
+    fresh = claimed.replace(status="waiting", claimant_id=None, claimed_at=None,
+                            lease_expires_at=None, event_payload=None)  # fmt: skip
+    again = await a.create_wait_record(fresh)
+    after = await a.get_wait_record(claimed.correlation_key)
+    expect(again is False, rule, f"a create over a stored record returned {again!r}")
+    expect(same(after, claimed), rule, f"a refused create changed {claimed!r} into {after!r}")
+
+    elsewhere = fresh.replace(namespace=ctx.id("create-ns"))
+    other = await a.create_wait_record(elsewhere)
+    got = await a.get_wait_record(elsewhere.correlation_key, namespace=elsewhere.namespace)
+    expect(
+        other is True and same(got, elsewhere),
+        rule,
+        f"a create in another namespace returned {other!r}, read back {got!r}",
+    )
+
+    ttl = ctx.short_ttl_ms()
+    brief = record(ctx, "create-brief")
+    await a.save_wait_record(brief, ttl_ms=ttl)
+    await ctx.pass_time(ttl)
+    replaced = brief.replace(status="cancelled")
+    over_gone = await a.create_wait_record(replaced)
+    got = await a.get_wait_record(brief.correlation_key)
+    expect(
+        over_gone is True and same(got, replaced),
+        rule,
+        f"a create over a record past its retention returned {over_gone!r}, read {got!r}",
+    )
+
+    contested = [record(ctx, "create-race", metadata={"n": n}) for n in range(8)]
+    won = await asyncio.gather(*(a.create_wait_record(r) for r in contested))
+    winners = [r for r, ok in zip(contested, won, strict=True) if ok is True]
+    got = await a.get_wait_record(contested[0].correlation_key)
+    expect(len(winners) == 1, rule, f"{len(winners)} of 8 concurrent creates returned True")
+    expect(
+        len(winners) != 1 or same(got, winners[0]),
+        rule,
+        f"the winning create stored {winners[:1]!r}, read back {got!r}",
+    )
 
 
 @check("wait.namespace.isolation")

@@ -104,6 +104,11 @@ RULES: Final[tuple[Rule, ...]] = (
     ),
     _a("wait.retention", _C.WAIT_RECORDS, "a record past its retention is gone"),
     _a(
+        "wait.create",
+        _C.WAIT_RECORDS,
+        "create stores a record as given only where its key has none, atomically",
+    ),
+    _a(
         "wait.namespace.isolation",
         _C.WAIT_RECORDS,
         "wait records of one namespace are never seen or changed from another",

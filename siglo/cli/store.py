@@ -16,8 +16,10 @@ from siglo.cli.errors import CliError, resolve_url
 from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError
 from siglo.listing import CheckpointSummary
+from siglo.moments import describe_ms
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
+from siglo.workflow.outcomes import WAITING_FOR, is_sleep, wait_outcome, waiting_for
 
 __all__ = ["clean", "ls", "parse_duration", "prune", "rm", "show"]
 
@@ -139,8 +141,13 @@ def ls(
 @click.option("--namespace", "-n", default=None, help="The stack's namespace.")
 @json_option
 def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -> None:
-    """Show one stack: its checkpoint (as stored: redacted fields stay redacted) and its
-    wait records."""
+    """Show one stack: its checkpoint (as stored: redacted fields stay redacted), what it
+    waits for, and its wait records.
+
+    Each wait has an outcome: waiting, sleeping, due, claimed, claim lapsed, delivered,
+    timed out, slept or cancelled. Times are ISO-8601 UTC with a relative time; --json
+    keeps the stored epoch milliseconds and adds each record's "outcome".
+    """
 
     async def run() -> None:
         async with open_store(resolve_url(url)) as backend:
@@ -151,20 +158,33 @@ def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -
                 raise CliError(
                     f"no stack {stack_id!r}{where}", "`siglo ls URL` lists the stored stacks"
                 )
+            now = system_clock.now_ms()
             waits: list[WaitRecord] = []
             if adapter.supports(Capability.WAIT_RECORDS):
                 embedded = embedded_wait_record(checkpoint.metadata)
                 keys = [] if embedded is None else [embedded.correlation_key]
-                latest = await adapter.get_wait_record(stack_id)
+                # Wait records live in their stack's namespace: every read names it.
+                latest = await adapter.get_wait_record(stack_id, namespace=namespace)
                 if latest is not None and latest.stack_id == stack_id:
                     keys.append(latest.correlation_key)
                 for key in dict.fromkeys(keys):
-                    record = await adapter.get_wait_record(key)
+                    record = await adapter.get_wait_record(key, namespace=namespace)
                     if record is not None and record.namespace == namespace:
                         waits.append(record)
         doc = checkpoint.to_wire()
+        outcomes = [wait_outcome(w, checkpoint, now) for w in waits]
         if as_json:
-            print_json({"checkpoint": doc, "waitRecords": [w.to_wire() for w in waits]})
+            # Times stay in epoch ms here; "outcome" tells a timeout from a delivery.
+            print_json(
+                {
+                    "checkpoint": doc,
+                    "waitingFor": waiting_for(checkpoint, now),
+                    "waitRecords": [
+                        {**w.to_wire(), "outcome": outcome}
+                        for w, outcome in zip(waits, outcomes, strict=True)
+                    ],
+                }
+            )
             return
         print_table(
             f"stack {stack_id}",
@@ -173,6 +193,7 @@ def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -
                 ("namespace", checkpoint.namespace),
                 ("workflow", checkpoint.workflow_id),
                 ("status", checkpoint.status),
+                ("waiting for", waiting_for(checkpoint, now)),
                 ("revision", checkpoint.revision),
                 ("updated (UTC)", format_ms(checkpoint.timestamp)),
                 ("expires (UTC)", format_ms(checkpoint.expires_at)),
@@ -183,19 +204,34 @@ def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -
             print_table(
                 f"context {step}",
                 ("key", "value"),
-                [(key, _compact(value)) for key, value in context.items()],
+                [(key, _context_value(key, value)) for key, value in context.items()],
             )
-        if waits:
+        for w, outcome in zip(waits, outcomes, strict=True):
+            claimed = w.status == "claimed"
             print_table(
-                "wait records",
-                ("correlation key", "status", "step", "deadline (UTC)", "claimant"),
+                "sleep" if is_sleep(w.correlation_key) else f"wait {w.correlation_key}",
+                ("field", "value"),
                 [
-                    (w.correlation_key, w.status, w.step_id, format_ms(w.expires_at), w.claimant_id)
-                    for w in waits
+                    ("outcome", outcome),
+                    ("step", w.step_id),
+                    ("deadline", describe_ms(w.expires_at, now)),
+                    ("claimed by", w.claimant_id if claimed else None),
+                    (
+                        "claim lease until",
+                        describe_ms(w.lease_expires_at, now) if claimed else None,
+                    ),
+                    ("completed", describe_ms(w.completed_at, now)),
                 ],
             )
 
     asyncio.run(run())
+
+
+def _context_value(key: str, value: Any) -> str:
+    # A sleep's correlation key is siglo's own: people see that the step sleeps.
+    if key == WAITING_FOR and isinstance(value, str) and is_sleep(value):
+        return "sleep"
+    return _compact(value)
 
 
 def _compact(value: Any) -> str:
@@ -214,25 +250,41 @@ def _compact(value: Any) -> str:
     default=None,
     help="Only if the stored revision is this one (compare-and-set).",
 )
-def rm(url: str | None, stack_id: str, namespace: str | None, revision: int | None) -> None:
-    """Delete a stack: its checkpoint, wait records and context streams."""
+@json_option
+def rm(
+    url: str | None, stack_id: str, namespace: str | None, revision: int | None, as_json: bool
+) -> None:
+    """Delete a stack: its checkpoint, wait records and context streams.
+
+    Exits with status 1 when nothing was deleted (no such stack, or --revision did not
+    match); with --json the outcome is printed as JSON on stdout either way.
+    """
+    result: dict[str, Any] = {"stackId": stack_id, "namespace": namespace, "deleted": False}
 
     async def run() -> None:
         async with open_store(resolve_url(url)) as backend:
             require(backend, Capability.DELETION)
             try:
-                deleted = await backend.adapter.delete_checkpoint(
+                result["deleted"] = await backend.adapter.delete_checkpoint(
                     stack_id, namespace, expected_revision=revision
                 )
             except CheckpointConflictError as exc:
+                result["currentRevision"] = exc.current_revision
+                result["expectedRevision"] = revision
+                if as_json:
+                    print_json(result)
                 raise CliError(
                     f"stack {stack_id!r} is at revision {exc.current_revision}, not {revision}; "
                     "nothing was deleted",
                     "`siglo show URL STACK_ID` shows the current revision",
                 ) from exc
-        if not deleted:
-            raise CliError(f"no stack {stack_id!r} to delete", "`siglo ls URL` lists them")
-        click.echo(f"deleted {stack_id}")
+        if as_json:
+            print_json(result)
+        if not result["deleted"]:
+            where = f" in namespace {namespace!r}" if namespace else ""
+            raise CliError(f"no stack {stack_id!r}{where} to delete", "`siglo ls URL` lists them")
+        if not as_json:
+            click.echo(f"deleted {stack_id}")
 
     asyncio.run(run())
 

@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
-from siglo.cli.common import open_store, require
-from siglo.cli.errors import resolve_url
+from siglo.cli.common import open_store, print_json, require
+from siglo.cli.errors import CliError, resolve_url
 from siglo.sentinel import MISSING
-from siglo.transfer import ImportReport, export_lines, import_lines
+from siglo.transfer import DumpError, ImportReport, export_lines, import_lines
 
 __all__ = ["export", "import_"]
 
@@ -44,7 +44,12 @@ def _progress() -> Progress:
     help="Write here instead of stdout.",
 )
 def export(url: str | None, namespace: str | None, output: IO[bytes]) -> None:
-    """Write every live checkpoint (and the waits of waiting runs) as JSON Lines."""
+    """Write every live checkpoint (and the waits of waiting runs) as JSON Lines.
+
+    A header comes first and a trailer last, with the counts and SHA-256 of what came
+    before it: `siglo import` refuses a dump whose trailer is missing (this export
+    failed or was cut) or does not match.
+    """
 
     async def run() -> int:
         count = 0
@@ -81,9 +86,15 @@ def _lines(source: IO[bytes]) -> Iterator[bytes]:
     default="-",
     help="Read here instead of stdin.",
 )
-def import_(url: str | None, source: IO[bytes]) -> None:
-    """Import a dump of `siglo export`: revisions preserved, never over newer data;
-    rerun after an interruption to finish (what is there is skipped)."""
+@click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
+def import_(url: str | None, source: IO[bytes], as_json: bool) -> None:
+    """Import a dump of `siglo export`: revisions preserved, never over newer data.
+
+    The whole dump is checked first: one that is cut short (an export that failed),
+    altered (counts or SHA-256 do not match its trailer) or malformed is refused, naming
+    the line, and nothing is written. An interrupted import is completed by running it
+    again: what an earlier run wrote is kept, what it had not reached is written.
+    """
 
     async def run() -> ImportReport:
         with _progress() as progress:
@@ -99,8 +110,43 @@ def import_(url: str | None, source: IO[bytes]) -> None:
                 require(backend, Capability.CHECKPOINTS)
                 return await import_lines(backend.adapter, _lines(source), progress=advance)
 
-    report = asyncio.run(run())
+    try:
+        report = asyncio.run(run())
+    except DumpError as exc:
+        raise CliError(
+            str(exc),
+            "import a whole dump, as `siglo export URL > dump.jsonl` writes it "
+            "(its last line is the trailer)",
+        ) from exc
+    summary = report.summary
+    if as_json:
+        print_json(
+            {
+                "format": None if summary is None else summary.format,
+                "verified": summary is not None and summary.verified,
+                "dump": {
+                    "checkpoints": None if summary is None else summary.checkpoints,
+                    "waits": None if summary is None else summary.waits,
+                },
+                "imported": report.imported,
+                "present": report.present,
+                "skipped": report.skipped,
+                "waits": report.waits,
+                "waitsPresent": report.waits_present,
+            }
+        )
+    if summary is not None and not summary.verified:
+        click.echo(
+            f"warning: a dump of format {summary.format} has no trailer, so a cut one "
+            "cannot be told from a whole one; export again with this siglo to have it "
+            "checked",
+            err=True,
+        )
+    if as_json:
+        return
     click.echo(
         f"imported {report.imported} checkpoint(s) and {report.waits} wait record(s); "
-        f"skipped {report.skipped} already there at that revision or newer"
+        f"{report.present} checkpoint(s) and {report.waits_present} wait record(s) "
+        "already there from an earlier run; "
+        f"skipped {report.skipped} newer in the store"
     )

@@ -21,18 +21,17 @@ from siglo.errors import (
     WorkflowVersionMismatchError,
 )
 from siglo.manager import StorageManager, default_storage_manager
-from siglo.records import CacheEvent, WaitRecord
+from siglo.moments import describe_ms, iso_ms
+from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
+from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, is_sleep, wait_outcome
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["Flow", "WorkflowSuspended", "flow"]
 
 OUTPUT: Final = "output"
-EVENT: Final = "event"
-WAITING_FOR: Final = "waitingFor"
-TIMED_OUT: Final = "timedOut"
 
 Migration = Callable[[ExecutionStack], None]
 T = TypeVar("T")
@@ -44,13 +43,23 @@ class WorkflowSuspended(Exception):
     Not named ``…Error``: like ``StopIteration`` it is a signal, not a failure.
     """
 
-    def __init__(self, stack_id: str, correlation_key: str, step: str) -> None:
+    def __init__(
+        self, stack_id: str, correlation_key: str, step: str, *, until_ms: int | None = None
+    ) -> None:
         self.stack_id = stack_id
         self.correlation_key = correlation_key
         self.step = step
-        super().__init__(
-            f"workflow {stack_id!r} is waiting in step {step!r} for event {correlation_key!r}"
-        )
+        self.until_ms = until_ms
+        """The wait's deadline (a sleep's end), epoch ms; ``None`` if it has none."""
+        if is_sleep(correlation_key):
+            # A sleep's key is siglo's own: say what the run does instead.
+            until = "" if until_ms is None else f" until {iso_ms(until_ms)}"
+            text = f"workflow {stack_id!r} is sleeping in step {step!r}{until}"
+        else:
+            text = (
+                f"workflow {stack_id!r} is waiting in step {step!r} for event {correlation_key!r}"
+            )
+        super().__init__(text)
 
 
 @dataclass(frozen=True)
@@ -214,7 +223,9 @@ class Flow:
             correlation_key, claimant_id, allow_expired=True, namespace=namespace
         )
         if record is None:
-            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key, namespace))
+            raise WaitRecordClaimError(
+                await _why_unclaimable(adapter, correlation_key, namespace, manager.clock.now_ms())
+            )
         if not record.is_expired(manager.clock.now_ms()):
             assert record.claimant_id is not None  # a successful claim names its claimant
             await adapter.release_wait_record(
@@ -254,7 +265,9 @@ class Flow:
             namespace=namespace,
         )
         if record is None:
-            raise WaitRecordClaimError(await _why_unclaimable(adapter, correlation_key, namespace))
+            raise WaitRecordClaimError(
+                await _why_unclaimable(adapter, correlation_key, namespace, manager.clock.now_ms())
+            )
         return await self._resume_claimed(
             manager, adapter, record, lambda stack, step: stack.set(step, EVENT, payload)
         )
@@ -371,7 +384,7 @@ class Flow:
             return self._last_output(stack)
         if stack.status == "waiting":
             step, key = self._waiting_step(stack)
-            raise WorkflowSuspended(stack.stack_id, key, step)
+            raise WorkflowSuspended(stack.stack_id, key, step, until_ms=_deadline(stack))
         if stack.status != "running":
             raise InvalidStateTransitionError(
                 f"workflow {stack.stack_id!r} already ended {stack.status}; it cannot be "
@@ -438,7 +451,9 @@ class Flow:
                     )
             except _Suspend as wait:
                 await self._suspend(manager, stack, step, wait, unlock=unlock)
-                raise WorkflowSuspended(stack.stack_id, wait.correlation_key, step.name) from None
+                raise WorkflowSuspended(
+                    stack.stack_id, wait.correlation_key, step.name, until_ms=_deadline(stack)
+                ) from None
             except Exception:
                 stack.transition("failed")
                 await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
@@ -578,8 +593,14 @@ class Flow:
         await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
 
 
+def _deadline(stack: ExecutionStack) -> int | None:
+    """The deadline of the wait a suspended stack keeps in its metadata, if any."""
+    embedded = embedded_wait_record(stack.metadata)
+    return None if embedded is None else embedded.expires_at
+
+
 async def _why_unclaimable(
-    adapter: StorageAdapter, correlation_key: str, namespace: str | None
+    adapter: StorageAdapter, correlation_key: str, namespace: str | None, now: int
 ) -> str:
     """The reason a claim was refused, and what to do about it, for the error message."""
     record = await adapter.get_wait_record(correlation_key, namespace=namespace)
@@ -589,17 +610,26 @@ async def _why_unclaimable(
     if record is None:
         return f"{head}: no wait has this correlation key (never saved, or past its retention)"
     if record.status == "completed":
+        checkpoint = None
+        if adapter.supports(Capability.CHECKPOINTS):
+            checkpoint = await adapter.get_checkpoint(record.stack_id, namespace, fallback=False)
+        if wait_outcome(record, checkpoint, now) == "timed out":
+            return (
+                f"{head}: it timed out: its deadline {describe_ms(record.expires_at, now)} "
+                "passed and its run went on without the event"
+            )
         return f"{head}: it was already delivered"
     if record.status == "cancelled":
         return f"{head}: the wait was cancelled"
     if record.status == "claimed":
         return (
-            f"{head}: another delivery holds its claim until {record.lease_expires_at} "
-            "(epoch ms); deliver again after that if it does not complete"
+            f"{head}: another delivery holds its claim until "
+            f"{describe_ms(record.lease_expires_at, now)}; deliver again after that if it "
+            "does not complete"
         )
     if record.expires_at is not None:
         return (
-            f"{head}: it passed its deadline ({record.expires_at}, epoch ms); "
+            f"{head}: it passed its deadline {describe_ms(record.expires_at, now)}; "
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from siglo.errors import InvalidArgumentError, WaitTimeoutError
 from siglo.sentinel import MISSING
 from siglo.validation import require_id, require_ttl_ms
+from siglo.workflow.outcomes import SLEEP_PREFIX
 
 if TYPE_CHECKING:  # the manager imports nothing of the workflow; only its type is named
     from siglo.backend import Backend
@@ -187,7 +188,7 @@ async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None)
 
 def sleep_key(namespace: str | None, stack_id: str, step: str) -> str:
     """The correlation key of a step's durable sleep (unique per namespace, stack, step)."""
-    return "siglo-sleep\x1f" + "\x1f".join((namespace or "", stack_id, step))
+    return SLEEP_PREFIX + "\x1f".join((namespace or "", stack_id, step))
 
 
 async def sleep(ms: int) -> None:

@@ -17,6 +17,7 @@ from siglo.cli import cli
 from siglo.cli.store import parse_duration
 from siglo.clock import system_clock
 from siglo.redaction import REDACTED
+from siglo.transfer import ImportReport, import_lines
 
 
 async def invoke(*args: str, input: bytes | None = None) -> Result:
@@ -123,8 +124,9 @@ def test_durations() -> None:
 
 
 def _documents(dump: bytes) -> list[bytes]:
-    """The dump's lines after its header (which carries the export time), sorted."""
-    return sorted(dump.splitlines()[1:])
+    """The dump's checkpoint and wait lines, sorted (not the header, which carries the
+    export time, nor the trailer, whose digest covers the header)."""
+    return sorted(line for line in dump.splitlines() if line.startswith(b'{"kind"'))
 
 
 @pytest.mark.parametrize(
@@ -157,16 +159,28 @@ async def test_import_never_overwrites_newer_data_and_resumes() -> None:
         await fill(src)
         dump = (await invoke("export", src.url)).stdout_bytes
         lines = dump.splitlines(keepends=True)
-        # An import cut off after three checkpoints...
+        # A dump cut after three checkpoints is refused, and nothing is written ...
         partial = await invoke("import", dst.url, input=b"".join(lines[:4]))
-        assert "imported 3 checkpoint(s)" in partial.output
+        assert partial.exit_code == 1 and "cut short" in partial.output
+        assert (await dst.adapter.list_checkpoints()).items == []
+        # ... an import stopped after three checkpoints ...
+        written = 0
+
+        def stop_after_three(report: ImportReport) -> None:
+            nonlocal written
+            written += 1
+            if written == 3:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            await import_lines(dst.adapter, lines, progress=stop_after_three)
         # ... a newer revision written meanwhile in the target ...
         newer = Checkpoint(stack_id="done-new", namespace="shop", revision=4, timestamp=1)
         await dst.adapter.save_checkpoint(newer)
         # ... and the import run again: what is there, or newer, is skipped.
         rerun = await invoke("import", dst.url, input=dump)
         assert rerun.exit_code == 0
-        assert "skipped" in rerun.output
+        assert "skipped 1 newer in the store" in rerun.output
         kept = await dst.adapter.get_checkpoint("done-new", "shop")
         assert kept is not None and kept.revision == 4
         page = await dst.adapter.list_checkpoints(limit=100)
@@ -177,6 +191,7 @@ async def test_import_refuses_what_is_not_a_dump() -> None:
     async with shared_store("sqlite") as dst:
         bad = await invoke("import", dst.url, input=b'{"hello": 1}\n')
         assert bad.exit_code == 1 and "not a siglo export header" in bad.output
+        assert "import a whole dump" in bad.output
         broken = await invoke("import", dst.url, input=b'{"siglo":"export","format":1}\nnot json\n')
         assert broken.exit_code == 1 and "line 2" in broken.output
 

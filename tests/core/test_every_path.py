@@ -6,7 +6,8 @@ and each path keeps the namespace it was given.
 :data:`PATHS` is the registry of writers: the manager (foreground and background saves,
 the object-bound save, the context stream), a flow (its input, a durable wait, a delivered
 event, a cached step), the idempotency store, the synchronous facade, ``siglo worker``
-(a timer it fires, a crashed run it recovers) and ``siglo import``. Each runs through its
+(a timer it fires, a crashed run it recovers) and ``siglo import`` (checkpoints, a claimed
+wait it saves, and one it creates to finish an interrupted import). Each runs through its
 real entry point — the worker and the command line as processes of their own, given only
 the directory they run in — against SQLite, PostgreSQL and Redis, and the test reads the
 raw stored bytes: the secret is nowhere, and what was written under a namespace is found
@@ -308,10 +309,51 @@ async def _import(env: Env, ident: str) -> None:
     elsewhere = env.home / "elsewhere"
     elsewhere.mkdir(exist_ok=True)
     source = f"sqlite:///{elsewhere / 'source.db'}"
+    now = siglo.SystemClock().now_ms()
+    # A run waiting on a claimed wait whose event payload carries the secret: the import
+    # saves it (save_wait_record) ...
+    claimed = siglo.WaitRecord(
+        correlation_key=f"approve:{ident}",
+        stack_id=ident,
+        namespace=NS,
+        status="claimed",
+        claimant_id="courier",
+        claimed_at=now,
+        lease_expires_at=now + 600_000,
+        event_payload={FIELD: SECRET},
+    )
+    # ... and a run the target already holds at that revision (an interrupted earlier
+    # import), whose wait the import creates (create_wait_record).
+    resumed = siglo.WaitRecord(
+        correlation_key=f"approve:{ident}-resumed",
+        stack_id=f"{ident}-resumed",
+        namespace=NS,
+        status="claimed",
+        claimant_id="courier",
+        claimed_at=now,
+        lease_expires_at=now + 600_000,
+        event_payload={"nested": [{FIELD: SECRET}]},
+    )
+    there = siglo.Checkpoint(
+        stack_id=resumed.stack_id,
+        namespace=NS,
+        status="waiting",
+        revision=2,
+        timestamp=now,
+        metadata={"waitRecord": resumed.to_wire()},
+    )
     async with siglo.connect(source, settings=siglo.Settings()) as backend:
         manager = siglo.StorageManager(backend, settings=siglo.Settings())
-        _secret_context(manager.create_stack(ident, namespace=NS))
+        stack = manager.create_stack(
+            ident, namespace=NS, metadata={"waitRecord": claimed.to_wire()}
+        )
+        _secret_context(stack)
         await manager.save_checkpoint(ident)
+        await backend.adapter.save_wait_record(claimed)
+        await backend.adapter.save_checkpoint(there)
+        await backend.adapter.save_wait_record(resumed)
+    async with siglo.connect() as target:  # the application's settings
+        await target.adapter.save_checkpoint(there)
     exported = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "siglo", "export", source],
@@ -324,6 +366,10 @@ async def _import(env: Env, ident: str) -> None:
     dump = exported.stdout
     assert SECRET.encode() in dump
     env.siglo("import", stdin=dump)
+    async with siglo.connect() as target:
+        for record in (claimed, resumed):
+            wait = await target.adapter.get_wait_record(record.correlation_key, namespace=NS)
+            assert wait is not None and wait.status == "claimed", record.correlation_key
 
 
 @path("siglo ui (deliver an event)")

@@ -269,6 +269,14 @@ class DropsWaitMetadata(MemoryStorageAdapter):
         await super()._do_save_wait_record(record.replace(metadata=None), ttl_ms=ttl_ms)
 
 
+class CreateOverwrites(MemoryStorageAdapter):
+    """create_wait_record saves whatever is there, as save_wait_record does."""
+
+    async def _do_create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None) -> bool:
+        await self._do_save_wait_record(record, ttl_ms=ttl_ms)
+        return True
+
+
 class FirstRecordOfStack(MemoryStorageAdapter):
     """The stack index keeps the first record saved for a stack, not the latest."""
 
@@ -1023,6 +1031,7 @@ MUTANTS: tuple[Mutant, ...] = (
         adapter=CancelWorkflowKeepsRevision,
     ),
     _m("wait.retention", "records are kept forever", adapter=KeepsWaitsForever),
+    _m("wait.create", "a create replaces the record there", adapter=CreateOverwrites),
     _m("lock.workflow.exclusive", "no lock at all", adapter=NoWorkflowLock),
     _m(
         "lock.workflow.release-on-error",

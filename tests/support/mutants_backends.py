@@ -37,7 +37,7 @@ from siglo_postgres.connect import PostgresStorageAdapter
 from siglo_redis.adapter import RedisStorageAdapter
 from siglo_redis.coordination import RedisLock, RedisNonceStore
 from siglo_redis.keys import KeySpace
-from siglo_redis.scripts import CHECKPOINT_CAS, COMPARE_AND_DELETE, LOCK_EXTEND, Script
+from siglo_redis.scripts import CHECKPOINT_CAS, COMPARE_AND_DELETE, LOCK_EXTEND, WAIT_CREATE, Script
 from siglo_sql.coordination import SqlIdempotencyStore, SqlLock
 from siglo_sqlite.connect import SqliteStorageAdapter
 
@@ -113,6 +113,13 @@ class SqliteAnyoneCompletes(_SqlEdit, SqliteStorageAdapter):
 
     FIELD = "wait_complete"
     OLD = " AND claimant_id = :claimant_id"
+
+
+class SqliteCreateOverwrites(_SqlEdit, SqliteStorageAdapter):
+    """wait.create: the create upsert lost its condition, so it replaces a live record."""
+
+    FIELD = "wait_create"
+    OLD = " WHERE t.gone_at IS NOT NULL AND t.gone_at <= :now"
 
 
 class SqliteLockNeverExpires(_SqlEdit, SqlLock):
@@ -228,6 +235,19 @@ class _ScriptEdit(_Broken):
             raise AssertionError(f"{type(self).__name__}: {self.OLD!r} not in {self.SCRIPT.name}")
         broken = Script(self.SCRIPT.name + "_broken", source.replace(self.OLD, self.NEW, 1))
         self._redis = _Scripts(getattr(self, "_redis"), {self.SCRIPT.sha: broken})  # noqa: B009
+
+
+class RedisCreateOverwrites(_ScriptEdit, RedisStorageAdapter):
+    """wait.create: the create script writes over the record of its key."""
+
+    SCRIPT = WAIT_CREATE
+    OLD = "doc['correlationKey'] == ARGV[2] then return 0 end"
+    NEW = "doc['correlationKey'] == ARGV[2] then end"
+
+    def break_in(self) -> None:
+        super().break_in()
+        # The wait records helper runs the scripts through its own reference.
+        self._waits._redis = self._redis
 
 
 class RedisReleaseIgnoresToken(_ScriptEdit, RedisLock):
@@ -407,6 +427,7 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "wait.complete.claimant", "sqlite", SqliteAnyoneCompletes, "anyone completes a claim"
     ),
     BackendMutant("lock.expiry", "sqlite", SqliteLockNeverExpires, "expired locks stay held"),
+    BackendMutant("wait.create", "sqlite", SqliteCreateOverwrites, "a create replaces a record"),
     BackendMutant(
         "lock.release.token", "postgres", PostgresReleaseIgnoresToken, "release ignores the token"
     ),
@@ -439,6 +460,7 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "lock.release.token", "redis", RedisReleaseIgnoresToken, "release compares nothing"
     ),
     BackendMutant("lock.extend.token", "redis", RedisExtendIgnoresToken, "extend compares nothing"),
+    BackendMutant("wait.create", "redis", RedisCreateOverwrites, "the create script overwrites"),
     BackendMutant(
         "checkpoint.occ.conflict",
         "redis",
@@ -467,5 +489,5 @@ BACKENDS: tuple[BackendMutant, ...] = (
         manager=StrictDropsBackgroundFailures,
     ),
 )
-"""Real backends with one statement, script or hook broken (6 SQLite, 6 PostgreSQL,
-8 Redis), and a broken manager over SQLite, whose closed backend really fails."""
+"""Real backends with one statement, script or hook broken (7 SQLite, 7 PostgreSQL,
+9 Redis), and a broken manager over SQLite, whose closed backend really fails."""

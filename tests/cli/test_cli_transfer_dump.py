@@ -1,0 +1,285 @@
+"""The dump of ``siglo export`` vouches for itself, and ``siglo import`` completes after any
+interruption (issue 31, defect 5), on real SQLite, PostgreSQL and Redis stores.
+
+- A dump cut at any line (an export that failed half-way, piped into an import), or
+  altered, is refused before anything is written.
+- An import interrupted after any line, run again, leaves the store exactly as one whole
+  import does: checkpoints, and wait records with their status, claim and payload;
+  nothing twice, nothing left out, and a wait delivered meanwhile stays delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner, Result
+from ops_support import DURABLE_KINDS, shared_store
+
+import siglo
+from siglo import Checkpoint, WaitRecord
+from siglo.cli import cli
+from siglo.clock import system_clock
+from siglo.errors import InvalidArgumentError
+from siglo.transfer import ImportReport, export_lines, import_lines, verify_dump
+
+NS = "tenant:a"
+
+
+async def invoke(*args: str, input: bytes | None = None) -> Result:
+    # In a thread: each command runs its own event loop, as in a shell.
+    return await asyncio.to_thread(
+        CliRunner().invoke, cli, list(args), input=input, catch_exceptions=False
+    )
+
+
+async def run(
+    backend: siglo.Backend, stack_id: str, namespace: str | None, wait: WaitRecord | None
+) -> None:
+    """A run at revision 3; waiting (or finished) on ``wait`` if given."""
+    metadata: dict[str, Any] = {}
+    status = "completed"
+    if wait is not None:
+        await backend.adapter.save_wait_record(wait)
+        metadata["waitRecord"] = wait.replace(status="waiting", claimant_id=None,
+                                              claimed_at=None, lease_expires_at=None,
+                                              event_payload=None).to_wire()  # fmt: skip
+        status = {"cancelled": "cancelled"}.get(wait.status, "waiting")
+    await backend.adapter.save_checkpoint(
+        Checkpoint(
+            stack_id=stack_id,
+            namespace=namespace,
+            workflow_id="orders",
+            status=status,  # type: ignore[arg-type]
+            revision=3,
+            timestamp=system_clock.now_ms(),
+            contexts={"approve": {"n": 1}},
+            metadata=metadata,
+        )
+    )
+
+
+async def fill(backend: siglo.Backend) -> None:
+    """Four runs: waiting in a namespace, waiting with its wait claimed (a delivery in
+    flight: claimant, lease, payload), finished, and cancelled with its wait."""
+    now = system_clock.now_ms()
+    await run(
+        backend,
+        "ns-waiting",
+        NS,
+        WaitRecord(correlation_key="approve:1", stack_id="ns-waiting", namespace=NS,
+                   step_id="approve", created_at=now, expires_at=now + 3_600_000),
+    )  # fmt: skip
+    await run(
+        backend,
+        "claimed",
+        None,
+        WaitRecord(correlation_key="approve:2", stack_id="claimed", step_id="approve",
+                   status="claimed", claimant_id="worker-1", claimed_at=now,
+                   lease_expires_at=now + 600_000, event_payload={"ok": True, "n": 0}),
+    )  # fmt: skip
+    await run(backend, "done", NS, None)
+    await run(
+        backend,
+        "cancelled",
+        "tenant:b",
+        WaitRecord(correlation_key="approve:3", stack_id="cancelled", namespace="tenant:b",
+                   step_id="approve", status="cancelled"),
+    )  # fmt: skip
+
+
+async def dump_of(backend: siglo.Backend) -> list[bytes]:
+    return [line async for line in export_lines(backend.adapter)]
+
+
+def documents(lines: list[bytes]) -> list[bytes]:
+    """The checkpoint and wait lines (not the header, which carries the export time, nor
+    the trailer, whose digest covers the header), sorted."""
+    return sorted(line for line in lines if line.startswith(b'{"kind"'))
+
+
+async def wipe(backend: siglo.Backend) -> None:
+    page = await backend.adapter.list_checkpoints(limit=1000)
+    for summary in page.items:
+        await backend.adapter.delete_checkpoint(summary.stack_id, summary.namespace)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_after(count: int) -> Any:
+    """A progress callback that stops the import after ``count`` lines were written."""
+    written = 0
+
+    def progress(_: ImportReport) -> None:
+        nonlocal written
+        written += 1
+        if written == count:
+            raise Interrupted
+
+    return progress
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_cut_dump_is_refused_before_anything_is_written(kind: str) -> None:
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        await fill(src)
+        dump = await invoke("export", src.url)
+        lines = dump.stdout_bytes.splitlines(keepends=True)
+        assert len(lines) == 1 + 4 + 3 + 1  # header, 4 checkpoints, 3 waits, trailer
+        for cut in range(1, len(lines)):
+            with pytest.raises(InvalidArgumentError, match="cut short"):
+                await import_lines(dst.adapter, lines[:cut])
+        # Through the command, as `siglo export … | siglo import …` with a failed export:
+        piped = await invoke("import", dst.url, input=b"".join(lines[:5]))
+        assert piped.exit_code == 1
+        assert "cut short" in piped.output and "nothing was imported" in piped.output
+        # A cut inside a line is refused too (naming the line).
+        mid = b"".join(lines)[: len(b"".join(lines[:4])) + 20]
+        broken = await invoke("import", dst.url, input=mid)
+        assert broken.exit_code == 1 and "line 5" in broken.output
+        assert (await dst.adapter.list_checkpoints()).items == []
+        assert await dst.adapter.get_wait_record("approve:1", namespace=NS) is None
+
+
+async def test_an_altered_dump_is_refused() -> None:
+    async with shared_store("sqlite") as src, shared_store("sqlite") as dst:
+        await fill(src)
+        lines = (await invoke("export", src.url)).stdout_bytes.splitlines(keepends=True)
+        changed = list(lines)
+        changed[1] = changed[1].replace(b'"revision":3', b'"revision":4')
+        dropped = lines[:2] + lines[3:]
+        doubled = lines[:2] + lines[1:]
+        after = lines + lines[1:2]
+        for bad, says in [
+            (changed, "sha256"),
+            (dropped, "the dump does not match its trailer"),
+            (doubled, "the dump does not match its trailer"),
+            (after, "comes after the trailer"),
+        ]:
+            refused = await invoke("import", dst.url, input=b"".join(bad))
+            assert refused.exit_code == 1 and says in refused.output, refused.output
+        assert (await dst.adapter.list_checkpoints()).items == []
+        # The trailer is read as JSON: its keys in another order (or spaced) still vouch.
+        trailer = orjson.loads(lines[-1])
+        reordered = [*lines[:-1], json.dumps(trailer, sort_keys=True, indent=None).encode()]
+        assert verify_dump(reordered).verified
+        whole = await invoke("import", dst.url, input=b"".join(lines))
+        assert whole.exit_code == 0, whole.output
+        assert "imported 4 checkpoint(s) and 3 wait record(s)" in whole.output
+        again = await invoke("import", dst.url, "--json", input=b"".join(lines))
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout) == {
+            "format": 2,
+            "verified": True,
+            "dump": {"checkpoints": 4, "waits": 3},
+            "imported": 0,
+            "present": 4,
+            "skipped": 0,
+            "waits": 0,
+            "waitsPresent": 3,
+        }
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_an_interrupted_import_completes_at_any_cut(kind: str) -> None:
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        await fill(src)
+        lines = await dump_of(src)
+        written = len(documents(lines))
+        for cut in range(1, written):
+            await wipe(dst)
+            with pytest.raises(Interrupted):
+                await import_lines(dst.adapter, lines, progress=interrupt_after(cut))
+            report = await import_lines(dst.adapter, lines)
+            # The store holds what a whole import gives: every document, byte for byte
+            # (the claimed wait with its claimant, lease and payload; the cancelled one).
+            assert documents(await dump_of(dst)) == documents(lines), cut
+            assert report.imported + report.present == 4 and report.skipped == 0, (cut, report)
+            assert report.waits + report.waits_present == 3, (cut, report)
+            again = await import_lines(dst.adapter, lines)
+            assert (again.imported, again.present, again.waits) == (0, 4, 0), cut
+        # The moved runs are deliverable in the new store.
+        claimed = await dst.adapter.claim_wait_record("approve:1", "me", namespace=NS)
+        assert claimed is not None and claimed.stack_id == "ns-waiting"
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_wait_delivered_after_an_interrupted_import_stays_delivered(kind: str) -> None:
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        await fill(src)
+        lines = await dump_of(src)
+        # Cut right after the namespaced run's wait was written.
+        written = [line for line in lines if line.startswith(b'{"kind"')]
+        cut = 1 + next(i for i, line in enumerate(written) if b'"approve:1"' in line
+                       and line.startswith(b'{"kind":"wait"'))  # fmt: skip
+        with pytest.raises(Interrupted):
+            await import_lines(dst.adapter, lines, progress=interrupt_after(cut))
+        # Meanwhile the new store delivers the namespaced run's event.
+        assert await dst.adapter.claim_wait_record("approve:1", "app", namespace=NS)
+        await dst.adapter.complete_wait_record("approve:1", "app", namespace=NS)
+        await import_lines(dst.adapter, lines)
+        after = await dst.adapter.get_wait_record("approve:1", namespace=NS)
+        assert after is not None and after.status == "completed"
+        assert documents(await dump_of(dst)) != documents(lines)  # that one moved on
+
+
+async def test_a_format_1_dump_still_imports_with_a_warning() -> None:
+    async with shared_store("sqlite") as src, shared_store("sqlite") as dst:
+        await fill(src)
+        lines = await dump_of(src)
+        header = orjson.loads(lines[0])
+        old = [orjson.dumps({**header, "format": 1}), *lines[1:-1]]
+        imported = await asyncio.to_thread(
+            CliRunner().invoke, cli, ["import", dst.url], input=b"\n".join(old) + b"\n"
+        )
+        assert imported.exit_code == 0, imported.output
+        assert "imported 4 checkpoint(s) and 3 wait record(s)" in imported.stdout
+        assert "has no trailer" in imported.stderr
+        future = [orjson.dumps({**header, "format": 3}), *lines[1:]]
+        refused = await invoke("import", dst.url, input=b"\n".join(future))
+        assert refused.exit_code == 1 and "format 1 or 2" in refused.output
+
+
+async def many(backend: siglo.Backend, count: int) -> None:
+    """``count`` runs, every third waiting on a wait of its namespace."""
+    now = system_clock.now_ms()
+    for i in range(count):
+        wait = None
+        if i % 3 == 0:
+            wait = WaitRecord(correlation_key=f"k{i}", stack_id=f"s{i}", namespace=NS,
+                              step_id="approve", expires_at=now + 3_600_000)  # fmt: skip
+        await run(backend, f"s{i}", NS, wait)
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_killed_import_process_is_completed_by_running_it_again(kind: str) -> None:
+    """`siglo import` SIGKILLed mid-way (a real process, a real kill), then run again."""
+    count = 900
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        await many(src, count)
+        dump = (await invoke("export", src.url)).stdout_bytes
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "siglo", "import", dst.url,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        assert process.stdin is not None
+        process.stdin.write(dump)
+        await process.stdin.drain()
+        process.stdin.close()
+        # Killed as soon as some of the dump is in.
+        while not (await dst.adapter.list_checkpoints(limit=1)).items:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        process.kill()
+        await process.wait()
+        stored = await dst.adapter.list_checkpoints(limit=1000)
+        assert 0 < len(stored.items) < count, "the import was not cut: make the dump larger"
+        again = await invoke("import", dst.url, input=dump)
+        assert again.exit_code == 0, again.output
+        assert documents(await dump_of(dst)) == documents(dump.splitlines())
