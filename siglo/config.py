@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from siglo.errors import InvalidArgumentError
+from siglo.keys import check_key_id, decode_key
 from siglo.redaction import check_redact_fields
 from siglo.settings import DEFAULTS
 from siglo.urls import mask_credentials
@@ -91,6 +92,20 @@ class Settings:
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Further options of the backend at :attr:`url` (a Redis ``prefix``, a PostgreSQL
     ``schema``, pool sizes …), passed to its factory when the URL is this one."""
+    encryption_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Key ids to base64 32-byte keys: payloads are encrypted (AES-256-GCM) with a key
+    derived per namespace from the active one (docs/encryption.md). For development and
+    simple deployments; ``master_key`` gives per-namespace keys that can be erased."""
+    encryption_key_id: str | None = None
+    """The id of ``encryption_keys`` new payloads use (``None``: the last one listed)."""
+    master_key: str | None = None
+    """The master key of per-namespace data keys stored in the backend: ``base64:<32
+    bytes>``, or ``<scheme>:<reference>`` that a KMS plugin resolves."""
+    require_encryption: bool = False
+    """Refuse to read a payload stored in clear (:class:`~siglo.errors.EncryptionRequiredError`)."""
+    compression_min_bytes: int | None = None
+    """Payloads whose JSON is at least this many bytes are compressed with zstd before
+    they are (maybe) encrypted (``None``: never)."""
     source: str = "defaults"
     """Where these settings were read from (for messages; not a setting)."""
 
@@ -122,6 +137,53 @@ class Settings:
                 f"options must be a table of option names to values ({self.source})"
             )
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        self._check_sealing()
+
+    def _check_sealing(self) -> None:
+        keys = self.encryption_keys
+        if not isinstance(keys, Mapping):
+            raise InvalidArgumentError(
+                f"encryption_keys must be a table of key ids to base64 keys ({self.source})"
+            )
+        for key_id, text in keys.items():
+            check_key_id(key_id, f"encryption_keys ({self.source})")
+            decode_key(text, f"{key_id!r} of encryption_keys ({self.source})")
+        object.__setattr__(self, "encryption_keys", MappingProxyType(dict(keys)))
+        if self.encryption_key_id is not None and self.encryption_key_id not in keys:
+            raise InvalidArgumentError(
+                f"encryption_key_id {self.encryption_key_id!r} is not one of encryption_keys "
+                f"({', '.join(keys) or 'none given'}) ({self.source})"
+            )
+        master = self.master_key
+        if master is not None:
+            if not isinstance(master, str) or ":" not in master:
+                raise InvalidArgumentError(
+                    "master_key must be 'base64:<32 bytes>' or '<scheme>:<reference>' of a "
+                    f"KMS plugin ({self.source})"
+                )
+            scheme, _, rest = master.partition(":")
+            if scheme == "base64":
+                decode_key(rest, f"of master_key ({self.source})")
+            if keys:
+                raise InvalidArgumentError(
+                    f"set encryption_keys or master_key, not both ({self.source})"
+                )
+        if type(self.require_encryption) is not bool:
+            raise InvalidArgumentError(
+                f"require_encryption must be true or false, got {self.require_encryption!r} "
+                f"({self.source})"
+            )
+        limit = self.compression_min_bytes
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise InvalidArgumentError(
+                f"compression_min_bytes must be a number of bytes (0 or more) or none, got "
+                f"{limit!r} ({self.source})"
+            )
+
+    @property
+    def encrypts(self) -> bool:
+        """Whether payloads are encrypted (``encryption_keys`` or ``master_key`` set)."""
+        return bool(self.encryption_keys) or self.master_key is not None
 
     def replace(self, **changes: Any) -> Settings:
         """These settings with ``changes`` applied (``redact_fields`` added to, not
@@ -145,6 +207,12 @@ class Settings:
             "options": {
                 k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
             },
+            # Key material is never shown: the ids say which keys are in effect.
+            "encryption_keys": {k: "***" for k in self.encryption_keys},
+            "encryption_key_id": self.encryption_key_id,
+            "master_key": None if self.master_key is None else _mask_master(self.master_key),
+            "require_encryption": self.require_encryption,
+            "compression_min_bytes": self.compression_min_bytes,
             "source": self.source,
         }
 
@@ -163,10 +231,23 @@ ENVIRONMENT: Final[dict[str, str]] = {
     "SIGLO_ERROR_MODE": "error_mode",
     "SIGLO_NAMESPACE_FALLBACK": "namespace_fallback",
     "SIGLO_COMMAND_TIMEOUT_MS": "command_timeout_ms",
+    "SIGLO_ENCRYPTION_KEYS": "encryption_keys",
+    "SIGLO_ENCRYPTION_KEY_ID": "encryption_key_id",
+    "SIGLO_MASTER_KEY": "master_key",
+    "SIGLO_REQUIRE_ENCRYPTION": "require_encryption",
+    "SIGLO_COMPRESSION_MIN_BYTES": "compression_min_bytes",
 }
 """The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
 comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``
-an integer or ``none``."""
+an integer or ``none``; ``SIGLO_ENCRYPTION_KEYS`` is ``id=base64key,id2=base64key``;
+``SIGLO_REQUIRE_ENCRYPTION`` true/false; ``SIGLO_COMPRESSION_MIN_BYTES`` an integer or
+``none``."""
+
+
+def _mask_master(value: str) -> str:
+    scheme = value.partition(":")[0]
+    # A KMS reference (an ARN, a key name) is not secret; a key itself is.
+    return f"{scheme}:***" if scheme == "base64" else value
 
 
 def _secret_option(name: str) -> bool:
@@ -233,8 +314,9 @@ def _from_file(path: Path, table: Mapping[str, Any]) -> dict[str, Any]:
     where = f"[tool.siglo] of {path}" if path.name == "pyproject.toml" else str(path)
     _check_names(table, where)
     values = dict(table)
-    if "command_timeout_ms" in values and values["command_timeout_ms"] in ("none", "None"):
-        values["command_timeout_ms"] = None
+    for name in ("command_timeout_ms", "compression_min_bytes"):
+        if name in values and values[name] in ("none", "None"):
+            values[name] = None
     if "redact_fields" in values and (
         isinstance(values["redact_fields"], str) or not isinstance(values["redact_fields"], list)
     ):
@@ -257,12 +339,22 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         if name == "redact_fields":
             values[name] = [part.strip() for part in raw.split(",") if part.strip()]
-        elif name == "namespace_fallback":
+        elif name == "encryption_keys":
+            pairs: dict[str, str] = {}
+            for part in filter(None, (p.strip() for p in raw.split(","))):
+                key_id, sep, text = part.partition("=")
+                if not sep:
+                    raise InvalidArgumentError(
+                        f"{variable} must be id=base64key pairs separated by commas"
+                    )
+                pairs[key_id.strip()] = text.strip()
+            values[name] = pairs
+        elif name in ("namespace_fallback", "require_encryption"):
             lowered = raw.strip().lower()
             if lowered not in _TRUE | _FALSE:
                 raise InvalidArgumentError(f"{variable} must be true or false, got {raw!r}")
             values[name] = lowered in _TRUE
-        elif name == "command_timeout_ms":
+        elif name in ("command_timeout_ms", "compression_min_bytes"):
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None
             else:
@@ -270,7 +362,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
                     values[name] = int(raw)
                 except ValueError:
                     raise InvalidArgumentError(
-                        f"{variable} must be an integer of milliseconds or none, got {raw!r}"
+                        f"{variable} must be an integer or none, got {raw!r}"
                     ) from None
         else:
             values[name] = raw
