@@ -74,6 +74,7 @@ async def _write_everything(adapter: Any, idempotency: Any, ident: str, ns: str)
     await idempotency.complete(f"idem:{ident}", {"receipt": SECRET})
 
 
+@pytest.mark.rule("pipeline.encryption")
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_every_payload_kind_is_sealed_and_reads_back(kind: str) -> None:
     from raw_storage import raw_bytes
@@ -118,6 +119,7 @@ async def _copy_context(raw: Any, source: tuple[str, str], target: tuple[str, st
     await raw.save_checkpoint(moved, expected_revision=victim.revision)
 
 
+@pytest.mark.rule("pipeline.encryption")
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_a_ciphertext_moved_to_another_row_or_namespace_does_not_decrypt(
     kind: str,
@@ -159,6 +161,7 @@ async def test_a_ciphertext_moved_to_another_row_or_namespace_does_not_decrypt(
             await adapter.get_checkpoint("c", "t1", fallback=False)
 
 
+@pytest.mark.rule("pipeline.encryption")
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_require_encryption_refuses_plaintext_rows(kind: str) -> None:
     async with shared_store(kind) as backend:
