@@ -17,8 +17,9 @@ The envelope provider keeps each namespace's keyring as a checkpoint of a reserv
 namespace (:data:`KEYRING_NAMESPACE`): the checkpoint compare-and-set is the one atomic
 primitive every backend — a third party's too — has, so two processes that create a
 namespace's first key at once agree on one, and a rotation or an erasure never loses a
-concurrent one. An erased keyring stays as a tombstone at a higher revision, so an old
-dump imported later cannot bring its key back.
+concurrent one. An erased keyring keeps the ids of its destroyed keys (never the keys),
+at a higher revision, so an old dump imported later cannot bring a key back and a
+ciphertext that names one raises :class:`~siglo.errors.KeyErasedError`.
 """
 
 from __future__ import annotations
@@ -255,8 +256,7 @@ class EnvelopeKeyProvider:
         keys: dict[str, str],
         active: str | None,
         revision: int,
-        *,
-        erased: bool = False,
+        erased_keys: list[str],
     ) -> None:
         ring = Checkpoint(
             stack_id=_keyring_id(namespace),
@@ -267,7 +267,12 @@ class EnvelopeKeyProvider:
             # Never a terminal status: `siglo prune` must not collect a tombstone.
             status="running",
             contexts={"keys": keys},
-            metadata={"active": active, "erased": erased, "masterKeyId": self.master.key_id},
+            metadata={
+                "active": active,
+                # The ids of destroyed keys: a ciphertext naming one is KeyErasedError.
+                "erasedKeys": erased_keys,
+                "masterKeyId": self.master.key_id,
+            },
         )
         await self.adapter.save_checkpoint(ring, expected_revision=revision)
 
@@ -276,15 +281,19 @@ class EnvelopeKeyProvider:
         on the keyring's revision; a concurrent change makes this read again)."""
         while True:
             keys = dict(ring.contexts.get("keys", {})) if ring is not None else {}
-            if ring is not None and (ring.metadata or {}).get("erased"):
-                raise KeyErasedError(_erased_message(namespace))
-            # Never an id an erased keyring used: an old ciphertext must find no key.
+            # Random: never the id of an erased key, whose ciphertexts must find none.
             key_id = f"d{len(keys) + 1}-{secrets.token_hex(4)}"
             data_key = os.urandom(KEY_BYTES)
             wrapped = await self.master.wrap(data_key, self._context(namespace, key_id))
             keys[key_id] = base64.b64encode(wrapped).decode()
             try:
-                await self._save_ring(namespace, keys, key_id, 0 if ring is None else ring.revision)
+                await self._save_ring(
+                    namespace,
+                    keys,
+                    key_id,
+                    0 if ring is None else ring.revision,
+                    _erased_ids(ring),
+                )
             except CheckpointConflictError:
                 ring = await self._ring(namespace)
                 if ring is not None and ring.metadata and ring.metadata.get("active"):
@@ -296,8 +305,6 @@ class EnvelopeKeyProvider:
 
     async def _load_active(self, namespace: str | None, ring: Checkpoint) -> tuple[str, bytes]:
         meta = ring.metadata or {}
-        if meta.get("erased"):
-            raise KeyErasedError(_erased_message(namespace))
         active = str(meta["active"])
         key = await self._unwrap(namespace, ring, active)
         self._active[namespace] = (active, time.monotonic())
@@ -336,7 +343,7 @@ class EnvelopeKeyProvider:
                 f"{_describe(namespace)} has no keyring in this store: its data key "
                 f"{key_id!r} was erased, or the data comes from another store"
             )
-        if (ring.metadata or {}).get("erased"):
+        if key_id in _erased_ids(ring):
             self._drop(namespace)
             raise KeyErasedError(_erased_message(namespace))
         return await self._unwrap(namespace, ring, key_id)
@@ -355,23 +362,30 @@ class EnvelopeKeyProvider:
             key_id, _ = await self._new_key(namespace, await self._ring(namespace))
             return key_id
 
-    async def erase(self, namespace: str | None) -> None:
-        """Destroy every data key of ``namespace``: the keyring becomes a tombstone that
-        holds none (compare-and-set: retried over a concurrent rotation)."""
+    async def erase(self, namespace: str | None) -> list[str]:
+        """Destroy every data key of ``namespace``: the keyring keeps no key, only the ids
+        of the destroyed ones, so a ciphertext naming one raises
+        :class:`~siglo.errors.KeyErasedError` (compare-and-set: retried over a concurrent
+        rotation). Payloads written to the namespace afterwards get a new key. Returns
+        the ids destroyed."""
         async with self._lock:
             while True:
                 ring = await self._ring(namespace)
+                erased = sorted(
+                    set(_erased_ids(ring)) | set(ring.contexts.get("keys", {}) if ring else ())
+                )
                 try:
                     await self._save_ring(
-                        namespace, {}, None, 0 if ring is None else ring.revision, erased=True
+                        namespace, {}, None, 0 if ring is None else ring.revision, erased
                     )
                 except CheckpointConflictError:
                     continue
                 break
             self._drop(namespace)
+            return erased
 
     async def namespaces(self) -> list[str | None]:
-        """The namespaces with a live (not erased) keyring."""
+        """The namespaces with a keyring in the store."""
         found: list[str | None] = []
         cursor = None
         while True:
@@ -387,6 +401,11 @@ class EnvelopeKeyProvider:
 
 def _describe(namespace: str | None) -> str:
     return "the payloads without a namespace" if namespace is None else f"namespace {namespace!r}"
+
+
+def _erased_ids(ring: Checkpoint | None) -> list[str]:
+    found = (ring.metadata or {}).get("erasedKeys") if ring is not None else None
+    return list(found) if isinstance(found, list) else []
 
 
 def _erased_message(namespace: str | None) -> str:

@@ -31,6 +31,7 @@ from siglo.closing import Closable
 from siglo.config import Settings
 from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore
 from siglo.keys import (
+    KEYRING_NAMESPACE,
     EnvelopeKeyProvider,
     KeyProvider,
     SettingsKeyProvider,
@@ -319,6 +320,22 @@ class PipelineAdapter(StorageAdapter):
         self.pipeline = pipeline
         self.codecs = Codecs(sealer if sealer is not None else sealer_for(pipeline.settings, inner))
 
+    def _lenient(self) -> Codecs:
+        sealer = self.codecs.sealer
+        if not sealer.require_encryption:
+            return self.codecs
+        return Codecs(Sealer(sealer.keys, compress_min_bytes=sealer.compress_min_bytes))
+
+    async def open_stored_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint | None:
+        """A checkpoint document as some store held it (an export's line), decoded by
+        this pipeline's codec chain; one in clear is accepted whatever
+        ``require_encryption`` says, since saving it here encrypts it."""
+        return await self._lenient().checkpoint_in(checkpoint)
+
+    async def open_stored_wait(self, record: WaitRecord) -> WaitRecord | None:
+        """Like :meth:`open_stored_checkpoint`, for a wait record."""
+        return await self._lenient().wait_in(record)
+
     async def _checkpoint_out(self, checkpoint: Checkpoint) -> Checkpoint:
         return await self.codecs.checkpoint_out(self.pipeline.checkpoint_out(checkpoint))
 
@@ -506,8 +523,9 @@ class PipelineAdapter(StorageAdapter):
         limit: int = DEFAULT_PAGE_SIZE,
         cursor: str | None = None,
     ) -> CheckpointPage:
-        # Summaries hold routing fields only, which no stage changes.
-        return await self.inner.list_checkpoints(
+        # Summaries hold routing fields only, which no stage changes. A listing of every
+        # namespace leaves out the envelope keys' keyrings: they are not the application's.
+        page = await self.inner.list_checkpoints(
             namespace=namespace,
             status=status,
             workflow_id=workflow_id,
@@ -516,6 +534,10 @@ class PipelineAdapter(StorageAdapter):
             limit=limit,
             cursor=cursor,
         )
+        if namespace is MISSING and any(i.namespace == KEYRING_NAMESPACE for i in page.items):
+            items = [i for i in page.items if i.namespace != KEYRING_NAMESPACE]
+            page = dataclasses.replace(page, items=items)
+        return page
 
     async def delete_checkpoint(
         self,

@@ -10,6 +10,14 @@ The dump is one JSON document per line:
   record: ``{"kind": "wait", "record": <wait record JSON>}``, so the run stays
   resumable by its event (or its timer) in the new store.
 
+The dump holds the documents as the backend stores them: with encryption on, sealed
+(a safe backup: nothing in it reads without the keys); ``siglo export --decrypt`` writes
+them decrypted instead. Keyrings (the envelope keys' checkpoints) are never exported.
+Import decodes each document through the importing store's codec chain — so a sealed
+document whose key was erased raises :class:`~siglo.errors.KeyErasedError`, and nothing
+of it is stored — and saves it through the pipeline, which encrypts it under the
+store's current key.
+
 Importing saves each checkpoint *without* ``expected_revision``: the store's
 compare-and-set takes it only if it moves the stack's revision forward, so an import
 never overwrites newer data and a second run of the same import (after an interruption)
@@ -29,6 +37,8 @@ from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import Checkpoint
 from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError, InvalidArgumentError
+from siglo.keys import KEYRING_NAMESPACE
+from siglo.pipeline import PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 
@@ -55,6 +65,8 @@ async def export_lines(
     while True:
         page = await adapter.list_checkpoints(namespace=namespace, limit=_PAGE, cursor=cursor)
         for summary in page.items:
+            if summary.namespace == KEYRING_NAMESPACE:
+                continue  # a dump never carries the keys it depends on
             checkpoint = await adapter.get_checkpoint(
                 summary.stack_id, summary.namespace, fallback=False
             )
@@ -133,6 +145,17 @@ async def import_lines(
         kind = doc.get("kind")
         if kind == "checkpoint":
             checkpoint = Checkpoint.from_json(_embedded_json(line, "document"))
+            if checkpoint.namespace == KEYRING_NAMESPACE:
+                raise InvalidArgumentError(
+                    f"line {number} holds a keyring ({KEYRING_NAMESPACE!r}): keys are never "
+                    "imported"
+                )
+            if isinstance(adapter, PipelineAdapter):
+                # Sealed documents are opened here (and sealed again by the save): a
+                # document of an erased key fails before anything of it is stored.
+                opened = await adapter.open_stored_checkpoint(checkpoint)
+                assert opened is not None
+                checkpoint = opened
             try:
                 await adapter.save_checkpoint(checkpoint)
             except CheckpointConflictError:
@@ -144,6 +167,10 @@ async def import_lines(
                 last_saved = checkpoint
         elif kind == "wait":
             record = WaitRecord.from_json(_embedded_json(line, "record"))
+            if isinstance(adapter, PipelineAdapter):
+                opened_record = await adapter.open_stored_wait(record)
+                assert opened_record is not None
+                record = opened_record
             if last_saved is not None and record.stack_id == last_saved.stack_id:
                 await adapter.save_wait_record(record)
                 report.waits += 1

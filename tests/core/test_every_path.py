@@ -450,11 +450,13 @@ COMMANDS: dict[str, str] = {
     "clean": "deletes only",
     "config": "no stored data",
     "drill": "synthetic data under a namespace of its own, removed afterwards",
+    "erase": "deletes only",
     "export": "reads",
     "import": "siglo import",
     "ls": "reads",
     "migrate": "schema only",
     "prune": "deletes only",
+    "rekey": "rekey (re-saves what is stored)",
     "rm": "deletes only",
     "show": "reads",
     "worker": "siglo worker (a timer it fires)",
@@ -463,6 +465,9 @@ COMMANDS: dict[str, str] = {
 
 _NOT_WRITERS = frozenset({"reads", "no I/O", "deletes only", "no stored data", "schema only"})
 _NOT_WRITERS |= {
+    # It re-saves stored checkpoints through the pipeline of the command's settings
+    # (tests/core/test_rekey.py reads the raw bytes after it, on every durable backend).
+    "rekey (re-saves what is stored)",
     "its own isolated storage",
     "synthetic data under a namespace of its own, removed afterwards",
 }
