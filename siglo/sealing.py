@@ -9,7 +9,7 @@ into a *sealed value*, a JSON object with one key::
 
 ``codec`` is ``z`` (zstd), ``e`` (AES-256-GCM) or ``ez`` (zstd, then AES-256-GCM);
 ``key id`` and ``nonce`` are empty when nothing is encrypted; ``nonce`` and ``data`` are
-unpadded URL-safe base64. A sealed value is JSON like any other payload, so every backend
+standard base64 (RFC 4648 §4, padded), which C code encodes and decodes. A sealed value is JSON like any other payload, so every backend
 — a third party's included — stores it without knowing what it is.
 
 The associated data of the encryption binds a ciphertext to where it belongs: the
@@ -22,7 +22,7 @@ field or namespace fails authentication, and the read raises
 
 from __future__ import annotations
 
-import base64
+import binascii
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,11 +82,14 @@ def is_sealed(value: Any) -> bool:
 
 
 def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+def _unb64(text: str, where: Location) -> bytes:
+    try:
+        return binascii.a2b_base64(text)
+    except (binascii.Error, ValueError):
+        raise MalformedRecordError(where.kind, where.field, "holds a sealed value that is not base64") from None
 
 
 class Sealer:
@@ -186,7 +189,7 @@ class Sealer:
                 where.kind, where.field, f"holds a sealed value of an unknown form ({parts[0]!r})"
             )
         version, codec_name, key_id, nonce, data = parts
-        raw = _unb64(data)
+        raw = _unb64(data, where)
         if codec_name.startswith("e"):
             if self.keys is None:
                 raise DecryptionError(
@@ -196,7 +199,9 @@ class Sealer:
             key = await self.keys.key(where.namespace, key_id)
             header = f"{version}.{codec_name}.{key_id}"
             try:
-                raw = _aesgcm(key).decrypt(_unb64(nonce), raw, where.associated_data(header))
+                raw = _aesgcm(key).decrypt(
+                    _unb64(nonce, where), raw, where.associated_data(header)
+                )
             except Exception as exc:
                 if isinstance(exc, KeyErasedError):
                     raise
@@ -222,11 +227,21 @@ class Sealer:
         return parts[2] or None if len(parts) == 5 else None
 
 
+_CIPHERS: dict[bytes, Any] = {}
+"""One AESGCM object per key: building one costs about as much as sealing 1 KB."""
+
+
 def _aesgcm(key: bytes) -> Any:
+    cipher = _CIPHERS.get(key)
+    if cipher is not None:
+        return cipher
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError as exc:  # pragma: no cover - the extra is a dependency
         raise InvalidArgumentError(
             "encryption needs the cryptography package: pip install 'siglo[encryption]'"
         ) from exc
-    return AESGCM(key)
+    if len(_CIPHERS) > 1024:  # many namespaces: keep the cache bounded
+        _CIPHERS.clear()
+    cipher = _CIPHERS[key] = AESGCM(key)
+    return cipher

@@ -140,7 +140,7 @@ async def checkpoint_roundtrip(ctx: CheckContext) -> None:
     expect(same(got, namespaced), "checkpoint.roundtrip", f"read back {got!r}")
 
 
-_ALL_BASE64URL = "v1.ez.k-1_Z.AZaz09-_AZaz09-_.AZaz09-_+/=AZaz09-_"
+_EVERY_BASE64_CHARACTER = "v1.ez.k-1_Z.AZaz09-_AZaz09-_.AZaz09-_+/=AZaz09-_"
 """A sealed value with every character of the envelope alphabet (and a few outside it a
 third party's codec might use): any rewriting of one shows."""
 
@@ -160,7 +160,7 @@ async def payload_byte_faithful(ctx: CheckContext) -> None:
             {"card": "4111"}, Location(ns, stack, "checkpoint", "contexts.small")
         ),
         "big": await sealer.seal(big, Location(ns, stack, "checkpoint", "contexts.big")),
-        "made": {SEALED_KEY: _ALL_BASE64URL},
+        "made": {SEALED_KEY: _EVERY_BASE64_CHARACTER},
     }
     metadata = {
         "redactFields": ["cvv"],
@@ -182,13 +182,13 @@ async def payload_byte_faithful(ctx: CheckContext) -> None:
         expect(opened == big, "payload.byte-faithful", "a sealed context no longer decrypts")
     if Capability.WAIT_RECORDS in ctx.session.target.capabilities:
         key = ctx.id("sealed-wait")
-        payload = {SEALED_KEY: _ALL_BASE64URL}
+        payload = {SEALED_KEY: _EVERY_BASE64_CHARACTER}
         record = WaitRecord(
             correlation_key=key,
             stack_id=stack,
             namespace=ns,
             event_payload=payload,
-            metadata={SEALED_KEY: _ALL_BASE64URL[::-1]},
+            metadata={SEALED_KEY: _EVERY_BASE64_CHARACTER[::-1]},
         )
         await a.save_wait_record(record)
         found = await a.get_wait_record(key, namespace=ns)

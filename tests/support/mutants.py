@@ -637,7 +637,7 @@ class FirstSetWins(MemoryStorageAdapter):
 def _normalise_sealed(value: Any) -> Any:
     if isinstance(value, dict):
         return {
-            k: v.replace("-", "+").replace("_", "/")
+            k: v.replace("+", "-").replace("/", "_").rstrip("=")
             if k == "$siglo" and isinstance(v, str)
             else _normalise_sealed(v)
             for k, v in value.items()
@@ -648,8 +648,8 @@ def _normalise_sealed(value: Any) -> Any:
 
 
 class RewritesSealedBase64(MemoryStorageAdapter):
-    """payload.byte-faithful: sealed values are stored with their URL-safe base64
-    rewritten to the standard alphabet (a layer "normalising" what looks like base64)."""
+    """payload.byte-faithful: sealed values are stored with their base64 rewritten to the
+    URL-safe alphabet, unpadded (a layer "normalising" what looks like base64)."""
 
     async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
@@ -1087,7 +1087,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("cache.falsy-hit", "a cached None is a miss", adapter=DropsCachedNone),
     _m(
         "payload.byte-faithful",
-        "sealed values are re-encoded to standard base64",
+        "sealed values are re-encoded to URL-safe base64",
         adapter=RewritesSealedBase64,
     ),
     _m("cache.miss", "a miss is None", adapter=MissIsNone),
