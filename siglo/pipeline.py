@@ -30,6 +30,7 @@ from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
 from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore
+from siglo.errors import InvalidArgumentError
 from siglo.keys import (
     KEYRING_NAMESPACE,
     EnvelopeKeyProvider,
@@ -139,6 +140,16 @@ def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
             settings.encryption_key_id,
         )
     elif settings.master_key is not None:
+        retention = getattr(raw, "checkpoint_ttl_ms", None)
+        if retention is not None:
+            # The keyrings are checkpoints: one that expired would take every key of
+            # its namespace with it, backups and exports included.
+            raise InvalidArgumentError(
+                f"envelope keys (master_key) keep each namespace's keys as a checkpoint, and "
+                f"this {raw.name} backend expires checkpoints after checkpoint_ttl_ms="
+                f"{retention}: connect it with checkpoint_ttl_ms=none (checkpoints with an "
+                "expires_at still expire), or use encryption_keys"
+            )
         keys = EnvelopeKeyProvider(raw, master_key_from(settings.master_key))
     return Sealer(
         keys,

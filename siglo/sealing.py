@@ -9,7 +9,8 @@ into a *sealed value*, a JSON object with one key::
 
 ``codec`` is ``z`` (zstd), ``e`` (AES-256-GCM) or ``ez`` (zstd, then AES-256-GCM);
 ``key id`` and ``nonce`` are empty when nothing is encrypted; ``nonce`` and ``data`` are
-standard base64 (RFC 4648 §4, padded), which C code encodes and decodes. A sealed value is JSON like any other payload, so every backend
+standard base64 (RFC 4648 §4, padded), which C code encodes and decodes. A sealed value
+is JSON like any other payload, so every backend
 — a third party's included — stores it without knowing what it is.
 
 The associated data of the encryption binds a ciphertext to where it belongs: the
@@ -89,7 +90,9 @@ def _unb64(text: str, where: Location) -> bytes:
     try:
         return binascii.a2b_base64(text)
     except (binascii.Error, ValueError):
-        raise MalformedRecordError(where.kind, where.field, "holds a sealed value that is not base64") from None
+        raise MalformedRecordError(
+            where.kind, where.field, "holds a sealed value that is not base64"
+        ) from None
 
 
 class Sealer:
@@ -199,9 +202,7 @@ class Sealer:
             key = await self.keys.key(where.namespace, key_id)
             header = f"{version}.{codec_name}.{key_id}"
             try:
-                raw = _aesgcm(key).decrypt(
-                    _unb64(nonce, where), raw, where.associated_data(header)
-                )
+                raw = _aesgcm(key).decrypt(_unb64(nonce, where), raw, where.associated_data(header))
             except Exception as exc:
                 if isinstance(exc, KeyErasedError):
                     raise

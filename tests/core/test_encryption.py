@@ -273,7 +273,7 @@ def master() -> Settings:
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_envelope_keys_are_per_namespace_and_erasable(kind: str) -> None:
     settings = master()
-    async with shared_store(kind) as backend:
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
         adapter, _ = piped(backend, settings)
         for ns in ("t1", "t2"):
             await adapter.save_checkpoint(
@@ -357,3 +357,26 @@ async def test_a_kms_plugin_supplies_the_master_key() -> None:
                 piped(backend, Settings(master_key="otherkms:x"))
     finally:
         registry.unregister("test-kms")
+
+
+async def test_envelope_keys_refuse_a_backend_that_expires_checkpoints() -> None:
+    """The keyrings are checkpoints: under a retention they would expire, and every key
+    of a namespace with them."""
+    async with siglo.connect("memory://", settings=Settings(), checkpoint_ttl_ms=60_000) as b:
+        with pytest.raises(InvalidArgumentError, match="checkpoint_ttl_ms=none"):
+            piped(b, master())
+
+
+async def test_a_decryption_failure_is_never_swallowed_by_the_error_mode() -> None:
+    """DecryptionError is not an adapter failure: a best-effort manager raises it instead
+    of reading "no checkpoint" and starting the run over on top of the stored one."""
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        writer, _ = piped(backend, keyed())
+        await writer.save_checkpoint(
+            Checkpoint(stack_id="s", revision=1, timestamp=1, contexts={"a": {"b": 1}}),
+            expected_revision=0,
+        )
+        reader, _ = piped(backend, keyed())
+        manager = siglo.StorageManager(reader, error_mode="best-effort", settings=Settings())
+        with pytest.raises(DecryptionError):
+            await manager.load_checkpoint("s")

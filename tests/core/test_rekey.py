@@ -135,7 +135,7 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
 async def test_rotation_under_concurrent_writers_loses_nothing(kind: str) -> None:
     settings = Settings(master_key=f"base64:{new_key()}")
     stacks, writers, rounds = 6, 4, 12
-    async with shared_store(kind) as backend:
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
         setup = piped(backend, settings)
         for n in range(stacks):
             await setup.save_checkpoint(
@@ -208,7 +208,7 @@ async def test_rotation_under_concurrent_writers_loses_nothing(kind: str) -> Non
 async def test_erasure_makes_an_earlier_export_unreadable(kind: str, tmp_path: Path) -> None:
     env = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
     settings = Settings(master_key=env["SIGLO_MASTER_KEY"])
-    async with shared_store(kind) as backend:
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
         writer = piped(backend, settings)
         for ns in ("gone", "kept"):
             for n in range(3):
