@@ -149,11 +149,6 @@ class Settings:
             check_key_id(key_id, f"encryption_keys ({self.source})")
             decode_key(text, f"{key_id!r} of encryption_keys ({self.source})")
         object.__setattr__(self, "encryption_keys", MappingProxyType(dict(keys)))
-        if self.encryption_key_id is not None and self.encryption_key_id not in keys:
-            raise InvalidArgumentError(
-                f"encryption_key_id {self.encryption_key_id!r} is not one of encryption_keys "
-                f"({', '.join(keys) or 'none given'}) ({self.source})"
-            )
         master = self.master_key
         if master is not None:
             if not isinstance(master, str) or ":" not in master:
@@ -164,10 +159,6 @@ class Settings:
             scheme, _, rest = master.partition(":")
             if scheme == "base64":
                 decode_key(rest, f"of master_key ({self.source})")
-            if keys:
-                raise InvalidArgumentError(
-                    f"set encryption_keys or master_key, not both ({self.source})"
-                )
         if type(self.require_encryption) is not bool:
             raise InvalidArgumentError(
                 f"require_encryption must be true or false, got {self.require_encryption!r} "
@@ -178,6 +169,30 @@ class Settings:
             raise InvalidArgumentError(
                 f"compression_min_bytes must be a number of bytes (0 or more) or none, got "
                 f"{limit!r} ({self.source})"
+            )
+        if not getattr(_layering, "on", False):
+            self._check_combination()
+
+    def _check_combination(self) -> None:
+        # Settings that depend on each other are checked once every source is applied:
+        # a file may name the key id or require encryption while the keys themselves come
+        # from the environment.
+        keys = self.encryption_keys
+        master = self.master_key
+        if self.encryption_key_id is not None and self.encryption_key_id not in keys:
+            raise InvalidArgumentError(
+                f"encryption_key_id {self.encryption_key_id!r} is not one of encryption_keys "
+                f"({', '.join(keys) or 'none given'}) ({self.source})"
+            )
+        if master is not None and keys:
+            raise InvalidArgumentError(
+                f"set encryption_keys or master_key, not both ({self.source})"
+            )
+        if self.require_encryption and not keys and master is None:
+            # Such a reader could read nothing: refuse the settings, not every read.
+            raise InvalidArgumentError(
+                "require_encryption needs a key to read with: set encryption_keys or "
+                f"master_key too ({self.source})"
             )
 
     @property
@@ -379,6 +394,17 @@ def load_settings(
     :class:`~siglo.errors.InvalidArgumentError` naming the setting and where it was read.
     """
     environ = os.environ if environ is None else environ
+    _layering.on = True
+    try:
+        settings, sources = _layers(start, environ, overrides)
+    finally:
+        _layering.on = False
+    return replace(settings, source=" + ".join(sources) or "defaults")
+
+
+def _layers(
+    start: Path | None, environ: Mapping[str, str], overrides: Mapping[str, Any]
+) -> tuple[Settings, list[str]]:
     settings = Settings()
     found = find_config_file(start, environ)
     sources: list[str] = []
@@ -394,7 +420,7 @@ def load_settings(
         _check_names(overrides, "the arguments")
         settings = _layer(settings, overrides, "arguments")
         sources.append("arguments")
-    return replace(settings, source=" + ".join(sources) or "defaults")
+    return settings, sources
 
 
 def _layer(settings: Settings, values: Mapping[str, Any], source: str) -> Settings:
@@ -406,6 +432,9 @@ def _layer(settings: Settings, values: Mapping[str, Any], source: str) -> Settin
 
 
 _lock = threading.Lock()
+_layering = threading.local()
+"""Set while :func:`load_settings` applies its sources one by one (see
+:meth:`Settings._check_combination`)."""
 _configured: Settings | None = None
 _loaded: tuple[tuple[str, ...], Settings] | None = None
 _generation = 0

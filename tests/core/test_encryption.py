@@ -254,6 +254,7 @@ def test_settings_read_keys_from_the_environment_and_never_show_them() -> None:
         ({"master_key": "nocolon"}, "master_key must be"),
         ({"require_encryption": "yes"}, "require_encryption must be true or false"),
         ({"compression_min_bytes": -1}, "compression_min_bytes must be"),
+        ({"require_encryption": True}, "require_encryption needs a key to read with"),
     ],
 )
 def test_bad_encryption_settings_are_refused_naming_the_setting(
@@ -380,3 +381,19 @@ async def test_a_decryption_failure_is_never_swallowed_by_the_error_mode() -> No
         manager = siglo.StorageManager(reader, error_mode="best-effort", settings=Settings())
         with pytest.raises(DecryptionError):
             await manager.load_checkpoint("s")
+
+
+def test_a_file_may_require_encryption_while_the_keys_come_from_the_environment(
+    tmp_path: Any,
+) -> None:
+    """The keys are secrets, kept out of the settings file: the settings that depend on
+    them are checked once every source is applied, not layer by layer."""
+    (tmp_path / "siglo.toml").write_text('require_encryption = true\nencryption_key_id = "k2"\n')
+    key = new_key()
+    settings = load_settings(
+        start=tmp_path, environ={"SIGLO_ENCRYPTION_KEYS": f"k1={new_key()},k2={key}"}
+    )
+    assert settings.require_encryption and settings.encryption_key_id == "k2"
+    # Without the keys, the combination is refused, naming the file it came from.
+    with pytest.raises(InvalidArgumentError, match=r"'k2' is not one of .*siglo\.toml"):
+        load_settings(start=tmp_path, environ={})
