@@ -103,6 +103,9 @@ class Settings:
     bytes>``, or ``<scheme>:<reference>`` that a KMS plugin resolves."""
     require_encryption: bool = False
     """Refuse to read a payload stored in clear (:class:`~siglo.errors.EncryptionRequiredError`)."""
+    blind_index_fields: frozenset[str] = frozenset()
+    """Metadata fields that get a keyed hash (a blind index) beside the encrypted metadata,
+    so ``list_checkpoints(metadata={...})`` and ``siglo ls --where`` can filter on them."""
     compression_min_bytes: int | None = None
     """Payloads whose JSON is at least this many bytes are compressed with zstd before
     they are (maybe) encrypted (``None``: never)."""
@@ -164,6 +167,12 @@ class Settings:
                 f"require_encryption must be true or false, got {self.require_encryption!r} "
                 f"({self.source})"
             )
+        fields = self.blind_index_fields
+        if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
+            raise InvalidArgumentError(
+                f"blind_index_fields must be a list of metadata field names ({self.source})"
+            )
+        object.__setattr__(self, "blind_index_fields", frozenset(fields))
         limit = self.compression_min_bytes
         if limit is not None and (type(limit) is not int or limit < 0):
             raise InvalidArgumentError(
@@ -227,6 +236,7 @@ class Settings:
             "encryption_key_id": self.encryption_key_id,
             "master_key": None if self.master_key is None else _mask_master(self.master_key),
             "require_encryption": self.require_encryption,
+            "blind_index_fields": sorted(self.blind_index_fields),
             "compression_min_bytes": self.compression_min_bytes,
             "source": self.source,
         }
@@ -251,6 +261,7 @@ ENVIRONMENT: Final[dict[str, str]] = {
     "SIGLO_MASTER_KEY": "master_key",
     "SIGLO_REQUIRE_ENCRYPTION": "require_encryption",
     "SIGLO_COMPRESSION_MIN_BYTES": "compression_min_bytes",
+    "SIGLO_BLIND_INDEX_FIELDS": "blind_index_fields",
 }
 """The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
 comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``
@@ -352,7 +363,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             )
         if raw == "" and name != "redact_fields":
             continue
-        if name == "redact_fields":
+        if name in ("redact_fields", "blind_index_fields"):
             values[name] = [part.strip() for part in raw.split(",") if part.strip()]
         elif name == "encryption_keys":
             pairs: dict[str, str] = {}

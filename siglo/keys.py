@@ -115,6 +115,11 @@ class KeyProvider(Protocol):
         """The id and 32 bytes of the key that encrypts new payloads of ``namespace``."""
         ...
 
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The key of ``namespace``'s blind index (:mod:`siglo.blind`): the same for as
+        long as the namespace's tokens must match, whichever key is current."""
+        ...
+
     async def key(self, namespace: str | None, key_id: str) -> bytes:
         """The key ``key_id`` of ``namespace``; raises
         :class:`~siglo.errors.KeyErasedError` if it was destroyed and
@@ -155,6 +160,14 @@ class SettingsKeyProvider:
 
     async def current_key(self, namespace: str | None) -> tuple[str, bytes]:
         return self.active, self._derive(self.active, namespace)
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The key of the blind index of ``namespace``: derived from the *first* key of
+        ``encryption_keys``, so tokens stay the same when a new key becomes current
+        (keep the first key listed while a blind index is in use)."""
+        first = next(iter(self._keys))
+        info = b"siglo blind index\0" + (_NO_NAMESPACE if namespace is None else namespace).encode()
+        return _hkdf(self._keys[first], info)
 
     async def key(self, namespace: str | None, key_id: str) -> bytes:
         if key_id not in self._keys:
@@ -234,6 +247,7 @@ class EnvelopeKeyProvider:
         self._keys: dict[tuple[str | None, str], bytes] = {}
         self._active: dict[str | None, tuple[str, float]] = {}
         self._seen: dict[str | None, float] = {}
+        self._index: dict[str | None, tuple[bytes, float]] = {}
         self._lock = asyncio.Lock()
 
     def forget(self) -> None:
@@ -241,6 +255,7 @@ class EnvelopeKeyProvider:
         self._keys.clear()
         self._active.clear()
         self._seen.clear()
+        self._index.clear()
 
     async def _ring(self, namespace: str | None) -> Checkpoint | None:
         return await self.adapter.get_checkpoint(
@@ -257,6 +272,7 @@ class EnvelopeKeyProvider:
         active: str | None,
         revision: int,
         erased_keys: list[str],
+        index_key: str | None = None,
     ) -> None:
         ring = Checkpoint(
             stack_id=_keyring_id(namespace),
@@ -271,6 +287,8 @@ class EnvelopeKeyProvider:
                 "active": active,
                 # The ids of destroyed keys: a ciphertext naming one is KeyErasedError.
                 "erasedKeys": erased_keys,
+                # The data key whose derivation keys the blind index: fixed until erased.
+                "indexKey": index_key,
                 "masterKeyId": self.master.key_id,
             },
         )
@@ -286,6 +304,9 @@ class EnvelopeKeyProvider:
             data_key = os.urandom(KEY_BYTES)
             wrapped = await self.master.wrap(data_key, self._context(namespace, key_id))
             keys[key_id] = base64.b64encode(wrapped).decode()
+            index = (ring.metadata or {}).get("indexKey") if ring is not None else None
+            if index not in keys:
+                index = key_id  # the first key after creation or an erasure
             try:
                 await self._save_ring(
                     namespace,
@@ -293,6 +314,7 @@ class EnvelopeKeyProvider:
                     key_id,
                     0 if ring is None else ring.revision,
                     _erased_ids(ring),
+                    index,
                 )
             except CheckpointConflictError:
                 ring = await self._ring(namespace)
@@ -351,8 +373,25 @@ class EnvelopeKeyProvider:
     def _drop(self, namespace: str | None) -> None:
         self._active.pop(namespace, None)
         self._seen.pop(namespace, None)
+        self._index.pop(namespace, None)
         for cached in [k for k in self._keys if k[0] == namespace]:
             del self._keys[cached]
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The key of ``namespace``'s blind index: derived from the data key the keyring
+        names for it (its first key), so rotation keeps the tokens and erasure destroys
+        them."""
+        cached = self._index.get(namespace)
+        if cached is not None and time.monotonic() - cached[1] < self.refresh_s:
+            return cached[0]
+        await self.current_key(namespace)  # a namespace's first use makes its keyring
+        ring = await self._ring(namespace)
+        index = (ring.metadata or {}).get("indexKey") if ring is not None else None
+        if ring is None or not isinstance(index, str):
+            raise KeyErasedError(_erased_message(namespace))
+        derived = _hkdf(await self.key(namespace, index), b"siglo blind index")
+        self._index[namespace] = (derived, time.monotonic())
+        return derived
 
     async def rotate(self, namespace: str | None) -> str:
         """Make a new data key the one new payloads of ``namespace`` use; returns its id

@@ -20,12 +20,13 @@ do, :func:`siglo.connect` returns the backend as it is: no layer, no cost.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
 import orjson
 
 from siglo.adapter import StorageAdapter
+from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
@@ -160,12 +161,20 @@ def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
 
 class Codecs:
     """The codec chain applied to each kind of record (see :mod:`siglo.sealing` for the
-    locations the associated data binds)."""
+    locations the associated data binds), and the blind index of the metadata fields
+    named in ``indexed`` (:mod:`siglo.blind`)."""
 
-    __slots__ = ("sealer",)
+    __slots__ = ("indexed", "sealer")
 
-    def __init__(self, sealer: Sealer) -> None:
+    def __init__(self, sealer: Sealer, indexed: frozenset[str] = frozenset()) -> None:
         self.sealer = sealer
+        self.indexed = indexed
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The blind-index key of ``namespace`` (the key provider's)."""
+        keys = self.sealer.keys
+        assert keys is not None
+        return await keys.index_key(namespace)
 
     # -- toward the backend ----------------------------------------------------------------
 
@@ -190,7 +199,7 @@ class Codecs:
         rest = {
             k: v
             for k, v in metadata.items()
-            if k not in CLEAR_METADATA_KEYS and k != WAIT_RECORD_KEY
+            if k not in CLEAR_METADATA_KEYS and k != WAIT_RECORD_KEY and k != INDEX_KEY
         }
         out: dict[str, Any] = dict(clear)
         if rest:
@@ -198,6 +207,10 @@ class Codecs:
                 rest, Location(namespace, stack_id, "checkpoint", "metadata")
             )
             out.update(sealed)
+        fields = [f for f in self.indexed if f in rest and indexable(rest[f])]
+        if fields and self.sealer.keys is not None:
+            key = await self.index_key(namespace)
+            out[INDEX_KEY] = {f: token(key, f, rest[f]) for f in sorted(fields)}
         wait = metadata.get(WAIT_RECORD_KEY)
         if isinstance(wait, dict):
             out[WAIT_RECORD_KEY] = await self.wait_wire_out(wait, namespace)
@@ -264,7 +277,7 @@ class Codecs:
             rest = {
                 k: v
                 for k, v in metadata.items()
-                if k not in CLEAR_METADATA_KEYS and k != WAIT_RECORD_KEY
+                if k not in CLEAR_METADATA_KEYS and k != WAIT_RECORD_KEY and k != INDEX_KEY
             }
             if rest:
                 out.update(await self.sealer.open(rest, where))
@@ -329,7 +342,10 @@ class PipelineAdapter(StorageAdapter):
     ) -> None:
         self.inner = inner
         self.pipeline = pipeline
-        self.codecs = Codecs(sealer if sealer is not None else sealer_for(pipeline.settings, inner))
+        self.codecs = Codecs(
+            sealer if sealer is not None else sealer_for(pipeline.settings, inner),
+            pipeline.settings.blind_index_fields,
+        )
 
     def _lenient(self) -> Codecs:
         sealer = self.codecs.sealer
@@ -533,7 +549,22 @@ class PipelineAdapter(StorageAdapter):
         updated_after: int | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
         cursor: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointPage:
+        """The backend's listing, without the keyrings when it lists every namespace;
+        ``metadata`` filters by equality on metadata fields — through the blind index
+        when the metadata is encrypted (:mod:`siglo.blind`)."""
+        if metadata is not None:
+            return await self._list_matching(
+                metadata,
+                namespace=namespace,
+                status=status,
+                workflow_id=workflow_id,
+                updated_before=updated_before,
+                updated_after=updated_after,
+                limit=limit,
+                cursor=cursor,
+            )
         # Summaries hold routing fields only, which no stage changes. A listing of every
         # namespace leaves out the envelope keys' keyrings: they are not the application's.
         page = await self.inner.list_checkpoints(
@@ -549,6 +580,26 @@ class PipelineAdapter(StorageAdapter):
             items = [i for i in page.items if i.namespace != KEYRING_NAMESPACE]
             page = dataclasses.replace(page, items=items)
         return page
+
+    async def _list_matching(self, metadata: Mapping[str, Any], **query: Any) -> CheckpointPage:
+        wanted = check_filter(metadata)
+        codecs = self.codecs
+        if codecs.sealer.encrypts:
+            unindexed = sorted(set(wanted) - codecs.indexed)
+            if unindexed:
+                raise InvalidArgumentError(
+                    f"metadata field(s) {', '.join(map(repr, unindexed))} are encrypted and "
+                    "not in blind_index_fields: only indexed fields can be filtered on "
+                    "without decrypting (docs/encryption.md)"
+                )
+        return await list_matching(
+            self.inner,
+            wanted,
+            indexed=codecs.indexed,
+            index_key=codecs.index_key if codecs.sealer.keys is not None else None,
+            skip=lambda s: s.namespace == KEYRING_NAMESPACE,
+            **query,
+        )
 
     async def delete_checkpoint(
         self,
