@@ -20,16 +20,35 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
-from siglo.adapter import StorageAdapter
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage, CheckpointSummary
-from siglo.sealing import SEALED_KEY
 from siglo.sentinel import MISSING, Missing
+
+
+class Listing(Protocol):
+    """What a filtered walk needs of an adapter (a :class:`siglo.StorageAdapter` has it)."""
+
+    async def list_checkpoints(
+        self,
+        *,
+        namespace: str | Missing | None = MISSING,
+        status: str | Iterable[str] | None = None,
+        workflow_id: str | None = None,
+        updated_before: int | None = None,
+        updated_after: int | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> CheckpointPage: ...
+
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None: ...
+
 
 __all__ = ["INDEX_KEY", "check_filter", "list_matching", "token"]
 
@@ -37,6 +56,8 @@ INDEX_KEY: Final = "$sigloIndex"
 """The stored metadata key holding a checkpoint's blind-index tokens (field → token)."""
 
 _SCALARS: Final = (str, int, float, bool, type(None))
+_SEALED: Final = "$siglo"
+"""siglo.sealing.SEALED_KEY (not imported: the adapter module imports this one)."""
 
 IndexKeyOf = Callable[[str | None], Awaitable[bytes]]
 
@@ -78,7 +99,7 @@ async def _matches(
 ) -> bool:
     metadata = stored.metadata or {}
     tokens = metadata.get(INDEX_KEY)
-    sealed = SEALED_KEY in metadata
+    sealed = _SEALED in metadata
     for field, value in wanted.items():
         if isinstance(tokens, dict) and field in indexed and field in tokens:
             if index_key is None:
@@ -98,7 +119,7 @@ async def _matches(
 
 
 async def list_matching(
-    raw: StorageAdapter,
+    raw: Listing,
     wanted: Mapping[str, Any],
     *,
     indexed: frozenset[str],

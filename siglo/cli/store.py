@@ -11,14 +11,12 @@ import click
 import orjson
 
 from siglo.adapter import Capability
-from siglo.blind import list_matching
 from siglo.checkpoint import STATUSES
 from siglo.cli.common import format_ms, open_store, print_json, print_table, require
 from siglo.cli.errors import CliError, resolve_url
 from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError
 from siglo.listing import CheckpointSummary
-from siglo.pipeline import PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 
@@ -135,15 +133,7 @@ def ls(
                 "limit": limit,
                 "cursor": cursor,
             }
-            adapter = backend.adapter
-            if metadata is None:
-                page = await adapter.list_checkpoints(**query)
-            elif isinstance(adapter, PipelineAdapter):
-                page = await adapter.list_checkpoints(metadata=metadata, **query)
-            else:  # no pipeline: metadata in clear, compared as stored
-                page = await list_matching(
-                    adapter, metadata, indexed=frozenset(), index_key=None, **query
-                )
+            page = await backend.adapter.list_checkpoints(metadata=metadata, **query)
         if as_json:
             print_json({"items": [s.to_wire() for s in page.items], "nextCursor": page.next_cursor})
             return

@@ -126,6 +126,14 @@ async def test_the_same_filter_works_on_metadata_in_clear(kind: str) -> None:
         # Equality is JSON equality: 1 is not "1", true is not 1.
         assert await _ids(adapter, metadata={"n": 2}) == ["c2"]
         assert await _ids(adapter, metadata={"n": "2"}) == []
+        # A backend without a pipeline (no settings) filters the same way.
+        assert await _ids(backend.raw_adapter, metadata={"customer": "acme-SECRET"}) == [
+            "c1",
+            "c3",
+            "c4",
+        ]
+        with pytest.raises(InvalidArgumentError, match="number, boolean or null"):
+            await backend.raw_adapter.list_checkpoints(metadata={"customer": ["x"]})
 
 
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
