@@ -2,7 +2,8 @@
 ``siglo erase``; docs/encryption.md).
 
 :func:`rekey` re-saves every checkpoint that holds a payload not encrypted under its
-namespace's current key — in clear, compressed only, or under an older key — with a
+namespace's current key — in clear, compressed only, or under an older key — or whose
+metadata lacks the blind-index token of a field now in ``blind_index_fields``, with a
 compare-and-set on the revision it read: a concurrent writer's save is never
 overwritten (the rekey reads it again and re-encrypts that), and a writer holding the
 old revision gets the ordinary conflict of a concurrent save. What is already under the
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from siglo.backend import Backend
+from siglo.blind import INDEX_KEY, indexable
 from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError, InvalidArgumentError
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
@@ -72,7 +74,7 @@ def _codecs(backend: Backend) -> tuple[PipelineAdapter, Codecs, KeyProvider]:
     # require_encryption says for the application's reads.
     lenient = Sealer(sealer.keys, compress_min_bytes=sealer.compress_min_bytes)
     assert sealer.keys is not None
-    return adapter, Codecs(lenient), sealer.keys
+    return adapter, Codecs(lenient, adapter.codecs.indexed), sealer.keys
 
 
 async def _summaries(
@@ -107,7 +109,9 @@ def _key_ids(checkpoint: Checkpoint) -> set[str | None]:
     for ctx in checkpoint.contexts.values():
         note(ctx)
     metadata = checkpoint.metadata or {}
-    rest = {k: v for k, v in metadata.items() if k not in ("redactFields", WAIT_RECORD_KEY)}
+    rest = {
+        k: v for k, v in metadata.items() if k not in ("redactFields", WAIT_RECORD_KEY, INDEX_KEY)
+    }
     if rest:
         note(rest if SEALED_KEY not in rest else {SEALED_KEY: rest[SEALED_KEY]})
     wait = metadata.get(WAIT_RECORD_KEY)
@@ -115,6 +119,15 @@ def _key_ids(checkpoint: Checkpoint) -> set[str | None]:
         note(wait.get("eventPayload"))
         note(wait.get("metadata"))
     return found
+
+
+def _index_missing(stored: Checkpoint, opened: Checkpoint, indexed: frozenset[str]) -> bool:
+    """Whether a field of ``indexed`` is in the metadata without its blind-index token (a
+    checkpoint saved before the field was indexed)."""
+    tokens = (stored.metadata or {}).get(INDEX_KEY)
+    have = set(tokens) if isinstance(tokens, dict) else set()
+    metadata = opened.metadata or {}
+    return any(f in metadata and indexable(metadata[f]) and f not in have for f in indexed)
 
 
 async def rekey(
@@ -163,11 +176,15 @@ async def _rekey_one(
             report.current += 1
             return
         active, _key = await keys.current_key(stored.namespace)
-        if _key_ids(stored) <= {active}:
+        current = _key_ids(stored) <= {active}
+        if current and not codecs.indexed:
             report.current += 1
             return
         opened = await codecs.checkpoint_in(stored)
         assert opened is not None
+        if current and not _index_missing(stored, opened, codecs.indexed):
+            report.current += 1
+            return
         # The same document at the next revision: the compare-and-set is what keeps a
         # concurrent writer's save; the timestamp stays the writer's.
         try:

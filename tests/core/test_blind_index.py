@@ -183,3 +183,17 @@ def test_siglo_ls_where(tmp_path: Path) -> None:
         timeout=120,
     )
     assert bad.returncode != 0 and b"is not FIELD=VALUE" in bad.stderr
+
+
+async def test_rekey_adds_the_tokens_of_a_field_indexed_later() -> None:
+    from siglo.rekeying import rekey
+
+    key = new_key()
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        await _fill(piped(backend, Settings(encryption_keys={"k1": key})))
+        later = Settings(encryption_keys={"k1": key}, blind_index_fields=["customer"])
+        adapter = piped(backend, later)
+        assert await _ids(adapter, metadata={"customer": "acme-SECRET"}) == []
+        report = await rekey(siglo.Backend(name="memory", url="memory://", adapter=adapter))
+        assert (report.rekeyed, report.current) == (4, 1)  # c5 has no customer
+        assert await _ids(adapter, metadata={"customer": "acme-SECRET"}) == ["c1", "c3", "c4"]
