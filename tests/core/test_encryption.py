@@ -397,3 +397,26 @@ def test_a_file_may_require_encryption_while_the_keys_come_from_the_environment(
     # Without the keys, the combination is refused, naming the file it came from.
     with pytest.raises(InvalidArgumentError, match=r"'k2' is not one of .*siglo\.toml"):
         load_settings(start=tmp_path, environ={})
+
+
+async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
+    from siglo.keys import KEYRING_NAMESPACE
+    from siglo.transfer import export_lines, import_lines
+
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        adapter, _ = piped(backend, master())
+        await adapter.save_checkpoint(
+            Checkpoint(stack_id="s", namespace="t", revision=1, timestamp=1, contexts={"a": {}}),
+            expected_revision=0,
+        )
+        raw = await backend.raw_adapter.list_checkpoints()
+        assert KEYRING_NAMESPACE in {s.namespace for s in raw.items}
+        listed = await adapter.list_checkpoints()
+        assert [s.namespace for s in listed.items] == ["t"]
+        lines = [line async for line in export_lines(backend.raw_adapter)]
+        assert len(lines) == 2 and KEYRING_NAMESPACE.encode() not in b"".join(lines)
+        ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        assert ring is not None
+        forged = [lines[0], b'{"kind":"checkpoint","document":' + ring.to_json() + b"}"]
+        with pytest.raises(InvalidArgumentError, match="line 2 holds a keyring"):
+            await import_lines(adapter, forged)
