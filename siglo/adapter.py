@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
+from siglo.blind import list_matching
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.coordination import Lock
@@ -433,6 +434,7 @@ class StorageAdapter(Closable):
         updated_after: int | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
         cursor: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointPage:
         """A page of summaries of the live checkpoints that pass every filter.
 
@@ -441,7 +443,24 @@ class StorageAdapter(Closable):
         updated_before``. Pass a page's ``next_cursor`` as ``cursor`` for the next page
         (``None`` when the walk is done). Pages follow a fixed order of the backend, so a
         stack is never returned twice in one walk, and an expired or deleted stack never.
+        ``metadata`` keeps the stacks whose metadata fields equal these values
+        (:mod:`siglo.blind`: read from each stored document; through an encrypting
+        connection, by the blind index).
         """
+        if metadata is not None:
+            return await list_matching(
+                self,
+                metadata,
+                indexed=frozenset(),
+                index_key=None,
+                namespace=namespace,
+                status=status,
+                workflow_id=workflow_id,
+                updated_before=updated_before,
+                updated_after=updated_after,
+                limit=limit,
+                cursor=cursor,
+            )
         query = _check_list_arguments(
             namespace=namespace,
             status=status,

@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from siglo.errors import InvalidArgumentError
+from siglo.keys import check_key_id, decode_key
 from siglo.redaction import check_redact_fields
 from siglo.settings import DEFAULTS
 from siglo.urls import mask_credentials
@@ -91,6 +92,23 @@ class Settings:
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Further options of the backend at :attr:`url` (a Redis ``prefix``, a PostgreSQL
     ``schema``, pool sizes …), passed to its factory when the URL is this one."""
+    encryption_keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Key ids to base64 32-byte keys: payloads are encrypted (AES-256-GCM) with a key
+    derived per namespace from the active one (docs/encryption.md). For development and
+    simple deployments; ``master_key`` gives per-namespace keys that can be erased."""
+    encryption_key_id: str | None = None
+    """The id of ``encryption_keys`` new payloads use (``None``: the last one listed)."""
+    master_key: str | None = None
+    """The master key of per-namespace data keys stored in the backend: ``base64:<32
+    bytes>``, or ``<scheme>:<reference>`` that a KMS plugin resolves."""
+    require_encryption: bool = False
+    """Refuse to read a payload stored in clear (:class:`~siglo.errors.EncryptionRequiredError`)."""
+    blind_index_fields: frozenset[str] = frozenset()
+    """Metadata fields that get a keyed hash (a blind index) beside the encrypted metadata,
+    so ``list_checkpoints(metadata={...})`` and ``siglo ls --where`` can filter on them."""
+    compression_min_bytes: int | None = None
+    """Payloads whose JSON is at least this many bytes are compressed with zstd before
+    they are (maybe) encrypted (``None``: never)."""
     source: str = "defaults"
     """Where these settings were read from (for messages; not a setting)."""
 
@@ -122,6 +140,74 @@ class Settings:
                 f"options must be a table of option names to values ({self.source})"
             )
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        self._check_sealing()
+
+    def _check_sealing(self) -> None:
+        keys = self.encryption_keys
+        if not isinstance(keys, Mapping):
+            raise InvalidArgumentError(
+                f"encryption_keys must be a table of key ids to base64 keys ({self.source})"
+            )
+        for key_id, text in keys.items():
+            check_key_id(key_id, f"encryption_keys ({self.source})")
+            decode_key(text, f"{key_id!r} of encryption_keys ({self.source})")
+        object.__setattr__(self, "encryption_keys", MappingProxyType(dict(keys)))
+        master = self.master_key
+        if master is not None:
+            if not isinstance(master, str) or ":" not in master:
+                raise InvalidArgumentError(
+                    "master_key must be 'base64:<32 bytes>' or '<scheme>:<reference>' of a "
+                    f"KMS plugin ({self.source})"
+                )
+            scheme, _, rest = master.partition(":")
+            if scheme == "base64":
+                decode_key(rest, f"of master_key ({self.source})")
+        if type(self.require_encryption) is not bool:
+            raise InvalidArgumentError(
+                f"require_encryption must be true or false, got {self.require_encryption!r} "
+                f"({self.source})"
+            )
+        fields = self.blind_index_fields
+        if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
+            raise InvalidArgumentError(
+                f"blind_index_fields must be a list of metadata field names ({self.source})"
+            )
+        object.__setattr__(self, "blind_index_fields", frozenset(fields))
+        limit = self.compression_min_bytes
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise InvalidArgumentError(
+                f"compression_min_bytes must be a number of bytes (0 or more) or none, got "
+                f"{limit!r} ({self.source})"
+            )
+        if not getattr(_layering, "on", False):
+            self._check_combination()
+
+    def _check_combination(self) -> None:
+        # Settings that depend on each other are checked once every source is applied:
+        # a file may name the key id or require encryption while the keys themselves come
+        # from the environment.
+        keys = self.encryption_keys
+        master = self.master_key
+        if self.encryption_key_id is not None and self.encryption_key_id not in keys:
+            raise InvalidArgumentError(
+                f"encryption_key_id {self.encryption_key_id!r} is not one of encryption_keys "
+                f"({', '.join(keys) or 'none given'}) ({self.source})"
+            )
+        if master is not None and keys:
+            raise InvalidArgumentError(
+                f"set encryption_keys or master_key, not both ({self.source})"
+            )
+        if self.require_encryption and not keys and master is None:
+            # Such a reader could read nothing: refuse the settings, not every read.
+            raise InvalidArgumentError(
+                "require_encryption needs a key to read with: set encryption_keys or "
+                f"master_key too ({self.source})"
+            )
+
+    @property
+    def encrypts(self) -> bool:
+        """Whether payloads are encrypted (``encryption_keys`` or ``master_key`` set)."""
+        return bool(self.encryption_keys) or self.master_key is not None
 
     def replace(self, **changes: Any) -> Settings:
         """These settings with ``changes`` applied (``redact_fields`` added to, not
@@ -145,6 +231,13 @@ class Settings:
             "options": {
                 k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
             },
+            # Key material is never shown: the ids say which keys are in effect.
+            "encryption_keys": {k: "***" for k in self.encryption_keys},
+            "encryption_key_id": self.encryption_key_id,
+            "master_key": None if self.master_key is None else _mask_master(self.master_key),
+            "require_encryption": self.require_encryption,
+            "blind_index_fields": sorted(self.blind_index_fields),
+            "compression_min_bytes": self.compression_min_bytes,
             "source": self.source,
         }
 
@@ -163,10 +256,24 @@ ENVIRONMENT: Final[dict[str, str]] = {
     "SIGLO_ERROR_MODE": "error_mode",
     "SIGLO_NAMESPACE_FALLBACK": "namespace_fallback",
     "SIGLO_COMMAND_TIMEOUT_MS": "command_timeout_ms",
+    "SIGLO_ENCRYPTION_KEYS": "encryption_keys",
+    "SIGLO_ENCRYPTION_KEY_ID": "encryption_key_id",
+    "SIGLO_MASTER_KEY": "master_key",
+    "SIGLO_REQUIRE_ENCRYPTION": "require_encryption",
+    "SIGLO_COMPRESSION_MIN_BYTES": "compression_min_bytes",
+    "SIGLO_BLIND_INDEX_FIELDS": "blind_index_fields",
 }
 """The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
 comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``
-an integer or ``none``."""
+an integer or ``none``; ``SIGLO_ENCRYPTION_KEYS`` is ``id=base64key,id2=base64key``;
+``SIGLO_REQUIRE_ENCRYPTION`` true/false; ``SIGLO_COMPRESSION_MIN_BYTES`` an integer or
+``none``."""
+
+
+def _mask_master(value: str) -> str:
+    scheme = value.partition(":")[0]
+    # A KMS reference (an ARN, a key name) is not secret; a key itself is.
+    return f"{scheme}:***" if scheme == "base64" else value
 
 
 def _secret_option(name: str) -> bool:
@@ -233,8 +340,9 @@ def _from_file(path: Path, table: Mapping[str, Any]) -> dict[str, Any]:
     where = f"[tool.siglo] of {path}" if path.name == "pyproject.toml" else str(path)
     _check_names(table, where)
     values = dict(table)
-    if "command_timeout_ms" in values and values["command_timeout_ms"] in ("none", "None"):
-        values["command_timeout_ms"] = None
+    for name in ("command_timeout_ms", "compression_min_bytes"):
+        if name in values and values[name] in ("none", "None"):
+            values[name] = None
     if "redact_fields" in values and (
         isinstance(values["redact_fields"], str) or not isinstance(values["redact_fields"], list)
     ):
@@ -255,14 +363,24 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             )
         if raw == "" and name != "redact_fields":
             continue
-        if name == "redact_fields":
+        if name in ("redact_fields", "blind_index_fields"):
             values[name] = [part.strip() for part in raw.split(",") if part.strip()]
-        elif name == "namespace_fallback":
+        elif name == "encryption_keys":
+            pairs: dict[str, str] = {}
+            for part in filter(None, (p.strip() for p in raw.split(","))):
+                key_id, sep, text = part.partition("=")
+                if not sep:
+                    raise InvalidArgumentError(
+                        f"{variable} must be id=base64key pairs separated by commas"
+                    )
+                pairs[key_id.strip()] = text.strip()
+            values[name] = pairs
+        elif name in ("namespace_fallback", "require_encryption"):
             lowered = raw.strip().lower()
             if lowered not in _TRUE | _FALSE:
                 raise InvalidArgumentError(f"{variable} must be true or false, got {raw!r}")
             values[name] = lowered in _TRUE
-        elif name == "command_timeout_ms":
+        elif name in ("command_timeout_ms", "compression_min_bytes"):
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None
             else:
@@ -270,7 +388,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
                     values[name] = int(raw)
                 except ValueError:
                     raise InvalidArgumentError(
-                        f"{variable} must be an integer of milliseconds or none, got {raw!r}"
+                        f"{variable} must be an integer or none, got {raw!r}"
                     ) from None
         else:
             values[name] = raw
@@ -287,6 +405,17 @@ def load_settings(
     :class:`~siglo.errors.InvalidArgumentError` naming the setting and where it was read.
     """
     environ = os.environ if environ is None else environ
+    _layering.on = True
+    try:
+        settings, sources = _layers(start, environ, overrides)
+    finally:
+        _layering.on = False
+    return replace(settings, source=" + ".join(sources) or "defaults")
+
+
+def _layers(
+    start: Path | None, environ: Mapping[str, str], overrides: Mapping[str, Any]
+) -> tuple[Settings, list[str]]:
     settings = Settings()
     found = find_config_file(start, environ)
     sources: list[str] = []
@@ -302,7 +431,7 @@ def load_settings(
         _check_names(overrides, "the arguments")
         settings = _layer(settings, overrides, "arguments")
         sources.append("arguments")
-    return replace(settings, source=" + ".join(sources) or "defaults")
+    return settings, sources
 
 
 def _layer(settings: Settings, values: Mapping[str, Any], source: str) -> Settings:
@@ -314,6 +443,9 @@ def _layer(settings: Settings, values: Mapping[str, Any], source: str) -> Settin
 
 
 _lock = threading.Lock()
+_layering = threading.local()
+"""Set while :func:`load_settings` applies its sources one by one (see
+:meth:`Settings._check_combination`)."""
 _configured: Settings | None = None
 _loaded: tuple[tuple[str, ...], Settings] | None = None
 _generation = 0

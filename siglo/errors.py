@@ -15,9 +15,12 @@ __all__ = [
     "CheckpointConflictException",
     "CheckpointVersionError",
     "CheckpointVersionException",
+    "DecryptionError",
     "DriverNotInstalledError",
+    "EncryptionRequiredError",
     "InvalidArgumentError",
     "InvalidStateTransitionError",
+    "KeyErasedError",
     "IdempotencyKeyMismatchError",
     "IdempotencyOwnershipError",
     "LockLostError",
@@ -249,6 +252,22 @@ class DriverNotInstalledError(SigloError, ImportError):
 
 class SchemaVersionError(SigloError):
     """A database's siglo schema is older or newer than this siglo's code."""
+
+
+class DecryptionError(SigloError):
+    """A stored payload could not be decoded: its ciphertext does not belong where it was
+    read (another row, record kind, field or namespace), was altered, or its key is not
+    one the key provider has. Nothing is returned in its place."""
+
+
+class KeyErasedError(DecryptionError):
+    """The namespace's data key was destroyed (``siglo erase``): what it encrypted —
+    in the store, a replica, a backup or an export — can no longer be read."""
+
+
+class EncryptionRequiredError(SigloError):
+    """``require_encryption`` is set and a stored payload was found in clear (written
+    before encryption was turned on, or by something that bypassed it)."""
 
 
 # The names of the TypeScript original.

@@ -4,7 +4,9 @@ Every payload siglo stores — a checkpoint's contexts and metadata, a context-c
 value, a wait record's payloads, a cached step output, an idempotency result — passes
 :class:`Pipeline` on its way to the backend, and every payload read back passes it on the
 way in. The pipeline is built from the one configuration (:class:`siglo.config.Settings`):
-today it redacts the settings' ``redact_fields`` at any depth.
+it redacts the settings' ``redact_fields`` at any depth, then the codec chain
+(:mod:`siglo.sealing`) compresses and encrypts each payload when the settings ask for it,
+and decodes (and, under ``require_encryption``, checks) each payload read back.
 
 :func:`siglo.connect` puts it in front of the backend it returns
 (:class:`PipelineAdapter`, :class:`PipelineIdempotencyStore`), so every path that goes
@@ -18,18 +20,31 @@ do, :func:`siglo.connect` returns the backend as it is: no layer, no cost.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, TypeVar
+
+import orjson
 
 from siglo import telemetry
 from siglo.adapter import StorageAdapter
+from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
 from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore, Lock
+from siglo.errors import InvalidArgumentError
+from siglo.keys import (
+    KEYRING_NAMESPACE,
+    EnvelopeKeyProvider,
+    KeyProvider,
+    SettingsKeyProvider,
+    decode_key,
+    master_key_from,
+)
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.redaction import REDACT_FIELDS_KEY, REDACTED, redact
+from siglo.sealing import SEALED_KEY, Location, Sealer
 from siglo.sentinel import MISSING, Missing
 from siglo.telemetry import Telemetry
 
@@ -42,7 +57,16 @@ __all__ = [
     "TracedPipelineIdempotencyStore",
     "pipeline_adapter",
     "pipeline_parts",
+    "sealer_for",
 ]
+
+WAIT_RECORD_KEY: Final = "waitRecord"
+"""The metadata key of a waiting run's embedded wait record: kept as a record (its
+payloads sealed like a wait record's), since backends read it."""
+
+CLEAR_METADATA_KEYS: Final = frozenset({REDACT_FIELDS_KEY})
+"""Metadata keys that stay in clear beside the sealed rest: the names (not values) of
+the redacted fields, which every process restoring the stack must read."""
 
 T = TypeVar("T")
 
@@ -50,19 +74,26 @@ T = TypeVar("T")
 class Pipeline:
     """The stages a payload passes between siglo and a backend, built from settings."""
 
-    __slots__ = ("redact_fields", "telemetry")
+    __slots__ = ("redact_fields", "settings", "telemetry")
 
     def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.redact_fields = settings.redact_fields
         # Decided once, here: without an OpenTelemetry SDK there is no tracing stage at
         # all, so the calls cost what they cost without siglo[otel] (docs/observability.md).
         self.telemetry = telemetry.current()
 
     @property
+    def seals(self) -> bool:
+        """Whether the codec chain has anything to do (encrypt, compress or check)."""
+        s = self.settings
+        return s.encrypts or s.compression_min_bytes is not None or s.require_encryption
+
+    @property
     def is_identity(self) -> bool:
         """Whether every stage passes payloads through unchanged and nothing is traced
         (nothing to wrap)."""
-        return not self.redact_fields and self.telemetry is None
+        return not self.redact_fields and not self.seals and self.telemetry is None
 
     # -- toward the backend ----------------------------------------------------------------
 
@@ -107,19 +138,201 @@ class Pipeline:
             return record
         return record.replace(event_payload=payload, metadata=metadata)
 
-    # -- from the backend (no stage changes what comes back yet) -----------------------------
 
-    def checkpoint_in(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
-        """A checkpoint as read back."""
-        return checkpoint
+def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
+    """The codec chain ``settings`` ask for, over the backend adapter ``raw`` (where the
+    envelope key provider keeps its keyrings)."""
+    keys: KeyProvider | None = None
+    if settings.encryption_keys:
+        keys = SettingsKeyProvider(
+            {k: decode_key(v, k) for k, v in settings.encryption_keys.items()},
+            settings.encryption_key_id,
+        )
+    elif settings.master_key is not None:
+        retention = getattr(raw, "checkpoint_ttl_ms", None)
+        if retention is not None:
+            # The keyrings are checkpoints: one that expired would take every key of
+            # its namespace with it, backups and exports included.
+            raise InvalidArgumentError(
+                f"envelope keys (master_key) keep each namespace's keys as a checkpoint, and "
+                f"this {raw.name} backend expires checkpoints after checkpoint_ttl_ms="
+                f"{retention}: connect it with checkpoint_ttl_ms=none (checkpoints with an "
+                "expires_at still expire), or use encryption_keys"
+            )
+        keys = EnvelopeKeyProvider(raw, master_key_from(settings.master_key))
+    return Sealer(
+        keys,
+        compress_min_bytes=settings.compression_min_bytes,
+        require_encryption=settings.require_encryption,
+    )
 
-    def wait_in(self, record: WaitRecord | None) -> WaitRecord | None:
-        """A wait record as read back."""
-        return record
 
-    def value_in(self, value: T) -> T:
-        """A payload value as read back."""
-        return value
+class Codecs:
+    """The codec chain applied to each kind of record (see :mod:`siglo.sealing` for the
+    locations the associated data binds), and the blind index of the metadata fields
+    named in ``indexed`` (:mod:`siglo.blind`)."""
+
+    __slots__ = ("indexed", "sealer")
+
+    def __init__(self, sealer: Sealer, indexed: frozenset[str] = frozenset()) -> None:
+        self.sealer = sealer
+        self.indexed = indexed
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The blind-index key of ``namespace`` (the key provider's)."""
+        keys = self.sealer.keys
+        assert keys is not None
+        return await keys.index_key(namespace)
+
+    # -- toward the backend ----------------------------------------------------------------
+
+    async def checkpoint_out(self, checkpoint: Checkpoint) -> Checkpoint:
+        sealer = self.sealer
+        if not sealer.encrypts and sealer.compress_min_bytes is None:
+            return checkpoint
+        ns, sid = checkpoint.namespace, checkpoint.stack_id
+        contexts = {
+            step: await sealer.seal_dict(ctx, Location(ns, sid, "checkpoint", f"contexts.{step}"))
+            for step, ctx in checkpoint.contexts.items()
+        }
+        metadata = await self.metadata_out(checkpoint.metadata, ns, sid)
+        return checkpoint.replace(contexts=contexts, metadata=metadata)
+
+    async def metadata_out(
+        self, metadata: Any, namespace: str | None, stack_id: str
+    ) -> dict[str, Any] | None:
+        if metadata is None:
+            return None
+        clear = {k: v for k, v in metadata.items() if k in CLEAR_METADATA_KEYS}
+        rest = {
+            k: v
+            for k, v in metadata.items()
+            if k not in CLEAR_METADATA_KEYS and k != WAIT_RECORD_KEY and k != INDEX_KEY
+        }
+        out: dict[str, Any] = dict(clear)
+        if rest:
+            sealed = await self.sealer.seal(
+                rest, Location(namespace, stack_id, "checkpoint", "metadata")
+            )
+            out.update(sealed)
+        fields = [f for f in self.indexed if f in rest and indexable(rest[f])]
+        if fields and self.sealer.keys is not None:
+            key = await self.index_key(namespace)
+            out[INDEX_KEY] = {f: token(key, f, rest[f]) for f in sorted(fields)}
+        wait = metadata.get(WAIT_RECORD_KEY)
+        if isinstance(wait, dict):
+            out[WAIT_RECORD_KEY] = await self.wait_wire_out(wait, namespace)
+        elif wait is not None:
+            out[WAIT_RECORD_KEY] = wait
+        return out
+
+    async def wait_wire_out(self, wire: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+        ns = wire.get("namespace", namespace)
+        key = str(wire.get("correlationKey"))
+        out = dict(wire)
+        for name in ("eventPayload", "metadata"):
+            if out.get(name) is not None:
+                out[name] = await self.sealer.seal(out[name], Location(ns, key, "wait", name))
+        return out
+
+    async def wait_out(self, record: WaitRecord) -> WaitRecord:
+        if not self.sealer.encrypts and self.sealer.compress_min_bytes is None:
+            return record
+        ns, key = record.namespace, record.correlation_key
+        return record.replace(
+            event_payload=await self.sealer.seal(
+                record.event_payload, Location(ns, key, "wait", "eventPayload")
+            ),
+            metadata=await self.sealer.seal_dict(
+                record.metadata, Location(ns, key, "wait", "metadata")
+            ),
+        )
+
+    async def event_out(self, event: ContextChangeEvent) -> ContextChangeEvent:
+        value = await self.sealer.seal(event.value, _context_location(event))
+        return event if value is event.value else dataclasses.replace(event, value=value)
+
+    # -- from the backend ----------------------------------------------------------------
+
+    async def checkpoint_in(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
+        if checkpoint is None:
+            return None
+        sealer = self.sealer
+        ns, sid = checkpoint.namespace, checkpoint.stack_id
+        contexts: dict[str, Any] = {}
+        changed = False
+        for step, ctx in checkpoint.contexts.items():
+            opened = await sealer.open(ctx, Location(ns, sid, "checkpoint", f"contexts.{step}"))
+            changed = changed or opened is not ctx
+            contexts[step] = opened
+        metadata = await self.metadata_in(checkpoint.metadata, ns, sid)
+        if not changed and metadata is checkpoint.metadata:
+            return checkpoint
+        return checkpoint.replace(contexts=contexts, metadata=metadata)
+
+    async def metadata_in(self, metadata: Any, namespace: str | None, stack_id: str) -> Any:
+        if metadata is None:
+            return None
+        sealed = metadata.get(SEALED_KEY)
+        wait = metadata.get(WAIT_RECORD_KEY)
+        if not isinstance(sealed, str) and wait is None and not self.sealer.require_encryption:
+            return metadata
+        out: dict[str, Any] = {}
+        where = Location(namespace, stack_id, "checkpoint", "metadata")
+        if isinstance(sealed, str):
+            out.update(await self.sealer.open({SEALED_KEY: sealed}, where))
+        else:
+            rest = {
+                k: v
+                for k, v in metadata.items()
+                if k not in CLEAR_METADATA_KEYS and k != WAIT_RECORD_KEY and k != INDEX_KEY
+            }
+            if rest:
+                out.update(await self.sealer.open(rest, where))
+        out.update({k: v for k, v in metadata.items() if k in CLEAR_METADATA_KEYS})
+        if isinstance(wait, dict):
+            out[WAIT_RECORD_KEY] = await self.wait_wire_in(wait, namespace)
+        elif wait is not None:
+            out[WAIT_RECORD_KEY] = wait
+        return out
+
+    async def wait_wire_in(self, wire: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+        ns = wire.get("namespace", namespace)
+        key = str(wire.get("correlationKey"))
+        out = dict(wire)
+        for name in ("eventPayload", "metadata"):
+            if out.get(name) is not None:
+                out[name] = await self.sealer.open(out[name], Location(ns, key, "wait", name))
+        return out
+
+    async def wait_in(self, record: WaitRecord | None) -> WaitRecord | None:
+        if record is None:
+            return None
+        ns, key = record.namespace, record.correlation_key
+        payload = await self.sealer.open(
+            record.event_payload, Location(ns, key, "wait", "eventPayload")
+        )
+        metadata = await self.sealer.open(record.metadata, Location(ns, key, "wait", "metadata"))
+        if payload is record.event_payload and metadata is record.metadata:
+            return record
+        return record.replace(event_payload=payload, metadata=metadata)
+
+
+def _context_location(event: ContextChangeEvent) -> Location:
+    return _change_location(event.namespace, event.stack_id, event.step_id, event.key)
+
+
+def _change_location(namespace: str | None, stack_id: str, step: str, key: str) -> Location:
+    # JSON, so a step "a.b" with key "c" is not step "a" with key "b.c".
+    return Location(namespace, stack_id, "context", orjson.dumps([step, key]).decode())
+
+
+def _step_location(key: str) -> Location:
+    return Location(None, key, "step", "value")
+
+
+def _result_location(key: str) -> Location:
+    return Location(None, key, "idempotency", "result")
 
 
 class PipelineAdapter(StorageAdapter):
@@ -132,9 +345,37 @@ class PipelineAdapter(StorageAdapter):
 
     inner_class: ClassVar[type[StorageAdapter]] = StorageAdapter
 
-    def __init__(self, inner: StorageAdapter, pipeline: Pipeline) -> None:
+    def __init__(
+        self, inner: StorageAdapter, pipeline: Pipeline, sealer: Sealer | None = None
+    ) -> None:
         self.inner = inner
         self.pipeline = pipeline
+        self.codecs = Codecs(
+            sealer if sealer is not None else sealer_for(pipeline.settings, inner),
+            pipeline.settings.blind_index_fields,
+        )
+
+    def _lenient(self) -> Codecs:
+        sealer = self.codecs.sealer
+        if not sealer.require_encryption:
+            return self.codecs
+        return Codecs(Sealer(sealer.keys, compress_min_bytes=sealer.compress_min_bytes))
+
+    async def open_stored_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint | None:
+        """A checkpoint document as some store held it (an export's line), decoded by
+        this pipeline's codec chain; one in clear is accepted whatever
+        ``require_encryption`` says, since saving it here encrypts it."""
+        return await self._lenient().checkpoint_in(checkpoint)
+
+    async def open_stored_wait(self, record: WaitRecord) -> WaitRecord | None:
+        """Like :meth:`open_stored_checkpoint`, for a wait record."""
+        return await self._lenient().wait_in(record)
+
+    async def _checkpoint_out(self, checkpoint: Checkpoint) -> Checkpoint:
+        return await self.codecs.checkpoint_out(self.pipeline.checkpoint_out(checkpoint))
+
+    async def _events_out(self, changes: Sequence[ContextChangeEvent]) -> list[ContextChangeEvent]:
+        return [await self.codecs.event_out(self.pipeline.event_out(c)) for c in changes]
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for what this class does not define: the backend's own API.
@@ -189,13 +430,19 @@ class PipelineAdapter(StorageAdapter):
     # -- context stream ------------------------------------------------------------------
 
     async def on_context_change(self, event: ContextChangeEvent) -> None:
-        await self.inner.on_context_change(self.pipeline.event_out(event))
+        await self.inner.on_context_change(
+            await self.codecs.event_out(self.pipeline.event_out(event))
+        )
 
     async def get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None
     ) -> dict[str, Any]:
         changes = await self.inner.get_context_changes(stack_id, step_id, namespace)
-        return {k: self.pipeline.value_in(v) for k, v in changes.items()}
+        sealer = self.codecs.sealer
+        return {
+            k: await sealer.open(v, _change_location(namespace, stack_id, step_id, k))
+            for k, v in changes.items()
+        }
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -203,7 +450,7 @@ class PipelineAdapter(StorageAdapter):
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
         await self.inner.save_checkpoint(
-            self.pipeline.checkpoint_out(checkpoint), expected_revision=expected_revision
+            await self._checkpoint_out(checkpoint), expected_revision=expected_revision
         )
 
     def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
@@ -217,8 +464,8 @@ class PipelineAdapter(StorageAdapter):
         expected_revision: int | None = None,
     ) -> None:
         await self.inner.save_checkpoint_streamed(
-            self.pipeline.checkpoint_out(checkpoint),
-            [self.pipeline.event_out(c) for c in changes],
+            await self._checkpoint_out(checkpoint),
+            await self._events_out(changes),
             expected_revision=expected_revision,
         )
 
@@ -230,8 +477,8 @@ class PipelineAdapter(StorageAdapter):
         expected_revision: int | None = None,
     ) -> None:
         await self.inner.save_checkpoint_unlocking(
-            self.pipeline.checkpoint_out(checkpoint),
-            [self.pipeline.event_out(c) for c in changes],
+            await self._checkpoint_out(checkpoint),
+            await self._events_out(changes),
             expected_revision=expected_revision,
         )
 
@@ -239,7 +486,7 @@ class PipelineAdapter(StorageAdapter):
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         found = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
-        return self.pipeline.checkpoint_in(found)
+        return await self.codecs.checkpoint_in(found)
 
     async def clean_expired_checkpoints(self) -> int:
         return await self.inner.clean_expired_checkpoints()
@@ -247,16 +494,20 @@ class PipelineAdapter(StorageAdapter):
     # -- wait records --------------------------------------------------------------------
 
     async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
-        await self.inner.save_wait_record(self.pipeline.wait_out(record), ttl_ms=ttl_ms)
+        await self.inner.save_wait_record(
+            await self.codecs.wait_out(self.pipeline.wait_out(record)), ttl_ms=ttl_ms
+        )
 
     async def create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> bool:
-        return await self.inner.create_wait_record(self.pipeline.wait_out(record), ttl_ms=ttl_ms)
+        return await self.inner.create_wait_record(
+            await self.codecs.wait_out(self.pipeline.wait_out(record)), ttl_ms=ttl_ms
+        )
 
     async def get_wait_record(
         self, correlation_key_or_stack_id: str, *, namespace: str | None = None
     ) -> WaitRecord | None:
         found = await self.inner.get_wait_record(correlation_key_or_stack_id, namespace=namespace)
-        return self.pipeline.wait_in(found)
+        return await self.codecs.wait_in(found)
 
     async def claim_wait_record(
         self,
@@ -269,7 +520,10 @@ class PipelineAdapter(StorageAdapter):
         namespace: str | None = None,
     ) -> WaitRecord | None:
         if event_payload is not MISSING:
-            event_payload = self.pipeline.value_out(event_payload)
+            event_payload = await self.codecs.sealer.seal(
+                self.pipeline.value_out(event_payload),
+                Location(namespace, correlation_key, "wait", "eventPayload"),
+            )
         claimed = await self.inner.claim_wait_record(
             correlation_key,
             claimant_id,
@@ -278,7 +532,7 @@ class PipelineAdapter(StorageAdapter):
             lease_ms=lease_ms,
             namespace=namespace,
         )
-        return self.pipeline.wait_in(claimed)
+        return await self.codecs.wait_in(claimed)
 
     async def complete_wait_record(
         self, correlation_key: str, claimant_id: str, *, namespace: str | None = None
@@ -313,10 +567,13 @@ class PipelineAdapter(StorageAdapter):
 
     async def get_cached_step(self, key: str) -> Any | Missing:
         found = await self.inner.get_cached_step(key)
-        return found if found is MISSING else self.pipeline.value_in(found)
+        return (
+            found if found is MISSING else await self.codecs.sealer.open(found, _step_location(key))
+        )
 
     async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        await self.inner.set_cached_step(key, self.pipeline.value_out(value), ttl_ms)
+        sealed = await self.codecs.sealer.seal(self.pipeline.value_out(value), _step_location(key))
+        await self.inner.set_cached_step(key, sealed, ttl_ms)
 
     async def on_cache_event(self, event: CacheEvent) -> None:
         await self.inner.on_cache_event(event)
@@ -333,9 +590,25 @@ class PipelineAdapter(StorageAdapter):
         updated_after: int | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
         cursor: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> CheckpointPage:
-        # Summaries hold routing fields only, which no stage changes.
-        return await self.inner.list_checkpoints(
+        """The backend's listing, without the keyrings when it lists every namespace;
+        ``metadata`` filters by equality on metadata fields — through the blind index
+        when the metadata is encrypted (:mod:`siglo.blind`)."""
+        if metadata is not None:
+            return await self._list_matching(
+                metadata,
+                namespace=namespace,
+                status=status,
+                workflow_id=workflow_id,
+                updated_before=updated_before,
+                updated_after=updated_after,
+                limit=limit,
+                cursor=cursor,
+            )
+        # Summaries hold routing fields only, which no stage changes. A listing of every
+        # namespace leaves out the envelope keys' keyrings: they are not the application's.
+        page = await self.inner.list_checkpoints(
             namespace=namespace,
             status=status,
             workflow_id=workflow_id,
@@ -343,6 +616,30 @@ class PipelineAdapter(StorageAdapter):
             updated_after=updated_after,
             limit=limit,
             cursor=cursor,
+        )
+        if namespace is MISSING and any(i.namespace == KEYRING_NAMESPACE for i in page.items):
+            items = [i for i in page.items if i.namespace != KEYRING_NAMESPACE]
+            page = dataclasses.replace(page, items=items)
+        return page
+
+    async def _list_matching(self, metadata: Mapping[str, Any], **query: Any) -> CheckpointPage:
+        wanted = check_filter(metadata)
+        codecs = self.codecs
+        if codecs.sealer.encrypts:
+            unindexed = sorted(set(wanted) - codecs.indexed)
+            if unindexed:
+                raise InvalidArgumentError(
+                    f"metadata field(s) {', '.join(map(repr, unindexed))} are encrypted and "
+                    "not in blind_index_fields: only indexed fields can be filtered on "
+                    "without decrypting (docs/encryption.md)"
+                )
+        return await list_matching(
+            self.inner,
+            wanted,
+            indexed=codecs.indexed,
+            index_key=codecs.index_key if codecs.sealer.keys is not None else None,
+            skip=lambda s: s.namespace == KEYRING_NAMESPACE,
+            **query,
         )
 
     async def delete_checkpoint(
@@ -358,7 +655,8 @@ class PipelineAdapter(StorageAdapter):
 
     async def list_due_waits(self, *, limit: int = DEFAULT_PAGE_SIZE) -> list[WaitRecord]:
         due = await self.inner.list_due_waits(limit=limit)
-        return [r for r in map(self.pipeline.wait_in, due) if r is not None]
+        opened = [await self.codecs.wait_in(r) for r in due]
+        return [r for r in opened if r is not None]
 
 
 # Every storage call the tracing stage puts in a span (all of a backend's contract
@@ -372,6 +670,7 @@ TRACED_CALLS: Final = (
     "get_checkpoint",
     "clean_expired_checkpoints",
     "save_wait_record",
+    "create_wait_record",
     "get_wait_record",
     "claim_wait_record",
     "complete_wait_record",
@@ -450,18 +749,22 @@ def _pipeline_class(inner: type[StorageAdapter], traced: bool) -> type[PipelineA
 
 
 def pipeline_adapter(
-    adapter: StorageAdapter, pipeline: Pipeline, attributes: dict[str, Any] | None = None
+    adapter: StorageAdapter,
+    pipeline: Pipeline,
+    attributes: dict[str, Any] | None = None,
+    sealer: Sealer | None = None,
 ) -> StorageAdapter:
     """``adapter`` behind ``pipeline`` (``adapter`` itself when the pipeline has nothing to
     do; an adapter already behind a pipeline is put behind this one instead).
     ``attributes``: the backend's span attributes (:func:`siglo.telemetry.db_attributes`)
-    when the pipeline traces."""
+    when the pipeline traces; ``sealer``: the codec chain to use (default: the one
+    ``pipeline``'s settings ask for)."""
     if isinstance(adapter, PipelineAdapter):
         adapter = adapter.inner
     if pipeline.is_identity:
         return adapter
     traced = pipeline.telemetry is not None
-    piped = _pipeline_class(type(adapter), traced)(adapter, pipeline)
+    piped = _pipeline_class(type(adapter), traced)(adapter, pipeline, sealer)
     if isinstance(piped, TracedPipelineAdapter):
         assert pipeline.telemetry is not None
         piped.telemetry = pipeline.telemetry
@@ -474,9 +777,10 @@ class PipelineIdempotencyStore(Closable):
     """A backend's idempotency store (:class:`~siglo.IdempotencyStore`) behind a
     :class:`Pipeline`: a completed result goes out through it and comes back through it."""
 
-    def __init__(self, inner: IdempotencyStore, pipeline: Pipeline) -> None:
+    def __init__(self, inner: IdempotencyStore, pipeline: Pipeline, sealer: Sealer) -> None:
         self.inner = inner
         self.pipeline = pipeline
+        self.sealer = sealer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -502,7 +806,8 @@ class PipelineIdempotencyStore(Closable):
     async def complete(
         self, key: str, result: Any, ttl_ms: int | None = None, *, token: str | None = None
     ) -> None:
-        await self.inner.complete(key, self.pipeline.value_out(result), ttl_ms, token=token)
+        sealed = await self.sealer.seal(self.pipeline.value_out(result), _result_location(key))
+        await self.inner.complete(key, sealed, ttl_ms, token=token)
 
     async def fail(
         self, key: str, error: BaseException | None = None, *, token: str | None = None
@@ -514,7 +819,7 @@ class PipelineIdempotencyStore(Closable):
 
     async def get_result(self, key: str) -> Any | Missing:
         found = await self.inner.get_result(key)
-        return found if found is MISSING else self.pipeline.value_in(found)
+        return found if found is MISSING else await self.sealer.open(found, _result_location(key))
 
     async def get(self, key: str) -> Any | Missing:
         return await self.get_result(key)
@@ -545,13 +850,14 @@ def pipeline_parts(
     """A backend's adapter and idempotency store behind ``pipeline`` (``attributes``:
     the backend's span attributes, when the pipeline traces)."""
     piped = pipeline_adapter(adapter, pipeline, attributes)
-    if idempotency is None or pipeline.is_identity:
-        return piped, idempotency
     if isinstance(idempotency, PipelineIdempotencyStore):
         idempotency = idempotency.inner
+    if idempotency is None or not isinstance(piped, PipelineAdapter):
+        return piped, idempotency
+    sealer = piped.codecs.sealer
     if pipeline.telemetry is None:
-        return piped, PipelineIdempotencyStore(idempotency, pipeline)
-    store = TracedPipelineIdempotencyStore(idempotency, pipeline)
+        return piped, PipelineIdempotencyStore(idempotency, pipeline, sealer)
+    store = TracedPipelineIdempotencyStore(idempotency, pipeline, sealer)
     store.telemetry = pipeline.telemetry
     store.attributes = attributes or {"db.system.name": "unknown"}
     store.operation_attributes = {}

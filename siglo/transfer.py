@@ -30,6 +30,14 @@ written twice, nothing is left out, and a wait delivered in the new store meanwh
 not put back. Dumps of format 1 (no trailer) are still read, without the check.
 
 Context-change streams (telemetry) and the step cache are not exported.
+
+The dump holds the documents as the backend stores them: with encryption on, sealed
+(a safe backup: nothing in it reads without the keys); ``siglo export --decrypt`` writes
+them decrypted instead. Keyrings (the envelope keys' checkpoints) are never exported.
+Import decodes each document through the importing store's codec chain — so a sealed
+document whose key was erased raises :class:`~siglo.errors.KeyErasedError`, and nothing
+of it is stored — and saves it through the pipeline, which encrypts it under the
+store's current key.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ from siglo.errors import (
     InvalidArgumentError,
     SigloError,
 )
+from siglo.keys import KEYRING_NAMESPACE
+from siglo.pipeline import PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 
@@ -127,6 +137,8 @@ async def export_lines(
     while True:
         page = await adapter.list_checkpoints(namespace=namespace, limit=_PAGE, cursor=cursor)
         for summary in page.items:
+            if summary.namespace == KEYRING_NAMESPACE:
+                continue  # a dump never carries the keys it depends on
             checkpoint = await adapter.get_checkpoint(
                 summary.stack_id, summary.namespace, fallback=False
             )
@@ -217,7 +229,13 @@ def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
     kind = doc.get("kind")
     try:
         if kind == "checkpoint":
-            return "checkpoint", Checkpoint.from_json(_embedded_json(line, "document"))
+            checkpoint = Checkpoint.from_json(_embedded_json(line, "document"))
+            if checkpoint.namespace == KEYRING_NAMESPACE:
+                raise DumpError(
+                    f"line {number} holds a keyring ({KEYRING_NAMESPACE!r}): keys are never "
+                    "imported"
+                )
+            return "checkpoint", checkpoint
         if kind == "wait":
             return "wait", WaitRecord.from_json(_embedded_json(line, "record"))
     except SigloError as exc:
@@ -379,8 +397,8 @@ async def _write(
         kind, value = _entry(line, number, doc)
         if kind == "checkpoint":
             assert isinstance(value, Checkpoint)
-            owner = value
-            mode = await _import_checkpoint(adapter, value, report)
+            owner = await _opened_checkpoint(adapter, value)
+            mode = await _import_checkpoint(adapter, owner, report)
         else:
             assert isinstance(value, WaitRecord)
             if (
@@ -388,9 +406,27 @@ async def _write(
                 and owner is not None
                 and (value.stack_id, value.namespace) == (owner.stack_id, owner.namespace)
             ):
-                await _import_wait(adapter, value, mode, report)
+                await _import_wait(adapter, await _opened_wait(adapter, value), mode, report)
         if progress is not None:
             progress(report)
+
+
+async def _opened_checkpoint(adapter: StorageAdapter, checkpoint: Checkpoint) -> Checkpoint:
+    if not isinstance(adapter, PipelineAdapter):
+        return checkpoint
+    # Sealed documents are opened here (and sealed again by the save): a document of an
+    # erased key fails before anything of it is stored.
+    opened = await adapter.open_stored_checkpoint(checkpoint)
+    assert opened is not None
+    return opened
+
+
+async def _opened_wait(adapter: StorageAdapter, record: WaitRecord) -> WaitRecord:
+    if not isinstance(adapter, PipelineAdapter):
+        return record
+    opened = await adapter.open_stored_wait(record)
+    assert opened is not None
+    return opened
 
 
 async def _import_checkpoint(

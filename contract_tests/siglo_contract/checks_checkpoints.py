@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from siglo.adapter import Capability
 from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError
+from siglo.keys import SettingsKeyProvider
+from siglo.records import WaitRecord
+from siglo.sealing import SEALED_KEY, Location, Sealer
+from siglo.sentinel import MISSING
 from siglo_contract.machine_base import canon
 from siglo_contract.registry import CheckContext, check, expect, fail
 
@@ -133,6 +138,77 @@ async def checkpoint_roundtrip(ctx: CheckContext) -> None:
     await a.save_checkpoint(namespaced)
     got = await a.get_checkpoint(stack, ctx.id("ns"), fallback=False)
     expect(same(got, namespaced), "checkpoint.roundtrip", f"read back {got!r}")
+
+
+_EVERY_BASE64_CHARACTER = "v1.ez.k-1_Z.AZaz09-_AZaz09-_.AZaz09-_+/=AZaz09-_"
+"""A sealed value with every character of the envelope alphabet (and a few outside it a
+third party's codec might use): any rewriting of one shows."""
+
+
+@check("payload.byte-faithful")
+async def payload_byte_faithful(ctx: CheckContext) -> None:
+    """Sealed values as siglo's codec chain writes them — encrypted and compressed, as
+    step contexts, metadata, wait payloads and cached values — read back exactly, and
+    the encrypted ones still decrypt where they were written."""
+    ctx.about("payload.byte-faithful")
+    a = ctx.backend.adapter
+    sealer = Sealer(SettingsKeyProvider({"k1": b"\x07" * 32}), compress_min_bytes=64)
+    stack, ns = ctx.id("sealed"), ctx.id("tenant")
+    big = {"text": "é" * 300, "n": list(range(50))}
+    contexts = {
+        "small": await sealer.seal(
+            {"card": "4111"}, Location(ns, stack, "checkpoint", "contexts.small")
+        ),
+        "big": await sealer.seal(big, Location(ns, stack, "checkpoint", "contexts.big")),
+        "made": {SEALED_KEY: _EVERY_BASE64_CHARACTER},
+    }
+    metadata = {
+        "redactFields": ["cvv"],
+        **await sealer.seal({"who": "x"}, Location(ns, stack, "checkpoint", "metadata")),
+    }
+    saved = ctx.checkpoint(stack, 1, namespace=ns, contexts=contexts, metadata=metadata)
+    await a.save_checkpoint(saved, expected_revision=0)
+    got = await a.get_checkpoint(stack, ns, fallback=False)
+    expect(
+        got is not None and dict(got.contexts) == contexts and got.metadata == metadata,
+        "payload.byte-faithful",
+        f"saved sealed contexts {contexts!r} and metadata {metadata!r}, read back "
+        f"{got and dict(got.contexts)!r} and {got and got.metadata!r}",
+    )
+    if got is not None and dict(got.contexts) == contexts:
+        opened = await sealer.open(
+            got.contexts["big"], Location(ns, stack, "checkpoint", "contexts.big")
+        )
+        expect(opened == big, "payload.byte-faithful", "a sealed context no longer decrypts")
+    if Capability.WAIT_RECORDS in ctx.session.target.capabilities:
+        key = ctx.id("sealed-wait")
+        payload = {SEALED_KEY: _EVERY_BASE64_CHARACTER}
+        record = WaitRecord(
+            correlation_key=key,
+            stack_id=stack,
+            namespace=ns,
+            event_payload=payload,
+            metadata={SEALED_KEY: _EVERY_BASE64_CHARACTER[::-1]},
+        )
+        await a.save_wait_record(record)
+        found = await a.get_wait_record(key, namespace=ns)
+        expect(
+            found is not None
+            and found.event_payload == payload
+            and found.metadata == record.metadata,
+            "payload.byte-faithful",
+            f"saved a wait record with sealed payloads {record!r}, read back {found!r}",
+        )
+    if Capability.STEP_CACHE in ctx.session.target.capabilities:
+        key = ctx.id("sealed-step")
+        value = await sealer.seal(big, Location(None, key, "step", "value"))
+        await a.set_cached_step(key, value)
+        cached = await a.get_cached_step(key)
+        expect(
+            cached is not MISSING and cached == value,
+            "payload.byte-faithful",
+            f"cached the sealed value {value!r}, read back {cached!r}",
+        )
 
 
 def _blame_found(got: Checkpoint | None, stack: str, ns: str | None, fallback: bool) -> str:

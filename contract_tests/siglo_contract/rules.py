@@ -54,6 +54,11 @@ RULES: Final[tuple[Rule, ...]] = (
         _C.CHECKPOINTS,
         "a saved checkpoint reads back equal, extra included",
     ),
+    _a(
+        "payload.byte-faithful",
+        _C.CHECKPOINTS,
+        "sealed (encoded) payloads read back exactly as saved, and decrypt",
+    ),
     _a("checkpoint.missing", _C.CHECKPOINTS, "a stack never saved reads as None"),
     _a("checkpoint.occ.expected", _C.CHECKPOINTS, "a save with the right expected_revision stores"),
     _a(
@@ -234,6 +239,7 @@ RULES: Final[tuple[Rule, ...]] = (
         "manager.redaction",
         "redact_fields redacts at any depth in snapshots, the stream and event payloads",
     ),
+    _core("pipeline.encryption", "every path stores payloads sealed; moved ciphertext fails"),
     _core("manager.background.order", "background saves reach the adapter in order"),
     _core("manager.conflict.always", "conflicts are raised in every error mode"),
     _core("manager.error-mode", "adapter failures follow the error mode"),

@@ -17,6 +17,7 @@ from siglo.cli.check import check
 from siglo.cli.config import config
 from siglo.cli.drill import drill
 from siglo.cli.errors import DEBUG_ENV, SigloGroup
+from siglo.cli.keys import erase_command, rekey_command
 from siglo.cli.migrate import migrate
 from siglo.cli.store import clean, ls, prune, rm, show
 from siglo.cli.transfer import export, import_
@@ -69,6 +70,8 @@ cli.add_command(prune)
 cli.add_command(export)
 cli.add_command(import_)
 cli.add_command(clean)
+cli.add_command(rekey_command)
+cli.add_command(erase_command)
 cli.add_command(worker)
 cli.add_command(ui)
 

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import click
+import orjson
 
 from siglo.adapter import Capability
 from siglo.checkpoint import STATUSES
@@ -101,6 +102,14 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 @click.option("--workflow", default=None, help="Only runs of this workflow id.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @click.option("--cursor", default=None, help="Continue after a previous page (its next cursor).")
+@click.option(
+    "--where",
+    "where",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    help="Only stacks whose metadata FIELD equals VALUE (JSON, else a string); repeatable. "
+    "Encrypted metadata: fields of blind_index_fields only.",
+)
 @json_option
 def ls(
     url: str | None,
@@ -110,20 +119,23 @@ def ls(
     workflow: str | None,
     limit: int,
     cursor: str | None,
+    where: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """List stored checkpoints, a page at a time."""
+    metadata = _where(where)
 
     async def run() -> None:
         async with open_store(resolve_url(url)) as backend:
             require(backend, Capability.LISTING)
-            page = await backend.adapter.list_checkpoints(
-                namespace=_namespace(namespace, unnamespaced=unnamespaced),
-                status=_statuses(status),
-                workflow_id=workflow,
-                limit=limit,
-                cursor=cursor,
-            )
+            query: dict[str, Any] = {
+                "namespace": _namespace(namespace, unnamespaced=unnamespaced),
+                "status": _statuses(status),
+                "workflow_id": workflow,
+                "limit": limit,
+                "cursor": cursor,
+            }
+            page = await backend.adapter.list_checkpoints(metadata=metadata, **query)
         if as_json:
             print_json({"items": [s.to_wire() for s in page.items], "nextCursor": page.next_cursor})
             return
@@ -133,6 +145,26 @@ def ls(
             click.echo(f"more: --cursor {page.next_cursor}")
 
     asyncio.run(run())
+
+
+def _where(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    """``--where FIELD=VALUE`` options as a metadata filter (VALUE parsed as JSON when it
+    is a JSON scalar — ``7``, ``true``, ``null``, ``"7"`` — else taken as a string)."""
+    if not pairs:
+        return None
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        field, sep, text = pair.partition("=")
+        if not sep or not field:
+            raise CliError(f"--where {pair!r} is not FIELD=VALUE", "e.g. --where customer=acme")
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            value = text
+        if isinstance(value, dict | list):
+            value = text
+        out[field] = value
+    return out
 
 
 @click.command()

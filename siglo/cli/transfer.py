@@ -14,7 +14,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
 from siglo.cli.common import open_store, print_json, require
-from siglo.cli.errors import CliError, resolve_url
+from siglo.cli.errors import CliError, cli_settings, resolve_url
 from siglo.sentinel import MISSING
 from siglo.transfer import DumpError, ImportReport, export_lines, import_lines
 
@@ -43,12 +43,18 @@ def _progress() -> Progress:
     default="-",
     help="Write here instead of stdout.",
 )
-def export(url: str | None, namespace: str | None, output: IO[bytes]) -> None:
+@click.option(
+    "--decrypt",
+    is_flag=True,
+    help="Write payloads decrypted (default: as stored, encrypted when encryption is on).",
+)
+def export(url: str | None, namespace: str | None, output: IO[bytes], decrypt: bool) -> None:
     """Write every live checkpoint (and the waits of waiting runs) as JSON Lines.
 
     A header comes first and a trailer last, with the counts and SHA-256 of what came
     before it: `siglo import` refuses a dump whose trailer is missing (this export
-    failed or was cut) or does not match.
+    failed or was cut) or does not match. Payloads are written as stored (encrypted
+    when encryption is on) unless --decrypt.
     """
 
     async def run() -> int:
@@ -57,9 +63,15 @@ def export(url: str | None, namespace: str | None, output: IO[bytes]) -> None:
             task = progress.add_task("exporting", total=None)
             async with open_store(resolve_url(url)) as backend:
                 require(backend, Capability.LISTING)
-                lines = export_lines(
-                    backend.adapter, namespace=MISSING if namespace is None else namespace
-                )
+                if decrypt and not cli_settings().encrypts:
+                    raise CliError(
+                        "--decrypt needs the keys: no encryption_keys or master_key is set",
+                        "docs/encryption.md says where keys come from",
+                    )
+                # A safe backup by default: the documents as stored (sealed when
+                # encryption is on); decrypted only when asked.
+                source = backend.adapter if decrypt else backend.raw_adapter
+                lines = export_lines(source, namespace=MISSING if namespace is None else namespace)
                 async for line in lines:
                     output.write(line + b"\n")
                     if line.startswith(b'{"kind":"checkpoint"'):

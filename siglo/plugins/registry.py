@@ -10,6 +10,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import pluggy
 
@@ -114,6 +115,11 @@ class PluginRegistry:
         info.backends = registry.backends
 
     # -- lookups -------------------------------------------------------------------
+
+    def master_key(self, scheme: str, reference: str) -> Any:
+        """The master key a plugin's ``siglo_master_key`` hook gives for ``scheme``, or
+        ``None`` when no working plugin knows the scheme."""
+        return self._pm.hook.siglo_master_key(scheme=scheme, reference=reference)
 
     def backends(self) -> list[BackendSpec]:
         """Every backend of every working plugin, in discovery order."""

@@ -16,7 +16,8 @@ from siglo.checkpoint import TERMINAL_STATUSES
 from siglo.errors import CheckpointConflictError, SigloError
 from siglo.manager import StorageManager
 from siglo.stack import ExecutionStack
-from siglo.workflow.flow import EVENT, OUTPUT, WAITING_FOR
+from siglo.workflow.flow import OUTPUT
+from siglo.workflow.outcomes import EVENT, WAITING_FOR
 
 __all__ = ["ActionRefused", "cancel_run", "delete_run", "deliver_event"]
 

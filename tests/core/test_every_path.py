@@ -26,6 +26,7 @@ path in :data:`PATHS`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import os
 import re
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import orjson
 import pytest
 from _tcp_proxy import TcpProxy, tcp_proxy
 from ops_support import DURABLE_KINDS, shared_store
@@ -50,6 +52,7 @@ import siglo
 from siglo import sync
 from siglo.cli import cli
 from siglo.config import CONFIG_ENV, ENVIRONMENT, reset_settings
+from siglo.pipeline import Pipeline, pipeline_parts
 from siglo.redaction import REDACTED
 from siglo.workflow import Flow
 
@@ -405,13 +408,22 @@ async def _ui_deliver(env: Env, ident: str) -> None:
 # -- the checks -------------------------------------------------------------------------------
 
 
+KEY = base64.b64encode(bytes(range(32))).decode()
+"""The encryption variant's key (in its siglo.toml, as a development setup has it)."""
+
+
 @asynccontextmanager
-async def application(kind: str, home: Path, *, app_configures: bool) -> AsyncIterator[Env]:
+async def application(
+    kind: str, home: Path, *, app_configures: bool, encrypt: bool = False
+) -> AsyncIterator[Env]:
     """A backend of ``kind``, and the application's directory with its siglo.toml: the URL
-    and (unless the application configures it in code) the redacted field."""
+    and (unless the application configures it in code) the redacted field — or, with
+    ``encrypt``, an encryption key and nothing redacted."""
     async with shared_store(kind) as backend:
         toml = f'url = "{backend.url}"\ncommand_timeout_ms = 8000\n'
-        if not app_configures:
+        if encrypt:
+            toml += f'encryption_keys = {{ k1 = "{KEY}" }}\n'
+        elif not app_configures:
             toml += f'redact_fields = ["{FIELD}"]\n'
         (home / "siglo.toml").write_text(toml)
         (home / "app_flows.py").write_text(APP)
@@ -461,6 +473,38 @@ async def test_every_path_keeps_the_settings_and_the_namespace(
     async with application(kind, home, app_configures=False) as env:
         await PATHS[name](env, ident)
         await _assert_redacted_and_namespaced(env, name, ident)
+
+
+async def _assert_encrypted(env: Env, name: str, ident: str) -> None:
+    stored = await raw_bytes(env.kind, env.backend)
+    assert SECRET.encode() not in stored, f"{name} stored the secret in clear on {env.kind}"
+    assert b"$siglo" in stored, f"{name} stored nothing sealed on {env.kind}"
+    settings = siglo.Settings(encryption_keys={"k1": KEY}, require_encryption=True)
+    adapter, idempotency = pipeline_parts(
+        env.backend.raw_adapter, env.backend.idempotency, Pipeline(settings)
+    )
+    if name == "idempotency.complete":
+        assert idempotency is not None
+        assert await idempotency.get_result(f"{NS}:{ident}") == {"receipt": {FIELD: SECRET}}
+        return
+    checkpoint = await adapter.get_checkpoint(ident, NS, fallback=False)
+    assert checkpoint is not None, f"{name}: nothing stored under namespace {NS!r}"
+    # What was encrypted reads back with the key (and nothing is left in clear:
+    # require_encryption would refuse it).
+    assert SECRET in orjson.dumps([checkpoint.contexts, checkpoint.metadata]).decode()
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("name", sorted(PATHS))
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_every_path_encrypts_what_it_stores(kind: str, name: str, home: Path) -> None:
+    """The encryption variant: siglo.toml holds a key and redacts nothing, and no path —
+    worker, command line, import of a clear dump — leaves the secret readable in the raw
+    bytes of any backend."""
+    ident = "enc-" + re.sub(r"[^a-z]+", "-", name).strip("-")
+    async with application(kind, home, app_configures=False, encrypt=True) as env:
+        await PATHS[name](env, ident)
+        await _assert_encrypted(env, name, ident)
 
 
 @pytest.mark.rule("manager.redaction")
@@ -641,11 +685,13 @@ COMMANDS: dict[str, str] = {
     "clean": "deletes only",
     "config": "no stored data",
     "drill": "synthetic data under a namespace of its own, removed afterwards",
+    "erase": "deletes only",
     "export": "reads",
     "import": "siglo import",
     "ls": "reads",
     "migrate": "schema only",
     "prune": "deletes only",
+    "rekey": "rekey (re-saves what is stored)",
     "rm": "deletes only",
     "show": "reads",
     "ui": "siglo ui (deliver an event)",
@@ -655,6 +701,9 @@ COMMANDS: dict[str, str] = {
 
 _NOT_WRITERS = frozenset({"reads", "no I/O", "deletes only", "no stored data", "schema only"})
 _NOT_WRITERS |= {
+    # It re-saves stored checkpoints through the pipeline of the command's settings
+    # (tests/core/test_rekey.py reads the raw bytes after it, on every durable backend).
+    "rekey (re-saves what is stored)",
     "its own isolated storage",
     "synthetic data under a namespace of its own, removed afterwards",
 }

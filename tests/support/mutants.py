@@ -642,6 +642,34 @@ class FirstSetWins(MemoryStorageAdapter):
             await super()._do_set_cached_step(key, value, ttl_ms)
 
 
+def _normalise_sealed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: v.replace("+", "-").replace("/", "_").rstrip("=")
+            if k == "$siglo" and isinstance(v, str)
+            else _normalise_sealed(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_normalise_sealed(v) for v in value]
+    return value
+
+
+class RewritesSealedBase64(MemoryStorageAdapter):
+    """payload.byte-faithful: sealed values are stored with their base64 rewritten to the
+    URL-safe alphabet, unpadded (a layer "normalising" what looks like base64)."""
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        contexts = {c: _normalise_sealed(ctx) for c, ctx in checkpoint.contexts.items()}
+        metadata = _normalise_sealed(checkpoint.metadata)
+        await super()._do_save_checkpoint(
+            checkpoint.replace(contexts=contexts, metadata=metadata),
+            expected_revision=expected_revision,
+        )
+
+
 class DropsCachedNone(MemoryStorageAdapter):
     async def _do_get_cached_step(self, key: str) -> Any:
         value = await super()._do_get_cached_step(key)
@@ -1066,6 +1094,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("cache.roundtrip", "the first set wins", adapter=FirstSetWins),
     _m("cache.falsy-hit", "a cached None is a miss", adapter=DropsCachedNone),
+    _m(
+        "payload.byte-faithful",
+        "sealed values are re-encoded to URL-safe base64",
+        adapter=RewritesSealedBase64,
+    ),
     _m("cache.miss", "a miss is None", adapter=MissIsNone),
     _m("cache.expiry", "TTLs are ignored", adapter=CacheIgnoresTtl),
     _m("context.stream", "deletes are ignored", adapter=IgnoresContextDeletes),

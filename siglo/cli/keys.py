@@ -1,0 +1,99 @@
+"""``siglo rekey URL`` and ``siglo erase URL --namespace T`` (see :mod:`siglo.rekeying`)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from siglo.adapter import Capability
+from siglo.cli.common import open_store, require
+from siglo.cli.errors import resolve_url
+from siglo.rekeying import EraseReport, RekeyReport, erase, rekey
+from siglo.sentinel import MISSING
+
+__all__ = ["erase_command", "rekey_command"]
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
+
+
+@click.command(name="rekey")
+@click.argument("url", required=False, default=None)
+@click.option("--namespace", "-n", default=None, help="Only this namespace (default: all).")
+@click.option(
+    "--rotate",
+    is_flag=True,
+    help="First make a new data key current for each namespace (envelope keys).",
+)
+def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
+    """Re-encrypt every checkpoint under its namespace's current key (compare-and-set;
+    run it again to finish after an interruption: what is current is skipped)."""
+
+    async def run() -> RekeyReport:
+        with _progress() as progress:
+            task = progress.add_task("rekeying", total=None)
+
+            def advance(report: RekeyReport) -> None:
+                progress.update(
+                    task,
+                    total=report.total,
+                    completed=report.rekeyed + report.current + report.left,
+                )
+
+            async with open_store(resolve_url(url)) as backend:
+                require(backend, Capability.LISTING, Capability.CHECKPOINTS)
+                return await rekey(
+                    backend,
+                    namespace=MISSING if namespace is None else namespace,
+                    rotate=rotate,
+                    progress=advance,
+                )
+
+    report = asyncio.run(run())
+    for ns, key_id in (report.rotated or {}).items():
+        click.echo(f"namespace {ns if ns is not None else '(none)'}: new data key {key_id}")
+    click.echo(
+        f"rekeyed {report.rekeyed} checkpoint(s); {report.current} already under the "
+        f"current key; {report.left} kept changing (run again to finish them)"
+    )
+    if report.left:
+        sys.exit(3)
+
+
+@click.command(name="erase")
+@click.argument("url", required=False, default=None)
+@click.option("--namespace", "-n", required=True, help="The namespace (tenant) to erase.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def erase_command(url: str | None, namespace: str, yes: bool) -> None:
+    """Destroy a namespace's data keys, then delete its checkpoints: nothing of it stays
+    readable anywhere, exports and backups included. Needs envelope keys (master_key)."""
+    if not yes:
+        click.confirm(
+            f"Erase namespace {namespace!r}: destroy its keys and delete its data? "
+            "This cannot be undone",
+            abort=True,
+        )
+
+    async def run() -> EraseReport:
+        async with open_store(resolve_url(url)) as backend:
+            require(backend, Capability.LISTING, Capability.DELETION)
+            return await erase(backend, namespace)
+
+    report = asyncio.run(run())
+    click.echo(
+        f"erased namespace {report.namespace}: destroyed {len(report.erased_keys)} data "
+        f"key(s), deleted {report.deleted} checkpoint(s)"
+    )

@@ -1,0 +1,475 @@
+"""Keys per namespace: where the encryption stage of the pipeline gets its keys.
+
+A :class:`KeyProvider` answers two questions: which key encrypts new payloads of a
+namespace (:meth:`KeyProvider.current_key`), and which key a stored ciphertext names
+(:meth:`KeyProvider.key`). Two are built in:
+
+- :class:`SettingsKeyProvider` — keys given in the settings or ``$SIGLO_ENCRYPTION_KEYS``
+  (for development and simple deployments). Each namespace's key is derived from the
+  configured key (HKDF-SHA256 over the namespace), so tenants never share a key, but
+  a tenant's key cannot be destroyed on its own.
+- :class:`EnvelopeKeyProvider` — per-namespace data keys, random, wrapped by a master key
+  (:class:`MasterKey`: a local key, or one a KMS plugin supplies) and stored in the
+  backend itself. A namespace's data keys can be rotated and destroyed
+  (``siglo rekey``, ``siglo erase``).
+
+The envelope provider keeps each namespace's keyring as a checkpoint of a reserved
+namespace (:data:`KEYRING_NAMESPACE`): the checkpoint compare-and-set is the one atomic
+primitive every backend — a third party's too — has, so two processes that create a
+namespace's first key at once agree on one, and a rotation or an erasure never loses a
+concurrent one. An erased keyring keeps the ids of its destroyed keys (never the keys),
+at a higher revision, so an old dump imported later cannot bring a key back and a
+ciphertext that names one raises :class:`~siglo.errors.KeyErasedError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+
+from siglo.checkpoint import Checkpoint
+from siglo.clock import system_clock
+from siglo.errors import (
+    CheckpointConflictError,
+    DecryptionError,
+    InvalidArgumentError,
+    KeyErasedError,
+)
+from siglo.plugins import get_registry
+
+if TYPE_CHECKING:
+    from siglo.adapter import StorageAdapter
+
+__all__ = [
+    "KEYRING_NAMESPACE",
+    "EnvelopeKeyProvider",
+    "KeyProvider",
+    "LocalMasterKey",
+    "MasterKey",
+    "SettingsKeyProvider",
+    "check_key_id",
+    "decode_key",
+]
+
+KEY_BYTES: Final = 32
+"""AES-256: every key is 32 bytes."""
+
+KEYRING_NAMESPACE: Final = "siglo.keyring"
+"""The namespace the envelope provider's keyrings are stored under (one checkpoint per
+namespace whose data keys it holds). Exports and listings of all namespaces skip it."""
+
+_NO_NAMESPACE: Final = "\x1fnone"
+"""The keyring id of payloads stored without a namespace."""
+
+_KEY_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def check_key_id(key_id: Any, where: str) -> str:
+    """A key id: 1–64 letters, digits, ``_`` or ``-`` (it is written into each envelope)."""
+    if not isinstance(key_id, str) or not _KEY_ID.match(key_id):
+        raise InvalidArgumentError(
+            f"key id {key_id!r} in {where} must be 1-64 letters, digits, '_' or '-'"
+        )
+    return key_id
+
+
+def decode_key(text: Any, where: str) -> bytes:
+    """A 32-byte key from its base64 text (standard or URL-safe alphabet)."""
+    if isinstance(text, bytes):
+        raw = text
+    else:
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"the key {where} must be base64 text of 32 bytes")
+        cleaned = text.strip()
+        try:
+            raw = base64.b64decode(
+                cleaned.replace("-", "+").replace("_", "/") + "=" * (-len(cleaned) % 4),
+                validate=True,
+            )
+        except (binascii.Error, ValueError):
+            raise InvalidArgumentError(
+                f"the key {where} is not base64 (make one with: "
+                "python -c 'import os,base64;print(base64.b64encode(os.urandom(32)).decode())')"
+            ) from None
+    if len(raw) != KEY_BYTES:
+        raise InvalidArgumentError(
+            f"the key {where} is {len(raw)} bytes; AES-256 needs {KEY_BYTES}"
+        )
+    return raw
+
+
+@runtime_checkable
+class KeyProvider(Protocol):
+    """Where the pipeline's encryption stage gets keys, per namespace."""
+
+    async def current_key(self, namespace: str | None) -> tuple[str, bytes]:
+        """The id and 32 bytes of the key that encrypts new payloads of ``namespace``."""
+        ...
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The key of ``namespace``'s blind index (:mod:`siglo.blind`): the same for as
+        long as the namespace's tokens must match, whichever key is current."""
+        ...
+
+    async def key(self, namespace: str | None, key_id: str) -> bytes:
+        """The key ``key_id`` of ``namespace``; raises
+        :class:`~siglo.errors.KeyErasedError` if it was destroyed and
+        :class:`~siglo.errors.DecryptionError` if there is no such key."""
+        ...
+
+
+class SettingsKeyProvider:
+    """Keys from the settings (``encryption_keys``, ``encryption_key_id``).
+
+    ``keys`` maps key ids to 32-byte keys; ``active`` is the id new payloads use (the
+    last one given, if not named). Each namespace gets its own key, derived from the
+    configured one with HKDF-SHA256 (info: the namespace), so a ciphertext of one tenant
+    never decrypts under another's key.
+    """
+
+    def __init__(self, keys: Mapping[str, bytes], active: str | None = None) -> None:
+        if not keys:
+            raise InvalidArgumentError("a SettingsKeyProvider needs at least one key")
+        self._keys = {check_key_id(k, "encryption_keys"): v for k, v in keys.items()}
+        self.active = active if active is not None else list(self._keys)[-1]
+        if self.active not in self._keys:
+            raise InvalidArgumentError(
+                f"encryption_key_id {self.active!r} is not one of encryption_keys "
+                f"({', '.join(self._keys)})"
+            )
+        self._derived: dict[tuple[str, str | None], bytes] = {}
+
+    def _derive(self, key_id: str, namespace: str | None) -> bytes:
+        cached = self._derived.get((key_id, namespace))
+        if cached is None:
+            info = (
+                b"siglo namespace key\0"
+                + (_NO_NAMESPACE if namespace is None else namespace).encode()
+            )
+            cached = self._derived[(key_id, namespace)] = _hkdf(self._keys[key_id], info)
+        return cached
+
+    async def current_key(self, namespace: str | None) -> tuple[str, bytes]:
+        return self.active, self._derive(self.active, namespace)
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The key of the blind index of ``namespace``: derived from the *first* key of
+        ``encryption_keys``, so tokens stay the same when a new key becomes current
+        (keep the first key listed while a blind index is in use)."""
+        first = next(iter(self._keys))
+        info = b"siglo blind index\0" + (_NO_NAMESPACE if namespace is None else namespace).encode()
+        return _hkdf(self._keys[first], info)
+
+    async def key(self, namespace: str | None, key_id: str) -> bytes:
+        if key_id not in self._keys:
+            raise DecryptionError(
+                f"a payload was encrypted with key {key_id!r}, which the settings do not "
+                f"hold (encryption_keys: {', '.join(self._keys)}): add it back to read it"
+            )
+        return self._derive(key_id, namespace)
+
+
+def _hkdf(key: bytes, info: bytes) -> bytes:
+    # HKDF-SHA256 (RFC 5869) with an empty salt, one block: 32 bytes.
+    prk = hmac.new(b"\0" * 32, key, hashlib.sha256).digest()
+    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
+
+
+@runtime_checkable
+class MasterKey(Protocol):
+    """Wraps and unwraps the envelope provider's data keys (a local key, or a KMS)."""
+
+    key_id: str
+
+    async def wrap(self, data_key: bytes, context: bytes) -> bytes:
+        """``data_key`` encrypted, bound to ``context``."""
+        ...
+
+    async def unwrap(self, wrapped: bytes, context: bytes) -> bytes:
+        """The data key :meth:`wrap` wrapped with the same ``context``."""
+        ...
+
+
+class LocalMasterKey:
+    """A master key held by the process (``master_key = "base64:…"`` in the settings)."""
+
+    def __init__(self, key: bytes, key_id: str = "local") -> None:
+        self._key = decode_key(key, "master_key")
+        self.key_id = check_key_id(key_id, "master_key")
+
+    async def wrap(self, data_key: bytes, context: bytes) -> bytes:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        nonce = os.urandom(12)
+        return nonce + AESGCM(self._key).encrypt(nonce, data_key, context)
+
+    async def unwrap(self, wrapped: bytes, context: bytes) -> bytes:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        try:
+            return AESGCM(self._key).decrypt(wrapped[:12], wrapped[12:], context)
+        except Exception:
+            raise DecryptionError(
+                "a data key does not unwrap with this master key: the keyring was wrapped "
+                "by another master key, or altered"
+            ) from None
+
+
+def _keyring_id(namespace: str | None) -> str:
+    return _NO_NAMESPACE if namespace is None else namespace
+
+
+class EnvelopeKeyProvider:
+    """Per-namespace data keys, wrapped by ``master`` and stored in ``adapter`` (the
+    backend's own adapter, not behind the pipeline): see the module.
+
+    Unwrapped keys are kept in this process. Which key is active is read again after
+    ``refresh_s`` seconds, so a rotation made elsewhere reaches new writes here within
+    that time; :meth:`erase` made here drops the keys at once, and another process drops
+    them when it next reads the keyring (after ``refresh_s``, a restart, or
+    :meth:`forget`).
+    """
+
+    refresh_s: float = 5.0
+
+    def __init__(self, adapter: StorageAdapter, master: MasterKey) -> None:
+        self.adapter = adapter
+        self.master = master
+        self._keys: dict[tuple[str | None, str], bytes] = {}
+        self._active: dict[str | None, tuple[str, float]] = {}
+        self._seen: dict[str | None, float] = {}
+        self._index: dict[str | None, tuple[bytes, float]] = {}
+        self._lock = asyncio.Lock()
+
+    def forget(self) -> None:
+        """Drop every key held in this process (the next use reads the keyrings)."""
+        self._keys.clear()
+        self._active.clear()
+        self._seen.clear()
+        self._index.clear()
+
+    async def _ring(self, namespace: str | None) -> Checkpoint | None:
+        return await self.adapter.get_checkpoint(
+            _keyring_id(namespace), KEYRING_NAMESPACE, fallback=False
+        )
+
+    def _context(self, namespace: str | None, key_id: str) -> bytes:
+        return b"siglo data key\0" + _keyring_id(namespace).encode() + b"\0" + key_id.encode()
+
+    async def _save_ring(
+        self,
+        namespace: str | None,
+        keys: dict[str, str],
+        active: str | None,
+        revision: int,
+        erased_keys: list[str],
+        index_key: str | None = None,
+    ) -> None:
+        ring = Checkpoint(
+            stack_id=_keyring_id(namespace),
+            namespace=KEYRING_NAMESPACE,
+            revision=revision + 1,
+            timestamp=system_clock.now_ms(),
+            type="keyring",
+            # Never a terminal status: `siglo prune` must not collect a tombstone.
+            status="running",
+            contexts={"keys": keys},
+            metadata={
+                "active": active,
+                # The ids of destroyed keys: a ciphertext naming one is KeyErasedError.
+                "erasedKeys": erased_keys,
+                # The data key whose derivation keys the blind index: fixed until erased.
+                "indexKey": index_key,
+                "masterKeyId": self.master.key_id,
+            },
+        )
+        await self.adapter.save_checkpoint(ring, expected_revision=revision)
+
+    async def _new_key(self, namespace: str | None, ring: Checkpoint | None) -> tuple[str, bytes]:
+        """Add a new data key to the keyring and make it the active one (compare-and-set
+        on the keyring's revision; a concurrent change makes this read again)."""
+        while True:
+            keys = dict(ring.contexts.get("keys", {})) if ring is not None else {}
+            # Random: never the id of an erased key, whose ciphertexts must find none.
+            key_id = f"d{len(keys) + 1}-{secrets.token_hex(4)}"
+            data_key = os.urandom(KEY_BYTES)
+            wrapped = await self.master.wrap(data_key, self._context(namespace, key_id))
+            keys[key_id] = base64.b64encode(wrapped).decode()
+            index = (ring.metadata or {}).get("indexKey") if ring is not None else None
+            if index not in keys:
+                index = key_id  # the first key after creation or an erasure
+            try:
+                await self._save_ring(
+                    namespace,
+                    keys,
+                    key_id,
+                    0 if ring is None else ring.revision,
+                    _erased_ids(ring),
+                    index,
+                )
+            except CheckpointConflictError:
+                ring = await self._ring(namespace)
+                if ring is not None and ring.metadata and ring.metadata.get("active"):
+                    return await self._load_active(namespace, ring)
+                continue
+            self._keys[(namespace, key_id)] = data_key
+            self._active[namespace] = (key_id, time.monotonic())
+            return key_id, data_key
+
+    async def _load_active(self, namespace: str | None, ring: Checkpoint) -> tuple[str, bytes]:
+        meta = ring.metadata or {}
+        active = str(meta["active"])
+        key = await self._unwrap(namespace, ring, active)
+        self._active[namespace] = (active, time.monotonic())
+        return active, key
+
+    async def _unwrap(self, namespace: str | None, ring: Checkpoint, key_id: str) -> bytes:
+        wrapped = ring.contexts.get("keys", {}).get(key_id)
+        if wrapped is None:
+            raise DecryptionError(
+                f"a payload of {_describe(namespace)} names data key {key_id!r}, which its "
+                "keyring does not hold"
+            )
+        key = await self.master.unwrap(base64.b64decode(wrapped), self._context(namespace, key_id))
+        self._keys[(namespace, key_id)] = key
+        return key
+
+    async def current_key(self, namespace: str | None) -> tuple[str, bytes]:
+        active = self._active.get(namespace)
+        if active is not None and time.monotonic() - active[1] < self.refresh_s:
+            return active[0], self._keys[(namespace, active[0])]
+        async with self._lock:
+            ring = await self._ring(namespace)
+            if ring is None or not (ring.metadata or {}).get("active"):
+                return await self._new_key(namespace, ring)
+            return await self._load_active(namespace, ring)
+
+    async def key(self, namespace: str | None, key_id: str) -> bytes:
+        found = self._keys.get((namespace, key_id))
+        seen = self._seen.get(namespace)
+        if found is not None and seen is not None and time.monotonic() - seen < self.refresh_s:
+            return found
+        ring = await self._ring(namespace)
+        self._seen[namespace] = time.monotonic()
+        if ring is None:
+            raise KeyErasedError(
+                f"{_describe(namespace)} has no keyring in this store: its data key "
+                f"{key_id!r} was erased, or the data comes from another store"
+            )
+        if key_id in _erased_ids(ring):
+            self._drop(namespace)
+            raise KeyErasedError(_erased_message(namespace))
+        return await self._unwrap(namespace, ring, key_id)
+
+    def _drop(self, namespace: str | None) -> None:
+        self._active.pop(namespace, None)
+        self._seen.pop(namespace, None)
+        self._index.pop(namespace, None)
+        for cached in [k for k in self._keys if k[0] == namespace]:
+            del self._keys[cached]
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        """The key of ``namespace``'s blind index: derived from the data key the keyring
+        names for it (its first key), so rotation keeps the tokens and erasure destroys
+        them."""
+        cached = self._index.get(namespace)
+        if cached is not None and time.monotonic() - cached[1] < self.refresh_s:
+            return cached[0]
+        await self.current_key(namespace)  # a namespace's first use makes its keyring
+        ring = await self._ring(namespace)
+        index = (ring.metadata or {}).get("indexKey") if ring is not None else None
+        if ring is None or not isinstance(index, str):
+            raise KeyErasedError(_erased_message(namespace))
+        derived = _hkdf(await self.key(namespace, index), b"siglo blind index")
+        self._index[namespace] = (derived, time.monotonic())
+        return derived
+
+    async def rotate(self, namespace: str | None) -> str:
+        """Make a new data key the one new payloads of ``namespace`` use; returns its id
+        (the old keys stay, to read what they encrypted until ``siglo rekey`` re-encrypts
+        it)."""
+        async with self._lock:
+            key_id, _ = await self._new_key(namespace, await self._ring(namespace))
+            return key_id
+
+    async def erase(self, namespace: str | None) -> list[str]:
+        """Destroy every data key of ``namespace``: the keyring keeps no key, only the ids
+        of the destroyed ones, so a ciphertext naming one raises
+        :class:`~siglo.errors.KeyErasedError` (compare-and-set: retried over a concurrent
+        rotation). Payloads written to the namespace afterwards get a new key. Returns
+        the ids destroyed."""
+        async with self._lock:
+            while True:
+                ring = await self._ring(namespace)
+                erased = sorted(
+                    set(_erased_ids(ring)) | set(ring.contexts.get("keys", {}) if ring else ())
+                )
+                try:
+                    await self._save_ring(
+                        namespace, {}, None, 0 if ring is None else ring.revision, erased
+                    )
+                except CheckpointConflictError:
+                    continue
+                break
+            self._drop(namespace)
+            return erased
+
+    async def namespaces(self) -> list[str | None]:
+        """The namespaces with a keyring in the store."""
+        found: list[str | None] = []
+        cursor = None
+        while True:
+            page = await self.adapter.list_checkpoints(
+                namespace=KEYRING_NAMESPACE, limit=500, cursor=cursor
+            )
+            for item in page.items:
+                found.append(None if item.stack_id == _NO_NAMESPACE else item.stack_id)
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
+
+
+def _describe(namespace: str | None) -> str:
+    return "the payloads without a namespace" if namespace is None else f"namespace {namespace!r}"
+
+
+def _erased_ids(ring: Checkpoint | None) -> list[str]:
+    found = (ring.metadata or {}).get("erasedKeys") if ring is not None else None
+    return list(found) if isinstance(found, list) else []
+
+
+def _erased_message(namespace: str | None) -> str:
+    return (
+        f"the data key of {_describe(namespace)} was erased (siglo erase): what it "
+        "encrypted cannot be read anywhere, backups and exports included"
+    )
+
+
+def master_key_from(setting: str) -> MasterKey:
+    """The master key the ``master_key`` setting names: ``base64:<key>`` is a
+    :class:`LocalMasterKey`; any other ``<scheme>:<reference>`` is asked of the plugins'
+    ``siglo_master_key`` hook (a KMS plugin)."""
+    scheme, _, reference = setting.partition(":")
+    if scheme == "base64":
+        return LocalMasterKey(decode_key(reference, "of master_key"))
+    found = get_registry().master_key(scheme, reference)
+    if found is None:
+        raise InvalidArgumentError(
+            f"master_key names scheme {scheme!r}, which no installed plugin supplies "
+            "(`siglo backends` lists the plugins; a KMS plugin implements siglo_master_key)"
+        )
+    if not isinstance(found, MasterKey):
+        raise InvalidArgumentError(
+            f"the plugin for master_key scheme {scheme!r} returned {type(found).__name__}, "
+            "not a MasterKey (key_id, wrap, unwrap)"
+        )
+    return found

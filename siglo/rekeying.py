@@ -1,0 +1,221 @@
+"""Re-encrypting a store under its current keys, and erasing a tenant (``siglo rekey``,
+``siglo erase``; docs/encryption.md).
+
+:func:`rekey` re-saves every checkpoint that holds a payload not encrypted under its
+namespace's current key — in clear, compressed only, or under an older key — or whose
+metadata lacks the blind-index token of a field now in ``blind_index_fields``, with a
+compare-and-set on the revision it read: a concurrent writer's save is never
+overwritten (the rekey reads it again and re-encrypts that), and a writer holding the
+old revision gets the ordinary conflict of a concurrent save. What is already under the
+current key is skipped, so a rekey interrupted anywhere finishes by running it again.
+
+:func:`erase` destroys a namespace's data keys first — from then on nothing of the
+namespace decrypts anywhere, the store's own rows, replicas, backups and exports
+included — and then deletes its checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from siglo.backend import Backend
+from siglo.blind import INDEX_KEY, indexable
+from siglo.checkpoint import Checkpoint
+from siglo.errors import CheckpointConflictError, InvalidArgumentError
+from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
+from siglo.listing import CheckpointSummary
+from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter
+from siglo.sealing import SEALED_KEY, Sealer, is_sealed
+from siglo.sentinel import MISSING, Missing
+
+__all__ = ["EraseReport", "RekeyReport", "erase", "rekey"]
+
+_PAGE: Final = 500
+_ATTEMPTS: Final = 8
+"""Compare-and-set attempts per stack before a rekey leaves it for the next run."""
+
+
+@dataclass
+class RekeyReport:
+    """What a rekey did."""
+
+    total: int = 0
+    """Checkpoints looked at."""
+    rekeyed: int = 0
+    """Checkpoints re-encrypted under the current key."""
+    current: int = 0
+    """Checkpoints already under the current key (skipped)."""
+    left: int = 0
+    """Checkpoints that kept changing under the rekey: run it again to finish them."""
+    rotated: dict[str | None, str] | None = None
+    """With ``rotate``: the new data key id of each namespace."""
+
+
+@dataclass
+class EraseReport:
+    """What an erasure did."""
+
+    namespace: str
+    erased_keys: list[str]
+    deleted: int
+
+
+def _codecs(backend: Backend) -> tuple[PipelineAdapter, Codecs, KeyProvider]:
+    adapter = backend.adapter
+    if not isinstance(adapter, PipelineAdapter) or adapter.codecs.sealer.keys is None:
+        raise InvalidArgumentError(
+            "no encryption key is configured: set encryption_keys or master_key "
+            "(docs/encryption.md) before rekeying or erasing"
+        )
+    sealer = adapter.codecs.sealer
+    # A rekey reads rows in clear on purpose (to encrypt them), whatever
+    # require_encryption says for the application's reads.
+    lenient = Sealer(sealer.keys, compress_min_bytes=sealer.compress_min_bytes)
+    assert sealer.keys is not None
+    return adapter, Codecs(lenient, adapter.codecs.indexed), sealer.keys
+
+
+async def _summaries(
+    backend: Backend, namespace: str | Missing | None
+) -> AsyncIterator[CheckpointSummary]:
+    cursor = None
+    while True:
+        page = await backend.raw_adapter.list_checkpoints(
+            namespace=namespace, limit=_PAGE, cursor=cursor
+        )
+        for item in page.items:
+            if item.namespace != KEYRING_NAMESPACE:
+                yield item
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+def _key_ids(checkpoint: Checkpoint) -> set[str | None]:
+    """The key id of every payload of a stored checkpoint (``None``: not encrypted)."""
+    found: set[str | None] = set()
+
+    def note(value: Any) -> None:
+        if value is None:
+            return
+        if is_sealed(value):
+            parts = value[SEALED_KEY].split(".")
+            found.add(parts[2] or None if len(parts) == 5 else None)
+        else:
+            found.add(None)
+
+    for ctx in checkpoint.contexts.values():
+        note(ctx)
+    metadata = checkpoint.metadata or {}
+    rest = {
+        k: v for k, v in metadata.items() if k not in ("redactFields", WAIT_RECORD_KEY, INDEX_KEY)
+    }
+    if rest:
+        note(rest if SEALED_KEY not in rest else {SEALED_KEY: rest[SEALED_KEY]})
+    wait = metadata.get(WAIT_RECORD_KEY)
+    if isinstance(wait, dict):
+        note(wait.get("eventPayload"))
+        note(wait.get("metadata"))
+    return found
+
+
+def _index_missing(stored: Checkpoint, opened: Checkpoint, indexed: frozenset[str]) -> bool:
+    """Whether a field of ``indexed`` is in the metadata without its blind-index token (a
+    checkpoint saved before the field was indexed)."""
+    tokens = (stored.metadata or {}).get(INDEX_KEY)
+    have = set(tokens) if isinstance(tokens, dict) else set()
+    metadata = opened.metadata or {}
+    return any(f in metadata and indexable(metadata[f]) and f not in have for f in indexed)
+
+
+async def rekey(
+    backend: Backend,
+    *,
+    namespace: str | Missing | None = MISSING,
+    rotate: bool = False,
+    progress: Callable[[RekeyReport], None] | None = None,
+) -> RekeyReport:
+    """Re-encrypt every checkpoint (of ``namespace``, if given) under its namespace's
+    current key; ``rotate`` first makes a new data key current for each namespace
+    (envelope keys; with keys in the settings, make the new key current in the settings
+    instead). ``progress(report)`` is called after every stack. See the module."""
+    adapter, codecs, keys = _codecs(backend)
+    report = RekeyReport()
+    stacks = [s async for s in _summaries(backend, namespace)]
+    report.total = len(stacks)
+    if rotate:
+        if not isinstance(keys, EnvelopeKeyProvider):
+            raise InvalidArgumentError(
+                "--rotate makes a new data key, which needs envelope keys (master_key); with "
+                "encryption_keys, add the new key and set encryption_key_id to it instead"
+            )
+        names = {s.namespace for s in stacks}
+        if not isinstance(namespace, Missing):
+            names.add(namespace)
+        report.rotated = {ns: await keys.rotate(ns) for ns in sorted(names, key=str)}
+    for summary in stacks:
+        await _rekey_one(adapter, codecs, keys, summary, report)
+        if progress is not None:
+            progress(report)
+    return report
+
+
+async def _rekey_one(
+    adapter: PipelineAdapter,
+    codecs: Codecs,
+    keys: KeyProvider,
+    summary: CheckpointSummary,
+    report: RekeyReport,
+) -> None:
+    raw = adapter.inner
+    for _ in range(_ATTEMPTS):
+        stored = await raw.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+        if stored is None:  # deleted or expired meanwhile: nothing left to protect
+            report.current += 1
+            return
+        active, _key = await keys.current_key(stored.namespace)
+        current = _key_ids(stored) <= {active}
+        if current and not codecs.indexed:
+            report.current += 1
+            return
+        opened = await codecs.checkpoint_in(stored)
+        assert opened is not None
+        if current and not _index_missing(stored, opened, codecs.indexed):
+            report.current += 1
+            return
+        # The same document at the next revision: the compare-and-set is what keeps a
+        # concurrent writer's save; the timestamp stays the writer's.
+        try:
+            await adapter.save_checkpoint(
+                opened.replace(revision=stored.revision + 1),
+                expected_revision=stored.revision,
+            )
+        except CheckpointConflictError:
+            continue
+        report.rekeyed += 1
+        return
+    report.left += 1
+
+
+async def erase(backend: Backend, namespace: str) -> EraseReport:
+    """Destroy ``namespace``'s data keys, then delete its checkpoints (see the module).
+    Needs envelope keys (``master_key``): keys in the settings cannot be destroyed per
+    namespace."""
+    adapter, _, keys = _codecs(backend)
+    if not isinstance(keys, EnvelopeKeyProvider):
+        raise InvalidArgumentError(
+            "erasing a namespace destroys its data key, which needs envelope keys "
+            "(master_key); keys in encryption_keys are derived, not stored, and cannot be "
+            "destroyed per namespace"
+        )
+    if namespace == KEYRING_NAMESPACE:
+        raise InvalidArgumentError(f"{KEYRING_NAMESPACE!r} holds the keyrings, not data")
+    erased = await keys.erase(namespace)
+    deleted = 0
+    stacks = [s async for s in _summaries(backend, namespace)]
+    for summary in stacks:
+        if await adapter.inner.delete_checkpoint(summary.stack_id, summary.namespace):
+            deleted += 1
+    return EraseReport(namespace=namespace, erased_keys=erased, deleted=deleted)

@@ -1,0 +1,248 @@
+"""The codec chain: how a payload is compressed and encrypted on its way to a backend.
+
+The chain is the pipeline's stage after redaction (:mod:`siglo.pipeline`). Each payload —
+one step's context, a checkpoint's metadata, a wait record's event payload or metadata, a
+context-change value, a cached step output, an idempotency result — is encoded on its own
+into a *sealed value*, a JSON object with one key::
+
+    {"$siglo": "v1.<codec>.<key id>.<nonce>.<data>"}
+
+``codec`` is ``z`` (zstd), ``e`` (AES-256-GCM) or ``ez`` (zstd, then AES-256-GCM);
+``key id`` and ``nonce`` are empty when nothing is encrypted; ``nonce`` and ``data`` are
+standard base64 (RFC 4648 §4, padded), which C code encodes and decodes. A sealed value
+is JSON like any other payload, so every backend
+— a third party's included — stores it without knowing what it is.
+
+The associated data of the encryption binds a ciphertext to where it belongs: the
+namespace, the record's id (the stack id of a checkpoint or context change, the
+correlation key of a wait record, the cache or idempotency key), the record kind and the
+field, together with the envelope's own header. A ciphertext copied into another row,
+field or namespace fails authentication, and the read raises
+:class:`~siglo.errors.DecryptionError` instead of returning another row's data.
+"""
+
+from __future__ import annotations
+
+import binascii
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from siglo import codec
+from siglo.errors import (
+    DecryptionError,
+    EncryptionRequiredError,
+    InvalidArgumentError,
+    KeyErasedError,
+    MalformedRecordError,
+)
+from siglo.keys import KeyProvider
+
+__all__ = [
+    "ENVELOPE_VERSION",
+    "SEALED_KEY",
+    "Location",
+    "Sealer",
+    "is_sealed",
+]
+
+SEALED_KEY: Final = "$siglo"
+"""The one key of a sealed value."""
+
+ENVELOPE_VERSION: Final = "v1"
+_NONCE_BYTES: Final = 12
+_CODECS: Final = frozenset({"z", "e", "ez"})
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a payload belongs: what its associated data binds it to."""
+
+    namespace: str | None
+    record_id: str
+    kind: str
+    """``checkpoint``, ``wait``, ``context``, ``step`` or ``idempotency``."""
+    field: str
+
+    def describe(self) -> str:
+        ns = "no namespace" if self.namespace is None else f"namespace {self.namespace!r}"
+        return f"{self.kind} {self.record_id!r} ({ns}), field {self.field!r}"
+
+    def associated_data(self, header: str) -> bytes:
+        return orjson.dumps(
+            ["siglo", header, self.namespace, self.record_id, self.kind, self.field]
+        )
+
+
+def is_sealed(value: Any) -> bool:
+    """Whether ``value`` is a sealed value (``{"$siglo": "v1…"}``)."""
+    return type(value) is dict and len(value) == 1 and isinstance(value.get(SEALED_KEY), str)
+
+
+def _b64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def _unb64(text: str, where: Location) -> bytes:
+    try:
+        return binascii.a2b_base64(text)
+    except (binascii.Error, ValueError):
+        raise MalformedRecordError(
+            where.kind, where.field, "holds a sealed value that is not base64"
+        ) from None
+
+
+class Sealer:
+    """Encodes payloads into sealed values and decodes them back (see the module).
+
+    ``keys`` encrypts (``None``: nothing is encrypted, but sealed values written with
+    encryption still need a provider to be read); ``compress_min_bytes`` compresses a
+    payload whose JSON is at least that long (``None``: never); ``require_encryption``
+    refuses a payload read in clear, or sealed without encryption.
+    """
+
+    __slots__ = ("_zc", "_zd", "compress_min_bytes", "keys", "require_encryption")
+
+    def __init__(
+        self,
+        keys: KeyProvider | None,
+        *,
+        compress_min_bytes: int | None = None,
+        require_encryption: bool = False,
+    ) -> None:
+        self.keys = keys
+        self.compress_min_bytes = compress_min_bytes
+        self.require_encryption = require_encryption
+        self._zc: Any = None
+        self._zd: Any = None
+        if compress_min_bytes is not None:
+            self._compressor()
+
+    @property
+    def encrypts(self) -> bool:
+        """Whether new payloads are encrypted."""
+        return self.keys is not None
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether this sealer neither writes nor checks anything."""
+        return self.keys is None and self.compress_min_bytes is None and not self.require_encryption
+
+    def _compressor(self) -> Any:
+        if self._zc is None:
+            try:
+                import zstandard
+            except ImportError as exc:  # pragma: no cover - the extra is a dependency
+                raise InvalidArgumentError(
+                    "compression needs the zstandard package: pip install 'siglo[encryption]'"
+                ) from exc
+            self._zc = zstandard.ZstdCompressor(level=3)
+            self._zd = zstandard.ZstdDecompressor()
+        return self._zc
+
+    # -- toward the backend ------------------------------------------------------------
+
+    async def seal(self, value: Any, where: Location) -> Any:
+        """``value`` as stored: sealed if there is anything to do, else as it is. ``None``
+        is not a payload and stays ``None``."""
+        if value is None or (self.keys is None and self.compress_min_bytes is None):
+            return value
+        plain = codec.dumps(value, what=where.describe())
+        codec_name = ""
+        data = plain
+        if self.compress_min_bytes is not None and len(plain) >= self.compress_min_bytes:
+            data = self._compressor().compress(plain)
+            codec_name = "z"
+        if self.keys is None:
+            if not codec_name:
+                return value
+            return {SEALED_KEY: f"{ENVELOPE_VERSION}.z...{_b64(data)}"}
+        key_id, key = await self.keys.current_key(where.namespace)
+        codec_name = "e" + codec_name
+        nonce = os.urandom(_NONCE_BYTES)
+        header = f"{ENVELOPE_VERSION}.{codec_name}.{key_id}"
+        sealed = _aesgcm(key).encrypt(nonce, data, where.associated_data(header))
+        return {SEALED_KEY: f"{header}.{_b64(nonce)}.{_b64(sealed)}"}
+
+    async def seal_dict(self, value: Mapping[str, Any] | None, where: Location) -> Any:
+        """A dict payload (a step's context, metadata) as stored: a sealed value is itself
+        a dict, so the stored field keeps its type."""
+        return await self.seal(None if value is None else dict(value), where)
+
+    # -- from the backend ----------------------------------------------------------------
+
+    async def open(self, value: Any, where: Location) -> Any:
+        """``value`` as read back: a sealed value decoded, anything else as it is (refused
+        under ``require_encryption``)."""
+        if not is_sealed(value):
+            if self.require_encryption and value is not None:
+                raise EncryptionRequiredError(
+                    f"{where.describe()} is stored in clear and require_encryption is set: "
+                    "re-save it with encryption on (`siglo rekey` does, for a whole store), "
+                    "or turn require_encryption off to read it"
+                )
+            return value
+        envelope: str = value[SEALED_KEY]
+        parts = envelope.split(".")
+        if len(parts) != 5 or parts[0] != ENVELOPE_VERSION or parts[1] not in _CODECS:
+            raise MalformedRecordError(
+                where.kind, where.field, f"holds a sealed value of an unknown form ({parts[0]!r})"
+            )
+        version, codec_name, key_id, nonce, data = parts
+        raw = _unb64(data, where)
+        if codec_name.startswith("e"):
+            if self.keys is None:
+                raise DecryptionError(
+                    f"{where.describe()} is encrypted (key {key_id!r}) and no encryption key "
+                    "is configured: set encryption_keys or master_key (docs/encryption.md)"
+                )
+            key = await self.keys.key(where.namespace, key_id)
+            header = f"{version}.{codec_name}.{key_id}"
+            try:
+                raw = _aesgcm(key).decrypt(_unb64(nonce, where), raw, where.associated_data(header))
+            except Exception as exc:
+                if isinstance(exc, KeyErasedError):
+                    raise
+                raise DecryptionError(
+                    f"{where.describe()} does not decrypt with key {key_id!r}: the ciphertext "
+                    "was written for another record, field or namespace, or was altered"
+                ) from None
+        elif self.require_encryption:
+            raise EncryptionRequiredError(
+                f"{where.describe()} is stored without encryption and require_encryption is "
+                "set: re-save it with encryption on (`siglo rekey`)"
+            )
+        if codec_name.endswith("z"):
+            self._compressor()
+            raw = self._zd.decompress(raw)
+        return codec.loads(raw, what=where.describe())
+
+    def key_id_of(self, value: Any) -> str | None:
+        """The key id a sealed value was encrypted under (``None``: not encrypted)."""
+        if not is_sealed(value):
+            return None
+        parts = value[SEALED_KEY].split(".")
+        return parts[2] or None if len(parts) == 5 else None
+
+
+_CIPHERS: dict[bytes, Any] = {}
+"""One AESGCM object per key: building one costs about as much as sealing 1 KB."""
+
+
+def _aesgcm(key: bytes) -> Any:
+    cipher = _CIPHERS.get(key)
+    if cipher is not None:
+        return cipher
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    except ImportError as exc:  # pragma: no cover - the extra is a dependency
+        raise InvalidArgumentError(
+            "encryption needs the cryptography package: pip install 'siglo[encryption]'"
+        ) from exc
+    if len(_CIPHERS) > 1024:  # many namespaces: keep the cache bounded
+        _CIPHERS.clear()
+    cipher = _CIPHERS[key] = AESGCM(key)
+    return cipher

@@ -1,0 +1,424 @@
+"""Encryption at rest (SPEC §12, docs/encryption.md): the codec chain of the pipeline.
+
+Every payload kind round-trips through the chain; the backend holds only sealed values;
+a ciphertext copied into another row, field or namespace fails to decrypt; a plaintext
+payload is refused under ``require_encryption``; the envelope keys can be erased. The
+durable backends are the real servers of this machine (SQLite file, PostgreSQL, Redis).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+import pytest
+from ops_support import DURABLE_KINDS, shared_store
+
+import siglo
+from siglo.checkpoint import Checkpoint
+from siglo.config import Settings, load_settings
+from siglo.errors import (
+    DecryptionError,
+    EncryptionRequiredError,
+    InvalidArgumentError,
+    KeyErasedError,
+)
+from siglo.keys import EnvelopeKeyProvider, LocalMasterKey
+from siglo.pipeline import Pipeline, pipeline_parts
+from siglo.records import ContextChangeEvent, WaitRecord
+from siglo.sealing import SEALED_KEY, is_sealed
+
+SECRET = "sealed-SECRET-51c0"
+
+
+def new_key() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+def keyed(**more: Any) -> Settings:
+    return Settings(encryption_keys={"k1": new_key()}, **more)
+
+
+def piped(backend: siglo.Backend, settings: Settings) -> tuple[Any, Any]:
+    """``backend``'s own parts behind the pipeline of ``settings``."""
+    return pipeline_parts(backend.raw_adapter, backend.idempotency, Pipeline(settings))
+
+
+async def _write_everything(adapter: Any, idempotency: Any, ident: str, ns: str) -> None:
+    checkpoint = Checkpoint(
+        stack_id=ident,
+        namespace=ns,
+        revision=1,
+        timestamp=1,
+        contexts={"pay": {"card": SECRET}, "empty": {}},
+        metadata={"who": SECRET, "redactFields": ["cvv"]},
+    )
+    await adapter.save_checkpoint(checkpoint, expected_revision=0)
+    await adapter.save_wait_record(
+        WaitRecord(
+            correlation_key=f"w:{ident}",
+            stack_id=ident,
+            namespace=ns,
+            event_payload={"p": SECRET},
+            metadata={"m": SECRET},
+        )
+    )
+    await adapter.on_context_change(
+        ContextChangeEvent(
+            stack_id=ident, step_id="pay", key="card", value=SECRET, namespace=ns, timestamp=1
+        )
+    )
+    await adapter.set_cached_step(f"step:{ident}", {"out": SECRET})
+    assert await idempotency.claim(f"idem:{ident}") == "claimed"
+    await idempotency.complete(f"idem:{ident}", {"receipt": SECRET})
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_every_payload_kind_is_sealed_and_reads_back(kind: str) -> None:
+    from raw_storage import raw_bytes
+
+    settings = keyed(compression_min_bytes=64)
+    async with shared_store(kind) as backend:
+        adapter, idempotency = piped(backend, settings)
+        await _write_everything(adapter, idempotency, "s1", "t1")
+        stored = await raw_bytes(kind, backend)
+        assert SECRET.encode() not in stored
+        assert b"$siglo" in stored
+        # The routing fields stay in clear: the store can still find, list and expire.
+        raw = await backend.raw_adapter.get_checkpoint("s1", "t1", fallback=False)
+        assert raw is not None and raw.stack_id == "s1" and raw.revision == 1
+        assert raw.metadata is not None and raw.metadata["redactFields"] == ["cvv"]
+        assert all(is_sealed(ctx) for ctx in raw.contexts.values())
+
+        back = await adapter.get_checkpoint("s1", "t1", fallback=False)
+        assert back is not None
+        assert back.contexts == {"pay": {"card": SECRET}, "empty": {}}
+        assert back.metadata == {"who": SECRET, "redactFields": ["cvv"]}
+        wait = await adapter.get_wait_record("w:s1", namespace="t1")
+        assert wait is not None and wait.event_payload == {"p": SECRET}
+        assert wait.metadata == {"m": SECRET}
+        claimed = await adapter.claim_wait_record(
+            "w:s1", "c1", event_payload={"e": SECRET}, namespace="t1"
+        )
+        assert claimed is not None and claimed.event_payload == {"e": SECRET}
+        assert SECRET.encode() not in await raw_bytes(kind, backend)
+        assert await adapter.get_context_changes("s1", "pay", "t1") == {"card": SECRET}
+        assert await adapter.get_cached_step("step:s1") == {"out": SECRET}
+        assert await idempotency.get_result("idem:s1") == {"receipt": SECRET}
+
+
+async def _copy_context(raw: Any, source: tuple[str, str], target: tuple[str, str]) -> None:
+    """Put the stored (sealed) context of ``source`` into the row of ``target``, bytes as
+    they are: what someone with write access to the database could do."""
+    found = await raw.get_checkpoint(source[0], source[1], fallback=False)
+    victim = await raw.get_checkpoint(target[0], target[1], fallback=False)
+    assert found is not None and victim is not None
+    moved = victim.replace(revision=victim.revision + 1, contexts=dict(found.contexts))
+    await raw.save_checkpoint(moved, expected_revision=victim.revision)
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_ciphertext_moved_to_another_row_or_namespace_does_not_decrypt(
+    kind: str,
+) -> None:
+    settings = keyed()
+    async with shared_store(kind) as backend:
+        adapter, _ = piped(backend, settings)
+        for ident, ns in (("a", "t1"), ("b", "t1"), ("a", "t2")):
+            stack = Checkpoint(
+                stack_id=ident,
+                namespace=ns,
+                revision=1,
+                timestamp=1,
+                contexts={"pay": {"card": f"{SECRET}-{ident}-{ns}"}},
+            )
+            await adapter.save_checkpoint(stack, expected_revision=0)
+        raw = backend.raw_adapter
+        await _copy_context(raw, ("a", "t1"), ("b", "t1"))  # another row
+        with pytest.raises(DecryptionError, match=r"checkpoint 'b'.*'t1'.*contexts\.pay"):
+            await adapter.get_checkpoint("b", "t1", fallback=False)
+        await _copy_context(raw, ("a", "t1"), ("a", "t2"))  # another tenant
+        with pytest.raises(DecryptionError, match="another record, field or namespace"):
+            await adapter.get_checkpoint("a", "t2", fallback=False)
+        # The source row itself still reads.
+        source = await adapter.get_checkpoint("a", "t1", fallback=False)
+        assert source is not None and source.contexts["pay"]["card"] == f"{SECRET}-a-t1"
+        # Another field of the same row: the metadata's ciphertext as a context.
+        await adapter.save_checkpoint(
+            Checkpoint(stack_id="c", namespace="t1", revision=1, timestamp=1, metadata={"x": 1}),
+            expected_revision=0,
+        )
+        stored = await raw.get_checkpoint("c", "t1", fallback=False)
+        assert stored is not None and stored.metadata is not None
+        swapped = stored.replace(
+            revision=2, contexts={"pay": {SEALED_KEY: stored.metadata[SEALED_KEY]}}
+        )
+        await raw.save_checkpoint(swapped, expected_revision=1)
+        with pytest.raises(DecryptionError):
+            await adapter.get_checkpoint("c", "t1", fallback=False)
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_require_encryption_refuses_plaintext_rows(kind: str) -> None:
+    async with shared_store(kind) as backend:
+        clear = backend.raw_adapter
+        await clear.save_checkpoint(
+            Checkpoint(
+                stack_id="old",
+                namespace="t1",
+                revision=1,
+                timestamp=1,
+                contexts={"pay": {"card": SECRET}},
+            ),
+            expected_revision=0,
+        )
+        await clear.set_cached_step("plain-step", {"out": SECRET})
+        lenient, _ = piped(backend, keyed())
+        found = await lenient.get_checkpoint("old", "t1", fallback=False)
+        assert found is not None and found.contexts["pay"]["card"] == SECRET
+        strict, _ = piped(backend, keyed(require_encryption=True))
+        with pytest.raises(EncryptionRequiredError, match=r"checkpoint 'old'.*in clear"):
+            await strict.get_checkpoint("old", "t1", fallback=False)
+        with pytest.raises(EncryptionRequiredError, match="step 'plain-step'"):
+            await strict.get_cached_step("plain-step")
+        # What it writes, it reads.
+        await strict.save_checkpoint(
+            Checkpoint(
+                stack_id="new",
+                namespace="t1",
+                revision=1,
+                timestamp=1,
+                contexts={"pay": {"card": SECRET}},
+                metadata={"m": 1},
+            ),
+            expected_revision=0,
+        )
+        again = await strict.get_checkpoint("new", "t1", fallback=False)
+        assert again is not None and again.contexts["pay"]["card"] == SECRET
+
+
+async def test_a_compressed_only_payload_is_refused_under_require_encryption() -> None:
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        squeezed, _ = piped(backend, Settings(compression_min_bytes=0))
+        await squeezed.set_cached_step("z", {"big": "x" * 500})
+        assert is_sealed(await backend.raw_adapter.get_cached_step("z"))
+        assert await squeezed.get_cached_step("z") == {"big": "x" * 500}
+        strict, _ = piped(backend, keyed(require_encryption=True))
+        with pytest.raises(EncryptionRequiredError, match="without encryption"):
+            await strict.get_cached_step("z")
+
+
+async def test_a_rotated_settings_key_reads_the_old_and_writes_the_new() -> None:
+    old, new = new_key(), new_key()
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        first, _ = piped(backend, Settings(encryption_keys={"k1": old}))
+        await first.set_cached_step("s", 1)
+        both, _ = piped(backend, Settings(encryption_keys={"k1": old, "k2": new}))
+        assert await both.get_cached_step("s") == 1
+        await both.set_cached_step("t", 2)
+        stored = await backend.raw_adapter.get_cached_step("t")
+        assert stored[SEALED_KEY].split(".")[2] == "k2"
+        only_new, _ = piped(backend, Settings(encryption_keys={"k2": new}))
+        with pytest.raises(DecryptionError, match="key 'k1', which the settings do not hold"):
+            await only_new.get_cached_step("s")
+
+
+def test_settings_read_keys_from_the_environment_and_never_show_them() -> None:
+    key = new_key()
+    settings = load_settings(
+        environ={
+            "SIGLO_ENCRYPTION_KEYS": f"k1={key}, k2={new_key()}",
+            "SIGLO_ENCRYPTION_KEY_ID": "k1",
+            "SIGLO_REQUIRE_ENCRYPTION": "true",
+            "SIGLO_COMPRESSION_MIN_BYTES": "1024",
+        }
+    )
+    assert settings.encryption_key_id == "k1"
+    assert settings.require_encryption is True
+    assert settings.compression_min_bytes == 1024
+    assert key not in repr(settings)
+    assert settings.describe()["encryption_keys"] == {"k1": "***", "k2": "***"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"encryption_keys": {"k1": "not base64!"}}, "'k1' of encryption_keys .* not base64"),
+        ({"encryption_keys": {"k1": base64.b64encode(b"short").decode()}}, "5 bytes"),
+        ({"encryption_keys": {"bad.id": new_key()}}, "key id 'bad.id'"),
+        ({"encryption_keys": {"k1": new_key()}, "encryption_key_id": "k9"}, "'k9' is not one"),
+        ({"master_key": "nocolon"}, "master_key must be"),
+        ({"require_encryption": "yes"}, "require_encryption must be true or false"),
+        ({"compression_min_bytes": -1}, "compression_min_bytes must be"),
+        ({"require_encryption": True}, "require_encryption needs a key to read with"),
+    ],
+)
+def test_bad_encryption_settings_are_refused_naming_the_setting(
+    changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        Settings(**changes)
+
+
+# -- envelope keys -------------------------------------------------------------------------
+
+
+def master() -> Settings:
+    return Settings(master_key=f"base64:{new_key()}")
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_envelope_keys_are_per_namespace_and_erasable(kind: str) -> None:
+    settings = master()
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        adapter, _ = piped(backend, settings)
+        for ns in ("t1", "t2"):
+            await adapter.save_checkpoint(
+                Checkpoint(
+                    stack_id="s",
+                    namespace=ns,
+                    revision=1,
+                    timestamp=1,
+                    contexts={"pay": {"card": SECRET}},
+                ),
+                expected_revision=0,
+            )
+        raw = backend.raw_adapter
+        one = await raw.get_checkpoint("s", "t1", fallback=False)
+        two = await raw.get_checkpoint("s", "t2", fallback=False)
+        assert one is not None and two is not None
+        kid_one = one.contexts["pay"][SEALED_KEY].split(".")[2]
+        kid_two = two.contexts["pay"][SEALED_KEY].split(".")[2]
+        assert kid_one != kid_two  # a data key of each tenant's own
+        # A second process (its own provider, same master key) reads what the first wrote.
+        other, _ = piped(backend, settings)
+        found = await other.get_checkpoint("s", "t1", fallback=False)
+        assert found is not None and found.contexts["pay"]["card"] == SECRET
+
+        provider = adapter.codecs.sealer.keys
+        assert isinstance(provider, EnvelopeKeyProvider)
+        await provider.erase("t1")
+        with pytest.raises(KeyErasedError, match="namespace 't1' was erased"):
+            await adapter.get_checkpoint("s", "t1", fallback=False)
+        other.codecs.sealer.keys.forget()
+        with pytest.raises(KeyErasedError):
+            await other.get_checkpoint("s", "t1", fallback=False)
+        survivor = await other.get_checkpoint("s", "t2", fallback=False)
+        assert survivor is not None and survivor.contexts["pay"]["card"] == SECRET
+
+
+async def test_a_master_key_that_did_not_wrap_the_keyring_is_refused() -> None:
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        adapter, _ = piped(backend, master())
+        await adapter.set_cached_step("s", 1)
+        stranger, _ = piped(backend, master())
+        with pytest.raises(DecryptionError, match="does not unwrap with this master key"):
+            await stranger.get_cached_step("s")
+
+
+async def test_a_kms_plugin_supplies_the_master_key() -> None:
+    from siglo.plugins import get_registry, hookimpl
+
+    wrapped: list[bytes] = []
+
+    class Kms:
+        key_id = "kms"
+
+        def __init__(self) -> None:
+            self._local = LocalMasterKey(base64.b64decode(new_key()))
+
+        async def wrap(self, data_key: bytes, context: bytes) -> bytes:
+            wrapped.append(context)
+            return await self._local.wrap(data_key, context)
+
+        async def unwrap(self, blob: bytes, context: bytes) -> bytes:
+            return await self._local.unwrap(blob, context)
+
+    kms = Kms()
+
+    class Plugin:
+        @hookimpl
+        def siglo_master_key(self, scheme: str, reference: str) -> Any:
+            return kms if scheme == "testkms" and reference == "key/1" else None
+
+    registry = get_registry()
+    registry.register(Plugin(), "test-kms")
+    try:
+        async with siglo.connect("memory://", settings=Settings()) as backend:
+            adapter, _ = piped(backend, Settings(master_key="testkms:key/1"))
+            await adapter.set_cached_step("s", {"v": SECRET})
+            assert await adapter.get_cached_step("s") == {"v": SECRET}
+            assert wrapped, "the plugin's master key wrapped the data key"
+        with pytest.raises(InvalidArgumentError, match="no installed plugin supplies"):
+            async with siglo.connect("memory://", settings=Settings()) as backend:
+                piped(backend, Settings(master_key="otherkms:x"))
+    finally:
+        registry.unregister("test-kms")
+
+
+async def test_envelope_keys_refuse_a_backend_that_expires_checkpoints() -> None:
+    """The keyrings are checkpoints: under a retention they would expire, and every key
+    of a namespace with them."""
+    async with siglo.connect("memory://", settings=Settings(), checkpoint_ttl_ms=60_000) as b:
+        with pytest.raises(InvalidArgumentError, match="checkpoint_ttl_ms=none"):
+            piped(b, master())
+
+
+async def test_a_decryption_failure_is_never_swallowed_by_the_error_mode() -> None:
+    """DecryptionError is not an adapter failure: a best-effort manager raises it instead
+    of reading "no checkpoint" and starting the run over on top of the stored one."""
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        writer, _ = piped(backend, keyed())
+        await writer.save_checkpoint(
+            Checkpoint(stack_id="s", revision=1, timestamp=1, contexts={"a": {"b": 1}}),
+            expected_revision=0,
+        )
+        reader, _ = piped(backend, keyed())
+        manager = siglo.StorageManager(reader, error_mode="best-effort", settings=Settings())
+        with pytest.raises(DecryptionError):
+            await manager.load_checkpoint("s")
+
+
+def test_a_file_may_require_encryption_while_the_keys_come_from_the_environment(
+    tmp_path: Any,
+) -> None:
+    """The keys are secrets, kept out of the settings file: the settings that depend on
+    them are checked once every source is applied, not layer by layer."""
+    (tmp_path / "siglo.toml").write_text('require_encryption = true\nencryption_key_id = "k2"\n')
+    key = new_key()
+    settings = load_settings(
+        start=tmp_path, environ={"SIGLO_ENCRYPTION_KEYS": f"k1={new_key()},k2={key}"}
+    )
+    assert settings.require_encryption and settings.encryption_key_id == "k2"
+    # Without the keys, the combination is refused, naming the file it came from.
+    with pytest.raises(InvalidArgumentError, match=r"'k2' is not one of .*siglo\.toml"):
+        load_settings(start=tmp_path, environ={})
+
+
+async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
+    from siglo.keys import KEYRING_NAMESPACE
+    from siglo.transfer import export_lines, import_lines
+
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        adapter, _ = piped(backend, master())
+        await adapter.save_checkpoint(
+            Checkpoint(stack_id="s", namespace="t", revision=1, timestamp=1, contexts={"a": {}}),
+            expected_revision=0,
+        )
+        raw = await backend.raw_adapter.list_checkpoints()
+        assert KEYRING_NAMESPACE in {s.namespace for s in raw.items}
+        listed = await adapter.list_checkpoints()
+        assert [s.namespace for s in listed.items] == ["t"]
+        lines = [line async for line in export_lines(backend.raw_adapter)]
+        assert len(lines) == 3 and KEYRING_NAMESPACE.encode() not in b"".join(
+            lines
+        )  # header, one checkpoint, trailer
+        ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        assert ring is not None
+        forged = [lines[0], b'{"kind":"checkpoint","document":' + ring.to_json() + b"}"]
+        with pytest.raises(InvalidArgumentError, match="line 2 holds a keyring"):
+            await import_lines(adapter, forged)

@@ -1,0 +1,278 @@
+"""``siglo rekey`` and ``siglo erase`` (docs/encryption.md): rotation re-encrypts under
+compare-and-set and loses nothing to concurrent writers; erasure makes every copy —
+the store's rows and an earlier export — unreadable. On SQLite, PostgreSQL and Redis,
+the commands run as processes of their own, given their keys in ``SIGLO_*`` variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ops_support import DURABLE_KINDS, shared_store
+from raw_storage import raw_bytes
+
+import siglo
+from siglo.checkpoint import Checkpoint
+from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
+from siglo.errors import CheckpointConflictError, KeyErasedError
+from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
+from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
+from siglo.rekeying import rekey
+from siglo.sealing import SEALED_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "rekey-SECRET-90aa"
+
+
+def new_key() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+def piped(backend: siglo.Backend, settings: Settings) -> PipelineAdapter:
+    adapter, _ = pipeline_parts(backend.raw_adapter, backend.idempotency, Pipeline(settings))
+    assert isinstance(adapter, PipelineAdapter)
+    return adapter
+
+
+def run_siglo(
+    home: Path, *args: str, env: dict[str, str], stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    clean = {k: v for k, v in os.environ.items() if k not in (*ENVIRONMENT, CONFIG_ENV)}
+    clean["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "backends"), str(ROOT / "contract_tests")]
+    )
+    clean.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "siglo", *args],
+        cwd=home,
+        env=clean,
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def compact(backend: siglo.Backend) -> None:
+    """``VACUUM`` and a truncating WAL checkpoint of the SQLite file."""
+    path = backend.raw_adapter.database.path  # type: ignore[attr-defined]
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("VACUUM")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        db.close()
+
+
+def key_ids(stored: Checkpoint) -> set[str]:
+    return {ctx[SEALED_KEY].split(".")[2] for ctx in stored.contexts.values()}
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
+    kind: str, tmp_path: Path
+) -> None:
+    old, new = new_key(), new_key()
+    async with shared_store(kind) as backend:
+        clear = backend.raw_adapter
+        await clear.save_checkpoint(
+            Checkpoint(
+                stack_id="plain",
+                namespace="t1",
+                revision=1,
+                timestamp=5,
+                contexts={"pay": {"card": SECRET}},
+                metadata={"who": SECRET},
+            ),
+            expected_revision=0,
+        )
+        first = piped(backend, Settings(encryption_keys={"k1": old}))
+        for n in range(3):
+            await first.save_checkpoint(
+                Checkpoint(
+                    stack_id=f"s{n}",
+                    namespace="t2",
+                    revision=1,
+                    timestamp=5,
+                    contexts={"pay": {"card": f"{SECRET}-{n}"}},
+                ),
+                expected_revision=0,
+            )
+        env = {"SIGLO_ENCRYPTION_KEYS": f"k1={old},k2={new}", "SIGLO_ENCRYPTION_KEY_ID": "k2"}
+        done = run_siglo(tmp_path, "rekey", backend.url, env=env)
+        assert done.returncode == 0, done.stderr.decode()
+        assert b"rekeyed 4 checkpoint(s); 0 already under the current key" in done.stdout
+        if kind == "sqlite":
+            # The old row versions stay in SQLite's free pages and WAL until it compacts:
+            # what docs/encryption.md tells a user turning encryption on to run.
+            compact(backend)
+        assert SECRET.encode() not in await raw_bytes(kind, backend)
+        for ident, ns in (("plain", "t1"), ("s0", "t2"), ("s2", "t2")):
+            stored = await clear.get_checkpoint(ident, ns, fallback=False)
+            assert stored is not None and key_ids(stored) == {"k2"}
+            assert stored.revision == 2 and stored.timestamp == 5
+        # Only the new key is needed now, with plaintext refused.
+        strict = piped(backend, Settings(encryption_keys={"k2": new}, require_encryption=True))
+        found = await strict.get_checkpoint("plain", "t1", fallback=False)
+        assert found is not None and found.metadata == {"who": SECRET}
+        # Resumable: a second run finds everything current.
+        again = run_siglo(tmp_path, "rekey", backend.url, env=env)
+        assert b"rekeyed 0 checkpoint(s); 4 already under the current key" in again.stdout
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_rotation_under_concurrent_writers_loses_nothing(kind: str) -> None:
+    settings = Settings(master_key=f"base64:{new_key()}")
+    stacks, writers, rounds = 6, 4, 12
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        setup = piped(backend, settings)
+        for n in range(stacks):
+            await setup.save_checkpoint(
+                Checkpoint(
+                    stack_id=f"c{n}",
+                    namespace="t",
+                    revision=1,
+                    timestamp=1,
+                    contexts={"count": {"n": 0, "secret": SECRET}},
+                ),
+                expected_revision=0,
+            )
+        acknowledged = [0] * stacks
+
+        async def writer(w: int) -> None:
+            # A process of its own: its own key provider, re-reading the current key often.
+            mine = piped(backend, settings)
+            provider = mine.codecs.sealer.keys
+            assert isinstance(provider, EnvelopeKeyProvider)
+            provider.refresh_s = 0.05
+            for r in range(rounds):
+                n = (w + r) % stacks
+                while True:
+                    cp = await mine.get_checkpoint(f"c{n}", "t", fallback=False)
+                    assert cp is not None
+                    count = dict(cp.contexts["count"])
+                    count["n"] += 1
+                    contexts = {**cp.contexts, "count": count}
+                    try:
+                        await mine.save_checkpoint(
+                            cp.replace(revision=cp.revision + 1, contexts=contexts),
+                            expected_revision=cp.revision,
+                        )
+                    except CheckpointConflictError:
+                        continue
+                    acknowledged[n] += 1
+                    break
+                await asyncio.sleep(0)
+
+        async def rotations() -> list[Any]:
+            reports = []
+            for _ in range(3):
+                rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
+                reports.append(await rekey(rotator, namespace="t", rotate=True))
+                await asyncio.sleep(0.02)
+            return reports
+
+        results = await asyncio.gather(*(writer(w) for w in range(writers)), rotations())
+        reports = results[-1]
+        assert len({tuple(r.rotated.values()) for r in reports}) == 3  # three new keys
+        # Finish what the writers kept re-encrypting under a key current a moment before.
+        rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
+        final = await rekey(rotator, namespace="t")
+        assert final.left == 0
+        reader = piped(backend, settings)
+        for n in range(stacks):
+            cp = await reader.get_checkpoint(f"c{n}", "t", fallback=False)
+            assert cp is not None
+            assert cp.contexts["count"] == {"n": acknowledged[n], "secret": SECRET}
+        assert sum(acknowledged) == writers * rounds
+        current = reports[-1].rotated["t"]
+        for n in range(stacks):
+            stored = await backend.raw_adapter.get_checkpoint(f"c{n}", "t", fallback=False)
+            assert stored is not None and key_ids(stored) == {current}
+        assert SECRET.encode() not in await raw_bytes(kind, backend)
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_erasure_makes_an_earlier_export_unreadable(kind: str, tmp_path: Path) -> None:
+    env = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    settings = Settings(master_key=env["SIGLO_MASTER_KEY"])
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        writer = piped(backend, settings)
+        for ns in ("gone", "kept"):
+            for n in range(3):
+                await writer.save_checkpoint(
+                    Checkpoint(
+                        stack_id=f"s{n}",
+                        namespace=ns,
+                        revision=1,
+                        timestamp=1,
+                        contexts={"pay": {"card": f"{SECRET}-{ns}"}},
+                    ),
+                    expected_revision=0,
+                )
+        dump = run_siglo(tmp_path, "export", backend.url, "--namespace", "gone", env=env)
+        assert dump.returncode == 0, dump.stderr.decode()
+        assert SECRET.encode() not in dump.stdout  # a safe backup: as stored, encrypted
+        assert dump.stdout.count(b'"kind":"checkpoint"') == 3
+        whole = run_siglo(tmp_path, "export", backend.url, env=env)
+        assert KEYRING_NAMESPACE.encode() not in whole.stdout  # never the keys
+        clear = run_siglo(tmp_path, "export", backend.url, "--decrypt", "-n", "gone", env=env)
+        assert f"{SECRET}-gone".encode() in clear.stdout
+
+        erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
+        assert erased.returncode == 0, erased.stderr.decode()
+        assert b"destroyed 1 data key(s), deleted 3 checkpoint(s)" in erased.stdout
+
+        restored = run_siglo(tmp_path, "import", backend.url, env=env, stdin=dump.stdout)
+        assert restored.returncode == 1
+        assert b"was erased" in restored.stderr, restored.stderr.decode()
+        # Nothing of it is readable, or even stored again.
+        assert await backend.raw_adapter.get_checkpoint("s0", "gone", fallback=False) is None
+        fresh = piped(backend, settings)
+        with pytest.raises(KeyErasedError):
+            await fresh.open_stored_checkpoint(
+                Checkpoint.from_json(
+                    dump.stdout.splitlines()[1][len(b'{"kind":"checkpoint","document":') : -1]
+                )
+            )
+        kept = await fresh.get_checkpoint("s1", "kept", fallback=False)
+        assert kept is not None and kept.contexts["pay"]["card"] == f"{SECRET}-kept"
+        # The namespace can be used again, under a new key.
+        await fresh.save_checkpoint(
+            Checkpoint(
+                stack_id="s0",
+                namespace="gone",
+                revision=1,
+                timestamp=2,
+                contexts={"pay": {"card": "new"}},
+            ),
+            expected_revision=0,
+        )
+        again = await piped(backend, settings).get_checkpoint("s0", "gone", fallback=False)
+        assert again is not None and again.contexts["pay"]["card"] == "new"
+
+
+async def test_erase_needs_envelope_keys(tmp_path: Path) -> None:
+    done = run_siglo(
+        tmp_path,
+        "erase",
+        f"sqlite:///{tmp_path / 'a.db'}",
+        "-n",
+        "t",
+        "--yes",
+        env={"SIGLO_ENCRYPTION_KEYS": f"k1={new_key()}"},
+    )
+    assert done.returncode == 1
+    assert b"needs envelope keys (master_key)" in done.stderr
