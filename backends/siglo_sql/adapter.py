@@ -135,6 +135,12 @@ class SqlStorageAdapter(StorageAdapter):
         finally:
             await super().aclose()
 
+    def storage_exists(self) -> bool:
+        """Whether the database is there already, without creating it (an SQLite file
+        may not be; a server's database is). The CLI's reading commands refuse to run
+        on one that is not, instead of creating an empty file at a mistyped path."""
+        return self.database.exists()
+
     async def schema_version(self) -> int:
         """The schema version of the database (0: no siglo tables yet, or no database
         file: asking never creates one)."""

@@ -113,7 +113,7 @@ def ls(
     """List stored checkpoints, a page at a time."""
 
     async def run() -> None:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING)
             page = await backend.adapter.list_checkpoints(
                 namespace=_namespace(namespace, unnamespaced=unnamespaced),
@@ -143,7 +143,7 @@ def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -
     wait records."""
 
     async def run() -> None:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             adapter = backend.adapter
             checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
             if checkpoint is None:
@@ -218,7 +218,7 @@ def rm(url: str | None, stack_id: str, namespace: str | None, revision: int | No
     """Delete a stack: its checkpoint, wait records and context streams."""
 
     async def run() -> None:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.DELETION)
             try:
                 deleted = await backend.adapter.delete_checkpoint(
@@ -269,7 +269,7 @@ def prune(
     async def run() -> tuple[list[CheckpointSummary], int]:
         chosen: list[CheckpointSummary] = []
         changed = 0
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING)
             if not dry_run:
                 require(backend, Capability.DELETION)
@@ -321,7 +321,7 @@ def clean(url: str | None, as_json: bool) -> None:
     """Remove expired records now, with a count per kind (Redis expires keys itself)."""
 
     async def run() -> dict[str, int]:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             adapter = backend.adapter
             everything = getattr(adapter, "clean_expired", None)
             if callable(everything):

@@ -50,7 +50,7 @@ def export(url: str | None, namespace: str | None, output: IO[bytes]) -> None:
         count = 0
         with _progress() as progress:
             task = progress.add_task("exporting", total=None)
-            async with open_store(resolve_url(url)) as backend:
+            async with open_store(resolve_url(url), existing=True) as backend:
                 require(backend, Capability.LISTING)
                 lines = export_lines(
                     backend.adapter, namespace=MISSING if namespace is None else namespace
