@@ -175,9 +175,15 @@ class SyncAdapter(Facade):
         return found
 
     def with_workflow_lock(
-        self, stack_id: str, action: Callable[[], T], *, timeout_ms: int | None = None
+        self,
+        stack_id: str,
+        action: Callable[[], T],
+        *,
+        timeout_ms: int | None = None,
+        namespace: str | None = None,
     ) -> T:
-        """Run the synchronous ``action`` holding the stack's workflow lock.
+        """Run the synchronous ``action`` holding the workflow lock of the run
+        ``stack_id`` in ``namespace``.
 
         The action runs in a worker thread while the portal's loop keeps the lock; it
         cannot be interrupted, so a lost lease is raised when it returns.
@@ -187,7 +193,11 @@ class SyncAdapter(Facade):
             return await asyncio.to_thread(action)
 
         result: T = self._portal.run(
-            self._inner.with_workflow_lock, stack_id, in_thread, timeout_ms=timeout_ms
+            self._inner.with_workflow_lock,
+            stack_id,
+            in_thread,
+            timeout_ms=timeout_ms,
+            namespace=namespace,
         )
         return result
 

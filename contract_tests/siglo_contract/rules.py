@@ -141,6 +141,11 @@ RULES: Final[tuple[Rule, ...]] = (
         "the workflow lock and the public lock never share keys",
     ),
     _a(
+        "lock.workflow.namespaced",
+        _C.WORKFLOW_LOCK,
+        "runs of one stack id in different namespaces never wait for each other's lock",
+    ),
+    _a(
         "lock.workflow.unlocking-save",
         _C.WORKFLOW_LOCK,
         "an action's unlocking save is a save; the lock is free after the action, not before it",

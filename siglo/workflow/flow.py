@@ -135,7 +135,7 @@ class Flow:
                         manager.discard_stack(stack)
             return await self._take_up(manager, run_id, namespace)
 
-        return await _locked(manager, run_id, start_or_continue)
+        return await _locked(manager, run_id, namespace, start_or_continue)
 
     async def resume(
         self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
@@ -147,7 +147,9 @@ class Flow:
         """
         manager = manager or default_storage_manager
         require_id("stack_id", stack_id)
-        return await _locked(manager, stack_id, lambda: self._take_up(manager, stack_id, namespace))
+        return await _locked(
+            manager, stack_id, namespace, lambda: self._take_up(manager, stack_id, namespace)
+        )
 
     async def recover(
         self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
@@ -175,7 +177,9 @@ class Flow:
                 manager.discard_stack(stack)
 
         try:
-            return await adapter.with_workflow_lock(stack_id, take_over, timeout_ms=1)
+            return await adapter.with_workflow_lock(
+                stack_id, take_over, timeout_ms=1, namespace=namespace
+            )
         except WorkflowSuspended:
             return True
 
@@ -279,7 +283,9 @@ class Flow:
 
         try:
             if adapter.supports(Capability.WORKFLOW_LOCK):
-                return await adapter.with_workflow_lock(record.stack_id, resume_with_outcome)
+                return await adapter.with_workflow_lock(
+                    record.stack_id, resume_with_outcome, namespace=record.namespace
+                )
             return await resume_with_outcome()
         except BaseException as refused:
             if not started:
@@ -627,11 +633,17 @@ def _look_ahead(
     return _LookAhead(key, asyncio.ensure_future(cache.get_cached_step(key)))
 
 
-async def _locked(manager: StorageManager, stack_id: str, action: Callable[[], Awaitable[T]]) -> T:
-    """``action`` under the stack's workflow lock, where the backend has one."""
+async def _locked(
+    manager: StorageManager,
+    stack_id: str,
+    namespace: str | None,
+    action: Callable[[], Awaitable[T]],
+) -> T:
+    """``action`` under the run's workflow lock (its namespace is part of the key: another
+    tenant's run under the same id never waits for it), where the backend has one."""
     adapter = manager.adapter
     if adapter is not None and adapter.supports(Capability.WORKFLOW_LOCK):
-        return await adapter.with_workflow_lock(stack_id, action)
+        return await adapter.with_workflow_lock(stack_id, action, namespace=namespace)
     return await action()
 
 

@@ -546,6 +546,21 @@ class WorkflowLockIsAPublicLock(MemoryStorageAdapter):
         )
 
 
+class WorkflowLockIgnoresNamespace(MemoryStorageAdapter):
+    """with_workflow_lock drops the namespace: tenant B's run waits for tenant A's run of
+    the same stack id (issue 31, defect 9)."""
+
+    async def with_workflow_lock(
+        self,
+        stack_id: str,
+        action: Callable[[], Awaitable[T]],
+        *,
+        timeout_ms: int | None = None,
+        namespace: str | None = None,
+    ) -> T:
+        return await super().with_workflow_lock(stack_id, action, timeout_ms=timeout_ms)
+
+
 class _EarlyOrNeverUnlock(MemoryStorageAdapter):
     """A memory workflow lock whose unlocking save decides the release itself."""
 
@@ -1039,6 +1054,11 @@ MUTANTS: tuple[Mutant, ...] = (
         _shares_public_lock,
         ("lock.workflow.separate",),
         "with_workflow_lock(X) is the public lock 'workflow:X'",
+    ),
+    _m(
+        "lock.workflow.namespaced",
+        "the workflow lock's key is the stack id alone, whatever the namespace",
+        adapter=WorkflowLockIgnoresNamespace,
     ),
     _m(
         "lock.workflow.unlocking-save",
