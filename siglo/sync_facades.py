@@ -270,14 +270,23 @@ class SyncLock(Facade):
         """``Lock.extend``."""
         return bool(self._portal.run(self._inner.extend, lock_key, token, ttl_ms))
 
-    def with_lock(self, lock_key: str, fn: Callable[[], T], ttl_ms: int = DEFAULT_LOCK_TTL_MS) -> T:
-        """Run the synchronous ``fn`` under the lock (in a worker thread), or raise
-        :class:`~siglo.errors.LockNotAcquiredError`."""
+    def with_lock(
+        self,
+        lock_key: str,
+        fn: Callable[[], T],
+        ttl_ms: int = DEFAULT_LOCK_TTL_MS,
+        *,
+        wait_ms: int = 0,
+    ) -> T:
+        """Run the synchronous ``fn`` under the lock (in a worker thread), waiting up to
+        ``wait_ms`` for it, or raise :class:`~siglo.errors.LockNotAcquiredError`."""
 
         async def in_thread() -> T:
             return await asyncio.to_thread(fn)
 
-        result: T = self._portal.run(self._inner.with_lock, lock_key, in_thread, ttl_ms)
+        result: T = self._portal.run(
+            self._inner.with_lock, lock_key, in_thread, ttl_ms, wait_ms=wait_ms
+        )
         return result
 
 

@@ -180,6 +180,11 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("lock.fencing", _C.LOCKS, "fencing tokens strictly increase per key"),
     _a("lock.token", _C.LOCKS, "tokens are the custom token or lock_<ms>_<32 hex>, unique"),
     _a("lock.with-lock", _C.LOCKS, "with_lock runs under the lock and releases it, or refuses"),
+    _a(
+        "lock.with-lock.wait",
+        _C.LOCKS,
+        "with_lock(wait_ms=W) waits up to W ms for a held lock, then runs fn or refuses",
+    ),
     _a("nonce.claim.once", _C.NONCES, "the first claim of a nonce in its window wins"),
     _a("nonce.expiry", _C.NONCES, "a nonce can be claimed again after its window"),
     _a(

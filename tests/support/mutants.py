@@ -803,7 +803,12 @@ class BadTokenFormat(MemoryLock):
 
 class WithLockLeaksOnError(MemoryLock):
     async def with_lock(
-        self, lock_key: str, fn: Callable[[], Awaitable[T]], ttl_ms: int = 10_000
+        self,
+        lock_key: str,
+        fn: Callable[[], Awaitable[T]],
+        ttl_ms: int = 10_000,
+        *,
+        wait_ms: int = 0,
     ) -> T:
         result = await self.acquire(lock_key, ttl_ms)
         if not result.acquired:
@@ -813,6 +818,20 @@ class WithLockLeaksOnError(MemoryLock):
         value = await fn()  # no finally: an exception leaves the lock held
         await self.release(lock_key, result.token)
         return value
+
+
+class WithLockNeverWaits(MemoryLock):
+    """with_lock tries once whatever wait_ms says (issue 31, item 12: it never waited)."""
+
+    async def with_lock(
+        self,
+        lock_key: str,
+        fn: Callable[[], Awaitable[T]],
+        ttl_ms: int = 10_000,
+        *,
+        wait_ms: int = 0,
+    ) -> T:
+        return await super().with_lock(lock_key, fn, ttl_ms)
 
 
 class NonceYields(MemoryNonceStore):
@@ -1135,6 +1154,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "with_lock leaks the lock on error",
         lock=WithLockLeaksOnError,
     ),
+    _m("lock.with-lock.wait", "with_lock never waits", lock=WithLockNeverWaits),
     _m("nonce.claim.once", "two claimers win a race", nonces=NonceYields),
     _m("nonce.expiry", "the window is 1000 times too long", nonces=NonceWindowTooLong),
     _m("list.walk", "a next_cursor skips a stack", adapter=CursorSkipsOne),
