@@ -205,6 +205,11 @@ RULES: Final[tuple[Rule, ...]] = (
         "delete removes the checkpoint, wait records, context streams",
     ),
     _a("delete.cas", _C.DELETION, "a delete with a wrong expected_revision changes nothing"),
+    _a(
+        "delete.rerun",
+        _C.DELETION,
+        "a delete never removes what a run re-created under the same id stored",
+    ),
     _a("waits.due", _C.DUE_WAITS, "due waits: deadline passed, unheld, oldest first"),
     _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
@@ -254,6 +259,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("plugins.blocked", "SIGLO_DISABLE_PLUGINS blocks a plugin"),
     _core("plugins.driver-missing", "a missing driver says which extra to install"),
     _core("plugins.capabilities-agree", "registered capabilities match the backend's"),
+    _core("plugins.url-options", "an unknown URL option is refused at once, naming it"),
 )
 """Every rule on ``docs/contract.md``, in page order."""
 

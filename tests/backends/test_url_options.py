@@ -33,6 +33,7 @@ def _refused(url: str, *names: str) -> str:
     return message
 
 
+@pytest.mark.rule("plugins.url-options")
 @pytest.mark.parametrize(
     ("url", "typo", "meant"),
     [
@@ -54,6 +55,7 @@ def test_an_unknown_option_is_refused_naming_the_closest_known_one(
     assert not (tmp_path / "typo.db").exists()  # nothing was created
 
 
+@pytest.mark.rule("plugins.url-options")
 @pytest.mark.parametrize(
     "url",
     [

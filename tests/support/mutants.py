@@ -546,6 +546,27 @@ class WorkflowLockIsAPublicLock(MemoryStorageAdapter):
         )
 
 
+class DeletesWhatTheStackHasLater(MemoryStorageAdapter):
+    """delete_checkpoint deletes the checkpoint, then, a few turns later, every wait and
+    context the stack has by then: a re-run's (Redis before issue 31, defect 9)."""
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        current = await self.get_checkpoint(stack_id, namespace, fallback=False)
+        if expected_revision is not None and (
+            current is None or current.revision != expected_revision
+        ):
+            raise CheckpointConflictError(
+                stack_id, None if current is None else current.revision, expected_revision
+            )
+        self._checkpoints.pop((namespace, stack_id), None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await super()._do_delete_checkpoint(stack_id, namespace, None)
+        return current is not None
+
+
 class WorkflowLockIgnoresNamespace(MemoryStorageAdapter):
     """with_workflow_lock drops the namespace: tenant B's run waits for tenant A's run of
     the same stack id (issue 31, defect 9)."""
@@ -1073,6 +1094,11 @@ MUTANTS: tuple[Mutant, ...] = (
         _shares_public_lock,
         ("lock.workflow.separate",),
         "with_workflow_lock(X) is the public lock 'workflow:X'",
+    ),
+    _m(
+        "delete.rerun",
+        "the delete removes what the stack has a few turns after its checkpoint went",
+        adapter=DeletesWhatTheStackHasLater,
     ),
     _m(
         "lock.workflow.namespaced",
