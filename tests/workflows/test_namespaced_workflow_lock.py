@@ -11,7 +11,7 @@ import pytest
 from raw_storage import KINDS, any_backend
 
 from siglo import Step, StorageManager, flow
-from siglo.errors import LockNotAcquiredError
+from siglo.errors import InvalidArgumentError, LockNotAcquiredError
 from siglo.locking import workflow_lock_key
 
 
@@ -66,3 +66,38 @@ def test_the_lock_key_is_one_per_run() -> None:
     long = workflow_lock_key("s" * 4096, "n" * 4096)
     assert len(long) <= 4096
     assert long != workflow_lock_key("s" * 4096, "n" * 4095)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_one_shared_manager_runs_both_tenants_of_one_stack_id(kind: str) -> None:
+    """A module-level manager serving every tenant: B's run of order-1 starts while A's
+    is live in the same manager (before, create_stack refused: "a live stack with id
+    'order-1' already exists", whatever the namespace)."""
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        a_entered = asyncio.Event()
+        a_may_finish = asyncio.Event()
+
+        async def work(tenant: str) -> str:
+            if tenant == "a":
+                a_entered.set()
+                await a_may_finish.wait()
+            return f"done for {tenant}"
+
+        orders = flow(Step.create("work", work))
+        run_a = asyncio.create_task(
+            orders.run("a", manager=manager, stack_id="order-1", namespace="tenant-a")
+        )
+        try:
+            await asyncio.wait_for(a_entered.wait(), 10)
+            assert (
+                await orders.run("b", manager=manager, stack_id="order-1", namespace="tenant-b")
+                == "done for b"
+            )
+            with pytest.raises(InvalidArgumentError, match="in namespace 'tenant-a'"):
+                manager.create_stack("order-1", namespace="tenant-a")
+        finally:
+            a_may_finish.set()
+            assert await run_a == "done for a"
+        stored = await backend.adapter.get_checkpoint("order-1", "tenant-b", fallback=False)
+        assert stored is not None and stored.status == "completed"
