@@ -28,7 +28,7 @@ from siglo.coordination import Lock
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
 from siglo.listing import check_list_arguments as _check_list_arguments
-from siglo.locking import run_with_lock
+from siglo.locking import run_with_lock, workflow_lock_key
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -385,16 +385,23 @@ class StorageAdapter(Closable):
         action: Callable[[], Awaitable[T]],
         *,
         timeout_ms: int | None = None,
+        namespace: str | None = None,
     ) -> T:
-        """Run ``action`` holding the stack's lock; two actions never overlap.
+        """Run ``action`` holding the lock of the run ``stack_id`` in ``namespace``; two
+        actions of one run never overlap, and runs of other namespaces (or none) under
+        the same stack id never wait for each other.
 
         Waits up to ``timeout_ms`` (``None``: the adapter's default) for the lock, then
-        raises :class:`~siglo.errors.LockNotAcquiredError`.
+        raises :class:`~siglo.errors.LockNotAcquiredError`. The backend's
+        ``_do_with_workflow_lock`` is given :func:`siglo.locking.workflow_lock_key`
+        (the stack id itself when there is no namespace) as the key to lock.
         """
         require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
         require_ttl_ms("timeout_ms", timeout_ms, optional=True)
         self._require_open()
-        return await self._do_with_workflow_lock(stack_id, action, timeout_ms=timeout_ms)
+        key = workflow_lock_key(stack_id, namespace)
+        return await self._do_with_workflow_lock(key, action, timeout_ms=timeout_ms)
 
     # -- 4. step cache ---------------------------------------------------------------
 
@@ -596,8 +603,9 @@ class StorageAdapter(Closable):
     async def _do_with_workflow_lock(
         self, stack_id: str, action: Callable[[], Awaitable[T]], *, timeout_ms: int | None
     ) -> T:
-        """``action`` under :attr:`workflow_lock` (key: ``stack_id``), its lease renewed
-        while it runs; unsupported without one."""
+        """``action`` under :attr:`workflow_lock` (key: ``stack_id``, which is
+        :func:`~siglo.locking.workflow_lock_key` of the run's stack id and namespace),
+        its lease renewed while it runs; unsupported without one."""
         lock = self.workflow_lock
         if lock is None:
             raise self._unsupported("with_workflow_lock")

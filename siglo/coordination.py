@@ -9,9 +9,11 @@ argument once and call the backend's ``_do_…`` hooks, as
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import math
+import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +57,10 @@ OwnedClaimReply = Literal["claimed", "completed", "in-progress", "mismatch"]
 """What a backend's :meth:`IdempotencyStoreBase._do_claim_owned` answers: a claim state,
 or ``"mismatch"`` when the key is held under a different fingerprint."""
 DEFAULT_LOCK_TTL_MS: Final = DEFAULTS.lock_ttl_ms
+_MIN_POLL_S: Final = 0.002
+_MAX_POLL_S: Final = 0.05
+"""``with_lock(wait_ms=…)``'s back-off between attempts: from 2 ms, doubling, to 50 ms
+(the waiter enters at most ~50 ms after the holder releases)."""
 """The lease of :meth:`Lock.acquire` when the caller names none (seed 001 §7: 10 s)."""
 
 
@@ -169,9 +175,15 @@ class Lock(Protocol):
         ...
 
     async def with_lock(
-        self, lock_key: str, fn: Callable[[], Awaitable[T]], ttl_ms: int = DEFAULT_LOCK_TTL_MS
+        self,
+        lock_key: str,
+        fn: Callable[[], Awaitable[T]],
+        ttl_ms: int = DEFAULT_LOCK_TTL_MS,
+        *,
+        wait_ms: int = 0,
     ) -> T:
-        """Run ``fn`` under the lock, or raise :class:`~siglo.errors.LockNotAcquiredError`."""
+        """Run ``fn`` under the lock, waiting up to ``wait_ms`` for it, or raise
+        :class:`~siglo.errors.LockNotAcquiredError`."""
         ...
 
 
@@ -444,17 +456,34 @@ class LockBase(Closable):
         raise _unsupported(self, "extend")
 
     async def with_lock(
-        self, lock_key: str, fn: Callable[[], Awaitable[T]], ttl_ms: int = DEFAULT_LOCK_TTL_MS
+        self,
+        lock_key: str,
+        fn: Callable[[], Awaitable[T]],
+        ttl_ms: int = DEFAULT_LOCK_TTL_MS,
+        *,
+        wait_ms: int = 0,
     ) -> T:
         """Run ``fn`` under the lock, or raise :class:`~siglo.errors.LockNotAcquiredError`.
 
-        The lock is released in a ``finally`` (a failed release is ignored: the TTL frees
-        the key anyway), so an exception in ``fn`` does not leak the lock.
+        ``wait_ms`` (default 0: one attempt, the seed's behaviour) is how long to wait for
+        a held lock: the acquire is retried with jittered exponential back-off (2 ms
+        doubling up to 50 ms between attempts) until it succeeds or ``wait_ms`` has
+        passed, so concurrent callers queue up behind the holder like a mutex's, each
+        running ``fn`` in turn. The lock is released in a ``finally`` (a failed release
+        is ignored: the TTL frees the key anyway), so an exception in ``fn`` does not
+        leak the lock. The lease is not renewed while ``fn`` runs: a ``fn`` that may
+        outlast ``ttl_ms`` belongs under :func:`siglo.locking.run_with_lock`.
         """
-        result = await self.acquire(lock_key, ttl_ms)
+        if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or wait_ms < 0:
+            raise InvalidArgumentError(
+                f"wait_ms must be a non-negative integer of milliseconds, got {wait_ms!r}"
+            )
+        result = await self._acquire_within(lock_key, ttl_ms, wait_ms)
         if not result.acquired:
+            waited = f" after waiting {wait_ms} ms" if wait_ms else ""
             raise LockNotAcquiredError(
-                f"Failed to acquire lock for key: {lock_key} (in-use or concurrent execution)"
+                f"Failed to acquire lock for key: {lock_key} (in-use or concurrent "
+                f"execution){waited}"
             )
         try:
             return await fn()
@@ -462,6 +491,19 @@ class LockBase(Closable):
             # The seed swallows release failures: the TTL frees the key anyway.
             with contextlib.suppress(Exception):
                 await self.release(lock_key, result.token)
+
+    async def _acquire_within(self, lock_key: str, ttl_ms: int, wait_ms: int) -> LockResult:
+        """:meth:`acquire`, retried with back-off until acquired or ``wait_ms`` passed."""
+        deadline = time.monotonic() + wait_ms / 1000
+        delay = _MIN_POLL_S
+        while True:
+            result = await self.acquire(lock_key, ttl_ms)
+            remaining = deadline - time.monotonic()
+            if result.acquired or remaining <= 0:
+                return result
+            # Jitter keeps waiters from waking in lock-step and racing as a herd.
+            await asyncio.sleep(min(remaining, delay * (0.5 + random.random())))
+            delay = min(delay * 2, _MAX_POLL_S)
 
 
 class NonceStoreBase(Closable):

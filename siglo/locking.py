@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hashlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from siglo.coordination import Lock
 from siglo.errors import LockLostError, LockNotAcquiredError
 from siglo.lease_release import release_lease
 from siglo.settings import DEFAULTS
+from siglo.validation import MAX_ID_LENGTH
 
 __all__ = [
     "Hold",
@@ -37,6 +39,7 @@ __all__ = [
     "held",
     "run_with_lock",
     "using_lease",
+    "workflow_lock_key",
 ]
 
 T = TypeVar("T")
@@ -244,3 +247,29 @@ class _Renewer:
         if self.last_error is not None:
             error.__cause__ = self.last_error
         return error
+
+
+_NAMESPACED: Final = "@"
+"""Marks a namespaced workflow-lock key; an un-namespaced stack id that begins with it
+is escaped by doubling it, so that no un-namespaced id meets a namespaced key."""
+
+
+def workflow_lock_key(stack_id: str, namespace: str | None) -> str:
+    """The key of the workflow lock of ``stack_id`` in ``namespace``, one per run.
+
+    Tenant A's run and tenant B's run under the same stack id are two runs, and must
+    not wait for each other: the key holds the namespace. Without a namespace the key
+    is the stack id itself (as before namespaces were part of it, so processes of both
+    versions exclude each other), unless the id begins with ``@``: that ``@`` is doubled.
+    A namespaced key is ``@<length of namespace>:<namespace>:<stack id>``, a digest of it
+    when that would be longer than an id may be (:data:`~siglo.validation.MAX_ID_LENGTH`).
+    The base storage adapter passes this key, not the bare stack id, to
+    ``_do_with_workflow_lock``.
+    """
+    if namespace is None:
+        return _NAMESPACED + stack_id if stack_id.startswith(_NAMESPACED) else stack_id
+    key = f"{_NAMESPACED}{len(namespace)}:{namespace}:{stack_id}"
+    if len(key) > MAX_ID_LENGTH:
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        key = f"{_NAMESPACED}sha256:{digest}"
+    return key

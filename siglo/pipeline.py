@@ -560,8 +560,11 @@ class PipelineAdapter(StorageAdapter):
         action: Callable[[], Awaitable[T]],
         *,
         timeout_ms: int | None = None,
+        namespace: str | None = None,
     ) -> T:
-        return await self.inner.with_workflow_lock(stack_id, action, timeout_ms=timeout_ms)
+        return await self.inner.with_workflow_lock(
+            stack_id, action, timeout_ms=timeout_ms, namespace=namespace
+        )
 
     # -- step cache and telemetry --------------------------------------------------------
 

@@ -175,9 +175,15 @@ class SyncAdapter(Facade):
         return found
 
     def with_workflow_lock(
-        self, stack_id: str, action: Callable[[], T], *, timeout_ms: int | None = None
+        self,
+        stack_id: str,
+        action: Callable[[], T],
+        *,
+        timeout_ms: int | None = None,
+        namespace: str | None = None,
     ) -> T:
-        """Run the synchronous ``action`` holding the stack's workflow lock.
+        """Run the synchronous ``action`` holding the workflow lock of the run
+        ``stack_id`` in ``namespace``.
 
         The action runs in a worker thread while the portal's loop keeps the lock; it
         cannot be interrupted, so a lost lease is raised when it returns.
@@ -187,7 +193,11 @@ class SyncAdapter(Facade):
             return await asyncio.to_thread(action)
 
         result: T = self._portal.run(
-            self._inner.with_workflow_lock, stack_id, in_thread, timeout_ms=timeout_ms
+            self._inner.with_workflow_lock,
+            stack_id,
+            in_thread,
+            timeout_ms=timeout_ms,
+            namespace=namespace,
         )
         return result
 
@@ -260,14 +270,23 @@ class SyncLock(Facade):
         """``Lock.extend``."""
         return bool(self._portal.run(self._inner.extend, lock_key, token, ttl_ms))
 
-    def with_lock(self, lock_key: str, fn: Callable[[], T], ttl_ms: int = DEFAULT_LOCK_TTL_MS) -> T:
-        """Run the synchronous ``fn`` under the lock (in a worker thread), or raise
-        :class:`~siglo.errors.LockNotAcquiredError`."""
+    def with_lock(
+        self,
+        lock_key: str,
+        fn: Callable[[], T],
+        ttl_ms: int = DEFAULT_LOCK_TTL_MS,
+        *,
+        wait_ms: int = 0,
+    ) -> T:
+        """Run the synchronous ``fn`` under the lock (in a worker thread), waiting up to
+        ``wait_ms`` for it, or raise :class:`~siglo.errors.LockNotAcquiredError`."""
 
         async def in_thread() -> T:
             return await asyncio.to_thread(fn)
 
-        result: T = self._portal.run(self._inner.with_lock, lock_key, in_thread, ttl_ms)
+        result: T = self._portal.run(
+            self._inner.with_lock, lock_key, in_thread, ttl_ms, wait_ms=wait_ms
+        )
         return result
 
 

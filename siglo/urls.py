@@ -13,13 +13,16 @@ the same settings. Every built-in backend, and any plugin, reads them the same w
     url = urls.with_options(base, options)  # and back
 
 A value that does not convert raises :class:`~siglo.errors.InvalidArgumentError` naming
-the option. :func:`mask_credentials` hides the password of a URL (in its user info or
-its query) before the URL is logged or shown.
+the option, and so does an option no one reads (:func:`refuse_unknown`, with the closest
+known name: ``prefx — did you mean prefix?``): a typo never falls through to a driver
+that would hang on it or be silently ignored. :func:`mask_credentials` hides the
+password of a URL (in its user info or its query) before the URL is logged or shown.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import difflib
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote_plus, urlencode
 
@@ -33,6 +36,8 @@ __all__ = [
     "mask_credentials",
     "optional_integer",
     "query_names",
+    "refuse_unknown",
+    "unknown_option_error",
     "split_options",
     "text",
     "url_value",
@@ -123,6 +128,54 @@ def split_options(url: str, options: Mapping[str, Converter]) -> tuple[str, dict
 def query_names(url: str) -> frozenset[str]:
     """The names of ``url``'s query parameters."""
     return frozenset(name for name, _ in _split(url)[1])
+
+
+def unknown_option_error(
+    backend: str,
+    unknown: Iterable[str],
+    known: Iterable[str],
+    *,
+    where: str = "URL",
+    also: str = "",
+    suggest: Iterable[str] = (),
+) -> InvalidArgumentError:
+    """The error for options ``backend`` does not know: each one named, with the closest
+    name of ``known`` or ``suggest`` when there is one, then the ``known`` names (and
+    ``also``, a sentence on what else is accepted, such as a driver's own parameters)."""
+    known_names = sorted(set(known))
+    candidates = sorted(set(known_names) | set(suggest))
+    parts = []
+    for name in sorted(set(unknown)):
+        close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+        parts.append(f"{name!r} — did you mean {close[0]}?" if close else repr(name))
+    plural = "s" if len(parts) > 1 else ""
+    if known_names:
+        known_text = f"known: {', '.join(known_names)}{'; ' + also if also else ''}"
+    else:
+        known_text = f"a {backend} {where} takes no options{': ' + also if also else ''}"
+    return InvalidArgumentError(
+        f"unknown {backend} {where} option{plural} {'; '.join(parts)} ({known_text})"
+    )
+
+
+def refuse_unknown(
+    url: str,
+    known: Iterable[str],
+    *,
+    backend: str,
+    driver: Iterable[str] | None = (),
+    also: str = "",
+) -> None:
+    """Raise :func:`unknown_option_error` for a query parameter of ``url`` that is neither
+    in ``known`` (the backend's options) nor in ``driver`` (parameters the URL passes on
+    to a driver; ``None``: the driver is not installed, any name passes on)."""
+    if driver is None:
+        return
+    known_set = frozenset(known)
+    driver_set = frozenset(driver)
+    unknown = [n for n in query_names(url) if n not in known_set and n not in driver_set]
+    if unknown:
+        raise unknown_option_error(backend, unknown, known_set, also=also, suggest=driver_set)
 
 
 def url_value(value: Any) -> str:

@@ -7,8 +7,10 @@ either direction, that a ``v1`` signature matches (compared in constant time; se
 ``v1`` entries, or several secrets, allow rotating a secret), and only then claims a
 nonce for the delivery in a :class:`~siglo.coordination.NonceStore`, so a replay within
 the window is refused while a forged request cannot use up a nonce. Each refusal is its
-own :class:`WebhookError` subclass. :func:`sign` makes the header (for tests, or for a
-sender).
+own :class:`WebhookError` subclass, and so is every malformed request, however hostile
+(a header or body of the wrong type, a non-ASCII signature, a timestamp of thousands of
+digits): a handler that catches :class:`WebhookError` answers every bad request with a
+4xx. :func:`sign` makes the header (for tests, or for a sender).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "VerifiedWebhook",
     "WebhookError",
     "WebhookReplayError",
+    "WebhookRequestError",
     "WebhookSignatureError",
     "WebhookSignatureMissingError",
     "WebhookTimestampError",
@@ -42,6 +45,10 @@ DEFAULT_TOLERANCE_S: Final = 300
 """Five minutes either way, as Stripe's libraries default to."""
 _SCHEME: Final = "v1"
 _NONCE_PREFIX: Final = "webhook:"
+_MAX_TIMESTAMP_DIGITS: Final = 12
+"""Unix seconds have 10 digits until the year 2286; a longer ``t=`` is malformed, and
+refusing it before ``int()`` keeps a 5,000-digit value from reaching Python's
+int-to-string limit (a raw ``ValueError``) or float arithmetic (``OverflowError``)."""
 
 Secret = str | bytes
 
@@ -66,6 +73,15 @@ class WebhookReplayError(WebhookError):
     """This exact signed delivery was already accepted within its tolerance window."""
 
 
+class WebhookRequestError(WebhookError, InvalidArgumentError):
+    """The body is not raw bytes, or the headers are not a mapping of names to text.
+
+    Both a :class:`WebhookError` (a handler answers it with a 4xx like any refusal) and an
+    :class:`~siglo.errors.InvalidArgumentError` (usually the handler passed a re-encoded
+    body, or the framework's headers in another shape).
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class VerifiedWebhook:
     """What :func:`verify` established: the signed timestamp and the matching signature."""
@@ -85,7 +101,7 @@ def _key(secret: Secret) -> bytes:
 def _raw(body: object) -> bytes:
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body)
-    raise InvalidArgumentError(
+    raise WebhookRequestError(
         f"the webhook body must be the raw request bytes, got {type(body).__name__} "
         "(a re-encoded body may not be the bytes that were signed)"
     )
@@ -105,11 +121,40 @@ def sign(secret: Secret, body: bytes, *, timestamp: int | None = None) -> str:
     return f"t={timestamp},{_SCHEME}={_digest(_key(secret), timestamp, _raw(body))}"
 
 
+def _text(value: object) -> str | None:
+    # HTTP header bytes are Latin-1 (ASGI servers hand them over undecoded).
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("latin-1")
+    return None
+
+
 def _header(headers: Mapping[str, str], name: str) -> str:
+    if not isinstance(headers, Mapping) and not callable(getattr(headers, "items", None)):
+        raise WebhookRequestError(
+            f"the request headers must be a mapping of names to values, got "
+            f"{type(headers).__name__}"
+        )
     wanted = name.lower()
-    for key, value in headers.items():
-        if key.lower() == wanted:
-            return value
+    try:
+        entries = iter(headers.items())
+    except TypeError:
+        raise WebhookRequestError(
+            "the request headers must be a mapping of names to values"
+        ) from None
+    for entry in entries:
+        if not isinstance(entry, tuple) or len(entry) != 2:
+            raise WebhookRequestError("the request headers must be a mapping of names to values")
+        key = _text(entry[0])
+        if key is None or key.lower() != wanted:
+            continue
+        value = _text(entry[1])
+        if value is None:
+            raise WebhookSignatureMissingError(
+                f"the {name} header must be text, got {type(entry[1]).__name__}"
+            )
+        return value
     raise WebhookSignatureMissingError(f"the request has no {name} header")
 
 
@@ -121,10 +166,17 @@ def _parse(value: str, name: str) -> tuple[int, list[str]]:
         if not equals:
             continue
         if field == "t":
-            if timestamp is not None or not content.isascii() or not content.isdigit():
+            if (
+                timestamp is not None
+                or not content.isascii()
+                or not content.isdigit()
+                or len(content) > _MAX_TIMESTAMP_DIGITS
+            ):
                 raise WebhookSignatureMissingError(f"the {name} header has a malformed t=")
             timestamp = int(content)
-        elif field == _SCHEME:
+        elif field == _SCHEME and content.isascii():
+            # A hex digest is ASCII; anything else cannot match, and compare_digest
+            # raises TypeError on non-ASCII text.
             signatures.append(content)
     if timestamp is None or not signatures:
         raise WebhookSignatureMissingError(

@@ -9,7 +9,7 @@ from urllib.parse import unquote, urlsplit
 from siglo.backend import Backend
 from siglo.clock import Clock
 from siglo.errors import InvalidArgumentError
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, refuse_unknown
 from siglo_memory.adapter import MemoryStorageAdapter
 from siglo_memory.coordination import MemoryIdempotencyStore, MemoryLock, MemoryNonceStore
 
@@ -23,12 +23,17 @@ def connect(url: str = "memory://", *, clock: Clock | None = None, **options: An
 
     ``memory://`` is a new, private store; ``memory://NAME`` reaches the same store for
     the same name for the life of the process (options apply when it is first made).
+    The URL takes no query options: one raises
+    :class:`~siglo.errors.InvalidArgumentError` naming it.
     Each call returns a backend of its own, as a connection to a server is: closing one
     leaves the others working.
     """
     parts = urlsplit(url)
     if parts.scheme != "memory":
         raise InvalidArgumentError(f"not a memory:// URL: {mask_credentials(url)!r}")
+    # Options go as keyword arguments: a query parameter here would be ignored, so it
+    # is refused (a typo must not pass for a setting).
+    refuse_unknown(url, (), backend="memory", also="pass options as keyword arguments")
     name = unquote(parts.netloc + parts.path)
     if name:
         if name not in _named:

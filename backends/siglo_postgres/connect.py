@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +41,8 @@ POSTGRES_OPTIONS: Final = COMMON_OPTIONS | {
     "command_timeout_ms",
     "pgbouncer",
 }
+URL_OPTIONS: Final = POSTGRES_OPTIONS - {"clock"}
+"""siglo's options a ``postgresql://`` URL's query may set; libpq's parameters pass on."""
 PGBOUNCER_MODES: Final = ("transaction", "session")
 
 
@@ -112,10 +115,35 @@ def connect(url: str, **options: Any) -> Backend:
     ``idempotency_lease_ms``,
     ``clean_batch_size``. Other query parameters go to libpq (``sslmode`` …).
     """
-    base, url_options = split_url_options(url, POSTGRES_OPTIONS - {"clock"})
+    refuse_unknown_options(url)
+    base, url_options = split_url_options(url, URL_OPTIONS)
     merged = take_options(options, url_options, POSTGRES_OPTIONS)
     conninfo = _conninfo(base, merged.pop("connect_timeout_ms", DEFAULTS.connect_timeout_ms))
     return _build(base, conninfo, merged, engine=None)
+
+
+def refuse_unknown_options(url: str) -> None:
+    """Refuse a query parameter that is neither siglo's nor libpq's, naming it (libpq
+    would fail on it only at the first connection, as a connection error)."""
+    libpq = _libpq_parameters()
+    urls.refuse_unknown(
+        url,
+        URL_OPTIONS,
+        backend="postgresql",
+        driver=libpq,
+        also="and libpq's connection parameters (sslmode, application_name, …)",
+    )
+
+
+@functools.cache
+def _libpq_parameters() -> frozenset[str] | None:
+    """The connection parameters of the installed libpq, or ``None`` without the driver
+    (connecting then says which extra to install)."""
+    try:
+        from psycopg import pq
+    except ImportError:
+        return None
+    return frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
 
 
 def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:

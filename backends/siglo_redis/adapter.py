@@ -38,6 +38,7 @@ from siglo_redis.scripts import (
     CHECKPOINT_CAS,
     CHECKPOINT_DELETE,
     CONTEXT_CHANGE,
+    CONTEXT_COMPARE_DELETE,
 )
 from siglo_redis.values import decode_cached, decode_context_value, encode_cached
 from siglo_redis.waits import (
@@ -284,7 +285,36 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_delete_checkpoint(
         self, stack_id: str, namespace: str | None, expected_revision: int | None
     ) -> bool:
+        # The wait records and context streams live in other cluster slots than the
+        # checkpoint, so they cannot go in its script. A run re-created under the same
+        # id once the checkpoint is gone must keep what it stores (issue 31: deleting
+        # "whatever the stack has by then" deleted the new run's wait, which then waited
+        # forever). So what belongs to the run being deleted is read first, and only
+        # that is deleted, each key or field only if it still holds the value read:
+        # - context fields before the checkpoint: while it exists no new run can be
+        #   created under its id (creation is a compare-and-set on revision 0), and a
+        #   new run may well write the very same values, which no comparison tells apart;
+        # - wait records after it (a refused compare-and-set must leave a live run's
+        #   waits alone); a new run's record differs from the old one (its createdAt).
         key = self.keys.checkpoint(stack_id, namespace)
+        before = await self._redis.get(key)
+        if expected_revision is not None:
+            # Checked before anything is read for deletion; the delete's script checks
+            # it again, atomically.
+            stored = _revision_of(before)
+            if stored != expected_revision:
+                raise CheckpointConflictError(stack_id, stored, expected_revision)
+        contexts = {
+            step: await self._context_fields(stack_id, step, namespace)
+            for step in _steps_of(before)
+        }
+        waits = await self._waits.snapshot_of_stack(stack_id, namespace)
+        for step, fields in contexts.items():
+            if fields:
+                pairs = [part for item in fields.items() for part in item]
+                await self._redis.script(
+                    CONTEXT_COMPARE_DELETE, [self.keys.context(stack_id, step, namespace)], pairs
+                )
         reply = await self._redis.script(
             CHECKPOINT_DELETE,
             [key, self._index.key(self._index.shard_of(key))],
@@ -299,21 +329,17 @@ class RedisStorageAdapter(StorageAdapter):
             raise CheckpointConflictError(
                 stack_id, None if stored < 0 else stored, expected_revision
             )
-        # The rest lives in other slots: deleted after the checkpoint, one key at a time
-        # (a crash midway leaves records that expire with their retention).
-        document = raw(reply[2]) or b""
-        steps: list[str] = []
-        if document:
-            try:
-                steps = list(Checkpoint.from_json(document).contexts)
-            except SigloError:
-                steps = []
-        await self._waits.delete_of_stack(stack_id, namespace)
-        if steps:
-            await self._redis.delete(
-                *(self.keys.context(stack_id, step, namespace) for step in steps)
-            )
+        # A crash from here on leaves records that expire with their retention.
+        await self._waits.delete_snapshot(stack_id, namespace, waits)
         return int(reply[1]) == 1
+
+    async def _context_fields(
+        self, stack_id: str, step_id: str, namespace: str | None
+    ) -> dict[bytes, bytes]:
+        fields = await self._redis.call(
+            "HGETALL", self.client.hgetall(self.keys.context(stack_id, step_id, namespace))
+        )
+        return {raw(name) or b"": raw(data) or b"" for name, data in (fields or {}).items()}
 
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
         async def read(member: str) -> WaitRecord | None:
@@ -468,3 +494,27 @@ class RedisStorageAdapter(StorageAdapter):
 
     async def _do_on_cache_event(self, event: CacheEvent) -> None:
         """Telemetry only: accepted, nothing is stored."""
+
+
+def _steps_of(document: bytes | None) -> list[str]:
+    """The steps whose context streams a stored checkpoint has (none if unreadable)."""
+    if not document:
+        return []
+    try:
+        return list(Checkpoint.from_json(document).contexts)
+    except SigloError:
+        return []
+
+
+def _revision_of(document: bytes | None) -> int | None:
+    """The revision of a stored checkpoint, ``None`` if there is none or it has expired
+    (as the delete script reads it)."""
+    if not document:
+        return None
+    try:
+        checkpoint = Checkpoint.from_json(document)
+    except SigloError:
+        return None
+    if checkpoint.expires_at is not None and now_ms() >= checkpoint.expires_at:
+        return None
+    return checkpoint.revision

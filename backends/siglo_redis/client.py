@@ -10,6 +10,8 @@ importing this package (its plugin registration) must work without it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import warnings
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -18,7 +20,15 @@ from siglo import urls
 from siglo.errors import InvalidArgumentError
 from siglo.settings import DEFAULTS
 
-__all__ = ["CLIENT_OPTIONS", "OPTIONS", "SCHEMES", "client_from_url", "close_client", "split_url"]
+__all__ = [
+    "CLIENT_OPTIONS",
+    "OPTIONS",
+    "SCHEMES",
+    "client_from_url",
+    "close_client",
+    "refuse_unknown_options",
+    "split_url",
+]
 
 SCHEMES: Final = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 SENTINEL_SCHEMES: Final = ("redis+sentinel", "rediss+sentinel")
@@ -60,6 +70,48 @@ CLIENT_OPTIONS: Final = frozenset(
         "reinitialize_steps",
     }
 )
+
+
+def refuse_unknown_options(url: str) -> None:
+    """Refuse a query parameter that is neither siglo's nor redis-py's, naming it.
+
+    redis-py hands an unknown parameter to its connection class, which fails only when
+    a connection is made, and the retries then report a timeout (``?prefx=`` took
+    10 s to say "timed out"): the name is checked here, before any connection.
+    """
+    driver = _driver_parameters()
+    urls.refuse_unknown(
+        url,
+        OPTIONS,
+        backend="redis",
+        driver=driver,
+        also="and redis-py's connection parameters (db, socket_timeout, client_name, …)",
+    )
+
+
+@functools.cache
+def _driver_parameters() -> frozenset[str] | None:
+    """The keyword parameters redis-py's clients and connections take from a URL's query,
+    or ``None`` without the driver (connecting then says which extra to install)."""
+    try:
+        import redis.asyncio
+        from redis.asyncio import connection
+    except ImportError:
+        return None
+    names = set(connection.URL_QUERY_ARGUMENT_PARSERS)
+    for cls in (
+        connection.AbstractConnection,
+        connection.Connection,
+        connection.SSLConnection,
+        connection.UnixDomainSocketConnection,
+        connection.BlockingConnectionPool,
+        redis.asyncio.RedisCluster,
+    ):
+        for parameter in inspect.signature(cls.__init__).parameters.values():
+            if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+                names.add(parameter.name)
+    names.discard("self")
+    return frozenset(names)
 
 
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
@@ -109,6 +161,7 @@ def client_from_url(
 
     from siglo_redis.pipelining import AutoPipelinedRedis, AutoPipelinedRedisCluster
 
+    refuse_unknown_options(url)
     driver_url, ours = split_url(url)
     if cluster is None:
         cluster = bool(ours.get("cluster", False))
@@ -146,6 +199,13 @@ def client_from_url(
     if "socket_connect_timeout" not in query:
         kwargs.setdefault("socket_connect_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     if cluster:
+        database = urlsplit(driver_url).path.strip("/") or query.get("db", "0")
+        if database not in ("", "0"):
+            # redis-py would raise its own RedisClusterException here, unwrapped.
+            raise InvalidArgumentError(
+                f"a Redis Cluster has only database 0, got database {database!r} with "
+                f"cluster=true in {urls.mask_credentials(url)!r}"
+            )
         _warn_if_cluster_driver_is_unsafe(redis.__version__)
         # No socket_timeout here: it makes redis-py 7's RedisCluster fail concurrent
         # first commands; command_timeout_ms bounds every call anyway.

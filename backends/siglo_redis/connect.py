@@ -29,8 +29,10 @@ siglo's own options can ride in the URL's query string, so that
 ``rediss+sentinel://`` for TLS to the master) asks the Sentinels which server is the
 master of ``service_name`` before each new connection, so a failover needs no restart.
 
-Any other query parameter goes to redis-py (``socket_timeout``, ``db`` …). Keyword
-options given to :func:`connect` win over the URL's.
+Any other query parameter must be one of redis-py's (``socket_timeout``, ``db``,
+``client_name`` …) and goes to it; a name that is neither siglo's nor redis-py's is refused
+at once with :class:`~siglo.errors.InvalidArgumentError` naming it. Keyword options given
+to :func:`connect` win over the URL's.
 """
 
 from __future__ import annotations
@@ -42,10 +44,17 @@ from typing import Any
 
 from siglo import urls
 from siglo.backend import Backend
-from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.errors import StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo_redis.adapter import RedisStorageAdapter
-from siglo_redis.client import CLIENT_OPTIONS, OPTIONS, client_from_url, close_client, split_url
+from siglo_redis.client import (
+    CLIENT_OPTIONS,
+    OPTIONS,
+    client_from_url,
+    close_client,
+    refuse_unknown_options,
+    split_url,
+)
 from siglo_redis.coordination import RedisIdempotencyStore, RedisLock, RedisNonceStore
 from siglo_redis.deadlines import Deadlines
 from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
@@ -64,14 +73,14 @@ def connect(
     ``strict_atomicity`` (for the
     lock), from keyword arguments or the URL's query string.
     """
+    refuse_unknown_options(url)
     _, from_url = split_url(url)
     unknown = set(options) - set(OPTIONS) - {"key_prefix"}
     adapter_only = {"lock_key_prefix"}
     unknown -= adapter_only
     if unknown:
-        raise InvalidArgumentError(
-            f"unknown redis option(s): {', '.join(sorted(unknown))}; "
-            f"known: {', '.join(sorted(set(OPTIONS) | adapter_only))}"
+        raise urls.unknown_option_error(
+            "redis", unknown, set(OPTIONS) | adapter_only, where="keyword"
         )
     settings = {**from_url, **{k: v for k, v in options.items() if k not in adapter_only}}
     prefix = check_prefix(

@@ -19,6 +19,7 @@ __all__ = [
     "DEADLINE_PRUNE",
     "INDEX_PRUNE",
     "COMPARE_AND_DELETE",
+    "CONTEXT_COMPARE_DELETE",
     "CONTEXT_CHANGE",
     "IDEMPOTENCY_CLAIM_OWNED",
     "IDEMPOTENCY_COMPLETE",
@@ -361,6 +362,23 @@ COMPARE_AND_DELETE: Final = Script(
 else
     return 0
 end""",
+)
+
+CONTEXT_COMPARE_DELETE: Final = Script(
+    "context_compare_delete",
+    """
+-- Remove the fields of a context hash that still hold the values a delete read, so that
+-- a run re-created under the same stack id keeps what it wrote since.
+-- KEYS[1] context hash. ARGV: field, value, field, value, ...
+-- Returns how many fields were removed.
+local removed = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    removed = removed + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return removed
+""",
 )
 
 LOCK_ACQUIRE: Final = Script(

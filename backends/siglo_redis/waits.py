@@ -19,7 +19,13 @@ from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 from siglo_redis.commands import Commands, clamp_px, sha1, text
 from siglo_redis.keys import KeySpace
-from siglo_redis.scripts import SWAP, WAIT_CREATE, WAIT_INDEX_ADD, WAIT_STACK_COPY
+from siglo_redis.scripts import (
+    COMPARE_AND_DELETE,
+    SWAP,
+    WAIT_CREATE,
+    WAIT_INDEX_ADD,
+    WAIT_STACK_COPY,
+)
 
 __all__ = [
     "MAX_SWAP_ATTEMPTS",
@@ -244,17 +250,49 @@ class WaitRecords:
             keys.add(WaitRecord.from_json(copy).correlation_key)
         return keys, copy
 
-    async def delete_of_stack(self, stack_id: str, namespace: str | None) -> None:
-        """Delete every record of the stack (and the seed's copy when it is one of them)."""
+    async def snapshot_of_stack(
+        self, stack_id: str, namespace: str | None
+    ) -> list[tuple[str | None, bytes]]:
+        """The records of the stack as stored now: ``(correlation key, raw value)``, and
+        ``(None, raw value)`` for the seed's copy when it is one of the stack's."""
         keys, copy = await self.keys_of_stack(stack_id, namespace)
-        index = self._keys.wait_index(stack_id, namespace)
+        found: list[tuple[str | None, bytes]] = []
         for correlation_key in sorted(keys):
-            record, _ = await self.read(correlation_key, namespace)
+            record, data = await self.read(correlation_key, namespace)
             if record is None or record.stack_id != stack_id or record.namespace != namespace:
                 continue
-            await self._redis.delete(self._keys.wait(correlation_key, namespace))
-            await self._redis.call("ZREM", self._client.zrem(index, correlation_key))
+            assert data is not None  # a record was read from it
+            found.append((correlation_key, data))
         if copy is not None:
             seed_copy = WaitRecord.from_json(copy)
             if seed_copy.stack_id == stack_id and seed_copy.namespace == namespace:
-                await self._redis.delete(self._keys.wait(stack_id, namespace))
+                found.append((None, copy))
+        return found
+
+    async def delete_snapshot(
+        self, stack_id: str, namespace: str | None, snapshot: list[tuple[str | None, bytes]]
+    ) -> None:
+        """Delete the records of :meth:`snapshot_of_stack` that are still stored as read.
+
+        Each one only if its key still holds the value read (one script: compare and
+        delete), so a run re-created under the same stack id since keeps its own wait
+        even under the same correlation key; its index entry, dropped with a record, is
+        put back if the new run's record is there by then (the record and the index are
+        in different cluster slots, so not one script).
+        """
+        index = self._keys.wait_index(stack_id, namespace)
+        for correlation_key, data in snapshot:
+            key = self._keys.wait(
+                stack_id if correlation_key is None else correlation_key, namespace
+            )
+            deleted = int(await self._redis.script(COMPARE_AND_DELETE, [key], [data])) == 1
+            if not deleted or correlation_key is None:
+                continue
+            await self._redis.call("ZREM", self._client.zrem(index, correlation_key))
+            record, _ = await self.read(correlation_key, namespace)
+            if record is not None and record.stack_id == stack_id:
+                # Saved by a new run between the delete and the ZREM: index it again.
+                ttl = int(await self._redis.call("PTTL", self._client.pttl(key)))
+                await self._redis.script(
+                    WAIT_INDEX_ADD, [index], [correlation_key, "" if ttl < 0 else ttl]
+                )

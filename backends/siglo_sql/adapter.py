@@ -17,7 +17,7 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import CheckpointConflictError, WaitRecordClaimError
 from siglo.listing import CheckpointPage, ListQuery
-from siglo.locking import Hold, held
+from siglo.locking import Hold, held, workflow_lock_key
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -135,6 +135,12 @@ class SqlStorageAdapter(StorageAdapter):
         finally:
             await super().aclose()
 
+    def storage_exists(self) -> bool:
+        """Whether the database is there already, without creating it (an SQLite file
+        may not be; a server's database is). The CLI's reading commands refuse to run
+        on one that is not, instead of creating an empty file at a mistyped path."""
+        return self.database.exists()
+
     async def schema_version(self) -> int:
         """The schema version of the database (0: no siglo tables yet, or no database
         file: asking never creates one)."""
@@ -224,7 +230,9 @@ class SqlStorageAdapter(StorageAdapter):
         this task holds in the same transaction: one round trip, one commit."""
         hold = None
         if self.database.sends_together:
-            hold = held(self.workflow_lock, checkpoint.stack_id)
+            hold = held(
+                self.workflow_lock, workflow_lock_key(checkpoint.stack_id, checkpoint.namespace)
+            )
         await self._save_streamed(checkpoint, changes, expected_revision, hold)
 
     async def _save_streamed(

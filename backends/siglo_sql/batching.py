@@ -16,6 +16,12 @@ taken after the caller asked: what it would have read had it run alone at that m
 Lookups go through :meth:`Database.read`: on an SQLite file a lookup made while the driver
 connection is idle runs inline on the reader connection and returns before anyone can
 queue behind it, so batches form only while writes or other reads are in flight.
+
+Every caller is answered or fails within the database's ``command_timeout_ms`` counted
+from its own call, as a lookup of its own would be. A queued caller waits for the lookup
+running when it came and then for its batch, each bounded on its own; without a bound of
+its own it failed, under a stalled server, only after two bounds or more (one per batch
+ahead of its own).
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ class KeyedReads:
         if self._running and self._loop is loop:
             future: asyncio.Future[bytes | None] = loop.create_future()
             self._waiting.setdefault(key, []).append(future)
-            return await future
+            return await self._answer(key, future)
         if self._loop is not loop:
             # Used from a new event loop: a lookup left running on the old one (its loop
             # closed under it) will never hand over, so nothing may wait for it.
@@ -82,6 +88,32 @@ class KeyedReads:
             else:  # nobody queued (every call, when calls come one by one)
                 self._running = False
         return bytes(rows[0][0]) if rows else None
+
+    async def _answer(self, key: bytes, future: asyncio.Future[bytes | None]) -> bytes | None:
+        """A queued caller's answer, within the bound counted from its call."""
+        bound_ms = self._db.command_timeout_ms
+        if bound_ms is None:
+            return await future
+        # A timer, not asyncio.wait_for: awaiting the future itself resumes the caller in
+        # the very turn its batch answers, so that callers asking again at once still
+        # share the next batch (wait_for would wake them a turn later, one by one).
+        assert self._loop is not None
+        timer = self._loop.call_later(bound_ms / 1000, self._expire, key, future)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    def _expire(self, key: bytes, future: asyncio.Future[bytes | None]) -> None:
+        """A queued caller's deadline passed: it fails now, and no batch reads for it."""
+        if future.done():
+            return
+        queued = self._waiting.get(key)
+        if queued is not None and future in queued:
+            queued.remove(future)
+            if not queued:
+                del self._waiting[key]
+        future.set_exception(self._db.timed_out("waiting for a batched read"))
 
     def _hand_over(self) -> None:
         """After a lookup: answer whoever queued behind it, or stand down."""

@@ -32,6 +32,8 @@ __all__ = ["SqliteStorageAdapter", "connect", "connect_engine", "isolated", "is_
 
 SCHEMES: Final = ("sqlite", "sqlite+aiosqlite")
 SQLITE_OPTIONS: Final = COMMON_OPTIONS | {"busy_timeout_ms", "synchronous"}
+URL_OPTIONS: Final = SQLITE_OPTIONS - {"clock"}
+"""The options an ``sqlite://`` URL's query may set; any other name is refused."""
 
 
 class SqliteStorageAdapter(SqlStorageAdapter):
@@ -73,7 +75,10 @@ def connect(url: str = "sqlite://", **options: Any) -> Backend:
     ``idempotency_lease_ms``,
     ``clean_batch_size``.
     """
-    base, url_options = split_url_options(url, SQLITE_OPTIONS - {"clock"})
+    # SQLite has no driver parameters in the URL: any other name is a typo that would
+    # otherwise be ignored.
+    urls.refuse_unknown(url, URL_OPTIONS, backend="sqlite")
+    base, url_options = split_url_options(url, URL_OPTIONS)
     path = _path_of(base)
     merged = take_options(options, url_options, SQLITE_OPTIONS)
     return _build(url, base, path, merged, engine=None)
@@ -124,7 +129,8 @@ async def isolated(url: str = "sqlite://", **options: Any) -> AsyncIterator[Back
     """A backend on private storage: a new temporary file in a new directory beside the
     URL's file (both removed afterwards; the URL's file is not touched), a new private
     in-memory database for ``sqlite://``."""
-    base, url_options = split_url_options(url, SQLITE_OPTIONS - {"clock"})
+    urls.refuse_unknown(url, URL_OPTIONS, backend="sqlite")
+    base, url_options = split_url_options(url, URL_OPTIONS)
     given = _path_of(base)
     if given is None:
         backend = connect(url, **options)

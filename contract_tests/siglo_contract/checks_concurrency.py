@@ -5,6 +5,7 @@ reachable by URL) and, for backends shared between processes, from several proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from typing import Any, Final
@@ -259,6 +260,66 @@ async def workflow_lock_release_on_error(ctx: CheckContext) -> None:
     except (LockNotAcquiredError, TimeoutError):
         fail("lock.workflow.release-on-error", "the lock was still held after the action raised")
     expect(result == "ran", "lock.workflow.release-on-error", f"result {result!r}")
+
+
+@check("lock.workflow.namespaced")
+async def workflow_lock_namespaced(ctx: CheckContext) -> None:
+    """A run's workflow lock holds its namespace: the same stack id in another namespace,
+    in none, or an un-namespaced id spelled like the namespace and the id never waits,
+    while the same id in the same namespace still does."""
+    ctx.about("lock.workflow.namespaced")
+    adapter = ctx.backend.adapter
+    stack = ctx.id("wf-ns")
+    tenant = "tenant-a"
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def hold() -> None:
+        entered.set()
+        await release.wait()
+
+    holder = asyncio.create_task(adapter.with_workflow_lock(stack, hold, namespace=tenant))
+    try:
+        await asyncio.wait_for(entered.wait(), 10)
+
+        async def ran() -> str:
+            return "ran"
+
+        others: list[tuple[str, str | None]] = [
+            (stack, "tenant-b"),
+            (stack, None),
+            (f"{tenant}:{stack}", None),
+            (f"@{len(tenant)}:{tenant}:{stack}", None),
+            (f"{len(tenant)}:{tenant}:{stack}", None),
+        ]
+        for other, namespace in others:
+            try:
+                result = await asyncio.wait_for(
+                    adapter.with_workflow_lock(other, ran, timeout_ms=1_000, namespace=namespace),
+                    10,
+                )
+            except (LockNotAcquiredError, TimeoutError):
+                fail(
+                    "lock.workflow.namespaced",
+                    f"with_workflow_lock({other!r}, namespace={namespace!r}) waited for the "
+                    f"lock held by with_workflow_lock({stack!r}, namespace={tenant!r})",
+                )
+            expect(result == "ran", "lock.workflow.namespaced", f"result {result!r}")
+        intruded: list[str] = []
+
+        async def intruder() -> None:
+            intruded.append("ran")
+
+        with contextlib.suppress(LockNotAcquiredError):
+            await adapter.with_workflow_lock(stack, intruder, timeout_ms=200, namespace=tenant)
+        expect(
+            not intruded,
+            "lock.workflow.namespaced",
+            f"two actions of stack {stack!r} in namespace {tenant!r} held its lock together",
+        )
+    finally:
+        release.set()
+        await holder
 
 
 @check("lock.workflow.separate", requires=(Capability.LOCKS,))

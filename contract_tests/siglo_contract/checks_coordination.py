@@ -122,6 +122,80 @@ async def with_lock(ctx: CheckContext) -> None:
     expect(again.acquired, "lock.with-lock", "the lock stayed held after fn raised")
 
 
+@check("lock.with-lock.wait")
+async def with_lock_waits(ctx: CheckContext) -> None:
+    """with_lock(wait_ms=…) enters once the holder releases, refuses after the wait, and
+    queues concurrent callers one at a time."""
+    lock = ctx.backend.lock
+    assert lock is not None
+    key = ctx.id("with-wait")
+    holder = await lock.acquire(key, 60_000)
+    expect(holder.acquired, "lock.with-lock.wait", "a free lock was not acquired")
+    loop = asyncio.get_running_loop()
+
+    async def entered() -> float:
+        return loop.time()
+
+    waiter = asyncio.create_task(lock.with_lock(key, entered, 60_000, wait_ms=10_000))
+    await asyncio.sleep(0.2)
+    expect(not waiter.done(), "lock.with-lock.wait", "with_lock ran fn while the lock was held")
+    released_at = loop.time()
+    await lock.release(key, holder.token)
+    try:
+        entered_at = await asyncio.wait_for(waiter, 10)
+    except LockNotAcquiredError:
+        fail(
+            "lock.with-lock.wait",
+            "with_lock(wait_ms=10000) raised LockNotAcquiredError although the holder "
+            "released the lock after 200 ms",
+        )
+    expect(
+        entered_at - released_at < 2.0,
+        "lock.with-lock.wait",
+        f"with_lock entered {entered_at - released_at:.2f} s after the lock was released",
+    )
+
+    holder = await lock.acquire(key, 60_000)
+    ran: list[int] = []
+
+    async def never() -> None:
+        ran.append(1)
+
+    started = loop.time()
+    try:
+        await lock.with_lock(key, never, 60_000, wait_ms=300)
+    except LockNotAcquiredError:
+        waited = loop.time() - started
+        expect(
+            waited >= 0.25,
+            "lock.with-lock.wait",
+            f"with_lock(wait_ms=300) gave up after {waited * 1000:.0f} ms",
+        )
+    else:
+        fail("lock.with-lock.wait", "with_lock(wait_ms=300) on a held lock ran fn")
+    expect(not ran, "lock.with-lock.wait", "with_lock ran fn although the lock stayed held")
+    await lock.release(key, holder.token)
+
+    inside = 0
+    overlaps = 0
+    done = 0
+
+    async def turn() -> None:
+        nonlocal inside, overlaps, done
+        inside += 1
+        overlaps += inside > 1
+        await asyncio.sleep(0.01)
+        inside -= 1
+        done += 1
+
+    await asyncio.wait_for(
+        asyncio.gather(*(lock.with_lock(key, turn, 60_000, wait_ms=20_000) for _ in range(6))),
+        30,
+    )
+    expect(done == 6, "lock.with-lock.wait", f"{done} of 6 waiting callers ran")
+    expect(overlaps == 0, "lock.with-lock.wait", "two waiting callers ran fn at once")
+
+
 @check("idempotency.expiry", "idempotency.complete", "idempotency.fail")
 async def idempotency_in_time(ctx: CheckContext) -> None:
     """Keys expire; a None result is a result; fail keeps a completed result."""

@@ -382,6 +382,80 @@ async def delete_compare_and_set(ctx: CheckContext) -> None:
     expect(await a.get_checkpoint(stack) is None, "delete.cas", "the checkpoint is still there")
 
 
+@check("delete.rerun")
+async def delete_spares_a_rerun(ctx: CheckContext) -> None:
+    """A delete racing a re-run of the same stack id leaves the new run's checkpoint,
+    wait record and context stream alone."""
+    a = ctx.backend.adapter
+    caps = ctx.session.target.capabilities
+    rounds = 6
+
+    async def start(stack: str, namespace: str | None, run: str) -> None:
+        await a.save_checkpoint(
+            _cp(ctx, stack, 1, namespace=namespace, contexts={"approve": {"k": "same"}}),
+            expected_revision=0,
+        )
+        if C.CONTEXT_STREAM in caps:
+            await a.on_context_change(
+                ContextChangeEvent(
+                    stack_id=stack,
+                    step_id="approve",
+                    key="k",
+                    value="same",  # a re-run with the same input writes the same values
+                    namespace=namespace,
+                    timestamp=ctx.now_ms(),
+                )
+            )
+        if C.WAIT_RECORDS in caps:
+            await a.save_wait_record(
+                WaitRecord(
+                    correlation_key=f"{stack}:approve",
+                    stack_id=stack,
+                    namespace=namespace,
+                    step_id="approve",
+                    metadata={"run": run},
+                )
+            )
+
+    async def rerun(stack: str, namespace: str | None) -> bool:
+        for _ in range(5_000):
+            try:
+                await start(stack, namespace, "new")
+                return True
+            except CheckpointConflictError:
+                await asyncio.sleep(0)
+        return False
+
+    for i in range(rounds):
+        namespace = None if i % 2 else ctx.id("rerun-ns")
+        stack = ctx.id(f"rerun-{i}")
+        await start(stack, namespace, "old")
+        _, started = await asyncio.gather(
+            a.delete_checkpoint(stack, namespace), rerun(stack, namespace)
+        )
+        if not started:
+            fail("delete.rerun", f"the checkpoint of {stack!r} was never deleted")
+        stored = await a.get_checkpoint(stack, namespace, fallback=False)
+        expect(stored is not None, "delete.rerun", f"the re-run's checkpoint of {stack!r} is gone")
+        if C.WAIT_RECORDS in caps:
+            wait = await a.get_wait_record(f"{stack}:approve", namespace=namespace)
+            run = None if wait is None else dict(wait.metadata or {}).get("run")
+            expect(
+                run == "new",
+                "delete.rerun",
+                f"after a delete of {stack!r} raced its re-run, the new run's wait record "
+                f"is {'gone' if wait is None else 'the old one'}",
+            )
+        if C.CONTEXT_STREAM in caps:
+            changes = await a.get_context_changes(stack, "approve", namespace)
+            expect(
+                changes.get("k") == "same",
+                "delete.rerun",
+                f"after a delete of {stack!r} raced its re-run, the new run's context "
+                f"stream is {changes!r}",
+            )
+
+
 @check("waits.due", requires=(C.WAIT_RECORDS,))
 async def due_waits(ctx: CheckContext) -> None:
     """Due: deadline passed and waiting, or claimed under a lapsed lease; earliest first;

@@ -151,6 +151,11 @@ RULES: Final[tuple[Rule, ...]] = (
         "the workflow lock and the public lock never share keys",
     ),
     _a(
+        "lock.workflow.namespaced",
+        _C.WORKFLOW_LOCK,
+        "runs of one stack id in different namespaces never wait for each other's lock",
+    ),
+    _a(
         "lock.workflow.unlocking-save",
         _C.WORKFLOW_LOCK,
         "an action's unlocking save is a save; the lock is free after the action, not before it",
@@ -185,6 +190,11 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("lock.fencing", _C.LOCKS, "fencing tokens strictly increase per key"),
     _a("lock.token", _C.LOCKS, "tokens are the custom token or lock_<ms>_<32 hex>, unique"),
     _a("lock.with-lock", _C.LOCKS, "with_lock runs under the lock and releases it, or refuses"),
+    _a(
+        "lock.with-lock.wait",
+        _C.LOCKS,
+        "with_lock(wait_ms=W) waits up to W ms for a held lock, then runs fn or refuses",
+    ),
     _a("nonce.claim.once", _C.NONCES, "the first claim of a nonce in its window wins"),
     _a("nonce.expiry", _C.NONCES, "a nonce can be claimed again after its window"),
     _a(
@@ -205,6 +215,11 @@ RULES: Final[tuple[Rule, ...]] = (
         "delete removes the checkpoint, wait records, context streams",
     ),
     _a("delete.cas", _C.DELETION, "a delete with a wrong expected_revision changes nothing"),
+    _a(
+        "delete.rerun",
+        _C.DELETION,
+        "a delete never removes what a run re-created under the same id stored",
+    ),
     _a("waits.due", _C.DUE_WAITS, "due waits: deadline passed, unheld, oldest first"),
     _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
@@ -255,6 +270,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("plugins.blocked", "SIGLO_DISABLE_PLUGINS blocks a plugin"),
     _core("plugins.driver-missing", "a missing driver says which extra to install"),
     _core("plugins.capabilities-agree", "registered capabilities match the backend's"),
+    _core("plugins.url-options", "an unknown URL option is refused at once, naming it"),
 )
 """Every rule on ``docs/contract.md``, in page order."""
 

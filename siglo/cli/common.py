@@ -22,11 +22,24 @@ __all__ = ["format_ms", "open_store", "print_json", "print_table", "require"]
 
 
 @asynccontextmanager
-async def open_store(url: str, **options: Any) -> AsyncIterator[Backend]:
+async def open_store(url: str, *, existing: bool = False, **options: Any) -> AsyncIterator[Backend]:
     """The backend at ``url`` with the settings every command takes (:func:`cli_settings`:
-    timeouts, backend options, the pipeline), closed afterwards."""
+    timeouts, backend options, the pipeline), closed afterwards.
+
+    ``existing``: the command only reads or deletes, so storage that is not there (an
+    SQLite file that does not exist, often a typo in the path) is an error, and nothing
+    is created; a backend whose storage is always there (a server) is not asked.
+    """
     backend = connect(url, settings=cli_settings(), **options)
     try:
+        storage_exists = getattr(backend.adapter, "storage_exists", None)
+        if existing and callable(storage_exists) and not storage_exists():
+            raise CliError(
+                f"there is no database at {display_url(backend.url)}: this command reads "
+                "(or deletes) what is stored, and creates nothing",
+                "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
+                "`siglo migrate URL` creates a database",
+            )
         yield backend
     finally:
         await backend.aclose()

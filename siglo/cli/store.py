@@ -126,7 +126,7 @@ def ls(
     metadata = _where(where)
 
     async def run() -> None:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING)
             query: dict[str, Any] = {
                 "namespace": _namespace(namespace, unnamespaced=unnamespaced),
@@ -182,7 +182,7 @@ def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -
     """
 
     async def run() -> None:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             adapter = backend.adapter
             checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
             if checkpoint is None:
@@ -294,7 +294,7 @@ def rm(
     result: dict[str, Any] = {"stackId": stack_id, "namespace": namespace, "deleted": False}
 
     async def run() -> None:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.DELETION)
             try:
                 result["deleted"] = await backend.adapter.delete_checkpoint(
@@ -353,7 +353,7 @@ def prune(
     async def run() -> tuple[list[CheckpointSummary], int]:
         chosen: list[CheckpointSummary] = []
         changed = 0
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING)
             if not dry_run:
                 require(backend, Capability.DELETION)
@@ -405,7 +405,7 @@ def clean(url: str | None, as_json: bool) -> None:
     """Remove expired records now, with a count per kind (Redis expires keys itself)."""
 
     async def run() -> dict[str, int]:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             adapter = backend.adapter
             everything = getattr(adapter, "clean_expired", None)
             if callable(everything):

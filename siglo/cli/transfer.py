@@ -61,7 +61,7 @@ def export(url: str | None, namespace: str | None, output: IO[bytes], decrypt: b
         count = 0
         with _progress() as progress:
             task = progress.add_task("exporting", total=None)
-            async with open_store(resolve_url(url)) as backend:
+            async with open_store(resolve_url(url), existing=True) as backend:
                 require(backend, Capability.LISTING)
                 if decrypt and not cli_settings().encrypts:
                     raise CliError(

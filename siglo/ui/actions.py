@@ -128,7 +128,9 @@ async def deliver_event(
 
     try:
         if adapter.supports(Capability.WORKFLOW_LOCK):
-            await adapter.with_workflow_lock(record.stack_id, mark, timeout_ms=2_000)
+            await adapter.with_workflow_lock(
+                record.stack_id, mark, timeout_ms=2_000, namespace=record.namespace
+            )
         else:
             await mark()
     except BaseException:

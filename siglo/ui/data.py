@@ -117,9 +117,9 @@ def hide(value: Any, fields: frozenset[str]) -> Any:
     return redact(value, fields) if fields else value
 
 
-async def lock_state(adapter: StorageAdapter, stack_id: str) -> str | None:
-    """Whether the run's workflow lock is held, found the way a worker finds it: by
-    taking it for an instant (a held lock refuses at once)."""
+async def lock_state(adapter: StorageAdapter, stack_id: str, namespace: str | None) -> str | None:
+    """Whether the run's workflow lock (the run's: its namespace included) is held, found
+    the way a worker finds it: by taking it for an instant (a held lock refuses at once)."""
     if not adapter.supports(Capability.WORKFLOW_LOCK):
         return None
 
@@ -127,7 +127,7 @@ async def lock_state(adapter: StorageAdapter, stack_id: str) -> str | None:
         return None
 
     try:
-        await adapter.with_workflow_lock(stack_id, nothing, timeout_ms=1)
+        await adapter.with_workflow_lock(stack_id, nothing, timeout_ms=1, namespace=namespace)
     except LockNotAcquiredError:
         return "held"
     return "free"
@@ -176,7 +176,11 @@ async def run_detail(
         )
         for w in await waits_of(adapter, checkpoint)
     ]
-    lock = await lock_state(adapter, stack_id) if checkpoint.status == "running" else None
+    lock = (
+        await lock_state(adapter, stack_id, checkpoint.namespace)
+        if checkpoint.status == "running"
+        else None
+    )
     return RunDetail(
         checkpoint=checkpoint,
         contexts=hide(checkpoint.contexts, fields),
@@ -215,7 +219,7 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
         page = await adapter.list_checkpoints(status="running", limit=limit)
         scanned = len(page.items)
         for summary in page.items:
-            state = await lock_state(adapter, summary.stack_id)
+            state = await lock_state(adapter, summary.stack_id, summary.namespace)
             (held if state == "held" else crashed).append(summary)
     overdue: list[WaitRecord] = []
     due = adapter.supports(Capability.DUE_WAITS)

@@ -149,7 +149,7 @@ class Flow:
         with telemetry.workflow_span(
             f"run {self.name}", self._attributes(run_id, namespace), run=True
         ):
-            return await _locked(manager, run_id, start_or_continue)
+            return await _locked(manager, run_id, namespace, start_or_continue)
 
     async def resume(
         self, stack_id: str, *, manager: StorageManager | None = None, namespace: str | None = None
@@ -165,7 +165,7 @@ class Flow:
             f"resume {self.name}", self._attributes(stack_id, namespace), run=True
         ):
             return await _locked(
-                manager, stack_id, lambda: self._take_up(manager, stack_id, namespace)
+                manager, stack_id, namespace, lambda: self._take_up(manager, stack_id, namespace)
             )
 
     async def recover(
@@ -197,7 +197,9 @@ class Flow:
             with telemetry.workflow_span(
                 f"recover {self.name}", self._attributes(stack_id, namespace), run=True
             ):
-                return await adapter.with_workflow_lock(stack_id, take_over, timeout_ms=1)
+                return await adapter.with_workflow_lock(
+                    stack_id, take_over, timeout_ms=1, namespace=namespace
+                )
         except WorkflowSuspended:
             return True
 
@@ -328,7 +330,9 @@ class Flow:
                 run=True,
             ):
                 if adapter.supports(Capability.WORKFLOW_LOCK):
-                    return await adapter.with_workflow_lock(record.stack_id, resume_with_outcome)
+                    return await adapter.with_workflow_lock(
+                        record.stack_id, resume_with_outcome, namespace=record.namespace
+                    )
                 return await resume_with_outcome()
         except BaseException as refused:
             if not started:
@@ -714,11 +718,17 @@ def _look_ahead(
     return _LookAhead(key, asyncio.ensure_future(cache.get_cached_step(key)))
 
 
-async def _locked(manager: StorageManager, stack_id: str, action: Callable[[], Awaitable[T]]) -> T:
-    """``action`` under the stack's workflow lock, where the backend has one."""
+async def _locked(
+    manager: StorageManager,
+    stack_id: str,
+    namespace: str | None,
+    action: Callable[[], Awaitable[T]],
+) -> T:
+    """``action`` under the run's workflow lock (its namespace is part of the key: another
+    tenant's run under the same id never waits for it), where the backend has one."""
     adapter = manager.adapter
     if adapter is not None and adapter.supports(Capability.WORKFLOW_LOCK):
-        return await adapter.with_workflow_lock(stack_id, action)
+        return await adapter.with_workflow_lock(stack_id, action, namespace=namespace)
     return await action()
 
 

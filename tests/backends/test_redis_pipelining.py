@@ -11,14 +11,16 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from _redis_helpers import REDIS_URL, RedisServer, require_redis, start_cluster
 from ports import free_port, free_ports
 
 import siglo
+from siglo import urls
 from siglo.checkpoint import Checkpoint
-from siglo.errors import StorageAdapterError
+from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo_redis import isolated
 from siglo_redis.commands import Commands
 from siglo_redis.connect import client_from_url
@@ -58,9 +60,14 @@ async def _cleanup(client: Any, prefix: str) -> None:
 
 async def test_built_clients_pipeline_unless_told_not_to() -> None:
     assert isinstance(client_from_url(REDIS_URL), AutoPipelinedRedis)
-    plain = client_from_url(REDIS_URL + "?auto_pipeline=false")
+    plain = client_from_url(urls.with_options(REDIS_URL, {"auto_pipeline": False}))
     assert not isinstance(plain, AutoPipelinedRedis)
-    assert isinstance(client_from_url(REDIS_URL, cluster=True), AutoPipelinedRedisCluster)
+    # A cluster has database 0 only: SIGLO_REDIS_URL may name another (issue 31), so the
+    # cluster client is built for database 0 of the same server (nothing connects here).
+    cluster_url = urlunsplit(urlsplit(REDIS_URL)._replace(path="/0"))
+    assert isinstance(client_from_url(cluster_url, cluster=True), AutoPipelinedRedisCluster)
+    with pytest.raises(InvalidArgumentError, match="only database 0"):
+        client_from_url(urlunsplit(urlsplit(REDIS_URL)._replace(path="/5")), cluster=True)
     backend = siglo.connect(REDIS_URL, auto_pipeline=False)
     try:
         assert not isinstance(backend.adapter.client, AutoPipelinedRedis)  # type: ignore[attr-defined]

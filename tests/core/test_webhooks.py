@@ -4,21 +4,28 @@ store (memory, SQLite, PostgreSQL, Redis)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from raw_storage import KINDS, any_backend
 
 from siglo import InvalidArgumentError, SigloError
 from siglo.webhooks import (
     VerifiedWebhook,
+    WebhookError,
     WebhookReplayError,
+    WebhookRequestError,
     WebhookSignatureError,
     WebhookSignatureMissingError,
     WebhookTimestampError,
     sign,
     verify,
 )
+from siglo_memory import MemoryNonceStore
 
 SECRET = "whsec_test_5e2f"
 BODY = b'{"id":"evt_1","type":"invoice.paid","amount":5000}'
@@ -101,3 +108,74 @@ def test_sign_matches_the_documented_scheme() -> None:
 
     expected = hmac.new(SECRET.encode(), b"1700000000." + BODY, hashlib.sha256).hexdigest()
     assert sign(SECRET, BODY, timestamp=1_700_000_000) == f"t=1700000000,v1={expected}"
+
+
+# Issue 31, defect 11: hostile headers raised raw TypeError/ValueError (a handler catching
+# WebhookError answered 500). Every malformed request is a WebhookError.
+_HEADER_VALUES = st.one_of(
+    st.text(),
+    st.binary(),
+    st.builds(lambda t, v: f"t={t},v1={v}", st.text(), st.text()),
+    st.builds(
+        lambda digits, v: f"t={digits},v1={v}",
+        st.one_of(
+            st.text(alphabet="0123456789", min_size=1, max_size=20),
+            st.integers(min_value=1, max_value=6000).map(lambda n: "9" * n),
+        ),
+        st.text(alphabet="0123456789abcdef", max_size=64),
+    ),
+    st.builds(lambda v: f"t={int(time.time())},v1={v}", st.text()),
+    st.none(),
+    st.integers(),
+    st.lists(st.text()),
+)
+_HEADERS = st.one_of(
+    st.dictionaries(st.sampled_from(["Siglo-Signature", "siglo-signature"]), _HEADER_VALUES),
+    st.dictionaries(st.one_of(st.text(), st.binary(), st.integers()), _HEADER_VALUES),
+    st.builds(lambda v: {b"siglo-signature": v}, _HEADER_VALUES),
+    st.none(),
+    st.text(),
+    st.integers(),
+    st.lists(st.tuples(st.text(), st.text())),
+)
+_BODIES = st.one_of(st.binary(), st.text(), st.none(), st.integers(), st.just(bytearray(BODY)))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(headers=_HEADERS, body=_BODIES)
+def test_every_malformed_request_raises_a_webhook_error(headers: object, body: object) -> None:
+    nonces = MemoryNonceStore()
+
+    async def call() -> None:
+        await verify(SECRET, body, headers, nonces)  # type: ignore[arg-type]
+
+    # Accepted is fine (a header fuzzed into a valid one is vanishingly rare); anything
+    # raised must be a WebhookError.
+    with contextlib.suppress(WebhookError):
+        asyncio.run(call())
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"t={int(time.time())},v1=é" + "0" * 63,  # non-ASCII signature: TypeError before
+        "t=" + "9" * 5000 + ",v1=00",  # 5,000 digits: ValueError before
+        "t=" + "9" * 400 + ",v1=00",  # an int too large for a float: OverflowError before
+    ],
+)
+async def test_hostile_header_values_are_webhook_errors(value: str) -> None:
+    with pytest.raises(WebhookError):
+        await verify(SECRET, BODY, _headers(value), MemoryNonceStore())
+
+
+async def test_request_of_the_wrong_shape_is_a_webhook_request_error() -> None:
+    header = _headers(sign(SECRET, BODY))
+    for body in (None, BODY.decode(), 12):
+        with pytest.raises(WebhookRequestError):
+            await verify(SECRET, body, header, MemoryNonceStore())  # type: ignore[arg-type]
+    for headers in (None, "Siglo-Signature: x", [("Siglo-Signature", "x")]):
+        with pytest.raises(WebhookRequestError):
+            await verify(SECRET, BODY, headers, MemoryNonceStore())  # type: ignore[arg-type]
+    # Headers as undecoded bytes (as ASGI servers give them) are read as Latin-1.
+    raw = {b"siglo-signature": sign(SECRET, BODY).encode()}
+    assert (await verify(SECRET, BODY, raw, MemoryNonceStore())).timestamp > 0  # type: ignore[arg-type]

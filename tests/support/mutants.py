@@ -554,6 +554,42 @@ class WorkflowLockIsAPublicLock(MemoryStorageAdapter):
         )
 
 
+class DeletesWhatTheStackHasLater(MemoryStorageAdapter):
+    """delete_checkpoint deletes the checkpoint, then, a few turns later, every wait and
+    context the stack has by then: a re-run's (Redis before issue 31, defect 9)."""
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        current = await self.get_checkpoint(stack_id, namespace, fallback=False)
+        if expected_revision is not None and (
+            current is None or current.revision != expected_revision
+        ):
+            raise CheckpointConflictError(
+                stack_id, None if current is None else current.revision, expected_revision
+            )
+        self._checkpoints.pop((namespace, stack_id), None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await super()._do_delete_checkpoint(stack_id, namespace, None)
+        return current is not None
+
+
+class WorkflowLockIgnoresNamespace(MemoryStorageAdapter):
+    """with_workflow_lock drops the namespace: tenant B's run waits for tenant A's run of
+    the same stack id (issue 31, defect 9)."""
+
+    async def with_workflow_lock(
+        self,
+        stack_id: str,
+        action: Callable[[], Awaitable[T]],
+        *,
+        timeout_ms: int | None = None,
+        namespace: str | None = None,
+    ) -> T:
+        return await super().with_workflow_lock(stack_id, action, timeout_ms=timeout_ms)
+
+
 class _EarlyOrNeverUnlock(MemoryStorageAdapter):
     """A memory workflow lock whose unlocking save decides the release itself."""
 
@@ -824,7 +860,12 @@ class BadTokenFormat(MemoryLock):
 
 class WithLockLeaksOnError(MemoryLock):
     async def with_lock(
-        self, lock_key: str, fn: Callable[[], Awaitable[T]], ttl_ms: int = 10_000
+        self,
+        lock_key: str,
+        fn: Callable[[], Awaitable[T]],
+        ttl_ms: int = 10_000,
+        *,
+        wait_ms: int = 0,
     ) -> T:
         result = await self.acquire(lock_key, ttl_ms)
         if not result.acquired:
@@ -834,6 +875,20 @@ class WithLockLeaksOnError(MemoryLock):
         value = await fn()  # no finally: an exception leaves the lock held
         await self.release(lock_key, result.token)
         return value
+
+
+class WithLockNeverWaits(MemoryLock):
+    """with_lock tries once whatever wait_ms says (issue 31, item 12: it never waited)."""
+
+    async def with_lock(
+        self,
+        lock_key: str,
+        fn: Callable[[], Awaitable[T]],
+        ttl_ms: int = 10_000,
+        *,
+        wait_ms: int = 0,
+    ) -> T:
+        return await super().with_lock(lock_key, fn, ttl_ms)
 
 
 class NonceYields(MemoryNonceStore):
@@ -1078,6 +1133,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "with_workflow_lock(X) is the public lock 'workflow:X'",
     ),
     _m(
+        "delete.rerun",
+        "the delete removes what the stack has a few turns after its checkpoint went",
+        adapter=DeletesWhatTheStackHasLater,
+    ),
+    _m(
+        "lock.workflow.namespaced",
+        "the workflow lock's key is the stack id alone, whatever the namespace",
+        adapter=WorkflowLockIgnoresNamespace,
+    ),
+    _m(
         "lock.workflow.unlocking-save",
         "the unlocking save frees the lock before saving",
         adapter=UnlocksBeforeSaving,
@@ -1157,6 +1222,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "with_lock leaks the lock on error",
         lock=WithLockLeaksOnError,
     ),
+    _m("lock.with-lock.wait", "with_lock never waits", lock=WithLockNeverWaits),
     _m("nonce.claim.once", "two claimers win a race", nonces=NonceYields),
     _m("nonce.expiry", "the window is 1000 times too long", nonces=NonceWindowTooLong),
     _m("list.walk", "a next_cursor skips a stack", adapter=CursorSkipsOne),

@@ -34,7 +34,7 @@ from siglo import (
 from siglo.clock import system_clock
 from siglo.sentinel import Missing
 from siglo.settings import DEFAULTS
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, refuse_unknown
 from siglo.validation import require_ttl_ms
 
 __all__ = ["FileStorageAdapter", "connect", "isolated"]
@@ -176,6 +176,9 @@ def _root(url: str) -> Path:
     if parts.scheme != "filestore" or not parts.path:
         shown = mask_credentials(url)
         raise InvalidArgumentError(f"expected filestore:///path/to/dir, got {shown!r}")
+    # This store reads no option from its URL: a query parameter would be ignored, so
+    # it is refused, naming it (as every built-in backend does).
+    refuse_unknown(url, (), backend="filestore", also="pass options as keyword arguments")
     return Path(unquote(parts.path))
 
 

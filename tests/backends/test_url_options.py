@@ -1,0 +1,105 @@
+"""Unknown URL options are refused at once, naming the option and the closest known one
+(issue 31, defect 6). Before, ``redis://…?prefx=`` went to redis-py, whose connections
+then failed and were retried until the call timed out (10 s, reported as a timeout);
+SQLite, memory and the example plugin ignored an unknown option silently.
+
+A backend built from a good URL still reaches its server with the driver's own
+parameters (redis-py's ``client_name``, libpq's ``application_name``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from _redis_helpers import REDIS_URL, require_redis
+from sql_support import POSTGRES_URL
+
+import siglo
+from siglo import urls
+from siglo.errors import InvalidArgumentError
+
+
+def _refused(url: str, *names: str) -> str:
+    started = time.monotonic()
+    with pytest.raises(InvalidArgumentError) as info:
+        siglo.connect(url)
+    # At once: no connection is tried (the Redis typo took 10 s to fail before).
+    assert time.monotonic() - started < 1.0
+    message = str(info.value)
+    for name in names:
+        assert name in message, message
+    return message
+
+
+@pytest.mark.rule("plugins.url-options")
+@pytest.mark.parametrize(
+    ("url", "typo", "meant"),
+    [
+        ("redis://127.0.0.1:6379/0?prefx=app:", "prefx", "prefix"),
+        ("redis://127.0.0.1:6379/0?socket_timout=1", "socket_timout", "socket_timeout"),
+        ("redis://127.0.0.1:6379/0?comand_timeout_ms=5", "comand_timeout_ms", "command_timeout_ms"),
+        ("postgresql://127.0.0.1:5432/test?shema=app", "shema", "schema"),
+        ("postgresql://127.0.0.1:5432/test?sslmod=disable", "sslmod", "sslmode"),
+        ("sqlite:///typo.db?busy_timout_ms=5", "busy_timout_ms", "busy_timeout_ms"),
+        ("sqlite://?table_prefx=app_", "table_prefx", "table_prefix"),
+    ],
+)
+def test_an_unknown_option_is_refused_naming_the_closest_known_one(
+    url: str, typo: str, meant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    message = _refused(url, repr(typo), f"did you mean {meant}?", "known:")
+    assert "prefix" in message or "schema" in message or "busy_timeout_ms" in message
+    assert not (tmp_path / "typo.db").exists()  # nothing was created
+
+
+@pytest.mark.rule("plugins.url-options")
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memory://?checkpoint_ttl_ms=5",
+        "memory://shared-name?x=1",
+        "filestore:///tmp/siglo-filestore-never?cache_ttl_ms=5",
+    ],
+)
+def test_a_backend_that_reads_no_url_options_refuses_any(url: str) -> None:
+    _refused(url, "takes no options", "keyword arguments")
+    assert not Path("/tmp/siglo-filestore-never").exists()
+
+
+def test_unrelated_names_are_listed_without_a_guess() -> None:
+    message = _refused("sqlite://?zzz=1&qqq=2", "'qqq'", "'zzz'", "options")
+    assert "did you mean" not in message
+
+
+def test_the_helper_suggests_from_driver_names_but_lists_only_its_own() -> None:
+    error = urls.unknown_option_error(
+        "x", ["socket_timout"], ["prefix"], suggest=["socket_timeout", "db"]
+    )
+    assert "did you mean socket_timeout?" in str(error)
+    assert "known: prefix" in str(error)
+    assert "db" not in str(error).split("known:")[1]
+
+
+async def test_redis_driver_parameters_still_reach_redis_py() -> None:
+    require_redis()
+    name = f"siglo-{uuid.uuid4().hex[:8]}"
+    prefix = f"siglo-test-{uuid.uuid4().hex[:12]}:"
+    url = urls.with_options(REDIS_URL, {"client_name": name, "prefix": prefix})
+    async with siglo.connect(url) as backend:
+        assert await backend.adapter.get_checkpoint("nothing") is None
+        client = backend.adapter.client  # type: ignore[attr-defined]
+        assert await client.client_getname() == name
+
+
+async def test_libpq_parameters_still_reach_postgresql() -> None:
+    from siglo_postgres import isolated
+
+    url = urls.with_options(POSTGRES_URL, {"application_name": "siglo-url-options"})
+    async with isolated(url) as backend:
+        assert await backend.adapter.get_checkpoint("nothing") is None
+    with pytest.raises(InvalidArgumentError, match="'sslmod' — did you mean sslmode"):
+        async with isolated(urls.with_options(POSTGRES_URL, {"sslmod": "disable"})):
+            pass

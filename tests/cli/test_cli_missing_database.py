@@ -1,0 +1,52 @@
+"""The commands that read or delete what is stored, on an SQLite path where there is no
+database (a typo, most often), say so and create nothing (issue 31, defect 6: ``siglo ls
+sqlite:///typo.db`` created an empty database file and listed nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from siglo.cli import cli
+
+
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), terminal_width=200)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("ls",),
+        ("show", "{url}", "run-1"),
+        ("export", "{url}", "-o", "{out}"),
+        ("rm", "{url}", "run-1"),
+        ("prune", "{url}", "--older-than", "1d"),
+        ("clean",),
+    ],
+)
+def test_reading_commands_refuse_a_missing_sqlite_database(
+    command: tuple[str, ...], tmp_path: Path
+) -> None:
+    path = tmp_path / "typo.db"
+    url = f"sqlite:///{path}"
+    out = tmp_path / "dump.jsonl"
+    args = [a.format(url=url, out=out) for a in command]
+    if len(args) == 1:
+        args.append(url)
+    result = _run(*args)
+    assert result.exit_code == 1, result.output
+    assert "there is no database at" in result.stderr, result.stderr
+    assert "creates nothing" in result.stderr
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == [], "nothing may be created"
+
+
+def test_an_existing_database_is_read_as_before(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    assert _run("migrate", url).exit_code == 0
+    listed = _run("ls", url, "--json")
+    assert listed.exit_code == 0, listed.output
+    assert '"items": []' in listed.stdout

@@ -1,0 +1,103 @@
+"""Tenant B's run is never held up by tenant A's run with the same stack id (issue 31,
+defect 9): the workflow lock's key holds the namespace, on every backend. Before, B's
+``Flow.run`` waited for A's lock until ``workflow_lock_timeout_ms`` and failed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from raw_storage import KINDS, any_backend
+
+from siglo import Step, StorageManager, flow
+from siglo.errors import InvalidArgumentError, LockNotAcquiredError
+from siglo.locking import workflow_lock_key
+
+
+@pytest.mark.rule("lock.workflow.namespaced")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_tenant_b_runs_while_tenant_a_holds_the_same_stack_id(kind: str) -> None:
+    async with any_backend(kind, workflow_lock_timeout_ms=1_500) as backend:
+        # One manager per request, as docs/sync.md says; both on the same storage.
+        manager = StorageManager(backend, error_mode="strict")
+        other = StorageManager(backend, error_mode="strict")
+        a_entered = asyncio.Event()
+        a_may_finish = asyncio.Event()
+
+        async def work(tenant: str) -> str:
+            if tenant == "a":
+                a_entered.set()
+                await a_may_finish.wait()
+            return f"done for {tenant}"
+
+        orders = flow(Step.create("work", work))
+        run_a = asyncio.create_task(
+            orders.run("a", manager=manager, stack_id="order-1", namespace="tenant-a")
+        )
+        try:
+            await asyncio.wait_for(a_entered.wait(), 10)
+            started = time.monotonic()
+            result = await orders.run("b", manager=other, stack_id="order-1", namespace="tenant-b")
+            assert result == "done for b"
+            assert time.monotonic() - started < 1.0, "tenant B waited for tenant A's lock"
+            # The same run of tenant A is still exclusive.
+            with pytest.raises(LockNotAcquiredError):
+                await orders.recover("order-1", manager=other, namespace="tenant-a")
+        finally:
+            a_may_finish.set()
+            assert await run_a == "done for a"
+
+
+def test_the_lock_key_is_one_per_run() -> None:
+    keys = {
+        workflow_lock_key("x", None),
+        workflow_lock_key("x", "a"),
+        workflow_lock_key("x", "b"),
+        workflow_lock_key("a:x", None),
+        workflow_lock_key("@1:a:x", None),
+        workflow_lock_key("1:a:x", None),
+        workflow_lock_key("@@1:a:x", None),
+        workflow_lock_key("a:x", "a"),
+    }
+    assert len(keys) == 8
+    # Without a namespace the key is the stack id itself, as before.
+    assert workflow_lock_key("order-1", None) == "order-1"
+    long = workflow_lock_key("s" * 4096, "n" * 4096)
+    assert len(long) <= 4096
+    assert long != workflow_lock_key("s" * 4096, "n" * 4095)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_one_shared_manager_runs_both_tenants_of_one_stack_id(kind: str) -> None:
+    """A module-level manager serving every tenant: B's run of order-1 starts while A's
+    is live in the same manager (before, create_stack refused: "a live stack with id
+    'order-1' already exists", whatever the namespace)."""
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        a_entered = asyncio.Event()
+        a_may_finish = asyncio.Event()
+
+        async def work(tenant: str) -> str:
+            if tenant == "a":
+                a_entered.set()
+                await a_may_finish.wait()
+            return f"done for {tenant}"
+
+        orders = flow(Step.create("work", work))
+        run_a = asyncio.create_task(
+            orders.run("a", manager=manager, stack_id="order-1", namespace="tenant-a")
+        )
+        try:
+            await asyncio.wait_for(a_entered.wait(), 10)
+            assert (
+                await orders.run("b", manager=manager, stack_id="order-1", namespace="tenant-b")
+                == "done for b"
+            )
+            with pytest.raises(InvalidArgumentError, match="in namespace 'tenant-a'"):
+                manager.create_stack("order-1", namespace="tenant-a")
+        finally:
+            a_may_finish.set()
+            assert await run_a == "done for a"
+        stored = await backend.adapter.get_checkpoint("order-1", "tenant-b", fallback=False)
+        assert stored is not None and stored.status == "completed"
