@@ -167,12 +167,22 @@ def _where(pairs: tuple[str, ...]) -> dict[str, Any] | None:
     return out
 
 
+def _url_and_stack_id(first: str | None, second: str | None) -> tuple[str | None, str]:
+    """``[URL] STACK_ID``: with one argument it is the stack id, and the URL comes from the
+    settings (as for every other command)."""
+    if second is not None:
+        return first, second
+    if first is None:
+        raise click.UsageError("Missing argument 'STACK_ID'.")
+    return None, first
+
+
 @click.command()
 @click.argument("url", required=False, default=None)
-@click.argument("stack_id")
+@click.argument("stack_id", required=False, default=None, metavar="STACK_ID")
 @click.option("--namespace", "-n", default=None, help="The stack's namespace.")
 @json_option
-def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -> None:
+def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: bool) -> None:
     """Show one stack: its checkpoint (as stored: redacted fields stay redacted), what it
     waits for, and its wait records.
 
@@ -180,6 +190,7 @@ def show(url: str | None, stack_id: str, namespace: str | None, as_json: bool) -
     timed out, slept or cancelled. Times are ISO-8601 UTC with a relative time; --json
     keeps the stored epoch milliseconds and adds each record's "outcome".
     """
+    url, stack_id = _url_and_stack_id(url, stack_id)
 
     async def run() -> None:
         async with open_store(resolve_url(url), existing=True) as backend:
@@ -274,7 +285,7 @@ def _compact(value: Any) -> str:
 
 @click.command()
 @click.argument("url", required=False, default=None)
-@click.argument("stack_id")
+@click.argument("stack_id", required=False, default=None, metavar="STACK_ID")
 @click.option("--namespace", "-n", default=None, help="The stack's namespace.")
 @click.option(
     "--revision",
@@ -284,13 +295,18 @@ def _compact(value: Any) -> str:
 )
 @json_option
 def rm(
-    url: str | None, stack_id: str, namespace: str | None, revision: int | None, as_json: bool
+    url: str | None,
+    stack_id: str | None,
+    namespace: str | None,
+    revision: int | None,
+    as_json: bool,
 ) -> None:
     """Delete a stack: its checkpoint, wait records and context streams.
 
     Exits with status 1 when nothing was deleted (no such stack, or --revision did not
     match); with --json the outcome is printed as JSON on stdout either way.
     """
+    url, stack_id = _url_and_stack_id(url, stack_id)
     result: dict[str, Any] = {"stackId": stack_id, "namespace": namespace, "deleted": False}
 
     async def run() -> None:

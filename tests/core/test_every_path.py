@@ -609,11 +609,10 @@ async def test_every_path_is_bounded_by_the_settings_timeout(name: str, home: Pa
 
 READ_AND_DELETE: dict[str, tuple[str, ...]] = {
     "ls": ("ls",),
-    # The URL is given: with an optional URL before a required id, click reads the id
-    # as the URL. The timeout still comes from the settings only.
-    "show": ("show", "{url}", "some-stack"),
+    # One argument of `[URL] STACK_ID` is the id: the URL comes from the settings too.
+    "show": ("show", "some-stack"),
     "export": ("export",),
-    "rm": ("rm", "{url}", "some-stack"),
+    "rm": ("rm", "some-stack"),
     "prune": ("prune", "--older-than", "1d"),
     "clean": ("clean",),
 }
