@@ -88,6 +88,12 @@ class Settings:
     command_timeout_ms: int | None = DEFAULTS.command_timeout_ms
     """The bound on every call to the server, for every backend that has one (``None``:
     unbounded)."""
+    max_document_bytes: int | None = None
+    """The largest checkpoint document a save may store, in bytes of its JSON as stored
+    (after redaction and offloading; ``None``: only the backend's declared maximum). A
+    save over it, or over the backend's maximum, raises
+    :class:`~siglo.errors.DocumentTooLargeError` before anything is written
+    (docs/large-state.md)."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Further options of the backend at :attr:`url` (a Redis ``prefix``, a PostgreSQL
     ``schema``, pool sizes …), passed to its factory when the URL is this one."""
@@ -114,6 +120,12 @@ class Settings:
             raise InvalidArgumentError(
                 f"command_timeout_ms must be a positive integer of milliseconds or none, "
                 f"got {timeout!r} ({self.source})"
+            )
+        limit = self.max_document_bytes
+        if limit is not None and (type(limit) is not int or limit <= 0):
+            raise InvalidArgumentError(
+                f"max_document_bytes must be a positive integer of bytes or none, "
+                f"got {limit!r} ({self.source})"
             )
         if not isinstance(self.options, Mapping) or not all(
             isinstance(k, str) for k in self.options
@@ -142,6 +154,7 @@ class Settings:
             "error_mode": self.error_mode,
             "namespace_fallback": self.namespace_fallback,
             "command_timeout_ms": self.command_timeout_ms,
+            "max_document_bytes": self.max_document_bytes,
             "options": {
                 k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
             },
@@ -163,10 +176,11 @@ ENVIRONMENT: Final[dict[str, str]] = {
     "SIGLO_ERROR_MODE": "error_mode",
     "SIGLO_NAMESPACE_FALLBACK": "namespace_fallback",
     "SIGLO_COMMAND_TIMEOUT_MS": "command_timeout_ms",
+    "SIGLO_MAX_DOCUMENT_BYTES": "max_document_bytes",
 }
 """The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
 comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``
-an integer or ``none``."""
+and ``SIGLO_MAX_DOCUMENT_BYTES`` an integer or ``none``."""
 
 
 def _secret_option(name: str) -> bool:
@@ -233,8 +247,9 @@ def _from_file(path: Path, table: Mapping[str, Any]) -> dict[str, Any]:
     where = f"[tool.siglo] of {path}" if path.name == "pyproject.toml" else str(path)
     _check_names(table, where)
     values = dict(table)
-    if "command_timeout_ms" in values and values["command_timeout_ms"] in ("none", "None"):
-        values["command_timeout_ms"] = None
+    for name in ("command_timeout_ms", "max_document_bytes"):
+        if name in values and values[name] in ("none", "None"):
+            values[name] = None
     if "redact_fields" in values and (
         isinstance(values["redact_fields"], str) or not isinstance(values["redact_fields"], list)
     ):
@@ -262,7 +277,8 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             if lowered not in _TRUE | _FALSE:
                 raise InvalidArgumentError(f"{variable} must be true or false, got {raw!r}")
             values[name] = lowered in _TRUE
-        elif name == "command_timeout_ms":
+        elif name in ("command_timeout_ms", "max_document_bytes"):
+            unit = "milliseconds" if name == "command_timeout_ms" else "bytes"
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None
             else:
@@ -270,7 +286,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
                     values[name] = int(raw)
                 except ValueError:
                     raise InvalidArgumentError(
-                        f"{variable} must be an integer of milliseconds or none, got {raw!r}"
+                        f"{variable} must be an integer of {unit} or none, got {raw!r}"
                     ) from None
         else:
             values[name] = raw

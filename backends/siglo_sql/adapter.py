@@ -21,6 +21,7 @@ from siglo.locking import Hold, held
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
+from siglo.sizing import check_document_size
 from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
@@ -241,6 +242,7 @@ class SqlStorageAdapter(StorageAdapter):
             )
             return
         check_save_arguments(checkpoint, expected_revision)
+        check_document_size(checkpoint, self.max_document_bytes)
         self._require_open()
         streamed = None
         if changes:

@@ -76,6 +76,11 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("checkpoint.expiry.hidden", _C.CHECKPOINTS, "an expired checkpoint is never returned"),
     _a("checkpoint.expiry.clean", _C.CHECKPOINTS, "clean-up removes expired checkpoints only"),
     _a(
+        "checkpoint.size.guard",
+        _C.CHECKPOINTS,
+        "a document over the limit raises DocumentTooLargeError, nothing written",
+    ),
+    _a(
         "wait.roundtrip",
         _C.WAIT_RECORDS,
         "a saved wait record reads back equal; a re-save replaces it",

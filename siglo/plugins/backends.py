@@ -50,6 +50,10 @@ class BackendSpec:
     bounded: bool = False
     """Whether the factory takes ``command_timeout_ms``, the bound on every call to the
     server (SPEC §4): :func:`siglo.connect` passes the settings' bound to it."""
+    max_document_bytes: int | None = None
+    """The largest checkpoint document (stored JSON bytes) the backend's store holds in
+    one item (``None``: no limit of its own). :func:`siglo.connect` refuses larger saves
+    with :class:`~siglo.errors.DocumentTooLargeError` before anything is written."""
 
     def install_command(self) -> str:
         """The command that installs this backend's drivers."""
@@ -111,6 +115,7 @@ class BackendRegistry:
         multiprocess: bool = False,
         install_hint: str | None = None,
         bounded: bool = False,
+        max_document_bytes: int | None = None,
     ) -> None:
         """Declare one backend; invalid declarations raise :class:`PluginError`.
 
@@ -119,6 +124,13 @@ class BackendRegistry:
         schemes = tuple(s.lower() for s in schemes)
         if not name or not schemes:
             raise PluginError(f"plugin {self.plugin!r}: a backend needs a name and a scheme")
+        if max_document_bytes is not None and (
+            type(max_document_bytes) is not int or max_document_bytes <= 0
+        ):
+            raise PluginError(
+                f"plugin {self.plugin!r}, backend {name!r}: max_document_bytes must be a "
+                f"positive integer of bytes or None, got {max_document_bytes!r}"
+            )
         try:
             caps = frozenset(Capability(c) for c in capabilities)
         except ValueError as exc:
@@ -140,5 +152,6 @@ class BackendRegistry:
                 plugin=self.plugin,
                 install_hint=install_hint,
                 bounded=bounded,
+                max_document_bytes=max_document_bytes,
             )
         )

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import mutants_backends as b
 import mutants_holes as h
+import mutants_large as lg
 import mutants_values as v
 
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
@@ -1151,6 +1152,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "declares the step cache without get_cached_step",
         adapter=UndeclaredCacheMethods,
     ),
+    _m(
+        "checkpoint.size.guard",
+        "a streamed save too large writes its changes",
+        adapter=lg.StreamsBeforeSizeGuard,
+    ),
+    _m("checkpoint.size.guard", "stores documents over the limit", adapter=lg.IgnoresDocumentLimit),
 )
 """One broken backend per adapter rule of docs/contract.md."""
 
