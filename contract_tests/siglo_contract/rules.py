@@ -81,6 +81,11 @@ RULES: Final[tuple[Rule, ...]] = (
         "a document over the limit raises DocumentTooLargeError, nothing written",
     ),
     _a(
+        "checkpoint.incremental",
+        _C.CHECKPOINTS,
+        "after saves that grow, change, move and drop contexts, a load is the last save",
+    ),
+    _a(
         "wait.roundtrip",
         _C.WAIT_RECORDS,
         "a saved wait record reads back equal; a re-save replaces it",

@@ -1158,6 +1158,16 @@ MUTANTS: tuple[Mutant, ...] = (
         adapter=lg.StreamsBeforeSizeGuard,
     ),
     _m("checkpoint.size.guard", "stores documents over the limit", adapter=lg.IgnoresDocumentLimit),
+    _m(
+        "checkpoint.incremental",
+        "a changed context of a large document keeps its stored body",
+        adapter=lg.StaleChangedContext,
+    ),
+    _m(
+        "checkpoint.incremental",
+        "a context dropped from a large document stays",
+        adapter=lg.KeepsDroppedContexts,
+    ),
 )
 """One broken backend per adapter rule of docs/contract.md."""
 
