@@ -211,7 +211,8 @@ async def bytes_per_run(
                 undo()
         elapsed = time.perf_counter() - started
         loaded = await backend.adapter.get_checkpoint("run")
-        assert loaded is not None and loaded.to_json() == cp.to_json()
+        assert loaded is not None
+        assert loaded.to_json() == cp.to_json()
         return {
             "kind": kind,
             "final_bytes": len(cp.to_json()),
@@ -250,7 +251,8 @@ async def latency_round(kind: str, size: int, ops: int) -> dict[str, float]:
             t = time.perf_counter()
             got = await a.get_checkpoint("lat")
             loads.append(time.perf_counter() - t)
-            assert got is not None and got.revision == cp.revision
+            assert got is not None
+            assert got.revision == cp.revision
         return {
             "save_ms": statistics.median(saves) * 1e3,
             "load_ms": statistics.median(loads) * 1e3,
