@@ -156,7 +156,7 @@ def meter_redis(meter: Meter) -> Callable[[], None]:
         meter.bytes += sum(len(c) for c in chunks)
         return chunks, packed
 
-    pipelining.pack = counted_pack  # type: ignore[assignment]
+    pipelining.pack = counted_pack
     original = AbstractConnection.send_packed_command
 
     async def counted(self: Any, command: Any, check_health: bool = True) -> None:
@@ -170,7 +170,7 @@ def meter_redis(meter: Meter) -> Callable[[], None]:
 
     def undo() -> None:
         AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
-        pipelining.pack = original_pack  # type: ignore[assignment]
+        pipelining.pack = original_pack
 
     return undo
 

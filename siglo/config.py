@@ -94,6 +94,12 @@ class Settings:
     save over it, or over the backend's maximum, raises
     :class:`~siglo.errors.DocumentTooLargeError` before anything is written
     (docs/large-state.md)."""
+    offload_min_bytes: int | None = None
+    """Context values and cached step outputs whose JSON is at least this long are stored
+    in the blob store at :attr:`blob_url` and referenced (``None``: nothing is
+    offloaded; docs/large-state.md)."""
+    blob_url: str | None = None
+    """Where offloaded values go: ``file:///path/to/dir`` or ``memory://``."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Further options of the backend at :attr:`url` (a Redis ``prefix``, a PostgreSQL
     ``schema``, pool sizes …), passed to its factory when the URL is this one."""
@@ -127,6 +133,19 @@ class Settings:
                 f"max_document_bytes must be a positive integer of bytes or none, "
                 f"got {limit!r} ({self.source})"
             )
+        least = self.offload_min_bytes
+        if least is not None and (type(least) is not int or least <= 0):
+            raise InvalidArgumentError(
+                f"offload_min_bytes must be a positive integer of bytes or none, "
+                f"got {least!r} ({self.source})"
+            )
+        if self.blob_url is not None and (not isinstance(self.blob_url, str) or not self.blob_url):
+            raise InvalidArgumentError(f"blob_url must be a non-empty string ({self.source})")
+        if least is not None and self.blob_url is None:
+            raise InvalidArgumentError(
+                f"offload_min_bytes is set but blob_url is not: name the blob store the "
+                f"offloaded values go to, such as file:///var/lib/app/blobs ({self.source})"
+            )
         if not isinstance(self.options, Mapping) or not all(
             isinstance(k, str) for k in self.options
         ):
@@ -155,6 +174,8 @@ class Settings:
             "namespace_fallback": self.namespace_fallback,
             "command_timeout_ms": self.command_timeout_ms,
             "max_document_bytes": self.max_document_bytes,
+            "offload_min_bytes": self.offload_min_bytes,
+            "blob_url": self.blob_url,
             "options": {
                 k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
             },
@@ -177,10 +198,12 @@ ENVIRONMENT: Final[dict[str, str]] = {
     "SIGLO_NAMESPACE_FALLBACK": "namespace_fallback",
     "SIGLO_COMMAND_TIMEOUT_MS": "command_timeout_ms",
     "SIGLO_MAX_DOCUMENT_BYTES": "max_document_bytes",
+    "SIGLO_OFFLOAD_MIN_BYTES": "offload_min_bytes",
+    "SIGLO_BLOB_URL": "blob_url",
 }
 """The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
 comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``
-and ``SIGLO_MAX_DOCUMENT_BYTES`` an integer or ``none``."""
+``SIGLO_MAX_DOCUMENT_BYTES`` and ``SIGLO_OFFLOAD_MIN_BYTES`` an integer or ``none``."""
 
 
 def _secret_option(name: str) -> bool:
@@ -247,7 +270,7 @@ def _from_file(path: Path, table: Mapping[str, Any]) -> dict[str, Any]:
     where = f"[tool.siglo] of {path}" if path.name == "pyproject.toml" else str(path)
     _check_names(table, where)
     values = dict(table)
-    for name in ("command_timeout_ms", "max_document_bytes"):
+    for name in ("command_timeout_ms", "max_document_bytes", "offload_min_bytes"):
         if name in values and values[name] in ("none", "None"):
             values[name] = None
     if "redact_fields" in values and (
@@ -277,7 +300,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             if lowered not in _TRUE | _FALSE:
                 raise InvalidArgumentError(f"{variable} must be true or false, got {raw!r}")
             values[name] = lowered in _TRUE
-        elif name in ("command_timeout_ms", "max_document_bytes"):
+        elif name in ("command_timeout_ms", "max_document_bytes", "offload_min_bytes"):
             unit = "milliseconds" if name == "command_timeout_ms" else "bytes"
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None

@@ -8,8 +8,10 @@ from urllib.parse import urlsplit
 from siglo import urls
 from siglo.adapter import Capability
 from siglo.backend import Backend
+from siglo.blobs import open_blob_store
 from siglo.config import Settings, current_settings
 from siglo.errors import InvalidArgumentError, PluginError
+from siglo.offload import Offloader, offload_adapter
 from siglo.pipeline import Pipeline
 from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
@@ -79,6 +81,10 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     if limit != adapter.max_document_bytes:
         # On the instance: the class keeps the store's own maximum for other connections.
         adapter.max_document_bytes = limit
+    if settings.offload_min_bytes is not None and settings.blob_url is not None:
+        # Below the pipeline: redact (and encode) -> offload -> store.
+        offloader = Offloader(open_blob_store(settings.blob_url), settings.offload_min_bytes)
+        backend.adapter = offload_adapter(backend.adapter, offloader)
     backend.use_pipeline(Pipeline(settings))
     return backend
 

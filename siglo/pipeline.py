@@ -123,6 +123,9 @@ class PipelineAdapter(StorageAdapter):
     """
 
     inner_class: ClassVar[type[StorageAdapter]] = StorageAdapter
+    replaced_by_pipeline: ClassVar[bool] = True
+    """Whether :func:`pipeline_adapter` takes this layer off before adding its own (a
+    layer below the pipeline, such as :mod:`siglo.offload`'s, stays)."""
 
     def __init__(self, inner: StorageAdapter, pipeline: Pipeline) -> None:
         self.inner = inner
@@ -347,7 +350,7 @@ def _pipeline_class(inner: type[StorageAdapter]) -> type[PipelineAdapter]:
 def pipeline_adapter(adapter: StorageAdapter, pipeline: Pipeline) -> StorageAdapter:
     """``adapter`` behind ``pipeline`` (``adapter`` itself when the pipeline has nothing to
     do; an adapter already behind a pipeline is put behind this one instead)."""
-    if isinstance(adapter, PipelineAdapter):
+    if isinstance(adapter, PipelineAdapter) and adapter.replaced_by_pipeline:
         adapter = adapter.inner
     if pipeline.is_identity:
         return adapter

@@ -254,6 +254,8 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("plugins.blocked", "SIGLO_DISABLE_PLUGINS blocks a plugin"),
     _core("plugins.driver-missing", "a missing driver says which extra to install"),
     _core("plugins.capabilities-agree", "registered capabilities match the backend's"),
+    _core("blobs.offload", "large values go to the blob store and read back"),
+    _core("blobs.collect", "the collector leaves no orphan blob and no dangling reference"),
 )
 """Every rule on ``docs/contract.md``, in page order."""
 

@@ -152,7 +152,7 @@ def test_a_bad_variable_is_refused_naming_it(
 
 
 def test_unknown_argument_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(InvalidArgumentError, match="known: command_timeout_ms"):
+    with pytest.raises(InvalidArgumentError, match="known: blob_url, command_timeout_ms"):
         load_settings(redact="card")
 
 
