@@ -30,11 +30,11 @@ from siglo.sizing import check_document_size
 from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
-from siglo_sql.database import Database, Params
+from siglo_sql.database import Database, Params, Plan
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
-from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, assemble, split
+from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, BodyCache, Split, assemble, split
 from siglo_sql.rows import checkpoint_row, wait_from_row, wait_id, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import Statements, many_ids
@@ -115,6 +115,8 @@ class SqlStorageAdapter(StorageAdapter):
                 f"got {incremental_min_bytes!r}"
             )
         self.incremental_min_bytes = incremental_min_bytes
+        self._bodies = BodyCache()
+        """The context bodies this adapter saved last, so unchanged ones are not hashed."""
         # Statements already in the driver's parameter style (converted at connect).
         self._s = statements
         self._cp_reads: KeyedReads | None = None
@@ -228,32 +230,42 @@ class SqlStorageAdapter(StorageAdapter):
     ) -> None:
         """The compare-and-set of the row (its skeleton and parts list) and the writes of
         the contexts that changed, in one transaction (siglo_sql.parts)."""
-        cut = split(checkpoint)
+        cut = split(checkpoint, row["id"], self._bodies)
         row["document"] = cut.skeleton
         row["parts"] = cut.parts
+        await self.database.run_plan(self._parts_plan(checkpoint, row, save, cut, release))
+        if release is not None:
+            release.released = True
+
+    def _parts_plan(
+        self,
+        checkpoint: Checkpoint,
+        row: dict[str, Any],
+        save: str,
+        cut: Split,
+        release: Hold | None,
+    ) -> Plan:
         key = row["id"]
         s = self._s
-        async with self.database.transaction() as tx:
-            if not await tx.fetch(save, row):
-                found = await tx.fetch(s.cp_current_revision, row)
-                raise CheckpointConflictError(
-                    checkpoint.stack_id,
-                    found[0][0] if found else None,
-                    row["expected"],
-                    checkpoint.revision,
-                )
-            # Read after the compare-and-set, which holds the row: what is stored now is
-            # what this save replaces, whoever wrote it.
-            stored = {bytes(r[0]) for r in await tx.fetch(s.parts_digests, {"id": key})}
-            for digest, body in cut.bodies.items():
-                if digest not in stored:
-                    await tx.fetch(s.parts_insert, {"id": key, "digest": digest, "body": body})
-            for digest in stored - cut.bodies.keys():
-                await tx.fetch(s.parts_delete, {"id": key, "digest": digest})
-            if release is not None:
-                lease = release.lease
-                await tx.fetch(*self.workflow_lock.release_statement(lease.key, lease.token))
-                release.released = True
+        if not (yield save, row):
+            found = yield s.cp_current_revision, row
+            raise CheckpointConflictError(
+                checkpoint.stack_id,
+                found[0][0] if found else None,
+                row["expected"],
+                checkpoint.revision,
+            )
+        # Read after the compare-and-set, which holds the row: what is stored now is what
+        # this save replaces, whoever wrote it.
+        stored = {bytes(r[0]) for r in (yield s.parts_digests, {"id": key})}
+        for digest, body in cut.bodies.items():
+            if digest not in stored:
+                yield s.parts_insert, {"id": key, "digest": digest, "body": body}
+        for digest in stored - cut.bodies.keys():
+            yield s.parts_delete, {"id": key, "digest": digest}
+        if release is not None:
+            lease = release.lease
+            yield self.workflow_lock.release_statement(lease.key, lease.token)
 
     async def _whole(self, key: bytes, document: bytes, parts: bytes | None) -> Checkpoint | None:
         """The checkpoint of a row read as ``(document, parts)``: assembled from its parts
