@@ -41,8 +41,8 @@ from raw_storage import raw_bytes
 
 import siglo
 from siglo import sync
-from siglo.cli import cli
 from siglo.blobs import open_blob_store
+from siglo.cli import cli
 from siglo.config import CONFIG_ENV, ENVIRONMENT, current_settings, reset_settings
 from siglo.offload import collect_blobs
 from siglo.redaction import REDACTED
