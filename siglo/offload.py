@@ -13,7 +13,7 @@ Blobs are collected, not deleted with their checkpoint: :func:`collect_blobs` re
 every blob that no live checkpoint references and whose keep-until (its last put, or for
 a cached step output the end of the cache entry's life) is more than the grace period
 old. Deleting, pruning and expiring checkpoints therefore leave no blob behind once the
-collector has run (``siglo blobs collect``), and a blob a save is about to reference is
+collector has run (``siglo collect-blobs``), and a blob a save is about to reference is
 never taken (its put refreshed it). ``siglo export`` reads through the adapter and so
 writes values inline; ``siglo import`` offloads them again on the target.
 """

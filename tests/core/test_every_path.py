@@ -433,6 +433,7 @@ COMMANDS: dict[str, str] = {
     "backends": "no stored data",
     "check": "its own isolated storage",
     "clean": "deletes only",
+    "collect-blobs": "offloaded values (blob store, collector)",
     "config": "no stored data",
     "drill": "synthetic data under a namespace of its own, removed afterwards",
     "export": "reads",

@@ -218,3 +218,42 @@ async def test_export_carries_values_and_import_offloads_them_again(tmp_path: Pa
         stored = await target.raw_adapter.get_checkpoint("s")
         assert stored is not None and len(list(references(stored))) == 1
         assert len(await _blobs(target_store)) == 1
+
+
+def test_siglo_collect_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from siglo.cli import cli
+    from siglo.config import reset_settings
+
+    blobs = tmp_path / "blobs"
+    (tmp_path / "siglo.toml").write_text(
+        f'url = "sqlite:///{tmp_path / "app.db"}"\noffload_min_bytes = 1024\n'
+        f'blob_url = "{blobs.as_uri()}"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    reset_settings()
+
+    async def write() -> None:
+        async with siglo.connect() as backend:
+            await backend.adapter.save_checkpoint(_cp("kept", 1, s={"v": BIG}))
+            await backend.adapter.save_checkpoint(_cp("gone", 1, s={"v": BIG + "gone"}))
+            await backend.adapter.delete_checkpoint("gone")
+
+    try:
+        asyncio.run(write())
+        runner = CliRunner()
+        first = runner.invoke(cli, ["collect-blobs", "--json"])
+        assert first.exit_code == 0, first.output
+        assert '"removed": 0' in first.output and '"kept": 1' in first.output
+        second = runner.invoke(cli, ["collect-blobs", "--grace-ms", "0", "--json"])
+        assert '"referenced": 1' in second.output and '"removed": 1' in second.output
+        assert len(list(blobs.glob("??/*"))) == 1
+        (tmp_path / "siglo.toml").write_text(f'url = "sqlite:///{tmp_path / "app.db"}"\n')
+        reset_settings()
+        refused = runner.invoke(cli, ["collect-blobs"])
+        assert refused.exit_code == 1 and "no blob store" in refused.output
+    finally:
+        reset_settings()
