@@ -137,6 +137,25 @@ def meter_sql(adapter: Any, meter: Meter) -> None:
         finally:
             meter.depth -= 1
 
+    run_plan = db.run_plan
+
+    def counting(plan: Any) -> Any:
+        try:
+            step = next(plan)
+            while True:
+                meter.count_params(*step)
+                step = plan.send((yield step))
+        except StopIteration:
+            return
+
+    async def counted_plan(plan: Any) -> None:
+        meter.depth += 1  # an awaited plan runs in a transaction: counted here only
+        try:
+            await run_plan(counting(plan))
+        finally:
+            meter.depth -= 1
+
+    db.run_plan = counted_plan
     db.write = wrap(db.write)
     db.fetch = wrap(db.fetch)
     db.fetch_all = counted_all

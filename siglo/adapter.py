@@ -187,7 +187,9 @@ class StorageAdapter(Closable):
         :class:`~siglo.errors.CheckpointConflictError` and stores nothing.
         """
         check_save_arguments(checkpoint, expected_revision)
-        check_document_size(checkpoint, self.max_document_bytes)
+        limit = self.max_document_bytes
+        if limit is not None and len(checkpoint.to_json()) > limit:  # inline: every save
+            check_document_size(checkpoint, limit)
         self._require_open()
         await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 

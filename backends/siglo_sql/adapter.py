@@ -193,7 +193,8 @@ class SqlStorageAdapter(StorageAdapter):
             key = "cp_insert_if_absent"
         else:
             key = "cp_update_expected"
-        if streamed is None and self._in_parts(checkpoint):
+        least = self.incremental_min_bytes
+        if streamed is None and least is not None and len(checkpoint.to_json()) >= least:
             await self._save_in_parts(checkpoint, row, getattr(s, key), release)
             return
         if streamed is None:
@@ -386,13 +387,21 @@ class SqlStorageAdapter(StorageAdapter):
             )
             if not rows:
                 return None
-            return await self._whole(bytes(rows[0][2]), *_document(rows[0]))
+            found = rows[0]
+            if found[1] is None:  # stored whole: no further read
+                return Checkpoint.from_json(bytes(found[0]))
+            return await self._whole(bytes(found[2]), *_document(found))
         key = row_id(namespace or "", stack_id)
         if self._cp_reads is not None:
-            found = await self._cp_reads.get_row(key)
-            return None if found is None else await self._whole(key, *_document(found))
-        rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
-        return await self._whole(key, *_document(rows[0])) if rows else None
+            got = await self._cp_reads.get_row(key)
+        else:
+            rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
+            got = rows[0] if rows else None
+        if got is None:
+            return None
+        if got[1] is None:  # stored whole: no further read
+            return Checkpoint.from_json(bytes(got[0]))
+        return await self._whole(key, *_document(got))
 
     async def _clean(self, sql: str) -> int:
         params = {"now": self.clock.now_ms(), "limit": self.clean_batch_size}
