@@ -185,3 +185,13 @@ def test_assemble_gives_back_the_saved_bytes() -> None:
     empty = cp.replace(contexts={})
     cut = split(empty)
     assert assemble(cut.skeleton, cut.parts, cut.bodies) == empty.to_json()
+
+
+def test_incremental_min_bytes_in_the_url(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'u.db'}"
+    assert (
+        siglo.connect(f"{url}?incremental_min_bytes=none").raw_adapter.incremental_min_bytes is None
+    )  # type: ignore[attr-defined]
+    assert siglo.connect(f"{url}?incremental_min_bytes=0").raw_adapter.incremental_min_bytes == 0  # type: ignore[attr-defined]
+    with pytest.raises(siglo.InvalidArgumentError, match="incremental_min_bytes"):
+        siglo.connect(f"{url}?incremental_min_bytes=-1")
