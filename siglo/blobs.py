@@ -26,13 +26,15 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
+from siglo.plugins import get_registry
 
 __all__ = [
     "BlobStore",
     "DirectoryBlobStore",
     "MemoryBlobStore",
     "blob_digest",
+    "check_digest",
     "open_blob_store",
 ]
 
@@ -44,7 +46,9 @@ def blob_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _check_digest(digest: str) -> str:
+def check_digest(digest: str) -> str:
+    """``digest`` if it names a blob (64 lower-case hex digits), else
+    :class:`~siglo.errors.InvalidArgumentError`."""
     if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise InvalidArgumentError(f"a blob digest is 64 lower-case hex digits, got {digest!r}")
     return digest
@@ -90,25 +94,25 @@ class MemoryBlobStore(BlobStore):
         self._blobs: dict[str, tuple[bytes, int]] = {}
 
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
-        _check_digest(digest)
+        check_digest(digest)
         now = int(time.time() * 1000)
         old = self._blobs.get(digest)
         keep = max(now, keep_until_ms or 0, old[1] if old else 0)
         self._blobs[digest] = (old[0] if old else bytes(data), keep)
 
     async def get(self, digest: str) -> bytes | None:
-        found = self._blobs.get(_check_digest(digest))
+        found = self._blobs.get(check_digest(digest))
         return None if found is None else found[0]
 
     async def delete(self, digest: str) -> bool:
-        return self._blobs.pop(_check_digest(digest), None) is not None
+        return self._blobs.pop(check_digest(digest), None) is not None
 
     async def scan(self) -> AsyncIterator[tuple[str, int]]:
         for digest, (_, keep) in list(self._blobs.items()):
             yield digest, keep
 
     async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
-        found = self._blobs.get(_check_digest(digest))
+        found = self._blobs.get(check_digest(digest))
         if found is None or found[1] >= kept_before_ms:
             return False
         del self._blobs[digest]
@@ -126,7 +130,7 @@ class DirectoryBlobStore(BlobStore):
         self.url = self.root.resolve().as_uri()
 
     def _path(self, digest: str) -> Path:
-        return self.root / digest[:2] / _check_digest(digest)
+        return self.root / digest[:2] / check_digest(digest)
 
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
         await asyncio.to_thread(self._put, self._path(digest), data, keep_until_ms)
@@ -229,14 +233,25 @@ class DirectoryBlobStore(BlobStore):
 
 def open_blob_store(url: str) -> BlobStore:
     """The blob store at ``url``: ``file:///path`` (a directory, made when first
-    written) or ``memory://``. Anything else raises
-    :class:`~siglo.errors.InvalidArgumentError` naming what is supported."""
+    written), ``memory://``, or the URL of a backend whose plugin declares a blob store
+    (``redis://…?prefix=app:``, ``postgresql://…?schema=app``; the driver is imported
+    then). Anything else raises :class:`~siglo.errors.InvalidArgumentError` naming what
+    is supported."""
     parts = urlsplit(url)
     if parts.scheme == "file" and parts.path:
         return DirectoryBlobStore(unquote(parts.path))
     if url == "memory://":
         return MemoryBlobStore()
-    raise InvalidArgumentError(
-        f"blob_url {url!r} is not a blob store siglo knows: use file:///path/to/dir "
-        "(a directory) or memory:// (this process only)"
-    )
+    try:
+        spec = get_registry().for_url(url)
+    except SigloError:
+        spec = None
+    factory = None if spec is None else spec.load_blob_store()
+    if factory is None:
+        raise InvalidArgumentError(
+            f"blob_url {url!r} is not a blob store siglo knows: use file:///path/to/dir "
+            "(a directory), memory:// (this process only), or a redis:// or postgresql:// "
+            "URL"
+        )
+    store: BlobStore = factory(url)
+    return store

@@ -33,5 +33,6 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         # The store's largest item, as the adapter class declares it (not imported here:
         # a plugin declaration loads no driver).
         max_document_bytes=512 * 1024 * 1024,
+        blob_store="siglo_redis.blobs:open_store",
         isolated="siglo_redis.connect:isolated",
     )

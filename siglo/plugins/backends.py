@@ -50,6 +50,10 @@ class BackendSpec:
     bounded: bool = False
     """Whether the factory takes ``command_timeout_ms``, the bound on every call to the
     server (SPEC §4): :func:`siglo.connect` passes the settings' bound to it."""
+    blob_store: str | Callable[..., Any] | None = None
+    """``"module:callable"`` (imported lazily) or a callable taking a URL of this backend
+    and returning a :class:`~siglo.blobs.BlobStore` there, for ``blob_url`` (offloaded
+    values, docs/large-state.md); ``None``: the backend keeps no blobs."""
     max_document_bytes: int | None = None
     """The largest checkpoint document (stored JSON bytes) the backend's store holds in
     one item (``None``: no limit of its own). :func:`siglo.connect` refuses larger saves
@@ -86,6 +90,15 @@ class BackendSpec:
         self._require_drivers()
         return import_dotted(self.factory) if isinstance(self.factory, str) else self.factory
 
+    def load_blob_store(self) -> Callable[..., Any] | None:
+        """The blob-store factory, if the backend declares one."""
+        if self.blob_store is None:
+            return None
+        self._require_drivers()
+        if isinstance(self.blob_store, str):
+            return import_dotted(self.blob_store)  # type: ignore[no-any-return]
+        return self.blob_store
+
     def load_isolated(self) -> Callable[..., Any] | None:
         """The isolation factory, if the backend declares one."""
         if self.isolated is None:
@@ -116,6 +129,7 @@ class BackendRegistry:
         install_hint: str | None = None,
         bounded: bool = False,
         max_document_bytes: int | None = None,
+        blob_store: str | Callable[..., Any] | None = None,
     ) -> None:
         """Declare one backend; invalid declarations raise :class:`PluginError`.
 
@@ -153,5 +167,6 @@ class BackendRegistry:
                 install_hint=install_hint,
                 bounded=bounded,
                 max_document_bytes=max_document_bytes,
+                blob_store=blob_store,
             )
         )

@@ -257,3 +257,104 @@ def test_siglo_collect_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         assert refused.exit_code == 1 and "no blob store" in refused.output
     finally:
         reset_settings()
+
+
+# -- every blob store ------------------------------------------------------------------------
+
+STORES = ("directory", "redis", "postgres")
+
+
+@asynccontextmanager
+async def blob_store(kind: str, tmp_path: Path) -> AsyncIterator[BlobStore]:
+    """A fresh, private blob store of ``kind``, removed afterwards."""
+    import secrets
+
+    if kind == "directory":
+        yield open_blob_store((tmp_path / "blobs").as_uri())
+        return
+    if kind == "redis":
+        from _redis_helpers import REDIS_URL, require_redis
+
+        require_redis()
+        prefix = f"siglo-blobs-{secrets.token_hex(6)}:"
+        store = open_blob_store(f"{REDIS_URL}?prefix={prefix}")
+        try:
+            yield store
+        finally:
+            import redis.asyncio
+
+            client = redis.asyncio.Redis.from_url(REDIS_URL)
+            keys = [k async for k in client.scan_iter(match=prefix + "*")]
+            if keys:
+                await client.delete(*keys)
+            await client.aclose()
+            await store.aclose()
+        return
+    from sql_support import POSTGRES_URL, require_postgres
+
+    from siglo_postgres import drop_schema
+
+    require_postgres()
+    schema = f"siglo_blobs_{secrets.token_hex(6)}"
+    store = open_blob_store(f"{POSTGRES_URL}?schema={schema}")
+    try:
+        yield store
+    finally:
+        await store.aclose()
+        await drop_schema(POSTGRES_URL, schema)
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_blob_store_keeps_blobs_by_content_and_time(kind: str, tmp_path: Path) -> None:
+    async with blob_store(kind, tmp_path) as store:
+        data = b'{"large":"value"}'
+        digest = blob_digest(data)
+        assert await store.get(digest) is None
+        now = int(time.time() * 1000)
+        await store.put(digest, data)
+        await store.put(digest, data, keep_until_ms=now + 60_000)  # a cache entry's life
+        assert await store.get(digest) == data
+        assert [(d, k >= now + 60_000) for d, k in [x async for x in store.scan()]] == [
+            (digest, True)
+        ]
+        # Stale only before its keep-until: the collector's removal is conditional.
+        assert await store.delete_stale(digest, now) is False
+        assert await store.delete_stale(digest, now + 120_000) is True
+        assert await store.get(digest) is None
+        await store.put(digest, data)
+        assert await store.delete(digest) is True
+        assert await store.delete(digest) is False
+        with pytest.raises(InvalidArgumentError, match="64 lower-case hex"):
+            await store.get("../etc/passwd")
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_the_collection_rule_on_every_store(kind: str, tmp_path: Path) -> None:
+    async with blob_store(kind, tmp_path) as store, offloading("sqlite", store) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_cp("live", 1, s={"v": BIG}))
+        await a.save_checkpoint(_cp("dead", 1, s={"v": BIG + "dead"}))
+        await a.delete_checkpoint("dead")
+        done = await collect_blobs(a, store, now_ms=int(time.time() * 1000) + 7_200_000)
+        assert (done.referenced, done.removed, done.kept) == (1, 1, 0)
+        got = await a.get_checkpoint("live")
+        assert got is not None and got.contexts["s"]["v"] == BIG
+
+
+async def test_connect_with_a_redis_blob_store(tmp_path: Path) -> None:
+    from _redis_helpers import REDIS_URL, require_redis
+
+    require_redis()
+    prefix = "siglo-blobs-connect:"
+    settings = Settings(offload_min_bytes=1_024, blob_url=f"{REDIS_URL}?prefix={prefix}")
+    async with siglo.connect(f"sqlite:///{tmp_path / 'db.sqlite'}", settings=settings) as backend:
+        await backend.adapter.save_checkpoint(_cp("r", 1, s={"v": BIG}))
+        got = await backend.adapter.get_checkpoint("r")
+        assert got is not None and got.contexts["s"]["v"] == BIG
+    store = open_blob_store(f"{REDIS_URL}?prefix={prefix}")
+    try:
+        assert [d async for d, _ in store.scan()] == [blob_digest(f'"{BIG}"'.encode())]
+    finally:
+        async for digest, _ in store.scan():
+            await store.delete(digest)
+        await store.aclose()
