@@ -35,7 +35,9 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     of a backend that has such a bound, unless the URL or ``options`` set it. The backend
     returned stores through the settings' pipeline (:mod:`siglo.pipeline`: redaction),
     whatever path then uses it, and refuses a checkpoint document over the settings'
-    ``max_document_bytes`` or the plugin's declared maximum (:mod:`siglo.sizing`).
+    ``max_document_bytes`` or the plugin's declared maximum (:mod:`siglo.sizing`). With
+    the settings' ``offload_min_bytes`` and ``blob_url``, large values go to that blob
+    store below the pipeline (:mod:`siglo.offload`); closing the backend closes it.
 
     ``memory://``, ``sqlite:///path.db``, ``sqlite://``, ``postgresql://…`` and
     ``redis://…`` are built in; plugins add more. ``options`` go to the backend's factory

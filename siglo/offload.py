@@ -159,6 +159,16 @@ class OffloadAdapter(PipelineAdapter):
     def __init__(self, inner: StorageAdapter, offloader: Offloader) -> None:
         super().__init__(inner, Pipeline(Settings()))
         self.offloader = offloader
+        self._store_closed = False
+
+    async def aclose(self) -> None:
+        """Close the backend's adapter, then the blob store (its connections), once."""
+        try:
+            await self.inner.aclose()
+        finally:
+            if not self._store_closed:
+                self._store_closed = True
+                await self.offloader.store.aclose()
 
     async def save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None

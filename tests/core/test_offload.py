@@ -358,3 +358,16 @@ async def test_connect_with_a_redis_blob_store(tmp_path: Path) -> None:
         async for digest, _ in store.scan():
             await store.delete(digest)
         await store.aclose()
+
+
+async def test_closing_the_backend_closes_its_blob_store(tmp_path: Path) -> None:
+    closed: list[bool] = []
+
+    class Watched(MemoryBlobStore):
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    async with any_backend("memory") as backend:
+        backend.adapter = offload_adapter(backend.adapter, Offloader(Watched(), 1_024))
+        await backend.aclose()
+    assert closed == [True]
