@@ -32,6 +32,7 @@ from siglo.locking import run_with_lock, workflow_lock_key
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
+from siglo.sizing import check_document_size
 from siglo.validation import (
     check_context_change,
     check_save_arguments,
@@ -114,6 +115,12 @@ class StorageAdapter(Closable):
     durable: ClassVar[bool] = True
     """Whether what the adapter stores outlives the process. A
     :class:`~siglo.StorageManager` over a durable adapter defaults to ``strict``."""
+    max_document_bytes: int | None = None
+    """The largest checkpoint document (its stored JSON, in bytes) a save may write: a
+    backend class declares its store's maximum here, and :func:`siglo.connect` lowers it
+    on the instance to the settings' ``max_document_bytes`` and the plugin's declaration.
+    A save over it raises :class:`~siglo.errors.DocumentTooLargeError` before anything is
+    written (:mod:`siglo.sizing`); ``None``: no limit."""
     workflow_lock: Lock | None = None
     """The lock :meth:`with_workflow_lock` takes, keyed by the stack id, if the backend
     provides one (any :class:`~siglo.coordination.Lock`): the base class then runs the
@@ -182,6 +189,9 @@ class StorageAdapter(Closable):
         :class:`~siglo.errors.CheckpointConflictError` and stores nothing.
         """
         check_save_arguments(checkpoint, expected_revision)
+        limit = self.max_document_bytes
+        if limit is not None and len(checkpoint.to_json()) > limit:  # inline: every save
+            check_document_size(checkpoint, limit)
         self._require_open()
         await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
@@ -209,6 +219,8 @@ class StorageAdapter(Closable):
         two calls, and a failure of either fails the call.
         """
         check_save_arguments(checkpoint, expected_revision)
+        # Before the changes: a document too large leaves nothing written, changes included.
+        check_document_size(checkpoint, self.max_document_bytes)
         for change in changes:
             await self.on_context_change(change)
         await self.save_checkpoint(checkpoint, expected_revision=expected_revision)

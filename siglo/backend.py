@@ -65,7 +65,9 @@ class Backend:
         """The backend's own adapter, without the pipeline in front of it: what is stored,
         as it is stored (for tools that copy stored bytes)."""
         adapter = self.adapter
-        return adapter.inner if isinstance(adapter, PipelineAdapter) else adapter
+        while isinstance(adapter, PipelineAdapter):  # the pipeline, then any offloading
+            adapter = adapter.inner
+        return adapter
 
     def require_idempotency(self) -> IdempotencyStore:
         """The idempotency store; :class:`~siglo.errors.CapabilityNotSupportedError` if

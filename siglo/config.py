@@ -89,6 +89,18 @@ class Settings:
     command_timeout_ms: int | None = DEFAULTS.command_timeout_ms
     """The bound on every call to the server, for every backend that has one (``None``:
     unbounded)."""
+    max_document_bytes: int | None = None
+    """The largest checkpoint document a save may store, in bytes of its JSON as stored
+    (after redaction and offloading; ``None``: only the backend's declared maximum). A
+    save over it, or over the backend's maximum, raises
+    :class:`~siglo.errors.DocumentTooLargeError` before anything is written
+    (docs/large-state.md)."""
+    offload_min_bytes: int | None = None
+    """Context values and cached step outputs whose JSON is at least this long are stored
+    in the blob store at :attr:`blob_url` and referenced (``None``: nothing is
+    offloaded; docs/large-state.md)."""
+    blob_url: str | None = None
+    """Where offloaded values go: ``file:///path/to/dir`` or ``memory://``."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Further options of the backend at :attr:`url` (a Redis ``prefix``, a PostgreSQL
     ``schema``, pool sizes …), passed to its factory when the URL is this one."""
@@ -132,6 +144,25 @@ class Settings:
             raise InvalidArgumentError(
                 f"command_timeout_ms must be a positive integer of milliseconds or none, "
                 f"got {timeout!r} ({self.source})"
+            )
+        limit = self.max_document_bytes
+        if limit is not None and (type(limit) is not int or limit <= 0):
+            raise InvalidArgumentError(
+                f"max_document_bytes must be a positive integer of bytes or none, "
+                f"got {limit!r} ({self.source})"
+            )
+        least = self.offload_min_bytes
+        if least is not None and (type(least) is not int or least <= 0):
+            raise InvalidArgumentError(
+                f"offload_min_bytes must be a positive integer of bytes or none, "
+                f"got {least!r} ({self.source})"
+            )
+        if self.blob_url is not None and (not isinstance(self.blob_url, str) or not self.blob_url):
+            raise InvalidArgumentError(f"blob_url must be a non-empty string ({self.source})")
+        if least is not None and self.blob_url is None:
+            raise InvalidArgumentError(
+                f"offload_min_bytes is set but blob_url is not: name the blob store the "
+                f"offloaded values go to, such as file:///var/lib/app/blobs ({self.source})"
             )
         if not isinstance(self.options, Mapping) or not all(
             isinstance(k, str) for k in self.options
@@ -228,6 +259,9 @@ class Settings:
             "error_mode": self.error_mode,
             "namespace_fallback": self.namespace_fallback,
             "command_timeout_ms": self.command_timeout_ms,
+            "max_document_bytes": self.max_document_bytes,
+            "offload_min_bytes": self.offload_min_bytes,
+            "blob_url": self.blob_url,
             "options": {
                 k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
             },
@@ -262,12 +296,15 @@ ENVIRONMENT: Final[dict[str, str]] = {
     "SIGLO_REQUIRE_ENCRYPTION": "require_encryption",
     "SIGLO_COMPRESSION_MIN_BYTES": "compression_min_bytes",
     "SIGLO_BLIND_INDEX_FIELDS": "blind_index_fields",
+    "SIGLO_MAX_DOCUMENT_BYTES": "max_document_bytes",
+    "SIGLO_OFFLOAD_MIN_BYTES": "offload_min_bytes",
+    "SIGLO_BLOB_URL": "blob_url",
 }
 """The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
-comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``
-an integer or ``none``; ``SIGLO_ENCRYPTION_KEYS`` is ``id=base64key,id2=base64key``;
-``SIGLO_REQUIRE_ENCRYPTION`` true/false; ``SIGLO_COMPRESSION_MIN_BYTES`` an integer or
-``none``."""
+comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``,
+``SIGLO_COMPRESSION_MIN_BYTES``, ``SIGLO_MAX_DOCUMENT_BYTES`` and
+``SIGLO_OFFLOAD_MIN_BYTES`` an integer or ``none``; ``SIGLO_ENCRYPTION_KEYS`` is
+``id=base64key,id2=base64key``; ``SIGLO_REQUIRE_ENCRYPTION`` true/false."""
 
 
 def _mask_master(value: str) -> str:
@@ -340,7 +377,12 @@ def _from_file(path: Path, table: Mapping[str, Any]) -> dict[str, Any]:
     where = f"[tool.siglo] of {path}" if path.name == "pyproject.toml" else str(path)
     _check_names(table, where)
     values = dict(table)
-    for name in ("command_timeout_ms", "compression_min_bytes"):
+    for name in (
+        "command_timeout_ms",
+        "compression_min_bytes",
+        "max_document_bytes",
+        "offload_min_bytes",
+    ):
         if name in values and values[name] in ("none", "None"):
             values[name] = None
     if "redact_fields" in values and (
@@ -380,7 +422,12 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             if lowered not in _TRUE | _FALSE:
                 raise InvalidArgumentError(f"{variable} must be true or false, got {raw!r}")
             values[name] = lowered in _TRUE
-        elif name in ("command_timeout_ms", "compression_min_bytes"):
+        elif name in (
+            "command_timeout_ms",
+            "compression_min_bytes",
+            "max_document_bytes",
+            "offload_min_bytes",
+        ):
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None
             else:

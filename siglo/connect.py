@@ -8,11 +8,14 @@ from urllib.parse import urlsplit
 from siglo import urls
 from siglo.adapter import Capability
 from siglo.backend import Backend
+from siglo.blobs import open_blob_store
 from siglo.config import Settings, current_settings
 from siglo.errors import InvalidArgumentError, PluginError
+from siglo.offload import Offloader, offload_adapter
 from siglo.pipeline import Pipeline
 from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
+from siglo.sizing import smallest_limit
 
 __all__ = ["URL_ENV", "check_capabilities", "check_port", "connect"]
 
@@ -31,7 +34,10 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     settings' backend ``options``. The settings' ``command_timeout_ms`` bounds every call
     of a backend that has such a bound, unless the URL or ``options`` set it. The backend
     returned stores through the settings' pipeline (:mod:`siglo.pipeline`: redaction),
-    whatever path then uses it.
+    whatever path then uses it, and refuses a checkpoint document over the settings'
+    ``max_document_bytes`` or the plugin's declared maximum (:mod:`siglo.sizing`). With
+    the settings' ``offload_min_bytes`` and ``blob_url``, large values go to that blob
+    store below the pipeline (:mod:`siglo.offload`); closing the backend closes it.
 
     ``memory://``, ``sqlite:///path.db``, ``sqlite://``, ``postgresql://…`` and
     ``redis://…`` are built in; plugins add more. ``options`` go to the backend's factory
@@ -70,6 +76,17 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
             f"{type(backend).__name__} from its factory, not a siglo.Backend"
         )
     check_capabilities(spec.name, spec.plugin, spec.capabilities, backend)
+    adapter = backend.raw_adapter
+    limit = smallest_limit(
+        adapter.max_document_bytes, spec.max_document_bytes, settings.max_document_bytes
+    )
+    if limit != adapter.max_document_bytes:
+        # On the instance: the class keeps the store's own maximum for other connections.
+        adapter.max_document_bytes = limit
+    if settings.offload_min_bytes is not None and settings.blob_url is not None:
+        # Below the pipeline: redact (and encode) -> offload -> store.
+        offloader = Offloader(open_blob_store(settings.blob_url), settings.offload_min_bytes)
+        backend.adapter = offload_adapter(backend.adapter, offloader)
     backend.use_pipeline(Pipeline(settings))
     return backend
 

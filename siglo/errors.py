@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointVersionError",
     "CheckpointVersionException",
     "DecryptionError",
+    "DocumentTooLargeError",
     "DriverNotInstalledError",
     "EncryptionRequiredError",
     "InvalidArgumentError",
@@ -62,6 +63,43 @@ class MalformedRecordError(SigloError, ValueError):
         self.field = field
         self.problem = problem
         super().__init__(f"malformed {kind}: field {field!r} {problem}")
+
+
+class DocumentTooLargeError(InvalidArgumentError):
+    """A checkpoint's stored document is larger than the limit in force (SPEC §13).
+
+    Raised before anything is written. ``size`` is the document's length in bytes as it
+    would be stored (its compact JSON wire form, after the pipeline), ``limit`` the
+    smaller of the settings' ``max_document_bytes`` and the backend's declared maximum,
+    and ``largest`` the largest contexts as ``(step_id, bytes)`` pairs, largest first.
+    """
+
+    def __init__(
+        self,
+        stack_id: str,
+        size: int,
+        limit: int,
+        largest: tuple[tuple[str, int], ...] = (),
+        namespace: str | None = None,
+    ) -> None:
+        self.stack_id = stack_id
+        self.size = size
+        self.limit = limit
+        self.largest = largest
+        self.namespace = namespace
+        where = f"stack {stack_id!r}" + (f" (namespace {namespace!r})" if namespace else "")
+        shown = ", ".join(f"{step!r}: {n} bytes" for step, n in largest) or "none"
+        super().__init__(
+            f"checkpoint document of {where} is {size} bytes, over the limit of {limit} "
+            f"bytes; largest contexts: {shown}. Keep large values out of the contexts "
+            "(offload them: docs/large-state.md) or raise max_document_bytes"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.stack_id, self.size, self.limit, self.largest, self.namespace),
+        )
 
 
 class CheckpointVersionError(MalformedRecordError):

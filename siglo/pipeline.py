@@ -344,6 +344,9 @@ class PipelineAdapter(StorageAdapter):
     """
 
     inner_class: ClassVar[type[StorageAdapter]] = StorageAdapter
+    replaced_by_pipeline: ClassVar[bool] = True
+    """Whether :func:`pipeline_adapter` takes this layer off before adding its own (a
+    layer below the pipeline, such as :mod:`siglo.offload`'s, stays)."""
 
     def __init__(
         self, inner: StorageAdapter, pipeline: Pipeline, sealer: Sealer | None = None
@@ -762,7 +765,7 @@ def pipeline_adapter(
     ``attributes``: the backend's span attributes (:func:`siglo.telemetry.db_attributes`)
     when the pipeline traces; ``sealer``: the codec chain to use (default: the one
     ``pipeline``'s settings ask for)."""
-    if isinstance(adapter, PipelineAdapter):
+    if isinstance(adapter, PipelineAdapter) and adapter.replaced_by_pipeline:
         adapter = adapter.inner
     if pipeline.is_identity:
         return adapter

@@ -50,6 +50,8 @@ class PostgresStorageAdapter(SqlStorageAdapter):
     """The SQL storage adapter on PostgreSQL."""
 
     name: ClassVar[str] = "postgres"
+    max_document_bytes: int | None = 1_073_741_823
+    """PostgreSQL's largest field value (1 GiB less a byte): the document is one bytea."""
 
 
 def _conninfo(base: str, connect_timeout_ms: int) -> str:

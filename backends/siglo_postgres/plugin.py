@@ -31,5 +31,9 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         extra="postgres",
         multiprocess=True,
         bounded=True,
+        # The store's largest item, as the adapter class declares it (not imported here:
+        # a plugin declaration loads no driver).
+        max_document_bytes=1_073_741_823,
+        blob_store="siglo_postgres.blobs:open_store",
         description="PostgreSQL via a psycopg 3 connection pool",
     )

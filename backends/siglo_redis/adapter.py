@@ -81,6 +81,8 @@ class RedisStorageAdapter(StorageAdapter):
     """
 
     name: ClassVar[str] = "redis"
+    max_document_bytes: int | None = 512 * 1024 * 1024
+    """Redis's largest string (``proto-max-bulk-len``'s default, 512 MiB)."""
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {
             Capability.CHECKPOINTS,

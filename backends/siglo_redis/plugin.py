@@ -30,5 +30,9 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         description="Redis / Redis Cluster / Redis Sentinel / Valkey, in seed 001's key topology",
         multiprocess=True,
         bounded=True,
+        # The store's largest item, as the adapter class declares it (not imported here:
+        # a plugin declaration loads no driver).
+        max_document_bytes=512 * 1024 * 1024,
+        blob_store="siglo_redis.blobs:open_store",
         isolated="siglo_redis.connect:isolated",
     )

@@ -15,19 +15,26 @@ from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
-from siglo.errors import CheckpointConflictError, WaitRecordClaimError
+from siglo.errors import (
+    CheckpointConflictError,
+    InvalidArgumentError,
+    StorageAdapterError,
+    WaitRecordClaimError,
+)
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import Hold, held, workflow_lock_key
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
+from siglo.sizing import check_document_size
 from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
-from siglo_sql.database import Database, Params
+from siglo_sql.database import Database, Params, Plan
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
+from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, BodyCache, Split, assemble, split
 from siglo_sql.rows import checkpoint_row, wait_from_row, wait_id, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import Statements, many_ids
@@ -48,6 +55,9 @@ class SqlStorageAdapter(StorageAdapter):
     long a wait-record claim lasts. ``workflow_lock_timeout_ms`` is how long
     :meth:`with_workflow_lock` waits; ``workflow_lock_ttl_ms`` the lease of its lock row
     (renewed while the action runs, so a crashed holder frees it after that long).
+    ``incremental_min_bytes``: a checkpoint document at least this long is saved
+    incrementally, only its changed contexts written (:mod:`siglo_sql.parts`); ``None``
+    stores every document whole.
     """
 
     name: ClassVar[str] = "sql"
@@ -79,6 +89,7 @@ class SqlStorageAdapter(StorageAdapter):
         workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
         workflow_lock_ttl_ms: int = DEFAULTS.workflow_lock_ttl_ms,
         clean_batch_size: int = DEFAULTS.clean_batch_size,
+        incremental_min_bytes: int | None = DEFAULT_INCREMENTAL_MIN_BYTES,
         table_prefix: str = DEFAULT_PREFIX,
         schema: str | None = None,
     ) -> None:
@@ -96,6 +107,16 @@ class SqlStorageAdapter(StorageAdapter):
         )
         self.workflow_lock_ttl_ms = require_ttl_ms("workflow_lock_ttl_ms", workflow_lock_ttl_ms)
         self.clean_batch_size = require_ttl_ms("clean_batch_size", clean_batch_size)
+        if incremental_min_bytes is not None and (
+            type(incremental_min_bytes) is not int or incremental_min_bytes < 0
+        ):
+            raise InvalidArgumentError(
+                "incremental_min_bytes must be a non-negative integer of bytes or none, "
+                f"got {incremental_min_bytes!r}"
+            )
+        self.incremental_min_bytes = incremental_min_bytes
+        self._bodies = BodyCache()
+        """The context bodies this adapter saved last, so unchanged ones are not hashed."""
         # Statements already in the driver's parameter style (converted at connect).
         self._s = statements
         self._cp_reads: KeyedReads | None = None
@@ -178,6 +199,10 @@ class SqlStorageAdapter(StorageAdapter):
             key = "cp_insert_if_absent"
         else:
             key = "cp_update_expected"
+        least = self.incremental_min_bytes
+        if streamed is None and least is not None and len(checkpoint.to_json()) >= least:
+            await self._save_in_parts(checkpoint, row, getattr(s, key), release)
+            return
         if streamed is None:
             save: tuple[str, Params] = (getattr(s, key), row)
         else:  # with a context change in front (save_checkpoint_streamed)
@@ -201,6 +226,73 @@ class SqlStorageAdapter(StorageAdapter):
                 expected_revision,
                 checkpoint.revision,
             )
+
+    def _in_parts(self, checkpoint: Checkpoint) -> bool:
+        """Whether ``checkpoint`` is saved incrementally (its document is large enough)."""
+        least = self.incremental_min_bytes
+        return least is not None and len(checkpoint.to_json()) >= least
+
+    async def _save_in_parts(
+        self, checkpoint: Checkpoint, row: dict[str, Any], save: str, release: Hold | None
+    ) -> None:
+        """The compare-and-set of the row (its skeleton and parts list) and the writes of
+        the contexts that changed, in one transaction (siglo_sql.parts)."""
+        cut = split(checkpoint, row["id"], self._bodies)
+        row["document"] = cut.skeleton
+        row["parts"] = cut.parts
+        await self.database.run_plan(self._parts_plan(checkpoint, row, save, cut, release))
+        if release is not None:
+            release.released = True
+
+    def _parts_plan(
+        self,
+        checkpoint: Checkpoint,
+        row: dict[str, Any],
+        save: str,
+        cut: Split,
+        release: Hold | None,
+    ) -> Plan:
+        key = row["id"]
+        s = self._s
+        if not (yield save, row):
+            found = yield s.cp_current_revision, row
+            raise CheckpointConflictError(
+                checkpoint.stack_id,
+                found[0][0] if found else None,
+                row["expected"],
+                checkpoint.revision,
+            )
+        # Read after the compare-and-set, which holds the row: what is stored now is what
+        # this save replaces, whoever wrote it.
+        stored = {bytes(r[0]) for r in (yield s.parts_digests, {"id": key})}
+        for digest, body in cut.bodies.items():
+            if digest not in stored:
+                yield s.parts_insert, {"id": key, "digest": digest, "body": body}
+        for digest in stored - cut.bodies.keys():
+            yield s.parts_delete, {"id": key, "digest": digest}
+        if release is not None:
+            lease = release.lease
+            yield self.workflow_lock.release_statement(lease.key, lease.token)
+
+    async def _whole(self, key: bytes, document: bytes, parts: bytes | None) -> Checkpoint | None:
+        """The checkpoint of a row read as ``(document, parts)``: assembled from its parts
+        when it was saved in parts, the row read again if a save replaced them meanwhile."""
+        for _ in range(_PART_READS):
+            if parts is None:
+                return Checkpoint.from_json(document)
+            rows = await self.database.read(self._s.parts_get, {"id": key})
+            data = assemble(document, parts, {bytes(d): bytes(b) for d, b in rows})
+            if data is not None:
+                return Checkpoint.from_json(data)
+            found = await self.database.read(
+                self._s.cp_get, {"id": key, "now": self.clock.now_ms()}
+            )
+            if not found:
+                return None
+            document, parts = _document(found[0])
+        raise StorageAdapterError(
+            f"the checkpoint changed under {_PART_READS} reads of its parts; try again"
+        )
 
     async def save_checkpoint_streamed(
         self,
@@ -243,12 +335,17 @@ class SqlStorageAdapter(StorageAdapter):
         release: Hold | None,
     ) -> None:
         together = self.writes_with_checkpoint(changes) if changes else self._own_writes()
+        if together and changes and self._in_parts(checkpoint):
+            # Saved in parts: a transaction of its own, after the change (as the base
+            # class sends them). The size guard runs first there too.
+            together = False
         if not together:
             await super().save_checkpoint_streamed(
                 checkpoint, changes, expected_revision=expected_revision
             )
             return
         check_save_arguments(checkpoint, expected_revision)
+        check_document_size(checkpoint, self.max_document_bytes)
         self._require_open()
         streamed = None
         if changes:
@@ -296,13 +393,23 @@ class SqlStorageAdapter(StorageAdapter):
                     "now": self.clock.now_ms(),
                 },
             )
-            return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
+            if not rows:
+                return None
+            found = rows[0]
+            if found[1] is None:  # stored whole: no further read
+                return Checkpoint.from_json(bytes(found[0]))
+            return await self._whole(bytes(found[2]), *_document(found))
         key = row_id(namespace or "", stack_id)
         if self._cp_reads is not None:
-            data = await self._cp_reads.get(key)
-            return None if data is None else Checkpoint.from_json(data)
-        rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
-        return Checkpoint.from_json(bytes(rows[0][0])) if rows else None
+            got = await self._cp_reads.get_row(key)
+        else:
+            rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
+            got = rows[0] if rows else None
+        if got is None:
+            return None
+        if got[1] is None:  # stored whole: no further read
+            return Checkpoint.from_json(bytes(got[0]))
+        return await self._whole(key, *_document(got))
 
     async def _clean(self, sql: str) -> int:
         params = {"now": self.clock.now_ms(), "limit": self.clean_batch_size}
@@ -596,3 +703,13 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_on_cache_event(self, event: CacheEvent) -> None:
         self.cache_events.append(event)
         del self.cache_events[:-1000]
+
+
+_PART_READS = 10
+"""Reads of a checkpoint saved in parts before giving up: each retry means another save
+replaced it between reading its row and its parts."""
+
+
+def _document(row: Sequence[Any]) -> tuple[bytes, bytes | None]:
+    """``(document, parts)`` of a checkpoint row read as ``document, parts, …``."""
+    return bytes(row[0]), None if row[1] is None else bytes(row[1])

@@ -42,10 +42,11 @@ keeps each statement quick so the next batch is not kept waiting)."""
 class KeyedReads:
     """Lookups of one value by row id, coalesced while one is running.
 
-    ``single`` is the SQL that reads ``(value,)`` rows for parameters ``:id`` and
-    ``:now``; ``many(n)`` returns the SQL that reads ``(id, value)`` rows for parameters
-    ``:id0`` … ``:id<n-1>`` and ``:now`` (built once per ``n``). ``clock`` gives the
-    ``now`` of each statement, read when it is sent.
+    ``single`` is the SQL that reads ``(value, …)`` rows for parameters ``:id`` and
+    ``:now``; ``many(n)`` returns the SQL that reads ``(id, value, …)`` rows for
+    parameters ``:id0`` … ``:id<n-1>`` and ``:now`` (built once per ``n``). ``clock``
+    gives the ``now`` of each statement, read when it is sent. :meth:`get` answers the
+    value, :meth:`get_row` the value and the columns after it.
     """
 
     def __init__(
@@ -65,14 +66,20 @@ class KeyedReads:
         self._max_batch = max_batch
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
-        self._waiting: dict[bytes, list[asyncio.Future[bytes | None]]] = {}
+        self._waiting: dict[bytes, list[asyncio.Future[tuple[Any, ...] | None]]] = {}
         self._drainer: asyncio.Task[None] | None = None
 
     async def get(self, key: bytes) -> bytes | None:
         """The value stored under ``key`` (``None``: no live row)."""
+        row = await self.get_row(key)
+        return None if row is None else bytes(row[0])
+
+    async def get_row(self, key: bytes) -> tuple[Any, ...] | None:
+        """The value stored under ``key`` and the columns read after it (``None``: no
+        live row)."""
         loop = asyncio.get_running_loop()
         if self._running and self._loop is loop:
-            future: asyncio.Future[bytes | None] = loop.create_future()
+            future: asyncio.Future[tuple[Any, ...] | None] = loop.create_future()
             self._waiting.setdefault(key, []).append(future)
             return await self._answer(key, future)
         if self._loop is not loop:
@@ -87,9 +94,11 @@ class KeyedReads:
                 self._hand_over()
             else:  # nobody queued (every call, when calls come one by one)
                 self._running = False
-        return bytes(rows[0][0]) if rows else None
+        return tuple(rows[0]) if rows else None
 
-    async def _answer(self, key: bytes, future: asyncio.Future[bytes | None]) -> bytes | None:
+    async def _answer(
+        self, key: bytes, future: asyncio.Future[tuple[Any, ...] | None]
+    ) -> tuple[Any, ...] | None:
         """A queued caller's answer, within the bound counted from its call."""
         bound_ms = self._db.command_timeout_ms
         if bound_ms is None:
@@ -104,7 +113,7 @@ class KeyedReads:
         finally:
             timer.cancel()
 
-    def _expire(self, key: bytes, future: asyncio.Future[bytes | None]) -> None:
+    def _expire(self, key: bytes, future: asyncio.Future[tuple[Any, ...] | None]) -> None:
         """A queued caller's deadline passed: it fails now, and no batch reads for it."""
         if future.done():
             return
@@ -125,7 +134,7 @@ class KeyedReads:
             self._running = False
 
     async def _drain(self) -> None:
-        batch: dict[bytes, list[asyncio.Future[bytes | None]]] = {}
+        batch: dict[bytes, list[asyncio.Future[tuple[Any, ...] | None]]] = {}
         try:
             while True:
                 if not self._waiting:
@@ -150,7 +159,7 @@ class KeyedReads:
                             if not future.done():
                                 future.set_exception(exc)
                     continue
-                found = {bytes(row[0]): bytes(row[1]) for row in rows}
+                found = {bytes(row[0]): tuple(row[1:]) for row in rows}
                 for key, futures in batch.items():
                     value = found.get(key)
                     for future in futures:

@@ -46,6 +46,7 @@ ADAPTER_OPTIONS: Final = frozenset(
         "workflow_lock_timeout_ms",
         "workflow_lock_ttl_ms",
         "clean_batch_size",
+        "incremental_min_bytes",
     }
 )
 COMMON_OPTIONS: Final = ADAPTER_OPTIONS | {
@@ -59,6 +60,7 @@ COMMON_OPTIONS: Final = ADAPTER_OPTIONS | {
 CONVERTERS: Final[dict[str, urls.Converter]] = {
     **dict.fromkeys(ADAPTER_OPTIONS, urls.integer),
     "checkpoint_ttl_ms": urls.optional_integer,  # none: kept until removed
+    "incremental_min_bytes": urls.optional_integer,  # none: every document whole
     "idempotency_ttl_ms": urls.integer,
     "idempotency_lease_ms": urls.integer,
     "busy_timeout_ms": urls.integer,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -28,11 +28,16 @@ from siglo.errors import OutcomeUnknownError, SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 
-__all__ = ["Database", "Executor", "OnOpen", "Params", "Row"]
+__all__ = ["Database", "Executor", "OnOpen", "Params", "Plan", "Row"]
 
 Row = tuple[Any, ...]
 
 Params = Mapping[str, Any] | Sequence[Any]
+
+Plan = Generator[tuple[str, Params], list[Row], None]
+"""A transaction's statements as a generator: it yields each ``(sql, params)`` and is
+sent that statement's rows, so one plan runs on any driver, awaited or not
+(:meth:`Database.run_plan`). An exception it raises undoes the transaction."""
 """A statement's parameters: a dict for siglo's named statements (``()`` for none)."""
 
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -233,6 +238,17 @@ class Database(abc.ABC):
         """
         async with self.transaction() as tx:
             return [await tx.fetch(sql, params) for sql, params in statements]
+
+    async def run_plan(self, plan: Plan) -> None:
+        """Run ``plan`` (see :data:`Plan`) in one write transaction; commits unless it
+        raises. A dialect may run it without awaiting between statements (SQLite)."""
+        async with self.transaction() as tx:
+            try:
+                step = next(plan)
+                while True:
+                    step = plan.send(await tx.fetch(*step))
+            except StopIteration:
+                pass
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Executor]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from sqlalchemy import BigInteger, Table
+from sqlalchemy import BigInteger, LargeBinary, Table
 from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, Index
 
@@ -142,6 +142,56 @@ def _v5(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     ]
 
 
+def _v6(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
+    t = build_tables(prefix, schema, version=6)
+    assert t.checkpoint_parts is not None
+    q = dialect.identifier_preparer
+    cp = q.format_table(t.checkpoints)
+    parts = q.format_table(t.checkpoint_parts)
+    # Rows written before stay whole (parts NULL) and read as before; a stack's next save
+    # over incremental_min_bytes moves it to parts. The triggers drop a checkpoint's
+    # parts in the statement that deletes it or stores it whole again, so no path that
+    # deletes a checkpoint row (delete, clean-up, an expired row replaced) can orphan them.
+    out = [
+        f"ALTER TABLE {cp} ADD COLUMN parts {_blob(dialect)}",
+        *_create([t.checkpoint_parts], dialect),
+    ]
+    gone = q.quote(f"{prefix}checkpoint_parts_gone")
+    dropped = q.quote(f"{prefix}checkpoint_parts_dropped")
+    if dialect.name == "postgresql":
+        function = (q.quote_schema(schema) + "." if schema else "") + gone
+        out += [
+            f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"DELETE FROM {parts} WHERE id = OLD.id; RETURN NULL; END $$",
+            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW "
+            f"WHEN (OLD.parts IS NOT NULL) EXECUTE FUNCTION {function}()",
+            f"CREATE TRIGGER {dropped} AFTER UPDATE OF parts ON {cp} FOR EACH ROW "
+            f"WHEN (OLD.parts IS NOT NULL AND NEW.parts IS NULL) EXECUTE FUNCTION {function}()",
+        ]
+    else:
+        out += [
+            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW "
+            f"WHEN OLD.parts IS NOT NULL BEGIN DELETE FROM {parts} WHERE id = OLD.id; END",
+            f"CREATE TRIGGER {dropped} AFTER UPDATE OF parts ON {cp} FOR EACH ROW "
+            f"WHEN OLD.parts IS NOT NULL AND NEW.parts IS NULL "
+            f"BEGIN DELETE FROM {parts} WHERE id = OLD.id; END",
+        ]
+    if dialect.name == "postgresql":
+        out.append(
+            "DO $$ BEGIN\n"
+            "  IF EXISTS (SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression'"
+            " AND 'lz4' = ANY (enumvals)) THEN\n"
+            f"    ALTER TABLE {parts} ALTER COLUMN body SET COMPRESSION lz4;\n"
+            "  END IF;\n"
+            "END $$"
+        )
+    return out
+
+
+def _blob(dialect: Dialect) -> str:
+    return dialect.type_compiler_instance.process(LargeBinary())
+
+
 # (table attribute of Tables, column): the columns holding documents and JSON values.
 _DOCUMENT_COLUMNS = (
     ("checkpoints", "document"),
@@ -186,6 +236,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "partial expiry indexes; PostgreSQL: lz4-compressed documents", _v3),
     Migration(4, "checkpoint listing columns and index; wait deadline index", _v4),
     Migration(5, "idempotency owner tokens and payload fingerprints", _v5),
+    Migration(6, "incremental checkpoint saves: checkpoint parts", _v6),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

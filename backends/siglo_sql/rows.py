@@ -47,6 +47,7 @@ def checkpoint_row(checkpoint: Checkpoint, retention: int | None, now: int) -> d
         "workflow_id": checkpoint.workflow_id,
         "updated_at": at_most(checkpoint.timestamp),
         "expires_at": expires_at,
+        "parts": None,  # stored whole (siglo_sql.parts cuts a large one)
         "now": now,
     }
 

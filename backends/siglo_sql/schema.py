@@ -51,7 +51,7 @@ __all__ = [
     "check_identifier",
 ]
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 """The schema version this code reads and writes."""
 
 DEFAULT_PREFIX: Final = "siglo_"
@@ -88,6 +88,8 @@ class Tables:
     locks: Table
     nonces: Table
     context_changes: Table | None
+    checkpoint_parts: Table | None = None
+    """Version 6: the contexts of checkpoints saved incrementally (siglo_sql.parts)."""
 
 
 def _id() -> Column[bytes]:
@@ -100,7 +102,7 @@ def _id() -> Column[bytes]:
 def build_tables(
     prefix: str = DEFAULT_PREFIX, schema: str | None = None, *, version: int = SCHEMA_VERSION
 ) -> Tables:
-    """The tables as they are at schema ``version`` (1 to 5).
+    """The tables as they are at schema ``version`` (1 to 6).
 
     Version 1: checkpoints, wait records, step cache, idempotency keys, locks (lease rows
     with an owner token), nonces. Version 2 adds the locks' fencing counter (``fence``)
@@ -113,11 +115,15 @@ def build_tables(
     primary key), and a partial index on the wait records' ``deadline`` for due waits.
     Version 5 adds the idempotency keys' ``owner`` (the owner token of an owned claim) and
     ``fingerprint`` (the digest of the claim's payload fingerprint), both nullable.
+    Version 6 (SPEC §13, incremental saves) adds the checkpoints' ``parts`` (the step ids
+    and content digests of a document saved in parts; ``NULL`` for one stored whole) and
+    the ``checkpoint_parts`` table: one row per distinct context of such a checkpoint,
+    keyed by the checkpoint's id and the context's digest (:mod:`siglo_sql.parts`).
     """
     check_identifier("table prefix", prefix) if prefix else None
     if schema is not None:
         check_identifier("schema", schema)
-    if version not in (1, 2, 3, 4, 5):
+    if version not in (1, 2, 3, 4, 5, 6):
         raise ValueError(f"no schema version {version}")
     md = MetaData(schema=schema)
     p = prefix
@@ -163,6 +169,8 @@ def build_tables(
             Column("updated_at", BigInteger, nullable=True),
             Column("expires_at", BigInteger, nullable=True),
         ]
+    if version >= 6:
+        checkpoint_items.append(Column("parts", LargeBinary, nullable=True))
     checkpoints = Table(f"{p}checkpoints", md, *checkpoint_items)
     if version >= 4:
         # Keyset walks of one namespace: equality on the namespace, then id order. On
@@ -277,6 +285,18 @@ def build_tables(
                 f"{p}context_changes_stack",
                 func.substr(context_changes.c.stack_id, 1, ID_PREFIX),
             )
+    checkpoint_parts = None
+    if version >= 6:
+        # Immutable rows: a context's body under its digest. A save adds the digests it
+        # introduces and deletes those it no longer names, so a reader that finds every
+        # digest its checkpoint row names has read one consistent document.
+        checkpoint_parts = Table(
+            f"{p}checkpoint_parts",
+            md,
+            Column("id", LargeBinary, primary_key=True),
+            Column("digest", LargeBinary, primary_key=True),
+            Column("body", LargeBinary, nullable=False),
+        )
     return Tables(
         metadata=md,
         version=version,
@@ -289,4 +309,5 @@ def build_tables(
         locks=locks,
         nonces=nonces,
         context_changes=context_changes,
+        checkpoint_parts=checkpoint_parts,
     )

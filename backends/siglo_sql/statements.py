@@ -53,6 +53,10 @@ class Statements:
     to be completed and converted with :meth:`~siglo_sql.database.Database.sql`."""
     cp_delete: str
     cp_delete_expected: str
+    parts_digests: str
+    parts_get: str
+    parts_insert: str
+    parts_delete: str
     cp_streamed: dict[str, str] | None
     """Where the dialect has writable CTEs: ``cp_save_forward``, ``cp_insert_if_absent``
     and ``cp_update_expected`` (the keys), each with one context change's ``ctx_set`` in
@@ -148,8 +152,10 @@ def build_statements(
         return q.format_table(table)
 
     assert tables.context_changes is not None, "statements need the current schema"
+    assert tables.checkpoint_parts is not None, "statements need the current schema"
     sections = (
         _checkpoints(name(tables.checkpoints), for_update),
+        _checkpoint_parts(name(tables.checkpoint_parts)),
         _wait_records(
             name(tables.wait_records),
             name(tables.wait_latest),
@@ -194,7 +200,7 @@ def _clean(table: str) -> str:
 
 CHECKPOINT_ROW = (
     ":id, :namespace, :stack_id, :revision, :status, :gone_at, :document, :workflow_id, "
-    ":updated_at, :expires_at"
+    ":updated_at, :expires_at, :parts"
 )
 """The parameters of a whole checkpoint row, in column order."""
 
@@ -202,13 +208,13 @@ CHECKPOINT_ROW = (
 def _checkpoints(cp: str, for_update: str) -> dict[str, str | None]:
     cols = (
         "(id, namespace, stack_id, revision, status, gone_at, document, workflow_id, "
-        "updated_at, expires_at)"
+        "updated_at, expires_at, parts)"
     )
     update = (
         "revision = excluded.revision, status = excluded.status, "
         "gone_at = excluded.gone_at, document = excluded.document, "
         "workflow_id = excluded.workflow_id, updated_at = excluded.updated_at, "
-        "expires_at = excluded.expires_at"
+        "expires_at = excluded.expires_at, parts = excluded.parts"
     )
     # An expired row counts as absent: a save may replace it whatever its revision.
     expired = f"({cp}.gone_at IS NOT NULL AND {cp}.gone_at <= :now)"
@@ -227,16 +233,18 @@ def _checkpoints(cp: str, for_update: str) -> dict[str, str | None]:
         "cp_update_expected": (
             f"UPDATE {cp} SET revision = :revision, status = :status, gone_at = :gone_at, "
             "document = :document, workflow_id = :workflow_id, updated_at = :updated_at, "
-            "expires_at = :expires_at "
+            "expires_at = :expires_at, parts = :parts "
             f"WHERE id = :id AND revision = :expected AND {LIVE} RETURNING 1"
         ),
         "cp_current_revision": f"SELECT revision FROM {cp} WHERE id = :id AND {LIVE}",
-        "cp_get": f"SELECT document FROM {cp} WHERE id = :id AND {LIVE}",
+        # parts: NULL for a document stored whole, else its contexts' digests
+        # (siglo_sql.parts), read from checkpoint_parts when it is not.
+        "cp_get": f"SELECT document, parts FROM {cp} WHERE id = :id AND {LIVE}",
         # Concurrent cp_get lookups in one statement (siglo_sql.batching).
-        "cp_get_many": f"SELECT id, document FROM {cp} WHERE id IN ({{ids}}) AND {LIVE}",
+        "cp_get_many": (f"SELECT id, document, parts FROM {cp} WHERE id IN ({{ids}}) AND {LIVE}"),
         # The namespaced checkpoint first, else the un-namespaced one (seed 001 §5).
         "cp_get_fallback": (
-            f"SELECT document FROM {cp} WHERE id IN (:id, :fallback_id) AND {LIVE} "
+            f"SELECT document, parts, id FROM {cp} WHERE id IN (:id, :fallback_id) AND {LIVE} "
             "ORDER BY namespace = '' LIMIT 1"
         ),
         "cp_get_for_cancel": (f"SELECT document FROM {cp} WHERE id = :id AND {LIVE}{for_update}"),
@@ -256,6 +264,19 @@ def _checkpoints(cp: str, for_update: str) -> dict[str, str | None]:
         "cp_delete_expected": (
             f"DELETE FROM {cp} WHERE id = :id AND revision = :expected AND {LIVE} RETURNING gone_at"
         ),
+    }
+
+
+def _checkpoint_parts(parts: str) -> dict[str, str | None]:
+    return {
+        "parts_digests": f"SELECT digest FROM {parts} WHERE id = :id",
+        "parts_get": f"SELECT digest, body FROM {parts} WHERE id = :id",
+        # A digest names its body: a row already there is the same bytes.
+        "parts_insert": (
+            f"INSERT INTO {parts} (id, digest, body) VALUES (:id, :digest, :body) "
+            "ON CONFLICT (id, digest) DO NOTHING"
+        ),
+        "parts_delete": f"DELETE FROM {parts} WHERE id = :id AND digest = :digest",
     }
 
 

@@ -40,6 +40,8 @@ class SqliteStorageAdapter(SqlStorageAdapter):
     """The SQL storage adapter on SQLite."""
 
     name: ClassVar[str] = "sqlite"
+    max_document_bytes: int | None = 1_000_000_000
+    """SQLite's default SQLITE_MAX_LENGTH: the longest value one column holds."""
 
 
 def _path_of(url: str) -> str | None:

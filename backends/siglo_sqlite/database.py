@@ -32,7 +32,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from siglo.errors import InvalidArgumentError
 from siglo.settings import DEFAULTS
-from siglo_sql.database import Database, Executor, OnOpen, Params, Row
+from siglo_sql.database import Database, Executor, OnOpen, Params, Plan, Row
 from siglo_sqlite.call_order import CallOrder
 from siglo_sqlite.connections import (
     INLINE_WRITE_MODES,
@@ -374,6 +374,55 @@ class SqliteDatabase(Database):
                 await wal.answered()
             # A transaction open, or another connection's lock: the driver waits for it.
             return await self._driver_fetch(sql, params, start)
+
+    async def run_plan(self, plan: Plan) -> None:
+        """A transaction's plan run at once on the event loop's thread by the writer
+        connection when :meth:`write` would run a statement there (an incremental save:
+        its compare-and-set and part writes took one hop to the driver's thread each,
+        five times the statements' own time); else as every transaction runs."""
+        if not self._ready:
+            await self.open()
+        writer, wal = self._writer, self._wal
+        if (
+            writer is not None
+            and wal is not None
+            and not self._order.in_line
+            and not self._order.on_driver
+            and not self._driver.lock.locked()
+            and not wal.in_the_way()
+            and self._plan_inline(writer, wal, plan)
+        ):
+            return
+        await super().run_plan(plan)
+
+    def _plan_inline(self, writer: sqlite3.Connection, wal: WalCheckpoints, plan: Plan) -> bool:
+        """Run ``plan`` on the writer; ``False`` (nothing run) if another connection
+        holds the write lock: the writer never waits."""
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if not is_busy(exc):
+                raise self.wrap(exc, "starting a transaction") from exc
+            return False
+        try:
+            step = next(plan)
+            while True:
+                try:
+                    rows = writer.execute(*step).fetchall()
+                except sqlite3.Error as exc:
+                    raise self.wrap(exc, "running a statement") from exc
+                step = plan.send(rows)
+        except StopIteration:
+            try:
+                writer.execute("COMMIT")
+            except sqlite3.Error as exc:
+                writer.execute("ROLLBACK")
+                raise self.wrap(exc, "committing") from exc
+        except BaseException:
+            writer.execute("ROLLBACK")
+            raise
+        wal.wrote()
+        return True
 
     def _write_inline(
         self, writer: sqlite3.Connection, wal: WalCheckpoints, sql: str, params: Params

@@ -33,5 +33,8 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
         # to one backend: see siglo_sqlite.is_memory_url.
         multiprocess=True,
         bounded=True,
+        # The store's largest item, as the adapter class declares it (not imported here:
+        # a plugin declaration loads no driver).
+        max_document_bytes=1_000_000_000,
         description="SQLite file (WAL) or private in-memory database, via aiosqlite",
     )

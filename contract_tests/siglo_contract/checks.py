@@ -14,6 +14,7 @@ from siglo_contract import (  # the check modules, read for their @check functio
     checks_coordination,
     checks_ids,
     checks_input,
+    checks_large_state,
     checks_lifecycle,
     checks_locks,
     checks_manager,
@@ -100,6 +101,7 @@ def all_checks() -> list[Check]:
     found = _machines()
     for module in (
         checks_checkpoints,
+        checks_large_state,
         checks_waits,
         checks_wait_claims,
         checks_cache,

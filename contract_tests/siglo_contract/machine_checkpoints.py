@@ -91,6 +91,7 @@ class CheckpointMachine(ContractMachine):
         "checkpoint.namespace.fallback",
         "checkpoint.expiry.hidden",
         "checkpoint.expiry.clean",
+        "checkpoint.incremental",
         "ids.hostile",
     )
 
@@ -314,6 +315,74 @@ class CheckpointMachine(ContractMachine):
             self.diverge(occ_rule, f"save {got!r}; reference {want!r}")
             return
         self.diverge("checkpoint.roundtrip", f"save {got!r}; reference {want!r}")
+
+    @precondition(lambda self: self.live() and bool(self.touched))
+    @rule(
+        stack=STACKS,
+        ns=NAMESPACES,
+        change=st.sampled_from(("grow", "grow", "change", "drop", "move", "copy", "same")),
+    )
+    def grow(self, stack: str, ns: str | None, change: str) -> None:
+        """The next save of a stack whose state grows (past 16 KiB, where the SQL backend
+        saves incrementally): one context grown, changed, dropped, moved or copied under
+        another step, or none; the load must be the reference's, byte for byte."""
+        key = (self.k(ns), self.kk(stack))
+        current = self._ref_live(key)
+        if current is None:
+            return
+        contexts = {step: dict(ctx) for step, ctx in current.contexts.items()}
+        steps = list(contexts)
+        if change == "grow":
+            contexts[f"big-{len(steps)}"] = {"out": "g" * 17_000, "n": len(steps)}
+            if len(contexts) > 6:  # bounded: a program's documents stay under ~100 KB
+                del contexts[steps[0]]
+        elif change == "change" and steps:
+            contexts[steps[-1]] = {**contexts[steps[-1]], "changed": current.revision}
+        elif change == "drop" and steps:
+            del contexts[steps[0]]
+        elif change == "move" and steps:
+            contexts[steps[0]] = contexts.pop(steps[0])
+        elif change == "copy" and steps:
+            contexts["copy"] = dict(contexts[steps[-1]])
+        cp = current.replace(revision=current.revision + 1, timestamp=self.now(), contexts=contexts)
+        note(f"# grow ({change}) to rev={cp.revision}, {len(cp.to_json())} bytes")
+        got = self.call(
+            self.backend.adapter.save_checkpoint(cp, expected_revision=current.revision),
+            "checkpoint.incremental",
+        )
+        want = self.call(
+            self.ref.adapter.save_checkpoint(cp, expected_revision=current.revision),
+            "checkpoint.incremental",
+        )
+        if self.tainted:
+            return
+        if got.kind() != want.kind():
+            self.judge_get_after_grow(key, f"save {got!r}; reference {want!r}")
+            return
+        mine = self.call(
+            self.backend.adapter.get_checkpoint(key[1], key[0], fallback=False),
+            "checkpoint.incremental",
+        )
+        self.unexpected(mine, "checkpoint.incremental", "get_checkpoint")
+        theirs = self._ref_live(key)
+        if self.tainted:
+            return
+        if (mine.value is None) != (theirs is None) or (
+            mine.value is not None
+            and theirs is not None
+            and mine.value.to_json() != theirs.to_json()
+        ):
+            self.judge_get_after_grow(
+                key, f"after a {change} save read back {mine.value!r}; reference {theirs!r}"
+            )
+
+    def judge_get_after_grow(self, key: tuple[str | None, str], message: str) -> None:
+        """A grown stack the backend stores otherwise than the reference: an expired one
+        is ``checkpoint.expiry.hidden``'s, anything else the incremental save's."""
+        if self._ref_stored_expired(key) is not None:
+            self.diverge("checkpoint.expiry.hidden", message)
+        else:
+            self.diverge("checkpoint.incremental", message)
 
     @precondition(lambda self: self.live())
     @rule(stack=STACKS, ns=NAMESPACES, fallback=st.booleans())

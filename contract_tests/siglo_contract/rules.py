@@ -81,6 +81,16 @@ RULES: Final[tuple[Rule, ...]] = (
     _a("checkpoint.expiry.hidden", _C.CHECKPOINTS, "an expired checkpoint is never returned"),
     _a("checkpoint.expiry.clean", _C.CHECKPOINTS, "clean-up removes expired checkpoints only"),
     _a(
+        "checkpoint.size.guard",
+        _C.CHECKPOINTS,
+        "a document over the limit raises DocumentTooLargeError, nothing written",
+    ),
+    _a(
+        "checkpoint.incremental",
+        _C.CHECKPOINTS,
+        "after saves that grow, change, move and drop contexts, a load is the last save",
+    ),
+    _a(
         "wait.roundtrip",
         _C.WAIT_RECORDS,
         "a saved wait record reads back equal; a re-save replaces it",
@@ -271,6 +281,8 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("plugins.driver-missing", "a missing driver says which extra to install"),
     _core("plugins.capabilities-agree", "registered capabilities match the backend's"),
     _core("plugins.url-options", "an unknown URL option is refused at once, naming it"),
+    _core("blobs.offload", "large values go to the blob store and read back"),
+    _core("blobs.collect", "the collector leaves no orphan blob and no dangling reference"),
 )
 """Every rule on ``docs/contract.md``, in page order."""
 

@@ -13,6 +13,7 @@ import click
 
 from siglo import __version__
 from siglo.cli.backends import backends
+from siglo.cli.blobs import collect_blobs_command
 from siglo.cli.check import check
 from siglo.cli.config import config
 from siglo.cli.drill import drill
@@ -72,6 +73,7 @@ cli.add_command(import_)
 cli.add_command(clean)
 cli.add_command(rekey_command)
 cli.add_command(erase_command)
+cli.add_command(collect_blobs_command)
 cli.add_command(worker)
 cli.add_command(ui)
 

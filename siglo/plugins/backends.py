@@ -50,6 +50,14 @@ class BackendSpec:
     bounded: bool = False
     """Whether the factory takes ``command_timeout_ms``, the bound on every call to the
     server (SPEC §4): :func:`siglo.connect` passes the settings' bound to it."""
+    blob_store: str | Callable[..., Any] | None = None
+    """``"module:callable"`` (imported lazily) or a callable taking a URL of this backend
+    and returning a :class:`~siglo.blobs.BlobStore` there, for ``blob_url`` (offloaded
+    values, docs/large-state.md); ``None``: the backend keeps no blobs."""
+    max_document_bytes: int | None = None
+    """The largest checkpoint document (stored JSON bytes) the backend's store holds in
+    one item (``None``: no limit of its own). :func:`siglo.connect` refuses larger saves
+    with :class:`~siglo.errors.DocumentTooLargeError` before anything is written."""
 
     def install_command(self) -> str:
         """The command that installs this backend's drivers."""
@@ -82,6 +90,15 @@ class BackendSpec:
         self._require_drivers()
         return import_dotted(self.factory) if isinstance(self.factory, str) else self.factory
 
+    def load_blob_store(self) -> Callable[..., Any] | None:
+        """The blob-store factory, if the backend declares one."""
+        if self.blob_store is None:
+            return None
+        self._require_drivers()
+        if isinstance(self.blob_store, str):
+            return import_dotted(self.blob_store)  # type: ignore[no-any-return]
+        return self.blob_store
+
     def load_isolated(self) -> Callable[..., Any] | None:
         """The isolation factory, if the backend declares one."""
         if self.isolated is None:
@@ -111,6 +128,8 @@ class BackendRegistry:
         multiprocess: bool = False,
         install_hint: str | None = None,
         bounded: bool = False,
+        max_document_bytes: int | None = None,
+        blob_store: str | Callable[..., Any] | None = None,
     ) -> None:
         """Declare one backend; invalid declarations raise :class:`PluginError`.
 
@@ -119,6 +138,13 @@ class BackendRegistry:
         schemes = tuple(s.lower() for s in schemes)
         if not name or not schemes:
             raise PluginError(f"plugin {self.plugin!r}: a backend needs a name and a scheme")
+        if max_document_bytes is not None and (
+            type(max_document_bytes) is not int or max_document_bytes <= 0
+        ):
+            raise PluginError(
+                f"plugin {self.plugin!r}, backend {name!r}: max_document_bytes must be a "
+                f"positive integer of bytes or None, got {max_document_bytes!r}"
+            )
         try:
             caps = frozenset(Capability(c) for c in capabilities)
         except ValueError as exc:
@@ -140,5 +166,7 @@ class BackendRegistry:
                 plugin=self.plugin,
                 install_hint=install_hint,
                 bounded=bounded,
+                max_document_bytes=max_document_bytes,
+                blob_store=blob_store,
             )
         )

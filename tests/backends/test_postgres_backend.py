@@ -107,14 +107,15 @@ async def test_documents_are_lz4_compressed_where_the_server_has_it(schema: str)
             "SELECT c.relname, a.attname, a.attcompression FROM pg_attribute a "
             "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND a.attname IN ('document', 'value', 'result', "
-            "'event_payload') AND c.relkind = 'r'",
+            "'event_payload', 'body') AND c.relkind = 'r'",
             (schema,),
         )
-        assert len(columns) == 6, columns
+        assert len(columns) == 7, columns
         expected = "l" if has_lz4 else ""
         assert {str(row[2]) for row in columns} == {expected}, columns
+        # Saved incrementally (over 16 KiB): the context is a checkpoint_parts body.
         stored = await db.fetch(
-            f'SELECT pg_column_compression(document) FROM "{schema}".siglo_checkpoints'
+            f'SELECT pg_column_compression(body) FROM "{schema}".siglo_checkpoint_parts'
         )
         assert stored[0][0] == ("lz4" if has_lz4 else "pglz")
         loaded = await adapter.get_checkpoint("s")

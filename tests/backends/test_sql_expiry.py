@@ -31,7 +31,7 @@ async def test_clean_in_batches_returns_the_count(kind: str) -> None:
                 doc = Checkpoint(stack_id=f"s{i}", revision=1, timestamp=1).to_json()
                 row = {"id": row_id("", f"s{i}"), "namespace": "", "stack_id": f"s{i}"}
                 row.update(revision=1, status="running", gone_at=gone, document=doc)
-                row.update(workflow_id=None, updated_at=1, expires_at=None, now=0)
+                row.update(workflow_id=None, updated_at=1, expires_at=None, parts=None, now=0)
                 await tx.fetch(cp, row)
         assert await a.clean_expired_checkpoints() == 0
         clock.advance(499)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_support import statements_sent
 
 import siglo
 from siglo import Checkpoint
@@ -47,7 +48,8 @@ def wal_bytes(path: Path | str) -> int:
 
 
 def writes(trace: list[str]) -> list[str]:
-    return [s for s in trace if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
+    sent = statements_sent(trace)
+    return [s for s in sent if s.lstrip().upper().startswith(("INSERT", "UPDATE"))]
 
 
 @asynccontextmanager

@@ -6,8 +6,10 @@ and each path keeps the namespace it was given.
 :data:`PATHS` is the registry of writers: the manager (foreground and background saves,
 the object-bound save, the context stream), a flow (its input, a durable wait, a delivered
 event, a cached step), the idempotency store, the synchronous facade, ``siglo worker``
-(a timer it fires, a crashed run it recovers) and ``siglo import`` (checkpoints, a claimed
-wait it saves, and one it creates to finish an interrupted import). Each runs through its
+(a timer it fires, a crashed run it recovers), ``siglo import`` (checkpoints, a claimed
+wait it saves, and one it creates to finish an interrupted import), and offloaded values
+(the blob store a large value goes to, and the collector that removes blobs). Each runs
+through its
 real entry point — the worker and the command line as processes of their own, given only
 the directory they run in — against SQLite, PostgreSQL and Redis, and the test reads the
 raw stored bytes: the secret is nowhere, and what was written under a namespace is found
@@ -50,8 +52,10 @@ from raw_storage import raw_bytes
 
 import siglo
 from siglo import sync
+from siglo.blobs import open_blob_store
 from siglo.cli import cli
-from siglo.config import CONFIG_ENV, ENVIRONMENT, reset_settings
+from siglo.config import CONFIG_ENV, ENVIRONMENT, current_settings, reset_settings
+from siglo.offload import collect_blobs
 from siglo.pipeline import Pipeline, pipeline_parts
 from siglo.redaction import REDACTED
 from siglo.workflow import Flow
@@ -258,6 +262,31 @@ async def _idempotency(env: Env, ident: str) -> None:
         store = backend.require_idempotency()
         assert await store.claim(f"{NS}:{ident}") == "claimed"
         await store.complete(f"{NS}:{ident}", {"receipt": {FIELD: SECRET}})
+
+
+@path("offloaded values (blob store, collector)")
+async def _offloaded(env: Env, ident: str) -> None:
+    # The application's settings (its backend, its redacted field) with offloading on: a
+    # value past the threshold goes to the blob store after redaction, and the collector,
+    # run as if long after, keeps what the live checkpoint references.
+    blobs = env.home / "blobs"
+    settings = current_settings().replace(offload_min_bytes=1_024, blob_url=blobs.as_uri())
+    large = {FIELD: SECRET, "text": "large " * 1_000}
+    async with siglo.connect(settings=settings) as backend:
+        manager = siglo.StorageManager(backend)
+        stack = manager.create_stack(ident, namespace=NS)
+        _secret_context(stack)
+        stack.set("pay", "document", large)
+        await manager.save_checkpoint(ident)
+        store = open_blob_store(settings.blob_url or "")
+        later = int(time.time() * 1000) + 7_200_000
+        await collect_blobs(backend.adapter, store, now_ms=later)
+        loaded = await backend.adapter.get_checkpoint(ident, NS, fallback=False)
+        assert loaded is not None
+        assert loaded.contexts["pay"]["document"] == {**large, FIELD: REDACTED}
+    stored = [p.read_bytes() for p in blobs.glob("??/*")]
+    assert len(stored) == 1
+    assert SECRET.encode() not in stored[0]
 
 
 @path("siglo.sync")
@@ -682,6 +711,7 @@ COMMANDS: dict[str, str] = {
     "backends": "no stored data",
     "check": "its own isolated storage",
     "clean": "deletes only",
+    "collect-blobs": "offloaded values (blob store, collector)",
     "config": "no stored data",
     "drill": "synthetic data under a namespace of its own, removed afterwards",
     "erase": "deletes only",

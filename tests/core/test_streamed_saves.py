@@ -44,7 +44,15 @@ def count_statements(backend: siglo.Backend) -> list[str]:
     db.raw_fetch = counting
     writer = getattr(db, "_writer", None)  # SQLite's keyed writes on the loop's thread
     if writer is not None:
-        writer.set_trace_callback(lambda sql: ran.append(sql.split()[0]))
+        traced: list[str] = []
+
+        def on_statement(sql: str) -> None:
+            # A trigger's program is traced with the text of its statement: not sent.
+            if not traced or traced[-1] != sql:
+                ran.append(sql.split()[0])
+            traced.append(sql)
+
+        writer.set_trace_callback(on_statement)
     return ran
 
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import mutants_backends as b
 import mutants_holes as h
+import mutants_large as lg
 import mutants_values as v
 
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
@@ -1258,6 +1259,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "capability.declared",
         "declares the step cache without get_cached_step",
         adapter=UndeclaredCacheMethods,
+    ),
+    _m(
+        "checkpoint.size.guard",
+        "a streamed save too large writes its changes",
+        adapter=lg.StreamsBeforeSizeGuard,
+    ),
+    _m("checkpoint.size.guard", "stores documents over the limit", adapter=lg.IgnoresDocumentLimit),
+    _m(
+        "checkpoint.incremental",
+        "a changed context of a large document keeps its stored body",
+        adapter=lg.StaleChangedContext,
+    ),
+    _m(
+        "checkpoint.incremental",
+        "a context dropped from a large document stays",
+        adapter=lg.KeepsDroppedContexts,
     ),
 )
 """One broken backend per adapter rule of docs/contract.md."""

@@ -144,3 +144,11 @@ async def race(job: str, url: str, **args: Any) -> list[Any]:
     errors = [e for o in outcomes for e in o["errors"]]
     assert errors == [], errors
     return [o["result"] for o in outcomes]
+
+
+def statements_sent(trace: list[str]) -> list[str]:
+    """An SQLite trace (``set_trace_callback``) as the statements sent: SQLite traces the
+    start of each trigger program with the text of the statement that fired it (the
+    checkpoints' triggers of schema version 6 run on every save), so an entry that
+    repeats the one before it is that statement's trigger, not another statement."""
+    return [sql for i, sql in enumerate(trace) if i == 0 or sql != trace[i - 1]]

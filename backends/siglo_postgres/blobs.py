@@ -1,0 +1,123 @@
+"""Offloaded values in PostgreSQL (``blob_url = "postgresql://…?schema=app"``): one row a
+blob in ``<schema>.<table_prefix>blobs`` (``digest`` text primary key, ``body`` bytea,
+``keep_until`` bigint), made when the store is first used (SPEC §13, :mod:`siglo.blobs`).
+
+Each change is one statement: a put that finds the blob only raises its keep-until (no
+bytes sent), one that does not inserts it (``ON CONFLICT`` raises the keep-until of a
+concurrent put's row); the collector's removal is a ``DELETE … WHERE keep_until < …``, so
+a blob refreshed since the collector looked stays.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+
+from siglo.blobs import BlobStore, check_digest
+from siglo.errors import StorageAdapterError
+from siglo.settings import DEFAULTS
+from siglo_postgres.connect import POSTGRES_OPTIONS, _conninfo
+from siglo_sql.connect import split_url_options
+from siglo_sql.schema import DEFAULT_PREFIX, check_identifier
+
+__all__ = ["PostgresBlobStore", "open_store"]
+
+
+class PostgresBlobStore(BlobStore):
+    """Blobs in one PostgreSQL table (see the module); one connection, opened on first
+    use, calls serialised on it."""
+
+    def __init__(self, conninfo: str, table: str, url: str) -> None:
+        self._conninfo = conninfo
+        self._table = table
+        self.url = url
+        self._conn: Any = None
+
+    async def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            schema = self._table.rpartition(".")[0]
+            if schema:
+                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._table} (digest text PRIMARY KEY, "
+                "body bytea NOT NULL, keep_until bigint NOT NULL)"
+            )
+            self._conn = conn
+        return self._conn
+
+    async def _run(self, doing: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        try:
+            conn = await self._connection()
+            cursor = await conn.execute(sql, params)
+            return list(await cursor.fetchall()) if cursor.description else []
+        except psycopg.Error as exc:
+            raise StorageAdapterError(f"blob store {self.url}: {doing} failed: {exc!r}") from exc
+
+    async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
+        keep = max(int(time.time() * 1000), keep_until_ms or 0)
+        t = self._table
+        refreshed = await self._run(
+            "a put",
+            f"UPDATE {t} SET keep_until = GREATEST(keep_until, %s) WHERE digest = %s RETURNING 1",
+            (keep, check_digest(digest)),
+        )
+        if not refreshed:
+            await self._run(
+                "a put",
+                f"INSERT INTO {t} (digest, body, keep_until) VALUES (%s, %s, %s) "
+                f"ON CONFLICT (digest) DO UPDATE SET keep_until = "
+                f"GREATEST({t}.keep_until, excluded.keep_until)",
+                (digest, data, keep),
+            )
+
+    async def get(self, digest: str) -> bytes | None:
+        rows = await self._run(
+            "a get", f"SELECT body FROM {self._table} WHERE digest = %s", (check_digest(digest),)
+        )
+        return bytes(rows[0][0]) if rows else None
+
+    async def delete(self, digest: str) -> bool:
+        rows = await self._run(
+            "a delete",
+            f"DELETE FROM {self._table} WHERE digest = %s RETURNING 1",
+            (check_digest(digest),),
+        )
+        return bool(rows)
+
+    async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
+        rows = await self._run(
+            "a removal",
+            f"DELETE FROM {self._table} WHERE digest = %s AND keep_until < %s RETURNING 1",
+            (check_digest(digest), kept_before_ms),
+        )
+        return bool(rows)
+
+    async def scan(self) -> AsyncIterator[tuple[str, int]]:
+        rows = await self._run("a scan", f"SELECT digest, keep_until FROM {self._table}", ())
+        for digest, keep in rows:
+            yield str(digest), int(keep)
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+
+def open_store(url: str) -> PostgresBlobStore:
+    """The store at ``postgresql://…[?schema=S][&table_prefix=P]`` (table ``P + "blobs"``,
+    in the connection's schema when none is named)."""
+    base, options = split_url_options(url, POSTGRES_OPTIONS)
+    schema = options.get("schema")
+    prefix = str(options.get("table_prefix", DEFAULT_PREFIX))
+    check_identifier("table prefix", prefix)
+    table = f'"{prefix}blobs"'
+    if schema:
+        table = f'"{check_identifier("schema", str(schema))}".{table}'
+    return PostgresBlobStore(_conninfo(base, DEFAULT_CONNECT_MS), table, url)
+
+
+DEFAULT_CONNECT_MS = DEFAULTS.connect_timeout_ms

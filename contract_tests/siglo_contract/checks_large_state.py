@@ -1,0 +1,185 @@
+"""Focused checks of the large-state rules (SPEC §13): the size guard and incremental
+saves."""
+
+from __future__ import annotations
+
+from siglo.adapter import Capability
+from siglo.checkpoint import Checkpoint
+from siglo.errors import CheckpointConflictError, DocumentTooLargeError
+from siglo.records import ContextChangeEvent
+from siglo_contract.checks_checkpoints import same
+from siglo_contract.registry import CheckContext, check, expect, fail
+
+GUARD_LIMIT = 4096
+"""The document limit the size-guard check puts on the adapter under test (or its own
+declared maximum, if smaller): small enough to cross cheaply on every backend."""
+
+
+def _padded(cp: Checkpoint, step: str, size: int) -> Checkpoint:
+    """``cp`` with a context ``step`` padded so that its document is ``size`` bytes."""
+    probe = cp.replace(contexts={**cp.contexts, step: {"pad": ""}})
+    missing = size - len(probe.to_json())
+    if missing < 0:
+        raise AssertionError(f"cannot pad a {len(probe.to_json())}-byte document to {size}")
+    return cp.replace(contexts={**cp.contexts, step: {"pad": "x" * missing}})
+
+
+@check("checkpoint.size.guard")
+async def checkpoint_size_guard(ctx: CheckContext) -> None:
+    """A document of exactly the limit is stored; one byte more raises
+    DocumentTooLargeError naming the stack, the size, the limit and the largest context,
+    and leaves the stored checkpoint and (streamed) the context stream as they were."""
+    ctx.about("checkpoint.size.guard")
+    raw = ctx.backend.raw_adapter
+    declared = raw.max_document_bytes
+    limit = GUARD_LIMIT if declared is None else min(declared, GUARD_LIMIT)
+    raw.max_document_bytes = limit
+    try:
+        a = ctx.backend.adapter
+        stack = ctx.id("size-guard")
+        first = ctx.checkpoint(stack, 1, contexts={"small": {"n": 1}})
+        await a.save_checkpoint(first)
+        fits = _padded(ctx.checkpoint(stack, 2, contexts={"small": {"n": 2}}), "big", limit)
+        await a.save_checkpoint(fits, expected_revision=1)
+        stored = await a.get_checkpoint(stack)
+        expect(
+            same(stored, fits),
+            "checkpoint.size.guard",
+            f"a document of exactly the limit ({limit} bytes) was not stored as saved: "
+            f"read back {stored!r}",
+        )
+        over = _padded(ctx.checkpoint(stack, 3, contexts={"small": {"n": 3}}), "big", limit + 1)
+        try:
+            await a.save_checkpoint(over, expected_revision=2)
+        except DocumentTooLargeError as exc:
+            expect(
+                (exc.stack_id, exc.size, exc.limit) == (stack, limit + 1, limit),
+                "checkpoint.size.guard",
+                f"the error carries stack_id={exc.stack_id!r}, size={exc.size}, "
+                f"limit={exc.limit}; want {stack!r}, {limit + 1}, {limit}",
+            )
+            expect(
+                bool(exc.largest) and exc.largest[0][0] == "big",
+                "checkpoint.size.guard",
+                f"the error names the largest contexts {exc.largest!r}; want 'big' first",
+            )
+        else:
+            fail(
+                "checkpoint.size.guard",
+                f"a {limit + 1}-byte document was stored although the limit is {limit}",
+            )
+        after = await a.get_checkpoint(stack)
+        expect(
+            same(after, fits),
+            "checkpoint.size.guard",
+            f"a refused save changed the stored checkpoint into {after!r}",
+        )
+        if not a.supports(Capability.CONTEXT_STREAM):
+            return
+        change = ContextChangeEvent(
+            stack_id=stack, step_id="big", key="note", timestamp=ctx.now_ms(), value="late"
+        )
+        try:
+            await a.save_checkpoint_streamed(over, [change], expected_revision=2)
+        except DocumentTooLargeError:
+            pass
+        else:
+            fail(
+                "checkpoint.size.guard",
+                f"a streamed save of a {limit + 1}-byte document was stored (limit {limit})",
+            )
+        streamed = await a.get_context_changes(stack, "big")
+        expect(
+            "note" not in streamed,
+            "checkpoint.size.guard",
+            f"a streamed save refused as too large wrote its context change: {streamed!r}",
+        )
+        expect(
+            same(await a.get_checkpoint(stack), fits),
+            "checkpoint.size.guard",
+            "a streamed save refused as too large changed the stored checkpoint",
+        )
+    finally:
+        raw.max_document_bytes = declared
+
+
+def _grown(cp: Checkpoint, revision: int, step: int) -> Checkpoint:
+    """The next checkpoint of a run whose state grows: one context changed, one added,
+    one removed every third step, the rest unchanged (as a stack's saves are)."""
+    contexts = {name: dict(ctx) for name, ctx in cp.contexts.items()}
+    contexts[f"step-{step}"] = {"output": "o" * 2_000 + str(step), "n": step}
+    if "history" in contexts:
+        contexts["history"]["log"] = contexts["history"]["log"] + ["x" * 1_500 + str(step)]
+    if step % 3 == 0:
+        contexts.pop(f"step-{step - 2}", None)
+    if step == 5:
+        # Same content under two steps, and a step moved to the end.
+        contexts["copy"] = dict(contexts["history"])
+        contexts["first"] = contexts.pop("first")
+    if step == 6:
+        contexts["copy"] = {"log": []}  # a shared body changed under one of its steps
+    return cp.replace(revision=revision, contexts=contexts, timestamp=cp.timestamp + 1)
+
+
+@check("checkpoint.incremental")
+async def checkpoint_incremental(ctx: CheckContext) -> None:
+    """A run of saves whose contexts grow, change, repeat, move and go (past 16 KiB, where
+    the SQL backend saves incrementally), with refused saves between them: every load
+    returns the document of the last accepted save, byte for byte."""
+    ctx.about("checkpoint.incremental")
+    a = ctx.backend.adapter
+    stack = ctx.id("incremental")
+    cp = ctx.checkpoint(stack, 1, contexts={"first": {"a": 1}, "history": {"log": []}})
+    await a.save_checkpoint(cp, expected_revision=0)
+    for step in range(2, 16):
+        nxt = _grown(cp, step, step)
+        if step % 4 == 0:
+            # A refused save of other contents leaves the stored document as it was.
+            stale = _grown(cp, step, step + 100)
+            try:
+                await a.save_checkpoint(stale, expected_revision=step - 2)
+            except CheckpointConflictError:
+                pass
+            else:
+                fail("checkpoint.incremental", f"a save expecting revision {step - 2} stored")
+            got = await a.get_checkpoint(stack)
+            expect(
+                got is not None and got.to_json() == cp.to_json(),
+                "checkpoint.incremental",
+                f"after a refused save at revision {step}, read back a document other than "
+                f"revision {cp.revision}'s",
+            )
+        await a.save_checkpoint(nxt, expected_revision=step - 1)
+        got = await a.get_checkpoint(stack)
+        if got is None or got.to_json() != nxt.to_json():
+            want = set(nxt.contexts)
+            have = set() if got is None else set(got.contexts)
+            changed = sorted(
+                s for s in want & have if got is not None and got.contexts[s] != nxt.contexts[s]
+            )
+            fail(
+                "checkpoint.incremental",
+                f"revision {step} ({len(nxt.to_json())} bytes) read back differently: "
+                f"missing contexts {sorted(want - have)}, extra {sorted(have - want)}, "
+                f"different {changed}"
+                + ("" if got is None or got != nxt else " (equal, not the same bytes)"),
+            )
+        cp = nxt
+    # Shrinking back to a small document (stored whole on SQL) and growing again.
+    small = cp.replace(revision=16, contexts={"first": {"a": 2}})
+    await a.save_checkpoint(small, expected_revision=15)
+    got = await a.get_checkpoint(stack)
+    expect(
+        got is not None and got.to_json() == small.to_json(),
+        "checkpoint.incremental",
+        f"a document shrunk to {len(small.to_json())} bytes read back as {got!r}",
+    )
+    again = _grown(small.replace(contexts={**small.contexts, "history": {"log": []}}), 17, 17)
+    again = _grown(again, 17, 18)
+    await a.save_checkpoint(again, expected_revision=16)
+    got = await a.get_checkpoint(stack)
+    expect(
+        got is not None and got.to_json() == again.to_json(),
+        "checkpoint.incremental",
+        "a document grown again after shrinking read back differently",
+    )

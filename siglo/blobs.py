@@ -1,0 +1,257 @@
+"""Blob stores: where offloaded values live, by content hash (SPEC §13).
+
+A blob is the compact JSON of one value, stored under the hex SHA-256 of those bytes, so
+the same value is stored once however many checkpoints hold it, and a blob never changes.
+Each blob has a *keep-until* time: a put sets it to at least now (and, for a cached step
+output, to the end of the cache entry's life); the garbage collector
+(:func:`siglo.offload.collect_blobs`) removes a blob that no live checkpoint references
+once its keep-until is more than the grace period old.
+
+Built in: :class:`DirectoryBlobStore` (``file:///path``: one file per blob, for SQLite and
+development, and any shared file system) and :class:`MemoryBlobStore` (``memory://``:
+this process only). :func:`open_blob_store` opens one from its URL.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import hashlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
+from siglo.plugins import get_registry
+
+__all__ = [
+    "BlobStore",
+    "DirectoryBlobStore",
+    "MemoryBlobStore",
+    "blob_digest",
+    "check_digest",
+    "open_blob_store",
+]
+
+_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+
+
+def blob_digest(data: bytes) -> str:
+    """The name of a blob: the hex SHA-256 of its bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_digest(digest: str) -> str:
+    """``digest`` if it names a blob (64 lower-case hex digits), else
+    :class:`~siglo.errors.InvalidArgumentError`."""
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise InvalidArgumentError(f"a blob digest is 64 lower-case hex digits, got {digest!r}")
+    return digest
+
+
+class BlobStore(abc.ABC):
+    """Content-addressed blobs with a keep-until time (see the module)."""
+
+    url: str = ""
+
+    @abc.abstractmethod
+    async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
+        """Store ``data`` under ``digest`` (its :func:`blob_digest`), or keep the blob
+        already there; its keep-until becomes at least now and ``keep_until_ms``."""
+
+    @abc.abstractmethod
+    async def get(self, digest: str) -> bytes | None:
+        """The blob's bytes, or ``None`` when there is no such blob."""
+
+    @abc.abstractmethod
+    async def delete(self, digest: str) -> bool:
+        """Remove the blob; whether there was one."""
+
+    @abc.abstractmethod
+    def scan(self) -> AsyncIterator[tuple[str, int]]:
+        """Every blob as ``(digest, keep_until_ms)``."""
+
+    @abc.abstractmethod
+    async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
+        """Remove the blob if its keep-until is still before ``kept_before_ms`` (a put
+        that refreshed it meanwhile keeps it); whether it was removed."""
+
+    async def aclose(self) -> None:  # noqa: B027  (a hook: most stores hold nothing)
+        """Release what the store holds (nothing, for the built-in ones)."""
+
+
+class MemoryBlobStore(BlobStore):
+    """Blobs in this process's memory (tests, ``memory://`` backends)."""
+
+    url = "memory://"
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, tuple[bytes, int]] = {}
+
+    async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
+        check_digest(digest)
+        now = int(time.time() * 1000)
+        old = self._blobs.get(digest)
+        keep = max(now, keep_until_ms or 0, old[1] if old else 0)
+        self._blobs[digest] = (old[0] if old else bytes(data), keep)
+
+    async def get(self, digest: str) -> bytes | None:
+        found = self._blobs.get(check_digest(digest))
+        return None if found is None else found[0]
+
+    async def delete(self, digest: str) -> bool:
+        return self._blobs.pop(check_digest(digest), None) is not None
+
+    async def scan(self) -> AsyncIterator[tuple[str, int]]:
+        for digest, (_, keep) in list(self._blobs.items()):
+            yield digest, keep
+
+    async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
+        found = self._blobs.get(check_digest(digest))
+        if found is None or found[1] >= kept_before_ms:
+            return False
+        del self._blobs[digest]
+        return True
+
+
+class DirectoryBlobStore(BlobStore):
+    """One file per blob under ``root/<first two digits>/<digest>``; the file's
+    modification time is its keep-until. A put writes a temporary file and renames it
+    into place, so a reader never sees half a blob, and concurrent puts of the same
+    digest (the same bytes) are harmless."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = self.root.resolve().as_uri()
+
+    def _path(self, digest: str) -> Path:
+        return self.root / digest[:2] / check_digest(digest)
+
+    async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
+        await asyncio.to_thread(self._put, self._path(digest), data, keep_until_ms)
+
+    def _put(self, path: Path, data: bytes, keep_until_ms: int | None) -> None:
+        now = time.time()
+        keep = max(now, (keep_until_ms or 0) / 1000)
+        try:
+            try:
+                current = path.stat().st_mtime
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".put-")
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(temp, path)
+                current = 0.0
+            try:
+                os.utime(path, (keep, max(keep, current)))
+            except FileNotFoundError:
+                current = -1.0
+            if current < 0 or not path.exists():
+                # The collector took it between the look and the refresh: write it again
+                # (same digest, same bytes), so the caller's reference never dangles.
+                self._put(path, data, keep_until_ms)
+        except OSError as exc:
+            raise StorageAdapterError(
+                f"blob store {self.url}: cannot write {path.name}: {exc}"
+            ) from exc
+
+    async def get(self, digest: str) -> bytes | None:
+        path = self._path(digest)
+
+        def read() -> bytes | None:
+            try:
+                return path.read_bytes()
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise StorageAdapterError(
+                    f"blob store {self.url}: cannot read {path.name}: {exc}"
+                ) from exc
+
+        return await asyncio.to_thread(read)
+
+    async def delete(self, digest: str) -> bool:
+        path = self._path(digest)
+
+        def remove() -> bool:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return False
+            return True
+
+        return await asyncio.to_thread(remove)
+
+    async def scan(self) -> AsyncIterator[tuple[str, int]]:
+        def listing() -> list[tuple[str, int]]:
+            if not self.root.is_dir():
+                return []
+            found = []
+            for path in self.root.glob("??/*"):
+                if _DIGEST.fullmatch(path.name):
+                    try:
+                        found.append((path.name, int(path.stat().st_mtime * 1000)))
+                    except FileNotFoundError:  # collected meanwhile
+                        continue
+            return found
+
+        for item in await asyncio.to_thread(listing):
+            yield item
+
+    async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
+        path = self._path(digest)
+
+        def remove() -> bool:
+            # Moved aside first, then looked at again: a put that refreshed the blob after
+            # the collector's scan shows in the moved file's time, and it goes back.
+            doomed = path.with_name(f".doomed-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
+            try:
+                if path.stat().st_mtime * 1000 >= kept_before_ms:
+                    return False
+                os.rename(path, doomed)
+            except FileNotFoundError:
+                return False
+            if doomed.stat().st_mtime * 1000 >= kept_before_ms:
+                if path.exists():
+                    doomed.unlink()
+                else:
+                    os.rename(doomed, path)
+                return False
+            doomed.unlink()
+            return True
+
+        return await asyncio.to_thread(remove)
+
+
+def open_blob_store(url: str) -> BlobStore:
+    """The blob store at ``url``: ``file:///path`` (a directory, made when first
+    written), ``memory://``, or the URL of a backend whose plugin declares a blob store
+    (``redis://…?prefix=app:``, ``postgresql://…?schema=app``; the driver is imported
+    then). Anything else raises :class:`~siglo.errors.InvalidArgumentError` naming what
+    is supported."""
+    parts = urlsplit(url)
+    if parts.scheme == "file" and parts.path:
+        return DirectoryBlobStore(unquote(parts.path))
+    if url == "memory://":
+        return MemoryBlobStore()
+    try:
+        spec = get_registry().for_url(url)
+    except SigloError:
+        spec = None
+    factory = None if spec is None else spec.load_blob_store()
+    if factory is None:
+        raise InvalidArgumentError(
+            f"blob_url {url!r} is not a blob store siglo knows: use file:///path/to/dir "
+            "(a directory), memory:// (this process only), or a redis:// or postgresql:// "
+            "URL"
+        )
+    store: BlobStore = factory(url)
+    return store

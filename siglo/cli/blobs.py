@@ -1,0 +1,50 @@
+"""``siglo collect-blobs``: remove the offloaded values no live checkpoint references."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from siglo.adapter import Capability
+from siglo.blobs import open_blob_store
+from siglo.cli.common import open_store, print_json, print_table, require
+from siglo.cli.errors import CliError, cli_settings, resolve_url
+from siglo.offload import DEFAULT_GRACE_MS, Collected, collect_blobs
+
+
+@click.command("collect-blobs")
+@click.argument("url", required=False, default=None)
+@click.option(
+    "--grace-ms",
+    type=click.IntRange(min=0),
+    default=DEFAULT_GRACE_MS,
+    show_default=True,
+    help="Keep an unreferenced blob this long past its last put (or its cache entry's end).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None:
+    """Remove blobs of the settings' blob_url that no live checkpoint references."""
+    settings = cli_settings()
+    if settings.blob_url is None:
+        raise CliError(
+            "no blob store: the settings name no blob_url",
+            "set blob_url (and offload_min_bytes) in siglo.toml or $SIGLO_BLOB_URL",
+        )
+    blob_url = settings.blob_url
+
+    async def run() -> Collected:
+        async with open_store(resolve_url(url)) as backend:
+            require(backend, Capability.LISTING)
+            store = open_blob_store(blob_url)
+            try:
+                return await collect_blobs(backend.adapter, store, grace_ms=grace_ms)
+            finally:
+                await store.aclose()
+
+    done = asyncio.run(run())
+    counts = {"referenced": done.referenced, "removed": done.removed, "kept": done.kept}
+    if as_json:
+        print_json(counts)
+        return
+    print_table(f"blobs of {blob_url}", ("blobs", "count"), list(counts.items()))

@@ -1,0 +1,197 @@
+"""Incremental saves on the SQL backends (SPEC §13, issue 34): a document of at least
+``incremental_min_bytes`` is stored as a skeleton and its contexts, a save writes only the
+contexts that changed in the same transaction as its compare-and-set, and a load returns
+the saved bytes. Rows of the version-1 fixture, migrated, read as before and move to parts
+on their next large save."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sql_support import SHARED_KINDS, open_backend
+from test_sql_migrations import check_v1_data, v1_database
+
+import siglo
+from siglo import Checkpoint, CheckpointConflictError
+from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, assemble, split
+
+pytestmark = pytest.mark.rule("checkpoint.incremental")
+KINDS = pytest.mark.parametrize("kind", SHARED_KINDS)
+
+
+def _doc(revision: int, steps: int, *, stack: str = "run", changed: int = -1) -> Checkpoint:
+    contexts = {
+        f"step-{i}": {"output": ("o" if i != changed else "c") * 3_000, "i": i}
+        for i in range(steps)
+    }
+    return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
+
+
+async def _rows(backend: siglo.Backend, sql: str) -> list[Any]:
+    a: Any = backend.raw_adapter
+    return await a.database.fetch(sql.format(p=_tables(backend)))
+
+
+def _tables(backend: siglo.Backend) -> str:
+    a: Any = backend.raw_adapter
+    return f'"{a.schema}".{a.table_prefix}' if a.schema else a.table_prefix
+
+
+async def _digests(backend: siglo.Backend) -> set[bytes]:
+    return {bytes(r[0]) for r in await _rows(backend, "SELECT digest FROM {p}checkpoint_parts")}
+
+
+@KINDS
+async def test_a_save_writes_only_the_contexts_that_changed(kind: str) -> None:
+    async with open_backend(kind) as backend:
+        a = backend.adapter
+        first = _doc(1, 10)
+        assert len(first.to_json()) >= DEFAULT_INCREMENTAL_MIN_BYTES
+        await a.save_checkpoint(first)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == first.to_json()
+        before = await _digests(backend)
+        assert len(before) == 10
+        skeleton = await _rows(backend, "SELECT document, parts FROM {p}checkpoints")
+        assert b'"contexts":{}' in bytes(skeleton[0][0]) and skeleton[0][1] is not None
+        # One context changed, one added: two bodies written, one deleted, eight untouched.
+        second = _doc(2, 11, changed=3)
+        await a.save_checkpoint(second, expected_revision=1)
+        after = await _digests(backend)
+        assert len(after - before) == 2 and len(before - after) == 1 and len(after) == 11
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == second.to_json()
+        # A refused save writes nothing.
+        with pytest.raises(CheckpointConflictError):
+            await a.save_checkpoint(_doc(3, 12, changed=5), expected_revision=1)
+        assert await _digests(backend) == after
+
+
+@KINDS
+async def test_unchanged_rows_are_not_rewritten_on_postgres(kind: str) -> None:
+    if kind != "postgres":
+        pytest.skip("xmin is PostgreSQL's")
+    async with open_backend(kind) as backend:
+        await backend.adapter.save_checkpoint(_doc(1, 8))
+        sql = "SELECT digest, xmin::text FROM {p}checkpoint_parts"
+        before = {bytes(d): x for d, x in await _rows(backend, sql)}
+        await backend.adapter.save_checkpoint(_doc(2, 8, changed=2), expected_revision=1)
+        after = {bytes(d): x for d, x in await _rows(backend, sql)}
+        kept = before.keys() & after.keys()
+        assert len(kept) == 7 and all(before[d] == after[d] for d in kept)
+
+
+@KINDS
+async def test_shrinking_deleting_and_expiring_leave_no_parts(kind: str) -> None:
+    clock = siglo.ManualClock(1_000)
+    async with open_backend(kind, clock=clock) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_doc(1, 6))
+        small = Checkpoint(stack_id="run", revision=2, timestamp=2, contexts={"s": {"a": 1}})
+        await a.save_checkpoint(small, expected_revision=1)
+        assert await _digests(backend) == set()  # stored whole again: its parts dropped
+        assert await a.get_checkpoint("run") == small
+        await a.save_checkpoint(_doc(3, 6), expected_revision=2)
+        assert await a.delete_checkpoint("run") is True
+        assert await _digests(backend) == set()
+        await a.save_checkpoint(_doc(1, 6).replace(expires_at=2_000))
+        clock.advance(5_000)
+        assert await a.get_checkpoint("run") is None
+        assert await a.clean_expired_checkpoints() == 1
+        assert await _digests(backend) == set()
+
+
+@KINDS
+async def test_concurrent_saves_leave_one_document_and_no_stray_parts(kind: str) -> None:
+    async with open_backend(kind) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_doc(1, 6))
+        tries = [a.save_checkpoint(_doc(2, 6, changed=i), expected_revision=1) for i in range(5)]
+        results = await asyncio.gather(*tries, return_exceptions=True)
+        won = [i for i, r in enumerate(results) if r is None]
+        assert len(won) == 1
+        assert all(isinstance(r, CheckpointConflictError) for r in results if r is not None)
+        got = await a.get_checkpoint("run")
+        want = _doc(2, 6, changed=won[0])
+        assert got is not None and got.to_json() == want.to_json()
+        assert await _digests(backend) == set(split(want).bodies)
+
+
+@KINDS
+async def test_a_read_that_meets_a_newer_save_reads_again(kind: str) -> None:
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        await a.save_checkpoint(_doc(1, 6))
+        rows = await _rows(backend, "SELECT id, document, parts FROM {p}checkpoints")
+        key, skeleton, parts = (bytes(v) for v in rows[0])
+        # The row read before a save that replaced two of its parts.
+        await a.save_checkpoint(_doc(2, 6, changed=1), expected_revision=1)
+        got = await a._whole(key, skeleton, parts)
+        assert got.to_json() == _doc(2, 6, changed=1).to_json()
+
+
+@KINDS
+async def test_cancel_workflow_keeps_the_parts(kind: str) -> None:
+    async with open_backend(kind) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_doc(1, 6))
+        await a.cancel_workflow("run")
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.status == "cancelled" and got.revision == 2
+        assert got.contexts == _doc(1, 6).contexts
+
+
+@KINDS
+async def test_incremental_min_bytes_none_stores_whole(kind: str) -> None:
+    async with open_backend(kind, incremental_min_bytes=None) as backend:
+        await backend.adapter.save_checkpoint(_doc(1, 10))
+        assert await _digests(backend) == set()
+        rows = await _rows(backend, "SELECT parts FROM {p}checkpoints")
+        assert rows[0][0] is None
+
+
+@KINDS
+async def test_a_migrated_store_reads_as_before_and_moves_to_parts(kind: str) -> None:
+    async with v1_database(kind) as url, siglo.connect(url) as backend:
+        await check_v1_data(backend)
+        a = backend.adapter
+        old = await a.get_checkpoint("stack-1")
+        assert old is not None
+        grown = old.replace(
+            revision=old.revision + 1,
+            contexts={**old.contexts, "big": {"text": "b" * 20_000}},
+        )
+        await a.save_checkpoint(grown, expected_revision=old.revision)
+        got = await a.get_checkpoint("stack-1")
+        assert got is not None and got.to_json() == grown.to_json()
+        assert len(await _digests(backend)) == len(grown.contexts)
+
+
+def test_assemble_gives_back_the_saved_bytes() -> None:
+    cp = Checkpoint(
+        stack_id='s"contexts":{}',
+        revision=1,
+        timestamp=1,
+        contexts={"ü名": {"a": [1, None]}, "b": {}, "c": {"a": [1, None]}, "": {"x": "y"}},
+        metadata={"contexts": {}},
+        extra={"future": {"contexts": {}}},
+    )
+    cut = split(cp)
+    assert len(cut.bodies) == 3  # two steps share one body
+    assert assemble(cut.skeleton, cut.parts, cut.bodies) == cp.to_json()
+    assert assemble(cut.skeleton, cut.parts, {}) is None
+    empty = cp.replace(contexts={})
+    cut = split(empty)
+    assert assemble(cut.skeleton, cut.parts, cut.bodies) == empty.to_json()
+
+
+def test_incremental_min_bytes_in_the_url(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'u.db'}"
+    assert (
+        siglo.connect(f"{url}?incremental_min_bytes=none").raw_adapter.incremental_min_bytes is None
+    )  # type: ignore[attr-defined]
+    assert siglo.connect(f"{url}?incremental_min_bytes=0").raw_adapter.incremental_min_bytes == 0  # type: ignore[attr-defined]
+    with pytest.raises(siglo.InvalidArgumentError, match="incremental_min_bytes"):
+        siglo.connect(f"{url}?incremental_min_bytes=-1")

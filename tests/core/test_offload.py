@@ -1,0 +1,373 @@
+"""Offloaded values (SPEC §13, issue 34): large context values and step outputs go to a
+blob store by content hash, reads resolve them, and the collector removes exactly the
+blobs no live checkpoint references once their grace period is over — on every real
+backend, with the directory store."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raw_storage import KINDS, any_backend, raw_bytes
+
+import siglo
+from siglo import Checkpoint, StorageManager
+from siglo.blobs import BlobStore, DirectoryBlobStore, MemoryBlobStore, blob_digest, open_blob_store
+from siglo.config import Settings
+from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.offload import REF_KEY, Offloader, collect_blobs, offload_adapter, references
+
+pytestmark = pytest.mark.rule("blobs.offload", "blobs.collect")
+
+BIG = "large tool output " * 2_000  # ~36 KB
+
+
+@asynccontextmanager
+async def offloading(kind: str, store: BlobStore, **options: Any) -> AsyncIterator[siglo.Backend]:
+    """A backend of ``kind`` on private storage with values of 1 KB or more offloaded."""
+    async with any_backend(kind, **options) as backend:
+        own = backend.adapter
+        backend.adapter = offload_adapter(own, Offloader(store, 1_024))
+        try:
+            yield backend
+        finally:
+            backend.adapter = own  # the backend's clean-up looks at its own adapter
+
+
+def _cp(stack: str, revision: int, **contexts: dict[str, Any]) -> Checkpoint:
+    return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
+
+
+async def _blobs(store: BlobStore) -> set[str]:
+    return {digest async for digest, _ in store.scan()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_large_values_are_stored_once_and_read_back(kind: str, tmp_path: Path) -> None:
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    async with offloading(kind, store) as backend:
+        a = backend.adapter
+        cp = _cp("s", 1, chat={"history": BIG, "turns": 3}, copy={"again": BIG})
+        await a.save_checkpoint(cp)
+        got = await a.get_checkpoint("s")
+        assert got == cp
+        # One blob for the value stored twice; the stored checkpoint holds references.
+        assert await _blobs(store) == {blob_digest(f'"{BIG}"'.encode())}
+        stored = await backend.raw_adapter.get_checkpoint("s")
+        assert (
+            stored is not None
+            and list(references(stored)) == [blob_digest(f'"{BIG}"'.encode())] * 2
+        )
+        assert stored.contexts["chat"]["turns"] == 3
+        assert BIG.encode() not in await raw_bytes(kind, backend)
+        # A cached step output too.
+        await a.set_cached_step("fetch", {"body": BIG})
+        assert await a.get_cached_step("fetch") == {"body": BIG}
+        assert len(await _blobs(store)) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_collector_removes_only_unreferenced_stale_blobs(
+    kind: str, tmp_path: Path
+) -> None:
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    async with offloading(kind, store) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_cp("keep", 1, s={"v": BIG}))
+        await a.save_checkpoint(_cp("gone", 1, s={"v": BIG + "gone"}))
+        await a.save_checkpoint(
+            Checkpoint(stack_id="keep", namespace="tenant", revision=1, timestamp=1,
+                       contexts={"s": {"v": BIG + "ns"}})
+        )  # fmt: skip
+        await a.save_checkpoint(_cp("changes", 1, s={"v": BIG + "old"}))
+        await a.save_checkpoint(_cp("changes", 2, s={"v": BIG + "new"}), expected_revision=1)
+        assert await a.delete_checkpoint("gone") is True
+        assert len(await _blobs(store)) == 5
+        # Within the grace period nothing goes.
+        early = await collect_blobs(a, store)
+        assert (early.referenced, early.removed, early.kept) == (3, 0, 2)
+        later = await collect_blobs(a, store, now_ms=int(time.time() * 1000) + 7_200_000)
+        assert (later.referenced, later.removed) == (3, 2)
+        for stack, ns in (("keep", None), ("keep", "tenant"), ("changes", None)):
+            assert await a.get_checkpoint(stack, ns) is not None  # nothing dangles
+        assert len(await _blobs(store)) == 3
+
+
+async def test_a_blob_a_save_refreshes_is_not_collected(tmp_path: Path) -> None:
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    data = b'"x"'
+    digest = blob_digest(data)
+    await store.put(digest, data)
+    old = time.time() - 10_000
+    path = tmp_path / "blobs" / digest[:2] / digest
+    os.utime(path, (old, old))
+    await store.put(digest, data)  # a save referencing it again refreshes it
+    assert await store.delete_stale(digest, int(time.time() * 1000) - 5_000) is False
+    os.utime(path, (old, old))
+    assert await store.delete_stale(digest, int(time.time() * 1000) - 5_000) is True
+    assert await store.get(digest) is None
+    assert list(path.parent.iterdir()) == []
+
+
+async def test_a_dangling_reference_is_a_clear_error() -> None:
+    store = MemoryBlobStore()
+    async with offloading("memory", store) as backend:
+        await backend.adapter.save_checkpoint(_cp("s", 1, s={"v": BIG}))
+        (digest,) = await _blobs(store)
+        await store.delete(digest)
+        with pytest.raises(StorageAdapterError, match=f"stack 's', s.v references blob {digest}"):
+            await backend.adapter.get_checkpoint("s")
+
+
+async def test_connect_offloads_after_redaction(tmp_path: Path) -> None:
+    url = (tmp_path / "blobs").as_uri()
+    settings = Settings(offload_min_bytes=1_024, blob_url=url, redact_fields=frozenset({"key"}))
+    async with siglo.connect(f"sqlite:///{tmp_path / 'db.sqlite'}", settings=settings) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        stack = manager.create_stack("run")
+        stack.set("step", "doc", {"key": "SECRET-9", "text": BIG})
+        await manager.save_checkpoint("run")
+        loaded = await backend.adapter.get_checkpoint("run")
+        assert loaded is not None
+        assert loaded.contexts["step"]["doc"] == {"key": "[REDACTED]", "text": BIG}
+        blobs = list((tmp_path / "blobs").glob("??/*"))
+        assert len(blobs) == 1 and b"SECRET-9" not in blobs[0].read_bytes()
+        raw = await backend.raw_adapter.get_checkpoint("run")
+        assert raw is not None and REF_KEY in raw.contexts["step"]["doc"]
+
+
+def test_settings_refuse_offloading_without_a_store() -> None:
+    with pytest.raises(InvalidArgumentError, match="blob_url"):
+        Settings(offload_min_bytes=10)
+    with pytest.raises(InvalidArgumentError, match="offload_min_bytes"):
+        Settings(offload_min_bytes=0, blob_url="memory://")
+    with pytest.raises(InvalidArgumentError, match="file:///"):
+        open_blob_store("s3://bucket")
+    assert isinstance(open_blob_store("memory://"), MemoryBlobStore)
+
+
+# -- the collector's rule, and a broken collector it catches -----------------------------------
+
+
+async def _collection_holds(collect: Any, tmp_path: Path) -> None:
+    """The rule ``blobs.collect`` against ``collect`` (a collector like collect_blobs)."""
+    store = DirectoryBlobStore(tmp_path / "rule-blobs")
+    async with offloading("memory", store) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_cp("live", 1, s={"v": BIG}))
+        await a.save_checkpoint(
+            Checkpoint(stack_id="live", namespace="n", revision=1, timestamp=1,
+                       contexts={"s": {"v": BIG + "n"}})
+        )  # fmt: skip
+        await a.save_checkpoint(_cp("dead", 1, s={"v": BIG + "dead"}))
+        await a.delete_checkpoint("dead")
+        await collect(a, store, now_ms=int(time.time() * 1000) + 7_200_000)
+        for stack, ns in (("live", None), ("live", "n")):
+            try:
+                await a.get_checkpoint(stack, ns)
+            except StorageAdapterError as exc:
+                raise AssertionError(f"a reference dangles: {exc}") from exc
+        assert len(await _blobs(store)) == 2, "an unreferenced blob was left behind"
+
+
+async def test_collect_blobs_keeps_its_rule(tmp_path: Path) -> None:
+    await _collection_holds(collect_blobs, tmp_path)
+
+
+async def test_the_rule_catches_a_collector_that_forgets_namespaces(tmp_path: Path) -> None:
+    async def un_namespaced_only(adapter: Any, store: BlobStore, *, now_ms: int) -> None:
+        raw = adapter.inner
+        referenced = set()
+        page = await raw.list_checkpoints(namespace=None)
+        for s in page.items:
+            cp = await raw.get_checkpoint(s.stack_id, s.namespace, fallback=False)
+            referenced.update(references(cp))
+        async for digest, _ in store.scan():
+            if digest not in referenced:
+                await store.delete(digest)
+
+    with pytest.raises(AssertionError, match="dangles"):
+        await _collection_holds(un_namespaced_only, tmp_path)
+
+
+async def test_the_rule_catches_a_collector_that_never_collects(tmp_path: Path) -> None:
+    async def keeps_all(adapter: Any, store: BlobStore, *, now_ms: int) -> None:
+        return None
+
+    with pytest.raises(AssertionError, match="left behind"):
+        await _collection_holds(keeps_all, tmp_path)
+
+
+async def test_export_carries_values_and_import_offloads_them_again(tmp_path: Path) -> None:
+    from siglo.transfer import export_lines, import_lines
+
+    source_store, target_store = MemoryBlobStore(), DirectoryBlobStore(tmp_path / "target")
+    async with offloading("sqlite", source_store) as source:
+        await source.adapter.save_checkpoint(_cp("s", 1, step={"v": BIG, "n": 1}))
+        lines = [line async for line in export_lines(source.adapter)]
+    assert any(BIG.encode() in line for line in lines)  # the dump holds the value itself
+    async with offloading("postgres", target_store) as target:
+        await import_lines(target.adapter, lines)
+        got = await target.adapter.get_checkpoint("s")
+        assert got is not None and got.contexts["step"] == {"v": BIG, "n": 1}
+        stored = await target.raw_adapter.get_checkpoint("s")
+        assert stored is not None and len(list(references(stored))) == 1
+        assert len(await _blobs(target_store)) == 1
+
+
+def test_siglo_collect_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from siglo.cli import cli
+    from siglo.config import reset_settings
+
+    blobs = tmp_path / "blobs"
+    (tmp_path / "siglo.toml").write_text(
+        f'url = "sqlite:///{tmp_path / "app.db"}"\noffload_min_bytes = 1024\n'
+        f'blob_url = "{blobs.as_uri()}"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    reset_settings()
+
+    async def write() -> None:
+        async with siglo.connect() as backend:
+            await backend.adapter.save_checkpoint(_cp("kept", 1, s={"v": BIG}))
+            await backend.adapter.save_checkpoint(_cp("gone", 1, s={"v": BIG + "gone"}))
+            await backend.adapter.delete_checkpoint("gone")
+
+    try:
+        asyncio.run(write())
+        runner = CliRunner()
+        first = runner.invoke(cli, ["collect-blobs", "--json"])
+        assert first.exit_code == 0, first.output
+        assert '"removed": 0' in first.output and '"kept": 1' in first.output
+        second = runner.invoke(cli, ["collect-blobs", "--grace-ms", "0", "--json"])
+        assert '"referenced": 1' in second.output and '"removed": 1' in second.output
+        assert len(list(blobs.glob("??/*"))) == 1
+        (tmp_path / "siglo.toml").write_text(f'url = "sqlite:///{tmp_path / "app.db"}"\n')
+        reset_settings()
+        refused = runner.invoke(cli, ["collect-blobs"])
+        assert refused.exit_code == 1 and "no blob store" in refused.output
+    finally:
+        reset_settings()
+
+
+# -- every blob store ------------------------------------------------------------------------
+
+STORES = ("directory", "redis", "postgres")
+
+
+@asynccontextmanager
+async def blob_store(kind: str, tmp_path: Path) -> AsyncIterator[BlobStore]:
+    """A fresh, private blob store of ``kind``, removed afterwards."""
+    import secrets
+
+    if kind == "directory":
+        yield open_blob_store((tmp_path / "blobs").as_uri())
+        return
+    if kind == "redis":
+        from _redis_helpers import REDIS_URL, require_redis
+
+        require_redis()
+        prefix = f"siglo-blobs-{secrets.token_hex(6)}:"
+        store = open_blob_store(f"{REDIS_URL}?prefix={prefix}")
+        try:
+            yield store
+        finally:
+            import redis.asyncio
+
+            client = redis.asyncio.Redis.from_url(REDIS_URL)
+            keys = [k async for k in client.scan_iter(match=prefix + "*")]
+            if keys:
+                await client.delete(*keys)
+            await client.aclose()
+            await store.aclose()
+        return
+    from sql_support import POSTGRES_URL, require_postgres
+
+    from siglo_postgres import drop_schema
+
+    require_postgres()
+    schema = f"siglo_blobs_{secrets.token_hex(6)}"
+    store = open_blob_store(f"{POSTGRES_URL}?schema={schema}")
+    try:
+        yield store
+    finally:
+        await store.aclose()
+        await drop_schema(POSTGRES_URL, schema)
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_blob_store_keeps_blobs_by_content_and_time(kind: str, tmp_path: Path) -> None:
+    async with blob_store(kind, tmp_path) as store:
+        data = b'{"large":"value"}'
+        digest = blob_digest(data)
+        assert await store.get(digest) is None
+        now = int(time.time() * 1000)
+        await store.put(digest, data)
+        await store.put(digest, data, keep_until_ms=now + 60_000)  # a cache entry's life
+        assert await store.get(digest) == data
+        assert [(d, k >= now + 60_000) for d, k in [x async for x in store.scan()]] == [
+            (digest, True)
+        ]
+        # Stale only before its keep-until: the collector's removal is conditional.
+        assert await store.delete_stale(digest, now) is False
+        assert await store.delete_stale(digest, now + 120_000) is True
+        assert await store.get(digest) is None
+        await store.put(digest, data)
+        assert await store.delete(digest) is True
+        assert await store.delete(digest) is False
+        with pytest.raises(InvalidArgumentError, match="64 lower-case hex"):
+            await store.get("../etc/passwd")
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_the_collection_rule_on_every_store(kind: str, tmp_path: Path) -> None:
+    async with blob_store(kind, tmp_path) as store, offloading("sqlite", store) as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_cp("live", 1, s={"v": BIG}))
+        await a.save_checkpoint(_cp("dead", 1, s={"v": BIG + "dead"}))
+        await a.delete_checkpoint("dead")
+        done = await collect_blobs(a, store, now_ms=int(time.time() * 1000) + 7_200_000)
+        assert (done.referenced, done.removed, done.kept) == (1, 1, 0)
+        got = await a.get_checkpoint("live")
+        assert got is not None and got.contexts["s"]["v"] == BIG
+
+
+async def test_connect_with_a_redis_blob_store(tmp_path: Path) -> None:
+    from _redis_helpers import REDIS_URL, require_redis
+
+    require_redis()
+    prefix = "siglo-blobs-connect:"
+    settings = Settings(offload_min_bytes=1_024, blob_url=f"{REDIS_URL}?prefix={prefix}")
+    async with siglo.connect(f"sqlite:///{tmp_path / 'db.sqlite'}", settings=settings) as backend:
+        await backend.adapter.save_checkpoint(_cp("r", 1, s={"v": BIG}))
+        got = await backend.adapter.get_checkpoint("r")
+        assert got is not None and got.contexts["s"]["v"] == BIG
+    store = open_blob_store(f"{REDIS_URL}?prefix={prefix}")
+    try:
+        assert [d async for d, _ in store.scan()] == [blob_digest(f'"{BIG}"'.encode())]
+    finally:
+        async for digest, _ in store.scan():
+            await store.delete(digest)
+        await store.aclose()
+
+
+async def test_closing_the_backend_closes_its_blob_store(tmp_path: Path) -> None:
+    closed: list[bool] = []
+
+    class Watched(MemoryBlobStore):
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    async with any_backend("memory") as backend:
+        backend.adapter = offload_adapter(backend.adapter, Offloader(Watched(), 1_024))
+        await backend.aclose()
+    assert closed == [True]

@@ -1,0 +1,77 @@
+"""Broken backends for the large-state rules (SPEC §13, issue 34): each breaks one rule of
+docs/contract.md the way a real backend could, and the suite must name that rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from siglo import Checkpoint
+from siglo.records import ContextChangeEvent
+from siglo.validation import check_save_arguments
+from siglo_memory.adapter import MemoryStorageAdapter
+
+
+class StreamsBeforeSizeGuard(MemoryStorageAdapter):
+    """A streamed save writes its context changes before the size guard refuses the
+    document: a refused save leaves part of itself behind."""
+
+    async def save_checkpoint_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        for change in changes:
+            await self.on_context_change(change)
+        await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+class IgnoresDocumentLimit(MemoryStorageAdapter):
+    """Declares a document limit and stores documents over it (its own save path, which
+    never asks the guard)."""
+
+    async def save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        self._require_open()
+        await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+_PARTS_FROM = 16_384
+"""Where these mutants start saving "incrementally", as the SQL backend does."""
+
+
+class _Incremental(MemoryStorageAdapter):
+    """A large document saved against the one it replaces, contexts compared by step."""
+
+    def _merge(self, old: dict[str, Any], new: Checkpoint) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        key = (checkpoint.namespace, checkpoint.stack_id)
+        stored = self._live_checkpoint(key, self.clock.now_ms())
+        if stored is not None and len(checkpoint.to_json()) >= _PARTS_FROM:
+            checkpoint = checkpoint.replace(contexts=self._merge(dict(stored.contexts), checkpoint))
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+class StaleChangedContext(_Incremental):
+    """In a large document a step already stored keeps its stored context: changes are
+    detected by step id, not by content, so a changed context is never written."""
+
+    def _merge(self, old: dict[str, Any], new: Checkpoint) -> dict[str, Any]:
+        return {step: old.get(step, ctx) for step, ctx in new.contexts.items()}
+
+
+class KeepsDroppedContexts(_Incremental):
+    """In a large document a step the save no longer has stays stored: only the steps
+    written are touched, never the ones that went."""
+
+    def _merge(self, old: dict[str, Any], new: Checkpoint) -> dict[str, Any]:
+        return {**old, **new.contexts}
