@@ -105,6 +105,24 @@ async def lock_extend(ctx: CheckContext) -> None:
     )
     await lock.release(key, held.token)
     await lock.release(short, after.token)
+    # A lease that lapsed is nobody's: its last holder's extend does not take it back.
+    lapsed = ctx.id("lapsed")
+    gone = await lock.acquire(lapsed, ttl)
+    await ctx.pass_time(ttl)
+    for token in (gone.token, "stranger"):
+        expect(
+            await lock.extend(lapsed, token, 600_000) is False,
+            "lock.extend.token",
+            f"extend by {'its last holder' if token == gone.token else 'a stranger'} of a lock "
+            "whose lease lapsed returned True",
+        )
+    free = await lock.acquire(lapsed, 600_000)
+    expect(
+        free.acquired,
+        "lock.extend.token",
+        "a lapsed lock was held again after refused extends",
+    )
+    await lock.release(lapsed, free.token)
 
 
 @check("lock.release.token")

@@ -265,3 +265,19 @@ async def wait_release(ctx: CheckContext) -> None:
         "wait.release",
         "a completed record was released",
     )
+    # A lapsed lease makes the claim takeable, not anyone's to release: a stranger's
+    # release still returns False and changes nothing.
+    ttl = ctx.short_ttl_ms()
+    lapsing = await store_record(ctx, record(ctx, "lapsing"))
+    await claim_as(ctx, lapsing.correlation_key, "holder", lease_ms=ttl)
+    await ctx.pass_time(ttl)
+    for other in ("stranger", *look_alikes("holder")):
+        before = await a.get_wait_record(lapsing.correlation_key)
+        released = await a.release_wait_record(lapsing.correlation_key, other)
+        after = await a.get_wait_record(lapsing.correlation_key)
+        expect(
+            released is False and same(after, before),
+            "wait.release",
+            f"after the lease lapsed, release by {other!r} returned {released!r} and changed "
+            f"{before!r} into {after!r}",
+        )
