@@ -28,7 +28,15 @@ from siglo.urls import mask_credentials
 from siglo_contract.processes import WorkerProcesses
 from siglo_memory.connect import connect as memory_connect
 
-__all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "OPTION_PROFILES",
+    "USER_DEFAULTS",
+    "BackendFactory",
+    "Session",
+    "Target",
+    "declared_capabilities",
+]
 
 PROCESSES: Final = 4
 """How many processes race in the cross-process concurrency checks."""
@@ -42,6 +50,19 @@ DEFAULT_OPTIONS: Final[dict[str, Any]] = {
     "claim_lease_ms": DEFAULTS.claim_lease_ms,
 }
 """Options passed to the backend under test *and* the reference, so their defaults agree."""
+
+USER_DEFAULTS: Final[dict[str, Any]] = {"checkpoint_ttl_ms": None}
+"""The options that differ between the suite's profile (:data:`DEFAULT_OPTIONS`) and what
+a user gets by default: no checkpoint retention. Checks of paths a backend takes only
+then (PostgreSQL's one-round-trip streamed and unlocking saves) also run a backend opened
+with these (:meth:`Session.backend_with`)."""
+
+OPTION_PROFILES: Final[dict[str, dict[str, Any]]] = {
+    "suite": {},
+    "user-defaults": USER_DEFAULTS,
+}
+"""The option profiles a run covers, by name: the suite's options, and a user's defaults
+(overrides of the suite's)."""
 
 
 def accepted_options(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
