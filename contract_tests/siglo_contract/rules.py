@@ -35,6 +35,10 @@ class Rule:
     """The capability the rule belongs to; ``None`` for rules every backend obeys."""
     kind: Literal["adapter", "core"]
     summary: str
+    since: str = "1.0"
+    """The contract version that introduced the rule."""
+    changed: str | None = None
+    """The contract version that last changed what the rule requires (``None``: never)."""
 
 
 _C = Capability
@@ -48,7 +52,7 @@ def _core(rule_id: str, summary: str) -> Rule:
     return Rule(rule_id, None, "core", summary)
 
 
-RULES: Final[tuple[Rule, ...]] = (
+_WRITTEN: Final[tuple[Rule, ...]] = (
     _a(
         "checkpoint.roundtrip",
         _C.CHECKPOINTS,
@@ -245,7 +249,48 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("plugins.driver-missing", "a missing driver says which extra to install"),
     _core("plugins.capabilities-agree", "registered capabilities match the backend's"),
 )
-"""Every rule on ``docs/contract.md``, in page order."""
+"""The rules as written, before their versions are filled in."""
+
+_SINCE: Final[dict[str, str]] = {
+    # Added after the first published page (contract 1.0, 30 November 2026).
+    **dict.fromkeys(
+        (
+            "wait.namespace.isolation",
+            "context.streamed-save",
+            "lock.workflow.unlocking-save",
+            "idempotency.owner",
+            "idempotency.lease",
+            "idempotency.fingerprint",
+            "backend.closed",
+            "manager.redaction.stored",
+            "manager.conflict.stored",
+            "manager.restore.stored",
+            "manager.error-mode.stored",
+        ),
+        "1.1",
+    ),
+}
+_CHANGED: Final[dict[str, str]] = dict.fromkeys(
+    (
+        # Issue 37: what these rules always meant, now said and checked.
+        "list.walk",
+        "delete.stack",
+        "delete.cas",
+        "waits.due",
+        "wait.release",
+        "lock.extend.token",
+        "lock.workflow.unlocking-save",
+        "ids.hostile",
+        "backend.closed",
+    ),
+    "1.2",
+)
+RULES: Final[tuple[Rule, ...]] = tuple(
+    Rule(r.id, r.capability, r.kind, r.summary, _SINCE.get(r.id, "1.0"), _CHANGED.get(r.id))
+    for r in _WRITTEN
+)
+"""Every rule on ``docs/contract.md``, in page order, with the contract version that
+introduced it and the one that last changed it (:mod:`siglo_contract.version`)."""
 
 ADAPTER_RULES: Final = tuple(r for r in RULES if r.kind == "adapter")
 """The rules the contract suite checks against a backend."""

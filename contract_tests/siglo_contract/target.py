@@ -22,7 +22,7 @@ from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.clock import ManualClock
 from siglo.manager import StorageManager
-from siglo.plugins import get_registry
+from siglo.plugins import BackendSpec, Deviation, get_registry
 from siglo.settings import DEFAULTS
 from siglo.urls import mask_credentials
 from siglo_contract.processes import WorkerProcesses
@@ -103,6 +103,10 @@ class Target:
     options: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_OPTIONS))
     manager_factory: Callable[..., StorageManager] = StorageManager
     """The manager the end-to-end checks (``manager.*.stored``) drive the backend with."""
+    deviations: tuple[Deviation, ...] = ()
+    """Rules the backend declares it does not meet (its plugin's registration)."""
+    spec: BackendSpec | None = None
+    """The plugin registration of a URL target (for reports: plugin, distribution)."""
 
     @property
     def clock_controlled(self) -> bool:
@@ -135,6 +139,8 @@ class Target:
             factory=make,
             isolated=make_isolated if isolated is not None else None,
             options=dict(DEFAULT_OPTIONS if options is None else options),
+            deviations=spec.deviations,
+            spec=spec,
         )
 
     @classmethod
