@@ -83,6 +83,8 @@ class Report:
     storage: str | None = None
     """The URL of the isolated storage the run used (a temporary file, a key prefix's
     server), when the backend has one."""
+    target_object: Target | None = field(default=None, repr=False)
+    """The target the run checked (its plugin registration, capabilities, deviations)."""
 
     @property
     def failures(self) -> list[RuleResult]:
@@ -316,7 +318,7 @@ def run_contract(
             results[r.id] = RuleResult(
                 r, "not run", "no check of this rule completed", names, seconds=seconds
             )
-    return Report(tgt.label, seed, profile, results, time.monotonic() - started, storage)
+    return Report(tgt.label, seed, profile, results, time.monotonic() - started, storage, tgt)
 
 
 PROBE_TIMEOUT_S: Final = 10.0
