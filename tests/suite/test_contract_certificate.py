@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 from sql_support import require_postgres
 
-from siglo.cli import cli as main
 from siglo import MISSING
+from siglo.cli import cli as main
 from siglo.errors import PluginError
 from siglo.plugins import BackendRegistry, Deviation, get_registry, hookimpl
 from siglo_contract.certificate import (
@@ -264,7 +264,7 @@ def test_a_deviation_must_name_a_rule_reason_and_kind() -> None:
             factory="m:f",
             deviations=[DEVIATION, Deviation(**DEVIATION)],  # type: ignore[arg-type]
         )
-    with pytest.raises(ValueError, match="not adapter rules of docs/contract.md: no.such"):
+    with pytest.raises(ValueError, match=r"not adapter rules of docs/contract\.md: no\.such"):
         run_contract(
             "memory://", rules=["cache"], deviations=[Deviation("no.such", "r", "by-design")]
         )
