@@ -131,11 +131,19 @@ class _Unlocking:
             await first()
 
         contender: list[asyncio.Future[None]] = []
-        await self.a.with_workflow_lock(self.stack, hold_then_first)
+        try:
+            await self.a.with_workflow_lock(self.stack, hold_then_first)
+        except BaseException:
+            # The contender must not outlive the check (and its backend) unawaited.
+            for task in contender:
+                task.cancel()
+            await asyncio.gather(*contender, return_exceptions=True)
+            raise
         try:
             await asyncio.wait_for(contender[0], ENTER_WITHIN_MS / 1000 + 5)
         except (LockNotAcquiredError, TimeoutError):
             fail(_RULE, "a caller waiting for the lock never entered after the unlocking save")
+
         expect(
             seen == [1],
             _RULE,
