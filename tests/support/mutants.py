@@ -1353,6 +1353,10 @@ CERTIFICATE: tuple[Mutant, ...] = (
         "a closed adapter still releases and cancels waits",
         adapter=c.ClosedStillReleasesClaims,
     ),
+    _m("wait.release", "release ignores the namespace", adapter=c.ReleaseIgnoresNamespace),
+    _m("waits.due", "records past their retention are due", adapter=c.DueIgnoresRetention),
+    _m("waits.due", "a lapsed lease is due before its deadline", adapter=c.DueOnLapsedLeaseAlone),
+    _m("delete.stack", "a delete takes the waits of ids it prefixes", adapter=c.DeleteByIdPrefix),
 )
 """Broken backends for the weaknesses of issue 37 (tests/support/mutants_certificate.py)."""
 

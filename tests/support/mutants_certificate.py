@@ -237,6 +237,64 @@ class LapsedLockStrangerReleases(MemoryLock):
         return await super()._do_release(lock_key, token)
 
 
+class ReleaseIgnoresNamespace(MemoryStorageAdapter):
+    """release_wait_record releases the un-namespaced record of that key, whatever
+    namespace it is given."""
+
+    async def _do_release_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> bool:
+        return await super()._do_release_wait_record(correlation_key, claimant_id, None)
+
+
+class DueIgnoresRetention(MemoryStorageAdapter):
+    """Due waits are looked for among stored records whatever their retention: a record
+    past its retention is fired."""
+
+    async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
+        now = self.clock.now_ms()
+        due = [
+            record
+            for entry in self._waits.values()
+            if (record := WaitRecord.from_json(entry.data)).is_expired(now)
+            and (record.status == "waiting" or record.lease_expired(now))
+        ]
+        due.sort(key=lambda r: (r.expires_at or 0, r.correlation_key))
+        return due[:limit]
+
+
+class DueOnLapsedLeaseAlone(MemoryStorageAdapter):
+    """A claim whose lease lapsed is due whatever its deadline (a future one included)."""
+
+    async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
+        now = self.clock.now_ms()
+        due: list[WaitRecord] = []
+        for key in self._waits:
+            record = self._live_wait(key, now)
+            if record is None:
+                continue
+            if record.lease_expired(now) or (record.status == "waiting" and record.is_expired(now)):
+                due.append(record)
+        due.sort(key=lambda r: (r.expires_at or 0, r.correlation_key))
+        return due[:limit]
+
+
+class DeleteByIdPrefix(MemoryStorageAdapter):
+    """A delete removes the waits of every stack whose id starts with the deleted one's
+    (a key pattern ``stack*``)."""
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        deleted = await super()._do_delete_checkpoint(stack_id, namespace, expected_revision)
+        if deleted:
+            for key in list(self._waits):
+                record = WaitRecord.from_json(self._waits[key].data)
+                if record.namespace == namespace and record.stack_id.startswith(stack_id):
+                    del self._waits[key]
+        return deleted
+
+
 # -- a closed backend --------------------------------------------------------------------------
 
 
@@ -274,9 +332,12 @@ class ClosedStillReleasesClaims(MemoryStorageAdapter):
 __all__ = [
     "ClosedStillReleasesClaims",
     "CursorForgetsNamespace",
+    "DeleteByIdPrefix",
     "DeleteCasReadsUnnamespaced",
     "DeleteSparesClaimedWaits",
+    "DueIgnoresRetention",
     "DueLimitBeforeSort",
+    "DueOnLapsedLeaseAlone",
     "DueOnlyPastDeadline",
     "DueSkipsNamespaced",
     "FilteredWalkRepeatsLast",
@@ -284,5 +345,6 @@ __all__ = [
     "LapsedLockExtendRevives",
     "LapsedLockStrangerReleases",
     "NormalisesStackIds",
+    "ReleaseIgnoresNamespace",
     "TruncatesNamespaces",
 ]
