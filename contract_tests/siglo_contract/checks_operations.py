@@ -310,7 +310,8 @@ async def delete_removes_the_stack(ctx: CheckContext) -> None:
     True only if it was live."""
     a = ctx.backend.adapter
     caps = ctx.session.target.capabilities
-    stack, other_stack = ctx.id("doomed"), ctx.id("bystander")
+    # A bystander whose id the doomed one prefixes: a delete by key pattern takes it too.
+    stack, other_stack = ctx.id("doomed"), ctx.id("doomed*2")
     ns = ctx.id("del-ns")
     for namespace in (ns, None):
         for sid in (stack, other_stack):
@@ -524,6 +525,7 @@ async def due_waits(ctx: CheckContext) -> None:
     )
     await _due_at_the_deadline_and_in_a_namespace(ctx)
     await _limited_lookup_returns_the_earliest(ctx)
+    await _never_due(ctx)
 
 
 async def _due_at_the_deadline_and_in_a_namespace(ctx: CheckContext) -> None:
@@ -581,3 +583,37 @@ async def _limited_lookup_returns_the_earliest(ctx: CheckContext) -> None:
             "waits.due",
             f"limit={limit} returned deadlines {got}; the earliest due are {want}",
         )
+
+
+async def _never_due(ctx: CheckContext) -> None:
+    """Never due: a record past its retention (whatever its deadline), and a claim whose
+    lease lapsed before its deadline came."""
+    a = ctx.backend.adapter
+    ttl = ctx.short_ttl_ms()
+    await a.save_wait_record(
+        WaitRecord(
+            correlation_key=ctx.id("retention-gone"),
+            stack_id=ctx.id("s-retention-gone"),
+            expires_at=ctx.now_ms() - 100,
+        ),
+        ttl_ms=ttl,
+    )
+    early = WaitRecord(
+        correlation_key=ctx.id("lapsed-early"),
+        stack_id=ctx.id("s-lapsed-early"),
+        expires_at=ctx.now_ms() + 3_600_000,
+    )
+    await a.save_wait_record(early)
+    await a.claim_wait_record(early.correlation_key, "c", lease_ms=ttl)
+    await ctx.pass_time(ttl)
+    keys = {r.correlation_key for r in await a.list_due_waits(limit=MAX_PAGE_SIZE)}
+    expect(
+        ctx.id("retention-gone") not in keys,
+        "waits.due",
+        "a wait record past its retention was listed as due",
+    )
+    expect(
+        early.correlation_key not in keys,
+        "waits.due",
+        "a claim whose lease lapsed was listed as due an hour before its deadline",
+    )
