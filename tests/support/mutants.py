@@ -1357,6 +1357,16 @@ CERTIFICATE: tuple[Mutant, ...] = (
     _m("waits.due", "records past their retention are due", adapter=c.DueIgnoresRetention),
     _m("waits.due", "a lapsed lease is due before its deadline", adapter=c.DueOnLapsedLeaseAlone),
     _m("delete.stack", "a delete takes the waits of ids it prefixes", adapter=c.DeleteByIdPrefix),
+    _m(
+        "lock.release.token",
+        "a lapsed lock's last holder releases",
+        lock=c.LapsedLockHolderReleases,
+    ),
+    _m(
+        "list.hidden",
+        "a deleted stack stays in walks of every namespace",
+        adapter=c.DeletedStaysInTheGlobalIndex,
+    ),
 )
 """Broken backends for the weaknesses of issue 37 (tests/support/mutants_certificate.py)."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from siglo.listing import CheckpointPage, ListQuery, decode_cursor, encode_cursor
 from siglo.records import WaitRecord
+from siglo.sentinel import MISSING
 from siglo_memory.adapter import MemoryStorageAdapter, _StoredCheckpoint
 from siglo_memory.coordination import MemoryLock
 
@@ -295,6 +296,50 @@ class DeleteByIdPrefix(MemoryStorageAdapter):
         return deleted
 
 
+class LapsedLockHolderReleases(MemoryLock):
+    """release by the last holder of a lock that lapsed (nobody took it since) returns
+    True: the token is compared with the stored entry, expired or not."""
+
+    async def _do_release(self, lock_key: str, token: str) -> bool:
+        stored = self._holders._items.get(lock_key)
+        if stored is not None and stored[0] == token:
+            self._holders.delete(lock_key)
+            return True
+        return await super()._do_release(lock_key, token)
+
+
+class DeletedStaysInTheGlobalIndex(MemoryStorageAdapter):
+    """A deleted stack stays listed by walks of every namespace (its entry in a global
+    index is not removed); a walk of its own namespace does not list it."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._ghosts: dict[tuple[str | None, str], Any] = {}
+
+    async def _do_delete_checkpoint(
+        self, stack_id: str, namespace: str | None, expected_revision: int | None
+    ) -> bool:
+        entry = self._checkpoints.get((namespace, stack_id))
+        deleted = await super()._do_delete_checkpoint(stack_id, namespace, expected_revision)
+        if deleted and entry is not None:
+            self._ghosts[(namespace, stack_id)] = entry
+        return deleted
+
+    async def _do_save_checkpoint(self, checkpoint: Any, *, expected_revision: Any = None) -> None:
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+        self._ghosts.pop((checkpoint.namespace, checkpoint.stack_id), None)
+
+    async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        if query.namespace is not MISSING or not self._ghosts:
+            return await super()._do_list_checkpoints(query)
+        self._checkpoints.update(self._ghosts)
+        try:
+            return await super()._do_list_checkpoints(query)
+        finally:
+            for key in self._ghosts:
+                self._checkpoints.pop(key, None)
+
+
 # -- a closed backend --------------------------------------------------------------------------
 
 
@@ -341,7 +386,9 @@ __all__ = [
     "DueOnlyPastDeadline",
     "DueSkipsNamespaced",
     "FilteredWalkRepeatsLast",
+    "DeletedStaysInTheGlobalIndex",
     "LapsedClaimAnyoneReleases",
+    "LapsedLockHolderReleases",
     "LapsedLockExtendRevives",
     "LapsedLockStrangerReleases",
     "NormalisesStackIds",
