@@ -227,25 +227,39 @@ async def list_hides_expired_and_deleted(ctx: CheckContext) -> None:
     a = ctx.backend.adapter
     ns = ctx.id("hidden")
     ttl = ctx.short_ttl_ms()
-    await a.save_checkpoint(_cp(ctx, "kept", namespace=ns))
-    await a.save_checkpoint(_cp(ctx, "expiring", namespace=ns, expires_at=ctx.now_ms() + ttl))
-    await a.save_checkpoint(_cp(ctx, "gone", namespace=ns, expires_at=ctx.now_ms() - 1))
-    await a.save_checkpoint(_cp(ctx, "deleted", namespace=ns))
+    # A workflow id of the check's own: walks of every namespace see its stacks only.
+    wf = ctx.id("hidden-wf")
+    await a.save_checkpoint(_cp(ctx, "kept", namespace=ns, workflow_id=wf))
+    await a.save_checkpoint(
+        _cp(ctx, "expiring", namespace=ns, expires_at=ctx.now_ms() + ttl, workflow_id=wf)
+    )
+    await a.save_checkpoint(
+        _cp(ctx, "gone", namespace=ns, expires_at=ctx.now_ms() - 1, workflow_id=wf)
+    )
+    await a.save_checkpoint(_cp(ctx, "deleted", namespace=ns, workflow_id=wf))
     if a.supports(C.DELETION):
         await a.delete_checkpoint("deleted", ns)
         present = {"kept", "expiring"}
     else:
         present = {"kept", "expiring", "deleted"}
-    got = {s.stack_id for s in await walk(a, "list.hidden", limit=1, namespace=ns)}
-    expect(got == present, "list.hidden", f"listed {sorted(got)}, want {sorted(present)}")
+
+    async def listed(when: str) -> None:
+        for where in (ns, MISSING):
+            got = {
+                s.stack_id
+                for s in await walk(a, "list.hidden", limit=1, namespace=where, workflow_id=wf)
+            }
+            expect(
+                got == present,
+                "list.hidden",
+                f"{when}a walk of {'every namespace' if where is MISSING else 'its namespace'} "
+                f"listed {sorted(got)}, want {sorted(present)}",
+            )
+
+    await listed("")
     await ctx.pass_time(ttl)
     present.discard("expiring")
-    got = {s.stack_id for s in await walk(a, "list.hidden", limit=1, namespace=ns)}
-    expect(
-        got == present,
-        "list.hidden",
-        f"after the expiry passed listed {sorted(got)}, want {sorted(present)}",
-    )
+    await listed("after the expiry passed, ")
 
 
 @check("list.concurrent")

@@ -279,6 +279,8 @@ _CHANGED: Final[dict[str, str]] = dict.fromkeys(
         "waits.due",
         "wait.release",
         "lock.extend.token",
+        "lock.release.token",
+        "list.hidden",
         "lock.workflow.unlocking-save",
         "ids.hostile",
         "backend.closed",
