@@ -137,7 +137,8 @@ class Sealer:
                 import zstandard
             except ImportError as exc:  # pragma: no cover - the extra is a dependency
                 raise InvalidArgumentError(
-                    "compression needs the zstandard package: pip install 'siglo[encryption]'"
+                    "compression needs the zstandard package: "
+                    "pip install 'siglo[encryption]>=0.1,<1'"
                 ) from exc
             self._zc = zstandard.ZstdCompressor(level=3)
             self._zd = zstandard.ZstdDecompressor()
@@ -240,7 +241,7 @@ def _aesgcm(key: bytes) -> Any:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError as exc:  # pragma: no cover - the extra is a dependency
         raise InvalidArgumentError(
-            "encryption needs the cryptography package: pip install 'siglo[encryption]'"
+            "encryption needs the cryptography package: pip install 'siglo[encryption]>=0.1,<1'"
         ) from exc
     if len(_CIPHERS) > 1024:  # many namespaces: keep the cache bounded
         _CIPHERS.clear()

@@ -14,6 +14,7 @@ from siglo.sentinel import MISSING
 from siglo_contract.checks_checkpoints import same
 from siglo_contract.machine_base import canon, falsy_values
 from siglo_contract.registry import CheckContext, check, expect, fail
+from siglo_contract.target import USER_DEFAULTS
 
 CACHE_VALUES: tuple[Any, ...] = (
     1.5,
@@ -212,7 +213,7 @@ async def context_streamed_save(ctx: CheckContext) -> None:
         await _StreamedSaves(ctx, ctx.backend, ns).run()
     # The suite's options give checkpoints a retention; a user's default has none, and a
     # backend may write the two differently then (PostgreSQL: one statement).
-    async with ctx.session.backend_with(checkpoint_ttl_ms=None) as plain:
+    async with ctx.session.backend_with(**USER_DEFAULTS) as plain:
         await _StreamedSaves(ctx, plain, ctx.id("no-retention")).run()
 
 

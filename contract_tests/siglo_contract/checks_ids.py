@@ -36,6 +36,16 @@ HOSTILE_EXTRA = (
     " s p ",
     "A",
     "a ",
+    # Unicode-normalisation twins: the same text composed and decomposed (NFC / NFD,
+    # the Angstrom sign and its compatibility forms). A store that normalises keys
+    # confuses them.
+    "caf\u00e9",
+    "cafe\u0301",
+    "\u00c5",
+    "A\u030a",
+    "\u212b",
+    "\ufb01",
+    "fi",
 )
 
 
@@ -69,6 +79,7 @@ async def hostile_ids(ctx: CheckContext) -> None:
                     "ids.hostile",
                     f"checkpoint of id {name!r} (ns {ns!r}) read back as {got!r}",
                 )
+        await _long_namespaces(ctx)
     if C.STEP_CACHE in caps:
         for i, name in enumerate(ids):
             await a.set_cached_step(ctx.id(name), i, 60_000)
@@ -98,6 +109,32 @@ async def hostile_ids(ctx: CheckContext) -> None:
             fields = await a.get_context_changes(ctx.id(name), name)
             expect(fields == {name: i}, "ids.hostile", f"context of {name!r} read back {fields!r}")
     await _hostile_coordination_ids(ctx, ids)
+
+
+async def _long_namespaces(ctx: CheckContext) -> None:
+    """One stack in namespaces of the longest allowed length that differ only in their
+    last character: two namespaces, two checkpoints."""
+    a = ctx.backend.adapter
+    stack = ctx.id("in-a-long-namespace")
+    base = ctx.id("n" * (MAX_ID_LENGTH - len(ctx.prefix) - 1))
+    namespaces = [base + tail for tail in ("a", "b", "\u00e9")]
+    for i, ns in enumerate(namespaces):
+        try:
+            await a.save_checkpoint(ctx.checkpoint(stack, 1, namespace=ns, metadata={"i": i}))
+        except CheckpointConflictError as exc:
+            fail(
+                "ids.hostile",
+                f"the first save of a stack in a {len(ns)}-character namespace ending "
+                f"{ns[-1]!r} conflicted with another namespace's checkpoint: {exc}",
+            )
+    for i, ns in enumerate(namespaces):
+        got = await a.get_checkpoint(stack, ns, fallback=False)
+        expect(
+            got is not None and got.metadata == {"i": i} and got.namespace == ns,
+            "ids.hostile",
+            f"the checkpoint in the {len(ns)}-character namespace ending {ns[-1]!r} read back "
+            f"as {None if got is None else (got.namespace and got.namespace[-1], got.metadata)!r}",
+        )
 
 
 async def _hostile_coordination_ids(ctx: CheckContext, ids: list[str]) -> None:

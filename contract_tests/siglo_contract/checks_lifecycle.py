@@ -15,7 +15,7 @@ from siglo_contract.registry import CheckContext, check, expect, fail
 
 C = Capability
 
-__all__ = ["second_backend"]
+__all__ = ["closed_calls", "second_backend"]
 
 
 def second_backend(ctx: CheckContext) -> Backend | None:
@@ -27,7 +27,7 @@ def second_backend(ctx: CheckContext) -> Backend | None:
     return None if factory is None else factory(**ctx.session.backend_options())
 
 
-def _calls(
+def closed_calls(
     ctx: CheckContext, closed: Backend, stack: str, key: str, ran: list[str]
 ) -> list[tuple[Capability, str, Callable[[], Awaitable[Any]]]]:
     """One call of every method a closed backend must refuse, by capability: those
@@ -47,14 +47,32 @@ def _calls(
             "save_wait_record",
             lambda: a.save_wait_record(WaitRecord(correlation_key=key, stack_id=stack)),
         ),
+        (
+            C.WAIT_RECORDS,
+            "create_wait_record",
+            lambda: a.create_wait_record(WaitRecord(correlation_key=key, stack_id=stack)),
+        ),
         (C.WAIT_RECORDS, "get_wait_record", lambda: a.get_wait_record(key)),
         (C.WAIT_RECORDS, "claim_wait_record", lambda: a.claim_wait_record(key, "c")),
+        (C.WAIT_RECORDS, "complete_wait_record", lambda: a.complete_wait_record(key, "c")),
+        (C.WAIT_RECORDS, "release_wait_record", lambda: a.release_wait_record(key, "c")),
+        (C.WAIT_RECORDS, "cancel_wait_record", lambda: a.cancel_wait_record(key)),
         (C.WAIT_RECORDS, "cancel_workflow", lambda: a.cancel_workflow(stack)),
         (C.WORKFLOW_LOCK, "with_workflow_lock", lambda: a.with_workflow_lock(stack, action)),
         (C.STEP_CACHE, "set_cached_step", lambda: a.set_cached_step(key, 1)),
         (C.STEP_CACHE, "get_cached_step", lambda: a.get_cached_step(key)),
         (C.CONTEXT_STREAM, "on_context_change", lambda: a.on_context_change(change)),
         (C.CONTEXT_STREAM, "get_context_changes", lambda: a.get_context_changes(stack, "p")),
+        (
+            C.CONTEXT_STREAM,
+            "save_checkpoint_streamed",
+            lambda: a.save_checkpoint_streamed(ctx.checkpoint(stack, 1), [change]),
+        ),
+        (
+            C.WORKFLOW_LOCK,
+            "save_checkpoint_unlocking",
+            lambda: a.save_checkpoint_unlocking(ctx.checkpoint(stack, 1), [change]),
+        ),
         (
             C.CACHE_EVENTS,
             "on_cache_event",
@@ -66,11 +84,27 @@ def _calls(
     ]
     if closed.idempotency is not None:
         store = closed.idempotency
-        calls.append((C.IDEMPOTENCY, "idempotency.claim", lambda: store.claim(key)))
-        calls.append((C.IDEMPOTENCY, "idempotency.get_result", lambda: store.get_result(key)))
+        calls += [
+            (C.IDEMPOTENCY, "idempotency.claim", lambda: store.claim(key)),
+            (C.IDEMPOTENCY, "idempotency.claim_owned", lambda: store.claim_owned(key)),
+            (C.IDEMPOTENCY, "idempotency.complete", lambda: store.complete(key, 1)),
+            (C.IDEMPOTENCY, "idempotency.fail", lambda: store.fail(key)),
+            (C.IDEMPOTENCY, "idempotency.extend", lambda: store.extend(key, "t", 1_000)),
+            (C.IDEMPOTENCY, "idempotency.get_result", lambda: store.get_result(key)),
+            (C.IDEMPOTENCY, "idempotency.get", lambda: store.get(key)),
+        ]
     if closed.lock is not None:
         lock = closed.lock
-        calls.append((C.LOCKS, "lock.acquire", lambda: lock.acquire(key)))
+
+        async def locked() -> None:
+            ran.append("with_lock")
+
+        calls += [
+            (C.LOCKS, "lock.acquire", lambda: lock.acquire(key)),
+            (C.LOCKS, "lock.release", lambda: lock.release(key, "t")),
+            (C.LOCKS, "lock.extend", lambda: lock.extend(key, "t", 1_000)),
+            (C.LOCKS, "lock.with_lock", lambda: lock.with_lock(key, locked)),
+        ]
     if closed.nonces is not None:
         nonces = closed.nonces
         calls.append((C.NONCES, "nonces.claim", lambda: nonces.claim(key, 60)))
@@ -91,7 +125,7 @@ async def closed_backend_refuses(ctx: CheckContext) -> None:
     ran: list[str] = []
     await closed.aclose()
     try:
-        for capability, name, call in _calls(ctx, closed, stack, key, ran):
+        for capability, name, call in closed_calls(ctx, closed, stack, key, ran):
             if capability not in caps:
                 continue
             try:
@@ -106,7 +140,7 @@ async def closed_backend_refuses(ctx: CheckContext) -> None:
             )
     finally:
         await closed.aclose()  # a second aclose() is harmless, whatever happened above
-    expect(not ran, "backend.closed", "with_workflow_lock ran its action on a closed backend")
+    expect(not ran, "backend.closed", f"{' and '.join(ran)} ran an action on a closed backend")
     if ctx.session.shared_url is None:
         return  # the closed backend had storage of its own: nothing to read back
     live = ctx.backend

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from siglo.sentinel import MISSING
 from siglo_contract.machine_base import look_alikes
-from siglo_contract.registry import CheckContext, check, expect
+from siglo_contract.registry import CheckContext, check, expect, fail
 
 TOKEN: Final = re.compile(r"lock_(\d+)_[0-9a-f]{32}")
 
@@ -105,6 +105,24 @@ async def lock_extend(ctx: CheckContext) -> None:
     )
     await lock.release(key, held.token)
     await lock.release(short, after.token)
+    # A lease that lapsed is nobody's: its last holder's extend does not take it back.
+    lapsed = ctx.id("lapsed")
+    gone = await lock.acquire(lapsed, ttl)
+    await ctx.pass_time(ttl)
+    for token in (gone.token, "stranger"):
+        expect(
+            await lock.extend(lapsed, token, 600_000) is False,
+            "lock.extend.token",
+            f"extend by {'its last holder' if token == gone.token else 'a stranger'} of a lock "
+            "whose lease lapsed returned True",
+        )
+    free = await lock.acquire(lapsed, 600_000)
+    expect(
+        free.acquired,
+        "lock.extend.token",
+        "a lapsed lock was held again after refused extends",
+    )
+    await lock.release(lapsed, free.token)
 
 
 @check("lock.release.token")
@@ -133,6 +151,23 @@ async def lock_release(ctx: CheckContext) -> None:
         "lock.release.token",
         "a second release by the same token returned True",
     )
+    # A lease that lapsed is nobody's: neither its last holder nor a stranger releases it.
+    ttl = ctx.short_ttl_ms()
+    lapsed, control = ctx.id("release-lapsed"), ctx.id("release-control")
+    gone = await lock.acquire(lapsed, ttl)
+    await lock.acquire(control, ttl)
+    await ctx.pass_time(ttl)
+    for token in (gone.token, "stranger"):
+        if await lock.release(lapsed, token) is False:
+            continue
+        # The control lock, never touched, tells a lock that never lapses (its own rule)
+        # from a release that ignores the lapse.
+        untouched = await lock.acquire(control, 600_000)
+        fail(
+            "lock.release.token" if untouched.acquired else "lock.expiry",
+            f"release by {'its last holder' if token == gone.token else 'a stranger'} of a "
+            "lock whose lease lapsed returned True",
+        )
 
 
 @check("lock.token")

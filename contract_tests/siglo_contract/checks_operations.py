@@ -112,6 +112,7 @@ async def list_walks_every_checkpoint_once(ctx: CheckContext) -> None:
         "list.walk",
         f"after a re-save the stack lists as {moved!r}",
     )
+    await _walk_across_namespaces(ctx)
     everything = await walk(a, "list.walk", limit=MAX_PAGE_SIZE)
     mine = [s for s in everything if s.namespace == ns]
     expect(
@@ -119,6 +120,53 @@ async def list_walks_every_checkpoint_once(ctx: CheckContext) -> None:
         "list.walk",
         f"a walk of every namespace holds {len(mine)} of the {len(saved)} stacks of {ns!r}",
     )
+
+
+async def _walk_across_namespaces(ctx: CheckContext) -> None:
+    """A walk of every namespace, filtered by a workflow id (and a status) only this
+    check uses, in pages of several sizes: each stack of each namespace once. The same
+    stack ids in several namespaces, and un-namespaced ones, make a cursor that forgets
+    the namespace lose stacks, and a page boundary that repeats a stack shows."""
+    a = ctx.backend.adapter
+    workflow = ctx.id("walk-wf")
+    saved: set[tuple[str | None, str]] = set()
+    running: set[tuple[str | None, str]] = set()
+    for n, namespace in enumerate((None, ctx.id("walk-a"), ctx.id("walk-b"), ctx.id("walk-c"))):
+        for i in range(4 + n):
+            stack = ctx.id(f"x{(i * 7 + n) % 10}")
+            status = "running" if (i + n) % 2 else "waiting"
+            cp = _cp(ctx, stack, namespace=namespace, workflow_id=workflow, status=status)
+            await a.save_checkpoint(cp)
+            saved.add((namespace, stack))
+            if status == "running":
+                running.add((namespace, stack))
+    for limit in (1, 2, 3, 5, 7):
+        for filters, want in (({}, saved), ({"status": "running"}, running)):
+            got = await walk(a, "list.walk", limit=limit, workflow_id=workflow, **filters)
+            keys = [(s.namespace, s.stack_id) for s in got]
+            # A stack that does not pass the filters is the filters' fault (every stack
+            # of this workflow id is this check's); one missed or repeated, the walk's.
+            extra = sorted(set(keys) - want, key=str)
+            expect(
+                not extra,
+                "list.filters",
+                f"a walk of every namespace (workflow_id and {filters or 'no other filter'}, "
+                f"limit={limit}) listed {extra[:8]}, which do not pass the filters",
+            )
+            twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+            expect(
+                not twice,
+                "list.walk",
+                f"a walk of every namespace (workflow_id and {filters or 'no other filter'}, "
+                f"limit={limit}) listed twice: {twice}",
+            )
+            missed = sorted(want - set(keys), key=str)
+            expect(
+                not missed,
+                "list.walk",
+                f"a walk of every namespace (workflow_id and {filters or 'no other filter'}, "
+                f"limit={limit}) missed {missed}",
+            )
 
 
 @check("list.filters")
@@ -179,25 +227,39 @@ async def list_hides_expired_and_deleted(ctx: CheckContext) -> None:
     a = ctx.backend.adapter
     ns = ctx.id("hidden")
     ttl = ctx.short_ttl_ms()
-    await a.save_checkpoint(_cp(ctx, "kept", namespace=ns))
-    await a.save_checkpoint(_cp(ctx, "expiring", namespace=ns, expires_at=ctx.now_ms() + ttl))
-    await a.save_checkpoint(_cp(ctx, "gone", namespace=ns, expires_at=ctx.now_ms() - 1))
-    await a.save_checkpoint(_cp(ctx, "deleted", namespace=ns))
+    # A workflow id of the check's own: walks of every namespace see its stacks only.
+    wf = ctx.id("hidden-wf")
+    await a.save_checkpoint(_cp(ctx, "kept", namespace=ns, workflow_id=wf))
+    await a.save_checkpoint(
+        _cp(ctx, "expiring", namespace=ns, expires_at=ctx.now_ms() + ttl, workflow_id=wf)
+    )
+    await a.save_checkpoint(
+        _cp(ctx, "gone", namespace=ns, expires_at=ctx.now_ms() - 1, workflow_id=wf)
+    )
+    await a.save_checkpoint(_cp(ctx, "deleted", namespace=ns, workflow_id=wf))
     if a.supports(C.DELETION):
         await a.delete_checkpoint("deleted", ns)
         present = {"kept", "expiring"}
     else:
         present = {"kept", "expiring", "deleted"}
-    got = {s.stack_id for s in await walk(a, "list.hidden", limit=1, namespace=ns)}
-    expect(got == present, "list.hidden", f"listed {sorted(got)}, want {sorted(present)}")
+
+    async def listed(when: str) -> None:
+        for where in (ns, MISSING):
+            got = {
+                s.stack_id
+                for s in await walk(a, "list.hidden", limit=1, namespace=where, workflow_id=wf)
+            }
+            expect(
+                got == present,
+                "list.hidden",
+                f"{when}a walk of {'every namespace' if where is MISSING else 'its namespace'} "
+                f"listed {sorted(got)}, want {sorted(present)}",
+            )
+
+    await listed("")
     await ctx.pass_time(ttl)
     present.discard("expiring")
-    got = {s.stack_id for s in await walk(a, "list.hidden", limit=1, namespace=ns)}
-    expect(
-        got == present,
-        "list.hidden",
-        f"after the expiry passed listed {sorted(got)}, want {sorted(present)}",
-    )
+    await listed("after the expiry passed, ")
 
 
 @check("list.concurrent")
@@ -262,7 +324,8 @@ async def delete_removes_the_stack(ctx: CheckContext) -> None:
     True only if it was live."""
     a = ctx.backend.adapter
     caps = ctx.session.target.capabilities
-    stack, other_stack = ctx.id("doomed"), ctx.id("bystander")
+    # A bystander whose id the doomed one prefixes: a delete by key pattern takes it too.
+    stack, other_stack = ctx.id("doomed"), ctx.id("doomed*2")
     ns = ctx.id("del-ns")
     for namespace in (ns, None):
         for sid in (stack, other_stack):
@@ -288,6 +351,10 @@ async def delete_removes_the_stack(ctx: CheckContext) -> None:
                         timestamp=ctx.now_ms(),
                     )
                 )
+    if C.WAIT_RECORDS in caps:
+        # A worker holds the doomed stack's wait: the delete removes it all the same.
+        claimed = await a.claim_wait_record(f"{stack}:{ns}:w", "worker", namespace=ns)
+        expect(claimed is not None, "wait.claim.once", "a fresh wait record could not be claimed")
     deleted = await a.delete_checkpoint(stack, ns)
     expect(deleted is True, "delete.stack", f"deleting a live stack returned {deleted!r}")
     expect(
@@ -380,6 +447,45 @@ async def delete_compare_and_set(ctx: CheckContext) -> None:
     ok = await a.delete_checkpoint(stack, expected_revision=3)
     expect(ok is True, "delete.cas", f"a delete at the stored revision returned {ok!r}")
     expect(await a.get_checkpoint(stack) is None, "delete.cas", "the checkpoint is still there")
+    # Inside a namespace the revision compared is the namespace's, never the
+    # un-namespaced checkpoint's of the same stack.
+    ns = ctx.id("cas-ns")
+    await a.save_checkpoint(_cp(ctx, stack, 5))
+    inside = _cp(ctx, stack, 2, namespace=ns)
+    await a.save_checkpoint(inside)
+    try:
+        await a.delete_checkpoint(stack, ns, expected_revision=5)
+    except CheckpointConflictError as exc:
+        expect(
+            exc.current_revision == 2,
+            "delete.cas",
+            f"the conflict of a delete in a namespace says current={exc.current_revision}, "
+            "want the namespace's revision 2",
+        )
+    else:
+        fail(
+            "delete.cas",
+            "a delete in a namespace expecting revision 5 went ahead at its revision 2 "
+            "(5 is the un-namespaced checkpoint's)",
+        )
+    expect(
+        await a.get_checkpoint(stack, ns, fallback=False) == inside,
+        "delete.cas",
+        "a refused delete in a namespace changed its checkpoint",
+    )
+    ok = await a.delete_checkpoint(stack, ns, expected_revision=2)
+    expect(ok is True, "delete.cas", f"a delete in a namespace at its revision returned {ok!r}")
+    expect(
+        await a.get_checkpoint(stack, ns, fallback=False) is None,
+        "delete.cas",
+        "the namespace's checkpoint is still there after its delete",
+    )
+    outside = await a.get_checkpoint(stack)
+    expect(
+        outside is not None and outside.revision == 5,
+        "delete.cas",
+        f"a delete in a namespace changed the un-namespaced checkpoint: {outside!r}",
+    )
 
 
 @check("delete.rerun")
@@ -504,4 +610,98 @@ async def due_waits(ctx: CheckContext) -> None:
         got[:1] == want[:1] and sorted(got) == sorted(want),
         "waits.due",
         f"after the claim's lease ran out: {got}, want {want}",
+    )
+    await _due_at_the_deadline_and_in_a_namespace(ctx)
+    await _limited_lookup_returns_the_earliest(ctx)
+    await _never_due(ctx)
+
+
+async def _due_at_the_deadline_and_in_a_namespace(ctx: CheckContext) -> None:
+    """A wait whose deadline is now is due (the deadline has been reached), and due
+    waits of a namespace are found, with their namespace."""
+    a = ctx.backend.adapter
+    ns = ctx.id("due-ns")
+    in_ns = WaitRecord(
+        correlation_key=ctx.id("in-ns"),
+        stack_id=ctx.id("s-in-ns"),
+        namespace=ns,
+        expires_at=ctx.now_ms() - 5,
+    )
+    await a.save_wait_record(in_ns)
+    exact = WaitRecord(
+        correlation_key=ctx.id("exact"), stack_id=ctx.id("s-exact"), expires_at=ctx.now_ms()
+    )
+    await a.save_wait_record(exact)
+    records = await a.list_due_waits(limit=MAX_PAGE_SIZE)
+    found = {r.correlation_key: r for r in records}
+    got = found.get(in_ns.correlation_key)
+    expect(
+        got is not None and got.namespace == ns,
+        "waits.due",
+        f"a due wait in namespace {ns!r} was listed as {got!r}",
+    )
+    expect(
+        exact.correlation_key in found,
+        "waits.due",
+        f"a wait whose deadline {exact.expires_at} is now was not due",
+    )
+
+
+async def _limited_lookup_returns_the_earliest(ctx: CheckContext) -> None:
+    """``limit=n`` returns the first n of the whole earliest-first list: which records a
+    limited lookup returns is fixed, not whichever the store met first."""
+    a = ctx.backend.adapter
+    # Saved last, due the longest: the store meets it last, the lookup must return it.
+    for i, deadline in enumerate((ctx.now_ms() - 2, 1, 2)):
+        await a.save_wait_record(
+            WaitRecord(
+                correlation_key=ctx.id(f"ancient-{i}"),
+                stack_id=ctx.id(f"s-ancient-{i}"),
+                expires_at=deadline,
+            )
+        )
+    whole = await a.list_due_waits(limit=MAX_PAGE_SIZE)
+    for limit in (1, 2, 3):
+        some = await a.list_due_waits(limit=limit)
+        expect(len(some) <= limit, "waits.due", f"limit={limit} gave {len(some)} records")
+        got = [r.expires_at for r in some]
+        want = [r.expires_at for r in whole[:limit]]
+        expect(
+            got == want,
+            "waits.due",
+            f"limit={limit} returned deadlines {got}; the earliest due are {want}",
+        )
+
+
+async def _never_due(ctx: CheckContext) -> None:
+    """Never due: a record past its retention (whatever its deadline), and a claim whose
+    lease lapsed before its deadline came."""
+    a = ctx.backend.adapter
+    ttl = ctx.short_ttl_ms()
+    await a.save_wait_record(
+        WaitRecord(
+            correlation_key=ctx.id("retention-gone"),
+            stack_id=ctx.id("s-retention-gone"),
+            expires_at=ctx.now_ms() - 100,
+        ),
+        ttl_ms=ttl,
+    )
+    early = WaitRecord(
+        correlation_key=ctx.id("lapsed-early"),
+        stack_id=ctx.id("s-lapsed-early"),
+        expires_at=ctx.now_ms() + 3_600_000,
+    )
+    await a.save_wait_record(early)
+    await a.claim_wait_record(early.correlation_key, "c", lease_ms=ttl)
+    await ctx.pass_time(ttl)
+    keys = {r.correlation_key for r in await a.list_due_waits(limit=MAX_PAGE_SIZE)}
+    expect(
+        ctx.id("retention-gone") not in keys,
+        "waits.due",
+        "a wait record past its retention was listed as due",
+    )
+    expect(
+        early.correlation_key not in keys,
+        "waits.due",
+        "a claim whose lease lapsed was listed as due an hour before its deadline",
     )

@@ -11,6 +11,7 @@ from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError, InvalidArgumentError, LockNotAcquiredError
 from siglo.records import ContextChangeEvent
 from siglo_contract.registry import CheckContext, check, expect, fail
+from siglo_contract.target import USER_DEFAULTS
 
 _RULE: Final = "lock.workflow.unlocking-save"
 
@@ -27,6 +28,10 @@ async def workflow_lock_unlocking_save(ctx: CheckContext) -> None:
     save, leaves it held; outside a lock it is a plain save."""
     ctx.about(_RULE)
     await _Unlocking(ctx, ctx.backend.adapter).run()
+    # A user's defaults (no checkpoint retention) take another path on some backends:
+    # PostgreSQL sends the change, the save and the release in one round trip.
+    async with ctx.session.backend_with(**USER_DEFAULTS) as plain:
+        await _Unlocking(ctx, plain.adapter).run()
 
 
 class _Unlocking:
@@ -126,11 +131,19 @@ class _Unlocking:
             await first()
 
         contender: list[asyncio.Future[None]] = []
-        await self.a.with_workflow_lock(self.stack, hold_then_first)
+        try:
+            await self.a.with_workflow_lock(self.stack, hold_then_first)
+        except BaseException:
+            # The contender must not outlive the check (and its backend) unawaited.
+            for task in contender:
+                task.cancel()
+            await asyncio.gather(*contender, return_exceptions=True)
+            raise
         try:
             await asyncio.wait_for(contender[0], ENTER_WITHIN_MS / 1000 + 5)
         except (LockNotAcquiredError, TimeoutError):
             fail(_RULE, "a caller waiting for the lock never entered after the unlocking save")
+
         expect(
             seen == [1],
             _RULE,

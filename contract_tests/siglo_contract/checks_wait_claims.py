@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 from siglo_contract.checks_waits import (
     claim_as,
@@ -265,3 +266,47 @@ async def wait_release(ctx: CheckContext) -> None:
         "wait.release",
         "a completed record was released",
     )
+    # With namespace=, the record of that namespace only: the same key un-namespaced
+    # (and in another namespace) keeps its claim.
+    ns, other_ns = ctx.id("rel-ns"), ctx.id("rel-other")
+    key = ctx.id("rel-shared")
+    spaces = (None, ns, other_ns)
+    for i, namespace in enumerate(spaces):
+        await a.save_wait_record(
+            WaitRecord(correlation_key=key, stack_id=ctx.id(f"rel-s{i}"), namespace=namespace)
+        )
+    for i, namespace in enumerate(spaces):
+        # Three records apart, or the namespaces are not (their own rule's failure).
+        got = await a.get_wait_record(key, namespace=namespace)
+        expect(
+            got is not None and got.stack_id == ctx.id(f"rel-s{i}"),
+            "wait.namespace.isolation",
+            f"the record of key {key!r} in namespace {namespace!r} read back as {got!r}",
+        )
+        await claim_as(ctx, key, "holder", namespace=namespace)
+    released = await a.release_wait_record(key, "holder", namespace=ns)
+    expect(released is True, "wait.release", f"the claimant's namespaced release gave {released!r}")
+    for namespace, status in ((ns, "waiting"), (None, "claimed"), (other_ns, "claimed")):
+        got = await a.get_wait_record(key, namespace=namespace)
+        expect(
+            got is not None and got.status == status,
+            "wait.release",
+            f"after a release in namespace {ns!r}, the record in {namespace!r} is {got!r}, "
+            f"want {status}",
+        )
+    # A lapsed lease makes the claim takeable, not anyone's to release: a stranger's
+    # release still returns False and changes nothing.
+    ttl = ctx.short_ttl_ms()
+    lapsing = await store_record(ctx, record(ctx, "lapsing"))
+    await claim_as(ctx, lapsing.correlation_key, "holder", lease_ms=ttl)
+    await ctx.pass_time(ttl)
+    for other in ("stranger", *look_alikes("holder")):
+        before = await a.get_wait_record(lapsing.correlation_key)
+        released = await a.release_wait_record(lapsing.correlation_key, other)
+        after = await a.get_wait_record(lapsing.correlation_key)
+        expect(
+            released is False and same(after, before),
+            "wait.release",
+            f"after the lease lapsed, release by {other!r} returned {released!r} and changed "
+            f"{before!r} into {after!r}",
+        )

@@ -8,8 +8,11 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
+from siglo.adapter import Capability
 from siglo.checkpoint import STATUSES, Checkpoint
 from siglo.errors import CheckpointConflictError, InvalidArgumentError
+from siglo.listing import ListQuery
+from siglo.sentinel import MISSING
 from siglo_contract.machine_base import (
     HOSTILE_IDS,
     ContractMachine,
@@ -25,6 +28,9 @@ STACKS = st.one_of(st.sampled_from(("a", "b")), st.sampled_from(HOSTILE_IDS))
 NAMESPACES = st.one_of(
     st.sampled_from((None, "n")), st.sampled_from((None, "n", "n:a", "a", "*", "{n}"))
 )
+WORKFLOWS = st.sampled_from(("w1", "w2"))
+"""The workflow id of a save (made the example's own): a listing filtered by it walks
+every namespace and sees this example's stacks only."""
 EXPIRY = st.sampled_from(("none", "none", "past", "soon", "later", "far"))
 
 MANY_KEYS = tuple(f"f{i}" for i in range(30))
@@ -93,6 +99,11 @@ class CheckpointMachine(ContractMachine):
         "checkpoint.expiry.clean",
         "checkpoint.incremental",
         "ids.hostile",
+        "list.walk",
+        "list.filters",
+        "list.hidden",
+        "delete.stack",
+        "delete.cas",
     )
 
     def __init__(self) -> None:
@@ -100,6 +111,8 @@ class CheckpointMachine(ContractMachine):
         self.touched: set[tuple[str | None, str]] = set()
         self.cleaned: set[tuple[str | None, str]] = set()
         """Keys whose checkpoint the reference removed in a clean-up since their save."""
+        self.deleted: set[tuple[str | None, str]] = set()
+        """Keys whose checkpoint a delete removed since their last save."""
 
     @property
     def ref_adapter(self) -> MemoryStorageAdapter:
@@ -150,6 +163,7 @@ class CheckpointMachine(ContractMachine):
         extra=EXTRA,
         contexts=CONTEXTS,
         metadata=METADATA,
+        workflow=WORKFLOWS,
     )
     def save(
         self,
@@ -163,6 +177,7 @@ class CheckpointMachine(ContractMachine):
         extra: dict[str, Any],
         contexts: dict[str, dict[str, Any]],
         metadata: dict[str, Any] | None,
+        workflow: str,
     ) -> None:
         key = (self.k(ns), self.kk(stack))
         ref_now = self._ref_live(key)
@@ -188,6 +203,7 @@ class CheckpointMachine(ContractMachine):
             expires_at=self._expiry(expiry),
             metadata=metadata,
             extra=extra,
+            workflow_id=self.kk(workflow),
         )
         note(f"# save rev={revision} expected={expected_revision} (reference has {current})")
         self.touched.add(key)
@@ -212,6 +228,7 @@ class CheckpointMachine(ContractMachine):
             return
         if want.ok:
             self.cleaned.discard(key)
+            self.deleted.discard(key)
         occ_rule = (
             "checkpoint.occ.conflict"
             if expected_revision is not None
@@ -432,6 +449,8 @@ class CheckpointMachine(ContractMachine):
             key = (mine.namespace, stack)
             if self._ref_stored_expired(key) is not None or key in self.cleaned:
                 self.diverge("checkpoint.expiry.hidden", what)
+            elif key in self.deleted:
+                self.diverge("delete.stack", f"after its delete, {what}")
             elif key in self.touched:
                 self.diverge("checkpoint.roundtrip", what)
             else:
@@ -479,3 +498,129 @@ class CheckpointMachine(ContractMachine):
     def advance(self, ms: int) -> None:
         assert self.session.clock is not None
         self.session.clock.advance(ms)
+
+    # -- operating what is stored (capabilities listing, deletion) --------------------------
+
+    @precondition(lambda self: self.live() and self.declared(Capability.LISTING))
+    @rule(
+        workflow=WORKFLOWS,
+        where=st.sampled_from(("every", "every", "none", "n", "{n}")),
+        status=st.sampled_from((None, None, "running", ("completed", "failed"))),
+        limit=st.sampled_from((1, 2, 3, 50)),
+    )
+    def walk(self, workflow: str, where: str, status: Any, limit: int) -> None:
+        """A walk of this example's stacks (filtered by its workflow id), in every
+        namespace or one, compared with the reference's."""
+        namespace: Any = MISSING if where == "every" else self.k(None if where == "none" else where)
+        query = {"namespace": namespace, "workflow_id": self.kk(workflow), "status": status}
+        got = self._walk(self.backend, query, limit)
+        if got is None or self.tainted:
+            return
+        want = self._walk(self.ref, query, limit)
+        assert want is not None
+        keys = [(s.namespace, s.stack_id) for s in got]
+        twice = sorted({k for k in keys if keys.count(k) > 1}, key=repr)
+        self.direct(
+            not twice, "list.walk", f"a walk ({query}, limit={limit}) listed twice: {twice}"
+        )
+        if self.tainted:
+            return
+        mine = {(s.namespace, s.stack_id): s for s in got}
+        theirs = {(s.namespace, s.stack_id): s for s in want}
+        if mine == theirs:
+            return
+        filters = ListQuery(
+            namespace=namespace,
+            statuses=None
+            if status is None
+            else frozenset([status] if isinstance(status, str) else status),
+            workflow_id=self.kk(workflow),
+        )
+        for key in sorted(mine.keys() - theirs.keys(), key=repr):
+            what = f"a walk ({query}, limit={limit}) listed {mine[key]!r}; the reference did not"
+            if not filters.matches(mine[key]):
+                self.diverge("list.filters", what)
+            elif key in self.deleted or self._ref_live(key) is None:
+                self.diverge("list.hidden", what)
+            else:
+                self.diverge("list.walk", what)
+            return
+        for key in sorted(theirs.keys() - mine.keys(), key=repr):
+            self.diverge("list.walk", f"a walk ({query}, limit={limit}) missed {theirs[key]!r}")
+            return
+        for key in sorted(mine, key=repr):
+            if mine[key] != theirs[key]:
+                self.diverge(
+                    "list.walk",
+                    f"a walk ({query}, limit={limit}) listed {mine[key]!r}; reference "
+                    f"{theirs[key]!r}",
+                )
+                return
+
+    def _walk(self, backend: Any, query: dict[str, Any], limit: int) -> list[Any] | None:
+        """Every summary of a walk, each page checked against ``limit`` (``None``: the
+        walk failed, and that was reported)."""
+        out: list[Any] = []
+        cursor = None
+        for _ in range(1_000):
+            page = self.call(
+                backend.adapter.list_checkpoints(limit=limit, cursor=cursor, **query),
+                "list.walk",
+            )
+            self.unexpected(page, "list.walk", "list_checkpoints")
+            if self.tainted:
+                return None
+            items = page.value.items
+            self.direct(
+                len(items) <= limit, "list.walk", f"a page of limit={limit} held {len(items)}"
+            )
+            out.extend(items)
+            cursor = page.value.next_cursor
+            if cursor is None:
+                return out
+        self.diverge("list.walk", "a walk never ended")
+        return None
+
+    @precondition(lambda self: self.live() and self.declared(Capability.DELETION))
+    @rule(
+        stack=STACKS,
+        ns=NAMESPACES,
+        expected=st.sampled_from(("none", "none", "right", "wrong")),
+    )
+    def delete(self, stack: str, ns: str | None, expected: str) -> None:
+        """delete_checkpoint, plain or compare-and-set, vs the reference; then the read."""
+        key = (self.k(ns), self.kk(stack))
+        ref_now = self._ref_live(key)
+        current = 0 if ref_now is None else ref_now.revision
+        expected_revision = {"none": None, "right": current, "wrong": current + 1}[expected]
+        if expected == "right" and ref_now is None:
+            expected_revision = 1
+        note(f"# delete expected={expected_revision} (reference has {current})")
+        rule_id = "delete.stack" if expected_revision is None else "delete.cas"
+        got = self.call(
+            self.backend.adapter.delete_checkpoint(
+                key[1], key[0], expected_revision=expected_revision
+            ),
+            rule_id,
+        )
+        want = self.call(
+            self.ref.adapter.delete_checkpoint(key[1], key[0], expected_revision=expected_revision),
+            rule_id,
+        )
+        if got.kind() != want.kind() or (got.ok and got.value != want.value):
+            if isinstance(got.error, InvalidArgumentError) or isinstance(
+                want.error, InvalidArgumentError
+            ):
+                self.diverge("input.rejected", f"delete {got!r}; reference {want!r}")
+            else:
+                self.diverge(rule_id, f"delete {got!r}; reference {want!r}")
+            return
+        if isinstance(got.error, CheckpointConflictError):
+            assert isinstance(want.error, CheckpointConflictError)
+            if got.error.current_revision != want.error.current_revision:
+                self.diverge("delete.cas", f"delete {got!r}; reference {want!r}")
+                return
+        if want.ok:
+            self.touched.add(key)
+            self.deleted.add(key)
+        self.compare_get(key[1], key[0], False)

@@ -56,9 +56,11 @@ class WaitMachineBase(ContractMachine):
         "wait.claim.expired",
         "wait.claim.lease",
         "wait.complete.claimant",
+        "wait.release",
         "wait.cancel",
         "wait.cancel-workflow",
         "wait.retention",
+        "waits.due",
         "ids.hostile",
     )
 
@@ -156,7 +158,7 @@ class WaitMachineBase(ContractMachine):
         key=st.sampled_from(KEYS),
         stack=st.sampled_from(STACKS),
         status=st.sampled_from(("waiting", "waiting", "waiting", "completed", "cancelled")),
-        deadline=st.sampled_from(("none", "past", "soon", "far", "far")),
+        deadline=st.sampled_from(("none", "past", "recent", "now", "soon", "far", "far")),
         ttl=st.sampled_from(("default", "long", "short")),
         payload=nested_values,
         extra=WAIT_EXTRA,
@@ -175,6 +177,10 @@ class WaitMachineBase(ContractMachine):
         expires = {
             "none": None,
             "past": now - 600_000,
+            # Deadlines of their own (due waits are ordered by them), and one exactly
+            # now: a wait at its deadline is due.
+            "recent": now - 1_000,
+            "now": now,
             "far": now + 3_600_000,
             "soon": now + 2_000 if self.clock_controlled else None,
         }[deadline]

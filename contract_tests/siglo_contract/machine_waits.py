@@ -10,6 +10,7 @@ from hypothesis.stateful import multiple, precondition, rule
 
 from siglo.adapter import Capability
 from siglo.errors import WaitRecordClaimError
+from siglo.listing import MAX_PAGE_SIZE
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 from siglo_contract.machine_base import (
@@ -253,6 +254,113 @@ class WaitMachine(WaitMachineBase):
         if want.ok:
             self.last_rule[ck] = "wait.complete.claimant"
         self.compare_get(ck)
+
+    @precondition(lambda self: self.live())
+    @rule(
+        key=st.one_of(claimed, saved),
+        who=st.one_of(
+            st.sampled_from(("holder", "holder", "c1", "c2")), st.sampled_from(LOOK_ALIKES)
+        ),
+    )
+    def release(self, key: str, who: str) -> None:
+        """release_wait_record by the holder, another claimant or a look-alike (before
+        and after the lease lapsed), vs the reference; a refused release changes nothing."""
+        ck = self.kk(key)
+        ref_who, be_who = self.claimants(ck, who)
+        pre = self.by_key("backend", ck) if self.ref_has(ck) else None
+        got = self.call(self.backend.adapter.release_wait_record(ck, be_who), "wait.release")
+        want = self.call(self.ref.adapter.release_wait_record(ck, ref_who), "wait.release")
+        self.unexpected(got, "wait.release", "release_wait_record")
+        if self.tainted:
+            return
+        if pre is not None:
+            after = self.by_key("backend", ck)
+            if got.value is True:
+                self.direct(
+                    pre.status == "claimed" and pre.claimant_id == be_who,
+                    "wait.release",
+                    f"{be_who!r} released a record {pre.status} by {pre.claimant_id!r}",
+                )
+                self.direct(
+                    after is not None
+                    and after.status == "waiting"
+                    and after.claimant_id is None
+                    and after.lease_expires_at is None,
+                    "wait.release",
+                    f"after a release the record is {after!r}",
+                )
+            else:
+                self.direct(
+                    after == pre,
+                    "wait.release",
+                    f"a refused release by {be_who!r} changed {pre!r} into {after!r}",
+                )
+        if self.tainted:
+            return
+        if got.value != want.value:
+            entry = self.ref_adapter.model.wait_record(ck)
+            rule_id = (
+                "wait.retention"
+                if entry is not None and not entry.live(self.now())
+                else "wait.release"
+            )
+            self.diverge(
+                rule_id, f"release_wait_record({ck!r}, {be_who!r}) {got!r}; reference {want!r}"
+            )
+            return
+        if want.value:
+            self.last_rule[ck] = "wait.release"
+        self.compare_get(ck)
+
+    @precondition(lambda self: self.live() and self.declared(Capability.DUE_WAITS))
+    @rule(limit=st.sampled_from((1, 2, 5)))
+    def due(self, limit: int) -> None:
+        """list_due_waits: this example's due records equal the reference's, earliest
+        deadline first, and ``limit`` returns the first records of the whole list."""
+        got = self.call(self.backend.adapter.list_due_waits(limit=MAX_PAGE_SIZE), "waits.due")
+        want = self.call(self.ref.adapter.list_due_waits(limit=MAX_PAGE_SIZE), "waits.due")
+        self.unexpected(got, "waits.due", "list_due_waits")
+        if self.tainted:
+            return
+        records: list[WaitRecord] = got.value
+        deadlines = [r.expires_at or 0 for r in records]
+        self.direct(
+            deadlines == sorted(deadlines),
+            "waits.due",
+            f"due waits not earliest deadline first: {deadlines}",
+        )
+        some = self.call(self.backend.adapter.list_due_waits(limit=limit), "waits.due")
+        self.unexpected(some, "waits.due", "list_due_waits")
+        if self.tainted:
+            return
+        self.direct(
+            [r.expires_at for r in some.value] == [r.expires_at for r in records[:limit]],
+            "waits.due",
+            f"list_due_waits(limit={limit}) returned deadlines "
+            f"{[r.expires_at for r in some.value]}; the earliest due are "
+            f"{[r.expires_at for r in records[:limit]]}",
+        )
+        if self.tainted:
+            return
+        mine = {r.correlation_key: r for r in records if r.correlation_key.startswith(self.prefix)}
+        theirs = {r.correlation_key: r for r in want.value}
+        for ck in sorted(mine.keys() ^ theirs.keys()):
+            entry = self.ref_adapter.model.wait_record(ck)
+            gone = entry is not None and not entry.live(self.now())
+            self.diverge(
+                "wait.retention" if gone and ck in mine else "waits.due",
+                f"list_due_waits: {ck!r} {'listed' if ck in mine else 'not listed'}; the "
+                f"reference {'did not list it' if ck in mine else 'listed ' + repr(theirs[ck])}"
+                f" (the backend has {self.by_key('backend', ck)!r})",
+            )
+            return
+        for ck, record in sorted(mine.items()):
+            if self.norm(record, True) != self.norm(theirs[ck], False):
+                self.diverge(
+                    "waits.due",
+                    f"list_due_waits listed {record!r}; the reference {theirs[ck]!r}",
+                )
+                return
 
     @precondition(lambda self: self.live())
     @rule(key=st.one_of(saved, claimed))

@@ -35,6 +35,10 @@ class Rule:
     """The capability the rule belongs to; ``None`` for rules every backend obeys."""
     kind: Literal["adapter", "core"]
     summary: str
+    since: str = "1.0"
+    """The contract version that introduced the rule."""
+    changed: str | None = None
+    """The contract version that last changed what the rule requires (``None``: never)."""
 
 
 _C = Capability
@@ -48,7 +52,7 @@ def _core(rule_id: str, summary: str) -> Rule:
     return Rule(rule_id, None, "core", summary)
 
 
-RULES: Final[tuple[Rule, ...]] = (
+_WRITTEN: Final[tuple[Rule, ...]] = (
     _a(
         "checkpoint.roundtrip",
         _C.CHECKPOINTS,
@@ -284,7 +288,69 @@ RULES: Final[tuple[Rule, ...]] = (
     _core("blobs.offload", "large values go to the blob store and read back"),
     _core("blobs.collect", "the collector leaves no orphan blob and no dangling reference"),
 )
-"""Every rule on ``docs/contract.md``, in page order."""
+"""The rules as written, before their versions are filled in."""
+
+_SINCE: Final[dict[str, str]] = {
+    # Added after the first published page (contract 1.0, 30 November 2026).
+    **dict.fromkeys(
+        (
+            "wait.namespace.isolation",
+            "context.streamed-save",
+            "lock.workflow.unlocking-save",
+            "idempotency.owner",
+            "idempotency.lease",
+            "idempotency.fingerprint",
+            "backend.closed",
+            "manager.redaction.stored",
+            "manager.conflict.stored",
+            "manager.restore.stored",
+            "manager.error-mode.stored",
+        ),
+        "1.1",
+    ),
+    # Issues 31, 33 and 34: the namespaced workflow lock, waits written as imported,
+    # deletes that spare a re-run, a bounded with_lock, encoded payloads, the size guard,
+    # incremental saves, URL options, offloaded values.
+    **dict.fromkeys(
+        (
+            "payload.byte-faithful",
+            "checkpoint.size.guard",
+            "checkpoint.incremental",
+            "wait.create",
+            "lock.workflow.namespaced",
+            "lock.with-lock.wait",
+            "delete.rerun",
+            "pipeline.encryption",
+            "plugins.url-options",
+            "blobs.offload",
+            "blobs.collect",
+        ),
+        "1.3",
+    ),
+}
+_CHANGED: Final[dict[str, str]] = dict.fromkeys(
+    (
+        # Issue 37: what these rules always meant, now said and checked.
+        "list.walk",
+        "delete.stack",
+        "delete.cas",
+        "waits.due",
+        "wait.release",
+        "lock.extend.token",
+        "lock.release.token",
+        "list.hidden",
+        "lock.workflow.unlocking-save",
+        "ids.hostile",
+        "backend.closed",
+    ),
+    "1.2",
+)
+RULES: Final[tuple[Rule, ...]] = tuple(
+    Rule(r.id, r.capability, r.kind, r.summary, _SINCE.get(r.id, "1.0"), _CHANGED.get(r.id))
+    for r in _WRITTEN
+)
+"""Every rule on ``docs/contract.md``, in page order, with the contract version that
+introduced it and the one that last changed it (:mod:`siglo_contract.version`)."""
 
 ADAPTER_RULES: Final = tuple(r for r in RULES if r.kind == "adapter")
 """The rules the contract suite checks against a backend."""
@@ -299,11 +365,19 @@ _FIRST: Final = ("capability.declared",)
 not implemented breaks every rule that calls it."""
 
 
+_LAST: Final = ("payload.byte-faithful",)
+"""Rules that come after page order when naming the primary failure: they read back
+every kind of record at once, so a broken round trip of any one kind (a wait record that
+loses its metadata) fails them too, and the kind's own rule is the one broken."""
+
+
 def primary_order() -> dict[str, int]:
     """Rule id → rank for naming a report's primary failure among equally evidenced ones:
     :data:`_FIRST`, then page order, which goes from basic to derived rules in each area
-    (a broken round trip explains a broken lookup, not the other way round)."""
-    ids = [*_FIRST, *(r.id for r in RULES if r.id not in _FIRST)]
+    (a broken round trip explains a broken lookup, not the other way round), then
+    :data:`_LAST`."""
+    middle = (r.id for r in RULES if r.id not in _FIRST and r.id not in _LAST)
+    ids = [*_FIRST, *middle, *_LAST]
     return {rule_id: i for i, rule_id in enumerate(ids)}
 
 

@@ -19,15 +19,17 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from siglo.adapter import Capability
 from siglo.errors import SigloError, StorageAdapterError
+from siglo.plugins import Deviation
 from siglo_contract.checks import all_checks
 from siglo_contract.machine_base import ContractMachine
 from siglo_contract.registry import (
     EVIDENCE_DIRECT,
+    EVIDENCE_FOCUSED,
     Check,
     CheckContext,
     RuleViolation,
 )
-from siglo_contract.rules import Rule, primary_order, select_rules
+from siglo_contract.rules import ADAPTER_RULES, Rule, primary_order, select_rules
 from siglo_contract.target import (
     BackendFactory,
     Session,
@@ -37,7 +39,9 @@ from siglo_contract.target import (
 
 __all__ = ["PROFILES", "Report", "RuleResult", "Verdict", "run_contract"]
 
-Verdict = Literal["pass", "FAIL", "not supported", "not run"]
+Verdict = Literal["pass", "FAIL", "not supported", "not run", "declared"]
+"""``declared``: the rule fails and the backend declares the deviation (its plugin's
+registration); a declared rule that passes is a ``FAIL`` (the declaration is stale)."""
 
 PROFILES: Final[dict[str, dict[str, int]]] = {
     "ci": {"max_examples": 25, "stateful_step_count": 25, "workflow_lock_hold_ms": 1000},
@@ -61,6 +65,10 @@ class RuleResult:
     checks: list[str] = field(default_factory=list)
     evidence: int = 0
     """For a failure: how directly it was seen (``registry.EVIDENCE_*``, higher is better)."""
+    seconds: float = 0.0
+    """How long the checks of this rule ran (a check of several rules counts for each)."""
+    deviation: Deviation | None = None
+    """The backend's declared deviation from this rule, if any."""
 
 
 @dataclass
@@ -75,6 +83,8 @@ class Report:
     storage: str | None = None
     """The URL of the isolated storage the run used (a temporary file, a key prefix's
     server), when the backend has one."""
+    target_object: Target | None = field(default=None, repr=False)
+    """The target the run checked (its plugin registration, capabilities, deviations)."""
 
     @property
     def failures(self) -> list[RuleResult]:
@@ -135,6 +145,7 @@ Progress = Callable[[str, Check, str], None]
 @dataclass
 class _CheckOutcome:
     completed: bool = False
+    seconds: float = 0.0
     failed: dict[str, str] = field(default_factory=dict)
     evidence: dict[str, int] = field(default_factory=dict)
 
@@ -157,6 +168,7 @@ def run_contract(
     keep_going: bool = True,
     on_plan: Callable[[list[Check]], None] | None = None,
     only: Callable[[Check], bool] | None = None,
+    deviations: Iterable[Deviation] | None = None,
 ) -> Report:
     """Run the contract suite against ``target`` and return a verdict per adapter rule.
 
@@ -171,6 +183,9 @@ def run_contract(
     ``on_plan`` is told the checks that will run, before the first starts. ``only``
     narrows the run to the checks it accepts (a rule none of whose checks ran is
     ``"not run"``); every failure those checks see is reported, whatever its rule.
+    ``deviations`` (default: what the target's plugin registration declares) are rules
+    the backend does not meet: a failure of one is ``"declared"``, not a failure, and
+    a declared rule that passes fails (the declaration must stay true).
 
     Before any check, a URL target's backend must answer one read within
     :data:`PROBE_TIMEOUT_S`: an unreachable backend raises
@@ -190,6 +205,13 @@ def run_contract(
         tgt = Target.from_factory(target, capabilities=caps, options=options)
     selected = select_rules(rules)
     selected_ids = {r.id for r in selected}
+    declared = {d.rule: d for d in (tgt.deviations if deviations is None else deviations)}
+    unknown = sorted(set(declared) - {r.id for r in ADAPTER_RULES})
+    if unknown:
+        raise ValueError(
+            f"declared deviations from rules that are not adapter rules of docs/contract.md: "
+            f"{', '.join(unknown)}"
+        )
     budget = dict(PROFILES[profile])
     if examples is not None:
         budget["max_examples"] = examples
@@ -241,11 +263,13 @@ def run_contract(
             for chk in to_run:
                 if progress:
                     progress("start", chk, "")
+                began = time.monotonic()
                 if chk.machine is not None:
                     out = _run_machine(chk, session, loop, hyp_settings, seed, keep_going)
                 else:
                     random.seed(seed)
                     out = _run_async_check(chk, session, loop)
+                out.seconds = time.monotonic() - began
                 outcomes[chk.name] = out
                 if progress:
                     msg = ", ".join(sorted(out.failed))
@@ -267,16 +291,34 @@ def run_contract(
             ((o.evidence[r.id], o.failed[r.id]) for o in outcomes.values() if r.id in o.failed),
             key=lambda f: -f[0],
         )
+        seconds = sum(outcomes[n].seconds for n in names if n in outcomes)
+        deviation = declared.get(r.id)
         if failed:
             # The best-evidenced witness first; a second one (often a state machine's
             # counter-example program) shows the rule broken in context.
             detail = "\n\nAlso seen by another check:\n".join(f[1] for f in failed[:2])
-            results[r.id] = RuleResult(r, "FAIL", detail, names, failed[0][0])
+            verdict: Verdict = "FAIL" if deviation is None else "declared"
+            results[r.id] = RuleResult(r, verdict, detail, names, failed[0][0], seconds, deviation)
         elif any(outcomes[n].completed for n in names):
-            results[r.id] = RuleResult(r, "pass", "", names)
+            if deviation is None:
+                results[r.id] = RuleResult(r, "pass", "", names, seconds=seconds)
+            else:
+                results[r.id] = RuleResult(
+                    r,
+                    "FAIL",
+                    f"[{r.id}] the backend declares a deviation from this rule "
+                    f"({deviation.kind}: {deviation.reason}), but the rule passes: remove "
+                    "the declaration from the plugin's registration",
+                    names,
+                    EVIDENCE_FOCUSED,
+                    seconds,
+                    deviation,
+                )
         else:
-            results[r.id] = RuleResult(r, "not run", "no check of this rule completed", names)
-    return Report(tgt.label, seed, profile, results, time.monotonic() - started, storage)
+            results[r.id] = RuleResult(
+                r, "not run", "no check of this rule completed", names, seconds=seconds
+            )
+    return Report(tgt.label, seed, profile, results, time.monotonic() - started, storage, tgt)
 
 
 PROBE_TIMEOUT_S: Final = 10.0

@@ -22,13 +22,21 @@ from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.clock import ManualClock
 from siglo.manager import StorageManager
-from siglo.plugins import get_registry
+from siglo.plugins import BackendSpec, Deviation, get_registry
 from siglo.settings import DEFAULTS
 from siglo.urls import mask_credentials
 from siglo_contract.processes import WorkerProcesses
 from siglo_memory.connect import connect as memory_connect
 
-__all__ = ["DEFAULT_OPTIONS", "BackendFactory", "Session", "Target", "declared_capabilities"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "OPTION_PROFILES",
+    "USER_DEFAULTS",
+    "BackendFactory",
+    "Session",
+    "Target",
+    "declared_capabilities",
+]
 
 PROCESSES: Final = 4
 """How many processes race in the cross-process concurrency checks."""
@@ -42,6 +50,19 @@ DEFAULT_OPTIONS: Final[dict[str, Any]] = {
     "claim_lease_ms": DEFAULTS.claim_lease_ms,
 }
 """Options passed to the backend under test *and* the reference, so their defaults agree."""
+
+USER_DEFAULTS: Final[dict[str, Any]] = {"checkpoint_ttl_ms": None}
+"""The options that differ between the suite's profile (:data:`DEFAULT_OPTIONS`) and what
+a user gets by default: no checkpoint retention. Checks of paths a backend takes only
+then (PostgreSQL's one-round-trip streamed and unlocking saves) also run a backend opened
+with these (:meth:`Session.backend_with`)."""
+
+OPTION_PROFILES: Final[dict[str, dict[str, Any]]] = {
+    "suite": {},
+    "user-defaults": USER_DEFAULTS,
+}
+"""The option profiles a run covers, by name: the suite's options, and a user's defaults
+(overrides of the suite's)."""
 
 
 def accepted_options(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +103,10 @@ class Target:
     options: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_OPTIONS))
     manager_factory: Callable[..., StorageManager] = StorageManager
     """The manager the end-to-end checks (``manager.*.stored``) drive the backend with."""
+    deviations: tuple[Deviation, ...] = ()
+    """Rules the backend declares it does not meet (its plugin's registration)."""
+    spec: BackendSpec | None = None
+    """The plugin registration of a URL target (for reports: plugin, distribution)."""
 
     @property
     def clock_controlled(self) -> bool:
@@ -114,6 +139,8 @@ class Target:
             factory=make,
             isolated=make_isolated if isolated is not None else None,
             options=dict(DEFAULT_OPTIONS if options is None else options),
+            deviations=spec.deviations,
+            spec=spec,
         )
 
     @classmethod

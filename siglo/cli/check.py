@@ -23,6 +23,7 @@ from siglo.plugins import get_registry
 
 if TYPE_CHECKING:
     from siglo_contract.registry import Check
+    from siglo_contract.runner import Report
 
 __all__ = ["DEFAULT_URL", "check"]
 
@@ -40,6 +41,7 @@ _STYLE: Final = {
     "FAIL": "bold red",
     "not supported": "yellow",
     "not run": "magenta",
+    "declared": "cyan",
 }
 
 
@@ -122,6 +124,36 @@ def _private_hypothesis_dir() -> Iterator[None]:
     default=None,
     help="Also write a JUnit XML report (one test case per rule).",
 )
+@click.option(
+    "--contract",
+    "pin",
+    metavar="VERSION",
+    default=None,
+    help="Fail at once unless this suite checks contract VERSION (such as 1.3) or the "
+    "rule-set hash sha256:...",
+)
+@click.option(
+    "--report",
+    "report_format",
+    type=click.Choice(["json", "md", "html"]),
+    default=None,
+    help="Print a conformance report (json: schema on docs/running-the-contract-suite.md; "
+    "md: a page with a badge line) on stdout instead of the table (which goes to stderr).",
+)
+@click.option(
+    "--report-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the --report to FILE instead of stdout.",
+)
+@click.option(
+    "--compare",
+    "compare_url",
+    metavar="URL",
+    default=None,
+    help="Also run the same programs (same seed) against URL and show where the two "
+    "backends' verdicts differ.",
+)
 def check(
     url: str | None,
     examples: int | None,
@@ -129,6 +161,10 @@ def check(
     profile: str,
     rules: tuple[str, ...],
     junit_xml: Path | None,
+    pin: str | None,
+    report_format: str | None,
+    report_file: Path | None,
+    compare_url: str | None,
 ) -> None:
     """Run the contract suite against the backend at URL.
 
@@ -136,12 +172,28 @@ def check(
     to memory:// when SQLite's driver is not installed.
     The suite runs on isolated storage of that backend (a temporary file beside the
     SQLite file, its own Redis key prefix or PostgreSQL schema) and removes it.
-    Prints a table of rule id, verdict (pass / FAIL / not supported) and, for a failure,
-    the shrunk counter-example. Exits non-zero if any rule fails.
+    Prints a table of rule id, verdict (pass / FAIL / not supported / declared) and, for
+    a failure, the shrunk counter-example, and the contract version and rule-set hash it
+    checked. Exits non-zero if any rule fails.
     """
     from siglo_contract.rules import select_rules
     from siglo_contract.runner import run_contract
+    from siglo_contract.version import (
+        CONTRACT_VERSION,
+        ContractMismatchError,
+        require_contract,
+        rule_set_hash,
+    )
 
+    if pin is not None:
+        try:
+            require_contract(pin)
+        except ContractMismatchError as exc:
+            raise CliError(str(exc), "see the contract's versions on docs/contract.md") from None
+    if report_file is not None and report_format is None:
+        raise click.UsageError("--report-file needs --report json, md or html")
+    if report_file is not None:
+        _writable_report(report_file)
     target = resolve_url(url, default=_default_url)
     shown = display_url(target)
     check_port(target)
@@ -155,7 +207,8 @@ def check(
     if junit_xml is not None:
         _writable_report(junit_xml)
     console = Console(stderr=True)
-    out = Console()
+    # With a report on stdout, the table goes to stderr.
+    out = Console(stderr=report_format is not None and report_file is None)
     with (
         _private_hypothesis_dir(),
         Progress(
@@ -191,6 +244,20 @@ def check(
             progress=on_progress,
             on_plan=on_plan,
         )
+        other = None
+        if compare_url is not None:
+            other_target = resolve_url(compare_url, default=_default_url)
+            check_port(other_target)
+            progress.update(task, description=f"comparing with {escape(display_url(other_target))}")
+            other = run_contract(
+                other_target,
+                rules=rules or None,
+                examples=examples,
+                seed=report.seed,
+                profile=profile,
+                progress=on_progress,
+                on_plan=on_plan,
+            )
 
     table = Table(title=f"siglo check {escape(report.target)}", show_lines=not report.ok)
     table.add_column("rule")
@@ -226,7 +293,59 @@ def check(
         highlight=False,
         markup=False,
     )
+    out.print(
+        f"contract {CONTRACT_VERSION}, rule set {rule_set_hash()}", highlight=False, markup=False
+    )
     if junit_xml is not None:
         junit_xml.write_text(report.to_junit_xml(), encoding="utf-8")
+    if report_format is not None:
+        from siglo_contract.certificate import render, report_document
+
+        text = render(report_document(report, url=target), report_format)
+        if report_file is not None:
+            report_file.write_text(text, encoding="utf-8")
+        else:
+            click.echo(text, nl=False)
+    if other is not None:
+        _print_comparison(out, report, other)
+        if _differences(report, other):
+            sys.exit(1)
     if not report.ok:
         sys.exit(1)
+
+
+def _differences(a: Report, b: Report) -> list[tuple[str, str, str]]:
+    """(rule, verdict on a, verdict on b) for every rule the two runs judged apart."""
+    return [
+        (rule_id, res.verdict, b.results[rule_id].verdict)
+        for rule_id, res in a.results.items()
+        if rule_id in b.results and res.verdict != b.results[rule_id].verdict
+    ]
+
+
+def _print_comparison(out: Console, a: Report, b: Report) -> None:
+    """Where two runs of the same programs (one seed) differ, rule by rule, with the
+    counter-example of the side that failed."""
+    differ = _differences(a, b)
+    if not differ:
+        out.print(
+            f"{a.target} and {b.target} agree on all {len(a.results)} rules (seed {a.seed})",
+            highlight=False,
+            markup=False,
+        )
+        return
+    table = Table(title=f"where {escape(a.target)} and {escape(b.target)} differ", show_lines=True)
+    table.add_column("rule")
+    table.add_column(escape(a.target))
+    table.add_column(escape(b.target))
+    table.add_column("counter-example", overflow="fold")
+    for rule_id, mine, theirs in differ:
+        detail = a.results[rule_id].detail if mine == "FAIL" else b.results[rule_id].detail
+        table.add_row(rule_id, mine, theirs, escape(detail if "FAIL" in (mine, theirs) else ""))
+    out.print(table)
+    out.print(
+        f"{len(differ)} of {len(a.results)} rules differ (seed {a.seed}, the same programs "
+        "on both)",
+        highlight=False,
+        markup=False,
+    )

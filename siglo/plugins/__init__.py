@@ -13,6 +13,7 @@ that implements :func:`~siglo.plugins.spec.SigloHookSpec.siglo_register_backends
 
 from __future__ import annotations
 
+from siglo.plugins.backends import Deviation
 from siglo.plugins.markers import DISABLE_ENV, GROUP, hookimpl, hookspec
 from siglo.plugins.registry import (
     BackendRegistry,
@@ -27,6 +28,7 @@ __all__ = [
     "GROUP",
     "BackendRegistry",
     "BackendSpec",
+    "Deviation",
     "PluginInfo",
     "PluginRegistry",
     "get_registry",

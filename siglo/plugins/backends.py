@@ -7,12 +7,44 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from siglo.adapter import Capability
 from siglo.errors import DriverNotInstalledError, PluginError
 
-__all__ = ["BackendRegistry", "BackendSpec", "import_dotted"]
+__all__ = ["BackendRegistry", "BackendSpec", "Deviation", "DeviationKind", "import_dotted"]
+
+DeviationKind = Literal["not-yet", "by-design"]
+"""Why a backend does not meet a rule: not implemented yet, or deliberately."""
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A contract rule a backend declares it does not meet (``siglo check`` reports it as
+    declared, not passed, and fails once the rule passes, so the declaration stays true).
+
+    ``rule`` is a rule id of docs/contract.md, ``reason`` says why in a sentence, and
+    ``kind`` is ``"not-yet"`` (not implemented yet) or ``"by-design"`` (never will be).
+    """
+
+    rule: str
+    reason: str
+    kind: DeviationKind = "not-yet"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rule, str) or not self.rule:
+            raise PluginError(f"a deviation needs a rule id, got {self.rule!r}")
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise PluginError(f"the deviation from {self.rule!r} needs a reason")
+        if self.kind not in get_args(DeviationKind):
+            raise PluginError(
+                f"the deviation from {self.rule!r} has kind {self.kind!r}; "
+                f"kinds: {', '.join(get_args(DeviationKind))}"
+            )
+
+    def to_wire(self) -> dict[str, str]:
+        """The deviation as reports write it."""
+        return {"rule": self.rule, "reason": self.reason, "kind": self.kind}
 
 
 def import_dotted(path: str) -> Any:
@@ -58,6 +90,8 @@ class BackendSpec:
     """The largest checkpoint document (stored JSON bytes) the backend's store holds in
     one item (``None``: no limit of its own). :func:`siglo.connect` refuses larger saves
     with :class:`~siglo.errors.DocumentTooLargeError` before anything is written."""
+    deviations: tuple[Deviation, ...] = ()
+    """Contract rules the backend declares it does not meet (:class:`Deviation`)."""
 
     def install_command(self) -> str:
         """The command that installs this backend's drivers."""
@@ -130,10 +164,12 @@ class BackendRegistry:
         bounded: bool = False,
         max_document_bytes: int | None = None,
         blob_store: str | Callable[..., Any] | None = None,
+        deviations: Iterable[Deviation | dict[str, str]] = (),
     ) -> None:
         """Declare one backend; invalid declarations raise :class:`PluginError`.
 
-        See :class:`BackendSpec` for the fields.
+        See :class:`BackendSpec` for the fields. ``deviations`` are :class:`Deviation`
+        objects or mappings with ``rule``, ``reason`` and ``kind``.
         """
         schemes = tuple(s.lower() for s in schemes)
         if not name or not schemes:
@@ -168,5 +204,31 @@ class BackendRegistry:
                 bounded=bounded,
                 max_document_bytes=max_document_bytes,
                 blob_store=blob_store,
+                deviations=self._deviations(name, deviations),
             )
         )
+
+    def _deviations(
+        self, name: str, declared: Iterable[Deviation | dict[str, str]]
+    ) -> tuple[Deviation, ...]:
+        out: list[Deviation] = []
+        for item in declared:
+            try:
+                if isinstance(item, Deviation):
+                    out.append(item)
+                elif isinstance(item, dict):
+                    unknown = set(item) - {"rule", "reason", "kind"}
+                    if unknown:
+                        raise PluginError(f"unknown fields {sorted(unknown)} in a deviation")
+                    out.append(Deviation(**item))  # type: ignore[arg-type]
+                else:
+                    raise PluginError(f"a deviation is a Deviation or a dict, not {item!r}")
+            except (PluginError, TypeError) as exc:
+                raise PluginError(f"plugin {self.plugin!r}, backend {name!r}: {exc}") from None
+        rules = [d.rule for d in out]
+        twice = sorted({r for r in rules if rules.count(r) > 1})
+        if twice:
+            raise PluginError(
+                f"plugin {self.plugin!r}, backend {name!r}: deviations from {twice} declared twice"
+            )
+        return tuple(out)

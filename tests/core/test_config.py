@@ -293,7 +293,9 @@ def test_the_command_line_shows_and_uses_the_settings(tmp_path: Path) -> None:
     shown = runner.invoke(cli, ["config", "--json"])
     assert shown.exit_code == 0, shown.output
     assert '"card"' in shown.output and str(db) in shown.output
-    listed = runner.invoke(cli, ["ls"])  # no URL: the settings' URL
+    made = runner.invoke(cli, ["migrate"])  # no URL: the settings' URL (ls creates nothing)
+    assert made.exit_code == 0, made.output
+    listed = runner.invoke(cli, ["ls"])
     assert listed.exit_code == 0, listed.output
     assert "0 stack(s)" in listed.output
     other = tmp_path / "other.toml"

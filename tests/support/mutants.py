@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import mutants_backends as b
+import mutants_certificate as c
 import mutants_holes as h
 import mutants_large as lg
 import mutants_values as v
@@ -1447,11 +1448,60 @@ MANAGERS: tuple[Mutant, ...] = (
 )
 """Broken managers over a sound backend, for the suite's end-to-end rules."""
 
+CERTIFICATE: tuple[Mutant, ...] = (
+    _m("list.walk", "the cursor forgets the namespace", adapter=c.CursorForgetsNamespace),
+    _m(
+        "list.walk",
+        "a filtered walk repeats each page's last stack",
+        adapter=c.FilteredWalkRepeatsLast,
+    ),
+    _m("ids.hostile", "stack ids are keyed by their NFC form", adapter=c.NormalisesStackIds),
+    _m("ids.hostile", "namespaces are keyed by 200 characters", adapter=c.TruncatesNamespaces),
+    _m("delete.stack", "a delete spares claimed waits", adapter=c.DeleteSparesClaimedWaits),
+    _m(
+        "delete.cas",
+        "a namespaced delete compares the un-namespaced revision",
+        adapter=c.DeleteCasReadsUnnamespaced,
+    ),
+    _m("waits.due", "a wait exactly at its deadline is not due", adapter=c.DueOnlyPastDeadline),
+    _m("waits.due", "namespaced waits are never due", adapter=c.DueSkipsNamespaced),
+    _m("waits.due", "the limit is applied before sorting", adapter=c.DueLimitBeforeSort),
+    _m("wait.release", "anyone releases a lapsed claim", adapter=c.LapsedClaimAnyoneReleases),
+    _m("lock.extend.token", "extend revives a lapsed lock", lock=c.LapsedLockExtendRevives),
+    _m(
+        "lock.release.token",
+        "anyone releases a lapsed lock",
+        lock=c.LapsedLockStrangerReleases,
+    ),
+    _m(
+        "backend.closed",
+        "a closed adapter still releases and cancels waits",
+        adapter=c.ClosedStillReleasesClaims,
+    ),
+    _m("wait.release", "release ignores the namespace", adapter=c.ReleaseIgnoresNamespace),
+    _m("waits.due", "records past their retention are due", adapter=c.DueIgnoresRetention),
+    _m("waits.due", "a lapsed lease is due before its deadline", adapter=c.DueOnLapsedLeaseAlone),
+    _m("delete.stack", "a delete takes the waits of ids it prefixes", adapter=c.DeleteByIdPrefix),
+    _m(
+        "lock.release.token",
+        "a lapsed lock's last holder releases",
+        lock=c.LapsedLockHolderReleases,
+    ),
+    _m(
+        "list.hidden",
+        "a deleted stack stays in walks of every namespace",
+        adapter=c.DeletedStaysInTheGlobalIndex,
+    ),
+)
+"""Broken backends for the weaknesses of issue 37 (tests/support/mutants_certificate.py)."""
+
 BACKENDS: tuple[b.BackendMutant, ...] = b.BACKENDS
 """Real SQLite, PostgreSQL and Redis backends with one statement, script or hook broken
 (tests/support/mutants_backends.py)."""
 
-ALL_MUTANTS: tuple[Mutant | b.BackendMutant, ...] = MUTANTS + MANAGERS + HOLES + VALUES + BACKENDS
+ALL_MUTANTS: tuple[Mutant | b.BackendMutant, ...] = (
+    MUTANTS + MANAGERS + HOLES + VALUES + CERTIFICATE + BACKENDS
+)
 """Every mutant the suite must kill, naming its rule as the primary failure."""
 
 BY_NAME: dict[str, Mutant | b.BackendMutant] = {m.name: m for m in ALL_MUTANTS}

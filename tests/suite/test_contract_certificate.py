@@ -1,0 +1,356 @@
+"""The conformance certificate: the versioned contract, JSON / Markdown / HTML reports
+(checked against their schema, never holding credentials), declared deviations (strict),
+the suite's recorded power, ``--compare``, and the example plugin's published reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+from sql_support import require_postgres
+
+from siglo import MISSING
+from siglo.cli import cli as main
+from siglo.errors import PluginError
+from siglo.plugins import BackendRegistry, Deviation, get_registry, hookimpl
+from siglo_contract.certificate import (
+    REPORT_SCHEMA,
+    load_power,
+    render,
+    report_document,
+)
+from siglo_contract.rules import RULES
+from siglo_contract.runner import run_contract
+from siglo_contract.target import Target
+from siglo_contract.version import (
+    CONTRACT_HISTORY,
+    CONTRACT_VERSION,
+    PAGE_DIGEST,
+    ContractMismatchError,
+    page_digest,
+    require_contract,
+    rule_set_hash,
+)
+from siglo_memory import connect as memory_connect
+from siglo_memory.adapter import MemoryStorageAdapter
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = (ROOT / "docs" / "contract.md").read_text(encoding="utf-8")
+REPORTS = ROOT / "docs" / "reports"
+
+# -- the versioned contract ------------------------------------------------------------------
+
+
+def test_the_page_digest_is_the_pages() -> None:
+    """A rule's text on docs/contract.md changes only together with PAGE_DIGEST (and, when
+    it asks more of a backend, the contract version and the rule's 'changed')."""
+    assert page_digest(PAGE) == PAGE_DIGEST, (
+        "docs/contract.md's rule rows changed: set siglo_contract.version.PAGE_DIGEST to "
+        f"{page_digest(PAGE)!r}, and bump the version / mark the rule changed if it now asks more"
+    )
+
+
+def test_the_page_shows_each_rules_versions() -> None:
+    rows = dict(re.findall(r"^\| `([^`]+)` \| ([^|]+) \| .+ \|$", PAGE, re.MULTILINE))
+    for rule in RULES:
+        want = rule.since + (f", changed {rule.changed}" if rule.changed else "")
+        assert rows[rule.id].strip() == want, rule.id
+        assert rule.since in CONTRACT_HISTORY and (rule.changed in (None, *CONTRACT_HISTORY))
+    assert max(CONTRACT_HISTORY, key=lambda v: tuple(map(int, v.split(".")))) == CONTRACT_VERSION
+
+
+def test_the_versions_are_on_the_page_and_in_the_changelog() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    for version in CONTRACT_HISTORY:
+        assert re.search(rf"^\| {re.escape(version)} \| ", PAGE, re.MULTILINE), version
+        assert f"### Contract {version}" in changelog, version
+    assert f"version, **{CONTRACT_VERSION}**" in PAGE
+
+
+def test_the_rule_set_hash_covers_the_rules() -> None:
+    first = rule_set_hash()
+    assert re.fullmatch(r"sha256:[0-9a-f]{16}", first)
+    assert rule_set_hash() == first
+
+
+def test_a_pin_of_this_contract_passes_and_any_other_fails_clearly() -> None:
+    require_contract(CONTRACT_VERSION)
+    require_contract(rule_set_hash())
+    with pytest.raises(ContractMismatchError, match=r"checks contract 1\.3, not 1\.1"):
+        require_contract("1.1")
+    with pytest.raises(ContractMismatchError, match=r"not 9\.0 \(known versions"):
+        require_contract("9.0")
+    with pytest.raises(ContractMismatchError, match="not a contract version"):
+        require_contract("latest")
+    with pytest.raises(ContractMismatchError, match="rules changed since the pin"):
+        require_contract("sha256:0000000000000000")
+
+
+def test_siglo_check_prints_the_contract_and_refuses_another_pin() -> None:
+    runner = CliRunner()
+    ok = runner.invoke(
+        main, ["check", "memory://", "--rule", "cache.miss", "--seed", "1", "--contract", "1.3"]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert f"contract {CONTRACT_VERSION}, rule set {rule_set_hash()}" in ok.output
+    bad = runner.invoke(main, ["check", "memory://", "--contract", "1.1"])
+    assert bad.exit_code != 0
+    assert "this suite checks contract 1.3, not 1.1" in bad.output
+    assert "pass" not in bad.output  # refused before any check ran
+
+
+# -- reports -----------------------------------------------------------------------------------
+
+
+def _validate(doc: dict[str, Any]) -> None:
+    jsonschema.Draft202012Validator.check_schema(REPORT_SCHEMA)
+    jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(doc)
+
+
+def test_a_json_report_follows_its_schema_and_says_everything() -> None:
+    report = run_contract("memory://", rules=["cache", "lock.token"], seed=3)
+    doc = report_document(report)
+    _validate(doc)
+    assert doc["contract"] == {"version": CONTRACT_VERSION, "ruleSetHash": rule_set_hash()}
+    assert doc["run"]["seed"] == 3 and doc["run"]["profile"] == "ci"
+    assert doc["target"]["distribution"] == "siglo" and doc["target"]["backend"] == "memory"
+    assert "checkpoints" in doc["capabilities"]
+    assert [r["id"] for r in doc["rules"]] == [
+        "cache.roundtrip",
+        "cache.falsy-hit",
+        "cache.miss",
+        "cache.expiry",
+        "lock.token",
+    ]
+    assert all(r["verdict"] == "pass" and r["seconds"] >= 0 for r in doc["rules"])
+    assert doc["badge"] == "siglo contract 1.3 — 5/5 rules"
+    assert doc["power"] == load_power()
+
+
+class _MissIsNone(MemoryStorageAdapter):
+    """A key never set reads as None (cache.miss broken; expiry still MISSING)."""
+
+    async def _do_get_cached_step(self, key: str) -> Any:
+        got = await super()._do_get_cached_step(key)
+        return None if got is MISSING and key not in self.model.cache else got
+
+
+def _broken(**options: Any) -> Any:
+    backend = memory_connect("memory://", **options)
+    backend.adapter = _MissIsNone(clock=options.get("clock"))
+    return backend
+
+
+def test_a_failure_is_reported_with_its_counter_example_and_primary_flag() -> None:
+    report = run_contract(_broken, rules=["cache"], seed=1)
+    doc = report_document(report)
+    _validate(doc)
+    miss = next(r for r in doc["rules"] if r["id"] == "cache.miss")
+    assert miss["verdict"] == "FAIL" and miss["primaryFailure"] is True
+    assert "cache.miss" in miss["counterExample"]
+    assert doc["summary"]["failed"] >= 1
+    assert "failed" in doc["badge"]
+    md = render(doc, "md")
+    assert "### `cache.miss` (FAIL)" in md and "(primary failure)" in md
+    assert "<td class='FAIL'>FAIL (primary failure)" in render(doc, "html")
+
+
+def test_reports_never_hold_credentials() -> None:
+    """A password in the URL (PostgreSQL trusts the loopback, so any password connects)
+    appears in no report format, nor does a secret query parameter."""
+    require_postgres()
+    base = os.environ.get("SIGLO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    url = base.replace("postgres@", "postgres:s3cr3t-pw@", 1)
+    assert "s3cr3t-pw" in url
+    runner = CliRunner()
+    for fmt in ("json", "md", "html"):
+        result = runner.invoke(
+            main, ["check", url, "--rule", "cache.miss", "--seed", "1", "--report", fmt]
+        )
+        assert result.exit_code == 0, result.output
+        assert "s3cr3t-pw" not in result.output
+        assert "postgres:***@" in result.output
+    doc = report_document(run_contract(url, rules=["cache.miss"], seed=1), url=url)
+    _validate(doc)
+    assert "s3cr3t-pw" not in json.dumps(doc)
+
+
+def test_report_file_and_usage_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "report.md"
+    result = runner.invoke(
+        main,
+        ["check", "memory://", "--rule", "cache.miss", "--report", "md", "--report-file", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    assert out.read_text(encoding="utf-8").startswith("# siglo contract report")
+    alone = runner.invoke(main, ["check", "memory://", "--report-file", str(out)])
+    assert alone.exit_code != 0 and "--report-file needs --report" in alone.output
+
+
+# -- declared deviations -----------------------------------------------------------------------
+
+
+def _plugin(factory: Any, deviations: list[Any]) -> object:
+    class Plugin:
+        @hookimpl
+        def siglo_register_backends(self, registry: BackendRegistry) -> None:
+            registry.add_backend(
+                "deviant",
+                schemes=("deviant",),
+                factory=lambda url, **options: factory(**options),
+                capabilities=("checkpoints", "step_cache", "clock"),
+                deviations=deviations,
+            )
+
+    return Plugin()
+
+
+def _check_deviant(factory: Any, deviations: list[Any]) -> Any:
+    registry = get_registry()
+    registry.register(_plugin(factory, deviations), "deviant-test-plugin")
+    try:
+        # The declared rule and one the deviant meets (a miss read as None breaks other
+        # cache rules too, as consequences).
+        return run_contract(
+            Target.from_url("deviant://"), rules=["cache.miss", "cache.falsy-hit"], seed=1
+        )
+    finally:
+        registry.unregister("deviant-test-plugin")
+
+
+DEVIATION = {"rule": "cache.miss", "reason": "a miss reads as None", "kind": "not-yet"}
+
+
+def test_a_declared_deviation_is_reported_as_declared_not_passed() -> None:
+    report = _check_deviant(_broken, [DEVIATION])
+    assert report.verdict("cache.miss") == "declared"
+    assert report.ok  # declared, so not a failure
+    doc = report_document(report)
+    _validate(doc)
+    assert doc["deviations"] == [DEVIATION]
+    assert doc["summary"]["declared"] == 1 and doc["summary"]["passed"] == 1
+    assert doc["badge"] == "siglo contract 1.3 — 1/2 rules (1 declared deviation)"
+    assert "## Declared deviations" in render(doc, "md")
+
+
+def test_a_declared_deviation_that_passes_fails_until_the_declaration_goes() -> None:
+    """The backend fixed, the declaration left: the check fails and says to remove it."""
+    fixed = _check_deviant(lambda **o: memory_connect("memory://", **o), [DEVIATION])
+    assert fixed.verdict("cache.miss") == "FAIL"
+    assert not fixed.ok
+    assert "but the rule passes: remove the declaration" in fixed.results["cache.miss"].detail
+    clean = _check_deviant(lambda **o: memory_connect("memory://", **o), [])
+    assert clean.verdict("cache.miss") == "pass" and clean.ok
+
+
+def test_a_deviation_must_name_a_rule_reason_and_kind() -> None:
+    with pytest.raises(PluginError, match="needs a reason"):
+        Deviation("cache.miss", " ")
+    with pytest.raises(PluginError, match="kinds: not-yet, by-design"):
+        Deviation("cache.miss", "why", "someday")  # type: ignore[arg-type]
+    registry = BackendRegistry("p")
+    with pytest.raises(PluginError, match="declared twice"):
+        registry.add_backend(
+            "x",
+            schemes=("x",),
+            factory="m:f",
+            deviations=[DEVIATION, Deviation(**DEVIATION)],  # type: ignore[arg-type]
+        )
+    with pytest.raises(ValueError, match=r"not adapter rules of docs/contract\.md: no\.such"):
+        run_contract(
+            "memory://", rules=["cache"], deviations=[Deviation("no.such", "r", "by-design")]
+        )
+
+
+# -- the suite's power ---------------------------------------------------------------------------
+
+
+def test_the_recorded_power_matches_the_reference_mutants() -> None:
+    """power.json (python tests/support/mutation_score.py --write-power) covers exactly the
+    mutants over the reference backend there are now."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from mutation_score import POWER_FILE, reference_mutants
+
+    recorded = json.loads(POWER_FILE.read_text(encoding="utf-8"))
+    assert sorted(recorded["byMutant"]) == sorted(reference_mutants()), (
+        "the mutant set changed: rerun python tests/support/mutation_score.py --write-power"
+    )
+    assert recorded["mutants"] == len(reference_mutants())
+    assert recorded["killedWithTheRightRule"] == sum(
+        m["killed"] for m in recorded["byMutant"].values()
+    ) * len(recorded["seeds"])
+    assert recorded["contractVersion"] == CONTRACT_VERSION
+    power = load_power()
+    assert power is not None and power["mutants"] == recorded["mutants"]
+
+
+# -- compare -------------------------------------------------------------------------------------
+
+
+def test_compare_shows_where_two_backends_differ() -> None:
+    registry = get_registry()
+    registry.register(_plugin(_broken, []), "deviant-test-plugin")
+    try:
+        runner = CliRunner()
+        result = runner.invoke(
+            main,
+            [
+                "check",
+                "deviant://",
+                *("--rule", "cache.miss", "--rule", "cache.falsy-hit"),
+                *("--seed", "1", "--compare", "memory://"),
+            ],
+        )
+        same = runner.invoke(
+            main, ["check", "memory://", "--rule", "cache", "--seed", "1", "--compare", "sqlite://"]
+        )
+    finally:
+        registry.unregister("deviant-test-plugin")
+    assert result.exit_code == 1
+    assert "where deviant:// and memory:// differ" in result.output
+    assert re.search(r"cache\.miss\s+│\s+FAIL\s+│\s+pass", result.output), result.output
+    assert "1 of 2 rules differ (seed 1" in result.output
+    assert same.exit_code == 0, same.output
+    assert "memory:// and sqlite:// agree on all 4 rules (seed 1)" in same.output
+
+
+# -- the example plugin's published reports ------------------------------------------------------
+
+
+def _volatile(doc: Any) -> Any:
+    """``doc`` without what changes from run to run (durations)."""
+    if isinstance(doc, dict):
+        return {k: _volatile(v) for k, v in doc.items() if k != "seconds"}
+    if isinstance(doc, list):
+        return [_volatile(v) for v in doc]
+    return doc
+
+
+def test_the_example_plugins_published_reports_are_current(tmp_path: Path) -> None:
+    """docs/reports/siglo-filestore.{json,md} are what ``siglo check filestore://…
+    --seed 1 --report json|md`` writes now (SIGLO_UPDATE_REPORTS=1 rewrites them)."""
+    pytest.importorskip("siglo_filestore")
+    url = "filestore:///tmp/siglo-filestore-report"
+    report = run_contract(url, seed=1)
+    doc = report_document(report, url=url)
+    _validate(doc)
+    assert doc["target"]["distribution"] == "siglo-filestore"
+    assert doc["summary"]["failed"] == 0
+    files = {"json": REPORTS / "siglo-filestore.json", "md": REPORTS / "siglo-filestore.md"}
+    if os.environ.get("SIGLO_UPDATE_REPORTS") == "1":
+        REPORTS.mkdir(exist_ok=True)
+        for fmt, path in files.items():
+            path.write_text(render(doc, fmt), encoding="utf-8")
+    committed = json.loads(files["json"].read_text(encoding="utf-8"))
+    _validate(committed)
+    stale = "stale: rerun SIGLO_UPDATE_REPORTS=1 pytest -k published_reports"
+    assert _volatile(committed) == _volatile(doc), stale
+    assert files["md"].read_text(encoding="utf-8") == render(doc, "md"), stale
