@@ -138,7 +138,14 @@ async def with_lock_waits(ctx: CheckContext) -> None:
 
     waiter = asyncio.create_task(lock.with_lock(key, entered, 60_000, wait_ms=10_000))
     await asyncio.sleep(0.2)
-    expect(not waiter.done(), "lock.with-lock.wait", "with_lock ran fn while the lock was held")
+    if waiter.done():
+        # Its outcome is read here, so a failing backend leaves no unretrieved exception.
+        error = waiter.exception()
+        fail(
+            "lock.with-lock.wait",
+            "with_lock(wait_ms=10000) did not wait for the held lock: "
+            + (f"it raised {error!r}" if error is not None else "it ran fn"),
+        )
     released_at = loop.time()
     await lock.release(key, holder.token)
     try:
@@ -188,11 +195,19 @@ async def with_lock_waits(ctx: CheckContext) -> None:
         inside -= 1
         done += 1
 
-    await asyncio.wait_for(
-        asyncio.gather(*(lock.with_lock(key, turn, 60_000, wait_ms=20_000) for _ in range(6))),
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(
+            *(lock.with_lock(key, turn, 60_000, wait_ms=20_000) for _ in range(6)),
+            return_exceptions=True,  # every caller's outcome is read, a failure too
+        ),
         30,
     )
-    expect(done == 6, "lock.with-lock.wait", f"{done} of 6 waiting callers ran")
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    expect(
+        done == 6,
+        "lock.with-lock.wait",
+        f"{done} of 6 waiting callers ran" + (f" (one raised {errors[0]!r})" if errors else ""),
+    )
     expect(overlaps == 0, "lock.with-lock.wait", "two waiting callers ran fn at once")
 
 
