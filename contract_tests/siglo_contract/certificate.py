@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from siglo.plugins import BackendSpec, get_registry
 from siglo.urls import mask_credentials
 from siglo_contract.runner import Report
-from siglo_contract.target import OPTION_PROFILES
+from siglo_contract.target import OPTION_PROFILES, Target
 from siglo_contract.version import CONTRACT_VERSION, rule_set_hash
 
 __all__ = [
@@ -252,8 +252,6 @@ def _scrubber(url: str | None) -> Callable[[str], str]:
 def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]:
     """The JSON report of ``report`` (see :data:`REPORT_SCHEMA`). ``url`` is the URL the
     run was given (masked in the report; its password is removed from every text)."""
-    from siglo_contract.target import Target
-
     target: Target | None = report.target_object
     spec = None if target is None else target.spec
     scrub = _scrubber(url if url is not None else (None if target is None else target.url))

@@ -34,6 +34,8 @@ DEFERRED_ALLOWED = {
     # siglo's CLI loads the suite only for `siglo check`, not for every command.
     ("siglo.cli.check", "siglo_contract.rules"),
     ("siglo.cli.check", "siglo_contract.runner"),
+    ("siglo.cli.check", "siglo_contract.certificate"),
+    ("siglo.cli.check", "siglo_contract.version"),
     # `siglo ui` loads its web stack (Starlette, the siglo[ui] extra) only when it runs.
     ("siglo.cli.ui", "siglo.ui.server"),
 }

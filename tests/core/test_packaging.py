@@ -17,6 +17,11 @@ from pathlib import Path
 
 import pytest
 
+# One xdist worker runs this module: each worker running its tests would build the wheel
+# in the same source tree at once (setuptools' build/ and egg-info directories), and the
+# builds then fail each other.
+pytestmark = pytest.mark.xdist_group("packaging")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
