@@ -8,7 +8,8 @@ lease) uses the client's wall clock too. On one host the two are the same clock.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections import OrderedDict
+from typing import Any, ClassVar, Final
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
@@ -16,10 +17,12 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
+    MalformedRecordError,
     SigloError,
     StorageAdapterError,
 )
 from siglo.listing import CheckpointPage, ListQuery
+from siglo.parts import MARK, BodyCache, assemble, split
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -37,8 +40,11 @@ from siglo_redis.listing import CheckpointIndex, deadline_member_parts, member_o
 from siglo_redis.scripts import (
     CHECKPOINT_CAS,
     CHECKPOINT_DELETE,
+    CHECKPOINT_LOAD,
+    CHECKPOINT_PARTS_CAS,
     CONTEXT_CHANGE,
     CONTEXT_COMPARE_DELETE,
+    PARTS_DROP,
 )
 from siglo_redis.values import decode_cached, decode_context_value, encode_cached
 from siglo_redis.waits import (
@@ -78,6 +84,11 @@ class RedisStorageAdapter(StorageAdapter):
     - ``workflow_lock_ttl_ms`` / ``workflow_lock_timeout_ms`` govern
       :meth:`with_workflow_lock` (the lease is renewed while the action runs).
     - ``command_timeout_ms`` (default 10 s; ``None``: none) bounds every Redis call.
+    - ``incremental_min_bytes`` (default ``None``: off) saves a checkpoint document at
+      least this long incrementally: its skeleton at the checkpoint key and its contexts
+      in a parts hash beside it, a save writing only the contexts that changed, in the
+      compare-and-set's one script (docs/backends/redis.md). Off by default because
+      the key then no longer holds the whole document that TypeScript readers expect.
     """
 
     name: ClassVar[str] = "redis"
@@ -110,6 +121,7 @@ class RedisStorageAdapter(StorageAdapter):
         workflow_lock_ttl_ms: int = DEFAULTS.workflow_lock_ttl_ms,
         workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
         command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
+        incremental_min_bytes: int | None = None,
     ) -> None:
         self.checkpoint_ttl_ms = require_ttl_ms(
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
@@ -126,6 +138,19 @@ class RedisStorageAdapter(StorageAdapter):
                 f"record_context_changes must be a bool, got {record_context_changes!r}"
             )
         self.record_context_changes = record_context_changes
+        if incremental_min_bytes is not None and (
+            type(incremental_min_bytes) is not int or incremental_min_bytes < 0
+        ):
+            raise InvalidArgumentError(
+                "incremental_min_bytes must be a non-negative integer of bytes or none, "
+                f"got {incremental_min_bytes!r}"
+            )
+        self.incremental_min_bytes = incremental_min_bytes
+        # The bodies of recent saves (hashed once) and, by checkpoint key, the digests
+        # this process saw stored last: a save sends only the bodies not among them
+        # (the script refuses with 3 when one is not there after all; all are sent then).
+        self._bodies = BodyCache()
+        self._stored: OrderedDict[str, frozenset[bytes]] = OrderedDict()
         self.keys = KeySpace(check_prefix("key_prefix", key_prefix))
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
@@ -171,6 +196,9 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
+        if self.incremental_min_bytes is not None:
+            await self._save_incrementally(checkpoint, expected_revision)
+            return
         data = checkpoint.to_json()
         now = now_ms()
         px = self._px(checkpoint.expires_at, now)
@@ -202,6 +230,107 @@ class RedisStorageAdapter(StorageAdapter):
             expected_revision,
             checkpoint.revision,
         )
+
+    async def _save_incrementally(
+        self, checkpoint: Checkpoint, expected_revision: int | None
+    ) -> None:
+        """The compare-and-set of :data:`CHECKPOINT_PARTS_CAS`: a document of at least
+        ``incremental_min_bytes`` as its skeleton and the context bodies the parts hash
+        does not hold yet, a smaller one whole (its parts hash dropped), in one script."""
+        data = checkpoint.to_json()
+        now = now_ms()
+        px = self._px(checkpoint.expires_at, now)
+        key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+        parts_key = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
+        shard = self._index.shard_of(key)
+        await self._index.register(shard)
+        least = self.incremental_min_bytes
+        digests: frozenset[bytes] = frozenset()
+        bodies: dict[bytes, bytes] = {}
+        head, order = data, b""
+        if least is not None and len(data) >= least:
+            cut = split(checkpoint, key.encode(), self._bodies)
+            head, order, bodies = cut.skeleton, cut.parts, cut.bodies
+            digests = frozenset(bodies)
+        known = self._stored.pop(key, frozenset())
+        common = [
+            head,
+            checkpoint.revision,
+            "" if expected_revision is None else expected_revision,
+            now,
+            "" if px is None else px,
+            member_of(checkpoint.stack_id, checkpoint.namespace),
+            order,
+        ]
+        keys = [key, self._index.key(shard), parts_key]
+        outcome = 3
+        for sent in (known, frozenset()):  # then every body, if one believed kept is not
+            pairs: list[bytes | str] = []
+            for digest, body in bodies.items():
+                pairs += (digest.hex(), b"" if digest in sent else body)
+            outcome = int(await self._redis.script(CHECKPOINT_PARTS_CAS, keys, common + pairs))
+            if outcome != 3 or not sent:
+                break
+        if outcome == 1:
+            self._remember(key, digests)
+            return
+        if outcome == 2:
+            await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
+            await self._redis.script(PARTS_DROP, [key, parts_key], [])
+            return
+        if outcome == 3:
+            raise StorageAdapterError(
+                f"checkpoint of stack {checkpoint.stack_id!r}: the parts hash lost a body "
+                "the save did not send"
+            )
+        stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
+        raise CheckpointConflictError(
+            checkpoint.stack_id,
+            None if stored < 0 else stored,
+            expected_revision,
+            checkpoint.revision,
+        )
+
+    def _remember(self, key: str, digests: frozenset[bytes]) -> None:
+        """Note the context digests the parts hash of ``key`` holds now (a few thousand
+        checkpoints' worth: a forgotten one costs sending its bodies once more)."""
+        self._stored.pop(key, None)
+        if digests:
+            self._stored[key] = digests
+            while len(self._stored) > _REMEMBERED:
+                self._stored.popitem(last=False)
+
+    async def _read_checkpoint(
+        self, stack_id: str, namespace: str | None
+    ) -> tuple[bytes | None, bytes | None]:
+        """``(head, document)`` of a stored checkpoint: what its key holds, and the
+        whole document (assembled from its parts hash when it is stored in parts; the
+        two read in one script, so a save between cannot tear it)."""
+        key = self.keys.checkpoint(stack_id, namespace)
+        if self.incremental_min_bytes is None:
+            head = raw(await self._redis.get(key))
+            if head is None or not _skeleton(head):
+                return head, head
+            # A skeleton: a writer with incremental saves on stored it in parts.
+        reply = await self._redis.script(
+            CHECKPOINT_LOAD, [key, self.keys.checkpoint_parts(stack_id, namespace)], []
+        )
+        if not reply:
+            return None, None
+        head = raw(reply[0]) or b""
+        if len(reply) == 1:
+            return head, head
+        bodies = {
+            bytes.fromhex(text(reply[i]) or ""): raw(reply[i + 1]) or b""
+            for i in range(2, len(reply), 2)
+        }
+        document = assemble(head, raw(reply[1]) or b"[]", bodies)
+        if document is None:
+            raise MalformedRecordError(
+                "checkpoint", "contexts", f"of stack {stack_id!r} name a part that is not stored"
+            )
+        self._remember(key, frozenset(bodies))
+        return head, document
 
     async def _save_checkpoint_exactly(
         self,
@@ -243,14 +372,16 @@ class RedisStorageAdapter(StorageAdapter):
     async def _live_checkpoint(
         self, stack_id: str, namespace: str | None, now: int
     ) -> tuple[Checkpoint | None, bytes | None]:
-        data = await self._redis.get(self.keys.checkpoint(stack_id, namespace))
-        if data is None:
+        """The live checkpoint (``None`` if gone or expired) and what its key holds (the
+        value the swap script compares against)."""
+        head, document = await self._read_checkpoint(stack_id, namespace)
+        if document is None:
             return None, None
-        checkpoint = Checkpoint.from_json(data)
+        checkpoint = Checkpoint.from_json(document)
         # A key of another writer may outlive its expiresAt (the seed's PX ignores it).
         if checkpoint.is_expired(now):
-            return None, data
-        return checkpoint, data
+            return None, head
+        return checkpoint, head
 
     async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
@@ -299,7 +430,7 @@ class RedisStorageAdapter(StorageAdapter):
         # - wait records after it (a refused compare-and-set must leave a live run's
         #   waits alone); a new run's record differs from the old one (its createdAt).
         key = self.keys.checkpoint(stack_id, namespace)
-        before = await self._redis.get(key)
+        _, before = await self._read_checkpoint(stack_id, namespace)
         if expected_revision is not None:
             # Checked before anything is read for deletion; the delete's script checks
             # it again, atomically.
@@ -319,7 +450,11 @@ class RedisStorageAdapter(StorageAdapter):
                 )
         reply = await self._redis.script(
             CHECKPOINT_DELETE,
-            [key, self._index.key(self._index.shard_of(key))],
+            [
+                key,
+                self._index.key(self._index.shard_of(key)),
+                self.keys.checkpoint_parts(stack_id, namespace),
+            ],
             [
                 member_of(stack_id, namespace),
                 "" if expected_revision is None else expected_revision,
@@ -435,6 +570,14 @@ class RedisStorageAdapter(StorageAdapter):
             cancelled = checkpoint.replace(
                 status="cancelled", revision=checkpoint.revision + 1, timestamp=now
             )
+            if self.incremental_min_bytes is not None or (data and _skeleton(data)):
+                # Stored in parts (or saving so): the compare-and-set on the revision
+                # keeps the parts hash in step, where the swap would write the head only.
+                try:
+                    await self._save_incrementally(cancelled, checkpoint.revision)
+                except CheckpointConflictError:
+                    continue
+                return
             if await swap(self._redis, key, data, cancelled.to_json()):
                 return
         raise StorageAdapterError(
@@ -496,6 +639,18 @@ class RedisStorageAdapter(StorageAdapter):
 
     async def _do_on_cache_event(self, event: CacheEvent) -> None:
         """Telemetry only: accepted, nothing is stored."""
+
+
+_REMEMBERED: Final = 4096
+"""Checkpoints whose stored context digests an adapter remembers."""
+
+
+def _skeleton(head: bytes) -> bool:
+    """Whether a checkpoint key holds a skeleton (``"contexts":{}``): stored in parts, or
+    a document without contexts. No field before ``contexts`` is an object, so its
+    first ``"contexts":`` is the top-level one, found in the document's opening."""
+    at = head.find(MARK[:-2])
+    return at >= 0 and head.startswith(b"{}", at + len(MARK) - 2)
 
 
 def _steps_of(document: bytes | None) -> list[str]:
