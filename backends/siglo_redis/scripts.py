@@ -66,7 +66,8 @@ local new = tonumber(ARGV[2])
 local expected = tonumber(ARGV[3])
 """
 
-_CAS_WRITE_WHOLE: Final = """local function write()
+_CAS_WRITE_WHOLE: Final = """\
+local function write()
   if ARGV[5] == '' then
     redis.call('SET', KEYS[1], ARGV[1])
   elseif tonumber(ARGV[5]) > 0 then
@@ -81,7 +82,8 @@ _CAS_WRITE_WHOLE: Final = """local function write()
 end
 """
 
-_CAS_DECIDE: Final = """-- The first top-level "revision" of a document, read off its opening text without
+_CAS_DECIDE: Final = """\
+-- The first top-level "revision" of a document, read off its opening text without
 -- decoding it, when the opening is members whose values are integers or strings
 -- without escapes, up to an integer "revision" (the shape siglo writes). Else nil.
 -- Returns the revision and where its value ends.
@@ -198,7 +200,8 @@ local function write_parts()
 end
 """
 
-_PARTS_WRITE: Final = """local function write()
+_PARTS_WRITE: Final = """\
+local function write()
   if ARGV[5] ~= '' and tonumber(ARGV[5]) <= 0 then
     redis.call('DEL', KEYS[1], KEYS[3])
     redis.call('ZREM', KEYS[2], ARGV[6])

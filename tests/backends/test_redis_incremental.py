@@ -150,6 +150,16 @@ async def test_a_reader_without_the_option_reads_parts_and_writes_whole() -> Non
             assert got is not None and got.to_json() == _doc(1, 10).to_json()
             page = await plain.adapter.list_checkpoints()
             assert [s.stack_id for s in page.items] == ["run"]
+            # Its save is whole; the parts hash it leaves belongs to no head: ignored.
+            whole = _doc(2, 10, changed=1)
+            await plain.adapter.save_checkpoint(whole, expected_revision=1)
+            assert await a.client.get(a.keys.checkpoint("run")) == whole.to_json()
+            for reader in (a, plain.adapter):
+                got = await reader.get_checkpoint("run")
+                assert got is not None and got.to_json() == whole.to_json()
+            # The next incremental save or the delete drops it.
+            assert await a.delete_checkpoint("run")
+            assert await a.client.exists(a.keys.checkpoint_parts("run")) == 0
         finally:
             await plain.aclose()
 
@@ -161,10 +171,10 @@ async def test_delete_leaves_nothing() -> None:
         await a.save_checkpoint(_doc(1, 10))
         # The context stream of one of its steps: the delete finds the steps in the
         # assembled document (the skeleton names none).
-        await a.on_context_change(ContextChangeEvent(stack_id="run", step_id="step-1", key="k", timestamp=1, value=1))
-        assert {a.keys.checkpoint_parts("run"), a.keys.context("run", "step-1")} <= (
-            await _keys(a)
+        await a.on_context_change(
+            ContextChangeEvent(stack_id="run", step_id="step-1", key="k", timestamp=1, value=1)
         )
+        assert {a.keys.checkpoint_parts("run"), a.keys.context("run", "step-1")} <= (await _keys(a))
         assert await a.delete_checkpoint("run")
         assert await _keys(a) == before
         assert await a.get_checkpoint("run") is None
