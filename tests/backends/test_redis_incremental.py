@@ -21,7 +21,7 @@ from siglo.records import ContextChangeEvent
 from siglo.transfer import export_lines, import_lines
 from siglo_redis.adapter import RedisStorageAdapter
 from siglo_redis.connect import connect, isolated
-from siglo_redis.scripts import CHECKPOINT_PARTS_CAS, Script
+from siglo_redis.scripts import CHECKPOINT_LOAD, CHECKPOINT_PARTS_CAS, Script
 
 pytestmark = pytest.mark.rule("checkpoint.incremental")
 
@@ -90,6 +90,31 @@ async def test_a_save_sends_only_the_contexts_that_changed() -> None:
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == second.to_json()
         assert len([f for f in await a.client.hkeys(parts) if not f.startswith(b"@")]) == 11
+
+
+async def test_the_script_read_agrees_with_the_transaction() -> None:
+    # A cluster client reads with the checkpoint_load script, a plain one with MULTI/EXEC
+    # of GET and HGETALL: the same head, parts list and bodies.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        key, parts = a.keys.checkpoint("run"), a.keys.checkpoint_parts("run")
+        found = await a._head_and_parts(key, parts)
+        assert found is not None and found[1] is not None
+        reply = await a._redis.script(CHECKPOINT_LOAD, [key, parts], [])
+        bodies = {bytes.fromhex(reply[i].decode()): reply[i + 1] for i in range(2, len(reply), 2)}
+        assert (reply[0], reply[1], bodies) == found
+        # Parts of another head (a whole save by a writer without the option): neither
+        # path assembles them.
+        plain = connect(backend.url, incremental_min_bytes=None)
+        try:
+            await plain.adapter.save_checkpoint(_doc(2, 10, changed=1), expected_revision=1)
+        finally:
+            await plain.aclose()
+        assert await a._redis.script(CHECKPOINT_LOAD, [key, parts], []) == [
+            _doc(2, 10, changed=1).to_json()
+        ]
+        assert await a._head_and_parts(key, parts) == (_doc(2, 10, changed=1).to_json(), None, {})
 
 
 async def test_a_refused_save_changes_nothing() -> None:
