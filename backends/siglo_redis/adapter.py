@@ -8,6 +8,7 @@ lease) uses the client's wall clock too. On one host the two are the same clock.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from hashlib import sha1
 from typing import Any, ClassVar, Final
@@ -308,13 +309,31 @@ class RedisStorageAdapter(StorageAdapter):
         whole document (assembled from its parts hash when it is stored in parts; the
         two read in one atomic step, so a save between cannot tear it)."""
         key = self.keys.checkpoint(stack_id, namespace)
+        parts_key = self.keys.checkpoint_parts(stack_id, namespace)
+        found: tuple[bytes, bytes | None, dict[bytes, bytes]] | None = None
         if self.incremental_min_bytes is None:
             head = raw(await self._redis.get(key))
             if head is None or not _skeleton(head):
                 return head, head
             # A skeleton: a writer with incremental saves on stored it in parts.
-        parts_key = self.keys.checkpoint_parts(stack_id, namespace)
-        found = await self._head_and_parts(key, parts_key)
+        else:
+            # The key and the hash side by side (auto-pipelining writes the two commands
+            # together: one round trip). Not one atomic read, but none is needed when it
+            # proves itself: a whole document is complete alone, and a hash whose
+            # "@head" is the SHA-1 of the skeleton read is the parts saved with it
+            # (HGETALL reads the hash at one moment). Otherwise the atomic read decides.
+            stored, fields = await asyncio.gather(
+                self._redis.get(key),
+                self._redis.call("HGETALL", self.client.hgetall(parts_key)),
+            )
+            head = raw(stored)
+            if head is None:
+                return None, None
+            if not _skeleton(head):
+                return head, head
+            found = _own_parts(head, fields)
+        if found is None:
+            found = await self._head_and_parts(key, parts_key)
         if found is None:
             return None, None
         head, order, bodies = found
@@ -358,17 +377,8 @@ class RedisStorageAdapter(StorageAdapter):
         if stored is None:
             return None
         head = raw(stored) or b""
-        parts = {raw(name) or b"": raw(value) or b"" for name, value in (fields or {}).items()}
-        if (
-            parts.get(b"@len") != str(len(head)).encode()
-            or parts.get(b"@head") != sha1_hex(head).encode()
-        ):
-            return head, None, {}  # stored whole (a writer without parts left these)
-        order = parts.pop(b"@order", b"[]")
-        bodies = {
-            bytes.fromhex(name.decode()): body for name, body in parts.items() if name[:1] != b"@"
-        }
-        return head, order, bodies
+        # Parts of another head: stored whole since (a writer without parts left these).
+        return _own_parts(head, fields) or (head, None, {})
 
     async def _save_checkpoint_exactly(
         self,
@@ -686,6 +696,21 @@ _REMEMBERED: Final = 4096
 def sha1_hex(data: bytes) -> str:
     """The SHA-1 of ``data`` in hex, as Lua's ``redis.sha1hex`` gives it."""
     return sha1(data, usedforsecurity=False).hexdigest()
+
+
+def _own_parts(head: bytes, fields: Any) -> tuple[bytes, bytes | None, dict[bytes, bytes]] | None:
+    """``(head, parts list, bodies by digest)`` when the parts hash's ``fields`` were
+    saved with ``head`` (its ``@len`` and ``@head``), else ``None``."""
+    parts = {raw(name) or b"": raw(value) or b"" for name, value in (fields or {}).items()}
+    if parts.get(b"@len") != str(len(head)).encode():
+        return None
+    if parts.get(b"@head") != sha1_hex(head).encode():
+        return None
+    order = parts.pop(b"@order", b"[]")
+    bodies = {
+        bytes.fromhex(name.decode()): body for name, body in parts.items() if name[:1] != b"@"
+    }
+    return head, order, bodies
 
 
 def _skeleton(head: bytes) -> bool:

@@ -7,6 +7,7 @@ the whole document TypeScript reads."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -246,3 +247,35 @@ def test_off_by_default() -> None:
     assert isinstance(adapter, RedisStorageAdapter)
     assert adapter.incremental_min_bytes is None
     assert connect(f"{REDIS_URL}?incremental_min_bytes=0").adapter is not None
+
+
+async def test_reads_during_saves_are_never_torn() -> None:
+    # A reader racing a writer sees, at each read, exactly one saved document: the key
+    # and the hash read side by side prove themselves, or the atomic read decides.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        reader = connect(backend.url, incremental_min_bytes=LEAST)
+        docs = [_doc(r, 8 + r % 3, changed=r % 8) for r in range(1, 41)]
+        saved = {d.to_json() for d in docs}
+        await a.save_checkpoint(docs[0])
+        done = False
+
+        async def write() -> None:
+            nonlocal done
+            for previous, doc in itertools.pairwise(docs):
+                await a.save_checkpoint(doc, expected_revision=previous.revision)
+            done = True
+
+        async def read() -> int:
+            reads = 0
+            while not done:
+                got = await reader.adapter.get_checkpoint("run")
+                assert got is not None and got.to_json() in saved
+                reads += 1
+            return reads
+
+        try:
+            _, reads = await asyncio.gather(write(), read())
+        finally:
+            await reader.aclose()
+        assert reads > 0
