@@ -59,6 +59,13 @@ class BodyCache:
         self._bodies: OrderedDict[tuple[bytes, str], tuple[bytes, bytes]] = OrderedDict()
         self._size = 0
 
+    def last(self, key: bytes, step: str) -> tuple[bytes, bytes] | None:
+        """The body saved last for ``step`` of row ``key`` and its digest, if kept."""
+        found = self._bodies.get((key, step))
+        if found is not None:
+            self._bodies.move_to_end((key, step))
+        return found
+
     def digest(self, key: bytes, step: str, body: bytes) -> bytes:
         """The digest of ``body``, the saved step's context (hashed only when new)."""
         slot = (key, step)
@@ -92,7 +99,12 @@ class Split:
 
 def split(checkpoint: Checkpoint, key: bytes = b"", cache: BodyCache | None = None) -> Split:
     """``checkpoint`` as a skeleton, its parts list and its context bodies; ``cache``
-    (with the row's ``key``) spares hashing the bodies saved last time."""
+    (with the row's ``key``) spares hashing the bodies saved last time, and encoding them:
+    they are found in the document the save encoded anyway (:func:`_split_encoded`)."""
+    if cache is not None:
+        found = _split_encoded(checkpoint, key, cache)
+        if found is not None:
+            return found
     skeleton = checkpoint.replace(contexts={}).to_json()
     order: list[tuple[str, str]] = []
     bodies: dict[bytes, bytes] = {}
@@ -102,6 +114,58 @@ def split(checkpoint: Checkpoint, key: bytes = b"", cache: BodyCache | None = No
         bodies[digest] = body
         order.append((step, digest.hex()))
     return Split(skeleton, orjson.dumps(order), bodies)
+
+
+_OPEN: Final = MARK[:-1]  # "contexts":{
+
+
+def _split_encoded(checkpoint: Checkpoint, key: bytes, cache: BodyCache) -> Split | None:
+    """:func:`split` read off ``checkpoint.to_json()``, which a save has encoded already:
+    each context saved last time is recognised in place by comparing bytes, only a
+    changed one is encoded (to learn its length), and the skeleton is the document
+    without the bytes between ``"contexts":{`` and its ``}``. A 256 KB document of 16
+    contexts split in 0.16 ms by encoding every context and the skeleton again; this
+    costs a comparison of the bytes. ``None`` when the document does not read as the
+    compact encoding of ``checkpoint`` (a document decoded from another writer's text
+    keeps that text): :func:`split` then encodes.
+
+    A recognised body is the context's whole value: a JSON value is self-delimiting,
+    and the byte after it must be the ``,`` or ``}`` that ends a member."""
+    data = checkpoint.to_json()
+    start = data.find(_OPEN)
+    if start < 0:
+        return None
+    start += len(_OPEN)
+    pos = start
+    order: list[tuple[str, str]] = []
+    bodies: dict[bytes, bytes] = {}
+    for step, context in checkpoint.contexts.items():
+        if order:
+            if data[pos : pos + 1] != b",":
+                return None
+            pos += 1
+        name = orjson.dumps(step)
+        if not data.startswith(name, pos) or data[pos + len(name) : pos + len(name) + 1] != b":":
+            return None
+        pos += len(name) + 1
+        last = cache.last(key, step)
+        if (
+            last is not None
+            and data.startswith(last[0], pos)
+            and data[pos + len(last[0]) : pos + len(last[0]) + 1] in (b",", b"}")
+        ):
+            body, digest = last
+        else:
+            body = orjson.dumps(context)
+            if not data.startswith(body, pos):
+                return None
+            digest = cache.digest(key, step, body)
+        pos += len(body)
+        bodies[digest] = body
+        order.append((step, digest.hex()))
+    if data[pos : pos + 1] != b"}":
+        return None
+    return Split(data[:start] + data[pos:], orjson.dumps(order), bodies)
 
 
 def assemble(skeleton: bytes, parts: bytes, bodies: dict[bytes, bytes]) -> bytes | None:
