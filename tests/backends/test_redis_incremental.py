@@ -279,3 +279,29 @@ async def test_reads_during_saves_are_never_torn() -> None:
         finally:
             await reader.aclose()
         assert reads > 0
+
+
+async def test_cancel_workflow_keeps_the_parts_in_step() -> None:
+    async with _backend() as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        await a.cancel_workflow("run")
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.status == "cancelled" and got.revision == 2
+        assert got.contexts == _doc(1, 10).contexts
+
+
+async def test_revisions_past_two_to_the_53_are_saved_whole_and_drop_the_parts() -> None:
+    # Lua's doubles cannot compare them: the exact path decides and writes the document
+    # whole, then drops the parts hash that no longer belongs to the key.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        big = 2**53
+        await a.save_checkpoint(_doc(big - 5, 10))
+        assert await a.client.exists(a.keys.checkpoint_parts("run")) == 1
+        doc = _doc(big + 1, 10, changed=2)
+        await a.save_checkpoint(doc, expected_revision=big - 5)
+        assert await a.client.get(a.keys.checkpoint("run")) == doc.to_json()
+        assert await a.client.exists(a.keys.checkpoint_parts("run")) == 0
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == doc.to_json()
