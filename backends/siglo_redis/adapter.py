@@ -514,6 +514,7 @@ class RedisStorageAdapter(StorageAdapter):
             raise CheckpointConflictError(
                 stack_id, None if stored < 0 else stored, expected_revision
             )
+        self._stored.pop(key, None)  # its parts hash is gone: no body is kept for a rerun
         # A crash from here on leaves records that expire with their retention.
         await self._waits.delete_snapshot(stack_id, namespace, waits)
         return int(reply[1]) == 1
