@@ -3,7 +3,8 @@
 ``python -m benchmarks.large_state bytes`` runs a 100-step workflow whose state grows to
 1 MB and 10 MB (each step adds one context of 1/100 of the final size and saves) on each
 backend, with documents stored whole (``incremental_min_bytes=none``) and incrementally
-(the default), and prints the bytes siglo sent to be stored: the bytes and text values
+(the default on SQL; on Redis, where it is opt-in, ``incremental_min_bytes=16384``), and
+prints the bytes siglo sent to be stored: the bytes and text values
 of the parameters of every writing SQL statement, every byte of every command sent to
 Redis. The bytes that changed per run are the sum of the new contexts.
 
@@ -11,7 +12,9 @@ Redis. The bytes that changed per run are the sum of the new contexts.
 load of a 1 KB / 256 KB / 10 MB document of 16 contexts, one context changed per save,
 here and in the siglo checkout ``DIR`` (a tree without this work: its ``siglo`` and
 ``backends`` come first on ``sys.path`` of a child process), in interleaved rounds, and
-prints the median of the round medians with their range.
+prints the median of the round medians with their range. ``--after-options JSON``
+connects this tree's side with those options (``'{"incremental_min_bytes": 16384}'``:
+Redis with incremental saves on, or another SQL threshold).
 
 Figures taken on a shared machine are indicative; docs/benchmarks-large-state.md records
 what was run.
@@ -37,6 +40,8 @@ KINDS = ("sqlite", "postgres", "redis")
 POSTGRES_URL = os.environ.get("SIGLO_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[1]
+REDIS_INCREMENTAL_MIN_BYTES = 16_384
+"""The threshold the Redis runs with incremental saves on use (the SQL default)."""
 
 
 @asynccontextmanager
@@ -206,8 +211,8 @@ async def bytes_per_run(
     from siglo import Checkpoint
 
     options: dict[str, Any] = {} if incremental else {"incremental_min_bytes": None}
-    if kind == "redis":
-        options = {}
+    if kind == "redis" and incremental:
+        options = {"incremental_min_bytes": REDIS_INCREMENTAL_MIN_BYTES}
     async with open_kind(kind, **options) as backend:
         meter = Meter()
         undo = meter_redis(meter) if kind == "redis" else None
@@ -235,7 +240,7 @@ async def bytes_per_run(
         return {
             "kind": kind,
             "final_bytes": len(cp.to_json()),
-            "mode": "incremental" if incremental and kind != "redis" else "whole",
+            "mode": "incremental" if incremental else "whole",
             "written": meter.bytes,
             "changed": changed,
             "ratio": round(meter.bytes / changed, 2),
@@ -253,9 +258,12 @@ def _document(size: int, revision: int, changed: int) -> Any:
     return Checkpoint(stack_id="lat", revision=revision, timestamp=revision, contexts=contexts)
 
 
-async def latency_round(kind: str, size: int, ops: int) -> dict[str, float]:
-    """Median save and load of a ``size`` document, ``ops`` of each (ms)."""
-    async with open_kind(kind) as backend:
+async def latency_round(
+    kind: str, size: int, ops: int, options: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Median save and load of a ``size`` document, ``ops`` of each (ms), on a backend
+    connected with ``options``."""
+    async with open_kind(kind, **(options or {})) as backend:
         a = backend.adapter
         docs = [_document(size, r, (r - 1) % 16) for r in range(1, ops + 2)]
         for cp in docs:
@@ -278,13 +286,23 @@ async def latency_round(kind: str, size: int, ops: int) -> dict[str, float]:
         }
 
 
-def _child(tree: Path | None, kind: str, size: int, ops: int) -> dict[str, float]:
+def _child(
+    tree: Path | None, kind: str, size: int, ops: int, options: dict[str, Any] | None = None
+) -> dict[str, float]:
     env = dict(os.environ)
     if tree is not None:
         paths = [str(tree), str(tree / "backends"), str(tree / "contract_tests")]
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     out = subprocess.run(
-        [sys.executable, str(Path(__file__)), "_round", kind, str(size), str(ops)],
+        [
+            sys.executable,
+            str(Path(__file__)),
+            "_round",
+            kind,
+            str(size),
+            str(ops),
+            json.dumps(options or {}),
+        ],
         env=env,
         check=True,
         capture_output=True,
@@ -299,14 +317,20 @@ def _ops(size: int) -> int:
     return 200 if size <= 1_024 else (40 if size <= 262_144 else 6)
 
 
-def latency(before: Path, kinds: list[str], sizes: list[int], rounds: int) -> list[dict[str, Any]]:
+def latency(
+    before: Path,
+    kinds: list[str],
+    sizes: list[int],
+    rounds: int,
+    after_options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     rows = []
     for kind in kinds:
         for size in sizes:
             got: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
             for _ in range(rounds):  # interleaved: before, after, before, after …
                 got["before"].append(_child(before, kind, size, _ops(size)))
-                got["after"].append(_child(None, kind, size, _ops(size)))
+                got["after"].append(_child(None, kind, size, _ops(size), after_options))
             row: dict[str, Any] = {"kind": kind, "size": size}
             for side, results in got.items():
                 for what in ("save_ms", "load_ms"):
@@ -332,25 +356,30 @@ def main(argv: list[str] | None = None) -> int:
     lat.add_argument("--kinds", default=",".join(KINDS))
     lat.add_argument("--sizes", default="1024,262144,10485760")
     lat.add_argument("--rounds", type=int, default=3)
+    lat.add_argument("--after-options", default="{}", help="JSON options of this tree's side")
     r = sub.add_parser("_round")
     r.add_argument("kind")
     r.add_argument("size", type=int)
     r.add_argument("ops", type=int)
+    r.add_argument("options", nargs="?", default="{}")
     args = parser.parse_args(argv)
     if args.command == "bytes":
         for kind in args.kinds.split(","):
             for size in map(int, args.sizes.split(",")):
                 for incremental in (False, True):
-                    if kind == "redis" and incremental:
-                        continue
                     row = asyncio.run(bytes_per_run(kind, size, incremental))
                     print(json.dumps(row), flush=True)
     elif args.command == "latency":
         latency(
-            args.before, args.kinds.split(","), list(map(int, args.sizes.split(","))), args.rounds
+            args.before,
+            args.kinds.split(","),
+            list(map(int, args.sizes.split(","))),
+            args.rounds,
+            json.loads(args.after_options),
         )
     else:
-        print(json.dumps(asyncio.run(latency_round(args.kind, args.size, args.ops))))
+        round_options = json.loads(args.options)
+        print(json.dumps(asyncio.run(latency_round(args.kind, args.size, args.ops, round_options))))
     return 0
 
 

@@ -8,7 +8,10 @@ lease) uses the client's wall clock too. On one host the two are the same clock.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import asyncio
+from collections import OrderedDict
+from hashlib import sha1
+from typing import Any, ClassVar, Final
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
@@ -16,10 +19,12 @@ from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
+    MalformedRecordError,
     SigloError,
     StorageAdapterError,
 )
 from siglo.listing import CheckpointPage, ListQuery
+from siglo.parts import MARK, BodyCache, assemble, split
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -33,12 +38,15 @@ from siglo_redis.commands import (
 )
 from siglo_redis.coordination import RedisLock
 from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
-from siglo_redis.listing import CheckpointIndex, deadline_member_parts, member_of
+from siglo_redis.listing import CheckpointIndex, deadline_member_parts, is_cluster, member_of
 from siglo_redis.scripts import (
     CHECKPOINT_CAS,
     CHECKPOINT_DELETE,
+    CHECKPOINT_LOAD,
+    CHECKPOINT_PARTS_CAS,
     CONTEXT_CHANGE,
     CONTEXT_COMPARE_DELETE,
+    PARTS_DROP,
 )
 from siglo_redis.values import decode_cached, decode_context_value, encode_cached
 from siglo_redis.waits import (
@@ -78,6 +86,11 @@ class RedisStorageAdapter(StorageAdapter):
     - ``workflow_lock_ttl_ms`` / ``workflow_lock_timeout_ms`` govern
       :meth:`with_workflow_lock` (the lease is renewed while the action runs).
     - ``command_timeout_ms`` (default 10 s; ``None``: none) bounds every Redis call.
+    - ``incremental_min_bytes`` (default ``None``: off) saves a checkpoint document at
+      least this long incrementally: its skeleton at the checkpoint key and its contexts
+      in a parts hash beside it, a save writing only the contexts that changed, in the
+      compare-and-set's one script (docs/backends/redis.md). Off by default because
+      the key then no longer holds the whole document that TypeScript readers expect.
     """
 
     name: ClassVar[str] = "redis"
@@ -110,6 +123,7 @@ class RedisStorageAdapter(StorageAdapter):
         workflow_lock_ttl_ms: int = DEFAULTS.workflow_lock_ttl_ms,
         workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
         command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
+        incremental_min_bytes: int | None = None,
     ) -> None:
         self.checkpoint_ttl_ms = require_ttl_ms(
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
@@ -126,6 +140,19 @@ class RedisStorageAdapter(StorageAdapter):
                 f"record_context_changes must be a bool, got {record_context_changes!r}"
             )
         self.record_context_changes = record_context_changes
+        if incremental_min_bytes is not None and (
+            type(incremental_min_bytes) is not int or incremental_min_bytes < 0
+        ):
+            raise InvalidArgumentError(
+                "incremental_min_bytes must be a non-negative integer of bytes or none, "
+                f"got {incremental_min_bytes!r}"
+            )
+        self.incremental_min_bytes = incremental_min_bytes
+        # The bodies of recent saves (hashed once) and, by checkpoint key, the digests
+        # this process saw stored last: a save sends only the bodies not among them
+        # (the script refuses with 3 when one is not there after all; all are sent then).
+        self._bodies = BodyCache()
+        self._stored: OrderedDict[str, frozenset[bytes]] = OrderedDict()
         self.keys = KeySpace(check_prefix("key_prefix", key_prefix))
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
@@ -171,6 +198,9 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
+        if self.incremental_min_bytes is not None:
+            await self._save_incrementally(checkpoint, expected_revision)
+            return
         data = checkpoint.to_json()
         now = now_ms()
         px = self._px(checkpoint.expires_at, now)
@@ -202,6 +232,153 @@ class RedisStorageAdapter(StorageAdapter):
             expected_revision,
             checkpoint.revision,
         )
+
+    async def _save_incrementally(
+        self, checkpoint: Checkpoint, expected_revision: int | None
+    ) -> None:
+        """The compare-and-set of :data:`CHECKPOINT_PARTS_CAS`: a document of at least
+        ``incremental_min_bytes`` as its skeleton and the context bodies the parts hash
+        does not hold yet, a smaller one whole (its parts hash dropped), in one script."""
+        data = checkpoint.to_json()
+        now = now_ms()
+        px = self._px(checkpoint.expires_at, now)
+        key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+        parts_key = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
+        shard = self._index.shard_of(key)
+        await self._index.register(shard)
+        least = self.incremental_min_bytes
+        digests: frozenset[bytes] = frozenset()
+        bodies: dict[bytes, bytes] = {}
+        head, order = data, b""
+        if least is not None and len(data) >= least:
+            cut = split(checkpoint, key.encode(), self._bodies)
+            head, order, bodies = cut.skeleton, cut.parts, cut.bodies
+            digests = frozenset(bodies)
+        known = self._stored.pop(key, frozenset())
+        common = [
+            head,
+            checkpoint.revision,
+            "" if expected_revision is None else expected_revision,
+            now,
+            "" if px is None else px,
+            member_of(checkpoint.stack_id, checkpoint.namespace),
+            order,
+        ]
+        keys = [key, self._index.key(shard), parts_key]
+        outcome = 3
+        for sent in (known, frozenset()):  # then every body, if one believed kept is not
+            pairs: list[bytes | str] = []
+            for digest, body in bodies.items():
+                pairs += (digest.hex(), b"" if digest in sent else body)
+            outcome = int(await self._redis.script(CHECKPOINT_PARTS_CAS, keys, common + pairs))
+            if outcome != 3 or not sent:
+                break
+        if outcome == 1:
+            self._remember(key, digests)
+            return
+        if outcome == 2:
+            await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
+            await self._redis.script(PARTS_DROP, [key, parts_key], [])
+            return
+        if outcome == 3:
+            raise StorageAdapterError(
+                f"checkpoint of stack {checkpoint.stack_id!r}: the parts hash lost a body "
+                "the save did not send"
+            )
+        stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
+        raise CheckpointConflictError(
+            checkpoint.stack_id,
+            None if stored < 0 else stored,
+            expected_revision,
+            checkpoint.revision,
+        )
+
+    def _remember(self, key: str, digests: frozenset[bytes]) -> None:
+        """Note the context digests the parts hash of ``key`` holds now (a few thousand
+        checkpoints' worth: a forgotten one costs sending its bodies once more)."""
+        self._stored.pop(key, None)
+        if digests:
+            self._stored[key] = digests
+            while len(self._stored) > _REMEMBERED:
+                self._stored.popitem(last=False)
+
+    async def _read_checkpoint(
+        self, stack_id: str, namespace: str | None
+    ) -> tuple[bytes | None, bytes | None]:
+        """``(head, document)`` of a stored checkpoint: what its key holds, and the
+        whole document (assembled from its parts hash when it is stored in parts; the
+        two read in one atomic step, so a save between cannot tear it)."""
+        key = self.keys.checkpoint(stack_id, namespace)
+        parts_key = self.keys.checkpoint_parts(stack_id, namespace)
+        found: tuple[bytes, bytes | None, dict[bytes, bytes]] | None = None
+        if self.incremental_min_bytes is None:
+            head = raw(await self._redis.get(key))
+            if head is None or not _skeleton(head):
+                return head, head
+            # A skeleton: a writer with incremental saves on stored it in parts.
+        else:
+            # The key and the hash side by side (auto-pipelining writes the two commands
+            # together: one round trip). Not one atomic read, but none is needed when it
+            # proves itself: a whole document is complete alone, and a hash whose
+            # "@head" is the SHA-1 of the skeleton read is the parts saved with it
+            # (HGETALL reads the hash at one moment). Otherwise the atomic read decides.
+            stored, fields = await asyncio.gather(
+                self._redis.get(key),
+                self._redis.call("HGETALL", self.client.hgetall(parts_key)),
+            )
+            head = raw(stored)
+            if head is None:
+                return None, None
+            if not _skeleton(head):
+                return head, head
+            found = _own_parts(head, fields)
+        if found is None:
+            found = await self._head_and_parts(key, parts_key)
+        if found is None:
+            return None, None
+        head, order, bodies = found
+        if order is None:
+            return head, head
+        document = assemble(head, order, bodies)
+        if document is None:
+            raise MalformedRecordError(
+                "checkpoint", "contexts", f"of stack {stack_id!r} name a part that is not stored"
+            )
+        self._remember(key, frozenset(bodies))
+        return head, document
+
+    async def _head_and_parts(
+        self, key: str, parts_key: str
+    ) -> tuple[bytes, bytes | None, dict[bytes, bytes]] | None:
+        """What the checkpoint key holds, and when its parts hash belongs to it the parts
+        list and the bodies by digest (else ``None`` and nothing), read in one atomic
+        step; ``None`` when there is no checkpoint.
+
+        ``MULTI``/``EXEC`` of ``GET`` and ``HGETALL`` where the client can (the server
+        writes the reply straight from the keys: a 10 MB document through Lua took 20 ms
+        more, copied into Lua strings and back), else :data:`CHECKPOINT_LOAD`."""
+        pipeline = getattr(self.client, "pipeline", None)
+        if pipeline is None or is_cluster(self.client):
+            reply = await self._redis.script(CHECKPOINT_LOAD, [key, parts_key], [])
+            if not reply:
+                return None
+            head = raw(reply[0]) or b""
+            if len(reply) == 1:
+                return head, None, {}
+            bodies = {
+                bytes.fromhex(text(reply[i]) or ""): raw(reply[i + 1]) or b""
+                for i in range(2, len(reply), 2)
+            }
+            return head, raw(reply[1]) or b"[]", bodies
+        pipe = pipeline(transaction=True)
+        pipe.get(key)
+        pipe.hgetall(parts_key)
+        stored, fields = await self._redis.call("MULTI", pipe.execute())
+        if stored is None:
+            return None
+        head = raw(stored) or b""
+        # Parts of another head: stored whole since (a writer without parts left these).
+        return _own_parts(head, fields) or (head, None, {})
 
     async def _save_checkpoint_exactly(
         self,
@@ -243,14 +420,16 @@ class RedisStorageAdapter(StorageAdapter):
     async def _live_checkpoint(
         self, stack_id: str, namespace: str | None, now: int
     ) -> tuple[Checkpoint | None, bytes | None]:
-        data = await self._redis.get(self.keys.checkpoint(stack_id, namespace))
-        if data is None:
+        """The live checkpoint (``None`` if gone or expired) and what its key holds (the
+        value the swap script compares against)."""
+        head, document = await self._read_checkpoint(stack_id, namespace)
+        if document is None:
             return None, None
-        checkpoint = Checkpoint.from_json(data)
+        checkpoint = Checkpoint.from_json(document)
         # A key of another writer may outlive its expiresAt (the seed's PX ignores it).
         if checkpoint.is_expired(now):
-            return None, data
-        return checkpoint, data
+            return None, head
+        return checkpoint, head
 
     async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
@@ -299,7 +478,7 @@ class RedisStorageAdapter(StorageAdapter):
         # - wait records after it (a refused compare-and-set must leave a live run's
         #   waits alone); a new run's record differs from the old one (its createdAt).
         key = self.keys.checkpoint(stack_id, namespace)
-        before = await self._redis.get(key)
+        _, before = await self._read_checkpoint(stack_id, namespace)
         if expected_revision is not None:
             # Checked before anything is read for deletion; the delete's script checks
             # it again, atomically.
@@ -319,7 +498,11 @@ class RedisStorageAdapter(StorageAdapter):
                 )
         reply = await self._redis.script(
             CHECKPOINT_DELETE,
-            [key, self._index.key(self._index.shard_of(key))],
+            [
+                key,
+                self._index.key(self._index.shard_of(key)),
+                self.keys.checkpoint_parts(stack_id, namespace),
+            ],
             [
                 member_of(stack_id, namespace),
                 "" if expected_revision is None else expected_revision,
@@ -331,6 +514,7 @@ class RedisStorageAdapter(StorageAdapter):
             raise CheckpointConflictError(
                 stack_id, None if stored < 0 else stored, expected_revision
             )
+        self._stored.pop(key, None)  # its parts hash is gone: no body is kept for a rerun
         # A crash from here on leaves records that expire with their retention.
         await self._waits.delete_snapshot(stack_id, namespace, waits)
         return int(reply[1]) == 1
@@ -435,6 +619,14 @@ class RedisStorageAdapter(StorageAdapter):
             cancelled = checkpoint.replace(
                 status="cancelled", revision=checkpoint.revision + 1, timestamp=now
             )
+            if self.incremental_min_bytes is not None or (data and _skeleton(data)):
+                # Stored in parts (or saving so): the compare-and-set on the revision
+                # keeps the parts hash in step, where the swap would write the head only.
+                try:
+                    await self._save_incrementally(cancelled, checkpoint.revision)
+                except CheckpointConflictError:
+                    continue
+                return
             if await swap(self._redis, key, data, cancelled.to_json()):
                 return
         raise StorageAdapterError(
@@ -496,6 +688,38 @@ class RedisStorageAdapter(StorageAdapter):
 
     async def _do_on_cache_event(self, event: CacheEvent) -> None:
         """Telemetry only: accepted, nothing is stored."""
+
+
+_REMEMBERED: Final = 4096
+"""Checkpoints whose stored context digests an adapter remembers."""
+
+
+def sha1_hex(data: bytes) -> str:
+    """The SHA-1 of ``data`` in hex, as Lua's ``redis.sha1hex`` gives it."""
+    return sha1(data, usedforsecurity=False).hexdigest()
+
+
+def _own_parts(head: bytes, fields: Any) -> tuple[bytes, bytes | None, dict[bytes, bytes]] | None:
+    """``(head, parts list, bodies by digest)`` when the parts hash's ``fields`` were
+    saved with ``head`` (its ``@len`` and ``@head``), else ``None``."""
+    parts = {raw(name) or b"": raw(value) or b"" for name, value in (fields or {}).items()}
+    if parts.get(b"@len") != str(len(head)).encode():
+        return None
+    if parts.get(b"@head") != sha1_hex(head).encode():
+        return None
+    order = parts.pop(b"@order", b"[]")
+    bodies = {
+        bytes.fromhex(name.decode()): body for name, body in parts.items() if name[:1] != b"@"
+    }
+    return head, order, bodies
+
+
+def _skeleton(head: bytes) -> bool:
+    """Whether a checkpoint key holds a skeleton (``"contexts":{}``): stored in parts, or
+    a document without contexts. No field before ``contexts`` is an object, so its
+    first ``"contexts":`` is the top-level one, found in the document's opening."""
+    at = head.find(MARK[:-2])
+    return at >= 0 and head.startswith(b"{}", at + len(MARK) - 2)
 
 
 def _steps_of(document: bytes | None) -> list[str]:

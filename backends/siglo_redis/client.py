@@ -52,6 +52,7 @@ OPTIONS: Final[dict[str, urls.Converter]] = {
     "command_timeout_ms": urls.optional_integer,
     "idempotency_ttl_ms": urls.optional_integer,
     "idempotency_lease_ms": urls.optional_integer,
+    "incremental_min_bytes": urls.optional_integer,
     "record_context_changes": urls.boolean,
     "strict_atomicity": urls.boolean,
     "wait_replicas": urls.integer,

@@ -15,6 +15,10 @@ siglo's own options can ride in the URL's query string, so that
 ``workflow_lock_timeout_ms``, ``command_timeout_ms``, ``idempotency_ttl_ms``,
 ``idempotency_lease_ms``
     integers (``none`` for no checkpoint retention / no command timeout);
+``incremental_min_bytes``
+    save a checkpoint document at least this many bytes long incrementally (its
+    contexts in a parts hash beside the key, only the changed ones written); ``none``
+    (the default) keeps every document whole, the layout TypeScript reads;
 ``record_context_changes``, ``strict_atomicity``
     ``true`` / ``false``;
 ``wait_replicas``, ``wait_timeout_ms``

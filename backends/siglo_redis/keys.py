@@ -15,6 +15,9 @@ key                                            holds
                                                correlation keys, latest saved last
 ``siglo:cache:<key>``                          step-cache JSON
 ``siglo:[<ns>:]context:<stackId>:<stepId>``    hash: context field → JSON value
+``siglo:[<ns>:]checkpoint-parts:{<tag>}<id>``  siglo only (``incremental_min_bytes``):
+                                               hash of a checkpoint's context bodies by
+                                               digest and their order, in its slot
 ``siglo:checkpoint-index[:{<tag>}]``          siglo only: sorted set listing the
                                                checkpoints (one per cluster slot on a
                                                cluster, tagged to that slot)
@@ -199,6 +202,16 @@ class KeySpace:
         if namespace is None:
             return f"{self.prefix}checkpoint:{stack_id}"
         return f"{self.prefix}{namespace_segment(namespace)}:checkpoint:{stack_id}"
+
+    def checkpoint_parts(self, stack_id: str, namespace: str | None = None) -> str:
+        """The parts hash of a checkpoint saved incrementally (``incremental_min_bytes``):
+        ``<prefix>[<ns>:]checkpoint-parts:{<tag>}<stackId>``, the tag pinning it to the
+        checkpoint key's cluster slot so one script writes both. The tag is a function of
+        the checkpoint key and the stack id follows it, so distinct checkpoints have
+        distinct hashes."""
+        ns = "" if namespace is None else f"{namespace_segment(namespace)}:"
+        tag = slot_tag(hash_slot(self.checkpoint(stack_id, namespace)))
+        return f"{self.prefix}{ns}checkpoint-parts:{{{tag}}}{stack_id}"
 
     def wait(self, key: str, namespace: str | None = None) -> str:
         """A wait record (or the seed's per-stack copy): the seed's key for an

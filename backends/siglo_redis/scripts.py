@@ -15,6 +15,8 @@ from typing import Final
 
 __all__ = [
     "CHECKPOINT_CAS",
+    "CHECKPOINT_LOAD",
+    "CHECKPOINT_PARTS_CAS",
     "CHECKPOINT_DELETE",
     "DEADLINE_PRUNE",
     "INDEX_PRUNE",
@@ -27,6 +29,7 @@ __all__ = [
     "IDEMPOTENCY_FAIL",
     "LOCK_ACQUIRE",
     "LOCK_EXTEND",
+    "PARTS_DROP",
     "SWAP",
     "WAIT_CREATE",
     "WAIT_INDEX_ADD",
@@ -47,9 +50,7 @@ class Script:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
 
-CHECKPOINT_CAS: Final = Script(
-    "checkpoint_cas",
-    """
+_CAS_HEAD: Final = """
 -- Compare-and-set of a checkpoint on its stored revision.
 -- KEYS[1] checkpoint key. ARGV[1] new JSON, ARGV[2] its revision, ARGV[3] expected
 -- revision ('' = none: the new revision must be above the stored one), ARGV[4] now (ms),
@@ -63,6 +64,9 @@ CHECKPOINT_CAS: Final = Script(
 local exact = 9007199254740992
 local new = tonumber(ARGV[2])
 local expected = tonumber(ARGV[3])
+"""
+
+_CAS_WRITE_WHOLE: Final = """\
 local function write()
   if ARGV[5] == '' then
     redis.call('SET', KEYS[1], ARGV[1])
@@ -76,6 +80,9 @@ local function write()
   if KEYS[2] then redis.call('ZADD', KEYS[2], 0, ARGV[6]) end
   return 1
 end
+"""
+
+_CAS_DECIDE: Final = """\
 -- The first top-level "revision" of a document, read off its opening text without
 -- decoding it, when the opening is members whose values are integers or strings
 -- without escapes, up to an integer "revision" (the shape siglo writes). Else nil.
@@ -151,6 +158,114 @@ if not won then
   return -2 - (stored or -1)
 end
 return write()
+"""
+
+CHECKPOINT_CAS: Final = Script("checkpoint_cas", _CAS_HEAD + _CAS_WRITE_WHOLE + _CAS_DECIDE)
+
+_PARTS_HEAD: Final = """
+-- The compare-and-set of CHECKPOINT_CAS for a store saving incrementally
+-- (siglo_redis.adapter, incremental_min_bytes): the same decision on the revision, and a
+-- write that also keeps the checkpoint's parts hash KEYS[3] (same cluster slot) in step.
+-- ARGV[1] is the whole document, or its skeleton (contexts {}) when ARGV[7] is the parts
+-- list ([[step, digest], ...] JSON; '' = stored whole: the parts hash is dropped); then
+-- ARGV[8], ARGV[9] ... are each distinct digest of that list with its context body, or
+-- '' for a body the caller believes the hash already holds. The hash holds each body by
+-- its digest and '@order' (the parts list), '@len' and '@head' (the length and SHA-1 of
+-- the skeleton these parts belong to: a reader assembles only then). Returns as
+-- CHECKPOINT_CAS does, or 3 (nothing written) when a body sent as '' is not there: the
+-- caller sends them all.
+local exact = 9007199254740992
+local new = tonumber(ARGV[2])
+local expected = tonumber(ARGV[3])
+local function write_parts()
+  local named = {}
+  for i = 8, #ARGV, 2 do
+    named[ARGV[i]] = true
+    if ARGV[i + 1] == '' and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
+      return 3
+    end
+  end
+  -- Bodies no longer named go (the '@' fields are rewritten below).
+  for _, name in ipairs(redis.call('HKEYS', KEYS[3])) do
+    if not named[name] and string.byte(name, 1) ~= 64 then
+      redis.call('HDEL', KEYS[3], name)
+    end
+  end
+  for i = 8, #ARGV, 2 do
+    if ARGV[i + 1] ~= '' then redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+  end
+  redis.call('HSET', KEYS[3], '@order', ARGV[7], '@len', #ARGV[1],
+    '@head', redis.sha1hex(ARGV[1]))
+  return 1
+end
+"""
+
+_PARTS_WRITE: Final = """\
+local function write()
+  if ARGV[5] ~= '' and tonumber(ARGV[5]) <= 0 then
+    redis.call('DEL', KEYS[1], KEYS[3])
+    redis.call('ZREM', KEYS[2], ARGV[6])
+    return 1
+  end
+  if ARGV[7] == '' then
+    redis.call('DEL', KEYS[3])
+  elseif write_parts() == 3 then
+    return 3
+  end
+  if ARGV[5] == '' then
+    redis.call('SET', KEYS[1], ARGV[1])
+    redis.call('PERSIST', KEYS[3])
+  else
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[5])
+    redis.call('PEXPIRE', KEYS[3], ARGV[5])
+  end
+  redis.call('ZADD', KEYS[2], 0, ARGV[6])
+  return 1
+end
+"""
+
+CHECKPOINT_PARTS_CAS: Final = Script(
+    "checkpoint_parts_cas", _PARTS_HEAD + _PARTS_WRITE + _CAS_DECIDE
+)
+
+CHECKPOINT_LOAD: Final = Script(
+    "checkpoint_load",
+    """
+-- Read a checkpoint and, when it is stored in parts, its parts, in one step (a save in
+-- between cannot tear it). KEYS[1] checkpoint key, KEYS[2] its parts hash.
+-- Returns {} when there is no checkpoint, {document} when it is stored whole (or the
+-- hash holds parts of another head: a writer that saved it whole left them), else
+-- {skeleton, parts list, digest, body, digest, body, ...}.
+local head = redis.call('GET', KEYS[1])
+if not head then return {} end
+local meta = redis.call('HMGET', KEYS[2], '@len', '@head', '@order')
+if not meta[1] or tonumber(meta[1]) ~= #head or meta[2] ~= redis.sha1hex(head) then
+  return {head}
+end
+local reply = {head, meta[3]}
+local fields = redis.call('HGETALL', KEYS[2])
+for i = 1, #fields, 2 do
+  if string.byte(fields[i], 1) ~= 64 then
+    reply[#reply + 1] = fields[i]
+    reply[#reply + 1] = fields[i + 1]
+  end
+end
+return reply
+""",
+)
+
+PARTS_DROP: Final = Script(
+    "parts_drop",
+    """
+-- Drop a checkpoint's parts hash unless it belongs to the head stored now (after a
+-- write of the whole document by the swap script). KEYS[1] checkpoint key, KEYS[2] parts
+-- hash. Returns 1 when dropped.
+local head = redis.call('GET', KEYS[1])
+local meta = redis.call('HMGET', KEYS[2], '@len', '@head')
+if head and meta[1] and tonumber(meta[1]) == #head and meta[2] == redis.sha1hex(head) then
+  return 0
+end
+return redis.call('DEL', KEYS[2])
 """,
 )
 
@@ -420,7 +535,8 @@ CHECKPOINT_DELETE: Final = Script(
     "checkpoint_delete",
     """
 -- Delete a checkpoint and its listing-index member, compare-and-set when asked.
--- KEYS[1] checkpoint key, KEYS[2] listing index (same cluster slot). ARGV[1] member,
+-- KEYS[1] checkpoint key, KEYS[2] listing index (same cluster slot), KEYS[3] the
+-- checkpoint's parts hash (same slot; siglo_redis.adapter). ARGV[1] member,
 -- ARGV[2] expected revision ('' = any), ARGV[3] now (ms).
 -- Returns {1, 1 if the deleted checkpoint was live else 0, its JSON or ''}, or
 -- {0, stored revision or -1} when the stored revision is not the expected one.
@@ -442,6 +558,7 @@ if ARGV[2] ~= '' and (live == 0 or revision ~= tonumber(ARGV[2])) then
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if KEYS[3] then redis.call('DEL', KEYS[3]) end
 return {1, live, current or ''}
 """,
 )

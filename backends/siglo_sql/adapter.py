@@ -121,12 +121,13 @@ class SqlStorageAdapter(StorageAdapter):
         self._s = statements
         self._cp_reads: KeyedReads | None = None
         if database.coalesce_reads:
-            many = statements.cp_get_many
+            many = statements.cp_load_many
             self._cp_reads = KeyedReads(
                 database,
-                statements.cp_get,
+                statements.cp_load,
                 lambda n: database.sql(many.format(ids=many_ids(n))),
                 lambda: self.clock.now_ms(),
+                fold=_with_bodies,
             )
         self._cp_list: dict[str, str] = {}
         """``cp_list`` completed and converted, by the shape of its conditions."""
@@ -403,12 +404,19 @@ class SqlStorageAdapter(StorageAdapter):
         if self._cp_reads is not None:
             got = await self._cp_reads.get_row(key)
         else:
-            rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
-            got = rows[0] if rows else None
+            rows = await self.database.read(
+                self._s.cp_load, {"id": key, "now": self.clock.now_ms()}
+            )
+            got = _with_bodies([tuple(r) for r in rows]) if rows else None
         if got is None:
             return None
         if got[1] is None:  # stored whole: no further read
             return Checkpoint.from_json(bytes(got[0]))
+        # The row and its parts came in one statement: one snapshot, so every part the
+        # row names is there (else the read starts again, as a two-statement read would).
+        data = assemble(bytes(got[0]), bytes(got[1]), got[2])
+        if data is not None:
+            return Checkpoint.from_json(data)
         return await self._whole(key, *_document(got))
 
     async def _clean(self, sql: str) -> int:
@@ -708,6 +716,14 @@ class SqlStorageAdapter(StorageAdapter):
 _PART_READS = 10
 """Reads of a checkpoint saved in parts before giving up: each retry means another save
 replaced it between reading its row and its parts."""
+
+
+def _with_bodies(rows: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``(document, parts, {digest: body})`` of a checkpoint read with ``cp_load``:
+    ``(document, parts, digest, body)`` rows, one per part."""
+    first = rows[0]
+    bodies = {bytes(r[2]): bytes(r[3]) for r in rows if r[2] is not None}
+    return (first[0], first[1], bodies)
 
 
 def _document(row: Sequence[Any]) -> tuple[bytes, bytes | None]:

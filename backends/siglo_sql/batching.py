@@ -46,7 +46,9 @@ class KeyedReads:
     ``:now``; ``many(n)`` returns the SQL that reads ``(id, value, …)`` rows for
     parameters ``:id0`` … ``:id<n-1>`` and ``:now`` (built once per ``n``). ``clock``
     gives the ``now`` of each statement, read when it is sent. :meth:`get` answers the
-    value, :meth:`get_row` the value and the columns after it.
+    value, :meth:`get_row` the value and the columns after it. ``fold``, when given,
+    makes one answer of all the rows of a key (a statement that reads several rows per
+    key, as a checkpoint's with its parts); else the first row is the answer.
     """
 
     def __init__(
@@ -57,8 +59,10 @@ class KeyedReads:
         clock: Callable[[], int],
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
+        fold: Callable[[list[tuple[Any, ...]]], tuple[Any, ...]] | None = None,
     ) -> None:
         self._db = database
+        self._fold = fold
         self._single = single
         self._many = many
         self._sql: dict[int, str] = {}
@@ -94,7 +98,11 @@ class KeyedReads:
                 self._hand_over()
             else:  # nobody queued (every call, when calls come one by one)
                 self._running = False
-        return tuple(rows[0]) if rows else None
+        if not rows:
+            return None
+        if self._fold is not None:
+            return self._fold([tuple(row) for row in rows])
+        return tuple(rows[0])
 
     async def _answer(
         self, key: bytes, future: asyncio.Future[tuple[Any, ...] | None]
@@ -159,7 +167,13 @@ class KeyedReads:
                             if not future.done():
                                 future.set_exception(exc)
                     continue
-                found = {bytes(row[0]): tuple(row[1:]) for row in rows}
+                if self._fold is None:
+                    found = {bytes(row[0]): tuple(row[1:]) for row in rows}
+                else:
+                    grouped: dict[bytes, list[tuple[Any, ...]]] = {}
+                    for row in rows:
+                        grouped.setdefault(bytes(row[0]), []).append(tuple(row[1:]))
+                    found = {key: self._fold(group) for key, group in grouped.items()}
                 for key, futures in batch.items():
                     value = found.get(key)
                     for future in futures:

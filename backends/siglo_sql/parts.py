@@ -1,36 +1,24 @@
-"""Incremental saves (SPEC §13): a checkpoint stored as a skeleton and its contexts.
+"""Incremental saves on SQL (SPEC §13): a checkpoint stored as a skeleton and its contexts.
 
-A document of at least ``incremental_min_bytes`` is stored in parts: the checkpoint row's
-``document`` holds the *skeleton* (the wire document with ``"contexts":{}``), its
-``parts`` column the step ids in order with each context's digest, and
-``checkpoint_parts`` one row per distinct context body, keyed by ``(id, digest)``. A save
-reads the ``parts`` it replaces (the row locked) and, in the same transaction as the
-compare-and-set, inserts only the bodies whose digests are new and deletes the ones no
-longer named: a step whose context did not change costs nothing.
+A document of at least ``incremental_min_bytes`` is stored in parts (cut and assembled by
+:mod:`siglo.parts`): the checkpoint row's ``document`` holds the *skeleton* (the wire
+document with ``"contexts":{}``), its ``parts`` column the step ids in order with each
+context's digest, and ``checkpoint_parts`` one row per distinct context body, keyed by
+``(id, digest)``. A save reads the ``parts`` it replaces (the row locked) and, in the
+same transaction as the compare-and-set, inserts only the bodies whose digests are new
+and deletes the ones no longer named: a step whose context did not change costs nothing.
 
 Rows of ``checkpoint_parts`` never change once written (a digest names its body), so a
 reader needs no snapshot: it reads the checkpoint row, then the bodies of its id; when
 every digest the row names is there, the document it assembles is exactly the one saved.
 A digest missing means a save replaced the row in between: the read starts again.
-
-:func:`assemble` gives back the bytes :meth:`~siglo.Checkpoint.to_json` gave at the save,
-byte for byte: orjson writes an object as ``{"key":value,…}`` without spaces, so the
-document is the skeleton with ``"step":<context>`` pairs spliced in after
-``"contexts":{``. No field before ``contexts`` is an object, and a string cannot hold an
-unescaped quote, so the first ``"contexts":{}`` of a skeleton is its own.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
-from hashlib import sha256
 from typing import Final
 
-import orjson
-
-from siglo.checkpoint import Checkpoint
-from siglo.errors import MalformedRecordError
+from siglo.parts import BodyCache, Split, assemble, body_digest, split
 
 __all__ = [
     "DEFAULT_INCREMENTAL_MIN_BYTES",
@@ -45,93 +33,3 @@ DEFAULT_INCREMENTAL_MIN_BYTES: Final = 16_384
 """Documents this long or longer are saved in parts. Below it a save is the one-statement
 compare-and-set of a whole row: for a small document, writing it whole costs less than
 the transaction that would write its changed parts (docs/large-state.md)."""
-
-_MARK: Final = b'"contexts":{}'
-
-
-def body_digest(body: bytes) -> bytes:
-    """A context body's name: the first 16 bytes of its SHA-256 (hashed in hardware on
-    current CPUs: half the time of BLAKE2b here, 0.30 against 0.63 ms for 256 KB)."""
-    return sha256(body).digest()[:16]
-
-
-class BodyCache:
-    """The context bodies of recent saves and their digests, by ``(row id, step)``.
-
-    Hashing every context of a large document on every save cost more than writing the
-    one that changed (a 256 KB document: 0.3 ms of SHA-256 per save); comparing a body
-    with the one saved last for the same step costs a memcmp. At most ``max_bytes`` of
-    bodies are kept, the least recently used going first.
-    """
-
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self.max_bytes = max_bytes
-        self._bodies: OrderedDict[tuple[bytes, str], tuple[bytes, bytes]] = OrderedDict()
-        self._size = 0
-
-    def digest(self, key: bytes, step: str, body: bytes) -> bytes:
-        """The digest of ``body``, the saved step's context (hashed only when new)."""
-        slot = (key, step)
-        found = self._bodies.get(slot)
-        if found is not None and found[0] == body:
-            self._bodies.move_to_end(slot)
-            return found[1]
-        digest = body_digest(body)
-        if found is not None:
-            self._size -= len(found[0])
-        self._bodies[slot] = (body, digest)
-        self._bodies.move_to_end(slot)
-        self._size += len(body)
-        while self._size > self.max_bytes and self._bodies:
-            _, (old, _) = self._bodies.popitem(last=False)
-            self._size -= len(old)
-        return digest
-
-
-@dataclass(frozen=True, slots=True)
-class Split:
-    """A checkpoint cut into what the tables hold."""
-
-    skeleton: bytes
-    """The wire document with empty ``contexts``: the checkpoint row's ``document``."""
-    parts: bytes
-    """``[[step_id, digest_hex], …]`` in the contexts' order: the row's ``parts``."""
-    bodies: dict[bytes, bytes]
-    """Each distinct context's compact JSON by its digest."""
-
-
-def split(checkpoint: Checkpoint, key: bytes = b"", cache: BodyCache | None = None) -> Split:
-    """``checkpoint`` as a skeleton, its parts list and its context bodies; ``cache``
-    (with the row's ``key``) spares hashing the bodies saved last time."""
-    skeleton = checkpoint.replace(contexts={}).to_json()
-    order: list[tuple[str, str]] = []
-    bodies: dict[bytes, bytes] = {}
-    for step, context in checkpoint.contexts.items():
-        body = orjson.dumps(context)
-        digest = body_digest(body) if cache is None else cache.digest(key, step, body)
-        bodies[digest] = body
-        order.append((step, digest.hex()))
-    return Split(skeleton, orjson.dumps(order), bodies)
-
-
-def assemble(skeleton: bytes, parts: bytes, bodies: dict[bytes, bytes]) -> bytes | None:
-    """The whole document from its skeleton, parts list and bodies; ``None`` when a body
-    it names is missing (a save replaced it since the row was read: read again)."""
-    at = skeleton.find(_MARK)
-    if at < 0:
-        raise MalformedRecordError(
-            "checkpoint", "contexts", "is missing from a document stored in parts"
-        )
-    at += len(_MARK) - 1
-    # One join of every piece: the bodies are copied once (a 10 MB document's three
-    # copies took longer than the read).
-    pieces: list[bytes] = [skeleton[:at]]
-    for step, digest in orjson.loads(parts):
-        body = bodies.get(bytes.fromhex(digest))
-        if body is None:
-            return None
-        pieces += (orjson.dumps(step), b":", body, b",")
-    if len(pieces) > 1:
-        pieces.pop()  # the last comma
-    pieces.append(skeleton[at:])
-    return b"".join(pieces)

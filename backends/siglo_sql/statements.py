@@ -45,6 +45,12 @@ class Statements:
     """A template: ``{ids}`` stands for ``:id0, :id1, …`` (:func:`many_ids`), to be
     completed and converted with :meth:`~siglo_sql.database.Database.sql`."""
     cp_get_fallback: str
+    cp_load: str
+    """``cp_get`` with the checkpoint's parts: ``(document, parts, digest, body)`` rows,
+    one per part (one row with ``NULL`` digest and body for a document stored whole), in
+    one statement, so the row and its parts are one snapshot."""
+    cp_load_many: str
+    """A template like ``cp_get_many``: ``(id, document, parts, digest, body)`` rows."""
     cp_get_for_cancel: str
     cp_set_cancelled: str
     cp_clean_batch: str
@@ -156,6 +162,7 @@ def build_statements(
     sections = (
         _checkpoints(name(tables.checkpoints), for_update),
         _checkpoint_parts(name(tables.checkpoint_parts)),
+        _checkpoint_loads(name(tables.checkpoints), name(tables.checkpoint_parts)),
         _wait_records(
             name(tables.wait_records),
             name(tables.wait_latest),
@@ -168,7 +175,7 @@ def build_statements(
         _locks(name(tables.locks)),
         _nonces(name(tables.nonces)),
     )
-    templates = {"cp_get_many", "cp_list"}
+    templates = {"cp_get_many", "cp_load_many", "cp_list"}
     statements: dict[str, Any] = {}
     for section in sections:
         for key, text in section.items():
@@ -263,6 +270,22 @@ def _checkpoints(cp: str, for_update: str) -> dict[str, str | None]:
         "cp_delete": f"DELETE FROM {cp} WHERE id = :id RETURNING gone_at",
         "cp_delete_expected": (
             f"DELETE FROM {cp} WHERE id = :id AND revision = :expected AND {LIVE} RETURNING gone_at"
+        ),
+    }
+
+
+def _checkpoint_loads(cp: str, parts: str) -> dict[str, str | None]:
+    # The checkpoint row and its parts in one statement: a load of a document saved in
+    # parts took a second statement (on PostgreSQL a second round trip) to read them.
+    # The row's columns repeat on each part's row; the skeleton is small.
+    join = f"FROM {cp} c LEFT JOIN {parts} p ON c.parts IS NOT NULL AND p.id = c.id"
+    return {
+        "cp_load": (
+            f"SELECT c.document, c.parts, p.digest, p.body {join} WHERE c.id = :id AND {LIVE}"
+        ),
+        "cp_load_many": (
+            f"SELECT c.id, c.document, c.parts, p.digest, p.body {join} "
+            f"WHERE c.id IN ({{ids}}) AND {LIVE}"
         ),
     }
 

@@ -29,7 +29,7 @@ def _statements(db: PostgresDatabase | SqliteDatabase) -> Statements:
 
 SQLITE = _statements(SqliteDatabase(None))
 POSTGRES = _statements(PostgresDatabase("postgresql://127.0.0.1/none", description="x"))
-TEMPLATES = {"cp_get_many", "cp_list"}
+TEMPLATES = {"cp_get_many", "cp_load_many", "cp_list"}
 
 
 def _texts(statements: Statements) -> dict[str, str]:

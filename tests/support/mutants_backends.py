@@ -37,7 +37,14 @@ from siglo_postgres.connect import PostgresStorageAdapter
 from siglo_redis.adapter import RedisStorageAdapter
 from siglo_redis.coordination import RedisLock, RedisNonceStore
 from siglo_redis.keys import KeySpace
-from siglo_redis.scripts import CHECKPOINT_CAS, COMPARE_AND_DELETE, LOCK_EXTEND, WAIT_CREATE, Script
+from siglo_redis.scripts import (
+    CHECKPOINT_CAS,
+    CHECKPOINT_PARTS_CAS,
+    COMPARE_AND_DELETE,
+    LOCK_EXTEND,
+    WAIT_CREATE,
+    Script,
+)
 from siglo_sql.coordination import SqlIdempotencyStore, SqlLock
 from siglo_sqlite.connect import SqliteStorageAdapter
 
@@ -301,6 +308,20 @@ class RedisCasAllowsEqual(_ScriptEdit, RedisStorageAdapter):
     NEW = "won = stored == nil or new >= stored"
 
 
+class RedisPartsBeforeDecision(_ScriptEdit, RedisStorageAdapter):
+    """checkpoint.incremental: with incremental saves on, the compare-and-set script
+    writes a save's parts (its bodies and parts list) before deciding on the revision,
+    so a refused save replaces the stored document's parts."""
+
+    SCRIPT = CHECKPOINT_PARTS_CAS
+    OLD = '-- The first top-level "revision"'
+    NEW = "if ARGV[7] ~= '' and write_parts() == 3 then return 3 end\n" + OLD
+
+    def break_in(self) -> None:
+        super().break_in()
+        self.incremental_min_bytes = 16_384  # the SQL default: small documents whole
+
+
 class RedisNonceWindowInSeconds(_Broken, RedisNonceStore):
     """nonce.expiry: the window's milliseconds are given to ``SET … EX`` (seconds)."""
 
@@ -505,6 +526,12 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "list.filters", "redis", RedisListingIgnoresWorkflow, "the workflow_id filter is ignored"
     ),
     BackendMutant(
+        "checkpoint.incremental",
+        "redis",
+        RedisPartsBeforeDecision,
+        "the incremental compare-and-set writes the parts before deciding",
+    ),
+    BackendMutant(
         "manager.error-mode.stored",
         "sqlite",
         None,
@@ -513,4 +540,4 @@ BACKENDS: tuple[BackendMutant, ...] = (
     ),
 )
 """Real backends with one statement, script or hook broken (7 SQLite, 8 PostgreSQL,
-9 Redis), and a broken manager over SQLite, whose closed backend really fails."""
+10 Redis), and a broken manager over SQLite, whose closed backend really fails."""

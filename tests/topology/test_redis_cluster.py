@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _redis_helpers import start_cluster
@@ -43,6 +44,30 @@ async def test_connected_to_a_cluster(backend: siglo.Backend) -> None:
     assert isinstance(client, RedisCluster)
     assert await backend.adapter.get_checkpoint("s") is None  # connects lazily
     assert len(client.get_primaries()) == 3
+
+
+@pytest.mark.rule("checkpoint.incremental")
+async def test_incremental_saves_over_many_slots(cluster_url: str) -> None:
+    # The checkpoint key, its listing index and its parts hash share a slot: the parts
+    # script touches all three, and the cluster's read is the checkpoint_load script.
+    from siglo import Checkpoint
+
+    def doc(stack: str, revision: int) -> Checkpoint:
+        contexts = {f"s{i}": {"out": f"{i}-{revision if i == 0 else 0}" * 1_000} for i in range(8)}
+        return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
+
+    async with isolated(cluster_url, incremental_min_bytes=1_024) as backend:
+        a: Any = backend.raw_adapter
+        stacks = [f"run-{i}" for i in range(24)] + ["a{b}c", "x}y{", "{}"]
+        assert len({hash_slot(a.keys.checkpoint(s)) for s in stacks}) > 10
+        for stack in stacks:
+            assert hash_slot(a.keys.checkpoint_parts(stack)) == hash_slot(a.keys.checkpoint(stack))
+            await a.save_checkpoint(doc(stack, 1))
+            await a.save_checkpoint(doc(stack, 2), expected_revision=1)
+            got = await a.get_checkpoint(stack)
+            assert got is not None and got.to_json() == doc(stack, 2).to_json()
+            assert await a.delete_checkpoint(stack)
+            assert await a.client.exists(a.keys.checkpoint_parts(stack)) == 0
 
 
 @pytest.mark.rule("lock.fencing", "lock.acquire.exclusive")

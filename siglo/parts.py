@@ -1,0 +1,191 @@
+"""Incremental saves (SPEC §13): a checkpoint cut into a skeleton and its contexts.
+
+The backends that save incrementally (siglo_sql's per-context rows, siglo_redis's parts
+hash) store a large document as its *skeleton* (the wire document with
+``"contexts":{}``), the step ids in order with each context's digest, and one body per
+distinct context keyed by its digest: a save writes only the bodies whose digests are
+new and drops the ones no longer named, so a step whose context did not change costs
+nothing.
+
+:func:`assemble` gives back the bytes :meth:`~siglo.Checkpoint.to_json` gave at the save,
+byte for byte: orjson writes an object as ``{"key":value,…}`` without spaces, so the
+document is the skeleton with ``"step":<context>`` pairs spliced in after
+``"contexts":{``. No field before ``contexts`` is an object, and a string cannot hold an
+unescaped quote, so the first ``"contexts":{}`` of a skeleton is its own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from hashlib import sha256
+from typing import Final
+
+import orjson
+
+from siglo.checkpoint import Checkpoint
+from siglo.errors import MalformedRecordError
+
+__all__ = [
+    "MARK",
+    "BodyCache",
+    "Split",
+    "assemble",
+    "body_digest",
+    "split",
+]
+
+MARK: Final = b'"contexts":{}'
+"""What a skeleton holds where the document's contexts go."""
+
+
+def body_digest(body: bytes) -> bytes:
+    """A context body's name: the first 16 bytes of its SHA-256 (hashed in hardware on
+    current CPUs: half the time of BLAKE2b here, 0.30 against 0.63 ms for 256 KB)."""
+    return sha256(body).digest()[:16]
+
+
+class BodyCache:
+    """The context bodies of recent saves and their digests, by ``(row id, step)``.
+
+    Hashing every context of a large document on every save cost more than writing the
+    one that changed (a 256 KB document: 0.3 ms of SHA-256 per save); comparing a body
+    with the one saved last for the same step costs a memcmp. At most ``max_bytes`` of
+    bodies are kept, the least recently used going first.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._bodies: OrderedDict[tuple[bytes, str], tuple[bytes, bytes]] = OrderedDict()
+        self._size = 0
+
+    def last(self, key: bytes, step: str) -> tuple[bytes, bytes] | None:
+        """The body saved last for ``step`` of row ``key`` and its digest, if kept."""
+        found = self._bodies.get((key, step))
+        if found is not None:
+            self._bodies.move_to_end((key, step))
+        return found
+
+    def digest(self, key: bytes, step: str, body: bytes) -> bytes:
+        """The digest of ``body``, the saved step's context (hashed only when new)."""
+        slot = (key, step)
+        found = self._bodies.get(slot)
+        if found is not None and found[0] == body:
+            self._bodies.move_to_end(slot)
+            return found[1]
+        digest = body_digest(body)
+        if found is not None:
+            self._size -= len(found[0])
+        self._bodies[slot] = (body, digest)
+        self._bodies.move_to_end(slot)
+        self._size += len(body)
+        while self._size > self.max_bytes and self._bodies:
+            _, (old, _) = self._bodies.popitem(last=False)
+            self._size -= len(old)
+        return digest
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A checkpoint cut into what the tables hold."""
+
+    skeleton: bytes
+    """The wire document with empty ``contexts``: the checkpoint row's ``document``."""
+    parts: bytes
+    """``[[step_id, digest_hex], …]`` in the contexts' order: the row's ``parts``."""
+    bodies: dict[bytes, bytes]
+    """Each distinct context's compact JSON by its digest."""
+
+
+def split(checkpoint: Checkpoint, key: bytes = b"", cache: BodyCache | None = None) -> Split:
+    """``checkpoint`` as a skeleton, its parts list and its context bodies; ``cache``
+    (with the row's ``key``) spares hashing the bodies saved last time, and encoding them:
+    they are found in the document the save encoded anyway (:func:`_split_encoded`)."""
+    if cache is not None:
+        found = _split_encoded(checkpoint, key, cache)
+        if found is not None:
+            return found
+    skeleton = checkpoint.replace(contexts={}).to_json()
+    order: list[tuple[str, str]] = []
+    bodies: dict[bytes, bytes] = {}
+    for step, context in checkpoint.contexts.items():
+        body = orjson.dumps(context)
+        digest = body_digest(body) if cache is None else cache.digest(key, step, body)
+        bodies[digest] = body
+        order.append((step, digest.hex()))
+    return Split(skeleton, orjson.dumps(order), bodies)
+
+
+_OPEN: Final = MARK[:-1]  # "contexts":{
+
+
+def _split_encoded(checkpoint: Checkpoint, key: bytes, cache: BodyCache) -> Split | None:
+    """:func:`split` read off ``checkpoint.to_json()``, which a save has encoded already:
+    each context saved last time is recognised in place by comparing bytes, only a
+    changed one is encoded (to learn its length), and the skeleton is the document
+    without the bytes between ``"contexts":{`` and its ``}``. A 256 KB document of 16
+    contexts split in 0.16 ms by encoding every context and the skeleton again; this
+    costs a comparison of the bytes. ``None`` when the document does not read as the
+    compact encoding of ``checkpoint`` (a document decoded from another writer's text
+    keeps that text): :func:`split` then encodes.
+
+    A recognised body is the context's whole value: a JSON value is self-delimiting,
+    and the byte after it must be the ``,`` or ``}`` that ends a member."""
+    data = checkpoint.to_json()
+    start = data.find(_OPEN)
+    if start < 0:
+        return None
+    start += len(_OPEN)
+    pos = start
+    order: list[tuple[str, str]] = []
+    bodies: dict[bytes, bytes] = {}
+    for step, context in checkpoint.contexts.items():
+        if order:
+            if data[pos : pos + 1] != b",":
+                return None
+            pos += 1
+        name = orjson.dumps(step)
+        if not data.startswith(name, pos) or data[pos + len(name) : pos + len(name) + 1] != b":":
+            return None
+        pos += len(name) + 1
+        last = cache.last(key, step)
+        if (
+            last is not None
+            and data.startswith(last[0], pos)
+            and data[pos + len(last[0]) : pos + len(last[0]) + 1] in (b",", b"}")
+        ):
+            body, digest = last
+        else:
+            body = orjson.dumps(context)
+            if not data.startswith(body, pos):
+                return None
+            digest = cache.digest(key, step, body)
+        pos += len(body)
+        bodies[digest] = body
+        order.append((step, digest.hex()))
+    if data[pos : pos + 1] != b"}":
+        return None
+    return Split(data[:start] + data[pos:], orjson.dumps(order), bodies)
+
+
+def assemble(skeleton: bytes, parts: bytes, bodies: dict[bytes, bytes]) -> bytes | None:
+    """The whole document from its skeleton, parts list and bodies; ``None`` when a body
+    it names is missing (a save replaced it since the row was read: read again)."""
+    at = skeleton.find(MARK)
+    if at < 0:
+        raise MalformedRecordError(
+            "checkpoint", "contexts", "is missing from a document stored in parts"
+        )
+    at += len(MARK) - 1
+    # One join of every piece: the bodies are copied once (a 10 MB document's three
+    # copies took longer than the read).
+    pieces: list[bytes] = [skeleton[:at]]
+    for step, digest in orjson.loads(parts):
+        body = bodies.get(bytes.fromhex(digest))
+        if body is None:
+            return None
+        pieces += (orjson.dumps(step), b":", body, b",")
+    if len(pieces) > 1:
+        pieces.pop()  # the last comma
+    pieces.append(skeleton[at:])
+    return b"".join(pieces)

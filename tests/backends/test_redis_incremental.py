@@ -1,0 +1,307 @@
+"""Incremental saves on Redis (SPEC §13, issue 34), opt-in with ``incremental_min_bytes``:
+a large document's skeleton at the checkpoint key and its context bodies in a parts hash
+in the same slot, written by the compare-and-set's one script; loads assemble the saved
+bytes; delete, expiry and clean leave nothing behind. Off by default: the key then holds
+the whole document TypeScript reads."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from _redis_helpers import REDIS_URL, require_redis
+
+import siglo
+from siglo import Checkpoint, CheckpointConflictError
+from siglo.errors import InvalidArgumentError
+from siglo.records import ContextChangeEvent
+from siglo.transfer import export_lines, import_lines
+from siglo_redis.adapter import RedisStorageAdapter
+from siglo_redis.connect import connect, isolated
+from siglo_redis.scripts import CHECKPOINT_LOAD, CHECKPOINT_PARTS_CAS, Script
+
+pytestmark = pytest.mark.rule("checkpoint.incremental")
+
+LEAST = 16_384
+
+
+def _doc(revision: int, steps: int, *, stack: str = "run", changed: int = -1) -> Checkpoint:
+    contexts = {
+        f"step-{i}": {"output": ("o" if i != changed else "c") * 3_000, "i": i}
+        for i in range(steps)
+    }
+    return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
+
+
+@asynccontextmanager
+async def _backend(**options: Any) -> AsyncIterator[siglo.Backend]:
+    require_redis()
+    async with isolated(REDIS_URL, **{"incremental_min_bytes": LEAST, **options}) as backend:
+        yield backend
+
+
+def _adapter(backend: siglo.Backend) -> RedisStorageAdapter:
+    adapter = backend.raw_adapter
+    assert isinstance(adapter, RedisStorageAdapter)
+    return adapter
+
+
+async def _keys(adapter: RedisStorageAdapter) -> set[str]:
+    found = await adapter.client.keys(adapter.keys.prefix + "*")
+    return {k.decode() if isinstance(k, bytes) else k for k in found}
+
+
+class _Sent:
+    """Records the bytes each compare-and-set script call carries (the real script runs)."""
+
+    def __init__(self, adapter: RedisStorageAdapter) -> None:
+        self.inner = adapter._redis
+        self.calls: list[int] = []
+        adapter._redis = self  # type: ignore[assignment]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if script is CHECKPOINT_PARTS_CAS:
+            self.calls.append(sum(len(a) for a in args if isinstance(a, bytes)))
+        return await self.inner.script(script, keys, args)
+
+
+async def test_a_save_sends_only_the_contexts_that_changed() -> None:
+    async with _backend() as backend:
+        a = _adapter(backend)
+        sent = _Sent(a)
+        first = _doc(1, 10)
+        await a.save_checkpoint(first)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == first.to_json()
+        parts = a.keys.checkpoint_parts("run")
+        stored = await a.client.get(a.keys.checkpoint("run"))
+        assert b'"contexts":{}' in stored  # the skeleton: the bodies are in the hash
+        assert len([f for f in await a.client.hkeys(parts) if not f.startswith(b"@")]) == 10
+        # One context changed, one added: two bodies sent, one dropped, eight untouched.
+        second = _doc(2, 11, changed=3)
+        await a.save_checkpoint(second, expected_revision=1)
+        assert sent.calls[1] < 3 * 3_100 + len(stored) + 1_000, sent.calls
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == second.to_json()
+        assert len([f for f in await a.client.hkeys(parts) if not f.startswith(b"@")]) == 11
+
+
+async def test_the_script_read_agrees_with_the_transaction() -> None:
+    # A cluster client reads with the checkpoint_load script, a plain one with MULTI/EXEC
+    # of GET and HGETALL: the same head, parts list and bodies.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        key, parts = a.keys.checkpoint("run"), a.keys.checkpoint_parts("run")
+        found = await a._head_and_parts(key, parts)
+        assert found is not None and found[1] is not None
+        reply = await a._redis.script(CHECKPOINT_LOAD, [key, parts], [])
+        bodies = {bytes.fromhex(reply[i].decode()): reply[i + 1] for i in range(2, len(reply), 2)}
+        assert (reply[0], reply[1], bodies) == found
+        # Parts of another head (a whole save by a writer without the option): neither
+        # path assembles them.
+        plain = connect(backend.url, incremental_min_bytes=None)
+        try:
+            await plain.adapter.save_checkpoint(_doc(2, 10, changed=1), expected_revision=1)
+        finally:
+            await plain.aclose()
+        assert await a._redis.script(CHECKPOINT_LOAD, [key, parts], []) == [
+            _doc(2, 10, changed=1).to_json()
+        ]
+        assert await a._head_and_parts(key, parts) == (_doc(2, 10, changed=1).to_json(), None, {})
+
+
+async def test_a_refused_save_changes_nothing() -> None:
+    async with _backend() as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        parts = a.keys.checkpoint_parts("run")
+        before = (await a.client.get(a.keys.checkpoint("run")), await a.client.hgetall(parts))
+        with pytest.raises(CheckpointConflictError):
+            await a.save_checkpoint(_doc(9, 12, changed=5), expected_revision=7)
+        after = (await a.client.get(a.keys.checkpoint("run")), await a.client.hgetall(parts))
+        assert after == before
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == _doc(1, 10).to_json()
+
+
+async def test_another_writer_dropping_parts_is_noticed() -> None:
+    # This adapter believes the hash holds its bodies; another one replaced them with a
+    # small (whole) document: the save sends every body again, and reads are whole.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        other = connect(backend.url, incremental_min_bytes=LEAST)
+        try:
+            await a.save_checkpoint(_doc(1, 10))
+            await other.adapter.save_checkpoint(_doc(2, 1), expected_revision=1)
+            assert await a.client.exists(a.keys.checkpoint_parts("run")) == 0
+            third = _doc(3, 10, changed=2)
+            await a.save_checkpoint(third, expected_revision=2)
+            for reader in (a, other.adapter):
+                got = await reader.get_checkpoint("run")
+                assert got is not None and got.to_json() == third.to_json()
+        finally:
+            await other.aclose()
+
+
+async def test_shrinking_saves_whole_and_growing_again_in_parts() -> None:
+    async with _backend() as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        small = _doc(2, 2)
+        assert len(small.to_json()) < LEAST
+        await a.save_checkpoint(small, expected_revision=1)
+        assert await a.client.get(a.keys.checkpoint("run")) == small.to_json()
+        assert await a.client.exists(a.keys.checkpoint_parts("run")) == 0
+        again = _doc(3, 12)
+        await a.save_checkpoint(again, expected_revision=2)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == again.to_json()
+
+
+async def test_a_reader_without_the_option_reads_parts_and_writes_whole() -> None:
+    async with _backend() as backend:
+        a = _adapter(backend)
+        plain = connect(backend.url, incremental_min_bytes=None)
+        try:
+            await a.save_checkpoint(_doc(1, 10))
+            got = await plain.adapter.get_checkpoint("run")
+            assert got is not None and got.to_json() == _doc(1, 10).to_json()
+            page = await plain.adapter.list_checkpoints()
+            assert [s.stack_id for s in page.items] == ["run"]
+            # Its save is whole; the parts hash it leaves belongs to no head: ignored.
+            whole = _doc(2, 10, changed=1)
+            await plain.adapter.save_checkpoint(whole, expected_revision=1)
+            assert await a.client.get(a.keys.checkpoint("run")) == whole.to_json()
+            for reader in (a, plain.adapter):
+                got = await reader.get_checkpoint("run")
+                assert got is not None and got.to_json() == whole.to_json()
+            # The next incremental save or the delete drops it.
+            assert await a.delete_checkpoint("run")
+            assert await a.client.exists(a.keys.checkpoint_parts("run")) == 0
+        finally:
+            await plain.aclose()
+
+
+async def test_delete_leaves_nothing() -> None:
+    async with _backend() as backend:
+        a = _adapter(backend)
+        before = await _keys(a)
+        await a.save_checkpoint(_doc(1, 10))
+        # The context stream of one of its steps: the delete finds the steps in the
+        # assembled document (the skeleton names none).
+        await a.on_context_change(
+            ContextChangeEvent(stack_id="run", step_id="step-1", key="k", timestamp=1, value=1)
+        )
+        assert {a.keys.checkpoint_parts("run"), a.keys.context("run", "step-1")} <= (await _keys(a))
+        assert await a.delete_checkpoint("run")
+        assert await _keys(a) == before
+        assert await a.get_checkpoint("run") is None
+
+
+async def test_expiry_leaves_nothing() -> None:
+    async with _backend(checkpoint_ttl_ms=300) as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        assert a.keys.checkpoint_parts("run") in await _keys(a)
+        await asyncio.sleep(0.6)
+        assert await a.get_checkpoint("run") is None
+        await a.clean_expired()
+        assert await _keys(a) == set()
+
+
+async def test_export_and_import_carry_the_document() -> None:
+    async with _backend() as source, _backend() as target:
+        doc = _doc(4, 10, stack="moved")
+        await source.adapter.save_checkpoint(doc)
+        lines = [line async for line in export_lines(source.raw_adapter)]
+        assert any(b"step-9" in line for line in lines)
+        await import_lines(target.raw_adapter, lines)
+        back = await target.adapter.get_checkpoint("moved")
+        assert back is not None and back.to_json() == doc.to_json()
+        t = _adapter(target)
+        assert a_parts(t, "moved") in await _keys(t)
+
+
+def a_parts(adapter: RedisStorageAdapter, stack: str) -> str:
+    """The parts hash of ``stack``'s checkpoint."""
+    return adapter.keys.checkpoint_parts(stack)
+
+
+@pytest.mark.parametrize("value", ["-1", "many"])
+def test_a_bad_threshold_is_refused_by_name(value: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="incremental_min_bytes"):
+        connect(f"{REDIS_URL}?incremental_min_bytes={value}")
+
+
+def test_off_by_default() -> None:
+    backend = connect(REDIS_URL)
+    adapter = backend.raw_adapter
+    assert isinstance(adapter, RedisStorageAdapter)
+    assert adapter.incremental_min_bytes is None
+    assert connect(f"{REDIS_URL}?incremental_min_bytes=0").adapter is not None
+
+
+async def test_reads_during_saves_are_never_torn() -> None:
+    # A reader racing a writer sees, at each read, exactly one saved document: the key
+    # and the hash read side by side prove themselves, or the atomic read decides.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        reader = connect(backend.url, incremental_min_bytes=LEAST)
+        docs = [_doc(r, 8 + r % 3, changed=r % 8) for r in range(1, 41)]
+        saved = {d.to_json() for d in docs}
+        await a.save_checkpoint(docs[0])
+        done = False
+
+        async def write() -> None:
+            nonlocal done
+            for previous, doc in itertools.pairwise(docs):
+                await a.save_checkpoint(doc, expected_revision=previous.revision)
+            done = True
+
+        async def read() -> int:
+            reads = 0
+            while not done:
+                got = await reader.adapter.get_checkpoint("run")
+                assert got is not None and got.to_json() in saved
+                reads += 1
+            return reads
+
+        try:
+            _, reads = await asyncio.gather(write(), read())
+        finally:
+            await reader.aclose()
+        assert reads > 0
+
+
+async def test_cancel_workflow_keeps_the_parts_in_step() -> None:
+    async with _backend() as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        await a.cancel_workflow("run")
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.status == "cancelled" and got.revision == 2
+        assert got.contexts == _doc(1, 10).contexts
+
+
+async def test_revisions_past_two_to_the_53_are_saved_whole_and_drop_the_parts() -> None:
+    # Lua's doubles cannot compare them: the exact path decides and writes the document
+    # whole, then drops the parts hash that no longer belongs to the key.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        big = 2**53
+        await a.save_checkpoint(_doc(big - 5, 10))
+        assert await a.client.exists(a.keys.checkpoint_parts("run")) == 1
+        doc = _doc(big + 1, 10, changed=2)
+        await a.save_checkpoint(doc, expected_revision=big - 5)
+        assert await a.client.get(a.keys.checkpoint("run")) == doc.to_json()
+        assert await a.client.exists(a.keys.checkpoint_parts("run")) == 0
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == doc.to_json()
