@@ -30,7 +30,8 @@ from siglo.backend import Backend
 from siglo.errors import PluginError
 from siglo.plugins import Deviation
 from siglo_contract.rules import ADAPTER_RULES
-from siglo_contract.runner import Report, run_contract
+from siglo_contract.runner import Report, run_contract, run_option_profiles
+from siglo_contract.target import OPTION_PROFILES
 
 __all__ = ["ContractSuite"]
 
@@ -81,6 +82,10 @@ class ContractSuite:
     profile: ClassVar[str | None] = None
     options: ClassVar[dict[str, Any] | None] = None
     """Factory options (default: the suite's explicit TTLs, so the reference agrees)."""
+    option_profiles: ClassVar[tuple[str, ...] | None] = None
+    """Without :attr:`options`: the option profiles every rule runs under
+    (``("suite",)``, ``("user-defaults",)`` or both; default: ``--siglo-options``, else
+    the suite's)."""
     deviations: ClassVar[tuple[Deviation | Mapping[str, str], ...] | None] = None
     """Rules the backend declares it does not meet, as :class:`~siglo.plugins.Deviation`
     or ``{"rule", "reason", "kind"}`` mappings (default: what the URL's plugin
@@ -118,14 +123,25 @@ class ContractSuite:
             pytest.fail(
                 f"{cls.__name__}: set url or backend_factory, or pass --siglo-url", pytrace=False
             )
-        return run_contract(
+        common: dict[str, Any] = {}
+        if cls.options is None:
+            chosen = cls.option_profiles
+            if chosen is None:
+                flag = config.getoption("siglo_options") or "suite"
+                chosen = tuple(OPTION_PROFILES) if flag == "all" else (flag,)
+            common["profiles"] = chosen
+            run: Callable[..., Report] = run_option_profiles
+        else:
+            common["options"] = cls.options
+            run = run_contract
+        return run(
             target,
+            **common,
             rules=cls.rules or config.getoption("siglo_rule"),
             examples=cls.examples or config.getoption("siglo_examples"),
             seed=cls.seed if cls.seed is not None else config.getoption("siglo_seed"),
             profile=cls.profile or config.getoption("siglo_profile") or "ci",
             capabilities=cls.capabilities,
-            options=cls.options,
             deviations=None if cls.deviations is None else _deviations(cls.deviations),
         )
 

@@ -243,3 +243,49 @@ def test_a_suite_class_declares_deviations_for_its_factory(pytester: pytest.Pyte
             "adapter rules of docs/contract.md: no.such*"
         ]
     )
+
+
+def test_a_suite_class_runs_every_rule_under_each_option_profile(
+    pytester: pytest.Pytester,
+) -> None:
+    """``option_profiles`` (or ``--siglo-options all``): a bug only a user's defaults
+    reach fails, its detail naming the profile; under the suite's options alone it passes."""
+    pytester.makepyfile(
+        test_contract="""
+        from siglo_memory import connect
+        from siglo_memory.adapter import MemoryStorageAdapter
+        from siglo_contract.pytest_suite import ContractSuite
+
+        class DropsExtraWithoutRetention(MemoryStorageAdapter):
+            async def _do_get_checkpoint(self, stack_id, namespace=None, *, fallback=True):
+                cp = await super()._do_get_checkpoint(stack_id, namespace, fallback=fallback)
+                if cp is None or self.checkpoint_ttl_ms is not None:
+                    return cp
+                return cp.replace(extra={})
+
+        def factory(**options):
+            backend = connect("memory://", **options)
+            backend.adapter = DropsExtraWithoutRetention(
+                clock=options.get("clock"), checkpoint_ttl_ms=options.get("checkpoint_ttl_ms")
+            )
+            return backend
+
+        class TestSuiteOptions(ContractSuite):
+            backend_factory = factory
+            rules = ("checkpoint.roundtrip",)
+            seed = 1
+
+        class TestBoth(ContractSuite):
+            backend_factory = factory
+            rules = ("checkpoint.roundtrip",)
+            seed = 1
+            option_profiles = ("suite", "user-defaults")
+        """
+    )
+    skipped = 2 * (len(ADAPTER_RULES) - 1)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=1, failed=1, skipped=skipped)
+    result.stdout.fnmatch_lines(["*TestBoth.test_rule?checkpoint.roundtrip?*"])
+    result.stdout.fnmatch_lines(["[[]option profile user-defaults[]]*"])
+    flagged = pytester.runpytest("-p", "no:cacheprovider", "-q", "--siglo-options", "all")
+    flagged.assert_outcomes(failed=2, skipped=skipped)
