@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from siglo.plugins import BackendSpec, get_registry
 from siglo.urls import mask_credentials
 from siglo_contract.runner import Report
-from siglo_contract.target import OPTION_PROFILES, Target
+from siglo_contract.target import Target
 from siglo_contract.version import CONTRACT_VERSION, rule_set_hash
 
 __all__ = [
@@ -291,7 +291,7 @@ def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]
         "run": {
             "seed": report.seed,
             "profile": report.profile,
-            "optionProfiles": list(OPTION_PROFILES),
+            "optionProfiles": list(report.option_profiles),
             "seconds": round(report.seconds, 1),
         },
         "target": {

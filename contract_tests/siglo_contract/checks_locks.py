@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+from siglo.adapter import Capability
 from siglo.sentinel import MISSING
 from siglo_contract.machine_base import look_alikes
 from siglo_contract.registry import CheckContext, check, expect, fail
@@ -15,10 +16,24 @@ from siglo_contract.registry import CheckContext, check, expect, fail
 TOKEN: Final = re.compile(r"lock_(\d+)_[0-9a-f]{32}")
 
 
+async def _clean_up(ctx: CheckContext) -> None:
+    """Run the store's clean-up as ``siglo clean`` does: ``clean_expired`` where the
+    adapter has one, else ``clean_expired_checkpoints`` where it stores checkpoints (a
+    backend without either cleans nothing)."""
+    adapter: Any = ctx.backend.adapter
+    everything = getattr(adapter, "clean_expired", None)
+    if callable(everything):
+        await everything()
+    elif Capability.CHECKPOINTS in ctx.backend.capabilities:
+        await adapter.clean_expired_checkpoints()
+
+
 @check("lock.fencing")
 async def lock_fencing(ctx: CheckContext) -> None:
     """Fencing tokens grow with every acquire of a key: after a release, after an expiry
-    (the holder's TTL ran out and another took over), and with a custom token."""
+    (the holder's TTL ran out and another took over), after a clean-up run between that
+    expiry and the next acquire (a clean-up that deletes an expired lock with its fencing
+    counter starts the key again at 1), and with a custom token."""
     ctx.about("lock.fencing")
     lock = ctx.backend.lock
     assert lock is not None
@@ -46,13 +61,24 @@ async def lock_fencing(ctx: CheckContext) -> None:
     third = await lock.acquire(key, 600_000)
     expect(third.acquired, "lock.expiry", "a lock past its TTL could not be acquired")
     record("acquire after the holder expired", third.fencing_token)
+    # The same again with the store's clean-up between the expiry and the next acquire:
+    # the clean-up may free the lapsed lock, never forget how far its key's fence went.
+    expect(await lock.release(key, third.token), "lock.release.token", "holder's release")
+    lapsing = await lock.acquire(key, ttl)
+    expect(lapsing.acquired, "lock.acquire.exclusive", "a released lock was not acquired")
+    record("acquire after a release", lapsing.fencing_token)
+    await ctx.pass_time(ttl)
+    await _clean_up(ctx)
+    fourth = await lock.acquire(key, 600_000)
+    expect(fourth.acquired, "lock.expiry", "a lock past its TTL and cleaned up was not acquired")
+    record("acquire after the holder expired and a clean-up ran", fourth.fencing_token)
     other = await lock.acquire(ctx.id("other-key"), 600_000)
     expect(
         isinstance(other.fencing_token, int),
         "lock.fencing",
         f"another key's fencing token is {other.fencing_token!r}",
     )
-    await lock.release(key, third.token)
+    await lock.release(key, fourth.token)
     await lock.release(ctx.id("other-key"), other.token)
 
 

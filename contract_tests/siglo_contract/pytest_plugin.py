@@ -32,6 +32,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Hypothesis budget of the contract suite (default: ci).",
     )
     group.addoption(
+        "--siglo-options",
+        default=None,
+        choices=("suite", "user-defaults", "all"),
+        help="Option profiles the backend is opened with (default: suite; all: every rule "
+        "under the suite's options and a user's defaults).",
+    )
+    group.addoption(
         "--siglo-rule",
         action="append",
         default=None,

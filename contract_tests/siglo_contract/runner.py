@@ -8,7 +8,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 from xml.sax.saxutils import escape, quoteattr
 
@@ -31,13 +31,15 @@ from siglo_contract.registry import (
 )
 from siglo_contract.rules import ADAPTER_RULES, Rule, primary_order, select_rules
 from siglo_contract.target import (
+    DEFAULT_OPTIONS,
+    OPTION_PROFILES,
     BackendFactory,
     Session,
     Target,
     new_prefix,
 )
 
-__all__ = ["PROFILES", "Report", "RuleResult", "Verdict", "run_contract"]
+__all__ = ["PROFILES", "Report", "RuleResult", "Verdict", "run_contract", "run_option_profiles"]
 
 Verdict = Literal["pass", "FAIL", "not supported", "not run", "declared"]
 """``declared``: the rule fails and the backend declares the deviation (its plugin's
@@ -85,6 +87,10 @@ class Report:
     server), when the backend has one."""
     target_object: Target | None = field(default=None, repr=False)
     """The target the run checked (its plugin registration, capabilities, deviations)."""
+    option_profiles: tuple[str, ...] = ("suite",)
+    """The option profiles (:data:`~siglo_contract.target.OPTION_PROFILES`) every rule ran
+    under: the suite's options alone, or also a user's defaults
+    (:func:`run_option_profiles`)."""
 
     @property
     def failures(self) -> list[RuleResult]:
@@ -319,6 +325,69 @@ def run_contract(
                 r, "not run", "no check of this rule completed", names, seconds=seconds
             )
     return Report(tgt.label, seed, profile, results, time.monotonic() - started, storage, tgt)
+
+
+_SEVERITY: Final[dict[str, int]] = {
+    "declared": 0,
+    "FAIL": 1,
+    "not run": 2,
+    "pass": 3,
+    "not supported": 4,
+}
+"""Which profile's verdict a merged report keeps: a rule fails if it fails under any
+profile; a declared deviation seen failing under one profile is still true."""
+
+
+def run_option_profiles(
+    target: str | BackendFactory,
+    profiles: Iterable[str] = tuple(OPTION_PROFILES),
+    *,
+    seed: int | None = None,
+    **kwargs: Any,
+) -> Report:
+    """Run the suite once per option profile (:data:`~siglo_contract.target.OPTION_PROFILES`:
+    ``suite``, the suite's explicit retention and TTLs; ``user-defaults``, what a user's
+    ``siglo.connect`` gives, no checkpoint retention) with the same seed, and merge the
+    verdicts: a rule passes only if it passes under every profile, and a failure's
+    detail names the profile it was seen under. ``kwargs`` go to :func:`run_contract`
+    (``options`` excepted: the profiles are the options)."""
+    names = list(dict.fromkeys(profiles))
+    unknown = [p for p in names if p not in OPTION_PROFILES]
+    if not names or unknown:
+        raise ValueError(
+            f"unknown option profile(s) {', '.join(unknown) or '(none given)'}; "
+            f"known: {', '.join(OPTION_PROFILES)}"
+        )
+    if "options" in kwargs:
+        raise TypeError("run_option_profiles takes profiles, not options")
+    if seed is None:
+        seed = random.getrandbits(32)
+    reports = {
+        name: run_contract(
+            target, seed=seed, options={**DEFAULT_OPTIONS, **OPTION_PROFILES[name]}, **kwargs
+        )
+        for name in names
+    }
+    first = next(iter(reports.values()))
+    results: dict[str, RuleResult] = {}
+    for rule_id in first.results:
+        per = [(name, rep.results[rule_id]) for name, rep in reports.items()]
+        name, chosen = min(per, key=lambda item: _SEVERITY[item[1].verdict])
+        detail = chosen.detail
+        if len(per) > 1 and chosen.verdict not in ("pass", "not supported"):
+            detail = f"[option profile {name}] {detail}"
+        seconds = sum(res.seconds for _, res in per)
+        results[rule_id] = replace(chosen, detail=detail, seconds=seconds)
+    return Report(
+        first.target,
+        seed,
+        first.profile,
+        results,
+        sum(rep.seconds for rep in reports.values()),
+        first.storage,
+        first.target_object,
+        tuple(reports),
+    )
 
 
 PROBE_TIMEOUT_S: Final = 10.0

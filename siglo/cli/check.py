@@ -147,6 +147,16 @@ def _private_hypothesis_dir() -> Iterator[None]:
     help="Write the --report to FILE instead of stdout.",
 )
 @click.option(
+    "--options",
+    "option_profile",
+    type=click.Choice(["suite", "user-defaults", "all"]),
+    default="suite",
+    show_default=True,
+    help="Options the backend is opened with: the suite's (explicit retention and TTLs), "
+    "a user's defaults (no checkpoint retention), or all: every rule under each, one "
+    "verdict per rule.",
+)
+@click.option(
     "--compare",
     "compare_url",
     metavar="URL",
@@ -165,6 +175,7 @@ def check(
     report_format: str | None,
     report_file: Path | None,
     compare_url: str | None,
+    option_profile: str,
 ) -> None:
     """Run the contract suite against the backend at URL.
 
@@ -177,7 +188,8 @@ def check(
     checked. Exits non-zero if any rule fails.
     """
     from siglo_contract.rules import select_rules
-    from siglo_contract.runner import run_contract
+    from siglo_contract.runner import run_option_profiles
+    from siglo_contract.target import OPTION_PROFILES
     from siglo_contract.version import (
         CONTRACT_VERSION,
         ContractMismatchError,
@@ -235,8 +247,10 @@ def check(
             mark = "[green]✓[/green]" if event == "pass" else f"[red]✗ {escape(message)}[/red]"
             progress.console.print(f"  {mark} {chk.name} [dim]({ids})[/dim]", highlight=False)
 
-        report = run_contract(
+        profiles = tuple(OPTION_PROFILES) if option_profile == "all" else (option_profile,)
+        report = run_option_profiles(
             target,
+            profiles,
             rules=rules or None,
             examples=examples,
             seed=seed,
@@ -249,8 +263,9 @@ def check(
             other_target = resolve_url(compare_url, default=_default_url)
             check_port(other_target)
             progress.update(task, description=f"comparing with {escape(display_url(other_target))}")
-            other = run_contract(
+            other = run_option_profiles(
                 other_target,
+                profiles,
                 rules=rules or None,
                 examples=examples,
                 seed=report.seed,
@@ -288,8 +303,10 @@ def check(
     counts = {v: sum(r.verdict == v for r in report.results.values()) for v in _STYLE}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     out.print(
-        f"{summary} in {report.seconds:.1f}s (seed {report.seed}, profile {report.profile}; "
-        f"rerun with --seed {report.seed})",
+        f"{summary} in {report.seconds:.1f}s (seed {report.seed}, profile {report.profile}, "
+        f"options {' + '.join(report.option_profiles)}; rerun with --seed {report.seed}"
+        + ("" if option_profile == "suite" else f" --options {option_profile}")
+        + ")",
         highlight=False,
         markup=False,
     )

@@ -4,6 +4,7 @@ the upgrade from per-key counters too."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -68,3 +69,22 @@ async def test_a_per_key_counter_of_an_older_siglo_is_folded_in(
     assert await lock.release("daily", held.token)
     again = await lock.acquire("daily", 60_000)
     assert again.fencing_token == 1002
+
+
+@pytest.mark.rule("lock.fencing")
+async def test_a_clean_up_after_a_lock_lapsed_keeps_its_fence(
+    redis_backend: siglo.Backend,
+) -> None:
+    """``siglo clean`` (the adapter's ``clean_expired``) between a lock's expiry and its
+    next acquire: Redis dropped the lapsed lock's key itself, the slot's counter stays, so
+    the next holder's fencing token is still greater."""
+    lock = redis_backend.lock
+    assert lock is not None
+    held = await lock.acquire("lapsing", 50)
+    assert held.acquired and held.fencing_token is not None
+    await asyncio.sleep(0.12)
+    await redis_backend.adapter.clean_expired()  # type: ignore[attr-defined]
+    again = await lock.acquire("lapsing", 60_000)
+    assert again.acquired and again.fencing_token is not None
+    assert again.fencing_token > held.fencing_token
+    assert await lock.release("lapsing", again.token)

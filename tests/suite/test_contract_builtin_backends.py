@@ -1,4 +1,6 @@
-"""`siglo check URL` passes every rule for every built-in backend (issue 3's must-show).
+"""`siglo check URL` passes every rule for every built-in backend (issue 3's must-show),
+under both option profiles (`--options all`: the suite's options and a user's defaults;
+the file SQLite one, whose SQL is sqlite-memory's, under the suite's only).
 
 Each runs the real command line in a subprocess, as CI and users run it. Servers that are
 unreachable skip their backend with a plain message, except under CI=true.
@@ -21,16 +23,16 @@ from sql_support import POSTGRES_URL, require_postgres
     ids=["memory", "sqlite-memory", "sqlite-file"],
 )
 def test_siglo_check_embedded_backends(url: str, tmp_path: Path) -> None:
-    run_siglo_check(url, tmp_path)
+    run_siglo_check(url, tmp_path, *(() if url.startswith("sqlite:///") else ("--options", "all")))
 
 
 @pytest.mark.rule("capability.declared")
 def test_siglo_check_postgres(tmp_path: Path) -> None:
     require_postgres()
-    run_siglo_check(POSTGRES_URL, tmp_path)
+    run_siglo_check(POSTGRES_URL, tmp_path, "--options", "all")
 
 
 @pytest.mark.rule("capability.declared")
 def test_siglo_check_redis(tmp_path: Path) -> None:
     require_redis()
-    run_siglo_check(REDIS_URL, tmp_path)
+    run_siglo_check(REDIS_URL, tmp_path, "--options", "all")

@@ -17,7 +17,7 @@ from siglo import Capability, LockNotAcquiredError
 from siglo.cli import cli
 from siglo.cli.check import DEFAULT_URL
 from siglo_contract.rules import ADAPTER_RULES
-from siglo_contract.runner import run_contract
+from siglo_contract.runner import run_contract, run_option_profiles
 from siglo_memory import connect as memory_connect
 from siglo_memory.adapter import MemoryStorageAdapter
 
@@ -195,3 +195,57 @@ def test_the_profiles_workflow_lock_hold_decides_what_the_check_can_see() -> Non
     assert thorough.verdict("lock.workflow.exclusive") == "FAIL"
     ci = run_contract(_gives_up_backend, rules=rules, seed=1, profile="ci")
     assert ci.verdict("lock.workflow.exclusive") == "pass"
+
+
+# -- option profiles: every rule under the suite's options and a user's defaults ---------------
+
+
+class _DropsExtraWithoutRetention(MemoryStorageAdapter):
+    """Loses a checkpoint's extra fields only when checkpoints are kept forever (no
+    retention: a user's default), so the suite's own options never see it."""
+
+    async def _do_get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> siglo.Checkpoint | None:
+        cp = await super()._do_get_checkpoint(stack_id, namespace, fallback=fallback)
+        if cp is None or self.checkpoint_ttl_ms is not None:
+            return cp
+        return cp.replace(extra={})
+
+
+def _retention_sensitive(**options: Any) -> siglo.Backend:
+    backend = memory_connect("memory://", **options)
+    backend.adapter = _DropsExtraWithoutRetention(
+        clock=options.get("clock"),
+        checkpoint_ttl_ms=options.get("checkpoint_ttl_ms"),
+    )
+    return backend
+
+
+def test_every_rule_runs_under_each_option_profile() -> None:
+    """A bug only a user's defaults reach passes the suite's profile and fails under
+    ``user-defaults``, the merged verdict naming the profile it was seen under."""
+    rules = ["checkpoint.roundtrip"]
+    suite = run_option_profiles(_retention_sensitive, ("suite",), rules=rules, seed=1)
+    assert suite.verdict("checkpoint.roundtrip") == "pass"
+    assert suite.option_profiles == ("suite",)
+    both = run_option_profiles(_retention_sensitive, rules=rules, seed=1)
+    assert both.option_profiles == ("suite", "user-defaults")
+    assert both.verdict("checkpoint.roundtrip") == "FAIL"
+    assert both.results["checkpoint.roundtrip"].detail.startswith("[option profile user-defaults] ")
+    sound = run_option_profiles("memory://", rules=rules, seed=1)
+    assert sound.ok and sound.seed == 1
+    with pytest.raises(ValueError, match=r"unknown option profile.*nightly.*known: suite"):
+        run_option_profiles("memory://", ("nightly",), rules=rules)
+
+
+def test_siglo_check_options_all(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["check", "memory://", "--rule", "cache.miss", "--seed", "1", "--options", "all"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "options suite + user-defaults; rerun with --seed 1 --options all" in " ".join(
+        result.output.split()
+    )
+    bad = CliRunner().invoke(cli, ["check", "memory://", "--options", "nightly"])
+    assert bad.exit_code == 2 and "'nightly' is not one of" in bad.output

@@ -1448,6 +1448,17 @@ MANAGERS: tuple[Mutant, ...] = (
 )
 """Broken managers over a sound backend, for the suite's end-to-end rules."""
 
+
+def _cleanup_drops_lock_fences(**options: Any) -> Backend:
+    """The memory backend whose adapter's clean-up sweeps its own lock's expired keys
+    together with their fencing counters (:class:`~mutants_certificate.CleanupDropsLockFences`)."""
+    backend = _factory(adapter=c.CleanupDropsLockFences)(**options)
+    assert isinstance(backend.adapter, c.CleanupDropsLockFences)
+    assert isinstance(backend.lock, MemoryLock)
+    backend.adapter.lock = backend.lock
+    return backend
+
+
 CERTIFICATE: tuple[Mutant, ...] = (
     _m("list.walk", "the cursor forgets the namespace", adapter=c.CursorForgetsNamespace),
     _m(
@@ -1491,6 +1502,12 @@ CERTIFICATE: tuple[Mutant, ...] = (
         "list.hidden",
         "a deleted stack stays in walks of every namespace",
         adapter=c.DeletedStaysInTheGlobalIndex,
+    ),
+    Mutant(
+        "lock.fencing",
+        _cleanup_drops_lock_fences,
+        "a clean-up drops expired locks with their fencing counters",
+        "CleanupDropsLockFences",
     ),
 )
 """Broken backends for the weaknesses of issue 37 (tests/support/mutants_certificate.py)."""

@@ -136,6 +136,15 @@ class SqliteLockNeverExpires(_SqlEdit, SqlLock):
     OLD = " OR siglo_locks.gone_at <= :now"
 
 
+class SqliteCleanupDeletesLocks(_SqlEdit, SqliteStorageAdapter):
+    """lock.fencing: the clean-up deletes expired lock rows instead of freeing them, and
+    with each row its fencing counter, so the next acquire's token starts again at 1."""
+
+    FIELD = "lock_clean_batch"
+    OLD = "UPDATE siglo_locks SET token = NULL, gone_at = NULL WHERE"
+    NEW = "DELETE FROM siglo_locks WHERE"
+
+
 class PostgresReleaseIgnoresToken(_SqlEdit, SqlLock):
     """lock.release.token: the release ``UPDATE`` lost ``token = :token``."""
 
@@ -465,6 +474,12 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "wait.complete.claimant", "sqlite", SqliteAnyoneCompletes, "anyone completes a claim"
     ),
     BackendMutant("lock.expiry", "sqlite", SqliteLockNeverExpires, "expired locks stay held"),
+    BackendMutant(
+        "lock.fencing",
+        "sqlite",
+        SqliteCleanupDeletesLocks,
+        "the clean-up deletes expired lock rows with their fencing counters",
+    ),
     BackendMutant("wait.create", "sqlite", SqliteCreateOverwrites, "a create replaces a record"),
     BackendMutant(
         "lock.release.token", "postgres", PostgresReleaseIgnoresToken, "release ignores the token"

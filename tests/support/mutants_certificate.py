@@ -395,3 +395,27 @@ __all__ = [
     "ReleaseIgnoresNamespace",
     "TruncatesNamespaces",
 ]
+
+
+# -- clean-up between a lock's expiry and its next acquire --------------------------------------
+
+
+class CleanupDropsLockFences(MemoryStorageAdapter):
+    """The clean-up (``clean_expired_checkpoints``, what ``siglo clean`` runs on a store
+    without ``clean_expired``) also sweeps the backend's expired locks, and with each its
+    fencing counter: the next acquire of that key starts again at 1. A backend that cleans
+    lock rows by deleting them has this bug; acquires without a clean-up between are right.
+    """
+
+    lock: MemoryLock | None = None
+    """The lock of the same backend (set by :func:`cleanup_drops_lock_fences`)."""
+
+    async def _do_clean_expired_checkpoints(self) -> int:
+        removed = await super()._do_clean_expired_checkpoints()
+        if self.lock is not None:
+            now = self.clock.now_ms()
+            holders = self.lock._holders._items
+            for key in [k for k, (_, gone) in holders.items() if gone <= now]:
+                del holders[key]
+                self.lock._fences.pop(key, None)
+        return removed

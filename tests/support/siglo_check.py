@@ -9,11 +9,11 @@ from pathlib import Path
 __all__ = ["run_siglo_check"]
 
 
-def run_siglo_check(url: str, tmp_path: Path) -> None:
-    """Run `siglo check URL` in a subprocess; it must pass every rule it checks."""
+def run_siglo_check(url: str, tmp_path: Path, *args: str) -> None:
+    """Run `siglo check URL [ARGS]` in a subprocess; it must pass every rule it checks."""
     report = tmp_path / "report.xml"
     done = subprocess.run(
-        [sys.executable, "-m", "siglo", "check", url, "--junit-xml", str(report)],
+        [sys.executable, "-m", "siglo", "check", url, "--junit-xml", str(report), *args],
         capture_output=True,
         text=True,
         timeout=600,
