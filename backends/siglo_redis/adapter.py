@@ -198,7 +198,9 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        if self.incremental_min_bytes is not None:
+        if self.incremental_min_bytes is not None and (
+            self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace) is not None
+        ):
             await self._save_incrementally(checkpoint, expected_revision)
             return
         data = checkpoint.to_json()
@@ -244,6 +246,7 @@ class RedisStorageAdapter(StorageAdapter):
         px = self._px(checkpoint.expires_at, now)
         key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
         parts_key = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
+        assert parts_key is not None  # _do_save_checkpoint saves the others whole
         shard = self._index.shard_of(key)
         await self._index.register(shard)
         least = self.incremental_min_bytes
@@ -311,6 +314,10 @@ class RedisStorageAdapter(StorageAdapter):
         key = self.keys.checkpoint(stack_id, namespace)
         parts_key = self.keys.checkpoint_parts(stack_id, namespace)
         found: tuple[bytes, bytes | None, dict[bytes, bytes]] | None = None
+        if parts_key is None:
+            # No parts hash can share this key's slot: the stack is only ever stored whole.
+            head = raw(await self._redis.get(key))
+            return head, head
         if self.incremental_min_bytes is None:
             head = raw(await self._redis.get(key))
             if head is None or not _skeleton(head):
@@ -501,7 +508,8 @@ class RedisStorageAdapter(StorageAdapter):
             [
                 key,
                 self._index.key(self._index.shard_of(key)),
-                self.keys.checkpoint_parts(stack_id, namespace),
+                # No parts hash when none can share the key's slot (the script checks).
+                *filter(None, [self.keys.checkpoint_parts(stack_id, namespace)]),
             ],
             [
                 member_of(stack_id, namespace),

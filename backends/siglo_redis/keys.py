@@ -203,15 +203,21 @@ class KeySpace:
             return f"{self.prefix}checkpoint:{stack_id}"
         return f"{self.prefix}{namespace_segment(namespace)}:checkpoint:{stack_id}"
 
-    def checkpoint_parts(self, stack_id: str, namespace: str | None = None) -> str:
+    def checkpoint_parts(self, stack_id: str, namespace: str | None = None) -> str | None:
         """The parts hash of a checkpoint saved incrementally (``incremental_min_bytes``):
         ``<prefix>[<ns>:]checkpoint-parts:{<tag>}<stackId>``, the tag pinning it to the
         checkpoint key's cluster slot so one script writes both. The tag is a function of
         the checkpoint key and the stack id follows it, so distinct checkpoints have
-        distinct hashes."""
+        distinct hashes.
+
+        ``None`` when braces in the namespace make an earlier hash tag of that key than
+        ``{<tag>}``, in another slot than the checkpoint's: that stack is always stored
+        whole (nothing reads or writes a parts hash for it)."""
         ns = "" if namespace is None else f"{namespace_segment(namespace)}:"
-        tag = slot_tag(hash_slot(self.checkpoint(stack_id, namespace)))
-        return f"{self.prefix}{ns}checkpoint-parts:{{{tag}}}{stack_id}"
+        checkpoint = self.checkpoint(stack_id, namespace)
+        tag = slot_tag(hash_slot(checkpoint))
+        parts = f"{self.prefix}{ns}checkpoint-parts:{{{tag}}}{stack_id}"
+        return parts if hash_slot(parts) == hash_slot(checkpoint) else None
 
     def wait(self, key: str, namespace: str | None = None) -> str:
         """A wait record (or the seed's per-stack copy): the seed's key for an

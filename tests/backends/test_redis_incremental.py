@@ -305,3 +305,23 @@ async def test_revisions_past_two_to_the_53_are_saved_whole_and_drop_the_parts()
         assert await a.client.exists(a.keys.checkpoint_parts("run")) == 0
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == doc.to_json()
+
+
+@pytest.mark.parametrize("namespace", ["{}", "{x", "t{}"])
+async def test_a_namespace_whose_braces_move_the_hash_tag_is_stored_whole(
+    namespace: str,
+) -> None:
+    """Braces in a namespace can give the checkpoint key another hash tag than the parts
+    hash's (a Redis Cluster refuses a script over two slots): such a stack has no parts
+    hash, and is saved, read and deleted whole — in a cluster as on one server."""
+    async with _backend() as backend:
+        a = _adapter(backend)
+        assert a.keys.checkpoint_parts("run", namespace) is None
+        before = await _keys(a)
+        saved = _doc(1, 10).replace(namespace=namespace)
+        await a.save_checkpoint(saved, expected_revision=0)
+        assert await a.get_checkpoint("run", namespace, fallback=False) == saved
+        assert not [k for k in await _keys(a) if "checkpoint-parts" in k]  # stored whole
+        await a.save_checkpoint(_doc(2, 10, changed=3).replace(namespace=namespace))
+        assert await a.delete_checkpoint("run", namespace)
+        assert await _keys(a) == before

@@ -36,6 +36,7 @@ DEFERRED_ALLOWED = {
     ("siglo.cli.check", "siglo_contract.runner"),
     ("siglo.cli.check", "siglo_contract.certificate"),
     ("siglo.cli.check", "siglo_contract.version"),
+    ("siglo.cli.check", "siglo_contract.target"),
     # `siglo ui` loads its web stack (Starlette, the siglo[ui] extra) only when it runs.
     ("siglo.cli.ui", "siglo.ui.server"),
 }
