@@ -9,7 +9,6 @@ and a row lock held by another connection.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -118,31 +117,32 @@ async def test_a_cancelled_waiter_leaks_no_connection(pg: siglo.Backend) -> None
 
 async def test_calls_held_up_at_once_each_fail_at_their_own_deadline() -> None:
     """One timer serves every call in flight: calls started 150 ms apart behind a row
-    lock fail 150 ms apart, each at its own bound, and the backend works afterwards."""
+    lock each fail at their own bound — 150 ms apart, not together and not one after
+    another — and the backend works afterwards."""
     require_postgres()
     bound_ms = 600
     async with isolated(POSTGRES_URL, command_timeout_ms=bound_ms) as pg:
         await pg.adapter.save_checkpoint(cp(1))
         schema = pg.adapter.schema  # type: ignore[attr-defined]
-        ended: list[float] = []
         began = time.monotonic()
 
-        async def save(delay: float, revision: int) -> float:
+        async def save(delay: float, revision: int) -> tuple[float, float]:
             await asyncio.sleep(delay)
             started = time.monotonic()
             with pytest.raises(siglo.StorageAdapterError, match="timed out"):
                 await pg.adapter.save_checkpoint(cp(revision))
-            ended.append(time.monotonic() - began)
-            return time.monotonic() - started
+            return started - began, time.monotonic() - began
 
         async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as other:
             await other.execute(f'SELECT 1 FROM "{schema}".siglo_checkpoints FOR UPDATE')
-            took = await asyncio.gather(*(save(0.15 * i, 2 + i) for i in range(4)))
+            spans = await asyncio.gather(*(save(0.15 * i, 2 + i) for i in range(4)))
             await other.rollback()
-        for t in took:
-            assert bound_ms / 1000 - 0.05 <= t < bound_ms / 1000 + 1.0, took
-        gaps = [b - a for a, b in itertools.pairwise(ended)]
-        assert all(0.05 < g < 0.4 for g in gaps), (ended, gaps)
+        # Each call ends at its own start plus the bound: never before it, and late by
+        # less than the 150 ms between calls plus a loaded machine's stall (a shared timer
+        # that served only the first deadline, or calls that waited for each other, end
+        # their later calls a bound or more late).
+        late = [end - start - bound_ms / 1000 for start, end in spans]
+        assert all(-0.05 <= x < 0.4 for x in late), (spans, late)
         await pg.adapter.save_checkpoint(cp(2), expected_revision=1)
 
 
