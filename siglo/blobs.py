@@ -9,7 +9,8 @@ once its keep-until is more than the grace period old.
 
 Built in: :class:`DirectoryBlobStore` (``file:///path``: one file per blob, for SQLite and
 development, and any shared file system) and :class:`MemoryBlobStore` (``memory://``:
-this process only). :func:`open_blob_store` opens one from its URL.
+this process only); :mod:`siglo.s3` adds an S3-compatible store (``s3://bucket/prefix``,
+the ``siglo[s3]`` extra). :func:`open_blob_store` opens one from its URL.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 
 from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
 from siglo.plugins import get_registry
+from siglo.urls import mask_credentials
 
 __all__ = [
     "BlobStore",
@@ -233,7 +235,8 @@ class DirectoryBlobStore(BlobStore):
 
 def open_blob_store(url: str) -> BlobStore:
     """The blob store at ``url``: ``file:///path`` (a directory, made when first
-    written), ``memory://``, or the URL of a backend whose plugin declares a blob store
+    written), ``memory://``, ``s3://bucket/prefix?…`` (:mod:`siglo.s3`, the ``siglo[s3]``
+    extra), or the URL of a backend whose plugin declares a blob store
     (``redis://…?prefix=app:``, ``postgresql://…?schema=app``; the driver is imported
     then). Anything else raises :class:`~siglo.errors.InvalidArgumentError` naming what
     is supported."""
@@ -242,6 +245,10 @@ def open_blob_store(url: str) -> BlobStore:
         return DirectoryBlobStore(unquote(parts.path))
     if url == "memory://":
         return MemoryBlobStore()
+    if parts.scheme == "s3":
+        from siglo.s3 import open_store  # obstore is imported then (siglo[s3])
+
+        return open_store(url)
     try:
         spec = get_registry().for_url(url)
     except SigloError:
@@ -249,9 +256,9 @@ def open_blob_store(url: str) -> BlobStore:
     factory = None if spec is None else spec.load_blob_store()
     if factory is None:
         raise InvalidArgumentError(
-            f"blob_url {url!r} is not a blob store siglo knows: use file:///path/to/dir "
-            "(a directory), memory:// (this process only), or a redis:// or postgresql:// "
-            "URL"
+            f"blob_url {mask_credentials(url)!r} is not a blob store siglo knows: use file:///path/to/dir "
+            "(a directory), memory:// (this process only), s3://bucket/prefix (an "
+            "S3-compatible store), or a redis:// or postgresql:// URL"
         )
     store: BlobStore = factory(url)
     return store

@@ -261,7 +261,7 @@ class Settings:
             "command_timeout_ms": self.command_timeout_ms,
             "max_document_bytes": self.max_document_bytes,
             "offload_min_bytes": self.offload_min_bytes,
-            "blob_url": self.blob_url,
+            "blob_url": None if self.blob_url is None else mask_credentials(self.blob_url),
             "options": {
                 k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
             },

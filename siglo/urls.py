@@ -64,6 +64,11 @@ _SECRET_PARAMETERS: Final = frozenset(
         "token",
         "api_key",
         "apikey",
+        # An S3 blob store's (siglo.s3), as obstore and the AWS variables name them.
+        "secret_access_key",
+        "session_token",
+        "aws_secret_access_key",
+        "aws_session_token",
     }
 )
 

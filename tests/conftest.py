@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterator
 
 import pytest
 from mutant_seeds import mutant_base_seed
@@ -108,3 +109,13 @@ def memory(clock: ManualClock) -> siglo.Backend:
 @pytest.fixture
 def manager(memory: siglo.Backend, clock: ManualClock) -> siglo.StorageManager:
     return siglo.StorageManager(memory, clock=clock, error_mode="strict")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on a free loopback port for this worker's session (the S3 blob
+    store's tests; tests/support/s3_support.py), stopped at its end."""
+    from s3_support import moto_server
+
+    with moto_server() as endpoint:
+        yield endpoint

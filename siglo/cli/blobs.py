@@ -11,6 +11,7 @@ from siglo.blobs import open_blob_store
 from siglo.cli.common import open_store, print_json, print_table, require
 from siglo.cli.errors import CliError, cli_settings, resolve_url
 from siglo.offload import DEFAULT_GRACE_MS, Collected, collect_blobs
+from siglo.urls import mask_credentials
 
 
 @click.command("collect-blobs")
@@ -47,4 +48,4 @@ def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None
     if as_json:
         print_json(counts)
         return
-    print_table(f"blobs of {blob_url}", ("blobs", "count"), list(counts.items()))
+    print_table(f"blobs of {mask_credentials(blob_url)}", ("blobs", "count"), list(counts.items()))
