@@ -256,9 +256,9 @@ def open_blob_store(url: str) -> BlobStore:
     factory = None if spec is None else spec.load_blob_store()
     if factory is None:
         raise InvalidArgumentError(
-            f"blob_url {mask_credentials(url)!r} is not a blob store siglo knows: use file:///path/to/dir "
-            "(a directory), memory:// (this process only), s3://bucket/prefix (an "
-            "S3-compatible store), or a redis:// or postgresql:// URL"
+            f"blob_url {mask_credentials(url)!r} is not a blob store siglo knows: use "
+            "file:///path/to/dir (a directory), memory:// (this process only), "
+            "s3://bucket/prefix (an S3-compatible store), or a redis:// or postgresql:// URL"
         )
     store: BlobStore = factory(url)
     return store

@@ -122,8 +122,10 @@ class S3BlobStore(BlobStore):
         except (FileNotFoundError, NotFoundError):
             return None
         meta, attributes = head.meta, head.attributes
-        if _DOOMED in attributes:
-            return _Found(meta["e_tag"], 0, True)
+        doomed = attributes.get(_DOOMED)
+        if doomed is not None:
+            # A marker's time is when the collector wrote it (its clock, in ms).
+            return _Found(meta["e_tag"], int(doomed) if doomed.isdigit() else 0, True)
         keep = attributes.get(_KEEP)
         # An object under a digest's name that siglo did not write: its time is all we know.
         kept = int(keep) if keep is not None and keep.isdigit() else _ms(meta["last_modified"])
@@ -150,6 +152,12 @@ class S3BlobStore(BlobStore):
         except (AlreadyExistsError, PreconditionError, NotFoundError, FileNotFoundError):
             return False
         return True
+
+    async def _remove(self, digest: str) -> None:
+        import obstore
+
+        # obstore starts a request when its coroutine is made: made here, sent here.
+        await self._call("a delete", obstore.delete_async(self._store, digest))
 
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
         check_digest(digest)
@@ -201,17 +209,13 @@ class S3BlobStore(BlobStore):
         return data
 
     async def delete(self, digest: str) -> bool:
-        import obstore
-
         found = await self._look(check_digest(digest))
         if found is None:
             return False
-        await self._call("a delete", obstore.delete_async(self._store, digest))
+        await self._remove(digest)
         return not found.doomed
 
     async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
-        import obstore
-
         found = await self._look(check_digest(digest))
         if found is None or (not found.doomed and found.keep_until_ms >= kept_before_ms):
             return False
@@ -224,7 +228,7 @@ class S3BlobStore(BlobStore):
             # Too late to be sure no put has taken the marker over: leave it to a put or
             # to the next collection.
             return False
-        await self._call("a delete", obstore.delete_async(self._store, digest))
+        await self._remove(digest)
         return not found.doomed
 
     async def scan(self) -> AsyncIterator[tuple[str, int]]:
@@ -232,14 +236,14 @@ class S3BlobStore(BlobStore):
 
         limit = asyncio.Semaphore(_SCAN_CONCURRENCY)
 
-        async def look(digest: str, modified_ms: int) -> tuple[str, int] | None:
+        async def look(digest: str) -> tuple[str, int] | None:
             async with limit:
                 found = await self._look(digest)
             if found is None:
                 return None
             if found.doomed:
                 # A marker a collector left: stale once a put could take it over.
-                abandoned = modified_ms + self.takeover_ms < _now_ms()
+                abandoned = found.keep_until_ms + self.takeover_ms < _now_ms()
                 return (digest, 0) if abandoned else None
             return digest, found.keep_until_ms
 
@@ -249,12 +253,8 @@ class S3BlobStore(BlobStore):
                 page = await self._call("a scan", stream.__anext__())
             except StopAsyncIteration:
                 return
-            names = [
-                (meta["path"], _ms(meta["last_modified"]))
-                for meta in page
-                if _DIGEST.fullmatch(meta["path"])
-            ]
-            for item in await asyncio.gather(*(look(n, m) for n, m in names)):
+            names = [meta["path"] for meta in page if _DIGEST.fullmatch(meta["path"])]
+            for item in await asyncio.gather(*(look(name) for name in names)):
                 if item is not None:
                     yield item
 
@@ -279,14 +279,19 @@ def open_store(url: str) -> S3BlobStore:
     if not base.startswith("s3://") or not bucket:
         raise InvalidArgumentError(f"an S3 blob_url is s3://bucket[/prefix][?options], got {shown}")
     takeover_ms = options.pop("takeover_ms", DEFAULT_TAKEOVER_MS)
-    allow_http = options.pop("allow_http", str(options.get("endpoint", "")).startswith("http:"))
-    config = {k: v for k, v in options.items()}
+    # A plain-http endpoint in the URL allows http (an emulator on loopback); otherwise
+    # the option, else AWS_ALLOW_HTTP, else https only.
+    if "allow_http" not in options and str(options.get("endpoint", "")).startswith("http:"):
+        options["allow_http"] = True
+    client: dict[str, Any] = {}
+    if "allow_http" in options:
+        client["allow_http"] = options.pop("allow_http")
     try:
         store = S3Store(
             bucket,
             prefix=prefix.strip("/") or None,
-            config=config,  # type: ignore[arg-type]
-            client_options={"allow_http": allow_http},
+            config=options,  # type: ignore[arg-type]
+            client_options=client or None,  # type: ignore[arg-type]
         )
     except Exception as exc:  # obstore's configuration errors have no common base
         raise InvalidArgumentError(f"blob store {shown}: {exc}") from None

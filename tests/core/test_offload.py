@@ -5,6 +5,7 @@ backend, with the directory store."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -146,8 +147,8 @@ def test_settings_refuse_offloading_without_a_store() -> None:
         Settings(offload_min_bytes=10)
     with pytest.raises(InvalidArgumentError, match="offload_min_bytes"):
         Settings(offload_min_bytes=0, blob_url="memory://")
-    with pytest.raises(InvalidArgumentError, match="file:///"):
-        open_blob_store("s3://bucket")
+    with pytest.raises(InvalidArgumentError, match=r"file:///.*s3://bucket/prefix"):
+        open_blob_store("gs://bucket")
     assert isinstance(open_blob_store("memory://"), MemoryBlobStore)
 
 
@@ -221,8 +222,6 @@ async def test_export_carries_values_and_import_offloads_them_again(tmp_path: Pa
 
 
 def test_siglo_collect_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncio
-
     from click.testing import CliRunner
 
     from siglo.cli import cli
@@ -261,16 +260,31 @@ def test_siglo_collect_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 # -- every blob store ------------------------------------------------------------------------
 
-STORES = ("directory", "redis", "postgres")
+STORES = ("directory", "redis", "postgres", "s3")
 
 
 @asynccontextmanager
-async def blob_store(kind: str, tmp_path: Path) -> AsyncIterator[BlobStore]:
-    """A fresh, private blob store of ``kind``, removed afterwards."""
+async def blob_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[BlobStore]:
+    """A fresh, private blob store of ``kind``, removed afterwards (S3: a new bucket on
+    the session's moto server)."""
     import secrets
 
     if kind == "directory":
         yield open_blob_store((tmp_path / "blobs").as_uri())
+        return
+    if kind == "s3":
+        from s3_support import new_bucket, s3_url
+
+        endpoint = request.getfixturevalue("s3_endpoint")
+        store = open_blob_store(s3_url(endpoint, new_bucket(endpoint)))
+        try:
+            yield store
+        finally:
+            async for digest, _ in store.scan():
+                await store.delete(digest)
+            await store.aclose()
         return
     if kind == "redis":
         from _redis_helpers import REDIS_URL, require_redis
@@ -305,8 +319,10 @@ async def blob_store(kind: str, tmp_path: Path) -> AsyncIterator[BlobStore]:
 
 
 @pytest.mark.parametrize("kind", STORES)
-async def test_a_blob_store_keeps_blobs_by_content_and_time(kind: str, tmp_path: Path) -> None:
-    async with blob_store(kind, tmp_path) as store:
+async def test_a_blob_store_keeps_blobs_by_content_and_time(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async with blob_store(kind, tmp_path, request) as store:
         data = b'{"large":"value"}'
         digest = blob_digest(data)
         assert await store.get(digest) is None
@@ -329,8 +345,13 @@ async def test_a_blob_store_keeps_blobs_by_content_and_time(kind: str, tmp_path:
 
 
 @pytest.mark.parametrize("kind", STORES)
-async def test_the_collection_rule_on_every_store(kind: str, tmp_path: Path) -> None:
-    async with blob_store(kind, tmp_path) as store, offloading("sqlite", store) as backend:
+async def test_the_collection_rule_on_every_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    async with (
+        blob_store(kind, tmp_path, request) as store,
+        offloading("sqlite", store) as backend,
+    ):
         a = backend.adapter
         await a.save_checkpoint(_cp("live", 1, s={"v": BIG}))
         await a.save_checkpoint(_cp("dead", 1, s={"v": BIG + "dead"}))
@@ -339,6 +360,31 @@ async def test_the_collection_rule_on_every_store(kind: str, tmp_path: Path) -> 
         assert (done.referenced, done.removed, done.kept) == (1, 1, 0)
         got = await a.get_checkpoint("live")
         assert got is not None and got.contexts["s"]["v"] == BIG
+
+
+@pytest.mark.parametrize("kind", STORES)
+async def test_a_put_racing_the_collector_never_loses_its_blob(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # Each round a stored blob is stale for the collector (kept before an hour from now)
+    # and a put raises its keep-until past that, both at once: whichever goes first, once
+    # the put has returned the blob is there (the put refreshed it and the removal kept
+    # it, or the removal took it and the put wrote it again).
+    async with blob_store(kind, tmp_path, request) as store:
+        for round_ in range(12):
+            data = b'{"round":%d}' % round_
+            digest = blob_digest(data)
+            await store.put(digest, data)
+            now = int(time.time() * 1000)
+            put_first = round_ % 2 == 0
+            calls = [
+                store.put(digest, data, keep_until_ms=now + 7_200_000),
+                store.delete_stale(digest, now + 3_600_000),
+            ]
+            await asyncio.gather(*(calls if put_first else calls[::-1]))
+            assert await store.get(digest) == data, f"round {round_}: the put's blob is gone"
+            kept = dict([x async for x in store.scan()])
+            assert kept[digest] >= now + 7_200_000
 
 
 async def test_connect_with_a_redis_blob_store(tmp_path: Path) -> None:
