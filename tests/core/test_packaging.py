@@ -133,6 +133,8 @@ EXTRAS: dict[str, frozenset[str]] = {
     "sqlite": frozenset({"sqlite"}),
     "postgres": frozenset({"postgres"}),
     "all": frozenset({"redis", "sqlite", "postgres"}),
+    # The S3 blob store's driver (obstore), no backend's.
+    "s3": frozenset(),
 }
 """Each install and the backends whose drivers it brings."""
 
@@ -222,4 +224,17 @@ def test_each_extra_in_a_fresh_venv(extra: str, installs: dict[str, Path], tmp_p
     ui = _siglo(bin_dir, "ui", "memory://", cwd=tmp_path)
     assert ui.returncode == 1, ui.stderr
     assert "pip install 'siglo[ui]>=0.1,<1'" in ui.stderr and "Traceback" not in ui.stderr
+    # An s3:// blob store: it opens with the s3 extra; without it, the error names the extra.
+    s3 = "s3://bucket/p?region=us-east-1&access_key_id=a&secret_access_key=b"
+    opened = subprocess.run(
+        [str(bin_dir / "python"), "-c", f"import siglo.blobs as b; b.open_blob_store({s3!r})"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    if extra == "s3":
+        assert opened.returncode == 0, opened.stderr
+    else:
+        assert "pip install 'siglo[s3]>=0.1,<1'" in opened.stderr, opened.stderr
     assert list(tmp_path.iterdir()) == []  # nothing left behind in the cwd

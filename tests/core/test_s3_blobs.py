@@ -138,6 +138,19 @@ async def test_what_an_object_holds(s3_endpoint: str) -> None:
     # The keep-until first (so a refresh changes the ETag), then the blob's bytes.
     assert bytes(await got.bytes_async()) == b"%d\n" % keep + DATA
     assert got.attributes["siglo-keep-until"] == str(keep)
+    # A put of a blob whose keep-until is late enough writes nothing (a HEAD, no more).
+    writes: list[str] = []
+    writing = store._write
+
+    async def counted(digest: str, body: bytes, attributes: Any, mode: Any) -> bool:
+        writes.append(digest)
+        return await writing(digest, body, attributes, mode)
+
+    store._write = counted  # type: ignore[method-assign]
+    await store.put(DIGEST, DATA)
+    assert writes == []
+    await store.put(DIGEST, DATA, keep_until_ms=keep + 1)  # raised: written again
+    assert writes == [DIGEST]
     # An object under a digest's name that siglo did not write is refused, not misread.
     other = blob_digest(b"other")
     await obstore.put_async(store._store, other, b"other")
