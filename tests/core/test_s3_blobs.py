@@ -35,12 +35,16 @@ DIGEST = blob_digest(DATA)
 LATER = 7_200_000  # past the collector's default grace period
 
 
-def _store(endpoint: str, bucket: str, **options: Any) -> S3BlobStore:
+def _store(
+    endpoint: str, bucket: str, kind: type[S3BlobStore] = S3BlobStore, **options: Any
+) -> S3BlobStore:
     url = s3_url(endpoint, bucket)
     for name, value in options.items():
         url += f"&{name}={value}"
     store = open_blob_store(url)
     assert isinstance(store, S3BlobStore)
+    if kind is not S3BlobStore:
+        store.__class__ = kind  # the same store, broken in one place
     return store
 
 
@@ -56,11 +60,10 @@ def _stale_now() -> int:
 # -- the collector's removal against a put, step by step ------------------------------------
 
 
-async def test_a_put_between_the_collectors_look_and_its_marker_keeps_the_blob(
-    s3_endpoint: str,
-) -> None:
-    bucket = new_bucket(s3_endpoint)
-    collector, writer = _store(s3_endpoint, bucket), _store(s3_endpoint, bucket)
+async def _refresh_before_the_marker(kind: type[S3BlobStore], endpoint: str) -> None:
+    """A put between the collector's look and its marker keeps the blob."""
+    bucket = new_bucket(endpoint)
+    collector, writer = _store(endpoint, bucket, kind), _store(endpoint, bucket, kind)
     await writer.put(DIGEST, DATA)
     marking = collector._write
 
@@ -70,31 +73,85 @@ async def test_a_put_between_the_collectors_look_and_its_marker_keeps_the_blob(
         return await marking(digest, body, attributes, mode)
 
     collector._write = refreshed_first  # type: ignore[method-assign]
-    assert await collector.delete_stale(DIGEST, _stale_now()) is False
-    assert await writer.get(DIGEST) == DATA
+    await collector.delete_stale(DIGEST, _stale_now())
+    assert await writer.get(DIGEST) == DATA, "the collector removed a blob a put refreshed"
 
 
-async def test_a_put_that_finds_the_marker_waits_for_the_delete_and_writes_again(
-    s3_endpoint: str,
-) -> None:
-    bucket = new_bucket(s3_endpoint)
-    collector, writer = _store(s3_endpoint, bucket), _store(s3_endpoint, bucket)
+async def _put_on_the_marker(kind: type[S3BlobStore], endpoint: str) -> None:
+    """A put that finds the collector's marker waits for its delete and writes again."""
+    bucket = new_bucket(endpoint)
+    collector, writer = _store(endpoint, bucket, kind), _store(endpoint, bucket, kind)
     await writer.put(DIGEST, DATA)
-    removing = collector._remove
+    removing, looking = collector._remove, writer._look
     put: list[asyncio.Task[None]] = []
+    saw_marker = asyncio.Event()
+
+    async def look(digest: str) -> Any:
+        found = await looking(digest)
+        if found is not None and found.doomed:
+            saw_marker.set()
+        return found
 
     async def put_before_delete(digest: str) -> None:
         # The marker is in place: a save puts the blob now. It sees the marker and waits
         # (a put that wrote over the marker here would have its blob deleted next).
         put.append(asyncio.create_task(writer.put(DIGEST, DATA)))
-        await asyncio.sleep(0.3)
-        assert not put[0].done()
+        await asyncio.wait_for(saw_marker.wait(), 10)
+        await asyncio.wait(put, timeout=0.5)
         await removing(digest)
+
+    writer._look = look  # type: ignore[method-assign]
 
     collector._remove = put_before_delete  # type: ignore[method-assign]
     assert await collector.delete_stale(DIGEST, _stale_now()) is True
     await asyncio.wait_for(put[0], 10)
-    assert await writer.get(DIGEST) == DATA
+    assert await writer.get(DIGEST) == DATA, "a put returned and its blob is gone"
+
+
+async def test_a_put_between_the_collectors_look_and_its_marker_keeps_the_blob(
+    s3_endpoint: str,
+) -> None:
+    await _refresh_before_the_marker(S3BlobStore, s3_endpoint)
+
+
+async def test_a_put_that_finds_the_marker_waits_for_the_delete_and_writes_again(
+    s3_endpoint: str,
+) -> None:
+    await _put_on_the_marker(S3BlobStore, s3_endpoint)
+
+
+class _MarksWhatever(S3BlobStore):
+    """Broken: the collector's marker is written without ``If-Match``."""
+
+    async def _write(self, digest: str, body: bytes, attributes: Any, mode: Any) -> bool:
+        doomed = body.startswith(b"doomed")
+        return await super()._write(digest, body, attributes, "overwrite" if doomed else mode)
+
+
+class _WritesOverMarkers(S3BlobStore):
+    """Broken: a put writes over a collector's marker at once instead of waiting."""
+
+    async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
+        want = max(int(time.time() * 1000), keep_until_ms or 0)
+        body = b"%d\n" % want + data
+        while True:
+            found = await self._look(digest)
+            mode: Any = "create" if found is None else {"e_tag": found.etag}
+            if found is not None and not found.doomed and found.keep_until_ms >= want:
+                return
+            if await self._write(digest, body, {"siglo-keep-until": str(want)}, mode):
+                return
+
+
+@pytest.mark.parametrize(
+    ("broken", "check"),
+    [(_MarksWhatever, _refresh_before_the_marker), (_WritesOverMarkers, _put_on_the_marker)],
+)
+async def test_the_checks_catch_a_broken_s3_store(
+    broken: type[S3BlobStore], check: Any, s3_endpoint: str
+) -> None:
+    with pytest.raises(AssertionError, match=r"gone|removed a blob"):
+        await check(broken, s3_endpoint)
 
 
 async def test_a_marker_a_collector_left_is_taken_over_and_then_collected(
