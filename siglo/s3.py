@@ -11,9 +11,10 @@ object's metadata (``x-amz-meta-siglo-keep-until``), which a ``HEAD`` reads. Eve
 refresh then changes the body, hence the ETag, and every change is a conditional put:
 
 - a put of a new blob is ``If-None-Match: *`` (create); of a stored one whose keep-until
-  is already late enough, nothing; otherwise a re-put of the body with the later
-  keep-until, ``If-Match`` the ETag it looked at (S3 has no copy-in-place that could
-  change the body; the blob's bytes are sent again);
+  is already late enough (or, with ``refresh_ms``, less than that far behind now),
+  nothing; otherwise a re-put of the body with the later keep-until, ``If-Match`` the
+  ETag it looked at (S3 has no copy-in-place that could change the body; the blob's bytes
+  are sent again);
 - :meth:`S3BlobStore.delete_stale` replaces a stale blob by a *doomed* marker, ``If-Match``
   the ETag whose keep-until it found stale (so a put that refreshed the blob meanwhile
   makes it fail and keeps the blob), then deletes the marker. S3 deletes are
@@ -61,6 +62,7 @@ OPTIONS: Final[dict[str, urls.Converter]] = {
     "session_token": urls.text,
     "allow_http": urls.boolean,
     "takeover_ms": urls.integer,
+    "refresh_ms": urls.integer,
 }
 
 
@@ -87,12 +89,25 @@ class S3BlobStore(BlobStore):
     ``store`` is an :class:`obstore.store.S3Store`; ``url`` is what the store shows of
     itself (credentials masked)."""
 
-    def __init__(self, store: S3Store, url: str, *, takeover_ms: int = DEFAULT_TAKEOVER_MS):
+    def __init__(
+        self,
+        store: S3Store,
+        url: str,
+        *,
+        takeover_ms: int = DEFAULT_TAKEOVER_MS,
+        refresh_ms: int = 0,
+    ) -> None:
         if takeover_ms < 3:
             raise InvalidArgumentError(f"takeover_ms must be >= 3, got {takeover_ms!r}")
+        if refresh_ms < 0:
+            raise InvalidArgumentError(f"refresh_ms must be >= 0, got {refresh_ms!r}")
         self._store = store
         self.url = url
         self.takeover_ms = takeover_ms
+        # A put leaves a stored blob alone while its keep-until is less than this behind
+        # now (0: every put raises it to now, as every store does): a refresh uploads the
+        # blob again, and the collector's grace period covers the difference.
+        self.refresh_ms = refresh_ms
 
     async def _call(self, doing: str, awaitable: Any) -> Any:
         from obstore import exceptions as errors
@@ -161,7 +176,9 @@ class S3BlobStore(BlobStore):
 
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
         check_digest(digest)
-        want = max(_now_ms(), keep_until_ms or 0)
+        now = _now_ms()
+        want = max(now, keep_until_ms or 0)
+        enough = max(now - self.refresh_ms, keep_until_ms or 0)
         body = b"%d\n" % want + bytes(data)
         attributes = {_KEEP: str(want)}
         marker: tuple[str | None, float] | None = None  # a doomed marker, when first seen
@@ -172,7 +189,7 @@ class S3BlobStore(BlobStore):
                     return
                 continue
             if not found.doomed:
-                if found.keep_until_ms >= want:
+                if found.keep_until_ms >= enough:
                     return
                 if await self._write(digest, body, attributes, {"e_tag": found.etag}):
                     return
@@ -279,6 +296,7 @@ def open_store(url: str) -> S3BlobStore:
     if not base.startswith("s3://") or not bucket:
         raise InvalidArgumentError(f"an S3 blob_url is s3://bucket[/prefix][?options], got {shown}")
     takeover_ms = options.pop("takeover_ms", DEFAULT_TAKEOVER_MS)
+    refresh_ms = options.pop("refresh_ms", 0)
     # A plain-http endpoint in the URL allows http (an emulator on loopback); otherwise
     # the option, else AWS_ALLOW_HTTP, else https only.
     if "allow_http" not in options and str(options.get("endpoint", "")).startswith("http:"):
@@ -295,4 +313,4 @@ def open_store(url: str) -> S3BlobStore:
         )
     except Exception as exc:  # obstore's configuration errors have no common base
         raise InvalidArgumentError(f"blob store {shown}: {exc}") from None
-    return S3BlobStore(store, shown, takeover_ms=takeover_ms)
+    return S3BlobStore(store, shown, takeover_ms=takeover_ms, refresh_ms=refresh_ms)

@@ -215,6 +215,50 @@ async def test_what_an_object_holds(s3_endpoint: str) -> None:
         await store.get(other)
 
 
+async def test_refresh_ms_spares_uploads_within_its_slack(s3_endpoint: str) -> None:
+    bucket = new_bucket(s3_endpoint)
+    exact = _store(s3_endpoint, bucket)
+    slack = _store(s3_endpoint, bucket, refresh_ms=60_000)
+    writes: list[str] = []
+
+    def counting(store: S3BlobStore) -> None:
+        writing = store._write
+
+        async def counted(digest: str, body: bytes, attributes: Any, mode: Any) -> bool:
+            writes.append("write")
+            return await writing(digest, body, attributes, mode)
+
+        store._write = counted  # type: ignore[method-assign]
+
+    async def kept_since(ago_ms: int) -> int:
+        old = int(time.time() * 1000) - ago_ms
+        body = b"%d\n" % old + DATA
+        assert await exact._write(DIGEST, body, {"siglo-keep-until": str(old)}, "overwrite")
+        return old
+
+    counting(exact)
+    counting(slack)
+    await kept_since(30_000)
+    writes.clear()
+    await slack.put(DIGEST, DATA)  # 30 s behind, within the 60 s slack: left alone
+    assert writes == []
+    await exact.put(DIGEST, DATA)  # the default: raised to now, uploaded again
+    assert writes == ["write"]
+    await kept_since(120_000)
+    writes.clear()
+    before = int(time.time() * 1000)
+    await slack.put(DIGEST, DATA)  # past the slack: raised to now
+    assert writes == ["write"]
+    ((_, kept),) = [x async for x in slack.scan()]
+    assert kept >= before
+    # A keep-until asked for (a cache entry's end) is always met.
+    writes.clear()
+    await slack.put(DIGEST, DATA, keep_until_ms=before + LATER)
+    assert writes == ["write"]
+    with pytest.raises(InvalidArgumentError, match="refresh_ms must be >= 0"):
+        _store(s3_endpoint, bucket, refresh_ms=-1)
+
+
 # -- the URL -----------------------------------------------------------------------------
 
 
