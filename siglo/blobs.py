@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 
 from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
 from siglo.plugins import get_registry
+from siglo.plugins.backends import import_dotted
 from siglo.urls import mask_credentials
 
 __all__ = [
@@ -233,6 +234,10 @@ class DirectoryBlobStore(BlobStore):
         return await asyncio.to_thread(remove)
 
 
+_BY_SCHEME: Final[dict[str, str]] = {"s3": "siglo.s3:open_store"}
+"""Blob stores of the core by URL scheme, ``"module:callable"`` taking the URL."""
+
+
 def open_blob_store(url: str) -> BlobStore:
     """The blob store at ``url``: ``file:///path`` (a directory, made when first
     written), ``memory://``, ``s3://bucket/prefix?…`` (:mod:`siglo.s3`, the ``siglo[s3]``
@@ -245,10 +250,10 @@ def open_blob_store(url: str) -> BlobStore:
         return DirectoryBlobStore(unquote(parts.path))
     if url == "memory://":
         return MemoryBlobStore()
-    if parts.scheme == "s3":
-        from siglo.s3 import open_store  # obstore is imported then (siglo[s3])
-
-        return open_store(url)
+    opener = _BY_SCHEME.get(parts.scheme)
+    if opener is not None:
+        # Named, not imported: the module (and its driver) loads on first use.
+        return import_dotted(opener)(url)  # type: ignore[no-any-return]
     try:
         spec = get_registry().for_url(url)
     except SigloError:
