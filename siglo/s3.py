@@ -137,6 +137,12 @@ class S3BlobStore(BlobStore):
         except (FileNotFoundError, NotFoundError):
             return None
         meta, attributes = head.meta, head.attributes
+        if meta["e_tag"] is None:
+            # Without an ETag no put or removal here can be conditional.
+            raise StorageAdapterError(
+                f"blob store {self.url}: the store sent no ETag for {digest}; the S3 blob "
+                "store needs a store with ETags and conditional puts (If-Match)"
+            )
         doomed = attributes.get(_DOOMED)
         if doomed is not None:
             # A marker's time is when the collector wrote it (its clock, in ms).
