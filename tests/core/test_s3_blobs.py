@@ -259,6 +259,46 @@ async def test_refresh_ms_spares_uploads_within_its_slack(s3_endpoint: str) -> N
         _store(s3_endpoint, bucket, refresh_ms=-1)
 
 
+@pytest.mark.parametrize(("option", "uploads"), [("", 10), ("&refresh_ms=600000", 1)])
+async def test_saves_of_an_unchanged_value_upload_it_each_time_or_once(
+    s3_endpoint: str, tmp_path: Path, option: str, uploads: int
+) -> None:
+    import logging
+
+    requests: list[str] = []
+
+    class Requests(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            requests.append(record.getMessage())
+
+    url = s3_url(s3_endpoint, new_bucket(s3_endpoint)) + option
+    settings = Settings(offload_min_bytes=1_024, blob_url=url)
+    server_log = logging.getLogger("werkzeug")  # moto's server logs each request it serves
+    handler, level = Requests(), server_log.level
+    server_log.addHandler(handler)
+    server_log.setLevel(logging.INFO)
+    try:
+        async with siglo.connect(f"sqlite:///{tmp_path / 'db.sqlite'}", settings=settings) as b:
+            manager = siglo.StorageManager(b)
+            stack = manager.create_stack("run")
+            stack.set("doc", "text", BIG)
+            for step in range(10):
+                stack.set("step", "n", step)
+                await manager.save_checkpoint("run")
+        # The server logs a request after answering it: wait for the last line.
+        for _ in range(250):
+            if len(requests) >= 10 + uploads:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # and for any line too many
+    finally:
+        server_log.removeHandler(handler)
+        server_log.setLevel(level)
+    # (A 404 is logged in colour: the method follows an escape sequence, not the quote.)
+    assert sum("PUT /" in line for line in requests) == uploads
+    assert sum("HEAD /" in line for line in requests) == 10
+
+
 # -- the URL -----------------------------------------------------------------------------
 
 
