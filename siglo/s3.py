@@ -29,6 +29,7 @@ refresh then changes the body, hence the ETag, and every change is a conditional
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from siglo import urls
-from siglo.blobs import _DIGEST, BlobStore, check_digest
+from siglo.blobs import BlobStore, check_digest
 from siglo.errors import DriverNotInstalledError, InvalidArgumentError, StorageAdapterError
 
 if TYPE_CHECKING:
@@ -44,10 +45,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_TAKEOVER_MS", "S3BlobStore", "open_store"]
 
-INSTALL: Final = "pip install 'siglo[s3]>=0.1,<1'"
+_INSTALL: Final = "pip install 'siglo[s3]>=0.1,<1'"
 DEFAULT_TAKEOVER_MS: Final = 60_000
 """How long a put waits on a collector's doomed marker before it takes the marker over."""
 
+_NAME: Final = re.compile(r"[0-9a-f]{64}")  # a blob's object; anything else is not ours
 _KEEP: Final = "siglo-keep-until"
 _DOOMED: Final = "siglo-doomed"
 _POLL_S: Final = 0.05
@@ -276,7 +278,7 @@ class S3BlobStore(BlobStore):
                 page = await self._call("a scan", stream.__anext__())
             except StopAsyncIteration:
                 return
-            names = [meta["path"] for meta in page if _DIGEST.fullmatch(meta["path"])]
+            names = [meta["path"] for meta in page if _NAME.fullmatch(meta["path"])]
             for item in await asyncio.gather(*(look(name) for name in names)):
                 if item is not None:
                     yield item
@@ -294,7 +296,7 @@ def open_store(url: str) -> S3BlobStore:
         from obstore.store import S3Store
     except ImportError:
         raise DriverNotInstalledError(
-            f"blob store {shown} needs obstore, which is not installed: {INSTALL}"
+            f"blob store {shown} needs obstore, which is not installed: {_INSTALL}"
         ) from None
     urls.refuse_unknown(url, OPTIONS, backend="s3 blob store")
     base, options = urls.split_options(url, OPTIONS)
