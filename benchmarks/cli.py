@@ -350,6 +350,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "load": {"start": list(os.getloadavg())},
             "cpu_ticks": {"start": machine.cpu_times()},
             "load_note": args.load_note,
+            # A CAS cell's conflicts are its timed updates' only (not the warm-up's).
+            "timed_conflicts": True,
             # What ran, in the order it ran: "workloads:<backend>", "e2e", "scale:<backend>".
             "order": [],
         },

@@ -128,6 +128,7 @@ class RawFastPostgresSubject(RawPostgresSubject):
     ) -> None:
         doc = self._doc(wire_document(stack_id, revision, contexts, expires_at=expires_at))
         now = now_ms()
+        item: tuple[str, tuple[Any, ...]]
         if expected_revision is None:
             item = (_SAVE_PLAIN, (stack_id, revision, doc, expires_at, now))
         elif expected_revision == 0:

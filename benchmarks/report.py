@@ -417,6 +417,8 @@ def _conflict_lines(doc: dict[str, Any]) -> list[str]:
     """Conflicts per successful update of every compare-and-set cell, per subject: a
     subject whose callers never overlap has none, one whose callers interleave loses
     some and retries (a cell with no conflict in any round records none)."""
+    if not doc["meta"].get("timed_conflicts"):
+        return []  # recorded before the warm-up's conflicts were left out: not comparable
     cas = [
         r
         for r in doc["results"]

@@ -159,13 +159,15 @@ def counting_sqlite(counter: WriteCounter) -> Iterator[None]:
     original = sqlite3.connect
 
     def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = original(*args, **kwargs)
+        conn: sqlite3.Connection = original(*args, **kwargs)
         conn.set_trace_callback(counter.sqlite_tracer())
         return conn
 
-    modules = [sqlite3, sqlite3.dbapi2]
+    # sqlite3.connect for aiosqlite and direct users, sqlite3.dbapi2.connect for
+    # SQLAlchemy's pysqlite dialect (DBOS).
+    modules: list[Any] = [sqlite3, sqlite3.dbapi2]
     for module in modules:
-        module.connect = connect  # type: ignore[assignment]
+        module.connect = connect
     try:
         yield
     finally:
@@ -287,5 +289,6 @@ class RedisMonitor:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         with contextlib.suppress(Exception):
-            await self._monitor.connection.disconnect()  # type: ignore[union-attr]
+            if self._monitor.connection is not None:
+                await self._monitor.connection.disconnect()
         await self._client.aclose()
