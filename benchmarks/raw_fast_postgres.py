@@ -8,7 +8,13 @@
   of the pool meanwhile (several in flight keep the server busy);
 * **saves pipelined**: the saves queued in the same tick (32 callers) are sent on one
   connection in psycopg's pipeline mode, each still its own single-statement
-  compare-and-set with its own outcome; a lone save is sent as raw's is.
+  compare-and-set with its own outcome (a lost one returns no row, not an error); a lone
+  save is sent as raw's is. In autocommit, PostgreSQL runs the statements between two
+  Syncs as one implicit transaction, and psycopg sends one Sync at the end of the block:
+  the batch is committed once (one WAL flush), and every reply comes after that commit,
+  so each save is as durable when its caller hears of it as raw's. An error in one
+  statement would abort the batch's others (none occurs here: the statements only
+  return rows or none).
 
 Everything else (schema, documents, pool, prepared statements, binary results, the other
 operations) is raw's.

@@ -686,3 +686,53 @@ def ops_chart(doc: dict[str, Any], path: Path) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+SUMMARY_CELLS = ("save/1k/c32", "load/1k/c32", "cas/1k/c8", "cas/1k/c32")
+"""The cells of the short raw-fast table on the benchmarks page."""
+
+
+def raw_fast_summary(doc: dict[str, Any]) -> list[str]:
+    """The short raw-fast section's figures (docs/benchmarks.md, "Raw-fast, loop lag,
+    writes per run"): siglo / raw and siglo / raw-fast per backend for
+    :data:`SUMMARY_CELLS`, the worst p99 loop lag per subject and the writes per run."""
+    ratio_of = {(x["backend"], x["workload"], x["vs"]): x for x in doc.get("ratios", [])}
+    backends = [b for b in DRIVER_BACKENDS if (b, SUMMARY_CELLS[0], "raw-fast") in ratio_of]
+    lines = [
+        "| siglo / raw · siglo / raw-fast | " + " | ".join(backends) + " |",
+        "|---" + "|---:" * len(backends) + "|",
+    ]
+    for w in SUMMARY_CELLS:
+        cells = []
+        for b in backends:
+            pair = [ratio_of.get((b, w, vs)) for vs in ("raw", "raw-fast")]
+            cells.append(" · ".join("–" if x is None else ratio_text(x) for x in pair))
+        lines.append(f"| {w} | " + " | ".join(cells) + " |")
+    lag: dict[tuple[str, str], float] = {}
+    for e in doc.get("loop_lag", []):
+        if e["status"] == "ok":
+            key = (e["backend"], e["kind"])
+            lag[key] = max(lag.get(key, 0.0), max(e["p99_rounds_ms"]))
+    if lag:
+        parts = [
+            f"{b} " + ", ".join(f"{k} {v:.1f}" for (bb, k), v in lag.items() if bb == b)
+            for b in dict.fromkeys(b for b, _ in lag)
+        ]
+        lines += ["", "Loop lag, highest p99 of any round (ms): " + "; ".join(parts) + "."]
+    rows = [r for r in doc.get("e2e", []) if r.get("writes_per_run") and r["concurrency"] == 32]
+    if rows:
+        parts = []
+        for b in dict.fromkeys(r["backend"] for r in rows):
+            systems = ", ".join(
+                f"{r['system']} {r['writes_per_run']:.1f}"
+                + (
+                    f" ({r['write_transactions_per_run']:.1f} transactions)"
+                    if r.get("write_transactions_per_run") is not None
+                    else ""
+                )
+                for r in rows
+                if r["backend"] == b
+            )
+            parts.append(f"{b}: {systems}")
+        lines.append("Store writes per workflow run (32 at once): " + "; ".join(parts) + ".")
+    return lines
