@@ -159,8 +159,34 @@ async def test_callers_of_one_tick_share_one_pipeline_or_batch(tmp_path: Path) -
         assert redis.pipe.commands >= 32 and redis.pipe.pipelines < 4
         await asyncio.gather(*(postgres.save(f"p{i}", 1, {"a": {}}) for i in range(32)))
         assert postgres._saves.items == 32 and postgres._saves.batches == 1
+        # Pipelined in autocommit, one tick's saves are one implicit transaction: the
+        # rows share the inserting transaction id (committed together, at the Sync).
+        assert postgres.pool is not None
+        async with postgres.pool.connection() as conn:
+            cur = await conn.execute("SELECT DISTINCT xmin::text FROM checkpoints")
+            assert len(await cur.fetchall()) == 1
         assert await asyncio.gather(*(postgres.load(f"p{i}") for i in range(32))) == [1] * 32
         assert postgres._loads.items == 32 and postgres._loads.batches == 1
     finally:
         for s in opened:
             await s.close()
+
+
+async def test_raw_fast_sqlite_runs_its_statements_on_the_loop_thread(tmp_path: Path) -> None:
+    import threading
+
+    from benchmarks.raw_fast_sqlite import RawFastSqliteSubject
+
+    s = RawFastSqliteSubject(str(tmp_path / "inline.db"))
+    await s.open()
+    try:
+        assert s.db is not None
+        threads: set[int] = set()
+        s.db.set_trace_callback(lambda _sql: threads.add(threading.get_ident()))
+        await s.save("a", 1, {"c": {}})
+        assert await s.load("a") == 1
+        assert threads == {threading.get_ident()}
+        # WAL, as raw's and siglo's files.
+        assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        await s.close()
