@@ -111,7 +111,9 @@ class RawFastPostgresSubject(RawPostgresSubject):
             if len(batch) == 1:
                 (stmt, params), future = batch[0]
                 cur = await conn.execute(stmt, params, prepare=True, binary=True)
-                future.set_result(await cur.fetchone())
+                row = await cur.fetchone()
+                if not future.done():  # its caller may have been cancelled meanwhile
+                    future.set_result(row)
                 return
             async with conn.pipeline():
                 cursors = [
