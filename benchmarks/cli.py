@@ -81,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="smoke mode: a handful of ops, one run; exits non-zero if any workload fails",
     )
     p.add_argument("--no-langgraph", action="store_true", help="skip LangGraph's savers")
+    p.add_argument(
+        "--raw-fast",
+        action="store_true",
+        help="also run the raw-fast baselines (inline sqlite3, auto-pipelined redis-py, "
+        "psycopg with batched loads and pipelined saves) beside the raw ones",
+    )
+    p.add_argument(
+        "--loop-lag",
+        action="store_true",
+        help="also measure the event-loop lag a 1 ms sleeper sees while each subject "
+        "saves and loads at 32 callers (benchmarks/loop_lag.py)",
+    )
     p.add_argument("--scale", action="store_true", help="also run the scale workloads (slow)")
     p.add_argument(
         "--scale-backends",
@@ -220,6 +232,8 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
             out.append(
                 RawSqliteSubject(os.path.join(tmp, "raw.db"), synchronous=args.sqlite_synchronous)
             )
+    if getattr(args, "raw_fast", False):
+        out += _raw_fast_subjects(backend, args, tmp)
     if backend in ("sqlite", "postgres") and not args.no_langgraph:
         module = f"langgraph.checkpoint.{backend}.aio"
         try:
@@ -239,6 +253,38 @@ def make_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subj
                 )
             )
     return out
+
+
+def _raw_fast_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list[Subject | str]:
+    """The raw-fast baseline of ``backend`` (none for memory, which has no driver)."""
+    if backend == "redis":
+        if importlib.util.find_spec("redis") is None:
+            return ["raw-fast redis: redis-py not installed (pip install -e '.[redis]')"]
+        from benchmarks.raw_fast_redis import RawFastRedisSubject
+
+        return [RawFastRedisSubject(args.redis_url)]
+    if backend == "postgres":
+        if importlib.util.find_spec("psycopg_pool") is None:
+            return ["raw-fast postgres: psycopg[pool] not installed"]
+        from benchmarks.raw_fast_postgres import RawFastPostgresSubject
+
+        return [
+            RawFastPostgresSubject(
+                args.postgres_url,
+                pool_size=args.pg_pool,
+                doc_type=args.pg_doc_type,
+                compression=args.pg_compression,
+            )
+        ]
+    if backend == "sqlite":
+        from benchmarks.raw_fast_sqlite import RawFastSqliteSubject
+
+        return [
+            RawFastSqliteSubject(
+                os.path.join(tmp, "raw-fast.db"), synchronous=args.sqlite_synchronous
+            )
+        ]
+    return []
 
 
 def siglo_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
@@ -304,6 +350,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "load": {"start": list(os.getloadavg())},
             "cpu_ticks": {"start": machine.cpu_times()},
             "load_note": args.load_note,
+            # A CAS cell's conflicts are its timed updates' only (not the warm-up's).
+            "timed_conflicts": True,
             # What ran, in the order it ran: "workloads:<backend>", "e2e", "scale:<backend>".
             "order": [],
         },
@@ -314,6 +362,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="siglo-bench-") as tmp:
         for backend in args.backends:
             await _run_backend(backend, args, workloads, doc, tmp)
+        if getattr(args, "loop_lag", False):
+            from benchmarks.loop_lag import run_loop_lag
+
+            doc["meta"]["order"].append("loop-lag")
+            for backend in args.backends:
+                await run_loop_lag(backend, args, doc, tmp, make_subjects)
         if args.e2e:
             from benchmarks.e2e import run_e2e
 

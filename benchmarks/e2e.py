@@ -41,6 +41,13 @@ from typing import Any, TypeVar, cast
 
 from benchmarks.interference import RETIMES, STEAL_LIMIT, timed_pass
 from benchmarks.slices import round_order, slice_size
+from benchmarks.writes import (
+    RedisMonitor,
+    WriteCounter,
+    count_redis_monitor,
+    counting_psycopg,
+    counting_sqlite,
+)
 
 Recorder = Callable[[str, int], None]
 
@@ -57,6 +64,8 @@ class E2ESubject:
     system = "?"
     backend = "?"
     detail = ""
+    key_prefix: str | None = None
+    """On Redis: the prefix of every key the system writes (its writes are counted)."""
 
     async def open(self) -> None: ...
 
@@ -92,6 +101,8 @@ class SigloWorkflow(E2ESubject):
             backend = siglo.connect(self.url)
             self._stack.push_async_callback(backend.aclose)
         self.manager = siglo.StorageManager(backend, error_mode="strict")
+        keys = getattr(backend.adapter, "keys", None)
+        self.key_prefix = getattr(keys, "prefix", None)
         me = self
 
         async def a(inp: dict[str, Any]) -> dict[str, Any]:
@@ -441,113 +452,165 @@ def make_e2e_subjects(backend: str, args: Any, tmp: str) -> list[E2ESubject | st
     return out
 
 
+async def count_writes(
+    subject: E2ESubject, backend: str, concurrency: int, counter: WriteCounter, redis_url: str
+) -> dict[str, float]:
+    """One untimed pass of ``2 × concurrency`` runs (at least 8) with the writes counted
+    (:mod:`benchmarks.writes`): writes per run, and on SQLite write transactions per run."""
+    runs = max(8, 2 * concurrency)
+    if backend == "redis":
+        if subject.key_prefix is None:
+            return {}
+        async with RedisMonitor(redis_url) as monitor:
+            m = await measure_runs(subject, concurrency, runs)
+        done = m["runs"] + concurrency  # the warm-up run of each task is counted too
+        return {"writes_per_run": count_redis_monitor(monitor.lines, subject.key_prefix) / done}
+    before = counter.snapshot()
+    counter.enabled = True
+    try:
+        m = await measure_runs(subject, concurrency, runs)
+    finally:
+        counter.enabled = False
+    statements, transactions = (a - b for a, b in zip(counter.snapshot(), before, strict=True))
+    done = m["runs"] + concurrency  # the warm-up run of each task is counted too
+    out = {"writes_per_run": statements / done}
+    if backend == "sqlite":
+        out["write_transactions_per_run"] = transactions / done
+    return out
+
+
+def _counting(backend: str, counter: WriteCounter) -> contextlib.AbstractContextManager[None]:
+    """The driver wrappers that count ``backend``'s writes (from before any system opens
+    its connections to after they are closed)."""
+    if backend == "sqlite":
+        return counting_sqlite(counter)
+    if backend == "postgres":
+        return counting_psycopg(counter)
+    return contextlib.nullcontext()
+
+
 async def run_e2e(args: Any, doc: dict[str, Any]) -> None:
     """Run the end-to-end comparison on each of ``args.e2e_backends``; fill ``doc``."""
+    with tempfile.TemporaryDirectory(prefix="siglo-e2e-") as tmp:
+        for backend in args.e2e_backends:
+            counter = WriteCounter()
+            with _counting(backend, counter):
+                await _run_e2e_backend(backend, args, doc, tmp, counter)
+    add_e2e_ratios(doc)
+
+
+async def _run_e2e_backend(
+    backend: str, args: Any, doc: dict[str, Any], tmp: str, counter: WriteCounter
+) -> None:
     rounds = args.repeat
     slices = getattr(args, "slices", 1)
     doc.setdefault("e2e", [])
     doc.setdefault("e2e_subjects", [])
-    with tempfile.TemporaryDirectory(prefix="siglo-e2e-") as tmp:
-        for backend in args.e2e_backends:
-            subjects: list[E2ESubject] = []
-            for s in make_e2e_subjects(backend, args, tmp):
-                if isinstance(s, str):
-                    doc["e2e_subjects"].append({"backend": backend, "skipped": s})
-                    print(f"[e2e skip] {backend}: {s}", flush=True)
-                    continue
-                subjects.append(s)
-            # DBOS is one global instance per process: one backend's at a time.
-            opened: list[E2ESubject] = []
-            for s in subjects:
-                try:
-                    await s.open()
-                except Exception as exc:
-                    reason = f"{s.system}: cannot open: {type(exc).__name__}: {exc}"
-                    doc["e2e_subjects"].append({"backend": backend, "skipped": reason})
-                    print(f"[e2e skip] {backend}: {reason}", flush=True)
-                    continue
-                opened.append(s)
-            subjects = opened
-            try:
-                for concurrency in (1, 32):
-                    runs = max(concurrency, int((60 if concurrency == 1 else 320) * args.e2e_scale))
-                    if args.quick:
-                        runs = concurrency * 2
-                    results: dict[str, list[dict[str, Any]]] = {s.system: [] for s in subjects}
-                    errors: dict[str, str] = {}
-                    part = max(concurrency, slice_size(runs, slices, 1))
-                    for round_no in range(rounds):
-                        # In passes of alternating order, as the workloads
-                        # (benchmarks/slices.py): a system's round is its runs over its
-                        # time summed across the passes.
-                        parts: dict[str, list[dict[str, Any]]] = {s.system: [] for s in subjects}
-                        for order in round_order(len(subjects), round_no, slices):
-                            for s in (subjects[i] for i in order):
-                                if s.system in errors:
-                                    continue
-                                try:
-                                    kept = await timed_pass(
-                                        functools.partial(
-                                            _runs_once, s, concurrency, part, args.timeout
-                                        ),
-                                        limit=getattr(args, "steal_limit", STEAL_LIMIT),
-                                        retimes=getattr(args, "retimes", RETIMES),
-                                    )
-                                except Exception as exc:
-                                    errors[s.system] = f"{type(exc).__name__}: {exc}"
-                                    print(f"[e2e error] {s.system}:{backend}: {exc!r}", flush=True)
-                                    continue
-                                parts[s.system].append(
-                                    {
-                                        **kept.result,
-                                        "stolen": kept.stolen,
-                                        "ticks": kept.ticks,
-                                        "retimed": kept.retimed,
-                                        "over_limit": int(kept.over_limit),
-                                    }
-                                )
-                        for s in subjects:
-                            if s.system in errors or not parts[s.system]:
-                                continue
-                            m = _joined(parts[s.system])
-                            results[s.system].append(m)
-                            print(
-                                f"e2e {backend:8} {s.system:9} c{concurrency:<3} "
-                                f"{m['runs_per_s']:>8.0f} runs/s  step p50 "
-                                f"{_pct(m['step_us'], 0.5):.0f} µs  p99 "
-                                f"{_pct(m['step_us'], 0.99):.0f} µs",
-                                flush=True,
+    subjects: list[E2ESubject] = []
+    for s in make_e2e_subjects(backend, args, tmp):
+        if isinstance(s, str):
+            doc["e2e_subjects"].append({"backend": backend, "skipped": s})
+            print(f"[e2e skip] {backend}: {s}", flush=True)
+            continue
+        subjects.append(s)
+    # DBOS is one global instance per process: one backend's at a time.
+    opened: list[E2ESubject] = []
+    for s in subjects:
+        try:
+            await s.open()
+        except Exception as exc:
+            reason = f"{s.system}: cannot open: {type(exc).__name__}: {exc}"
+            doc["e2e_subjects"].append({"backend": backend, "skipped": reason})
+            print(f"[e2e skip] {backend}: {reason}", flush=True)
+            continue
+        opened.append(s)
+    subjects = opened
+    try:
+        for concurrency in (1, 32):
+            runs = max(concurrency, int((60 if concurrency == 1 else 320) * args.e2e_scale))
+            if args.quick:
+                runs = concurrency * 2
+            results: dict[str, list[dict[str, Any]]] = {s.system: [] for s in subjects}
+            errors: dict[str, str] = {}
+            part = max(concurrency, slice_size(runs, slices, 1))
+            for round_no in range(rounds):
+                # In passes of alternating order, as the workloads
+                # (benchmarks/slices.py): a system's round is its runs over its
+                # time summed across the passes.
+                parts: dict[str, list[dict[str, Any]]] = {s.system: [] for s in subjects}
+                for order in round_order(len(subjects), round_no, slices):
+                    for s in (subjects[i] for i in order):
+                        if s.system in errors:
+                            continue
+                        try:
+                            kept = await timed_pass(
+                                functools.partial(_runs_once, s, concurrency, part, args.timeout),
+                                limit=getattr(args, "steal_limit", STEAL_LIMIT),
+                                retimes=getattr(args, "retimes", RETIMES),
                             )
-                    for s in subjects:
-                        ms = results[s.system]
-                        pooled = sorted(x for m in ms for x in m["step_us"])
-                        doc["e2e"].append(
+                        except Exception as exc:
+                            errors[s.system] = f"{type(exc).__name__}: {exc}"
+                            print(f"[e2e error] {s.system}:{backend}: {exc!r}", flush=True)
+                            continue
+                        parts[s.system].append(
                             {
-                                "backend": backend,
-                                "system": s.system,
-                                "detail": s.detail,
-                                "concurrency": concurrency,
-                                "runs": part * slices,
-                                "status": "error" if s.system in errors else "ok",
-                                "error": errors.get(s.system),
-                                "runs_per_s_rounds": [m["runs_per_s"] for m in ms],
-                                "steal": [m["steal"] for m in ms],
-                                "retimed": [m["retimed"] for m in ms],
-                                "over_limit": [m["over_limit"] for m in ms],
-                                "runs_per_s": (
-                                    statistics.median([m["runs_per_s"] for m in ms]) if ms else None
-                                ),
-                                "step_p50_us": _pct(pooled, 0.5) if pooled else None,
-                                "step_p99_us": _pct(pooled, 0.99) if pooled else None,
+                                **kept.result,
+                                "stolen": kept.stolen,
+                                "ticks": kept.ticks,
+                                "retimed": kept.retimed,
+                                "over_limit": int(kept.over_limit),
                             }
                         )
-            finally:
                 for s in subjects:
+                    if s.system in errors or not parts[s.system]:
+                        continue
+                    m = _joined(parts[s.system])
+                    results[s.system].append(m)
+                    print(
+                        f"e2e {backend:8} {s.system:9} c{concurrency:<3} "
+                        f"{m['runs_per_s']:>8.0f} runs/s  step p50 "
+                        f"{_pct(m['step_us'], 0.5):.0f} µs  p99 "
+                        f"{_pct(m['step_us'], 0.99):.0f} µs",
+                        flush=True,
+                    )
+            for s in subjects:
+                ms = results[s.system]
+                pooled = sorted(x for m in ms for x in m["step_us"])
+                writes: dict[str, float] = {}
+                if s.system not in errors:
                     try:
-                        await s.close()
-                    except Exception as exc:  # clean-up must not hide the results
-                        print(f"[e2e warn] closing {s.system}:{backend}: {exc!r}", flush=True)
-    add_e2e_ratios(doc)
+                        writes = await count_writes(
+                            s, backend, concurrency, counter, args.redis_url
+                        )
+                    except Exception as exc:  # the figure is missing, not the run
+                        print(f"[e2e warn] counting {s.system}: {exc!r}", flush=True)
+                doc["e2e"].append(
+                    {
+                        "backend": backend,
+                        "system": s.system,
+                        "detail": s.detail,
+                        "concurrency": concurrency,
+                        "runs": part * slices,
+                        "status": "error" if s.system in errors else "ok",
+                        "error": errors.get(s.system),
+                        "runs_per_s_rounds": [m["runs_per_s"] for m in ms],
+                        "steal": [m["steal"] for m in ms],
+                        "retimed": [m["retimed"] for m in ms],
+                        "over_limit": [m["over_limit"] for m in ms],
+                        "runs_per_s": (
+                            statistics.median([m["runs_per_s"] for m in ms]) if ms else None
+                        ),
+                        "step_p50_us": _pct(pooled, 0.5) if pooled else None,
+                        "step_p99_us": _pct(pooled, 0.99) if pooled else None,
+                        **writes,
+                    }
+                )
+    finally:
+        for s in subjects:
+            try:
+                await s.close()
+            except Exception as exc:  # clean-up must not hide the results
+                print(f"[e2e warn] closing {s.system}:{backend}: {exc!r}", flush=True)
 
 
 def add_e2e_ratios(doc: dict[str, Any]) -> None:
@@ -603,19 +666,22 @@ def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
     rows = doc.get("e2e", [])
     if not rows:
         return []
+    # Runs recorded before writes were counted have no such column.
+    counted = any(r.get("writes_per_run") is not None for r in rows)
     lines = [
         "### end to end: a 3-step durable workflow",
         "",
         "| backend | system | concurrent runs | runs/s (median of rounds) | "
-        "step p50 µs | step p99 µs | siglo / this, runs/s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "step p50 µs | step p99 µs | siglo / this, runs/s |"
+        + (" store writes per run (SQLite: write transactions) |" if counted else ""),
+        "|---|---|---:|---:|---:|---:|---:|" + ("---:|" if counted else ""),
     ]
     ratio_of = {(x["backend"], x["concurrency"], x["vs"]): x for x in doc.get("e2e_ratios", [])}
     for r in rows:
         if r["status"] != "ok":
             lines.append(
                 f"| {r['backend']} | {r['system']} | {r['concurrency']} | error: {r['error']} "
-                "| | | |"
+                "| | | |" + (" |" if counted else "")
             )
             continue
         x = ratio_of.get((r["backend"], r["concurrency"], r["system"]))
@@ -627,6 +693,7 @@ def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
         lines.append(
             f"| {r['backend']} | {r['system']} | {r['concurrency']} | {r['runs_per_s']:,.0f} | "
             f"{r['step_p50_us']:,.0f} | {r['step_p99_us']:,.0f} | {ratio} |"
+            + (f" {_writes_text(r)} |" if counted else "")
         )
     if not systems:
         return [*lines, ""]
@@ -640,6 +707,15 @@ def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
         lines.append(f"- skipped on {s['backend']}: {s['skipped']}")
     lines.append("")
     return lines
+
+
+def _writes_text(r: dict[str, Any]) -> str:
+    """Writes per run, with the write transactions where counted (``–``: not counted)."""
+    writes = r.get("writes_per_run")
+    if writes is None:
+        return "–"
+    tx = r.get("write_transactions_per_run")
+    return f"{writes:.1f}" + ("" if tx is None else f" ({tx:.1f})")
 
 
 def e2e_chart(doc: dict[str, Any], path: Any) -> str | None:

@@ -26,9 +26,14 @@ class Reason:
     size: str | None
     concurrency: int | None
     text: str
+    vs: str | None = None
+    """The baseline the reason was measured against; a target against the raw-fast
+    baseline matches only a reason measured against it (``vs="raw-fast"``)."""
 
     def matches(self, target: dict[str, Any]) -> bool:
         """Whether ``target`` (a report target entry) is one of this reason's cells."""
+        if (target.get("vs") == "raw-fast") != (self.vs == "raw-fast"):
+            return False
         wanted = {
             "backend": self.backend,
             "name": self.name,

@@ -115,7 +115,7 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
     for (backend, kind, workload), r in idx.items():
         if kind != "siglo" or r["median"] is None:
             continue
-        for other in ("raw", "langgraph"):
+        for other in ("raw", "raw-fast", "langgraph"):
             o = idx.get((backend, other, workload))
             if o is None or not o["median"]:
                 continue
@@ -149,6 +149,12 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
             and x["name"] in ("save", "load", "cas")
         ):
             targets.append({**x, "target": "siglo >= 0.8x raw driver", "threshold": 0.8})
+        if (
+            x["vs"] == "raw-fast"
+            and x["backend"] in DRIVER_BACKENDS
+            and x["name"] in ("save", "load", "cas")
+        ):
+            targets.append({**x, "target": "siglo >= 0.8x raw-fast driver", "threshold": 0.8})
         if (
             x["vs"] == "raw"
             and x["backend"] == "redis"
@@ -233,6 +239,7 @@ def order_text(meta: dict[str, Any]) -> str:
         "workloads": "the workloads on {}",
         "e2e": "the end-to-end comparison",
         "scale": "the scale workloads on {}",
+        "loop-lag": "the event-loop lag probes",
     }
     steps = [
         names[phase].format(backend)
@@ -329,7 +336,7 @@ def _backends(doc: dict[str, Any]) -> list[str]:
 def _kinds(doc: dict[str, Any], backend: str) -> list[str]:
     return [
         k
-        for k in ("siglo", "raw", "langgraph")
+        for k in ("siglo", "raw", "raw-fast", "langgraph")
         if any(r["backend"] == backend and r["kind"] == k for r in doc["results"])
     ]
 
@@ -349,6 +356,8 @@ def _backend_tables(doc: dict[str, Any]) -> list[str]:
         header = ["workload"] + [f"{k} ops/s" for k in kinds]
         if "raw" in kinds and "siglo" in kinds:
             header.append("siglo / raw")
+        if "raw-fast" in kinds and "siglo" in kinds:
+            header.append("siglo / raw-fast")
         if "langgraph" in kinds and "siglo" in kinds:
             header.append("siglo / langgraph")
         lines += ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
@@ -356,6 +365,9 @@ def _backend_tables(doc: dict[str, Any]) -> list[str]:
             row = [w] + [_cell(idx.get((backend, k, w))) for k in kinds]
             if "raw" in kinds and "siglo" in kinds:
                 x = ratio_of.get((backend, w, "raw"))
+                row.append("–" if x is None else f"**{x['ratio']:.2f}** ({_range(x)})")
+            if "raw-fast" in kinds and "siglo" in kinds:
+                x = ratio_of.get((backend, w, "raw-fast"))
                 row.append("–" if x is None else f"**{x['ratio']:.2f}** ({_range(x)})")
             if "langgraph" in kinds and "siglo" in kinds:
                 x = ratio_of.get((backend, w, "langgraph"))
@@ -369,7 +381,12 @@ def _ratio_table(doc: dict[str, Any]) -> list[str]:
     """siglo's ratios of every backend in one table: a column per backend and baseline."""
     ratio_of = {(x["backend"], x["workload"], x["vs"]): x for x in doc.get("ratios", [])}
     pairs = {(backend, vs) for backend, _, vs in ratio_of}
-    columns = [(b, vs) for b in _backends(doc) for vs in ("raw", "langgraph") if (b, vs) in pairs]
+    columns = [
+        (b, vs)
+        for b in _backends(doc)
+        for vs in ("raw", "raw-fast", "langgraph")
+        if (b, vs) in pairs
+    ]
     if not columns:
         return []
     lines = [
@@ -384,6 +401,45 @@ def _ratio_table(doc: dict[str, Any]) -> list[str]:
             x = ratio_of.get((backend, w, vs))
             cells.append("–" if x is None else f"{x['ratio']:.2f} ({_range(x)})")
         lines.append(f"| {w} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def conflicts_per_update(r: dict[str, Any]) -> list[float]:
+    """A compare-and-set cell's conflicts per successful update, one figure per round
+    (empty where the run recorded no conflict counts)."""
+    extras = r.get("extra") or []
+    if r.get("name") != "cas" or len(extras) != len(r.get("runs") or []) or not r.get("ops"):
+        return []
+    return [e.get("conflicts", 0) / r["ops"] for e in extras]
+
+
+def _conflict_lines(doc: dict[str, Any]) -> list[str]:
+    """Conflicts per successful update of every compare-and-set cell, per subject: a
+    subject whose callers never overlap has none, one whose callers interleave loses
+    some and retries (a cell with no conflict in any round records none)."""
+    if not doc["meta"].get("timed_conflicts"):
+        return []  # recorded before the warm-up's conflicts were left out: not comparable
+    cas = [
+        r
+        for r in doc["results"]
+        if r["name"] == "cas" and r["status"] == "ok" and r["concurrency"] > 1
+    ]
+    if not any(r.get("extra") for r in cas):
+        return []
+    lines = [
+        "### compare-and-set: conflicts per successful update",
+        "",
+        "| backend | workload | subject | conflicts per update, median (min–max of rounds) |",
+        "|---|---|---|---:|",
+    ]
+    for r in cas:
+        rounds = conflicts_per_update(r) or [0.0] * len(r["runs"])
+        if not rounds:
+            continue
+        lines.append(
+            f"| {r['backend']} | {r['workload']} | {r['kind']} | "
+            f"{statistics.median(rounds):.2f} ({min(rounds):.2f}–{max(rounds):.2f}) |"
+        )
     return [*lines, ""]
 
 
@@ -439,6 +495,8 @@ def markdown(doc: dict[str, Any]) -> str:
         *_target_lines(doc),
         *_backend_tables(doc),
         *_error_lines(doc),
+        *_conflict_lines(doc),
+        *_loop_lag_lines(doc),
         *_scale_lines(doc),
         _CELLS_NOTE,
         "",
@@ -463,6 +521,15 @@ def page_markdown(doc: dict[str, Any], report_link: str) -> str:
         f"Every subject's ops/s, the subjects and the systems: [the whole report]({report_link}).",
     ]
     return "\n".join(lines)
+
+
+def _loop_lag_lines(doc: dict[str, Any]) -> list[str]:
+    """The event-loop lag table (``--loop-lag``), if the run measured it."""
+    if not doc.get("loop_lag"):
+        return []
+    from benchmarks.loop_lag import loop_lag_markdown
+
+    return loop_lag_markdown(doc)
 
 
 def _passes(slices: int) -> str:
@@ -514,7 +581,7 @@ def chart(doc: dict[str, Any], path: Path) -> str | None:
         rows = [x for x in ratios if x["backend"] == backend]
         labels = [f"{x['workload']} vs {x['vs']}" for x in rows]
         values = [x["ratio"] for x in rows]
-        colors = ["#4c72b0" if x["vs"] == "raw" else "#dd8452" for x in rows]
+        colors = [{"raw": "#4c72b0", "raw-fast": "#8172b3"}.get(x["vs"], "#dd8452") for x in rows]
         ax.barh(range(len(rows)), values, color=colors)
         ax.set_yticks(range(len(rows)), labels, fontsize=7)
         ax.invert_yaxis()
@@ -559,7 +626,12 @@ def update_page(
     page.write_text(f"{head}{START_MARK}\n{body}\n{END_MARK}{tail}")
 
 
-_KIND_COLORS = {"siglo": "#4c72b0", "raw": "#55a868", "langgraph": "#dd8452"}
+_KIND_COLORS = {
+    "siglo": "#4c72b0",
+    "raw": "#55a868",
+    "raw-fast": "#8172b3",
+    "langgraph": "#dd8452",
+}
 
 
 def ops_chart(doc: dict[str, Any], path: Path) -> str | None:
@@ -614,3 +686,53 @@ def ops_chart(doc: dict[str, Any], path: Path) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+SUMMARY_CELLS = ("save/1k/c32", "load/1k/c32", "cas/1k/c8", "cas/1k/c32")
+"""The cells of the short raw-fast table on the benchmarks page."""
+
+
+def raw_fast_summary(doc: dict[str, Any]) -> list[str]:
+    """The short raw-fast section's figures (docs/benchmarks.md, "Raw-fast, loop lag,
+    writes per run"): siglo / raw and siglo / raw-fast per backend for
+    :data:`SUMMARY_CELLS`, the worst p99 loop lag per subject and the writes per run."""
+    ratio_of = {(x["backend"], x["workload"], x["vs"]): x for x in doc.get("ratios", [])}
+    backends = [b for b in DRIVER_BACKENDS if (b, SUMMARY_CELLS[0], "raw-fast") in ratio_of]
+    lines = [
+        "| siglo / raw · siglo / raw-fast | " + " | ".join(backends) + " |",
+        "|---" + "|---:" * len(backends) + "|",
+    ]
+    for w in SUMMARY_CELLS:
+        cells = []
+        for b in backends:
+            pair = [ratio_of.get((b, w, vs)) for vs in ("raw", "raw-fast")]
+            cells.append(" · ".join("–" if x is None else ratio_text(x) for x in pair))
+        lines.append(f"| {w} | " + " | ".join(cells) + " |")
+    lag: dict[tuple[str, str], float] = {}
+    for e in doc.get("loop_lag", []):
+        if e["status"] == "ok":
+            key = (e["backend"], e["kind"])
+            lag[key] = max(lag.get(key, 0.0), max(e["p99_rounds_ms"]))
+    if lag:
+        parts = [
+            f"{b} " + ", ".join(f"{k} {v:.1f}" for (bb, k), v in lag.items() if bb == b)
+            for b in dict.fromkeys(b for b, _ in lag)
+        ]
+        lines += ["", "Loop lag, highest p99 of any round (ms): " + "; ".join(parts) + "."]
+    rows = [r for r in doc.get("e2e", []) if r.get("writes_per_run") and r["concurrency"] == 32]
+    if rows:
+        parts = []
+        for b in dict.fromkeys(r["backend"] for r in rows):
+            systems = ", ".join(
+                f"{r['system']} {r['writes_per_run']:.1f}"
+                + (
+                    f" ({r['write_transactions_per_run']:.1f} transactions)"
+                    if r.get("write_transactions_per_run") is not None
+                    else ""
+                )
+                for r in rows
+                if r["backend"] == b
+            )
+            parts.append(f"{b}: {systems}")
+        lines.append("Store writes per workflow run (32 at once): " + "; ".join(parts) + ".")
+    return lines

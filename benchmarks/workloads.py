@@ -165,7 +165,8 @@ async def measure(subject: Subject, workload: Workload, tag: str) -> Measurement
                     await subject.save(stack, current + 1, ctx, expected_revision=current)
                     return
                 except Conflict:
-                    conflicts += 1
+                    if j >= WARMUP:  # the timed updates' conflicts, not the warm-up's
+                        conflicts += 1
 
         took = await _workers(c, k, op)
         finals = [await subject.load(stack) for stack in stacks]

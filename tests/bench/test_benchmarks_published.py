@@ -82,3 +82,22 @@ def test_the_page_is_method_and_results_and_links_its_history() -> None:
     assert " round (issue 15)" not in page and HISTORY.exists()
     nav = (ROOT / "mkdocs.yml").read_text()
     assert "benchmarks-history.md" in nav
+
+
+RAW_FAST = ROOT / "docs" / "benchmarks" / "raw-fast" / "results.json"
+
+
+def test_the_raw_fast_section_is_the_render_of_its_run() -> None:
+    """The page's raw-fast figures (both raw columns, loop lag, writes per run) and its
+    load average are those of docs/benchmarks/raw-fast/results.json, and the report it
+    links is that run's render."""
+    doc = json.loads(RAW_FAST.read_text())
+    report.add_ratios_and_targets(doc)
+    page = PAGE.read_text()
+    section = page.split("## Raw-fast, loop lag, writes per run", 1)[1].split("\n## ", 1)[0]
+    for line in report.raw_fast_summary(doc):
+        assert line in section, line
+    load = doc["meta"]["load"]
+    assert f"load average {load['start'][0]:.2f} at the start, {load['end'][0]:.2f}" in section
+    assert "](benchmarks/raw-fast/results.md)" in section
+    assert (RAW_FAST.parent / "results.md").read_text() == report.markdown(doc)

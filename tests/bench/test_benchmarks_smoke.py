@@ -164,9 +164,14 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
         assert len(r["steal"]) == len(r["runs_per_s_rounds"])
         assert all(x is None or 0.0 <= x <= 1.0 for x in r["steal"])
         _times_no_pass_again(r["retimed"], r["over_limit"], r["steal"])
+        # Writes per run, counted at the driver in an untimed pass (benchmarks/writes.py):
+        # a run writes at least its creation, its three steps and its completion.
+        assert r["writes_per_run"] >= 5, r
+        assert 1 <= r["write_transactions_per_run"] <= r["writes_per_run"], r
     for x in doc["e2e_ratios"]:
         assert x["vs"] in ("dbos", "langgraph")
         assert x["ratio_min"] <= x["ratio"] <= x["ratio_max"]
         assert len(x["steal"]) in (0, len(x["rounds"]))
     md = (tmp_path / "out" / "results.md").read_text()
     assert "end to end: a 3-step durable workflow" in md
+    assert "store writes per run (SQLite: write transactions) |" in md
