@@ -256,7 +256,8 @@ class StorageAdapter(Closable):
         the un-namespaced checkpoint (seed 001 §5). Expired checkpoints are never returned.
         """
         require_id("stack_id", stack_id)
-        require_optional_id("namespace", namespace)
+        if namespace is not None:  # require_optional_id, without a call more on every load
+            require_id("namespace", namespace)
         self._require_open()
         return await self._do_get_checkpoint(stack_id, namespace, fallback=fallback)
 

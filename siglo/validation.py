@@ -83,7 +83,9 @@ def check_save_arguments(checkpoint: Any, expected_revision: Any) -> None:
             f"checkpoint must be a siglo.Checkpoint, got {type(checkpoint).__name__}"
         )
     require_id("checkpoint.stack_id", checkpoint.stack_id)
-    require_optional_id("checkpoint.namespace", checkpoint.namespace)
+    namespace = checkpoint.namespace
+    if namespace is not None:  # require_optional_id, without a call more on every save
+        require_id("checkpoint.namespace", namespace)
     if expected_revision is None:
         return
     if type(expected_revision) is not int or expected_revision < 0:
