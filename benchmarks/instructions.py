@@ -41,6 +41,11 @@ else on these paths."""
 _STATEMENT_FUNCTIONS = ("_pysqlite_query_execute", "pysqlite_cursor_fetchall")
 """The sqlite3 module's C functions that run a statement and fetch its rows."""
 
+_ADAPT_FUNCTIONS = ("pysqlite_microprotocols_adapt",)
+"""Inside the statement: the sqlite3 module's search for an adapter, which it makes for
+every parameter that is not exactly ``int``, ``float``, ``str`` or ``bytearray`` (so for
+each ``None`` and ``bytes``)."""
+
 BACKENDS = ("sqlite", "memory")
 OPS = ("save", "load")
 
@@ -274,6 +279,8 @@ def measure(backend: str, op: str, n: int) -> list[Row]:
                 if stage.endswith("(all)") or stage.startswith("database."):
                     c = _inclusive(dump, _STATEMENT_FUNCTIONS) / n
                     rows.append(Row(subject, f"{stage}: statement (C)", c))
+                    c = _inclusive(dump, _ADAPT_FUNCTIONS) / n
+                    rows.append(Row(subject, f"{stage}: adaptation (C)", c))
     return rows
 
 
@@ -319,6 +326,11 @@ def table(op: str, rows: list[Row]) -> list[tuple[str, float | None, float | Non
     if db is not None and db_stmt is not None and stmt is not None and raw_stmt is not None:
         lines += [
             ("sqlite3 statement, C (bind, step, fetch)", stmt, raw_stmt),
+            (
+                "  of which adapter searches (None, bytes)",
+                _get(rows, "siglo", f"{op} (all): adaptation (C)"),
+                _get(rows, "raw-fast", f"{op} (all): adaptation (C)"),
+            ),
             (
                 f"{db_name} in Python (gates, driver)",
                 db - db_stmt,
