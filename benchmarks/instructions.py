@@ -46,7 +46,9 @@ _ADAPT_FUNCTIONS = ("pysqlite_microprotocols_adapt",)
 every parameter that is not exactly ``int``, ``float``, ``str`` or ``bytearray`` (so for
 each ``None`` and ``bytes``)."""
 
-BACKENDS = ("sqlite", "memory")
+BACKENDS = ("sqlite", "memory", "redis", "postgres")
+"""Redis and PostgreSQL: the client's instructions only (the server's are another
+process), at ``SIGLO_REDIS_URL`` / ``SIGLO_POSTGRES_URL`` (loopback by default)."""
 OPS = ("save", "load")
 
 
@@ -82,9 +84,22 @@ async def _stages(
 
     contexts = make_contexts(1024)
     tmp = tempfile.mkdtemp(prefix="siglo-instr-")
+    raw: Any
     if backend == "sqlite":
         siglo_s = SigloSubject("sqlite", f"sqlite:///{tmp}/siglo.db")
-        raw: Any = RawFastSqliteSubject(os.path.join(tmp, "raw-fast.db"))
+        raw = RawFastSqliteSubject(os.path.join(tmp, "raw-fast.db"))
+    elif backend == "redis":
+        from benchmarks.raw_fast_redis import RawFastRedisSubject
+
+        url = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
+        siglo_s = SigloSubject("redis", url)
+        raw = RawFastRedisSubject(url)
+    elif backend == "postgres":
+        from benchmarks.raw_fast_postgres import RawFastPostgresSubject
+
+        url = os.environ.get("SIGLO_POSTGRES_URL", "postgresql://127.0.0.1:5432/test")
+        siglo_s = SigloSubject("postgres", url)
+        raw = RawFastPostgresSubject(url)
     else:
         siglo_s = SigloSubject("memory", "memory://")
         raw = RawMemorySubject()
@@ -141,7 +156,7 @@ async def _stages(
 
     database = getattr(adapter, "database", None)
     db_stages: list[tuple[str, str, Op]] = []
-    if database is not None:  # the SQL backends: their database layer alone
+    if database is not None and backend == "sqlite":  # its database layer alone
         from siglo_sql.keys import row_id
         from siglo_sql.rows import checkpoint_row
 

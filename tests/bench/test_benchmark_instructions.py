@@ -91,7 +91,10 @@ PAGE = ROOT / "docs" / "benchmarks-instructions.md"
 RUNS = ROOT / "docs" / "benchmarks" / "instructions"
 
 
-@pytest.mark.parametrize("run", ["sqlite-save", "sqlite-load", "memory-save", "memory-load"])
+@pytest.mark.parametrize(
+    "run",
+    [f"{b}-{op}" for b in ("sqlite", "memory", "redis", "postgres") for op in ("save", "load")],
+)
 def test_the_page_shows_each_published_run_as_the_command_prints_it(run: str) -> None:
     doc = json.loads((RUNS / f"{run}.json").read_text())
     assert f"{doc['backend']}-{doc['op']}" == run
