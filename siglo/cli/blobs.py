@@ -7,11 +7,12 @@ import asyncio
 import click
 
 from siglo.adapter import Capability
-from siglo.blobs import open_blob_store
+from siglo.blobs import bounded, open_blob_store
 from siglo.cli.common import open_store, print_json, print_table, require
 from siglo.cli.errors import CliError, cli_settings, resolve_url
+from siglo.connect import command_timeout_ms
 from siglo.offload import DEFAULT_GRACE_MS, Collected, collect_blobs
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, query_names
 
 
 @click.command("collect-blobs")
@@ -35,9 +36,15 @@ def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None
     blob_url = settings.blob_url
 
     async def run() -> Collected:
-        async with open_store(resolve_url(url)) as backend:
+        resolved = resolve_url(url)
+        # The collector's calls are bounded as the backend's are: the URL's bound, else
+        # the settings'.
+        bound = settings.command_timeout_ms
+        if "command_timeout_ms" in query_names(resolved):
+            bound = command_timeout_ms(resolved, {})
+        async with open_store(resolved) as backend:
             require(backend, Capability.LISTING)
-            store = open_blob_store(blob_url)
+            store = bounded(open_blob_store(blob_url), bound)
             try:
                 return await collect_blobs(backend.adapter, store, grace_ms=grace_ms)
             finally:

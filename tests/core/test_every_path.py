@@ -17,7 +17,9 @@ there and only there. And each path is bounded in time by the same settings: run
 a Redis that stops answering (a TCP proxy on loopback that freezes) with a tight
 ``command_timeout_ms`` in the application's ``siglo.toml``, it fails within a few seconds
 with siglo's timeout (``StorageAdapterError`` / ``OutcomeUnknownError``) — it never hangs
-and never reports success. So do the commands that only read or delete.
+and never reports success. So do the commands that only read or delete. The offloaded
+values' own store is bounded by the same setting when it is the one that stalls (a Redis,
+an S3 and a PostgreSQL blob store: tests/core/test_blob_timeouts.py).
 
 :data:`API` classifies every public method of the objects applications write through and
 every ``siglo`` command: a method or command added later fails
