@@ -110,6 +110,11 @@ class S3BlobStore(BlobStore):
         # now (0: every put raises it to now, as every store does): a refresh uploads the
         # blob again, and the collector's grace period covers the difference.
         self.refresh_ms = refresh_ms
+        # When this store first saw each doomed marker (its ETag, monotonic seconds), kept
+        # across puts: a put bounded by command_timeout_ms (shorter than takeover_ms) that
+        # gives up on a marker left behind is retried, and the retry must not start the
+        # wait again, or the marker would never be taken over.
+        self._markers: dict[str, tuple[str | None, float]] = {}
 
     async def _call(self, doing: str, awaitable: Any) -> Any:
         from obstore import exceptions as errors
@@ -189,9 +194,10 @@ class S3BlobStore(BlobStore):
         enough = max(now - self.refresh_ms, keep_until_ms or 0)
         body = b"%d\n" % want + bytes(data)
         attributes = {_KEEP: str(want)}
-        marker: tuple[str | None, float] | None = None  # a doomed marker, when first seen
         while True:
             found = await self._look(digest)
+            if found is None or not found.doomed:
+                self._markers.pop(digest, None)
             if found is None:
                 if await self._write(digest, body, attributes, "create"):
                     return
@@ -204,11 +210,13 @@ class S3BlobStore(BlobStore):
                 continue
             # A collector is removing it: let it finish, then write the blob again.
             seen = time.monotonic()
+            marker = self._markers.get(digest)
             if marker is None or marker[0] != found.etag:
-                marker = (found.etag, seen)
+                self._markers[digest] = (found.etag, seen)
             elif (seen - marker[1]) * 1000 >= self.takeover_ms:
                 # The collector stopped between its marker and its delete.
                 if await self._write(digest, body, attributes, {"e_tag": found.etag}):
+                    self._markers.pop(digest, None)
                     return
                 continue
             await asyncio.sleep(_POLL_S)

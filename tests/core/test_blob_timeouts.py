@@ -247,3 +247,37 @@ async def test_a_bounded_store_refuses_bad_input_as_such(tmp_path: Path) -> None
     await store.put(blob_digest(data), data)
     assert await store.get(blob_digest(data)) == data
     assert await store.get(blob_digest(b'"y"')) is None
+
+
+async def test_a_bounded_s3_put_on_a_marker_left_behind_is_taken_over_on_retry(
+    s3_endpoint: str,
+) -> None:
+    """A put waits ``takeover_ms`` on a marker a collector left before taking it over; a
+    bound shorter than that ends the put first. The store remembers when it first saw the
+    marker, so a retry once ``takeover_ms`` has passed takes it over (otherwise every
+    retry would wait from the start, and time out, until a collection came)."""
+    from s3_support import new_bucket, s3_url
+
+    from siglo.s3 import S3BlobStore
+
+    url = s3_url(s3_endpoint, new_bucket(s3_endpoint))
+    collector = open_blob_store(url)
+    inner = open_blob_store(url + "&takeover_ms=600")
+    assert isinstance(collector, S3BlobStore) and isinstance(inner, S3BlobStore)
+    writer = bounded(inner, TIGHT_MS)
+    data = b'{"large":"value"}'
+    digest = blob_digest(data)
+    await writer.put(digest, data)
+
+    async def dies_before_delete(digest: str) -> None:
+        raise StorageAdapterError("the collector stopped")
+
+    collector._remove = dies_before_delete  # type: ignore[method-assign]
+    with pytest.raises(StorageAdapterError, match="stopped"):
+        await collector.delete_stale(digest, int(time.time() * 1000) + LATER_MS)
+    await _fails_in_time(writer.put(digest, data), OutcomeUnknownError)
+    await asyncio.sleep(0.4)  # 0.3 s waited, 0.4 s more: past takeover_ms since first seen
+    began = time.monotonic()
+    await writer.put(digest, data)
+    assert time.monotonic() - began < TIGHT_MS / 1000
+    assert await writer.get(digest) == data
