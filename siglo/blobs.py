@@ -98,6 +98,11 @@ class BlobStore(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027  (a hook: most stores hold nothing)
         """Release what the store holds (nothing, for the built-in ones)."""
 
+    def use_grace(self, grace_ms: int) -> None:  # noqa: B027  (a hook: most ignore it)
+        """Be told the collector's grace period (the settings' ``blob_grace_ms``) when
+        opened for a backend; a store whose refresh of a blob is costly (S3) spaces its
+        refreshes by it. Nothing, for the others."""
+
 
 class MemoryBlobStore(BlobStore):
     """Blobs in this process's memory (tests, ``memory://`` backends)."""
@@ -332,6 +337,10 @@ class BoundedBlobStore(BlobStore):
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def use_grace(self, grace_ms: int) -> None:
+        """Tell the wrapped store (:meth:`BlobStore.use_grace`)."""
+        self.inner.use_grace(grace_ms)
 
     async def aclose(self) -> None:
         """Close the wrapped store (bounded too: a stalled server does not hold a close)."""

@@ -91,7 +91,10 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         # The blob store's calls are storage calls of this backend: the same bound.
         # (A backend without a bound of its own still has the settings'.)
         bound = command_timeout_ms(url, options) if spec.bounded else settings.command_timeout_ms
-        store = bounded(open_blob_store(settings.blob_url), bound)
+        store = open_blob_store(settings.blob_url)
+        # Its puts are spaced by the grace period the collector keeps blobs for.
+        store.use_grace(settings.blob_grace_ms)
+        store = bounded(store, bound)
         offloader = Offloader(store, settings.offload_min_bytes)
         backend.adapter = offload_adapter(backend.adapter, offloader)
     backend.use_pipeline(Pipeline(settings))

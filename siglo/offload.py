@@ -31,7 +31,7 @@ import orjson
 from siglo.adapter import StorageAdapter
 from siglo.blobs import BlobStore, blob_digest
 from siglo.checkpoint import Checkpoint
-from siglo.config import Settings
+from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
@@ -53,9 +53,10 @@ REF_KEY: Final = "$siglo.blob"
 """The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
 value stored as that blob."""
 
-DEFAULT_GRACE_MS: Final = 3_600_000
+DEFAULT_GRACE_MS: Final = DEFAULT_BLOB_GRACE_MS
 """How long past its keep-until an unreferenced blob is kept by :func:`collect_blobs`
-(1 h): longer than any save takes between putting a blob and storing its reference."""
+(1 h, the default of the settings' ``blob_grace_ms``): longer than any save takes between
+putting a blob and storing its reference."""
 
 _RETRY_S: Final = 0.05
 

@@ -20,12 +20,12 @@ from siglo.urls import mask_credentials, query_names
 @click.option(
     "--grace-ms",
     type=click.IntRange(min=0),
-    default=DEFAULT_GRACE_MS,
-    show_default=True,
-    help="Keep an unreferenced blob this long past its last put (or its cache entry's end).",
+    default=None,
+    help="Keep an unreferenced blob this long past its last put (or its cache entry's end); "
+    f"default: the settings' blob_grace_ms ({DEFAULT_GRACE_MS} unless set).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None:
+def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) -> None:
     """Remove blobs of the settings' blob_url that no live checkpoint references."""
     settings = cli_settings()
     if settings.blob_url is None:
@@ -34,6 +34,7 @@ def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None
             "set blob_url (and offload_min_bytes) in siglo.toml or $SIGLO_BLOB_URL",
         )
     blob_url = settings.blob_url
+    grace = settings.blob_grace_ms if grace_ms is None else grace_ms
 
     async def run() -> Collected:
         resolved = resolve_url(url)
@@ -46,7 +47,7 @@ def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None
             require(backend, Capability.LISTING)
             store = bounded(open_blob_store(blob_url), bound)
             try:
-                return await collect_blobs(backend.adapter, store, grace_ms=grace_ms)
+                return await collect_blobs(backend.adapter, store, grace_ms=grace)
             finally:
                 await store.aclose()
 
