@@ -165,6 +165,14 @@ async def test_a_postgres_blob_store_behind_a_lock_is_bounded(tmp_path: Path) ->
             ),
             StorageAdapterError,
         )
+        # Cancelled in the server, not left waiting on the lock to run later.
+        await asyncio.sleep(0.2)
+        waiting = await locker.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND pid <> pg_backend_pid() AND query LIKE %s",
+            (f"%{schema}%",),
+        )
+        assert await waiting.fetchone() == (0,)
         await locker.execute("ROLLBACK")
         stored = await adapter.inner.get_checkpoint("a")
         assert stored is not None and stored.revision == 1
