@@ -47,6 +47,7 @@ __all__ = [
     "collect_blobs",
     "offload_adapter",
     "references",
+    "resolving",
 ]
 
 REF_KEY: Final = "$siglo.blob"
@@ -218,6 +219,16 @@ class OffloadAdapter(PipelineAdapter):
         keep = int(time.time() * 1000) + (ttl if ttl is not None else DEFAULTS.cache_ttl_ms)
         stored = await self.offloader.value_out(value, keep)
         await self.inner.set_cached_step(key, stored, ttl_ms)
+
+
+def resolving(adapter: StorageAdapter) -> StorageAdapter:
+    """What ``adapter`` stores, with offloaded values read back: the pipeline's adapters
+    in front are looked through down to the :class:`OffloadAdapter` (or, with nothing
+    offloaded, the backend's own adapter). ``siglo export`` writes from it, so a dump
+    carries values, never references to a blob store the target may not share."""
+    while isinstance(adapter, PipelineAdapter) and not isinstance(adapter, OffloadAdapter):
+        adapter = adapter.inner
+    return adapter
 
 
 _CLASSES: dict[type[StorageAdapter], type[OffloadAdapter]] = {}
