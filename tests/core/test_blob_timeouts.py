@@ -33,7 +33,7 @@ from siglo.connect import command_timeout_ms
 from siglo.errors import InvalidArgumentError, OutcomeUnknownError, StorageAdapterError
 from siglo.offload import OffloadAdapter, collect_blobs
 
-pytestmark = pytest.mark.rule("blobs.offload", "blobs.collect")
+pytestmark = pytest.mark.rule("blobs.bounded", "blobs.offload", "blobs.collect")
 
 TIGHT_MS = 300
 BOUND_S = 4.0

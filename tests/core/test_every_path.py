@@ -656,7 +656,7 @@ async def test_every_path_is_bounded_by_the_settings_timeout(name: str, home: Pa
         assert took < BOUND_S, f"{name} took {took:.1f} s to fail (bound {BOUND_S} s)"
 
 
-@pytest.mark.rule("manager.redaction")
+@pytest.mark.rule("manager.redaction", "blobs.bounded")
 async def test_the_offloaded_path_is_bounded_when_its_blob_store_stalls(home: Path) -> None:
     """The offloaded path's own store is bounded by the same setting: a SQLite backend
     that answers, its blob store a Redis behind a proxy that freezes, and the tight
