@@ -31,7 +31,7 @@ from siglo.blobs import BoundedBlobStore, blob_digest, bounded, open_blob_store
 from siglo.config import Settings
 from siglo.connect import command_timeout_ms
 from siglo.errors import InvalidArgumentError, OutcomeUnknownError, StorageAdapterError
-from siglo.offload import OffloadAdapter, collect_blobs
+from siglo.offload import OffloadAdapter, Offloader, collect_blobs, offload_adapter
 
 pytestmark = pytest.mark.rule("blobs.bounded", "blobs.offload", "blobs.collect")
 
@@ -72,10 +72,12 @@ async def _proxied_blob_url(
         yield s3_url(f"http://{proxy.url_host}", bucket), proxy
 
 
-async def _fails_in_time(call: Any, error: type[BaseException]) -> BaseException:
+async def _fails_in_time(
+    call: Any, error: type[BaseException], hung_s: float = 30
+) -> BaseException:
     began = time.monotonic()
     with pytest.raises(error) as failed:
-        await asyncio.wait_for(call, 30)
+        await asyncio.wait_for(call, hung_s)
     took = time.monotonic() - began
     assert took < BOUND_S, f"took {took:.1f} s to fail: {failed.value!r}"
     assert "command_timeout_ms=300" in str(failed.value), failed.value
@@ -294,3 +296,23 @@ async def test_a_bounded_s3_put_on_a_marker_left_behind_is_taken_over_on_retry(
     await writer.put(digest, data)
     assert time.monotonic() - began < TIGHT_MS / 1000
     assert await writer.get(digest) == data
+
+
+async def test_the_check_catches_an_unbounded_blob_store(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The check above fails a blob store that is not bounded (as every store was): the
+    load hangs on the stalled store instead of failing with siglo's timeout."""
+    async with _proxied_blob_url("redis", request) as (blob_url, proxy):
+        settings = Settings(command_timeout_ms=TIGHT_MS)
+        backend = siglo.connect(f"sqlite:///{tmp_path / 'app.db'}", settings=settings)
+        unbounded = open_blob_store(blob_url)
+        backend.adapter = offload_adapter(backend.adapter, Offloader(unbounded, 1_024))
+        try:
+            await backend.adapter.save_checkpoint(_cp("a", 1, BIG))
+            proxy.freeze()
+            with pytest.raises(TimeoutError):  # the check's own limit, not siglo's bound
+                await _fails_in_time(backend.adapter.get_checkpoint("a"), StorageAdapterError, 2)
+        finally:
+            proxy.cut()
+            await backend.aclose()
