@@ -31,7 +31,7 @@ import orjson
 from siglo.adapter import StorageAdapter
 from siglo.blobs import BlobStore, blob_digest
 from siglo.checkpoint import Checkpoint
-from siglo.config import Settings
+from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
@@ -47,15 +47,17 @@ __all__ = [
     "collect_blobs",
     "offload_adapter",
     "references",
+    "resolving",
 ]
 
 REF_KEY: Final = "$siglo.blob"
 """The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
 value stored as that blob."""
 
-DEFAULT_GRACE_MS: Final = 3_600_000
+DEFAULT_GRACE_MS: Final = DEFAULT_BLOB_GRACE_MS
 """How long past its keep-until an unreferenced blob is kept by :func:`collect_blobs`
-(1 h): longer than any save takes between putting a blob and storing its reference."""
+(1 h, the default of the settings' ``blob_grace_ms``): longer than any save takes between
+putting a blob and storing its reference."""
 
 _RETRY_S: Final = 0.05
 
@@ -217,6 +219,16 @@ class OffloadAdapter(PipelineAdapter):
         keep = int(time.time() * 1000) + (ttl if ttl is not None else DEFAULTS.cache_ttl_ms)
         stored = await self.offloader.value_out(value, keep)
         await self.inner.set_cached_step(key, stored, ttl_ms)
+
+
+def resolving(adapter: StorageAdapter) -> StorageAdapter:
+    """What ``adapter`` stores, with offloaded values read back: the pipeline's adapters
+    in front are looked through down to the :class:`OffloadAdapter` (or, with nothing
+    offloaded, the backend's own adapter). ``siglo export`` writes from it, so a dump
+    carries values, never references to a blob store the target may not share."""
+    while isinstance(adapter, PipelineAdapter) and not isinstance(adapter, OffloadAdapter):
+        adapter = adapter.inner
+    return adapter
 
 
 _CLASSES: dict[type[StorageAdapter], type[OffloadAdapter]] = {}

@@ -287,6 +287,7 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
     _core("plugins.url-options", "an unknown URL option is refused at once, naming it"),
     _core("blobs.offload", "large values go to the blob store and read back"),
     _core("blobs.collect", "the collector leaves no orphan blob and no dangling reference"),
+    _core("blobs.bounded", "blob store calls are bounded by the backend's command_timeout_ms"),
 )
 """The rules as written, before their versions are filled in."""
 
@@ -327,6 +328,8 @@ _SINCE: Final[dict[str, str]] = {
         ),
         "1.3",
     ),
+    # Issue 34's follow-up: the blob store under the one configuration.
+    "blobs.bounded": "1.4",
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (
