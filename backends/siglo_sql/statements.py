@@ -25,7 +25,7 @@ from sqlalchemy.engine import Dialect
 
 from siglo_sql.schema import ID_PREFIX, Tables
 
-__all__ = ["LIVE", "Statements", "build_statements", "exact_match", "many_ids"]
+__all__ = ["LIVE", "Statements", "build_statements", "exact_match", "many_ids", "new_bodies"]
 
 LIVE = "(gone_at IS NULL OR gone_at > :now)"
 """A row that has not expired at ``:now``."""
@@ -60,6 +60,17 @@ class Statements:
     cp_delete: str
     cp_delete_expected: str
     parts_digests: str
+    """The digests of a checkpoint's stored parts and the row's version, read after its
+    compare-and-set: ``(digest, version)`` rows, one per part (one row with a ``NULL``
+    digest when it has none). The version is PostgreSQL's ``xmin`` (the transaction
+    that wrote the row, as text; ``cp_update_parts`` compares it), ``NULL`` on SQLite."""
+    cp_update_parts: str | None
+    """Where the dialect has writable CTEs (PostgreSQL): an incremental save of a row this
+    adapter knows, in one statement (siglo_sql.parts): the compare-and-set of the row on
+    its revision *and* the version it knows (``:version``), the insert of the new bodies
+    (``{bodies}``: :func:`new_bodies`) and the delete of the dropped ones (``:dropped``);
+    answers the new version, no row when refused. A template, to be completed and
+    converted with :meth:`~siglo_sql.database.Database.sql`."""
     parts_get: str
     parts_insert: str
     parts_delete: str
@@ -123,6 +134,16 @@ def many_ids(n: int) -> str:
     return ", ".join(f":id{i}" for i in range(n))
 
 
+def new_bodies(n: int) -> str:
+    """The ``{bodies}`` of ``cp_update_parts`` for ``n`` new bodies: ``VALUES (:digest0,
+    :body0), …`` (no rows for none). One parameter each: the same bodies passed as two
+    ``bytea[]`` arrays through ``unnest`` took 0.3 ms more per 16 KB body."""
+    if not n:
+        return "SELECT CAST(NULL AS bytea), CAST(NULL AS bytea) WHERE false"
+    pairs = ", ".join(f"(CAST(:digest{i} AS bytea), CAST(:body{i} AS bytea))" for i in range(n))
+    return f"VALUES {pairs}"
+
+
 def exact_match(dialect_name: str) -> Callable[[str], str]:
     """How a query compares a whole id beside its indexed prefix ``substr(col, 1, N)``.
 
@@ -161,7 +182,9 @@ def build_statements(
     assert tables.checkpoint_parts is not None, "statements need the current schema"
     sections = (
         _checkpoints(name(tables.checkpoints), for_update),
-        _checkpoint_parts(name(tables.checkpoint_parts)),
+        _checkpoint_parts(
+            name(tables.checkpoints), name(tables.checkpoint_parts), writable_ctes=writable_ctes
+        ),
         _checkpoint_loads(name(tables.checkpoints), name(tables.checkpoint_parts)),
         _wait_records(
             name(tables.wait_records),
@@ -175,7 +198,7 @@ def build_statements(
         _locks(name(tables.locks)),
         _nonces(name(tables.nonces)),
     )
-    templates = {"cp_get_many", "cp_load_many", "cp_list"}
+    templates = {"cp_get_many", "cp_load_many", "cp_list", "cp_update_parts"}
     statements: dict[str, Any] = {}
     for section in sections:
         for key, text in section.items():
@@ -290,9 +313,16 @@ def _checkpoint_loads(cp: str, parts: str) -> dict[str, str | None]:
     }
 
 
-def _checkpoint_parts(parts: str) -> dict[str, str | None]:
-    return {
-        "parts_digests": f"SELECT digest FROM {parts} WHERE id = :id",
+def _checkpoint_parts(cp: str, parts: str, *, writable_ctes: bool) -> dict[str, str | None]:
+    # PostgreSQL's xmin names the version of a row: the transaction that wrote it, which
+    # no later write of the row keeps (SQLite has nothing like it, nor needs it: there
+    # the save's transaction reads the digests in-process for a few microseconds).
+    version = "c.xmin::text" if writable_ctes else "NULL"
+    out: dict[str, str | None] = {
+        "parts_digests": (
+            f"SELECT p.digest, {version} FROM {cp} c LEFT JOIN {parts} p ON p.id = c.id "
+            "WHERE c.id = :id"
+        ),
         "parts_get": f"SELECT digest, body FROM {parts} WHERE id = :id",
         # A digest names its body: a row already there is the same bytes.
         "parts_insert": (
@@ -300,7 +330,29 @@ def _checkpoint_parts(parts: str) -> dict[str, str | None]:
             "ON CONFLICT (id, digest) DO NOTHING"
         ),
         "parts_delete": f"DELETE FROM {parts} WHERE id = :id AND digest = :digest",
+        "cp_update_parts": None,
     }
+    if writable_ctes:
+        # One statement, one round trip, its own transaction. Its parts are those of the
+        # version the saver knows: a row whose xmin is :version was written by the
+        # transaction that stored them, committed before this statement's snapshot, and
+        # nothing has written the row since (a later write would have a later xmin; the
+        # compare-and-set re-checks it on the newest version after waiting for a lock).
+        # So the snapshot's parts of that id are the ones the saver knows, and the new
+        # bodies and dropped digests it sends are exactly what changes.
+        out["cp_update_parts"] = (
+            f"WITH up AS (UPDATE {cp} SET revision = :revision, status = :status, "
+            "gone_at = :gone_at, document = :document, workflow_id = :workflow_id, "
+            "updated_at = :updated_at, expires_at = :expires_at, parts = :parts "
+            f"WHERE id = :id AND revision = :expected AND {LIVE} "
+            "AND xmin = CAST(:version AS xid) RETURNING id, xmin), "
+            f"ins AS (INSERT INTO {parts} (id, digest, body) SELECT up.id, n.digest, n.body "
+            "FROM up, ({bodies}) AS n(digest, body) ON CONFLICT (id, digest) DO NOTHING), "
+            f"del AS (DELETE FROM {parts} p USING up WHERE p.id = up.id "
+            "AND p.digest = ANY(CAST(:dropped AS bytea[]))) "
+            "SELECT xmin::text FROM up"
+        )
+    return out
 
 
 # -- wait records --------------------------------------------------------------------------
