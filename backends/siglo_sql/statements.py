@@ -25,7 +25,16 @@ from sqlalchemy.engine import Dialect
 
 from siglo_sql.schema import ID_PREFIX, Tables
 
-__all__ = ["LIVE", "Statements", "build_statements", "exact_match", "many_ids", "new_bodies"]
+__all__ = [
+    "LIVE",
+    "Statements",
+    "build_statements",
+    "exact_match",
+    "gone_digests",
+    "many_ids",
+    "new_bodies",
+    "part_rows",
+]
 
 LIVE = "(gone_at IS NULL OR gone_at > :now)"
 """A row that has not expired at ``:now``."""
@@ -73,7 +82,12 @@ class Statements:
     converted with :meth:`~siglo_sql.database.Database.sql`."""
     parts_get: str
     parts_insert: str
+    """A template: the new bodies of a save, ``{rows}`` standing for ``(:id, :digest0,
+    :body0), …`` (:func:`part_rows`), to be completed and converted with
+    :meth:`~siglo_sql.database.Database.sql`: one statement for all of them."""
     parts_delete: str
+    """A template: the parts a save no longer names, ``{digests}`` standing for
+    ``:gone0, :gone1, …`` (:func:`gone_digests`)."""
     cp_streamed: dict[str, str] | None
     """Where the dialect has writable CTEs: ``cp_save_forward``, ``cp_insert_if_absent``
     and ``cp_update_expected`` (the keys), each with one context change's ``ctx_set`` in
@@ -132,6 +146,16 @@ class Statements:
 def many_ids(n: int) -> str:
     """The ``{ids}`` of ``cp_get_many`` for ``n`` ids: ``:id0, :id1, …``."""
     return ", ".join(f":id{i}" for i in range(n))
+
+
+def part_rows(n: int) -> str:
+    """The ``{rows}`` of ``parts_insert`` for ``n`` bodies: ``(:id, :digest0, :body0), …``."""
+    return ", ".join(f"(:id, :digest{i}, :body{i})" for i in range(n))
+
+
+def gone_digests(n: int) -> str:
+    """The ``{digests}`` of ``parts_delete`` for ``n`` digests: ``:gone0, :gone1, …``."""
+    return ", ".join(f":gone{i}" for i in range(n))
 
 
 def new_bodies(n: int) -> str:
@@ -198,7 +222,14 @@ def build_statements(
         _locks(name(tables.locks)),
         _nonces(name(tables.nonces)),
     )
-    templates = {"cp_get_many", "cp_load_many", "cp_list", "cp_update_parts"}
+    templates = {
+        "cp_get_many",
+        "cp_load_many",
+        "cp_list",
+        "cp_update_parts",
+        "parts_insert",
+        "parts_delete",
+    }
     statements: dict[str, Any] = {}
     for section in sections:
         for key, text in section.items():
@@ -326,10 +357,10 @@ def _checkpoint_parts(cp: str, parts: str, *, writable_ctes: bool) -> dict[str, 
         "parts_get": f"SELECT digest, body FROM {parts} WHERE id = :id",
         # A digest names its body: a row already there is the same bytes.
         "parts_insert": (
-            f"INSERT INTO {parts} (id, digest, body) VALUES (:id, :digest, :body) "
+            f"INSERT INTO {parts} (id, digest, body) VALUES {{rows}} "
             "ON CONFLICT (id, digest) DO NOTHING"
         ),
-        "parts_delete": f"DELETE FROM {parts} WHERE id = :id AND digest = :digest",
+        "parts_delete": f"DELETE FROM {parts} WHERE id = :id AND digest IN ({{digests}})",
         "cp_update_parts": None,
     }
     if writable_ctes:
