@@ -34,7 +34,14 @@ from siglo_sql.database import Database, Params, Plan
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
-from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, BodyCache, Split, assemble, split
+from siglo_sql.parts import (
+    DEFAULT_INCREMENTAL_MIN_BYTES,
+    DIGEST_BYTES,
+    BodyCache,
+    Split,
+    assemble,
+    split,
+)
 from siglo_sql.rows import checkpoint_row, wait_from_row, wait_id, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import (
@@ -215,7 +222,7 @@ class SqlStorageAdapter(StorageAdapter):
             key = "cp_update_expected"
         least = self.incremental_min_bytes
         if streamed is None and least is not None and len(checkpoint.to_json()) >= least:
-            await self._save_in_parts(checkpoint, row, getattr(s, key), release)
+            await self._save_in_parts(checkpoint, row, key, release)
             return
         if streamed is None:
             save: tuple[str, Params] = (getattr(s, key), row)
@@ -249,8 +256,9 @@ class SqlStorageAdapter(StorageAdapter):
     async def _save_in_parts(
         self, checkpoint: Checkpoint, row: dict[str, Any], save: str, release: Hold | None
     ) -> None:
-        """The compare-and-set of the row (its skeleton and parts list) and the writes of
-        the contexts that changed, in one transaction (siglo_sql.parts).
+        """The compare-and-set of the row (its skeleton and parts list; ``save`` names its
+        statement) and the writes of the contexts that changed, in one transaction
+        (siglo_sql.parts).
 
         Where the dialect allows it (PostgreSQL) and this adapter wrote the version of the
         row the save replaces (:attr:`_versions`), that is one statement
@@ -263,7 +271,7 @@ class SqlStorageAdapter(StorageAdapter):
         key = row["id"]
         s = self._s
         known = None
-        if s.cp_update_parts is not None and save == s.cp_update_expected:
+        if s.cp_update_parts is not None and save == "cp_update_expected":
             known = self._versions.pop(key, None)
         if known is not None and release is None:
             rows = await self.database.write(*self._known_save(row, cut, *known))
@@ -339,7 +347,15 @@ class SqlStorageAdapter(StorageAdapter):
                 saved = True
                 self._remember(key, found[0][0], cut)
         if not saved:
-            if not (yield save, row):
+            version = None
+            if s.cp_parts_saves is not None:
+                # SQLite: the compare-and-set answers the digests stored (its RETURNING
+                # reads them in the write transaction, which no other writer can enter).
+                found = yield s.cp_parts_saves[save], row
+                stored_hex = found[0][0] if found else None
+            else:
+                found = yield getattr(s, save), row
+            if not found:
                 found = yield s.cp_current_revision, row
                 raise CheckpointConflictError(
                     checkpoint.stack_id,
@@ -347,10 +363,19 @@ class SqlStorageAdapter(StorageAdapter):
                     row["expected"],
                     checkpoint.revision,
                 )
-            # Read after the compare-and-set, which holds the row: what is stored now is
-            # what this save replaces, whoever wrote it.
-            read = yield s.parts_digests, {"id": key}
-            stored = {bytes(r[0]) for r in read if r[0] is not None}
+            if s.cp_parts_saves is not None:
+                packed = bytes.fromhex(stored_hex or "")
+                stored = {
+                    packed[at : at + DIGEST_BYTES] for at in range(0, len(packed), DIGEST_BYTES)
+                }
+            else:
+                # Read after the compare-and-set, which holds the row: what is stored now
+                # is what this save replaces, whoever wrote it (in a statement of its
+                # own: PostgreSQL's RETURNING would read the statement's snapshot, older
+                # than a save it waited for).
+                read = yield s.parts_digests, {"id": key}
+                stored = {bytes(r[0]) for r in read if r[0] is not None}
+                version = read[0][1] if read else None
             # One statement for the new bodies and one for the dropped ones (each a few
             # hundred at most): a statement each cost SQLite 5-7 us, PostgreSQL a round
             # trip.
@@ -367,7 +392,7 @@ class SqlStorageAdapter(StorageAdapter):
                 chunk = gone[at : at + _PER_STATEMENT]
                 params = {"id": key, **{f"gone{i}": d for i, d in enumerate(chunk)}}
                 yield self._template("parts_delete", len(chunk)), params
-            self._remember(key, read[0][1] if read else None, cut)
+            self._remember(key, version, cut)
         if release is not None:
             lease = release.lease
             yield self.workflow_lock.release_statement(lease.key, lease.token)

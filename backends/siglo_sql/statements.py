@@ -73,6 +73,12 @@ class Statements:
     compare-and-set: ``(digest, version)`` rows, one per part (one row with a ``NULL``
     digest when it has none). The version is PostgreSQL's ``xmin`` (the transaction
     that wrote the row, as text; ``cp_update_parts`` compares it), ``NULL`` on SQLite."""
+    cp_parts_saves: dict[str, str] | None
+    """Where a statement's ``RETURNING`` reads within its write transaction (SQLite):
+    ``cp_save_forward``, ``cp_insert_if_absent`` and ``cp_update_expected`` (the keys)
+    answering, instead of ``1``, the hex digests of the row's stored parts run together
+    (``NULL`` for none): an incremental save's compare-and-set and its read of what it
+    replaces in one statement."""
     cp_update_parts: str | None
     """Where the dialect has writable CTEs (PostgreSQL): an incremental save of a row this
     adapter knows, in one statement (siglo_sql.parts): the compare-and-set of the row on
@@ -235,6 +241,15 @@ def build_statements(
         for key, text in section.items():
             statements[key] = text if text is None or key in templates else style(text)
     statements["cp_streamed"] = None
+    statements["cp_parts_saves"] = None
+    if not writable_ctes:
+        named = {k: v for section in sections for k, v in section.items()}
+        cp, parts = name(tables.checkpoints), name(tables.checkpoint_parts)
+        stored = f"(SELECT group_concat(hex(digest), '') FROM {parts} WHERE {parts}.id = {cp}.id)"
+        statements["cp_parts_saves"] = {
+            key: style((named[key] or "").replace(" RETURNING 1", f" RETURNING {stored}"))
+            for key in ("cp_save_forward", "cp_insert_if_absent", "cp_update_expected")
+        }
     if writable_ctes:
         named = {k: v for section in sections for k, v in section.items()}
         ctx_set = _NAME.sub(r":ctx_\1", named["ctx_set"] or "")
