@@ -276,7 +276,7 @@ class SqlStorageAdapter(StorageAdapter):
         if known is not None and release is None:
             rows = await self.database.write(*self._known_save(row, cut, *known))
             if rows:
-                self._remember(key, rows[0][0], cut)
+                self._remember(key, rows[0][0], frozenset(cut.bodies))
                 return
             known = None  # refused: the save made the long way says why
         try:
@@ -318,12 +318,12 @@ class SqlStorageAdapter(StorageAdapter):
             sql = self._templates[(name, n)] = self.database.sql(text)
         return sql
 
-    def _remember(self, key: bytes, version: str | None, cut: Split) -> None:
-        """Note that the row ``key`` at ``version`` stores the parts of ``cut``."""
+    def _remember(self, key: bytes, version: str | None, digests: frozenset[bytes]) -> None:
+        """Note that the row ``key`` at ``version`` stores the parts named ``digests``."""
         if version is None:  # SQLite: no versions, nothing to remember
             return
         self._versions.pop(key, None)  # the newest last
-        self._versions[key] = (version, frozenset(cut.bodies))
+        self._versions[key] = (version, digests)
         while len(self._versions) > _VERSIONS:
             self._versions.pop(next(iter(self._versions)))
 
@@ -345,7 +345,7 @@ class SqlStorageAdapter(StorageAdapter):
             found = yield self._known_save(row, cut, *known)
             if found:
                 saved = True
-                self._remember(key, found[0][0], cut)
+                self._remember(key, found[0][0], frozenset(cut.bodies))
         if not saved:
             version = None
             if s.cp_parts_saves is not None:
@@ -392,7 +392,7 @@ class SqlStorageAdapter(StorageAdapter):
                 chunk = gone[at : at + _PER_STATEMENT]
                 params = {"id": key, **{f"gone{i}": d for i, d in enumerate(chunk)}}
                 yield self._template("parts_delete", len(chunk)), params
-            self._remember(key, version, cut)
+            self._remember(key, version, frozenset(cut.bodies))
         if release is not None:
             lease = release.lease
             yield self.workflow_lock.release_statement(lease.key, lease.token)
@@ -538,6 +538,9 @@ class SqlStorageAdapter(StorageAdapter):
         # row names is there (else the read starts again, as a two-statement read would).
         data = assemble(bytes(got[0]), bytes(got[1]), got[2])
         if data is not None:
+            # Every part the row names came with it, and no others (one snapshot): the
+            # version read and these digests are what a save of it replaces.
+            self._remember(key, got[3], frozenset(got[2]))
             return Checkpoint.from_json(data)
         return await self._whole(key, *_document(got))
 
@@ -851,11 +854,11 @@ replaced it between reading its row and its parts."""
 
 
 def _with_bodies(rows: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """``(document, parts, {digest: body})`` of a checkpoint read with ``cp_load``:
-    ``(document, parts, digest, body)`` rows, one per part."""
+    """``(document, parts, {digest: body}, version)`` of a checkpoint read with
+    ``cp_load``: ``(document, parts, digest, body, version)`` rows, one per part."""
     first = rows[0]
     bodies = {bytes(r[2]): bytes(r[3]) for r in rows if r[2] is not None}
-    return (first[0], first[1], bodies)
+    return (first[0], first[1], bodies, first[4])
 
 
 def _document(row: Sequence[Any]) -> tuple[bytes, bytes | None]:

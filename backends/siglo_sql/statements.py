@@ -55,11 +55,13 @@ class Statements:
     completed and converted with :meth:`~siglo_sql.database.Database.sql`."""
     cp_get_fallback: str
     cp_load: str
-    """``cp_get`` with the checkpoint's parts: ``(document, parts, digest, body)`` rows,
-    one per part (one row with ``NULL`` digest and body for a document stored whole), in
-    one statement, so the row and its parts are one snapshot."""
+    """``cp_get`` with the checkpoint's parts: ``(document, parts, digest, body, version)``
+    rows, one per part (one row with ``NULL`` digest and body for a document stored
+    whole), in one statement, so the row and its parts are one snapshot; ``version`` as
+    in ``parts_digests``."""
     cp_load_many: str
-    """A template like ``cp_get_many``: ``(id, document, parts, digest, body)`` rows."""
+    """A template like ``cp_get_many``: ``(id, document, parts, digest, body, version)``
+    rows."""
     cp_get_for_cancel: str
     cp_set_cancelled: str
     cp_clean_batch: str
@@ -215,7 +217,9 @@ def build_statements(
         _checkpoint_parts(
             name(tables.checkpoints), name(tables.checkpoint_parts), writable_ctes=writable_ctes
         ),
-        _checkpoint_loads(name(tables.checkpoints), name(tables.checkpoint_parts)),
+        _checkpoint_loads(
+            name(tables.checkpoints), name(tables.checkpoint_parts), writable_ctes=writable_ctes
+        ),
         _wait_records(
             name(tables.wait_records),
             name(tables.wait_latest),
@@ -343,17 +347,21 @@ def _checkpoints(cp: str, for_update: str) -> dict[str, str | None]:
     }
 
 
-def _checkpoint_loads(cp: str, parts: str) -> dict[str, str | None]:
+def _checkpoint_loads(cp: str, parts: str, *, writable_ctes: bool) -> dict[str, str | None]:
     # The checkpoint row and its parts in one statement: a load of a document saved in
     # parts took a second statement (on PostgreSQL a second round trip) to read them.
-    # The row's columns repeat on each part's row; the skeleton is small.
+    # The row's columns repeat on each part's row; the skeleton is small. Last, the
+    # row's version (PostgreSQL's xmin, as parts_digests reads it): a save of what was
+    # loaded can then be one statement (cp_update_parts).
     join = f"FROM {cp} c LEFT JOIN {parts} p ON c.parts IS NOT NULL AND p.id = c.id"
+    version = "c.xmin::text" if writable_ctes else "NULL"
     return {
         "cp_load": (
-            f"SELECT c.document, c.parts, p.digest, p.body {join} WHERE c.id = :id AND {LIVE}"
+            f"SELECT c.document, c.parts, p.digest, p.body, {version} {join} "
+            f"WHERE c.id = :id AND {LIVE}"
         ),
         "cp_load_many": (
-            f"SELECT c.id, c.document, c.parts, p.digest, p.body {join} "
+            f"SELECT c.id, c.document, c.parts, p.digest, p.body, {version} {join} "
             f"WHERE c.id IN ({{ids}}) AND {LIVE}"
         ),
     }

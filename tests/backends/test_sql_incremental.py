@@ -151,6 +151,25 @@ async def test_a_row_rewritten_by_another_writer_is_read_before_its_save_on_post
         assert await _digests(backend) == set(split(_doc(4, 6, changed=5)).bodies)
 
 
+async def test_a_save_of_the_version_it_loaded_is_one_statement_on_postgres() -> None:
+    # Another writer saved; this adapter loads that version, then saves over it: the
+    # load read the row's version with its parts, so the save is one statement.
+    async with open_backend("postgres") as backend:
+        a: Any = backend.raw_adapter
+        async with siglo.connect(POSTGRES_URL, schema=a.schema) as other:
+            await other.adapter.save_checkpoint(_doc(1, 6))
+            await other.adapter.save_checkpoint(_doc(2, 6, changed=1), expected_revision=1)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == _doc(2, 6, changed=1).to_json()
+        calls = _count_calls(backend)
+        mine = _doc(3, 7, changed=2)
+        await a.save_checkpoint(mine, expected_revision=2)
+        assert await _digests(backend) == set(split(mine).bodies)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        assert calls == {"write": 1, "run_plan": 0}
+
+
 async def test_an_unlocking_save_of_a_known_version_releases_the_lock_on_postgres() -> None:
     # The action's last save with the lock's release: the one statement and the release
     # in one transaction; the lock is free afterwards and the parts are the new ones.
