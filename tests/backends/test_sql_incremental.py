@@ -170,6 +170,36 @@ async def test_a_save_of_the_version_it_loaded_is_one_statement_on_postgres() ->
         assert calls == {"write": 1, "run_plan": 0}
 
 
+async def test_a_save_in_parts_is_three_statements_on_sqlite() -> None:
+    # The compare-and-set answers the digests stored (RETURNING), then one INSERT of the
+    # new bodies and one DELETE of the dropped ones, whatever their number.
+    async with open_backend("sqlite-file") as backend:
+        a: Any = backend.raw_adapter
+        await a.save_checkpoint(_doc(1, 8))
+        sent: list[str] = []
+        plan = a.database.run_plan
+
+        async def recorded(steps: Any) -> None:
+            def each() -> Any:
+                step = next(steps)
+                try:
+                    while True:
+                        sent.append(step[0].split(" ")[0])
+                        step = steps.send((yield step))
+                except StopIteration:
+                    return
+
+            await plan(each())
+
+        a.database.run_plan = recorded
+        mine = _doc(2, 10, changed=3)  # step-3 changed, step-8 and step-9 added
+        await a.save_checkpoint(mine, expected_revision=1)
+        assert sent == ["UPDATE", "INSERT", "DELETE"]
+        assert await _digests(backend) == set(split(mine).bodies)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+
+
 async def test_an_unlocking_save_of_a_known_version_releases_the_lock_on_postgres() -> None:
     # The action's last save with the lock's release: the one statement and the release
     # in one transaction; the lock is free afterwards and the parts are the new ones.
