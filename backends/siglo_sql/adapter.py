@@ -129,14 +129,17 @@ class SqlStorageAdapter(StorageAdapter):
             )
         self.incremental_min_bytes = incremental_min_bytes
         self._bodies = BodyCache()
+        """The context bodies this adapter saved last, so unchanged ones are not hashed."""
         self._versions: dict[bytes, tuple[str, frozenset[bytes]]] = {}
-        """By checkpoint row id, the version of the row this adapter wrote last (saved in
-        parts, on PostgreSQL: its ``xmin``) and the digests of its parts, oldest first:
-        what lets the next save of the row be one statement (``cp_update_parts``)."""
+        """By checkpoint row id, the version of the row this adapter saved or loaded last
+        (stored in parts, on PostgreSQL: its ``xmin``) and the digests of its parts,
+        oldest first: what lets the next save of the row be one statement
+        (``cp_update_parts``). At most :data:`_VERSION_DIGESTS` digests in all."""
+        self._versions_size = 0
+        """How many digests :attr:`_versions` holds (each row counting one more)."""
         self._templates: dict[tuple[str, int], str] = {}
         """Templates completed and converted, by name and number of rows
         (:meth:`_template`)."""
-        """The context bodies this adapter saved last, so unchanged ones are not hashed."""
         # Statements already in the driver's parameter style (converted at connect).
         self._s = statements
         self._cp_reads: KeyedReads | None = None
@@ -272,7 +275,7 @@ class SqlStorageAdapter(StorageAdapter):
         s = self._s
         known = None
         if s.cp_update_parts is not None and save == "cp_update_expected":
-            known = self._versions.pop(key, None)
+            known = self._forget(key)
         if known is not None and release is None:
             rows = await self.database.write(*self._known_save(row, cut, *known))
             if rows:
@@ -284,7 +287,7 @@ class SqlStorageAdapter(StorageAdapter):
                 self._parts_plan(checkpoint, row, save, cut, release, known)
             )
         except CheckpointConflictError:
-            self._versions.pop(key, None)
+            self._forget(key)
             raise
         if release is not None:
             release.released = True
@@ -322,10 +325,18 @@ class SqlStorageAdapter(StorageAdapter):
         """Note that the row ``key`` at ``version`` stores the parts named ``digests``."""
         if version is None:  # SQLite: no versions, nothing to remember
             return
-        self._versions.pop(key, None)  # the newest last
+        self._forget(key)  # the newest last
         self._versions[key] = (version, digests)
-        while len(self._versions) > _VERSIONS:
-            self._versions.pop(next(iter(self._versions)))
+        self._versions_size += len(digests) + 1
+        while self._versions_size > _VERSION_DIGESTS:
+            self._forget(next(iter(self._versions)))
+
+    def _forget(self, key: bytes) -> tuple[str, frozenset[bytes]] | None:
+        """Drop what :attr:`_versions` knows of row ``key``; what it knew."""
+        known = self._versions.pop(key, None)
+        if known is not None:
+            self._versions_size -= len(known[1]) + 1
+        return known
 
     def _parts_plan(
         self,
@@ -842,10 +853,10 @@ _PER_STATEMENT = 500
 """Parts inserted or deleted by one statement at most (three parameters a row: within
 SQLite's 32,766 and PostgreSQL's 65,535)."""
 
-_VERSIONS = 10_000
-"""Rows whose version :attr:`SqlStorageAdapter._versions` keeps at most (a few hundred
-bytes each): the least recently saved are forgotten first, and their next save reads
-what is stored."""
+_VERSION_DIGESTS = 100_000
+"""Digests :attr:`SqlStorageAdapter._versions` keeps at most, each row counting one more
+(about 100 bytes each: 10 MB at most): the rows least recently saved or loaded are
+forgotten first, and their next save reads what is stored."""
 
 
 _PART_READS = 10

@@ -200,6 +200,26 @@ async def test_a_save_in_parts_is_three_statements_on_sqlite() -> None:
         assert got is not None and got.to_json() == mine.to_json()
 
 
+async def test_versions_kept_are_bounded_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The versions remembered are bounded by their digests: past the bound the rows saved
+    # least recently are forgotten, and their next save reads what is stored.
+    import siglo_sql.adapter
+
+    monkeypatch.setattr(siglo_sql.adapter, "_VERSION_DIGESTS", 20)
+    async with open_backend("postgres") as backend:
+        a: Any = backend.raw_adapter
+        for stack in ("one", "two", "three"):  # 6 digests and the row: 7 each
+            await a.save_checkpoint(_doc(1, 6, stack=stack))
+        assert a._versions_size <= 20 and len(a._versions) == 2
+        calls = _count_calls(backend)
+        await a.save_checkpoint(_doc(2, 6, stack="one", changed=1), expected_revision=1)
+        assert calls == {"write": 0, "run_plan": 1}  # forgotten: the long way
+        await a.save_checkpoint(_doc(2, 6, stack="three", changed=1), expected_revision=1)
+        assert calls == {"write": 1, "run_plan": 1}  # remembered: one statement
+        got = await a.get_checkpoint("one")
+        assert got is not None and got.to_json() == _doc(2, 6, stack="one", changed=1).to_json()
+
+
 async def test_an_unlocking_save_of_a_known_version_releases_the_lock_on_postgres() -> None:
     # The action's last save with the lock's release: the one statement and the release
     # in one transaction; the lock is free afterwards and the parts are the new ones.
