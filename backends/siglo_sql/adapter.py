@@ -403,7 +403,8 @@ class SqlStorageAdapter(StorageAdapter):
                 chunk = gone[at : at + _PER_STATEMENT]
                 params = {"id": key, **{f"gone{i}": d for i, d in enumerate(chunk)}}
                 yield self._template("parts_delete", len(chunk)), params
-            self._remember(key, version, frozenset(cut.bodies))
+            if version is not None:  # PostgreSQL (SQLite has no versions to remember)
+                self._remember(key, version, frozenset(cut.bodies))
         if release is not None:
             lease = release.lease
             yield self.workflow_lock.release_statement(lease.key, lease.token)
