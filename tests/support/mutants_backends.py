@@ -75,12 +75,17 @@ class _SqlEdit(_Broken):
     FIELD: ClassVar[str]
     OLD: ClassVar[str]
     NEW: ClassVar[str] = ""
+    TEMPLATE: ClassVar[bool] = False
+    """``FIELD`` is a template, converted to the driver's style when completed: ``OLD``
+    and ``NEW`` are replaced as written."""
 
     def break_in(self) -> None:
         statements: Any = getattr(self, "_s")  # noqa: B009  (set by the real part's __init__)
         database: Any = getattr(self, "database", None) or getattr(self, "_db")  # noqa: B009
         text: str = getattr(statements, self.FIELD)
-        old, new = database.sql(self.OLD), database.sql(self.NEW)
+        old, new = self.OLD, self.NEW
+        if not self.TEMPLATE:
+            old, new = database.sql(old), database.sql(new)
         if old not in text:
             raise AssertionError(f"{type(self).__name__}: {old!r} is not in {self.FIELD}: {text}")
         edited = dataclasses.replace(statements, **{self.FIELD: text.replace(old, new, 1)})
@@ -157,6 +162,17 @@ class PostgresDeleteIgnoresExpected(_SqlEdit, PostgresStorageAdapter):
 
     FIELD = "cp_delete_expected"
     OLD = " AND revision = :expected"
+
+
+class PostgresPartsSaveIgnoresExpected(_SqlEdit, PostgresStorageAdapter):
+    """checkpoint.incremental: the one-statement save of a row version the adapter knows
+    (``cp_update_parts``) lost ``revision = :expected``: a large document's save that
+    expects a revision other than the stored one is stored, the row's version being the
+    one the adapter wrote."""
+
+    FIELD = "cp_update_parts"
+    OLD = " AND revision = :expected"
+    TEMPLATE = True
 
 
 class PostgresCompleteIgnoresOwner(_SqlEdit, SqlIdempotencyStore):
@@ -489,6 +505,12 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "postgres",
         PostgresDeleteIgnoresExpected,
         "delete ignores the expected revision",
+    ),
+    BackendMutant(
+        "checkpoint.incremental",
+        "postgres",
+        PostgresPartsSaveIgnoresExpected,
+        "the one-statement save of a known row version ignores the expected revision",
     ),
     BackendMutant(
         "idempotency.owner",
