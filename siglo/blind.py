@@ -197,9 +197,7 @@ async def list_matching(
             return CheckpointPage(found, cursor)
 
 
-async def scan_tokens(
-    raw: Listing, query: ListQuery, tokens: Mapping[str, str]
-) -> CheckpointPage:
+async def scan_tokens(raw: Listing, query: ListQuery, tokens: Mapping[str, str]) -> CheckpointPage:
     """A page of the live checkpoints that ``query`` lists and whose stored tokens
     include every one of ``tokens``, found by reading each listed stack's stored
     document (the reference answer of ``list_checkpoints_by_index``)."""

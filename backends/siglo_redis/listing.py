@@ -222,7 +222,7 @@ class CheckpointIndex:
                         # Saved since with another value of the field this set is of (or
                         # by a writer that keeps no sets): the member goes, unless the
                         # document changed again meanwhile.
-                        digest = hashlib.sha1(data).hexdigest()  # noqa: S324 (an identity)
+                        digest = hashlib.sha1(data).hexdigest()
                         await self._redis.script(TOKEN_PRUNE, [key, index], [member, digest])
                     continue
                 if checkpoint.is_expired(now) or not query.matches(checkpoint):

@@ -254,12 +254,16 @@ def _v7(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
                 "WHERE type = 'text' AND key IS NOT NULL"
             )
 
+        # SQLite runs a trigger's body only when its WHEN holds: a checkpoint that has
+        # and had no tokens costs the condition (one probe), not two statements.
+        had = f"EXISTS (SELECT 1 FROM {ix} WHERE id = OLD.id)"
         out += [
             f"CREATE TRIGGER {added} AFTER INSERT ON {cp} FOR EACH ROW "
             f"WHEN instr(NEW.document, {marker}) > 0 BEGIN {insert('NEW')}; END",
             f"CREATE TRIGGER {changed} AFTER UPDATE OF document ON {cp} FOR EACH ROW "
+            f"WHEN instr(NEW.document, {marker}) > 0 OR {had} "
             f"BEGIN DELETE FROM {ix} WHERE id = OLD.id; {insert('NEW')}; END",
-            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW "
+            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW WHEN {had} "
             f"BEGIN DELETE FROM {ix} WHERE id = OLD.id; END",
             # Stores migrated with checkpoints: their tokens from the stored metadata.
             insert("c").replace("FROM json_each(", f"FROM {cp} AS c, json_each(", 1),

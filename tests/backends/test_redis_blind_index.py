@@ -63,9 +63,7 @@ async def _ids(adapter: Any, tokens: dict[str, str], ns: str = "t", **query: Any
     out: list[str] = []
     cursor = None
     while True:
-        page = await adapter.list_checkpoints_by_index(
-            tokens, namespace=ns, cursor=cursor, **query
-        )
+        page = await adapter.list_checkpoints_by_index(tokens, namespace=ns, cursor=cursor, **query)
         out.extend(s.stack_id for s in page.items)
         if page.next_cursor is None:
             return out
@@ -135,7 +133,7 @@ async def test_a_walk_reads_the_matching_documents_only() -> None:
                 read.append(len(reply or ()))
             return reply
 
-        a._redis.call = call  # type: ignore[method-assign]
+        a._redis.call = call  # type: ignore[method-assign,assignment]
         try:
             assert await _ids(a, {"customer": "c7"}) == ["s0007", "s0507", "s1007", "s1507"]
         finally:

@@ -50,9 +50,7 @@ async def _ids(adapter: Any, tokens: dict[str, str], ns: str, **query: Any) -> l
     out: list[str] = []
     cursor = None
     while True:
-        page = await adapter.list_checkpoints_by_index(
-            tokens, namespace=ns, cursor=cursor, **query
-        )
+        page = await adapter.list_checkpoints_by_index(tokens, namespace=ns, cursor=cursor, **query)
         out.extend(s.stack_id for s in page.items)
         if page.next_cursor is None:
             return out

@@ -19,9 +19,9 @@ import mutants_values as v
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
+from siglo.blind import stored_tokens
 from siglo.coordination import LockResult
 from siglo.errors import InvalidArgumentError
-from siglo.blind import stored_tokens
 from siglo.listing import (
     CheckpointPage,
     CheckpointSummary,
