@@ -139,3 +139,36 @@ async def test_a_walk_reads_the_matching_documents_only() -> None:
         finally:
             del a._redis.call
         assert sum(read) == 4, read
+
+
+def test_cluster_sets_share_the_slot_of_their_checkpoints() -> None:
+    """On a cluster a set is per slot, tagged to it; where braces in the namespace or
+    prefix make a hash tag of their own the walk reads stack by stack instead."""
+    from siglo_redis.keys import KeySpace, hash_slot
+    from siglo_redis.listing import CheckpointIndex
+
+    for prefix in ("siglo:", "{siglo}:"):
+        keys = KeySpace(prefix)
+        index = CheckpointIndex(None, object(), keys)  # type: ignore[arg-type]
+        index.cluster = True
+        for ns in (None, "t", "checkpoint-token", "a{b}c"):
+            assert index.indexable(ns)
+            for stack in ("s1", "x{y}z", "q"):
+                checkpoint = _cp(stack, ns=ns or "t", customer="A:%B")
+                checkpoint = checkpoint.replace(namespace=ns)
+                key = keys.checkpoint(stack, ns)
+                (token_key,) = index.token_keys_of(checkpoint, key)
+                assert hash_slot(token_key) == hash_slot(key)
+                assert token_key.endswith("customer:A%3A%25B")
+        # A whole tag in the prefix pins every key to one slot; else an opening brace in
+        # the namespace without its closing one (or an empty tag) gives the checkpoint
+        # keys another slot than their sets'.
+        tagged = prefix.startswith("{")
+        assert index.indexable("a{b") == tagged
+        assert index.indexable("a{}b") == tagged
+        odd = _cp("s}1", ns="a{b", customer="A")
+        key = keys.checkpoint("s}1", "a{b")
+        found = index.token_keys_of(odd, key)
+        assert found == [] if not tagged else hash_slot(found[0]) == hash_slot(key)
+    index = CheckpointIndex(None, object(), KeySpace())  # type: ignore[arg-type]
+    assert not index.cluster and index.indexable("a{b")
