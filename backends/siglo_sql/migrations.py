@@ -231,9 +231,13 @@ def _v7(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
             "END $$",
             f"CREATE TRIGGER {added} AFTER INSERT ON {cp} FOR EACH ROW "
             f"WHEN (position({marker} in NEW.document) > 0) EXECUTE FUNCTION {fn}()",
+            # A row whose old and new documents have no tokens has no index rows (every
+            # write goes through these triggers), so the function is not even called.
             f"CREATE TRIGGER {changed} AFTER UPDATE OF document ON {cp} FOR EACH ROW "
-            f"EXECUTE FUNCTION {fn}()",
-            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW EXECUTE FUNCTION {fn}()",
+            f"WHEN (position({marker} in NEW.document) > 0 "
+            f"OR position({marker} in OLD.document) > 0) EXECUTE FUNCTION {fn}()",
+            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW "
+            f"WHEN (position({marker} in OLD.document) > 0) EXECUTE FUNCTION {fn}()",
             # Stores migrated with checkpoints: their tokens from the stored metadata.
             f"INSERT INTO {ix} (id, field, token) SELECT c.id, e.key, e.value #>> '{{}}' "
             f"FROM (SELECT id, document FROM {cp} WHERE position({marker} in document) > 0) "
