@@ -2,8 +2,8 @@
 backend"): a store with the triggers beside one with them dropped.
 
     # SQLite, instructions: run under callgrind with 200 and 2,200 saves, subtract
-    PYTHONHASHSEED=0 valgrind --tool=callgrind python -m benchmarks.experiments.blind_index_triggers \\
-        sqlite triggers|none 0|1 200
+    PYTHONHASHSEED=0 valgrind --tool=callgrind \\
+        python -m benchmarks.experiments.blind_index_triggers sqlite triggers|none 0|1 200
     # PostgreSQL, the server's execution time of the UPDATE (EXPLAIN ANALYZE, interleaved)
     python -m benchmarks.experiments.blind_index_triggers postgres
 """
@@ -57,7 +57,7 @@ async def postgres_updates(rounds: int = 25) -> None:
         isolated(POSTGRES_URL, checkpoint_ttl_ms=None) as second,
     ):
         await _drop_triggers(second.raw_adapter)
-        stores = {"triggers": first.raw_adapter, "none": second.raw_adapter}
+        stores: dict[str, Any] = {"triggers": first.raw_adapter, "none": second.raw_adapter}
         async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as conn:
             for size in (1_000, 256_000):
                 for tokens in (False, True):
