@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
-from siglo.blind import list_matching
+from siglo.blind import check_tokens, list_matching, scan_tokens
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.coordination import Lock
@@ -492,6 +492,40 @@ class StorageAdapter(Closable):
         self._require_open()
         return await self._do_list_checkpoints(query)
 
+    async def list_checkpoints_by_index(
+        self,
+        tokens: Mapping[str, str],
+        *,
+        namespace: str | None,
+        status: str | Iterable[str] | None = None,
+        workflow_id: str | None = None,
+        updated_before: int | None = None,
+        updated_after: int | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> CheckpointPage:
+        """A page of the live checkpoints of ``namespace`` that pass the other filters and
+        whose stored blind-index tokens (the metadata's ``$sigloIndex``, written by the
+        pipeline: :mod:`siglo.blind`) hold every ``field: token`` of ``tokens``.
+
+        Tokens are per namespace, so the namespace is named (``None``: un-namespaced).
+        Paging is ``list_checkpoints``' (a stack is never returned twice in one walk). A
+        backend answers it from an index kept in step with every write (the SQL backends,
+        Redis) or by reading each listed stack (:func:`siglo.blind.scan_tokens`, the
+        default)."""
+        wanted = check_tokens(tokens)
+        query = _check_list_arguments(
+            namespace=namespace,
+            status=status,
+            workflow_id=workflow_id,
+            updated_before=updated_before,
+            updated_after=updated_after,
+            limit=limit,
+            cursor=cursor,
+        )
+        self._require_open()
+        return await self._do_list_by_index(query, wanted)
+
     async def delete_checkpoint(
         self,
         stack_id: str,
@@ -530,6 +564,10 @@ class StorageAdapter(Closable):
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
         raise self._unsupported("list_checkpoints")
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        # No index of its own: read each stack the listing passes.
+        return await scan_tokens(self, query, tokens)
 
     async def _do_delete_checkpoint(
         self, stack_id: str, namespace: str | None, expected_revision: int | None

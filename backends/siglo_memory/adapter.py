@@ -10,6 +10,7 @@ from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
+from siglo.blind import stored_tokens
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import (
@@ -177,6 +178,20 @@ class MemoryStorageAdapter(StorageAdapter):
     # -- operating what is stored -----------------------------------------------------
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        return self._walk(query, lambda checkpoint: True)
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        # The reference: the listing, keeping the stacks whose stored tokens hold the
+        # filter's (no index: the other backends keep one to get the same answer fast).
+        return self._walk(
+            query,
+            lambda checkpoint: all(
+                stored_tokens(checkpoint.metadata).get(field) == value
+                for field, value in tokens.items()
+            ),
+        )
+
+    def _walk(self, query: ListQuery, keep: Callable[[Checkpoint], bool]) -> CheckpointPage:
         # The walk's order: (namespace or "", stack id). "" is no namespace's name, so
         # the un-namespaced stacks come first and no two stacks share a position.
         after = None if query.cursor is None else tuple(decode_cursor(query.cursor, 2))
@@ -187,7 +202,7 @@ class MemoryStorageAdapter(StorageAdapter):
             if (after is not None and position <= after) or not entry.live(now):
                 continue
             checkpoint = Checkpoint.from_json(entry.data)
-            if query.matches(checkpoint):
+            if query.matches(checkpoint) and keep(checkpoint):
                 found.append((position, CheckpointSummary.of(checkpoint)))
         found.sort(key=lambda item: item[0])
         page = found[: query.limit]

@@ -211,7 +211,7 @@ class RedisStorageAdapter(StorageAdapter):
         await self._index.register(shard)
         reply = await self._redis.script(
             CHECKPOINT_CAS,
-            [key, self._index.key(shard)],
+            [key, self._index.key(shard), *self._index.token_keys_of(checkpoint, key)],
             [
                 data,
                 checkpoint.revision,
@@ -268,6 +268,7 @@ class RedisStorageAdapter(StorageAdapter):
             order,
         ]
         keys = [key, self._index.key(shard), parts_key]
+        keys += self._index.token_keys_of(checkpoint, key)
         outcome = 3
         for sent in (known, frozenset()):  # then every body, if one believed kept is not
             pairs: list[bytes | str] = []
@@ -418,6 +419,8 @@ class RedisStorageAdapter(StorageAdapter):
             index = self._index.key(self._index.shard_of(key))
             member = member_of(checkpoint.stack_id, checkpoint.namespace)
             await self._redis.call("ZADD", self.client.zadd(index, {member: 0}))
+            for token_key in self._index.token_keys_of(checkpoint, key):
+                await self._redis.call("ZADD", self.client.zadd(token_key, {member: 0}))
             if await swap(self._redis, key, stored_data, data, "" if px is None else px):
                 return
         raise StorageAdapterError(
@@ -469,6 +472,13 @@ class RedisStorageAdapter(StorageAdapter):
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
         return await self._index.page(query, now_ms())
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        assert query.namespace is not MISSING  # list_checkpoints_by_index names one
+        if not self._index.indexable(query.namespace):
+            # Braces in the namespace on a cluster: its stacks have no sets.
+            return await super()._do_list_by_index(query, tokens)
+        return await self._index.page(query, now_ms(), tokens)
 
     async def _do_delete_checkpoint(
         self, stack_id: str, namespace: str | None, expected_revision: int | None

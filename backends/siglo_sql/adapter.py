@@ -32,7 +32,7 @@ from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database, Params, Plan
 from siglo_sql.keys import at_most, row_id
-from siglo_sql.listing import cursor_of, page_conditions, summary_of
+from siglo_sql.listing import cursor_of, indexed_list, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
 from siglo_sql.parts import (
     DEFAULT_INCREMENTAL_MIN_BYTES,
@@ -45,6 +45,7 @@ from siglo_sql.parts import (
 from siglo_sql.rows import checkpoint_row, wait_from_row, wait_id, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import (
+    LIVE,
     Statements,
     gone_digests,
     many_ids,
@@ -154,6 +155,8 @@ class SqlStorageAdapter(StorageAdapter):
             )
         self._cp_list: dict[str, str] = {}
         """``cp_list`` completed and converted, by the shape of its conditions."""
+        self._cp_list_indexed: dict[str, str] = {}
+        """Filtered listings (:func:`siglo_sql.listing.indexed_list`), by shape."""
         # The workflow lock is a lease row like any lock, in its own scope. Its lease
         # runs on wall time: it only frees the lock of a crashed holder (the memory
         # model's lock never expires), so a test moving a ManualClock must not free it.
@@ -594,6 +597,32 @@ class SqlStorageAdapter(StorageAdapter):
         if sql is None:  # a shape of conditions not seen yet: converted once
             sql = self._cp_list[where] = db.sql(self._s.cp_list.format(where=where))
         # One row more than the page tells whether another page follows.
+        params.update(now=self.clock.now_ms(), limit=query.limit + 1)
+        rows = await db.fetch(sql, params)
+        page = rows[: query.limit]
+        more = len(rows) > query.limit
+        return CheckpointPage([summary_of(r) for r in page], cursor_of(page[-1]) if more else None)
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        db = self.database
+        where, params = page_conditions(query, db.dialect_name, table="c", keyset="t0.id")
+        shape = f"{len(tokens)}:{where}"
+        sql = self._cp_list_indexed.get(shape)
+        if sql is None:  # a shape not seen yet: completed and converted once
+            tables = build_tables(self.table_prefix, self.schema)
+            assert tables.checkpoint_tokens is not None
+            name = db.sa_dialect.identifier_preparer.format_table
+            text = indexed_list(
+                name(tables.checkpoints),
+                name(tables.checkpoint_tokens),
+                len(tokens),
+                where,
+                LIVE.replace("gone_at", "c.gone_at"),
+            )
+            sql = self._cp_list_indexed[shape] = db.sql(text)
+        for i, (field, token) in enumerate(sorted(tokens.items())):
+            params[f"field{i}"] = field
+            params[f"token{i}"] = token
         params.update(now=self.clock.now_ms(), limit=query.limit + 1)
         rows = await db.fetch(sql, params)
         page = rows[: query.limit]

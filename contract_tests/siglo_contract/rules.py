@@ -224,6 +224,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "a walk under concurrent writes never returns a stack twice",
     ),
     _a(
+        "list.by-index",
+        _C.LISTING,
+        "a walk by blind-index tokens lists exactly the live stacks holding them now",
+    ),
+    _a(
         "delete.stack",
         _C.DELETION,
         "delete removes the checkpoint, wait records, context streams",
@@ -330,6 +335,8 @@ _SINCE: Final[dict[str, str]] = {
     ),
     # Issue 34's follow-up: the blob store under the one configuration.
     "blobs.bounded": "1.4",
+    # Issue 33, part A: the blind index answered by the backend.
+    **dict.fromkeys(("list.by-index",), "1.4"),
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

@@ -19,9 +19,16 @@ import mutants_values as v
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
+from siglo.blind import stored_tokens
 from siglo.coordination import LockResult
 from siglo.errors import InvalidArgumentError
-from siglo.listing import CheckpointPage, ListQuery, decode_cursor, encode_cursor
+from siglo.listing import (
+    CheckpointPage,
+    CheckpointSummary,
+    ListQuery,
+    decode_cursor,
+    encode_cursor,
+)
 from siglo.manager import StorageManager
 from siglo.records import CacheEvent, ContextChangeEvent
 from siglo_contract.target import Target
@@ -953,6 +960,55 @@ class ListsExpired(MemoryStorageAdapter):
                     self._checkpoints[key].gone_at = gone_at
 
 
+class TokensOfTheFirstSave(MemoryStorageAdapter):
+    """The blind-index entry of a stack is written by its first save only: after its
+    value changes, a walk by tokens still finds it under the old token."""
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+        first: dict[Any, dict[str, str]] = self.__dict__.setdefault("_first_tokens", {})
+        first.setdefault(
+            (checkpoint.namespace, checkpoint.stack_id), stored_tokens(checkpoint.metadata)
+        )
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        first: dict[Any, dict[str, str]] = self.__dict__.get("_first_tokens", {})
+        return self._walk(
+            query,
+            lambda cp: all(
+                first.get((cp.namespace, cp.stack_id), {}).get(f) == v for f, v in tokens.items()
+            ),
+        )
+
+
+class TokensOutliveDelete(MemoryStorageAdapter):
+    """A delete leaves the stack's blind-index entry: a walk by its token still lists the
+    deleted stack."""
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+        kept: dict[Any, Checkpoint] = self.__dict__.setdefault("_kept_tokens", {})
+        kept[(checkpoint.namespace, checkpoint.stack_id)] = checkpoint
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        page = await super()._do_list_by_index(query, tokens)
+        if page.next_cursor is not None:
+            return page
+        kept: dict[Any, Checkpoint] = self.__dict__.get("_kept_tokens", {})
+        ghosts = [
+            CheckpointSummary.of(cp)
+            for key, cp in sorted(kept.items(), key=lambda item: str(item[0]))
+            if key not in self._checkpoints
+            and query.matches(cp)
+            and all(stored_tokens(cp.metadata).get(f) == v for f, v in tokens.items())
+        ]
+        return CheckpointPage([*page.items, *ghosts], None)
+
+
 class OffsetPages(MemoryStorageAdapter):
     """Pages by offset into the sorted stacks: a stack saved or deleted before the
     position shifts every later one."""
@@ -1235,6 +1291,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("list.hidden", "expired checkpoints are listed", adapter=ListsExpired),
     _m("list.concurrent", "offset pagination", adapter=OffsetPages),
+    _m(
+        "list.by-index",
+        "a stack's token is not updated when its value changes",
+        adapter=TokensOfTheFirstSave,
+    ),
+    _m("list.by-index", "a delete leaves the stack's token entry", adapter=TokensOutliveDelete),
     _m(
         "delete.stack",
         "wait records outlive their stack",

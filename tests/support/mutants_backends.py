@@ -92,6 +92,28 @@ class _SqlEdit(_Broken):
         self._s = edited
 
 
+class SqliteTokensKeptOnChange(_Broken, SqliteStorageAdapter):
+    """list.by-index: the trigger on a checkpoint's update adds its new blind-index
+    tokens but keeps the old ones, so a stack stays listed under a value it no longer
+    has. (Installed by the first filtered listing: a trigger is schema, not a statement.)"""
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        if not getattr(self, "_trigger_broken", False):
+            self._trigger_broken = True
+            prefix = self.table_prefix
+            marker = "X'" + b'"$sigloIndex"'.hex().upper() + "'"
+            await self.database.fetch(f"DROP TRIGGER {prefix}checkpoint_tokens_changed")
+            await self.database.fetch(
+                f"CREATE TRIGGER {prefix}checkpoint_tokens_changed AFTER UPDATE OF document "
+                f"ON {prefix}checkpoints FOR EACH ROW BEGIN INSERT OR IGNORE INTO "
+                f"{prefix}checkpoint_tokens (id, field, token) SELECT NEW.id, key, value "
+                f"FROM json_each(CASE WHEN instr(NEW.document, {marker}) > 0 THEN "
+                "CAST(NEW.document AS TEXT) ELSE '{}' END, '$.metadata.\"$sigloIndex\"') "
+                "WHERE type = 'text' AND key IS NOT NULL; END"
+            )
+        return await super()._do_list_by_index(query, tokens)
+
+
 class SqliteClaimIgnoresDeadline(_SqlEdit, SqliteStorageAdapter):
     """wait.claim.expired: the claim ``UPDATE`` lost its deadline condition."""
 
@@ -324,6 +346,15 @@ class RedisCasAcceptsStaleExpected(_ScriptEdit, RedisStorageAdapter):
     NEW = "won = (stored or 0) >= expected"
 
 
+class RedisTokensNotIndexed(_ScriptEdit, RedisStorageAdapter):
+    """list.by-index: the compare-and-set script writes the checkpoint but never adds it
+    to the blind-index sets of its tokens."""
+
+    SCRIPT = CHECKPOINT_CAS
+    OLD = "  for i = 3, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end\n"
+    NEW = ""
+
+
 class RedisCasAllowsEqual(_ScriptEdit, RedisStorageAdapter):
     """checkpoint.occ.monotonic: a plain save wins on ``>=``, so the stored revision can
     be written again."""
@@ -485,6 +516,18 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "the CAS UPDATE ignores the expected revision",
     ),
     BackendMutant("list.hidden", "sqlite", SqliteListsExpired, "the listing shows expired rows"),
+    BackendMutant(
+        "list.by-index",
+        "sqlite",
+        SqliteTokensKeptOnChange,
+        "the update trigger keeps a checkpoint's old tokens",
+    ),
+    BackendMutant(
+        "list.by-index",
+        "redis",
+        RedisTokensNotIndexed,
+        "the CAS script never adds a checkpoint to its token sets",
+    ),
     BackendMutant("cache.expiry", "sqlite", SqliteCacheReadsExpired, "the cache reads expired"),
     BackendMutant(
         "wait.complete.claimant", "sqlite", SqliteAnyoneCompletes, "anyone completes a claim"
