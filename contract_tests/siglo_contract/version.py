@@ -43,7 +43,10 @@ CONTRACT_HISTORY: Final[dict[str, str]] = {
     "deletes that spare a re-run, with_lock's bounded wait, encoded payloads stored "
     "byte-faithfully, the document size guard, incremental saves, URL options refused, "
     "offloaded values and their collection (issues 31, 33, 34)",
-    "1.4": "blob stores bounded by the backend's command_timeout_ms (issue 34); listings by blind-index tokens that follow every write (issue 33)",
+    "1.4": (
+        "blob stores bounded by the backend's command_timeout_ms (issue 34); "
+        "listings by blind-index tokens that follow every write (issue 33)"
+    ),
 }
 """What each version added or changed (CHANGELOG.md, "Contract", tells the same)."""
 
