@@ -28,7 +28,7 @@ from siglo.coordination import Lock
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
 from siglo.listing import check_list_arguments as _check_list_arguments
-from siglo.locking import run_with_lock, workflow_lock_key
+from siglo.locking import namespaced_key, run_with_lock, workflow_lock_key
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -417,18 +417,27 @@ class StorageAdapter(Closable):
 
     # -- 4. step cache ---------------------------------------------------------------
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        """The cached value, or :data:`~siglo.MISSING` (a cached ``None`` is a hit)."""
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any | Missing:
+        """The value cached under ``key`` in ``namespace``, or :data:`~siglo.MISSING` (a
+        cached ``None`` is a hit). Each namespace has its own entries: a key cached in one
+        is a miss in another and without a namespace. The backend's
+        ``_do_get_cached_step`` is given :func:`siglo.locking.namespaced_key` (the key
+        itself when there is no namespace)."""
         require_id("key", key)
+        require_optional_id("namespace", namespace)
         self._require_open()
-        return await self._do_get_cached_step(key)
+        return await self._do_get_cached_step(namespaced_key(key, namespace))
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        """Cache ``value`` for ``ttl_ms`` (``None``: the adapter's default)."""
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
+        """Cache ``value`` under ``key`` in ``namespace`` for ``ttl_ms`` (``None``: the
+        adapter's default); see :meth:`get_cached_step`."""
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        require_optional_id("namespace", namespace)
         self._require_open()
-        await self._do_set_cached_step(key, value, ttl_ms)
+        await self._do_set_cached_step(namespaced_key(key, namespace), value, ttl_ms)
 
     # -- 5. telemetry ------------------------------------------------------------------
 

@@ -327,8 +327,16 @@ def _change_location(namespace: str | None, stack_id: str, step: str, key: str) 
     return Location(namespace, stack_id, "context", orjson.dumps([step, key]).decode())
 
 
-def _step_location(key: str) -> Location:
-    return Location(None, key, "step", "value")
+def _step_location(key: str, namespace: str | None = None) -> Location:
+    # A namespaced entry is bound to its namespace: encrypted under that namespace's key
+    # (so erasing it makes the entry unreadable) with the namespace in the associated data.
+    return Location(namespace, key, "step", "value")
+
+
+def _in_namespace(namespace: str | None) -> dict[str, Any]:
+    """The ``namespace`` keyword of a step-cache call, left out without a namespace: an
+    adapter written before cache entries had namespaces is still called as it was."""
+    return {} if namespace is None else {"namespace": namespace}
 
 
 def _result_location(key: str) -> Location:
@@ -571,15 +579,19 @@ class PipelineAdapter(StorageAdapter):
 
     # -- step cache and telemetry --------------------------------------------------------
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        found = await self.inner.get_cached_step(key)
-        return (
-            found if found is MISSING else await self.codecs.sealer.open(found, _step_location(key))
-        )
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any | Missing:
+        found = await self.inner.get_cached_step(key, **_in_namespace(namespace))
+        if found is MISSING:
+            return found
+        return await self.codecs.sealer.open(found, _step_location(key, namespace))
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        sealed = await self.codecs.sealer.seal(self.pipeline.value_out(value), _step_location(key))
-        await self.inner.set_cached_step(key, sealed, ttl_ms)
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
+        sealed = await self.codecs.sealer.seal(
+            self.pipeline.value_out(value), _step_location(key, namespace)
+        )
+        await self.inner.set_cached_step(key, sealed, ttl_ms, **_in_namespace(namespace))
 
     async def on_cache_event(self, event: CacheEvent) -> None:
         await self.inner.on_cache_event(event)

@@ -137,6 +137,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
     _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),
     _a("cache.expiry", _C.STEP_CACHE, "a value past its TTL is MISSING"),
     _a(
+        "cache.namespaced",
+        _C.STEP_CACHE,
+        "a key cached in one namespace is a miss in another and without a namespace",
+    ),
+    _a(
         "context.stream",
         _C.CONTEXT_STREAM,
         "context changes read back as the latest value per field",
@@ -327,6 +332,8 @@ _SINCE: Final[dict[str, str]] = {
         ),
         "1.3",
     ),
+    # Issue 33, part B: cached steps belong to their namespace (erased with its key).
+    **dict.fromkeys(("cache.namespaced",), "1.4"),
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

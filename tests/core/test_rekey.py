@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from ops_support import DURABLE_KINDS, shared_store
 from raw_storage import raw_bytes
@@ -22,11 +23,11 @@ from raw_storage import raw_bytes
 import siglo
 from siglo.checkpoint import Checkpoint
 from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
-from siglo.errors import CheckpointConflictError, KeyErasedError
+from siglo.errors import CheckpointConflictError, DecryptionError, KeyErasedError
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.rekeying import rekey
-from siglo.sealing import SEALED_KEY
+from siglo.sealing import SEALED_KEY, Location
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "rekey-SECRET-90aa"
@@ -276,3 +277,58 @@ async def test_erase_needs_envelope_keys(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert b"needs envelope keys (master_key)" in done.stderr
+
+
+@pytest.mark.rule("cache.namespaced")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_erasure_reaches_a_tenants_cached_steps(kind: str, tmp_path: Path) -> None:
+    """A flow run in tenant T caches its step under T's key, bound to T: the same step and
+    input in tenant U is U's own entry (the step runs again), and once T is erased its
+    cached output no longer decrypts — U's still does."""
+    env = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    settings = Settings(master_key=env["SIGLO_MASTER_KEY"])
+    ran: list[str] = []
+
+    async def charge(order: Any) -> dict[str, Any]:
+        ran.append(order["tenant"])
+        return {"card": f"{SECRET}-{order['tenant']}"}
+
+    run = siglo.flow(
+        siglo.Step.create("charge", charge).cache(ttl_ms=600_000, key=lambda _: "order-1"),
+        name="erase-cache",
+    )
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        async with siglo.connect(backend.url, settings=settings) as app:
+            # What a release before namespaced entries cached for one of the runs: the key
+            # alone. A namespaced run misses it rather than serve it to any tenant.
+            await app.adapter.set_cached_step("order-1", {"card": "stale"}, 600_000)
+            manager = siglo.StorageManager(app, settings=settings)
+            for tenant in ("gone", "kept"):
+                await run.run({"tenant": tenant}, manager=manager, stack_id="r1", namespace=tenant)
+            assert ran == ["gone", "kept"]  # one entry per tenant, not one shared
+            await run.run({"tenant": "gone"}, manager=manager, stack_id="r2", namespace="gone")
+            assert ran == ["gone", "kept"]  # a hit in its own tenant
+        raw = backend.raw_adapter
+        stored = {ns: await raw.get_cached_step("order-1", namespace=ns) for ns in ("gone", "kept")}
+        old = await raw.get_cached_step("order-1")
+        assert isinstance(old, dict) and SEALED_KEY in old  # the old entry, kept apart
+        assert all(SECRET.encode() not in orjson.dumps(v) for v in stored.values())
+        assert SECRET.encode() not in await raw_bytes(kind, backend)
+
+        erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
+        assert erased.returncode == 0, erased.stderr.decode()
+
+        fresh = piped(backend, settings)
+        sealer = fresh.codecs.sealer
+        with pytest.raises(KeyErasedError):
+            await sealer.open(stored["gone"], Location("gone", "order-1", "step", "value"))
+        # Whatever of it is still stored does not decrypt either; the other tenant's reads.
+        left = await raw.get_cached_step("order-1", namespace="gone")
+        if left is not siglo.MISSING:
+            with pytest.raises(KeyErasedError):
+                await fresh.get_cached_step("order-1", namespace="gone")
+        kept = await fresh.get_cached_step("order-1", namespace="kept")
+        assert kept == {"card": f"{SECRET}-kept"}
+        # A ciphertext of one tenant copied under another's entry does not decrypt there.
+        with pytest.raises(DecryptionError):
+            await sealer.open(stored["kept"], Location("other", "order-1", "step", "value"))

@@ -725,6 +725,19 @@ class CacheIgnoresTtl(MemoryStorageAdapter):
         await super()._do_set_cached_step(key, value, None)
 
 
+class CacheIgnoresNamespace(MemoryStorageAdapter):
+    """The step cache drops the namespace: tenant B reads tenant A's cached step
+    output (issue 33)."""
+
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any:
+        return await super().get_cached_step(key)
+
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
+        await super().set_cached_step(key, value, ttl_ms)
+
+
 class IgnoresContextDeletes(MemoryStorageAdapter):
     async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         if isinstance(event, ContextChangeEvent) and event.op == "delete":
@@ -1168,6 +1181,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("cache.miss", "a miss is None", adapter=MissIsNone),
     _m("cache.expiry", "TTLs are ignored", adapter=CacheIgnoresTtl),
+    _m(
+        "cache.namespaced",
+        "the step cache ignores the namespace",
+        adapter=CacheIgnoresNamespace,
+    ),
     _m("context.stream", "deletes are ignored", adapter=IgnoresContextDeletes),
     _m(
         "cache-events.accepted",
