@@ -282,3 +282,20 @@ def namespaced_key(key: str, namespace: str | None) -> str:
         digest = hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
         joined = f"{_NAMESPACED}sha256:{digest}"
     return joined
+
+
+def split_namespaced_key(stored: str) -> tuple[str, str | None] | None:
+    """The key and namespace that :func:`namespaced_key` joined into ``stored``; ``None``
+    for the digest of a pair too long to join (it cannot be read back)."""
+    if not stored.startswith(_NAMESPACED):
+        return stored, None
+    rest = stored[len(_NAMESPACED) :]
+    if rest.startswith(_NAMESPACED):
+        return rest, None
+    length, colon, tail = rest.partition(":")
+    if not colon or not length.isdigit() or length != str(int(length)):
+        return None  # "@sha256:<digest>"
+    size = int(length)
+    if len(tail) <= size or tail[size] != ":":
+        return None
+    return tail[size + 1 :], tail[:size]

@@ -26,6 +26,7 @@ from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
 from siglo.errors import CheckpointConflictError, DecryptionError, KeyErasedError
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
+from siglo.records import WaitRecord
 from siglo.rekeying import rekey
 from siglo.sealing import SEALED_KEY, Location
 
@@ -97,6 +98,25 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
             ),
             expected_revision=0,
         )
+        # Stand-alone wait records and cached steps written in clear: one waiting, one
+        # claimed with an event payload; a cached step of a tenant's run and one without.
+        await clear.save_wait_record(
+            WaitRecord(
+                correlation_key="w1",
+                stack_id="plain",
+                namespace="t1",
+                metadata={"who": SECRET},
+                event_payload={"card": SECRET},
+            )
+        )
+        await clear.save_wait_record(
+            WaitRecord(correlation_key="w2", stack_id="w2", namespace="t2")
+        )
+        await clear.claim_wait_record(
+            "w2", "worker", event_payload={"card": SECRET}, namespace="t2"
+        )
+        await clear.set_cached_step("charge", {"card": SECRET}, 600_000, namespace="t1")
+        await clear.set_cached_step("charge", {"card": SECRET}, 600_000)
         first = piped(backend, Settings(encryption_keys={"k1": old}))
         for n in range(3):
             await first.save_checkpoint(
@@ -113,6 +133,11 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         done = run_siglo(tmp_path, "rekey", backend.url, env=env)
         assert done.returncode == 0, done.stderr.decode()
         assert b"rekeyed 4 checkpoint(s); 0 already under the current key" in done.stdout
+        # Redis keeps the seed's copy of a wait record at its stack id's key: rekeyed too.
+        waits = 3 if kind == "redis" else 2
+        assert f"rekeyed {waits} stand-alone wait record(s); 0 already".encode() in done.stdout
+        assert b"rekeyed 2 cached step(s); 0 already under the current key" in done.stdout
+        assert b"idempotency result(s) not rekeyed" in done.stderr
         if kind == "sqlite":
             # The old row versions stay in SQLite's free pages and WAL until it compacts:
             # what docs/encryption.md tells a user turning encryption on to run.
@@ -126,9 +151,20 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         strict = piped(backend, Settings(encryption_keys={"k2": new}, require_encryption=True))
         found = await strict.get_checkpoint("plain", "t1", fallback=False)
         assert found is not None and found.metadata == {"who": SECRET}
+        wait = await strict.get_wait_record("w1", namespace="t1")
+        assert wait is not None and wait.event_payload == {"card": SECRET}
+        assert wait.metadata == {"who": SECRET}
+        claimed = await strict.get_wait_record("w2", namespace="t2")
+        assert claimed is not None and claimed.status == "claimed"
+        assert claimed.claimant_id == "worker" and claimed.event_payload == {"card": SECRET}
+        for ns in ("t1", None):
+            cached = await strict.get_cached_step("charge", namespace=ns)
+            assert cached == {"card": SECRET}
         # Resumable: a second run finds everything current.
         again = run_siglo(tmp_path, "rekey", backend.url, env=env)
         assert b"rekeyed 0 checkpoint(s); 4 already under the current key" in again.stdout
+        assert f"rekeyed 0 stand-alone wait record(s); {waits} already".encode() in again.stdout
+        assert b"rekeyed 0 cached step(s); 2 already under the current key" in again.stdout
 
 
 @pytest.mark.rule("pipeline.encryption")
@@ -332,3 +368,79 @@ async def test_erasure_reaches_a_tenants_cached_steps(kind: str, tmp_path: Path)
         # A ciphertext of one tenant copied under another's entry does not decrypt there.
         with pytest.raises(DecryptionError):
             await sealer.open(stored["kept"], Location("other", "order-1", "step", "value"))
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_rekeying_waits_and_cached_steps_under_concurrent_writers_loses_nothing(
+    kind: str,
+) -> None:
+    """Rotations while workers claim and complete stand-alone wait records (with event
+    payloads) and sets replace cached steps: every rewrite of the rekey is a
+    compare-and-set on the bytes it read, so no claim, completion or set is lost."""
+    settings = Settings(master_key=f"base64:{new_key()}")
+    waits, keys, rounds = 8, 4, 10
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        setup = piped(backend, settings)
+        for n in range(waits):
+            await setup.save_wait_record(
+                WaitRecord(
+                    correlation_key=f"w{n}", stack_id=f"s{n}", namespace="t", metadata={"n": n}
+                )
+            )
+        last: dict[str, Any] = {}
+
+        async def claimer(w: int) -> None:
+            mine = piped(backend, settings)
+            provider = mine.codecs.sealer.keys
+            assert isinstance(provider, EnvelopeKeyProvider)
+            provider.refresh_s = 0.05
+            for n in range(w, waits, 2):
+                payload = {"card": f"{SECRET}-{n}"}
+                claimed = await mine.claim_wait_record(
+                    f"w{n}", f"worker-{w}", event_payload=payload, namespace="t"
+                )
+                assert claimed is not None and claimed.event_payload == payload
+                await asyncio.sleep(0.005)
+                await mine.complete_wait_record(f"w{n}", f"worker-{w}", namespace="t")
+
+        async def setter(k: int) -> None:
+            mine = piped(backend, settings)
+            provider = mine.codecs.sealer.keys
+            assert isinstance(provider, EnvelopeKeyProvider)
+            provider.refresh_s = 0.05
+            for r in range(rounds):
+                value = {"round": r, "secret": SECRET}
+                await mine.set_cached_step(f"k{k}", value, 600_000, namespace="t")
+                last[f"k{k}"] = value
+                await asyncio.sleep(0.003)
+
+        async def rotations() -> list[Any]:
+            reports = []
+            for _ in range(3):
+                rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
+                reports.append(await rekey(rotator, namespace="t", rotate=True))
+                await asyncio.sleep(0.01)
+            return reports
+
+        results = await asyncio.gather(
+            *(claimer(w) for w in range(2)), *(setter(k) for k in range(keys)), rotations()
+        )
+        assert len({tuple(r.rotated.values()) for r in results[-1]}) == 3
+        rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
+        for _ in range(3):  # what changed under a rewrite is finished by a next run
+            final = await rekey(rotator, namespace="t")
+            if not any(c.left for c in final.payloads.values()):
+                break
+        assert not any(c.left or c.unreadable for c in final.payloads.values()), final
+        assert final.payloads["step"].current + final.payloads["step"].rekeyed == keys
+        reader = piped(backend, settings)
+        for n in range(waits):
+            record = await reader.get_wait_record(f"w{n}", namespace="t")
+            assert record is not None and record.status == "completed", record
+            assert record.claimant_id == f"worker-{n % 2}"
+            assert record.event_payload == {"card": f"{SECRET}-{n}"}
+            assert record.metadata == {"n": n}
+        for k in range(keys):
+            assert await reader.get_cached_step(f"k{k}", namespace="t") == last[f"k{k}"]
+        assert SECRET.encode() not in await raw_bytes(kind, backend)
