@@ -473,6 +473,11 @@ class StorageAdapter(Closable):
                 f"fields must be the payload fields listed ({sorted(item.fields)}), got "
                 f"{sorted(fields)}"
             )
+        metadata = fields.get("metadata")
+        if item.kind == "wait" and metadata is not None and not isinstance(metadata, dict):
+            raise InvalidArgumentError(
+                f"a wait record's metadata must be an object, got {type(metadata).__name__}"
+            )
         self._require_open()
         return await self._do_swap_payload(item, dict(fields))
 

@@ -240,6 +240,16 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "a delete never removes what a run re-created under the same id stored",
     ),
     _a("waits.due", _C.DUE_WAITS, "due waits: deadline passed, unheld, oldest first"),
+    _a(
+        "payload.scan",
+        _C.PAYLOAD_SCAN,
+        "scan_payloads lists every live wait record and cached step with its payloads",
+    ),
+    _a(
+        "payload.swap",
+        _C.PAYLOAD_SCAN,
+        "swap_payload rewrites payloads only if the record still holds what was listed",
+    ),
     _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
     _a("capability.declared", None, "every method of a declared capability is implemented"),
@@ -332,8 +342,9 @@ _SINCE: Final[dict[str, str]] = {
         ),
         "1.3",
     ),
-    # Issue 33, part B: cached steps belong to their namespace (erased with its key).
-    **dict.fromkeys(("cache.namespaced",), "1.4"),
+    # Issue 33, part B: cached steps belong to their namespace (erased with its key);
+    # stand-alone wait records and cached steps listed and rewritten by siglo rekey.
+    **dict.fromkeys(("cache.namespaced", "payload.scan", "payload.swap"), "1.4"),
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

@@ -43,11 +43,12 @@ CONTRACT_HISTORY: Final[dict[str, str]] = {
     "deletes that spare a re-run, with_lock's bounded wait, encoded payloads stored "
     "byte-faithfully, the document size guard, incremental saves, URL options refused, "
     "offloaded values and their collection (issues 31, 33, 34)",
-    "1.4": "cached steps per namespace (issue 33)",
+    "1.4": "cached steps per namespace; stand-alone wait records and cached steps listed "
+    "with their payloads and rewritten under compare-and-set (issue 33)",
 }
 """What each version added or changed (CHANGELOG.md, "Contract", tells the same)."""
 
-PAGE_DIGEST: Final = "434f1dd7327dc73b42a54c2c0b792fd3b5b86bf24ad7269d95dea46fefef3bf6"
+PAGE_DIGEST: Final = "bbeb44e74f1644636655549d2b0349e029a0ad0efb29fcb766328cc6cedf559e"
 """SHA-256 of the rule rows of docs/contract.md (:func:`page_digest`): the text the
 rules are defined by. A test fails when the page changes and this does not, so a change
 of a rule's text is a deliberate one (and its version is bumped, or it is a wording

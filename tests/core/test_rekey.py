@@ -25,6 +25,7 @@ from siglo.checkpoint import Checkpoint
 from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
 from siglo.errors import CheckpointConflictError, DecryptionError, KeyErasedError
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
+from siglo.locking import namespaced_key, split_namespaced_key
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.records import WaitRecord
 from siglo.rekeying import rekey
@@ -368,6 +369,19 @@ async def test_erasure_reaches_a_tenants_cached_steps(kind: str, tmp_path: Path)
         # A ciphertext of one tenant copied under another's entry does not decrypt there.
         with pytest.raises(DecryptionError):
             await sealer.open(stored["kept"], Location("other", "order-1", "step", "value"))
+        # A rekey leaves the erased tenant's entry as it is, counted as unreadable.
+        after = run_siglo(tmp_path, "rekey", backend.url, env=env)
+        assert after.returncode == 0, after.stderr.decode()
+        steps = b"rekeyed 0 cached step(s); 2 already under the current key; 0 kept changing"
+        assert steps + b"; 1 unreadable" in after.stdout
+
+
+def test_a_namespaced_cache_key_reads_back_unless_it_is_a_digest() -> None:
+    """What siglo rekey reads a cached step's namespace from (docs/encryption.md): the
+    stored key splits back into key and namespace, except a pair too long to join."""
+    for key, namespace in (("k", None), ("@k", None), ("@1:a:k", None), ("k", "a:b"), ("k", "")):
+        assert split_namespaced_key(namespaced_key(key, namespace)) == (key, namespace)
+    assert split_namespaced_key(namespaced_key("k" * 3000, "n" * 2000)) is None
 
 
 @pytest.mark.rule("pipeline.encryption")
