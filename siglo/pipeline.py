@@ -20,7 +20,7 @@ do, :func:`siglo.connect` returns the backend as it is: no layer, no cost.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
 import orjson
@@ -42,6 +42,7 @@ from siglo.keys import (
     master_key_from,
 )
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
+from siglo.payloads import PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.redaction import REDACT_FIELDS_KEY, REDACTED, redact
 from siglo.sealing import SEALED_KEY, Location, Sealer
@@ -676,6 +677,18 @@ class PipelineAdapter(StorageAdapter):
         opened = [await self.codecs.wait_in(r) for r in due]
         return [r for r in opened if r is not None]
 
+    # -- stored payloads: as the backend stores them ---------------------------------------
+
+    def scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        """The backend's walk, its payloads as stored (sealed): what ``siglo rekey``
+        re-encrypts, not the application's values."""
+        return self.inner.scan_payloads(kind)
+
+    async def swap_payload(self, item: StoredPayload, fields: Mapping[str, Any]) -> bool:
+        """The backend's compare-and-set rewrite; ``fields`` are stored as given (already
+        sealed by whoever rewrites them)."""
+        return await self.inner.swap_payload(item, fields)
+
 
 # Every storage call the tracing stage puts in a span (all of a backend's contract
 # calls that reach the server; the sync ones decide locally and are left alone).
@@ -702,6 +715,7 @@ TRACED_CALLS: Final = (
     "list_checkpoints",
     "delete_checkpoint",
     "list_due_waits",
+    "swap_payload",
 )
 TRACED_IDEMPOTENCY_CALLS: Final = (
     "claim",
