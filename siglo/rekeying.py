@@ -38,7 +38,7 @@ from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter
 from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
 from siglo.sentinel import MISSING, Missing
 
-__all__ = ["EraseReport", "RekeyReport", "erase", "rekey"]
+__all__ = ["EraseReport", "PayloadCounts", "RekeyReport", "erase", "rekey"]
 
 _PAGE: Final = 500
 _ATTEMPTS: Final = 8
