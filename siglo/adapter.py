@@ -29,7 +29,7 @@ from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
 from siglo.listing import check_list_arguments as _check_list_arguments
 from siglo.locking import namespaced_key, run_with_lock, workflow_lock_key
-from siglo.payloads import PAYLOAD_FIELDS, PayloadKind, StoredPayload
+from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -452,9 +452,9 @@ class StorageAdapter(Closable):
         (:mod:`siglo.payloads`): each stored copy once (Redis also keeps the seed's copy
         of a wait record at its stack id's key, and lists it too). Records written or
         removed during the walk may or may not be listed."""
-        if kind not in PAYLOAD_FIELDS:
+        if kind not in PAYLOAD_KINDS:
             raise InvalidArgumentError(
-                f"kind must be one of {', '.join(map(repr, PAYLOAD_FIELDS))}, got {kind!r}"
+                f"kind must be one of {', '.join(map(repr, PAYLOAD_KINDS))}, got {kind!r}"
             )
         self._require_open()
         return self._do_scan_payloads(kind)

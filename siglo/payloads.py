@@ -24,14 +24,18 @@ __all__ = [
     "with_wait_fields",
 ]
 
-PayloadKind = Literal["wait", "step"]
-"""A stand-alone wait record (``wait``) or a cached step (``step``)."""
+PayloadKind = Literal["wait", "step", "idempotency"]
+"""A stand-alone wait record (``wait``) or a cached step (``step``), which the storage
+adapter lists, or a completed idempotency key's result (``idempotency``), which the
+idempotency store lists."""
 
 PAYLOAD_KINDS: Final[tuple[PayloadKind, ...]] = ("wait", "step")
+"""The kinds :meth:`~siglo.adapter.StorageAdapter.scan_payloads` lists."""
 
 PAYLOAD_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "wait": ("eventPayload", "metadata"),
     "step": ("value",),
+    "idempotency": ("result",),
 }
 """The payload fields of each kind (the field names of the associated data)."""
 
@@ -43,7 +47,8 @@ class StoredPayload:
     kind: PayloadKind
     key: str
     """A wait record's correlation key; a cached step's key as the backend stores it
-    (:func:`siglo.locking.namespaced_key` of the key and the run's namespace)."""
+    (:func:`siglo.locking.namespaced_key` of the key and the run's namespace); an
+    idempotency key."""
     namespace: str | None
     """A wait record's namespace (``None`` for a cached step: its key holds it)."""
     fields: dict[str, Any]

@@ -16,11 +16,11 @@ included — and then deletes its checkpoints.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
 from siglo.checkpoint import Checkpoint
@@ -34,7 +34,7 @@ from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
 from siglo.listing import CheckpointSummary
 from siglo.locking import split_namespaced_key
 from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
-from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter
+from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
 from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
 from siglo.sentinel import MISSING, Missing
 
@@ -192,12 +192,36 @@ async def rekey(
         await _rekey_payloads(backend, codecs.sealer, keys, kind, namespace, rotate, report)
         if progress is not None:
             progress(report)
-    if backend.idempotency is not None:
-        report.skipped["idempotency"] = "no idempotency store lists its results yet"
+    if backend.idempotency is not None and namespace in (MISSING, None):
+        # Idempotency keys have no namespace: a rekey of one namespace leaves them.
+        await _rekey_results(backend.idempotency, codecs.sealer, keys, rotate, report)
     return report
 
 
-_KIND_NAMES: Final = {"wait": "wait records", "step": "cached steps"}
+async def _rekey_results(
+    store: Any, sealer: Sealer, keys: KeyProvider, rotate: bool, report: RekeyReport
+) -> None:
+    while isinstance(store, PipelineIdempotencyStore):
+        store = store.inner  # the results as stored
+    counts = report.payloads.setdefault("idempotency", PayloadCounts())
+    try:
+        async for item in store.scan_results():
+            if rotate and None not in (report.rotated or {}):
+                # Results are under the key of "no namespace": rotated with the first.
+                assert isinstance(keys, EnvelopeKeyProvider)
+                report.rotated = report.rotated or {}
+                report.rotated[None] = await keys.rotate(None)
+            await _rekey_item(store.swap_result, sealer, keys, item, None, item.key, counts)
+    except CapabilityNotSupportedError as exc:
+        del report.payloads["idempotency"]
+        report.skipped["idempotency"] = str(exc)
+
+
+_KIND_NAMES: Final = {
+    "wait": "wait records",
+    "step": "cached steps",
+    "idempotency": "idempotency results",
+}
 
 
 def _place(item: StoredPayload) -> tuple[str | None, str] | None:
@@ -245,13 +269,13 @@ async def _rekey_payloads(
                 assert isinstance(keys, EnvelopeKeyProvider)
                 report.rotated = report.rotated or {}
                 report.rotated[ns] = await keys.rotate(ns)
-            await _rekey_item(raw, sealer, keys, item, ns, record_id, counts)
+            await _rekey_item(raw.swap_payload, sealer, keys, item, ns, record_id, counts)
     except CapabilityNotSupportedError as exc:
         report.skipped[kind] = str(exc)
 
 
 async def _rekey_item(
-    raw: StorageAdapter,
+    swap: Callable[[StoredPayload, dict[str, Any]], Awaitable[bool]],
     sealer: Sealer,
     keys: KeyProvider,
     item: StoredPayload,
@@ -273,7 +297,7 @@ async def _rekey_item(
         return
     # Rewritten only if the record still holds the bytes read: a concurrent claim,
     # completion or set is never overwritten (it is counted, and a next run finishes).
-    if await raw.swap_payload(item, fields):
+    if await swap(item, fields):
         counts.rekeyed += 1
     else:
         counts.left += 1

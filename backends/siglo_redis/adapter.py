@@ -40,7 +40,13 @@ from siglo_redis.commands import (
 )
 from siglo_redis.coordination import RedisLock
 from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
-from siglo_redis.listing import CheckpointIndex, deadline_member_parts, is_cluster, member_of
+from siglo_redis.listing import (
+    CheckpointIndex,
+    deadline_member_parts,
+    is_cluster,
+    member_of,
+    scan_keys,
+)
 from siglo_redis.scripts import (
     CHECKPOINT_CAS,
     CHECKPOINT_DELETE,
@@ -656,27 +662,6 @@ class RedisStorageAdapter(StorageAdapter):
 
     # -- stored payloads -----------------------------------------------------------------------
 
-    async def _scan_keys(self, pattern: str) -> AsyncIterator[str]:
-        """Every key matching ``pattern`` (``SCAN``; on a cluster, every primary's)."""
-        client = self.client
-        if is_cluster(client):
-            keys = client.scan_iter(match=pattern, count=1000)
-            while True:
-                try:
-                    key = await self._redis.call("SCAN", anext(keys))
-                except StopAsyncIteration:
-                    return
-                yield key.decode() if isinstance(key, bytes) else str(key)
-        cursor: Any = 0
-        while True:
-            cursor, page = await self._redis.call(
-                "SCAN", client.scan(cursor, match=pattern, count=1000)
-            )
-            for key in page:
-                yield key.decode() if isinstance(key, bytes) else str(key)
-            if int(cursor) == 0:
-                return
-
     async def _string_at(self, key: str) -> bytes | None:
         """The value of ``key`` if it is a string (a key of another type is not a record
         even when its name matches the pattern, e.g. a context hash whose step id holds
@@ -688,13 +673,13 @@ class RedisStorageAdapter(StorageAdapter):
         prefix = "".join("\\" + c if c in "*?[]\\" else c for c in self.keys.prefix)
         if kind == "step":
             start = len(self.keys.cache(""))
-            async for key in self._scan_keys(f"{prefix}cache:*"):
+            async for key in scan_keys(self._redis, self.client, f"{prefix}cache:*"):
                 data = await self._string_at(key)
                 if data is not None:
                     value = {"value": decode_cached(data)}
                     yield StoredPayload("step", key[start:], None, value, (key, data))
             return
-        async for key in self._scan_keys(f"{prefix}*wait:*"):
+        async for key in scan_keys(self._redis, self.client, f"{prefix}*wait:*"):
             data = await self._string_at(key)
             if data is None:
                 continue

@@ -112,6 +112,8 @@ class Statements:
     idem_owned: str
     idem_result: str
     idem_clean_batch: str
+    idem_scan: str
+    idem_swap: str
     # locks
     lock_acquire: str
     lock_release: str
@@ -507,6 +509,16 @@ def _idempotency(idem: str) -> dict[str, str | None]:
             f"SELECT result FROM {idem} WHERE id = :id AND state = 'completed' AND gone_at > :now"
         ),
         "idem_clean_batch": _clean(idem),
+        # siglo rekey: the completed keys, and a rewrite of a result only if the key is
+        # still completed with the bytes read (expiry and fingerprint kept).
+        "idem_scan": (
+            f"SELECT id, key, result FROM {idem} WHERE id > :after AND state = 'completed' "
+            "AND gone_at > :now ORDER BY id LIMIT :limit"
+        ),
+        "idem_swap": (
+            f"UPDATE {idem} SET result = :result WHERE id = :id AND state = 'completed' "
+            "AND result = :old_result AND gone_at > :now RETURNING 1"
+        ),
     }
 
 

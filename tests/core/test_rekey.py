@@ -118,6 +118,9 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         )
         await clear.set_cached_step("charge", {"card": SECRET}, 600_000, namespace="t1")
         await clear.set_cached_step("charge", {"card": SECRET}, 600_000)
+        assert backend.idempotency is not None
+        await backend.idempotency.claim("pay-1")
+        await backend.idempotency.complete("pay-1", {"card": SECRET})
         first = piped(backend, Settings(encryption_keys={"k1": old}))
         for n in range(3):
             await first.save_checkpoint(
@@ -138,7 +141,8 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         waits = 3 if kind == "redis" else 2
         assert f"rekeyed {waits} stand-alone wait record(s); 0 already".encode() in done.stdout
         assert b"rekeyed 2 cached step(s); 0 already under the current key" in done.stdout
-        assert b"idempotency result(s) not rekeyed" in done.stderr
+        assert b"rekeyed 1 idempotency result(s); 0 already under the current key" in done.stdout
+        assert b"not rekeyed" not in done.stderr
         if kind == "sqlite":
             # The old row versions stay in SQLite's free pages and WAL until it compacts:
             # what docs/encryption.md tells a user turning encryption on to run.
@@ -161,11 +165,18 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         for ns in ("t1", None):
             cached = await strict.get_cached_step("charge", namespace=ns)
             assert cached == {"card": SECRET}
+        _, results = pipeline_parts(
+            backend.raw_adapter,
+            backend.idempotency,
+            Pipeline(Settings(encryption_keys={"k2": new}, require_encryption=True)),
+        )
+        assert results is not None and await results.get_result("pay-1") == {"card": SECRET}
         # Resumable: a second run finds everything current.
         again = run_siglo(tmp_path, "rekey", backend.url, env=env)
         assert b"rekeyed 0 checkpoint(s); 4 already under the current key" in again.stdout
         assert f"rekeyed 0 stand-alone wait record(s); {waits} already".encode() in again.stdout
         assert b"rekeyed 0 cached step(s); 2 already under the current key" in again.stdout
+        assert b"rekeyed 0 idempotency result(s); 1 already" in again.stdout
 
 
 @pytest.mark.rule("pipeline.encryption")
@@ -390,7 +401,8 @@ async def test_rekeying_waits_and_cached_steps_under_concurrent_writers_loses_no
     kind: str,
 ) -> None:
     """Rotations while workers claim and complete stand-alone wait records (with event
-    payloads) and sets replace cached steps: every rewrite of the rekey is a
+    payloads), sets replace cached steps and completions replace idempotency results:
+    every rewrite of the rekey is a
     compare-and-set on the bytes it read, so no claim, completion or set is lost."""
     settings = Settings(master_key=f"base64:{new_key()}")
     waits, keys, rounds = 8, 4, 10
@@ -429,21 +441,42 @@ async def test_rekeying_waits_and_cached_steps_under_concurrent_writers_loses_no
                 last[f"k{k}"] = value
                 await asyncio.sleep(0.003)
 
+        results_of: dict[str, Any] = {}
+        setup_parts = pipeline_parts(backend.raw_adapter, backend.idempotency, Pipeline(settings))
+        store = setup_parts[1]
+        assert store is not None
+
+        async def completer(k: int) -> None:
+            mine = pipeline_parts(backend.raw_adapter, backend.idempotency, Pipeline(settings))[1]
+            assert mine is not None
+            for r in range(rounds):
+                value = {"round": r, "secret": SECRET}
+                await mine.complete(f"i{k}", value, 600_000)
+                results_of[f"i{k}"] = value
+                await asyncio.sleep(0.003)
+
         async def rotations() -> list[Any]:
             reports = []
             for _ in range(3):
-                rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
-                reports.append(await rekey(rotator, namespace="t", rotate=True))
+                rotator = siglo.Backend(
+                    name=backend.name, url=backend.url, adapter=setup, idempotency=store
+                )
+                reports.append(await rekey(rotator, rotate=True))
                 await asyncio.sleep(0.01)
             return reports
 
         results = await asyncio.gather(
-            *(claimer(w) for w in range(2)), *(setter(k) for k in range(keys)), rotations()
+            *(claimer(w) for w in range(2)),
+            *(setter(k) for k in range(keys)),
+            *(completer(k) for k in range(keys)),
+            rotations(),
         )
         assert len({tuple(r.rotated.values()) for r in results[-1]}) == 3
-        rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
+        rotator = siglo.Backend(
+            name=backend.name, url=backend.url, adapter=setup, idempotency=store
+        )
         for _ in range(3):  # what changed under a rewrite is finished by a next run
-            final = await rekey(rotator, namespace="t")
+            final = await rekey(rotator)
             if not any(c.left for c in final.payloads.values()):
                 break
         assert not any(c.left or c.unreadable for c in final.payloads.values()), final
@@ -457,4 +490,10 @@ async def test_rekeying_waits_and_cached_steps_under_concurrent_writers_loses_no
             assert record.metadata == {"n": n}
         for k in range(keys):
             assert await reader.get_cached_step(f"k{k}", namespace="t") == last[f"k{k}"]
+        results_reader = pipeline_parts(
+            backend.raw_adapter, backend.idempotency, Pipeline(settings)
+        )[1]
+        assert results_reader is not None
+        for k in range(keys):
+            assert await results_reader.get_result(f"i{k}") == results_of[f"i{k}"]
         assert SECRET.encode() not in await raw_bytes(kind, backend)
