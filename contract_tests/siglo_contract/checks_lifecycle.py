@@ -90,7 +90,7 @@ def closed_calls(
         ),
     ]
     if closed.idempotency is not None:
-        store = closed.idempotency
+        store: Any = closed.idempotency  # scan_results, swap_result: IdempotencyStoreBase's
         calls += [
             (C.IDEMPOTENCY, "idempotency.claim", lambda: store.claim(key)),
             (C.IDEMPOTENCY, "idempotency.claim_owned", lambda: store.claim_owned(key)),
@@ -99,6 +99,14 @@ def closed_calls(
             (C.IDEMPOTENCY, "idempotency.extend", lambda: store.extend(key, "t", 1_000)),
             (C.IDEMPOTENCY, "idempotency.get_result", lambda: store.get_result(key)),
             (C.IDEMPOTENCY, "idempotency.get", lambda: store.get(key)),
+            (C.PAYLOAD_SCAN, "idempotency.scan_results", lambda: _first_result(store)),
+            (
+                C.PAYLOAD_SCAN,
+                "idempotency.swap_result",
+                lambda: store.swap_result(
+                    StoredPayload("idempotency", key, None, {"result": 1}), {"result": 2}
+                ),
+            ),
         ]
     if closed.lock is not None:
         lock = closed.lock
@@ -121,6 +129,13 @@ def closed_calls(
 async def _first_payload(adapter: StorageAdapter) -> Any:
     """The first item of ``scan_payloads`` (the call that starts the walk)."""
     async for item in adapter.scan_payloads("step"):
+        return item
+    return None
+
+
+async def _first_result(store: Any) -> Any:
+    """The first item of ``scan_results`` (the call that starts the walk)."""
+    async for item in store.scan_results():
         return item
     return None
 

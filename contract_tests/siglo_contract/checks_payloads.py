@@ -170,3 +170,47 @@ async def payload_swap(ctx: CheckContext) -> None:
             "payload.swap",
             f"cached step {key!r} past its TTL read {value!r} after a rewrite",
         )
+
+
+@check("payload.results", requires=(Capability.IDEMPOTENCY,))
+async def payload_results(ctx: CheckContext) -> None:
+    """The idempotency store lists each live completed key with its result, never an
+    in-progress one; a rewrite replaces the result unless the key changed since."""
+    ctx.about("payload.results")
+    # Any: scan_results and swap_result are IdempotencyStoreBase's, not the protocol's.
+    store: Any = ctx.backend.idempotency
+    if store is None:
+        return
+    done, busy, again = ctx.id("done"), ctx.id("busy"), ctx.id("again")
+    for key, result in ((done, {"r": [1, None]}), (again, 0)):
+        await store.claim(key)
+        await store.complete(key, result)
+    await store.claim(busy)
+    found: dict[str, StoredPayload] = {}
+    async for item in store.scan_results():
+        if item.key.startswith(ctx.prefix):
+            expect(item.key not in found, "payload.results", f"{item.key!r} listed twice")
+            found[item.key] = item
+    expect(
+        set(found) == {done, again},
+        "payload.results",
+        f"scan_results listed {sorted(found)}, not {sorted((done, again))}",
+    )
+    if done in found:
+        expect(
+            canon(found[done].fields) == canon({"result": {"r": [1, None]}}),
+            "payload.results",
+            f"{done!r} listed with {found[done].fields!r}",
+        )
+        ok = await store.swap_result(found[done], {"result": {"new": 1}})
+        expect(ok, "payload.results", "a rewrite of an unchanged result was refused")
+        got = await store.get_result(done)
+        expect(canon(got) == canon({"new": 1}), "payload.results", f"rewritten result {got!r}")
+        stale = await store.swap_result(found[done], {"result": {"stale": 1}})
+        expect(not stale, "payload.results", "a second rewrite of what was listed was done")
+    if again in found:
+        await store.complete(again, {"second": 1})
+        stale = await store.swap_result(found[again], {"result": {"stale": 1}})
+        expect(not stale, "payload.results", "a rewrite overwrote a completion since the listing")
+        got = await store.get_result(again)
+        expect(canon(got) == canon({"second": 1}), "payload.results", f"result {got!r}")

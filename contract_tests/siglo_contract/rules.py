@@ -250,6 +250,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         _C.PAYLOAD_SCAN,
         "swap_payload rewrites payloads only if the record still holds what was listed",
     ),
+    _a(
+        "payload.results",
+        _C.PAYLOAD_SCAN,
+        "the idempotency store lists completed results and rewrites them by compare-and-set",
+    ),
     _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
     _a("capability.declared", None, "every method of a declared capability is implemented"),
@@ -344,7 +349,7 @@ _SINCE: Final[dict[str, str]] = {
     ),
     # Issue 33, part B: cached steps belong to their namespace (erased with its key);
     # stand-alone wait records and cached steps listed and rewritten by siglo rekey.
-    **dict.fromkeys(("cache.namespaced", "payload.scan", "payload.swap"), "1.4"),
+    **dict.fromkeys(("cache.namespaced", "payload.scan", "payload.swap", "payload.results"), "1.4"),
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

@@ -43,12 +43,13 @@ CONTRACT_HISTORY: Final[dict[str, str]] = {
     "deletes that spare a re-run, with_lock's bounded wait, encoded payloads stored "
     "byte-faithfully, the document size guard, incremental saves, URL options refused, "
     "offloaded values and their collection (issues 31, 33, 34)",
-    "1.4": "cached steps per namespace; stand-alone wait records and cached steps listed "
-    "with their payloads and rewritten under compare-and-set (issue 33)",
+    "1.4": "cached steps per namespace; stand-alone wait records, cached steps and "
+    "idempotency results listed with their payloads and rewritten under compare-and-set "
+    "(issue 33)",
 }
 """What each version added or changed (CHANGELOG.md, "Contract", tells the same)."""
 
-PAGE_DIGEST: Final = "bbeb44e74f1644636655549d2b0349e029a0ad0efb29fcb766328cc6cedf559e"
+PAGE_DIGEST: Final = "9b26efa9ca5d36c311e1bb8d38b4d35579e280a94df1dcf1e828961fc96b09fb"
 """SHA-256 of the rule rows of docs/contract.md (:func:`page_digest`): the text the
 rules are defined by. A test fails when the page changes and this does not, so a change
 of a rule's text is a deliberate one (and its version is bumped, or it is a wording

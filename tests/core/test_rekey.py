@@ -30,6 +30,7 @@ from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.records import WaitRecord
 from siglo.rekeying import rekey
 from siglo.sealing import SEALED_KEY, Location
+from siglo_memory.adapter import MemoryStorageAdapter
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "rekey-SECRET-90aa"
@@ -497,3 +498,27 @@ async def test_rekeying_waits_and_cached_steps_under_concurrent_writers_loses_no
         for k in range(keys):
             assert await results_reader.get_result(f"i{k}") == results_of[f"i{k}"]
         assert SECRET.encode() not in await raw_bytes(kind, backend)
+
+
+async def test_a_backend_without_payload_scan_is_rekeyed_and_says_what_it_left() -> None:
+    """A third party's backend without payload_scan: its checkpoints are re-encrypted,
+    and the report names the kinds left under their old key (which siglo rekey prints
+    on standard error)."""
+
+    class NoScan(MemoryStorageAdapter):
+        capabilities = MemoryStorageAdapter.capabilities - {siglo.Capability.PAYLOAD_SCAN}
+
+    old, new = new_key(), new_key()
+    raw = NoScan()
+    writer, _ = pipeline_parts(raw, None, Pipeline(Settings(encryption_keys={"k1": old})))
+    await writer.save_checkpoint(
+        Checkpoint(stack_id="s", revision=1, timestamp=1, contexts={"a": {"b": SECRET}}),
+        expected_revision=0,
+    )
+    await writer.set_cached_step("k", {"b": SECRET}, 600_000)
+    settings = Settings(encryption_keys={"k1": old, "k2": new}, encryption_key_id="k2")
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    report = await rekey(siglo.Backend(name="third-party", url="memory://", adapter=adapter))
+    assert report.rekeyed == 1 and report.payloads == {}
+    assert set(report.skipped) == {"wait", "step"}
+    assert "cannot list its cached steps" in report.skipped["step"]

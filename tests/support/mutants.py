@@ -768,6 +768,17 @@ class SwapIgnoresWhatWasListed(MemoryStorageAdapter):
         return True
 
 
+class ResultSwapIgnoresWhatWasListed(MemoryIdempotencyStore):
+    """The result rewrite never compares: a completion made after the listing is
+    overwritten by the rekey (issue 33)."""
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        if self._keys.get(item.key) is None:
+            return False
+        self._keys.replace(item.key, "COMPLETED:" + codec.dumps_str(result, what="result"))
+        return True
+
+
 class IgnoresContextDeletes(MemoryStorageAdapter):
     async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         if isinstance(event, ContextChangeEvent) and event.op == "delete":
@@ -1225,6 +1236,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "payload.swap",
         "the payload rewrite overwrites whatever is stored",
         adapter=SwapIgnoresWhatWasListed,
+    ),
+    _m(
+        "payload.results",
+        "the result rewrite overwrites whatever is stored",
+        idempotency=ResultSwapIgnoresWhatWasListed,
     ),
     _m("context.stream", "deletes are ignored", adapter=IgnoresContextDeletes),
     _m(
