@@ -16,7 +16,7 @@ import math
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -29,6 +29,7 @@ from siglo.errors import (
     LockNotAcquiredError,
     StorageAdapterError,
 )
+from siglo.payloads import StoredPayload
 from siglo.sentinel import Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_id, require_ttl_ms
@@ -320,6 +321,35 @@ class IdempotencyStoreBase(Closable):
     async def get(self, key: str) -> Any | Missing:
         """Alias of :meth:`get_result`."""
         return await self.get_result(key)
+
+    def scan_results(self) -> AsyncIterator[StoredPayload]:
+        """Every live completed key with its result as stored (a
+        :class:`~siglo.payloads.StoredPayload` of kind ``idempotency``, field
+        ``result``): what ``siglo rekey`` re-encrypts. A store of a backend declaring
+        ``payload_scan`` has it; others raise
+        :class:`~siglo.errors.CapabilityNotSupportedError`."""
+        self._require_open()
+        return self._do_scan_results()
+
+    async def swap_result(self, item: StoredPayload, fields: Mapping[str, Any]) -> bool:
+        """Replace the result of the key ``item`` was listed from with
+        ``fields["result"]`` — only if the key still holds what it held when listed;
+        ``False`` (nothing changed) if it was claimed, completed again, failed or expired
+        meanwhile. Its expiry and fingerprint stay as they were."""
+        if not isinstance(item, StoredPayload) or item.kind != "idempotency":
+            raise InvalidArgumentError(
+                f"item must be a StoredPayload of kind 'idempotency', got {item!r}"
+            )
+        if set(fields) != {"result"}:
+            raise InvalidArgumentError(f"fields must be {{'result': …}}, got {sorted(fields)}")
+        self._require_open()
+        return await self._do_swap_result(item, fields["result"])
+
+    def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        raise _unsupported(self, "scan_results")
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        raise _unsupported(self, "swap_result")
 
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
         """The seed's claim: :meth:`_do_claim_owned` with no owner and no fingerprint

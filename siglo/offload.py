@@ -208,17 +208,21 @@ class OffloadAdapter(PipelineAdapter):
         found = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
         return await self.offloader.checkpoint_in(found)
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        found = await self.inner.get_cached_step(key)
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any | Missing:
+        kw: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        found = await self.inner.get_cached_step(key, **kw)
         if found is MISSING:
             return found
         return await self.offloader.value_in(found, f"cached step {key!r}")
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
         ttl = ttl_ms if ttl_ms is not None else getattr(self.inner, "cache_ttl_ms", None)
         keep = int(time.time() * 1000) + (ttl if ttl is not None else DEFAULTS.cache_ttl_ms)
         stored = await self.offloader.value_out(value, keep)
-        await self.inner.set_cached_step(key, stored, ttl_ms)
+        kw: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        await self.inner.set_cached_step(key, stored, ttl_ms, **kw)
 
 
 def resolving(adapter: StorageAdapter) -> StorageAdapter:

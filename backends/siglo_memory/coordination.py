@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -15,6 +16,7 @@ from siglo.coordination import (
     OwnedClaimReply,
     new_lock_token,
 )
+from siglo.payloads import StoredPayload
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
@@ -51,6 +53,14 @@ class _ExpiringDict:
 
     def delete(self, key: str) -> None:
         self._items.pop(key, None)
+
+    def snapshot(self) -> list[str]:
+        """A snapshot of the keys (expired ones included until read)."""
+        return list(self._items)
+
+    def replace(self, key: str, value: str) -> None:
+        """A new value for a present key, its expiry kept."""
+        self._items[key] = (value, self._items[key][1])
 
     def view(self) -> ExpiringKeysModel:
         """A read-only view of the entries, expired ones not yet purged included."""
@@ -159,6 +169,21 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
         if value is None or not value.startswith(COMPLETED_PREFIX):
             return MISSING
         return codec.loads(value[len(COMPLETED_PREFIX) :], what="idempotency result")
+
+    async def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        for key in self._keys.snapshot():
+            value = self._keys.get(key)
+            if value is not None and value.startswith(COMPLETED_PREFIX):
+                result = codec.loads(value[len(COMPLETED_PREFIX) :], what="idempotency result")
+                yield StoredPayload("idempotency", key, None, {"result": result}, value)
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        # No await between the comparison and the write: atomic on the event loop.
+        if self._keys.get(item.key) != item.token:
+            return False
+        encoded = codec.dumps_str(result, what=f"result of {item.key!r}")
+        self._keys.replace(item.key, COMPLETED_PREFIX + encoded)
+        return True
 
 
 class MemoryLock(LockBase):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import orjson
@@ -17,6 +18,7 @@ from siglo.coordination import (
     new_lock_token,
 )
 from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.payloads import StoredPayload
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
@@ -32,6 +34,7 @@ from siglo_redis.keys import (
     idempotency_owner_key,
     legacy_fence_key,
 )
+from siglo_redis.listing import scan_keys
 from siglo_redis.scripts import (
     COMPARE_AND_DELETE,
     IDEMPOTENCY_CLAIM_OWNED,
@@ -41,6 +44,7 @@ from siglo_redis.scripts import (
     LOCK_ACQUIRE,
     LOCK_EXTEND,
 )
+from siglo_redis.waits import swap
 
 __all__ = [
     "RedisIdempotencyStore",
@@ -157,6 +161,25 @@ class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):
             return orjson.loads(value[len(COMPLETED_PREFIX) :])
         except orjson.JSONDecodeError:
             return MISSING  # seed 001 §6: unparseable is "no result"
+
+    async def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in self.key_prefix) + "*"
+        start = len(self.key_prefix)
+        async for full in scan_keys(self._redis, self.client, pattern):
+            kind = text(await self._redis.call("TYPE", self.client.type(full)))
+            data = await self._redis.get(full) if kind == "string" else None
+            if data is None or not data.startswith(COMPLETED_PREFIX.encode()):
+                continue  # in progress, or a key of another kind under the prefix
+            try:
+                result = orjson.loads(data[len(COMPLETED_PREFIX) :])
+            except orjson.JSONDecodeError:
+                continue  # unparseable is "no result" (seed 001 §6): nothing to rekey
+            yield StoredPayload("idempotency", full[start:], None, {"result": result}, data)
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        new = COMPLETED_PREFIX + codec.dumps_str(result, what=f"result of {item.key!r}")
+        # The swap script: written only if the key still holds the bytes read, TTL kept.
+        return await swap(self._redis, self.key_prefix + item.key, item.token, new.encode())
 
 
 class RedisLock(_ClientOwner, LockBase):

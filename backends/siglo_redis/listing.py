@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from siglo.blind import stored_tokens
@@ -81,6 +82,26 @@ def split_member(member: str) -> tuple[str | None, str]:
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` talks to a Redis Cluster (keys of a script must share a slot)."""
     return callable(getattr(client, "get_node_from_key", None))
+
+
+async def scan_keys(redis: Commands, client: Any, pattern: str) -> AsyncIterator[str]:
+    """Every key matching ``pattern`` (``SCAN``; on a cluster, every primary's), each
+    call bounded like any other (``siglo rekey``'s walks)."""
+    if is_cluster(client):
+        keys = client.scan_iter(match=pattern, count=1000)
+        while True:
+            try:
+                key = await redis.call("SCAN", anext(keys))
+            except StopAsyncIteration:
+                return
+            yield key.decode() if isinstance(key, bytes) else str(key)
+    cursor: Any = 0
+    while True:
+        cursor, page = await redis.call("SCAN", client.scan(cursor, match=pattern, count=1000))
+        for key in page:
+            yield key.decode() if isinstance(key, bytes) else str(key)
+        if int(cursor) == 0:
+            return
 
 
 class CheckpointIndex:

@@ -8,7 +8,7 @@ those of the memory backend, rule by rule of ``docs/contract.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from siglo import codec
@@ -23,6 +23,7 @@ from siglo.errors import (
 )
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import Hold, held, workflow_lock_key
+from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -87,6 +88,7 @@ class SqlStorageAdapter(StorageAdapter):
             Capability.LISTING,
             Capability.DELETION,
             Capability.DUE_WAITS,
+            Capability.PAYLOAD_SCAN,
         }
     )
     workflow_lock: SqlLock
@@ -831,6 +833,70 @@ class SqlStorageAdapter(StorageAdapter):
         await self.database.write(
             self._s.cache_set, {"id": row_id(key), "key": key, "gone_at": gone_at, "value": data}
         )
+
+    # -- stored payloads -----------------------------------------------------------------------
+
+    _SCAN_PAGE = 500
+
+    async def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        s = self._s
+        after = b""
+        while True:
+            params = {"after": after, "now": self.clock.now_ms(), "limit": self._SCAN_PAGE}
+            rows = await self.database.fetch(
+                s.wait_scan if kind == "wait" else s.cache_scan, params
+            )
+            for row in rows:
+                if kind == "wait":
+                    document = bytes(row[1])
+                    payload = None if row[2] is None else bytes(row[2])
+                    record = WaitRecord.from_json(document)
+                    if payload is not None:
+                        record = record.replace(
+                            event_payload=codec.loads(payload, what="event payload")
+                        )
+                    fields = wait_fields(record)
+                    if fields:
+                        token = (bytes(row[0]), document, payload)
+                        yield StoredPayload(
+                            "wait", record.correlation_key, record.namespace, fields, token
+                        )
+                else:
+                    value = bytes(row[2])
+                    yield StoredPayload(
+                        "step",
+                        row[1],
+                        None,
+                        {"value": codec.loads(value, what="cached step")},
+                        (bytes(row[0]), value),
+                    )
+            if len(rows) < self._SCAN_PAGE:
+                return
+            after = bytes(rows[-1][0])
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        now = self.clock.now_ms()
+        if item.kind == "wait":
+            row, document, payload = item.token
+            record = with_wait_fields(WaitRecord.from_json(document), fields)
+            params: dict[str, Any] = {
+                "id": row,
+                "document": record.to_json(),
+                "event_payload": codec.dumps(record.event_payload, what="event_payload"),
+                "old_document": document,
+                "old_payload": payload,
+                "old_null": 1 if payload is None else 0,
+                "now": now,
+            }
+            return bool(await self.database.write(self._s.wait_swap, params))
+        row, value = item.token
+        params = {
+            "id": row,
+            "value": codec.dumps(fields["value"], what=f"cached value of {item.key!r}"),
+            "old_value": value,
+            "now": now,
+        }
+        return bool(await self.database.write(self._s.cache_swap, params))
 
     # -- context stream and telemetry ---------------------------------------------------------
 

@@ -8,6 +8,7 @@ PgBouncer. Every expiry compares with the injected clock's ``now``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from siglo import codec
@@ -21,6 +22,7 @@ from siglo.coordination import (
     new_lock_token,
 )
 from siglo.errors import StorageAdapterError
+from siglo.payloads import StoredPayload
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
@@ -115,6 +117,29 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
         if not rows:
             return MISSING
         return codec.loads(rows[0][0], what="idempotency result")
+
+    async def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        after, page = b"", 500
+        while True:
+            params = {"after": after, "now": self.clock.now_ms(), "limit": page}
+            rows = await self._db.fetch(self._s.idem_scan, params)
+            for row_key, key, data in rows:
+                stored = bytes(data)
+                result = {"result": codec.loads(stored, what="idempotency result")}
+                yield StoredPayload("idempotency", key, None, result, (bytes(row_key), stored))
+            if len(rows) < page:
+                return
+            after = bytes(rows[-1][0])
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        row, stored = item.token
+        params = {
+            "id": row,
+            "result": codec.dumps(result, what=f"result of {item.key!r}"),
+            "old_result": stored,
+            "now": self.clock.now_ms(),
+        }
+        return bool(await self._db.write(self._s.idem_swap, params))
 
 
 class SqlLock(LockBase):

@@ -118,10 +118,14 @@ class Statements:
     wait_due: str
     wait_delete_stack: str
     wait_latest_delete_orphan: str
+    wait_scan: str
+    wait_swap: str
     # step cache
     cache_get: str
     cache_set: str
     cache_clean_batch: str
+    cache_scan: str
+    cache_swap: str
     # context stream
     ctx_drop_expired: str
     ctx_set: str
@@ -141,6 +145,8 @@ class Statements:
     idem_owned: str
     idem_result: str
     idem_clean_batch: str
+    idem_scan: str
+    idem_swap: str
     # locks
     lock_acquire: str
     lock_release: str
@@ -500,6 +506,18 @@ def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str,
             f"DELETE FROM {wl} WHERE id = :latest_id AND NOT EXISTS "
             f"(SELECT 1 FROM {w} WHERE {w}.id = {wl}.wait_id)"
         ),
+        # siglo rekey: a keyset walk of the live records, and a rewrite of one's payloads
+        # only if its document and event payload are still the bytes read (a claim or
+        # a completion in between changes the row: the rewrite does nothing).
+        "wait_scan": (
+            f"SELECT id, document, event_payload FROM {w} WHERE id > :after AND {LIVE} "
+            "ORDER BY id LIMIT :limit"
+        ),
+        "wait_swap": (
+            f"UPDATE {w} SET document = :document, event_payload = :event_payload "
+            "WHERE id = :id AND document = :old_document AND (event_payload = :old_payload "
+            f"OR (event_payload IS NULL AND :old_null = 1)) AND {LIVE} RETURNING 1"
+        ),
     }
 
 
@@ -514,6 +532,16 @@ def _step_cache(sc: str) -> dict[str, str | None]:
             "ON CONFLICT (id) DO UPDATE SET gone_at = excluded.gone_at, value = excluded.value"
         ),
         "cache_clean_batch": _clean(sc),
+        # siglo rekey: a keyset walk of the live entries, and a rewrite of one only if
+        # it still holds the value read (the compare-and-set of swap_payload).
+        "cache_scan": (
+            f"SELECT id, key, value FROM {sc} WHERE id > :after AND gone_at > :now "
+            "ORDER BY id LIMIT :limit"
+        ),
+        "cache_swap": (
+            f"UPDATE {sc} SET value = :value WHERE id = :id AND value = :old_value "
+            "AND gone_at > :now RETURNING 1"
+        ),
     }
 
 
@@ -587,6 +615,16 @@ def _idempotency(idem: str) -> dict[str, str | None]:
             f"SELECT result FROM {idem} WHERE id = :id AND state = 'completed' AND gone_at > :now"
         ),
         "idem_clean_batch": _clean(idem),
+        # siglo rekey: the completed keys, and a rewrite of a result only if the key is
+        # still completed with the bytes read (expiry and fingerprint kept).
+        "idem_scan": (
+            f"SELECT id, key, result FROM {idem} WHERE id > :after AND state = 'completed' "
+            "AND gone_at > :now ORDER BY id LIMIT :limit"
+        ),
+        "idem_swap": (
+            f"UPDATE {idem} SET result = :result WHERE id = :id AND state = 'completed' "
+            "AND result = :old_result AND gone_at > :now RETURNING 1"
+        ),
     }
 
 

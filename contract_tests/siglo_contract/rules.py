@@ -137,6 +137,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
     _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),
     _a("cache.expiry", _C.STEP_CACHE, "a value past its TTL is MISSING"),
     _a(
+        "cache.namespaced",
+        _C.STEP_CACHE,
+        "a key cached in one namespace is a miss in another and without a namespace",
+    ),
+    _a(
         "context.stream",
         _C.CONTEXT_STREAM,
         "context changes read back as the latest value per field",
@@ -240,6 +245,21 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "a delete never removes what a run re-created under the same id stored",
     ),
     _a("waits.due", _C.DUE_WAITS, "due waits: deadline passed, unheld, oldest first"),
+    _a(
+        "payload.scan",
+        _C.PAYLOAD_SCAN,
+        "scan_payloads lists every live wait record and cached step with its payloads",
+    ),
+    _a(
+        "payload.swap",
+        _C.PAYLOAD_SCAN,
+        "swap_payload rewrites payloads only if the record still holds what was listed",
+    ),
+    _a(
+        "payload.results",
+        _C.PAYLOAD_SCAN,
+        "the idempotency store lists completed results and rewrites them by compare-and-set",
+    ),
     _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
     _a("capability.declared", None, "every method of a declared capability is implemented"),
@@ -337,6 +357,9 @@ _SINCE: Final[dict[str, str]] = {
     "blobs.bounded": "1.4",
     # Issue 33, part A: the blind index answered by the backend.
     **dict.fromkeys(("list.by-index",), "1.4"),
+    # Issue 33, part B: cached steps belong to their namespace (erased with its key);
+    # stand-alone wait records and cached steps listed and rewritten by siglo rekey.
+    **dict.fromkeys(("cache.namespaced", "payload.scan", "payload.swap", "payload.results"), "1.4"),
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

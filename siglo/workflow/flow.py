@@ -511,7 +511,11 @@ class Flow:
         else:
             key = step.cache_key_for(value) if step.cache_ttl_ms is not None else None
         if cache is not None and key is not None:
-            cached = await (ahead.lookup if ahead is not None else cache.get_cached_step(key))
+            cached = await (
+                ahead.lookup
+                if ahead is not None
+                else cache.get_cached_step(key, **_cache_namespace(stack))
+            )
             kind = "miss" if cached is MISSING else "hit"
             telemetry.note_step_cache(kind)
             await self._cache_event(manager, kind, key, stack, step)
@@ -538,7 +542,9 @@ class Flow:
         cached_output = manager.redact(output, stack.stack_id)
 
         async def write_cache_entry() -> None:
-            await cache.set_cached_step(key, cached_output, step.cache_ttl_ms)
+            await cache.set_cached_step(
+                key, cached_output, step.cache_ttl_ms, **_cache_namespace(stack)
+            )
             await self._cache_event(manager, "set", key, stack, step)
 
         return output, write_cache_entry
@@ -678,6 +684,15 @@ def _step_cache(manager: StorageManager) -> StorageAdapter | None:
     return adapter if adapter is not None and adapter.supports(Capability.STEP_CACHE) else None
 
 
+def _cache_namespace(stack: ExecutionStack) -> dict[str, Any]:
+    """The namespace of a run's cache entries: its own. The same step and input in two
+    tenants are two entries — never one tenant's output served to another — each
+    encrypted under its tenant's key, so erasing the tenant leaves its entries unreadable
+    (docs/encryption.md). Left out without a namespace, so an adapter that predates
+    namespaced entries is called as before."""
+    return {} if stack.namespace is None else {"namespace": stack.namespace}
+
+
 class _LookAhead:
     """A cached step's look-up, sent while the step before it is being checkpointed.
 
@@ -715,7 +730,8 @@ def _look_ahead(
         # Not sent ahead: the key is worked out again where the step runs, and its error
         # is raised there, after the previous step's checkpoint, as without a look-ahead.
         return None
-    return _LookAhead(key, asyncio.ensure_future(cache.get_cached_step(key)))
+    lookup = cache.get_cached_step(key, **_cache_namespace(stack))
+    return _LookAhead(key, asyncio.ensure_future(lookup))
 
 
 async def _locked(

@@ -781,8 +781,9 @@ COMMANDS: dict[str, str] = {
 
 _NOT_WRITERS = frozenset({"reads", "no I/O", "deletes only", "no stored data", "schema only"})
 _NOT_WRITERS |= {
-    # It re-saves stored checkpoints through the pipeline of the command's settings
-    # (tests/core/test_rekey.py reads the raw bytes after it, on every durable backend).
+    # It re-saves stored checkpoints, and rewrites stand-alone wait records and cached
+    # steps, through the codec chain of the command's settings (tests/core/test_rekey.py
+    # reads the raw bytes after it, on every durable backend).
     "rekey (re-saves what is stored)",
     "its own isolated storage",
     "synthetic data under a namespace of its own, removed afterwards",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -16,7 +16,7 @@ import mutants_holes as h
 import mutants_large as lg
 import mutants_values as v
 
-from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
+from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord, codec
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
 from siglo.blind import stored_tokens
@@ -30,6 +30,7 @@ from siglo.listing import (
     encode_cursor,
 )
 from siglo.manager import StorageManager
+from siglo.payloads import PayloadKind, StoredPayload, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent
 from siglo_contract.target import Target
 from siglo_memory import connect as memory_connect
@@ -732,6 +733,59 @@ class CacheIgnoresTtl(MemoryStorageAdapter):
         await super()._do_set_cached_step(key, value, None)
 
 
+class CacheIgnoresNamespace(MemoryStorageAdapter):
+    """The step cache drops the namespace: tenant B reads tenant A's cached step
+    output (issue 33)."""
+
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any:
+        return await super().get_cached_step(key)
+
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
+        await super().set_cached_step(key, value, ttl_ms)
+
+
+class ScanSkipsNamespacedWaits(MemoryStorageAdapter):
+    """The payload walk lists only un-namespaced wait records: a rekey leaves every
+    tenant's waits under the old key (issue 33)."""
+
+    async def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        async for item in super()._do_scan_payloads(kind):
+            if item.kind != "wait" or item.namespace is None:
+                yield item
+
+
+class SwapIgnoresWhatWasListed(MemoryStorageAdapter):
+    """The payload rewrite never compares: a claim or a set made after the listing is
+    overwritten by the rekey (issue 33)."""
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        if item.kind == "wait":
+            entry = self._waits.get(wait_key(item.namespace, item.key))
+            if entry is None:
+                return False
+            record = WaitRecord.from_json(item.token)
+            entry.data = with_wait_fields(record, fields).to_json()
+            return True
+        stored = self._cache.get(item.key)
+        if stored is None:
+            return False
+        stored.data = codec.dumps(fields["value"], what="cached step")
+        return True
+
+
+class ResultSwapIgnoresWhatWasListed(MemoryIdempotencyStore):
+    """The result rewrite never compares: a completion made after the listing is
+    overwritten by the rekey (issue 33)."""
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        if self._keys.get(item.key) is None:
+            return False
+        self._keys.replace(item.key, "COMPLETED:" + codec.dumps_str(result, what="result"))
+        return True
+
+
 class IgnoresContextDeletes(MemoryStorageAdapter):
     async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         if isinstance(event, ContextChangeEvent) and event.op == "delete":
@@ -1224,6 +1278,26 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("cache.miss", "a miss is None", adapter=MissIsNone),
     _m("cache.expiry", "TTLs are ignored", adapter=CacheIgnoresTtl),
+    _m(
+        "cache.namespaced",
+        "the step cache ignores the namespace",
+        adapter=CacheIgnoresNamespace,
+    ),
+    _m(
+        "payload.scan",
+        "the payload walk skips namespaced wait records",
+        adapter=ScanSkipsNamespacedWaits,
+    ),
+    _m(
+        "payload.swap",
+        "the payload rewrite overwrites whatever is stored",
+        adapter=SwapIgnoresWhatWasListed,
+    ),
+    _m(
+        "payload.results",
+        "the result rewrite overwrites whatever is stored",
+        idempotency=ResultSwapIgnoresWhatWasListed,
+    ),
     _m("context.stream", "deletes are ignored", adapter=IgnoresContextDeletes),
     _m(
         "cache-events.accepted",
