@@ -80,6 +80,11 @@ def closed_calls(
             lambda: a.on_cache_event(CacheEvent(type="hit", key=key, timestamp=1)),
         ),
         (C.LISTING, "list_checkpoints", lambda: a.list_checkpoints(limit=1)),
+        (
+            C.LISTING,
+            "list_checkpoints_by_index",
+            lambda: a.list_checkpoints_by_index({"f": "t"}, namespace=None, limit=1),
+        ),
         (C.DELETION, "delete_checkpoint", lambda: a.delete_checkpoint(stack)),
         (C.DUE_WAITS, "list_due_waits", lambda: a.list_due_waits(limit=1)),
         (C.PAYLOAD_SCAN, "scan_payloads", lambda: _first_payload(a)),
