@@ -9,8 +9,10 @@ from typing import Any, Final
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import STATUSES, Checkpoint
-from siglo.errors import LockNotAcquiredError
+from siglo.coordination import LockBase
+from siglo.errors import CapabilityNotSupportedError, LockNotAcquiredError
 from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
+from siglo.locking import workflow_lock_key
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import REDACT_FIELDS_KEY, redact
 from siglo.sentinel import MISSING, Missing
@@ -18,6 +20,8 @@ from siglo.sentinel import MISSING, Missing
 __all__ = [
     "COUNT_LIMIT",
     "Attention",
+    "HeldRun",
+    "LockView",
     "RunDetail",
     "RunFilter",
     "attention",
@@ -86,6 +90,21 @@ async def status_counts(adapter: StorageAdapter, filters: RunFilter) -> tuple[di
     return counts, False
 
 
+@dataclass(frozen=True)
+class LockView:
+    """A run's workflow lock as the pages show it."""
+
+    held: bool
+    holder: str | None = None
+    """The holder's label (:func:`~siglo.coordination.holder_label`: never its token), when
+    the lock could be read; ``None`` when it was found held by taking it for an instant."""
+    expires_in_ms: int | None = None
+    """The lease left when it was read."""
+    fencing_token: int | None = None
+    taken_at_ms: int | None = None
+    """When the holder took it, from the ``lock_<ms>`` of a seed-format token's label."""
+
+
 @dataclass
 class RunDetail:
     """One run as the run page shows it; every payload already redacted."""
@@ -96,9 +115,9 @@ class RunDetail:
     waits: list[WaitRecord]
     stream: dict[str, dict[str, Any]]
     """Per step, the context stream's latest value of each key (streamed changes)."""
-    lock: str | None
-    """``held`` (a process runs it), ``free``, or ``None`` (no workflow lock, or not
-    running)."""
+    lock: LockView | None
+    """The workflow lock: held (by whom, until when) or free; ``None`` when the backend
+    has none, or when it can only be told by taking it and the run is not running."""
     redacted: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -117,10 +136,36 @@ def hide(value: Any, fields: frozenset[str]) -> Any:
     return redact(value, fields) if fields else value
 
 
-async def lock_state(adapter: StorageAdapter, stack_id: str, namespace: str | None) -> str | None:
-    """Whether the run's workflow lock (the run's: its namespace included) is held, found
-    the way a worker finds it: by taking it for an instant (a held lock refuses at once)."""
+async def lock_state(
+    adapter: StorageAdapter, stack_id: str, namespace: str | None, *, probe: bool = True
+) -> LockView | None:
+    """The run's workflow lock (the run's: its namespace included).
+
+    Read with the lock's ``inspect`` (who holds it, the lease left) where the backend's
+    workflow lock has one; otherwise — a lock class built before contract 1.4, or a
+    backend whose workflow lock is not a :class:`~siglo.coordination.Lock` — found the
+    way a worker finds it, by taking it for an instant (a held lock refuses at once), and
+    only when ``probe`` is true. ``None``: the backend has no workflow lock, or it could
+    not be read without taking it."""
     if not adapter.supports(Capability.WORKFLOW_LOCK):
+        return None
+    lock = adapter.workflow_lock
+    if isinstance(lock, LockBase):
+        try:
+            state = await lock.inspect(workflow_lock_key(stack_id, namespace))
+        except CapabilityNotSupportedError:
+            pass
+        else:
+            if state is None:
+                return LockView(held=False)
+            return LockView(
+                held=True,
+                holder=state.holder,
+                expires_in_ms=state.expires_in_ms,
+                fencing_token=state.fencing_token,
+                taken_at_ms=_taken_at(state.holder),
+            )
+    if not probe:
         return None
 
     async def nothing() -> None:
@@ -129,8 +174,13 @@ async def lock_state(adapter: StorageAdapter, stack_id: str, namespace: str | No
     try:
         await adapter.with_workflow_lock(stack_id, nothing, timeout_ms=1, namespace=namespace)
     except LockNotAcquiredError:
-        return "held"
-    return "free"
+        return LockView(held=True)
+    return LockView(held=False)
+
+
+def _taken_at(holder: str) -> int | None:
+    head = holder.partition("#")[0]
+    return int(head[len("lock_") :]) if head.startswith("lock_") else None
 
 
 async def waits_of(adapter: StorageAdapter, checkpoint: Checkpoint) -> list[WaitRecord]:
@@ -176,10 +226,10 @@ async def run_detail(
         )
         for w in await waits_of(adapter, checkpoint)
     ]
-    lock = (
-        await lock_state(adapter, stack_id, checkpoint.namespace)
-        if checkpoint.status == "running"
-        else None
+    # Read for every run where the lock can be read without taking it (an action may
+    # hold it whatever the status says); taken for an instant only for a running run.
+    lock = await lock_state(
+        adapter, stack_id, checkpoint.namespace, probe=checkpoint.status == "running"
     )
     return RunDetail(
         checkpoint=checkpoint,
@@ -192,6 +242,14 @@ async def run_detail(
     )
 
 
+@dataclass(frozen=True)
+class HeldRun:
+    """A running run whose lock a live process holds, and that lock."""
+
+    summary: CheckpointSummary
+    lock: LockView
+
+
 @dataclass
 class Attention:
     """What an operator should look at."""
@@ -199,8 +257,8 @@ class Attention:
     crashed: list[CheckpointSummary]
     """``running`` runs whose workflow lock is free: their process is gone, and a
     ``siglo worker`` with their flow will recover them."""
-    held: list[CheckpointSummary]
-    """``running`` runs whose lock a live process holds."""
+    held: list[HeldRun]
+    """``running`` runs whose lock a live process holds, with its holder and lease."""
     overdue: list[WaitRecord]
     """Waits past their deadline that no worker has fired yet."""
     scanned: int
@@ -212,7 +270,7 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
     """Crashed runs awaiting recovery, runs holding their lock, and overdue waits (at
     most ``limit`` of each)."""
     crashed: list[CheckpointSummary] = []
-    held: list[CheckpointSummary] = []
+    held: list[HeldRun] = []
     scanned = 0
     listing = adapter.supports(Capability.LISTING)
     if listing:
@@ -220,7 +278,10 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
         scanned = len(page.items)
         for summary in page.items:
             state = await lock_state(adapter, summary.stack_id, summary.namespace)
-            (held if state == "held" else crashed).append(summary)
+            if state is not None and state.held:
+                held.append(HeldRun(summary, state))
+            else:
+                crashed.append(summary)
     overdue: list[WaitRecord] = []
     due = adapter.supports(Capability.DUE_WAITS)
     if due:

@@ -4,6 +4,7 @@ actions are confirmed, CSRF-protected, compare-and-set) — docs/observability.m
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,10 @@ from ops_support import DURABLE_KINDS, shared_store
 from ui_support import FIELD, NAMESPACE, ORDERS, SECRET, seed
 
 import siglo
+from siglo.coordination import LockBase, LockState, holder_label
+from siglo.errors import CapabilityNotSupportedError
+from siglo.locking import Lease, current_lease
+from siglo.ui import data
 from siglo.ui.server import create_app
 from siglo.workflow import Worker
 
@@ -238,3 +243,96 @@ async def test_stored_markup_is_shown_as_text(store: siglo.Backend) -> None:
         assert "<script>alert(1)" not in html and "<i>w</i>" not in html
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<img" not in page and "<b>step" not in page
+
+
+async def test_the_run_and_attention_pages_show_the_lock_holder_and_lease(
+    store: siglo.Backend,
+) -> None:
+    """A process holds a running run's workflow lock: the run page names the holder (a
+    label, never the token that releases the lock) and when its lease expires, and the
+    attention page lists it under held locks with the same; another running run's lock
+    reads free, and the run is listed as crashed."""
+    async with siglo.connect(store.url, settings=SETTINGS) as holder:
+        running = await holder.adapter.list_checkpoints(status="running", limit=2)
+        held_id, free_id = (s.stack_id for s in running.items[:2])
+        holding, release = asyncio.Event(), asyncio.Event()
+        leases: list[Lease] = []
+
+        async def hold() -> None:
+            lease = current_lease()
+            assert lease is not None
+            leases.append(lease)
+            holding.set()
+            await release.wait()
+
+        task = asyncio.create_task(holder.adapter.with_workflow_lock(held_id, hold))
+        await holding.wait()
+        try:
+            (lease,) = leases
+            label = holder_label(lease.token)
+            async with dashboard(store.url) as client:
+                run = (await client.get("/run", params={"id": held_id})).text
+                attention = (await client.get("/attention")).text
+                free = (await client.get("/run", params={"id": free_id})).text
+        finally:
+            release.set()
+            await task
+    lock_cell = re.search(r'<td id="lock">(.*?)</td></tr>', run, re.S)
+    assert lock_cell, run
+    assert f'held by <code id="lock-holder">{label}</code>' in lock_cell.group(1)
+    assert lease.token not in run and lease.token not in attention
+    ttl_s = holder.adapter.workflow_lock_ttl_ms // 1000
+    left = re.search(r'<span id="lock-lease">expires in (\d+) s</span>', lock_cell.group(1))
+    assert left and 0 < int(left.group(1)) <= ttl_s, lock_cell.group(1)
+    if not store.url.startswith("redis"):  # Redis keeps no per-key fence to show
+        assert f"fencing token {lease.fencing_token}" in lock_cell.group(1)
+    held_table = attention.split('<table id="held">')[1].split("</table>")[0]
+    row = next(r for r in held_table.split("<tr>") if f">{held_id}</a>" in r)
+    assert f"<code>{label}</code>" in row
+    assert re.search(r"expires in \d+ s", row)
+    crashed = attention.split('<table id="crashed">')[1].split("</table>")[0]
+    assert f">{free_id}</a>" in crashed and f">{held_id}</a>" not in crashed
+    assert "free: no process runs it" in free
+
+
+async def test_a_lock_without_inspect_is_told_held_or_free_by_taking_it(
+    store: siglo.Backend,
+) -> None:
+    """A backend whose lock class predates ``inspect`` (contract 1.4): the pages still tell
+    a held lock from a free one, by taking it for an instant, without a holder or lease;
+    a run that is not running is not probed (taking its lock could block its resume)."""
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        lock = backend.adapter.workflow_lock
+        assert isinstance(lock, LockBase)
+        original = type(lock)
+        lock.__class__ = type("PreInspectLock", (original,), {"_do_inspect": _no_inspect})
+        with pytest.raises(CapabilityNotSupportedError):
+            await lock.inspect("any")
+        running = await backend.adapter.list_checkpoints(status="running", limit=1)
+        stack_id, namespace = running.items[0].stack_id, running.items[0].namespace
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            holding.set()
+            await release.wait()
+
+        async with siglo.connect(store.url, settings=SETTINGS) as other:
+            task = asyncio.create_task(
+                other.adapter.with_workflow_lock(stack_id, hold, namespace=namespace)
+            )
+            await holding.wait()
+            try:
+                held = await data.lock_state(backend.adapter, stack_id, namespace)
+            finally:
+                release.set()
+                await task
+        free = await data.lock_state(backend.adapter, stack_id, namespace)
+        unprobed = await data.lock_state(backend.adapter, stack_id, namespace, probe=False)
+        lock.__class__ = original
+    assert held == data.LockView(held=True)  # no holder, no lease: not readable
+    assert free == data.LockView(held=False)
+    assert unprobed is None
+
+
+async def _no_inspect(self: LockBase, lock_key: str) -> LockState | None:
+    return await LockBase._do_inspect(self, lock_key)  # the base class: unsupported
