@@ -3,6 +3,7 @@ with counts by status, one run's history, and what needs attention."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -10,12 +11,17 @@ from typing import Any, Final
 from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import STATUSES, Checkpoint
 from siglo.coordination import LockBase
-from siglo.errors import CapabilityNotSupportedError, LockNotAcquiredError
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    InvalidArgumentError,
+    LockNotAcquiredError,
+)
 from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
 from siglo.locking import workflow_lock_key
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import REDACT_FIELDS_KEY, redact
 from siglo.sentinel import MISSING, Missing
+from siglo.workflow.flow import STEP_CACHE_KEY
 
 __all__ = [
     "COUNT_LIMIT",
@@ -24,6 +30,7 @@ __all__ = [
     "LockView",
     "RunDetail",
     "RunFilter",
+    "StepCacheUse",
     "attention",
     "lock_state",
     "run_detail",
@@ -105,6 +112,23 @@ class LockView:
     """When the holder took it, from the ``lock_<ms>`` of a seed-format token's label."""
 
 
+@dataclass(frozen=True)
+class StepCacheUse:
+    """A cached step of a run: whether its output came from the step cache, and the
+    entry it used or wrote (read from the checkpoint's ``stepCache`` metadata)."""
+
+    step: str
+    hit: bool
+    """``True``: the output came from the cache; ``False``: computed, and cached."""
+    key: str
+    looked_up_at: int | None
+    expires_at: int | None
+    """When the entry expires: known for one this run wrote (a miss: its TTL from the
+    look-up), not for one it found (a hit: written by an earlier run)."""
+    present: bool | None
+    """Whether the entry is in the cache now (``None``: the backend has no step cache)."""
+
+
 @dataclass
 class RunDetail:
     """One run as the run page shows it; every payload already redacted."""
@@ -119,6 +143,8 @@ class RunDetail:
     """The workflow lock: held (by whom, until when) or free; ``None`` when the backend
     has none, or when it can only be told by taking it and the run is not running."""
     redacted: frozenset[str] = field(default_factory=frozenset)
+    step_cache: list[StepCacheUse] = field(default_factory=list)
+    """The run's cached steps, in the order of its finished steps."""
 
 
 def redacting(checkpoint: Checkpoint | None, fields: Iterable[str]) -> frozenset[str]:
@@ -231,15 +257,55 @@ async def run_detail(
     lock = await lock_state(
         adapter, stack_id, checkpoint.namespace, probe=checkpoint.status == "running"
     )
+    metadata = hide(dict(checkpoint.metadata or {}), fields)
     return RunDetail(
         checkpoint=checkpoint,
         contexts=hide(checkpoint.contexts, fields),
-        metadata=hide(dict(checkpoint.metadata or {}), fields),
+        metadata=metadata,
         waits=waits,
         stream=stream,
         lock=lock,
         redacted=fields,
+        step_cache=await step_cache_uses(adapter, checkpoint, metadata),
     )
+
+
+async def step_cache_uses(
+    adapter: StorageAdapter, checkpoint: Checkpoint, metadata: Mapping[str, Any]
+) -> list[StepCacheUse]:
+    """The run's cached steps, as its flow recorded them in ``metadata`` (already
+    redacted) beside each step's output; each entry looked up now for whether it is
+    still cached (its value is not read out)."""
+    recorded = metadata.get(STEP_CACHE_KEY)
+    if not isinstance(recorded, Mapping):
+        return []
+    cache = adapter.supports(Capability.STEP_CACHE)
+    order = {name: index for index, name in enumerate(checkpoint.chains)}
+    uses: list[StepCacheUse] = []
+    for step, use in sorted(recorded.items(), key=lambda item: order.get(item[0], len(order))):
+        if not isinstance(use, Mapping) or not isinstance(use.get("key"), str):
+            continue  # not what a flow records: shown in the metadata, not here
+        key, at, ttl = use["key"], use.get("at"), use.get("ttlMs")
+        hit = use.get("result") == "hit"
+        expires_at = None
+        if not hit and isinstance(at, int) and isinstance(ttl, int):
+            expires_at = at + ttl
+        present = None
+        if cache:
+            # A key no flow writes (edited metadata) is refused: nothing to look up.
+            with contextlib.suppress(InvalidArgumentError):
+                present = await adapter.get_cached_step(key) is not MISSING
+        uses.append(
+            StepCacheUse(
+                step=str(step),
+                hit=hit,
+                key=key,
+                looked_up_at=at if isinstance(at, int) else None,
+                expires_at=expires_at,
+                present=present,
+            )
+        )
+    return uses
 
 
 @dataclass(frozen=True)

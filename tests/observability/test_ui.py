@@ -5,9 +5,11 @@ actions are confirmed, CSRF-protected, compare-and-set) — docs/observability.m
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +23,7 @@ from siglo.locking import Lease, current_lease
 from siglo.ui import data
 from siglo.ui.server import create_app
 from siglo.workflow import Worker
+from siglo.workflow.flow import STEP_CACHE_KEY
 
 SETTINGS = siglo.Settings(redact_fields=frozenset({FIELD}))
 
@@ -336,3 +339,59 @@ async def test_a_lock_without_inspect_is_told_held_or_free_by_taking_it(
 
 async def _no_inspect(self: LockBase, lock_key: str) -> LockState | None:
     return await LockBase._do_inspect(self, lock_key)  # the base class: unsupported
+
+
+async def _price(order: Any) -> dict[str, Any]:
+    return {"sku": "A-1", "price": 42, FIELD: SECRET}
+
+
+async def _label(priced: Any) -> str:
+    return f"{priced['sku']} at {priced['price']}"
+
+
+PRICING = siglo.flow(
+    siglo.Step.create("price", _price).cache(ttl_ms=600_000, key=lambda _: "price:A-1"),
+    siglo.Step.create("label", _label),
+    name="pricing",
+)
+
+
+async def test_the_run_page_shows_step_cache_hits_and_misses(store: siglo.Backend) -> None:
+    """Two runs of a flow whose first step is cached under one key: the first computed it
+    (a miss, the entry it wrote and when that expires), the second took it from the
+    cache (a hit); both read from what the runs' checkpoints recorded, with the entry
+    looked up now. A run without cached steps says so. The cached output's redacted card
+    number is nowhere."""
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        await PRICING.run("a", manager=manager, stack_id="price-1")
+        await PRICING.run("b", manager=manager, stack_id="price-2")
+        first = await backend.adapter.get_checkpoint("price-1")
+    assert first is not None and first.metadata is not None
+    recorded = first.metadata[STEP_CACHE_KEY]
+    assert set(recorded) == {"price"}  # the uncached step records nothing
+    expires = recorded["price"]["at"] + 600_000
+    async with dashboard(store.url) as client:
+        miss = (await client.get("/run", params={"id": "price-1"})).text
+        hit = (await client.get("/run", params={"id": "price-2"})).text
+        none = (await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})).text
+
+    def rows(page: str) -> list[list[str]]:
+        table = page.split('<table id="step-cache">')[1].split("</table>")[0]
+        body = table.split("<tbody>")[1]
+        return [
+            [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+            for r in body.split("<tr>")[1:]
+        ]
+
+    (price_miss,) = rows(miss)
+    assert price_miss[:3] == ["price", "miss: computed, then cached", "price:A-1"]
+    assert price_miss[4] == dt.datetime.fromtimestamp(expires / 1000, tz=dt.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S"
+    )
+    assert price_miss[5] == "yes"
+    (price_hit,) = rows(hit)
+    assert price_hit[:3] == ["price", "hit: from the cache", "price:A-1"]
+    assert price_hit[4:] == ["written by an earlier run: not recorded", "yes"]
+    assert rows(none) == [["no cached step"]]
+    assert SECRET not in miss and SECRET not in hit
