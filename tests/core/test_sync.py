@@ -19,7 +19,7 @@ import pytest
 import siglo
 from siglo import sync
 from siglo.adapter import StorageAdapter
-from siglo.coordination import IdempotencyStore, Lock, NonceStore
+from siglo.coordination import IdempotencyStore, Lock, NonceStore, holder_label
 from siglo.plugins import get_registry
 from siglo.stack import ExecutionStack
 
@@ -95,7 +95,11 @@ def test_adapter_and_coordination(backend: sync.SyncBackend) -> None:
     held = lock.acquire(key, ttl_ms=5_000)
     assert held.acquired and held.token is not None
     assert not lock.acquire(key, ttl_ms=5_000).acquired
+    state = lock.inspect(key)
+    assert state is not None and state.holder == holder_label(held.token)
+    assert 0 < state.expires_in_ms <= 5_000
     assert lock.release(key, held.token)
+    assert lock.inspect(key) is None
     assert lock.with_lock(key, lambda: "done", 5_000) == "done"
 
     nonces = backend.require_nonces()
