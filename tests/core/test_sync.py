@@ -19,7 +19,7 @@ import pytest
 import siglo
 from siglo import sync
 from siglo.adapter import StorageAdapter
-from siglo.coordination import IdempotencyStore, Lock, NonceStore, holder_label
+from siglo.coordination import IdempotencyStore, LockBase, NonceStore, holder_label
 from siglo.plugins import get_registry
 from siglo.stack import ExecutionStack
 
@@ -198,7 +198,9 @@ FACADES: list[tuple[type[Any], type[Any]]] = [
     (sync.SyncStack, ExecutionStack),
     (sync.SyncAdapter, StorageAdapter),
     (sync.SyncIdempotencyStore, IdempotencyStore),
-    (sync.SyncLock, Lock),
+    # LockBase: the Lock protocol's methods and inspect (contract 1.4), which the
+    # protocol leaves out so that a third-party lock written before it still is a Lock.
+    (sync.SyncLock, LockBase),
     (sync.SyncNonceStore, NonceStore),
     (sync.SyncBackend, siglo.Backend),
     (sync.SyncFlow, siglo.Flow),
