@@ -21,11 +21,13 @@ The conditions:
   an exporter that drops it: no thread, so the count repeats) and every metric (an
   in-memory reader), set globally before ``siglo.connect``.
 
-Instruction counts do not depend on the machine's load. With the hash seed fixed, two
-runs of a memory cell count the same to the instruction (an SDK's cells within 0.1 %);
-SQLite's differ by up to 1.5 % from run to run, as its driver thread hands results to
-the event loop in a different rhythm (the table shows each run). Each line is the median
-count per operation over the runs, and its ratio to ``absent``'s.
+With the hash seed fixed, two runs of a memory cell count the same to the instruction
+(an SDK's cells within 0.1 %), whatever the machine's load. SQLite's do not quite: its
+driver thread and the event loop take turns (valgrind runs one thread at a time, and when
+a thread blocks depends on time), and a run's saves fall in one of two modes, about
+164,000 or 175,000 instructions each — compare a condition's lowest run with another's
+(the table shows each run). Each line is the median count per operation over the runs,
+and its ratio to ``absent``'s.
 """
 
 from __future__ import annotations
