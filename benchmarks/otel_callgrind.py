@@ -24,9 +24,11 @@ The conditions:
 With the hash seed fixed, two runs of a memory cell count the same to the instruction
 (an SDK's cells within 0.1 %), whatever the machine's load. SQLite's do not quite: its
 driver thread and the event loop take turns (valgrind runs one thread at a time, and when
-a thread blocks depends on time), and a run's saves fall in one of two modes, about
-164,000 or 175,000 instructions each — compare a condition's lowest run with another's
-(the table shows each run). Each line is the median count per operation over the runs,
+a thread blocks depends on time), and what a run allocates before its counted stretch
+varies, so a full garbage collection falls inside it or not: a run's saves then count
+about 164,000 or 175,000 instructions each (the table shows each run). ``--freeze-gc``
+(``gc.freeze()`` after the warm-up) takes what the process imported out of the
+collector's reach, and the counts of the calls themselves remain. Each line is the median count per operation over the runs,
 and its ratio to ``absent``'s.
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import re
 import statistics
@@ -55,7 +58,9 @@ def _mark() -> None:
     os.getppid()
 
 
-def _child(backend: str, condition: str, warmup: int, ops: int, tmp: str) -> None:
+def _child(
+    backend: str, condition: str, warmup: int, ops: int, tmp: str, freeze: bool = False
+) -> None:
     """The measured process: set the condition up, connect, warm up, then ``ops`` saves
     and ``ops`` loads, each stretch between two marks."""
     if condition == "absent":
@@ -110,6 +115,11 @@ def _child(backend: str, condition: str, warmup: int, ops: int, tmp: str) -> Non
 
             await saves(warmup)
             await loads(warmup)
+            if freeze:
+                # Everything alive now (the imports among it) out of the collector's
+                # reach: a full collection in the counted stretch then costs what the
+                # stretch allocated, not what the process imported.
+                gc.freeze()
             _mark()
             await saves(ops)
             _mark()
@@ -119,7 +129,9 @@ def _child(backend: str, condition: str, warmup: int, ops: int, tmp: str) -> Non
     asyncio.run(run())
 
 
-def count(backend: str, condition: str, warmup: int, ops: int) -> tuple[int, int]:
+def count(
+    backend: str, condition: str, warmup: int, ops: int, freeze: bool = False
+) -> tuple[int, int]:
     """Instructions (callgrind's ``Ir``, every thread) of ``ops`` saves and of ``ops``
     loads on ``backend`` under ``condition``, in one child process after ``warmup`` of
     each."""
@@ -136,7 +148,7 @@ def count(backend: str, condition: str, warmup: int, ops: int) -> tuple[int, int
                 "-m",
                 "benchmarks.otel_callgrind",
                 "--child",
-                f"{backend},{condition},{warmup},{ops},{tmp}",
+                f"{backend},{condition},{warmup},{ops},{int(freeze)},{tmp}",
             ],
             cwd=ROOT,
             env=env,
@@ -159,12 +171,12 @@ def count(backend: str, condition: str, warmup: int, ops: int) -> tuple[int, int
 
 
 def measure(
-    backend: str, condition: str, ops: int, warmup: int, repeat: int
+    backend: str, condition: str, ops: int, warmup: int, repeat: int, freeze: bool = False
 ) -> list[tuple[float, float]]:
     """Instructions per save and per load, once per repetition (a process each)."""
     figures = []
     for _ in range(repeat):
-        saves, loads = count(backend, condition, warmup, ops)
+        saves, loads = count(backend, condition, warmup, ops, freeze)
         figures.append((saves / ops, loads / ops))
     return figures
 
@@ -176,17 +188,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="gc.freeze() after the warm-up: count the calls without the collection of "
+        "what the process imported",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        backend, condition, warmup, ops, tmp = args.child.split(",", 4)
-        _child(backend, condition, int(warmup), int(ops), tmp)
+        backend, condition, warmup, ops, freeze, tmp = args.child.split(",", 5)
+        _child(backend, condition, int(warmup), int(ops), tmp, freeze == "1")
         return
     conditions = args.conditions.split(",")
     print("| backend | operation | condition | instructions per op (each run) | / absent |")
     print("|---|---|---|---:|---:|")
     for backend in args.backends.split(","):
-        figures = {c: measure(backend, c, args.ops, args.warmup, args.repeat) for c in conditions}
+        figures = {
+            c: measure(backend, c, args.ops, args.warmup, args.repeat, args.freeze_gc)
+            for c in conditions
+        }
         for index, operation in enumerate(("save 1 KB", "load 1 KB")):
             base = (
                 statistics.median(run[index] for run in figures["absent"])
