@@ -28,8 +28,8 @@ a thread blocks depends on time), and what a run allocates before its counted st
 varies, so a full garbage collection falls inside it or not: a run's saves then count
 about 164,000 or 175,000 instructions each (the table shows each run). ``--freeze-gc``
 (``gc.freeze()`` after the warm-up) takes what the process imported out of the
-collector's reach, and the counts of the calls themselves remain. Each line is the median count per operation over the runs,
-and its ratio to ``absent``'s.
+collector's reach, and the counts of the calls themselves remain. Each line is the
+median count per operation over the runs, and its ratio to ``absent``'s.
 """
 
 from __future__ import annotations
