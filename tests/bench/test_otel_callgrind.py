@@ -60,3 +60,27 @@ def test_the_callgrind_measurement_runs_and_repeats() -> None:
         assert one > 1_000  # a save or a load of 1 KB through siglo, not an empty stretch
         assert abs(one - two) <= one // 100, (first, second)  # counts, not timings
         assert float(ratio) > 0
+
+
+@pytest.mark.parametrize("condition", ["absent", "api", "sdk"])
+@pytest.mark.parametrize("freeze", ["0", "1"])
+def test_the_measured_child_runs_each_condition(
+    condition: str, freeze: str, tmp_path: Path
+) -> None:
+    """The child process alone (no valgrind): each condition as it is set up — the API
+    not importable, the API without an SDK, an SDK recording — on SQLite, with and
+    without ``--freeze-gc``; it asserts its condition itself."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.otel_callgrind",
+            "--child",
+            f"sqlite,{condition},2,3,{freeze},{tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
