@@ -12,8 +12,10 @@ from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
     LockResult,
+    LockState,
     NonceStoreBase,
     OwnedClaimReply,
+    holder_label,
     new_lock_token,
 )
 from siglo.payloads import StoredPayload
@@ -47,6 +49,12 @@ class _ExpiringDict:
             del self._items[key]
             return None
         return item[0]
+
+    def remaining_ms(self, key: str) -> int | None:
+        """How long the live entry ``key`` has left, ``None`` without one."""
+        if self.get(key) is None:
+            return None
+        return self._items[key][1] - self.clock.now_ms()
 
     def set(self, key: str, value: str, ttl_ms: int) -> None:
         self._items[key] = (value, self.clock.now_ms() + ttl_ms)
@@ -214,6 +222,13 @@ class MemoryLock(LockBase):
             return False
         self._holders.delete(lock_key)
         return True
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        token = self._holders.get(lock_key)
+        remaining = self._holders.remaining_ms(lock_key)
+        if token is None or remaining is None:
+            return None
+        return LockState(holder_label(token), remaining, self._fences.get(lock_key))
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         if self._holders.get(lock_key) != token:

@@ -13,8 +13,10 @@ from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
     LockResult,
+    LockState,
     NonceStoreBase,
     OwnedClaimReply,
+    holder_label,
     new_lock_token,
 )
 from siglo.errors import InvalidArgumentError, StorageAdapterError
@@ -43,6 +45,7 @@ from siglo_redis.scripts import (
     IDEMPOTENCY_FAIL,
     LOCK_ACQUIRE,
     LOCK_EXTEND,
+    LOCK_INSPECT,
 )
 from siglo_redis.waits import swap
 
@@ -256,6 +259,21 @@ class RedisLock(_ClientOwner, LockBase):
         if text(await self._redis.get(key)) != token:
             return False
         return await self._redis.delete(key) == 1
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        key = self.key_prefix + lock_key
+        if self._require_eval("inspect"):
+            reply = await self._redis.script(LOCK_INSPECT, [key], [])
+            if not reply:
+                return None
+            token, left = text(reply[0]), int(reply[1])
+        else:  # the seed's fallback for a client without eval: two reads, may race
+            token = text(await self._redis.get(key))
+            left = int(await self._redis.call("PTTL", self.client.pttl(key)))
+        if token is None or left <= 0:
+            return None  # gone between the two reads, or a key without a lease
+        # The fencing counter is per cluster slot, not per lock key: no per-key number.
+        return LockState(holder_label(token), left, None)
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         key = self.key_prefix + lock_key

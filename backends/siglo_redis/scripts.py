@@ -30,6 +30,7 @@ __all__ = [
     "IDEMPOTENCY_FAIL",
     "LOCK_ACQUIRE",
     "LOCK_EXTEND",
+    "LOCK_INSPECT",
     "PARTS_DROP",
     "SWAP",
     "WAIT_CREATE",
@@ -533,6 +534,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+""",
+)
+
+LOCK_INSPECT: Final = Script(
+    "lock_inspect",
+    """
+-- KEYS[1] lock key. Read-only. {token, ms left} of a live lease, or false when the key is
+-- gone (released or expired: an expired key is never returned by GET).
+local token = redis.call('GET', KEYS[1])
+if not token then
+  return false
+end
+return {token, redis.call('PTTL', KEYS[1])}
 """,
 )
 

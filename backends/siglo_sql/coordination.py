@@ -17,8 +17,10 @@ from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
     LockResult,
+    LockState,
     NonceStoreBase,
     OwnedClaimReply,
+    holder_label,
     new_lock_token,
 )
 from siglo.errors import StorageAdapterError
@@ -188,6 +190,15 @@ class SqlLock(LockBase):
 
     async def _do_release(self, lock_key: str, token: str) -> bool:
         return bool(await self._db.write(*self.release_statement(lock_key, token)))
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        rows = await self._db.read(
+            self._s.lock_inspect, {"id": row_id(self.scope, lock_key), "now": self.clock.now_ms()}
+        )
+        if not rows:
+            return None
+        token, remaining, fence = rows[0]
+        return LockState(holder_label(str(token)), int(remaining), int(fence))
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()

@@ -151,6 +151,7 @@ class Statements:
     lock_acquire: str
     lock_release: str
     lock_extend: str
+    lock_inspect: str
     lock_clean_batch: str
     # nonces
     nonce_claim: str
@@ -648,6 +649,11 @@ def _locks(lk: str) -> dict[str, str | None]:
         "lock_extend": (
             f"UPDATE {lk} SET gone_at = :gone_at WHERE id = :id AND token = :token "
             "AND gone_at > :now RETURNING 1"
+        ),
+        # Read-only: a lapsed lease (gone_at passed, not yet freed) reads as no holder.
+        "lock_inspect": (
+            f"SELECT token, gone_at - :now, fence FROM {lk} WHERE id = :id "
+            "AND token IS NOT NULL AND gone_at > :now"
         ),
         # Expired leases are freed, never deleted: the fence must survive.
         # Only the public lock's scope: workflow-lock leases run on wall time, not on the

@@ -208,6 +208,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
     _a("lock.expiry", _C.LOCKS, "a lock past its TTL can be acquired"),
     _a("lock.fencing", _C.LOCKS, "fencing tokens strictly increase per key"),
     _a("lock.token", _C.LOCKS, "tokens are the custom token or lock_<ms>_<32 hex>, unique"),
+    _a(
+        "lock.inspect",
+        _C.LOCKS,
+        "inspect reads the holder's label, lease left and fencing token; None when free",
+    ),
     _a("lock.with-lock", _C.LOCKS, "with_lock runs under the lock and releases it, or refuses"),
     _a(
         "lock.with-lock.wait",
@@ -360,6 +365,8 @@ _SINCE: Final[dict[str, str]] = {
     # Issue 33, part B: cached steps belong to their namespace (erased with its key);
     # stand-alone wait records and cached steps listed and rewritten by siglo rekey.
     **dict.fromkeys(("cache.namespaced", "payload.scan", "payload.swap", "payload.results"), "1.4"),
+    # Issue 35: who holds a lock, read without taking it (siglo ui's run page).
+    "lock.inspect": "1.4",
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

@@ -29,9 +29,15 @@ from siglo.validation import require_id, require_optional_id
 from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, is_sleep, wait_outcome
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
-__all__ = ["Flow", "WorkflowSuspended", "flow"]
+__all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow"]
 
 OUTPUT: Final = "output"
+STEP_CACHE_KEY: Final = "stepCache"
+"""Checkpoint metadata key of the run's cached steps: per step name, ``{"result": "hit" |
+"miss", "key": <cache key>, "at": <look-up, epoch ms>, "ttlMs": <the entry's TTL>}``
+(a miss's entry is written with the step's checkpoint: it expires ``ttlMs`` after
+``at``). Recorded in the checkpoint the step's output is saved in, so it costs no write
+of its own; ``siglo ui`` shows it on the run's page."""
 
 Migration = Callable[[ExecutionStack], None]
 T = TypeVar("T")
@@ -444,7 +450,7 @@ class Flow:
                         "siglo.step.name": step.name,
                     },
                 ):
-                    value, cache_write = await self._run_step(
+                    value, cache_write, cached = await self._run_step(
                         manager,
                         stack,
                         step,
@@ -464,6 +470,8 @@ class Flow:
                 raise
             stack.set(step.name, OUTPUT, value)
             stack.push_chain(step.name)
+            if cached is not None:
+                stack.metadata.setdefault(STEP_CACHE_KEY, {})[step.name] = cached
             if step is last:
                 # The last step's outcome and the completion are one checkpoint: nothing
                 # runs between them, so a separate save would only cost a commit (a
@@ -498,14 +506,16 @@ class Flow:
         event: Any | Missing,
         timed_out: bool = False,
         ahead: _LookAhead | None = None,
-    ) -> tuple[Any, Callable[[], Awaitable[None]] | None]:
-        """The step's output, and the write of its cache entry if one is due.
+    ) -> tuple[Any, Callable[[], Awaitable[None]] | None, dict[str, Any] | None]:
+        """The step's output, the write of its cache entry if one is due, and what its
+        cache look-up found (for :data:`STEP_CACHE_KEY`; ``None`` for an uncached step).
 
         The cache entry is not written here: the caller writes it beside the step's
         checkpoint (:func:`_save_with`), so the two are in flight together. ``ahead``:
         this step's cache look-up, already sent beside the previous step's checkpoint.
         """
         cache = _step_cache(manager)
+        looked_up: dict[str, Any] | None = None
         if ahead is not None:
             key: str | None = ahead.key
         else:
@@ -519,8 +529,14 @@ class Flow:
             kind = "miss" if cached is MISSING else "hit"
             telemetry.note_step_cache(kind)
             await self._cache_event(manager, kind, key, stack, step)
+            looked_up = {
+                "result": kind,
+                "key": key,
+                "at": manager.clock.now_ms(),
+                "ttlMs": step.cache_ttl_ms,
+            }
             if cached is not MISSING:
-                return cached, None
+                return cached, None, looked_up
         run = StepRun(
             stack.stack_id,
             step.name,
@@ -536,7 +552,7 @@ class Flow:
         finally:
             current_step.reset(token)
         if cache is None or key is None:
-            return output, None
+            return output, None, None
         # The output becomes context, so it is stored redacted like context: a later
         # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
         cached_output = manager.redact(output, stack.stack_id)
@@ -547,7 +563,7 @@ class Flow:
             )
             await self._cache_event(manager, "set", key, stack, step)
 
-        return output, write_cache_entry
+        return output, write_cache_entry, looked_up
 
     async def _cache_event(
         self,

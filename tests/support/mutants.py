@@ -20,7 +20,7 @@ from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, Wait
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
 from siglo.blind import stored_tokens
-from siglo.coordination import LockResult
+from siglo.coordination import LockResult, LockState, holder_label
 from siglo.errors import InvalidArgumentError
 from siglo.listing import (
     CheckpointPage,
@@ -921,6 +921,29 @@ class BadTokenFormat(MemoryLock):
         )
 
 
+class InspectShowsLapsedLease(MemoryLock):
+    """inspect reads the stored holder without its expiry: a lapsed lease reads as held."""
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        item = self._holders._items.get(lock_key)  # the stored entry, expired or not
+        if item is None:
+            return None
+        token, expires_at = item
+        left = max(1, expires_at - self.clock.now_ms())
+        return LockState(holder_label(token), left, self._fences.get(lock_key))
+
+
+class InspectShowsTheToken(MemoryLock):
+    """inspect names the holder by its token: whoever reads the page can release it."""
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        state = await super()._do_inspect(lock_key)
+        token = self._holders.get(lock_key)
+        if state is None or token is None:
+            return state
+        return LockState(token, state.expires_in_ms, state.fencing_token)
+
+
 class WithLockLeaksOnError(MemoryLock):
     async def with_lock(
         self,
@@ -1349,6 +1372,8 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("lock.expiry", "locks never expire", lock=LockNeverExpires),
     _m("lock.fencing", "the fencing token is constant", lock=ConstantFencing),
     _m("lock.token", "tokens are not lock_<ms>_<hex>", lock=BadTokenFormat),
+    _m("lock.inspect", "inspect reports a lapsed lease as held", lock=InspectShowsLapsedLease),
+    _m("lock.inspect", "inspect shows the holder's token", lock=InspectShowsTheToken),
     _m(
         "lock.with-lock",
         "with_lock leaks the lock on error",
