@@ -70,6 +70,8 @@ def _size(value: Any) -> int:
         return len(value)
     if isinstance(value, str):
         return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, (list, tuple)):  # an array parameter (PostgreSQL)
+        return sum(_size(v) for v in value)
     return 0
 
 

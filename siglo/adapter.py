@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
-from siglo.blind import list_matching
+from siglo.blind import check_tokens, list_matching, scan_tokens
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.coordination import Lock
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
 from siglo.listing import check_list_arguments as _check_list_arguments
-from siglo.locking import run_with_lock, workflow_lock_key
+from siglo.locking import namespaced_key, run_with_lock, workflow_lock_key
+from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -76,6 +77,9 @@ class Capability(enum.StrEnum):
     """delete_checkpoint: a stack and everything of it, compare-and-set (SPEC §9)."""
     DUE_WAITS = "due_waits"
     """list_due_waits: waits whose deadline has passed, oldest first (durable timers)."""
+    PAYLOAD_SCAN = "payload_scan"
+    """scan_payloads / swap_payload: every stand-alone wait record and cached step with
+    its stored payloads, and a compare-and-set rewrite of them (``siglo rekey``)."""
 
 
 CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
@@ -97,6 +101,7 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
     Capability.LISTING: ("list_checkpoints",),
     Capability.DELETION: ("delete_checkpoint",),
     Capability.DUE_WAITS: ("list_due_waits",),
+    Capability.PAYLOAD_SCAN: ("scan_payloads", "swap_payload"),
 }
 """The adapter methods each adapter-level capability requires."""
 
@@ -418,18 +423,64 @@ class StorageAdapter(Closable):
 
     # -- 4. step cache ---------------------------------------------------------------
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        """The cached value, or :data:`~siglo.MISSING` (a cached ``None`` is a hit)."""
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any | Missing:
+        """The value cached under ``key`` in ``namespace``, or :data:`~siglo.MISSING` (a
+        cached ``None`` is a hit). Each namespace has its own entries: a key cached in one
+        is a miss in another and without a namespace. The backend's
+        ``_do_get_cached_step`` is given :func:`siglo.locking.namespaced_key` (the key
+        itself when there is no namespace)."""
         require_id("key", key)
+        require_optional_id("namespace", namespace)
         self._require_open()
-        return await self._do_get_cached_step(key)
+        return await self._do_get_cached_step(namespaced_key(key, namespace))
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        """Cache ``value`` for ``ttl_ms`` (``None``: the adapter's default)."""
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
+        """Cache ``value`` under ``key`` in ``namespace`` for ``ttl_ms`` (``None``: the
+        adapter's default); see :meth:`get_cached_step`."""
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
+        require_optional_id("namespace", namespace)
         self._require_open()
-        await self._do_set_cached_step(key, value, ttl_ms)
+        await self._do_set_cached_step(namespaced_key(key, namespace), value, ttl_ms)
+
+    # -- stored payloads (siglo rekey) -------------------------------------------------
+
+    def scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        """Every live stand-alone wait record (``kind="wait"``) or cached step
+        (``"step"``) that holds a payload, with its payloads as stored
+        (:mod:`siglo.payloads`): each stored copy once (Redis also keeps the seed's copy
+        of a wait record at its stack id's key, and lists it too). Records written or
+        removed during the walk may or may not be listed."""
+        if kind not in PAYLOAD_KINDS:
+            raise InvalidArgumentError(
+                f"kind must be one of {', '.join(map(repr, PAYLOAD_KINDS))}, got {kind!r}"
+            )
+        self._require_open()
+        return self._do_scan_payloads(kind)
+
+    async def swap_payload(self, item: StoredPayload, fields: Mapping[str, Any]) -> bool:
+        """Replace the payloads of the record ``item`` was listed from with ``fields``
+        (the same field names as ``item.fields``) — only if the record still holds what
+        it held when listed; ``False`` (nothing changed) if it changed, expired or went
+        meanwhile. Nothing else of the record (status, claim, expiry) changes."""
+        if not isinstance(item, StoredPayload):
+            raise InvalidArgumentError(
+                f"item must be a siglo.payloads.StoredPayload, got {type(item).__name__}"
+            )
+        if set(fields) != set(item.fields):
+            raise InvalidArgumentError(
+                f"fields must be the payload fields listed ({sorted(item.fields)}), got "
+                f"{sorted(fields)}"
+            )
+        metadata = fields.get("metadata")
+        if item.kind == "wait" and metadata is not None and not isinstance(metadata, dict):
+            raise InvalidArgumentError(
+                f"a wait record's metadata must be an object, got {type(metadata).__name__}"
+            )
+        self._require_open()
+        return await self._do_swap_payload(item, dict(fields))
 
     # -- 5. telemetry ------------------------------------------------------------------
 
@@ -493,6 +544,40 @@ class StorageAdapter(Closable):
         self._require_open()
         return await self._do_list_checkpoints(query)
 
+    async def list_checkpoints_by_index(
+        self,
+        tokens: Mapping[str, str],
+        *,
+        namespace: str | None,
+        status: str | Iterable[str] | None = None,
+        workflow_id: str | None = None,
+        updated_before: int | None = None,
+        updated_after: int | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> CheckpointPage:
+        """A page of the live checkpoints of ``namespace`` that pass the other filters and
+        whose stored blind-index tokens (the metadata's ``$sigloIndex``, written by the
+        pipeline: :mod:`siglo.blind`) hold every ``field: token`` of ``tokens``.
+
+        Tokens are per namespace, so the namespace is named (``None``: un-namespaced).
+        Paging is ``list_checkpoints``' (a stack is never returned twice in one walk). A
+        backend answers it from an index kept in step with every write (the SQL backends,
+        Redis) or by reading each listed stack (:func:`siglo.blind.scan_tokens`, the
+        default)."""
+        wanted = check_tokens(tokens)
+        query = _check_list_arguments(
+            namespace=namespace,
+            status=status,
+            workflow_id=workflow_id,
+            updated_before=updated_before,
+            updated_after=updated_after,
+            limit=limit,
+            cursor=cursor,
+        )
+        self._require_open()
+        return await self._do_list_by_index(query, wanted)
+
     async def delete_checkpoint(
         self,
         stack_id: str,
@@ -531,6 +616,10 @@ class StorageAdapter(Closable):
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
         raise self._unsupported("list_checkpoints")
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        # No index of its own: read each stack the listing passes.
+        return await scan_tokens(self, query, tokens)
 
     async def _do_delete_checkpoint(
         self, stack_id: str, namespace: str | None, expected_revision: int | None
@@ -635,6 +724,12 @@ class StorageAdapter(Closable):
 
     async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None) -> None:
         raise self._unsupported("set_cached_step")
+
+    def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        raise self._unsupported("scan_payloads")
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        raise self._unsupported("swap_payload")
 
     async def _do_on_cache_event(self, event: CacheEvent) -> None:
         raise self._unsupported("on_cache_event")

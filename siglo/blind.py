@@ -9,9 +9,12 @@ value in two namespaces gives unrelated tokens. Tokens live in the stored metada
 :data:`INDEX_KEY` (a checkpoint read through the pipeline does not show them).
 
 :func:`list_matching` walks a listing and keeps the checkpoints whose tokens — or, for a
-checkpoint stored in clear, whose metadata values — equal the filter's. It reads each
-listed checkpoint's stored document: no backend indexes the tokens yet (see
-docs/encryption.md), so a filtered walk costs one read per stack it passes.
+checkpoint stored in clear, whose metadata values — equal the filter's, reading each
+listed checkpoint's stored document. A filter of one namespace through a connection with
+keys does not walk: the pipeline computes the tokens and asks the backend's
+``list_checkpoints_by_index``, which the SQL backends answer from an index table and
+Redis from a set per token (docs/encryption.md); :func:`scan_tokens` is what a backend
+without an index of its own answers it with (the memory reference, a third party's).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import orjson
 
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
-from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage, CheckpointSummary
+from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage, CheckpointSummary, ListQuery
 from siglo.sentinel import MISSING, Missing
 
 
@@ -50,7 +53,15 @@ class Listing(Protocol):
     ) -> Checkpoint | None: ...
 
 
-__all__ = ["INDEX_KEY", "check_filter", "list_matching", "token"]
+__all__ = [
+    "INDEX_KEY",
+    "check_filter",
+    "check_tokens",
+    "list_matching",
+    "scan_tokens",
+    "stored_tokens",
+    "token",
+]
 
 INDEX_KEY: Final = "$sigloIndex"
 """The stored metadata key holding a checkpoint's blind-index tokens (field → token)."""
@@ -85,6 +96,29 @@ def check_filter(metadata: Any) -> dict[str, Any]:
     return dict(metadata)
 
 
+def check_tokens(tokens: Any) -> dict[str, str]:
+    """A token filter: field names to blind-index tokens (non-empty strings)."""
+    if not isinstance(tokens, Mapping) or not tokens:
+        raise InvalidArgumentError("tokens must be a non-empty mapping of field names to tokens")
+    for field, value in tokens.items():
+        if not isinstance(field, str) or not field:
+            raise InvalidArgumentError(f"tokens field {field!r} must be a non-empty string")
+        if not isinstance(value, str) or not value:
+            raise InvalidArgumentError(
+                f"the token of {field!r} must be a non-empty string, got {value!r}"
+            )
+    return dict(tokens)
+
+
+def stored_tokens(metadata: Any) -> dict[str, str]:
+    """The tokens a stored checkpoint's metadata holds under :data:`INDEX_KEY` (the
+    string ones: what an index of them holds)."""
+    tokens = metadata.get(INDEX_KEY) if isinstance(metadata, Mapping) else None
+    if not isinstance(tokens, Mapping):
+        return {}
+    return {k: v for k, v in tokens.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def indexable(value: Any) -> bool:
     """Whether a metadata value gets a token (JSON scalars do)."""
     return isinstance(value, _SCALARS)
@@ -98,11 +132,13 @@ async def _matches(
     keys: dict[str | None, bytes],
 ) -> bool:
     metadata = stored.metadata or {}
-    tokens = metadata.get(INDEX_KEY)
+    tokens = stored_tokens(metadata)
     sealed = _SEALED in metadata
     for field, value in wanted.items():
-        if isinstance(tokens, dict) and field in indexed and field in tokens:
-            if index_key is None:
+        if field in indexed and index_key is not None:
+            # By its token only, as list_checkpoints_by_index answers a filter of one
+            # namespace: a walk of every namespace finds the same stacks.
+            if field not in tokens:
                 return False
             ns = stored.namespace
             if ns not in keys:
@@ -158,4 +194,32 @@ async def list_matching(
                 found.append(summary)
         cursor = page.next_cursor
         if cursor is None or len(found) >= limit:
+            return CheckpointPage(found, cursor)
+
+
+async def scan_tokens(raw: Listing, query: ListQuery, tokens: Mapping[str, str]) -> CheckpointPage:
+    """A page of the live checkpoints that ``query`` lists and whose stored tokens
+    include every one of ``tokens``, found by reading each listed stack's stored
+    document (the reference answer of ``list_checkpoints_by_index``)."""
+    found: list[CheckpointSummary] = []
+    cursor = query.cursor
+    while True:
+        page = await raw.list_checkpoints(
+            namespace=query.namespace,
+            status=query.statuses,
+            workflow_id=query.workflow_id,
+            updated_before=query.updated_before,
+            updated_after=query.updated_after,
+            limit=query.limit - len(found),
+            cursor=cursor,
+        )
+        for summary in page.items:
+            stored = await raw.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+            if stored is None:
+                continue
+            have = stored_tokens(stored.metadata)
+            if all(have.get(field) == value for field, value in tokens.items()):
+                found.append(summary)
+        cursor = page.next_cursor
+        if cursor is None or len(found) >= query.limit:
             return CheckpointPage(found, cursor)

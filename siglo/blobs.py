@@ -11,6 +11,10 @@ Built in: :class:`DirectoryBlobStore` (``file:///path``: one file per blob, for 
 development, and any shared file system) and :class:`MemoryBlobStore` (``memory://``:
 this process only); :mod:`siglo.s3` adds an S3-compatible store (``s3://bucket/prefix``,
 the ``siglo[s3]`` extra). :func:`open_blob_store` opens one from its URL.
+
+A store used on behalf of a backend (:func:`siglo.connect`, ``siglo collect-blobs``) is
+wrapped in :class:`BoundedBlobStore`: every call is bounded by the ``command_timeout_ms``
+the backend was connected with, and a call past it raises siglo's timeout errors.
 """
 
 from __future__ import annotations
@@ -27,16 +31,23 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-from siglo.errors import InvalidArgumentError, SigloError, StorageAdapterError
+from siglo.errors import (
+    InvalidArgumentError,
+    OutcomeUnknownError,
+    SigloError,
+    StorageAdapterError,
+)
 from siglo.plugins import get_registry
 from siglo.plugins.backends import import_dotted
 from siglo.urls import mask_credentials
 
 __all__ = [
     "BlobStore",
+    "BoundedBlobStore",
     "DirectoryBlobStore",
     "MemoryBlobStore",
     "blob_digest",
+    "bounded",
     "check_digest",
     "open_blob_store",
 ]
@@ -86,6 +97,11 @@ class BlobStore(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027  (a hook: most stores hold nothing)
         """Release what the store holds (nothing, for the built-in ones)."""
+
+    def use_grace(self, grace_ms: int) -> None:  # noqa: B027  (a hook: most ignore it)
+        """Be told the collector's grace period (the settings' ``blob_grace_ms``) when
+        opened for a backend; a store whose refresh of a blob is costly (S3) spaces its
+        refreshes by it. Nothing, for the others."""
 
 
 class MemoryBlobStore(BlobStore):
@@ -232,6 +248,115 @@ class DirectoryBlobStore(BlobStore):
             return True
 
         return await asyncio.to_thread(remove)
+
+
+class BoundedBlobStore(BlobStore):
+    """``store`` with every call bounded by ``command_timeout_ms`` (the bound of the
+    backend the store serves), as every storage call is.
+
+    A call past the bound is abandoned (cancelled; a thread a file store started runs on)
+    and raises: :class:`~siglo.errors.OutcomeUnknownError` for a call that changes the
+    store (``put``, ``delete``, ``delete_stale``: it may have taken effect), and
+    :class:`~siglo.errors.StorageAdapterError` saying it timed out for one that only
+    reads (``get``, each page of ``scan``). Anything else passes through unchanged."""
+
+    def __init__(self, store: BlobStore, command_timeout_ms: int) -> None:
+        if type(command_timeout_ms) is not int or command_timeout_ms <= 0:
+            raise InvalidArgumentError(
+                f"command_timeout_ms must be a positive integer of milliseconds, "
+                f"got {command_timeout_ms!r}"
+            )
+        self.inner = store
+        self.url = store.url
+        self.command_timeout_ms = command_timeout_ms
+        self._timeout_s = command_timeout_ms / 1000
+
+    def __getattr__(self, name: str) -> object:
+        # What a store adds (an S3 store's refresh_ms, a file store's root) shows through.
+        return getattr(self.inner, name)
+
+    def _late(self, doing: str, writes: bool) -> StorageAdapterError:
+        bound = f"command_timeout_ms={self.command_timeout_ms}"
+        if writes:
+            return OutcomeUnknownError(
+                f"blob store {self.url}: {doing}",
+                f"timed out: not answered within its bound ({bound}), and the store may "
+                "have done it",
+            )
+        return StorageAdapterError(
+            f"blob store {self.url} timed out {doing}: not answered within its bound "
+            f"({bound}; a stalled server, or a lock held elsewhere)"
+        )
+
+    async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
+        check_digest(digest)  # bad input is refused as such, never as a timeout
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self.inner.put(digest, data, keep_until_ms=keep_until_ms)
+        except TimeoutError as exc:
+            raise self._late(f"a put of {digest}", writes=True) from exc
+
+    async def get(self, digest: str) -> bytes | None:
+        check_digest(digest)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self.inner.get(digest)
+        except TimeoutError as exc:
+            raise self._late(f"a get of {digest}", writes=False) from exc
+
+    async def delete(self, digest: str) -> bool:
+        check_digest(digest)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self.inner.delete(digest)
+        except TimeoutError as exc:
+            raise self._late(f"a delete of {digest}", writes=True) from exc
+
+    async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
+        check_digest(digest)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self.inner.delete_stale(digest, kept_before_ms)
+        except TimeoutError as exc:
+            raise self._late(f"a removal of {digest}", writes=True) from exc
+
+    async def scan(self) -> AsyncIterator[tuple[str, int]]:
+        items = self.inner.scan()
+        try:
+            while True:
+                # Each step is bounded, not the whole walk (as a listing's pages are).
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        item = await anext(items)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError as exc:
+                    raise self._late("a scan", writes=False) from exc
+                yield item
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def use_grace(self, grace_ms: int) -> None:
+        """Tell the wrapped store (:meth:`BlobStore.use_grace`)."""
+        self.inner.use_grace(grace_ms)
+
+    async def aclose(self) -> None:
+        """Close the wrapped store (bounded too: a stalled server does not hold a close)."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self.inner.aclose()
+        except TimeoutError as exc:
+            raise self._late("a close", writes=False) from exc
+
+
+def bounded(store: BlobStore, command_timeout_ms: int | None) -> BlobStore:
+    """``store`` bounded by ``command_timeout_ms`` (:class:`BoundedBlobStore`); ``None``
+    (unbounded, as the backend is) returns it as it is."""
+    if command_timeout_ms is None or isinstance(store, BoundedBlobStore):
+        return store
+    return BoundedBlobStore(store, command_timeout_ms)
 
 
 _BY_SCHEME: Final[dict[str, str]] = {"s3": "siglo.s3:open_store"}

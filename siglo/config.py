@@ -60,6 +60,9 @@ FILE_NAMES: Final = ("siglo.toml", "pyproject.toml")
 (settings at its top level), then ``pyproject.toml`` (settings under ``[tool.siglo]``;
 a ``pyproject.toml`` without that table does not count)."""
 
+DEFAULT_BLOB_GRACE_MS: Final = 3_600_000
+"""The default of :attr:`Settings.blob_grace_ms` (1 h)."""
+
 _ERROR_MODES: Final = frozenset({"best-effort", "warn", "strict"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -101,6 +104,10 @@ class Settings:
     offloaded; docs/large-state.md)."""
     blob_url: str | None = None
     """Where offloaded values go: ``file:///path/to/dir`` or ``memory://``."""
+    blob_grace_ms: int = DEFAULT_BLOB_GRACE_MS
+    """How long past its keep-until an unreferenced blob is kept by the collector
+    (``siglo collect-blobs``), and what an S3 blob store opened for a backend derives
+    its ``refresh_ms`` from (a quarter of it; docs/large-state.md)."""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Further options of the backend at :attr:`url` (a Redis ``prefix``, a PostgreSQL
     ``schema``, pool sizes …), passed to its factory when the URL is this one."""
@@ -159,6 +166,12 @@ class Settings:
             )
         if self.blob_url is not None and (not isinstance(self.blob_url, str) or not self.blob_url):
             raise InvalidArgumentError(f"blob_url must be a non-empty string ({self.source})")
+        grace = self.blob_grace_ms
+        if type(grace) is not int or grace < 0:
+            raise InvalidArgumentError(
+                f"blob_grace_ms must be an integer of milliseconds >= 0, got {grace!r} "
+                f"({self.source})"
+            )
         if least is not None and self.blob_url is None:
             raise InvalidArgumentError(
                 f"offload_min_bytes is set but blob_url is not: name the blob store the "
@@ -262,6 +275,7 @@ class Settings:
             "max_document_bytes": self.max_document_bytes,
             "offload_min_bytes": self.offload_min_bytes,
             "blob_url": None if self.blob_url is None else mask_credentials(self.blob_url),
+            "blob_grace_ms": self.blob_grace_ms,
             "options": {
                 k: ("***" if _secret_option(k) else v) for k, v in sorted(self.options.items())
             },
@@ -299,12 +313,14 @@ ENVIRONMENT: Final[dict[str, str]] = {
     "SIGLO_MAX_DOCUMENT_BYTES": "max_document_bytes",
     "SIGLO_OFFLOAD_MIN_BYTES": "offload_min_bytes",
     "SIGLO_BLOB_URL": "blob_url",
+    "SIGLO_BLOB_GRACE_MS": "blob_grace_ms",
 }
 """The environment variables read, and the setting each sets. ``SIGLO_REDACT_FIELDS`` is
 comma-separated; ``SIGLO_NAMESPACE_FALLBACK`` is true/false; ``SIGLO_COMMAND_TIMEOUT_MS``,
 ``SIGLO_COMPRESSION_MIN_BYTES``, ``SIGLO_MAX_DOCUMENT_BYTES`` and
-``SIGLO_OFFLOAD_MIN_BYTES`` an integer or ``none``; ``SIGLO_ENCRYPTION_KEYS`` is
-``id=base64key,id2=base64key``; ``SIGLO_REQUIRE_ENCRYPTION`` true/false."""
+``SIGLO_OFFLOAD_MIN_BYTES`` an integer or ``none``; ``SIGLO_BLOB_GRACE_MS`` an integer;
+``SIGLO_ENCRYPTION_KEYS`` is ``id=base64key,id2=base64key``; ``SIGLO_REQUIRE_ENCRYPTION``
+true/false."""
 
 
 def _mask_master(value: str) -> str:
@@ -427,6 +443,7 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             "compression_min_bytes",
             "max_document_bytes",
             "offload_min_bytes",
+            "blob_grace_ms",
         ):
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None

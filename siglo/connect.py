@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from siglo import urls
 from siglo.adapter import Capability
 from siglo.backend import Backend
-from siglo.blobs import open_blob_store
+from siglo.blobs import bounded, open_blob_store
 from siglo.config import Settings, current_settings
 from siglo.errors import InvalidArgumentError, PluginError
 from siglo.offload import Offloader, offload_adapter
@@ -17,7 +18,7 @@ from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
 from siglo.sizing import smallest_limit
 
-__all__ = ["URL_ENV", "check_capabilities", "check_port", "connect"]
+__all__ = ["URL_ENV", "check_capabilities", "check_port", "command_timeout_ms", "connect"]
 
 
 URL_ENV: Final = "SIGLO_URL"
@@ -37,7 +38,9 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     whatever path then uses it, and refuses a checkpoint document over the settings'
     ``max_document_bytes`` or the plugin's declared maximum (:mod:`siglo.sizing`). With
     the settings' ``offload_min_bytes`` and ``blob_url``, large values go to that blob
-    store below the pipeline (:mod:`siglo.offload`); closing the backend closes it.
+    store below the pipeline (:mod:`siglo.offload`), every call to it bounded by the
+    backend's ``command_timeout_ms`` (:func:`command_timeout_ms`); closing the backend
+    closes it.
 
     ``memory://``, ``sqlite:///path.db``, ``sqlite://``, ``postgresql://…`` and
     ``redis://…`` are built in; plugins add more. ``options`` go to the backend's factory
@@ -85,10 +88,33 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         adapter.max_document_bytes = limit
     if settings.offload_min_bytes is not None and settings.blob_url is not None:
         # Below the pipeline: redact (and encode) -> offload -> store.
-        offloader = Offloader(open_blob_store(settings.blob_url), settings.offload_min_bytes)
+        # The blob store's calls are storage calls of this backend: the same bound.
+        # (A backend without a bound of its own still has the settings'.)
+        bound = command_timeout_ms(url, options) if spec.bounded else settings.command_timeout_ms
+        store = open_blob_store(settings.blob_url)
+        # Its puts are spaced by the grace period the collector keeps blobs for.
+        store.use_grace(settings.blob_grace_ms)
+        store = bounded(store, bound)
+        offloader = Offloader(store, settings.offload_min_bytes)
         backend.adapter = offload_adapter(backend.adapter, offloader)
     backend.use_pipeline(Pipeline(settings))
     return backend
+
+
+def command_timeout_ms(url: str, options: Mapping[str, Any]) -> int | None:
+    """The ``command_timeout_ms`` a backend connected with ``url`` and ``options`` (after
+    :func:`connect` added the settings' bound) applies: the option, else the URL's, else
+    the default (``None``: unbounded)."""
+    if "command_timeout_ms" in options:
+        given = options["command_timeout_ms"]
+        if isinstance(given, str):
+            return urls.optional_integer("command_timeout_ms", given)
+        return None if given is None else int(given)
+    _, query = urls.split_options(url, {"command_timeout_ms": urls.optional_integer})
+    if "command_timeout_ms" in query:
+        found: int | None = query["command_timeout_ms"]
+        return found
+    return DEFAULTS.command_timeout_ms
 
 
 def check_capabilities(

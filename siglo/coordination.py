@@ -14,9 +14,10 @@ import contextlib
 import hashlib
 import math
 import random
+import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -29,6 +30,7 @@ from siglo.errors import (
     LockNotAcquiredError,
     StorageAdapterError,
 )
+from siglo.payloads import StoredPayload
 from siglo.sentinel import Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_id, require_ttl_ms
@@ -42,9 +44,11 @@ __all__ = [
     "Lock",
     "LockBase",
     "LockResult",
+    "LockState",
     "NonceStore",
     "NonceStoreBase",
     "fingerprint_digest",
+    "holder_label",
     "new_idempotency_token",
     "new_lock_token",
     "nonce_ttl_ms",
@@ -154,6 +158,36 @@ class LockResult:
     acquired: bool
     token: str
     fencing_token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """Who holds a lock and for how long, as :meth:`LockBase.inspect` reads it.
+
+    ``holder`` names the holder without being its token (:func:`holder_label`): the
+    token releases the lock, so it is never shown. ``expires_in_ms`` is how long the lease
+    had left when it was read (above 0: a lapsed lease has no holder), on the store's
+    clock. ``fencing_token`` is the holder's acquire's fencing token where the store keeps
+    one per key (memory, SQL), ``None`` where it does not (Redis counts per cluster slot).
+    """
+
+    holder: str
+    expires_in_ms: int
+    fencing_token: int | None = None
+
+
+_SEED_TOKEN_PREFIX: Final = re.compile(r"(lock_\d+)_[0-9a-f]{32}")
+
+
+def holder_label(token: str) -> str:
+    """A label of the holder of ``token`` that does not give the token away: the first 8
+    hex digits of its SHA-256, after the seed format's ``lock_<epoch ms>`` (when it was
+    taken) for a token in that format: ``lock_1733369000123#3fa9c21b``, ``#5d41402a``.
+    Two holders' labels differ (but for a one-in-four-billion collision); the token cannot
+    be derived from its label."""
+    digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    seed = _SEED_TOKEN_PREFIX.fullmatch(token)
+    return f"{seed.group(1) if seed else ''}#{digest}"
 
 
 @runtime_checkable
@@ -321,6 +355,35 @@ class IdempotencyStoreBase(Closable):
         """Alias of :meth:`get_result`."""
         return await self.get_result(key)
 
+    def scan_results(self) -> AsyncIterator[StoredPayload]:
+        """Every live completed key with its result as stored (a
+        :class:`~siglo.payloads.StoredPayload` of kind ``idempotency``, field
+        ``result``): what ``siglo rekey`` re-encrypts. A store of a backend declaring
+        ``payload_scan`` has it; others raise
+        :class:`~siglo.errors.CapabilityNotSupportedError`."""
+        self._require_open()
+        return self._do_scan_results()
+
+    async def swap_result(self, item: StoredPayload, fields: Mapping[str, Any]) -> bool:
+        """Replace the result of the key ``item`` was listed from with
+        ``fields["result"]`` — only if the key still holds what it held when listed;
+        ``False`` (nothing changed) if it was claimed, completed again, failed or expired
+        meanwhile. Its expiry and fingerprint stay as they were."""
+        if not isinstance(item, StoredPayload) or item.kind != "idempotency":
+            raise InvalidArgumentError(
+                f"item must be a StoredPayload of kind 'idempotency', got {item!r}"
+            )
+        if set(fields) != {"result"}:
+            raise InvalidArgumentError(f"fields must be {{'result': …}}, got {sorted(fields)}")
+        self._require_open()
+        return await self._do_swap_result(item, fields["result"])
+
+    def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        raise _unsupported(self, "scan_results")
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        raise _unsupported(self, "swap_result")
+
     async def _do_claim(self, key: str, ttl_ms: int | None) -> ClaimState:
         """The seed's claim: :meth:`_do_claim_owned` with no owner and no fingerprint
         (which has nothing to mismatch: a ``"mismatch"`` answer is the store's fault)."""
@@ -416,8 +479,8 @@ class LockBase(Closable):
     """Base class of locks: argument checks once, then the ``_do_…`` hooks, and
     :meth:`with_lock` built on :meth:`acquire` and :meth:`release`.
 
-    Subclasses implement :meth:`_do_acquire`, :meth:`_do_release` and :meth:`_do_extend`;
-    each receives arguments already checked.
+    Subclasses implement :meth:`_do_acquire`, :meth:`_do_release`, :meth:`_do_extend`
+    and (contract 1.4) :meth:`_do_inspect`; each receives arguments already checked.
     """
 
     async def acquire(
@@ -446,8 +509,23 @@ class LockBase(Closable):
         self._require_open()
         return await self._do_extend(lock_key, token, ttl_ms)
 
+    async def inspect(self, lock_key: str) -> LockState | None:
+        """Who holds ``lock_key`` and until when, or ``None`` when nobody does (never
+        taken, released, or its lease lapsed). Read-only: one command, script or
+        statement that changes nothing, so a lapsed lease is never renewed by looking.
+
+        A lock class that does not implement it (a third-party lock built before
+        contract 1.4) raises :class:`~siglo.errors.CapabilityNotSupportedError`; ``siglo
+        ui`` then tells a held lock from a free one by taking it for an instant."""
+        require_id("lock_key", lock_key)
+        self._require_open()
+        return await self._do_inspect(lock_key)
+
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         raise _unsupported(self, "acquire")
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        raise _unsupported(self, "inspect")
 
     async def _do_release(self, lock_key: str, token: str) -> bool:
         raise _unsupported(self, "release")

@@ -266,10 +266,36 @@ def workflow_lock_key(stack_id: str, namespace: str | None) -> str:
     The base storage adapter passes this key, not the bare stack id, to
     ``_do_with_workflow_lock``.
     """
+    return namespaced_key(stack_id, namespace)
+
+
+def namespaced_key(key: str, namespace: str | None) -> str:
+    """``key`` of ``namespace`` as one key of a store's single key space: ``key`` itself
+    without a namespace (``@`` doubled if it begins with one), else
+    ``@<length of namespace>:<namespace>:<key>`` — or ``@sha256:<hex digest>`` of that
+    when it would be longer than an id may be. No two (key, namespace) pairs meet, so a
+    tenant never sees another's entry (:func:`workflow_lock_key`, the step cache)."""
     if namespace is None:
-        return _NAMESPACED + stack_id if stack_id.startswith(_NAMESPACED) else stack_id
-    key = f"{_NAMESPACED}{len(namespace)}:{namespace}:{stack_id}"
-    if len(key) > MAX_ID_LENGTH:
-        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-        key = f"{_NAMESPACED}sha256:{digest}"
-    return key
+        return _NAMESPACED + key if key.startswith(_NAMESPACED) else key
+    joined = f"{_NAMESPACED}{len(namespace)}:{namespace}:{key}"
+    if len(joined) > MAX_ID_LENGTH:
+        digest = hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
+        joined = f"{_NAMESPACED}sha256:{digest}"
+    return joined
+
+
+def split_namespaced_key(stored: str) -> tuple[str, str | None] | None:
+    """The key and namespace that :func:`namespaced_key` joined into ``stored``; ``None``
+    for the digest of a pair too long to join (it cannot be read back)."""
+    if not stored.startswith(_NAMESPACED):
+        return stored, None
+    rest = stored[len(_NAMESPACED) :]
+    if rest.startswith(_NAMESPACED):
+        return rest, None
+    length, colon, tail = rest.partition(":")
+    if not colon or not length.isdigit() or length != str(int(length)):
+        return None  # "@sha256:<digest>"
+    size = int(length)
+    if len(tail) <= size or tail[size] != ":":
+        return None
+    return tail[size + 1 :], tail[:size]

@@ -31,7 +31,7 @@ import orjson
 from siglo.adapter import StorageAdapter
 from siglo.blobs import BlobStore, blob_digest
 from siglo.checkpoint import Checkpoint
-from siglo.config import Settings
+from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
@@ -47,15 +47,17 @@ __all__ = [
     "collect_blobs",
     "offload_adapter",
     "references",
+    "resolving",
 ]
 
 REF_KEY: Final = "$siglo.blob"
 """The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
 value stored as that blob."""
 
-DEFAULT_GRACE_MS: Final = 3_600_000
+DEFAULT_GRACE_MS: Final = DEFAULT_BLOB_GRACE_MS
 """How long past its keep-until an unreferenced blob is kept by :func:`collect_blobs`
-(1 h): longer than any save takes between putting a blob and storing its reference."""
+(1 h, the default of the settings' ``blob_grace_ms``): longer than any save takes between
+putting a blob and storing its reference."""
 
 _RETRY_S: Final = 0.05
 
@@ -206,17 +208,31 @@ class OffloadAdapter(PipelineAdapter):
         found = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
         return await self.offloader.checkpoint_in(found)
 
-    async def get_cached_step(self, key: str) -> Any | Missing:
-        found = await self.inner.get_cached_step(key)
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any | Missing:
+        kw: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        found = await self.inner.get_cached_step(key, **kw)
         if found is MISSING:
             return found
         return await self.offloader.value_in(found, f"cached step {key!r}")
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
         ttl = ttl_ms if ttl_ms is not None else getattr(self.inner, "cache_ttl_ms", None)
         keep = int(time.time() * 1000) + (ttl if ttl is not None else DEFAULTS.cache_ttl_ms)
         stored = await self.offloader.value_out(value, keep)
-        await self.inner.set_cached_step(key, stored, ttl_ms)
+        kw: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        await self.inner.set_cached_step(key, stored, ttl_ms, **kw)
+
+
+def resolving(adapter: StorageAdapter) -> StorageAdapter:
+    """What ``adapter`` stores, with offloaded values read back: the pipeline's adapters
+    in front are looked through down to the :class:`OffloadAdapter` (or, with nothing
+    offloaded, the backend's own adapter). ``siglo export`` writes from it, so a dump
+    carries values, never references to a blob store the target may not share."""
+    while isinstance(adapter, PipelineAdapter) and not isinstance(adapter, OffloadAdapter):
+        adapter = adapter.inner
+    return adapter
 
 
 _CLASSES: dict[type[StorageAdapter], type[OffloadAdapter]] = {}

@@ -27,6 +27,7 @@ from siglo.checkpoint import Checkpoint
 from siglo.errors import MalformedRecordError
 
 __all__ = [
+    "DIGEST_BYTES",
     "MARK",
     "BodyCache",
     "Split",
@@ -39,10 +40,14 @@ MARK: Final = b'"contexts":{}'
 """What a skeleton holds where the document's contexts go."""
 
 
+DIGEST_BYTES: Final = 16
+"""The length of a :func:`body_digest`."""
+
+
 def body_digest(body: bytes) -> bytes:
     """A context body's name: the first 16 bytes of its SHA-256 (hashed in hardware on
     current CPUs: half the time of BLAKE2b here, 0.30 against 0.63 ms for 256 KB)."""
-    return sha256(body).digest()[:16]
+    return sha256(body).digest()[:DIGEST_BYTES]
 
 
 class BodyCache:

@@ -16,21 +16,29 @@ included — and then deletes its checkpoints.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
 from siglo.checkpoint import Checkpoint
-from siglo.errors import CheckpointConflictError, InvalidArgumentError
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    CheckpointConflictError,
+    DecryptionError,
+    InvalidArgumentError,
+)
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
 from siglo.listing import CheckpointSummary
-from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter
-from siglo.sealing import SEALED_KEY, Sealer, is_sealed
+from siglo.locking import split_namespaced_key
+from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
+from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
+from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
 from siglo.sentinel import MISSING, Missing
 
-__all__ = ["EraseReport", "RekeyReport", "erase", "rekey"]
+__all__ = ["EraseReport", "PayloadCounts", "RekeyReport", "erase", "rekey"]
 
 _PAGE: Final = 500
 _ATTEMPTS: Final = 8
@@ -51,6 +59,27 @@ class RekeyReport:
     """Checkpoints that kept changing under the rekey: run it again to finish them."""
     rotated: dict[str | None, str] | None = None
     """With ``rotate``: the new data key id of each namespace."""
+    payloads: dict[str, PayloadCounts] = field(default_factory=dict)
+    """Stand-alone wait records (``wait``) and cached steps (``step``): what was done to
+    each stored copy (for the kinds the backend lists)."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Kinds of record not rekeyed, and why (the backend cannot list them)."""
+
+
+@dataclass
+class PayloadCounts:
+    """What a rekey did to the stored records of one kind outside checkpoints."""
+
+    rekeyed: int = 0
+    """Re-encrypted under the current key (a compare-and-set on the bytes read)."""
+    current: int = 0
+    """Already under the current key (skipped)."""
+    left: int = 0
+    """Changed between the read and the rewrite (a claim, a completion, a new value):
+    not rewritten; run again to finish them."""
+    unreadable: int = 0
+    """Do not decrypt — their namespace was erased, or their key is no longer held —
+    or are keyed by a digest that does not name their namespace: left as they are."""
 
 
 @dataclass
@@ -159,7 +188,119 @@ async def rekey(
         await _rekey_one(adapter, codecs, keys, summary, report)
         if progress is not None:
             progress(report)
+    for kind in PAYLOAD_KINDS:
+        await _rekey_payloads(backend, codecs.sealer, keys, kind, namespace, rotate, report)
+        if progress is not None:
+            progress(report)
+    if backend.idempotency is not None and namespace in (MISSING, None):
+        # Idempotency keys have no namespace: a rekey of one namespace leaves them.
+        await _rekey_results(backend.idempotency, codecs.sealer, keys, rotate, report)
     return report
+
+
+async def _rekey_results(
+    store: Any, sealer: Sealer, keys: KeyProvider, rotate: bool, report: RekeyReport
+) -> None:
+    while isinstance(store, PipelineIdempotencyStore):
+        store = store.inner  # the results as stored
+    counts = report.payloads.setdefault("idempotency", PayloadCounts())
+    try:
+        async for item in store.scan_results():
+            if rotate and None not in (report.rotated or {}):
+                # Results are under the key of "no namespace": rotated with the first.
+                assert isinstance(keys, EnvelopeKeyProvider)
+                report.rotated = report.rotated or {}
+                report.rotated[None] = await keys.rotate(None)
+            await _rekey_item(store.swap_result, sealer, keys, item, None, item.key, counts)
+    except CapabilityNotSupportedError as exc:
+        del report.payloads["idempotency"]
+        report.skipped["idempotency"] = str(exc)
+
+
+_KIND_NAMES: Final = {
+    "wait": "wait records",
+    "step": "cached steps",
+    "idempotency": "idempotency results",
+}
+
+
+def _place(item: StoredPayload) -> tuple[str | None, str] | None:
+    """The namespace and record id an item's payloads are bound to (its associated
+    data), or ``None`` when its stored key does not tell them."""
+    if item.kind == "wait":
+        return item.namespace, item.key
+    split = split_namespaced_key(item.key)
+    return None if split is None else (split[1], split[0])
+
+
+def _key_id(value: Any) -> str | None:
+    if not is_sealed(value):
+        return None
+    parts = value[SEALED_KEY].split(".")
+    return parts[2] or None if len(parts) == 5 else None
+
+
+async def _rekey_payloads(
+    backend: Backend,
+    sealer: Sealer,
+    keys: KeyProvider,
+    kind: PayloadKind,
+    namespace: str | Missing | None,
+    rotate: bool,
+    report: RekeyReport,
+) -> None:
+    raw = backend.raw_adapter
+    if not raw.supports(Capability.PAYLOAD_SCAN):
+        report.skipped[kind] = f"the {raw.name} backend cannot list its {_KIND_NAMES[kind]}"
+        return
+    counts = report.payloads.setdefault(kind, PayloadCounts())
+    try:
+        items = raw.scan_payloads(kind)
+        async for item in items:
+            place = _place(item)
+            if place is None:
+                counts.unreadable += 1
+                continue
+            ns, record_id = place
+            if not isinstance(namespace, Missing) and ns != namespace:
+                continue
+            if rotate and ns not in (report.rotated or {}):
+                # A namespace only this kind of record has (no checkpoint): rotated here.
+                assert isinstance(keys, EnvelopeKeyProvider)
+                report.rotated = report.rotated or {}
+                report.rotated[ns] = await keys.rotate(ns)
+            await _rekey_item(raw.swap_payload, sealer, keys, item, ns, record_id, counts)
+    except CapabilityNotSupportedError as exc:
+        report.skipped[kind] = str(exc)
+
+
+async def _rekey_item(
+    swap: Callable[[StoredPayload, dict[str, Any]], Awaitable[bool]],
+    sealer: Sealer,
+    keys: KeyProvider,
+    item: StoredPayload,
+    ns: str | None,
+    record_id: str,
+    counts: PayloadCounts,
+) -> None:
+    active, _key = await keys.current_key(ns)
+    if all(_key_id(v) == active for v in item.fields.values()):
+        counts.current += 1
+        return
+    fields: dict[str, Any] = {}
+    try:
+        for name, value in item.fields.items():
+            where = Location(ns, record_id, item.kind, name)
+            fields[name] = await sealer.seal(await sealer.open(value, where), where)
+    except DecryptionError:
+        counts.unreadable += 1
+        return
+    # Rewritten only if the record still holds the bytes read: a concurrent claim,
+    # completion or set is never overwritten (it is counted, and a next run finishes).
+    if await swap(item, fields):
+        counts.rekeyed += 1
+    else:
+        counts.left += 1
 
 
 async def _rekey_one(

@@ -43,12 +43,15 @@ from siglo.errors import DriverNotInstalledError, InvalidArgumentError, StorageA
 if TYPE_CHECKING:
     from obstore.store import S3Store
 
-__all__ = ["DEFAULT_TAKEOVER_MS", "S3BlobStore", "open_store"]
+__all__ = ["DEFAULT_TAKEOVER_MS", "REFRESH_SHARE", "S3BlobStore", "open_store"]
 
 _INSTALL: Final = "pip install 'siglo[s3]>=0.1,<1'"
 DEFAULT_TAKEOVER_MS: Final = 60_000
 """How long a put waits on a collector's doomed marker before it takes the marker over."""
 
+REFRESH_SHARE: Final = 4
+"""An S3 store opened for a backend refreshes a blob at most every ``blob_grace_ms /
+REFRESH_SHARE`` (:meth:`S3BlobStore.use_grace`)."""
 _NAME: Final = re.compile(r"[0-9a-f]{64}")  # a blob's object; anything else is not ours
 _KEEP: Final = "siglo-keep-until"
 _DOOMED: Final = "siglo-doomed"
@@ -97,19 +100,34 @@ class S3BlobStore(BlobStore):
         url: str,
         *,
         takeover_ms: int = DEFAULT_TAKEOVER_MS,
-        refresh_ms: int = 0,
+        refresh_ms: int | None = None,
     ) -> None:
         if takeover_ms < 3:
             raise InvalidArgumentError(f"takeover_ms must be >= 3, got {takeover_ms!r}")
-        if refresh_ms < 0:
+        if refresh_ms is not None and refresh_ms < 0:
             raise InvalidArgumentError(f"refresh_ms must be >= 0, got {refresh_ms!r}")
         self._store = store
         self.url = url
         self.takeover_ms = takeover_ms
         # A put leaves a stored blob alone while its keep-until is less than this behind
         # now (0: every put raises it to now, as every store does): a refresh uploads the
-        # blob again, and the collector's grace period covers the difference.
-        self.refresh_ms = refresh_ms
+        # blob again, and the collector's grace period covers the difference. Not given,
+        # it is 0 until use_grace derives it from the grace period.
+        self.refresh_ms = 0 if refresh_ms is None else refresh_ms
+        self._refresh_given = refresh_ms is not None
+        # When this store first saw each doomed marker (its ETag, monotonic seconds), kept
+        # across puts: a put bounded by command_timeout_ms (shorter than takeover_ms) that
+        # gives up on a marker left behind is retried, and the retry must not start the
+        # wait again, or the marker would never be taken over.
+        self._markers: dict[str, tuple[str | None, float]] = {}
+
+    def use_grace(self, grace_ms: int) -> None:
+        """Unless the URL named ``refresh_ms``: a quarter of the collector's grace period
+        (``blob_grace_ms``), so a blob is uploaded again at most that often and a save
+        has three quarters of the grace period to store its reference (the condition in
+        docs/large-state.md)."""
+        if not self._refresh_given:
+            self.refresh_ms = grace_ms // REFRESH_SHARE
 
     async def _call(self, doing: str, awaitable: Any) -> Any:
         from obstore import exceptions as errors
@@ -189,9 +207,10 @@ class S3BlobStore(BlobStore):
         enough = max(now - self.refresh_ms, keep_until_ms or 0)
         body = b"%d\n" % want + bytes(data)
         attributes = {_KEEP: str(want)}
-        marker: tuple[str | None, float] | None = None  # a doomed marker, when first seen
         while True:
             found = await self._look(digest)
+            if found is None or not found.doomed:
+                self._markers.pop(digest, None)
             if found is None:
                 if await self._write(digest, body, attributes, "create"):
                     return
@@ -204,11 +223,13 @@ class S3BlobStore(BlobStore):
                 continue
             # A collector is removing it: let it finish, then write the blob again.
             seen = time.monotonic()
+            marker = self._markers.get(digest)
             if marker is None or marker[0] != found.etag:
-                marker = (found.etag, seen)
+                self._markers[digest] = (found.etag, seen)
             elif (seen - marker[1]) * 1000 >= self.takeover_ms:
                 # The collector stopped between its marker and its delete.
                 if await self._write(digest, body, attributes, {"e_tag": found.etag}):
+                    self._markers.pop(digest, None)
                     return
                 continue
             await asyncio.sleep(_POLL_S)
@@ -304,7 +325,7 @@ def open_store(url: str) -> S3BlobStore:
     if not base.startswith("s3://") or not bucket:
         raise InvalidArgumentError(f"an S3 blob_url is s3://bucket[/prefix][?options], got {shown}")
     takeover_ms = options.pop("takeover_ms", DEFAULT_TAKEOVER_MS)
-    refresh_ms = options.pop("refresh_ms", 0)
+    refresh_ms = options.pop("refresh_ms", None)
     # A plain-http endpoint in the URL allows http (an emulator on loopback); otherwise
     # the option, else AWS_ALLOW_HTTP, else https only.
     if "allow_http" not in options and str(options.get("endpoint", "")).startswith("http:"):

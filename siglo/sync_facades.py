@@ -14,7 +14,13 @@ from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.config import Settings
 from siglo.connect import connect as async_connect
-from siglo.coordination import DEFAULT_LOCK_TTL_MS, ClaimState, IdempotencyClaim, LockResult
+from siglo.coordination import (
+    DEFAULT_LOCK_TTL_MS,
+    ClaimState,
+    IdempotencyClaim,
+    LockResult,
+    LockState,
+)
 from siglo.sentinel import Missing
 from siglo.stack import ExecutionStack
 from siglo.sync_portal import Portal, get_portal
@@ -269,6 +275,11 @@ class SyncLock(Facade):
     def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         """``Lock.extend``."""
         return bool(self._portal.run(self._inner.extend, lock_key, token, ttl_ms))
+
+    def inspect(self, lock_key: str) -> LockState | None:
+        """``LockBase.inspect``: who holds the lock and the lease left; ``None`` if free."""
+        state: LockState | None = self._portal.run(self._inner.inspect, lock_key)
+        return state
 
     def with_lock(
         self,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
 from siglo.adapter import Capability, StorageAdapter
+from siglo.blind import stored_tokens
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import (
@@ -19,6 +20,7 @@ from siglo.errors import (
 )
 from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
 from siglo.locking import Lease, using_lease
+from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -81,6 +83,7 @@ class MemoryStorageAdapter(StorageAdapter):
             Capability.LISTING,
             Capability.DELETION,
             Capability.DUE_WAITS,
+            Capability.PAYLOAD_SCAN,
         }
     )
 
@@ -177,6 +180,20 @@ class MemoryStorageAdapter(StorageAdapter):
     # -- operating what is stored -----------------------------------------------------
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
+        return self._walk(query, lambda checkpoint: True)
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        # The reference: the listing, keeping the stacks whose stored tokens hold the
+        # filter's (no index: the other backends keep one to get the same answer fast).
+        return self._walk(
+            query,
+            lambda checkpoint: all(
+                stored_tokens(checkpoint.metadata).get(field) == value
+                for field, value in tokens.items()
+            ),
+        )
+
+    def _walk(self, query: ListQuery, keep: Callable[[Checkpoint], bool]) -> CheckpointPage:
         # The walk's order: (namespace or "", stack id). "" is no namespace's name, so
         # the un-namespaced stacks come first and no two stacks share a position.
         after = None if query.cursor is None else tuple(decode_cursor(query.cursor, 2))
@@ -187,7 +204,7 @@ class MemoryStorageAdapter(StorageAdapter):
             if (after is not None and position <= after) or not entry.live(now):
                 continue
             checkpoint = Checkpoint.from_json(entry.data)
-            if query.matches(checkpoint):
+            if query.matches(checkpoint) and keep(checkpoint):
                 found.append((position, CheckpointSummary.of(checkpoint)))
         found.sort(key=lambda item: item[0])
         page = found[: query.limit]
@@ -407,6 +424,46 @@ class MemoryStorageAdapter(StorageAdapter):
     async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         data = codec.dumps(value, what=f"cached value of {key!r}")
         self._cache[key] = _Entry(data, self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
+
+    # -- stored payloads -----------------------------------------------------------------------
+
+    async def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        # A snapshot of the keys: entries written during the walk may be missed, never
+        # listed twice.
+        if kind == "wait":
+            for key in list(self._waits):
+                entry = self._waits.get(key)
+                if entry is None or not entry.live(self.clock.now_ms()):
+                    continue
+                record = WaitRecord.from_json(entry.data)
+                fields = wait_fields(record)
+                if fields:
+                    yield StoredPayload(
+                        "wait", record.correlation_key, record.namespace, fields, entry.data
+                    )
+            return
+        for stored in list(self._cache):
+            entry = self._cache.get(stored)
+            if entry is None or not entry.live(self.clock.now_ms()):
+                continue
+            value = codec.loads(entry.data, what="cached step")
+            yield StoredPayload("step", stored, None, {"value": value}, entry.data)
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        # No await between the comparison and the write: atomic on the event loop.
+        now = self.clock.now_ms()
+        if item.kind == "wait":
+            entry = self._waits.get(wait_key(item.namespace, item.key))
+            if entry is None or not entry.live(now) or entry.data != item.token:
+                return False
+            record = WaitRecord.from_json(entry.data)
+            entry.data = with_wait_fields(record, fields).to_json()
+            return True
+        entry = self._cache.get(item.key)
+        if entry is None or not entry.live(now) or entry.data != item.token:
+            return False
+        entry.data = codec.dumps(fields["value"], what=f"cached value of {item.key!r}")
+        return True
 
     # -- context stream and telemetry ---------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -11,10 +12,13 @@ from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
     LockResult,
+    LockState,
     NonceStoreBase,
     OwnedClaimReply,
+    holder_label,
     new_lock_token,
 )
+from siglo.payloads import StoredPayload
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
@@ -46,11 +50,25 @@ class _ExpiringDict:
             return None
         return item[0]
 
+    def remaining_ms(self, key: str) -> int | None:
+        """How long the live entry ``key`` has left, ``None`` without one."""
+        if self.get(key) is None:
+            return None
+        return self._items[key][1] - self.clock.now_ms()
+
     def set(self, key: str, value: str, ttl_ms: int) -> None:
         self._items[key] = (value, self.clock.now_ms() + ttl_ms)
 
     def delete(self, key: str) -> None:
         self._items.pop(key, None)
+
+    def snapshot(self) -> list[str]:
+        """A snapshot of the keys (expired ones included until read)."""
+        return list(self._items)
+
+    def replace(self, key: str, value: str) -> None:
+        """A new value for a present key, its expiry kept."""
+        self._items[key] = (value, self._items[key][1])
 
     def view(self) -> ExpiringKeysModel:
         """A read-only view of the entries, expired ones not yet purged included."""
@@ -160,6 +178,21 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
             return MISSING
         return codec.loads(value[len(COMPLETED_PREFIX) :], what="idempotency result")
 
+    async def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        for key in self._keys.snapshot():
+            value = self._keys.get(key)
+            if value is not None and value.startswith(COMPLETED_PREFIX):
+                result = codec.loads(value[len(COMPLETED_PREFIX) :], what="idempotency result")
+                yield StoredPayload("idempotency", key, None, {"result": result}, value)
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        # No await between the comparison and the write: atomic on the event loop.
+        if self._keys.get(item.key) != item.token:
+            return False
+        encoded = codec.dumps_str(result, what=f"result of {item.key!r}")
+        self._keys.replace(item.key, COMPLETED_PREFIX + encoded)
+        return True
+
 
 class MemoryLock(LockBase):
     """Token-checked locks with a TTL and a fencing counter per key."""
@@ -189,6 +222,13 @@ class MemoryLock(LockBase):
             return False
         self._holders.delete(lock_key)
         return True
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        token = self._holders.get(lock_key)
+        remaining = self._holders.remaining_ms(lock_key)
+        if token is None or remaining is None:
+            return None
+        return LockState(holder_label(token), remaining, self._fences.get(lock_key))
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         if self._holders.get(lock_key) != token:

@@ -25,6 +25,7 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
             "listing",
             "deletion",
             "due_waits",
+            "payload_scan",
         ),
         description="In-process reference backend (the contract suite's model)",
     )

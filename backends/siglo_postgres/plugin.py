@@ -26,6 +26,7 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
             "listing",
             "deletion",
             "due_waits",
+            "payload_scan",
         ),
         requires=("sqlalchemy", "psycopg", "psycopg_pool"),
         extra="postgres",

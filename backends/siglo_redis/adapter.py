@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from hashlib import sha1
 from typing import Any, ClassVar, Final
 
@@ -25,6 +26,7 @@ from siglo.errors import (
 )
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.parts import MARK, BodyCache, assemble, split
+from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -38,7 +40,13 @@ from siglo_redis.commands import (
 )
 from siglo_redis.coordination import RedisLock
 from siglo_redis.keys import DEFAULT_PREFIX, KeySpace, check_prefix
-from siglo_redis.listing import CheckpointIndex, deadline_member_parts, is_cluster, member_of
+from siglo_redis.listing import (
+    CheckpointIndex,
+    deadline_member_parts,
+    is_cluster,
+    member_of,
+    scan_keys,
+)
 from siglo_redis.scripts import (
     CHECKPOINT_CAS,
     CHECKPOINT_DELETE,
@@ -107,6 +115,7 @@ class RedisStorageAdapter(StorageAdapter):
             Capability.LISTING,
             Capability.DELETION,
             Capability.DUE_WAITS,
+            Capability.PAYLOAD_SCAN,
         }
     )
 
@@ -211,7 +220,7 @@ class RedisStorageAdapter(StorageAdapter):
         await self._index.register(shard)
         reply = await self._redis.script(
             CHECKPOINT_CAS,
-            [key, self._index.key(shard)],
+            [key, self._index.key(shard), *self._index.token_keys_of(checkpoint, key)],
             [
                 data,
                 checkpoint.revision,
@@ -268,6 +277,7 @@ class RedisStorageAdapter(StorageAdapter):
             order,
         ]
         keys = [key, self._index.key(shard), parts_key]
+        keys += self._index.token_keys_of(checkpoint, key)
         outcome = 3
         for sent in (known, frozenset()):  # then every body, if one believed kept is not
             pairs: list[bytes | str] = []
@@ -418,6 +428,8 @@ class RedisStorageAdapter(StorageAdapter):
             index = self._index.key(self._index.shard_of(key))
             member = member_of(checkpoint.stack_id, checkpoint.namespace)
             await self._redis.call("ZADD", self.client.zadd(index, {member: 0}))
+            for token_key in self._index.token_keys_of(checkpoint, key):
+                await self._redis.call("ZADD", self.client.zadd(token_key, {member: 0}))
             if await swap(self._redis, key, stored_data, data, "" if px is None else px):
                 return
         raise StorageAdapterError(
@@ -469,6 +481,13 @@ class RedisStorageAdapter(StorageAdapter):
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
         return await self._index.page(query, now_ms())
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        assert query.namespace is not MISSING  # list_checkpoints_by_index names one
+        if not self._index.indexable(query.namespace):
+            # Braces in the namespace on a cluster: its stacks have no sets.
+            return await super()._do_list_by_index(query, tokens)
+        return await self._index.page(query, now_ms(), tokens)
 
     async def _do_delete_checkpoint(
         self, stack_id: str, namespace: str | None, expected_revision: int | None
@@ -650,6 +669,54 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         data = encode_cached(value, what=f"cached value of {key!r}")
         await self._redis.set(self.keys.cache(key), data, px=ttl_ms or self.cache_ttl_ms)
+
+    # -- stored payloads -----------------------------------------------------------------------
+
+    async def _string_at(self, key: str) -> bytes | None:
+        """The value of ``key`` if it is a string (a key of another type is not a record
+        even when its name matches the pattern, e.g. a context hash whose step id holds
+        ``wait:``)."""
+        kind = text(await self._redis.call("TYPE", self.client.type(key)))
+        return await self._redis.get(key) if kind == "string" else None
+
+    async def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        prefix = "".join("\\" + c if c in "*?[]\\" else c for c in self.keys.prefix)
+        if kind == "step":
+            start = len(self.keys.cache(""))
+            async for key in scan_keys(self._redis, self.client, f"{prefix}cache:*"):
+                data = await self._string_at(key)
+                if data is not None:
+                    value = {"value": decode_cached(data)}
+                    yield StoredPayload("step", key[start:], None, value, (key, data))
+            return
+        async for key in scan_keys(self._redis, self.client, f"{prefix}*wait:*"):
+            data = await self._string_at(key)
+            if data is None:
+                continue
+            try:
+                record = WaitRecord.from_json(data)
+            except SigloError:
+                continue  # a checkpoint or another record whose id holds "wait:"
+            ns = record.namespace
+            # The record at its own key, or the seed's copy at its stack id's (which
+            # TypeScript workers read): both hold the payloads.
+            if key not in (
+                self.keys.wait(record.correlation_key, ns),
+                self.keys.wait(record.stack_id, ns),
+            ):
+                continue
+            fields = wait_fields(record)
+            if fields:
+                yield StoredPayload("wait", record.correlation_key, ns, fields, (key, data))
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        key, data = item.token
+        if item.kind == "wait":
+            new = with_wait_fields(WaitRecord.from_json(data), fields).to_json()
+        else:
+            new = encode_cached(fields["value"], what=f"cached value of {item.key!r}")
+        # The swap script: written only if the key still holds the bytes read, its TTL kept.
+        return await swap(self._redis, key, data, new, "keep")
 
     # -- context stream and telemetry ---------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import orjson
@@ -12,11 +13,14 @@ from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
     LockResult,
+    LockState,
     NonceStoreBase,
     OwnedClaimReply,
+    holder_label,
     new_lock_token,
 )
 from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.payloads import StoredPayload
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
@@ -32,6 +36,7 @@ from siglo_redis.keys import (
     idempotency_owner_key,
     legacy_fence_key,
 )
+from siglo_redis.listing import scan_keys
 from siglo_redis.scripts import (
     COMPARE_AND_DELETE,
     IDEMPOTENCY_CLAIM_OWNED,
@@ -40,7 +45,9 @@ from siglo_redis.scripts import (
     IDEMPOTENCY_FAIL,
     LOCK_ACQUIRE,
     LOCK_EXTEND,
+    LOCK_INSPECT,
 )
+from siglo_redis.waits import swap
 
 __all__ = [
     "RedisIdempotencyStore",
@@ -158,6 +165,25 @@ class RedisIdempotencyStore(_ClientOwner, IdempotencyStoreBase):
         except orjson.JSONDecodeError:
             return MISSING  # seed 001 §6: unparseable is "no result"
 
+    async def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in self.key_prefix) + "*"
+        start = len(self.key_prefix)
+        async for full in scan_keys(self._redis, self.client, pattern):
+            kind = text(await self._redis.call("TYPE", self.client.type(full)))
+            data = await self._redis.get(full) if kind == "string" else None
+            if data is None or not data.startswith(COMPLETED_PREFIX.encode()):
+                continue  # in progress, or a key of another kind under the prefix
+            try:
+                result = orjson.loads(data[len(COMPLETED_PREFIX) :])
+            except orjson.JSONDecodeError:
+                continue  # unparseable is "no result" (seed 001 §6): nothing to rekey
+            yield StoredPayload("idempotency", full[start:], None, {"result": result}, data)
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        new = COMPLETED_PREFIX + codec.dumps_str(result, what=f"result of {item.key!r}")
+        # The swap script: written only if the key still holds the bytes read, TTL kept.
+        return await swap(self._redis, self.key_prefix + item.key, item.token, new.encode())
+
 
 class RedisLock(_ClientOwner, LockBase):
     """A distributed mutex with per-holder tokens and fencing tokens (seed 001 §7).
@@ -233,6 +259,21 @@ class RedisLock(_ClientOwner, LockBase):
         if text(await self._redis.get(key)) != token:
             return False
         return await self._redis.delete(key) == 1
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        key = self.key_prefix + lock_key
+        if self._require_eval("inspect"):
+            reply = await self._redis.script(LOCK_INSPECT, [key], [])
+            if not reply:
+                return None
+            token, left = text(reply[0]), int(reply[1])
+        else:  # the seed's fallback for a client without eval: two reads, may race
+            token = text(await self._redis.get(key))
+            left = int(await self._redis.call("PTTL", self.client.pttl(key)))
+        if token is None or left <= 0:
+            return None  # gone between the two reads, or a key without a lease
+        # The fencing counter is per cluster slot, not per lock key: no per-key number.
+        return LockState(holder_label(token), left, None)
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         key = self.key_prefix + lock_key

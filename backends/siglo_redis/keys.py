@@ -18,6 +18,10 @@ key                                            holds
 ``siglo:[<ns>:]checkpoint-parts:{<tag>}<id>``  siglo only (``incremental_min_bytes``):
                                                hash of a checkpoint's context bodies by
                                                digest and their order, in its slot
+``siglo:[<ns>:]checkpoint-token:{[<tag>]}``   siglo only (blind-index tokens in the
+``<field>:<token>``                            metadata): sorted set of the stacks
+                                               saved with that token (on a cluster one
+                                               per slot, tagged to it)
 ``siglo:checkpoint-index[:{<tag>}]``          siglo only: sorted set listing the
                                                checkpoints (one per cluster slot on a
                                                cluster, tagged to that slot)
@@ -218,6 +222,23 @@ class KeySpace:
         tag = slot_tag(hash_slot(checkpoint))
         parts = f"{self.prefix}{ns}checkpoint-parts:{{{tag}}}{stack_id}"
         return parts if hash_slot(parts) == hash_slot(checkpoint) else None
+
+    def checkpoint_token(
+        self, namespace: str | None, field: str, token: str, shard: int | None
+    ) -> str | None:
+        """The blind-index set of ``field: token`` in ``namespace``:
+        ``<prefix>[<ns>:]checkpoint-token:{}<field>:<token>``, or on a cluster one per
+        slot, ``{<tag>}`` pinning it to ``shard`` (the slot of the checkpoint keys it
+        lists). The brace after ``checkpoint-token:`` keeps the names apart from the keys
+        of a namespace spelled ``checkpoint-token`` (theirs go on with a key kind);
+        ``field`` and ``token`` are escaped, so one ``:`` separates them.
+
+        ``None`` when braces in the namespace or prefix make an earlier hash tag, in
+        another slot than ``shard``: that set cannot be written with the checkpoint."""
+        ns = "" if namespace is None else f"{namespace_segment(namespace)}:"
+        tag = "" if shard is None else slot_tag(shard)
+        key = f"{self.prefix}{ns}checkpoint-token:{{{tag}}}{escape(field)}:{escape(token)}"
+        return key if shard is None or hash_slot(key) == shard else None
 
     def wait(self, key: str, namespace: str | None = None) -> str:
         """A wait record (or the seed's per-stack copy): the seed's key for an

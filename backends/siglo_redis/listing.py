@@ -29,16 +29,19 @@ dropped (only if its score is still the one read).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+from siglo.blind import stored_tokens
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
 from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 from siglo_redis.commands import Commands, raw, text
-from siglo_redis.keys import KeySpace, hash_slot
-from siglo_redis.scripts import DEADLINE_PRUNE, INDEX_PRUNE
+from siglo_redis.keys import KeySpace, hash_slot, namespace_segment
+from siglo_redis.scripts import DEADLINE_PRUNE, INDEX_PRUNE, TOKEN_PRUNE
 
 __all__ = [
     "CheckpointIndex",
@@ -60,6 +63,11 @@ def _status_patterns(query: ListQuery) -> tuple[bytes, ...]:
     return tuple(b'"' + status.encode() + b'"' for status in sorted(query.statuses))
 
 
+def _holds(checkpoint: Checkpoint, tokens: dict[str, str]) -> bool:
+    have = stored_tokens(checkpoint.metadata)
+    return all(have.get(field) == token for field, token in tokens.items())
+
+
 def member_of(stack_id: str, namespace: str | None) -> str:
     """A checkpoint's member in the listing index."""
     return f"{namespace or ''}\x00{stack_id}"
@@ -74,6 +82,26 @@ def split_member(member: str) -> tuple[str | None, str]:
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` talks to a Redis Cluster (keys of a script must share a slot)."""
     return callable(getattr(client, "get_node_from_key", None))
+
+
+async def scan_keys(redis: Commands, client: Any, pattern: str) -> AsyncIterator[str]:
+    """Every key matching ``pattern`` (``SCAN``; on a cluster, every primary's), each
+    call bounded like any other (``siglo rekey``'s walks)."""
+    if is_cluster(client):
+        keys = client.scan_iter(match=pattern, count=1000)
+        while True:
+            try:
+                key = await redis.call("SCAN", anext(keys))
+            except StopAsyncIteration:
+                return
+            yield key.decode() if isinstance(key, bytes) else str(key)
+    cursor: Any = 0
+    while True:
+        cursor, page = await redis.call("SCAN", client.scan(cursor, match=pattern, count=1000))
+        for key in page:
+            yield key.decode() if isinstance(key, bytes) else str(key)
+        if int(cursor) == 0:
+            return
 
 
 class CheckpointIndex:
@@ -110,8 +138,12 @@ class CheckpointIndex:
         )
         return [*sorted(int(text(m) or 0) for m in found or ())]
 
-    async def page(self, query: ListQuery, now: int) -> CheckpointPage:
-        """A page of the walk ``query`` describes."""
+    async def page(
+        self, query: ListQuery, now: int, tokens: dict[str, str] | None = None
+    ) -> CheckpointPage:
+        """A page of the walk ``query`` describes; with ``tokens`` (a namespace's), of
+        the stacks whose stored blind-index tokens hold them, walking the sets of the
+        first field's token instead of the listing index."""
         start_shard, after = -1, None
         if query.cursor is not None:
             shard_text, after = decode_cursor(query.cursor, 2)
@@ -130,7 +162,10 @@ class CheckpointIndex:
                 low = "(" + after
             else:
                 low = "-" if prefix is None else "[" + prefix
-            low = await self._fill(shard, number, low, high, query, now, found)
+            index = self.key(shard) if tokens is None else self.token_key(query, tokens, shard)
+            if index is None:
+                continue  # no stack of this shard can be in the set (token_key)
+            low = await self._fill(index, number, low, high, query, now, found, tokens)
             if len(found) > query.limit:
                 break
         items = found[: query.limit]
@@ -139,17 +174,47 @@ class CheckpointIndex:
         number, member, _ = items[-1]
         return CheckpointPage([s for _, _, s in items], encode_cursor(str(number), member))
 
+    def token_key(self, query: ListQuery, tokens: dict[str, str], shard: int | None) -> str | None:
+        """The set a walk by ``tokens`` follows in ``shard``: the first field's."""
+        assert query.namespace is not MISSING
+        field = min(tokens)
+        return self._keys.checkpoint_token(query.namespace, field, tokens[field], shard)
+
+    def indexable(self, namespace: str | None) -> bool:
+        """Whether every stack of ``namespace`` has its blind-index sets in its own slot
+        (always, but on a cluster where braces in the namespace or prefix make a hash tag
+        of their own: :meth:`KeySpace.checkpoint_token`)."""
+        if not self.cluster:
+            return True
+        # The hash tag of both a checkpoint key and its sets: a whole {tag} in what they
+        # share (prefix and namespace), else the sets' own {tag} of the checkpoint's slot.
+        shared = self._keys.prefix + ("" if namespace is None else namespace_segment(namespace))
+        opening = shared.find("{")
+        return opening < 0 or shared.find("}", opening + 1) > opening + 1
+
+    def token_keys_of(self, checkpoint: Checkpoint, checkpoint_key: str) -> list[str]:
+        """The blind-index sets a save of ``checkpoint`` adds its member to."""
+        tokens = stored_tokens(checkpoint.metadata)
+        if not tokens or not self.indexable(checkpoint.namespace):
+            return []
+        shard = self.shard_of(checkpoint_key)
+        keys = [
+            self._keys.checkpoint_token(checkpoint.namespace, field, token, shard)
+            for field, token in sorted(tokens.items())
+        ]
+        return [k for k in keys if k is not None]
+
     async def _fill(
         self,
-        shard: int | None,
+        index: str,
         number: int,
         low: str,
         high: str,
         query: ListQuery,
         now: int,
         found: list[tuple[int, str, CheckpointSummary]],
+        tokens: dict[str, str] | None = None,
     ) -> str:
-        index = self.key(shard)
         # The first read asks for just enough for the page; a filter that skips most
         # documents makes each next read twice as large.
         chunk = query.limit + 1
@@ -172,6 +237,15 @@ class CheckpointIndex:
                 if wanted and not any(pattern in data for pattern in wanted):
                     continue  # cannot have a wanted status: not worth decoding
                 checkpoint = Checkpoint.from_json(data)
+                if tokens is not None and not _holds(checkpoint, tokens):
+                    field = min(tokens)
+                    if stored_tokens(checkpoint.metadata).get(field) != tokens[field]:
+                        # Saved since with another value of the field this set is of (or
+                        # by a writer that keeps no sets): the member goes, unless the
+                        # document changed again meanwhile.
+                        digest = hashlib.sha1(data).hexdigest()
+                        await self._redis.script(TOKEN_PRUNE, [key, index], [member, digest])
+                    continue
                 if checkpoint.is_expired(now) or not query.matches(checkpoint):
                     continue
                 found.append((number, member, CheckpointSummary.of(checkpoint)))

@@ -24,6 +24,7 @@ def siglo_register_backends(registry: BackendRegistry) -> None:
             "listing",
             "deletion",
             "due_waits",
+            "payload_scan",
         ),
         requires=("redis",),
         extra="redis",

@@ -20,6 +20,7 @@ __all__ = [
     "CHECKPOINT_DELETE",
     "DEADLINE_PRUNE",
     "INDEX_PRUNE",
+    "TOKEN_PRUNE",
     "COMPARE_AND_DELETE",
     "CONTEXT_COMPARE_DELETE",
     "CONTEXT_CHANGE",
@@ -29,6 +30,7 @@ __all__ = [
     "IDEMPOTENCY_FAIL",
     "LOCK_ACQUIRE",
     "LOCK_EXTEND",
+    "LOCK_INSPECT",
     "PARTS_DROP",
     "SWAP",
     "WAIT_CREATE",
@@ -57,6 +59,9 @@ _CAS_HEAD: Final = """
 -- ARGV[5] PX ('' = keep forever; <= 0 = already expired: delete).
 -- KEYS[2], when given: the listing index (a sorted set in the checkpoint key's cluster
 -- slot) and ARGV[6] the checkpoint's member in it; a write adds it, a delete removes it.
+-- KEYS[3] ...: the blind-index sets of the document's tokens (same slot); a write adds
+-- the member to each (a set may keep members whose token changed since: readers check
+-- the document and drop them).
 -- Returns an integer (a table reply costs more to build and to parse): 1 when stored,
 -- 2 when a revision is too large for Lua's doubles to compare exactly (the caller then
 -- decides in exact integers and writes with the swap script), and on a conflict
@@ -78,6 +83,7 @@ local function write()
     return 1
   end
   if KEYS[2] then redis.call('ZADD', KEYS[2], 0, ARGV[6]) end
+  for i = 3, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end
   return 1
 end
 """
@@ -173,7 +179,7 @@ _PARTS_HEAD: Final = """
 -- its digest and '@order' (the parts list), '@len' and '@head' (the length and SHA-1 of
 -- the skeleton these parts belong to: a reader assembles only then). Returns as
 -- CHECKPOINT_CAS does, or 3 (nothing written) when a body sent as '' is not there: the
--- caller sends them all.
+-- caller sends them all. KEYS[4] ...: the blind-index sets, as in CHECKPOINT_CAS.
 local exact = 9007199254740992
 local new = tonumber(ARGV[2])
 local expected = tonumber(ARGV[3])
@@ -220,6 +226,7 @@ local function write()
     redis.call('PEXPIRE', KEYS[3], ARGV[5])
   end
   redis.call('ZADD', KEYS[2], 0, ARGV[6])
+  for i = 4, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end
   return 1
 end
 """
@@ -530,6 +537,19 @@ return 0
 """,
 )
 
+LOCK_INSPECT: Final = Script(
+    "lock_inspect",
+    """
+-- KEYS[1] lock key. Read-only. {token, ms left} of a live lease, or false when the key is
+-- gone (released or expired: an expired key is never returned by GET).
+local token = redis.call('GET', KEYS[1])
+if not token then
+  return false
+end
+return {token, redis.call('PTTL', KEYS[1])}
+""",
+)
+
 
 CHECKPOINT_DELETE: Final = Script(
     "checkpoint_delete",
@@ -570,6 +590,23 @@ INDEX_PRUNE: Final = Script(
 -- it is still gone, so a save racing the prune keeps its member.
 -- KEYS[1] checkpoint key, KEYS[2] listing index (same slot). ARGV[1] member.
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  return redis.call('ZREM', KEYS[2], ARGV[1])
+end
+return 0
+""",
+)
+
+TOKEN_PRUNE: Final = Script(
+    "token_prune",
+    """
+-- Drop a blind-index member whose checkpoint no longer holds the token: only if the
+-- checkpoint key still holds what the reader read (SHA-1; '' = gone), so a save racing
+-- the prune, which adds the member again in its own script, keeps it.
+-- KEYS[1] checkpoint key, KEYS[2] blind-index set (same slot). ARGV[1] member,
+-- ARGV[2] SHA-1 of the document read, or ''.
+local current = redis.call('GET', KEYS[1])
+local seen = current and redis.sha1hex(current) or ''
+if seen == ARGV[2] then
   return redis.call('ZREM', KEYS[2], ARGV[1])
 end
 return 0

@@ -8,7 +8,7 @@ those of the memory backend, rule by rule of ``docs/contract.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from siglo import codec
@@ -23,6 +23,7 @@ from siglo.errors import (
 )
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import Hold, held, workflow_lock_key
+from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -32,12 +33,26 @@ from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database, Params, Plan
 from siglo_sql.keys import at_most, row_id
-from siglo_sql.listing import cursor_of, page_conditions, summary_of
+from siglo_sql.listing import cursor_of, indexed_list, page_conditions, summary_of
 from siglo_sql.migrations import check_target, migrate, read_version
-from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, BodyCache, Split, assemble, split
+from siglo_sql.parts import (
+    DEFAULT_INCREMENTAL_MIN_BYTES,
+    DIGEST_BYTES,
+    BodyCache,
+    Split,
+    assemble,
+    split,
+)
 from siglo_sql.rows import checkpoint_row, wait_from_row, wait_id, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
-from siglo_sql.statements import Statements, many_ids
+from siglo_sql.statements import (
+    LIVE,
+    Statements,
+    gone_digests,
+    many_ids,
+    new_bodies,
+    part_rows,
+)
 
 __all__ = ["SqlStorageAdapter"]
 
@@ -73,6 +88,7 @@ class SqlStorageAdapter(StorageAdapter):
             Capability.LISTING,
             Capability.DELETION,
             Capability.DUE_WAITS,
+            Capability.PAYLOAD_SCAN,
         }
     )
     workflow_lock: SqlLock
@@ -117,6 +133,16 @@ class SqlStorageAdapter(StorageAdapter):
         self.incremental_min_bytes = incremental_min_bytes
         self._bodies = BodyCache()
         """The context bodies this adapter saved last, so unchanged ones are not hashed."""
+        self._versions: dict[bytes, tuple[str, frozenset[bytes]]] = {}
+        """By checkpoint row id, the version of the row this adapter saved or loaded last
+        (stored in parts, on PostgreSQL: its ``xmin``) and the digests of its parts,
+        oldest first: what lets the next save of the row be one statement
+        (``cp_update_parts``). At most :data:`_VERSION_DIGESTS` digests in all."""
+        self._versions_size = 0
+        """How many digests :attr:`_versions` holds (each row counting one more)."""
+        self._templates: dict[tuple[str, int], str] = {}
+        """Templates completed and converted, by name and number of rows
+        (:meth:`_template`)."""
         # Statements already in the driver's parameter style (converted at connect).
         self._s = statements
         self._cp_reads: KeyedReads | None = None
@@ -131,6 +157,8 @@ class SqlStorageAdapter(StorageAdapter):
             )
         self._cp_list: dict[str, str] = {}
         """``cp_list`` completed and converted, by the shape of its conditions."""
+        self._cp_list_indexed: dict[str, str] = {}
+        """Filtered listings (:func:`siglo_sql.listing.indexed_list`), by shape."""
         # The workflow lock is a lease row like any lock, in its own scope. Its lease
         # runs on wall time: it only frees the lock of a crashed holder (the memory
         # model's lock never expires), so a test moving a ManualClock must not free it.
@@ -202,7 +230,7 @@ class SqlStorageAdapter(StorageAdapter):
             key = "cp_update_expected"
         least = self.incremental_min_bytes
         if streamed is None and least is not None and len(checkpoint.to_json()) >= least:
-            await self._save_in_parts(checkpoint, row, getattr(s, key), release)
+            await self._save_in_parts(checkpoint, row, key, release)
             return
         if streamed is None:
             save: tuple[str, Params] = (getattr(s, key), row)
@@ -236,14 +264,84 @@ class SqlStorageAdapter(StorageAdapter):
     async def _save_in_parts(
         self, checkpoint: Checkpoint, row: dict[str, Any], save: str, release: Hold | None
     ) -> None:
-        """The compare-and-set of the row (its skeleton and parts list) and the writes of
-        the contexts that changed, in one transaction (siglo_sql.parts)."""
+        """The compare-and-set of the row (its skeleton and parts list; ``save`` names its
+        statement) and the writes of the contexts that changed, in one transaction
+        (siglo_sql.parts).
+
+        Where the dialect allows it (PostgreSQL) and this adapter wrote the version of the
+        row the save replaces (:attr:`_versions`), that is one statement
+        (``cp_update_parts``): one round trip instead of a transaction of five or more.
+        Refused (another writer, an unknown version, a conflict), the save is made as
+        before, reading what is stored."""
         cut = split(checkpoint, row["id"], self._bodies)
         row["document"] = cut.skeleton
         row["parts"] = cut.parts
-        await self.database.run_plan(self._parts_plan(checkpoint, row, save, cut, release))
+        key = row["id"]
+        s = self._s
+        known = None
+        if s.cp_update_parts is not None and save == "cp_update_expected":
+            known = self._forget(key)
+        if known is not None and release is None:
+            rows = await self.database.write(*self._known_save(row, cut, *known))
+            if rows:
+                self._remember(key, rows[0][0], frozenset(cut.bodies))
+                return
+            known = None  # refused: the save made the long way says why
+        try:
+            await self.database.run_plan(
+                self._parts_plan(checkpoint, row, save, cut, release, known)
+            )
+        except CheckpointConflictError:
+            self._forget(key)
+            raise
         if release is not None:
             release.released = True
+
+    def _known_save(
+        self, row: dict[str, Any], cut: Split, version: str, stored: frozenset[bytes]
+    ) -> tuple[str, dict[str, Any]]:
+        """``cp_update_parts`` and its parameters: ``row``, the version it replaces, the
+        bodies of the digests ``stored`` lacks and the digests ``cut`` no longer names."""
+        new = [d for d in cut.bodies if d not in stored]
+        sql = self._template("cp_update_parts", len(new))
+        params = {**row, "version": version, "dropped": [d for d in stored if d not in cut.bodies]}
+        for i, digest in enumerate(new):
+            params[f"digest{i}"] = digest
+            params[f"body{i}"] = cut.bodies[digest]
+        return sql, params
+
+    def _template(self, name: str, n: int) -> str:
+        """The statement template ``name`` completed for ``n`` rows and converted (once
+        per ``name`` and ``n``)."""
+        sql = self._templates.get((name, n))
+        if sql is None:
+            text: str | None = getattr(self._s, name)
+            assert text is not None
+            if name == "cp_update_parts":
+                text = text.format(bodies=new_bodies(n))
+            elif name == "parts_insert":
+                text = text.format(rows=part_rows(n))
+            else:
+                text = text.format(digests=gone_digests(n))
+            sql = self._templates[(name, n)] = self.database.sql(text)
+        return sql
+
+    def _remember(self, key: bytes, version: str | None, digests: frozenset[bytes]) -> None:
+        """Note that the row ``key`` at ``version`` stores the parts named ``digests``."""
+        if version is None:  # SQLite: no versions, nothing to remember
+            return
+        self._forget(key)  # the newest last
+        self._versions[key] = (version, digests)
+        self._versions_size += len(digests) + 1
+        while self._versions_size > _VERSION_DIGESTS:
+            self._forget(next(iter(self._versions)))
+
+    def _forget(self, key: bytes) -> tuple[str, frozenset[bytes]] | None:
+        """Drop what :attr:`_versions` knows of row ``key``; what it knew."""
+        known = self._versions.pop(key, None)
+        if known is not None:
+            self._versions_size -= len(known[1]) + 1
+        return known
 
     def _parts_plan(
         self,
@@ -252,25 +350,66 @@ class SqlStorageAdapter(StorageAdapter):
         save: str,
         cut: Split,
         release: Hold | None,
+        known: tuple[str, frozenset[bytes]] | None = None,
     ) -> Plan:
         key = row["id"]
         s = self._s
-        if not (yield save, row):
-            found = yield s.cp_current_revision, row
-            raise CheckpointConflictError(
-                checkpoint.stack_id,
-                found[0][0] if found else None,
-                row["expected"],
-                checkpoint.revision,
-            )
-        # Read after the compare-and-set, which holds the row: what is stored now is what
-        # this save replaces, whoever wrote it.
-        stored = {bytes(r[0]) for r in (yield s.parts_digests, {"id": key})}
-        for digest, body in cut.bodies.items():
-            if digest not in stored:
-                yield s.parts_insert, {"id": key, "digest": digest, "body": body}
-        for digest in stored - cut.bodies.keys():
-            yield s.parts_delete, {"id": key, "digest": digest}
+        saved = False
+        if known is not None and s.cp_update_parts is not None:
+            # The one statement first, in this transaction (with the lock's release after
+            # it); refused, it changed nothing and the save continues as below.
+            found = yield self._known_save(row, cut, *known)
+            if found:
+                saved = True
+                self._remember(key, found[0][0], frozenset(cut.bodies))
+        if not saved:
+            version = None
+            if s.cp_parts_saves is not None:
+                # SQLite: the compare-and-set answers the digests stored (its RETURNING
+                # reads them in the write transaction, which no other writer can enter).
+                found = yield s.cp_parts_saves[save], row
+                stored_hex = found[0][0] if found else None
+            else:
+                found = yield getattr(s, save), row
+            if not found:
+                found = yield s.cp_current_revision, row
+                raise CheckpointConflictError(
+                    checkpoint.stack_id,
+                    found[0][0] if found else None,
+                    row["expected"],
+                    checkpoint.revision,
+                )
+            if s.cp_parts_saves is not None:
+                packed = bytes.fromhex(stored_hex or "")
+                stored = {
+                    packed[at : at + DIGEST_BYTES] for at in range(0, len(packed), DIGEST_BYTES)
+                }
+            else:
+                # Read after the compare-and-set, which holds the row: what is stored now
+                # is what this save replaces, whoever wrote it (in a statement of its
+                # own: PostgreSQL's RETURNING would read the statement's snapshot, older
+                # than a save it waited for).
+                read = yield s.parts_digests, {"id": key}
+                stored = {bytes(r[0]) for r in read if r[0] is not None}
+                version = read[0][1] if read else None
+            # One statement for the new bodies and one for the dropped ones (each a few
+            # hundred at most): a statement each cost SQLite 5-7 us, PostgreSQL a round
+            # trip.
+            new = [d for d in cut.bodies if d not in stored]
+            for at in range(0, len(new), _PER_STATEMENT):
+                chunk = new[at : at + _PER_STATEMENT]
+                params: dict[str, Any] = {"id": key}
+                for i, digest in enumerate(chunk):
+                    params[f"digest{i}"] = digest
+                    params[f"body{i}"] = cut.bodies[digest]
+                yield self._template("parts_insert", len(chunk)), params
+            gone = [d for d in stored if d not in cut.bodies]
+            for at in range(0, len(gone), _PER_STATEMENT):
+                chunk = gone[at : at + _PER_STATEMENT]
+                params = {"id": key, **{f"gone{i}": d for i, d in enumerate(chunk)}}
+                yield self._template("parts_delete", len(chunk)), params
+            if version is not None:  # PostgreSQL (SQLite has no versions to remember)
+                self._remember(key, version, frozenset(cut.bodies))
         if release is not None:
             lease = release.lease
             yield self.workflow_lock.release_statement(lease.key, lease.token)
@@ -416,6 +555,9 @@ class SqlStorageAdapter(StorageAdapter):
         # row names is there (else the read starts again, as a two-statement read would).
         data = assemble(bytes(got[0]), bytes(got[1]), got[2])
         if data is not None:
+            # Every part the row names came with it, and no others (one snapshot): the
+            # version read and these digests are what a save of it replaces.
+            self._remember(key, got[3], frozenset(got[2]))
             return Checkpoint.from_json(data)
         return await self._whole(key, *_document(got))
 
@@ -457,6 +599,32 @@ class SqlStorageAdapter(StorageAdapter):
         if sql is None:  # a shape of conditions not seen yet: converted once
             sql = self._cp_list[where] = db.sql(self._s.cp_list.format(where=where))
         # One row more than the page tells whether another page follows.
+        params.update(now=self.clock.now_ms(), limit=query.limit + 1)
+        rows = await db.fetch(sql, params)
+        page = rows[: query.limit]
+        more = len(rows) > query.limit
+        return CheckpointPage([summary_of(r) for r in page], cursor_of(page[-1]) if more else None)
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        db = self.database
+        where, params = page_conditions(query, db.dialect_name, table="c", keyset="t0.id")
+        shape = f"{len(tokens)}:{where}"
+        sql = self._cp_list_indexed.get(shape)
+        if sql is None:  # a shape not seen yet: completed and converted once
+            tables = build_tables(self.table_prefix, self.schema)
+            assert tables.checkpoint_tokens is not None
+            name = db.sa_dialect.identifier_preparer.format_table
+            text = indexed_list(
+                name(tables.checkpoints),
+                name(tables.checkpoint_tokens),
+                len(tokens),
+                where,
+                LIVE.replace("gone_at", "c.gone_at"),
+            )
+            sql = self._cp_list_indexed[shape] = db.sql(text)
+        for i, (field, token) in enumerate(sorted(tokens.items())):
+            params[f"field{i}"] = field
+            params[f"token{i}"] = token
         params.update(now=self.clock.now_ms(), limit=query.limit + 1)
         rows = await db.fetch(sql, params)
         page = rows[: query.limit]
@@ -666,6 +834,70 @@ class SqlStorageAdapter(StorageAdapter):
             self._s.cache_set, {"id": row_id(key), "key": key, "gone_at": gone_at, "value": data}
         )
 
+    # -- stored payloads -----------------------------------------------------------------------
+
+    _SCAN_PAGE = 500
+
+    async def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        s = self._s
+        after = b""
+        while True:
+            params = {"after": after, "now": self.clock.now_ms(), "limit": self._SCAN_PAGE}
+            rows = await self.database.fetch(
+                s.wait_scan if kind == "wait" else s.cache_scan, params
+            )
+            for row in rows:
+                if kind == "wait":
+                    document = bytes(row[1])
+                    payload = None if row[2] is None else bytes(row[2])
+                    record = WaitRecord.from_json(document)
+                    if payload is not None:
+                        record = record.replace(
+                            event_payload=codec.loads(payload, what="event payload")
+                        )
+                    fields = wait_fields(record)
+                    if fields:
+                        token = (bytes(row[0]), document, payload)
+                        yield StoredPayload(
+                            "wait", record.correlation_key, record.namespace, fields, token
+                        )
+                else:
+                    value = bytes(row[2])
+                    yield StoredPayload(
+                        "step",
+                        row[1],
+                        None,
+                        {"value": codec.loads(value, what="cached step")},
+                        (bytes(row[0]), value),
+                    )
+            if len(rows) < self._SCAN_PAGE:
+                return
+            after = bytes(rows[-1][0])
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        now = self.clock.now_ms()
+        if item.kind == "wait":
+            row, document, payload = item.token
+            record = with_wait_fields(WaitRecord.from_json(document), fields)
+            params: dict[str, Any] = {
+                "id": row,
+                "document": record.to_json(),
+                "event_payload": codec.dumps(record.event_payload, what="event_payload"),
+                "old_document": document,
+                "old_payload": payload,
+                "old_null": 1 if payload is None else 0,
+                "now": now,
+            }
+            return bool(await self.database.write(self._s.wait_swap, params))
+        row, value = item.token
+        params = {
+            "id": row,
+            "value": codec.dumps(fields["value"], what=f"cached value of {item.key!r}"),
+            "old_value": value,
+            "now": now,
+        }
+        return bool(await self.database.write(self._s.cache_swap, params))
+
     # -- context stream and telemetry ---------------------------------------------------------
 
     def _context_row(self, event: ContextChangeEvent, now: int) -> dict[str, Any]:
@@ -713,17 +945,27 @@ class SqlStorageAdapter(StorageAdapter):
         del self.cache_events[:-1000]
 
 
+_PER_STATEMENT = 500
+"""Parts inserted or deleted by one statement at most (three parameters a row: within
+SQLite's 32,766 and PostgreSQL's 65,535)."""
+
+_VERSION_DIGESTS = 100_000
+"""Digests :attr:`SqlStorageAdapter._versions` keeps at most, each row counting one more
+(about 100 bytes each: 10 MB at most): the rows least recently saved or loaded are
+forgotten first, and their next save reads what is stored."""
+
+
 _PART_READS = 10
 """Reads of a checkpoint saved in parts before giving up: each retry means another save
 replaced it between reading its row and its parts."""
 
 
 def _with_bodies(rows: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """``(document, parts, {digest: body})`` of a checkpoint read with ``cp_load``:
-    ``(document, parts, digest, body)`` rows, one per part."""
+    """``(document, parts, {digest: body}, version)`` of a checkpoint read with
+    ``cp_load``: ``(document, parts, digest, body, version)`` rows, one per part."""
     first = rows[0]
     bodies = {bytes(r[2]): bytes(r[3]) for r in rows if r[2] is not None}
-    return (first[0], first[1], bodies)
+    return (first[0], first[1], bodies, first[4])
 
 
 def _document(row: Sequence[Any]) -> tuple[bytes, bytes | None]:

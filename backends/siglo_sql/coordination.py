@@ -8,6 +8,7 @@ PgBouncer. Every expiry compares with the injected clock's ``now``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from siglo import codec
@@ -16,11 +17,14 @@ from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
     LockResult,
+    LockState,
     NonceStoreBase,
     OwnedClaimReply,
+    holder_label,
     new_lock_token,
 )
 from siglo.errors import StorageAdapterError
+from siglo.payloads import StoredPayload
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
@@ -116,6 +120,29 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
             return MISSING
         return codec.loads(rows[0][0], what="idempotency result")
 
+    async def _do_scan_results(self) -> AsyncIterator[StoredPayload]:
+        after, page = b"", 500
+        while True:
+            params = {"after": after, "now": self.clock.now_ms(), "limit": page}
+            rows = await self._db.fetch(self._s.idem_scan, params)
+            for row_key, key, data in rows:
+                stored = bytes(data)
+                result = {"result": codec.loads(stored, what="idempotency result")}
+                yield StoredPayload("idempotency", key, None, result, (bytes(row_key), stored))
+            if len(rows) < page:
+                return
+            after = bytes(rows[-1][0])
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        row, stored = item.token
+        params = {
+            "id": row,
+            "result": codec.dumps(result, what=f"result of {item.key!r}"),
+            "old_result": stored,
+            "now": self.clock.now_ms(),
+        }
+        return bool(await self._db.write(self._s.idem_swap, params))
+
 
 class SqlLock(LockBase):
     """Token-checked lease rows with a TTL and a fencing counter per key.
@@ -163,6 +190,15 @@ class SqlLock(LockBase):
 
     async def _do_release(self, lock_key: str, token: str) -> bool:
         return bool(await self._db.write(*self.release_statement(lock_key, token)))
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        rows = await self._db.read(
+            self._s.lock_inspect, {"id": row_id(self.scope, lock_key), "now": self.clock.now_ms()}
+        )
+        if not rows:
+            return None
+        token, remaining, fence = rows[0]
+        return LockState(holder_label(str(token)), int(remaining), int(fence))
 
     async def _do_extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         now = self.clock.now_ms()

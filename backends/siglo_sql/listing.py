@@ -18,26 +18,30 @@ from siglo_sql.keys import MAX_MS, at_most
 from siglo_sql.schema import ID_PREFIX
 from siglo_sql.statements import exact_match
 
-__all__ = ["cursor_of", "page_conditions", "summary_of"]
+__all__ = ["cursor_of", "indexed_list", "page_conditions", "summary_of"]
 
 
-def page_conditions(query: ListQuery, dialect_name: str) -> tuple[str, dict[str, Any]]:
+def page_conditions(
+    query: ListQuery, dialect_name: str, *, table: str = "", keyset: str = "id"
+) -> tuple[str, dict[str, Any]]:
     """The ``WHERE`` conditions of a page (without liveness) and their named parameters.
 
     The conditions' text depends only on which filters are set (and how many statuses),
-    so the caller converts each shape once.
+    so the caller converts each shape once. ``table``: the checkpoints' alias in a join
+    (their columns are named through it); ``keyset``: the column the cursor bounds.
     """
+    c = f"{table}." if table else ""
     where: list[str] = []
     params: dict[str, Any] = {}
     if query.namespace is not MISSING:
         namespace = query.namespace or ""
-        where.append(f"substr(namespace, 1, {ID_PREFIX}) = :ns_prefix")
+        where.append(f"substr({c}namespace, 1, {ID_PREFIX}) = :ns_prefix")
         params["ns_prefix"] = namespace[:ID_PREFIX]
         if len(namespace) >= ID_PREFIX:
             # Only a namespace as long as the indexed prefix can share it with another.
             # (Shorter, the prefix's equality is exact, and no second condition makes
             # the planner misjudge how many rows match.)
-            where.append(f"{exact_match(dialect_name)('namespace')} = :namespace")
+            where.append(f"{exact_match(dialect_name)(c + 'namespace')} = :namespace")
             params["namespace"] = namespace
     if query.cursor is not None:
         (last,) = decode_cursor(query.cursor, 1)
@@ -45,22 +49,45 @@ def page_conditions(query: ListQuery, dialect_name: str) -> tuple[str, dict[str,
             after = bytes.fromhex(last)
         except ValueError:
             raise InvalidArgumentError(f"cursor {query.cursor!r} is not a SQL backend's") from None
-        where.append("id > :after")
+        where.append(f"{keyset} > :after")
         params["after"] = after
     if query.statuses is not None:
         names = [f"status{i}" for i in range(len(query.statuses))]
-        where.append(f"status IN ({', '.join(':' + n for n in names)})")
+        where.append(f"{c}status IN ({', '.join(':' + n for n in names)})")
         params.update(zip(names, sorted(query.statuses), strict=True))
     if query.workflow_id is not None:
-        where.append("workflow_id = :workflow_id")
+        where.append(f"{c}workflow_id = :workflow_id")
         params["workflow_id"] = query.workflow_id
     if query.updated_before is not None:
-        where.append("updated_at < :updated_before")
+        where.append(f"{c}updated_at < :updated_before")
         params["updated_before"] = _bigint(query.updated_before)
     if query.updated_after is not None:
-        where.append("updated_at > :updated_after")
+        where.append(f"{c}updated_at > :updated_after")
         params["updated_after"] = _bigint(query.updated_after)
     return (" AND ".join(where) or "1 = 1"), params
+
+
+def indexed_list(checkpoints: str, tokens: str, fields: int, where: str, live: str) -> str:
+    """A page of the checkpoints whose tokens hold ``fields`` filter tokens (parameters
+    ``field0``, ``token0`` …), with the walk's other conditions ``where`` (made with
+    ``table="c", keyset="t0.id"``) and ``live`` (the liveness of ``c``).
+
+    The walk follows the tokens' ``(token, field, id)`` index of the first field: one
+    range of it in id order, the pages' keyset order, so no sort and no scan of the
+    checkpoints; each row leads to its checkpoint by primary key, and each further field
+    is one probe of the tokens' primary key.
+    """
+    joins = "".join(
+        f" JOIN {tokens} AS t{i} ON t{i}.id = t0.id AND t{i}.field = :field{i} "
+        f"AND t{i}.token = :token{i}"
+        for i in range(1, fields)
+    )
+    return (
+        "SELECT c.namespace, c.stack_id, c.workflow_id, c.status, c.revision, c.updated_at, "
+        f"c.expires_at, c.id FROM {tokens} AS t0{joins} JOIN {checkpoints} AS c ON c.id = t0.id "
+        f"WHERE t0.token = :token0 AND t0.field = :field0 AND {where} AND {live} "
+        "ORDER BY t0.id LIMIT :limit"
+    )
 
 
 def _bigint(ms: int) -> int:

@@ -188,6 +188,93 @@ def _v6(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     return out
 
 
+_MARKER: Final = b'"$sigloIndex"'
+"""The metadata key of the tokens as it appears in a stored document's JSON: a document
+without it has no tokens, so the triggers skip parsing it."""
+
+
+def _v7(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
+    t = build_tables(prefix, schema, version=7)
+    assert t.checkpoint_tokens is not None
+    q = dialect.identifier_preparer
+    cp = q.format_table(t.checkpoints)
+    ix = q.format_table(t.checkpoint_tokens)
+    out = _create([t.checkpoint_tokens], dialect)
+    added = q.quote(f"{prefix}checkpoint_tokens_added")
+    changed = q.quote(f"{prefix}checkpoint_tokens_changed")
+    gone = q.quote(f"{prefix}checkpoint_tokens_gone")
+    # Every path that writes or removes a checkpoint row (save, cancel, delete, clean-up,
+    # erase, import) keeps its tokens in step in the same statement: the triggers. A
+    # document whose bytes do not hold the key is not parsed (most stores have no
+    # tokens, and a document may be large); the old row's tokens are dropped by id (one
+    # probe of the primary key) rather than by reading the old document.
+    if dialect.name == "postgresql":
+        marker = "'\\x" + _MARKER.hex() + "'::bytea"
+        fn = (q.quote_schema(schema) + "." if schema else "") + q.quote(
+            f"{prefix}checkpoint_tokens_sync"
+        )
+        # json, not jsonb: jsonb refuses the NUL escape a context in clear may hold.
+        tokens = "convert_from(NEW.document, 'UTF8')::json -> 'metadata' -> '$sigloIndex'"
+        out += [
+            f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+            "DECLARE found json;\n"
+            "BEGIN\n"
+            f"  IF TG_OP <> 'INSERT' THEN DELETE FROM {ix} WHERE id = OLD.id; END IF;\n"
+            f"  IF TG_OP <> 'DELETE' AND position({marker} in NEW.document) > 0 THEN\n"
+            f"    found := {tokens};\n"
+            "    IF json_typeof(found) = 'object' THEN\n"
+            f"      INSERT INTO {ix} (id, field, token) SELECT NEW.id, e.key, e.value #>> '{{}}'\n"
+            "        FROM json_each(found) AS e WHERE json_typeof(e.value) = 'string';\n"
+            "    END IF;\n"
+            "  END IF;\n"
+            "  RETURN NULL;\n"
+            "END $$",
+            f"CREATE TRIGGER {added} AFTER INSERT ON {cp} FOR EACH ROW "
+            f"WHEN (position({marker} in NEW.document) > 0) EXECUTE FUNCTION {fn}()",
+            # A row whose old and new documents have no tokens has no index rows (every
+            # write goes through these triggers), so the function is not even called.
+            f"CREATE TRIGGER {changed} AFTER UPDATE OF document ON {cp} FOR EACH ROW "
+            f"WHEN (position({marker} in NEW.document) > 0 "
+            f"OR position({marker} in OLD.document) > 0) EXECUTE FUNCTION {fn}()",
+            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW "
+            f"WHEN (position({marker} in OLD.document) > 0) EXECUTE FUNCTION {fn}()",
+            # Stores migrated with checkpoints: their tokens from the stored metadata.
+            f"INSERT INTO {ix} (id, field, token) SELECT c.id, e.key, e.value #>> '{{}}' "
+            f"FROM (SELECT id, document FROM {cp} WHERE position({marker} in document) > 0) "
+            "AS c, json_each(CASE WHEN json_typeof("
+            f"{tokens.replace('NEW.', 'c.')}) = 'object' THEN "
+            f"{tokens.replace('NEW.', 'c.')} ELSE '{{}}'::json END) AS e "
+            "WHERE json_typeof(e.value) = 'string'",
+        ]
+    else:
+        marker = "X'" + _MARKER.hex().upper() + "'"
+        path = """'$.metadata."$sigloIndex"'"""
+
+        def insert(row: str) -> str:
+            return (
+                f"INSERT INTO {ix} (id, field, token) SELECT {row}.id, key, value "
+                f"FROM json_each(CASE WHEN instr({row}.document, {marker}) > 0 "
+                f"THEN CAST({row}.document AS TEXT) ELSE '{{}}' END, {path}) "
+                "WHERE type = 'text' AND key IS NOT NULL"
+            )
+
+        # SQLite runs a trigger's body only when its WHEN holds: a checkpoint that has
+        # and had no tokens costs the condition (one probe), not two statements.
+        had = f"EXISTS (SELECT 1 FROM {ix} WHERE id = OLD.id)"
+        out += [
+            f"CREATE TRIGGER {added} AFTER INSERT ON {cp} FOR EACH ROW "
+            f"WHEN instr(NEW.document, {marker}) > 0 BEGIN {insert('NEW')}; END",
+            f"CREATE TRIGGER {changed} AFTER UPDATE OF document ON {cp} FOR EACH ROW "
+            f"WHEN instr(NEW.document, {marker}) > 0 OR {had} "
+            f"BEGIN DELETE FROM {ix} WHERE id = OLD.id; {insert('NEW')}; END",
+            f"CREATE TRIGGER {gone} AFTER DELETE ON {cp} FOR EACH ROW WHEN {had} "
+            f"BEGIN DELETE FROM {ix} WHERE id = OLD.id; END",
+            # Stores migrated with checkpoints: their tokens from the stored metadata.
+            insert("c").replace("FROM json_each(", f"FROM {cp} AS c, json_each(", 1),
+        ]
+    return out
+
+
 def _blob(dialect: Dialect) -> str:
     return dialect.type_compiler_instance.process(LargeBinary())
 
@@ -237,6 +324,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "checkpoint listing columns and index; wait deadline index", _v4),
     Migration(5, "idempotency owner tokens and payload fingerprints", _v5),
     Migration(6, "incremental checkpoint saves: checkpoint parts", _v6),
+    Migration(7, "blind-index tokens of checkpoints, kept by triggers", _v7),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

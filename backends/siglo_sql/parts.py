@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from siglo.parts import BodyCache, Split, assemble, body_digest, split
+from siglo.parts import DIGEST_BYTES, BodyCache, Split, assemble, body_digest, split
 
 __all__ = [
     "DEFAULT_INCREMENTAL_MIN_BYTES",
+    "DIGEST_BYTES",
     "BodyCache",
     "Split",
     "assemble",

@@ -51,7 +51,7 @@ __all__ = [
     "check_identifier",
 ]
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 """The schema version this code reads and writes."""
 
 DEFAULT_PREFIX: Final = "siglo_"
@@ -90,6 +90,8 @@ class Tables:
     context_changes: Table | None
     checkpoint_parts: Table | None = None
     """Version 6: the contexts of checkpoints saved incrementally (siglo_sql.parts)."""
+    checkpoint_tokens: Table | None = None
+    """Version 7: the blind-index tokens of each checkpoint (siglo_sql.listing)."""
 
 
 def _id() -> Column[bytes]:
@@ -102,7 +104,7 @@ def _id() -> Column[bytes]:
 def build_tables(
     prefix: str = DEFAULT_PREFIX, schema: str | None = None, *, version: int = SCHEMA_VERSION
 ) -> Tables:
-    """The tables as they are at schema ``version`` (1 to 6).
+    """The tables as they are at schema ``version`` (1 to 7).
 
     Version 1: checkpoints, wait records, step cache, idempotency keys, locks (lease rows
     with an owner token), nonces. Version 2 adds the locks' fencing counter (``fence``)
@@ -119,11 +121,16 @@ def build_tables(
     and content digests of a document saved in parts; ``NULL`` for one stored whole) and
     the ``checkpoint_parts`` table: one row per distinct context of such a checkpoint,
     keyed by the checkpoint's id and the context's digest (:mod:`siglo_sql.parts`).
+    Version 7 (SPEC §12, the blind index) adds ``checkpoint_tokens``: one row per
+    blind-index token of a checkpoint's metadata (``$sigloIndex``: field and token),
+    keyed by the checkpoint's id and the field, with an index on ``(token, field, id)``
+    that a filtered listing follows; triggers on the checkpoints keep it in step
+    (:mod:`siglo_sql.migrations`).
     """
     check_identifier("table prefix", prefix) if prefix else None
     if schema is not None:
         check_identifier("schema", schema)
-    if version not in (1, 2, 3, 4, 5, 6):
+    if version not in (1, 2, 3, 4, 5, 6, 7):
         raise ValueError(f"no schema version {version}")
     md = MetaData(schema=schema)
     p = prefix
@@ -297,6 +304,20 @@ def build_tables(
             Column("digest", LargeBinary, primary_key=True),
             Column("body", LargeBinary, nullable=False),
         )
+    checkpoint_tokens = None
+    if version >= 7:
+        # Written only by the triggers of migration 7, in the statement that writes the
+        # checkpoint row. The primary key (id, field) is what they delete by; the index
+        # (token, field, id) is what a filtered listing walks, in id order: keyset pages
+        # are a range of it, and each row leads to its checkpoint by primary key.
+        checkpoint_tokens = Table(
+            f"{p}checkpoint_tokens",
+            md,
+            Column("id", LargeBinary, primary_key=True),
+            Column("field", Text, primary_key=True),
+            Column("token", Text, nullable=False),
+            Index(f"{p}checkpoint_tokens_token", "token", "field", "id"),
+        )
     return Tables(
         metadata=md,
         version=version,
@@ -310,4 +331,5 @@ def build_tables(
         nonces=nonces,
         context_changes=context_changes,
         checkpoint_parts=checkpoint_parts,
+        checkpoint_tokens=checkpoint_tokens,
     )

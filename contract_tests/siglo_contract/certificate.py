@@ -313,7 +313,7 @@ def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]
 
 
 def badge(doc: dict[str, Any]) -> str:
-    """The one line a README shows: ``siglo contract 1.3 — 72/72 rules`` (passed of the
+    """The one line a README shows: ``siglo contract 1.4 — 73/73 rules`` (passed of the
     rules that apply to the backend's capabilities, with declared deviations and
     failures said when there are any)."""
     s = doc["summary"]

@@ -107,6 +107,42 @@ async def cache_expiry(ctx: CheckContext) -> None:
         expect(_same(got, value), "cache.expiry", f"value {name!r} in its TTL read as {got!r}")
 
 
+@check("cache.namespaced")
+async def cache_namespaced(ctx: CheckContext) -> None:
+    """One key cached in two namespaces and without one is three entries; a namespace
+    that never set it misses, and so does an un-namespaced key spelled like the
+    namespace and key together."""
+    ctx.about("cache.namespaced")
+    a = ctx.backend.adapter
+    key = ctx.id("k")
+    first, second, never = ctx.id("tenant-a"), ctx.id("tenant-b"), ctx.id("tenant-c")
+    await a.set_cached_step(key, {"of": "a"}, 600_000, namespace=first)
+    await a.set_cached_step(key, {"of": "b"}, 600_000, namespace=second)
+    got = await a.get_cached_step(key)
+    expect(got is MISSING, "cache.namespaced", f"no namespace read {got!r} set in a namespace")
+    await a.set_cached_step(key, {"of": "none"}, 600_000)
+    for namespace, want in ((first, "a"), (second, "b"), (None, "none")):
+        got = await a.get_cached_step(key, namespace=namespace)
+        expect(
+            _same(got, {"of": want}),
+            "cache.namespaced",
+            f"get_cached_step({key!r}, namespace={namespace!r}) read {got!r}, not "
+            f"{ {'of': want}!r}",
+        )
+    got = await a.get_cached_step(key, namespace=never)
+    expect(got is MISSING, "cache.namespaced", f"namespace never set read {got!r}")
+    for spelled in (f"@{len(first)}:{first}:{key}", f"{first}:{key}"):
+        got = await a.get_cached_step(spelled)
+        expect(got is MISSING, "cache.namespaced", f"un-namespaced {spelled!r} read {got!r}")
+    # A namespace and key too long to join within an id's length are still their own.
+    long_ns = ctx.id("n" * 3000)
+    await a.set_cached_step(key + "x" * 2000, 1, 600_000, namespace=long_ns)
+    got = await a.get_cached_step(key + "x" * 2000, namespace=ctx.id("m" * 3000))
+    expect(got is MISSING, "cache.namespaced", f"another long namespace read {got!r}")
+    got = await a.get_cached_step(key + "x" * 2000, namespace=long_ns)
+    expect(_same(got, 1), "cache.namespaced", f"a long namespace's entry read {got!r}")
+
+
 def _event(ctx: CheckContext, stack: str, step: str, key: str, **kw: Any) -> ContextChangeEvent:
     return ContextChangeEvent(
         stack_id=ctx.id(stack), step_id=step, key=key, timestamp=ctx.now_ms(), **kw

@@ -7,9 +7,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from siglo import MISSING
-from siglo.adapter import Capability
+from siglo.adapter import Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.errors import StorageAdapterError
+from siglo.payloads import StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo_contract.registry import CheckContext, check, expect, fail
 
@@ -79,11 +80,22 @@ def closed_calls(
             lambda: a.on_cache_event(CacheEvent(type="hit", key=key, timestamp=1)),
         ),
         (C.LISTING, "list_checkpoints", lambda: a.list_checkpoints(limit=1)),
+        (
+            C.LISTING,
+            "list_checkpoints_by_index",
+            lambda: a.list_checkpoints_by_index({"f": "t"}, namespace=None, limit=1),
+        ),
         (C.DELETION, "delete_checkpoint", lambda: a.delete_checkpoint(stack)),
         (C.DUE_WAITS, "list_due_waits", lambda: a.list_due_waits(limit=1)),
+        (C.PAYLOAD_SCAN, "scan_payloads", lambda: _first_payload(a)),
+        (
+            C.PAYLOAD_SCAN,
+            "swap_payload",
+            lambda: a.swap_payload(StoredPayload("step", key, None, {"value": 1}), {"value": 2}),
+        ),
     ]
     if closed.idempotency is not None:
-        store = closed.idempotency
+        store: Any = closed.idempotency  # scan_results, swap_result: IdempotencyStoreBase's
         calls += [
             (C.IDEMPOTENCY, "idempotency.claim", lambda: store.claim(key)),
             (C.IDEMPOTENCY, "idempotency.claim_owned", lambda: store.claim_owned(key)),
@@ -92,6 +104,14 @@ def closed_calls(
             (C.IDEMPOTENCY, "idempotency.extend", lambda: store.extend(key, "t", 1_000)),
             (C.IDEMPOTENCY, "idempotency.get_result", lambda: store.get_result(key)),
             (C.IDEMPOTENCY, "idempotency.get", lambda: store.get(key)),
+            (C.PAYLOAD_SCAN, "idempotency.scan_results", lambda: _first_result(store)),
+            (
+                C.PAYLOAD_SCAN,
+                "idempotency.swap_result",
+                lambda: store.swap_result(
+                    StoredPayload("idempotency", key, None, {"result": 1}), {"result": 2}
+                ),
+            ),
         ]
     if closed.lock is not None:
         lock = closed.lock
@@ -109,6 +129,20 @@ def closed_calls(
         nonces = closed.nonces
         calls.append((C.NONCES, "nonces.claim", lambda: nonces.claim(key, 60)))
     return calls
+
+
+async def _first_payload(adapter: StorageAdapter) -> Any:
+    """The first item of ``scan_payloads`` (the call that starts the walk)."""
+    async for item in adapter.scan_payloads("step"):
+        return item
+    return None
+
+
+async def _first_result(store: Any) -> Any:
+    """The first item of ``scan_results`` (the call that starts the walk)."""
+    async for item in store.scan_results():
+        return item
+    return None
 
 
 @check("backend.closed")

@@ -9,6 +9,7 @@ import re
 from typing import Any, Final
 
 from siglo.adapter import Capability
+from siglo.coordination import holder_label
 from siglo.sentinel import MISSING
 from siglo_contract.machine_base import look_alikes
 from siglo_contract.registry import CheckContext, check, expect, fail
@@ -273,3 +274,89 @@ async def idempotency_results(ctx: CheckContext) -> None:
     await idem.claim(key)
     await idem.fail(key, RuntimeError("boom"))
     expect(await idem.claim(key) == "claimed", "idempotency.fail", "fail(error) kept the key")
+
+
+@check("lock.inspect")
+async def lock_inspect(ctx: CheckContext) -> None:
+    """``inspect`` reads who holds a lock (a label, never the token) and how long its
+    lease has left, the holder's fencing token where kept; ``None`` for a lock never
+    taken, released, or whose lease lapsed; and looking changes nothing."""
+    ctx.about("lock.inspect")
+    lock: Any = ctx.backend.lock
+    assert lock is not None
+    key = ctx.id("inspected")
+    expect(
+        await lock.inspect(key) is None,
+        "lock.inspect",
+        "inspect of a lock never taken is not None",
+    )
+    held = await lock.acquire(key, 600_000)
+    expect(held.acquired, "lock.acquire.exclusive", "a free lock was not acquired")
+    seen = await lock.inspect(key)
+    if seen is None:
+        fail("lock.inspect", "inspect of a held lock returned None")
+    expect(
+        seen.holder == holder_label(held.token),
+        "lock.inspect",
+        f"holder {seen.holder!r}, expected holder_label(token) {holder_label(held.token)!r}",
+    )
+    expect(held.token not in seen.holder, "lock.inspect", "the holder label shows the token")
+    expect(
+        0 < seen.expires_in_ms <= 600_000,
+        "lock.inspect",
+        f"a fresh 600 s lease has {seen.expires_in_ms!r} ms left",
+    )
+    expect(
+        seen.fencing_token in (None, held.fencing_token),
+        "lock.inspect",
+        f"fencing token {seen.fencing_token!r}, the acquire returned {held.fencing_token!r}",
+    )
+    expect(
+        not (await lock.acquire(key, 600_000)).acquired,
+        "lock.inspect",
+        "the lock was free after inspect",
+    )
+    # Another holder after a release: another label, and its own fencing token.
+    expect(await lock.release(key, held.token), "lock.release.token", "holder's release")
+    expect(await lock.inspect(key) is None, "lock.inspect", "a released lock has a holder")
+    custom = ctx.id("inspect-custom")
+    second = await lock.acquire(key, 600_000, custom)
+    expect(second.acquired, "lock.acquire.exclusive", "a released lock was not acquired")
+    again = await lock.inspect(key)
+    if again is None:
+        fail("lock.inspect", "inspect of a lock held with a custom token returned None")
+    expect(
+        again.holder == holder_label(custom) and again.holder != seen.holder,
+        "lock.inspect",
+        f"the second holder reads as {again.holder!r} (the first as {seen.holder!r})",
+    )
+    expect(custom not in again.holder, "lock.inspect", "the holder label shows the token")
+    expect(
+        again.fencing_token in (None, second.fencing_token),
+        "lock.inspect",
+        f"fencing token {again.fencing_token!r}, the acquire returned {second.fencing_token!r}",
+    )
+    await lock.release(key, custom)
+    # A lapsed lease has no holder, and inspecting it does not bring it back.
+    ttl = ctx.short_ttl_ms()
+    lapsing, control = ctx.id("inspect-lapsing"), ctx.id("inspect-control")
+    short = await lock.acquire(lapsing, ttl)
+    expect(short.acquired, "lock.acquire.exclusive", "a free lock was not acquired")
+    await lock.acquire(control, ttl)
+    live = await lock.inspect(lapsing)
+    expect(
+        live is not None and 0 < live.expires_in_ms <= ttl,
+        "lock.inspect",
+        f"a {ttl} ms lease reads as {live!r}",
+    )
+    await ctx.pass_time(ttl)
+    if await lock.inspect(lapsing) is not None:
+        # The control lock, never inspected, tells a lock that never lapses (its own
+        # rule) from an inspect that ignores the lapse.
+        untouched = await lock.acquire(control, 600_000)
+        fail(
+            "lock.inspect" if untouched.acquired else "lock.expiry",
+            "inspect of a lock whose lease lapsed reported a holder",
+        )
+    taken = await lock.acquire(lapsing, 600_000)
+    expect(taken.acquired, "lock.inspect", "a lapsed lock was held again after inspect")

@@ -262,6 +262,107 @@ async def list_hides_expired_and_deleted(ctx: CheckContext) -> None:
     await listed("after the expiry passed, ")
 
 
+async def _by_index(
+    a: StorageAdapter, tokens: dict[str, str], ns: str, limit: int, **filters: Any
+) -> list[str]:
+    """The stack ids of a walk by tokens; each page checked against ``limit``, no stack
+    twice."""
+    out: list[str] = []
+    cursor = None
+    for _ in range(10_000):
+        page = await a.list_checkpoints_by_index(
+            tokens, namespace=ns, limit=limit, cursor=cursor, **filters
+        )
+        expect(
+            len(page.items) <= limit,
+            "list.by-index",
+            f"a page of limit={limit} held {len(page.items)} summaries",
+        )
+        out.extend(s.stack_id for s in page.items)
+        if page.next_cursor is None:
+            expect(
+                len(out) == len(set(out)),
+                "list.by-index",
+                f"limit={limit}: a stack listed twice: {sorted(out)}",
+            )
+            return sorted(out)
+        cursor = page.next_cursor
+    fail("list.by-index", "the walk by tokens never ended")
+
+
+@check("list.by-index")
+async def list_by_index_follows_every_write(ctx: CheckContext) -> None:
+    """``list_checkpoints_by_index`` lists the live stacks of a namespace whose stored
+    ``$sigloIndex`` holds the tokens: after a value changes, a token goes, a delete, an
+    expiry, a namespace emptied; with paging and the other filters."""
+    a = ctx.backend.adapter
+    ns, other = ctx.id("tokens"), ctx.id("tokens-other")
+    ttl = ctx.short_ttl_ms()
+    ctx.about("list.by-index")
+    revision: dict[str, int] = {}
+
+    async def save(stack: str, namespace: str = ns, status: str = "running", **tokens: str) -> None:
+        revision[stack] = revision.get(stack, 0) + 1
+        metadata: dict[str, Any] = {"note": stack}
+        if tokens:
+            metadata["$sigloIndex"] = tokens
+        await a.save_checkpoint(
+            _cp(ctx, stack, revision[stack], namespace=namespace, status=status, metadata=metadata)
+        )
+
+    async def listed(when: str, tokens: dict[str, str], want: set[str], **filters: Any) -> None:
+        for limit in (1, 3, 100):
+            got = await _by_index(a, tokens, ns, limit, **filters)
+            expect(
+                got == sorted(want),
+                "list.by-index",
+                f"{when}: by {tokens} {filters or ''} (limit={limit}) listed {got}, "
+                f"want {sorted(want)}",
+            )
+
+    stacks = [f"s{i}" for i in range(7)]
+    for i, stack in enumerate(stacks):
+        await save(stack, status="completed" if i == 0 else "running", c="A" if i < 5 else "B")
+    await save("plain")  # no tokens
+    await save("s0", other, c="A")  # the same token in another namespace
+    await listed("after the saves", {"c": "A"}, {"s0", "s1", "s2", "s3", "s4"})
+    await listed("with a status", {"c": "A"}, {"s1", "s2", "s3", "s4"}, status="running")
+    await listed("a value nobody has", {"c": "Z"}, set())
+    await save("s1", c="B")  # the value changes
+    await save("s2")  # the token goes
+    await save("s3", c="A", d="X")  # a second field
+    await listed("after the values changed", {"c": "A"}, {"s0", "s3", "s4"})
+    await listed("after the values changed", {"c": "B"}, {"s1", "s5", "s6"})
+    await listed("with two fields", {"c": "A", "d": "X"}, {"s3"})
+    if a.supports(C.DELETION):
+        await a.delete_checkpoint("s4", ns)
+        await listed("after a delete", {"c": "A"}, {"s0", "s3"})
+    else:
+        await save("s4", c="gone")
+    revision["s3"] += 1
+    await a.save_checkpoint(
+        _cp(
+            ctx,
+            "s3",
+            revision["s3"],
+            namespace=ns,
+            expires_at=ctx.now_ms() + ttl,
+            metadata={"$sigloIndex": {"c": "A"}},
+        )
+    )
+    await listed("before its expiry", {"c": "A"}, {"s0", "s3"})
+    await ctx.pass_time(ttl)
+    await listed("after its expiry", {"c": "A"}, {"s0"})
+    if a.supports(C.DELETION):
+        for stack in [*stacks, "plain"]:
+            await a.delete_checkpoint(stack, ns)
+        await listed("after every stack of the namespace was deleted", {"c": "B"}, set())
+        await a.save_checkpoint(
+            _cp(ctx, "s1", 1, namespace=ns, metadata={"$sigloIndex": {"c": "B"}})
+        )
+        await listed("after a stack was created again", {"c": "B"}, {"s1"})
+
+
 @check("list.concurrent")
 async def list_under_concurrent_writes(ctx: CheckContext) -> None:
     """Saves, new stacks and deletes between and during pages: no stack twice, every

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from siglo.adapter import Capability
+from siglo.locking import namespaced_key
 from siglo.records import CACHE_EVENT_TYPES, CacheEvent, ContextChangeEvent
 from siglo.sentinel import MISSING
 from siglo_contract.machine_base import (
@@ -81,7 +82,7 @@ class CacheMachine(ContractMachine):
         if rule_hint is not None:
             self.diverge(rule_hint, what)
         elif want.value is MISSING:
-            entry = self.ref_adapter.model.cached_step(key)
+            entry = self.ref_adapter.model.cached_step(namespaced_key(key, None))
             self.diverge("cache.expiry" if entry is not None else "cache.miss", what)
         elif got.value is MISSING and not want.value:
             self.diverge("cache.falsy-hit", what)

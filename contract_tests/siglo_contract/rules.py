@@ -137,6 +137,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
     _a("cache.miss", _C.STEP_CACHE, "a key never set is MISSING"),
     _a("cache.expiry", _C.STEP_CACHE, "a value past its TTL is MISSING"),
     _a(
+        "cache.namespaced",
+        _C.STEP_CACHE,
+        "a key cached in one namespace is a miss in another and without a namespace",
+    ),
+    _a(
         "context.stream",
         _C.CONTEXT_STREAM,
         "context changes read back as the latest value per field",
@@ -203,6 +208,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
     _a("lock.expiry", _C.LOCKS, "a lock past its TTL can be acquired"),
     _a("lock.fencing", _C.LOCKS, "fencing tokens strictly increase per key"),
     _a("lock.token", _C.LOCKS, "tokens are the custom token or lock_<ms>_<32 hex>, unique"),
+    _a(
+        "lock.inspect",
+        _C.LOCKS,
+        "inspect reads the holder's label, lease left and fencing token; None when free",
+    ),
     _a("lock.with-lock", _C.LOCKS, "with_lock runs under the lock and releases it, or refuses"),
     _a(
         "lock.with-lock.wait",
@@ -224,6 +234,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "a walk under concurrent writes never returns a stack twice",
     ),
     _a(
+        "list.by-index",
+        _C.LISTING,
+        "a walk by blind-index tokens lists exactly the live stacks holding them now",
+    ),
+    _a(
         "delete.stack",
         _C.DELETION,
         "delete removes the checkpoint, wait records, context streams",
@@ -235,6 +250,21 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "a delete never removes what a run re-created under the same id stored",
     ),
     _a("waits.due", _C.DUE_WAITS, "due waits: deadline passed, unheld, oldest first"),
+    _a(
+        "payload.scan",
+        _C.PAYLOAD_SCAN,
+        "scan_payloads lists every live wait record and cached step with its payloads",
+    ),
+    _a(
+        "payload.swap",
+        _C.PAYLOAD_SCAN,
+        "swap_payload rewrites payloads only if the record still holds what was listed",
+    ),
+    _a(
+        "payload.results",
+        _C.PAYLOAD_SCAN,
+        "the idempotency store lists completed results and rewrites them by compare-and-set",
+    ),
     _a("input.rejected", None, "bad input raises InvalidArgumentError, nothing changes"),
     _a("ids.hostile", None, "ids of any characters but NUL are data"),
     _a("capability.declared", None, "every method of a declared capability is implemented"),
@@ -287,6 +317,7 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
     _core("plugins.url-options", "an unknown URL option is refused at once, naming it"),
     _core("blobs.offload", "large values go to the blob store and read back"),
     _core("blobs.collect", "the collector leaves no orphan blob and no dangling reference"),
+    _core("blobs.bounded", "blob store calls are bounded by the backend's command_timeout_ms"),
 )
 """The rules as written, before their versions are filled in."""
 
@@ -327,6 +358,15 @@ _SINCE: Final[dict[str, str]] = {
         ),
         "1.3",
     ),
+    # Issue 34's follow-up: the blob store under the one configuration.
+    "blobs.bounded": "1.4",
+    # Issue 33, part A: the blind index answered by the backend.
+    **dict.fromkeys(("list.by-index",), "1.4"),
+    # Issue 33, part B: cached steps belong to their namespace (erased with its key);
+    # stand-alone wait records and cached steps listed and rewritten by siglo rekey.
+    **dict.fromkeys(("cache.namespaced", "payload.scan", "payload.swap", "payload.results"), "1.4"),
+    # Issue 35: who holds a lock, read without taking it (siglo ui's run page).
+    "lock.inspect": "1.4",
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

@@ -28,7 +28,7 @@ __all__ = [
     "rule_set_hash",
 ]
 
-CONTRACT_VERSION: Final = "1.3"
+CONTRACT_VERSION: Final = "1.4"
 """The version of the contract this suite checks."""
 
 CONTRACT_HISTORY: Final[dict[str, str]] = {
@@ -43,10 +43,17 @@ CONTRACT_HISTORY: Final[dict[str, str]] = {
     "deletes that spare a re-run, with_lock's bounded wait, encoded payloads stored "
     "byte-faithfully, the document size guard, incremental saves, URL options refused, "
     "offloaded values and their collection (issues 31, 33, 34)",
+    "1.4": (
+        "blob stores bounded by the backend's command_timeout_ms (issue 34); "
+        "listings by blind-index tokens that follow every write; cached steps per "
+        "namespace; stand-alone wait records, cached steps and idempotency results listed "
+        "with their payloads and rewritten under compare-and-set (issue 33); reading who "
+        "holds a lock without taking it: inspect (issue 35)"
+    ),
 }
 """What each version added or changed (CHANGELOG.md, "Contract", tells the same)."""
 
-PAGE_DIGEST: Final = "05fec755dcc10bdde03a1578e6d9d49798077a9ee96c4517de4205879cc36a7d"
+PAGE_DIGEST: Final = "01c9f677b44d9763a117719ae5250afb82864a47b86d1c7ae3e38454660f1d01"
 """SHA-256 of the rule rows of docs/contract.md (:func:`page_digest`): the text the
 rules are defined by. A test fails when the page changes and this does not, so a change
 of a rule's text is a deliberate one (and its version is bumped, or it is a wording

@@ -7,11 +7,12 @@ import asyncio
 import click
 
 from siglo.adapter import Capability
-from siglo.blobs import open_blob_store
+from siglo.blobs import bounded, open_blob_store
 from siglo.cli.common import open_store, print_json, print_table, require
 from siglo.cli.errors import CliError, cli_settings, resolve_url
+from siglo.connect import command_timeout_ms
 from siglo.offload import DEFAULT_GRACE_MS, Collected, collect_blobs
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, query_names
 
 
 @click.command("collect-blobs")
@@ -19,12 +20,12 @@ from siglo.urls import mask_credentials
 @click.option(
     "--grace-ms",
     type=click.IntRange(min=0),
-    default=DEFAULT_GRACE_MS,
-    show_default=True,
-    help="Keep an unreferenced blob this long past its last put (or its cache entry's end).",
+    default=None,
+    help="Keep an unreferenced blob this long past its last put (or its cache entry's end); "
+    f"default: the settings' blob_grace_ms ({DEFAULT_GRACE_MS} unless set).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None:
+def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) -> None:
     """Remove blobs of the settings' blob_url that no live checkpoint references."""
     settings = cli_settings()
     if settings.blob_url is None:
@@ -33,13 +34,20 @@ def collect_blobs_command(url: str | None, grace_ms: int, as_json: bool) -> None
             "set blob_url (and offload_min_bytes) in siglo.toml or $SIGLO_BLOB_URL",
         )
     blob_url = settings.blob_url
+    grace = settings.blob_grace_ms if grace_ms is None else grace_ms
 
     async def run() -> Collected:
-        async with open_store(resolve_url(url)) as backend:
+        resolved = resolve_url(url)
+        # The collector's calls are bounded as the backend's are: the URL's bound, else
+        # the settings'.
+        bound = settings.command_timeout_ms
+        if "command_timeout_ms" in query_names(resolved):
+            bound = command_timeout_ms(resolved, {})
+        async with open_store(resolved) as backend:
             require(backend, Capability.LISTING)
-            store = open_blob_store(blob_url)
+            store = bounded(open_blob_store(blob_url), bound)
             try:
-                return await collect_blobs(backend.adapter, store, grace_ms=grace_ms)
+                return await collect_blobs(backend.adapter, store, grace_ms=grace)
             finally:
                 await store.aclose()
 

@@ -39,8 +39,9 @@ def _progress() -> Progress:
     help="First make a new data key current for each namespace (envelope keys).",
 )
 def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
-    """Re-encrypt every checkpoint under its namespace's current key (compare-and-set;
-    run it again to finish after an interruption: what is current is skipped)."""
+    """Re-encrypt every checkpoint, stand-alone wait record and cached step under its
+    namespace's current key (compare-and-set; run it again to finish after an
+    interruption: what is current is skipped)."""
 
     async def run() -> RekeyReport:
         with _progress() as progress:
@@ -69,8 +70,29 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
         f"rekeyed {report.rekeyed} checkpoint(s); {report.current} already under the "
         f"current key; {report.left} kept changing (run again to finish them)"
     )
-    if report.left:
+    for kind, counts in report.payloads.items():
+        click.echo(
+            f"rekeyed {counts.rekeyed} {_NOUNS[kind]}; {counts.current} already under the "
+            f"current key; {counts.left} kept changing; {counts.unreadable} unreadable "
+            "(erased namespace or key not held: left as they are)"
+        )
+    for kind, why in report.skipped.items():
+        # Not an error: everything this backend can list was done. But the old key
+        # must stay until these are rewritten or expire, which the user must know.
+        click.echo(
+            f"warning: {_NOUNS[kind]} not rekeyed ({why}): they keep the key they were "
+            "written with until they are rewritten or expire; keep that key until then",
+            err=True,
+        )
+    if report.left or any(c.left for c in report.payloads.values()):
         sys.exit(3)
+
+
+_NOUNS = {
+    "wait": "stand-alone wait record(s)",
+    "step": "cached step(s)",
+    "idempotency": "idempotency result(s)",
+}
 
 
 @click.command(name="erase")

@@ -15,6 +15,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from siglo.adapter import Capability
 from siglo.cli.common import open_store, print_json, require
 from siglo.cli.errors import CliError, cli_settings, resolve_url
+from siglo.offload import resolving
 from siglo.sentinel import MISSING
 from siglo.transfer import DumpError, ImportReport, export_lines, import_lines
 
@@ -69,8 +70,8 @@ def export(url: str | None, namespace: str | None, output: IO[bytes], decrypt: b
                         "docs/encryption.md says where keys come from",
                     )
                 # A safe backup by default: the documents as stored (sealed when
-                # encryption is on); decrypted only when asked.
-                source = backend.adapter if decrypt else backend.raw_adapter
+                # encryption is on), offloaded values inline; decrypted only when asked.
+                source = backend.adapter if decrypt else resolving(backend.adapter)
                 lines = export_lines(source, namespace=MISSING if namespace is None else namespace)
                 async for line in lines:
                     output.write(line + b"\n")

@@ -3,23 +3,34 @@ with counts by status, one run's history, and what needs attention."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import STATUSES, Checkpoint
-from siglo.errors import LockNotAcquiredError
+from siglo.coordination import LockBase
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    InvalidArgumentError,
+    LockNotAcquiredError,
+)
 from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
+from siglo.locking import workflow_lock_key
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import REDACT_FIELDS_KEY, redact
 from siglo.sentinel import MISSING, Missing
+from siglo.workflow.flow import STEP_CACHE_KEY
 
 __all__ = [
     "COUNT_LIMIT",
     "Attention",
+    "HeldRun",
+    "LockView",
     "RunDetail",
     "RunFilter",
+    "StepCacheUse",
     "attention",
     "lock_state",
     "run_detail",
@@ -86,6 +97,38 @@ async def status_counts(adapter: StorageAdapter, filters: RunFilter) -> tuple[di
     return counts, False
 
 
+@dataclass(frozen=True)
+class LockView:
+    """A run's workflow lock as the pages show it."""
+
+    held: bool
+    holder: str | None = None
+    """The holder's label (:func:`~siglo.coordination.holder_label`: never its token), when
+    the lock could be read; ``None`` when it was found held by taking it for an instant."""
+    expires_in_ms: int | None = None
+    """The lease left when it was read."""
+    fencing_token: int | None = None
+    taken_at_ms: int | None = None
+    """When the holder took it, from the ``lock_<ms>`` of a seed-format token's label."""
+
+
+@dataclass(frozen=True)
+class StepCacheUse:
+    """A cached step of a run: whether its output came from the step cache, and the
+    entry it used or wrote (read from the checkpoint's ``stepCache`` metadata)."""
+
+    step: str
+    hit: bool
+    """``True``: the output came from the cache; ``False``: computed, and cached."""
+    key: str
+    looked_up_at: int | None
+    expires_at: int | None
+    """When the entry expires: known for one this run wrote (a miss: its TTL from the
+    look-up), not for one it found (a hit: written by an earlier run)."""
+    present: bool | None
+    """Whether the entry is in the cache now (``None``: the backend has no step cache)."""
+
+
 @dataclass
 class RunDetail:
     """One run as the run page shows it; every payload already redacted."""
@@ -96,10 +139,12 @@ class RunDetail:
     waits: list[WaitRecord]
     stream: dict[str, dict[str, Any]]
     """Per step, the context stream's latest value of each key (streamed changes)."""
-    lock: str | None
-    """``held`` (a process runs it), ``free``, or ``None`` (no workflow lock, or not
-    running)."""
+    lock: LockView | None
+    """The workflow lock: held (by whom, until when) or free; ``None`` when the backend
+    has none, or when it can only be told by taking it and the run is not running."""
     redacted: frozenset[str] = field(default_factory=frozenset)
+    step_cache: list[StepCacheUse] = field(default_factory=list)
+    """The run's cached steps, in the order of its finished steps."""
 
 
 def redacting(checkpoint: Checkpoint | None, fields: Iterable[str]) -> frozenset[str]:
@@ -117,10 +162,36 @@ def hide(value: Any, fields: frozenset[str]) -> Any:
     return redact(value, fields) if fields else value
 
 
-async def lock_state(adapter: StorageAdapter, stack_id: str, namespace: str | None) -> str | None:
-    """Whether the run's workflow lock (the run's: its namespace included) is held, found
-    the way a worker finds it: by taking it for an instant (a held lock refuses at once)."""
+async def lock_state(
+    adapter: StorageAdapter, stack_id: str, namespace: str | None, *, probe: bool = True
+) -> LockView | None:
+    """The run's workflow lock (the run's: its namespace included).
+
+    Read with the lock's ``inspect`` (who holds it, the lease left) where the backend's
+    workflow lock has one; otherwise — a lock class built before contract 1.4, or a
+    backend whose workflow lock is not a :class:`~siglo.coordination.Lock` — found the
+    way a worker finds it, by taking it for an instant (a held lock refuses at once), and
+    only when ``probe`` is true. ``None``: the backend has no workflow lock, or it could
+    not be read without taking it."""
     if not adapter.supports(Capability.WORKFLOW_LOCK):
+        return None
+    lock = adapter.workflow_lock
+    if isinstance(lock, LockBase):
+        try:
+            state = await lock.inspect(workflow_lock_key(stack_id, namespace))
+        except CapabilityNotSupportedError:
+            pass
+        else:
+            if state is None:
+                return LockView(held=False)
+            return LockView(
+                held=True,
+                holder=state.holder,
+                expires_in_ms=state.expires_in_ms,
+                fencing_token=state.fencing_token,
+                taken_at_ms=_taken_at(state.holder),
+            )
+    if not probe:
         return None
 
     async def nothing() -> None:
@@ -129,8 +200,13 @@ async def lock_state(adapter: StorageAdapter, stack_id: str, namespace: str | No
     try:
         await adapter.with_workflow_lock(stack_id, nothing, timeout_ms=1, namespace=namespace)
     except LockNotAcquiredError:
-        return "held"
-    return "free"
+        return LockView(held=True)
+    return LockView(held=False)
+
+
+def _taken_at(holder: str) -> int | None:
+    head = holder.partition("#")[0]
+    return int(head[len("lock_") :]) if head.startswith("lock_") else None
 
 
 async def waits_of(adapter: StorageAdapter, checkpoint: Checkpoint) -> list[WaitRecord]:
@@ -176,20 +252,68 @@ async def run_detail(
         )
         for w in await waits_of(adapter, checkpoint)
     ]
-    lock = (
-        await lock_state(adapter, stack_id, checkpoint.namespace)
-        if checkpoint.status == "running"
-        else None
+    # Read for every run where the lock can be read without taking it (an action may
+    # hold it whatever the status says); taken for an instant only for a running run.
+    lock = await lock_state(
+        adapter, stack_id, checkpoint.namespace, probe=checkpoint.status == "running"
     )
+    metadata = hide(dict(checkpoint.metadata or {}), fields)
     return RunDetail(
         checkpoint=checkpoint,
         contexts=hide(checkpoint.contexts, fields),
-        metadata=hide(dict(checkpoint.metadata or {}), fields),
+        metadata=metadata,
         waits=waits,
         stream=stream,
         lock=lock,
         redacted=fields,
+        step_cache=await step_cache_uses(adapter, checkpoint, metadata),
     )
+
+
+async def step_cache_uses(
+    adapter: StorageAdapter, checkpoint: Checkpoint, metadata: Mapping[str, Any]
+) -> list[StepCacheUse]:
+    """The run's cached steps, as its flow recorded them in ``metadata`` (already
+    redacted) beside each step's output; each entry looked up now for whether it is
+    still cached (its value is not read out)."""
+    recorded = metadata.get(STEP_CACHE_KEY)
+    if not isinstance(recorded, Mapping):
+        return []
+    cache = adapter.supports(Capability.STEP_CACHE)
+    order = {name: index for index, name in enumerate(checkpoint.chains)}
+    uses: list[StepCacheUse] = []
+    for step, use in sorted(recorded.items(), key=lambda item: order.get(item[0], len(order))):
+        if not isinstance(use, Mapping) or not isinstance(use.get("key"), str):
+            continue  # not what a flow records: shown in the metadata, not here
+        key, at, ttl = use["key"], use.get("at"), use.get("ttlMs")
+        hit = use.get("result") == "hit"
+        expires_at = None
+        if not hit and isinstance(at, int) and isinstance(ttl, int):
+            expires_at = at + ttl
+        present = None
+        if cache:
+            # A key no flow writes (edited metadata) is refused: nothing to look up.
+            with contextlib.suppress(InvalidArgumentError):
+                present = await adapter.get_cached_step(key) is not MISSING
+        uses.append(
+            StepCacheUse(
+                step=str(step),
+                hit=hit,
+                key=key,
+                looked_up_at=at if isinstance(at, int) else None,
+                expires_at=expires_at,
+                present=present,
+            )
+        )
+    return uses
+
+
+@dataclass(frozen=True)
+class HeldRun:
+    """A running run whose lock a live process holds, and that lock."""
+
+    summary: CheckpointSummary
+    lock: LockView
 
 
 @dataclass
@@ -199,8 +323,8 @@ class Attention:
     crashed: list[CheckpointSummary]
     """``running`` runs whose workflow lock is free: their process is gone, and a
     ``siglo worker`` with their flow will recover them."""
-    held: list[CheckpointSummary]
-    """``running`` runs whose lock a live process holds."""
+    held: list[HeldRun]
+    """``running`` runs whose lock a live process holds, with its holder and lease."""
     overdue: list[WaitRecord]
     """Waits past their deadline that no worker has fired yet."""
     scanned: int
@@ -212,7 +336,7 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
     """Crashed runs awaiting recovery, runs holding their lock, and overdue waits (at
     most ``limit`` of each)."""
     crashed: list[CheckpointSummary] = []
-    held: list[CheckpointSummary] = []
+    held: list[HeldRun] = []
     scanned = 0
     listing = adapter.supports(Capability.LISTING)
     if listing:
@@ -220,7 +344,10 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
         scanned = len(page.items)
         for summary in page.items:
             state = await lock_state(adapter, summary.stack_id, summary.namespace)
-            (held if state == "held" else crashed).append(summary)
+            if state is not None and state.held:
+                held.append(HeldRun(summary, state))
+            else:
+                crashed.append(summary)
     overdue: list[WaitRecord] = []
     due = adapter.supports(Capability.DUE_WAITS)
     if due:

@@ -64,6 +64,18 @@ def is_loopback(host: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
+def _duration(ms: int | None) -> str:
+    """A lease's time left: ``12 s``, ``4 min 05 s``, ``2 h 00 min`` (``–`` for none)."""
+    if ms is None:
+        return "–"
+    seconds = max(0, -(-ms // 1000))  # rounded up: a lease with 300 ms left is "1 s"
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
 def _utc(ms: int | None) -> str:
     if ms is None:
         return "–"
@@ -116,6 +128,7 @@ def create_app(
     templates = Jinja2Templates(env=env)
     env.filters["utc"] = _utc
     env.filters["json"] = _json
+    env.filters["duration"] = _duration
     env.globals["shown_url"] = mask_credentials(url)
     env.globals["actions"] = ACTIONS
     state: dict[str, Any] = {}

@@ -29,9 +29,15 @@ from siglo.validation import require_id, require_optional_id
 from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, is_sleep, wait_outcome
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
-__all__ = ["Flow", "WorkflowSuspended", "flow"]
+__all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow"]
 
 OUTPUT: Final = "output"
+STEP_CACHE_KEY: Final = "stepCache"
+"""Checkpoint metadata key of the run's cached steps: per step name, ``{"result": "hit" |
+"miss", "key": <cache key>, "at": <look-up, epoch ms>, "ttlMs": <the entry's TTL>}``
+(a miss's entry is written with the step's checkpoint: it expires ``ttlMs`` after
+``at``). Recorded in the checkpoint the step's output is saved in, so it costs no write
+of its own; ``siglo ui`` shows it on the run's page."""
 
 Migration = Callable[[ExecutionStack], None]
 T = TypeVar("T")
@@ -444,7 +450,7 @@ class Flow:
                         "siglo.step.name": step.name,
                     },
                 ):
-                    value, cache_write = await self._run_step(
+                    value, cache_write, cached = await self._run_step(
                         manager,
                         stack,
                         step,
@@ -464,6 +470,8 @@ class Flow:
                 raise
             stack.set(step.name, OUTPUT, value)
             stack.push_chain(step.name)
+            if cached is not None:
+                stack.metadata.setdefault(STEP_CACHE_KEY, {})[step.name] = cached
             if step is last:
                 # The last step's outcome and the completion are one checkpoint: nothing
                 # runs between them, so a separate save would only cost a commit (a
@@ -498,25 +506,37 @@ class Flow:
         event: Any | Missing,
         timed_out: bool = False,
         ahead: _LookAhead | None = None,
-    ) -> tuple[Any, Callable[[], Awaitable[None]] | None]:
-        """The step's output, and the write of its cache entry if one is due.
+    ) -> tuple[Any, Callable[[], Awaitable[None]] | None, dict[str, Any] | None]:
+        """The step's output, the write of its cache entry if one is due, and what its
+        cache look-up found (for :data:`STEP_CACHE_KEY`; ``None`` for an uncached step).
 
         The cache entry is not written here: the caller writes it beside the step's
         checkpoint (:func:`_save_with`), so the two are in flight together. ``ahead``:
         this step's cache look-up, already sent beside the previous step's checkpoint.
         """
         cache = _step_cache(manager)
+        looked_up: dict[str, Any] | None = None
         if ahead is not None:
             key: str | None = ahead.key
         else:
             key = step.cache_key_for(value) if step.cache_ttl_ms is not None else None
         if cache is not None and key is not None:
-            cached = await (ahead.lookup if ahead is not None else cache.get_cached_step(key))
+            cached = await (
+                ahead.lookup
+                if ahead is not None
+                else cache.get_cached_step(key, **_cache_namespace(stack))
+            )
             kind = "miss" if cached is MISSING else "hit"
             telemetry.note_step_cache(kind)
             await self._cache_event(manager, kind, key, stack, step)
+            looked_up = {
+                "result": kind,
+                "key": key,
+                "at": manager.clock.now_ms(),
+                "ttlMs": step.cache_ttl_ms,
+            }
             if cached is not MISSING:
-                return cached, None
+                return cached, None, looked_up
         run = StepRun(
             stack.stack_id,
             step.name,
@@ -532,16 +552,18 @@ class Flow:
         finally:
             current_step.reset(token)
         if cache is None or key is None:
-            return output, None
+            return output, None, None
         # The output becomes context, so it is stored redacted like context: a later
         # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
         cached_output = manager.redact(output, stack.stack_id)
 
         async def write_cache_entry() -> None:
-            await cache.set_cached_step(key, cached_output, step.cache_ttl_ms)
+            await cache.set_cached_step(
+                key, cached_output, step.cache_ttl_ms, **_cache_namespace(stack)
+            )
             await self._cache_event(manager, "set", key, stack, step)
 
-        return output, write_cache_entry
+        return output, write_cache_entry, looked_up
 
     async def _cache_event(
         self,
@@ -678,6 +700,15 @@ def _step_cache(manager: StorageManager) -> StorageAdapter | None:
     return adapter if adapter is not None and adapter.supports(Capability.STEP_CACHE) else None
 
 
+def _cache_namespace(stack: ExecutionStack) -> dict[str, Any]:
+    """The namespace of a run's cache entries: its own. The same step and input in two
+    tenants are two entries — never one tenant's output served to another — each
+    encrypted under its tenant's key, so erasing the tenant leaves its entries unreadable
+    (docs/encryption.md). Left out without a namespace, so an adapter that predates
+    namespaced entries is called as before."""
+    return {} if stack.namespace is None else {"namespace": stack.namespace}
+
+
 class _LookAhead:
     """A cached step's look-up, sent while the step before it is being checkpointed.
 
@@ -715,7 +746,8 @@ def _look_ahead(
         # Not sent ahead: the key is worked out again where the step runs, and its error
         # is raised there, after the previous step's checkpoint, as without a look-ahead.
         return None
-    return _LookAhead(key, asyncio.ensure_future(cache.get_cached_step(key)))
+    lookup = cache.get_cached_step(key, **_cache_namespace(stack))
+    return _LookAhead(key, asyncio.ensure_future(lookup))
 
 
 async def _locked(

@@ -150,6 +150,7 @@ def test_registered_as_the_redis_plugin() -> None:
     assert {c.value for c in spec.capabilities} == {
         "checkpoints", "wait_records", "workflow_lock", "step_cache", "context_stream",
         "cache_events", "idempotency", "locks", "nonces", "listing", "deletion", "due_waits",
+        "payload_scan",
     }  # fmt: skip
     assert siglo.RedisStorageAdapter is RedisStorageAdapter
 

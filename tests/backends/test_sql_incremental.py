@@ -10,11 +10,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from sql_support import SHARED_KINDS, open_backend
+from sql_support import POSTGRES_URL, SHARED_KINDS, open_backend
 from test_sql_migrations import check_v1_data, v1_database
 
 import siglo
 from siglo import Checkpoint, CheckpointConflictError
+from siglo.locking import run_with_lock, workflow_lock_key
 from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, assemble, split
 
 pytestmark = pytest.mark.rule("checkpoint.incremental")
@@ -81,6 +82,181 @@ async def test_unchanged_rows_are_not_rewritten_on_postgres(kind: str) -> None:
         after = {bytes(d): x for d, x in await _rows(backend, sql)}
         kept = before.keys() & after.keys()
         assert len(kept) == 7 and all(before[d] == after[d] for d in kept)
+
+
+def _count_calls(backend: siglo.Backend) -> dict[str, int]:
+    """How many writes and transactions (``run_plan``) ``backend``'s database runs."""
+    adapter: Any = backend.raw_adapter
+    db = adapter.database
+    calls = {"write": 0, "run_plan": 0}
+    for name in calls:
+        method = getattr(db, name)
+
+        def counted(*args: Any, _method: Any = method, _name: str = name) -> Any:
+            calls[_name] += 1
+            return _method(*args)
+
+        setattr(db, name, counted)
+    return calls
+
+
+async def test_a_save_of_the_version_it_wrote_is_one_statement_on_postgres() -> None:
+    # The save replaces the row version this adapter wrote: one statement, one round
+    # trip (cp_update_parts), its parts exactly those of the previous test.
+    async with open_backend("postgres") as backend:
+        a = backend.adapter
+        await a.save_checkpoint(_doc(1, 8))
+        await a.save_checkpoint(_doc(2, 8, changed=2), expected_revision=1)
+        calls = _count_calls(backend)
+        before = await _digests(backend)
+        await a.save_checkpoint(_doc(3, 9, changed=5), expected_revision=2)
+        assert calls == {"write": 1, "run_plan": 0}
+        after = await _digests(backend)
+        assert after == set(split(_doc(3, 9, changed=5)).bodies)
+        # step-2 back to its first body, step-5 changed, step-8 added; two bodies dropped.
+        assert len(after - before) == 3 and len(before - after) == 2
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == _doc(3, 9, changed=5).to_json()
+        # Refused by the revision: a conflict, nothing written.
+        with pytest.raises(CheckpointConflictError):
+            await a.save_checkpoint(_doc(4, 10, changed=1), expected_revision=2)
+        assert await _digests(backend) == after
+
+
+async def test_a_row_rewritten_by_another_writer_is_read_before_its_save_on_postgres() -> None:
+    # Another writer deletes the checkpoint and saves it again up to the same revision
+    # with other parts: the revision matches what this adapter wrote, the row's version
+    # does not, so the save reads what is stored (a save trusting its own memory would
+    # leave the other's parts behind and name bodies that are gone).
+    async with open_backend("postgres") as backend:
+        a: Any = backend.raw_adapter
+        schema = a.schema
+        await a.save_checkpoint(_doc(1, 6))
+        await a.save_checkpoint(_doc(2, 6, changed=1), expected_revision=1)
+        async with siglo.connect(POSTGRES_URL, schema=schema) as other:
+            assert await other.adapter.delete_checkpoint("run") is True
+            for revision in (1, 2):
+                other_doc = _doc(revision, 7, changed=revision + 2)
+                await other.adapter.save_checkpoint(other_doc, expected_revision=revision - 1)
+        calls = _count_calls(backend)
+        mine = _doc(3, 6, changed=4)
+        await a.save_checkpoint(mine, expected_revision=2)
+        assert await _digests(backend) == set(split(mine).bodies)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        assert calls == {"write": 1, "run_plan": 1}  # refused, then the long way
+        # That save's version is known again: the next is one statement.
+        await a.save_checkpoint(_doc(4, 6, changed=5), expected_revision=3)
+        assert calls == {"write": 2, "run_plan": 1}
+        assert await _digests(backend) == set(split(_doc(4, 6, changed=5)).bodies)
+
+
+async def test_a_save_of_the_version_it_loaded_is_one_statement_on_postgres() -> None:
+    # Another writer saved; this adapter loads that version, then saves over it: the
+    # load read the row's version with its parts, so the save is one statement.
+    async with open_backend("postgres") as backend:
+        a: Any = backend.raw_adapter
+        async with siglo.connect(POSTGRES_URL, schema=a.schema) as other:
+            await other.adapter.save_checkpoint(_doc(1, 6))
+            await other.adapter.save_checkpoint(_doc(2, 6, changed=1), expected_revision=1)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == _doc(2, 6, changed=1).to_json()
+        calls = _count_calls(backend)
+        mine = _doc(3, 7, changed=2)
+        await a.save_checkpoint(mine, expected_revision=2)
+        assert await _digests(backend) == set(split(mine).bodies)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        assert calls == {"write": 1, "run_plan": 0}
+
+
+async def test_a_save_in_parts_is_three_statements_on_sqlite() -> None:
+    # The compare-and-set answers the digests stored (RETURNING), then one INSERT of the
+    # new bodies and one DELETE of the dropped ones, whatever their number.
+    async with open_backend("sqlite-file") as backend:
+        a: Any = backend.raw_adapter
+        await a.save_checkpoint(_doc(1, 8))
+        sent: list[str] = []
+        plan = a.database.run_plan
+
+        async def recorded(steps: Any) -> None:
+            def each() -> Any:
+                step = next(steps)
+                try:
+                    while True:
+                        sent.append(step[0].split(" ")[0])
+                        step = steps.send((yield step))
+                except StopIteration:
+                    return
+
+            await plan(each())
+
+        a.database.run_plan = recorded
+        mine = _doc(2, 10, changed=3)  # step-3 changed, step-8 and step-9 added
+        await a.save_checkpoint(mine, expected_revision=1)
+        assert sent == ["UPDATE", "INSERT", "DELETE"]
+        assert await _digests(backend) == set(split(mine).bodies)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+
+
+async def test_versions_kept_are_bounded_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The versions remembered are bounded by their digests: past the bound the rows saved
+    # least recently are forgotten, and their next save reads what is stored.
+    import siglo_sql.adapter
+
+    monkeypatch.setattr(siglo_sql.adapter, "_VERSION_DIGESTS", 20)
+    async with open_backend("postgres") as backend:
+        a: Any = backend.raw_adapter
+        for stack in ("one", "two", "three"):  # 6 digests and the row: 7 each
+            await a.save_checkpoint(_doc(1, 6, stack=stack))
+        assert a._versions_size <= 20 and len(a._versions) == 2
+        calls = _count_calls(backend)
+        await a.save_checkpoint(_doc(2, 6, stack="one", changed=1), expected_revision=1)
+        assert calls == {"write": 0, "run_plan": 1}  # forgotten: the long way
+        await a.save_checkpoint(_doc(2, 6, stack="three", changed=1), expected_revision=1)
+        assert calls == {"write": 1, "run_plan": 1}  # remembered: one statement
+        got = await a.get_checkpoint("one")
+        assert got is not None and got.to_json() == _doc(2, 6, stack="one", changed=1).to_json()
+
+
+async def test_an_unlocking_save_of_a_known_version_releases_the_lock_on_postgres() -> None:
+    # The action's last save with the lock's release: the one statement and the release
+    # in one transaction; the lock is free afterwards and the parts are the new ones.
+    async with open_backend("postgres") as backend:
+        a: Any = backend.raw_adapter
+        await a.save_checkpoint(_doc(1, 6))
+        lock = a.workflow_lock
+        key = workflow_lock_key("run", None)
+        calls = _count_calls(backend)
+        sent: list[str] = []
+        plan = a.database.run_plan
+
+        async def recorded(steps: Any) -> None:
+            def each() -> Any:
+                step = next(steps)
+                try:
+                    while True:
+                        sent.append(step[0])
+                        step = steps.send((yield step))
+                except StopIteration:
+                    return
+
+            await plan(each())
+
+        a.database.run_plan = recorded
+        mine = _doc(2, 6, changed=3)
+
+        async def action() -> None:
+            await a.save_checkpoint_unlocking(mine, expected_revision=1)
+
+        await run_with_lock(lock, key, action)
+        assert calls["run_plan"] == 1 and len(sent) == 2  # the statement, the release
+        assert sent[0].startswith("WITH up AS (UPDATE")
+        assert (await lock.acquire(key, 1_000)).acquired  # released
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        assert await _digests(backend) == set(split(mine).bodies)
 
 
 @KINDS

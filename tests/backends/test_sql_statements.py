@@ -29,7 +29,14 @@ def _statements(db: PostgresDatabase | SqliteDatabase) -> Statements:
 
 SQLITE = _statements(SqliteDatabase(None))
 POSTGRES = _statements(PostgresDatabase("postgresql://127.0.0.1/none", description="x"))
-TEMPLATES = {"cp_get_many", "cp_load_many", "cp_list"}
+TEMPLATES = {
+    "cp_get_many",
+    "cp_load_many",
+    "cp_list",
+    "cp_update_parts",
+    "parts_insert",
+    "parts_delete",
+}
 
 
 def _texts(statements: Statements) -> dict[str, str]:

@@ -197,3 +197,20 @@ async def test_rekey_adds_the_tokens_of_a_field_indexed_later() -> None:
         report = await rekey(siglo.Backend(name="memory", url="memory://", adapter=adapter))
         assert (report.rekeyed, report.current) == (4, 1)  # c5 has no customer
         assert await _ids(adapter, metadata={"customer": "acme-SECRET"}) == ["c1", "c3", "c4"]
+
+
+async def test_through_keys_an_indexed_field_matches_by_its_token_only() -> None:
+    """A checkpoint stored in clear before encryption was turned on is not found by its
+    indexed field's value until it is saved again (siglo rekey)."""
+    from siglo.rekeying import rekey
+
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        await _fill(backend.raw_adapter)  # in clear
+        keyed = Settings(encryption_keys={"k1": new_key()}, blind_index_fields=["customer"])
+        adapter = piped(backend, keyed)
+        acme = {"customer": "acme-SECRET"}
+        assert await _ids(adapter, metadata=acme) == []
+        assert await _ids(adapter, metadata=acme, namespace="t1") == []
+        await rekey(siglo.Backend(name="memory", url="memory://", adapter=adapter))
+        assert await _ids(adapter, metadata=acme) == ["c1", "c3", "c4"]
+        assert await _ids(adapter, metadata=acme, namespace="t1") == ["c1", "c4"]

@@ -153,7 +153,8 @@ def test_a_bad_variable_is_refused_naming_it(
 
 def test_unknown_argument_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(
-        InvalidArgumentError, match="known: blind_index_fields, blob_url, command_timeout_ms"
+        InvalidArgumentError,
+        match="known: blind_index_fields, blob_grace_ms, blob_url, command_timeout_ms",
     ):
         load_settings(redact="card")
 

@@ -17,7 +17,10 @@ there and only there. And each path is bounded in time by the same settings: run
 a Redis that stops answering (a TCP proxy on loopback that freezes) with a tight
 ``command_timeout_ms`` in the application's ``siglo.toml``, it fails within a few seconds
 with siglo's timeout (``StorageAdapterError`` / ``OutcomeUnknownError``) — it never hangs
-and never reports success. So do the commands that only read or delete.
+and never reports success. So do the commands that only read or delete. The offloaded
+values' own store is bounded by the same setting when it is the one that stalls
+(:func:`test_the_offloaded_path_is_bounded_when_its_blob_store_stalls`; a Redis, an S3 and
+a PostgreSQL blob store call by call: tests/core/test_blob_timeouts.py).
 
 :data:`API` classifies every public method of the objects applications write through and
 every ``siglo`` command: a method or command added later fails
@@ -55,7 +58,7 @@ from siglo import sync
 from siglo.blobs import open_blob_store
 from siglo.cli import cli
 from siglo.config import CONFIG_ENV, ENVIRONMENT, current_settings, reset_settings
-from siglo.offload import Offloader, collect_blobs, offload_adapter
+from siglo.offload import OffloadAdapter, Offloader, collect_blobs, offload_adapter
 from siglo.pipeline import Pipeline, pipeline_parts
 from siglo.redaction import REDACTED
 from siglo.workflow import Flow
@@ -273,7 +276,10 @@ async def _offloaded(env: Env, ident: str) -> None:
     # value past the threshold goes to the blob store after redaction, and the collector,
     # run as if long after, keeps what the live checkpoint references.
     blobs = env.home / "blobs"
-    settings = current_settings().replace(offload_min_bytes=1_024, blob_url=blobs.as_uri())
+    # The application's blob store if its settings name one (the timeout check's stalled
+    # store), else a directory the test reads back.
+    blob_url = current_settings().blob_url or blobs.as_uri()
+    settings = current_settings().replace(offload_min_bytes=1_024, blob_url=blob_url)
     large = {FIELD: SECRET, "text": "large " * 1_000}
     async with siglo.connect(settings=settings) as backend:
         manager = siglo.StorageManager(backend)
@@ -281,7 +287,11 @@ async def _offloaded(env: Env, ident: str) -> None:
         _secret_context(stack)
         stack.set("pay", "document", large)
         await manager.save_checkpoint(ident)
-        store = open_blob_store(settings.blob_url or "")
+        # The collector on the backend's own store (bounded as the backend's calls are).
+        offloading: Any = backend.adapter
+        while not isinstance(offloading, OffloadAdapter):  # below the pipeline
+            offloading = offloading.inner
+        store = offloading.offloader.store
         later = int(time.time() * 1000) + 7_200_000
         await collect_blobs(backend.adapter, store, now_ms=later)
         loaded = await backend.adapter.get_checkpoint(ident, NS, fallback=False)
@@ -646,6 +656,37 @@ async def test_every_path_is_bounded_by_the_settings_timeout(name: str, home: Pa
         assert took < BOUND_S, f"{name} took {took:.1f} s to fail (bound {BOUND_S} s)"
 
 
+@pytest.mark.rule("manager.redaction", "blobs.bounded")
+async def test_the_offloaded_path_is_bounded_when_its_blob_store_stalls(home: Path) -> None:
+    """The offloaded path's own store is bounded by the same setting: a SQLite backend
+    that answers, its blob store a Redis behind a proxy that freezes, and the tight
+    timeout in the application's siglo.toml only (tests/core/test_blob_timeouts.py has
+    the S3 and PostgreSQL stores and each call on its own)."""
+    from _redis_helpers import REDIS_URL, require_redis
+
+    require_redis()
+    parts = urlsplit(REDIS_URL)
+    async with shared_store("sqlite") as store:
+        with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
+            blob_url = f"redis://{proxy.url_host}/0?prefix=bounded-blobs-{os.getpid()}:"
+            (home / "siglo.toml").write_text(
+                f'url = "{store.url}"\ncommand_timeout_ms = {TIGHT_MS}\n'
+                f'redact_fields = ["{FIELD}"]\nblob_url = "{blob_url}"\n'
+            )
+            proxy.freeze()
+            began = time.monotonic()
+            try:
+                with pytest.raises(siglo.StorageAdapterError) as failed:
+                    await asyncio.wait_for(
+                        PATHS[OFFLOADED](Env("sqlite", store, home), "bounded-blobs"), HUNG_S
+                    )
+            finally:
+                took = time.monotonic() - began
+                proxy.cut()
+    assert _timed_out(str(failed.value)), failed.value
+    assert took < BOUND_S, f"took {took:.1f} s to fail (bound {BOUND_S} s)"
+
+
 READ_AND_DELETE: dict[str, tuple[str, ...]] = {
     "ls": ("ls",),
     # One argument of `[URL] STACK_ID` is the id: the URL comes from the settings too.
@@ -740,8 +781,9 @@ COMMANDS: dict[str, str] = {
 
 _NOT_WRITERS = frozenset({"reads", "no I/O", "deletes only", "no stored data", "schema only"})
 _NOT_WRITERS |= {
-    # It re-saves stored checkpoints through the pipeline of the command's settings
-    # (tests/core/test_rekey.py reads the raw bytes after it, on every durable backend).
+    # It re-saves stored checkpoints, and rewrites stand-alone wait records and cached
+    # steps, through the codec chain of the command's settings (tests/core/test_rekey.py
+    # reads the raw bytes after it, on every durable backend).
     "rekey (re-saves what is stored)",
     "its own isolated storage",
     "synthetic data under a namespace of its own, removed afterwards",

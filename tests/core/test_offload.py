@@ -221,6 +221,52 @@ async def test_export_carries_values_and_import_offloads_them_again(tmp_path: Pa
         assert len(await _blobs(target_store)) == 1
 
 
+def test_siglo_export_writes_values_and_siglo_import_offloads_them_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commands, not only the functions: a dump holds the offloaded value itself (it
+    once held the reference, which dangles on a target with another blob store)."""
+    from click.testing import CliRunner
+
+    from siglo.cli import cli
+    from siglo.config import reset_settings
+
+    def use(name: str) -> None:
+        (tmp_path / "siglo.toml").write_text(
+            f'url = "sqlite:///{tmp_path / name}.db"\noffload_min_bytes = 1024\n'
+            f'blob_url = "{(tmp_path / name).as_uri()}"\n'
+        )
+        reset_settings()
+
+    async def save() -> None:
+        async with siglo.connect() as backend:
+            await backend.adapter.save_checkpoint(_cp("s", 1, step={"v": BIG, "n": 1}))
+
+    async def load() -> Any:
+        async with siglo.connect() as backend:
+            got = await backend.adapter.get_checkpoint("s")
+            stored = await backend.raw_adapter.get_checkpoint("s")
+        assert stored is not None and len(list(references(stored))) == 1
+        return None if got is None else got.contexts["step"]
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    try:
+        use("source")
+        asyncio.run(save())
+        exported = runner.invoke(cli, ["export", "--output", str(tmp_path / "dump.jsonl")])
+        assert exported.exit_code == 0, exported.output
+        dump = (tmp_path / "dump.jsonl").read_bytes()
+        assert BIG.encode() in dump and REF_KEY.encode() not in dump
+        use("target")
+        imported = runner.invoke(cli, ["import", "--input", str(tmp_path / "dump.jsonl")])
+        assert imported.exit_code == 0, imported.output
+        assert asyncio.run(load()) == {"v": BIG, "n": 1}
+        assert len(list((tmp_path / "target").glob("??/*"))) == 1
+    finally:
+        reset_settings()
+
+
 def test_siglo_collect_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from ops_support import DURABLE_KINDS, shared_store
 from raw_storage import raw_bytes
@@ -22,11 +23,14 @@ from raw_storage import raw_bytes
 import siglo
 from siglo.checkpoint import Checkpoint
 from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
-from siglo.errors import CheckpointConflictError, KeyErasedError
+from siglo.errors import CheckpointConflictError, DecryptionError, KeyErasedError
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
+from siglo.locking import namespaced_key, split_namespaced_key
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
+from siglo.records import WaitRecord
 from siglo.rekeying import rekey
-from siglo.sealing import SEALED_KEY
+from siglo.sealing import SEALED_KEY, Location
+from siglo_memory.adapter import MemoryStorageAdapter
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "rekey-SECRET-90aa"
@@ -96,6 +100,28 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
             ),
             expected_revision=0,
         )
+        # Stand-alone wait records and cached steps written in clear: one waiting, one
+        # claimed with an event payload; a cached step of a tenant's run and one without.
+        await clear.save_wait_record(
+            WaitRecord(
+                correlation_key="w1",
+                stack_id="plain",
+                namespace="t1",
+                metadata={"who": SECRET},
+                event_payload={"card": SECRET},
+            )
+        )
+        await clear.save_wait_record(
+            WaitRecord(correlation_key="w2", stack_id="w2", namespace="t2")
+        )
+        await clear.claim_wait_record(
+            "w2", "worker", event_payload={"card": SECRET}, namespace="t2"
+        )
+        await clear.set_cached_step("charge", {"card": SECRET}, 600_000, namespace="t1")
+        await clear.set_cached_step("charge", {"card": SECRET}, 600_000)
+        assert backend.idempotency is not None
+        await backend.idempotency.claim("pay-1")
+        await backend.idempotency.complete("pay-1", {"card": SECRET})
         first = piped(backend, Settings(encryption_keys={"k1": old}))
         for n in range(3):
             await first.save_checkpoint(
@@ -112,6 +138,12 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         done = run_siglo(tmp_path, "rekey", backend.url, env=env)
         assert done.returncode == 0, done.stderr.decode()
         assert b"rekeyed 4 checkpoint(s); 0 already under the current key" in done.stdout
+        # Redis keeps the seed's copy of a wait record at its stack id's key: rekeyed too.
+        waits = 3 if kind == "redis" else 2
+        assert f"rekeyed {waits} stand-alone wait record(s); 0 already".encode() in done.stdout
+        assert b"rekeyed 2 cached step(s); 0 already under the current key" in done.stdout
+        assert b"rekeyed 1 idempotency result(s); 0 already under the current key" in done.stdout
+        assert b"not rekeyed" not in done.stderr
         if kind == "sqlite":
             # The old row versions stay in SQLite's free pages and WAL until it compacts:
             # what docs/encryption.md tells a user turning encryption on to run.
@@ -125,9 +157,27 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         strict = piped(backend, Settings(encryption_keys={"k2": new}, require_encryption=True))
         found = await strict.get_checkpoint("plain", "t1", fallback=False)
         assert found is not None and found.metadata == {"who": SECRET}
+        wait = await strict.get_wait_record("w1", namespace="t1")
+        assert wait is not None and wait.event_payload == {"card": SECRET}
+        assert wait.metadata == {"who": SECRET}
+        claimed = await strict.get_wait_record("w2", namespace="t2")
+        assert claimed is not None and claimed.status == "claimed"
+        assert claimed.claimant_id == "worker" and claimed.event_payload == {"card": SECRET}
+        for ns in ("t1", None):
+            cached = await strict.get_cached_step("charge", namespace=ns)
+            assert cached == {"card": SECRET}
+        _, results = pipeline_parts(
+            backend.raw_adapter,
+            backend.idempotency,
+            Pipeline(Settings(encryption_keys={"k2": new}, require_encryption=True)),
+        )
+        assert results is not None and await results.get_result("pay-1") == {"card": SECRET}
         # Resumable: a second run finds everything current.
         again = run_siglo(tmp_path, "rekey", backend.url, env=env)
         assert b"rekeyed 0 checkpoint(s); 4 already under the current key" in again.stdout
+        assert f"rekeyed 0 stand-alone wait record(s); {waits} already".encode() in again.stdout
+        assert b"rekeyed 0 cached step(s); 2 already under the current key" in again.stdout
+        assert b"rekeyed 0 idempotency result(s); 1 already" in again.stdout
 
 
 @pytest.mark.rule("pipeline.encryption")
@@ -276,3 +326,207 @@ async def test_erase_needs_envelope_keys(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert b"needs envelope keys (master_key)" in done.stderr
+
+
+@pytest.mark.rule("cache.namespaced")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_erasure_reaches_a_tenants_cached_steps(kind: str, tmp_path: Path) -> None:
+    """A flow run in tenant T caches its step under T's key, bound to T: the same step and
+    input in tenant U is U's own entry (the step runs again), and once T is erased its
+    cached output no longer decrypts — U's still does."""
+    env = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    settings = Settings(master_key=env["SIGLO_MASTER_KEY"])
+    ran: list[str] = []
+
+    async def charge(order: Any) -> dict[str, Any]:
+        ran.append(order["tenant"])
+        return {"card": f"{SECRET}-{order['tenant']}"}
+
+    run = siglo.flow(
+        siglo.Step.create("charge", charge).cache(ttl_ms=600_000, key=lambda _: "order-1"),
+        name="erase-cache",
+    )
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        app = siglo.Backend(name=backend.name, url=backend.url, adapter=piped(backend, settings))
+        # What a release before namespaced entries cached for one of the runs: the key
+        # alone. A namespaced run misses it rather than serve it to any tenant.
+        await app.adapter.set_cached_step("order-1", {"card": "stale"}, 600_000)
+        manager = siglo.StorageManager(app, settings=settings)
+        for tenant in ("gone", "kept"):
+            await run.run({"tenant": tenant}, manager=manager, stack_id="r1", namespace=tenant)
+        assert ran == ["gone", "kept"]  # one entry per tenant, not one shared
+        await run.run({"tenant": "gone"}, manager=manager, stack_id="r2", namespace="gone")
+        assert ran == ["gone", "kept"]  # a hit in its own tenant
+        raw = backend.raw_adapter
+        stored = {ns: await raw.get_cached_step("order-1", namespace=ns) for ns in ("gone", "kept")}
+        old = await raw.get_cached_step("order-1")
+        assert isinstance(old, dict) and SEALED_KEY in old  # the old entry, kept apart
+        assert all(SECRET.encode() not in orjson.dumps(v) for v in stored.values())
+
+        erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
+        assert erased.returncode == 0, erased.stderr.decode()
+
+        fresh = piped(backend, settings)
+        sealer = fresh.codecs.sealer
+        with pytest.raises(KeyErasedError):
+            await sealer.open(stored["gone"], Location("gone", "order-1", "step", "value"))
+        # A rekey leaves the erased tenant's entry as it is, counted as unreadable.
+        after = run_siglo(tmp_path, "rekey", backend.url, env=env)
+        assert after.returncode == 0, after.stderr.decode()
+        steps = b"rekeyed 0 cached step(s); 2 already under the current key; 0 kept changing"
+        assert steps + b"; 1 unreadable" in after.stdout
+        # Whatever of it is still stored does not decrypt either: to the application it is
+        # a miss, so the namespace used again runs the step anew; the other tenant's reads.
+        assert await fresh.get_cached_step("order-1", namespace="gone") is siglo.MISSING
+        again = siglo.Backend(name=backend.name, url=backend.url, adapter=fresh)
+        manager = siglo.StorageManager(again, settings=settings)
+        await run.run({"tenant": "gone"}, manager=manager, stack_id="r3", namespace="gone")
+        assert ran == ["gone", "kept", "gone"]
+        kept = await fresh.get_cached_step("order-1", namespace="kept")
+        assert kept == {"card": f"{SECRET}-kept"}
+        # A ciphertext of one tenant copied under another's entry does not decrypt there.
+        with pytest.raises(DecryptionError):
+            await sealer.open(stored["kept"], Location("other", "order-1", "step", "value"))
+        # The entry written anew is current.
+        last = run_siglo(tmp_path, "rekey", backend.url, env=env)
+        steps = b"rekeyed 0 cached step(s); 3 already under the current key; 0 kept changing"
+        assert steps + b"; 0 unreadable" in last.stdout, last.stdout.decode()
+        # Last: reading the SQLite files from this process (and closing them) drops its
+        # locks on them, after which another process may take the WAL away from it.
+        assert SECRET.encode() not in await raw_bytes(kind, backend)
+
+
+def test_a_namespaced_cache_key_reads_back_unless_it_is_a_digest() -> None:
+    """What siglo rekey reads a cached step's namespace from (docs/encryption.md): the
+    stored key splits back into key and namespace, except a pair too long to join."""
+    for key, namespace in (("k", None), ("@k", None), ("@1:a:k", None), ("k", "a:b"), ("k", "")):
+        assert split_namespaced_key(namespaced_key(key, namespace)) == (key, namespace)
+    assert split_namespaced_key(namespaced_key("k" * 3000, "n" * 2000)) is None
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_rekeying_waits_and_cached_steps_under_concurrent_writers_loses_nothing(
+    kind: str,
+) -> None:
+    """Rotations while workers claim and complete stand-alone wait records (with event
+    payloads), sets replace cached steps and completions replace idempotency results:
+    every rewrite of the rekey is a
+    compare-and-set on the bytes it read, so no claim, completion or set is lost."""
+    settings = Settings(master_key=f"base64:{new_key()}")
+    waits, keys, rounds = 8, 4, 10
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        setup = piped(backend, settings)
+        for n in range(waits):
+            await setup.save_wait_record(
+                WaitRecord(
+                    correlation_key=f"w{n}", stack_id=f"s{n}", namespace="t", metadata={"n": n}
+                )
+            )
+        last: dict[str, Any] = {}
+
+        async def claimer(w: int) -> None:
+            mine = piped(backend, settings)
+            provider = mine.codecs.sealer.keys
+            assert isinstance(provider, EnvelopeKeyProvider)
+            provider.refresh_s = 0.05
+            for n in range(w, waits, 2):
+                payload = {"card": f"{SECRET}-{n}"}
+                claimed = await mine.claim_wait_record(
+                    f"w{n}", f"worker-{w}", event_payload=payload, namespace="t"
+                )
+                assert claimed is not None and claimed.event_payload == payload
+                await asyncio.sleep(0.005)
+                await mine.complete_wait_record(f"w{n}", f"worker-{w}", namespace="t")
+
+        async def setter(k: int) -> None:
+            mine = piped(backend, settings)
+            provider = mine.codecs.sealer.keys
+            assert isinstance(provider, EnvelopeKeyProvider)
+            provider.refresh_s = 0.05
+            for r in range(rounds):
+                value = {"round": r, "secret": SECRET}
+                await mine.set_cached_step(f"k{k}", value, 600_000, namespace="t")
+                last[f"k{k}"] = value
+                await asyncio.sleep(0.003)
+
+        results_of: dict[str, Any] = {}
+        setup_parts = pipeline_parts(backend.raw_adapter, backend.idempotency, Pipeline(settings))
+        store = setup_parts[1]
+        assert store is not None
+
+        async def completer(k: int) -> None:
+            mine = pipeline_parts(backend.raw_adapter, backend.idempotency, Pipeline(settings))[1]
+            assert mine is not None
+            for r in range(rounds):
+                value = {"round": r, "secret": SECRET}
+                await mine.complete(f"i{k}", value, 600_000)
+                results_of[f"i{k}"] = value
+                await asyncio.sleep(0.003)
+
+        async def rotations() -> list[Any]:
+            reports = []
+            for _ in range(3):
+                rotator = siglo.Backend(
+                    name=backend.name, url=backend.url, adapter=setup, idempotency=store
+                )
+                reports.append(await rekey(rotator, rotate=True))
+                await asyncio.sleep(0.01)
+            return reports
+
+        results = await asyncio.gather(
+            *(claimer(w) for w in range(2)),
+            *(setter(k) for k in range(keys)),
+            *(completer(k) for k in range(keys)),
+            rotations(),
+        )
+        assert len({tuple(r.rotated.values()) for r in results[-1]}) == 3
+        rotator = siglo.Backend(
+            name=backend.name, url=backend.url, adapter=setup, idempotency=store
+        )
+        for _ in range(3):  # what changed under a rewrite is finished by a next run
+            final = await rekey(rotator)
+            if not any(c.left for c in final.payloads.values()):
+                break
+        assert not any(c.left or c.unreadable for c in final.payloads.values()), final
+        assert final.payloads["step"].current + final.payloads["step"].rekeyed == keys
+        reader = piped(backend, settings)
+        for n in range(waits):
+            record = await reader.get_wait_record(f"w{n}", namespace="t")
+            assert record is not None and record.status == "completed", record
+            assert record.claimant_id == f"worker-{n % 2}"
+            assert record.event_payload == {"card": f"{SECRET}-{n}"}
+            assert record.metadata == {"n": n}
+        for k in range(keys):
+            assert await reader.get_cached_step(f"k{k}", namespace="t") == last[f"k{k}"]
+        results_reader = pipeline_parts(
+            backend.raw_adapter, backend.idempotency, Pipeline(settings)
+        )[1]
+        assert results_reader is not None
+        for k in range(keys):
+            assert await results_reader.get_result(f"i{k}") == results_of[f"i{k}"]
+        assert SECRET.encode() not in await raw_bytes(kind, backend)
+
+
+async def test_a_backend_without_payload_scan_is_rekeyed_and_says_what_it_left() -> None:
+    """A third party's backend without payload_scan: its checkpoints are re-encrypted,
+    and the report names the kinds left under their old key (which siglo rekey prints
+    on standard error)."""
+
+    class NoScan(MemoryStorageAdapter):
+        capabilities = MemoryStorageAdapter.capabilities - {siglo.Capability.PAYLOAD_SCAN}
+
+    old, new = new_key(), new_key()
+    raw = NoScan()
+    writer, _ = pipeline_parts(raw, None, Pipeline(Settings(encryption_keys={"k1": old})))
+    await writer.save_checkpoint(
+        Checkpoint(stack_id="s", revision=1, timestamp=1, contexts={"a": {"b": SECRET}}),
+        expected_revision=0,
+    )
+    await writer.set_cached_step("k", {"b": SECRET}, 600_000)
+    settings = Settings(encryption_keys={"k1": old, "k2": new}, encryption_key_id="k2")
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    report = await rekey(siglo.Backend(name="third-party", url="memory://", adapter=adapter))
+    assert report.rekeyed == 1 and report.payloads == {}
+    assert set(report.skipped) == {"wait", "step"}
+    assert "cannot list its cached steps" in report.skipped["step"]

@@ -4,19 +4,27 @@ counted conflicts, nothing when no SDK listens (docs/observability.md)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from _redis_helpers import require_redis
+from _tcp_proxy import TcpProxy
+from sql_support import POSTGRES_URL, require_postgres
 
 import siglo
 from siglo import StorageManager, telemetry
 from siglo.errors import CheckpointConflictError, LockLostError
+from siglo.lease_release import releases_pending
 from siglo.locking import current_lease
 from siglo.pipeline import PipelineAdapter, TracedPipelineAdapter
 from siglo.workflow import Worker
+from siglo_postgres import drop_schema
+from siglo_redis.connect import delete_prefix
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
@@ -27,6 +35,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 )
 
 REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
+CHECKPOINT = siglo.Checkpoint(stack_id="s", revision=1, timestamp=1)
 
 
 class Sdk:
@@ -47,6 +56,32 @@ class Sdk:
                 for metric in scope.metrics:
                     found.setdefault(metric.name, []).extend(metric.data.data_points)
         return found
+
+
+@contextlib.asynccontextmanager
+async def _isolated(name: str, tmp_path: Path, **options: Any) -> AsyncIterator[siglo.Backend]:
+    """A real backend on private storage (a file, a schema, a key prefix), removed after."""
+    schema = f"siglo_test_otel_{os.urandom(4).hex()}"
+    prefix = f"siglo-test-otel-{os.urandom(4).hex()}:"
+    if name == "memory":
+        backend = siglo.connect("memory://", **options)
+    elif name == "sqlite":
+        pytest.importorskip("aiosqlite")
+        backend = siglo.connect(f"sqlite:///{tmp_path / 'otel.db'}", **options)
+    elif name == "postgres":
+        require_postgres()
+        backend = siglo.connect(POSTGRES_URL, schema=schema, **options)
+    else:
+        require_redis()
+        backend = siglo.connect(REDIS_URL, prefix=prefix, **options)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+        if name == "postgres":
+            await drop_schema(POSTGRES_URL, schema)
+        elif name == "redis":
+            await _cleanup(prefix)
 
 
 @pytest.fixture
@@ -104,7 +139,7 @@ async def test_a_conflict_is_counted_and_marked_on_its_span(sdk: Sdk) -> None:
     assert conflicts.value == 1
     assert conflicts.attributes["db.operation.name"] == "save_checkpoint"
     failed = [s for s in sdk.spans.get_finished_spans() if s.status.status_code.name == "ERROR"]
-    assert [s.attributes["error.type"] for s in failed] == ["CheckpointConflictError"]
+    assert [(s.attributes or {})["error.type"] for s in failed] == ["CheckpointConflictError"]
 
 
 async def test_a_url_password_never_reaches_an_attribute(sdk: Sdk) -> None:
@@ -138,8 +173,11 @@ def test_db_attributes_name_the_database_not_the_credentials() -> None:
     assert telemetry.db_attributes("redis", "redis://:pw@h:6380/2")["db.namespace"] == "2"
 
 
-async def test_background_saves_show_in_the_queue_depth_gauge(sdk: Sdk) -> None:
-    async with siglo.connect("memory://") as backend:
+@pytest.mark.parametrize("backend_name", ["memory", "sqlite", "postgres", "redis"])
+async def test_background_saves_show_in_the_queue_depth_gauge(
+    sdk: Sdk, backend_name: str, tmp_path: Path
+) -> None:
+    async with _isolated(backend_name, tmp_path) as backend:
         manager = StorageManager(backend)
         stack = manager.create_stack("run-3")
         manager.checkpoint(stack)
@@ -150,7 +188,12 @@ async def test_background_saves_show_in_the_queue_depth_gauge(sdk: Sdk) -> None:
     assert sum(p.value for p in depth) == 0
 
 
-async def test_the_worker_counts_due_waits_their_lateness_and_recoveries(sdk: Sdk) -> None:
+# Redis takes no clock (its leases and deadlines run on the server's): the memory, SQLite
+# and PostgreSQL backends run on the manual clock that puts the wait 2.5 s past due.
+@pytest.mark.parametrize("backend_name", ["memory", "sqlite", "postgres"])
+async def test_the_worker_counts_due_waits_their_lateness_and_recoveries(
+    sdk: Sdk, backend_name: str, tmp_path: Path
+) -> None:
     clock = siglo.ManualClock(1_000_000)
 
     async def remind(_: Any) -> Any:
@@ -164,7 +207,7 @@ async def test_the_worker_counts_due_waits_their_lateness_and_recoveries(sdk: Sd
 
     reminders = siglo.flow(siglo.Step.create("remind", remind), name="reminders")
     jobs = siglo.flow(siglo.Step.create("noop", noop), name="jobs")
-    async with siglo.connect("memory://", clock=clock) as backend:
+    async with _isolated(backend_name, tmp_path, clock=clock) as backend:
         manager = StorageManager(backend, clock=clock)
         with pytest.raises(siglo.WorkflowSuspended):
             await reminders.run(None, manager=manager, stack_id="r-1")
@@ -222,3 +265,160 @@ async def test_a_lost_lease_is_counted(sdk: Sdk, tmp_path: Path) -> None:
             await backend.adapter.with_workflow_lock("s-1", action)
     (losses,) = sdk.metrics()["siglo.lock.lease_losses"]
     assert losses.value == 1
+
+
+# -- metrics under real faults: a server that goes away or stalls, a lease that lapses ---
+
+
+def _redis_through(proxy: Any, prefix: str, **options: Any) -> siglo.Backend:
+    parts = urlsplit(REDIS_URL)
+    return siglo.connect(f"redis://{proxy.url_host}{parts.path or '/0'}", prefix=prefix, **options)
+
+
+def _retries(sdk: Sdk) -> dict[str, int]:
+    return {
+        p.attributes["siglo.retry.kind"]: p.value for p in sdk.metrics().get("siglo.retries", [])
+    }
+
+
+@pytest.fixture
+def redis_proxy() -> Iterator[tuple[Any, str]]:
+    require_redis()
+    parts = urlsplit(REDIS_URL)
+    proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 6379))
+    try:
+        yield proxy, f"siglo-test-otel-{os.urandom(4).hex()}:"
+    finally:
+        proxy.close()
+
+
+async def _cleanup(prefix: str) -> None:
+    async with siglo.connect(REDIS_URL, prefix=prefix) as other:
+        await delete_prefix(other.adapter.client, prefix)  # type: ignore[attr-defined]
+
+
+async def test_renewals_that_fail_are_retries_and_the_lapsed_lease_a_loss(
+    sdk: Sdk, redis_proxy: tuple[Any, str]
+) -> None:
+    """The server goes away while an action holds a 600 ms lease: every failed renewal
+    is a ``lease_renewal`` retry, and the lease that lapsed is one lease loss."""
+    proxy, prefix = redis_proxy
+    holder = _redis_through(proxy, prefix, workflow_lock_ttl_ms=600, command_timeout_ms=200)
+    try:
+        await holder.adapter.save_checkpoint(CHECKPOINT)
+
+        async def action() -> None:
+            proxy.cut()
+            await asyncio.sleep(5)
+
+        with pytest.raises(LockLostError):
+            await holder.adapter.with_workflow_lock("s", action)
+        proxy.restore()
+    finally:
+        await holder.aclose()
+    try:
+        async with siglo.connect(REDIS_URL, prefix=prefix) as other:
+            # Lapsed for real: another holder takes the lock at once.
+            assert (await other.adapter.with_workflow_lock("s", _ran, timeout_ms=100)) == "ran"
+    finally:
+        await _cleanup(prefix)
+    assert _retries(sdk).get("lease_renewal", 0) >= 1
+    assert "lease_release" not in _retries(sdk)  # the lapsed lease is not released again
+    (losses,) = sdk.metrics()["siglo.lock.lease_losses"]
+    assert (losses.value, dict(losses.attributes or {})) == (1, {})
+
+
+async def test_a_release_that_fails_is_retried_and_counted(
+    sdk: Sdk, redis_proxy: tuple[Any, str]
+) -> None:
+    """The server goes away during the action: the release after it fails, and each
+    background attempt until the server is back is a ``lease_release`` retry."""
+    proxy, prefix = redis_proxy
+    holder = _redis_through(proxy, prefix, workflow_lock_ttl_ms=20_000, command_timeout_ms=500)
+    try:
+        await holder.adapter.save_checkpoint(CHECKPOINT)
+
+        async def action() -> str:
+            proxy.cut()
+            return "done"
+
+        assert await holder.adapter.with_workflow_lock("s", action) == "done"
+        assert releases_pending() >= 1
+        assert "lease_release" not in _retries(sdk)  # the first attempt is no retry
+        await asyncio.sleep(0.3)  # a few attempts against a server that is away
+        proxy.restore()
+        for _ in range(100):
+            if releases_pending() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert releases_pending() == 0
+    finally:
+        await holder.aclose()
+    try:
+        async with siglo.connect(REDIS_URL, prefix=prefix) as other:
+            assert (await other.adapter.with_workflow_lock("s", _ran, timeout_ms=100)) == "ran"
+    finally:
+        await _cleanup(prefix)
+    retries = _retries(sdk)
+    assert retries.get("lease_release", 0) >= 2
+    assert "lease_renewal" not in retries
+
+
+async def test_a_call_past_command_timeout_is_counted_with_its_attributes(
+    sdk: Sdk, redis_proxy: tuple[Any, str]
+) -> None:
+    """The server stalls (the proxy stops forwarding): the load runs past
+    ``command_timeout_ms``, is counted once under ``siglo.timeouts`` with the database
+    attributes, and timed with its ``error.type``."""
+    proxy, prefix = redis_proxy
+    holder = _redis_through(proxy, prefix, command_timeout_ms=300)
+    try:
+        await holder.adapter.save_checkpoint(CHECKPOINT)
+        proxy.freeze()
+        with pytest.raises(siglo.StorageAdapterError) as raised:
+            await holder.adapter.get_checkpoint("s")
+        proxy.restore()
+    finally:
+        proxy.cut()  # the stalled connection: closed, not drained
+        await holder.aclose()
+        await _cleanup(prefix)
+    metrics = sdk.metrics()
+    (timeouts,) = metrics["siglo.timeouts"]
+    assert timeouts.value == 1
+    assert dict(timeouts.attributes or {}) == {
+        "db.system.name": "redis",
+        "db.operation.name": "get_checkpoint",
+        "db.namespace": "0",
+        "server.address": "127.0.0.1",
+        "server.port": proxy.port,
+    }
+    failed = [
+        p
+        for p in metrics["db.client.operation.duration"]
+        if p.attributes["db.operation.name"] == "get_checkpoint"
+    ]
+    assert [(p.attributes or {}).get("error.type") for p in failed] == [
+        type(raised.value).__qualname__
+    ]
+    assert failed[0].sum >= 0.3
+
+
+@pytest.mark.parametrize("backend_name", ["sqlite", "postgres", "redis"])
+async def test_a_conflict_on_a_real_backend_is_counted(
+    sdk: Sdk, backend_name: str, tmp_path: Path
+) -> None:
+    """Two writers of one run on a real server: the second save at the same revision is
+    refused by compare-and-set and counted with the backend's attributes."""
+    async with _isolated(backend_name, tmp_path) as backend:
+        await backend.adapter.save_checkpoint(CHECKPOINT, expected_revision=0)
+        with pytest.raises(CheckpointConflictError):
+            await backend.adapter.save_checkpoint(CHECKPOINT, expected_revision=0)
+    (conflicts,) = sdk.metrics()["siglo.checkpoint.conflicts"]
+    assert conflicts.value == 1
+    system = {"sqlite": "sqlite", "postgres": "postgresql", "redis": "redis"}[backend_name]
+    assert conflicts.attributes["db.system.name"] == system
+    assert conflicts.attributes["db.operation.name"] == "save_checkpoint"
+
+
+async def _ran() -> str:
+    return "ran"

@@ -4,9 +4,12 @@ actions are confirmed, CSRF-protected, compare-and-set) — docs/observability.m
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -14,8 +17,13 @@ from ops_support import DURABLE_KINDS, shared_store
 from ui_support import FIELD, NAMESPACE, ORDERS, SECRET, seed
 
 import siglo
+from siglo.coordination import LockBase, LockState, holder_label
+from siglo.errors import CapabilityNotSupportedError
+from siglo.locking import Lease, current_lease
+from siglo.ui import data
 from siglo.ui.server import create_app
 from siglo.workflow import Worker
+from siglo.workflow.flow import STEP_CACHE_KEY
 
 SETTINGS = siglo.Settings(redact_fields=frozenset({FIELD}))
 
@@ -238,3 +246,152 @@ async def test_stored_markup_is_shown_as_text(store: siglo.Backend) -> None:
         assert "<script>alert(1)" not in html and "<i>w</i>" not in html
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<img" not in page and "<b>step" not in page
+
+
+async def test_the_run_and_attention_pages_show_the_lock_holder_and_lease(
+    store: siglo.Backend,
+) -> None:
+    """A process holds a running run's workflow lock: the run page names the holder (a
+    label, never the token that releases the lock) and when its lease expires, and the
+    attention page lists it under held locks with the same; another running run's lock
+    reads free, and the run is listed as crashed."""
+    async with siglo.connect(store.url, settings=SETTINGS) as holder:
+        running = await holder.adapter.list_checkpoints(status="running", limit=2)
+        held_id, free_id = (s.stack_id for s in running.items[:2])
+        holding, release = asyncio.Event(), asyncio.Event()
+        leases: list[Lease] = []
+
+        async def hold() -> None:
+            lease = current_lease()
+            assert lease is not None
+            leases.append(lease)
+            holding.set()
+            await release.wait()
+
+        task = asyncio.create_task(holder.adapter.with_workflow_lock(held_id, hold))
+        await holding.wait()
+        try:
+            (lease,) = leases
+            label = holder_label(lease.token)
+            async with dashboard(store.url) as client:
+                run = (await client.get("/run", params={"id": held_id})).text
+                attention = (await client.get("/attention")).text
+                free = (await client.get("/run", params={"id": free_id})).text
+        finally:
+            release.set()
+            await task
+    lock_cell = re.search(r'<td id="lock">(.*?)</td></tr>', run, re.S)
+    assert lock_cell, run
+    assert f'held by <code id="lock-holder">{label}</code>' in lock_cell.group(1)
+    assert lease.token not in run and lease.token not in attention
+    ttl_s = holder.adapter.workflow_lock_ttl_ms // 1000
+    left = re.search(r'<span id="lock-lease">expires in (\d+) s</span>', lock_cell.group(1))
+    assert left and 0 < int(left.group(1)) <= ttl_s, lock_cell.group(1)
+    if not store.url.startswith("redis"):  # Redis keeps no per-key fence to show
+        assert f"fencing token {lease.fencing_token}" in lock_cell.group(1)
+    held_table = attention.split('<table id="held">')[1].split("</table>")[0]
+    row = next(r for r in held_table.split("<tr>") if f">{held_id}</a>" in r)
+    assert f"<code>{label}</code>" in row
+    assert re.search(r"expires in \d+ s", row)
+    crashed = attention.split('<table id="crashed">')[1].split("</table>")[0]
+    assert f">{free_id}</a>" in crashed and f">{held_id}</a>" not in crashed
+    assert "free: no process runs it" in free
+
+
+async def test_a_lock_without_inspect_is_told_held_or_free_by_taking_it(
+    store: siglo.Backend,
+) -> None:
+    """A backend whose lock class predates ``inspect`` (contract 1.4): the pages still tell
+    a held lock from a free one, by taking it for an instant, without a holder or lease;
+    a run that is not running is not probed (taking its lock could block its resume)."""
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        lock = backend.adapter.workflow_lock
+        assert isinstance(lock, LockBase)
+        original = type(lock)
+        lock.__class__ = type("PreInspectLock", (original,), {"_do_inspect": _no_inspect})
+        with pytest.raises(CapabilityNotSupportedError):
+            await lock.inspect("any")
+        running = await backend.adapter.list_checkpoints(status="running", limit=1)
+        stack_id, namespace = running.items[0].stack_id, running.items[0].namespace
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            holding.set()
+            await release.wait()
+
+        async with siglo.connect(store.url, settings=SETTINGS) as other:
+            task = asyncio.create_task(
+                other.adapter.with_workflow_lock(stack_id, hold, namespace=namespace)
+            )
+            await holding.wait()
+            try:
+                held = await data.lock_state(backend.adapter, stack_id, namespace)
+            finally:
+                release.set()
+                await task
+        free = await data.lock_state(backend.adapter, stack_id, namespace)
+        unprobed = await data.lock_state(backend.adapter, stack_id, namespace, probe=False)
+        lock.__class__ = original
+    assert held == data.LockView(held=True)  # no holder, no lease: not readable
+    assert free == data.LockView(held=False)
+    assert unprobed is None
+
+
+async def _no_inspect(self: LockBase, lock_key: str) -> LockState | None:
+    return await LockBase._do_inspect(self, lock_key)  # the base class: unsupported
+
+
+async def _price(order: Any) -> dict[str, Any]:
+    return {"sku": "A-1", "price": 42, FIELD: SECRET}
+
+
+async def _label(priced: Any) -> str:
+    return f"{priced['sku']} at {priced['price']}"
+
+
+PRICING = siglo.flow(
+    siglo.Step.create("price", _price).cache(ttl_ms=600_000, key=lambda _: "price:A-1"),
+    siglo.Step.create("label", _label),
+    name="pricing",
+)
+
+
+async def test_the_run_page_shows_step_cache_hits_and_misses(store: siglo.Backend) -> None:
+    """Two runs of a flow whose first step is cached under one key: the first computed it
+    (a miss, the entry it wrote and when that expires), the second took it from the
+    cache (a hit); both read from what the runs' checkpoints recorded, with the entry
+    looked up now. A run without cached steps says so. The cached output's redacted card
+    number is nowhere."""
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        await PRICING.run("a", manager=manager, stack_id="price-1")
+        await PRICING.run("b", manager=manager, stack_id="price-2")
+        first = await backend.adapter.get_checkpoint("price-1")
+    assert first is not None and first.metadata is not None
+    recorded = first.metadata[STEP_CACHE_KEY]
+    assert set(recorded) == {"price"}  # the uncached step records nothing
+    expires = recorded["price"]["at"] + 600_000
+    async with dashboard(store.url) as client:
+        miss = (await client.get("/run", params={"id": "price-1"})).text
+        hit = (await client.get("/run", params={"id": "price-2"})).text
+        none = (await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})).text
+
+    def rows(page: str) -> list[list[str]]:
+        table = page.split('<table id="step-cache">')[1].split("</table>")[0]
+        body = table.split("<tbody>")[1]
+        return [
+            [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+            for r in body.split("<tr>")[1:]
+        ]
+
+    (price_miss,) = rows(miss)
+    assert price_miss[:3] == ["price", "miss: computed, then cached", "price:A-1"]
+    assert price_miss[4] == dt.datetime.fromtimestamp(expires / 1000, tz=dt.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S"
+    )
+    assert price_miss[5] == "yes"
+    (price_hit,) = rows(hit)
+    assert price_hit[:3] == ["price", "hit: from the cache", "price:A-1"]
+    assert price_hit[4:] == ["written by an earlier run: not recorded", "yes"]
+    assert rows(none) == [["no cached step"]]
+    assert SECRET not in miss and SECRET not in hit

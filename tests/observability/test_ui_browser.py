@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from ports import free_port
 from ui_support import FIELD, NAMESPACE, SECRET, seed
 
 import siglo
+from siglo.coordination import holder_label
+from siglo.locking import Lease, current_lease
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -180,22 +183,38 @@ async def test_pages_filters_a_run_and_an_action(
         async with siglo.connect(url, settings=SETTINGS) as holder:
             holding, release = asyncio.Event(), asyncio.Event()
 
+            leases: list[Lease] = []
+
             async def hold() -> None:
+                lease = current_lease()
+                assert lease is not None
+                leases.append(lease)
                 holding.set()
                 await release.wait()
 
             held = asyncio.create_task(holder.adapter.with_workflow_lock("bulk-00003", hold))
             await holding.wait()
             try:
+                label = holder_label(leases[0].token)
                 await asyncio.to_thread(navigate, browser, By.ID, "nav-attention")
                 assert "remind:r-1" in text(browser, "#overdue")
-                assert "bulk-00003" in text(browser, "#held")
+                held_rows = text(browser, "#held")
+                assert "bulk-00003" in held_rows and label in held_rows
+                assert re.search(r"expires in \d+ s", held_rows), held_rows
                 assert "bulk-00003" not in text(browser, "#crashed")
                 assert int(text(browser, "#n-crashed")) >= 11
+                assert leases[0].token not in browser.page_source
                 if kind == "sqlite":
                     browser.set_window_size(1280, 1400)  # the page's three tables
                     browser.save_screenshot(str(shots / "ui-attention.png"))
                     browser.set_window_size(1280, 900)
+                # The held run's page: its holder and the lease left.
+                await asyncio.to_thread(navigate, browser, By.LINK_TEXT, "bulk-00003")
+                assert text(browser, "#lock-holder") == label
+                assert re.fullmatch(r"expires in \d+ s", text(browser, "#lock-lease"))
+                assert leases[0].token not in browser.page_source
+                if kind == "sqlite":
+                    browser.save_screenshot(str(shots / "ui-run-lock.png"))
             finally:
                 release.set()
                 await held

@@ -83,7 +83,9 @@ def test_the_rule_set_hash_covers_the_rules() -> None:
 def test_a_pin_of_this_contract_passes_and_any_other_fails_clearly() -> None:
     require_contract(CONTRACT_VERSION)
     require_contract(rule_set_hash())
-    with pytest.raises(ContractMismatchError, match=r"checks contract 1\.3, not 1\.1"):
+    with pytest.raises(
+        ContractMismatchError, match=rf"checks contract {re.escape(CONTRACT_VERSION)}, not 1\.1"
+    ):
         require_contract("1.1")
     with pytest.raises(ContractMismatchError, match=r"not 9\.0 \(known versions"):
         require_contract("9.0")
@@ -96,13 +98,23 @@ def test_a_pin_of_this_contract_passes_and_any_other_fails_clearly() -> None:
 def test_siglo_check_prints_the_contract_and_refuses_another_pin() -> None:
     runner = CliRunner()
     ok = runner.invoke(
-        main, ["check", "memory://", "--rule", "cache.miss", "--seed", "1", "--contract", "1.3"]
+        main,
+        [
+            "check",
+            "memory://",
+            "--rule",
+            "cache.miss",
+            "--seed",
+            "1",
+            "--contract",
+            CONTRACT_VERSION,
+        ],
     )
     assert ok.exit_code == 0, ok.output
     assert f"contract {CONTRACT_VERSION}, rule set {rule_set_hash()}" in ok.output
     bad = runner.invoke(main, ["check", "memory://", "--contract", "1.1"])
     assert bad.exit_code != 0
-    assert "this suite checks contract 1.3, not 1.1" in bad.output
+    assert f"this suite checks contract {CONTRACT_VERSION}, not 1.1" in bad.output
     assert "pass" not in bad.output  # refused before any check ran
 
 
@@ -127,10 +139,11 @@ def test_a_json_report_follows_its_schema_and_says_everything() -> None:
         "cache.falsy-hit",
         "cache.miss",
         "cache.expiry",
+        "cache.namespaced",
         "lock.token",
     ]
     assert all(r["verdict"] == "pass" and r["seconds"] >= 0 for r in doc["rules"])
-    assert doc["badge"] == "siglo contract 1.3 — 5/5 rules"
+    assert doc["badge"] == f"siglo contract {CONTRACT_VERSION} — 6/6 rules"
     assert doc["power"] == load_power()
 
 
@@ -237,7 +250,7 @@ def test_a_declared_deviation_is_reported_as_declared_not_passed() -> None:
     _validate(doc)
     assert doc["deviations"] == [DEVIATION]
     assert doc["summary"]["declared"] == 1 and doc["summary"]["passed"] == 1
-    assert doc["badge"] == "siglo contract 1.3 — 1/2 rules (1 declared deviation)"
+    assert doc["badge"] == f"siglo contract {CONTRACT_VERSION} — 1/2 rules (1 declared deviation)"
     assert "## Declared deviations" in render(doc, "md")
 
 
@@ -319,7 +332,7 @@ def test_compare_shows_where_two_backends_differ() -> None:
     assert re.search(r"cache\.miss\s+│\s+FAIL\s+│\s+pass", result.output), result.output
     assert "1 of 2 rules differ (seed 1" in result.output
     assert same.exit_code == 0, same.output
-    assert "memory:// and sqlite:// agree on all 4 rules (seed 1)" in same.output
+    assert "memory:// and sqlite:// agree on all 5 rules (seed 1)" in same.output
 
 
 # -- the example plugin's published reports ------------------------------------------------------

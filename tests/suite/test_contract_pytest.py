@@ -49,8 +49,8 @@ def test_contract_suite_by_url(pytester: pytest.Pytester) -> None:
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-q")
-    # 4 cache rules pass; the other adapter rules are skipped as not selected.
-    result.assert_outcomes(passed=4, skipped=len(ADAPTER_RULES) - 4)
+    # 5 cache rules pass; the other adapter rules are skipped as not selected.
+    result.assert_outcomes(passed=5, skipped=len(ADAPTER_RULES) - 5)
 
 
 def test_contract_suite_by_option_and_factory_failure(pytester: pytest.Pytester) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -16,13 +16,21 @@ import mutants_holes as h
 import mutants_large as lg
 import mutants_values as v
 
-from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord
+from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord, codec
 from siglo.adapter import StorageAdapter
 from siglo.backend import Backend
-from siglo.coordination import LockResult
+from siglo.blind import stored_tokens
+from siglo.coordination import LockResult, LockState, holder_label
 from siglo.errors import InvalidArgumentError
-from siglo.listing import CheckpointPage, ListQuery, decode_cursor, encode_cursor
+from siglo.listing import (
+    CheckpointPage,
+    CheckpointSummary,
+    ListQuery,
+    decode_cursor,
+    encode_cursor,
+)
 from siglo.manager import StorageManager
+from siglo.payloads import PayloadKind, StoredPayload, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent
 from siglo_contract.target import Target
 from siglo_memory import connect as memory_connect
@@ -725,6 +733,59 @@ class CacheIgnoresTtl(MemoryStorageAdapter):
         await super()._do_set_cached_step(key, value, None)
 
 
+class CacheIgnoresNamespace(MemoryStorageAdapter):
+    """The step cache drops the namespace: tenant B reads tenant A's cached step
+    output (issue 33)."""
+
+    async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any:
+        return await super().get_cached_step(key)
+
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
+        await super().set_cached_step(key, value, ttl_ms)
+
+
+class ScanSkipsNamespacedWaits(MemoryStorageAdapter):
+    """The payload walk lists only un-namespaced wait records: a rekey leaves every
+    tenant's waits under the old key (issue 33)."""
+
+    async def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
+        async for item in super()._do_scan_payloads(kind):
+            if item.kind != "wait" or item.namespace is None:
+                yield item
+
+
+class SwapIgnoresWhatWasListed(MemoryStorageAdapter):
+    """The payload rewrite never compares: a claim or a set made after the listing is
+    overwritten by the rekey (issue 33)."""
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        if item.kind == "wait":
+            entry = self._waits.get(wait_key(item.namespace, item.key))
+            if entry is None:
+                return False
+            record = WaitRecord.from_json(item.token)
+            entry.data = with_wait_fields(record, fields).to_json()
+            return True
+        stored = self._cache.get(item.key)
+        if stored is None:
+            return False
+        stored.data = codec.dumps(fields["value"], what="cached step")
+        return True
+
+
+class ResultSwapIgnoresWhatWasListed(MemoryIdempotencyStore):
+    """The result rewrite never compares: a completion made after the listing is
+    overwritten by the rekey (issue 33)."""
+
+    async def _do_swap_result(self, item: StoredPayload, result: Any) -> bool:
+        if self._keys.get(item.key) is None:
+            return False
+        self._keys.replace(item.key, "COMPLETED:" + codec.dumps_str(result, what="result"))
+        return True
+
+
 class IgnoresContextDeletes(MemoryStorageAdapter):
     async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
         if isinstance(event, ContextChangeEvent) and event.op == "delete":
@@ -860,6 +921,29 @@ class BadTokenFormat(MemoryLock):
         )
 
 
+class InspectShowsLapsedLease(MemoryLock):
+    """inspect reads the stored holder without its expiry: a lapsed lease reads as held."""
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        item = self._holders._items.get(lock_key)  # the stored entry, expired or not
+        if item is None:
+            return None
+        token, expires_at = item
+        left = max(1, expires_at - self.clock.now_ms())
+        return LockState(holder_label(token), left, self._fences.get(lock_key))
+
+
+class InspectShowsTheToken(MemoryLock):
+    """inspect names the holder by its token: whoever reads the page can release it."""
+
+    async def _do_inspect(self, lock_key: str) -> LockState | None:
+        state = await super()._do_inspect(lock_key)
+        token = self._holders.get(lock_key)
+        if state is None or token is None:
+            return state
+        return LockState(token, state.expires_in_ms, state.fencing_token)
+
+
 class WithLockLeaksOnError(MemoryLock):
     async def with_lock(
         self,
@@ -951,6 +1035,55 @@ class ListsExpired(MemoryStorageAdapter):
             for key, gone_at in saved.items():
                 if key in self._checkpoints:
                     self._checkpoints[key].gone_at = gone_at
+
+
+class TokensOfTheFirstSave(MemoryStorageAdapter):
+    """The blind-index entry of a stack is written by its first save only: after its
+    value changes, a walk by tokens still finds it under the old token."""
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+        first: dict[Any, dict[str, str]] = self.__dict__.setdefault("_first_tokens", {})
+        first.setdefault(
+            (checkpoint.namespace, checkpoint.stack_id), stored_tokens(checkpoint.metadata)
+        )
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        first: dict[Any, dict[str, str]] = self.__dict__.get("_first_tokens", {})
+        return self._walk(
+            query,
+            lambda cp: all(
+                first.get((cp.namespace, cp.stack_id), {}).get(f) == v for f, v in tokens.items()
+            ),
+        )
+
+
+class TokensOutliveDelete(MemoryStorageAdapter):
+    """A delete leaves the stack's blind-index entry: a walk by its token still lists the
+    deleted stack."""
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+        kept: dict[Any, Checkpoint] = self.__dict__.setdefault("_kept_tokens", {})
+        kept[(checkpoint.namespace, checkpoint.stack_id)] = checkpoint
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        page = await super()._do_list_by_index(query, tokens)
+        if page.next_cursor is not None:
+            return page
+        kept: dict[Any, Checkpoint] = self.__dict__.get("_kept_tokens", {})
+        ghosts = [
+            CheckpointSummary.of(cp)
+            for key, cp in sorted(kept.items(), key=lambda item: str(item[0]))
+            if key not in self._checkpoints
+            and query.matches(cp)
+            and all(stored_tokens(cp.metadata).get(f) == v for f, v in tokens.items())
+        ]
+        return CheckpointPage([*page.items, *ghosts], None)
 
 
 class OffsetPages(MemoryStorageAdapter):
@@ -1168,6 +1301,26 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("cache.miss", "a miss is None", adapter=MissIsNone),
     _m("cache.expiry", "TTLs are ignored", adapter=CacheIgnoresTtl),
+    _m(
+        "cache.namespaced",
+        "the step cache ignores the namespace",
+        adapter=CacheIgnoresNamespace,
+    ),
+    _m(
+        "payload.scan",
+        "the payload walk skips namespaced wait records",
+        adapter=ScanSkipsNamespacedWaits,
+    ),
+    _m(
+        "payload.swap",
+        "the payload rewrite overwrites whatever is stored",
+        adapter=SwapIgnoresWhatWasListed,
+    ),
+    _m(
+        "payload.results",
+        "the result rewrite overwrites whatever is stored",
+        idempotency=ResultSwapIgnoresWhatWasListed,
+    ),
     _m("context.stream", "deletes are ignored", adapter=IgnoresContextDeletes),
     _m(
         "cache-events.accepted",
@@ -1219,6 +1372,8 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("lock.expiry", "locks never expire", lock=LockNeverExpires),
     _m("lock.fencing", "the fencing token is constant", lock=ConstantFencing),
     _m("lock.token", "tokens are not lock_<ms>_<hex>", lock=BadTokenFormat),
+    _m("lock.inspect", "inspect reports a lapsed lease as held", lock=InspectShowsLapsedLease),
+    _m("lock.inspect", "inspect shows the holder's token", lock=InspectShowsTheToken),
     _m(
         "lock.with-lock",
         "with_lock leaks the lock on error",
@@ -1235,6 +1390,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("list.hidden", "expired checkpoints are listed", adapter=ListsExpired),
     _m("list.concurrent", "offset pagination", adapter=OffsetPages),
+    _m(
+        "list.by-index",
+        "a stack's token is not updated when its value changes",
+        adapter=TokensOfTheFirstSave,
+    ),
+    _m("list.by-index", "a delete leaves the stack's token entry", adapter=TokensOutliveDelete),
     _m(
         "delete.stack",
         "wait records outlive their stack",

@@ -75,16 +75,43 @@ class _SqlEdit(_Broken):
     FIELD: ClassVar[str]
     OLD: ClassVar[str]
     NEW: ClassVar[str] = ""
+    TEMPLATE: ClassVar[bool] = False
+    """``FIELD`` is a template, converted to the driver's style when completed: ``OLD``
+    and ``NEW`` are replaced as written."""
 
     def break_in(self) -> None:
         statements: Any = getattr(self, "_s")  # noqa: B009  (set by the real part's __init__)
         database: Any = getattr(self, "database", None) or getattr(self, "_db")  # noqa: B009
         text: str = getattr(statements, self.FIELD)
-        old, new = database.sql(self.OLD), database.sql(self.NEW)
+        old, new = self.OLD, self.NEW
+        if not self.TEMPLATE:
+            old, new = database.sql(old), database.sql(new)
         if old not in text:
             raise AssertionError(f"{type(self).__name__}: {old!r} is not in {self.FIELD}: {text}")
         edited = dataclasses.replace(statements, **{self.FIELD: text.replace(old, new, 1)})
         self._s = edited
+
+
+class SqliteTokensKeptOnChange(_Broken, SqliteStorageAdapter):
+    """list.by-index: the trigger on a checkpoint's update adds its new blind-index
+    tokens but keeps the old ones, so a stack stays listed under a value it no longer
+    has. (Installed by the first filtered listing: a trigger is schema, not a statement.)"""
+
+    async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
+        if not getattr(self, "_trigger_broken", False):
+            self._trigger_broken = True
+            prefix = self.table_prefix
+            marker = "X'" + b'"$sigloIndex"'.hex().upper() + "'"
+            await self.database.fetch(f"DROP TRIGGER {prefix}checkpoint_tokens_changed")
+            await self.database.fetch(
+                f"CREATE TRIGGER {prefix}checkpoint_tokens_changed AFTER UPDATE OF document "
+                f"ON {prefix}checkpoints FOR EACH ROW BEGIN INSERT OR IGNORE INTO "
+                f"{prefix}checkpoint_tokens (id, field, token) SELECT NEW.id, key, value "
+                f"FROM json_each(CASE WHEN instr(NEW.document, {marker}) > 0 THEN "
+                "CAST(NEW.document AS TEXT) ELSE '{}' END, '$.metadata.\"$sigloIndex\"') "
+                "WHERE type = 'text' AND key IS NOT NULL; END"
+            )
+        return await super()._do_list_by_index(query, tokens)
 
 
 class SqliteClaimIgnoresDeadline(_SqlEdit, SqliteStorageAdapter):
@@ -157,6 +184,17 @@ class PostgresDeleteIgnoresExpected(_SqlEdit, PostgresStorageAdapter):
 
     FIELD = "cp_delete_expected"
     OLD = " AND revision = :expected"
+
+
+class PostgresPartsSaveIgnoresExpected(_SqlEdit, PostgresStorageAdapter):
+    """checkpoint.incremental: the one-statement save of a row version the adapter knows
+    (``cp_update_parts``) lost ``revision = :expected``: a large document's save that
+    expects a revision other than the stored one is stored, the row's version being the
+    one the adapter wrote."""
+
+    FIELD = "cp_update_parts"
+    OLD = " AND revision = :expected"
+    TEMPLATE = True
 
 
 class PostgresCompleteIgnoresOwner(_SqlEdit, SqlIdempotencyStore):
@@ -306,6 +344,15 @@ class RedisCasAcceptsStaleExpected(_ScriptEdit, RedisStorageAdapter):
     SCRIPT = CHECKPOINT_CAS
     OLD = "won = (stored or 0) == expected"
     NEW = "won = (stored or 0) >= expected"
+
+
+class RedisTokensNotIndexed(_ScriptEdit, RedisStorageAdapter):
+    """list.by-index: the compare-and-set script writes the checkpoint but never adds it
+    to the blind-index sets of its tokens."""
+
+    SCRIPT = CHECKPOINT_CAS
+    OLD = "  for i = 3, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end\n"
+    NEW = ""
 
 
 class RedisCasAllowsEqual(_ScriptEdit, RedisStorageAdapter):
@@ -469,6 +516,18 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "the CAS UPDATE ignores the expected revision",
     ),
     BackendMutant("list.hidden", "sqlite", SqliteListsExpired, "the listing shows expired rows"),
+    BackendMutant(
+        "list.by-index",
+        "sqlite",
+        SqliteTokensKeptOnChange,
+        "the update trigger keeps a checkpoint's old tokens",
+    ),
+    BackendMutant(
+        "list.by-index",
+        "redis",
+        RedisTokensNotIndexed,
+        "the CAS script never adds a checkpoint to its token sets",
+    ),
     BackendMutant("cache.expiry", "sqlite", SqliteCacheReadsExpired, "the cache reads expired"),
     BackendMutant(
         "wait.complete.claimant", "sqlite", SqliteAnyoneCompletes, "anyone completes a claim"
@@ -489,6 +548,12 @@ BACKENDS: tuple[BackendMutant, ...] = (
         "postgres",
         PostgresDeleteIgnoresExpected,
         "delete ignores the expected revision",
+    ),
+    BackendMutant(
+        "checkpoint.incremental",
+        "postgres",
+        PostgresPartsSaveIgnoresExpected,
+        "the one-statement save of a known row version ignores the expected revision",
     ),
     BackendMutant(
         "idempotency.owner",

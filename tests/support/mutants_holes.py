@@ -196,11 +196,13 @@ class ReleaseTokenPrefix(MemoryLock):
 class AcceptsSurrogateCacheKeys(MemoryStorageAdapter):
     """input.rejected: a cache key with a lone surrogate is accepted."""
 
-    async def set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+    async def set_cached_step(
+        self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
+    ) -> None:
         if isinstance(key, str) and any("\ud800" <= ch <= "\udfff" for ch in key):
             await self._do_set_cached_step(key, value, ttl_ms)
             return
-        await super().set_cached_step(key, value, ttl_ms)
+        await super().set_cached_step(key, value, ttl_ms, namespace=namespace)
 
 
 class AcceptsFloatLease(MemoryStorageAdapter):

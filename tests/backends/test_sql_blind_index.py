@@ -1,0 +1,195 @@
+"""The blind index as a database index on SQLite and PostgreSQL (schema 7).
+
+Triggers keep ``checkpoint_tokens`` in step with every write of a checkpoint row (save,
+value changed, delete, expiry clean-up); migration 7 fills it from what a schema-6 store
+holds; a filtered listing walks its ``(token, field, id)`` index, which both planners
+choose over a scan of the checkpoints (``EXPLAIN QUERY PLAN`` / ``EXPLAIN`` on 6,000
+stacks, after ``ANALYZE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sql_support import SHARED_KINDS, open_backend
+
+from siglo.blind import INDEX_KEY
+from siglo.checkpoint import Checkpoint
+from siglo_sql import SCHEMA_VERSION
+from siglo_sql.keys import row_id
+
+pytestmark = pytest.mark.parametrize("kind", SHARED_KINDS)
+
+
+def _cp(stack: str, ns: str, revision: int = 1, **tokens: str) -> Checkpoint:
+    metadata: dict[str, Any] = {"n": stack}
+    if tokens:
+        metadata[INDEX_KEY] = tokens
+    return Checkpoint(
+        stack_id=stack, namespace=ns, revision=revision, timestamp=1, metadata=metadata
+    )
+
+
+def _table(adapter: Any, name: str) -> str:
+    full = f"{adapter.table_prefix}{name}"
+    return f"{adapter.schema}.{full}" if adapter.schema else full
+
+
+async def _token_rows(adapter: Any) -> set[tuple[str, str, str]]:
+    """(stack id, field, token) of every row of the index table."""
+    rows = await adapter.database.fetch(
+        f"SELECT c.stack_id, t.field, t.token FROM {_table(adapter, 'checkpoint_tokens')} t "
+        f"LEFT JOIN {_table(adapter, 'checkpoints')} c ON c.id = t.id"
+    )
+    return {(r[0], r[1], r[2]) for r in rows}
+
+
+async def _ids(adapter: Any, tokens: dict[str, str], ns: str, **query: Any) -> list[str]:
+    out: list[str] = []
+    cursor = None
+    while True:
+        page = await adapter.list_checkpoints_by_index(tokens, namespace=ns, cursor=cursor, **query)
+        out.extend(s.stack_id for s in page.items)
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+async def test_the_triggers_keep_the_tokens_in_step(kind: str) -> None:
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        await a.save_checkpoint(_cp("s1", "t", customer="A", plan="P"))
+        await a.save_checkpoint(_cp("s2", "t", customer="A"))
+        await a.save_checkpoint(_cp("s3", "t"))  # no tokens: no rows
+        assert await _token_rows(a) == {
+            ("s1", "customer", "A"),
+            ("s1", "plan", "P"),
+            ("s2", "customer", "A"),
+        }
+        assert await _ids(a, {"customer": "A"}, "t") == sorted(["s1", "s2"], key=_order(a, "t"))
+        assert await _ids(a, {"customer": "A", "plan": "P"}, "t") == ["s1"]
+        # The value changes: the old token goes, in the statement that saves.
+        await a.save_checkpoint(_cp("s1", "t", 2, customer="B"))
+        assert await _ids(a, {"customer": "A"}, "t") == ["s2"]
+        assert await _ids(a, {"customer": "B"}, "t") == ["s1"]
+        assert ("s1", "plan", "P") not in await _token_rows(a)
+        # Tokens dropped from the metadata, then a delete.
+        await a.save_checkpoint(_cp("s1", "t", 3))
+        await a.delete_checkpoint("s2", "t")
+        assert await _token_rows(a) == set()
+        # An expired checkpoint is not listed, and the clean-up takes its tokens.
+        now = a.clock.now_ms()
+        await a.save_checkpoint(_cp("s4", "t", customer="A").replace(expires_at=now + 50))
+        assert await _ids(a, {"customer": "A"}, "t") == ["s4"]
+        await asyncio.sleep(0.1)
+        assert await _ids(a, {"customer": "A"}, "t") == []
+        await a.clean_expired_checkpoints()
+        assert await _token_rows(a) == set()
+
+
+def _order(adapter: Any, ns: str) -> Any:
+    return lambda stack: row_id(ns, stack)
+
+
+async def test_paging_and_filters_follow_the_index(kind: str) -> None:
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        stacks = [f"s{i:02}" for i in range(25)]
+        for i, stack in enumerate(stacks):
+            cp = _cp(stack, "t", customer="A" if i % 2 else "B")
+            await a.save_checkpoint(cp.replace(status="completed" if i % 3 == 0 else "running"))
+            await a.save_checkpoint(_cp(stack, "u", customer="A"))  # another namespace
+        want = sorted((s for i, s in enumerate(stacks) if i % 2), key=_order(a, "t"))
+        for limit in (1, 4, 12, 100):
+            assert await _ids(a, {"customer": "A"}, "t", limit=limit) == want
+        running = [s for s in want if int(s[1:]) % 3]
+        assert await _ids(a, {"customer": "A"}, "t", limit=3, status="running") == running
+
+
+async def test_migration_7_indexes_what_a_schema_6_store_holds(kind: str) -> None:
+    async with open_backend(kind, auto_migrate=False, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        assert await a.migrate(target=6) == (0, 6)
+        insert = a.database.sql(
+            f"INSERT INTO {_table(a, 'checkpoints')} (id, namespace, stack_id, revision, "
+            "status, gone_at, document, workflow_id, updated_at, expires_at) VALUES "
+            "(:id, :ns, :stack, 1, 'running', NULL, :document, NULL, 1, NULL)"
+        )
+        for stack, metadata in (
+            ("old1", {"$siglo": "sealed", INDEX_KEY: {"customer": "A", "plan": "P"}}),
+            ("old2", {INDEX_KEY: {"customer": "B"}}),
+            ("old3", {"customer": "A"}),  # in clear: no tokens
+        ):
+            cp = Checkpoint(
+                stack_id=stack, namespace="t", revision=1, timestamp=1, metadata=metadata
+            )
+            document = cp.to_json()
+            await a.database.raw_fetch(
+                insert, {"id": row_id("t", stack), "ns": "t", "stack": stack, "document": document}
+            )
+        assert await a.migrate() == (6, SCHEMA_VERSION)
+        assert await _token_rows(a) == {
+            ("old1", "customer", "A"),
+            ("old1", "plan", "P"),
+            ("old2", "customer", "B"),
+        }
+        assert await _ids(a, {"customer": "A"}, "t") == ["old1"]
+        found = await a.get_checkpoint("old1", "t", fallback=False)
+        assert found is not None and found.metadata[INDEX_KEY] == {"customer": "A", "plan": "P"}
+
+
+async def _fill_many(a: Any, count: int) -> None:
+    batch: list[Any] = []
+    for i in range(count):
+        batch.append(a.save_checkpoint(_cp(f"s{i:05}", "big", customer=f"c{i % 500}")))
+        if len(batch) == 200:
+            await asyncio.gather(*batch)
+            batch = []
+    await asyncio.gather(*batch)
+
+
+async def _captured_listing(a: Any, tokens: dict[str, str], **query: Any) -> tuple[str, Any]:
+    """The SQL and parameters of a filtered page, as the adapter sent them."""
+    seen: list[tuple[str, Any]] = []
+    db = a.database
+    original = db.fetch
+
+    async def fetch(sql: str, params: Any = ()) -> Any:
+        seen.append((sql, params))
+        return await original(sql, params)
+
+    db.fetch = fetch
+    try:
+        page = await a.list_checkpoints_by_index(tokens, namespace="big", **query)
+    finally:
+        del db.fetch
+    assert len(page.items) == 3  # 6,000 stacks, 500 values
+    ((sql, params),) = seen
+    return sql, params
+
+
+async def test_explain_a_filtered_listing_uses_the_index(kind: str) -> None:
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        await _fill_many(a, 6_000)
+        db = a.database
+        await db.raw_fetch(f"ANALYZE {_table(a, 'checkpoints')}")
+        await db.raw_fetch(f"ANALYZE {_table(a, 'checkpoint_tokens')}")
+        tokens_index = f"{a.table_prefix}checkpoint_tokens_token"
+        for query in ({"limit": 3}, {"limit": 3, "status": "running"}):
+            sql, params = await _captured_listing(a, {"customer": "c7"}, **query)
+            if kind == "postgres":
+                rows = await db.fetch("EXPLAIN " + sql, params)
+                plan = "\n".join(r[0] for r in rows)
+                assert tokens_index in plan, plan
+                assert f"Seq Scan on {a.table_prefix}checkpoints" not in plan, plan
+                assert "Sort" not in plan, plan
+            else:
+                rows = await db.fetch("EXPLAIN QUERY PLAN " + sql, params)
+                plan = "\n".join(str(r[-1]) for r in rows)
+                assert f"USING COVERING INDEX {tokens_index}" in plan, plan
+                # Each token row leads to its checkpoint by a search (its id), never a scan.
+                assert "SEARCH c USING" in plan and "id=?" in plan, plan
+                assert "SCAN c" not in plan and "TEMP B-TREE" not in plan, plan
