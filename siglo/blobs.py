@@ -71,7 +71,19 @@ def check_digest(digest: str) -> str:
 class BlobStore(abc.ABC):
     """Content-addressed blobs with a keep-until time (see the module)."""
 
-    url: str = ""
+    _shown_url: str = ""
+
+    @property
+    def url(self) -> str:
+        """Where the store is, as messages and logs show it: a password in the user info
+        or in a secret query parameter is masked (:func:`~siglo.urls.mask_credentials`)."""
+        return self._shown_url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        # Masked when recorded, not when printed: every store (a plugin's too) names its
+        # URL in its errors, and a timeout or failure must not print the password.
+        self._shown_url = mask_credentials(url)
 
     @abc.abstractmethod
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
@@ -107,7 +119,7 @@ class BlobStore(abc.ABC):
 class MemoryBlobStore(BlobStore):
     """Blobs in this process's memory (tests, ``memory://`` backends)."""
 
-    url = "memory://"
+    _shown_url = "memory://"
 
     def __init__(self) -> None:
         self._blobs: dict[str, tuple[bytes, int]] = {}
