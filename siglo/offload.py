@@ -90,15 +90,30 @@ class Offloader:
         self.store = store
         self.min_bytes = min_bytes
 
-    async def _ref(self, value: Any, keep_until_ms: int | None = None) -> Any:
+    def _planned(self, value: Any) -> tuple[Any, bytes | None]:
+        """``value`` as stored (its reference when large), and the blob's bytes to put
+        (``None``: the value stays inline)."""
         if value is None or isinstance(value, (bool, int, float)):
-            return value  # never large
+            return value, None  # never large
         data = orjson.dumps(value)
         if len(data) < self.min_bytes:
-            return value
-        digest = blob_digest(data)
-        await self.store.put(digest, data, keep_until_ms=keep_until_ms)
-        return {REF_KEY: digest, "bytes": len(data)}
+            return value, None
+        return {REF_KEY: blob_digest(data), "bytes": len(data)}, data
+
+    async def _ref(self, value: Any, keep_until_ms: int | None = None) -> Any:
+        stored, data = self._planned(value)
+        if data is not None:
+            await self.store.put(stored[REF_KEY], data, keep_until_ms=keep_until_ms)
+        return stored
+
+    def planned_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` as :meth:`checkpoint_out` would store it, without putting
+        anything in the blob store."""
+        contexts = {
+            step: {key: self._planned(value)[0] for key, value in context.items()}
+            for step, context in checkpoint.contexts.items()
+        }
+        return checkpoint.replace(contexts=contexts)
 
     async def _resolve(self, value: Any, where: str) -> Any:
         if not _is_ref(value):
@@ -177,6 +192,12 @@ class OffloadAdapter(PipelineAdapter):
     ) -> None:
         stored = await self.offloader.checkpoint_out(checkpoint)
         await self.inner.save_checkpoint(stored, expected_revision=expected_revision)
+
+    async def stored_form(self, checkpoint: Checkpoint) -> tuple[Checkpoint, int | None]:
+        out = self.offloader.planned_checkpoint(checkpoint)
+        if isinstance(self.inner, PipelineAdapter):
+            return await self.inner.stored_form(out)
+        return out, self.inner.max_document_bytes
 
     async def save_checkpoint_streamed(
         self,

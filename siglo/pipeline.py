@@ -377,6 +377,17 @@ class PipelineAdapter(StorageAdapter):
     async def _checkpoint_out(self, checkpoint: Checkpoint) -> Checkpoint:
         return await self.codecs.checkpoint_out(self.pipeline.checkpoint_out(checkpoint))
 
+    async def stored_form(self, checkpoint: Checkpoint) -> tuple[Checkpoint, int | None]:
+        """``checkpoint`` as the backend would store it — through every layer's stages
+        down to the backend's adapter — and the backend's document limit
+        (:mod:`siglo.sizing`), with nothing written to the backend or a blob store.
+        ``siglo import`` checks a whole dump against the size guard with it before it
+        writes anything."""
+        out = await self._checkpoint_out(checkpoint)
+        if isinstance(self.inner, PipelineAdapter):
+            return await self.inner.stored_form(out)
+        return out, self.inner.max_document_bytes
+
     async def _events_out(self, changes: Sequence[ContextChangeEvent]) -> list[ContextChangeEvent]:
         return [await self.codecs.event_out(self.pipeline.event_out(c)) for c in changes]
 
