@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Final
 import orjson
 
 from siglo.adapter import StorageAdapter
-from siglo.blobs import BlobStore, blob_digest
+from siglo.blobs import REF_KEY, BlobStore, blob_digest, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
@@ -50,9 +50,6 @@ __all__ = [
     "resolving",
 ]
 
-REF_KEY: Final = "$siglo.blob"
-"""The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
-value stored as that blob."""
 
 DEFAULT_GRACE_MS: Final = DEFAULT_BLOB_GRACE_MS
 """How long past its keep-until an unreferenced blob is kept by :func:`collect_blobs`
@@ -62,13 +59,7 @@ putting a blob and storing its reference."""
 _RETRY_S: Final = 0.05
 
 
-def _is_ref(value: Any) -> bool:
-    return (
-        type(value) is dict
-        and len(value) == 2
-        and isinstance(value.get(REF_KEY), str)
-        and type(value.get("bytes")) is int
-    )
+_is_ref = is_reference
 
 
 def references(checkpoint: Checkpoint) -> Iterator[str]:

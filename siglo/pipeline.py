@@ -28,6 +28,7 @@ import orjson
 from siglo import telemetry
 from siglo.adapter import StorageAdapter
 from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
+from siglo.blobs import REF_KEY, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
@@ -167,6 +168,27 @@ def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
     )
 
 
+_NO_BLOB_STORE: Final = (
+    "set blob_url and offload_min_bytes as the application that stored it does "
+    "(docs/large-state.md)"
+)
+
+
+def _refuse_references(context: Any, where: Location) -> None:
+    # A reference reaches the codecs only through a connection without the blob store
+    # (a command run with the keys but not blob_url): sealed, it would be hidden from
+    # the offloading layer and the collector, which would then remove its blob.
+    if type(context) is not dict:
+        return
+    for key, value in context.items():
+        if is_reference(value):
+            raise InvalidArgumentError(
+                f"{where.describe()}.{key} is a reference to offloaded blob "
+                f"{value[REF_KEY]}, which this connection cannot resolve (no blob store); "
+                f"encoding it would hide the reference and lose the value: {_NO_BLOB_STORE}"
+            )
+
+
 class Codecs:
     """The codec chain applied to each kind of record (see :mod:`siglo.sealing` for the
     locations the associated data binds), and the blind index of the metadata fields
@@ -191,10 +213,11 @@ class Codecs:
         if not sealer.encrypts and sealer.compress_min_bytes is None:
             return checkpoint
         ns, sid = checkpoint.namespace, checkpoint.stack_id
-        contexts = {
-            step: await sealer.seal_dict(ctx, Location(ns, sid, "checkpoint", f"contexts.{step}"))
-            for step, ctx in checkpoint.contexts.items()
-        }
+        contexts = {}
+        for step, ctx in checkpoint.contexts.items():
+            where = Location(ns, sid, "checkpoint", f"contexts.{step}")
+            _refuse_references(ctx, where)
+            contexts[step] = await sealer.seal_dict(ctx, where)
         metadata = await self.metadata_out(checkpoint.metadata, ns, sid)
         return checkpoint.replace(contexts=contexts, metadata=metadata)
 
@@ -262,7 +285,14 @@ class Codecs:
         contexts: dict[str, Any] = {}
         changed = False
         for step, ctx in checkpoint.contexts.items():
-            opened = await sealer.open(ctx, Location(ns, sid, "checkpoint", f"contexts.{step}"))
+            where = Location(ns, sid, "checkpoint", f"contexts.{step}")
+            if type(ctx) is dict and len(ctx) == 1 and is_reference(ctx.get(SEALED_KEY)):
+                raise InvalidArgumentError(
+                    f"{where.describe()} is sealed and offloaded to blob "
+                    f"{ctx[SEALED_KEY][REF_KEY]}, and this connection has no blob store to "
+                    f"read it from: {_NO_BLOB_STORE}"
+                )
+            opened = await sealer.open(ctx, where)
             changed = changed or opened is not ctx
             contexts[step] = opened
         metadata = await self.metadata_in(checkpoint.metadata, ns, sid)
