@@ -61,6 +61,7 @@ from siglo.errors import (
     SigloError,
 )
 from siglo.keys import KEYRING_NAMESPACE
+from siglo.offload import references
 from siglo.pipeline import PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
@@ -146,6 +147,17 @@ async def export_lines(
             )
             if checkpoint is None:
                 continue  # deleted or expired since the page was read
+            # A dump carries values: a reference left here means the adapter has no
+            # blob store to resolve it (settings without blob_url), and the target
+            # may not share that store. Failing leaves the dump without its trailer.
+            unresolved = next(references(checkpoint), None)
+            if unresolved is not None:
+                raise InvalidArgumentError(
+                    f"stack {checkpoint.stack_id!r} (namespace {checkpoint.namespace!r}) "
+                    f"references offloaded blob {unresolved}, which this connection cannot "
+                    "read (no blob store): set blob_url and offload_min_bytes as the "
+                    "application does, so that the dump carries the value"
+                )
             line = b'{"kind":"checkpoint","document":' + checkpoint.to_json() + b"}"
             digest.add(line)
             digest.checkpoints += 1

@@ -545,3 +545,34 @@ async def test_a_sealed_offloaded_context_read_without_the_blob_store_is_a_clear
     async with siglo.connect(url, settings=Settings(encryption_keys=keys)) as backend:
         with pytest.raises(InvalidArgumentError, match="blob_url"):
             await backend.adapter.get_checkpoint("doc", fallback=False)
+
+
+@pytest.mark.parametrize("encrypted", [True, False], ids=["sealed", "clear"])
+async def test_export_without_the_blob_store_refuses_to_write_references(
+    tmp_path: Path, encrypted: bool
+) -> None:
+    """A dump carries values, never references to a blob store the target may not share:
+    ``siglo export`` run with settings that lack the blob store fails naming ``blob_url``,
+    and what it wrote has no trailer, so ``siglo import`` refuses it."""
+    keys = {"k1": base64.b64encode(bytes(32)).decode()} if encrypted else {}
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    app = Settings(
+        blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024, encryption_keys=keys
+    )
+    async with siglo.connect(url, settings=app) as backend:
+        stack = StorageManager(backend).create_stack("doc", namespace="t")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+    shell = tmp_path / "shell.toml"
+    shell.write_text(
+        f'url = "{url}"\n' + (f'encryption_keys = {{ k1 = "{keys["k1"]}" }}\n' if keys else "")
+    )
+    dump = tmp_path / "dump.jsonl"
+    done = _siglo_with(shell, "export", "-o", str(dump))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "blob_url" in done.stderr, done.stderr
+    assert REF_KEY.encode() not in dump.read_bytes()
+    target = tmp_path / "target.toml"
+    target.write_text(f'url = "sqlite:///{tmp_path / "target.db"}"\n')
+    refused = _siglo_with(target, "import", "-i", str(dump))
+    assert refused.returncode == 1, refused.stdout + refused.stderr
