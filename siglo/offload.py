@@ -35,6 +35,7 @@ from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
+from siglo.sealing import Location, Sealer
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 
@@ -158,6 +159,18 @@ class Offloader:
         return await self._resolve(value, where)
 
 
+class _AsStored(Sealer):
+    """The offloading layer's codecs: it sits below the pipeline, so the payloads it
+    passes (a wait's event payload, a context change) are already sealed on the way
+    down and are opened by the pipeline above on the way up — it neither seals nor
+    opens (with no keys of its own it could only fail on a sealed value)."""
+
+    __slots__ = ()
+
+    async def open(self, value: Any, where: Location) -> Any:
+        return value
+
+
 class OffloadAdapter(PipelineAdapter):
     """A backend's adapter behind an :class:`Offloader` (see the module). Build one with
     :func:`offload_adapter`; everything it does not offload passes through."""
@@ -165,7 +178,7 @@ class OffloadAdapter(PipelineAdapter):
     replaced_by_pipeline: ClassVar[bool] = False
 
     def __init__(self, inner: StorageAdapter, offloader: Offloader) -> None:
-        super().__init__(inner, Pipeline(Settings()))
+        super().__init__(inner, Pipeline(Settings()), _AsStored(None))
         self.offloader = offloader
         self._store_closed = False
 

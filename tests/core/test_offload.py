@@ -576,3 +576,41 @@ async def test_export_without_the_blob_store_refuses_to_write_references(
     target.write_text(f'url = "sqlite:///{tmp_path / "target.db"}"\n')
     refused = _siglo_with(target, "import", "-i", str(dump))
     assert refused.returncode == 1, refused.stdout + refused.stderr
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_encryption_and_offloading_together_keep_waits_and_context_changes(
+    kind: str, tmp_path: Path
+) -> None:
+    """Both on, as an application's settings may have them: a flow's durable wait is
+    created, delivered (claimed) and completed, and the context stream reads back — the
+    offloading layer below the pipeline passes the sealed payloads through instead of
+    trying to open them without the keys."""
+    from ops_support import shared_store
+
+    keys = {"k1": base64.b64encode(bytes(32)).decode()}
+    settings = Settings(
+        blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024, encryption_keys=keys
+    )
+
+    async def wait(_: Any) -> Any:
+        return await siglo.wait_for_event("approve:enc-off")
+
+    run = siglo.flow(siglo.Step.create("wait", wait), name="enc-off")
+    async with shared_store(kind) as store, siglo.connect(store.url, settings=settings) as backend:
+        manager = StorageManager(backend, settings=settings)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await run.run({"doc": BIG}, manager=manager, stack_id="enc-off", namespace="t")
+        stored = await backend.adapter.get_wait_record("approve:enc-off", namespace="t")
+        assert stored is not None and stored.status == "waiting"
+        await run.deliver("approve:enc-off", {"ok": True}, manager=manager, namespace="t")
+        done = await backend.adapter.get_checkpoint("enc-off", "t", fallback=False)
+        assert done is not None and done.status == "completed", done
+        event = siglo.ContextChangeEvent(
+            stack_id="enc-off", step_id="s", key="k", value={"v": 1}, namespace="t",
+            timestamp=1,
+        )  # fmt: skip
+        await backend.adapter.on_context_change(event)
+        changes = await backend.adapter.get_context_changes("enc-off", "s", "t")
+        assert changes == {"k": {"v": 1}}
+        assert BIG.encode() not in await raw_bytes(kind, store)
