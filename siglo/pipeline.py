@@ -189,6 +189,23 @@ def _refuse_references(context: Any, where: Location) -> None:
             )
 
 
+def _refuse_unresolved(checkpoint: Checkpoint) -> None:
+    # The offloading layer below resolves every reference; one that reaches the pipeline
+    # means this connection has no blob store (settings without blob_url, as a worker
+    # started without the application's may have). Handing the reference up as the
+    # value would run a step on it: a clear error instead.
+    for step, context in checkpoint.contexts.items():
+        if type(context) is not dict:
+            continue
+        for key, value in context.items():
+            if type(value) is dict and REF_KEY in value and is_reference(value):
+                raise InvalidArgumentError(
+                    f"stack {checkpoint.stack_id!r} (namespace {checkpoint.namespace!r}), "
+                    f"{step}.{key} is offloaded to blob {value[REF_KEY]}, and this "
+                    f"connection has no blob store to read it from: {_NO_BLOB_STORE}"
+                )
+
+
 class Codecs:
     """The codec chain applied to each kind of record (see :mod:`siglo.sealing` for the
     locations the associated data binds), and the blind index of the metadata fields
@@ -530,6 +547,8 @@ class PipelineAdapter(StorageAdapter):
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         found = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
+        if found is not None:
+            _refuse_unresolved(found)
         return await self.codecs.checkpoint_in(found)
 
     async def clean_expired_checkpoints(self) -> int:
@@ -614,6 +633,14 @@ class PipelineAdapter(StorageAdapter):
 
     async def get_cached_step(self, key: str) -> Any | Missing:
         found = await self.inner.get_cached_step(key)
+        if is_reference(found):
+            assert isinstance(found, dict)
+            # The offloading layer resolves references below; one that reaches here has
+            # no blob store to be read from (see _refuse_unresolved).
+            raise InvalidArgumentError(
+                f"cached step {key!r} is offloaded to blob {found[REF_KEY]}, and this "
+                f"connection has no blob store to read it from: {_NO_BLOB_STORE}"
+            )
         return (
             found if found is MISSING else await self.codecs.sealer.open(found, _step_location(key))
         )

@@ -614,3 +614,26 @@ async def test_encryption_and_offloading_together_keep_waits_and_context_changes
         changes = await backend.adapter.get_context_changes("enc-off", "s", "t")
         assert changes == {"k": {"v": 1}}
         assert BIG.encode() not in await raw_bytes(kind, store)
+
+
+async def test_a_reference_read_without_the_blob_store_is_a_clear_error(tmp_path: Path) -> None:
+    """A process whose settings lack the blob store (a worker started with the
+    application's redaction but not its ``blob_url``) reads an offloaded value: a clear
+    error naming the setting, never the reference handed to the step as if it were the
+    value. (Settings with nothing for the pipeline to do — no redaction, codecs or
+    telemetry — read through the backend's own adapter, which does not look.)"""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    app = Settings(blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024)
+    async with siglo.connect(url, settings=app) as backend:
+        stack = StorageManager(backend).create_stack("doc", namespace="t")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+        await backend.adapter.set_cached_step("fetch", {"body": BIG})
+    worker = Settings(redact_fields=frozenset({"card"}))
+    async with siglo.connect(url, settings=worker) as backend:
+        with pytest.raises(InvalidArgumentError, match="blob_url"):
+            await backend.adapter.get_checkpoint("doc", "t", fallback=False)
+        with pytest.raises(InvalidArgumentError, match="blob_url"):
+            await StorageManager(backend, settings=worker).resume("doc", namespace="t")
+        with pytest.raises(InvalidArgumentError, match="blob_url"):
+            await backend.adapter.get_cached_step("fetch")
