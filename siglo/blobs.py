@@ -68,10 +68,37 @@ def check_digest(digest: str) -> str:
     return digest
 
 
+REF_KEY: Final = "$siglo.blob"
+"""The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
+value stored as that blob (:mod:`siglo.offload`)."""
+
+
+def is_reference(value: object) -> bool:
+    """Whether ``value`` is a reference to an offloaded value (:data:`REF_KEY`)."""
+    return (
+        type(value) is dict
+        and len(value) == 2
+        and isinstance(value.get(REF_KEY), str)
+        and type(value.get("bytes")) is int
+    )
+
+
 class BlobStore(abc.ABC):
     """Content-addressed blobs with a keep-until time (see the module)."""
 
-    url: str = ""
+    _shown_url: str = ""
+
+    @property
+    def url(self) -> str:
+        """Where the store is, as messages and logs show it: a password in the user info
+        or in a secret query parameter is masked (:func:`~siglo.urls.mask_credentials`)."""
+        return self._shown_url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        # Masked when recorded, not when printed: every store (a plugin's too) names its
+        # URL in its errors, and a timeout or failure must not print the password.
+        self._shown_url = mask_credentials(url)
 
     @abc.abstractmethod
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
@@ -107,7 +134,7 @@ class BlobStore(abc.ABC):
 class MemoryBlobStore(BlobStore):
     """Blobs in this process's memory (tests, ``memory://`` backends)."""
 
-    url = "memory://"
+    _shown_url = "memory://"
 
     def __init__(self) -> None:
         self._blobs: dict[str, tuple[bytes, int]] = {}

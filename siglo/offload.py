@@ -29,12 +29,13 @@ from typing import Any, ClassVar, Final
 import orjson
 
 from siglo.adapter import StorageAdapter
-from siglo.blobs import BlobStore, blob_digest
+from siglo.blobs import REF_KEY, BlobStore, blob_digest, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
+from siglo.sealing import Location, Sealer
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 
@@ -50,9 +51,6 @@ __all__ = [
     "resolving",
 ]
 
-REF_KEY: Final = "$siglo.blob"
-"""The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
-value stored as that blob."""
 
 DEFAULT_GRACE_MS: Final = DEFAULT_BLOB_GRACE_MS
 """How long past its keep-until an unreferenced blob is kept by :func:`collect_blobs`
@@ -62,13 +60,7 @@ putting a blob and storing its reference."""
 _RETRY_S: Final = 0.05
 
 
-def _is_ref(value: Any) -> bool:
-    return (
-        type(value) is dict
-        and len(value) == 2
-        and isinstance(value.get(REF_KEY), str)
-        and type(value.get("bytes")) is int
-    )
+_is_ref = is_reference
 
 
 def references(checkpoint: Checkpoint) -> Iterator[str]:
@@ -90,15 +82,30 @@ class Offloader:
         self.store = store
         self.min_bytes = min_bytes
 
-    async def _ref(self, value: Any, keep_until_ms: int | None = None) -> Any:
+    def _planned(self, value: Any) -> tuple[Any, bytes | None]:
+        """``value`` as stored (its reference when large), and the blob's bytes to put
+        (``None``: the value stays inline)."""
         if value is None or isinstance(value, (bool, int, float)):
-            return value  # never large
+            return value, None  # never large
         data = orjson.dumps(value)
         if len(data) < self.min_bytes:
-            return value
-        digest = blob_digest(data)
-        await self.store.put(digest, data, keep_until_ms=keep_until_ms)
-        return {REF_KEY: digest, "bytes": len(data)}
+            return value, None
+        return {REF_KEY: blob_digest(data), "bytes": len(data)}, data
+
+    async def _ref(self, value: Any, keep_until_ms: int | None = None) -> Any:
+        stored, data = self._planned(value)
+        if data is not None:
+            await self.store.put(stored[REF_KEY], data, keep_until_ms=keep_until_ms)
+        return stored
+
+    def planned_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` as :meth:`checkpoint_out` would store it, without putting
+        anything in the blob store."""
+        contexts = {
+            step: {key: self._planned(value)[0] for key, value in context.items()}
+            for step, context in checkpoint.contexts.items()
+        }
+        return checkpoint.replace(contexts=contexts)
 
     async def _resolve(self, value: Any, where: str) -> Any:
         if not _is_ref(value):
@@ -152,6 +159,18 @@ class Offloader:
         return await self._resolve(value, where)
 
 
+class _AsStored(Sealer):
+    """The offloading layer's codecs: it sits below the pipeline, so the payloads it
+    passes (a wait's event payload, a context change) are already sealed on the way
+    down and are opened by the pipeline above on the way up — it neither seals nor
+    opens (with no keys of its own it could only fail on a sealed value)."""
+
+    __slots__ = ()
+
+    async def open(self, value: Any, where: Location) -> Any:
+        return value
+
+
 class OffloadAdapter(PipelineAdapter):
     """A backend's adapter behind an :class:`Offloader` (see the module). Build one with
     :func:`offload_adapter`; everything it does not offload passes through."""
@@ -159,7 +178,7 @@ class OffloadAdapter(PipelineAdapter):
     replaced_by_pipeline: ClassVar[bool] = False
 
     def __init__(self, inner: StorageAdapter, offloader: Offloader) -> None:
-        super().__init__(inner, Pipeline(Settings()))
+        super().__init__(inner, Pipeline(Settings()), _AsStored(None))
         self.offloader = offloader
         self._store_closed = False
 
@@ -177,6 +196,12 @@ class OffloadAdapter(PipelineAdapter):
     ) -> None:
         stored = await self.offloader.checkpoint_out(checkpoint)
         await self.inner.save_checkpoint(stored, expected_revision=expected_revision)
+
+    async def stored_form(self, checkpoint: Checkpoint) -> tuple[Checkpoint, int | None]:
+        out = self.offloader.planned_checkpoint(checkpoint)
+        if isinstance(self.inner, PipelineAdapter):
+            return await self.inner.stored_form(out)
+        return out, self.inner.max_document_bytes
 
     async def save_checkpoint_streamed(
         self,

@@ -28,6 +28,7 @@ import orjson
 from siglo import telemetry
 from siglo.adapter import StorageAdapter
 from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
+from siglo.blobs import REF_KEY, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
@@ -168,6 +169,44 @@ def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
     )
 
 
+_NO_BLOB_STORE: Final = (
+    "set blob_url and offload_min_bytes as the application that stored it does "
+    "(docs/large-state.md)"
+)
+
+
+def _refuse_references(context: Any, where: Location) -> None:
+    # A reference reaches the codecs only through a connection without the blob store
+    # (a command run with the keys but not blob_url): sealed, it would be hidden from
+    # the offloading layer and the collector, which would then remove its blob.
+    if type(context) is not dict:
+        return
+    for key, value in context.items():
+        if is_reference(value):
+            raise InvalidArgumentError(
+                f"{where.describe()}.{key} is a reference to offloaded blob "
+                f"{value[REF_KEY]}, which this connection cannot resolve (no blob store); "
+                f"encoding it would hide the reference and lose the value: {_NO_BLOB_STORE}"
+            )
+
+
+def _refuse_unresolved(checkpoint: Checkpoint) -> None:
+    # The offloading layer below resolves every reference; one that reaches the pipeline
+    # means this connection has no blob store (settings without blob_url, as a worker
+    # started without the application's may have). Handing the reference up as the
+    # value would run a step on it: a clear error instead.
+    for step, context in checkpoint.contexts.items():
+        if type(context) is not dict:
+            continue
+        for key, value in context.items():
+            if type(value) is dict and REF_KEY in value and is_reference(value):
+                raise InvalidArgumentError(
+                    f"stack {checkpoint.stack_id!r} (namespace {checkpoint.namespace!r}), "
+                    f"{step}.{key} is offloaded to blob {value[REF_KEY]}, and this "
+                    f"connection has no blob store to read it from: {_NO_BLOB_STORE}"
+                )
+
+
 class Codecs:
     """The codec chain applied to each kind of record (see :mod:`siglo.sealing` for the
     locations the associated data binds), and the blind index of the metadata fields
@@ -192,10 +231,11 @@ class Codecs:
         if not sealer.encrypts and sealer.compress_min_bytes is None:
             return checkpoint
         ns, sid = checkpoint.namespace, checkpoint.stack_id
-        contexts = {
-            step: await sealer.seal_dict(ctx, Location(ns, sid, "checkpoint", f"contexts.{step}"))
-            for step, ctx in checkpoint.contexts.items()
-        }
+        contexts = {}
+        for step, ctx in checkpoint.contexts.items():
+            where = Location(ns, sid, "checkpoint", f"contexts.{step}")
+            _refuse_references(ctx, where)
+            contexts[step] = await sealer.seal_dict(ctx, where)
         metadata = await self.metadata_out(checkpoint.metadata, ns, sid)
         return checkpoint.replace(contexts=contexts, metadata=metadata)
 
@@ -263,7 +303,14 @@ class Codecs:
         contexts: dict[str, Any] = {}
         changed = False
         for step, ctx in checkpoint.contexts.items():
-            opened = await sealer.open(ctx, Location(ns, sid, "checkpoint", f"contexts.{step}"))
+            where = Location(ns, sid, "checkpoint", f"contexts.{step}")
+            if type(ctx) is dict and len(ctx) == 1 and is_reference(ctx.get(SEALED_KEY)):
+                raise InvalidArgumentError(
+                    f"{where.describe()} is sealed and offloaded to blob "
+                    f"{ctx[SEALED_KEY][REF_KEY]}, and this connection has no blob store to "
+                    f"read it from: {_NO_BLOB_STORE}"
+                )
+            opened = await sealer.open(ctx, where)
             changed = changed or opened is not ctx
             contexts[step] = opened
         metadata = await self.metadata_in(checkpoint.metadata, ns, sid)
@@ -386,6 +433,17 @@ class PipelineAdapter(StorageAdapter):
     async def _checkpoint_out(self, checkpoint: Checkpoint) -> Checkpoint:
         return await self.codecs.checkpoint_out(self.pipeline.checkpoint_out(checkpoint))
 
+    async def stored_form(self, checkpoint: Checkpoint) -> tuple[Checkpoint, int | None]:
+        """``checkpoint`` as the backend would store it — through every layer's stages
+        down to the backend's adapter — and the backend's document limit
+        (:mod:`siglo.sizing`), with nothing written to the backend or a blob store.
+        ``siglo import`` checks a whole dump against the size guard with it before it
+        writes anything."""
+        out = await self._checkpoint_out(checkpoint)
+        if isinstance(self.inner, PipelineAdapter):
+            return await self.inner.stored_form(out)
+        return out, self.inner.max_document_bytes
+
     async def _events_out(self, changes: Sequence[ContextChangeEvent]) -> list[ContextChangeEvent]:
         return [await self.codecs.event_out(self.pipeline.event_out(c)) for c in changes]
 
@@ -498,6 +556,8 @@ class PipelineAdapter(StorageAdapter):
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         found = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
+        if found is not None:
+            _refuse_unresolved(found)
         return await self.codecs.checkpoint_in(found)
 
     async def clean_expired_checkpoints(self) -> int:
@@ -584,6 +644,14 @@ class PipelineAdapter(StorageAdapter):
         found = await self.inner.get_cached_step(key, **_in_namespace(namespace))
         if found is MISSING:
             return found
+        if is_reference(found):
+            assert isinstance(found, dict)
+            # The offloading layer resolves references below; one that reaches here has
+            # no blob store to be read from (see _refuse_unresolved).
+            raise InvalidArgumentError(
+                f"cached step {key!r} is offloaded to blob {found[REF_KEY]}, and this "
+                f"connection has no blob store to read it from: {_NO_BLOB_STORE}"
+            )
         try:
             return await self.codecs.sealer.open(found, _step_location(key, namespace))
         except KeyErasedError:

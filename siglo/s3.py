@@ -324,6 +324,13 @@ def open_store(url: str) -> S3BlobStore:
     bucket, _, prefix = base.removeprefix("s3://").partition("/")
     if not base.startswith("s3://") or not bucket:
         raise InvalidArgumentError(f"an S3 blob_url is s3://bucket[/prefix][?options], got {shown}")
+    if "@" in bucket:
+        # A bucket name has no "@": this is user info, which S3 URLs do not use.
+        raise InvalidArgumentError(
+            f"blob store {shown}: an S3 URL carries no user info; give the credentials as "
+            "the options access_key_id and secret_access_key (or AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY in the environment)"
+        )
     takeover_ms = options.pop("takeover_ms", DEFAULT_TAKEOVER_MS)
     refresh_ms = options.pop("refresh_ms", None)
     # A plain-http endpoint in the URL allows http (an emulator on loopback); otherwise

@@ -56,13 +56,16 @@ from siglo.clock import system_clock
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
+    DocumentTooLargeError,
     InvalidArgumentError,
     SigloError,
 )
 from siglo.keys import KEYRING_NAMESPACE
+from siglo.offload import references
 from siglo.pipeline import PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
+from siglo.sizing import check_document_size
 
 __all__ = [
     "FORMAT",
@@ -144,6 +147,17 @@ async def export_lines(
             )
             if checkpoint is None:
                 continue  # deleted or expired since the page was read
+            # A dump carries values: a reference left here means the adapter has no
+            # blob store to resolve it (settings without blob_url), and the target
+            # may not share that store. Failing leaves the dump without its trailer.
+            unresolved = next(references(checkpoint), None)
+            if unresolved is not None:
+                raise InvalidArgumentError(
+                    f"stack {checkpoint.stack_id!r} (namespace {checkpoint.namespace!r}) "
+                    f"references offloaded blob {unresolved}, which this connection cannot "
+                    "read (no blob store): set blob_url and offload_min_bytes as the "
+                    "application does, so that the dump carries the value"
+                )
             line = b'{"kind":"checkpoint","document":' + checkpoint.to_json() + b"}"
             digest.add(line)
             digest.checkpoints += 1
@@ -337,7 +351,10 @@ class _Spool:
 
     def replay(self) -> Iterator[bytes]:
         self.file.seek(0)
-        yield from self.file
+        # A loop, not ``yield from``: a pass that stops early (at the trailer) would close
+        # the delegated iterator — the file itself — under the next pass.
+        for line in self.file:  # noqa: UP028
+            yield line
 
     def close(self) -> None:
         self.file.close()
@@ -364,11 +381,39 @@ async def import_lines(
                 f"the dump holds {summary.waits} wait record(s) and backend "
                 f"{adapter.name!r} has no wait records: nothing was imported"
             )
+        await _check_sizes(adapter, spool.replay())
         report = ImportReport(summary=summary)
         await _write(adapter, spool.replay(), report, progress)
         return report
     finally:
         spool.close()
+
+
+async def _check_sizes(adapter: StorageAdapter, lines: Iterable[bytes]) -> None:
+    # The size guard refuses one document at a time, as it is saved: checked here for
+    # the whole dump first, on each checkpoint as the target would store it (opened, then
+    # through the target's redaction, codecs and offloading, nothing put), so a document
+    # over the target's limit leaves nothing of the dump written.
+    if not isinstance(adapter, PipelineAdapter):
+        return  # no stages: each save checks its document before writing
+    header_seen = False
+    for number, line in _numbered(lines):
+        if not header_seen:
+            header_seen = True
+            continue
+        doc = _document(line, number)
+        if doc.get("siglo") == "end":
+            return
+        kind, value = _entry(line, number, doc)
+        if kind != "checkpoint":
+            continue
+        assert isinstance(value, Checkpoint)
+        stored, limit = await adapter.stored_form(await _opened_checkpoint(adapter, value))
+        try:
+            check_document_size(stored, limit)
+        except DocumentTooLargeError as exc:
+            exc.args = (f"line {number} of the dump: {exc}; nothing was imported",)
+            raise
 
 
 WaitMode = Literal["save", "create"] | None

@@ -16,10 +16,11 @@ from typing import Any
 
 import psycopg
 
+from siglo import urls
 from siglo.blobs import BlobStore, check_digest
 from siglo.errors import StorageAdapterError
 from siglo.settings import DEFAULTS
-from siglo_postgres.connect import POSTGRES_OPTIONS, _conninfo
+from siglo_postgres.connect import POSTGRES_OPTIONS, _conninfo, _libpq_parameters
 from siglo_sql.connect import split_url_options
 from siglo_sql.schema import DEFAULT_PREFIX, check_identifier
 
@@ -109,7 +110,15 @@ class PostgresBlobStore(BlobStore):
 
 def open_store(url: str) -> PostgresBlobStore:
     """The store at ``postgresql://…[?schema=S][&table_prefix=P]`` (table ``P + "blobs"``,
-    in the connection's schema when none is named)."""
+    in the connection's schema when none is named); the other query parameters are
+    libpq's, and any other name is refused, as in a backend URL."""
+    urls.refuse_unknown(
+        url,
+        POSTGRES_OPTIONS,
+        backend="postgresql blob store",
+        driver=_libpq_parameters(),
+        also="and libpq's connection parameters (sslmode, application_name, …)",
+    )
     base, options = split_url_options(url, POSTGRES_OPTIONS)
     schema = options.get("schema")
     prefix = str(options.get("table_prefix", DEFAULT_PREFIX))

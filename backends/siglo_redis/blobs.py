@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
-from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 
+from siglo import urls
 from siglo.blobs import BlobStore, check_digest
 from siglo.errors import StorageAdapterError
+from siglo_redis.client import _driver_parameters
 
 __all__ = ["RedisBlobStore", "open_store"]
 
@@ -103,9 +104,20 @@ class RedisBlobStore(BlobStore):
 
 
 def open_store(url: str) -> RedisBlobStore:
-    """The store at ``redis://host:port/db?prefix=P`` (prefix default ``siglo:``)."""
-    parts = urlsplit(url)
-    query = parse_qs(parts.query)
-    prefix = query.pop("prefix", ["siglo:"])[0]
-    client = aioredis.Redis.from_url(urlunsplit(parts._replace(query="")))
-    return RedisBlobStore(client, prefix, url)
+    """The store at ``redis://host:port/db?prefix=P`` (prefix default ``siglo:``); the
+    other query parameters are redis-py's (``client_name``, ``socket_timeout`` …), and
+    any other name is refused, as in a backend URL."""
+    urls.refuse_unknown(
+        url,
+        BLOB_OPTIONS,
+        backend="redis blob store",
+        driver=_driver_parameters(),
+        also="and redis-py's connection parameters (db, socket_timeout, client_name, …)",
+    )
+    base, options = urls.split_options(url, BLOB_OPTIONS)
+    client = aioredis.Redis.from_url(base)
+    return RedisBlobStore(client, options.get("prefix", "siglo:"), url)
+
+
+BLOB_OPTIONS: Final[dict[str, urls.Converter]] = {"prefix": urls.text}
+"""The blob store's own options; the rest of the query goes to redis-py."""

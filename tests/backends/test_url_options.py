@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _redis_helpers import REDIS_URL, require_redis
@@ -103,3 +104,44 @@ async def test_libpq_parameters_still_reach_postgresql() -> None:
     with pytest.raises(InvalidArgumentError, match="'sslmod' — did you mean sslmode"):
         async with isolated(urls.with_options(POSTGRES_URL, {"sslmod": "disable"})):
             pass
+
+
+@pytest.mark.parametrize(
+    ("url", "typo", "meant"),
+    [
+        ("redis://127.0.0.1:6379/0?prefx=app:", "prefx", "prefix"),
+        ("redis://127.0.0.1:6379/0?socket_timout=1", "socket_timout", "socket_timeout"),
+        ("postgresql://127.0.0.1:5432/test?table_prefx=b_", "table_prefx", "table_prefix"),
+        ("postgresql://127.0.0.1:5432/test?sslmod=disable", "sslmod", "sslmode"),
+    ],
+)
+def test_a_blob_store_url_refuses_an_unknown_option(url: str, typo: str, meant: str) -> None:
+    """A blob store's URL (``blob_url``) is checked like a backend's: the Redis store
+    dropped every query parameter but ``prefix`` (a ``prefx=`` typo put the blobs under
+    the default prefix, shared with any other application), the PostgreSQL one left an
+    unknown name to fail at the first put."""
+    from siglo.blobs import open_blob_store
+
+    started = time.monotonic()
+    with pytest.raises(InvalidArgumentError) as info:
+        open_blob_store(url)
+    assert time.monotonic() - started < 1.0
+    assert repr(typo) in str(info.value) and f"did you mean {meant}?" in str(info.value)
+
+
+async def test_redis_driver_parameters_reach_the_redis_blob_store() -> None:
+    """What the Redis blob store does not read itself goes to redis-py, as for the
+    backend: a ``client_name`` is seen by the server."""
+    require_redis()
+    from siglo.blobs import blob_digest, open_blob_store
+
+    name = f"siglo-blobs-{uuid.uuid4().hex[:8]}"
+    prefix = f"url-options-{name}:"
+    store = open_blob_store(f"{REDIS_URL}?prefix={prefix}&client_name={name}")
+    try:
+        await store.put(blob_digest(b"x"), b"x")
+        client: Any = store._client  # type: ignore[attr-defined]
+        assert await client.client_getname() == name
+    finally:
+        await store.delete_stale(blob_digest(b"x"), 2**62)
+        await store.aclose()

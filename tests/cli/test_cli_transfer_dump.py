@@ -11,6 +11,8 @@ interruption (issue 31, defect 5), on real SQLite, PostgreSQL and Redis stores.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import sys
 from typing import Any
@@ -283,3 +285,106 @@ async def test_a_killed_import_process_is_completed_by_running_it_again(kind: st
         again = await invoke("import", dst.url, input=dump)
         assert again.exit_code == 0, again.output
         assert documents(await dump_of(dst)) == documents(dump.splitlines())
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_an_import_over_the_size_guard_writes_nothing(
+    kind: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dump with one checkpoint over the target's ``max_document_bytes`` is refused
+    whole, naming that stack, with nothing written — not the checkpoints before it in the
+    dump. The size is the document as the target would store it: one large only in a field
+    the target redacts fits, and is imported once the too-large one is gone."""
+    from siglo.config import CONFIG_ENV, reset_settings
+
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        for stack_id, contexts in (
+            ("small-1", {"a": {"n": 1}}),
+            ("redacted-large", {"a": {"card": "x" * 20_000}}),
+            ("too-large", {"a": {"text": "x" * 20_000}}),
+            ("small-2", {"a": {"n": 2}}),
+        ):
+            await src.adapter.save_checkpoint(
+                Checkpoint(stack_id=stack_id, namespace=NS, revision=1,
+                           timestamp=system_clock.now_ms(), contexts=contexts)
+            )  # fmt: skip
+        lines = await dump_of(src)
+        config = tmp_path / "siglo.toml"
+        config.write_text(
+            f'url = "{dst.url}"\nmax_document_bytes = 4000\nredact_fields = ["card"]\n'
+        )
+        monkeypatch.setenv(CONFIG_ENV, str(config))
+        reset_settings()
+        try:
+            refused = await invoke("import", input=b"\n".join(lines) + b"\n")
+            assert refused.exit_code == 1, refused.output
+            assert "'too-large'" in refused.output, refused.output
+            assert "nothing was imported" in refused.output, refused.output
+            assert (await dst.adapter.list_checkpoints(limit=100)).items == []
+            smaller = [line for line in lines if b'"too-large"' not in line]
+            digest = hashlib.sha256()
+            for line in smaller[:-1]:
+                digest.update(line + b"\n")
+            trailer = json.loads(smaller[-1])
+            trailer.update(checkpoints=3, lines=len(smaller) - 1, sha256=digest.hexdigest())
+            smaller[-1] = json.dumps(trailer).encode()
+            done = await invoke("import", input=b"\n".join(smaller) + b"\n")
+            assert done.exit_code == 0, done.output
+        finally:
+            reset_settings()
+        page = await dst.adapter.list_checkpoints(limit=100)
+        assert sorted(s.stack_id for s in page.items) == ["redacted-large", "small-1", "small-2"]
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_the_import_size_check_sees_the_target_offload_and_encryption(
+    kind: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target encrypts and offloads large values to its blob store: a document large
+    in its contexts fits once they are references, one large in its metadata (sealed,
+    grown by its envelope, never offloaded) does not — and its refusal leaves nothing
+    written, in the backend or in the blob store."""
+    from siglo.config import CONFIG_ENV, reset_settings
+
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        # Incompressible (the target's codecs compress before they encrypt).
+        notes = {f"k{i}": hashlib.sha256(b"%d" % i).hexdigest() for i in range(50)}
+        for stack_id, contexts, metadata in (
+            ("one-large", {"a": {"text": "x" * 20_000}}, {}),
+            ("large-metadata", {"a": {"n": 1}}, notes),
+        ):
+            await src.adapter.save_checkpoint(
+                Checkpoint(stack_id=stack_id, namespace=NS, revision=1, metadata=metadata,
+                           timestamp=system_clock.now_ms(), contexts=contexts)
+            )  # fmt: skip
+        lines = await dump_of(src)
+        blobs = tmp_path / "blobs"
+        key = base64.b64encode(bytes(range(32))).decode()
+        config = tmp_path / "siglo.toml"
+        config.write_text(
+            f'url = "{dst.url}"\nmax_document_bytes = 4000\n'
+            f'blob_url = "{blobs.as_uri()}"\noffload_min_bytes = 1024\n'
+            f'encryption_keys = {{ k1 = "{key}" }}\nrequire_encryption = true\n'
+        )
+        monkeypatch.setenv(CONFIG_ENV, str(config))
+        reset_settings()
+        try:
+            refused = await invoke("import", input=b"\n".join(lines) + b"\n")
+            assert refused.exit_code == 1, refused.output
+            assert "'large-metadata'" in refused.output, refused.output
+            assert (await dst.adapter.list_checkpoints(limit=100)).items == []
+            assert not list(blobs.glob("??/*")), "a refused import put a blob"
+            smaller = [line for line in lines if b'"large-metadata"' not in line]
+            digest = hashlib.sha256()
+            for line in smaller[:-1]:
+                digest.update(line + b"\n")
+            trailer = json.loads(smaller[-1])
+            trailer.update(checkpoints=1, lines=len(smaller) - 1, sha256=digest.hexdigest())
+            smaller[-1] = json.dumps(trailer).encode()
+            done = await invoke("import", input=b"\n".join(smaller) + b"\n")
+            assert done.exit_code == 0, done.output
+        finally:
+            reset_settings()
+        page = await dst.adapter.list_checkpoints(limit=100)
+        assert [s.stack_id for s in page.items] == ["one-large"]
+        assert len(list(blobs.glob("??/*"))) == 1

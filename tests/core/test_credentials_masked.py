@@ -88,3 +88,44 @@ def test_error_messages_about_a_url_mask_the_password() -> None:
     with pytest.raises(siglo.SigloError) as unknown:
         siglo.connect(f"nosuchscheme://user:{PASSWORD}@host/db")
     assert PASSWORD not in str(unknown.value)
+
+
+def _blob_urls(redis: RedisServer) -> list[str]:
+    """Blob stores on real servers whose connection fails with the password in the URL: a
+    Redis that refuses it (another password than its own) and a PostgreSQL database that
+    does not exist."""
+    require_postgres()
+    wrong = redis.url.replace("redis://", "redis://:Wrong-" + PASSWORD + "@")
+    pg = _with_password(POSTGRES_URL, "postgres").rsplit("/", 1)[0] + "/siglo_no_such_db"
+    return [f"{wrong}?prefix=masked-blobs:", pg]
+
+
+async def test_blob_store_errors_mask_the_password(redis_with_password: RedisServer) -> None:
+    """A blob store's own failure (and its bounded wrapper's) names its URL without the
+    password: the store records its URL masked, whichever plugin opened it."""
+    from siglo.blobs import blob_digest, bounded, open_blob_store
+
+    for url in _blob_urls(redis_with_password):
+        for store in (open_blob_store(url), bounded(open_blob_store(url), 5_000)):
+            try:
+                assert PASSWORD not in store.url and "***" in store.url, store.url
+                with pytest.raises(siglo.StorageAdapterError) as failed:
+                    await store.put(blob_digest(b"x"), b"x")
+                assert PASSWORD not in str(failed.value), failed.value
+            finally:
+                await store.aclose()
+
+
+def test_siglo_collect_blobs_masks_the_blob_store_password(
+    redis_with_password: RedisServer, tmp_path: Path
+) -> None:
+    for url in _blob_urls(redis_with_password):
+        config = tmp_path / "siglo.toml"
+        config.write_text(
+            f'url = "sqlite:///{tmp_path / "siglo.db"}"\nblob_url = "{url}"\n'
+            "offload_min_bytes = 100\n"
+        )
+        done = _siglo("--config", str(config), "collect-blobs")
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "blob store" in done.stderr, done.stderr
+        assert PASSWORD not in done.stdout + done.stderr, done.stdout + done.stderr

@@ -8,7 +8,8 @@ the object-bound save, the context stream), a flow (its input, a durable wait, a
 event, a cached step), the idempotency store, the synchronous facade, ``siglo worker``
 (a timer it fires, a crashed run it recovers), ``siglo import`` (checkpoints, a claimed
 wait it saves, and one it creates to finish an interrupted import), and offloaded values
-(the blob store a large value goes to, and the collector that removes blobs). Each runs
+(the blob store a large value goes to, and the collector that removes blobs; a flow with
+offloading on that waits durably and is delivered). Each runs
 through its
 real entry point — the worker and the command line as processes of their own, given only
 the directory they run in — against SQLite, PostgreSQL and Redis, and the test reads the
@@ -307,6 +308,41 @@ async def _offloaded(env: Env, ident: str) -> None:
     assert SECRET.encode() not in stored[0]
 
 
+OFFLOADED_FLOW = "flow.run with offloaded values (durable wait, delivery)"
+
+
+@path(OFFLOADED_FLOW)
+async def _offloaded_flow(env: Env, ident: str) -> None:
+    # Offloading on with everything else the settings say (encryption in that variant): a
+    # run whose step output goes to the blob store waits durably and is delivered — the
+    # wait record and its event payload pass the offloading layer as stored.
+    blobs = env.home / "blobs"
+    blob_url = current_settings().blob_url or blobs.as_uri()
+    settings = current_settings().replace(offload_min_bytes=1_024, blob_url=blob_url)
+
+    async def remember(order: Any) -> dict[str, Any]:
+        return {FIELD: SECRET, "document": "large " * 1_000, "order": order}
+
+    async def wait(_: Any) -> Any:
+        return await siglo.wait_for_event(f"approve:{ident}")
+
+    run = siglo.flow(
+        siglo.Step.create("remember", remember),
+        siglo.Step.create("wait", wait),
+        name="paths-offloaded-wait",
+    )
+    async with siglo.connect(settings=settings) as backend:
+        manager = siglo.StorageManager(backend, settings=settings)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await run.run({FIELD: SECRET}, manager=manager, stack_id=ident, namespace=NS)
+        await run.deliver(f"approve:{ident}", {FIELD: SECRET}, manager=manager, namespace=NS)
+        done = await backend.adapter.get_checkpoint(ident, NS, fallback=False)
+        assert done is not None and done.status == "completed", done
+    stored = [p.read_bytes() for p in blobs.glob("??/*")]
+    assert stored, "nothing was offloaded"
+    assert all(SECRET.encode() not in blob for blob in stored)
+
+
 @path("siglo.sync")
 async def _sync(env: Env, ident: str) -> None:
     def write() -> None:
@@ -528,7 +564,7 @@ async def _assert_encrypted(env: Env, name: str, ident: str) -> None:
     assert b"$siglo" in stored, f"{name} stored nothing sealed on {env.kind}"
     settings = siglo.Settings(encryption_keys={"k1": KEY}, require_encryption=True)
     raw = env.backend.raw_adapter
-    if name == OFFLOADED:
+    if name in (OFFLOADED, OFFLOADED_FLOW):
         # Its large value is a reference in the backend: read through the blob store too.
         raw = offload_adapter(raw, Offloader(open_blob_store((env.home / "blobs").as_uri()), 1))
     adapter, idempotency = pipeline_parts(raw, env.backend.idempotency, Pipeline(settings))

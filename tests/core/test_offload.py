@@ -6,7 +6,10 @@ backend, with the directory store."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +24,14 @@ from siglo import Checkpoint, StorageManager
 from siglo.blobs import BlobStore, DirectoryBlobStore, MemoryBlobStore, blob_digest, open_blob_store
 from siglo.config import Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
-from siglo.offload import REF_KEY, Offloader, collect_blobs, offload_adapter, references
+from siglo.offload import (
+    REF_KEY,
+    OffloadAdapter,
+    Offloader,
+    collect_blobs,
+    offload_adapter,
+    references,
+)
 
 pytestmark = pytest.mark.rule("blobs.offload", "blobs.collect")
 
@@ -463,3 +473,167 @@ async def test_closing_the_backend_closes_its_blob_store(tmp_path: Path) -> None
         backend.adapter = offload_adapter(backend.adapter, Offloader(Watched(), 1_024))
         await backend.aclose()
     assert closed == [True]
+
+
+def _siglo_with(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    return subprocess.run(
+        [sys.executable, "-m", "siglo", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("encrypted", [True, False], ids=["sealed", "clear"])
+async def test_rekey_without_the_blob_store_refuses_and_keeps_the_references(
+    tmp_path: Path, encrypted: bool
+) -> None:
+    """``siglo rekey`` run with the keys but not the blob store (a shell whose settings
+    lack ``blob_url``) must not seal the references themselves: the reference would then
+    be inside ciphertext, the application would read it back as its value, and the
+    collector, finding nothing referenced, would remove the blob — the value lost. It
+    refuses, naming the setting, and the stored document stays as it was: the
+    application still reads its value, and the collector keeps the blob."""
+    k1, k2 = (base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2))
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    blobs = (tmp_path / "blobs").as_uri()
+    keys = {"k1": k1} if encrypted else {}
+    app = Settings(blob_url=blobs, offload_min_bytes=1_024, encryption_keys=keys)
+    async with siglo.connect(url, settings=app) as backend:
+        stack = StorageManager(backend).create_stack("doc", namespace="t")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+        before = await backend.raw_adapter.get_checkpoint("doc", "t", fallback=False)
+    shell = tmp_path / "shell.toml"
+    shell.write_text(
+        f'url = "{url}"\nencryption_keys = {{ k1 = "{k1}", k2 = "{k2}" }}\n'
+        'encryption_key_id = "k2"\n'
+    )
+    done = _siglo_with(shell, "rekey")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "blob_url" in done.stderr, done.stderr
+    async with siglo.connect(url, settings=app) as backend:
+        assert await backend.raw_adapter.get_checkpoint("doc", "t", fallback=False) == before
+        loaded = await backend.adapter.get_checkpoint("doc", "t", fallback=False)
+        assert loaded is not None and loaded.contexts["step"]["doc"] == BIG
+        offloader: Any = backend.adapter
+        while not isinstance(offloader, OffloadAdapter):
+            offloader = offloader.inner
+        collected = await collect_blobs(
+            backend.adapter, offloader.offloader.store, grace_ms=0, now_ms=2**62
+        )
+        assert (collected.referenced, collected.removed) == (1, 0)
+
+
+async def test_a_sealed_offloaded_context_read_without_the_blob_store_is_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    """An encrypting connection without the blob store reads a context that was sealed
+    and offloaded: a clear error naming the setting, not the reference as its value."""
+    keys = {"k1": base64.b64encode(bytes(32)).decode()}
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    app = Settings(
+        blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024, encryption_keys=keys
+    )
+    async with siglo.connect(url, settings=app) as backend:
+        stack = StorageManager(backend).create_stack("doc")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+    async with siglo.connect(url, settings=Settings(encryption_keys=keys)) as backend:
+        with pytest.raises(InvalidArgumentError, match="blob_url"):
+            await backend.adapter.get_checkpoint("doc", fallback=False)
+
+
+@pytest.mark.parametrize("encrypted", [True, False], ids=["sealed", "clear"])
+async def test_export_without_the_blob_store_refuses_to_write_references(
+    tmp_path: Path, encrypted: bool
+) -> None:
+    """A dump carries values, never references to a blob store the target may not share:
+    ``siglo export`` run with settings that lack the blob store fails naming ``blob_url``,
+    and what it wrote has no trailer, so ``siglo import`` refuses it."""
+    keys = {"k1": base64.b64encode(bytes(32)).decode()} if encrypted else {}
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    app = Settings(
+        blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024, encryption_keys=keys
+    )
+    async with siglo.connect(url, settings=app) as backend:
+        stack = StorageManager(backend).create_stack("doc", namespace="t")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+    shell = tmp_path / "shell.toml"
+    shell.write_text(
+        f'url = "{url}"\n' + (f'encryption_keys = {{ k1 = "{keys["k1"]}" }}\n' if keys else "")
+    )
+    dump = tmp_path / "dump.jsonl"
+    done = _siglo_with(shell, "export", "-o", str(dump))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "blob_url" in done.stderr, done.stderr
+    assert REF_KEY.encode() not in dump.read_bytes()
+    target = tmp_path / "target.toml"
+    target.write_text(f'url = "sqlite:///{tmp_path / "target.db"}"\n')
+    refused = _siglo_with(target, "import", "-i", str(dump))
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_encryption_and_offloading_together_keep_waits_and_context_changes(
+    kind: str, tmp_path: Path
+) -> None:
+    """Both on, as an application's settings may have them: a flow's durable wait is
+    created, delivered (claimed) and completed, and the context stream reads back — the
+    offloading layer below the pipeline passes the sealed payloads through instead of
+    trying to open them without the keys."""
+    from ops_support import shared_store
+
+    keys = {"k1": base64.b64encode(bytes(32)).decode()}
+    settings = Settings(
+        blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024, encryption_keys=keys
+    )
+
+    async def wait(_: Any) -> Any:
+        return await siglo.wait_for_event("approve:enc-off")
+
+    run = siglo.flow(siglo.Step.create("wait", wait), name="enc-off")
+    async with shared_store(kind) as store, siglo.connect(store.url, settings=settings) as backend:
+        manager = StorageManager(backend, settings=settings)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await run.run({"doc": BIG}, manager=manager, stack_id="enc-off", namespace="t")
+        stored = await backend.adapter.get_wait_record("approve:enc-off", namespace="t")
+        assert stored is not None and stored.status == "waiting"
+        await run.deliver("approve:enc-off", {"ok": True}, manager=manager, namespace="t")
+        done = await backend.adapter.get_checkpoint("enc-off", "t", fallback=False)
+        assert done is not None and done.status == "completed", done
+        event = siglo.ContextChangeEvent(
+            stack_id="enc-off", step_id="s", key="k", value={"v": 1}, namespace="t",
+            timestamp=1,
+        )  # fmt: skip
+        await backend.adapter.on_context_change(event)
+        changes = await backend.adapter.get_context_changes("enc-off", "s", "t")
+        assert changes == {"k": {"v": 1}}
+        assert BIG.encode() not in await raw_bytes(kind, store)
+
+
+async def test_a_reference_read_without_the_blob_store_is_a_clear_error(tmp_path: Path) -> None:
+    """A process whose settings lack the blob store (a worker started with the
+    application's redaction but not its ``blob_url``) reads an offloaded value: a clear
+    error naming the setting, never the reference handed to the step as if it were the
+    value. (Settings with nothing for the pipeline to do — no redaction, codecs or
+    telemetry — read through the backend's own adapter, which does not look.)"""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    app = Settings(blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024)
+    async with siglo.connect(url, settings=app) as backend:
+        stack = StorageManager(backend).create_stack("doc", namespace="t")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+        await backend.adapter.set_cached_step("fetch", {"body": BIG})
+    worker = Settings(redact_fields=frozenset({"card"}))
+    async with siglo.connect(url, settings=worker) as backend:
+        with pytest.raises(InvalidArgumentError, match="blob_url"):
+            await backend.adapter.get_checkpoint("doc", "t", fallback=False)
+        with pytest.raises(InvalidArgumentError, match="blob_url"):
+            await StorageManager(backend, settings=worker).resume("doc", namespace="t")
+        with pytest.raises(InvalidArgumentError, match="blob_url"):
+            await backend.adapter.get_cached_step("fetch")

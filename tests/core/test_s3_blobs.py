@@ -437,3 +437,15 @@ def test_siglo_collect_blobs_on_s3(
         assert SECRET_ACCESS_KEY not in shown.output
     finally:
         reset_settings()
+
+
+def test_credentials_in_the_user_info_are_refused_naming_the_options() -> None:
+    """``s3://KEY:SECRET@bucket`` is not how an S3 URL carries credentials: the user
+    info became part of the bucket name, the credentials were ignored and the client
+    went looking for instance credentials. Refused at once, naming the options, and
+    without the secret in the message."""
+    with pytest.raises(InvalidArgumentError, match="secret_access_key") as bad:
+        open_blob_store(f"s3://{ACCESS_KEY_ID}:{SECRET_ACCESS_KEY}@bucket/prefix")
+    assert SECRET_ACCESS_KEY not in str(bad.value)
+    with pytest.raises(InvalidArgumentError, match="access_key_id"):
+        open_blob_store("s3://someone@bucket/prefix")
