@@ -124,6 +124,7 @@ def closed_calls(
             (C.LOCKS, "lock.release", lambda: lock.release(key, "t")),
             (C.LOCKS, "lock.extend", lambda: lock.extend(key, "t", 1_000)),
             (C.LOCKS, "lock.with_lock", lambda: lock.with_lock(key, locked)),
+            (C.LOCKS, "lock.inspect", lambda: lock.inspect(key)),
         ]
     if closed.nonces is not None:
         nonces = closed.nonces
