@@ -30,6 +30,7 @@ from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
 from siglo.errors import CheckpointConflictError, DecryptionError, KeyErasedError
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
 from siglo.locking import namespaced_key, split_namespaced_key
+from siglo.payloads import StoredPayload
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.records import WaitRecord
 from siglo.rekeying import rekey
@@ -456,6 +457,49 @@ def test_erase_says_what_a_backend_without_payload_scan_kept(
     ) in result.stderr
     assert "stand-alone wait record(s) of gone not deleted" in result.stderr
     assert asyncio.run(raw.get_checkpoint("s", "gone", fallback=False)) is None
+
+
+def test_erase_names_what_kept_changing_and_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record whose every delete finds it changed (here: a backend that never deletes)
+    is listed again pass after pass; at the end erase names it and exits with status 3.
+    A cached step stored under a digest (namespace and key too long together) does not
+    name its namespace: it is left, and the erasure leaves it undecryptable."""
+
+    class NeverDeletes(MemoryStorageAdapter):
+        async def _do_delete_payload(self, item: StoredPayload) -> bool:
+            return False
+
+    settings = Settings(master_key=f"base64:{new_key()}")
+    raw = NeverDeletes()
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    backend = siglo.Backend(name="memory", url="memory://", adapter=adapter)
+    long_key = "k" * 4_090  # with "@4:gone:" over 4,096 characters
+
+    async def seed() -> Any:
+        await adapter.set_cached_step("k", {"b": SECRET}, 600_000, namespace="gone")
+        await adapter.set_cached_step(long_key, {"b": SECRET}, 600_000, namespace="gone")
+        return await raw.get_cached_step(long_key, namespace="gone")
+
+    digested = asyncio.run(seed())
+    assert split_namespaced_key(namespaced_key(long_key, "gone")) is None
+
+    @contextlib.asynccontextmanager
+    async def the_store(url: str) -> AsyncIterator[siglo.Backend]:
+        yield backend
+
+    monkeypatch.setattr(siglo.cli.keys, "open_store", the_store)
+    result = CliRunner().invoke(siglo.cli.keys.erase_command, ["memory://", "-n", "gone", "--yes"])
+    assert result.exit_code == 3, result.output
+    assert ", 0 wait record(s), 0 cached step(s)\n" in result.stdout
+    assert result.stderr == "1 cached step(s) kept changing: run siglo erase again\n"
+
+    async def after() -> None:
+        # The digest-keyed entry: still stored, no longer decrypts.
+        assert await raw.get_cached_step(long_key, namespace="gone") == digested
+        fresh, _ = pipeline_parts(raw, None, Pipeline(settings))
+        assert await fresh.get_cached_step(long_key, namespace="gone") is siglo.MISSING
+
+    asyncio.run(after())
 
 
 @pytest.mark.rule("cache.namespaced")
