@@ -33,7 +33,7 @@ from siglo.locking import namespaced_key, split_namespaced_key
 from siglo.payloads import StoredPayload
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.records import WaitRecord
-from siglo.rekeying import rekey
+from siglo.rekeying import erase, rekey
 from siglo.sealing import SEALED_KEY, Location
 from siglo_memory.adapter import MemoryStorageAdapter
 
@@ -457,6 +457,37 @@ def test_erase_says_what_a_backend_without_payload_scan_kept(
     ) in result.stderr
     assert "stand-alone wait record(s) of gone not deleted" in result.stderr
     assert asyncio.run(raw.get_checkpoint("s", "gone", fallback=False)) is None
+
+
+async def test_erase_deletes_on_its_next_pass_what_changed_under_its_first() -> None:
+    """A wait record claimed and a cached step set again between erase's listing and its
+    delete are not deleted as listed (the compare fails); the next pass lists them as
+    they are now and deletes them."""
+
+    raced: set[str] = set()
+
+    class Raced(MemoryStorageAdapter):
+        async def _do_delete_payload(self, item: StoredPayload) -> bool:
+            if item.kind not in raced:
+                raced.add(item.kind)
+                if item.kind == "wait":
+                    await self.claim_wait_record("w", "worker", namespace="gone")
+                else:
+                    await self._do_set_cached_step(item.key, {"again": 1}, 600_000)
+            return await super()._do_delete_payload(item)
+
+    settings = Settings(master_key=f"base64:{new_key()}")
+    raw = Raced()
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    await adapter.save_wait_record(
+        WaitRecord(correlation_key="w", stack_id="w", namespace="gone", metadata={"m": SECRET})
+    )
+    await adapter.set_cached_step("k", {"b": SECRET}, 600_000, namespace="gone")
+    report = await erase(siglo.Backend(name="memory", url="memory://", adapter=adapter), "gone")
+    assert raced == {"wait", "step"}
+    assert report.payloads == {"wait": 1, "step": 1} and report.left == {"wait": 0, "step": 0}
+    assert await raw.get_wait_record("w", namespace="gone") is None
+    assert await raw.get_cached_step("k", namespace="gone") is siglo.MISSING
 
 
 def test_erase_names_what_kept_changing_and_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
