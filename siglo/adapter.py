@@ -78,8 +78,9 @@ class Capability(enum.StrEnum):
     DUE_WAITS = "due_waits"
     """list_due_waits: waits whose deadline has passed, oldest first (durable timers)."""
     PAYLOAD_SCAN = "payload_scan"
-    """scan_payloads / swap_payload: every stand-alone wait record and cached step with
-    its stored payloads, and a compare-and-set rewrite of them (``siglo rekey``)."""
+    """scan_payloads / swap_payload / delete_payload: every stand-alone wait record and
+    cached step with its stored payloads, and a compare-and-set rewrite (``siglo rekey``)
+    or removal (``siglo erase``) of them."""
 
 
 CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
@@ -101,7 +102,7 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
     Capability.LISTING: ("list_checkpoints",),
     Capability.DELETION: ("delete_checkpoint",),
     Capability.DUE_WAITS: ("list_due_waits",),
-    Capability.PAYLOAD_SCAN: ("scan_payloads", "swap_payload"),
+    Capability.PAYLOAD_SCAN: ("scan_payloads", "swap_payload", "delete_payload"),
 }
 """The adapter methods each adapter-level capability requires."""
 
@@ -482,6 +483,21 @@ class StorageAdapter(Closable):
         self._require_open()
         return await self._do_swap_payload(item, dict(fields))
 
+    async def delete_payload(self, item: StoredPayload) -> bool:
+        """Remove the record ``item`` was listed from — only if it still holds what it
+        held when listed; ``False`` (nothing removed) if it changed, expired or went
+        meanwhile (``siglo erase``)."""
+        if not isinstance(item, StoredPayload):
+            raise InvalidArgumentError(
+                f"item must be a siglo.payloads.StoredPayload, got {type(item).__name__}"
+            )
+        if item.kind not in PAYLOAD_KINDS:
+            raise InvalidArgumentError(
+                f"item.kind must be one of {', '.join(map(repr, PAYLOAD_KINDS))}, got {item.kind!r}"
+            )
+        self._require_open()
+        return await self._do_delete_payload(item)
+
     # -- 5. telemetry ------------------------------------------------------------------
 
     async def on_cache_event(self, event: CacheEvent) -> None:
@@ -730,6 +746,9 @@ class StorageAdapter(Closable):
 
     async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
         raise self._unsupported("swap_payload")
+
+    async def _do_delete_payload(self, item: StoredPayload) -> bool:
+        raise self._unsupported("delete_payload")
 
     async def _do_on_cache_event(self, event: CacheEvent) -> None:
         raise self._unsupported("on_cache_event")

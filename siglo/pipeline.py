@@ -798,6 +798,10 @@ class PipelineAdapter(StorageAdapter):
         sealed by whoever rewrites them)."""
         return await self.inner.swap_payload(item, fields)
 
+    async def delete_payload(self, item: StoredPayload) -> bool:
+        """The backend's compare-and-delete of a listed record (``siglo erase``)."""
+        return await self.inner.delete_payload(item)
+
 
 # Every storage call the tracing stage puts in a span (all of a backend's contract
 # calls that reach the server; the sync ones decide locally and are left alone).
@@ -826,6 +830,7 @@ TRACED_CALLS: Final = (
     "delete_checkpoint",
     "list_due_waits",
     "swap_payload",
+    "delete_payload",
 )
 TRACED_IDEMPOTENCY_CALLS: Final = (
     "claim",

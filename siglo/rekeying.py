@@ -11,7 +11,9 @@ current key is skipped, so a rekey interrupted anywhere finishes by running it a
 
 :func:`erase` destroys a namespace's data keys first — from then on nothing of the
 namespace decrypts anywhere, the store's own rows, replicas, backups and exports
-included — and then deletes its checkpoints.
+included — and then deletes its checkpoints, stand-alone wait records and cached steps
+(each of those only if it still holds what was listed: one changed meanwhile is listed
+again and deleted on the next pass).
 """
 
 from __future__ import annotations
@@ -89,6 +91,15 @@ class EraseReport:
     namespace: str
     erased_keys: list[str]
     deleted: int
+    """Checkpoints deleted."""
+    payloads: dict[str, int] = field(default_factory=dict)
+    """Stand-alone wait records (``wait``) and cached steps (``step``) of the namespace
+    deleted, for the kinds the backend lists."""
+    left: dict[str, int] = field(default_factory=dict)
+    """Records of each kind that kept changing under the erasure: run it again."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Kinds of record not deleted, and why (the backend cannot list them): they stay,
+    undecryptable, until they expire."""
 
 
 def _codecs(backend: Backend) -> tuple[PipelineAdapter, Codecs, KeyProvider]:
@@ -341,7 +352,8 @@ async def _rekey_one(
 
 
 async def erase(backend: Backend, namespace: str) -> EraseReport:
-    """Destroy ``namespace``'s data keys, then delete its checkpoints (see the module).
+    """Destroy ``namespace``'s data keys, then delete its checkpoints, stand-alone wait
+    records and cached steps (see the module).
     Needs envelope keys (``master_key``): keys in the settings cannot be destroyed per
     namespace."""
     adapter, _, keys = _codecs(backend)
@@ -359,4 +371,47 @@ async def erase(backend: Backend, namespace: str) -> EraseReport:
     for summary in stacks:
         if await adapter.inner.delete_checkpoint(summary.stack_id, summary.namespace):
             deleted += 1
-    return EraseReport(namespace=namespace, erased_keys=erased, deleted=deleted)
+    report = EraseReport(namespace=namespace, erased_keys=erased, deleted=deleted)
+    for kind in PAYLOAD_KINDS:
+        await _erase_payloads(backend, kind, namespace, report)
+    return report
+
+
+async def _erase_payloads(
+    backend: Backend, kind: PayloadKind, namespace: str, report: EraseReport
+) -> None:
+    """Delete the namespace's records of ``kind`` outside checkpoints (its keys are
+    already destroyed: what is left would only be undecryptable until it expires)."""
+    raw = backend.raw_adapter
+    if not raw.supports(Capability.PAYLOAD_SCAN):
+        report.skipped[kind] = f"the {raw.name} backend cannot list its {_KIND_NAMES[kind]}"
+        return
+    # A wait record counted once though Redis lists its stack copy too.
+    deleted: set[tuple[str | None, str]] = set()
+    changed: set[tuple[str | None, str]] = set()
+    gone: set[tuple[str | None, str]] = set()
+    try:
+        for _ in range(_ATTEMPTS):
+            changed, gone = set(), set()
+            async for item in raw.scan_payloads(kind):
+                place = _place(item)
+                # A step keyed by the digest of a pair too long to join does not name
+                # its namespace: it is left, undecryptable, to expire.
+                if place is None or place[0] != namespace:
+                    continue
+                # A compare-and-delete on what was listed: a record claimed, completed
+                # or set meanwhile is listed again by the next pass.
+                if await raw.delete_payload(item):
+                    gone.add(place)
+                else:
+                    changed.add(place)
+            deleted |= gone
+            # A Redis stack copy deleted with its record fails its own delete: not changed.
+            changed -= gone
+            if not changed:
+                break
+    except CapabilityNotSupportedError as exc:
+        report.skipped[kind] = str(exc)
+        return
+    report.payloads[kind] = len(deleted)
+    report.left[kind] = len(changed)

@@ -465,6 +465,22 @@ class MemoryStorageAdapter(StorageAdapter):
         entry.data = codec.dumps(fields["value"], what=f"cached value of {item.key!r}")
         return True
 
+    async def _do_delete_payload(self, item: StoredPayload) -> bool:
+        # The compare of swap_payload, then the removal, with no await in between.
+        now = self.clock.now_ms()
+        if item.kind == "wait":
+            key = wait_key(item.namespace, item.key)
+            entry = self._waits.get(key)
+            if entry is None or not entry.live(now) or entry.data != item.token:
+                return False
+            del self._waits[key]
+            return True
+        entry = self._cache.get(item.key)
+        if entry is None or not entry.live(now) or entry.data != item.token:
+            return False
+        del self._cache[item.key]
+        return True
+
     # -- context stream and telemetry ---------------------------------------------------------
 
     async def _do_on_context_change(self, event: ContextChangeEvent) -> None:

@@ -52,6 +52,7 @@ from siglo_redis.scripts import (
     CHECKPOINT_DELETE,
     CHECKPOINT_LOAD,
     CHECKPOINT_PARTS_CAS,
+    COMPARE_AND_DELETE,
     CONTEXT_CHANGE,
     CONTEXT_COMPARE_DELETE,
     PARTS_DROP,
@@ -717,6 +718,13 @@ class RedisStorageAdapter(StorageAdapter):
             new = encode_cached(fields["value"], what=f"cached value of {item.key!r}")
         # The swap script: written only if the key still holds the bytes read, its TTL kept.
         return await swap(self._redis, key, data, new, "keep")
+
+    async def _do_delete_payload(self, item: StoredPayload) -> bool:
+        key, data = item.token
+        if item.kind == "wait":
+            return await self._waits.delete_listed(key, data)
+        # One script: deleted only if the key still holds the bytes listed.
+        return int(await self._redis.script(COMPARE_AND_DELETE, [key], [data])) == 1
 
     # -- context stream and telemetry ---------------------------------------------------------
 

@@ -296,3 +296,31 @@ class WaitRecords:
                 await self._redis.script(
                     WAIT_INDEX_ADD, [index], [correlation_key, "" if ttl < 0 else ttl]
                 )
+
+    async def delete_listed(self, key: str, data: bytes) -> bool:
+        """Delete the record, or the seed's per-stack copy, stored at ``key`` only if it
+        still holds ``data`` (the compare-and-delete script; ``siglo erase``).
+
+        With the record go its entry in the stack's index (put back if a new run saved
+        a record of that key meanwhile, as :meth:`delete_snapshot` does) and the stack's
+        copy when it holds the same bytes: the two keys are in different cluster slots,
+        so each is its own compare-and-delete, and a copy written since stays.
+        """
+        if int(await self._redis.script(COMPARE_AND_DELETE, [key], [data])) != 1:
+            return False
+        record = WaitRecord.from_json(data)
+        ns = record.namespace
+        if key != self._keys.wait(record.correlation_key, ns):
+            return True  # the seed's copy: the record at its own key is listed too
+        if record.stack_id != record.correlation_key:
+            copy = self._keys.wait(record.stack_id, ns)
+            await self._redis.script(COMPARE_AND_DELETE, [copy], [data])
+        index = self._keys.wait_index(record.stack_id, ns)
+        await self._redis.call("ZREM", self._client.zrem(index, record.correlation_key))
+        again, _ = await self.read(record.correlation_key, ns)
+        if again is not None and again.stack_id == record.stack_id:
+            ttl = int(await self._redis.call("PTTL", self._client.pttl(key)))
+            await self._redis.script(
+                WAIT_INDEX_ADD, [index], [record.correlation_key, "" if ttl < 0 else ttl]
+            )
+        return True

@@ -898,6 +898,29 @@ class SqlStorageAdapter(StorageAdapter):
         }
         return bool(await self.database.write(self._s.cache_swap, params))
 
+    async def _do_delete_payload(self, item: StoredPayload) -> bool:
+        now = self.clock.now_ms()
+        if item.kind == "wait":
+            row, document, payload = item.token
+            params: dict[str, Any] = {
+                "id": row,
+                "old_document": document,
+                "old_payload": payload,
+                "old_null": 1 if payload is None else 0,
+                "now": now,
+            }
+            if not await self.database.write(self._s.wait_delete_listed, params):
+                return False
+            # The stack's pointer to its latest record, if that was this one: it holds
+            # no payload, but the tenant's stack id goes with its records.
+            record = WaitRecord.from_json(document)
+            latest = {"latest_id": wait_id(record.namespace, record.stack_id)}
+            await self.database.write(self._s.wait_latest_delete_orphan, latest)
+            return True
+        row, value = item.token
+        params = {"id": row, "old_value": value, "now": now}
+        return bool(await self.database.write(self._s.cache_delete_listed, params))
+
     # -- context stream and telemetry ---------------------------------------------------------
 
     def _context_row(self, event: ContextChangeEvent, now: int) -> dict[str, Any]:

@@ -120,12 +120,14 @@ class Statements:
     wait_latest_delete_orphan: str
     wait_scan: str
     wait_swap: str
+    wait_delete_listed: str
     # step cache
     cache_get: str
     cache_set: str
     cache_clean_batch: str
     cache_scan: str
     cache_swap: str
+    cache_delete_listed: str
     # context stream
     ctx_drop_expired: str
     ctx_set: str
@@ -519,6 +521,13 @@ def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str,
             "WHERE id = :id AND document = :old_document AND (event_payload = :old_payload "
             f"OR (event_payload IS NULL AND :old_null = 1)) AND {LIVE} RETURNING 1"
         ),
+        # siglo erase: the record removed only if it still holds the bytes listed (the
+        # compare of wait_swap), in one statement.
+        "wait_delete_listed": (
+            f"DELETE FROM {w} WHERE id = :id AND document = :old_document AND (event_payload "
+            f"= :old_payload OR (event_payload IS NULL AND :old_null = 1)) AND {LIVE} "
+            "RETURNING 1"
+        ),
     }
 
 
@@ -542,6 +551,10 @@ def _step_cache(sc: str) -> dict[str, str | None]:
         "cache_swap": (
             f"UPDATE {sc} SET value = :value WHERE id = :id AND value = :old_value "
             "AND gone_at > :now RETURNING 1"
+        ),
+        # siglo erase: the entry removed only if it still holds the value listed.
+        "cache_delete_listed": (
+            f"DELETE FROM {sc} WHERE id = :id AND value = :old_value AND gone_at > :now RETURNING 1"
         ),
     }
 

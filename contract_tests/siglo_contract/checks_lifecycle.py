@@ -93,6 +93,11 @@ def closed_calls(
             "swap_payload",
             lambda: a.swap_payload(StoredPayload("step", key, None, {"value": 1}), {"value": 2}),
         ),
+        (
+            C.PAYLOAD_SCAN,
+            "delete_payload",
+            lambda: a.delete_payload(StoredPayload("step", key, None, {"value": 1})),
+        ),
     ]
     if closed.idempotency is not None:
         store: Any = closed.idempotency  # scan_results, swap_result: IdempotencyStoreBase's

@@ -1,6 +1,7 @@
 """Focused checks of stored payloads outside checkpoints (capability ``payload_scan``):
-the walk ``siglo rekey`` makes of stand-alone wait records and cached steps, and its
-compare-and-set rewrite of their payloads."""
+the walk ``siglo rekey`` makes of stand-alone wait records and cached steps, its
+compare-and-set rewrite of their payloads, and the compare-and-delete ``siglo erase``
+removes them with."""
 
 from __future__ import annotations
 
@@ -170,6 +171,78 @@ async def payload_swap(ctx: CheckContext) -> None:
             "payload.swap",
             f"cached step {key!r} past its TTL read {value!r} after a rewrite",
         )
+
+
+@check("payload.delete", requires=_NEEDS)
+async def payload_delete(ctx: CheckContext) -> None:
+    """A delete of what was listed removes that record and nothing else; one of a record
+    that changed, went or expired since it was listed removes nothing."""
+    ctx.about("payload.delete")
+    a = ctx.backend.adapter
+    ns, other = ctx.id("tenant"), ctx.id("other")
+    ttl = ctx.short_ttl_ms()
+    for namespace in (ns, other):
+        await a.save_wait_record(_wait(ctx, "w", namespace, event_payload={"p": 1}))
+        await a.set_cached_step(ctx.id("k"), {"v": 1}, 600_000, namespace=namespace)
+    await a.save_wait_record(_wait(ctx, "claimed", ns, metadata={"m": 2}))
+    await a.set_cached_step(ctx.id("reset"), {"v": 1}, 600_000)
+    await a.set_cached_step(ctx.id("gone"), {"v": 1}, ttl)
+    waits = await _mine(ctx, a, "wait")
+    steps = await _mine(ctx, a, "step")
+    # Redis lists the seed's copy of a wait record too, which may go with the record:
+    # its own delete then finds nothing. One of them must be done, and the record gone.
+    deletes = [await a.delete_payload(item) for item in waits.get((ctx.id("w"), ns), [])]
+    expect(True in deletes, "payload.delete", f"the deletes of a listed wait gave {deletes}")
+    for item in steps.get((ctx.id("k"), ns), []):
+        expect(await a.delete_payload(item), "payload.delete", f"delete of {item} refused")
+    got = await a.get_wait_record(ctx.id("w"), namespace=ns)
+    expect(got is None, "payload.delete", f"wait record after its delete: {got!r}")
+    value = await a.get_cached_step(ctx.id("k"), namespace=ns)
+    expect(value is MISSING, "payload.delete", f"cached step after its delete read {value!r}")
+    for item in [*waits.get((ctx.id("w"), ns), []), *steps.get((ctx.id("k"), ns), [])]:
+        again = await a.delete_payload(item)
+        expect(not again, "payload.delete", f"a second delete of {item} was done")
+    # The same key in another namespace is another record: it stays.
+    kept = await a.get_wait_record(ctx.id("w"), namespace=other)
+    expect(
+        kept is not None and canon(kept.event_payload) == canon({"p": 1}),
+        "payload.delete",
+        f"the same wait key in another namespace after a delete: {kept!r}",
+    )
+    value = await a.get_cached_step(ctx.id("k"), namespace=other)
+    expect(
+        canon(value) == canon({"v": 1}),
+        "payload.delete",
+        f"the same step key in another namespace after a delete read {value!r}",
+    )
+    again_listed = await _mine(ctx, a, "wait")
+    expect(
+        (ctx.id("w"), other) in again_listed and (ctx.id("w"), ns) not in again_listed,
+        "payload.delete",
+        f"wait records listed after a delete: {sorted(map(str, again_listed))}",
+    )
+    # A claim between the listing and the delete wins (Redis's copy at the stack id's
+    # key, which a claim does not change, may go; never the record).
+    await a.claim_wait_record(ctx.id("claimed"), "c", event_payload={"e": 1}, namespace=ns)
+    deletes = [await a.delete_payload(item) for item in waits.get((ctx.id("claimed"), ns), [])]
+    expect(False in deletes, "payload.delete", "a delete removed a record claimed since")
+    got = await a.get_wait_record(ctx.id("claimed"), namespace=ns)
+    expect(
+        got is not None and got.status == "claimed" and canon(got.event_payload) == canon({"e": 1}),
+        "payload.delete",
+        f"claimed wait record after a refused delete: {got!r}",
+    )
+    # A re-set or an expiry since the listing wins.
+    await a.set_cached_step(ctx.id("reset"), {"v": 2}, 600_000)
+    for item in steps.get((ctx.id("reset"), None), []):
+        done = await a.delete_payload(item)
+        expect(not done, "payload.delete", "a delete removed a step set since the listing")
+    value = await a.get_cached_step(ctx.id("reset"))
+    expect(canon(value) == canon({"v": 2}), "payload.delete", f"re-set step read {value!r}")
+    await ctx.pass_time(ttl)
+    for item in steps.get((ctx.id("gone"), None), []):
+        done = await a.delete_payload(item)
+        expect(not done, "payload.delete", "a delete of an expired cached step returned True")
 
 
 @check("payload.results", requires=(Capability.IDEMPOTENCY,))

@@ -261,6 +261,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "swap_payload rewrites payloads only if the record still holds what was listed",
     ),
     _a(
+        "payload.delete",
+        _C.PAYLOAD_SCAN,
+        "delete_payload removes a record only if it still holds what was listed",
+    ),
+    _a(
         "payload.results",
         _C.PAYLOAD_SCAN,
         "the idempotency store lists completed results and rewrites them by compare-and-set",
@@ -364,7 +369,16 @@ _SINCE: Final[dict[str, str]] = {
     **dict.fromkeys(("list.by-index",), "1.4"),
     # Issue 33, part B: cached steps belong to their namespace (erased with its key);
     # stand-alone wait records and cached steps listed and rewritten by siglo rekey.
-    **dict.fromkeys(("cache.namespaced", "payload.scan", "payload.swap", "payload.results"), "1.4"),
+    **dict.fromkeys(
+        (
+            "cache.namespaced",
+            "payload.scan",
+            "payload.swap",
+            "payload.delete",
+            "payload.results",
+        ),
+        "1.4",
+    ),
     # Issue 35: who holds a lock, read without taking it (siglo ui's run page).
     "lock.inspect": "1.4",
 }

@@ -100,8 +100,9 @@ _NOUNS = {
 @click.option("--namespace", "-n", required=True, help="The namespace (tenant) to erase.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def erase_command(url: str | None, namespace: str, yes: bool) -> None:
-    """Destroy a namespace's data keys, then delete its checkpoints: nothing of it stays
-    readable anywhere, exports and backups included. Needs envelope keys (master_key)."""
+    """Destroy a namespace's data keys, then delete its checkpoints, stand-alone wait
+    records and cached steps: nothing of it stays readable anywhere, exports and
+    backups included. Needs envelope keys (master_key)."""
     if not yes:
         click.confirm(
             f"Erase namespace {namespace!r}: destroy its keys and delete its data? "
@@ -115,7 +116,26 @@ def erase_command(url: str | None, namespace: str, yes: bool) -> None:
             return await erase(backend, namespace)
 
     report = asyncio.run(run())
+    deleted = "".join(
+        f", {report.payloads[kind]} {_ERASED[kind]}" for kind in _ERASED if kind in report.payloads
+    )
     click.echo(
         f"erased namespace {report.namespace}: destroyed {len(report.erased_keys)} data "
-        f"key(s), deleted {report.deleted} checkpoint(s)"
+        f"key(s), deleted {report.deleted} checkpoint(s){deleted}"
     )
+    for kind, why in report.skipped.items():
+        # The keys are gone, so these no longer decrypt; but they stay stored until
+        # they expire, which the user must know.
+        click.echo(
+            f"warning: {_NOUNS[kind]} of {report.namespace} not deleted ({why}): they stay "
+            "stored, undecryptable, until they expire",
+            err=True,
+        )
+    left = {kind: n for kind, n in report.left.items() if n}
+    for kind, n in left.items():
+        click.echo(f"{n} {_NOUNS[kind]} kept changing: run siglo erase again", err=True)
+    if left:
+        sys.exit(3)
+
+
+_ERASED = {"wait": "wait record(s)", "step": "cached step(s)"}

@@ -43,3 +43,8 @@ async def test_the_pipelines_adapter_forwards_the_payload_walk_as_stored(tmp_pat
         assert item.key == "@1:t:k" and item.fields["value"]["$siglo"].startswith("v1.e.k1.")
         assert await adapter.swap_payload(item, dict(item.fields))
         assert await adapter.get_cached_step("k", namespace="t") == {"card": "4111"}
+        # And the compare-and-delete siglo erase uses.
+        (item,) = [i async for i in adapter.scan_payloads("step")]
+        assert await adapter.delete_payload(item)
+        assert not await adapter.delete_payload(item)  # gone already
+        assert await adapter.get_cached_step("k", namespace="t") is siglo.MISSING

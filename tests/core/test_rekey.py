@@ -8,27 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from click.testing import CliRunner
 from ops_support import DURABLE_KINDS, shared_store
 from raw_storage import raw_bytes
 
 import siglo
+import siglo.cli.keys
 from siglo.checkpoint import Checkpoint
 from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
 from siglo.errors import CheckpointConflictError, DecryptionError, KeyErasedError
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
 from siglo.locking import namespaced_key, split_namespaced_key
+from siglo.payloads import StoredPayload
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.records import WaitRecord
-from siglo.rekeying import rekey
+from siglo.rekeying import erase, rekey
 from siglo.sealing import SEALED_KEY, Location
 from siglo_memory.adapter import MemoryStorageAdapter
 
@@ -328,6 +333,206 @@ async def test_erase_needs_envelope_keys(tmp_path: Path) -> None:
     assert b"needs envelope keys (master_key)" in done.stderr
 
 
+def sealed_texts(value: Any) -> list[str]:
+    """The ciphertexts of a stored payload (the ``$siglo`` strings in it)."""
+    if isinstance(value, dict):
+        if SEALED_KEY in value:
+            return [value[SEALED_KEY]]
+        return [t for v in value.values() for t in sealed_texts(v)]
+    return []
+
+
+@pytest.mark.rule("payload.delete")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_erase_deletes_a_tenants_stand_alone_waits_and_cached_steps(
+    kind: str, tmp_path: Path
+) -> None:
+    """After ``siglo erase -n T`` the raw storage holds none of T's cached steps and
+    stand-alone wait records (Redis's per-stack copy included), and all of U's."""
+    env = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    settings = Settings(master_key=env["SIGLO_MASTER_KEY"])
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        writer = piped(backend, settings)
+        for ns in ("gone", "kept"):
+            card = {"card": f"{SECRET}-{ns}"}
+            await writer.save_checkpoint(
+                Checkpoint(stack_id="s0", namespace=ns, revision=1, timestamp=1, contexts={}),
+                expected_revision=0,
+            )
+            # A stand-alone wait whose stack id is not its key (Redis copies it under the
+            # stack id), one claimed with an event payload, and one of the checkpoint's
+            # stack (deleted with the checkpoint).
+            await writer.save_wait_record(
+                WaitRecord(correlation_key="w1", stack_id="lone", namespace=ns, metadata=card)
+            )
+            await writer.save_wait_record(
+                WaitRecord(correlation_key="w2", stack_id="w2", namespace=ns)
+            )
+            await writer.claim_wait_record("w2", "worker", event_payload=card, namespace=ns)
+            await writer.save_wait_record(
+                WaitRecord(correlation_key="w3", stack_id="s0", namespace=ns, metadata=card)
+            )
+            await writer.set_cached_step("charge", card, 600_000, namespace=ns)
+        raw = backend.raw_adapter
+        texts: dict[str | None, list[str]] = {"gone": [], "kept": []}
+        for what in ("wait", "step"):
+            async for item in raw.scan_payloads(what):
+                owner = item.namespace
+                if what == "step":
+                    split = split_namespaced_key(item.key)
+                    assert split is not None
+                    owner = split[1]
+                texts[owner].extend(t for v in item.fields.values() for t in sealed_texts(v))
+        assert len(texts["gone"]) == len(texts["kept"]) >= 4
+
+        erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
+        assert erased.returncode == 0, erased.stderr.decode()
+        assert (
+            b"destroyed 1 data key(s), deleted 1 checkpoint(s), 2 wait record(s), 1 cached step(s)"
+            in erased.stdout
+        ), erased.stdout.decode()
+        assert erased.stderr == b""
+
+        for key in ("w1", "w2", "w3"):
+            assert await raw.get_wait_record(key, namespace="gone") is None
+            assert await raw.get_wait_record(key, namespace="kept") is not None
+        assert await raw.get_cached_step("charge", namespace="gone") is siglo.MISSING
+        left = [i async for i in raw.scan_payloads("wait") if i.namespace == "gone"]
+        assert left == []
+        if kind == "sqlite":
+            compact(backend)  # the deleted rows' bytes leave SQLite's free pages
+        stored = await raw_bytes(kind, backend)
+        assert not [t for t in texts["gone"] if t.encode() in stored]
+        assert all(t.encode() in stored for t in texts["kept"])
+        if kind == "redis":
+            # The stack copy TypeScript reads and the stack's index went with the record.
+            redis: Any = raw
+            for ns, there in (("gone", 0), ("kept", 2)):
+                found = await redis.client.exists(
+                    redis.keys.wait("lone", ns), redis.keys.wait_index("lone", ns)
+                )
+                assert found == there, (ns, found)
+        reader = piped(backend, settings)
+        kept = await reader.get_wait_record("w2", namespace="kept")
+        assert kept is not None and kept.event_payload == {"card": f"{SECRET}-kept"}
+        assert await reader.get_cached_step("charge", namespace="kept") == {
+            "card": f"{SECRET}-kept"
+        }
+
+
+def test_erase_says_what_a_backend_without_payload_scan_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A third party's backend without payload_scan: erase destroys the keys, deletes the
+    checkpoints and says on standard error what it could not delete (exit status 0)."""
+
+    class NoScan(MemoryStorageAdapter):
+        capabilities = MemoryStorageAdapter.capabilities - {siglo.Capability.PAYLOAD_SCAN}
+
+    settings = Settings(master_key=f"base64:{new_key()}")
+    raw = NoScan()
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    backend = siglo.Backend(name="third-party", url="memory://", adapter=adapter)
+
+    async def seed() -> None:
+        await adapter.save_checkpoint(
+            Checkpoint(stack_id="s", namespace="gone", revision=1, timestamp=1, contexts={}),
+            expected_revision=0,
+        )
+        await adapter.set_cached_step("k", {"b": SECRET}, 600_000, namespace="gone")
+
+    asyncio.run(seed())
+
+    @contextlib.asynccontextmanager
+    async def the_store(url: str) -> AsyncIterator[siglo.Backend]:
+        yield backend
+
+    monkeypatch.setattr(siglo.cli.keys, "open_store", the_store)
+    result = CliRunner().invoke(siglo.cli.keys.erase_command, ["memory://", "-n", "gone", "--yes"])
+    assert result.exit_code == 0, result.output
+    assert "destroyed 1 data key(s), deleted 1 checkpoint(s)\n" in result.stdout
+    assert (
+        "warning: cached step(s) of gone not deleted (the memory backend cannot list "
+        "its cached steps): they stay stored, undecryptable, until they expire"
+    ) in result.stderr
+    assert "stand-alone wait record(s) of gone not deleted" in result.stderr
+    assert asyncio.run(raw.get_checkpoint("s", "gone", fallback=False)) is None
+
+
+async def test_erase_deletes_on_its_next_pass_what_changed_under_its_first() -> None:
+    """A wait record claimed and a cached step set again between erase's listing and its
+    delete are not deleted as listed (the compare fails); the next pass lists them as
+    they are now and deletes them."""
+
+    raced: set[str] = set()
+
+    class Raced(MemoryStorageAdapter):
+        async def _do_delete_payload(self, item: StoredPayload) -> bool:
+            if item.kind not in raced:
+                raced.add(item.kind)
+                if item.kind == "wait":
+                    await self.claim_wait_record("w", "worker", namespace="gone")
+                else:
+                    await self._do_set_cached_step(item.key, {"again": 1}, 600_000)
+            return await super()._do_delete_payload(item)
+
+    settings = Settings(master_key=f"base64:{new_key()}")
+    raw = Raced()
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    await adapter.save_wait_record(
+        WaitRecord(correlation_key="w", stack_id="w", namespace="gone", metadata={"m": SECRET})
+    )
+    await adapter.set_cached_step("k", {"b": SECRET}, 600_000, namespace="gone")
+    report = await erase(siglo.Backend(name="memory", url="memory://", adapter=adapter), "gone")
+    assert raced == {"wait", "step"}
+    assert report.payloads == {"wait": 1, "step": 1} and report.left == {"wait": 0, "step": 0}
+    assert await raw.get_wait_record("w", namespace="gone") is None
+    assert await raw.get_cached_step("k", namespace="gone") is siglo.MISSING
+
+
+def test_erase_names_what_kept_changing_and_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record whose every delete finds it changed (here: a backend that never deletes)
+    is listed again pass after pass; at the end erase names it and exits with status 3.
+    A cached step stored under a digest (namespace and key too long together) does not
+    name its namespace: it is left, and the erasure leaves it undecryptable."""
+
+    class NeverDeletes(MemoryStorageAdapter):
+        async def _do_delete_payload(self, item: StoredPayload) -> bool:
+            return False
+
+    settings = Settings(master_key=f"base64:{new_key()}")
+    raw = NeverDeletes()
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    backend = siglo.Backend(name="memory", url="memory://", adapter=adapter)
+    long_key = "k" * 4_090  # with "@4:gone:" over 4,096 characters
+
+    async def seed() -> Any:
+        await adapter.set_cached_step("k", {"b": SECRET}, 600_000, namespace="gone")
+        await adapter.set_cached_step(long_key, {"b": SECRET}, 600_000, namespace="gone")
+        return await raw.get_cached_step(long_key, namespace="gone")
+
+    digested = asyncio.run(seed())
+    assert split_namespaced_key(namespaced_key(long_key, "gone")) is None
+
+    @contextlib.asynccontextmanager
+    async def the_store(url: str) -> AsyncIterator[siglo.Backend]:
+        yield backend
+
+    monkeypatch.setattr(siglo.cli.keys, "open_store", the_store)
+    result = CliRunner().invoke(siglo.cli.keys.erase_command, ["memory://", "-n", "gone", "--yes"])
+    assert result.exit_code == 3, result.output
+    assert ", 0 wait record(s), 0 cached step(s)\n" in result.stdout
+    assert result.stderr == "1 cached step(s) kept changing: run siglo erase again\n"
+
+    async def after() -> None:
+        # The digest-keyed entry: still stored, no longer decrypts.
+        assert await raw.get_cached_step(long_key, namespace="gone") == digested
+        fresh, _ = pipeline_parts(raw, None, Pipeline(settings))
+        assert await fresh.get_cached_step(long_key, namespace="gone") is siglo.MISSING
+
+    asyncio.run(after())
+
+
 @pytest.mark.rule("cache.namespaced")
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_erasure_reaches_a_tenants_cached_steps(kind: str, tmp_path: Path) -> None:
@@ -365,12 +570,18 @@ async def test_erasure_reaches_a_tenants_cached_steps(kind: str, tmp_path: Path)
 
         erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
         assert erased.returncode == 0, erased.stderr.decode()
+        # Its entry is deleted; the other tenant's and the un-namespaced one stay.
+        assert b", 0 wait record(s), 1 cached step(s)\n" in erased.stdout
+        assert await raw.get_cached_step("order-1", namespace="gone") is siglo.MISSING
+        assert await raw.get_cached_step("order-1", namespace="kept") == stored["kept"]
+        # A copy of it (a replica, a restored backup) does not decrypt.
+        await raw.set_cached_step("order-1", stored["gone"], 600_000, namespace="gone")
 
         fresh = piped(backend, settings)
         sealer = fresh.codecs.sealer
         with pytest.raises(KeyErasedError):
             await sealer.open(stored["gone"], Location("gone", "order-1", "step", "value"))
-        # A rekey leaves the erased tenant's entry as it is, counted as unreadable.
+        # A rekey leaves the erased tenant's copy as it is, counted as unreadable.
         after = run_siglo(tmp_path, "rekey", backend.url, env=env)
         assert after.returncode == 0, after.stderr.decode()
         steps = b"rekeyed 0 cached step(s); 2 already under the current key; 0 kept changing"

@@ -775,6 +775,16 @@ class SwapIgnoresWhatWasListed(MemoryStorageAdapter):
         return True
 
 
+class DeleteIgnoresWhatWasListed(MemoryStorageAdapter):
+    """The payload delete never compares: a wait record claimed or a step set after the
+    listing is deleted by the erasure all the same (issue 33)."""
+
+    async def _do_delete_payload(self, item: StoredPayload) -> bool:
+        if item.kind == "wait":
+            return self._waits.pop(wait_key(item.namespace, item.key), None) is not None
+        return self._cache.pop(item.key, None) is not None
+
+
 class ResultSwapIgnoresWhatWasListed(MemoryIdempotencyStore):
     """The result rewrite never compares: a completion made after the listing is
     overwritten by the rekey (issue 33)."""
@@ -1315,6 +1325,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "payload.swap",
         "the payload rewrite overwrites whatever is stored",
         adapter=SwapIgnoresWhatWasListed,
+    ),
+    _m(
+        "payload.delete",
+        "the payload delete removes whatever is stored",
+        adapter=DeleteIgnoresWhatWasListed,
     ),
     _m(
         "payload.results",
