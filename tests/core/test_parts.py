@@ -87,3 +87,8 @@ def test_the_bodies_kept_are_those_of_the_digests_named() -> None:
     assert cache.bodies(b"other", cut.parts) is None
     split(_cp(1, {"c": {"x": "4" * 20}}), b"other", cache)  # evicts both of "row"
     assert not cache.holds(b"row") and cache.holds(b"other")
+
+
+def test_the_bodies_kept_are_bounded_to_64_mib_by_default() -> None:
+    # docs/large-state.md: "up to 64 MiB, the least recently used going first".
+    assert BodyCache().max_bytes == 64 * 1024 * 1024
