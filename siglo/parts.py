@@ -97,6 +97,34 @@ class BodyCache:
             self._bodies.move_to_end(slot)
             return found[1]
         digest = body_digest(body)
+        self._put(slot, found, body, digest)
+        return digest
+
+    def keep(self, key: bytes, parts: bytes, bodies: dict[bytes, bytes]) -> None:
+        """Keep the bodies of row ``key`` as loaded (its parts list ``parts`` naming each
+        step's digest in ``bodies``): the next save of the row compares its contexts with
+        them instead of hashing each, and the next load reads the row alone."""
+        for step, digest_hex in orjson.loads(parts):
+            digest = bytes.fromhex(digest_hex)
+            body = bodies.get(digest)
+            if body is None:
+                continue
+            slot = (key, step)
+            found = self._bodies.get(slot)
+            if found is not None and found[1] == digest:
+                self._bodies.move_to_end(slot)
+                continue
+            self._put(slot, found, body, digest)
+
+    def _put(
+        self,
+        slot: tuple[bytes, str],
+        found: tuple[bytes, bytes] | None,
+        body: bytes,
+        digest: bytes,
+    ) -> None:
+        """Keep ``body`` and its ``digest`` in ``slot`` (``found``: what it held)."""
+        key = slot[0]
         if found is not None:
             self._size -= len(found[0])
         else:
@@ -112,7 +140,6 @@ class BodyCache:
                 self._rows[row] = left
             else:
                 del self._rows[row]
-        return digest
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from sql_support import POSTGRES_URL, SHARED_KINDS, open_backend
 from test_sql_migrations import check_v1_data, v1_database
 
 import siglo
+import siglo.parts
 from siglo import Checkpoint, CheckpointConflictError
 from siglo.locking import run_with_lock, workflow_lock_key
 from siglo_sql.adapter import SqlStorageAdapter
@@ -227,6 +228,46 @@ async def test_a_load_of_a_row_it_saved_reads_the_row_alone_on_sqlite() -> None:
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == small.to_json()
         assert sent == [a._s.cp_get]
+
+
+@KINDS
+async def test_a_save_after_a_load_hashes_only_the_contexts_that_changed(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process that loads a row another saved keeps its bodies: its save of the loaded
+    # checkpoint with one context changed hashes that one, and (SQLite) its next load
+    # reads the row alone.
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        await a.save_checkpoint(_doc(1, 8))
+        loaded = await other.get_checkpoint("run")
+        assert loaded is not None
+        hashed: list[bytes] = []
+        digest = siglo.parts.body_digest
+
+        def counted(body: bytes) -> bytes:
+            hashed.append(body)
+            return digest(body)
+
+        monkeypatch.setattr(siglo.parts, "body_digest", counted)
+        mine = _doc(2, 8, changed=5)
+        await other.save_checkpoint(mine, expected_revision=1)
+        assert len(hashed) == 1 and b'"c' in hashed[0]
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        if kind == "sqlite-file":
+            sent: list[str] = []
+            read = a.database.read
+
+            async def recorded(sql: str, params: Any = ()) -> Any:
+                sent.append(sql)
+                return await read(sql, params)
+
+            a.database.read = recorded
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == mine.to_json()
+            assert sent == [a._s.cp_get]
 
 
 @KINDS
