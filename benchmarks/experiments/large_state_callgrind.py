@@ -9,8 +9,12 @@ one, every thread of the process counted::
 
 ``load`` loads the document the process saved last ``N`` times; ``save`` saves ``N``
 documents, one context changed each time (the one changed before going back); ``cycle``
-saves then loads, as the latency rounds do. It prints the median time of an operation
-(meaningless under valgrind; indicative without it).
+saves then loads, as the latency rounds do; ``resume`` saves, then another adapter on
+the same database (another process's: its own memory of bodies) loads and saves one
+context changed, and it prints the median times of that load and that save. It prints
+the median time of an operation (meaningless under valgrind; indicative without it).
+
+    python -m benchmarks.experiments.large_state_callgrind parts resume 40
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import asyncio
 import statistics
 import sys
 import time
+from typing import Any
 
 from benchmarks.large_state import _document, open_kind
+from siglo_sql.adapter import SqlStorageAdapter
 
 SIZE = 262_144
 DOCUMENTS = 102
@@ -28,8 +34,8 @@ DOCUMENTS = 102
 
 async def run(mode: str, op: str, n: int) -> float:
     """The median milliseconds of ``n`` operations ``op`` on a store in ``mode``."""
-    if mode not in ("whole", "parts") or op not in ("load", "save", "cycle"):
-        raise SystemExit(f"usage: whole|parts load|save|cycle N, got {mode} {op}")
+    if mode not in ("whole", "parts") or op not in ("load", "save", "cycle", "resume"):
+        raise SystemExit(f"usage: whole|parts load|save|cycle|resume N, got {mode} {op}")
     if not 0 <= n <= DOCUMENTS - 2:
         raise SystemExit(f"N must be between 0 and {DOCUMENTS - 2}, got {n}")
     options = {"incremental_min_bytes": None} if mode == "whole" else {}
@@ -42,6 +48,8 @@ async def run(mode: str, op: str, n: int) -> float:
         await a.save_checkpoint(docs[1], expected_revision=1)
         await a.get_checkpoint("lat")
         times: list[float] = []
+        if op == "resume":
+            return await _resume(backend.raw_adapter, docs, n)
         for i in range(n):
             t = time.perf_counter()
             if op != "load":
@@ -51,6 +59,28 @@ async def run(mode: str, op: str, n: int) -> float:
                 assert got is not None
             times.append(time.perf_counter() - t)
         return statistics.median(times) * 1e3 if times else 0.0
+
+
+async def _resume(a: SqlStorageAdapter, docs: list[Any], n: int) -> float:
+    """``n`` loads by a fresh adapter of what ``a`` saved, each followed by its save of
+    the next document; prints both medians, returns the load's."""
+    loads: list[float] = []
+    saves: list[float] = []
+    revision = 2
+    for i in range(n // 2):
+        await a.save_checkpoint(docs[2 + 2 * i], expected_revision=revision)
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        t = time.perf_counter()
+        got = await other.get_checkpoint("lat")
+        loads.append(time.perf_counter() - t)
+        assert got is not None
+        t = time.perf_counter()
+        await other.save_checkpoint(docs[3 + 2 * i], expected_revision=revision + 1)
+        saves.append(time.perf_counter() - t)
+        revision += 2
+    load, save = (statistics.median(v) * 1e3 if v else 0.0 for v in (loads, saves))
+    print(f"another process's load {load:.4f} ms, its save after it {save:.4f} ms")
+    return load
 
 
 if __name__ == "__main__":

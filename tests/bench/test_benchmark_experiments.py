@@ -174,5 +174,5 @@ def test_the_large_state_callgrind_experiment_runs_each_operation() -> None:
     from benchmarks.experiments import large_state_callgrind
 
     for mode in ("whole", "parts"):
-        for op in ("load", "save", "cycle"):
+        for op in ("load", "save", "cycle", "resume"):
             assert asyncio.run(large_state_callgrind.run(mode, op, 3)) > 0
