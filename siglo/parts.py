@@ -63,6 +63,24 @@ class BodyCache:
         self.max_bytes = max_bytes
         self._bodies: OrderedDict[tuple[bytes, str], tuple[bytes, bytes]] = OrderedDict()
         self._size = 0
+        self._rows: dict[bytes, int] = {}
+        """How many bodies are kept by row id (:meth:`holds`)."""
+
+    def holds(self, key: bytes) -> bool:
+        """Whether a body of row ``key`` is kept (a load of it may find its bodies here)."""
+        return key in self._rows
+
+    def bodies(self, key: bytes, parts: bytes) -> dict[bytes, bytes] | None:
+        """The bodies the parts list ``parts`` of row ``key`` names, by digest, when each
+        is the one kept for its step (the same digest: a digest names its body, so these
+        are the stored bytes); ``None`` when one is not kept."""
+        found: dict[bytes, bytes] = {}
+        for step, digest in orjson.loads(parts):
+            last = self.last(key, step)
+            if last is None or last[1].hex() != digest:
+                return None
+            found[last[1]] = last[0]
+        return found
 
     def last(self, key: bytes, step: str) -> tuple[bytes, bytes] | None:
         """The body saved last for ``step`` of row ``key`` and its digest, if kept."""
@@ -79,15 +97,49 @@ class BodyCache:
             self._bodies.move_to_end(slot)
             return found[1]
         digest = body_digest(body)
+        self._put(slot, found, body, digest)
+        return digest
+
+    def keep(self, key: bytes, parts: bytes, bodies: dict[bytes, bytes]) -> None:
+        """Keep the bodies of row ``key`` as loaded (its parts list ``parts`` naming each
+        step's digest in ``bodies``): the next save of the row compares its contexts with
+        them instead of hashing each, and the next load reads the row alone."""
+        for step, digest_hex in orjson.loads(parts):
+            digest = bytes.fromhex(digest_hex)
+            body = bodies.get(digest)
+            if body is None:
+                continue
+            slot = (key, step)
+            found = self._bodies.get(slot)
+            if found is not None and found[1] == digest:
+                self._bodies.move_to_end(slot)
+                continue
+            self._put(slot, found, body, digest)
+
+    def _put(
+        self,
+        slot: tuple[bytes, str],
+        found: tuple[bytes, bytes] | None,
+        body: bytes,
+        digest: bytes,
+    ) -> None:
+        """Keep ``body`` and its ``digest`` in ``slot`` (``found``: what it held)."""
+        key = slot[0]
         if found is not None:
             self._size -= len(found[0])
+        else:
+            self._rows[key] = self._rows.get(key, 0) + 1
         self._bodies[slot] = (body, digest)
         self._bodies.move_to_end(slot)
         self._size += len(body)
         while self._size > self.max_bytes and self._bodies:
-            _, (old, _) = self._bodies.popitem(last=False)
+            (row, _), (old, _) = self._bodies.popitem(last=False)
             self._size -= len(old)
-        return digest
+            left = self._rows[row] - 1
+            if left:
+                self._rows[row] = left
+            else:
+                del self._rows[row]
 
 
 @dataclass(frozen=True, slots=True)

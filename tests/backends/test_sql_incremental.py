@@ -14,8 +14,10 @@ from sql_support import POSTGRES_URL, SHARED_KINDS, open_backend
 from test_sql_migrations import check_v1_data, v1_database
 
 import siglo
+import siglo.parts
 from siglo import Checkpoint, CheckpointConflictError
 from siglo.locking import run_with_lock, workflow_lock_key
+from siglo_sql.adapter import SqlStorageAdapter
 from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, assemble, split
 
 pytestmark = pytest.mark.rule("checkpoint.incremental")
@@ -198,6 +200,99 @@ async def test_a_save_in_parts_is_three_statements_on_sqlite() -> None:
         assert await _digests(backend) == set(split(mine).bodies)
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == mine.to_json()
+
+
+async def test_a_load_of_a_row_it_saved_reads_the_row_alone_on_sqlite() -> None:
+    # The bodies kept from its save are the ones the row names: the load reads the row
+    # (skeleton and parts list) and assembles the document from them, byte for byte.
+    async with open_backend("sqlite-file") as backend:
+        a: Any = backend.raw_adapter
+        mine = _doc(1, 10)
+        await a.save_checkpoint(mine)
+        sent: list[str] = []
+        read = a.database.read
+
+        async def recorded(sql: str, params: Any = ()) -> Any:
+            sent.append(sql)
+            return await read(sql, params)
+
+        a.database.read = recorded
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        assert sent == [a._s.cp_get]
+        # A row it saved whole since is read whole, by the same one statement.
+        small = _doc(2, 1)
+        assert len(small.to_json()) < DEFAULT_INCREMENTAL_MIN_BYTES
+        await a.save_checkpoint(small, expected_revision=1)
+        sent.clear()
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == small.to_json()
+        assert sent == [a._s.cp_get]
+
+
+@KINDS
+async def test_a_save_after_a_load_hashes_only_the_contexts_that_changed(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process that loads a row another saved keeps its bodies: its save of the loaded
+    # checkpoint with one context changed hashes that one, and (SQLite) its next load
+    # reads the row alone.
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        await a.save_checkpoint(_doc(1, 8))
+        loaded = await other.get_checkpoint("run")
+        assert loaded is not None
+        hashed: list[bytes] = []
+        digest = siglo.parts.body_digest
+
+        def counted(body: bytes) -> bytes:
+            hashed.append(body)
+            return digest(body)
+
+        monkeypatch.setattr(siglo.parts, "body_digest", counted)
+        mine = _doc(2, 8, changed=5)
+        await other.save_checkpoint(mine, expected_revision=1)
+        assert len(hashed) == 1 and b'"c' in hashed[0]
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        if kind == "sqlite-file":
+            sent: list[str] = []
+            read = a.database.read
+
+            async def recorded(sql: str, params: Any = ()) -> Any:
+                sent.append(sql)
+                return await read(sql, params)
+
+            a.database.read = recorded
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == mine.to_json()
+            assert sent == [a._s.cp_get]
+
+
+@KINDS
+async def test_a_load_after_another_writers_save_reads_its_bodies(kind: str) -> None:
+    # Another writer (an adapter with its own memory, as another process) changed a
+    # context: the digest the row names is not the one kept, so the bodies are read.
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        await a.save_checkpoint(_doc(1, 8))
+        theirs = _doc(2, 8, changed=3)
+        await other.save_checkpoint(theirs, expected_revision=1)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == theirs.to_json()
+        # The same bodies as its own save again, written by the other: read from memory.
+        again = _doc(3, 8)
+        await other.save_checkpoint(again, expected_revision=2)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == again.to_json()
+        small = _doc(4, 1)  # stored whole
+        await other.save_checkpoint(small, expected_revision=3)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == small.to_json()
+        await other.delete_checkpoint("run")
+        assert await a.get_checkpoint("run") is None
 
 
 async def test_versions_kept_are_bounded_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -166,3 +166,13 @@ def test_the_decoders_comparison_times_every_decoder(capsys: pytest.CaptureFixtu
         lines[1:], ("orjson.loads", "ormsgpack.unpackb", "Checkpoint.from_json"), strict=True
     ):
         assert line.startswith(f"1k: {name} ") and line.endswith(", 2 rounds of 3")
+
+
+def test_the_large_state_callgrind_experiment_runs_each_operation() -> None:
+    """docs/benchmarks-large-state.md quotes its instruction counts: every mode and
+    operation runs (a few operations, no valgrind)."""
+    from benchmarks.experiments import large_state_callgrind
+
+    for mode in ("whole", "parts"):
+        for op in ("load", "save", "cycle", "resume"):
+            assert asyncio.run(large_state_callgrind.run(mode, op, 3)) > 0

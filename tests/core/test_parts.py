@@ -70,3 +70,25 @@ def test_a_document_in_another_encoding_keeps_its_bytes() -> None:
     assert cp.to_json() == text
     cut = split(cp, b"row", BodyCache())
     assert assemble(cut.skeleton, cut.parts, cut.bodies) == text
+
+
+def test_the_bodies_kept_are_those_of_the_digests_named() -> None:
+    # A load assembles from the bodies kept only where each digest the row names is the
+    # one kept for its step; evicting a row's last body forgets the row.
+    cache = BodyCache(max_bytes=40)
+    cp = _cp(1, {"a": {"x": "1" * 10}, "b": {"x": "2" * 10}})
+    cut = split(cp, b"row", cache)
+    assert cache.holds(b"row") and not cache.holds(b"other")
+    found = cache.bodies(b"row", cut.parts)
+    assert found == cut.bodies
+    assert assemble(cut.skeleton, cut.parts, found) == cp.to_json()
+    changed = split(_cp(2, {"a": {"x": "3" * 10}, "b": {"x": "2" * 10}}))
+    assert cache.bodies(b"row", changed.parts) is None  # "a" is another body
+    assert cache.bodies(b"other", cut.parts) is None
+    split(_cp(1, {"c": {"x": "4" * 20}}), b"other", cache)  # evicts both of "row"
+    assert not cache.holds(b"row") and cache.holds(b"other")
+
+
+def test_the_bodies_kept_are_bounded_to_64_mib_by_default() -> None:
+    # docs/large-state.md: "up to 64 MiB, the least recently used going first".
+    assert BodyCache().max_bytes == 64 * 1024 * 1024
