@@ -1,4 +1,4 @@
-"""What the schema-7 token triggers cost a save (docs/encryption.md, "The index on each
+"""Measured what the schema-7 token triggers cost a save (docs/encryption.md, "The index on each
 backend"): a store with the triggers beside one with them dropped.
 
     # SQLite, instructions: run under callgrind with 200 and 2,200 saves, subtract
