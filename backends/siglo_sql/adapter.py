@@ -35,9 +35,9 @@ from siglo_sql.database import Database, Params, Plan
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, indexed_list, page_conditions, summary_of
 from siglo_sql.migrations import (
-    TOKEN_MARKER,
     check_target,
     ensure_token_triggers,
+    holds_token_marker,
     migrate,
     read_version,
 )
@@ -231,7 +231,7 @@ class SqlStorageAdapter(StorageAdapter):
         s = self._s
         row = checkpoint_row(checkpoint, self._retention(now), now)
         row["expected"] = expected_revision
-        if not self._token_triggers and TOKEN_MARKER in row["document"]:
+        if not self._token_triggers and holds_token_marker(row["document"]):
             await self._need_token_triggers()
         if expected_revision is None:
             key = "cp_save_forward"
@@ -273,10 +273,11 @@ class SqlStorageAdapter(StorageAdapter):
 
         Every save path (plain, streamed, unlocking, in parts, ``siglo import``) comes
         through :meth:`_do_save_checkpoint`, which asks when the document's bytes hold
-        the marker (a search of bytes it has anyway). A store that never held a token
-        has no triggers, so its writes cost what they did before schema 7. Cancel
-        rewrites a stored document with the same metadata: if it holds tokens, they
-        were saved by one of these paths or by migration 7, which made the triggers."""
+        the marker (a search of bytes it has anyway: :func:`holds_token_marker`). A
+        store that never held a token has no triggers, so its writes cost what they did
+        before schema 7. Cancel rewrites a stored document with the same metadata: if
+        it holds tokens, they were saved by one of these paths or by migration 7,
+        which made the triggers."""
         await ensure_token_triggers(self.database, self.table_prefix, self.schema)
         self._token_triggers = True
 

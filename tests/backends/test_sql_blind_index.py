@@ -228,6 +228,18 @@ async def test_a_store_without_tokens_has_no_triggers_until_its_first_token(kind
         assert len(await _triggers(a)) == 3
 
 
+def test_the_marker_search_finds_the_key_anywhere(kind: str) -> None:
+    from siglo_sql.migrations import holds_token_marker
+
+    found = _cp("s", "t", customer="A").to_json()
+    assert holds_token_marker(found)
+    assert holds_token_marker(b'$"$x$' + found)  # after other dollars, one at 0
+    assert not holds_token_marker(_cp("s", "t").to_json())
+    assert not holds_token_marker(b'{"$siglo":"sealed","$sigloIndexes":1,"$sigloIndex')
+    assert not holds_token_marker(b'$sigloIndex"')  # no quote before it
+    assert not holds_token_marker(b"")
+
+
 async def test_every_save_path_creates_the_triggers(kind: str) -> None:
     """Streamed, unlocking and incremental (in parts) saves, and a migration whose
     backfill found no tokens, each make the triggers before their first token."""
