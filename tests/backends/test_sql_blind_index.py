@@ -138,6 +138,10 @@ async def test_migration_7_indexes_what_a_schema_6_store_holds(kind: str) -> Non
         assert await _ids(a, {"customer": "A"}, "t") == ["old1"]
         found = await a.get_checkpoint("old1", "t", fallback=False)
         assert found is not None and found.metadata[INDEX_KEY] == {"customer": "A", "plan": "P"}
+        # It found tokens, so it made the triggers: a save without tokens drops them.
+        assert len(await _triggers(a)) == 3
+        await a.save_checkpoint(_cp("old2", "t", 2))
+        assert await _ids(a, {"customer": "B"}, "t") == []
 
 
 async def _fill_many(a: Any, count: int) -> None:
@@ -241,9 +245,15 @@ def test_the_marker_search_finds_the_key_anywhere(kind: str) -> None:
 
 
 async def test_every_save_path_creates_the_triggers(kind: str) -> None:
-    """Streamed, unlocking and incremental (in parts) saves, and a migration whose
-    backfill found no tokens, each make the triggers before their first token."""
-    for path in ("streamed", "unlocking", "parts", "migrated"):
+    """Streamed, unlocking and incremental (in parts) saves, ``siglo import``, and a
+    migration whose backfill found no tokens, each make the triggers before their first
+    token."""
+    from siglo.transfer import export_lines, import_lines
+
+    async with open_backend("sqlite-memory", checkpoint_ttl_ms=None) as source:
+        await source.adapter.save_checkpoint(_cp("s", "t", customer="A"))
+        dump = [line async for line in export_lines(source.adapter)]
+    for path in ("streamed", "unlocking", "parts", "import", "migrated"):
         async with open_backend(
             kind, checkpoint_ttl_ms=None, incremental_min_bytes=4_096, auto_migrate=False
         ) as backend:
@@ -256,6 +266,8 @@ async def test_every_save_path_creates_the_triggers(kind: str) -> None:
                 await a.save_checkpoint_streamed(cp, [])
             elif path == "unlocking":
                 await a.save_checkpoint_unlocking(cp)
+            elif path == "import":
+                assert (await import_lines(a, dump)).imported == 1
             elif path == "parts":
                 big = {f"step{i}": {"v": "x" * 2_000} for i in range(4)}
                 await a.save_checkpoint(cp.replace(contexts=big))
