@@ -1,7 +1,7 @@
-"""Measured: what the schema-7 token triggers cost the saves of a store that has them
-(docs/encryption.md, "The index on each backend"): a store with the triggers made
-before its first save beside one with them dropped (a store that never held a token has
-none: they come with its first token).
+"""Measured for the blind index: what its schema-7 triggers cost the saves of a store
+that has them (docs/encryption.md, "The index on each backend"): a store with the
+triggers made before its first save beside one with them dropped (a store that never
+held a token has none: they come with its first token).
 
     # SQLite, instructions: run under callgrind with 200 and 2,200 saves, subtract
     PYTHONHASHSEED=0 valgrind --tool=callgrind \\
