@@ -363,3 +363,29 @@ async def test_a_save_costs_what_it_did_at_schema_6_without_tokens(kind: str) ->
                 conn.close()
     assert counts["v7"] == counts["v6"], counts
     assert counts["v7 with triggers"][0] > counts["v6"][0], counts
+
+
+async def test_several_connections_make_the_triggers_at_once(kind: str) -> None:
+    """Four backends on one database save their first token at the same moment: one
+    makes the triggers (under the lock), the others find them; every token is indexed."""
+    import siglo
+
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        others = [siglo.connect(backend.url, checkpoint_ttl_ms=None) for _ in range(4)]
+        try:
+            for other in others:
+                await other.adapter.open()  # type: ignore[attr-defined]
+            await asyncio.gather(
+                *(
+                    other.adapter.save_checkpoint(_cp(f"s{i}", "t", customer="A"))
+                    for i, other in enumerate(others)
+                )
+            )
+            assert len(await _triggers(a)) == 3
+            assert await _ids(a, {"customer": "A"}, "t") == sorted(
+                [f"s{i}" for i in range(4)], key=_order(a, "t")
+            )
+        finally:
+            for other in others:
+                await other.aclose()
