@@ -91,13 +91,26 @@ async def run(url: str, stacks: int, rounds: int) -> None:
         await backend.raw_adapter.clean_expired_checkpoints()
 
 
+async def _create_triggers(adapter: Any) -> None:
+    """A store with the token triggers before its first save with tokens (a store that
+    has held one): what the triggers cost the saves without tokens of such a store."""
+    from siglo_sql.migrations import ensure_token_triggers
+
+    await adapter.database.open()
+    await ensure_token_triggers(adapter.database, adapter.table_prefix, adapter.schema)
+    adapter._token_triggers = True
+
+
 async def _drop_triggers(adapter: Any) -> None:
+    """A store without the token triggers, even after a save with tokens (which would
+    create them): the cost of the triggers is the difference to a store with them."""
+    adapter._token_triggers = True
     prefix, schema = adapter.table_prefix, adapter.schema
     table = f"{schema}.{prefix}checkpoints" if schema else f"{prefix}checkpoints"
     for name in ("added", "changed", "gone"):
         trigger = f"{prefix}checkpoint_tokens_{name}"
         on = f" ON {table}" if schema else ""
-        await adapter.database.fetch(f"DROP TRIGGER {trigger}{on}")
+        await adapter.database.fetch(f"DROP TRIGGER IF EXISTS {trigger}{on}")
 
 
 async def saves(url: str, rounds: int, per_round: int) -> None:
@@ -109,6 +122,7 @@ async def saves(url: str, rounds: int, per_round: int) -> None:
         isolated(url, checkpoint_ttl_ms=None) as with_triggers,
         isolated(url, checkpoint_ttl_ms=None) as without,
     ):
+        await _create_triggers(with_triggers.raw_adapter)
         await _drop_triggers(without.raw_adapter)
         stores = {"triggers": with_triggers.raw_adapter, "none": without.raw_adapter}
         revision = {name: 0 for name in stores}

@@ -34,7 +34,13 @@ from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database, Params, Plan
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, indexed_list, page_conditions, summary_of
-from siglo_sql.migrations import check_target, migrate, read_version
+from siglo_sql.migrations import (
+    check_target,
+    ensure_token_triggers,
+    holds_token_marker,
+    migrate,
+    read_version,
+)
 from siglo_sql.parts import (
     DEFAULT_INCREMENTAL_MIN_BYTES,
     DIGEST_BYTES,
@@ -163,6 +169,9 @@ class SqlStorageAdapter(StorageAdapter):
         # runs on wall time: it only frees the lock of a crashed holder (the memory
         # model's lock never expires), so a test moving a ManualClock must not free it.
         self.workflow_lock = SqlLock(database, statements, clock=system_clock, scope="workflow")
+        self._token_triggers = False
+        """Whether this adapter made sure the blind index's triggers exist (they are
+        created with the first document that holds tokens, and never dropped)."""
         self.cache_events: list[CacheEvent] = []
         """Cache events received, newest last (telemetry only; bounded to 1,000)."""
 
@@ -222,6 +231,8 @@ class SqlStorageAdapter(StorageAdapter):
         s = self._s
         row = checkpoint_row(checkpoint, self._retention(now), now)
         row["expected"] = expected_revision
+        if not self._token_triggers and holds_token_marker(row["document"]):
+            await self._need_token_triggers()
         if expected_revision is None:
             key = "cp_save_forward"
         elif expected_revision == 0:
@@ -255,6 +266,20 @@ class SqlStorageAdapter(StorageAdapter):
                 expected_revision,
                 checkpoint.revision,
             )
+
+    async def _need_token_triggers(self) -> None:
+        """Make sure the triggers that keep ``checkpoint_tokens`` in step exist, before
+        the first save of this adapter whose document holds blind-index tokens.
+
+        Every save path (plain, streamed, unlocking, in parts, ``siglo import``) comes
+        through :meth:`_do_save_checkpoint`, which asks when the document's bytes hold
+        the marker (a search of bytes it has anyway: :func:`holds_token_marker`). A
+        store that never held a token has no triggers, so its writes cost what they did
+        before schema 7. Cancel rewrites a stored document with the same metadata: if
+        it holds tokens, they were saved by one of these paths or by migration 7,
+        which made the triggers."""
+        await ensure_token_triggers(self.database, self.table_prefix, self.schema)
+        self._token_triggers = True
 
     def _in_parts(self, checkpoint: Checkpoint) -> bool:
         """Whether ``checkpoint`` is saved incrementally (its document is large enough)."""

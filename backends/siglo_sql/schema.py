@@ -124,8 +124,8 @@ def build_tables(
     Version 7 (SPEC §12, the blind index) adds ``checkpoint_tokens``: one row per
     blind-index token of a checkpoint's metadata (``$sigloIndex``: field and token),
     keyed by the checkpoint's id and the field, with an index on ``(token, field, id)``
-    that a filtered listing follows; triggers on the checkpoints keep it in step
-    (:mod:`siglo_sql.migrations`).
+    that a filtered listing follows; triggers on the checkpoints, created with the
+    store's first token, keep it in step (:func:`siglo_sql.migrations.token_triggers`).
     """
     check_identifier("table prefix", prefix) if prefix else None
     if schema is not None:
@@ -306,7 +306,8 @@ def build_tables(
         )
     checkpoint_tokens = None
     if version >= 7:
-        # Written only by the triggers of migration 7, in the statement that writes the
+        # Written only by the token triggers (made with a store's first token, or by
+        # migration 7 when it found tokens), in the statement that writes the
         # checkpoint row. The primary key (id, field) is what they delete by; the index
         # (token, field, id) is what a filtered listing walks, in id order: keyset pages
         # are a range of it, and each row leads to its checkpoint by primary key.

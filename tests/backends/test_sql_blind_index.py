@@ -138,6 +138,10 @@ async def test_migration_7_indexes_what_a_schema_6_store_holds(kind: str) -> Non
         assert await _ids(a, {"customer": "A"}, "t") == ["old1"]
         found = await a.get_checkpoint("old1", "t", fallback=False)
         assert found is not None and found.metadata[INDEX_KEY] == {"customer": "A", "plan": "P"}
+        # It found tokens, so it made the triggers: a save without tokens drops them.
+        assert len(await _triggers(a)) == 3
+        await a.save_checkpoint(_cp("old2", "t", 2))
+        assert await _ids(a, {"customer": "B"}, "t") == []
 
 
 async def _fill_many(a: Any, count: int) -> None:
@@ -193,3 +197,195 @@ async def test_explain_a_filtered_listing_uses_the_index(kind: str) -> None:
                 # Each token row leads to its checkpoint by a search (its id), never a scan.
                 assert "SEARCH c USING" in plan and "id=?" in plan, plan
                 assert "SCAN c" not in plan and "TEMP B-TREE" not in plan, plan
+
+
+async def _triggers(adapter: Any) -> set[str]:
+    """The names of the token triggers the checkpoints table has."""
+    names = {f"{adapter.table_prefix}checkpoint_tokens_{n}" for n in ("added", "changed", "gone")}
+    if adapter.database.dialect_name == "postgresql":
+        rows = await adapter.database.fetch(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = to_regclass(%(t)s)",
+            {"t": _table(adapter, "checkpoints")},
+        )
+    else:
+        rows = await adapter.database.fetch("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    return {r[0] for r in rows} & names
+
+
+async def test_a_store_without_tokens_has_no_triggers_until_its_first_token(kind: str) -> None:
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        await a.save_checkpoint(_cp("s1", "t"))
+        await a.save_checkpoint(_cp("s1", "t", 2))
+        await a.save_checkpoint_streamed(_cp("s2", "t"), [])
+        await a.cancel_workflow("s2", "t")
+        await a.delete_checkpoint("s1", "t")
+        assert await _triggers(a) == set()
+        # The first document with tokens: the triggers, committed before its save, which
+        # they index.
+        await a.save_checkpoint(_cp("s3", "t", customer="A"))
+        assert len(await _triggers(a)) == 3
+        assert await _token_rows(a) == {("s3", "customer", "A")}
+        # They stay: a save without tokens over the row drops its tokens.
+        await a.save_checkpoint(_cp("s3", "t", 2))
+        assert await _token_rows(a) == set()
+        assert len(await _triggers(a)) == 3
+
+
+def test_the_marker_search_finds_the_key_anywhere(kind: str) -> None:
+    from siglo_sql.migrations import holds_token_marker
+
+    found = _cp("s", "t", customer="A").to_json()
+    assert holds_token_marker(found)
+    assert holds_token_marker(b'$"$x$' + found)  # after other dollars, one at 0
+    assert not holds_token_marker(_cp("s", "t").to_json())
+    assert not holds_token_marker(b'{"$siglo":"sealed","$sigloIndexes":1,"$sigloIndex')
+    assert not holds_token_marker(b'$sigloIndex"')  # no quote before it
+    assert not holds_token_marker(b"")
+
+
+async def test_every_save_path_creates_the_triggers(kind: str) -> None:
+    """Streamed, unlocking and incremental (in parts) saves, ``siglo import``, and a
+    migration whose backfill found no tokens, each make the triggers before their first
+    token."""
+    from siglo.transfer import export_lines, import_lines
+
+    async with open_backend("sqlite-memory", checkpoint_ttl_ms=None) as source:
+        await source.adapter.save_checkpoint(_cp("s", "t", customer="A"))
+        dump = [line async for line in export_lines(source.adapter)]
+    for path in ("streamed", "unlocking", "parts", "import", "migrated"):
+        async with open_backend(
+            kind, checkpoint_ttl_ms=None, incremental_min_bytes=4_096, auto_migrate=False
+        ) as backend:
+            a: Any = backend.adapter
+            if path == "migrated":
+                assert await a.migrate(target=6) == (0, 6)
+            await a.migrate()
+            cp = _cp("s", "t", customer="A")
+            if path == "streamed":
+                await a.save_checkpoint_streamed(cp, [])
+            elif path == "unlocking":
+                await a.save_checkpoint_unlocking(cp)
+            elif path == "import":
+                assert (await import_lines(a, dump)).imported == 1
+            elif path == "parts":
+                big = {f"step{i}": {"v": "x" * 2_000} for i in range(4)}
+                await a.save_checkpoint(cp.replace(contexts=big))
+                assert _parts_row(await _raw_row(a, "s"))
+            else:
+                assert await _triggers(a) == set()
+                await a.save_checkpoint(cp)
+            assert len(await _triggers(a)) == 3, path
+            assert await _token_rows(a) == {("s", "customer", "A")}, path
+
+
+async def _raw_row(adapter: Any, stack: str) -> Any:
+    rows = await adapter.database.fetch(
+        adapter.database.sql(f"SELECT parts FROM {_table(adapter, 'checkpoints')} WHERE id = :id"),
+        {"id": row_id("t", stack)},
+    )
+    return rows[0]
+
+
+def _parts_row(row: Any) -> bool:
+    return row[0] is not None
+
+
+async def test_another_connection_keeps_the_index_after_the_triggers_came(kind: str) -> None:
+    """A second backend on the same database, whose statements ran (prepared) before the
+    first made the triggers, fires them from then on: its save without tokens over a
+    row with tokens, and its delete, drop them."""
+    import siglo
+
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        other = siglo.connect(backend.url, checkpoint_ttl_ms=None)
+        b: Any = other.adapter
+        try:
+            for i in range(3):  # prepared and cached on every connection it uses
+                await b.save_checkpoint(_cp("s1", "t", i + 1))
+                await b.save_checkpoint(_cp(f"x{i}", "t"))
+                await b.get_checkpoint("s1", "t")
+            await b.delete_checkpoint("x0", "t")
+            assert await _triggers(a) == set()
+            await a.save_checkpoint(_cp("s1", "t", 4, customer="A"))
+            await a.save_checkpoint(_cp("s2", "t", customer="B"))
+            assert await _ids(b, {"customer": "A"}, "t") == ["s1"]
+            await b.save_checkpoint(_cp("s1", "t", 5))  # no tokens: A's token goes
+            await b.delete_checkpoint("s2", "t")
+            assert await _token_rows(a) == set()
+            await b.save_checkpoint(_cp("x1", "t", 2, customer="C"))
+            assert await _ids(a, {"customer": "C"}, "t") == ["x1"]
+        finally:
+            await other.aclose()
+
+
+async def test_a_save_costs_what_it_did_at_schema_6_without_tokens(kind: str) -> None:
+    """The same upsert on a schema-7 store that never held a token and on a schema-6
+    store runs the same SQLite program: counted in virtual machine instructions (a
+    progress handler called at each one), not timed. (On PostgreSQL the absence of the
+    triggers, above, is what the save's cost depends on.)"""
+    import sqlite3
+
+    if kind != "sqlite-file":
+        pytest.skip("SQLite's program, counted by its progress handler")
+
+    from siglo_sql.rows import checkpoint_row
+
+    counts: dict[str, list[int]] = {}
+    for store in ("v6", "v7", "v7 with triggers"):
+        async with open_backend(kind, checkpoint_ttl_ms=None, auto_migrate=False) as backend:
+            a: Any = backend.adapter
+            await a.migrate(target=6 if store == "v6" else 7)
+            if store != "v6":
+                await a.save_checkpoint(_cp("other", "t"))
+                await a.delete_checkpoint("other", "t")
+            if store == "v7 with triggers":  # the counter sees their conditions
+                await a.save_checkpoint(_cp("other", "t", customer="A"))
+            conn = sqlite3.connect(a.database.path, isolation_level=None)
+            steps = [0]
+
+            def step(steps: list[int] = steps) -> int:
+                steps[0] += 1
+                return 0
+
+            try:
+                conn.set_progress_handler(step, 1)
+                seen = []
+                # The first run of the statement also reads the schema: the others.
+                for revision in (1, 2, 3):
+                    row = checkpoint_row(_cp("s", "t", revision), None, 1)
+                    steps[0] = 0
+                    conn.execute(a._s.cp_save_forward, {**row, "expected": None}).fetchall()
+                    seen.append(steps[0])
+                counts[store] = seen[1:]
+            finally:
+                conn.close()
+    assert counts["v7"] == counts["v6"], counts
+    assert counts["v7 with triggers"][0] > counts["v6"][0], counts
+
+
+async def test_several_connections_make_the_triggers_at_once(kind: str) -> None:
+    """Four backends on one database save their first token at the same moment: one
+    makes the triggers (under the lock), the others find them; every token is indexed."""
+    import siglo
+
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        others = [siglo.connect(backend.url, checkpoint_ttl_ms=None) for _ in range(4)]
+        try:
+            for other in others:
+                await other.adapter.open()  # type: ignore[attr-defined]
+            await asyncio.gather(
+                *(
+                    other.adapter.save_checkpoint(_cp(f"s{i}", "t", customer="A"))
+                    for i, other in enumerate(others)
+                )
+            )
+            assert len(await _triggers(a)) == 3
+            assert await _ids(a, {"customer": "A"}, "t") == sorted(
+                [f"s{i}" for i in range(4)], key=_order(a, "t")
+            )
+        finally:
+            for other in others:
+                await other.aclose()

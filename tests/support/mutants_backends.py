@@ -100,6 +100,9 @@ class SqliteTokensKeptOnChange(_Broken, SqliteStorageAdapter):
     async def _do_list_by_index(self, query: ListQuery, tokens: dict[str, str]) -> CheckpointPage:
         if not getattr(self, "_trigger_broken", False):
             self._trigger_broken = True
+            # The triggers come with a store's first token: made now if not yet, then
+            # the update trigger swapped for the broken one (never made again: they stay).
+            await self._need_token_triggers()
             prefix = self.table_prefix
             marker = "X'" + b'"$sigloIndex"'.hex().upper() + "'"
             await self.database.fetch(f"DROP TRIGGER {prefix}checkpoint_tokens_changed")
