@@ -277,7 +277,34 @@ class SqlStorageAdapter(StorageAdapter):
         store that never held a token has no triggers, so its writes cost what they did
         before schema 7. Cancel rewrites a stored document with the same metadata: if
         it holds tokens, they were saved by one of these paths or by migration 7,
-        which made the triggers."""
+        which made the triggers.
+
+        A role that may not create triggers on the checkpoints table (PostgreSQL: not
+        its owner, no ``TRIGGER`` privilege) gets :class:`StorageAdapterError` naming
+        the remedy, and the save is not made: ``siglo migrate`` with the settings that
+        name ``blind_index_fields``, run as the owner, creates them ahead
+        (:meth:`create_token_triggers`)."""
+        try:
+            await ensure_token_triggers(self.database, self.table_prefix, self.schema)
+        except StorageAdapterError as error:
+            if not _refused_privilege(error):
+                raise
+            table = f"{self.schema + '.' if self.schema else ''}{self.table_prefix}checkpoints"
+            raise StorageAdapterError(
+                f"this save is the store's first with blind-index tokens, which needs the "
+                f"triggers that keep its token index on {table}, and this role may not "
+                f"create them ({error}): run `siglo migrate URL` with the settings that "
+                "name blind_index_fields as a role that may (the table's owner), or grant "
+                "this role TRIGGER on the table; nothing was saved"
+            ) from error
+        self._token_triggers = True
+
+    async def create_token_triggers(self) -> None:
+        """Create the triggers that keep the blind-index token table in step, if they
+        are not there (``siglo migrate`` does, when the settings name
+        ``blind_index_fields``), so that a role that may not create triggers can save
+        tokens. Safe to run from several processes at once."""
+        await self.database.connect_unchecked()
         await ensure_token_triggers(self.database, self.table_prefix, self.schema)
         self._token_triggers = True
 
@@ -1043,3 +1070,14 @@ def _with_bodies(rows: list[tuple[Any, ...]]) -> tuple[Any, ...]:
 def _document(row: Sequence[Any]) -> tuple[bytes, bytes | None]:
     """``(document, parts)`` of a checkpoint row read as ``document, parts, …``."""
     return bytes(row[0]), None if row[1] is None else bytes(row[1])
+
+
+def _refused_privilege(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is the database refusing a privilege:
+    SQLSTATE 42501 on PostgreSQL."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == "42501":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "InsufficientPrivilege" in str(error)

@@ -9,6 +9,7 @@ from typing import Any
 from siglo import MISSING
 from siglo.adapter import Capability, StorageAdapter
 from siglo.backend import Backend
+from siglo.coordination import LockBase
 from siglo.errors import StorageAdapterError
 from siglo.payloads import StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
@@ -129,8 +130,10 @@ def closed_calls(
             (C.LOCKS, "lock.release", lambda: lock.release(key, "t")),
             (C.LOCKS, "lock.extend", lambda: lock.extend(key, "t", 1_000)),
             (C.LOCKS, "lock.with_lock", lambda: lock.with_lock(key, locked)),
-            (C.LOCKS, "lock.inspect", lambda: lock.inspect(key)),
         ]
+        if isinstance(lock, LockBase):  # inspect is LockBase's (contract 1.4), not the protocol's
+            inspected = lock
+            calls.append((C.LOCKS, "lock.inspect", lambda: inspected.inspect(key)))
     if closed.nonces is not None:
         nonces = closed.nonces
         calls.append((C.NONCES, "nonces.claim", lambda: nonces.claim(key, 60)))

@@ -35,15 +35,25 @@ async def _migrate(url: str, target: int | None, status_only: bool) -> str:
         _versioned(probe)
     finally:
         await probe.aclose()
-    backend = connect(url, settings=cli_settings(), auto_migrate=False)
+    settings = cli_settings()
+    backend = connect(url, settings=settings, auto_migrate=False)
     try:
         run, current = _versioned(backend)
         if status_only:
             return f"{backend.name}: schema version {await current()}"
         before, after = await (run() if target is None else run(target=target))
         if before == after:
-            return f"{backend.name}: schema already at version {after}"
-        return f"{backend.name}: schema migrated from version {before} to {after}"
+            message = f"{backend.name}: schema already at version {after}"
+        else:
+            message = f"{backend.name}: schema migrated from version {before} to {after}"
+        # The blind index's triggers come with a store's first token; made here, by the
+        # role that migrates (the owner), when the settings say tokens will be saved,
+        # so an application role that may not create triggers can save them.
+        make_triggers = getattr(backend.adapter, "create_token_triggers", None)
+        if settings.blind_index_fields and make_triggers is not None and after >= 7:
+            await make_triggers()
+            message += "; blind-index triggers in place"
+        return message
     finally:
         await backend.aclose()
 
@@ -64,7 +74,9 @@ def migrate(url: str | None, target: int | None, status_only: bool) -> None:
     """Apply the schema migrations of a SQL backend (sqlite:///path.db, postgresql://…).
 
     URL defaults to $SIGLO_URL. Safe to run from several processes at once. A database
-    whose schema is newer than this siglo is left alone and reported as an error.
+    whose schema is newer than this siglo is left alone and reported as an error. When
+    the settings name blind_index_fields, it also creates the blind index's triggers,
+    which a role that may not create triggers needs made ahead.
     """
     message = asyncio.run(_migrate(resolve_url(url), target, status_only))
     click.echo(message)

@@ -389,3 +389,62 @@ async def test_several_connections_make_the_triggers_at_once(kind: str) -> None:
         finally:
             for other in others:
                 await other.aclose()
+
+
+async def test_a_role_that_may_not_create_triggers_is_told_and_siglo_migrate_makes_them(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: an application role with the DML privileges and no right to create
+    triggers saves its first token: a clear error naming the remedy, nothing saved;
+    `siglo migrate` run by the owner with the settings naming blind_index_fields makes
+    them, and the role's token saves are indexed."""
+    if kind != "postgres":
+        pytest.skip("roles and privileges are PostgreSQL's")
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    from click.testing import CliRunner
+    from sql_support import base_url
+
+    import siglo
+    from siglo.cli import cli
+    from siglo.errors import StorageAdapterError
+
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        await a.save_checkpoint(_cp("s0", "t"))
+        role = "siglo_app_" + uuid.uuid4().hex[:8]
+        db = a.database
+        await db.fetch(f"CREATE ROLE {role} LOGIN")
+        try:
+            await db.fetch(f"GRANT USAGE ON SCHEMA {a.schema} TO {role}")
+            await db.fetch(
+                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {a.schema} TO {role}"
+            )
+            parts = urlsplit(base_url(kind))
+            app_url = urlunsplit(
+                parts._replace(
+                    netloc=f"{role}@{parts.hostname}:{parts.port or 5432}",
+                    query=f"schema={a.schema}&auto_migrate=false",
+                )
+            )
+            async with siglo.connect(app_url) as app:
+                with pytest.raises(StorageAdapterError, match="siglo migrate") as refused:
+                    await app.adapter.save_checkpoint(_cp("s1", "t", customer="A"))
+                assert "TRIGGER" in str(refused.value) and "nothing was saved" in str(refused.value)
+                assert await a.get_checkpoint("s1", "t") is None
+                assert await _triggers(a) == set()
+
+                owner_url = urlunsplit(parts._replace(query=f"schema={a.schema}"))
+                monkeypatch.setenv("SIGLO_BLIND_INDEX_FIELDS", "customer")
+                result = await asyncio.to_thread(CliRunner().invoke, cli, ["migrate", owner_url])
+                assert result.exit_code == 0, result.output
+                assert "blind-index triggers in place" in result.output
+                assert len(await _triggers(a)) == 3
+
+                await app.adapter.save_checkpoint(_cp("s1", "t", customer="A"))
+                assert await _ids(app.adapter, {"customer": "A"}, "t") == ["s1"]
+                assert ("s1", "customer", "A") in await _token_rows(a)
+        finally:
+            await db.fetch(f"DROP OWNED BY {role}")
+            await db.fetch(f"DROP ROLE {role}")
