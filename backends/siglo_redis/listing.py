@@ -90,9 +90,10 @@ async def scan_keys(redis: Commands, client: Any, pattern: str) -> AsyncIterator
     if is_cluster(client):
         keys = client.scan_iter(match=pattern, count=1000)
         while True:
-            try:
-                key = await redis.call("SCAN", anext(keys))
-            except StopAsyncIteration:
+            # The end comes back as None, not as StopAsyncIteration: the call's error
+            # handling would turn that into a storage failure (a cluster's walks failed).
+            key = await redis.call("SCAN", anext(keys, None))
+            if key is None:
                 return
             yield key.decode() if isinstance(key, bytes) else str(key)
     cursor: Any = 0
