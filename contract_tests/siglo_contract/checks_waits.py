@@ -252,6 +252,13 @@ async def wait_cancel_workflow(ctx: CheckContext) -> None:
             await a.complete_wait_record(ctx.id(name), "c", namespace=ns)
         if status == "cancelled":
             await a.cancel_wait_record(ctx.id(name), namespace=ns)
+    # A claim whose lease has run out is still a claimed record of the stack: it is
+    # cancelled too (a backend that took it as abandoned and skipped it was caught only
+    # by the state machines, on some seeds).
+    lease = ctx.short_ttl_ms()
+    await store_record(ctx, record(ctx, "lapsed", namespace=ns))
+    await claim_as(ctx, ctx.id("lapsed"), "c", namespace=ns, lease_ms=lease)
+    await ctx.pass_time(lease)
     await store_record(ctx, record(ctx, "other-ns", namespace=other_ns))
     await store_record(ctx, record(ctx, "no-ns"))
     await store_record(ctx, record(ctx, "other-stack", "t", namespace=ns))
@@ -266,6 +273,7 @@ async def wait_cancel_workflow(ctx: CheckContext) -> None:
         "w4": "cancelled",
         "w5": "cancelled",
         "w6": "cancelled",
+        "lapsed": "cancelled",
         "other-ns": "waiting",
         "no-ns": "waiting",
         "other-stack": "waiting",
