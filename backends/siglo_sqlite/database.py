@@ -42,6 +42,7 @@ from siglo_sqlite.connections import (
     is_busy,
     open_checkpointer,
     open_reader,
+    open_syncing_writer,
     open_writer,
 )
 from siglo_sqlite.driver import Driver
@@ -98,6 +99,10 @@ class SqliteDatabase(Database):
         self._writer: sqlite3.Connection | None = None
         """A third, for :meth:`write` on the event loop's thread (files at a
         ``synchronous`` that does not sync each commit)."""
+        self._syncing: sqlite3.Connection | None = None
+        """At a ``synchronous`` whose commits sync (``FULL``, ``EXTRA``), the writer of
+        the batches of keyed writes instead, used on :attr:`_thread` only: a commit that
+        waits for the disk never holds the loop (:mod:`siglo_sqlite.group_commit`)."""
         self._wal: WalCheckpoints | None = None
         """The checkpoints of the WAL the writer appends to, on a fourth connection
         (with the writer)."""
@@ -174,6 +179,10 @@ class SqliteDatabase(Database):
                 open_checkpointer, path, deadline, self.synchronous
             )
             self._wal = WalCheckpoints(checkpointer, thread, self.description)
+        else:
+            self._syncing = await self._open_off_loop(
+                open_syncing_writer, path, deadline, self.synchronous
+            )
 
     async def _open_off_loop(
         self, opener: Callable[..., sqlite3.Connection], path: str, deadline: float, *args: str
@@ -198,7 +207,11 @@ class SqliteDatabase(Database):
                 # closed below.
                 await self._wal.stop()
         finally:
+            syncing, self._syncing = self._syncing, None
             if thread is not None:
+                if syncing is not None:
+                    # Closed on its thread, after any batch it is running.
+                    thread.submit(syncing.close)
                 thread.shutdown(wait=False)
             await self._close_connections()
 
@@ -383,6 +396,8 @@ class SqliteDatabase(Database):
             await self.open()
         writer, wal = self._writer, self._wal
         if writer is None or wal is None:
+            if self._syncing is not None:
+                return await self._batched(sql, params, None)
             return await self.fetch(sql, params)
         if (
             self._collecting is None
@@ -474,6 +489,11 @@ class SqliteDatabase(Database):
                         await asyncio.sleep(0)  # the budget is spent: let the loop turn
                     done = await self._run_some(entries, done)
                 self._holding_since = self._last_inline = time.monotonic()
+                if len(entries) > 1:
+                    # Callers are writing concurrently: the next write (one of those
+                    # answered now, most likely, as they ask again) opens the next
+                    # batch at once rather than holding the loop on its own first.
+                    self._holding_since -= HOLD_S
         except BaseException as exc:
             for entry in entries:
                 settle(entry, None, exc)
@@ -484,9 +504,15 @@ class SqliteDatabase(Database):
         """Run ``entries[first:]`` (as many as the budget allows) inline, or the first on
         the driver if a lock is in the way; the index of the first left."""
         writer, wal = self._writer, self._wal
+        syncing, thread = self._syncing, self._thread
+        if syncing is not None and thread is not None and not self._driver.lock.locked():
+            ran = await self._commit_off_loop(syncing, thread, entries, first)
+            if ran is not None:
+                return ran
+            writer = None  # another connection's lock: the driver waits for it
         for _ in range(2):
             if writer is None or wal is None:
-                break  # closed meanwhile: the driver says so
+                break  # closed meanwhile (the driver says so), or a syncing commit
             while wal.in_the_way():
                 await wal.answered()
             if self._driver.lock.locked():
@@ -577,6 +603,33 @@ class SqliteDatabase(Database):
             settle(entry, answer, failed)
         return index
 
+    async def _commit_off_loop(
+        self,
+        syncing: sqlite3.Connection,
+        thread: concurrent.futures.ThreadPoolExecutor,
+        entries: list[Entry],
+        first: int,
+    ) -> int | None:
+        """Run ``entries[first:]`` (single statements) in one transaction on the syncing
+        writer, on :attr:`_thread`, and answer them; the index of the first left, or
+        ``None`` (nothing run) if another connection holds the write lock."""
+        batch = [(entry.sql, entry.params) for entry in entries[first:]]
+        try:
+            answers = await asyncio.wrap_future(thread.submit(_run_together, syncing, batch))
+        except Exception as exc:  # the transaction failed, or the file was closed
+            error = exc if isinstance(exc, SigloError) else self.wrap(exc, "committing")
+            for entry in entries[first:]:
+                settle(entry, None, error)
+            return len(entries)
+        if answers is None:
+            return None
+        for entry, (rows, failed) in zip(entries[first:], answers, strict=True):
+            if failed is not None:
+                settle(entry, None, self.wrap(failed, "running a statement"))
+            else:
+                settle(entry, rows)
+        return len(entries)
+
     def _commit_one(
         self, writer: sqlite3.Connection, wal: WalCheckpoints, entry: Entry, index: int
     ) -> int | None:
@@ -650,3 +703,39 @@ class SqliteDatabase(Database):
             return None
         wal.wrote()
         return rows
+
+
+def _run_together(
+    conn: sqlite3.Connection, statements: list[tuple[str, Params]]
+) -> list[tuple[list[Row] | None, sqlite3.Error | None]] | None:
+    """Run ``statements`` on ``conn`` in one transaction (one alone: autocommit), each
+    its own outcome; ``None`` if another connection holds the write lock. On the
+    backend's thread: the commit syncs."""
+    if len(statements) == 1:
+        try:
+            return [(conn.execute(*statements[0]).fetchall(), None)]
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                return None
+            return [(None, exc)]
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        if is_busy(exc):
+            return None
+        raise
+    answers: list[tuple[list[Row] | None, sqlite3.Error | None]] = []
+    try:
+        for sql, params in statements:
+            try:
+                answers.append((conn.execute(sql, params).fetchall(), None))
+            except sqlite3.Error as exc:
+                if not conn.in_transaction:
+                    raise  # SQLite undid the transaction (an I/O error, a full disk)
+                answers.append((None, exc))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return answers

@@ -208,15 +208,16 @@ _CHILD = textwrap.dedent(
         backend = siglo.connect("sqlite:///" + sys.argv[1])
         adapter = backend.adapter
         await adapter.open()
-        adapter.database.__class__  # open
         from siglo_sqlite import database
         database.HOLD_S, database.GAP_S = 0.0, 60.0
+        trace = []
+        adapter.database._writer.set_trace_callback(trace.append)
         async def save(i):
             await adapter.save_checkpoint(
                 Checkpoint(stack_id=f"s{i}", revision=1, timestamp=1, contexts={})
             )
         await asyncio.gather(*(save(i) for i in range(16)))
-        print("saved", flush=True)
+        print("saved", trace.count("BEGIN IMMEDIATE"), flush=True)
         await asyncio.sleep(60)  # killed here, never closed
 
     asyncio.run(main())
@@ -225,18 +226,19 @@ _CHILD = textwrap.dedent(
 
 
 def test_saves_that_returned_survive_a_kill(tmp_path: Path) -> None:
-    """A process saves 16 checkpoints at once (a batch), prints once they returned and
-    is killed (SIGKILL, nothing closed): every one of them is in the file."""
+    """A process saves 16 checkpoints at once (one at once, 15 in a batch), prints once
+    they returned and is killed (SIGKILL, nothing closed): every one is in the file."""
     path = tmp_path / "k.db"
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(path)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     try:
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "saved"
+        # The first save ran at once, the other 15 in one transaction.
+        assert child.stdout.readline().strip() == "saved 1"
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
@@ -248,3 +250,27 @@ def test_saves_that_returned_survive_a_kill(tmp_path: Path) -> None:
             return [None if cp is None else cp.revision for cp in found]
 
     assert asyncio.run(look()) == [1] * 16
+
+
+async def test_at_full_concurrent_saves_share_one_syncing_commit(tmp_path: Path) -> None:
+    """At ``synchronous=FULL`` no write runs on the loop: every one goes to a batch,
+    committed on the backend's own thread; 32 callers saving at once share one
+    transaction there (one sync of the WAL instead of 32), each CAS its own outcome."""
+    async with siglo.connect(f"sqlite:///{tmp_path}/f.db?synchronous=FULL") as backend:
+        adapter: Any = backend.adapter
+        await adapter.open()
+        db: Any = adapter.database
+        await adapter.save_checkpoint(cp(1, "taken"), expected_revision=0)
+        trace: list[str] = []
+        db._syncing.set_trace_callback(trace.append)
+        results = await asyncio.gather(
+            *(adapter.save_checkpoint(cp(1, f"s{i}"), expected_revision=0) for i in range(31)),
+            adapter.save_checkpoint(cp(1, "taken"), expected_revision=0),
+            return_exceptions=True,
+        )
+        assert results[:31] == [None] * 31
+        assert isinstance(results[31], siglo.CheckpointConflictError)
+        assert kinds(trace) == ["BEGIN", *["WRITE"] * 32, "COMMIT"], kinds(trace)
+        for i in range(31):
+            got = await adapter.get_checkpoint(f"s{i}")
+            assert got is not None and got.revision == 1
