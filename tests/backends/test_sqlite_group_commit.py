@@ -274,3 +274,56 @@ async def test_at_full_concurrent_saves_share_one_syncing_commit(tmp_path: Path)
         for i in range(31):
             got = await adapter.get_checkpoint(f"s{i}")
             assert got is not None and got.revision == 1
+
+
+async def test_calls_asked_after_a_batched_write_see_it(backend: siglo.Backend) -> None:
+    """A batch takes its place in line when its first write is asked: a read, a statement
+    on the driver and a transaction asked after it (before it commits) run after it and
+    see it, as they would after that write run alone."""
+    adapter: Any = backend.adapter
+    db: Any = adapter.database
+    await adapter.save_checkpoint(cp(1))
+    saving = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
+    await asyncio.sleep(0)  # in a batch (the hold is nothing here), not committed yet
+    assert not saving.done()
+    assert db._collecting is not None and db._order.in_line == 1
+    select = "SELECT revision FROM siglo_checkpoints WHERE stack_id = 's'"
+
+    async def in_a_transaction() -> list[Any]:
+        async with db.transaction() as tx:
+            rows: list[Any] = await tx.fetch(select)
+            return rows
+
+    reading = asyncio.ensure_future(adapter.get_checkpoint("s"))
+    fetching = asyncio.ensure_future(db.fetch(select))
+    transacting = asyncio.ensure_future(in_a_transaction())
+    await saving
+    got = await reading
+    assert got is not None and got.revision == 2
+    assert await fetching == [(2,)]
+    assert await transacting == [(2,)]
+    assert db._order.in_line == 0 and db._collecting is None
+
+
+async def test_a_batch_waits_for_a_statement_in_flight_on_the_driver(
+    backend: siglo.Backend,
+) -> None:
+    """A batch opened while the driver has a statement in flight runs after it: a
+    compare-and-set on the revision that statement writes succeeds."""
+    adapter: Any = backend.adapter
+    db: Any = adapter.database
+    await adapter.save_checkpoint(cp(1))
+    writer, db._writer = db._writer, None  # this save goes to the driver's thread
+    first = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
+    await asyncio.sleep(0)
+    db._writer = writer
+    assert db._order.on_driver == 1
+    trace = traced(backend)
+    await asyncio.gather(
+        adapter.save_checkpoint(cp(3), expected_revision=2),
+        adapter.save_checkpoint(cp(1, "other")),
+    )
+    await first
+    assert kinds(trace) == ["BEGIN", "WRITE", "WRITE", "COMMIT"], kinds(trace)
+    got = await adapter.get_checkpoint("s")
+    assert got is not None and got.revision == 3
