@@ -31,6 +31,8 @@ class Place:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     """Done once its turn has ended: calls asked after it wait for this."""
+    taken: bool = False
+    """Whether its turn was begun (``turn(place)``)."""
 
 
 class CallOrder:
@@ -98,6 +100,17 @@ class CallOrder:
         self.in_line += 1
         return place
 
+    def give_up(self, place: Place) -> None:
+        """Let go of ``place`` if its turn was never begun (its task was cancelled
+        before it ran): the calls asked after it go on."""
+        if not place.taken:
+            place.taken = True
+            self.in_line -= 1
+            if not place.done.done():
+                place.done.set_result(None)
+            if self._ahead is place.done:
+                self._ahead = None
+
     @asynccontextmanager
     async def turn(self, place: Place | None = None) -> AsyncIterator[None]:
         """Queue behind the calls waiting already, then wait for the driver's calls asked
@@ -115,6 +128,7 @@ class CallOrder:
             self.in_line += 1
         else:
             until, before = place.until, place.before
+            place.taken = True
         try:
             if before is not None and not before.done():
                 await asyncio.wait({before})

@@ -25,6 +25,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
+from functools import partial
 from typing import TYPE_CHECKING
 
 import aiosqlite
@@ -470,12 +471,23 @@ class SqliteDatabase(Database):
             place = self._order.reserve()
             task = asyncio.ensure_future(self._run_batch(collecting, place))
             self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
+            task.add_done_callback(partial(self._batch_ended, collecting, place))
         else:
             collecting.append(entry)
             if len(collecting) >= BATCH_MAX:
                 self._collecting = None
         return await future
+
+    def _batch_ended(self, entries: list[Entry], place: Place, task: asyncio.Task[None]) -> None:
+        """A batch's task is over: if it was cancelled before it ran, its callers are
+        cancelled too and its place in line is let go."""
+        self._batches.discard(task)
+        self._order.give_up(place)
+        if self._collecting is entries:
+            self._collecting = None
+        for entry in entries:
+            if not entry.future.done():
+                entry.future.cancel()
 
     async def _run_batch(self, entries: list[Entry], place: Place) -> None:
         """Run a batch's writes in their turn, as few transactions as the budget allows."""

@@ -327,3 +327,23 @@ async def test_a_batch_waits_for_a_statement_in_flight_on_the_driver(
     assert kinds(trace) == ["BEGIN", "WRITE", "WRITE", "COMMIT"], kinds(trace)
     got = await adapter.get_checkpoint("s")
     assert got is not None and got.revision == 3
+
+
+async def test_a_batch_cancelled_before_it_ran_lets_the_line_go_on(
+    backend: siglo.Backend,
+) -> None:
+    """The loop shutting down cancels a batch's task before it runs: its callers are
+    cancelled, and the calls asked after it still run."""
+    adapter: Any = backend.adapter
+    db: Any = adapter.database
+    await adapter.save_checkpoint(cp(1))
+    saving = asyncio.ensure_future(adapter.save_checkpoint(cp(2), expected_revision=1))
+    await asyncio.sleep(0)
+    (task,) = db._batches
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await saving
+    assert db._order.in_line == 0 and db._collecting is None
+    got = await adapter.get_checkpoint("s")
+    assert got is not None and got.revision == 1
+    await adapter.save_checkpoint(cp(2), expected_revision=1)
