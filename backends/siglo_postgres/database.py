@@ -376,13 +376,15 @@ class PostgresDatabase(Database):
         transaction of them all is rolled back, and each is sent again alone, so that
         only its own caller gets the error.
         """
+        if not self._ready:
+            await self.open()
         if not PIPELINE_MODE:
-            return await self.fetch(sql, params)
+            return await self.raw_fetch(sql, params)
         waiting = self._waiting_writes
         if waiting is None and not self._writing:
             self._writing += 1
             try:
-                return await self.fetch(sql, params)
+                return await self.raw_fetch(sql, params)
             finally:
                 self._writing -= 1
         future: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
@@ -402,11 +404,9 @@ class PostgresDatabase(Database):
         try:
             if len(writes) == 1:
                 sql, params, future = writes[0]
-                await self._answer(future, self.fetch(sql, params))
+                await self._answer(future, self.raw_fetch(sql, params))
                 return
             try:
-                if not self._ready:
-                    await self.open()
                 async with self._bounded("writing together") as conn:
                     async with conn.pipeline():
                         cursors = [await _execute(conn, sql, params) for sql, params, _ in writes]
@@ -417,7 +417,7 @@ class PostgresDatabase(Database):
                 # The server refused a statement: none of them was committed. Each
                 # alone, so that only its own caller hears of the error.
                 await asyncio.gather(
-                    *(self._answer(f, self.fetch(sql, params)) for sql, params, f in writes)
+                    *(self._answer(f, self.raw_fetch(sql, params)) for sql, params, f in writes)
                 )
                 return
             for (_, _, future), rows in zip(writes, results, strict=True):

@@ -5,6 +5,8 @@ thread (at once). The inline connections keep the order only if a call asked whi
 earlier ones are still under way runs after them: such a call waits its turn on the loop
 (:meth:`CallOrder.turn`) and then runs inline, instead of queueing on the driver: with 32
 callers the driver never emptied once one call was on it, and every call took the hop.
+A batch of writes (:mod:`siglo_sqlite.group_commit`) takes its place in line when its
+first write is asked (:meth:`CallOrder.reserve`) and its turn when its task runs.
 """
 
 from __future__ import annotations

@@ -377,8 +377,12 @@ class SqliteDatabase(Database):
 
     async def write(self, sql: str, params: Params = ()) -> list[Row]:
         """A keyed write, run at once on the event loop's thread by the writer connection
-        when the aiosqlite connection is idle and the write need not wait, else as
-        :meth:`fetch` does.
+        when the aiosqlite connection is idle, the write need not wait and inline work
+        has not held the loop for :data:`~siglo_sqlite.group_commit.HOLD_S`; else it
+        joins a batch that commits it with the others asked meanwhile
+        (:mod:`siglo_sqlite.group_commit`), on the writer, or on the driver where a lock
+        is in the way. At a ``synchronous`` whose commits sync, always in a batch, on the
+        backend's own thread.
 
         A sequential save was one statement of about 35 us and two thread hops of about
         50 us each. The writer's busy timeout is 0: when another connection (another
@@ -387,9 +391,9 @@ class SqliteDatabase(Database):
         gate as :meth:`read`'s keeps the order of this backend's calls: a write runs
         inline only with nothing in flight on the driver and no transaction open.
 
-        Only where a commit does not sync (``synchronous`` ``NORMAL`` or ``OFF``, in WAL
-        mode a commit appends to the WAL): a commit that waited for the disk would stall
-        the event loop. For the same reason the writer never checkpoints the WAL
+        Inline only where a commit does not sync (``synchronous`` ``NORMAL`` or ``OFF``,
+        in WAL mode a commit appends to the WAL): a commit that waited for the disk would
+        stall the event loop. For the same reason the writer never checkpoints the WAL
         (``wal_autocheckpoint = 0``): :mod:`siglo_sqlite.wal_checkpoints` does, every so
         many inline writes, beside them.
         """
