@@ -14,6 +14,17 @@ runs in a ``SAVEPOINT`` of its own and is rolled back to it if it raises; the er
 to its caller only. No caller is answered before the ``COMMIT``: what returned is
 committed, as durably as one write alone. A batch holds the loop for at most
 :data:`BATCH_BUDGET_S` (and :data:`BATCH_MAX` writes): the rest commit in the next turn.
+Once a batch of several has committed, the next write opens the next batch at once
+instead of running alone first: the callers it answered ask again together.
+
+Where a commit syncs (``synchronous`` ``FULL`` or ``EXTRA``) no write runs on the loop:
+every keyed write goes to a batch, and the batch's statements run in one transaction on
+a writer of their own on the backend's thread (one sync of the WAL per batch). Plans
+(transactions) stay on the aiosqlite connection there.
+
+A lock in the way (a transaction open on the aiosqlite connection, another process's
+write lock) sends a batch's writes to the aiosqlite connection one by one, each bounded
+from when it was asked, as a write alone would go.
 """
 
 from __future__ import annotations
