@@ -408,21 +408,37 @@ class PostgresDatabase(Database):
                 return
             try:
                 async with self._bounded("writing together") as conn:
+                    sent: list[psycopg.AsyncCursor[Any] | psycopg.Error] = []
                     async with conn.pipeline():
-                        cursors = [await _execute(conn, sql, params) for sql, params, _ in writes]
-                    results = [await _rows(cur) for cur in cursors]
+                        for sql, params, _ in writes:
+                            try:
+                                sent.append(await _execute(conn, sql, params))
+                            except psycopg.Error as exc:
+                                if exc.pgresult is not None:
+                                    raise  # the server's refusal: handled below
+                                # Refused before it was sent (its parameters): only its
+                                # caller fails; the others go on (the pipeline's Sync
+                                # commits what was sent).
+                                sent.append(exc)
+                    results = [
+                        cur if isinstance(cur, psycopg.Error) else await _rows(cur) for cur in sent
+                    ]
             except psycopg.Error as exc:
-                if exc.sqlstate is None or exc.sqlstate.startswith("08"):
+                if exc.pgresult is None:
                     raise self.wrap(exc, "writing together") from exc
-                # The server refused a statement: none of them was committed. Each
-                # alone, so that only its own caller hears of the error.
+                # The server refused a statement: the implicit transaction of them all
+                # was rolled back. Each alone, so that only its own caller hears of it.
                 await asyncio.gather(
                     *(self._answer(f, self.raw_fetch(sql, params)) for sql, params, f in writes)
                 )
                 return
-            for (_, _, future), rows in zip(writes, results, strict=True):
-                if not future.done():
-                    future.set_result(rows)
+            for (_, _, future), answer in zip(writes, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(answer, psycopg.Error):
+                    future.set_exception(self.wrap(answer, "running a statement"))
+                else:
+                    future.set_result(answer)
         except BaseException as exc:
             for _, _, future in writes:
                 if not future.done():

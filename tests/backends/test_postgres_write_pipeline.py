@@ -8,6 +8,7 @@ the client, the transactions by the rows' ``xmin``.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,3 +114,35 @@ async def test_a_sequential_write_goes_alone(backend: siglo.Backend) -> None:
     for revision in range(1, 6):
         await adapter.save_checkpoint(cp("s", revision), expected_revision=revision - 1)
     assert sizes == []
+
+
+async def test_a_write_refused_before_it_was_sent_fails_alone_and_no_write_twice(
+    backend: siglo.Backend,
+) -> None:
+    """A write whose parameters the driver cannot send (refused on the client, before the
+    pipeline's Sync): only its caller fails, and the writes sent with it are committed
+    once (each increments a counter exactly once)."""
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    table = f"gc_counts_{secrets.token_hex(4)}"
+    await db.write(f"CREATE TABLE {table} (k int PRIMARY KEY, n int NOT NULL)")
+    try:
+        await bump_each_once(db, table)
+    finally:
+        await db.write(f"DROP TABLE {table}")
+
+
+async def bump_each_once(db: Any, table: str) -> None:
+    await db.write(f"INSERT INTO {table} VALUES (1, 0), (2, 0), (3, 0)")
+    bump = f"UPDATE {table} SET n = n + 1 WHERE k = %(k)s RETURNING n"
+    sizes = counted(db)
+    results = await asyncio.gather(
+        db.write(bump, {"k": 1}),  # goes alone
+        db.write(bump, {"k": 2}),
+        db.write(bump, {"k": object()}),  # no way to send an object
+        db.write(bump, {"k": 3}),
+        return_exceptions=True,
+    )
+    assert sizes == [3]
+    assert results[0] == [(1,)] and results[1] == [(1,)] and results[3] == [(1,)]
+    assert isinstance(results[2], siglo.StorageAdapterError)
+    assert await db.fetch(f"SELECT k, n FROM {table} ORDER BY k") == [(1, 1), (2, 1), (3, 1)]
