@@ -205,13 +205,14 @@ _CHILD = textwrap.dedent(
     from siglo import Checkpoint
 
     async def main():
-        backend = siglo.connect("sqlite:///" + sys.argv[1])
+        backend = siglo.connect("sqlite:///" + sys.argv[1] + sys.argv[2])
         adapter = backend.adapter
         await adapter.open()
         from siglo_sqlite import database
         database.HOLD_S, database.GAP_S = 0.0, 60.0
         trace = []
-        adapter.database._writer.set_trace_callback(trace.append)
+        db = adapter.database
+        (db._writer or db._syncing).set_trace_callback(trace.append)
         async def save(i):
             await adapter.save_checkpoint(
                 Checkpoint(stack_id=f"s{i}", revision=1, timestamp=1, contexts={})
@@ -225,12 +226,14 @@ _CHILD = textwrap.dedent(
 )
 
 
-def test_saves_that_returned_survive_a_kill(tmp_path: Path) -> None:
-    """A process saves 16 checkpoints at once (one at once, 15 in a batch), prints once
-    they returned and is killed (SIGKILL, nothing closed): every one is in the file."""
+@pytest.mark.parametrize("query", ["", "?synchronous=FULL"])
+def test_saves_that_returned_survive_a_kill(tmp_path: Path, query: str) -> None:
+    """A process saves 16 checkpoints at once (one at once and 15 in a batch; at FULL all
+    16 in a batch on the backend's thread), prints once they returned and is killed
+    (SIGKILL, nothing closed): every one is in the file."""
     path = tmp_path / "k.db"
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(path)],
+        [sys.executable, "-c", _CHILD, str(path), query],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
