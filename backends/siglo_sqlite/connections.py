@@ -26,6 +26,7 @@ __all__ = [
     "is_busy",
     "open_checkpointer",
     "open_reader",
+    "open_syncing_writer",
     "open_writer",
 ]
 
@@ -96,6 +97,13 @@ def open_writer(path: str, wait_ms: int, synchronous: str) -> sqlite3.Connection
     """The connection ``SqliteDatabase.write`` uses: the main connection's durability,
     never checkpointing the WAL (the checkpointer's thread does)."""
     return _open_inline(path, wait_ms, f"synchronous = {synchronous}", "wal_autocheckpoint = 0")
+
+
+def open_syncing_writer(path: str, wait_ms: int, synchronous: str) -> sqlite3.Connection:
+    """At a ``synchronous`` whose commits sync, the connection that commits the batches
+    of keyed writes on the backend's own thread (``SqliteDatabase``): off the loop, so it
+    checkpoints the WAL itself as SQLite does by default."""
+    return _open_inline(path, wait_ms, f"synchronous = {synchronous}")
 
 
 def open_checkpointer(path: str, wait_ms: int, synchronous: str) -> sqlite3.Connection:

@@ -25,15 +25,16 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
+from functools import partial
 from typing import TYPE_CHECKING
 
 import aiosqlite
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, SigloError
 from siglo.settings import DEFAULTS
 from siglo_sql.database import Database, Executor, OnOpen, Params, Plan, Row
-from siglo_sqlite.call_order import CallOrder
+from siglo_sqlite.call_order import CallOrder, Place
 from siglo_sqlite.connections import (
     INLINE_WRITE_MODES,
     SYNCHRONOUS_MODES,
@@ -42,9 +43,11 @@ from siglo_sqlite.connections import (
     is_busy,
     open_checkpointer,
     open_reader,
+    open_syncing_writer,
     open_writer,
 )
 from siglo_sqlite.driver import Driver
+from siglo_sqlite.group_commit import BATCH_BUDGET_S, BATCH_MAX, GAP_S, HOLD_S, Entry, settle
 from siglo_sqlite.wal_checkpoints import WalCheckpoints
 
 if TYPE_CHECKING:
@@ -97,6 +100,10 @@ class SqliteDatabase(Database):
         self._writer: sqlite3.Connection | None = None
         """A third, for :meth:`write` on the event loop's thread (files at a
         ``synchronous`` that does not sync each commit)."""
+        self._syncing: sqlite3.Connection | None = None
+        """At a ``synchronous`` whose commits sync (``FULL``, ``EXTRA``), the writer of
+        the batches of keyed writes instead, used on :attr:`_thread` only: a commit that
+        waits for the disk never holds the loop (:mod:`siglo_sqlite.group_commit`)."""
         self._wal: WalCheckpoints | None = None
         """The checkpoints of the WAL the writer appends to, on a fourth connection
         (with the writer)."""
@@ -106,6 +113,14 @@ class SqliteDatabase(Database):
         application may replace (DBOS Transact sets its pool there, and shuts that pool
         down when it stops: every ``asyncio.to_thread`` after that fails)."""
         self._sa_conn: AsyncConnection | None = None
+        self._collecting: list[Entry] | None = None
+        """The batch of writes open to more (:mod:`siglo_sqlite.group_commit`)."""
+        self._batches: set[asyncio.Task[None]] = set()
+        """The tasks of the batches not committed yet."""
+        self._holding_since = 0.0
+        """When the inline work holding the loop now began (``time.monotonic()``)."""
+        self._last_inline = 0.0
+        """When the last inline call ran."""
 
     def exists(self) -> bool:
         return self.engine is not None or self.path is None or os.path.exists(self.path)
@@ -165,6 +180,10 @@ class SqliteDatabase(Database):
                 open_checkpointer, path, deadline, self.synchronous
             )
             self._wal = WalCheckpoints(checkpointer, thread, self.description)
+        else:
+            self._syncing = await self._open_off_loop(
+                open_syncing_writer, path, deadline, self.synchronous
+            )
 
     async def _open_off_loop(
         self, opener: Callable[..., sqlite3.Connection], path: str, deadline: float, *args: str
@@ -189,7 +208,11 @@ class SqliteDatabase(Database):
                 # closed below.
                 await self._wal.stop()
         finally:
+            syncing, self._syncing = self._syncing, None
             if thread is not None:
+                if syncing is not None:
+                    # Closed on its thread, after any batch it is running.
+                    thread.submit(syncing.close)
                 thread.shutdown(wait=False)
             await self._close_connections()
 
@@ -301,6 +324,15 @@ class SqliteDatabase(Database):
             async with self._order.turn():
                 return await self._read_now(reader, sql, params, start)
         if reader is not None and not self._order.on_driver and not self._driver.lock.locked():
+            now = time.monotonic()
+            if now - self._last_inline > GAP_S:
+                self._holding_since = now
+            elif now - self._holding_since > HOLD_S:
+                # Inline work has held the loop long enough: let it turn once.
+                await asyncio.sleep(0)
+                self._holding_since = self._last_inline = time.monotonic()
+                return await self._read_after_turn(sql, params)
+            self._last_inline = now
             # _read_now's inline path, written out: every sequential load comes here, and
             # the call to it (a coroutine more, the lock checked again) was 1.7k of a
             # load's 127k instructions (python -m benchmarks.instructions sqlite load).
@@ -309,6 +341,18 @@ class SqliteDatabase(Database):
             except sqlite3.Error as exc:
                 if not is_busy(exc):
                     raise self.wrap(exc, "running a statement") from exc
+        return await self.raw_fetch(sql, params)
+
+    async def _read_after_turn(self, sql: str, params: Params) -> list[Row]:
+        """:meth:`read` once it has let the loop turn (what it waits for may have
+        changed meanwhile)."""
+        reader = self._reader
+        if self._order.in_line:
+            start = time.monotonic()
+            async with self._order.turn():
+                return await self._read_now(reader, sql, params, start)
+        if reader is not None and not self._order.on_driver:
+            return await self._read_now(reader, sql, params)
         return await self.raw_fetch(sql, params)
 
     async def _read_now(
@@ -333,8 +377,12 @@ class SqliteDatabase(Database):
 
     async def write(self, sql: str, params: Params = ()) -> list[Row]:
         """A keyed write, run at once on the event loop's thread by the writer connection
-        when the aiosqlite connection is idle and the write need not wait, else as
-        :meth:`fetch` does.
+        when the aiosqlite connection is idle, the write need not wait and inline work
+        has not held the loop for :data:`~siglo_sqlite.group_commit.HOLD_S`; else it
+        joins a batch that commits it with the others asked meanwhile
+        (:mod:`siglo_sqlite.group_commit`), on the writer, or on the driver where a lock
+        is in the way. At a ``synchronous`` whose commits sync, always in a batch, on the
+        backend's own thread.
 
         A sequential save was one statement of about 35 us and two thread hops of about
         50 us each. The writer's busy timeout is 0: when another connection (another
@@ -343,9 +391,9 @@ class SqliteDatabase(Database):
         gate as :meth:`read`'s keeps the order of this backend's calls: a write runs
         inline only with nothing in flight on the driver and no transaction open.
 
-        Only where a commit does not sync (``synchronous`` ``NORMAL`` or ``OFF``, in WAL
-        mode a commit appends to the WAL): a commit that waited for the disk would stall
-        the event loop. For the same reason the writer never checkpoints the WAL
+        Inline only where a commit does not sync (``synchronous`` ``NORMAL`` or ``OFF``,
+        in WAL mode a commit appends to the WAL): a commit that waited for the disk would
+        stall the event loop. For the same reason the writer never checkpoints the WAL
         (``wal_autocheckpoint = 0``): :mod:`siglo_sqlite.wal_checkpoints` does, every so
         many inline writes, beside them.
         """
@@ -353,41 +401,36 @@ class SqliteDatabase(Database):
             await self.open()
         writer, wal = self._writer, self._wal
         if writer is None or wal is None:
+            if self._syncing is not None:
+                return await self._batched(sql, params, None)
             return await self.fetch(sql, params)
         if (
-            not self._order.in_line
+            self._collecting is None
+            and not self._order.in_line
             and not self._order.on_driver
             and not self._driver.lock.locked()
             and not wal.in_the_way()
         ):
-            # _write_inline, written out: every sequential save comes here, and the call
-            # to it was 583 of a save's 168,870 instructions (benchmarks.instructions).
-            try:
-                written: list[Row] = writer.execute(sql, params).fetchall()
-            except sqlite3.Error as exc:
-                if not is_busy(exc):
-                    raise self.wrap(exc, "running a statement") from exc
-            else:
-                wal.wrote()
-                return written
-            if not wal.under_way():
-                return await self.raw_fetch(sql, params)  # another connection's lock
-            # This backend's own checkpoint holds the lock: wait for it, in turn.
-        start = time.monotonic()  # nothing was awaited since the call was asked
-        async with self._order.turn():
-            for _ in range(2):
-                while wal.in_the_way():
-                    await wal.answered()
-                if self._driver.lock.locked():
-                    break
-                rows = self._write_inline(writer, wal, sql, params)
-                if rows is not None:
-                    return rows
+            now = time.monotonic()
+            if now - self._last_inline > GAP_S:
+                self._holding_since = now
+            if now - self._holding_since <= HOLD_S:
+                self._last_inline = now
+                # _write_inline, written out: every sequential save comes here, and the
+                # call to it was 583 of a save's 168,870 instructions
+                # (benchmarks.instructions).
+                try:
+                    written: list[Row] = writer.execute(sql, params).fetchall()
+                except sqlite3.Error as exc:
+                    if not is_busy(exc):
+                        raise self.wrap(exc, "running a statement") from exc
+                else:
+                    wal.wrote()
+                    return written
                 if not wal.under_way():
-                    break
-                await wal.answered()
-            # A transaction open, or another connection's lock: the driver waits for it.
-            return await self._driver_fetch(sql, params, start)
+                    return await self.raw_fetch(sql, params)  # another connection's lock
+                # This backend's own checkpoint holds the lock: wait for it, in a batch.
+        return await self._batched(sql, params, None)
 
     async def run_plan(self, plan: Plan) -> None:
         """A transaction's plan run at once on the event loop's thread by the writer
@@ -397,17 +440,249 @@ class SqliteDatabase(Database):
         if not self._ready:
             await self.open()
         writer, wal = self._writer, self._wal
+        if writer is None or wal is None:
+            await super().run_plan(plan)
+            return
         if (
-            writer is not None
-            and wal is not None
+            self._collecting is None
             and not self._order.in_line
             and not self._order.on_driver
             and not self._driver.lock.locked()
             and not wal.in_the_way()
-            and self._plan_inline(writer, wal, plan)
         ):
+            now = time.monotonic()
+            if now - self._last_inline > GAP_S:
+                self._holding_since = now
+            if now - self._holding_since <= HOLD_S:
+                self._last_inline = now
+                if self._plan_inline(writer, wal, plan):
+                    return
+                if not wal.under_way():
+                    await super().run_plan(plan)  # another connection's lock
+                    return
+        await self._batched("", (), plan)
+
+    # -- group commit (siglo_sqlite.group_commit) -------------------------------------
+
+    async def _batched(self, sql: str, params: Params, plan: Plan | None) -> list[Row]:
+        """Join the batch being collected, or open one; the write's rows once its batch
+        has committed."""
+        future: asyncio.Future[list[Row]] = asyncio.get_running_loop().create_future()
+        entry = Entry(sql, params, plan, time.monotonic(), future)
+        collecting = self._collecting
+        if collecting is None:
+            collecting = self._collecting = [entry]
+            place = self._order.reserve()
+            task = asyncio.ensure_future(self._run_batch(collecting, place))
+            self._batches.add(task)
+            task.add_done_callback(partial(self._batch_ended, collecting, place))
+        else:
+            collecting.append(entry)
+            if len(collecting) >= BATCH_MAX:
+                self._collecting = None
+        return await future
+
+    def _batch_ended(self, entries: list[Entry], place: Place, task: asyncio.Task[None]) -> None:
+        """A batch's task is over: if it was cancelled before it ran, its callers are
+        cancelled too and its place in line is let go."""
+        self._batches.discard(task)
+        self._order.give_up(place)
+        if self._collecting is entries:
+            self._collecting = None
+        for entry in entries:
+            if not entry.future.done():
+                entry.future.cancel()
+
+    async def _run_batch(self, entries: list[Entry], place: Place) -> None:
+        """Run a batch's writes in their turn, as few transactions as the budget allows."""
+        try:
+            async with self._order.turn(place):
+                if self._collecting is entries:
+                    self._collecting = None
+                done = 0
+                while done < len(entries):
+                    if done:
+                        await asyncio.sleep(0)  # the budget is spent: let the loop turn
+                    done = await self._run_some(entries, done)
+                self._holding_since = self._last_inline = time.monotonic()
+                if len(entries) > 1:
+                    # Callers are writing concurrently: the next write (one of those
+                    # answered now, most likely, as they ask again) opens the next
+                    # batch at once rather than holding the loop on its own first.
+                    self._holding_since -= HOLD_S
+        except BaseException as exc:
+            for entry in entries:
+                settle(entry, None, exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _run_some(self, entries: list[Entry], first: int) -> int:
+        """Run ``entries[first:]`` (as many as the budget allows) inline, or the first on
+        the driver if a lock is in the way; the index of the first left."""
+        writer, wal = self._writer, self._wal
+        syncing, thread = self._syncing, self._thread
+        if syncing is not None and thread is not None and not self._driver.lock.locked():
+            ran = await self._commit_off_loop(syncing, thread, entries, first)
+            if ran is not None:
+                return ran
+            writer = None  # another connection's lock: the driver waits for it
+        for _ in range(2):
+            if writer is None or wal is None:
+                break  # closed meanwhile (the driver says so), or a syncing commit
+            while wal.in_the_way():
+                await wal.answered()
+            if self._driver.lock.locked():
+                break
+            ran = self._commit_group(writer, wal, entries, first)
+            if ran is not None:
+                return ran
+            if not wal.under_way():
+                break
+            await wal.answered()
+        # A transaction open, or another connection's lock: the driver waits for it.
+        entry = entries[first]
+        try:
+            if entry.plan is None:
+                rows = await self._driver_fetch(entry.sql, entry.params, entry.start)
+            else:
+                rows = []
+                async with self.raw_transaction(entry.start) as tx:
+                    try:
+                        step = next(entry.plan)
+                        while True:
+                            step = entry.plan.send(await tx.fetch(*step))
+                    except StopIteration:
+                        pass
+        except Exception as exc:
+            settle(entry, None, exc)
+        else:
+            settle(entry, rows)
+        return first + 1
+
+    def _commit_group(
+        self, writer: sqlite3.Connection, wal: WalCheckpoints, entries: list[Entry], first: int
+    ) -> int | None:
+        """Run ``entries[first:]`` on the writer in one transaction until the budget is
+        spent, and answer them; the index of the first left, or ``None`` (nothing run) if
+        another connection holds the write lock."""
+        if first == len(entries) - 1:
+            return self._commit_one(writer, wal, entries[first], first)
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                return None
+            raise self.wrap(exc, "starting a transaction") from exc
+        until = time.monotonic() + BATCH_BUDGET_S
+        answers: list[tuple[Entry, list[Row] | None, Exception | None]] = []
+        index = first
+        try:
+            while index < len(entries):
+                entry = entries[index]
+                index += 1
+                if entry.plan is None:
+                    try:
+                        rows = writer.execute(entry.sql, entry.params).fetchall()
+                    except sqlite3.Error as exc:
+                        if not writer.in_transaction:
+                            raise  # SQLite undid the transaction (an I/O error, a full disk)
+                        answers.append((entry, None, self.wrap(exc, "running a statement")))
+                    else:
+                        answers.append((entry, rows, None))
+                else:
+                    writer.execute("SAVEPOINT siglo_write")
+                    try:
+                        self._drive(writer, entry.plan)
+                    except Exception as exc:
+                        if not writer.in_transaction:
+                            raise
+                        writer.execute("ROLLBACK TO siglo_write")
+                        writer.execute("RELEASE siglo_write")
+                        answers.append((entry, None, exc))
+                    else:
+                        writer.execute("RELEASE siglo_write")
+                        answers.append((entry, None, None))
+                if time.monotonic() >= until:
+                    break
+            writer.execute("COMMIT")
+        except Exception as exc:
+            # Nothing of this transaction is kept: every write in it fails.
+            if writer.in_transaction:
+                writer.execute("ROLLBACK")
+            error = exc if isinstance(exc, SigloError) else self.wrap(exc, "committing")
+            for entry in entries[first:index]:
+                settle(entry, None, error)
+            return index
+        for entry, answer, failed in answers:
+            if failed is None:
+                wal.wrote()
+            settle(entry, answer, failed)
+        return index
+
+    async def _commit_off_loop(
+        self,
+        syncing: sqlite3.Connection,
+        thread: concurrent.futures.ThreadPoolExecutor,
+        entries: list[Entry],
+        first: int,
+    ) -> int | None:
+        """Run ``entries[first:]`` (single statements) in one transaction on the syncing
+        writer, on :attr:`_thread`, and answer them; the index of the first left, or
+        ``None`` (nothing run) if another connection holds the write lock."""
+        batch = [(entry.sql, entry.params) for entry in entries[first:]]
+        try:
+            answers = await asyncio.wrap_future(thread.submit(_run_together, syncing, batch))
+        except Exception as exc:  # the transaction failed, or the file was closed
+            error = exc if isinstance(exc, SigloError) else self.wrap(exc, "committing")
+            for entry in entries[first:]:
+                settle(entry, None, error)
+            return len(entries)
+        if answers is None:
+            return None
+        for entry, (rows, failed) in zip(entries[first:], answers, strict=True):
+            if failed is not None:
+                settle(entry, None, self.wrap(failed, "running a statement"))
+            else:
+                settle(entry, rows)
+        return len(entries)
+
+    def _commit_one(
+        self, writer: sqlite3.Connection, wal: WalCheckpoints, entry: Entry, index: int
+    ) -> int | None:
+        """A batch of one: run as a write at once would be."""
+        if entry.plan is not None:
+            try:
+                ran = self._plan_inline(writer, wal, entry.plan)
+            except Exception as exc:
+                settle(entry, None, exc)
+                return index + 1
+            if not ran:
+                return None
+            settle(entry, [])
+            return index + 1
+        rows: list[Row] | None
+        try:
+            rows = self._write_inline(writer, wal, entry.sql, entry.params)
+        except Exception as exc:
+            settle(entry, None, exc)
+            return index + 1
+        if rows is None:
+            return None
+        settle(entry, rows)
+        return index + 1
+
+    def _drive(self, writer: sqlite3.Connection, plan: Plan) -> None:
+        """Run ``plan``'s statements on the writer (in a transaction already open)."""
+        try:
+            step = next(plan)
+            while True:
+                try:
+                    rows = writer.execute(*step).fetchall()
+                except sqlite3.Error as exc:
+                    raise self.wrap(exc, "running a statement") from exc
+                step = plan.send(rows)
+        except StopIteration:
             return
-        await super().run_plan(plan)
 
     def _plan_inline(self, writer: sqlite3.Connection, wal: WalCheckpoints, plan: Plan) -> bool:
         """Run ``plan`` on the writer; ``False`` (nothing run) if another connection
@@ -419,21 +694,15 @@ class SqliteDatabase(Database):
                 raise self.wrap(exc, "starting a transaction") from exc
             return False
         try:
-            step = next(plan)
-            while True:
-                try:
-                    rows = writer.execute(*step).fetchall()
-                except sqlite3.Error as exc:
-                    raise self.wrap(exc, "running a statement") from exc
-                step = plan.send(rows)
-        except StopIteration:
+            self._drive(writer, plan)
             try:
                 writer.execute("COMMIT")
             except sqlite3.Error as exc:
                 writer.execute("ROLLBACK")
                 raise self.wrap(exc, "committing") from exc
         except BaseException:
-            writer.execute("ROLLBACK")
+            if writer.in_transaction:
+                writer.execute("ROLLBACK")
             raise
         wal.wrote()
         return True
@@ -450,3 +719,39 @@ class SqliteDatabase(Database):
             return None
         wal.wrote()
         return rows
+
+
+def _run_together(
+    conn: sqlite3.Connection, statements: list[tuple[str, Params]]
+) -> list[tuple[list[Row] | None, sqlite3.Error | None]] | None:
+    """Run ``statements`` on ``conn`` in one transaction (one alone: autocommit), each
+    its own outcome; ``None`` if another connection holds the write lock. On the
+    backend's thread: the commit syncs."""
+    if len(statements) == 1:
+        try:
+            return [(conn.execute(*statements[0]).fetchall(), None)]
+        except sqlite3.Error as exc:
+            if is_busy(exc):
+                return None
+            return [(None, exc)]
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        if is_busy(exc):
+            return None
+        raise
+    answers: list[tuple[list[Row] | None, sqlite3.Error | None]] = []
+    try:
+        for sql, params in statements:
+            try:
+                answers.append((conn.execute(sql, params).fetchall(), None))
+            except sqlite3.Error as exc:
+                if not conn.in_transaction:
+                    raise  # SQLite undid the transaction (an I/O error, a full disk)
+                answers.append((None, exc))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return answers

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -292,7 +293,8 @@ async def test_without_the_driver_writes_the_wal_would_grow(
 
 @pytest.mark.parametrize("synchronous", ["FULL", "EXTRA"])
 async def test_a_syncing_commit_never_runs_on_the_loop(tmp_path: Path, synchronous: str) -> None:
-    """At ``synchronous=FULL`` a commit waits for the disk: writes stay on the driver."""
+    """At ``synchronous=FULL`` a commit waits for the disk: writes go to the syncing
+    writer on the backend's own thread (none on the loop's, none on the driver's)."""
     url = f"sqlite:///{tmp_path}/f.db?synchronous={synchronous}"
     async with siglo.connect(url) as backend:
         adapter: Any = backend.adapter
@@ -301,8 +303,16 @@ async def test_a_syncing_commit_never_runs_on_the_loop(tmp_path: Path, synchrono
         assert db._writer is None
         assert db._reader is not None
         on_driver = await driver_trace(db)
+        threads: list[str] = []
+        db._syncing.set_trace_callback(lambda sql: threads.append(threading.current_thread().name))
         await adapter.save_checkpoint(cp(2), expected_revision=1)
-        assert writes(on_driver)
+        assert writes(on_driver) == []
+        assert threads and all(name.startswith("siglo-sqlite") for name in threads), threads
+        assert db._syncing.execute("PRAGMA synchronous").fetchone() == (
+            2 if synchronous == "FULL" else 3,
+        )
+        got = await adapter.get_checkpoint("s")
+        assert got is not None and got.revision == 2
 
 
 async def test_a_closed_backend_closes_its_writer(tmp_path: Path) -> None:

@@ -176,3 +176,38 @@ def test_the_large_state_callgrind_experiment_runs_each_operation() -> None:
     for mode in ("whole", "parts"):
         for op in ("load", "save", "cycle", "resume"):
             assert asyncio.run(large_state_callgrind.run(mode, op, 3)) > 0
+
+
+def test_the_loop_turns_run_and_print_every_workload(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/backends/sqlite.md quotes these figures (group commit, a loop that keeps
+    turning): it runs at both durabilities and prints a line a workload."""
+    from benchmarks.experiments import loop_turns
+
+    for synchronous in ("NORMAL", "FULL"):
+        asyncio.run(loop_turns.main(synchronous, 0.02))
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split(" ")[0] for line in lines] == [
+            "save/1k/c32",
+            "load/1k/c32",
+            "cas/1k/c32",
+            "cas/1k/c8",
+        ]
+        assert all("CPU a turn p99" in line for line in lines)
+
+
+def test_the_postgres_write_sync_ab_runs_and_prints_every_way(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/backends/postgres.md quotes this A/B (concurrent writes share a pipeline): it
+    runs and prints the three ways."""
+    from sql_support import POSTGRES_URL
+
+    from benchmarks.experiments import postgres_write_sync_ab
+
+    monkeypatch.setattr(postgres_write_sync_ab, "WRITES", 3)
+    monkeypatch.setattr(postgres_write_sync_ab, "URL", POSTGRES_URL)
+    asyncio.run(postgres_write_sync_ab.main(1))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["pool", "sync each", "one sync"]

@@ -1,0 +1,148 @@
+"""Concurrent keyed writes on PostgreSQL (``PostgresDatabase.write``): a write asked while
+none is under way goes at once on a connection of its own; those asked while one is go
+out together in one pipeline on one connection, committed by its one Sync, each with its
+own outcome. Against the real server, on a private schema: the groups are counted on
+the client, the transactions by the rows' ``xmin``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sql_support import open_backend
+
+import siglo
+from siglo import Checkpoint
+from siglo_sql.schema import build_tables
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[siglo.Backend]:
+    async with open_backend("postgres") as b:
+        await b.adapter.open()  # type: ignore[attr-defined]
+        yield b
+
+
+def cp(stack_id: str, revision: int = 1) -> Checkpoint:
+    return Checkpoint(stack_id=stack_id, revision=revision, timestamp=1, contexts={"c": {"v": 1}})
+
+
+def counted(db: Any) -> list[int]:
+    """The size of each group of writes sent together from now on."""
+    sizes: list[int] = []
+    send = db._send_together
+
+    async def counting(writes: list[Any]) -> None:
+        sizes.append(len(writes))
+        await send(writes)
+
+    db._send_together = counting
+    return sizes
+
+
+async def xmins(db: Any, table: str, column: str, keys: list[str]) -> set[str]:
+    rows = await db.fetch(
+        f"SELECT xmin::text FROM {table} WHERE {column} = ANY(%(keys)s)", {"keys": keys}
+    )
+    return {row[0] for row in rows}
+
+
+async def test_concurrent_saves_go_out_together_in_one_transaction(
+    backend: siglo.Backend,
+) -> None:
+    """32 callers save at once: the first goes alone, the other 31 in one pipeline whose
+    Sync commits them as one transaction (one ``xmin``); every save is stored."""
+    adapter: Any = backend.adapter
+    db = adapter.database
+    sizes = counted(db)
+    ids = [f"s{i}" for i in range(32)]
+    await asyncio.gather(*(adapter.save_checkpoint(cp(i)) for i in ids))
+    assert sizes == [31]
+    table = build_tables(adapter.table_prefix, adapter.schema).checkpoints
+    name = f'"{table.schema}"."{table.name}"' if table.schema else f'"{table.name}"'
+    found = await xmins(db, name, "stack_id", ids[1:])
+    assert len(found) == 1
+    for i in ids:
+        got = await adapter.get_checkpoint(i)
+        assert got is not None and got.revision == 1
+
+
+async def test_each_keeps_its_own_outcome_and_a_refused_one_fails_alone(
+    backend: siglo.Backend,
+) -> None:
+    """In one group: compare-and-sets that expect the stored revision succeed, the others
+    are refused (each its own conflict); a statement the server refuses fails only its
+    own caller (the group is rolled back and each is sent again alone)."""
+    adapter: Any = backend.adapter
+    db = adapter.database
+    for i in range(6):
+        await adapter.save_checkpoint(cp(f"s{i}"), expected_revision=0)
+    sizes = counted(db)
+    results = await asyncio.gather(
+        adapter.save_checkpoint(cp("first", 1)),  # goes alone
+        *(
+            adapter.save_checkpoint(
+                cp(f"s{i}", 2) if i % 2 else cp(f"s{i}", 7), expected_revision=1 if i % 2 else 6
+            )
+            for i in range(6)
+        ),
+        db.write("SELECT 1 / 0"),
+        return_exceptions=True,
+    )
+    assert sizes == [7]
+    assert results[0] is None
+    for i in range(6):
+        result = results[1 + i]
+        got = await adapter.get_checkpoint(f"s{i}")
+        assert got is not None
+        if i % 2:
+            assert result is None and got.revision == 2
+        else:
+            assert isinstance(result, siglo.CheckpointConflictError), result
+            assert got.revision == 1
+    assert isinstance(results[7], siglo.StorageAdapterError)
+    assert "division by zero" in str(results[7])
+
+
+async def test_a_sequential_write_goes_alone(backend: siglo.Backend) -> None:
+    adapter: Any = backend.adapter
+    sizes = counted(adapter.database)
+    for revision in range(1, 6):
+        await adapter.save_checkpoint(cp("s", revision), expected_revision=revision - 1)
+    assert sizes == []
+
+
+async def test_a_write_refused_before_it_was_sent_fails_alone_and_no_write_twice(
+    backend: siglo.Backend,
+) -> None:
+    """A write whose parameters the driver cannot send (refused on the client, before the
+    pipeline's Sync): only its caller fails, and the writes sent with it are committed
+    once (each increments a counter exactly once)."""
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    table = f"gc_counts_{secrets.token_hex(4)}"
+    await db.write(f"CREATE TABLE {table} (k int PRIMARY KEY, n int NOT NULL)")
+    try:
+        await bump_each_once(db, table)
+    finally:
+        await db.write(f"DROP TABLE {table}")
+
+
+async def bump_each_once(db: Any, table: str) -> None:
+    await db.write(f"INSERT INTO {table} VALUES (1, 0), (2, 0), (3, 0)")
+    bump = f"UPDATE {table} SET n = n + 1 WHERE k = %(k)s RETURNING n"
+    sizes = counted(db)
+    results = await asyncio.gather(
+        db.write(bump, {"k": 1}),  # goes alone
+        db.write(bump, {"k": 2}),
+        db.write(bump, {"k": object()}),  # no way to send an object
+        db.write(bump, {"k": 3}),
+        return_exceptions=True,
+    )
+    assert sizes == [3]
+    assert results[0] == [(1,)] and results[1] == [(1,)] and results[3] == [(1,)]
+    assert isinstance(results[2], siglo.StorageAdapterError)
+    assert await db.fetch(f"SELECT k, n FROM {table} ORDER BY k") == [(1, 1), (2, 1), (3, 1)]
