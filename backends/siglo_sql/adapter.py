@@ -592,14 +592,17 @@ class SqlStorageAdapter(StorageAdapter):
                 return Checkpoint.from_json(bytes(found[0]))
             return await self._whole(bytes(found[2]), *_document(found))
         key = row_id(namespace or "", stack_id)
-        if self._s.cp_update_parts is None and self._bodies.holds(key):
-            # SQLite, a row this adapter saved in parts: its bodies are likely the ones
-            # kept from that save, so the row alone is read (its skeleton and parts list,
-            # a few hundred bytes) and the document assembled from the bodies kept
-            # whose digests it names. Reading 16 bodies of 16 KB took longer than
-            # parsing the document they make (issue 34). (PostgreSQL reads the bodies
-            # with the row's version, which its next save needs.)
-            rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
+        if self._bodies.holds(key):
+            # A row this adapter saved or loaded in parts: its bodies are likely the ones
+            # kept from then, so the row alone is read (its skeleton, parts list and
+            # version: a few hundred bytes) and the document assembled from the bodies
+            # kept whose digests it names. A digest names its body, so a body another
+            # writer replaced is never served: the row names another digest, and the
+            # bodies are read. Reading 16 bodies of 16 KB took longer than parsing the
+            # document they make (issue 34).
+            rows = await self.database.read(
+                self._s.cp_get_version, {"id": key, "now": self.clock.now_ms()}
+            )
             if not rows:
                 return None
             document, parts = _document(rows[0])
@@ -609,6 +612,10 @@ class SqlStorageAdapter(StorageAdapter):
             if kept is not None:
                 data = assemble(document, parts, kept)
                 if data is not None:
+                    # PostgreSQL: the version read and the digests its row names are
+                    # what a save of it replaces (a save stores exactly the bodies its
+                    # row names), so that save can be one statement.
+                    self._remember(key, rows[0][2], frozenset(kept))
                     return Checkpoint.from_json(data)
             # Another writer's bodies: read with the row, as any load.
         if self._cp_reads is not None:
