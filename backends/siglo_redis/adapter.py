@@ -381,8 +381,9 @@ class RedisStorageAdapter(StorageAdapter):
         ``@head`` and ``@order`` side by side (one round trip, a few hundred bytes), the
         document assembled from the bodies kept for the digests ``@order`` names. A
         digest names its body, so a body another writer replaced is never served: its
-        ``@order`` names another digest. ``None`` when a body named is not kept, or the
-        hash was not saved with the key's skeleton: the bodies are read then.
+        ``@order`` names another digest, whose body is read (``HMGET`` of those fields).
+        ``None`` when the hash was not saved with the key's skeleton (or no longer is,
+        at the read of the bodies): the key and the whole hash are read then.
 
         At 256 KB, ``HGETALL`` of 16 bodies of 16 KB took the server and the client
         longer than ``GET`` of the whole document (issue 34)."""
@@ -398,10 +399,20 @@ class RedisStorageAdapter(StorageAdapter):
         size, digest, order = (raw(f) for f in (fields or (None, None, None)))
         if size != str(len(head)).encode() or digest != sha1_hex(head).encode():
             return None
-        kept = self._bodies.bodies(key.encode(), order or b"[]")
-        if kept is None:
-            return None
-        document = assemble(head, order or b"[]", kept)
+        order = order or b"[]"
+        kept, missing = self._bodies.partial(key.encode(), order)
+        if missing:
+            # Another writer changed some contexts since: their bodies alone are read,
+            # with "@head" again (still the skeleton's SHA-1: the hash is the one saved
+            # with it, so the bodies are).
+            names = ["@head", *(d.hex() for d in missing)]
+            found = await self._redis.call("HMGET", self.client.hmget(parts_key, names))
+            if raw(found[0]) != digest or any(f is None for f in found[1:]):
+                return None
+            read = {d: raw(f) or b"" for d, f in zip(missing, found[1:], strict=True)}
+            self._bodies.keep(key.encode(), order, read)
+            kept.update(read)
+        document = assemble(head, order, kept)
         if document is None:
             return None
         self._remember(key, frozenset(kept))

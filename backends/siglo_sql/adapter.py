@@ -608,16 +608,25 @@ class SqlStorageAdapter(StorageAdapter):
             document, parts = _document(rows[0])
             if parts is None:  # stored whole
                 return Checkpoint.from_json(document)
-            kept = self._bodies.bodies(key, parts)
-            if kept is not None:
-                data = assemble(document, parts, kept)
-                if data is not None:
-                    # PostgreSQL: the version read and the digests its row names are
-                    # what a save of it replaces (a save stores exactly the bodies its
-                    # row names), so that save can be one statement.
-                    self._remember(key, rows[0][2], frozenset(kept))
-                    return Checkpoint.from_json(data)
-            # Another writer's bodies: read with the row, as any load.
+            kept, missing = self._bodies.partial(key, parts)
+            if missing and len(missing) <= _PER_STATEMENT:
+                # Another writer changed some contexts since: their bodies alone are
+                # read (rows of checkpoint_parts never change; one a later save dropped
+                # is missing, and the row and its bodies are read together below).
+                params: dict[str, Any] = {"id": key}
+                params.update((f"gone{i}", d) for i, d in enumerate(missing))
+                read = await self.database.read(self._template("parts_some", len(missing)), params)
+                got_some = {bytes(d): bytes(b) for d, b in read}
+                self._bodies.keep(key, parts, got_some)
+                kept.update(got_some)
+            data = assemble(document, parts, kept)
+            if data is not None:
+                # PostgreSQL: the version read and the digests its row names are what
+                # a save of it replaces (a save stores exactly the bodies its row
+                # names), so that save can be one statement.
+                self._remember(key, rows[0][2], frozenset(kept))
+                return Checkpoint.from_json(data)
+            # A body dropped since: the row and its bodies are read together.
         if self._cp_reads is not None:
             got = await self._cp_reads.get_row(key)
         else:

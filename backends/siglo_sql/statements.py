@@ -93,6 +93,9 @@ class Statements:
     answers the new version, no row when refused. A template, to be completed and
     converted with :meth:`~siglo_sql.database.Database.sql`."""
     parts_get: str
+    parts_some: str
+    """A template: the bodies of some of a checkpoint's digests, ``{digests}`` standing
+    for ``:gone0, :gone1, …`` (:func:`gone_digests`): ``(digest, body)`` rows."""
     parts_insert: str
     """A template: the new bodies of a save, ``{rows}`` standing for ``(:id, :digest0,
     :body0), …`` (:func:`part_rows`), to be completed and converted with
@@ -252,6 +255,7 @@ def build_statements(
         "cp_update_parts",
         "parts_insert",
         "parts_delete",
+        "parts_some",
     }
     statements: dict[str, Any] = {}
     for section in sections:
@@ -396,6 +400,9 @@ def _checkpoint_parts(cp: str, parts: str, *, writable_ctes: bool) -> dict[str, 
             "WHERE c.id = :id"
         ),
         "parts_get": f"SELECT digest, body FROM {parts} WHERE id = :id",
+        "parts_some": (
+            f"SELECT digest, body FROM {parts} WHERE id = :id AND digest IN ({{digests}})"
+        ),
         # A digest names its body: a row already there is the same bytes.
         "parts_insert": (
             f"INSERT INTO {parts} (id, digest, body) VALUES {{rows}} "

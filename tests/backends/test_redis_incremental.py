@@ -186,7 +186,8 @@ async def test_a_body_another_writer_replaced_is_never_served_from_memory() -> N
             sent = _Commands(a)
             got = await a.get_checkpoint("run")
             assert got is not None and got.to_json() == theirs.to_json()
-            assert "HGETALL" in sent.names
+            # The changed body alone is read, in a second HMGET.
+            assert sent.names.count("HMGET") == 2 and "HGETALL" not in sent.names
             again = _doc(3, 8, changed=3)  # the bodies it loaded last, a new revision
             await other.adapter.save_checkpoint(again, expected_revision=2)
             sent.names.clear()
@@ -203,6 +204,34 @@ async def test_a_body_another_writer_replaced_is_never_served_from_memory() -> N
             await other.adapter.save_checkpoint(small, expected_revision=4)
             got = await a.get_checkpoint("run")
             assert got is not None and got.to_json() == small.to_json()
+        finally:
+            await other.aclose()
+
+
+async def test_a_save_between_the_parts_list_and_its_bodies_reads_again() -> None:
+    # The load reads the key and the parts list (another writer changed step-3), then
+    # that writer's next save replaces the hash before the load reads the body: "@head"
+    # no longer matches, the key and the whole hash are read, the newest document.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        other = connect(backend.url, incremental_min_bytes=LEAST)
+        try:
+            await a.save_checkpoint(_doc(1, 8))
+            await other.adapter.save_checkpoint(_doc(2, 8, changed=3), expected_revision=1)
+            newest = _doc(3, 8, changed=4)
+            sent = _Commands(a)
+            call = sent.call
+
+            async def racing(what: str, awaitable: Any) -> Any:
+                got = await call(what, awaitable)
+                if sent.names == ["HMGET"]:
+                    await other.adapter.save_checkpoint(newest, expected_revision=2)
+                return got
+
+            sent.call = racing  # type: ignore[method-assign]
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == newest.to_json()
+            assert sent.names == ["HMGET", "HMGET", "HGETALL"]
         finally:
             await other.aclose()
 

@@ -338,7 +338,15 @@ async def test_a_load_from_kept_bodies_of_another_writers_row_on_postgres() -> N
             sent.clear()
             got = await a.get_checkpoint("run")
             assert got is not None and got.to_json() == theirs.to_json()
-            assert sent == [a._s.cp_get_version, a._s.cp_load]
+            # The bodies that differ from those kept (step-2 changed, step-6 back to its
+            # first body) alone are read, after the row; its own save next: the row alone.
+            assert sent == [a._s.cp_get_version, a._template("parts_some", 2)]
+            mine = _doc(5, 9, changed=7)
+            await a.save_checkpoint(mine, expected_revision=4)
+            sent.clear()
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == mine.to_json()
+            assert sent == [a._s.cp_get_version]
 
 
 async def test_versions_kept_are_bounded_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -447,6 +455,33 @@ async def test_a_read_that_meets_a_newer_save_reads_again(kind: str) -> None:
         await a.save_checkpoint(_doc(2, 6, changed=1), expected_revision=1)
         got = await a._whole(key, skeleton, parts)
         assert got.to_json() == _doc(2, 6, changed=1).to_json()
+
+
+@KINDS
+async def test_a_body_dropped_between_the_row_and_its_read_reads_again(kind: str) -> None:
+    # The load reads the row (another writer changed step-3), then that writer's next
+    # save drops the body before the load reads it: the row and its bodies are read
+    # together, and the document is the one stored now.
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        await a.save_checkpoint(_doc(1, 8))
+        await other.save_checkpoint(_doc(2, 8, changed=3), expected_revision=1)
+        newest = _doc(3, 8, changed=4)
+        sent: list[str] = []
+        read = a.database.read
+
+        async def racing(sql: str, params: Any = ()) -> Any:
+            sent.append(sql)
+            rows = await read(sql, params)
+            if sql == a._s.cp_get_version and len(sent) == 1:
+                await other.save_checkpoint(newest, expected_revision=2)
+            return rows
+
+        a.database.read = racing
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == newest.to_json()
+        assert sent == [a._s.cp_get_version, a._template("parts_some", 1), a._s.cp_load]
 
 
 @KINDS
