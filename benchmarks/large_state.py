@@ -42,7 +42,8 @@ POSTGRES_URL = os.environ.get("SIGLO_POSTGRES_URL", "postgresql://postgres@127.0
 REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_INCREMENTAL_MIN_BYTES = 16_384
-"""The threshold the Redis runs with incremental saves on use (the SQL default)."""
+"""The threshold the Redis runs with incremental saves on use (the SQL default until it
+became 64 KiB; the Redis rows of docs/benchmarks-large-state.md were measured with it)."""
 
 
 @asynccontextmanager

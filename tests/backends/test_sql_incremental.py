@@ -26,7 +26,7 @@ KINDS = pytest.mark.parametrize("kind", SHARED_KINDS)
 
 def _doc(revision: int, steps: int, *, stack: str = "run", changed: int = -1) -> Checkpoint:
     contexts = {
-        f"step-{i}": {"output": ("o" if i != changed else "c") * 3_000, "i": i}
+        f"step-{i}": {"output": ("o" if i != changed else "c") * 12_000, "i": i}
         for i in range(steps)
     }
     return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
@@ -513,7 +513,7 @@ async def test_a_migrated_store_reads_as_before_and_moves_to_parts(kind: str) ->
         assert old is not None
         grown = old.replace(
             revision=old.revision + 1,
-            contexts={**old.contexts, "big": {"text": "b" * 20_000}},
+            contexts={**old.contexts, "big": {"text": "b" * 70_000}},
         )
         await a.save_checkpoint(grown, expected_revision=old.revision)
         got = await a.get_checkpoint("stack-1")
