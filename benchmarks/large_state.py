@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import statistics
@@ -41,7 +42,8 @@ POSTGRES_URL = os.environ.get("SIGLO_POSTGRES_URL", "postgresql://postgres@127.0
 REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_INCREMENTAL_MIN_BYTES = 16_384
-"""The threshold the Redis runs with incremental saves on use (the SQL default)."""
+"""The threshold the Redis runs with incremental saves on use (the SQL default until it
+became 64 KiB; the Redis rows of docs/benchmarks-large-state.md were measured with it)."""
 
 
 @asynccontextmanager
@@ -264,9 +266,18 @@ async def latency_round(
     kind: str, size: int, ops: int, options: dict[str, Any] | None = None
 ) -> dict[str, float]:
     """Median save and load of a ``size`` document, ``ops`` of each (ms), on a backend
-    connected with ``options``."""
-    async with open_kind(kind, **(options or {})) as backend:
+    connected with ``options``. The option ``"reader"`` (not passed on) says who loads:
+    ``"cold"``, the saver with its memory of bodies and versions emptied before each
+    load (a process that has not read the row yet); ``"follower"``, an adapter on the same
+    connections with a memory of its own that loads and never saves (another process
+    following the writer: one context changes between its loads)."""
+    options = dict(options or {})
+    reader = options.pop("reader", None)
+    async with open_kind(kind, **options) as backend:
         a = backend.adapter
+        load = a
+        if reader == "follower":
+            load = _fresh_memory(copy.copy(backend.raw_adapter))
         docs = [_document(size, r, (r - 1) % 16) for r in range(1, ops + 2)]
         for cp in docs:
             cp.to_json()  # encoded beforehand: both trees measure the store, not orjson
@@ -277,8 +288,10 @@ async def latency_round(
             t = time.perf_counter()
             await a.save_checkpoint(cp, expected_revision=i)
             saves.append(time.perf_counter() - t)
+            if reader == "cold":
+                _fresh_memory(backend.raw_adapter)
             t = time.perf_counter()
-            got = await a.get_checkpoint("lat")
+            got = await load.get_checkpoint("lat")
             loads.append(time.perf_counter() - t)
             assert got is not None
             assert got.revision == cp.revision
@@ -286,6 +299,19 @@ async def latency_round(
             "save_ms": statistics.median(saves) * 1e3,
             "load_ms": statistics.median(loads) * 1e3,
         }
+
+
+def _fresh_memory(adapter: Any) -> Any:
+    """``adapter`` with empty memories of the bodies and versions it saved or loaded (the
+    attributes this tree and the trees compared with have), as in a fresh process."""
+    if hasattr(adapter, "_bodies"):
+        adapter._bodies = type(adapter._bodies)()
+    for name in ("_versions", "_stored"):
+        if hasattr(adapter, name):
+            setattr(adapter, name, type(getattr(adapter, name))())
+    if hasattr(adapter, "_versions_size"):
+        adapter._versions_size = 0
+    return adapter
 
 
 def _child(
@@ -325,13 +351,14 @@ def latency(
     sizes: list[int],
     rounds: int,
     after_options: dict[str, Any] | None = None,
+    before_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     for kind in kinds:
         for size in sizes:
             got: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
             for _ in range(rounds):  # interleaved: before, after, before, after …
-                got["before"].append(_child(before, kind, size, _ops(size)))
+                got["before"].append(_child(before, kind, size, _ops(size), before_options))
                 got["after"].append(_child(None, kind, size, _ops(size), after_options))
             row: dict[str, Any] = {"kind": kind, "size": size}
             for side, results in got.items():
@@ -359,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     lat.add_argument("--sizes", default="1024,262144,10485760")
     lat.add_argument("--rounds", type=int, default=3)
     lat.add_argument("--after-options", default="{}", help="JSON options of this tree's side")
+    lat.add_argument("--before-options", default="{}", help="JSON options of the other side")
     r = sub.add_parser("_round")
     r.add_argument("kind")
     r.add_argument("size", type=int)
@@ -378,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             list(map(int, args.sizes.split(","))),
             args.rounds,
             json.loads(args.after_options),
+            json.loads(args.before_options),
         )
     else:
         round_options = json.loads(args.options)

@@ -74,13 +74,24 @@ class BodyCache:
         """The bodies the parts list ``parts`` of row ``key`` names, by digest, when each
         is the one kept for its step (the same digest: a digest names its body, so these
         are the stored bytes); ``None`` when one is not kept."""
+        found, missing = self.partial(key, parts)
+        return None if missing else found
+
+    def partial(self, key: bytes, parts: bytes) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """The bodies the parts list ``parts`` of row ``key`` names that are the ones kept
+        for their steps, by digest (as :meth:`bodies`), and the digests of the others:
+        what a load must read (another writer changed those contexts)."""
         found: dict[bytes, bytes] = {}
+        missing: list[bytes] = []
         for step, digest in orjson.loads(parts):
             last = self.last(key, step)
             if last is None or last[1].hex() != digest:
-                return None
+                named = bytes.fromhex(digest)
+                if named not in found and named not in missing:
+                    missing.append(named)
+                continue
             found[last[1]] = last[0]
-        return found
+        return found, [d for d in missing if d not in found]
 
     def last(self, key: bytes, step: str) -> tuple[bytes, bytes] | None:
         """The body saved last for ``step`` of row ``key`` and its digest, if kept."""

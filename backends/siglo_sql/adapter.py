@@ -592,25 +592,41 @@ class SqlStorageAdapter(StorageAdapter):
                 return Checkpoint.from_json(bytes(found[0]))
             return await self._whole(bytes(found[2]), *_document(found))
         key = row_id(namespace or "", stack_id)
-        if self._s.cp_update_parts is None and self._bodies.holds(key):
-            # SQLite, a row this adapter saved in parts: its bodies are likely the ones
-            # kept from that save, so the row alone is read (its skeleton and parts list,
-            # a few hundred bytes) and the document assembled from the bodies kept
-            # whose digests it names. Reading 16 bodies of 16 KB took longer than
-            # parsing the document they make (issue 34). (PostgreSQL reads the bodies
-            # with the row's version, which its next save needs.)
-            rows = await self.database.read(self._s.cp_get, {"id": key, "now": self.clock.now_ms()})
+        if self._bodies.holds(key):
+            # A row this adapter saved or loaded in parts: its bodies are likely the ones
+            # kept from then, so the row alone is read (its skeleton, parts list and
+            # version: a few hundred bytes) and the document assembled from the bodies
+            # kept whose digests it names. A digest names its body, so a body another
+            # writer replaced is never served: the row names another digest, and the
+            # bodies are read. Reading 16 bodies of 16 KB took longer than parsing the
+            # document they make (issue 34).
+            rows = await self.database.read(
+                self._s.cp_get_version, {"id": key, "now": self.clock.now_ms()}
+            )
             if not rows:
                 return None
             document, parts = _document(rows[0])
             if parts is None:  # stored whole
                 return Checkpoint.from_json(document)
-            kept = self._bodies.bodies(key, parts)
-            if kept is not None:
-                data = assemble(document, parts, kept)
-                if data is not None:
-                    return Checkpoint.from_json(data)
-            # Another writer's bodies: read with the row, as any load.
+            kept, missing = self._bodies.partial(key, parts)
+            if missing and len(missing) <= _PER_STATEMENT:
+                # Another writer changed some contexts since: their bodies alone are
+                # read (rows of checkpoint_parts never change; one a later save dropped
+                # is missing, and the row and its bodies are read together below).
+                params: dict[str, Any] = {"id": key}
+                params.update((f"gone{i}", d) for i, d in enumerate(missing))
+                read = await self.database.read(self._template("parts_some", len(missing)), params)
+                got_some = {bytes(d): bytes(b) for d, b in read}
+                self._bodies.keep(key, parts, got_some)
+                kept.update(got_some)
+            data = assemble(document, parts, kept)
+            if data is not None:
+                # PostgreSQL: the version read and the digests its row names are what
+                # a save of it replaces (a save stores exactly the bodies its row
+                # names), so that save can be one statement.
+                self._remember(key, rows[0][2], frozenset(kept))
+                return Checkpoint.from_json(data)
+            # A body dropped since: the row and its bodies are read together.
         if self._cp_reads is not None:
             got = await self._cp_reads.get_row(key)
         else:

@@ -59,6 +59,10 @@ class Statements:
     rows, one per part (one row with ``NULL`` digest and body for a document stored
     whole), in one statement, so the row and its parts are one snapshot; ``version`` as
     in ``parts_digests``."""
+    cp_get_version: str
+    """``cp_get`` with the row's version last: ``(document, parts, version)``, the version
+    as in ``parts_digests`` (``NULL`` on SQLite). A load of a row whose bodies this adapter
+    keeps reads it alone (siglo_sql.parts)."""
     cp_load_many: str
     """A template like ``cp_get_many``: ``(id, document, parts, digest, body, version)``
     rows."""
@@ -89,6 +93,9 @@ class Statements:
     answers the new version, no row when refused. A template, to be completed and
     converted with :meth:`~siglo_sql.database.Database.sql`."""
     parts_get: str
+    parts_some: str
+    """A template: the bodies of some of a checkpoint's digests, ``{digests}`` standing
+    for ``:gone0, :gone1, …`` (:func:`gone_digests`): ``(digest, body)`` rows."""
     parts_insert: str
     """A template: the new bodies of a save, ``{rows}`` standing for ``(:id, :digest0,
     :body0), …`` (:func:`part_rows`), to be completed and converted with
@@ -248,6 +255,7 @@ def build_statements(
         "cp_update_parts",
         "parts_insert",
         "parts_delete",
+        "parts_some",
     }
     statements: dict[str, Any] = {}
     for section in sections:
@@ -365,6 +373,11 @@ def _checkpoint_loads(cp: str, parts: str, *, writable_ctes: bool) -> dict[str, 
     join = f"FROM {cp} c LEFT JOIN {parts} p ON c.parts IS NOT NULL AND p.id = c.id"
     version = "c.xmin::text" if writable_ctes else "NULL"
     return {
+        # The row alone with its version: what a load of a row whose bodies are kept
+        # reads (a few hundred bytes instead of the bodies).
+        "cp_get_version": (
+            f"SELECT c.document, c.parts, {version} FROM {cp} c WHERE c.id = :id AND {LIVE}"
+        ),
         "cp_load": (
             f"SELECT c.document, c.parts, p.digest, p.body, {version} {join} "
             f"WHERE c.id = :id AND {LIVE}"
@@ -387,6 +400,9 @@ def _checkpoint_parts(cp: str, parts: str, *, writable_ctes: bool) -> dict[str, 
             "WHERE c.id = :id"
         ),
         "parts_get": f"SELECT digest, body FROM {parts} WHERE id = :id",
+        "parts_some": (
+            f"SELECT digest, body FROM {parts} WHERE id = :id AND digest IN ({{digests}})"
+        ),
         # A digest names its body: a row already there is the same bytes.
         "parts_insert": (
             f"INSERT INTO {parts} (id, digest, body) VALUES {{rows}} "

@@ -15,6 +15,12 @@ context changed, and it prints the median times of that load and that save. It p
 the median time of an operation (meaningless under valgrind; indicative without it).
 
     python -m benchmarks.experiments.large_state_callgrind parts resume 40
+
+Two more arguments, ``SIZE`` and ``KIND``, measure another document size (16 contexts
+of a sixteenth each) and PostgreSQL (``postgres``: the instructions are the client's,
+the server being another process)::
+
+    python -m benchmarks.experiments.large_state_callgrind whole save 100 16384 postgres
 """
 
 from __future__ import annotations
@@ -32,16 +38,16 @@ SIZE = 262_144
 DOCUMENTS = 102
 
 
-async def run(mode: str, op: str, n: int) -> float:
+async def run(mode: str, op: str, n: int, size: int = SIZE, kind: str = "sqlite") -> float:
     """The median milliseconds of ``n`` operations ``op`` on a store in ``mode``."""
     if mode not in ("whole", "parts") or op not in ("load", "save", "cycle", "resume"):
         raise SystemExit(f"usage: whole|parts load|save|cycle|resume N, got {mode} {op}")
     if not 0 <= n <= DOCUMENTS - 2:
         raise SystemExit(f"N must be between 0 and {DOCUMENTS - 2}, got {n}")
     options = {"incremental_min_bytes": None} if mode == "whole" else {}
-    async with open_kind("sqlite", **options) as backend:
+    async with open_kind(kind, **options) as backend:
         a = backend.adapter
-        docs = [_document(SIZE, r, (r - 1) % 16) for r in range(1, DOCUMENTS + 1)]
+        docs = [_document(size, r, (r - 1) % 16) for r in range(1, DOCUMENTS + 1)]
         for cp in docs:
             cp.to_json()  # encoded beforehand, as in the latency rounds
         await a.save_checkpoint(docs[0], expected_revision=0)
@@ -85,4 +91,6 @@ async def _resume(a: SqlStorageAdapter, docs: list[Any], n: int) -> float:
 
 if __name__ == "__main__":
     mode, op, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    print(f"{mode} {op}: median {asyncio.run(run(mode, op, count)):.4f} ms")
+    size = int(sys.argv[4]) if len(sys.argv) > 4 else SIZE
+    kind = sys.argv[5] if len(sys.argv) > 5 else "sqlite"
+    print(f"{mode} {op}: median {asyncio.run(run(mode, op, count, size, kind)):.4f} ms")

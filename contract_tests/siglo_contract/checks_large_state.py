@@ -107,9 +107,9 @@ def _grown(cp: Checkpoint, revision: int, step: int) -> Checkpoint:
     """The next checkpoint of a run whose state grows: one context changed, one added,
     one removed every third step, the rest unchanged (as a stack's saves are)."""
     contexts = {name: dict(ctx) for name, ctx in cp.contexts.items()}
-    contexts[f"step-{step}"] = {"output": "o" * 2_000 + str(step), "n": step}
+    contexts[f"step-{step}"] = {"output": "o" * 8_000 + str(step), "n": step}
     if "history" in contexts:
-        contexts["history"]["log"] = contexts["history"]["log"] + ["x" * 1_500 + str(step)]
+        contexts["history"]["log"] = contexts["history"]["log"] + ["x" * 6_000 + str(step)]
     if step % 3 == 0:
         contexts.pop(f"step-{step - 2}", None)
     if step == 5:
@@ -123,7 +123,7 @@ def _grown(cp: Checkpoint, revision: int, step: int) -> Checkpoint:
 
 @check("checkpoint.incremental")
 async def checkpoint_incremental(ctx: CheckContext) -> None:
-    """A run of saves whose contexts grow, change, repeat, move and go (past 16 KiB, where
+    """A run of saves whose contexts grow, change, repeat, move and go (past 64 KiB, where
     the SQL backend saves incrementally), with refused saves between them: every load
     returns the document of the last accepted save, byte for byte."""
     ctx.about("checkpoint.incremental")

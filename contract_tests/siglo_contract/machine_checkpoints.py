@@ -340,7 +340,7 @@ class CheckpointMachine(ContractMachine):
         change=st.sampled_from(("grow", "grow", "change", "drop", "move", "copy", "same")),
     )
     def grow(self, stack: str, ns: str | None, change: str) -> None:
-        """The next save of a stack whose state grows (past 16 KiB, where the SQL backend
+        """The next save of a stack whose state grows (past 64 KiB, where the SQL backend
         saves incrementally): one context grown, changed, dropped, moved or copied under
         another step, or none; the load must be the reference's, byte for byte."""
         key = (self.k(ns), self.kk(stack))

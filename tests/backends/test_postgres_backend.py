@@ -113,7 +113,7 @@ async def test_documents_are_lz4_compressed_where_the_server_has_it(schema: str)
         assert len(columns) == 7, columns
         expected = "l" if has_lz4 else ""
         assert {str(row[2]) for row in columns} == {expected}, columns
-        # Saved incrementally (over 16 KiB): the context is a checkpoint_parts body.
+        # Saved incrementally (over 64 KiB): the context is a checkpoint_parts body.
         stored = await db.fetch(
             f'SELECT pg_column_compression(body) FROM "{schema}".siglo_checkpoint_parts'
         )

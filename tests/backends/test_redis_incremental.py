@@ -132,6 +132,110 @@ async def test_a_refused_save_changes_nothing() -> None:
         assert got is not None and got.to_json() == _doc(1, 10).to_json()
 
 
+class _Commands:
+    """Records the names of the commands an adapter sends through ``call``."""
+
+    def __init__(self, adapter: RedisStorageAdapter) -> None:
+        self.inner = adapter._redis
+        self.names: list[str] = []
+        adapter._redis = self  # type: ignore[assignment]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def call(self, what: str, awaitable: Any) -> Any:
+        self.names.append(what)
+        return await self.inner.call(what, awaitable)
+
+
+async def test_a_load_of_what_it_saved_or_loaded_reads_no_bodies() -> None:
+    # The bodies kept from its save (or its load) are the ones the hash's @order names:
+    # the load reads the key and the hash's @len, @head and @order, and assembles the
+    # saved bytes from the bodies kept.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        mine = _doc(1, 10)
+        await a.save_checkpoint(mine)
+        sent = _Commands(a)
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        assert "HMGET" in sent.names and "HGETALL" not in sent.names
+        fresh = connect(backend.url, incremental_min_bytes=LEAST)
+        try:
+            f = _adapter(fresh)
+            cold = _Commands(f)
+            for _ in range(2):  # the first load reads the bodies, the second does not
+                got = await f.get_checkpoint("run")
+                assert got is not None and got.to_json() == mine.to_json()
+            assert cold.names.count("HGETALL") == 1 and cold.names.count("HMGET") == 1
+        finally:
+            await fresh.aclose()
+
+
+async def test_a_body_another_writer_replaced_is_never_served_from_memory() -> None:
+    # Another adapter (its own memory, as another process) changes a context: the
+    # @order it stored names another digest, so the bodies are read. Saved with the
+    # bodies this one keeps, the load assembles them from memory.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        other = connect(backend.url, incremental_min_bytes=LEAST)
+        try:
+            await a.save_checkpoint(_doc(1, 8))
+            theirs = _doc(2, 8, changed=3)
+            await other.adapter.save_checkpoint(theirs, expected_revision=1)
+            sent = _Commands(a)
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == theirs.to_json()
+            # The changed body alone is read, in a second HMGET.
+            assert sent.names.count("HMGET") == 2 and "HGETALL" not in sent.names
+            again = _doc(3, 8, changed=3)  # the bodies it loaded last, a new revision
+            await other.adapter.save_checkpoint(again, expected_revision=2)
+            sent.names.clear()
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == again.to_json()
+            assert "HGETALL" not in sent.names
+            # A save of it sends the changed body alone and is read back exactly.
+            mine = _doc(4, 8, changed=6)
+            await a.save_checkpoint(mine, expected_revision=3)
+            for reader in (a, _adapter(other)):
+                got = await reader.get_checkpoint("run")
+                assert got is not None and got.to_json() == mine.to_json()
+            small = _doc(5, 1)  # stored whole
+            await other.adapter.save_checkpoint(small, expected_revision=4)
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == small.to_json()
+        finally:
+            await other.aclose()
+
+
+async def test_a_save_between_the_parts_list_and_its_bodies_reads_again() -> None:
+    # The load reads the key and the parts list (another writer changed step-3), then
+    # that writer's next save replaces the hash before the load reads the body: "@head"
+    # no longer matches, the key and the whole hash are read, the newest document.
+    async with _backend() as backend:
+        a = _adapter(backend)
+        other = connect(backend.url, incremental_min_bytes=LEAST)
+        try:
+            await a.save_checkpoint(_doc(1, 8))
+            await other.adapter.save_checkpoint(_doc(2, 8, changed=3), expected_revision=1)
+            newest = _doc(3, 8, changed=4)
+            sent = _Commands(a)
+            call = sent.call
+
+            async def racing(what: str, awaitable: Any) -> Any:
+                got = await call(what, awaitable)
+                if sent.names == ["HMGET"]:
+                    await other.adapter.save_checkpoint(newest, expected_revision=2)
+                return got
+
+            sent.call = racing  # type: ignore[method-assign]
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == newest.to_json()
+            assert sent.names == ["HMGET", "HMGET", "HGETALL"]
+        finally:
+            await other.aclose()
+
+
 async def test_another_writer_dropping_parts_is_noticed() -> None:
     # This adapter believes the hash holds its bodies; another one replaced them with a
     # small (whole) document: the save sends every body again, and reads are whole.

@@ -26,7 +26,7 @@ KINDS = pytest.mark.parametrize("kind", SHARED_KINDS)
 
 def _doc(revision: int, steps: int, *, stack: str = "run", changed: int = -1) -> Checkpoint:
     contexts = {
-        f"step-{i}": {"output": ("o" if i != changed else "c") * 3_000, "i": i}
+        f"step-{i}": {"output": ("o" if i != changed else "c") * 12_000, "i": i}
         for i in range(steps)
     }
     return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
@@ -202,10 +202,12 @@ async def test_a_save_in_parts_is_three_statements_on_sqlite() -> None:
         assert got is not None and got.to_json() == mine.to_json()
 
 
-async def test_a_load_of_a_row_it_saved_reads_the_row_alone_on_sqlite() -> None:
+@KINDS
+async def test_a_load_of_a_row_it_saved_reads_the_row_alone(kind: str) -> None:
     # The bodies kept from its save are the ones the row names: the load reads the row
-    # (skeleton and parts list) and assembles the document from them, byte for byte.
-    async with open_backend("sqlite-file") as backend:
+    # (skeleton, parts list and version) and assembles the document from them, byte for
+    # byte.
+    async with open_backend(kind) as backend:
         a: Any = backend.raw_adapter
         mine = _doc(1, 10)
         await a.save_checkpoint(mine)
@@ -219,15 +221,25 @@ async def test_a_load_of_a_row_it_saved_reads_the_row_alone_on_sqlite() -> None:
         a.database.read = recorded
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == mine.to_json()
-        assert sent == [a._s.cp_get]
+        assert sent == [a._s.cp_get_version]
+        if kind == "postgres":
+            # The version it read is the one its next save replaces: one statement.
+            calls = _count_calls(backend)
+            await a.save_checkpoint(_doc(2, 10, changed=4), expected_revision=1)
+            assert calls == {"write": 1, "run_plan": 0}
+            sent.clear()
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == _doc(2, 10, changed=4).to_json()
+            assert sent == [a._s.cp_get_version]
+            mine = _doc(2, 10, changed=4)
         # A row it saved whole since is read whole, by the same one statement.
-        small = _doc(2, 1)
+        small = _doc(mine.revision + 1, 1)
         assert len(small.to_json()) < DEFAULT_INCREMENTAL_MIN_BYTES
-        await a.save_checkpoint(small, expected_revision=1)
+        await a.save_checkpoint(small, expected_revision=mine.revision)
         sent.clear()
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == small.to_json()
-        assert sent == [a._s.cp_get]
+        assert sent == [a._s.cp_get_version]
 
 
 @KINDS
@@ -256,18 +268,17 @@ async def test_a_save_after_a_load_hashes_only_the_contexts_that_changed(
         assert len(hashed) == 1 and b'"c' in hashed[0]
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == mine.to_json()
-        if kind == "sqlite-file":
-            sent: list[str] = []
-            read = a.database.read
+        sent: list[str] = []
+        read = a.database.read
 
-            async def recorded(sql: str, params: Any = ()) -> Any:
-                sent.append(sql)
-                return await read(sql, params)
+        async def recorded(sql: str, params: Any = ()) -> Any:
+            sent.append(sql)
+            return await read(sql, params)
 
-            a.database.read = recorded
-            got = await a.get_checkpoint("run")
-            assert got is not None and got.to_json() == mine.to_json()
-            assert sent == [a._s.cp_get]
+        a.database.read = recorded
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
+        assert sent == [a._s.cp_get_version]
 
 
 @KINDS
@@ -293,6 +304,49 @@ async def test_a_load_after_another_writers_save_reads_its_bodies(kind: str) -> 
         assert got is not None and got.to_json() == small.to_json()
         await other.delete_checkpoint("run")
         assert await a.get_checkpoint("run") is None
+
+
+async def test_a_load_from_kept_bodies_of_another_writers_row_on_postgres() -> None:
+    # Another connection (its own memory, as another process) saves the row with the
+    # bodies this adapter keeps: the load reads the row alone and serves the kept
+    # bodies (the digests match), learns the row's version, and its save over the
+    # other's is one statement that leaves exactly its own parts. When the other then
+    # replaces a body, the digest differs and the stored bodies are read.
+    async with open_backend("postgres") as backend:
+        a: Any = backend.raw_adapter
+        await a.save_checkpoint(_doc(1, 8))
+        async with siglo.connect(POSTGRES_URL, schema=a.schema) as other:
+            await other.adapter.save_checkpoint(_doc(2, 8), expected_revision=1)
+            sent: list[str] = []
+            read = a.database.read
+
+            async def recorded(sql: str, params: Any = ()) -> Any:
+                sent.append(sql)
+                return await read(sql, params)
+
+            a.database.read = recorded
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == _doc(2, 8).to_json()
+            assert sent == [a._s.cp_get_version]
+            calls = _count_calls(backend)
+            mine = _doc(3, 9, changed=6)
+            await a.save_checkpoint(mine, expected_revision=2)
+            assert calls == {"write": 1, "run_plan": 0}
+            assert await _digests(backend) == set(split(mine).bodies)
+            theirs = _doc(4, 9, changed=2)
+            await other.adapter.save_checkpoint(theirs, expected_revision=3)
+            sent.clear()
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == theirs.to_json()
+            # The bodies that differ from those kept (step-2 changed, step-6 back to its
+            # first body) alone are read, after the row; its own save next: the row alone.
+            assert sent == [a._s.cp_get_version, a._template("parts_some", 2)]
+            mine = _doc(5, 9, changed=7)
+            await a.save_checkpoint(mine, expected_revision=4)
+            sent.clear()
+            got = await a.get_checkpoint("run")
+            assert got is not None and got.to_json() == mine.to_json()
+            assert sent == [a._s.cp_get_version]
 
 
 async def test_versions_kept_are_bounded_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -404,6 +458,33 @@ async def test_a_read_that_meets_a_newer_save_reads_again(kind: str) -> None:
 
 
 @KINDS
+async def test_a_body_dropped_between_the_row_and_its_read_reads_again(kind: str) -> None:
+    # The load reads the row (another writer changed step-3), then that writer's next
+    # save drops the body before the load reads it: the row and its bodies are read
+    # together, and the document is the one stored now.
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        await a.save_checkpoint(_doc(1, 8))
+        await other.save_checkpoint(_doc(2, 8, changed=3), expected_revision=1)
+        newest = _doc(3, 8, changed=4)
+        sent: list[str] = []
+        read = a.database.read
+
+        async def racing(sql: str, params: Any = ()) -> Any:
+            sent.append(sql)
+            rows = await read(sql, params)
+            if sql == a._s.cp_get_version and len(sent) == 1:
+                await other.save_checkpoint(newest, expected_revision=2)
+            return rows
+
+        a.database.read = racing
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == newest.to_json()
+        assert sent == [a._s.cp_get_version, a._template("parts_some", 1), a._s.cp_load]
+
+
+@KINDS
 async def test_cancel_workflow_keeps_the_parts(kind: str) -> None:
     async with open_backend(kind) as backend:
         a = backend.adapter
@@ -432,7 +513,7 @@ async def test_a_migrated_store_reads_as_before_and_moves_to_parts(kind: str) ->
         assert old is not None
         grown = old.replace(
             revision=old.revision + 1,
-            contexts={**old.contexts, "big": {"text": "b" * 20_000}},
+            contexts={**old.contexts, "big": {"text": "b" * 70_000}},
         )
         await a.save_checkpoint(grown, expected_revision=old.revision)
         got = await a.get_checkpoint("stack-1")

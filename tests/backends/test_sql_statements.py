@@ -36,6 +36,7 @@ TEMPLATES = {
     "cp_update_parts",
     "parts_insert",
     "parts_delete",
+    "parts_some",
 }
 
 

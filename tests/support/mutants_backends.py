@@ -378,7 +378,7 @@ class RedisPartsBeforeDecision(_ScriptEdit, RedisStorageAdapter):
 
     def break_in(self) -> None:
         super().break_in()
-        self.incremental_min_bytes = 16_384  # the SQL default: small documents whole
+        self.incremental_min_bytes = 65_536  # the SQL default: small documents whole
 
 
 class RedisNonceWindowInSeconds(_Broken, RedisNonceStore):

@@ -41,7 +41,7 @@ class IgnoresDocumentLimit(MemoryStorageAdapter):
         await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
 
-_PARTS_FROM = 16_384
+_PARTS_FROM = 65_536
 """Where these mutants start saving "incrementally", as the SQL backend does."""
 
 
