@@ -309,6 +309,7 @@ class StorageAdapter(Closable):
         entry.checked()
         # Before anything is sent: a document too large leaves nothing written.
         check_document_size(checkpoint, self.max_document_bytes)
+        self._require_open()
         cache = asyncio.ensure_future(
             self.set_cached_step(entry.key, entry.value, entry.ttl_ms, **entry.in_namespace())
         )

@@ -176,6 +176,7 @@ class MemoryStorageAdapter(StorageAdapter):
         check_save_arguments(checkpoint, expected_revision)
         entry.checked()
         check_document_size(checkpoint, self.max_document_bytes)  # nothing written if too large
+        self._require_open()
         await self.set_cached_step(entry.key, entry.value, entry.ttl_ms, **entry.in_namespace())
         await self.save_checkpoint_streamed(
             checkpoint, changes, expected_revision=expected_revision
