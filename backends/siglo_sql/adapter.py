@@ -551,7 +551,7 @@ class SqlStorageAdapter(StorageAdapter):
         compare-and-set is refused, as when the two are sent apart. A checkpoint saved
         in parts, or a subclass with its own writes, gets the two calls in order.
         """
-        await self._save_streamed(checkpoint, changes, expected_revision, None, None)
+        await self._save_streamed(checkpoint, changes, expected_revision, None)
 
     async def save_checkpoint_unlocking(
         self,
@@ -563,9 +563,7 @@ class SqlStorageAdapter(StorageAdapter):
         """:meth:`save_checkpoint_streamed`, with the release of the stack's workflow
         lock this task holds in the same transaction: one commit (on PostgreSQL one
         round trip)."""
-        await self._save_streamed(
-            checkpoint, changes, expected_revision, self._hold(checkpoint), None
-        )
+        await self._save_streamed(checkpoint, changes, expected_revision, self._hold(checkpoint))
 
     async def save_checkpoint_caching(
         self,
@@ -583,7 +581,7 @@ class SqlStorageAdapter(StorageAdapter):
         subclass with its own writes, gets the writes apart
         (:meth:`StorageAdapter.save_checkpoint_caching`)."""
         hold = self._hold(checkpoint) if unlock else None
-        await self._save_streamed(checkpoint, changes, expected_revision, hold, entry)
+        await self._save_step(checkpoint, changes, expected_revision, hold, entry)
 
     def _hold(self, checkpoint: Checkpoint) -> Hold | None:
         """This task's hold of the stack's workflow lock, if it is not released yet."""
@@ -592,6 +590,15 @@ class SqlStorageAdapter(StorageAdapter):
         )
 
     async def _save_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        expected_revision: int | None,
+        release: Hold | None,
+    ) -> None:
+        await self._save_step(checkpoint, changes, expected_revision, release, None)
+
+    async def _save_step(
         self,
         checkpoint: Checkpoint,
         changes: Sequence[ContextChangeEvent],

@@ -426,10 +426,12 @@ _FIRST: Final = ("capability.declared",)
 not implemented breaks every rule that calls it."""
 
 
-_LAST: Final = ("payload.byte-faithful",)
+_LAST: Final = ("cache.with-checkpoint", "payload.byte-faithful")
 """Rules that come after page order when naming the primary failure: they read back
 every kind of record at once, so a broken round trip of any one kind (a wait record that
-loses its metadata) fails them too, and the kind's own rule is the one broken."""
+loses its metadata) fails them too, and the kind's own rule is the one broken. A caching
+save is a streamed save (and, with ``unlock``, an unlocking one) with a cache entry: a
+broken streamed or unlocking save is blamed on its own rule."""
 
 
 def primary_order() -> dict[str, int]:
