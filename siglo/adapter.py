@@ -291,7 +291,7 @@ class StorageAdapter(Closable):
         """A step's checkpoint with its cache entry: :meth:`save_checkpoint_streamed`
         (:meth:`save_checkpoint_unlocking` with ``unlock``) and
         :meth:`set_cached_step` of ``entry``, what a workflow sends after a cached step
-        ran (contract rule ``save.with-cache``).
+        ran (contract rule ``cache.with-checkpoint``).
 
         The entry is stored as :meth:`set_cached_step` stores it whatever the
         compare-and-set decides (it is valid for its input either way), and a refused

@@ -260,7 +260,7 @@ class SqlStorageAdapter(StorageAdapter):
         (pipeline mode), one ``BEGIN IMMEDIATE … COMMIT`` on SQLite's writer (no hop to
         a thread). The transaction commits whatever the compare-and-set decides: the
         changes and the entry are stored either way (contract rules
-        ``context.streamed-save``, ``save.with-cache``), a refused one is raised after
+        ``context.streamed-save``, ``cache.with-checkpoint``), a refused one is raised after
         it. A failure of any statement writes none of them; the lock is then released
         as usual, when the action ends."""
         now = self.clock.now_ms()
