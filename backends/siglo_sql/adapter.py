@@ -254,39 +254,40 @@ class SqlStorageAdapter(StorageAdapter):
         release: Hold | None,
         entry: CacheEntry | None,
     ) -> None:
-        """A whole checkpoint's compare-and-set, with the context ``changes`` before it,
-        a cache ``entry`` and the ``release`` of the action's workflow lock after it, in
-        one transaction: one statement alone; several, one round trip on PostgreSQL
-        (pipeline mode), one ``BEGIN IMMEDIATE … COMMIT`` on SQLite's writer (no hop to
-        a thread). The transaction commits whatever the compare-and-set decides: the
-        changes and the entry are stored either way (contract rules
-        ``context.streamed-save``, ``cache.with-checkpoint``), a refused one is raised after
-        it. A failure of any statement writes none of them; the lock is then released
-        as usual, when the action ends."""
+        """A whole checkpoint's compare-and-set, with the context ``changes``, a cache
+        ``entry`` and the ``release`` of the action's workflow lock, in one transaction:
+        one statement alone; several, one round trip on PostgreSQL (pipeline mode), one
+        ``BEGIN IMMEDIATE … COMMIT`` on SQLite's writer (no hop to a thread). The
+        transaction commits whatever the compare-and-set decides: the changes and the
+        entry are stored either way (contract rules ``context.streamed-save``,
+        ``cache.with-checkpoint``), a refused one is raised after it. A failure of any
+        statement writes none of them; the lock is then released as usual, when the
+        action ends."""
         now = self.clock.now_ms()
         s = self._s
         row, key = await self._row(checkpoint, expected_revision, now)
-        writes: list[tuple[str, Params]] = []
+        # The checkpoint's row first, then the context rows, the cache entry's and the
+        # lock's: the order PostgreSQL takes them in for WITH ctx AS (…) UPDATE (the
+        # main statement's row, then the CTE's), so that two concurrent saves of a stack
+        # never wait for each other's rows in opposite orders (a deadlock).
         if s.cp_streamed is not None and len(changes) == 1 and self._streams_in_one(changes[0]):
             # PostgreSQL: WITH ctx AS (INSERT … change) INSERT/UPDATE … checkpoint.
             params = self._context_row(check_context_change(changes[0]), now)
             prefixed = {f"ctx_{name}": value for name, value in params.items()}
-            save: tuple[str, Params] = (s.cp_streamed[key], {**row, **prefixed})
+            writes: list[tuple[str, Params]] = [(s.cp_streamed[key], {**row, **prefixed})]
         else:
+            writes = [(getattr(s, key), row)]
             for change in changes:
                 writes.extend(self._context_writes(check_context_change(change), now))
-            save = (getattr(s, key), row)
         if entry is not None:
             writes.append(self._cache_write(namespaced_key(entry.key, entry.namespace), entry))
-        at = len(writes)
-        writes.append(save)
         if release is not None:
             lease = release.lease
             writes.append(self.workflow_lock.release_statement(lease.key, lease.token))
         if len(writes) == 1:
-            rows = await self.database.write(*save)
+            rows = await self.database.write(*writes[0])
         else:
-            rows = (await self._write_all(writes))[at]
+            rows = (await self._write_all(writes))[0]
             if release is not None:
                 release.released = True
         if not rows:

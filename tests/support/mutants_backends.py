@@ -237,7 +237,7 @@ class SqliteStepSaveEntryOnlyIfWon(_Broken, SqliteStorageAdapter):
         results = await super()._write_all(writes)
         cache_set = self._s.cache_set
         at = next((i for i, w in enumerate(writes) if w[0] == cache_set), None)
-        if at is not None and not results[at + 1]:  # the compare-and-set follows the entry
+        if at is not None and not results[0]:  # the compare-and-set goes first
             await self.database.fetch(
                 self.database.sql(self._tables_cache_delete()), {"id": writes[at][1]["id"]}
             )

@@ -303,7 +303,7 @@ async def test_a_run_that_fails_or_waits_releases_its_lock_with_that_checkpoint(
         assert await work.deliver(f"approve-{ending}", "ok", manager=manager) == "ok"
     last = calls[-1]
     if ending != "delivered":
-        assert saves_checkpoint(last[-2]) and "LOCKS" in last[-1], calls
+        assert any(saves_checkpoint(s) for s in last) and "LOCKS" in last[-1], calls
     else:
         assert len(last) == 1 and "LOCKS" in last[0], calls
     stored = await backend.adapter.get_checkpoint(f"r-{ending}")
