@@ -456,7 +456,8 @@ async def count_writes(
     subject: E2ESubject, backend: str, concurrency: int, counter: WriteCounter, redis_url: str
 ) -> dict[str, float]:
     """One untimed pass of ``2 × concurrency`` runs (at least 8) with the writes counted
-    (:mod:`benchmarks.writes`): writes per run, and on SQLite write transactions per run."""
+    (:mod:`benchmarks.writes`): writes per run, and on SQLite and PostgreSQL write
+    transactions per run."""
     runs = max(8, 2 * concurrency)
     if backend == "redis":
         if subject.key_prefix is None:
@@ -474,7 +475,7 @@ async def count_writes(
     statements, transactions = (a - b for a, b in zip(counter.snapshot(), before, strict=True))
     done = m["runs"] + concurrency  # the warm-up run of each task is counted too
     out = {"writes_per_run": statements / done}
-    if backend == "sqlite":
+    if backend in ("sqlite", "postgres"):
         out["write_transactions_per_run"] = transactions / done
     return out
 
@@ -673,7 +674,7 @@ def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
         "",
         "| backend | system | concurrent runs | runs/s (median of rounds) | "
         "step p50 µs | step p99 µs | siglo / this, runs/s |"
-        + (" store writes per run (SQLite: write transactions) |" if counted else ""),
+        + (" store writes per run (SQLite, PostgreSQL: write transactions) |" if counted else ""),
         "|---|---|---:|---:|---:|---:|---:|" + ("---:|" if counted else ""),
     ]
     ratio_of = {(x["backend"], x["concurrency"], x["vs"]): x for x in doc.get("e2e_ratios", [])}

@@ -12,7 +12,9 @@ counting pass per system and reports writes per run:
   row on one connection is counted once (Python reports a trigger it fires that way);
 * **PostgreSQL**: psycopg's ``Cursor.execute``/``executemany`` and their async twins are
   wrapped to count the statements that write (psycopg is under siglo's backend, DBOS's
-  SQLAlchemy engine and LangGraph's saver alike);
+  SQLAlchemy engine and LangGraph's saver alike), and the write transactions: a write
+  on an autocommit connection outside a block, or a ``pipeline()`` / ``transaction()``
+  block (outermost) or a ``commit()`` with at least one write since it began;
 * **Redis**: a ``MONITOR`` connection during the counting pass, keeping the commands on
   the system's private key prefix: a write is a top-level write command, or a script
   (``EVALSHA``/``EVAL``/``FCALL``) that ran at least one write command (one Lua call is
@@ -121,11 +123,16 @@ class WriteCounter:
         with self._lock:
             return self.statements, self.transactions
 
-    def sqlite_tracer(self) -> Any:
+    def sqlite_tracer(self, conn: sqlite3.Connection | None = None) -> Any:
         """A trace callback for one SQLite connection (it keeps that connection's
-        transaction state)."""
+        transaction state). With ``conn``, a write is in a transaction when the
+        connection says so (``in_transaction``), so a ``BEGIN`` refused as busy (siglo's
+        inline writer tries one and steps aside) opens none."""
         state = {"in_tx": False, "wrote": False}
         last = [""]
+
+        def in_tx() -> bool:
+            return conn.in_transaction if conn is not None else state["in_tx"]
 
         def trace(sql: str) -> None:
             if not self.enabled:
@@ -137,7 +144,7 @@ class WriteCounter:
                 return
             last[0] = sql
             if is_write_sql(sql):
-                if state["in_tx"]:
+                if in_tx():
                     state["wrote"] = True
                     self.add(1)
                 else:
@@ -160,7 +167,7 @@ def counting_sqlite(counter: WriteCounter) -> Iterator[None]:
 
     def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         conn: sqlite3.Connection = original(*args, **kwargs)
-        conn.set_trace_callback(counter.sqlite_tracer())
+        conn.set_trace_callback(counter.sqlite_tracer(conn))
         return conn
 
     # sqlite3.connect for aiosqlite and direct users, sqlite3.dbapi2.connect for
@@ -188,17 +195,39 @@ def _sql_text(query: Any) -> str:
 
 @contextlib.contextmanager
 def counting_psycopg(counter: WriteCounter) -> Iterator[None]:
-    """psycopg's cursors count the statements that write into ``counter``."""
+    """psycopg's cursors count the statements that write into ``counter``, and their
+    connections the write transactions (see the module)."""
     import psycopg
 
     patched: list[tuple[Any, str, Any]] = []
+    blocks: dict[int, list[Any]] = {}
+    """By connection id: [open pipeline()/transaction() blocks, wrote since it began]."""
+
+    def wrote(conn: Any, statements: int) -> None:
+        state = blocks.get(id(conn))
+        if (state is not None and state[0] > 0) or not getattr(conn, "autocommit", True):
+            # In a block, or in the implicit transaction a commit() ends.
+            blocks.setdefault(id(conn), [0, False])[1] = True
+            counter.add(statements)
+        else:
+            counter.add(statements, 1)
+
+    def ended(conn: Any) -> None:
+        state = blocks.get(id(conn))
+        if state is not None and state[0] == 0 and state[1]:
+            state[1] = False
+            if counter.enabled:
+                counter.add(0, 1)
+
+    def count(self: Any, query: Any, params: Any, many: bool) -> None:
+        if counter.enabled and is_write_sql(_sql_text(query)):
+            wrote(self.connection, len(params) if many and params is not None else 1)
 
     def wrap_sync(cls: Any, name: str, many: bool) -> None:
         original = cls.__dict__[name]
 
         def method(self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
-            if counter.enabled and is_write_sql(_sql_text(query)):
-                counter.add(len(params) if many and params is not None else 1)
+            count(self, query, params, many)
             return original(self, query, params, *args, **kwargs)
 
         patched.append((cls, name, original))
@@ -210,16 +239,73 @@ def counting_psycopg(counter: WriteCounter) -> Iterator[None]:
         async def method(
             self: Any, query: Any, params: Any = None, *args: Any, **kwargs: Any
         ) -> Any:
-            if counter.enabled and is_write_sql(_sql_text(query)):
-                counter.add(len(params) if many and params is not None else 1)
+            count(self, query, params, many)
             return await original(self, query, params, *args, **kwargs)
 
         patched.append((cls, name, original))
         setattr(cls, name, method)
 
+    def wrap_block_sync(cls: Any, name: str) -> None:
+        original = cls.__dict__[name]
+
+        @contextlib.contextmanager
+        def method(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            state = blocks.setdefault(id(self), [0, False])
+            state[0] += 1
+            try:
+                with original(self, *args, **kwargs) as block:
+                    yield block
+            finally:
+                state[0] -= 1
+                ended(self)
+
+        patched.append((cls, name, original))
+        setattr(cls, name, method)
+
+    def wrap_block_async(cls: Any, name: str) -> None:
+        original = cls.__dict__[name]
+
+        @contextlib.asynccontextmanager
+        async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            state = blocks.setdefault(id(self), [0, False])
+            state[0] += 1
+            try:
+                async with original(self, *args, **kwargs) as block:
+                    yield block
+            finally:
+                state[0] -= 1
+                ended(self)
+
+        patched.append((cls, name, original))
+        setattr(cls, name, method)
+
+    def wrap_commit(cls: Any, asynchronous: bool) -> None:
+        original = cls.__dict__["commit"]
+
+        if asynchronous:
+
+            async def commit(self: Any) -> Any:
+                out = await original(self)
+                ended(self)
+                return out
+        else:
+
+            def commit(self: Any) -> Any:  # type: ignore[misc]
+                out = original(self)
+                ended(self)
+                return out
+
+        patched.append((cls, "commit", original))
+        cls.commit = commit
+
     for name, many in (("execute", False), ("executemany", True)):
         wrap_sync(psycopg.Cursor, name, many)
         wrap_async(psycopg.AsyncCursor, name, many)
+    for name in ("pipeline", "transaction"):
+        wrap_block_sync(psycopg.Connection, name)
+        wrap_block_async(psycopg.AsyncConnection, name)
+    wrap_commit(psycopg.Connection, asynchronous=False)
+    wrap_commit(psycopg.AsyncConnection, asynchronous=True)
     try:
         yield
     finally:

@@ -15,9 +15,11 @@ supported" rather than passed. The rules every method obeys are on ``docs/contra
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import codec
@@ -43,9 +45,33 @@ from siglo.validation import (
     require_ttl_ms,
 )
 
-__all__ = ["CAPABILITY_METHODS", "Capability", "StorageAdapter"]
+__all__ = ["CAPABILITY_METHODS", "CacheEntry", "Capability", "StorageAdapter"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """A step's cache entry, as :meth:`StorageAdapter.set_cached_step` takes it: what
+    :meth:`StorageAdapter.save_checkpoint_caching` writes beside a checkpoint."""
+
+    key: str
+    value: Any
+    ttl_ms: int | None = None
+    """``None``: the adapter's default."""
+    namespace: str | None = None
+
+    def checked(self) -> CacheEntry:
+        """Itself, its arguments checked as :meth:`StorageAdapter.set_cached_step`'s."""
+        require_id("key", self.key)
+        require_ttl_ms("ttl_ms", self.ttl_ms, optional=True)
+        require_optional_id("namespace", self.namespace)
+        return self
+
+    def in_namespace(self) -> dict[str, Any]:
+        """The ``namespace`` keyword of a ``set_cached_step`` call (none without one, so
+        an adapter that predates namespaced entries is called as before)."""
+        return {} if self.namespace is None else {"namespace": self.namespace}
 
 
 class Capability(enum.StrEnum):
@@ -252,6 +278,49 @@ class StorageAdapter(Closable):
         await self.save_checkpoint_streamed(
             checkpoint, changes, expected_revision=expected_revision
         )
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        """A step's checkpoint with its cache entry: :meth:`save_checkpoint_streamed`
+        (:meth:`save_checkpoint_unlocking` with ``unlock``) and
+        :meth:`set_cached_step` of ``entry``, what a workflow sends after a cached step
+        ran (contract rule ``cache.with-checkpoint``).
+
+        The entry is stored as :meth:`set_cached_step` stores it whatever the
+        compare-and-set decides (it is valid for its input either way), and a refused
+        compare-and-set is raised as :class:`~siglo.errors.CheckpointConflictError`. A
+        backend may override it to write the changes, the entry, the checkpoint and
+        (``unlock``) the lock's release in one transaction, where a failure of any
+        writes none of them (SQL: one transaction; Redis: one script).
+
+        Here, for an adapter that does not override it: the entry and the save sent at
+        once (neither waits for the other's reply), both awaited to the end, a failure
+        of either raised (the save's first); ``unlock`` is not passed on, since the lock
+        must cover the entry too: the lock is released when the action ends, as always.
+        """
+        check_save_arguments(checkpoint, expected_revision)
+        entry.checked()
+        # Before anything is sent: a document too large leaves nothing written.
+        check_document_size(checkpoint, self.max_document_bytes)
+        self._require_open()
+        cache = asyncio.ensure_future(
+            self.set_cached_step(entry.key, entry.value, entry.ttl_ms, **entry.in_namespace())
+        )
+        try:
+            await self.save_checkpoint_streamed(
+                checkpoint, changes, expected_revision=expected_revision
+            )
+        finally:
+            (cached,) = await asyncio.gather(cache, return_exceptions=True)
+        if isinstance(cached, BaseException):
+            raise cached
 
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.background import SerialJobs
 from siglo.checkpoint import Checkpoint
@@ -463,6 +463,7 @@ class StorageManager:
         redact_fields: Collection[str] = (),
         ttl_ms: int | None = None,
         unlock: bool = False,
+        cache_entry: CacheEntry | None = None,
     ) -> Checkpoint:
         """Snapshot ``stack`` — this very object — and wait until it is stored.
 
@@ -481,6 +482,7 @@ class StorageManager:
             redact_fields=redact_fields,
             ttl_ms=ttl_ms,
             unlock=unlock,
+            cache_entry=cache_entry,
         )
 
     async def save_checkpoint(
@@ -491,6 +493,7 @@ class StorageManager:
         redact_fields: Collection[str] = (),
         ttl_ms: int | None = None,
         unlock: bool = False,
+        cache_entry: CacheEntry | None = None,
     ) -> Checkpoint:
         """Snapshot a live stack and wait until it is stored (see :meth:`checkpoint`).
 
@@ -509,6 +512,11 @@ class StorageManager:
         the action may be written after it. A backend may then release the lock in the
         same transaction (PostgreSQL: one round trip fewer); elsewhere the lock is
         released when the action ends, as always. Without such a lock it changes nothing.
+
+        ``cache_entry``: a step's cache entry (its value redacted already), stored with
+        the checkpoint by :meth:`StorageAdapter.save_checkpoint_caching` — in one
+        transaction where the backend can — whatever the compare-and-set decides; a
+        failure to store it is handled as the save's, by the error mode.
         """
         live = self._stack(stack_id)
         stack_id = live.stack_id
@@ -533,7 +541,15 @@ class StorageManager:
             raise
         if adapter is not None:
             try:
-                if unlock:
+                if cache_entry is not None:
+                    await adapter.save_checkpoint_caching(
+                        checkpoint,
+                        events,
+                        cache_entry,
+                        expected_revision=expected_revision,
+                        unlock=unlock,
+                    )
+                elif unlock:
                     await adapter.save_checkpoint_unlocking(
                         checkpoint, events, expected_revision=expected_revision
                     )

@@ -21,6 +21,7 @@ writes values inline; ``siglo import`` offloads them again on the target.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any, ClassVar, Final
 
 import orjson
 
-from siglo.adapter import StorageAdapter
+from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.blobs import REF_KEY, BlobStore, blob_digest, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
@@ -227,6 +228,25 @@ class OffloadAdapter(PipelineAdapter):
             stored, changes, expected_revision=expected_revision
         )
 
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        stored = await self.offloader.checkpoint_out(checkpoint)
+        value = await self.offloader.value_out(entry.value, self._keep_entry_until(entry.ttl_ms))
+        await self.inner.save_checkpoint_caching(
+            stored,
+            changes,
+            dataclasses.replace(entry, value=value),
+            expected_revision=expected_revision,
+            unlock=unlock,
+        )
+
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
@@ -243,11 +263,14 @@ class OffloadAdapter(PipelineAdapter):
     async def set_cached_step(
         self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
     ) -> None:
-        ttl = ttl_ms if ttl_ms is not None else getattr(self.inner, "cache_ttl_ms", None)
-        keep = int(time.time() * 1000) + (ttl if ttl is not None else DEFAULTS.cache_ttl_ms)
-        stored = await self.offloader.value_out(value, keep)
+        stored = await self.offloader.value_out(value, self._keep_entry_until(ttl_ms))
         kw: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
         await self.inner.set_cached_step(key, stored, ttl_ms, **kw)
+
+    def _keep_entry_until(self, ttl_ms: int | None) -> int:
+        """Until when the blob of a cache entry kept ``ttl_ms`` is kept (ms)."""
+        ttl = ttl_ms if ttl_ms is not None else getattr(self.inner, "cache_ttl_ms", None)
+        return int(time.time() * 1000) + (ttl if ttl is not None else DEFAULTS.cache_ttl_ms)
 
 
 def resolving(adapter: StorageAdapter) -> StorageAdapter:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Final, TypeVar
 import orjson
 
 from siglo import telemetry
-from siglo.adapter import StorageAdapter
+from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
 from siglo.blobs import REF_KEY, is_reference
 from siglo.checkpoint import Checkpoint
@@ -552,6 +552,27 @@ class PipelineAdapter(StorageAdapter):
             expected_revision=expected_revision,
         )
 
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        # The entry's value sealed as set_cached_step seals it, at its own location.
+        sealed = await self.codecs.sealer.seal(
+            self.pipeline.value_out(entry.value), _step_location(entry.key, entry.namespace)
+        )
+        await self.inner.save_checkpoint_caching(
+            await self._checkpoint_out(checkpoint),
+            await self._events_out(changes),
+            dataclasses.replace(entry, value=sealed),
+            expected_revision=expected_revision,
+            unlock=unlock,
+        )
+
     async def get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
@@ -811,6 +832,7 @@ TRACED_CALLS: Final = (
     "save_checkpoint",
     "save_checkpoint_streamed",
     "save_checkpoint_unlocking",
+    "save_checkpoint_caching",
     "get_checkpoint",
     "clean_expired_checkpoints",
     "save_wait_record",

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from siglo.adapter import StorageAdapter
+from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.clock import Clock
@@ -164,6 +164,7 @@ class StorageManager(Facade):
         redact_fields: Collection[str] = (),
         ttl_ms: int | None = None,
         unlock: bool = False,
+        cache_entry: CacheEntry | None = None,
     ) -> Checkpoint:
         """``StorageManager.save``: this very stack, stored (the way to save in code that
         several threads run at once)."""
@@ -172,12 +173,23 @@ class StorageManager(Facade):
                 f"save() takes the live stack itself, got {type(stack).__name__}; "
                 "save_checkpoint() takes an id"
             )
-        return stack.save(
+        if cache_entry is None:
+            return stack.save(
+                expected_revision=expected_revision,
+                redact_fields=redact_fields,
+                ttl_ms=ttl_ms,
+                unlock=unlock,
+            )
+        saved: Checkpoint = self._portal.run(
+            self._inner.save,
+            _live(stack),
             expected_revision=expected_revision,
             redact_fields=redact_fields,
             ttl_ms=ttl_ms,
             unlock=unlock,
+            cache_entry=cache_entry,
         )
+        return saved
 
     def checkpoint(
         self,
@@ -205,6 +217,7 @@ class StorageManager(Facade):
         redact_fields: Collection[str] = (),
         ttl_ms: int | None = None,
         unlock: bool = False,
+        cache_entry: CacheEntry | None = None,
     ) -> Checkpoint:
         """``StorageManager.save_checkpoint``.
 
@@ -220,6 +233,7 @@ class StorageManager(Facade):
             redact_fields=redact_fields,
             ttl_ms=ttl_ms,
             unlock=unlock,
+            cache_entry=cache_entry,
         )
         return saved
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from siglo import codec
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.blind import stored_tokens
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
@@ -24,7 +24,8 @@ from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fi
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
-from siglo.validation import require_ttl_ms
+from siglo.sizing import check_document_size
+from siglo.validation import check_save_arguments, require_ttl_ms
 from siglo_memory.model import StorageModel, WaitKey, wait_key
 
 __all__ = ["MemoryStorageAdapter", "WaitKey", "wait_key"]
@@ -160,6 +161,26 @@ class MemoryStorageAdapter(StorageAdapter):
             )
         gone_at = _earliest(checkpoint.expires_at, self._retention(now))
         self._checkpoints[key] = _StoredCheckpoint(data, gone_at, checkpoint.revision)
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        """The entry cached, then the save (streamed): one after the other, neither
+        depending on the other's outcome. The lock is released when the action ends."""
+        check_save_arguments(checkpoint, expected_revision)
+        entry.checked()
+        check_document_size(checkpoint, self.max_document_bytes)  # nothing written if too large
+        self._require_open()
+        await self.set_cached_step(entry.key, entry.value, entry.ttl_ms, **entry.in_namespace())
+        await self.save_checkpoint_streamed(
+            checkpoint, changes, expected_revision=expected_revision
+        )
 
     async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from hashlib import sha1
 from typing import Any, ClassVar, Final
 
 from siglo import codec
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.errors import (
     CheckpointConflictError,
@@ -25,12 +25,14 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.listing import CheckpointPage, ListQuery
+from siglo.locking import Hold, held, namespaced_key, workflow_lock_key
 from siglo.parts import MARK, BodyCache, assemble, split
 from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
-from siglo.validation import require_ttl_ms
+from siglo.sizing import check_document_size
+from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_redis.client import client_from_url, close_client
 from siglo_redis.commands import (
     Commands,
@@ -56,6 +58,7 @@ from siglo_redis.scripts import (
     CONTEXT_CHANGE,
     CONTEXT_COMPARE_DELETE,
     PARTS_DROP,
+    STEP_SAVE,
 )
 from siglo_redis.values import decode_cached, decode_context_value, encode_cached
 from siglo_redis.waits import (
@@ -71,6 +74,19 @@ from siglo_redis.waits import (
 )
 
 __all__ = ["RedisStorageAdapter"]
+
+
+_WRITES: Final = frozenset(
+    {
+        "save_checkpoint",
+        "on_context_change",
+        "set_cached_step",
+        "_do_save_checkpoint",
+        "_do_on_context_change",
+        "_do_set_cached_step",
+    }
+)
+"""Writes an instance may replace (a test's recorder): then a step's writes go apart."""
 
 
 class RedisStorageAdapter(StorageAdapter):
@@ -236,6 +252,170 @@ class RedisStorageAdapter(StorageAdapter):
             return
         if outcome == 2:
             await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
+            return
+        stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
+        raise CheckpointConflictError(
+            checkpoint.stack_id,
+            None if stored < 0 else stored,
+            expected_revision,
+            checkpoint.revision,
+        )
+
+    # -- a step's writes in one script -------------------------------------------------
+
+    def _one_script(self) -> bool:
+        """Whether a step's writes (its context changes, its cache entry, its checkpoint's
+        compare-and-set, the workflow lock's release) go in one script (``STEP_SAVE``):
+        on one Redis server (on a cluster the keys are in different slots), with
+        ``eval``, whole checkpoints, and this class's own writes (a subclass or an
+        instance that replaces one gets the calls apart)."""
+        cls = type(self)
+        return (
+            self._redis.has_eval
+            and not self._index.cluster
+            and self.incremental_min_bytes is None
+            and cls._do_save_checkpoint is RedisStorageAdapter._do_save_checkpoint
+            and cls._do_on_context_change is RedisStorageAdapter._do_on_context_change
+            and cls._do_set_cached_step is RedisStorageAdapter._do_set_cached_step
+            and cls.save_checkpoint is StorageAdapter.save_checkpoint
+            and cls.on_context_change is StorageAdapter.on_context_change
+            and cls.set_cached_step is StorageAdapter.set_cached_step
+            and not _WRITES & vars(self).keys()
+        )
+
+    def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
+        """Any changes, where a step's writes are one script (:meth:`_one_script`)."""
+        return self._one_script()
+
+    async def save_checkpoint_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        """The context changes and the checkpoint's compare-and-set in one script, the
+        changes written whatever it decides (:meth:`_one_script`; else the calls in
+        order)."""
+        if not self._one_script():
+            await super().save_checkpoint_streamed(
+                checkpoint, changes, expected_revision=expected_revision
+            )
+            return
+        await self._step_save(checkpoint, changes, expected_revision, None, None)
+
+    async def save_checkpoint_unlocking(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        """:meth:`save_checkpoint_streamed` with the release of the stack's workflow lock
+        this task holds in the same script."""
+        if not self._one_script():
+            await super().save_checkpoint_unlocking(
+                checkpoint, changes, expected_revision=expected_revision
+            )
+            return
+        await self._step_save(checkpoint, changes, expected_revision, self._hold(checkpoint), None)
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        """The context changes, the cache entry (``SET … PX``), the compare-and-set and
+        (``unlock``) the workflow lock's release in one script, the changes and the
+        entry written whatever the compare-and-set decides (:meth:`_one_script`; else
+        :meth:`StorageAdapter.save_checkpoint_caching`, the calls apart)."""
+        if not self._one_script():
+            await super().save_checkpoint_caching(
+                checkpoint, changes, entry, expected_revision=expected_revision, unlock=unlock
+            )
+            return
+        hold = self._hold(checkpoint) if unlock else None
+        await self._step_save(checkpoint, changes, expected_revision, hold, entry)
+
+    def _hold(self, checkpoint: Checkpoint) -> Hold | None:
+        """This task's hold of the stack's workflow lock, if it is not released yet (and
+        is this adapter's own kind of lock, whose key the script can release)."""
+        lock = self.workflow_lock
+        if not isinstance(lock, RedisLock):
+            return None
+        return held(lock, workflow_lock_key(checkpoint.stack_id, checkpoint.namespace))
+
+    async def _step_save(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        expected_revision: int | None,
+        release: Hold | None,
+        entry: CacheEntry | None,
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        if entry is not None:
+            entry.checked()
+        check_document_size(checkpoint, self.max_document_bytes)
+        self._require_open()
+        extra_keys: list[str] = []
+        extra: list[Any] = []
+        retention = None if self.checkpoint_ttl_ms is None else clamp_px(self.checkpoint_ttl_ms)
+        recorded = 0
+        for change in changes:
+            event = check_context_change(change)
+            value = codec.dumps(event.value, what=f"context value {event.key!r}")
+            if not self.record_context_changes:
+                continue
+            recorded += 1
+            extra_keys.append(self.keys.context(event.stack_id, event.step_id, event.namespace))
+            extra += [event.op, event.key, value, "" if retention is None else retention]
+        if entry is None:
+            extra += ["0", "", ""]
+        else:
+            name = namespaced_key(entry.key, entry.namespace)
+            data = encode_cached(entry.value, what=f"cached value of {name!r}")
+            extra_keys.append(self.keys.cache(name))
+            extra += ["1", data, clamp_px(entry.ttl_ms or self.cache_ttl_ms)]
+        if release is None:
+            extra += ["0", ""]
+        else:
+            assert isinstance(self.workflow_lock, RedisLock)  # _hold found it
+            extra_keys.append(self.workflow_lock.key_prefix + release.lease.key)
+            extra += ["1", release.lease.token]
+        data = checkpoint.to_json()
+        now = now_ms()
+        px = self._px(checkpoint.expires_at, now)
+        key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+        shard = self._index.shard_of(key)
+        await self._index.register(shard)
+        tokens = self._index.token_keys_of(checkpoint, key)
+        reply = await self._redis.script(
+            STEP_SAVE,
+            [key, self._index.key(shard), *tokens, *extra_keys],
+            [
+                data,
+                checkpoint.revision,
+                "" if expected_revision is None else expected_revision,
+                now,
+                "" if px is None else px,
+                member_of(checkpoint.stack_id, checkpoint.namespace),
+                len(tokens),
+                recorded,
+                *extra,
+            ],
+        )
+        outcome = int(reply)
+        if outcome == 2:  # revisions past 2**53: decided here, the lock still held
+            await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
+            return
+        if release is not None:
+            release.released = True
+        if outcome == 1:
             return
         stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
         raise CheckpointConflictError(

@@ -32,6 +32,7 @@ __all__ = [
     "LOCK_EXTEND",
     "LOCK_INSPECT",
     "PARTS_DROP",
+    "STEP_SAVE",
     "SWAP",
     "WAIT_CREATE",
     "WAIT_INDEX_ADD",
@@ -167,6 +168,58 @@ return write()
 """
 
 CHECKPOINT_CAS: Final = Script("checkpoint_cas", _CAS_HEAD + _CAS_WRITE_WHOLE + _CAS_DECIDE)
+
+_STEP_TAIL: Final = """\
+local outcome = decide()
+if type(outcome) == 'table' then
+  return outcome
+end
+local k = last_token + 1
+local a = 9
+for _ = 1, tonumber(ARGV[8]) do
+  if ARGV[a] == 'delete' then
+    redis.call('HDEL', KEYS[k], ARGV[a + 1])
+  else
+    redis.call('HSET', KEYS[k], ARGV[a + 1], ARGV[a + 2])
+  end
+  if ARGV[a + 3] == '' then
+    redis.call('PERSIST', KEYS[k])
+  else
+    redis.call('PEXPIRE', KEYS[k], ARGV[a + 3])
+  end
+  k = k + 1
+  a = a + 4
+end
+if ARGV[a] == '1' then
+  redis.call('SET', KEYS[k], ARGV[a + 1], 'PX', ARGV[a + 2])
+  k = k + 1
+end
+a = a + 3
+if ARGV[a] == '1' and outcome ~= 2 and redis.call('GET', KEYS[k]) == ARGV[a + 1] then
+  redis.call('DEL', KEYS[k])
+end
+return outcome
+"""
+
+STEP_SAVE: Final = Script(
+    "step_save",
+    _CAS_HEAD
+    + """\
+-- A step's writes in one call: CHECKPOINT_CAS on KEYS[1..2+ARGV[7]] (ARGV[1..6] as
+-- there; ARGV[7] how many blind-index keys follow KEYS[2]), then, whatever it decided
+-- (not after an error reply, which writes nothing): ARGV[8] context changes, each four
+-- ARGV (op, field, JSON value, retention as in CONTEXT_CHANGE) on the next key; a cache
+-- entry ('1', value, PX; or '0', '', '') on the next key; and the release of a workflow
+-- lock ('1', token; or '0', '') on the next key, if it holds that token (not when the
+-- compare-and-set answers 2: the caller saves exactly, and the lock stays held).
+local last_token = 2 + tonumber(ARGV[7])
+"""
+    + _CAS_WRITE_WHOLE.replace("for i = 3, #KEYS do", "for i = 3, last_token do")
+    + "local function decide()\n"
+    + _CAS_DECIDE
+    + "end\n"
+    + _STEP_TAIL,
+)
 
 _PARTS_HEAD: Final = """
 -- The compare-and-set of CHECKPOINT_CAS for a store saving incrementally

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from siglo import codec
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.errors import (
@@ -22,7 +22,7 @@ from siglo.errors import (
     WaitRecordClaimError,
 )
 from siglo.listing import CheckpointPage, ListQuery
-from siglo.locking import Hold, held, workflow_lock_key
+from siglo.locking import Hold, held, namespaced_key, workflow_lock_key
 from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
@@ -31,7 +31,7 @@ from siglo.sizing import check_document_size
 from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
-from siglo_sql.database import Database, Params, Plan
+from siglo_sql.database import Database, Params, Plan, Row
 from siglo_sql.keys import at_most, row_id
 from siglo_sql.listing import cursor_of, indexed_list, page_conditions, summary_of
 from siglo_sql.migrations import (
@@ -224,40 +224,72 @@ class SqlStorageAdapter(StorageAdapter):
         checkpoint: Checkpoint,
         *,
         expected_revision: int | None = None,
-        streamed: tuple[dict[str, str], dict[str, Any]] | None = None,
         release: Hold | None = None,
     ) -> None:
-        now = self.clock.now_ms()
-        s = self._s
+        if self._in_parts(checkpoint):
+            row, key = await self._row(checkpoint, expected_revision, self.clock.now_ms())
+            await self._save_in_parts(checkpoint, row, key, release)
+            return
+        await self._save_together(checkpoint, (), expected_revision, release, None)
+
+    async def _row(
+        self, checkpoint: Checkpoint, expected_revision: int | None, now: int
+    ) -> tuple[dict[str, Any], str]:
+        """A save's row and the name of its compare-and-set's statement."""
         row = checkpoint_row(checkpoint, self._retention(now), now)
         row["expected"] = expected_revision
         if not self._token_triggers and holds_token_marker(row["document"]):
             await self._need_token_triggers()
         if expected_revision is None:
-            key = "cp_save_forward"
-        elif expected_revision == 0:
-            key = "cp_insert_if_absent"
+            return row, "cp_save_forward"
+        if expected_revision == 0:
+            return row, "cp_insert_if_absent"
+        return row, "cp_update_expected"
+
+    async def _save_together(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        expected_revision: int | None,
+        release: Hold | None,
+        entry: CacheEntry | None,
+    ) -> None:
+        """A whole checkpoint's compare-and-set, with the context ``changes``, a cache
+        ``entry`` and the ``release`` of the action's workflow lock, in one transaction:
+        one statement alone; several, one round trip on PostgreSQL (pipeline mode), one
+        ``BEGIN IMMEDIATE … COMMIT`` on SQLite's writer (no hop to a thread). The
+        transaction commits whatever the compare-and-set decides: the changes and the
+        entry are stored either way (contract rules ``context.streamed-save``,
+        ``cache.with-checkpoint``), a refused one is raised after it. A failure of any
+        statement writes none of them; the lock is then released as usual, when the
+        action ends."""
+        now = self.clock.now_ms()
+        s = self._s
+        row, key = await self._row(checkpoint, expected_revision, now)
+        # The checkpoint's row first, then the context rows, the cache entry's and the
+        # lock's: the order PostgreSQL takes them in for WITH ctx AS (…) UPDATE (the
+        # main statement's row, then the CTE's), so that two concurrent saves of a stack
+        # never wait for each other's rows in opposite orders (a deadlock).
+        if s.cp_streamed is not None and len(changes) == 1 and self._streams_in_one(changes[0]):
+            # PostgreSQL: WITH ctx AS (INSERT … change) INSERT/UPDATE … checkpoint.
+            params = self._context_row(check_context_change(changes[0]), now)
+            prefixed = {f"ctx_{name}": value for name, value in params.items()}
+            writes: list[tuple[str, Params]] = [(s.cp_streamed[key], {**row, **prefixed})]
         else:
-            key = "cp_update_expected"
-        least = self.incremental_min_bytes
-        if streamed is None and least is not None and len(checkpoint.to_json()) >= least:
-            await self._save_in_parts(checkpoint, row, key, release)
-            return
-        if streamed is None:
-            save: tuple[str, Params] = (getattr(s, key), row)
-        else:  # with a context change in front (save_checkpoint_streamed)
-            statements, change = streamed
-            save = (statements[key], {**row, **change})
-        if release is None:
-            rows = await self.database.write(*save)
-        else:
-            # The action's last write (save_checkpoint_unlocking): the release of its
-            # workflow lock commits with it, whatever the compare-and-set decides, in one
-            # round trip; if they fail, neither is done and the lock is released as usual.
+            writes = [(getattr(s, key), row)]
+            for change in changes:
+                writes.extend(self._context_writes(check_context_change(change), now))
+        if entry is not None:
+            writes.append(self._cache_write(namespaced_key(entry.key, entry.namespace), entry))
+        if release is not None:
             lease = release.lease
-            unlock = self.workflow_lock.release_statement(lease.key, lease.token)
-            rows = (await self.database.fetch_all([save, unlock]))[0]
-            release.released = True
+            writes.append(self.workflow_lock.release_statement(lease.key, lease.token))
+        if len(writes) == 1:
+            rows = await self.database.write(*writes[0])
+        else:
+            rows = (await self._write_all(writes))[0]
+            if release is not None:
+                release.released = True
         if not rows:
             found = await self.database.read(s.cp_current_revision, row)
             raise CheckpointConflictError(
@@ -266,6 +298,26 @@ class SqlStorageAdapter(StorageAdapter):
                 expected_revision,
                 checkpoint.revision,
             )
+
+    def _streams_in_one(self, change: ContextChangeEvent) -> bool:
+        """Whether ``change`` goes in the checkpoint's statement (``cp_streamed``): a set,
+        without a retention (whose stream writes are three statements)."""
+        return change.op == "set" and self.checkpoint_ttl_ms is None
+
+    async def _write_all(self, writes: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """``writes`` in order, in one transaction that commits unless one fails; the rows
+        of each. Sent together where the database can (PostgreSQL), else as a plan
+        (SQLite: run at once on the writer, on the loop's thread)."""
+        if self.database.sends_together:
+            return await self.database.fetch_all(writes)
+        results: list[list[Row]] = []
+
+        def plan() -> Plan:
+            for write in writes:
+                results.append((yield write))
+
+        await self.database.run_plan(plan())
+        return results
 
     async def _need_token_triggers(self) -> None:
         """Make sure the triggers that keep ``checkpoint_tokens`` in step exist, before
@@ -493,12 +545,12 @@ class SqlStorageAdapter(StorageAdapter):
         *,
         expected_revision: int | None = None,
     ) -> None:
-        """One context change set and the checkpoint in one statement where the dialect
-        allows it (PostgreSQL: ``WITH ctx AS (INSERT …) INSERT/UPDATE …``, one round
-        trip, one commit); both in one statement land together or not at all, and the
-        change lands even when the checkpoint's compare-and-set is refused, as when the
-        two are sent apart. Otherwise (SQLite, a delete, several changes, a retention
-        that renews the stream, a subclass with its own writes) the two calls in order.
+        """The context changes and the checkpoint in one transaction (PostgreSQL: one
+        set in the checkpoint's statement, ``WITH ctx AS (INSERT …) INSERT/UPDATE …``;
+        more in one pipeline call; SQLite: one ``BEGIN IMMEDIATE … COMMIT``): they land
+        together or not at all, and the changes land even when the checkpoint's
+        compare-and-set is refused, as when the two are sent apart. A checkpoint saved
+        in parts, or a subclass with its own writes, gets the two calls in order.
         """
         await self._save_streamed(checkpoint, changes, expected_revision, None)
 
@@ -509,15 +561,34 @@ class SqlStorageAdapter(StorageAdapter):
         *,
         expected_revision: int | None = None,
     ) -> None:
-        """:meth:`save_checkpoint_streamed`, and where the database sends statements
-        together (PostgreSQL's pipeline mode) the release of the stack's workflow lock
-        this task holds in the same transaction: one round trip, one commit."""
-        hold = None
-        if self.database.sends_together:
-            hold = held(
-                self.workflow_lock, workflow_lock_key(checkpoint.stack_id, checkpoint.namespace)
-            )
-        await self._save_streamed(checkpoint, changes, expected_revision, hold)
+        """:meth:`save_checkpoint_streamed`, with the release of the stack's workflow
+        lock this task holds in the same transaction: one commit (on PostgreSQL one
+        round trip)."""
+        await self._save_streamed(checkpoint, changes, expected_revision, self._hold(checkpoint))
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        """The context changes, the cache entry, the checkpoint's compare-and-set and
+        (``unlock``) the workflow lock's release in one transaction (PostgreSQL: one
+        round trip; SQLite: one ``BEGIN IMMEDIATE … COMMIT`` on the loop's thread),
+        committed whatever the compare-and-set decides. A checkpoint saved in parts, or a
+        subclass with its own writes, gets the writes apart
+        (:meth:`StorageAdapter.save_checkpoint_caching`)."""
+        hold = self._hold(checkpoint) if unlock else None
+        await self._save_step(checkpoint, changes, expected_revision, hold, entry)
+
+    def _hold(self, checkpoint: Checkpoint) -> Hold | None:
+        """This task's hold of the stack's workflow lock, if it is not released yet."""
+        return held(
+            self.workflow_lock, workflow_lock_key(checkpoint.stack_id, checkpoint.namespace)
+        )
 
     async def _save_streamed(
         self,
@@ -526,39 +597,57 @@ class SqlStorageAdapter(StorageAdapter):
         expected_revision: int | None,
         release: Hold | None,
     ) -> None:
-        together = self.writes_with_checkpoint(changes) if changes else self._own_writes()
-        if together and changes and self._in_parts(checkpoint):
-            # Saved in parts: a transaction of its own, after the change (as the base
-            # class sends them). The size guard runs first there too.
+        await self._save_step(checkpoint, changes, expected_revision, release, None)
+
+    async def _save_step(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        expected_revision: int | None,
+        release: Hold | None,
+        entry: CacheEntry | None,
+    ) -> None:
+        together = self._own_writes() and (entry is None or self._own_cache())
+        if together and (changes or entry is not None) and self._in_parts(checkpoint):
+            # Saved in parts: a transaction of its own, after the change and the entry
+            # (as the base class sends them). The size guard runs first there too.
             together = False
         if not together:
-            await super().save_checkpoint_streamed(
-                checkpoint, changes, expected_revision=expected_revision
-            )
+            if entry is None:
+                await super().save_checkpoint_streamed(
+                    checkpoint, changes, expected_revision=expected_revision
+                )
+            else:
+                await super().save_checkpoint_caching(
+                    checkpoint, changes, entry, expected_revision=expected_revision
+                )
             return
         check_save_arguments(checkpoint, expected_revision)
+        if entry is not None:
+            entry.checked()
         check_document_size(checkpoint, self.max_document_bytes)
         self._require_open()
-        streamed = None
-        if changes:
-            assert self._s.cp_streamed is not None  # writes_with_checkpoint said so
-            event = check_context_change(changes[0])
-            params = self._context_row(event, self.clock.now_ms())
-            prefixed = {f"ctx_{name}": value for name, value in params.items()}
-            streamed = (self._s.cp_streamed, prefixed)
-        await self._do_save_checkpoint(
-            checkpoint, expected_revision=expected_revision, streamed=streamed, release=release
-        )
+        if not changes and entry is None:
+            # In parts, its own plan (with the release); else the statement alone.
+            await self._do_save_checkpoint(
+                checkpoint, expected_revision=expected_revision, release=release
+            )
+            return
+        await self._save_together(checkpoint, changes, expected_revision, release, entry)
 
     def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
-        """One change set, on PostgreSQL, without a retention (whose stream writes are a
-        transaction of their own), by this class's own writes."""
+        """Any changes, by this class's own writes (one transaction with the checkpoint;
+        in parts, the changes first, then the save)."""
+        return self._own_writes()
+
+    def _own_cache(self) -> bool:
+        """Whether caching is this class's own (else the entry is written apart)."""
+        cls = type(self)
         return (
-            self._s.cp_streamed is not None
-            and len(changes) == 1
-            and changes[0].op == "set"
-            and self.checkpoint_ttl_ms is None
-            and self._own_writes()
+            cls._do_set_cached_step is SqlStorageAdapter._do_set_cached_step
+            and cls.set_cached_step is StorageAdapter.set_cached_step
+            and "set_cached_step" not in vars(self)
+            and "_do_set_cached_step" not in vars(self)
         )
 
     def _own_writes(self) -> bool:
@@ -920,11 +1009,13 @@ class SqlStorageAdapter(StorageAdapter):
         return codec.loads(rows[0][0], what="cached step")
 
     async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
-        data = codec.dumps(value, what=f"cached value of {key!r}")
-        gone_at = at_most(self.clock.now_ms() + (ttl_ms or self.cache_ttl_ms))
-        await self.database.write(
-            self._s.cache_set, {"id": row_id(key), "key": key, "gone_at": gone_at, "value": data}
-        )
+        await self.database.write(*self._cache_write(key, CacheEntry(key, value, ttl_ms)))
+
+    def _cache_write(self, key: str, entry: CacheEntry) -> tuple[str, Params]:
+        """The statement that stores ``entry`` under ``key`` (namespaced already)."""
+        data = codec.dumps(entry.value, what=f"cached value of {key!r}")
+        gone_at = at_most(self.clock.now_ms() + (entry.ttl_ms or self.cache_ttl_ms))
+        return self._s.cache_set, {"id": row_id(key), "key": key, "gone_at": gone_at, "value": data}
 
     # -- stored payloads -----------------------------------------------------------------------
 
@@ -1034,18 +1125,24 @@ class SqlStorageAdapter(StorageAdapter):
             )
         return params
 
-    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
-        db = self.database
+    def _context_writes(self, event: ContextChangeEvent, now: int) -> list[tuple[str, Params]]:
+        """The statements that record a context change."""
         s = self._s
-        params = self._context_row(event, self.clock.now_ms())
+        params = self._context_row(event, now)
         change = s.ctx_delete if event.op == "delete" else s.ctx_set
         if self.checkpoint_ttl_ms is None:
-            await db.fetch(change, params)
-            return
+            return [(change, params)]
         # A stream lives as long as its latest event keeps it: an expired stream starts
-        # empty, and every event renews the retention of all its fields. One transaction,
-        # sent together (one round trip on PostgreSQL).
-        await db.fetch_all([(s.ctx_drop_expired, params), (change, params), (s.ctx_touch, params)])
+        # empty, and every event renews the retention of all its fields.
+        return [(s.ctx_drop_expired, params), (change, params), (s.ctx_touch, params)]
+
+    async def _do_on_context_change(self, event: ContextChangeEvent) -> None:
+        writes = self._context_writes(event, self.clock.now_ms())
+        if len(writes) == 1:
+            await self.database.fetch(*writes[0])
+            return
+        # One transaction, sent together (one round trip on PostgreSQL).
+        await self.database.fetch_all(writes)
 
     async def _do_get_context_changes(
         self, stack_id: str, step_id: str, namespace: str | None = None

@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 from siglo.adapter import Capability
 from siglo_contract import (  # the check modules, read for their @check functions
     checks_cache,
+    checks_caching_save,
     checks_checkpoints,
     checks_concurrency,
     checks_coordination,
@@ -108,6 +109,7 @@ def all_checks() -> list[Check]:
         checks_cache,
         checks_concurrency,
         checks_unlocking,
+        checks_caching_save,
         checks_coordination,
         checks_locks,
         checks_operations,

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from siglo import MISSING
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.coordination import LockBase
 from siglo.errors import StorageAdapterError
@@ -74,6 +74,13 @@ def closed_calls(
             C.WORKFLOW_LOCK,
             "save_checkpoint_unlocking",
             lambda: a.save_checkpoint_unlocking(ctx.checkpoint(stack, 1), [change]),
+        ),
+        (
+            C.STEP_CACHE,
+            "save_checkpoint_caching",
+            lambda: a.save_checkpoint_caching(
+                ctx.checkpoint(stack, 1), [], CacheEntry(key, 1), expected_revision=0
+            ),
         ),
         (
             C.CACHE_EVENTS,

@@ -142,6 +142,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "a key cached in one namespace is a miss in another and without a namespace",
     ),
     _a(
+        "cache.with-checkpoint",
+        _C.STEP_CACHE,
+        "a caching save stores its entry as set_cached_step, whatever its compare-and-set",
+    ),
+    _a(
         "context.stream",
         _C.CONTEXT_STREAM,
         "context changes read back as the latest value per field",
@@ -381,6 +386,8 @@ _SINCE: Final[dict[str, str]] = {
     ),
     # Issue 35: who holds a lock, read without taking it (siglo ui's run page).
     "lock.inspect": "1.4",
+    # Issue 36: a step's checkpoint, context changes and cache entry in one write.
+    "cache.with-checkpoint": "1.5",
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (
@@ -419,10 +426,12 @@ _FIRST: Final = ("capability.declared",)
 not implemented breaks every rule that calls it."""
 
 
-_LAST: Final = ("payload.byte-faithful",)
+_LAST: Final = ("cache.with-checkpoint", "payload.byte-faithful")
 """Rules that come after page order when naming the primary failure: they read back
 every kind of record at once, so a broken round trip of any one kind (a wait record that
-loses its metadata) fails them too, and the kind's own rule is the one broken."""
+loses its metadata) fails them too, and the kind's own rule is the one broken. A caching
+save is a streamed save (and, with ``unlock``, an unlocking one) with a cache entry: a
+broken streamed or unlocking save is blamed on its own rule."""
 
 
 def primary_order() -> dict[str, int]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 
 from siglo import telemetry
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
@@ -450,7 +450,7 @@ class Flow:
                         "siglo.step.name": step.name,
                     },
                 ):
-                    value, cache_write, cached = await self._run_step(
+                    value, entry, cached = await self._run_step(
                         manager,
                         stack,
                         step,
@@ -481,15 +481,20 @@ class Flow:
             # writes a cache entry, which a look-up of the same key must see.
             ahead = (
                 None
-                if step is last or cache_write is not None
+                if step is last or entry is not None
                 else _look_ahead(manager, stack, self.steps[index + 1], value)
             )
             try:
-                await _save_with(manager, stack, cache_write, unlock=unlock and step is last)
-            except BaseException:
+                await _save_with(manager, stack, entry, unlock=unlock and step is last)
+            except BaseException as exc:
                 if ahead is not None:
                     await ahead.discard()
+                if entry is not None and isinstance(exc, CheckpointConflictError):
+                    # The entry is stored whatever the compare-and-set decided.
+                    await self._cache_event(manager, "set", entry.key, stack, step)
                 raise
+            if entry is not None:
+                await self._cache_event(manager, "set", entry.key, stack, step)
         if stack.status != "completed":
             # Every step's output was stored already (a run checkpointed by a version that
             # saved the last step and the completion apart): only the completion is left.
@@ -506,12 +511,12 @@ class Flow:
         event: Any | Missing,
         timed_out: bool = False,
         ahead: _LookAhead | None = None,
-    ) -> tuple[Any, Callable[[], Awaitable[None]] | None, dict[str, Any] | None]:
-        """The step's output, the write of its cache entry if one is due, and what its
-        cache look-up found (for :data:`STEP_CACHE_KEY`; ``None`` for an uncached step).
+    ) -> tuple[Any, CacheEntry | None, dict[str, Any] | None]:
+        """The step's output, its cache entry if one is due, and what its cache look-up
+        found (for :data:`STEP_CACHE_KEY`; ``None`` for an uncached step).
 
-        The cache entry is not written here: the caller writes it beside the step's
-        checkpoint (:func:`_save_with`), so the two are in flight together. ``ahead``:
+        The cache entry is not written here: the caller writes it with the step's
+        checkpoint (:func:`_save_with`), in one write where the backend can. ``ahead``:
         this step's cache look-up, already sent beside the previous step's checkpoint.
         """
         cache = _step_cache(manager)
@@ -556,14 +561,8 @@ class Flow:
         # The output becomes context, so it is stored redacted like context: a later
         # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
         cached_output = manager.redact(output, stack.stack_id)
-
-        async def write_cache_entry() -> None:
-            await cache.set_cached_step(
-                key, cached_output, step.cache_ttl_ms, **_cache_namespace(stack)
-            )
-            await self._cache_event(manager, "set", key, stack, step)
-
-        return output, write_cache_entry, looked_up
+        entry = CacheEntry(key, cached_output, step.cache_ttl_ms, stack.namespace)
+        return output, entry, looked_up
 
     async def _cache_event(
         self,
@@ -664,34 +663,21 @@ async def _why_unclaimable(
 async def _save_with(
     manager: StorageManager,
     stack: ExecutionStack,
-    cache_write: Callable[[], Awaitable[None]] | None,
+    entry: CacheEntry | None,
     *,
     unlock: bool,
 ) -> None:
-    """Checkpoint ``stack``, with a step's cache entry written at the same time.
+    """Checkpoint ``stack``, with a step's cache entry.
 
-    Neither write depends on the other, so neither waits for the other: one round trip on
-    a server instead of two; on Redis both share the auto-pipelined connection, the second
-    sent without waiting for the first's reply. Either order is safe after a crash: a
-    cache entry without the checkpoint makes the rerun step a cache hit, a checkpoint
-    without the entry only misses the cache next time. Both are awaited to the end; a
-    failure of either is raised, the checkpoint's first. ``unlock``: the checkpoint is
-    the action's last write (:meth:`StorageManager.save_checkpoint`) — unless a cache
-    entry goes beside it, which the lock must still cover: then the lock is released
-    after both, when the action ends.
+    Both go to the adapter in one call (:meth:`StorageAdapter.save_checkpoint_caching`):
+    one transaction on SQL (with the context changes and, ``unlock``, the lock's
+    release), one script on Redis; an adapter that does not write them together sends
+    them at once, and the lock is then released when the action ends. Either way the
+    entry is stored whatever the compare-and-set decides: a cache entry without the
+    checkpoint makes the rerun step a cache hit. ``unlock``: the checkpoint is the
+    action's last write (:meth:`StorageManager.save_checkpoint`).
     """
-    if cache_write is None:
-        await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
-        return
-    # The save is awaited directly, not as a task: its first part (taking the context
-    # changes not streamed yet) must run before the loop turns and their jobs start.
-    cache_task = asyncio.ensure_future(cache_write())
-    try:
-        await manager.save(stack, expected_revision=stack.revision)
-    finally:
-        (cached,) = await asyncio.gather(cache_task, return_exceptions=True)
-    if isinstance(cached, BaseException):
-        raise cached
+    await manager.save(stack, expected_revision=stack.revision, unlock=unlock, cache_entry=entry)
 
 
 def _step_cache(manager: StorageManager) -> StorageAdapter | None:

@@ -174,4 +174,4 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
         assert len(x["steal"]) in (0, len(x["rounds"]))
     md = (tmp_path / "out" / "results.md").read_text()
     assert "end to end: a 3-step durable workflow" in md
-    assert "store writes per run (SQLite: write transactions) |" in md
+    assert "store writes per run (SQLite, PostgreSQL: write transactions) |" in md

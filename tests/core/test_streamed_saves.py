@@ -66,7 +66,9 @@ async def test_a_change_and_the_next_save_are_one_statement_on_postgres(
     stack.set("step", "output", {"n": 1})
     saved = await manager.save_checkpoint("run-1", expected_revision=1)
     postgres = backend.adapter.database.dialect_name == "postgresql"  # type: ignore[attr-defined]
-    assert ran == (["WITH"] if postgres else ["INSERT", "UPDATE"])
+    # SQLite: the checkpoint and the change in one transaction on the writer (the
+    # checkpoint's row first, as PostgreSQL's WITH takes them).
+    assert ran == (["WITH"] if postgres else ["BEGIN", "UPDATE", "INSERT", "COMMIT"])
     adapter = backend.adapter
     assert await adapter.get_context_changes("run-1", "step") == {"output": {"n": 1}}
     stored = await adapter.get_checkpoint("run-1")
@@ -213,12 +215,12 @@ async def test_a_replaced_write_gets_the_two_calls(backend: siglo.Backend) -> No
     assert await adapter.get_checkpoint("s") == cp
 
 
-async def test_a_failing_stream_does_not_cost_the_checkpoint_where_they_are_two_writes(
+async def test_a_failing_stream_fails_its_checkpoint_written_with_it(
     backend: siglo.Backend,
 ) -> None:
-    # Best-effort: a context change that cannot be stored (its value is not JSON) is
-    # swallowed, and where the change and the checkpoint are two writes (SQLite) the
-    # checkpoint is still stored, as before the two were sent together.
+    # Best-effort: a context change that cannot be stored is swallowed with the
+    # checkpoint written with it (one statement on PostgreSQL, one transaction on
+    # SQLite): both fail or neither (docs/backends).
     manager = StorageManager(backend, error_mode="best-effort")
     stack = manager.create_stack("run-1")
     await manager.save_checkpoint("run-1", expected_revision=0)
@@ -230,10 +232,8 @@ async def test_a_failing_stream_does_not_cost_the_checkpoint_where_they_are_two_
         raise siglo.errors.StorageAdapterError("stream down")
 
     adapter._context_row = failing
-    postgres = adapter.database.dialect_name == "postgresql"
     await manager.save_checkpoint("run-1", expected_revision=1)
     adapter._context_row = encode
     stored = await adapter.get_checkpoint("run-1")
     assert stored is not None
-    # On PostgreSQL the two are one statement: both fail or neither (docs/backends).
-    assert stored.revision == (1 if postgres else 2)
+    assert stored.revision == 1

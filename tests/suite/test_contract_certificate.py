@@ -140,10 +140,11 @@ def test_a_json_report_follows_its_schema_and_says_everything() -> None:
         "cache.miss",
         "cache.expiry",
         "cache.namespaced",
+        "cache.with-checkpoint",
         "lock.token",
     ]
     assert all(r["verdict"] == "pass" and r["seconds"] >= 0 for r in doc["rules"])
-    assert doc["badge"] == f"siglo contract {CONTRACT_VERSION} — 6/6 rules"
+    assert doc["badge"] == f"siglo contract {CONTRACT_VERSION} — 7/7 rules"
     assert doc["power"] == load_power()
 
 
@@ -332,7 +333,7 @@ def test_compare_shows_where_two_backends_differ() -> None:
     assert re.search(r"cache\.miss\s+│\s+FAIL\s+│\s+pass", result.output), result.output
     assert "1 of 2 rules differ (seed 1" in result.output
     assert same.exit_code == 0, same.output
-    assert "memory:// and sqlite:// agree on all 5 rules (seed 1)" in same.output
+    assert "memory:// and sqlite:// agree on all 6 rules (seed 1)" in same.output
 
 
 # -- the example plugin's published reports ------------------------------------------------------

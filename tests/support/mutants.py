@@ -17,7 +17,7 @@ import mutants_large as lg
 import mutants_values as v
 
 from siglo import MISSING, Capability, Checkpoint, CheckpointConflictError, WaitRecord, codec
-from siglo.adapter import StorageAdapter
+from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.backend import Backend
 from siglo.blind import stored_tokens
 from siglo.coordination import LockResult, LockState, holder_label
@@ -667,6 +667,62 @@ class UnlockingIgnoresExpected(MemoryStorageAdapter):
         await super().save_checkpoint_unlocking(checkpoint, changes)
 
 
+class CachingSaveDropsEntry(MemoryStorageAdapter):
+    """cache.with-checkpoint: the caching save stores the checkpoint, not its entry."""
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Any,
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        await self.save_checkpoint_streamed(
+            checkpoint, changes, expected_revision=expected_revision
+        )
+
+
+class CachingSaveEntryOnlyIfSaved(MemoryStorageAdapter):
+    """cache.with-checkpoint: the entry is stored only when the compare-and-set wins."""
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Any,
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        await self.save_checkpoint_streamed(
+            checkpoint, changes, expected_revision=expected_revision
+        )
+        await self.set_cached_step(entry.key, entry.value, entry.ttl_ms, **entry.in_namespace())
+
+
+class CachingSaveIgnoresTtl(MemoryStorageAdapter):
+    """cache.with-checkpoint: the entry is cached for the adapter's default TTL."""
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Any,
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        await super().save_checkpoint_caching(
+            checkpoint,
+            changes,
+            replace(entry, ttl_ms=None),
+            expected_revision=expected_revision,
+            unlock=unlock,
+        )
+
+
 def _shares_public_lock(**options: Any) -> Backend:
     backend = memory_connect("memory://", **options)
     adapter = WorkflowLockIsAPublicLock(
@@ -1301,6 +1357,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "lock.workflow.unlocking-save",
         "the unlocking save drops expected_revision",
         adapter=UnlockingIgnoresExpected,
+    ),
+    _m(
+        "cache.with-checkpoint",
+        "the caching save drops the cache entry",
+        adapter=CachingSaveDropsEntry,
+    ),
+    _m(
+        "cache.with-checkpoint",
+        "the caching save stores the entry only when the compare-and-set wins",
+        adapter=CachingSaveEntryOnlyIfSaved,
+    ),
+    _m(
+        "cache.with-checkpoint",
+        "the caching save ignores the entry's TTL",
+        adapter=CachingSaveIgnoresTtl,
     ),
     _m("cache.roundtrip", "the first set wins", adapter=FirstSetWins),
     _m("cache.falsy-hit", "a cached None is a miss", adapter=DropsCachedNone),

@@ -42,6 +42,7 @@ from siglo_redis.scripts import (
     CHECKPOINT_PARTS_CAS,
     COMPARE_AND_DELETE,
     LOCK_EXTEND,
+    STEP_SAVE,
     WAIT_CREATE,
     Script,
 )
@@ -228,6 +229,25 @@ class PostgresStreamedSaveIgnoresExpected(_Broken, PostgresStorageAdapter):
         self._s = dataclasses.replace(self._s, cp_streamed=edited)
 
 
+class SqliteStepSaveEntryOnlyIfWon(_Broken, SqliteStorageAdapter):
+    """cache.with-checkpoint: the step's transaction writes the cache entry only when the
+    compare-and-set wins (a refused one rolls it back with the changes)."""
+
+    async def _write_all(self, writes: Sequence[tuple[str, Any]]) -> list[list[Any]]:
+        results = await super()._write_all(writes)
+        cache_set = self._s.cache_set
+        at = next((i for i, w in enumerate(writes) if w[0] == cache_set), None)
+        if at is not None and not results[0]:  # the compare-and-set goes first
+            await self.database.fetch(
+                self.database.sql(self._tables_cache_delete()), {"id": writes[at][1]["id"]}
+            )
+        return results
+
+    def _tables_cache_delete(self) -> str:
+        name = self.table_prefix + "step_cache"
+        return f"DELETE FROM {name} WHERE id = :id"
+
+
 class PostgresUnlockingSendsNoRelease(_Broken, PostgresStorageAdapter):
     """lock.workflow.unlocking-save: the action's last save goes out without the lock's
     release, yet marks the hold released, so nobody releases the lock until its TTL."""
@@ -356,6 +376,15 @@ class RedisTokensNotIndexed(_ScriptEdit, RedisStorageAdapter):
     SCRIPT = CHECKPOINT_CAS
     OLD = "  for i = 3, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end\n"
     NEW = ""
+
+
+class RedisStepSaveEntryOnlyIfWon(_ScriptEdit, RedisStorageAdapter):
+    """cache.with-checkpoint: the step's one script writes the cache entry only when its
+    compare-and-set wins, so a refused save loses an entry valid for its input."""
+
+    SCRIPT = STEP_SAVE
+    OLD = "if ARGV[a] == '1' then\n  redis.call('SET'"
+    NEW = "if ARGV[a] == '1' and outcome == 1 then\n  redis.call('SET'"
 
 
 class RedisCasAllowsEqual(_ScriptEdit, RedisStorageAdapter):
@@ -596,6 +625,18 @@ BACKENDS: tuple[BackendMutant, ...] = (
     ),
     BackendMutant(
         "checkpoint.occ.monotonic", "redis", RedisCasAllowsEqual, "the CAS script accepts >="
+    ),
+    BackendMutant(
+        "cache.with-checkpoint",
+        "redis",
+        RedisStepSaveEntryOnlyIfWon,
+        "the step's script writes the cache entry only when the compare-and-set wins",
+    ),
+    BackendMutant(
+        "cache.with-checkpoint",
+        "sqlite",
+        SqliteStepSaveEntryOnlyIfWon,
+        "the step's transaction keeps the cache entry only when the compare-and-set wins",
     ),
     BackendMutant("nonce.expiry", "redis", RedisNonceWindowInSeconds, "the window is EX, not PX"),
     BackendMutant("cache.expiry", "redis", RedisCacheTtlInSeconds, "cache TTLs are seconds"),

@@ -47,7 +47,8 @@ def saves_checkpoint(head: str) -> bool:
 def record(backend: siglo.Backend, sends: list[list[str]] | None = None) -> list[str]:
     """The first words of every statement the backend's database runs from now on; and
     in ``sends``, the statements of each call, one list per call (``fetch_all`` sends
-    several in one call: one round trip on PostgreSQL)."""
+    several in one call: one round trip on PostgreSQL; ``run_plan`` runs several in one
+    transaction: on SQLite one ``BEGIN IMMEDIATE … COMMIT`` on the writer)."""
     db: Any = backend.adapter.database  # type: ignore[attr-defined]
     sent: list[str] = []
     calls = sends if sends is not None else []
@@ -69,6 +70,25 @@ def record(backend: siglo.Backend, sends: list[list[str]] | None = None) -> list
         return await real_all(statements)  # its statements run on a transaction's executor
 
     db.fetch_all = call_all
+    real_plan = db.run_plan
+
+    async def call_plan(plan: Any) -> None:
+        heads: list[str] = []
+        calls.append(heads)
+
+        def recorded() -> Any:
+            try:
+                step = next(plan)
+                while True:
+                    heads.append(head(step[0]))
+                    sent.append(head(step[0]))
+                    step = plan.send((yield step))
+            except StopIteration:
+                return
+
+        await real_plan(recorded())
+
+    db.run_plan = call_plan
     return sent
 
 
@@ -84,42 +104,48 @@ def three_steps() -> Any:
     )
 
 
+def reading(statement: str) -> bool:
+    return statement.startswith(("SELECT", "WITH LIVE"))
+
+
 async def test_a_new_run_sends_no_read_before_creating(backend: siglo.Backend) -> None:
     manager = siglo.StorageManager(backend, error_mode="strict")
     work = three_steps()
     await work.run({"run": "warm"}, manager=manager, stack_id="warm")  # migrations, caches
-    sent = record(backend)
+    calls: list[list[str]] = []
+    sent = record(backend, calls)
     out = await work.run({"run": "r1"}, manager=manager, stack_id="r1")
     assert out == {"run": "r1", "step": 3}
-    reads = [s for s in sent if s.startswith(("SELECT", "WITH LIVE"))]
-    writes = [s for s in sent if s not in reads]
-    # Writes: the workflow lock taken, the creation, one per step (with its context
-    # change where the dialect allows, the last with the completion), the cache entry,
-    # the lock released. The one read: the cached step's look-up. No look-up of the
-    # run before its creation: the creation's compare-and-set is that look-up.
+    reads = [s for s in sent if reading(s)]
+    writes = [c for c in calls if not all(reading(s) for s in c)]
+    # Five writes, each one transaction: the workflow lock taken, the creation, and one
+    # per step — its context change and checkpoint; the cached step's with its cache
+    # entry; the last with the completion and the lock's release. The one read: the
+    # cached step's look-up. No look-up of the run before its creation: the creation's
+    # compare-and-set is that look-up.
     assert len(reads) == 1, sent
-    streamed_with_checkpoint = backend.name == "postgres"
-    assert len(writes) == (7 if streamed_with_checkpoint else 10), sent
+    assert len(writes) == 5, calls
+    # PostgreSQL: a change and its checkpoint are one statement (WITH ctx AS).
+    sizes = [1, 1, 1, 2, 2] if backend.name == "postgres" else [1, 1, 2, 3, 3]
+    assert [len(c) for c in writes] == sizes, calls
+    assert any("STEP_CACHE" in s for s in writes[3]), calls
+    assert "LOCKS" in writes[4][-1], calls
 
 
 async def test_the_lock_is_released_with_the_last_checkpoint(backend: siglo.Backend) -> None:
-    """On PostgreSQL the completion's checkpoint and the workflow lock's release are one
-    call to the database (one transaction, one round trip: tests/backends/test_sql_fetch_all.py
-    counts its Syncs); on SQLite, whose writes are no round trip, the release follows
-    alone. Either way the run is completed and its lock free when ``run`` returns."""
+    """The completion's checkpoint and the workflow lock's release are one call to the
+    database (one transaction: on PostgreSQL one round trip, tests/backends/test_sql_fetch_all.py
+    counts its Syncs; on SQLite one ``BEGIN IMMEDIATE … COMMIT``). The run is completed
+    and its lock free when ``run`` returns."""
     manager = siglo.StorageManager(backend, error_mode="strict")
     work = three_steps()
     await work.run({"run": "warm"}, manager=manager, stack_id="warm")
     calls: list[list[str]] = []
     record(backend, calls)
     await work.run({"run": "r-last"}, manager=manager, stack_id="r-last")
-    last, before = calls[-1], calls[-2]
-    if backend.name == "postgres":
-        assert len(last) == 2 and saves_checkpoint(last[0]) and "LOCKS" in last[1], calls
-        assert len(calls) == 7, calls  # 8 statements, the last two in one call
-    else:
-        assert len(last) == 1 and "LOCKS" in last[0], calls
-        assert saves_checkpoint(before[-1]), calls
+    last = calls[-1]
+    assert any(saves_checkpoint(s) for s in last) and "LOCKS" in last[-1], calls
+    assert len(calls) == 6, calls  # 5 writes and the cache look-up
     stored = await backend.adapter.get_checkpoint("r-last")
     assert stored is not None and stored.status == "completed"
 
@@ -147,35 +173,21 @@ async def test_a_stored_run_is_taken_up_and_nothing_is_written_for_it(
     assert after.to_json() == stored.to_json()
 
 
-async def test_a_cache_entry_is_written_beside_its_steps_checkpoint(
+async def test_a_cache_entry_is_written_with_its_steps_checkpoint(
     backend: siglo.Backend,
 ) -> None:
-    """The cached step's cache entry and checkpoint are in flight at once, and both land."""
+    """The cached step's cache entry, context change and checkpoint are one call to the
+    database (one transaction), and all land."""
     manager = siglo.StorageManager(backend, error_mode="strict")
     work = three_steps()
     await work.run({"run": "warm"}, manager=manager, stack_id="warm")
-    db: Any = backend.adapter.database  # type: ignore[attr-defined]
-    in_flight: list[str] = []
-    overlaps: list[list[str]] = []
-    for name in entry_points(db, "fetch", "write"):
-        real = getattr(db, name)
-
-        async def send(sql: str, params: Any = (), _real: Any = real) -> Any:
-            in_flight.append(" ".join(sql.split()[:3]).upper())  # INSERT INTO <table>
-            overlaps.append(list(in_flight))
-            try:
-                await asyncio.sleep(0.005)  # long enough for a write sent beside it to start
-                return await _real(sql, params)
-            finally:
-                in_flight.pop(0)
-
-        setattr(db, name, send)
+    calls: list[list[str]] = []
+    record(backend, calls)
     out = await work.run({"run": "r2"}, manager=manager, stack_id="r2")
     assert out == {"run": "r2", "step": 3}
-    assert max(len(o) for o in overlaps) == 2, overlaps
-    # One of them is the cache entry: a pair in flight includes its INSERT.
-    pairs = [o for o in overlaps if len(o) == 2]
-    assert any(s.startswith("INSERT") and "STEP_CACHE" in s for o in pairs for s in o), overlaps
+    caching = [c for c in calls if any("STEP_CACHE" in s for s in c)]
+    assert len(caching) == 1, calls
+    assert any(saves_checkpoint(s) for s in caching[0]), calls
     assert await backend.adapter.get_cached_step("price-r2") == {"run": "r2", "step": 2}
     stored = await backend.adapter.get_checkpoint("r2")
     assert stored is not None
@@ -208,11 +220,26 @@ async def test_a_cached_steps_look_up_goes_beside_the_checkpoint_before_it(
                 events.append(("end", what))
 
         setattr(db, name, send)
+    real_plan = db.run_plan
+
+    async def run_plan(plan: Any) -> None:  # SQLite: a change and its checkpoint
+        events.append(("start", "A TRANSACTION"))
+        try:
+            await asyncio.sleep(0.005)
+            await real_plan(plan)
+        finally:
+            events.append(("end", "A TRANSACTION"))
+
+    db.run_plan = run_plan
     out = await work.run({"run": "r-ahead"}, manager=manager, stack_id="r-ahead")
     assert out == {"run": "r-ahead", "step": 3}
     # The checkpoints written through these calls start with the creation, then the first
     # step's (the one before the cached step); the look-up starts before that one ends.
-    ends = [i for i, (kind, what) in enumerate(events) if kind == "end" and saves_checkpoint(what)]
+    ends = [
+        i
+        for i, (kind, what) in enumerate(events)
+        if kind == "end" and (saves_checkpoint(what) or what == "A TRANSACTION")
+    ]
     lookups = [i for i, event in enumerate(events) if event == ("start", "CACHE LOOK-UP")]
     assert len(lookups) == 1 and len(ends) >= 2, events
     assert ends[0] < lookups[0] < ends[1], events
@@ -221,28 +248,29 @@ async def test_a_cached_steps_look_up_goes_beside_the_checkpoint_before_it(
     assert stored.contexts["fetch"]["output"] == {"run": "r-ahead", "step": 1}
 
 
-async def test_a_failed_cache_write_is_raised_and_its_checkpoint_kept(
+async def test_a_failed_cache_write_is_raised_and_nothing_of_its_step_written(
     backend: siglo.Backend,
 ) -> None:
-    """The database refuses the cache entry (a trigger): ``run`` raises, the checkpoint
-    written beside it has landed, and the run continues from it without the entry."""
+    """The database refuses the cache entry (a trigger): ``run`` raises, and the step's
+    checkpoint, written in the same transaction, is not stored either; the lock is
+    free, and the run continues from the step before, running the step again."""
     manager = siglo.StorageManager(backend, error_mode="strict")
     work = three_steps()
     adapter: Any = backend.adapter
     db: Any = adapter.database
-    # On the SQLite file the refusal meets the inline writer (SqliteDatabase.write).
     drop = await refusing_trigger(backend, "step_cache", "INSERT", "no cache today")
     with pytest.raises(siglo.StorageAdapterError, match="no cache today"):
         await work.run({"run": "r3"}, manager=manager, stack_id="r3")
     stored = await adapter.get_checkpoint("r3")
     assert stored is not None
     assert stored.status == "running"
-    assert stored.contexts["price"]["output"] == {"run": "r3", "step": 2}
+    assert stored.contexts["fetch"]["output"] == {"run": "r3", "step": 1}
+    assert "output" not in stored.contexts.get("price", {})
     assert await adapter.get_cached_step("price-r3") is siglo.MISSING
     await db.fetch(drop)
     out = await work.resume("r3", manager=siglo.StorageManager(backend, error_mode="strict"))
     assert out == {"run": "r3", "step": 3}
-    assert await adapter.get_cached_step("price-r3") is siglo.MISSING  # a finished step
+    assert await adapter.get_cached_step("price-r3") == {"run": "r3", "step": 2}
 
 
 @pytest.mark.parametrize("ending", ["fails", "waits", "delivered"])
@@ -250,9 +278,9 @@ async def test_a_run_that_fails_or_waits_releases_its_lock_with_that_checkpoint(
     backend: siglo.Backend, ending: str
 ) -> None:
     """A failing step's ``failed`` checkpoint and a suspending step's ``waiting`` one are
-    the run's last writes too: on PostgreSQL each goes in one call with the lock's
-    release. A delivered event's run is not: the wait's completion follows its
-    checkpoint, so the lock is released after that, alone."""
+    the run's last writes too: each goes in one call with the lock's release. A
+    delivered event's run is not: the wait's completion follows its checkpoint, so the
+    lock is released after that, alone."""
     manager = siglo.StorageManager(backend, error_mode="strict")
 
     async def first(inp: Any) -> Any:
@@ -274,8 +302,8 @@ async def test_a_run_that_fails_or_waits_releases_its_lock_with_that_checkpoint(
         calls.clear()
         assert await work.deliver(f"approve-{ending}", "ok", manager=manager) == "ok"
     last = calls[-1]
-    if backend.name == "postgres" and ending != "delivered":
-        assert len(last) == 2 and saves_checkpoint(last[0]) and "LOCKS" in last[1], calls
+    if ending != "delivered":
+        assert any(saves_checkpoint(s) for s in last) and "LOCKS" in last[-1], calls
     else:
         assert len(last) == 1 and "LOCKS" in last[0], calls
     stored = await backend.adapter.get_checkpoint(f"r-{ending}")

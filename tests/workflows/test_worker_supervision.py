@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +85,14 @@ async def _until(condition: object, what: str, seconds: float = 60) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _completed(backend: siglo.Backend, stack_id: str) -> Callable[[], Awaitable[bool]]:
+    async def completed() -> bool:
+        stored = await backend.adapter.get_checkpoint(stack_id)
+        return stored is not None and stored.status == "completed"
+
+    return completed
 
 
 async def _start_naps(backend: siglo.Backend, ids: list[str], nap_ms: int) -> None:
@@ -235,6 +243,9 @@ async def test_timers_fire_exactly_once_across_an_outage(kind: str, tmp_path: Pa
         worker = _worker(outage.url, marks, "--interval", "0.1", "--retry-for", "60")
         try:
             await _until(lambda: _count(marks, "end") == 1, "the first timer")
+            # Its step's end is marked before its checkpoint is saved: the outage starts
+            # once that has landed (else the timer is due again after the claim's lease).
+            await _until(_completed(outage.backend, "before"), "the first run's checkpoint")
             outage.down()
             began = time.monotonic()
             await asyncio.sleep(8)

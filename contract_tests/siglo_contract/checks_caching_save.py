@@ -1,0 +1,197 @@
+"""The focused check of ``save_checkpoint_caching``: a step's checkpoint with its cache
+entry, which a backend may write in one transaction with the step's context changes and
+the release of the workflow lock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
+from siglo.checkpoint import Checkpoint
+from siglo.errors import CheckpointConflictError, InvalidArgumentError, LockNotAcquiredError
+from siglo.records import ContextChangeEvent
+from siglo.sentinel import MISSING
+from siglo_contract.machine_base import canon
+from siglo_contract.registry import CheckContext, check, expect, fail
+from siglo_contract.target import USER_DEFAULTS
+
+_RULE: Final = "cache.with-checkpoint"
+
+ENTER_WITHIN_MS: Final = 2_000
+"""How long the next holder may wait for the lock after an unlocking save."""
+
+
+@check(_RULE, requires=(Capability.CHECKPOINTS, Capability.STEP_CACHE))
+async def cache_with_checkpoint(ctx: CheckContext) -> None:
+    """save_checkpoint_caching stores the entry as set_cached_step does (its value, its
+    TTL, its namespace) whether the compare-and-set is accepted or refused, saves the
+    checkpoint as save_checkpoint_streamed does (the changes recorded either way), raises
+    a refused compare-and-set, writes nothing for bad input, and with ``unlock`` inside
+    the workflow lock leaves the lock free once the action returns. Un-namespaced and
+    namespaced, with the suite's options and a user's defaults."""
+    ctx.about(_RULE)
+    for ns in (None, ctx.id("N")):
+        await _CachingSaves(ctx, ctx.backend.adapter, ns).run()
+    # A user's defaults (no checkpoint retention) take another path on some backends:
+    # PostgreSQL puts the change in the checkpoint's statement.
+    async with ctx.session.backend_with(**USER_DEFAULTS) as plain:
+        await _CachingSaves(ctx, plain.adapter, ctx.id("no-retention")).run()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is MISSING or b is MISSING:
+        return a is b
+    return canon(a) == canon(b)
+
+
+class _CachingSaves:
+    """One stack's caching saves and what must be stored after each."""
+
+    def __init__(self, ctx: CheckContext, adapter: StorageAdapter, namespace: str | None) -> None:
+        self.ctx = ctx
+        self.a = adapter
+        self.ns = namespace
+        self.stack = ctx.id(f"caching-{namespace is not None}")
+        self.streams = adapter.supports(Capability.CONTEXT_STREAM)
+
+    def cp(self, revision: int) -> Checkpoint:
+        return self.ctx.checkpoint(
+            self.stack, revision, namespace=self.ns, contexts={"p": {"rev": revision}}
+        )
+
+    def changes(self, revision: int) -> list[ContextChangeEvent]:
+        if not self.streams:
+            return []
+        change = ContextChangeEvent(
+            stack_id=self.stack,
+            step_id="p",
+            key="rev",
+            value=revision,
+            timestamp=self.ctx.now_ms(),
+            namespace=self.ns,
+        )
+        return [change]
+
+    def entry(self, name: str, value: Any, ttl_ms: int | None) -> CacheEntry:
+        return CacheEntry(self.ctx.id(name), value, ttl_ms, self.ns)
+
+    async def caching(
+        self, revision: int, expected: int | None, entry: CacheEntry, *, unlock: bool = False
+    ) -> None:
+        await self.a.save_checkpoint_caching(
+            self.cp(revision),
+            self.changes(revision),
+            entry,
+            expected_revision=expected,
+            unlock=unlock,
+        )
+
+    async def revision(self) -> int | None:
+        got = await self.a.get_checkpoint(self.stack, self.ns, fallback=False)
+        return None if got is None else got.revision
+
+    async def cached(self, entry: CacheEntry) -> Any:
+        kw = {} if entry.namespace is None else {"namespace": entry.namespace}
+        return await self.a.get_cached_step(entry.key, **kw)
+
+    async def streamed(self, want: int, after: str) -> None:
+        if not self.streams:
+            return
+        got = await self.a.get_context_changes(self.stack, "p", self.ns)
+        expect(
+            got.get("rev") == want,
+            "context.streamed-save",
+            f"after {after} the stream holds {got!r}; want rev={want}",
+        )
+
+    async def run(self) -> None:
+        short = self.ctx.short_ttl_ms()
+        # Accepted: the checkpoint, the change and the entry (a short TTL) all stored.
+        first = self.entry("first", {"v": 1}, short)
+        try:
+            await self.caching(1, 0, first)
+        except CheckpointConflictError as exc:
+            fail(_RULE, f"the first caching save (expected_revision=0) was refused: {exc}")
+        got = await self.revision()
+        expect(got == 1, _RULE, f"an accepted caching save stored revision {got}, not 1")
+        got = await self.cached(first)
+        expect(_same(got, {"v": 1}), _RULE, f"an accepted caching save's entry read {got!r}")
+        await self.streamed(1, "an accepted caching save")
+        # Refused: raised, the checkpoint kept, the entry (a falsy value) stored anyway.
+        refused = self.entry("refused", 0, 600_000)
+        try:
+            await self.caching(3, 2, refused)
+        except CheckpointConflictError:
+            pass
+        else:
+            fail(_RULE, "a caching save with a stale expected_revision was not refused")
+        got = await self.revision()
+        expect(got == 1, _RULE, f"a refused caching save left revision {got}, not 1")
+        got = await self.cached(refused)
+        expect(
+            _same(got, 0),
+            _RULE,
+            f"a refused caching save's entry read {got!r}, not 0: the entry is stored "
+            "whatever the compare-and-set decides",
+        )
+        await self.streamed(3, "a refused caching save")
+        # The default TTL (None) and the newest-wins form (no expected_revision).
+        default = self.entry("default", [None], None)
+        await self.caching(2, None, default)
+        got = await self.revision()
+        expect(got == 2, _RULE, f"a caching save without expected_revision left {got}, not 2")
+        # Bad input writes nothing: neither the entry nor the checkpoint.
+        bad = self.entry("bad", 1, -5)
+        try:
+            await self.caching(3, 2, bad)
+        except InvalidArgumentError:
+            pass
+        else:
+            fail(_RULE, "a caching save with ttl_ms=-5 was not refused")
+        got = await self.revision()
+        expect(got == 2, _RULE, f"a caching save refused for bad input stored revision {got}")
+        got = await self.cached(bad)
+        expect(got is MISSING, _RULE, f"a caching save refused for bad input cached {got!r}")
+        if self.ns is not None:
+            elsewhere = await self.a.get_cached_step(first.key)
+            expect(
+                elsewhere is MISSING,
+                _RULE,
+                f"an entry cached in namespace {self.ns!r} read {elsewhere!r} without one",
+            )
+        # The TTL is the entry's: past it the first entry is gone, the others stay.
+        await self.ctx.pass_time(short)
+        got = await self.cached(first)
+        expect(got is MISSING, _RULE, f"an entry past its ttl_ms ({short} ms) read {got!r}")
+        for entry, want in ((refused, 0), (default, [None])):
+            got = await self.cached(entry)
+            expect(_same(got, want), _RULE, f"an entry within its TTL read {got!r}, not {want!r}")
+        await self.unlocking()
+
+    async def unlocking(self) -> None:
+        """Inside the workflow lock with ``unlock``: stored, and the lock free after."""
+        if not self.a.supports(Capability.WORKFLOW_LOCK):
+            return
+        last = self.entry("last", {"v": "last"}, 600_000)
+
+        async def action() -> None:
+            await self.caching(3, 2, last, unlock=True)
+
+        await self.a.with_workflow_lock(self.stack, action, namespace=self.ns)
+
+        async def read() -> int | None:
+            return await self.revision()
+
+        try:
+            got = await asyncio.wait_for(
+                self.a.with_workflow_lock(
+                    self.stack, read, namespace=self.ns, timeout_ms=ENTER_WITHIN_MS
+                ),
+                ENTER_WITHIN_MS / 1000 + 5,
+            )
+        except (LockNotAcquiredError, TimeoutError):
+            fail(_RULE, f"the lock was still held {ENTER_WITHIN_MS} ms after an unlocking one")
+        expect(got == 3, _RULE, f"the next holder read revision {got} after an unlocking one")
+        got = await self.cached(last)
+        expect(_same(got, {"v": "last"}), _RULE, f"an unlocking caching save's entry: {got!r}")
