@@ -805,8 +805,39 @@ def raw_fast_summary(doc: dict[str, Any]) -> list[str]:
                 if r["backend"] == b
             )
             parts.append(f"{b}: {systems}")
-        lines.append("Store writes per workflow run (32 at once): " + "; ".join(parts) + ".")
+        lines.append(
+            "Store writes per workflow run (32 at once): "
+            + "; ".join(parts)
+            + "."
+            + _limit_summary(doc)
+        )
     return lines
+
+
+def _limit_summary(doc: dict[str, Any]) -> str:
+    """siglo's runs/s at 32 runs as a share of the raw write limit per run, per backend,
+    and its ratios to the other systems, for the raw-fast section's writes line (empty
+    for a run made before the limit was measured)."""
+    from benchmarks.write_limit import add_limit_ratios
+
+    add_limit_ratios(doc)
+    shares = [
+        x for x in doc["e2e_limit_ratios"] if x["system"] == "siglo" and x["concurrency"] == 32
+    ]
+    if not shares:
+        return ""
+    parts = []
+    for x in shares:
+        versus = "".join(
+            f", {e['ratio']:.2f} ({e['ratio_min']:.2f}–{e['ratio_max']:.2f})x {e['vs']}"
+            for e in doc.get("e2e_ratios", [])
+            if e["backend"] == x["backend"] and e["concurrency"] == 32
+        )
+        parts.append(f"{x['backend']} {ratio_text(x)}{versus}")
+    return (
+        " siglo's runs/s at 32 runs over the raw write limit per run (goal: 0.8, or 10x "
+        "DBOS and LangGraph): " + "; ".join(parts) + "."
+    )
 
 
 def backend_chart_name(backend: str) -> str:

@@ -210,3 +210,10 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
     assert goal[0]["ratio"] == shares[("siglo", 32)]["ratio"]
     if not goal[0]["met"]:
         assert "store writes per run; the raw driver's" in md
+    # … and the benchmarks page's raw-fast section says siglo's share with its range.
+    share = shares[("siglo", 32)]
+    summary = report.raw_fast_summary(doc)[-1]
+    assert (
+        "over the raw write limit per run (goal: 0.8, or 10x DBOS and LangGraph): "
+        f"sqlite {report.ratio_text(share)}" in summary
+    )
