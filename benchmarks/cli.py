@@ -326,6 +326,28 @@ def _raw_fast_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list
     return []
 
 
+def _document_bytes(sizes: list[str]) -> dict[str, int]:
+    """The encoded length of each size's wire document (benchmarks/payloads.py)."""
+    import orjson
+
+    from benchmarks.payloads import wire_document
+    from benchmarks.workloads import contexts_of
+
+    return {
+        size: len(orjson.dumps(wire_document("stack", 1, contexts_of(size), expires_at=None)))
+        for size in sizes
+    }
+
+
+def _incremental_default() -> int | None:
+    """siglo's SQL backends' default ``incremental_min_bytes`` (``None``: not installed)."""
+    try:
+        from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES
+    except ImportError:
+        return None
+    return DEFAULT_INCREMENTAL_MIN_BYTES
+
+
 def siglo_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     """The ``--siglo-opt`` options given for ``backend``."""
     options: dict[str, Any] = {}
@@ -393,6 +415,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "timed_conflicts": True,
             # What ran, in the order it ran: "workloads:<backend>", "e2e", "scale:<backend>".
             "order": [],
+            # Each size's document as every subject stores it (bytes encoded), and the
+            # size from which siglo's SQL backends store a document in parts (a miss's
+            # computed reason says when a cell's document is stored so).
+            "document_bytes": _document_bytes(args.sizes),
+            "siglo_incremental_min_bytes": {
+                b: siglo_options(args, b).get("incremental_min_bytes", _incremental_default())
+                for b in ("sqlite", "postgres")
+                if b in args.backends
+            },
         },
         "subjects": [],
         "results": [],

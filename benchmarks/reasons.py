@@ -256,6 +256,13 @@ def computed_reason(target: dict[str, Any]) -> str | None:
             f"siglo's writers lost {a:.2f} compare-and-sets per successful update against "
             f"{base}'s {b:.2f} (each a load and a save again)"
         )
+    stored = target.get("parts")
+    if stored and not run:
+        parts.append(
+            f"the cell's document is {stored['document_bytes']:,} bytes encoded, at least "
+            f"siglo's incremental_min_bytes ({stored['incremental_min_bytes']:,}): siglo "
+            f"stores it in parts, {base} whole"
+        )
     return "; ".join(parts) + " (figures of this run)"
 
 

@@ -155,6 +155,12 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
                     "statements": _both(r.get("statements_per_op"), o.get("statements_per_op")),
                 }
             )
+    meta = doc.get("meta") or {}
+    for x in ratios:
+        least = (meta.get("siglo_incremental_min_bytes") or {}).get(x["backend"])
+        size = (meta.get("document_bytes") or {}).get(x["size"])
+        if least is not None and size is not None and size >= least:
+            x["parts"] = {"document_bytes": size, "incremental_min_bytes": least}
     doc["ratios"] = ratios
     targets: list[dict[str, Any]] = []
     for x in ratios:

@@ -176,3 +176,14 @@ def test_the_large_state_callgrind_experiment_runs_each_operation() -> None:
     for mode in ("whole", "parts"):
         for op in ("load", "save", "cycle", "resume"):
             assert asyncio.run(large_state_callgrind.run(mode, op, 3)) > 0
+
+
+def test_the_parts_ab_runs_every_cell_on_sqlite() -> None:
+    from benchmarks.experiments.parts_ab import CELLS, run
+
+    lines = asyncio.run(run("sqlite", 1, 4))
+    assert lines[0] == "sqlite: the 16k document is 16,387 bytes encoded"
+    assert len(lines) == 1 + len(CELLS)
+    for line in lines[1:]:
+        assert "parts " in line and "whole " in line and "raw-fast " in line, line
+        assert "whole / parts " in line, line

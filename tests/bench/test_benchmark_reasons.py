@@ -105,6 +105,42 @@ def test_a_raw_fast_miss_gets_a_reason_computed_from_its_run() -> None:
         text
     )
     assert text.endswith("(figures of this run)")
+    # A document at least siglo's incremental_min_bytes is stored in parts (siglo_sql):
+    # the run recorded both sizes, and the reason says so.
+    stored = {"document_bytes": 16_391, "incremental_min_bytes": 16_384}
+    assert (
+        "the cell's document is 16,391 bytes encoded, at least siglo's incremental_min_bytes "
+        "(16,384): siglo stores it in parts, raw-fast whole (figures of this run)"
+    ) in reason_for({**target, "parts": stored})
+
+
+def test_a_run_records_which_cells_siglo_stored_in_parts() -> None:
+    from benchmarks import report
+
+    doc: dict[str, Any] = {
+        "meta": {
+            "document_bytes": {"1k": 1_128, "16k": 16_391},
+            "siglo_incremental_min_bytes": {"sqlite": 16_384},
+        },
+        "results": [
+            {
+                "backend": b,
+                "kind": kind,
+                "workload": f"save/{size}/c1",
+                "name": "save",
+                "size": size,
+                "concurrency": 1,
+                "runs": [1.0],
+                "median": 1.0,
+            }
+            for b in ("sqlite", "redis")
+            for kind in ("siglo", "raw-fast")
+            for size in ("1k", "16k")
+        ],
+    }
+    report.add_ratios_and_targets(doc)
+    parts = {(x["backend"], x["size"]) for x in doc["ratios"] if "parts" in x}
+    assert parts == {("sqlite", "16k")}
 
 
 def test_a_miss_whose_client_waited_says_so_with_its_conflicts() -> None:
