@@ -105,7 +105,9 @@ def test_loop_lag_and_raw_fast_run_from_the_command_line(tmp_path: Path) -> None
     assert per_op[("raw-fast", "save/1k/c1")] == per_op[("raw-fast", "save/1k/c32")] == 1.0
     assert per_op[("raw-fast", "cas/1k/c8")] == 2.0
     assert per_op[("raw", "save/1k/c1")] is None
-    assert all(v is not None and v >= 1.0 for (k, _), v in per_op.items() if k == "siglo")
+    # siglo's: counted for every cell (its loads at 32 callers may share a statement).
+    assert all(v is not None and v > 0 for (k, _), v in per_op.items() if k == "siglo"), per_op
+    assert per_op[("siglo", "save/1k/c1")] >= 1.0
     # … and a ratio carries both sides' figure, for the computed reason of a miss.
     x = next(x for x in doc["ratios"] if (x["vs"], x["workload"]) == ("raw-fast", "save/1k/c1"))
     assert x["statements"] == [per_op[("siglo", "save/1k/c1")], 1.0]
