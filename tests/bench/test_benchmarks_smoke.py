@@ -87,7 +87,9 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
 def test_quick_all_available_backends_and_chart(tmp_path: Path) -> None:
     """Every backend: siglo where registered, raw drivers where reachable, else skipped."""
     pytest.importorskip("matplotlib")
-    _proc, doc = _run(tmp_path, "--sizes", "1k", "--no-langgraph")
+    # Statements an operation are counted in test_benchmarks_lag_and_writes.py and
+    # test_benchmarks_raw_fast.py; here they would only add seconds.
+    _proc, doc = _run(tmp_path, "--sizes", "1k", "--no-langgraph", "--no-statements")
     backends = {s["backend"] for s in doc["subjects"]}
     assert backends == {"memory", "redis", "postgres", "sqlite"}
     for s in doc["subjects"]:
