@@ -501,11 +501,40 @@ async def _run_backend_tracked(
         )
         subjects.append(s)
     doc["meta"]["order"].append(f"workloads:{backend}")
+    twins: dict[str, Subject] = {}
     try:
+        if backend == "sqlite" and subjects and not getattr(args, "no_statements", False):
+            twins = await _open_twins(backend, args, tmp, conns, {s.kind for s in subjects})
         if subjects:
-            await _run_workloads(backend, subjects, workloads, args, doc, conns)
+            await _run_workloads(backend, subjects, workloads, args, doc, conns, twins)
     finally:
         await _close_all(subjects)
+        await _close_all(list(twins.values()))
+
+
+async def _open_twins(
+    backend: str, args: argparse.Namespace, tmp: str, conns: Any, kinds: set[str]
+) -> dict[str, Subject]:
+    """A twin of each subject, on files of its own, whose SQLite connections are traced
+    from their opening: the statement counts run on it (benchmarks/statements.py), never
+    on the subject timed. A twin that cannot open is left out (no count)."""
+    twin_dir = os.path.join(tmp, "statement-twins")
+    os.makedirs(twin_dir, exist_ok=True)
+    twins: dict[str, Subject] = {}
+    conns.armed = True
+    try:
+        for t in make_subjects(backend, args, twin_dir):
+            if isinstance(t, str) or t.kind not in kinds:
+                continue
+            try:
+                await t.open()
+            except Exception as exc:
+                print(f"[warn] statement twin {_label(t)}: {exc!r}", flush=True)
+                continue
+            twins[t.kind] = t
+    finally:
+        conns.armed = False
+    return twins
 
 
 async def _run_scale(backend: str, args: argparse.Namespace, doc: dict[str, Any], tmp: str) -> None:
@@ -574,6 +603,7 @@ async def _run_workloads(
     args: argparse.Namespace,
     doc: dict[str, Any],
     conns: Any = None,
+    twins: dict[str, Subject] | None = None,
 ) -> None:
     for w in workloads:
         runs: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
@@ -668,7 +698,10 @@ async def _run_workloads(
             if extras[i] and any(extras[i]):
                 entry["extra"] = extras[i]
             if status[i][0] == "ok" and not getattr(args, "no_statements", False):
-                entry["statements_per_op"] = await _statements(s, w, backend, args, conns)
+                counted = s if backend != "sqlite" else (twins or {}).get(s.kind)
+                entry["statements_per_op"] = (
+                    None if counted is None else await _statements(counted, w, backend, args, conns)
+                )
             doc["results"].append(entry)
             if status[i][0] == "ok":
                 print(

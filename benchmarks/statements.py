@@ -10,18 +10,17 @@ compare-and-set: the cells with targets against the raw baselines); the differen
 (the same in both passes) left out. A compare-and-set's retries are part of its
 operation, as in the timed rounds.
 
-* **SQLite**: every ``sqlite3`` connection opened while a backend's workloads run is
-  remembered (``sqlite3.connect`` wrapped: a cost at connect only); during a counting
-  pass each gets a trace callback counting the statements it runs, ``BEGIN`` and
-  ``COMMIT`` included (a write reported twice in a row is one: a trigger's start).
-  A connection that may not be touched from the loop's thread (aiosqlite's) cannot be
-  traced, and a subject with nothing traced has no figure.
+* **SQLite**: the counting passes run on a twin of each subject, on files of its own,
+  whose connections get a trace callback when they are opened (``sqlite3.connect``
+  wrapped, :class:`SqliteConnections`), aiosqlite's included; it counts the statements
+  they run while a pass counts, ``BEGIN`` and ``COMMIT`` included (a write reported
+  twice in a row is one: a trigger's start). The subjects timed are never traced.
 * **PostgreSQL**: psycopg's ``execute`` and ``executemany`` (sync and async) are wrapped
   during the counting pass only; ``executemany`` counts one statement per parameter set.
 * **Redis**: a ``MONITOR`` connection during the pass; the top-level commands naming the
   pass's keys (scripts count once, whatever they run inside).
 
-Outside the counting passes nothing is traced or wrapped, so timed passes pay nothing.
+Nothing timed is traced or wrapped, so timed passes pay nothing.
 """
 
 from __future__ import annotations
@@ -59,12 +58,19 @@ class Counter:
 
 
 class SqliteConnections:
-    """Remembers every ``sqlite3`` connection opened inside (see the module's doc)."""
+    """Traces the ``sqlite3`` connections opened inside while :attr:`armed` (see the
+    module's doc).
+
+    A connection gets its trace callback when it is opened, on the thread opening it,
+    and keeps it: setting one later from the loop's thread could wait for a connection
+    another thread is using, holding the GIL that thread's callback needs (a deadlock).
+    So the subjects timed are opened unarmed and never traced, and the counting passes
+    run on twins of them opened armed (benchmarks/cli.py)."""
 
     def __init__(self) -> None:
-        # Held, not weakly (a sqlite3.Connection takes no weak reference), until the
-        # tracking ends; a closed one refuses its trace callback and is left out.
-        self._conns: list[sqlite3.Connection] = []
+        self.armed = False
+        self.counter = Counter()
+        self.traced_connections = 0
 
     @contextlib.contextmanager
     def tracking(self) -> Iterator[None]:
@@ -72,7 +78,9 @@ class SqliteConnections:
 
         def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
             conn: sqlite3.Connection = original(*args, **kwargs)
-            self._conns.append(conn)
+            if self.armed:
+                conn.set_trace_callback(self._tracer())
+                self.traced_connections += 1
             return conn
 
         modules: list[Any] = [sqlite3, sqlite3.dbapi2]
@@ -83,35 +91,35 @@ class SqliteConnections:
         finally:
             for module in modules:
                 module.connect = original
-            self._conns.clear()
+
+    def _tracer(self) -> Any:
+        last = [""]
+
+        def trace(sql: str) -> None:
+            counter = self.counter
+            if not counter.enabled:
+                return
+            # A write reported twice in a row is one statement firing a trigger (the
+            # trigger's start is reported with its statement's text); a read may repeat
+            # itself, parameters and all (a caller loading one stack again).
+            if sql == last[0] and is_write_sql(sql):
+                return
+            last[0] = sql
+            counter.add()
+
+        return trace
 
     @contextlib.contextmanager
     def traced(self, counter: Counter) -> Iterator[int]:
-        """Trace every remembered connection into ``counter``; yields how many could be."""
-        traced: list[sqlite3.Connection] = []
-        for conn in list(self._conns):
-            last = [""]
-
-            def trace(sql: str, last: list[str] = last) -> None:
-                # A write reported twice in a row is one statement firing a trigger (the
-                # trigger's start is reported with its statement's text); a read may
-                # repeat itself, parameters and all (a caller loading one stack again).
-                if sql == last[0] and is_write_sql(sql):
-                    return
-                last[0] = sql
-                counter.add()
-
-            try:
-                conn.set_trace_callback(trace)
-            except sqlite3.ProgrammingError:  # closed, or owned by another thread
-                continue
-            traced.append(conn)
+        """Count the traced connections' statements into ``counter`` (connections opened
+        meanwhile are traced too); yields how many are traced."""
+        self.counter, armed = counter, self.armed
+        self.armed = True
         try:
-            yield len(traced)
+            yield self.traced_connections
         finally:
-            for conn in traced:
-                with contextlib.suppress(sqlite3.ProgrammingError):
-                    conn.set_trace_callback(None)
+            self.armed = armed
+            self.counter = Counter()
 
 
 @contextlib.contextmanager
@@ -179,9 +187,7 @@ async def _pass(
             await measure(subject, w, tag)
         return counter.count
     if backend == "sqlite" and sqlite_conns is not None:
-        with sqlite_conns.traced(counter) as traced:
-            if not traced:
-                return None
+        with sqlite_conns.traced(counter):
             counter.enabled = True
             await measure(subject, w, tag)
         return counter.count or None
@@ -200,6 +206,16 @@ async def statements_per_op(
     (``None``: not countable here)."""
     if backend not in ("sqlite", "postgres", "redis") or workload.name not in COUNTED:
         return None
+    # A first pass untimed and uncounted: what a subject does once (opening a connection,
+    # preparing its statements) is in neither pass that counts.
+    # On SQLite armed (connections it opens are traced) but not counting.
+    armed = sqlite_conns.traced(Counter()) if sqlite_conns is not None else None
+    with armed if armed is not None else contextlib.nullcontext():
+        await measure(
+            subject,
+            Workload(workload.name, workload.size, workload.concurrency, 1),
+            f"w{secrets.token_hex(3)}",
+        )
     one = await _pass(subject, workload, 1, backend, sqlite_conns, redis_url)
     more = await _pass(subject, workload, 1 + EXTRA, backend, sqlite_conns, redis_url)
     if one is None or more is None:

@@ -201,6 +201,7 @@ async def test_statements_an_operation_are_counted_at_the_driver(tmp_path: Path)
     for backend in ("sqlite", "redis", "postgres"):
         with conns.tracking():
             s = _make("raw-fast", backend, tmp_path)
+            conns.armed = True  # its connections traced from their opening
             try:
                 await s.open()
             except _unreachable() as exc:
