@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import json
@@ -44,11 +45,36 @@ def _csv(choices: tuple[str, ...] | list[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+PRESETS: dict[str, dict[str, Any]] = {
+    "raw-fast": {
+        "backends": ["redis", "postgres", "sqlite"],
+        "sizes": ["1k", "16k"],
+        "workloads": ["save", "load", "cas"],
+        "raw_fast": True,
+        "loop_lag": True,
+        "e2e": True,
+        "e2e_backends": ["sqlite", "postgres", "redis"],
+        "repeat": 3,
+        "ops_scale": 1.0,
+        "e2e_scale": 1.0,
+    },
+}
+"""Named sets of options (``--preset``); an option given as well overrides its preset.
+``raw-fast``: issue 36's comparison (both raw baselines, loop lag, the end-to-end
+comparison with the raw write limit) in 3 rounds, sized to take about 20 minutes on a
+quiet 2-core machine (docs/benchmarks.md)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (see ``python -m benchmarks --help``)."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Benchmark siglo's backends against the raw drivers (and LangGraph's savers).",
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="a named set of options (benchmarks/cli.py PRESETS); options given too override it",
     )
     p.add_argument("--backends", type=_csv(BACKENDS), default=list(BACKENDS))
     p.add_argument("--sizes", type=_csv(list(SIZES)), default=list(SIZES))
@@ -92,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also measure the event-loop lag a 1 ms sleeper sees while each subject "
         "saves and loads at 32 callers (benchmarks/loop_lag.py)",
+    )
+    p.add_argument(
+        "--no-statements",
+        action="store_true",
+        help="skip the untimed passes that count each cell's statements (Redis: commands) "
+        "an operation per subject (benchmarks/statements.py)",
+    )
+    p.add_argument(
+        "--no-e2e-limit",
+        dest="e2e_limit",
+        action="store_false",
+        help="do not time the raw write limit beside the end-to-end comparison "
+        "(benchmarks/write_limit.py)",
     )
     p.add_argument("--scale", action="store_true", help="also run the scale workloads (slow)")
     p.add_argument(
@@ -287,6 +326,28 @@ def _raw_fast_subjects(backend: str, args: argparse.Namespace, tmp: str) -> list
     return []
 
 
+def _document_bytes(sizes: list[str]) -> dict[str, int]:
+    """The encoded length of each size's wire document (benchmarks/payloads.py)."""
+    import orjson
+
+    from benchmarks.payloads import wire_document
+    from benchmarks.workloads import contexts_of
+
+    return {
+        size: len(orjson.dumps(wire_document("stack", 1, contexts_of(size), expires_at=None)))
+        for size in sizes
+    }
+
+
+def _incremental_default() -> int | None:
+    """siglo's SQL backends' default ``incremental_min_bytes`` (``None``: not installed)."""
+    try:
+        from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES
+    except ImportError:
+        return None
+    return DEFAULT_INCREMENTAL_MIN_BYTES
+
+
 def siglo_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     """The ``--siglo-opt`` options given for ``backend``."""
     options: dict[str, Any] = {}
@@ -354,6 +415,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "timed_conflicts": True,
             # What ran, in the order it ran: "workloads:<backend>", "e2e", "scale:<backend>".
             "order": [],
+            # Each size's document as every subject stores it (bytes encoded), and the
+            # size from which siglo's SQL backends store a document in parts (a miss's
+            # computed reason says when a cell's document is stored so).
+            "document_bytes": _document_bytes(args.sizes),
+            "siglo_incremental_min_bytes": {
+                b: siglo_options(args, b).get("incremental_min_bytes", _incremental_default())
+                for b in ("sqlite", "postgres")
+                if b in args.backends
+            },
         },
         "subjects": [],
         "results": [],
@@ -391,6 +461,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 async def _run_backend(
     backend: str, args: argparse.Namespace, workloads: list[Workload], doc: dict[str, Any], tmp: str
 ) -> None:
+    from benchmarks.statements import SqliteConnections
+
+    # The SQLite connections the subjects open, for the statement counts (remembered at
+    # connect; traced during the untimed counting passes only).
+    conns = SqliteConnections()
+    with conns.tracking() if backend == "sqlite" else contextlib.nullcontext():
+        await _run_backend_tracked(backend, args, workloads, doc, tmp, conns)
+
+
+async def _run_backend_tracked(
+    backend: str,
+    args: argparse.Namespace,
+    workloads: list[Workload],
+    doc: dict[str, Any],
+    tmp: str,
+    conns: Any,
+) -> None:
     subjects: list[Subject] = []
     for s in make_subjects(backend, args, tmp):
         if isinstance(s, str):
@@ -414,11 +501,40 @@ async def _run_backend(
         )
         subjects.append(s)
     doc["meta"]["order"].append(f"workloads:{backend}")
+    twins: dict[str, Subject] = {}
     try:
+        if backend == "sqlite" and subjects and not getattr(args, "no_statements", False):
+            twins = await _open_twins(backend, args, tmp, conns, {s.kind for s in subjects})
         if subjects:
-            await _run_workloads(backend, subjects, workloads, args, doc)
+            await _run_workloads(backend, subjects, workloads, args, doc, conns, twins)
     finally:
         await _close_all(subjects)
+        await _close_all(list(twins.values()))
+
+
+async def _open_twins(
+    backend: str, args: argparse.Namespace, tmp: str, conns: Any, kinds: set[str]
+) -> dict[str, Subject]:
+    """A twin of each subject, on files of its own, whose SQLite connections are traced
+    from their opening: the statement counts run on it (benchmarks/statements.py), never
+    on the subject timed. A twin that cannot open is left out (no count)."""
+    twin_dir = os.path.join(tmp, "statement-twins")
+    os.makedirs(twin_dir, exist_ok=True)
+    twins: dict[str, Subject] = {}
+    conns.armed = True
+    try:
+        for t in make_subjects(backend, args, twin_dir):
+            if isinstance(t, str) or t.kind not in kinds:
+                continue
+            try:
+                await t.open()
+            except Exception as exc:
+                print(f"[warn] statement twin {_label(t)}: {exc!r}", flush=True)
+                continue
+            twins[t.kind] = t
+    finally:
+        conns.armed = False
+    return twins
 
 
 async def _run_scale(backend: str, args: argparse.Namespace, doc: dict[str, Any], tmp: str) -> None:
@@ -486,6 +602,8 @@ async def _run_workloads(
     workloads: list[Workload],
     args: argparse.Namespace,
     doc: dict[str, Any],
+    conns: Any = None,
+    twins: dict[str, Subject] | None = None,
 ) -> None:
     for w in workloads:
         runs: dict[int, list[float]] = {i: [] for i in range(len(subjects))}
@@ -579,6 +697,11 @@ async def _run_workloads(
             }
             if extras[i] and any(extras[i]):
                 entry["extra"] = extras[i]
+            if status[i][0] == "ok" and not getattr(args, "no_statements", False):
+                counted = s if backend != "sqlite" else (twins or {}).get(s.kind)
+                entry["statements_per_op"] = (
+                    None if counted is None else await _statements(counted, w, backend, args, conns)
+                )
             doc["results"].append(entry)
             if status[i][0] == "ok":
                 print(
@@ -588,6 +711,25 @@ async def _run_workloads(
                 )
             elif status[i][0] == "error":
                 print(f"{backend:8} {s.kind:9} {w.id:22} ERROR {status[i][1]}", flush=True)
+
+
+async def _statements(
+    subject: Subject, w: Workload, backend: str, args: argparse.Namespace, conns: Any
+) -> float | None:
+    """The cell's statements an operation on ``subject`` (benchmarks/statements.py);
+    ``None`` where they cannot be counted, or counting failed (the cell stands)."""
+    from benchmarks.statements import statements_per_op
+
+    try:
+        return await asyncio.wait_for(
+            statements_per_op(subject, w, backend, sqlite_conns=conns, redis_url=args.redis_url),
+            args.timeout,
+        )
+    except NotImplementedError:
+        return None
+    except Exception as exc:
+        print(f"[warn] counting statements of {_label(subject)} {w.id}: {exc!r}", flush=True)
+        return None
 
 
 async def _measure_once(subject: Subject, workload: Workload, bound_s: float) -> Measurement:
@@ -612,7 +754,11 @@ async def _cancellable(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.preset is not None:
+        parser.set_defaults(**PRESETS[args.preset])
+        args = parser.parse_args(argv)
     if args.render is not None:
         # The report of an earlier run again (after the reasons of its misses were
         # written down, say): the figures are that run's, untouched.
@@ -639,10 +785,14 @@ def main(argv: list[str] | None = None) -> int:
             report.chart(doc, args.out / "ratios.png"),
             report.ops_chart(doc, args.out / "ops.png"),
             e2e_chart(doc, args.out / "e2e.png") if doc.get("e2e") else None,
+            *(
+                report.backend_chart(doc, b, args.out / report.backend_chart_name(b))
+                for b in report.chart_backends(doc)
+            ),
         ):
             if note:
                 print(f"[chart] {note}")
-    chart_name = "" if args.no_chart else ", ratios.png, ops.png"
+    chart_name = "" if args.no_chart else ", ratios.png, ops.png, backend-*.png"
     print(f"results in {args.out}/ (results.json, results.md{chart_name})")
     if args.update_docs is not None:
         chart_path = None if args.no_chart else args.out / "ratios.png"

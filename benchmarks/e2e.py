@@ -39,8 +39,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
+from benchmarks.client_cpu import ClientClock
 from benchmarks.interference import RETIMES, STEAL_LIMIT, timed_pass
 from benchmarks.slices import round_order, slice_size
+from benchmarks.write_limit import limit_text
 from benchmarks.writes import (
     RedisMonitor,
     WriteCounter,
@@ -73,6 +75,10 @@ class E2ESubject:
 
     async def run(self, run_id: str) -> None:
         raise NotImplementedError
+
+    async def measure(self, concurrency: int, runs: int) -> dict[str, Any]:
+        """One pass: ``runs`` workflow runs by ``concurrency`` tasks (:func:`measure_runs`)."""
+        return await measure_runs(self, concurrency, runs)
 
     recorder: Recorder = staticmethod(lambda run, step: None)
 
@@ -356,6 +362,39 @@ class LangGraphWorkflow(E2ESubject):
         assert out["settle"]["step"] == 3
 
 
+# -- the raw write limit ------------------------------------------------------------------
+
+
+class RawWriteLimit(E2ESubject):
+    """The backend's raw write rate (:mod:`benchmarks.write_limit`), timed in the same
+    rounds and passes as the systems; its rows go to ``doc["e2e_limit"]``."""
+
+    system = "raw-limit"
+
+    def __init__(self, backend: str, writer: Any) -> None:
+        self.backend = backend
+        self.writer = writer
+
+    async def open(self) -> None:
+        await self.writer.open()
+        self.detail = f"{self.writer.detail}; plain save of a step-sized row (~260 bytes)"
+
+    async def close(self) -> None:
+        await self.writer.close()
+
+    async def measure(self, concurrency: int, runs: int) -> dict[str, Any]:
+        from benchmarks.write_limit import WRITES_PER_RUN_TIMED, measure_writes
+
+        return await measure_writes(self.writer, concurrency, runs * WRITES_PER_RUN_TIMED)
+
+
+LANGGRAPH_REDIS_SKIP = (
+    "langgraph on redis: not run; its saver (langgraph-checkpoint-redis, 0.5.2 checked) "
+    "needs the RediSearch module: on plain Redis 7 its setup fails with unknown command "
+    "'FT.INFO'"
+)
+
+
 # -- measuring ----------------------------------------------------------------------------
 
 
@@ -381,14 +420,16 @@ async def measure_runs(subject: E2ESubject, concurrency: int, runs: int) -> dict
                 latencies.extend(((s[1] - s[0]) / 1e3, (s[2] - s[1]) / 1e3, (end - s[2]) / 1e3))
 
     await asyncio.gather(*(worker(w, 0, 1) for w in range(concurrency)))
-    t0 = time.perf_counter()
+    clock = ClientClock()
+    clock.start()
     await asyncio.gather(*(worker(w, 1, 1 + per) for w in range(concurrency)))
-    seconds = time.perf_counter() - t0
+    took = clock.stop()
     latencies.sort()
     return {
-        "runs_per_s": per * concurrency / seconds,
+        "runs_per_s": per * concurrency / took.seconds,
         "runs": per * concurrency,
-        "seconds": seconds,
+        "seconds": took.seconds,
+        "cpu_s": took.cpu_s,
         "step_us": latencies,
     }
 
@@ -396,8 +437,9 @@ async def measure_runs(subject: E2ESubject, concurrency: int, runs: int) -> dict
 async def _runs_once(
     subject: E2ESubject, concurrency: int, runs: int, bound_s: float
 ) -> dict[str, Any]:
-    """One pass of :func:`measure_runs`, within ``bound_s`` seconds."""
-    return await asyncio.wait_for(measure_runs(subject, concurrency, runs), bound_s)
+    """One pass of ``subject``'s measurement (:func:`measure_runs`), within ``bound_s``
+    seconds."""
+    return await asyncio.wait_for(subject.measure(concurrency, runs), bound_s)
 
 
 def _joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -411,6 +453,8 @@ def _joined(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "runs_per_s": runs / seconds,
         "runs": runs,
         "seconds": seconds,
+        # The process's CPU time a run (all its threads: the client's side of the work).
+        "cpu_ms_per_run": sum(p.get("cpu_s", 0.0) for p in parts) / runs * 1e3,
         "step_us": sorted(x for p in parts for x in p["step_us"]),
         "steal": sum(p.get("stolen", 0) for p in parts) / ticks if ticks else None,
         "retimed": sum(p.get("retimed", 0) for p in parts),
@@ -449,6 +493,13 @@ def make_e2e_subjects(backend: str, args: Any, tmp: str) -> list[E2ESubject | st
             out.append("langgraph: not installed (pip install langgraph)")
         else:
             out.append(LangGraphWorkflow(backend, args.postgres_url, tmp))
+    if backend == "redis":
+        out.append(LANGGRAPH_REDIS_SKIP)
+    if getattr(args, "e2e_limit", True):
+        from benchmarks.write_limit import make_raw_writer
+
+        writer = make_raw_writer(backend, args, tmp)
+        out.append(writer if isinstance(writer, str) else RawWriteLimit(backend, writer))
     return out
 
 
@@ -567,9 +618,10 @@ async def _run_e2e_backend(
                         continue
                     m = _joined(parts[s.system])
                     results[s.system].append(m)
+                    unit = "writes/s" if s.system == RawWriteLimit.system else "runs/s"
                     print(
                         f"e2e {backend:8} {s.system:9} c{concurrency:<3} "
-                        f"{m['runs_per_s']:>8.0f} runs/s  step p50 "
+                        f"{m['runs_per_s']:>8.0f} {unit}  step p50 "
                         f"{_pct(m['step_us'], 0.5):.0f} µs  p99 "
                         f"{_pct(m['step_us'], 0.99):.0f} µs",
                         flush=True,
@@ -577,6 +629,27 @@ async def _run_e2e_backend(
             for s in subjects:
                 ms = results[s.system]
                 pooled = sorted(x for m in ms for x in m["step_us"])
+                if s.system == RawWriteLimit.system:
+                    doc.setdefault("e2e_limit", []).append(
+                        {
+                            "backend": backend,
+                            "concurrency": concurrency,
+                            "detail": s.detail,
+                            "status": "error" if s.system in errors else "ok",
+                            "error": errors.get(s.system),
+                            "writes_per_s_rounds": [m["runs_per_s"] for m in ms],
+                            "writes_per_s": (
+                                statistics.median([m["runs_per_s"] for m in ms]) if ms else None
+                            ),
+                            "cpu_ms_per_write": [m["cpu_ms_per_run"] for m in ms],
+                            "write_p50_us": _pct(pooled, 0.5) if pooled else None,
+                            "write_p99_us": _pct(pooled, 0.99) if pooled else None,
+                            "steal": [m["steal"] for m in ms],
+                            "retimed": [m["retimed"] for m in ms],
+                            "over_limit": [m["over_limit"] for m in ms],
+                        }
+                    )
+                    continue
                 writes: dict[str, float] = {}
                 if s.system not in errors:
                     try:
@@ -595,6 +668,7 @@ async def _run_e2e_backend(
                         "status": "error" if s.system in errors else "ok",
                         "error": errors.get(s.system),
                         "runs_per_s_rounds": [m["runs_per_s"] for m in ms],
+                        "cpu_ms_per_run": [m["cpu_ms_per_run"] for m in ms],
                         "steal": [m["steal"] for m in ms],
                         "retimed": [m["retimed"] for m in ms],
                         "over_limit": [m["over_limit"] for m in ms],
@@ -643,8 +717,20 @@ def add_e2e_ratios(doc: dict[str, Any]) -> None:
                 if len(mine) == len(other) == len(rounds)
                 else []
             )
+            # Each round's client CPU a run, [siglo's, collecting (not recorded), the
+            # other's, collecting], and both sides' writes a run: a miss's computed reason
+            # (benchmarks/reasons.py) reads them as a workload cell's.
+            cpus = [
+                [a, 0.0, b, 0.0]
+                for a, b in zip(
+                    r.get("cpu_ms_per_run") or [], o.get("cpu_ms_per_run") or [], strict=False
+                )
+            ]
+            writes = [r.get("writes_per_run"), o.get("writes_per_run")]
             ratios.append(
                 {
+                    "cpu": cpus if len(cpus) == len(rounds) else [],
+                    "statements": writes if None not in writes else [],
                     "backend": r["backend"],
                     "workload": f"workflow/c{r['concurrency']} vs {o['system']}",
                     "name": "workflow",
@@ -667,22 +753,30 @@ def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
     rows = doc.get("e2e", [])
     if not rows:
         return []
-    # Runs recorded before writes were counted have no such column.
+    # Runs recorded before writes were counted have no such column, nor those before the
+    # raw write limit was measured (benchmarks/write_limit.py).
     counted = any(r.get("writes_per_run") is not None for r in rows)
+    limited = bool(doc.get("e2e_limit"))
     lines = [
         "### end to end: a 3-step durable workflow",
         "",
         "| backend | system | concurrent runs | runs/s (median of rounds) | "
         "step p50 µs | step p99 µs | siglo / this, runs/s |"
-        + (" store writes per run (SQLite, PostgreSQL: write transactions) |" if counted else ""),
-        "|---|---|---:|---:|---:|---:|---:|" + ("---:|" if counted else ""),
+        + (" store writes per run (SQLite, PostgreSQL: write transactions) |" if counted else "")
+        + (" raw write limit, runs/s · runs/s / limit (min–max) |" if limited else ""),
+        "|---|---|---:|---:|---:|---:|---:|"
+        + ("---:|" if counted else "")
+        + ("---:|" if limited else ""),
     ]
     ratio_of = {(x["backend"], x["concurrency"], x["vs"]): x for x in doc.get("e2e_ratios", [])}
+    limit_of = {
+        (x["backend"], x["concurrency"], x["system"]): x for x in doc.get("e2e_limit_ratios", [])
+    }
     for r in rows:
         if r["status"] != "ok":
             lines.append(
                 f"| {r['backend']} | {r['system']} | {r['concurrency']} | error: {r['error']} "
-                "| | | |" + (" |" if counted else "")
+                "| | | |" + (" |" if counted else "") + (" |" if limited else "")
             )
             continue
         x = ratio_of.get((r["backend"], r["concurrency"], r["system"]))
@@ -691,11 +785,14 @@ def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
             if x is None
             else f"**{x['ratio']:.2f}** ({x['ratio_min']:.2f}–{x['ratio_max']:.2f})"
         )
+        lim = limit_of.get((r["backend"], r["concurrency"], r["system"]))
         lines.append(
             f"| {r['backend']} | {r['system']} | {r['concurrency']} | {r['runs_per_s']:,.0f} | "
             f"{r['step_p50_us']:,.0f} | {r['step_p99_us']:,.0f} | {ratio} |"
             + (f" {_writes_text(r)} |" if counted else "")
+            + (f" {limit_text(lim)} |" if limited else "")
         )
+    lines += _limit_lines(doc)
     if not systems:
         return [*lines, ""]
     lines += ["", "Systems:", ""]
@@ -704,10 +801,38 @@ def e2e_markdown(doc: dict[str, Any], *, systems: bool = True) -> list[str]:
         if (r["backend"], r["system"]) not in seen and r.get("detail"):
             seen.add((r["backend"], r["system"]))
             lines.append(f"- {r['system']}:{r['backend']} — {r['detail']}")
+    for r in doc.get("e2e_limit", []):
+        if (r["backend"], "raw-limit") not in seen and r.get("detail"):
+            seen.add((r["backend"], "raw-limit"))
+            lines.append(f"- raw write limit:{r['backend']} — {r['detail']}")
     for s in doc.get("e2e_subjects", []):
         lines.append(f"- skipped on {s['backend']}: {s['skipped']}")
     lines.append("")
     return lines
+
+
+def _limit_lines(doc: dict[str, Any]) -> list[str]:
+    """The raw write rates the limits are made of, per backend and writers."""
+    rows = doc.get("e2e_limit", [])
+    if not rows:
+        return []
+    parts = []
+    for r in rows:
+        if r["status"] != "ok" or not r["writes_per_s_rounds"]:
+            parts.append(f"{r['backend']} x{r['concurrency']} error: {r['error']}")
+            continue
+        rates = r["writes_per_s_rounds"]
+        parts.append(
+            f"{r['backend']} x{r['concurrency']} {r['writes_per_s']:,.0f} "
+            f"({min(rates):,.0f}–{max(rates):,.0f})"
+        )
+    return [
+        "",
+        "Raw write limit (benchmarks/write_limit.py): the raw-fast driver's plain save of a "
+        "step-sized row by as many writers as runs, timed in the same passes, writes/s "
+        "median (min–max of rounds): " + "; ".join(parts) + ". A system's limit is that over "
+        "its writes per run, per round.",
+    ]
 
 
 def _writes_text(r: dict[str, Any]) -> str:

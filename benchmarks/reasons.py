@@ -5,8 +5,11 @@ A :class:`Reason` matches missed targets by backend, workload name, size and con
 (docs/benchmarks-history.md has the runs). Where the run recorded the client's CPU time,
 :func:`reason_for` adds the miss's lowest round as figures of this run, so the page shows
 whether that round was the client working (the round's ratio is the CPU ratio) or
-waiting (the round's ratio is below it). A miss no reason matches is printed as "no
-measured reason", never with a guess.
+waiting (the round's ratio is below it). A miss no written reason matches gets one
+computed from its run's own figures (:func:`computed_reason`: the clients' CPU an
+operation and busy shares of its lowest round, statements an operation, conflicts per
+update; for the end-to-end goal, writes per run against the raw write limit), and one
+whose run recorded none of them is printed as "no measured reason", never with a guess.
 """
 
 from __future__ import annotations
@@ -193,9 +196,96 @@ def lowest_round_text(target: dict[str, Any]) -> str | None:
 
 def reason_for(target: dict[str, Any]) -> str:
     """The measured reason for a missed ``target`` (a report target entry), with its
-    lowest round's client CPU where the run recorded it."""
+    lowest round's client CPU where the run recorded it: a reason of :data:`REASONS`
+    that matches it, else one computed from the run's own figures
+    (:func:`computed_reason`), else :data:`NO_REASON`."""
     for reason in REASONS:
         if reason.matches(target):
             figures = lowest_round_text(target)
             return reason.text + ("" if figures is None else f". {figures}")
-    return NO_REASON
+    return computed_reason(target) or NO_REASON
+
+
+def computed_reason(target: dict[str, Any]) -> str | None:
+    """A miss's reason from the figures its run recorded (``None`` where it recorded
+    none): for a workload cell, its lowest round split into the two factors of a ratio
+    of ops/s — the clients' CPU an operation and their busy shares — with the
+    statements an operation and a compare-and-set's conflicts per update where
+    recorded; for the end-to-end goal, the writes per run and the client's CPU a run
+    against the raw write limit."""
+    if target.get("vs") == "raw-limit":
+        return _workflow_reason(target)
+    rounds, cpus = target.get("rounds") or [], target.get("cpu") or []
+    if not rounds or len(cpus) != len(rounds):
+        return None
+    low = rounds.index(min(rounds))
+    mine, _, other, _ = cpus[low]
+    if not mine or not other:
+        return None
+    base = "the baseline" if target.get("vs") is None else target["vs"]
+    run = target.get("name") == "workflow"  # end to end: a workflow run is the operation
+    op, sent = (
+        ("a run", "store writes") if run else ("an operation", "statements (Redis: commands)")
+    )
+    cpu_ratio = other / mine  # the ratio if both clients were busy alike
+    busy = rounds[low] / cpu_ratio  # siglo's busy share over the baseline's
+    if cpu_ratio <= busy:
+        head = (
+            f"siglo's client CPU {op}: {mine:.3f} ms against {base}'s {other:.3f} "
+            f"({mine / other:.2f}x) in the lowest round ({rounds[low]:.2f}), which alone "
+            f"bounds the ratio at {cpu_ratio:.2f} (siglo's client busy {busy:.2f}x as much "
+            "of the round)"
+        )
+    else:
+        head = (
+            f"waiting: in the lowest round ({rounds[low]:.2f}) siglo's client was busy "
+            f"{busy:.2f}x as much of the round as {base}'s (the rest waiting on the server "
+            f"or the event loop), at a CPU ratio of {cpu_ratio:.2f} ({mine:.3f} ms {op} "
+            f"against {other:.3f})"
+        )
+    parts = [head]
+    statements = target.get("statements") or []
+    if len(statements) == 2 and statements[0] != statements[1]:
+        parts.append(
+            f"siglo sent {statements[0]:.2f} {sent} {op} against {base}'s {statements[1]:.2f}"
+        )
+    conflicts = target.get("conflicts") or []
+    if len(conflicts) == len(rounds) and conflicts[low][0] != conflicts[low][1]:
+        a, b = conflicts[low]
+        parts.append(
+            f"siglo's writers lost {a:.2f} compare-and-sets per successful update against "
+            f"{base}'s {b:.2f} (each a load and a save again)"
+        )
+    stored = target.get("parts")
+    if stored and not run:
+        parts.append(
+            f"the cell's document is {stored['document_bytes']:,} bytes encoded, at least "
+            f"siglo's incremental_min_bytes ({stored['incremental_min_bytes']:,}): siglo "
+            f"stores it in parts, {base} whole"
+        )
+    return "; ".join(parts) + " (figures of this run)"
+
+
+def _workflow_reason(t: dict[str, Any]) -> str:
+    """The end-to-end goal's miss, from its run: where siglo's runs/s stood against the
+    raw write limit, and how much of a core its client used."""
+    text = (
+        f"siglo issued {t['writes_per_run']:.1f} store writes per run; the raw driver's "
+        f"{t['limit_writes_per_s']:,.0f} writes/s at 32 writers make {t['limit_runs_per_s']:,.0f} "
+        f"runs/s the limit, and siglo ran {t['runs_per_s']:,.0f} runs/s"
+    )
+    cpu = t.get("cpu_ms_per_run") or []
+    rounds = t.get("rounds") or []
+    if cpu and len(cpu) == len(rounds):
+        c = cpu[rounds.index(min(rounds))]
+        text += (
+            f"; its process spent {c:.2f} ms of CPU a run in the lowest round: one core "
+            f"runs {1e3 / c:,.0f} of them a second, {1e3 / c / t['limit_runs_per_s']:.2f} "
+            "of the limit"
+        )
+    versus = t.get("versus") or {}
+    if versus:
+        text += "; against the other way to the goal (10x): " + ", ".join(
+            f"{name} {lo:.2f}-{hi:.2f}x" for name, (lo, hi) in versus.items()
+        )
+    return text + " (figures of this run)"

@@ -66,6 +66,19 @@ def round_cpus(mine: dict[str, Any], other: dict[str, Any]) -> list[list[float]]
     return [list(round_parts) for round_parts in zip(*parts, strict=True)]
 
 
+def _pairs(mine: list[float] | None, other: list[float] | None) -> list[list[float]]:
+    """``[siglo's, other's]`` of each round, where both recorded the figure for every
+    round (else empty)."""
+    if not mine or not other or len(mine) != len(other):
+        return []
+    return [[a, b] for a, b in zip(mine, other, strict=True)]
+
+
+def _both(mine: float | None, other: float | None) -> list[float]:
+    """``[siglo's, other's]`` of a figure recorded once per subject (empty unless both)."""
+    return [] if mine is None or other is None else [mine, other]
+
+
 def low_round_cpu(x: dict[str, Any]) -> str:
     """The client's CPU time per operation in the lowest round of a ratio, siglo's / the
     baseline's, in ms with the collector's part in brackets (``–`` where not recorded)."""
@@ -90,7 +103,7 @@ def retimed_text(doc: dict[str, Any]) -> str | None:
         return None
     slices = meta.get("slices", 1)
     rows = [r for r in doc["results"] if r.get("status") == "ok"] + [
-        r for r in doc.get("e2e", []) if r.get("status") == "ok"
+        r for r in doc.get("e2e", []) + doc.get("e2e_limit", []) if r.get("status") == "ok"
     ]
     kept = sum(len(r.get("retimed", [])) * slices for r in rows)
     retimed = sum(sum(r.get("retimed", [])) for r in rows)
@@ -138,8 +151,16 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
                     "ratio_max": max(rounds),
                     "steal": round_steals(r, o),
                     "cpu": round_cpus(r, o),
+                    "conflicts": _pairs(conflicts_per_update(r), conflicts_per_update(o)),
+                    "statements": _both(r.get("statements_per_op"), o.get("statements_per_op")),
                 }
             )
+    meta = doc.get("meta") or {}
+    for x in ratios:
+        least = (meta.get("siglo_incremental_min_bytes") or {}).get(x["backend"])
+        size = (meta.get("document_bytes") or {}).get(x["size"])
+        if least is not None and size is not None and size >= least:
+            x["parts"] = {"document_bytes": size, "incremental_min_bytes": least}
     doc["ratios"] = ratios
     targets: list[dict[str, Any]] = []
     for x in ratios:
@@ -199,6 +220,10 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
                     "met": max(rounds) <= 1.5,
                 }
             )
+    if doc.get("e2e"):
+        from benchmarks.e2e import add_e2e_ratios
+
+        add_e2e_ratios(doc)  # again: a rendered run gets what its ratios carry now
     for e in doc.get("e2e_ratios", []):
         targets.append(
             {
@@ -208,7 +233,47 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> None:
                 "met": e["ratio_min"] >= 2.0,
             }
         )
+    targets += _workflow_goal_targets(doc)
     doc["targets"] = targets
+
+
+WORKFLOW_GOAL = (
+    "workflow runs/s at 32 runs >= 0.8x the raw write limit per run, or >= 10x DBOS and LangGraph"
+)
+
+
+def _workflow_goal_targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 36's end-to-end goal, per backend at 32 concurrent runs: siglo's runs/s at
+    least 0.8 of the raw write limit per run (benchmarks/write_limit.py) in every round,
+    or at least 10x every other system there in every round. The ratio shown is the
+    share of the limit (a run made before the limit was measured has no such target)."""
+    from benchmarks.write_limit import add_limit_ratios
+
+    add_limit_ratios(doc)
+    out: list[dict[str, Any]] = []
+    for x in doc["e2e_limit_ratios"]:
+        if x["system"] != "siglo" or x["concurrency"] != 32:
+            continue
+        others = [
+            e
+            for e in doc.get("e2e_ratios", [])
+            if e["backend"] == x["backend"] and e["concurrency"] == 32
+        ]
+        tenfold = bool(others) and all(e["ratio_min"] >= 10.0 for e in others)
+        out.append(
+            {
+                **x,
+                "name": "workflow",
+                "size": None,
+                "workload": "workflow/c32 vs the raw write limit",
+                "vs": "raw-limit",
+                "target": WORKFLOW_GOAL,
+                "threshold": 0.8,
+                "versus": {e["vs"]: [e["ratio_min"], e["ratio_max"]] for e in others},
+                "met": x["ratio_min"] >= 0.8 or tenfold,
+            }
+        )
+    return out
 
 
 def ratio_text(x: dict[str, Any]) -> str:
@@ -353,6 +418,9 @@ def _backend_tables(doc: dict[str, Any]) -> list[str]:
     for backend in _backends(doc):
         kinds = _kinds(doc, backend)
         lines += [f"### {backend}", ""]
+        if backend in chart_backends(doc):
+            name = backend_chart_name(backend)
+            lines += [f"![{backend}: siglo / raw / raw-fast / LangGraph ops/s]({name})", ""]
         header = ["workload"] + [f"{k} ops/s" for k in kinds]
         if "raw" in kinds and "siglo" in kinds:
             header.append("siglo / raw")
@@ -612,15 +680,24 @@ def update_page(
         raise SystemExit(f"{page} has no {START_MARK} … {END_MARK} section to update")
     body = page_markdown(doc, os.path.relpath(report_path, page.parent))
     if chart_path is not None:
-        for name, alt in (
-            ("e2e.png", "end to end: workflow runs/s"),
-            ("ops.png", "ops/s per subject"),
+        # Every chart on one line, side by side (the page keeps to its length): the
+        # ratios, every subject's ops/s, end to end, then one per driver backend.
+        charts = [
             (chart_path.name, "siglo / baseline ratios"),
-        ):
-            image = chart_path.parent / name
-            if image.exists():
-                rel = os.path.relpath(image, page.parent)
-                body = f"![{alt}]({rel})\n\n{body}"
+            ("ops.png", "ops/s per subject"),
+            ("e2e.png", "end to end: workflow runs/s"),
+            *(
+                (backend_chart_name(b), f"{b}: siglo / raw / raw-fast / LangGraph ops/s")
+                for b in chart_backends(doc)
+            ),
+        ]
+        images = " ".join(
+            f"![{alt}]({os.path.relpath(image, page.parent)})"
+            for name, alt in charts
+            if (image := chart_path.parent / name).exists()
+        )
+        if images:
+            body = f"{images}\n\n{body}"
     head, rest = text.split(START_MARK, 1)
     _, tail = rest.split(END_MARK, 1)
     page.write_text(f"{head}{START_MARK}\n{body}\n{END_MARK}{tail}")
@@ -734,5 +811,101 @@ def raw_fast_summary(doc: dict[str, Any]) -> list[str]:
                 if r["backend"] == b
             )
             parts.append(f"{b}: {systems}")
-        lines.append("Store writes per workflow run (32 at once): " + "; ".join(parts) + ".")
+        lines.append(
+            "Store writes per workflow run (32 at once): "
+            + "; ".join(parts)
+            + "."
+            + _limit_summary(doc)
+        )
     return lines
+
+
+def _limit_summary(doc: dict[str, Any]) -> str:
+    """siglo's runs/s at 32 runs as a share of the raw write limit per run, per backend,
+    and its ratios to the other systems, for the raw-fast section's writes line (empty
+    for a run made before the limit was measured)."""
+    from benchmarks.write_limit import add_limit_ratios
+
+    add_limit_ratios(doc)
+    shares = [
+        x for x in doc["e2e_limit_ratios"] if x["system"] == "siglo" and x["concurrency"] == 32
+    ]
+    if not shares:
+        return ""
+    parts = []
+    for x in shares:
+        versus = "".join(
+            f", {e['ratio']:.2f} ({e['ratio_min']:.2f}–{e['ratio_max']:.2f})x {e['vs']}"
+            for e in doc.get("e2e_ratios", [])
+            if e["backend"] == x["backend"] and e["concurrency"] == 32
+        )
+        parts.append(f"{x['backend']} {ratio_text(x)}{versus}")
+    return (
+        " siglo's runs/s at 32 runs over the raw write limit per run (goal: 0.8, or 10x "
+        "DBOS and LangGraph): " + "; ".join(parts) + "."
+    )
+
+
+def backend_chart_name(backend: str) -> str:
+    """The file name of ``backend``'s chart (:func:`backend_chart`), beside results.md."""
+    return f"backend-{backend}.png"
+
+
+def backend_chart(doc: dict[str, Any], backend: str, path: Path) -> str | None:
+    """One backend's chart: every subject's ops/s (siglo, raw, raw-fast, LangGraph) per
+    workload cell, log scale, with siglo / raw-fast (else siglo / raw) written beside
+    each cell's bars as median (lowest round); a note if there is nothing to draw."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+    results = [r for r in doc["results"] if r["backend"] == backend and r["median"]]
+    if not results:
+        return f"no results on {backend} to chart"
+    names = list(dict.fromkeys(r["workload"] for r in results))
+    kinds = [k for k in _KIND_COLORS if any(r["kind"] == k for r in results)]
+    ratio_of = {
+        (x["workload"], x["vs"]): x for x in doc.get("ratios", []) if x["backend"] == backend
+    }
+    height = 0.8 / len(kinds)
+    fig, ax = plt.subplots(figsize=(7.5, 0.42 * len(names) * max(1, len(kinds) / 3) + 1.6))
+    top = max(r["median"] for r in results)
+    for j, kind in enumerate(kinds):
+        by_w = {r["workload"]: r["median"] for r in results if r["kind"] == kind}
+        ys = [i + j * height for i, w in enumerate(names) if w in by_w]
+        xs = [by_w[w] for w in names if w in by_w]
+        ax.barh(ys, xs, height=height, color=_KIND_COLORS[kind], label=kind)
+    for i, w in enumerate(names):
+        x = ratio_of.get((w, "raw-fast")) or ratio_of.get((w, "raw"))
+        if x is not None:
+            ax.text(
+                top * 1.6,
+                i + 0.4 - height / 2,
+                f"/{x['vs']} {x['ratio']:.2f} ({x['ratio_min']:.2f})",
+                va="center",
+                fontsize=7,
+                color="red" if x["ratio_min"] < 0.8 else "black",
+            )
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(right=top * 12)
+    ax.set_xlabel("ops/s, median of rounds (log); right: siglo / baseline, median (lowest)")
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    fig.suptitle(
+        f"{backend}: siglo / raw / raw-fast / LangGraph — {doc['meta']['started']}, "
+        f"{doc['meta']['machine']['cpu']}, {doc['meta']['machine']['cores']} cores",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def chart_backends(doc: dict[str, Any]) -> list[str]:
+    """The backends that get a chart of their own: the drivers' with a result."""
+    return [b for b in _backends(doc) if b in DRIVER_BACKENDS]

@@ -211,3 +211,14 @@ def test_the_postgres_write_sync_ab_runs_and_prints_every_way(
     asyncio.run(postgres_write_sync_ab.main(1))
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["pool", "sync each", "one sync"]
+
+
+def test_the_parts_ab_runs_every_cell_on_sqlite() -> None:
+    from benchmarks.experiments.parts_ab import CELLS, run
+
+    lines = asyncio.run(run("sqlite", 1, 4))
+    assert lines[0] == "sqlite: the 16k document is 16,387 bytes encoded"
+    assert len(lines) == 1 + len(CELLS)
+    for line in lines[1:]:
+        assert "parts " in line and "whole " in line and "raw-fast " in line, line
+        assert "whole / parts " in line, line

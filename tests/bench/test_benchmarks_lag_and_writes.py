@@ -97,6 +97,20 @@ def test_loop_lag_and_raw_fast_run_from_the_command_line(tmp_path: Path) -> None
     assert "### event-loop lag at 32 callers" in md
     assert "### compare-and-set: conflicts per successful update" in md
     assert "then the event-loop lag probes" in md
+    # Statements an operation, counted in untimed passes (benchmarks/statements.py): the
+    # raw-fast baseline's save is its one statement, its compare-and-set a load and a
+    # save (inline, its writers never conflict); the counts run on twins whose
+    # connections are traced from their opening, aiosqlite's (raw's) included.
+    per_op = {(r["kind"], r["workload"]): r["statements_per_op"] for r in doc["results"]}
+    assert per_op[("raw-fast", "save/1k/c1")] == per_op[("raw-fast", "save/1k/c32")] == 1.0
+    assert per_op[("raw-fast", "cas/1k/c8")] == 2.0
+    assert per_op[("raw", "save/1k/c1")] == 1.0
+    # siglo's: counted for every cell (its loads at 32 callers may share a statement).
+    assert all(v is not None and v > 0 for (k, _), v in per_op.items() if k == "siglo"), per_op
+    assert per_op[("siglo", "save/1k/c1")] >= 1.0
+    # … and a ratio carries both sides' figure, for the computed reason of a miss.
+    x = next(x for x in doc["ratios"] if (x["vs"], x["workload"]) == ("raw-fast", "save/1k/c1"))
+    assert x["statements"] == [per_op[("siglo", "save/1k/c1")], 1.0]
 
 
 def test_a_run_recorded_with_warm_up_conflicts_shows_no_conflict_table() -> None:

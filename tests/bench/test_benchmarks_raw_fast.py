@@ -190,3 +190,35 @@ async def test_raw_fast_sqlite_runs_its_statements_on_the_loop_thread(tmp_path: 
         assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         await s.close()
+
+
+async def test_statements_an_operation_are_counted_at_the_driver(tmp_path: Path) -> None:
+    """benchmarks/statements.py: the raw-fast baselines send one statement (Redis: one
+    command) a save and two a compare-and-set without contention, on every server."""
+    from benchmarks.statements import SqliteConnections, statements_per_op
+
+    conns = SqliteConnections()
+    for backend in ("sqlite", "redis", "postgres"):
+        with conns.tracking():
+            s = _make("raw-fast", backend, tmp_path)
+            conns.armed = True  # its connections traced from their opening
+            try:
+                await s.open()
+            except _unreachable() as exc:
+                pytest.skip(f"{backend} not reachable: {exc}")
+            try:
+                for name, calls, want in (("save", 4, 1.0), ("cas", 1, 2.0), ("load", 4, 1.0)):
+                    got = await statements_per_op(
+                        s,
+                        Workload(name, "1k", calls, calls),
+                        backend,
+                        sqlite_conns=conns,
+                        redis_url=REDIS_URL,
+                    )
+                    if (backend, name) == ("postgres", "load"):
+                        # Callers' loads of one tick share one batched statement.
+                        assert got is not None and 0 < got <= 1.0, got
+                    else:
+                        assert got == want, (backend, name, got)
+            finally:
+                await s.close()
