@@ -105,8 +105,13 @@ def test_loop_lag_and_raw_fast_run_from_the_command_line(tmp_path: Path) -> None
     assert per_op[("raw-fast", "save/1k/c1")] == per_op[("raw-fast", "save/1k/c32")] == 1.0
     assert per_op[("raw-fast", "cas/1k/c8")] == 2.0
     assert per_op[("raw", "save/1k/c1")] == 1.0
-    # siglo's: counted for every cell (its loads at 32 callers may share a statement).
-    assert all(v is not None and v > 0 for (k, _), v in per_op.items() if k == "siglo"), per_op
+    # siglo's: counted for every cell; one caller's operations each send at least one.
+    # At 8 or 32 callers loads share statements (coalesced reads) and writes share
+    # transactions (group commit), so the difference between the two passes, which is
+    # what is counted, can come out 0 when the machine's load coalesces them alike.
+    siglo = sorted((w, v) for (k, w), v in per_op.items() if k == "siglo")
+    assert all(v is not None and v >= 0 for _, v in siglo), siglo
+    assert all(v is not None and v >= 1 for w, v in siglo if w.endswith("/c1")), siglo
     assert per_op[("siglo", "save/1k/c1")] >= 1.0
     # … and a ratio carries both sides' figure, for the computed reason of a miss.
     x = next(x for x in doc["ratios"] if (x["vs"], x["workload"]) == ("raw-fast", "save/1k/c1"))
@@ -200,7 +205,9 @@ async def test_psycopg_writes_are_counted() -> None:
                 await cur.executemany("INSERT INTO w VALUES (%s, 0)", [(2,), (3,), (4,)])
             counter.enabled = False
             await conn.execute("DELETE FROM w")
-    assert counter.snapshot() == (5, 0)
+    # Five writing statements; three write transactions: each autocommit statement is
+    # one, and executemany's three inserts share the one Sync of its pipeline.
+    assert counter.snapshot() == (5, 3)
     assert "method" not in psycopg.AsyncCursor.execute.__qualname__  # restored
 
 
