@@ -1,7 +1,9 @@
 """The instruction-count measurement of siglo[otel]'s cost runs (docs/observability.md,
 "What it costs"): ``python -m benchmarks.otel_callgrind`` with a tiny count. No ratio is
-asserted — the figures are the docs' — only that each condition was counted, on both
-sides of the marks, and that a second run of a cell counts the same."""
+asserted — the figures are the docs' — only that a condition was counted under valgrind,
+on both sides of the marks, and that a second run of a cell counts the same; that the
+measured child runs each condition (absent, api, sdk) is checked without valgrind, which
+costs a Python process 15-30 s a run."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# Four Python processes under valgrind: about a minute on an idle 2-core machine, four
-# under the load of a whole suite beside other work.
+# Two Python processes under valgrind (one condition, run twice): about half a minute on
+# an idle 2-core machine, two under the load of a whole suite beside other work.
 @pytest.mark.timeout(900)
 def test_the_callgrind_measurement_runs_and_repeats() -> None:
     if shutil.which("valgrind") is None:
@@ -30,7 +32,7 @@ def test_the_callgrind_measurement_runs_and_repeats() -> None:
             "--backends",
             "memory",
             "--conditions",
-            "absent,api",
+            "api",
             "--ops",
             "3",
             "--warmup",
@@ -45,21 +47,19 @@ def test_the_callgrind_measurement_runs_and_repeats() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = re.findall(
-        r"^\| memory \| (save|load) 1 KB \| (absent|api) \| ([\d,]+), ([\d,]+) \| ([\d.]+) \|$",
+        r"^\| memory \| (save|load) 1 KB \| (absent|api) \| ([\d,]+), ([\d,]+) \| (–) \|$",
         proc.stdout,
         re.MULTILINE,
     )
     assert {(op, condition) for op, condition, *_ in rows} == {
-        ("save", "absent"),
         ("save", "api"),
-        ("load", "absent"),
         ("load", "api"),
     }, proc.stdout
     for _, _, first, second, ratio in rows:
         one, two = int(first.replace(",", "")), int(second.replace(",", ""))
         assert one > 1_000  # a save or a load of 1 KB through siglo, not an empty stretch
         assert abs(one - two) <= one // 100, (first, second)  # counts, not timings
-        assert float(ratio) > 0
+        assert ratio == "–"  # no "absent" run in this one to divide by
 
 
 @pytest.mark.parametrize("condition", ["absent", "api", "sdk"])
