@@ -74,7 +74,11 @@ class _CachingSaves:
         return [change]
 
     def entry(self, name: str, value: Any, ttl_ms: int | None) -> CacheEntry:
-        return CacheEntry(self.ctx.id(name), value, ttl_ms, self.ns)
+        # Keys of their own in the namespaced pass: an entry the pass without a
+        # namespace stored (for 10 minutes) must not answer the namespaced pass's check
+        # that its entries are not found without the namespace.
+        key = self.ctx.id(name if self.ns is None else f"{name}-ns")
+        return CacheEntry(key, value, ttl_ms, self.ns)
 
     async def caching(
         self, revision: int, expected: int | None, entry: CacheEntry, *, unlock: bool = False
@@ -107,8 +111,10 @@ class _CachingSaves:
 
     async def run(self) -> None:
         short = self.ctx.short_ttl_ms()
-        # Accepted: the checkpoint, the change and the entry (a short TTL) all stored.
-        first = self.entry("first", {"v": 1}, short)
+        # Accepted: the checkpoint, the change and the entry all stored. (A long TTL: on
+        # a backend without an injectable clock a short one may lapse before the read on
+        # a loaded machine; the short TTL is checked below, right before time passes.)
+        first = self.entry("first", {"v": 1}, 600_000)
         try:
             await self.caching(1, 0, first)
         except CheckpointConflictError as exc:
@@ -160,11 +166,14 @@ class _CachingSaves:
                 _RULE,
                 f"an entry cached in namespace {self.ns!r} read {elsewhere!r} without one",
             )
-        # The TTL is the entry's: past it the first entry is gone, the others stay.
+        # The TTL is the entry's: an accepted save's entry with a short one is gone past
+        # it, the others stay.
+        brief = self.entry("brief", {"v": 2}, short)
+        await self.caching(3, 2, brief)
         await self.ctx.pass_time(short)
-        got = await self.cached(first)
+        got = await self.cached(brief)
         expect(got is MISSING, _RULE, f"an entry past its ttl_ms ({short} ms) read {got!r}")
-        for entry, want in ((refused, 0), (default, [None])):
+        for entry, want in ((first, {"v": 1}), (refused, 0), (default, [None])):
             got = await self.cached(entry)
             expect(_same(got, want), _RULE, f"an entry within its TTL read {got!r}, not {want!r}")
         await self.unlocking()
@@ -176,7 +185,7 @@ class _CachingSaves:
         last = self.entry("last", {"v": "last"}, 600_000)
 
         async def action() -> None:
-            await self.caching(3, 2, last, unlock=True)
+            await self.caching(4, 3, last, unlock=True)
 
         await self.a.with_workflow_lock(self.stack, action, namespace=self.ns)
 
@@ -192,6 +201,6 @@ class _CachingSaves:
             )
         except (LockNotAcquiredError, TimeoutError):
             fail(_RULE, f"the lock was still held {ENTER_WITHIN_MS} ms after an unlocking one")
-        expect(got == 3, _RULE, f"the next holder read revision {got} after an unlocking one")
+        expect(got == 4, _RULE, f"the next holder read revision {got} after an unlocking one")
         got = await self.cached(last)
         expect(_same(got, {"v": "last"}), _RULE, f"an unlocking caching save's entry: {got!r}")
