@@ -88,6 +88,7 @@ async def test_operations_through_one_server_connection(bouncer: PgBouncer) -> N
             assert await backend.adapter.get_wait_record("k") is None
 
 
+@pytest.mark.contract_sweep
 def test_siglo_check_passes_through_pgbouncer(bouncer: PgBouncer, tmp_path: Path) -> None:
     run_siglo_check(bouncer.url() + "?pgbouncer=transaction", tmp_path)
 

@@ -129,6 +129,7 @@ async def test_isolated_cleans_every_master(cluster_url: str) -> None:
 
 
 @pytest.mark.rule("capability.declared")
+@pytest.mark.contract_sweep
 def test_siglo_check_passes_on_the_cluster(cluster_url: str, tmp_path: Path) -> None:
     """Issue 4: `siglo check` against the loopback cluster passes every rule."""
     run_siglo_check(cluster_url, tmp_path)

@@ -84,6 +84,7 @@ async def test_siglo_connect_reaches_the_master(group: SentinelGroup) -> None:
         assert info["tcp_port"] == group.master.port
 
 
+@pytest.mark.contract_sweep
 def test_siglo_check_passes_against_the_sentinel_url(group: SentinelGroup, tmp_path: Path) -> None:
     run_siglo_check(group.url, tmp_path)
 
