@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -19,8 +20,10 @@ from benchmarks.instructions import Row, render, render_json, table
 ROOT = Path(__file__).resolve().parents[2]
 
 needs_valgrind = pytest.mark.skipif(
-    shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None,
-    reason="valgrind (callgrind) is not installed",
+    shutil.which("valgrind") is None
+    or shutil.which("callgrind_annotate") is None
+    or os.environ.get("SIGLO_TEST_CALLGRIND", "") in ("", "0"),
+    reason="under valgrind (~50 s): SIGLO_TEST_CALLGRIND=1 runs it (docs/testing.md)",
 )
 
 
