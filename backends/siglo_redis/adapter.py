@@ -253,13 +253,7 @@ class RedisStorageAdapter(StorageAdapter):
         if outcome == 2:
             await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
             return
-        stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
-        raise CheckpointConflictError(
-            checkpoint.stack_id,
-            None if stored < 0 else stored,
-            expected_revision,
-            checkpoint.revision,
-        )
+        raise _conflict(checkpoint, expected_revision, outcome)
 
     # -- a step's writes in one script -------------------------------------------------
 
@@ -417,13 +411,7 @@ class RedisStorageAdapter(StorageAdapter):
             release.released = True
         if outcome == 1:
             return
-        stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
-        raise CheckpointConflictError(
-            checkpoint.stack_id,
-            None if stored < 0 else stored,
-            expected_revision,
-            checkpoint.revision,
-        )
+        raise _conflict(checkpoint, expected_revision, outcome)
 
     async def _save_incrementally(
         self, checkpoint: Checkpoint, expected_revision: int | None
@@ -479,13 +467,7 @@ class RedisStorageAdapter(StorageAdapter):
                 f"checkpoint of stack {checkpoint.stack_id!r}: the parts hash lost a body "
                 "the save did not send"
             )
-        stored = -2 - outcome  # the script's conflict reply: -2 - stored (-1: none)
-        raise CheckpointConflictError(
-            checkpoint.stack_id,
-            None if stored < 0 else stored,
-            expected_revision,
-            checkpoint.revision,
-        )
+        raise _conflict(checkpoint, expected_revision, outcome)
 
     def _remember(self, key: str, digests: frozenset[bytes]) -> None:
         """Note the context digests the parts hash of ``key`` holds now (a few thousand
@@ -1060,3 +1042,14 @@ def _revision_of(document: bytes | None) -> int | None:
     if checkpoint.expires_at is not None and now_ms() >= checkpoint.expires_at:
         return None
     return checkpoint.revision
+
+
+def _conflict(
+    checkpoint: Checkpoint, expected_revision: int | None, outcome: int
+) -> CheckpointConflictError:
+    """The error of a compare-and-set script's conflict reply, ``-2 - stored`` (``-1``:
+    nothing stored)."""
+    stored = -2 - outcome
+    return CheckpointConflictError(
+        checkpoint.stack_id, None if stored < 0 else stored, expected_revision, checkpoint.revision
+    )
