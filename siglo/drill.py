@@ -321,6 +321,7 @@ class Drill:
         self._last_failure_end = -1.0
         self._first_success_after_last_failure: float | None = None
         self._worker_failure: dict[int, float] = {}
+        self._worker_error: dict[int, str] = {}
         self._worker_success: dict[int, float] = {}
 
     # -- time -----------------------------------------------------------------------------
@@ -331,13 +332,18 @@ class Drill:
     def recovered(self, since: float | None = None) -> bool:
         """Whether every worker has succeeded since its last failure (and, with
         ``since``, since that moment, in seconds since the drill began)."""
+        return not self.stragglers(since)
+
+    def stragglers(self, since: float | None = None) -> dict[int, str]:
+        """The workers :meth:`recovered` waits for, each with its last failure (or
+        ``"no call has ended yet"``)."""
+        late = {}
         for worker in range(self.workers):
             success = self._worker_success.get(worker)
-            if success is None or success < self._worker_failure.get(worker, -1.0):
-                return False
-            if since is not None and success < since:
-                return False
-        return True
+            failure = self._worker_failure.get(worker, -1.0)
+            if success is None or success < failure or (since is not None and success < since):
+                late[worker] = self._worker_error.get(worker, "no call has ended yet")
+        return late
 
     @property
     def elapsed_s(self) -> float:
@@ -421,6 +427,7 @@ class Drill:
             report.sample_failures.append(f"{kind}: {str(exc)[:300]}")
         self._failures.append((began, ended))
         self._worker_failure[worker] = ended
+        self._worker_error[worker] = f"{kind} at {ended:.2f} s: {str(exc)[:300]}"
         if ended > self._last_failure_end:
             self._last_failure_end = ended
             self._first_success_after_last_failure = None

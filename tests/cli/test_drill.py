@@ -151,3 +151,48 @@ def test_siglo_is_importable_without_running_a_drill() -> None:
 
     assert siglo.drill.KINDS == ("save", "lock", "wait", "idempotency", "nonce")
     assert siglo.OutcomeUnknownError.__mro__[1] is siglo.StorageAdapterError
+
+
+async def test_a_drill_names_the_workers_a_dead_server_left_behind() -> None:
+    """While the store is down every worker is a straggler, named with its last error
+    (what a failover test prints when recovery does not come); once it is back, none."""
+    from _redis_helpers import RedisServer
+    from ports import free_ports as spare_ports
+
+    import siglo
+    from siglo.drill import Drill
+
+    server = RedisServer(spare_ports(30010, 30100)[0]).start()
+    try:
+        async with siglo.connect(server.url + "?command_timeout_ms=500") as backend:
+            drill = Drill(backend, rate=200, workers=4)
+            stop = asyncio.Event()
+            run = asyncio.create_task(drill.run(stop))
+            try:
+                await asyncio.sleep(0.3)
+                assert drill.recovered() and drill.stragglers() == {}
+                server.kill()
+                killed_at = drill.elapsed_s
+                deadline = time.monotonic() + 5
+                late = drill.stragglers(since=killed_at)
+                while time.monotonic() < deadline and not (
+                    len(late) == 4 and all("redis" in error for error in late.values())
+                ):
+                    await asyncio.sleep(0.05)
+                    late = drill.stragglers(since=killed_at)
+                assert sorted(late) == [0, 1, 2, 3], late
+                assert all("redis" in error and " at " in error for error in late.values()), late
+                server.start()
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    if not drill.stragglers(since=killed_at):
+                        break
+                    await asyncio.sleep(0.05)
+                assert drill.stragglers(since=killed_at) == {}
+            finally:
+                stop.set()
+                if server.process is None or server.process.poll() is not None:
+                    server.start()  # for the drill's sweep and cleanup
+                await run
+    finally:
+        server.kill()

@@ -30,8 +30,10 @@ async def run_through_failover(
     after_s: float = 1.0,
     limit_s: float = 60.0,
     setting: str | None = None,
+    describe: Callable[[], str] | None = None,
 ) -> DrillReport:
-    """Drill through ``fault()`` until every worker has recovered for ``after_s``."""
+    """Drill through ``fault()`` until every worker has recovered for ``after_s``;
+    ``describe()`` says, should they not, what the topology looked like then."""
     drill = Drill(
         backend,
         rate=rate,
@@ -54,6 +56,12 @@ async def run_through_failover(
             await asyncio.sleep(0.05)
     finally:
         stop.set()
+    late = describe is not None and not drill.recovered(since=fault_at)
+    topology = await asyncio.to_thread(describe) if late and describe else ""
     report = await run
-    assert drill.recovered(since=fault_at), f"not every worker recovered: {report.sample_failures}"
+    stragglers = drill.stragglers(since=fault_at)
+    assert not stragglers, (
+        f"not every worker recovered in {limit_s} s (fault at {fault_at:.2f} s): "
+        f"{stragglers}; first failures {report.sample_failures}\n{topology}"
+    )
     return report

@@ -359,10 +359,15 @@ async def test_wait_replicas_confirms_each_write_on_its_own_shard(
     prefix = f"siglo-wait-{uuid.uuid4().hex[:8]}:"
     keys = KeySpace(prefix)
     url = f"redis://127.0.0.1:{cluster[0].port}/0?cluster=true&prefix={prefix}"
-    async with connect(url + "&wait_replicas=1&wait_timeout_ms=300") as backend:
+    # The writes that must be confirmed get seconds (a busy machine can hold a replica's
+    # acknowledgement past 300 ms); the ones that must not be, 300 ms.
+    async with (
+        connect(url + "&wait_replicas=1&wait_timeout_ms=300") as backend,
+        connect(url + "&wait_replicas=1&wait_timeout_ms=5000") as confirming,
+    ):
         stacks = [f"stack-{i}" for i in range(32)]
         for stack in stacks:  # every shard confirms
-            await backend.adapter.save_checkpoint(
+            await confirming.adapter.save_checkpoint(
                 Checkpoint(stack_id=stack, revision=1, timestamp=1)
             )
         stalled = stacks[0]
@@ -380,7 +385,7 @@ async def test_wait_replicas_confirms_each_write_on_its_own_shard(
                     Checkpoint(stack_id=stalled, revision=2, timestamp=1), expected_revision=1
                 )
             assert time.monotonic() - started < 2
-            await backend.adapter.save_checkpoint(
+            await confirming.adapter.save_checkpoint(
                 Checkpoint(stack_id=elsewhere, revision=2, timestamp=1), expected_revision=1
             )
             assert backend.lock is not None
@@ -390,11 +395,10 @@ async def test_wait_replicas_confirms_each_write_on_its_own_shard(
         finally:
             _server(cluster, replica.port).resume()
         # Applied on the master all the same: not acknowledged is not "not written".
-        stored = await backend.adapter.get_checkpoint(stalled)
+        stored = await confirming.adapter.get_checkpoint(stalled)
         assert stored is not None and stored.revision == 2
-        await backend.adapter.delete_checkpoint(stalled)
         for stack in stacks:
-            await backend.adapter.delete_checkpoint(stack)
+            await confirming.adapter.delete_checkpoint(stack)
 
 
 async def test_reinitialize_steps_in_the_url_follows_moved_slots(
@@ -446,21 +450,48 @@ async def test_master_killed_with_wait_loses_nothing_acknowledged(
         "&command_timeout_ms=3000"
     )
 
+    restarted: list[str] = []  # what became of the old master, for the failure message
+
+    async def restart_once_replaced() -> None:
+        # Off the loop (redis-cli and the start wait block), and patient: a busy machine
+        # can make one look slow, and a victim never restarted leaves its promoted
+        # replica without the replica that wait_replicas=1 needs.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                nodes = await asyncio.to_thread(cluster_nodes, seed)
+            except subprocess.SubprocessError as exc:
+                restarted.append(f"cluster nodes: {exc!r}")
+                nodes = []
+            if any(n.master and n.port == replica.port for n in nodes):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            restarted.append("the replica was not promoted in 60 s; restarting anyway")
+        await asyncio.to_thread(_server(cluster, victim.port).start)
+        restarted.append(f"restarted at {time.monotonic():.2f}")
+
+    restart: asyncio.Task[None] | None = None
+
     async def kill_and_restart() -> None:
+        nonlocal restart
         _server(cluster, victim.port).kill()
+        restart = asyncio.get_running_loop().create_task(restart_once_replaced())
 
-        async def later() -> None:
-            deadline = time.monotonic() + 60
-            while not any(n.master and n.port == replica.port for n in cluster_nodes(seed)):
-                if time.monotonic() > deadline:
-                    return
-                await asyncio.sleep(0.1)
-            await asyncio.to_thread(_server(cluster, victim.port).start)
-
-        asyncio.get_running_loop().create_task(later())
+    def describe() -> str:
+        return (
+            f"victim {victim.port}, replica {replica.port}, restart: {restarted or 'pending'}"
+            f"\n{redis_cli(seed, 'cluster', 'nodes')}"
+        )
 
     async with connect(url) as backend:
-        report = await run_through_failover(backend, kill_and_restart, limit_s=60)
+        try:
+            report = await run_through_failover(
+                backend, kill_and_restart, limit_s=60, describe=describe
+            )
+        finally:
+            if restart is not None:
+                await restart  # its failure, if any, is the test's
         print(report.line("redis cluster, wait_replicas=1, a master killed"))
         for violation in report.violations[:10]:
             print("  ", violation)
