@@ -280,10 +280,11 @@ class StorageManager:
                 "caller resumed or restored the same id): save the stack object itself, "
                 "with `await stack.save(...)` or `manager.save(stack, ...)`"
             )
-        try:
-            return self._stacks[stack_id]
-        except KeyError:
-            raise UnknownStackError(f"no live stack with id {stack_id!r}") from None
+        if not live:
+            raise UnknownStackError(f"no live stack with id {stack_id!r}")
+        # The one a caller still holds, which need not be the latest: another caller
+        # may have discarded that one since.
+        return live[0]
 
     def _stack(self, stack: str | ExecutionStack) -> ExecutionStack:
         """``stack`` itself (it must be one of this manager's), or the one live stack of

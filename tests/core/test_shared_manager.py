@@ -31,23 +31,45 @@ def _add(stack: Any, marker: str) -> None:
     stack.set("log", "markers", [*done, marker])
 
 
-async def _request_async(
-    manager: siglo.StorageManager, marker: str, by_id: bool, acked: list[str]
-) -> None:
+async def _request_async(manager: siglo.StorageManager, marker: str, acked: list[str]) -> None:
     for _ in range(50):
         stack = await manager.resume(STACK, namespace=NS)
         assert stack is not None
         _add(stack, marker)
         await asyncio.sleep(0)  # let the other requests interleave here
         try:
-            if by_id:
-                await manager.save_checkpoint(STACK, expected_revision=stack.revision)
-            else:
-                await stack.save(expected_revision=stack.revision)
-        except (CheckpointConflictError, AmbiguousStackError):
+            await stack.save(expected_revision=stack.revision)
+        except CheckpointConflictError:
             continue
         acked.append(marker)
         return
+
+
+async def _request_async_by_id(
+    manager: siglo.StorageManager,
+    marker: str,
+    winner: bool,
+    outcomes: dict[str, str],
+    steps: asyncio.Barrier,
+) -> None:
+    """As :func:`_request_thread_by_id`, a task per request."""
+    stack = await manager.resume(STACK, namespace=NS)
+    assert stack is not None
+    _add(stack, marker)
+    await steps.wait()  # every request holds a live stack of the id
+    try:
+        await manager.save_checkpoint(STACK, expected_revision=stack.revision)
+        outcomes[marker] = "saved while others held the id"
+    except AmbiguousStackError:
+        outcomes[marker] = "refused"
+    await steps.wait()
+    if not winner:
+        manager.discard_stack(stack)  # the request ends
+    await steps.wait()  # only the winner holds one now
+    if winner:
+        await manager.save_checkpoint(STACK, expected_revision=stack.revision)
+        outcomes[marker] += ", then saved"
+        manager.discard_stack(stack)
 
 
 def _stored_markers(checkpoint: siglo.Checkpoint | None) -> set[str]:
@@ -65,25 +87,23 @@ async def test_sixteen_tasks_share_one_manager(kind: str, by_id: bool) -> None:
         manager.discard_stack(first)
         del first
         acked: list[str] = []
+        outcomes: dict[str, str] = {}
         for round_ in range(ROUNDS):
+            markers = [f"r{round_}-t{i}" for i in range(REQUESTS)]
+            steps = asyncio.Barrier(REQUESTS)
             await asyncio.gather(
-                *(_request_async(manager, f"r{round_}-t{i}", by_id, acked) for i in range(REQUESTS))
+                *(
+                    _request_async_by_id(manager, marker, i == round_, outcomes, steps)
+                    if by_id
+                    else _request_async(manager, marker, acked)
+                    for i, marker in enumerate(markers)
+                )
             )
-        stored = _stored_markers(await backend.adapter.get_checkpoint(STACK, NS))
-        lost = sorted(set(acked) - stored)
-        assert not lost, f"{len(lost)} acknowledged saves are not stored: {lost}"
-        if not by_id:
-            # Through the stack object nothing is refused but a lost compare-and-set,
-            # which each request retried: every change is stored.
-            assert len(acked) == REQUESTS * ROUNDS
+        _check(by_id, acked, outcomes, await backend.adapter.get_checkpoint(STACK, NS))
 
 
 def _request_thread(
-    manager: sync.StorageManager,
-    marker: str,
-    by_id: bool,
-    acked: list[str],
-    start: threading.Barrier,
+    manager: sync.StorageManager, marker: str, acked: list[str], start: threading.Barrier
 ) -> None:
     start.wait()
     for _ in range(200):
@@ -91,14 +111,41 @@ def _request_thread(
         assert stack is not None
         _add(stack, marker)
         try:
-            if by_id:
-                manager.save_checkpoint(STACK, expected_revision=stack.revision)
-            else:
-                stack.save(expected_revision=stack.revision)
-        except (CheckpointConflictError, AmbiguousStackError):
+            stack.save(expected_revision=stack.revision)
+        except CheckpointConflictError:
             continue
         acked.append(marker)
         return
+
+
+def _request_thread_by_id(
+    manager: sync.StorageManager,
+    marker: str,
+    winner: bool,
+    outcomes: dict[str, str],
+    steps: threading.Barrier,
+) -> None:
+    """Every request resumes the id and tries ``save_checkpoint(id)`` while all hold
+    one: each is refused. Then all but the winner end (discard their stack), and the
+    winner's id-based save stores its own stack."""
+    steps.wait()
+    stack = manager.resume(STACK, namespace=NS)
+    assert stack is not None
+    _add(stack, marker)
+    steps.wait()  # every request holds a live stack of the id
+    try:
+        manager.save_checkpoint(STACK, expected_revision=stack.revision)
+        outcomes[marker] = "saved while others held the id"
+    except AmbiguousStackError:
+        outcomes[marker] = "refused"
+    steps.wait()
+    if not winner:
+        manager.discard_stack(stack)  # the request ends
+    steps.wait()  # only the winner holds one now
+    if winner:
+        manager.save_checkpoint(STACK, expected_revision=stack.revision)
+        outcomes[marker] += ", then saved"
+        manager.discard_stack(stack)  # the request ends
 
 
 @pytest.mark.parametrize("by_id", [False, True], ids=["stack.save", "save_checkpoint-by-id"])
@@ -114,15 +161,22 @@ async def test_sixteen_threads_share_one_sync_manager(kind: str, by_id: bool) ->
             manager.discard_stack(first)
             del first
             acked: list[str] = []
+            outcomes: dict[str, str] = {}
 
             def run_round(round_: int) -> None:
-                start = threading.Barrier(REQUESTS)
+                markers = [f"r{round_}-t{i}" for i in range(REQUESTS)]
+                steps = threading.Barrier(REQUESTS)
                 threads = [
                     threading.Thread(
-                        target=_request_thread,
-                        args=(manager, f"r{round_}-t{i}", by_id, acked, start),
+                        target=_request_thread_by_id,
+                        args=(manager, marker, i == round_, outcomes, steps),
                     )
-                    for i in range(REQUESTS)
+                    if by_id
+                    else threading.Thread(
+                        target=_request_thread,
+                        args=(manager, marker, acked, steps),
+                    )
+                    for i, marker in enumerate(markers)
                 ]
                 for t in threads:
                     t.start()
@@ -131,8 +185,26 @@ async def test_sixteen_threads_share_one_sync_manager(kind: str, by_id: bool) ->
 
             for round_ in range(ROUNDS):
                 await asyncio.to_thread(run_round, round_)
-        stored = _stored_markers(await backend.adapter.get_checkpoint(STACK, NS))
-        lost = sorted(set(acked) - stored)
+        _check(by_id, acked, outcomes, await backend.adapter.get_checkpoint(STACK, NS))
+
+
+def _check(
+    by_id: bool, acked: list[str], outcomes: dict[str, str], stored: siglo.Checkpoint | None
+) -> None:
+    markers = _stored_markers(stored)
+    if by_id:
+        # While every request held the id, each id-based save was refused; then each
+        # round's winner, alone, saved its own stack, and no other request's.
+        winners = {f"r{r}-t{r}" for r in range(ROUNDS)}
+        assert outcomes == {
+            f"r{r}-t{i}": "refused, then saved" if f"r{r}-t{i}" in winners else "refused"
+            for r in range(ROUNDS)
+            for i in range(REQUESTS)
+        }
+        assert markers == winners
+    else:
+        # Through the stack object nothing is refused but a lost compare-and-set, which
+        # each request retried: every change is acknowledged and stored.
+        lost = sorted(set(acked) - markers)
         assert not lost, f"{len(lost)} acknowledged saves are not stored: {lost}"
-        if not by_id:
-            assert len(acked) == REQUESTS * ROUNDS
+        assert len(acked) == REQUESTS * ROUNDS
