@@ -113,6 +113,21 @@ def sync_pair() -> Iterator[PostgresPair]:
         pair.stop()
 
 
+def _client_connections(port: int) -> int:
+    """Client sessions on the server at ``port``, this query's own left out."""
+    query = (
+        "select count(*) from pg_stat_activity "
+        "where backend_type = 'client backend' and pid <> pg_backend_pid()"
+    )
+    out = subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-Atc", query],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout
+    return int(out.strip() or 0)
+
+
 def test_a_drill_through_a_real_failover_stopped_with_sigterm(sync_pair: PostgresPair) -> None:
     url = sync_pair.url + "&command_timeout_ms=2000&pool_timeout_ms=3000&connect_timeout_ms=2000"
     env = {**os.environ, "SIGLO_DEBUG": "1"}
@@ -123,7 +138,13 @@ def test_a_drill_through_a_real_failover_stopped_with_sigterm(sync_pair: Postgre
         env=env,
     )
     try:
-        time.sleep(2.5)  # connected and drilling
+        # Connected (a busy machine can take seconds to start Python), then drilling.
+        deadline = time.monotonic() + 30
+        while _client_connections(sync_pair.primary.port) == 0:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the drill did not connect in 30 s"
+            time.sleep(0.1)
+        time.sleep(1.5)
         assert process.poll() is None, process.communicate()
         sync_pair.primary.kill()
         sync_pair.promote()
