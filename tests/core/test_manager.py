@@ -432,3 +432,19 @@ def test_manager_without_adapter_still_snapshots() -> None:
     manager.create_stack("s")
     assert manager.checkpoint("s").revision == 1
     assert asyncio.run(manager.load_checkpoint("s")) is None
+
+
+async def test_the_manager_keeps_each_ids_latest_stack_until_discarded(
+    manager: StorageManager,
+) -> None:
+    """docs/configuration.md, "One manager, many requests": a long-lived manager holds
+    the latest stack of every id it served, and a handler's discard lets it go."""
+    for i in range(20):
+        await manager.create_stack(f"kept-{i}").save()
+    assert len(manager.stacks) == 20
+    for i in range(20):
+        stack = await manager.resume(f"kept-{i}")
+        assert stack is not None
+        manager.discard_stack(stack)
+    # Each resume replaced the id's latest, and discarding it left nothing behind.
+    assert manager.stacks == {}
