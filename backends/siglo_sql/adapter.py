@@ -755,8 +755,9 @@ class SqlStorageAdapter(StorageAdapter):
             kept, missing = self._bodies.partial(key, parts)
             if missing and len(missing) <= _PER_STATEMENT:
                 # Another writer changed some contexts since: their bodies alone are
-                # read (rows of checkpoint_parts never change; one a later save dropped
-                # is missing, and the row and its bodies are read together below).
+                # read (a row of checkpoint_parts holds the body its digest names; one a
+                # later save dropped is missing, and the row and its bodies are read
+                # together below).
                 params: dict[str, Any] = {"id": key}
                 params.update((f"gone{i}", d) for i, d in enumerate(missing))
                 read = await self.database.read(self._template("parts_some", len(missing)), params)
