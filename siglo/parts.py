@@ -17,7 +17,7 @@ unescaped quote, so the first ``"contexts":{}`` of a skeleton is its own.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from hashlib import sha256
 from typing import Final
 
@@ -93,6 +93,56 @@ class BodyCache:
             found[last[1]] = last[0]
         return found, [d for d in missing if d not in found]
 
+    def document(self, key: bytes, skeleton: bytes, parts: bytes) -> bytes | None:
+        """The document of row ``key`` stored as ``skeleton`` and ``parts`` when each
+        digest the list names is the one kept for its step (what :func:`assemble` makes
+        of :meth:`bodies`, in one pass over the list); ``None`` when one is not kept.
+
+        A load of a row this process saved or loaded last takes this path: it read the
+        row alone, and its bodies are the ones kept."""
+        at = _contexts_at(skeleton)
+        pieces: list[bytes] = [skeleton[:at]]
+        get = self._bodies.get
+        for step, digest in orjson.loads(parts):
+            slot = (key, step)
+            found = get(slot)
+            if found is None or found[1].hex() != digest:
+                return None
+            self._bodies.move_to_end(slot)
+            pieces += (orjson.dumps(step), b":", found[0], b",")
+        if len(pieces) > 1:
+            pieces.pop()  # the last comma
+        pieces.append(skeleton[at:])
+        return b"".join(pieces)
+
+    def assemble(
+        self, key: bytes, skeleton: bytes, parts: bytes, bodies: dict[bytes, bytes]
+    ) -> bytes | None:
+        """:func:`assemble`, keeping each body for its step as it goes (what :meth:`keep`
+        does after it, in the same pass over the parts list): a load that read the
+        bodies of row ``key``. ``None`` when a body the list names is missing (the
+        bodies kept until then are the stored ones all the same: a digest names its
+        body)."""
+        at = _contexts_at(skeleton)
+        pieces: list[bytes] = [skeleton[:at]]
+        slots = self._bodies
+        for step, digest_hex in orjson.loads(parts):
+            digest = bytes.fromhex(digest_hex)
+            body = bodies.get(digest)
+            if body is None:
+                return None
+            slot = (key, step)
+            found = slots.get(slot)
+            if found is not None and found[1] == digest:
+                slots.move_to_end(slot)
+            else:
+                self._put(slot, found, body, digest)
+            pieces += (orjson.dumps(step), b":", body, b",")
+        if len(pieces) > 1:
+            pieces.pop()  # the last comma
+        pieces.append(skeleton[at:])
+        return b"".join(pieces)
+
     def last(self, key: bytes, step: str) -> tuple[bytes, bytes] | None:
         """The body saved last for ``step`` of row ``key`` and its digest, if kept."""
         found = self._bodies.get((key, step))
@@ -163,6 +213,12 @@ class Split:
     """``[[step_id, digest_hex], …]`` in the contexts' order: the row's ``parts``."""
     bodies: dict[bytes, bytes]
     """Each distinct context's compact JSON by its digest."""
+    replaces: dict[bytes, bytes] = field(default_factory=dict, compare=False)
+    """For a changed context whose body is as long as the one kept for its step (the
+    :class:`BodyCache`'s, from the row's last save or load here), the new body's digest
+    and the old one's: a hint for the store, which may write the new body over the old
+    row in place (SQLite rewrites only the pages whose bytes changed). Not part of the
+    split's content: two splits of one checkpoint are equal whatever they hint."""
 
 
 def split(checkpoint: Checkpoint, key: bytes = b"", cache: BodyCache | None = None) -> Split:
@@ -176,15 +232,24 @@ def split(checkpoint: Checkpoint, key: bytes = b"", cache: BodyCache | None = No
     skeleton = checkpoint.replace(contexts={}).to_json()
     order: list[tuple[str, str]] = []
     bodies: dict[bytes, bytes] = {}
+    replaces: dict[bytes, bytes] = {}
     for step, context in checkpoint.contexts.items():
         body = orjson.dumps(context)
-        digest = body_digest(body) if cache is None else cache.digest(key, step, body)
+        if cache is None:
+            digest = body_digest(body)
+        else:
+            last = cache.last(key, step)
+            digest = cache.digest(key, step, body)
+            if last is not None and last[1] != digest and len(last[0]) == len(body):
+                replaces[digest] = last[1]
         bodies[digest] = body
         order.append((step, digest.hex()))
-    return Split(skeleton, orjson.dumps(order), bodies)
+    return Split(skeleton, orjson.dumps(order), bodies, replaces)
 
 
 _OPEN: Final = MARK[:-1]  # "contexts":{
+_COMMA: Final = ord(",")
+_CLOSE: Final = ord("}")
 
 
 def _split_encoded(checkpoint: Checkpoint, key: bytes, cache: BodyCache) -> Split | None:
@@ -205,46 +270,58 @@ def _split_encoded(checkpoint: Checkpoint, key: bytes, cache: BodyCache) -> Spli
         return None
     start += len(_OPEN)
     pos = start
+    size = len(data)
     order: list[tuple[str, str]] = []
     bodies: dict[bytes, bytes] = {}
+    replaces: dict[bytes, bytes] = {}
+    kept = cache.last
     for step, context in checkpoint.contexts.items():
         if order:
-            if data[pos : pos + 1] != b",":
+            if pos >= size or data[pos] != _COMMA:
                 return None
             pos += 1
-        name = orjson.dumps(step)
-        if not data.startswith(name, pos) or data[pos + len(name) : pos + len(name) + 1] != b":":
+        # The member's name with its colon, compared in one call.
+        name = orjson.dumps(step) + b":"
+        if not data.startswith(name, pos):
             return None
-        pos += len(name) + 1
-        last = cache.last(key, step)
-        if (
-            last is not None
-            and data.startswith(last[0], pos)
-            and data[pos + len(last[0]) : pos + len(last[0]) + 1] in (b",", b"}")
-        ):
-            body, digest = last
-        else:
-            body = orjson.dumps(context)
-            if not data.startswith(body, pos):
-                return None
-            digest = cache.digest(key, step, body)
+        pos += len(name)
+        last = kept(key, step)
+        if last is not None:
+            body = last[0]
+            end = pos + len(body)
+            if end < size and data[end] in (_COMMA, _CLOSE) and data.startswith(body, pos):
+                bodies[last[1]] = body
+                order.append((step, last[1].hex()))
+                pos = end
+                continue
+        body = orjson.dumps(context)
+        if not data.startswith(body, pos):
+            return None
+        digest = cache.digest(key, step, body)
+        if last is not None and len(last[0]) == len(body) and last[1] != digest:
+            replaces[digest] = last[1]
         pos += len(body)
         bodies[digest] = body
         order.append((step, digest.hex()))
-    if data[pos : pos + 1] != b"}":
+    if pos >= size or data[pos] != _CLOSE:
         return None
-    return Split(data[:start] + data[pos:], orjson.dumps(order), bodies)
+    return Split(data[:start] + data[pos:], orjson.dumps(order), bodies, replaces)
 
 
-def assemble(skeleton: bytes, parts: bytes, bodies: dict[bytes, bytes]) -> bytes | None:
-    """The whole document from its skeleton, parts list and bodies; ``None`` when a body
-    it names is missing (a save replaced it since the row was read: read again)."""
+def _contexts_at(skeleton: bytes) -> int:
+    """Where the contexts go in ``skeleton``: right after ``"contexts":{``."""
     at = skeleton.find(MARK)
     if at < 0:
         raise MalformedRecordError(
             "checkpoint", "contexts", "is missing from a document stored in parts"
         )
-    at += len(MARK) - 1
+    return at + len(MARK) - 1
+
+
+def assemble(skeleton: bytes, parts: bytes, bodies: dict[bytes, bytes]) -> bytes | None:
+    """The whole document from its skeleton, parts list and bodies; ``None`` when a body
+    it names is missing (a save replaced it since the row was read: read again)."""
+    at = _contexts_at(skeleton)
     # One join of every piece: the bodies are copied once (a 10 MB document's three
     # copies took longer than the read).
     pieces: list[bytes] = [skeleton[:at]]

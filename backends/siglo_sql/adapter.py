@@ -8,7 +8,7 @@ those of the memory backend, rule by rule of ``docs/contract.md``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from typing import Any, ClassVar
 
 from siglo import codec
@@ -227,18 +227,27 @@ class SqlStorageAdapter(StorageAdapter):
         release: Hold | None = None,
     ) -> None:
         if self._in_parts(checkpoint):
-            row, key = await self._row(checkpoint, expected_revision, self.clock.now_ms())
+            row, key = await self._row(
+                checkpoint, expected_revision, self.clock.now_ms(), tokens=False
+            )
             await self._save_in_parts(checkpoint, row, key, release)
             return
         await self._save_together(checkpoint, (), expected_revision, release, None)
 
     async def _row(
-        self, checkpoint: Checkpoint, expected_revision: int | None, now: int
+        self,
+        checkpoint: Checkpoint,
+        expected_revision: int | None,
+        now: int,
+        *,
+        tokens: bool = True,
     ) -> tuple[dict[str, Any], str]:
-        """A save's row and the name of its compare-and-set's statement."""
+        """A save's row and the name of its compare-and-set's statement; ``tokens``:
+        whether to make sure of the token triggers if the document holds tokens (a save
+        in parts looks in the skeleton it stores instead, :meth:`_save_in_parts`)."""
         row = checkpoint_row(checkpoint, self._retention(now), now)
         row["expected"] = expected_revision
-        if not self._token_triggers and holds_token_marker(row["document"]):
+        if tokens and not self._token_triggers and holds_token_marker(row["document"]):
             await self._need_token_triggers()
         if expected_revision is None:
             return row, "cp_save_forward"
@@ -324,8 +333,9 @@ class SqlStorageAdapter(StorageAdapter):
         the first save of this adapter whose document holds blind-index tokens.
 
         Every save path (plain, streamed, unlocking, in parts, ``siglo import``) comes
-        through :meth:`_do_save_checkpoint`, which asks when the document's bytes hold
-        the marker (a search of bytes it has anyway: :func:`holds_token_marker`). A
+        through :meth:`_do_save_checkpoint`, which asks when the bytes it stores in the
+        document column hold the marker (the document, or a save in parts' skeleton: a
+        search of bytes it has anyway, :func:`holds_token_marker`). A
         store that never held a token has no triggers, so its writes cost what they did
         before schema 7. Cancel rewrites a stored document with the same metadata: if
         it holds tokens, they were saved by one of these paths or by migration 7,
@@ -378,6 +388,10 @@ class SqlStorageAdapter(StorageAdapter):
         Refused (another writer, an unknown version, a conflict), the save is made as
         before, reading what is stored."""
         cut = split(checkpoint, row["id"], self._bodies)
+        # The token triggers read the document column, here the skeleton, which holds
+        # the metadata: the contexts' bytes (most of a large document) need no scan.
+        if not self._token_triggers and holds_token_marker(cut.skeleton):
+            await self._need_token_triggers()
         row["document"] = cut.skeleton
         row["parts"] = cut.parts
         key = row["id"]
@@ -471,7 +485,14 @@ class SqlStorageAdapter(StorageAdapter):
             if s.cp_parts_saves is not None:
                 # SQLite: the compare-and-set answers the digests stored (its RETURNING
                 # reads them in the write transaction, which no other writer can enter).
-                found = yield s.cp_parts_saves[save], row
+                # The short BLOBs as bytearray: sqlite3 binds one as the BLOB it binds
+                # for bytes, but looks for an adapter of bytes first, a failed attribute
+                # lookup that formats an AttributeError (0.5 us a parameter).
+                short = {"id": key, "document": cut.skeleton, "parts": cut.parts}
+                found = yield (
+                    s.cp_parts_saves[save],
+                    {**row, **{k: bytearray(v) for k, v in short.items()}},
+                )
                 stored_hex = found[0][0] if found else None
             else:
                 found = yield getattr(s, save), row
@@ -496,10 +517,13 @@ class SqlStorageAdapter(StorageAdapter):
                 read = yield s.parts_digests, {"id": key}
                 stored = {bytes(r[0]) for r in read if r[0] is not None}
                 version = read[0][1] if read else None
+            new = [d for d in cut.bodies if d not in stored]
+            gone = [d for d in stored if d not in cut.bodies]
+            if s.parts_replace is not None and cut.replaces and gone:
+                new, gone = yield from self._replace_parts(key, cut, new, gone)
             # One statement for the new bodies and one for the dropped ones (each a few
             # hundred at most): a statement each cost SQLite 5-7 us, PostgreSQL a round
             # trip.
-            new = [d for d in cut.bodies if d not in stored]
             for at in range(0, len(new), _PER_STATEMENT):
                 chunk = new[at : at + _PER_STATEMENT]
                 params: dict[str, Any] = {"id": key}
@@ -507,7 +531,6 @@ class SqlStorageAdapter(StorageAdapter):
                     params[f"digest{i}"] = digest
                     params[f"body{i}"] = cut.bodies[digest]
                 yield self._template("parts_insert", len(chunk)), params
-            gone = [d for d in stored if d not in cut.bodies]
             for at in range(0, len(gone), _PER_STATEMENT):
                 chunk = gone[at : at + _PER_STATEMENT]
                 params = {"id": key, **{f"gone{i}": d for i, d in enumerate(chunk)}}
@@ -517,6 +540,33 @@ class SqlStorageAdapter(StorageAdapter):
         if release is not None:
             lease = release.lease
             yield self.workflow_lock.release_statement(lease.key, lease.token)
+
+    def _replace_parts(
+        self, key: bytes, cut: Split, new: list[bytes], gone: list[bytes]
+    ) -> Generator[tuple[str, Params], list[Row], tuple[list[bytes], list[bytes]]]:
+        """SQLite: each new body of at least :data:`_REPLACE_MIN_BYTES` that is as long
+        as the body its step had (:attr:`Split.replaces`), written over that body's row
+        when this save drops it (``parts_replace``: SQLite then rewrites only the pages
+        whose bytes changed); the digests still to insert and to delete. ``gone`` are
+        digests stored, read in this write transaction, so each row written over is
+        there, once: a digest written over leaves ``dropped``."""
+        sql = self._s.parts_replace
+        assert sql is not None
+        dropped = set(gone)
+        left: list[bytes] = []
+        row = bytearray(key)
+        for digest in new:
+            old = cut.replaces.get(digest)
+            body = cut.bodies[digest]
+            if old is not None and old in dropped and len(body) >= _REPLACE_MIN_BYTES:
+                # The short BLOBs as bytearray, as in _parts_plan.
+                params: dict[str, Any] = {"id": row, "body": body}
+                params.update(old=bytearray(old), digest=bytearray(digest))
+                yield sql, params
+                dropped.discard(old)
+                continue
+            left.append(digest)
+        return left, [d for d in gone if d in dropped]
 
     async def _whole(self, key: bytes, document: bytes, parts: bytes | None) -> Checkpoint | None:
         """The checkpoint of a row read as ``(document, parts)``: assembled from its parts
@@ -697,11 +747,17 @@ class SqlStorageAdapter(StorageAdapter):
             document, parts = _document(rows[0])
             if parts is None:  # stored whole
                 return Checkpoint.from_json(document)
+            version = rows[0][2]
+            if version is None:  # SQLite: no version to remember
+                data = self._bodies.document(key, document, parts)
+                if data is not None:
+                    return Checkpoint.from_json(data)
             kept, missing = self._bodies.partial(key, parts)
             if missing and len(missing) <= _PER_STATEMENT:
                 # Another writer changed some contexts since: their bodies alone are
-                # read (rows of checkpoint_parts never change; one a later save dropped
-                # is missing, and the row and its bodies are read together below).
+                # read (a row of checkpoint_parts holds the body its digest names; one a
+                # later save dropped is missing, and the row and its bodies are read
+                # together below).
                 params: dict[str, Any] = {"id": key}
                 params.update((f"gone{i}", d) for i, d in enumerate(missing))
                 read = await self.database.read(self._template("parts_some", len(missing)), params)
@@ -713,7 +769,8 @@ class SqlStorageAdapter(StorageAdapter):
                 # PostgreSQL: the version read and the digests its row names are what
                 # a save of it replaces (a save stores exactly the bodies its row
                 # names), so that save can be one statement.
-                self._remember(key, rows[0][2], frozenset(kept))
+                if version is not None:
+                    self._remember(key, version, frozenset(kept))
                 return Checkpoint.from_json(data)
             # A body dropped since: the row and its bodies are read together.
         if self._cp_reads is not None:
@@ -730,15 +787,15 @@ class SqlStorageAdapter(StorageAdapter):
         # The row and its parts came in one statement: one snapshot, so every part the
         # row names is there (else the read starts again, as a two-statement read would).
         parts = bytes(got[1])
-        data = assemble(bytes(got[0]), parts, got[2])
+        # Its bodies kept as the document is assembled: a save of the loaded checkpoint
+        # with one context changed hashes that one alone (16 contexts of 16 KB: 16
+        # SHA-256 of 9 us each otherwise), and the next load here reads the row alone.
+        data = self._bodies.assemble(key, bytes(got[0]), parts, got[2])
         if data is not None:
             # Every part the row names came with it, and no others (one snapshot): the
             # version read and these digests are what a save of it replaces.
-            self._remember(key, got[3], frozenset(got[2]))
-            # Its bodies kept: a save of the loaded checkpoint with one context changed
-            # hashes that one alone (16 contexts of 16 KB: 16 SHA-256 of 9 us each
-            # otherwise), and the next load here reads the row alone.
-            self._bodies.keep(key, parts, got[2])
+            if got[3] is not None:  # SQLite has no versions to remember
+                self._remember(key, got[3], frozenset(got[2]))
             return Checkpoint.from_json(data)
         return await self._whole(key, *_document(got))
 
@@ -1156,6 +1213,12 @@ class SqlStorageAdapter(StorageAdapter):
         self.cache_events.append(event)
         del self.cache_events[:-1000]
 
+
+_REPLACE_MIN_BYTES = 2048
+"""The shortest new body written over a dropped one's row (SQLite, ``parts_replace``):
+one statement each, worth it where the body spills onto pages of its own (half a page
+and more), which an in-place write leaves alone where their bytes did not change. Shorter
+bodies go in the one insert of a save."""
 
 _PER_STATEMENT = 500
 """Parts inserted or deleted by one statement at most (three parameters a row: within

@@ -7,11 +7,16 @@ context's digest, and ``checkpoint_parts`` one row per distinct context body, ke
 ``(id, digest)``. A save reads the ``parts`` it replaces (the row locked) and, in the
 same transaction as the compare-and-set, inserts only the bodies whose digests are new
 and deletes the ones no longer named: a step whose context did not change costs nothing.
+On SQLite a new body as long as the one its step had, when this save drops that one,
+is written over its row instead, digest and body in one statement (SQLite rewrites only
+the pages whose bytes changed: ``parts_replace`` in :mod:`siglo_sql.statements`).
 
-Rows of ``checkpoint_parts`` never change once written (a digest names its body), so a
-reader needs no snapshot: it reads the checkpoint row, then the bodies of its id; when
-every digest the row names is there, the document it assembles is exactly the one saved.
-A digest missing means a save replaced the row in between: the read starts again.
+A row of ``checkpoint_parts`` holds the body its digest names, whatever writes it (an
+insert, or a row written over, which is the delete of one digest and the insert of
+another in one statement), so a reader needs no snapshot: it reads the checkpoint row,
+then the bodies of its id; when every digest the row names is there, the document it
+assembles is exactly the one saved. A digest missing means a save replaced the row in
+between: the read starts again.
 """
 
 from __future__ import annotations

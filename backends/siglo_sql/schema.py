@@ -294,9 +294,11 @@ def build_tables(
             )
     checkpoint_parts = None
     if version >= 6:
-        # Immutable rows: a context's body under its digest. A save adds the digests it
-        # introduces and deletes those it no longer names, so a reader that finds every
-        # digest its checkpoint row names has read one consistent document.
+        # A context's body under its digest, always the body the digest names. A save adds
+        # the digests it introduces and deletes those it no longer names (on SQLite it
+        # may write a new body over a dropped one's row, digest and all), so a reader
+        # that finds every digest its checkpoint row names has read one consistent
+        # document.
         checkpoint_parts = Table(
             f"{p}checkpoint_parts",
             md,

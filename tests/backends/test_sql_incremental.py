@@ -24,9 +24,12 @@ pytestmark = pytest.mark.rule("checkpoint.incremental")
 KINDS = pytest.mark.parametrize("kind", SHARED_KINDS)
 
 
-def _doc(revision: int, steps: int, *, stack: str = "run", changed: int = -1) -> Checkpoint:
+def _doc(
+    revision: int, steps: int, *, stack: str = "run", changed: int = -1, longer: int = 0
+) -> Checkpoint:
+    """``steps`` contexts of 12 KB; ``changed`` another content, ``longer`` bytes longer."""
     contexts = {
-        f"step-{i}": {"output": ("o" if i != changed else "c") * 12_000, "i": i}
+        f"step-{i}": {"output": "o" * 12_000 if i != changed else "c" * (12_000 + longer), "i": i}
         for i in range(steps)
     }
     return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
@@ -172,34 +175,115 @@ async def test_a_save_of_the_version_it_loaded_is_one_statement_on_postgres() ->
         assert calls == {"write": 1, "run_plan": 0}
 
 
+def _record_plans(a: Any) -> list[str]:
+    """The first word of each statement of ``a``'s transactions, as they run."""
+    sent: list[str] = []
+    plan = a.database.run_plan
+
+    async def recorded(steps: Any) -> None:
+        def each() -> Any:
+            step = next(steps)
+            try:
+                while True:
+                    sent.append(step[0].split(" ")[0])
+                    step = steps.send((yield step))
+            except StopIteration:
+                return
+
+        await plan(each())
+
+    a.database.run_plan = recorded
+    return sent
+
+
+async def _loads_everywhere(backend: siglo.Backend, mine: Checkpoint) -> None:
+    """``mine`` loads byte for byte from this adapter and from a fresh one (another
+    process's: its bodies read from the table)."""
+    a: Any = backend.raw_adapter
+    got = await a.get_checkpoint("run")
+    assert got is not None and got.to_json() == mine.to_json()
+    other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+    got = await other.get_checkpoint("run")
+    assert got is not None and got.to_json() == mine.to_json()
+
+
 async def test_a_save_in_parts_is_three_statements_on_sqlite() -> None:
     # The compare-and-set answers the digests stored (RETURNING), then one INSERT of the
     # new bodies and one DELETE of the dropped ones, whatever their number.
     async with open_backend("sqlite-file") as backend:
         a: Any = backend.raw_adapter
         await a.save_checkpoint(_doc(1, 8))
-        sent: list[str] = []
-        plan = a.database.run_plan
-
-        async def recorded(steps: Any) -> None:
-            def each() -> Any:
-                step = next(steps)
-                try:
-                    while True:
-                        sent.append(step[0].split(" ")[0])
-                        step = steps.send((yield step))
-                except StopIteration:
-                    return
-
-            await plan(each())
-
-        a.database.run_plan = recorded
-        mine = _doc(2, 10, changed=3)  # step-3 changed, step-8 and step-9 added
+        sent = _record_plans(a)
+        # step-3 changed to a body of another length, step-8 and step-9 added
+        mine = _doc(2, 10, changed=3, longer=1)
         await a.save_checkpoint(mine, expected_revision=1)
         assert sent == ["UPDATE", "INSERT", "DELETE"]
         assert await _digests(backend) == set(split(mine).bodies)
-        got = await a.get_checkpoint("run")
-        assert got is not None and got.to_json() == mine.to_json()
+        await _loads_everywhere(backend, mine)
+
+
+async def test_a_context_changed_to_one_as_long_is_written_over_its_row_on_sqlite() -> None:
+    # A changed context as long as the one its step had (the body kept from the last
+    # save) is written over the row of the one it drops: one UPDATE each, no DELETE.
+    async with open_backend("sqlite-file") as backend:
+        a: Any = backend.raw_adapter
+        await a.save_checkpoint(_doc(1, 8))
+        sent = _record_plans(a)
+        mine = _doc(2, 9, changed=3)  # step-3 changed (as long), step-8 added
+        await a.save_checkpoint(mine, expected_revision=1)
+        assert sent == ["UPDATE", "UPDATE", "INSERT"]
+        assert await _digests(backend) == set(split(mine).bodies)
+        await _loads_everywhere(backend, mine)
+        # And back: step-3's first body written over the row of the second.
+        sent.clear()
+        back = _doc(3, 9)
+        await a.save_checkpoint(back, expected_revision=2)
+        assert sent == ["UPDATE", "UPDATE"]
+        assert await _digests(backend) == set(split(back).bodies)
+        await _loads_everywhere(backend, back)
+
+
+async def test_a_body_two_steps_shared_is_written_over_once_on_sqlite() -> None:
+    # step-1 and step-2 share one row. A body another step still names is never written
+    # over; once both change to bodies as long, one is written over the shared row and
+    # the other inserted.
+    async with open_backend("sqlite-file") as backend:
+        a: Any = backend.raw_adapter
+        same = {"output": "s" * 12_000}
+        first = _doc(1, 6)
+        first = first.replace(contexts={**first.contexts, "step-1": same, "step-2": same})
+        await a.save_checkpoint(first)
+        sent = _record_plans(a)
+        saves = [
+            # step-1 alone: the shared body stays (step-2 names it), the new one inserted
+            ({"step-1": {"output": "t" * 12_000}}, ["UPDATE", "INSERT"]),
+            # step-1 back to the shared body, step-2 away from it: the body step-2 had is
+            # still step-1's, so step-2's new one is inserted; step-1's last one dropped
+            (
+                {"step-1": same, "step-2": {"output": "u" * 12_000}},
+                ["UPDATE", "INSERT", "DELETE"],
+            ),
+            # both as long and new, both dropping a body: each written over a row
+            (
+                {"step-1": {"output": "v" * 12_000}, "step-2": {"output": "w" * 12_000}},
+                ["UPDATE", "UPDATE", "UPDATE"],
+            ),
+            # both the same new body: written over one of the rows, the other dropped
+            (
+                {"step-1": {"output": "x" * 12_000}, "step-2": {"output": "x" * 12_000}},
+                ["UPDATE", "UPDATE", "DELETE"],
+            ),
+            # step-4 takes step-5's body: step-4's old one dropped, the new one stored
+            ({"step-4": first.contexts["step-5"]}, ["UPDATE", "DELETE"]),
+        ]
+        mine = first
+        for revision, (changes, statements) in enumerate(saves, start=2):
+            mine = mine.replace(revision=revision, contexts={**mine.contexts, **changes})
+            sent.clear()
+            await a.save_checkpoint(mine, expected_revision=revision - 1)
+            assert sent == statements, changes
+            assert await _digests(backend) == set(split(mine).bodies)
+            await _loads_everywhere(backend, mine)
 
 
 @KINDS

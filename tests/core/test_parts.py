@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from siglo import Checkpoint
+from siglo.errors import MalformedRecordError
 from siglo.parts import BodyCache, _split_encoded, assemble, split
 
 pytestmark = pytest.mark.rule("checkpoint.incremental")
@@ -92,3 +93,36 @@ def test_the_bodies_kept_are_those_of_the_digests_named() -> None:
 def test_the_bodies_kept_are_bounded_to_64_mib_by_default() -> None:
     # docs/large-state.md: "up to 64 MiB, the least recently used going first".
     assert BodyCache().max_bytes == 64 * 1024 * 1024
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=_contexts, second=_contexts)
+def test_a_load_assembles_what_assemble_does_and_keeps_the_bodies(
+    first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    # BodyCache.assemble (a load that read the bodies) makes the document assemble makes
+    # and keeps each body for its step, as keep does; BodyCache.document (a load that
+    # read the row alone) makes it from the bodies kept, or None when one is not kept.
+    saved, loaded = _cp(1, first), _cp(2, {**first, **second})
+    cut = split(loaded)
+    cache = BodyCache()
+    split(saved, b"row", cache)
+    assert cache.assemble(b"row", cut.skeleton, cut.parts, cut.bodies) == loaded.to_json()
+    assert cache.document(b"row", cut.skeleton, cut.parts) == loaded.to_json()
+    assert cache.bodies(b"row", cut.parts) == cut.bodies
+    other = BodyCache()
+    other.keep(b"row", cut.parts, cut.bodies)
+    assert other.document(b"row", cut.skeleton, cut.parts) == loaded.to_json()
+    nothing_kept = None if loaded.contexts else loaded.to_json()
+    assert BodyCache().document(b"row", cut.skeleton, cut.parts) == nothing_kept
+
+
+def test_a_load_missing_a_body_assembles_nothing() -> None:
+    cp = _cp(1, {"a": {"x": 1}, "b": {"x": 2}})
+    cut = split(cp)
+    cache = BodyCache()
+    (keep,) = [d for d, b in cut.bodies.items() if b == orjson.dumps({"x": 1})]
+    assert cache.assemble(b"row", cut.skeleton, cut.parts, {keep: cut.bodies[keep]}) is None
+    assert cache.document(b"row", cut.skeleton, cut.parts) is None  # "b" never kept
+    with pytest.raises(MalformedRecordError):
+        cache.document(b"row", b'{"version":2}', cut.parts)
