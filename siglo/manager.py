@@ -364,7 +364,9 @@ class StorageManager:
                     exc, f"streaming a context change of {stack_id!r}", background=stack_id
                 )
 
-        self._jobs.submit(stack_id, stream)
+        # Deferred to the loop's next turn: a save of the stack right after the change
+        # (a flow's step checkpoint) takes it first, and the job then costs no task.
+        self._jobs.defer(stack_id, stream, change.untaken)
 
     def _take_unstreamed(self, stack_id: str) -> list[_Unstreamed]:
         """The stack's context changes whose stream has not started, now the caller's."""
@@ -660,6 +662,10 @@ class _Unstreamed:
     def __init__(self, build: Callable[[], ContextChangeEvent]) -> None:
         self.build = build
         self.taken = False
+
+    def untaken(self) -> bool:
+        """Whether its stream job still has it to send."""
+        return not self.taken
 
 
 default_storage_manager: Final = StorageManager()
