@@ -364,9 +364,13 @@ class StorageManager:
                     exc, f"streaming a context change of {stack_id!r}", background=stack_id
                 )
 
-        # Deferred to the loop's next turn: a save of the stack right after the change
-        # (a flow's step checkpoint) takes it first, and the job then costs no task.
-        self._jobs.defer(stack_id, stream, change.untaken)
+        if _writes_together(adapter):
+            # Deferred to the loop's next turn: a save of the stack right after the
+            # change (a flow's step checkpoint) takes it first, and the job then costs
+            # no task. Elsewhere a save streams it first anyway: no deferral.
+            self._jobs.defer(stack_id, stream, change.untaken)
+        else:
+            self._jobs.submit(stack_id, stream)
 
     def _take_unstreamed(self, stack_id: str) -> list[_Unstreamed]:
         """The stack's context changes whose stream has not started, now the caller's."""
