@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-import orjson
-
 from siglo import codec
 from siglo.checkpoint import CHECKPOINT_VERSION, SCHEMA_VERSION, Checkpoint
 from siglo.clock import Clock
@@ -95,12 +93,7 @@ def take_snapshot(
     # Encoding then decoding is the deep copy: later mutations of the live stack
     # cannot reach the snapshot, non-JSON context values fail here, synchronously,
     # and the adapter reuses the encoding instead of serialising again.
-    try:
-        data = orjson.dumps(wire)
-    except TypeError:
-        # codec.dumps's error, naming the stack: its text is built only on failure.
-        data = codec.dumps(wire, what=f"stack {stack.stack_id!r}")
-    checkpoint = Checkpoint.from_json(data)
+    checkpoint = Checkpoint.from_json(codec.dumps_of(wire, "stack", stack.stack_id))
     stack.revision = revision
     return checkpoint
 
