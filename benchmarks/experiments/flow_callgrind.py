@@ -11,7 +11,12 @@ by 100, is the cost of one workflow run, every thread of the process counted::
 
 ``KIND`` is ``sqlite`` (a fresh file in a temporary directory) or ``memory``; ``postgres``
 and ``redis`` (the local servers, or ``SIGLO_PG_URL`` / ``SIGLO_REDIS_URL``) count the
-client's instructions only, the server being another process. Where the instructions go:
+client's instructions only, the server being another process. Opening and closing a
+backend on a shared server costs what the server holds (Redis: the isolated prefix is
+deleted by a scan of every key), so there the counted runs are read alone: with
+``--dump-before=os_getppid`` callgrind writes them as a dump of their own, the second
+(``callgrind.out.<pid>.2``), and that dump of a run of 100, divided by 100, is one run
+(less the same dump of a run of 0, a few thousand instructions). Where the instructions go:
 ``callgrind_annotate --inclusive=yes callgrind.out.<pid>`` on the N=100 run. Without
 valgrind it prints the median milliseconds of a run (meaningless under valgrind;
 indicative without it).
@@ -55,10 +60,12 @@ async def run(kind: str, n: int) -> float:
             for i in range(WARMUP):
                 await subject.run(f"flow-{tag}-w{i}")
             times: list[float] = []
+            os.getppid()  # under --dump-before=os_getppid: the counted runs, a dump of their own
             for i in range(n):
                 t = time.perf_counter()
                 await subject.run(f"flow-{tag}-{i}")
                 times.append(time.perf_counter() - t)
+            os.getppid()
         finally:
             await subject.close()
     return statistics.median(times) * 1e3 if times else 0.0
