@@ -1,4 +1,4 @@
-"""Measures the client instructions of one durable workflow run (issue 36): the
+"""Measured the client instructions of one durable workflow run (issue 36): the
 end-to-end benchmark's siglo subject (:class:`benchmarks.e2e.SigloWorkflow`: a flow of
 3 steps, one cached, on a strict manager), opened on one backend, runs ``WARMUP``
 workflows, then ``N`` more one after the other. A run of 100 less a run of 0, divided
