@@ -166,6 +166,9 @@ class StorageAdapter(Closable):
 
     def supports(self, capability: Capability | str) -> bool:
         """Whether this adapter declares ``capability``."""
+        if type(capability) is Capability:
+            # Asked on every save and step: a member needs no enum look-up.
+            return capability in self.capabilities
         return Capability(capability) in self.capabilities
 
     def implements(self, method: str) -> bool:

@@ -25,13 +25,19 @@ class SerialJobs:
     def __init__(self) -> None:
         self._tails: dict[str, asyncio.Task[None]] = {}
         self._waiting: list[tuple[str, Job]] = []
+        # Jobs of :meth:`defer` not started yet, per key, oldest first, and the loop
+        # they were deferred in, from the first deferral until the turn of that loop
+        # that starts them (None otherwise).
+        self._deferred: dict[str, list[tuple[Job, Callable[[], bool]]]] = {}
+        self._deferred_loop: asyncio.AbstractEventLoop | None = None
         # Read by the queue-depth gauge when a meter collects (nothing per job).
         telemetry.register_queue(self)
 
     def pending(self) -> int:
-        """Jobs submitted and not finished yet (the last of each key, and those waiting
-        for a loop)."""
-        return len(self._tails) + len(self._waiting)
+        """Jobs submitted and not finished yet (the last of each key, those deferred and
+        those waiting for a loop)."""
+        deferred = sum(len(jobs) for jobs in self._deferred.values())
+        return len(self._tails) + len(self._waiting) + deferred
 
     def submit(self, key: str, job: Job) -> None:
         """Queue ``job`` after the previous job of ``key``."""
@@ -41,9 +47,62 @@ class SerialJobs:
             self._waiting.append((key, job))
             return
         self._start_waiting(loop)
+        self._start_deferred_of(key)
         self._start(loop, key, job)
 
+    def defer(self, key: str, job: Job, wanted: Callable[[], bool]) -> None:
+        """Queue ``job`` after the previous job of ``key``, as :meth:`submit` does, but
+        start it at the loop's next turn (or before a later job of ``key`` starts, or
+        when ``key`` is drained), and only if ``wanted()`` is still true then.
+
+        For a job the caller usually makes needless within the same turn (a context
+        change that the stack's save, right after it, sends itself): such a job then
+        costs no task, and the drain of its key no turn of the loop, where a task
+        would start only to find it has nothing to do.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._waiting.append((key, job))
+            return
+        if self._deferred_loop is not loop:
+            self._start_waiting(loop)
+            self._deferred_loop = loop
+            loop.call_soon(self._start_all_deferred, loop)
+        self._deferred.setdefault(key, []).append((job, wanted))
+
+    def _start_all_deferred(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop's turn the deferred jobs waited for: start those still wanted."""
+        if loop is not self._deferred_loop:
+            return  # started already, as waiting jobs of another loop
+        deferred, self._deferred = self._deferred, {}
+        self._deferred_loop = None
+        for key, jobs in deferred.items():
+            for job, wanted in jobs:
+                if wanted():
+                    self._start(loop, key, job)
+
+    def _start_deferred_of(self, key: str) -> None:
+        """Start the deferred jobs of ``key`` still wanted (in the running loop, which
+        deferred them): a job submitted after them, or a drain of the key, comes after
+        them."""
+        jobs = self._deferred.pop(key, None) if self._deferred else None
+        if jobs is None:
+            return
+        loop = self._deferred_loop
+        assert loop is not None  # set whenever a job is deferred
+        for job, wanted in jobs:
+            if wanted():
+                self._start(loop, key, job)
+
     def _start_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._deferred_loop is not None and self._deferred_loop is not loop:
+            # Deferred in a loop that ended before its turn came: they wait like jobs
+            # submitted with no loop running, and start here, in their order.
+            for key, jobs in self._deferred.items():
+                self._waiting.extend((key, job) for job, wanted in jobs if wanted())
+            self._deferred = {}
+            self._deferred_loop = None
         waiting, self._waiting = self._waiting, []
         for key, job in waiting:
             self._start(loop, key, job)
@@ -73,8 +132,11 @@ class SerialJobs:
         loop = asyncio.get_running_loop()
         self._start_waiting(loop)
         if key is not None:
+            self._start_deferred_of(key)
             tails = [self._tails[key]] if key in self._tails else []
         else:
+            if self._deferred_loop is loop:
+                self._start_all_deferred(loop)
             tails = list(self._tails.values())
         tails = [t for t in tails if t.get_loop() is loop]
         if tails:

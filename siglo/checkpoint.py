@@ -265,8 +265,6 @@ def _plain_fields(c: Checkpoint) -> bool:
     return True
 
 
-_OPTIONAL_WIRE: Final = ("workflowId", "namespace", "expiresAt", "metadata")
-
 # Each slot's setter, bound once: setting a frozen dataclass's slot through its
 # descriptor skips the by-name lookup of ``object.__setattr__`` (0.97 vs 1.55 us for the
 # fifteen slots, timeit), and every save and load sets all of them.
@@ -347,7 +345,14 @@ def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
             or (metadata is not None and type(metadata) is not dict)
         ):
             return None
-        present = sum(1 for name in _OPTIONAL_WIRE if doc.get(name) is not None)
+        # The optional fields present (not null), counted without a generator: a flow's
+        # every snapshot has some (its workflowId, its metadata).
+        present = (
+            (workflow_id is not None)
+            + (namespace is not None)
+            + (expires_at is not None)
+            + (metadata is not None)
+        )
         if len(doc) != size + present:
             return None  # a null optional field or an unknown one: the general path
     checkpoint: Checkpoint = object.__new__(Checkpoint)

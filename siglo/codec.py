@@ -14,7 +14,7 @@ import orjson
 
 from siglo.errors import InvalidArgumentError, MalformedRecordError
 
-__all__ = ["dumps", "dumps_str", "loads"]
+__all__ = ["dumps", "dumps_of", "dumps_str", "loads"]
 
 JSONDecodeError = orjson.JSONDecodeError
 
@@ -32,6 +32,16 @@ def dumps(value: Any, *, what: str = "value") -> bytes:
         return orjson.dumps(value)
     except TypeError as exc:
         raise InvalidArgumentError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def dumps_of(value: Any, kind: str, name: object) -> bytes:
+    """:func:`dumps`, its error naming ``what`` as ``f"{kind} {name!r}"`` — a text built
+    only on failure: every save encodes its values, and formatting the name each time
+    cost as much as encoding a small value."""
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise InvalidArgumentError(f"{kind} {name!r} is not JSON-serialisable: {exc}") from exc
 
 
 def dumps_str(value: Any, *, what: str = "value") -> str:

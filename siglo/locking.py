@@ -23,7 +23,7 @@ import hashlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from siglo import telemetry
 from siglo.coordination import Lock
@@ -154,35 +154,49 @@ async def run_with_lock(
         work = asyncio.ensure_future(action())
     finally:
         _current.reset(reset)
-    keeper = asyncio.create_task(renewer.run())
+    # The keeper's task starts when the first renewal is due: an action shorter than a
+    # third of the lease (a workflow run, usually) costs a timer, not a task.
+    due = loop.call_later(renewer.ttl_s / _RENEWALS_PER_TTL, renewer.start, work)
     try:
-        await asyncio.wait({work, keeper}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done() and hold.released:
-            # The action's last write released the lease (the keeper stopped renewing
-            # it): nothing of the action is left to write, so it finishes on its own.
-            return await work
+        try:
+            outcome = await work
+        except BaseException:
+            if not renewer.gave_up or _cancelled_from_outside():
+                raise
+        else:
+            if not renewer.gave_up:
+                return outcome
+        # The keeper gave up first: the lease is lost, and it cancelled the action
+        # before another holder can enter. Report that, whatever the action did.
         if not work.done():
-            # The keeper finished first: the lease is lost. Stop the action before
-            # another holder can enter, then report it.
             work.cancel()
             await asyncio.wait({work})
-            lost = renewer.lost_error()
-            telemetry.note_lease_lost(lost)
-            raise lost
-        return work.result()
+        lost = renewer.lost_error()
+        telemetry.note_lease_lost(lost)
+        raise lost
     finally:
-        keeper.cancel()
+        due.cancel()
+        keeper = renewer.keeper
+        if keeper is not None:
+            keeper.cancel()
         if not work.done():  # we ourselves were cancelled: so is the action
             work.cancel()
             with contextlib.suppress(BaseException):
                 await work
-        with contextlib.suppress(BaseException):
-            await keeper
+        if keeper is not None:
+            with contextlib.suppress(BaseException):
+                await keeper
         # Bounded: a stalled server must not hold the caller past the lease. A failed
         # release is retried in the background until it works or the lease lapses by
         # itself: an outage must not strand the lock for the whole lease (defect 5).
         if not hold.released:
             await release_lease(lock, lock_key, hold.lease.token, lapses_at=renewer.lapses_at)
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running task itself is being cancelled (not only the action)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class _Renewer:
@@ -200,12 +214,31 @@ class _Renewer:
         self.lapses_at = lapses_at
         self.taken_over = False
         self.last_error: BaseException | None = None
+        self.keeper: asyncio.Task[None] | None = None
+        """The task renewing the lease, from the first renewal due on."""
+        self.gave_up = False
+        """Whether the lease was lost (not renewed in time, or taken over) while the
+        action ran; the keeper then cancelled the action."""
+
+    def start(self, work: asyncio.Future[Any]) -> None:
+        """Start renewing (the first renewal is due); cancel ``work`` if the lease is
+        lost while it runs."""
+        if work.done():
+            return
+        self.keeper = asyncio.ensure_future(self._keep(work))
+
+    async def _keep(self, work: asyncio.Future[Any]) -> None:
+        await self.run()
+        if not self.hold.released and not work.done():
+            self.gave_up = True
+            work.cancel()
 
     async def run(self) -> None:
+        """Renew the lease now and every third of its TTL; return when it is lost or
+        released by the action's last write."""
         loop = asyncio.get_running_loop()
         margin = self.ttl_s * _SAFETY_FRACTION
         while True:
-            await asyncio.sleep(self.ttl_s / _RENEWALS_PER_TTL)
             while True:
                 if self.hold.released:
                     return  # released with the action's last write: nothing to keep
@@ -230,6 +263,7 @@ class _Renewer:
                     return
                 self.lapses_at = started + self.ttl_s
                 break
+            await asyncio.sleep(self.ttl_s / _RENEWALS_PER_TTL)
 
     def lost_error(self) -> LockLostError:
         key = self.lease.key

@@ -101,7 +101,9 @@ class StorageManager:
         # The latest live stack of each id, and every live stack of each id: two callers
         # sharing the manager may each hold one (see _one_live).
         self._stacks: dict[str, ExecutionStack] = {}
-        self._live: dict[str, weakref.WeakSet[ExecutionStack]] = {}
+        # Weak references, not a WeakSet: one is made for every run, and a WeakSet (its
+        # own callback and guards) cost a third of creating and discarding a stack.
+        self._live: dict[str, list[weakref.ref[ExecutionStack]]] = {}
         self._jobs = SerialJobs()
         # Context changes of each stack whose stream job has not started yet, oldest
         # first: the next save of the stack may send them with its checkpoint.
@@ -255,16 +257,21 @@ class StorageManager:
 
     def _register(self, stack: ExecutionStack) -> None:
         self._stacks[stack.stack_id] = stack
-        self._live.setdefault(stack.stack_id, weakref.WeakSet()).add(stack)
+        self._live.setdefault(stack.stack_id, []).append(weakref.ref(stack))
 
     def _live_of(self, stack_id: str) -> list[ExecutionStack]:
         """Every live stack of ``stack_id`` some caller still holds (the latest one is
         held by the manager until discarded)."""
-        live = self._live.get(stack_id)
-        if not live:
+        refs = self._live.get(stack_id)
+        if not refs:
             self._live.pop(stack_id, None)
             return []
-        return list(live)
+        live = [stack for ref in refs if (stack := ref()) is not None]
+        if not live:
+            del self._live[stack_id]
+        elif len(live) != len(refs):
+            self._live[stack_id] = [weakref.ref(stack) for stack in live]
+        return live
 
     def _one_live(self, stack_id: str) -> ExecutionStack:
         """The live stack of ``stack_id`` an id-based call means: the only one.
@@ -309,10 +316,12 @@ class StorageManager:
             stack = stack_id
             if self._stacks.get(stack.stack_id) is stack:
                 del self._stacks[stack.stack_id]
-            live = self._live.get(stack.stack_id)
-            if live is not None:
-                live.discard(stack)
-                if not live:
+            refs = self._live.get(stack.stack_id)
+            if refs is not None:
+                kept = [ref for ref in refs if (held := ref()) is not None and held is not stack]
+                if kept:
+                    self._live[stack.stack_id] = kept
+                else:
                     del self._live[stack.stack_id]
             return
         self._stacks.pop(stack_id, None)
@@ -365,7 +374,13 @@ class StorageManager:
                     exc, f"streaming a context change of {stack_id!r}", background=stack_id
                 )
 
-        self._jobs.submit(stack_id, stream)
+        if _writes_together(adapter):
+            # Deferred to the loop's next turn: a save of the stack right after the
+            # change (a flow's step checkpoint) takes it first, and the job then costs
+            # no task. Elsewhere a save streams it first anyway: no deferral.
+            self._jobs.defer(stack_id, stream, change.untaken)
+        else:
+            self._jobs.submit(stack_id, stream)
 
     def _take_unstreamed(self, stack_id: str) -> list[_Unstreamed]:
         """The stack's context changes whose stream has not started, now the caller's."""
@@ -661,6 +676,10 @@ class _Unstreamed:
     def __init__(self, build: Callable[[], ContextChangeEvent]) -> None:
         self.build = build
         self.taken = False
+
+    def untaken(self) -> bool:
+        """Whether its stream job still has it to send."""
+        return not self.taken
 
 
 default_storage_manager: Final = StorageManager()

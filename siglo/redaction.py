@@ -31,8 +31,13 @@ pathological value into a clear error instead of an endless walk.
 """
 
 
+_NO_NAMES: Final[frozenset[str]] = frozenset()
+
+
 def check_redact_fields(fields: Any) -> frozenset[str]:
     """``fields`` as a frozenset of names; a bare string or a non-string name is refused."""
+    if type(fields) is tuple and not fields:
+        return _NO_NAMES  # the default of every call that names none (each run's stack)
     if isinstance(fields, str | bytes):
         raise InvalidArgumentError("redact_fields must be a collection of names, not a string")
     try:

@@ -4,7 +4,7 @@ context-change events (both redacted), and the stack a checkpoint restores."""
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, Final
 
 from siglo import codec
 from siglo.checkpoint import CHECKPOINT_VERSION, SCHEMA_VERSION, Checkpoint
@@ -22,6 +22,8 @@ from siglo.stack import ContextStream, ExecutionStack
 from siglo.validation import require_optional_id, require_ttl_ms
 
 __all__ = ["context_change_event", "restore_stack", "take_snapshot"]
+
+_NONE_NAMED: Final[frozenset[str]] = frozenset()
 
 
 def take_snapshot(
@@ -45,8 +47,9 @@ def take_snapshot(
         raise InvalidArgumentError(
             f"expected_revision must be a non-negative integer, got {expected_revision!r}"
         )
-    require_ttl_ms("ttl_ms", ttl_ms, optional=True)
-    named = check_redact_fields(redact_fields)
+    if ttl_ms is not None:
+        require_ttl_ms("ttl_ms", ttl_ms)
+    named = _NONE_NAMED if redact_fields == () else check_redact_fields(redact_fields)
     revision = stack.revision + 1
     if expected_revision is not None and revision <= expected_revision:
         raise InvalidArgumentError(
@@ -90,7 +93,7 @@ def take_snapshot(
     # Encoding then decoding is the deep copy: later mutations of the live stack
     # cannot reach the snapshot, non-JSON context values fail here, synchronously,
     # and the adapter reuses the encoding instead of serialising again.
-    checkpoint = Checkpoint.from_json(codec.dumps(wire, what=f"stack {stack.stack_id!r}"))
+    checkpoint = Checkpoint.from_json(codec.dumps_of(wire, "stack", stack.stack_id))
     stack.revision = revision
     return checkpoint
 

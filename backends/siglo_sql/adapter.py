@@ -1070,7 +1070,7 @@ class SqlStorageAdapter(StorageAdapter):
 
     def _cache_write(self, key: str, entry: CacheEntry) -> tuple[str, Params]:
         """The statement that stores ``entry`` under ``key`` (namespaced already)."""
-        data = codec.dumps(entry.value, what=f"cached value of {key!r}")
+        data = codec.dumps_of(entry.value, "cached value of", key)
         gone_at = at_most(self.clock.now_ms() + (entry.ttl_ms or self.cache_ttl_ms))
         return self._s.cache_set, {"id": row_id(key), "key": key, "gone_at": gone_at, "value": data}
 
@@ -1178,7 +1178,7 @@ class SqlStorageAdapter(StorageAdapter):
                 stack_id=event.stack_id,
                 step_id=event.step_id,
                 field=event.key,
-                value=codec.dumps(event.value, what=f"context value {event.key!r}"),
+                value=codec.dumps_of(event.value, "context value", event.key),
             )
         return params
 

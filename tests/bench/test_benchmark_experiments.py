@@ -222,3 +222,16 @@ def test_the_parts_ab_runs_every_cell_on_sqlite() -> None:
     for line in lines[1:]:
         assert "parts " in line and "whole " in line and "raw-fast " in line, line
         assert "whole / parts " in line, line
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_the_flow_callgrind_runs_the_e2e_workflow(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/benchmarks-instructions.md ("A workflow run") quotes its counts: it runs the
+    end-to-end benchmark's siglo workflow, warm-up and counted runs alike."""
+    from benchmarks.experiments import flow_callgrind
+
+    monkeypatch.setattr(flow_callgrind, "WARMUP", 2)
+    assert asyncio.run(flow_callgrind.run(kind, 0)) == 0.0
+    assert asyncio.run(flow_callgrind.run(kind, 3)) > 0.0
