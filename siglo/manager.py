@@ -257,7 +257,14 @@ class StorageManager:
 
     def _register(self, stack: ExecutionStack) -> None:
         self._stacks[stack.stack_id] = stack
-        self._live.setdefault(stack.stack_id, []).append(weakref.ref(stack))
+        refs = self._live.get(stack.stack_id)
+        if refs is None:
+            self._live[stack.stack_id] = [weakref.ref(stack)]
+            return
+        # The dead ones go here too: an id resumed again and again that no id-based call
+        # names (which prunes them) would otherwise keep a reference a resume.
+        refs[:] = [ref for ref in refs if ref() is not None]
+        refs.append(weakref.ref(stack))
 
     def _live_of(self, stack_id: str) -> list[ExecutionStack]:
         """Every live stack of ``stack_id`` some caller still holds (the latest one is

@@ -448,3 +448,18 @@ async def test_the_manager_keeps_each_ids_latest_stack_until_discarded(
         manager.discard_stack(stack)
     # Each resume replaced the id's latest, and discarding it left nothing behind.
     assert manager.stacks == {}
+
+
+async def test_resuming_one_id_again_and_again_keeps_no_dead_references(
+    manager: StorageManager,
+) -> None:
+    """The manager's record of who holds a stack of an id (weak references) drops the
+    ones whose stack is gone as it adds one: a long-lived manager that resumes an id on
+    every request does not grow with the requests."""
+    await manager.create_stack("often").save()
+    for _ in range(500):
+        stack = await manager.resume("often")
+        assert stack is not None
+        del stack
+    # The latest (the manager holds it) and at most one more not yet pruned.
+    assert len(manager._live["often"]) <= 2
