@@ -179,7 +179,9 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
         # Writes per run, counted at the driver in an untimed pass (benchmarks/writes.py):
         # a run writes at least its creation, its three steps and its completion.
         assert r["writes_per_run"] >= 5, r
-        assert 1 <= r["write_transactions_per_run"] <= r["writes_per_run"], r
+        # Transactions: at most one a write; fewer than one a run where concurrent runs'
+        # writes share a commit (SQLite's group commit, PostgreSQL's shared pipeline).
+        assert 0 < r["write_transactions_per_run"] <= r["writes_per_run"], r
     for x in doc["e2e_ratios"]:
         assert x["vs"] in ("dbos", "langgraph")
         assert x["ratio_min"] <= x["ratio"] <= x["ratio_max"]
