@@ -49,6 +49,20 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+_LONG_GROUPS = ("mutants", "packaging")
+"""xdist groups that take minutes on one worker (the mutants' own process pool, the fresh
+venvs): collected first, so that they start at once and the other workers share the rest
+of the run meanwhile, instead of one of them starting late and running alone at the end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        groups = [m.args[0] for m in item.iter_markers("xdist_group") if m.args]
+        return next((i for i, g in enumerate(_LONG_GROUPS) if g in groups), len(_LONG_GROUPS))
+
+    items.sort(key=rank)  # stable: within a rank, the order of collection
+
+
 _DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
