@@ -5,10 +5,12 @@ failure is the rule the mutant breaks.
 A run is *trimmed* unless asked for whole, without changing the verdict:
 
 1. the checks of the mutant's own rule run first;
-2. if they fail that rule with focused evidence (a call made for that rule), only the
-   other focused checks can outrank it — a state machine's evidence is at most direct
-   (``siglo_contract.runner`` caps it) — so the rest of the focused checks run and the
-   state machines are skipped;
+2. if they fail that rule with focused evidence (a call made for that rule, the highest
+   evidence there is), only a focused failure of a *more basic* rule can outrank it — a
+   state machine's evidence is at most direct (``siglo_contract.runner`` caps it), and
+   among equals the most basic rule is primary (``rules.primary_order``) — so the focused
+   checks of a rule before the mutant's in that order run, and the rest are skipped
+   (each check seeds its own randomness: which others run does not change it);
 3. otherwise the whole suite runs, as without trimming.
 
 The primary failure is then chosen over every failure seen, exactly as
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from mutants import BY_NAME
 
 from siglo_contract.registry import EVIDENCE_FOCUSED, Check
+from siglo_contract.rules import primary_order
 from siglo_contract.runner import Report, RuleResult, run_contract
 
 
@@ -73,13 +76,20 @@ def run_mutant(name: str, seed: int, whole: bool = False) -> MutantRun:
         def own(check: Check) -> bool:
             return rule_id in check.rules
 
-        def other_focused(check: Check) -> bool:
-            return check.machine is None and rule_id not in check.rules
+        order = primary_order()
+        rank = order[rule_id]
+
+        def may_outrank(check: Check) -> bool:
+            return (
+                check.machine is None
+                and rule_id not in check.rules
+                and any(order[r] < rank for r in check.rules)
+            )
 
         first = run_contract(mutant.target(), seed=seed, only=own)
         seen = first.results[rule_id]
         if seen.verdict == "FAIL" and seen.evidence >= EVIDENCE_FOCUSED:
-            rest = run_contract(mutant.target(), seed=seed, only=other_focused)
+            rest = run_contract(mutant.target(), seed=seed, only=may_outrank)
             report = _merged(first, rest)
             trimmed = True
     if report is None:
