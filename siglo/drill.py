@@ -346,6 +346,12 @@ class Drill:
         return late
 
     @property
+    def last_failure_s(self) -> float:
+        """When the latest failed call ended, in seconds since the drill began (``-1.0``:
+        none has failed)."""
+        return self._last_failure_end
+
+    @property
     def elapsed_s(self) -> float:
         """Seconds since the drill began."""
         return self._now()

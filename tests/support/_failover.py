@@ -50,8 +50,11 @@ async def run_through_failover(
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline and not run.done():
             if drill.recovered(since=fault_at):
+                window = drill.elapsed_s
                 await asyncio.sleep(after_s)
-                if drill.recovered(since=fault_at):
+                # Recovered and no call failed meanwhile: reads alone can look recovered
+                # while writes still wait for a replica that is syncing.
+                if drill.recovered(since=fault_at) and drill.last_failure_s < window:
                     break
             await asyncio.sleep(0.05)
     finally:
