@@ -184,6 +184,43 @@ async def test_a_marker_a_collector_left_is_taken_over_and_then_collected(
     assert [x async for x in writer.scan()] == []
 
 
+async def test_the_emulator_accepts_one_of_concurrent_conditional_puts(s3_endpoint: str) -> None:
+    """The tests' S3 emulator must be as atomic as S3: of several puts conditional on the
+    same ETag, sent together, exactly one is accepted. moto's own threaded server checks
+    the condition and writes without a lock and accepted two in a few rounds of 300 with
+    a short thread switch interval (tests/support/s3_support.py), which lost a blob in
+    ``test_a_put_racing_the_collector_never_loses_its_blob[s3]``."""
+    import obstore
+    from obstore.exceptions import PreconditionError
+
+    store = _store(s3_endpoint, new_bucket(s3_endpoint))._store
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads interleave often: the unlocked window shows
+    try:
+        for round_ in range(100):
+            await obstore.put_async(store, DIGEST, b"base %d" % round_)
+            head = await obstore.get_async(store, DIGEST, options={"head": True})
+            etag = head.meta["e_tag"]
+
+            async def conditional(n: int, round_: int = round_, etag: Any = etag) -> bool:
+                try:
+                    await obstore.put_async(
+                        store,
+                        DIGEST,
+                        b"%d-%d" % (round_, n),
+                        mode={"e_tag": etag},
+                        use_multipart=False,
+                    )
+                except PreconditionError:
+                    return False
+                return True
+
+            accepted = await asyncio.gather(*(conditional(n) for n in range(6)))
+            assert sum(accepted) == 1, f"round {round_}: {sum(accepted)} of 6 accepted"
+    finally:
+        sys.setswitchinterval(switching)
+
+
 async def test_what_an_object_holds(s3_endpoint: str) -> None:
     import obstore
 
