@@ -4,14 +4,19 @@ failure is the rule the mutant breaks.
 
 A run is *trimmed* unless asked for whole, without changing the verdict:
 
-1. the checks of the mutant's own rule run first;
+1. the focused checks (not the state machines) of the mutant's own rule run first;
 2. if they fail that rule with focused evidence (a call made for that rule, the highest
    evidence there is), only a focused failure of a *more basic* rule can outrank it — a
    state machine's evidence is at most direct (``siglo_contract.runner`` caps it), and
    among equals the most basic rule is primary (``rules.primary_order``) — so the focused
-   checks of a rule before the mutant's in that order run, and the rest are skipped
-   (each check seeds its own randomness: which others run does not change it);
+   checks of a rule before the mutant's in that order run, and the rest, every state
+   machine among them, are skipped (each check seeds its own randomness: which others run
+   does not change it);
 3. otherwise the whole suite runs, as without trimming.
+
+The state machines are nine tenths of a run's time against the in-memory mutants
+(``KeepsWaitsForever``: its focused checks fail it in 0.01 s, the machines over its rule
+take 14 s).
 
 The primary failure is then chosen over every failure seen, exactly as
 :attr:`siglo_contract.runner.Report.primary` chooses it.
@@ -74,7 +79,7 @@ def run_mutant(name: str, seed: int, whole: bool = False) -> MutantRun:
     if not whole:
 
         def own(check: Check) -> bool:
-            return rule_id in check.rules
+            return check.machine is None and rule_id in check.rules
 
         order = primary_order()
         rank = order[rule_id]

@@ -7,10 +7,11 @@ the real SQLite, PostgreSQL and Redis ones) and records the score in
 it measures just those mutants (new ones, or ones whose rule's checks changed) and
 updates their entries, keeping the others' (each entry says when it was measured).
 
-Runs every mutant of tests/support/mutants.py through the whole suite as a third party would
-(``siglo check``: every rule, the default profile, one seed per run) in worker
-processes, and prints, per seed, how many were killed with the right rule as the primary
-failure, and every miss. docs/contract.md publishes its output.
+Runs every mutant of tests/support/mutants.py through the suite as a third party would
+(``siglo check``: every rule, the default profile, one seed per run; trimmed without
+changing the verdict, tests/support/mutant_runs.py) in worker processes, and prints,
+per seed, how many were killed with the right rule as the primary failure, and every
+miss. docs/contract.md publishes its output.
 """
 
 from __future__ import annotations
