@@ -76,13 +76,29 @@ async def test_locks_over_many_slots(backend: siglo.Backend) -> None:
     assert lock is not None
     keys = [f"lock-{i}" for i in range(64)] + ["a{b}c", "x}y{", "{}", "ü"]
     assert len({hash_slot(k) for k in keys}) > 30  # spread over all three masters
+    # The fencing counter is one per cluster slot (siglo_redis.keys.fence_key): two of
+    # these keys in one slot (about one run in eight, the prefix being random) share it.
+    last: dict[str, int] = {}
     for key in keys:
+        fence = lock._keys(key)[1]  # type: ignore[attr-defined]
         first = await lock.acquire(key, 5_000)
-        assert first.acquired and first.fencing_token == 1
+        assert first.acquired and first.fencing_token == last.get(fence, 0) + 1, key
         assert await lock.extend(key, first.token, 5_000)
         assert await lock.release(key, first.token)
         again = await lock.acquire(key, 5_000)
-        assert again.fencing_token == 2
+        assert again.fencing_token == first.fencing_token + 1, key
+        last[fence] = again.fencing_token
+    # A key in the slot of one used above continues that slot's tokens.
+    slot = hash_slot(lock._keys("lock-0")[0])  # type: ignore[attr-defined]
+    mate = next(
+        f"mate-{n}"
+        for n in range(1_000_000)
+        if hash_slot(lock._keys(f"mate-{n}")[0]) == slot  # type: ignore[attr-defined]
+    )
+    fence = lock._keys(mate)[1]  # type: ignore[attr-defined]
+    assert fence == lock._keys("lock-0")[1]  # type: ignore[attr-defined]
+    mated = await lock.acquire(mate, 5_000)
+    assert mated.acquired and mated.fencing_token == last[fence] + 1
 
 
 @pytest.mark.rule("idempotency.owner", "idempotency.lease", "idempotency.fingerprint")
