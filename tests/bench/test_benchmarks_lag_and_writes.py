@@ -42,9 +42,31 @@ def test_percentile_is_the_nearest_rank() -> None:
 
 
 async def test_the_probe_sees_a_loop_held_by_inline_work() -> None:
-    lags = await lag_during(_Blocking(), Workload("save", "1k", 4, 8), "lag")
+    lags = await lag_during(_Blocking(), Workload("save", "1k", 4, 8), "lag", min_samples=1)
     # The probe cannot wake before a 20 ms block ends: some wake is at least ~19 ms late.
     assert lags and max(lags) >= 19.0, lags
+
+
+class _Counting(Subject):
+    """A store that yields at each save and counts them."""
+
+    kind = "counting"
+
+    def __init__(self) -> None:
+        self.saves = 0
+
+    async def save(self, *args: Any, **kwargs: Any) -> None:
+        self.saves += 1
+        await asyncio.sleep(0.0005)
+
+
+async def test_a_round_runs_until_the_probe_has_its_samples() -> None:
+    # 8 saves at 4 callers take about 1 ms: one run gives the probe a wake or two; the
+    # round runs it again until it has woken 50 times.
+    subject = _Counting()
+    lags = await lag_during(subject, Workload("save", "1k", 4, 8), "lag", min_samples=50)
+    assert len(lags) >= 50
+    assert subject.saves > 12  # more than one run (4 untimed first saves + 8)
 
 
 def _cli(tmp_path: Path, *args: str) -> dict[str, Any]:
