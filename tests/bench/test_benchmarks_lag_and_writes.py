@@ -20,7 +20,7 @@ import pytest
 from benchmarks import report, writes
 from benchmarks.loop_lag import lag_during, percentile
 from benchmarks.subject import Subject
-from benchmarks.workloads import Workload
+from benchmarks.workloads import WARMUP, Workload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,12 +61,13 @@ class _Counting(Subject):
 
 
 async def test_a_round_runs_until_the_probe_has_its_samples() -> None:
-    # 8 saves at 4 callers take about 1 ms: one run gives the probe a wake or two; the
-    # round runs it again until it has woken 50 times.
+    # One run (4 first saves, WARMUP each untimed, then 8) takes about 5 ms: the probe
+    # wakes a few times; the round runs it again, whole, until it has woken 50 times.
     subject = _Counting()
     lags = await lag_during(subject, Workload("save", "1k", 4, 8), "lag", min_samples=50)
     assert len(lags) >= 50
-    assert subject.saves > 12  # more than one run (4 untimed first saves + 8)
+    one_run = 4 + 4 * WARMUP + 8
+    assert subject.saves >= 2 * one_run and subject.saves % one_run == 0, subject.saves
 
 
 def _cli(tmp_path: Path, *args: str) -> dict[str, Any]:
