@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import inspect
 import os
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +27,8 @@ from siglo.stack import ExecutionStack
 
 URLS = {
     "memory": "memory://",
-    "sqlite": "sqlite:///siglo-sync.db",
+    # Absolute: isolated() makes its directory beside the file (not in the checkout).
+    "sqlite": f"sqlite:///{Path(tempfile.gettempdir()) / 'siglo-sync.db'}",
     "redis": os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0"),
     "postgres": os.environ.get("SIGLO_POSTGRES_URL", "postgresql://127.0.0.1:5432/test"),
 }

@@ -44,7 +44,12 @@ def test_siglo_check_memory(tmp_path: Path) -> None:
     assert suite.get("failures") == "0"
 
 
-def test_siglo_check_defaults_to_the_embedded_backend() -> None:
+def test_siglo_check_defaults_to_the_embedded_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default URL is a relative file: its isolated directories go beside it, so
+    # here, not in the checkout (where they raced `ruff check .`).
+    monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(cli, ["check", "--rule", "cache.*", "--examples", "5"])
     assert result.exit_code == 0, result.output
     assert f"siglo check {DEFAULT_URL}" in result.output

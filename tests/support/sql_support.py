@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,7 +57,9 @@ def base_url(kind: str) -> str:
     if kind == "sqlite-memory":
         return "sqlite://"
     if kind == "sqlite-file":
-        return "sqlite:///siglo-test.db"
+        # Absolute, in the temporary directory: isolated() makes its directory beside
+        # the URL's file, and one in the checkout raced `ruff check .` walking it.
+        return f"sqlite:///{Path(tempfile.gettempdir()) / 'siglo-test.db'}"
     if kind == "postgres":
         require_postgres()
         return POSTGRES_URL
