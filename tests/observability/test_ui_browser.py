@@ -129,7 +129,17 @@ def navigate(driver: webdriver.Chrome, by: str, what: str) -> None:
 
 
 def text(driver: webdriver.Chrome, css: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+    """The text of the element at ``css``; when the page has none, the failure shows
+    what the page said instead (an error page, a timeout)."""
+    from selenium.common.exceptions import NoSuchElementException
+
+    try:
+        return str(driver.find_element(By.CSS_SELECTOR, css).text)
+    except NoSuchElementException:
+        body = driver.find_element(By.TAG_NAME, "body").text
+        raise AssertionError(
+            f"no {css} on {driver.current_url} ({driver.title!r}); the page said: {body[:2000]}"
+        ) from None
 
 
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
