@@ -85,6 +85,39 @@ def wait_cluster_ok(ports: list[int], seconds: float = 30) -> None:
         time.sleep(0.1)
 
 
+def settle_after_promotion(ports: list[int]) -> bool:
+    """Wait for the cluster on ``ports`` to settle after a replica took a master's place
+    (a failover, or the master killed); if it does not because a slot has no owner,
+    have ``redis-cli --cluster fix`` assign it, as an operator would, and wait again.
+    Whether the fix was needed.
+
+    A replica promoted just after a reshard can claim the slots of its master's older
+    map: the slot moved last is then owned by nobody and the cluster stays down (seen
+    after a `CLUSTER FAILOVER`: slot 63, though every node had shown the new owner of the
+    moved slots before it). That is Redis Cluster's doing, not the client's.
+    """
+    try:
+        wait_cluster_ok(ports)
+        return False
+    except RuntimeError:
+        owned: set[int] = set()
+        for node in cluster_nodes(ports[0]):
+            if node.master:
+                owned |= node.slots
+        if len(owned) == 16384:
+            raise  # every slot has an owner: something else keeps it down
+    subprocess.run(
+        ["redis-cli", "--cluster", "fix", f"127.0.0.1:{ports[0]}", "--cluster-yes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        # Covering a slot asks to type "yes" even with --cluster-yes (redis-cli 7.0).
+        input="yes\n" * 4,
+    )
+    wait_cluster_ok(ports)
+    return True
+
+
 @pytest.fixture
 def cluster() -> Iterator[list[RedisServer]]:
     yield from _started_cluster(free_ports(30200, 30300, 12))
@@ -303,7 +336,8 @@ async def _run(cluster: list[RedisServer], fault: str, pipelined: bool = True) -
                 assert time.monotonic() < deadline, "the replica was not promoted"
                 await asyncio.sleep(0.1)
             alive = [p for p in ports if fault == "failover" or p != target.port]
-            await asyncio.to_thread(wait_cluster_ok, alive)
+            if await asyncio.to_thread(settle_after_promotion, alive):
+                print(f"a slot had no owner after the {fault}: redis-cli --cluster fix")
 
         out = await contend([first, second], stacks, waits, locks, change)
         client = "auto-pipelined" if pipelined else "plain"
