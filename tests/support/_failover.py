@@ -53,8 +53,10 @@ async def run_through_failover(
                 window = drill.elapsed_s
                 await asyncio.sleep(after_s)
                 # Recovered and no call failed meanwhile: reads alone can look recovered
-                # while writes still wait for a replica that is syncing.
-                if drill.recovered(since=fault_at) and drill.last_failure_s < window:
+                # while writes still wait for a replica that is syncing. And every worker
+                # ended a call well in that second: a worker whose writes still wait
+                # (for a replica's confirmation) has not, and stopping then failed them.
+                if drill.recovered(since=window) and drill.last_failure_s < window:
                     break
             await asyncio.sleep(0.05)
     finally:
