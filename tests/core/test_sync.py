@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import inspect
 import os
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
+from sql_support import base_url
 
 import siglo
 from siglo import sync
@@ -27,8 +26,7 @@ from siglo.stack import ExecutionStack
 
 URLS = {
     "memory": "memory://",
-    # Absolute: isolated() makes its directory beside the file (not in the checkout).
-    "sqlite": f"sqlite:///{Path(tempfile.gettempdir()) / 'siglo-sync.db'}",
+    "sqlite": base_url("sqlite-file"),
     "redis": os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0"),
     "postgres": os.environ.get("SIGLO_POSTGRES_URL", "postgresql://127.0.0.1:5432/test"),
 }
