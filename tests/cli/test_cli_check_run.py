@@ -39,6 +39,49 @@ def test_check_leaves_no_hypothesis_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def _check_in(cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    args = ["check", "memory://", "-n", "3", "--rule", "checkpoint.*"]
+    return subprocess.run(
+        [sys.executable, "-m", "siglo", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**base, **env},
+    )
+
+
+def test_check_keeps_hypothesis_caches_in_the_user_cache_directory(tmp_path: Path) -> None:
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    work.mkdir()
+    done = _check_in(work, XDG_CACHE_HOME=str(cache))
+    assert done.returncode == 0, done.stderr
+    assert list(work.iterdir()) == []
+    kept = cache / "siglo" / "hypothesis"
+    # Only caches: the Unicode tables and the constants; no example database.
+    assert {p.name for p in kept.iterdir()} <= {"unicode_data", "constants", "tmp"}
+    assert any((kept / "constants").iterdir())
+
+
+def test_check_runs_without_a_usable_cache_directory(tmp_path: Path) -> None:
+    work, blocker = tmp_path / "work", tmp_path / "not-a-directory"
+    work.mkdir()
+    blocker.write_text("")
+    done = _check_in(work, XDG_CACHE_HOME=str(blocker))
+    assert done.returncode == 0, done.stderr
+    assert list(work.iterdir()) == []
+    assert blocker.read_text() == ""
+
+
+def test_hypothesis_storage_directory_wins(tmp_path: Path) -> None:
+    work, cache, storage = tmp_path / "work", tmp_path / "cache", tmp_path / "storage"
+    work.mkdir()
+    done = _check_in(work, XDG_CACHE_HOME=str(cache), HYPOTHESIS_STORAGE_DIRECTORY=str(storage))
+    assert done.returncode == 0, done.stderr
+    assert not cache.exists()
+    assert any(storage.rglob("*"))
+
+
 def test_the_default_sqlite_file_is_not_created(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "siglo", "check", "-n", "3", "--rule", "cache.*"],
