@@ -262,6 +262,21 @@ def _document(size: int, revision: int, changed: int) -> Any:
     return Checkpoint(stack_id="lat", revision=revision, timestamp=revision, contexts=contexts)
 
 
+def _message(n: int) -> dict[str, Any]:
+    return {"role": "tool" if n % 2 else "assistant", "n": n, "text": f"turn {n}: " + "x" * 220}
+
+
+def _grown_document(size: int, revision: int) -> Any:
+    """A ``size`` document whose first context is a history that grows by one message of
+    about 256 bytes a save; the other 15 contexts do not change."""
+    from siglo import Checkpoint
+
+    per = max(1, size // 16)
+    history = {"messages": [_message(n) for n in range(per // 256 + revision)]}
+    contexts = {"c0": history, **{f"c{i}": _piece(i * 1000, per) for i in range(1, 16)}}
+    return Checkpoint(stack_id="lat", revision=revision, timestamp=revision, contexts=contexts)
+
+
 async def latency_round(
     kind: str, size: int, ops: int, options: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -270,15 +285,23 @@ async def latency_round(
     ``"cold"``, the saver with its memory of bodies and versions emptied before each
     load (a process that has not read the row yet); ``"follower"``, an adapter on the same
     connections with a memory of its own that loads and never saves (another process
-    following the writer: one context changes between its loads)."""
+    following the writer: one context changes between its loads). The option
+    ``"pattern"`` (not passed on) says how the document changes from one save to the
+    next: by default one context is replaced by another of the same length (and the one
+    replaced at the save before goes back); ``"grow"``, a history context grows by one
+    message (:func:`_grown_document`), so the document's length changes every save."""
     options = dict(options or {})
     reader = options.pop("reader", None)
+    pattern = options.pop("pattern", None)
     async with open_kind(kind, **options) as backend:
         a = backend.adapter
         load = a
         if reader == "follower":
             load = _fresh_memory(copy.copy(backend.raw_adapter))
-        docs = [_document(size, r, (r - 1) % 16) for r in range(1, ops + 2)]
+        docs = [
+            _grown_document(size, r) if pattern == "grow" else _document(size, r, (r - 1) % 16)
+            for r in range(1, ops + 2)
+        ]
         for cp in docs:
             cp.to_json()  # encoded beforehand: both trees measure the store, not orjson
         await a.save_checkpoint(docs[0], expected_revision=0)
