@@ -14,7 +14,11 @@ here and in the siglo checkout ``DIR`` (a tree without this work: its ``siglo`` 
 ``backends`` come first on ``sys.path`` of a child process), in interleaved rounds, and
 prints the median of the round medians with their range. ``--after-options JSON``
 connects this tree's side with those options (``'{"incremental_min_bytes": 16384}'``:
-Redis with incremental saves on, or another SQL threshold).
+Redis with incremental saves on, or another SQL threshold). In the options of either
+side, ``"pattern": "grow"`` makes a history context grow by one message a save (the
+document's length changes every save) instead of one context replaced by another of the
+same length, and ``"reader": "cold"`` or ``"follower"`` says who loads
+(:func:`latency_round`).
 
 Figures taken on a shared machine are indicative; docs/benchmarks-large-state.md records
 what was run.
