@@ -235,3 +235,27 @@ def test_the_flow_callgrind_runs_the_e2e_workflow(
     monkeypatch.setattr(flow_callgrind, "WARMUP", 2)
     assert asyncio.run(flow_callgrind.run(kind, 0)) == 0.0
     assert asyncio.run(flow_callgrind.run(kind, 3)) > 0.0
+
+
+def test_the_e2e_statements_experiment_times_every_statement_of_a_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/benchmarks.md cites it for the end-to-end miss on SQLite: each round prints
+    its runs/s, the statements a run with their time, and the loop's and the other
+    threads' totals; the timed connections are undone afterwards."""
+    import sqlite3
+
+    from benchmarks.experiments import e2e_statements
+
+    plain = sqlite3.connect
+    e2e_statements.main(runs=64, rounds=2)
+    assert sqlite3.connect is plain
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("round")] == [
+        "round 1",
+        "round 2",
+    ]
+    # Each run inserts its checkpoint and updates it once a step, on the loop's thread.
+    saves = [line for line in lines if "loop   UPDATE siglo_checkpoints" in line]
+    assert saves and all(line.split()[0] == "3.00" for line in saves), saves
+    assert sum("in statements on the loop:" in line for line in lines) == 2
