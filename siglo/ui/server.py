@@ -17,12 +17,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 import orjson
@@ -39,7 +40,12 @@ from siglo.checkpoint import STATUSES
 from siglo.clock import system_clock
 from siglo.config import Settings
 from siglo.connect import connect
-from siglo.errors import InvalidArgumentError, SigloError
+from siglo.errors import (
+    InvalidArgumentError,
+    OutcomeUnknownError,
+    SigloError,
+    StorageAdapterError,
+)
 from siglo.listing import MAX_PAGE_SIZE
 from siglo.manager import StorageManager
 from siglo.sentinel import MISSING
@@ -47,6 +53,8 @@ from siglo.ui import actions, data
 from siglo.urls import mask_credentials
 
 __all__ = ["LOOPBACK_HOSTS", "create_app", "is_loopback"]
+
+_log = logging.getLogger("siglo.ui")
 
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 TOKEN_COOKIE: Final = "siglo_ui_token"
@@ -168,6 +176,40 @@ def create_app(
 
     def refuse(request: Request, status: int, message: str) -> Response:
         return render(request, "message.html", {"title": "Refused", "message": message}, status)
+
+    password = urlsplit(url).password
+
+    def failed(request: Request, exc: Exception) -> Response:
+        """A page for an error of siglo's that a page or an action did not answer itself.
+
+        The store failing (unreachable, timed out, refusing) is a 503 that says so and
+        which store; an action whose write may or may not have landed says that too;
+        anything else of siglo's is a 500 naming the error. Never a bare "Internal
+        Server Error", and never the URL's password (an error that quotes the URL has it
+        masked). Logged on ``siglo.ui`` as a warning.
+        """
+        message = str(exc)
+        if password:
+            message = message.replace(password, "***")
+        _log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, message)
+        if isinstance(exc, OutcomeUnknownError):
+            title, status = "Outcome unknown", 503
+            message = (
+                f"the store did not confirm the write ({message}): open the run again to "
+                "see whether it was applied before you repeat the action"
+            )
+        elif isinstance(exc, StorageAdapterError):
+            title, status = "Storage unavailable", 503
+            then = (
+                "open the run again to see its state before you repeat the action"
+                if request.method == "POST"
+                else "reload the page once it is back"
+            )
+            message = f"the store at {mask_credentials(url)} failed ({message}): {then}"
+        else:
+            title, status = "Error", 500
+            message = f"{type(exc).__name__}: {message}"
+        return render(request, "message.html", {"title": title, "message": message}, status)
 
     class Guard(BaseHTTPMiddleware):
         async def dispatch(
@@ -371,6 +413,8 @@ def create_app(
                     ) from None
                 do = actions.cancel_run if action == "cancel" else actions.delete_run
                 message = await do(manager, stack_id, namespace, revision)
+        except StorageAdapterError as exc:
+            return failed(request, exc)
         except SigloError as exc:
             return refuse(request, 409, str(exc))
         count_cache.clear()  # the counts changed
@@ -394,5 +438,6 @@ def create_app(
             Route("/ui.css", stylesheet),
         ],
         middleware=[Middleware(Guard)],
+        exception_handlers={SigloError: failed},
         lifespan=lifespan,
     )

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
-from ops_support import DURABLE_KINDS, shared_store
+from _tcp_proxy import tcp_proxy
+from ops_support import DURABLE_KINDS, shared_store, with_option
 from ui_support import FIELD, NAMESPACE, ORDERS, SECRET, seed
 
 import siglo
@@ -395,3 +398,85 @@ async def test_the_run_page_shows_step_cache_hits_and_misses(store: siglo.Backen
     assert price_hit[4:] == ["written by an earlier run: not recorded", "yes"]
     assert rows(none) == [["no cached step"]]
     assert SECRET not in miss and SECRET not in hit
+
+
+async def test_a_store_that_fails_is_a_page_that_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """The store cut off (a real PostgreSQL behind a proxy that closes every connection):
+    every page and an action answer 503 with a page naming the store and the error, the
+    URL's password masked, and the failure logged; once the store is back the pages
+    are served again (docs/observability.md)."""
+    from sql_support import require_postgres
+
+    require_postgres()
+    async with shared_store("postgres") as backend:
+        async with siglo.connect(backend.url, settings=SETTINGS) as piped:
+            await seed(piped, SETTINGS)
+        parts = urlsplit(backend.url)
+        with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+            # Trust authentication: the password is sent and ignored, and must never show.
+            netloc = f"{parts.username or 'postgres'}:hunter2-pw@{proxy.url_host}"
+            url = urlunsplit(parts._replace(netloc=netloc))
+            url = with_option(url, "command_timeout_ms", 1000)
+            url = with_option(url, "connect_timeout_ms", 1000)
+            async with dashboard(url) as client:
+                assert (await client.get("/runs")).status_code == 200
+                confirm = await client.get(
+                    "/confirm/cancel", params={"id": "order-1", "namespace": NAMESPACE}
+                )
+                token = csrf(confirm.text)
+                proxy.cut()
+                caplog.set_level(logging.WARNING, logger="siglo.ui")
+                pages = [
+                    await client.get("/runs"),
+                    await client.get(f"/run?id=order-1&namespace={NAMESPACE}"),
+                    await client.get("/attention"),
+                    await client.post(
+                        "/actions/cancel",
+                        data={
+                            "csrf": token,
+                            "id": "order-1",
+                            "namespace": NAMESPACE,
+                            "revision": "1",
+                        },
+                    ),
+                ]
+                for page in pages:
+                    assert page.status_code == 503, (page.request.url, page.text)
+                    assert "Storage unavailable" in page.text or "Outcome unknown" in page.text
+                    assert "hunter2-pw" not in page.text
+                    assert "Internal Server Error" not in page.text
+                assert "Storage unavailable" in pages[0].text
+                assert f"127.0.0.1:{proxy.port}" in pages[0].text  # which store
+                assert "reload the page" in pages[0].text
+                assert "open the run again" in pages[3].text
+                logged = [r.getMessage() for r in caplog.records if r.name == "siglo.ui"]
+                assert len(logged) == 4 and all("hunter2-pw" not in m for m in logged)
+                proxy.restore()
+                for _ in range(50):  # the pool reconnects
+                    if (await client.get("/runs")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.1)
+                assert (await client.get("/runs")).status_code == 200
+
+
+async def test_a_run_that_cannot_be_read_is_a_page_naming_the_error() -> None:
+    """A stored row that is not a checkpoint (written past siglo, here by plain
+    sqlite3): its run page is a 500 naming the error; the other pages are served."""
+    import sqlite3
+
+    async with shared_store("sqlite") as backend:
+        async with siglo.connect(backend.url, settings=SETTINGS) as piped:
+            await seed(piped, SETTINGS)
+        raw = sqlite3.connect(urlsplit(backend.url).path)
+        with raw:
+            changed = raw.execute(
+                "UPDATE siglo_checkpoints SET document = ? WHERE stack_id = 'order-1'", (b"{not",)
+            ).rowcount
+        raw.close()
+        assert changed == 1
+        async with dashboard(backend.url) as client:
+            page = await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})
+            assert page.status_code == 500
+            assert "MalformedRecordError" in page.text and "not valid JSON" in page.text
+            assert (await client.get("/runs")).status_code == 200
+            assert (await client.get("/attention")).status_code == 200
