@@ -21,6 +21,7 @@ from siglo.adapter import Capability
 from siglo.errors import SigloError, StorageAdapterError
 from siglo.plugins import Deviation
 from siglo_contract.checks import all_checks
+from siglo_contract.hypothesis_home import in_hypothesis_home
 from siglo_contract.machine_base import ContractMachine
 from siglo_contract.registry import (
     EVIDENCE_DIRECT,
@@ -161,6 +162,7 @@ class _CheckOutcome:
         self.evidence[rule_id] = max(self.evidence.get(rule_id, 0), evidence)
 
 
+@in_hypothesis_home
 def run_contract(
     target: str | BackendFactory | Target,
     *,
@@ -196,7 +198,9 @@ def run_contract(
     Before any check, a URL target's backend must answer one read within
     :data:`PROBE_TIMEOUT_S`: an unreachable backend raises
     :class:`~siglo.errors.StorageAdapterError` once, instead of failing every rule.
-    Synchronous: call it outside a running event loop.
+    Synchronous: call it outside a running event loop. Hypothesis keeps its caches in
+    siglo's user cache directory meanwhile, not in the working directory
+    (:mod:`siglo_contract.hypothesis_home`).
     """
     if seed is None:
         seed = random.getrandbits(32)

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -74,47 +70,6 @@ def _writable_report(path: Path) -> None:
         ) from None
     if not existed:
         path.unlink()
-
-
-def _hypothesis_cache_dir() -> Path:
-    """Where ``siglo check`` keeps hypothesis's caches: ``siglo/hypothesis`` in the user's
-    cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "siglo" / "hypothesis"
-
-
-@contextlib.contextmanager
-def _hypothesis_home() -> Iterator[None]:
-    """Point hypothesis's storage at the user's cache directory for the run.
-
-    Hypothesis keeps caches in ``./.hypothesis`` (its Unicode tables, the constants it
-    reads from loaded modules); a command must not litter the cwd, and building them again
-    costs every run about three seconds. The suite runs with no example database
-    (``database=None``), so the directory only ever holds those caches, and a run's
-    programs are the same with or without them. With no usable cache directory, a
-    temporary one, removed after the run.
-    """
-    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
-        yield
-        return
-    # Imported here, not at the top: it loads all of hypothesis (~0.3 s), which only
-    # `siglo check` needs; every other command starts without it.
-    from hypothesis.configuration import set_hypothesis_home_dir
-
-    cache = _hypothesis_cache_dir()
-    with contextlib.ExitStack() as stack:
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            directory = str(cache)
-        except OSError:
-            directory = stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="siglo-check-hypothesis-")
-            )
-        set_hypothesis_home_dir(directory)
-        try:
-            yield
-        finally:
-            set_hypothesis_home_dir(None)
 
 
 @click.command()
@@ -245,7 +200,6 @@ def check(
     # With a report on stdout, the table goes to stderr.
     out = Console(stderr=report_format is not None and report_file is None)
     with (
-        _hypothesis_home(),
         Progress(
             TextColumn("[progress.description]{task.description}"),
             BarColumn(),

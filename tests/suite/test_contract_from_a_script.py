@@ -49,3 +49,5 @@ def test_the_docs_example_runs_from_a_script_without_a_guard(kind: str, tmp_path
     assert done.stdout.strip().endswith("pass")
     assert "BrokenProcessPool" not in done.stderr
     assert (tmp_path / "contract.xml").read_text().count("<failure") == 0
+    # Nothing else is left where it ran: no SQLite file, no ./.hypothesis.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["check_my_store.py", "contract.xml"]
