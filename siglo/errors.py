@@ -44,7 +44,27 @@ __all__ = [
 
 
 class SigloError(Exception):
-    """Base class of every error siglo raises."""
+    """Base class of every error siglo raises.
+
+    Every siglo error pickles as itself — its message and every attribute its
+    constructor set — so it crosses a process boundary (a process pool, a worker
+    process) intact, whatever its constructor's arguments: :meth:`__reduce__` rebuilds
+    it without calling the constructor again.
+    """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(
+    cls: type[SigloError], args: tuple[object, ...], state: dict[str, object]
+) -> SigloError:
+    """The error :meth:`SigloError.__reduce__` pickled: ``cls`` with ``args`` and the
+    attributes of ``state``, its constructor not called."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class InvalidArgumentError(SigloError, ValueError):
@@ -95,12 +115,6 @@ class DocumentTooLargeError(InvalidArgumentError):
             "(offload them: docs/large-state.md) or raise max_document_bytes"
         )
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            type(self),
-            (self.stack_id, self.size, self.limit, self.largest, self.namespace),
-        )
-
 
 class CheckpointVersionError(MalformedRecordError):
     """A checkpoint was written by a newer storage schema than this siglo understands."""
@@ -148,12 +162,6 @@ class CheckpointConflictError(SigloError):
             "reload the latest checkpoint, reconcile and retry"
         )
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            type(self),
-            (self.stack_id, self.current_revision, self.expected_revision, self.attempted_revision),
-        )
-
 
 class NamespaceMismatchError(SigloError):
     """A checkpoint of one namespace was restored where another was expected."""
@@ -166,9 +174,6 @@ class NamespaceMismatchError(SigloError):
             f"checkpoint of stack {stack_id!r} belongs to namespace {actual_namespace!r}, "
             f"not the expected {expected_namespace!r}"
         )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.stack_id, self.expected_namespace, self.actual_namespace))
 
 
 class StorageAdapterError(SigloError):
@@ -206,9 +211,6 @@ class OutcomeUnknownError(StorageAdapterError):
             f"outcome unknown: {operation} may or may not have taken effect ({reason}); "
             "re-read before acting on it, and retry it as a compare-and-set"
         )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.operation, self.reason))
 
 
 class WorkflowVersionMismatchError(SigloError):
