@@ -113,7 +113,8 @@ class WorkerPass:
     timers_fired: int = 0
     runs_recovered: int = 0
     failures: list[str] = field(default_factory=list)
-    """One line per run that raised (its exception was logged; the run is ``failed``)."""
+    """One line per run that raised, or whose checkpoint could not be read (each
+    logged; a run that raised is ``failed``, an unreadable one is left as stored)."""
     stopped: bool = False
     """The pass ended early because a stop was requested (the run in progress finished)."""
 
@@ -263,9 +264,17 @@ class Worker:
             if stop is not None and stop.is_set():
                 done.stopped = True
                 return
-            checkpoint = await self.manager.load_checkpoint(
-                record.stack_id, namespace=record.namespace
-            )
+            try:
+                checkpoint = await self.manager.load_checkpoint(
+                    record.stack_id, namespace=record.namespace
+                )
+            except StorageAdapterError:
+                raise  # the storage failed, not the run: the loop backs off and retries
+            except Exception as exc:
+                # Its checkpoint cannot be read (not a checkpoint, of a newer schema, its
+                # key erased): that run's failure, named; the other timers still fire.
+                self._failed(done, record.stack_id, exc)
+                continue
             flow = None if checkpoint is None else self.flows.get(checkpoint.workflow_id or "")
             if flow is None:
                 continue  # not a run of ours (or gone): another worker's, or nobody's

@@ -1,0 +1,79 @@
+"""A run whose stored checkpoint cannot be read (written past siglo, here by plain
+sqlite3) is that run's failure in a worker pass, named and logged, never the worker's:
+the pass goes on with the other runs' timers and recoveries (docs/workflows.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import siglo
+from siglo import Step, StorageManager, WorkflowSuspended, flow
+from siglo.workflow import Worker, sleep
+
+
+async def _nap(_: Any) -> str:
+    await sleep(1)
+    return "woke"
+
+
+def _corrupt(path: Path, stack_id: str) -> None:
+    raw = sqlite3.connect(path)
+    with raw:
+        changed = raw.execute(
+            "UPDATE siglo_checkpoints SET document = ? WHERE stack_id = ?", (b"{not", stack_id)
+        ).rowcount
+    raw.close()
+    assert changed == 1
+
+
+async def test_a_due_timer_of_an_unreadable_run_fails_that_run_alone(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    napping = flow(Step.create("nap", _nap), name="napping")
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        manager = StorageManager(backend)
+        for stack_id in ("broken", "fine"):
+            with pytest.raises(WorkflowSuspended):
+                await napping.run(None, manager=manager, stack_id=stack_id)
+        _corrupt(path, "broken")
+        await asyncio.sleep(0.05)  # both timers due
+        done = await Worker(manager, [napping]).run_once()
+        assert done.timers_fired == 1
+        assert len(done.failures) == 1
+        assert "'broken'" in done.failures[0] and "MalformedRecordError" in done.failures[0]
+        fine = await manager.load_checkpoint("fine")
+        assert fine is not None and fine.status == "completed"
+
+
+class _Crash(BaseException):
+    """Stands for the process dying mid-step."""
+
+
+async def test_recovering_an_unreadable_run_fails_that_run_alone(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    crashing = True
+
+    async def one(x: int) -> int:
+        return x + 1
+
+    async def two(x: int) -> int:
+        if crashing:
+            raise _Crash
+        return x * 10
+
+    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        manager = StorageManager(backend)
+        for stack_id in ("broken", "fine"):  # each crashed in its second step
+            with pytest.raises(_Crash):
+                await steps.run(1, manager=manager, stack_id=stack_id)
+        crashing = False
+        _corrupt(path, "broken")
+        done = await Worker(manager, [steps]).run_once()
+        assert len(done.failures) == 1 and "'broken'" in done.failures[0]
+        fine = await manager.load_checkpoint("fine")
+        assert fine is not None and fine.status == "completed"
