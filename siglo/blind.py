@@ -29,7 +29,13 @@ import orjson
 
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
-from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage, CheckpointSummary, ListQuery
+from siglo.listing import (
+    DEFAULT_PAGE_SIZE,
+    CheckpointPage,
+    CheckpointSummary,
+    ListQuery,
+    get_listed,
+)
 from siglo.sentinel import MISSING, Missing
 
 
@@ -189,7 +195,7 @@ async def list_matching(
         for summary in page.items:
             if skip is not None and skip(summary):
                 continue
-            stored = await raw.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+            stored = await get_listed(raw, summary)
             if stored is not None and await _matches(stored, wanted, indexed, index_key, keys):
                 found.append(summary)
         cursor = page.next_cursor
@@ -214,7 +220,7 @@ async def scan_tokens(raw: Listing, query: ListQuery, tokens: Mapping[str, str])
             cursor=cursor,
         )
         for summary in page.items:
-            stored = await raw.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+            stored = await get_listed(raw, summary)
             if stored is None:
                 continue
             have = stored_tokens(stored.metadata)

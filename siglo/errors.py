@@ -67,6 +67,21 @@ def _rebuild(
     return error
 
 
+def naming_stack(
+    exc: MalformedRecordError, stack_id: str, namespace: str | None
+) -> MalformedRecordError:
+    """``exc``, of the same type and fields, with the stack whose stored checkpoint it was
+    read from named: in its message, and as ``stack_id`` and ``namespace`` attributes.
+
+    For the walks over every stored stack (an export, a re-key, a blob collection, a
+    filtered listing), whose failure must say which stack to look at."""
+    where = f"stack {stack_id!r}" + (f" (namespace {namespace!r})" if namespace is not None else "")
+    state = {**vars(exc), "stack_id": stack_id, "namespace": namespace}
+    named = _rebuild(type(exc), (f"{exc}, in the stored checkpoint of {where}",), state)
+    assert isinstance(named, MalformedRecordError)
+    return named
+
+
 class InvalidArgumentError(SigloError, ValueError):
     """An argument is malformed; the message names it. Nothing stored was changed."""
 

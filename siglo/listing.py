@@ -13,12 +13,12 @@ import base64
 import binascii
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
 from siglo.checkpoint import STATUSES, Checkpoint
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, MalformedRecordError, naming_stack
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import require_id, require_optional_id
 
@@ -31,6 +31,7 @@ __all__ = [
     "check_list_arguments",
     "decode_cursor",
     "encode_cursor",
+    "get_listed",
 ]
 
 DEFAULT_PAGE_SIZE: Final = 100
@@ -193,3 +194,21 @@ def decode_cursor(cursor: str, arity: int) -> list[str]:
             f"cursor {cursor!r} is not a next_cursor of this backend's list_checkpoints"
         )
     return parts
+
+
+class _Reads(Protocol):
+    async def get_checkpoint(
+        self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
+    ) -> Checkpoint | None: ...
+
+
+async def get_listed(adapter: _Reads, summary: CheckpointSummary) -> Checkpoint | None:
+    """The stored checkpoint of a stack a listing showed (``None``: gone since).
+
+    A stored document that cannot be read raises its :class:`MalformedRecordError` with
+    the stack named (:func:`siglo.errors.naming_stack`): a walk over every stack stops
+    there, and says which one to look at (``siglo rm`` removes it)."""
+    try:
+        return await adapter.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+    except MalformedRecordError as exc:
+        raise naming_stack(exc, summary.stack_id, summary.namespace) from exc

@@ -34,6 +34,7 @@ from siglo.blobs import REF_KEY, BlobStore, blob_digest, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.listing import get_listed
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
 from siglo.sealing import Location, Sealer
@@ -321,7 +322,7 @@ async def _stored_checkpoints(adapter: StorageAdapter) -> Iterable[Checkpoint]:
     while True:
         page = await adapter.list_checkpoints(cursor=cursor, limit=500)
         for summary in page.items:
-            cp = await adapter.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+            cp = await get_listed(adapter, summary)
             if cp is not None:
                 found.append(cp)
         cursor = page.next_cursor

@@ -33,7 +33,7 @@ from siglo.errors import (
     InvalidArgumentError,
 )
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
-from siglo.listing import CheckpointSummary
+from siglo.listing import CheckpointSummary, get_listed
 from siglo.locking import split_namespaced_key
 from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
@@ -323,7 +323,7 @@ async def _rekey_one(
 ) -> None:
     raw = adapter.inner
     for _ in range(_ATTEMPTS):
-        stored = await raw.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+        stored = await get_listed(raw, summary)
         if stored is None:  # deleted or expired meanwhile: nothing left to protect
             report.current += 1
             return

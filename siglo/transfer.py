@@ -61,6 +61,7 @@ from siglo.errors import (
     SigloError,
 )
 from siglo.keys import KEYRING_NAMESPACE
+from siglo.listing import get_listed
 from siglo.offload import references
 from siglo.pipeline import PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
@@ -142,9 +143,7 @@ async def export_lines(
         for summary in page.items:
             if summary.namespace == KEYRING_NAMESPACE:
                 continue  # a dump never carries the keys it depends on
-            checkpoint = await adapter.get_checkpoint(
-                summary.stack_id, summary.namespace, fallback=False
-            )
+            checkpoint = await get_listed(adapter, summary)
             if checkpoint is None:
                 continue  # deleted or expired since the page was read
             # A dump carries values: a reference left here means the adapter has no

@@ -83,6 +83,14 @@ def hint_for(exc: BaseException) -> str:
         )
     if isinstance(exc, CapabilityNotSupportedError):
         return "`siglo backends` lists what each backend supports"
+    stack_id = getattr(exc, "stack_id", None)  # a stack's stored checkpoint: naming_stack
+    if isinstance(exc, MalformedRecordError) and stack_id is not None:
+        namespace = getattr(exc, "namespace", None)
+        option = f" --namespace {namespace}" if namespace is not None else ""
+        return (
+            f"siglo cannot read that stack as stored; `siglo rm URL {stack_id}{option}` "
+            "removes it (its checkpoint, wait records and context streams), and nothing else"
+        )
     if isinstance(exc, InvalidArgumentError | MalformedRecordError):
         return "fix the value named above (URL forms: see `siglo backends` and docs/backends/)"
     if isinstance(exc, SigloError):
