@@ -15,7 +15,7 @@ from siglo.checkpoint import STATUSES
 from siglo.cli.common import format_ms, open_store, print_json, print_table, require
 from siglo.cli.errors import CliError, resolve_url
 from siglo.clock import system_clock
-from siglo.errors import CheckpointConflictError
+from siglo.errors import CheckpointConflictError, MalformedRecordError, naming_stack
 from siglo.listing import CheckpointSummary
 from siglo.moments import describe_ms
 from siglo.records import WaitRecord, embedded_wait_record
@@ -195,7 +195,10 @@ def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: 
     async def run() -> None:
         async with open_store(resolve_url(url), existing=True) as backend:
             adapter = backend.adapter
-            checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
+            try:
+                checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
+            except MalformedRecordError as exc:
+                raise naming_stack(exc, stack_id, namespace) from exc  # the hint: siglo rm
             if checkpoint is None:
                 where = f" in namespace {namespace!r}" if namespace else ""
                 raise CliError(

@@ -37,13 +37,17 @@ async def _store_with_a_broken_stack(path: Path) -> str:
     return url
 
 
-def test_an_export_names_the_stack_it_cannot_read_and_rm_removes_it(tmp_path: Path) -> None:
+def test_export_and_show_name_the_stack_they_cannot_read_and_rm_removes_it(tmp_path: Path) -> None:
     url = asyncio.run(_store_with_a_broken_stack(tmp_path / "x.db"))
     runner = CliRunner()
     failed = runner.invoke(cli, ["export", url], catch_exceptions=False)
     assert failed.exit_code != 0
     assert "in the stored checkpoint of stack 'broken' (namespace 't1')" in failed.stderr
     assert "`siglo rm URL broken --namespace t1`" in failed.stderr
+    shown = runner.invoke(cli, ["show", url, "broken", "--namespace", "t1"])
+    assert shown.exit_code != 0
+    assert "in the stored checkpoint of stack 'broken' (namespace 't1')" in shown.stderr
+    assert "`siglo rm URL broken --namespace t1`" in shown.stderr
     assert runner.invoke(cli, ["rm", url, "broken", "--namespace", "t1"]).exit_code == 0
     done = runner.invoke(cli, ["export", url], catch_exceptions=False)
     assert done.exit_code == 0, done.stderr
