@@ -112,9 +112,12 @@ class WorkerPass:
 
     timers_fired: int = 0
     runs_recovered: int = 0
+    """Crashed runs taken up: continued, or failed by their step (a run whose recovery
+    failed again as it did before is not counted)."""
     failures: list[str] = field(default_factory=list)
-    """One line per run that raised, or whose checkpoint could not be read (each
-    logged; a run that raised is ``failed``, an unreadable one is left as stored)."""
+    """One line per run that raised, or that was left as stored (its checkpoint could
+    not be read, its flow changed without a migration): each logged, and said once
+    while the run fails the same way."""
     stopped: bool = False
     """The pass ended early because a stop was requested (the run in progress finished)."""
 
@@ -160,6 +163,10 @@ class Worker:
         # whether the lease has since outlived a crashed holder's (the holder is alive).
         self._held: dict[tuple[str | None, str], tuple[float, bool]] = {}
         self._seen_this_walk: set[tuple[str | None, str]] = set()
+        self._failing: dict[tuple[str | None, str], str] = {}
+        """The runs whose recovery failed, with the failure: said once."""
+        self._failing_timers: dict[tuple[str | None, str], str] = {}
+        """The runs whose due timer failed, with the failure: said once."""
         adapter = manager.adapter
         if adapter is None:
             raise InvalidArgumentError("the worker's storage manager has no storage adapter")
@@ -264,6 +271,7 @@ class Worker:
             if stop is not None and stop.is_set():
                 done.stopped = True
                 return
+            timer_key = (record.namespace, record.stack_id)
             try:
                 checkpoint = await self.manager.load_checkpoint(
                     record.stack_id, namespace=record.namespace
@@ -272,8 +280,8 @@ class Worker:
                 raise  # the storage failed, not the run: the loop backs off and retries
             except Exception as exc:
                 # Its checkpoint cannot be read (not a checkpoint, of a newer schema, its
-                # key erased): that run's failure, named; the other timers still fire.
-                self._failed(done, record.stack_id, exc)
+                # key erased): that run's failure, named once; the other timers still fire.
+                self._failed(done, timer_key, exc, self._failing_timers)
                 continue
             flow = None if checkpoint is None else self.flows.get(checkpoint.workflow_id or "")
             if flow is None:
@@ -295,7 +303,9 @@ class Worker:
                 # is the step's own, a failure of the run: siglo wraps a driver's.)
                 raise
             except Exception as exc:
-                self._failed(done, record.stack_id, exc)
+                self._failed(done, timer_key, exc, self._failing_timers)
+            else:
+                self._failing_timers.pop(timer_key, None)
             fired += 1
             done.timers_fired += 1
 
@@ -325,9 +335,13 @@ class Worker:
                 raise  # the storage failed, not the run: the loop backs off and retries
             except Exception as exc:
                 self._held.pop(key, None)
-                done.runs_recovered += 1
-                self._failed(done, summary.stack_id, exc)
+                # A failure like the one before (the run left as stored: unreadable, its
+                # flow changed without a migration) is no work done: counted as such,
+                # the pass would be busy and the next one start at once, again and again.
+                if self._failed(done, key, exc, self._failing):
+                    done.runs_recovered += 1
                 continue
+            self._failing.pop(key, None)
             if recovered:
                 if key in self._held:
                     self._say(f"run {_name(key)} recovered: its lease had lapsed")
@@ -338,6 +352,8 @@ class Worker:
             # A full walk: forget runs no longer `running` (finished in their process).
             for gone in set(self._held) - self._seen_this_walk:
                 del self._held[gone]
+            for gone in set(self._failing) - self._seen_this_walk:
+                del self._failing[gone]
             self._seen_this_walk.clear()
 
     def _lock_held(self, key: tuple[str | None, str], flow_name: str) -> None:
@@ -362,10 +378,22 @@ class Worker:
         self._held[key] = (first, alive)
 
     @staticmethod
-    def _failed(done: WorkerPass, stack_id: str, exc: BaseException) -> None:
-        line = f"run {stack_id!r} failed: {type(exc).__name__}: {exc}"
+    def _failed(
+        done: WorkerPass,
+        key: tuple[str | None, str],
+        exc: BaseException,
+        said: dict[tuple[str | None, str], str],
+    ) -> bool:
+        """Log and list a run's failure, unless ``said`` holds it as the one this run
+        failed with last (a run left as stored fails the same way at every pass).
+        ``True`` if new."""
+        line = f"run {key[1]!r} failed: {type(exc).__name__}: {exc}"
+        if said.get(key) == line:
+            return False
+        said[key] = line
         log.warning(line, exc_info=exc)
         done.failures.append(line)
+        return True
 
 
 def _name(key: tuple[str | None, str]) -> str:

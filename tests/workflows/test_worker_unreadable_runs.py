@@ -77,3 +77,62 @@ async def test_recovering_an_unreadable_run_fails_that_run_alone(tmp_path: Path)
         assert len(done.failures) == 1 and "'broken'" in done.failures[0]
         fine = await manager.load_checkpoint("fine")
         assert fine is not None and fine.status == "completed"
+
+
+async def _passes_for(worker: Worker, seconds: float) -> list[Any]:
+    passes: list[Any] = []
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(interval_s=0.2, stop=stop, on_pass=passes.append))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await task
+    return passes
+
+
+async def test_a_run_that_fails_the_same_way_is_said_once_and_the_worker_waits(
+    tmp_path: Path,
+) -> None:
+    """A run left as stored fails the same way at every pass: an unreadable one, and one
+    whose flow changed without a migration. The worker said it at every pass and counted
+    it as work done, so it started the next pass at once: thousands a second. It says
+    each once, and waits its interval between passes."""
+    path = tmp_path / "w.db"
+    crashing = True
+
+    async def one(x: int) -> int:
+        return x + 1
+
+    async def two(x: int) -> int:
+        if crashing:
+            raise _Crash
+        return x * 10
+
+    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
+    changed = flow(Step.create("one", one), Step.create("three", two), name="steps")
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        manager = StorageManager(backend)
+        for stack_id in ("broken", "old"):
+            with pytest.raises(_Crash):
+                await steps.run(1, manager=manager, stack_id=stack_id)
+        crashing = False
+        _corrupt(path, "broken")
+        passes = await _passes_for(Worker(manager, [changed]), 1.0)
+        assert len(passes) <= 8, len(passes)  # an interval of 0.2 s: about 5
+        failures = [line for done in passes for line in done.failures]
+        assert len(failures) == 2, failures
+        assert any("'broken'" in f and "MalformedRecordError" in f for f in failures)
+        assert any("'old'" in f and "WorkflowVersionMismatchError" in f for f in failures)
+
+
+async def test_a_due_timer_of_an_unreadable_run_is_said_once(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    napping = flow(Step.create("nap", _nap), name="napping")
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        manager = StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await napping.run(None, manager=manager, stack_id="broken")
+        _corrupt(path, "broken")
+        await asyncio.sleep(0.05)
+        passes = await _passes_for(Worker(manager, [napping]), 1.0)
+        assert len(passes) <= 8, len(passes)
+        assert [line for done in passes for line in done.failures] == [passes[0].failures[0]]
