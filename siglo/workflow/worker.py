@@ -111,6 +111,7 @@ class WorkerPass:
     """What one pass did."""
 
     timers_fired: int = 0
+    """Due timers fired (a timer whose run failed again as it did before is not counted)."""
     runs_recovered: int = 0
     """Crashed runs taken up: continued, or failed by their step (a run whose recovery
     failed again as it did before is not counted)."""
@@ -303,7 +304,10 @@ class Worker:
                 # is the step's own, a failure of the run: siglo wraps a driver's.)
                 raise
             except Exception as exc:
-                self._failed(done, timer_key, exc, self._failing_timers)
+                if not self._failed(done, timer_key, exc, self._failing_timers):
+                    # Failed again as before (its flow changed without a migration: the
+                    # wait stays due): no work done, or the next pass would start at once.
+                    continue
             else:
                 self._failing_timers.pop(timer_key, None)
             fired += 1

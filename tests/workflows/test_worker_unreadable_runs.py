@@ -136,3 +136,29 @@ async def test_a_due_timer_of_an_unreadable_run_is_said_once(tmp_path: Path) -> 
         passes = await _passes_for(Worker(manager, [napping]), 1.0)
         assert len(passes) <= 8, len(passes)
         assert [line for done in passes for line in done.failures] == [passes[0].failures[0]]
+
+
+async def test_a_due_timer_whose_flow_changed_is_said_once_and_the_worker_waits(
+    tmp_path: Path,
+) -> None:
+    """A waiting run whose flow changed without a migration: its resume is refused and
+    the wait stays due. The worker counted the refusal as a timer fired, so it started
+    its next pass at once (a thousand a second); it says it once and waits."""
+
+    async def more(_: Any) -> int:
+        return 2
+
+    before = flow(Step.create("nap", _nap), name="napping")
+    after = flow(Step.create("nap", _nap), Step.create("more", more), name="napping")
+    async with siglo.connect(f"sqlite:///{tmp_path / 'w.db'}") as backend:
+        manager = StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await before.run(None, manager=manager, stack_id="r1")
+        await asyncio.sleep(0.05)
+        passes = await _passes_for(Worker(manager, [after]), 1.0)
+        assert len(passes) <= 8, len(passes)
+        failures = [line for done in passes for line in done.failures]
+        assert len(failures) == 1 and "WorkflowVersionMismatchError" in failures[0]
+        assert sum(done.timers_fired for done in passes) == 1
+        stored = await manager.load_checkpoint("r1")
+        assert stored is not None and stored.status == "waiting"  # left as stored
