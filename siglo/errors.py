@@ -40,6 +40,7 @@ __all__ = [
     "WaitTimeoutError",
     "WorkflowVersionMismatchError",
     "WorkflowVersionMismatchException",
+    "naming_stack",
 ]
 
 

@@ -165,9 +165,9 @@ class Worker:
         self._held: dict[tuple[str | None, str], tuple[float, bool]] = {}
         self._seen_this_walk: set[tuple[str | None, str]] = set()
         self._failing: dict[tuple[str | None, str], str] = {}
-        """The runs whose recovery failed, with the failure: said once."""
+        """The runs whose recovery failed, with the kind of failure: said once."""
         self._failing_timers: dict[tuple[str | None, str], str] = {}
-        """The runs whose due timer failed, with the failure: said once."""
+        """The runs whose due timer failed, with the kind of failure: said once."""
         adapter = manager.adapter
         if adapter is None:
             raise InvalidArgumentError("the worker's storage manager has no storage adapter")
@@ -388,13 +388,14 @@ class Worker:
         exc: BaseException,
         said: dict[tuple[str | None, str], str],
     ) -> bool:
-        """Log and list a run's failure, unless ``said`` holds it as the one this run
-        failed with last (a run left as stored fails the same way at every pass).
-        ``True`` if new."""
-        line = f"run {key[1]!r} failed: {type(exc).__name__}: {exc}"
-        if said.get(key) == line:
+        """Log and list a run's failure, unless ``said`` holds its kind as the one this
+        run failed with last (a run left as stored fails the same way at every pass; by
+        its kind, not its message, which may differ each time). ``True`` if new."""
+        kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        if said.get(key) == kind:
             return False
-        said[key] = line
+        said[key] = kind
+        line = f"run {key[1]!r} failed: {type(exc).__name__}: {exc}"
         log.warning(line, exc_info=exc)
         done.failures.append(line)
         return True
