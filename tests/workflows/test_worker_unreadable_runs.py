@@ -1,6 +1,7 @@
 """A run whose stored checkpoint cannot be read (written past siglo, here by plain
 sqlite3) is that run's failure in a worker pass, named and logged, never the worker's:
-the pass goes on with the other runs' timers and recoveries (docs/workflows.md)."""
+the pass goes on with the other runs' timers and recoveries, and a run that fails the
+same way at every pass is said once and is no work done (docs/operating.md)."""
 
 from __future__ import annotations
 
