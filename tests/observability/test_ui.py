@@ -452,7 +452,7 @@ async def test_a_store_that_fails_is_a_page_that_says_so(caplog: pytest.LogCaptu
                 logged = [r.getMessage() for r in caplog.records if r.name == "siglo.ui"]
                 assert len(logged) == 4 and all("hunter2-pw" not in m for m in logged)
                 proxy.restore()
-                for _ in range(50):  # the pool reconnects
+                for _ in range(150):  # the pool reconnects (a loaded machine: seconds)
                     if (await client.get("/runs")).status_code == 200:
                         break
                     await asyncio.sleep(0.1)
