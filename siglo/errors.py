@@ -41,6 +41,7 @@ __all__ = [
     "WorkflowVersionMismatchError",
     "WorkflowVersionMismatchException",
     "naming_stack",
+    "naming_wait",
 ]
 
 
@@ -79,6 +80,29 @@ def naming_stack(
     where = f"stack {stack_id!r}" + (f" (namespace {namespace!r})" if namespace is not None else "")
     state = {**vars(exc), "stack_id": stack_id, "namespace": namespace}
     named = _rebuild(type(exc), (f"{exc}, in the stored checkpoint of {where}",), state)
+    assert isinstance(named, MalformedRecordError)
+    return named
+
+
+def naming_wait(
+    exc: MalformedRecordError,
+    correlation_key: str,
+    namespace: str | None,
+    stack_id: str | None = None,
+) -> MalformedRecordError:
+    """``exc``, of the same type and fields, with the stored wait record it was read from
+    named: in its message, and as ``correlation_key``, ``stack_id`` (when known) and
+    ``namespace`` attributes (as :func:`naming_stack` names a checkpoint's stack)."""
+    of = f" of stack {stack_id!r}" if stack_id is not None else ""
+    where = of + (f" (namespace {namespace!r})" if namespace is not None else "")
+    state = {
+        **vars(exc),
+        "correlation_key": correlation_key,
+        "stack_id": stack_id,
+        "namespace": namespace,
+    }
+    message = f"{exc}, in the stored wait record {correlation_key!r}{where}"
+    named = _rebuild(type(exc), (message,), state)
     assert isinstance(named, MalformedRecordError)
     return named
 

@@ -10,11 +10,17 @@ retrying otherwise. Of N racing callers exactly one moves a record.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from siglo.errors import StorageAdapterError, WaitRecordClaimError
+from siglo.errors import (
+    MalformedRecordError,
+    StorageAdapterError,
+    WaitRecordClaimError,
+    naming_wait,
+)
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 from siglo_redis.commands import Commands, clamp_px, sha1, text
@@ -159,7 +165,10 @@ class WaitRecords:
         data = await self._redis.get(self._keys.wait(key, namespace))
         if data is None:
             return None, None
-        record = WaitRecord.from_json(data)
+        try:
+            record = WaitRecord.from_json(data)
+        except MalformedRecordError as exc:
+            raise naming_wait(exc, key, namespace) from exc  # which key to look at
         return (record if record.correlation_key == key else None), data
 
     async def save(self, record: WaitRecord, retention_ms: int | None) -> None:
@@ -246,8 +255,10 @@ class WaitRecords:
         keys = {text(m) or "" for m in members or ()}
         copy = await self._redis.get(self._keys.wait(stack_id, namespace))
         if copy is not None:
-            # A record with this correlation key, or the seed's copy naming one.
-            keys.add(WaitRecord.from_json(copy).correlation_key)
+            # A record with this correlation key, or the seed's copy naming one. (One
+            # that cannot be read names none: it is the stack's own, removed with it.)
+            with contextlib.suppress(MalformedRecordError):
+                keys.add(WaitRecord.from_json(copy).correlation_key)
         return keys, copy
 
     async def snapshot_of_stack(
@@ -258,15 +269,27 @@ class WaitRecords:
         keys, copy = await self.keys_of_stack(stack_id, namespace)
         found: list[tuple[str | None, bytes]] = []
         for correlation_key in sorted(keys):
-            record, data = await self.read(correlation_key, namespace)
+            try:
+                record, data = await self.read(correlation_key, namespace)
+            except MalformedRecordError:
+                # Indexed for this stack and unreadable (written past siglo): it goes
+                # with the stack, deleted only as stored, like the others.
+                data = await self._redis.get(self._keys.wait(correlation_key, namespace))
+                if data is not None:
+                    found.append((correlation_key, data))
+                continue
             if record is None or record.stack_id != stack_id or record.namespace != namespace:
                 continue
             assert data is not None  # a record was read from it
             found.append((correlation_key, data))
         if copy is not None:
-            seed_copy = WaitRecord.from_json(copy)
-            if seed_copy.stack_id == stack_id and seed_copy.namespace == namespace:
-                found.append((None, copy))
+            try:
+                seed_copy = WaitRecord.from_json(copy)
+            except MalformedRecordError:
+                found.append((None, copy))  # at the stack's own key: the stack's
+            else:
+                if seed_copy.stack_id == stack_id and seed_copy.namespace == namespace:
+                    found.append((None, copy))
         return found
 
     async def delete_snapshot(

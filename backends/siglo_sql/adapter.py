@@ -49,7 +49,7 @@ from siglo_sql.parts import (
     assemble,
     split,
 )
-from siglo_sql.rows import checkpoint_row, wait_from_row, wait_id, wait_row
+from siglo_sql.rows import checkpoint_row, due_wait_from_row, wait_from_row, wait_id, wait_row
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import (
     LIVE,
@@ -906,7 +906,7 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
         now = self.clock.now_ms()
         rows = await self.database.fetch(self._s.wait_due, {"now": now, "limit": limit})
-        return [wait_from_row(row) for row in rows]
+        return [due_wait_from_row(row) for row in rows]
 
     # -- wait records --------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from siglo import codec
 from siglo.checkpoint import Checkpoint
+from siglo.errors import MalformedRecordError, naming_wait
 from siglo.records import WaitRecord
 from siglo_sql.database import Row
 from siglo_sql.keys import at_most, row_id
@@ -18,6 +19,7 @@ from siglo_sql.keys import at_most, row_id
 __all__ = [
     "checkpoint_row",
     "earliest",
+    "due_wait_from_row",
     "wait_from_row",
     "wait_id",
     "wait_row",
@@ -79,6 +81,17 @@ def wait_row(record: WaitRecord, gone_at: int | None) -> dict[str, Any]:
         "document": record.to_json(),
         "latest_id": wait_id(record.namespace, record.stack_id),
     }
+
+
+def due_wait_from_row(row: Row) -> WaitRecord:
+    """A wait record from a row of ``wait_due``: :func:`wait_from_row`'s columns, then
+    the record's correlation key, stack id and namespace, which name a stored document
+    that cannot be read."""
+    try:
+        return wait_from_row(row[:-3])
+    except MalformedRecordError as exc:
+        key, stack_id, namespace = row[-3:]
+        raise naming_wait(exc, key, namespace or None, stack_id) from exc
 
 
 def wait_from_row(row: Row) -> WaitRecord:

@@ -530,8 +530,11 @@ def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str,
         "wait_clean_batch": _clean(w),
         # Through the partial deadline index (its conditions repeated, so the planner
         # sees it applies); a claim whose lease ran out is due again.
+        # With the record's key, stack and namespace: a document that cannot be read is
+        # named (siglo_sql.rows.due_wait_from_row).
         "wait_due": (
-            f"SELECT {wait_cols} FROM {w} WHERE deadline IS NOT NULL AND deadline <= :now "
+            f"SELECT {wait_cols}, correlation_key, stack_id, namespace FROM {w} "
+            "WHERE deadline IS NOT NULL AND deadline <= :now "
             f"AND status IN ('waiting', 'claimed') AND {LIVE} "
             "AND (status = 'waiting' OR (lease_expires_at IS NOT NULL "
             "AND lease_expires_at <= :now)) ORDER BY deadline, correlation_key LIMIT :limit"

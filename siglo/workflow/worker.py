@@ -54,6 +54,9 @@ __all__ = [
 DEFAULT_INTERVAL_S: Final = 1.0
 _LOOK_AHEAD: Final = 10
 
+_DUE_TIMERS: Final = (None, "\x00due timers")
+"""The key under which a failed listing of the due timers is said once (no run's key)."""
+
 RETRYABLE: Final = (StorageAdapterError, OSError)
 """The failures the worker's loop rides out: a storage call that failed or timed out
 (:class:`~siglo.errors.StorageAdapterError`, its :class:`~siglo.errors.OutcomeUnknownError`
@@ -263,7 +266,19 @@ class Worker:
         # without a flow) are skipped; reading several batches' worth keeps them from
         # filling every pass. (More than that many foreign due waits still would: run a
         # worker for every flow of a store.)
-        due = await self.adapter.list_due_waits(limit=min(self.batch * _LOOK_AHEAD, MAX_PAGE_SIZE))
+        try:
+            due = await self.adapter.list_due_waits(
+                limit=min(self.batch * _LOOK_AHEAD, MAX_PAGE_SIZE)
+            )
+        except StorageAdapterError:
+            raise  # the storage failed: the loop backs off and retries
+        except Exception as exc:
+            # A due wait record that cannot be read (its error names it) fails the listing
+            # of them all: said once, and the pass goes on to recover runs. Timers fire
+            # again once the record is gone (`siglo rm` of its stack removes it).
+            self._failed(done, _DUE_TIMERS, exc, self._failing_timers, "due timers not listed")
+            return
+        self._failing_timers.pop(_DUE_TIMERS, None)
         telemetry.note_due_waits(due, self.manager.clock.now_ms())
         fired = 0
         for record in due:
@@ -387,6 +402,7 @@ class Worker:
         key: tuple[str | None, str],
         exc: BaseException,
         said: dict[tuple[str | None, str], str],
+        what: str | None = None,
     ) -> bool:
         """Log and list a run's failure, unless ``said`` holds its kind as the one this
         run failed with last (a run left as stored fails the same way at every pass; by
@@ -395,7 +411,7 @@ class Worker:
         if said.get(key) == kind:
             return False
         said[key] = kind
-        line = f"run {key[1]!r} failed: {type(exc).__name__}: {exc}"
+        line = f"{what or f'run {key[1]!r} failed'}: {type(exc).__name__}: {exc}"
         log.warning(line, exc_info=exc)
         done.failures.append(line)
         return True

@@ -9,12 +9,15 @@ import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from ops_support import shared_store
 
 import siglo
 from siglo import Step, StorageManager, WorkflowSuspended, flow
 from siglo.workflow import Worker, sleep
+from siglo.workflow.step import sleep_key
 
 
 async def _nap(_: Any) -> str:
@@ -163,3 +166,56 @@ async def test_a_due_timer_whose_flow_changed_is_said_once_and_the_worker_waits(
         assert sum(done.timers_fired for done in passes) == 1
         stored = await manager.load_checkpoint("r1")
         assert stored is not None and stored.status == "waiting"  # left as stored
+
+
+async def _corrupt_wait(backend: siglo.Backend, kind: str, stack_id: str) -> None:
+    """The stored document of ``stack_id``'s sleep, written past siglo."""
+    key = sleep_key(None, stack_id, "nap")
+    if kind == "sqlite":
+        raw = sqlite3.connect(urlsplit(backend.url).path)
+        with raw:
+            raw.execute(
+                "UPDATE siglo_wait_records SET document = ? WHERE correlation_key = ?",
+                (b"{not", key),
+            )
+        raw.close()
+    else:
+        import redis.asyncio as redis
+
+        client = redis.from_url(backend.url.split("?", 1)[0])
+        try:
+            assert await client.set(backend.adapter.keys.wait(key, None), b"{not", xx=True)
+        finally:
+            await client.aclose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_due_wait_record_that_cannot_be_read_is_named_and_recovery_goes_on(
+    kind: str,
+) -> None:
+    """A due wait record written past siglo fails the listing of every due timer: the
+    worker says so once, naming the record and its stack (on Redis, where only the key
+    is known before the document is read, the key), and still recovers crashed runs;
+    once the stack is removed the other timers fire."""
+    napping = flow(Step.create("nap", _nap), name="napping")
+    async with shared_store(kind) as backend:
+        manager = StorageManager(backend)
+        for stack_id in ("broken", "fine"):
+            with pytest.raises(WorkflowSuspended):
+                await napping.run(None, manager=manager, stack_id=stack_id)
+        await _corrupt_wait(backend, kind, "broken")
+        await asyncio.sleep(0.05)
+        worker = Worker(manager, [napping])
+        first, second = await worker.run_once(), await worker.run_once()
+        assert first.timers_fired == 0 and len(first.failures) == 1
+        line = first.failures[0]
+        assert line.startswith("due timers not listed: MalformedRecordError")
+        assert "in the stored wait record 'siglo-sleep" in line
+        if kind == "sqlite":
+            assert "of stack 'broken'" in line
+        assert second.failures == []  # said once
+        assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
+        third = await worker.run_once()
+        assert third.timers_fired == 1 and third.failures == []
+        fine = await manager.load_checkpoint("fine")
+        assert fine is not None and fine.status == "completed"
