@@ -35,7 +35,7 @@ from typing import Any
 
 from siglo.blind import stored_tokens
 from siglo.checkpoint import Checkpoint
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, MalformedRecordError, naming_stack
 from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
@@ -237,7 +237,11 @@ class CheckpointIndex:
                     continue
                 if wanted and not any(pattern in data for pattern in wanted):
                     continue  # cannot have a wanted status: not worth decoding
-                checkpoint = Checkpoint.from_json(data)
+                try:
+                    checkpoint = Checkpoint.from_json(data)
+                except MalformedRecordError as exc:
+                    namespace, stack_id = split_member(member)
+                    raise naming_stack(exc, stack_id, namespace) from exc  # which to remove
                 if tokens is not None and not _holds(checkpoint, tokens):
                     field = min(tokens)
                     if stored_tokens(checkpoint.metadata).get(field) != tokens[field]:

@@ -612,7 +612,9 @@ CHECKPOINT_DELETE: Final = Script(
 -- checkpoint's parts hash (same slot; siglo_redis.adapter). ARGV[1] member,
 -- ARGV[2] expected revision ('' = any), ARGV[3] now (ms).
 -- Returns {1, 1 if the deleted checkpoint was live else 0, its JSON or ''}, or
--- {0, stored revision or -1} when the stored revision is not the expected one.
+-- {0, stored revision or -1} when the stored revision is not the expected one. A value
+-- that is not a checkpoint (written past siglo) counts as live, with no revision: it
+-- is deleted when no revision is expected, and the caller is told it was.
 local current = redis.call('GET', KEYS[1])
 local live = 0
 local revision = -1
@@ -624,6 +626,8 @@ if current then
       live = 1
       revision = doc['revision']
     end
+  else
+    live = 1
   end
 end
 if ARGV[2] ~= '' and (live == 0 or revision ~= tonumber(ARGV[2])) then

@@ -57,6 +57,9 @@ _LOOK_AHEAD: Final = 10
 _DUE_TIMERS: Final = (None, "\x00due timers")
 """The key under which a failed listing of the due timers is said once (no run's key)."""
 
+_RUNNING: Final = (None, "\x00running runs")
+"""The key under which a failed listing of the running runs is said once."""
+
 RETRYABLE: Final = (StorageAdapterError, OSError)
 """The failures the worker's loop rides out: a storage call that failed or timed out
 (:class:`~siglo.errors.StorageAdapterError`, its :class:`~siglo.errors.OutcomeUnknownError`
@@ -329,9 +332,19 @@ class Worker:
             done.timers_fired += 1
 
     async def _recover(self, done: WorkerPass, stop: asyncio.Event | None) -> None:
-        page = await self.adapter.list_checkpoints(
-            status="running", limit=self.batch, cursor=self._cursor
-        )
+        try:
+            page = await self.adapter.list_checkpoints(
+                status="running", limit=self.batch, cursor=self._cursor
+            )
+        except StorageAdapterError:
+            raise  # the storage failed: the loop backs off and retries
+        except Exception as exc:
+            # A listed checkpoint that cannot be read (where a listing reads documents:
+            # Redis; its error names the stack) fails the page: said once. Runs are
+            # recovered again once it is gone (`siglo rm` of that stack).
+            self._failed(done, _RUNNING, exc, self._failing, "running runs not listed")
+            return
+        self._failing.pop(_RUNNING, None)
         # The next pass goes on from here; a finished walk starts over.
         self._cursor = page.next_cursor
         for summary in page.items:

@@ -12,10 +12,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from click.testing import CliRunner
 from ops_support import shared_store
 
 import siglo
 from siglo import Step, StorageManager, WorkflowSuspended, flow
+from siglo.cli import cli
 from siglo.workflow import Worker, sleep
 from siglo.workflow.step import sleep_key
 
@@ -217,5 +219,52 @@ async def test_a_due_wait_record_that_cannot_be_read_is_named_and_recovery_goes_
         assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
         third = await worker.run_once()
         assert third.timers_fired == 1 and third.failures == []
+        fine = await manager.load_checkpoint("fine")
+        assert fine is not None and fine.status == "completed"
+
+
+async def test_a_listing_that_meets_an_unreadable_checkpoint_names_it_on_redis() -> None:
+    """Redis's listing reads the documents it lists: one written past siglo fails the
+    page, naming its stack. The worker says so once and goes on (its timers still
+    fire); `siglo ls` names the stack and hints `siglo rm`; once it is removed the
+    crashed runs are recovered."""
+    crashing = True
+
+    async def one(x: int) -> int:
+        return x + 1
+
+    async def two(x: int) -> int:
+        if crashing:
+            raise _Crash
+        return x * 10
+
+    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
+    async with shared_store("redis") as backend:
+        manager = StorageManager(backend)
+        for stack_id in ("broken", "fine"):
+            with pytest.raises(_Crash):
+                await steps.run(1, manager=manager, stack_id=stack_id)
+        crashing = False
+        import redis.asyncio as redis
+
+        client = redis.from_url(backend.url.split("?", 1)[0])
+        try:
+            key = backend.adapter.keys.checkpoint("broken", None)
+            # It still reads as a running one to the listing's status filter.
+            assert await client.set(key, b'{"status":"running", not JSON', xx=True)
+        finally:
+            await client.aclose()
+        worker = Worker(manager, [steps])
+        first, second = await worker.run_once(), await worker.run_once()
+        assert len(first.failures) == 1, first.failures
+        assert first.failures[0].startswith("running runs not listed: MalformedRecordError")
+        assert "in the stored checkpoint of stack 'broken'" in first.failures[0]
+        assert second.failures == [] and second.runs_recovered == 0
+        listed = await asyncio.to_thread(CliRunner().invoke, cli, ["ls", backend.url])
+        assert listed.exit_code != 0
+        assert "stack 'broken'" in listed.stderr and "`siglo rm URL broken`" in listed.stderr
+        assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
+        third = await worker.run_once()
+        assert third.runs_recovered == 1 and third.failures == []
         fine = await manager.load_checkpoint("fine")
         assert fine is not None and fine.status == "completed"
