@@ -15,6 +15,8 @@ from siglo.errors import (
     CapabilityNotSupportedError,
     InvalidArgumentError,
     LockNotAcquiredError,
+    MalformedRecordError,
+    naming_stack,
 )
 from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
 from siglo.locking import workflow_lock_key
@@ -235,7 +237,10 @@ async def run_detail(
 ) -> RunDetail | None:
     """One run's checkpoint, wait records, context stream and lock; ``None`` if no
     checkpoint of ``stack_id`` is stored in ``namespace``."""
-    checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
+    try:
+        checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
+    except MalformedRecordError as exc:
+        raise naming_stack(exc, stack_id, namespace) from exc  # its page says to remove it
     if checkpoint is None:
         return None
     fields = redacting(checkpoint, redact_fields)

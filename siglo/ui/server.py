@@ -37,11 +37,13 @@ from starlette.templating import Jinja2Templates
 
 from siglo.backend import Backend
 from siglo.checkpoint import STATUSES
+from siglo.cli.errors import hint_for
 from siglo.clock import system_clock
 from siglo.config import Settings
 from siglo.connect import connect
 from siglo.errors import (
     InvalidArgumentError,
+    MalformedRecordError,
     OutcomeUnknownError,
     SigloError,
     StorageAdapterError,
@@ -209,6 +211,9 @@ def create_app(
         else:
             title, status = "Error", 500
             message = f"{type(exc).__name__}: {message}"
+            if isinstance(exc, MalformedRecordError) and getattr(exc, "stack_id", None):
+                # A stored record siglo cannot read, its stack named: what removes it.
+                message += ". " + hint_for(exc).replace("URL", mask_credentials(url), 1)
         return render(request, "message.html", {"title": title, "message": message}, status)
 
     class Guard(BaseHTTPMiddleware):

@@ -10,6 +10,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from html import unescape
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -461,7 +462,8 @@ async def test_a_store_that_fails_is_a_page_that_says_so(caplog: pytest.LogCaptu
 
 async def test_a_run_that_cannot_be_read_is_a_page_naming_the_error() -> None:
     """A stored row that is not a checkpoint (written past siglo, here by plain
-    sqlite3): its run page is a 500 naming the error; the other pages are served."""
+    sqlite3): its run page is a 500 naming the error, the stack and the `siglo rm` that
+    removes it; the other pages are served."""
     import sqlite3
 
     async with shared_store("sqlite") as backend:
@@ -477,6 +479,9 @@ async def test_a_run_that_cannot_be_read_is_a_page_naming_the_error() -> None:
         async with dashboard(backend.url) as client:
             page = await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})
             assert page.status_code == 500
-            assert "MalformedRecordError" in page.text and "not valid JSON" in page.text
+            shown = unescape(page.text)
+            assert "MalformedRecordError" in shown and "not valid JSON" in shown
+            assert f"in the stored checkpoint of stack 'order-1' (namespace '{NAMESPACE}')" in shown
+            assert f"`siglo rm {backend.url} order-1 --namespace {NAMESPACE}`" in shown
             assert (await client.get("/runs")).status_code == 200
             assert (await client.get("/attention")).status_code == 200
