@@ -268,3 +268,45 @@ async def test_a_listing_that_meets_an_unreadable_checkpoint_names_it_on_redis()
         assert third.runs_recovered == 1 and third.failures == []
         fine = await manager.load_checkpoint("fine")
         assert fine is not None and fine.status == "completed"
+
+
+async def test_a_run_that_fails_another_way_is_said_again(tmp_path: Path) -> None:
+    """Said once per kind of failure: the same run unreadable, then readable again but
+    of a flow that changed, is said twice."""
+    path = tmp_path / "w.db"
+    crashing = True
+
+    async def one(x: int) -> int:
+        return x + 1
+
+    async def two(x: int) -> int:
+        if crashing:
+            raise _Crash
+        return x * 10
+
+    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
+    changed = flow(Step.create("one", one), Step.create("three", two), name="steps")
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        manager = StorageManager(backend)
+        with pytest.raises(_Crash):
+            await steps.run(1, manager=manager, stack_id="run")
+        crashing = False
+        raw = sqlite3.connect(path)
+        (document,) = raw.execute(
+            "SELECT document FROM siglo_checkpoints WHERE stack_id = 'run'"
+        ).fetchone()
+        raw.close()
+        _corrupt(path, "run")
+        worker = Worker(manager, [changed])
+        said = [line for _ in range(3) for line in (await worker.run_once()).failures]
+        raw = sqlite3.connect(path)
+        with raw:
+            raw.execute(
+                "UPDATE siglo_checkpoints SET document = ? WHERE stack_id = 'run'", (document,)
+            )
+        raw.close()
+        said += [line for _ in range(3) for line in (await worker.run_once()).failures]
+        assert [line.split(": ")[1] for line in said] == [
+            "MalformedRecordError",
+            "WorkflowVersionMismatchError",
+        ], said
