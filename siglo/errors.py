@@ -77,11 +77,7 @@ def naming_stack(
 
     For the walks over every stored stack (an export, a re-key, a blob collection, a
     filtered listing), whose failure must say which stack to look at."""
-    where = f"stack {stack_id!r}" + (f" (namespace {namespace!r})" if namespace is not None else "")
-    state = {**vars(exc), "stack_id": stack_id, "namespace": namespace}
-    named = _rebuild(type(exc), (f"{exc}, in the stored checkpoint of {where}",), state)
-    assert isinstance(named, MalformedRecordError)
-    return named
+    return _named(exc, f"the stored checkpoint of stack {stack_id!r}", stack_id, namespace)
 
 
 def naming_wait(
@@ -94,15 +90,22 @@ def naming_wait(
     named: in its message, and as ``correlation_key``, ``stack_id`` (when known) and
     ``namespace`` attributes (as :func:`naming_stack` names a checkpoint's stack)."""
     of = f" of stack {stack_id!r}" if stack_id is not None else ""
-    where = of + (f" (namespace {namespace!r})" if namespace is not None else "")
-    state = {
-        **vars(exc),
-        "correlation_key": correlation_key,
-        "stack_id": stack_id,
-        "namespace": namespace,
-    }
-    message = f"{exc}, in the stored wait record {correlation_key!r}{where}"
-    named = _rebuild(type(exc), (message,), state)
+    record = f"the stored wait record {correlation_key!r}{of}"
+    return _named(exc, record, stack_id, namespace, correlation_key=correlation_key)
+
+
+def _named(
+    exc: MalformedRecordError,
+    record: str,
+    stack_id: str | None,
+    namespace: str | None,
+    **more: str,
+) -> MalformedRecordError:
+    """``exc`` rebuilt (:func:`_rebuild`) with ``record`` and its namespace at the end of
+    its message, and ``stack_id``, ``namespace`` and ``more`` as attributes."""
+    where = record + (f" (namespace {namespace!r})" if namespace is not None else "")
+    state = {**vars(exc), **more, "stack_id": stack_id, "namespace": namespace}
+    named = _rebuild(type(exc), (f"{exc}, in {where}",), state)
     assert isinstance(named, MalformedRecordError)
     return named
 

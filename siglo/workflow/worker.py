@@ -27,9 +27,9 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from siglo import telemetry
 from siglo.adapter import Capability
@@ -53,6 +53,8 @@ __all__ = [
 
 DEFAULT_INTERVAL_S: Final = 1.0
 _LOOK_AHEAD: Final = 10
+
+_T = TypeVar("_T")
 
 _DUE_TIMERS: Final = (None, "\x00due timers")
 """The key under which a failed listing of the due timers is said once (no run's key)."""
@@ -269,19 +271,15 @@ class Worker:
         # without a flow) are skipped; reading several batches' worth keeps them from
         # filling every pass. (More than that many foreign due waits still would: run a
         # worker for every flow of a store.)
-        try:
-            due = await self.adapter.list_due_waits(
-                limit=min(self.batch * _LOOK_AHEAD, MAX_PAGE_SIZE)
-            )
-        except StorageAdapterError:
-            raise  # the storage failed: the loop backs off and retries
-        except Exception as exc:
-            # A due wait record that cannot be read (its error names it) fails the listing
-            # of them all: said once, and the pass goes on to recover runs. Timers fire
-            # again once the record is gone (`siglo rm` of its stack removes it).
-            self._failed(done, _DUE_TIMERS, exc, self._failing_timers, "due timers not listed")
+        due = await self._listed(
+            done,
+            self.adapter.list_due_waits(limit=min(self.batch * _LOOK_AHEAD, MAX_PAGE_SIZE)),
+            _DUE_TIMERS,
+            self._failing_timers,
+            "due timers not listed",
+        )
+        if due is None:
             return
-        self._failing_timers.pop(_DUE_TIMERS, None)
         telemetry.note_due_waits(due, self.manager.clock.now_ms())
         fired = 0
         for record in due:
@@ -332,19 +330,15 @@ class Worker:
             done.timers_fired += 1
 
     async def _recover(self, done: WorkerPass, stop: asyncio.Event | None) -> None:
-        try:
-            page = await self.adapter.list_checkpoints(
-                status="running", limit=self.batch, cursor=self._cursor
-            )
-        except StorageAdapterError:
-            raise  # the storage failed: the loop backs off and retries
-        except Exception as exc:
-            # A listed checkpoint that cannot be read (where a listing reads documents:
-            # Redis; its error names the stack) fails the page: said once. Runs are
-            # recovered again once it is gone (`siglo rm` of that stack).
-            self._failed(done, _RUNNING, exc, self._failing, "running runs not listed")
+        page = await self._listed(
+            done,
+            self.adapter.list_checkpoints(status="running", limit=self.batch, cursor=self._cursor),
+            _RUNNING,
+            self._failing,
+            "running runs not listed",
+        )
+        if page is None:
             return
-        self._failing.pop(_RUNNING, None)
         # The next pass goes on from here; a finished walk starts over.
         self._cursor = page.next_cursor
         for summary in page.items:
@@ -387,6 +381,30 @@ class Worker:
             for gone in set(self._failing) - self._seen_this_walk:
                 del self._failing[gone]
             self._seen_this_walk.clear()
+
+    async def _listed(
+        self,
+        done: WorkerPass,
+        listing: Awaitable[_T],
+        key: tuple[None, str],
+        said: dict[tuple[str | None, str], str],
+        what: str,
+    ) -> _T | None:
+        """What ``listing`` (the due timers, or a page of the running runs) found, or
+        ``None`` if a record in it cannot be read: a listed record written past siglo
+        (its error names it) fails the whole listing, so the pass skips that part, says
+        so once, and goes on with the other. It lists again at every pass, and works
+        again once the record is gone (`siglo rm` of its stack). A storage failure is
+        raised: the loop backs off and retries."""
+        try:
+            found = await listing
+        except StorageAdapterError:
+            raise
+        except Exception as exc:
+            self._failed(done, key, exc, said, what)
+            return None
+        said.pop(key, None)
+        return found
 
     def _lock_held(self, key: tuple[str | None, str], flow_name: str) -> None:
         """Say once what the worker waits for on a `running` run whose lock is held."""

@@ -59,27 +59,43 @@ class _Crash(BaseException):
     """Stands for the process dying mid-step."""
 
 
-async def test_recovering_an_unreadable_run_fails_that_run_alone(tmp_path: Path) -> None:
-    path = tmp_path / "w.db"
-    crashing = True
+class _CrashingSteps:
+    """A flow of two steps (``flow``) whose runs :meth:`crash` leaves `running`, the
+    process dying in the second step; and ``changed``: the same flow with its second
+    step renamed, without a migration (a deploy with those runs in flight)."""
 
-    async def one(x: int) -> int:
+    def __init__(self) -> None:
+        self._crashing = True
+        self.flow = flow(Step.create("one", self._one), Step.create("two", self._two), name="steps")
+        self.changed = flow(
+            Step.create("one", self._one), Step.create("three", self._two), name="steps"
+        )
+
+    @staticmethod
+    async def _one(x: int) -> int:
         return x + 1
 
-    async def two(x: int) -> int:
-        if crashing:
+    async def _two(self, x: int) -> int:
+        if self._crashing:
             raise _Crash
         return x * 10
 
-    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
+    async def crash(self, manager: StorageManager, *stack_ids: str) -> None:
+        """Runs of ``stack_ids``, each crashed in its second step; later runs finish."""
+        for stack_id in stack_ids:
+            with pytest.raises(_Crash):
+                await self.flow.run(1, manager=manager, stack_id=stack_id)
+        self._crashing = False
+
+
+async def test_recovering_an_unreadable_run_fails_that_run_alone(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    steps = _CrashingSteps()
     async with siglo.connect(f"sqlite:///{path}") as backend:
         manager = StorageManager(backend)
-        for stack_id in ("broken", "fine"):  # each crashed in its second step
-            with pytest.raises(_Crash):
-                await steps.run(1, manager=manager, stack_id=stack_id)
-        crashing = False
+        await steps.crash(manager, "broken", "fine")
         _corrupt(path, "broken")
-        done = await Worker(manager, [steps]).run_once()
+        done = await Worker(manager, [steps.flow]).run_once()
         assert len(done.failures) == 1 and "'broken'" in done.failures[0]
         fine = await manager.load_checkpoint("fine")
         assert fine is not None and fine.status == "completed"
@@ -103,26 +119,12 @@ async def test_a_run_that_fails_the_same_way_is_said_once_and_the_worker_waits(
     it as work done, so it started the next pass at once: thousands a second. It says
     each once, and waits its interval between passes."""
     path = tmp_path / "w.db"
-    crashing = True
-
-    async def one(x: int) -> int:
-        return x + 1
-
-    async def two(x: int) -> int:
-        if crashing:
-            raise _Crash
-        return x * 10
-
-    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
-    changed = flow(Step.create("one", one), Step.create("three", two), name="steps")
+    steps = _CrashingSteps()
     async with siglo.connect(f"sqlite:///{path}") as backend:
         manager = StorageManager(backend)
-        for stack_id in ("broken", "old"):
-            with pytest.raises(_Crash):
-                await steps.run(1, manager=manager, stack_id=stack_id)
-        crashing = False
+        await steps.crash(manager, "broken", "old")
         _corrupt(path, "broken")
-        passes = await _passes_for(Worker(manager, [changed]), 1.0)
+        passes = await _passes_for(Worker(manager, [steps.changed]), 1.0)
         assert len(passes) <= 8, len(passes)  # an interval of 0.2 s: about 5
         failures = [line for done in passes for line in done.failures]
         assert len(failures) == 2, failures
@@ -228,23 +230,10 @@ async def test_a_listing_that_meets_an_unreadable_checkpoint_names_it_on_redis()
     page, naming its stack. The worker says so once and goes on (its timers still
     fire); `siglo ls` names the stack and hints `siglo rm`; once it is removed the
     crashed runs are recovered."""
-    crashing = True
-
-    async def one(x: int) -> int:
-        return x + 1
-
-    async def two(x: int) -> int:
-        if crashing:
-            raise _Crash
-        return x * 10
-
-    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
+    steps = _CrashingSteps()
     async with shared_store("redis") as backend:
         manager = StorageManager(backend)
-        for stack_id in ("broken", "fine"):
-            with pytest.raises(_Crash):
-                await steps.run(1, manager=manager, stack_id=stack_id)
-        crashing = False
+        await steps.crash(manager, "broken", "fine")
         import redis.asyncio as redis
 
         client = redis.from_url(backend.url.split("?", 1)[0])
@@ -254,7 +243,7 @@ async def test_a_listing_that_meets_an_unreadable_checkpoint_names_it_on_redis()
             assert await client.set(key, b'{"status":"running", not JSON', xx=True)
         finally:
             await client.aclose()
-        worker = Worker(manager, [steps])
+        worker = Worker(manager, [steps.flow])
         first, second = await worker.run_once(), await worker.run_once()
         assert len(first.failures) == 1, first.failures
         assert first.failures[0].startswith("running runs not listed: MalformedRecordError")
@@ -274,30 +263,17 @@ async def test_a_run_that_fails_another_way_is_said_again(tmp_path: Path) -> Non
     """Said once per kind of failure: the same run unreadable, then readable again but
     of a flow that changed, is said twice."""
     path = tmp_path / "w.db"
-    crashing = True
-
-    async def one(x: int) -> int:
-        return x + 1
-
-    async def two(x: int) -> int:
-        if crashing:
-            raise _Crash
-        return x * 10
-
-    steps = flow(Step.create("one", one), Step.create("two", two), name="steps")
-    changed = flow(Step.create("one", one), Step.create("three", two), name="steps")
+    steps = _CrashingSteps()
     async with siglo.connect(f"sqlite:///{path}") as backend:
         manager = StorageManager(backend)
-        with pytest.raises(_Crash):
-            await steps.run(1, manager=manager, stack_id="run")
-        crashing = False
+        await steps.crash(manager, "run")
         raw = sqlite3.connect(path)
         (document,) = raw.execute(
             "SELECT document FROM siglo_checkpoints WHERE stack_id = 'run'"
         ).fetchone()
         raw.close()
         _corrupt(path, "run")
-        worker = Worker(manager, [changed])
+        worker = Worker(manager, [steps.changed])
         said = [line for _ in range(3) for line in (await worker.run_once()).failures]
         raw = sqlite3.connect(path)
         with raw:
