@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from siglo.checkpoint import Checkpoint
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, SigloError, naming_stack
 from siglo.listing import (
     DEFAULT_PAGE_SIZE,
     CheckpointPage,
@@ -37,6 +37,7 @@ from siglo.listing import (
     get_listed,
 )
 from siglo.sentinel import MISSING, Missing
+from siglo.unreadable import UNREADABLE, report_unreadable
 
 
 class Listing(Protocol):
@@ -195,9 +196,14 @@ async def list_matching(
         for summary in page.items:
             if skip is not None and skip(summary):
                 continue
-            stored = await get_listed(raw, summary)
-            if stored is not None and await _matches(stored, wanted, indexed, index_key, keys):
-                found.append(summary)
+            try:
+                stored = await get_listed(raw, summary)
+                if stored is None or not await _matches(stored, wanted, indexed, index_key, keys):
+                    continue
+            except UNREADABLE as exc:
+                _left_out(exc, summary)
+                continue
+            found.append(summary)
         cursor = page.next_cursor
         if cursor is None or len(found) >= limit:
             return CheckpointPage(found, cursor)
@@ -220,7 +226,11 @@ async def scan_tokens(raw: Listing, query: ListQuery, tokens: Mapping[str, str])
             cursor=cursor,
         )
         for summary in page.items:
-            stored = await get_listed(raw, summary)
+            try:
+                stored = await get_listed(raw, summary)
+            except UNREADABLE as exc:
+                _left_out(exc, summary)
+                continue
             if stored is None:
                 continue
             have = stored_tokens(stored.metadata)
@@ -229,3 +239,11 @@ async def scan_tokens(raw: Listing, query: ListQuery, tokens: Mapping[str, str])
         cursor = page.next_cursor
         if cursor is None or len(found) >= query.limit:
             return CheckpointPage(found, cursor)
+
+
+def _left_out(exc: SigloError, summary: CheckpointSummary) -> None:
+    """A listed stack whose document cannot be read (or its metadata decrypted): left
+    out of the filtered page, as any listing leaves it (:mod:`siglo.unreadable`)."""
+    if getattr(exc, "stack_id", None) is None:
+        exc = naming_stack(exc, summary.stack_id, summary.namespace)
+    report_unreadable(exc)

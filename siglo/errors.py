@@ -7,6 +7,8 @@ so code ported from it reads the same.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 __all__ = [
     "AmbiguousStackError",
     "BackendNotFoundError",
@@ -69,9 +71,10 @@ def _rebuild(
     return error
 
 
-def naming_stack(
-    exc: MalformedRecordError, stack_id: str, namespace: str | None
-) -> MalformedRecordError:
+_E = TypeVar("_E", bound=SigloError)
+
+
+def naming_stack(exc: _E, stack_id: str, namespace: str | None) -> _E:
     """``exc``, of the same type and fields, with the stack whose stored checkpoint it was
     read from named: in its message, and as ``stack_id`` and ``namespace`` attributes.
 
@@ -81,11 +84,11 @@ def naming_stack(
 
 
 def naming_wait(
-    exc: MalformedRecordError,
+    exc: _E,
     correlation_key: str,
     namespace: str | None,
     stack_id: str | None = None,
-) -> MalformedRecordError:
+) -> _E:
     """``exc``, of the same type and fields, with the stored wait record it was read from
     named: in its message, and as ``correlation_key``, ``stack_id`` (when known) and
     ``namespace`` attributes (as :func:`naming_stack` names a checkpoint's stack)."""
@@ -95,18 +98,18 @@ def naming_wait(
 
 
 def _named(
-    exc: MalformedRecordError,
+    exc: _E,
     record: str,
     stack_id: str | None,
     namespace: str | None,
     **more: str,
-) -> MalformedRecordError:
+) -> _E:
     """``exc`` rebuilt (:func:`_rebuild`) with ``record`` and its namespace at the end of
     its message, and ``stack_id``, ``namespace`` and ``more`` as attributes."""
     where = record + (f" (namespace {namespace!r})" if namespace is not None else "")
     state = {**vars(exc), **more, "stack_id": stack_id, "namespace": namespace}
     named = _rebuild(type(exc), (f"{exc}, in {where}",), state)
-    assert isinstance(named, MalformedRecordError)
+    assert isinstance(named, type(exc))
     return named
 
 

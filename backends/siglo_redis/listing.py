@@ -39,6 +39,7 @@ from siglo.errors import InvalidArgumentError, MalformedRecordError, naming_stac
 from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
+from siglo.unreadable import UNREADABLE, report_unreadable
 from siglo_redis.commands import Commands, raw, text
 from siglo_redis.keys import KeySpace, hash_slot, namespace_segment
 from siglo_redis.scripts import DEADLINE_PRUNE, INDEX_PRUNE, TOKEN_PRUNE
@@ -240,8 +241,10 @@ class CheckpointIndex:
                 try:
                     checkpoint = Checkpoint.from_json(data)
                 except MalformedRecordError as exc:
+                    # Left out, as stored, and named to whoever lists (siglo.unreadable).
                     namespace, stack_id = split_member(member)
-                    raise naming_stack(exc, stack_id, namespace) from exc  # which to remove
+                    report_unreadable(naming_stack(exc, stack_id, namespace))
+                    continue
                 if tokens is not None and not _holds(checkpoint, tokens):
                     field = min(tokens)
                     if stored_tokens(checkpoint.metadata).get(field) != tokens[field]:
@@ -294,11 +297,14 @@ class CheckpointIndex:
             if not entries:
                 break
             pairs = [(text(m) or "", float(score)) for m, score in entries]
-            records = await asyncio.gather(*(read(key) for key, _ in pairs))
+            records = await _read_each(read, [key for key, _ in pairs])
             kept = 0
             for (key, score), record in zip(pairs, records, strict=True):
+                if isinstance(record, Exception):
+                    kept += 1  # cannot be read: its entry stays, as the record does
+                    continue
                 pending = record is not None and record.status in ("waiting", "claimed")
-                if pending and record.expires_at == int(score):
+                if record is not None and pending and record.expires_at == int(score):
                     kept += 1
                     continue
                 deadlines += int(
@@ -342,10 +348,15 @@ class CheckpointIndex:
             if not entries:
                 return due
             pairs = [(text(m) or "", float(score)) for m, score in entries]
-            records = await asyncio.gather(*(read(key) for key, _ in pairs))
+            records = await _read_each(read, [key for key, _ in pairs])
             for (key, score), record in zip(pairs, records, strict=True):
-                pending = record is not None and record.status in ("waiting", "claimed")
-                if not pending or record.expires_at != int(score):
+                if isinstance(record, Exception):
+                    continue  # cannot be read: left out, its entry kept (counted below)
+                if (
+                    record is None
+                    or record.status not in ("waiting", "claimed")
+                    or record.expires_at != int(score)
+                ):
                     removed = await self._redis.script(
                         DEADLINE_PRUNE, [index], [key, _score_text(score)]
                     )
@@ -361,6 +372,21 @@ class CheckpointIndex:
             if len(pairs) < _CHUNK:
                 return due
         return due
+
+
+async def _read_each(read: Any, keys: list[str]) -> list[WaitRecord | Exception | None]:
+    """``read(key)`` of every key at once: a record, ``None`` when gone, or the error of
+    one that cannot be read — reported (siglo.unreadable) and returned in its place,
+    where a storage failure is raised."""
+    results = await asyncio.gather(*(read(key) for key in keys), return_exceptions=True)
+    found: list[WaitRecord | Exception | None] = []
+    for result in results:
+        if isinstance(result, UNREADABLE):
+            report_unreadable(result)
+        elif isinstance(result, BaseException):
+            raise result
+        found.append(result)
+    return found
 
 
 def deadline_member(namespace: str | None, correlation_key: str) -> str:

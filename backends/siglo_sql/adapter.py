@@ -28,6 +28,7 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_w
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
+from siglo.unreadable import UNREADABLE, report_unreadable
 from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
@@ -905,8 +906,25 @@ class SqlStorageAdapter(StorageAdapter):
 
     async def _do_list_due_waits(self, limit: int) -> list[WaitRecord]:
         now = self.clock.now_ms()
-        rows = await self.database.fetch(self._s.wait_due, {"now": now, "limit": limit})
-        return [due_wait_from_row(row) for row in rows]
+        ask = limit
+        while True:
+            rows = await self.database.fetch(self._s.wait_due, {"now": now, "limit": ask})
+            due: list[WaitRecord] = []
+            unreadable: list[Exception] = []
+            for row in rows:
+                try:
+                    due.append(due_wait_from_row(row))
+                except UNREADABLE as exc:
+                    unreadable.append(exc)
+            # A record that cannot be read is left out (siglo.unreadable); it comes first
+            # again at the next pass, so the page asks for as many more, not to fall
+            # short of ``limit`` while other waits are due.
+            if len(due) >= limit or len(rows) < ask:
+                break
+            ask = limit + len(unreadable)
+        for error in unreadable:
+            report_unreadable(error)
+        return due[:limit]
 
     # -- wait records --------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ __all__ = [
     "as_cli_error",
     "display_url",
     "hint_for",
+    "left_out",
     "resolve_url",
 ]
 
@@ -91,11 +92,28 @@ def hint_for(exc: BaseException) -> str:
             f"siglo cannot read that stack as stored; `siglo rm URL {stack_id}{option}` "
             "removes it (its checkpoint, wait records and context streams), and nothing else"
         )
+    if isinstance(exc, MalformedRecordError) and getattr(exc, "correlation_key", None):
+        return (
+            "siglo cannot read that wait record as stored; `siglo rm URL STACK_ID` of its "
+            "run removes it with the run, or remove the record from the store by hand"
+        )
     if isinstance(exc, InvalidArgumentError | MalformedRecordError):
         return "fix the value named above (URL forms: see `siglo backends` and docs/backends/)"
     if isinstance(exc, SigloError):
         return "see the siglo documentation for this error"
     return f"rerun with `siglo --debug` (or {DEBUG_ENV}=1) for the traceback, and report it"
+
+
+def left_out(found: list[Exception]) -> None:
+    """After a listing's output: each record it left out because it cannot be read
+    (:mod:`siglo.unreadable`), named on standard error with its hint, and exit status 1
+    — the output holds every other record, as ``ls`` of a missing file lists the rest."""
+    if not found:
+        return
+    for exc in found:
+        click.echo(f"Left out: {type(exc).__name__}: {_one_line(str(exc))}", err=True)
+        click.echo(f"Hint: {hint_for(exc)}", err=True)
+    raise click.exceptions.Exit(1)
 
 
 def as_cli_error(exc: BaseException) -> CliError:

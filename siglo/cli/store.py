@@ -13,13 +13,14 @@ import orjson
 from siglo.adapter import Capability
 from siglo.checkpoint import STATUSES
 from siglo.cli.common import format_ms, open_store, print_json, print_table, require
-from siglo.cli.errors import CliError, resolve_url
+from siglo.cli.errors import CliError, left_out, resolve_url
 from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError, MalformedRecordError, naming_stack
 from siglo.listing import CheckpointSummary
 from siglo.moments import describe_ms
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
+from siglo.unreadable import collecting_unreadable
 from siglo.workflow.outcomes import WAITING_FOR, is_sleep, wait_outcome, waiting_for
 
 __all__ = ["clean", "ls", "parse_duration", "prune", "rm", "show"]
@@ -144,7 +145,9 @@ def ls(
         if page.next_cursor is not None:
             click.echo(f"more: --cursor {page.next_cursor}")
 
-    asyncio.run(run())
+    with collecting_unreadable() as unreadable:
+        asyncio.run(run())
+    left_out(unreadable)
 
 
 def _where(pairs: tuple[str, ...]) -> dict[str, Any] | None:
@@ -433,8 +436,10 @@ def clean(url: str | None, as_json: bool) -> None:
             require(backend, Capability.CHECKPOINTS)
             return {"checkpoints": await adapter.clean_expired_checkpoints()}
 
-    counts = asyncio.run(run())
+    with collecting_unreadable() as unreadable:
+        counts = asyncio.run(run())
     if as_json:
         print_json(counts)
-        return
-    print_table("expired records removed", ("kind", "removed"), list(counts.items()))
+    else:
+        print_table("expired records removed", ("kind", "removed"), list(counts.items()))
+    left_out(unreadable)

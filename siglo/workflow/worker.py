@@ -41,6 +41,7 @@ from siglo.errors import (
 )
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from siglo.manager import StorageManager
+from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import Flow, WorkflowSuspended
 
 __all__ = [
@@ -277,6 +278,7 @@ class Worker:
             _DUE_TIMERS,
             self._failing_timers,
             "due timers not listed",
+            "due timer left out",
         )
         if due is None:
             return
@@ -336,6 +338,7 @@ class Worker:
             _RUNNING,
             self._failing,
             "running runs not listed",
+            "running run left out",
         )
         if page is None:
             return
@@ -389,21 +392,30 @@ class Worker:
         key: tuple[None, str],
         said: dict[tuple[str | None, str], str],
         what: str,
+        left_out: str,
     ) -> _T | None:
-        """What ``listing`` (the due timers, or a page of the running runs) found, or
-        ``None`` if a record in it cannot be read: a listed record written past siglo
-        (its error names it) fails the whole listing, so the pass skips that part, says
-        so once, and goes on with the other. It lists again at every pass, and works
-        again once the record is gone (`siglo rm` of its stack). A storage failure is
-        raised: the loop backs off and retries."""
+        """What ``listing`` (the due timers, or a page of the running runs) found.
+
+        A record in it that cannot be read (written past siglo, sealed under a key this
+        process lacks) is left out by the listing (:mod:`siglo.unreadable`), and said
+        here once as that run's failure (``left_out``, its error naming the record):
+        the other runs' timers fire and their recoveries go on. Any other failure of
+        the listing but a storage one skips that part of the pass, said once (``what``);
+        a storage failure is raised: the loop backs off and retries."""
         try:
-            found = await listing
+            with collecting_unreadable() as unreadable:
+                found = await listing
         except StorageAdapterError:
             raise
         except Exception as exc:
             self._failed(done, key, exc, said, what)
             return None
         said.pop(key, None)
+        for error in unreadable:
+            record = _record_key(error)
+            if said is self._failing:
+                self._seen_this_walk.add(record)  # forgotten once a walk no longer meets it
+            self._failed(done, record, error, said, left_out)
         return found
 
     def _lock_held(self, key: tuple[str | None, str], flow_name: str) -> None:
@@ -446,6 +458,13 @@ class Worker:
         log.warning(line, exc_info=exc)
         done.failures.append(line)
         return True
+
+
+def _record_key(exc: Exception) -> tuple[str | None, str]:
+    """The run an unreadable record's error names (``siglo.errors.naming_stack`` or
+    ``naming_wait``): its namespace and stack id, else the wait's correlation key."""
+    stack_id = getattr(exc, "stack_id", None) or getattr(exc, "correlation_key", None)
+    return getattr(exc, "namespace", None), str(stack_id or exc)
 
 
 def _name(key: tuple[str | None, str]) -> str:

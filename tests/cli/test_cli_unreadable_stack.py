@@ -1,7 +1,8 @@
-"""A walk over every stored stack (an export, a re-key, a blob collection, a filtered
-listing) that meets a stack whose stored checkpoint siglo cannot read stops there and
-names it, and `siglo rm` removes it (docs/operating.md). Every such walk reads through
-`siglo.listing.get_listed`."""
+"""A walk over every stored stack that must carry each one (an export, a re-key, a blob
+collection) and meets a stack whose stored checkpoint siglo cannot read stops there and
+names it, and `siglo rm` removes it (docs/operating.md); a listing filtered by metadata
+leaves it out and names it (siglo.unreadable, tests/core/test_unreadable_listings.py).
+Every such walk reads through `siglo.listing.get_listed`."""
 
 from __future__ import annotations
 
@@ -111,3 +112,39 @@ def test_every_walk_over_listed_stacks_reads_through_get_listed() -> None:
             ):
                 by_hand.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert by_hand == [], by_hand
+
+
+# The walks that read listed stacks: those that stop at one they cannot read (what they
+# write must hold every stack), and those that leave it out (listings).
+_STOPPING = {"siglo/transfer.py", "siglo/rekeying.py", "siglo/offload.py"}
+_LEAVING_OUT = {"siglo/blind.py"}
+
+
+def test_every_reader_of_listed_stacks_stops_or_leaves_out() -> None:
+    """Each call of `get_listed` is in a walk that must stop (named above), or in a
+    listing's ``try`` whose handler catches `siglo.unreadable.UNREADABLE`: a new walk is
+    placed in one list or the other here, on purpose."""
+    found: dict[str, list[bool]] = {}
+    for path in (ROOT / "siglo").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        guarded = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Try)
+            and any(
+                h.type is not None and ast.unparse(h.type) == "UNREADABLE" for h in node.handlers
+            )
+            for statement in node.body
+            for inner in ast.walk(statement)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "get_listed"
+            ):
+                name = str(path.relative_to(ROOT))
+                found.setdefault(name, []).append(id(node) in guarded)
+    assert set(found) == _STOPPING | _LEAVING_OUT, found
+    for name, calls in found.items():
+        assert all(calls) if name in _LEAVING_OUT else not any(calls), (name, calls)

@@ -1,7 +1,8 @@
-"""A run whose stored checkpoint cannot be read (written past siglo, here by plain
-sqlite3) is that run's failure in a worker pass, named and logged, never the worker's:
-the pass goes on with the other runs' timers and recoveries, and a run that fails the
-same way at every pass is said once and is no work done (docs/operating.md)."""
+"""A run whose stored checkpoint or wait record cannot be read (written past siglo,
+here by plain sqlite3 or a plain Redis client) is that run's failure in a worker pass,
+named and logged, never the worker's: the pass goes on with the other runs' timers and
+recoveries (a listing leaves such a record out: siglo.unreadable), and a run that fails
+the same way at every pass is said once and is no work done (docs/operating.md)."""
 
 from __future__ import annotations
 
@@ -194,13 +195,13 @@ async def _corrupt_wait(backend: siglo.Backend, kind: str, stack_id: str) -> Non
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
-async def test_a_due_wait_record_that_cannot_be_read_is_named_and_recovery_goes_on(
+async def test_a_due_wait_record_that_cannot_be_read_is_left_out_and_the_others_fire(
     kind: str,
 ) -> None:
-    """A due wait record written past siglo fails the listing of every due timer: the
-    worker says so once, naming the record and its stack (on Redis, where only the key
-    is known before the document is read, the key), and still recovers crashed runs;
-    once the stack is removed the other timers fire."""
+    """A due wait record written past siglo is left out of the listing of due timers
+    (siglo.unreadable): the other runs' timers fire in the same pass, and the worker
+    says once, as that run's failure, which record it left out (and its stack; on
+    Redis, where only the key is known before the document is read, the key)."""
     napping = flow(Step.create("nap", _nap), name="napping")
     async with shared_store(kind) as backend:
         manager = StorageManager(backend)
@@ -211,25 +212,25 @@ async def test_a_due_wait_record_that_cannot_be_read_is_named_and_recovery_goes_
         await asyncio.sleep(0.05)
         worker = Worker(manager, [napping])
         first, second = await worker.run_once(), await worker.run_once()
-        assert first.timers_fired == 0 and len(first.failures) == 1
+        assert first.timers_fired == 1 and len(first.failures) == 1, first.failures
         line = first.failures[0]
-        assert line.startswith("due timers not listed: MalformedRecordError")
+        assert line.startswith("due timer left out: MalformedRecordError"), line
         assert "in the stored wait record 'siglo-sleep" in line
         if kind == "sqlite":
             assert "of stack 'broken'" in line
-        assert second.failures == []  # said once
-        assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
-        third = await worker.run_once()
-        assert third.timers_fired == 1 and third.failures == []
         fine = await manager.load_checkpoint("fine")
         assert fine is not None and fine.status == "completed"
+        assert second.failures == [] and second.timers_fired == 0  # said once
+        assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
+        third = await worker.run_once()
+        assert third.failures == [] and third.timers_fired == 0
 
 
-async def test_a_listing_that_meets_an_unreadable_checkpoint_names_it_on_redis() -> None:
-    """Redis's listing reads the documents it lists: one written past siglo fails the
-    page, naming its stack. The worker says so once and goes on (its timers still
-    fire); `siglo ls` names the stack and hints `siglo rm`; once it is removed the
-    crashed runs are recovered."""
+async def test_a_listing_leaves_an_unreadable_checkpoint_out_on_redis() -> None:
+    """Redis's listing reads the documents it lists: one written past siglo is left
+    out (siglo.unreadable), named to whoever lists. The worker recovers the other
+    crashed runs in the same pass and says the one left out once; `siglo ls` lists the
+    others, names it on standard error with the `siglo rm` that removes it, and exits 1."""
     steps = _CrashingSteps()
     async with shared_store("redis") as backend:
         manager = StorageManager(backend)
@@ -245,18 +246,20 @@ async def test_a_listing_that_meets_an_unreadable_checkpoint_names_it_on_redis()
             await client.aclose()
         worker = Worker(manager, [steps.flow])
         first, second = await worker.run_once(), await worker.run_once()
-        assert len(first.failures) == 1, first.failures
-        assert first.failures[0].startswith("running runs not listed: MalformedRecordError")
+        assert first.runs_recovered == 1 and len(first.failures) == 1, first.failures
+        assert first.failures[0].startswith("running run left out: MalformedRecordError")
         assert "in the stored checkpoint of stack 'broken'" in first.failures[0]
-        assert second.failures == [] and second.runs_recovered == 0
-        listed = await asyncio.to_thread(CliRunner().invoke, cli, ["ls", backend.url])
-        assert listed.exit_code != 0
-        assert "stack 'broken'" in listed.stderr and "`siglo rm URL broken`" in listed.stderr
-        assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
-        third = await worker.run_once()
-        assert third.runs_recovered == 1 and third.failures == []
         fine = await manager.load_checkpoint("fine")
         assert fine is not None and fine.status == "completed"
+        assert second.failures == [] and second.runs_recovered == 0  # said once
+        listed = await asyncio.to_thread(CliRunner().invoke, cli, ["ls", backend.url])
+        assert listed.exit_code == 1
+        assert "fine" in listed.stdout and "broken" not in listed.stdout
+        assert listed.stderr.startswith("Left out: MalformedRecordError")
+        assert "stack 'broken'" in listed.stderr and "`siglo rm URL broken`" in listed.stderr
+        assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
+        listed = await asyncio.to_thread(CliRunner().invoke, cli, ["ls", backend.url])
+        assert listed.exit_code == 0 and listed.stderr == ""
 
 
 async def test_a_run_that_fails_another_way_is_said_again(tmp_path: Path) -> None:

@@ -1,0 +1,59 @@
+"""Records a listing cannot read: skipped, and reported to whoever listed.
+
+A record written past siglo (not JSON, of a newer schema), sealed under a key this
+process does not hold, or in clear where encryption is required cannot become a
+:class:`~siglo.Checkpoint` or :class:`~siglo.WaitRecord`. A listing that meets one —
+``list_checkpoints``, ``list_due_waits``, Redis's clean-up of its indexes — leaves it
+out, as stored, and goes on with the others: one such record must not hide every other
+run from a worker or an operator. What it left out it reports here, the error naming
+the record: to the caller's :func:`collecting_unreadable` block if there is one (the
+worker, ``siglo ls``, ``siglo clean`` say each one), else as a warning on the ``siglo``
+logger.
+
+Walks that must carry every record — ``siglo export``, ``siglo rekey``, a blob
+collection — do not skip: they fail naming the record (:mod:`siglo.listing`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Final
+
+from siglo.errors import DecryptionError, EncryptionRequiredError, MalformedRecordError
+
+__all__ = ["UNREADABLE", "collecting_unreadable", "report_unreadable"]
+
+UNREADABLE: Final = (MalformedRecordError, DecryptionError, EncryptionRequiredError)
+"""What a stored record that cannot be read raises — not a record, not decryptable here,
+in clear where encryption is required: a listing skips those alone (a storage failure
+still fails the listing)."""
+
+log = logging.getLogger("siglo")
+
+_collector: ContextVar[list[Exception] | None] = ContextVar("siglo_unreadable", default=None)
+
+
+@contextmanager
+def collecting_unreadable() -> Iterator[list[Exception]]:
+    """Within the block, the records the listings called here skip are appended to the
+    list yielded (each an :data:`UNREADABLE` error naming its record) instead of logged.
+
+    Tasks started within the block report to it too (they copy the context)."""
+    found: list[Exception] = []
+    token = _collector.set(found)
+    try:
+        yield found
+    finally:
+        _collector.reset(token)
+
+
+def report_unreadable(exc: Exception) -> None:
+    """A listing skipped the record ``exc`` names: to the collector, else logged."""
+    found = _collector.get()
+    if found is not None:
+        found.append(exc)
+        return
+    log.warning("a stored record cannot be read and was left out of a listing: %s", exc)
