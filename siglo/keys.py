@@ -45,6 +45,7 @@ from siglo.errors import (
     KeyErasedError,
 )
 from siglo.plugins import get_registry
+from siglo.unreadable import stopping_at_unreadable
 
 if TYPE_CHECKING:
     from siglo.adapter import StorageAdapter
@@ -428,9 +429,10 @@ class EnvelopeKeyProvider:
         found: list[str | None] = []
         cursor = None
         while True:
-            page = await self.adapter.list_checkpoints(
-                namespace=KEYRING_NAMESPACE, limit=500, cursor=cursor
-            )
+            with stopping_at_unreadable():  # a keyring left out would be a namespace missed
+                page = await self.adapter.list_checkpoints(
+                    namespace=KEYRING_NAMESPACE, limit=500, cursor=cursor
+                )
             for item in page.items:
                 found.append(None if item.stack_id == _NO_NAMESPACE else item.stack_id)
             if page.next_cursor is None:

@@ -40,6 +40,7 @@ from siglo.records import ContextChangeEvent
 from siglo.sealing import Location, Sealer
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
+from siglo.unreadable import stopping_at_unreadable
 
 __all__ = [
     "DEFAULT_GRACE_MS",
@@ -320,7 +321,9 @@ async def _stored_checkpoints(adapter: StorageAdapter) -> Iterable[Checkpoint]:
     found: list[Checkpoint] = []
     cursor: str | None = None
     while True:
-        page = await adapter.list_checkpoints(cursor=cursor, limit=500)
+        # Every stack, or none: the blobs of one left out would be taken for orphans.
+        with stopping_at_unreadable():
+            page = await adapter.list_checkpoints(cursor=cursor, limit=500)
         for summary in page.items:
             cp = await get_listed(adapter, summary)
             if cp is not None:

@@ -18,6 +18,7 @@ again and deleted on the next pass).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -39,6 +40,7 @@ from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
 from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
 from siglo.sentinel import MISSING, Missing
+from siglo.unreadable import collecting_unreadable, stopping_at_unreadable
 
 __all__ = ["EraseReport", "PayloadCounts", "RekeyReport", "erase", "rekey"]
 
@@ -118,13 +120,16 @@ def _codecs(backend: Backend) -> tuple[PipelineAdapter, Codecs, KeyProvider]:
 
 
 async def _summaries(
-    backend: Backend, namespace: str | Missing | None
+    backend: Backend, namespace: str | Missing | None, *, stop: bool = True
 ) -> AsyncIterator[CheckpointSummary]:
+    """Every stack of ``namespace`` but the keyrings. A stack the listing cannot read
+    stops the walk, naming it (``stop``); else it is reported (:mod:`siglo.unreadable`)."""
     cursor = None
     while True:
-        page = await backend.raw_adapter.list_checkpoints(
-            namespace=namespace, limit=_PAGE, cursor=cursor
-        )
+        with stopping_at_unreadable() if stop else contextlib.nullcontext():
+            page = await backend.raw_adapter.list_checkpoints(
+                namespace=namespace, limit=_PAGE, cursor=cursor
+            )
         for item in page.items:
             if item.namespace != KEYRING_NAMESPACE:
                 yield item
@@ -367,9 +372,17 @@ async def erase(backend: Backend, namespace: str) -> EraseReport:
         raise InvalidArgumentError(f"{KEYRING_NAMESPACE!r} holds the keyrings, not data")
     erased = await keys.erase(namespace)
     deleted = 0
-    stacks = [s async for s in _summaries(backend, namespace)]
-    for summary in stacks:
-        if await adapter.inner.delete_checkpoint(summary.stack_id, summary.namespace):
+    with collecting_unreadable() as unreadable:
+        stacks = [s async for s in _summaries(backend, namespace, stop=False)]
+    # A stack the listing could not read (on Redis, whose listing reads each document)
+    # is the namespace's too: deleted as stored, by the stack its error names.
+    ids = [(s.stack_id, s.namespace) for s in stacks]
+    for exc in unreadable:
+        stack_id = getattr(exc, "stack_id", None)
+        if stack_id is not None and getattr(exc, "namespace", None) == namespace:
+            ids.append((stack_id, namespace))
+    for stack_id, stack_namespace in ids:
+        if await adapter.inner.delete_checkpoint(stack_id, stack_namespace):
             deleted += 1
     report = EraseReport(namespace=namespace, erased_keys=erased, deleted=deleted)
     for kind in PAYLOAD_KINDS:

@@ -67,6 +67,7 @@ from siglo.pipeline import PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
+from siglo.unreadable import stopping_at_unreadable
 
 __all__ = [
     "FORMAT",
@@ -139,7 +140,8 @@ async def export_lines(
     waits = adapter.supports(Capability.WAIT_RECORDS)
     cursor = None
     while True:
-        page = await adapter.list_checkpoints(namespace=namespace, limit=_PAGE, cursor=cursor)
+        with stopping_at_unreadable():  # a dump holds every stack, or fails naming one
+            page = await adapter.list_checkpoints(namespace=namespace, limit=_PAGE, cursor=cursor)
         for summary in page.items:
             if summary.namespace == KEYRING_NAMESPACE:
                 continue  # a dump never carries the keys it depends on

@@ -11,7 +11,10 @@ worker, ``siglo ls``, ``siglo clean`` say each one), else as a warning on the ``
 logger.
 
 Walks that must carry every record — ``siglo export``, ``siglo rekey``, a blob
-collection — do not skip: they fail naming the record (:mod:`siglo.listing`).
+collection (which would otherwise take the blobs of a stack it skipped for orphans) —
+list within :func:`stopping_at_unreadable`: there the listing raises the record's error
+instead, and the walk stops naming it. ``siglo erase`` collects them and deletes them
+with the rest of the namespace.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Final
 
 from siglo.errors import DecryptionError, EncryptionRequiredError, MalformedRecordError
 
-__all__ = ["UNREADABLE", "collecting_unreadable", "report_unreadable"]
+__all__ = ["UNREADABLE", "collecting_unreadable", "report_unreadable", "stopping_at_unreadable"]
 
 UNREADABLE: Final = (MalformedRecordError, DecryptionError, EncryptionRequiredError)
 """What a stored record that cannot be read raises — not a record, not decryptable here,
@@ -33,7 +36,10 @@ still fails the listing)."""
 
 log = logging.getLogger("siglo")
 
-_collector: ContextVar[list[Exception] | None] = ContextVar("siglo_unreadable", default=None)
+_STOP: Final = "stop"
+"""The collector's value within :func:`stopping_at_unreadable`."""
+
+_collector: ContextVar[list[Exception] | str | None] = ContextVar("siglo_unreadable", default=None)
 
 
 @contextmanager
@@ -50,10 +56,25 @@ def collecting_unreadable() -> Iterator[list[Exception]]:
         _collector.reset(token)
 
 
+@contextmanager
+def stopping_at_unreadable() -> Iterator[None]:
+    """Within the block, a listing that meets a record it cannot read raises that
+    record's error (naming it) instead of leaving it out: for a walk whose output must
+    hold every record."""
+    token = _collector.set(_STOP)
+    try:
+        yield
+    finally:
+        _collector.reset(token)
+
+
 def report_unreadable(exc: Exception) -> None:
-    """A listing skipped the record ``exc`` names: to the collector, else logged."""
+    """A listing left out the record ``exc`` names: to the collector, else logged;
+    raised within :func:`stopping_at_unreadable`."""
     found = _collector.get()
-    if found is not None:
+    if found == _STOP:
+        raise exc
+    if isinstance(found, list):
         found.append(exc)
         return
     log.warning("a stored record cannot be read and was left out of a listing: %s", exc)

@@ -406,18 +406,19 @@ def prune(
                 if (cursor := page.next_cursor) is None:
                     return chosen, changed
 
-    chosen, changed = asyncio.run(run())
+    with collecting_unreadable() as unreadable:
+        chosen, changed = asyncio.run(run())
     verb = "would delete" if dry_run else "deleted"
     if as_json:
         print_json({"dryRun": dry_run, "stacks": [s.to_wire() for s in chosen], "changed": changed})
-        return
-    if dry_run and chosen:
-        _print_summaries(chosen)
-    click.echo(
-        f"{verb} {len(chosen)} stack(s) older than {older_than} ({', '.join(statuses or [])})"
-    )
-    if changed:
-        click.echo(f"kept {changed} stack(s) written meanwhile")
+    else:
+        if dry_run and chosen:
+            _print_summaries(chosen)
+        statuses_text = ", ".join(statuses or [])
+        click.echo(f"{verb} {len(chosen)} stack(s) older than {older_than} ({statuses_text})")
+        if changed:
+            click.echo(f"kept {changed} stack(s) written meanwhile")
+    left_out(unreadable)  # not read, so neither judged nor deleted: named for `siglo rm`
 
 
 @click.command()

@@ -23,6 +23,7 @@ from siglo.locking import workflow_lock_key
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import REDACT_FIELDS_KEY, redact
 from siglo.sentinel import MISSING, Missing
+from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import STEP_CACHE_KEY
 
 __all__ = [
@@ -335,6 +336,9 @@ class Attention:
     scanned: int
     """How many running runs were looked at (at most the page asked for)."""
     capabilities: Mapping[str, bool]
+    unreadable: list[Exception] = field(default_factory=list)
+    """Records the listings above left out because siglo cannot read them
+    (:mod:`siglo.unreadable`), each error naming its record."""
 
 
 async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Attention:
@@ -344,8 +348,10 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
     held: list[HeldRun] = []
     scanned = 0
     listing = adapter.supports(Capability.LISTING)
-    if listing:
-        page = await adapter.list_checkpoints(status="running", limit=limit)
+    with collecting_unreadable() as unreadable:
+        overdue = await _overdue(adapter, limit=limit, now_ms=now_ms)
+        page = await adapter.list_checkpoints(status="running", limit=limit) if listing else None
+    if page is not None:
         scanned = len(page.items)
         for summary in page.items:
             state = await lock_state(adapter, summary.stack_id, summary.namespace)
@@ -353,14 +359,6 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
                 held.append(HeldRun(summary, state))
             else:
                 crashed.append(summary)
-    overdue: list[WaitRecord] = []
-    due = adapter.supports(Capability.DUE_WAITS)
-    if due:
-        overdue = [
-            w.replace(event_payload=None, metadata=None)
-            for w in await adapter.list_due_waits(limit=limit)
-            if w.expires_at is not None and w.expires_at <= now_ms
-        ]
     return Attention(
         crashed=crashed,
         held=held,
@@ -368,7 +366,19 @@ async def attention(adapter: StorageAdapter, *, limit: int, now_ms: int) -> Atte
         scanned=scanned,
         capabilities={
             "listing": listing,
-            "due_waits": due,
+            "due_waits": adapter.supports(Capability.DUE_WAITS),
             "workflow_lock": adapter.supports(Capability.WORKFLOW_LOCK),
         },
+        unreadable=unreadable,
     )
+
+
+async def _overdue(adapter: StorageAdapter, *, limit: int, now_ms: int) -> list[WaitRecord]:
+    """Waits past their deadline, without their payloads (none is shown)."""
+    if not adapter.supports(Capability.DUE_WAITS):
+        return []
+    return [
+        w.replace(event_payload=None, metadata=None)
+        for w in await adapter.list_due_waits(limit=limit)
+        if w.expires_at is not None and w.expires_at <= now_ms
+    ]

@@ -52,6 +52,7 @@ from siglo.listing import MAX_PAGE_SIZE
 from siglo.manager import StorageManager
 from siglo.sentinel import MISSING
 from siglo.ui import actions, data
+from siglo.unreadable import collecting_unreadable
 from siglo.urls import mask_credentials
 
 __all__ = ["LOOPBACK_HOSTS", "create_app", "is_loopback"]
@@ -141,6 +142,8 @@ def create_app(
     env.filters["duration"] = _duration
     env.globals["shown_url"] = mask_credentials(url)
     env.globals["actions"] = ACTIONS
+    # What removes a record siglo cannot read, with this store's URL (password masked).
+    env.globals["hint"] = lambda exc: hint_for(exc).replace("URL", mask_credentials(url), 1)
     state: dict[str, Any] = {}
     count_cache: dict[tuple[Any, ...], tuple[dict[str, int], bool, int]] = {}
 
@@ -309,9 +312,10 @@ def create_app(
             limit = int(q.get("limit") or 50)
             if not 1 <= limit <= MAX_PAGE_SIZE:
                 raise InvalidArgumentError(f"limit must be 1 to {MAX_PAGE_SIZE}, got {limit}")
-            page = await data.runs_page(
-                adapter(), filters, limit=limit, cursor=q.get("cursor") or None
-            )
+            with collecting_unreadable() as left_out:
+                page = await data.runs_page(
+                    adapter(), filters, limit=limit, cursor=q.get("cursor") or None
+                )
             counts, capped, counted_at = await counted(filters)
         except (InvalidArgumentError, ValueError) as exc:
             return refuse(request, 400, str(exc))
@@ -328,6 +332,7 @@ def create_app(
             "runs.html",
             {
                 "page": page,
+                "left_out": len(left_out),
                 "counts": counts,
                 "capped": capped,
                 "counted_at": counted_at,

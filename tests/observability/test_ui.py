@@ -485,3 +485,43 @@ async def test_a_run_that_cannot_be_read_is_a_page_naming_the_error() -> None:
             assert f"`siglo rm {backend.url} order-1 --namespace {NAMESPACE}`" in shown
             assert (await client.get("/runs")).status_code == 200
             assert (await client.get("/attention")).status_code == 200
+
+
+async def test_records_siglo_cannot_read_are_left_out_and_named_on_attention() -> None:
+    """On Redis, whose listings read each document, a checkpoint and a due wait record
+    written past siglo: the runs page lists the other runs and says how many it left out;
+    the attention page names each record (the stack, the wait's key) with what removes
+    it, and still lists the other crashed runs and overdue waits."""
+    from siglo import WaitRecord
+    from siglo.clock import system_clock
+
+    async with shared_store("redis") as backend:
+        async with siglo.connect(backend.url, settings=SETTINGS) as piped:
+            await seed(piped, SETTINGS)
+            now = system_clock.now_ms()
+            for key in ("late-readable", "late-broken"):
+                await piped.adapter.save_wait_record(
+                    WaitRecord(correlation_key=key, stack_id="order-2", namespace=NAMESPACE,
+                               step_id="approve", expires_at=now - 1_000)
+                )  # fmt: skip
+        import redis.asyncio as redis
+
+        client = redis.from_url(backend.url.split("?", 1)[0])
+        keys = backend.adapter.keys
+        try:
+            checkpoint = keys.checkpoint("order-1", NAMESPACE)
+            assert await client.set(checkpoint, b'{"status":"running", not JSON', xx=True)
+            assert await client.set(keys.wait("late-broken", NAMESPACE), b"{not", xx=True)
+        finally:
+            await client.aclose()
+        async with dashboard(backend.url) as ui:
+            runs = unescape((await ui.get("/runs")).text)
+            assert "1 stored run(s) of this page cannot be read and are left out" in runs
+            attention = await ui.get("/attention")
+            assert attention.status_code == 200
+            shown = unescape(attention.text)
+            assert 'id="n-unreadable">2<' in shown
+            assert f"in the stored checkpoint of stack 'order-1' (namespace '{NAMESPACE}')" in shown
+            assert f"`siglo rm {backend.url} order-1 --namespace {NAMESPACE}`" in shown
+            assert "in the stored wait record 'late-broken'" in shown
+            assert "<code>late-readable</code>" in shown
