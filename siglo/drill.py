@@ -43,8 +43,9 @@ import itertools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from siglo.backend import Backend
@@ -69,6 +70,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_S = TypeVar("_S")
 
 Kind = Literal["save", "lock", "wait", "idempotency", "nonce"]
 KINDS: Final[tuple[Kind, ...]] = ("save", "lock", "wait", "idempotency", "nonce")
@@ -141,6 +143,9 @@ class DrillReport:
     begun after the last failure (``None`` when nothing failed, or nothing succeeded
     after the last failure)."""
     longest_failed_call_s: float = 0.0
+    """The longest failed storage call: from the start of the call that failed (an
+    operation of the drill makes up to three) to its failure — what ``command_timeout_ms``
+    and the pool's and connection's timeouts bound."""
     outage_s: float = 0.0
     """The longest stretch in which no call succeeded (failed calls, and calls held up
     waiting for a server, alike): what a failover cost the workload."""
@@ -267,6 +272,45 @@ class _Stack:
     acked_at: float = 0.0
 
 
+_CALL_BEGAN: ContextVar[float] = ContextVar("siglo_drill_call_began", default=0.0)
+"""When this task's latest storage call began (drill time, seconds)."""
+
+
+class _Timed:
+    """A store of the backend whose calls note when they began (:data:`_CALL_BEGAN`, in
+    the calling task): the drill's longest failed call is then one storage call, not an
+    operation of several."""
+
+    def __init__(self, inner: object, now: Callable[[], float]) -> None:
+        self._inner = inner
+        self._now = now
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+        now = self._now
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            _CALL_BEGAN.set(now())  # as the call is made: its coroutine is awaited next
+            return attr(*args, **kwargs)
+
+        return timed
+
+
+class _TimedStores:
+    """The stores the drill's operations call, each :class:`_Timed`."""
+
+    def __init__(self, backend: Backend, now: Callable[[], float]) -> None:
+        def timed(store: _S) -> _S:
+            return store if store is None else cast(_S, _Timed(store, now))
+
+        self.adapter = timed(backend.adapter)
+        self.lock = timed(backend.lock)
+        self.idempotency = timed(backend.idempotency)
+        self.nonces = timed(backend.nonces)
+
+
 class Drill:
     """The workload; :meth:`run` it until ``stop`` is set, then read :attr:`report`.
 
@@ -295,6 +339,7 @@ class Drill:
                 f"workers={workers!r}"
             )
         self.backend = backend
+        self._stores = _TimedStores(backend, self._now)
         self.rate = rate
         self.workers = workers
         self.hold_s = hold_s
@@ -426,7 +471,9 @@ class Drill:
         report.failures[kind] += 1
         if isinstance(exc, OutcomeUnknownError):
             report.outcome_unknown += 1
-        report.longest_failed_call_s = max(report.longest_failed_call_s, ended - began)
+        # The call that failed began last in this operation (this worker's task).
+        call_began = max(began, _CALL_BEGAN.get())
+        report.longest_failed_call_s = max(report.longest_failed_call_s, ended - call_began)
         if report.first_failure_s is None:
             report.first_failure_s = began
         if len(report.sample_failures) < 5:
@@ -472,7 +519,7 @@ class Drill:
 
     async def _save(self, worker: int) -> None:
         stack = self._stacks[worker]
-        adapter = self.backend.adapter
+        adapter = self._stores.adapter
         revision = stack.revision + 1
         try:
             await adapter.save_checkpoint(
@@ -511,7 +558,7 @@ class Drill:
 
     async def _lock(self, worker: int) -> None:
         await self._release_due(worker)
-        lock = self.backend.lock
+        lock = self._stores.lock
         if lock is None:
             return
         key = self._lock_keys[worker % len(self._lock_keys)]
@@ -565,7 +612,7 @@ class Drill:
         self._fences[key].append((acked, fencing))
 
     async def _release_due(self, worker: int) -> None:
-        lock = self.backend.lock
+        lock = self._stores.lock
         if lock is None:
             return
         now = self._now()
@@ -582,7 +629,7 @@ class Drill:
             holds[:] = [h for h in holds if h.released is None or h.end() > now - 1]
 
     async def _wait(self, worker: int) -> None:
-        adapter = self.backend.adapter
+        adapter = self._stores.adapter
         n = next(self._counter)
         key = f"{self.id}-w{n}"
         stack = self._stacks[worker].stack_id
@@ -609,7 +656,7 @@ class Drill:
             )
 
     async def _idempotency_claim(self, worker: int) -> None:
-        store = self.backend.idempotency
+        store = self._stores.idempotency
         if store is None:
             return
         key = f"{self.id}:idem:{next(self._counter)}"
@@ -630,7 +677,7 @@ class Drill:
             )
 
     async def _nonce(self, worker: int) -> None:
-        store = self.backend.nonces
+        store = self._stores.nonces
         if store is None:
             return
         key = f"{self.id}:nonce:{next(self._counter)}"

@@ -240,22 +240,35 @@ def redis_cli(port: int, *command: str) -> str:
 
 
 class SentinelGroup:
-    """1 master, 1 replica and 3 Sentinels on loopback ports, for ``service``."""
+    """1 master, ``replicas`` replicas and 3 Sentinels on loopback ports, for
+    ``service`` (``ports``: the master's, the replicas', the Sentinels')."""
 
     service = "siglo"
 
-    def __init__(self, ports: list[int]) -> None:
+    def __init__(self, ports: list[int], replicas: int = 1) -> None:
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
             _unavailable("redis-server / redis-cli not found: cannot start Redis Sentinel")
-        master, replica, *sentinels = ports
+        master, *rest = ports
         self.master = RedisServer(master)
-        self.replica = RedisServer(replica, "--replicaof", "127.0.0.1", str(master))
-        self.sentinels = [RedisSentinel(p, self.service, master) for p in sentinels]
+        self.replicas = [
+            RedisServer(port, "--replicaof", "127.0.0.1", str(master)) for port in rest[:replicas]
+        ]
+        self.replica = self.replicas[0]
+        self.sentinels = [RedisSentinel(p, self.service, master) for p in rest[replicas:]]
 
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    def log_tails(self, lines: int = 40) -> str:
+        """The last ``lines`` of each Sentinel's log: what it saw, for a failure message."""
+        tails = []
+        for sentinel in self.sentinels:
+            log = sentinel.dir / "sentinel.log"
+            text = log.read_text(errors="replace").splitlines() if log.exists() else []
+            tails.append(f"--- sentinel {sentinel.port}\n" + "\n".join(text[-lines:]))
+        return "\n".join(tails)
 
     def master_port(self) -> int | None:
         """The master's port as the first Sentinel names it now."""
@@ -265,26 +278,29 @@ class SentinelGroup:
 
     def start(self) -> SentinelGroup:
         self.master.start()
-        self.replica.start()
+        for replica in self.replicas:
+            replica.start()
         for sentinel in self.sentinels:
             sentinel.start()
         deadline = time.monotonic() + 30
         while True:
-            link = redis_cli(self.replica.port, "info", "replication")
+            links = [redis_cli(r.port, "info", "replication") for r in self.replicas]
             views = [s.ask("sentinel", "master", self.service) for s in self.sentinels]
-            if "master_link_status:up" in link and all(
-                _field(v, "num-slaves") == "1" and _field(v, "num-other-sentinels") == "2"
+            if all("master_link_status:up" in link for link in links) and all(
+                _field(v, "num-slaves") == str(len(self.replicas))
+                and _field(v, "num-other-sentinels") == "2"
                 for v in views
             ):
                 return self
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Sentinel group not ready: {link} {views}")
+                raise RuntimeError(f"Sentinel group not ready: {links} {views}")
             time.sleep(0.1)
 
     def stop(self) -> None:
         for sentinel in self.sentinels:
             sentinel.stop()
-        self.replica.stop()
+        for replica in self.replicas:
+            replica.stop()
         self.master.stop()
 
 

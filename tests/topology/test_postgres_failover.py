@@ -86,7 +86,9 @@ async def _failover(
         role = pair.replica.sql("SELECT pg_is_in_recovery()")
         assert role == "f"  # the replica is the primary now
         assert report.outage_s < 30
-        assert report.longest_failed_call_s < 10
+        # Every call is bounded by command_timeout_ms, from the wait for a pooled
+        # connection on (docs/backends/postgres.md): 1.5 s more for a loaded machine.
+        assert report.longest_failed_call_s < command_timeout_ms / 1000 + 1.5, report
         assert report.cleaned_up
         return report
 

@@ -49,6 +49,8 @@ async def _drill(
     assert report.violations == [], report.violations
     assert report.verdict == "pass"
     assert report.cleaned_up
+    # Each call within command_timeout_ms (3 s), and 1.5 s for a loaded machine.
+    assert report.longest_failed_call_s < 4.5, report
     return report
 
 

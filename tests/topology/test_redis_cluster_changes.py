@@ -549,3 +549,5 @@ async def test_master_killed_with_wait_loses_nothing_acknowledged(
         assert report.failed_calls > 0  # the kill was met
         assert report.violations == [], report.violations
         assert report.cleaned_up
+        # Each call within command_timeout_ms (3 s), and 1.5 s for a loaded machine.
+        assert report.longest_failed_call_s < 4.5, report
