@@ -29,7 +29,7 @@ from siglo.blobs import DirectoryBlobStore
 from siglo.cli import cli
 from siglo.clock import system_clock
 from siglo.config import Settings
-from siglo.errors import DecryptionError, MalformedRecordError
+from siglo.errors import DecryptionError, EncryptionRequiredError, MalformedRecordError
 from siglo.offload import Offloader, collect_blobs, offload_adapter
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.rekeying import erase, rekey
@@ -122,6 +122,24 @@ async def test_a_due_wait_sealed_under_a_key_not_held_is_left_out_and_logged(
         [logged] = [r for r in caplog.records if r.name == "siglo"]
         assert logged.levelno == logging.WARNING
         assert "'sealed-elsewhere'" in logged.getMessage()
+
+
+async def test_a_due_wait_in_clear_is_left_out_where_encryption_is_required() -> None:
+    """``require_encryption``: a due wait stored in clear (before encryption was on) is
+    left out of the pipeline's listing with its EncryptionRequiredError, named."""
+    async with shared_store("sqlite") as backend:
+        now = system_clock.now_ms()
+        await backend.raw_adapter.save_wait_record(_wait("in-clear", now - 2, metadata={"a": 1}))
+        key = base64.b64encode(os.urandom(32)).decode()
+        settings = Settings(encryption_keys={"k1": key}, require_encryption=True)
+        strict, _ = pipeline_parts(backend.raw_adapter, backend.idempotency, Pipeline(settings))
+        await strict.save_wait_record(_wait("sealed", now - 1, metadata={"a": 2}))
+        with collecting_unreadable() as unreadable:
+            due = await strict.list_due_waits()
+        assert [r.correlation_key for r in due] == ["sealed"]
+        [exc] = unreadable
+        assert isinstance(exc, EncryptionRequiredError)
+        assert "in the stored wait record 'in-clear' of stack 's-in-clear'" in str(exc)
 
 
 async def test_a_filtered_listing_leaves_an_unreadable_checkpoint_out(tmp_path: Any) -> None:
