@@ -177,6 +177,8 @@ class Worker:
         """The runs whose recovery failed, with the kind of failure: said once."""
         self._failing_timers: dict[tuple[str | None, str], str] = {}
         """The runs whose due timer failed, with the kind of failure: said once."""
+        self._left_out_timers: set[tuple[str | None, str]] = set()
+        """The runs whose due wait record the last listing left out (unreadable)."""
         adapter = manager.adapter
         if adapter is None:
             raise InvalidArgumentError("the worker's storage manager has no storage adapter")
@@ -411,11 +413,20 @@ class Worker:
             self._failed(done, key, exc, said, what)
             return None
         said.pop(key, None)
+        met: set[tuple[str | None, str]] = set()
         for error in unreadable:
             record = _record_key(error)
+            met.add(record)
             if said is self._failing:
                 self._seen_this_walk.add(record)  # forgotten once a walk no longer meets it
             self._failed(done, record, error, said, left_out)
+        if said is self._failing_timers:
+            # The due timers are listed whole at every pass, so a record left out before
+            # and not met now is gone (removed, or readable again): forgotten, and said
+            # again should it come back.
+            for gone in self._left_out_timers - met:
+                said.pop(gone, None)
+            self._left_out_timers = met
         return found
 
     def _lock_held(self, key: tuple[str | None, str], flow_name: str) -> None:

@@ -224,6 +224,13 @@ async def test_a_due_wait_record_that_cannot_be_read_is_left_out_and_the_others_
         assert await backend.adapter.delete_checkpoint("broken")  # what `siglo rm` does
         third = await worker.run_once()
         assert third.failures == [] and third.timers_fired == 0
+        # A new run under that id whose wait is unreadable again is said again.
+        with pytest.raises(WorkflowSuspended):
+            await napping.run(None, manager=manager, stack_id="broken")
+        await _corrupt_wait(backend, kind, "broken")
+        await asyncio.sleep(0.05)
+        fourth = await worker.run_once()
+        assert len(fourth.failures) == 1 and "due timer left out" in fourth.failures[0]
 
 
 async def test_a_listing_leaves_an_unreadable_checkpoint_out_on_redis() -> None:
