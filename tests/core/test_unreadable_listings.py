@@ -1,8 +1,12 @@
 """A listing leaves out a record it cannot read and goes on with the others
 (siglo.unreadable): on every path that lists — the due waits (the SQL page, Redis's
-deadline index, the pipeline's decryption), a filtered listing, Redis's `siglo clean`
-— the record is named to the caller's collector, else logged, and nothing stored
-changes. (The worker and `siglo ls` on Redis: tests/workflows/test_worker_unreadable_runs.py.)
+deadline index, the pipeline's decryption and its require_encryption), a filtered
+listing, Redis's `siglo clean` — the record is named to the caller's collector, else
+logged, and nothing stored changes. The walks whose output must hold every stack (a
+dump, a re-key, a blob collection) stop at it instead; `siglo erase` deletes it with its
+namespace; `siglo prune` names it. A registry places every listing siglo calls. (The
+worker and `siglo ls` on Redis: tests/workflows/test_worker_unreadable_runs.py; the UI:
+tests/observability/test_ui.py.)
 """
 
 from __future__ import annotations
