@@ -18,8 +18,10 @@ from siglo.clock import Clock, system_clock
 from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
+    MalformedRecordError,
     StorageAdapterError,
     WaitRecordClaimError,
+    naming_wait,
 )
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import Hold, held, namespaced_key, workflow_lock_key
@@ -968,10 +970,24 @@ class SqlStorageAdapter(StorageAdapter):
             return None
         row = rows[0]
         if row[0] != 3:
-            return wait_from_row(row[1:])
+            try:
+                return wait_from_row(row[1:])
+            except MalformedRecordError as exc:
+                raise await self._wait_named(exc, row[0], key, namespace) from exc
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
         checkpoint = Checkpoint.from_json(bytes(row[1]))
         return embedded_wait_record(checkpoint.metadata)
+
+    async def _wait_named(
+        self, exc: MalformedRecordError, kind: int, key: str, namespace: str | None
+    ) -> MalformedRecordError:
+        """``exc`` naming the record ``wait_get`` read as ``kind`` (its correlation key
+        and stack, read beside the document that could not be): which one to look at."""
+        named = await self.database.read(self._s.wait_named, {"id": wait_id(namespace, key)})
+        for found_kind, correlation_key, stack_id in named:
+            if found_kind == kind:
+                return naming_wait(exc, correlation_key, namespace, stack_id)
+        return naming_wait(exc, key, namespace)
 
     async def _do_claim_wait_record(
         self,

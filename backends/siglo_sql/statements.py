@@ -121,6 +121,9 @@ class Statements:
     wait_save_one: str | None
     """Both upserts in one statement (a data-modifying CTE), where the dialect has them."""
     wait_get: str
+    wait_named: str
+    """The key and stack of the records ``wait_get`` reads (``1``: by correlation key,
+    ``2``: the stack's latest): only to name a document that cannot be read."""
     wait_state: str
     wait_claim: str
     wait_complete: str
@@ -498,6 +501,11 @@ def _wait_records(w: str, wl: str, cp: str, *, writable_ctes: bool) -> dict[str,
             "WHERE l.id = :id AND (r.gone_at IS NULL OR r.gone_at > :now) "
             f"UNION ALL SELECT 3, document, NULL, NULL, NULL, NULL, NULL, NULL FROM {cp} "
             f"WHERE id = :checkpoint_id AND {LIVE} ORDER BY 1 LIMIT 1"
+        ),
+        "wait_named": (
+            f"SELECT 1, correlation_key, stack_id FROM {w} WHERE id = :id "
+            f"UNION ALL SELECT 2, r.correlation_key, r.stack_id FROM {wl} l "
+            f"JOIN {w} r ON r.id = l.wait_id WHERE l.id = :id"
         ),
         "wait_state": f"SELECT status, claimant_id FROM {w} WHERE id = :id AND {LIVE}",
         "wait_claim": (

@@ -84,15 +84,18 @@ def hint_for(exc: BaseException) -> str:
         )
     if isinstance(exc, CapabilityNotSupportedError):
         return "`siglo backends` lists what each backend supports"
-    stack_id = getattr(exc, "stack_id", None)  # a stack's stored checkpoint: naming_stack
+    # A stored record named by siglo.errors.naming_stack / naming_wait: what removes it.
+    stack_id = getattr(exc, "stack_id", None)
+    what = "wait record" if getattr(exc, "correlation_key", None) else "stack"
     if isinstance(exc, MalformedRecordError) and stack_id is not None:
         namespace = getattr(exc, "namespace", None)
         option = f" --namespace {namespace}" if namespace is not None else ""
         return (
-            f"siglo cannot read that stack as stored; `siglo rm URL {stack_id}{option}` "
-            "removes it (its checkpoint, wait records and context streams), and nothing else"
+            f"siglo cannot read that {what} as stored; `siglo rm URL {stack_id}{option}` "
+            "removes the stack (its checkpoint, wait records and context streams), and "
+            "nothing else"
         )
-    if isinstance(exc, MalformedRecordError) and getattr(exc, "correlation_key", None):
+    if isinstance(exc, MalformedRecordError) and what == "wait record":
         return (
             "siglo cannot read that wait record as stored; `siglo rm URL STACK_ID` of its "
             "run removes it with the run, or remove the record from the store by hand"

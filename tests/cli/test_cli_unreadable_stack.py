@@ -148,3 +148,38 @@ def test_every_reader_of_listed_stacks_stops_or_leaves_out() -> None:
     assert set(found) == _STOPPING | _LEAVING_OUT, found
     for name, calls in found.items():
         assert all(calls) if name in _LEAVING_OUT else not any(calls), (name, calls)
+
+
+async def test_a_wait_record_siglo_cannot_read_is_named_by_show_and_get(tmp_path: Path) -> None:
+    """SQL: `get_wait_record` — by correlation key, or by stack id (the stack's latest) —
+    and `siglo show` of its stack name the record and its stack when its document cannot
+    be read, and hint the `siglo rm` that removes the stack."""
+    from siglo import Checkpoint, WaitRecord
+
+    path = tmp_path / "w.db"
+    url = f"sqlite:///{path}"
+    async with siglo.connect(url) as backend:
+        await backend.adapter.save_checkpoint(
+            Checkpoint(stack_id="broken", namespace="t1", revision=1, timestamp=1)
+        )
+        await backend.adapter.save_wait_record(
+            WaitRecord(correlation_key="approve-1", stack_id="broken", namespace="t1")
+        )
+    raw = sqlite3.connect(path)
+    with raw:
+        raw.execute("UPDATE siglo_wait_records SET document = ?", (b"{not",))
+    raw.close()
+    named = "in the stored wait record 'approve-1' of stack 'broken' (namespace 't1')"
+    async with siglo.connect(url) as backend:
+        for lookup in ("approve-1", "broken"):
+            with pytest.raises(MalformedRecordError) as raised:
+                await backend.adapter.get_wait_record(lookup, namespace="t1")
+            assert str(raised.value).endswith(named), lookup
+            assert raised.value.stack_id == "broken"  # type: ignore[attr-defined]
+    shown = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["show", url, "broken", "--namespace", "t1"]
+    )
+    assert shown.exit_code == 1
+    assert named in shown.stderr
+    assert "siglo cannot read that wait record as stored" in shown.stderr
+    assert "`siglo rm URL broken --namespace t1`" in shown.stderr
