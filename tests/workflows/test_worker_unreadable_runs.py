@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,13 +91,23 @@ class _CrashingSteps:
         self._crashing = False
 
 
-async def test_recovering_an_unreadable_run_fails_that_run_alone(tmp_path: Path) -> None:
+@asynccontextmanager
+async def _crashed_and_broken(
+    tmp_path: Path, other: str
+) -> AsyncIterator[tuple[StorageManager, _CrashingSteps]]:
+    """A SQLite store with two runs crashed in their second step, ``broken`` (its
+    checkpoint then written past siglo) and ``other``."""
     path = tmp_path / "w.db"
     steps = _CrashingSteps()
     async with siglo.connect(f"sqlite:///{path}") as backend:
         manager = StorageManager(backend)
-        await steps.crash(manager, "broken", "fine")
+        await steps.crash(manager, "broken", other)
         _corrupt(path, "broken")
+        yield manager, steps
+
+
+async def test_recovering_an_unreadable_run_fails_that_run_alone(tmp_path: Path) -> None:
+    async with _crashed_and_broken(tmp_path, "fine") as (manager, steps):
         done = await Worker(manager, [steps.flow]).run_once()
         assert len(done.failures) == 1 and "'broken'" in done.failures[0]
         fine = await manager.load_checkpoint("fine")
@@ -119,12 +131,7 @@ async def test_a_run_that_fails_the_same_way_is_said_once_and_the_worker_waits(
     whose flow changed without a migration. The worker said it at every pass and counted
     it as work done, so it started the next pass at once: thousands a second. It says
     each once, and waits its interval between passes."""
-    path = tmp_path / "w.db"
-    steps = _CrashingSteps()
-    async with siglo.connect(f"sqlite:///{path}") as backend:
-        manager = StorageManager(backend)
-        await steps.crash(manager, "broken", "old")
-        _corrupt(path, "broken")
+    async with _crashed_and_broken(tmp_path, "old") as (manager, steps):
         passes = await _passes_for(Worker(manager, [steps.changed]), 1.0)
         assert len(passes) <= 8, len(passes)  # an interval of 0.2 s: about 5
         failures = [line for done in passes for line in done.failures]
