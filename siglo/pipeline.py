@@ -46,7 +46,7 @@ from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.payloads import PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.redaction import REDACT_FIELDS_KEY, REDACTED, redact
-from siglo.sealing import SEALED_KEY, Location, Sealer
+from siglo.sealing import NO_BLOB_STORE, SEALED_KEY, Location, Sealer
 from siglo.sentinel import MISSING, Missing
 from siglo.telemetry import Telemetry
 from siglo.unreadable import UNREADABLE, report_unreadable
@@ -170,27 +170,6 @@ def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
     )
 
 
-_NO_BLOB_STORE: Final = (
-    "set blob_url and offload_min_bytes as the application that stored it does "
-    "(docs/large-state.md)"
-)
-
-
-def _refuse_references(context: Any, where: Location) -> None:
-    # A reference reaches the codecs only through a connection without the blob store
-    # (a command run with the keys but not blob_url): sealed, it would be hidden from
-    # the offloading layer and the collector, which would then remove its blob.
-    if type(context) is not dict:
-        return
-    for key, value in context.items():
-        if is_reference(value):
-            raise InvalidArgumentError(
-                f"{where.describe()}.{key} is a reference to offloaded blob "
-                f"{value[REF_KEY]}, which this connection cannot resolve (no blob store); "
-                f"encoding it would hide the reference and lose the value: {_NO_BLOB_STORE}"
-            )
-
-
 def _refuse_unresolved(checkpoint: Checkpoint) -> None:
     # The offloading layer below resolves every reference; one that reaches the pipeline
     # means this connection has no blob store (settings without blob_url, as a worker
@@ -204,7 +183,7 @@ def _refuse_unresolved(checkpoint: Checkpoint) -> None:
                 raise InvalidArgumentError(
                     f"stack {checkpoint.stack_id!r} (namespace {checkpoint.namespace!r}), "
                     f"{step}.{key} is offloaded to blob {value[REF_KEY]}, and this "
-                    f"connection has no blob store to read it from: {_NO_BLOB_STORE}"
+                    f"connection has no blob store to read it from: {NO_BLOB_STORE}"
                 )
 
 
@@ -235,7 +214,6 @@ class Codecs:
         contexts = {}
         for step, ctx in checkpoint.contexts.items():
             where = Location(ns, sid, "checkpoint", f"contexts.{step}")
-            _refuse_references(ctx, where)
             contexts[step] = await sealer.seal_dict(ctx, where)
         metadata = await self.metadata_out(checkpoint.metadata, ns, sid)
         return checkpoint.replace(contexts=contexts, metadata=metadata)
@@ -309,7 +287,7 @@ class Codecs:
                 raise InvalidArgumentError(
                     f"{where.describe()} is sealed and offloaded to blob "
                     f"{ctx[SEALED_KEY][REF_KEY]}, and this connection has no blob store to "
-                    f"read it from: {_NO_BLOB_STORE}"
+                    f"read it from: {NO_BLOB_STORE}"
                 )
             opened = await sealer.open(ctx, where)
             changed = changed or opened is not ctx
@@ -672,7 +650,7 @@ class PipelineAdapter(StorageAdapter):
             # no blob store to be read from (see _refuse_unresolved).
             raise InvalidArgumentError(
                 f"cached step {key!r} is offloaded to blob {found[REF_KEY]}, and this "
-                f"connection has no blob store to read it from: {_NO_BLOB_STORE}"
+                f"connection has no blob store to read it from: {NO_BLOB_STORE}"
             )
         try:
             return await self.codecs.sealer.open(found, _step_location(key, namespace))

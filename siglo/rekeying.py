@@ -19,6 +19,7 @@ again and deleted on the next pass).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -26,6 +27,7 @@ from typing import Any, Final
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
+from siglo.blobs import REF_KEY, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.errors import (
     CapabilityNotSupportedError,
@@ -36,10 +38,12 @@ from siglo.errors import (
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
 from siglo.listing import CheckpointSummary, get_listed
 from siglo.locking import split_namespaced_key
+from siglo.offload import OffloadAdapter, Offloader
 from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
 from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
 from siglo.sentinel import MISSING, Missing
+from siglo.settings import DEFAULTS
 from siglo.unreadable import collecting_unreadable, stopping_at_unreadable
 
 __all__ = ["EraseReport", "PayloadCounts", "RekeyReport", "erase", "rekey"]
@@ -256,6 +260,41 @@ def _key_id(value: Any) -> str | None:
     return parts[2] or None if len(parts) == 5 else None
 
 
+class _Blobs:
+    """The offloading layer's blob store, for the cached steps a rekey rewrites: an
+    offloaded output is stored as a reference to its sealed bytes in the blob store, so
+    re-encrypting it reads the blob, seals its value under the current key and puts the
+    result as a new blob (its digest is that of the new bytes) kept as long as the old
+    one — the end of the cache entry's life, which the collector honours."""
+
+    def __init__(self, offloader: Offloader) -> None:
+        self.offloader = offloader
+        self._keep: dict[str, int] | None = None
+
+    async def read(self, reference: dict[str, Any], where: str) -> Any:
+        """The stored (sealed) value ``reference`` stands for."""
+        return await self.offloader.value_in(reference, where)
+
+    async def offload(self, value: Any, reference: dict[str, Any]) -> Any:
+        """``value`` as stored in place of ``reference``: a new reference when large."""
+        if self._keep is None:  # once a rekey, and only if it meets an offloaded output
+            self._keep = {d: k async for d, k in self.offloader.store.scan()}
+        keep = self._keep.get(reference[REF_KEY])
+        if keep is None:  # gone since it was read: kept as long as a new entry's blob
+            keep = int(time.time() * 1000) + DEFAULTS.cache_ttl_ms
+        return await self.offloader.value_out(value, keep)
+
+
+def _blobs(backend: Backend) -> _Blobs | None:
+    """The connection's blob store (``None`` without ``blob_url``)."""
+    adapter = backend.adapter
+    while isinstance(adapter, PipelineAdapter):
+        if isinstance(adapter, OffloadAdapter):
+            return _Blobs(adapter.offloader)
+        adapter = adapter.inner
+    return None
+
+
 async def _rekey_payloads(
     backend: Backend,
     sealer: Sealer,
@@ -270,6 +309,7 @@ async def _rekey_payloads(
         report.skipped[kind] = f"the {raw.name} backend cannot list its {_KIND_NAMES[kind]}"
         return
     counts = report.payloads.setdefault(kind, PayloadCounts())
+    blobs = _blobs(backend)
     try:
         items = raw.scan_payloads(kind)
         async for item in items:
@@ -285,7 +325,7 @@ async def _rekey_payloads(
                 assert isinstance(keys, EnvelopeKeyProvider)
                 report.rotated = report.rotated or {}
                 report.rotated[ns] = await keys.rotate(ns)
-            await _rekey_item(raw.swap_payload, sealer, keys, item, ns, record_id, counts)
+            await _rekey_item(raw.swap_payload, sealer, keys, item, ns, record_id, counts, blobs)
     except CapabilityNotSupportedError as exc:
         report.skipped[kind] = str(exc)
 
@@ -298,19 +338,32 @@ async def _rekey_item(
     ns: str | None,
     record_id: str,
     counts: PayloadCounts,
+    blobs: _Blobs | None = None,
 ) -> None:
     active, _key = await keys.current_key(ns)
-    if all(_key_id(v) == active for v in item.fields.values()):
+    stored = dict(item.fields)
+    # An offloaded output (a cached step's) is re-encrypted where it is: in its blob.
+    # Without the blob store the reference reaches the sealer, which refuses it.
+    offloaded: dict[str, Any] = {}
+    if blobs is not None:
+        offloaded = {n: v for n, v in stored.items() if is_reference(v)}
+        for name, reference in offloaded.items():
+            where = Location(ns, record_id, item.kind, name).describe()
+            stored[name] = await blobs.read(reference, where)
+    if all(_key_id(v) == active for v in stored.values()):
         counts.current += 1
         return
     fields: dict[str, Any] = {}
     try:
-        for name, value in item.fields.items():
-            where = Location(ns, record_id, item.kind, name)
-            fields[name] = await sealer.seal(await sealer.open(value, where), where)
+        for name, value in stored.items():
+            at = Location(ns, record_id, item.kind, name)
+            fields[name] = await sealer.seal(await sealer.open(value, at), at)
     except DecryptionError:
         counts.unreadable += 1
         return
+    if blobs is not None:
+        for name, reference in offloaded.items():
+            fields[name] = await blobs.offload(fields[name], reference)
     # Rewritten only if the record still holds the bytes read: a concurrent claim,
     # completion or set is never overwritten (it is counted, and a next run finishes).
     if await swap(item, fields):

@@ -32,6 +32,7 @@ from typing import Any, Final
 import orjson
 
 from siglo import codec
+from siglo.blobs import REF_KEY, is_reference
 from siglo.errors import (
     DecryptionError,
     EncryptionRequiredError,
@@ -95,6 +96,32 @@ def _unb64(text: str, where: Location) -> bytes:
         ) from None
 
 
+NO_BLOB_STORE: Final = (
+    "set blob_url and offload_min_bytes as the application that stored it does "
+    "(docs/large-state.md)"
+)
+
+
+def _refuse_references(value: Any, where: Location) -> None:
+    """Refuse to encode a reference to an offloaded value (a cached step's output, or a
+    context's value): the offloading layer sits below the codecs, so a reference reaches
+    them only through a connection without the blob store (settings without
+    ``blob_url``). Sealed, it would be hidden from the offloading layer and from the
+    collector, which would then remove its blob, and read back as the value."""
+    if is_reference(value):
+        found = [("", value)]
+    elif type(value) is dict:
+        found = [(f".{k}", v) for k, v in value.items() if is_reference(v)]
+    else:
+        return
+    for name, reference in found:
+        raise InvalidArgumentError(
+            f"{where.describe()}{name} is a reference to offloaded blob "
+            f"{reference[REF_KEY]}, which this connection cannot resolve (no blob store); "
+            f"encoding it would hide the reference and lose the value: {NO_BLOB_STORE}"
+        )
+
+
 class Sealer:
     """Encodes payloads into sealed values and decodes them back (see the module).
 
@@ -151,6 +178,7 @@ class Sealer:
         is not a payload and stays ``None``."""
         if value is None or (self.keys is None and self.compress_min_bytes is None):
             return value
+        _refuse_references(value, where)
         plain = codec.dumps(value, what=where.describe())
         codec_name = ""
         data = plain

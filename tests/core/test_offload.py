@@ -528,6 +528,107 @@ async def test_rekey_without_the_blob_store_refuses_and_keeps_the_references(
         assert (collected.referenced, collected.removed) == (1, 0)
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_rekey_reencrypts_an_offloaded_cached_step_in_its_blob(
+    tmp_path: Path, kind: str
+) -> None:
+    """A cached step's large output is stored as a reference to its sealed bytes in the
+    blob store. ``siglo rekey`` (a process of its own, the application's settings with a
+    new current key) re-encrypts it there: a new blob sealed under the new key, the entry
+    a reference to it, never the reference itself sealed — which a cache hit would hand
+    to the next step as the output. The new blob is kept as long as the old one (the
+    entry's life), so the collector does not take it meanwhile. Run again, nothing to do."""
+    from ops_support import shared_store
+
+    k1, k2 = (base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2))
+    blobs = tmp_path / "blobs"
+    ran: list[int] = []
+
+    async def produce(_: Any) -> dict[str, Any]:
+        ran.append(1)
+        return {"big": BIG}
+
+    async def consume(value: Any) -> str:
+        return str(value["big"][:5]) if set(value) == {"big"} else f"not the output: {value}"
+
+    run = siglo.flow(
+        siglo.Step.create("produce", produce).cache(ttl_ms=3_600_000, key=lambda _: "k"),
+        siglo.Step.create("consume", consume),
+        name="rekey-offloaded-cache",
+    )
+
+    def settings(*keys: str) -> Settings:
+        named = dict(zip(("k1", "k2"), keys, strict=False))
+        return Settings(
+            blob_url=blobs.as_uri(),
+            offload_min_bytes=1_024,
+            encryption_keys=named,
+            encryption_key_id=list(named)[-1],
+        )
+
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        async with siglo.connect(backend.url, settings=settings(k1)) as app:
+            manager = StorageManager(app)
+            assert await run.run(None, manager=manager, stack_id="r1", namespace="t") == "large"
+            before = await app.raw_adapter.get_cached_step("k", namespace="t")
+        assert isinstance(before, dict) and REF_KEY in before
+        shell = tmp_path / "siglo.toml"
+        shell.write_text(
+            f'url = "{backend.url}"\nblob_url = "{blobs.as_uri()}"\noffload_min_bytes = 1024\n'
+            f'encryption_keys = {{ k1 = "{k1}", k2 = "{k2}" }}\nencryption_key_id = "k2"\n'
+        )
+        done = _siglo_with(shell, "rekey")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "rekeyed 1 cached step(s)" in done.stdout, done.stdout
+        async with siglo.connect(backend.url, settings=settings(k1, k2)) as app:
+            after = await app.raw_adapter.get_cached_step("k", namespace="t")
+            # Still a reference the offloading layer and the collector see, to a new blob
+            # whose value is sealed under the new key.
+            assert isinstance(after, dict) and REF_KEY in after, after
+            assert after[REF_KEY] != before[REF_KEY]
+            store = DirectoryBlobStore(blobs)
+            sealed = (await store.get(after[REF_KEY])) or b""
+            assert b'"$siglo":"v1.e.k2.' in sealed and BIG[:20].encode() not in sealed
+            kept = dict([x async for x in store.scan()])
+            assert kept[after[REF_KEY]] >= kept[before[REF_KEY]]
+            # The collector (which does not walk cache entries) keeps it for the entry's
+            # life; what it removes is the checkpoint's blobs the rekey replaced.
+            await collect_blobs(app.adapter, store, grace_ms=0)
+            assert await store.get(after[REF_KEY]) == sealed
+            # A cache hit hands the next step the output, not a reference.
+            manager = StorageManager(app)
+            assert await run.run(None, manager=manager, stack_id="r2", namespace="t") == "large"
+            assert ran == [1]
+        again = _siglo_with(shell, "rekey")
+        assert "rekeyed 0 cached step(s); 1 already under the current key" in again.stdout
+
+
+async def test_rekey_without_the_blob_store_refuses_an_offloaded_cached_step(
+    tmp_path: Path,
+) -> None:
+    """Run without ``blob_url``, ``siglo rekey`` meets a cached step's reference as it is
+    stored: the codecs refuse to seal it (naming the setting), and the entry stays."""
+    k1, k2 = (base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2))
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    app = Settings(
+        blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024, encryption_keys={"k1": k1}
+    )
+    async with siglo.connect(url, settings=app) as backend:
+        await backend.adapter.set_cached_step("k", {"big": BIG}, 3_600_000, namespace="t")
+        before = await backend.raw_adapter.get_cached_step("k", namespace="t")
+    shell = tmp_path / "shell.toml"
+    shell.write_text(
+        f'url = "{url}"\nencryption_keys = {{ k1 = "{k1}", k2 = "{k2}" }}\n'
+        'encryption_key_id = "k2"\n'
+    )
+    done = _siglo_with(shell, "rekey")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "blob_url" in done.stderr and "step 'k'" in done.stderr, done.stderr
+    async with siglo.connect(url, settings=app) as backend:
+        assert await backend.raw_adapter.get_cached_step("k", namespace="t") == before
+        assert await backend.adapter.get_cached_step("k", namespace="t") == {"big": BIG}
+
+
 async def test_a_sealed_offloaded_context_read_without_the_blob_store_is_a_clear_error(
     tmp_path: Path,
 ) -> None:
