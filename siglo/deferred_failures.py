@@ -5,12 +5,22 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-__all__ = ["MAX_DEFERRED_STACKS", "DeferredFailures"]
+__all__ = ["MAX_DEFERRED_STACKS", "DeferredFailures", "StackKey", "describe"]
 
 logger = logging.getLogger("siglo")
 
 MAX_DEFERRED_STACKS: Final = 10_000
 """How many stacks' background failures strict mode keeps for their next call."""
+
+StackKey = tuple[str | None, str]
+"""A stored stack: its namespace and its id. Two tenants' stacks of one id are two
+stacks, and one's background failure is never raised to the other."""
+
+
+def describe(stack: StackKey) -> str:
+    """``'order-1'``, or ``'order-1' (namespace 'tenant-a')``."""
+    namespace, stack_id = stack
+    return repr(stack_id) if namespace is None else f"{stack_id!r} (namespace {namespace!r})"
 
 
 class DeferredFailures:
@@ -22,15 +32,15 @@ class DeferredFailures:
     """
 
     def __init__(self) -> None:
-        self._first: dict[str, BaseException] = {}
-        self._more: dict[str, int] = {}
+        self._first: dict[StackKey, BaseException] = {}
+        self._more: dict[StackKey, int] = {}
 
-    def defer(self, stack_id: str, exc: BaseException) -> None:
+    def defer(self, stack_id: StackKey, exc: BaseException) -> None:
         """Keep ``exc`` for ``stack_id`` (or count it, if the stack already failed)."""
         if stack_id not in self._first and len(self._first) >= MAX_DEFERRED_STACKS:
             # Bounded even when a whole fleet of stacks fails during an outage: past the
             # cap a failure is logged, not kept (a failure is never silent in strict mode).
-            logger.error("siglo: background failure of stack %r: %s", stack_id, exc)
+            logger.error("siglo: background failure of stack %s: %s", describe(stack_id), exc)
             return
         if stack_id in self._first:
             # The first failure is the one to report; the rest are counted, not kept.
@@ -38,7 +48,7 @@ class DeferredFailures:
         else:
             self._first[stack_id] = exc
 
-    def raise_for(self, stack_id: str) -> None:
+    def raise_for(self, stack_id: StackKey) -> None:
         """Raise (and forget) the failure kept for ``stack_id``, if any."""
         exc = self._first.pop(stack_id, None)
         if exc is not None:
@@ -56,7 +66,7 @@ class DeferredFailures:
         _note_more(exc, more.get(first_stack, 0))
         if others:
             names = ", ".join(
-                repr(stack_id) + (f" (+{more[stack_id]} later)" if more.get(stack_id) else "")
+                describe(stack_id) + (f" (+{more[stack_id]} later)" if more.get(stack_id) else "")
                 for stack_id, _ in others[:10]
             )
             if len(others) > 10:

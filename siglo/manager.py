@@ -18,7 +18,7 @@ from siglo.background import SerialJobs
 from siglo.checkpoint import Checkpoint
 from siglo.clock import Clock, system_clock
 from siglo.config import Settings, current_settings, settings_generation
-from siglo.deferred_failures import DeferredFailures
+from siglo.deferred_failures import DeferredFailures, StackKey
 from siglo.error_modes import (
     ERROR_MODES,
     ErrorMode,
@@ -107,8 +107,8 @@ class StorageManager:
         self._jobs = SerialJobs()
         # Context changes of each stack whose stream job has not started yet, oldest
         # first: the next save of the stack may send them with its checkpoint.
-        self._unstreamed: dict[str, list[_Unstreamed]] = {}
-        # One background failure per stack, raised once (SPEC §4).
+        self._unstreamed: dict[StackKey, list[_Unstreamed]] = {}
+        # One background failure per stored stack (namespace and id), raised once (SPEC §4).
         self._deferred = DeferredFailures()
 
     # -- configuration -------------------------------------------------------------------
@@ -317,8 +317,10 @@ class StorageManager:
         return self._one_live(stack_id)
 
     def discard_stack(self, stack_id: str | ExecutionStack) -> None:
-        """Forget a live stack (its stored checkpoints stay): every live stack of the id
-        given, or the stack object given."""
+        """Forget a live stack (its stored checkpoints stay): the stack object given, or
+        the one live stack of the id given — when several callers hold one, an id could
+        mean another caller's, and :class:`~siglo.errors.AmbiguousStackError` is raised
+        (discard the stack object itself)."""
         if isinstance(stack_id, ExecutionStack):
             stack = stack_id
             if self._stacks.get(stack.stack_id) is stack:
@@ -331,6 +333,13 @@ class StorageManager:
                 else:
                     del self._live[stack.stack_id]
             return
+        holders = len(self._live_of(stack_id))
+        if holders > 1:
+            raise AmbiguousStackError(
+                f"{holders} live stacks of {stack_id!r} are held in this manager (another caller "
+                "resumed or restored the same id): discard the stack object itself, with "
+                "`manager.discard_stack(stack)`"
+            )
         self._stacks.pop(stack_id, None)
         self._live.pop(stack_id, None)
 
@@ -354,6 +363,7 @@ class StorageManager:
         revision = stack.revision
         now = self.clock.now_ms()
         stack_id = stack.stack_id
+        stored = (stack.namespace, stack_id)
 
         def build() -> ContextChangeEvent:
             # Redacted here, in the job, like the encoding: a value too deep to redact
@@ -363,22 +373,22 @@ class StorageManager:
             )
 
         change = _Unstreamed(build)
-        self._unstreamed.setdefault(stack_id, []).append(change)
+        self._unstreamed.setdefault(stored, []).append(change)
 
         async def stream() -> None:
             if change.taken:
                 return  # sent with a checkpoint (save_checkpoint)
             change.taken = True
-            pending = self._unstreamed.get(stack_id)
+            pending = self._unstreamed.get(stored)
             if pending and pending[0] is change:  # jobs of a stack start in order
                 del pending[0]
                 if not pending:
-                    del self._unstreamed[stack_id]
+                    del self._unstreamed[stored]
             try:
                 await adapter.on_context_change(change.build())
             except Exception as exc:
                 self._handle_failure(
-                    exc, f"streaming a context change of {stack_id!r}", background=stack_id
+                    exc, f"streaming a context change of {stack_id!r}", background=stored
                 )
 
         if _writes_together(adapter):
@@ -389,14 +399,14 @@ class StorageManager:
         else:
             self._jobs.submit(stack_id, stream)
 
-    def _take_unstreamed(self, stack_id: str) -> list[_Unstreamed]:
+    def _take_unstreamed(self, key: StackKey) -> list[_Unstreamed]:
         """The stack's context changes whose stream has not started, now the caller's."""
-        taken = [c for c in self._unstreamed.pop(stack_id, ()) if not c.taken]
+        taken = [c for c in self._unstreamed.pop(key, ()) if not c.taken]
         for change in taken:
             change.taken = True
         return taken
 
-    def _built(self, stack_id: str, changes: list[_Unstreamed]) -> list[ContextChangeEvent]:
+    def _built(self, key: StackKey, changes: list[_Unstreamed]) -> list[ContextChangeEvent]:
         """The events of ``changes``; one that cannot be built fails as its stream job
         would have (deferred for the stack, raised by the caller's next check)."""
         events = []
@@ -405,11 +415,11 @@ class StorageManager:
                 events.append(change.build())
             except Exception as exc:
                 self._handle_failure(
-                    exc, f"streaming a context change of {stack_id!r}", background=stack_id
+                    exc, f"streaming a context change of {key[1]!r}", background=key
                 )
         return events
 
-    async def _stream_now(self, stack_id: str, events: list[ContextChangeEvent]) -> None:
+    async def _stream_now(self, key: StackKey, events: list[ContextChangeEvent]) -> None:
         """Send ``events`` one by one, as their stream jobs would have."""
         adapter = self._supports(Capability.CONTEXT_STREAM)
         for event in events:
@@ -418,7 +428,7 @@ class StorageManager:
                     await adapter.on_context_change(event)
             except Exception as exc:
                 self._handle_failure(
-                    exc, f"streaming a context change of {stack_id!r}", background=stack_id
+                    exc, f"streaming a context change of {key[1]!r}", background=key
                 )
 
     # -- snapshots ------------------------------------------------------------------------
@@ -460,6 +470,7 @@ class StorageManager:
         """
         live = self._stack(stack_id)
         stack_id = live.stack_id
+        key = (live.namespace, stack_id)
         checkpoint = self._snapshot(live, expected_revision, redact_fields, ttl_ms)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is not None:
@@ -468,13 +479,11 @@ class StorageManager:
                 try:
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
                 except Exception as exc:
-                    self._handle_failure(
-                        exc, f"saving checkpoint of {stack_id!r}", background=stack_id
-                    )
+                    self._handle_failure(exc, f"saving checkpoint of {stack_id!r}", background=key)
 
             # Changes set before this snapshot stream before it: none is left for a
             # later save to send after it.
-            self._unstreamed.pop(stack_id, None)
+            self._unstreamed.pop(key, None)
             self._jobs.submit(stack_id, save)
         return checkpoint
 
@@ -543,24 +552,25 @@ class StorageManager:
         """
         live = self._stack(stack_id)
         stack_id = live.stack_id
+        key = (live.namespace, stack_id)
         # On a backend that writes context changes and a checkpoint in one statement
         # (StorageAdapter.save_checkpoint_streamed overridden), the changes not streamed
         # yet go with the checkpoint: one round trip and one commit fewer per change, the
         # order kept. Elsewhere their jobs stream them first, as always.
         adapter = self._supports(Capability.CHECKPOINTS)
         together = adapter is not None and _writes_together(adapter)
-        events = self._built(stack_id, self._take_unstreamed(stack_id)) if together else []
+        events = self._built(key, self._take_unstreamed(key)) if together else []
         await self._jobs.drain(stack_id)
         if events and not (adapter is not None and adapter.writes_with_checkpoint(events)):
             # Not these: streamed now, one by one, their failures handled on their own
             # and raised below, as their jobs' would have been.
-            await self._stream_now(stack_id, events)
+            await self._stream_now(key, events)
             events = []
         try:
-            self._deferred.raise_for(stack_id)
+            self._deferred.raise_for(key)
             checkpoint = self._snapshot(live, expected_revision, redact_fields, ttl_ms)
         except BaseException:
-            await self._stream_now(stack_id, events)  # as their jobs would have
+            await self._stream_now(key, events)  # as their jobs would have
             raise
         if adapter is not None:
             try:
@@ -612,7 +622,7 @@ class StorageManager:
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
         await self._jobs.drain(stack_id)
-        self._deferred.raise_for(stack_id)
+        self._deferred.raise_for((namespace, stack_id))
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is None:
             return None
@@ -653,9 +663,11 @@ class StorageManager:
 
     # -- failures ---------------------------------------------------------------------------
 
-    def _handle_failure(self, exc: Exception, doing: str, *, background: str | None = None) -> None:
-        """Apply the error mode; ``background`` is the stack id of a background job,
-        whose failure waits for that stack's next call or :meth:`flush`."""
+    def _handle_failure(
+        self, exc: Exception, doing: str, *, background: StackKey | None = None
+    ) -> None:
+        """Apply the error mode; ``background`` is the stack (namespace and id) of a
+        background job, whose failure waits for that stack's next call or :meth:`flush`."""
         failure = surfaced_failure(exc, doing, self.error_mode)
         if failure is None:
             return

@@ -208,3 +208,58 @@ def _check(
         lost = sorted(set(acked) - markers)
         assert not lost, f"{len(lost)} acknowledged saves are not stored: {lost}"
         assert len(acked) == REQUESTS * ROUNDS
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("other", ["tenant-b", None], ids=["other-tenant", "no-namespace"])
+async def test_a_tenants_background_conflict_is_raised_to_that_tenant_alone(
+    kind: str, other: str | None
+) -> None:
+    """Tenants share a manager; a stack is its namespace and its id. Tenant A's
+    background save (``checkpoint()``) loses a compare-and-set to another replica: the
+    conflict waits for A's next call for its stack, and tenant B's calls for its own
+    stack of the same id — a resume, a save that would succeed — neither raise it nor
+    consume it."""
+    async with any_backend(kind) as backend:
+        manager = siglo.StorageManager(backend)
+        for namespace in (NS, other):
+            stack = manager.create_stack(STACK, namespace=namespace)
+            stack.set("x", "owner", str(namespace))
+            await stack.save(expected_revision=0)
+            manager.discard_stack(stack)
+        mine = await manager.resume(STACK, namespace=NS)
+        assert mine is not None
+        replica = siglo.StorageManager(backend)  # another process moves A's stack on
+        moved = await replica.resume(STACK, namespace=NS)
+        assert moved is not None
+        moved.set("x", "by", "replica")
+        await moved.save(expected_revision=moved.revision)
+        mine.set("x", "by", "A")
+        manager.checkpoint(mine, expected_revision=mine.revision)
+        theirs = await manager.resume(STACK, namespace=other)  # B's request
+        assert theirs is not None and theirs.context("x")["owner"] == str(other)
+        theirs.set("x", "by", "B")
+        saved = await theirs.save(expected_revision=theirs.revision)
+        assert saved.revision == 2
+        with pytest.raises(CheckpointConflictError):
+            await manager.load_checkpoint(STACK, namespace=NS)  # A's own next call
+        await manager.flush()  # raised once, then gone
+
+
+async def test_discarding_an_id_two_callers_hold_is_refused() -> None:
+    """``discard_stack(id)`` while two callers hold a live stack of the id would let go of
+    the other caller's stack too: refused, as every id-only call is; the stack object is
+    discarded alone, and then the id means the one still held."""
+    async with any_backend("memory") as backend:
+        manager = siglo.StorageManager(backend)
+        first = manager.create_stack(STACK, namespace=NS)
+        second = manager.create_stack(STACK, namespace="tenant-b")
+        with pytest.raises(AmbiguousStackError, match="discard the stack object itself"):
+            manager.discard_stack(STACK)
+        assert set(map(id, manager._live_of(STACK))) == {id(first), id(second)}
+        manager.discard_stack(first)
+        second.set("x", "y", 1)
+        saved = await manager.save_checkpoint(STACK)
+        assert saved.namespace == "tenant-b"
+        manager.discard_stack(STACK)
+        assert manager._live_of(STACK) == []
