@@ -327,6 +327,13 @@ def rm(
                 result["expectedRevision"] = revision
                 if as_json:
                     print_json(result)
+                if exc.current_revision is None:  # no live stack: nothing to compare with
+                    where = f" in namespace {namespace!r}" if namespace else ""
+                    raise CliError(
+                        f"no stack {stack_id!r}{where} to delete (expected revision "
+                        f"{revision}); nothing was deleted",
+                        "`siglo ls URL` lists them",
+                    ) from exc
                 raise CliError(
                     f"stack {stack_id!r} is at revision {exc.current_revision}, not {revision}; "
                     "nothing was deleted",

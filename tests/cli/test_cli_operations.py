@@ -106,6 +106,10 @@ async def test_ls_show_rm_prune_clean(kind: str) -> None:
         assert await backend.adapter.get_wait_record("approve:plain") is None
         again = await invoke("rm", url, "plain")
         assert again.exit_code == 1
+        # A revision to compare with a stack that is not there: no stack, not "revision None".
+        gone = await invoke("rm", url, "plain", "--revision", "3")
+        assert gone.exit_code == 1 and "no stack 'plain' to delete" in gone.output, gone.output
+        assert "None" not in gone.output
 
         cleaned = await invoke("clean", url, "--json")
         assert cleaned.exit_code == 0
