@@ -28,11 +28,18 @@ from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.coordination import Lock
 from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
-from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, CheckpointPage, ListQuery
+from siglo.listing import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    CheckpointPage,
+    ListQuery,
+    without_keyrings,
+)
 from siglo.listing import check_list_arguments as _check_list_arguments
 from siglo.locking import namespaced_key, run_with_lock, workflow_lock_key
 from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
+from siglo.reserved import check_not_keyring
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
@@ -630,7 +637,9 @@ class StorageAdapter(Closable):
             cursor=cursor,
         )
         self._require_open()
-        return await self._do_list_checkpoints(query)
+        page = await self._do_list_checkpoints(query)
+        # The keyrings are siglo's, not the application's (siglo.reserved).
+        return without_keyrings(page) if namespace is MISSING else page
 
     async def list_checkpoints_by_index(
         self,
@@ -682,6 +691,7 @@ class StorageAdapter(Closable):
         """
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
+        check_not_keyring(namespace, f"deleting stack {stack_id!r}")
         if expected_revision is not None and (
             type(expected_revision) is not int or expected_revision < 1
         ):

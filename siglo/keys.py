@@ -45,6 +45,7 @@ from siglo.errors import (
     KeyErasedError,
 )
 from siglo.plugins import get_registry
+from siglo.reserved import KEYRING_NAMESPACE, keyring_access
 from siglo.unreadable import stopping_at_unreadable
 
 if TYPE_CHECKING:
@@ -64,9 +65,6 @@ __all__ = [
 KEY_BYTES: Final = 32
 """AES-256: every key is 32 bytes."""
 
-KEYRING_NAMESPACE: Final = "siglo.keyring"
-"""The namespace the envelope provider's keyrings are stored under (one checkpoint per
-namespace whose data keys it holds). Exports and listings of all namespaces skip it."""
 
 _NO_NAMESPACE: Final = "\x1fnone"
 """The keyring id of payloads stored without a namespace."""
@@ -293,7 +291,8 @@ class EnvelopeKeyProvider:
                 "masterKeyId": self.master.key_id,
             },
         )
-        await self.adapter.save_checkpoint(ring, expected_revision=revision)
+        with keyring_access():
+            await self.adapter.save_checkpoint(ring, expected_revision=revision)
 
     async def _new_key(self, namespace: str | None, ring: Checkpoint | None) -> tuple[str, bytes]:
         """Add a new data key to the keyring and make it the active one (compare-and-set
@@ -407,10 +406,16 @@ class EnvelopeKeyProvider:
         of the destroyed ones, so a ciphertext naming one raises
         :class:`~siglo.errors.KeyErasedError` (compare-and-set: retried over a concurrent
         rotation). Payloads written to the namespace afterwards get a new key. Returns
-        the ids destroyed."""
+        the ids destroyed. Refused (:class:`~siglo.errors.DecryptionError`, nothing
+        changed) when the keyring's keys do not unwrap with this provider's master key:
+        the one irreversible command is not run from a shell holding another store's
+        key, where every other command fails."""
         async with self._lock:
             while True:
                 ring = await self._ring(namespace)
+                held = ring.contexts.get("keys", {}) if ring is not None else {}
+                if ring is not None and held:
+                    await self._unwrap(namespace, ring, next(iter(held)))
                 erased = sorted(
                     set(_erased_ids(ring)) | set(ring.contexts.get("keys", {}) if ring else ())
                 )

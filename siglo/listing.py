@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -19,6 +20,7 @@ import orjson
 
 from siglo.checkpoint import STATUSES, Checkpoint
 from siglo.errors import InvalidArgumentError, MalformedRecordError, naming_stack
+from siglo.reserved import KEYRING_NAMESPACE
 from siglo.sentinel import MISSING, Missing
 from siglo.validation import require_id, require_optional_id
 
@@ -32,6 +34,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "get_listed",
+    "without_keyrings",
 ]
 
 DEFAULT_PAGE_SIZE: Final = 100
@@ -212,3 +215,12 @@ async def get_listed(adapter: _Reads, summary: CheckpointSummary) -> Checkpoint 
         return await adapter.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
     except MalformedRecordError as exc:
         raise naming_stack(exc, summary.stack_id, summary.namespace) from exc
+
+
+def without_keyrings(page: CheckpointPage) -> CheckpointPage:
+    """``page`` (of a listing of every namespace) without the keyrings: they are siglo's,
+    not the application's (:mod:`siglo.reserved`)."""
+    if not any(item.namespace == KEYRING_NAMESPACE for item in page.items):
+        return page
+    items = [item for item in page.items if item.namespace != KEYRING_NAMESPACE]
+    return dataclasses.replace(page, items=items)

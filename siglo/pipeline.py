@@ -46,7 +46,7 @@ from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.payloads import PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.redaction import REDACT_FIELDS_KEY, REDACTED, redact
-from siglo.sealing import NO_BLOB_STORE, SEALED_KEY, Location, Sealer
+from siglo.sealing import NO_BLOB_STORE, SEALED_KEY, Location, Sealer, require_packages
 from siglo.sentinel import MISSING, Missing
 from siglo.telemetry import Telemetry
 from siglo.unreadable import UNREADABLE, report_unreadable
@@ -163,6 +163,9 @@ def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
                 "expires_at still expire), or use encryption_keys"
             )
         keys = EnvelopeKeyProvider(raw, master_key_from(settings.master_key))
+    require_packages(
+        encrypts=keys is not None, compresses=settings.compression_min_bytes is not None
+    )
     return Sealer(
         keys,
         compress_min_bytes=settings.compression_min_bytes,
@@ -698,9 +701,9 @@ class PipelineAdapter(StorageAdapter):
                 limit=limit,
                 cursor=cursor,
             )
-        # Summaries hold routing fields only, which no stage changes. A listing of every
-        # namespace leaves out the envelope keys' keyrings: they are not the application's.
-        page = await self.inner.list_checkpoints(
+        # Summaries hold routing fields only, which no stage changes. (A listing of every
+        # namespace leaves out the keyrings below, whatever the settings: siglo.reserved.)
+        return await self.inner.list_checkpoints(
             namespace=namespace,
             status=status,
             workflow_id=workflow_id,
@@ -709,10 +712,6 @@ class PipelineAdapter(StorageAdapter):
             limit=limit,
             cursor=cursor,
         )
-        if namespace is MISSING and any(i.namespace == KEYRING_NAMESPACE for i in page.items):
-            items = [i for i in page.items if i.namespace != KEYRING_NAMESPACE]
-            page = dataclasses.replace(page, items=items)
-        return page
 
     async def _list_matching(self, metadata: Mapping[str, Any], **query: Any) -> CheckpointPage:
         wanted = check_filter(metadata)

@@ -257,6 +257,24 @@ class Sealer:
         return parts[2] or None if len(parts) == 5 else None
 
 
+def require_packages(*, encrypts: bool, compresses: bool) -> None:
+    """Fail when the settings are read, not at the first save, when a codec they ask for
+    lacks its package (the ``siglo[encryption]`` extra): an envelope key provider would
+    otherwise first need it while wrapping a key, deep in a storage call, where a worker
+    takes the failure for an outage and retries it."""
+    needed = [("cryptography", "encryption")] if encrypts else []
+    if compresses:
+        needed.append(("zstandard", "compression"))
+    for package, what in needed:
+        try:
+            __import__(package)
+        except ImportError as exc:
+            raise InvalidArgumentError(
+                f"{what} needs the {package} package, which is not installed: "
+                "pip install 'siglo[encryption]>=0.1,<1' (docs/encryption.md)"
+            ) from exc
+
+
 _CIPHERS: dict[bytes, Any] = {}
 """One AESGCM object per key: building one costs about as much as sealing 1 KB."""
 

@@ -7,6 +7,7 @@ from typing import Any, Final, overload
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError
 from siglo.records import ContextChangeEvent, WaitRecord
+from siglo.reserved import KEYRING_NAMESPACE, check_not_keyring
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -86,6 +87,8 @@ def check_save_arguments(checkpoint: Any, expected_revision: Any) -> None:
     namespace = checkpoint.namespace
     if namespace is not None:  # require_optional_id, without a call more on every save
         require_id("checkpoint.namespace", namespace)
+        if namespace == KEYRING_NAMESPACE:
+            check_not_keyring(namespace, f"saving stack {checkpoint.stack_id!r}")
     if expected_revision is None:
         return
     if type(expected_revision) is not int or expected_revision < 0:

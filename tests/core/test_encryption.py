@@ -8,8 +8,12 @@ durable backends are the real servers of this machine (SQLite file, PostgreSQL, 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -409,8 +413,12 @@ async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
             Checkpoint(stack_id="s", namespace="t", revision=1, timestamp=1, contexts={"a": {}}),
             expected_revision=0,
         )
+        # Left out of a listing of every namespace whatever the connection (keyless too),
+        # listed when asked for by name.
         raw = await backend.raw_adapter.list_checkpoints()
-        assert KEYRING_NAMESPACE in {s.namespace for s in raw.items}
+        assert [s.namespace for s in raw.items] == ["t"]
+        rings = await backend.raw_adapter.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        assert [s.stack_id for s in rings.items] == ["t"]
         listed = await adapter.list_checkpoints()
         assert [s.namespace for s in listed.items] == ["t"]
         lines = [line async for line in export_lines(backend.raw_adapter)]
@@ -422,3 +430,103 @@ async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
         forged = [lines[0], b'{"kind":"checkpoint","document":' + ring.to_json() + b"}"]
         with pytest.raises(InvalidArgumentError, match="line 2 holds a keyring"):
             await import_lines(adapter, forged)
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_path: Path) -> None:
+    """A keyring holds a tenant's data keys; deleting it is a crypto-erasure without the
+    confirmation ``siglo erase`` asks for. An operator pruning stale running runs from a
+    shell without the master key (keyrings are "running", never terminal) must not take
+    them: a listing of every namespace leaves them out whatever the settings, and a save
+    or a delete of the keyrings' namespace from anywhere but the key provider — the API,
+    ``siglo rm``, ``siglo prune -n siglo.keyring`` — is refused and changes nothing."""
+    from siglo.keys import KEYRING_NAMESPACE
+
+    key = f"base64:{base64.b64encode(os.urandom(32)).decode()}"
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        async with siglo.connect(backend.url, settings=Settings(master_key=key)) as app:
+            manager = siglo.StorageManager(app)
+            for tenant in ("a", "b"):
+                stack = manager.create_stack("order-1", namespace=tenant)
+                stack.set("pay", "amount", 12)
+                await stack.save()
+        raw = backend.raw_adapter
+        rings = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        assert sorted(s.stack_id for s in rings.items) == ["a", "b"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
+        env["PYTHONPATH"] = os.pathsep.join(sys.path)
+
+        def siglo_cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "siglo", *args],
+                cwd=tmp_path,
+                env={**env, "SIGLO_URL": backend.url},  # no SIGLO_MASTER_KEY
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        await asyncio.sleep(0.05)
+        pruned = siglo_cli("prune", "--older-than", "1ms", "--status", "running")
+        assert pruned.returncode == 0, pruned.stderr
+        assert "deleted 2" in pruned.stdout, pruned.stdout  # the two runs, not the keyrings
+        refused = siglo_cli("rm", "a", "--namespace", KEYRING_NAMESPACE)
+        assert refused.returncode != 0 and "siglo erase" in refused.stderr, refused.stderr
+        named = siglo_cli(
+            "prune", "--older-than", "1ms", "--status", "running", "-n", KEYRING_NAMESPACE
+        )
+        assert named.returncode != 0 and "keyrings" in named.stderr, named.stdout + named.stderr
+        forged = Checkpoint(
+            stack_id="a", namespace=KEYRING_NAMESPACE, revision=9, timestamp=1, contexts={}
+        )
+        with pytest.raises(InvalidArgumentError, match="keyrings"):
+            await raw.save_checkpoint(forged)
+        with pytest.raises(InvalidArgumentError, match="keyrings"):
+            await raw.delete_checkpoint("a", KEYRING_NAMESPACE)
+        rings_after = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        assert rings_after == rings
+        # Every tenant's keys are there: a new run of each encrypts and decrypts.
+        async with siglo.connect(backend.url, settings=Settings(master_key=key)) as app:
+            manager = siglo.StorageManager(app)
+            for tenant in ("a", "b"):
+                stack = manager.create_stack("order-2", namespace=tenant)
+                stack.set("pay", "amount", 7)
+                await stack.save()
+                again = await manager.resume("order-2", namespace=tenant)
+                assert again is not None and again.context("pay") == {"amount": 7}
+
+
+@pytest.mark.parametrize(
+    ("hidden", "setting"),
+    [
+        ("cryptography", "master_key='base64:' + 'A' * 43 + '='"),
+        ("cryptography", "encryption_keys={'k1': 'A' * 43 + '='}"),
+        ("zstandard", "compression_min_bytes=1024"),
+    ],
+    ids=["master-key", "encryption-keys", "compression"],
+)
+def test_a_codec_without_its_package_is_refused_at_connect(
+    tmp_path: Path, hidden: str, setting: str
+) -> None:
+    """Without the ``siglo[encryption]`` extra, settings that ask for encryption (either
+    kind of key) or compression are refused by ``siglo.connect``, naming the extra — not
+    a storage failure at the first save, which a worker would retry as an outage."""
+    script = (
+        f"import sys; sys.modules[{hidden!r}] = None\n"
+        "import asyncio, siglo\n"
+        "from siglo.config import Settings\n"
+        "async def main():\n"
+        f"    async with siglo.connect('sqlite:///{tmp_path / 'a.db'}', "
+        f"settings=Settings({setting})):\n"
+        "        pass\n"
+        "try:\n"
+        "    asyncio.run(main())\n"
+        "except siglo.InvalidArgumentError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"needs the {hidden} package" in done.stdout, done.stdout + done.stderr
+    assert "pip install 'siglo[encryption]" in done.stdout

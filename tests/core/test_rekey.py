@@ -333,6 +333,26 @@ async def test_erase_needs_envelope_keys(tmp_path: Path) -> None:
     assert b"needs envelope keys (master_key)" in done.stderr
 
 
+async def test_erase_with_another_stores_master_key_is_refused(tmp_path: Path) -> None:
+    """Every command refuses a master key that does not unwrap the store's keyrings (a
+    shell holding another store's key); the one irreversible command too: ``siglo
+    erase`` fails naming it and destroys nothing — the right key still reads."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    right = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    settings = Settings(master_key=right["SIGLO_MASTER_KEY"])
+    async with siglo.connect(url, settings=settings) as backend:
+        stack = siglo.StorageManager(backend).create_stack("order-1", namespace="t")
+        stack.set("pay", "card", SECRET)
+        await stack.save()
+    wrong = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    done = run_siglo(tmp_path, "erase", url, "-n", "t", "--yes", env=wrong)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert b"does not unwrap with this master key" in done.stderr, done.stderr
+    async with siglo.connect(url, settings=settings) as backend:
+        stack = await siglo.StorageManager(backend).resume("order-1", namespace="t")
+        assert stack is not None and stack.context("pay") == {"card": SECRET}
+
+
 def sealed_texts(value: Any) -> list[str]:
     """The ciphertexts of a stored payload (the ``$siglo`` strings in it)."""
     if isinstance(value, dict):

@@ -1,0 +1,51 @@
+"""The namespace siglo keeps for itself: the envelope keys' keyrings (docs/encryption.md).
+
+A keyring is a checkpoint of :data:`KEYRING_NAMESPACE`, one per namespace whose data keys
+it holds, wrapped by the master key. It is not the application's: a listing of every
+namespace leaves the keyrings out (:func:`siglo.listing.without_keyrings`), whatever the
+connection's settings (a shell without the keys included, where ``siglo prune --status
+running`` would otherwise take every tenant's keys for stale runs), and only the key
+provider writes one (within :func:`keyring_access`): a save or a delete of a checkpoint
+of that namespace from anywhere else — the application, ``siglo rm`` or ``prune``, the
+dashboard — is an :class:`~siglo.errors.InvalidArgumentError` and changes nothing.
+Destroying a namespace's keys is ``siglo erase``. The checks sit in the storage
+adapter's public methods, so every path that writes through a backend passes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Final
+
+from siglo.errors import InvalidArgumentError
+
+__all__ = ["KEYRING_NAMESPACE", "check_not_keyring", "keyring_access"]
+
+KEYRING_NAMESPACE: Final = "siglo.keyring"
+"""The namespace the envelope provider's keyrings are stored under."""
+
+_ACCESS: ContextVar[bool] = ContextVar("siglo_keyring_access", default=False)
+
+
+@contextmanager
+def keyring_access() -> Iterator[None]:
+    """Within the block, checkpoints of :data:`KEYRING_NAMESPACE` may be written: the
+    key provider's own saves of its keyrings."""
+    token = _ACCESS.set(True)
+    try:
+        yield
+    finally:
+        _ACCESS.reset(token)
+
+
+def check_not_keyring(namespace: str | None, what: str) -> None:
+    """Refuse ``what`` (a save, a delete) of a checkpoint of the keyrings' namespace,
+    outside :func:`keyring_access`."""
+    if namespace == KEYRING_NAMESPACE and not _ACCESS.get():
+        raise InvalidArgumentError(
+            f"{what} in namespace {KEYRING_NAMESPACE!r} refused: it holds siglo's keyrings "
+            "(each tenant's data keys), which only siglo writes; `siglo erase` destroys a "
+            "namespace's keys (docs/encryption.md)"
+        )
