@@ -61,6 +61,10 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
             )
     if url == settings.url:
         options = {**settings.options, **options}
+    # The URL's and the options' secrets are kept out of every error's text from here on
+    # (siglo.masking): a driver's error may quote them.
+    urls.mask_credentials(url)
+    urls.remember_secret_options(options)
     check_port(url)
     spec = get_registry().for_url(url)
     if (

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Final
+
+from siglo import masking
 
 __all__ = ["MAX_DEFERRED_STACKS", "DeferredFailures", "StackKey", "describe"]
 
-logger = logging.getLogger("siglo")
+logger = masking.logger("siglo")
 
 MAX_DEFERRED_STACKS: Final = 10_000
 """How many stacks' background failures strict mode keeps for their next call."""

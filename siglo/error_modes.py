@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import warnings
 from typing import Final, Literal, get_args
 
+from siglo import masking
 from siglo.adapter import StorageAdapter
 from siglo.errors import (
     InvalidArgumentError,
@@ -23,7 +23,7 @@ __all__ = [
     "surfaced_failure",
 ]
 
-logger = logging.getLogger("siglo")
+logger = masking.logger("siglo")
 
 ErrorMode = Literal["best-effort", "warn", "strict"]
 ERROR_MODES: Final = frozenset(get_args(ErrorMode))

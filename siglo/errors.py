@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from siglo.masking import scrub
+
 __all__ = [
     "AmbiguousStackError",
     "BackendNotFoundError",
@@ -58,6 +60,10 @@ class SigloError(Exception):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (type(self), self.args, self.__dict__))
+
+    def __str__(self) -> str:
+        # A driver's text in the message may carry a URL's secret (siglo.masking).
+        return scrub(super().__str__())
 
 
 def _rebuild(

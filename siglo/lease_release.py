@@ -14,15 +14,14 @@ by itself, whichever comes first. The caller is never held up by the retries.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Final
 
-from siglo import telemetry
+from siglo import masking, telemetry
 from siglo.coordination import Lock
 
 __all__ = ["release_lease", "releases_pending"]
 
-_log = logging.getLogger("siglo.locking")
+_log = masking.logger("siglo.locking")
 
 _FIRST_RETRY_S: Final = 0.05
 _MAX_RETRY_S: Final = 1.0

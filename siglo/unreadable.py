@@ -19,12 +19,12 @@ with the rest of the namespace.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Final
 
+from siglo import masking
 from siglo.errors import DecryptionError, EncryptionRequiredError, MalformedRecordError
 
 __all__ = ["UNREADABLE", "collecting_unreadable", "report_unreadable", "stopping_at_unreadable"]
@@ -34,7 +34,7 @@ UNREADABLE: Final = (MalformedRecordError, DecryptionError, EncryptionRequiredEr
 in clear where encryption is required: a listing skips those alone (a storage failure
 still fails the listing)."""
 
-log = logging.getLogger("siglo")
+log = masking.logger("siglo")
 
 _STOP: Final = "stop"
 """The collector's value within :func:`stopping_at_unreadable`."""

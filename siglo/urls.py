@@ -27,6 +27,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, unquote_plus, urlencode
 
 from siglo.errors import InvalidArgumentError
+from siglo.masking import MASK, remember
 
 __all__ = [
     "MASK",
@@ -47,8 +48,6 @@ __all__ = [
 Converter = Callable[[str, str], Any]
 """Turns one query value into its typed value: ``(option name, text) -> value``."""
 
-MASK: Final = "***"
-"""What :func:`mask_credentials` puts in place of a secret."""
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -220,13 +219,30 @@ def mask_credentials(url: str) -> str:
         at = base.rfind("@", start)
         userinfo = base[start:at] if at >= 0 else ""
         if ":" in userinfo:
-            user = userinfo.partition(":")[0]
+            user, _, password = userinfo.partition(":")
+            _remember_both(password)
             base = f"{base[:start]}{user}:{MASK}{base[at:]}"
     if query:
         pieces = query.split("&")
         for i, piece in enumerate(pieces):
-            name, equals, _value = piece.partition("=")
+            name, equals, value = piece.partition("=")
             if equals and unquote_plus(name).lower() in _SECRET_PARAMETERS:
+                _remember_both(value)
                 pieces[i] = f"{name}={MASK}"
         query = "&".join(pieces)
     return base + sep + query
+
+
+def _remember_both(value: str) -> None:
+    """A secret as written in a URL and as a driver is given it (percent-decoded): kept
+    out of siglo's error texts (:mod:`siglo.masking`)."""
+    remember(value)
+    remember(unquote_plus(value))
+
+
+def remember_secret_options(options: Mapping[str, Any]) -> None:
+    """The values of the secret options in ``options`` (a backend's ``password=`` …),
+    kept out of siglo's error texts (:mod:`siglo.masking`)."""
+    for name, value in options.items():
+        if name.lower() in _SECRET_PARAMETERS and isinstance(value, str):
+            remember(value)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import sqlite3
 import time
 from typing import Final
+
+from siglo import masking
 
 __all__ = [
     "CHECKPOINT_EVERY_MAX",
@@ -27,7 +28,7 @@ __all__ = [
     "WalCheckpoints",
 ]
 
-_log = logging.getLogger("siglo.sqlite")
+_log = masking.logger("siglo.sqlite")
 
 CHECKPOINT_FRAMES: Final = 1_000
 """The WAL frames (pages) the inline writes let the WAL reach before it starts over:

@@ -8,6 +8,8 @@ free.
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 
 import click
 
@@ -25,6 +27,7 @@ from siglo.cli.transfer import export, import_
 from siglo.cli.ui import ui
 from siglo.cli.worker import worker
 from siglo.config import CONFIG_ENV, reset_settings
+from siglo.masking import scrub
 
 __all__ = ["cli", "main"]
 
@@ -80,4 +83,10 @@ cli.add_command(ui)
 
 def main() -> None:
     """Entry point of the ``siglo`` script and ``python -m siglo``."""
-    cli(prog_name="siglo")
+    try:
+        cli(prog_name="siglo")
+    except Exception as exc:  # only with --debug: every other failure is one line
+        # The traceback as Python prints it, with the secrets of URLs and options masked:
+        # a driver's exception (the cause) may carry one in its text (siglo.masking).
+        sys.stderr.write(scrub("".join(traceback.format_exception(exc))))
+        sys.exit(1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
-import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +34,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from siglo import masking
 from siglo.backend import Backend
 from siglo.checkpoint import STATUSES
 from siglo.cli.errors import hint_for
@@ -57,7 +57,7 @@ from siglo.urls import mask_credentials
 
 __all__ = ["LOOPBACK_HOSTS", "create_app", "is_loopback"]
 
-_log = logging.getLogger("siglo.ui")
+_log = masking.logger("siglo.ui")
 
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 TOKEN_COOKIE: Final = "siglo_ui_token"

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from siglo import telemetry
+from siglo import masking, telemetry
 from siglo.adapter import Capability
 from siglo.errors import (
     InvalidArgumentError,
@@ -68,7 +68,7 @@ RETRYABLE: Final = (StorageAdapterError, OSError)
 (:class:`~siglo.errors.StorageAdapterError`, its :class:`~siglo.errors.OutcomeUnknownError`
 included) and, should a driver's ever escape unwrapped, a connection error or a timeout."""
 
-log = logging.getLogger("siglo.worker")
+log = masking.logger("siglo.worker")
 _RANDOM: Final = random.Random()
 
 

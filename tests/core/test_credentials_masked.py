@@ -129,3 +129,68 @@ def test_siglo_collect_blobs_masks_the_blob_store_password(
         assert done.returncode == 1, done.stdout + done.stderr
         assert "blob store" in done.stderr, done.stderr
         assert PASSWORD not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+SENTINEL_SECRET = "sentinel-Sekr3t-77ab"
+
+
+def test_a_drivers_error_text_never_carries_a_urls_secret(tmp_path: Path) -> None:
+    """redis-py's "no master found" names its Sentinel clients with their
+    ``password=…``; siglo puts the driver's text in its errors. The secret is masked in
+    the command's ``Error:`` line, in the ``--debug`` traceback (the driver's exception
+    is its cause), in the exception ``siglo.connect`` users get, and in a log record of
+    a siglo logger that carries the driver's exception (best-effort mode)."""
+    require_redis()
+    port = free_port(30400, 30500)  # no Sentinel answers here
+    url = (
+        f"redis+sentinel://127.0.0.1:{port}/mymaster?sentinel_password={SENTINEL_SECRET}"
+        "&sentinel_username=watcher&command_timeout_ms=500"
+    )
+    for args in (("ls", url), ("--debug", "ls", url)):
+        done = _siglo(*args)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert SENTINEL_SECRET not in done.stdout + done.stderr, done.stderr
+        assert "***" in done.stderr  # the text that held it is there, masked
+    script = f"""
+import asyncio, io, logging, siglo
+stream = io.StringIO()
+logging.getLogger("siglo").addHandler(logging.StreamHandler(stream))
+async def main():
+    try:
+        async with siglo.connect({url!r}) as backend:
+            await backend.adapter.get_checkpoint("s")
+    except siglo.SigloError as exc:
+        print("error:", exc)
+    # The driver's own exception, as error modes log it, with its traceback.
+    from siglo.error_modes import logger
+    try:
+        raise ConnectionError("password={SENTINEL_SECRET} in a driver's text")
+    except ConnectionError as exc:
+        logger.warning("siglo: %s failed: %s", "a call", exc, exc_info=exc)
+    print("log:", stream.getvalue())
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert "error:" in done.stdout and "log:" in done.stdout, done.stdout + done.stderr
+    assert SENTINEL_SECRET not in done.stdout + done.stderr, done.stdout
+    assert done.stdout.count("***") >= 2
+
+
+def test_every_siglo_logger_scrubs_its_records() -> None:
+    """A logger made with ``logging.getLogger`` would log a driver's text unscrubbed:
+    every logger in siglo and its backends is made by ``siglo.masking.logger``."""
+    root = Path(__file__).resolve().parents[2]
+    found = [
+        f"{path.relative_to(root)}"
+        for base in ("siglo", "backends")
+        for path in (root / base).rglob("*.py")
+        if 'logging.getLogger("siglo' in path.read_text()
+    ]
+    assert found == []
