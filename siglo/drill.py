@@ -834,11 +834,24 @@ async def _redis_setting(backend: Backend) -> str:
     if parts.scheme.lower().endswith("+sentinel"):
         return "no WAIT"
     client = getattr(backend.adapter, "client", None)
+    # The driver's client is called directly here, outside siglo's bounded calls: bounded
+    # by the backend's command_timeout_ms too (a drill is run when a primary may be silent).
     with contextlib.suppress(Exception):
-        info = await client.info("replication")  # type: ignore[union-attr]
+        info = await asyncio.wait_for(
+            client.info("replication"),  # type: ignore[union-attr]
+            _bound_s(backend),
+        )
         if int(info.get("connected_slaves", 0)) > 0:
             return "no WAIT"
     return "single server"
+
+
+def _bound_s(backend: Backend) -> float | None:
+    """The backend's ``command_timeout_ms``, in seconds (``None``: unbounded)."""
+    from siglo.connect import command_timeout_ms  # siglo.connect imports the backends
+
+    bound = command_timeout_ms(backend.url, {})
+    return None if bound is None else bound / 1000
 
 
 async def _postgres_setting(backend: Backend) -> str:
@@ -846,11 +859,22 @@ async def _postgres_setting(backend: Backend) -> str:
     raw_fetch = getattr(database, "raw_fetch", None)
     if raw_fetch is None:
         return "single server"
-    await database.open()  # type: ignore[union-attr]
-    rows = await raw_fetch(
-        "SELECT current_setting('synchronous_standby_names'), "
-        "current_setting('synchronous_commit'), (SELECT count(*) FROM pg_stat_replication)"
-    )
+    bound = _bound_s(backend)
+    try:
+        await asyncio.wait_for(database.open(), bound)  # type: ignore[union-attr]
+        rows = await asyncio.wait_for(
+            raw_fetch(
+                "SELECT current_setting('synchronous_standby_names'), "
+                "current_setting('synchronous_commit'), "
+                "(SELECT count(*) FROM pg_stat_replication)"
+            ),
+            bound,
+        )
+    except TimeoutError:
+        raise StorageAdapterError(
+            f"the server did not answer within command_timeout_ms ({bound} s) while the "
+            "drill read its replication settings"
+        ) from None
     names, commit, replicas = rows[0]
     if str(names).strip() and str(commit) in ("on", "remote_write", "remote_apply"):
         return "synchronous standby"

@@ -217,3 +217,29 @@ async def test_a_drill_names_the_workers_a_dead_server_left_behind() -> None:
                 await run
     finally:
         server.kill()
+
+
+async def test_the_drill_reads_a_silent_primarys_setting_within_its_bound() -> None:
+    """The drill classifies the topology with a call of the driver's own client, outside
+    siglo's bounded calls; against a Redis that accepts connections and never answers
+    (a frozen primary, which is when a drill runs) that call is bounded by the
+    backend's ``command_timeout_ms`` too, instead of hanging the drill before it
+    starts."""
+    from _redis_helpers import REDIS_URL, require_redis
+    from _tcp_proxy import tcp_proxy
+
+    import siglo
+    from siglo.drill import _redis_setting
+
+    require_redis()
+    host, port = REDIS_URL.split("://", 1)[1].split("/", 1)[0].split(":")
+    with tcp_proxy(host, int(port)) as proxy:
+        url = f"redis://{proxy.url_host}/0?prefix=drill-silent:&command_timeout_ms=300"
+        async with siglo.connect(url) as backend:
+            proxy.freeze()
+            began = time.monotonic()
+            setting = await asyncio.wait_for(_redis_setting(backend), 30)
+            took = time.monotonic() - began
+            proxy.thaw()
+    assert setting == "single server"
+    assert took < 2.0, took
