@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final
 
 from siglo.errors import InvalidArgumentError
@@ -12,8 +12,10 @@ __all__ = [
     "REDACTED",
     "REDACT_FIELDS_KEY",
     "check_redact_fields",
+    "hide",
     "redact",
     "redact_contexts",
+    "redacting",
 ]
 
 REDACTED: Final = "[REDACTED]"
@@ -102,3 +104,21 @@ def redact_contexts(
 ) -> dict[str, dict[str, Any]]:
     """Redact every step's context; step ids themselves are never redacted."""
     return {step: redact(ctx, fields) for step, ctx in contexts.items()}
+
+
+def redacting(checkpoint: Any, fields: Iterable[str]) -> frozenset[str]:
+    """The keys to hide when showing a stored ``checkpoint`` (a
+    :class:`~siglo.checkpoint.Checkpoint`, or ``None``): the settings' ``fields`` and those
+    its metadata says it was saved without. What prints stored data — ``siglo show``, the
+    dashboard — hides them with :func:`hide`, so a value stored before its key was
+    redacted is not shown either."""
+    named: Iterable[str] = ()
+    metadata = getattr(checkpoint, "metadata", None)
+    if metadata:
+        named = metadata.get(REDACT_FIELDS_KEY) or ()
+    return frozenset(fields) | frozenset(str(f) for f in named)
+
+
+def hide(value: Any, fields: frozenset[str]) -> Any:
+    """``value`` with ``fields`` redacted at any depth, for showing it."""
+    return redact(value, fields) if fields else value

@@ -13,12 +13,13 @@ import orjson
 from siglo.adapter import Capability
 from siglo.checkpoint import STATUSES
 from siglo.cli.common import format_ms, open_store, print_json, print_table, require
-from siglo.cli.errors import CliError, left_out, resolve_url
+from siglo.cli.errors import CliError, cli_settings, left_out, resolve_url
 from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError, MalformedRecordError, naming_stack
 from siglo.listing import CheckpointSummary
 from siglo.moments import describe_ms
 from siglo.records import WaitRecord, embedded_wait_record
+from siglo.redaction import hide, redacting
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.outcomes import WAITING_FOR, is_sleep, wait_outcome, waiting_for
@@ -186,8 +187,9 @@ def _url_and_stack_id(first: str | None, second: str | None) -> tuple[str | None
 @click.option("--namespace", "-n", default=None, help="The stack's namespace.")
 @json_option
 def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: bool) -> None:
-    """Show one stack: its checkpoint (as stored: redacted fields stay redacted), what it
-    waits for, and its wait records.
+    """Show one stack: its checkpoint (as stored; a key the settings redact is shown
+    [REDACTED] even in a value stored before it was redacted), what it waits for, and its
+    wait records.
 
     Each wait has an outcome: waiting, sleeping, due, claimed, claim lapsed, delivered,
     timed out, slept or cancelled. Times are ISO-8601 UTC with a relative time; --json
@@ -220,6 +222,21 @@ def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: 
                     record = await adapter.get_wait_record(key, namespace=namespace)
                     if record is not None and record.namespace == namespace:
                         waits.append(record)
+        # Shown as the dashboard shows it: a key the settings redact is hidden even in a
+        # value stored before it was redacted (siglo.redaction.redacting).
+        fields = redacting(checkpoint, cli_settings().redact_fields)
+        if fields:
+            checkpoint = checkpoint.replace(
+                contexts=hide(checkpoint.contexts, fields),
+                metadata=None if checkpoint.metadata is None else hide(checkpoint.metadata, fields),
+            )
+            waits = [
+                w.replace(
+                    event_payload=hide(w.event_payload, fields),
+                    metadata=None if w.metadata is None else hide(w.metadata, fields),
+                )
+                for w in waits
+            ]
         doc = checkpoint.to_wire()
         outcomes = [wait_outcome(w, checkpoint, now) for w in waits]
         if as_json:

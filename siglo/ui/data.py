@@ -21,7 +21,7 @@ from siglo.errors import (
 from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
 from siglo.locking import workflow_lock_key
 from siglo.records import WaitRecord, embedded_wait_record
-from siglo.redaction import REDACT_FIELDS_KEY, redact
+from siglo.redaction import hide, redacting
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import STEP_CACHE_KEY
@@ -148,21 +148,6 @@ class RunDetail:
     redacted: frozenset[str] = field(default_factory=frozenset)
     step_cache: list[StepCacheUse] = field(default_factory=list)
     """The run's cached steps, in the order of its finished steps."""
-
-
-def redacting(checkpoint: Checkpoint | None, fields: Iterable[str]) -> frozenset[str]:
-    """The keys to hide when showing ``checkpoint``: the settings' and those its
-    metadata says it was saved without."""
-    named: Iterable[str] = ()
-    if checkpoint is not None and checkpoint.metadata:
-        named = checkpoint.metadata.get(REDACT_FIELDS_KEY) or ()
-    return frozenset(fields) | frozenset(str(f) for f in named)
-
-
-def hide(value: Any, fields: frozenset[str]) -> Any:
-    """``value`` with ``fields`` redacted at any depth (a stored value saved before a field
-    was redacted is still not shown)."""
-    return redact(value, fields) if fields else value
 
 
 async def lock_state(

@@ -218,3 +218,49 @@ async def test_clean_on_redis_drops_what_its_indexes_still_name() -> None:
         assert again == {"checkpoints": 0, "checkpoint_index": 0, "wait_deadlines": 0}
         page = await a.list_checkpoints()
         assert [s.stack_id for s in page.items] == ["kept"]
+
+
+async def test_show_hides_a_key_the_settings_redact_in_a_value_stored_before(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application adopts ``redact_fields`` after a card was stored in clear: ``siglo
+    show`` (table and ``--json``) prints ``[REDACTED]`` for that key in the contexts, the
+    metadata and a wait record's payload, as the dashboard does — never the card."""
+    from siglo.config import reset_settings
+
+    card = "4111-1111-1111-1111"
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    async with siglo.connect(url) as backend:
+        wait = WaitRecord(
+            correlation_key="approve:o1",
+            stack_id="o1",
+            step_id="s",
+            event_payload={"card": card},
+        )
+        await backend.adapter.save_wait_record(wait)
+        await backend.adapter.save_checkpoint(
+            Checkpoint(
+                stack_id="o1",
+                revision=1,
+                timestamp=1,
+                status="waiting",
+                contexts={"pay": {"card": card, "nested": [{"card": card}], "n": 1}},
+                metadata={"input": {"card": card}, "waitRecord": wait.to_wire()},
+            )
+        )
+    (tmp_path / "siglo.toml").write_text('redact_fields = ["card"]\n')
+    monkeypatch.chdir(tmp_path)
+    reset_settings()
+    try:
+        table = await invoke("show", url, "o1")
+        assert table.exit_code == 0, table.output
+        assert card not in table.output and REDACTED in table.output, table.output
+        shown = await invoke("show", url, "o1", "--json")
+        assert shown.exit_code == 0 and card not in shown.output, shown.output
+        doc = json.loads(shown.output)
+        pay = doc["checkpoint"]["contexts"]["pay"]
+        assert pay == {"card": REDACTED, "nested": [{"card": REDACTED}], "n": 1}
+        assert doc["checkpoint"]["metadata"]["input"] == {"card": REDACTED}
+        assert [w["eventPayload"] for w in doc["waitRecords"]] == [{"card": REDACTED}]
+    finally:
+        reset_settings()
