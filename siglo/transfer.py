@@ -63,7 +63,7 @@ from siglo.errors import (
 from siglo.keys import KEYRING_NAMESPACE
 from siglo.listing import get_listed
 from siglo.offload import references
-from siglo.pipeline import PipelineAdapter
+from siglo.pipeline import Codecs, PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
@@ -121,10 +121,17 @@ class _Digest:
 
 
 async def export_lines(
-    adapter: StorageAdapter, *, namespace: str | Missing | None = MISSING
+    adapter: StorageAdapter,
+    *,
+    namespace: str | Missing | None = MISSING,
+    codecs: Codecs | None = None,
 ) -> AsyncIterator[bytes]:
     """The dump of every live checkpoint (of ``namespace``, if given), line by line
-    (each without its newline), its trailer last."""
+    (each without its newline), its trailer last. With ``codecs`` (the settings' codec
+    chain, under ``require_encryption``), every checkpoint and wait record is read
+    through them before it is written, as any other path reads it: one stored in clear
+    stops the export naming it (:class:`~siglo.errors.EncryptionRequiredError`), and the
+    dump, without its trailer, is refused by ``siglo import``."""
     if not adapter.supports(Capability.LISTING):
         raise CapabilityNotSupportedError(
             f"backend {adapter.name!r} cannot list its checkpoints (capability listing)"
@@ -159,6 +166,8 @@ async def export_lines(
                     "read (no blob store): set blob_url and offload_min_bytes as the "
                     "application does, so that the dump carries the value"
                 )
+            if codecs is not None:
+                await codecs.checkpoint_in(checkpoint)
             line = b'{"kind":"checkpoint","document":' + checkpoint.to_json() + b"}"
             digest.add(line)
             digest.checkpoints += 1
@@ -170,6 +179,8 @@ async def export_lines(
                     embedded.correlation_key, namespace=checkpoint.namespace
                 )
                 if record is not None and record.correlation_key == embedded.correlation_key:
+                    if codecs is not None:
+                        await codecs.wait_in(record)
                     line = b'{"kind":"wait","record":' + record.to_json() + b"}"
                     digest.add(line)
                     digest.waits += 1

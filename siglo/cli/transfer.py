@@ -16,6 +16,7 @@ from siglo.adapter import Capability
 from siglo.cli.common import open_store, print_json, require
 from siglo.cli.errors import CliError, cli_settings, resolve_url
 from siglo.offload import resolving
+from siglo.pipeline import PipelineAdapter
 from siglo.sentinel import MISSING
 from siglo.transfer import DumpError, ImportReport, export_lines, import_lines
 
@@ -72,7 +73,17 @@ def export(url: str | None, namespace: str | None, output: IO[bytes], decrypt: b
                 # A safe backup by default: the documents as stored (sealed when
                 # encryption is on), offloaded values inline; decrypted only when asked.
                 source = backend.adapter if decrypt else resolving(backend.adapter)
-                lines = export_lines(source, namespace=MISSING if namespace is None else namespace)
+                # Under require_encryption, a dump "as stored" is taken for a protected
+                # backup: each record is read through the codecs first, as every other
+                # path reads it, and one stored in clear stops the export, naming it.
+                codecs = None
+                piped = backend.adapter
+                if not decrypt and cli_settings().require_encryption:
+                    assert isinstance(piped, PipelineAdapter)  # keys are set: a pipeline
+                    codecs = piped.codecs
+                lines = export_lines(
+                    source, namespace=MISSING if namespace is None else namespace, codecs=codecs
+                )
                 async for line in lines:
                     output.write(line + b"\n")
                     if line.startswith(b'{"kind":"checkpoint"'):

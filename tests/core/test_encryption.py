@@ -530,3 +530,54 @@ def test_a_codec_without_its_package_is_refused_at_connect(
     assert done.returncode == 0, done.stderr
     assert f"needs the {hidden} package" in done.stdout, done.stdout + done.stderr
     assert "pip install 'siglo[encryption]" in done.stdout
+
+
+def test_export_under_require_encryption_stops_at_a_record_stored_in_clear(
+    tmp_path: Path,
+) -> None:
+    """A dump written "as stored" under ``require_encryption`` is taken for a protected
+    backup: ``siglo export`` reads each record through the codecs first, as ``show``,
+    ``export --decrypt`` and the dashboard do, so a row stored in clear (written before
+    encryption was on) stops it naming the stack — no trailer, so no import takes it —
+    and the plaintext is not in what it wrote. Once ``siglo rekey`` sealed the row, the
+    same export succeeds."""
+    import asyncio as _asyncio
+
+    card = "4111-1111-1111-1111"
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+
+    async def write_in_clear() -> None:
+        async with siglo.connect(url, settings=Settings()) as backend:
+            stack = siglo.StorageManager(backend).create_stack("order-1", namespace="t1")
+            stack.set("pay", "card", card)
+            await stack.save()
+
+    _asyncio.run(write_in_clear())
+    key = base64.b64encode(os.urandom(32)).decode()
+    config = tmp_path / "siglo.toml"
+    config.write_text(
+        f'url = "{url}"\nrequire_encryption = true\nencryption_keys = {{ k1 = "{key}" }}\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+
+    def siglo_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "siglo", "--config", str(config), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            cwd=tmp_path,
+        )
+
+    refused = siglo_cli("export")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "order-1" in refused.stderr and "require_encryption" in refused.stderr
+    assert card not in refused.stdout
+    assert '"siglo":"end"' not in refused.stdout  # no trailer
+    assert siglo_cli("rekey").returncode == 0
+    done = siglo_cli("export")
+    assert done.returncode == 0, done.stderr
+    assert card not in done.stdout and "exported 1 checkpoint(s)" in done.stderr
+    assert '"siglo":"end"' in done.stdout.splitlines()[-1]
