@@ -32,17 +32,25 @@ async def open_store(url: str, *, existing: bool = False, **options: Any) -> Asy
     """
     backend = connect(url, settings=cli_settings(), **options)
     try:
-        storage_exists = getattr(backend.adapter, "storage_exists", None)
-        if existing and callable(storage_exists) and not storage_exists():
-            raise CliError(
-                f"there is no database at {display_url(backend.url)}: this command reads "
-                "(or deletes) what is stored, and creates nothing",
-                "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
-                "`siglo migrate URL` creates a database",
-            )
+        if existing:
+            require_storage(backend)
         yield backend
     finally:
         await backend.aclose()
+
+
+def require_storage(backend: Backend) -> None:
+    """Refuse a backend whose storage is not there (an SQLite file that does not exist,
+    often a typo in the path) for a command that reads or deletes, and so creates
+    nothing; a backend whose storage is always there (a server) is not asked."""
+    storage_exists = getattr(backend.adapter, "storage_exists", None)
+    if callable(storage_exists) and not storage_exists():
+        raise CliError(
+            f"there is no database at {display_url(backend.url)}: this command reads "
+            "(or deletes) what is stored, and creates nothing",
+            "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
+            "`siglo migrate URL` creates a database",
+        )
 
 
 def require(backend: Backend, *capabilities: Capability) -> None:

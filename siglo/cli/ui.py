@@ -3,13 +3,16 @@ uvicorn), on the one configuration like every command."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from typing import TYPE_CHECKING, Final
 
 import click
 
+from siglo.cli.common import require_storage
 from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
+from siglo.connect import connect
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -36,7 +39,15 @@ def build_app(url: str | None, host: str, token: str | None) -> tuple[Starlette,
             f"pass --token SECRET (or --token generate, or set {TOKEN_ENV}), or bind 127.0.0.1",
         )
     target = resolve_url(url)
-    app = create_app(target, settings=cli_settings(), token=token, loopback_only=loopback)
+    settings = cli_settings()
+    # A dashboard of what is stored creates nothing: a mistyped SQLite path is an error,
+    # as for every command that reads, not an empty store shown as if it were the one.
+    probe = connect(target, settings=settings)
+    try:
+        require_storage(probe)
+    finally:
+        asyncio.run(probe.aclose())
+    app = create_app(target, settings=settings, token=token, loopback_only=loopback)
     return app, target, token
 
 
@@ -56,15 +67,16 @@ def ui(url: str | None, host: str, port: int, token: str | None) -> None:
     try:
         import uvicorn
 
-        from siglo.ui.server import is_loopback
+        import siglo.ui.server  # noqa: F401  (its extra's packages: starlette, jinja2)
     except ImportError as exc:
         raise CliError(
             f"siglo ui needs its extra ({exc.name} is not installed)",
             "pip install 'siglo[ui]>=0.1,<1'",
         ) from exc
     app, target, token = build_app(url, host, token)
-    loopback = is_loopback(host)
-    shown = f"http://{'127.0.0.1' if loopback else host}:{port}/"
+    # The address it binds: another loopback address (127.0.0.2) is not 127.0.0.1.
+    where = "127.0.0.1" if host == "localhost" else f"[{host}]" if ":" in host else host
+    shown = f"http://{where}:{port}/"
     click.echo(f"siglo ui on {display_url(target)} at {shown}", err=True)
     if token:
         click.echo(f"open {shown}?token={token}", err=True)

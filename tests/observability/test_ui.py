@@ -11,6 +11,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from html import unescape
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -525,3 +526,36 @@ async def test_records_siglo_cannot_read_are_left_out_and_named_on_attention() -
             assert f"`siglo rm {backend.url} order-1 --namespace {NAMESPACE}`" in shown
             assert "in the stored wait record 'late-broken'" in shown
             assert "<code>late-readable</code>" in shown
+
+
+def test_the_dashboard_of_a_database_that_is_not_there_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mistyped SQLite path: every command that reads refuses it, creating nothing; the
+    dashboard too, instead of showing an empty store it made."""
+    from siglo.cli.errors import CliError
+    from siglo.cli.ui import TOKEN_ENV, build_app
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    typo = tmp_path / "typo.db"
+    with pytest.raises(CliError, match="there is no database"):
+        build_app(f"sqlite:///{typo}", "127.0.0.1", None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_siglo_ui_prints_the_address_it_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound to another loopback address, the link ``siglo ui`` prints (with its token)
+    is that address: 127.0.0.1 would not reach it."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from siglo.cli import cli
+
+    bound: list[tuple[str, int]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **_: bound.append((host, port)))
+    done = CliRunner().invoke(
+        cli, ["ui", "memory://", "--host", "127.0.0.2", "--port", "8799", "--token", "T0K"]
+    )
+    assert done.exit_code == 0, done.output
+    assert bound == [("127.0.0.2", 8799)]
+    assert "open http://127.0.0.2:8799/?token=T0K" in done.output, done.output
