@@ -43,7 +43,9 @@ def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) 
         bound = settings.command_timeout_ms
         if "command_timeout_ms" in query_names(resolved):
             bound = command_timeout_ms(resolved, {})
-        async with open_store(resolved) as backend:
+        # existing: on a mistyped SQLite path an empty store made here would reference
+        # no blob, and every blob past its grace would be taken for an orphan.
+        async with open_store(resolved, existing=True) as backend:
             require(backend, Capability.LISTING)
             store = bounded(open_blob_store(blob_url), bound)
             try:

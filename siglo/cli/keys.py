@@ -54,7 +54,7 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
                     completed=report.rekeyed + report.current + report.left,
                 )
 
-            async with open_store(resolve_url(url)) as backend:
+            async with open_store(resolve_url(url), existing=True) as backend:
                 require(backend, Capability.LISTING, Capability.CHECKPOINTS)
                 return await rekey(
                     backend,
@@ -111,7 +111,7 @@ def erase_command(url: str | None, namespace: str, yes: bool) -> None:
         )
 
     async def run() -> EraseReport:
-        async with open_store(resolve_url(url)) as backend:
+        async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING, Capability.DELETION)
             return await erase(backend, namespace)
 

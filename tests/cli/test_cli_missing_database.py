@@ -50,3 +50,31 @@ def test_an_existing_database_is_read_as_before(tmp_path: Path) -> None:
     listed = _run("ls", url, "--json")
     assert listed.exit_code == 0, listed.output
     assert '"items": []' in listed.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("collect-blobs",), ("rekey",), ("erase", "-n", "t", "--yes")],
+    ids=["collect-blobs", "rekey", "erase"],
+)
+def test_the_store_wide_walks_refuse_a_missing_sqlite_database(
+    command: tuple[str, ...], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A blob collection on an empty store made at a mistyped path would reference no
+    blob and take every one past its grace for an orphan; a rekey or an erasure there
+    would report work done on nothing. Each refuses, creating nothing."""
+    import base64
+    import os
+
+    blobs = tmp_path_factory.mktemp("blobs")
+    (blobs / "kept").write_bytes(b"")  # the store is not empty: nothing may go from it
+    env = {
+        "SIGLO_BLOB_URL": blobs.as_uri(),
+        "SIGLO_MASTER_KEY": "base64:" + base64.b64encode(os.urandom(32)).decode(),
+    }
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
+    result = CliRunner().invoke(cli, [command[0], url, *command[1:]], env=env)
+    assert result.exit_code == 1, result.output
+    assert "there is no database at" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing may be created"
+    assert [p.name for p in blobs.iterdir()] == ["kept"]
