@@ -16,6 +16,7 @@ from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
+    DocumentTooLargeError,
     InvalidArgumentError,
     InvalidStateTransitionError,
     StorageAdapterError,
@@ -477,8 +478,7 @@ class Flow:
                     stack.stack_id, wait.correlation_key, step.name, until_ms=_deadline(stack)
                 ) from None
             except Exception:
-                stack.transition("failed")
-                await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
+                await _save_failed(manager, stack, step, stack.revision, unlock=unlock)
                 raise
             stack.set(step.name, OUTPUT, value)
             stack.push_chain(step.name)
@@ -496,6 +496,7 @@ class Flow:
                 if step is last or entry is not None
                 else _look_ahead(manager, stack, self.steps[index + 1], value)
             )
+            stored = stack.revision
             try:
                 await _save_with(manager, stack, entry, unlock=unlock and step is last)
             except BaseException as exc:
@@ -504,6 +505,17 @@ class Flow:
                 if entry is not None and isinstance(exc, CheckpointConflictError):
                     # The entry is stored whatever the compare-and-set decided.
                     await self._cache_event(manager, "set", entry.key, stack, step)
+                if isinstance(exc, DocumentTooLargeError):
+                    # Nothing was written (the guard refuses first). The step's output
+                    # cannot be stored: the run fails as if the step had raised, instead
+                    # of staying "running" for a worker to rerun the step at every pass.
+                    stack.delete(step.name, OUTPUT)
+                    if stack.chains and stack.chains[-1] == step.name:
+                        stack.chains.pop()
+                    stack.metadata.get(STEP_CACHE_KEY, {}).pop(step.name, None)
+                    if stack.status == "completed":  # the last step's, refused with it
+                        stack.status = "running"
+                    await _save_failed(manager, stack, step, stored, unlock=unlock)
                 raise
             if entry is not None:
                 await self._cache_event(manager, "set", entry.key, stack, step)
@@ -670,6 +682,30 @@ async def _why_unclaimable(
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"
+
+
+async def _save_failed(
+    manager: StorageManager, stack: ExecutionStack, step: Step, stored: int, *, unlock: bool
+) -> None:
+    """Checkpoint the run failed at ``step``. When that checkpoint is too large to store
+    (:class:`~siglo.errors.DocumentTooLargeError`: the event delivered to the step, or
+    its output, made it so), it is stored without them: the run ends failed rather than
+    stays running or waiting, which a worker would take up again, rerunning the step's
+    side effects, at every pass (and a wait would stay claimed with nothing to resume).
+    ``stored``: the revision stored (a refused save has moved the stack past it)."""
+    stack.transition("failed")
+    stack.revision = stored
+    try:
+        await manager.save(stack, expected_revision=stored, unlock=unlock)
+    except DocumentTooLargeError:
+        context = stack.contexts.get(step.name, {})
+        dropped = [key for key in (OUTPUT, EVENT) if key in context]
+        if not dropped:
+            raise
+        for key in dropped:
+            stack.delete(step.name, key)
+        stack.revision = stored
+        await manager.save(stack, expected_revision=stored, unlock=unlock)
 
 
 async def _save_with(

@@ -1,0 +1,78 @@
+"""A run whose checkpoint the size guard refuses ends failed (docs/large-state.md, the
+size guard; docs/workflows.md): a step's output too large to store, or an event
+delivered to a waiting run that makes its checkpoint too large, fails the run —
+checkpointed without what made it too large — instead of leaving it "running" for a
+worker to rerun the step's side effect at every pass, or "waiting" on a wait already
+completed. On SQLite, PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ops_support import DURABLE_KINDS, shared_store
+
+import siglo
+from siglo import DocumentTooLargeError, Step, WorkflowSuspended, flow, wait_for_event
+from siglo.config import Settings
+from siglo.errors import InvalidStateTransitionError, WaitRecordClaimError
+from siglo.workflow import Worker
+
+SETTINGS = Settings(max_document_bytes=4096)
+charges: list[int] = []
+
+
+async def charge(amount: Any) -> dict[str, Any]:
+    charges.append(amount)
+    return {"receipt": "r" * 10_000}  # too large for a 4 KB document
+
+
+async def first(value: Any) -> Any:
+    return value
+
+
+async def approve(value: Any) -> Any:
+    return await wait_for_event("approve:big", timeout_ms=60_000)
+
+
+oversized = flow(Step.create("charge", charge), name="oversized-output")
+waiting = flow(Step.create("first", first), Step.create("approve", approve), name="big-event")
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_step_output_too_large_to_store_fails_the_run_once(kind: str) -> None:
+    charges.clear()
+    async with shared_store(kind, checkpoint_ttl_ms=None) as store:
+        async with siglo.connect(store.url, settings=SETTINGS) as backend:
+            manager = siglo.StorageManager(backend, settings=SETTINGS)
+            with pytest.raises(DocumentTooLargeError, match="'charge'"):
+                await oversized.run(1200, manager=manager, stack_id="order-1")
+            stored = await backend.adapter.get_checkpoint("order-1")
+            assert stored is not None and stored.status == "failed"
+            assert "output" not in stored.contexts.get("charge", {})
+            worker = Worker(manager, [oversized])
+            for _ in range(3):
+                done = await worker.run_once()
+                assert done.runs_recovered == 0 and not done.failures
+            assert charges == [1200]  # the side effect ran once, not once a pass
+            with pytest.raises(InvalidStateTransitionError, match="ended failed"):
+                await oversized.run(1200, manager=manager, stack_id="order-1")
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_an_event_too_large_to_store_fails_the_waiting_run(kind: str) -> None:
+    async with shared_store(kind, checkpoint_ttl_ms=None) as store:
+        async with siglo.connect(store.url, settings=SETTINGS) as backend:
+            manager = siglo.StorageManager(backend, settings=SETTINGS)
+            with pytest.raises(WorkflowSuspended):
+                await waiting.run(None, manager=manager, stack_id="order-2")
+            with pytest.raises(DocumentTooLargeError):
+                await waiting.deliver("approve:big", {"blob": "x" * 10_000}, manager=manager)
+            stored = await backend.adapter.get_checkpoint("order-2")
+            # Failed, not "waiting" on a wait its delivery completed.
+            assert stored is not None and stored.status == "failed"
+            assert "event" not in stored.contexts.get("approve", {})
+            with pytest.raises(WaitRecordClaimError):
+                await waiting.deliver("approve:big", {"small": 1}, manager=manager)
+            with pytest.raises(InvalidStateTransitionError, match="ended failed"):
+                await waiting.run(None, manager=manager, stack_id="order-2")
