@@ -473,7 +473,13 @@ class Flow:
                         ahead,
                     )
             except _Suspend as wait:
-                await self._suspend(manager, stack, step, wait, unlock=unlock)
+                try:
+                    await self._suspend(manager, stack, step, wait, unlock=unlock)
+                except _KeyTaken as taken:
+                    # Nothing was written: the run fails here, as a step that raised,
+                    # rather than stay running for a worker to rerun the step.
+                    await _save_failed(manager, stack, step, stack.revision, unlock=unlock)
+                    raise InvalidArgumentError(str(taken)) from None
                 raise WorkflowSuspended(
                     stack.stack_id, wait.correlation_key, step.name, until_ms=_deadline(stack)
                 ) from None
@@ -630,8 +636,31 @@ class Flow:
         )
         # The wait record goes first: a crash before the checkpoint leaves a wait that an
         # event can still resume (from the previous checkpoint), never a checkpoint
-        # waiting for a record that does not exist.
-        await adapter.save_wait_record(record)
+        # waiting for a record that does not exist. Created only where no other run's
+        # pending wait holds the key (one create-if-absent; a record of this run — a
+        # rerun after a crash — or one whose wait ended is replaced): a second run
+        # waiting on the key would take the first's wait, and the first would never
+        # resume.
+        try:
+            created = await adapter.create_wait_record(record)
+        except CapabilityNotSupportedError:
+            created = False  # a plugin without it: looked up, then saved (not atomic)
+        if not created:
+            there = await adapter.get_wait_record(
+                wait.correlation_key, namespace=stack.namespace
+            )
+            if (
+                there is not None
+                and there.stack_id != stack.stack_id
+                and there.status in ("waiting", "claimed")
+            ):
+                raise _KeyTaken(
+                    f"run {stack.stack_id!r} cannot wait for {wait.correlation_key!r}: run "
+                    f"{there.stack_id!r} of {_describe_namespace(stack.namespace)} waits "
+                    "for it already (a correlation key names one waiting run; make it "
+                    "unique, e.g. with the run's id)"
+                )
+            await adapter.save_wait_record(record)
         stack.set(step.name, WAITING_FOR, wait.correlation_key)
         stack.metadata["waitRecord"] = record.to_wire()
         traceparent = telemetry.suspending_traceparent()
@@ -682,6 +711,14 @@ async def _why_unclaimable(
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"
+
+
+class _KeyTaken(Exception):
+    """Another run's pending wait holds the correlation key (see ``Flow._suspend``)."""
+
+
+def _describe_namespace(namespace: str | None) -> str:
+    return "no namespace" if namespace is None else f"namespace {namespace!r}"
 
 
 async def _save_failed(

@@ -289,7 +289,8 @@ async def test_a_run_that_fails_or_waits_releases_its_lock_with_that_checkpoint(
     async def second(inp: Any) -> Any:
         if ending == "fails":
             raise ValueError("step failed")
-        return await wait_for_event(f"approve-{ending}")
+        # One key a run: a correlation key names one waiting run (the warm-up's waits).
+        return await wait_for_event(f"approve-{ending}-{inp}")
 
     work = flow(Step.create("first", first), Step.create("second", second), name=ending)
     with contextlib.suppress(ValueError, WorkflowSuspended):  # statements prepared
@@ -300,7 +301,7 @@ async def test_a_run_that_fails_or_waits_releases_its_lock_with_that_checkpoint(
         await work.run("in", manager=manager, stack_id=f"r-{ending}")
     if ending == "delivered":
         calls.clear()
-        assert await work.deliver(f"approve-{ending}", "ok", manager=manager) == "ok"
+        assert await work.deliver(f"approve-{ending}-in", "ok", manager=manager) == "ok"
     last = calls[-1]
     if ending != "delivered":
         assert any(saves_checkpoint(s) for s in last) and "LOCKS" in last[-1], calls
