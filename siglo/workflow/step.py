@@ -9,12 +9,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from siglo.errors import InvalidArgumentError, WaitTimeoutError
+from siglo.redaction import redact
 from siglo.sentinel import MISSING
 from siglo.validation import require_id, require_ttl_ms
 from siglo.workflow.outcomes import SLEEP_PREFIX
 
 if TYPE_CHECKING:  # the manager imports nothing of the workflow; only its type is named
     from siglo.backend import Backend
+    from siglo.coordination import IdempotencyStore
     from siglo.manager import StorageManager
 
 __all__ = [
@@ -96,6 +98,9 @@ class StepRun:
     """The step's wait passed its timeout (a worker fired the timer) with no event."""
     manager: StorageManager | None = None
     """The manager running the step (the application's, or ``siglo worker``'s)."""
+    redact_fields: frozenset[str] = frozenset()
+    """The run's own redacted keys (its checkpoint's ``redactFields``: they travel with
+    the data), which a process without the application's settings still applies."""
 
 
 current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("siglo_current_step")
@@ -148,14 +153,40 @@ def current_backend() -> Backend:
     step, or when the manager was given a bare adapter instead of the backend that
     :func:`siglo.connect` returns.
     """
-    backend = _manager("current_backend()").backend
+    manager = _manager("current_backend()")
+    backend = manager.backend
     if backend is None:
         raise InvalidArgumentError(
             "current_backend(): the manager running this step was given a bare storage "
             "adapter; build it from the backend siglo.connect() returns "
             "(StorageManager(backend)) to reach its idempotency store, lock and nonces"
         )
-    return backend
+    fields = manager.redact_fields | _current("current_backend()").redact_fields
+    if not fields or backend.idempotency is None:
+        return backend
+    # A result the step stores is redacted as its context is — by the run's own keys
+    # too, which travel with the data: a worker started without the application's
+    # settings must not store in clear what the application redacts.
+    return replace(
+        backend, idempotency=cast("IdempotencyStore", _Redacting(backend.idempotency, fields))
+    )
+
+
+class _Redacting:
+    """An idempotency store whose completed results are stored redacted by ``fields``;
+    everything else is the store's own."""
+
+    def __init__(self, inner: IdempotencyStore, fields: frozenset[str]) -> None:
+        self._inner = inner
+        self._fields = fields
+
+    async def complete(
+        self, key: str, result: Any, ttl_ms: int | None = None, *, token: str | None = None
+    ) -> None:
+        await self._inner.complete(key, redact(result, self._fields), ttl_ms, token=token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def run_input() -> Any:

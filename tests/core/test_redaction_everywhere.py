@@ -173,3 +173,46 @@ async def test_failures_logged_in_warn_mode_carry_no_secret(
                 assert secret not in shown
     finally:
         server.stop()
+
+
+PIN = "PIN-9876-travels"
+CARD = "CARD-5555-travels"
+
+
+async def _approve(value: Any) -> Any:
+    return await wait_for_event("approve:travels")
+
+
+async def _charge(event: Any) -> dict[str, Any]:
+    payments = siglo.current_backend().require_idempotency()
+    assert await payments.claim("charge:travels") == "claimed"
+    result = {"card": CARD, "ok": event["ok"]}
+    await payments.complete("charge:travels", result)
+    return {"charged": True}
+
+
+travelling = flow(Step.create("approve", _approve), Step.create("charge", _charge), name="t")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_process_without_the_settings_keeps_the_runs_redaction(kind: str) -> None:
+    """The run's redacted keys travel with its checkpoint: a process started without the
+    application's settings — a webhook handler delivering the event, then running the
+    rest of the run — stores neither the delivered payload's key in the wait record nor
+    a step's idempotency result's key in clear."""
+    from siglo.config import Settings
+
+    async with any_backend(kind) as backend:
+        app = StorageManager(backend, settings=Settings(redact_fields=frozenset({"pin", "card"})))
+        with pytest.raises(siglo.WorkflowSuspended):
+            await travelling.run(None, manager=app, stack_id="run-1")
+        bare = StorageManager(backend, settings=Settings())
+        assert await travelling.deliver(
+            "approve:travels", {"pin": PIN, "ok": 1}, manager=bare
+        ) == {"charged": True}
+        record = await backend.adapter.get_wait_record("approve:travels")
+        assert record is not None and record.event_payload == {"pin": REDACTED, "ok": 1}
+        stored = await backend.idempotency.get_result("charge:travels")  # type: ignore[union-attr]
+        assert stored == {"card": REDACTED, "ok": 1}
+        raw = await raw_bytes(kind, backend)
+        assert PIN.encode() not in raw and CARD.encode() not in raw
