@@ -233,7 +233,11 @@ async def verify(
     # Only a genuine request claims its nonce, and only for as long as its timestamp can
     # pass the check above; after that the timestamp check refuses a replay by itself.
     window = max(1.0, timestamp + tolerance_s - now_s + 1)
-    if not await nonce_store.claim(f"{_NONCE_PREFIX}{timestamp}:{matched}", window):
+    # The nonce names the delivery — its signed time and its body — not the signature
+    # that matched: during a rotation a request carries one per secret, and a replay with
+    # one of them stripped from the (unsigned) header must still be the same delivery.
+    delivery = hashlib.sha256(raw).hexdigest()
+    if not await nonce_store.claim(f"{_NONCE_PREFIX}{timestamp}:{delivery}", window):
         raise WebhookReplayError(
             f"this webhook (t={timestamp}) was already accepted: a replay is refused"
         )

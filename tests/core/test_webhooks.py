@@ -183,3 +183,24 @@ async def test_request_of_the_wrong_shape_is_a_webhook_request_error() -> None:
     # Headers as undecoded bytes (as ASGI servers give them) are read as Latin-1.
     raw = {b"siglo-signature": sign(SECRET, BODY).encode()}
     assert (await verify(SECRET, BODY, raw, MemoryNonceStore())).timestamp > 0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_replay_with_one_rotation_signature_stripped_is_refused(kind: str) -> None:
+    """During a rotation the sender signs with the old and the new secret, and the
+    verifier accepts both. The header is not signed: a replay that strips one ``v1=``
+    entry (so the other secret matches first) is the same delivery, and refused."""
+    async with any_backend(kind) as backend:
+        nonces = backend.nonces
+        assert nonces is not None
+        now = int(time.time())
+        old = sign("old-secret", BODY, timestamp=now).split("v1=")[1]
+        new = sign("new-secret", BODY, timestamp=now).split("v1=")[1]
+        secrets = ["old-secret", "new-secret"]
+        await verify(secrets, BODY, _headers(f"t={now},v1={old},v1={new}"), nonces)
+        for replay in (f"t={now},v1={new}", f"t={now},v1={old}", f"t={now},v1={new},v1={old}"):
+            with pytest.raises(WebhookReplayError):
+                await verify(secrets, BODY, _headers(replay), nonces)
+        # Another body at the same second is another delivery.
+        other = sign("new-secret", BODY + b"\n", timestamp=now)
+        await verify(secrets, BODY + b"\n", _headers(other), nonces)
