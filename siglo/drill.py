@@ -50,6 +50,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
+from siglo.connect import command_timeout_ms
 from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
@@ -848,8 +849,6 @@ async def _redis_setting(backend: Backend) -> str:
 
 def _bound_s(backend: Backend) -> float | None:
     """The backend's ``command_timeout_ms``, in seconds (``None``: unbounded)."""
-    from siglo.connect import command_timeout_ms  # siglo.connect imports the backends
-
     bound = command_timeout_ms(backend.url, {})
     return None if bound is None else bound / 1000
 

@@ -30,6 +30,7 @@ from siglo.error_modes import (
 from siglo.errors import AmbiguousStackError, InvalidArgumentError, UnknownStackError
 from siglo.records import ContextChangeEvent, ContextOp
 from siglo.redaction import check_redact_fields, redact
+from siglo.sealing import refuse_sealed
 from siglo.snapshots import context_change_event, restore_stack, take_snapshot
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
@@ -627,12 +628,15 @@ class StorageManager:
         if adapter is None:
             return None
         try:
-            return await adapter.get_checkpoint(
+            found = await adapter.get_checkpoint(
                 stack_id, namespace, fallback=self.namespace_fallback
             )
         except Exception as exc:
             self._handle_failure(exc, f"loading checkpoint of {stack_id!r}")
             return None
+        if found is not None:
+            refuse_sealed(found)
+        return found
 
     async def resume(self, stack_id: str, *, namespace: str | None = None) -> ExecutionStack | None:
         """Load a stack's checkpoint and restore it as the live stack (``None`` if none)."""

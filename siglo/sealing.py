@@ -48,6 +48,8 @@ __all__ = [
     "Location",
     "Sealer",
     "is_sealed",
+    "refuse_sealed",
+    "require_packages",
 ]
 
 SEALED_KEY: Final = "$siglo"
@@ -81,6 +83,27 @@ class Location:
 def is_sealed(value: Any) -> bool:
     """Whether ``value`` is a sealed value (``{"$siglo": "v1…"}``)."""
     return type(value) is dict and len(value) == 1 and isinstance(value.get(SEALED_KEY), str)
+
+
+def refuse_sealed(checkpoint: Any) -> None:
+    """Raise :class:`~siglo.errors.DecryptionError` when a loaded checkpoint still holds a
+    sealed context or metadata: a connection with keys opens them below, so one that
+    reaches the caller was read by a process without the keys (or codecs) it was stored
+    with — handed on, its ciphertext would be taken for the run's data (a step run on it,
+    a field saved in clear beside it)."""
+    sealed = [step for step, ctx in checkpoint.contexts.items() if is_sealed(ctx)]
+    metadata = checkpoint.metadata
+    if metadata is not None and isinstance(metadata.get(SEALED_KEY), str):
+        sealed.append("metadata")
+    if sealed:
+        namespace = checkpoint.namespace
+        where = "no namespace" if namespace is None else f"namespace {namespace!r}"
+        raise DecryptionError(
+            f"stack {checkpoint.stack_id!r} ({where}) is stored encoded ({', '.join(sealed)}) "
+            "and this connection has no key or codec for it: set encryption_keys or "
+            "master_key (and compression_min_bytes) as the application does "
+            "(docs/encryption.md)"
+        )
 
 
 def _b64(data: bytes) -> str:

@@ -581,3 +581,58 @@ def test_export_under_require_encryption_stops_at_a_record_stored_in_clear(
     assert done.returncode == 0, done.stderr
     assert card not in done.stdout and "exported 1 checkpoint(s)" in done.stderr
     assert '"siglo":"end"' in done.stdout.splitlines()[-1]
+
+
+KEYLESS_CARD = "5555-keyless"
+
+
+async def _keyless_first(value: Any) -> Any:
+    return {"card": KEYLESS_CARD}
+
+
+async def _keyless_second(value: Any) -> Any:
+    from siglo import wait_for_event
+
+    return await wait_for_event("keyless:go", timeout_ms=1)  # due at once
+
+
+_KEYLESS = siglo.flow(
+    siglo.Step.create("first", _keyless_first).cache(ttl_ms=600_000, key=lambda _: "k"),
+    siglo.Step.create("second", _keyless_second),
+    name="keyless",
+)
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_process_without_the_keys_never_takes_ciphertext_for_data(kind: str) -> None:
+    """A store written with keys, read by a process without them (a worker started
+    without the application's settings): loading a run, recovering it, resuming it and
+    a cache hit are ``DecryptionError`` naming the record — never the sealed value handed
+    on as the run's data (a step run on it, a field saved in clear beside it, a
+    "flow version changed" that is not)."""
+    from siglo.workflow import Worker
+
+    keys = Settings(encryption_keys={"k1": base64.b64encode(os.urandom(32)).decode()})
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        async with siglo.connect(backend.url, settings=keys) as app:
+            with pytest.raises(siglo.WorkflowSuspended):
+                await _KEYLESS.run(None, manager=siglo.StorageManager(app), stack_id="r1")
+        async with siglo.connect(backend.url, settings=Settings()) as bare:
+            manager = siglo.StorageManager(bare, settings=Settings())
+            with pytest.raises(DecryptionError, match="'r1'"):
+                await manager.resume("r1")
+            with pytest.raises(DecryptionError, match="cached step 'k'"):
+                await _KEYLESS.run(None, manager=manager, stack_id="r2")
+            stored = await bare.adapter.get_checkpoint("r2")
+            assert stored is None or stored.status != "completed"
+            await asyncio.sleep(0.05)
+            done = await Worker(manager, [_KEYLESS]).run_once()
+            assert done.failures, done  # the due timer of r1: it cannot be read here
+            assert all("no key" in f and "version" not in f for f in done.failures), done
+        assert KEYLESS_CARD.encode() not in await raw_bytes_of(kind, backend)
+
+
+async def raw_bytes_of(kind: str, backend: siglo.Backend) -> bytes:
+    from raw_storage import raw_bytes
+
+    return await raw_bytes(kind, backend)
