@@ -4,6 +4,7 @@ uvicorn), on the one configuration like every command."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import secrets
 from typing import TYPE_CHECKING, Final
@@ -16,6 +17,8 @@ from siglo.connect import connect
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
+
+    from siglo.backend import Backend
 
 __all__ = ["TOKEN_ENV", "build_app", "ui"]
 
@@ -46,9 +49,21 @@ def build_app(url: str | None, host: str, token: str | None) -> tuple[Starlette,
     try:
         require_storage(probe)
     finally:
-        asyncio.run(probe.aclose())
+        _close(probe)
     app = create_app(target, settings=settings, token=token, loopback_only=loopback)
     return app, target, token
+
+
+def _close(backend: Backend) -> None:
+    """Close ``backend`` from synchronous code, also when an event loop is running here
+    (an application building the dashboard's app): then on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(backend.aclose())
+        return
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, backend.aclose()).result()
 
 
 @click.command()

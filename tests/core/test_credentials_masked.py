@@ -119,6 +119,8 @@ async def test_blob_store_errors_mask_the_password(redis_with_password: RedisSer
 def test_siglo_collect_blobs_masks_the_blob_store_password(
     redis_with_password: RedisServer, tmp_path: Path
 ) -> None:
+    # The store is there (collect-blobs refuses a database that is not): the blob store fails.
+    assert _siglo("migrate", f"sqlite:///{tmp_path / 'siglo.db'}").returncode == 0
     for url in _blob_urls(redis_with_password):
         config = tmp_path / "siglo.toml"
         config.write_text(

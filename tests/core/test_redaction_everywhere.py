@@ -207,9 +207,9 @@ async def test_a_process_without_the_settings_keeps_the_runs_redaction(kind: str
         with pytest.raises(siglo.WorkflowSuspended):
             await travelling.run(None, manager=app, stack_id="run-1")
         bare = StorageManager(backend, settings=Settings())
-        assert await travelling.deliver(
-            "approve:travels", {"pin": PIN, "ok": 1}, manager=bare
-        ) == {"charged": True}
+        assert await travelling.deliver("approve:travels", {"pin": PIN, "ok": 1}, manager=bare) == {
+            "charged": True
+        }
         record = await backend.adapter.get_wait_record("approve:travels")
         assert record is not None and record.event_payload == {"pin": REDACTED, "ok": 1}
         stored = await backend.idempotency.get_result("charge:travels")  # type: ignore[union-attr]

@@ -320,10 +320,12 @@ async def test_erasure_makes_an_earlier_export_unreadable(kind: str, tmp_path: P
 
 
 async def test_erase_needs_envelope_keys(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    assert run_siglo(tmp_path, "migrate", url, env={}).returncode == 0  # erase reads a store
     done = run_siglo(
         tmp_path,
         "erase",
-        f"sqlite:///{tmp_path / 'a.db'}",
+        url,
         "-n",
         "t",
         "--yes",

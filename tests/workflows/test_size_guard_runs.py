@@ -42,37 +42,41 @@ waiting = flow(Step.create("first", first), Step.create("approve", approve), nam
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_a_step_output_too_large_to_store_fails_the_run_once(kind: str) -> None:
     charges.clear()
-    async with shared_store(kind, checkpoint_ttl_ms=None) as store:
-        async with siglo.connect(store.url, settings=SETTINGS) as backend:
-            manager = siglo.StorageManager(backend, settings=SETTINGS)
-            with pytest.raises(DocumentTooLargeError, match="'charge'"):
-                await oversized.run(1200, manager=manager, stack_id="order-1")
-            stored = await backend.adapter.get_checkpoint("order-1")
-            assert stored is not None and stored.status == "failed"
-            assert "output" not in stored.contexts.get("charge", {})
-            worker = Worker(manager, [oversized])
-            for _ in range(3):
-                done = await worker.run_once()
-                assert done.runs_recovered == 0 and not done.failures
-            assert charges == [1200]  # the side effect ran once, not once a pass
-            with pytest.raises(InvalidStateTransitionError, match="ended failed"):
-                await oversized.run(1200, manager=manager, stack_id="order-1")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url, settings=SETTINGS) as backend,
+    ):
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        with pytest.raises(DocumentTooLargeError, match="'charge'"):
+            await oversized.run(1200, manager=manager, stack_id="order-1")
+        stored = await backend.adapter.get_checkpoint("order-1")
+        assert stored is not None and stored.status == "failed"
+        assert "output" not in stored.contexts.get("charge", {})
+        worker = Worker(manager, [oversized])
+        for _ in range(3):
+            done = await worker.run_once()
+            assert done.runs_recovered == 0 and not done.failures
+        assert charges == [1200]  # the side effect ran once, not once a pass
+        with pytest.raises(InvalidStateTransitionError, match="ended failed"):
+            await oversized.run(1200, manager=manager, stack_id="order-1")
 
 
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_an_event_too_large_to_store_fails_the_waiting_run(kind: str) -> None:
-    async with shared_store(kind, checkpoint_ttl_ms=None) as store:
-        async with siglo.connect(store.url, settings=SETTINGS) as backend:
-            manager = siglo.StorageManager(backend, settings=SETTINGS)
-            with pytest.raises(WorkflowSuspended):
-                await waiting.run(None, manager=manager, stack_id="order-2")
-            with pytest.raises(DocumentTooLargeError):
-                await waiting.deliver("approve:big", {"blob": "x" * 10_000}, manager=manager)
-            stored = await backend.adapter.get_checkpoint("order-2")
-            # Failed, not "waiting" on a wait its delivery completed.
-            assert stored is not None and stored.status == "failed"
-            assert "event" not in stored.contexts.get("approve", {})
-            with pytest.raises(WaitRecordClaimError):
-                await waiting.deliver("approve:big", {"small": 1}, manager=manager)
-            with pytest.raises(InvalidStateTransitionError, match="ended failed"):
-                await waiting.run(None, manager=manager, stack_id="order-2")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url, settings=SETTINGS) as backend,
+    ):
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        with pytest.raises(WorkflowSuspended):
+            await waiting.run(None, manager=manager, stack_id="order-2")
+        with pytest.raises(DocumentTooLargeError):
+            await waiting.deliver("approve:big", {"blob": "x" * 10_000}, manager=manager)
+        stored = await backend.adapter.get_checkpoint("order-2")
+        # Failed, not "waiting" on a wait its delivery completed.
+        assert stored is not None and stored.status == "failed"
+        assert "event" not in stored.contexts.get("approve", {})
+        with pytest.raises(WaitRecordClaimError):
+            await waiting.deliver("approve:big", {"small": 1}, manager=manager)
+        with pytest.raises(InvalidStateTransitionError, match="ended failed"):
+            await waiting.run(None, manager=manager, stack_id="order-2")
