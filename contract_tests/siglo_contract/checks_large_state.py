@@ -3,6 +3,8 @@ saves."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from siglo.adapter import Capability
 from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError, DocumentTooLargeError
@@ -103,13 +105,22 @@ async def checkpoint_size_guard(ctx: CheckContext) -> None:
         raw.max_document_bytes = declared
 
 
-def _grown(cp: Checkpoint, revision: int, step: int) -> Checkpoint:
+_OUTPUT: Final = 8_000
+_ENTRY: Final = 6_000
+"""The sizes of a step's output and of a history entry in :func:`checkpoint_incremental`:
+its documents grow past 64 KiB (where the SQL backend saves in parts), to about 165 KB."""
+
+
+def _grown(
+    cp: Checkpoint, revision: int, step: int, sizes: tuple[int, int] = (_OUTPUT, _ENTRY)
+) -> Checkpoint:
     """The next checkpoint of a run whose state grows: one context changed, one added,
     one removed every third step, the rest unchanged (as a stack's saves are)."""
+    output, entry = sizes
     contexts = {name: dict(ctx) for name, ctx in cp.contexts.items()}
-    contexts[f"step-{step}"] = {"output": "o" * 8_000 + str(step), "n": step}
+    contexts[f"step-{step}"] = {"output": "o" * output + str(step), "n": step}
     if "history" in contexts:
-        contexts["history"]["log"] = contexts["history"]["log"] + ["x" * 6_000 + str(step)]
+        contexts["history"]["log"] = contexts["history"]["log"] + ["x" * entry + str(step)]
     if step % 3 == 0:
         contexts.pop(f"step-{step - 2}", None)
     if step == 5:
@@ -121,21 +132,48 @@ def _grown(cp: Checkpoint, revision: int, step: int) -> Checkpoint:
     return cp.replace(revision=revision, contexts=contexts, timestamp=cp.timestamp + 1)
 
 
+def _documents(first: Checkpoint, sizes: tuple[int, int]) -> list[Checkpoint]:
+    """Every document :func:`checkpoint_incremental` saves or tries to, in order."""
+    out, cp = [first], first
+    for step in range(2, 16):
+        out.append(_grown(cp, step, step + 100, sizes))
+        cp = _grown(cp, step, step, sizes)
+        out.append(cp)
+    small = cp.replace(revision=16, contexts={"first": {"a": 2}})
+    restarted = small.replace(contexts={**small.contexts, "history": {"log": []}})
+    again = _grown(restarted, 17, 17, sizes)
+    return [*out, small, _grown(again, 17, 18, sizes)]
+
+
+def _sizes_within(first: Checkpoint, limit: int | None) -> tuple[int, int]:
+    """The sizes of :func:`_grown` whose largest document fits a backend's declared
+    ``limit`` (the size guard would refuse a larger one, by ``checkpoint.size.guard``):
+    a store that holds one item up to 64 KB runs the same program, smaller."""
+    sizes = (_OUTPUT, _ENTRY)
+    while limit is not None and sizes[1] > 1:
+        if max(len(d.to_json()) for d in _documents(first, sizes)) <= limit:
+            break
+        sizes = (max(1, sizes[0] * 3 // 4), max(1, sizes[1] * 3 // 4))
+    return sizes
+
+
 @check("checkpoint.incremental")
 async def checkpoint_incremental(ctx: CheckContext) -> None:
     """A run of saves whose contexts grow, change, repeat, move and go (past 64 KiB, where
-    the SQL backend saves incrementally), with refused saves between them: every load
-    returns the document of the last accepted save, byte for byte."""
+    the SQL backend saves incrementally, unless the backend declares a smaller
+    ``max_document_bytes``: then as large as it holds), with refused saves between them:
+    every load returns the document of the last accepted save, byte for byte."""
     ctx.about("checkpoint.incremental")
     a = ctx.backend.adapter
     stack = ctx.id("incremental")
     cp = ctx.checkpoint(stack, 1, contexts={"first": {"a": 1}, "history": {"log": []}})
+    sizes = _sizes_within(cp, ctx.backend.raw_adapter.max_document_bytes)
     await a.save_checkpoint(cp, expected_revision=0)
     for step in range(2, 16):
-        nxt = _grown(cp, step, step)
+        nxt = _grown(cp, step, step, sizes)
         if step % 4 == 0:
             # A refused save of other contents leaves the stored document as it was.
-            stale = _grown(cp, step, step + 100)
+            stale = _grown(cp, step, step + 100, sizes)
             try:
                 await a.save_checkpoint(stale, expected_revision=step - 2)
             except CheckpointConflictError:
@@ -174,8 +212,10 @@ async def checkpoint_incremental(ctx: CheckContext) -> None:
         "checkpoint.incremental",
         f"a document shrunk to {len(small.to_json())} bytes read back as {got!r}",
     )
-    again = _grown(small.replace(contexts={**small.contexts, "history": {"log": []}}), 17, 17)
-    again = _grown(again, 17, 18)
+    again = _grown(
+        small.replace(contexts={**small.contexts, "history": {"log": []}}), 17, 17, sizes
+    )
+    again = _grown(again, 17, 18, sizes)
     await a.save_checkpoint(again, expected_revision=16)
     got = await a.get_checkpoint(stack)
     expect(

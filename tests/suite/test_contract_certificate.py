@@ -368,3 +368,23 @@ def test_the_example_plugins_published_reports_are_current(tmp_path: Path) -> No
     stale = "stale: rerun SIGLO_UPDATE_REPORTS=1 pytest -k published_reports"
     assert _volatile(committed) == _volatile(doc), stale
     assert files["md"].read_text(encoding="utf-8") == render(doc, "md"), stale
+
+
+@pytest.mark.parametrize("limit", [65_536, 131_072, 4_096])
+def test_a_backend_that_declares_a_document_limit_can_pass_every_large_state_rule(
+    limit: int,
+) -> None:
+    """A store that holds one item up to some size declares it (``max_document_bytes``),
+    as writing-a-backend.md invites; the incremental-saves rule then runs its program
+    with documents that fit, instead of failing on the size guard's rightful refusal."""
+
+    def limited(**options: Any) -> Any:
+        backend = memory_connect("memory://", **options)
+        backend.adapter.max_document_bytes = limit
+        return backend
+
+    report = run_contract(
+        limited, rules=["checkpoint.incremental", "checkpoint.size.guard"], seed=1
+    )
+    assert report.verdict("checkpoint.incremental") == "pass", report.results
+    assert report.verdict("checkpoint.size.guard") == "pass", report.results
