@@ -23,7 +23,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from siglo.plugins import BackendSpec, get_registry
 from siglo.urls import mask_credentials
-from siglo_contract.runner import Report
+from siglo_contract.rules import ADAPTER_RULES
+from siglo_contract.runner import Report, RuleResult
 from siglo_contract.target import Target
 from siglo_contract.version import CONTRACT_VERSION, rule_set_hash
 
@@ -92,6 +93,9 @@ REPORT_SCHEMA: Final[dict[str, Any]] = {
                 "profile": {"type": "string"},
                 "optionProfiles": {"type": "array", "items": {"type": "string"}},
                 "seconds": {"type": "number", "minimum": 0},
+                # A run limited to some rules (--rule) or examples (--examples) says so.
+                "rules": {"type": "array", "items": {"type": "string"}},
+                "examples": {"type": "integer", "minimum": 1},
             },
         },
         "target": {
@@ -258,7 +262,19 @@ def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]
     plugin, distribution, version = _plugin(spec)
     primary = report.primary
     rules = []
-    for res in report.results.values():
+    results = dict(report.results)
+    if report.selection:
+        # A run of some rules: every other rule is listed, not run (or not supported),
+        # so the counts and the badge never read as a full pass.
+        held = frozenset() if target is None else target.capabilities
+        for rule in ADAPTER_RULES:
+            if rule.id not in results:
+                supported = rule.capability is None or rule.capability in held
+                results[rule.id] = RuleResult(
+                    rule, "not run" if supported else "not supported", "not selected"
+                )
+        results = {r.id: results[r.id] for r in ADAPTER_RULES if r.id in results}
+    for res in results.values():
         rules.append(
             {
                 "id": res.rule.id,
@@ -293,6 +309,8 @@ def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]
             "profile": report.profile,
             "optionProfiles": list(report.option_profiles),
             "seconds": round(report.seconds, 1),
+            **({"rules": list(report.selection)} if report.selection else {}),
+            **({"examples": report.examples} if report.examples is not None else {}),
         },
         "target": {
             "url": scrub(mask_credentials(report.target)),
@@ -323,6 +341,8 @@ def badge(doc: dict[str, Any]) -> str:
         extras.append(f"{s['declared']} declared deviation{'s' if s['declared'] > 1 else ''}")
     if s["failed"]:
         extras.append(f"{s['failed']} failed")
+    if s["notRun"]:
+        extras.append(f"{s['notRun']} not run")
     return line + (f" ({', '.join(extras)})" if extras else "")
 
 
@@ -351,8 +371,11 @@ def to_markdown(doc: dict[str, Any]) -> str:
         f" ({t['distribution'] or '-'} {t['version'] or ''}) |".replace(" )", ")"),
         f"| contract | {c['version']} (rule set `{c['ruleSetHash']}`) |",
         f"| suite | siglo-contract {doc['suite']['version']} |",
-        f"| run | seed {r['seed']}, profile {r['profile']}, option profiles "
-        f"{', '.join(r['optionProfiles'])} |",
+        f"| run | seed {r['seed']}, profile {r['profile']}"
+        + (f" with {r['examples']} examples" if "examples" in r else "")
+        + f", option profiles {', '.join(r['optionProfiles'])}"
+        + (f"; only the rules {_cell(', '.join(r['rules']))}" if "rules" in r else "")
+        + " |",
         f"| capabilities | {', '.join(doc['capabilities']) or '-'} |",
         f"| rules | {s['passed']} pass, {s['failed']} fail, {s['declared']} declared, "
         f"{s['notSupported']} not supported, {s['notRun']} not run |",
@@ -410,7 +433,13 @@ def to_html(doc: dict[str, Any]) -> str:
         f"<code>{e(t['backend'] or '-')}</code>, contract {e(doc['contract']['version'])} "
         f"(<code>{e(doc['contract']['ruleSetHash'])}</code>), seed {doc['run']['seed']}, "
         f"{s['passed']} pass, {s['failed']} fail, {s['declared']} declared, "
-        f"{s['notSupported']} not supported.</p>\n"
+        f"{s['notSupported']} not supported, {s['notRun']} not run"
+        + (
+            f" (only the rules {e(', '.join(doc['run']['rules']))})"
+            if "rules" in doc["run"]
+            else ""
+        )
+        + ".</p>\n"
         "<table><tr><th>rule</th><th>since</th><th>verdict</th><th>counter-example</th></tr>\n"
         f"{rows}\n</table>\n</body></html>\n"
     )

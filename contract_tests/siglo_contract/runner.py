@@ -92,6 +92,11 @@ class Report:
     """The option profiles (:data:`~siglo_contract.target.OPTION_PROFILES`) every rule ran
     under: the suite's options alone, or also a user's defaults
     (:func:`run_option_profiles`)."""
+    selection: tuple[str, ...] = ()
+    """The rule patterns the run was limited to (``--rule``; empty: every rule). A report
+    of a selection lists the other rules as not run, so it never reads as a full pass."""
+    examples: int | None = None
+    """The examples per state machine the run was given instead of its profile's."""
 
     @property
     def failures(self) -> list[RuleResult]:
@@ -328,7 +333,17 @@ def run_contract(
             results[r.id] = RuleResult(
                 r, "not run", "no check of this rule completed", names, seconds=seconds
             )
-    return Report(tgt.label, seed, profile, results, time.monotonic() - started, storage, tgt)
+    return Report(
+        tgt.label,
+        seed,
+        profile,
+        results,
+        time.monotonic() - started,
+        storage,
+        tgt,
+        selection=tuple(p for p in rules or () if p),
+        examples=examples,
+    )
 
 
 _SEVERITY: Final[dict[str, int]] = {
@@ -391,6 +406,8 @@ def run_option_profiles(
         first.storage,
         first.target_object,
         tuple(reports),
+        first.selection,
+        first.examples,
     )
 
 

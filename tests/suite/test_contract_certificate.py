@@ -26,7 +26,7 @@ from siglo_contract.certificate import (
     render,
     report_document,
 )
-from siglo_contract.rules import RULES
+from siglo_contract.rules import ADAPTER_RULES, RULES
 from siglo_contract.runner import run_contract
 from siglo_contract.target import Target
 from siglo_contract.version import (
@@ -134,7 +134,8 @@ def test_a_json_report_follows_its_schema_and_says_everything() -> None:
     assert doc["run"]["seed"] == 3 and doc["run"]["profile"] == "ci"
     assert doc["target"]["distribution"] == "siglo" and doc["target"]["backend"] == "memory"
     assert "checkpoints" in doc["capabilities"]
-    assert [r["id"] for r in doc["rules"]] == [
+    ran = [r["id"] for r in doc["rules"] if r["verdict"] != "not run"]
+    assert ran == [
         "cache.roundtrip",
         "cache.falsy-hit",
         "cache.miss",
@@ -143,8 +144,14 @@ def test_a_json_report_follows_its_schema_and_says_everything() -> None:
         "cache.with-checkpoint",
         "lock.token",
     ]
-    assert all(r["verdict"] == "pass" and r["seconds"] >= 0 for r in doc["rules"])
-    assert doc["badge"] == f"siglo contract {CONTRACT_VERSION} — 7/7 rules"
+    assert all(r["verdict"] == "pass" and r["seconds"] >= 0 for r in doc["rules"] if r["id"] in ran)
+    # A selection: every other rule is listed as not run, and the badge says so.
+    left = doc["summary"]["notRun"]
+    assert left == len(doc["rules"]) - 7 - doc["summary"]["notSupported"] > 0
+    assert doc["run"]["rules"] == ["cache", "lock.token"]
+    assert (
+        doc["badge"] == f"siglo contract {CONTRACT_VERSION} — 7/{7 + left} rules ({left} not run)"
+    )
     assert doc["power"] == load_power()
 
 
@@ -251,7 +258,11 @@ def test_a_declared_deviation_is_reported_as_declared_not_passed() -> None:
     _validate(doc)
     assert doc["deviations"] == [DEVIATION]
     assert doc["summary"]["declared"] == 1 and doc["summary"]["passed"] == 1
-    assert doc["badge"] == f"siglo contract {CONTRACT_VERSION} — 1/2 rules (1 declared deviation)"
+    left = doc["summary"]["notRun"]  # the rules not selected
+    assert doc["badge"] == (
+        f"siglo contract {CONTRACT_VERSION} — 1/{2 + left} rules "
+        f"(1 declared deviation, {left} not run)"
+    )
     assert "## Declared deviations" in render(doc, "md")
 
 
@@ -388,3 +399,26 @@ def test_a_backend_that_declares_a_document_limit_can_pass_every_large_state_rul
     )
     assert report.verdict("checkpoint.incremental") == "pass", report.results
     assert report.verdict("checkpoint.size.guard") == "pass", report.results
+
+
+def test_a_report_of_some_rules_never_reads_as_a_full_pass() -> None:
+    """``--rule`` limits a run; its report lists every other rule as not run (or not
+    supported), says which rules were selected and how many examples were given, and
+    its badge counts the rules left out, so a backend that fails a full run cannot
+    publish a subset as its certificate."""
+    report = run_contract("memory://", rules=["checkpoint.roundtrip"], seed=1, examples=2)
+    doc = report_document(report)
+    _validate(doc)
+    assert doc["run"]["rules"] == ["checkpoint.roundtrip"] and doc["run"]["examples"] == 2
+    verdicts = {r["id"]: r["verdict"] for r in doc["rules"]}
+    assert verdicts["checkpoint.roundtrip"] == "pass"
+    assert verdicts["checkpoint.occ.conflict"] == "not run"
+    assert len(doc["rules"]) == len(ADAPTER_RULES)  # every rule listed
+    applying = sum(v != "not supported" for v in verdicts.values())
+    assert doc["summary"]["applicable"] == applying > 1
+    assert doc["summary"]["notRun"] == applying - 1
+    assert f"({doc['summary']['notRun']} not run)" in doc["badge"]
+    assert "only the rules checkpoint.roundtrip" in render(doc, "md")
+    # A full run's document carries neither.
+    full = report_document(run_contract("memory://", rules=None, seed=1, only=lambda _: False))
+    assert "rules" not in full["run"] and "examples" not in full["run"]
