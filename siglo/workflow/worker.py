@@ -184,6 +184,17 @@ class Worker:
             raise InvalidArgumentError("the worker's storage manager has no storage adapter")
         self.adapter = adapter
 
+    def missing(self) -> list[str]:
+        """What this backend keeps the worker from doing, each with the capabilities it
+        lacks (empty: it fires timers and recovers crashed runs)."""
+        supports = self.adapter.supports
+        lacking = []
+        if not supports(Capability.DUE_WAITS):
+            lacking.append("fire due timers (capability due_waits)")
+        if not (supports(Capability.LISTING) and supports(Capability.WORKFLOW_LOCK)):
+            lacking.append("recover crashed runs (capabilities listing and workflow_lock)")
+        return lacking
+
     async def run_once(self, *, stop: asyncio.Event | None = None) -> WorkerPass:
         """One bounded pass: fire due timers, then recover crashed runs.
 

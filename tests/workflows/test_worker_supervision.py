@@ -383,3 +383,30 @@ async def test_a_step_that_fails_on_its_own_connection_is_a_failed_run_not_an_ou
         for stack_id, status in (("bad", "failed"), ("good", "completed")):
             stored = await backend.adapter.get_checkpoint(stack_id)
             assert stored is not None and stored.status == status
+
+
+def test_a_worker_on_a_backend_it_can_do_nothing_on_says_so(tmp_path: Path) -> None:
+    """A backend without due timers, listing and a workflow lock (the example filestore
+    plugin): a worker there would print its banner and do nothing, forever, looking
+    healthy. It refuses, naming what the backend lacks, and exits 1."""
+    marks = tmp_path / "marks"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "siglo",
+            "worker",
+            f"filestore://{tmp_path / 'store'}",
+            "--flows",
+            "supervised_flows:naps",
+            "--once",
+        ],
+        env=_env(marks),
+        cwd=SUPPORT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cannot fire due timers (capability due_waits)" in done.stderr, done.stderr
+    assert "nor recover crashed runs" in done.stderr
