@@ -345,6 +345,10 @@ class DriverNotInstalledError(SigloError, ImportError):
 class SchemaVersionError(SigloError):
     """A database's siglo schema is older or newer than this siglo's code."""
 
+    newer: bool = False
+    """The database's schema is newer than this siglo's (upgrade siglo; ``siglo migrate``
+    cannot help)."""
+
 
 class DecryptionError(SigloError):
     """A stored payload could not be decoded: its ciphertext does not belong where it was

@@ -406,8 +406,8 @@ async def _check_sizes(adapter: StorageAdapter, lines: Iterable[bytes]) -> None:
     # the whole dump first, on each checkpoint as the target would store it (opened, then
     # through the target's redaction, codecs and offloading, nothing put), so a document
     # over the target's limit leaves nothing of the dump written.
-    if not isinstance(adapter, PipelineAdapter):
-        return  # no stages: each save checks its document before writing
+    if not isinstance(adapter, PipelineAdapter) and adapter.max_document_bytes is None:
+        return  # no stages and no limit: nothing to refuse
     header_seen = False
     for number, line in _numbered(lines):
         if not header_seen:
@@ -420,7 +420,10 @@ async def _check_sizes(adapter: StorageAdapter, lines: Iterable[bytes]) -> None:
         if kind != "checkpoint":
             continue
         assert isinstance(value, Checkpoint)
-        stored, limit = await adapter.stored_form(await _opened_checkpoint(adapter, value))
+        if isinstance(adapter, PipelineAdapter):
+            stored, limit = await adapter.stored_form(await _opened_checkpoint(adapter, value))
+        else:  # stored as it is in the dump
+            stored, limit = value, adapter.max_document_bytes
         try:
             check_document_size(stored, limit)
         except DocumentTooLargeError as exc:

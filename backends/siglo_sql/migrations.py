@@ -476,10 +476,12 @@ async def read_version(db: Database, tables: Tables, executor: Executor | None =
 
 
 def _too_new(version: int, where: str) -> SchemaVersionError:
-    return SchemaVersionError(
+    exc = SchemaVersionError(
         f"the siglo schema of {where} is at version {version}, newer than this siglo "
         f"(schema version {SCHEMA_VERSION}); upgrade siglo to use this database"
     )
+    exc.newer = True
+    return exc
 
 
 def check_target(target: int) -> None:

@@ -19,6 +19,7 @@ from siglo.connect import URL_ENV
 from siglo.errors import (
     BackendNotFoundError,
     CapabilityNotSupportedError,
+    DocumentTooLargeError,
     DriverNotInstalledError,
     InvalidArgumentError,
     MalformedRecordError,
@@ -76,7 +77,14 @@ def hint_for(exc: BaseException) -> str:
     if isinstance(exc, BackendNotFoundError):
         return "`siglo backends` lists the installed backends and their URL schemes"
     if isinstance(exc, SchemaVersionError):
+        if exc.newer:
+            return "a newer siglo wrote this database: upgrade siglo (`pip install -U`) to use it"
         return "`siglo migrate URL --status` shows the schema version; `siglo migrate URL` upgrades"
+    if isinstance(exc, DocumentTooLargeError):
+        return (
+            "offload large values (offload_min_bytes and blob_url) or raise "
+            "max_document_bytes: docs/large-state.md"
+        )
     if isinstance(exc, StorageAdapterError):
         return (
             "check that the backend is reachable: the server running, the URL's host, "

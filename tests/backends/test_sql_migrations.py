@@ -155,6 +155,9 @@ async def test_newer_database_is_refused(kind: str) -> None:
         result = await asyncio.to_thread(run_cli, "migrate", backend.url)
         assert result.exit_code == 1
         assert "newer than this siglo" in result.output
+        # The hint is to upgrade siglo: `siglo migrate` cannot help a newer schema.
+        assert "upgrade siglo" in result.output.split("Hint:", 1)[1]
+        assert "migrate URL` upgrades" not in result.output
 
 
 async def test_no_tables_and_no_auto_migrate(kind: str) -> None:

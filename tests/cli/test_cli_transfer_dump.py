@@ -354,6 +354,40 @@ async def test_an_import_over_the_size_guard_writes_nothing(
         assert sorted(s.stack_id for s in page.items) == ["redacted-large", "small-1", "small-2"]
 
 
+async def test_an_import_over_the_size_guard_without_a_pipeline_writes_nothing(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's settings set only ``max_document_bytes`` (nothing for a pipeline to
+    do): the dump is still checked whole first, the refusal names the line and the
+    stack, and the checkpoint before it in the dump is not written."""
+    from siglo.config import CONFIG_ENV, reset_settings
+
+    async with shared_store("sqlite") as src, shared_store("sqlite") as dst:
+        for stack_id, contexts in (
+            ("small-1", {"a": {"n": 1}}),
+            ("too-large", {"a": {"text": "x" * 20_000}}),
+        ):
+            await src.adapter.save_checkpoint(
+                Checkpoint(stack_id=stack_id, revision=1, timestamp=system_clock.now_ms(),
+                           contexts=contexts)
+            )  # fmt: skip
+        lines = await dump_of(src)
+        number = next(i for i, line in enumerate(lines, 1) if b'"too-large"' in line)
+        config = tmp_path / "siglo.toml"
+        config.write_text(f'url = "{dst.url}"\nmax_document_bytes = 4000\n')
+        monkeypatch.setenv(CONFIG_ENV, str(config))
+        reset_settings()
+        try:
+            refused = await invoke("import", input=b"\n".join(lines) + b"\n")
+        finally:
+            reset_settings()
+        assert refused.exit_code == 1, refused.output
+        assert f"line {number} of the dump" in refused.output, refused.output
+        assert "'too-large'" in refused.output and "nothing was imported" in refused.output
+        assert "max_document_bytes" in refused.output.split("Hint:", 1)[1]
+        assert (await dst.adapter.list_checkpoints(limit=100)).items == []
+
+
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_the_import_size_check_sees_the_target_offload_and_encryption(
     kind: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
