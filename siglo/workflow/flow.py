@@ -882,6 +882,14 @@ def flow(*steps: Step, name: str | None = None) -> Flow:
     """A flow of ``steps`` (seed 001 §9's ``flow(a, b)``); ``name`` defaults to theirs."""
     if not steps:
         raise InvalidArgumentError("a flow needs at least one step")
+    for index, step in enumerate(steps):
+        if not isinstance(step, Step):
+            raise InvalidArgumentError(
+                f"flow() takes siglo.Step objects (Step.create(name, fn)); argument {index} "
+                f"is {type(step).__name__}"
+            )
+    if name is not None:
+        require_id("name", name)  # it is the runs' workflow_id
     names = [step.name for step in steps]
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"step names in a flow must be unique: {names}")

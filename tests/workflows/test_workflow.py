@@ -10,6 +10,7 @@ import pytest
 
 import siglo
 from siglo import ManualClock, Step, StorageManager, WorkflowSuspended, flow, wait_for_event
+from siglo.errors import InvalidArgumentError
 from siglo.workflow import run_input
 from siglo_memory import MemoryStorageAdapter
 
@@ -404,3 +405,25 @@ def test_flow_and_step_arguments() -> None:
         asyncio.run(wait_for_event("x"))
     with pytest.raises(siglo.InvalidArgumentError, match="inside a step"):
         run_input()
+
+
+def test_flow_refuses_what_is_not_a_flow_clearly() -> None:
+    """``flow()`` is given steps and an optional name (the runs' ``workflow_id``): a
+    string for a step, a non-string or empty name, no steps, or two steps of one name is
+    an ``InvalidArgumentError`` naming what is wrong, not an ``AttributeError`` later."""
+
+    async def one(value: Any) -> Any:
+        return value
+
+    step = Step.create("one", one)
+    with pytest.raises(InvalidArgumentError, match="argument 0 is str"):
+        flow("one")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="name must be a string"):
+        flow(step, name=5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="name must not be empty"):
+        flow(step, name="")
+    with pytest.raises(InvalidArgumentError, match="at least one step"):
+        flow()
+    with pytest.raises(InvalidArgumentError, match="must be unique"):
+        flow(step, Step.create("one", one))
+    assert flow(step).name == "one" and flow(step, name="orders").name == "orders"
