@@ -51,10 +51,16 @@ class _Scrubbing(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if _SEEN:
-            record.msg = scrub(record.getMessage())
-            record.args = None
+            # Only a record that carries a secret is changed: the rest keep their args
+            # for the handlers that read them.
+            message = record.getMessage()
+            scrubbed = scrub(message)
+            if scrubbed != message:
+                record.msg, record.args = scrubbed, None
             if record.exc_info and not record.exc_text:
-                record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
+                trace = logging.Formatter().formatException(record.exc_info)
+                if scrub(trace) != trace:
+                    record.exc_text = scrub(trace)
         return True
 
 

@@ -466,7 +466,7 @@ def test_erase_says_what_a_backend_without_payload_scan_kept(
     asyncio.run(seed())
 
     @contextlib.asynccontextmanager
-    async def the_store(url: str) -> AsyncIterator[siglo.Backend]:
+    async def the_store(url: str, **_: Any) -> AsyncIterator[siglo.Backend]:
         yield backend
 
     monkeypatch.setattr(siglo.cli.keys, "open_store", the_store)
@@ -537,7 +537,7 @@ def test_erase_names_what_kept_changing_and_exits_3(monkeypatch: pytest.MonkeyPa
     assert split_namespaced_key(namespaced_key(long_key, "gone")) is None
 
     @contextlib.asynccontextmanager
-    async def the_store(url: str) -> AsyncIterator[siglo.Backend]:
+    async def the_store(url: str, **_: Any) -> AsyncIterator[siglo.Backend]:
         yield backend
 
     monkeypatch.setattr(siglo.cli.keys, "open_store", the_store)

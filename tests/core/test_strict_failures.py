@@ -109,9 +109,9 @@ async def test_kept_failures_are_capped_and_the_rest_logged(
             with pytest.raises(StorageAdapterError) as info:
                 await manager.flush()
         notes = "\n".join(getattr(info.value, "__notes__", []))
-        noted = {stack_id for stack_id in stacks if repr(stack_id) in notes}
+        noted = {repr(stack_id) for stack_id in stacks if repr(stack_id) in notes}
         logged = {
-            r.args[0]  # type: ignore[index]
+            r.args[0]  # type: ignore[index]  # the stack, as the note names it: 'capped-3'
             for r in caplog.records
             if r.levelno == logging.ERROR and r.args
         }

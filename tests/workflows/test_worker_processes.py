@@ -49,6 +49,16 @@ def _worker(url: str, marks: Path, spec: str) -> subprocess.Popen[str]:
     )
 
 
+async def _started(process: subprocess.Popen[str]) -> str:
+    """The worker's banner: printed once its settings are read, right before it takes
+    SIGTERM as "stop after the run in progress" (before that, SIGTERM ends the process
+    at once, as it does any process starting up)."""
+    assert process.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 60)
+    assert line.startswith("siglo worker "), line
+    return line
+
+
 def _stop(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=30)
@@ -127,6 +137,8 @@ async def test_a_deadline_fires_once_with_two_workers(
         manager = siglo.StorageManager(backend, error_mode="strict")
         workers = [_worker(url, marks, "ops_flows:deadline") for _ in range(2)]
         try:
+            for worker in workers:  # both up: each can take the SIGTERM below
+                await _started(worker)
             for i in runs:
                 with pytest.raises(WorkflowSuspended):
                     await deadline.run(i, manager=manager, stack_id=f"deadline-{i}")
