@@ -432,6 +432,31 @@ async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
             await import_lines(adapter, forged)
 
 
+def _siglo(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m siglo ARGS`` in ``cwd`` with none of this process's ``SIGLO_*``
+    settings, only ``env``'s."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
+    clean["PYTHONPATH"] = os.pathsep.join(sys.path)
+    return subprocess.run(
+        [sys.executable, "-m", "siglo", *args],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+async def _orders(app: siglo.Backend, stack_id: str, amount: int) -> siglo.StorageManager:
+    """A run of ``stack_id`` saved in tenants ``a`` and ``b``."""
+    manager = siglo.StorageManager(app)
+    for tenant in ("a", "b"):
+        stack = manager.create_stack(stack_id, namespace=tenant)
+        stack.set("pay", "amount", amount)
+        await stack.save()
+    return manager
+
+
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_path: Path) -> None:
     """A keyring holds a tenant's data keys; deleting it is a crypto-erasure without the
@@ -445,26 +470,13 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
     key = f"base64:{base64.b64encode(os.urandom(32)).decode()}"
     async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
         async with siglo.connect(backend.url, settings=Settings(master_key=key)) as app:
-            manager = siglo.StorageManager(app)
-            for tenant in ("a", "b"):
-                stack = manager.create_stack("order-1", namespace=tenant)
-                stack.set("pay", "amount", 12)
-                await stack.save()
+            await _orders(app, "order-1", 12)
         raw = backend.raw_adapter
         rings = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
         assert sorted(s.stack_id for s in rings.items) == ["a", "b"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
-        env["PYTHONPATH"] = os.pathsep.join(sys.path)
 
         def siglo_cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [sys.executable, "-m", "siglo", *args],
-                cwd=tmp_path,
-                env={**env, "SIGLO_URL": backend.url},  # no SIGLO_MASTER_KEY
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            return _siglo(tmp_path, *args, SIGLO_URL=backend.url)  # no SIGLO_MASTER_KEY
 
         await asyncio.sleep(0.05)
         pruned = siglo_cli("prune", "--older-than", "1ms", "--status", "running")
@@ -487,11 +499,8 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
         assert rings_after == rings
         # Every tenant's keys are there: a new run of each encrypts and decrypts.
         async with siglo.connect(backend.url, settings=Settings(master_key=key)) as app:
-            manager = siglo.StorageManager(app)
+            manager = await _orders(app, "order-2", 7)
             for tenant in ("a", "b"):
-                stack = manager.create_stack("order-2", namespace=tenant)
-                stack.set("pay", "amount", 7)
-                await stack.save()
                 again = await manager.resume("order-2", namespace=tenant)
                 assert again is not None and again.context("pay") == {"amount": 7}
 
@@ -558,18 +567,9 @@ def test_export_under_require_encryption_stops_at_a_record_stored_in_clear(
     config.write_text(
         f'url = "{url}"\nrequire_encryption = true\nencryption_keys = {{ k1 = "{key}" }}\n'
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
 
     def siglo_cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "siglo", "--config", str(config), *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            cwd=tmp_path,
-        )
+        return _siglo(tmp_path, "--config", str(config), *args)
 
     refused = siglo_cli("export")
     assert refused.returncode == 1, refused.stdout + refused.stderr

@@ -487,6 +487,21 @@ def _siglo_with(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _rekey_without_blob_url(
+    tmp_path: Path, url: str, k1: str, k2: str
+) -> subprocess.CompletedProcess[str]:
+    """``siglo rekey`` from a shell with the keys (``k2`` made current) but not the blob
+    store's settings: it fails."""
+    shell = tmp_path / "shell.toml"
+    shell.write_text(
+        f'url = "{url}"\nencryption_keys = {{ k1 = "{k1}", k2 = "{k2}" }}\n'
+        'encryption_key_id = "k2"\n'
+    )
+    done = _siglo_with(shell, "rekey")
+    assert done.returncode == 1, done.stdout + done.stderr
+    return done
+
+
 @pytest.mark.parametrize("encrypted", [True, False], ids=["sealed", "clear"])
 async def test_rekey_without_the_blob_store_refuses_and_keeps_the_references(
     tmp_path: Path, encrypted: bool
@@ -507,13 +522,7 @@ async def test_rekey_without_the_blob_store_refuses_and_keeps_the_references(
         stack.set("step", "doc", BIG)
         await stack.save()
         before = await backend.raw_adapter.get_checkpoint("doc", "t", fallback=False)
-    shell = tmp_path / "shell.toml"
-    shell.write_text(
-        f'url = "{url}"\nencryption_keys = {{ k1 = "{k1}", k2 = "{k2}" }}\n'
-        'encryption_key_id = "k2"\n'
-    )
-    done = _siglo_with(shell, "rekey")
-    assert done.returncode == 1, done.stdout + done.stderr
+    done = _rekey_without_blob_url(tmp_path, url, k1, k2)
     assert "blob_url" in done.stderr, done.stderr
     async with siglo.connect(url, settings=app) as backend:
         assert await backend.raw_adapter.get_checkpoint("doc", "t", fallback=False) == before
@@ -616,13 +625,7 @@ async def test_rekey_without_the_blob_store_refuses_an_offloaded_cached_step(
     async with siglo.connect(url, settings=app) as backend:
         await backend.adapter.set_cached_step("k", {"big": BIG}, 3_600_000, namespace="t")
         before = await backend.raw_adapter.get_cached_step("k", namespace="t")
-    shell = tmp_path / "shell.toml"
-    shell.write_text(
-        f'url = "{url}"\nencryption_keys = {{ k1 = "{k1}", k2 = "{k2}" }}\n'
-        'encryption_key_id = "k2"\n'
-    )
-    done = _siglo_with(shell, "rekey")
-    assert done.returncode == 1, done.stdout + done.stderr
+    done = _rekey_without_blob_url(tmp_path, url, k1, k2)
     assert "blob_url" in done.stderr and "step 'k'" in done.stderr, done.stderr
     async with siglo.connect(url, settings=app) as backend:
         assert await backend.raw_adapter.get_cached_step("k", namespace="t") == before
