@@ -474,6 +474,7 @@ class StorageAdapter(Closable):
         """Cancel every open wait of the stack and mark its checkpoint ``cancelled``."""
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
+        check_not_keyring(namespace, f"cancelling stack {stack_id!r}")
         self._require_open()
         await self._do_cancel_workflow(stack_id, namespace)
 

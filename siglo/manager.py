@@ -29,7 +29,7 @@ from siglo.error_modes import (
 )
 from siglo.errors import AmbiguousStackError, InvalidArgumentError, UnknownStackError
 from siglo.records import ContextChangeEvent, ContextOp
-from siglo.redaction import check_redact_fields, redact
+from siglo.redaction import check_redact_fields, redact, redacting
 from siglo.sealing import refuse_sealed
 from siglo.snapshots import context_change_event, restore_stack, take_snapshot
 from siglo.stack import ExecutionStack
@@ -206,6 +206,24 @@ class StorageManager:
             stack = self._stacks.get(stack_id) if stack_id is not None else None
         fields = self._fields_of(stack)
         return redact(value, fields) if fields else value
+
+    async def redact_event(
+        self, correlation_key: str, payload: Any, *, namespace: str | None = None
+    ) -> Any:
+        """``payload`` as the wait record of ``correlation_key`` (in ``namespace``) stores
+        it when the event is delivered: redacted by this manager's keys and by the waiting
+        run's own (its checkpoint's ``redactFields``, which travel with the data), so a
+        process delivering without the application's settings — a webhook handler, the
+        dashboard — stores no key the application redacts. The claim stores the payload
+        before the run is restored, so the run's keys are read first (two reads)."""
+        fields = self.redact_fields
+        adapter = self._supports(Capability.WAIT_RECORDS)
+        if payload is not None and adapter is not None and adapter.supports(Capability.CHECKPOINTS):
+            waiting = await adapter.get_wait_record(correlation_key, namespace=namespace)
+            if waiting is not None:
+                stored = await adapter.get_checkpoint(waiting.stack_id, namespace, fallback=False)
+                fields = redacting(stored, fields)
+        return redact(payload, fields) if fields else payload
 
     def _fields_of(self, stack: ExecutionStack | None) -> frozenset[str]:
         fields = self.redact_fields

@@ -100,7 +100,7 @@ async def deliver_event(
     record = await adapter.claim_wait_record(
         correlation_key,
         claimant,
-        event_payload=manager.redact(payload),
+        event_payload=await manager.redact_event(correlation_key, payload, namespace=namespace),
         namespace=namespace,
     )
     if record is None:

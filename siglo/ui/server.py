@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -71,8 +72,16 @@ ACTIONS: Final = {"cancel": "Cancel run", "delete": "Delete run", "deliver": "De
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a bind address or a ``Host`` name) is this machine only."""
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+    """Whether ``host`` (a bind address or a ``Host`` name) is this machine only: a
+    loopback name, or an IP address of the loopback network (127.0.0.0/8, ::1) — never a
+    name that only starts like one (``127.attacker.example`` resolves anywhere: a page
+    there reaching the dashboard through DNS rebinding)."""
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _duration(ms: int | None) -> str:

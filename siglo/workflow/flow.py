@@ -27,7 +27,6 @@ from siglo.errors import (
 from siglo.manager import StorageManager, default_storage_manager
 from siglo.moments import describe_ms, iso_ms
 from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
-from siglo.redaction import redact, redacting
 from siglo.sealing import is_sealed
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
@@ -279,9 +278,7 @@ class Flow:
             correlation_key,
             claimant_id,
             # The payload becomes context: what leaves the process is redacted.
-            event_payload=await _redacted_event(
-                manager, adapter, correlation_key, payload, namespace
-            ),
+            event_payload=await manager.redact_event(correlation_key, payload, namespace=namespace),
             allow_expired=allow_expired,
             namespace=namespace,
         )
@@ -723,27 +720,6 @@ async def _why_unclaimable(
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"
-
-
-async def _redacted_event(
-    manager: StorageManager,
-    adapter: StorageAdapter,
-    correlation_key: str,
-    payload: Any,
-    namespace: str | None,
-) -> Any:
-    """``payload`` as the wait record stores it: redacted by this process's keys and by
-    the waiting run's own (its checkpoint's ``redactFields``, which travel with the data),
-    so a process delivering without the application's settings — a webhook handler —
-    stores no key the application redacts. The claim stores it before the run is
-    restored, so the run's keys are read first."""
-    fields = manager.redact_fields
-    if payload is not None and adapter.supports(Capability.CHECKPOINTS):
-        waiting = await adapter.get_wait_record(correlation_key, namespace=namespace)
-        if waiting is not None:
-            stored = await adapter.get_checkpoint(waiting.stack_id, namespace, fallback=False)
-            fields = redacting(stored, fields)
-    return redact(payload, fields) if fields else payload
 
 
 class _KeyTaken(Exception):

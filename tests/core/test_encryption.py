@@ -495,6 +495,8 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
             await raw.save_checkpoint(forged)
         with pytest.raises(InvalidArgumentError, match="keyrings"):
             await raw.delete_checkpoint("a", KEYRING_NAMESPACE)
+        with pytest.raises(InvalidArgumentError, match="keyrings"):
+            await raw.cancel_workflow("a", KEYRING_NAMESPACE)  # the dashboard's cancel
         rings_after = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
         assert rings_after == rings
         # Every tenant's keys are there: a new run of each encrypts and decrypts.

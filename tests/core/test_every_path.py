@@ -768,6 +768,7 @@ API: dict[str, str] = {
     "StorageManager.get_stack": "no I/O",
     "StorageManager.discard_stack": "no I/O",
     "StorageManager.redact": "no I/O",
+    "StorageManager.redact_event": "reads",
     "StorageManager.use_storage": "no I/O",
     "StorageManager.set_error_mode": "no I/O",
     "StorageManager.set_redact_fields": "no I/O",

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from _tcp_proxy import tcp_proxy
 from ops_support import DURABLE_KINDS, shared_store, with_option
+from raw_storage import raw_bytes
 from ui_support import FIELD, NAMESPACE, ORDERS, SECRET, seed
 
 import siglo
@@ -35,9 +36,13 @@ SETTINGS = siglo.Settings(redact_fields=frozenset({FIELD}))
 
 @asynccontextmanager
 async def dashboard(
-    url: str, *, token: str | None = None, host: str = "127.0.0.1"
+    url: str,
+    *,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    settings: siglo.Settings = SETTINGS,
 ) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(url, settings=SETTINGS, token=token, loopback_only=host == "127.0.0.1")
+    app = create_app(url, settings=settings, token=token, loopback_only=host == "127.0.0.1")
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}:8765") as c:
@@ -184,6 +189,36 @@ async def test_the_token_and_the_loopback_names(store: siglo.Backend) -> None:
     async with dashboard(store.url) as client:
         rebound = await client.get("/runs", headers={"host": "attacker.example:8765"})
         assert rebound.status_code == 421
+        # A name that only starts like a loopback address resolves anywhere.
+        lookalike = await client.get("/runs", headers={"host": "127.attacker.example:8765"})
+        assert lookalike.status_code == 421
+        for loopback in ("127.0.0.2:8765", "localhost:8765", "[::1]:8765"):
+            assert (await client.get("/runs", headers={"host": loopback})).status_code == 200
+
+
+async def test_deliver_from_a_dashboard_without_the_settings_keeps_the_runs_redaction(
+    store: siglo.Backend,
+) -> None:
+    """An operator's dashboard started without the application's ``redact_fields``
+    delivers an event to a run the application saved with them: the wait record stores
+    the payload redacted by the run's own keys, as ``Flow.deliver`` does."""
+    async with dashboard(store.url, settings=siglo.Settings()) as client:
+        confirm = await client.get(
+            "/confirm/deliver",
+            params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"},
+        )
+        form = {
+            "id": "order-1",
+            "namespace": NAMESPACE,
+            "key": "approve:o-1",
+            "payload": f'{{"by": "ui", "{FIELD}": "{SECRET}"}}',
+            "csrf": csrf(confirm.text),
+        }
+        done = await client.post("/actions/deliver", data=form)
+        assert done.status_code == 200, done.text
+    record = await store.adapter.get_wait_record("approve:o-1", namespace=NAMESPACE)
+    assert record is not None and record.event_payload == {"by": "ui", FIELD: "[REDACTED]"}
+    assert SECRET.encode() not in await raw_bytes(store.name, store)
 
 
 async def test_a_url_password_is_never_shown() -> None:
