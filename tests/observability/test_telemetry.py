@@ -249,7 +249,10 @@ async def test_a_step_cache_hit_is_counted_and_marked_on_the_step(sdk: Sdk) -> N
 async def test_a_lost_lease_is_counted(sdk: Sdk, tmp_path: Path) -> None:
     pytest.importorskip("aiosqlite")
     url = f"sqlite:///{tmp_path / 'lease.db'}"
-    async with siglo.connect(url, workflow_lock_ttl_ms=300) as backend:
+    # A lease long enough that the action takes it over before it lapses on a busy
+    # machine (at 300 ms, the release below found it lapsed once); the keeper's next
+    # renewal then finds another holder.
+    async with siglo.connect(url, workflow_lock_ttl_ms=2_000) as backend:
         lock = backend.adapter.workflow_lock
         assert lock is not None
 
