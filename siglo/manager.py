@@ -27,7 +27,12 @@ from siglo.error_modes import (
     default_error_mode,
     surfaced_failure,
 )
-from siglo.errors import AmbiguousStackError, InvalidArgumentError, UnknownStackError
+from siglo.errors import (
+    AmbiguousStackError,
+    CheckpointConflictError,
+    InvalidArgumentError,
+    UnknownStackError,
+)
 from siglo.records import ContextChangeEvent, ContextOp
 from siglo.redaction import check_redact_fields, redact, redacting
 from siglo.sealing import refuse_sealed
@@ -498,6 +503,12 @@ class StorageManager:
                 try:
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
                 except Exception as exc:
+                    if isinstance(exc, CheckpointConflictError) and expected_revision is not None:
+                        # Refused, so not stored: the stack is back at the revision its
+                        # holder read. Left at the snapshot's, a later compare-and-set of
+                        # the holder would match another writer's revision and overwrite
+                        # its acknowledged save, whoever was told of this conflict.
+                        live.revision = min(live.revision, expected_revision)
                     self._handle_failure(exc, f"saving checkpoint of {stack_id!r}", background=key)
 
             # Changes set before this snapshot stream before it: none is left for a

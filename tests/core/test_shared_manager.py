@@ -8,6 +8,7 @@ other caller's stack."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -263,3 +264,39 @@ async def test_discarding_an_id_two_callers_hold_is_refused() -> None:
         assert saved.namespace == "tenant-b"
         manager.discard_stack(STACK)
         assert manager._live_of(STACK) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_refused_background_save_leaves_no_revision_to_overwrite_with(kind: str) -> None:
+    """Two requests of one tenant hold the same stack in a shared manager. Request A's
+    background save (``checkpoint()``) loses its compare-and-set to another replica's
+    acknowledged save; whichever request calls first is told (the failure belongs to the
+    stack). A's stack is back at the revision it read, so A's next compare-and-set is
+    refused too, instead of matching the other writer's revision and overwriting its
+    acknowledged save."""
+    async with any_backend(kind) as backend:
+        manager = siglo.StorageManager(backend)
+        first = manager.create_stack(STACK, namespace=NS)
+        first.set("x", "v", 0)
+        await first.save(expected_revision=0)
+        manager.discard_stack(first)
+        mine = await manager.resume(STACK, namespace=NS)
+        assert mine is not None
+        replica = siglo.StorageManager(backend)
+        moved = await replica.resume(STACK, namespace=NS)
+        assert moved is not None
+        moved.set("x", "by", "replica")
+        await moved.save(expected_revision=moved.revision)  # acknowledged, revision 2
+        theirs = await manager.resume(STACK, namespace=NS)  # another request, at 2
+        assert theirs is not None
+        mine.set("x", "by", "A")
+        manager.checkpoint(mine, expected_revision=mine.revision)  # expects 1: refused
+        await asyncio.sleep(0.2)  # the background save has run
+        assert mine.revision == 1  # back at what it read
+        with contextlib.suppress(CheckpointConflictError):
+            await theirs.save(expected_revision=theirs.revision)  # may be told of A's
+        mine.set("x", "step", 2)
+        with pytest.raises(CheckpointConflictError):
+            await mine.save(expected_revision=mine.revision)
+        stored = await replica.load_checkpoint(STACK, namespace=NS)
+        assert stored is not None and stored.contexts["x"]["by"] == "replica"
