@@ -495,6 +495,7 @@ class StorageManager:
         live = self._stack(stack_id)
         stack_id = live.stack_id
         key = (live.namespace, stack_id)
+        read = live.revision
         checkpoint = self._snapshot(live, expected_revision, redact_fields, ttl_ms)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is not None:
@@ -503,12 +504,7 @@ class StorageManager:
                 try:
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
                 except Exception as exc:
-                    if isinstance(exc, CheckpointConflictError) and expected_revision is not None:
-                        # Refused, so not stored: the stack is back at the revision its
-                        # holder read. Left at the snapshot's, a later compare-and-set of
-                        # the holder would match another writer's revision and overwrite
-                        # its acknowledged save, whoever was told of this conflict.
-                        live.revision = min(live.revision, expected_revision)
+                    _back_if_refused(live, read, exc)
                     self._handle_failure(exc, f"saving checkpoint of {stack_id!r}", background=key)
 
             # Changes set before this snapshot stream before it: none is left for a
@@ -596,6 +592,7 @@ class StorageManager:
             # and raised below, as their jobs' would have been.
             await self._stream_now(key, events)
             events = []
+        read = live.revision
         try:
             self._deferred.raise_for(key)
             checkpoint = self._snapshot(live, expected_revision, redact_fields, ttl_ms)
@@ -623,6 +620,7 @@ class StorageManager:
                 else:
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
             except Exception as exc:
+                _back_if_refused(live, read, exc)
                 self._handle_failure(exc, f"saving checkpoint of {stack_id!r}")
         return checkpoint
 
@@ -708,6 +706,16 @@ class StorageManager:
             self._deferred.defer(background, failure)
             return
         raise failure
+
+
+def _back_if_refused(stack: ExecutionStack, read: int, exc: Exception) -> None:
+    """After a save refused before anything was written (a lost compare-and-set, a
+    document too large, bad input), the stack is back at the revision it had (``read``):
+    left at the snapshot's, its holder's next compare-and-set — a retry without a reload
+    — would match another writer's revision and overwrite that writer's acknowledged
+    save. After any other failure the save may have landed, and the revision stays."""
+    if isinstance(exc, CheckpointConflictError | InvalidArgumentError):
+        stack.revision = min(stack.revision, read)
 
 
 def _writes_together(adapter: StorageAdapter) -> bool:

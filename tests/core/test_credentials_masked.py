@@ -146,7 +146,7 @@ def test_a_drivers_error_text_never_carries_a_urls_secret(tmp_path: Path) -> Non
     port = free_port(30400, 30500)  # no Sentinel answers here
     url = (
         f"redis+sentinel://127.0.0.1:{port}/mymaster?sentinel_password={SENTINEL_SECRET}"
-        "&sentinel_username=watcher&command_timeout_ms=500"
+        "&sentinel_username=watcher&command_timeout_ms=10000"  # the refusal, not a timeout
     )
     for args in (("ls", url), ("--debug", "ls", url)):
         done = _siglo(*args)

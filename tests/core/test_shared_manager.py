@@ -300,3 +300,27 @@ async def test_a_refused_background_save_leaves_no_revision_to_overwrite_with(ki
             await mine.save(expected_revision=mine.revision)
         stored = await replica.load_checkpoint(STACK, namespace=NS)
         assert stored is not None and stored.contexts["x"]["by"] == "replica"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_retry_without_a_reload_after_a_conflict_is_refused(kind: str) -> None:
+    """A save that lost its compare-and-set leaves the stack at the revision it read:
+    retrying with ``expected_revision=stack.revision`` without reloading is refused
+    again, rather than matching the other writer's revision and overwriting it."""
+    async with any_backend(kind) as backend:
+        manager = siglo.StorageManager(backend)
+        mine = manager.create_stack(STACK, namespace=NS)
+        mine.set("x", "v", 0)
+        await mine.save(expected_revision=0)
+        replica = siglo.StorageManager(backend)
+        moved = await replica.resume(STACK, namespace=NS)
+        assert moved is not None
+        moved.set("x", "by", "replica")
+        await moved.save(expected_revision=moved.revision)
+        mine.set("x", "by", "me")
+        for _ in range(2):
+            with pytest.raises(CheckpointConflictError):
+                await mine.save(expected_revision=mine.revision)
+            assert mine.revision == 1
+        stored = await replica.load_checkpoint(STACK, namespace=NS)
+        assert stored is not None and stored.contexts["x"]["by"] == "replica"
