@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -31,6 +32,7 @@ from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
 from siglo.errors import CheckpointConflictError, LockLostError
+from siglo.masking import scrub
 from siglo.records import WaitRecord
 
 try:  # the optional API (siglo[otel]); siglo works the same without it
@@ -270,12 +272,13 @@ class Telemetry:
                 operation,
                 kind=otel_trace.SpanKind.CLIENT,
                 attributes=attrs,
-                record_exception=True,
-                set_status_on_exception=True,
+                record_exception=False,
+                set_status_on_exception=False,
             ) as span:
                 try:
                     return await fn(*args, **kwargs)
                 except BaseException as exc:
+                    _record_failure(span, exc)
                     kind = type(exc).__qualname__
                     span.set_attribute("error.type", kind)
                     failed = {**attrs, "error.type": kind}
@@ -302,9 +305,17 @@ class Telemetry:
             if linked is not None:
                 links.append(otel_trace.Link(linked, {"siglo.link": "suspended_by"}))
         with self.tracer.start_as_current_span(
-            name, attributes=dict(attributes), links=links
+            name,
+            attributes=dict(attributes),
+            links=links,
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
-            yield span
+            try:
+                yield span
+            except BaseException as exc:
+                _record_failure(span, exc)
+                raise
 
     def traceparent(self) -> str | None:
         """The W3C ``traceparent`` of the current workflow run's span (else of the current
@@ -322,6 +333,26 @@ class Telemetry:
 
     def retried(self, kind: str) -> None:
         self.retries.add(1, {"siglo.retry.kind": kind})
+
+
+def _record_failure(span: Any, exc: BaseException) -> None:
+    """What the SDK records of an exception that ends a span — its event (type, message,
+    traceback) and the span's error status — with the secrets of URLs and options masked
+    (:mod:`siglo.masking`): a driver's exception in the traceback may quote one."""
+    if isinstance(exc, GeneratorExit):
+        return  # a generator closed, not a failure
+    assert otel_trace is not None
+    message = scrub(str(exc))
+    span.record_exception(
+        exc,
+        attributes={
+            "exception.message": message,
+            "exception.stacktrace": scrub("".join(traceback.format_exception(exc))),
+        },
+    )
+    span.set_status(
+        otel_trace.Status(otel_trace.StatusCode.ERROR, f"{type(exc).__name__}: {message}")
+    )
 
 
 def _span_context(traceparent: str) -> Any:

@@ -431,3 +431,25 @@ async def test_a_conflict_on_a_real_backend_is_counted(
 
 async def _ran() -> str:
     return "ran"
+
+
+async def test_a_failed_calls_span_never_records_a_urls_secret(sdk: Sdk) -> None:
+    """redis-py's "no master found" quotes its Sentinel clients' ``password=…``: the span
+    of the failed call records the exception — its message, its traceback (the driver's
+    exception is the cause) and the span's status — with the secret masked."""
+    require_redis()
+    from ports import free_port
+
+    secret = "otel-Sentinel-Sekr3t-5d1"
+    port = free_port(30400, 30500)  # no Sentinel answers here
+    url = f"redis+sentinel://127.0.0.1:{port}/mymaster?sentinel_password={secret}"
+    async with siglo.connect(url, command_timeout_ms=10_000) as backend:
+        with pytest.raises(siglo.StorageAdapterError):
+            await backend.adapter.get_checkpoint("s")
+    spans = [s for s in sdk.spans.get_finished_spans() if s.name == "get_checkpoint"]
+    assert spans
+    for span in spans:
+        events = [dict(e.attributes or {}) for e in span.events if e.name == "exception"]
+        assert events and "MasterNotFoundError" in events[0]["exception.stacktrace"]
+        recorded = repr(events) + (span.status.description or "")
+        assert secret not in recorded and "***" in recorded
