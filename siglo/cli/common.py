@@ -33,23 +33,33 @@ async def open_store(url: str, *, existing: bool = False, **options: Any) -> Asy
     backend = connect(url, settings=cli_settings(), **options)
     try:
         if existing:
-            require_storage(backend)
+            await require_storage(backend)
         yield backend
     finally:
         await backend.aclose()
 
 
-def require_storage(backend: Backend) -> None:
-    """Refuse a backend whose storage is not there (an SQLite file that does not exist,
-    often a typo in the path) for a command that reads or deletes, and so creates
-    nothing; a backend whose storage is always there (a server) is not asked."""
-    storage_exists = getattr(backend.adapter, "storage_exists", None)
+async def require_storage(backend: Backend) -> None:
+    """Refuse a backend whose storage is not there for a command that reads or deletes,
+    and so creates nothing: an SQLite file that does not exist (often a typo in the
+    path), or a database (a PostgreSQL schema) without siglo's tables (a typo in
+    ``schema=``), asked without creating them. A backend without a schema (Redis) is
+    not asked."""
+    adapter = backend.raw_adapter
+    storage_exists = getattr(adapter, "storage_exists", None)
     if callable(storage_exists) and not storage_exists():
         raise CliError(
             f"there is no database at {display_url(backend.url)}: this command reads "
             "(or deletes) what is stored, and creates nothing",
             "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
             "`siglo migrate URL` creates a database",
+        )
+    schema_version = getattr(adapter, "schema_version", None)
+    if callable(schema_version) and await schema_version() == 0:
+        raise CliError(
+            f"there are no siglo tables at {display_url(backend.url)}: this command reads "
+            "(or deletes) what is stored, and creates nothing",
+            "check the URL (its database, its schema=); `siglo migrate URL` creates them",
         )
 
 

@@ -7,7 +7,8 @@ import asyncio
 import concurrent.futures
 import os
 import secrets
-from typing import TYPE_CHECKING, Final
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
@@ -18,7 +19,7 @@ from siglo.connect import connect
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from siglo.backend import Backend
+    from siglo.config import Settings
 
 __all__ = ["TOKEN_ENV", "build_app", "ui"]
 
@@ -45,25 +46,29 @@ def build_app(url: str | None, host: str, token: str | None) -> tuple[Starlette,
     settings = cli_settings()
     # A dashboard of what is stored creates nothing: a mistyped SQLite path is an error,
     # as for every command that reads, not an empty store shown as if it were the one.
-    probe = connect(target, settings=settings)
-    try:
-        require_storage(probe)
-    finally:
-        _close(probe)
+    _run(_probe(target, settings))
     app = create_app(target, settings=settings, token=token, loopback_only=loopback)
     return app, target, token
 
 
-def _close(backend: Backend) -> None:
-    """Close ``backend`` from synchronous code, also when an event loop is running here
-    (an application building the dashboard's app): then on a thread of its own."""
+async def _probe(url: str, settings: Settings) -> None:
+    backend = connect(url, settings=settings)
+    try:
+        await require_storage(backend)
+    finally:
+        await backend.aclose()
+
+
+def _run(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` from synchronous code, also when an event loop is running here (an
+    application building the dashboard's app): then on a thread of its own."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        asyncio.run(backend.aclose())
+        asyncio.run(work)
         return
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, backend.aclose()).result()
+        pool.submit(asyncio.run, work).result()
 
 
 @click.command()

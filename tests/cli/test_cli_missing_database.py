@@ -78,3 +78,39 @@ def test_the_store_wide_walks_refuse_a_missing_sqlite_database(
     assert "there is no database at" in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == [], "nothing may be created"
     assert [p.name for p in blobs.iterdir()] == ["kept"]
+
+
+@pytest.mark.parametrize("command", ["ls", "show", "export", "rm", "prune", "clean"])
+def test_reading_commands_refuse_a_postgres_schema_without_siglo_tables(command: str) -> None:
+    """A typo in ``schema=``: the reading commands ask for siglo's tables without
+    creating them, refuse, and leave no schema behind (before, they made the schema with
+    every table and showed an empty store)."""
+    import asyncio
+    import uuid
+
+    import psycopg
+    from sql_support import POSTGRES_URL, require_postgres
+
+    require_postgres()
+    schema = f"siglo_typo_{uuid.uuid4().hex[:8]}"
+    url = f"{POSTGRES_URL}?schema={schema}"
+    args = {
+        "ls": ["ls", url],
+        "show": ["show", url, "run-1"],
+        "export": ["export", url, "-o", "/dev/null"],
+        "rm": ["rm", url, "run-1"],
+        "prune": ["prune", url, "--older-than", "1d"],
+        "clean": ["clean", url],
+    }[command]
+    result = _run(*args)
+    assert result.exit_code == 1, result.output
+    assert "there are no siglo tables at" in result.stderr, result.stderr
+
+    async def exists() -> bool:
+        async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as db:
+            found = await db.execute(
+                "SELECT 1 FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+            )
+            return await found.fetchone() is not None
+
+    assert not asyncio.run(exists()), f"schema {schema} was created"
