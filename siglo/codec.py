@@ -14,7 +14,16 @@ import orjson
 
 from siglo.errors import InvalidArgumentError, MalformedRecordError
 
-__all__ = ["dumps", "dumps_of", "dumps_str", "loads"]
+__all__ = ["SEALED_KEY", "dumps", "dumps_of", "dumps_str", "is_sealed", "loads"]
+
+SEALED_KEY: Final = "$siglo"
+"""The one key of a sealed value (:mod:`siglo.sealing`: encrypted or compressed)."""
+
+
+def is_sealed(value: Any) -> bool:
+    """Whether ``value`` is a sealed value (``{"$siglo": "v1…"}``)."""
+    return type(value) is dict and len(value) == 1 and isinstance(value.get(SEALED_KEY), str)
+
 
 JSONDecodeError = orjson.JSONDecodeError
 

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from siglo.closing import Closable
+from siglo.codec import is_sealed
 from siglo.errors import (
     CapabilityNotSupportedError,
+    DecryptionError,
     IdempotencyKeyMismatchError,
     IdempotencyOwnershipError,
     InvalidArgumentError,
@@ -345,11 +347,26 @@ class IdempotencyStoreBase(Closable):
         self._require_open()
         return await self._do_extend(key, token, ttl_ms)
 
+    opened_above: bool = False
+    """Set when the settings' pipeline is in front of this store and opens what it reads
+    (:class:`~siglo.pipeline.PipelineIdempotencyStore`); otherwise an encoded result read
+    here has nothing to open it."""
+
     async def get_result(self, key: str) -> Any | Missing:
-        """The completed result, or :data:`~siglo.MISSING`."""
+        """The completed result, or :data:`~siglo.MISSING`. A result stored encoded
+        (encrypted, compressed) read by a process without the keys or codecs for it is
+        :class:`~siglo.errors.DecryptionError`, never the envelope handed on as the
+        result."""
         require_id("key", key)
         self._require_open()
-        return await self._do_get_result(key)
+        found = await self._do_get_result(key)
+        if not self.opened_above and is_sealed(found):
+            raise DecryptionError(
+                f"idempotency result {key!r} is stored encoded and this connection has no "
+                "key or codec for it: set encryption_keys or master_key as the application "
+                "does (docs/encryption.md)"
+            )
+        return found
 
     async def get(self, key: str) -> Any | Missing:
         """Alias of :meth:`get_result`."""

@@ -32,7 +32,13 @@ from siglo.blobs import REF_KEY, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.config import Settings
-from siglo.coordination import ClaimState, IdempotencyClaim, IdempotencyStore, Lock
+from siglo.coordination import (
+    ClaimState,
+    IdempotencyClaim,
+    IdempotencyStore,
+    IdempotencyStoreBase,
+    Lock,
+)
 from siglo.errors import InvalidArgumentError, KeyErasedError, naming_wait
 from siglo.keys import (
     KEYRING_NAMESPACE,
@@ -935,6 +941,8 @@ class PipelineIdempotencyStore(Closable):
 
     def __init__(self, inner: IdempotencyStore, pipeline: Pipeline, sealer: Sealer) -> None:
         self.inner = inner
+        if isinstance(inner, IdempotencyStoreBase):
+            inner.opened_above = True  # what it reads is opened here
         self.pipeline = pipeline
         self.sealer = sealer
 

@@ -33,6 +33,7 @@ import orjson
 
 from siglo import codec
 from siglo.blobs import REF_KEY, is_reference
+from siglo.codec import SEALED_KEY, is_sealed
 from siglo.errors import (
     DecryptionError,
     EncryptionRequiredError,
@@ -51,9 +52,6 @@ __all__ = [
     "refuse_sealed",
     "require_packages",
 ]
-
-SEALED_KEY: Final = "$siglo"
-"""The one key of a sealed value."""
 
 ENVELOPE_VERSION: Final = "v1"
 _NONCE_BYTES: Final = 12
@@ -78,11 +76,6 @@ class Location:
         return orjson.dumps(
             ["siglo", header, self.namespace, self.record_id, self.kind, self.field]
         )
-
-
-def is_sealed(value: Any) -> bool:
-    """Whether ``value`` is a sealed value (``{"$siglo": "v1…"}``)."""
-    return type(value) is dict and len(value) == 1 and isinstance(value.get(SEALED_KEY), str)
 
 
 def refuse_sealed(checkpoint: Any) -> None:

@@ -619,6 +619,10 @@ async def test_a_process_without_the_keys_never_takes_ciphertext_for_data(kind: 
         async with siglo.connect(backend.url, settings=keys) as app:
             with pytest.raises(siglo.WorkflowSuspended):
                 await _KEYLESS.run(None, manager=siglo.StorageManager(app), stack_id="r1")
+            payments = app.require_idempotency()
+            assert await payments.claim("paid") == "claimed"
+            await payments.complete("paid", {"card": KEYLESS_CARD})
+            assert await payments.get("paid") == {"card": KEYLESS_CARD}  # opened with keys
         async with siglo.connect(backend.url, settings=Settings()) as bare:
             manager = siglo.StorageManager(bare, settings=Settings())
             with pytest.raises(DecryptionError, match="'r1'"):
@@ -627,6 +631,9 @@ async def test_a_process_without_the_keys_never_takes_ciphertext_for_data(kind: 
                 await _KEYLESS.run(None, manager=manager, stack_id="r2")
             stored = await bare.adapter.get_checkpoint("r2")
             assert stored is None or stored.status != "completed"
+            # An idempotency result the application completed, read here: refused too.
+            with pytest.raises(DecryptionError, match="idempotency result 'paid'"):
+                await bare.require_idempotency().get("paid")
             await asyncio.sleep(0.05)
             done = await Worker(manager, [_KEYLESS]).run_once()
             assert done.failures, done  # the due timer of r1: it cannot be read here
