@@ -677,7 +677,15 @@ class Flow:
             # The run that resumes this one (in any process) links its span to ours.
             stack.metadata[telemetry.TRACEPARENT_KEY] = traceparent
         stack.transition("waiting")
-        await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
+        try:
+            await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
+        except CheckpointConflictError:
+            # Another writer changed the run since it was read — deleted it (`siglo rm`,
+            # `prune`), cancelled it: the wait just written waits for nothing. Cancelled,
+            # it neither holds its key against another run nor fires as a timer.
+            with contextlib.suppress(Exception):
+                await adapter.cancel_wait_record(wait.correlation_key, namespace=stack.namespace)
+            raise
 
 
 def _deadline(stack: ExecutionStack) -> int | None:

@@ -46,3 +46,33 @@ async def test_a_second_run_cannot_take_a_pending_wait(kind: str) -> None:
             await batch.run(None, manager=manager, stack_id="order-D")
         record = await backend.adapter.get_wait_record("approval:batch-7")
         assert record is not None and record.stack_id == "order-D"
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_run_deleted_before_it_waits_leaves_no_pending_wait(kind: str) -> None:
+    """An operator deletes a run (``siglo rm``) while its step runs, before the step waits:
+    the run's waiting checkpoint is refused (nothing to compare with), and the wait record
+    it had just written is cancelled — not left pending with no run, where it held its
+    key against every other run and never fired."""
+    from siglo.errors import CheckpointConflictError
+
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+
+        async def deleted_then_waits(value: Any) -> Any:
+            assert await backend.adapter.delete_checkpoint("order-X")  # the operator
+            return await wait_for_event("approval:order-X", timeout_ms=60_000)
+
+        doomed = flow(Step.create("approve", deleted_then_waits), name="doomed")
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(CheckpointConflictError):
+            await doomed.run(None, manager=manager, stack_id="order-X")
+        assert await backend.adapter.get_checkpoint("order-X") is None
+        record = await backend.adapter.get_wait_record("approval:order-X")
+        assert record is None or record.status == "cancelled"
+
+        async def waits(value: Any) -> Any:
+            return await wait_for_event("approval:order-X", timeout_ms=60_000)
+
+        other = flow(Step.create("approve", waits), name="other")
+        with pytest.raises(WorkflowSuspended):  # the key is free
+            await other.run(None, manager=manager, stack_id="order-Y")
