@@ -694,10 +694,11 @@ class StorageAdapter(Closable):
         require_optional_id("namespace", namespace)
         check_not_keyring(namespace, f"deleting stack {stack_id!r}")
         if expected_revision is not None and (
-            type(expected_revision) is not int or expected_revision < 1
+            type(expected_revision) is not int or not 1 <= expected_revision < 2**63
         ):
             raise InvalidArgumentError(
-                f"expected_revision must be a positive integer, got {expected_revision!r}"
+                "expected_revision must be a positive integer below 2**63 (a stored "
+                f"revision), got {expected_revision!r}"
             )
         self._require_open()
         return await self._do_delete_checkpoint(stack_id, namespace, expected_revision)

@@ -431,6 +431,10 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
                     raise InvalidArgumentError(
                         f"{variable} must be id=base64key pairs separated by commas"
                     )
+                if key_id.strip() in pairs:
+                    # Two keys under one id: whichever won, what the other sealed would
+                    # never decrypt.
+                    raise InvalidArgumentError(f"{variable} names key id {key_id.strip()!r} twice")
                 pairs[key_id.strip()] = text.strip()
             values[name] = pairs
         elif name in ("namespace_fallback", "require_encryption"):

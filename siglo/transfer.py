@@ -68,6 +68,7 @@ from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
+from siglo.validation import require_optional_id
 
 __all__ = [
     "FORMAT",
@@ -132,6 +133,8 @@ async def export_lines(
     through them before it is written, as any other path reads it: one stored in clear
     stops the export naming it (:class:`~siglo.errors.EncryptionRequiredError`), and the
     dump, without its trailer, is refused by ``siglo import``."""
+    if namespace is not MISSING:
+        require_optional_id("namespace", namespace)  # before the header is written
     if not adapter.supports(Capability.LISTING):
         raise CapabilityNotSupportedError(
             f"backend {adapter.name!r} cannot list its checkpoints (capability listing)"

@@ -120,7 +120,14 @@ def split_options(url: str, options: Mapping[str, Converter]) -> tuple[str, dict
     base, query = _split(url)
     ours: dict[str, Any] = {}
     theirs: list[tuple[str, str]] = []
+    seen: set[str] = set()
     for name, value in query:
+        if name in seen:
+            # The last would win silently (prefix=a&prefix=b: another store than meant).
+            raise InvalidArgumentError(
+                f"URL option {name!r} is given twice in {mask_credentials(url)!r}"
+            )
+        seen.add(name)
         convert = options.get(name)
         if convert is None:
             theirs.append((name, value))

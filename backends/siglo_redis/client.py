@@ -143,6 +143,33 @@ def client_from_url(
     auto_pipeline: bool | None = None,
     **kwargs: Any,
 ) -> Any:
+    """A ``redis.asyncio`` client for ``url`` (see :func:`_client_from_url`); a driver
+    parameter whose value redis-py cannot convert (``?socket_timeout=abc``) is an
+    :class:`~siglo.errors.InvalidArgumentError` naming the URL, not a ``ValueError``."""
+    try:
+        return _client_from_url(
+            url,
+            cluster=cluster,
+            command_timeout_ms=command_timeout_ms,
+            auto_pipeline=auto_pipeline,
+            **kwargs,
+        )
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(
+            f"a parameter of {urls.mask_credentials(url)!r} is not valid for redis-py: {exc}"
+        ) from None
+
+
+def _client_from_url(
+    url: str,
+    *,
+    cluster: bool | None = None,
+    command_timeout_ms: int | None = DEFAULTS.command_timeout_ms,
+    auto_pipeline: bool | None = None,
+    **kwargs: Any,
+) -> Any:
     """A ``redis.asyncio`` client for ``url`` with bounded timeouts and retries.
 
     Unless ``auto_pipeline`` is false, concurrent single commands on the client share

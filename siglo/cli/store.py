@@ -312,7 +312,7 @@ def _compact(value: Any) -> str:
 @click.option("--namespace", "-n", default=None, help="The stack's namespace.")
 @click.option(
     "--revision",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=2**63 - 1),
     default=None,
     help="Only if the stored revision is this one (compare-and-set).",
 )

@@ -14,7 +14,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
 from siglo.cli.common import open_store, print_json, require
-from siglo.cli.errors import CliError, cli_settings, resolve_url
+from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
 from siglo.offload import resolving
 from siglo.pipeline import PipelineAdapter
 from siglo.sentinel import MISSING
@@ -132,6 +132,14 @@ def import_(url: str | None, source: IO[bytes], as_json: bool) -> None:
 
             async with open_store(resolve_url(url)) as backend:
                 require(backend, Capability.CHECKPOINTS)
+                if not backend.url_shares_storage:
+                    # sqlite:// (or sqlite:/// with its path forgotten), memory://: what
+                    # the import wrote would go with this command, reported as imported.
+                    raise CliError(
+                        f"{display_url(backend.url)} is storage private to this command: "
+                        "an import there is gone when it ends",
+                        "name the file or server to import into (sqlite:///path.db, …)",
+                    )
                 return await import_lines(backend.adapter, _lines(source), progress=advance)
 
     try:

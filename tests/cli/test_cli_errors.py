@@ -164,3 +164,29 @@ def test_the_real_entry_point_prints_no_traceback() -> None:
     )
     assert traced.returncode == 1
     assert "Traceback" in traced.stderr
+
+
+def test_bad_input_found_from_outside_is_named(tmp_path: Path) -> None:
+    """Values an outside audit found reported as an internal error or an outage, or
+    accepted when they would do something else than meant: each is a one-line error
+    naming what is wrong, and nothing is stored."""
+    db = tmp_path / "a.db"
+    url = f"sqlite:///{db}"
+    assert run("migrate", url).exit_code == 0
+    cases = [
+        (("export", url, "-n", "bad\udcffname", "-o", str(tmp_path / "d")), "namespace"),
+        (("ls", "redis://127.0.0.1:6379/0?socket_timeout=abc"), "socket_timeout"),
+        (("rm", url, "run-1", "--revision", str(2**70)), "--revision"),
+        (("ls", f"{url}?table_prefix=a_&table_prefix=b_"), "given twice"),
+        (("import", "sqlite://"), "private to this command"),
+    ]
+    for args, named in cases:
+        result = run(*args)
+        assert result.exit_code != 0, (args, result.output)
+        assert named in result.output, (args, result.output)
+        assert "unexpected" not in result.output and "Traceback" not in result.output
+    keys = "k1=" + "A" * 43 + "=,k1=" + "B" * 43 + "="
+    twice = run("config", env={"SIGLO_ENCRYPTION_KEYS": keys})
+    assert twice.exit_code != 0 and "key id 'k1' twice" in twice.output, twice.output
+    listed = run("ls", url, "--json")
+    assert listed.exit_code == 0 and '"items": []' in listed.stdout
