@@ -502,6 +502,13 @@ class StorageManager:
 
             async def save() -> None:
                 try:
+                    if read > live.revision:
+                        # Built on a snapshot whose own save was refused (the stack went
+                        # back below it): its compare-and-set could match another
+                        # writer's revision and overwrite that writer's save. Refused too.
+                        raise CheckpointConflictError(
+                            stack_id, None, expected_revision, checkpoint.revision
+                        )
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
                 except Exception as exc:
                     _back_if_refused(live, read, exc)

@@ -317,7 +317,12 @@ class Flow:
                 result = await self._continue(manager, stack, unlock=False)
             except Exception as exc:
                 manager.discard_stack(stack)
-                if not isinstance(exc, StorageAdapterError):
+                waits_again = (
+                    isinstance(exc, WorkflowSuspended) and exc.correlation_key == correlation_key
+                )
+                # A run that waits again on the same key replaced the claimed record with
+                # its new wait: that one is not this delivery's to complete.
+                if not isinstance(exc, StorageAdapterError) and not waits_again:
                     await adapter.complete_wait_record(
                         correlation_key, claimant, namespace=record.namespace
                     )
@@ -475,13 +480,22 @@ class Flow:
                         ahead,
                     )
             except _Suspend as wait:
+                stored = stack.revision
                 try:
                     await self._suspend(manager, stack, step, wait, unlock=unlock)
                 except _KeyTaken as taken:
                     # Nothing was written: the run fails here, as a step that raised,
                     # rather than stay running for a worker to rerun the step.
-                    await _save_failed(manager, stack, step, stack.revision, unlock=unlock)
+                    await _save_failed(manager, stack, step, stored, unlock=unlock)
                     raise InvalidArgumentError(str(taken)) from None
+                except DocumentTooLargeError:
+                    # The waiting checkpoint is too large (its wait is cancelled): the run
+                    # fails, as when a step's output is, instead of staying running.
+                    stack.delete(step.name, WAITING_FOR)
+                    stack.metadata.pop("waitRecord", None)
+                    stack.status = "running"  # the refused "waiting", taken back
+                    await _save_failed(manager, stack, step, stored, unlock=unlock)
+                    raise
                 raise WorkflowSuspended(
                     stack.stack_id, wait.correlation_key, step.name, until_ms=_deadline(stack)
                 ) from None
@@ -679,10 +693,11 @@ class Flow:
         stack.transition("waiting")
         try:
             await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
-        except CheckpointConflictError:
-            # Another writer changed the run since it was read — deleted it (`siglo rm`,
-            # `prune`), cancelled it: the wait just written waits for nothing. Cancelled,
-            # it neither holds its key against another run nor fires as a timer.
+        except (CheckpointConflictError, DocumentTooLargeError):
+            # Refused, nothing written: another writer changed the run since it was read
+            # — deleted it (`siglo rm`, `prune`), cancelled it — or the waiting checkpoint
+            # is too large. The wait just written waits for nothing: cancelled, it neither
+            # holds its key against another run nor fires as a timer.
             with contextlib.suppress(Exception):
                 await adapter.cancel_wait_record(wait.correlation_key, namespace=stack.namespace)
             raise

@@ -324,3 +324,30 @@ async def test_a_retry_without_a_reload_after_a_conflict_is_refused(kind: str) -
             assert mine.revision == 1
         stored = await replica.load_checkpoint(STACK, namespace=NS)
         assert stored is not None and stored.contexts["x"]["by"] == "replica"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_queued_save_built_on_a_refused_one_is_refused_too(kind: str) -> None:
+    """Two background saves queued, each a compare-and-set on the one before; another
+    writer's save lands first. The first queued save is refused; the second, built on
+    it, expects the revision the other writer now holds — it is refused too, never
+    stored over that writer's acknowledged save."""
+    async with any_backend(kind) as backend:
+        manager = siglo.StorageManager(backend)
+        mine = manager.create_stack(STACK, namespace=NS)
+        mine.set("x", "v", "mine-1")
+        await mine.save(expected_revision=0)
+        replica = siglo.StorageManager(backend)
+        moved = await replica.resume(STACK, namespace=NS)
+        assert moved is not None
+        moved.set("x", "v", "replica")
+        await moved.save(expected_revision=moved.revision)  # revision 2, acknowledged
+        for value in ("mine-2", "mine-3"):
+            mine.set("x", "v", value)
+            manager.checkpoint(mine, expected_revision=mine.revision)
+        with pytest.raises(CheckpointConflictError) as raised:
+            await manager.flush()
+        assert raised.value.expected_revision == 1
+        stored = await replica.load_checkpoint(STACK, namespace=NS)
+        assert stored is not None and stored.revision == 2
+        assert stored.contexts["x"]["v"] == "replica"

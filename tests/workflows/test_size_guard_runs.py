@@ -80,3 +80,43 @@ async def test_an_event_too_large_to_store_fails_the_waiting_run(kind: str) -> N
             await waiting.deliver("approve:big", {"small": 1}, manager=manager)
         with pytest.raises(InvalidStateTransitionError, match="ended failed"):
             await waiting.run(None, manager=manager, stack_id="order-2")
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_wait_whose_checkpoint_is_too_large_fails_the_run(kind: str) -> None:
+    """The waiting checkpoint (the step's wait added to the run's document) is over the
+    limit: it is refused, the wait it wrote is cancelled, and the run ends failed — not
+    left running for a worker to rerun the step, its wait holding the key."""
+
+    async def first(value: Any) -> Any:
+        return {"blob": "x" * 3_000}
+
+    async def waits(value: Any) -> Any:
+        return await wait_for_event(f"approve:{value['id']}", timeout_ms=60_000)
+
+    async def tagged(value: Any) -> Any:
+        return {**value, "id": siglo.workflow.step.current_step.get().stack_id}
+
+    runs = flow(
+        Step.create("first", first),
+        Step.create("tag", tagged),
+        Step.create("wait", waits),
+        name="bulky",
+    )
+    async with shared_store(kind, checkpoint_ttl_ms=None) as store:
+        # The waiting checkpoint's size, measured on a run with no limit; the limit is
+        # then set below it, above the document before the wait.
+        async with siglo.connect(store.url) as backend:
+            with pytest.raises(WorkflowSuspended):
+                await runs.run(None, manager=siglo.StorageManager(backend), stack_id="b-0")
+            waiting = await backend.adapter.get_checkpoint("b-0")
+            assert waiting is not None
+        big = Settings(max_document_bytes=len(waiting.to_json()) - 40)
+        async with siglo.connect(store.url, settings=big) as backend:
+            manager = siglo.StorageManager(backend, settings=big)
+            with pytest.raises(DocumentTooLargeError):
+                await runs.run(None, manager=manager, stack_id="b-1")
+            stored = await backend.adapter.get_checkpoint("b-1")
+            assert stored is not None and stored.status == "failed"
+            record = await backend.adapter.get_wait_record("approve:b-1")
+            assert record is None or record.status == "cancelled"

@@ -76,3 +76,26 @@ async def test_a_run_deleted_before_it_waits_leaves_no_pending_wait(kind: str) -
         other = flow(Step.create("approve", waits), name="other")
         with pytest.raises(WorkflowSuspended):  # the key is free
             await other.run(None, manager=manager, stack_id="order-Y")
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_run_that_waits_again_on_its_key_is_suspended_not_refused(kind: str) -> None:
+    """Two steps wait on one key: the first delivery resumes the run, which waits again
+    on the key (its new wait replaces the claimed one), so the delivery says the run is
+    suspended — not that the wait was not claimed — and the second delivery finishes it."""
+
+    async def ping(value: Any) -> Any:
+        return await wait_for_event("ping:rw", timeout_ms=60_000)
+
+    twice = flow(Step.create("one", ping), Step.create("two", ping), name="twice")
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await twice.run(None, manager=manager, stack_id="rw-1")
+        with pytest.raises(WorkflowSuspended):
+            await twice.deliver("ping:rw", {"n": 1}, manager=manager)
+        record = await backend.adapter.get_wait_record("ping:rw")
+        assert record is not None and record.status == "waiting" and record.step_id == "two"
+        assert await twice.deliver("ping:rw", {"n": 2}, manager=manager) == {"n": 2}
+        done = await backend.adapter.get_checkpoint("rw-1")
+        assert done is not None and done.status == "completed"
