@@ -7,13 +7,15 @@ errors. So each secret a URL or an option gives siglo is remembered here
 (:func:`remember`), and :class:`siglo.errors.SigloError` replaces every one remembered in
 its text (:func:`scrub`): the CLI's ``Error:`` line, the dashboard's error page, a span's
 status and exception event and the ``--debug`` traceback say ``***``; so do the log
-records of siglo's loggers (:func:`logger`), their tracebacks included.
-Masking too much is safe; printing a password is not.
+records of siglo's loggers (:func:`logger`), their tracebacks included. A short secret
+is masked only where a text sets it (:data:`_BARE_MIN_LENGTH`), so that a password such
+as ``postgres`` does not blank out the words of every error.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Final
 
 __all__ = ["MASK", "logger", "remember", "scrub"]
@@ -21,26 +23,40 @@ __all__ = ["MASK", "logger", "remember", "scrub"]
 MASK: Final = "***"
 """What a secret is replaced by."""
 
-_MIN_LENGTH: Final = 3
-"""Shorter values are not scrubbed out of texts: one or two characters would mask half
-of every message, and a password that short is no secret anyway."""
+_BARE_MIN_LENGTH: Final = 10
+"""A secret this long is masked wherever it stands in a text; a shorter one only where a
+text sets it (``password=app``, ``:app@``): a short password is often a word the text
+holds for another reason (``postgres``, ``redis``, ``127``, ``app`` for user ``app``),
+and masking that would hide what went wrong."""
 
 _SEEN: set[str] = set()
 
 
 def remember(secret: str) -> None:
     """Keep ``secret`` out of every siglo error's text from now on."""
-    if len(secret) >= _MIN_LENGTH and secret != MASK:
+    if secret and secret != MASK:
         _SEEN.add(secret)
 
 
 def scrub(text: str) -> str:
-    """``text`` with every remembered secret replaced by :data:`MASK`."""
+    """``text`` with every remembered secret replaced by :data:`MASK`: where the text
+    sets it (after ``password=``, ``token:`` and the like, or between ``:`` and ``@``),
+    and, for one of :data:`_BARE_MIN_LENGTH` characters or more, wherever it stands."""
     if not _SEEN:
         return text
     # Longest first: a secret that contains another is masked whole.
     for secret in sorted(_SEEN, key=len, reverse=True):
-        if secret in text:
+        if secret not in text:
+            continue
+        quoted = re.escape(secret)
+        text = re.sub(
+            rf"((?:pass|pwd|token|secret|auth)[\w-]*\s*[=:]\s*['\"]?){quoted}(?![\w])",
+            rf"\g<1>{MASK}",
+            text,
+            flags=re.IGNORECASE,
+        )
+        text = re.sub(rf"(://[^:/@\s]*:){quoted}@", rf"\g<1>{MASK}@", text)
+        if len(secret) >= _BARE_MIN_LENGTH:
             text = text.replace(secret, MASK)
     return text
 

@@ -196,3 +196,21 @@ def test_every_siglo_logger_scrubs_its_records() -> None:
         if 'logging.getLogger("siglo' in path.read_text()
     ]
     assert found == []
+
+
+def test_a_short_password_is_masked_where_a_text_sets_it_not_everywhere() -> None:
+    """A short password is often a word the error holds for another reason (the user
+    ``app`` with the password ``app``, ``postgres``, a port): masked where the text sets
+    it, the error still says what went wrong; a long secret is masked wherever it is."""
+    from siglo import masking
+
+    for secret in ("app", "postgres", "6399", "a-long-Secret-1234"):
+        masking.remember(secret)
+    assert masking.scrub('role "app" does not exist') == 'role "app" does not exist'
+    assert masking.scrub("postgresql://127.0.0.1:6399") == "postgresql://127.0.0.1:6399"
+    assert masking.scrub("Connection(username=app,password=app,db=0)") == (
+        "Connection(username=app,password=***,db=0)"
+    )
+    assert masking.scrub("sentinel_password: postgres") == "sentinel_password: ***"
+    assert masking.scrub("redis://app:app@host") == "redis://app:***@host"
+    assert masking.scrub("said a-long-Secret-1234 once") == "said *** once"
