@@ -671,19 +671,33 @@ class Flow:
         except CapabilityNotSupportedError:
             created = False  # a plugin without it: looked up, then saved (not atomic)
         if not created:
-            there = await adapter.get_wait_record(wait.correlation_key, namespace=stack.namespace)
-            if (
-                there is not None
-                and there.stack_id != stack.stack_id
-                and there.status in ("waiting", "claimed")
-            ):
-                raise _KeyTaken(
-                    f"run {stack.stack_id!r} cannot wait for {wait.correlation_key!r}: run "
-                    f"{there.stack_id!r} of {_describe_namespace(stack.namespace)} waits "
-                    "for it already (a correlation key names one waiting run; make it "
-                    "unique, e.g. with the run's id)"
+
+            async def replace() -> None:
+                there = await adapter.get_wait_record(
+                    wait.correlation_key, namespace=stack.namespace
                 )
-            await adapter.save_wait_record(record)
+                if (
+                    there is not None
+                    and there.stack_id != stack.stack_id
+                    and there.status in ("waiting", "claimed")
+                ):
+                    raise _KeyTaken(
+                        f"run {stack.stack_id!r} cannot wait for {wait.correlation_key!r}: "
+                        f"run {there.stack_id!r} of {_describe_namespace(stack.namespace)} "
+                        "waits for it already (a correlation key names one waiting run; "
+                        "make it unique, e.g. with the run's id)"
+                    )
+                await adapter.save_wait_record(record)
+
+            if adapter.supports(Capability.WORKFLOW_LOCK):
+                # The look and the replacement under one lock of the key: two runs
+                # replacing an ended wait at once would each find it ended and each
+                # write, and the first's wait would be lost.
+                await adapter.with_workflow_lock(
+                    _WAIT_KEY_LOCK + wait.correlation_key, replace, namespace=stack.namespace
+                )
+            else:
+                await replace()
         stack.set(step.name, WAITING_FOR, wait.correlation_key)
         stack.metadata["waitRecord"] = record.to_wire()
         traceparent = telemetry.suspending_traceparent()
@@ -743,6 +757,10 @@ async def _why_unclaimable(
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"
+
+
+_WAIT_KEY_LOCK: Final = "siglo-wait-key:"
+"""The workflow lock a run takes on a correlation key to replace its ended wait."""
 
 
 class _KeyTaken(Exception):

@@ -6,6 +6,7 @@ namespace is another wait. On SQLite, PostgreSQL and Redis."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -99,3 +100,35 @@ async def test_a_run_that_waits_again_on_its_key_is_suspended_not_refused(kind: 
         assert await twice.deliver("ping:rw", {"n": 2}, manager=manager) == {"n": 2}
         done = await backend.adapter.get_checkpoint("rw-1")
         assert done is not None and done.status == "completed"
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_two_runs_taking_an_ended_key_at_once_get_one_wait(kind: str) -> None:
+    """A key whose wait ended may be waited on again; two runs doing it at the same
+    moment each find the ended record — its replacement happens under a lock of the key,
+    so one waits and the other fails, never both waiting with one record."""
+
+    async def w(value: Any) -> Any:
+        return await wait_for_event("approval:shared", timeout_ms=60_000)
+
+    racer = flow(Step.create("w", w), name="racer")
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await racer.run(None, manager=manager, stack_id="old")
+        assert await racer.deliver("approval:shared", {"ok": 0}, manager=manager) == {"ok": 0}
+
+        async def start(stack_id: str) -> str:
+            try:
+                await racer.run(None, manager=manager, stack_id=stack_id)
+            except WorkflowSuspended:
+                return "waiting"
+            except InvalidArgumentError:
+                return "refused"
+            return "completed"
+
+        outcomes = await asyncio.gather(start("A"), start("B"))
+        assert sorted(outcomes) == ["refused", "waiting"], outcomes
+        record = await backend.adapter.get_wait_record("approval:shared")
+        winner = "AB"[outcomes.index("waiting")]
+        assert record is not None and record.stack_id == winner and record.status == "waiting"
