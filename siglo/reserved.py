@@ -5,9 +5,10 @@ it holds, wrapped by the master key. It is not the application's: a listing of e
 namespace leaves the keyrings out (:func:`siglo.listing.without_keyrings`), whatever the
 connection's settings (a shell without the keys included, where ``siglo prune --status
 running`` would otherwise take every tenant's keys for stale runs), and only the key
-provider writes one (within :func:`keyring_access`): a save or a delete of a checkpoint
-of that namespace from anywhere else — the application, ``siglo rm`` or ``prune``, the
-dashboard — is an :class:`~siglo.errors.InvalidArgumentError` and changes nothing.
+provider writes one (within :func:`keyring_access`): a save, a delete or a cancel of a
+checkpoint of that namespace from anywhere else — the application, ``siglo rm`` or
+``prune``, the dashboard — is an :class:`~siglo.errors.InvalidArgumentError` and changes
+nothing.
 Destroying a namespace's keys is ``siglo erase``. The checks sit in the storage
 adapter's public methods, so every path that writes through a backend passes them.
 """
@@ -41,8 +42,8 @@ def keyring_access() -> Iterator[None]:
 
 
 def check_not_keyring(namespace: str | None, what: str) -> None:
-    """Refuse ``what`` (a save, a delete) of a checkpoint of the keyrings' namespace,
-    outside :func:`keyring_access`."""
+    """Refuse ``what`` (a save, a delete, a cancel) of a checkpoint of the keyrings'
+    namespace, outside :func:`keyring_access`."""
     if namespace == KEYRING_NAMESPACE and not _ACCESS.get():
         raise InvalidArgumentError(
             f"{what} in namespace {KEYRING_NAMESPACE!r} refused: it holds siglo's keyrings "
