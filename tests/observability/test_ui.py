@@ -106,38 +106,46 @@ async def test_run_page_keeps_redacted_fields_redacted(store: siglo.Backend) -> 
         assert missing.status_code == 404
 
 
+async def _deliver_form(client: httpx.AsyncClient) -> dict[str, str]:
+    """The deliver form of order-1's wait, with the card in its payload, as the
+    confirmation page serves it (its CSRF token in ``csrf``)."""
+    confirm = await client.get(
+        "/confirm/deliver",
+        params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"},
+    )
+    return {
+        "id": "order-1",
+        "namespace": NAMESPACE,
+        "key": "approve:o-1",
+        "payload": f'{{"by": "ui", "{FIELD}": "{SECRET}"}}',
+        "csrf": csrf(confirm.text),
+    }
+
+
 async def test_deliver_cancel_and_delete_are_confirmed_csrf_checked_and_stored(
     store: siglo.Backend,
 ) -> None:
     async with dashboard(store.url) as client:
-        confirm = await client.get(
-            "/confirm/deliver",
-            params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"},
-        )
-        form = {
-            "id": "order-1",
-            "namespace": NAMESPACE,
-            "key": "approve:o-1",
-            "payload": f'{{"by": "ui", "card": "{SECRET}"}}',
-        }
+        form = await _deliver_form(client)
+        token = form.pop("csrf")
         # No token, a stale token, another origin: refused, nothing delivered.
         assert (await client.post("/actions/deliver", data=form)).status_code == 403
         stale = {**form, "csrf": "0" * 64}
         assert (await client.post("/actions/deliver", data=stale)).status_code == 403
         other = await client.post(
             "/actions/deliver",
-            data={**form, "csrf": csrf(confirm.text)},
+            data={**form, "csrf": token},
             headers={"origin": "http://evil.example"},
         )
         assert other.status_code == 403
         bad_json = await client.post(
-            "/actions/deliver", data={**form, "payload": "{", "csrf": csrf(confirm.text)}
+            "/actions/deliver", data={**form, "payload": "{", "csrf": token}
         )
         assert bad_json.status_code == 409 and "not JSON" in bad_json.text
-        done = await client.post("/actions/deliver", data={**form, "csrf": csrf(confirm.text)})
+        done = await client.post("/actions/deliver", data={**form, "csrf": token})
         assert done.status_code == 200, done.text
         assert "continues on the next" in done.text
-        again = await client.post("/actions/deliver", data={**form, "csrf": csrf(confirm.text)})
+        again = await client.post("/actions/deliver", data={**form, "csrf": token})
         assert again.status_code == 409 and "not open" in again.text
 
         # Stale revision: refused; the right one: cancelled.
@@ -203,18 +211,7 @@ async def test_deliver_from_a_dashboard_without_the_settings_keeps_the_runs_reda
     delivers an event to a run the application saved with them: the wait record stores
     the payload redacted by the run's own keys, as ``Flow.deliver`` does."""
     async with dashboard(store.url, settings=siglo.Settings()) as client:
-        confirm = await client.get(
-            "/confirm/deliver",
-            params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"},
-        )
-        form = {
-            "id": "order-1",
-            "namespace": NAMESPACE,
-            "key": "approve:o-1",
-            "payload": f'{{"by": "ui", "{FIELD}": "{SECRET}"}}',
-            "csrf": csrf(confirm.text),
-        }
-        done = await client.post("/actions/deliver", data=form)
+        done = await client.post("/actions/deliver", data=await _deliver_form(client))
         assert done.status_code == 200, done.text
     record = await store.adapter.get_wait_record("approve:o-1", namespace=NAMESPACE)
     assert record is not None and record.event_payload == {"by": "ui", FIELD: "[REDACTED]"}
