@@ -12,9 +12,18 @@ from typing import Any, Final
 
 import orjson
 
-from siglo.errors import InvalidArgumentError, MalformedRecordError
+from siglo.errors import DecryptionError, InvalidArgumentError, MalformedRecordError
 
-__all__ = ["SEALED_KEY", "dumps", "dumps_of", "dumps_str", "is_sealed", "loads"]
+__all__ = [
+    "SEALED_KEY",
+    "dumps",
+    "dumps_of",
+    "dumps_str",
+    "is_sealed",
+    "loads",
+    "refuse_sealed_value",
+    "sealed_without_codecs",
+]
 
 SEALED_KEY: Final = "$siglo"
 """The one key of a sealed value (:mod:`siglo.sealing`: encrypted or compressed)."""
@@ -23,6 +32,23 @@ SEALED_KEY: Final = "$siglo"
 def is_sealed(value: Any) -> bool:
     """Whether ``value`` is a sealed value (``{"$siglo": "v1…"}``)."""
     return type(value) is dict and len(value) == 1 and isinstance(value.get(SEALED_KEY), str)
+
+
+def sealed_without_codecs(what: str) -> DecryptionError:
+    """The error for ``what`` (``"cached step 'k'"`` …), read sealed by a connection
+    without the keys or codecs it was stored with: its envelope is never handed on as
+    the value."""
+    return DecryptionError(
+        f"{what} is stored encoded and this connection has no key or codec for it: set "
+        "encryption_keys or master_key (and compression_min_bytes) as the application "
+        "does (docs/encryption.md)"
+    )
+
+
+def refuse_sealed_value(value: Any, what: str) -> None:
+    """Raise :func:`sealed_without_codecs` when ``value`` is sealed."""
+    if is_sealed(value):
+        raise sealed_without_codecs(what)
 
 
 JSONDecodeError = orjson.JSONDecodeError

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from siglo.closing import Closable
-from siglo.codec import is_sealed
+from siglo.codec import refuse_sealed_value
 from siglo.errors import (
     CapabilityNotSupportedError,
-    DecryptionError,
     IdempotencyKeyMismatchError,
     IdempotencyOwnershipError,
     InvalidArgumentError,
@@ -360,12 +359,8 @@ class IdempotencyStoreBase(Closable):
         require_id("key", key)
         self._require_open()
         found = await self._do_get_result(key)
-        if not self.opened_above and is_sealed(found):
-            raise DecryptionError(
-                f"idempotency result {key!r} is stored encoded and this connection has no "
-                "key or codec for it: set encryption_keys or master_key as the application "
-                "does (docs/encryption.md)"
-            )
+        if not self.opened_above:
+            refuse_sealed_value(found, f"idempotency result {key!r}")
         return found
 
     async def get(self, key: str) -> Any | Missing:

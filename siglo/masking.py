@@ -75,8 +75,9 @@ class _Scrubbing(logging.Filter):
                 record.msg, record.args = scrubbed, None
             if record.exc_info and not record.exc_text:
                 trace = logging.Formatter().formatException(record.exc_info)
-                if scrub(trace) != trace:
-                    record.exc_text = scrub(trace)
+                scrubbed = scrub(trace)
+                if scrubbed != trace:
+                    record.exc_text = scrubbed
         return True
 
 

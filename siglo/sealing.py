@@ -33,7 +33,7 @@ import orjson
 
 from siglo import codec
 from siglo.blobs import REF_KEY, is_reference
-from siglo.codec import SEALED_KEY, is_sealed
+from siglo.codec import SEALED_KEY, is_sealed, sealed_without_codecs
 from siglo.errors import (
     DecryptionError,
     EncryptionRequiredError,
@@ -91,12 +91,7 @@ def refuse_sealed(checkpoint: Any) -> None:
     if sealed:
         namespace = checkpoint.namespace
         where = "no namespace" if namespace is None else f"namespace {namespace!r}"
-        raise DecryptionError(
-            f"stack {checkpoint.stack_id!r} ({where}) is stored encoded ({', '.join(sealed)}) "
-            "and this connection has no key or codec for it: set encryption_keys or "
-            "master_key (and compression_min_bytes) as the application does "
-            "(docs/encryption.md)"
-        )
+        raise sealed_without_codecs(f"stack {checkpoint.stack_id!r} ({where}: {', '.join(sealed)})")
 
 
 def _b64(data: bytes) -> str:

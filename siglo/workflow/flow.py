@@ -13,10 +13,10 @@ from typing import Any, Final, TypeVar
 
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
+from siglo.codec import refuse_sealed_value
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
-    DecryptionError,
     DocumentTooLargeError,
     InvalidArgumentError,
     InvalidStateTransitionError,
@@ -27,7 +27,6 @@ from siglo.errors import (
 from siglo.manager import StorageManager, default_storage_manager
 from siglo.moments import describe_ms, iso_ms
 from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
-from siglo.sealing import is_sealed
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
@@ -587,14 +586,9 @@ class Flow:
                 "ttlMs": step.cache_ttl_ms,
             }
             if cached is not MISSING:
-                if is_sealed(cached):
-                    # Opened below on a connection with the keys: here it would be taken
-                    # for the step's output (refuse_sealed, for a checkpoint).
-                    raise DecryptionError(
-                        f"cached step {key!r} is stored encoded and this connection has no "
-                        "key or codec for it: set encryption_keys or master_key as the "
-                        "application does (docs/encryption.md)"
-                    )
+                # Opened below on a connection with the keys: here it would be taken for
+                # the step's output (refuse_sealed, for a checkpoint).
+                refuse_sealed_value(cached, f"cached step {key!r}")
                 return cached, None, looked_up
         run = StepRun(
             stack.stack_id,
