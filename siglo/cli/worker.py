@@ -89,15 +89,8 @@ async def _work(
     manager = StorageManager(backend, settings=settings)
     try:
         runner = Worker(manager, flows, batch=batch, notify=lambda line: click.echo(line, err=True))
-        lacking = runner.missing()
-        if len(lacking) == 2:
-            # A worker that can do neither would look healthy and do nothing, forever.
-            raise CliError(
-                f"backend {backend.name!r} at {display_url(url)} cannot "
-                f"{' nor '.join(lacking)}: a worker has nothing to do on it",
-                "`siglo backends` lists what each backend supports",
-            )
-        for what in lacking:
+        # A backend that can do neither job is refused by Worker itself.
+        for what in runner.missing():
             click.echo(f"this backend cannot {what}: the worker does not", err=True)
         names = ", ".join(sorted(runner.flows))
         click.echo(f"siglo worker {runner.worker_id} on {display_url(url)}: flows {names}")

@@ -34,6 +34,7 @@ from typing import Final, TypeVar
 from siglo import masking, telemetry
 from siglo.adapter import Capability
 from siglo.errors import (
+    CapabilityNotSupportedError,
     InvalidArgumentError,
     LockNotAcquiredError,
     StorageAdapterError,
@@ -183,6 +184,14 @@ class Worker:
         if adapter is None:
             raise InvalidArgumentError("the worker's storage manager has no storage adapter")
         self.adapter = adapter
+        lacking = self.missing()
+        if len(lacking) == 2:
+            # A worker that can do neither would look healthy and do nothing, forever:
+            # refused here, so `siglo worker` and a worker built in Python agree.
+            raise CapabilityNotSupportedError(
+                f"backend {adapter.name!r} cannot {' nor '.join(lacking)}: a worker has "
+                "nothing to do on it"
+            )
 
     def missing(self) -> list[str]:
         """What this backend keeps the worker from doing, each with the capabilities it

@@ -410,3 +410,18 @@ def test_a_worker_on_a_backend_it_can_do_nothing_on_says_so(tmp_path: Path) -> N
     assert done.returncode == 1, done.stdout + done.stderr
     assert "cannot fire due timers (capability due_waits)" in done.stderr, done.stderr
     assert "nor recover crashed runs" in done.stderr
+
+
+def test_a_worker_built_in_python_refuses_such_a_backend_too(tmp_path: Path) -> None:
+    """The refusal is Worker's own, not only the command's: a worker made in Python on a
+    backend that can neither fire timers nor recover runs raises at once, naming both."""
+    sys.path.insert(0, str(SUPPORT))
+    try:
+        from supervised_flows import naps
+    finally:
+        sys.path.remove(str(SUPPORT))
+    backend = siglo.connect(f"filestore://{tmp_path / 'store'}")
+    with pytest.raises(siglo.CapabilityNotSupportedError) as raised:
+        Worker(siglo.StorageManager(backend), [naps])
+    assert "cannot fire due timers (capability due_waits)" in str(raised.value)
+    assert "nor recover crashed runs (capabilities listing and workflow_lock)" in str(raised.value)
