@@ -46,6 +46,7 @@ __all__ = [
     "Settings",
     "configure",
     "current_settings",
+    "effective_settings",
     "find_config_file",
     "load_settings",
     "reset_settings",
@@ -529,10 +530,33 @@ def current_settings() -> Settings:
     """The process's settings: those given to :func:`configure`, else those loaded from
     the settings file and the environment — read again when the current directory or a
     ``SIGLO_*`` variable changed since they were read."""
-    global _loaded, _generation
     configured = _configured
     if configured is not None:
         return configured
+    return _file_and_environment()
+
+
+def effective_settings(settings: Settings | None) -> Settings:
+    """The settings a path runs with when it is given ``settings``: the process's
+    (:func:`current_settings`) when ``None``; otherwise ``settings`` with the
+    ``redact_fields`` of the settings file and the environment added. A settings object
+    built in code (``Settings(max_document_bytes=…)``) is complete for every other
+    setting, but it does not remove a key another source redacts: no layer can expose
+    what another protects. :func:`siglo.connect`, :class:`siglo.StorageManager` (and so
+    the synchronous facade) and :func:`configure` take what they are given through
+    here."""
+    if settings is None:
+        return current_settings()
+    ambient = _file_and_environment().redact_fields
+    if ambient <= settings.redact_fields:
+        return settings
+    return settings.replace(redact_fields=ambient)
+
+
+def _file_and_environment() -> Settings:
+    """The settings of the file and the environment (no :func:`configure`), read again
+    when the current directory or a ``SIGLO_*`` variable changed since they were read."""
+    global _loaded, _generation
     inputs = _inputs()
     loaded = _loaded
     if loaded is not None and loaded[0] == inputs:
@@ -555,13 +579,17 @@ def configure(settings: Settings | None = None, **overrides: Any) -> Settings:
 
     ``configure(redact_fields=["card"], error_mode="strict")`` loads the file and the
     environment and applies these on top; ``configure(settings)`` installs settings built
-    elsewhere (with ``overrides`` applied to them). Every manager, backend, flow and
+    elsewhere (with ``overrides`` applied to them, and the file's and the environment's
+    ``redact_fields`` added: :func:`effective_settings`). Every manager, backend, flow and
     command that is not given settings of its own uses these from now on — a
     ``siglo worker --flows app:flows`` too, when ``app`` calls this at import. Returns
     the settings installed.
     """
     global _configured, _generation
-    new = load_settings(**overrides) if settings is None else settings.replace(**overrides)
+    if settings is None:
+        new = load_settings(**overrides)
+    else:
+        new = effective_settings(settings).replace(**overrides)
     with _lock:
         _configured = new
         _generation += 1

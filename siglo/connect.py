@@ -10,7 +10,7 @@ from siglo import urls
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blobs import bounded, open_blob_store
-from siglo.config import Settings, current_settings
+from siglo.config import Settings, effective_settings
 from siglo.errors import InvalidArgumentError, PluginError
 from siglo.offload import Offloader, offload_adapter
 from siglo.pipeline import Pipeline
@@ -30,7 +30,9 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     """Connect to the backend that serves ``url``'s scheme, configured by ``settings``.
 
     ``settings`` default to the process's (:func:`siglo.config.current_settings`: the
-    settings file, ``SIGLO_*`` variables, :func:`siglo.configure`). Without ``url`` the
+    settings file, ``SIGLO_*`` variables, :func:`siglo.configure`); settings given
+    still redact the keys the file and the environment name
+    (:func:`siglo.config.effective_settings`). Without ``url`` the
     settings' URL is used (``$SIGLO_URL``, ``url`` in ``siglo.toml``), with the
     settings' backend ``options``. The settings' ``command_timeout_ms`` bounds every call
     of a backend that has such a bound, unless the URL or ``options`` set it. The backend
@@ -49,8 +51,7 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     A missing driver raises :class:`~siglo.errors.DriverNotInstalledError` saying which
     extra to install.
     """
-    if settings is None:
-        settings = current_settings()
+    settings = effective_settings(settings)
     if url is None:
         url = settings.url
         if not url:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from siglo.masking import scrub
+from siglo.masking import scrub, scrub_chain
 
 __all__ = [
     "AmbiguousStackError",
@@ -62,7 +62,9 @@ class SigloError(Exception):
         return (_rebuild, (type(self), self.args, self.__dict__))
 
     def __str__(self) -> str:
-        # A driver's text in the message may carry a URL's secret (siglo.masking).
+        # A driver's text in the message may carry a URL's secret (siglo.masking), and
+        # so may the driver's exception chained below: a traceback renders this first.
+        scrub_chain(self)
         return scrub(super().__str__())
 
 

@@ -296,9 +296,14 @@ class EnvelopeKeyProvider:
 
     async def _new_key(self, namespace: str | None, ring: Checkpoint | None) -> tuple[str, bytes]:
         """Add a new data key to the keyring and make it the active one (compare-and-set
-        on the keyring's revision; a concurrent change makes this read again)."""
+        on the keyring's revision; a concurrent change makes this read again). Refused
+        (:class:`~siglo.errors.DecryptionError`, nothing written) when the keys the ring
+        holds do not unwrap with this provider's master key: a key wrapped by another
+        master key, made active, would make every save of the namespace fail."""
         while True:
             keys = dict(ring.contexts.get("keys", {})) if ring is not None else {}
+            if ring is not None and keys:
+                await self._unwrap(namespace, ring, next(iter(keys)))
             # Random: never the id of an erased key, whose ciphertexts must find none.
             key_id = f"d{len(keys) + 1}-{secrets.token_hex(4)}"
             data_key = os.urandom(KEY_BYTES)

@@ -17,7 +17,7 @@ from siglo.backend import Backend
 from siglo.background import SerialJobs
 from siglo.checkpoint import Checkpoint
 from siglo.clock import Clock, system_clock
-from siglo.config import Settings, current_settings, settings_generation
+from siglo.config import Settings, current_settings, effective_settings, settings_generation
 from siglo.deferred_failures import DeferredFailures, StackKey
 from siglo.error_modes import (
     ERROR_MODES,
@@ -90,7 +90,8 @@ class StorageManager:
             raise InvalidArgumentError(
                 f"settings must be a siglo.Settings, got {type(settings).__name__}"
             )
-        self._settings = settings
+        # Given settings still redact what the file and the environment name.
+        self._settings = None if settings is None else effective_settings(settings)
         # The process's settings as last read, for a manager given none (re-read when
         # settings_generation() moves: a cheap check on the hot path).
         self._followed: tuple[int, Settings] | None = None

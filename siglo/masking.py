@@ -5,7 +5,8 @@ driver's own error can carry a secret in its text too — redis-py's "no master 
 names its Sentinel clients with their ``password=…`` — and siglo puts that text in its
 errors. So each secret a URL or an option gives siglo is remembered here
 (:func:`remember`), and :class:`siglo.errors.SigloError` replaces every one remembered in
-its text (:func:`scrub`): the CLI's ``Error:`` line, the dashboard's error page, a span's
+its text (:func:`scrub`) and in the driver's exceptions chained under it
+(:func:`scrub_chain`): the CLI's ``Error:`` line, the dashboard's error page, a span's
 status and exception event and the ``--debug`` traceback say ``***``; so do the log
 records of siglo's loggers (:func:`logger`), their tracebacks included. A short secret
 is masked only where a text sets it (:data:`_BARE_MIN_LENGTH`), so that a password such
@@ -18,7 +19,7 @@ import logging
 import re
 from typing import Final
 
-__all__ = ["MASK", "logger", "remember", "scrub"]
+__all__ = ["MASK", "logger", "remember", "scrub", "scrub_chain"]
 
 MASK: Final = "***"
 """What a secret is replaced by."""
@@ -59,6 +60,28 @@ def scrub(text: str) -> str:
         if len(secret) >= _BARE_MIN_LENGTH:
             text = text.replace(secret, MASK)
     return text
+
+
+def scrub_chain(exc: BaseException) -> None:
+    """Mask the remembered secrets in the texts of the exceptions ``exc`` was raised from
+    or during (its ``__cause__`` and ``__context__`` chain), in place: a driver's
+    exception chained under a siglo error is printed with it by every traceback — an
+    application's ``logger.exception``, an error tracker, uvicorn's log. Called by
+    :meth:`siglo.errors.SigloError.__str__`, which a traceback renders before the
+    exceptions below it. Only an exception whose arguments are all text is changed (its
+    message is its arguments)."""
+    if not _SEEN:
+        return
+    seen: set[int] = set()
+    link = exc.__cause__ or exc.__context__
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        args = link.args
+        if args and all(type(a) is str for a in args):
+            scrubbed = tuple(scrub(a) for a in args)
+            if scrubbed != args:
+                link.args = scrubbed
+        link = link.__cause__ or link.__context__
 
 
 class _Scrubbing(logging.Filter):

@@ -278,6 +278,9 @@ class Telemetry:
                 try:
                     return await fn(*args, **kwargs)
                 except BaseException as exc:
+                    if _is_signal(exc):
+                        span.set_attribute("siglo.outcome", "suspended")
+                        raise
                     _record_failure(span, exc)
                     kind = type(exc).__qualname__
                     span.set_attribute("error.type", kind)
@@ -314,7 +317,10 @@ class Telemetry:
             try:
                 yield span
             except BaseException as exc:
-                _record_failure(span, exc)
+                if _is_signal(exc):
+                    span.set_attribute("siglo.outcome", "suspended")
+                else:
+                    _record_failure(span, exc)
                 raise
 
     def traceparent(self) -> str | None:
@@ -333,6 +339,13 @@ class Telemetry:
 
     def retried(self, kind: str) -> None:
         self.retries.add(1, {"siglo.retry.kind": kind})
+
+
+def _is_signal(exc: BaseException) -> bool:
+    """Whether ``exc`` is a signal rather than a failure: a run suspending to wait for
+    an event (``WorkflowSuspended``, marked ``siglo_signal``) ends its spans without an
+    error status, ``error.type`` or a failed duration."""
+    return getattr(type(exc), "siglo_signal", False) is True
 
 
 def _record_failure(span: Any, exc: BaseException) -> None:

@@ -55,6 +55,9 @@ class WorkflowSuspended(Exception):
     Not named ``…Error``: like ``StopIteration`` it is a signal, not a failure.
     """
 
+    siglo_signal = True
+    """Not a failure to :mod:`siglo.telemetry`: a span it ends is not an error."""
+
     def __init__(
         self, stack_id: str, correlation_key: str, step: str, *, until_ms: int | None = None
     ) -> None:

@@ -109,6 +109,9 @@ current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("siglo_cu
 class _Suspend(Exception):
     """Raised inside a step to unwind it to the flow runner; never seen by users."""
 
+    siglo_signal = True
+    """Not a failure to :mod:`siglo.telemetry` (see ``WorkflowSuspended``)."""
+
     def __init__(self, correlation_key: str, timeout_ms: int | None) -> None:
         super().__init__(correlation_key)
         self.correlation_key = correlation_key

@@ -248,7 +248,8 @@ async def test_the_manager_follows_the_settings_unless_told_otherwise(
         assert explicit.redact_fields == {"card", "pin"}  # added to, never instead of
         assert explicit.namespace_fallback is True
         given = siglo.StorageManager(backend, settings=Settings(redact_fields=frozenset({"x"})))
-        assert given.redact_fields == {"x"}
+        # Settings given are complete but for redaction: the environment's key stays.
+        assert given.redact_fields == {"card", "x"}
         assert given.error_mode == "best-effort"  # memory://'s safe default
 
 
@@ -285,6 +286,43 @@ def test_the_sync_manager_takes_settings_and_redact_fields() -> None:
             backend, settings=Settings(redact_fields=frozenset({"pin"}))
         )
         assert configured.settings.redact_fields == {"pin"}
+
+
+async def test_settings_built_in_code_still_redact_what_the_file_and_environment_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Settings(max_document_bytes=…)`` (as docs/large-state.md builds them) is complete
+    for every other setting, but it does not drop a key the file or the environment
+    redacts — through connect(), the manager, the synchronous facade or configure()."""
+    (tmp_path / "siglo.toml").write_text('redact_fields = ["card"]\n')
+    monkeypatch.setenv("SIGLO_REDACT_FIELDS", "cvv")
+    built = Settings(max_document_bytes=4_096, redact_fields=frozenset({"pin"}))
+
+    async def stored(backend: siglo.Backend, manager: siglo.StorageManager) -> object:
+        stack = manager.create_stack("order-7")
+        for key in ("card", "cvv", "pin", "amount"):
+            stack.set("pay", key, "4111" if key != "amount" else 12)
+        await stack.save()
+        saved = await backend.raw_adapter.get_checkpoint("order-7")
+        assert saved is not None
+        return saved.contexts["pay"]
+
+    hidden = {"card": REDACTED, "cvv": REDACTED, "pin": REDACTED, "amount": 12}
+    async with siglo.connect("memory://", settings=built) as backend:
+        assert await stored(backend, siglo.StorageManager(backend)) == hidden
+    async with siglo.connect("memory://") as backend:
+        # A backend of the process's settings, a manager given the built ones.
+        manager = siglo.StorageManager(backend, settings=built)
+        assert manager.settings.redact_fields == {"card", "cvv", "pin"}
+        assert manager.settings.max_document_bytes == 4_096
+    with sync.connect("memory://", settings=built) as sync_backend:
+        facade = sync.StorageManager(sync_backend, settings=built)
+        assert facade.settings.redact_fields == {"card", "cvv", "pin"}
+    installed = configure(built)
+    assert installed.redact_fields == {"card", "cvv", "pin"}
+    assert installed.max_document_bytes == 4_096
+    async with siglo.connect("memory://") as backend:
+        assert await stored(backend, siglo.StorageManager(backend)) == hidden
 
 
 def test_the_command_line_shows_and_uses_the_settings(tmp_path: Path) -> None:

@@ -141,7 +141,9 @@ def test_a_drivers_error_text_never_carries_a_urls_secret(tmp_path: Path) -> Non
     ``password=…``; siglo puts the driver's text in its errors. The secret is masked in
     the command's ``Error:`` line, in the ``--debug`` traceback (the driver's exception
     is its cause), in the exception ``siglo.connect`` users get, and in a log record of
-    a siglo logger that carries the driver's exception (best-effort mode)."""
+    a siglo logger that carries the driver's exception (best-effort mode), and in the
+    traceback an application's own logger prints of siglo's error (the driver's
+    exception chained below it)."""
     require_redis()
     port = free_port(30400, 30500)  # no Sentinel answers here
     url = (
@@ -162,6 +164,12 @@ async def main():
         async with siglo.connect({url!r}) as backend:
             await backend.adapter.get_checkpoint("s")
     except siglo.SigloError as exc:
+        # The application's own logger, before anything else reads the error: its
+        # traceback prints the driver's exception chained below siglo's.
+        app = io.StringIO()
+        logging.getLogger("app").addHandler(logging.StreamHandler(app))
+        logging.getLogger("app").exception("a save failed")
+        print("app:", app.getvalue())
         print("error:", exc)
     # The driver's own exception, as error modes log it, with its traceback.
     from siglo.error_modes import logger
@@ -181,6 +189,7 @@ asyncio.run(main())
         cwd=tmp_path,
     )
     assert "error:" in done.stdout and "log:" in done.stdout, done.stdout + done.stderr
+    assert "MasterNotFoundError" in done.stdout, done.stdout  # the chain was printed
     assert SENTINEL_SECRET not in done.stdout + done.stderr, done.stdout
     assert done.stdout.count("***") >= 2
 

@@ -41,8 +41,8 @@ import sys
 import textwrap
 import time
 import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -428,16 +428,20 @@ async def _import(env: Env, ident: str) -> None:
         timestamp=now,
         metadata={"waitRecord": resumed.to_wire()},
     )
-    async with siglo.connect(source, settings=siglo.Settings()) as backend:
-        manager = siglo.StorageManager(backend, settings=siglo.Settings())
-        stack = manager.create_stack(
-            ident, namespace=NS, metadata={"waitRecord": claimed.to_wire()}
-        )
-        _secret_context(stack)
-        await manager.save_checkpoint(ident)
-        await backend.adapter.save_wait_record(claimed)
-        await backend.adapter.save_checkpoint(there)
-        await backend.adapter.save_wait_record(resumed)
+    # Written by a process without the application's settings (an empty settings file),
+    # so the source holds the secret in clear.
+    (elsewhere / "none.toml").write_text("")
+    with _settings_file(elsewhere / "none.toml"):
+        async with siglo.connect(source) as backend:
+            manager = siglo.StorageManager(backend)
+            stack = manager.create_stack(
+                ident, namespace=NS, metadata={"waitRecord": claimed.to_wire()}
+            )
+            _secret_context(stack)
+            await manager.save_checkpoint(ident)
+            await backend.adapter.save_wait_record(claimed)
+            await backend.adapter.save_checkpoint(there)
+            await backend.adapter.save_wait_record(resumed)
     async with siglo.connect() as target:  # the application's settings
         await target.adapter.save_checkpoint(there)
     exported = await asyncio.to_thread(
@@ -489,6 +493,18 @@ async def _ui_deliver(env: Env, ident: str) -> None:
 
 
 # -- the checks -------------------------------------------------------------------------------
+
+
+@contextmanager
+def _settings_file(path: Path) -> Iterator[None]:
+    """Within the block, this process reads its settings from ``path`` alone."""
+    os.environ[CONFIG_ENV] = str(path)
+    reset_settings()
+    try:
+        yield
+    finally:
+        del os.environ[CONFIG_ENV]
+        reset_settings()
 
 
 KEY = base64.b64encode(bytes(range(32))).decode()

@@ -355,6 +355,34 @@ async def test_erase_with_another_stores_master_key_is_refused(tmp_path: Path) -
         assert stack is not None and stack.context("pay") == {"card": SECRET}
 
 
+async def test_a_rotation_with_another_stores_master_key_changes_nothing(tmp_path: Path) -> None:
+    """``siglo rekey --rotate`` with a master key that does not unwrap the keyring is
+    refused before it adds a key: a data key wrapped by the wrong master key, made
+    active, would fail every later save of the namespace under the right one."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    right = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    settings = Settings(master_key=right["SIGLO_MASTER_KEY"])
+    async with siglo.connect(url, settings=settings) as backend:
+        stack = siglo.StorageManager(backend).create_stack("order-1", namespace="t")
+        stack.set("pay", "card", SECRET)
+        await stack.save()
+        ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        assert ring is not None
+    wrong = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    done = run_siglo(tmp_path, "rekey", url, "--rotate", env=wrong)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert b"does not unwrap with this master key" in done.stderr, done.stderr
+    async with siglo.connect(url, settings=settings) as backend:
+        after = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        assert after == ring
+        manager = siglo.StorageManager(backend)
+        later = manager.create_stack("order-2", namespace="t")
+        later.set("pay", "card", SECRET)
+        await later.save()
+        resumed = await manager.resume("order-1", namespace="t")
+        assert resumed is not None and resumed.context("pay") == {"card": SECRET}
+
+
 def sealed_texts(value: Any) -> list[str]:
     """The ciphertexts of a stored payload (the ``$siglo`` strings in it)."""
     if isinstance(value, dict):

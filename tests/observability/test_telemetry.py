@@ -246,6 +246,31 @@ async def test_a_step_cache_hit_is_counted_and_marked_on_the_step(sdk: Sdk) -> N
     assert counted == {"miss": 1, "hit": 1}
 
 
+async def test_a_run_that_waits_for_its_event_is_not_an_error(sdk: Sdk) -> None:
+    """Suspending on ``wait_for_event`` is control flow: no span it ends (the run, the
+    step, the workflow lock) has an error status or ``error.type``, and no duration is
+    recorded as failed; the spans say ``siglo.outcome: suspended``."""
+
+    async def approve(_: Any) -> Any:
+        return await siglo.wait_for_event("approve:1", timeout_ms=60_000)
+
+    orders = siglo.flow(siglo.Step.create("approve", approve), name="orders")
+    async with siglo.connect("memory://") as backend:
+        manager = StorageManager(backend)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await orders.run(None, manager=manager, stack_id="order-1")
+        await orders.deliver("approve:1", "ada", manager=manager)
+    spans = sdk.spans.get_finished_spans()
+    suspended = {s.name for s in spans if (s.attributes or {}).get("siglo.outcome") == "suspended"}
+    assert {"run orders", "step approve", "with_workflow_lock"} <= suspended
+    for span in spans:
+        assert span.status.status_code.name != "ERROR", (span.name, span.status)
+        assert "error.type" not in (span.attributes or {}), span.name
+        assert not span.events, (span.name, span.events)
+    for point in sdk.metrics()["db.client.operation.duration"]:
+        assert "error.type" not in point.attributes, point.attributes
+
+
 async def test_a_lost_lease_is_counted(sdk: Sdk, tmp_path: Path) -> None:
     pytest.importorskip("aiosqlite")
     url = f"sqlite:///{tmp_path / 'lease.db'}"
