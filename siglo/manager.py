@@ -221,19 +221,18 @@ class StorageManager:
         run's own (its checkpoint's ``redactFields``, which travel with the data), so a
         process delivering without the application's settings — a webhook handler, the
         dashboard — stores no key the application redacts. The claim stores the payload
-        before the run is restored, so the run's keys are read first (two reads, for a payload
-        that can hold a key)."""
+        before the run is restored, so the run is read first (two reads): its keys, and
+        whether this process can open it at all — a run stored encrypted, read without
+        the keys, raises :class:`~siglo.errors.DecryptionError` here, before the claim
+        writes the payload in clear beside its ciphertext."""
         fields = self.redact_fields
         adapter = self._supports(Capability.WAIT_RECORDS)
-        # Only a mapping, at any depth, has keys to redact: a scalar needs no reads.
-        if (
-            isinstance(payload, Mapping | list | tuple)
-            and adapter is not None
-            and adapter.supports(Capability.CHECKPOINTS)
-        ):
+        if adapter is not None and adapter.supports(Capability.CHECKPOINTS):
             waiting = await adapter.get_wait_record(correlation_key, namespace=namespace)
             if waiting is not None:
                 stored = await adapter.get_checkpoint(waiting.stack_id, namespace, fallback=False)
+                if stored is not None:
+                    refuse_sealed(stored)
                 fields = redacting(stored, fields)
         return redact(payload, fields) if fields else payload
 

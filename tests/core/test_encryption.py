@@ -641,6 +641,40 @@ async def test_a_process_without_the_keys_never_takes_ciphertext_for_data(kind: 
         assert KEYLESS_CARD.encode() not in await raw_bytes_of(kind, backend)
 
 
+async def _wait_for_approval(_: Any) -> Any:
+    from siglo import wait_for_event
+
+    return await wait_for_event("keyless:approve", timeout_ms=3_600_000)
+
+
+_APPROVAL = siglo.flow(siglo.Step.create("approve", _wait_for_approval), name="approval")
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_delivery_without_the_keys_stores_nothing(kind: str) -> None:
+    """An event delivered by a process without the keys (a webhook handler, the
+    dashboard started without the application's settings) to a run stored encrypted is
+    refused before its claim: the payload, a scalar or a mapping, is never stored in
+    clear beside the run's ciphertext, and the wait stays deliverable with the keys."""
+    keys = Settings(encryption_keys={"k1": base64.b64encode(os.urandom(32)).decode()})
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        async with siglo.connect(backend.url, settings=keys) as app:
+            with pytest.raises(siglo.WorkflowSuspended):
+                await _APPROVAL.run(None, manager=siglo.StorageManager(app), stack_id="a1")
+        async with siglo.connect(backend.url, settings=Settings()) as bare:
+            manager = siglo.StorageManager(bare, settings=Settings())
+            for payload in (KEYLESS_CARD, {"card": KEYLESS_CARD}):
+                with pytest.raises(DecryptionError, match="'a1'"):
+                    await _APPROVAL.deliver("keyless:approve", payload, manager=manager)
+                wait = await bare.raw_adapter.get_wait_record("keyless:approve")
+                assert wait is not None and wait.status == "waiting", wait
+                assert wait.event_payload is None and wait.claimant_id is None, wait
+        assert KEYLESS_CARD.encode() not in await raw_bytes_of(kind, backend)
+        async with siglo.connect(backend.url, settings=keys) as app:
+            done = await _APPROVAL.deliver("keyless:approve", "ok", manager=siglo.StorageManager(app))
+            assert done == "ok"
+
+
 async def raw_bytes_of(kind: str, backend: siglo.Backend) -> bytes:
     from raw_storage import raw_bytes
 
