@@ -39,7 +39,7 @@ from siglo.listing import check_list_arguments as _check_list_arguments
 from siglo.locking import namespaced_key, run_with_lock, workflow_lock_key
 from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
-from siglo.reserved import check_not_keyring
+from siglo.reserved import check_not_keyring, check_not_keyring_listing
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
@@ -637,9 +637,10 @@ class StorageAdapter(Closable):
             limit=limit,
             cursor=cursor,
         )
+        # The keyrings are siglo's, not the application's (siglo.reserved).
+        check_not_keyring_listing(namespace)
         self._require_open()
         page = await self._do_list_checkpoints(query)
-        # The keyrings are siglo's, not the application's (siglo.reserved).
         return without_keyrings(page) if namespace is MISSING else page
 
     async def list_checkpoints_by_index(

@@ -439,7 +439,8 @@ class EnvelopeKeyProvider:
         found: list[str | None] = []
         cursor = None
         while True:
-            with stopping_at_unreadable():  # a keyring left out would be a namespace missed
+            # A keyring left out would be a namespace missed; listing them is siglo's own.
+            with stopping_at_unreadable(), keyring_access():
                 page = await self.adapter.list_checkpoints(
                     namespace=KEYRING_NAMESPACE, limit=500, cursor=cursor
                 )

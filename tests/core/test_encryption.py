@@ -31,6 +31,7 @@ from siglo.errors import (
 from siglo.keys import EnvelopeKeyProvider, LocalMasterKey
 from siglo.pipeline import Pipeline, pipeline_parts
 from siglo.records import ContextChangeEvent, WaitRecord
+from siglo.reserved import keyring_access
 from siglo.sealing import SEALED_KEY, is_sealed
 
 SECRET = "sealed-SECRET-51c0"
@@ -413,11 +414,14 @@ async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
             Checkpoint(stack_id="s", namespace="t", revision=1, timestamp=1, contexts={"a": {}}),
             expected_revision=0,
         )
-        # Left out of a listing of every namespace whatever the connection (keyless too),
-        # listed when asked for by name.
+        # Left out of a listing of every namespace whatever the connection (keyless too);
+        # a listing of theirs by name is the key provider's alone.
         raw = await backend.raw_adapter.list_checkpoints()
         assert [s.namespace for s in raw.items] == ["t"]
-        rings = await backend.raw_adapter.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        with pytest.raises(InvalidArgumentError, match="keyrings"):
+            await backend.raw_adapter.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        with keyring_access():
+            rings = await backend.raw_adapter.list_checkpoints(namespace=KEYRING_NAMESPACE)
         assert [s.stack_id for s in rings.items] == ["t"]
         listed = await adapter.list_checkpoints()
         assert [s.namespace for s in listed.items] == ["t"]
@@ -472,7 +476,8 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
         async with siglo.connect(backend.url, settings=Settings(master_key=key)) as app:
             await _orders(app, "order-1", 12)
         raw = backend.raw_adapter
-        rings = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        with keyring_access():
+            rings = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
         assert sorted(s.stack_id for s in rings.items) == ["a", "b"]
 
         def siglo_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -488,6 +493,15 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
             "prune", "--older-than", "1ms", "--status", "running", "-n", KEYRING_NAMESPACE
         )
         assert named.returncode != 0 and "keyrings" in named.stderr, named.stdout + named.stderr
+        # Not listed by name either: no "would delete" a prune then refuses, no keyring
+        # shown as a running stack.
+        for listing in (
+            ("ls", "-n", KEYRING_NAMESPACE),
+            ("prune", "--older-than", "1ms", "-n", KEYRING_NAMESPACE, "--dry-run"),
+        ):
+            shown = siglo_cli(*listing)
+            assert shown.returncode != 0, shown.stdout
+            assert "keyrings" in shown.stderr and "would delete" not in shown.stdout, shown
         forged = Checkpoint(
             stack_id="a", namespace=KEYRING_NAMESPACE, revision=9, timestamp=1, contexts={}
         )
@@ -497,7 +511,8 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
             await raw.delete_checkpoint("a", KEYRING_NAMESPACE)
         with pytest.raises(InvalidArgumentError, match="keyrings"):
             await raw.cancel_workflow("a", KEYRING_NAMESPACE)  # the dashboard's cancel
-        rings_after = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        with keyring_access():
+            rings_after = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
         assert rings_after == rings
         # Every tenant's keys are there: a new run of each encrypts and decrypts.
         async with siglo.connect(backend.url, settings=Settings(master_key=key)) as app:
@@ -671,8 +686,8 @@ async def test_a_delivery_without_the_keys_stores_nothing(kind: str) -> None:
                 assert wait.event_payload is None and wait.claimant_id is None, wait
         assert KEYLESS_CARD.encode() not in await raw_bytes_of(kind, backend)
         async with siglo.connect(backend.url, settings=keys) as app:
-            done = await _APPROVAL.deliver("keyless:approve", "ok", manager=siglo.StorageManager(app))
-            assert done == "ok"
+            manager = siglo.StorageManager(app)
+            assert await _APPROVAL.deliver("keyless:approve", "ok", manager=manager) == "ok"
 
 
 async def raw_bytes_of(kind: str, backend: siglo.Backend) -> bytes:
