@@ -140,7 +140,11 @@ def restore_stack(
     or its JSON), streaming its context changes to ``stream``.
 
     Raises :class:`~siglo.errors.NamespaceMismatchError` when ``expected_namespace`` and
-    the checkpoint's namespace are both present and differ.
+    the checkpoint's namespace are both present and differ. An un-namespaced checkpoint
+    restored for ``expected_namespace`` (a read that fell back to it, seed 001 §5) makes
+    a stack of that namespace at revision 0: reads fall back, writes do not — its first
+    save creates the namespace's own checkpoint and leaves the un-namespaced one as it
+    was, which another tenant, or the application without namespaces, still owns.
     """
     if isinstance(checkpoint, bytes | str):
         checkpoint = Checkpoint.from_json(checkpoint)
@@ -157,14 +161,15 @@ def restore_stack(
     # fresh copy from its JSON, which a loaded checkpoint already holds (no re-encode).
     doc = codec.loads(checkpoint.to_json(), what="checkpoint")
     metadata = doc.get("metadata") or {}
+    fell_back = expected_namespace is not None and checkpoint.namespace is None
     return ExecutionStack(
         stack_id=checkpoint.stack_id,
         manager=stream,
         workflow_id=checkpoint.workflow_id,
-        namespace=checkpoint.namespace,
+        namespace=expected_namespace if fell_back else checkpoint.namespace,
         type=checkpoint.type,
         status=checkpoint.status,
-        revision=checkpoint.revision,
+        revision=0 if fell_back else checkpoint.revision,
         chains=list(checkpoint.chains),
         contexts=doc["contexts"],
         metadata=metadata,

@@ -463,3 +463,29 @@ async def test_resuming_one_id_again_and_again_keeps_no_dead_references(
         del stack
     # The latest (the manager holds it) and at most one more not yet pruned.
     assert len(manager._live["often"]) <= 2
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_stack_read_through_the_fallback_is_saved_in_its_namespace(
+    kind: str, tmp_path: Any
+) -> None:
+    """``namespace_fallback`` (on by default) lets tenant T read the un-namespaced ``c7``;
+    the stack resumed is T's, at revision 0: its save creates T's checkpoint and never
+    overwrites the un-namespaced one, which another owner still holds."""
+    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'fallback.db'}"
+    async with siglo.connect(url) as backend:
+        manager = StorageManager(backend)
+        legacy = manager.create_stack("c7")
+        legacy.set("x", "owner", "legacy")
+        await legacy.save(expected_revision=0)
+        manager.discard_stack(legacy)
+        stack = await manager.resume("c7", namespace="tenant-t")
+        assert stack is not None and stack.context("x") == {"owner": "legacy"}
+        assert (stack.namespace, stack.revision) == ("tenant-t", 0)
+        stack.set("x", "owner", "tenant-t")
+        saved = await stack.save(expected_revision=stack.revision)
+        assert (saved.namespace, saved.revision) == ("tenant-t", 1)
+        kept = await backend.adapter.get_checkpoint("c7")
+        assert kept is not None and kept.revision == 1 and kept.contexts["x"] == {"owner": "legacy"}
+        own = await backend.adapter.get_checkpoint("c7", "tenant-t", fallback=False)
+        assert own is not None and own.contexts["x"] == {"owner": "tenant-t"}
