@@ -29,15 +29,17 @@ synchronous action): that would wait for itself, and raises ``RuntimeError`` ins
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from siglo import webhooks
 from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.clock import Clock
 from siglo.config import Settings
 from siglo.coordination import DEFAULT_LOCK_TTL_MS as DEFAULT_LOCK_TTL_MS
+from siglo.coordination import NonceStore
 from siglo.error_modes import ErrorMode
 from siglo.errors import InvalidArgumentError
 from siglo.manager import StorageManager as AsyncStorageManager
@@ -53,6 +55,7 @@ from siglo.sync_facades import (
     connect,
 )
 from siglo.sync_portal import Portal, get_portal
+from siglo.webhooks import DEFAULT_HEADER, DEFAULT_TOLERANCE_S, Secret, VerifiedWebhook
 from siglo.workflow.flow import Flow
 
 # The portal is in siglo.sync_portal, the facades of a stack, an adapter, the
@@ -69,6 +72,7 @@ __all__ = [
     "SyncStack",
     "connect",
     "get_portal",
+    "verify_webhook",
 ]
 
 
@@ -394,3 +398,30 @@ def _unwrap(
         inner: StorageAdapter = adapter.wrapped
         return inner
     return adapter
+
+
+def verify_webhook(
+    secret: Secret | Sequence[Secret],
+    body: bytes,
+    headers: Mapping[str, str],
+    nonce_store: SyncNonceStore | NonceStore,
+    *,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    header: str = DEFAULT_HEADER,
+    clock: Clock | None = None,
+) -> VerifiedWebhook:
+    """:func:`siglo.webhooks.verify` for synchronous code (a Flask or Django view): the
+    same checks and the same one claim of the delivery's nonce, run on the portal's loop
+    with the store behind ``nonce_store`` (``sync_backend.require_nonces()``)."""
+    store = nonce_store.wrapped if isinstance(nonce_store, SyncNonceStore) else nonce_store
+    verified: VerifiedWebhook = get_portal().run(
+        webhooks.verify,
+        secret,
+        body,
+        headers,
+        store,
+        tolerance_s=tolerance_s,
+        header=header,
+        clock=clock,
+    )
+    return verified

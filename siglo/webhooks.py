@@ -208,13 +208,23 @@ async def verify(
     keys = [_key(s) for s in ([secret] if isinstance(secret, str | bytes) else secret)]
     if not keys:
         raise InvalidArgumentError("at least one webhook secret is required")
+    from siglo.sync_facades import Facade  # here: the facades import the whole API
+
+    if isinstance(nonce_store, Facade):
+        # A synchronous facade's store (siglo.sync), awaited here, would claim the nonce
+        # and then fail: the sender's retry would be refused as a replay. Refused first.
+        raise InvalidArgumentError(
+            "nonce_store must be an async nonce store (backend.require_nonces()), got "
+            f"a synchronous facade's {type(nonce_store).__name__}; from synchronous code use "
+            "siglo.sync.verify_webhook(secret, body, headers, sync_backend.require_nonces())"
+        )
     raw = _raw(body)
     timestamp, signatures = _parse(_header(headers, header), header)
 
     now_s = (clock or system_clock).now_ms() / 1000
     if abs(now_s - timestamp) > tolerance_s:
         raise WebhookTimestampError(
-            f"the signed timestamp {timestamp} is {now_s - timestamp:+.0f} s from now; "
+            f"the signed timestamp {timestamp} is {timestamp - now_s:+.0f} s from now; "
             f"the tolerance is {tolerance_s:g} s either way (a stale or replayed request, "
             "or a clock out of sync)"
         )
@@ -236,7 +246,9 @@ async def verify(
     # The nonce names the delivery — its signed time and its body — not the signature
     # that matched: during a rotation a request carries one per secret, and a replay with
     # one of them stripped from the (unsigned) header must still be the same delivery.
-    delivery = hashlib.sha256(raw).hexdigest()
+    # Keyed by this receiver's first secret (the same whichever matched): two receivers
+    # with their own secrets on one nonce store (tenants) never take each other's.
+    delivery = _digest(keys[0], timestamp, raw)
     if not await nonce_store.claim(f"{_NONCE_PREFIX}{timestamp}:{delivery}", window):
         raise WebhookReplayError(
             f"this webhook (t={timestamp}) was already accepted: a replay is refused"

@@ -56,11 +56,12 @@ async def test_verify_accepts_once_and_refuses_each_bad_request(kind: str) -> No
             await verify(SECRET, BODY, {"siglo-signature": header}, nonces)
 
         # The tolerance holds in both directions.
+        # The error says which way: a past time is negative "from now", a future one positive.
         old = sign(SECRET, BODY, timestamp=now - 330)
-        with pytest.raises(WebhookTimestampError):
+        with pytest.raises(WebhookTimestampError, match=r"is -3[23]\d s from now"):
             await verify(SECRET, BODY, _headers(old), nonces, tolerance_s=300)
         future = sign(SECRET, BODY, timestamp=now + 330)
-        with pytest.raises(WebhookTimestampError):
+        with pytest.raises(WebhookTimestampError, match=r"is \+3[23]\d s from now"):
             await verify(SECRET, BODY, _headers(future), nonces, tolerance_s=300)
         inside = sign(SECRET, BODY, timestamp=now - 250)
         assert (await verify(SECRET, BODY, _headers(inside), nonces)).timestamp == now - 250
@@ -204,3 +205,36 @@ async def test_a_replay_with_one_rotation_signature_stripped_is_refused(kind: st
         # Another body at the same second is another delivery.
         other = sign("new-secret", BODY + b"\n", timestamp=now)
         await verify(secrets, BODY + b"\n", _headers(other), nonces)
+
+
+def test_a_synchronous_handler_verifies_through_the_sync_facade() -> None:
+    """A Flask or Django view: ``siglo.sync.verify_webhook`` with the sync backend's nonce
+    store accepts once and refuses the replay; the async ``verify`` given that store is
+    refused before it claims anything, so the sender's retry is still accepted."""
+    from siglo import sync
+
+    with sync.connect("memory://") as backend:
+        nonces = backend.require_nonces()
+        header = sign(SECRET, BODY)
+        with pytest.raises(InvalidArgumentError, match=r"siglo\.sync\.verify_webhook"):
+            asyncio.run(verify(SECRET, BODY, _headers(header), nonces))  # type: ignore[arg-type]
+        verified = sync.verify_webhook(SECRET, BODY, _headers(header), nonces)
+        assert verified.signature == header.split("v1=")[1]
+        with pytest.raises(WebhookReplayError):
+            sync.verify_webhook(SECRET, BODY, _headers(header), nonces)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_two_receivers_with_their_own_secrets_share_a_nonce_store(kind: str) -> None:
+    """Tenants A and B verify with their own secrets on one backend's nonce store: A's
+    delivery of a body does not make B's genuine delivery of the same body, signed in
+    the same second with B's secret, a replay; each one's replay is still refused."""
+    async with any_backend(kind) as backend:
+        nonces = backend.nonces
+        assert nonces is not None
+        now = int(time.time())
+        for secret in ("whsec_tenant_a", "whsec_tenant_b"):
+            header = sign(secret, BODY, timestamp=now)
+            await verify(secret, BODY, _headers(header), nonces)
+            with pytest.raises(WebhookReplayError):
+                await verify(secret, BODY, _headers(header), nonces)
