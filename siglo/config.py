@@ -494,7 +494,10 @@ def _layers(
         sources.append(str(path))
     env_values = _from_environment(environ)
     if env_values:
-        settings = _layer(settings, env_values, "environment")
+        # One variable at a time, so a bad value's error names its variable.
+        variables = {name: variable for variable, name in ENVIRONMENT.items()}
+        for name, value in env_values.items():
+            settings = _layer(settings, {name: value}, f"${variables[name]}")
         sources.append("environment")
     if overrides:
         _check_names(overrides, "the arguments")

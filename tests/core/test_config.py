@@ -138,7 +138,8 @@ def test_a_bad_settings_file_is_refused_naming_what_and_where(
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
-        ("SIGLO_ERROR_MODE", "loud", "error_mode must be one of"),
+        ("SIGLO_ERROR_MODE", "loud", r"error_mode must be one of .*\(\$SIGLO_ERROR_MODE\)"),
+        ("SIGLO_MAX_DOCUMENT_BYTES", "-5", r"got -5 \(\$SIGLO_MAX_DOCUMENT_BYTES\)"),
         ("SIGLO_NAMESPACE_FALLBACK", "maybe", "SIGLO_NAMESPACE_FALLBACK must be true or false"),
         ("SIGLO_COMMAND_TIMEOUT_MS", "soon", "SIGLO_COMMAND_TIMEOUT_MS must be an integer"),
     ],
