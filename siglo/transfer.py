@@ -319,6 +319,8 @@ def verify_dump(lines: Iterable[bytes]) -> DumpSummary:
     summary: DumpSummary | None = None
     digest = _Digest()
     ended_at: int | None = None
+    owner: tuple[str, str | None] | None = None
+    """The run of the checkpoint just read, while its wait may follow."""
     for number, line in _numbered(lines):
         if summary is None:
             summary = _header(line, number)
@@ -334,12 +336,23 @@ def verify_dump(lines: Iterable[bytes]) -> DumpSummary:
             _check_trailer(doc, number, digest)
             ended_at = number
             continue
-        kind, _ = _entry(line, number, doc)
+        kind, value = _entry(line, number, doc)
         digest.add(line)
         if kind == "checkpoint":
             digest.checkpoints += 1
+            owner = (value.stack_id, value.namespace)
         else:
             digest.waits += 1
+            # A wait goes in with its run's checkpoint, the line before it (the import
+            # reads it there): one anywhere else would be dropped, its run left waiting
+            # on a wait the store does not have.
+            if owner != (value.stack_id, value.namespace):
+                raise DumpError(
+                    f"line {number} is a wait record of stack {value.stack_id!r} that does "
+                    "not follow its run's checkpoint: the dump was reordered or assembled "
+                    "from parts: export again"
+                )
+            owner = None
     if summary is None:
         raise DumpError("the dump is empty: no siglo export header")
     if summary.format >= 2 and ended_at is None:

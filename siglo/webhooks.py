@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -185,6 +186,14 @@ def _parse(value: str, name: str) -> tuple[int, list[str]]:
     return timestamp, signatures
 
 
+def _is_sync_facade(store: object) -> bool:
+    """Whether ``store`` is a :mod:`siglo.sync` facade (its ``claim`` blocks and returns a
+    bool; the async store it wraps is its ``wrapped``), told without importing the
+    facades, which sit above this module."""
+    claim = getattr(store, "claim", None)
+    return hasattr(store, "wrapped") and not inspect.iscoroutinefunction(claim)
+
+
 async def verify(
     secret: Secret | Sequence[Secret],
     body: bytes,
@@ -208,9 +217,7 @@ async def verify(
     keys = [_key(s) for s in ([secret] if isinstance(secret, str | bytes) else secret)]
     if not keys:
         raise InvalidArgumentError("at least one webhook secret is required")
-    from siglo.sync_facades import Facade  # here: the facades import the whole API
-
-    if isinstance(nonce_store, Facade):
+    if _is_sync_facade(nonce_store):
         # A synchronous facade's store (siglo.sync), awaited here, would claim the nonce
         # and then fail: the sender's retry would be refused as a replay. Refused first.
         raise InvalidArgumentError(

@@ -188,6 +188,28 @@ async def test_an_altered_dump_is_refused() -> None:
         }
 
 
+async def test_a_wait_away_from_its_checkpoint_is_refused_naming_its_line() -> None:
+    """A dump whose wait line was moved away from its run's checkpoint, its trailer
+    recomputed (reordered or assembled by hand): the import would skip that wait and
+    leave its run waiting on nothing. It is refused, naming the line, and writes
+    nothing."""
+    async with shared_store("sqlite") as src, shared_store("sqlite") as dst:
+        await fill(src)
+        lines = (await invoke("export", src.url)).stdout_bytes.splitlines(keepends=True)
+        header, body = lines[0], lines[1:-1]
+        waits = [line for line in body if line.startswith(b'{"kind":"wait"')]
+        moved = [header, *(line for line in body if line not in waits), *waits]
+        sha = hashlib.sha256(b"".join(line.rstrip(b"\n") + b"\n" for line in moved))
+        trailer = {"siglo": "end", "checkpoints": len(body) - len(waits),
+                   "waits": len(waits), "lines": len(moved), "sha256": sha.hexdigest()}  # fmt: skip
+        dump = b"".join(moved) + orjson.dumps(trailer) + b"\n"
+        refused = await invoke("import", dst.url, input=dump)
+        assert refused.exit_code == 1, refused.output
+        assert f"line {len(moved) - len(waits) + 1} is a wait record" in refused.output
+        assert "does not follow its run's checkpoint" in refused.output
+        assert (await dst.adapter.list_checkpoints()).items == []
+
+
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_an_interrupted_import_completes_at_any_cut(kind: str) -> None:
     async with shared_store("sqlite") as src, shared_store(kind) as dst:
