@@ -37,7 +37,7 @@ from siglo.listing import (
 )
 from siglo.listing import check_list_arguments as _check_list_arguments
 from siglo.locking import namespaced_key, run_with_lock, workflow_lock_key
-from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
+from siglo.payloads import CONTEXT_KIND, PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.reserved import check_not_keyring, check_not_keyring_listing
 from siglo.sentinel import MISSING, Missing
@@ -170,6 +170,12 @@ class StorageAdapter(Closable):
     workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms
     """How long :meth:`with_workflow_lock` waits for the lock when the caller names no
     ``timeout_ms``."""
+    payload_kinds: ClassVar[frozenset[PayloadKind]] = frozenset(PAYLOAD_KINDS)
+    """With :attr:`Capability.PAYLOAD_SCAN`, the kinds :meth:`scan_payloads` lists and
+    :meth:`swap_payload` rewrites: stand-alone wait records and cached steps, and
+    ``"context"`` for a backend that lists its context-change streams too (every built-in
+    one; ``siglo rekey`` re-seals their values). Declared, not guessed from the hooks: a
+    backend written before streams were listed would take ``"context"`` for another kind."""
 
     def supports(self, capability: Capability | str) -> bool:
         """Whether this adapter declares ``capability``."""
@@ -529,17 +535,30 @@ class StorageAdapter(Closable):
     # -- stored payloads (siglo rekey) -------------------------------------------------
 
     def scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
-        """Every live stand-alone wait record (``kind="wait"``) or cached step
-        (``"step"``) that holds a payload, with its payloads as stored
-        (:mod:`siglo.payloads`): each stored copy once (Redis also keeps the seed's copy
-        of a wait record at its stack id's key, and lists it too). Records written or
-        removed during the walk may or may not be listed."""
-        if kind not in PAYLOAD_KINDS:
+        """Every live stand-alone wait record (``kind="wait"``), cached step
+        (``"step"``) or context-change stream value (``"context"``, on a backend whose
+        :attr:`payload_kinds` has it; else :class:`~siglo.errors.CapabilityNotSupportedError`)
+        that holds a payload, with its payloads as stored (:mod:`siglo.payloads`): each
+        stored copy once (Redis also keeps the seed's copy of a wait record at its stack
+        id's key, and lists it too). Records written or removed during the walk may or may
+        not be listed."""
+        if kind not in (*PAYLOAD_KINDS, CONTEXT_KIND):
             raise InvalidArgumentError(
-                f"kind must be one of {', '.join(map(repr, PAYLOAD_KINDS))}, got {kind!r}"
+                f"kind must be one of {', '.join(map(repr, (*PAYLOAD_KINDS, CONTEXT_KIND)))}, "
+                f"got {kind!r}"
             )
+        self._require_listed(kind)
         self._require_open()
         return self._do_scan_payloads(kind)
+
+    def _require_listed(self, kind: str) -> None:
+        # Checked here, before the backend's hook: one written before streams were listed
+        # would walk (or rewrite) another kind of record for "context".
+        if kind not in self.payload_kinds:
+            what = "context-change streams" if kind == CONTEXT_KIND else f"{kind} records"
+            raise CapabilityNotSupportedError(
+                f"storage adapter {self.name!r} does not list its {what} (payload_kinds)"
+            )
 
     async def swap_payload(self, item: StoredPayload, fields: Mapping[str, Any]) -> bool:
         """Replace the payloads of the record ``item`` was listed from with ``fields``
@@ -560,6 +579,7 @@ class StorageAdapter(Closable):
             raise InvalidArgumentError(
                 f"a wait record's metadata must be an object, got {type(metadata).__name__}"
             )
+        self._require_listed(item.kind)
         self._require_open()
         return await self._do_swap_payload(item, dict(fields))
 

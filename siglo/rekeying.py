@@ -8,6 +8,11 @@ compare-and-set on the revision it read: a concurrent writer's save is never
 overwritten (the rekey reads it again and re-encrypts that), and a writer holding the
 old revision gets the ordinary conflict of a concurrent save. What is already under the
 current key is skipped, so a rekey interrupted anywhere finishes by running it again.
+The records outside checkpoints — stand-alone wait records, cached steps, context-change
+stream values, idempotency results — are re-sealed where they are, each with a
+compare-and-set on the bytes read. Whatever a rekey rewrites, of every kind, passes the
+settings' ``redact_fields`` as the pipeline applies them to a new write: the checkpoints
+through the pipeline itself, the other records by :func:`_redacted`.
 
 :func:`erase` destroys a namespace's data keys first — from then on nothing of the
 namespace decrypts anywhere, the store's own rows, replicas, backups and exports
@@ -24,6 +29,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
+
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
@@ -39,8 +46,9 @@ from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
 from siglo.listing import CheckpointSummary, get_listed
 from siglo.locking import split_namespaced_key
 from siglo.offload import OffloadAdapter, Offloader
-from siglo.payloads import PAYLOAD_KINDS, PayloadKind, StoredPayload
+from siglo.payloads import CONTEXT_KIND, PAYLOAD_KINDS, PayloadKind, StoredPayload
 from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
+from siglo.redaction import REDACTED, redact
 from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -68,8 +76,9 @@ class RekeyReport:
     rotated: dict[str | None, str] | None = None
     """With ``rotate``: the new data key id of each namespace."""
     payloads: dict[str, PayloadCounts] = field(default_factory=dict)
-    """Stand-alone wait records (``wait``) and cached steps (``step``): what was done to
-    each stored copy (for the kinds the backend lists)."""
+    """Stand-alone wait records (``wait``), cached steps (``step``), context-change
+    stream values (``context``) and idempotency results (``idempotency``): what was done
+    to each stored copy (for the kinds the backend lists)."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Kinds of record not rekeyed, and why (the backend cannot list them)."""
 
@@ -186,10 +195,13 @@ async def rekey(
     rotate: bool = False,
     progress: Callable[[RekeyReport], None] | None = None,
 ) -> RekeyReport:
-    """Re-encrypt every checkpoint (of ``namespace``, if given) under its namespace's
-    current key; ``rotate`` first makes a new data key current for each namespace
-    (envelope keys; with keys in the settings, make the new key current in the settings
-    instead). ``progress(report)`` is called after every stack. See the module."""
+    """Re-encrypt every checkpoint, and every stand-alone wait record, cached step,
+    context-change stream value and idempotency result the backend lists (of
+    ``namespace``, if given), under its namespace's current key, redacting what it
+    rewrites as the settings say; ``rotate`` first makes a new data key current for each
+    namespace (envelope keys; with keys in the settings, make the new key current in the
+    settings instead). ``progress(report)`` is called after every stack and every kind of
+    record. See the module."""
     adapter, codecs, keys = _codecs(backend)
     report = RekeyReport()
     stacks = [s async for s in _summaries(backend, namespace)]
@@ -208,18 +220,28 @@ async def rekey(
         await _rekey_one(adapter, codecs, keys, summary, report)
         if progress is not None:
             progress(report)
-    for kind in PAYLOAD_KINDS:
-        await _rekey_payloads(backend, codecs.sealer, keys, kind, namespace, rotate, report)
+    # One rule for every record rewritten: the settings' redaction, as on any new write
+    # (checkpoints get it from the pipeline their re-save goes through).
+    redacting = adapter.pipeline.redact_fields
+    for kind in (*PAYLOAD_KINDS, CONTEXT_KIND):
+        await _rekey_payloads(
+            backend, codecs.sealer, keys, kind, namespace, rotate, report, redacting
+        )
         if progress is not None:
             progress(report)
     if backend.idempotency is not None and namespace in (MISSING, None):
         # Idempotency keys have no namespace: a rekey of one namespace leaves them.
-        await _rekey_results(backend.idempotency, codecs.sealer, keys, rotate, report)
+        await _rekey_results(backend.idempotency, codecs.sealer, keys, rotate, report, redacting)
     return report
 
 
 async def _rekey_results(
-    store: Any, sealer: Sealer, keys: KeyProvider, rotate: bool, report: RekeyReport
+    store: Any,
+    sealer: Sealer,
+    keys: KeyProvider,
+    rotate: bool,
+    report: RekeyReport,
+    redacting: frozenset[str],
 ) -> None:
     while isinstance(store, PipelineIdempotencyStore):
         store = store.inner  # the results as stored
@@ -231,7 +253,9 @@ async def _rekey_results(
                 assert isinstance(keys, EnvelopeKeyProvider)
                 report.rotated = report.rotated or {}
                 report.rotated[None] = await keys.rotate(None)
-            await _rekey_item(store.swap_result, sealer, keys, item, None, item.key, counts)
+            await _rekey_item(
+                store.swap_result, sealer, keys, item, None, item.key, counts, redacting
+            )
     except CapabilityNotSupportedError as exc:
         del report.payloads["idempotency"]
         report.skipped["idempotency"] = str(exc)
@@ -240,6 +264,7 @@ async def _rekey_results(
 _KIND_NAMES: Final = {
     "wait": "wait records",
     "step": "cached steps",
+    "context": "context-change streams",
     "idempotency": "idempotency results",
 }
 
@@ -247,7 +272,7 @@ _KIND_NAMES: Final = {
 def _place(item: StoredPayload) -> tuple[str | None, str] | None:
     """The namespace and record id an item's payloads are bound to (its associated
     data), or ``None`` when its stored key does not tell them."""
-    if item.kind == "wait":
+    if item.kind != "step":  # a wait record's or a context stream's: listed with both
         return item.namespace, item.key
     split = split_namespaced_key(item.key)
     return None if split is None else (split[1], split[0])
@@ -303,15 +328,22 @@ async def _rekey_payloads(
     namespace: str | Missing | None,
     rotate: bool,
     report: RekeyReport,
+    redacting: frozenset[str],
 ) -> None:
     raw = backend.raw_adapter
     if not raw.supports(Capability.PAYLOAD_SCAN):
         report.skipped[kind] = f"the {raw.name} backend cannot list its {_KIND_NAMES[kind]}"
         return
+    try:
+        # Refused here, before any record, by a backend that lists wait records and
+        # cached steps but not its context streams (payload_kinds).
+        items = raw.scan_payloads(kind)
+    except CapabilityNotSupportedError as exc:
+        report.skipped[kind] = str(exc)
+        return
     counts = report.payloads.setdefault(kind, PayloadCounts())
     blobs = _blobs(backend)
     try:
-        items = raw.scan_payloads(kind)
         async for item in items:
             place = _place(item)
             if place is None:
@@ -325,7 +357,9 @@ async def _rekey_payloads(
                 assert isinstance(keys, EnvelopeKeyProvider)
                 report.rotated = report.rotated or {}
                 report.rotated[ns] = await keys.rotate(ns)
-            await _rekey_item(raw.swap_payload, sealer, keys, item, ns, record_id, counts, blobs)
+            await _rekey_item(
+                raw.swap_payload, sealer, keys, item, ns, record_id, counts, redacting, blobs
+            )
     except CapabilityNotSupportedError as exc:
         report.skipped[kind] = str(exc)
 
@@ -338,6 +372,7 @@ async def _rekey_item(
     ns: str | None,
     record_id: str,
     counts: PayloadCounts,
+    redacting: frozenset[str],
     blobs: _Blobs | None = None,
 ) -> None:
     active, _key = await keys.current_key(ns)
@@ -357,7 +392,8 @@ async def _rekey_item(
     try:
         for name, value in stored.items():
             at = Location(ns, record_id, item.kind, name)
-            fields[name] = await sealer.seal(await sealer.open(value, at), at)
+            opened = _redacted(item.kind, name, await sealer.open(value, at), redacting)
+            fields[name] = await sealer.seal(opened, at)
     except DecryptionError:
         counts.unreadable += 1
         return
@@ -370,6 +406,20 @@ async def _rekey_item(
         counts.rekeyed += 1
     else:
         counts.left += 1
+
+
+def _redacted(kind: PayloadKind, name: str, value: Any, fields: frozenset[str]) -> Any:
+    """A record's payload ``value`` (field ``name``) as the pipeline stores it on a new
+    write (:class:`~siglo.pipeline.Pipeline`): ``fields`` redacted at any depth, and a
+    context stream's value of a redacted key replaced whole, as a set of that key is
+    (:meth:`~siglo.pipeline.Pipeline.event_out`). A rekey rewrites a record only when it
+    re-encrypts it; without this the rewrite kept, sealed, the values the settings say
+    never to store, which the checkpoints it re-saves beside it no longer hold."""
+    if not fields:
+        return value
+    if kind == CONTEXT_KIND and orjson.loads(name)[1] in fields:
+        return REDACTED
+    return redact(value, fields)
 
 
 async def _rekey_one(

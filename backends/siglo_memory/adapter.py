@@ -20,7 +20,15 @@ from siglo.errors import (
 )
 from siglo.listing import CheckpointPage, CheckpointSummary, ListQuery, decode_cursor, encode_cursor
 from siglo.locking import Lease, using_lease
-from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
+from siglo.payloads import (
+    CONTEXT_KIND,
+    PAYLOAD_KINDS,
+    PayloadKind,
+    StoredPayload,
+    context_field,
+    wait_fields,
+    with_wait_fields,
+)
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -87,6 +95,7 @@ class MemoryStorageAdapter(StorageAdapter):
             Capability.PAYLOAD_SCAN,
         }
     )
+    payload_kinds: ClassVar[frozenset[PayloadKind]] = frozenset((*PAYLOAD_KINDS, CONTEXT_KIND))
 
     def __init__(
         self,
@@ -463,6 +472,20 @@ class MemoryStorageAdapter(StorageAdapter):
                         "wait", record.correlation_key, record.namespace, fields, entry.data
                     )
             return
+        if kind == CONTEXT_KIND:
+            for stream in list(self._contexts):
+                found = self._contexts.get(stream)
+                if found is None or (found[1] is not None and self.clock.now_ms() >= found[1]):
+                    continue
+                namespace, stack_id, step_id = stream
+                for name, data in list(found[0].items()):
+                    value = codec.loads(data, what="context value")
+                    if value is None:  # not a payload: nothing to seal (as a wait's None)
+                        continue
+                    field = context_field(step_id, name)
+                    token = (stream, name, data)
+                    yield StoredPayload(CONTEXT_KIND, stack_id, namespace, {field: value}, token)
+            return
         for stored in list(self._cache):
             entry = self._cache.get(stored)
             if entry is None or not entry.live(self.clock.now_ms()):
@@ -479,6 +502,19 @@ class MemoryStorageAdapter(StorageAdapter):
                 return False
             record = WaitRecord.from_json(entry.data)
             entry.data = with_wait_fields(record, fields).to_json()
+            return True
+        if item.kind == CONTEXT_KIND:
+            # One value of the stream, only if it is still the bytes listed: a change
+            # streamed meanwhile (or the stream's expiry) wins over the rekey.
+            stream, name, data = item.token
+            found = self._contexts.get(stream)
+            if found is None or (found[1] is not None and now >= found[1]):
+                return False
+            values = found[0]
+            if values.get(name) != data:
+                return False
+            (value,) = fields.values()
+            values[name] = codec.dumps(value, what=f"context value {name!r}")
             return True
         entry = self._cache.get(item.key)
         if entry is None or not entry.live(now) or entry.data != item.token:

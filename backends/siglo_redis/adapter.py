@@ -27,7 +27,15 @@ from siglo.errors import (
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import Hold, held, namespaced_key, workflow_lock_key
 from siglo.parts import MARK, BodyCache, assemble, split
-from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
+from siglo.payloads import (
+    CONTEXT_KIND,
+    PAYLOAD_KINDS,
+    PayloadKind,
+    StoredPayload,
+    context_field,
+    wait_fields,
+    with_wait_fields,
+)
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -57,6 +65,7 @@ from siglo_redis.scripts import (
     COMPARE_AND_DELETE,
     CONTEXT_CHANGE,
     CONTEXT_COMPARE_DELETE,
+    CONTEXT_SWAP,
     PARTS_DROP,
     STEP_SAVE,
 )
@@ -135,6 +144,7 @@ class RedisStorageAdapter(StorageAdapter):
             Capability.PAYLOAD_SCAN,
         }
     )
+    payload_kinds: ClassVar[frozenset[PayloadKind]] = frozenset((*PAYLOAD_KINDS, CONTEXT_KIND))
 
     def __init__(
         self,
@@ -905,6 +915,10 @@ class RedisStorageAdapter(StorageAdapter):
                     value = {"value": decode_cached(data)}
                     yield StoredPayload("step", key[start:], None, value, (key, data))
             return
+        if kind == CONTEXT_KIND:
+            async for item in self._scan_contexts(prefix):
+                yield item
+            return
         async for key in scan_keys(self._redis, self.client, f"{prefix}*wait:*"):
             data = await self._string_at(key)
             if data is None:
@@ -925,7 +939,37 @@ class RedisStorageAdapter(StorageAdapter):
             if fields:
                 yield StoredPayload("wait", record.correlation_key, ns, fields, (key, data))
 
+    async def _scan_contexts(self, prefix: str) -> AsyncIterator[StoredPayload]:
+        """Every value of every context hash, one item each (``context:`` also appears in
+        other keys' ids: only a hash whose key is a context key's is read)."""
+        async for key in scan_keys(self._redis, self.client, f"{prefix}*context:*"):
+            stream = self.keys.context_of(key)
+            if stream is None:
+                continue
+            if text(await self._redis.call("TYPE", self.client.type(key))) != "hash":
+                continue
+            namespace, stack_id, step_id = stream
+            values = await self._redis.call("HGETALL", self.client.hgetall(key))
+            for name, data in (values or {}).items():
+                field, stored = text(name) or "", raw(data) or b""
+                value = decode_context_value(stored)
+                if value is None:  # not a payload: nothing to seal (as a wait's None)
+                    continue
+                yield StoredPayload(
+                    CONTEXT_KIND,
+                    stack_id,
+                    namespace,
+                    {context_field(step_id, field): value},
+                    (key, field, stored),
+                )
+
     async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        if item.kind == CONTEXT_KIND:
+            key, field, stored = item.token
+            (value,) = fields.values()
+            new = codec.dumps(value, what=f"context value {field!r}")
+            # One script: the field written only if it still holds the bytes read.
+            return int(await self._redis.script(CONTEXT_SWAP, [key], [field, stored, new])) == 1
         key, data = item.token
         if item.kind == "wait":
             new = with_wait_fields(WaitRecord.from_json(data), fields).to_json()

@@ -50,6 +50,7 @@ exactly the seed's key names.
 
 from __future__ import annotations
 
+import re
 import threading
 from binascii import crc_hqx
 from dataclasses import dataclass
@@ -105,6 +106,15 @@ def namespace_segment(namespace: str) -> str:
         # An escaped form always contains "%", a verbatim one never does: injective.
         escaped = f"%{ord(escaped[0]):02X}{escaped[1:]}"
     return escaped
+
+
+_ESCAPED: Final = re.compile("%([0-9A-F]{2})")
+
+
+def _unescape(segment: str) -> str:
+    """The id a key segment was made of: every ``%XX`` back to its character (the escape
+    writes ``%`` itself as ``%25``, so no ``%XX`` is ever literal)."""
+    return _ESCAPED.sub(lambda m: chr(int(m.group(1), 16)), segment)
 
 
 def _context_stack_segment(stack_id: str) -> str:
@@ -272,6 +282,30 @@ class KeySpace:
     def context(self, stack_id: str, step_id: str, namespace: str | None = None) -> str:
         ns = "" if namespace is None else f"{namespace_segment(namespace)}:"
         return f"{self.prefix}{ns}context:{_context_stack_segment(stack_id)}:{step_id}"
+
+    def context_of(self, key: str) -> tuple[str | None, str, str] | None:
+        """``(namespace, stack id, step id)`` of a context hash's key, or ``None`` for a
+        key that is not one (``siglo rekey`` walks the streams by key pattern, which also
+        matches other keys whose ids hold ``context:``).
+
+        The namespace and the stack id are the segments before and after ``context:``,
+        neither holding a ``:`` (escaped); the step id is the rest. A key is taken only if
+        it is exactly the one :meth:`context` makes of what it read, so a key of another
+        kind never passes for a stream."""
+        if not key.startswith(self.prefix):
+            return None
+        rest = key[len(self.prefix) :]
+        namespace: str | None = None
+        if not rest.startswith("context:"):
+            segment, _, rest = rest.partition(":")
+            namespace = _unescape(segment)
+            if not rest.startswith("context:"):
+                return None
+        stack, colon, step = rest[len("context:") :].partition(":")
+        if not colon:
+            return None
+        found = (namespace, _unescape(stack), step)
+        return found if self.context(found[1], step, namespace) == key else None
 
     @property
     def lock_prefix(self) -> str:

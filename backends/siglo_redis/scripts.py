@@ -24,6 +24,7 @@ __all__ = [
     "COMPARE_AND_DELETE",
     "CONTEXT_COMPARE_DELETE",
     "CONTEXT_CHANGE",
+    "CONTEXT_SWAP",
     "IDEMPOTENCY_CLAIM_OWNED",
     "IDEMPOTENCY_COMPLETE",
     "IDEMPOTENCY_EXTEND",
@@ -435,6 +436,19 @@ if ARGV[4] == '' then
 else
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
+return 1
+""",
+)
+
+CONTEXT_SWAP: Final = Script(
+    "context_swap",
+    """
+-- siglo rekey: replace one field of a context hash only if it still holds the value read,
+-- so a change streamed meanwhile is never overwritten; HSET keeps the hash's TTL.
+-- KEYS[1] context hash. ARGV[1] field, ARGV[2] value read, ARGV[3] new value.
+-- Returns 1 if done, 0 if the field had changed or gone (or the hash expired).
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1
 """,
 )

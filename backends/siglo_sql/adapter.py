@@ -25,7 +25,15 @@ from siglo.errors import (
 )
 from siglo.listing import CheckpointPage, ListQuery
 from siglo.locking import Hold, held, namespaced_key, workflow_lock_key
-from siglo.payloads import PayloadKind, StoredPayload, wait_fields, with_wait_fields
+from siglo.payloads import (
+    CONTEXT_KIND,
+    PAYLOAD_KINDS,
+    PayloadKind,
+    StoredPayload,
+    context_field,
+    wait_fields,
+    with_wait_fields,
+)
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -100,6 +108,7 @@ class SqlStorageAdapter(StorageAdapter):
             Capability.PAYLOAD_SCAN,
         }
     )
+    payload_kinds: ClassVar[frozenset[PayloadKind]] = frozenset((*PAYLOAD_KINDS, CONTEXT_KIND))
     workflow_lock: SqlLock
 
     def __init__(
@@ -1115,13 +1124,25 @@ class SqlStorageAdapter(StorageAdapter):
     async def _do_scan_payloads(self, kind: PayloadKind) -> AsyncIterator[StoredPayload]:
         s = self._s
         after = b""
+        scan = {"wait": s.wait_scan, CONTEXT_KIND: s.ctx_scan}.get(kind, s.cache_scan)
         while True:
             params = {"after": after, "now": self.clock.now_ms(), "limit": self._SCAN_PAGE}
-            rows = await self.database.fetch(
-                s.wait_scan if kind == "wait" else s.cache_scan, params
-            )
+            rows = await self.database.fetch(scan, params)
             for row in rows:
-                if kind == "wait":
+                if kind == CONTEXT_KIND:
+                    _, namespace, stack_id, step_id, name, data = row
+                    data = bytes(data)
+                    value = codec.loads(data, what="context value")
+                    if value is None:  # not a payload: nothing to seal (as a wait's None)
+                        continue
+                    yield StoredPayload(
+                        CONTEXT_KIND,
+                        stack_id,
+                        namespace or None,  # stored "" for none (a namespace is never "")
+                        {context_field(step_id, name): value},
+                        (bytes(row[0]), data),
+                    )
+                elif kind == "wait":
                     document = bytes(row[1])
                     payload = None if row[2] is None else bytes(row[2])
                     record = WaitRecord.from_json(document)
@@ -1163,6 +1184,16 @@ class SqlStorageAdapter(StorageAdapter):
                 "now": now,
             }
             return bool(await self.database.write(self._s.wait_swap, params))
+        if item.kind == CONTEXT_KIND:
+            row, data = item.token
+            (value,) = fields.values()
+            params = {
+                "id": row,
+                "value": codec.dumps(value, what="context value"),
+                "old_value": data,
+                "now": now,
+            }
+            return bool(await self.database.write(self._s.ctx_swap, params))
         row, value = item.token
         params = {
             "id": row,

@@ -152,6 +152,8 @@ class Statements:
     ctx_get: str
     ctx_clean_batch: str
     ctx_delete_stack: str
+    ctx_scan: str
+    ctx_swap: str
     # idempotency
     idem_claim: str
     idem_state: str
@@ -621,6 +623,17 @@ def _context_changes(cx: str, exact: Callable[[str], str]) -> dict[str, str | No
         "ctx_delete_stack": (
             f"DELETE FROM {cx} WHERE substr(stack_id, 1, {ID_PREFIX}) = :stack_id_prefix "
             f"AND {exact('stack_id')} = :stack_id AND namespace = :namespace"
+        ),
+        # siglo rekey: a keyset walk of the live values, and a rewrite of one only if it
+        # still holds the value read (the compare-and-set of swap_payload): a change
+        # streamed meanwhile is never overwritten, and the stream's expiry stays.
+        "ctx_scan": (
+            f"SELECT id, namespace, stack_id, step_id, field, value FROM {cx} "
+            f"WHERE id > :after AND {LIVE} ORDER BY id LIMIT :limit"
+        ),
+        "ctx_swap": (
+            f"UPDATE {cx} SET value = :value WHERE id = :id AND value = :old_value "
+            f"AND {LIVE} RETURNING 1"
         ),
     }
 

@@ -39,9 +39,10 @@ def _progress() -> Progress:
     help="First make a new data key current for each namespace (envelope keys).",
 )
 def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
-    """Re-encrypt every checkpoint, stand-alone wait record and cached step under its
-    namespace's current key (compare-and-set; run it again to finish after an
-    interruption: what is current is skipped)."""
+    """Re-encrypt every checkpoint, stand-alone wait record, cached step, context-change
+    stream value and idempotency result under its namespace's current key
+    (compare-and-set; run it again to finish after an interruption: what is current is
+    skipped)."""
 
     async def run() -> RekeyReport:
         with _progress() as progress:
@@ -91,6 +92,7 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
 _NOUNS = {
     "wait": "stand-alone wait record(s)",
     "step": "cached step(s)",
+    "context": "context-change stream value(s)",
     "idempotency": "idempotency result(s)",
 }
 

@@ -21,21 +21,27 @@ import orjson
 import pytest
 from click.testing import CliRunner
 from ops_support import DURABLE_KINDS, shared_store
-from raw_storage import raw_bytes
+from raw_storage import KINDS, any_backend, raw_bytes
 
 import siglo
 import siglo.cli.keys
 from siglo.checkpoint import Checkpoint
 from siglo.config import CONFIG_ENV, ENVIRONMENT, Settings
-from siglo.errors import CheckpointConflictError, DecryptionError, KeyErasedError
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    CheckpointConflictError,
+    DecryptionError,
+    KeyErasedError,
+)
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider
 from siglo.locking import namespaced_key, split_namespaced_key
 from siglo.payloads import StoredPayload
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
-from siglo.records import WaitRecord
+from siglo.records import ContextChangeEvent, WaitRecord
 from siglo.rekeying import erase, rekey
 from siglo.sealing import SEALED_KEY, Location
 from siglo_memory.adapter import MemoryStorageAdapter
+from siglo_redis.keys import KeySpace
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "rekey-SECRET-90aa"
@@ -789,5 +795,261 @@ async def test_a_backend_without_payload_scan_is_rekeyed_and_says_what_it_left()
     adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
     report = await rekey(siglo.Backend(name="third-party", url="memory://", adapter=adapter))
     assert report.rekeyed == 1 and report.payloads == {}
-    assert set(report.skipped) == {"wait", "step"}
+    assert set(report.skipped) == {"wait", "step", "context"}
     assert "cannot list its cached steps" in report.skipped["step"]
+    assert "cannot list its context-change streams" in report.skipped["context"]
+
+
+def change(
+    stack_id: str, step_id: str, key: str, value: Any, namespace: str | None, at: int = 1
+) -> ContextChangeEvent:
+    return ContextChangeEvent(
+        stack_id=stack_id, step_id=step_id, key=key, value=value, namespace=namespace, timestamp=at
+    )
+
+
+STREAMS = (("t1", "plain", "pay"), (None, "s:2", "step.a"), ("t2", "s3", "pay"))
+"""Context streams ``(namespace, stack id, step id)`` of the stream tests: ids with the
+characters the Redis keys escape or the associated data must keep apart."""
+
+
+async def stored_streams(backend: siglo.Backend) -> dict[tuple[Any, ...], Any]:
+    """Every value of :data:`STREAMS` as stored, by ``(namespace, stack, step, key)``."""
+    raw = backend.raw_adapter
+    return {
+        (ns, stack, step, key): value
+        for ns, stack, step in STREAMS
+        for key, value in (await raw.get_context_changes(stack, step, ns)).items()
+    }
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_rekey_reseals_context_streams_in_clear_and_under_an_old_key(kind: str) -> None:
+    """The per-step change history is re-sealed like every other record: a stream written
+    in clear (encryption turned on later) or under a key since rotated reads afterwards
+    with the current key alone and with require_encryption, and a second run finds it
+    current."""
+    old, new = new_key(), new_key()
+    async with any_backend(kind) as backend:
+        clear = backend.raw_adapter
+        await clear.on_context_change(change("plain", "pay", "card", {"n": SECRET}, "t1"))
+        await clear.on_context_change(change("plain", "pay", "note", SECRET, "t1"))
+        await clear.on_context_change(change("s:2", "step.a", "b.c", [SECRET], None))
+        # A value set to null is no payload: nothing to seal, not counted.
+        await clear.on_context_change(change("s:2", "step.a", "gone", None, None))
+        first = piped(backend, Settings(encryption_keys={"k1": old}))
+        await first.on_context_change(change("s3", "pay", "card", {"n": SECRET}, "t2"))
+        settings = Settings(encryption_keys={"k1": old, "k2": new}, encryption_key_id="k2")
+        rotator = siglo.Backend(
+            name=backend.name, url=backend.url, adapter=piped(backend, settings)
+        )
+        report = await rekey(rotator)
+        assert "context" not in report.skipped, report.skipped
+        counts = report.payloads["context"]
+        assert (counts.rekeyed, counts.current, counts.left, counts.unreadable) == (4, 0, 0, 0)
+        stored = await stored_streams(backend)
+        assert stored.pop((None, "s:2", "step.a", "gone")) is None
+        assert len(stored) == 4
+        for value in stored.values():
+            assert value[SEALED_KEY].split(".")[2] == "k2", value
+        if kind != "sqlite":  # SQLite keeps old row versions until it compacts (the docs)
+            assert SECRET.encode() not in await raw_bytes(kind, backend)
+        strict = piped(backend, Settings(encryption_keys={"k2": new}, require_encryption=True))
+        assert await strict.get_context_changes("plain", "pay", "t1") == {
+            "card": {"n": SECRET},
+            "note": SECRET,
+        }
+        assert await strict.get_context_changes("s:2", "step.a") == {"b.c": [SECRET], "gone": None}
+        assert await strict.get_context_changes("s3", "pay", "t2") == {"card": {"n": SECRET}}
+        again = (await rekey(rotator)).payloads["context"]
+        assert (again.rekeyed, again.current) == (0, 4)
+        # A rekey of one namespace rewrites that namespace's streams only.
+        assert (await rekey(rotator, namespace="t1")).payloads["context"].current == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_stream_value_changed_after_it_was_listed_is_not_rewritten(kind: str) -> None:
+    """The compare-and-set under siglo rekey's stream rewrite (docs/encryption.md): a
+    value changed or deleted since the walk listed it stays as the writer left it."""
+    name = '["step","k"]'
+    async with any_backend(kind) as backend:
+        raw = backend.raw_adapter
+        await raw.on_context_change(change("s", "step", "k", "old", "t"))
+        (item,) = [i async for i in raw.scan_payloads("context")]
+        assert (item.kind, item.key, item.namespace, item.fields) == (
+            "context",
+            "s",
+            "t",
+            {name: "old"},
+        )
+        await raw.on_context_change(change("s", "step", "k", "new", "t", 2))
+        assert not await raw.swap_payload(item, {name: "rekeyed"})
+        assert await raw.get_context_changes("s", "step", "t") == {"k": "new"}
+        (item,) = [i async for i in raw.scan_payloads("context")]
+        assert await raw.swap_payload(item, {name: "rekeyed"})
+        assert await raw.get_context_changes("s", "step", "t") == {"k": "rekeyed"}
+        await raw.on_context_change(
+            ContextChangeEvent(
+                stack_id="s", step_id="step", key="k", op="delete", namespace="t", timestamp=3
+            )
+        )
+        assert not await raw.swap_payload(item, {name: "again"})
+        assert await raw.get_context_changes("s", "step", "t") == {}
+        assert [i async for i in raw.scan_payloads("context")] == []
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_rekeying_context_streams_under_concurrent_changes_loses_nothing(kind: str) -> None:
+    """Rotations while runs stream changes to the same fields: each rewrite of the rekey
+    is a compare-and-set on the value it read, so no change streamed meanwhile is lost."""
+    settings = Settings(master_key=f"base64:{new_key()}")
+    stacks, fields, rounds = 3, 3, 12
+    async with any_backend(kind, checkpoint_ttl_ms=None) as backend:
+        setup = piped(backend, settings)
+        last: dict[tuple[str, str], Any] = {}
+        for n in range(stacks):
+            for f in range(fields):
+                value = {"round": -1, "secret": SECRET}
+                await setup.on_context_change(change(f"s{n}", "step", f"k{f}", value, "t"))
+                last[(f"s{n}", f"k{f}")] = value
+
+        async def streamer(n: int) -> None:
+            mine = piped(backend, settings)
+            provider = mine.codecs.sealer.keys
+            assert isinstance(provider, EnvelopeKeyProvider)
+            provider.refresh_s = 0.05
+            for r in range(rounds):
+                for f in range(fields):
+                    value = {"round": r, "secret": SECRET}
+                    await mine.on_context_change(change(f"s{n}", "step", f"k{f}", value, "t", r))
+                    last[(f"s{n}", f"k{f}")] = value
+                await asyncio.sleep(0.002)
+
+        async def rotations() -> list[Any]:
+            reports = []
+            for _ in range(3):
+                rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
+                reports.append(await rekey(rotator, rotate=True))
+                await asyncio.sleep(0.005)
+            return reports
+
+        results = await asyncio.gather(*(streamer(n) for n in range(stacks)), rotations())
+        assert len({tuple(r.rotated.values()) for r in results[-1]}) == 3
+        rotator = siglo.Backend(name=backend.name, url=backend.url, adapter=setup)
+        for _ in range(3):  # what changed under a rewrite is finished by a next run
+            final = await rekey(rotator)
+            if not final.payloads["context"].left:
+                break
+        counts = final.payloads["context"]
+        assert counts.left == 0 and counts.unreadable == 0, counts
+        assert counts.rekeyed + counts.current == stacks * fields
+        reader = piped(backend, settings)
+        for n in range(stacks):
+            found = await reader.get_context_changes(f"s{n}", "step", "t")
+            assert found == {f"k{f}": last[(f"s{n}", f"k{f}")] for f in range(fields)}
+        current = results[-1][-1].rotated["t"]
+        for n in range(stacks):
+            for value in (
+                await backend.raw_adapter.get_context_changes(f"s{n}", "step", "t")
+            ).values():
+                assert value[SEALED_KEY].split(".")[2] == current
+
+
+@pytest.mark.rule("manager.redaction.stored")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_rekey_redacts_every_kind_of_record_it_rewrites(kind: str, tmp_path: Path) -> None:
+    """With redact_fields set, siglo rekey stores what it rewrites as the pipeline stores
+    a new write: the checkpoints it re-saves, and the stand-alone wait records, cached
+    steps, context streams and idempotency results it re-seals alike."""
+    key = new_key()
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        clear = backend.raw_adapter
+        card = {"card": SECRET, "keep": 1}
+        await clear.save_checkpoint(
+            Checkpoint(
+                stack_id="plain", namespace="t1", revision=1, timestamp=5, contexts={"pay": card}
+            ),
+            expected_revision=0,
+        )
+        await clear.save_wait_record(
+            WaitRecord(
+                correlation_key="w1",
+                stack_id="plain",
+                namespace="t1",
+                metadata=card,
+                event_payload=card,
+            )
+        )
+        await clear.set_cached_step("charge", card, 600_000, namespace="t1")
+        await clear.on_context_change(change("plain", "pay", "card", SECRET, "t1"))
+        await clear.on_context_change(change("plain", "pay", "nested", card, "t1"))
+        assert backend.idempotency is not None
+        await backend.idempotency.claim("pay-1")
+        await backend.idempotency.complete("pay-1", card)
+        env = {"SIGLO_ENCRYPTION_KEYS": f"k1={key}", "SIGLO_REDACT_FIELDS": "card"}
+        done = run_siglo(tmp_path, "rekey", backend.url, env=env)
+        assert done.returncode == 0, done.stderr.decode()
+        redacted = {"card": "[REDACTED]", "keep": 1}
+        # Read back with the key and no redaction of its own: what is stored.
+        reader = piped(backend, Settings(encryption_keys={"k1": key}, require_encryption=True))
+        found = await reader.get_checkpoint("plain", "t1", fallback=False)
+        assert found is not None and found.contexts["pay"] == redacted
+        wait = await reader.get_wait_record("w1", namespace="t1")
+        assert wait is not None and wait.event_payload == redacted and wait.metadata == redacted
+        assert await reader.get_cached_step("charge", namespace="t1") == redacted
+        _, results = pipeline_parts(
+            backend.raw_adapter,
+            backend.idempotency,
+            Pipeline(Settings(encryption_keys={"k1": key}, require_encryption=True)),
+        )
+        assert results is not None and await results.get_result("pay-1") == redacted
+        # The stream: a set of a redacted key stores the marker whole, as a new set does.
+        assert b"rekeyed 2 context-change stream value(s)" in done.stdout
+        assert await reader.get_context_changes("plain", "pay", "t1") == {
+            "card": "[REDACTED]",
+            "nested": redacted,
+        }
+
+
+async def test_a_backend_that_does_not_list_its_streams_is_never_asked_to() -> None:
+    """A third party's backend with payload_scan written before streams were listed: its
+    walk is never called for "context" (it would take it for another kind); the rekey
+    names the kind it left."""
+
+    class OldScan(MemoryStorageAdapter):
+        payload_kinds = frozenset({"wait", "step"})
+
+    raw = OldScan()
+    settings = Settings(encryption_keys={"k1": new_key()})
+    adapter, _ = pipeline_parts(raw, None, Pipeline(settings))
+    await adapter.set_cached_step("k", {"b": SECRET}, 600_000)
+    await adapter.on_context_change(change("s", "step", "k", SECRET, None))
+    with pytest.raises(CapabilityNotSupportedError, match="context-change streams"):
+        raw.scan_payloads("context")
+    (item,) = [i async for i in raw.scan_payloads("step")]
+    forged = StoredPayload("context", "s", None, {'["step","k"]': 1}, item.token)
+    with pytest.raises(CapabilityNotSupportedError):
+        await raw.swap_payload(forged, {'["step","k"]': 2})
+    report = await rekey(siglo.Backend(name="third-party", url="memory://", adapter=adapter))
+    assert "context" not in report.payloads
+    assert "does not list its context-change streams" in report.skipped["context"]
+    assert report.payloads["step"].current == 1
+
+
+def test_a_redis_context_key_reads_back_and_no_other_key_passes_for_one() -> None:
+    """What siglo rekey reads a Redis context hash's namespace, stack and step from."""
+    keys = KeySpace("p:")
+    for ns in (None, "t", "a:b", "%x", "context", "wait"):
+        for stack in ("s", "a:b", "5%", "context:x"):
+            for step in ("pay", "a:b", "context:z"):
+                assert keys.context_of(keys.context(stack, step, ns)) == (ns, stack, step)
+    for other in (
+        keys.checkpoint("context:a:b"),
+        keys.wait("context:a:b"),
+        keys.checkpoint("context:x", "ns"),
+        keys.wait("context:a:b", "t"),
+        "q:context:a:b",
+    ):
+        assert keys.context_of(other) is None, other
