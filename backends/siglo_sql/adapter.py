@@ -60,7 +60,14 @@ from siglo_sql.parts import (
     assemble,
     split,
 )
-from siglo_sql.rows import checkpoint_row, due_wait_from_row, wait_from_row, wait_id, wait_row
+from siglo_sql.rows import (
+    checkpoint_row,
+    due_wait_from_row,
+    stored_bytes,
+    wait_from_row,
+    wait_id,
+    wait_row,
+)
 from siglo_sql.schema import DEFAULT_PREFIX, ID_PREFIX, SCHEMA_VERSION, build_tables
 from siglo_sql.statements import (
     LIVE,
@@ -795,14 +802,14 @@ class SqlStorageAdapter(StorageAdapter):
         if got is None:
             return None
         if got[1] is None:  # stored whole: no further read
-            return Checkpoint.from_json(bytes(got[0]))
+            return Checkpoint.from_json(stored_bytes(got[0]))
         # The row and its parts came in one statement: one snapshot, so every part the
         # row names is there (else the read starts again, as a two-statement read would).
-        parts = bytes(got[1])
+        parts = stored_bytes(got[1], "parts")
         # Its bodies kept as the document is assembled: a save of the loaded checkpoint
         # with one context changed hashes that one alone (16 contexts of 16 KB: 16
         # SHA-256 of 9 us each otherwise), and the next load here reads the row alone.
-        data = self._bodies.assemble(key, bytes(got[0]), parts, got[2])
+        data = self._bodies.assemble(key, stored_bytes(got[0]), parts, got[2])
         if data is not None:
             # Every part the row names came with it, and no others (one snapshot): the
             # version read and these digests are what a save of it replaces.
@@ -984,7 +991,7 @@ class SqlStorageAdapter(StorageAdapter):
             except MalformedRecordError as exc:
                 raise await self._wait_named(exc, row[0], key, namespace) from exc
         # Seed 001 §5: last, a wait record kept in the checkpoint's metadata.
-        checkpoint = Checkpoint.from_json(bytes(row[1]))
+        checkpoint = Checkpoint.from_json(stored_bytes(row[1]))
         return embedded_wait_record(checkpoint.metadata)
 
     async def _wait_named(
@@ -1082,7 +1089,7 @@ class SqlStorageAdapter(StorageAdapter):
             rows = await tx.fetch(self._s.cp_get_for_cancel, {"id": key, "now": now})
             if not rows:
                 return
-            checkpoint = Checkpoint.from_json(bytes(rows[0][0]))
+            checkpoint = Checkpoint.from_json(stored_bytes(rows[0][0]))
             if checkpoint.status in TERMINAL_STATUSES:
                 return
             cancelled = checkpoint.replace(
@@ -1310,7 +1317,7 @@ def _with_bodies(rows: list[tuple[Any, ...]]) -> tuple[Any, ...]:
 
 def _document(row: Sequence[Any]) -> tuple[bytes, bytes | None]:
     """``(document, parts)`` of a checkpoint row read as ``document, parts, …``."""
-    return bytes(row[0]), None if row[1] is None else bytes(row[1])
+    return stored_bytes(row[0]), None if row[1] is None else stored_bytes(row[1], "parts")
 
 
 def _refused_privilege(error: BaseException) -> bool:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from siglo_sql.database import Database
+from siglo_sql.rows import stored_bytes
 
 __all__ = ["DEFAULT_MAX_BATCH", "KeyedReads"]
 
@@ -76,7 +77,7 @@ class KeyedReads:
     async def get(self, key: bytes) -> bytes | None:
         """The value stored under ``key`` (``None``: no live row)."""
         row = await self.get_row(key)
-        return None if row is None else bytes(row[0])
+        return None if row is None else stored_bytes(row[0])
 
     async def get_row(self, key: bytes) -> tuple[Any, ...] | None:
         """The value stored under ``key`` and the columns read after it (``None``: no

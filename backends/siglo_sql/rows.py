@@ -18,12 +18,29 @@ from siglo_sql.keys import at_most, row_id
 
 __all__ = [
     "checkpoint_row",
+    "stored_bytes",
     "earliest",
     "due_wait_from_row",
     "wait_from_row",
     "wait_id",
     "wait_row",
 ]
+
+
+def stored_bytes(value: Any, field: str = "document") -> bytes:
+    """A document column's value as bytes: a BLOB as it is, a TEXT value — a row written
+    past siglo, by the ``sqlite3`` shell's ``UPDATE … SET document = '{…}'`` — as its
+    UTF-8; anything else is :class:`MalformedRecordError` (which the paths that read a
+    stack name it with), never a ``TypeError``."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    raise MalformedRecordError(
+        "checkpoint", field, f"is stored as {type(value).__name__}, not a JSON document"
+    )
 
 
 def earliest(a: int | None, b: int | None) -> int | None:

@@ -259,3 +259,26 @@ async def test_opens_when_the_loops_default_executor_is_shut_down(tmp_path: Path
             assert await backend.adapter.get_checkpoint("s99") is not None
     finally:
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())
+
+
+async def test_a_document_written_past_siglo_as_text_reads(tmp_path: Path) -> None:
+    """A checkpoint row edited with the ``sqlite3`` shell (``UPDATE … SET document =
+    '{…}'``) holds TEXT, not a BLOB: it reads as the document it spells; a value that is
+    no document at all is a MalformedRecordError (which `siglo show`, `export` and the
+    dashboard name the stack with), never a TypeError."""
+    path = tmp_path / "edited.db"
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        manager = siglo.StorageManager(backend)
+        stack = manager.create_stack("edited")
+        stack.set("a", "k", 1)
+        await stack.save()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE siglo_checkpoints SET document = CAST(document AS TEXT)")
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        found = await backend.adapter.get_checkpoint("edited")
+        assert found is not None and found.contexts == {"a": {"k": 1}}
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE siglo_checkpoints SET document = 42")
+    async with siglo.connect(f"sqlite:///{path}") as backend:
+        with pytest.raises(siglo.MalformedRecordError, match="not a JSON document"):
+            await siglo.StorageManager(backend).load_checkpoint("edited")
