@@ -173,11 +173,6 @@ class Settings:
                 f"blob_grace_ms must be an integer of milliseconds >= 0, got {grace!r} "
                 f"({self.source})"
             )
-        if least is not None and self.blob_url is None:
-            raise InvalidArgumentError(
-                f"offload_min_bytes is set but blob_url is not: name the blob store the "
-                f"offloaded values go to, such as file:///var/lib/app/blobs ({self.source})"
-            )
         if not isinstance(self.options, Mapping) or not all(
             isinstance(k, str) for k in self.options
         ):
@@ -231,6 +226,11 @@ class Settings:
         # Settings that depend on each other are checked once every source is applied:
         # a file may name the key id or require encryption while the keys themselves come
         # from the environment.
+        if self.offload_min_bytes is not None and self.blob_url is None:
+            raise InvalidArgumentError(
+                f"offload_min_bytes is set but blob_url is not: name the blob store the "
+                f"offloaded values go to, such as file:///var/lib/app/blobs ({self.source})"
+            )
         keys = self.encryption_keys
         master = self.master_key
         if self.encryption_key_id is not None and self.encryption_key_id not in keys:

@@ -52,6 +52,7 @@ def test_a_run_resumed_in_another_process_links_to_the_run_that_suspended_it(
     assert run["attributes"] == {
         "siglo.workflow.name": "orders",
         "siglo.run.id": "order-42",
+        "siglo.outcome": "suspended",  # it waits: not an error (docs/observability.md)
     }
     assert {s["trace_id"] for s in spans} == {run["trace_id"]}
     steps = [s["name"] for s in spans if s["name"].startswith("step ")]
