@@ -170,7 +170,7 @@ class _AsStored(Sealer):
 
     __slots__ = ()
 
-    async def open(self, value: Any, where: Location) -> Any:
+    async def open(self, value: Any, where: Location, *, reuse: bool = False) -> Any:
         return value
 
 

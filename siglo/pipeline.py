@@ -223,7 +223,9 @@ class Codecs:
         contexts = {}
         for step, ctx in checkpoint.contexts.items():
             where = Location(ns, sid, "checkpoint", f"contexts.{step}")
-            contexts[step] = await sealer.seal_dict(ctx, where)
+            # A context is stored again at every save: unchanged, it keeps its ciphertext,
+            # so the incremental saves and offloading see it unchanged (siglo.sealing).
+            contexts[step] = await sealer.seal_dict(ctx, where, reuse=True)
         metadata = await self.metadata_out(checkpoint.metadata, ns, sid)
         return checkpoint.replace(contexts=contexts, metadata=metadata)
 
@@ -298,7 +300,7 @@ class Codecs:
                     f"{ctx[SEALED_KEY][REF_KEY]}, and this connection has no blob store to "
                     f"read it from: {NO_BLOB_STORE}"
                 )
-            opened = await sealer.open(ctx, where)
+            opened = await sealer.open(ctx, where, reuse=True)
             changed = changed or opened is not ctx
             contexts[step] = opened
         metadata = await self.metadata_in(checkpoint.metadata, ns, sid)

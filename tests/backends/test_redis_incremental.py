@@ -7,6 +7,7 @@ the whole document TypeScript reads."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -17,7 +18,9 @@ from _redis_helpers import REDIS_URL, require_redis
 
 import siglo
 from siglo import Checkpoint, CheckpointConflictError
+from siglo.config import Settings
 from siglo.errors import InvalidArgumentError
+from siglo.pipeline import Pipeline, pipeline_adapter
 from siglo.records import ContextChangeEvent
 from siglo.transfer import export_lines, import_lines
 from siglo_redis.adapter import RedisStorageAdapter
@@ -91,6 +94,37 @@ async def test_a_save_sends_only_the_contexts_that_changed() -> None:
         got = await a.get_checkpoint("run")
         assert got is not None and got.to_json() == second.to_json()
         assert len([f for f in await a.client.hkeys(parts) if not f.startswith(b"@")]) == 11
+
+
+async def test_with_encryption_a_save_sends_only_the_contexts_that_changed() -> None:
+    # Every save sealed every context with a fresh nonce: each was new bytes, and every
+    # save sent (and wrote) all of them. Sealed, an unchanged context keeps its bytes.
+    async with _backend(incremental_min_bytes=0) as backend:
+        a = _adapter(backend)
+        sent = _Sent(a)
+        key = base64.b64encode(bytes(range(32))).decode()
+        sealed: Any = pipeline_adapter(a, Pipeline(Settings(encryption_keys={"k1": key})))
+        await sealed.save_checkpoint(_doc(1, 10))
+        parts = a.keys.checkpoint_parts("run")
+
+        async def bodies() -> dict[bytes, bytes]:
+            found = await a.client.hgetall(parts)
+            return {f: v for f, v in found.items() if not f.startswith(b"@")}
+
+        first = await bodies()
+        one = max(len(v) for v in first.values())
+        assert len(first) == 10 and one > 4_000  # a context's ciphertext, base64
+        # One context changed: its body alone is sent, beside the skeleton and the list.
+        await sealed.save_checkpoint(_doc(2, 10, changed=3), expected_revision=1)
+        assert sent.calls[1] < one + 2_000, sent.calls
+        second = await bodies()
+        assert len(second.keys() - first.keys()) == 1 and len(first.keys() - second.keys()) == 1
+        # Saved again as it is: no body sent, the bodies unchanged.
+        await sealed.save_checkpoint(_doc(3, 10, changed=3), expected_revision=2)
+        assert sent.calls[2] < 2_000, sent.calls
+        assert await bodies() == second
+        got = await sealed.get_checkpoint("run")
+        assert got is not None and got.to_json() == _doc(3, 10, changed=3).to_json()
 
 
 async def test_the_script_read_agrees_with_the_transaction() -> None:

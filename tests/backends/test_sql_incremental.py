@@ -7,6 +7,7 @@ on their next large save."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import pytest
@@ -16,7 +17,10 @@ from test_sql_migrations import check_v1_data, v1_database
 import siglo
 import siglo.parts
 from siglo import Checkpoint, CheckpointConflictError
+from siglo.config import Settings
 from siglo.locking import run_with_lock, workflow_lock_key
+from siglo.pipeline import Pipeline, pipeline_adapter
+from siglo.sealing import SEALED_KEY
 from siglo_sql.adapter import SqlStorageAdapter
 from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, assemble, split
 
@@ -603,6 +607,62 @@ async def test_a_migrated_store_reads_as_before_and_moves_to_parts(kind: str) ->
         got = await a.get_checkpoint("stack-1")
         assert got is not None and got.to_json() == grown.to_json()
         assert len(await _digests(backend)) == len(grown.contexts)
+
+
+_KEY = base64.b64encode(bytes(range(32))).decode()
+
+
+def _encrypting(raw: Any) -> Any:
+    """``raw`` behind a pipeline that encrypts (a process of its own: its own codecs)."""
+    return pipeline_adapter(raw, Pipeline(Settings(encryption_keys={"k1": _KEY})))
+
+
+@KINDS
+async def test_with_encryption_an_unchanged_context_is_not_written_again(kind: str) -> None:
+    # Every save sealed every context with a fresh nonce, so each was new bytes and
+    # every save wrote every part again (21 saves of 8 contexts, one changing: 188 part
+    # rows on PostgreSQL instead of 28). Sealed, an unchanged context keeps its bytes.
+    async with open_backend(kind) as backend:
+        raw: Any = backend.raw_adapter
+        a = _encrypting(raw)
+        await a.save_checkpoint(_doc(1, 8))
+        first = await _digests(backend)
+        assert len(first) == 8
+        stored = await raw.get_checkpoint("run")
+        assert stored is not None and SEALED_KEY in stored.contexts["step-0"]
+        # step-2 changes: its part alone is written, under a new ciphertext.
+        await a.save_checkpoint(_doc(2, 8, changed=2), expected_revision=1)
+        second = await _digests(backend)
+        assert len(second - first) == 1 and len(first - second) == 1
+        again = await raw.get_checkpoint("run")
+        assert again is not None
+        assert again.contexts["step-2"] != stored.contexts["step-2"]
+        assert all(
+            again.contexts[s] == stored.contexts[s] for s in stored.contexts if s != "step-2"
+        )
+        # Saved again as they are: nothing written.
+        for revision in (3, 4):
+            await a.save_checkpoint(_doc(revision, 8, changed=2), expected_revision=revision - 1)
+            assert await _digests(backend) == second
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == _doc(4, 8, changed=2).to_json()
+        # Another process (its own codecs and bodies) loads it and saves it with step-6
+        # changed: the contexts it loaded keep their ciphertexts, step-6 alone is written.
+        other = _encrypting(
+            SqlStorageAdapter(
+                raw.database, raw._s, table_prefix=raw.table_prefix, schema=raw.schema
+            )
+        )
+        loaded = await other.get_checkpoint("run")
+        assert loaded is not None and loaded.to_json() == got.to_json()
+        contexts = dict(loaded.contexts)
+        contexts["step-6"] = {"output": "n" * 12_000, "i": 6}
+        mine = loaded.replace(revision=5, timestamp=5, contexts=contexts)
+        await other.save_checkpoint(mine, expected_revision=4)
+        third = await _digests(backend)
+        assert len(third - second) == 1 and len(second - third) == 1
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == mine.to_json()
 
 
 def test_assemble_gives_back_the_saved_bytes() -> None:

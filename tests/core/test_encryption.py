@@ -28,11 +28,11 @@ from siglo.errors import (
     InvalidArgumentError,
     KeyErasedError,
 )
-from siglo.keys import EnvelopeKeyProvider, LocalMasterKey
+from siglo.keys import EnvelopeKeyProvider, LocalMasterKey, SettingsKeyProvider
 from siglo.pipeline import Pipeline, pipeline_parts
 from siglo.records import ContextChangeEvent, WaitRecord
 from siglo.reserved import keyring_access
-from siglo.sealing import SEALED_KEY, is_sealed
+from siglo.sealing import SEALED_KEY, Location, SealCache, Sealer, is_sealed
 
 SECRET = "sealed-SECRET-51c0"
 
@@ -694,3 +694,124 @@ async def raw_bytes_of(kind: str, backend: siglo.Backend) -> bytes:
     from raw_storage import raw_bytes
 
     return await raw_bytes(kind, backend)
+
+
+class _OneKey:
+    """A key provider whose one key the test replaces: the same id, other bytes (a
+    namespace erased and given a new key, an id reused)."""
+
+    def __init__(self) -> None:
+        self.secret = os.urandom(32)
+
+    async def current_key(self, namespace: str | None) -> tuple[str, bytes]:
+        return "k1", self.secret
+
+    async def key(self, namespace: str | None, key_id: str) -> bytes:
+        return self.secret
+
+    async def index_key(self, namespace: str | None) -> bytes:
+        return self.secret
+
+
+@pytest.mark.rule("pipeline.encryption")
+async def test_an_unchanged_context_keeps_its_ciphertext_at_its_location_only() -> None:
+    """Sealed again, a context whose plaintext did not change is the same envelope (the
+    incremental saves and offloading then see it unchanged); a changed one is a new
+    encryption; the same plaintext elsewhere (namespace, stack, step, field) never shares
+    one; payloads sealed without ``reuse`` (waits, changes, cached steps) stay fresh."""
+    keys = SettingsKeyProvider({"k1": os.urandom(32)})
+    sealer = Sealer(keys, compress_min_bytes=64)
+    at = Location("t", "s", "checkpoint", "contexts.a")
+    for value in ({"n": 1}, {"text": "z" * 500}):  # in clear and compressed
+        first = await sealer.seal(value, at, reuse=True)
+        assert await sealer.seal(dict(value), at, reuse=True) == first
+        assert await sealer.open(first, at) == value
+        assert await sealer.seal(value, at) != first
+    changed = await sealer.seal({"text": "y" * 500}, at, reuse=True)
+    assert changed != first and await sealer.open(changed, at) == {"text": "y" * 500}
+    assert await sealer.seal({"text": "y" * 500}, at, reuse=True) == changed
+    elsewhere = [
+        Location("u", "s", "checkpoint", "contexts.a"),
+        Location(None, "s", "checkpoint", "contexts.a"),
+        Location("t", "s2", "checkpoint", "contexts.a"),
+        Location("t", "s", "checkpoint", "contexts.b"),
+        Location("t", "s", "wait", "contexts.a"),
+    ]
+    sealed = [await sealer.seal({"text": "y" * 500}, w, reuse=True) for w in elsewhere]
+    nonces = {v[SEALED_KEY].split(".")[3] for v in [changed, *sealed]}
+    assert len(nonces) == len(elsewhere) + 1
+    # Through the pipeline: two saves of the same contexts store the same bytes, but for
+    # the one that changed; two stacks with the same context do not share a ciphertext.
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        adapter, _ = piped(backend, keyed())
+        contexts = {"a": {"card": SECRET}, "b": {"n": 1}}
+        for stack in ("s1", "s2"):
+            cp = Checkpoint(
+                stack_id=stack, namespace="t", revision=1, timestamp=1, contexts=contexts
+            )
+            await adapter.save_checkpoint(cp, expected_revision=0)
+        before = await backend.raw_adapter.get_checkpoint("s1", "t", fallback=False)
+        other = await backend.raw_adapter.get_checkpoint("s2", "t", fallback=False)
+        assert before is not None and other is not None
+        assert before.contexts["a"] != other.contexts["a"]
+        cp = Checkpoint(
+            stack_id="s1", namespace="t", revision=2, timestamp=2,
+            contexts={"a": {"card": SECRET}, "b": {"n": 2}},
+        )  # fmt: skip
+        await adapter.save_checkpoint(cp, expected_revision=1)
+        after = await backend.raw_adapter.get_checkpoint("s1", "t", fallback=False)
+        assert after is not None and after.contexts["a"] == before.contexts["a"]
+        assert after.contexts["b"] != before.contexts["b"]
+        assert (await adapter.get_checkpoint("s1", "t", fallback=False)) == cp
+
+
+@pytest.mark.rule("pipeline.encryption")
+async def test_a_new_key_never_reuses_a_ciphertext_of_the_old_one() -> None:
+    """A rotation (another key id current) or a key replaced under the same id (an erased
+    namespace's new key) seals anew; after that, unchanged contexts keep the new key's
+    ciphertext. A process that loaded a context keeps its envelope only while that key
+    is current."""
+    settings = SettingsKeyProvider({"k1": os.urandom(32), "k2": os.urandom(32)}, "k1")
+    sealer = Sealer(settings)
+    at = Location("t", "s", "checkpoint", "contexts.a")
+    old = await sealer.seal({"n": 1}, at, reuse=True)
+    settings.active = "k2"
+    new = await sealer.seal({"n": 1}, at, reuse=True)
+    assert new != old and new[SEALED_KEY].split(".")[2] == "k2"
+    assert await sealer.seal({"n": 1}, at, reuse=True) == new
+    # Another process loads what was sealed under k1 and saves it: sealed under k2.
+    loader = Sealer(settings)
+    assert await loader.open(old, at, reuse=True) == {"n": 1}
+    resealed = await loader.seal({"n": 1}, at, reuse=True)
+    assert resealed[SEALED_KEY].split(".")[2] == "k2" and resealed != old
+    # Loaded under the current key: kept as it was.
+    fresh = Sealer(settings)
+    assert await fresh.open(new, at, reuse=True) == {"n": 1}
+    assert await fresh.seal({"n": 1}, at, reuse=True) == new
+    # The same key id with other bytes: sealed anew, under the new bytes.
+    one = _OneKey()
+    replaced = Sealer(one)
+    before = await replaced.seal({"n": 1}, at, reuse=True)
+    one.secret = os.urandom(32)
+    after = await replaced.seal({"n": 1}, at, reuse=True)
+    assert after != before and await replaced.open(after, at) == {"n": 1}
+    with pytest.raises(DecryptionError):
+        await replaced.open(before, at)
+
+
+def test_the_seal_cache_is_bounded_by_bytes() -> None:
+    """The envelopes kept take at most ``max_bytes`` (plaintext, envelope and a fixed
+    cost an entry), the least recently used going first; one larger than the bound is
+    not kept."""
+    cache = SealCache(max_bytes=4_000)
+    where = [Location("t", f"s{i}", "checkpoint", "contexts.a") for i in range(10)]
+    for w in where:
+        cache.put(w, "v1.e.k1", b"k" * 32, b"p" * 500, "e" * 700)
+    assert cache.size <= 4_000 and len(cache) == 2
+    assert cache.get(where[0], "v1.e.k1", b"k" * 32, b"p" * 500) is None
+    assert cache.get(where[9], "v1.e.k1", b"k" * 32, b"p" * 500) == "e" * 700
+    assert cache.get(where[9], "v1.e.k2", b"k" * 32, b"p" * 500) is None
+    cache.put(where[9], "v1.e.k1", b"k" * 32, b"p" * 5_000, "e" * 10)
+    assert cache.get(where[9], "v1.e.k1", b"k" * 32, b"p" * 500) is None and len(cache) == 1
+    assert cache.size == 500 + 700 + 256
+    assert Sealer(None).reused.max_bytes == 64 * 1024 * 1024

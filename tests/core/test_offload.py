@@ -720,6 +720,42 @@ async def test_encryption_and_offloading_together_keep_waits_and_context_changes
         assert BIG.encode() not in await raw_bytes(kind, store)
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_with_encryption_an_unchanged_value_keeps_its_blob(kind: str, tmp_path: Path) -> None:
+    """A sealed context is offloaded as its ciphertext: sealed with a fresh nonce at every
+    save, an unchanged one was a new blob at every save (8 large contexts and 20 saves of a
+    counter: 168 blobs instead of 8). Unchanged, it keeps its ciphertext, so its blob;
+    a changed one gets a new ciphertext and a new blob."""
+    from ops_support import shared_store
+
+    keys = {"k1": base64.b64encode(bytes(32)).decode()}
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    settings = Settings(
+        blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024, encryption_keys=keys
+    )
+    options = {"incremental_min_bytes": 0} if kind == "redis" else {}
+    async with (
+        shared_store(kind, **options) as raw,
+        siglo.connect(raw.url, settings=settings) as backend,
+    ):
+        stack = StorageManager(backend, settings=settings).create_stack("doc", namespace="t")
+        for k in range(4):
+            stack.set(f"doc{k}", "text", f"{k} {BIG}")
+        await stack.save()
+        assert len(await _blobs(store)) == 4
+        for i in range(5):
+            stack.set("counter", "i", i)  # small: stays in the row
+            await stack.save()
+        assert len(await _blobs(store)) == 4
+        stack.set("doc0", "text", f"changed {BIG}")
+        await stack.save()
+        assert len(await _blobs(store)) == 5
+        got = await backend.adapter.get_checkpoint("doc", "t", fallback=False)
+        assert got is not None and got.contexts["doc0"] == {"text": f"changed {BIG}"}
+        assert got.contexts["doc3"] == {"text": f"3 {BIG}"} and got.contexts["counter"] == {"i": 4}
+        assert BIG.encode() not in await raw_bytes(kind, raw)
+
+
 async def test_a_reference_read_without_the_blob_store_is_a_clear_error(tmp_path: Path) -> None:
     """A process whose settings lack the blob store (a worker started with the
     application's redaction but not its ``blob_url``) reads an offloaded value: a clear
