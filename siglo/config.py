@@ -37,7 +37,7 @@ from siglo.errors import InvalidArgumentError
 from siglo.keys import check_key_id, decode_key
 from siglo.redaction import check_redact_fields
 from siglo.settings import DEFAULTS
-from siglo.urls import mask_credentials
+from siglo.urls import is_secret_parameter, mask_credentials
 
 __all__ = [
     "CONFIG_ENV",
@@ -331,8 +331,14 @@ def _mask_master(value: str) -> str:
 
 
 def _secret_option(name: str) -> bool:
+    """Whether ``siglo config`` shows option ``name``'s value as ``***``: every option
+    whose values siglo keeps out of its errors (:func:`siglo.urls.is_secret_parameter`:
+    ``passwd``, ``pass`` …), and any whose name says it may hold one (a
+    ``credential_provider``, a ``key_prefix`` too: shown masked rather than risk one)."""
     lowered = name.lower()
-    return any(word in lowered for word in ("password", "secret", "token", "key"))
+    return is_secret_parameter(lowered) or any(
+        word in lowered for word in ("password", "passwd", "secret", "token", "key", "credential")
+    )
 
 
 def _check_names(values: Mapping[str, Any], where: str) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "Converter",
     "boolean",
     "integer",
+    "is_secret_parameter",
     "mask_credentials",
     "optional_integer",
     "query_names",
@@ -245,6 +246,12 @@ def _remember_both(value: str) -> None:
     out of siglo's error texts (:mod:`siglo.masking`)."""
     remember(value)
     remember(unquote_plus(value))
+
+
+def is_secret_parameter(name: str) -> bool:
+    """Whether a URL parameter or backend option named ``name`` holds a secret whose
+    value siglo masks where it prints the URL and keeps out of its errors."""
+    return name.lower() in _SECRET_PARAMETERS
 
 
 def remember_secret_options(options: Mapping[str, Any]) -> None:

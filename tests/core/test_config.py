@@ -164,6 +164,10 @@ def test_repr_and_describe_mask_the_password() -> None:
     settings = Settings(url="postgresql://app:s3cret@db/app", options={"sslpassword": "k3y"})
     assert "s3cret" not in repr(settings) and "k3y" not in repr(settings)
     assert settings.describe()["url"] == "postgresql://app:***@db/app"
+    # Every option whose value is kept out of errors is masked in what is shown too.
+    options = {"passwd": "hunter22", "pass": "p4ss", "credential_provider": "vault:x"}
+    shown = Settings(options={**options, "max_connections": 5}).describe()["options"]
+    assert shown == {**dict.fromkeys(options, "***"), "max_connections": 5}
 
 
 def test_current_settings_follow_the_environment_and_configure(
