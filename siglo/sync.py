@@ -409,6 +409,7 @@ def verify_webhook(
     tolerance_s: float = DEFAULT_TOLERANCE_S,
     header: str = DEFAULT_HEADER,
     clock: Clock | None = None,
+    scope: str | None = None,
 ) -> VerifiedWebhook:
     """:func:`siglo.webhooks.verify` for synchronous code (a Flask or Django view): the
     same checks and the same one claim of the delivery's nonce, run on the portal's loop
@@ -423,5 +424,6 @@ def verify_webhook(
         tolerance_s=tolerance_s,
         header=header,
         clock=clock,
+        scope=scope,
     )
     return verified

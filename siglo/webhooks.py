@@ -26,6 +26,7 @@ from typing import Final
 from siglo.clock import Clock, system_clock
 from siglo.coordination import NonceStore
 from siglo.errors import InvalidArgumentError, SigloError
+from siglo.validation import require_id
 
 __all__ = [
     "DEFAULT_HEADER",
@@ -203,13 +204,19 @@ async def verify(
     tolerance_s: float = DEFAULT_TOLERANCE_S,
     header: str = DEFAULT_HEADER,
     clock: Clock | None = None,
+    scope: str | None = None,
 ) -> VerifiedWebhook:
     """Verify a signed webhook request and claim it once; raise a :class:`WebhookError`.
 
     ``secret`` may be several secrets (any one may match, for rotation); ``body`` is the
     raw request body; ``headers`` the request headers (looked up case-insensitively);
-    ``tolerance_s`` how far the signed time may be from now, in either direction.
+    ``tolerance_s`` how far the signed time may be from now, in either direction;
+    ``scope`` names this receiver's deliveries in a nonce store it shares with receivers
+    of other senders (a tenant's id): without it, two senders' deliveries of the same
+    body in the same second are one delivery.
     """
+    if scope is not None:
+        require_id("scope", scope)
     if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, int | float):
         raise InvalidArgumentError(f"tolerance_s must be a number of seconds, got {tolerance_s!r}")
     if not math.isfinite(tolerance_s) or tolerance_s <= 0:
@@ -251,12 +258,14 @@ async def verify(
     # pass the check above; after that the timestamp check refuses a replay by itself.
     window = max(1.0, timestamp + tolerance_s - now_s + 1)
     # The nonce names the delivery — its signed time and its body — not the signature
-    # that matched: during a rotation a request carries one per secret, and a replay with
-    # one of them stripped from the (unsigned) header must still be the same delivery.
-    # Keyed by this receiver's first secret (the same whichever matched): two receivers
-    # with their own secrets on one nonce store (tenants) never take each other's.
-    delivery = _digest(keys[0], timestamp, raw)
-    if not await nonce_store.claim(f"{_NONCE_PREFIX}{timestamp}:{delivery}", window):
+    # that matched, nor any secret: during a rotation a request carries one signature per
+    # secret, and receivers list their secrets in any order (["old"], then ["new",
+    # "old"]): a replay with one signature stripped from the (unsigned) header, or to a
+    # receiver configured otherwise, must still be the same delivery. Receivers that share
+    # a nonce store but not their senders (tenants) each name their ``scope``.
+    delivery = hashlib.sha256(raw).hexdigest()
+    where = "" if scope is None else f"{scope}:"
+    if not await nonce_store.claim(f"{_NONCE_PREFIX}{where}{timestamp}:{delivery}", window):
         raise WebhookReplayError(
             f"this webhook (t={timestamp}) was already accepted: a replay is refused"
         )

@@ -225,16 +225,36 @@ def test_a_synchronous_handler_verifies_through_the_sync_facade() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_two_receivers_with_their_own_secrets_share_a_nonce_store(kind: str) -> None:
-    """Tenants A and B verify with their own secrets on one backend's nonce store: A's
-    delivery of a body does not make B's genuine delivery of the same body, signed in
-    the same second with B's secret, a replay; each one's replay is still refused."""
+async def test_two_receivers_with_their_own_scopes_share_a_nonce_store(kind: str) -> None:
+    """Tenants A and B verify their own senders' webhooks on one backend's nonce store,
+    each with its ``scope``: A's delivery of a body does not make B's genuine delivery
+    of the same body, signed in the same second with B's secret, a replay; each one's
+    replay is still refused."""
     async with any_backend(kind) as backend:
         nonces = backend.nonces
         assert nonces is not None
         now = int(time.time())
-        for secret in ("whsec_tenant_a", "whsec_tenant_b"):
+        for tenant in ("tenant-a", "tenant-b"):
+            secret = f"whsec_{tenant}"
             header = sign(secret, BODY, timestamp=now)
-            await verify(secret, BODY, _headers(header), nonces)
+            await verify(secret, BODY, _headers(header), nonces, scope=tenant)
             with pytest.raises(WebhookReplayError):
-                await verify(secret, BODY, _headers(header), nonces)
+                await verify(secret, BODY, _headers(header), nonces, scope=tenant)
+        with pytest.raises(InvalidArgumentError, match="scope"):
+            await verify(SECRET, BODY, _headers(sign(SECRET, BODY)), nonces, scope="")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_replay_to_a_receiver_listing_its_secrets_otherwise_is_refused(kind: str) -> None:
+    """A rotation is deployed receiver by receiver: one verifies with ``["old"]``, the
+    next with ``["new", "old"]``. A delivery accepted by the first is a replay to the
+    second (and to a receiver listing them the other way round): the nonce names the
+    delivery, not a secret."""
+    async with any_backend(kind) as backend:
+        nonces = backend.nonces
+        assert nonces is not None
+        header = sign("old", BODY)
+        await verify(["old"], BODY, _headers(header), nonces)
+        for secrets in (["new", "old"], ["old", "new"]):
+            with pytest.raises(WebhookReplayError):
+                await verify(secrets, BODY, _headers(header), nonces)
