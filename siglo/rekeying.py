@@ -23,6 +23,7 @@ again and deleted on the next pass).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -459,11 +460,18 @@ async def _rekey_one(
     report.left += 1
 
 
-async def erase(backend: Backend, namespace: str) -> EraseReport:
+async def erase(backend: Backend, namespace: str, *, settle_s: float | None = None) -> EraseReport:
     """Destroy ``namespace``'s data keys, then delete its checkpoints, stand-alone wait
     records and cached steps (see the module).
     Needs envelope keys (``master_key``): keys in the settings cannot be destroyed per
-    namespace."""
+    namespace.
+
+    Between the two it waits ``settle_s`` (default: the key cache's lifetime,
+    :attr:`EnvelopeKeyProvider.refresh_s`, and a second): another process that read the
+    namespace's key just before keeps sealing with it until its cache expires, and what
+    it saved meanwhile — under a key that no longer exists, unreadable for good — is
+    deleted with the rest instead of left behind as an acknowledged save nobody can
+    read. ``0`` when no other process writes the namespace."""
     adapter, _, keys = _codecs(backend)
     if not isinstance(keys, EnvelopeKeyProvider):
         raise InvalidArgumentError(
@@ -474,6 +482,7 @@ async def erase(backend: Backend, namespace: str) -> EraseReport:
     if namespace == KEYRING_NAMESPACE:
         raise InvalidArgumentError(f"{KEYRING_NAMESPACE!r} holds the keyrings, not data")
     erased = await keys.erase(namespace)
+    await asyncio.sleep(keys.refresh_s + 1.0 if settle_s is None else settle_s)
     deleted = 0
     with collecting_unreadable() as unreadable:
         stacks = [s async for s in _summaries(backend, namespace, stop=False)]

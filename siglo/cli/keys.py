@@ -101,7 +101,15 @@ _NOUNS = {
 @click.argument("url", required=False, default=None)
 @click.option("--namespace", "-n", required=True, help="The namespace (tenant) to erase.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def erase_command(url: str | None, namespace: str, yes: bool) -> None:
+@click.option(
+    "--settle-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="How long to wait between destroying the keys and deleting the data, for other "
+    "processes' key caches to expire (default: 6000; 0 when nothing else writes the "
+    "namespace).",
+)
+def erase_command(url: str | None, namespace: str, yes: bool, settle_ms: int | None) -> None:
     """Destroy a namespace's data keys, then delete its checkpoints, stand-alone wait
     records and cached steps: nothing of it stays readable anywhere, exports and
     backups included. Needs envelope keys (master_key)."""
@@ -115,7 +123,8 @@ def erase_command(url: str | None, namespace: str, yes: bool) -> None:
     async def run() -> EraseReport:
         async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING, Capability.DELETION)
-            return await erase(backend, namespace)
+            settle_s = None if settle_ms is None else settle_ms / 1000
+            return await erase(backend, namespace, settle_s=settle_s)
 
     report = asyncio.run(run())
     deleted = "".join(

@@ -44,6 +44,10 @@ from siglo_memory.adapter import MemoryStorageAdapter
 from siglo_redis.keys import KeySpace
 
 ROOT = Path(__file__).resolve().parents[2]
+
+NO_SETTLE = ("--settle-ms", "0")
+"""``siglo erase`` without the wait for other processes' key caches: nothing else writes
+the namespaces these tests erase (the wait itself is tested below)."""
 SECRET = "rekey-SECRET-90aa"
 
 
@@ -292,7 +296,9 @@ async def test_erasure_makes_an_earlier_export_unreadable(kind: str, tmp_path: P
         clear = run_siglo(tmp_path, "export", backend.url, "--decrypt", "-n", "gone", env=env)
         assert f"{SECRET}-gone".encode() in clear.stdout
 
-        erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
+        erased = run_siglo(
+            tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", *NO_SETTLE, env=env
+        )
         assert erased.returncode == 0, erased.stderr.decode()
         assert b"destroyed 1 data key(s), deleted 3 checkpoint(s)" in erased.stdout
 
@@ -441,7 +447,9 @@ async def test_erase_deletes_a_tenants_stand_alone_waits_and_cached_steps(
                 texts[owner].extend(t for v in item.fields.values() for t in sealed_texts(v))
         assert len(texts["gone"]) == len(texts["kept"]) >= 4
 
-        erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
+        erased = run_siglo(
+            tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", *NO_SETTLE, env=env
+        )
         assert erased.returncode == 0, erased.stderr.decode()
         assert (
             b"destroyed 1 data key(s), deleted 1 checkpoint(s), 2 wait record(s), 1 cached step(s)"
@@ -539,7 +547,9 @@ async def test_erase_deletes_on_its_next_pass_what_changed_under_its_first() -> 
         WaitRecord(correlation_key="w", stack_id="w", namespace="gone", metadata={"m": SECRET})
     )
     await adapter.set_cached_step("k", {"b": SECRET}, 600_000, namespace="gone")
-    report = await erase(siglo.Backend(name="memory", url="memory://", adapter=adapter), "gone")
+    report = await erase(
+        siglo.Backend(name="memory", url="memory://", adapter=adapter), "gone", settle_s=0
+    )
     assert raced == {"wait", "step"}
     assert report.payloads == {"wait": 1, "step": 1} and report.left == {"wait": 0, "step": 0}
     assert await raw.get_wait_record("w", namespace="gone") is None
@@ -624,7 +634,9 @@ async def test_erasure_reaches_a_tenants_cached_steps(kind: str, tmp_path: Path)
         assert isinstance(old, dict) and SEALED_KEY in old  # the old entry, kept apart
         assert all(SECRET.encode() not in orjson.dumps(v) for v in stored.values())
 
-        erased = run_siglo(tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", env=env)
+        erased = run_siglo(
+            tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", *NO_SETTLE, env=env
+        )
         assert erased.returncode == 0, erased.stderr.decode()
         # Its entry is deleted; the other tenant's and the un-namespaced one stay.
         assert b", 0 wait record(s), 1 cached step(s)\n" in erased.stdout
@@ -1053,3 +1065,37 @@ def test_a_redis_context_key_reads_back_and_no_other_key_passes_for_one() -> Non
         "q:context:a:b",
     ):
         assert keys.context_of(other) is None, other
+
+
+async def test_a_save_sealed_under_an_erased_key_meanwhile_is_erased_with_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Another process that read the namespace's key just before ``siglo erase`` keeps
+    sealing with it until its key cache expires: what it saves then, under a key that no
+    longer exists, would be an acknowledged save nobody can read. The erasure waits out
+    that cache before it deletes, so such a save goes with the rest, and the writer's
+    next save, past its cache, gets a new key and reads back."""
+    url = f"sqlite:///{tmp_path / 'erased.db'}"
+    settings = Settings(master_key=f"base64:{new_key()}")
+    async with (
+        siglo.connect(url, settings=settings) as writer,
+        siglo.connect(url, settings=settings) as eraser,
+    ):
+        manager = siglo.StorageManager(writer)
+        first = manager.create_stack("before", namespace="gone")
+        first.set("a", "v", 1)
+        await first.save()  # the writer's key cache now holds the namespace's key
+        erasing = asyncio.create_task(erase(eraser, "gone"))
+        await asyncio.sleep(1.0)  # the keys are destroyed by now; the deletes not yet
+        assert not erasing.done()
+        meanwhile = manager.create_stack("meanwhile", namespace="gone")
+        meanwhile.set("a", "v", 2)
+        await meanwhile.save()  # acknowledged, sealed under the destroyed key
+        report = await erasing
+        assert report.deleted == 2, report
+        assert (await writer.adapter.list_checkpoints(namespace="gone")).items == []
+        after = manager.create_stack("after", namespace="gone")
+        after.set("a", "v", 3)
+        await after.save()
+        resumed = await siglo.StorageManager(writer).resume("after", namespace="gone")
+        assert resumed is not None and resumed.context("a") == {"v": 3}

@@ -265,7 +265,7 @@ async def test_erase_deletes_a_stack_of_its_namespace_it_cannot_read() -> None:
         await _overwrite_checkpoint(backend, "broken", "kept")
         eraser = siglo.Backend(name=backend.name, url=backend.url, adapter=piped)
         with collecting_unreadable() as unreadable:
-            report = await erase(eraser, "gone")
+            report = await erase(eraser, "gone", settle_s=0)
         assert report.deleted == 2
         raw = backend.raw_adapter
         for stack_id in ("broken", "fine"):
