@@ -248,6 +248,8 @@ class EnvelopeKeyProvider:
         self._seen: dict[str | None, float] = {}
         self._index: dict[str | None, tuple[bytes, float]] = {}
         self._lock = asyncio.Lock()
+        self._master_checked = False
+        """Whether the master key has unwrapped a key of the store's keyrings (once)."""
 
     def forget(self) -> None:
         """Drop every key held in this process (the next use reads the keyrings)."""
@@ -304,6 +306,9 @@ class EnvelopeKeyProvider:
             keys = dict(ring.contexts.get("keys", {})) if ring is not None else {}
             if ring is not None and keys:
                 await self._unwrap(namespace, ring, next(iter(keys)))
+            elif not self._master_checked:
+                # A namespace's first key: checked against another namespace's keyring.
+                await self._check_master()
             # Random: never the id of an erased key, whose ciphertexts must find none.
             key_id = f"d{len(keys) + 1}-{secrets.token_hex(4)}"
             data_key = os.urandom(KEY_BYTES)
@@ -329,6 +334,34 @@ class EnvelopeKeyProvider:
             self._keys[(namespace, key_id)] = data_key
             self._active[namespace] = (key_id, time.monotonic())
             return key_id, data_key
+
+    async def _check_master(self) -> None:
+        """Unwrap one key of a keyring the store holds (the first that holds one): a
+        master key that does not unwrap it is another store's, and the first key it
+        wrapped for a new namespace would be one the application's master key cannot
+        unwrap — every save of that namespace refused, for good. A store without a
+        keyring holding a key has nothing to check against."""
+        cursor = None
+        while True:
+            with keyring_access():
+                page = await self.adapter.list_checkpoints(
+                    namespace=KEYRING_NAMESPACE, limit=50, cursor=cursor
+                )
+            for item in page.items:
+                with keyring_access():
+                    ring = await self.adapter.get_checkpoint(
+                        item.stack_id, KEYRING_NAMESPACE, fallback=False
+                    )
+                held = ring.contexts.get("keys", {}) if ring is not None else {}
+                if ring is not None and held:
+                    owner = None if item.stack_id == _NO_NAMESPACE else item.stack_id
+                    await self._unwrap(owner, ring, next(iter(held)))
+                    self._master_checked = True
+                    return
+            if page.next_cursor is None:
+                self._master_checked = True
+                return
+            cursor = page.next_cursor
 
     async def _load_active(self, namespace: str | None, ring: Checkpoint) -> tuple[str, bytes]:
         meta = ring.metadata or {}

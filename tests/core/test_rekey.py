@@ -39,6 +39,7 @@ from siglo.payloads import StoredPayload
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.records import ContextChangeEvent, WaitRecord
 from siglo.rekeying import erase, rekey
+from siglo.reserved import keyring_access
 from siglo.sealing import SEALED_KEY, Location
 from siglo_memory.adapter import MemoryStorageAdapter
 from siglo_redis.keys import KeySpace
@@ -393,6 +394,34 @@ async def test_a_rotation_with_another_stores_master_key_changes_nothing(tmp_pat
         await later.save()
         resumed = await manager.resume("order-1", namespace="t")
         assert resumed is not None and resumed.context("pay") == {"card": SECRET}
+
+
+async def test_another_stores_master_key_makes_no_first_key_either(tmp_path: Path) -> None:
+    """A namespace without a keyring yet: its first data key, wrapped by a master key that
+    does not unwrap the store's other keyrings, would be one the application's master
+    key cannot unwrap — every later save of that namespace refused. ``rekey --rotate -n``
+    and a save from such a process are refused, and nothing is written."""
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    right = Settings(master_key=f"base64:{new_key()}")
+    wrong = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    async with siglo.connect(url, settings=right) as backend:
+        stack = siglo.StorageManager(backend).create_stack("order-1", namespace="t")
+        stack.set("pay", "card", SECRET)
+        await stack.save()
+    done = run_siglo(tmp_path, "rekey", url, "--rotate", "-n", "fresh", env=wrong)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert b"does not unwrap with this master key" in done.stderr, done.stderr
+    async with siglo.connect(url, settings=Settings(master_key=wrong["SIGLO_MASTER_KEY"])) as b:
+        stray = siglo.StorageManager(b).create_stack("order-2", namespace="fresh")
+        stray.set("pay", "card", SECRET)
+        with pytest.raises(DecryptionError, match="does not unwrap"):
+            await stray.save()
+        with keyring_access():
+            assert await b.raw_adapter.get_checkpoint("fresh", KEYRING_NAMESPACE) is None
+    async with siglo.connect(url, settings=right) as backend:
+        later = siglo.StorageManager(backend).create_stack("order-3", namespace="fresh")
+        later.set("pay", "card", SECRET)
+        await later.save()
 
 
 def sealed_texts(value: Any) -> list[str]:
