@@ -96,6 +96,18 @@ async def deliver_event(
     _require(manager, Capability.WAIT_RECORDS, "deliver an event")
     adapter = manager.adapter
     assert adapter is not None
+    # The run is looked at before the claim: a claim stores the payload in the wait
+    # record, and a released one keeps it (rule wait.release), so a delivery refused
+    # after its claim would leave the payload behind on a wait still open. (The same
+    # checks run again under the workflow lock below, for a run that moves meanwhile.)
+    waiting = await adapter.get_wait_record(correlation_key, namespace=namespace)
+    if waiting is not None and waiting.status == "waiting":
+        found = await manager.load_checkpoint(waiting.stack_id, namespace=namespace)
+        if found is not None and found.status != "waiting":
+            raise ActionRefused(
+                f"run {waiting.stack_id!r} is {found.status}, not waiting for "
+                f"{correlation_key!r}; nothing was delivered"
+            )
     claimant = f"siglo-ui-{uuid.uuid4().hex[:12]}"
     record = await adapter.claim_wait_record(
         correlation_key,

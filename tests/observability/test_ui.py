@@ -218,6 +218,24 @@ async def test_deliver_from_a_dashboard_without_the_settings_keeps_the_runs_reda
     assert SECRET.encode() not in await raw_bytes(store.name, store)
 
 
+async def test_a_delivery_to_a_run_that_moved_on_stores_nothing(store: siglo.Backend) -> None:
+    """The documented crash window: the wait is open but the run's checkpoint is not
+    ``waiting`` (its process died before saving it). The dashboard refuses — "nothing was
+    delivered" — and indeed stores nothing: no payload left in the wait record, which
+    stays open for the run's own delivery."""
+    stored = await store.adapter.get_checkpoint("order-1", NAMESPACE, fallback=False)
+    assert stored is not None and stored.status == "waiting"
+    await store.adapter.save_checkpoint(
+        stored.replace(status="running", revision=stored.revision + 1)
+    )
+    async with dashboard(store.url) as client:
+        done = await client.post("/actions/deliver", data=await _deliver_form(client))
+        assert "nothing was delivered" in done.text, done.text
+    record = await store.adapter.get_wait_record("approve:o-1", namespace=NAMESPACE)
+    assert record is not None and record.status == "waiting", record
+    assert record.event_payload is None and record.claimant_id is None, record
+
+
 async def test_a_url_password_is_never_shown() -> None:
     from sql_support import POSTGRES_URL, require_postgres
 
