@@ -556,10 +556,12 @@ def effective_settings(settings: Settings | None) -> Settings:
     here."""
     if settings is None:
         return current_settings()
-    ambient = _file_and_environment().redact_fields
-    if ambient <= settings.redact_fields:
+    loaded = _file_and_environment()
+    if loaded.redact_fields <= settings.redact_fields:
         return settings
-    return settings.replace(redact_fields=ambient)
+    # Where they came from says so too (``siglo worker`` and ``siglo config`` print it).
+    added = settings.replace(redact_fields=loaded.redact_fields)
+    return replace(added, source=f"{settings.source} + redact_fields of {loaded.source}")
 
 
 def _file_and_environment() -> Settings:

@@ -46,7 +46,7 @@ from siglo.errors import (
 )
 from siglo.plugins import get_registry
 from siglo.reserved import KEYRING_NAMESPACE, keyring_access
-from siglo.unreadable import stopping_at_unreadable
+from siglo.unreadable import collecting_unreadable, stopping_at_unreadable
 
 if TYPE_CHECKING:
     from siglo.adapter import StorageAdapter
@@ -343,7 +343,8 @@ class EnvelopeKeyProvider:
         keyring holding a key has nothing to check against."""
         cursor = None
         while True:
-            with keyring_access():
+            # A keyring that cannot be read is left out: another one serves the check.
+            with collecting_unreadable(), keyring_access():
                 page = await self.adapter.list_checkpoints(
                     namespace=KEYRING_NAMESPACE, limit=50, cursor=cursor
                 )

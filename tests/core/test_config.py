@@ -325,6 +325,10 @@ async def test_settings_built_in_code_still_redact_what_the_file_and_environment
         assert facade.settings.redact_fields == {"card", "cvv", "pin"}
     installed = configure(built)
     assert installed.redact_fields == {"card", "cvv", "pin"}
+    # Where they came from says so (siglo worker prints it at start).
+    assert installed.source == (
+        f"defaults + redact_fields of {tmp_path / 'siglo.toml'} + environment"
+    ), installed.source
     assert installed.max_document_bytes == 4_096
     async with siglo.connect("memory://") as backend:
         assert await stored(backend, siglo.StorageManager(backend)) == hidden

@@ -284,6 +284,7 @@ _LISTINGS = {
     ("siglo/transfer.py", "export_lines"): "stops",
     ("siglo/offload.py", "_stored_checkpoints"): "stops",
     ("siglo/keys.py", "namespaces"): "stops",
+    ("siglo/keys.py", "_check_master"): "leaves out: another keyring serves the check",
     ("siglo/rekeying.py", "_summaries"): "stops (rekey), or erase collects and deletes them",
     ("siglo/blind.py", "list_matching"): "leaves out: a listing by metadata",
     ("siglo/blind.py", "scan_tokens"): "leaves out: a listing by blind-index tokens",
