@@ -614,7 +614,9 @@ def test_erase_names_what_kept_changing_and_exits_3(monkeypatch: pytest.MonkeyPa
         yield backend
 
     monkeypatch.setattr(siglo.cli.keys, "open_store", the_store)
-    result = CliRunner().invoke(siglo.cli.keys.erase_command, ["memory://", "-n", "gone", "--yes"])
+    result = CliRunner().invoke(
+        siglo.cli.keys.erase_command, ["memory://", "-n", "gone", "--yes", *NO_SETTLE]
+    )
     assert result.exit_code == 3, result.output
     assert ", 0 wait record(s), 0 cached step(s)\n" in result.stdout
     assert result.stderr == "1 cached step(s) kept changing: run siglo erase again\n"
