@@ -348,17 +348,23 @@ async def test_erase_needs_envelope_keys(tmp_path: Path) -> None:
     assert b"needs envelope keys (master_key)" in done.stderr
 
 
-async def test_erase_with_another_stores_master_key_is_refused(tmp_path: Path) -> None:
-    """Every command refuses a master key that does not unwrap the store's keyrings (a
-    shell holding another store's key); the one irreversible command too: ``siglo
-    erase`` fails naming it and destroys nothing — the right key still reads."""
+async def _tenant_t_under_a_master_key(tmp_path: Path) -> tuple[str, Settings]:
+    """An SQLite store with envelope keys whose tenant ``t`` has a run (so a keyring),
+    and the settings of its master key."""
     url = f"sqlite:///{tmp_path / 'a.db'}"
-    right = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
-    settings = Settings(master_key=right["SIGLO_MASTER_KEY"])
+    settings = Settings(master_key=f"base64:{new_key()}")
     async with siglo.connect(url, settings=settings) as backend:
         stack = siglo.StorageManager(backend).create_stack("order-1", namespace="t")
         stack.set("pay", "card", SECRET)
         await stack.save()
+    return url, settings
+
+
+async def test_erase_with_another_stores_master_key_is_refused(tmp_path: Path) -> None:
+    """Every command refuses a master key that does not unwrap the store's keyrings (a
+    shell holding another store's key); the one irreversible command too: ``siglo
+    erase`` fails naming it and destroys nothing — the right key still reads."""
+    url, settings = await _tenant_t_under_a_master_key(tmp_path)
     wrong = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
     done = run_siglo(tmp_path, "erase", url, "-n", "t", "--yes", env=wrong)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -372,13 +378,8 @@ async def test_a_rotation_with_another_stores_master_key_changes_nothing(tmp_pat
     """``siglo rekey --rotate`` with a master key that does not unwrap the keyring is
     refused before it adds a key: a data key wrapped by the wrong master key, made
     active, would fail every later save of the namespace under the right one."""
-    url = f"sqlite:///{tmp_path / 'a.db'}"
-    right = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
-    settings = Settings(master_key=right["SIGLO_MASTER_KEY"])
+    url, settings = await _tenant_t_under_a_master_key(tmp_path)
     async with siglo.connect(url, settings=settings) as backend:
-        stack = siglo.StorageManager(backend).create_stack("order-1", namespace="t")
-        stack.set("pay", "card", SECRET)
-        await stack.save()
         ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
         assert ring is not None
     wrong = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
@@ -401,13 +402,8 @@ async def test_another_stores_master_key_makes_no_first_key_either(tmp_path: Pat
     does not unwrap the store's other keyrings, would be one the application's master
     key cannot unwrap — every later save of that namespace refused. ``rekey --rotate -n``
     and a save from such a process are refused, and nothing is written."""
-    url = f"sqlite:///{tmp_path / 'a.db'}"
-    right = Settings(master_key=f"base64:{new_key()}")
+    url, right = await _tenant_t_under_a_master_key(tmp_path)
     wrong = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
-    async with siglo.connect(url, settings=right) as backend:
-        stack = siglo.StorageManager(backend).create_stack("order-1", namespace="t")
-        stack.set("pay", "card", SECRET)
-        await stack.save()
     done = run_siglo(tmp_path, "rekey", url, "--rotate", "-n", "fresh", env=wrong)
     assert done.returncode == 1, done.stdout + done.stderr
     assert b"does not unwrap with this master key" in done.stderr, done.stderr
