@@ -24,6 +24,7 @@ __all__ = [
     "CHECKPOINT_EVERY_MAX",
     "CHECKPOINT_EVERY_MIN",
     "CHECKPOINT_FRAMES",
+    "CHECKPOINT_RESTART_WAIT_MAX_MS",
     "CHECKPOINT_RESTART_WAIT_MS",
     "WalCheckpoints",
 ]
@@ -42,6 +43,12 @@ CHECKPOINT_RESTART_WAIT_MS: Final = 10
 """How long the checkpoint's last step tries to start the WAL over while another
 connection reads or writes it, before leaving that to a later checkpoint: the inline
 writes wait for that step, so it must stay short."""
+CHECKPOINT_RESTART_WAIT_MAX_MS: Final = 160
+"""The longest that step tries: after each checkpoint that could not start the WAL over
+(a loaded machine, where the thread holding the write lock is not scheduled for 10 ms),
+the next one tries twice as long, up to this; one that succeeds starts again from
+:data:`CHECKPOINT_RESTART_WAIT_MS`. Without it a busy machine's WAL grew unbounded, every
+checkpoint giving up."""
 
 
 class WalCheckpoints:
@@ -75,6 +82,8 @@ class WalCheckpoints:
         self._since_restart = 0
         """Inline writes since the WAL last started over (frames per write, for the interval)."""
         self._stopped = False
+        self._gave_up = 0
+        """Checkpoints in a row whose last step gave up (each doubles the next one's try)."""
 
     def wrote(self) -> None:
         """Count one inline write; start a checkpoint once the interval's worth are in."""
@@ -126,14 +135,17 @@ class WalCheckpoints:
         beginning, so the file stops growing. It needs the write lock and no reader in
         the WAL: new writes wait on the loop while it runs (:meth:`in_the_way`), and it
         tries again for at most :data:`CHECKPOINT_RESTART_WAIT_MS` while another
-        connection reads or writes. (SQLite's own busy wait would sleep a millisecond
-        first, with the writes waiting.) The frames the WAL held at the end set the
+        connection reads or writes — longer after one that gave up
+        (:data:`CHECKPOINT_RESTART_WAIT_MAX_MS`). (SQLite's own busy wait would sleep a
+        millisecond first, with the writes waiting.) The frames the WAL held at the end set the
         interval to the next checkpoint, aiming at :data:`CHECKPOINT_FRAMES`."""
         conn = self.conn
         try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             self._restarting = True
-            give_up = time.monotonic() + CHECKPOINT_RESTART_WAIT_MS / 1000
+            wait_ms = CHECKPOINT_RESTART_WAIT_MS * 2 ** min(self._gave_up, 8)
+            wait_ms = min(wait_ms, max(CHECKPOINT_RESTART_WAIT_MAX_MS, CHECKPOINT_RESTART_WAIT_MS))
+            give_up = time.monotonic() + wait_ms / 1000
             while True:
                 busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
                 if not busy or time.monotonic() >= give_up:
@@ -145,7 +157,9 @@ class WalCheckpoints:
         finally:
             self._restarting = False
         if busy:
+            self._gave_up += 1
             return
+        self._gave_up = 0
         writes, self._since_restart = self._since_restart, 0
         if frames > 0 and writes > 0:
             every = int(CHECKPOINT_FRAMES / 2 / (frames / writes))

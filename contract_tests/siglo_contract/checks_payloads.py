@@ -5,6 +5,7 @@ removes them with."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from siglo.adapter import Capability, StorageAdapter
@@ -109,6 +110,7 @@ async def payload_swap(ctx: CheckContext) -> None:
     await a.save_wait_record(_wait(ctx, "claimed", ns, metadata={"m": 2}))
     await a.set_cached_step(ctx.id("k"), {"v": 1}, 600_000, namespace=ns)
     await a.set_cached_step(ctx.id("reset"), {"v": 1}, 600_000)
+    short_set = time.monotonic()
     await a.set_cached_step(ctx.id("short"), {"v": 1}, ttl)
     await a.set_cached_step(ctx.id("gone"), {"v": 1}, ttl)
     waits = await _mine(ctx, a, "wait")
@@ -151,6 +153,11 @@ async def payload_swap(ctx: CheckContext) -> None:
     for key, namespace in (("k", ns), ("short", None)):
         for item in steps.get((ctx.id(key), namespace), []):
             ok = await a.swap_payload(item, new(item))
+            # On real time, a machine that stalled past the short TTL since the set saw
+            # the step expire as it should: refusing its rewrite is right then.
+            stalled = (time.monotonic() - short_set) * 1000 >= ttl
+            if not ok and key == "short" and not ctx.clock_controlled and stalled:
+                continue
             expect(ok, "payload.swap", f"swap of cached step {key!r} refused")
     value = await a.get_cached_step(ctx.id("k"), namespace=ns)
     expect(canon(value) == canon({"new": {"v": 1}}), "payload.swap", f"cached step read {value!r}")

@@ -556,3 +556,35 @@ async def test_a_wait_in_turn_counts_against_the_calls_bound(tmp_path: Path) -> 
         assert 0.15 <= took < 0.3
         got = await adapter.get_checkpoint("s")
         assert got is not None and got.revision == 1
+
+
+async def test_a_checkpoint_that_gave_up_tries_longer_next_time(
+    backend: siglo.Backend, tmp_path: Path
+) -> None:
+    """The last step of a checkpoint (start the WAL over) gives up after 10 ms while
+    another connection reads in the WAL; on a loaded machine that was every checkpoint,
+    and the WAL grew unbounded. Each one that gives up doubles the next one's try, up to
+    CHECKPOINT_RESTART_WAIT_MAX_MS; one that succeeds starts from 10 ms again."""
+    adapter: Any = backend.adapter
+    wal = database(backend)._wal
+    await adapter.save_checkpoint(cp(1))
+    other = sqlite3.connect(f"{tmp_path}/w.db", isolation_level=None)
+    tried: list[float] = []
+    try:
+        other.execute("BEGIN")
+        other.execute("SELECT count(*) FROM siglo_checkpoints").fetchall()  # reads the WAL
+        for _ in range(6):
+            began = time.monotonic()
+            await asyncio.to_thread(wal._checkpoint)
+            tried.append((time.monotonic() - began) * 1000)
+        assert wal._gave_up == 6
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    # 10, 20, 40, 80, 160, 160 ms (and the copy before each): each at least its bound.
+    bounds = [10, 20, 40, 80, 160, 160]
+    assert all(took >= bound for took, bound in zip(tried, bounds, strict=True)), tried
+    assert tried[-1] < 160 * 4, tried  # capped
+    await adapter.save_checkpoint(cp(2), expected_revision=1)
+    await asyncio.to_thread(wal._checkpoint)
+    assert wal._gave_up == 0
