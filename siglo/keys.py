@@ -227,6 +227,12 @@ def _keyring_id(namespace: str | None) -> str:
     return _NO_NAMESPACE if namespace is None else namespace
 
 
+def _namespace_of(keyring_id: str) -> str | None:
+    """The namespace whose keys the keyring ``keyring_id`` holds (:func:`_keyring_id`'s
+    inverse)."""
+    return None if keyring_id == _NO_NAMESPACE else keyring_id
+
+
 class EnvelopeKeyProvider:
     """Per-namespace data keys, wrapped by ``master`` and stored in ``adapter`` (the
     backend's own adapter, not behind the pipeline): see the module.
@@ -349,13 +355,10 @@ class EnvelopeKeyProvider:
                     namespace=KEYRING_NAMESPACE, limit=50, cursor=cursor
                 )
             for item in page.items:
-                with keyring_access():
-                    ring = await self.adapter.get_checkpoint(
-                        item.stack_id, KEYRING_NAMESPACE, fallback=False
-                    )
+                owner = _namespace_of(item.stack_id)
+                ring = await self._ring(owner)
                 held = ring.contexts.get("keys", {}) if ring is not None else {}
                 if ring is not None and held:
-                    owner = None if item.stack_id == _NO_NAMESPACE else item.stack_id
                     await self._unwrap(owner, ring, next(iter(held)))
                     self._master_checked = True
                     return
@@ -479,7 +482,7 @@ class EnvelopeKeyProvider:
                     namespace=KEYRING_NAMESPACE, limit=500, cursor=cursor
                 )
             for item in page.items:
-                found.append(None if item.stack_id == _NO_NAMESPACE else item.stack_id)
+                found.append(_namespace_of(item.stack_id))
             if page.next_cursor is None:
                 return found
             cursor = page.next_cursor

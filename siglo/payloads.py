@@ -27,6 +27,7 @@ __all__ = [
     "PayloadKind",
     "StoredPayload",
     "context_field",
+    "context_field_key",
     "wait_fields",
     "with_wait_fields",
 ]
@@ -81,6 +82,12 @@ def context_field(step_id: str, key: str) -> str:
     step ``"a.b"`` with key ``"c"`` is not step ``"a"`` with key ``"b.c"``), which is how
     ``siglo rekey`` re-seals it where it is."""
     return orjson.dumps([step_id, key]).decode()
+
+
+def context_field_key(name: str) -> str:
+    """The context key a :func:`context_field` name holds the value of."""
+    key: str = orjson.loads(name)[1]
+    return key
 
 
 def wait_fields(record: WaitRecord) -> dict[str, Any]:

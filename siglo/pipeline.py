@@ -23,8 +23,6 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, TypeVar
 
-import orjson
-
 from siglo import telemetry
 from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
@@ -49,9 +47,9 @@ from siglo.keys import (
     master_key_from,
 )
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
-from siglo.payloads import PayloadKind, StoredPayload
+from siglo.payloads import PayloadKind, StoredPayload, context_field
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
-from siglo.redaction import REDACT_FIELDS_KEY, REDACTED, redact
+from siglo.redaction import REDACT_FIELDS_KEY, redact, redact_change
 from siglo.sealing import NO_BLOB_STORE, SEALED_KEY, Location, Sealer, require_packages
 from siglo.sentinel import MISSING, Missing
 from siglo.telemetry import Telemetry
@@ -130,10 +128,7 @@ class Pipeline:
         fields = self.redact_fields
         if not fields:
             return event
-        if event.key in fields and event.op == "set":
-            value: Any = REDACTED
-        else:
-            value = redact(event.value, fields)
+        value = redact_change(event.key, event.op, event.value, fields)
         return event if value == event.value else dataclasses.replace(event, value=value)
 
     def wait_out(self, record: WaitRecord) -> WaitRecord:
@@ -361,8 +356,8 @@ def _context_location(event: ContextChangeEvent) -> Location:
 
 
 def _change_location(namespace: str | None, stack_id: str, step: str, key: str) -> Location:
-    # JSON, so a step "a.b" with key "c" is not step "a" with key "b.c".
-    return Location(namespace, stack_id, "context", orjson.dumps([step, key]).decode())
+    # The field siglo rekey re-seals a stored stream value at: the same name.
+    return Location(namespace, stack_id, "context", context_field(step, key))
 
 
 def _step_location(key: str, namespace: str | None = None) -> Location:

@@ -54,6 +54,15 @@ def check_redact_fields(fields: Any) -> frozenset[str]:
     return names
 
 
+def redact_change(key: str, op: str, value: Any, fields: Collection[str]) -> Any:
+    """The value of a context change to ``key`` as it may be stored: a set of a redacted
+    key stores ``"[REDACTED]"`` whole, any other value is redacted at any depth (the
+    pipeline's rule for a new change, and ``siglo rekey``'s for a stored one)."""
+    if op == "set" and key in fields:
+        return REDACTED
+    return redact(value, fields)
+
+
 def redact(value: Any, fields: Collection[str]) -> Any:
     """A copy of ``value`` with every dict key in ``fields`` mapped to ``"[REDACTED]"``.
 

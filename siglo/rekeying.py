@@ -30,8 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import orjson
-
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
@@ -47,9 +45,15 @@ from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
 from siglo.listing import CheckpointSummary, get_listed
 from siglo.locking import split_namespaced_key
 from siglo.offload import OffloadAdapter, Offloader
-from siglo.payloads import CONTEXT_KIND, PAYLOAD_KINDS, PayloadKind, StoredPayload
+from siglo.payloads import (
+    CONTEXT_KIND,
+    PAYLOAD_KINDS,
+    PayloadKind,
+    StoredPayload,
+    context_field_key,
+)
 from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
-from siglo.redaction import REDACTED, redact
+from siglo.redaction import redact, redact_change
 from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -418,8 +422,9 @@ def _redacted(kind: PayloadKind, name: str, value: Any, fields: frozenset[str]) 
     never to store, which the checkpoints it re-saves beside it no longer hold."""
     if not fields:
         return value
-    if kind == CONTEXT_KIND and orjson.loads(name)[1] in fields:
-        return REDACTED
+    if kind == CONTEXT_KIND:
+        # A stored stream value is a set's: a delete's value is none, not listed.
+        return redact_change(context_field_key(name), "set", value, fields)
     return redact(value, fields)
 
 

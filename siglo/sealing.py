@@ -222,12 +222,6 @@ class SealCache:
             _, (_, _, p, e) = entries.popitem(last=False)
             self._size -= len(p) + len(e) + _ENTRY_OVERHEAD
 
-    def drop(self, where: Location) -> None:
-        """Forget what is kept for ``where``."""
-        old = self._entries.pop((where.namespace, where.record_id, where.kind, where.field), None)
-        if old is not None:
-            self._size -= len(old[2]) + len(old[3]) + _ENTRY_OVERHEAD
-
 
 class Sealer:
     """Encodes payloads into sealed values and decodes them back (see the module).
