@@ -40,6 +40,7 @@ from siglo.records import ContextChangeEvent
 from siglo.sealing import Location, Sealer
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
+from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
 
 __all__ = [
@@ -101,14 +102,25 @@ class Offloader:
             await self.store.put(stored[REF_KEY], data, keep_until_ms=keep_until_ms)
         return stored
 
+    def _plan(self, checkpoint: Checkpoint) -> tuple[Checkpoint, list[tuple[str, bytes]]]:
+        """``checkpoint`` as stored (its large values replaced by references), and the
+        blobs to put for it as ``(digest, bytes)``."""
+        contexts: dict[str, dict[str, Any]] = {}
+        blobs: list[tuple[str, bytes]] = []
+        for step, context in checkpoint.contexts.items():
+            out = {}
+            for key, value in context.items():
+                stored, data = self._planned(value)
+                out[key] = stored
+                if data is not None:
+                    blobs.append((stored[REF_KEY], data))
+            contexts[step] = out
+        return (checkpoint.replace(contexts=contexts) if blobs else checkpoint), blobs
+
     def planned_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
         """``checkpoint`` as :meth:`checkpoint_out` would store it, without putting
         anything in the blob store."""
-        contexts = {
-            step: {key: self._planned(value)[0] for key, value in context.items()}
-            for step, context in checkpoint.contexts.items()
-        }
-        return checkpoint.replace(contexts=contexts)
+        return self._plan(checkpoint)[0]
 
     async def _resolve(self, value: Any, where: str) -> Any:
         if not _is_ref(value):
@@ -128,17 +140,15 @@ class Offloader:
             )
         return orjson.loads(data)
 
-    async def checkpoint_out(self, checkpoint: Checkpoint) -> Checkpoint:
-        """``checkpoint`` with its large context values replaced by references."""
-        contexts: dict[str, dict[str, Any]] = {}
-        changed = False
-        for step, context in checkpoint.contexts.items():
-            out = {}
-            for key, value in context.items():
-                out[key] = stored = await self._ref(value)
-                changed |= stored is not value
-            contexts[step] = out
-        return checkpoint.replace(contexts=contexts) if changed else checkpoint
+    async def checkpoint_out(self, checkpoint: Checkpoint, limit: int | None = None) -> Checkpoint:
+        """``checkpoint`` with its large context values replaced by references, their
+        blobs put. The size guard (``limit``, :mod:`siglo.sizing`) measures the document
+        with its references before any blob is put: a save it refuses stores nothing."""
+        stored, blobs = self._plan(checkpoint)
+        check_document_size(stored, limit)
+        for digest, data in blobs:
+            await self.store.put(digest, data)
+        return stored
 
     async def checkpoint_in(self, checkpoint: Checkpoint | None) -> Checkpoint | None:
         """A stored checkpoint with its references resolved."""
@@ -194,10 +204,21 @@ class OffloadAdapter(PipelineAdapter):
                 self._store_closed = True
                 await self.offloader.store.aclose()
 
+    async def _stored(self, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` as the backend's adapter gets it, its blobs put — after the
+        size guard, so that a document the backend refuses leaves no blob behind."""
+        if isinstance(self.inner, PipelineAdapter):  # a layer below measures its own form
+            form, limit = await self.inner.stored_form(
+                self.offloader.planned_checkpoint(checkpoint)
+            )
+            check_document_size(form, limit)
+            return await self.offloader.checkpoint_out(checkpoint)
+        return await self.offloader.checkpoint_out(checkpoint, self.inner.max_document_bytes)
+
     async def save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        stored = await self.offloader.checkpoint_out(checkpoint)
+        stored = await self._stored(checkpoint)
         await self.inner.save_checkpoint(stored, expected_revision=expected_revision)
 
     async def stored_form(self, checkpoint: Checkpoint) -> tuple[Checkpoint, int | None]:
@@ -213,7 +234,7 @@ class OffloadAdapter(PipelineAdapter):
         *,
         expected_revision: int | None = None,
     ) -> None:
-        stored = await self.offloader.checkpoint_out(checkpoint)
+        stored = await self._stored(checkpoint)
         await self.inner.save_checkpoint_streamed(
             stored, changes, expected_revision=expected_revision
         )
@@ -225,7 +246,7 @@ class OffloadAdapter(PipelineAdapter):
         *,
         expected_revision: int | None = None,
     ) -> None:
-        stored = await self.offloader.checkpoint_out(checkpoint)
+        stored = await self._stored(checkpoint)
         await self.inner.save_checkpoint_unlocking(
             stored, changes, expected_revision=expected_revision
         )
@@ -239,7 +260,7 @@ class OffloadAdapter(PipelineAdapter):
         expected_revision: int | None = None,
         unlock: bool = False,
     ) -> None:
-        stored = await self.offloader.checkpoint_out(checkpoint)
+        stored = await self._stored(checkpoint)
         value = await self.offloader.value_out(entry.value, self._keep_entry_until(entry.ttl_ms))
         await self.inner.save_checkpoint_caching(
             stored,

@@ -777,3 +777,45 @@ async def test_a_reference_read_without_the_blob_store_is_a_clear_error(tmp_path
             await StorageManager(backend, settings=worker).resume("doc", namespace="t")
         with pytest.raises(InvalidArgumentError, match="blob_url"):
             await backend.adapter.get_cached_step("fetch")
+
+
+@pytest.mark.parametrize(
+    ("kind", "options"),
+    [(kind, {}) for kind in KINDS] + [("redis", {"incremental_min_bytes": 16})],
+    ids=[*KINDS, "redis-incremental"],
+)
+async def test_a_save_the_size_guard_refuses_puts_no_blob(
+    kind: str, options: dict[str, Any]
+) -> None:
+    """The guard measures the document with its references before any blob is put
+    (docs/large-state.md: "raises … before anything is written"), on every save path of
+    the offloading layer: nothing stored changes, no orphan for the collector."""
+    from siglo import DocumentTooLargeError
+    from siglo.adapter import CacheEntry
+    from siglo.records import ContextChangeEvent
+
+    store = MemoryBlobStore()
+    async with offloading(kind, store, **options) as backend:
+        adapter = backend.adapter
+        adapter.inner.max_document_bytes = 2_000  # what connect() puts on the adapter
+        # 3 references (~90 bytes each) and 2.7 KB inline: over the limit as stored.
+        inline = {f"w{i}": "x" * 900 for i in range(3)}
+        over = _cp("big", 1, a={"v": BIG + "1"}, b={"v": BIG + "2"}, c={"v": BIG + "3", **inline})
+        change = ContextChangeEvent(stack_id="big", step_id="a", key="v", value=1, timestamp=1)
+        entry = CacheEntry(key="big-step", value=BIG + "4")
+        saves = {
+            "save": lambda: adapter.save_checkpoint(over),
+            "streamed": lambda: adapter.save_checkpoint_streamed(over, [change]),
+            "unlocking": lambda: adapter.save_checkpoint_unlocking(over, [change]),
+            "caching": lambda: adapter.save_checkpoint_caching(over, [change], entry),
+        }
+        for name, save in saves.items():
+            with pytest.raises(DocumentTooLargeError):
+                await save()
+            assert await _blobs(store) == set(), name
+        assert await adapter.get_checkpoint("big") is None
+        assert await adapter.get_cached_step("big-step") is siglo.MISSING
+        assert not await adapter.get_context_changes("big", "a")
+        # Under the limit as stored (the large values are references): stored, blobs put.
+        await adapter.save_checkpoint(_cp("big", 1, a={"v": BIG + "1"}, b={"v": BIG + "2"}))
+        assert len(await _blobs(store)) == 2
