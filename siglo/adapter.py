@@ -211,6 +211,9 @@ class StorageAdapter(Closable):
         :class:`~siglo.errors.StorageAdapterError`, which the storage manager handles by
         its error mode."""
         event = check_context_change(event)
+        check_not_keyring(
+            event.namespace, f"recording a context change of stack {event.stack_id!r}"
+        )
         self._require_open()
         await self._do_on_context_change(event)
 
@@ -349,6 +352,7 @@ class StorageAdapter(Closable):
         require_id("stack_id", stack_id)
         if namespace is not None:  # require_optional_id, without a call more on every load
             require_id("namespace", namespace)
+            check_not_keyring(namespace, f"reading stack {stack_id!r}")
         self._require_open()
         return await self._do_get_checkpoint(stack_id, namespace, fallback=fallback)
 
@@ -367,6 +371,7 @@ class StorageAdapter(Closable):
         ``record.expires_at``.
         """
         check_wait_record(record)
+        check_not_keyring(record.namespace, f"storing a wait record of stack {record.stack_id!r}")
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         self._require_open()
         await self._do_save_wait_record(record, ttl_ms=ttl_ms)
@@ -381,6 +386,7 @@ class StorageAdapter(Closable):
         without ever replacing one the store already has (delivered or claimed since).
         """
         check_wait_record(record)
+        check_not_keyring(record.namespace, f"storing a wait record of stack {record.stack_id!r}")
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         self._require_open()
         return await self._do_create_wait_record(record, ttl_ms=ttl_ms)
@@ -503,6 +509,7 @@ class StorageAdapter(Closable):
         """
         require_id("stack_id", stack_id)
         require_optional_id("namespace", namespace)
+        check_not_keyring(namespace, f"locking stack {stack_id!r}")
         require_ttl_ms("timeout_ms", timeout_ms, optional=True)
         self._require_open()
         key = workflow_lock_key(stack_id, namespace)
@@ -529,6 +536,7 @@ class StorageAdapter(Closable):
         require_id("key", key)
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         require_optional_id("namespace", namespace)
+        check_not_keyring(namespace, f"caching step {key!r}")
         self._require_open()
         await self._do_set_cached_step(namespaced_key(key, namespace), value, ttl_ms)
 

@@ -265,9 +265,10 @@ class EnvelopeKeyProvider:
         self._index.clear()
 
     async def _ring(self, namespace: str | None) -> Checkpoint | None:
-        return await self.adapter.get_checkpoint(
-            _keyring_id(namespace), KEYRING_NAMESPACE, fallback=False
-        )
+        with keyring_access():
+            return await self.adapter.get_checkpoint(
+                _keyring_id(namespace), KEYRING_NAMESPACE, fallback=False
+            )
 
     def _context(self, namespace: str | None, key_id: str) -> bytes:
         return b"siglo data key\0" + _keyring_id(namespace).encode() + b"\0" + key_id.encode()

@@ -5,10 +5,11 @@ it holds, wrapped by the master key. It is not the application's: a listing of e
 namespace leaves the keyrings out (:func:`siglo.listing.without_keyrings`), whatever the
 connection's settings (a shell without the keys included, where ``siglo prune --status
 running`` would otherwise take every tenant's keys for stale runs), and only the key
-provider lists or writes one (within :func:`keyring_access`): a listing of that
-namespace, a save, a delete or a cancel of a checkpoint of it from anywhere else — the
-application, ``siglo ls`` or ``rm`` or ``prune``, the dashboard — is an
-:class:`~siglo.errors.InvalidArgumentError` and changes nothing.
+provider reads, lists or writes one (within :func:`keyring_access`): a listing of that
+namespace, a read, a save, a delete or a cancel of a checkpoint of it from anywhere else
+— the application, ``siglo ls`` or ``show`` or ``rm`` or ``prune``, the dashboard — is an
+:class:`~siglo.errors.InvalidArgumentError` and changes nothing, and so is a record of
+any other kind written in it (a wait, a context change, a cached step, a workflow lock).
 Destroying a namespace's keys is ``siglo erase``. The checks sit in the storage
 adapter's public methods, so every path that writes through a backend passes them.
 """
@@ -32,8 +33,8 @@ _ACCESS: ContextVar[bool] = ContextVar("siglo_keyring_access", default=False)
 
 @contextmanager
 def keyring_access() -> Iterator[None]:
-    """Within the block, checkpoints of :data:`KEYRING_NAMESPACE` may be written: the
-    key provider's own saves of its keyrings."""
+    """Within the block, checkpoints of :data:`KEYRING_NAMESPACE` may be read, listed and
+    written: the key provider's own use of its keyrings."""
     token = _ACCESS.set(True)
     try:
         yield
@@ -42,8 +43,8 @@ def keyring_access() -> Iterator[None]:
 
 
 def check_not_keyring(namespace: str | None, what: str) -> None:
-    """Refuse ``what`` (a save, a delete, a cancel) of a checkpoint of the keyrings'
-    namespace, outside :func:`keyring_access`."""
+    """Refuse ``what`` (a read, a save, a delete, a cancel of a checkpoint; a write of a
+    record of another kind) in the keyrings' namespace, outside :func:`keyring_access`."""
     if namespace == KEYRING_NAMESPACE and not _ACCESS.get():
         raise InvalidArgumentError(
             f"{what} in namespace {KEYRING_NAMESPACE!r} refused: it holds siglo's keyrings "

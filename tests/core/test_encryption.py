@@ -404,6 +404,10 @@ def test_a_file_may_require_encryption_while_the_keys_come_from_the_environment(
         load_settings(start=tmp_path, environ={})
 
 
+async def _nothing() -> None:
+    """An action for a workflow lock."""
+
+
 async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
     from siglo.keys import KEYRING_NAMESPACE
     from siglo.transfer import export_lines, import_lines
@@ -429,7 +433,10 @@ async def test_keyrings_stay_out_of_listings_and_dumps() -> None:
         assert len(lines) == 3 and KEYRING_NAMESPACE.encode() not in b"".join(
             lines
         )  # header, one checkpoint, trailer
-        ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        with pytest.raises(InvalidArgumentError, match="keyrings"):
+            await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        with keyring_access():
+            ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
         assert ring is not None
         forged = [lines[0], b'{"kind":"checkpoint","document":' + ring.to_json() + b"}"]
         with pytest.raises(InvalidArgumentError, match="line 2 holds a keyring"):
@@ -468,7 +475,9 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
     shell without the master key (keyrings are "running", never terminal) must not take
     them: a listing of every namespace leaves them out whatever the settings, and a save
     or a delete of the keyrings' namespace from anywhere but the key provider — the API,
-    ``siglo rm``, ``siglo prune -n siglo.keyring`` — is refused and changes nothing."""
+    ``siglo rm``, ``siglo prune -n siglo.keyring`` — is refused and changes nothing; so
+    is a read of one by name (``siglo show``) and a record of any other kind written in
+    that namespace (a wait, a context change, a cached step, a workflow lock)."""
     from siglo.keys import KEYRING_NAMESPACE
 
     key = f"base64:{base64.b64encode(os.urandom(32)).decode()}"
@@ -511,6 +520,35 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
             await raw.delete_checkpoint("a", KEYRING_NAMESPACE)
         with pytest.raises(InvalidArgumentError, match="keyrings"):
             await raw.cancel_workflow("a", KEYRING_NAMESPACE)  # the dashboard's cancel
+        shown = siglo_cli("show", "a", "--namespace", KEYRING_NAMESPACE)
+        assert shown.returncode != 0 and "keyrings" in shown.stderr, shown.stdout + shown.stderr
+        assert "wrapped" not in shown.stdout and "keys" not in shown.stdout, shown.stdout
+        other_kinds = {
+            "a wait record": lambda: raw.save_wait_record(
+                WaitRecord(correlation_key="k", stack_id="a", namespace=KEYRING_NAMESPACE)
+            ),
+            "a created wait record": lambda: raw.create_wait_record(
+                WaitRecord(correlation_key="k", stack_id="a", namespace=KEYRING_NAMESPACE)
+            ),
+            "a context change": lambda: raw.on_context_change(
+                ContextChangeEvent(
+                    stack_id="a",
+                    step_id="s",
+                    key="k",
+                    value=1,
+                    timestamp=1,
+                    namespace=KEYRING_NAMESPACE,
+                )
+            ),
+            "a cached step": lambda: raw.set_cached_step("k", 1, namespace=KEYRING_NAMESPACE),
+            "a workflow lock": lambda: raw.with_workflow_lock(
+                "a", _nothing, namespace=KEYRING_NAMESPACE
+            ),
+        }
+        for what, write in other_kinds.items():
+            with pytest.raises(InvalidArgumentError, match="keyrings"):
+                await write()
+            assert await raw.get_wait_record("k", namespace=KEYRING_NAMESPACE) is None, what
         with keyring_access():
             rings_after = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
         assert rings_after == rings

@@ -380,14 +380,16 @@ async def test_a_rotation_with_another_stores_master_key_changes_nothing(tmp_pat
     active, would fail every later save of the namespace under the right one."""
     url, settings = await _tenant_t_under_a_master_key(tmp_path)
     async with siglo.connect(url, settings=settings) as backend:
-        ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        with keyring_access():
+            ring = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
         assert ring is not None
     wrong = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
     done = run_siglo(tmp_path, "rekey", url, "--rotate", env=wrong)
     assert done.returncode == 1, done.stdout + done.stderr
     assert b"does not unwrap with this master key" in done.stderr, done.stderr
     async with siglo.connect(url, settings=settings) as backend:
-        after = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
+        with keyring_access():
+            after = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE)
         assert after == ring
         manager = siglo.StorageManager(backend)
         later = manager.create_stack("order-2", namespace="t")
