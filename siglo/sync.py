@@ -415,6 +415,7 @@ def verify_webhook(
     same checks and the same one claim of the delivery's nonce, run on the portal's loop
     with the store behind ``nonce_store`` (``sync_backend.require_nonces()``)."""
     store = nonce_store.wrapped if isinstance(nonce_store, SyncNonceStore) else nonce_store
+    # webhooks.verify checks every argument (a store without ``claim`` included) first.
     verified: VerifiedWebhook = get_portal().run(
         webhooks.verify,
         secret,

@@ -224,6 +224,13 @@ async def verify(
     keys = [_key(s) for s in ([secret] if isinstance(secret, str | bytes) else secret)]
     if not keys:
         raise InvalidArgumentError("at least one webhook secret is required")
+    if not callable(getattr(nonce_store, "claim", None)):
+        # Refused before anything else: found only at the claim, after the signature
+        # check, it was an AttributeError on a genuine request.
+        raise InvalidArgumentError(
+            "nonce_store must be a nonce store (backend.require_nonces(); from synchronous "
+            f"code sync_backend.require_nonces()), got {type(nonce_store).__name__}"
+        )
     if _is_sync_facade(nonce_store):
         # A synchronous facade's store (siglo.sync), awaited here, would claim the nonce
         # and then fail: the sender's retry would be refused as a replay. Refused first.

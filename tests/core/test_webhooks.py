@@ -222,6 +222,15 @@ def test_a_synchronous_handler_verifies_through_the_sync_facade() -> None:
         assert verified.signature == header.split("v1=")[1]
         with pytest.raises(WebhookReplayError):
             sync.verify_webhook(SECRET, BODY, _headers(header), nonces)
+        # No store (a `None` from an unset setting), or not one: a clear error, not an
+        # AttributeError after the signature check.
+        fresh = sign(SECRET, BODY + b"!")
+        for wrong in (None, object(), "nonces"):
+            with pytest.raises(InvalidArgumentError, match="nonce_store must be a nonce store"):
+                sync.verify_webhook(SECRET, BODY + b"!", _headers(fresh), wrong)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgumentError, match="nonce_store must be a nonce store"):
+                asyncio.run(verify(SECRET, BODY + b"!", _headers(fresh), wrong))  # type: ignore[arg-type]
+        assert sync.verify_webhook(SECRET, BODY + b"!", _headers(fresh), nonces).timestamp > 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
