@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from siglo.checkpoint import Checkpoint
-from siglo.errors import InvalidArgumentError, SigloError, naming_stack
+from siglo.errors import DecryptionError, InvalidArgumentError, SigloError, naming_stack
 from siglo.listing import (
     DEFAULT_PAGE_SIZE,
     CheckpointPage,
@@ -156,6 +156,14 @@ async def _matches(
             # Stored in clear: the value itself is there to compare.
             if type(metadata[field]) is not type(value) or metadata[field] != value:
                 return False
+        elif sealed and index_key is None:
+            # Not "no match": without keys nothing sealed can be compared, and a listing
+            # that quietly found nothing would say no stack matches.
+            raise DecryptionError(
+                f"the metadata of stack {stored.stack_id!r} is encrypted and this process "
+                f"holds no keys: filtering on {field!r} needs the store's keys "
+                "(docs/encryption.md)"
+            )
         else:
             return False
     return True

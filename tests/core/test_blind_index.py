@@ -183,6 +183,19 @@ def test_siglo_ls_where(tmp_path: Path) -> None:
         timeout=120,
     )
     assert bad.returncode != 0 and b"is not FIELD=VALUE" in bad.stderr
+    # A shell without the keys cannot compare sealed metadata: each stack is named as
+    # left out, exit status 1 — not an empty listing that says no stack matches.
+    keyless = {k: v for k, v in env.items() if k != "SIGLO_ENCRYPTION_KEYS"}
+    blind = subprocess.run(
+        [sys.executable, "-m", "siglo", "ls", url, "--where", "customer=acme-SECRET"],
+        cwd=tmp_path,
+        env=keyless,
+        capture_output=True,
+        timeout=120,
+    )
+    assert blind.returncode == 1, blind.stdout + blind.stderr
+    assert blind.stderr.count(b"Left out: DecryptionError") == 5, blind.stderr
+    assert b"holds no keys" in blind.stderr and b"0 stack(s)" in blind.stdout
 
 
 async def test_rekey_adds_the_tokens_of_a_field_indexed_later() -> None:
