@@ -7,7 +7,7 @@ import datetime as dt
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from rich.console import Console
@@ -18,7 +18,18 @@ from siglo.backend import Backend
 from siglo.cli.errors import CliError, cli_settings, display_url
 from siglo.connect import connect
 
-__all__ = ["format_ms", "open_store", "print_json", "print_table", "require"]
+__all__ = [
+    "format_ms",
+    "missing_storage",
+    "open_store",
+    "print_json",
+    "print_table",
+    "require",
+    "require_storage",
+]
+
+
+_READS: Final = "this command reads (or deletes) what is stored, and creates nothing"
 
 
 @asynccontextmanager
@@ -41,26 +52,33 @@ async def open_store(url: str, *, existing: bool = False, **options: Any) -> Asy
 
 async def require_storage(backend: Backend) -> None:
     """Refuse a backend whose storage is not there for a command that reads or deletes,
-    and so creates nothing: an SQLite file that does not exist (often a typo in the
-    path), or a database (a PostgreSQL schema) without siglo's tables (a typo in
-    ``schema=``), asked without creating them. A backend without a schema (Redis) is
-    not asked."""
+    and so creates nothing (:func:`missing_storage`)."""
+    missing = await missing_storage(backend)
+    if missing is not None:
+        raise missing
+
+
+async def missing_storage(backend: Backend, *, doing: str = _READS) -> CliError | None:
+    """Why the backend's storage is not there, asked without creating it (``None``: it
+    is): an SQLite file that does not exist (often a typo in the path), or a database (a
+    PostgreSQL schema) without siglo's tables (a typo in ``schema=``). A backend
+    without a schema (Redis) is not asked. ``doing`` says why the command creates
+    nothing."""
     adapter = backend.raw_adapter
     storage_exists = getattr(adapter, "storage_exists", None)
     if callable(storage_exists) and not storage_exists():
-        raise CliError(
-            f"there is no database at {display_url(backend.url)}: this command reads "
-            "(or deletes) what is stored, and creates nothing",
+        return CliError(
+            f"there is no database at {display_url(backend.url)}: {doing}",
             "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
             "`siglo migrate URL` creates a database",
         )
     schema_version = getattr(adapter, "schema_version", None)
     if callable(schema_version) and await schema_version() == 0:
-        raise CliError(
-            f"there are no siglo tables at {display_url(backend.url)}: this command reads "
-            "(or deletes) what is stored, and creates nothing",
+        return CliError(
+            f"there are no siglo tables at {display_url(backend.url)}: {doing}",
             "check the URL (its database, its schema=); `siglo migrate URL` creates them",
         )
+    return None
 
 
 def require(backend: Backend, *capabilities: Capability) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import signal
@@ -12,6 +13,8 @@ from typing import IO, Any, Final
 
 import click
 
+from siglo.backend import Backend
+from siglo.cli.common import missing_storage
 from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
 from siglo.config import Settings
 from siglo.connect import connect
@@ -131,6 +134,9 @@ async def _work(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig.name)
         try:
+            if not await _storage_found(backend, interval, once, stop):
+                click.echo("siglo worker stopped")
+                return
             await runner.run(interval_s=interval, stop=stop, retry=retry, on_pass=on_pass)
         except asyncio.CancelledError:
             click.echo("siglo worker stopped (the run in progress is left for recovery)")
@@ -143,6 +149,44 @@ async def _work(
         click.echo("siglo worker stopped")
     finally:
         await backend.aclose()
+
+
+_CREATES_NOTHING: Final = (
+    "a worker creates nothing (the application's first write, or `siglo migrate`, does)"
+)
+
+
+async def _storage_found(
+    backend: Backend, interval: float, once: bool, stop: asyncio.Event
+) -> bool:
+    """Wait, ``interval`` seconds between looks, until the backend's storage is there —
+    an SQLite file, a PostgreSQL schema with siglo's tables — without creating it: a
+    worker started before the application's first write waits for it, and one given a
+    mistyped path says so and waits instead of creating an empty store of its own.
+    ``False``: stopped by a signal first. With ``once``, storage that is not there is an
+    error (exit status 1). A storage failure meanwhile is left to the worker's own
+    retries (``True``)."""
+    try:
+        missing = await missing_storage(backend, doing=_CREATES_NOTHING)
+    except RETRYABLE:
+        return True
+    if missing is None:
+        return True
+    if once:
+        raise missing
+    click.echo(f"waiting: {missing.format_message()}; hint: {missing.hint}", err=True)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        if stop.is_set():
+            break
+        try:
+            if await missing_storage(backend, doing=_CREATES_NOTHING) is None:
+                click.echo(f"found the storage at {display_url(backend.url)}", err=True)
+                return True
+        except RETRYABLE:
+            return True
+    return False
 
 
 class _GaveUp(click.ClickException):

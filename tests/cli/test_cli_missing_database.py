@@ -114,3 +114,106 @@ def test_reading_commands_refuse_a_postgres_schema_without_siglo_tables(command:
             return await found.fetchone() is not None
 
     assert not asyncio.run(exists()), f"schema {schema} was created"
+
+
+_FLOWS = """
+from siglo import Step, flow, wait_for_event
+from siglo.errors import WaitTimeoutError
+
+
+async def wait(order):
+    try:
+        return await wait_for_event(f"approve:{order}", timeout_ms=50)
+    except WaitTimeoutError:  # the worker fired the timeout
+        return None
+
+
+async def done(event):
+    return {"timed_out": event is None}
+
+
+orders = flow(Step.create("wait", wait), Step.create("done", done))
+"""
+
+
+def _worker(tmp_path: Path, url: str, *extra: str) -> list[str]:
+    import sys
+
+    (tmp_path / "wkflows.py").write_text(_FLOWS, encoding="utf-8")
+    return [sys.executable, "-m", "siglo", "worker", url, "--flows", "wkflows:orders", *extra]
+
+
+def test_a_worker_given_a_missing_database_creates_nothing(tmp_path: Path) -> None:
+    """``siglo worker --once`` on a path with no database says so (status 1); a worker
+    that runs on waits for the application's first write instead of creating an empty
+    store of its own at a mistyped path, and works once the store is there."""
+    import asyncio
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import siglo
+    from siglo.workflow.flow import WorkflowSuspended
+
+    work = tmp_path / "work"
+    work.mkdir()
+    url = f"sqlite:///{work / 'typo.db'}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    once = subprocess.run(
+        _worker(tmp_path, url, "--once"),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert once.returncode == 1, once.stdout + once.stderr
+    assert "there is no database at" in once.stderr and "creates nothing" in once.stderr
+    assert list(work.iterdir()) == [], "nothing may be created"
+
+    running = subprocess.Popen(
+        _worker(tmp_path, url, "--interval", "0.1"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3)
+        assert running.poll() is None, running.communicate()
+        assert list(work.iterdir()) == [], "a waiting worker creates nothing"
+
+        async def app() -> None:
+            import sys
+
+            sys.path.insert(0, str(tmp_path))
+            from wkflows import orders  # type: ignore[import-not-found]
+
+            async with siglo.connect(url) as backend:
+                manager = siglo.StorageManager(backend)
+                with contextlib.suppress(WorkflowSuspended):
+                    await orders.run(1, manager=manager, stack_id="order-1")
+                for _ in range(200):  # the worker fires the 50 ms timeout
+                    checkpoint = await backend.adapter.get_checkpoint("order-1")
+                    if checkpoint is not None and checkpoint.status == "completed":
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError("the worker never fired the timer")
+
+        try:
+            asyncio.run(app())
+        except AssertionError:
+            running.send_signal(signal.SIGTERM)
+            raise AssertionError(running.communicate(timeout=30)) from None
+    finally:
+        running.send_signal(signal.SIGTERM)
+        out, err = running.communicate(timeout=30)
+    assert "waiting: there is no database at" in err, err
+    assert "found the storage at" in err, err
+    assert "fired 1 timer(s)" in out, out
