@@ -27,7 +27,12 @@ from siglo.blind import check_tokens, list_matching, scan_tokens
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
 from siglo.coordination import Lock
-from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
+from siglo.errors import (
+    CapabilityNotSupportedError,
+    InvalidArgumentError,
+    OutcomeUnknownError,
+    read_failure,
+)
 from siglo.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -225,7 +230,10 @@ class StorageAdapter(Closable):
         require_id("step_id", step_id)
         require_optional_id("namespace", namespace)
         self._require_open()
-        return await self._do_get_context_changes(stack_id, step_id, namespace)
+        try:
+            return await self._do_get_context_changes(stack_id, step_id, namespace)
+        except OutcomeUnknownError as exc:
+            raise read_failure(exc) from exc
 
     # -- 2. checkpointing ------------------------------------------------------------
 
@@ -354,7 +362,10 @@ class StorageAdapter(Closable):
             require_id("namespace", namespace)
             check_not_keyring(namespace, f"reading stack {stack_id!r}")
         self._require_open()
-        return await self._do_get_checkpoint(stack_id, namespace, fallback=fallback)
+        try:
+            return await self._do_get_checkpoint(stack_id, namespace, fallback=fallback)
+        except OutcomeUnknownError as exc:
+            raise read_failure(exc) from exc
 
     async def clean_expired_checkpoints(self) -> int:
         """Delete expired checkpoints; return how many (0 for native-expiry stores)."""
@@ -403,7 +414,10 @@ class StorageAdapter(Closable):
         require_id("correlation_key_or_stack_id", correlation_key_or_stack_id)
         require_optional_id("namespace", namespace)
         self._require_open()
-        return await self._do_get_wait_record(correlation_key_or_stack_id, namespace)
+        try:
+            return await self._do_get_wait_record(correlation_key_or_stack_id, namespace)
+        except OutcomeUnknownError as exc:
+            raise read_failure(exc) from exc
 
     async def claim_wait_record(
         self,
@@ -526,7 +540,10 @@ class StorageAdapter(Closable):
         require_id("key", key)
         require_optional_id("namespace", namespace)
         self._require_open()
-        return await self._do_get_cached_step(namespaced_key(key, namespace))
+        try:
+            return await self._do_get_cached_step(namespaced_key(key, namespace))
+        except OutcomeUnknownError as exc:
+            raise read_failure(exc) from exc
 
     async def set_cached_step(
         self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
@@ -668,7 +685,10 @@ class StorageAdapter(Closable):
         # The keyrings are siglo's, not the application's (siglo.reserved).
         check_not_keyring_listing(namespace)
         self._require_open()
-        page = await self._do_list_checkpoints(query)
+        try:
+            page = await self._do_list_checkpoints(query)
+        except OutcomeUnknownError as exc:
+            raise read_failure(exc) from exc
         return without_keyrings(page) if namespace is MISSING else page
 
     async def list_checkpoints_by_index(
@@ -703,7 +723,10 @@ class StorageAdapter(Closable):
             cursor=cursor,
         )
         self._require_open()
-        return await self._do_list_by_index(query, wanted)
+        try:
+            return await self._do_list_by_index(query, wanted)
+        except OutcomeUnknownError as exc:
+            raise read_failure(exc) from exc
 
     async def delete_checkpoint(
         self,
@@ -741,7 +764,10 @@ class StorageAdapter(Closable):
                 f"limit must be an integer from 1 to {MAX_PAGE_SIZE}, got {limit!r}"
             )
         self._require_open()
-        return await self._do_list_due_waits(limit)
+        try:
+            return await self._do_list_due_waits(limit)
+        except OutcomeUnknownError as exc:
+            raise read_failure(exc) from exc
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
         raise self._unsupported("list_checkpoints")

@@ -267,6 +267,16 @@ class OutcomeUnknownError(StorageAdapterError):
         )
 
 
+def read_failure(exc: OutcomeUnknownError) -> StorageAdapterError:
+    """``exc``, raised by a call that only reads, as what it is: a failed read. A read
+    changes nothing stored, so only its answer is missing — nothing to re-read or to
+    retry as a compare-and-set, and a ``best-effort`` manager may swallow it like any
+    adapter failure. The storage adapter's reads raise this (``exc`` its cause)."""
+    return StorageAdapterError(
+        f"{exc.operation} failed ({exc.reason}); it only reads, so nothing stored changed"
+    )
+
+
 class WorkflowVersionMismatchError(SigloError):
     """A workflow's steps changed since the checkpoint was written, with no migration."""
 

@@ -3,8 +3,9 @@ StorageAdapterError within ``command_timeout_ms`` (plus a small margin), never a
 
 What the error says of the outcome is checked too (SPEC §4, an acknowledgement is never
 a guess): a statement PostgreSQL cancelled, and a wait for SQLite's write lock, did
-nothing (a plain StorageAdapterError); a call to a frozen server may have run
-(OutcomeUnknownError).
+nothing (a plain StorageAdapterError); a write to a frozen server may have run
+(OutcomeUnknownError); a read changes nothing stored, so its failure is a plain
+StorageAdapterError there too, which a ``best-effort`` manager swallows.
 
 The faults are real: a row or table lock held by another PostgreSQL connection, a write
 lock held by another SQLite connection, and a TCP proxy on loopback (tests/support/_tcp_proxy.py)
@@ -154,8 +155,8 @@ async def test_postgres_frozen_server() -> None:
             proxy.freeze()
             # Sent, never answered, the connection cut: the server may have run it. (The
             # calls after it find no connection in time: nothing sent, a plain error.)
-            await bounded_failure(backend.adapter.get_checkpoint("s"), unknown=True)
-            await bounded_failure(backend.adapter.save_checkpoint(cp(2)))
+            await bounded_failure(backend.adapter.save_checkpoint(cp(2)), unknown=True)
+            await bounded_failure(backend.adapter.get_checkpoint("s"), unknown=False)
             assert backend.lock is not None
             await bounded_failure(backend.lock.acquire("k"))
             proxy.thaw()
@@ -225,7 +226,12 @@ async def test_redis_frozen_server() -> None:
         try:
             await backend.adapter.save_checkpoint(cp(1))
             proxy.freeze()
-            await bounded_failure(backend.adapter.get_checkpoint("s"), unknown=True)
+            # Sent, never answered: a read changed nothing whatever the server did.
+            await bounded_failure(backend.adapter.get_checkpoint("s"), unknown=False)
+            lenient = siglo.StorageManager(backend, error_mode="best-effort")
+            began = time.monotonic()
+            assert await lenient.load_checkpoint("s") is None  # swallowed, as documented
+            assert time.monotonic() - began < BOUND_MS / 1000 + MARGIN_S
             assert backend.lock is not None
             # The script may have run: only its reply is missing.
             await bounded_failure(backend.lock.acquire("k"), unknown=True)
