@@ -233,7 +233,7 @@ class StorageAdapter(Closable):
         try:
             return await self._do_get_context_changes(stack_id, step_id, namespace)
         except OutcomeUnknownError as exc:
-            raise read_failure(exc) from exc
+            raise read_failure(exc) from (exc.__cause__ or exc)
 
     # -- 2. checkpointing ------------------------------------------------------------
 
@@ -365,7 +365,7 @@ class StorageAdapter(Closable):
         try:
             return await self._do_get_checkpoint(stack_id, namespace, fallback=fallback)
         except OutcomeUnknownError as exc:
-            raise read_failure(exc) from exc
+            raise read_failure(exc) from (exc.__cause__ or exc)
 
     async def clean_expired_checkpoints(self) -> int:
         """Delete expired checkpoints; return how many (0 for native-expiry stores)."""
@@ -417,7 +417,7 @@ class StorageAdapter(Closable):
         try:
             return await self._do_get_wait_record(correlation_key_or_stack_id, namespace)
         except OutcomeUnknownError as exc:
-            raise read_failure(exc) from exc
+            raise read_failure(exc) from (exc.__cause__ or exc)
 
     async def claim_wait_record(
         self,
@@ -543,7 +543,7 @@ class StorageAdapter(Closable):
         try:
             return await self._do_get_cached_step(namespaced_key(key, namespace))
         except OutcomeUnknownError as exc:
-            raise read_failure(exc) from exc
+            raise read_failure(exc) from (exc.__cause__ or exc)
 
     async def set_cached_step(
         self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
@@ -688,7 +688,7 @@ class StorageAdapter(Closable):
         try:
             page = await self._do_list_checkpoints(query)
         except OutcomeUnknownError as exc:
-            raise read_failure(exc) from exc
+            raise read_failure(exc) from (exc.__cause__ or exc)
         return without_keyrings(page) if namespace is MISSING else page
 
     async def list_checkpoints_by_index(
@@ -726,7 +726,7 @@ class StorageAdapter(Closable):
         try:
             return await self._do_list_by_index(query, wanted)
         except OutcomeUnknownError as exc:
-            raise read_failure(exc) from exc
+            raise read_failure(exc) from (exc.__cause__ or exc)
 
     async def delete_checkpoint(
         self,
@@ -767,7 +767,7 @@ class StorageAdapter(Closable):
         try:
             return await self._do_list_due_waits(limit)
         except OutcomeUnknownError as exc:
-            raise read_failure(exc) from exc
+            raise read_failure(exc) from (exc.__cause__ or exc)
 
     async def _do_list_checkpoints(self, query: ListQuery) -> CheckpointPage:
         raise self._unsupported("list_checkpoints")

@@ -271,7 +271,8 @@ def read_failure(exc: OutcomeUnknownError) -> StorageAdapterError:
     """``exc``, raised by a call that only reads, as what it is: a failed read. A read
     changes nothing stored, so only its answer is missing — nothing to re-read or to
     retry as a compare-and-set, and a ``best-effort`` manager may swallow it like any
-    adapter failure. The storage adapter's reads raise this (``exc`` its cause)."""
+    adapter failure. The storage adapter's reads raise this, with the driver's exception
+    (``exc``'s cause) as its cause."""
     return StorageAdapterError(
         f"{exc.operation} failed ({exc.reason}); it only reads, so nothing stored changed"
     )
