@@ -433,6 +433,16 @@ def link_to_suspender(metadata: Mapping[str, Any]) -> None:
         span.add_link(linked, {"siglo.link": "suspended_by"})
 
 
+def note_run_id(run_id: str) -> None:
+    """Name the run on the current run span (``siglo.run.id``), if anything listens: a
+    delivery's span starts before its claim says which run it resumes."""
+    if current() is None:
+        return
+    span = _run_span.get()
+    if span is not None and span.is_recording():
+        span.set_attribute("siglo.run.id", run_id)
+
+
 def suspending_traceparent() -> str | None:
     """The ``traceparent`` a suspending run leaves in its metadata (``None`` when nothing
     listens)."""

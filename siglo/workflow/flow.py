@@ -8,6 +8,7 @@ import functools
 import hashlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 
@@ -239,22 +240,25 @@ class Flow:
         """
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
-        record = await adapter.claim_wait_record(
-            correlation_key, claimant_id, allow_expired=True, namespace=namespace
-        )
-        if record is None:
-            raise WaitRecordClaimError(
-                await _why_unclaimable(adapter, correlation_key, namespace, manager.clock.now_ms())
+        with self._resume_span(correlation_key, namespace):
+            record = await adapter.claim_wait_record(
+                correlation_key, claimant_id, allow_expired=True, namespace=namespace
             )
-        if not record.is_expired(manager.clock.now_ms()):
-            assert record.claimant_id is not None  # a successful claim names its claimant
-            await adapter.release_wait_record(
-                correlation_key, record.claimant_id, namespace=record.namespace
+            if record is None:
+                raise WaitRecordClaimError(
+                    await _why_unclaimable(
+                        adapter, correlation_key, namespace, manager.clock.now_ms()
+                    )
+                )
+            if not record.is_expired(manager.clock.now_ms()):
+                assert record.claimant_id is not None  # a successful claim names its claimant
+                await adapter.release_wait_record(
+                    correlation_key, record.claimant_id, namespace=record.namespace
+                )
+                raise InvalidArgumentError(f"the wait {correlation_key!r} is not past its deadline")
+            return await self._resume_claimed(
+                manager, adapter, record, lambda stack, step: stack.set(step, TIMED_OUT, True)
             )
-            raise InvalidArgumentError(f"the wait {correlation_key!r} is not past its deadline")
-        return await self._resume_claimed(
-            manager, adapter, record, lambda stack, step: stack.set(step, TIMED_OUT, True)
-        )
 
     async def deliver(
         self,
@@ -276,20 +280,37 @@ class Flow:
         """
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
-        record = await adapter.claim_wait_record(
-            correlation_key,
-            claimant_id,
-            # The payload becomes context: what leaves the process is redacted.
-            event_payload=await manager.redact_event(correlation_key, payload, namespace=namespace),
-            allow_expired=allow_expired,
-            namespace=namespace,
-        )
-        if record is None:
-            raise WaitRecordClaimError(
-                await _why_unclaimable(adapter, correlation_key, namespace, manager.clock.now_ms())
+        with self._resume_span(correlation_key, namespace):
+            record = await adapter.claim_wait_record(
+                correlation_key,
+                claimant_id,
+                # The payload becomes context: what leaves the process is redacted.
+                event_payload=await manager.redact_event(
+                    correlation_key, payload, namespace=namespace
+                ),
+                allow_expired=allow_expired,
+                namespace=namespace,
             )
-        return await self._resume_claimed(
-            manager, adapter, record, lambda stack, step: stack.set(step, EVENT, payload)
+            if record is None:
+                raise WaitRecordClaimError(
+                    await _why_unclaimable(
+                        adapter, correlation_key, namespace, manager.clock.now_ms()
+                    )
+                )
+            return await self._resume_claimed(
+                manager, adapter, record, lambda stack, step: stack.set(step, EVENT, payload)
+            )
+
+    def _resume_span(
+        self, correlation_key: str, namespace: str | None
+    ) -> AbstractContextManager[None]:
+        """The ``resume FLOW`` span of a delivery or a timer (when anything listens): it
+        covers the claim too, so the claim is in the run's trace; the run's id is added
+        once the claim names it."""
+        return telemetry.workflow_span(
+            f"resume {self.name}",
+            {**self._attributes(None, namespace), "siglo.wait.correlation_key": correlation_key},
+            run=True,
         )
 
     async def _resume_claimed(
@@ -343,20 +364,13 @@ class Flow:
             )
             return result
 
+        telemetry.note_run_id(record.stack_id)  # on the resume span (Flow._resume_span)
         try:
-            with telemetry.workflow_span(
-                f"resume {self.name}",
-                {
-                    **self._attributes(record.stack_id, record.namespace),
-                    "siglo.wait.correlation_key": correlation_key,
-                },
-                run=True,
-            ):
-                if adapter.supports(Capability.WORKFLOW_LOCK):
-                    return await adapter.with_workflow_lock(
-                        record.stack_id, resume_with_outcome, namespace=record.namespace
-                    )
-                return await resume_with_outcome()
+            if adapter.supports(Capability.WORKFLOW_LOCK):
+                return await adapter.with_workflow_lock(
+                    record.stack_id, resume_with_outcome, namespace=record.namespace
+                )
+            return await resume_with_outcome()
         except BaseException as refused:
             if not started:
                 # Refused before the run began (a changed flow, no checkpoint, a busy
@@ -420,7 +434,7 @@ class Flow:
             )
         return await self._execute(manager, stack, unlock=unlock)
 
-    def _attributes(self, run_id: str, namespace: str | None) -> dict[str, Any]:
+    def _attributes(self, run_id: str | None, namespace: str | None) -> dict[str, Any]:
         return {
             "siglo.workflow.name": self.name,
             "siglo.run.id": run_id,

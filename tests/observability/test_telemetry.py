@@ -271,6 +271,29 @@ async def test_a_run_that_waits_for_its_event_is_not_an_error(sdk: Sdk) -> None:
         assert "error.type" not in point.attributes, point.attributes
 
 
+async def test_a_delivery_claims_in_its_resume_span(sdk: Sdk) -> None:
+    """``flow.deliver``'s claim of the wait is a child of its ``resume FLOW`` span, in
+    the run's trace — not a trace of its own — and the span names the run it resumed."""
+
+    async def approve(_: Any) -> Any:
+        return await siglo.wait_for_event("approve:2", timeout_ms=60_000)
+
+    orders = siglo.flow(siglo.Step.create("approve", approve), name="orders")
+    async with siglo.connect("memory://") as backend:
+        manager = StorageManager(backend)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await orders.run(None, manager=manager, stack_id="order-2")
+        sdk.spans.clear()
+        await orders.deliver("approve:2", "ada", manager=manager)
+    spans = sdk.spans.get_finished_spans()
+    (resume,) = [s for s in spans if s.name == "resume orders"]
+    (claim,) = [s for s in spans if s.name == "claim_wait_record"]
+    assert claim.parent is not None and claim.parent.span_id == resume.context.span_id
+    assert {s.context.trace_id for s in spans} == {resume.context.trace_id}
+    assert dict(resume.attributes or {})["siglo.run.id"] == "order-2"
+    assert dict(resume.attributes or {})["siglo.wait.correlation_key"] == "approve:2"
+
+
 async def test_a_lost_lease_is_counted(sdk: Sdk, tmp_path: Path) -> None:
     pytest.importorskip("aiosqlite")
     url = f"sqlite:///{tmp_path / 'lease.db'}"
