@@ -494,6 +494,7 @@ class Flow:
                         ctx.get(EVENT, MISSING),
                         bool(ctx.get(TIMED_OUT)),
                         ahead,
+                        waited_for=ctx.get(WAITING_FOR),
                     )
             except _Suspend as wait:
                 stored = stack.revision
@@ -573,6 +574,8 @@ class Flow:
         event: Any | Missing,
         timed_out: bool = False,
         ahead: _LookAhead | None = None,
+        *,
+        waited_for: Any = None,
     ) -> tuple[Any, CacheEntry | None, dict[str, Any] | None]:
         """The step's output, its cache entry if one is due, and what its cache look-up
         found (for :data:`STEP_CACHE_KEY`; ``None`` for an uncached step).
@@ -616,6 +619,7 @@ class Flow:
             timed_out,
             manager,
             stack.redact_fields,
+            waited_for if isinstance(waited_for, str) else None,
         )
         token = current_step.set(run)
         try:

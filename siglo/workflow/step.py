@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from siglo.errors import InvalidArgumentError, WaitTimeoutError
+from siglo.errors import InvalidArgumentError, InvalidStateTransitionError, WaitTimeoutError
 from siglo.redaction import redact
 from siglo.sentinel import MISSING
 from siglo.validation import require_id, require_ttl_ms
@@ -101,6 +101,22 @@ class StepRun:
     redact_fields: frozenset[str] = frozenset()
     """The run's own redacted keys (its checkpoint's ``redactFields``: they travel with
     the data), which a process without the application's settings still applies."""
+    waited_for: str | None = None
+    """The correlation key the step waited for, whose event (or timeout) it carries."""
+    answered: bool = False
+    """Whether a wait of this run of the step has returned (a step waits at most once)."""
+
+
+def _answer(run: StepRun, correlation_key: str, what: str) -> None:
+    """Let the step's wait for ``correlation_key`` return what the run carries — once,
+    and only for the key the step waited for: a second wait in the step would be handed
+    the first one's event."""
+    if run.answered or (run.waited_for is not None and run.waited_for != correlation_key):
+        raise InvalidStateTransitionError(
+            f"{what} in step {run.step!r}: the step already waited (for "
+            f"{run.waited_for!r}), and a step waits at most once; wait in a step of its own"
+        )
+    run.answered = True
 
 
 current_step: contextvars.ContextVar[StepRun] = contextvars.ContextVar("siglo_current_step")
@@ -213,10 +229,11 @@ async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None)
     require_id("correlation_key", correlation_key)
     require_ttl_ms("timeout_ms", timeout_ms, optional=True)
     run = _current("wait_for_event()")
-    if run.event is not MISSING:
+    if run.event is not MISSING or run.timed_out:
+        _answer(run, correlation_key, f"wait_for_event({correlation_key!r})")
+        if run.timed_out:
+            raise WaitTimeoutError(correlation_key)
         return run.event
-    if run.timed_out:
-        raise WaitTimeoutError(correlation_key)
     raise _Suspend(correlation_key, timeout_ms)
 
 
@@ -235,6 +252,8 @@ async def sleep(ms: int) -> None:
     """
     require_ttl_ms("ms", ms)
     run = _current("sleep()")
+    key = sleep_key(run.namespace, run.stack_id, run.step)
     if run.event is not MISSING or run.timed_out:
+        _answer(run, key, f"sleep({ms})")
         return
-    raise _Suspend(sleep_key(run.namespace, run.stack_id, run.step), ms)
+    raise _Suspend(key, ms)

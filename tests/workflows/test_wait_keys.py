@@ -132,3 +132,40 @@ async def test_two_runs_taking_an_ended_key_at_once_get_one_wait(kind: str) -> N
         record = await backend.adapter.get_wait_record("approval:shared")
         winner = "AB"[outcomes.index("waiting")]
         assert record is not None and record.stack_id == winner and record.status == "waiting"
+
+
+async def _twice(order: Any) -> Any:
+    manager_ok = await wait_for_event(f"manager-approval:{order}")
+    finance_ok = await wait_for_event(f"finance-approval:{order}")
+    return {"manager": manager_ok, "finance": finance_ok}
+
+
+async def _wait_then_sleep(order: Any) -> Any:
+    approved = await wait_for_event(f"approval:{order}")
+    await siglo.workflow.sleep(10)
+    return approved
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_second_wait_in_one_step_is_refused(kind: str) -> None:
+    """A step waits at most once (docs/workflows.md): a second ``wait_for_event`` (or a
+    ``sleep`` after a wait) in the step that was resumed with its first key's event is an
+    ``InvalidStateTransitionError`` naming the step, never the first event handed to the
+    second wait. The run fails; the first delivery is consumed."""
+    from siglo.errors import InvalidStateTransitionError
+
+    two_waits = flow(Step.create("approve", _twice), name="twice")
+    wait_sleep = flow(Step.create("approve", _wait_then_sleep), name="wait-sleep")
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        manager = siglo.StorageManager(backend)
+        for run, first in ((two_waits, "manager-approval:7"), (wait_sleep, "approval:7")):
+            stack_id = f"po-7-{run.name}"
+            with pytest.raises(WorkflowSuspended) as suspended:
+                await run.run("7", manager=manager, stack_id=stack_id)
+            assert suspended.value.correlation_key == first
+            with pytest.raises(InvalidStateTransitionError, match="a step waits at most once"):
+                await run.deliver(first, {"by": "bob"}, manager=manager)
+            stored = await backend.adapter.get_checkpoint(stack_id)
+            assert stored is not None and stored.status == "failed"
+            record = await backend.adapter.get_wait_record(first)
+            assert record is not None and record.status == "completed"
