@@ -393,9 +393,21 @@ class Flow:
         self, manager: StorageManager, stack_id: str, namespace: str | None
     ) -> ExecutionStack:
         require_id("stack_id", stack_id)
-        stack = await manager.resume(stack_id, namespace=namespace)
-        if stack is None:
+        checkpoint = await manager.load_checkpoint(stack_id, namespace=namespace)
+        if checkpoint is None:
             raise InvalidArgumentError(f"no checkpoint of workflow {stack_id!r} to resume")
+        if checkpoint.namespace != namespace and checkpoint.status != "completed":
+            # Found through namespace_fallback: another run, of no namespace. Its output is
+            # readable (a completed run); continuing it here would copy its input and
+            # state into this namespace and run its steps beside its own process, under
+            # another workflow lock.
+            raise InvalidStateTransitionError(
+                f"workflow {stack_id!r} has no run in namespace {namespace!r}; the run of no "
+                f"namespace with that id (read through namespace_fallback) is "
+                f"{checkpoint.status}, and a run is never continued in another namespace: "
+                "start this one under another stack_id, or turn namespace_fallback off"
+            )
+        stack = manager.restore_checkpoint(checkpoint, expected_namespace=namespace)
         telemetry.link_to_suspender(stack.metadata)
         stored = stack.metadata.get("flowVersion")
         if stored != self.version:

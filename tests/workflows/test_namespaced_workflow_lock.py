@@ -101,3 +101,51 @@ async def test_one_shared_manager_runs_both_tenants_of_one_stack_id(kind: str) -
             assert await run_a == "done for a"
         stored = await backend.adapter.get_checkpoint("order-1", "tenant-b", fallback=False)
         assert stored is not None and stored.status == "completed"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_a_tenant_never_continues_a_run_of_no_namespace(kind: str) -> None:
+    """With ``namespace_fallback`` on (the default) a tenant's ``flow.run`` with the id of
+    a run of no namespace reads that run through the fallback. A completed run's output
+    is what it reads (docs/configuration.md); a run still going — running in another
+    process, crashed, or waiting — is refused, naming it: continuing it would copy its
+    input into the tenant's namespace and run its steps a second time, beside its own
+    process, under another workflow lock. Nothing is stored in the tenant's namespace."""
+    from siglo.errors import InvalidStateTransitionError
+
+    ran: list[str] = []
+
+    async def charge(order: dict[str, str]) -> dict[str, str]:
+        ran.append(order["who"])
+        return {**order, "charged": "yes"}
+
+    billing = flow(Step.create("charge", charge), name="billing")
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend)
+        for status in ("running", "waiting", "failed"):
+            legacy = manager.create_stack(
+                f"inv-{status}",
+                workflow_id=billing.name,
+                metadata={"flowVersion": billing.version, "input": {"who": "legacy"}},
+            )
+            if status != "running":
+                legacy.transition(status)
+            await manager.save(legacy, expected_revision=0)
+            manager.discard_stack(legacy)
+            with pytest.raises(InvalidStateTransitionError, match=f"of no namespace .* {status}"):
+                await billing.run(
+                    {"who": "tenant"}, manager=manager, stack_id=f"inv-{status}", namespace="t"
+                )
+            assert ran == []
+            assert (
+                await backend.adapter.get_checkpoint(f"inv-{status}", "t", fallback=False) is None
+            )
+        # A completed run of no namespace: its output is read, as the docs say.
+        assert await billing.run({"who": "legacy"}, manager=manager, stack_id="inv-done") == {
+            "who": "legacy",
+            "charged": "yes",
+        }
+        again = await billing.run(
+            {"who": "tenant"}, manager=manager, stack_id="inv-done", namespace="t"
+        )
+        assert again == {"who": "legacy", "charged": "yes"} and ran == ["legacy"]
