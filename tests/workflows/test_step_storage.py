@@ -140,3 +140,80 @@ def test_sync_flow_checks_its_arguments() -> None:
         sync.SyncFlow(_ship)  # type: ignore[arg-type]
     with pytest.raises(siglo.InvalidArgumentError, match="manager must be"):
         sync.SyncFlow(ORDERS).run(None, manager="nope")  # type: ignore[arg-type]
+
+
+_CRASHING_CHARGE = """
+import asyncio, os, sys
+import siglo
+from siglo import Step
+
+async def charge(order):
+    payments = siglo.current_backend().require_idempotency()
+    key = f"charge:{order['id']}"
+    claim = await payments.claim_owned(key, 1_000)  # docs/workflows.md's step, a 1 s lease
+    while claim.state == "in-progress":
+        await asyncio.sleep(0.1)
+        claim = await payments.claim_owned(key, 1_000)
+    if claim.claimed:
+        with open(os.environ["CHARGES"], "a") as log:
+            log.write(key + "\\n")
+        if os.environ.get("CRASH"):
+            os._exit(9)  # charged, then died before complete
+        await payments.complete(key, {"charged": order["cents"]}, token=claim.token)
+    return f"charged order {order['id']}"
+
+billing = siglo.flow(Step.create("charge", charge), name="billing")
+
+async def main():
+    async with siglo.connect(sys.argv[1]) as backend:
+        manager = siglo.StorageManager(backend)
+        print(await billing.run({"id": 9, "cents": 1200}, manager=manager, stack_id="bill-9"))
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def test_the_docs_charge_step_is_not_lost_by_a_crash_between_claim_and_complete(
+    tmp_path: Path,
+) -> None:
+    """docs/workflows.md's charge step, killed after its claim and its charge but before
+    ``complete``: the recovered run waits for the claim's lease, charges again under the
+    same key (which the provider dedups), and stores the result — before, the seed's
+    ``claim`` left the key "in-progress" for 24 h and the rerun took it for done."""
+    script = tmp_path / "billing_step.py"
+    script.write_text(_CRASHING_CHARGE, encoding="utf-8")
+    charges = tmp_path / "charges.log"
+    url = f"sqlite:///{tmp_path / 'bill.db'}?workflow_lock_ttl_ms=500"
+    env = {**os.environ, "CHARGES": str(charges), "CRASH": "1"}
+    crashed = subprocess.run(
+        [sys.executable, str(script), url], env=env, capture_output=True, timeout=120
+    )
+    assert crashed.returncode == 9, crashed.stderr.decode()
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from billing_step import billing  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+
+    async def recover() -> Any:
+        os.environ["CHARGES"] = str(charges)
+        try:
+            async with siglo.connect(url) as backend:
+                manager = siglo.StorageManager(backend)
+                for _ in range(100):  # until the crashed run's workflow lock lapses
+                    try:
+                        if await billing.recover("bill-9", manager=manager):
+                            break
+                    except siglo.LockNotAcquiredError:
+                        pass
+                    await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError("the crashed run was never recovered")
+                return await backend.require_idempotency().get_result("charge:9")
+        finally:
+            del os.environ["CHARGES"]
+
+    assert asyncio.run(recover()) == {"charged": 1200}
+    assert charges.read_text().splitlines() == ["charge:9", "charge:9"]
