@@ -90,6 +90,11 @@ def take_snapshot(
         wire["expiresAt"] = now + ttl_ms
     if metadata:
         wire["metadata"] = metadata
+    if stack.extra:
+        # What the stack was restored with and siglo does not know, kept (redacted like
+        # the rest); never in place of a field siglo writes.
+        extra = redact(stack.extra, fields) if fields else stack.extra
+        wire = {**extra, **wire}
     # Encoding then decoding is the deep copy: later mutations of the live stack
     # cannot reach the snapshot, non-JSON context values fail here, synchronously,
     # and the adapter reuses the encoding instead of serialising again.
@@ -174,6 +179,7 @@ def restore_stack(
         contexts=doc["contexts"],
         metadata=metadata,
         redact_fields=_named_redactions(metadata),
+        extra={name: doc[name] for name in checkpoint.extra if name in doc},
     )
 
 

@@ -84,6 +84,9 @@ class ExecutionStack:
     metadata: dict[str, Any] = field(default_factory=dict)
     redact_fields: frozenset[str] = frozenset()
     """Keys redacted from this stack's snapshots and stream, beside the manager's."""
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Fields of the stored document siglo does not know (a TypeScript worker's, a newer
+    version's), as restored: its snapshots carry them, so a re-save keeps them."""
 
     def context(self, step_id: str) -> dict[str, Any]:
         """A step's context (created empty on first use). Mutate it with :meth:`set`."""

@@ -213,6 +213,28 @@ async def test_siglo_reads_keys_written_the_seeds_way(
         await adapter.save_checkpoint(Checkpoint.from_wire(doc), expected_revision=2)
     assert conflict.value.current_revision == 3
     await adapter.save_checkpoint(Checkpoint.from_wire({**doc, "revision": 4}), expected_revision=3)
+    # Resumed through the manager, changed and saved: the fields siglo does not know are
+    # kept (docs/backends/redis.md), redacted like the rest, whichever way it is saved.
+    manager = siglo.StorageManager(redis_backend, redact_fields=["secret"])
+    await raw_redis.set(
+        f"{p}checkpoint:ts-3",
+        orjson.dumps({**doc, "stackId": "ts-3", "tsMeta": {"by": "ts", "secret": "s3cr3t"}}),
+        px=ttl,
+    )
+    stack = await manager.resume("ts-3")
+    assert stack is not None
+    stack.set("a", "n", 2)
+    await manager.save(stack)
+    manager.discard_stack(stack)
+    stack = await manager.resume("ts-3")
+    assert stack is not None
+    stack.set("a", "n", 3)
+    manager.checkpoint(stack)  # a background save
+    await manager.flush()
+    stored = orjson.loads(await raw_redis.get(f"{p}checkpoint:ts-3"))
+    assert stored["tsOnly"] == {"kept": True}, stored
+    assert stored["tsMeta"] == {"by": "ts", "secret": "[REDACTED]"}, stored
+    assert stored["contexts"] == {"a": {"n": 3}} and stored["revision"] == 5
 
     # Wait records, dual-indexed, without siglo's index key.
     record = {
