@@ -1,7 +1,7 @@
 """Focused checks of stored payloads outside checkpoints (capability ``payload_scan``):
-the walk ``siglo rekey`` makes of stand-alone wait records and cached steps, its
-compare-and-set rewrite of their payloads, and the compare-and-delete ``siglo erase``
-removes them with."""
+the walk ``siglo rekey`` makes of stand-alone wait records, cached steps and (where the
+backend's ``payload_kinds`` has it) context-change stream values, its compare-and-set
+rewrite of their payloads, and the compare-and-delete ``siglo erase`` removes them with."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import time
 from typing import Any
 
 from siglo.adapter import Capability, StorageAdapter
+from siglo.errors import CapabilityNotSupportedError
 from siglo.locking import split_namespaced_key
-from siglo.payloads import StoredPayload
-from siglo.records import WaitRecord
+from siglo.payloads import CONTEXT_KIND, StoredPayload, context_field
+from siglo.records import ContextChangeEvent, ContextOp, WaitRecord
 from siglo.sentinel import MISSING
 from siglo_contract.machine_base import canon
-from siglo_contract.registry import CheckContext, check, expect
+from siglo_contract.registry import CheckContext, check, expect, fail
 
 _NEEDS = (Capability.WAIT_RECORDS, Capability.STEP_CACHE)
 """What the checks store their records with, beyond their rules' capability."""
@@ -250,6 +251,194 @@ async def payload_delete(ctx: CheckContext) -> None:
     for item in steps.get((ctx.id("gone"), None), []):
         done = await a.delete_payload(item)
         expect(not done, "payload.delete", "a delete of an expired cached step returned True")
+
+
+_Stream = tuple[str | None, str, str]
+"""A context-change stream: (namespace, stack id, step id)."""
+
+
+async def _refuses_context(ctx: CheckContext, a: StorageAdapter) -> None:
+    """A backend that does not list its context-change streams says so, before any
+    record: the walk and the rewrite of a ``context`` item raise
+    CapabilityNotSupportedError."""
+    try:
+        async for _ in a.scan_payloads(CONTEXT_KIND):
+            break
+    except CapabilityNotSupportedError:
+        pass
+    else:
+        fail(
+            "payload.context",
+            "scan_payloads('context') of a backend whose payload_kinds lacks 'context' "
+            "did not raise CapabilityNotSupportedError",
+        )
+    name = context_field("step", "k")
+    item = StoredPayload(CONTEXT_KIND, ctx.id("s"), None, {name: 1})
+    try:
+        done = await a.swap_payload(item, {name: 2})
+    except CapabilityNotSupportedError:
+        return
+    fail(
+        "payload.context",
+        f"swap_payload of a context item on a backend whose payload_kinds lacks 'context' "
+        f"returned {done!r}, not CapabilityNotSupportedError",
+    )
+
+
+@check("payload.context")
+async def payload_context(ctx: CheckContext) -> None:
+    """Where payload_kinds has "context", every non-null value of every context-change
+    stream is listed once, as get_context_changes returns it, and a rewrite replaces that
+    one value only if it is still what was listed; elsewhere the walk is refused."""
+    ctx.about("payload.context")
+    a = ctx.backend.adapter
+    if CONTEXT_KIND not in ctx.backend.raw_adapter.payload_kinds:
+        await _refuses_context(ctx, a)
+        return
+    if not a.supports(Capability.CONTEXT_STREAM):
+        # No stream can be written to list: the walk has only to run.
+        async for _ in a.scan_payloads(CONTEXT_KIND):
+            pass
+        return
+    ns, other, stack = ctx.id("tenant"), ctx.id("other"), ctx.id("s")
+    at = ctx.now_ms()
+
+    async def change(stream: _Stream, key: str, value: Any = None, op: ContextOp = "set") -> None:
+        namespace, stack_id, step_id = stream
+        await a.on_context_change(
+            ContextChangeEvent(
+                stack_id=stack_id,
+                step_id=step_id,
+                key=key,
+                value=value,
+                op=op,
+                namespace=namespace,
+                timestamp=at,
+            )
+        )
+
+    # One stack: a step of a namespace with several keys (a step "pay" with key "a.b"
+    # and a step "pay.a" with key "b" are two fields), the same step un-namespaced and in
+    # another namespace.
+    pay, pay_a = (ns, stack, "pay"), (ns, stack, "pay.a")
+    plain, elsewhere = (None, stack, "pay"), (other, stack, "pay")
+    written: dict[tuple[_Stream, str], Any] = {
+        (pay, "card"): {"n": [1, None]},
+        (pay, "note"): "x",
+        (pay, "a.b"): 3,
+        (pay, "moved"): "old",
+        (pay, "dropped"): "d",
+        (pay, "falsy"): 0,
+        (pay_a, "b"): 2,
+        (plain, "card"): "plain",
+        (elsewhere, "card"): "other",
+    }
+    for (stream, key), value in written.items():
+        await change(stream, key, value)
+    await change(pay, "nil", None)  # null: nothing to seal, not listed
+    await change(pay, "gone", 1)
+    await change(pay, "gone", op="delete")  # deleted: not listed
+
+    listed: dict[tuple[_Stream, str], list[StoredPayload]] = {}
+    async for item in a.scan_payloads(CONTEXT_KIND):
+        if not item.key.startswith(ctx.prefix):
+            continue
+        expect(
+            item.kind == CONTEXT_KIND and len(item.fields) == 1,
+            "payload.context",
+            f"scan_payloads('context') listed {item!r} with fields {item.fields!r}: not one "
+            "value of kind 'context'",
+        )
+        for name in item.fields:
+            found = [
+                (stream, key)
+                for stream, key in (*written, (pay, "nil"), (pay, "gone"))
+                if stream[:2] == (item.namespace, item.key)
+                and context_field(stream[2], key) == name
+            ]
+            place = found[0] if found else ((item.namespace, item.key, "?"), name)
+            listed.setdefault(place, []).append(item)
+    expect(
+        set(listed) == set(written),
+        "payload.context",
+        f"scan_payloads('context') listed {sorted(map(str, listed))}, not "
+        f"{sorted(map(str, written))} (a null value and a deleted key are not listed)",
+    )
+    for place, items in listed.items():
+        expect(
+            len(items) == 1, "payload.context", f"context value {place} listed {len(items)} times"
+        )
+        want = written.get(place)
+        for item in items:
+            expect(
+                place not in written
+                or canon(item.fields) == canon({context_field(place[0][2], place[1]): want}),
+                "payload.context",
+                f"context value {place} listed with {item.fields!r}, not {want!r}",
+            )
+
+    async def swap(stream: _Stream, key: str, value: Any) -> bool:
+        """The rewrite of the value of ``key`` as listed (each was, once: checked above)."""
+        (item,) = listed[(stream, key)]
+        return await a.swap_payload(item, {context_field(stream[2], key): value})
+
+    async def read(stream: _Stream) -> dict[str, Any]:
+        namespace, stack_id, step_id = stream
+        return await a.get_context_changes(stack_id, step_id, namespace)
+
+    def values(stream: _Stream, **changed: Any) -> dict[str, Any]:
+        found = {key: value for (s, key), value in written.items() if s == stream}
+        return {**found, **changed}
+
+    # A rewrite of a value as listed replaces it, and nothing else.
+    done = await swap(pay, "card", {"new": 1})
+    expect(done, "payload.context", "the rewrite of a value as listed was refused")
+    new_pay = values(pay, card={"new": 1}, nil=None)
+    got = await read(pay)
+    expect(
+        canon(got) == canon(new_pay),
+        "payload.context",
+        f"stream {pay} after the rewrite of 'card': {got!r}, not {new_pay!r}",
+    )
+    for stream in (pay_a, plain, elsewhere):
+        got = await read(stream)
+        expect(
+            canon(got) == canon(values(stream)),
+            "payload.context",
+            f"stream {stream} after a rewrite of {pay}'s 'card': {got!r}, not {values(stream)!r}",
+        )
+    # A swap already done is not done again.
+    again = await swap(pay, "card", {"stale": 1})
+    expect(not again, "payload.context", "a second rewrite of what was listed was done")
+    # A change of the key to another value since the listing wins; so does its delete.
+    await change(pay, "moved", "newer")
+    stale = await swap(pay, "moved", "rekeyed")
+    expect(not stale, "payload.context", "a rewrite overwrote a change made since the listing")
+    await change(pay, "dropped", op="delete")
+    stale = await swap(pay, "dropped", "rekeyed")
+    expect(not stale, "payload.context", "a rewrite of a key deleted since the listing was done")
+    new_pay = values(pay, card={"new": 1}, nil=None, moved="newer")
+    del new_pay["dropped"]
+    got = await read(pay)
+    expect(
+        canon(got) == canon(new_pay),
+        "payload.context",
+        f"stream {pay} after refused rewrites: {got!r}, not {new_pay!r}",
+    )
+    # The same stack and step un-namespaced is another stream.
+    done = await swap(plain, "card", "rekeyed")
+    expect(done, "payload.context", "the rewrite of an un-namespaced value was refused")
+    for stream, want in (
+        (plain, {"card": "rekeyed"}),
+        (elsewhere, values(elsewhere)),
+        (pay, new_pay),
+    ):
+        got = await read(stream)
+        expect(
+            canon(got) == canon(want),
+            "payload.context",
+            f"stream {stream} after a rewrite of {plain}'s 'card': {got!r}, not {want!r}",
+        )
 
 
 @check("payload.results", requires=(Capability.IDEMPOTENCY,))

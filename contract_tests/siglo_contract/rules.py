@@ -271,6 +271,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "delete_payload removes a record only if it still holds what was listed",
     ),
     _a(
+        "payload.context",
+        _C.PAYLOAD_SCAN,
+        "context-change stream values are listed and rewritten by compare-and-set, or refused",
+    ),
+    _a(
         "payload.results",
         _C.PAYLOAD_SCAN,
         "the idempotency store lists completed results and rewrites them by compare-and-set",
@@ -388,6 +393,8 @@ _SINCE: Final[dict[str, str]] = {
     "lock.inspect": "1.4",
     # Issue 36: a step's checkpoint, context changes and cache entry in one write.
     "cache.with-checkpoint": "1.5",
+    # siglo rekey's walk of the context-change streams (payload_kinds "context").
+    "payload.context": "1.6",
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

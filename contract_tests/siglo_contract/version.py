@@ -28,7 +28,7 @@ __all__ = [
     "rule_set_hash",
 ]
 
-CONTRACT_VERSION: Final = "1.5"
+CONTRACT_VERSION: Final = "1.6"
 """The version of the contract this suite checks."""
 
 CONTRACT_HISTORY: Final[dict[str, str]] = {
@@ -53,10 +53,13 @@ CONTRACT_HISTORY: Final[dict[str, str]] = {
     ),
     "1.5": "a step's checkpoint saved with its cache entry, the entry stored whatever the "
     "compare-and-set decides (issue 36)",
+    "1.6": "context-change stream values listed and rewritten under compare-and-set "
+    "(scan_payloads('context'), what siglo rekey re-seals them through), and refused by a "
+    "backend that does not declare them in payload_kinds",
 }
 """What each version added or changed (CHANGELOG.md, "Contract", tells the same)."""
 
-PAGE_DIGEST: Final = "2c2e32f726a79938c9cd9ace45cd6369a1ca86ce7fd10337dd493763575f9a03"
+PAGE_DIGEST: Final = "51d861f6e1be38dba46e9352ddb94f99dd7cc7e97f80bf20bfe15e09571ea4f9"
 """SHA-256 of the rule rows of docs/contract.md (:func:`page_digest`): the text the
 rules are defined by. A test fails when the page changes and this does not, so a change
 of a rule's text is a deliberate one (and its version is bumped, or it is a wording

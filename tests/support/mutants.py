@@ -30,7 +30,7 @@ from siglo.listing import (
     encode_cursor,
 )
 from siglo.manager import StorageManager
-from siglo.payloads import PayloadKind, StoredPayload, with_wait_fields
+from siglo.payloads import CONTEXT_KIND, PayloadKind, StoredPayload, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent
 from siglo_contract.target import Target
 from siglo_memory import connect as memory_connect
@@ -841,6 +841,23 @@ class DeleteIgnoresWhatWasListed(MemoryStorageAdapter):
         return self._cache.pop(item.key, None) is not None
 
 
+class ContextSwapIgnoresWhatWasListed(MemoryStorageAdapter):
+    """payload.context: the rewrite of a context-change stream value never compares: a
+    change streamed after the listing is overwritten by the rekey, and a key deleted since
+    comes back."""
+
+    async def _do_swap_payload(self, item: StoredPayload, fields: dict[str, Any]) -> bool:
+        if item.kind != CONTEXT_KIND:
+            return await super()._do_swap_payload(item, fields)
+        stream, name, _ = item.token
+        found = self._contexts.get(stream)
+        if found is None:
+            return False
+        (value,) = fields.values()
+        found[0][name] = codec.dumps(value, what=f"context value {name!r}")
+        return True
+
+
 class ResultSwapIgnoresWhatWasListed(MemoryIdempotencyStore):
     """The result rewrite never compares: a completion made after the listing is
     overwritten by the rekey (issue 33)."""
@@ -1401,6 +1418,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "payload.delete",
         "the payload delete removes whatever is stored",
         adapter=DeleteIgnoresWhatWasListed,
+    ),
+    _m(
+        "payload.context",
+        "the rewrite of a context stream value overwrites whatever is stored",
+        adapter=ContextSwapIgnoresWhatWasListed,
     ),
     _m(
         "payload.results",
