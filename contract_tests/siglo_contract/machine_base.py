@@ -181,6 +181,10 @@ class ContractMachine(RuleBasedStateMachine):
         self._cm: AbstractAsyncContextManager[Backend] = self.session.backend()
         self.backend: Backend = self.run(self._cm.__aenter__())
         self.ref: Backend = self.session.reference()
+        # The reference keeps to the document limit the backend declares: a save its
+        # size guard rightly refuses (checkpoint.size.guard) is refused by both, not a
+        # divergence (a program's grown documents pass 64 KiB).
+        self.ref.raw_adapter.max_document_bytes = self.backend.raw_adapter.max_document_bytes
         self.prefix = new_prefix()
         self.tainted = False
 

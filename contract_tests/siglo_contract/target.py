@@ -24,6 +24,7 @@ from siglo.clock import ManualClock
 from siglo.manager import StorageManager
 from siglo.plugins import BackendSpec, Deviation, get_registry
 from siglo.settings import DEFAULTS
+from siglo.sizing import smallest_limit
 from siglo.urls import mask_credentials
 from siglo_contract.processes import WorkerProcesses
 from siglo_memory.connect import connect as memory_connect
@@ -199,10 +200,24 @@ class Session:
             opts["clock"] = self.clock
         return opts
 
+    def limited(self, backend: Backend) -> Backend:
+        """``backend`` with the document limit its plugin's registration declares
+        (``add_backend(max_document_bytes=…)``) on its adapter, as :func:`siglo.connect`
+        puts it there: the ``isolated`` and plain factories bypass ``connect``, and the
+        suite must keep to the limit a user's connection has."""
+        declared = None if self.target.spec is None else self.target.spec.max_document_bytes
+        raw = backend.raw_adapter
+        limit = smallest_limit(raw.max_document_bytes, declared)
+        if limit != raw.max_document_bytes:
+            raw.max_document_bytes = limit  # on the instance, as connect() does
+        return backend
+
     async def __aenter__(self) -> Session:
         if self.target.isolated is not None:
-            self._shared = await self._stack.enter_async_context(
-                self.target.isolated(**self.backend_options())
+            self._shared = self.limited(
+                await self._stack.enter_async_context(
+                    self.target.isolated(**self.backend_options())
+                )
             )
         return self
 
@@ -223,7 +238,7 @@ class Session:
             yield self._shared
             return
         assert self.target.factory is not None
-        backend = self.target.factory(**self.backend_options())
+        backend = self.limited(self.target.factory(**self.backend_options()))
         try:
             yield backend
         finally:
@@ -237,10 +252,10 @@ class Session:
         options = {**self.backend_options(), **overrides}
         if self.target.isolated is not None:
             async with self.target.isolated(**options) as backend:
-                yield backend
+                yield self.limited(backend)
             return
         assert self.target.factory is not None
-        backend = self.target.factory(**options)
+        backend = self.limited(self.target.factory(**options))
         try:
             yield backend
         finally:
@@ -258,7 +273,7 @@ class Session:
     def open_backend(self) -> Backend:
         """A new connection to this run's storage (the shared one when isolated)."""
         if self._shared is not None:
-            return connect_url(self._shared.url, **self.backend_options())
+            return self.limited(connect_url(self._shared.url, **self.backend_options()))
         raise RuntimeError("no shared storage: this target makes a backend per example")
 
     def reference(self) -> Backend:

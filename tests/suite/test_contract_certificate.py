@@ -18,7 +18,7 @@ from sql_support import require_postgres
 
 from siglo import MISSING
 from siglo.cli import cli as main
-from siglo.errors import PluginError
+from siglo.errors import PluginError, StorageAdapterError
 from siglo.plugins import BackendRegistry, Deviation, get_registry, hookimpl
 from siglo_contract.certificate import (
     REPORT_SCHEMA,
@@ -397,6 +397,53 @@ def test_a_backend_that_declares_a_document_limit_can_pass_every_large_state_rul
     report = run_contract(
         limited, rules=["checkpoint.incremental", "checkpoint.size.guard"], seed=1
     )
+    assert report.verdict("checkpoint.incremental") == "pass", report.results
+    assert report.verdict("checkpoint.size.guard") == "pass", report.results
+
+
+class _HoldsAtMost(MemoryStorageAdapter):
+    """A store that holds documents of up to 8,192 bytes, and fails (as a real store's
+    driver would) on a larger one, whatever the adapter's own guard says."""
+
+    async def _do_save_checkpoint(self, checkpoint: Any, **kw: Any) -> None:
+        if len(checkpoint.to_json()) > 8_192:
+            raise StorageAdapterError("the store's item limit was exceeded")
+        await super()._do_save_checkpoint(checkpoint, **kw)
+
+
+def test_a_limit_declared_only_in_the_registration_is_the_suites() -> None:
+    """writing-a-backend.md: a plugin declares its limit in its registration
+    (``add_backend(max_document_bytes=…)``), which ``siglo.connect`` puts on the adapter;
+    ``siglo check`` opens backends through the plugin's factories, not ``connect``, and
+    must keep to that limit too — the incremental-saves rule then sends documents that
+    fit, and the size guard is checked under it."""
+
+    def factory(url: str, **options: Any) -> Any:
+        backend = memory_connect("memory://", **options)
+        backend.adapter = _HoldsAtMost(clock=options.get("clock"))
+        return backend
+
+    class Plugin:
+        @hookimpl
+        def siglo_register_backends(self, registry: BackendRegistry) -> None:
+            registry.add_backend(
+                "holds",
+                schemes=("holds",),
+                factory=factory,
+                capabilities=("checkpoints", "clock"),
+                max_document_bytes=8_192,
+            )
+
+    registry = get_registry()
+    registry.register(Plugin(), "holds-test-plugin")
+    try:
+        report = run_contract(
+            Target.from_url("holds://"),
+            rules=["checkpoint.incremental", "checkpoint.size.guard"],
+            seed=1,
+        )
+    finally:
+        registry.unregister("holds-test-plugin")
     assert report.verdict("checkpoint.incremental") == "pass", report.results
     assert report.verdict("checkpoint.size.guard") == "pass", report.results
 
