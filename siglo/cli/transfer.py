@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO
 
 import click
@@ -41,16 +45,16 @@ def _progress() -> Progress:
 @click.option(
     "--output",
     "-o",
-    type=click.File("wb"),
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
     default="-",
-    help="Write here instead of stdout.",
+    help="Write here instead of stdout (a file is replaced only once the dump is complete).",
 )
 @click.option(
     "--decrypt",
     is_flag=True,
     help="Write payloads decrypted (default: as stored, encrypted when encryption is on).",
 )
-def export(url: str | None, namespace: str | None, output: IO[bytes], decrypt: bool) -> None:
+def export(url: str | None, namespace: str | None, output: Path, decrypt: bool) -> None:
     """Write every live checkpoint (and the waits of waiting runs) as JSON Lines.
 
     A header comes first and a trailer last, with the counts and SHA-256 of what came
@@ -59,7 +63,7 @@ def export(url: str | None, namespace: str | None, output: IO[bytes], decrypt: b
     when encryption is on) unless --decrypt.
     """
 
-    async def run() -> int:
+    async def run(output: IO[bytes]) -> int:
         count = 0
         with _progress() as progress:
             task = progress.add_task("exporting", total=None)
@@ -92,8 +96,48 @@ def export(url: str | None, namespace: str | None, output: IO[bytes], decrypt: b
         output.flush()
         return count
 
-    count = asyncio.run(run())
+    if str(output) == "-":
+        count = asyncio.run(run(sys.stdout.buffer))
+    elif output.exists() and not output.is_file():  # /dev/null, a pipe: written as is
+        with _opened(output) as file:
+            count = asyncio.run(run(file))
+    else:
+        count = _replacing(output, lambda file: asyncio.run(run(file)))
     click.echo(f"exported {count} checkpoint(s)", err=True)
+
+
+def _opened(path: Path) -> IO[bytes]:
+    try:
+        return path.open("wb")
+    except OSError as exc:
+        raise CliError(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}",
+            "pass --output a path you can write",
+        ) from None
+
+
+def _replacing(path: Path, write: Callable[[IO[bytes]], int]) -> int:
+    """``write`` into a temporary file beside ``path``, then rename it over ``path``: a
+    failed export (a server gone mid-way, a record stored in clear under
+    ``require_encryption``) leaves the file there — last night's backup — as it was."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent or ".")
+    except OSError as exc:
+        raise CliError(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}",
+            "pass --output a path in a directory that exists and that you can write",
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            count = write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+    return count
 
 
 def _lines(source: IO[bytes]) -> Iterator[bytes]:

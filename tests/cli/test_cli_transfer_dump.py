@@ -462,3 +462,41 @@ async def test_the_import_size_check_sees_the_target_offload_and_encryption(
         page = await dst.adapter.list_checkpoints(limit=100)
         assert [s.stack_id for s in page.items] == ["one-large"]
         assert len(list(blobs.glob("??/*"))) == 1
+
+
+def test_a_failed_export_leaves_the_file_it_would_have_replaced(tmp_path: Any) -> None:
+    """``siglo export -o backup.jsonl`` writes beside the file and renames at the end: an
+    export that fails — a server that does not answer, a record stored in clear under
+    ``require_encryption``, found half-way — leaves last night's backup as it was, and
+    says nothing was exported. Before, the file was emptied at its first write."""
+    import socket
+
+    async def fill() -> None:
+        async with siglo.connect(f"sqlite:///{tmp_path / 'a.db'}") as backend:
+            for i in range(3):
+                await backend.adapter.save_checkpoint(
+                    Checkpoint(stack_id=f"s{i}", revision=1, timestamp=1, contexts={"a": {"n": i}})
+                )
+
+    asyncio.run(fill())
+    backup = tmp_path / "backup.jsonl"
+    done = CliRunner().invoke(cli, ["export", f"sqlite:///{tmp_path / 'a.db'}", "-o", str(backup)])
+    assert done.exit_code == 0, done.output
+    good = backup.read_bytes()
+    assert good.count(b'"kind":"checkpoint"') == 3
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]  # nothing listens once closed
+    failures = [
+        ({}, f"redis://127.0.0.1:{port}/0"),
+        (
+            {"SIGLO_REQUIRE_ENCRYPTION": "true", "SIGLO_ENCRYPTION_KEYS": "k1=" + "A" * 43 + "="},
+            f"sqlite:///{tmp_path / 'a.db'}",
+        ),
+    ]
+    for env, url in failures:
+        failed = CliRunner().invoke(cli, ["export", url, "-o", str(backup)], env=env)
+        assert failed.exit_code == 1, failed.output
+        assert "exported" not in failed.output, failed.output
+        assert backup.read_bytes() == good
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
