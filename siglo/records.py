@@ -100,9 +100,10 @@ class WaitRecord:
         """Build from a decoded wire document, validating every field.
 
         A document without ``status`` — as the TypeScript adapter of seed 001 writes
-        them, its record has no such field — is a record still ``waiting``.
+        them, its record has no such field — is a record still ``waiting``; so is one
+        whose ``status`` is ``null``, as a ``null`` optional field reads as absent.
         """
-        if isinstance(doc, dict) and "status" not in doc:
+        if isinstance(doc, dict) and doc.get("status") is None:
             doc = {**doc, "status": "waiting"}
         kwargs, extra = from_wire_fields("wait record", _WAIT_FIELDS, doc)
         return cls(**kwargs, extra=extra)

@@ -41,11 +41,15 @@ async def _store_without_status(kind: str, backend: siglo.Backend, doc: dict[str
         await db.fetch(db.sql(f"UPDATE {table} SET document = :document"), {"document": data})
 
 
+@pytest.mark.parametrize("status", ["absent", "null"])
 @pytest.mark.parametrize("kind", KINDS)
-async def test_a_record_without_status_is_waiting(kind: str) -> None:
+async def test_a_record_without_status_is_waiting(kind: str, status: str) -> None:
+    """Without ``status``, or with ``"status": null`` (a null optional field reads as
+    absent, as in every other field of a record)."""
     async with any_backend(kind) as backend:
         adapter = backend.adapter
-        await _store_without_status(kind, backend, TS_RECORD)
+        doc = TS_RECORD if status == "absent" else {**TS_RECORD, "status": None}
+        await _store_without_status(kind, backend, doc)
         record = await adapter.get_wait_record("ts:approval")
         assert record is not None and record.status == "waiting"
         by_stack = await adapter.get_wait_record("ts-stack")
