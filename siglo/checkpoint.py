@@ -15,6 +15,7 @@ from siglo.wire import Field, check_fields, from_wire_fields
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "MAX_REVISION",
     "SCHEMA_VERSION",
     "STATUSES",
     "TERMINAL_STATUSES",
@@ -24,6 +25,9 @@ __all__ = [
 
 CHECKPOINT_VERSION: Final = 2
 SCHEMA_VERSION: Final = "2.0.0"
+MAX_REVISION: Final = 2**63 - 1
+"""The largest revision: a signed 64-bit integer, what SQLite and PostgreSQL store (and
+Redis, so that one store's dump imports into any other)."""
 
 Status = Literal["running", "completed", "failed", "cancelled", "waiting"]
 STATUSES: Final = frozenset({"running", "completed", "failed", "cancelled", "waiting"})
@@ -125,9 +129,12 @@ class Checkpoint:
         if isinstance(self.chains, list):
             object.__setattr__(self, "chains", tuple(self.chains))
         check_fields("checkpoint", _FIELDS, self)
-        if self.revision < 0:
+        if not 0 <= self.revision <= MAX_REVISION:
             raise MalformedRecordError(
-                "checkpoint", "revision", f"must be >= 0, got {self.revision}"
+                "checkpoint",
+                "revision",
+                f"must be from 0 to {MAX_REVISION} (a signed 64-bit integer, which every "
+                f"backend stores), got {self.revision}",
             )
         if not self.schema_version.startswith("2."):
             raise MalformedRecordError(
@@ -246,7 +253,7 @@ def _plain_fields(c: Checkpoint) -> bool:
         and type(c.status) is str
         and c.status in STATUSES
         and type(c.revision) is int
-        and c.revision >= 0
+        and 0 <= c.revision <= MAX_REVISION
         and type(c.timestamp) is int
         and type(c.chains) is tuple
         and type(c.contexts) is dict
@@ -319,7 +326,7 @@ def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
         and type(status) is str
         and status in STATUSES
         and type(revision) is int
-        and revision >= 0
+        and 0 <= revision <= MAX_REVISION
         and type(timestamp) is int
         and type(chains) is list
         and type(contexts) is dict

@@ -68,7 +68,7 @@ from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
-from siglo.validation import require_optional_id
+from siglo.validation import check_save_arguments, check_wait_record, require_optional_id
 
 __all__ = [
     "FORMAT",
@@ -264,9 +264,21 @@ def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
                     f"line {number} holds a keyring ({KEYRING_NAMESPACE!r}): keys are never "
                     "imported"
                 )
+            # What the save would refuse (an empty or too long id), refused here, before
+            # anything of the dump is written.
+            check_save_arguments(checkpoint, None)
+            offloaded = next(references(checkpoint), None)
+            if offloaded is not None:
+                # siglo export writes offloaded values inline: a reference is to a blob
+                # store this dump does not carry, and would dangle in the target.
+                raise DumpError(
+                    f"line {number} holds a reference to offloaded blob {offloaded} in stack "
+                    f"{checkpoint.stack_id!r}: a dump carries values, never references "
+                    "(siglo export writes them inline)"
+                )
             return "checkpoint", checkpoint
         if kind == "wait":
-            return "wait", WaitRecord.from_json(_embedded_json(line, "record"))
+            return "wait", check_wait_record(WaitRecord.from_json(_embedded_json(line, "record")))
     except SigloError as exc:
         raise DumpError(f"line {number} of the dump: {exc}") from None
     if doc.get("siglo") == "end":

@@ -500,3 +500,78 @@ def test_a_failed_export_leaves_the_file_it_would_have_replaced(tmp_path: Any) -
         assert "exported" not in failed.output, failed.output
         assert backup.read_bytes() == good
         assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+
+
+def _retrailered(lines: list[bytes]) -> bytes:
+    """``lines`` (the header and the body) with a trailer that vouches for them."""
+    body = lines[1:]
+    sha = hashlib.sha256(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
+    waits = sum(line.startswith(b'{"kind":"wait"') for line in body)
+    trailer = {"siglo": "end", "checkpoints": len(body) - waits, "waits": waits,
+               "lines": len(lines), "sha256": sha.hexdigest()}  # fmt: skip
+    return b"".join(line.rstrip(b"\n") + b"\n" for line in lines) + orjson.dumps(trailer) + b"\n"
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_line_the_save_would_refuse_is_refused_before_anything_is_written(
+    kind: str,
+) -> None:
+    """operating.md: the import reads the whole dump before it writes anything. A line
+    whose save the store would refuse — an empty or NUL-holding id, a revision past a
+    signed 64-bit integer (which SQLite and PostgreSQL cannot store, and Redis took), an
+    empty correlation key, a reference to an offloaded blob the dump does not carry — is
+    refused naming its line, with nothing written; before, the lines ahead of it were
+    stored, and a bad wait left its run's checkpoint waiting without its wait."""
+    async with shared_store("sqlite") as src, shared_store(kind) as dst:
+        await fill(src)
+        lines = (await invoke("export", src.url)).stdout_bytes.splitlines(keepends=True)[:-1]
+        kinds = [line[: line.find(b",")] for line in lines]
+        last_checkpoint = max(i for i, kind in enumerate(kinds) if kind == b'{"kind":"checkpoint"')
+        last_wait = max(i for i, kind in enumerate(kinds) if kind == b'{"kind":"wait"')
+
+        def forged(index: int, old: bytes, new: bytes) -> bytes:
+            changed = list(lines)
+            assert old in changed[index], (old, changed[index])
+            changed[index] = changed[index].replace(old, new, 1)
+            return _retrailered(changed)
+
+        checkpoint_id = orjson.loads(lines[last_checkpoint])["document"]["stackId"]
+        wait_key = orjson.loads(lines[last_wait])["record"]["correlationKey"]
+        cases = [
+            (forged(last_checkpoint, f'"stackId":"{checkpoint_id}"'.encode(), b'"stackId":""'),
+             "stack_id"),
+            (forged(last_checkpoint, f'"stackId":"{checkpoint_id}"'.encode(),
+                    b'"stackId":"a\\u0000b"'), "stack_id"),
+            (forged(last_checkpoint, b'"revision":3', b'"revision":9223372036854775808'),
+             "revision"),
+            (forged(last_wait, f'"correlationKey":"{wait_key}"'.encode(),
+                    b'"correlationKey":""'), "correlation_key"),
+            (forged(last_checkpoint, b'"contexts":{"approve":{"n":1}}',
+                    b'"contexts":{"approve":{"n":{"$siglo.blob":"' + b"0" * 64
+                    + b'","bytes":10}}}'), "offloaded blob"),
+        ]  # fmt: skip
+        for dump, says in cases:
+            refused = await invoke("import", dst.url, input=dump)
+            assert refused.exit_code == 1, refused.output
+            assert "line " in refused.output and says in refused.output, refused.output
+            assert (await dst.adapter.list_checkpoints()).items == []
+        whole = await invoke("import", dst.url, input=_retrailered(lines))
+        assert whole.exit_code == 0, whole.output
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres", "redis"])
+async def test_a_revision_past_64_bits_is_refused_on_every_backend(kind: str) -> None:
+    """One revision range on every backend, so that any store's dump imports into any
+    other: a revision past 2**63 - 1 is refused as malformed before any backend sees it
+    (SQLite raised OverflowError, PostgreSQL a driver error, Redis stored it)."""
+    from raw_storage import any_backend
+
+    from siglo.checkpoint import MAX_REVISION
+    from siglo.errors import MalformedRecordError
+
+    async with any_backend(kind) as backend:
+        with pytest.raises(MalformedRecordError, match="signed 64-bit"):
+            Checkpoint(stack_id="big", revision=MAX_REVISION + 1, timestamp=1)
+        top = Checkpoint(stack_id="big", revision=MAX_REVISION, timestamp=1)
+        await backend.adapter.save_checkpoint(top)
+        assert (await backend.adapter.get_checkpoint("big")) == top
