@@ -33,9 +33,10 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     settings file, ``SIGLO_*`` variables, :func:`siglo.configure`); settings given
     still redact the keys the file and the environment name
     (:func:`siglo.config.effective_settings`). Without ``url`` the
-    settings' URL is used (``$SIGLO_URL``, ``url`` in ``siglo.toml``), with the
-    settings' backend ``options``. The settings' ``command_timeout_ms`` bounds every call
-    of a backend that has such a bound, unless the URL or ``options`` set it. The backend
+    settings' URL is used (``$SIGLO_URL``, ``url`` in ``siglo.toml``). The settings'
+    backend ``options`` go with their URL, or with any URL when they name none. The
+    settings' ``command_timeout_ms`` bounds every call of a backend that has such a
+    bound, unless the URL or ``options`` set it. The backend
     returned stores through the settings' pipeline (:mod:`siglo.pipeline`: redaction),
     whatever path then uses it, and refuses a checkpoint document over the settings'
     ``max_document_bytes`` or the plugin's declared maximum (:mod:`siglo.sizing`). With
@@ -60,7 +61,9 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
                 f"as 'sqlite:///siglo.db', set {URL_ENV}, or set url in siglo.toml "
                 "(docs/configuration.md)"
             )
-    if url == settings.url:
+    if settings.url is None or url == settings.url:
+        # The settings' options are their URL's; settings that name no URL (a
+        # siglo.toml with [options] alone) give theirs to whatever URL is connected.
         options = {**settings.options, **options}
     # The URL's and the options' secrets are kept out of every error's text from here on
     # (siglo.masking): a driver's error may quote them.

@@ -193,6 +193,17 @@ def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = No
             )
     else:
         source = "URL"
+        settings = cli_settings()
+        if settings.options and settings.url is not None and url.strip() != settings.url:
+            # siglo.connect gives the settings' [options] to their own URL only: say so
+            # rather than let `schema=`/`prefix=` silently not apply.
+            shown = ", ".join(f"{name}=…" for name in sorted(settings.options))
+            click.echo(
+                f"note: the options of {settings.source} ({shown}) go with its url "
+                f"{mask_credentials(settings.url)}, not with {mask_credentials(url.strip())}: "
+                "pass them in this URL's query if they apply to it",
+                err=True,
+            )
     if not url.strip():
         raise CliError(
             f"the {source} is empty",

@@ -352,3 +352,44 @@ def test_the_command_line_shows_and_uses_the_settings(tmp_path: Path) -> None:
     assert bad.exit_code == 1
     assert "Error: error_mode must be one of" in bad.output
     assert os.environ.get(CONFIG_ENV) == str(other)  # for the rest of the process
+
+
+def test_options_without_a_url_go_with_the_url_a_command_names(tmp_path: Path) -> None:
+    """A ``siglo.toml`` with ``[options]`` and no ``url``: a command given a URL (``siglo
+    migrate URL``) opens it with those options — before, they were dropped silently, and
+    ``schema=``/``prefix=`` named nothing (the store's default schema was migrated), while
+    ``siglo config`` showed them. Options that name a URL of their own go with it alone,
+    and a command given another URL says so."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    def siglo_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        # A process per command, as in a shell: each reads the settings file afresh.
+        return subprocess.run(
+            [sys.executable, "-m", "siglo", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def tables(path: Path) -> set[str]:
+        with sqlite3.connect(path) as db:
+            return {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+
+    (tmp_path / "siglo.toml").write_text('[options]\ntable_prefix = "appa_"\n')
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    done = siglo_cli("migrate", url)
+    assert done.returncode == 0, done.stderr
+    assert "appa_checkpoints" in tables(tmp_path / "app.db")
+    (tmp_path / "siglo.toml").write_text('[options]\ntable_prfix = "appa_"\n')  # a typo
+    typo = siglo_cli("migrate", url)
+    assert typo.returncode == 1 and "table_prfix" in typo.stderr, typo.stderr
+    (tmp_path / "siglo.toml").write_text(
+        f'url = "sqlite:///{tmp_path / "other.db"}"\n[options]\ntable_prefix = "appb_"\n'
+    )
+    noted = siglo_cli("migrate", url)
+    assert noted.returncode == 0, noted.stderr
+    assert "go with its url" in noted.stderr and "table_prefix=…" in noted.stderr
+    assert not any(name.startswith("appb_") for name in tables(tmp_path / "app.db"))
