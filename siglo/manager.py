@@ -389,7 +389,6 @@ class StorageManager:
         adapter = self._supports(Capability.CONTEXT_STREAM)
         if adapter is None:
             return
-        fields = self._fields_of(stack)
         revision = stack.revision
         now = self.clock.now_ms()
         stack_id = stack.stack_id
@@ -397,9 +396,18 @@ class StorageManager:
 
         def build() -> ContextChangeEvent:
             # Redacted here, in the job, like the encoding: a value too deep to redact
-            # fails this stream (raised for the stack), not the caller's set().
+            # fails this stream (raised for the stack), not the caller's set(). By the
+            # keys redacted when it is sent, which only grow: a key named on a save
+            # after this set() (redact_fields=) is redacted here too.
             return context_change_event(
-                stack, step_id, key, value, op, fields=fields, revision=revision, timestamp=now
+                stack,
+                step_id,
+                key,
+                value,
+                op,
+                fields=self._fields_of(stack),
+                revision=revision,
+                timestamp=now,
             )
 
         change = _Unstreamed(build)
@@ -463,6 +471,25 @@ class StorageManager:
 
     # -- snapshots ------------------------------------------------------------------------
 
+    def _scrub_stream(self, stack: ExecutionStack, redact_fields: Collection[str]) -> None:
+        """Keys named on a save (``redact_fields=``, the seed's ``checkpoint(id,
+        {redactFields})``) that the stack did not redact yet: the stack redacts them from
+        now on, and every value of its contexts that holds one is streamed again,
+        redacted, over what its ``set()`` streamed in clear (a stream keeps the latest
+        value of each key). Bad names raise before anything changes."""
+        if not redact_fields:
+            return
+        new = check_redact_fields(redact_fields) - self._fields_of(stack)
+        if not new:
+            return
+        stack.redact_fields = stack.redact_fields | new
+        if self._supports(Capability.CONTEXT_STREAM) is None:
+            return
+        for step_id, context in stack.contexts.items():
+            for key, value in context.items():
+                if key in new or redact(value, new) != value:
+                    self.stream_context_change(stack, step_id, key, value, "set")
+
     def _snapshot(
         self,
         stack: ExecutionStack,
@@ -502,6 +529,7 @@ class StorageManager:
         stack_id = live.stack_id
         key = (live.namespace, stack_id)
         read = live.revision
+        self._scrub_stream(live, redact_fields)
         checkpoint = self._snapshot(live, expected_revision, redact_fields, ttl_ms)
         adapter = self._supports(Capability.CHECKPOINTS)
         if adapter is not None:
@@ -598,6 +626,7 @@ class StorageManager:
         # order kept. Elsewhere their jobs stream them first, as always.
         adapter = self._supports(Capability.CHECKPOINTS)
         together = adapter is not None and _writes_together(adapter)
+        self._scrub_stream(live, redact_fields)
         events = self._built(key, self._take_unstreamed(key)) if together else []
         await self._jobs.drain(stack_id)
         if events and not (adapter is not None and adapter.writes_with_checkpoint(events)):

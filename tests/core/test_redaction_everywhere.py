@@ -24,6 +24,9 @@ SECRETS = {
     "apiKey": "sk-live-APIKEY-77aa",
     "event": "EVENT-SECRET-0b9e",
     "sticky": "STICKY-TOKEN-c3d2",
+    "late": "NAMED-LATE-SECRET-91fe",
+    "late-deep": "NAMED-LATE-DEEP-0c7b",
+    "late-background": "NAMED-LATE-BG-5e20",
 }
 VISIBLE = "visible-marker-4242"
 
@@ -65,6 +68,17 @@ async def test_no_secret_reaches_raw_storage_or_logs(
         other.set("s", "token", SECRETS["sticky"])
         await manager.save_checkpoint("redaction-2")
 
+        # Keys named on the save only (the seed's checkpoint(id, {redactFields})), their
+        # values set — and streamed — before: the stream is scrubbed, not just the
+        # checkpoint; by an awaited save and by a background one alike.
+        late = manager.create_stack("redaction-late")
+        late.set("s", "apiToken", SECRETS["late"])
+        late.set("s", "config", {"nested": {"apiToken": SECRETS["late-deep"]}, "n": 2})
+        await manager.save_checkpoint("redaction-late", redact_fields={"apiToken"})
+        late_bg = manager.create_stack("redaction-late-bg")
+        late_bg.set("s", "sessionKey", SECRETS["late-background"])
+        manager.checkpoint("redaction-late-bg", redact_fields=["sessionKey"])
+
         # An event payload a flow stores in its wait record and in the step's context.
         # A cached step's output is stored in the step cache: redacted like context.
         login = flow(
@@ -90,6 +104,13 @@ async def test_no_secret_reaches_raw_storage_or_logs(
         assert stream["password"] == REDACTED
         assert stream["profile"] == {"keys": [{"apiKey": REDACTED}], "n": 1}
         assert (await adapter.get_context_changes("redaction-2", "s"))["token"] == REDACTED
+        assert await adapter.get_context_changes("redaction-late", "s") == {
+            "apiToken": REDACTED,
+            "config": {"nested": {"apiToken": REDACTED}, "n": 2},
+        }
+        assert await adapter.get_context_changes("redaction-late-bg", "s") == {
+            "sessionKey": REDACTED
+        }
         assert await adapter.get_cached_step("fetch") == {"user": VISIBLE, "password": REDACTED}
         record = await adapter.get_wait_record("approve:redaction")
         assert record is not None and record.event_payload == {"password": REDACTED, "ok": True}
