@@ -96,6 +96,9 @@ REPORT_SCHEMA: Final[dict[str, Any]] = {
                 # A run limited to some rules (--rule) or examples (--examples) says so.
                 "rules": {"type": "array", "items": {"type": "string"}},
                 "examples": {"type": "integer", "minimum": 1},
+                # Whether the concurrency rules raced callers in several processes (the
+                # registration's multiprocess=True), or within one process only.
+                "crossProcess": {"type": "boolean"},
             },
         },
         "target": {
@@ -311,6 +314,7 @@ def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]
             "seconds": round(report.seconds, 1),
             **({"rules": list(report.selection)} if report.selection else {}),
             **({"examples": report.examples} if report.examples is not None else {}),
+            "crossProcess": target is not None and target.multiprocess,
         },
         "target": {
             "url": scrub(mask_credentials(report.target)),
@@ -375,6 +379,12 @@ def to_markdown(doc: dict[str, Any]) -> str:
         + (f" with {r['examples']} examples" if "examples" in r else "")
         + f", option profiles {', '.join(r['optionProfiles'])}"
         + (f"; only the rules {_cell(', '.join(r['rules']))}" if "rules" in r else "")
+        + (
+            "; concurrency raced in one process only (the registration says "
+            "multiprocess=False)"
+            if r.get("crossProcess") is False
+            else ""
+        )
         + " |",
         f"| capabilities | {', '.join(doc['capabilities']) or '-'} |",
         f"| rules | {s['passed']} pass, {s['failed']} fail, {s['declared']} declared, "

@@ -3,12 +3,14 @@ saves."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Final
 
-from siglo.adapter import Capability
+from siglo.adapter import CacheEntry, Capability
 from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError, DocumentTooLargeError
 from siglo.records import ContextChangeEvent
+from siglo.sentinel import MISSING
 from siglo_contract.checks_checkpoints import same
 from siglo_contract.registry import CheckContext, check, expect, fail
 
@@ -76,31 +78,59 @@ async def checkpoint_size_guard(ctx: CheckContext) -> None:
             "checkpoint.size.guard",
             f"a refused save changed the stored checkpoint into {after!r}",
         )
-        if not a.supports(Capability.CONTEXT_STREAM):
-            return
-        change = ContextChangeEvent(
-            stack_id=stack, step_id="big", key="note", timestamp=ctx.now_ms(), value="late"
-        )
-        try:
-            await a.save_checkpoint_streamed(over, [change], expected_revision=2)
-        except DocumentTooLargeError:
-            pass
-        else:
-            fail(
-                "checkpoint.size.guard",
-                f"a streamed save of a {limit + 1}-byte document was stored (limit {limit})",
+        # Every save path the storage manager takes: the streamed save (its context
+        # changes), the unlocking one and, with a step cache, the caching one (its cache
+        # entry too) — a backend may override any of them to write in one go.
+        streams = a.supports(Capability.CONTEXT_STREAM)
+        saves: dict[str, Callable[[list[ContextChangeEvent]], Awaitable[None]]] = {
+            "a streamed save": lambda changes: a.save_checkpoint_streamed(
+                over, changes, expected_revision=2
+            ),
+            "an unlocking save": lambda changes: a.save_checkpoint_unlocking(
+                over, changes, expected_revision=2
+            ),
+        }
+        entry = CacheEntry(key=ctx.id("size-guard-entry"), value={"out": "late"})
+        caches = a.supports(Capability.STEP_CACHE)
+        # Compared with what a look-up answers before (a miss; how a backend reads a miss
+        # is cache.miss's business, not this rule's).
+        unset = await a.get_cached_step(entry.key) if caches else MISSING
+        if caches:
+            saves["a caching save"] = lambda changes: a.save_checkpoint_caching(
+                over, changes, entry, expected_revision=2
             )
-        streamed = await a.get_context_changes(stack, "big")
-        expect(
-            "note" not in streamed,
-            "checkpoint.size.guard",
-            f"a streamed save refused as too large wrote its context change: {streamed!r}",
-        )
-        expect(
-            same(await a.get_checkpoint(stack), fits),
-            "checkpoint.size.guard",
-            "a streamed save refused as too large changed the stored checkpoint",
-        )
+        for what, save in saves.items():
+            change = ContextChangeEvent(
+                stack_id=stack, step_id="big", key="note", timestamp=ctx.now_ms(), value=what
+            )
+            try:
+                await save([change] if streams else [])
+            except DocumentTooLargeError:
+                pass
+            else:
+                fail(
+                    "checkpoint.size.guard",
+                    f"{what} of a {limit + 1}-byte document was stored (limit {limit})",
+                )
+            if streams:
+                streamed = await a.get_context_changes(stack, "big")
+                expect(
+                    "note" not in streamed,
+                    "checkpoint.size.guard",
+                    f"{what} refused as too large wrote its context change: {streamed!r}",
+                )
+            expect(
+                same(await a.get_checkpoint(stack), fits),
+                "checkpoint.size.guard",
+                f"{what} refused as too large changed the stored checkpoint",
+            )
+            if caches:
+                cached = await a.get_cached_step(entry.key)
+                expect(
+                    cached is unset or cached == unset,
+                    "checkpoint.size.guard",
+                    f"{what} refused as too large stored a cache entry: {cached!r}",
+                )
     finally:
         raw.max_document_bytes = declared
 

@@ -5,6 +5,7 @@ with short TTLs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from siglo.adapter import Capability
@@ -445,6 +446,25 @@ async def wait_namespace_isolation(ctx: CheckContext) -> None:
             )
     stranger = await of(ctx.id("tenant-c"))
     expect(stranger is None, rule, f"a namespace with no records read {stranger!r}")
+    # A namespace with no record of the key claims, releases, completes and cancels
+    # nothing: it never falls back to a record of another namespace (or of none).
+    empty = ctx.id("tenant-c")
+    took = await a.claim_wait_record(key, "claimant-c", namespace=empty)
+    expect(took is None, rule, f"a claim from a namespace with no record took {took!r}")
+    with contextlib.suppress(WaitRecordClaimError):
+        await a.release_wait_record(key, "claimant-c", namespace=empty)
+    with contextlib.suppress(WaitRecordClaimError):
+        await a.complete_wait_record(key, "claimant-c", namespace=empty)
+    cancelled = await a.cancel_wait_record(key, namespace=empty)
+    expect(not cancelled, rule, "a cancel from a namespace with no record cancelled one")
+    await a.cancel_workflow(stack, empty)
+    for ns in spaces:
+        got = await of(ns)
+        expect(
+            got is not None and got.status == "waiting" and got.claimant_id is None,
+            rule,
+            f"calls from namespace {empty!r}, which has no record, changed {ns!r}'s: {got!r}",
+        )
 
     none_ns, ns_a, ns_b = spaces
     claimed = await a.claim_wait_record(key, "claimant-a", namespace=ns_a)

@@ -18,7 +18,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import run_state_machine_as_test
 
 from siglo.adapter import Capability
-from siglo.errors import SigloError, StorageAdapterError
+from siglo.errors import PluginError, SigloError, StorageAdapterError
 from siglo.plugins import Deviation
 from siglo_contract.checks import all_checks
 from siglo_contract.hypothesis_home import in_hypothesis_home
@@ -223,9 +223,11 @@ def run_contract(
     declared = {d.rule: d for d in (tgt.deviations if deviations is None else deviations)}
     unknown = sorted(set(declared) - {r.id for r in ADAPTER_RULES})
     if unknown:
-        raise ValueError(
+        # A PluginError: the plugin's registration is wrong (the CLI says so, with a hint,
+        # rather than "unexpected ValueError … report it").
+        raise PluginError(
             f"declared deviations from rules that are not adapter rules of docs/contract.md: "
-            f"{', '.join(unknown)}"
+            f"{', '.join(unknown)}; fix the plugin's registration (add_backend(deviations=…))"
         )
     budget = dict(PROFILES[profile])
     if examples is not None:
@@ -300,6 +302,19 @@ def run_contract(
         if r.capability is not None and r.capability not in tgt.capabilities:
             results[r.id] = RuleResult(
                 r, "not supported", f"capability {r.capability.value!r} not declared"
+            )
+            continue
+        needs = [c.capabilities() - tgt.capabilities for c in all_checks() if r.id in c.rules]
+        if needs and all(needs):
+            # Every check of the rule needs a part the backend does not have (the rule
+            # is about that part: payload.results and the idempotency store): not
+            # supported, as for a rule's own capability — not "not run", which says a
+            # run left it out.
+            missing = sorted({cap.value for need in needs for cap in need})
+            results[r.id] = RuleResult(
+                r,
+                "not supported",
+                f"capability {', '.join(map(repr, missing))} not declared (its checks need it)",
             )
             continue
         failed = sorted(

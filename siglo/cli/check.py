@@ -57,16 +57,17 @@ def _default_url() -> str:
     return FALLBACK_URL
 
 
-def _writable_report(path: Path) -> None:
-    """Fail now, not after the whole run, if the JUnit report cannot be written."""
+def _writable_report(path: Path, option: str, what: str) -> None:
+    """Fail now, not after the whole run, if a report cannot be written (``option`` the
+    option that named it, ``what`` the report)."""
     existed = path.exists()
     try:
         with path.open("a", encoding="utf-8"):
             pass
     except OSError as exc:
         raise CliError(
-            f"cannot write the JUnit XML report {str(path)!r}: {exc.strerror or exc}",
-            "pass --junit-xml a path in a directory that exists and that you can write",
+            f"cannot write the {what} {str(path)!r}: {exc.strerror or exc}",
+            f"pass {option} a path in a directory that exists and that you can write",
         ) from None
     if not existed:
         path.unlink()
@@ -183,19 +184,34 @@ def check(
     if report_file is not None and report_format is None:
         raise click.UsageError("--report-file needs --report json, md or html")
     if report_file is not None:
-        _writable_report(report_file)
+        _writable_report(report_file, "--report-file", f"{report_format} report")
     target = resolve_url(url, default=_default_url)
     shown = display_url(target)
     check_port(target)
     # An unknown scheme or a missing driver is said now, before any progress is drawn.
     get_registry().for_url(target).load_factory()
+    other_target = None
+    if compare_url is not None:  # refused before the run, as the target is
+        if not compare_url.strip():
+            raise CliError(
+                "--compare needs a backend URL, got an empty one", "e.g. --compare memory://"
+            )
+        other_target = resolve_url(compare_url, default=_default_url)
+        check_port(other_target)
+        get_registry().for_url(other_target).load_factory()
+    empty = [pattern for pattern in rules if not pattern.strip()]
+    if empty:
+        raise click.UsageError(
+            "--rule '' matches no rule (an empty pattern would run every rule); rule ids "
+            "are listed on docs/contract.md"
+        )
     if not select_rules(rules):
         raise click.UsageError(
             f"no rule matches {', '.join(rules)}; rule ids are listed on docs/contract.md "
             "(a pattern is a glob or an id prefix)"
         )
     if junit_xml is not None:
-        _writable_report(junit_xml)
+        _writable_report(junit_xml, "--junit-xml", "JUnit XML report")
     console = Console(stderr=True)
     # With a report on stdout, the table goes to stderr.
     out = Console(stderr=report_format is not None and report_file is None)
@@ -236,9 +252,7 @@ def check(
             on_plan=on_plan,
         )
         other = None
-        if compare_url is not None:
-            other_target = resolve_url(compare_url, default=_default_url)
-            check_port(other_target)
+        if other_target is not None:
             progress.update(task, description=f"comparing with {escape(display_url(other_target))}")
             other = run_option_profiles(
                 other_target,

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from sql_support import require_postgres
 
 from siglo import MISSING
+from siglo.adapter import Capability
 from siglo.cli import cli as main
 from siglo.errors import PluginError, StorageAdapterError
 from siglo.plugins import BackendRegistry, Deviation, get_registry, hookimpl
@@ -289,7 +290,7 @@ def test_a_deviation_must_name_a_rule_reason_and_kind() -> None:
             factory="m:f",
             deviations=[DEVIATION, Deviation(**DEVIATION)],  # type: ignore[arg-type]
         )
-    with pytest.raises(ValueError, match=r"not adapter rules of docs/contract\.md: no\.such"):
+    with pytest.raises(PluginError, match=r"not adapter rules of docs/contract\.md: no\.such"):
         run_contract(
             "memory://", rules=["cache"], deviations=[Deviation("no.such", "r", "by-design")]
         )
@@ -446,6 +447,21 @@ def test_a_limit_declared_only_in_the_registration_is_the_suites() -> None:
         registry.unregister("holds-test-plugin")
     assert report.verdict("checkpoint.incremental") == "pass", report.results
     assert report.verdict("checkpoint.size.guard") == "pass", report.results
+
+
+def test_a_rule_whose_checks_need_an_undeclared_part_is_not_supported() -> None:
+    """``payload.results`` is about the idempotency store "where it has one": a backend
+    with ``payload_scan`` and no idempotency store cannot run its check, and the report
+    says "not supported" (not counted) — not "not run", which reads as a limited run and
+    kept a complete run's badge from ever being clean."""
+    caps = frozenset(Capability) - {Capability.IDEMPOTENCY}
+    target = Target.from_factory(
+        lambda **o: memory_connect("memory://", **o), capabilities=caps, label="no-idem"
+    )
+    report = run_contract(target, rules=["payload.results", "payload.scan"], seed=1)
+    assert report.verdict("payload.results") == "not supported", report.results
+    assert "'idempotency'" in report.results["payload.results"].detail
+    assert report.verdict("payload.scan") == "pass"
 
 
 def test_a_report_of_some_rules_never_reads_as_a_full_pass() -> None:

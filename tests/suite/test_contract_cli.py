@@ -64,6 +64,24 @@ def test_siglo_check_unknown_rule_pattern() -> None:
     assert "no rule matches" in result.output
 
 
+def test_siglo_check_refuses_bad_options_before_the_run(tmp_path: Path) -> None:
+    """An unwritable --report-file is named as itself (not as the JUnit report), an empty
+    or unknown --compare URL and an empty --rule are refused before anything runs."""
+    missing = tmp_path / "no-such-dir" / "x.md"
+    cases = [
+        (["--report", "md", "--report-file", str(missing)], 1, "--report-file"),
+        (["--compare", ""], 1, "--compare needs a backend URL"),
+        (["--compare", "nosuch://x"], 1, "no backend serves nosuch://"),
+        (["--rule", ""], 2, "--rule '' matches no rule"),
+    ]
+    for options, status, said in cases:
+        result = CliRunner().invoke(cli, ["check", "memory://", *options])
+        assert result.exit_code == status, (options, result.output)
+        assert said in result.output, (options, result.output)
+        assert "siglo check memory://" not in result.output, "the run started"
+        assert "JUnit" not in result.output
+
+
 def test_siglo_check_unknown_scheme() -> None:
     result = CliRunner().invoke(cli, ["check", "nosuch://x"])
     assert result.exit_code == 1

@@ -508,6 +508,37 @@ class WaitsShareNamespaces(MemoryStorageAdapter):
         return await super()._do_cancel_wait_record(correlation_key, None)
 
 
+class ClaimFallsBackAcrossNamespaces(MemoryStorageAdapter):
+    """A claim in a namespace that has no record of the key takes the record of that key
+    in another namespace (a fallback like the checkpoints' read, wrongly on a write)."""
+
+    async def _do_claim_wait_record(
+        self,
+        correlation_key: str,
+        claimant_id: str | None = None,
+        *,
+        allow_expired: bool = False,
+        event_payload: Any = MISSING,
+        lease_ms: int | None = None,
+        namespace: str | None = None,
+    ) -> WaitRecord | None:
+        if namespace is not None and wait_key(namespace, correlation_key) not in self._waits:
+            for stored in list(self._waits):
+                if stored == correlation_key or (
+                    isinstance(stored, tuple) and stored[1] == correlation_key
+                ):
+                    namespace = None if stored == correlation_key else stored[0]
+                    break
+        return await super()._do_claim_wait_record(
+            correlation_key,
+            claimant_id,
+            allow_expired=allow_expired,
+            event_payload=event_payload,
+            lease_ms=lease_ms,
+            namespace=namespace,
+        )
+
+
 class KeepsWaitsForever(MemoryStorageAdapter):
     async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
         await super()._do_save_wait_record(record, ttl_ms=None)
@@ -1344,6 +1375,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "wait records of every namespace share one key",
         adapter=WaitsShareNamespaces,
     ),
+    _m(
+        "wait.namespace.isolation",
+        "a claim from a namespace without the record takes another namespace's",
+        adapter=ClaimFallsBackAcrossNamespaces,
+    ),
     Mutant(
         "lock.workflow.separate",
         _shares_public_lock,
@@ -1536,6 +1572,11 @@ MUTANTS: tuple[Mutant, ...] = (
         adapter=lg.StreamsBeforeSizeGuard,
     ),
     _m("checkpoint.size.guard", "stores documents over the limit", adapter=lg.IgnoresDocumentLimit),
+    _m(
+        "checkpoint.size.guard",
+        "a caching save too large writes its entry and changes",
+        adapter=lg.CachesBeforeSizeGuard,
+    ),
     _m(
         "checkpoint.incremental",
         "a changed context of a large document keeps its stored body",

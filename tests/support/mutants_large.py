@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from siglo import Checkpoint
+from siglo.adapter import CacheEntry
 from siglo.records import ContextChangeEvent
 from siglo.validation import check_save_arguments
 from siglo_memory.adapter import MemoryStorageAdapter
@@ -24,6 +25,27 @@ class StreamsBeforeSizeGuard(MemoryStorageAdapter):
         expected_revision: int | None = None,
     ) -> None:
         check_save_arguments(checkpoint, expected_revision)
+        for change in changes:
+            await self.on_context_change(change)
+        await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+class CachesBeforeSizeGuard(MemoryStorageAdapter):
+    """A caching save (overridden to write in one go, as writing-a-backend.md invites)
+    writes its cache entry and context changes before the size guard refuses the
+    document, as a real backend's override could."""
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        await self.set_cached_step(entry.key, entry.value, entry.ttl_ms, **entry.in_namespace())
         for change in changes:
             await self.on_context_change(change)
         await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
