@@ -19,6 +19,7 @@ This module imports redis-py at the top: it is only imported when the option is 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any, Final
 
 import redis.asyncio
@@ -35,6 +36,8 @@ from redis.exceptions import (
     TimeoutError,
     TryAgainError,
 )
+
+from siglo_redis.scripts import READ_ONLY_SCRIPTS
 
 __all__ = ["READ_ONLY_COMMANDS", "ReplicationError", "WaitingRedis", "WaitingRedisCluster"]
 
@@ -60,10 +63,36 @@ READ_ONLY_COMMANDS: Final = frozenset(
         b"SCRIPT",
         b"CLIENT",
         b"WAIT",
+        b"ZRANGE",
+        b"ZREVRANGE",
+        b"ZRANGEBYLEX",
+        b"ZREVRANGEBYLEX",
+        b"ZRANGEBYSCORE",
+        b"ZREVRANGEBYSCORE",
+        b"ZCARD",
+        b"ZCOUNT",
+        b"ZSCORE",
+        b"ZMSCORE",
+        b"ZRANK",
+        b"ZREVRANK",
+        b"ZSCAN",
+        b"HEXISTS",
+        b"HSCAN",
+        b"SMEMBERS",
+        b"SISMEMBER",
+        b"SCARD",
+        b"SSCAN",
+        b"LRANGE",
+        b"LLEN",
+        b"DBSIZE",
     }
 )
-"""Commands that never write: sent alone, without a ``WAIT``. Scripts (``EVALSHA``)
-count as writes, since most of siglo's do."""
+"""Commands that never write: sent alone, without a ``WAIT``. A script (``EVALSHA``)
+counts as a write unless it is one of siglo's read-only scripts
+(:data:`~siglo_redis.scripts.READ_ONLY_SCRIPTS`: a checkpoint's load, a lock's
+inspection)."""
+
+_SCRIPT_CALLS: Final = frozenset({b"EVALSHA", b"EVAL"})
 
 
 class ReplicationError(RedisError):
@@ -75,9 +104,13 @@ class ReplicationError(RedisError):
 
 def _is_write(args: tuple[Any, ...]) -> bool:
     name = args[0]
-    return (name if isinstance(name, bytes) else str(name).encode()).upper() not in (
-        READ_ONLY_COMMANDS
-    )
+    command = (name if isinstance(name, bytes) else str(name).encode()).upper()
+    if command in _SCRIPT_CALLS and len(args) > 1:
+        body = args[1] if isinstance(args[1], bytes) else str(args[1]).encode()
+        # EVALSHA names the script by its SHA-1; EVAL (after a NOSCRIPT) sends it whole.
+        sha = body.decode() if command == b"EVALSHA" else hashlib.sha1(body).hexdigest()
+        return sha.lower() not in READ_ONLY_SCRIPTS
+    return command not in READ_ONLY_COMMANDS
 
 
 def _confirmed(args: tuple[Any, ...], confirmed: Any, replicas: int, timeout_ms: int) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "WAIT_CREATE",
     "WAIT_INDEX_ADD",
     "WAIT_STACK_COPY",
+    "READ_ONLY_SCRIPTS",
     "Script",
 ]
 
@@ -48,6 +49,8 @@ class Script:
 
     name: str
     source: str
+    read_only: bool = False
+    """Whether the script only reads: ``wait_replicas`` sends it without a ``WAIT``."""
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -313,6 +316,7 @@ for i = 1, #fields, 2 do
 end
 return reply
 """,
+    read_only=True,
 )
 
 PARTS_DROP: Final = Script(
@@ -615,6 +619,7 @@ if not token then
 end
 return {token, redis.call('PTTL', KEYS[1])}
 """,
+    read_only=True,
 )
 
 
@@ -696,3 +701,9 @@ end
 return 0
 """,
 )
+
+
+READ_ONLY_SCRIPTS: Final = frozenset(
+    script.sha for script in (CHECKPOINT_LOAD, LOCK_INSPECT) if script.read_only
+)
+"""The SHA-1s of the scripts that only read (:mod:`siglo_redis.replication`)."""
