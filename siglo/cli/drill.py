@@ -14,7 +14,7 @@ from typing import Literal
 import click
 
 from siglo.cli.common import open_store, print_json, print_table
-from siglo.cli.errors import CliError, display_url, resolve_url
+from siglo.cli.errors import CliError, FiniteRange, display_url, resolve_url
 from siglo.drill import GUARANTEES, Drill, DrillReport, Expectation, detect_setting
 
 __all__ = ["drill"]
@@ -72,7 +72,7 @@ async def _drill(
 @click.argument("url", required=False, default=None)
 @click.option(
     "--rate",
-    type=click.FloatRange(min=1, max=10_000),
+    type=FiniteRange(min=1, max=10_000),
     default=100.0,
     show_default=True,
     help="Calls per second, all workers together (the sweep and cleanup come on top).",
@@ -80,7 +80,7 @@ async def _drill(
 @click.option(
     "--duration",
     "duration_s",
-    type=click.FloatRange(min=0.5),
+    type=FiniteRange(min=0.5),
     default=None,
     help="Stop after this many seconds (default: run until Ctrl-C or SIGTERM).",
 )
@@ -158,6 +158,13 @@ def drill(
                 err=True,
             )
         sys.exit(_EXIT_FAILED)
+    if report.verdict == "incomplete":
+        raise CliError(
+            "the drill could not check every acknowledgement after the run: the store "
+            f"still failed ({report.recheck_failure})",
+            "let the store recover (a replica back for wait_replicas, a master restarted) "
+            "and run the drill again; the report above holds what the run measured",
+        )
     if not report.cleaned_up:
         raise CliError(
             f"the drill's data under {report.drill_id} could not all be removed",

@@ -219,6 +219,38 @@ async def test_a_drill_names_the_workers_a_dead_server_left_behind() -> None:
         server.kill()
 
 
+async def test_a_store_still_down_after_the_run_gives_an_incomplete_report() -> None:
+    """The store still fails when the drill checks every acknowledgement after the run (a
+    master not back; a replica missing under ``wait_replicas``): the report keeps what
+    the run measured and says the check is incomplete (verdict ``incomplete``, not
+    ``pass``), and the command exits 1 with the report printed — before, the re-check's
+    error ended the drill with no report and skipped its clean-up."""
+    from _redis_helpers import RedisServer
+    from ports import free_ports as spare_ports
+
+    import siglo
+    from siglo.drill import Drill
+
+    server = RedisServer(spare_ports(30010, 30100)[0]).start()
+    try:
+        async with siglo.connect(server.url + "?command_timeout_ms=300") as backend:
+            drill = Drill(backend, rate=200, workers=4, settle_s=1.0)
+            stop = asyncio.Event()
+            run = asyncio.create_task(drill.run(stop))
+            await asyncio.sleep(0.5)
+            server.kill()
+            await asyncio.sleep(0.3)
+            stop.set()
+            report = await run
+        assert not report.rechecked and report.recheck_failure, report
+        assert report.verdict == "incomplete"
+        assert not report.cleaned_up
+        assert ("re-checked after the run", f"no: {report.recheck_failure}") in report.summary()
+        assert sum(report.acknowledged.values()) > 0  # what the run measured is kept
+    finally:
+        server.kill()
+
+
 async def test_the_drill_reads_a_silent_primarys_setting_within_its_bound() -> None:
     """The drill classifies the topology with a call of the driver's own client, outside
     siglo's bounded calls; against a Redis that accepts connections and never answers
