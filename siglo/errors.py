@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from siglo.masking import scrub, scrub_chain
+from siglo.masking import scrub, scrub_chain, scrub_handled
 
 __all__ = [
     "AmbiguousStackError",
@@ -57,6 +57,12 @@ class SigloError(Exception):
     process) intact, whatever its constructor's arguments: :meth:`__reduce__` rebuilds
     it without calling the constructor again.
     """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        # Made while handling a driver's exception (raised from it): that exception is
+        # masked now, not first when this error is printed (siglo.masking).
+        scrub_handled()
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild, (type(self), self.args, self.__dict__))

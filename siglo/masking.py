@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from typing import Final
 
-__all__ = ["MASK", "logger", "remember", "scrub", "scrub_chain"]
+__all__ = ["MASK", "logger", "remember", "scrub", "scrub_chain", "scrub_handled"]
 
 MASK: Final = "***"
 """What a secret is replaced by."""
@@ -70,10 +71,22 @@ def scrub_chain(exc: BaseException) -> None:
     :meth:`siglo.errors.SigloError.__str__`, which a traceback renders before the
     exceptions below it. Only an exception whose arguments are all text is changed (its
     message is its arguments)."""
+    _scrub_from(exc.__cause__ or exc.__context__)
+
+
+def scrub_handled() -> None:
+    """Mask the remembered secrets in the exception being handled, and the chain below
+    it, in place: a siglo error made in an ``except`` block (``raise
+    StorageAdapterError(…) from exc``) masks the driver's exception as it is raised,
+    before anything reads ``__cause__`` — an error tracker may read it first."""
+    if _SEEN:
+        _scrub_from(sys.exc_info()[1])
+
+
+def _scrub_from(link: BaseException | None) -> None:
     if not _SEEN:
         return
     seen: set[int] = set()
-    link = exc.__cause__ or exc.__context__
     while link is not None and id(link) not in seen:
         seen.add(id(link))
         args = link.args

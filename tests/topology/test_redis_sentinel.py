@@ -114,6 +114,66 @@ async def test_wait_replicas_fails_a_write_no_replica_confirms(group: SentinelGr
             group.replica.resume()
 
 
+async def test_wait_replicas_never_waits_on_a_read(group: SentinelGroup) -> None:
+    """docs/deploying.md: with ``wait_replicas`` each write waits for its replicas, and
+    reads go as usual — the sorted-set reads of the wait records, the listings and the
+    due timers, and the read-only scripts (a checkpoint's load, a lock's inspection)
+    included. With the replica stalled, every read answers at once; before, those went
+    with a WAIT and failed with "written on the master"."""
+    from siglo import Checkpoint, WaitRecord
+
+    url = group.url + "?wait_replicas=1&wait_timeout_ms=300"
+    async with siglo.connect(url) as backend:
+        adapter = backend.adapter
+        await adapter.save_checkpoint(Checkpoint(stack_id="r", revision=1, timestamp=1))
+        await adapter.save_checkpoint(
+            Checkpoint(stack_id="r2", revision=1, timestamp=1, contexts={"a": {"n": 1}})
+        )
+        await adapter.save_wait_record(WaitRecord(correlation_key="w", stack_id="r"))
+        lock = backend.require_lock()
+        group.replica.pause()
+        try:
+            reads = {
+                "get_checkpoint": lambda: adapter.get_checkpoint("r"),
+                "get_checkpoint (contexts)": lambda: adapter.get_checkpoint("r2"),
+                "get_wait_record by stack": lambda: adapter.get_wait_record("r"),
+                "get_wait_record": lambda: adapter.get_wait_record("w"),
+                "list_checkpoints": lambda: adapter.list_checkpoints(limit=5),
+                "list_due_waits": lambda: adapter.list_due_waits(limit=5),
+                "get_cached_step": lambda: adapter.get_cached_step("nothing"),
+                "lock inspect": lambda: lock.inspect("k"),
+            }
+            for name, read in reads.items():
+                try:
+                    await read()  # with a WAIT, no replica would confirm: an error
+                except siglo.StorageAdapterError as exc:
+                    raise AssertionError(f"{name} waited for a replica: {exc}") from exc
+        finally:
+            group.replica.resume()
+
+
+async def test_the_driver_error_under_a_siglo_error_is_masked_when_raised(
+    group: SentinelGroup,
+) -> None:
+    """docs/safety.md: the driver's exception chained below a siglo error shows ``***``
+    for a URL's secrets. A wrong ``sentinel_password`` puts it in redis-py's
+    ``MasterNotFoundError`` text; it is masked when the siglo error is raised — code (an
+    error tracker) that reads ``__cause__`` before printing the siglo error saw it."""
+    secret = "WRONGsent-5d2a"
+    url = group.url + f"?sentinel_password={secret}&command_timeout_ms=2000"
+    async with siglo.connect(url) as backend:
+        with pytest.raises(siglo.StorageAdapterError) as caught:
+            await backend.adapter.save_checkpoint(
+                siglo.Checkpoint(stack_id="s", revision=1, timestamp=1)
+            )
+        link: BaseException | None = caught.value.__cause__
+        texts = []
+        while link is not None:  # read before str() of the siglo error, as a tracker may
+            texts.append(repr(link) + str(link))
+            link = link.__cause__ or link.__context__
+        assert texts and not any(secret in text for text in texts), texts
+
+
 async def _kill_master(group: SentinelGroup) -> None:
     """Kill the master (SIGKILL), and leave it dead."""
     group.master.kill()
