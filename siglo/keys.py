@@ -456,21 +456,27 @@ class EnvelopeKeyProvider:
         async with self._lock:
             while True:
                 ring = await self._ring(namespace)
-                held = ring.contexts.get("keys", {}) if ring is not None else {}
+                if ring is None:
+                    # No key was ever made here: nothing to destroy, and nothing written
+                    # (a keyring made now would only record a typo's namespace, by any
+                    # master key).
+                    self._drop(namespace)
+                    return []
+                held = ring.contexts.get("keys", {})
                 if ring is not None and held:
                     await self._unwrap(namespace, ring, next(iter(held)))
-                erased = sorted(
-                    set(_erased_ids(ring)) | set(ring.contexts.get("keys", {}) if ring else ())
-                )
+                erased = sorted(set(_erased_ids(ring)) | set(ring.contexts.get("keys", {})))
                 try:
-                    await self._save_ring(
-                        namespace, {}, None, 0 if ring is None else ring.revision, erased
-                    )
+                    await self._save_ring(namespace, {}, None, ring.revision, erased)
                 except CheckpointConflictError:
                     continue
                 break
             self._drop(namespace)
             return erased
+
+    async def has_keyring(self, namespace: str | None) -> bool:
+        """Whether ``namespace`` has a keyring in the store (a key was made for it)."""
+        return await self._ring(namespace) is not None
 
     async def namespaces(self) -> list[str | None]:
         """The namespaces with a keyring in the store."""

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from siglo.adapter import Capability
+from siglo.adapter import Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
 from siglo.blobs import REF_KEY, is_reference
@@ -486,6 +486,13 @@ async def erase(backend: Backend, namespace: str, *, settle_s: float | None = No
         )
     if namespace == KEYRING_NAMESPACE:
         raise InvalidArgumentError(f"{KEYRING_NAMESPACE!r} holds the keyrings, not data")
+    if not await keys.has_keyring(namespace) and not await _has_stacks(adapter, namespace):
+        # A mistyped namespace: reported as erased, it would hide that the real one was
+        # not. Refused, writing nothing.
+        raise InvalidArgumentError(
+            f"namespace {namespace!r} has neither keys nor stacks in this store: nothing "
+            "to erase (check its name: `siglo ls` shows the namespaces of the stacks)"
+        )
     erased = await keys.erase(namespace)
     await asyncio.sleep(keys.refresh_s + 1.0 if settle_s is None else settle_s)
     deleted = 0
@@ -505,6 +512,13 @@ async def erase(backend: Backend, namespace: str, *, settle_s: float | None = No
     for kind in PAYLOAD_KINDS:
         await _erase_payloads(backend, kind, namespace, report)
     return report
+
+
+async def _has_stacks(adapter: StorageAdapter, namespace: str) -> bool:
+    """Whether ``namespace`` holds a checkpoint (one the listing could not read too)."""
+    with collecting_unreadable() as unreadable:
+        page = await adapter.list_checkpoints(namespace=namespace, limit=1)
+    return bool(page.items) or bool(unreadable)
 
 
 async def _erase_payloads(

@@ -374,6 +374,35 @@ async def test_erase_with_another_stores_master_key_is_refused(tmp_path: Path) -
         assert stack is not None and stack.context("pay") == {"card": SECRET}
 
 
+async def test_erase_of_a_namespace_with_neither_keys_nor_stacks_is_refused(
+    tmp_path: Path,
+) -> None:
+    """``siglo erase -n tenant-typo``: reported as erased (status 0), a typo hid that the
+    real tenant was not, and left a keyring for the typo — from a shell holding another
+    store's master key too. Refused, writing nothing; a namespace with stacks but no
+    keyring (stored before encryption) is erased, and gets no keyring either."""
+    url, settings = await _tenant_t_under_a_master_key(tmp_path)
+    for env in (
+        {"SIGLO_MASTER_KEY": settings.master_key},
+        {"SIGLO_MASTER_KEY": f"base64:{new_key()}"},
+    ):
+        done = run_siglo(tmp_path, "erase", url, "-n", "tenant-typo", "--yes", *NO_SETTLE, env=env)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert b"neither keys nor stacks" in done.stderr, done.stderr
+    async with siglo.connect(url, settings=Settings()) as plain:
+        await plain.adapter.save_checkpoint(
+            Checkpoint(stack_id="old", namespace="clear", revision=1, timestamp=1)
+        )
+    env = {"SIGLO_MASTER_KEY": settings.master_key}
+    done = run_siglo(tmp_path, "erase", url, "-n", "clear", "--yes", *NO_SETTLE, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    async with siglo.connect(url, settings=settings) as backend:
+        with keyring_access():
+            rings = await backend.raw_adapter.list_checkpoints(namespace=KEYRING_NAMESPACE)
+        assert sorted(ring.stack_id for ring in rings.items) == ["t"]
+        assert await backend.raw_adapter.get_checkpoint("old", "clear", fallback=False) is None
+
+
 async def test_a_rotation_with_another_stores_master_key_changes_nothing(tmp_path: Path) -> None:
     """``siglo rekey --rotate`` with a master key that does not unwrap the keyring is
     refused before it adds a key: a data key wrapped by the wrong master key, made
