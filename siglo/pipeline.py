@@ -49,7 +49,7 @@ from siglo.keys import (
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.payloads import PayloadKind, StoredPayload, context_field
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
-from siglo.redaction import REDACT_FIELDS_KEY, redact, redact_change
+from siglo.redaction import REDACT_FIELDS_KEY, named_redactions, redact, redact_change
 from siglo.sealing import NO_BLOB_STORE, SEALED_KEY, Location, Sealer, require_packages
 from siglo.sentinel import MISSING, Missing
 from siglo.telemetry import Telemetry
@@ -110,14 +110,20 @@ class Pipeline:
 
     def checkpoint_out(self, checkpoint: Checkpoint) -> Checkpoint:
         """A checkpoint as it may be stored: contexts and metadata redacted, and the
-        redacted keys named in its metadata (see :data:`REDACT_FIELDS_KEY`)."""
+        redacted keys named in its metadata (see :data:`REDACT_FIELDS_KEY`). The keys a
+        checkpoint names there are redacted too, whatever the settings say (a dump
+        imported by a process without the application's settings, written around the
+        manager: its own list travels with it, as a restored stack's does)."""
         fields = self.redact_fields
+        named = named_redactions(checkpoint.metadata)
+        if not named <= fields:
+            fields = fields | named
         if not fields:
             return checkpoint
         contexts = {step: redact(ctx, fields) for step, ctx in checkpoint.contexts.items()}
         metadata = dict(redact(checkpoint.metadata or {}, fields))
-        named = set(metadata.get(REDACT_FIELDS_KEY) or ()) | fields
-        metadata[REDACT_FIELDS_KEY] = sorted(named)
+        listed = set(metadata.get(REDACT_FIELDS_KEY) or ()) | fields
+        metadata[REDACT_FIELDS_KEY] = sorted(listed)
         if contexts == checkpoint.contexts and metadata == (checkpoint.metadata or {}):
             return checkpoint
         return checkpoint.replace(contexts=contexts, metadata=metadata)

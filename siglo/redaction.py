@@ -13,6 +13,7 @@ __all__ = [
     "REDACT_FIELDS_KEY",
     "check_redact_fields",
     "hide",
+    "named_redactions",
     "redact",
     "redact_contexts",
     "redacting",
@@ -106,6 +107,15 @@ def _child(item: Any, depth: int, todo: list[tuple[Any, Any, int]]) -> Any:
         todo.append((item, copy, depth + 1))
         return copy
     return item
+
+
+def named_redactions(metadata: Mapping[str, Any] | None) -> frozenset[str]:
+    """The keys a checkpoint says were redacted from it (``metadata.redactFields``, its
+    names that are non-empty strings): every path that writes it keeps redacting them."""
+    named = metadata.get(REDACT_FIELDS_KEY) if metadata else None
+    if not isinstance(named, list):
+        return _NO_NAMES
+    return frozenset(name for name in named if isinstance(name, str) and name)
 
 
 def redact_contexts(

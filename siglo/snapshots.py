@@ -15,6 +15,7 @@ from siglo.redaction import (
     REDACT_FIELDS_KEY,
     REDACTED,
     check_redact_fields,
+    named_redactions,
     redact,
     redact_contexts,
 )
@@ -178,14 +179,6 @@ def restore_stack(
         chains=list(checkpoint.chains),
         contexts=doc["contexts"],
         metadata=metadata,
-        redact_fields=_named_redactions(metadata),
+        redact_fields=named_redactions(metadata),
         extra={name: doc[name] for name in checkpoint.extra if name in doc},
     )
-
-
-def _named_redactions(metadata: Mapping[str, Any]) -> frozenset[str]:
-    """The keys a checkpoint says were redacted from it (``metadata.redactFields``)."""
-    named = metadata.get(REDACT_FIELDS_KEY)
-    if not isinstance(named, list):
-        return frozenset()
-    return frozenset(name for name in named if isinstance(name, str) and name)

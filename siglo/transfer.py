@@ -65,6 +65,7 @@ from siglo.listing import get_listed
 from siglo.offload import references
 from siglo.pipeline import Codecs, PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
+from siglo.redaction import named_redactions, redact_contexts
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
@@ -267,6 +268,13 @@ def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
             # What the save would refuse (an empty or too long id), refused here, before
             # anything of the dump is written.
             check_save_arguments(checkpoint, None)
+            # The keys it names redacted stay redacted here too, with or without settings
+            # (a value stored in clear around the pipeline before its key was named).
+            named = named_redactions(checkpoint.metadata)
+            if named:
+                contexts = redact_contexts(checkpoint.contexts, named)
+                if contexts != checkpoint.contexts:
+                    checkpoint = checkpoint.replace(contexts=contexts)
             offloaded = next(references(checkpoint), None)
             if offloaded is not None:
                 # siglo export writes offloaded values inline: a reference is to a blob

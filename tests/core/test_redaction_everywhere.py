@@ -237,3 +237,52 @@ async def test_a_process_without_the_settings_keeps_the_runs_redaction(kind: str
         assert stored == {"card": REDACTED, "ok": 1}
         raw = await raw_bytes(kind, backend)
         assert PIN.encode() not in raw and CARD.encode() not in raw
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_checkpoints_own_redacted_keys_are_redacted_on_any_write(kind: str) -> None:
+    """A checkpoint names the keys redacted from it (``metadata.redactFields``), and any
+    process that handles it keeps redacting them, whatever its own settings say
+    (docs/configuration.md). Written around the manager — ``siglo import`` of a dump
+    with such a value in clear, a save through the adapter — the pipeline redacts them
+    too; before, only the settings' keys were (``siglo show`` masked it, the store kept
+    it)."""
+    from siglo import Checkpoint
+    from siglo.config import Settings
+    from siglo.pipeline import Pipeline
+    from siglo.transfer import export_lines, import_lines
+
+    secret = "SSN-IMPORTED-41aa"
+    leaked = Checkpoint(
+        stack_id="named",
+        revision=1,
+        timestamp=1,
+        contexts={"kyc": {"ssn": secret, "name": VISIBLE}},
+        metadata={"redactFields": ["ssn"]},
+    )
+    async with any_backend("memory") as source:
+        await source.raw_adapter.save_checkpoint(leaked)  # around the pipeline: in clear
+        dump = [line async for line in export_lines(source.raw_adapter)]
+    assert any(secret.encode() in line for line in dump)
+    # A process with settings of its own (another key redacted: a pipeline in front).
+    async with any_backend(kind) as backend:
+        own = backend.adapter
+        backend.use_pipeline(Pipeline(Settings(redact_fields=["card"])))
+        try:
+            await import_lines(backend.adapter, dump)
+            await backend.adapter.save_checkpoint(
+                leaked.replace(stack_id="named-2"), expected_revision=0
+            )
+        finally:
+            backend.adapter = own  # the backend's clean-up looks at its own adapter
+        for stack_id in ("named", "named-2"):
+            stored = await backend.raw_adapter.get_checkpoint(stack_id)
+            assert stored is not None
+            assert stored.contexts["kyc"] == {"ssn": REDACTED, "name": VISIBLE}
+        raw = await raw_bytes(kind, backend)
+        assert VISIBLE.encode() in raw and secret.encode() not in raw
+    # And one with none (no pipeline at all): the import redacts them itself.
+    async with any_backend(kind) as bare:
+        await import_lines(bare.adapter, dump)
+        stored = await bare.raw_adapter.get_checkpoint("named")
+        assert stored is not None and stored.contexts["kyc"]["ssn"] == REDACTED
