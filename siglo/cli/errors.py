@@ -8,6 +8,7 @@ needs nothing of its own: register it on the group and raise.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import IO, Any, Final, TypeVar
@@ -70,6 +71,17 @@ class CliError(click.ClickException):
             click.echo(f"Hint: {self.hint}", file=file, err=True)
 
 
+class FiniteRange(click.FloatRange):
+    """click's ``FloatRange``, refusing ``nan`` and the infinities, which its bounds let
+    through (``nan`` compares as in any range): a usage error naming the option."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def hint_for(exc: BaseException) -> str:
     """What to try next for a failure of this kind."""
     if isinstance(exc, DriverNotInstalledError):
@@ -109,7 +121,9 @@ def hint_for(exc: BaseException) -> str:
             "run removes it with the run, or remove the record from the store by hand"
         )
     if isinstance(exc, InvalidArgumentError | MalformedRecordError):
-        return "fix the value named above (URL forms: see `siglo backends` and docs/backends/)"
+        if "url" in str(exc).lower() or "://" in str(exc):
+            return "fix the value named above (URL forms: see `siglo backends` and docs/backends/)"
+        return "fix the value named above"
     if isinstance(exc, SigloError):
         return "see the siglo documentation for this error"
     return f"rerun with `siglo --debug` (or {DEBUG_ENV}=1) for the traceback, and report it"

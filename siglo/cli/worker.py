@@ -15,7 +15,7 @@ import click
 
 from siglo.backend import Backend
 from siglo.cli.common import missing_storage
-from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
+from siglo.cli.errors import CliError, FiniteRange, cli_settings, display_url, resolve_url
 from siglo.config import Settings
 from siglo.connect import connect
 from siglo.manager import StorageManager
@@ -52,6 +52,13 @@ def load_flows(specs: Iterable[str]) -> list[Flow]:
             value: Any = importlib.import_module(module_name)
         except ImportError as exc:
             raise CliError(f"cannot import {module_name!r}: {exc}", "check PYTHONPATH") from exc
+        except Exception as exc:
+            # The module itself failed (a SyntaxError, an error at import): the
+            # application's, not siglo's — said as such, not as a bug to report.
+            raise CliError(
+                f"cannot import {module_name!r}: {type(exc).__name__}: {exc}",
+                "fix the module (`python -c 'import MODULE'` shows the traceback)",
+            ) from exc
         for part in attr.split("."):
             try:
                 value = getattr(value, part)
@@ -238,14 +245,14 @@ Exit status:
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.01),
+    type=FiniteRange(min=0.01),
     default=DEFAULT_INTERVAL_S,
     show_default=True,
     help="Seconds to wait after a pass that found nothing.",
 )
 @click.option(
     "--retry-for",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0),
     default=RetryPolicy().give_up_after_s,
     show_default=True,
     metavar="SECONDS",

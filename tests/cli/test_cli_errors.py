@@ -166,7 +166,9 @@ def test_the_real_entry_point_prints_no_traceback() -> None:
     assert "Traceback" in traced.stderr
 
 
-def test_bad_input_found_from_outside_is_named(tmp_path: Path) -> None:
+def test_bad_input_found_from_outside_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Values an outside audit found reported as an internal error or an outage, or
     accepted when they would do something else than meant: each is a one-line error
     naming what is wrong, and nothing is stored."""
@@ -179,7 +181,13 @@ def test_bad_input_found_from_outside_is_named(tmp_path: Path) -> None:
         (("rm", url, "run-1", "--revision", str(2**70)), "--revision"),
         (("ls", f"{url}?table_prefix=a_&table_prefix=b_"), "given twice"),
         (("import", "sqlite://"), "private to this command"),
+        (("drill", url, "--duration", "nan"), "not a finite number"),
+        (("worker", url, "--flows", "badflows:f", "--retry-for", "nan"), "not a finite number"),
+        (("worker", url, "--flows", "badflows:f", "--interval", "inf"), "not a finite number"),
+        (("worker", url, "--flows", "badflows:f", "--once"), "SyntaxError"),
     ]
+    (tmp_path / "badflows.py").write_text("def broken(:\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # the flows' module is imported from the current directory
     for args, named in cases:
         result = run(*args)
         assert result.exit_code != 0, (args, result.output)
