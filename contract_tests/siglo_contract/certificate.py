@@ -380,8 +380,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         + f", option profiles {', '.join(r['optionProfiles'])}"
         + (f"; only the rules {_cell(', '.join(r['rules']))}" if "rules" in r else "")
         + (
-            "; concurrency raced in one process only (the registration says "
-            "multiprocess=False)"
+            "; concurrency raced in one process only (the registration says multiprocess=False)"
             if r.get("crossProcess") is False
             else ""
         )

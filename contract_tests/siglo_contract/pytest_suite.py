@@ -103,7 +103,7 @@ class ContractSuite:
         if cls not in _REPORTS:
             try:
                 _REPORTS[cls] = self._run(request.config, cls)
-            except ValueError as exc:
+            except (ValueError, PluginError) as exc:
                 # A bad setting (an unknown profile, a deviation from no adapter rule):
                 # one error for the class, naming it; its other tests are skipped.
                 _MISCONFIGURED.add(cls)

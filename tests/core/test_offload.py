@@ -656,8 +656,9 @@ async def test_export_without_the_blob_store_refuses_to_write_references(
     tmp_path: Path, encrypted: bool
 ) -> None:
     """A dump carries values, never references to a blob store the target may not share:
-    ``siglo export`` run with settings that lack the blob store fails naming ``blob_url``,
-    and what it wrote has no trailer, so ``siglo import`` refuses it."""
+    ``siglo export`` run with settings that lack the blob store fails naming ``blob_url``;
+    to a file it writes nothing (the file is replaced only by a complete dump), and what
+    it wrote to stdout has no trailer, so ``siglo import`` refuses it."""
     keys = {"k1": base64.b64encode(bytes(32)).decode()} if encrypted else {}
     url = f"sqlite:///{tmp_path / 'app.db'}"
     app = Settings(
@@ -675,7 +676,11 @@ async def test_export_without_the_blob_store_refuses_to_write_references(
     done = _siglo_with(shell, "export", "-o", str(dump))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "blob_url" in done.stderr, done.stderr
-    assert REF_KEY.encode() not in dump.read_bytes()
+    assert not dump.exists()
+    piped = _siglo_with(shell, "export")  # to stdout, as `siglo export … | siglo import …`
+    assert piped.returncode == 1, piped.stdout + piped.stderr
+    assert REF_KEY not in piped.stdout
+    dump.write_text(piped.stdout)
     target = tmp_path / "target.toml"
     target.write_text(f'url = "sqlite:///{tmp_path / "target.db"}"\n')
     refused = _siglo_with(target, "import", "-i", str(dump))
