@@ -286,6 +286,9 @@ _LISTINGS = {
     ("siglo/keys.py", "namespaces"): "stops",
     ("siglo/keys.py", "_check_master"): "leaves out: another keyring serves the check",
     ("siglo/rekeying.py", "_summaries"): "stops (rekey), or erase collects and deletes them",
+    ("siglo/rekeying.py", "_has_stacks"): (
+        "collects: a stack it cannot read is one of the namespace's (erase deletes it)"
+    ),
     ("siglo/blind.py", "list_matching"): "leaves out: a listing by metadata",
     ("siglo/blind.py", "scan_tokens"): "leaves out: a listing by blind-index tokens",
     ("siglo/pipeline.py", "list_checkpoints"): "the backend's listing, passed on",
