@@ -428,6 +428,33 @@ async def namespace_lookups(ctx: CheckContext) -> None:
     )
 
 
+@check("checkpoint.retention")
+async def checkpoint_retention(ctx: CheckContext) -> None:
+    """Opened with a short ``checkpoint_ttl_ms``, a checkpoint saved without
+    ``expires_at`` is there until it passes, and gone after: not returned, its stack
+    saved again from revision 0."""
+    ctx.about("checkpoint.retention")
+    ttl = ctx.short_ttl_ms()
+    async with ctx.session.backend_with(checkpoint_ttl_ms=ttl) as short:
+        a = short.adapter
+        stack = ctx.id("retained")
+        await a.save_checkpoint(ctx.checkpoint(stack, 3))
+        got = await a.get_checkpoint(stack)
+        expect(got is not None, "checkpoint.retention", "a checkpoint was gone at once")
+        await ctx.pass_time(ttl)
+        got = await a.get_checkpoint(stack)
+        expect(
+            got is None,
+            "checkpoint.retention",
+            f"a checkpoint saved without expires_at was returned after checkpoint_ttl_ms="
+            f"{ttl}: {got!r}",
+        )
+        try:
+            await a.save_checkpoint(ctx.checkpoint(stack, 1), expected_revision=0)
+        except CheckpointConflictError as exc:
+            fail("checkpoint.retention", f"a save after its retention conflicted: {exc}")
+
+
 @check("checkpoint.expiry.hidden", "checkpoint.expiry.clean")
 async def checkpoint_expiry_in_time(ctx: CheckContext) -> None:
     """A checkpoint expires when its time comes, clean-up or not, and the stack is free;

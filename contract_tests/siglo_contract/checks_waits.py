@@ -351,6 +351,25 @@ async def wait_retention(ctx: CheckContext) -> None:
             pass
         else:
             fail("wait.retention", "completed after retention")
+    # Saved without ttl_ms: the backend's default retention, its checkpoint_ttl_ms.
+    async with ctx.session.backend_with(checkpoint_ttl_ms=ttl) as short:
+        kept = ctx.id("retained-by-default")
+        await short.adapter.save_wait_record(WaitRecord(correlation_key=kept, stack_id=stack))
+        await ctx.pass_time(ttl)
+        found = await short.adapter.get_wait_record(kept)
+        expect(
+            found is None,
+            "wait.retention",
+            f"a record saved without ttl_ms was returned after the backend's "
+            f"checkpoint_ttl_ms={ttl}: {found!r}",
+        )
+        expect(
+            await short.adapter.create_wait_record(
+                WaitRecord(correlation_key=kept, stack_id=stack)
+            ),
+            "wait.retention",
+            "a record past its default retention kept its key from a create",
+        )
 
 
 @check("wait.create")

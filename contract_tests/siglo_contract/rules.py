@@ -83,6 +83,11 @@ _WRITTEN: Final[tuple[Rule, ...]] = (
         "a namespaced read falls back to the un-namespaced checkpoint",
     ),
     _a("checkpoint.expiry.hidden", _C.CHECKPOINTS, "an expired checkpoint is never returned"),
+    _a(
+        "checkpoint.retention",
+        _C.CHECKPOINTS,
+        "a checkpoint saved without expires_at is gone after checkpoint_ttl_ms",
+    ),
     _a("checkpoint.expiry.clean", _C.CHECKPOINTS, "clean-up removes expired checkpoints only"),
     _a(
         "checkpoint.size.guard",
@@ -395,6 +400,9 @@ _SINCE: Final[dict[str, str]] = {
     "cache.with-checkpoint": "1.5",
     # siglo rekey's walk of the context-change streams (payload_kinds "context").
     "payload.context": "1.6",
+    # The retention the backend's options set (a plugin author's backend that kept
+    # everything forever passed every check before).
+    "checkpoint.retention": "1.6",
 }
 _CHANGED: Final[dict[str, str]] = dict.fromkeys(
     (

@@ -55,11 +55,12 @@ CONTRACT_HISTORY: Final[dict[str, str]] = {
     "compare-and-set decides (issue 36)",
     "1.6": "context-change stream values listed and rewritten under compare-and-set "
     "(scan_payloads('context'), what siglo rekey re-seals them through), and refused by a "
-    "backend that does not declare them in payload_kinds",
+    "backend that does not declare them in payload_kinds; the retention checkpoint_ttl_ms "
+    "sets (checkpoint.retention); the size guard on the unlocking and caching saves",
 }
 """What each version added or changed (CHANGELOG.md, "Contract", tells the same)."""
 
-PAGE_DIGEST: Final = "6acffc35eab123de8858e749ec34f4484780dda2980e93c44bd8daa5df1b4edf"
+PAGE_DIGEST: Final = "86c79eae0e4b731b2835445715e17561c9eba1185a48cc15bf4db818790c0bbf"
 """SHA-256 of the rule rows of docs/contract.md (:func:`page_digest`): the text the
 rules are defined by. A test fails when the page changes and this does not, so a change
 of a rule's text is a deliberate one (and its version is bumped, or it is a wording

@@ -508,6 +508,15 @@ class WaitsShareNamespaces(MemoryStorageAdapter):
         return await super()._do_cancel_wait_record(correlation_key, None)
 
 
+class KeepsUntilDeleted(MemoryStorageAdapter):
+    """Ignores ``checkpoint_ttl_ms``: a checkpoint without ``expires_at`` (and a wait
+    record without ``ttl_ms``) is kept forever (an outside plugin author's break that
+    passed every check before contract 1.6)."""
+
+    def _retention(self, now: int) -> int | None:
+        return None
+
+
 class ClaimFallsBackAcrossNamespaces(MemoryStorageAdapter):
     """A claim in a namespace that has no record of the key takes the record of that key
     in another namespace (a fallback like the checkpoints' read, wrongly on a write)."""
@@ -1379,6 +1388,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "wait.namespace.isolation",
         "a claim from a namespace without the record takes another namespace's",
         adapter=ClaimFallsBackAcrossNamespaces,
+    ),
+    _m(
+        "checkpoint.retention",
+        "checkpoints and wait records without a TTL are kept forever",
+        adapter=KeepsUntilDeleted,
     ),
     Mutant(
         "lock.workflow.separate",
