@@ -11,7 +11,7 @@ import orjson
 
 from siglo import codec
 from siglo.errors import CheckpointVersionError, MalformedRecordError
-from siglo.wire import Field, check_fields, from_wire_fields
+from siglo.wire import INT64_MAX, INT64_MIN, Field, check_fields, from_wire_fields
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -25,7 +25,7 @@ __all__ = [
 
 CHECKPOINT_VERSION: Final = 2
 SCHEMA_VERSION: Final = "2.0.0"
-MAX_REVISION: Final = 2**63 - 1
+MAX_REVISION: Final = INT64_MAX
 """The largest revision: a signed 64-bit integer, what SQLite and PostgreSQL store (and
 Redis, so that one store's dump imports into any other)."""
 
@@ -255,11 +255,15 @@ def _plain_fields(c: Checkpoint) -> bool:
         and type(c.revision) is int
         and 0 <= c.revision <= MAX_REVISION
         and type(c.timestamp) is int
+        and INT64_MIN <= c.timestamp <= INT64_MAX
         and type(c.chains) is tuple
         and type(c.contexts) is dict
         and (c.workflow_id is None or type(c.workflow_id) is str)
         and (c.namespace is None or type(c.namespace) is str)
-        and (c.expires_at is None or type(c.expires_at) is int)
+        and (
+            c.expires_at is None
+            or (type(c.expires_at) is int and INT64_MIN <= c.expires_at <= INT64_MAX)
+        )
         and (c.metadata is None or type(c.metadata) is dict)
     ):
         return False
@@ -328,6 +332,7 @@ def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
         and type(revision) is int
         and 0 <= revision <= MAX_REVISION
         and type(timestamp) is int
+        and INT64_MIN <= timestamp <= INT64_MAX
         and type(chains) is list
         and type(contexts) is dict
     ):
@@ -348,7 +353,10 @@ def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
         if (
             (workflow_id is not None and type(workflow_id) is not str)
             or (namespace is not None and type(namespace) is not str)
-            or (expires_at is not None and type(expires_at) is not int)
+            or (
+                expires_at is not None
+                and (type(expires_at) is not int or not INT64_MIN <= expires_at <= INT64_MAX)
+            )
             or (metadata is not None and type(metadata) is not dict)
         ):
             return None

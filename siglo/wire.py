@@ -11,11 +11,15 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from siglo.errors import MalformedRecordError
 
-__all__ = ["Field", "check_fields", "from_wire_fields", "to_wire_fields"]
+__all__ = ["INT64_MAX", "INT64_MIN", "Field", "check_fields", "from_wire_fields", "to_wire_fields"]
+
+INT64_MAX: Final = 2**63 - 1
+"""The largest integer a document field holds: what SQLite and PostgreSQL store."""
+INT64_MIN: Final = -(2**63)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,10 @@ def _check_value(doc_kind: str, f: Field, value: Any) -> None:
         # bool is an int subclass; True is not a revision.
         if type(value) is not int:
             raise _bad(doc_kind, f, f"must be an integer, got {type(value).__name__}")
+        if not INT64_MIN <= value <= INT64_MAX:
+            # SQLite and PostgreSQL store signed 64-bit integers; Redis would take more,
+            # and its dump then imports nowhere else: one range on every backend.
+            raise _bad(doc_kind, f, f"must be a signed 64-bit integer, got {value}")
     elif kind == "dict":
         if not isinstance(value, dict):
             raise _bad(doc_kind, f, f"must be an object, got {type(value).__name__}")
@@ -108,7 +116,9 @@ def check_fields(doc_kind: str, fields: tuple[Field, ...], obj: object) -> None:
         # Fast acceptance of the common scalar cases; anything else (containers,
         # choices, and every failure, with its message) goes through _check_value.
         kind = f.kind
-        if (kind == "str" and type(value) is str) or (kind == "int" and type(value) is int):
+        if (kind == "str" and type(value) is str) or (
+            kind == "int" and type(value) is int and INT64_MIN <= value <= INT64_MAX
+        ):
             continue
         _check_value(doc_kind, f, value)
 

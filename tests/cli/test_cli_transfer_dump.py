@@ -546,6 +546,9 @@ async def test_a_line_the_save_would_refuse_is_refused_before_anything_is_writte
              "revision"),
             (forged(last_wait, f'"correlationKey":"{wait_key}"'.encode(),
                     b'"correlationKey":""'), "correlation_key"),
+            (forged(last_wait, f'"correlationKey":"{wait_key}"'.encode(),
+                    f'"correlationKey":"{wait_key}","completedAt":9223372036854775808'.encode()),
+             "completedAt"),
             (forged(last_checkpoint, b'"contexts":{"approve":{"n":1}}',
                     b'"contexts":{"approve":{"n":{"$siglo.blob":"' + b"0" * 64
                     + b'","bytes":10}}}'), "offloaded blob"),
@@ -568,6 +571,7 @@ async def test_a_revision_past_64_bits_is_refused_on_every_backend(kind: str) ->
 
     from siglo.checkpoint import MAX_REVISION
     from siglo.errors import MalformedRecordError
+    from siglo.validation import MAX_TTL_MS
 
     async with any_backend(kind) as backend:
         with pytest.raises(MalformedRecordError, match="signed 64-bit"):
@@ -575,3 +579,12 @@ async def test_a_revision_past_64_bits_is_refused_on_every_backend(kind: str) ->
         top = Checkpoint(stack_id="big", revision=MAX_REVISION, timestamp=1)
         await backend.adapter.save_checkpoint(top)
         assert (await backend.adapter.get_checkpoint("big")) == top
+        # The times of a wait record too, and a lease that would take one past them.
+        for name in ("created_at", "expires_at", "claimed_at", "lease_expires_at"):
+            with pytest.raises(MalformedRecordError, match="signed 64-bit"):
+                WaitRecord(correlation_key="w", stack_id="big", **{name: MAX_REVISION + 1})
+        await backend.adapter.save_wait_record(WaitRecord(correlation_key="w", stack_id="big"))
+        with pytest.raises(InvalidArgumentError, match="lease_ms must be at most"):
+            await backend.adapter.claim_wait_record("w", "me", lease_ms=MAX_TTL_MS + 1)
+        record = await backend.adapter.get_wait_record("w")
+        assert record is not None and record.status == "waiting"
