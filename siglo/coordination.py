@@ -29,7 +29,9 @@ from siglo.errors import (
     IdempotencyOwnershipError,
     InvalidArgumentError,
     LockNotAcquiredError,
+    OutcomeUnknownError,
     StorageAdapterError,
+    read_failure,
 )
 from siglo.payloads import StoredPayload
 from siglo.sentinel import Missing
@@ -358,7 +360,10 @@ class IdempotencyStoreBase(Closable):
         result."""
         require_id("key", key)
         self._require_open()
-        found = await self._do_get_result(key)
+        try:
+            found = await self._do_get_result(key)
+        except OutcomeUnknownError as exc:  # a read: nothing it did changed anything
+            raise read_failure(exc) from (exc.__cause__ or exc)
         if not self.opened_above:
             refuse_sealed_value(found, f"idempotency result {key!r}")
         return found
@@ -531,7 +536,10 @@ class LockBase(Closable):
         ui`` then tells a held lock from a free one by taking it for an instant."""
         require_id("lock_key", lock_key)
         self._require_open()
-        return await self._do_inspect(lock_key)
+        try:
+            return await self._do_inspect(lock_key)
+        except OutcomeUnknownError as exc:  # a read: nothing it did changed anything
+            raise read_failure(exc) from (exc.__cause__ or exc)
 
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         raise _unsupported(self, "acquire")

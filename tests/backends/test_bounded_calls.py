@@ -232,6 +232,10 @@ async def test_redis_frozen_server() -> None:
             began = time.monotonic()
             assert await lenient.load_checkpoint("s") is None  # swallowed, as documented
             assert time.monotonic() - began < BOUND_MS / 1000 + MARGIN_S
+            # The coordination stores' reads too: a result looked up, a lock inspected.
+            assert backend.idempotency is not None and backend.lock is not None
+            await bounded_failure(backend.idempotency.get_result("k"), unknown=False)
+            await bounded_failure(backend.lock.inspect("k"), unknown=False)
             assert backend.lock is not None
             # The script may have run: only its reply is missing.
             await bounded_failure(backend.lock.acquire("k"), unknown=True)
