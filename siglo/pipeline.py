@@ -124,9 +124,15 @@ class Pipeline:
         metadata = dict(redact(checkpoint.metadata or {}, fields))
         listed = set(metadata.get(REDACT_FIELDS_KEY) or ()) | fields
         metadata[REDACT_FIELDS_KEY] = sorted(listed)
-        if contexts == checkpoint.contexts and metadata == (checkpoint.metadata or {}):
+        # The document's fields siglo does not know (a TypeScript worker's) leave too.
+        extra = redact(checkpoint.extra, fields) if checkpoint.extra else checkpoint.extra
+        if (
+            contexts == checkpoint.contexts
+            and metadata == (checkpoint.metadata or {})
+            and extra == checkpoint.extra
+        ):
             return checkpoint
-        return checkpoint.replace(contexts=contexts, metadata=metadata)
+        return checkpoint.replace(contexts=contexts, metadata=metadata, extra=extra)
 
     def event_out(self, event: ContextChangeEvent) -> ContextChangeEvent:
         """A context change as it may be stored (a set of a redacted key sends

@@ -65,7 +65,7 @@ from siglo.listing import get_listed
 from siglo.offload import references
 from siglo.pipeline import Codecs, PipelineAdapter
 from siglo.records import WaitRecord, embedded_wait_record
-from siglo.redaction import named_redactions, redact_contexts
+from siglo.redaction import named_redactions, redact, redact_contexts
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
@@ -268,13 +268,6 @@ def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
             # What the save would refuse (an empty or too long id), refused here, before
             # anything of the dump is written.
             check_save_arguments(checkpoint, None)
-            # The keys it names redacted stay redacted here too, with or without settings
-            # (a value stored in clear around the pipeline before its key was named).
-            named = named_redactions(checkpoint.metadata)
-            if named:
-                contexts = redact_contexts(checkpoint.contexts, named)
-                if contexts != checkpoint.contexts:
-                    checkpoint = checkpoint.replace(contexts=contexts)
             offloaded = next(references(checkpoint), None)
             if offloaded is not None:
                 # siglo export writes offloaded values inline: a reference is to a blob
@@ -458,8 +451,8 @@ async def _check_sizes(adapter: StorageAdapter, lines: Iterable[bytes]) -> None:
         assert isinstance(value, Checkpoint)
         if isinstance(adapter, PipelineAdapter):
             stored, limit = await adapter.stored_form(await _opened_checkpoint(adapter, value))
-        else:  # stored as it is in the dump
-            stored, limit = value, adapter.max_document_bytes
+        else:  # stored as it is in the dump, but for its own redacted keys
+            stored, limit = _redacted_by_its_keys(value), adapter.max_document_bytes
         try:
             check_document_size(stored, limit)
         except DocumentTooLargeError as exc:
@@ -502,27 +495,54 @@ async def _write(
                 and owner is not None
                 and (value.stack_id, value.namespace) == (owner.stack_id, owner.namespace)
             ):
-                await _import_wait(adapter, await _opened_wait(adapter, value), mode, report)
+                opened = await _opened_wait(adapter, value, named_redactions(owner.metadata))
+                await _import_wait(adapter, opened, mode, report)
         if progress is not None:
             progress(report)
 
 
 async def _opened_checkpoint(adapter: StorageAdapter, checkpoint: Checkpoint) -> Checkpoint:
-    if not isinstance(adapter, PipelineAdapter):
+    if isinstance(adapter, PipelineAdapter):
+        # Sealed documents are opened here (and sealed again by the save): a document of
+        # an erased key fails before anything of it is stored.
+        opened = await adapter.open_stored_checkpoint(checkpoint)
+        assert opened is not None
+        checkpoint = opened
+    return _redacted_by_its_keys(checkpoint)
+
+
+def _redacted_by_its_keys(checkpoint: Checkpoint) -> Checkpoint:
+    """``checkpoint`` with the keys it names redacted (``metadata.redactFields``) out of
+    its contexts, metadata and unknown fields, whatever the importing process's settings
+    say: a value stored in clear around the pipeline before its key was named is not
+    carried into another store (the pipeline, where there is one, does the same)."""
+    named = named_redactions(checkpoint.metadata)
+    if not named:
         return checkpoint
-    # Sealed documents are opened here (and sealed again by the save): a document of an
-    # erased key fails before anything of it is stored.
-    opened = await adapter.open_stored_checkpoint(checkpoint)
-    assert opened is not None
-    return opened
+    contexts = redact_contexts(checkpoint.contexts, named)
+    metadata = redact(checkpoint.metadata, named)
+    extra = redact(checkpoint.extra, named) if checkpoint.extra else checkpoint.extra
+    if (contexts, metadata, extra) == (checkpoint.contexts, checkpoint.metadata, checkpoint.extra):
+        return checkpoint
+    return checkpoint.replace(contexts=contexts, metadata=metadata, extra=extra)
 
 
-async def _opened_wait(adapter: StorageAdapter, record: WaitRecord) -> WaitRecord:
-    if not isinstance(adapter, PipelineAdapter):
+async def _opened_wait(
+    adapter: StorageAdapter, record: WaitRecord, named: frozenset[str]
+) -> WaitRecord:
+    """``record`` opened, and redacted by its run's keys (``named``): its event payload
+    becomes the run's context, as a delivery's does."""
+    if isinstance(adapter, PipelineAdapter):
+        opened = await adapter.open_stored_wait(record)
+        assert opened is not None
+        record = opened
+    if not named:
         return record
-    opened = await adapter.open_stored_wait(record)
-    assert opened is not None
-    return opened
+    payload = redact(record.event_payload, named)
+    metadata = None if record.metadata is None else redact(record.metadata, named)
+    if payload == record.event_payload and metadata == record.metadata:
+        return record
+    return record.replace(event_payload=payload, metadata=metadata)
 
 
 async def _import_checkpoint(

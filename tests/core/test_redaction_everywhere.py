@@ -247,23 +247,36 @@ async def test_a_checkpoints_own_redacted_keys_are_redacted_on_any_write(kind: s
     with such a value in clear, a save through the adapter — the pipeline redacts them
     too; before, only the settings' keys were (``siglo show`` masked it, the store kept
     it)."""
-    from siglo import Checkpoint
+    from siglo import Checkpoint, WaitRecord
     from siglo.config import Settings
     from siglo.pipeline import Pipeline
     from siglo.transfer import export_lines, import_lines
 
     secret = "SSN-IMPORTED-41aa"
+    others = ("SSN-META-77c1", "SSN-EXTRA-0d3e", "SSN-EVENT-9b2f")
+    # A released claim keeps its event payload (rule wait.release): in the dump too.
+    wait = WaitRecord(
+        correlation_key="kyc:named", stack_id="named", event_payload={"ssn": others[2]}
+    )
     leaked = Checkpoint(
         stack_id="named",
+        status="waiting",
         revision=1,
         timestamp=1,
         contexts={"kyc": {"ssn": secret, "name": VISIBLE}},
-        metadata={"redactFields": ["ssn"]},
+        metadata={
+            "redactFields": ["ssn"],
+            "ssn": others[0],
+            "waitRecord": wait.replace(event_payload=None).to_wire(),
+        },
+        extra={"tsExtra": {"ssn": others[1]}},
     )
     async with any_backend("memory") as source:
         await source.raw_adapter.save_checkpoint(leaked)  # around the pipeline: in clear
+        await source.raw_adapter.save_wait_record(wait)
         dump = [line async for line in export_lines(source.raw_adapter)]
-    assert any(secret.encode() in line for line in dump)
+    for value in (secret, *others):
+        assert any(value.encode() in line for line in dump), value
     # A process with settings of its own (another key redacted: a pipeline in front).
     async with any_backend(kind) as backend:
         own = backend.adapter
@@ -280,9 +293,14 @@ async def test_a_checkpoints_own_redacted_keys_are_redacted_on_any_write(kind: s
             assert stored is not None
             assert stored.contexts["kyc"] == {"ssn": REDACTED, "name": VISIBLE}
         raw = await raw_bytes(kind, backend)
-        assert VISIBLE.encode() in raw and secret.encode() not in raw
+        assert VISIBLE.encode() in raw
+        for value in (secret, *others):
+            assert value.encode() not in raw, value
     # And one with none (no pipeline at all): the import redacts them itself.
     async with any_backend(kind) as bare:
         await import_lines(bare.adapter, dump)
         stored = await bare.raw_adapter.get_checkpoint("named")
         assert stored is not None and stored.contexts["kyc"]["ssn"] == REDACTED
+        raw = await raw_bytes(kind, bare)
+        for value in (secret, *others):
+            assert value.encode() not in raw, value
