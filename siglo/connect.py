@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -61,10 +62,19 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
                 f"as 'sqlite:///siglo.db', set {URL_ENV}, or set url in siglo.toml "
                 "(docs/configuration.md)"
             )
-    if settings.url is None or url == settings.url:
-        # The settings' options are their URL's; settings that name no URL (a
-        # siglo.toml with [options] alone) give theirs to whatever URL is connected.
+    from_settings: frozenset[str] = frozenset()
+    if url == settings.url:
+        from_settings = frozenset(settings.options) - frozenset(options)
         options = {**settings.options, **options}
+    elif settings.url is None and settings.options:
+        # The settings' options are their URL's; settings that name no URL (a
+        # siglo.toml with [options] alone) give theirs to whatever URL is connected —
+        # but for what that URL's query says itself (`?schema=appb` is not the file's
+        # `schema = "appa"`: a keyword option would win over the query).
+        written = urls.query_names(url)
+        given = {k: v for k, v in settings.options.items() if k not in written}
+        from_settings = frozenset(given) - frozenset(options)
+        options = {**given, **options}
     # The URL's and the options' secrets are kept out of every error's text from here on
     # (siglo.masking): a driver's error may quote them.
     urls.mask_credentials(url)
@@ -80,7 +90,18 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         # Only a bound the settings changed: the backend's own default is the same, and
         # a backend writes an option it is given into its URL (for other processes).
         options["command_timeout_ms"] = settings.command_timeout_ms
-    backend = spec.load_factory()(url, **options)
+    try:
+        backend = spec.load_factory()(url, **options)
+    except InvalidArgumentError as exc:
+        # The options it names, not those it lists as known.
+        said = re.split(r";? \(?known", str(exc), maxsplit=1)[0]
+        named = sorted(k for k in from_settings if re.search(rf"\b{re.escape(k)}\b", said))
+        if not named:
+            raise
+        # An option nobody typed on this command: say where it came from.
+        raise InvalidArgumentError(
+            f"{exc} (option {', '.join(named)} from the [options] of {settings.source})"
+        ) from exc
     if not isinstance(backend, Backend):
         raise PluginError(
             f"backend {spec.name!r} (plugin {spec.plugin!r}) returned "

@@ -386,6 +386,12 @@ def test_options_without_a_url_go_with_the_url_a_command_names(tmp_path: Path) -
     (tmp_path / "siglo.toml").write_text('[options]\ntable_prfix = "appa_"\n')  # a typo
     typo = siglo_cli("migrate", url)
     assert typo.returncode == 1 and "table_prfix" in typo.stderr, typo.stderr
+    assert "from the [options] of" in typo.stderr and "siglo.toml" in typo.stderr
+    # A parameter the URL's query gives itself wins over the file's.
+    (tmp_path / "siglo.toml").write_text('[options]\ntable_prefix = "appa_"\n')
+    own = siglo_cli("migrate", f"{url}?table_prefix=appc_")
+    assert own.returncode == 0, own.stderr
+    assert "appc_checkpoints" in tables(tmp_path / "app.db")
     (tmp_path / "siglo.toml").write_text(
         f'url = "sqlite:///{tmp_path / "other.db"}"\n[options]\ntable_prefix = "appb_"\n'
     )
