@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -96,13 +97,16 @@ def export(url: str | None, namespace: str | None, output: Path, decrypt: bool) 
         output.flush()
         return count
 
+    target = Path(os.path.realpath(output))
     if str(output) == "-":
         count = asyncio.run(run(sys.stdout.buffer))
-    elif output.exists() and not output.is_file():  # /dev/null, a pipe: written as is
+    elif (output.exists() and not output.is_file()) or target.parts[1:2] in (("dev",), ("proc",)):
+        # /dev/null, a pipe, /dev/stdout (whatever it is redirected to): written as is.
         with _opened(output) as file:
             count = asyncio.run(run(file))
     else:
-        count = _replacing(output, lambda file: asyncio.run(run(file)))
+        # Through a symlink, to the file it names: a link is not replaced by a file.
+        count = _replacing(target, lambda file: asyncio.run(run(file)))
     click.echo(f"exported {count} checkpoint(s)", err=True)
 
 
@@ -121,12 +125,15 @@ def _replacing(path: Path, write: Callable[[IO[bytes]], int]) -> int:
     failed export (a server gone mid-way, a record stored in clear under
     ``require_encryption``) leaves the file there — last night's backup — as it was."""
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent or ".")
+        fd, name = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".part", dir=path.parent)
     except OSError as exc:
         raise CliError(
-            f"cannot write {str(path)!r}: {exc.strerror or exc}",
+            f"cannot write {str(path)!r}: {exc.strerror or exc} (the dump is written beside "
+            "it, then renamed over it: its directory must be writable)",
             "pass --output a path in a directory that exists and that you can write",
         ) from None
+    _like(fd, path)
+    stop = _stopped_by_signals()
     try:
         with os.fdopen(fd, "wb") as file:
             count = write(file)
@@ -137,7 +144,40 @@ def _replacing(path: Path, write: Callable[[IO[bytes]], int]) -> int:
         with contextlib.suppress(OSError):
             os.unlink(name)
         raise
+    finally:
+        stop()
     return count
+
+
+def _like(fd: int, path: Path) -> None:
+    """Give the temporary file the mode (and, where allowed, the owner) of the file it
+    replaces, or a new file's mode under the umask: not ``mkstemp``'s 0600."""
+    try:
+        existing = path.stat()
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        return
+    os.fchmod(fd, existing.st_mode & 0o7777)
+    with contextlib.suppress(OSError):
+        os.fchown(fd, existing.st_uid, existing.st_gid)
+
+
+def _stopped_by_signals() -> Callable[[], None]:
+    """SIGTERM and SIGHUP (a supervisor's stop, a closed terminal) end the export as
+    Ctrl-C does, so its temporary file is removed; returns what puts the handlers back."""
+
+    def stopped(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def _lines(source: IO[bytes]) -> Iterator[bytes]:

@@ -571,7 +571,7 @@ async def test_a_revision_past_64_bits_is_refused_on_every_backend(kind: str) ->
 
     from siglo.checkpoint import MAX_REVISION
     from siglo.errors import MalformedRecordError
-    from siglo.validation import MAX_TTL_MS
+    from siglo.validation import MAX_LEASE_MS
 
     async with any_backend(kind) as backend:
         with pytest.raises(MalformedRecordError, match="signed 64-bit"):
@@ -580,11 +580,67 @@ async def test_a_revision_past_64_bits_is_refused_on_every_backend(kind: str) ->
         await backend.adapter.save_checkpoint(top)
         assert (await backend.adapter.get_checkpoint("big")) == top
         # The times of a wait record too, and a lease that would take one past them.
-        for name in ("created_at", "expires_at", "claimed_at", "lease_expires_at"):
+        # (A deadline past it means "never", clamped where it is stored.)
+        for name in ("claimed_at", "lease_expires_at", "completed_at"):
             with pytest.raises(MalformedRecordError, match="signed 64-bit"):
                 WaitRecord(correlation_key="w", stack_id="big", **{name: MAX_REVISION + 1})
         await backend.adapter.save_wait_record(WaitRecord(correlation_key="w", stack_id="big"))
         with pytest.raises(InvalidArgumentError, match="lease_ms must be at most"):
-            await backend.adapter.claim_wait_record("w", "me", lease_ms=MAX_TTL_MS + 1)
+            await backend.adapter.claim_wait_record("w", "me", lease_ms=MAX_LEASE_MS + 1)
         record = await backend.adapter.get_wait_record("w")
         assert record is not None and record.status == "waiting"
+
+
+def test_export_to_a_link_or_an_existing_file_keeps_what_it_was(tmp_path: Any) -> None:
+    """``-o`` through a symlink writes the file it names (the link stays a link); the file
+    replaced keeps its mode (a new one gets the umask's); SIGTERM mid-export, as a
+    supervisor stops it, leaves no temporary file beside the backup."""
+    import os
+    import signal
+    import stat
+    import subprocess
+    import time
+
+    async def fill(count: int, prefix: str) -> None:
+        async with siglo.connect(f"sqlite:///{tmp_path / 'a.db'}") as backend:
+            for i in range(count):
+                await backend.adapter.save_checkpoint(
+                    Checkpoint(
+                        stack_id=f"{prefix}{i}", revision=1, timestamp=1, contexts={"a": {"n": i}}
+                    )
+                )
+
+    asyncio.run(fill(3, "s"))
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    target = tmp_path / "target.jsonl"
+    target.write_text("old\n")
+    target.chmod(0o640)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    done = CliRunner().invoke(cli, ["export", url, "-o", str(link)])
+    assert done.exit_code == 0, done.output
+    assert link.is_symlink() and target.read_bytes().count(b'"kind":"checkpoint"') == 3
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    fresh = tmp_path / "fresh.jsonl"
+    assert CliRunner().invoke(cli, ["export", url, "-o", str(fresh)]).exit_code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask
+
+    asyncio.run(fill(20_000, "more-"))  # long enough to be stopped half-way
+    backup = tmp_path / "backup.jsonl"
+    backup.write_text("last night\n")
+    export = subprocess.Popen(
+        [sys.executable, "-m", "siglo", "export", url, "-o", str(backup)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith(".part") for p in tmp_path.iterdir()):
+        assert export.poll() is None and time.monotonic() < deadline, "it never began"
+        time.sleep(0.01)
+    export.send_signal(signal.SIGTERM)
+    assert export.wait(timeout=60) != 0
+    assert backup.read_text() == "last night\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
