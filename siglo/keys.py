@@ -45,7 +45,7 @@ from siglo.errors import (
     KeyErasedError,
 )
 from siglo.plugins import get_registry
-from siglo.reserved import KEYRING_NAMESPACE, keyring_access
+from siglo.reserved import KEYRING_NAMESPACE, check_not_keyring, keyring_access
 from siglo.unreadable import collecting_unreadable, stopping_at_unreadable
 
 if TYPE_CHECKING:
@@ -308,7 +308,10 @@ class EnvelopeKeyProvider:
         on the keyring's revision; a concurrent change makes this read again). Refused
         (:class:`~siglo.errors.DecryptionError`, nothing written) when the keys the ring
         holds do not unwrap with this provider's master key: a key wrapped by another
-        master key, made active, would make every save of the namespace fail."""
+        master key, made active, would make every save of the namespace fail. Never for
+        the keyrings' own namespace (:mod:`siglo.reserved`): a write there is refused,
+        and must not leave a key minted for it behind."""
+        check_not_keyring(namespace, "making a data key")
         while True:
             keys = dict(ring.contexts.get("keys", {})) if ring is not None else {}
             if ring is not None and keys:

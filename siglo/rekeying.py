@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from siglo.adapter import Capability, StorageAdapter
+from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
 from siglo.blobs import REF_KEY, is_reference
@@ -486,12 +486,13 @@ async def erase(backend: Backend, namespace: str, *, settle_s: float | None = No
         )
     if namespace == KEYRING_NAMESPACE:
         raise InvalidArgumentError(f"{KEYRING_NAMESPACE!r} holds the keyrings, not data")
-    if not await keys.has_keyring(namespace) and not await _has_stacks(adapter, namespace):
+    if not await keys.has_keyring(namespace) and not await _holds_data(backend, namespace):
         # A mistyped namespace: reported as erased, it would hide that the real one was
         # not. Refused, writing nothing.
         raise InvalidArgumentError(
-            f"namespace {namespace!r} has neither keys nor stacks in this store: nothing "
-            "to erase (check its name: `siglo ls` shows the namespaces of the stacks)"
+            f"namespace {namespace!r} has neither keys nor stacks, wait records or cached "
+            "steps in this store: nothing to erase (check its name: `siglo ls` shows the "
+            "namespaces of the stacks)"
         )
     erased = await keys.erase(namespace)
     await asyncio.sleep(keys.refresh_s + 1.0 if settle_s is None else settle_s)
@@ -514,11 +515,23 @@ async def erase(backend: Backend, namespace: str, *, settle_s: float | None = No
     return report
 
 
-async def _has_stacks(adapter: StorageAdapter, namespace: str) -> bool:
-    """Whether ``namespace`` holds a checkpoint (one the listing could not read too)."""
+async def _holds_data(backend: Backend, namespace: str) -> bool:
+    """Whether ``namespace`` holds a checkpoint (one the listing could not read too), or
+    a stand-alone wait record or cached step the backend lists (stored before
+    encryption, with no keyring)."""
     with collecting_unreadable() as unreadable:
-        page = await adapter.list_checkpoints(namespace=namespace, limit=1)
-    return bool(page.items) or bool(unreadable)
+        page = await backend.raw_adapter.list_checkpoints(namespace=namespace, limit=1)
+    if page.items or unreadable:
+        return True
+    raw = backend.raw_adapter
+    if not raw.supports(Capability.PAYLOAD_SCAN):
+        return False
+    for kind in PAYLOAD_KINDS:
+        async for item in raw.scan_payloads(kind):
+            place = _place(item)
+            if place is not None and place[0] == namespace:
+                return True
+    return False
 
 
 async def _erase_payloads(

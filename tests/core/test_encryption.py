@@ -549,6 +549,15 @@ async def test_keyrings_are_written_by_the_key_provider_alone(kind: str, tmp_pat
             with pytest.raises(InvalidArgumentError, match="keyrings"):
                 await write()
             assert await raw.get_wait_record("k", namespace=KEYRING_NAMESPACE) is None, what
+        # Through the encrypting connection too: refused before a data key is minted for
+        # the keyrings' own namespace (a keyring nothing could remove).
+        async with siglo.connect(backend.url, settings=Settings(master_key=key)) as app:
+            with pytest.raises(InvalidArgumentError, match="keyrings"):
+                await app.adapter.set_cached_step("k", 1, namespace=KEYRING_NAMESPACE)
+            with pytest.raises(InvalidArgumentError, match="keyrings"):
+                await app.adapter.save_wait_record(
+                    WaitRecord(correlation_key="k", stack_id="a", namespace=KEYRING_NAMESPACE)
+                )
         with keyring_access():
             rings_after = await raw.list_checkpoints(namespace=KEYRING_NAMESPACE)
         assert rings_after == rings

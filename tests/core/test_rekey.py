@@ -396,6 +396,23 @@ async def test_erase_of_a_namespace_with_neither_keys_nor_stacks_is_refused(
     env = {"SIGLO_MASTER_KEY": settings.master_key}
     done = run_siglo(tmp_path, "erase", url, "-n", "clear", "--yes", *NO_SETTLE, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
+    # A namespace whose runs are gone but whose stand-alone records are not (stored
+    # before encryption): those are its data, and erased.
+    async with siglo.connect(url, settings=Settings()) as plain:
+        await plain.adapter.save_wait_record(
+            WaitRecord(
+                correlation_key="w",
+                stack_id="gone",
+                namespace="leftover",
+                event_payload={"email": SECRET},  # erase lists records that hold payloads
+            )
+        )
+        await plain.adapter.set_cached_step("k", {"email": SECRET}, namespace="leftover")
+    done = run_siglo(tmp_path, "erase", url, "-n", "leftover", "--yes", *NO_SETTLE, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    async with siglo.connect(url, settings=Settings()) as plain:
+        assert await plain.adapter.get_wait_record("w", namespace="leftover") is None
+        assert await plain.adapter.get_cached_step("k", namespace="leftover") is siglo.MISSING
     async with siglo.connect(url, settings=settings) as backend:
         with keyring_access():
             rings = await backend.raw_adapter.list_checkpoints(namespace=KEYRING_NAMESPACE)

@@ -286,7 +286,7 @@ _LISTINGS = {
     ("siglo/keys.py", "namespaces"): "stops",
     ("siglo/keys.py", "_check_master"): "leaves out: another keyring serves the check",
     ("siglo/rekeying.py", "_summaries"): "stops (rekey), or erase collects and deletes them",
-    ("siglo/rekeying.py", "_has_stacks"): (
+    ("siglo/rekeying.py", "_holds_data"): (
         "collects: a stack it cannot read is one of the namespace's (erase deletes it)"
     ),
     ("siglo/blind.py", "list_matching"): "leaves out: a listing by metadata",
