@@ -47,7 +47,7 @@ _FIELDS: Final = (
     Field("revision", "revision", "int"),
     Field("chains", "chains", "str_list"),
     Field("contexts", "contexts", "dict_of_dicts"),
-    Field("timestamp", "timestamp", "int"),
+    Field("timestamp", "timestamp", "int64"),
     Field("expires_at", "expiresAt", "int", optional=True),
     Field("metadata", "metadata", "dict", optional=True),
 )
@@ -260,10 +260,7 @@ def _plain_fields(c: Checkpoint) -> bool:
         and type(c.contexts) is dict
         and (c.workflow_id is None or type(c.workflow_id) is str)
         and (c.namespace is None or type(c.namespace) is str)
-        and (
-            c.expires_at is None
-            or (type(c.expires_at) is int and INT64_MIN <= c.expires_at <= INT64_MAX)
-        )
+        and (c.expires_at is None or type(c.expires_at) is int)
         and (c.metadata is None or type(c.metadata) is dict)
     ):
         return False
@@ -353,10 +350,7 @@ def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
         if (
             (workflow_id is not None and type(workflow_id) is not str)
             or (namespace is not None and type(namespace) is not str)
-            or (
-                expires_at is not None
-                and (type(expires_at) is not int or not INT64_MIN <= expires_at <= INT64_MAX)
-            )
+            or (expires_at is not None and type(expires_at) is not int)
             or (metadata is not None and type(metadata) is not dict)
         ):
             return None

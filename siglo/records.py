@@ -35,9 +35,9 @@ _WAIT_FIELDS: Final = (
     Field("created_at", "createdAt", "int", optional=True),
     Field("expires_at", "expiresAt", "int", optional=True),
     Field("claimant_id", "claimantId", "str", optional=True),
-    Field("claimed_at", "claimedAt", "int", optional=True),
-    Field("lease_expires_at", "leaseExpiresAt", "int", optional=True),
-    Field("completed_at", "completedAt", "int", optional=True),
+    Field("claimed_at", "claimedAt", "int64", optional=True),
+    Field("lease_expires_at", "leaseExpiresAt", "int64", optional=True),
+    Field("completed_at", "completedAt", "int64", optional=True),
     Field("event_payload", "eventPayload", "any", optional=True),
     Field("metadata", "metadata", "dict", optional=True),
 )

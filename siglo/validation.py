@@ -11,7 +11,7 @@ from siglo.reserved import KEYRING_NAMESPACE, check_not_keyring
 
 __all__ = [
     "MAX_ID_LENGTH",
-    "MAX_TTL_MS",
+    "MAX_LEASE_MS",
     "check_context_change",
     "check_save_arguments",
     "check_wait_record",
@@ -66,9 +66,9 @@ def require_ttl_ms(name: str, value: Any) -> int: ...
 @overload
 def require_ttl_ms(name: str, value: Any, *, optional: bool) -> int | None: ...
 def require_ttl_ms(name: str, value: Any, *, optional: bool = False) -> int | None:
-    """A TTL in milliseconds must be a positive integer (or ``None`` where allowed), at
-    most :data:`MAX_TTL_MS`: now plus it is a time every backend stores (a signed 64-bit
-    integer), where a larger one stored on Redis and failed on SQL."""
+    """A TTL in milliseconds must be a positive integer (or ``None`` where allowed). One
+    longer than a signed 64-bit time can hold means "never" (clamped where it is stored);
+    a claim's lease, which becomes a stored time, is bounded (:data:`MAX_LEASE_MS`)."""
     if value is None:
         if optional:
             return None
@@ -77,16 +77,12 @@ def require_ttl_ms(name: str, value: Any, *, optional: bool = False) -> int | No
         raise InvalidArgumentError(f"{name} must be an integer of milliseconds, got {value!r}")
     if value <= 0:
         raise InvalidArgumentError(f"{name} must be positive, got {value}")
-    if value > MAX_TTL_MS:
-        raise InvalidArgumentError(
-            f"{name} must be at most {MAX_TTL_MS} ms (2**62, about 146 million years; "
-            f"None where it means no limit), got {value}"
-        )
     return value
 
 
-MAX_TTL_MS: Final = 2**62
-"""The longest TTL, lease or timeout: added to now, still a signed 64-bit integer."""
+MAX_LEASE_MS: Final = 2**62
+"""The longest lease of a wait record's claim: added to now, its ``leaseExpiresAt`` is
+still a signed 64-bit integer, which every backend stores."""
 
 
 def check_save_arguments(checkpoint: Any, expected_revision: Any) -> None:

@@ -28,7 +28,7 @@ class Field:
 
     attr: str
     wire: str
-    kind: str  # "str", "int", "dict", "str_list", "dict_of_dicts", "any", or "choice"
+    kind: str  # "str", "int", "int64", "dict", "str_list", "dict_of_dicts", "any", "choice"
     optional: bool = False
     choices: frozenset[str] = frozenset()
 
@@ -51,9 +51,13 @@ def _check_value(doc_kind: str, f: Field, value: Any) -> None:
         # bool is an int subclass; True is not a revision.
         if type(value) is not int:
             raise _bad(doc_kind, f, f"must be an integer, got {type(value).__name__}")
+    elif kind == "int64":
+        # A field SQLite and PostgreSQL store as a signed 64-bit integer (Redis would
+        # take more, and its dump then imports nowhere else): one range on every backend.
+        # (A deadline or expiry past it is "never", clamped where it is stored: "int".)
+        if type(value) is not int:
+            raise _bad(doc_kind, f, f"must be an integer, got {type(value).__name__}")
         if not INT64_MIN <= value <= INT64_MAX:
-            # SQLite and PostgreSQL store signed 64-bit integers; Redis would take more,
-            # and its dump then imports nowhere else: one range on every backend.
             raise _bad(doc_kind, f, f"must be a signed 64-bit integer, got {value}")
     elif kind == "dict":
         if not isinstance(value, dict):
@@ -116,9 +120,7 @@ def check_fields(doc_kind: str, fields: tuple[Field, ...], obj: object) -> None:
         # Fast acceptance of the common scalar cases; anything else (containers,
         # choices, and every failure, with its message) goes through _check_value.
         kind = f.kind
-        if (kind == "str" and type(value) is str) or (
-            kind == "int" and type(value) is int and INT64_MIN <= value <= INT64_MAX
-        ):
+        if (kind == "str" and type(value) is str) or (kind == "int" and type(value) is int):
             continue
         _check_value(doc_kind, f, value)
 
