@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -198,7 +199,10 @@ def check(
             )
         other_target = resolve_url(compare_url, default=_default_url)
         check_port(other_target)
-        get_registry().for_url(other_target).load_factory()
+        # Opened (and closed) now: its factory refuses an unknown option or a bad value
+        # before the run, not after it. Connections are made when first used.
+        probe = get_registry().for_url(other_target).load_factory()(other_target)
+        asyncio.run(probe.aclose())
     empty = [pattern for pattern in rules if not pattern.strip()]
     if empty:
         raise click.UsageError(

@@ -72,6 +72,7 @@ def test_siglo_check_refuses_bad_options_before_the_run(tmp_path: Path) -> None:
         (["--report", "md", "--report-file", str(missing)], 1, "--report-file"),
         (["--compare", ""], 1, "--compare needs a backend URL"),
         (["--compare", "nosuch://x"], 1, "no backend serves nosuch://"),
+        (["--compare", "memory://?x=1"], 1, "'x'"),
         (["--rule", ""], 2, "--rule '' matches no rule"),
     ]
     for options, status, said in cases:
