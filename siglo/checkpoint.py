@@ -11,7 +11,7 @@ import orjson
 
 from siglo import codec
 from siglo.errors import CheckpointVersionError, MalformedRecordError
-from siglo.wire import INT64_MAX, INT64_MIN, Field, check_fields, from_wire_fields
+from siglo.wire import INT64_MAX, INT64_MIN, UINT64_MAX, Field, check_fields, from_wire_fields
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -260,7 +260,10 @@ def _plain_fields(c: Checkpoint) -> bool:
         and type(c.contexts) is dict
         and (c.workflow_id is None or type(c.workflow_id) is str)
         and (c.namespace is None or type(c.namespace) is str)
-        and (c.expires_at is None or type(c.expires_at) is int)
+        and (
+            c.expires_at is None
+            or (type(c.expires_at) is int and INT64_MIN <= c.expires_at <= UINT64_MAX)
+        )
         and (c.metadata is None or type(c.metadata) is dict)
     ):
         return False
@@ -350,7 +353,10 @@ def _from_plain_wire(doc: dict[str, Any]) -> Checkpoint | None:
         if (
             (workflow_id is not None and type(workflow_id) is not str)
             or (namespace is not None and type(namespace) is not str)
-            or (expires_at is not None and type(expires_at) is not int)
+            or (
+                expires_at is not None
+                and (type(expires_at) is not int or not INT64_MIN <= expires_at <= UINT64_MAX)
+            )
             or (metadata is not None and type(metadata) is not dict)
         ):
             return None

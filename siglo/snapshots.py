@@ -21,6 +21,7 @@ from siglo.redaction import (
 )
 from siglo.stack import ContextStream, ExecutionStack
 from siglo.validation import require_optional_id, require_ttl_ms
+from siglo.wire import later_ms
 
 __all__ = ["context_change_event", "restore_stack", "take_snapshot"]
 
@@ -88,7 +89,7 @@ def take_snapshot(
     if stack.namespace is not None:
         wire["namespace"] = stack.namespace
     if ttl_ms is not None:
-        wire["expiresAt"] = now + ttl_ms
+        wire["expiresAt"] = later_ms(now, ttl_ms)
     if metadata:
         wire["metadata"] = metadata
     if stack.extra:

@@ -15,11 +15,29 @@ from typing import Any, Final
 
 from siglo.errors import MalformedRecordError
 
-__all__ = ["INT64_MAX", "INT64_MIN", "Field", "check_fields", "from_wire_fields", "to_wire_fields"]
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "UINT64_MAX",
+    "Field",
+    "check_fields",
+    "from_wire_fields",
+    "later_ms",
+    "to_wire_fields",
+]
 
 INT64_MAX: Final = 2**63 - 1
 """The largest integer a document field holds: what SQLite and PostgreSQL store."""
 INT64_MIN: Final = -(2**63)
+UINT64_MAX: Final = 2**64 - 1
+"""The largest integer the JSON codec writes: a time past it cannot be stored at all."""
+
+
+def later_ms(now_ms: int, delay_ms: int) -> int:
+    """``now_ms`` plus ``delay_ms``, a deadline or an expiry: one past what a signed
+    64-bit time holds means "never", and is that (every backend stores it, and clamps it
+    no further), not an integer the codec cannot write."""
+    return min(now_ms + delay_ms, INT64_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +69,10 @@ def _check_value(doc_kind: str, f: Field, value: Any) -> None:
         # bool is an int subclass; True is not a revision.
         if type(value) is not int:
             raise _bad(doc_kind, f, f"must be an integer, got {type(value).__name__}")
+        if not INT64_MIN <= value <= UINT64_MAX:
+            # What JSON can carry: a deadline past a signed 64-bit time means "never"
+            # (clamped where it is stored), one past this cannot be written at all.
+            raise _bad(doc_kind, f, f"must be from -2**63 to 2**64 - 1, got {value}")
     elif kind == "int64":
         # A field SQLite and PostgreSQL store as a signed 64-bit integer (Redis would
         # take more, and its dump then imports nowhere else): one range on every backend.
@@ -120,7 +142,9 @@ def check_fields(doc_kind: str, fields: tuple[Field, ...], obj: object) -> None:
         # Fast acceptance of the common scalar cases; anything else (containers,
         # choices, and every failure, with its message) goes through _check_value.
         kind = f.kind
-        if (kind == "str" and type(value) is str) or (kind == "int" and type(value) is int):
+        if (kind == "str" and type(value) is str) or (
+            kind == "int" and type(value) is int and INT64_MIN <= value <= UINT64_MAX
+        ):
             continue
         _check_value(doc_kind, f, value)
 

@@ -31,6 +31,7 @@ from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
+from siglo.wire import later_ms
 from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, is_sleep, wait_outcome
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
@@ -684,7 +685,7 @@ class Flow:
             namespace=stack.namespace,
             step_id=step.name,
             created_at=now,
-            expires_at=None if wait.timeout_ms is None else now + wait.timeout_ms,
+            expires_at=None if wait.timeout_ms is None else later_ms(now, wait.timeout_ms),
         )
         # The wait record goes first: a crash before the checkpoint leaves a wait that an
         # event can still resume (from the previous checkpoint), never a checkpoint

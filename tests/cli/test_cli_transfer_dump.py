@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -580,7 +581,12 @@ async def test_a_revision_past_64_bits_is_refused_on_every_backend(kind: str) ->
         await backend.adapter.save_checkpoint(top)
         assert (await backend.adapter.get_checkpoint("big")) == top
         # The times of a wait record too, and a lease that would take one past them.
-        # (A deadline past it means "never", clamped where it is stored.)
+        # A deadline past it means "never", clamped where it is stored; one past what
+        # JSON carries is refused naming its field.
+        far = Checkpoint(stack_id="far", revision=1, timestamp=1, expires_at=2**63 + 5)
+        await backend.adapter.save_checkpoint(far)
+        with pytest.raises(MalformedRecordError, match="expiresAt"):
+            Checkpoint(stack_id="far", revision=2, timestamp=1, expires_at=2**64)
         for name in ("claimed_at", "lease_expires_at", "completed_at"):
             with pytest.raises(MalformedRecordError, match="signed 64-bit"):
                 WaitRecord(correlation_key="w", stack_id="big", **{name: MAX_REVISION + 1})
@@ -644,3 +650,49 @@ def test_export_to_a_link_or_an_existing_file_keeps_what_it_was(tmp_path: Any) -
     assert export.wait(timeout=60) != 0
     assert backup.read_text() == "last night\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+
+
+def test_export_through_a_descriptor_writes_it_as_opened(tmp_path: Any) -> None:
+    """``-o /dev/stdout`` with stdout appended to a file writes through the descriptor
+    (the file's earlier lines stay, its inode too); a regular file under /dev (tmpfs) is
+    replaced as any file is — a failed export leaves it as it was."""
+    import os
+    import subprocess
+
+    async def fill() -> None:
+        async with siglo.connect(f"sqlite:///{tmp_path / 'a.db'}") as backend:
+            await backend.adapter.save_checkpoint(
+                Checkpoint(stack_id="s", revision=1, timestamp=1, contexts={"a": {"n": 1}})
+            )
+
+    asyncio.run(fill())
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    log = tmp_path / "log.txt"
+    log.write_text("# begin\n")
+    inode = log.stat().st_ino
+    with log.open("ab") as appended:
+        done = subprocess.run(
+            [sys.executable, "-m", "siglo", "export", url, "-o", "/dev/stdout"],
+            stdout=appended,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == "# begin" and len(lines) == 4 and log.stat().st_ino == inode
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        kept = Path("/dev/shm") / f"siglo-test-{os.getpid()}.jsonl"
+        kept.write_text("last night\n")
+        try:
+            env = {**os.environ, "SIGLO_REQUIRE_ENCRYPTION": "true",
+                   "SIGLO_ENCRYPTION_KEYS": "k1=" + "A" * 43 + "="}  # fmt: skip
+            failed = subprocess.run(
+                [sys.executable, "-m", "siglo", "export", url, "-o", str(kept)],
+                env=env,
+                capture_output=True,
+                timeout=120,
+            )
+            assert failed.returncode == 1, failed.stderr
+            assert kept.read_text() == "last night\n"
+        finally:
+            kept.unlink()

@@ -169,3 +169,29 @@ async def test_a_second_wait_in_one_step_is_refused(kind: str) -> None:
             assert stored is not None and stored.status == "failed"
             record = await backend.adapter.get_wait_record(first)
             assert record is not None and record.status == "completed"
+
+
+async def _waits_forever(order: Any) -> Any:
+    return await wait_for_event(f"approval:forever:{order}", timeout_ms=10**20)
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_timeout_past_any_stored_time_means_never(kind: str) -> None:
+    """A wait's timeout (or a save's ttl_ms) so long that now plus it passes what any
+    time can hold means "never": the deadline is the largest stored time, the run
+    waits, and an event still delivers. Before, the wait record could not be encoded,
+    the run stayed `running`, and a worker re-ran its step at every pass."""
+    from siglo.wire import INT64_MAX
+
+    forever = flow(Step.create("approve", _waits_forever), name="forever")
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await forever.run("1", manager=manager, stack_id="po-forever")
+        record = await backend.adapter.get_wait_record("approval:forever:1")
+        assert record is not None and record.expires_at == INT64_MAX
+        assert await backend.adapter.list_due_waits(limit=10) == []
+        assert await forever.deliver("approval:forever:1", {"ok": 1}, manager=manager) == {"ok": 1}
+        stack = manager.create_stack("kept-forever")
+        saved = await manager.save(stack, ttl_ms=10**20)
+        assert saved.expires_at == INT64_MAX
