@@ -168,5 +168,8 @@ def drill(
     if not report.cleaned_up:
         raise CliError(
             f"the drill's data under {report.drill_id} could not all be removed",
-            "run the drill again once the store is reachable, or remove the keys by hand",
+            "once the store is reachable, `siglo prune URL -n "
+            f"{report.drill_id} --older-than 1ms --status running,waiting,completed,failed,"
+            "cancelled` removes its runs with their wait records; its locks and idempotency "
+            "keys expire by themselves",
         )

@@ -97,17 +97,35 @@ def export(url: str | None, namespace: str | None, output: Path, decrypt: bool) 
         output.flush()
         return count
 
-    target = Path(os.path.realpath(output))
     if str(output) == "-":
         count = asyncio.run(run(sys.stdout.buffer))
-    elif (output.exists() and not output.is_file()) or target.parts[1:2] in (("dev",), ("proc",)):
-        # /dev/null, a pipe, /dev/stdout (whatever it is redirected to): written as is.
-        with _opened(output) as file:
-            count = asyncio.run(run(file))
+    elif (fd := _descriptor(output)) is not None:
+        # A descriptor the shell gave (/dev/stdout, /dev/fd/N): written through it, as it
+        # was opened (appending, say), whatever it is redirected to — never reopened.
+        with os.fdopen(os.dup(fd), "wb") as given:
+            count = asyncio.run(run(given))
+    elif output.exists() and not output.is_file():
+        # /dev/null, a named pipe, a device: written as it is.
+        with _opened(output) as opened:
+            count = asyncio.run(run(opened))
     else:
+        target = Path(os.path.realpath(output))
         # Through a symlink, to the file it names: a link is not replaced by a file.
         count = _replacing(target, lambda file: asyncio.run(run(file)))
     click.echo(f"exported {count} checkpoint(s)", err=True)
+
+
+def _descriptor(path: Path) -> int | None:
+    """The number of this process's open descriptor that ``path`` names, if it names
+    one (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``)."""
+    text = os.path.normpath(str(path))
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    if text in named:
+        return named[text]
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if text.startswith(prefix) and text[len(prefix) :].isdigit():
+            return int(text[len(prefix) :])
+    return None
 
 
 def _opened(path: Path) -> IO[bytes]:
@@ -140,6 +158,7 @@ def _replacing(path: Path, write: Callable[[IO[bytes]], int]) -> int:
             file.flush()
             os.fsync(file.fileno())
         os.replace(name, path)
+        _sync_directory(path.parent)  # the rename itself, made durable
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(name)
@@ -147,6 +166,19 @@ def _replacing(path: Path, write: Callable[[IO[bytes]], int]) -> int:
     finally:
         stop()
     return count
+
+
+def _sync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # a file system that cannot sync a directory: the rename stands as made
+    finally:
+        os.close(fd)
 
 
 def _like(fd: int, path: Path) -> None:
