@@ -64,6 +64,8 @@ __all__ = [
     "TracedPipelineIdempotencyStore",
     "pipeline_adapter",
     "pipeline_parts",
+    "redact_wait",
+    "redacted_parts",
     "sealer_for",
 ]
 
@@ -120,12 +122,10 @@ class Pipeline:
             fields = fields | named
         if not fields:
             return checkpoint
-        contexts = {step: redact(ctx, fields) for step, ctx in checkpoint.contexts.items()}
-        metadata = dict(redact(checkpoint.metadata or {}, fields))
+        contexts, redacted, extra = redacted_parts(checkpoint, fields)
+        metadata = dict(redacted or {})
         listed = set(metadata.get(REDACT_FIELDS_KEY) or ()) | fields
         metadata[REDACT_FIELDS_KEY] = sorted(listed)
-        # The document's fields siglo does not know (a TypeScript worker's) leave too.
-        extra = redact(checkpoint.extra, fields) if checkpoint.extra else checkpoint.extra
         if (
             contexts == checkpoint.contexts
             and metadata == (checkpoint.metadata or {})
@@ -145,14 +145,30 @@ class Pipeline:
 
     def wait_out(self, record: WaitRecord) -> WaitRecord:
         """A wait record as it may be stored: its event payload and metadata redacted."""
-        fields = self.redact_fields
-        if not fields:
-            return record
-        payload = redact(record.event_payload, fields)
-        metadata = None if record.metadata is None else redact(record.metadata, fields)
-        if payload == record.event_payload and metadata == record.metadata:
-            return record
-        return record.replace(event_payload=payload, metadata=metadata)
+        return redact_wait(record, self.redact_fields)
+
+
+def redacted_parts(
+    checkpoint: Checkpoint, fields: frozenset[str]
+) -> tuple[dict[str, Any], Any, Mapping[str, Any]]:
+    """``checkpoint``'s contexts, metadata and fields siglo does not know (a TypeScript
+    worker's), each with ``fields`` redacted at any depth."""
+    contexts = {step: redact(ctx, fields) for step, ctx in checkpoint.contexts.items()}
+    metadata = None if checkpoint.metadata is None else redact(checkpoint.metadata, fields)
+    extra = redact(checkpoint.extra, fields) if checkpoint.extra else checkpoint.extra
+    return contexts, metadata, extra
+
+
+def redact_wait(record: WaitRecord, fields: frozenset[str]) -> WaitRecord:
+    """``record`` with ``fields`` redacted out of its event payload and metadata (the
+    record itself when nothing changes)."""
+    if not fields:
+        return record
+    payload = redact(record.event_payload, fields)
+    metadata = None if record.metadata is None else redact(record.metadata, fields)
+    if payload == record.event_payload and metadata == record.metadata:
+        return record
+    return record.replace(event_payload=payload, metadata=metadata)
 
 
 def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:

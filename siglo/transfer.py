@@ -63,9 +63,9 @@ from siglo.errors import (
 from siglo.keys import KEYRING_NAMESPACE
 from siglo.listing import get_listed
 from siglo.offload import references
-from siglo.pipeline import Codecs, PipelineAdapter
+from siglo.pipeline import Codecs, PipelineAdapter, redact_wait, redacted_parts
 from siglo.records import WaitRecord, embedded_wait_record
-from siglo.redaction import named_redactions, redact, redact_contexts
+from siglo.redaction import named_redactions
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
@@ -519,9 +519,7 @@ def _redacted_by_its_keys(checkpoint: Checkpoint) -> Checkpoint:
     named = named_redactions(checkpoint.metadata)
     if not named:
         return checkpoint
-    contexts = redact_contexts(checkpoint.contexts, named)
-    metadata = redact(checkpoint.metadata, named)
-    extra = redact(checkpoint.extra, named) if checkpoint.extra else checkpoint.extra
+    contexts, metadata, extra = redacted_parts(checkpoint, named)
     if (contexts, metadata, extra) == (checkpoint.contexts, checkpoint.metadata, checkpoint.extra):
         return checkpoint
     return checkpoint.replace(contexts=contexts, metadata=metadata, extra=extra)
@@ -536,13 +534,7 @@ async def _opened_wait(
         opened = await adapter.open_stored_wait(record)
         assert opened is not None
         record = opened
-    if not named:
-        return record
-    payload = redact(record.event_payload, named)
-    metadata = None if record.metadata is None else redact(record.metadata, named)
-    if payload == record.event_payload and metadata == record.metadata:
-        return record
-    return record.replace(event_payload=payload, metadata=metadata)
+    return redact_wait(record, named)
 
 
 async def _import_checkpoint(

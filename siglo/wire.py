@@ -65,22 +65,18 @@ def _check_value(doc_kind: str, f: Field, value: Any) -> None:
         if kind == "choice" and value not in f.choices:
             allowed = ", ".join(sorted(f.choices))
             raise _bad(doc_kind, f, f"is {value!r}; allowed: {allowed}")
-    elif kind == "int":
+    elif kind in ("int", "int64"):
         # bool is an int subclass; True is not a revision.
         if type(value) is not int:
             raise _bad(doc_kind, f, f"must be an integer, got {type(value).__name__}")
-        if not INT64_MIN <= value <= UINT64_MAX:
-            # What JSON can carry: a deadline past a signed 64-bit time means "never"
-            # (clamped where it is stored), one past this cannot be written at all.
-            raise _bad(doc_kind, f, f"must be from -2**63 to 2**64 - 1, got {value}")
-    elif kind == "int64":
-        # A field SQLite and PostgreSQL store as a signed 64-bit integer (Redis would
-        # take more, and its dump then imports nowhere else): one range on every backend.
-        # (A deadline or expiry past it is "never", clamped where it is stored: "int".)
-        if type(value) is not int:
-            raise _bad(doc_kind, f, f"must be an integer, got {type(value).__name__}")
-        if not INT64_MIN <= value <= INT64_MAX:
+        # "int64": a field SQLite and PostgreSQL store as a signed 64-bit integer (Redis
+        # would take more, and its dump then imports nowhere else). "int": a deadline or
+        # expiry, which past that means "never" (clamped where it is stored), up to what
+        # JSON can carry at all.
+        if kind == "int64" and not INT64_MIN <= value <= INT64_MAX:
             raise _bad(doc_kind, f, f"must be a signed 64-bit integer, got {value}")
+        if not INT64_MIN <= value <= UINT64_MAX:
+            raise _bad(doc_kind, f, f"must be from -2**63 to 2**64 - 1, got {value}")
     elif kind == "dict":
         if not isinstance(value, dict):
             raise _bad(doc_kind, f, f"must be an object, got {type(value).__name__}")

@@ -119,7 +119,7 @@ def _descriptor(path: Path) -> int | None:
     """The number of this process's open descriptor that ``path`` names, if it names
     one (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``)."""
     text = os.path.normpath(str(path))
-    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}
     if text in named:
         return named[text]
     for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
