@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 from click.testing import CliRunner
 from mutants import MUTANTS
+from siglo_check import run_siglo_check
 
 import siglo
 from siglo import Capability, LockNotAcquiredError
@@ -273,3 +276,23 @@ def test_siglo_check_options_all(tmp_path: Path) -> None:
     )
     bad = CliRunner().invoke(cli, ["check", "memory://", "--options", "nightly"])
     assert bad.exit_code == 2 and "'nightly' is not one of" in bad.output
+
+
+def test_siglo_check_does_not_take_the_settings_options(tmp_path: Path) -> None:
+    # docs/running-the-contract-suite.md, "Options passed to the backend": the settings'
+    # [options] do not reach the suite. A siglo.toml whose [options] name an option the
+    # backend does not have (which siglo.connect refuses) and a retention that would
+    # break the suite's TTL rules leaves `siglo check` passing.
+    (tmp_path / "siglo.toml").write_text(
+        "[options]\nno_such_option = 1\ncheckpoint_ttl_ms = 1\n", encoding="utf-8"
+    )
+    url = "sqlite:///checked.db"
+    refused = subprocess.run(
+        [sys.executable, "-m", "siglo", "ls", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert refused.returncode != 0 and "no_such_option" in refused.stderr + refused.stdout
+    run_siglo_check(url, tmp_path, "--rule", "checkpoint.r*", "--examples", "5")
