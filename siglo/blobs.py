@@ -68,21 +68,6 @@ def check_digest(digest: str) -> str:
     return digest
 
 
-REF_KEY: Final = "$siglo.blob"
-"""The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
-value stored as that blob (:mod:`siglo.offload`)."""
-
-
-def is_reference(value: object) -> bool:
-    """Whether ``value`` is a reference to an offloaded value (:data:`REF_KEY`)."""
-    return (
-        type(value) is dict
-        and len(value) == 2
-        and isinstance(value.get(REF_KEY), str)
-        and type(value.get("bytes")) is int
-    )
-
-
 class BlobStore(abc.ABC):
     """Content-addressed blobs with a keep-until time (see the module)."""
 

@@ -15,13 +15,16 @@ import orjson
 from siglo.errors import DecryptionError, InvalidArgumentError, MalformedRecordError
 
 __all__ = [
+    "NO_BLOB_STORE",
+    "REF_KEY",
     "SEALED_KEY",
     "dumps",
     "dumps_of",
     "dumps_str",
+    "is_reference",
     "is_sealed",
     "loads",
-    "refuse_sealed_value",
+    "refuse_unopened_value",
     "sealed_without_codecs",
 ]
 
@@ -45,8 +48,41 @@ def sealed_without_codecs(what: str) -> DecryptionError:
     )
 
 
-def refuse_sealed_value(value: Any, what: str) -> None:
-    """Raise :func:`sealed_without_codecs` when ``value`` is sealed."""
+REF_KEY: Final = "$siglo.blob"
+"""The key of a reference: ``{"$siglo.blob": "<sha256>", "bytes": n}`` stands for the
+value stored as that blob (:mod:`siglo.offload`)."""
+
+
+def is_reference(value: object) -> bool:
+    """Whether ``value`` is a reference to an offloaded value (:data:`REF_KEY`)."""
+    return (
+        type(value) is dict
+        and len(value) == 2
+        and isinstance(value.get(REF_KEY), str)
+        and type(value.get("bytes")) is int
+    )
+
+
+NO_BLOB_STORE: Final = (
+    "set blob_url and offload_min_bytes as the application that stored it does "
+    "(docs/large-state.md)"
+)
+"""What a connection that meets a reference it cannot resolve lacks."""
+
+
+def refuse_unopened_value(value: Any, what: str) -> None:
+    """Refuse a value handed on whole (``what``: ``"cached step 'k'"`` …) that this
+    connection could not open: a reference to an offloaded value is
+    :class:`~siglo.errors.InvalidArgumentError` (no blob store), a sealed one
+    :func:`sealed_without_codecs`. Handed on, either would be taken for the data
+    (:func:`siglo.sealing.refuse_unopened`, for a checkpoint)."""
+    if type(value) is not dict:
+        return
+    if is_reference(value):
+        raise InvalidArgumentError(
+            f"{what} is offloaded to blob {value[REF_KEY]}, and this connection has no "
+            f"blob store to read it from: {NO_BLOB_STORE}"
+        )
     if is_sealed(value):
         raise sealed_without_codecs(what)
 

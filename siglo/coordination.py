@@ -21,8 +21,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
+from siglo import masking
 from siglo.closing import Closable
-from siglo.codec import refuse_sealed_value
+from siglo.codec import refuse_unopened_value
 from siglo.errors import (
     CapabilityNotSupportedError,
     IdempotencyKeyMismatchError,
@@ -39,8 +40,8 @@ from siglo.settings import DEFAULTS
 from siglo.validation import require_id, require_ttl_ms
 
 __all__ = [
-    "DEFAULT_LOCK_TTL_MS",
     "ClaimState",
+    "DEFAULT_LOCK_TTL_MS",
     "IdempotencyClaim",
     "IdempotencyStore",
     "IdempotencyStoreBase",
@@ -50,11 +51,13 @@ __all__ = [
     "LockState",
     "NonceStore",
     "NonceStoreBase",
+    "acquire_undone_on_cancel",
     "fingerprint_digest",
     "holder_label",
     "new_idempotency_token",
     "new_lock_token",
     "nonce_ttl_ms",
+    "undos_pending",
 ]
 
 T = TypeVar("T")
@@ -239,6 +242,62 @@ def new_lock_token(now_ms: int | None = None) -> str:
     return f"lock_{ms}_{secrets.token_hex(16)}"
 
 
+_UNDO_AFTER_S: Final = (0.0, 0.05, 0.25, 1.0, 3.0)
+"""When a cancelled acquire's lock is released (seconds after the cancellation, each a
+release with its token): an acquire still in flight when its caller was cancelled (a
+statement not yet committed, a command whose reply was not read) may land after the
+first release, which then finds nothing."""
+
+_UNDOING: set[asyncio.Task[None]] = set()
+_log = masking.logger("siglo.locking")
+
+
+def undos_pending() -> int:
+    """How many cancelled acquires are still being undone in this process."""
+    return sum(not task.done() for task in _UNDOING)
+
+
+async def acquire_undone_on_cancel(lock: Lock, lock_key: str, ttl_ms: int) -> LockResult:
+    """``lock.acquire(lock_key, ttl_ms)`` with a token made here, released in the
+    background if the caller is cancelled during the acquire or its outcome is unknown.
+
+    A request timeout (``asyncio.wait_for`` around a handler) can cancel the acquire
+    after the store granted the lock and before the reply came back: the token would be
+    lost with the reply, and the lock held by nobody for its whole lease (every retry of
+    the run refused until then). The token is known before the call, so the lock is
+    released with it instead — at once, and again a few times (:data:`_UNDO_AFTER_S`),
+    in case the acquire was still on its way; a release that finds another holder's
+    lock, or none, changes nothing. :meth:`LockBase.with_lock` and
+    :func:`siglo.locking.run_with_lock` (the workflow lock) acquire through it."""
+    token = new_lock_token()
+    try:
+        return await lock.acquire(lock_key, ttl_ms, token)
+    except InvalidArgumentError:
+        raise  # refused before anything was sent
+    except BaseException:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(_undo(lock, lock_key, token, loop.time() + ttl_ms / 1000))
+        _UNDOING.add(task)
+        task.add_done_callback(_UNDOING.discard)
+        raise
+
+
+async def _undo(lock: Lock, lock_key: str, token: str, lapses_at: float) -> None:
+    loop = asyncio.get_running_loop()
+    waited = 0.0
+    for at in _UNDO_AFTER_S:
+        if loop.time() >= lapses_at:
+            return
+        await asyncio.sleep(at - waited)
+        waited = at
+        try:
+            if await lock.release(lock_key, token):
+                _log.info("lock %r released after its acquire was cancelled", lock_key)
+                return
+        except Exception:
+            continue
+
+
 def nonce_ttl_ms(ttl_seconds: float) -> int:
     """The seed's window: ``max(1, floor(ttl_seconds * 1000))`` milliseconds."""
     if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
@@ -365,7 +424,7 @@ class IdempotencyStoreBase(Closable):
         except OutcomeUnknownError as exc:  # a read: nothing it did changed anything
             raise read_failure(exc) from (exc.__cause__ or exc)
         if not self.opened_above:
-            refuse_sealed_value(found, f"idempotency result {key!r}")
+            refuse_unopened_value(found, f"idempotency result {key!r}")
         return found
 
     async def get(self, key: str) -> Any | Missing:
@@ -595,7 +654,8 @@ class LockBase(Closable):
         deadline = time.monotonic() + wait_ms / 1000
         delay = _MIN_POLL_S
         while True:
-            result = await self.acquire(lock_key, ttl_ms)
+            # Undone if the caller is cancelled meanwhile (siglo.lease_release).
+            result = await acquire_undone_on_cancel(self, lock_key, ttl_ms)
             remaining = deadline - time.monotonic()
             if result.acquired or remaining <= 0:
                 return result

@@ -35,7 +35,7 @@ from siglo.errors import (
 )
 from siglo.records import ContextChangeEvent, ContextOp
 from siglo.redaction import check_redact_fields, redact, redacting
-from siglo.sealing import refuse_sealed
+from siglo.sealing import refuse_unopened
 from siglo.snapshots import context_change_event, restore_stack, take_snapshot
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
@@ -232,7 +232,7 @@ class StorageManager:
             if waiting is not None:
                 stored = await adapter.get_checkpoint(waiting.stack_id, namespace, fallback=False)
                 if stored is not None:
-                    refuse_sealed(stored)
+                    refuse_unopened(stored)
                 fields = redacting(stored, fields)
         return redact(payload, fields) if fields else payload
 
@@ -704,7 +704,7 @@ class StorageManager:
             self._handle_failure(exc, f"loading checkpoint of {stack_id!r}")
             return None
         if found is not None:
-            refuse_sealed(found)
+            refuse_unopened(found)
         return found
 
     async def resume(self, stack_id: str, *, namespace: str | None = None) -> ExecutionStack | None:

@@ -30,8 +30,9 @@ from typing import Any, ClassVar, Final
 import orjson
 
 from siglo.adapter import CacheEntry, StorageAdapter
-from siglo.blobs import REF_KEY, BlobStore, blob_digest, is_reference
+from siglo.blobs import BlobStore, blob_digest
 from siglo.checkpoint import Checkpoint
+from siglo.codec import REF_KEY, is_reference
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.listing import get_listed

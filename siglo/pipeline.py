@@ -26,9 +26,9 @@ from typing import Any, ClassVar, Final, TypeVar
 from siglo import telemetry
 from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
-from siglo.blobs import REF_KEY, is_reference
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
+from siglo.codec import NO_BLOB_STORE, REF_KEY, is_reference, refuse_unopened_value
 from siglo.config import Settings
 from siglo.coordination import (
     ClaimState,
@@ -50,7 +50,7 @@ from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.payloads import PayloadKind, StoredPayload, context_field
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.redaction import REDACT_FIELDS_KEY, named_redactions, redact, redact_change
-from siglo.sealing import NO_BLOB_STORE, SEALED_KEY, Location, Sealer, require_packages
+from siglo.sealing import SEALED_KEY, Location, Sealer, refuse_unresolved, require_packages
 from siglo.sentinel import MISSING, Missing
 from siglo.telemetry import Telemetry
 from siglo.unreadable import UNREADABLE, report_unreadable
@@ -200,23 +200,6 @@ def sealer_for(settings: Settings, raw: StorageAdapter) -> Sealer:
         compress_min_bytes=settings.compression_min_bytes,
         require_encryption=settings.require_encryption,
     )
-
-
-def _refuse_unresolved(checkpoint: Checkpoint) -> None:
-    # The offloading layer below resolves every reference; one that reaches the pipeline
-    # means this connection has no blob store (settings without blob_url, as a worker
-    # started without the application's may have). Handing the reference up as the
-    # value would run a step on it: a clear error instead.
-    for step, context in checkpoint.contexts.items():
-        if type(context) is not dict:
-            continue
-        for key, value in context.items():
-            if type(value) is dict and REF_KEY in value and is_reference(value):
-                raise InvalidArgumentError(
-                    f"stack {checkpoint.stack_id!r} (namespace {checkpoint.namespace!r}), "
-                    f"{step}.{key} is offloaded to blob {value[REF_KEY]}, and this "
-                    f"connection has no blob store to read it from: {NO_BLOB_STORE}"
-                )
 
 
 class Codecs:
@@ -591,7 +574,7 @@ class PipelineAdapter(StorageAdapter):
     ) -> Checkpoint | None:
         found = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
         if found is not None:
-            _refuse_unresolved(found)
+            refuse_unresolved(found)
         return await self.codecs.checkpoint_in(found)
 
     async def clean_expired_checkpoints(self) -> int:
@@ -679,13 +662,9 @@ class PipelineAdapter(StorageAdapter):
         if found is MISSING:
             return found
         if is_reference(found):
-            assert isinstance(found, dict)
             # The offloading layer resolves references below; one that reaches here has
-            # no blob store to be read from (see _refuse_unresolved).
-            raise InvalidArgumentError(
-                f"cached step {key!r} is offloaded to blob {found[REF_KEY]}, and this "
-                f"connection has no blob store to read it from: {NO_BLOB_STORE}"
-            )
+            # no blob store to be read from.
+            refuse_unopened_value(found, f"cached step {key!r}")
         try:
             return await self.codecs.sealer.open(found, _step_location(key, namespace))
         except KeyErasedError:
@@ -948,8 +927,11 @@ def pipeline_adapter(
     ``pipeline``'s settings ask for)."""
     if isinstance(adapter, PipelineAdapter) and adapter.replaced_by_pipeline:
         adapter = adapter.inner
-    if pipeline.is_identity:
+    if pipeline.is_identity and not isinstance(adapter, PipelineAdapter):
         return adapter
+    # An offloading layer (siglo.offload) passes sealed values through both ways: the
+    # pipeline in front of it opens them, with no keys a clear error, never the
+    # ciphertext handed on (its idempotency results, cached outputs, streams, waits).
     traced = pipeline.telemetry is not None
     piped = _pipeline_class(type(adapter), traced)(adapter, pipeline, sealer)
     if isinstance(piped, TracedPipelineAdapter):

@@ -33,8 +33,8 @@ from typing import Any, Final
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
-from siglo.blobs import REF_KEY, is_reference
 from siglo.checkpoint import Checkpoint
+from siglo.codec import REF_KEY, is_reference
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
@@ -199,6 +199,7 @@ async def rekey(
     namespace: str | Missing | None = MISSING,
     rotate: bool = False,
     progress: Callable[[RekeyReport], None] | None = None,
+    report: RekeyReport | None = None,
 ) -> RekeyReport:
     """Re-encrypt every checkpoint, and every stand-alone wait record, cached step,
     context-change stream value and idempotency result the backend lists (of
@@ -206,9 +207,12 @@ async def rekey(
     rewrites as the settings say; ``rotate`` first makes a new data key current for each
     namespace (envelope keys; with keys in the settings, make the new key current in the
     settings instead). ``progress(report)`` is called after every stack and every kind of
-    record. See the module."""
+    record. ``report``: the report to fill (default: a new one), so that a caller sees
+    what was done when the rekey stops on an error — a rotation made stays in effect
+    (its :attr:`RekeyReport.rotated`), and a rekey without ``rotate`` finishes the work.
+    See the module."""
     adapter, codecs, keys = _codecs(backend)
-    report = RekeyReport()
+    report = RekeyReport() if report is None else report
     stacks = [s async for s in _summaries(backend, namespace)]
     report.total = len(stacks)
     if rotate:

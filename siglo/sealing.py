@@ -43,8 +43,15 @@ from typing import Any, Final
 import orjson
 
 from siglo import codec
-from siglo.blobs import REF_KEY, is_reference
-from siglo.codec import SEALED_KEY, is_sealed, sealed_without_codecs
+from siglo.codec import (
+    NO_BLOB_STORE,
+    REF_KEY,
+    SEALED_KEY,
+    is_reference,
+    is_sealed,
+    refuse_unopened_value,
+    sealed_without_codecs,
+)
 from siglo.errors import (
     DecryptionError,
     EncryptionRequiredError,
@@ -62,6 +69,9 @@ __all__ = [
     "Sealer",
     "is_sealed",
     "refuse_sealed",
+    "refuse_unopened",
+    "refuse_unopened_value",
+    "refuse_unresolved",
     "require_packages",
 ]
 
@@ -88,6 +98,40 @@ class Location:
         return orjson.dumps(
             ["siglo", header, self.namespace, self.record_id, self.kind, self.field]
         )
+
+
+def refuse_unopened(checkpoint: Any) -> None:
+    """Refuse a loaded checkpoint that still holds what this connection could not open:
+    an offloaded value (:func:`refuse_unresolved`) or a sealed context or metadata
+    (:func:`refuse_sealed`). Every path that hands a stored run's data on (a load, a
+    resume, a recovery, a delivery's check) calls it, whatever layers the connection
+    has: handed on, a reference or a ciphertext would be taken for the run's data."""
+    refuse_unresolved(checkpoint)
+    refuse_sealed(checkpoint)
+
+
+def refuse_unresolved(checkpoint: Any) -> None:
+    """Raise :class:`~siglo.errors.InvalidArgumentError` when a loaded checkpoint holds a
+    reference to an offloaded value (a context's value, or a context sealed and then
+    offloaded): the offloading layer resolves every reference below, so one that reaches
+    here was read by a connection without the blob store (settings without
+    ``blob_url``, as a worker started without the application's may have)."""
+    for step, context in checkpoint.contexts.items():
+        if type(context) is not dict:
+            continue
+        for key, value in context.items():
+            if type(value) is dict and REF_KEY in value and is_reference(value):
+                where = (
+                    "no namespace"
+                    if checkpoint.namespace is None
+                    else (f"namespace {checkpoint.namespace!r}")
+                )
+                what = f"{step}.{key}" if key != SEALED_KEY else f"{step} (sealed)"
+                raise InvalidArgumentError(
+                    f"stack {checkpoint.stack_id!r} ({where}), {what} is offloaded to blob "
+                    f"{value[REF_KEY]}, and this connection has no blob store to read it "
+                    f"from: {NO_BLOB_STORE}"
+                )
 
 
 def refuse_sealed(checkpoint: Any) -> None:
@@ -121,11 +165,6 @@ def _unb64(text: str, where: Location) -> bytes:
 
 _REF_MARK: Final = orjson.dumps(REF_KEY)
 """How a reference's key reads in the JSON of a value that holds one."""
-
-NO_BLOB_STORE: Final = (
-    "set blob_url and offload_min_bytes as the application that stored it does "
-    "(docs/large-state.md)"
-)
 
 
 def _refuse_references(value: Any, where: Location) -> None:

@@ -11,7 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from siglo.adapter import Capability
 from siglo.cli.common import open_store, require
-from siglo.cli.errors import resolve_url
+from siglo.cli.errors import CliError, resolve_url
+from siglo.errors import SigloError
 from siglo.rekeying import EraseReport, RekeyReport, erase, rekey
 from siglo.sentinel import MISSING
 
@@ -44,6 +45,8 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
     (compare-and-set; run it again to finish after an interruption: what is current is
     skipped)."""
 
+    report = RekeyReport()
+
     async def run() -> RekeyReport:
         with _progress() as progress:
             task = progress.add_task("rekeying", total=None)
@@ -62,9 +65,25 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
                     namespace=MISSING if namespace is None else namespace,
                     rotate=rotate,
                     progress=advance,
+                    report=report,
                 )
 
-    report = asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except SigloError as exc:
+        if not report.rotated:
+            raise
+        # The new keys are current and stay so: rotating again would only add more.
+        made = ", ".join(
+            f"{ns if ns is not None else '(none)'}: {key_id}"
+            for ns, key_id in report.rotated.items()
+        )
+        raise CliError(
+            str(exc),
+            f"the rotation was made before this error and stays in effect (new data keys "
+            f"{made}): once the error is fixed, finish with `siglo rekey` without --rotate "
+            "(rotating again would add another key)",
+        ) from exc
     for ns, key_id in (report.rotated or {}).items():
         click.echo(f"namespace {ns if ns is not None else '(none)'}: new data key {key_id}")
     click.echo(

@@ -14,7 +14,6 @@ from typing import Any, Final, TypeVar
 
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
-from siglo.codec import refuse_sealed_value
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
@@ -28,6 +27,7 @@ from siglo.errors import (
 from siglo.manager import StorageManager, default_storage_manager
 from siglo.moments import describe_ms, iso_ms
 from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
+from siglo.sealing import refuse_unopened_value
 from siglo.sentinel import MISSING, Missing
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
@@ -619,9 +619,10 @@ class Flow:
                 "ttlMs": step.cache_ttl_ms,
             }
             if cached is not MISSING:
-                # Opened below on a connection with the keys: here it would be taken for
-                # the step's output (refuse_sealed, for a checkpoint).
-                refuse_sealed_value(cached, f"cached step {key!r}")
+                # Opened (and resolved) below on a connection with the keys (and the blob
+                # store): here it would be taken for the step's output (refuse_unopened,
+                # for a checkpoint).
+                refuse_unopened_value(cached, f"cached step {key!r}")
                 return cached, None, looked_up
         run = StepRun(
             stack.stack_id,

@@ -19,7 +19,7 @@ from siglo import Checkpoint
 from siglo.blobs import BoundedBlobStore, blob_digest
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings, load_settings
 from siglo.errors import InvalidArgumentError
-from siglo.offload import OffloadAdapter, collect_blobs
+from siglo.offload import OffloadAdapter, collect_blobs, resolving
 from siglo.s3 import S3BlobStore
 
 pytestmark = pytest.mark.rule("blobs.offload", "blobs.collect")
@@ -56,7 +56,7 @@ async def test_a_collector_with_the_configured_grace_keeps_what_a_save_reference
         # checkpoint was written): it sees no reference at all.
         siglo.connect(f"sqlite:///{tmp_path / 'empty.db'}") as missed,
     ):
-        adapter = backend.adapter
+        adapter = resolving(backend.adapter)  # the offloading layer, below the pipeline
         assert isinstance(adapter, OffloadAdapter)
         store = adapter.offloader.store
         assert isinstance(store, BoundedBlobStore) and isinstance(store.inner, S3BlobStore)
@@ -95,7 +95,7 @@ async def test_a_refresh_ms_in_the_url_wins(s3_endpoint: str, tmp_path: Path) ->
     for option, expected in (("", DEFAULT_BLOB_GRACE_MS // 4), ("&refresh_ms=0", 0)):
         settings = Settings(offload_min_bytes=1_024, blob_url=url + option)
         async with siglo.connect(f"sqlite:///{tmp_path / 'app.db'}", settings=settings) as b:
-            adapter = b.adapter
+            adapter = resolving(b.adapter)  # the offloading layer, below the pipeline
             assert isinstance(adapter, OffloadAdapter)
             store = adapter.offloader.store
             assert isinstance(store, BoundedBlobStore) and isinstance(store.inner, S3BlobStore)

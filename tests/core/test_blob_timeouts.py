@@ -31,7 +31,7 @@ from siglo.blobs import BoundedBlobStore, blob_digest, bounded, open_blob_store
 from siglo.config import Settings
 from siglo.connect import command_timeout_ms
 from siglo.errors import InvalidArgumentError, OutcomeUnknownError, StorageAdapterError
-from siglo.offload import OffloadAdapter, Offloader, collect_blobs, offload_adapter
+from siglo.offload import OffloadAdapter, Offloader, collect_blobs, offload_adapter, resolving
 
 pytestmark = pytest.mark.rule("blobs.bounded", "blobs.offload", "blobs.collect")
 
@@ -100,7 +100,7 @@ async def test_offloading_is_bounded_by_the_backends_timeout(
             db += f"?command_timeout_ms={TIGHT_MS}"
         backend = siglo.connect(db, settings=settings)
         try:
-            adapter = backend.adapter
+            adapter = resolving(backend.adapter)  # the offloading layer, below the pipeline
             assert isinstance(adapter, OffloadAdapter)
             store = adapter.offloader.store
             assert isinstance(store, BoundedBlobStore) and store.command_timeout_ms == TIGHT_MS
@@ -151,7 +151,7 @@ async def test_a_postgres_blob_store_behind_a_lock_is_bounded(tmp_path: Path) ->
     backend = siglo.connect(f"sqlite:///{tmp_path / 'app.db'}", settings=settings)
     locker = await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True)
     try:
-        adapter = backend.adapter
+        adapter = resolving(backend.adapter)  # the offloading layer, below the pipeline
         assert isinstance(adapter, OffloadAdapter)
         await adapter.save_checkpoint(_cp("a", 1, BIG))
         await locker.execute("BEGIN")
@@ -247,7 +247,7 @@ async def test_an_unbounded_backend_leaves_the_store_unbounded(tmp_path: Path) -
         offload_min_bytes=1_024, blob_url=(tmp_path / "b").as_uri(), command_timeout_ms=None
     )
     async with siglo.connect(f"sqlite:///{tmp_path / 'app.db'}", settings=settings) as backend:
-        adapter = backend.adapter
+        adapter = resolving(backend.adapter)  # the offloading layer, below the pipeline
         assert isinstance(adapter, OffloadAdapter)
         assert not isinstance(adapter.offloader.store, BoundedBlobStore)
 

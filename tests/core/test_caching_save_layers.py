@@ -20,7 +20,7 @@ from ops_support import shared_store
 import siglo
 from siglo import Step, flow
 from siglo.adapter import CacheEntry
-from siglo.blobs import REF_KEY
+from siglo.codec import REF_KEY
 from siglo.config import Settings
 from siglo.records import ContextChangeEvent
 from siglo.sealing import is_sealed

@@ -667,6 +667,41 @@ _KEYLESS = siglo.flow(
 )
 
 
+async def test_a_process_that_offloads_without_the_keys_never_takes_ciphertext_for_data(
+    tmp_path: Path,
+) -> None:
+    """Settings with a blob store and no keys (the offloading layer passes sealed values
+    through, for a pipeline above to open): every read that hands a value on — an
+    idempotency result, a cached step, a context stream, a wait's payload — is
+    ``DecryptionError``, as through a connection with no settings at all."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    blobs = {"blob_url": (tmp_path / "blobs").as_uri(), "offload_min_bytes": 4096}
+    keys = {"encryption_keys": {"k1": base64.b64encode(os.urandom(32)).decode()}}
+    async with siglo.connect(url, settings=Settings(**blobs, **keys)) as app:
+        payments = app.require_idempotency()
+        assert await payments.claim("paid") == "claimed"
+        await payments.complete("paid", {"card": KEYLESS_CARD})
+        await app.adapter.set_cached_step("k", {"card": KEYLESS_CARD})
+        await app.adapter.on_context_change(
+            ContextChangeEvent(
+                stack_id="r1", step_id="step", key="card", value=KEYLESS_CARD, timestamp=1
+            )
+        )
+        await app.adapter.save_wait_record(
+            WaitRecord(correlation_key="evt", stack_id="r1", event_payload={"c": KEYLESS_CARD})
+        )
+    offloading = Settings(**blobs)
+    async with siglo.connect(url, settings=offloading) as worker:
+        with pytest.raises(DecryptionError, match="'paid'"):
+            await worker.require_idempotency().get("paid")
+        with pytest.raises(DecryptionError, match="'k'"):
+            await worker.adapter.get_cached_step("k")
+        with pytest.raises(DecryptionError, match="'r1'"):
+            await worker.adapter.get_context_changes("r1", "step")
+        with pytest.raises(DecryptionError, match="'evt'"):
+            await worker.adapter.get_wait_record("evt")
+
+
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_a_process_without_the_keys_never_takes_ciphertext_for_data(kind: str) -> None:
     """A store written with keys, read by a process without them (a worker started

@@ -632,6 +632,72 @@ async def test_rekey_without_the_blob_store_refuses_an_offloaded_cached_step(
         assert await backend.adapter.get_cached_step("k", namespace="t") == {"big": BIG}
 
 
+async def test_a_rotation_that_stops_on_an_error_says_it_stays_in_effect(tmp_path: Path) -> None:
+    """``siglo rekey --rotate`` makes the new data keys current before it walks the
+    store; stopped by an error (here: no blob store), the rotation stays in effect. The
+    error's hint says so and names the keys, so that the rekey is finished without
+    ``--rotate`` (which would add yet another key), and that finishes it."""
+    master = "base64:" + base64.b64encode(bytes([7]) * 32).decode()
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    blobs = (tmp_path / "blobs").as_uri()
+    app = Settings(blob_url=blobs, offload_min_bytes=1_024, master_key=master)
+    async with siglo.connect(url, settings=app) as backend:
+        stack = StorageManager(backend).create_stack("doc", namespace="t")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+    shell = tmp_path / "shell.toml"
+    shell.write_text(f'url = "{url}"\nmaster_key = "{master}"\n')
+    done = _siglo_with(shell, "rekey", "--rotate")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "blob_url" in done.stderr, done.stderr
+    assert "stays in effect" in done.stderr and "without --rotate" in done.stderr, done.stderr
+    full = tmp_path / "app.toml"
+    full.write_text(
+        f'url = "{url}"\nmaster_key = "{master}"\nblob_url = "{blobs}"\noffload_min_bytes = 1024\n'
+    )
+    finished = _siglo_with(full, "rekey")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "rekeyed 1 checkpoint(s)" in finished.stdout, finished.stdout
+    async with siglo.connect(url, settings=app) as backend:
+        loaded = await backend.adapter.get_checkpoint("doc", "t", fallback=False)
+        assert loaded is not None and loaded.contexts["step"]["doc"] == BIG
+
+
+async def test_turning_encryption_on_leaves_plaintext_blobs_until_collected(
+    tmp_path: Path,
+) -> None:
+    """docs/encryption.md, "Rotation": a rekey of a store written in clear seals each
+    offloaded value into a new blob; the plaintext blobs stay until the collector takes
+    them — a context's at once (grace 0), a cached step's only after the entry's own end."""
+    from siglo.rekeying import rekey
+
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    blobs = {"blob_url": (tmp_path / "blobs").as_uri(), "offload_min_bytes": 1_024}
+    async with siglo.connect(url, settings=Settings(**blobs)) as backend:
+        stack = StorageManager(backend).create_stack("doc")
+        stack.set("step", "doc", BIG)
+        await stack.save()
+        await backend.adapter.set_cached_step("k", {"big": BIG + "cached"}, 3_600_000)
+    keys = {"k1": base64.b64encode(bytes(32)).decode()}
+    async with siglo.connect(url, settings=Settings(**blobs, encryption_keys=keys)) as backend:
+        done = await rekey(backend)
+        assert done.rekeyed == 1 and done.payloads["step"].rekeyed == 1
+
+        async def plaintext() -> list[str]:
+            found = [(d, await store.get(d) or b"") for d in await _blobs(store)]
+            return [d for d, data in found if b"large tool output" in data]
+
+        assert len(await plaintext()) == 2
+        await collect_blobs(backend.raw_adapter, store, grace_ms=0)
+        assert len(await plaintext()) == 1  # the cached step's, kept for its entry's life
+        later = int(time.time() * 1000) + 3_600_000 + 1_000
+        await collect_blobs(backend.raw_adapter, store, grace_ms=0, now_ms=later)
+        assert await plaintext() == []
+        loaded = await backend.adapter.get_checkpoint("doc")
+        assert loaded is not None and loaded.contexts["step"]["doc"] == BIG
+
+
 async def test_a_sealed_offloaded_context_read_without_the_blob_store_is_a_clear_error(
     tmp_path: Path,
 ) -> None:
@@ -761,12 +827,35 @@ async def test_with_encryption_an_unchanged_value_keeps_its_blob(kind: str, tmp_
         assert BIG.encode() not in await raw_bytes(kind, raw)
 
 
-async def test_a_reference_read_without_the_blob_store_is_a_clear_error(tmp_path: Path) -> None:
+async def _big_step(_: Any) -> Any:
+    return {"body": BIG}
+
+
+async def _use_step(value: Any) -> Any:
+    return {"got": value}
+
+
+_OFFLOADED_FLOW = siglo.flow(
+    siglo.Step.create("fetch", _big_step).cache(ttl_ms=600_000, key=lambda _: "fetched"),
+    siglo.Step.create("use", _use_step),
+    name="offloaded",
+)
+
+
+@pytest.mark.parametrize(
+    "worker",
+    [Settings(redact_fields=frozenset({"card"})), Settings()],
+    ids=["with-a-pipeline", "bare"],
+)
+async def test_a_reference_read_without_the_blob_store_is_a_clear_error(
+    tmp_path: Path, worker: Settings
+) -> None:
     """A process whose settings lack the blob store (a worker started with the
-    application's redaction but not its ``blob_url``) reads an offloaded value: a clear
-    error naming the setting, never the reference handed to the step as if it were the
-    value. (Settings with nothing for the pipeline to do — no redaction, codecs or
-    telemetry — read through the backend's own adapter, which does not look.)"""
+    application's redaction but not its ``blob_url``, or with no settings at all) reads
+    an offloaded value: a clear error naming the setting, never the reference handed to
+    a step as if it were the value — a load, a resume, and a flow's cache hit, whatever
+    layers the connection has. (The bare connection's adapter is the backend's own: its
+    reads return what is stored, as documented for raw reads.)"""
     url = f"sqlite:///{tmp_path / 'app.db'}"
     app = Settings(blob_url=(tmp_path / "blobs").as_uri(), offload_min_bytes=1_024)
     async with siglo.connect(url, settings=app) as backend:
@@ -774,14 +863,23 @@ async def test_a_reference_read_without_the_blob_store_is_a_clear_error(tmp_path
         stack.set("step", "doc", BIG)
         await stack.save()
         await backend.adapter.set_cached_step("fetch", {"body": BIG})
-    worker = Settings(redact_fields=frozenset({"card"}))
+        done = await _OFFLOADED_FLOW.run(None, manager=StorageManager(backend), stack_id="r1")
+        assert done == {"got": {"body": BIG}}
     async with siglo.connect(url, settings=worker) as backend:
+        if worker.redact_fields:
+            with pytest.raises(InvalidArgumentError, match="blob_url"):
+                await backend.adapter.get_checkpoint("doc", "t", fallback=False)
+            with pytest.raises(InvalidArgumentError, match="blob_url"):
+                await backend.adapter.get_cached_step("fetch")
+        manager = StorageManager(backend, settings=worker)
         with pytest.raises(InvalidArgumentError, match="blob_url"):
-            await backend.adapter.get_checkpoint("doc", "t", fallback=False)
-        with pytest.raises(InvalidArgumentError, match="blob_url"):
-            await StorageManager(backend, settings=worker).resume("doc", namespace="t")
-        with pytest.raises(InvalidArgumentError, match="blob_url"):
-            await backend.adapter.get_cached_step("fetch")
+            await manager.resume("doc", namespace="t")
+        # The cached step's output is a reference here: the run stops at it, and the
+        # step after it never runs on the reference.
+        with pytest.raises(InvalidArgumentError, match=r"cached step 'fetched'.*blob_url"):
+            await _OFFLOADED_FLOW.run(None, manager=manager, stack_id="r2")
+        stored = await backend.adapter.get_checkpoint("r2")
+        assert stored is None or stored.status != "completed"
 
 
 @pytest.mark.parametrize(
