@@ -17,7 +17,7 @@ import asyncio
 from typing import Final
 
 from siglo import masking, telemetry
-from siglo.coordination import Lock
+from siglo.coordination import Lock, undos_pending
 
 __all__ = ["release_lease", "releases_pending"]
 
@@ -29,8 +29,9 @@ _PENDING: set[asyncio.Task[None]] = set()
 
 
 def releases_pending() -> int:
-    """How many failed releases are still being retried in this process."""
-    return sum(not task.done() for task in _PENDING)
+    """How many failed releases are still being retried in this process, and cancelled
+    acquires still being undone (:func:`siglo.coordination.acquire_undone_on_cancel`)."""
+    return sum(not task.done() for task in _PENDING) + undos_pending()
 
 
 async def release_lease(lock: Lock, lock_key: str, token: str, *, lapses_at: float) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from siglo import telemetry
-from siglo.coordination import Lock
+from siglo.coordination import Lock, acquire_undone_on_cancel
 from siglo.errors import LockLostError, LockNotAcquiredError
 from siglo.lease_release import release_lease
 from siglo.settings import DEFAULTS
@@ -134,7 +134,9 @@ async def run_with_lock(
     delay = _MIN_POLL_S
     while True:
         started = loop.time()
-        result = await lock.acquire(lock_key, ttl_ms)
+        # Undone if this task is cancelled meanwhile (a request's timeout): the lock a
+        # lost reply granted is released, not held by nobody for the whole lease.
+        result = await acquire_undone_on_cancel(lock, lock_key, ttl_ms)
         if result.acquired:
             break
         remaining = deadline - loop.time()

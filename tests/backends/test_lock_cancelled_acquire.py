@@ -1,0 +1,89 @@
+"""A lock acquire cancelled by its caller does not strand the lock for its lease.
+
+A web handler puts a timeout around its work (``asyncio.wait_for``); the timeout can
+cancel a lock's acquire after the store granted the lock and before the reply came
+back, and the token that releases it was in the lost reply: the lock stayed held by
+nobody for its whole lease (30 s for a workflow lock), and every retry of the run was
+refused until then (found from outside: 8 of 40 timed-out runs on PostgreSQL, 2 on
+Redis). The acquire now carries a token made before the call, and a cancelled one is
+released with it in the background (siglo.coordination.acquire_undone_on_cancel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+import pytest
+from raw_storage import any_backend
+
+from siglo.lease_release import releases_pending
+from siglo.locking import workflow_lock_key
+
+LEASE_MS = 60_000
+"""Far longer than the test waits: a lock freed only by its lease fails the test."""
+
+RUNS = 150
+
+TIMEOUTS_S = {"sqlite": (0.00002, 0.001), "postgres": (0.0002, 0.004), "redis": (0.00005, 0.0015)}
+"""Each kind's timeouts: from before its acquire is sent to after its reply is read."""
+
+
+async def _settle() -> None:
+    """Wait for the background releases of the cancelled acquires to finish."""
+    for _ in range(200):  # the last undo is 3 s after its cancellation
+        if not releases_pending():
+            break
+        await asyncio.sleep(0.05)
+    assert releases_pending() == 0
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_a_timed_out_with_lock_leaves_no_lock_held(kind: str) -> None:
+    async with any_backend(kind) as backend:
+        lock = backend.require_lock()
+        ran: list[int] = []
+        rng = random.Random(7)
+        for i in range(RUNS):
+
+            async def action(i: int = i) -> None:
+                ran.append(i)
+
+            timeout = rng.uniform(*TIMEOUTS_S[kind])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lock.with_lock(f"key-{i}", action, LEASE_MS), timeout)
+        await _settle()
+        held = [i for i in range(RUNS) if await lock.inspect(f"key-{i}") is not None]
+        assert held == [], f"{len(held)} of {RUNS} locks held by nobody: {held}"
+        # And each key is free at once for the next caller.
+        for i in range(RUNS):
+
+            async def again() -> str:
+                return "ran"
+
+            assert await lock.with_lock(f"key-{i}", again, LEASE_MS) == "ran"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_a_timed_out_workflow_lock_leaves_no_lock_held(kind: str) -> None:
+    async with any_backend(kind, workflow_lock_ttl_ms=LEASE_MS) as backend:
+        adapter = backend.adapter
+        rng = random.Random(11)
+        for i in range(RUNS):
+
+            async def action() -> str:
+                return "done"
+
+            timeout = rng.uniform(*TIMEOUTS_S[kind])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(adapter.with_workflow_lock(f"run-{i}", action), timeout)
+        await _settle()
+        lock = adapter.workflow_lock
+        assert lock is not None
+        held = [
+            i
+            for i in range(RUNS)
+            if await lock.inspect(workflow_lock_key(f"run-{i}", None)) is not None  # type: ignore[attr-defined]
+        ]
+        assert held == [], f"{len(held)} of {RUNS} workflow locks held by nobody: {held}"
