@@ -112,7 +112,8 @@ def check_tokens(tokens: Any) -> dict[str, str]:
             raise InvalidArgumentError(f"tokens field {field!r} must be a non-empty string")
         if not isinstance(value, str) or not value:
             raise InvalidArgumentError(
-                f"the token of {field!r} must be a non-empty string, got {value!r}"
+                f"the token of {field!r} must be a non-empty string, got "
+                f"{'an empty string' if value == '' else type(value).__name__}"
             )
     return dict(tokens)
 

@@ -223,3 +223,20 @@ def test_a_short_password_is_masked_where_a_text_sets_it_not_everywhere() -> Non
     assert masking.scrub("sentinel_password: postgres") == "sentinel_password: ***"
     assert masking.scrub("redis://app:app@host") == "redis://app:***@host"
     assert masking.scrub("said a-long-Secret-1234 once") == "said *** once"
+
+
+async def test_a_fingerprint_that_is_not_a_string_is_named_by_its_type_alone() -> None:
+    """docs/safety.md fingerprints "the request body": passed as the body's bytes by
+    mistake, it is refused by its type — the body (a card number here) is in no error
+    message, so in no span status or log either."""
+    body = b'{"order": 17, "card": "4242 4242 4242 4242"}'
+    async with siglo.connect("memory://") as backend:
+        payments = backend.require_idempotency()
+        for call in (
+            payments.claim("charge-17", fingerprint=body),  # type: ignore[arg-type]
+            payments.claim_owned("charge-18", fingerprint=body),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(siglo.InvalidArgumentError, match="got bytes") as refused:
+                await call
+            assert "4242" not in str(refused.value)
+            assert "4242" not in repr(refused.value.args)
