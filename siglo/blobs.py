@@ -36,6 +36,7 @@ from siglo.errors import (
     OutcomeUnknownError,
     SigloError,
     StorageAdapterError,
+    past_its_bound,
 )
 from siglo.plugins import get_registry
 from siglo.plugins.backends import import_dotted
@@ -290,14 +291,18 @@ class BoundedBlobStore(BlobStore):
     def _late(self, doing: str, writes: bool) -> StorageAdapterError:
         bound = f"command_timeout_ms={self.command_timeout_ms}"
         if writes:
-            return OutcomeUnknownError(
-                f"blob store {self.url}: {doing}",
-                f"timed out: not answered within its bound ({bound}), and the store may "
-                "have done it",
+            return past_its_bound(
+                OutcomeUnknownError(
+                    f"blob store {self.url}: {doing}",
+                    f"timed out: not answered within its bound ({bound}), and the store "
+                    "may have done it",
+                )
             )
-        return StorageAdapterError(
-            f"blob store {self.url} timed out {doing}: not answered within its bound "
-            f"({bound}; a stalled server, or a lock held elsewhere)"
+        return past_its_bound(
+            StorageAdapterError(
+                f"blob store {self.url} timed out {doing}: not answered within its bound "
+                f"({bound}; a stalled server, or a lock held elsewhere)"
+            )
         )
 
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:

@@ -527,7 +527,12 @@ def _overrides(store: IdempotencyStoreBase, hook: str) -> bool:
 
 def _digest(fingerprint: str) -> str:
     if not isinstance(fingerprint, str):
-        raise InvalidArgumentError(f"fingerprint must be a string, got {fingerprint!r}")
+        # Its type alone: a fingerprint is made of the request (its body, passed by
+        # mistake as bytes), which an error message, a span or a log must not carry.
+        raise InvalidArgumentError(
+            "fingerprint must be a string (a digest of what the request asks, such as its "
+            f"hex SHA-256), got {type(fingerprint).__name__}"
+        )
     return fingerprint_digest(fingerprint)
 
 

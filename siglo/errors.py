@@ -243,6 +243,11 @@ class StorageAdapterError(SigloError):
     manager raises, logs or swallows it.
     """
 
+    timed_out: bool = False
+    """Whether the call ran past its bound (``command_timeout_ms``) rather than failing
+    otherwise: what the ``siglo.timeouts`` metric counts. Set by :func:`past_its_bound`
+    on the errors the backends raise for a call that did not finish in time."""
+
 
 class OutcomeUnknownError(StorageAdapterError):
     """A call whose outcome is unknown: it may or may not have taken effect.
@@ -273,15 +278,28 @@ class OutcomeUnknownError(StorageAdapterError):
         )
 
 
+_Failure = TypeVar("_Failure", bound=StorageAdapterError)
+
+
+def past_its_bound(error: _Failure) -> _Failure:
+    """``error``, marked as a call that ran past its bound (:attr:`StorageAdapterError.
+    timed_out`): every backend's timed-out calls are counted alike, whatever its driver
+    raised (a ``TimeoutError``, PostgreSQL's ``QueryCanceled``, SQLite's busy error)."""
+    error.timed_out = True
+    return error
+
+
 def read_failure(exc: OutcomeUnknownError) -> StorageAdapterError:
     """``exc``, raised by a call that only reads, as what it is: a failed read. A read
     changes nothing stored, so only its answer is missing — nothing to re-read or to
     retry as a compare-and-set, and a ``best-effort`` manager may swallow it like any
     adapter failure. The storage adapter's reads raise this, with the driver's exception
     (``exc``'s cause) as its cause."""
-    return StorageAdapterError(
+    failed = StorageAdapterError(
         f"{exc.operation} failed ({exc.reason}); it only reads, so nothing stored changed"
     )
+    failed.timed_out = exc.timed_out
+    return failed
 
 
 class WorkflowVersionMismatchError(SigloError):

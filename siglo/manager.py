@@ -268,11 +268,10 @@ class StorageManager:
         require_optional_id("namespace", namespace)
         require_id("type", type)
         fields = check_redact_fields(redact_fields)
-        # Per run: tenant B may start its run of a stack id while tenant A's run of that
-        # id is live in the same manager (id-based calls then refuse as ambiguous).
-        if any(live.namespace == namespace for live in self._live_of(stack_id)):
-            where = "" if namespace is None else f" in namespace {namespace!r}"
-            raise InvalidArgumentError(f"a live stack with id {stack_id!r}{where} already exists")
+        # Another caller may hold a live stack of this id (a request of a web
+        # application sharing this manager, another tenant's run): that is no reason to
+        # refuse this one. Whose save is stored is the compare-and-set's to decide, as
+        # for stacks resumed twice (id-based calls then refuse as ambiguous).
         stack = ExecutionStack(
             stack_id=stack_id,
             manager=self,

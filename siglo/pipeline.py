@@ -873,11 +873,47 @@ def _traced(base: type[Any], operation: str, prefix: str = "") -> Any:
                 **self.attributes,
                 "db.operation.name": name,
             }
+        if name == "with_workflow_lock":
+            return await _traced_lock(self, attributes, untraced, *args, **kwargs)
         return await self.telemetry.call(attributes, name, untraced, self, *args, **kwargs)
 
     call.__name__ = operation
     call.__doc__ = untraced.__doc__
     return call
+
+
+async def _traced_lock(
+    adapter: Any,
+    attributes: dict[str, Any],
+    untraced: Callable[..., Awaitable[Any]],
+    stack_id: str,
+    action: Callable[[], Awaitable[Any]],
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``with_workflow_lock`` traced: an exception its action raised (a step's, a
+    cancellation of the run) ends the span as the action's outcome, not as a failure of
+    the lock's storage call (Telemetry.call's ``action_raised``)."""
+    raised: list[BaseException] = []
+
+    async def watched() -> Any:
+        try:
+            return await action()
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    return await adapter.telemetry.call(
+        attributes,
+        "with_workflow_lock",
+        untraced,
+        adapter,
+        stack_id,
+        watched,
+        *args,
+        action_raised=lambda exc: any(exc is seen for seen in raised),
+        **kwargs,
+    )
 
 
 class TracedPipelineAdapter(PipelineAdapter):

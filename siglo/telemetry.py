@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from siglo.errors import CheckpointConflictError, LockLostError
 from siglo.masking import scrub
@@ -146,6 +146,10 @@ def db_attributes(backend: str, url: str) -> dict[str, Any]:
     """The OTel database attributes of a backend connected at ``url``: its system, the
     database (``db.namespace``) and server — never its user or password."""
     attrs: dict[str, Any] = {"db.system.name": _DB_SYSTEMS.get(backend, backend)}
+    if backend == "redis":
+        redis_db = _redis_db(url)
+        if redis_db is not None:  # a socket or Sentinel URL: no server of its own to name
+            return {**attrs, "db.namespace": redis_db}
     try:
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -167,6 +171,24 @@ def db_attributes(backend: str, url: str) -> dict[str, Any]:
     return attrs
 
 
+def _redis_db(url: str) -> str | None:
+    """The db number of a ``unix://`` URL (``?db=N``) or a Sentinel one
+    (``redis+sentinel://sentinels/master/N``), ``"0"`` when it names none; ``None`` for
+    a URL of another form (``redis://host:port/N``: read as any URL). A Sentinel URL's
+    hosts are the Sentinels, not the server that answers the calls, and a socket has no
+    host: neither gives a ``server.address``."""
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    path, _, query = rest.partition("?")
+    db = next((v for k, v in parse_qsl(query) if k == "db"), None)
+    if scheme == "unix":
+        return db or "0"
+    if scheme.endswith("+sentinel"):
+        segments = [s for s in path.split("/")[1:] if s]  # after the host list
+        return segments[1] if len(segments) > 1 else db or "0"
+    return None
+
+
 def register_queue(queue: _Sized) -> None:
     """Count ``queue``'s pending jobs in the background-save queue depth gauge."""
     _queues.add(queue)
@@ -178,6 +200,14 @@ def _queue_depth(_options: Any) -> Iterator[Any]:
 
 
 def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a call that ran past its bound: marked so by the backend
+    (:func:`siglo.errors.past_its_bound`), or a ``TimeoutError`` in its chain (another
+    backend's). A lost lease is not (``siglo.lock.lease_losses`` counts it): its
+    renewal, not the call, ran out of time."""
+    if isinstance(exc, LockLostError):
+        return False
+    if getattr(exc, "timed_out", False) is True:
+        return True
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, TimeoutError):
@@ -252,11 +282,19 @@ class Telemetry:
         operation: str,
         fn: Callable[..., Awaitable[Any]],
         *args: Any,
+        action_raised: Callable[[BaseException], bool] | None = None,
         **kwargs: Any,
     ) -> Any:
         """``await fn(*args, **kwargs)`` inside a client span named ``operation``, timed
         into the duration histogram; a conflict or a timeout is counted. ``attributes``
-        are the backend's, with ``db.operation.name`` or without (then it is added)."""
+        are the backend's, with ``db.operation.name`` or without (then it is added).
+
+        Not failures of the call, so no error status, ``error.type`` or count: a signal
+        (a run suspending: ``siglo.outcome: suspended``); a conflict inside
+        :func:`conflict_expected` (``exists``: a creation that is a look-up); an
+        exception ``action_raised`` says the call's action raised (``with_workflow_lock``
+        runs the workflow's steps: ``action failed``, the step's and run's spans carry
+        the failure)."""
         attrs = (
             attributes
             if "db.operation.name" in attributes
@@ -280,6 +318,12 @@ class Telemetry:
                 except BaseException as exc:
                     if _is_signal(exc):
                         span.set_attribute("siglo.outcome", "suspended")
+                        raise
+                    if isinstance(exc, CheckpointConflictError) and _CONFLICT_EXPECTED.get():
+                        span.set_attribute("siglo.outcome", "exists")
+                        raise
+                    if action_raised is not None and action_raised(exc):
+                        span.set_attribute("siglo.outcome", "action failed")
                         raise
                     _record_failure(span, exc)
                     kind = type(exc).__qualname__
@@ -339,6 +383,22 @@ class Telemetry:
 
     def retried(self, kind: str) -> None:
         self.retries.add(1, {"siglo.retry.kind": kind})
+
+
+_CONFLICT_EXPECTED: ContextVar[bool] = ContextVar("siglo_conflict_expected", default=False)
+
+
+@contextmanager
+def conflict_expected() -> Iterator[None]:
+    """Inside it, a storage call refused by compare-and-set is an answer, not a failure:
+    ``flow.run`` creates a run with ``expected_revision=0`` as its look-up, and a
+    conflict means the run is stored (run-or-continue). Its span carries
+    ``siglo.outcome: exists``; no error status, conflict count or failed duration."""
+    token = _CONFLICT_EXPECTED.set(True)
+    try:
+        yield
+    finally:
+        _CONFLICT_EXPECTED.reset(token)
 
 
 def _is_signal(exc: BaseException) -> bool:

@@ -20,6 +20,7 @@ from siglo.errors import (
     OutcomeUnknownError,
     SigloError,
     StorageAdapterError,
+    past_its_bound,
 )
 from siglo_redis.deadlines import Deadlines
 from siglo_redis.scripts import Script
@@ -101,10 +102,12 @@ class Commands:
             raise
         except TimeoutError as exc:
             # The command may have been written and run: only its reply is missing.
-            raise OutcomeUnknownError(
-                f"redis {what}",
-                f"timed out after {self.timeout_s} s (command_timeout_ms): no reply, and "
-                "the server may have run it",
+            raise past_its_bound(
+                OutcomeUnknownError(
+                    f"redis {what}",
+                    f"timed out after {self.timeout_s} s (command_timeout_ms): no reply, "
+                    "and the server may have run it",
+                )
             ) from exc
         except Exception as exc:
             if getattr(exc, "outcome_unknown", False):

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Dialect
 
-from siglo.errors import OutcomeUnknownError, SigloError, StorageAdapterError
+from siglo.errors import OutcomeUnknownError, SigloError, StorageAdapterError, past_its_bound
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
 
@@ -122,10 +122,12 @@ class Database(abc.ABC):
         """The error of a call that did not finish within its bound (``cause``: the
         driver's last word, if any)."""
         last = "" if cause is None else f"; last error {type(cause).__name__}: {cause}"
-        return StorageAdapterError(
-            f"{self.dialect_name} storage timed out {doing} ({self.description}): not done "
-            f"within its bound ({self.bound_text}; a lock held elsewhere, or a stalled "
-            f"server){last}"
+        return past_its_bound(
+            StorageAdapterError(
+                f"{self.dialect_name} storage timed out {doing} ({self.description}): not "
+                f"done within its bound ({self.bound_text}; a lock held elsewhere, or a "
+                f"stalled server){last}"
+            )
         )
 
     def outcome_unknown(
@@ -135,10 +137,12 @@ class Database(abc.ABC):
         reached the server: it may or may not have taken effect (``cause``: the
         driver's last word, if any; ``None`` for a call that succeeded too late)."""
         last = "" if cause is None else f"; last error {type(cause).__name__}: {cause}"
-        return OutcomeUnknownError(
-            f"{self.dialect_name} storage {doing} ({self.description})",
-            f"timed out: not answered within its bound ({self.bound_text}), and the "
-            f"server may have run it{last}",
+        return past_its_bound(
+            OutcomeUnknownError(
+                f"{self.dialect_name} storage {doing} ({self.description})",
+                f"timed out: not answered within its bound ({self.bound_text}), and the "
+                f"server may have run it{last}",
+            )
         )
 
     @property

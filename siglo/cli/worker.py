@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -15,7 +16,14 @@ import click
 
 from siglo.backend import Backend
 from siglo.cli.common import missing_storage
-from siglo.cli.errors import CliError, FiniteRange, cli_settings, display_url, resolve_url
+from siglo.cli.errors import (
+    CliError,
+    FiniteRange,
+    cli_settings,
+    debug_enabled,
+    display_url,
+    resolve_url,
+)
 from siglo.config import Settings
 from siglo.connect import connect
 from siglo.manager import StorageManager
@@ -23,6 +31,7 @@ from siglo.workflow.flow import Flow
 from siglo.workflow.worker import (
     DEFAULT_INTERVAL_S,
     RETRYABLE,
+    WORKER_LOG,
     RetryPolicy,
     Worker,
     WorkerPass,
@@ -97,6 +106,14 @@ async def _work(
     # The application's settings (its file, its environment, what its module passed to
     # siglo.configure): a worker stores what the application would, redacted the same.
     manager = StorageManager(backend, settings=settings)
+    if not debug_enabled() and not logging.getLogger().handlers:
+        # What the worker logs (a run's failure, what it waits for) is printed below,
+        # once; without a handler, Python's last-resort one would print each again, a
+        # failure with its traceback (`siglo --debug worker` keeps them).
+        quiet = logging.getLogger(WORKER_LOG)
+        quiet.propagate = False
+        if not quiet.handlers:
+            quiet.addHandler(logging.NullHandler())
     try:
         runner = Worker(manager, flows, batch=batch, notify=lambda line: click.echo(line, err=True))
         # A backend that can do neither job is refused by Worker itself.

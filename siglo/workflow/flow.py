@@ -7,13 +7,14 @@ import contextlib
 import functools
 import hashlib
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
+from siglo.checkpoint import TERMINAL_STATUSES
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
@@ -150,11 +151,21 @@ class Flow:
                     metadata={"flowVersion": self.version, "input": input},
                 )
                 try:
-                    await manager.save(stack, expected_revision=0)
+                    if telemetry.current() is None:
+                        await manager.save(stack, expected_revision=0)
+                    else:
+                        with telemetry.conflict_expected():  # the look-up: not a failure
+                            await manager.save(stack, expected_revision=0)
                 except CheckpointConflictError:
                     # Stored already (or created meanwhile by a caller without the
                     # lock): take that run up.
                     manager.discard_stack(stack)
+                except BaseException:
+                    # Cancelled (a request's timeout), or the save failed: the manager
+                    # must not keep the live stack, or the next run of this id in this
+                    # process would meet it.
+                    manager.discard_stack(stack)
+                    raise
                 else:
                     try:
                         return await self._execute(manager, stack, unlock=True)
@@ -331,7 +342,11 @@ class Flow:
         async def resume_with_outcome() -> Any:
             nonlocal started
             stack = await self._restore(manager, record.stack_id, record.namespace)
-            step = record.step_id or self._waiting_step(stack)[0]
+            try:
+                step = self._step_for(stack, record)
+            except BaseException:
+                manager.discard_stack(stack)
+                raise
             outcome(stack, step)
             if stack.status == "waiting":
                 stack.transition("running")
@@ -393,10 +408,27 @@ class Flow:
     async def _restore(
         self, manager: StorageManager, stack_id: str, namespace: str | None
     ) -> ExecutionStack:
+        try:
+            return await self._restored(manager, stack_id, namespace)
+        except Exception as exc:
+            mark_left_as_stored(exc)
+            raise
+
+    async def _restored(
+        self, manager: StorageManager, stack_id: str, namespace: str | None
+    ) -> ExecutionStack:
         require_id("stack_id", stack_id)
         checkpoint = await manager.load_checkpoint(stack_id, namespace=namespace)
         if checkpoint is None:
             raise InvalidArgumentError(f"no checkpoint of workflow {stack_id!r} to resume")
+        if checkpoint.workflow_id is not None and checkpoint.workflow_id != self.name:
+            # The version fingerprints step names only: a flow with steps of the same
+            # names would take up, and finish, another flow's run.
+            raise InvalidArgumentError(
+                f"workflow {stack_id!r} is a run of flow {checkpoint.workflow_id!r}, not of "
+                f"{self.name!r}: resume it with that flow (a renamed flow keeps the name "
+                "its runs were stored under)"
+            )
         if checkpoint.namespace != namespace and checkpoint.status != "completed":
             # Found through namespace_fallback: another run, of no namespace. Its output is
             # readable (a completed run); continuing it here would copy its input and
@@ -411,7 +443,9 @@ class Flow:
         stack = manager.restore_checkpoint(checkpoint, expected_namespace=namespace)
         telemetry.link_to_suspender(stack.metadata)
         stored = stack.metadata.get("flowVersion")
-        if stored != self.version:
+        if stored != self.version and stack.status not in TERMINAL_STATUSES:
+            # A run that ended is not continued: its output is read as stored
+            # (_last_output), and a failed or cancelled one says so (_continue).
             migrate = self.migrations.get(str(stored))
             if migrate is None:
                 raise WorkflowVersionMismatchError(
@@ -455,12 +489,42 @@ class Flow:
         }
 
     def _last_output(self, stack: ExecutionStack) -> Any:
+        """The run's output: its last step's. A run another version of the flow
+        completed is read in the order its steps ran (its contexts' order), not by this
+        version's steps."""
         value = stack.metadata.get("input")
-        for step in self.steps:
-            ctx = stack.contexts.get(step.name, {})
+        if stack.metadata.get("flowVersion") == self.version:
+            names: Iterable[str] = (step.name for step in self.steps)
+        else:
+            names = list(stack.contexts)
+        for name in names:
+            ctx = stack.contexts.get(name, {})
             if OUTPUT in ctx:
                 value = ctx[OUTPUT]
         return value
+
+    def _step_for(self, stack: ExecutionStack, record: WaitRecord) -> str:
+        """The step a claimed wait's event (or timeout) goes to: the one of this flow
+        that waits for its key — after a migration that renamed the waiting step, not
+        the step the wait record names. A waiting run with no step waiting for the key
+        is refused (before the event is consumed: the claim is released)."""
+        key = record.correlation_key
+        for step in self.steps:
+            ctx = stack.contexts.get(step.name, {})
+            if OUTPUT not in ctx and ctx.get(WAITING_FOR) == key:
+                return step.name
+        if stack.status == "waiting":
+            raise mark_left_as_stored(
+                InvalidStateTransitionError(
+                    f"workflow {stack.stack_id!r}: no step of flow {self.name!r} waits for "
+                    f"{key!r} (its wait was made in step {record.step_id!r}); a migration "
+                    "that renames or moves a waiting step must move its context, "
+                    "waitingFor included, to the step that waits now. The event stays "
+                    "deliverable."
+                )
+            )
+        # Not waiting any more (a delivery cut off after the run went on): as stored.
+        return record.step_id or self._waiting_step(stack)[0]
 
     def _waiting_step(self, stack: ExecutionStack) -> tuple[str, str]:
         for step in self.steps:
@@ -940,3 +1004,16 @@ def flow(*steps: Step, name: str | None = None) -> Flow:
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"step names in a flow must be unique: {names}")
     return Flow(steps=tuple(steps), name=name or "+".join(names))
+
+
+def mark_left_as_stored(exc: BaseException) -> BaseException:
+    """Mark ``exc`` as raised before the run was taken up: the run is left as stored
+    (unreadable, of another flow or version, waiting on another key), so ``siglo
+    worker`` counts it as no work done (:func:`left_as_stored`)."""
+    exc.siglo_left_as_stored = True  # type: ignore[attr-defined]
+    return exc
+
+
+def left_as_stored(exc: BaseException) -> bool:
+    """Whether ``exc`` left its run as stored (raised before the run was taken up)."""
+    return getattr(exc, "siglo_left_as_stored", False) is True

@@ -111,10 +111,23 @@ def _answer(run: StepRun, correlation_key: str, what: str) -> None:
     """Let the step's wait for ``correlation_key`` return what the run carries — once,
     and only for the key the step waited for: a second wait in the step would be handed
     the first one's event."""
-    if run.answered or (run.waited_for is not None and run.waited_for != correlation_key):
+    if run.answered:
         raise InvalidStateTransitionError(
             f"{what} in step {run.step!r}: the step already waited (for "
             f"{run.waited_for!r}), and a step waits at most once; wait in a step of its own"
+        )
+    if run.waited_for is not None and run.waited_for != correlation_key:
+        # Resumed with the outcome of the wait it suspended on, the step now asks for
+        # another key: its code changed since the run waited (a deploy), or the key is
+        # made of something that changed. Handed on, the other wait's event would be
+        # taken for this one's.
+        raise InvalidStateTransitionError(
+            f"{what} in step {run.step!r}: the run suspended in this step waiting for "
+            f"{run.waited_for!r} and was resumed with that wait's outcome, but the step "
+            "now waits for another key — its code or its key's parts changed since. A "
+            "step must ask for the same key when it runs again: keep the key's form for "
+            "the runs already waiting (a migration does not change it), and wait for a "
+            "new key in a step of its own"
         )
     run.answered = True
 

@@ -33,6 +33,7 @@ from typing import Final, TypeVar
 
 from siglo import masking, telemetry
 from siglo.adapter import Capability
+from siglo.checkpoint import Checkpoint
 from siglo.errors import (
     CapabilityNotSupportedError,
     InvalidArgumentError,
@@ -43,10 +44,11 @@ from siglo.errors import (
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from siglo.manager import StorageManager
 from siglo.unreadable import collecting_unreadable
-from siglo.workflow.flow import Flow, WorkflowSuspended
+from siglo.workflow.flow import Flow, WorkflowSuspended, left_as_stored, mark_left_as_stored
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
+    "WORKER_LOG",
     "RETRYABLE",
     "RetryPolicy",
     "Worker",
@@ -69,7 +71,10 @@ RETRYABLE: Final = (StorageAdapterError, OSError)
 (:class:`~siglo.errors.StorageAdapterError`, its :class:`~siglo.errors.OutcomeUnknownError`
 included) and, should a driver's ever escape unwrapped, a connection error or a timeout."""
 
-log = masking.logger("siglo.worker")
+WORKER_LOG: Final = "siglo.worker"
+"""The logger of what a worker does (its runs' failures, what it waits for)."""
+
+log = masking.logger(WORKER_LOG)
 _RANDOM: Final = random.Random()
 
 
@@ -121,10 +126,12 @@ class WorkerPass:
     """What one pass did."""
 
     timers_fired: int = 0
-    """Due timers fired (a timer whose run failed again as it did before is not counted)."""
+    """Due timers fired: their runs resumed (a timer whose run was left as stored — not
+    readable here, changed without a migration — is not counted, nor one whose run
+    failed again as it did before)."""
     runs_recovered: int = 0
-    """Crashed runs taken up: continued, or failed by their step (a run whose recovery
-    failed again as it did before is not counted)."""
+    """Crashed runs taken up: continued, or failed by their step (a run left as stored,
+    or whose recovery failed again as it did before, is not counted)."""
     failures: list[str] = field(default_factory=list)
     """One line per run that raised, or that was left as stored (its checkpoint could
     not be read, its flow changed without a migration): each logged, and said once
@@ -142,7 +149,9 @@ class Worker:
     """Fires due timers and recovers crashed runs of ``flows`` through ``manager``.
 
     Runs are matched to flows by the checkpoint's ``workflow_id`` (the flow's ``name``);
-    others are left alone. ``batch`` bounds each pass's work.
+    others are left alone. Several versions of one flow may be given (a deploy in
+    progress): a run goes to the one of its version, else to one with a migration from
+    it, else to the last given. ``batch`` bounds each pass's work.
     """
 
     def __init__(
@@ -159,10 +168,16 @@ class Worker:
         # prints it) so an operator sees why nothing happens.
         self._notify = notify
         self.flows: dict[str, Flow] = {}
+        """The flow of each name given last: the one a new run of the name would use."""
+        self._versions: dict[str, dict[str, Flow]] = {}
+        """Every flow given, by name, then version (the last given of each)."""
         for f in flows:
             if not isinstance(f, Flow):
                 raise InvalidArgumentError(f"flows must be siglo.workflow.Flow, got {f!r}")
             self.flows[f.name] = f
+            versions = self._versions.setdefault(f.name, {})
+            versions.pop(f.version, None)
+            versions[f.version] = f
         if not self.flows:
             raise InvalidArgumentError("a worker needs at least one flow")
         if type(batch) is not int or batch < 1:
@@ -324,7 +339,7 @@ class Worker:
                 # key erased): that run's failure, named once; the other timers still fire.
                 self._failed(done, timer_key, exc, self._failing_timers)
                 continue
-            flow = None if checkpoint is None else self.flows.get(checkpoint.workflow_id or "")
+            flow = None if checkpoint is None else self._flow_for(checkpoint)
             if flow is None:
                 continue  # not a run of ours (or gone): another worker's, or nobody's
             try:
@@ -344,9 +359,11 @@ class Worker:
                 # is the step's own, a failure of the run: siglo wraps a driver's.)
                 raise
             except Exception as exc:
-                if not self._failed(done, timer_key, exc, self._failing_timers):
-                    # Failed again as before (its flow changed without a migration: the
-                    # wait stays due): no work done, or the next pass would start at once.
+                new = self._failed(done, timer_key, exc, self._failing_timers)
+                if not new or left_as_stored(exc):
+                    # Left as stored (its flow changed without a migration: the wait
+                    # stays due), or failed again as before: no work done, or the next
+                    # pass would start at once.
                     continue
             else:
                 self._failing_timers.pop(timer_key, None)
@@ -367,8 +384,8 @@ class Worker:
         # The next pass goes on from here; a finished walk starts over.
         self._cursor = page.next_cursor
         for summary in page.items:
-            flow = self.flows.get(summary.workflow_id or "")
-            if flow is None:
+            versions = self._versions.get(summary.workflow_id or "")
+            if not versions:
                 continue
             if stop is not None and stop.is_set():
                 done.stopped = True
@@ -376,20 +393,21 @@ class Worker:
             key = (summary.namespace, summary.stack_id)
             self._seen_this_walk.add(key)
             try:
+                flow = await self._recovering(summary.stack_id, summary.namespace, versions)
                 recovered = await flow.recover(
                     summary.stack_id, manager=self.manager, namespace=summary.namespace
                 )
             except LockNotAcquiredError:
-                self._lock_held(key, flow.name)
+                self._lock_held(key, summary.workflow_id or "")
                 continue  # alive in some process, or its lease has not lapsed yet
             except StorageAdapterError:
                 raise  # the storage failed, not the run: the loop backs off and retries
             except Exception as exc:
                 self._held.pop(key, None)
-                # A failure like the one before (the run left as stored: unreadable, its
-                # flow changed without a migration) is no work done: counted as such,
+                # A run left as stored (unreadable, its flow changed without a
+                # migration), or failing as before, is no work done: counted as such,
                 # the pass would be busy and the next one start at once, again and again.
-                if self._failed(done, key, exc, self._failing):
+                if self._failed(done, key, exc, self._failing) and not left_as_stored(exc):
                     done.runs_recovered += 1
                 continue
             self._failing.pop(key, None)
@@ -406,6 +424,29 @@ class Worker:
             for gone in set(self._failing) - self._seen_this_walk:
                 del self._failing[gone]
             self._seen_this_walk.clear()
+
+    def _flow_for(self, checkpoint: Checkpoint) -> Flow | None:
+        """The flow given for ``checkpoint``'s run (:meth:`_pick`), or ``None``."""
+        versions = self._versions.get(checkpoint.workflow_id or "")
+        return None if not versions else _pick(versions, checkpoint)
+
+    async def _recovering(
+        self, stack_id: str, namespace: str | None, versions: dict[str, Flow]
+    ) -> Flow:
+        """The flow to recover a listed run with: with several versions of its flow
+        given, its checkpoint says which (one read more)."""
+        if len(versions) == 1:
+            return next(iter(versions.values()))
+        try:
+            checkpoint = await self.manager.load_checkpoint(stack_id, namespace=namespace)
+        except StorageAdapterError:
+            raise
+        except Exception as exc:
+            mark_left_as_stored(exc)  # it cannot be read here: no work done
+            raise
+        if checkpoint is None:
+            return next(reversed(versions.values()))  # gone since: recover finds nothing
+        return _pick(versions, checkpoint)
 
     async def _listed(
         self,
@@ -507,3 +548,18 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
     """Up to ``seconds``, or until ``stop`` is set."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+def _pick(versions: dict[str, Flow], checkpoint: Checkpoint) -> Flow:
+    """Of the versions of a flow (by version, in the order given), the one for
+    ``checkpoint``'s run: its own version, else the last with a migration from it, else
+    the last given (which refuses it, naming the versions)."""
+    stored = str((checkpoint.metadata or {}).get("flowVersion"))
+    found = versions.get(stored)
+    if found is not None:
+        return found
+    given = list(versions.values())
+    for flow in reversed(given):
+        if stored in flow.migrations:
+            return flow
+    return given[-1]

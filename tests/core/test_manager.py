@@ -401,9 +401,14 @@ def test_status_transitions(manager: StorageManager) -> None:
 
 @pytest.mark.rule("manager.snapshot")
 def test_manager_argument_checks(manager: StorageManager) -> None:
-    manager.create_stack("s")
-    with pytest.raises(siglo.InvalidArgumentError, match="already exists"):
-        manager.create_stack("s")
+    first = manager.create_stack("s")
+    # Another live stack of the id is no reason to refuse one (docs/configuration.md, "One
+    # manager, many requests"); a call that names only the id is ambiguous then.
+    second = manager.create_stack("s")
+    with pytest.raises(siglo.AmbiguousStackError):
+        manager.checkpoint("s")
+    manager.discard_stack(second)
+    assert manager.get_stack("s") is first  # one live stack of the id again
     with pytest.raises(siglo.UnknownStackError):
         manager.checkpoint("nope")
     with pytest.raises(siglo.InvalidArgumentError, match="ttl_ms"):

@@ -351,3 +351,40 @@ async def test_a_queued_save_built_on_a_refused_one_is_refused_too(kind: str) ->
         stored = await replica.load_checkpoint(STACK, namespace=NS)
         assert stored is not None and stored.revision == 2
         assert stored.contexts["x"]["v"] == "replica"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_requests_creating_one_new_id_race_by_compare_and_set(kind: str) -> None:
+    """The documented resume-or-create idiom (docs/index.md) in concurrent requests
+    sharing one manager, on an id not stored yet: each request gets a stack — a live
+    one of another request is no reason to refuse — and the compare-and-set decides
+    whose save is stored: the others get ``CheckpointConflictError`` (retry the
+    request), never another error, and a retried request resumes what was stored."""
+    async with any_backend(kind) as backend:
+        manager = siglo.StorageManager(backend)
+        steps = asyncio.Barrier(REQUESTS)
+
+        async def request(marker: str) -> str:
+            for attempt in range(REQUESTS + 1):
+                stack = await manager.resume("new-cart", namespace=NS) or manager.create_stack(
+                    "new-cart", namespace=NS
+                )
+                try:
+                    _add(stack, marker)
+                    if attempt == 0:
+                        await steps.wait()  # every request holds a live stack of the id
+                    await stack.save(expected_revision=stack.revision)
+                    return "acked" if attempt == 0 else "retried"
+                except CheckpointConflictError:
+                    continue
+                finally:
+                    manager.discard_stack(stack)
+            return "gave up"
+
+        outcomes = await asyncio.gather(*(request(f"r{i}") for i in range(REQUESTS)))
+        assert outcomes.count("acked") == 1, outcomes
+        assert outcomes.count("retried") == REQUESTS - 1, outcomes
+        stored = await manager.load_checkpoint("new-cart", namespace=NS)
+        assert stored is not None
+        assert sorted(stored.contexts["log"]["markers"]) == sorted(f"r{i}" for i in range(REQUESTS))
+        assert manager.stacks == {}

@@ -68,7 +68,6 @@ NOT_RUN = {
         "docs/safety.md",
         "a web handler's body: request and Response come from the web framework",
     ),
-    ("docs/workflows.md", "continues the example above with two versions of a flow"),
     (
         "docs/writing-a-backend.md",
         "a plugin's own module: MyAdapter's constructor is the plugin's",

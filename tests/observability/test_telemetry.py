@@ -171,6 +171,19 @@ def test_db_attributes_name_the_database_not_the_credentials() -> None:
         "db.namespace": "var/app.db",
     }
     assert telemetry.db_attributes("redis", "redis://:pw@h:6380/2")["db.namespace"] == "2"
+    # A socket has no host, and a Sentinel URL's hosts are the Sentinels, not the server
+    # that answers: the db number alone.
+    for url, db in (
+        ("unix:///run/redis.sock?db=2", "2"),
+        ("unix:///run/redis.sock", "0"),
+        ("redis+sentinel://:pw@10.0.0.1:26379/mymaster/2", "2"),
+        ("redis+sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/mymaster/0", "0"),
+        ("rediss+sentinel://10.0.0.1:26379/mymaster", "0"),
+    ):
+        assert telemetry.db_attributes("redis", url) == {
+            "db.system.name": "redis",
+            "db.namespace": db,
+        }, url
 
 
 @pytest.mark.parametrize("backend_name", ["memory", "sqlite", "postgres", "redis"])
@@ -501,3 +514,119 @@ async def test_a_failed_calls_span_never_records_a_urls_secret(sdk: Sdk) -> None
         assert events and "MasterNotFoundError" in events[0]["exception.stacktrace"]
         recorded = repr(events) + (span.status.description or "")
         assert secret not in recorded and "***" in recorded
+
+
+@pytest.mark.parametrize("backend_name", ["sqlite", "postgres"])
+async def test_a_sql_call_past_command_timeout_is_counted(
+    sdk: Sdk, backend_name: str, tmp_path: Path
+) -> None:
+    """Another session holds the checkpoints table: the save runs past
+    ``command_timeout_ms`` and is counted under ``siglo.timeouts``, as on Redis — the
+    SQL drivers raise no ``TimeoutError`` (PostgreSQL cancels the statement, SQLite
+    reports its lock busy)."""
+    async with _isolated(backend_name, tmp_path, command_timeout_ms=1_500) as backend:
+        await backend.adapter.save_checkpoint(CHECKPOINT)
+        raw: Any = backend.raw_adapter
+        if backend_name == "sqlite":
+            import sqlite3
+
+            other = sqlite3.connect(tmp_path / "otel.db", isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            release: Any = other.close
+        else:
+            import psycopg
+
+            other_pg = await psycopg.AsyncConnection.connect(POSTGRES_URL)
+            await other_pg.execute(
+                f'LOCK TABLE "{raw.schema}".{raw.table_prefix}checkpoints IN ACCESS EXCLUSIVE MODE'
+            )
+            release = other_pg.close
+        try:
+            with pytest.raises(siglo.StorageAdapterError, match="timed out") as raised:
+                await backend.adapter.save_checkpoint(CHECKPOINT.replace(revision=2))
+            assert getattr(raised.value, "timed_out", False) is True
+        finally:
+            done = release()
+            if asyncio.iscoroutine(done):
+                await done
+    (timeouts,) = sdk.metrics()["siglo.timeouts"]
+    assert timeouts.value == 1
+    assert timeouts.attributes["db.operation.name"] == "save_checkpoint"
+
+
+async def test_a_lost_lease_is_not_a_timeout(sdk: Sdk, redis_proxy: tuple[Any, str]) -> None:
+    """The server stalls while an action holds its lease: the renewals time out and the
+    lease is lost — ``siglo.lock.lease_losses``. The ``with_workflow_lock`` call did not
+    run past ``command_timeout_ms`` (its renewals did), so ``siglo.timeouts`` does not
+    count it."""
+    proxy, prefix = redis_proxy
+    holder = _redis_through(proxy, prefix, workflow_lock_ttl_ms=600, command_timeout_ms=200)
+    try:
+        await holder.adapter.save_checkpoint(CHECKPOINT)
+
+        async def action() -> None:
+            proxy.freeze()
+            await asyncio.sleep(5)
+
+        with pytest.raises(LockLostError) as lost:
+            await holder.adapter.with_workflow_lock("s", action)
+        proxy.restore()
+    finally:
+        proxy.cut()
+        await holder.aclose()
+        await _cleanup(prefix)
+    seen: BaseException | None = lost.value
+    chain = []
+    while seen is not None:
+        chain.append(type(seen))
+        seen = seen.__cause__ or seen.__context__
+    assert TimeoutError in chain or any(issubclass(t, TimeoutError) for t in chain), chain
+    metrics = sdk.metrics()
+    assert [p.value for p in metrics["siglo.lock.lease_losses"]] == [1]
+    assert [
+        p
+        for p in metrics.get("siglo.timeouts", [])
+        if p.attributes["db.operation.name"] == "with_workflow_lock"
+    ] == []
+
+
+async def test_running_a_stored_run_again_is_no_failure(sdk: Sdk) -> None:
+    """Run-or-continue: ``flow.run`` of a stored id creates with ``expected_revision=0``
+    as its look-up, and the conflict means "stored": its span says ``exists``, with no
+    error status, no conflict counted and no failed duration."""
+
+    async def one(x: int) -> int:
+        return x + 1
+
+    f = siglo.flow(siglo.Step.create("one", one), name="again")
+    async with siglo.connect("memory://") as backend:
+        assert await f.run(1, manager=StorageManager(backend), stack_id="r1") == 2
+        sdk.spans.clear()
+        assert await f.run(1, manager=StorageManager(backend), stack_id="r1") == 2
+    looked_up = [s for s in sdk.spans.get_finished_spans() if s.name == "save_checkpoint"]
+    assert looked_up and all(s.attributes.get("siglo.outcome") == "exists" for s in looked_up)
+    assert all(s.status.is_ok for s in sdk.spans.get_finished_spans())
+    metrics = sdk.metrics()
+    assert "siglo.checkpoint.conflicts" not in metrics
+    assert not [p for p in metrics["db.client.operation.duration"] if "error.type" in p.attributes]
+
+
+async def test_a_step_that_raises_is_no_failure_of_the_lock(sdk: Sdk) -> None:
+    """``with_workflow_lock`` spans the run's steps: a step's exception ends it as the
+    action's outcome (``siglo.outcome: action failed``), not as a failed storage call —
+    the step's and the run's spans carry the failure."""
+
+    async def boom(_: Any) -> Any:
+        raise ValueError("the step's own")
+
+    f = siglo.flow(siglo.Step.create("boom", boom), name="failing")
+    async with siglo.connect("memory://") as backend:
+        with pytest.raises(ValueError, match="the step's own"):
+            await f.run(1, manager=StorageManager(backend), stack_id="r1")
+    spans = {s.name: s for s in sdk.spans.get_finished_spans()}
+    lock = spans["with_workflow_lock"]
+    assert lock.status.is_ok and lock.attributes.get("siglo.outcome") == "action failed"
+    assert "error.type" not in lock.attributes
+    assert not spans["step boom"].status.is_ok and not spans["run failing"].status.is_ok
+    durations = sdk.metrics()["db.client.operation.duration"]
+    assert not [p for p in durations if "error.type" in p.attributes]
