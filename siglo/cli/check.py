@@ -69,7 +69,7 @@ def _writable_report(path: Path, option: str, what: str) -> None:
         raise CliError(
             f"cannot write the {what} {str(path)!r}: {exc.strerror or exc}",
             f"pass {option} a path in a directory that exists and that you can write",
-        ) from None
+        ) from exc
     if not existed:
         path.unlink()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import traceback
 from collections.abc import Callable
 from typing import IO, Any, Final, TypeVar
 
@@ -28,6 +29,7 @@ from siglo.errors import (
     SigloError,
     StorageAdapterError,
 )
+from siglo.masking import scrub
 from siglo.urls import mask_credentials
 
 __all__ = [
@@ -120,6 +122,9 @@ def hint_for(exc: BaseException) -> str:
             "siglo cannot read that wait record as stored; `siglo rm URL STACK_ID` of its "
             "run removes it with the run, or remove the record from the store by hand"
         )
+    if isinstance(exc, InvalidArgumentError) and "pip install 'siglo[" in str(exc):
+        # Settings that need an extra not installed (encryption, compression, S3).
+        return "install the extra named above, or take the setting that needs it out"
     if isinstance(exc, InvalidArgumentError | MalformedRecordError):
         if "url" in str(exc).lower() or "://" in str(exc):
             return "fix the value named above (URL forms: see `siglo backends` and docs/backends/)"
@@ -169,10 +174,20 @@ class SigloGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.Abort, click.ClickException):
+        except (click.exceptions.Exit, click.Abort):
+            raise
+        except click.ClickException as exc:
+            if debug_enabled(ctx) and exc.__cause__ is not None:
+                # An error line made of another failure (a driver's, a file's): with
+                # --debug, that failure's traceback too, its secrets masked.
+                click.echo(scrub("".join(traceback.format_exception(exc.__cause__))), err=True)
             raise
         except KeyboardInterrupt:
             raise click.Abort() from None
+        except BrokenPipeError:
+            # The reader of the output went away (`siglo ls | head`): click exits
+            # quietly, as a command in a pipe does, not with an error about a path.
+            raise
         except Exception as exc:
             if debug_enabled(ctx):
                 raise

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import os
 import secrets
+import socket
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
@@ -94,10 +95,31 @@ def ui(url: str | None, host: str, port: int, token: str | None) -> None:
             "pip install 'siglo[ui]>=0.1,<1'",
         ) from exc
     app, target, token = build_app(url, host, token)
+    # Bound here, before the link is printed: the link is the address it listens on (a
+    # port taken by another process is one Error line, not a link to someone else's
+    # server; --port 0 prints the port it got).
+    sock = _listening(host, port)
+    port = sock.getsockname()[1]
     # The address it binds: another loopback address (127.0.0.2) is not 127.0.0.1.
     where = "127.0.0.1" if host == "localhost" else f"[{host}]" if ":" in host else host
     shown = f"http://{where}:{port}/"
     click.echo(f"siglo ui on {display_url(target)} at {shown}", err=True)
     if token:
         click.echo(f"open {shown}?token={token}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` for the dashboard, or :class:`CliError`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CliError(
+            f"siglo ui cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "choose another --port (--port 0 takes a free one), or stop what listens there",
+        ) from exc
+    return sock

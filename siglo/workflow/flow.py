@@ -536,6 +536,26 @@ class Flow:
     async def _execute(
         self, manager: StorageManager, stack: ExecutionStack, *, unlock: bool
     ) -> Any:
+        """:meth:`_run_steps`; a checkpoint refused because the run was cancelled
+        meanwhile (``cancel_workflow`` from elsewhere) says so, rather than ask to
+        "reconcile and retry" a run that cannot be continued."""
+        try:
+            return await self._run_steps(manager, stack, unlock=unlock)
+        except CheckpointConflictError as conflict:
+            try:
+                stored = await manager.load_checkpoint(stack.stack_id, namespace=stack.namespace)
+            except Exception:
+                stored = None  # the conflict is the answer then
+            if stored is None or stored.status != "cancelled":
+                raise
+            raise InvalidStateTransitionError(
+                f"workflow {stack.stack_id!r} was cancelled while it ran: what its steps did "
+                "since the cancellation was not stored, and it cannot be continued"
+            ) from conflict
+
+    async def _run_steps(
+        self, manager: StorageManager, stack: ExecutionStack, *, unlock: bool
+    ) -> Any:
         """Run the steps not finished yet, checkpointing each; the last step's output.
 
         ``unlock``: the run's last checkpoint (completed, failed or waiting) is the last

@@ -603,6 +603,11 @@ def test_a_codec_without_its_package_is_refused_at_connect(
     assert done.returncode == 0, done.stderr
     assert f"needs the {hidden} package" in done.stdout, done.stdout + done.stderr
     assert "pip install 'siglo[encryption]" in done.stdout
+    # A command says so with a hint to match, not "fix the value named above".
+    from siglo.cli.errors import hint_for
+
+    refused = siglo.InvalidArgumentError(done.stdout.removeprefix("refused: ").strip())
+    assert hint_for(refused).startswith("install the extra named above")
 
 
 def test_export_under_require_encryption_stops_at_a_record_stored_in_clear(

@@ -103,6 +103,18 @@ def test_fresh_venv_install_lists_memory_and_connects(
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "FAIL" not in check.stdout
+    # No URL and no SQLite driver: memory://, said (docs/running-the-contract-suite.md).
+    default = subprocess.run(
+        [str(bin_dir / "siglo"), "check", "--rule", "cache.*", "--examples", "5"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
+    assert default.returncode == 0, default.stdout + default.stderr
+    assert "SQLite's driver is not installed" in default.stderr, default.stderr
+    assert "siglo check memory://" in default.stdout, default.stdout
+    assert not list(tmp_path.glob("siglo-check*"))  # no SQLite file made
     smoke = (
         "import siglo_contract\n"
         "import asyncio, siglo\n"

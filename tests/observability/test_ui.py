@@ -602,10 +602,44 @@ def test_siglo_ui_prints_the_address_it_binds(monkeypatch: pytest.MonkeyPatch) -
     from siglo.cli import cli
 
     bound: list[tuple[str, int]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **_: bound.append((host, port)))
+
+    def serve(self: Any, sockets: list[Any]) -> None:
+        bound.extend(sock.getsockname()[:2] for sock in sockets)
+        for sock in sockets:
+            sock.close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", serve)
     done = CliRunner().invoke(
-        cli, ["ui", "memory://", "--host", "127.0.0.2", "--port", "8799", "--token", "T0K"]
+        cli, ["ui", "memory://", "--host", "127.0.0.2", "--port", "0", "--token", "T0K"]
     )
     assert done.exit_code == 0, done.output
-    assert bound == [("127.0.0.2", 8799)]
-    assert "open http://127.0.0.2:8799/?token=T0K" in done.output, done.output
+    ((host, port),) = bound
+    assert host == "127.0.0.2" and port > 0  # --port 0: the port it got, printed
+    assert f"open http://127.0.0.2:{port}/?token=T0K" in done.output, done.output
+
+
+def test_a_port_taken_is_one_error_line_and_no_link(tmp_path: Path) -> None:
+    """docs/observability.md: "the link it prints is the address it binds". The port is
+    bound before the link is printed: one taken by another process is an Error line
+    (exit status 1), never a link to that other server."""
+    import socket
+    import subprocess
+    import sys
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "siglo", "ui", "memory://", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "http://" not in done.stdout + done.stderr

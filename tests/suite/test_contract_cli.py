@@ -296,3 +296,21 @@ def test_siglo_check_does_not_take_the_settings_options(tmp_path: Path) -> None:
     )
     assert refused.returncode != 0 and "no_such_option" in refused.stderr + refused.stdout
     run_siglo_check(url, tmp_path, "--rule", "checkpoint.r*", "--examples", "5")
+
+
+def test_debug_adds_the_traceback_behind_an_error_line(tmp_path: Path) -> None:
+    """docs/running-the-contract-suite.md: a report path that cannot be written is one
+    Error line and a Hint; with --debug, the traceback of the failure behind it too."""
+    args = ["check", "memory://", "--junit-xml", str(tmp_path / "no-such-dir" / "r.xml")]
+    for debug in (False, True):
+        done = subprocess.run(
+            [sys.executable, "-m", "siglo", *(["--debug"] if debug else []), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "Error: cannot write the JUnit XML report" in done.stderr
+        assert ("Traceback" in done.stderr) is debug, done.stderr
+        assert ("FileNotFoundError" in done.stderr) is debug, done.stderr

@@ -244,3 +244,49 @@ async def test_a_run_cancelled_while_first_stored_leaves_no_live_stack() -> None
             await other.rollback()
         assert await f.run(1, manager=manager, stack_id="r1") == 2
         assert manager.stacks == {}
+
+
+async def test_a_cached_step_without_a_key_shares_one_entry(
+    memory: siglo.Backend, clock: ManualClock
+) -> None:
+    """docs/workflows.md: without ``key=`` a cached step's key is its name alone — one
+    entry for every input, run and flow with a step of that name (in one namespace)."""
+    calls: list[Any] = []
+
+    async def fetch(order: Any) -> str:
+        calls.append(order)
+        return f"mail to customer of order {order}"
+
+    orders = flow(Step.create("fetch", fetch).cache(ttl_ms=60_000), name="orders")
+    billing = flow(Step.create("fetch", fetch).cache(ttl_ms=60_000), name="billing")
+    first = await orders.run(1, manager=_manager(memory, clock), stack_id="o1")
+    assert await orders.run(2, manager=_manager(memory, clock), stack_id="o2") == first
+    assert await billing.run(3, manager=_manager(memory, clock), stack_id="b3") == first
+    assert calls == [1]
+    # Another namespace has its own entry.
+    other = await orders.run(4, manager=_manager(memory, clock), stack_id="o4", namespace="t")
+    assert other == "mail to customer of order 4" and calls == [1, 4]
+
+
+async def test_a_run_cancelled_while_it_runs_says_so(
+    memory: siglo.Backend, clock: ManualClock
+) -> None:
+    """``cancel_workflow`` from elsewhere while a step runs: the step's checkpoint is
+    refused, and the run says it was cancelled — not "reconcile and retry"."""
+    started = asyncio.Event()
+    proceed = asyncio.Event()
+
+    async def slow(x: Any) -> Any:
+        started.set()
+        await proceed.wait()
+        return x
+
+    f = flow(Step.create("slow", slow), Step.create("next", _reserve), name="slow")
+    running = asyncio.create_task(f.run(1, manager=_manager(memory, clock), stack_id="r1"))
+    await started.wait()
+    await memory.adapter.cancel_workflow("r1")
+    proceed.set()
+    with pytest.raises(InvalidStateTransitionError, match="was cancelled while it ran"):
+        await running
+    with pytest.raises(InvalidStateTransitionError, match="already ended cancelled"):
+        await f.run(1, manager=_manager(memory, clock), stack_id="r1")
