@@ -243,46 +243,39 @@ def new_lock_token(now_ms: int | None = None) -> str:
 
 
 _UNDO_AFTER_S: Final = (0.0, 0.05, 0.25, 1.0, 3.0)
-"""When a cancelled acquire's lock is released (seconds after the cancellation, each a
-release with its token): an acquire still in flight when its caller was cancelled (a
-statement not yet committed, a command whose reply was not read) may land after the
-first release, which then finds nothing."""
+"""When a cancelled call's taking is undone (seconds after the cancellation, each an
+undo with the token made before the call): a call still in flight when its caller was
+cancelled (a statement not yet committed, a command whose reply was not read) may land
+after the first undo, which then finds nothing."""
 
 _UNDOING: set[asyncio.Task[None]] = set()
 _log = masking.logger("siglo.locking")
 
 
 def undos_pending() -> int:
-    """How many cancelled acquires are still being undone in this process."""
+    """How many cancelled calls are still being undone in this process."""
     return sum(not task.done() for task in _UNDOING)
 
 
-async def acquire_undone_on_cancel(lock: Lock, lock_key: str, ttl_ms: int) -> LockResult:
-    """``lock.acquire(lock_key, ttl_ms)`` with a token made here, released in the
-    background if the caller is cancelled during the acquire or its outcome is unknown.
+def undo_later(what: str, undo: Callable[[], Awaitable[bool]], *, lapses_in_ms: int) -> None:
+    """Undo, in the background, what a call cut off by its caller may have taken (a
+    lock, an owned claim, a wait's claim): ``undo()`` — a release with the token the
+    call was made with, ``True`` once it released something — at once and again a few
+    times (:data:`_UNDO_AFTER_S`), until it does or what was taken lapses by itself
+    (``lapses_in_ms``). An undo that finds another holder's, or nothing, changes
+    nothing: each is made with the token of the call it undoes.
 
-    A request timeout (``asyncio.wait_for`` around a handler) can cancel the acquire
-    after the store granted the lock and before the reply came back: the token would be
-    lost with the reply, and the lock held by nobody for its whole lease (every retry of
-    the run refused until then). The token is known before the call, so the lock is
-    released with it instead — at once, and again a few times (:data:`_UNDO_AFTER_S`),
-    in case the acquire was still on its way; a release that finds another holder's
-    lock, or none, changes nothing. :meth:`LockBase.with_lock` and
-    :func:`siglo.locking.run_with_lock` (the workflow lock) acquire through it."""
-    token = new_lock_token()
-    try:
-        return await lock.acquire(lock_key, ttl_ms, token)
-    except InvalidArgumentError:
-        raise  # refused before anything was sent
-    except BaseException:
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(_undo(lock, lock_key, token, loop.time() + ttl_ms / 1000))
-        _UNDOING.add(task)
-        task.add_done_callback(_UNDOING.discard)
-        raise
+    A request's timeout (``asyncio.wait_for`` around a handler) can cancel a call after
+    the store granted it and before the reply came back: the token would be lost with
+    the reply, and the key held by nobody until its lease ended (every retry of the
+    request refused until then)."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(_undo(what, undo, loop.time() + lapses_in_ms / 1000))
+    _UNDOING.add(task)
+    task.add_done_callback(_UNDOING.discard)
 
 
-async def _undo(lock: Lock, lock_key: str, token: str, lapses_at: float) -> None:
+async def _undo(what: str, undo: Callable[[], Awaitable[bool]], lapses_at: float) -> None:
     loop = asyncio.get_running_loop()
     waited = 0.0
     for at in _UNDO_AFTER_S:
@@ -291,11 +284,26 @@ async def _undo(lock: Lock, lock_key: str, token: str, lapses_at: float) -> None
         await asyncio.sleep(at - waited)
         waited = at
         try:
-            if await lock.release(lock_key, token):
-                _log.info("lock %r released after its acquire was cancelled", lock_key)
+            if await undo():
+                _log.info("%s released after the call that took it was cancelled", what)
                 return
         except Exception:
             continue
+
+
+async def acquire_undone_on_cancel(lock: Lock, lock_key: str, ttl_ms: int) -> LockResult:
+    """``lock.acquire(lock_key, ttl_ms)`` with a token made here, released in the
+    background (:func:`undo_later`) if the caller is cancelled during the acquire or its
+    outcome is unknown. :meth:`LockBase.with_lock` and
+    :func:`siglo.locking.run_with_lock` (the workflow lock) acquire through it."""
+    token = new_lock_token()
+    try:
+        return await lock.acquire(lock_key, ttl_ms, token)
+    except InvalidArgumentError:
+        raise  # refused before anything was sent
+    except BaseException:
+        undo_later(f"lock {lock_key!r}", lambda: lock.release(lock_key, token), lapses_in_ms=ttl_ms)
+        raise
 
 
 def nonce_ttl_ms(ttl_seconds: float) -> int:
@@ -364,8 +372,24 @@ class IdempotencyStoreBase(Closable):
         digest = None if fingerprint is None else _digest(fingerprint)
         token = new_idempotency_token()
         self._require_open()
-        state = _claim_state(key, await self._do_claim_owned(key, ttl_ms, token, digest))
+        try:
+            reply = await self._do_claim_owned(key, ttl_ms, token, digest)
+        except BaseException:
+            # Cut off by its caller (a request's timeout), or its outcome unknown: a claim
+            # the store granted would hold the key for its whole lease with a token
+            # nobody has. Freed with that token (a request that did no work yet).
+            undo_later(
+                f"idempotency key {key!r}",
+                lambda: self._fail_owned_quietly(key, token),
+                lapses_in_ms=self.default_lease_ms if ttl_ms is None else ttl_ms,
+            )
+            raise
+        state = _claim_state(key, reply)
         return IdempotencyClaim(state, token if state == "claimed" else None)
+
+    async def _fail_owned_quietly(self, key: str, token: str) -> bool:
+        """Free ``key`` if the owned claim of ``token`` holds it; ``True`` if it did."""
+        return await self._do_fail_owned(key, None, token)
 
     async def complete(
         self, key: str, result: Any, ttl_ms: int | None = None, *, token: str | None = None

@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES
+from siglo.coordination import undo_later
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
@@ -30,6 +31,7 @@ from siglo.moments import describe_ms, iso_ms
 from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
 from siglo.sealing import refuse_unopened_value
 from siglo.sentinel import MISSING, Missing
+from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
 from siglo.wire import later_ms
@@ -253,8 +255,8 @@ class Flow:
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
         with self._resume_span(correlation_key, namespace):
-            record = await adapter.claim_wait_record(
-                correlation_key, claimant_id, allow_expired=True, namespace=namespace
+            record = await _claim(
+                adapter, correlation_key, claimant_id, namespace, allow_expired=True
             )
             if record is None:
                 raise WaitRecordClaimError(
@@ -293,15 +295,16 @@ class Flow:
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
         with self._resume_span(correlation_key, namespace):
-            record = await adapter.claim_wait_record(
+            record = await _claim(
+                adapter,
                 correlation_key,
                 claimant_id,
+                namespace,
                 # The payload becomes context: what leaves the process is redacted.
                 event_payload=await manager.redact_event(
                     correlation_key, payload, namespace=namespace
                 ),
                 allow_expired=allow_expired,
-                namespace=namespace,
             )
             if record is None:
                 raise WaitRecordClaimError(
@@ -834,6 +837,34 @@ def _deadline(stack: ExecutionStack) -> int | None:
     """The deadline of the wait a suspended stack keeps in its metadata, if any."""
     embedded = embedded_wait_record(stack.metadata)
     return None if embedded is None else embedded.expires_at
+
+
+async def _claim(
+    adapter: StorageAdapter,
+    correlation_key: str,
+    claimant_id: str | None,
+    namespace: str | None,
+    **options: Any,
+) -> WaitRecord | None:
+    """A delivery's (or a timer's) claim of a wait, with a claimant named here: a claim
+    cut off by its caller (a request's timeout) or of unknown outcome is given back in
+    the background (:func:`siglo.coordination.undo_later`), so the event is deliverable
+    again at once, not after the claim's lease."""
+    claimant = claimant_id or uuid.uuid4().hex
+    try:
+        return await adapter.claim_wait_record(
+            correlation_key, claimant, namespace=namespace, **options
+        )
+    except InvalidArgumentError:
+        raise  # refused before anything was sent
+    except BaseException:
+        lease = getattr(adapter, "claim_lease_ms", None)
+        undo_later(
+            f"the claim of wait {correlation_key!r}",
+            lambda: adapter.release_wait_record(correlation_key, claimant, namespace=namespace),
+            lapses_in_ms=lease if isinstance(lease, int) else DEFAULTS.claim_lease_ms,
+        )
+        raise
 
 
 async def _why_unclaimable(

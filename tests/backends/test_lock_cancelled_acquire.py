@@ -87,3 +87,61 @@ async def test_a_timed_out_workflow_lock_leaves_no_lock_held(kind: str) -> None:
             if await lock.inspect(workflow_lock_key(f"run-{i}", None)) is not None  # type: ignore[attr-defined]
         ]
         assert held == [], f"{len(held)} of {RUNS} workflow locks held by nobody: {held}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_a_timed_out_owned_claim_leaves_no_key_held(kind: str) -> None:
+    """An idempotency ``claim_owned`` cut off by its caller: a claim the store granted
+    is freed with the token made before the call, so the request's retry claims the
+    key at once instead of meeting "in progress" for the claim's whole lease."""
+    async with any_backend(kind) as backend:
+        store = backend.require_idempotency()
+        rng = random.Random(13)
+        owned: dict[str, str] = {}
+        for i in range(RUNS):
+            with contextlib.suppress(TimeoutError):
+                claim = await asyncio.wait_for(
+                    store.claim_owned(f"pay-{i}", LEASE_MS), rng.uniform(*TIMEOUTS_S[kind])
+                )
+                assert claim.token is not None
+                owned[f"pay-{i}"] = claim.token  # not cut off: this request holds it
+        for key, token in owned.items():
+            await store.fail(key, token=token)  # the requests that got their claim end
+        await _settle()
+        held = [i for i in range(RUNS) if (await store.claim_owned(f"pay-{i}")).state != "claimed"]
+        assert held == [], f"{len(held)} of {RUNS} keys held by nobody: {held}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_a_timed_out_delivery_leaves_no_wait_claimed_by_nobody(kind: str) -> None:
+    """``flow.deliver`` cut off by its caller while it claims the wait: the claim is given
+    back, so no wait stays claimed while its run still waits (a delivery cut off after
+    its run began keeps its claim, as documented: that run is not waiting any more)."""
+    from siglo import Step, StorageManager, WorkflowSuspended, flow, wait_for_event
+
+    async def wait(order: int) -> object:
+        return await wait_for_event(f"go:{order}")
+
+    f = flow(Step.create("wait", wait), name="waits")
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend)
+        runs = RUNS // 3
+        for i in range(runs):
+            with contextlib.suppress(WorkflowSuspended):
+                await f.run(i, manager=manager, stack_id=f"w-{i}")
+        rng = random.Random(17)
+        low, high = TIMEOUTS_S[kind]
+        for i in range(runs):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    f.deliver(f"go:{i}", "x", manager=manager), rng.uniform(low, high * 2)
+                )
+        await _settle()
+        stranded = []
+        for i in range(runs):
+            record = await backend.adapter.get_wait_record(f"go:{i}")
+            stored = await manager.load_checkpoint(f"w-{i}")
+            assert record is not None and stored is not None
+            if record.status == "claimed" and stored.status == "waiting":
+                stranded.append(i)
+        assert stranded == [], f"{len(stranded)} of {runs} waits claimed by nobody: {stranded}"
