@@ -140,4 +140,7 @@ class SerialJobs:
             tails = list(self._tails.values())
         tails = [t for t in tails if t.get_loop() is loop]
         if tails:
-            await asyncio.gather(*tails, return_exceptions=True)
+            # wait(), not gather(): a drain cancelled by its caller (a request's deadline
+            # around flush()) must not cancel the jobs it waits for — they are other
+            # callers' saves too, and a job cancelled before it ran would read as done.
+            await asyncio.wait(tails)

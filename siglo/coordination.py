@@ -10,7 +10,6 @@ argument once and call the backend's ``_do_…`` hooks, as
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import math
 import random
@@ -674,9 +673,20 @@ class LockBase(Closable):
         try:
             return await fn()
         finally:
-            # The seed swallows release failures: the TTL frees the key anyway.
-            with contextlib.suppress(Exception):
-                await self.release(lock_key, result.token)
+            token = result.token
+            try:
+                await self.release(lock_key, token)
+            except asyncio.CancelledError:
+                # Cut off by its caller mid-release: the release may never have been
+                # sent, so it is made again in the background, not left to the TTL.
+                undo_later(
+                    f"lock {lock_key!r}",
+                    lambda: self.release(lock_key, token),
+                    lapses_in_ms=ttl_ms,
+                )
+                raise
+            except Exception:
+                pass  # the seed swallows release failures: the TTL frees the key anyway
 
     async def _acquire_within(self, lock_key: str, ttl_ms: int, wait_ms: int) -> LockResult:
         """:meth:`acquire`, retried with back-off until acquired or ``wait_ms`` passed."""

@@ -47,6 +47,11 @@ async def release_lease(lock: Lock, lock_key: str, token: str, *, lapses_at: flo
         async with asyncio.timeout(max(lapses_at - loop.time(), 1.0)):
             await lock.release(lock_key, token)
         return
+    except asyncio.CancelledError:
+        # The caller was cut off mid-release (a request's deadline): the release may
+        # never have been sent; retried in the background like a failed one.
+        _retry_later(lock, lock_key, token, lapses_at)
+        raise
     except Exception as exc:
         _log.warning(
             "releasing lock %r failed (%s: %s); retrying until it works or the lease lapses",
@@ -54,7 +59,11 @@ async def release_lease(lock: Lock, lock_key: str, token: str, *, lapses_at: flo
             type(exc).__name__,
             exc,
         )
-    task = loop.create_task(_retry(lock, lock_key, token, lapses_at))
+    _retry_later(lock, lock_key, token, lapses_at)
+
+
+def _retry_later(lock: Lock, lock_key: str, token: str, lapses_at: float) -> None:
+    task = asyncio.get_running_loop().create_task(_retry(lock, lock_key, token, lapses_at))
     _PENDING.add(task)
     task.add_done_callback(_PENDING.discard)
 

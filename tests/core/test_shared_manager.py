@@ -388,3 +388,27 @@ async def test_requests_creating_one_new_id_race_by_compare_and_set(kind: str) -
         assert stored is not None
         assert sorted(stored.contexts["log"]["markers"]) == sorted(f"r{i}" for i in range(REQUESTS))
         assert manager.stacks == {}
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_a_flush_cut_off_by_its_caller_cancels_no_save(kind: str) -> None:
+    """Request B's ``flush()`` under a deadline that ends at once: the background saves
+    it waited for — request A's too — still run, and A's ``flush()`` acknowledges
+    only what is stored (before, B's cancelled drain cancelled every queued save, and
+    A's flush returned as if they were stored)."""
+    async with any_backend(kind) as backend:
+        manager = siglo.StorageManager(backend)
+        a = manager.create_stack("order-a")
+        b = manager.create_stack("order-b")
+        a.set("order", "paid", True)
+        b.set("order", "paid", True)
+        manager.checkpoint(a)
+        manager.checkpoint(b)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0):
+                await manager.flush()
+        await manager.flush()  # A's: returns once what it waits for is stored
+        other = siglo.StorageManager(backend)
+        for stack_id in ("order-a", "order-b"):
+            stored = await other.load_checkpoint(stack_id)
+            assert stored is not None and stored.contexts["order"] == {"paid": True}, stack_id
