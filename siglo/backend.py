@@ -8,11 +8,15 @@ from types import TracebackType
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.closing import Closable
-from siglo.coordination import IdempotencyStore, Lock, NonceStore
+from siglo.coordination import IdempotencyStore, Lock, NonceStore, undos_settled
 from siglo.errors import CapabilityNotSupportedError
 from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
 from siglo.telemetry import db_attributes
 from siglo.urls import mask_credentials
+
+_UNDO_WAIT_S = 1.0
+"""How long :meth:`Backend.aclose` waits for calls cut off by their callers to give back
+what they took: the first try of each is at once, so this is its round trip."""
 
 __all__ = ["Backend"]
 
@@ -107,6 +111,10 @@ class Backend:
         Afterwards every call of the adapter and of the coordination stores raises
         :class:`~siglo.errors.StorageAdapterError` (contract rule ``backend.closed``).
         """
+        # What calls cut off by their callers took is given back first (bounded): a
+        # script or a request that closes its connection right after a timeout would
+        # otherwise strand it for its lease (siglo.coordination.undo_later).
+        await undos_settled(_UNDO_WAIT_S)
         try:
             await self.adapter.aclose()
             callbacks, self.on_close = self.on_close, []

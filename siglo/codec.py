@@ -24,6 +24,8 @@ __all__ = [
     "is_reference",
     "is_sealed",
     "loads",
+    "refuse_reserved_forms",
+    "refuse_reserved_value",
     "refuse_unopened_value",
     "sealed_without_codecs",
 ]
@@ -68,6 +70,40 @@ NO_BLOB_STORE: Final = (
     "(docs/large-state.md)"
 )
 """What a connection that meets a reference it cannot resolve lacks."""
+
+
+def refuse_reserved_forms(contexts: Any, where: str) -> None:
+    """Refuse contexts holding a value of a form siglo reserves — a reference to an
+    offloaded value (``{"$siglo.blob": "…", "bytes": n}``, a context's value) or a sealed
+    value (``{"$siglo": "…"}``, a whole context): stored, every later read would take it
+    for one, and refuse it (:func:`refuse_unopened_value`). ``where`` names the stack."""
+    for step, context in contexts.items():
+        if type(context) is not dict:
+            continue
+        if is_sealed(context):
+            raise InvalidArgumentError(
+                f"{where}: context {step!r} has the form siglo reserves for a sealed value "
+                f'({{"{SEALED_KEY}": "…"}}); give it another shape'
+            )
+        for key, value in context.items():
+            if type(value) is dict and REF_KEY in value and is_reference(value):
+                raise InvalidArgumentError(
+                    f"{where}: {step}.{key} has the form siglo reserves for a reference to "
+                    f'an offloaded value ({{"{REF_KEY}": "…", "bytes": n}}); give it '
+                    "another shape"
+                )
+
+
+def refuse_reserved_value(value: Any, what: str) -> None:
+    """:func:`refuse_reserved_forms` for a value stored whole (a cached step's output, an
+    idempotency result: ``what`` names it), which reads back refused when it looks like
+    a sealed value or a reference."""
+    if type(value) is dict and (is_sealed(value) or is_reference(value)):
+        raise InvalidArgumentError(
+            f'{what} has a form siglo reserves ({{"{SEALED_KEY}": "…"}} for a sealed '
+            f'value, {{"{REF_KEY}": "…", "bytes": n}} for an offloaded one); give it '
+            "another shape"
+        )
 
 
 def refuse_unopened_value(value: Any, what: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from siglo import masking
 from siglo.closing import Closable
-from siglo.codec import refuse_unopened_value
+from siglo.codec import refuse_reserved_value, refuse_unopened_value
 from siglo.errors import (
     CapabilityNotSupportedError,
     IdempotencyKeyMismatchError,
@@ -57,6 +57,7 @@ __all__ = [
     "new_lock_token",
     "nonce_ttl_ms",
     "undos_pending",
+    "undos_settled",
 ]
 
 T = TypeVar("T")
@@ -248,12 +249,30 @@ cancelled (a statement not yet committed, a command whose reply was not read) ma
 after the first undo, which then finds nothing."""
 
 _UNDOING: set[asyncio.Task[None]] = set()
+_FIRST_TRIES: dict[asyncio.Task[None], asyncio.Event] = {}
+"""Set once each undo in progress has made its first try (:func:`undos_settled`)."""
 _log = masking.logger("siglo.locking")
 
 
 def undos_pending() -> int:
     """How many cancelled calls are still being undone in this process."""
     return sum(not task.done() for task in _UNDOING)
+
+
+async def undos_settled(timeout_s: float) -> None:
+    """Wait, at most ``timeout_s``, for the undos in progress (:func:`undo_later`): what
+    :meth:`siglo.Backend.aclose` does before closing the connections they need."""
+    tried = [
+        asyncio.ensure_future(event.wait())
+        for task, event in list(_FIRST_TRIES.items())
+        if not task.done() and not event.is_set()
+    ]
+    if tried:
+        # Its first try, not its later ones: those are for a call still on its way,
+        # which a closing connection will not see land anyway.
+        _, late = await asyncio.wait(tried, timeout=timeout_s)
+        for waiter in late:
+            waiter.cancel()
 
 
 def undo_later(what: str, undo: Callable[[], Awaitable[bool]], *, lapses_in_ms: int) -> None:
@@ -269,25 +288,35 @@ def undo_later(what: str, undo: Callable[[], Awaitable[bool]], *, lapses_in_ms: 
     the reply, and the key held by nobody until its lease ended (every retry of the
     request refused until then)."""
     loop = asyncio.get_running_loop()
-    task = loop.create_task(_undo(what, undo, loop.time() + lapses_in_ms / 1000))
+    first_try = asyncio.Event()
+    task = loop.create_task(_undo(what, undo, loop.time() + lapses_in_ms / 1000, first_try))
     _UNDOING.add(task)
+    _FIRST_TRIES[task] = first_try
     task.add_done_callback(_UNDOING.discard)
+    task.add_done_callback(_FIRST_TRIES.pop)
 
 
-async def _undo(what: str, undo: Callable[[], Awaitable[bool]], lapses_at: float) -> None:
+async def _undo(
+    what: str, undo: Callable[[], Awaitable[bool]], lapses_at: float, first_try: asyncio.Event
+) -> None:
     loop = asyncio.get_running_loop()
     waited = 0.0
-    for at in _UNDO_AFTER_S:
-        if loop.time() >= lapses_at:
-            return
-        await asyncio.sleep(at - waited)
-        waited = at
-        try:
-            if await undo():
-                _log.info("%s released after the call that took it was cancelled", what)
+    try:
+        for at in _UNDO_AFTER_S:
+            if loop.time() >= lapses_at:
                 return
-        except Exception:
-            continue
+            await asyncio.sleep(at - waited)
+            waited = at
+            try:
+                if await undo():
+                    _log.info("%s released after the call that took it was cancelled", what)
+                    return
+            except Exception:
+                continue
+            finally:
+                first_try.set()
+    finally:
+        first_try.set()
 
 
 async def acquire_undone_on_cancel(lock: Lock, lock_key: str, ttl_ms: int) -> LockResult:
@@ -402,6 +431,8 @@ class IdempotencyStoreBase(Closable):
         require_ttl_ms("ttl_ms", ttl_ms, optional=True)
         if token is not None:
             require_id("token", token)
+        if not self.opened_above:  # above it, the pipeline checked the value it sealed
+            refuse_reserved_value(result, f"the result of idempotency key {key!r}")
         self._require_open()
         if not await self._do_complete_owned(key, result, ttl_ms, token):
             raise _not_owner(key, "complete", token)

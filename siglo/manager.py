@@ -320,7 +320,7 @@ class StorageManager:
         if len(live) > 1:
             raise AmbiguousStackError(
                 f"{len(live)} live stacks of {stack_id!r} are held in this manager (another "
-                "caller resumed or restored the same id): save the stack object itself, "
+                "caller created, resumed or restored the same id): save the stack object itself, "
                 "with `await stack.save(...)` or `manager.save(stack, ...)`"
             )
         if not live:
@@ -366,7 +366,7 @@ class StorageManager:
         if holders > 1:
             raise AmbiguousStackError(
                 f"{holders} live stacks of {stack_id!r} are held in this manager (another caller "
-                "resumed or restored the same id): discard the stack object itself, with "
+                "created, resumed or restored the same id): discard the stack object itself, with "
                 "`manager.discard_stack(stack)`"
             )
         self._stacks.pop(stack_id, None)

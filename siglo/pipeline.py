@@ -28,7 +28,13 @@ from siglo.adapter import CacheEntry, StorageAdapter
 from siglo.blind import INDEX_KEY, check_filter, indexable, list_matching, token
 from siglo.checkpoint import Checkpoint
 from siglo.closing import Closable
-from siglo.codec import NO_BLOB_STORE, REF_KEY, is_reference, refuse_unopened_value
+from siglo.codec import (
+    NO_BLOB_STORE,
+    REF_KEY,
+    is_reference,
+    refuse_reserved_value,
+    refuse_unopened_value,
+)
 from siglo.config import Settings
 from siglo.coordination import (
     ClaimState,
@@ -1013,6 +1019,7 @@ class PipelineIdempotencyStore(Closable):
     async def complete(
         self, key: str, result: Any, ttl_ms: int | None = None, *, token: str | None = None
     ) -> None:
+        refuse_reserved_value(result, f"the result of idempotency key {key!r}")
         sealed = await self.sealer.seal(self.pipeline.value_out(result), _result_location(key))
         await self.inner.complete(key, sealed, ttl_ms, token=token)
 

@@ -97,6 +97,9 @@ def take_snapshot(
         # the rest); never in place of a field siglo writes.
         extra = redact(stack.extra, fields) if fields else stack.extra
         wire = {**extra, **wire}
+    # A value of a form siglo reserves would read back as what it looks like: refused
+    # now, not at every load after.
+    codec.refuse_reserved_forms(contexts, f"stack {stack.stack_id!r}")
     # Encoding then decoding is the deep copy: later mutations of the live stack
     # cannot reach the snapshot, non-JSON context values fail here, synchronously,
     # and the adapter reuses the encoding instead of serialising again.

@@ -164,10 +164,12 @@ def db_attributes(backend: str, url: str) -> dict[str, Any]:
     path = parts.path.lstrip("/")
     if backend == "sqlite":
         path = parts.path[1:] or ":memory:"  # sqlite:///app.db, sqlite:////abs/app.db
+    if backend == "redis":
+        # ?db=N wins over the path, as in redis-py.
+        query_db = next((v for k, v in parse_qsl(parts.query) if k == "db"), None)
+        path = query_db or path or "0"
     if path:
         attrs["db.namespace"] = path
-    elif backend == "redis":
-        attrs["db.namespace"] = "0"
     return attrs
 
 

@@ -122,6 +122,9 @@ def hint_for(exc: BaseException) -> str:
             "siglo cannot read that wait record as stored; `siglo rm URL STACK_ID` of its "
             "run removes it with the run, or remove the record from the store by hand"
         )
+    if isinstance(exc, InvalidArgumentError) and "blob_url and offload_min_bytes" in str(exc):
+        # A reference to an offloaded value, met by a command without the blob store.
+        return "run it with the application's blob store settings (blob_url, offload_min_bytes)"
     if isinstance(exc, InvalidArgumentError) and "pip install 'siglo[" in str(exc):
         # Settings that need an extra not installed (encryption, compression, S3).
         return "install the extra named above, or take the setting that needs it out"

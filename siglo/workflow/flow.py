@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES
+from siglo.codec import refuse_reserved_value
 from siglo.coordination import undo_later
 from siglo.errors import (
     CapabilityNotSupportedError,
@@ -424,13 +425,21 @@ class Flow:
         checkpoint = await manager.load_checkpoint(stack_id, namespace=namespace)
         if checkpoint is None:
             raise InvalidArgumentError(f"no checkpoint of workflow {stack_id!r} to resume")
-        if checkpoint.workflow_id is not None and checkpoint.workflow_id != self.name:
+        stored_version = str((checkpoint.metadata or {}).get("flowVersion"))
+        if (
+            checkpoint.workflow_id is not None
+            and checkpoint.workflow_id != self.name
+            and stored_version not in self.migrations
+        ):
             # The version fingerprints step names only: a flow with steps of the same
-            # names would take up, and finish, another flow's run.
+            # names would take up, and finish, another flow's run. A migration from the
+            # run's version says the run is this flow's (a flow made without name= is
+            # named after its steps, so a changed one has another name).
             raise InvalidArgumentError(
                 f"workflow {stack_id!r} is a run of flow {checkpoint.workflow_id!r}, not of "
-                f"{self.name!r}: resume it with that flow (a renamed flow keeps the name "
-                "its runs were stored under)"
+                f"{self.name!r}: resume it with that flow, or register a migration from its "
+                f"version with flow.with_migration({stored_version!r}, fn) (a flow made "
+                "without name= is named after its steps: name both versions alike)"
             )
         if checkpoint.namespace != namespace and checkpoint.status != "completed":
             # Found through namespace_fallback: another run, of no namespace. Its output is
@@ -732,6 +741,7 @@ class Flow:
         # The output becomes context, so it is stored redacted like context: a later
         # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
         cached_output = manager.redact(output, stack.stack_id)
+        refuse_reserved_value(cached_output, f"the output of step {step.name!r}")
         entry = CacheEntry(key, cached_output, step.cache_ttl_ms, stack.namespace)
         return output, entry, looked_up
 

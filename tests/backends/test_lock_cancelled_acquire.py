@@ -175,3 +175,38 @@ async def test_a_with_lock_cut_off_in_its_release_leaves_no_lock_held(kind: str)
         await _settle()
         held = [key for key in cut_after_fn if await lock.inspect(key) is not None]
         assert held == [], f"{len(held)} of {len(cut_after_fn)} locks held by nobody: {held}"
+
+
+async def test_a_connection_closed_right_after_a_cut_off_acquire_strands_no_lock() -> None:
+    """A script (or a request with a connection of its own) that closes its connection
+    at once after a cut-off ``with_lock``: ``aclose`` first waits (bounded) for the
+    undo, so the lock is not left held by nobody for its lease."""
+    import os
+
+    from _redis_helpers import REDIS_URL, require_redis
+
+    import siglo
+    from siglo_redis.connect import delete_prefix
+
+    require_redis()
+    prefix = f"siglo-test-undo-{os.urandom(4).hex()}:"
+    rng = random.Random(23)
+    try:
+        for i in range(60):
+            async with siglo.connect(REDIS_URL, prefix=prefix) as backend:
+                lock = backend.require_lock()
+
+                async def fn() -> None:
+                    return None
+
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        lock.with_lock(f"c-{i}", fn, LEASE_MS), rng.uniform(*TIMEOUTS_S["redis"])
+                    )
+        async with siglo.connect(REDIS_URL, prefix=prefix) as fresh:
+            lock = fresh.require_lock()
+            held = [i for i in range(60) if await lock.inspect(f"c-{i}") is not None]
+        assert held == [], f"{len(held)} of 60 locks held by nobody: {held}"
+    finally:
+        async with siglo.connect(REDIS_URL, prefix=prefix) as other:
+            await delete_prefix(other.adapter.client, prefix)  # type: ignore[attr-defined]

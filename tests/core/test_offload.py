@@ -742,6 +742,7 @@ async def test_export_without_the_blob_store_refuses_to_write_references(
     done = _siglo_with(shell, "export", "-o", str(dump))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "blob_url" in done.stderr, done.stderr
+    assert "Hint: run it with the application's blob store settings" in done.stderr
     assert not dump.exists()
     piped = _siglo_with(shell, "export")  # to stdout, as `siglo export … | siglo import …`
     assert piped.returncode == 1, piped.stdout + piped.stderr
@@ -922,3 +923,42 @@ async def test_a_save_the_size_guard_refuses_puts_no_blob(
         # Under the limit as stored (the large values are references): stored, blobs put.
         await adapter.save_checkpoint(_cp("big", 1, a={"v": BIG + "1"}, b={"v": BIG + "2"}))
         assert len(await _blobs(store)) == 2
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [Settings(), Settings(redact_fields=frozenset({"card"}))],
+    ids=["bare", "with-a-pipeline"],
+)
+async def test_values_of_a_reserved_form_are_refused_when_written(
+    tmp_path: Path, settings: Settings
+) -> None:
+    """A value shaped like siglo's reference to an offloaded value, or like a sealed
+    value, would read back as what it looks like, and be refused at every read after:
+    it is refused when written — a context value, a whole context, a cached step's
+    output, an idempotency result — and nothing is stored."""
+    reference = {"$siglo.blob": "not-a-digest", "bytes": 3}
+    sealed = {"$siglo": "hello"}
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    async with siglo.connect(url, settings=settings) as backend:
+        manager = StorageManager(backend, settings=settings)
+        for step, value in (("p", {"v": reference}), ("q", sealed)):
+            stack = manager.create_stack(f"s-{step}")
+            stack.contexts[step] = value
+            with pytest.raises(InvalidArgumentError, match="reserves"):
+                await stack.save()
+            manager.discard_stack(stack)
+            assert await manager.load_checkpoint(f"s-{step}") is None
+
+        async def shaped(_: Any) -> Any:
+            return dict(sealed)
+
+        f = siglo.flow(siglo.Step.create("x", shaped).cache(ttl_ms=60_000), name="shaped")
+        with pytest.raises(InvalidArgumentError, match="reserves"):
+            await f.run(None, manager=manager, stack_id="r1")
+        assert await backend.adapter.get_cached_step("x") is siglo.MISSING
+        payments = backend.require_idempotency()
+        claim = await payments.claim_owned("pay-1")
+        with pytest.raises(InvalidArgumentError, match="reserves"):
+            await payments.complete("pay-1", sealed, token=claim.token)
+        assert await payments.get("pay-1") is siglo.MISSING

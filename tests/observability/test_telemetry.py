@@ -171,6 +171,9 @@ def test_db_attributes_name_the_database_not_the_credentials() -> None:
         "db.namespace": "var/app.db",
     }
     assert telemetry.db_attributes("redis", "redis://:pw@h:6380/2")["db.namespace"] == "2"
+    # ?db=N picks the database (redis-py): it wins over the path.
+    assert telemetry.db_attributes("redis", "redis://h:6379?db=5")["db.namespace"] == "5"
+    assert telemetry.db_attributes("redis", "redis://h:6379/1?db=5")["db.namespace"] == "5"
     # A socket has no host, and a Sentinel URL's hosts are the Sentinels, not the server
     # that answers: the db number alone.
     for url, db in (

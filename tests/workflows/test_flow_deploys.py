@@ -290,3 +290,23 @@ async def test_a_run_cancelled_while_it_runs_says_so(
         await running
     with pytest.raises(InvalidStateTransitionError, match="already ended cancelled"):
         await f.run(1, manager=_manager(memory, clock), stack_id="r1")
+
+
+async def test_a_flow_without_a_name_is_migrated_like_a_named_one(
+    memory: siglo.Backend, clock: ManualClock
+) -> None:
+    """A flow made without ``name=`` is named after its steps, so renaming a step names
+    the new version otherwise: its migration from the old version says the old runs are
+    its own, and they continue (another flow's run, with no migration, stays refused)."""
+    v1 = flow(Step.create("reserve", _reserve), Step.create("approve", _approve))
+    v2 = flow(Step.create("reserve", _reserve), Step.create("approval", _approve))
+    assert v1.name != v2.name
+    with pytest.raises(WorkflowSuspended):
+        await v1.run(1, manager=_manager(memory, clock), stack_id="r1")
+    with pytest.raises(InvalidArgumentError, match="with_migration"):
+        await v2.deliver("approve:1", "ada", manager=_manager(memory, clock))
+    migrated = v2.with_migration(v1.version, _renamed)
+    assert await migrated.deliver("approve:1", "ada", manager=_manager(memory, clock)) == {
+        "order": 1,
+        "approver": "ada",
+    }
