@@ -56,6 +56,7 @@ __all__ = [
     "new_idempotency_token",
     "new_lock_token",
     "nonce_ttl_ms",
+    "undo_later",
     "undos_pending",
     "undos_settled",
 ]
@@ -724,7 +725,7 @@ class LockBase(Closable):
         deadline = time.monotonic() + wait_ms / 1000
         delay = _MIN_POLL_S
         while True:
-            # Undone if the caller is cancelled meanwhile (siglo.lease_release).
+            # Undone if the caller is cancelled meanwhile (acquire_undone_on_cancel).
             result = await acquire_undone_on_cancel(self, lock_key, ttl_ms)
             remaining = deadline - time.monotonic()
             if result.acquired or remaining <= 0:
