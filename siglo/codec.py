@@ -8,6 +8,7 @@ on every restore's path. See ``docs/design.md``.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from typing import Any, Final
 
 import orjson
@@ -24,6 +25,7 @@ __all__ = [
     "is_reference",
     "is_sealed",
     "loads",
+    "references_in",
     "refuse_reserved_forms",
     "refuse_reserved_value",
     "refuse_unopened_value",
@@ -72,6 +74,18 @@ NO_BLOB_STORE: Final = (
 """What a connection that meets a reference it cannot resolve lacks."""
 
 
+def references_in(contexts: Any) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """``(step, key, reference)`` for each context value of ``contexts`` that is a
+    reference to an offloaded value (where the offloading layer puts them: a context's
+    top-level values, or the ``$siglo`` value of a context sealed and then offloaded)."""
+    for step, context in contexts.items():
+        if type(context) is not dict:
+            continue
+        for key, value in context.items():
+            if type(value) is dict and REF_KEY in value and is_reference(value):
+                yield step, key, value
+
+
 def refuse_reserved_forms(contexts: Any, where: str) -> None:
     """Refuse contexts holding a value of a form siglo reserves — a reference to an
     offloaded value (``{"$siglo.blob": "…", "bytes": n}``, a context's value) or a sealed
@@ -85,13 +99,11 @@ def refuse_reserved_forms(contexts: Any, where: str) -> None:
                 f"{where}: context {step!r} has the form siglo reserves for a sealed value "
                 f'({{"{SEALED_KEY}": "…"}}); give it another shape'
             )
-        for key, value in context.items():
-            if type(value) is dict and REF_KEY in value and is_reference(value):
-                raise InvalidArgumentError(
-                    f"{where}: {step}.{key} has the form siglo reserves for a reference to "
-                    f'an offloaded value ({{"{REF_KEY}": "…", "bytes": n}}); give it '
-                    "another shape"
-                )
+    for step, key, _ in references_in(contexts):
+        raise InvalidArgumentError(
+            f"{where}: {step}.{key} has the form siglo reserves for a reference to an "
+            f'offloaded value ({{"{REF_KEY}": "…", "bytes": n}}); give it another shape'
+        )
 
 
 def refuse_reserved_value(value: Any, what: str) -> None:

@@ -29,8 +29,8 @@ _PENDING: set[asyncio.Task[None]] = set()
 
 
 def releases_pending() -> int:
-    """How many failed releases are still being retried in this process, and cancelled
-    acquires still being undone (:func:`siglo.coordination.acquire_undone_on_cancel`)."""
+    """How many failed releases are still being retried in this process, and calls cut
+    off by their callers still being given back (:func:`siglo.coordination.undo_later`)."""
     return sum(not task.done() for task in _PENDING) + undos_pending()
 
 

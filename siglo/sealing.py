@@ -49,6 +49,7 @@ from siglo.codec import (
     SEALED_KEY,
     is_reference,
     is_sealed,
+    references_in,
     refuse_unopened_value,
     sealed_without_codecs,
 )
@@ -116,22 +117,15 @@ def refuse_unresolved(checkpoint: Any) -> None:
     offloaded): the offloading layer resolves every reference below, so one that reaches
     here was read by a connection without the blob store (settings without
     ``blob_url``, as a worker started without the application's may have)."""
-    for step, context in checkpoint.contexts.items():
-        if type(context) is not dict:
-            continue
-        for key, value in context.items():
-            if type(value) is dict and REF_KEY in value and is_reference(value):
-                where = (
-                    "no namespace"
-                    if checkpoint.namespace is None
-                    else (f"namespace {checkpoint.namespace!r}")
-                )
-                what = f"{step}.{key}" if key != SEALED_KEY else f"{step} (sealed)"
-                raise InvalidArgumentError(
-                    f"stack {checkpoint.stack_id!r} ({where}), {what} is offloaded to blob "
-                    f"{value[REF_KEY]}, and this connection has no blob store to read it "
-                    f"from: {NO_BLOB_STORE}"
-                )
+    for step, key, reference in references_in(checkpoint.contexts):
+        namespace = checkpoint.namespace
+        where = "no namespace" if namespace is None else f"namespace {namespace!r}"
+        what = f"{step}.{key}" if key != SEALED_KEY else f"{step} (sealed)"
+        raise InvalidArgumentError(
+            f"stack {checkpoint.stack_id!r} ({where}), {what} is offloaded to blob "
+            f"{reference[REF_KEY]}, and this connection has no blob store to read it "
+            f"from: {NO_BLOB_STORE}"
+        )
 
 
 def refuse_sealed(checkpoint: Any) -> None:
