@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import hashlib
 import os
 import re
@@ -176,11 +177,18 @@ class DirectoryBlobStore(BlobStore):
             except FileNotFoundError:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".put-")
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(temp, path)
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        out.write(data)
+                        out.flush()
+                        os.fsync(out.fileno())
+                    os.replace(temp, path)
+                except BaseException:
+                    # A write that failed (the disk full, a file size limit) leaves no
+                    # partial file behind: nothing would ever collect it.
+                    with contextlib.suppress(OSError):
+                        os.unlink(temp)
+                    raise
                 current = 0.0
             try:
                 os.utime(path, (keep, max(keep, current)))

@@ -141,31 +141,55 @@ def _opened(path: Path) -> IO[bytes]:
 def _replacing(path: Path, write: Callable[[IO[bytes]], int]) -> int:
     """``write`` into a temporary file beside ``path``, then rename it over ``path``: a
     failed export (a server gone mid-way, a record stored in clear under
-    ``require_encryption``) leaves the file there — last night's backup — as it was."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".part", dir=path.parent)
-    except OSError as exc:
-        raise CliError(
-            f"cannot write {str(path)!r}: {exc.strerror or exc} (the dump is written beside "
-            "it, then renamed over it: its directory must be writable)",
-            "pass --output a path in a directory that exists and that you can write",
-        ) from None
-    _like(fd, path)
+    ``require_encryption``) leaves the file there — last night's backup — as it was.
+
+    SIGTERM and SIGHUP are turned into an exit before the temporary file exists and are
+    held while it is made, so a stop at any moment removes it."""
     stop = _stopped_by_signals()
+    name: str | None = None
     try:
+        with _signals_held():
+            try:
+                fd, name = tempfile.mkstemp(
+                    prefix=f".{path.name[:200]}.", suffix=".part", dir=path.parent
+                )
+            except OSError as exc:
+                raise CliError(
+                    f"cannot write {str(path)!r}: {exc.strerror or exc} (the dump is written "
+                    "beside it, then renamed over it: its directory must be writable)",
+                    "pass --output a path in a directory that exists and that you can write",
+                ) from None
+        _like(fd, path)
         with os.fdopen(fd, "wb") as file:
             count = write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(name, path)
+        name = None
         _sync_directory(path.parent)  # the rename itself, made durable
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
+        if name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
         raise
     finally:
         stop()
     return count
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGHUP meanwhile (where the platform can): one that arrives is
+    delivered when the block ends, after the caller knows what it made."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGTERM, signal.SIGHUP}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _sync_directory(directory: Path) -> None:

@@ -652,6 +652,55 @@ def test_export_to_a_link_or_an_existing_file_keeps_what_it_was(tmp_path: Any) -
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
 
 
+@pytest.mark.parametrize("moment", ["made", "moded"])
+def test_a_stop_the_moment_the_temporary_file_is_made_removes_it(
+    tmp_path: Path, moment: str
+) -> None:
+    """SIGTERM delivered right after the temporary file exists (``made``: as ``mkstemp``
+    returns; ``moded``: as it is given the old file's mode), before a byte is written,
+    still leaves only the backup as it was (the handlers are in place before the file
+    exists, and the signal is held while it is made). The stop is a real SIGTERM the
+    process sends itself at that moment, in a child process."""
+    import subprocess
+
+    backup = tmp_path / "backup.jsonl"
+    backup.write_text("last night\n")
+    script = f"""
+import os, signal, tempfile
+from pathlib import Path
+import siglo.cli.transfer as transfer
+
+def stop_now():
+    os.kill(os.getpid(), signal.SIGTERM)
+
+if {moment!r} == "made":
+    made = tempfile.mkstemp
+    def mkstemp(*args, **kwargs):
+        got = made(*args, **kwargs)
+        stop_now()
+        return got
+    transfer.tempfile.mkstemp = mkstemp
+else:
+    like = transfer._like
+    def moded(fd, path):
+        stop_now()
+        like(fd, path)
+    transfer._like = moded
+
+def write(file):
+    raise AssertionError("written after the stop")
+
+transfer._replacing(Path({str(backup)!r}), write)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 128 + 15, done.stderr
+    assert "written after the stop" not in done.stderr
+    assert backup.read_text() == "last night\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup.jsonl"]
+
+
 def test_export_through_a_descriptor_writes_it_as_opened(tmp_path: Any) -> None:
     """``-o /dev/stdout`` with stdout appended to a file writes through the descriptor
     (the file's earlier lines stay, its inode too); a regular file under /dev (tmpfs) is

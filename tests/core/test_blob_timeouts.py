@@ -316,3 +316,26 @@ async def test_the_check_catches_an_unbounded_blob_store(
         finally:
             proxy.cut()
             await backend.aclose()
+
+
+def test_a_directory_put_that_fails_mid_write_leaves_no_partial_file(tmp_path: Path) -> None:
+    """A blob whose write fails half-way (here a real file size limit, ``RLIMIT_FSIZE``,
+    in a child process: the kernel refuses the write past it) raises
+    StorageAdapterError and leaves nothing in the directory — no blob, no temporary
+    file that no collection would ever remove."""
+    script = f"""
+import asyncio, resource, signal
+from siglo.blobs import DirectoryBlobStore, blob_digest
+from siglo.errors import StorageAdapterError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a refused write, not a killed process
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+data = b"x" * 100_000
+try:
+    asyncio.run(DirectoryBlobStore({str(tmp_path)!r}).put(blob_digest(data), data))
+except StorageAdapterError as exc:
+    print("refused:", exc)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused:"), done.stdout
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
