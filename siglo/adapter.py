@@ -47,7 +47,7 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
 from siglo.reserved import check_not_keyring, check_not_keyring_listing
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
-from siglo.sizing import check_document_size
+from siglo.sizing import check_change_size, check_document_size
 from siglo.validation import (
     MAX_LEASE_MS,
     check_context_change,
@@ -220,6 +220,9 @@ class StorageAdapter(Closable):
         check_not_keyring(
             event.namespace, f"recording a context change of stack {event.stack_id!r}"
         )
+        # A value over the document limit by itself: refused before anything is written,
+        # as the save of any checkpoint holding it would be (siglo.sizing).
+        check_change_size(event, self.max_document_bytes)
         self._require_open()
         await self._do_on_context_change(event)
 

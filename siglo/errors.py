@@ -152,6 +152,9 @@ class DocumentTooLargeError(InvalidArgumentError):
     would be stored (its compact JSON wire form, after the pipeline), ``limit`` the
     smaller of the settings' ``max_document_bytes`` and the backend's declared maximum,
     and ``largest`` the largest contexts as ``(step_id, bytes)`` pairs, largest first.
+    ``record`` says what was measured: ``"checkpoint document"``, or a context change
+    streamed on its own (``"context change 'key' of step 'step'"``, its value's JSON
+    measured; ``largest`` is then that step and the value's size).
     """
 
     def __init__(
@@ -161,16 +164,19 @@ class DocumentTooLargeError(InvalidArgumentError):
         limit: int,
         largest: tuple[tuple[str, int], ...] = (),
         namespace: str | None = None,
+        *,
+        record: str = "checkpoint document",
     ) -> None:
         self.stack_id = stack_id
         self.size = size
         self.limit = limit
         self.largest = largest
         self.namespace = namespace
+        self.record = record
         where = f"stack {stack_id!r}" + (f" (namespace {namespace!r})" if namespace else "")
         shown = ", ".join(f"{step!r}: {n} bytes" for step, n in largest) or "none"
         super().__init__(
-            f"checkpoint document of {where} is {size} bytes, over the limit of {limit} "
+            f"{record} of {where} is {size} bytes, over the limit of {limit} "
             f"bytes; largest contexts: {shown}. Keep large values out of the contexts "
             "(offload them: docs/large-state.md) or raise max_document_bytes"
         )

@@ -22,9 +22,11 @@ import orjson
 
 from siglo.checkpoint import Checkpoint
 from siglo.errors import DocumentTooLargeError, InvalidArgumentError
+from siglo.records import ContextChangeEvent
 
 __all__ = [
     "LARGEST_SHOWN",
+    "check_change_size",
     "check_document_size",
     "check_limit",
     "document_size",
@@ -64,6 +66,25 @@ def check_document_size(checkpoint: Checkpoint, limit: int | None) -> None:
             limit,
             largest_contexts(checkpoint),
             checkpoint.namespace,
+        )
+
+
+def check_change_size(event: ContextChangeEvent, limit: int | None) -> None:
+    """Raise :class:`~siglo.DocumentTooLargeError` if the value of the context change
+    ``event`` alone is over ``limit`` bytes (its compact JSON, as streamed after the
+    pipeline): no checkpoint holding it could be stored, and a stream record that large
+    would meet the store's own item limit as a driver error instead."""
+    if limit is None or event.value is None:
+        return
+    size = len(orjson.dumps(event.value))
+    if size > limit:
+        raise DocumentTooLargeError(
+            event.stack_id,
+            size,
+            limit,
+            ((event.step_id, size),),
+            event.namespace,
+            record=f"context change {event.key!r} of step {event.step_id!r}",
         )
 
 

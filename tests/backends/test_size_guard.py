@@ -3,6 +3,7 @@ is refused with DocumentTooLargeError before anything is written."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import secrets
 from pathlib import Path
@@ -16,6 +17,7 @@ from siglo import Checkpoint, DocumentTooLargeError, StorageManager
 from siglo.config import Settings, load_settings
 from siglo.errors import InvalidArgumentError, PluginError
 from siglo.plugins import BackendRegistry, get_registry
+from siglo.records import ContextChangeEvent
 from siglo.sizing import check_document_size, largest_contexts
 
 pytestmark = pytest.mark.rule("checkpoint.size.guard")
@@ -56,6 +58,71 @@ async def test_a_manager_save_over_the_limit_writes_nothing(kind: str) -> None:
         await manager.save_checkpoint("grows")
         again = await backend.adapter.get_checkpoint("grows")
         assert again is not None and again.contexts["step"]["history"] == "short again"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_context_change_over_the_limit_by_itself_is_never_streamed(kind: str) -> None:
+    """A change streamed on its own (not with a save) whose value alone is over the limit
+    is refused with DocumentTooLargeError naming it, and nothing is streamed: through the
+    adapter, and through a manager's set() followed by a save later (refused for its
+    size too)."""
+    async with any_backend(kind) as backend:
+        backend.raw_adapter.max_document_bytes = 2_000
+        adapter = backend.adapter
+        huge = ContextChangeEvent(
+            stack_id="alone", step_id="step", key="big", timestamp=1, value="x" * 3_000
+        )
+        with pytest.raises(DocumentTooLargeError) as caught:
+            await adapter.on_context_change(huge)
+        err = caught.value
+        assert (err.stack_id, err.limit, err.size) == ("alone", 2_000, 3_002)
+        assert err.largest == (("step", 3_002),)
+        assert "context change 'big' of step 'step'" in str(err)
+        assert await adapter.get_context_changes("alone", "step") == {}
+        fits = ContextChangeEvent(
+            stack_id="alone", step_id="step", key="big", timestamp=1, value="x" * 1_998
+        )
+        await adapter.on_context_change(fits)  # exactly the limit: streamed
+        assert await adapter.get_context_changes("alone", "step") == {"big": "x" * 1_998}
+
+        manager = StorageManager(backend)
+        stack = manager.create_stack("later")
+        stack.set("step", "small", 1)
+        await stack.save()
+        stack.set("step", "huge", "x" * 5_000)
+        await asyncio.sleep(0.05)  # the change streams on its own, before any save
+        # The stream's refusal, raised for the stack by the error mode at its next call;
+        # the save after it is refused for the document's own size.
+        with pytest.raises(DocumentTooLargeError) as streamed:
+            await stack.save(expected_revision=1)
+        assert streamed.value.record == "context change 'huge' of step 'step'"
+        with pytest.raises(DocumentTooLargeError) as saved:
+            await stack.save(expected_revision=1)
+        assert saved.value.record == "checkpoint document"
+        assert await adapter.get_context_changes("later", "step") == {"small": 1}
+
+
+def test_a_save_refused_for_size_through_siglo_sync_streams_nothing_too_large(
+    tmp_path: Path,
+) -> None:
+    """siglo.sync's set() streams its change at once (each call is a turn of the portal's
+    loop), so a save refused for its size there carries no changes: the value refused
+    is not in the stream either (an auditor's finding: it was)."""
+    from siglo import sync
+
+    settings = load_settings(max_document_bytes=3_000)
+    backend = sync.connect(f"sqlite:///{tmp_path / 's.db'}", settings=settings)
+    try:
+        manager = sync.StorageManager(backend, settings=settings)
+        stack = manager.create_stack("s", namespace="t1")
+        stack.set("a", "small", 1)
+        stack.save()
+        stack.set("a", "huge", "x" * 5_000)
+        with pytest.raises(DocumentTooLargeError):
+            stack.save(expected_revision=1)
+        assert sorted(backend.adapter.get_context_changes("s", "a", "t1")) == ["small"]
+    finally:
+        backend.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -1,6 +1,7 @@
 """`siglo check URL` passes every rule for every built-in backend (issue 3's must-show),
-under both option profiles (`--options all`: the suite's options and a user's defaults;
-the file SQLite one, whose SQL is sqlite-memory's, under the suite's only).
+under both option profiles (the suite's options and a user's defaults: `--options all`
+for the embedded backends, one run a profile for the servers; the file SQLite one, whose
+SQL is sqlite-memory's, under the suite's only).
 
 Each runs the real command line in a subprocess, as CI and users run it. Servers that are
 unreachable skip their backend with a plain message, except under CI=true.
@@ -26,13 +27,21 @@ def test_siglo_check_embedded_backends(url: str, tmp_path: Path) -> None:
     run_siglo_check(url, tmp_path, *(() if url.startswith("sqlite:///") else ("--options", "all")))
 
 
+# The servers' runs are the longest of the default test run: one profile a test, so that
+# pytest-xdist spreads them over its workers (the embedded ones above run `--options all`
+# itself, which merges the two profiles' verdicts).
+PROFILES = ["suite", "user-defaults"]
+
+
 @pytest.mark.rule("capability.declared")
-def test_siglo_check_postgres(tmp_path: Path) -> None:
+@pytest.mark.parametrize("profile", PROFILES)
+def test_siglo_check_postgres(tmp_path: Path, profile: str) -> None:
     require_postgres()
-    run_siglo_check(POSTGRES_URL, tmp_path, "--options", "all")
+    run_siglo_check(POSTGRES_URL, tmp_path, "--options", profile)
 
 
 @pytest.mark.rule("capability.declared")
-def test_siglo_check_redis(tmp_path: Path) -> None:
+@pytest.mark.parametrize("profile", PROFILES)
+def test_siglo_check_redis(tmp_path: Path, profile: str) -> None:
     require_redis()
-    run_siglo_check(REDIS_URL, tmp_path, "--options", "all")
+    run_siglo_check(REDIS_URL, tmp_path, "--options", profile)
