@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -91,7 +92,9 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         # a backend writes an option it is given into its URL (for other processes).
         options["command_timeout_ms"] = settings.command_timeout_ms
     try:
-        backend = spec.load_factory()(url, **options)
+        factory = spec.load_factory()
+        refuse_unnamed_options(spec.name, factory, options)
+        backend = factory(url, **options)
     except InvalidArgumentError as exc:
         # The options it names, not those it lists as known.
         said = re.split(r";? \(?known", str(exc), maxsplit=1)[0]
@@ -183,3 +186,28 @@ def check_port(url: str) -> None:
             f"bad port in the backend URL (host part {host!r}): {exc}; "
             "a port is a number from 0 to 65535"
         ) from None
+
+
+def refuse_unnamed_options(
+    name: str, factory: Callable[..., Any], options: Mapping[str, Any]
+) -> None:
+    """Raise :class:`~siglo.errors.InvalidArgumentError` naming each of ``options`` that
+    the backend ``name``'s ``factory`` does not name as a parameter, when it takes no
+    ``**options``: a typo (or a siglo.toml's option meant for another backend) is
+    refused like a URL option, not raised as the factory's ``TypeError``. A factory
+    that takes ``**options`` receives them all and refuses what it does not know itself
+    (docs/writing-a-backend.md)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a callable Python cannot describe: it decides
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    named = {
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    } - {"url"}
+    unknown = set(options) - named
+    if unknown:
+        raise urls.unknown_option_error(name, unknown, named, where="keyword")

@@ -9,17 +9,24 @@ from urllib.parse import unquote, urlsplit
 from siglo.backend import Backend
 from siglo.clock import Clock
 from siglo.errors import InvalidArgumentError
-from siglo.urls import mask_credentials, refuse_unknown
+from siglo.urls import mask_credentials, refuse_unknown, unknown_option_error
 from siglo_memory.adapter import MemoryStorageAdapter
 from siglo_memory.coordination import MemoryIdempotencyStore, MemoryLock, MemoryNonceStore
 
-__all__ = ["connect"]
+__all__ = ["KEYWORD_OPTIONS", "connect"]
+
+KEYWORD_OPTIONS: frozenset[str] = frozenset(
+    {"checkpoint_ttl_ms", "cache_ttl_ms", "claim_lease_ms", "workflow_lock_timeout_ms"}
+)
+"""The options ``connect`` takes as keyword arguments (:class:`MemoryStorageAdapter`'s)."""
 
 _named: dict[str, Backend] = {}
 
 
 def connect(url: str = "memory://", *, clock: Clock | None = None, **options: Any) -> Backend:
-    """A memory backend. Options go to :class:`MemoryStorageAdapter`.
+    """A memory backend. Options go to :class:`MemoryStorageAdapter`
+    (:data:`KEYWORD_OPTIONS`; any other raises :class:`~siglo.errors.InvalidArgumentError`
+    naming it).
 
     ``memory://`` is a new, private store; ``memory://NAME`` reaches the same store for
     the same name for the life of the process (options apply when it is first made).
@@ -34,6 +41,11 @@ def connect(url: str = "memory://", *, clock: Clock | None = None, **options: An
     # Options go as keyword arguments: a query parameter here would be ignored, so it
     # is refused (a typo must not pass for a setting).
     refuse_unknown(url, (), backend="memory", also="pass options as keyword arguments")
+    # A keyword the adapter does not take (a siglo.toml's [options] meant for another
+    # backend, a typo) is named like a URL option, not a TypeError of the constructor.
+    unknown = set(options) - KEYWORD_OPTIONS
+    if unknown:
+        raise unknown_option_error("memory", unknown, KEYWORD_OPTIONS, where="keyword")
     name = unquote(parts.netloc + parts.path)
     if name:
         if name not in _named:

@@ -159,8 +159,9 @@ def check(
 ) -> None:
     """Run the contract suite against the backend at URL.
 
-    URL defaults to $SIGLO_URL, then to SQLite on a file (sqlite:///siglo-check.db), or
-    to memory:// when SQLite's driver is not installed.
+    URL defaults to the settings' URL ($SIGLO_URL, else url in the nearest siglo.toml),
+    then to SQLite on a file (sqlite:///siglo-check.db), or to memory:// when SQLite's
+    driver is not installed.
     The suite runs on isolated storage of that backend (a temporary file beside the
     SQLite file, its own Redis key prefix or PostgreSQL schema) and removes it.
     Prints a table of rule id, verdict (pass / FAIL / not supported / declared) and, for
@@ -276,7 +277,8 @@ def check(
     primary = report.primary
     for res in report.results.values():
         style = _STYLE[res.verdict]
-        detail = escape(res.detail) if res.verdict == "FAIL" else ""
+        # A failure's counter-example; for a rule not run, why (no check of it completed).
+        detail = escape(res.detail) if res.verdict in ("FAIL", "not run") else ""
         verdict = res.verdict if res is not primary else "FAIL (primary)"
         table.add_row(res.rule.id, f"[{style}]{verdict}[/{style}]", detail)
     out.print(table)

@@ -70,6 +70,44 @@ def test_a_backend_that_reads_no_url_options_refuses_any(url: str, tmp_path: Pat
     assert not (tmp_path / "never").exists()  # refused before the plugin made its directory
 
 
+@pytest.mark.rule("plugins.url-options")
+@pytest.mark.parametrize(
+    ("url", "typo", "meant"),
+    [
+        ("memory://", "prefix", None),
+        ("memory://", "cache_tl_ms", "cache_ttl_ms"),
+        # A plugin whose factory names its options (docs/writing-a-backend.md).
+        ("filestore://{tmp}/never", "cache_tl_ms", "cache_ttl_ms"),
+    ],
+)
+def test_a_keyword_option_the_factory_does_not_take_is_refused_by_name(
+    url: str, typo: str, meant: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given as a keyword or by a siglo.toml's [options] (which then names its file): an
+    InvalidArgumentError naming the option, never a TypeError of the factory nor an
+    option silently dropped (an auditor's finding: memory:// raised TypeError, a plugin
+    that took ``**unused`` dropped the typo)."""
+    url = url.format(tmp=tmp_path)
+    with pytest.raises(InvalidArgumentError) as info:
+        siglo.connect(url, **{typo: 5})
+    assert repr(typo) in str(info.value) and "keyword option" in str(info.value)
+    if meant is not None:
+        assert f"did you mean {meant}?" in str(info.value)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "siglo.toml").write_text(f"[options]\n{typo} = 5\n", encoding="utf-8")
+    from siglo.config import reset_settings
+
+    reset_settings()
+    try:
+        with pytest.raises(InvalidArgumentError) as from_file:
+            siglo.connect(url)
+        assert "from the [options] of" in str(from_file.value)
+        assert "siglo.toml" in str(from_file.value)
+    finally:
+        reset_settings()
+    assert not (tmp_path / "never").exists()
+
+
 def test_unrelated_names_are_listed_without_a_guess() -> None:
     message = _refused("sqlite://?zzz=1&qqq=2", "'qqq'", "'zzz'", "options")
     assert "did you mean" not in message

@@ -296,6 +296,48 @@ def test_a_deviation_must_name_a_rule_reason_and_kind() -> None:
         )
 
 
+class _SavesUnnamespaced(MemoryStorageAdapter):
+    """Saves every checkpoint outside its namespace: a more basic rule fails first in
+    each check of the manager's redaction and restore rules."""
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Any, *, expected_revision: int | None = None
+    ) -> None:
+        await super()._do_save_checkpoint(
+            checkpoint.replace(namespace=None), expected_revision=expected_revision
+        )
+
+
+def _unnamespaced(**options: Any) -> Any:
+    backend = memory_connect("memory://", **options)
+    backend.adapter = _SavesUnnamespaced(clock=options.get("clock"))
+    return backend
+
+
+def test_a_whole_run_says_why_a_rule_was_not_run() -> None:
+    """docs/running-the-contract-suite.md: in a whole run, a rule none of whose checks
+    completed (each stopped by a more basic rule's failure) is not run, and the table
+    says so in its row (an auditor read two such rows as unexplained)."""
+    registry = get_registry()
+    registry.register(_plugin(_unnamespaced, []), "deviant-test-plugin")
+    try:
+        done = CliRunner().invoke(
+            main,
+            ["check", "deviant://", "--seed", "1"],
+            env={"COLUMNS": "250"},
+        )
+    finally:
+        registry.unregister("deviant-test-plugin")
+    assert done.exit_code != 0, done.output
+    rows = [
+        line
+        for line in done.output.splitlines()
+        if line.lstrip("│ ").startswith("manager.redaction.stored ")
+    ]
+    assert rows and "not run" in rows[0], done.output
+    assert "no check of this rule completed" in rows[0], done.output
+
+
 # -- the suite's power ---------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -296,6 +297,24 @@ def test_siglo_check_does_not_take_the_settings_options(tmp_path: Path) -> None:
     )
     assert refused.returncode != 0 and "no_such_option" in refused.stderr + refused.stdout
     run_siglo_check(url, tmp_path, "--rule", "checkpoint.r*", "--examples", "5")
+
+
+def test_siglo_check_without_a_url_checks_the_settings_url(tmp_path: Path) -> None:
+    """docs/running-the-contract-suite.md: with no URL, `siglo check` checks the settings'
+    URL — here `url` in the siglo.toml of the directory it runs in — before the embedded
+    default."""
+    (tmp_path / "siglo.toml").write_text('url = "memory://"\n', encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "siglo", "check", "--rule", "cache.*", "--examples", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "SIGLO_URL"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "siglo check memory://" in done.stdout, done.stdout
+    assert not list(tmp_path.glob("siglo-check*"))  # not the SQLite default
 
 
 def test_debug_adds_the_traceback_behind_an_error_line(tmp_path: Path) -> None:

@@ -182,19 +182,22 @@ def _root(url: str) -> Path:
     return Path(unquote(parts.path))
 
 
+_OPTIONS = frozenset({"clock", "checkpoint_ttl_ms", "cache_ttl_ms"})
+"""The options :func:`connect` takes."""
+
+
 def connect(
     url: str,
     *,
     clock: Clock | None = None,
     checkpoint_ttl_ms: int | None = None,
     cache_ttl_ms: int = DEFAULTS.cache_ttl_ms,
-    **unused: Any,
 ) -> Backend:
     """A backend on the directory of ``filestore:///path``.
 
-    Options of capabilities this store does not have (``claim_lease_ms`` …) are
-    accepted and ignored, so callers such as the contract suite can pass one set of
-    options to every backend.
+    Its options are the ones named here: the contract suite passes only those, and
+    ``siglo.connect`` refuses any other by name (a typo in a siglo.toml's
+    ``[options]`` included) before calling this.
     """
     adapter = FileStorageAdapter(
         _root(url), clock=clock, checkpoint_ttl_ms=checkpoint_ttl_ms, cache_ttl_ms=cache_ttl_ms
@@ -206,7 +209,8 @@ def connect(
 async def isolated(url: str, **options: Any) -> AsyncIterator[Backend]:
     """A backend on a fresh temporary directory, removed afterwards (for the suite)."""
     root = tempfile.mkdtemp(prefix="siglo-filestore-")
-    backend = connect(f"filestore://{root}", **options)
+    # The suite's options this store has (it passes one set to every backend).
+    backend = connect(f"filestore://{root}", **{k: options[k] for k in _OPTIONS & set(options)})
     try:
         yield backend
     finally:
