@@ -297,7 +297,9 @@ def run_contract(
         loop.close()
 
     results: dict[str, RuleResult] = {}
-    for r in selected:
+    judged = list(selected)
+    by_id = {r.id: r for r in ADAPTER_RULES}
+    for r in judged:  # grows: see below
         names = [c.name for c in to_run if r.id in c.rules]
         if r.capability is not None and r.capability not in tgt.capabilities:
             results[r.id] = RuleResult(
@@ -345,9 +347,14 @@ def run_contract(
                     deviation,
                 )
         else:
-            results[r.id] = RuleResult(
-                r, "not run", "no check of this rule completed", names, seconds=seconds
-            )
+            stopped_by = sorted({f for n in names if n in outcomes for f in outcomes[n].failed})
+            why = "no check of this rule completed"
+            if stopped_by:
+                why += f" (each stopped at a failure of {', '.join(stopped_by)})"
+            results[r.id] = RuleResult(r, "not run", why, names, seconds=seconds)
+            # What stopped it is reported too, selected or not: a run limited to this
+            # rule would otherwise pass with it "not run" over a broken backend.
+            judged.extend(by_id[f] for f in stopped_by if f in by_id and by_id[f] not in judged)
     return Report(
         tgt.label,
         seed,

@@ -336,6 +336,26 @@ def test_a_whole_run_says_why_a_rule_was_not_run() -> None:
     ]
     assert rows and "not run" in rows[0], done.output
     assert "no check of this rule completed" in rows[0], done.output
+    assert "each stopped at a failure of" in done.output, done.output
+
+
+def test_a_selection_reports_the_failure_that_stopped_its_rules() -> None:
+    """A run limited to the manager's rules over a backend that loses namespaces: their
+    checks stop at checkpoint.roundtrip, which is reported (FAIL, the run fails) though
+    not selected; before, the run passed with the two rules "not run"."""
+    registry = get_registry()
+    registry.register(_plugin(_unnamespaced, []), "deviant-test-plugin")
+    try:
+        report = run_contract(Target.from_url("deviant://"), rules=["manager.*"], seed=1)
+    finally:
+        registry.unregister("deviant-test-plugin")
+    assert not report.ok
+    assert report.verdict("checkpoint.roundtrip") == "FAIL"
+    assert report.primary is not None and report.primary.rule.id == "checkpoint.roundtrip"
+    assert report.verdict("manager.redaction.stored") == "not run"
+    doc = report_document(report)
+    _validate(doc)
+    assert doc["summary"]["failed"] == 1
 
 
 # -- the suite's power ---------------------------------------------------------------------------
