@@ -76,7 +76,10 @@ def check_change_size(event: ContextChangeEvent, limit: int | None) -> None:
     would meet the store's own item limit as a driver error instead."""
     if limit is None or event.value is None:
         return
-    size = len(orjson.dumps(event.value))
+    try:
+        size = len(orjson.dumps(event.value))
+    except orjson.JSONEncodeError:
+        return  # not JSON: the backend refuses it, naming the key (InvalidArgumentError)
     if size > limit:
         raise DocumentTooLargeError(
             event.stack_id,

@@ -102,6 +102,21 @@ async def test_a_context_change_over_the_limit_by_itself_is_never_streamed(kind:
         assert await adapter.get_context_changes("later", "step") == {"small": 1}
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_change_measured_for_size_that_is_not_json_is_refused_by_name(kind: str) -> None:
+    """Measuring a change does not turn bad input into the encoder's TypeError: a value
+    that is not JSON is refused with InvalidArgumentError naming its key, on every
+    backend, whatever the limit."""
+    async with any_backend(kind) as backend:
+        backend.raw_adapter.max_document_bytes = 2_000
+        for value in ({1, 2}, {"a": object()}, {1: "an int key"}):
+            with pytest.raises(InvalidArgumentError, match="context value 'k'"):
+                await backend.adapter.on_context_change(
+                    ContextChangeEvent(stack_id="s", step_id="a", key="k", timestamp=1, value=value)
+                )
+        assert await backend.adapter.get_context_changes("s", "a") == {}
+
+
 def test_a_save_refused_for_size_through_siglo_sync_streams_nothing_too_large(
     tmp_path: Path,
 ) -> None:
