@@ -166,6 +166,12 @@ class StorageAdapter(Closable):
     on the instance to the settings' ``max_document_bytes`` and the plugin's declaration.
     A save over it raises :class:`~siglo.errors.DocumentTooLargeError` before anything is
     written (:mod:`siglo.sizing`); ``None``: no limit."""
+    offloaded_from_bytes: int | None = None
+    """Set on the instance by :func:`siglo.connect` when a layer above offloads values
+    (``offload_min_bytes``): a context value at least this large is stored in a
+    checkpoint as a blob reference, so a context change streamed on its own with such a
+    value is not refused for its size (:func:`siglo.sizing.check_change_size`); the
+    stream holds the value as set. ``None``: nothing is offloaded."""
     workflow_lock: Lock | None = None
     """The lock :meth:`with_workflow_lock` takes, keyed by the stack id, if the backend
     provides one (any :class:`~siglo.coordination.Lock`): the base class then runs the
@@ -220,9 +226,10 @@ class StorageAdapter(Closable):
         check_not_keyring(
             event.namespace, f"recording a context change of stack {event.stack_id!r}"
         )
-        # A value over the document limit by itself: refused before anything is written,
-        # as the save of any checkpoint holding it would be (siglo.sizing).
-        check_change_size(event, self.max_document_bytes)
+        # A value over the document limit by itself, which no offloading takes out of a
+        # checkpoint: refused before anything is written, as the save of any checkpoint
+        # holding it would be (siglo.sizing).
+        check_change_size(event, self.max_document_bytes, self.offloaded_from_bytes)
         self._require_open()
         await self._do_on_context_change(event)
 

@@ -129,6 +129,8 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         store = bounded(store, bound)
         offloader = Offloader(store, settings.offload_min_bytes)
         backend.adapter = offload_adapter(backend.adapter, offloader)
+        # A change of a value this large is not refused for its size (siglo.sizing).
+        adapter.offloaded_from_bytes = settings.offload_min_bytes
     backend.use_pipeline(Pipeline(settings))
     return backend
 

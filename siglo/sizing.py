@@ -69,17 +69,23 @@ def check_document_size(checkpoint: Checkpoint, limit: int | None) -> None:
         )
 
 
-def check_change_size(event: ContextChangeEvent, limit: int | None) -> None:
+def check_change_size(
+    event: ContextChangeEvent, limit: int | None, offloaded_from: int | None = None
+) -> None:
     """Raise :class:`~siglo.DocumentTooLargeError` if the value of the context change
     ``event`` alone is over ``limit`` bytes (its compact JSON, as streamed after the
     pipeline): no checkpoint holding it could be stored, and a stream record that large
-    would meet the store's own item limit as a driver error instead."""
+    would meet the store's own item limit as a driver error instead — unless values of
+    its size are offloaded (at least ``offloaded_from`` bytes: a checkpoint holds a
+    reference to it, and the change streams)."""
     if limit is None or event.value is None:
         return
     try:
         size = len(orjson.dumps(event.value))
     except orjson.JSONEncodeError:
         return  # not JSON: the backend refuses it, naming the key (InvalidArgumentError)
+    if offloaded_from is not None and size >= offloaded_from:
+        return
     if size > limit:
         raise DocumentTooLargeError(
             event.stack_id,

@@ -119,7 +119,7 @@ def connect(url: str, **options: Any) -> Backend:
     """
     refuse_unknown_options(url)
     base, url_options = split_url_options(url, URL_OPTIONS)
-    merged = take_options(options, url_options, POSTGRES_OPTIONS)
+    merged = take_options(options, url_options, POSTGRES_OPTIONS, backend="postgres")
     conninfo = _conninfo(base, merged.pop("connect_timeout_ms", DEFAULTS.connect_timeout_ms))
     return _build(base, conninfo, merged, engine=None)
 
@@ -169,7 +169,7 @@ def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
         "prepare_threshold",
         "pgbouncer",  # the engine's connections are configured by the application
     }
-    merged = take_options(options, {}, allowed)
+    merged = take_options(options, {}, allowed, backend="postgres")
     base = engine.url.render_as_string(hide_password=True)
     return _build(base, "", merged, engine=engine)
 

@@ -90,14 +90,17 @@ def timeout_option(db: Database) -> dict[str, Any]:
 
 
 def take_options(
-    options: dict[str, Any], url_options: Mapping[str, Any], allowed: frozenset[str]
+    options: dict[str, Any],
+    url_options: Mapping[str, Any],
+    allowed: frozenset[str],
+    *,
+    backend: str,
 ) -> dict[str, Any]:
-    """Keyword options over URL options; an unknown keyword is an error naming it."""
-    unknown = sorted(set(options) - allowed)
+    """Keyword options over URL options; an unknown keyword is an error naming it and
+    the closest known one, as a URL option's is (:func:`siglo.urls.unknown_option_error`)."""
+    unknown = set(options) - allowed
     if unknown:
-        raise InvalidArgumentError(
-            f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"
-        )
+        raise urls.unknown_option_error(backend, unknown, allowed, where="keyword")
     merged = dict(url_options)
     merged.update(options)
     return merged

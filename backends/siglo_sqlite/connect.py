@@ -82,7 +82,7 @@ def connect(url: str = "sqlite://", **options: Any) -> Backend:
     urls.refuse_unknown(url, URL_OPTIONS, backend="sqlite")
     base, url_options = split_url_options(url, URL_OPTIONS)
     path = _path_of(base)
-    merged = take_options(options, url_options, SQLITE_OPTIONS)
+    merged = take_options(options, url_options, SQLITE_OPTIONS, backend="sqlite")
     return _build(url, base, path, merged, engine=None)
 
 
@@ -98,7 +98,7 @@ def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
             "connect_engine() needs an sqlite+aiosqlite AsyncEngine, "
             f"got {urls.mask_credentials(url)!r}"
         )
-    merged = take_options(options, {}, SQLITE_OPTIONS)
+    merged = take_options(options, {}, SQLITE_OPTIONS, backend="sqlite")
     database = engine.url.database
     path = None if database in (None, "", ":memory:") else database
     return _build(url, url, path, merged, engine=engine)

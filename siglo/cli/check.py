@@ -328,12 +328,28 @@ def check(
         sys.exit(1)
 
 
+_NOT_SELECTED: Final = "not selected"
+"""A rule one run judged and the other did not: outside a ``--rule`` selection, judged
+on one side only because a failure of it stopped a selected rule's checks there."""
+
+
+def _judged(a: Report, b: Report) -> list[str]:
+    """The rules either run judged, in the order of ``a``'s then ``b``'s."""
+    return [*a.results, *(rule_id for rule_id in b.results if rule_id not in a.results)]
+
+
+def _verdict(report: Report, rule_id: str) -> str:
+    res = report.results.get(rule_id)
+    return _NOT_SELECTED if res is None else res.verdict
+
+
 def _differences(a: Report, b: Report) -> list[tuple[str, str, str]]:
-    """(rule, verdict on a, verdict on b) for every rule the two runs judged apart."""
+    """(rule, verdict on a, verdict on b) for every rule the two runs judged apart —
+    a rule only one of them judged included."""
     return [
-        (rule_id, res.verdict, b.results[rule_id].verdict)
-        for rule_id, res in a.results.items()
-        if rule_id in b.results and res.verdict != b.results[rule_id].verdict
+        (rule_id, _verdict(a, rule_id), _verdict(b, rule_id))
+        for rule_id in _judged(a, b)
+        if _verdict(a, rule_id) != _verdict(b, rule_id)
     ]
 
 
@@ -341,9 +357,10 @@ def _print_comparison(out: Console, a: Report, b: Report) -> None:
     """Where two runs of the same programs (one seed) differ, rule by rule, with the
     counter-example of the side that failed."""
     differ = _differences(a, b)
+    judged = len(_judged(a, b))
     if not differ:
         out.print(
-            f"{a.target} and {b.target} agree on all {len(a.results)} rules (seed {a.seed})",
+            f"{a.target} and {b.target} agree on all {judged} rules (seed {a.seed})",
             highlight=False,
             markup=False,
         )
@@ -354,12 +371,12 @@ def _print_comparison(out: Console, a: Report, b: Report) -> None:
     table.add_column(escape(b.target))
     table.add_column("counter-example", overflow="fold")
     for rule_id, mine, theirs in differ:
-        detail = a.results[rule_id].detail if mine == "FAIL" else b.results[rule_id].detail
-        table.add_row(rule_id, mine, theirs, escape(detail if "FAIL" in (mine, theirs) else ""))
+        failed = a if mine == "FAIL" else b if theirs == "FAIL" else None
+        detail = "" if failed is None else failed.results[rule_id].detail
+        table.add_row(rule_id, mine, theirs, escape(detail))
     out.print(table)
     out.print(
-        f"{len(differ)} of {len(a.results)} rules differ (seed {a.seed}, the same programs "
-        "on both)",
+        f"{len(differ)} of {judged} rules differ (seed {a.seed}, the same programs on both)",
         highlight=False,
         markup=False,
     )

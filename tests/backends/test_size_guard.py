@@ -117,6 +117,42 @@ async def test_a_change_measured_for_size_that_is_not_json_is_refused_by_name(ki
         assert await backend.adapter.get_context_changes("s", "a") == {}
 
 
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/o.db"])
+async def test_a_change_of_a_value_offloading_takes_out_is_not_refused(
+    url: str, tmp_path: Path
+) -> None:
+    """With offloading on, a value of at least ``offload_min_bytes`` is a blob reference
+    in the checkpoint, so its change streamed on its own is not refused for its size (an
+    auditor's finding: it was, so the save failed or not by the loop's timing, always
+    through siglo.sync); the stream holds the value as set. A value under the threshold
+    and over the limit is still refused."""
+    settings = Settings(
+        max_document_bytes=4_096, offload_min_bytes=1_024, blob_url=f"file://{tmp_path}/blobs"
+    )
+    async with siglo.connect(url.format(tmp=tmp_path), settings=settings) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        stack = manager.create_stack("big")
+        stack.set("s1", "big", "y" * 10_000)
+        await asyncio.sleep(0.05)  # the change streams on its own
+        await stack.save()
+        stored = await backend.raw_adapter.get_checkpoint("big")
+        assert stored is not None and "$siglo.blob" in stored.contexts["s1"]["big"]
+        loaded = await backend.adapter.get_checkpoint("big")
+        assert loaded is not None and loaded.contexts["s1"]["big"] == "y" * 10_000
+        changes = await backend.adapter.get_context_changes("big", "s1")
+        assert changes == {"big": "y" * 10_000}
+    under = Settings(
+        max_document_bytes=4_096, offload_min_bytes=8_192, blob_url=f"file://{tmp_path}/blobs"
+    )
+    async with siglo.connect(url.format(tmp=tmp_path), settings=under) as backend:
+        with pytest.raises(DocumentTooLargeError):
+            await backend.adapter.on_context_change(
+                ContextChangeEvent(
+                    stack_id="mid", step_id="s1", key="v", timestamp=1, value="z" * 6_000
+                )
+            )
+
+
 def test_a_save_refused_for_size_through_siglo_sync_streams_nothing_too_large(
     tmp_path: Path,
 ) -> None:

@@ -78,6 +78,10 @@ def test_a_backend_that_reads_no_url_options_refuses_any(url: str, tmp_path: Pat
         ("memory://", "cache_tl_ms", "cache_ttl_ms"),
         # A plugin whose factory names its options (docs/writing-a-backend.md).
         ("filestore://{tmp}/never", "cache_tl_ms", "cache_ttl_ms"),
+        # The built-in backends, which take **options and refuse what they do not know.
+        ("sqlite:///{tmp}/never", "busy_timout_ms", "busy_timeout_ms"),
+        (POSTGRES_URL, "shema", "schema"),
+        (REDIS_URL, "prefx", "prefix"),
     ],
 )
 def test_a_keyword_option_the_factory_does_not_take_is_refused_by_name(

@@ -358,6 +358,27 @@ def test_a_selection_reports_the_failure_that_stopped_its_rules() -> None:
     assert doc["summary"]["failed"] == 1
 
 
+def test_compare_lists_the_failure_that_stopped_a_selected_rule() -> None:
+    """``--rule R --compare URL``: the failure that stopped R's checks on one side is a
+    difference too (an auditor's finding: the table listed R alone, "1 of 5 rules
+    differ")."""
+    registry = get_registry()
+    registry.register(_plugin(_unnamespaced, []), "deviant-test-plugin")
+    try:
+        done = CliRunner().invoke(
+            main,
+            ["check", "deviant://", "--seed", "1", "--rule", "manager.*", "--compare", "memory://"],
+            env={"COLUMNS": "250"},
+        )
+    finally:
+        registry.unregister("deviant-test-plugin")
+    assert done.exit_code != 0, done.output
+    comparison = done.output.split("where deviant:// and memory:// differ", 1)[1]
+    rows = [line for line in comparison.splitlines() if "checkpoint.roundtrip" in line]
+    assert rows and "FAIL" in rows[0] and "not selected" in rows[0], done.output
+    assert "3 of 5 rules differ" in comparison, comparison
+
+
 # -- the suite's power ---------------------------------------------------------------------------
 
 
