@@ -314,7 +314,11 @@ class Flow:
                     )
                 )
             return await self._resume_claimed(
-                manager, adapter, record, lambda stack, step: stack.set(step, EVENT, payload)
+                manager,
+                adapter,
+                record,
+                lambda stack, step: stack.set(step, EVENT, payload),
+                delivering=True,
             )
 
     def _resume_span(
@@ -335,13 +339,44 @@ class Flow:
         adapter: StorageAdapter,
         record: WaitRecord,
         outcome: Callable[[ExecutionStack, str], None],
+        *,
+        delivering: bool = False,
     ) -> Any:
         """Resume the run of a wait this process claimed, after ``outcome`` marked the
-        waiting step (an event, or a timeout); complete the wait afterwards."""
+        waiting step (an event, or a timeout); complete the wait afterwards.
+
+        A run that already holds an answer to this wait (an earlier claimant's event or
+        timeout, stored with the run, whose claimant stopped before completing the wait
+        and whose claim then lapsed) goes on with that answer, not this one: the wait is
+        completed as it was answered (a delivery's claim puts the answer's payload back
+        in the record), and a delivery then raises
+        :class:`~siglo.errors.WaitRecordClaimError`: its event was not used."""
         correlation_key = record.correlation_key
         claimant = record.claimant_id
         assert claimant is not None  # a successful claim always names its claimant
         started = False
+        answered: list[str] = []  # the earlier answer found in the run, if any
+
+        async def complete() -> None:
+            if answered == [EVENT] and delivering:
+                # This claim wrote its own payload into the record: the run used the
+                # earlier one. A claim of the current claimant renews it and puts that
+                # payload back, atomically, before the wait completes.
+                stored = prior_event.get(EVENT)
+                await adapter.claim_wait_record(
+                    correlation_key,
+                    claimant,
+                    allow_expired=True,
+                    event_payload=await manager.redact_event(
+                        correlation_key, stored, namespace=record.namespace
+                    ),
+                    namespace=record.namespace,
+                )
+            await adapter.complete_wait_record(
+                correlation_key, claimant, namespace=record.namespace
+            )
+
+        prior_event: dict[str, Any] = {}
 
         async def resume_with_outcome() -> Any:
             nonlocal started
@@ -351,7 +386,12 @@ class Flow:
             except BaseException:
                 manager.discard_stack(stack)
                 raise
-            outcome(stack, step)
+            context = stack.contexts.get(step, {})
+            if EVENT in context or context.get(TIMED_OUT) is True:
+                answered.append(TIMED_OUT if context.get(TIMED_OUT) is True else EVENT)
+                prior_event[EVENT] = context.get(EVENT)
+            else:
+                outcome(stack, step)
             if stack.status == "waiting":
                 stack.transition("running")
             started = True
@@ -366,9 +406,7 @@ class Flow:
                 # A run that waits again on the same key replaced the claimed record with
                 # its new wait: that one is not this delivery's to complete.
                 if not isinstance(exc, StorageAdapterError) and not waits_again:
-                    await adapter.complete_wait_record(
-                        correlation_key, claimant, namespace=record.namespace
-                    )
+                    await complete()
                 # A storage failure may have kept the run's outcome from being stored,
                 # and a cancelled run (a worker stopped at once, the process ending) has
                 # none: the wait stays claimed, and when the claim's lease lapses the
@@ -379,18 +417,25 @@ class Flow:
                 manager.discard_stack(stack)
                 raise
             manager.discard_stack(stack)
-            await adapter.complete_wait_record(
-                correlation_key, claimant, namespace=record.namespace
-            )
+            await complete()
             return result
 
         telemetry.note_run_id(record.stack_id)  # on the resume span (Flow._resume_span)
         try:
-            if adapter.supports(Capability.WORKFLOW_LOCK):
-                return await adapter.with_workflow_lock(
-                    record.stack_id, resume_with_outcome, namespace=record.namespace
-                )
-            return await resume_with_outcome()
+            try:
+                if adapter.supports(Capability.WORKFLOW_LOCK):
+                    result = await adapter.with_workflow_lock(
+                        record.stack_id, resume_with_outcome, namespace=record.namespace
+                    )
+                else:
+                    result = await resume_with_outcome()
+            except Exception as exc:
+                if delivering and answered:
+                    raise _not_used(correlation_key, answered[0]) from exc
+                raise
+            if delivering and answered:
+                raise _not_used(correlation_key, answered[0])
+            return result
         except BaseException as refused:
             if not started:
                 # Refused before the run began (a changed flow, no checkpoint, a busy
@@ -877,6 +922,17 @@ async def _claim(
         raise
 
 
+def _not_used(correlation_key: str, answer: str) -> WaitRecordClaimError:
+    """A delivery whose claim found the run already answered (see
+    ``Flow._resume_claimed``): the run went on, and this event was not used."""
+    what = "an event" if answer == EVENT else "its timeout"
+    return WaitRecordClaimError(
+        f"no claimable wait for event {correlation_key!r}: its run had already received "
+        f"{what} from an earlier claim, whose claimant stopped before completing the wait; "
+        "the run went on with that, and this event was not used"
+    )
+
+
 async def _why_unclaimable(
     adapter: StorageAdapter, correlation_key: str, namespace: str | None, now: int
 ) -> str:
@@ -899,11 +955,19 @@ async def _why_unclaimable(
         return f"{head}: it was already delivered"
     if record.status == "cancelled":
         return f"{head}: the wait was cancelled"
-    if record.status == "claimed":
+    if record.status == "claimed" and not record.lease_expired(now):
         return (
             f"{head}: another delivery holds its claim until "
             f"{describe_ms(record.lease_expires_at, now)}; deliver again after that if it "
             "does not complete"
+        )
+    if record.status == "claimed" and record.expires_at is not None:
+        # The claim lapsed (its claimant stopped): what refuses it now is the deadline.
+        return (
+            f"{head}: an earlier delivery's claim lapsed "
+            f"{describe_ms(record.lease_expires_at, now)} and it passed its deadline "
+            f"{describe_ms(record.expires_at, now)}; pass allow_expired=True to deliver it "
+            "late"
         )
     if record.expires_at is not None:
         return (

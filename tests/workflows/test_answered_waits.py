@@ -1,0 +1,112 @@
+"""A wait answered once stays answered (two black-box auditors' findings).
+
+A delivery claims a wait, the run goes on with the event (its checkpoint stores it), and
+the delivering process stops before it completes the wait (here: cancelled in the next
+step, as a process ends). When the claim's lease lapses, the wait is claimable again:
+
+- a worker firing its timer (past the deadline) resumes the run with the event it
+  already has — not marked ``timedOut``, the wait ``delivered``, not ``timed out``;
+- a second delivery (a retried webhook, another payload) resumes the run with the
+  first event, puts that payload back in the wait record, and raises
+  ``WaitRecordClaimError``: its own event was not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from raw_storage import KINDS, any_backend
+
+import siglo
+from siglo import Step, StorageManager, flow, wait_for_event
+from siglo.workflow.outcomes import EVENT, TIMED_OUT, wait_outcome
+
+LEASE_MS = 300
+STOP = {"now": False}
+
+
+async def _waiter(_: Any) -> Any:
+    try:
+        return {"event": await wait_for_event("hook:answered", timeout_ms=DEADLINE["ms"])}
+    except siglo.WaitTimeoutError:
+        return {"event": None}
+
+
+async def _after(value: Any) -> Any:
+    if STOP["now"]:
+        STOP["now"] = False
+        raise asyncio.CancelledError  # the delivering process ends here
+    return value
+
+
+DEADLINE = {"ms": 200}
+ANSWERED = flow(Step.create("waiter", _waiter), Step.create("after", _after), name="answered")
+
+
+async def _delivered_then_stopped(manager: StorageManager, stack_id: str) -> None:
+    with pytest.raises(siglo.WorkflowSuspended):
+        await ANSWERED.run(None, manager=manager, stack_id=stack_id)
+    STOP["now"] = True
+    with pytest.raises(asyncio.CancelledError):
+        await ANSWERED.deliver("hook:answered", {"v": 1}, manager=manager)
+    await asyncio.sleep(LEASE_MS / 1000 + 0.2)  # the claim lapses (and the deadline passes)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_timer_fired_after_the_run_used_its_event_does_not_time_it_out(
+    kind: str,
+) -> None:
+    DEADLINE["ms"] = 200
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _delivered_then_stopped(manager, "answered-timer")
+        result = await ANSWERED.fire_timeout("hook:answered", manager=manager)
+        assert result == {"event": {"v": 1}}
+        stored = await backend.adapter.get_checkpoint("answered-timer")
+        assert stored is not None and stored.status == "completed"
+        assert stored.contexts["waiter"][EVENT] == {"v": 1}
+        assert TIMED_OUT not in stored.contexts["waiter"]
+        record = await backend.adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "completed"
+        assert wait_outcome(record, stored, manager.clock.now_ms()) == "delivered"
+        assert record.event_payload == {"v": 1}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_second_delivery_after_the_run_used_the_first_is_refused(kind: str) -> None:
+    DEADLINE["ms"] = 600_000
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _delivered_then_stopped(manager, "answered-again")
+        with pytest.raises(siglo.WaitRecordClaimError, match="this event was not used"):
+            await ANSWERED.deliver("hook:answered", {"v": 2}, manager=manager)
+        stored = await backend.adapter.get_checkpoint("answered-again")
+        assert stored is not None and stored.status == "completed"
+        assert stored.contexts["waiter"][EVENT] == {"v": 1}
+        assert stored.contexts["after"]["output"] == {"event": {"v": 1}}
+        record = await backend.adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == {"v": 1}
+        # And now it is told it was delivered, as any later duplicate.
+        with pytest.raises(siglo.WaitRecordClaimError, match="already delivered"):
+            await ANSWERED.deliver("hook:answered", {"v": 3}, manager=manager)
+
+
+async def test_a_lapsed_claim_past_its_deadline_is_refused_for_the_deadline() -> None:
+    """The refusal says what refuses the claim now — the deadline, with allow_expired=True
+    — not that another delivery holds a claim that lapsed (an auditor's finding)."""
+    DEADLINE["ms"] = 200
+    async with siglo.connect("memory://", claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        with pytest.raises(siglo.WorkflowSuspended):
+            await ANSWERED.run(None, manager=manager, stack_id="lapsed")
+        claimed = await backend.adapter.claim_wait_record("hook:answered", "gone")
+        assert claimed is not None
+        await asyncio.sleep(LEASE_MS / 1000 + 0.2)
+        with pytest.raises(siglo.WaitRecordClaimError) as refused:
+            await ANSWERED.deliver("hook:answered", {"v": 1}, manager=manager)
+        message = str(refused.value)
+        assert "claim lapsed" in message and "allow_expired=True" in message, message
+        assert "holds its claim" not in message
