@@ -358,10 +358,10 @@ class Flow:
         answered: list[str] = []  # the earlier answer found in the run, if any
 
         async def complete() -> None:
-            if answered == [EVENT] and delivering:
+            if answered and delivering:
                 # This claim wrote its own payload into the record: the run used the
-                # earlier one. A claim of the current claimant renews it and puts that
-                # payload back, atomically, before the wait completes.
+                # earlier event (or none: it timed out). A claim of the current claimant
+                # renews it and puts that back, atomically, before the wait completes.
                 stored = prior_event.get(EVENT)
                 await adapter.claim_wait_record(
                     correlation_key,

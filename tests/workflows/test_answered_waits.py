@@ -110,3 +110,32 @@ async def test_a_lapsed_claim_past_its_deadline_is_refused_for_the_deadline() ->
         message = str(refused.value)
         assert "claim lapsed" in message and "allow_expired=True" in message, message
         assert "holds its claim" not in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_late_delivery_after_the_run_timed_out_is_refused(kind: str) -> None:
+    """The timer fired and the run went on without the event, then its worker stopped
+    before completing the wait: a late delivery (``allow_expired``) after the lease is
+    refused, the run keeps its timeout, and the record no payload."""
+    DEADLINE["ms"] = 200
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        with pytest.raises(siglo.WorkflowSuspended):
+            await ANSWERED.run(None, manager=manager, stack_id="answered-late")
+        await asyncio.sleep(0.3)
+        STOP["now"] = True
+        with pytest.raises(asyncio.CancelledError):
+            await ANSWERED.fire_timeout("hook:answered", manager=manager)
+        await asyncio.sleep(LEASE_MS / 1000 + 0.2)
+        with pytest.raises(siglo.WaitRecordClaimError, match="received its timeout"):
+            await ANSWERED.deliver(
+                "hook:answered", {"v": "late"}, manager=manager, allow_expired=True
+            )
+        stored = await backend.adapter.get_checkpoint("answered-late")
+        assert stored is not None and stored.status == "completed"
+        assert stored.contexts["waiter"][TIMED_OUT] is True
+        assert EVENT not in stored.contexts["waiter"]
+        record = await backend.adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload is None
+        assert wait_outcome(record, stored, manager.clock.now_ms()) == "timed out"
