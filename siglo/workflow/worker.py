@@ -43,8 +43,10 @@ from siglo.errors import (
 )
 from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from siglo.manager import StorageManager
+from siglo.records import WaitRecord
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import Flow, WorkflowSuspended, left_as_stored, mark_left_as_stored
+from siglo.workflow.outcomes import EVENT
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
@@ -128,10 +130,12 @@ class WorkerPass:
     timers_fired: int = 0
     """Due timers fired: their runs resumed (a timer whose run was left as stored — not
     readable here, changed without a migration — is not counted, nor one whose run
-    failed again as it did before)."""
+    failed again as it did before, nor one whose run already held its event: that run
+    was recovered)."""
     runs_recovered: int = 0
     """Crashed runs taken up: continued, or failed by their step (a run left as stored,
-    or whose recovery failed again as it did before, is not counted)."""
+    or whose recovery failed again as it did before, is not counted), and the runs of due
+    waits that already held their event (resumed with it, no timeout fired)."""
     failures: list[str] = field(default_factory=list)
     """One line per run that raised, or that was left as stored (its checkpoint could
     not be read, its flow changed without a migration): each logged, and said once
@@ -368,7 +372,13 @@ class Worker:
             else:
                 self._failing_timers.pop(timer_key, None)
             fired += 1
-            done.timers_fired += 1
+            if _answered(checkpoint, record):
+                # Its run already held its event (the delivering process stopped before
+                # completing the wait): fire_timeout resumed it with that event, as a
+                # recovery; no timeout fired.
+                done.runs_recovered += 1
+            else:
+                done.timers_fired += 1
 
     async def _recover(self, done: WorkerPass, stop: asyncio.Event | None) -> None:
         page = await self._listed(
@@ -563,3 +573,11 @@ def _pick(versions: dict[str, Flow], checkpoint: Checkpoint) -> Flow:
         if stored in flow.migrations:
             return flow
     return given[-1]
+
+
+def _answered(checkpoint: Checkpoint | None, record: WaitRecord) -> bool:
+    """Whether the run of a due wait already held an event for it when the worker read
+    it (the step's context has one): its timer resumes it without timing it out."""
+    if checkpoint is None or record.step_id is None:
+        return False
+    return EVENT in checkpoint.contexts.get(record.step_id, {})

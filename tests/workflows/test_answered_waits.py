@@ -21,6 +21,7 @@ from raw_storage import KINDS, any_backend
 
 import siglo
 from siglo import Step, StorageManager, flow, wait_for_event
+from siglo.workflow import Worker
 from siglo.workflow.outcomes import EVENT, TIMED_OUT, wait_outcome
 
 LEASE_MS = 300
@@ -139,3 +140,18 @@ async def test_a_late_delivery_after_the_run_timed_out_is_refused(kind: str) -> 
         assert record is not None and record.status == "completed"
         assert record.event_payload is None
         assert wait_outcome(record, stored, manager.clock.now_ms()) == "timed out"
+
+
+async def test_a_worker_counts_the_answered_run_it_resumes_as_recovered() -> None:
+    """The worker's pass says what it did: the run of a due wait that already held its
+    event was recovered, not a timer fired (an auditor read "fired 1 timer(s),
+    recovered 0 run(s)" for it)."""
+    DEADLINE["ms"] = 200
+    async with siglo.connect("memory://", claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _delivered_then_stopped(manager, "answered-worker")
+        done = await Worker(manager, [ANSWERED]).run_once()
+        assert (done.timers_fired, done.runs_recovered) == (0, 1), done
+        stored = await backend.adapter.get_checkpoint("answered-worker")
+        assert stored is not None and stored.status == "completed"
+        assert TIMED_OUT not in stored.contexts["waiter"]
