@@ -111,6 +111,24 @@ def refuse_unopened(checkpoint: Any) -> None:
     refuse_sealed(checkpoint)
 
 
+def refuse_unopened_run(
+    checkpoint: Any, waits: Any = (), stream: Mapping[str, Mapping[str, Any]] | None = None
+) -> None:
+    """:func:`refuse_unopened` for what a view of one run prints (``siglo show``, the
+    dashboard's run page): its checkpoint, its wait records' event payloads and its
+    context stream's values. A view from a process without the keys the run was stored
+    with says so (:class:`~siglo.errors.DecryptionError`) instead of printing the
+    ciphertext as the run's data."""
+    refuse_unopened(checkpoint)
+    for wait in waits:
+        codec.refuse_unopened_value(
+            wait.event_payload, f"the event payload of wait {wait.correlation_key!r}"
+        )
+    for step, changes in (stream or {}).items():
+        for key, value in changes.items():
+            codec.refuse_unopened_value(value, f"the context stream's {step}.{key}")
+
+
 def refuse_unresolved(checkpoint: Any) -> None:
     """Raise :class:`~siglo.errors.InvalidArgumentError` when a loaded checkpoint holds a
     reference to an offloaded value (a context's value, or a context sealed and then

@@ -20,6 +20,7 @@ from siglo.listing import CheckpointSummary
 from siglo.moments import describe_ms
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import hide, redacting
+from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.outcomes import WAITING_FOR, is_sleep, wait_outcome, waiting_for
@@ -222,6 +223,8 @@ def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: 
                     record = await adapter.get_wait_record(key, namespace=namespace)
                     if record is not None and record.namespace == namespace:
                         waits.append(record)
+            # Read without the keys it was stored with: said, not printed as its data.
+            refuse_unopened_run(checkpoint, waits)
         # Shown as the dashboard shows it: a key the settings redact is hidden even in a
         # value stored before it was redacted (siglo.redaction.redacting).
         fields = redacting(checkpoint, cli_settings().redact_fields)

@@ -22,6 +22,7 @@ from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
 from siglo.locking import workflow_lock_key
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import hide, redacting
+from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import STEP_CACHE_KEY
@@ -235,13 +236,17 @@ async def run_detail(
         for step in checkpoint.contexts:
             changes = await adapter.get_context_changes(stack_id, step, namespace)
             if changes:
-                stream[step] = hide(changes, fields)
+                stream[step] = changes
+    stored_waits = await waits_of(adapter, checkpoint)
+    # Read without the keys it was stored with: said, not printed as the run's data.
+    refuse_unopened_run(checkpoint, stored_waits, stream)
+    stream = {step: hide(changes, fields) for step, changes in stream.items()}
     waits = [
         w.replace(
             event_payload=hide(w.event_payload, fields),
             metadata=None if w.metadata is None else hide(w.metadata, fields),
         )
-        for w in await waits_of(adapter, checkpoint)
+        for w in stored_waits
     ]
     # Read for every run where the lock can be read without taking it (an action may
     # hold it whatever the status says); taken for an instant only for a running run.

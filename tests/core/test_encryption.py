@@ -902,3 +902,43 @@ def test_the_seal_cache_is_bounded_by_bytes() -> None:
     assert cache.get(where[9], "v1.e.k1", b"k" * 32, b"p" * 500) is None and len(cache) == 1
     assert cache.size == 500 + 700 + 256
     assert Sealer(None).reused.max_bytes == 64 * 1024 * 1024
+
+
+async def test_the_views_of_a_run_without_its_keys_say_so(tmp_path: Path) -> None:
+    """``siglo show`` and the dashboard's run page in a process without the keys a run was
+    stored with raise ``DecryptionError`` naming what is sealed, as a load does — never
+    the ciphertext printed as the run's contexts, a wait's payload or a streamed value
+    (an auditor's finding: both printed ``$siglo: "v1.e.k1…"`` as data)."""
+    from siglo.ui import data
+
+    url = f"sqlite:///{tmp_path / 'views.db'}"
+    keys = Settings(encryption_keys={"k1": base64.b64encode(os.urandom(32)).decode()})
+    async with siglo.connect(url, settings=keys) as app:
+        manager = siglo.StorageManager(app, settings=keys)
+        stack = manager.create_stack("o-1", namespace="tenant-a")
+        stack.set("pay", "note", "secret-note")
+        await stack.save()
+        await app.adapter.save_wait_record(
+            WaitRecord(
+                correlation_key="evt",
+                stack_id="o-1",
+                namespace="tenant-a",
+                event_payload={"c": "secret-payload"},
+            )
+        )
+    shown = _siglo(tmp_path, "show", url, "o-1", "-n", "tenant-a")
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "is stored encoded and this connection has no key" in shown.stderr
+    assert "$siglo" not in shown.stdout and "v1.e." not in shown.stdout
+    async with siglo.connect(url, settings=Settings()) as keyless:
+        with pytest.raises(DecryptionError, match="'o-1'"):
+            await data.run_detail(keyless.adapter, "o-1", "tenant-a", ())
+        # With the checkpoint opened but the wait's payload sealed (keys given to the
+        # checkpoint alone are not a case a store has: the check is per value).
+        from siglo.sealing import refuse_unopened_run
+
+        wait = await keyless.adapter.get_wait_record("evt", namespace="tenant-a")
+        assert wait is not None
+        plain = Checkpoint(stack_id="p", revision=1, timestamp=1, contexts={"a": {}})
+        with pytest.raises(DecryptionError, match="wait 'evt'"):
+            refuse_unopened_run(plain, [wait])
