@@ -578,6 +578,30 @@ async def test_records_siglo_cannot_read_are_left_out_and_named_on_attention() -
             assert "<code>late-readable</code>" in shown
 
 
+async def test_overdue_waits_of_two_tenants_are_told_apart_by_namespace() -> None:
+    """The attention page's overdue waits name their namespace: two tenants' waits of
+    the same key and run id are two rows that say whose (an auditor could not tell
+    them apart)."""
+    from siglo import WaitRecord
+    from siglo.clock import system_clock
+
+    async with shared_store("sqlite") as backend:
+        async with siglo.connect(backend.url, settings=SETTINGS) as piped:
+            now = system_clock.now_ms()
+            for tenant in ("tenant-a", "tenant-b"):
+                await piped.adapter.save_wait_record(
+                    WaitRecord(correlation_key="approve:o-due", stack_id="o-due",
+                               namespace=tenant, step_id="approve", expires_at=now - 1_000)
+                )  # fmt: skip
+        async with dashboard(backend.url) as ui:
+            shown = unescape((await ui.get("/attention")).text)
+            table = shown.split('<table id="overdue">', 1)[1].split("</table>", 1)[0]
+            rows = [r for r in table.split("<tr>") if "approve:o-due" in r]
+            assert len(rows) == 2, table
+            assert any("<td>tenant-a</td>" in r for r in rows), rows
+            assert any("<td>tenant-b</td>" in r for r in rows), rows
+
+
 def test_the_dashboard_of_a_database_that_is_not_there_creates_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
