@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.checkpoint import STATUSES, Checkpoint
+from siglo.clock import system_clock
 from siglo.coordination import LockBase
 from siglo.errors import (
     CapabilityNotSupportedError,
@@ -26,6 +27,7 @@ from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import STEP_CACHE_KEY
+from siglo.workflow.outcomes import wait_outcome
 
 __all__ = [
     "COUNT_LIMIT",
@@ -149,6 +151,10 @@ class RunDetail:
     redacted: frozenset[str] = field(default_factory=frozenset)
     step_cache: list[StepCacheUse] = field(default_factory=list)
     """The run's cached steps, in the order of its finished steps."""
+    outcomes: list[str] = field(default_factory=list)
+    """Each of :attr:`waits`' outcome in words, as ``siglo show`` says it
+    (:func:`siglo.workflow.outcomes.wait_outcome`: ``due``, ``claim lapsed``,
+    ``delivered``, ``timed out`` …), not its stored status."""
 
 
 async def lock_state(
@@ -263,6 +269,7 @@ async def run_detail(
         lock=lock,
         redacted=fields,
         step_cache=await step_cache_uses(adapter, checkpoint, metadata),
+        outcomes=[wait_outcome(w, checkpoint, system_clock.now_ms()) for w in stored_waits],
     )
 
 

@@ -602,6 +602,39 @@ async def test_overdue_waits_of_two_tenants_are_told_apart_by_namespace() -> Non
             assert any("<td>tenant-b</td>" in r for r in rows), rows
 
 
+async def test_the_run_page_says_each_waits_outcome_as_siglo_show_does() -> None:
+    """A wait past its deadline is ``due``, not ``waiting``; a claim whose lease ran out
+    ``claim lapsed``, not ``claimed`` (an auditor saw the two views disagree)."""
+    from siglo import Checkpoint, WaitRecord
+    from siglo.clock import system_clock
+
+    async with shared_store("sqlite") as backend:
+        async with siglo.connect(backend.url, settings=SETTINGS) as piped:
+            now = system_clock.now_ms()
+            for stack in ("o-due", "o-lapsed"):
+                await piped.adapter.save_checkpoint(
+                    Checkpoint(stack_id=stack, namespace="t", revision=1, timestamp=now,
+                               status="waiting", contexts={"a": {}})
+                )  # fmt: skip
+            await piped.adapter.save_wait_record(
+                WaitRecord(correlation_key="k-due", stack_id="o-due", namespace="t",
+                           step_id="a", expires_at=now - 1_000)
+            )  # fmt: skip
+            await piped.adapter.save_wait_record(
+                WaitRecord(correlation_key="k-lapsed", stack_id="o-lapsed", namespace="t",
+                           step_id="a", status="claimed", claimant_id="gone",
+                           claimed_at=now - 5_000, lease_expires_at=now - 1_000)
+            )  # fmt: skip
+        outcomes = {}
+        async with dashboard(backend.url) as ui:
+            for stack, key in (("o-due", "k-due"), ("o-lapsed", "k-lapsed")):
+                page = unescape((await ui.get("/run", params={"id": stack, "namespace": "t"})).text)
+                table = page.split('<table id="waits">', 1)[1].split("</table>", 1)[0]
+                row = next(r for r in table.split("<tr>") if f"<code>{key}</code>" in r)
+                outcomes[key] = row.split('class="outcome">', 1)[1].split("<", 1)[0]
+        assert outcomes == {"k-due": "due", "k-lapsed": "claim lapsed"}, outcomes
+
+
 def test_the_dashboard_of_a_database_that_is_not_there_creates_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
