@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -16,9 +17,12 @@ from siglo_memory.coordination import MemoryIdempotencyStore, MemoryLock, Memory
 __all__ = ["KEYWORD_OPTIONS", "connect"]
 
 KEYWORD_OPTIONS: frozenset[str] = frozenset(
-    {"checkpoint_ttl_ms", "cache_ttl_ms", "claim_lease_ms", "workflow_lock_timeout_ms"}
+    name
+    for name, param in inspect.signature(MemoryStorageAdapter.__init__).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and name != "clock"
 )
-"""The options ``connect`` takes as keyword arguments (:class:`MemoryStorageAdapter`'s)."""
+"""The options ``connect`` takes as keyword arguments: :class:`MemoryStorageAdapter`'s
+(besides ``clock``, a parameter of its own)."""
 
 _named: dict[str, Backend] = {}
 

@@ -260,6 +260,7 @@ async def run_detail(
         adapter, stack_id, checkpoint.namespace, probe=checkpoint.status == "running"
     )
     metadata = hide(dict(checkpoint.metadata or {}), fields)
+    now = system_clock.now_ms()
     return RunDetail(
         checkpoint=checkpoint,
         contexts=hide(checkpoint.contexts, fields),
@@ -269,7 +270,7 @@ async def run_detail(
         lock=lock,
         redacted=fields,
         step_cache=await step_cache_uses(adapter, checkpoint, metadata),
-        outcomes=[wait_outcome(w, checkpoint, system_clock.now_ms()) for w in stored_waits],
+        outcomes=[wait_outcome(w, checkpoint, now) for w in stored_waits],
     )
 
 

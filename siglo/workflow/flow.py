@@ -36,7 +36,14 @@ from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
 from siglo.wire import later_ms
-from siglo.workflow.outcomes import EVENT, TIMED_OUT, WAITING_FOR, is_sleep, wait_outcome
+from siglo.workflow.outcomes import (
+    EVENT,
+    TIMED_OUT,
+    WAITING_FOR,
+    answer_of,
+    is_sleep,
+    wait_outcome,
+)
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow"]
@@ -355,20 +362,21 @@ class Flow:
         claimant = record.claimant_id
         assert claimant is not None  # a successful claim always names its claimant
         started = False
-        answered: list[str] = []  # the earlier answer found in the run, if any
+        # An earlier claim's answer found in the run (EVENT or TIMED_OUT), and its event.
+        answered: str | None = None
+        answered_event: Any = None
 
         async def complete() -> None:
-            if answered and delivering:
+            if answered is not None and delivering:
                 # This claim wrote its own payload into the record: the run used the
                 # earlier event (or none: it timed out). A claim of the current claimant
                 # renews it and puts that back, atomically, before the wait completes.
-                stored = prior_event.get(EVENT)
                 await adapter.claim_wait_record(
                     correlation_key,
                     claimant,
                     allow_expired=True,
                     event_payload=await manager.redact_event(
-                        correlation_key, stored, namespace=record.namespace
+                        correlation_key, answered_event, namespace=record.namespace
                     ),
                     namespace=record.namespace,
                 )
@@ -376,10 +384,8 @@ class Flow:
                 correlation_key, claimant, namespace=record.namespace
             )
 
-        prior_event: dict[str, Any] = {}
-
         async def resume_with_outcome() -> Any:
-            nonlocal started
+            nonlocal started, answered, answered_event
             stack = await self._restore(manager, record.stack_id, record.namespace)
             try:
                 step = self._step_for(stack, record)
@@ -387,11 +393,11 @@ class Flow:
                 manager.discard_stack(stack)
                 raise
             context = stack.contexts.get(step, {})
-            if EVENT in context or context.get(TIMED_OUT) is True:
-                answered.append(TIMED_OUT if context.get(TIMED_OUT) is True else EVENT)
-                prior_event[EVENT] = context.get(EVENT)
-            else:
+            answered = answer_of(context)
+            if answered is None:
                 outcome(stack, step)
+            else:
+                answered_event = context.get(EVENT)
             if stack.status == "waiting":
                 stack.transition("running")
             started = True
@@ -430,11 +436,11 @@ class Flow:
                 else:
                     result = await resume_with_outcome()
             except Exception as exc:
-                if delivering and answered:
-                    raise _not_used(correlation_key, answered[0]) from exc
+                if delivering and answered is not None:
+                    raise _not_used(correlation_key, answered) from exc
                 raise
-            if delivering and answered:
-                raise _not_used(correlation_key, answered[0])
+            if delivering and answered is not None:
+                raise _not_used(correlation_key, answered)
             return result
         except BaseException as refused:
             if not started:

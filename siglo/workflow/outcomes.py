@@ -9,7 +9,8 @@ marks the waiting step's context ``timedOut``, a delivery marks it ``event``.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from siglo.checkpoint import Checkpoint
 from siglo.moments import describe_ms
@@ -20,6 +21,7 @@ __all__ = [
     "SLEEP_PREFIX",
     "TIMED_OUT",
     "WAITING_FOR",
+    "answer_of",
     "is_sleep",
     "wait_outcome",
     "waiting_for",
@@ -33,6 +35,15 @@ TIMED_OUT: Final = "timedOut"
 """The context key set on a waiting step whose timeout fired."""
 SLEEP_PREFIX: Final = "siglo-sleep\x1f"
 """How the correlation key of a durable sleep starts (:func:`siglo.workflow.sleep`)."""
+
+
+def answer_of(context: Mapping[str, Any]) -> str | None:
+    """The answer a waiting step's context already holds: :data:`TIMED_OUT` (its timeout
+    fired), :data:`EVENT` (an event was delivered to it), or ``None`` (none yet). A step
+    waits at most once, so one there answers its wait."""
+    if context.get(TIMED_OUT) is True:
+        return TIMED_OUT
+    return EVENT if EVENT in context else None
 
 
 def is_sleep(correlation_key: str) -> bool:

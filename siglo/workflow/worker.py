@@ -46,7 +46,7 @@ from siglo.manager import StorageManager
 from siglo.records import WaitRecord
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import Flow, WorkflowSuspended, left_as_stored, mark_left_as_stored
-from siglo.workflow.outcomes import EVENT
+from siglo.workflow.outcomes import EVENT, answer_of
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
@@ -577,7 +577,7 @@ def _pick(versions: dict[str, Flow], checkpoint: Checkpoint) -> Flow:
 
 def _answered(checkpoint: Checkpoint | None, record: WaitRecord) -> bool:
     """Whether the run of a due wait already held an event for it when the worker read
-    it (the step's context has one): its timer resumes it without timing it out."""
+    it: its timer resumes it without timing it out."""
     if checkpoint is None or record.step_id is None:
         return False
-    return EVENT in checkpoint.contexts.get(record.step_id, {})
+    return answer_of(checkpoint.contexts.get(record.step_id, {})) == EVENT
