@@ -158,6 +158,13 @@ class DrillReport:
     nonce_replays: int = 0
     violations: list[Violation] = field(default_factory=list)
     sample_failures: list[str] = field(default_factory=list)
+    unexpected_errors: int = 0
+    """Calls that raised something other than a
+    :class:`~siglo.errors.StorageAdapterError`: a store failing is expected in a drill,
+    anything else is a defect to report. Each also counts as a failed call, and its
+    worker goes on."""
+    sample_unexpected_errors: list[str] = field(default_factory=list)
+    """The first five of them, each with its exception's type."""
     rechecked: bool = True
     """Whether every acknowledgement was checked against the store after the run; not
     when the store still failed then (a replica still missing under ``wait_replicas``,
@@ -220,6 +227,7 @@ class DrillReport:
                 + (f" ({failed})" if failed else "")
                 + f", {self.outcome_unknown} with an unknown outcome",
             ),
+            ("unexpected errors", str(self.unexpected_errors)),
             ("first failure", seconds(self.first_failure_s)),
             ("time to recover", seconds(self.recovered_s)),
             ("longest stretch without a success", seconds(self.outage_s)),
@@ -478,15 +486,29 @@ class Drill:
                 await operations[kind](worker)
             except StorageAdapterError as exc:
                 self._failed(worker, kind, began, exc)
-                # Failures during a failover come fast (a refused connection): no spin.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.05)
+            except Exception as exc:
+                # Not a store failing: a defect. Said, not swallowed with the worker's
+                # task (which would stop the worker and leave the drill waiting for it).
+                self._unexpected(kind, exc)
+                self._failed(worker, kind, began, exc)
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if stop.is_set() or (task is not None and task.cancelling()):
+                    raise  # the drill itself is being stopped
+                # A call's own deadline must end as an error, never as a cancellation
+                # of the caller that nobody asked for.
+                self._unexpected(kind, exc)
+                self._failed(worker, kind, began, exc)
             else:
                 self._succeeded(worker)
+                continue
+            # Failures during a failover come fast (a refused connection): no spin.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
         # Locks still held stay held for the sweep, which checks that the store still
         # refuses them to another holder; the cleanup releases them.
 
-    def _failed(self, worker: int, kind: Kind, began: float, exc: Exception) -> None:
+    def _failed(self, worker: int, kind: Kind, began: float, exc: BaseException) -> None:
         ended = self._now()
         report = self.report
         report.failures[kind] += 1
@@ -505,6 +527,12 @@ class Drill:
         if ended > self._last_failure_end:
             self._last_failure_end = ended
             self._first_success_after_last_failure = None
+
+    def _unexpected(self, kind: Kind, exc: BaseException) -> None:
+        self.report.unexpected_errors += 1
+        errors = self.report.sample_unexpected_errors
+        if len(errors) < 5:
+            errors.append(f"{kind}: {type(exc).__module__}.{type(exc).__qualname__}: {exc}"[:400])
 
     def _succeeded(self, worker: int) -> None:
         ended = self._now()

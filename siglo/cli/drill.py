@@ -149,6 +149,8 @@ def drill(
             click.echo(f"… and {report.total_violations - 20} more (--json lists them)")
         for failure in report.sample_failures:
             click.echo(f"failed call: {failure}", err=True)
+        for error in report.sample_unexpected_errors:
+            click.echo(f"unexpected error (please report it): {error}", err=True)
     if report.verdict == "fail":
         expected = GUARANTEES.get(report.setting, report.expectation)
         if not as_json:

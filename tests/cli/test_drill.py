@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from _pg_topologies import PostgresPair, free_ports
 from click.testing import CliRunner, Result
 from ops_support import DURABLE_KINDS, shared_store
 
+import siglo
 from siglo.cli import cli
 from siglo.drill import DrillReport, Violation
 
@@ -275,3 +277,48 @@ async def test_the_drill_reads_a_silent_primarys_setting_within_its_bound() -> N
             proxy.thaw()
     assert setting == "single server"
     assert took < 2.0, took
+
+
+async def test_a_call_failing_with_anything_but_a_store_error_is_reported_and_the_worker_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A drill expects the store to fail; any other exception from a call (a defect in
+    siglo or a plugin), or a cancellation nobody asked for, is counted and shown with
+    its type, and its worker goes on: it used to end the worker's task silently, and
+    the drill then waited for a worker that would never recover."""
+    from siglo.drill import Drill
+
+    async with siglo.connect("memory://") as backend:
+        adapter = backend.adapter
+        real_claim = adapter.claim_wait_record
+        raised: list[str] = []
+
+        async def flaky_claim(*args: Any, **kwargs: Any) -> Any:
+            # A plugin's defect that cannot be produced with a real store: a fake.
+            if len(raised) < 2:
+                raised.append("RuntimeError")
+                raise RuntimeError("a plugin's bug")
+            if len(raised) < 4:
+                raised.append("CancelledError")
+                raise asyncio.CancelledError
+            return await real_claim(*args, **kwargs)
+
+        adapter.claim_wait_record = flaky_claim  # type: ignore[method-assign]
+        drill = Drill(backend, rate=400, workers=5)
+        stop = asyncio.Event()
+        run = asyncio.create_task(drill.run(stop))
+        deadline = time.monotonic() + 10
+        while len(raised) < 4 or not drill.recovered():
+            assert time.monotonic() < deadline, (raised, drill.stragglers())
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        stop.set()
+        report = await run
+    assert report.unexpected_errors == 4
+    assert report.failures["wait"] == 4 and report.acknowledged["wait"] > 0
+    samples = report.sample_unexpected_errors
+    assert samples[:2] == ["wait: builtins.RuntimeError: a plugin's bug"] * 2, samples
+    assert samples[2:] == ["wait: asyncio.exceptions.CancelledError: "] * 2, samples
+    assert report.verdict == "pass" and report.cleaned_up
+    assert ("unexpected errors", "4") in report.summary()
+    assert report.as_json()["unexpected_errors"] == 4

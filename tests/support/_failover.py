@@ -64,6 +64,8 @@ async def run_through_failover(
     late = describe is not None and not drill.recovered(since=fault_at)
     topology = await asyncio.to_thread(describe) if late and describe else ""
     report = await run
+    # Anything but a store failing is a defect, reported before the stragglers it makes.
+    assert report.unexpected_errors == 0, report.sample_unexpected_errors
     stragglers = drill.stragglers(since=fault_at)
     assert not stragglers, (
         f"not every worker recovered in {limit_s} s (fault at {fault_at:.2f} s): "
