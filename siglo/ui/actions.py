@@ -84,7 +84,12 @@ def _waiting_step(stack: ExecutionStack, correlation_key: str) -> str | None:
 
 
 async def deliver_event(
-    manager: StorageManager, correlation_key: str, namespace: str | None, payload: Any
+    manager: StorageManager,
+    correlation_key: str,
+    namespace: str | None,
+    payload: Any,
+    *,
+    run_id: str | None = None,
 ) -> str:
     """Deliver ``payload`` to the wait ``correlation_key``: claim the wait (so the event
     is delivered once, whoever else delivers it), store the event in the waiting step's
@@ -92,15 +97,26 @@ async def deliver_event(
     wait. The dashboard does not run the application's steps: the next ``siglo worker``
     pass with the run's flow continues it, as it continues any run whose process is
     gone, and the waiting step's ``wait_for_event`` returns ``payload``. Refused
-    (nothing changed) if the wait is not open or the run moved on."""
+    (nothing changed) if the wait is not open, is not a wait of the run ``run_id`` (the
+    run the confirmation named), or the run moved on."""
     _require(manager, Capability.WAIT_RECORDS, "deliver an event")
     adapter = manager.adapter
     assert adapter is not None
+
+    def refuse_other_run(stack_id: str) -> None:
+        if run_id is not None and stack_id != run_id:
+            raise ActionRefused(
+                f"the wait {correlation_key!r} is a wait of run {stack_id!r}, not of run "
+                f"{run_id!r}; nothing was delivered"
+            )
+
     # The run is looked at before the claim: a claim stores the payload in the wait
     # record, and a released one keeps it (rule wait.release), so a delivery refused
     # after its claim would leave the payload behind on a wait still open. (The same
     # checks run again under the workflow lock below, for a run that moves meanwhile.)
     waiting = await adapter.get_wait_record(correlation_key, namespace=namespace)
+    if waiting is not None:
+        refuse_other_run(waiting.stack_id)
     if waiting is not None and waiting.status == "waiting":
         found = await manager.load_checkpoint(waiting.stack_id, namespace=namespace)
         if found is not None and found.status != "waiting":
@@ -120,6 +136,11 @@ async def deliver_event(
             f"the wait {correlation_key!r} is not open (delivered, cancelled, timed out, or "
             "claimed by another process); nothing was delivered"
         )
+
+    if run_id is not None and record.stack_id != run_id:
+        # A wait saved again under the same key since the look above: given back.
+        await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
+        refuse_other_run(record.stack_id)
 
     async def mark() -> None:
         stack = await manager.resume(record.stack_id, namespace=record.namespace)

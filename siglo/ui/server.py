@@ -413,6 +413,8 @@ def create_app(
         stack_id = str(form.get("id") or "")
         try:
             if action == "deliver":
+                if not stack_id:
+                    raise actions.ActionRefused("the form names no run; nothing was delivered")
                 raw = str(form.get("payload") or "null")
                 try:
                     payload = orjson.loads(raw)
@@ -421,7 +423,7 @@ def create_app(
                         f"the event payload is not JSON ({exc}); nothing was delivered"
                     ) from None
                 message = await actions.deliver_event(
-                    manager, str(form.get("key") or ""), namespace, payload
+                    manager, str(form.get("key") or ""), namespace, payload, run_id=stack_id
                 )
             else:
                 try:

@@ -236,6 +236,29 @@ async def test_a_delivery_to_a_run_that_moved_on_stores_nothing(store: siglo.Bac
     assert record.event_payload is None and record.claimant_id is None, record
 
 
+async def test_a_delivery_names_the_run_and_a_wait_of_another_run_is_refused(
+    store: siglo.Backend,
+) -> None:
+    """The confirmation says "deliver to the wait K of run R": a form naming run
+    ``order-1`` with the wait of ``order-2`` (an edited form, a stale tab) is refused and
+    stores nothing — the wait of the other run stays open, without a payload — and a
+    form naming no run is refused."""
+    async with dashboard(store.url) as client:
+        form = await _deliver_form(client)
+        crossed = await client.post("/actions/deliver", data={**form, "key": "approve:o-2"})
+        assert crossed.status_code == 409, crossed.text
+        assert "a wait of run &#39;order-2&#39;, not of run &#39;order-1&#39;" in crossed.text
+        assert "nothing was delivered" in crossed.text
+        nameless = await client.post("/actions/deliver", data={**form, "id": ""})
+        assert nameless.status_code == 409 and "names no run" in nameless.text
+    for key, run in (("approve:o-1", "order-1"), ("approve:o-2", "order-2")):
+        record = await store.adapter.get_wait_record(key, namespace=NAMESPACE)
+        assert record is not None and record.status == "waiting", record
+        assert record.event_payload is None and record.claimant_id is None, record
+        stored = await store.adapter.get_checkpoint(run, NAMESPACE, fallback=False)
+        assert stored is not None and stored.status == "waiting", stored
+
+
 async def test_a_url_password_is_never_shown() -> None:
     from sql_support import POSTGRES_URL, require_postgres
 
