@@ -1000,23 +1000,38 @@ async def _save_failed(
 ) -> None:
     """Checkpoint the run failed at ``step``. When that checkpoint is too large to store
     (:class:`~siglo.errors.DocumentTooLargeError`: the event delivered to the step, or
-    its output, made it so), it is stored without them: the run ends failed rather than
-    stays running or waiting, which a worker would take up again, rerunning the step's
-    side effects, at every pass (and a wait would stay claimed with nothing to resume).
-    ``stored``: the revision stored (a refused save has moved the stack past it)."""
+    its output, made it so), it is stored without them, and if still too large without
+    anything else of the step's context (what the step set, the context itself: a run
+    stored just under the limit before the step went over it by the step's empty
+    context): the run ends failed rather than stays running or waiting, which a worker
+    would take up again, rerunning the step's side effects, at every pass (and a wait
+    would stay claimed with nothing to resume). ``stored``: the revision stored (a
+    refused save has moved the stack past it)."""
     stack.transition("failed")
     stack.revision = stored
     try:
         await manager.save(stack, expected_revision=stored, unlock=unlock)
+        return
     except DocumentTooLargeError:
-        context = stack.contexts.get(step.name, {})
-        dropped = [key for key in (OUTPUT, EVENT) if key in context]
-        if not dropped:
+        if step.name not in stack.contexts:
             raise
-        for key in dropped:
-            stack.delete(step.name, key)
-        stack.revision = stored
-        await manager.save(stack, expected_revision=stored, unlock=unlock)
+    context = stack.contexts[step.name]
+    for taken in [key for key in (OUTPUT, EVENT) if key in context]:
+        stack.delete(step.name, taken)
+    try:
+        if context:  # else only the context itself is left to drop
+            stack.revision = stored
+            await manager.save(stack, expected_revision=stored, unlock=unlock)
+            return
+    except DocumentTooLargeError:
+        pass
+    for left in list(context):
+        stack.delete(step.name, left)
+    del stack.contexts[step.name]
+    if stack.metadata.get(STEP_CACHE_KEY) == {}:
+        del stack.metadata[STEP_CACHE_KEY]  # made for this step's entry, and emptied
+    stack.revision = stored
+    await manager.save(stack, expected_revision=stored, unlock=unlock)
 
 
 async def _save_with(

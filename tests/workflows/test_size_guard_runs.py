@@ -120,3 +120,52 @@ async def test_a_wait_whose_checkpoint_is_too_large_fails_the_run(kind: str) -> 
             assert stored is not None and stored.status == "failed"
             record = await backend.adapter.get_wait_record("approve:b-1")
             assert record is None or record.status == "cancelled"
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_run_stored_just_under_the_limit_fails_whatever_the_step_adds(kind: str) -> None:
+    """The run is stored a few bytes under the limit before a step that goes over it
+    (its output, its wait): the failed checkpoint, with the step's context emptied, was
+    still over the limit by the empty context itself, and the run stayed ``running`` for
+    every worker pass to rerun the step (a black-box auditor). Swept byte by byte across
+    the limit: each run ends failed, or its first checkpoint is refused and nothing is
+    stored."""
+
+    async def small(value: Any) -> Any:
+        return {"small": 1}
+
+    async def grows(value: Any) -> Any:
+        return {"out": "y" * 200}
+
+    async def waits(value: Any) -> Any:
+        stack_id = siglo.workflow.step.current_step.get().stack_id
+        return await wait_for_event(f"near:{stack_id}", timeout_ms=60_000)
+
+    outputs = flow(Step.create("first", small), Step.create("second", grows), name="near-out")
+    waits_ = flow(Step.create("first", small), Step.create("second", waits), name="near-wait")
+    alone = flow(Step.create("first", small), name="near-out")
+    limit = SETTINGS.max_document_bytes
+    assert limit is not None
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url, settings=SETTINGS) as backend,
+    ):
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        # The document after the first step, less its padding: measured on a run of it.
+        await alone.run({"pad": ""}, manager=manager, stack_id="measure")
+        measured = await backend.adapter.get_checkpoint("measure")
+        assert measured is not None
+        base = len(measured.to_json())
+        failed = 0
+        for runs in (outputs, waits_):
+            for pad in range(limit - base - 60, limit - base + 4):
+                stack_id = f"{runs.name}-{pad}"
+                try:
+                    await runs.run({"pad": "p" * pad}, manager=manager, stack_id=stack_id)
+                except DocumentTooLargeError:
+                    stored = await backend.adapter.get_checkpoint(stack_id)
+                    assert stored is None or stored.status == "failed", (pad, stored)
+                    failed += stored is not None
+                except WorkflowSuspended:
+                    pass
+        assert failed >= 20  # the sweep crossed the limit with the run stored before it
