@@ -171,7 +171,9 @@ class StorageAdapter(Closable):
     (``offload_min_bytes``): a context value at least this large is stored in a
     checkpoint as a blob reference, so a context change streamed on its own with such a
     value is not refused for its size (:func:`siglo.sizing.check_change_size`); the
-    stream holds the value as set. ``None``: nothing is offloaded."""
+    stream holds the value as set. ``0`` where the pipeline seals contexts whole
+    (encryption, compression): the sealed context is what is offloaded, so a value of
+    any size may be. ``None``: nothing is offloaded."""
     workflow_lock: Lock | None = None
     """The lock :meth:`with_workflow_lock` takes, keyed by the stack id, if the backend
     provides one (any :class:`~siglo.coordination.Lock`): the base class then runs the

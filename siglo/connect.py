@@ -130,7 +130,11 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         offloader = Offloader(store, settings.offload_min_bytes)
         backend.adapter = offload_adapter(backend.adapter, offloader)
         # A change of a value this large is not refused for its size (siglo.sizing).
-        adapter.offloaded_from_bytes = settings.offload_min_bytes
+        # Where the pipeline seals contexts whole (encryption, compression), the unit
+        # offloaded is the sealed context, whose size one change does not tell: a value
+        # of any size may end up in a blob, and only the checkpoint's save is judged.
+        seals_contexts = settings.encrypts or settings.compression_min_bytes is not None
+        adapter.offloaded_from_bytes = 0 if seals_contexts else settings.offload_min_bytes
     backend.use_pipeline(Pipeline(settings))
     return backend
 
