@@ -42,10 +42,11 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     returned stores through the settings' pipeline (:mod:`siglo.pipeline`: redaction),
     whatever path then uses it, and refuses a checkpoint document over the settings'
     ``max_document_bytes`` or the plugin's declared maximum (:mod:`siglo.sizing`). With
-    the settings' ``offload_min_bytes`` and ``blob_url``, large values go to that blob
-    store below the pipeline (:mod:`siglo.offload`), every call to it bounded by the
-    backend's ``command_timeout_ms`` (:func:`command_timeout_ms`); closing the backend
-    closes it.
+    the settings' ``offload_min_bytes`` and ``blob_url``, and ``url`` the settings' own
+    (or settings that name none: the blob store goes with their URL, as their options
+    do), large values go to that blob store below the pipeline (:mod:`siglo.offload`),
+    every call to it bounded by the backend's ``command_timeout_ms``
+    (:func:`command_timeout_ms`); closing the backend closes it.
 
     ``memory://``, ``sqlite:///path.db``, ``sqlite://``, ``postgresql://…`` and
     ``redis://…`` are built in; plugins add more. ``options`` go to the backend's factory
@@ -118,23 +119,31 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     if limit != adapter.max_document_bytes:
         # On the instance: the class keeps the store's own maximum for other connections.
         adapter.max_document_bytes = limit
-    if settings.offload_min_bytes is not None and settings.blob_url is not None:
+    min_bytes, blob_url = settings.offload_min_bytes, settings.blob_url
+    offloads = min_bytes is not None and blob_url is not None
+    if offloads and settings.url is not None and url != settings.url:
+        # The blob store goes with the settings' URL, as their [options] do: its
+        # collector walks that backend's checkpoints, and would take the blobs another
+        # backend put there for orphans (`siglo import OTHER_URL`, then collect-blobs:
+        # OTHER_URL's values gone). Another URL stores its values inline.
+        offloads = False
+    if offloads and min_bytes is not None and blob_url is not None:
         # Below the pipeline: redact (and encode) -> offload -> store.
         # The blob store's calls are storage calls of this backend: the same bound.
         # (A backend without a bound of its own still has the settings'.)
         bound = command_timeout_ms(url, options) if spec.bounded else settings.command_timeout_ms
-        store = open_blob_store(settings.blob_url)
+        store = open_blob_store(blob_url)
         # Its puts are spaced by the grace period the collector keeps blobs for.
         store.use_grace(settings.blob_grace_ms)
         store = bounded(store, bound)
-        offloader = Offloader(store, settings.offload_min_bytes)
+        offloader = Offloader(store, min_bytes)
         backend.adapter = offload_adapter(backend.adapter, offloader)
         # A change of a value this large is not refused for its size (siglo.sizing).
         # Where the pipeline seals contexts whole (encryption, compression), the unit
         # offloaded is the sealed context, whose size one change does not tell: a value
         # of any size may end up in a blob, and only the checkpoint's save is judged.
         seals_contexts = settings.encrypts or settings.compression_min_bytes is not None
-        adapter.offloaded_from_bytes = 0 if seals_contexts else settings.offload_min_bytes
+        adapter.offloaded_from_bytes = 0 if seals_contexts else min_bytes
     backend.use_pipeline(Pipeline(settings))
     return backend
 

@@ -226,6 +226,17 @@ def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = No
     else:
         source = "URL"
         settings = cli_settings()
+        offloads = settings.blob_url is not None and settings.offload_min_bytes is not None
+        if offloads and settings.url is not None and url.strip() != settings.url:
+            # siglo.connect gives the settings' blob store to their own URL only: the
+            # collector of that store walks that backend alone.
+            click.echo(
+                f"note: the blob store of {settings.source} (blob_url) goes with its url "
+                f"{mask_credentials(settings.url)}, not with {mask_credentials(url.strip())}: "
+                "values are stored there inline (give that backend a blob store of its own "
+                "in its own settings to offload them)",
+                err=True,
+            )
         if settings.options and settings.url is not None and url.strip() != settings.url:
             # siglo.connect gives the settings' [options] to their own URL only: say so
             # rather than let `schema=`/`prefix=` silently not apply.

@@ -14,6 +14,8 @@ import asyncio
 import base64
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -745,3 +747,56 @@ def test_export_through_a_descriptor_writes_it_as_opened(tmp_path: Any) -> None:
             assert kept.read_text() == "last night\n"
         finally:
             kept.unlink()
+
+
+def test_an_import_into_another_url_keeps_its_values_out_of_the_settings_blob_store(
+    tmp_path: Any,
+) -> None:
+    """The settings name a SQLite file and a blob store; ``siglo import`` into another
+    URL put its values in that blob store, which the settings' own ``collect-blobs``
+    walks with the settings' backend alone: once the first store's run was removed, the
+    collector took the other store's blobs for orphans and the imported store could not
+    be read (a black-box auditor). The blob store goes with the settings' URL, as their
+    ``[options]`` do: the import stores its values inline, says so, and the imported
+    store reads after any collection."""
+    (tmp_path / "siglo.toml").write_text(
+        f'url = "sqlite:///{tmp_path}/a.db"\noffload_min_bytes = 1024\n'
+        f'blob_url = "file://{tmp_path}/blobs"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
+    env["SIGLO_CONFIG"] = str(tmp_path / "siglo.toml")
+
+    def siglo_cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "siglo", *args],
+            cwd=tmp_path,
+            env=env,
+            input=stdin,
+            capture_output=True,
+            timeout=120,
+        )
+
+    save = (
+        "import asyncio, siglo\n"
+        "async def main():\n"
+        "    async with siglo.connect() as b:\n"
+        "        s = siglo.StorageManager(b).create_stack('doc-1')\n"
+        "        s.set('doc', 'text', 'z' * 5000)\n"
+        "        await s.save()\n"
+        "asyncio.run(main())\n"
+    )
+    subprocess.run([sys.executable, "-c", save], cwd=tmp_path, env=env, check=True, timeout=120)
+    assert len(list((tmp_path / "blobs").rglob("*"))) > 0  # offloaded in the settings' store
+    dump = siglo_cli("export")
+    assert dump.returncode == 0, dump.stderr
+    other = f"sqlite:///{tmp_path}/b.db"
+    imported = siglo_cli("import", other, stdin=dump.stdout)
+    assert imported.returncode == 0, imported.stderr
+    assert b"blob store" in imported.stderr and b"inline" in imported.stderr
+    assert siglo_cli("rm", "doc-1").returncode == 0
+    collected = siglo_cli("collect-blobs", "--grace-ms", "0", "--json")
+    assert collected.returncode == 0, collected.stderr
+    assert json.loads(collected.stdout)["removed"] >= 1
+    shown = siglo_cli("show", other, "doc-1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert "z" * 5000 in shown.stdout.decode()
