@@ -36,8 +36,19 @@ def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) 
     blob_url = settings.blob_url
     grace = settings.blob_grace_ms if grace_ms is None else grace_ms
 
+    resolved = resolve_url(url)
+    if settings.url is not None and resolved != settings.url:
+        # The store's blobs are the settings' backend's: walked against another
+        # backend's checkpoints, every one of them would look like an orphan.
+        raise CliError(
+            f"the blob store {mask_credentials(blob_url)} goes with the settings' url "
+            f"{mask_credentials(settings.url)}, not with {mask_credentials(resolved)}: "
+            "collecting it against another backend would remove the blobs its own "
+            "checkpoints reference",
+            "run it without a URL, or with the settings of the backend whose blob store it is",
+        )
+
     async def run() -> Collected:
-        resolved = resolve_url(url)
         # The collector's calls are bounded as the backend's are: the URL's bound, else
         # the settings'.
         bound = settings.command_timeout_ms

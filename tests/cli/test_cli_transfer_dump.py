@@ -758,7 +758,8 @@ def test_an_import_into_another_url_keeps_its_values_out_of_the_settings_blob_st
     collector took the other store's blobs for orphans and the imported store could not
     be read (a black-box auditor). The blob store goes with the settings' URL, as their
     ``[options]`` do: the import stores its values inline, says so, and the imported
-    store reads after any collection."""
+    store reads after any collection; and ``collect-blobs`` given another URL is
+    refused."""
     (tmp_path / "siglo.toml").write_text(
         f'url = "sqlite:///{tmp_path}/a.db"\noffload_min_bytes = 1024\n'
         f'blob_url = "file://{tmp_path}/blobs"\n'
@@ -793,6 +794,10 @@ def test_an_import_into_another_url_keeps_its_values_out_of_the_settings_blob_st
     imported = siglo_cli("import", other, stdin=dump.stdout)
     assert imported.returncode == 0, imported.stderr
     assert b"blob store" in imported.stderr and b"inline" in imported.stderr
+    # Collected against the other backend, every blob of the store would be an orphan.
+    crossed = siglo_cli("collect-blobs", other, "--grace-ms", "0")
+    assert crossed.returncode == 1 and b"goes with the settings' url" in crossed.stderr
+    assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) >= 1
     assert siglo_cli("rm", "doc-1").returncode == 0
     collected = siglo_cli("collect-blobs", "--grace-ms", "0", "--json")
     assert collected.returncode == 0, collected.stderr
