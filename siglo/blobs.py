@@ -41,7 +41,7 @@ from siglo.errors import (
 )
 from siglo.plugins import get_registry
 from siglo.plugins.backends import import_dotted
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, refuse_unknown
 
 __all__ = [
     "BlobStore",
@@ -396,10 +396,14 @@ def open_blob_store(url: str) -> BlobStore:
     then). Anything else raises :class:`~siglo.errors.InvalidArgumentError` naming what
     is supported."""
     parts = urlsplit(url)
-    if parts.scheme == "file" and parts.path:
-        return DirectoryBlobStore(unquote(parts.path))
-    if url == "memory://":
-        return MemoryBlobStore()
+    if parts.scheme in ("file", "memory") and (parts.scheme == "memory" or parts.path):
+        # Neither takes an option: a typo is refused, not dropped.
+        kind = "directory blob store" if parts.scheme == "file" else "memory blob store"
+        refuse_unknown(url, (), backend=kind)
+        if parts.scheme == "file":
+            return DirectoryBlobStore(unquote(parts.path))
+        if not parts.netloc and parts.path in ("", "/"):
+            return MemoryBlobStore()
     opener = _BY_SCHEME.get(parts.scheme)
     if opener is not None:
         # Named, not imported: the module (and its driver) loads on first use.
