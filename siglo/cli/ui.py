@@ -10,6 +10,7 @@ import secrets
 import socket
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlencode
 
 import click
 
@@ -34,7 +35,13 @@ def build_app(url: str | None, host: str, token: str | None) -> tuple[Starlette,
     bind beyond loopback requires. Returns the app, the URL and the token."""
     from siglo.ui.server import create_app, is_loopback
 
-    token = token or os.environ.get(TOKEN_ENV) or None
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    if token is not None and not token.strip():
+        source = "--token" if token else TOKEN_ENV
+        raise CliError(
+            f"the token ({source}) is blank: it would let anyone in",
+            "pass a secret, or --token generate to make one",
+        )
     if token == "generate":
         token = secrets.token_urlsafe(24)
     loopback = is_loopback(host)
@@ -105,7 +112,7 @@ def ui(url: str | None, host: str, port: int, token: str | None) -> None:
     shown = f"http://{where}:{port}/"
     click.echo(f"siglo ui on {display_url(target)} at {shown}", err=True)
     if token:
-        click.echo(f"open {shown}?token={token}", err=True)
+        click.echo(f"open {shown}?{urlencode({'token': token})}", err=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
@@ -116,6 +123,9 @@ def _listening(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # Listening before the link is printed: a connection made at once queues until
+        # the server accepts it, where a bound socket not yet listening refuses it.
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise CliError(

@@ -67,6 +67,8 @@ async def delete_run(
             stack_id, namespace, expected_revision=expected_revision
         )
     except CheckpointConflictError as exc:
+        if exc.current_revision is None:
+            raise ActionRefused(f"no run {stack_id!r} to delete (it is gone)") from exc
         raise ActionRefused(
             f"run {stack_id!r} is at revision {exc.current_revision}, not {expected_revision}; "
             "nothing was deleted: look again"
@@ -90,6 +92,7 @@ async def deliver_event(
     payload: Any,
     *,
     run_id: str | None = None,
+    expected_revision: int | None = None,
 ) -> str:
     """Deliver ``payload`` to the wait ``correlation_key``: claim the wait (so the event
     is delivered once, whoever else delivers it), store the event in the waiting step's
@@ -98,10 +101,19 @@ async def deliver_event(
     pass with the run's flow continues it, as it continues any run whose process is
     gone, and the waiting step's ``wait_for_event`` returns ``payload``. Refused
     (nothing changed) if the wait is not open, is not a wait of the run ``run_id`` (the
-    run the confirmation named), or the run moved on."""
+    run the confirmation named), or the run moved on (``expected_revision``: the
+    revision the confirmation showed; a run that went on and waits again on the same key
+    is not the run that page was about)."""
     _require(manager, Capability.WAIT_RECORDS, "deliver an event")
     adapter = manager.adapter
     assert adapter is not None
+
+    def refuse_changed(revision: int) -> None:
+        if expected_revision is not None and revision != expected_revision:
+            raise ActionRefused(
+                f"run {run_id or ''!r} changed since the page was shown (revision "
+                f"{revision}, not {expected_revision}); nothing was delivered: look again"
+            )
 
     def refuse_other_run(stack_id: str) -> None:
         if run_id is not None and stack_id != run_id:
@@ -119,6 +131,8 @@ async def deliver_event(
         refuse_other_run(waiting.stack_id)
     if waiting is not None and waiting.status == "waiting":
         found = await manager.load_checkpoint(waiting.stack_id, namespace=namespace)
+        if found is not None:
+            refuse_changed(found.revision)
         if found is not None and found.status != "waiting":
             raise ActionRefused(
                 f"run {waiting.stack_id!r} is {found.status}, not waiting for "
@@ -147,6 +161,7 @@ async def deliver_event(
         if stack is None:
             raise ActionRefused(f"the run {record.stack_id!r} of this wait is gone")
         try:
+            refuse_changed(stack.revision)
             step = record.step_id or _waiting_step(stack, correlation_key)
             if step is None or stack.status != "waiting":
                 raise ActionRefused(

@@ -63,6 +63,15 @@ _log = masking.logger("siglo.ui")
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 TOKEN_COOKIE: Final = "siglo_ui_token"
 CSRF_COOKIE: Final = "siglo_ui_csrf"
+"""The cookies' names, each followed by ``_<port>``: a browser sends a host's cookies to
+every port of it, so two dashboards on one machine would overwrite each other's."""
+
+
+def cookie_name(base: str, request: Request) -> str:
+    """``base`` for the port ``request`` came to (see :data:`CSRF_COOKIE`)."""
+    return f"{base}_{request.url.port or 80}"
+
+
 PAGE_SIZES: Final = (25, 50, 100, 200)
 TEMPLATES: Final = Path(__file__).parent / "templates"
 STYLESHEET: Final = (TEMPLATES / "ui.css").read_text()
@@ -122,10 +131,14 @@ def _parse_time(text: str | None, what: str) -> int | None:
     return int(moment.timestamp() * 1000)
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+def _whole_number(text: str | None, what: str, default: int) -> int:
+    """A query parameter that must be a whole number (``default`` when absent)."""
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{what} must be a whole number, got {text!r}") from None
 
 
 def create_app(
@@ -142,7 +155,15 @@ def create_app(
     ``token``: required on every request when set. ``loopback_only``: serve only
     requests addressed to a loopback name (what a 127.0.0.1 bind wants).
     """
+    if token is not None and not token.strip():
+        raise InvalidArgumentError(
+            "the dashboard's token is blank: pass a secret (`--token generate` makes one)"
+        )
     secret = secrets.token_bytes(32)
+    # What the token cookie holds: a keyed hash of the token (this process's key).
+    token_cookie = (
+        "" if token is None else hmac.new(secret, b"token\0" + token.encode(), "sha256").hexdigest()
+    )
     # Autoescaped: every id, key and value shown is stored data, which may hold markup.
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
     templates = Jinja2Templates(env=env)
@@ -171,7 +192,7 @@ def create_app(
         return hmac.new(secret, cookie.encode(), hashlib.sha256).hexdigest()
 
     def render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
-        cookie = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+        cookie = request.cookies.get(cookie_name(CSRF_COOKIE, request)) or secrets.token_urlsafe(24)
         backend_now: Backend | None = state.get("backend")
         response = templates.TemplateResponse(
             request,
@@ -184,8 +205,9 @@ def create_app(
             },
             status_code=status,
         )
-        if request.cookies.get(CSRF_COOKIE) != cookie:
-            response.set_cookie(CSRF_COOKIE, cookie, httponly=True, samesite="strict")
+        name = cookie_name(CSRF_COOKIE, request)
+        if request.cookies.get(name) != cookie:
+            response.set_cookie(name, cookie, httponly=True, samesite="strict")
         return response
 
     def refuse(request: Request, status: int, message: str) -> Response:
@@ -242,12 +264,15 @@ def create_app(
             if token is not None:
                 given = request.query_params.get("token")
                 bearer = request.headers.get("authorization", "")
-                presented = (
-                    given
-                    or (bearer[7:] if bearer.lower().startswith("bearer ") else None)
-                    or request.cookies.get(TOKEN_COOKIE)
-                )
-                if presented is None or not hmac.compare_digest(presented.encode(), token.encode()):
+                cookie = request.cookies.get(cookie_name(TOKEN_COOKIE, request))
+                presented = given or (bearer[7:] if bearer.lower().startswith("bearer ") else None)
+                if presented is not None:
+                    valid = hmac.compare_digest(presented.encode(), token.encode())
+                else:
+                    # The cookie holds a keyed hash of the token, not the token: every
+                    # other server on this host (any port) is sent it too.
+                    valid = cookie is not None and hmac.compare_digest(cookie, token_cookie)
+                if not valid:
                     return PlainTextResponse(
                         "siglo ui needs its token: open the URL `siglo ui` printed "
                         "(…?token=…), or send Authorization: Bearer <token>",
@@ -258,7 +283,12 @@ def create_app(
                     rest = {k: v for k, v in request.query_params.items() if k != "token"}
                     target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
                     redirect = RedirectResponse(target, 303)
-                    redirect.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+                    redirect.set_cookie(
+                        cookie_name(TOKEN_COOKIE, request),
+                        token_cookie,
+                        httponly=True,
+                        samesite="strict",
+                    )
                     return redirect
             response = await call_next(request)
             response.headers["X-Frame-Options"] = "DENY"
@@ -284,6 +314,11 @@ def create_app(
                 f"unknown status {unknown[0]!r}: one of {', '.join(sorted(STATUSES))}"
             )
         namespace: Any = MISSING
+        if q.get("no_namespace") and q.get("namespace"):
+            raise InvalidArgumentError(
+                "a listing is of one namespace or of the runs without one, not both: "
+                "drop namespace= or no_namespace="
+            )
         if q.get("no_namespace"):
             namespace = None
         elif q.get("namespace"):
@@ -318,9 +353,10 @@ def create_app(
         q = request.query_params
         try:
             filters = filters_of(request)
-            limit = int(q.get("limit") or 50)
+            limit = _whole_number(q.get("limit"), "limit", 50)
             if not 1 <= limit <= MAX_PAGE_SIZE:
                 raise InvalidArgumentError(f"limit must be 1 to {MAX_PAGE_SIZE}, got {limit}")
+            page_number = _whole_number(q.get("page"), "page", 1)
             with collecting_unreadable() as left_out:
                 page = await data.runs_page(
                     adapter(), filters, limit=limit, cursor=q.get("cursor") or None
@@ -329,7 +365,6 @@ def create_app(
         except (InvalidArgumentError, ValueError) as exc:
             return refuse(request, 400, str(exc))
         kept = [(k, v) for k, v in q.multi_items() if k not in {"cursor", "page"}]
-        page_number = int(q.get("page") or 1)
         next_url = None
         if page.next_cursor is not None:
             next_url = "/runs?" + urlencode(
@@ -391,7 +426,39 @@ def create_app(
         action = request.path_params["action"]
         if action not in ACTIONS:
             return refuse(request, 404, f"no action {action!r}: {', '.join(ACTIONS)}")
+        # A confirmation shows what is stored, not whatever a link says: a run that is
+        # not there, a wait that is not one of it, a revision it is no longer at.
+        stack_id = q.get("id") or ""
+        namespace = q.get("namespace") or None
+        try:
+            revision = _whole_number(q.get("revision"), "revision", -1)
+            stored = await adapter().get_checkpoint(stack_id, namespace, fallback=False)
+            if stored is None:
+                where = f" in namespace {namespace!r}" if namespace is not None else ""
+                return refuse(request, 404, f"no run {stack_id!r}{where}")
+            if revision != stored.revision:
+                return refuse(
+                    request,
+                    409,
+                    f"run {stack_id!r} is at revision {stored.revision}, not {revision}: it "
+                    "changed since the page was shown; look again",
+                )
+            if action == "deliver":
+                key = q.get("key") or ""
+                wait = await adapter().get_wait_record(key, namespace=namespace)
+                if wait is None or wait.stack_id != stack_id:
+                    return refuse(request, 404, f"run {stack_id!r} has no wait {key!r}")
+        except InvalidArgumentError as exc:
+            return refuse(request, 400, str(exc))
+        except StorageAdapterError as exc:
+            return failed(request, exc)
         return render(request, "confirm.html", {"action": action, "q": q})
+
+    def revision_of(form: Any) -> int:
+        try:
+            return int(str(form.get("revision")))
+        except ValueError:
+            raise actions.ActionRefused("the form names no revision; nothing changed") from None
 
     async def act(request: Request) -> Response:
         action = request.path_params["action"]
@@ -401,7 +468,7 @@ def create_app(
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
             return refuse(request, 403, f"an action from another origin ({origin}) is refused")
         form = await request.form()
-        cookie = request.cookies.get(CSRF_COOKIE)
+        cookie = request.cookies.get(cookie_name(CSRF_COOKIE, request))
         sent = str(form.get("csrf") or "")
         if not cookie or not hmac.compare_digest(sent, csrf_for(cookie)):
             return refuse(
@@ -423,16 +490,16 @@ def create_app(
                         f"the event payload is not JSON ({exc}); nothing was delivered"
                     ) from None
                 message = await actions.deliver_event(
-                    manager, str(form.get("key") or ""), namespace, payload, run_id=stack_id
+                    manager,
+                    str(form.get("key") or ""),
+                    namespace,
+                    payload,
+                    run_id=stack_id,
+                    expected_revision=revision_of(form),
                 )
             else:
-                try:
-                    revision = int(str(form.get("revision")))
-                except ValueError:
-                    raise actions.ActionRefused(
-                        "the form names no revision; nothing changed"
-                    ) from None
                 do = actions.cancel_run if action == "cancel" else actions.delete_run
+                revision = revision_of(form)
                 message = await do(manager, stack_id, namespace, revision)
         except StorageAdapterError as exc:
             return failed(request, exc)

@@ -108,15 +108,20 @@ async def test_run_page_keeps_redacted_fields_redacted(store: siglo.Backend) -> 
 
 async def _deliver_form(client: httpx.AsyncClient) -> dict[str, str]:
     """The deliver form of order-1's wait, with the card in its payload, as the
-    confirmation page serves it (its CSRF token in ``csrf``)."""
-    confirm = await client.get(
-        "/confirm/deliver",
-        params={"id": "order-1", "namespace": NAMESPACE, "key": "approve:o-1"},
-    )
+    confirmation page the run page links to serves it (its CSRF token in ``csrf``, the
+    revision the run page showed in ``revision``)."""
+    run = await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})
+    link = re.search(r'id="deliver" href="(/confirm/deliver\?[^"]+)"', run.text)
+    assert link, run.text
+    confirm = await client.get(link.group(1).replace("&amp;", "&"))
+    assert confirm.status_code == 200, confirm.text
+    revision = re.search(r'name="revision" value="(\d+)"', confirm.text)
+    assert revision, confirm.text
     return {
         "id": "order-1",
         "namespace": NAMESPACE,
         "key": "approve:o-1",
+        "revision": revision.group(1),
         "payload": f'{{"by": "ui", "{FIELD}": "{SECRET}"}}',
         "csrf": csrf(confirm.text),
     }
@@ -257,6 +262,119 @@ async def test_a_delivery_names_the_run_and_a_wait_of_another_run_is_refused(
         assert record.event_payload is None and record.claimant_id is None, record
         stored = await store.adapter.get_checkpoint(run, NAMESPACE, fallback=False)
         assert stored is not None and stored.status == "waiting", stored
+
+
+async def _twice_waiting(url: str) -> Any:
+    """A run ``twice-1`` of a flow that waits on the same key in two steps, waiting in
+    the first; returns the flow."""
+    from siglo import Step, WorkflowSuspended, flow, wait_for_event
+
+    async def first(_: Any) -> Any:
+        return {"first": await wait_for_event("again:t1")}
+
+    async def second(value: Any) -> Any:
+        return {"second": await wait_for_event("again:t1"), **value}
+
+    twice = flow(Step.create("first", first), Step.create("second", second), name="twice")
+    async with siglo.connect(url, settings=SETTINGS) as backend:
+        with pytest.raises(WorkflowSuspended):
+            await twice.run(None, manager=siglo.StorageManager(backend), stack_id="twice-1")
+    return twice
+
+
+async def test_a_stale_deliver_page_does_not_deliver_to_the_runs_next_wait(
+    store: siglo.Backend,
+) -> None:
+    """The confirmation was shown for the run's first wait; the run was delivered
+    elsewhere and now waits again on the same key. Posting that page delivered into the
+    new wait (a black-box auditor): the form now carries the revision the page showed,
+    and the run moved past it, so it is refused and nothing is stored."""
+    from siglo import WorkflowSuspended
+
+    twice = await _twice_waiting(store.url)
+    async with dashboard(store.url) as client:
+        run = await client.get("/run", params={"id": "twice-1"})
+        link = re.search(r'id="deliver" href="(/confirm/deliver\?[^"]+)"', run.text)
+        assert link, run.text
+        confirm = await client.get(link.group(1).replace("&amp;", "&"))
+        assert confirm.status_code == 200, confirm.text
+        revision = re.search(r'name="revision" value="(\d+)"', confirm.text)
+        assert revision
+        async with siglo.connect(store.url, settings=SETTINGS) as backend:
+            with pytest.raises(WorkflowSuspended):  # delivered elsewhere: waits again
+                await twice.deliver(
+                    "again:t1", {"by": "api"}, manager=siglo.StorageManager(backend)
+                )
+        form = {
+            "id": "twice-1",
+            "namespace": "",
+            "key": "again:t1",
+            "revision": revision.group(1),
+            "payload": '{"by": "stale page"}',
+            "csrf": csrf(confirm.text),
+        }
+        stale = await client.post("/actions/deliver", data=form)
+        assert stale.status_code == 409, stale.text
+        assert "changed since the page was shown" in stale.text
+    record = await store.adapter.get_wait_record("again:t1")
+    assert record is not None and record.status == "waiting", record
+    assert record.event_payload is None and record.claimant_id is None, record
+    stored = await store.adapter.get_checkpoint("twice-1", fallback=False)
+    assert stored is not None and stored.status == "waiting"
+    assert "stale page" not in repr(stored.contexts)
+
+
+async def test_a_confirmation_shows_only_what_is_stored(store: siglo.Backend) -> None:
+    """A confirmation page is rendered from a link's parameters: for a run that is not
+    there, at a revision it is not at, or a wait that is not one of it, it was a real
+    confirmation all the same (a black-box auditor). It reads the run: 404 or 409."""
+    async with dashboard(store.url) as client:
+        run = (await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})).text
+        revision = re.search(r"<th>revision</th><td>(\d+)</td>", run)
+        assert revision
+        rev = int(revision.group(1))
+        base = {"id": "order-1", "namespace": NAMESPACE, "revision": str(rev)}
+        ok = await client.get("/confirm/cancel", params=base)
+        assert ok.status_code == 200 and 'name="revision" value="%d"' % rev in ok.text
+        refused = {
+            "/confirm/delete": ({**base, "id": "no-such-run"}, 404, "no run &#39;no-such-run&#39;"),
+            "/confirm/cancel": ({**base, "revision": str(rev + 7)}, 409, "changed since"),
+            "/confirm/deliver": ({**base, "key": "approve:o-2"}, 404, "has no wait"),
+        }
+        for path, (params, status, said) in refused.items():
+            page = await client.get(path, params=params)
+            assert page.status_code == status and said in page.text, (path, page.text)
+            assert 'id="confirm-button"' not in page.text
+        bad = await client.get("/confirm/cancel", params={**base, "revision": "x"})
+        assert bad.status_code == 400 and "revision must be a whole number" in bad.text
+
+
+async def test_bad_listing_parameters_and_a_gone_run_say_what_is_wrong(
+    store: siglo.Backend,
+) -> None:
+    async with dashboard(store.url) as client:
+        for params, said in (
+            ({"limit": "abc"}, "limit must be a whole number, got &#39;abc&#39;"),
+            ({"page": "abc"}, "page must be a whole number"),
+            ({"namespace": NAMESPACE, "no_namespace": "1"}, "not both"),
+        ):
+            page = await client.get("/runs", params=params)
+            assert page.status_code == 400 and said in page.text, (params, page.text)
+        run = (await client.get("/run", params={"id": "order-2", "namespace": NAMESPACE})).text
+        link = re.search(r'href="(/confirm/delete\?[^"]+)"', run)
+        assert link
+        page = (await client.get(link.group(1).replace("&amp;", "&"))).text
+        revision = re.search(r'name="revision" value="(\d+)"', page)
+        assert revision
+        form = {
+            "id": "order-2",
+            "namespace": NAMESPACE,
+            "revision": revision.group(1),
+            "csrf": csrf(page),
+        }
+        assert (await client.post("/actions/delete", data=form)).status_code == 200
+        again = await client.post("/actions/delete", data=form)
+        assert again.status_code == 409 and "it is gone" in again.text, again.text
 
 
 async def test_a_url_password_is_never_shown() -> None:
@@ -495,16 +613,18 @@ async def test_a_store_that_fails_is_a_page_that_says_so(caplog: pytest.LogCaptu
             url = with_option(url, "connect_timeout_ms", 1000)
             async with dashboard(url) as client:
                 assert (await client.get("/runs")).status_code == 200
-                confirm = await client.get(
-                    "/confirm/cancel", params={"id": "order-1", "namespace": NAMESPACE}
-                )
-                token = csrf(confirm.text)
+                run = await client.get("/run", params={"id": "order-1", "namespace": NAMESPACE})
+                link = re.search(r'id="cancel" href="(/confirm/cancel\?[^"]+)"', run.text)
+                assert link, run.text
+                confirm_url = link.group(1).replace("&amp;", "&")
+                token = csrf((await client.get(confirm_url)).text)
                 proxy.cut()
                 caplog.set_level(logging.WARNING, logger="siglo.ui")
                 pages = [
                     await client.get("/runs"),
                     await client.get(f"/run?id=order-1&namespace={NAMESPACE}"),
                     await client.get("/attention"),
+                    await client.get(confirm_url),  # a confirmation reads the run
                     await client.post(
                         "/actions/cancel",
                         data={
@@ -523,9 +643,9 @@ async def test_a_store_that_fails_is_a_page_that_says_so(caplog: pytest.LogCaptu
                 assert "Storage unavailable" in pages[0].text
                 assert f"127.0.0.1:{proxy.port}" in pages[0].text  # which store
                 assert "reload the page" in pages[0].text
-                assert "open the run again" in pages[3].text
+                assert "open the run again" in pages[4].text
                 logged = [r.getMessage() for r in caplog.records if r.name == "siglo.ui"]
-                assert len(logged) == 4 and all("hunter2-pw" not in m for m in logged)
+                assert len(logged) == 5 and all("hunter2-pw" not in m for m in logged)
                 proxy.restore()
                 for _ in range(150):  # the pool reconnects (a loaded machine: seconds)
                     if (await client.get("/runs")).status_code == 200:
@@ -696,6 +816,73 @@ def test_siglo_ui_prints_the_address_it_binds(monkeypatch: pytest.MonkeyPatch) -
     ((host, port),) = bound
     assert host == "127.0.0.2" and port > 0  # --port 0: the port it got, printed
     assert f"open http://127.0.0.2:{port}/?token=T0K" in done.output, done.output
+
+
+def test_the_link_is_printed_listening_encoded_and_a_blank_token_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The printed link reaches the dashboard at once (the socket listens before it is
+    printed: a connection made then queued, where it was refused for ~40 ms), its token
+    percent-encoded (``ab&c d#e`` was printed raw, a link that answered 401); a blank
+    token, which let ``--host 0.0.0.0`` start, is refused (black-box auditors)."""
+    import socket
+
+    import uvicorn
+    from click.testing import CliRunner
+
+    from siglo.cli import cli
+
+    reached: list[bool] = []
+
+    def serve(self: Any, sockets: list[Any]) -> None:
+        for sock in sockets:
+            probe = socket.create_connection(sock.getsockname()[:2], timeout=2)
+            reached.append(True)  # not refused: the socket listens
+            probe.close()
+            sock.close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", serve)
+    monkeypatch.delenv("SIGLO_UI_TOKEN", raising=False)
+    done = CliRunner().invoke(cli, ["ui", "memory://", "--port", "0", "--token", "ab&c d#e"])
+    assert done.exit_code == 0, done.output
+    assert reached == [True]
+    assert "?token=ab%26c+d%23e" in done.output, done.output
+    for args, env in ((["--token", " "], {}), ([], {"SIGLO_UI_TOKEN": "  "})):
+        refused = CliRunner().invoke(
+            cli, ["ui", "memory://", "--host", "0.0.0.0", "--port", "0", *args], env=env
+        )
+        assert refused.exit_code == 1 and "is blank" in refused.output, refused.output
+    with pytest.raises(siglo.errors.InvalidArgumentError, match="blank"):
+        create_app("memory://", settings=SETTINGS, token="")
+
+
+async def test_the_token_cookie_is_per_port_and_not_the_token(store: siglo.Backend) -> None:
+    """A browser sends a host's cookies to every port of it: the token cookie was the
+    token itself, named alike for every dashboard, so another local server got the
+    token and a second dashboard's link logged the first out (a black-box auditor).
+    Each dashboard's cookies are named for its port and hold a keyed hash."""
+    app_a = create_app(store.url, settings=SETTINGS, token="token-of-A")
+    app_b = create_app(store.url, settings=SETTINGS, token="token-of-B")
+    async with app_a.router.lifespan_context(app_a), app_b.router.lifespan_context(app_b):
+        jar = httpx.Cookies()  # one browser
+        a = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app_a), base_url="http://127.0.0.1:8001", cookies=jar
+        )
+        b = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app_b), base_url="http://127.0.0.1:8002", cookies=jar
+        )
+        async with a, b:
+            assert (await a.get("/runs", params={"token": "token-of-A"})).status_code == 303
+            jar.update(a.cookies)
+            b.cookies.update(jar)
+            assert (await b.get("/runs", params={"token": "token-of-B"})).status_code == 303
+            jar.update(b.cookies)
+            a.cookies.update(jar)
+            assert (await a.get("/runs")).status_code == 200  # still logged in
+            assert (await b.get("/runs")).status_code == 200
+            names = {cookie.name: cookie.value for cookie in jar.jar}
+            assert "siglo_ui_token_8001" in names and "siglo_ui_token_8002" in names
+            assert not any("token-of" in value for value in names.values()), names
 
 
 def test_a_port_taken_is_one_error_line_and_no_link(tmp_path: Path) -> None:
