@@ -24,6 +24,7 @@ adds keys, never removes one), so no layer can expose a field another one protec
 
 from __future__ import annotations
 
+import difflib
 import os
 import threading
 import tomllib
@@ -415,7 +416,38 @@ def _from_file(path: Path, table: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+OTHER_VARIABLES: Final = frozenset(
+    {CONFIG_ENV, "SIGLO_UI_TOKEN", "SIGLO_DEBUG", "SIGLO_DISABLE_PLUGINS"}
+)
+"""The other ``SIGLO_*`` variables siglo reads (not settings): never taken for a typo."""
+
+
+def _refuse_misspelt(environ: Mapping[str, str]) -> None:
+    """Refuse a ``SIGLO_*`` variable that is not one siglo reads but is one letter or so
+    from a setting's: unread, ``SIGLO_ENCRYPTION_KEY`` (for ``…_KEYS``) would leave a
+    store unencrypted without a word. Other ``SIGLO_*`` names (an application's own, the
+    test suite's) pass."""
+    suffixes = {variable.removeprefix("SIGLO_"): variable for variable in ENVIRONMENT}
+    for variable in environ:
+        if (
+            not variable.startswith("SIGLO_")
+            or variable in ENVIRONMENT
+            or variable in OTHER_VARIABLES
+        ):
+            continue
+        close = difflib.get_close_matches(
+            variable.removeprefix("SIGLO_"), list(suffixes), n=1, cutoff=0.9
+        )
+        if close:
+            meant = suffixes[close[0]]
+            raise InvalidArgumentError(
+                f"${variable} is not a siglo setting — did you mean ${meant}? (a misspelt "
+                f"variable is not read: unset it, or rename it to {meant})"
+            )
+
+
 def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    _refuse_misspelt(environ)
     values: dict[str, Any] = {}
     for variable, name in ENVIRONMENT.items():
         raw = environ.get(variable)

@@ -399,3 +399,73 @@ def test_options_without_a_url_go_with_the_url_a_command_names(tmp_path: Path) -
     assert noted.returncode == 0, noted.stderr
     assert "go with its url" in noted.stderr and "table_prefix=…" in noted.stderr
     assert not any(name.startswith("appb_") for name in tables(tmp_path / "app.db"))
+
+
+@pytest.mark.parametrize(
+    ("variable", "meant"),
+    [
+        ("SIGLO_ENCRYPTION_KEY", "SIGLO_ENCRYPTION_KEYS"),
+        ("SIGLO_MAX_DOCUMENT_BYTE", "SIGLO_MAX_DOCUMENT_BYTES"),
+        ("SIGLO_REQUIRE_ENCRYPT", "SIGLO_REQUIRE_ENCRYPTION"),
+        ("SIGLO_BLOBURL", "SIGLO_BLOB_URL"),
+    ],
+)
+def test_a_misspelt_setting_variable_is_refused_naming_the_one_meant(
+    variable: str, meant: str, tmp_path: Path
+) -> None:
+    """A misspelt ``SIGLO_*`` variable was not read and said nothing: with
+    ``SIGLO_ENCRYPTION_KEY`` (no S) a store was written in clear (a black-box auditor).
+    One a letter or so from a setting's is refused, by the library and by every command;
+    the other ``SIGLO_*`` names an application or the test suite uses pass."""
+    with pytest.raises(InvalidArgumentError, match=rf"\${variable} is not a siglo setting"):
+        load_settings(start=tmp_path, environ={variable: "x"})
+    done = CliRunner().invoke(cli, ["config"], env={variable: "x"})
+    assert done.exit_code == 1 and f"did you mean ${meant}?" in done.output, done.output
+    others = {
+        name: "x"
+        for name in (
+            "SIGLO_PG_URL",
+            "SIGLO_REDIS_URL",
+            "SIGLO_POSTGRES_URL",
+            "SIGLO_TEST_MARKS",
+            "SIGLO_UI_TOKEN",
+            "SIGLO_DEBUG",
+            "SIGLO_DISABLE_PLUGINS",
+            "SIGLO_APP_REGION",
+        )
+    }
+    assert load_settings(start=tmp_path, environ=others).url is None
+
+
+def test_the_siglo_config_sample_of_the_docs_is_what_it_prints(tmp_path: Path) -> None:
+    """docs/configuration.md shows `siglo config` for a siglo.toml and one variable:
+    its rows and its last line are what the command prints (they had drifted by seven
+    settings, a black-box auditor)."""
+    import re
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    sample = page.split("```text\n$ siglo config\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "siglo.toml").write_text(
+        'url = "sqlite:///app.db"\nredact_fields = ["card", "cvv"]\nerror_mode = "strict"\n'
+        "namespace_fallback = false\ncommand_timeout_ms = 5000\n\n"
+        "[options]\nbusy_timeout_ms = 2000\n"
+    )
+    env: dict[str, str | None] = {
+        name: None for name in os.environ if name.startswith("SIGLO_")
+    }  # unset: none of this process's own
+    env.update(SIGLO_CONFIG=str(tmp_path / "siglo.toml"), SIGLO_REDACT_FIELDS="cvv")
+    done = CliRunner().invoke(cli, ["config"], env={**env, "COLUMNS": "100"})
+    assert done.exit_code == 0, done.output
+
+    def rows(text: str) -> list[list[str]]:
+        return [
+            [cell.strip() for cell in line.strip("│").split("│")]
+            for line in text.splitlines()
+            if line.startswith("│")
+        ]
+
+    assert rows(sample) == rows(done.output), done.output
+    last = [line for line in sample.splitlines() if line.strip()][-1]
+    assert last.startswith("environment variables read:")
+    assert last in done.output
+    assert re.search(r"siglo settings \(from .*siglo\.toml", done.output.replace("\n", " "))
