@@ -90,9 +90,27 @@ READABLE_FORMATS: Final = (1, 2)
 _PAGE: Final = 500
 
 
+WHOLE_DUMP_HINT: Final = (
+    "import a whole dump, as `siglo export URL > dump.jsonl` writes it (its last line is "
+    "the trailer)"
+)
+RECORD_HINT: Final = (
+    "the line holds a record siglo refuses to store (one written or changed past siglo): "
+    "correct or remove that line; nothing was imported"
+)
+
+
 class DumpError(InvalidArgumentError):
     """A dump that is not one whole, unaltered export: cut short, changed, malformed, or
-    of a format this siglo does not read. Raised before anything is imported."""
+    of a format this siglo does not read; or a line of it holding a record the store
+    would refuse. Raised before anything is imported. ``hint`` says what to do."""
+
+    def __init__(self, message: str, hint: str = WHOLE_DUMP_HINT) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.hint))
 
 
 _SPOOL_BYTES: Final = 8 * 1024 * 1024
@@ -263,7 +281,8 @@ def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
             if checkpoint.namespace == KEYRING_NAMESPACE:
                 raise DumpError(
                     f"line {number} holds a keyring ({KEYRING_NAMESPACE!r}): keys are never "
-                    "imported"
+                    "imported",
+                    RECORD_HINT,
                 )
             # What the save would refuse (an empty or too long id), refused here, before
             # anything of the dump is written.
@@ -275,13 +294,16 @@ def _entry(line: bytes, number: int, doc: dict[str, Any]) -> Entry:
                 raise DumpError(
                     f"line {number} holds a reference to offloaded blob {offloaded} in stack "
                     f"{checkpoint.stack_id!r}: a dump carries values, never references "
-                    "(siglo export writes them inline)"
+                    "(siglo export writes them inline)",
+                    RECORD_HINT,
                 )
             return "checkpoint", checkpoint
         if kind == "wait":
             return "wait", check_wait_record(WaitRecord.from_json(_embedded_json(line, "record")))
+    except DumpError:
+        raise
     except SigloError as exc:
-        raise DumpError(f"line {number} of the dump: {exc}") from None
+        raise DumpError(f"line {number} of the dump: {exc}", RECORD_HINT) from None
     if doc.get("siglo") == "end":
         raise DumpError(f"line {number}: a second trailer")
     raise DumpError(f"line {number} has an unknown kind {kind!r}")

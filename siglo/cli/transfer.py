@@ -285,11 +285,7 @@ def import_(url: str | None, source: IO[bytes], as_json: bool) -> None:
     try:
         report = asyncio.run(run())
     except DumpError as exc:
-        raise CliError(
-            str(exc),
-            "import a whole dump, as `siglo export URL > dump.jsonl` writes it "
-            "(its last line is the trailer)",
-        ) from exc
+        raise CliError(str(exc), exc.hint) from exc
     summary = report.summary
     if as_json:
         print_json(
