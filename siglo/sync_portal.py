@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -20,6 +21,7 @@ class Portal:
     """An asyncio event loop in a daemon thread, and the way into it from other threads."""
 
     def __init__(self, name: str = "siglo-sync") -> None:
+        self._pid = os.getpid()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -64,6 +66,15 @@ class Portal:
                 "siglo.sync called from inside its own event loop: in async code use the "
                 "async API (await …), not siglo.sync"
             )
+        if os.getpid() != self._pid:
+            # The loop's thread did not survive the fork, and the connections opened
+            # through it are the parent's sockets: never to be used from here.
+            raise RuntimeError(
+                f"this siglo.sync object was opened in process {self._pid}, before this "
+                f"process ({os.getpid()}) was forked from it: a forked process opens its "
+                "own (siglo.sync.connect after the fork: gunicorn's post_fork hook or no "
+                "--preload, uWSGI's lazy-apps; docs/sync.md)"
+            )
         if not self.running:
             raise RuntimeError("the siglo.sync portal is closed")
         future: Future[T] = asyncio.run_coroutine_threadsafe(_as_coroutine(make), self._loop)
@@ -97,6 +108,17 @@ def get_portal() -> Portal:
         if _portal is None or not _portal.running:
             _portal = Portal()
         return _portal
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock would leave it held here forever; the
+    # parent's portal is of no use here (its thread is gone): the next call starts one.
+    global _portal_lock
+    _portal_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,3 +252,45 @@ def test_every_facade_method_takes_the_async_methods_parameters(
         assert parameters(fn) == parameters(counterpart), f"{facade.__name__}.{name}"
         checked += 1
     assert checked > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forking is POSIX")
+def test_a_forked_process_is_told_to_connect_again(tmp_path: Path) -> None:
+    """gunicorn --preload: the application connected (a module-level sync backend) and
+    then the server forked. Every call in the child raised "the siglo.sync portal is
+    closed", which names nothing (a black-box auditor): it names the fork and what to
+    do, and a backend connected in the child after the fork works; the parent's is
+    untouched."""
+    script = tmp_path / "forked.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys
+            from siglo import sync
+
+            url = "sqlite:///{tmp_path}/f.db"
+            backend = sync.connect(url)
+            manager = sync.StorageManager(backend)
+            manager.create_stack("before").save()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    manager.load_checkpoint("before")
+                except RuntimeError as exc:
+                    print("child:", exc, flush=True)
+                with sync.connect(url) as again:
+                    loaded = sync.StorageManager(again).load_checkpoint("before")
+                    print("child again:", loaded.revision, flush=True)
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print("parent:", manager.load_checkpoint("before").revision, flush=True)
+            backend.close()
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "before this process" in out and "was forked from it" in out, out
+    assert "siglo.sync.connect after the fork" in out, out
+    assert "child again: 1" in out and "parent: 1" in out, out
