@@ -15,7 +15,7 @@ from siglo.checkpoint import STATUSES
 from siglo.cli.common import format_ms, open_store, print_json, print_table, require
 from siglo.cli.errors import CliError, cli_settings, left_out, resolve_url
 from siglo.clock import system_clock
-from siglo.errors import CheckpointConflictError, MalformedRecordError, naming_stack
+from siglo.errors import CheckpointConflictError, MalformedRecordError, SigloError, naming_stack
 from siglo.listing import CheckpointSummary
 from siglo.moments import describe_ms
 from siglo.records import WaitRecord, embedded_wait_record
@@ -182,6 +182,30 @@ def _url_and_stack_id(first: str | None, second: str | None) -> tuple[str | None
     return None, first
 
 
+async def _missing_hint(adapter: Any, stack_id: str, namespace: str | None) -> str:
+    """What to look at for a stack ``stack_id`` that is not in ``namespace``: a stack is
+    its namespace and its id, and the application's reads may fall back to the stack
+    without a namespace (``namespace_fallback``), which a command never does."""
+    if namespace is None:
+        return (
+            "`siglo ls URL` lists the stored stacks; one saved in a namespace is shown "
+            "with --namespace NS"
+        )
+    try:
+        bare = await adapter.get_checkpoint(stack_id, None, fallback=False)
+    except SigloError:
+        bare = None
+    if bare is None:
+        return "`siglo ls URL --namespace NS` lists a namespace's stacks"
+    said = f"a stack {stack_id!r} without a namespace exists (shown without --namespace)"
+    if cli_settings().namespace_fallback:
+        said += (
+            f"; the application's reads in namespace {namespace!r} return it while "
+            "namespace_fallback is on (docs/configuration.md)"
+        )
+    return said
+
+
 @click.command()
 @click.argument("url", required=False, default=None)
 @click.argument("stack_id", required=False, default=None, metavar="STACK_ID")
@@ -208,7 +232,8 @@ def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: 
             if checkpoint is None:
                 where = f" in namespace {namespace!r}" if namespace else ""
                 raise CliError(
-                    f"no stack {stack_id!r}{where}", "`siglo ls URL` lists the stored stacks"
+                    f"no stack {stack_id!r}{where}",
+                    await _missing_hint(adapter, stack_id, namespace),
                 )
             now = system_clock.now_ms()
             waits: list[WaitRecord] = []

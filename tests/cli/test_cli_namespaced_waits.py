@@ -106,3 +106,28 @@ async def test_show_rm_prune_see_the_waits_of_namespaced_runs(kind: str) -> None
         pruned = await invoke("prune", url, "--older-than", "7d", "-n", NS)
         assert pruned.exit_code == 0 and "deleted 1 stack(s)" in pruned.output
         assert await backend.adapter.get_wait_record("approve:9", namespace=NS) is None
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_show_of_a_stack_not_there_says_where_to_look(kind: str) -> None:
+    """A stack is its namespace and its id. ``siglo show`` of an id stored only in
+    namespaces said "no stack" with a hint to list stacks; in a namespace where the
+    application's reads fall back to the stack without one, it said "no stack" while the
+    library served that stack (a black-box auditor). The hints now say so."""
+    async with shared_store(kind) as backend:
+        adapter = backend.adapter
+        await adapter.save_checkpoint(Checkpoint(stack_id="order-1", revision=1, timestamp=1))
+        await adapter.save_checkpoint(
+            Checkpoint(stack_id="order-2", revision=1, timestamp=1, namespace="tenant-a")
+        )
+        missing = await invoke("show", backend.url, "order-2")
+        assert missing.exit_code == 1
+        assert "no stack 'order-2'" in missing.output
+        assert "shown with --namespace NS" in missing.output, missing.output
+        fallen = await invoke("show", backend.url, "order-1", "--namespace", "tenant-b")
+        assert fallen.exit_code == 1
+        assert "no stack 'order-1' in namespace 'tenant-b'" in fallen.output
+        assert "a stack 'order-1' without a namespace exists" in fallen.output
+        assert "namespace_fallback is on" in fallen.output, fallen.output
+        nowhere = await invoke("show", backend.url, "order-9", "--namespace", "tenant-b")
+        assert nowhere.exit_code == 1 and "--namespace NS` lists" in nowhere.output
