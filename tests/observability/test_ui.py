@@ -775,6 +775,10 @@ async def test_the_run_page_says_each_waits_outcome_as_siglo_show_does() -> None
                 table = page.split('<table id="waits">', 1)[1].split("</table>", 1)[0]
                 row = next(r for r in table.split("<tr>") if f"<code>{key}</code>" in r)
                 outcomes[key] = row.split('class="outcome">', 1)[1].split("<", 1)[0]
+                # A due wait is the worker's to fire: no "Deliver event…" that would be
+                # refused as timed out (a black-box auditor), but what happens next.
+                if key == "k-due":
+                    assert 'id="deliver"' not in row and 'id="due"' in row, row
         assert outcomes == {"k-due": "due", "k-lapsed": "claim lapsed"}, outcomes
 
 
