@@ -481,10 +481,20 @@ async def _ui_deliver(env: Env, ident: str) -> None:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-            query = {"id": ident, "namespace": NS, "key": f"approve:{ident}"}
-            page = (await client.get("/confirm/deliver", params=query)).text
+            # As an operator does: the run page's link to the confirmation.
+            run_page = await client.get("/run", params={"id": ident, "namespace": NS})
+            link = re.search(r'id="deliver" href="(/confirm/deliver\?[^"]+)"', run_page.text)
+            assert link is not None, run_page.text
+            page = (await client.get(link.group(1).replace("&amp;", "&"))).text
             found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
-            assert found is not None
+            revision = re.search(r'name="revision" value="(\d+)"', page)
+            assert found is not None and revision is not None, page
+            query = {
+                "id": ident,
+                "namespace": NS,
+                "key": f"approve:{ident}",
+                "revision": revision.group(1),
+            }
             payload = f'{{"{FIELD}": "{SECRET}", "nested": [{{"{FIELD}": "{SECRET}"}}]}}'
             done = await client.post(
                 "/actions/deliver", data={**query, "payload": payload, "csrf": found.group(1)}

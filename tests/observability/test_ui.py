@@ -335,7 +335,7 @@ async def test_a_confirmation_shows_only_what_is_stored(store: siglo.Backend) ->
         rev = int(revision.group(1))
         base = {"id": "order-1", "namespace": NAMESPACE, "revision": str(rev)}
         ok = await client.get("/confirm/cancel", params=base)
-        assert ok.status_code == 200 and 'name="revision" value="%d"' % rev in ok.text
+        assert ok.status_code == 200 and f'name="revision" value="{rev}"' in ok.text
         refused = {
             "/confirm/delete": ({**base, "id": "no-such-run"}, 404, "no run &#39;no-such-run&#39;"),
             "/confirm/cancel": ({**base, "revision": str(rev + 7)}, 409, "changed since"),
