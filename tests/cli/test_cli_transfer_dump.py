@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import siglo
 from siglo import Checkpoint, WaitRecord
 from siglo.cli import cli
 from siglo.clock import system_clock
+from siglo.config import load_settings
 from siglo.errors import InvalidArgumentError
 from siglo.transfer import ImportReport, export_lines, import_lines, verify_dump
 
@@ -768,44 +768,36 @@ def test_an_import_into_another_url_keeps_its_values_out_of_the_settings_blob_st
         f'url = "sqlite:///{tmp_path}/a.db"\noffload_min_bytes = 1024\n'
         f'blob_url = "file://{tmp_path}/blobs"\n'
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGLO_")}
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SIGLO_")}
     env["SIGLO_CONFIG"] = str(tmp_path / "siglo.toml")
 
-    def siglo_cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [sys.executable, "-m", "siglo", *args],
-            cwd=tmp_path,
-            env=env,
-            input=stdin,
-            capture_output=True,
-            timeout=120,
-        )
+    def siglo_cli(*args: str, stdin: bytes | None = None) -> Result:
+        # The settings file only: CliRunner sets the environment for the command.
+        return CliRunner().invoke(cli, list(args), input=stdin, env=env)
 
-    save = (
-        "import asyncio, siglo\n"
-        "async def main():\n"
-        "    async with siglo.connect() as b:\n"
-        "        s = siglo.StorageManager(b).create_stack('doc-1')\n"
-        "        s.set('doc', 'text', 'z' * 5000)\n"
-        "        await s.save()\n"
-        "asyncio.run(main())\n"
-    )
-    subprocess.run([sys.executable, "-c", save], cwd=tmp_path, env=env, check=True, timeout=120)
+    async def save() -> None:
+        settings = load_settings(environ={"SIGLO_CONFIG": str(tmp_path / "siglo.toml")})
+        async with siglo.connect(settings=settings) as backend:
+            stack = siglo.StorageManager(backend, settings=settings).create_stack("doc-1")
+            stack.set("doc", "text", "z" * 5000)
+            await stack.save()
+
+    asyncio.run(save())
     assert len(list((tmp_path / "blobs").rglob("*"))) > 0  # offloaded in the settings' store
     dump = siglo_cli("export")
-    assert dump.returncode == 0, dump.stderr
+    assert dump.exit_code == 0, dump.output
     other = f"sqlite:///{tmp_path}/b.db"
-    imported = siglo_cli("import", other, stdin=dump.stdout)
-    assert imported.returncode == 0, imported.stderr
-    assert b"blob store" in imported.stderr and b"inline" in imported.stderr
+    imported = siglo_cli("import", other, stdin=dump.stdout_bytes)
+    assert imported.exit_code == 0, imported.output
+    assert "blob store" in imported.stderr and "inline" in imported.stderr
     # Collected against the other backend, every blob of the store would be an orphan.
     crossed = siglo_cli("collect-blobs", other, "--grace-ms", "0")
-    assert crossed.returncode == 1 and b"goes with the settings' url" in crossed.stderr
+    assert crossed.exit_code == 1 and "goes with the settings' url" in crossed.output
     assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) >= 1
-    assert siglo_cli("rm", "doc-1").returncode == 0
+    assert siglo_cli("rm", "doc-1").exit_code == 0
     collected = siglo_cli("collect-blobs", "--grace-ms", "0", "--json")
-    assert collected.returncode == 0, collected.stderr
+    assert collected.exit_code == 0, collected.output
     assert json.loads(collected.stdout)["removed"] >= 1
     shown = siglo_cli("show", other, "doc-1", "--json")
-    assert shown.returncode == 0, shown.stderr
-    assert "z" * 5000 in shown.stdout.decode()
+    assert shown.exit_code == 0, shown.output
+    assert "z" * 5000 in shown.stdout
