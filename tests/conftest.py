@@ -55,10 +55,27 @@ venvs): collected first, so that they start at once and the other workers share 
 of the run meanwhile, instead of one of them starting late and running alone at the end."""
 
 
+_LONG_TESTS = (
+    "test_siglo_check_",
+    "test_paging_across_10000_runs",
+    "test_shared_storage_in_",
+    "test_quick_",
+    "test_a_suite_class_runs_every_rule",
+    "test_memory_passes_every_rule",
+    "test_timers_fire_exactly_once_across_an_outage",
+)
+"""Tests of 15 s and more (``--durations=40`` on a slow day): sent out right after the
+long groups, so that no worker starts one of them while the others have run out of
+work (the run's tail)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         groups = [m.args[0] for m in item.iter_markers("xdist_group") if m.args]
-        return next((i for i, g in enumerate(_LONG_GROUPS) if g in groups), len(_LONG_GROUPS))
+        grouped = next((i for i, g in enumerate(_LONG_GROUPS) if g in groups), None)
+        if grouped is not None:
+            return grouped
+        return len(_LONG_GROUPS) + (0 if item.name.startswith(_LONG_TESTS) else 1)
 
     items.sort(key=rank)  # stable: within a rank, the order of collection
 

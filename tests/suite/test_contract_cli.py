@@ -35,19 +35,6 @@ def test_memory_passes_every_rule() -> None:
     }
 
 
-def test_siglo_check_memory(tmp_path: Path) -> None:
-    junit = tmp_path / "report.xml"
-    result = CliRunner().invoke(
-        cli, ["check", "memory://", "--seed", "3", "--junit-xml", str(junit)]
-    )
-    assert result.exit_code == 0, result.output
-    assert "checkpoint.occ.conflict" in result.output
-    assert f"{len(ADAPTER_RULES)} pass" in result.output
-    suite = ET.parse(junit).getroot()
-    assert suite.get("tests") == str(len(ADAPTER_RULES))
-    assert suite.get("failures") == "0"
-
-
 def test_siglo_check_defaults_to_the_embedded_backend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 __all__ = ["run_siglo_check"]
 
 
-def run_siglo_check(url: str, tmp_path: Path, *args: str) -> None:
+def run_siglo_check(url: str, tmp_path: Path, *args: str) -> tuple[str, str]:
     """Run `siglo check URL [ARGS]` in a subprocess, in ``tmp_path`` (a relative SQLite
     URL's isolated directories are made beside it, not in the checkout); it must pass
-    every rule it checks."""
+    every rule it checks. Returns its output and its JUnit XML report."""
     report = tmp_path / "report.xml"
     done = subprocess.run(
         [sys.executable, "-m", "siglo", "check", url, "--junit-xml", str(report), *args],
@@ -25,3 +25,4 @@ def run_siglo_check(url: str, tmp_path: Path, *args: str) -> None:
     assert "FAIL" not in done.stdout
     xml = report.read_text()
     assert 'failures="0"' in xml
+    return done.stdout, xml
