@@ -427,12 +427,14 @@ def create_app(
         if action not in ACTIONS:
             return refuse(request, 404, f"no action {action!r}: {', '.join(ACTIONS)}")
         # A confirmation shows what is stored, not whatever a link says: a run that is
-        # not there, a wait that is not one of it, a revision it is no longer at.
+        # not there, a wait that is not one of it, a revision it is no longer at. Read
+        # from the store itself: those fields are stored in clear (no keys needed).
         stack_id = q.get("id") or ""
         namespace = q.get("namespace") or None
+        raw = state["backend"].raw_adapter
         try:
             revision = _whole_number(q.get("revision"), "revision", -1)
-            stored = await adapter().get_checkpoint(stack_id, namespace, fallback=False)
+            stored = await raw.get_checkpoint(stack_id, namespace, fallback=False)
             if stored is None:
                 where = f" in namespace {namespace!r}" if namespace is not None else ""
                 return refuse(request, 404, f"no run {stack_id!r}{where}")
@@ -445,7 +447,7 @@ def create_app(
                 )
             if action == "deliver":
                 key = q.get("key") or ""
-                wait = await adapter().get_wait_record(key, namespace=namespace)
+                wait = await raw.get_wait_record(key, namespace=namespace)
                 if wait is None or wait.stack_id != stack_id:
                     return refuse(request, 404, f"run {stack_id!r} has no wait {key!r}")
         except InvalidArgumentError as exc:
