@@ -31,7 +31,7 @@ from contextvars import ContextVar
 from typing import Any, Final, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
-from siglo.errors import CheckpointConflictError, LockLostError
+from siglo.errors import CheckpointConflictError, LockLostError, LockNotAcquiredError
 from siglo.masking import scrub
 from siglo.records import WaitRecord
 
@@ -155,7 +155,16 @@ def db_attributes(backend: str, url: str) -> dict[str, Any]:
         host, port = parts.hostname, parts.port
     except ValueError:
         return attrs
-    if "," in parts.netloc:  # a host list: no single server to name
+    if backend == "postgres" and not host:
+        # libpq's URL may name its server in the query (postgresql:///db?host=h&port=p);
+        # a host that is a directory is a Unix socket: no server address.
+        query = dict(parse_qsl(parts.query))
+        named = query.get("host") or query.get("hostaddr")
+        if named and not named.startswith("/"):
+            host = named
+            given = query.get("port", "")
+            port = int(given) if given.isdigit() else port
+    if "," in parts.netloc or (host and "," in host):  # a host list: no single server
         host, port = None, None
     if host:
         attrs["server.address"] = host
@@ -327,6 +336,9 @@ class Telemetry:
                     if action_raised is not None and action_raised(exc):
                         span.set_attribute("siglo.outcome", "action failed")
                         raise
+                    if _held_elsewhere(exc):
+                        span.set_attribute("siglo.outcome", "held elsewhere")
+                        raise
                     _record_failure(span, exc)
                     kind = type(exc).__qualname__
                     span.set_attribute("error.type", kind)
@@ -365,6 +377,8 @@ class Telemetry:
             except BaseException as exc:
                 if _is_signal(exc):
                     span.set_attribute("siglo.outcome", "suspended")
+                elif _held_elsewhere(exc):
+                    span.set_attribute("siglo.outcome", "held elsewhere")
                 else:
                     _record_failure(span, exc)
                 raise
@@ -401,6 +415,27 @@ def conflict_expected() -> Iterator[None]:
         yield
     finally:
         _CONFLICT_EXPECTED.reset(token)
+
+
+_LOCK_HELD_EXPECTED: ContextVar[bool] = ContextVar("siglo_lock_held_expected", default=False)
+
+
+@contextmanager
+def lock_held_expected(expected: bool = True) -> Iterator[None]:
+    """Inside it, a workflow lock held by another process is an answer, not a failure:
+    ``siglo worker`` recovers a ``running`` run only if its lock is free, and a held one
+    means the run is alive elsewhere (or its lease has not lapsed). Its spans carry
+    ``siglo.outcome: held elsewhere``; no error status, ``error.type`` or failed
+    duration. ``expected=False`` ends that for what runs inside (the run's own steps)."""
+    token = _LOCK_HELD_EXPECTED.set(expected)
+    try:
+        yield
+    finally:
+        _LOCK_HELD_EXPECTED.reset(token)
+
+
+def _held_elsewhere(exc: BaseException) -> bool:
+    return isinstance(exc, LockNotAcquiredError) and _LOCK_HELD_EXPECTED.get()
 
 
 def _is_signal(exc: BaseException) -> bool:

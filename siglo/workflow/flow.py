@@ -225,18 +225,23 @@ class Flow:
         adapter = _require(manager, Capability.WORKFLOW_LOCK)
 
         async def take_over() -> bool:
-            stack = await self._restore(manager, stack_id, namespace)
-            try:
-                if stack.status != "running":
-                    return False  # finished, or suspended, since it was listed
-                await self._execute(manager, stack, unlock=True)
-                return True
-            finally:
-                manager.discard_stack(stack)
+            with telemetry.lock_held_expected(False):  # the steps' own locks are not
+                stack = await self._restore(manager, stack_id, namespace)
+                try:
+                    if stack.status != "running":
+                        return False  # finished, or suspended, since it was listed
+                    await self._execute(manager, stack, unlock=True)
+                    return True
+                finally:
+                    manager.discard_stack(stack)
 
         try:
-            with telemetry.workflow_span(
-                f"recover {self.name}", self._attributes(stack_id, namespace), run=True
+            # A held lock is the run alive elsewhere: an answer, not a failure (spans).
+            with (
+                telemetry.lock_held_expected(),
+                telemetry.workflow_span(
+                    f"recover {self.name}", self._attributes(stack_id, namespace), run=True
+                ),
             ):
                 return await adapter.with_workflow_lock(
                     stack_id, take_over, timeout_ms=1, namespace=namespace
@@ -504,7 +509,10 @@ class Flow:
                 "start this one under another stack_id, or turn namespace_fallback off"
             )
         stack = manager.restore_checkpoint(checkpoint, expected_namespace=namespace)
-        telemetry.link_to_suspender(stack.metadata)
+        if stack.status not in TERMINAL_STATUSES:
+            # A run taken up again links to the run that suspended it; one that ended
+            # (its stored output read) is not resuming anything.
+            telemetry.link_to_suspender(stack.metadata)
         stored = stack.metadata.get("flowVersion")
         if stored != self.version and stack.status not in TERMINAL_STATUSES:
             # A run that ended is not continued: its output is read as stored

@@ -633,3 +633,112 @@ async def test_a_step_that_raises_is_no_failure_of_the_lock(sdk: Sdk) -> None:
     assert not spans["step boom"].status.is_ok and not spans["run failing"].status.is_ok
     durations = sdk.metrics()["db.client.operation.duration"]
     assert not [p for p in durations if "error.type" in p.attributes]
+
+
+async def test_a_worker_pass_over_a_run_alive_elsewhere_is_no_failure(sdk: Sdk) -> None:
+    """``siglo worker`` takes up a ``running`` run only if its workflow lock is free; a
+    held lock is the run alive in another process. Each pass over such a run ended its
+    ``recover`` and ``with_workflow_lock`` spans with an error and recorded a failed
+    duration (a black-box auditor): they now say ``siglo.outcome: held elsewhere``. A
+    lock a recovered run's own step cannot take is still a failure."""
+    release = asyncio.Event()
+
+    async def slow(_: Any) -> Any:
+        await release.wait()
+        return "done"
+
+    f = siglo.flow(siglo.Step.create("slow", slow), name="livef")
+    async with siglo.connect("memory://") as backend:
+        manager = StorageManager(backend)
+        running = asyncio.create_task(f.run(None, manager=manager, stack_id="live-1"))
+        for _ in range(200):
+            stored = await backend.adapter.get_checkpoint("live-1")
+            if stored is not None and stored.status == "running":
+                break
+            await asyncio.sleep(0.01)
+        sdk.spans.clear()
+        with pytest.raises(siglo.errors.LockNotAcquiredError):
+            await f.recover("live-1", manager=manager)
+        release.set()
+        assert await running == "done"
+    finished = sdk.spans.get_finished_spans()
+    (recover,) = [s for s in finished if s.name == "recover livef"]
+    (lock_span,) = [
+        s
+        for s in finished
+        if s.name == "with_workflow_lock"
+        and s.parent is not None
+        and s.parent.span_id == recover.context.span_id
+    ]
+    for span in (recover, lock_span):
+        assert span.status.is_ok, (span.name, span.status)
+        assert span.attributes.get("siglo.outcome") == "held elsewhere", span.name
+        assert "error.type" not in span.attributes and not span.events, span.name
+    assert all(s.status.is_ok for s in finished), [(s.name, s.status) for s in finished]
+    durations = sdk.metrics()["db.client.operation.duration"]
+    assert not [p for p in durations if "error.type" in p.attributes]
+
+    # Outside a worker's recovery, a held lock is the caller's failure, as before.
+    async with siglo.connect("memory://") as backend:
+        holding, done = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            holding.set()
+            await done.wait()
+
+        async def nothing() -> None:
+            return None
+
+        holder = asyncio.create_task(backend.adapter.with_workflow_lock("x", hold))
+        await holding.wait()
+        sdk.spans.clear()
+        with pytest.raises(siglo.errors.LockNotAcquiredError):
+            await backend.adapter.with_workflow_lock("x", nothing, timeout_ms=1)
+        failed_spans = [s for s in sdk.spans.get_finished_spans() if s.name == "with_workflow_lock"]
+        done.set()
+        await holder
+    (failed,) = failed_spans
+    assert not failed.status.is_ok and failed.attributes.get("error.type") == (
+        "LockNotAcquiredError"
+    )
+
+
+async def test_a_finished_run_read_again_links_to_no_suspension(sdk: Sdk) -> None:
+    """The ``suspended_by`` link is the resuming run's. A run that suspended once and
+    then completed kept linking every later ``run`` (its stored output read) to that old
+    suspension (a black-box auditor); the resume still links."""
+
+    async def approve(_: Any) -> Any:
+        return await siglo.wait_for_event("approve:9", timeout_ms=60_000)
+
+    orders = siglo.flow(siglo.Step.create("approve", approve), name="linked")
+    async with siglo.connect("memory://") as backend:
+        manager = StorageManager(backend)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await orders.run(None, manager=manager, stack_id="order-9")
+        sdk.spans.clear()
+        await orders.deliver("approve:9", "ada", manager=manager)
+        resumed = [s for s in sdk.spans.get_finished_spans() if s.name == "resume linked"]
+        assert [dict(link.attributes or {}) for link in resumed[0].links] == [
+            {"siglo.link": "suspended_by"}
+        ]
+        sdk.spans.clear()
+        assert await orders.run(None, manager=manager, stack_id="order-9") == "ada"
+    (again,) = [s for s in sdk.spans.get_finished_spans() if s.name == "run linked"]
+    assert list(again.links) == []
+
+
+def test_a_postgres_server_named_in_the_query_is_the_server_address() -> None:
+    """libpq's URL may name its server in the query: ``server.address`` and
+    ``server.port`` were missing then (a black-box auditor); a socket directory or a
+    host list names no single server."""
+    assert telemetry.db_attributes(
+        "postgres", "postgresql:///shop?host=db.internal&port=5433&user=app"
+    ) == {
+        "db.system.name": "postgresql",
+        "server.address": "db.internal",
+        "server.port": 5433,
+        "db.namespace": "shop",
+    }
+    for url in ("postgresql:///shop?host=/var/run/postgresql", "postgresql:///shop?host=a,b"):
+        assert "server.address" not in telemetry.db_attributes("postgres", url), url
