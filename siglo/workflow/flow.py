@@ -668,7 +668,7 @@ class Flow:
                 stored = stack.revision
                 try:
                     await self._suspend(manager, stack, step, wait, unlock=unlock)
-                except _KeyTaken as taken:
+                except _WaitRefused as taken:
                     # Nothing was written: the run fails here, as a step that raised,
                     # rather than stay running for a worker to rerun the step.
                     await _save_failed(manager, stack, step, stored, unlock=unlock)
@@ -835,6 +835,18 @@ class Flow:
         unlock: bool,
     ) -> None:
         adapter = _require(manager, Capability.WAIT_RECORDS)
+        retention = _retention_ms(adapter)
+        if wait.timeout_ms is not None and retention is not None and wait.timeout_ms >= retention:
+            # The store forgets the wait (and the run) checkpoint_ttl_ms after it is saved:
+            # a deadline at or past that is a timer that never fires, and a run that
+            # vanishes without a word.
+            raise _WaitRefused(
+                f"run {stack.stack_id!r} cannot wait {wait.timeout_ms} ms for "
+                f"{wait.correlation_key!r}: this backend keeps a run and its wait for "
+                f"{retention} ms (checkpoint_ttl_ms), so the timer would never fire; connect "
+                "it with a checkpoint_ttl_ms longer than the longest timeout (or none), or "
+                "wait less"
+            )
         now = manager.clock.now_ms()
         record = WaitRecord(
             correlation_key=wait.correlation_key,
@@ -866,7 +878,7 @@ class Flow:
                     and there.stack_id != stack.stack_id
                     and there.status in ("waiting", "claimed")
                 ):
-                    raise _KeyTaken(
+                    raise _WaitRefused(
                         f"run {stack.stack_id!r} cannot wait for {wait.correlation_key!r}: "
                         f"run {there.stack_id!r} of {_describe_namespace(stack.namespace)} "
                         "waits for it already (a correlation key names one waiting run; "
@@ -995,8 +1007,20 @@ _WAIT_KEY_LOCK: Final = "siglo-wait-key:"
 """The workflow lock a run takes on a correlation key to replace its ended wait."""
 
 
-class _KeyTaken(Exception):
-    """Another run's pending wait holds the correlation key (see ``Flow._suspend``)."""
+def _retention_ms(adapter: StorageAdapter) -> int | None:
+    """How long the backend under ``adapter`` keeps a run and its wait after a save
+    (its ``checkpoint_ttl_ms``; ``None``: until removed)."""
+    inner: Any = adapter
+    while isinstance(getattr(inner, "inner", None), StorageAdapter):
+        inner = inner.inner
+    retention = getattr(inner, "checkpoint_ttl_ms", None)
+    return retention if isinstance(retention, int) and not isinstance(retention, bool) else None
+
+
+class _WaitRefused(Exception):
+    """A wait refused before anything was written (see ``Flow._suspend``): another run's
+    pending wait holds the correlation key, or its deadline is past the store's
+    retention."""
 
 
 def _describe_namespace(namespace: str | None) -> str:
