@@ -424,9 +424,9 @@ def prune(
     statuses = _statuses(status)
     cutoff = system_clock.now_ms() - parse_duration(older_than)
 
-    async def run() -> tuple[list[CheckpointSummary], int]:
+    async def run() -> tuple[list[CheckpointSummary], int, int]:
         chosen: list[CheckpointSummary] = []
-        changed = 0
+        changed = gone = 0
         async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING)
             if not dry_run:
@@ -453,16 +453,28 @@ def prune(
                             expected_revision=summary.revision,
                         ):
                             chosen.append(summary)
-                    except CheckpointConflictError:
-                        changed += 1
+                        else:
+                            gone += 1  # expired, or removed by another, since listed
+                    except CheckpointConflictError as exc:
+                        if exc.current_revision is None:
+                            gone += 1  # no live stack left to compare with
+                        else:
+                            changed += 1
                 if (cursor := page.next_cursor) is None:
-                    return chosen, changed
+                    return chosen, changed, gone
 
     with collecting_unreadable() as unreadable:
-        chosen, changed = asyncio.run(run())
+        chosen, changed, gone = asyncio.run(run())
     verb = "would delete" if dry_run else "deleted"
     if as_json:
-        print_json({"dryRun": dry_run, "stacks": [s.to_wire() for s in chosen], "changed": changed})
+        print_json(
+            {
+                "dryRun": dry_run,
+                "stacks": [s.to_wire() for s in chosen],
+                "changed": changed,
+                "gone": gone,
+            }
+        )
     else:
         if dry_run and chosen:
             _print_summaries(chosen)
@@ -470,6 +482,8 @@ def prune(
         click.echo(f"{verb} {len(chosen)} stack(s) older than {older_than} ({statuses_text})")
         if changed:
             click.echo(f"kept {changed} stack(s) written meanwhile")
+        if gone:
+            click.echo(f"{gone} stack(s) expired or were removed meanwhile")
     left_out(unreadable)  # not read, so neither judged nor deleted: named for `siglo rm`
 
 

@@ -264,3 +264,42 @@ async def test_show_hides_a_key_the_settings_redact_in_a_value_stored_before(
         assert [w["eventPayload"] for w in doc["waitRecords"]] == [{"card": REDACTED}]
     finally:
         reset_settings()
+
+
+async def test_prune_tells_a_stack_gone_meanwhile_from_one_written_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stacks that expired or another process removed between prune's listing and its
+    delete were reported "kept … written meanwhile" (`changed`), though nothing wrote
+    them and nothing kept them (a black-box auditor). They are counted apart (`gone`);
+    one really written meanwhile is still kept and counted as changed."""
+    from siglo_sql.adapter import SqlStorageAdapter
+
+    async with shared_store("sqlite") as store:
+        old = system_clock.now_ms() - 3_600_000
+        for name in ("gone-1", "gone-2", "kept-1", "done-1"):
+            await store.adapter.save_checkpoint(
+                Checkpoint(stack_id=name, revision=1, timestamp=old, status="completed")
+            )
+        listing = SqlStorageAdapter.list_checkpoints
+
+        async def listed_then_raced(self: Any, **kwargs: Any) -> Any:
+            page = await listing(self, **kwargs)
+            if not kwargs.get("cursor"):
+                # Another process, between the listing and the deletes.
+                async with siglo.connect(store.url) as other:
+                    for name in ("gone-1", "gone-2"):
+                        await other.adapter.delete_checkpoint(name)
+                    await other.adapter.save_checkpoint(
+                        Checkpoint(stack_id="kept-1", revision=2, timestamp=old + 1,
+                                   status="completed"),
+                        expected_revision=1,
+                    )  # fmt: skip
+            return page
+
+        monkeypatch.setattr(SqlStorageAdapter, "list_checkpoints", listed_then_raced)
+        done = await invoke("prune", store.url, "--older-than", "1m", "--json")
+        assert done.exit_code == 0, done.output
+        report = json.loads(done.stdout)
+        assert [s["stackId"] for s in report["stacks"]] == ["done-1"]
+        assert report["changed"] == 1 and report["gone"] == 2, report
