@@ -331,7 +331,7 @@ def create_app(
             updated_before=_parse_time(q.get("before"), "updated before"),
         )
 
-    async def counted(filters: data.RunFilter) -> tuple[dict[str, int], bool, int]:
+    async def counted(filters: data.RunFilter, paging: bool) -> tuple[dict[str, int], bool, int]:
         # Counting pages through every matching run: paging on through one listing
         # reuses the counts of its first page for a few seconds instead of recounting.
         now = system_clock.now_ms()
@@ -342,7 +342,9 @@ def create_app(
             filters.updated_before,
         )
         kept = count_cache.get(key)
-        if kept is not None and now - kept[2] < COUNTS_KEPT_MS:
+        # Only paging on (a cursor) reuses them: a listing loaded anew counts anew, so
+        # runs that expired or were removed since are not counted.
+        if paging and kept is not None and now - kept[2] < COUNTS_KEPT_MS:
             return kept
         counts, capped = await data.status_counts(adapter(), filters)
         count_cache.clear()  # one listing at a time is kept: bounded memory
@@ -361,7 +363,7 @@ def create_app(
                 page = await data.runs_page(
                     adapter(), filters, limit=limit, cursor=q.get("cursor") or None
                 )
-            counts, capped, counted_at = await counted(filters)
+            counts, capped, counted_at = await counted(filters, bool(q.get("cursor")))
         except (InvalidArgumentError, ValueError) as exc:
             return refuse(request, 400, str(exc))
         kept = [(k, v) for k, v in q.multi_items() if k not in {"cursor", "page"}]

@@ -377,6 +377,27 @@ async def test_bad_listing_parameters_and_a_gone_run_say_what_is_wrong(
         assert again.status_code == 409 and "it is gone" in again.text, again.text
 
 
+async def test_a_listing_loaded_anew_counts_anew(store: siglo.Backend) -> None:
+    """The runs page's counts are reused for ten seconds while paging on through one
+    listing; a fresh load of its first page reused them too, counting runs removed (or
+    expired) since (a black-box auditor). A load without a cursor counts again; paging
+    on still reuses the first page's counts."""
+    async with dashboard(store.url) as client:
+
+        def counted(page: str) -> dict[str, str]:
+            return dict(re.findall(r'id="count-(\w+)">\w+ <b>(\d+)</b>', page))
+
+        first = (await client.get("/runs", params={"limit": "25"})).text
+        assert counted(first)["completed"] == "13"
+        next_link = re.search(r'href="(/runs\?[^"]*cursor=[^"]+)"', first)
+        assert next_link
+        assert await store.adapter.delete_checkpoint("order-3", NAMESPACE)  # completed
+        paged = (await client.get(next_link.group(1).replace("&amp;", "&"))).text
+        assert counted(paged) == counted(first)  # paging on: the listing's counts
+        again = (await client.get("/runs", params={"limit": "25"})).text
+        assert counted(again)["completed"] == "12", counted(again)
+
+
 async def test_a_url_password_is_never_shown() -> None:
     from sql_support import POSTGRES_URL, require_postgres
 
