@@ -423,26 +423,25 @@ OTHER_VARIABLES: Final = frozenset(
 
 
 def _refuse_misspelt(environ: Mapping[str, str]) -> None:
-    """Refuse a ``SIGLO_*`` variable that is not one siglo reads but is one letter or so
-    from a setting's: unread, ``SIGLO_ENCRYPTION_KEY`` (for ``…_KEYS``) would leave a
-    store unencrypted without a word. Other ``SIGLO_*`` names (an application's own, the
+    """Refuse a ``SIGLO_*`` variable (in any case) that is not one siglo reads but is one
+    letter or so from one it reads: unread, ``SIGLO_ENCRYPTION_KEY`` (for ``…_KEYS``) or
+    ``SIGLO_CONFG`` would leave a store unencrypted without a word, ``SIGLO_UI_TOKN`` a
+    dashboard without its token. Other ``SIGLO_*`` names (an application's own, the
     test suite's) pass."""
-    suffixes = {variable.removeprefix("SIGLO_"): variable for variable in ENVIRONMENT}
+    known = {*ENVIRONMENT, *OTHER_VARIABLES}
+    suffixes = {variable.removeprefix("SIGLO_"): variable for variable in known}
     for variable in environ:
-        if (
-            not variable.startswith("SIGLO_")
-            or variable in ENVIRONMENT
-            or variable in OTHER_VARIABLES
-        ):
+        if not variable.upper().startswith("SIGLO_") or variable in known:
             continue
+        # Compared without regard to case: SIGLO_encryption_keys is not read either.
         close = difflib.get_close_matches(
-            variable.removeprefix("SIGLO_"), list(suffixes), n=1, cutoff=0.9
+            variable.upper().removeprefix("SIGLO_"), list(suffixes), n=1, cutoff=0.9
         )
         if close:
             meant = suffixes[close[0]]
             raise InvalidArgumentError(
-                f"${variable} is not a siglo setting — did you mean ${meant}? (a misspelt "
-                f"variable is not read: unset it, or rename it to {meant})"
+                f"${variable} is not a variable siglo reads — did you mean ${meant}? (a "
+                f"misspelt variable is not read: unset it, or rename it to {meant})"
             )
 
 

@@ -408,6 +408,9 @@ def test_options_without_a_url_go_with_the_url_a_command_names(tmp_path: Path) -
         ("SIGLO_MAX_DOCUMENT_BYTE", "SIGLO_MAX_DOCUMENT_BYTES"),
         ("SIGLO_REQUIRE_ENCRYPT", "SIGLO_REQUIRE_ENCRYPTION"),
         ("SIGLO_BLOBURL", "SIGLO_BLOB_URL"),
+        ("SIGLO_CONFG", "SIGLO_CONFIG"),
+        ("SIGLO_UI_TOKN", "SIGLO_UI_TOKEN"),
+        ("SIGLO_encryption_keys", "SIGLO_ENCRYPTION_KEYS"),
     ],
 )
 def test_a_misspelt_setting_variable_is_refused_naming_the_one_meant(
@@ -417,7 +420,7 @@ def test_a_misspelt_setting_variable_is_refused_naming_the_one_meant(
     ``SIGLO_ENCRYPTION_KEY`` (no S) a store was written in clear (a black-box auditor).
     One a letter or so from a setting's is refused, by the library and by every command;
     the other ``SIGLO_*`` names an application or the test suite uses pass."""
-    with pytest.raises(InvalidArgumentError, match=rf"\${variable} is not a siglo setting"):
+    with pytest.raises(InvalidArgumentError, match=rf"\${variable} is not a variable siglo"):
         load_settings(start=tmp_path, environ={variable: "x"})
     done = CliRunner().invoke(cli, ["config"], env={variable: "x"})
     assert done.exit_code == 1 and f"did you mean ${meant}?" in done.output, done.output
