@@ -396,11 +396,22 @@ def open_blob_store(url: str) -> BlobStore:
     then). Anything else raises :class:`~siglo.errors.InvalidArgumentError` naming what
     is supported."""
     parts = urlsplit(url)
+    if parts.fragment or url.endswith("#"):
+        raise InvalidArgumentError(
+            f"blob_url {mask_credentials(url)!r} has a fragment (#…): a blob store URL "
+            "takes none (a `#` in a path is written %23)"
+        )
     if parts.scheme in ("file", "memory") and (parts.scheme == "memory" or parts.path):
         # Neither takes an option: a typo is refused, not dropped.
         kind = "directory blob store" if parts.scheme == "file" else "memory blob store"
         refuse_unknown(url, (), backend=kind)
         if parts.scheme == "file":
+            if parts.netloc not in ("", "localhost"):
+                # file://./blobs is file:// + host "." + /blobs: the directory /blobs.
+                raise InvalidArgumentError(
+                    f"blob_url {mask_credentials(url)!r} names host {parts.netloc!r}: a "
+                    "directory blob store is file:///absolute/path (three slashes)"
+                )
             return DirectoryBlobStore(unquote(parts.path))
         if not parts.netloc and parts.path in ("", "/"):
             return MemoryBlobStore()

@@ -198,6 +198,26 @@ def test_a_blob_store_that_takes_no_option_refuses_one(url: str, kind: str) -> N
     assert not os.path.exists("/tmp/siglo-blobs-never")
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("file://./siglo-blobs-never", "names host '.'"),
+        ("file:///tmp/siglo-blobs-never#part", "has a fragment"),
+        ("redis://127.0.0.1:6379/0#part", "has a fragment"),
+    ],
+)
+def test_a_blob_store_url_with_a_host_or_a_fragment_it_would_drop_is_refused(
+    url: str, said: str
+) -> None:
+    """``file://./dir`` is the host ``.`` and the path ``/dir``: the blobs went to
+    ``/dir`` at the file system's root; a fragment was dropped (a black-box auditor)."""
+    from siglo.blobs import open_blob_store
+
+    with pytest.raises(InvalidArgumentError, match=said):
+        open_blob_store(url)
+    assert not os.path.exists("/siglo-blobs-never")
+
+
 async def test_redis_driver_parameters_reach_the_redis_blob_store() -> None:
     """What the Redis blob store does not read itself goes to redis-py, as for the
     backend: a ``client_name`` is seen by the server."""
