@@ -121,7 +121,7 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         adapter.max_document_bytes = limit
     min_bytes, blob_url = settings.offload_min_bytes, settings.blob_url
     offloads = min_bytes is not None and blob_url is not None
-    if offloads and settings.url is not None and url != settings.url:
+    if offloads and settings.url is not None and not urls.same_store(url, settings.url):
         # The blob store goes with the settings' URL, as their [options] do: its
         # collector walks that backend's checkpoints, and would take the blobs another
         # backend put there for orphans (`siglo import OTHER_URL`, then collect-blobs:

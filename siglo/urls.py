@@ -22,9 +22,10 @@ password of a URL (in its user info or its query) before the URL is logged or sh
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
-from urllib.parse import parse_qsl, unquote_plus, urlencode
+from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit
 
 from siglo.errors import InvalidArgumentError
 from siglo.masking import MASK, remember
@@ -39,6 +40,7 @@ __all__ = [
     "optional_integer",
     "query_names",
     "refuse_unknown",
+    "same_store",
     "unknown_option_error",
     "split_options",
     "text",
@@ -260,3 +262,35 @@ def remember_secret_options(options: Mapping[str, Any]) -> None:
     for name, value in options.items():
         if name.lower() in _SECRET_PARAMETERS and isinstance(value, str):
             remember(value)
+
+
+_STORE_OPTIONS: Final = frozenset(
+    {"prefix", "schema", "table_prefix", "db", "dbname", "host", "port", "service_name"}
+)
+"""Query parameters that say which store a URL names (the rest say how to reach it)."""
+
+
+def _store_identity(url: str) -> tuple[Any, ...]:
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    path = parts.path
+    if scheme == "sqlite":
+        # sqlite:///app.db, sqlite:///./app.db and the absolute path are one file.
+        file = path[1:] if path.startswith("/") else path
+        path = os.path.abspath(file) if file and file != ":memory:" else file
+    elif scheme.startswith("redis"):
+        path = path.strip("/") or "0"
+    try:
+        server = ((parts.hostname or "").lower(), parts.port)
+    except ValueError:
+        server = (parts.netloc.lower(), None)
+    query = tuple(sorted((k, v) for k, v in parse_qsl(parts.query) if k in _STORE_OPTIONS))
+    return scheme, server, path, query
+
+
+def same_store(first: str, second: str) -> bool:
+    """Whether two backend URLs name the same store, however each spells it: the same
+    scheme, server, database (a SQLite file by its absolute path) and the options that
+    pick a store on it (``prefix``, ``schema`` …), whatever else their queries say
+    (timeouts, pool sizes) and whoever connects."""
+    return _store_identity(first) == _store_identity(second)

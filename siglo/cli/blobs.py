@@ -12,7 +12,7 @@ from siglo.cli.common import open_store, print_json, print_table, require
 from siglo.cli.errors import CliError, cli_settings, resolve_url
 from siglo.connect import command_timeout_ms
 from siglo.offload import DEFAULT_GRACE_MS, Collected, collect_blobs
-from siglo.urls import mask_credentials, query_names
+from siglo.urls import mask_credentials, query_names, same_store
 
 
 @click.command("collect-blobs")
@@ -36,8 +36,18 @@ def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) 
     blob_url = settings.blob_url
     grace = settings.blob_grace_ms if grace_ms is None else grace_ms
 
+    if settings.url is None:
+        # Settings that name no url give their blob store to whatever URL is connected:
+        # the collector cannot know it walks every backend whose values are there.
+        raise CliError(
+            f"the settings ({settings.source}) name a blob store but no url: the blob store "
+            "goes with whatever URL is connected, so its collector cannot know which "
+            "backends' values it holds, and would take another's for orphans",
+            "name the backend whose blob store it is in the settings (url = …), and give "
+            "each backend a blob store of its own",
+        )
     resolved = resolve_url(url)
-    if settings.url is not None and resolved != settings.url:
+    if not same_store(resolved, settings.url):
         # The store's blobs are the settings' backend's: walked against another
         # backend's checkpoints, every one of them would look like an orphan.
         raise CliError(

@@ -30,7 +30,7 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.masking import scrub
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, same_store
 
 __all__ = [
     "DEBUG_ENV",
@@ -227,7 +227,7 @@ def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = No
         source = "URL"
         settings = cli_settings()
         offloads = settings.blob_url is not None and settings.offload_min_bytes is not None
-        if offloads and settings.url is not None and url.strip() != settings.url:
+        if offloads and settings.url is not None and not same_store(url, settings.url):
             # siglo.connect gives the settings' blob store to their own URL only: the
             # collector of that store walks that backend alone.
             click.echo(

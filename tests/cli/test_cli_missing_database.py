@@ -68,11 +68,12 @@ def test_the_store_wide_walks_refuse_a_missing_sqlite_database(
 
     blobs = tmp_path_factory.mktemp("blobs")
     (blobs / "kept").write_bytes(b"")  # the store is not empty: nothing may go from it
+    url = f"sqlite:///{tmp_path / 'typo.db'}"
     env = {
+        "SIGLO_URL": url,  # the settings name the backend whose blob store it is
         "SIGLO_BLOB_URL": blobs.as_uri(),
         "SIGLO_MASTER_KEY": "base64:" + base64.b64encode(os.urandom(32)).decode(),
     }
-    url = f"sqlite:///{tmp_path / 'typo.db'}"
     result = CliRunner().invoke(cli, [command[0], url, *command[1:]], env=env)
     assert result.exit_code == 1, result.output
     assert "there is no database at" in result.stderr, result.stderr

@@ -801,3 +801,48 @@ def test_an_import_into_another_url_keeps_its_values_out_of_the_settings_blob_st
     shown = siglo_cli("show", other, "doc-1", "--json")
     assert shown.exit_code == 0, shown.output
     assert "z" * 5000 in shown.stdout
+
+
+def test_the_blob_store_goes_with_its_store_however_its_url_is_spelt(tmp_path: Any) -> None:
+    """The settings' blob store went with their URL's text: the same SQLite file spelt
+    ``sqlite:///./app.db`` or with a query option was "another URL", whose offloaded
+    values could not be read; and settings that name no url gave the blob store to any
+    URL, so `collect-blobs` on one backend removed another's values (a black-box
+    auditor). The store a URL names decides; and the collector refuses settings that
+    name no url."""
+    import contextlib
+
+    settings_file = tmp_path / "siglo.toml"
+    settings_file.write_text(
+        f'url = "sqlite:///{tmp_path}/app.db"\noffload_min_bytes = 1024\n'
+        f'blob_url = "file://{tmp_path}/blobs"\n'
+    )
+
+    async def save_and_read() -> Any:
+        settings = load_settings(environ={"SIGLO_CONFIG": str(settings_file)})
+        async with siglo.connect(settings=settings) as backend:
+            stack = siglo.StorageManager(backend, settings=settings).create_stack("doc-1")
+            stack.set("doc", "text", "z" * 5000)
+            await stack.save()
+        spelt = f"sqlite:///{tmp_path}/./app.db?busy_timeout_ms=5000"
+        async with siglo.connect(spelt, settings=settings) as backend:
+            return await backend.adapter.get_checkpoint("doc-1")
+
+    loaded = asyncio.run(save_and_read())
+    assert loaded is not None and loaded.contexts["doc"]["text"] == "z" * 5000
+    with contextlib.chdir(tmp_path):
+        done = CliRunner().invoke(
+            cli,
+            ["collect-blobs", "sqlite:///./app.db", "--json"],
+            env={"SIGLO_CONFIG": str(settings_file)},
+        )
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["referenced"] == 1
+    settings_file.write_text(f'offload_min_bytes = 1024\nblob_url = "file://{tmp_path}/blobs"\n')
+    refused = CliRunner().invoke(
+        cli,
+        ["collect-blobs", f"sqlite:///{tmp_path}/app.db"],
+        env={"SIGLO_CONFIG": str(settings_file)},
+    )
+    assert refused.exit_code == 1 and "name a blob store but no url" in refused.output
+    assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) == 1
