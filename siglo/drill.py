@@ -192,10 +192,12 @@ class DrillReport:
     def verdict(self) -> Literal["pass", "fail", "losses allowed", "incomplete"]:
         """``pass``: nothing acknowledged was lost; ``fail``: something was, where the
         setting promises nothing is; ``losses allowed``: something was, as the setting
-        allows; ``incomplete``: nothing was seen lost during the run, but the store
-        still failed when the drill checked every acknowledgement after it."""
+        allows; ``incomplete``: nothing was seen lost, but not everything could be
+        accounted for — the store still failed when the drill checked every
+        acknowledgement after the run, or calls raised unexpected errors (not a store
+        failing), whose operations the drill could not account for."""
         if self.total_violations == 0:
-            return "pass" if self.rechecked else "incomplete"
+            return "pass" if self.rechecked and not self.unexpected_errors else "incomplete"
         return "fail" if self.expectation == "nothing-lost" else "losses allowed"
 
     def as_json(self) -> dict[str, Any]:

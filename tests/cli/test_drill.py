@@ -319,6 +319,24 @@ async def test_a_call_failing_with_anything_but_a_store_error_is_reported_and_th
     samples = report.sample_unexpected_errors
     assert samples[:2] == ["wait: builtins.RuntimeError: a plugin's bug"] * 2, samples
     assert samples[2:] == ["wait: asyncio.exceptions.CancelledError: "] * 2, samples
-    assert report.verdict == "pass" and report.cleaned_up
+    # Operations the drill could not account for: not a pass.
+    assert report.verdict == "incomplete" and report.cleaned_up
     assert ("unexpected errors", "4") in report.summary()
     assert report.as_json()["unexpected_errors"] == 4
+
+
+def test_a_drill_whose_calls_raise_unexpected_errors_is_not_a_pass(tmp_path: Any) -> None:
+    """Every save refused by the settings' size limit (not a store failing): the drill
+    said `pass`, exit status 0, with no save acknowledged (a black-box auditor). It is
+    `incomplete`, exit status 1, naming the first such error."""
+    (tmp_path / "siglo.toml").write_text("max_document_bytes = 60\n")
+    result = CliRunner().invoke(
+        cli,
+        ["drill", f"sqlite:///{tmp_path / 'd.db'}", "--duration", "1", "--rate", "100", "--json"],
+        env={"SIGLO_CONFIG": str(tmp_path / "siglo.toml")},
+    )
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "incomplete" and report["unexpected_errors"] > 0
+    assert report["acknowledged"]["save"] == 0
+    assert "DocumentTooLargeError" in result.stderr, result.stderr
