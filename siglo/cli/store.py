@@ -359,6 +359,7 @@ def rm(
     """
     url, stack_id = _url_and_stack_id(url, stack_id)
     result: dict[str, Any] = {"stackId": stack_id, "namespace": namespace, "deleted": False}
+    missing: list[str] = []  # where to look, for a stack not there
 
     async def run() -> None:
         async with open_store(resolve_url(url), existing=True) as backend:
@@ -377,18 +378,20 @@ def rm(
                     raise CliError(
                         f"no stack {stack_id!r}{where} to delete (expected revision "
                         f"{revision}); nothing was deleted",
-                        "`siglo ls URL` lists them",
+                        await _missing_hint(backend.adapter, stack_id, namespace),
                     ) from exc
                 raise CliError(
                     f"stack {stack_id!r} is at revision {exc.current_revision}, not {revision}; "
                     "nothing was deleted",
                     "`siglo show URL STACK_ID` shows the current revision",
                 ) from exc
+            if not result["deleted"]:
+                missing.append(await _missing_hint(backend.adapter, stack_id, namespace))
         if as_json:
             print_json(result)
         if not result["deleted"]:
             where = f" in namespace {namespace!r}" if namespace else ""
-            raise CliError(f"no stack {stack_id!r}{where} to delete", "`siglo ls URL` lists them")
+            raise CliError(f"no stack {stack_id!r}{where} to delete", missing[0])
         if not as_json:
             click.echo(f"deleted {stack_id}")
 

@@ -109,7 +109,7 @@ async def test_show_rm_prune_see_the_waits_of_namespaced_runs(kind: str) -> None
 
 
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
-async def test_show_of_a_stack_not_there_says_where_to_look(kind: str) -> None:
+async def test_show_and_rm_of_a_stack_not_there_say_where_to_look(kind: str) -> None:
     """A stack is its namespace and its id. ``siglo show`` of an id stored only in
     namespaces said "no stack" with a hint to list stacks; in a namespace where the
     application's reads fall back to the stack without one, it said "no stack" while the
@@ -131,3 +131,11 @@ async def test_show_of_a_stack_not_there_says_where_to_look(kind: str) -> None:
         assert "namespace_fallback is on" in fallen.output, fallen.output
         nowhere = await invoke("show", backend.url, "order-9", "--namespace", "tenant-b")
         assert nowhere.exit_code == 1 and "--namespace NS` lists" in nowhere.output
+        # siglo rm says the same (a black-box auditor found only `siglo show` did).
+        removed = await invoke("rm", backend.url, "order-2")
+        assert removed.exit_code == 1 and "shown with --namespace NS" in removed.output
+        fallen_rm = await invoke("rm", backend.url, "order-1", "--namespace", "tenant-b")
+        assert fallen_rm.exit_code == 1
+        assert "a stack 'order-1' without a namespace exists" in fallen_rm.output
+        stale = await invoke("rm", backend.url, "order-2", "--revision", "1")
+        assert stale.exit_code == 1 and "shown with --namespace NS" in stale.output
