@@ -95,8 +95,10 @@ WHOLE_DUMP_HINT: Final = (
     "the trailer)"
 )
 RECORD_HINT: Final = (
-    "the line holds a record siglo refuses to store (one written or changed past siglo): "
-    "correct or remove that line; nothing was imported"
+    "the line holds a record siglo refuses to store (written or changed past siglo): "
+    "nothing was imported; correct the record where it was exported from and export "
+    "again (a dump edited by hand is refused unless its trailer's counts and sha256 "
+    "match its lines, and a checkpoint removed takes the wait records after it along)"
 )
 
 

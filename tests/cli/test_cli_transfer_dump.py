@@ -562,7 +562,7 @@ async def test_a_line_the_save_would_refuse_is_refused_before_anything_is_writte
             assert "line " in refused.output and says in refused.output, refused.output
             # The dump is whole: the hint is about the line, not "import a whole dump"
             # (a black-box auditor).
-            assert "correct or remove that line" in refused.output, refused.output
+            assert "correct the record where it was exported from" in refused.output
             assert "import a whole dump" not in refused.output, refused.output
             assert (await dst.adapter.list_checkpoints()).items == []
         whole = await invoke("import", dst.url, input=_retrailered(lines))
