@@ -169,8 +169,21 @@ async def _hostile_coordination_ids(ctx: CheckContext, ids: list[str]) -> None:
 async def declared_capabilities_work(ctx: CheckContext) -> None:
     """Every method of every declared capability is implemented."""
     ctx.about("capability.declared")
-    caps = ctx.session.target.capabilities
+    target = ctx.session.target
+    caps = target.capabilities
     a = ctx.backend.adapter
+    if target.spec is not None:
+        # What siglo.connect checks at every connection (siglo.connect.check_capabilities):
+        # a backend with a capability its registration leaves out is refused there, so
+        # a pass here would certify a backend nobody can connect to.
+        unregistered = sorted(c.value for c in ctx.backend.capabilities - caps)
+        expect(
+            not unregistered,
+            "capability.declared",
+            f"the backend has {', '.join(unregistered)} but its plugin's registration does "
+            "not declare it: siglo.connect refuses such a backend (PluginError); declare the "
+            "same set in add_backend(capabilities=...) and on the adapter class",
+        )
     calls: dict[Capability, Callable[[], Awaitable[Any]]] = {}
     stack = ctx.id("cap")
 

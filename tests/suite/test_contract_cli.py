@@ -153,6 +153,35 @@ def test_a_declared_capability_without_its_parts_fails() -> None:
     assert "nonces" in report.results["capability.declared"].detail
 
 
+def test_a_backend_with_capabilities_its_registration_leaves_out_fails() -> None:
+    """siglo.connect refuses a backend whose adapter has a capability its plugin's
+    registration leaves out (PluginError at every connection), and `siglo check` passed
+    it, certifying a backend nobody can connect to (a black-box plugin author). It fails
+    ``capability.declared`` naming the capability."""
+    from siglo.plugins import get_registry, hookimpl
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def siglo_register_backends(registry):  # type: ignore[no-untyped-def]
+            registry.add_backend(
+                "underdeclared",
+                schemes=("underdeclared",),
+                factory=lambda url, **options: memory_connect("memory://", **options),
+                capabilities=[c.value for c in Capability if c is not Capability.STEP_CACHE],
+            )
+
+    registry = get_registry()
+    registry.register(Plugin(), "underdeclared-test-plugin")
+    try:
+        report = run_contract("underdeclared://", rules=["capability.declared"], seed=1)
+    finally:
+        registry.unregister("underdeclared-test-plugin")
+    assert report.verdict("capability.declared") == "FAIL"
+    detail = report.results["capability.declared"].detail
+    assert "step_cache" in detail and "siglo.connect refuses" in detail, detail
+
+
 def test_seed_makes_a_run_reproducible() -> None:
     mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.conflict")
     details = {
