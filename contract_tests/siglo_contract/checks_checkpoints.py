@@ -431,8 +431,9 @@ async def namespace_lookups(ctx: CheckContext) -> None:
 @check("checkpoint.retention")
 async def checkpoint_retention(ctx: CheckContext) -> None:
     """Opened with a short ``checkpoint_ttl_ms``, a checkpoint saved without
-    ``expires_at`` is there until it passes, and gone after: not returned, its stack
-    saved again from revision 0."""
+    ``expires_at`` is there until it passes, counted from its save whatever its own
+    timestamp says (one stamped long before, as an import or a slow clock writes it, is
+    kept as long), and gone after: not returned, its stack saved again from revision 0."""
     ctx.about("checkpoint.retention")
     ttl = ctx.short_ttl_ms()
     async with ctx.session.backend_with(checkpoint_ttl_ms=ttl) as short:
@@ -441,6 +442,16 @@ async def checkpoint_retention(ctx: CheckContext) -> None:
         await a.save_checkpoint(ctx.checkpoint(stack, 3))
         got = await a.get_checkpoint(stack)
         expect(got is not None, "checkpoint.retention", "a checkpoint was gone at once")
+        stamped = ctx.id("stamped-before")
+        await a.save_checkpoint(
+            ctx.checkpoint(stamped, 1).replace(timestamp=max(1, ctx.now_ms() - 100 * ttl))
+        )
+        expect(
+            await a.get_checkpoint(stamped) is not None,
+            "checkpoint.retention",
+            "a checkpoint whose timestamp is older than checkpoint_ttl_ms was gone at once: "
+            "the retention is counted from the save, not from the checkpoint's timestamp",
+        )
         await ctx.pass_time(ttl)
         got = await a.get_checkpoint(stack)
         expect(

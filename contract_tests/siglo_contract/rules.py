@@ -424,6 +424,10 @@ _CHANGED: Final[dict[str, str]] = dict.fromkeys(
 # The size guard's check covers every save path (issue 34's guard, the caching save of
 # 1.5): the unlocking and the caching save write nothing of a refused document either.
 _CHANGED["checkpoint.size.guard"] = "1.6"
+# Black-box plugin authors' findings: a backend siglo.connect refuses was certified, and
+# a retention counted from the checkpoint's timestamp passed.
+_CHANGED["capability.declared"] = "1.7"
+_CHANGED["checkpoint.retention"] = "1.7"
 RULES: Final[tuple[Rule, ...]] = tuple(
     Rule(r.id, r.capability, r.kind, r.summary, _SINCE.get(r.id, "1.0"), _CHANGED.get(r.id))
     for r in _WRITTEN

@@ -28,7 +28,7 @@ __all__ = [
     "rule_set_hash",
 ]
 
-CONTRACT_VERSION: Final = "1.6"
+CONTRACT_VERSION: Final = "1.7"
 """The version of the contract this suite checks."""
 
 CONTRACT_HISTORY: Final[dict[str, str]] = {
@@ -57,10 +57,13 @@ CONTRACT_HISTORY: Final[dict[str, str]] = {
     "(scan_payloads('context'), what siglo rekey re-seals them through), and refused by a "
     "backend that does not declare them in payload_kinds; the retention checkpoint_ttl_ms "
     "sets (checkpoint.retention); the size guard on the unlocking and caching saves",
+    "1.7": "a plugin's backend has no capability its registration leaves out "
+    "(capability.declared); the retention counted from the save, whatever the "
+    "checkpoint's timestamp (checkpoint.retention)",
 }
 """What each version added or changed (CHANGELOG.md, "Contract", tells the same)."""
 
-PAGE_DIGEST: Final = "86c79eae0e4b731b2835445715e17561c9eba1185a48cc15bf4db818790c0bbf"
+PAGE_DIGEST: Final = "3071ffaa50e59f12c5824edbee2e1f6464d5f705dcbe368c119fcc900be83e19"
 """SHA-256 of the rule rows of docs/contract.md (:func:`page_digest`): the text the
 rules are defined by. A test fails when the page changes and this does not, so a change
 of a rule's text is a deliberate one (and its version is bumped, or it is a wording

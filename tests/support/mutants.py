@@ -517,6 +517,26 @@ class KeepsUntilDeleted(MemoryStorageAdapter):
         return None
 
 
+class RetentionFromTimestamp(MemoryStorageAdapter):
+    """Counts ``checkpoint_ttl_ms`` from the checkpoint's own ``timestamp``, not from its
+    save: a checkpoint stamped earlier (an import, a slow clock) is gone at once (an
+    outside plugin author's break that passed every check of contract 1.6)."""
+
+    _stamp: int | None = None
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        self._stamp = checkpoint.timestamp
+        try:
+            await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+        finally:
+            self._stamp = None
+
+    def _retention(self, now: int) -> int | None:
+        return super()._retention(now if self._stamp is None else self._stamp)
+
+
 class ClaimFallsBackAcrossNamespaces(MemoryStorageAdapter):
     """A claim in a namespace that has no record of the key takes the record of that key
     in another namespace (a fallback like the checkpoints' read, wrongly on a write)."""
@@ -1393,6 +1413,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "checkpoint.retention",
         "checkpoints and wait records without a TTL are kept forever",
         adapter=KeepsUntilDeleted,
+    ),
+    _m(
+        "checkpoint.retention",
+        "the retention is counted from the checkpoint's timestamp, not its save",
+        adapter=RetentionFromTimestamp,
     ),
     Mutant(
         "lock.workflow.separate",
