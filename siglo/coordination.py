@@ -56,6 +56,7 @@ __all__ = [
     "new_idempotency_token",
     "new_lock_token",
     "nonce_ttl_ms",
+    "pending_on",
     "undo_later",
     "undos_pending",
     "undos_settled",
@@ -255,9 +256,18 @@ _FIRST_TRIES: dict[asyncio.Task[None], asyncio.Event] = {}
 _log = masking.logger("siglo.locking")
 
 
-def undos_pending() -> int:
-    """How many cancelled calls are still being undone in this process."""
-    return sum(not task.done() for task in _UNDOING)
+def undos_pending(loop: asyncio.AbstractEventLoop | None = None) -> int:
+    """How many cancelled calls are still being undone in this process (on an event
+    loop still open: one closed with an undo pending will never run it), or on ``loop``
+    alone."""
+    return sum(pending_on(task, loop) for task in _UNDOING)
+
+
+def pending_on(task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop | None) -> bool:
+    """Whether ``task`` is not done and its event loop (``loop``, if given) can still
+    run it."""
+    owner = task.get_loop()
+    return not task.done() and not owner.is_closed() and (loop is None or owner is loop)
 
 
 async def undos_settled(timeout_s: float) -> None:

@@ -17,7 +17,7 @@ import asyncio
 from typing import Final
 
 from siglo import masking, telemetry
-from siglo.coordination import Lock, undos_pending
+from siglo.coordination import Lock, pending_on, undos_pending
 
 __all__ = ["release_lease", "releases_pending"]
 
@@ -28,10 +28,12 @@ _MAX_RETRY_S: Final = 1.0
 _PENDING: set[asyncio.Task[None]] = set()
 
 
-def releases_pending() -> int:
+def releases_pending(loop: asyncio.AbstractEventLoop | None = None) -> int:
     """How many failed releases are still being retried in this process, and calls cut
-    off by their callers still being given back (:func:`siglo.coordination.undo_later`)."""
-    return sum(not task.done() for task in _PENDING) + undos_pending()
+    off by their callers still being given back (:func:`siglo.coordination.undo_later`),
+    on event loops still open (a loop closed meanwhile never runs them: those leases
+    lapse by themselves) — or on ``loop`` alone (a test's, an application's)."""
+    return sum(pending_on(task, loop) for task in _PENDING) + undos_pending(loop)
 
 
 async def release_lease(lock: Lock, lock_key: str, token: str, *, lapses_at: float) -> None:

@@ -36,10 +36,10 @@ TIMEOUTS_S = {"sqlite": (0.00002, 0.001), "postgres": (0.0002, 0.004), "redis": 
 async def _settle() -> None:
     """Wait for the background releases of the cancelled acquires to finish."""
     for _ in range(200):  # the last undo is 3 s after its cancellation
-        if not releases_pending():
+        if not releases_pending(asyncio.get_running_loop()):
             break
         await asyncio.sleep(0.05)
-    assert releases_pending() == 0
+    assert releases_pending(asyncio.get_running_loop()) == 0
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])

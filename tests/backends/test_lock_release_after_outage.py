@@ -49,7 +49,8 @@ async def _outage_during_action(
         return "done"
 
     assert await holder.adapter.with_workflow_lock("s", action) == "done"
-    assert releases_pending() >= 1  # the release failed and is being retried
+    # The release failed and is being retried.
+    assert releases_pending(asyncio.get_running_loop()) >= 1
     up()  # type: ignore[operator]
     began = time.monotonic()
 
@@ -135,6 +136,6 @@ async def test_redis_connections_cut_during_the_action() -> None:
 async def _no_retries_left_behind() -> object:
     yield None
     for _ in range(100):
-        if releases_pending() == 0:
+        if releases_pending(asyncio.get_running_loop()) == 0:
             break
         await asyncio.sleep(0.05)

@@ -383,7 +383,7 @@ async def test_renewals_that_fail_are_retries_and_the_lapsed_lease_a_loss(
         with pytest.raises(LockLostError):
             await holder.adapter.with_workflow_lock("s", action)
         await asyncio.sleep(0.7)  # past the lapse, whenever the keeper gave up
-        assert releases_pending() == 0
+        assert releases_pending(asyncio.get_running_loop()) == 0
         at_lapse = _retries(sdk).get("lease_release", 0)
         proxy.restore()
     finally:
@@ -416,15 +416,15 @@ async def test_a_release_that_fails_is_retried_and_counted(
             return "done"
 
         assert await holder.adapter.with_workflow_lock("s", action) == "done"
-        assert releases_pending() >= 1
+        assert releases_pending(asyncio.get_running_loop()) >= 1
         assert "lease_release" not in _retries(sdk)  # the first attempt is no retry
         await asyncio.sleep(0.3)  # a few attempts against a server that is away
         proxy.restore()
         for _ in range(100):
-            if releases_pending() == 0:
+            if releases_pending(asyncio.get_running_loop()) == 0:
                 break
             await asyncio.sleep(0.05)
-        assert releases_pending() == 0
+        assert releases_pending(asyncio.get_running_loop()) == 0
     finally:
         await holder.aclose()
     try:
