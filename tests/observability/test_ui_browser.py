@@ -122,10 +122,20 @@ async def seeded(kind: str, *, bulk: int) -> AsyncIterator[str]:
 
 
 def navigate(driver: webdriver.Chrome, by: str, what: str) -> None:
-    """Click what leads to another page, and wait until the next page replaced it."""
+    """Click what leads to another page, and wait until the next page replaced it.
+
+    While the old page is being torn down, chromedriver can answer a question about its
+    element with an error other than "stale" (its execution context gone, a renderer
+    slow to answer on a loaded machine): the wait asks again, until the element is
+    stale or the 30 s are up (a ``TimeoutException`` then, with the last error).
+    """
+    from selenium.common.exceptions import WebDriverException
+
     old = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(by, what).click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, 30, ignored_exceptions=(WebDriverException,)).until(
+        expected_conditions.staleness_of(old)
+    )
 
 
 def text(driver: webdriver.Chrome, css: str) -> str:
