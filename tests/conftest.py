@@ -49,17 +49,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
-_LONG_GROUPS = ("mutants", "packaging")
+_LONG_GROUPS = ("mutants", "packaging", "bench-smoke")
 """xdist groups that take minutes on one worker (the mutants' own process pool, the fresh
-venvs): collected first, so that they start at once and the other workers share the rest
-of the run meanwhile, instead of one of them starting late and running alone at the end."""
+venvs, the benchmark command's two quick runs): collected first, so that they start at
+once and the other workers share the rest of the run meanwhile, instead of one of them
+starting late and running alone at the end."""
 
 
 _LONG_TESTS = (
     "test_siglo_check_",
     "test_paging_across_10000_runs",
     "test_shared_storage_in_",
-    "test_quick_",
     "test_a_suite_class_runs_every_rule",
     "test_memory_passes_every_rule",
     "test_timers_fire_exactly_once_across_an_outage",

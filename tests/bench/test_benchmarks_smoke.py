@@ -20,6 +20,12 @@ from benchmarks import report
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Two runs of the command serve the module's tests (each run takes tens of seconds):
+# every backend with the charts, and memory + SQLite with the scale workloads and the
+# end-to-end comparison. One xdist worker runs the module, so that each runs once.
+pytestmark = pytest.mark.xdist_group("bench-smoke")
+
+
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Any]:
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -45,17 +51,53 @@ def _times_no_pass_again(
         assert over == int(stolen_over_limit) or (share is not None and abs(share - 0.10) < 1e-9)
 
 
-def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
-    _, doc = _run(tmp_path, "--backends", "memory", "--no-chart")
+@pytest.fixture(scope="module")
+def everywhere(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """Every backend (siglo where registered, raw drivers where reachable, else
+    skipped), at 1 KB, with the charts: the output directory and the results."""
+    # Statements an operation are counted in test_benchmarks_lag_and_writes.py and
+    # test_benchmarks_raw_fast.py; here they would only add seconds.
+    tmp_path = tmp_path_factory.mktemp("everywhere")
+    _proc, doc = _run(tmp_path, "--sizes", "1k", "--no-langgraph", "--no-statements")
+    return tmp_path / "out", doc
+
+
+@pytest.fixture(scope="module")
+def scale_and_e2e(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """memory and SQLite loads, the scale workloads on memory and the end-to-end
+    comparison on SQLite (siglo, and DBOS / LangGraph where installed)."""
+    tmp_path = tmp_path_factory.mktemp("scale")
+    _, doc = _run(
+        tmp_path,
+        "--backends",
+        "memory,sqlite",
+        "--scale-backends",
+        "memory",
+        "--workloads",
+        "load",
+        "--sizes",
+        "1k",
+        "--scale",
+        "--e2e",
+        "--e2e-backends",
+        "sqlite",
+        "--no-langgraph",
+        "--no-chart",
+    )
+    return tmp_path / "out", doc
+
+
+def test_quick_memory_report_is_well_formed(everywhere: tuple[Path, Any]) -> None:
+    out, doc = everywhere
     assert doc["meta"]["quick"] is True
     assert doc["meta"]["machine"]["cores"]
-    kinds = {(s["kind"], s["status"]) for s in doc["subjects"]}
+    kinds = {(s["kind"], s["status"]) for s in doc["subjects"] if s["backend"] == "memory"}
     assert ("siglo", "ok") in kinds
     assert ("raw", "ok") in kinds
-    siglo = [r for r in doc["results"] if r["kind"] == "siglo"]
+    siglo = [r for r in doc["results"] if r["kind"] == "siglo" and r["backend"] == "memory"]
     names = {r["name"] for r in siglo}
     assert names == {"save", "load", "cas", "wait_claim", "idempotency", "lock", "cache"}
-    for r in doc["results"]:
+    for r in (r for r in doc["results"] if r["backend"] == "memory"):
         assert r["status"] == "ok", r
         assert r["runs"]
         assert all(x > 0 for x in r["runs"])
@@ -76,7 +118,7 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
     ratios = [x for x in doc["ratios"] if x["backend"] == "memory"]
     assert {x["workload"] for x in ratios} == {r["workload"] for r in siglo}
     assert all(x["ratio"] > 0 for x in ratios)
-    md = (tmp_path / "out" / "results.md").read_text()
+    md = (out / "results.md").read_text()
     assert "### memory" in md
     assert "siglo / raw" in md
     if ticks["start"] is not None:
@@ -84,12 +126,10 @@ def test_quick_memory_report_is_well_formed(tmp_path: Path) -> None:
     assert "0 attempts dropped for " in md
 
 
-def test_quick_all_available_backends_and_chart(tmp_path: Path) -> None:
+def test_quick_all_available_backends_and_chart(everywhere: tuple[Path, Any]) -> None:
     """Every backend: siglo where registered, raw drivers where reachable, else skipped."""
     pytest.importorskip("matplotlib")
-    # Statements an operation are counted in test_benchmarks_lag_and_writes.py and
-    # test_benchmarks_raw_fast.py; here they would only add seconds.
-    _proc, doc = _run(tmp_path, "--sizes", "1k", "--no-langgraph", "--no-statements")
+    out, doc = everywhere
     backends = {s["backend"] for s in doc["subjects"]}
     assert backends == {"memory", "redis", "postgres", "sqlite"}
     for s in doc["subjects"]:
@@ -97,35 +137,19 @@ def test_quick_all_available_backends_and_chart(tmp_path: Path) -> None:
         if s["status"] == "skipped":
             assert s["reason"]
     assert all(r["status"] in ("ok", "unsupported") for r in doc["results"])
-    assert (tmp_path / "out" / "ratios.png").stat().st_size > 1000
+    assert (out / "ratios.png").stat().st_size > 1000
     # A chart per driver backend with results (siglo / raw / raw-fast / LangGraph),
     # linked from its section of the report.
-    md = (tmp_path / "out" / "results.md").read_text()
+    md = (out / "results.md").read_text()
     for backend in {r["backend"] for r in doc["results"]} - {"memory"}:
         name = report.backend_chart_name(backend)
-        assert (tmp_path / "out" / name).stat().st_size > 1000, backend
+        assert (out / name).stat().st_size > 1000, backend
         assert f"### {backend}\n\n![{backend}: siglo / raw / raw-fast / LangGraph" in md
-    assert not (tmp_path / "out" / report.backend_chart_name("memory")).exists()
+    assert not (out / report.backend_chart_name("memory")).exists()
 
 
-def test_quick_scale_runs(tmp_path: Path) -> None:
-    _, doc = _run(
-        tmp_path,
-        "--backends",
-        "memory,sqlite",
-        "--scale-backends",
-        "memory",
-        "--workloads",
-        "load",
-        "--sizes",
-        "1k",
-        "--scale",
-        "--e2e",
-        "--e2e-backends",
-        "sqlite",
-        "--no-langgraph",
-        "--no-chart",
-    )
+def test_quick_scale_runs(scale_and_e2e: tuple[Path, Any]) -> None:
+    out, doc = scale_and_e2e
     # Every backend's workloads, and the end-to-end comparison, run before any scale
     # workload, whose fill would leave its process state to what is timed after it;
     # the report says the order.
@@ -135,7 +159,7 @@ def test_quick_scale_runs(tmp_path: Path) -> None:
         "e2e",
         "scale:memory",
     ]
-    md = (tmp_path / "out" / "results.md").read_text()
+    md = (out / "results.md").read_text()
     assert (
         "Order: the workloads on memory, then the workloads on sqlite, then the "
         "end-to-end comparison, then the scale workloads on memory." in md
@@ -161,9 +185,9 @@ def test_quick_scale_runs(tmp_path: Path) -> None:
     assert f"| {scale['siglo']['first_touch_ratio']:.2f} (" in row
 
 
-def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
+def test_quick_end_to_end_workflow_report(scale_and_e2e: tuple[Path, Any]) -> None:
     """The end-to-end comparison runs (siglo, and DBOS / LangGraph where installed)."""
-    _, doc = _run(tmp_path, "--backends", "", "--e2e", "--e2e-backends", "sqlite", "--no-chart")
+    out, doc = scale_and_e2e
     rows = doc["e2e"]
     systems = {r["system"] for r in rows}
     assert "siglo" in systems
@@ -186,7 +210,7 @@ def test_quick_end_to_end_workflow_report(tmp_path: Path) -> None:
         assert x["vs"] in ("dbos", "langgraph")
         assert x["ratio_min"] <= x["ratio"] <= x["ratio_max"]
         assert len(x["steal"]) in (0, len(x["rounds"]))
-    md = (tmp_path / "out" / "results.md").read_text()
+    md = (out / "results.md").read_text()
     assert "end to end: a 3-step durable workflow" in md
     assert "store writes per run (SQLite, PostgreSQL: write transactions) |" in md
     # The raw write limit (benchmarks/write_limit.py), timed in the same rounds as the
