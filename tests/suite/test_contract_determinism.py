@@ -1,0 +1,105 @@
+"""A seed's programs do not depend on what else the process loaded
+(:mod:`siglo_contract.determinism`).
+
+Hypothesis draws now and then a literal it read from a "local" module loaded in the
+process. In the full test run that made the suite's seed test draw another
+counter-example than it drew alone (15 s of shrinking against 2 s), and ``--seed N``
+reproduce a run only where the same modules were loaded. A contract run draws from no
+local module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
+from hypothesis.internal.conjecture import providers
+from mutants import MUTANTS
+
+from siglo_contract.determinism import fixed_constants
+from siglo_contract.runner import run_contract
+
+# Unlikely to be drawn unless read from a module: 13 digits, no boundary of anything.
+ODD = 4_711_000_004_711
+
+
+@pytest.fixture
+def local_module(tmp_path: Path) -> Iterator[str]:
+    """A module outside site-packages and the standard library (hypothesis's "local"),
+    holding ``ODD``; imported, then forgotten."""
+    name = "siglo_local_constants_probe"
+    where = tmp_path / "probe"
+    where.mkdir()
+    (where / f"{name}.py").write_text(f"THRESHOLD = {ODD}\n")
+    sys.path.insert(0, str(where))
+    try:
+        importlib.import_module(name)
+        yield name
+    finally:
+        sys.path.remove(str(where))
+        sys.modules.pop(name, None)
+
+
+def _drawn(n: int) -> set[int]:
+    seen: set[int] = set()
+
+    @seed(1)
+    @settings(max_examples=n, database=None, deadline=None)
+    @given(st.integers())
+    def draw(x: int) -> None:
+        seen.add(x)
+
+    draw()
+    return seen
+
+
+def test_a_run_draws_no_constant_of_a_loaded_module(local_module: str) -> None:
+    if ODD not in _drawn(3000):
+        pytest.skip("this Hypothesis draws no constants from local modules")
+    with fixed_constants():
+        assert ODD not in _drawn(3000)
+        assert len(providers._get_local_constants()) == 0
+    # Afterwards, Hypothesis is as it was.
+    assert ODD in providers._get_local_constants().integers
+
+
+def test_run_contract_runs_inside_the_pin(local_module: str) -> None:
+    pools: list[int] = []
+    mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.conflict")
+    run_contract(
+        mutant.factory,
+        rules=["checkpoint.occ.conflict"],
+        seed=5,
+        on_plan=lambda _checks: pools.append(len(providers._get_local_constants())),
+    )
+    assert pools == [0]
+
+
+def test_a_seed_draws_the_same_counterexample_after_a_module_is_loaded(tmp_path: Path) -> None:
+    mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.conflict")
+
+    def detail() -> str:
+        report = run_contract(
+            mutant.factory, rules=["checkpoint.occ.conflict"], seed=5, keep_going=False
+        )
+        return report.results["checkpoint.occ.conflict"].detail
+
+    before = detail()
+    where = tmp_path / "more"
+    where.mkdir()
+    # Many constants of the kinds the checkpoint machine draws (integers, short strings).
+    (where / "siglo_more_constants.py").write_text(
+        "VALUES = [" + ", ".join(f"{i * 7919}, 's{i}'" for i in range(300)) + "]\n"
+    )
+    sys.path.insert(0, str(where))
+    try:
+        importlib.import_module("siglo_more_constants")
+        assert detail() == before
+    finally:
+        sys.path.remove(str(where))
+        sys.modules.pop("siglo_more_constants", None)
