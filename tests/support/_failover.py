@@ -68,9 +68,11 @@ async def run_through_failover(
     # Anything but a store failing is a defect, reported before the stragglers it makes.
     assert report.unexpected_errors == 0, report.sample_unexpected_errors
     stragglers = drill.stragglers(since=fault_at)
+    # The topology first: a CI log keeps the end of a long message.
     assert not stragglers, (
-        f"not every worker recovered in {limit_s} s (fault at {fault_at:.2f} s): "
-        f"{stragglers}; first failures {report.sample_failures}\n{topology}"
+        f"{topology}\nnot every worker recovered in {limit_s} s (fault at {fault_at:.2f} s, "
+        f"the drill {report.duration_s:.2f} s long): {stragglers}; "
+        f"first failures {report.sample_failures}"
     )
     return report
 
