@@ -1,11 +1,12 @@
 """Where hypothesis keeps its caches while :func:`~siglo_contract.run_contract` runs.
 
-Hypothesis keeps caches (its Unicode tables, the constants it reads from loaded modules)
-in ``./.hypothesis`` by default: a run from a script or ``siglo check`` would leave that
-directory in the user's working directory, and building the caches again costs every
-run about three seconds. The suite runs with no example database (``database=None``),
-so all it keeps there are those caches, and a run's programs are the same with or
-without them: they go to siglo's user cache directory instead.
+Hypothesis keeps caches (its Unicode tables) in ``./.hypothesis`` by default: a run from
+a script or ``siglo check`` would leave that directory in the user's working directory,
+and building the tables again costs a run about a second. The suite runs with no
+example database (``database=None``) and draws no constants from loaded modules
+(:mod:`siglo_contract.determinism`, so Hypothesis keeps no cache of them), so all it
+keeps there are the tables, and a run's programs are the same with or without them:
+they go to siglo's user cache directory instead.
 """
 
 from __future__ import annotations
