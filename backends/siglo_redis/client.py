@@ -187,6 +187,7 @@ def _client_from_url(
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialWithJitterBackoff
 
+    from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
     from siglo_redis.pipelining import AutoPipelinedRedis, AutoPipelinedRedisCluster
 
     refuse_unknown_options(url)
@@ -217,7 +218,8 @@ def _client_from_url(
         from siglo_redis.replication import WaitingRedis
 
         redis_class = WaitingRedis
-    cluster_class: Any = AutoPipelinedRedisCluster if auto_pipeline else redis.asyncio.RedisCluster
+    # Every cluster client keeps nodes to read the topology from (siglo_redis.cluster_seeds).
+    cluster_class: Any = AutoPipelinedRedisCluster if auto_pipeline else SeedKeepingRedisCluster
     if wait_replicas and cluster:
         # WAIT per shard: each write goes with a WAIT to its own slot's master.
         from siglo_redis.replication import WaitingRedisCluster

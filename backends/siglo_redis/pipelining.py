@@ -42,6 +42,8 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
+
 __all__ = ["AutoPipeline", "AutoPipelinedRedis", "AutoPipelinedRedisCluster"]
 
 # Commands that change the connection's state or hold it: they take a pooled connection
@@ -447,7 +449,7 @@ _ROUTING: contextvars.ContextVar[bool] = contextvars.ContextVar("siglo_routing",
 _RETIRE_GRACE_S: Final = 30.0
 
 
-class AutoPipelinedRedisCluster(redis.asyncio.RedisCluster):
+class AutoPipelinedRedisCluster(SeedKeepingRedisCluster):
     """``redis.asyncio.RedisCluster`` with one :class:`AutoPipeline` per node.
 
     redis-py picks the node of each command (slot, ``MOVED``, ``ASK``) and retries

@@ -37,6 +37,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
 from siglo_redis.scripts import READ_ONLY_SCRIPTS
 
 __all__ = ["READ_ONLY_COMMANDS", "ReplicationError", "WaitingRedis", "WaitingRedisCluster"]
@@ -153,7 +154,7 @@ class WaitingRedis(redis.asyncio.Redis):
         return result
 
 
-class WaitingRedisCluster(redis.asyncio.RedisCluster):
+class WaitingRedisCluster(SeedKeepingRedisCluster):
     """``redis.asyncio.RedisCluster`` plus ``WAIT`` after writes, on each write's shard.
 
     ``WAIT`` counts the replicas that have every write *of its connection*, so it must

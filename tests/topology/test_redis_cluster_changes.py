@@ -551,3 +551,64 @@ async def test_master_killed_with_wait_loses_nothing_acknowledged(
         assert report.cleaned_up
         # Each call within command_timeout_ms (3 s), and 1.5 s for a loaded machine.
         assert report.longest_failed_call_s < 4.5, report
+
+
+async def test_a_client_that_lost_every_node_at_once_reconnects() -> None:
+    """redis-py forgets each node a command failed on (its "startup nodes"), and reads the
+    topology again only from the nodes it has not forgotten: with every node forgotten,
+    every later call fails with "Redis Cluster cannot be connected" for the life of the
+    process, the cluster healthy again (redis-py #3693, #3221). Every master failing at
+    once with calls in flight on each does that: the whole cluster restarted, a network
+    partition, a proxy dropping its connections. siglo's clients (auto-pipelined, plain,
+    waiting for replicas) keep the URL's node and the last topology's to read it from,
+    and reconnect."""
+    ports = free_ports(30200, 30300, 6)
+    prefix = f"siglo-seeds-{uuid.uuid4().hex[:8]}:"
+    keys = KeySpace(prefix)
+    with contextlib.contextmanager(start_cluster)(ports[:3], ports[3:]) as servers:
+        masters = [n for n in cluster_nodes(ports[0]) if n.master and n.slots]
+        assert len(masters) == 3
+        stacks = [
+            stack
+            for node in masters
+            for stack in pick_ids(keys.checkpoint, node.slots, 4, f"on-{node.port}")
+        ]
+        # wait_replicas=1 on a cluster without replicas: a write would fail unconfirmed;
+        # the loads counted here go alone.
+        for options in ("", "&auto_pipeline=false", "&wait_replicas=1"):
+            url = (
+                f"redis://127.0.0.1:{ports[0]}/0?cluster=true&prefix={prefix}"
+                f"&command_timeout_ms=2000{options}"
+            )
+            async with connect(url) as backend:
+                await _lose_every_node_and_reconnect(backend, servers, stacks)
+
+
+async def _lose_every_node_and_reconnect(
+    backend: siglo.Backend, servers: list[RedisServer], stacks: list[str]
+) -> None:
+    for stack in stacks:  # connected to every master
+        assert await backend.adapter.get_checkpoint(stack) is None
+    for server in servers:
+        server.pause()  # calls wait for replies that do not come …
+    calls = [asyncio.create_task(backend.adapter.get_checkpoint(stack)) for stack in stacks]
+    await asyncio.sleep(0.3)
+    for server in servers:
+        server.kill()  # … and fail at once on every master
+    failed = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(x, StorageAdapterError) for x in failed), failed
+    for server in servers:
+        server.start()  # its nodes.conf: the same cluster, its data gone
+    deadline = time.monotonic() + 30
+    errors: list[str] = []
+    while True:
+        try:
+            for stack in stacks:
+                assert await backend.adapter.get_checkpoint(stack) is None
+            return
+        except StorageAdapterError as exc:
+            errors.append(str(exc))
+            assert time.monotonic() < deadline, (
+                f"no call succeeded in 30 s; the last errors: {errors[-3:]}"
+            )
+            await asyncio.sleep(0.2)
