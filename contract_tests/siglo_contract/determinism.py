@@ -8,7 +8,8 @@ the same seed drew different programs in a process that had loaded other modules
 when the suite's seed test took 15 s in the full test run against 2 s alone: another
 counter-example, and a longer shrink), and ``--seed N`` reproduced a run only in a
 process that loaded what the first one had. During a contract run the pool of local
-constants is empty: the programs are a function of the seed, the rules and the budget.
+constants is empty (in the whole process: Hypothesis keeps one pool): the programs are
+a function of the seed, the rules and the budget.
 Hypothesis's own constants (its boundary values) still come in, and the focused checks
 cover the values siglo's rules care about explicitly.
 

@@ -28,20 +28,32 @@ ODD = 4_711_000_004_711
 
 
 @pytest.fixture
-def local_module(tmp_path: Path) -> Iterator[str]:
-    """A module outside site-packages and the standard library (hypothesis's "local"),
-    holding ``ODD``; imported, then forgotten."""
-    name = "siglo_local_constants_probe"
-    where = tmp_path / "probe"
+def restored_pool() -> Iterator[None]:
+    """Hypothesis's pool of local constants as it was before the test: the modules the
+    test imports must not leave their constants to the worker's later tests."""
+    before = providers._local_constants
+    yield
+    providers._local_constants = before
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
+def _import_from(where: Path, name: str, source: str) -> None:
     where.mkdir()
-    (where / f"{name}.py").write_text(f"THRESHOLD = {ODD}\n")
+    (where / f"{name}.py").write_text(source)
     sys.path.insert(0, str(where))
     try:
         importlib.import_module(name)
-        yield name
+        providers._get_local_constants()  # Hypothesis reads it, as its next draw would
     finally:
         sys.path.remove(str(where))
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def local_module(tmp_path: Path, restored_pool: None) -> None:
+    """A module outside site-packages and the standard library (hypothesis's "local"),
+    holding ``ODD``, imported."""
+    _import_from(tmp_path / "probe", "siglo_local_constants_probe", f"THRESHOLD = {ODD}\n")
 
 
 def _provider_pool() -> Any:
@@ -49,7 +61,7 @@ def _provider_pool() -> Any:
     return providers.HypothesisProvider(None)._local_constants
 
 
-def test_a_run_draws_no_constant_of_a_loaded_module(local_module: str) -> None:
+def test_a_run_draws_no_constant_of_a_loaded_module(local_module: None) -> None:
     assert ODD in providers._get_local_constants().integers  # read from the module
     with fixed_constants():
         pool = _provider_pool()
@@ -58,7 +70,7 @@ def test_a_run_draws_no_constant_of_a_loaded_module(local_module: str) -> None:
     assert ODD in _provider_pool().integers
 
 
-def test_run_contract_runs_inside_the_pin(local_module: str) -> None:
+def test_run_contract_runs_inside_the_pin(local_module: None) -> None:
     pools: list[int] = []
     mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.conflict")
     run_contract(
@@ -70,7 +82,9 @@ def test_run_contract_runs_inside_the_pin(local_module: str) -> None:
     assert pools == [0]
 
 
-def test_a_seed_draws_the_same_counterexample_after_a_module_is_loaded(tmp_path: Path) -> None:
+def test_a_seed_draws_the_same_counterexample_after_a_module_is_loaded(
+    tmp_path: Path, restored_pool: None
+) -> None:
     mutant = next(m for m in MUTANTS if m.rule_id == "checkpoint.occ.conflict")
 
     def detail() -> str:
@@ -80,16 +94,8 @@ def test_a_seed_draws_the_same_counterexample_after_a_module_is_loaded(tmp_path:
         return report.results["checkpoint.occ.conflict"].detail
 
     before = detail()
-    where = tmp_path / "more"
-    where.mkdir()
-    # Many constants of the kinds the checkpoint machine draws (integers, short strings).
-    (where / "siglo_more_constants.py").write_text(
-        "VALUES = [" + ", ".join(f"{i * 7919}, 's{i}'" for i in range(300)) + "]\n"
-    )
-    sys.path.insert(0, str(where))
-    try:
-        importlib.import_module("siglo_more_constants")
-        assert detail() == before
-    finally:
-        sys.path.remove(str(where))
-        sys.modules.pop("siglo_more_constants", None)
+    # Constants of the kinds the checkpoint machine draws: small integers, short strings
+    # (without the pin, they change this counter-example).
+    values = ", ".join([*map(str, range(-20, 200)), *(repr("abc"[i % 3] * i) for i in range(1, 9))])
+    _import_from(tmp_path / "more", "siglo_more_constants", f"VALUES = [{values}]\n")
+    assert detail() == before
