@@ -43,7 +43,11 @@ def _import_from(where: Path, name: str, source: str) -> None:
     sys.path.insert(0, str(where))
     try:
         importlib.import_module(name)
-        providers._get_local_constants()  # Hypothesis reads it, as its next draw would
+        # Hypothesis reads it, as its next draw would. It looks for new modules only when
+        # sys.modules has changed length since its last look, which an earlier test that
+        # removed a module can hide: it is made to look.
+        providers._sys_modules_len = None
+        providers._get_local_constants()
     finally:
         sys.path.remove(str(where))
         sys.modules.pop(name, None)
