@@ -54,6 +54,17 @@ PIPELINE_MODE: Final = psycopg.Pipeline.is_supported()
 bundle one; a psycopg built against an older system libpq has none, and
 :meth:`PostgresDatabase.fetch_all` then runs its statements in a transaction)."""
 
+RECONNECT_ROUND_S: Final = 2.0
+"""How long psycopg_pool tries to replace a broken connection before it gives up on it
+(its ``reconnect_timeout``; 5 min by default). Its attempts come 1, 2, 4, 8 … s apart,
+so after a long outage the next one came as long after the server was back, every call
+failing meanwhile (up to 11 s after an outage of 20 s, a minute after two minutes).
+With rounds of 2 s, attempts are at most 1 s apart, and once a round gives up a caller
+who finds the pool empty starts the next at once: calls succeed within about a second
+of the server's return (tests/backends/test_postgres_reconnect.py). The cost, while the
+server is down: a connection attempt a second and psycopg_pool's warning at the end of
+each round."""
+
 
 async def _execute(conn: AsyncConn, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
     if params:
@@ -284,6 +295,7 @@ class PostgresDatabase(Database):
             timeout=self.pool_timeout_ms / 1000,
             kwargs={"autocommit": True, "prepare_threshold": self.prepare_threshold},
             configure=self._ambiguity.configure,
+            reconnect_timeout=RECONNECT_ROUND_S,
             open=False,
             name="siglo",
         )
