@@ -2,8 +2,9 @@
 
 psycopg_pool replaces a broken connection by attempts 1, 2, 4, 8 … s apart, for as long
 as its ``reconnect_timeout`` (5 min by default): after an outage of 20 s its next attempt
-came up to 11 s after the server was back, every call failing meanwhile (a black-box
-auditor measured 8–9 s), and after two minutes it would be a minute. siglo bounds each
+could come up to 11 s after the server was back, every call failing meanwhile (a
+black-box auditor measured 8–9 s; here, after 9 s, 5 s), and by that schedule up to a
+minute after an outage of two minutes. siglo bounds each
 round of attempts (``siglo_postgres.database.RECONNECT_ROUND_S``); a caller who finds
 the pool empty then starts the next round at once.
 
