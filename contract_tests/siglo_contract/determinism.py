@@ -21,15 +21,11 @@ The pool is Hypothesis's internal state (there is no setting for it):
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-__all__ = ["fixed_constants", "with_fixed_constants"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
+__all__ = ["fixed_constants"]
 
 _lock = threading.Lock()
 _depth = 0  # runs in progress (nested, or in several threads): restored by the last
@@ -57,7 +53,8 @@ def _clear_cache(providers: Any) -> None:
 
 @contextlib.contextmanager
 def fixed_constants() -> Iterator[None]:
-    """Meanwhile, Hypothesis draws no constants from the process's local modules."""
+    """Meanwhile, Hypothesis draws no constants from the process's local modules (also a
+    decorator: ``@fixed_constants()``)."""
     global _depth, _original
     providers = _providers()
     if providers is None:  # pragma: no cover - nothing to pin
@@ -79,14 +76,3 @@ def fixed_constants() -> Iterator[None]:
                 providers._get_local_constants = _original
                 _original = None
                 _clear_cache(providers)
-
-
-def with_fixed_constants(fn: Callable[P, R]) -> Callable[P, R]:
-    """``fn``, run inside :func:`fixed_constants`."""
-
-    @functools.wraps(fn)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with fixed_constants():
-            return fn(*args, **kwargs)
-
-    return run

@@ -21,7 +21,7 @@ from siglo.adapter import Capability
 from siglo.errors import PluginError, SigloError, StorageAdapterError
 from siglo.plugins import Deviation
 from siglo_contract.checks import all_checks
-from siglo_contract.determinism import with_fixed_constants
+from siglo_contract.determinism import fixed_constants
 from siglo_contract.hypothesis_home import in_hypothesis_home
 from siglo_contract.machine_base import ContractMachine
 from siglo_contract.registry import (
@@ -169,7 +169,7 @@ class _CheckOutcome:
 
 
 @in_hypothesis_home
-@with_fixed_constants
+@fixed_constants()
 def run_contract(
     target: str | BackendFactory | Target,
     *,
