@@ -63,8 +63,8 @@ after one of two minutes; a black-box auditor measured 8–9 s after 20 s).
 With rounds of 2 s, attempts are at most 1 s apart, and once a round gives up a caller
 who finds the pool empty starts the next at once: calls succeed within about a second
 of the server's return (tests/backends/test_postgres_reconnect.py). The cost, while the
-server is down: a connection attempt a second and psycopg_pool's warning at the end of
-each round."""
+server is down (by that schedule): about one connection attempt a second for each
+connection being replaced, and psycopg_pool's warning when a round ends."""
 
 
 async def _execute(conn: AsyncConn, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
