@@ -187,8 +187,8 @@ def _client_from_url(
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialWithJitterBackoff
 
-    from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
     from siglo_redis.pipelining import AutoPipelinedRedis, AutoPipelinedRedisCluster
+    from siglo_redis.sent_once import SentOnceRedis, SentOnceRedisCluster
 
     refuse_unknown_options(url)
     driver_url, ours = split_url(url)
@@ -196,7 +196,9 @@ def _client_from_url(
         cluster = bool(ours.get("cluster", False))
     if auto_pipeline is None:
         auto_pipeline = bool(ours.get("auto_pipeline", True))
-    redis_class: Any = AutoPipelinedRedis if auto_pipeline else redis.asyncio.Redis
+    # Every client sends a write once: a lost reply is an unknown outcome, never a
+    # retry that meets its own write (siglo_redis.sent_once).
+    redis_class: Any = AutoPipelinedRedis if auto_pipeline else SentOnceRedis
     wait_replicas = ours.get("wait_replicas") or 0
     wait_timeout_ms = ours.get("wait_timeout_ms")
     if wait_replicas < 0 or (wait_timeout_ms is not None and wait_timeout_ms < 0):
@@ -219,7 +221,7 @@ def _client_from_url(
 
         redis_class = WaitingRedis
     # Every cluster client keeps nodes to read the topology from (siglo_redis.cluster_seeds).
-    cluster_class: Any = AutoPipelinedRedisCluster if auto_pipeline else SeedKeepingRedisCluster
+    cluster_class: Any = AutoPipelinedRedisCluster if auto_pipeline else SentOnceRedisCluster
     if wait_replicas and cluster:
         # WAIT per shard: each write goes with a WAIT to its own slot's master.
         from siglo_redis.replication import WaitingRedisCluster

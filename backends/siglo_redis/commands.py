@@ -5,8 +5,9 @@ Any client with the async methods of seed 001 §4 works: ``redis.asyncio.Redis``
 call is bounded by ``command_timeout_ms`` (a stalled server never hangs the caller) and
 every driver exception is re-raised as :class:`~siglo.errors.StorageAdapterError` with
 the original as ``__cause__``: :class:`~siglo.errors.OutcomeUnknownError` for a call
-whose reply did not arrive in time (a script may have run) and for a write that fewer
-replicas than ``wait_replicas`` confirmed.
+whose reply did not arrive in time (a script may have run), for a write whose
+connection failed after it was sent (:mod:`siglo_redis.sent_once`), and for a write that
+fewer replicas than ``wait_replicas`` confirmed.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class Commands:
             ) from exc
         except Exception as exc:
             if getattr(exc, "outcome_unknown", False):
-                # siglo_redis.replication: written on the master, not confirmed by replicas.
+                # A write sent and unanswered (siglo_redis.sent_once), or written on the
+                # master and not confirmed by replicas (siglo_redis.replication).
                 raise OutcomeUnknownError(f"redis {what}", str(exc)) from exc
             if str(exc).startswith("SIGLO_MALFORMED"):
                 raise MalformedRecordError("checkpoint", "revision", str(exc)[16:]) from exc

@@ -14,9 +14,11 @@ Semantics are those of one call at a time:
 * an error reply (``-ERR …``) fails only its own call; the stream stays in step;
 * a call cancelled (or timed out by :class:`~siglo_redis.deadlines.Deadlines`) before its
   command was written is never written; after, its reply is read and dropped;
-* a lost connection fails every call written on it and not yet answered with
-  ``redis.ConnectionError``; each call is then retried by the client's ``Retry`` policy
-  (as redis-py retries a call), on a new connection;
+* a lost connection fails every call written on it and not yet answered: a read with
+  ``redis.ConnectionError``, which the client's ``Retry`` policy (or redis-py's cluster
+  retry) sends again on a new connection, a command that may write with
+  :class:`~siglo_redis.sent_once.UnansweredWriteError`, never sent again (it may have
+  run); a call queued and not yet written goes out on the new connection;
 * commands that change or block a connection (``MULTI``, ``WATCH``, ``SELECT``,
   blocking pops, ``SUBSCRIBE`` …) never go through the pipeline.
 
@@ -36,13 +38,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import redis.asyncio
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
+from siglo_redis.sent_once import SentOnceRedis, send_once, unanswered
 
 __all__ = ["AutoPipeline", "AutoPipelinedRedis", "AutoPipelinedRedisCluster"]
 
@@ -306,7 +308,7 @@ class AutoPipeline:
         pending = list(self._inflight)
         self._inflight.clear()
         for e in pending:
-            _fail(e, exc)
+            _fail(e, unanswered(e.args, exc))
         reader = self._reader
         self._reader = None
         if reader is not None and reader is not asyncio.current_task():
@@ -397,7 +399,7 @@ def _ignore_result(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-class AutoPipelinedRedis(redis.asyncio.Redis):
+class AutoPipelinedRedis(SentOnceRedis):
     """``redis.asyncio.Redis`` whose single commands go through an :class:`AutoPipeline`.
 
     Everything else (``pipeline()``, pub/sub, scans) is the plain client's.
@@ -440,7 +442,7 @@ class _PipelinedNode:
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if not _pipelinable(args[0]):
-            return await self._node.execute_command(*args, **kwargs)
+            return await send_once(self._node, args, kwargs)
         return await self._pipe.execute(args, kwargs)
 
 

@@ -8,7 +8,8 @@ replicas have acknowledged every write that connection made. This client sends e
 command that may write together with a ``WAIT`` on the same connection (one pipeline,
 one round trip plus the replicas' acknowledgement), and raises :class:`ReplicationError`
 when fewer replicas confirm in time: the write happened on the master but is not known
-to be on a replica, so the caller must treat it as not acknowledged.
+to be on a replica, so the caller must treat it as not acknowledged. A pair whose
+connection fails after it was written is not sent again (:mod:`siglo_redis.sent_once`).
 
 On a cluster (:class:`WaitingRedisCluster`) the ``WAIT`` goes to the master of the
 write's own slot, on the write's connection: each shard confirms its own writes.
@@ -19,10 +20,8 @@ This module imports redis-py at the top: it is only imported when the option is 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from typing import Any, Final
+from typing import Any
 
-import redis.asyncio
 from redis.asyncio.cluster import ClusterNode, PipelineCommand
 from redis.cluster import get_node_name
 from redis.exceptions import (
@@ -37,63 +36,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
-from siglo_redis.scripts import READ_ONLY_SCRIPTS
+from siglo_redis.sent_once import SentOnceRedis, SentOnceRedisCluster, is_write, unanswered
 
-__all__ = ["READ_ONLY_COMMANDS", "ReplicationError", "WaitingRedis", "WaitingRedisCluster"]
-
-READ_ONLY_COMMANDS: Final = frozenset(
-    {
-        b"GET",
-        b"MGET",
-        b"GETRANGE",
-        b"STRLEN",
-        b"EXISTS",
-        b"HGET",
-        b"HGETALL",
-        b"HMGET",
-        b"HLEN",
-        b"HKEYS",
-        b"TTL",
-        b"PTTL",
-        b"SCAN",
-        b"PING",
-        b"INFO",
-        b"ROLE",
-        b"TYPE",
-        b"SCRIPT",
-        b"CLIENT",
-        b"WAIT",
-        b"ZRANGE",
-        b"ZREVRANGE",
-        b"ZRANGEBYLEX",
-        b"ZREVRANGEBYLEX",
-        b"ZRANGEBYSCORE",
-        b"ZREVRANGEBYSCORE",
-        b"ZCARD",
-        b"ZCOUNT",
-        b"ZSCORE",
-        b"ZMSCORE",
-        b"ZRANK",
-        b"ZREVRANK",
-        b"ZSCAN",
-        b"HEXISTS",
-        b"HSCAN",
-        b"SMEMBERS",
-        b"SISMEMBER",
-        b"SCARD",
-        b"SSCAN",
-        b"LRANGE",
-        b"LLEN",
-        b"DBSIZE",
-    }
-)
-"""Commands that never write: sent alone, without a ``WAIT``. A script (``EVALSHA``)
-counts as a write unless it is one of siglo's read-only scripts
-(:data:`~siglo_redis.scripts.READ_ONLY_SCRIPTS`: a checkpoint's load, a lock's
-inspection)."""
-
-_SCRIPT_CALLS: Final = frozenset({b"EVALSHA", b"EVAL"})
+__all__ = ["ReplicationError", "WaitingRedis", "WaitingRedisCluster"]
 
 
 class ReplicationError(RedisError):
@@ -101,17 +46,6 @@ class ReplicationError(RedisError):
     outcome is unknown (siglo raises :class:`~siglo.errors.OutcomeUnknownError`)."""
 
     outcome_unknown = True
-
-
-def _is_write(args: tuple[Any, ...]) -> bool:
-    name = args[0]
-    command = (name if isinstance(name, bytes) else str(name).encode()).upper()
-    if command in _SCRIPT_CALLS and len(args) > 1:
-        body = args[1] if isinstance(args[1], bytes) else str(args[1]).encode()
-        # EVALSHA names the script by its SHA-1; EVAL (after a NOSCRIPT) sends it whole.
-        sha = body.decode() if command == b"EVALSHA" else hashlib.sha1(body).hexdigest()
-        return sha.lower() not in READ_ONLY_SCRIPTS
-    return command not in READ_ONLY_COMMANDS
 
 
 def _confirmed(args: tuple[Any, ...], confirmed: Any, replicas: int, timeout_ms: int) -> None:
@@ -126,7 +60,7 @@ def _confirmed(args: tuple[Any, ...], confirmed: Any, replicas: int, timeout_ms:
         )
 
 
-class WaitingRedis(redis.asyncio.Redis):
+class WaitingRedis(SentOnceRedis):
     """``redis.asyncio.Redis`` plus ``WAIT wait_replicas wait_timeout_ms`` after writes.
 
     Build it with :meth:`from_pool` (or ``Sentinel.master_for(redis_class=...)``) and
@@ -143,7 +77,7 @@ class WaitingRedis(redis.asyncio.Redis):
         return self
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        if self.wait_replicas <= 0 or not _is_write(args):
+        if self.wait_replicas <= 0 or not is_write(args):
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         # One connection for both: WAIT waits for the writes of its own connection.
         async with self.pipeline(transaction=False) as pipe:
@@ -154,15 +88,18 @@ class WaitingRedis(redis.asyncio.Redis):
         return result
 
 
-class WaitingRedisCluster(SeedKeepingRedisCluster):
+class WaitingRedisCluster(SentOnceRedisCluster):
     """``redis.asyncio.RedisCluster`` plus ``WAIT`` after writes, on each write's shard.
 
     ``WAIT`` counts the replicas that have every write *of its connection*, so it must
     follow the write on the same connection to the same master. A write is sent as a
     two-command pipeline (an ``ASKING`` first after an ``ASK``) to its slot's master,
     following ``MOVED`` and ``ASK`` and retrying ``TRYAGAIN`` as redis-py does for a
-    single command; a connection that fails makes redis-py re-read the topology, as
-    for any command. Reads and commands sent to chosen nodes go as usual.
+    single command; a connection that fails before the write is sent makes redis-py
+    re-read the topology and send it again, as for any command, and one that fails
+    after raises :class:`~siglo_redis.sent_once.UnansweredWriteError` (never sent
+    again). Reads and commands sent to chosen nodes go as :class:`SentOnceRedisCluster`
+    sends them.
     """
 
     wait_replicas: int = 0
@@ -175,9 +112,9 @@ class WaitingRedisCluster(SeedKeepingRedisCluster):
         return self
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        if self.wait_replicas <= 0 or "target_nodes" in kwargs or not _is_write(args):
+        if self.wait_replicas <= 0 or "target_nodes" in kwargs or not is_write(args):
             return await super().execute_command(*args, **kwargs)
-        # Retried on a new topology as redis-py retries one command.
+        # Retried on a new topology as redis-py retries one command that was not sent.
         retries = self.retry.get_retries()
         while True:
             if self._initialize:
@@ -205,10 +142,16 @@ class WaitingRedisCluster(SeedKeepingRedisCluster):
             try:
                 await node.execute_pipeline(commands)
             except (ConnectionError, TimeoutError):
-                # As redis-py does for one command: forget the node, re-read the topology.
+                # Never written. As redis-py does for one command: forget the node,
+                # re-read the topology (and try again, in execute_command).
                 self.nodes_manager.startup_nodes.pop(node.name, None)
                 await self.aclose()
                 raise
+            for command in commands:
+                if isinstance(command.result, ConnectionError | TimeoutError):
+                    # Written, and the connection failed before the replies: the write
+                    # may have run, so it is not sent again (siglo_redis.sent_once).
+                    raise unanswered(args, command.result)
             result = write.result
             if isinstance(result, MovedError):
                 # Patches the slot table on the next lookup (reinitialize_steps=0).

@@ -26,7 +26,7 @@ PACKAGES = (
 
 DEFERRED_ALLOWED = {
     # These subclass redis-py's clients, so they import the optional driver at their top.
-    ("siglo_redis.client", "siglo_redis.cluster_seeds"),
+    ("siglo_redis.client", "siglo_redis.sent_once"),
     ("siglo_redis.client", "siglo_redis.pipelining"),
     ("siglo_redis.client", "siglo_redis.replication"),
     # The pytest11 plugin imports the siglo_contract package in every user's test run;

@@ -119,13 +119,26 @@ class RedisServer:
 
 
 def start_cluster(
-    ports: list[int], bus_ports: list[int], replicas: int = 0
+    ports: list[int],
+    bus_ports: list[int],
+    replicas: int = 0,
+    announce_ports: list[int] | None = None,
 ) -> Iterator[list[RedisServer]]:
     """Cluster-enabled servers joined by ``redis-cli --cluster create``: three masters,
     or with ``replicas=1`` three masters and three replicas (six ports).
 
     The cluster bus ports are given too, so nothing listens outside our port range.
+    With ``announce_ports``, each node tells clients and replicas that it is at its
+    announced port (a proxy's, say) instead of its own.
     """
+    announced = [
+        (
+            "--cluster-announce-ip", "127.0.0.1",
+            "--cluster-announce-port", str(port),
+            "--cluster-announce-bus-port", str(bus),
+        )
+        for port, bus in zip(announce_ports or (), bus_ports, strict=False)
+    ] or [()] * len(ports)  # fmt: skip
     if shutil.which("redis-cli") is None:
         _unavailable("redis-cli binary not found: cannot create a Redis Cluster")
     servers = [
@@ -135,8 +148,9 @@ def start_cluster(
             "--cluster-config-file", f"nodes-{port}.conf",
             "--cluster-node-timeout", "2000",
             "--cluster-port", str(bus),
+            *announce,
         )
-        for port, bus in zip(ports, bus_ports, strict=True)
+        for port, bus, announce in zip(ports, bus_ports, announced, strict=True)
     ]  # fmt: skip
     try:
         for server in servers:

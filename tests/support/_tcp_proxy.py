@@ -6,7 +6,10 @@ faults a client cannot tell from a real outage:
 - :meth:`TcpProxy.freeze`: bytes stop flowing both ways, connections stay open and new
   ones are accepted but never answered (a server stopped with SIGSTOP, a network stall);
 - :meth:`TcpProxy.cut`: every connection is closed and new ones are refused (a server
-  restart); :meth:`TcpProxy.restore` brings it back.
+  restart); :meth:`TcpProxy.restore` brings it back;
+- :meth:`TcpProxy.lose_reply_to`: the request reaches the server and runs, and its
+  reply is dropped and its connection closed (a network cut, or a server that died
+  between running a command and sending the reply).
 
 It runs on its own threads, so a frozen proxy never blocks the test's event loop.
 """
@@ -35,6 +38,9 @@ class TcpProxy:
         self.port: int = self._server.getsockname()[1]
         self._frozen = threading.Event()
         self._down = threading.Event()
+        self._lose_marker: bytes | None = None
+        self.replies_lost = 0
+        """How many replies :meth:`lose_reply_to` dropped."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
@@ -67,6 +73,7 @@ class TcpProxy:
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         peers = {client: upstream, upstream: client}
+        doomed = False  # this connection sent the request whose reply is to be lost
         try:
             while not self._stop.is_set():
                 if self._frozen.is_set():
@@ -80,6 +87,15 @@ class TcpProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
+                    if sock is client and self._lose_marker is not None:
+                        with self._lock:
+                            marker = self._lose_marker
+                            if marker is not None and marker in data:
+                                self._lose_marker = None
+                                doomed = True
+                    elif sock is upstream and doomed:
+                        self.replies_lost += 1
+                        return  # the reply is dropped, both sockets closed
                     peers[sock].sendall(data)
         except (OSError, ValueError):
             # cut() closes the sockets under this thread: a closed socket's fileno is -1,
@@ -102,6 +118,13 @@ class TcpProxy:
     def thaw(self) -> None:
         """Forward again (what was sent while frozen is delivered now)."""
         self._frozen.clear()
+
+    def lose_reply_to(self, marker: bytes) -> None:
+        """On the next connection whose client sends bytes containing ``marker``,
+        forward them, then drop the server's next answer and close both sides: the
+        request was received and run, its reply never arrives. Once."""
+        with self._lock:
+            self._lose_marker = marker
 
     def cut(self) -> None:
         """Close every connection and refuse new ones, as a stopped server would."""

@@ -1,0 +1,187 @@
+"""A command that may write is sent once: a lost reply is an unknown outcome, not a retry.
+
+redis-py sends a command again after a connection error or a timeout: the plain
+client's ``Retry`` wraps the send *and* the read of a call, and ``RedisCluster`` runs a
+call again after either. When the connection fails after the command was written, the
+server may have run it, and the command sent again meets its own effect: a
+compare-and-set conflicts with the save it just stored (reported as
+``CheckpointConflictError``), a fresh nonce is reported as a replay, an idempotency key
+as in progress, a lock as held by somebody else — each a wrong answer, not an ambiguous
+one (``tests/backends/test_redis_unanswered_writes.py`` produces all of them with a
+proxy that drops one reply).
+
+siglo's clients therefore answer a command that may write (:func:`is_write`) whose
+connection failed after it was written with :class:`UnansweredWriteError`. It is not a
+``ConnectionError``, so neither redis-py's ``Retry`` nor its cluster retry sends the
+command again, and siglo reports it as :class:`~siglo.errors.OutcomeUnknownError` (its
+``outcome_unknown`` flag). Everything else is retried as before: a read whose reply was
+lost (running it twice changes nothing), and any command whose connection failed before
+it was written (a refused connect, a connection found closed).
+
+The clients here are the plain ones (``auto_pipeline=false``) and the bases of the
+others: :class:`SentOnceRedis` (standalone and Sentinel; its pipelines too) and
+:class:`SentOnceRedisCluster`. The auto-pipeline (:mod:`siglo_redis.pipelining`) and the
+``WAIT`` clients (:mod:`siglo_redis.replication`) call :func:`unanswered` where they
+learn that a written command lost its connection.
+
+This module imports redis-py at the top: it is only imported when a client is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+import redis.asyncio
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterNode
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
+
+from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
+from siglo_redis.scripts import READ_ONLY_SCRIPTS
+
+__all__ = [
+    "READ_ONLY_COMMANDS",
+    "SentOnceRedis",
+    "SentOnceRedisCluster",
+    "UnansweredWriteError",
+    "is_write",
+    "unanswered",
+]
+
+READ_ONLY_COMMANDS: Final = frozenset(
+    {
+        b"GET", b"MGET", b"GETRANGE", b"STRLEN", b"EXISTS", b"TYPE", b"TTL", b"PTTL",
+        b"HGET", b"HGETALL", b"HMGET", b"HLEN", b"HKEYS", b"HEXISTS", b"HSCAN",
+        b"ZRANGE", b"ZREVRANGE", b"ZRANGEBYLEX", b"ZREVRANGEBYLEX", b"ZRANGEBYSCORE",
+        b"ZREVRANGEBYSCORE", b"ZCARD", b"ZCOUNT", b"ZSCORE", b"ZMSCORE", b"ZRANK",
+        b"ZREVRANK", b"ZSCAN", b"SMEMBERS", b"SISMEMBER", b"SCARD", b"SSCAN", b"LRANGE",
+        b"LLEN", b"SCAN", b"DBSIZE", b"PING", b"ECHO", b"TIME", b"INFO", b"ROLE",
+        b"SCRIPT", b"CLIENT", b"WAIT", b"COMMAND", b"CLUSTER", b"ASKING", b"READONLY",
+        b"READWRITE", b"HELLO", b"AUTH", b"SELECT",
+    }
+)  # fmt: skip
+"""Commands that change nothing stored (some change the connection's state). A script
+(``EVALSHA``) counts as a write unless it is one of siglo's read-only scripts
+(:data:`~siglo_redis.scripts.READ_ONLY_SCRIPTS`: a checkpoint's load, a lock's
+inspection); any other command counts as a write."""
+
+_SCRIPT_CALLS: Final = frozenset({b"EVALSHA", b"EVAL"})
+
+
+def is_write(args: tuple[Any, ...]) -> bool:
+    """Whether the command ``args`` may change what is stored."""
+    name = args[0]
+    command = (name if isinstance(name, bytes) else str(name).encode()).upper()
+    if command in _SCRIPT_CALLS and len(args) > 1:
+        body = args[1] if isinstance(args[1], bytes) else str(args[1]).encode()
+        # EVALSHA names the script by its SHA-1; EVAL (after a NOSCRIPT) sends it whole.
+        sha = body.decode() if command == b"EVALSHA" else hashlib.sha1(body).hexdigest()
+        return sha.lower() not in READ_ONLY_SCRIPTS
+    return command not in READ_ONLY_COMMANDS
+
+
+class UnansweredWriteError(RedisError):
+    """A command that may write was sent and its connection failed before the reply:
+    the server may or may not have run it (siglo raises
+    :class:`~siglo.errors.OutcomeUnknownError`). Never retried."""
+
+    outcome_unknown = True
+
+
+def unanswered(args: tuple[Any, ...], exc: BaseException) -> BaseException:
+    """What a call whose command ``args`` was written gets when its connection fails
+    with ``exc``: :class:`UnansweredWriteError` for a write, ``exc`` itself (retried)
+    for a read."""
+    if not is_write(args):
+        return exc
+    name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+    error = UnansweredWriteError(
+        f"{name.upper()} was sent and its connection failed before the reply "
+        f"({type(exc).__name__}: {exc}): the server may have run it"
+    )
+    error.__cause__ = exc
+    return error
+
+
+class SentOncePipeline(Pipeline):
+    """A pipeline whose batch holding a write is not sent again after its connection
+    fails while the replies are read."""
+
+    async def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
+        # Only ever called after the batch was written.
+        try:
+            return await super().parse_response(connection, command_name, **options)
+        except (ConnectionError, TimeoutError) as exc:
+            for args, _options in self.command_stack:
+                failure = unanswered(args, exc)
+                if failure is not exc:
+                    await connection.disconnect(nowait=True)
+                    raise failure from exc
+            raise
+
+
+class SentOnceRedis(redis.asyncio.Redis):
+    """``redis.asyncio.Redis`` that does not send a write again once it was written
+    (see the module's docstring); its :meth:`pipeline` neither."""
+
+    async def _send_command_parse_response(
+        self, conn: Any, command_name: Any, *args: Any, **options: Any
+    ) -> Any:
+        await conn.send_command(*args)
+        try:
+            return await self.parse_response(conn, command_name, **options)
+        except (ConnectionError, TimeoutError) as exc:
+            failure = unanswered(args, exc)
+            if failure is exc:
+                raise
+            await conn.disconnect(nowait=True)
+            raise failure from exc
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        return SentOncePipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+
+
+async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``node.execute_command(*args, **kwargs)``, except that a write whose connection
+    fails after it was written raises :class:`UnansweredWriteError`."""
+    connection = node.acquire_connection()
+    try:
+        await connection.send_packed_command(connection.pack_command(*args), False)
+        try:
+            return await node.parse_response(connection, args[0], **kwargs)
+        except (ConnectionError, TimeoutError) as exc:
+            failure = unanswered(args, exc)
+            if failure is exc:
+                raise
+            await connection.disconnect(nowait=True)
+            raise failure from exc
+    finally:
+        node.release(connection)
+
+
+class _SentOnceNode:
+    """A cluster node whose ``execute_command`` is :func:`send_once`."""
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node: ClusterNode) -> None:
+        self._node = node
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return await send_once(self._node, args, kwargs)
+
+
+class SentOnceRedisCluster(SeedKeepingRedisCluster):
+    """A Redis Cluster client whose writes are sent once (see the module's docstring):
+    redis-py still follows ``MOVED``/``ASK`` and re-reads the topology after a failed
+    connection, and still retries what was never written and every read."""
+
+    async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+        node: Any = _SentOnceNode(target_node)
+        return await super()._execute_command(node, *args, **kwargs)

@@ -1,0 +1,231 @@
+"""A write whose reply was lost is an unknown outcome, never sent again.
+
+A proxy between siglo and a real Redis lets the request through, the server runs it,
+and the reply is dropped with the connection (a network cut, a server dying between
+running a command and replying). redis-py would send the command again on a new
+connection, where it meets its own effect: a stored save reported as a conflict, a
+fresh nonce as a replay, a lock and an idempotency key as somebody else's. siglo's
+clients (:mod:`siglo_redis.sent_once`) raise ``OutcomeUnknownError`` instead, and still
+retry a read whose reply was lost. Every client is tried: auto-pipelined (the default),
+plain, and waiting for a replica (``wait_replicas``), on one server and on a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+from _redis_helpers import REDIS_URL, RedisServer, redis_cli, require_redis, start_cluster
+from _tcp_proxy import TcpProxy, tcp_proxy
+from ports import free_ports
+
+import siglo
+from siglo import Checkpoint, CheckpointConflictError, OutcomeUnknownError
+from siglo.records import WaitRecord
+from siglo_redis import isolated, scripts
+
+rule = pytest.mark.rule
+
+_SCRIPT = b"EVALSHA"
+_SET = b"$3\r\nSET\r\n"
+
+
+def _load_scripts(proxies: list[TcpProxy]) -> None:
+    """Every siglo script in each server's cache: the reply dropped is then the
+    script's own, not a ``NOSCRIPT`` (after which the script has not run)."""
+    import redis
+
+    for proxy in proxies:
+        host, port = proxy.upstream
+        with redis.Redis(host=host, port=port) as client:
+            for script in vars(scripts).values():
+                if isinstance(script, scripts.Script):
+                    client.script_load(script.source)
+
+
+async def _check_every_write(backend: siglo.Backend, proxies: list[TcpProxy]) -> None:
+    """Each writing primitive, its reply lost: ``OutcomeUnknownError``, and the store
+    shows that it ran; then a read whose reply was lost is retried and answers."""
+    _load_scripts(proxies)
+    a, lock, idem, nonces = backend.adapter, backend.lock, backend.idempotency, backend.nonces
+    assert lock is not None and idem is not None and nonces is not None
+    stack = f"s-{uuid.uuid4().hex[:6]}"
+
+    async def lost(marker: bytes, call: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        lost_before = sum(p.replies_lost for p in proxies)
+        for proxy in proxies:
+            proxy.lose_reply_to(marker)
+        try:
+            with pytest.raises(OutcomeUnknownError) as err:
+                await call()
+        finally:
+            for proxy in proxies:
+                proxy.lose_reply_to(b"\0never\0")  # disarm the proxies not used
+        assert sum(p.replies_lost for p in proxies) == lost_before + 1
+        assert "may or may not have taken effect" in str(err.value)
+
+    await a.save_checkpoint(Checkpoint(stack_id=stack, revision=1, timestamp=1))
+    await lost(_SCRIPT, lambda: a.save_checkpoint(
+        Checkpoint(stack_id=stack, revision=2, timestamp=2), expected_revision=1
+    ))  # fmt: skip
+    stored = await a.get_checkpoint(stack)
+    assert stored is not None and stored.revision == 2  # it ran; re-reading tells
+    with pytest.raises(CheckpointConflictError):  # the documented retry: a conflict
+        await a.save_checkpoint(
+            Checkpoint(stack_id=stack, revision=2, timestamp=2), expected_revision=1
+        )
+    await lost(_SCRIPT, lambda: a.save_checkpoint(
+        Checkpoint(stack_id=stack, revision=3, timestamp=3)
+    ))  # fmt: skip
+    stored = await a.get_checkpoint(stack)
+    assert stored is not None and stored.revision == 3
+
+    await lost(_SCRIPT, lambda: lock.acquire(f"L-{stack}", ttl_ms=60_000))
+    assert not (await lock.acquire(f"L-{stack}", ttl_ms=60_000)).acquired  # it is held
+
+    await lost(_SCRIPT, lambda: idem.claim(f"I-{stack}"))
+    assert await idem.claim(f"I-{stack}") == "in-progress"
+
+    await lost(_SET, lambda: nonces.claim(f"N-{stack}", 60))
+    assert await nonces.claim(f"N-{stack}", 60) is False  # consumed by the lost call
+
+    wait_key = f"W-{stack}"
+    await a.save_wait_record(WaitRecord(correlation_key=wait_key, stack_id=stack))
+    await lost(_SCRIPT, lambda: a.claim_wait_record(wait_key, "claimant"))
+    claimed = await a.get_wait_record(wait_key)
+    assert claimed is not None and claimed.status == "claimed"
+
+    # A read is sent again: nothing it did changed anything.
+    lost_before = sum(p.replies_lost for p in proxies)
+    for proxy in proxies:
+        proxy.lose_reply_to(b"GET")
+    stored = await a.get_checkpoint(stack)
+    for proxy in proxies:
+        proxy.lose_reply_to(b"\0never\0")
+    assert stored is not None and stored.revision == 3
+    assert sum(p.replies_lost for p in proxies) == lost_before + 1
+
+
+@pytest.fixture
+def replicated() -> Iterator[RedisServer]:
+    """A server of our own with one replica (for ``wait_replicas=1``)."""
+    master_port, replica_port = free_ports(30000, 30100, 2)
+    master = RedisServer(master_port).start()
+    replica = RedisServer(replica_port, "--replicaof", "127.0.0.1", str(master_port))
+    try:
+        replica.start()
+        deadline = time.monotonic() + 20
+        while "master_link_status:up" not in redis_cli(replica_port, "info", "replication"):
+            assert time.monotonic() < deadline, "the replica did not sync"
+            time.sleep(0.05)
+        yield master
+    finally:
+        replica.stop()
+        master.stop()
+
+
+@rule("manager.error-mode")
+@pytest.mark.parametrize("options", ["", "auto_pipeline=false", "wait_replicas=1"])
+async def test_a_write_whose_reply_was_lost_is_an_unknown_outcome(
+    options: str, request: pytest.FixtureRequest
+) -> None:
+    if options.startswith("wait_replicas"):
+        server = f"127.0.0.1:{request.getfixturevalue('replicated').port}"
+    else:
+        require_redis()
+        server = REDIS_URL.split("//", 1)[1].split("/", 1)[0]
+    host, port = server.rsplit(":", 1)
+    with tcp_proxy(host, int(port)) as proxy:
+        url = f"redis://{proxy.url_host}/0?command_timeout_ms=5000&{options}"
+        async with isolated(url) as backend:
+            await _check_every_write(backend, [proxy])
+
+
+@contextlib.contextmanager
+def _proxied_cluster() -> Iterator[list[TcpProxy]]:
+    """Three masters and three replicas, each announcing a proxy's port: every client
+    (and replica) connection to a node goes through its proxy."""
+    ports = free_ports(30200, 30300, 12)
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(tcp_proxy("127.0.0.1", port)) for port in ports[:6]]
+        servers = stack.enter_context(
+            contextlib.contextmanager(start_cluster)(
+                ports[:6], ports[6:], replicas=1, announce_ports=[p.port for p in proxies]
+            )
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            links = [redis_cli(s.port, "info", "replication") for s in servers]
+            if sum("master_link_status:up" in link for link in links) == 3:
+                break
+            assert time.monotonic() < deadline, f"replicas did not sync: {links}"
+            time.sleep(0.1)
+        yield proxies
+
+
+@pytest.fixture(scope="module")
+def proxied_cluster() -> Iterator[list[TcpProxy]]:
+    try:
+        subprocess.run(["redis-cli", "--version"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("redis-cli not found: cannot create a Redis Cluster")
+    with _proxied_cluster() as proxies:
+        yield proxies
+
+
+@pytest.fixture
+async def cluster_backend(
+    proxied_cluster: list[TcpProxy], request: pytest.FixtureRequest
+) -> AsyncIterator[siglo.Backend]:
+    url = (
+        f"redis://{proxied_cluster[0].url_host}/0?cluster=true&command_timeout_ms=5000"
+        f"&{request.param}"
+    )
+    async with isolated(url) as backend:
+        yield backend
+
+
+@rule("manager.error-mode")
+@pytest.mark.parametrize(
+    "cluster_backend", ["", "auto_pipeline=false", "wait_replicas=1"], indirect=True
+)
+async def test_a_cluster_write_whose_reply_was_lost_is_an_unknown_outcome(
+    cluster_backend: siglo.Backend, proxied_cluster: list[TcpProxy]
+) -> None:
+    await _check_every_write(cluster_backend, proxied_cluster)
+
+
+_SHAPES = [
+    "redis://127.0.0.1:1/0",
+    "redis+sentinel://127.0.0.1:1/service/0",
+    "redis://127.0.0.1:1/0?cluster=true",
+]
+_OPTIONS = ["", "auto_pipeline=false", "wait_replicas=1", "auto_pipeline=false&wait_replicas=1"]
+
+
+@pytest.mark.parametrize("options", _OPTIONS)
+@pytest.mark.parametrize("shape", _SHAPES)
+async def test_every_client_siglo_builds_sends_a_write_once(shape: str, options: str) -> None:
+    """The tests above lose replies through a proxy on one server and on a cluster;
+    a Sentinel URL builds the same client classes (over Sentinel-managed connections).
+    This lists every URL shape and option that picks a class, so that a client added
+    later without the mechanism fails here."""
+    from siglo_redis.client import client_from_url, close_client
+    from siglo_redis.pipelining import AutoPipelinedRedisCluster
+    from siglo_redis.sent_once import SentOnceRedis, SentOnceRedisCluster
+
+    separator = "&" if "?" in shape else "?"
+    client = client_from_url(shape + (separator + options if options else ""))
+    try:
+        if "cluster=true" in shape and not options.startswith(("auto_pipeline", "wait")):
+            # Its node pipelines raise UnansweredWriteError themselves (pipelining.py).
+            assert type(client) is AutoPipelinedRedisCluster
+        else:
+            assert isinstance(client, SentOnceRedis | SentOnceRedisCluster), type(client)
+    finally:
+        await close_client(client)
