@@ -262,8 +262,9 @@ class OutcomeUnknownError(StorageAdapterError):
     server (``command_timeout_ms``), or when the server itself left the outcome
     ambiguous: PostgreSQL committed locally but its synchronous standby never confirmed
     the commit, Redis applied a write that fewer replicas than ``wait_replicas``
-    confirmed, or the connection of a Redis write failed after it was sent. The write may be there now and be lost in a failover, or be there for
-    good, or never have happened. It is never reported as a success (SPEC §4, "an
+    confirmed, or the connection of a Redis write failed after it was sent. The write
+    may be there now and be lost in a failover, or be there for good, or never have
+    happened. It is never reported as a success (SPEC §4, "an
     acknowledgement is never a guess"), and the storage manager raises it in every
     error mode.
 

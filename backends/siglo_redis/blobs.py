@@ -5,7 +5,9 @@ blob, ``<prefix>blob:<sha256>``, and their keep-until times in one sorted set,
 Every change is one Lua script, so a put that refreshes a blob and the collector's
 removal of it never interleave: a blob is removed only if its keep-until is still stale
 when the script runs. A put of a blob already stored sends no bytes: it refreshes the
-keep-until and says so, and only a put that finds no blob sends the value.
+keep-until and says so, and only a put that finds no blob sends the value. A change
+whose connection fails after it was sent raises :class:`~siglo.errors.OutcomeUnknownError`
+and is not sent again (:mod:`siglo_redis.sent_once`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import redis.asyncio as aioredis
 
 from siglo import urls
 from siglo.blobs import BlobStore, check_digest
-from siglo.errors import StorageAdapterError
+from siglo.errors import OutcomeUnknownError, StorageAdapterError
 from siglo_redis.client import _driver_parameters
+from siglo_redis.sent_once import SentOnceRedis
 
 __all__ = ["RedisBlobStore", "open_store"]
 
@@ -65,6 +68,8 @@ class RedisBlobStore(BlobStore):
         try:
             return await awaitable
         except (aioredis.RedisError, OSError) as exc:
+            if getattr(exc, "outcome_unknown", False):  # a change sent and unanswered
+                raise OutcomeUnknownError(f"blob store {self.url}: {doing}", str(exc)) from exc
             raise StorageAdapterError(f"blob store {self.url}: {doing} failed: {exc!r}") from exc
 
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
@@ -115,7 +120,9 @@ def open_store(url: str) -> RedisBlobStore:
         also="and redis-py's connection parameters (db, socket_timeout, client_name, …)",
     )
     base, options = urls.split_options(url, BLOB_OPTIONS)
-    client = aioredis.Redis.from_url(base)
+    # A change whose reply is lost is not sent again (siglo_redis.sent_once): a removal
+    # sent twice would say "nothing removed" of the blob it removed.
+    client = SentOnceRedis.from_url(base)
     return RedisBlobStore(client, options.get("prefix", "siglo:"), url)
 
 

@@ -44,7 +44,7 @@ from redis.asyncio.retry import Retry
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
-from siglo_redis.sent_once import SentOnceRedis, send_once, unanswered
+from siglo_redis.sent_once import SentOnceRedis, closed_by_server, send_once, unanswered
 
 __all__ = ["AutoPipeline", "AutoPipelinedRedis", "AutoPipelinedRedisCluster"]
 
@@ -223,6 +223,12 @@ class AutoPipeline:
             self._write(conn, entries)
 
     def _write(self, conn: Connection, entries: list[_Entry]) -> None:
+        if not self._inflight and closed_by_server(conn):
+            # The server closed it while nothing was in flight (a restart, its `timeout`):
+            # the calls go out on a new connection, not lost unsent on this one.
+            self._queue[:0] = entries
+            self._broken(conn, ConnectionError("closed by the server while idle"))
+            return
         chunks, entries = pack(conn, entries)
         if not entries:
             return

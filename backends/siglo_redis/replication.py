@@ -36,7 +36,13 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from siglo_redis.sent_once import SentOnceRedis, SentOnceRedisCluster, is_write, unanswered
+from siglo_redis.sent_once import (
+    SentOnceRedis,
+    SentOnceRedisCluster,
+    is_write,
+    send_batch_once,
+    unanswered,
+)
 
 __all__ = ["ReplicationError", "WaitingRedis", "WaitingRedisCluster"]
 
@@ -140,7 +146,7 @@ class WaitingRedisCluster(SentOnceRedisCluster):
             )
             commands += [write, wait]
             try:
-                await node.execute_pipeline(commands)
+                await send_batch_once(node, commands)
             except (ConnectionError, TimeoutError):
                 # Never written. As redis-py does for one command: forget the node,
                 # re-read the topology (and try again, in execute_command).

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import redis.asyncio
 from redis.asyncio.client import Pipeline
-from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import ClusterNode, PipelineCommand
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
@@ -42,6 +42,9 @@ from siglo_redis.scripts import READ_ONLY_SCRIPTS
 
 __all__ = [
     "READ_ONLY_COMMANDS",
+    "closed_by_server",
+    "send_batch_once",
+    "send_once",
     "SentOnceRedis",
     "SentOnceRedisCluster",
     "UnansweredWriteError",
@@ -144,11 +147,23 @@ class SentOnceRedis(redis.asyncio.Redis):
         )
 
 
+def closed_by_server(connection: Any) -> bool:
+    """Whether the server closed ``connection`` while it sat idle (a restart, its
+    ``timeout``): its stream has ended, unread. A command written on it would be lost
+    unsent and, being sent, reported as an unknown outcome; it goes on a new connection
+    instead. (redis-py's standalone pool checks the same when it hands a connection out;
+    a cluster node's connections and siglo's auto-pipeline are not checked by it.)"""
+    reader = connection._reader
+    return reader is not None and (reader.at_eof() or reader.exception() is not None)
+
+
 async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``node.execute_command(*args, **kwargs)``, except that a write whose connection
     fails after it was written raises :class:`UnansweredWriteError`."""
     connection = node.acquire_connection()
     try:
+        if closed_by_server(connection):
+            await connection.disconnect(nowait=True)  # sent on a new one
         await connection.send_packed_command(connection.pack_command(*args), False)
         try:
             return await node.parse_response(connection, args[0], **kwargs)
@@ -158,6 +173,27 @@ async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, 
                 raise
             await connection.disconnect(nowait=True)
             raise failure from exc
+    finally:
+        node.release(connection)
+
+
+async def send_batch_once(node: ClusterNode, commands: list[PipelineCommand]) -> None:
+    """``node.execute_pipeline(commands)`` on a connection the server has not closed:
+    each command's ``result`` is its reply or the exception reading it raised (a
+    ``ConnectionError`` there: the batch was written, see :func:`unanswered`)."""
+    connection = node.acquire_connection()
+    try:
+        if closed_by_server(connection):
+            await connection.disconnect(nowait=True)
+        batch = connection.pack_commands(command.args for command in commands)
+        await connection.send_packed_command(batch, False)
+        for command in commands:
+            try:
+                command.result = await node.parse_response(
+                    connection, command.args[0], **command.kwargs
+                )
+            except Exception as exc:
+                command.result = exc
     finally:
         node.release(connection)
 

@@ -12,7 +12,9 @@ plain, and waiting for a replica (``wait_replicas``), on one server and on a clu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hashlib
 import subprocess
 import time
 import uuid
@@ -33,6 +35,7 @@ rule = pytest.mark.rule
 
 _SCRIPT = b"EVALSHA"
 _SET = b"$3\r\nSET\r\n"
+_DEL = b"$3\r\nDEL\r\n"
 
 
 def _load_scripts(proxies: list[TcpProxy]) -> None:
@@ -110,11 +113,37 @@ async def _check_every_write(backend: siglo.Backend, proxies: list[TcpProxy]) ->
     assert stored is not None and stored.revision == 3
     assert sum(p.replies_lost for p in proxies) == lost_before + 1
 
+    # Connections the server closed while idle (a restart, its `timeout`) are not
+    # written on: each write goes on a new connection and is answered, not lost unsent
+    # and reported unknown.
+    for proxy in proxies:
+        proxy.cut()
+        proxy.restore()
+    await asyncio.sleep(0.1)  # the client's loop sees every connection end
+    _wait_for_replica_links(proxies)
+    await a.save_checkpoint(
+        Checkpoint(stack_id=stack, revision=4, timestamp=4), expected_revision=3
+    )
+    assert (await lock.acquire(f"L2-{stack}", ttl_ms=60_000)).acquired
+    assert await idem.claim(f"I2-{stack}") == "claimed"
+    assert await nonces.claim(f"N2-{stack}", 60) is True
+
+
+def _wait_for_replica_links(proxies: list[TcpProxy]) -> None:
+    """Until every replica behind ``proxies`` is linked to its master again."""
+    deadline = time.monotonic() + 20
+    for proxy in proxies:
+        port = proxy.upstream[1]
+        while "master_link_status:down" in redis_cli(port, "info", "replication"):
+            assert time.monotonic() < deadline, f"the replica on {port} did not relink"
+            time.sleep(0.05)
+
 
 @pytest.fixture
 def replicated() -> Iterator[RedisServer]:
     """A server of our own with one replica (for ``wait_replicas=1``)."""
-    master_port, replica_port = free_ports(30000, 30100, 2)
+    # Ranges no other test uses: the cluster tests take 12 ports at a time from 30200-30300.
+    master_port, replica_port = free_ports(30600, 30700, 2)
     master = RedisServer(master_port).start()
     replica = RedisServer(replica_port, "--replicaof", "127.0.0.1", str(master_port))
     try:
@@ -146,11 +175,77 @@ async def test_a_write_whose_reply_was_lost_is_an_unknown_outcome(
             await _check_every_write(backend, [proxy])
 
 
+async def test_a_client_passed_in_from_the_sent_once_classes_keeps_it() -> None:
+    """docs/backends/redis.md: a client of one's own keeps its retry policy; one built
+    from ``SentOnceRedis`` sends a write once, as siglo's own clients do."""
+    require_redis()
+    from siglo_redis import RedisStorageAdapter
+    from siglo_redis.connect import delete_prefix
+    from siglo_redis.sent_once import SentOnceRedis
+
+    host, port = REDIS_URL.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
+    with tcp_proxy(host, int(port)) as proxy:
+        _load_scripts([proxy])
+        client = SentOnceRedis.from_url(f"redis://{proxy.url_host}/0")
+        adapter = RedisStorageAdapter(client, key_prefix=prefix)
+        try:
+            await adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+            proxy.lose_reply_to(_SCRIPT)
+            with pytest.raises(OutcomeUnknownError):
+                await adapter.save_checkpoint(
+                    Checkpoint(stack_id="s", revision=2, timestamp=2), expected_revision=1
+                )
+            stored = await adapter.get_checkpoint("s")
+            assert stored is not None and stored.revision == 2
+        finally:
+            await delete_prefix(client, prefix)
+            await adapter.aclose()
+            await client.aclose()
+
+
+async def test_a_blob_change_whose_reply_was_lost_is_an_unknown_outcome() -> None:
+    """The Redis blob store's client sends a change once too: a put, the collector's
+    removal and a delete whose reply was lost raise ``OutcomeUnknownError`` (a removal
+    sent again would report "nothing removed" of the blob it removed)."""
+    require_redis()
+    import redis.asyncio
+
+    from siglo_redis.blobs import open_store
+
+    host, port = REDIS_URL.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
+    with tcp_proxy(host, int(port)) as proxy:
+        store = open_store(f"redis://{proxy.url_host}/0?prefix={prefix}")
+        try:
+            blobs = [f"blob {i} {uuid.uuid4().hex}".encode() for i in range(3)]
+            digests = [hashlib.sha256(b).hexdigest() for b in blobs]
+            await store.put(digests[0], blobs[0])  # the store's scripts, cached
+            proxy.lose_reply_to(blobs[1])  # the put that sends the bytes
+            with pytest.raises(OutcomeUnknownError):
+                await store.put(digests[1], blobs[1])
+            assert await store.get(digests[1]) == blobs[1]  # it ran
+            proxy.lose_reply_to(digests[1].encode())
+            with pytest.raises(OutcomeUnknownError):
+                await store.delete_stale(digests[1], kept_before_ms=2**62)
+            assert await store.get(digests[1]) is None
+            proxy.lose_reply_to(_DEL)
+            with pytest.raises(OutcomeUnknownError):
+                await store.delete(digests[0])
+            assert await store.get(digests[0]) is None
+            assert proxy.replies_lost == 3
+        finally:
+            await store.aclose()
+            async with redis.asyncio.Redis.from_url(REDIS_URL) as raw:
+                async for key in raw.scan_iter(match=f"{prefix}*"):
+                    await raw.delete(key)
+
+
 @contextlib.contextmanager
 def _proxied_cluster() -> Iterator[list[TcpProxy]]:
     """Three masters and three replicas, each announcing a proxy's port: every client
     (and replica) connection to a node goes through its proxy."""
-    ports = free_ports(30200, 30300, 12)
+    ports = free_ports(30500, 30600, 12)
     with contextlib.ExitStack() as stack:
         proxies = [stack.enter_context(tcp_proxy("127.0.0.1", port)) for port in ports[:6]]
         servers = stack.enter_context(
