@@ -408,7 +408,7 @@ def _ignore_result(task: asyncio.Task[Any]) -> None:
 class AutoPipelinedRedis(SentOnceRedis):
     """``redis.asyncio.Redis`` whose single commands go through an :class:`AutoPipeline`.
 
-    Everything else (``pipeline()``, pub/sub, scans) is the plain client's.
+    Everything else (``pipeline()``, pub/sub, scans) is :class:`SentOnceRedis`'s.
     """
 
     _auto_pipeline: AutoPipeline | None = None

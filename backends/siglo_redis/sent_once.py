@@ -30,6 +30,7 @@ This module imports redis-py at the top: it is only imported when a client is bu
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import redis.asyncio
@@ -107,21 +108,29 @@ def unanswered(args: tuple[Any, ...], exc: BaseException) -> BaseException:
     return error
 
 
+async def read_reply(connection: Any, sent: list[tuple[Any, ...]], reply: Awaitable[Any]) -> Any:
+    """Await ``reply``, the reading of what ``connection`` was sent (the commands
+    ``sent``): a connection failure then raises :class:`UnansweredWriteError` if any of
+    them may write (the connection dropped), else passes as it is (retried)."""
+    try:
+        return await reply
+    except (ConnectionError, TimeoutError) as exc:
+        for args in sent:
+            failure = unanswered(args, exc)
+            if failure is not exc:
+                await connection.disconnect(nowait=True)
+                raise failure from exc
+        raise
+
+
 class SentOncePipeline(Pipeline):
     """A pipeline whose batch holding a write is not sent again after its connection
     fails while the replies are read."""
 
     async def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
         # Only ever called after the batch was written.
-        try:
-            return await super().parse_response(connection, command_name, **options)
-        except (ConnectionError, TimeoutError) as exc:
-            for args, _options in self.command_stack:
-                failure = unanswered(args, exc)
-                if failure is not exc:
-                    await connection.disconnect(nowait=True)
-                    raise failure from exc
-            raise
+        reply = super().parse_response(connection, command_name, **options)
+        return await read_reply(connection, [args for args, _ in self.command_stack], reply)
 
 
 class SentOnceRedis(redis.asyncio.Redis):
@@ -132,14 +141,7 @@ class SentOnceRedis(redis.asyncio.Redis):
         self, conn: Any, command_name: Any, *args: Any, **options: Any
     ) -> Any:
         await conn.send_command(*args)
-        try:
-            return await self.parse_response(conn, command_name, **options)
-        except (ConnectionError, TimeoutError) as exc:
-            failure = unanswered(args, exc)
-            if failure is exc:
-                raise
-            await conn.disconnect(nowait=True)
-            raise failure from exc
+        return await read_reply(conn, [args], self.parse_response(conn, command_name, **options))
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         return SentOncePipeline(
@@ -165,14 +167,9 @@ async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, 
         if closed_by_server(connection):
             await connection.disconnect(nowait=True)  # sent on a new one
         await connection.send_packed_command(connection.pack_command(*args), False)
-        try:
-            return await node.parse_response(connection, args[0], **kwargs)
-        except (ConnectionError, TimeoutError) as exc:
-            failure = unanswered(args, exc)
-            if failure is exc:
-                raise
-            await connection.disconnect(nowait=True)
-            raise failure from exc
+        return await read_reply(
+            connection, [args], node.parse_response(connection, args[0], **kwargs)
+        )
     finally:
         node.release(connection)
 
