@@ -18,9 +18,10 @@ import psycopg
 
 from siglo import urls
 from siglo.blobs import BlobStore, check_digest
-from siglo.errors import StorageAdapterError
+from siglo.errors import OutcomeUnknownError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo_postgres.connect import POSTGRES_OPTIONS, _conninfo, _libpq_parameters
+from siglo_postgres.liveness import closed_while_idle, lost_in_flight
 from siglo_sql.connect import split_url_options
 from siglo_sql.schema import DEFAULT_PREFIX, check_identifier
 
@@ -38,6 +39,8 @@ class PostgresBlobStore(BlobStore):
         self._conn: Any = None
 
     async def _connection(self) -> Any:
+        if self._conn is not None and not self._conn.closed and closed_while_idle(self._conn):
+            await self._conn.close()  # closed by the server meanwhile (a restart)
         if self._conn is None or self._conn.closed:
             conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
             schema = self._table.rpartition(".")[0]
@@ -50,12 +53,21 @@ class PostgresBlobStore(BlobStore):
             self._conn = conn
         return self._conn
 
-    async def _run(self, doing: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    async def _run(
+        self, doing: str, sql: str, params: tuple[Any, ...], *, writes: bool = True
+    ) -> list[Any]:
+        conn = None
         try:
             conn = await self._connection()
             cursor = await conn.execute(sql, params)
             return list(await cursor.fetchall()) if cursor.description else []
         except psycopg.Error as exc:
+            if writes and lost_in_flight(exc, conn):
+                raise OutcomeUnknownError(
+                    f"blob store {self.url}: {doing}",
+                    f"the connection was lost with it in flight, and the server may have run "
+                    f"it ({exc!r})",
+                ) from exc
             raise StorageAdapterError(f"blob store {self.url}: {doing} failed: {exc!r}") from exc
 
     async def put(self, digest: str, data: bytes, *, keep_until_ms: int | None = None) -> None:
@@ -77,7 +89,10 @@ class PostgresBlobStore(BlobStore):
 
     async def get(self, digest: str) -> bytes | None:
         rows = await self._run(
-            "a get", f"SELECT body FROM {self._table} WHERE digest = %s", (check_digest(digest),)
+            "a get",
+            f"SELECT body FROM {self._table} WHERE digest = %s",
+            (check_digest(digest),),
+            writes=False,
         )
         return bytes(rows[0][0]) if rows else None
 
@@ -98,7 +113,9 @@ class PostgresBlobStore(BlobStore):
         return bool(rows)
 
     async def scan(self) -> AsyncIterator[tuple[str, int]]:
-        rows = await self._run("a scan", f"SELECT digest, keep_until FROM {self._table}", ())
+        rows = await self._run(
+            "a scan", f"SELECT digest, keep_until FROM {self._table}", (), writes=False
+        )
         for digest, keep in rows:
             yield str(digest), int(keep)
 

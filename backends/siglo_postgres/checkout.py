@@ -12,6 +12,9 @@ free, so the pool does not queue them itself. A caller that passes while the poo
 short of connections (still growing to its size, or replacing a broken one) waits in the
 pool as before, for what is left of its timeout.
 
+A connection the server closed while it sat in the pool is replaced before it is handed
+out (:mod:`siglo_postgres.liveness`).
+
 ``getconn``/``putconn`` rather than ``pool.connection()``: that context manager also
 enters the connection's own context, whose exit commits — nothing to commit on siglo's
 autocommit connections, yet a lock and a wait each time (~10 µs). ``putconn`` still
@@ -27,6 +30,8 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from siglo_postgres.liveness import closed_while_idle
 
 __all__ = ["Checkout", "Gate", "PooledConnections"]
 
@@ -127,15 +132,35 @@ class Checkout:
     async def __aenter__(self) -> AsyncConn:
         gate = self._pooled.gate
         deadline = await gate.acquire()
-        timeout = gate.timeout_s
-        if deadline is not None:  # waited at the gate: the pool gets what is left
-            timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        if deadline is None:
+            deadline = now + gate.timeout_s
+        pool = self._pooled.pool
         try:
-            self._conn = await self._pooled.pool.getconn(timeout)
+            # Waited at the gate: the pool gets what is left.
+            conn = await pool.getconn(max(0.0, deadline - now))
+            if closed_while_idle(conn):
+                # Closed by the server as it sat in the pool (a restart): a statement sent
+                # on it would fail as one lost in flight (siglo_postgres.liveness).
+                conn = await self._replace(conn, deadline)
         except BaseException:
             gate.release()
             raise
-        return self._conn
+        self._conn = conn
+        return conn
+
+    async def _replace(self, conn: AsyncConn, deadline: float) -> AsyncConn:
+        """A connection for ``conn``, which the server closed, by ``deadline`` (the
+        loop's time); each the pool hands out instead is looked at too (after a
+        restart every idle one is closed)."""
+        pool = self._pooled.pool
+        loop = asyncio.get_running_loop()
+        while True:
+            await conn.close()
+            await pool.putconn(conn)  # discarded: the pool opens another in its place
+            conn = await pool.getconn(max(0.0, deadline - loop.time()))
+            if not closed_while_idle(conn):
+                return conn
 
     async def __aexit__(
         self,

@@ -21,7 +21,11 @@ call that *succeeded* after its bound: a cancel that reaches a commit waiting fo
 synchronous standby cancels only the wait, and PostgreSQL commits locally, warns
 ("canceling wait for synchronous replication … already committed locally") and answers
 success; the standby may never get that commit. The same warning on a call within its
-bound (another session cancelled it) is an unknown outcome too (:func:`_left_ambiguous`).
+bound (another session cancelled it) is an unknown outcome too (:func:`_left_ambiguous`),
+and so is a call whose connection was lost with no word from the server after its
+statement was sent (the server died, the network dropped: it may have committed); a
+connection the server closed while it sat in the pool is replaced before a call is sent
+on it, so that a restart does not look the same (:mod:`siglo_postgres.liveness`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from sqlalchemy.dialects import postgresql
 from siglo.errors import OutcomeUnknownError, SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo_postgres.checkout import PooledConnections
+from siglo_postgres.liveness import closed_while_idle, lost_in_flight
 from siglo_postgres.watches import SEVER_AFTER_MS, Watch, Watches
 from siglo_sql.database import Database, Executor, OnOpen, Params, Row
 
@@ -75,6 +80,10 @@ async def _execute(conn: AsyncConn, sql: str, params: Params) -> psycopg.AsyncCu
 
 
 _TUPLES_OK: Final = psycopg.pq.ExecStatus.TUPLES_OK
+
+_ENGINE_REPLACEMENTS: Final = 64
+"""How many connections an application's engine may hand out that the server closed
+(after a restart, each idle one) before a call gives up."""
 
 _Write = tuple[str, Params, "asyncio.Future[list[Row]]"]
 """A keyed write waiting to go out with others: its statement, and its caller's answer."""
@@ -211,6 +220,10 @@ class _Call:
                 raise db.timed_out(self._doing, exc) from exc
             if exc is None or isinstance(exc, Exception):
                 raise db.outcome_unknown(self._doing, exc) from exc
+        if exc is not None and lost_in_flight(exc, conn):
+            # Sent on a connection that was open (siglo_postgres.liveness), and lost
+            # without a word from the server: it may have run and committed.
+            raise db.lost_in_flight(self._doing, exc) from exc
         if ambiguous and (exc is None or isinstance(exc, Exception)):
             raise OutcomeUnknownError(
                 f"{db.dialect_name} storage {self._doing} ({db.description})",
@@ -320,17 +333,30 @@ class PostgresDatabase(Database):
     @asynccontextmanager
     async def _engine_connection(self) -> AsyncIterator[AsyncConn]:
         assert self.engine is not None
-        async with self.engine.connect() as sa_conn:
-            sa_conn = await sa_conn.execution_options(isolation_level="AUTOCOMMIT")
-            raw = await sa_conn.get_raw_connection()
-            conn = raw.driver_connection
-            assert isinstance(conn, psycopg.AsyncConnection)
-            # The application's connection: the notice handler is ours for this call only.
-            handler = self._ambiguity.watch(conn)
-            try:
-                yield conn
-            finally:
-                conn.remove_notice_handler(handler)
+        for _ in range(_ENGINE_REPLACEMENTS):
+            async with self.engine.connect() as sa_conn:
+                sa_conn = await sa_conn.execution_options(isolation_level="AUTOCOMMIT")
+                raw = await sa_conn.get_raw_connection()
+                conn = raw.driver_connection
+                assert isinstance(conn, psycopg.AsyncConnection)
+                if closed_while_idle(conn):
+                    # Closed by the server in the engine's pool (siglo_postgres.liveness):
+                    # dropped from it, and another connection taken (afresh, so that it
+                    # gets the AUTOCOMMIT above: an invalidated connection reopened in
+                    # place would not).
+                    await sa_conn.invalidate()
+                    continue
+                # The application's connection: the notice handler is ours for this call.
+                handler = self._ambiguity.watch(conn)
+                try:
+                    yield conn
+                finally:
+                    conn.remove_notice_handler(handler)
+                return
+        raise StorageAdapterError(
+            f"{self.description}: the engine handed out {_ENGINE_REPLACEMENTS} connections "
+            "in a row that the server had closed"
+        )
 
     def _connection(self) -> AbstractAsyncContextManager[AsyncConn]:
         if self._pool is not None:

@@ -145,6 +145,15 @@ class Database(abc.ABC):
             )
         )
 
+    def lost_in_flight(self, doing: str, cause: BaseException) -> OutcomeUnknownError:
+        """The error of a call whose connection was lost, without a word from the server,
+        after its statement was sent: it may or may not have taken effect."""
+        return OutcomeUnknownError(
+            f"{self.dialect_name} storage {doing} ({self.description})",
+            "the connection was lost with the call in flight, and the server may have run "
+            f"it; {type(cause).__name__}: {cause}",
+        )
+
     @property
     def bound_text(self) -> str:
         """The setting(s) that bound a call, as an error message names them."""

@@ -1,0 +1,55 @@
+"""Telling a connection the server closed while it sat idle from one lost with a call in
+flight.
+
+To psycopg both look the same: a statement sent on either fails with
+``OperationalError`` "server closed the connection unexpectedly", no SQLSTATE. But the
+first statement never reached a server (a restart, or ``idle_session_timeout``, closed
+the connection while it sat in the pool), and the second may have run and committed
+(the server died, or the network dropped, between running it and answering). siglo
+reports the second as :class:`~siglo.errors.OutcomeUnknownError` (SPEC §4: an
+acknowledgement is never a guess), so the first must not happen: a connection is
+looked at before a call is sent on it (:func:`closed_while_idle`, about a microsecond)
+and replaced if the server has closed it, or said anything unasked. A connection that
+fails with a SQLSTATE (``57P01`` "terminating connection due to administrator
+command" …) was told by the server that its session ended: its statement did not
+commit, and its failure is a plain :class:`~siglo.errors.StorageAdapterError`.
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any
+
+import psycopg
+
+__all__ = ["closed_while_idle", "lost_in_flight"]
+
+_ACTIVE = psycopg.pq.TransactionStatus.ACTIVE
+
+
+def closed_while_idle(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether ``conn``, with nothing asked of it, has something to read: the end of its
+    stream (the server closed it) or a message the server sent unasked (the
+    ``FATAL`` of a shutdown). Either way it is not fit for a call. ``False`` while a
+    command is in progress on it (another caller's reply is what there is to read)."""
+    pgconn = conn.pgconn
+    if pgconn.transaction_status == _ACTIVE:
+        return False
+    try:
+        fd = pgconn.socket
+    except psycopg.OperationalError:  # closed already
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def lost_in_flight(exc: BaseException, conn: psycopg.AsyncConnection[Any] | None) -> bool:
+    """Whether ``exc`` ended a call on ``conn`` because the connection was lost without a
+    word from the server (no SQLSTATE): what the call sent may have run."""
+    return (
+        conn is not None
+        and isinstance(exc, psycopg.OperationalError)
+        and exc.sqlstate is None
+        and conn.broken
+    )
