@@ -350,6 +350,13 @@ class PostgresDatabase(Database):
                 handler = self._ambiguity.watch(conn)
                 try:
                     yield conn
+                except BaseException:
+                    if conn.closed:
+                        # Lost under siglo's own use of the driver, which SQLAlchemy did
+                        # not see: dropped, not reset (a reset would fail, logged as an
+                        # ERROR with its traceback).
+                        await sa_conn.invalidate()
+                    raise
                 finally:
                     conn.remove_notice_handler(handler)
                 return

@@ -15,6 +15,7 @@ answered.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -149,9 +150,13 @@ async def test_a_blob_change_lost_in_flight_is_an_unknown_outcome() -> None:
             await drop_schema(POSTGRES_URL, schema)
 
 
-async def test_an_applications_engine_connections_closed_while_idle_are_not_used() -> None:
+async def test_an_applications_engine_connections_closed_while_idle_are_not_used(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The same with an application's SQLAlchemy engine: a connection of its pool that
-    the server closed is invalidated, and the engine opens another."""
+    the server closed is invalidated, and the engine opens another; one lost in flight
+    is an unknown outcome, and is dropped from the engine's pool without the failed
+    reset SQLAlchemy would log as an error."""
     require_postgres()
     from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -173,6 +178,14 @@ async def test_an_applications_engine_connections_closed_while_idle_are_not_used
                     Checkpoint(stack_id="s", revision=revision, timestamp=revision),
                     expected_revision=revision - 1,
                 )
+            caplog.set_level(logging.WARNING)
+            error = await _lost(proxy, '"revision":6', lambda: a.save_checkpoint(
+                Checkpoint(stack_id="s", revision=6, timestamp=6), expected_revision=5
+            ))  # fmt: skip
+            assert isinstance(error, OutcomeUnknownError), error
+            stored = await a.get_checkpoint("s")
+            assert stored is not None and stored.revision == 6
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         finally:
             await backend.aclose()
             await engine.dispose()
