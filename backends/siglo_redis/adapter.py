@@ -41,7 +41,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
 from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
-from siglo_redis.client import client_from_url, close_client
+from siglo_redis.client import client_for, close_client
 from siglo_redis.commands import (
     Commands,
     clamp_px,
@@ -191,8 +191,7 @@ class RedisStorageAdapter(StorageAdapter):
         self._stored: OrderedDict[str, frozenset[bytes]] = OrderedDict()
         self.keys = KeySpace(check_prefix("key_prefix", key_prefix))
         self._owns_client = isinstance(client, str)
-        if isinstance(client, str):
-            client = client_from_url(client, command_timeout_ms=command_timeout_ms)
+        client = client_for(client, command_timeout_ms=command_timeout_ms)
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
         self._index = CheckpointIndex(self._redis, client, self.keys)

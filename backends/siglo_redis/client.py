@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import warnings
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -24,6 +25,7 @@ __all__ = [
     "CLIENT_OPTIONS",
     "OPTIONS",
     "SCHEMES",
+    "client_for",
     "client_from_url",
     "close_client",
     "refuse_unknown_options",
@@ -133,6 +135,32 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
                 "use redis://host:port/0 (or no path for database 0)"
             )
     return urls.split_options(url, OPTIONS)
+
+
+def client_for(client: Any, *, command_timeout_ms: int | None) -> Any:
+    """The client a siglo class sends its commands through, given ``client``: for a URL,
+    one built here (:func:`client_from_url`); for an application's redis-py ``Redis``,
+    one of siglo's over the same connection pool (its connections, their parameters,
+    ``decode_responses``), so that a write is sent once (:mod:`siglo_redis.sent_once`:
+    with the application's own client, a write whose reply was lost raised a plain
+    error though it may have run, or was sent again under a ``Retry``); any other client
+    (a ``RedisCluster``, valkey's, a client of another shape) as it is."""
+    if isinstance(client, str):
+        return client_from_url(client, command_timeout_ms=command_timeout_ms)
+    if getattr(client, "sends_writes_once", False):
+        return client
+    # Only a redis-py client can be one (its module is loaded if so): the driver stays
+    # optional for a client of another kind.
+    driver = sys.modules.get("redis.asyncio")
+    if driver is None or not isinstance(client, driver.Redis):
+        return client
+    from redis.asyncio.client import Pipeline
+
+    from siglo_redis.sent_once import SentOnceRedis
+
+    if isinstance(client, Pipeline):
+        return client
+    return SentOnceRedis(connection_pool=client.connection_pool)
 
 
 def client_from_url(

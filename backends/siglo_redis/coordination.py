@@ -24,7 +24,7 @@ from siglo.payloads import StoredPayload
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.validation import require_ttl_ms
-from siglo_redis.client import client_from_url, close_client
+from siglo_redis.client import client_for, close_client
 from siglo_redis.commands import Commands, clamp_px, text
 from siglo_redis.keys import (
     DEFAULT_PREFIX,
@@ -66,8 +66,7 @@ class _ClientOwner(Closable):
     def __init__(self, client: Any, command_timeout_ms: int | None) -> None:
         require_ttl_ms("command_timeout_ms", command_timeout_ms, optional=True)
         self._owns_client = isinstance(client, str)
-        if isinstance(client, str):
-            client = client_from_url(client, command_timeout_ms=command_timeout_ms)
+        client = client_for(client, command_timeout_ms=command_timeout_ms)
         self.client: Any = client
         self._redis = Commands(client, command_timeout_ms=command_timeout_ms)
 

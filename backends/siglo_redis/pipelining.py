@@ -466,6 +466,8 @@ class AutoPipelinedRedisCluster(SeedKeepingRedisCluster):
     """
 
     _node_pipelines: dict[str, AutoPipeline] | None = None
+    sends_writes_once = True
+    """Its node pipelines send a write once (see the module's docstring)."""
 
     def _pipeline_for(self, node: ClusterNode) -> AutoPipeline:
         pipes = self._node_pipelines

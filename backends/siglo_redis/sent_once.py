@@ -30,6 +30,7 @@ This module imports redis-py at the top: it is only imported when a client is bu
 from __future__ import annotations
 
 import hashlib
+import select
 from collections.abc import Awaitable
 from typing import Any, Final
 
@@ -125,7 +126,17 @@ async def read_reply(connection: Any, sent: list[tuple[Any, ...]], reply: Awaita
 
 class SentOncePipeline(Pipeline):
     """A pipeline whose batch holding a write is not sent again after its connection
-    fails while the replies are read."""
+    fails while the replies are read, nor sent on a connection the server closed."""
+
+    async def _execute_pipeline(self, connection: Any, *args: Any, **kwargs: Any) -> Any:
+        if closed_by_server(connection):
+            await connection.disconnect(nowait=True)
+        return await super()._execute_pipeline(connection, *args, **kwargs)
+
+    async def _execute_transaction(self, connection: Any, *args: Any, **kwargs: Any) -> Any:
+        if closed_by_server(connection):
+            await connection.disconnect(nowait=True)
+        return await super()._execute_transaction(connection, *args, **kwargs)
 
     async def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
         # Only ever called after the batch was written.
@@ -137,9 +148,13 @@ class SentOnceRedis(redis.asyncio.Redis):
     """``redis.asyncio.Redis`` that does not send a write again once it was written
     (see the module's docstring); its :meth:`pipeline` neither."""
 
+    sends_writes_once = True
+
     async def _send_command_parse_response(
         self, conn: Any, command_name: Any, *args: Any, **options: Any
     ) -> Any:
+        if closed_by_server(conn):
+            await conn.disconnect(nowait=True)  # the send connects anew
         await conn.send_command(*args)
         return await read_reply(conn, [args], self.parse_response(conn, command_name, **options))
 
@@ -151,12 +166,28 @@ class SentOnceRedis(redis.asyncio.Redis):
 
 def closed_by_server(connection: Any) -> bool:
     """Whether the server closed ``connection`` while it sat idle (a restart, its
-    ``timeout``): its stream has ended, unread. A command written on it would be lost
-    unsent and, being sent, reported as an unknown outcome; it goes on a new connection
-    instead. (redis-py's standalone pool checks the same when it hands a connection out;
-    a cluster node's connections and siglo's auto-pipeline are not checked by it.)"""
+    ``timeout``, ``CLIENT KILL``): a command written on it would be lost unsent and,
+    being sent, reported as an unknown outcome; it goes on a new connection instead.
+
+    Called only when nothing is in flight on the connection, so anything to read means
+    it is not fit for a command: the end of its stream (or an error) that the event loop
+    has already handed to its reader, or — when the loop was busy as it came (a long
+    synchronous stretch of the application) — bytes still in the socket, which a poll
+    sees (about a microsecond). redis-py's pool looks when it hands a connection out,
+    but only at the reader, so a blocked loop fooled it.
+    """
     reader = connection._reader
-    return reader is not None and (reader.at_eof() or reader.exception() is not None)
+    if reader is None:
+        return False  # not connected: the send connects
+    if reader.at_eof() or reader.exception() is not None:
+        return True
+    writer = connection._writer
+    sock = None if writer is None else writer.transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -214,6 +245,8 @@ class SentOnceRedisCluster(SeedKeepingRedisCluster):
     """A Redis Cluster client whose writes are sent once (see the module's docstring):
     redis-py still follows ``MOVED``/``ASK`` and re-reads the topology after a failed
     connection, and still retries what was never written and every read."""
+
+    sends_writes_once = True
 
     async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
         node: Any = _SentOnceNode(target_node)

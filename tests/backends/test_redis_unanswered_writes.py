@@ -115,18 +115,24 @@ async def _check_every_write(backend: siglo.Backend, proxies: list[TcpProxy]) ->
 
     # Connections the server closed while idle (a restart, its `timeout`) are not
     # written on: each write goes on a new connection and is answered, not lost unsent
-    # and reported unknown.
-    for proxy in proxies:
-        proxy.cut()
-        proxy.restore()
-    await asyncio.sleep(0.1)  # the client's loop sees every connection end
-    _wait_for_replica_links(proxies)
-    await a.save_checkpoint(
-        Checkpoint(stack_id=stack, revision=4, timestamp=4), expected_revision=3
-    )
-    assert (await lock.acquire(f"L2-{stack}", ttl_ms=60_000)).acquired
-    assert await idem.claim(f"I2-{stack}") == "claimed"
-    assert await nonces.claim(f"N2-{stack}", 60) is True
+    # and reported unknown — whether the client's event loop saw each connection end
+    # (an await), or was busy as they ended (a blocking stretch of the application).
+    for revision, blocked in ((4, False), (5, True)):
+        for proxy in proxies:
+            proxy.cut()
+            proxy.restore()
+        _wait_for_replica_links(proxies)
+        if blocked:
+            time.sleep(0.2)  # noqa: ASYNC251 - the loop must not run: that is the case
+        else:
+            await asyncio.sleep(0.1)
+        await a.save_checkpoint(
+            Checkpoint(stack_id=stack, revision=revision, timestamp=revision),
+            expected_revision=revision - 1,
+        )
+        assert (await lock.acquire(f"L{revision}-{stack}", ttl_ms=60_000)).acquired
+        assert await idem.claim(f"I{revision}-{stack}") == "claimed"
+        assert await nonces.claim(f"N{revision}-{stack}", 60) is True
 
 
 def _wait_for_replica_links(proxies: list[TcpProxy]) -> None:
@@ -175,20 +181,29 @@ async def test_a_write_whose_reply_was_lost_is_an_unknown_outcome(
             await _check_every_write(backend, [proxy])
 
 
-async def test_a_client_passed_in_from_the_sent_once_classes_keeps_it() -> None:
-    """docs/backends/redis.md: a client of one's own keeps its retry policy; one built
-    from ``SentOnceRedis`` sends a write once, as siglo's own clients do."""
+@pytest.mark.parametrize("retries", [None, 3])
+async def test_an_applications_redis_client_sends_a_write_once_too(retries: int | None) -> None:
+    """A redis-py client the application passes in (as the seed's example does), with
+    redis-py's defaults (a lost reply: a plain error, though the write ran) or a
+    ``Retry`` (the write sent again, meeting its own effect): siglo sends through one of
+    its own clients over the application's connection pool, and the lost reply is an
+    unknown outcome. The application's client stays open and usable."""
     require_redis()
-    from siglo_redis import RedisStorageAdapter
+    import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from siglo_redis import RedisNonceStore, RedisStorageAdapter
     from siglo_redis.connect import delete_prefix
-    from siglo_redis.sent_once import SentOnceRedis
 
     host, port = REDIS_URL.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
     prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
     with tcp_proxy(host, int(port)) as proxy:
         _load_scripts([proxy])
-        client = SentOnceRedis.from_url(f"redis://{proxy.url_host}/0")
+        extra = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
+        client = redis.asyncio.Redis.from_url(f"redis://{proxy.url_host}/0", **extra)
         adapter = RedisStorageAdapter(client, key_prefix=prefix)
+        nonces = RedisNonceStore(client, key_prefix=f"{prefix}nonce:")
         try:
             await adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
             proxy.lose_reply_to(_SCRIPT)
@@ -198,9 +213,15 @@ async def test_a_client_passed_in_from_the_sent_once_classes_keeps_it() -> None:
                 )
             stored = await adapter.get_checkpoint("s")
             assert stored is not None and stored.revision == 2
+            proxy.lose_reply_to(_SET)
+            with pytest.raises(OutcomeUnknownError):
+                await nonces.claim("fresh", 60)
+            assert await nonces.claim("fresh", 60) is False  # the lost call took it
+            await adapter.aclose()
+            await nonces.aclose()
+            assert await client.ping()  # the application's, open
         finally:
             await delete_prefix(client, prefix)
-            await adapter.aclose()
             await client.aclose()
 
 
