@@ -181,13 +181,18 @@ def closed_by_server(connection: Any) -> bool:
         return False  # not connected: the send connects
     if reader.at_eof() or reader.exception() is not None:
         return True
-    writer = connection._writer
-    sock = None if writer is None else writer.transport.get_extra_info("socket")
-    if sock is None:
-        return False
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    return bool(poller.poll(0))
+    # One poller per connection, made once (half the cost of a new one each time); a
+    # reconnected connection has a new reader, and gets a new poller.
+    looked: tuple[Any, Any] | None = getattr(connection, "_siglo_poller", None)
+    if looked is None or looked[0] is not reader:
+        writer = connection._writer
+        sock = None if writer is None else writer.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        looked = connection._siglo_poller = (reader, poller)
+    return bool(looked[1].poll(0))
 
 
 async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
