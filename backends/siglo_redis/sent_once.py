@@ -18,11 +18,18 @@ command again, and siglo reports it as :class:`~siglo.errors.OutcomeUnknownError
 lost (running it twice changes nothing), and any command whose connection failed before
 it was written (a refused connect, a connection found closed).
 
+For the same reason nothing is written on a connection the server closed while it sat
+idle (a restart, its ``timeout``): sent, the command would be lost unsent and reported
+unknown. :func:`closed_by_server` looks before a command goes out on a connection with
+nothing in flight.
+
 The clients here are the plain ones (``auto_pipeline=false``) and the bases of the
-others: :class:`SentOnceRedis` (standalone and Sentinel; its pipelines too) and
-:class:`SentOnceRedisCluster`. The auto-pipeline (:mod:`siglo_redis.pipelining`) and the
-``WAIT`` clients (:mod:`siglo_redis.replication`) call :func:`unanswered` where they
-learn that a written command lost its connection.
+others: :class:`SentOnceRedis` (standalone and Sentinel; its pipelines too; and the
+client siglo sends through over the pool of an application's redis-py ``Redis``,
+:func:`siglo_redis.client.client_for`) and :class:`SentOnceRedisCluster`. The
+auto-pipeline (:mod:`siglo_redis.pipelining`) and the ``WAIT`` clients
+(:mod:`siglo_redis.replication`) call :func:`unanswered` where they learn that a
+written command lost its connection. Each carries ``sends_writes_once = True``.
 
 This module imports redis-py at the top: it is only imported when a client is built.
 """
@@ -109,7 +116,7 @@ def unanswered(args: tuple[Any, ...], exc: BaseException) -> BaseException:
     return error
 
 
-async def read_reply(connection: Any, sent: list[tuple[Any, ...]], reply: Awaitable[Any]) -> Any:
+async def _read_reply(connection: Any, sent: list[tuple[Any, ...]], reply: Awaitable[Any]) -> Any:
     """Await ``reply``, the reading of what ``connection`` was sent (the commands
     ``sent``): a connection failure then raises :class:`UnansweredWriteError` if any of
     them may write (the connection dropped), else passes as it is (retried)."""
@@ -141,7 +148,7 @@ class SentOncePipeline(Pipeline):
     async def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
         # Only ever called after the batch was written.
         reply = super().parse_response(connection, command_name, **options)
-        return await read_reply(connection, [args for args, _ in self.command_stack], reply)
+        return await _read_reply(connection, [args for args, _ in self.command_stack], reply)
 
 
 class SentOnceRedis(redis.asyncio.Redis):
@@ -156,7 +163,7 @@ class SentOnceRedis(redis.asyncio.Redis):
         if closed_by_server(conn):
             await conn.disconnect(nowait=True)  # the send connects anew
         await conn.send_command(*args)
-        return await read_reply(conn, [args], self.parse_response(conn, command_name, **options))
+        return await _read_reply(conn, [args], self.parse_response(conn, command_name, **options))
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         return SentOncePipeline(
@@ -203,7 +210,7 @@ async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, 
         if closed_by_server(connection):
             await connection.disconnect(nowait=True)  # sent on a new one
         await connection.send_packed_command(connection.pack_command(*args), False)
-        return await read_reply(
+        return await _read_reply(
             connection, [args], node.parse_response(connection, args[0], **kwargs)
         )
     finally:

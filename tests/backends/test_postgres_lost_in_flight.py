@@ -20,10 +20,9 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
-from _tcp_proxy import TcpProxy, tcp_proxy
+from _tcp_proxy import TcpProxy, proxied_url
 from sql_support import POSTGRES_URL, require_postgres
 
 import siglo
@@ -36,10 +35,8 @@ from siglo_sql.keys import row_id
 @pytest.fixture
 async def proxied() -> AsyncIterator[tuple[siglo.Backend, TcpProxy]]:
     require_postgres()
-    parts = urlsplit(POSTGRES_URL)
     schema = "siglo_test_lost_" + os.urandom(4).hex()
-    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
-        via_proxy = POSTGRES_URL.replace(parts.netloc, f"{parts.username}@{proxy.url_host}")
+    with proxied_url(POSTGRES_URL, 5432) as (via_proxy, proxy):
         backend = siglo.connect(via_proxy, schema=schema, pool_min_size=4, pool_max_size=4)
         try:
             yield backend, proxy
@@ -128,10 +125,8 @@ async def test_a_blob_change_lost_in_flight_is_an_unknown_outcome() -> None:
     require_postgres()
     from siglo_postgres.blobs import open_store
 
-    parts = urlsplit(POSTGRES_URL)
     schema = "siglo_test_lost_blobs_" + os.urandom(4).hex()
-    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
-        via_proxy = POSTGRES_URL.replace(parts.netloc, f"{parts.username}@{proxy.url_host}")
+    with proxied_url(POSTGRES_URL, 5432) as (via_proxy, proxy):
         store = open_store(f"{via_proxy}?schema={schema}")
         try:
             body = f"blob {uuid.uuid4().hex}".encode()
@@ -162,10 +157,8 @@ async def test_an_applications_engine_connections_closed_while_idle_are_not_used
 
     from siglo_postgres import connect_engine
 
-    parts = urlsplit(POSTGRES_URL)
     schema = "siglo_test_lost_engine_" + os.urandom(4).hex()
-    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
-        via_proxy = POSTGRES_URL.replace(parts.netloc, f"{parts.username}@{proxy.url_host}")
+    with proxied_url(POSTGRES_URL, 5432) as (via_proxy, proxy):
         engine = create_async_engine("postgresql+psycopg://" + via_proxy.split("://", 1)[1])
         backend = connect_engine(engine, schema=schema)
         try:

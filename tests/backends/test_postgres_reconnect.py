@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from urllib.parse import urlsplit
 
-from _tcp_proxy import tcp_proxy
+from _tcp_proxy import proxied_url
 from sql_support import POSTGRES_URL, require_postgres
 
 import siglo
@@ -31,10 +30,8 @@ OUTAGE_S = 9.0
 
 async def test_calls_succeed_within_seconds_of_the_end_of_a_long_outage() -> None:
     require_postgres()
-    parts = urlsplit(POSTGRES_URL)
     schema = "siglo_test_reconnect_" + os.urandom(4).hex()
-    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
-        via_proxy = POSTGRES_URL.replace(parts.netloc, f"{parts.username}@{proxy.url_host}")
+    with proxied_url(POSTGRES_URL, 5432) as (via_proxy, proxy):
         backend = siglo.connect(
             via_proxy,
             schema=schema,

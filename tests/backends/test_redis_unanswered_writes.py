@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from _redis_helpers import REDIS_URL, RedisServer, redis_cli, require_redis, start_cluster
-from _tcp_proxy import TcpProxy, tcp_proxy
+from _tcp_proxy import TcpProxy, proxied_url, tcp_proxy
 from ports import free_ports
 
 import siglo
@@ -170,13 +170,13 @@ async def test_a_write_whose_reply_was_lost_is_an_unknown_outcome(
     options: str, request: pytest.FixtureRequest
 ) -> None:
     if options.startswith("wait_replicas"):
-        server = f"127.0.0.1:{request.getfixturevalue('replicated').port}"
+        server = request.getfixturevalue("replicated").url
     else:
         require_redis()
-        server = REDIS_URL.split("//", 1)[1].split("/", 1)[0]
-    host, port = server.rsplit(":", 1)
-    with tcp_proxy(host, int(port)) as proxy:
-        url = f"redis://{proxy.url_host}/0?command_timeout_ms=5000&{options}"
+        server = REDIS_URL
+    with proxied_url(server, 6379) as (via_proxy, proxy):
+        separator = "&" if "?" in via_proxy else "?"
+        url = f"{via_proxy}{separator}command_timeout_ms=5000&{options}"
         async with isolated(url) as backend:
             await _check_every_write(backend, [proxy])
 
@@ -196,12 +196,11 @@ async def test_an_applications_redis_client_sends_a_write_once_too(retries: int 
     from siglo_redis import RedisNonceStore, RedisStorageAdapter
     from siglo_redis.connect import delete_prefix
 
-    host, port = REDIS_URL.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
     prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
-    with tcp_proxy(host, int(port)) as proxy:
+    with proxied_url(REDIS_URL, 6379) as (via_proxy, proxy):
         _load_scripts([proxy])
         extra = {} if retries is None else {"retry": Retry(NoBackoff(), retries)}
-        client = redis.asyncio.Redis.from_url(f"redis://{proxy.url_host}/0", **extra)
+        client = redis.asyncio.Redis.from_url(via_proxy, **extra)
         adapter = RedisStorageAdapter(client, key_prefix=prefix)
         nonces = RedisNonceStore(client, key_prefix=f"{prefix}nonce:")
         try:
@@ -234,10 +233,10 @@ async def test_a_blob_change_whose_reply_was_lost_is_an_unknown_outcome() -> Non
 
     from siglo_redis.blobs import open_store
 
-    host, port = REDIS_URL.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
     prefix = f"siglo-test-{uuid.uuid4().hex[:16]}:"
-    with tcp_proxy(host, int(port)) as proxy:
-        store = open_store(f"redis://{proxy.url_host}/0?prefix={prefix}")
+    with proxied_url(REDIS_URL, 6379) as (via_proxy, proxy):
+        separator = "&" if "?" in via_proxy else "?"
+        store = open_store(f"{via_proxy}{separator}prefix={prefix}")
         try:
             blobs = [f"blob {i} {uuid.uuid4().hex}".encode() for i in range(3)]
             digests = [hashlib.sha256(b).hexdigest() for b in blobs]

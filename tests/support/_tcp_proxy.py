@@ -22,8 +22,9 @@ import socket
 import threading
 from collections.abc import Iterator
 from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["TcpProxy", "tcp_proxy"]
+__all__ = ["TcpProxy", "proxied_url", "tcp_proxy"]
 
 
 class TcpProxy:
@@ -168,3 +169,13 @@ def tcp_proxy(host: str, port: int) -> Iterator[TcpProxy]:
     """A :class:`TcpProxy` to ``host:port``, closed afterwards."""
     with TcpProxy((host, port)) as proxy:
         yield proxy
+
+
+@contextlib.contextmanager
+def proxied_url(url: str, default_port: int) -> Iterator[tuple[str, TcpProxy]]:
+    """``url`` with its server reached through a :class:`TcpProxy` (its user, database
+    and query kept), and the proxy."""
+    parts = urlsplit(url)
+    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or default_port) as proxy:
+        user = f"{parts.username}@" if parts.username else ""
+        yield urlunsplit(parts._replace(netloc=user + proxy.url_host)), proxy
