@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from siglo_postgres.liveness import closed_while_idle
 
-__all__ = ["Checkout", "Gate", "PooledConnections"]
+__all__ = ["ASK_AGAIN_S", "Checkout", "Gate", "PooledConnections"]
 
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -107,6 +107,12 @@ class Gate:
                 )
 
 
+ASK_AGAIN_S: Final = 1.0
+"""How often a caller waiting for a connection asks the pool again (see
+:meth:`Checkout._getconn`); half the pool's round of reconnection attempts
+(``siglo_postgres.database.RECONNECT_ROUND_S``)."""
+
+
 class PooledConnections:
     """``pool``'s connections, handed out to at most ``size`` callers at a time, each
     waiting at most ``timeout_s`` for one."""
@@ -135,10 +141,9 @@ class Checkout:
         now = asyncio.get_running_loop().time()
         if deadline is None:
             deadline = now + gate.timeout_s
-        pool = self._pooled.pool
         try:
             # Waited at the gate: the pool gets what is left.
-            conn = await pool.getconn(max(0.0, deadline - now))
+            conn = await self._getconn(deadline)
             if closed_while_idle(conn):
                 # Closed by the server as it sat in the pool (a restart): a statement sent
                 # on it would fail as one lost in flight (siglo_postgres.liveness).
@@ -154,13 +159,31 @@ class Checkout:
         loop's time); each the pool hands out instead is looked at too (after a
         restart every idle one is closed)."""
         pool = self._pooled.pool
-        loop = asyncio.get_running_loop()
         while True:
             await conn.close()
             await pool.putconn(conn)  # discarded: the pool opens another in its place
-            conn = await pool.getconn(max(0.0, deadline - loop.time()))
+            conn = await self._getconn(deadline)
             if not closed_while_idle(conn):
                 return conn
+
+    async def _getconn(self, deadline: float) -> AsyncConn:
+        """A connection from the pool by ``deadline`` (the loop's time), asked for again
+        every :data:`ASK_AGAIN_S`: psycopg_pool opens a connection for a caller when it
+        asks and finds none, and after a round of failed attempts (an outage) gives up
+        on it, the caller still waiting; nothing would then open one for that caller
+        before its deadline, the server back or not (nor for the calls whose reads
+        were merged into its own)."""
+        pool = self._pooled.pool
+        loop = asyncio.get_running_loop()
+        while True:
+            left = deadline - loop.time()
+            try:
+                return await pool.getconn(max(0.0, min(left, ASK_AGAIN_S)))
+            except PoolTimeout:
+                if left <= ASK_AGAIN_S:
+                    raise PoolTimeout(
+                        f"couldn't get a connection after {self._pooled.gate.timeout_s:.2f} sec"
+                    ) from None
 
     async def __aexit__(
         self,

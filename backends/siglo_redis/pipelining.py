@@ -14,6 +14,9 @@ Semantics are those of one call at a time:
 * an error reply (``-ERR …``) fails only its own call; the stream stays in step;
 * a call cancelled (or timed out by :class:`~siglo_redis.deadlines.Deadlines`) before its
   command was written is never written; after, its reply is read and dropped;
+* a reply redis-py raises as a ``ConnectionError`` though the server answered it
+  (``-LOADING`` …: :func:`~siglo_redis.sent_once.refused`) fails only its own call, which
+  the retry policy may send again (it did not run);
 * a lost connection fails every call written on it and not yet answered: a read with
   ``redis.ConnectionError``, which the client's ``Retry`` policy (or redis-py's cluster
   retry) sends again on a new connection, a command that may write with
@@ -44,7 +47,13 @@ from redis.asyncio.retry import Retry
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
-from siglo_redis.sent_once import SentOnceRedis, closed_by_server, send_once, unanswered
+from siglo_redis.sent_once import (
+    SentOnceRedis,
+    closed_by_server,
+    refused,
+    send_once,
+    unanswered,
+)
 
 __all__ = ["AutoPipeline", "AutoPipelinedRedis", "AutoPipelinedRedisCluster"]
 
@@ -297,8 +306,17 @@ class AutoPipeline:
                 self._broken(conn, ConnectionError("the auto-pipeline was closed"))
                 raise
             except Exception as exc:
-                self._broken(conn, exc)
-                return
+                if not refused(exc):
+                    self._broken(conn, exc)
+                    return
+                # The server refused this command (-LOADING …): it did not run, and only
+                # its call fails, with what the retry policy sends again.
+                inflight.popleft()
+                _fail(entry, exc)
+                if not conn.is_connected:  # dropped after it (Sentinel's demoted master)
+                    self._broken(conn, ConnectionError("closed after a refused command"))
+                    return
+                continue
             inflight.popleft()
             future = entry.future
             if not future.done():  # a cancelled caller's reply is dropped

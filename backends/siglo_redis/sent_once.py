@@ -44,7 +44,15 @@ from typing import Any, Final
 import redis.asyncio
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterNode, PipelineCommand
-from redis.exceptions import ConnectionError, RedisError, TimeoutError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    BusyLoadingError,
+    ConnectionError,
+    ReadOnlyError,
+    RedisError,
+    TimeoutError,
+)
 
 from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
 from siglo_redis.scripts import READ_ONLY_SCRIPTS
@@ -52,6 +60,7 @@ from siglo_redis.scripts import READ_ONLY_SCRIPTS
 __all__ = [
     "READ_ONLY_COMMANDS",
     "closed_by_server",
+    "refused",
     "send_batch_once",
     "send_once",
     "SentOnceRedis",
@@ -101,11 +110,22 @@ class UnansweredWriteError(RedisError):
     outcome_unknown = True
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc``, a ``ConnectionError`` to redis-py, is in fact the server's answer
+    refusing the command, which therefore did not run: ``-LOADING`` (a restarted
+    server still loading its data), an authentication error, and a master demoted to
+    a replica (its ``-READONLY``, which redis-py's Sentinel connection raises again as
+    a ``ConnectionError``)."""
+    if isinstance(exc, BusyLoadingError | AuthenticationError | AuthorizationError):
+        return True
+    return isinstance(exc, ConnectionError) and isinstance(exc.__context__, ReadOnlyError)
+
+
 def unanswered(args: tuple[Any, ...], exc: BaseException) -> BaseException:
-    """What a call whose command ``args`` was written gets when its connection fails
-    with ``exc``: :class:`UnansweredWriteError` for a write, ``exc`` itself (retried)
-    for a read."""
-    if not is_write(args):
+    """What a call whose command ``args`` was written gets when reading its reply fails
+    with ``exc``: :class:`UnansweredWriteError` for a write, ``exc`` itself for a read
+    and for a command the server refused (:func:`refused`): retried, as before."""
+    if not is_write(args) or refused(exc):
         return exc
     name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
     error = UnansweredWriteError(

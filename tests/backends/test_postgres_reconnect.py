@@ -69,3 +69,41 @@ async def test_calls_succeed_within_seconds_of_the_end_of_a_long_outage() -> Non
         finally:
             await backend.aclose()
             await drop_schema(POSTGRES_URL, schema)
+
+
+async def test_a_call_that_waited_through_the_outage_succeeds_soon_after_it() -> None:
+    """A call that began during the outage waits for a connection, within its bound; the
+    pool gives up on its round of attempts meanwhile, and opens a connection again only
+    for a caller who asks: siglo's waiting caller asks again every second
+    (``siglo_postgres.checkout.ASK_AGAIN_S``), so it — and the loads merged into its own
+    — succeed about a second after the server is back, not at the end of the bound (a
+    black-box auditor: 8 s after a 2 s outage)."""
+    require_postgres()
+    schema = "siglo_test_reconnect_" + os.urandom(4).hex()
+    with proxied_url(POSTGRES_URL, 5432) as (via_proxy, proxy):
+        backend = siglo.connect(
+            via_proxy,
+            schema=schema,
+            connect_timeout_ms=1000,
+            command_timeout_ms=30_000,
+            pool_timeout_ms=30_000,
+        )
+        try:
+            await backend.adapter.save_checkpoint(
+                siglo.Checkpoint(stack_id="s", revision=1, timestamp=1)
+            )
+            proxy.cut()
+            waited = asyncio.ensure_future(backend.adapter.get_checkpoint("s"))
+            await asyncio.sleep(3.0)  # past a round of the pool's attempts (2 s)
+            assert not waited.done()
+            proxy.restore()
+            back = time.monotonic()
+            later = asyncio.ensure_future(backend.adapter.get_checkpoint("s"))
+            done, _ = await asyncio.wait({waited, later}, timeout=2.5)
+            assert done == {waited, later}, f"still waiting {time.monotonic() - back:.1f} s after"
+            for call in (waited, later):
+                loaded = call.result()
+                assert loaded is not None and loaded.revision == 1
+        finally:
+            await backend.aclose()
+            await drop_schema(POSTGRES_URL, schema)

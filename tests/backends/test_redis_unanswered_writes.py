@@ -22,12 +22,19 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
-from _redis_helpers import REDIS_URL, RedisServer, redis_cli, require_redis, start_cluster
+from _redis_helpers import (
+    REDIS_URL,
+    RedisServer,
+    SentinelGroup,
+    redis_cli,
+    require_redis,
+    start_cluster,
+)
 from _tcp_proxy import TcpProxy, proxied_url, tcp_proxy
 from ports import free_ports
 
 import siglo
-from siglo import Checkpoint, CheckpointConflictError, OutcomeUnknownError
+from siglo import Checkpoint, CheckpointConflictError, OutcomeUnknownError, StorageAdapterError
 from siglo.records import WaitRecord
 from siglo_redis import isolated, scripts
 
@@ -222,6 +229,76 @@ async def test_an_applications_redis_client_sends_a_write_once_too(retries: int 
         finally:
             await delete_prefix(client, prefix)
             await client.aclose()
+
+
+@pytest.mark.parametrize("options", ["", "?auto_pipeline=false"])
+async def test_a_write_refused_while_the_server_loads_is_a_plain_failure(options: str) -> None:
+    """redis-py raises a ``-LOADING`` reply (a restarted server still loading its data) as
+    a ``ConnectionError``; the server answered, and did not run the command: a plain
+    ``StorageAdapterError`` (after the client's quick retries), never an unknown outcome
+    (a black-box auditor: every write of an AOF load reported unknown)."""
+    import redis
+
+    (port,) = free_ports(30600, 30700, 1)
+    server = RedisServer(port).start()
+    try:
+        async with isolated(server.url + options) as backend:
+            a = backend.adapter
+            await a.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+            with redis.Redis(port=port) as raw:
+                with raw.pipeline(transaction=False) as pipe:
+                    for i in range(20_000):
+                        pipe.set(f"filler:{i}", "x" * 16)
+                    pipe.execute()
+                raw.save()
+            server.halt()
+            # Loading takes 20,000 x 100 us = 2 s, answering -LOADING meanwhile.
+            server.extra = (
+                "--key-load-delay", "100", "--loading-process-events-interval-bytes", "1024",
+            )  # fmt: skip
+            server.start()
+            with pytest.raises(StorageAdapterError) as err:
+                await a.save_checkpoint(
+                    Checkpoint(stack_id="s", revision=2, timestamp=2), expected_revision=1
+                )
+            assert not isinstance(err.value, OutcomeUnknownError), err.value
+            assert "LOADING" in str(err.value) or "loading" in str(err.value)
+            deadline = time.monotonic() + 30
+            while True:  # loaded: the same save, sent again, is stored (it had not run)
+                try:
+                    await a.save_checkpoint(
+                        Checkpoint(stack_id="s", revision=2, timestamp=2), expected_revision=1
+                    )
+                    break
+                except StorageAdapterError:
+                    assert time.monotonic() < deadline, "the server never finished loading"
+                    await asyncio.sleep(0.2)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("options", ["", "?auto_pipeline=false"])
+async def test_a_write_a_demoted_master_refused_is_a_plain_failure(options: str) -> None:
+    """Through Sentinel, a master demoted to a replica answers a write ``-READONLY``, which
+    redis-py's Sentinel connection raises again as a ``ConnectionError``: the write did
+    not run, and its failure is a plain ``StorageAdapterError``, not an unknown outcome."""
+    group = SentinelGroup(free_ports(30600, 30700, 5)).start()
+    try:
+        async with isolated(group.url + options) as backend:
+            a = backend.adapter
+            await a.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+            # Demoted behind the Sentinels' back: they still name it the master.
+            redis_cli(group.master.port, "replicaof", "127.0.0.1", str(group.replica.port))
+            with pytest.raises(StorageAdapterError) as err:
+                await a.save_checkpoint(
+                    Checkpoint(stack_id="s", revision=2, timestamp=2), expected_revision=1
+                )
+            assert not isinstance(err.value, OutcomeUnknownError), err.value
+            redis_cli(group.master.port, "replicaof", "no", "one")
+            stored = await a.get_checkpoint("s")
+            assert stored is not None and stored.revision == 1
+    finally:
+        group.stop()
 
 
 async def test_a_blob_change_whose_reply_was_lost_is_an_unknown_outcome() -> None:
