@@ -93,7 +93,8 @@ _SCRIPT_CALLS: Final = frozenset({b"EVALSHA", b"EVAL"})
 def is_write(args: tuple[Any, ...]) -> bool:
     """Whether the command ``args`` may change what is stored."""
     name = args[0]
-    command = (name if isinstance(name, bytes) else str(name).encode()).upper()
+    # redis-py names some commands with their subcommand ("SCRIPT LOAD").
+    command = (name if isinstance(name, bytes) else str(name).encode()).upper().split(b" ")[0]
     if command in _SCRIPT_CALLS and len(args) > 1:
         body = args[1] if isinstance(args[1], bytes) else str(args[1]).encode()
         # EVALSHA names the script by its SHA-1; EVAL (after a NOSCRIPT) sends it whole.

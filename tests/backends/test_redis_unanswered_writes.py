@@ -421,3 +421,17 @@ async def test_every_client_siglo_builds_sends_a_write_once(shape: str, options:
             assert isinstance(client, SentOnceRedis | SentOnceRedisCluster), type(client)
     finally:
         await close_client(client)
+
+
+def test_what_counts_as_a_write() -> None:
+    """Only a write is kept from being sent again: every command siglo reads with is not
+    one (its read-only scripts by their SHA-1, sent as EVALSHA or whole as EVAL), and a
+    command redis-py names with its subcommand is read by its first word."""
+    from siglo_redis.sent_once import is_write
+
+    for script in vars(scripts).values():
+        if isinstance(script, scripts.Script):
+            for args in (("EVALSHA", script.sha, 1, "k"), (b"EVAL", script.source.encode(), 0)):
+                assert is_write(args) is not script.read_only, (script.name, args[0])
+    assert not any(is_write((c, "k")) for c in ("GET", b"hgetall", "ZRANGE", "SCRIPT LOAD"))
+    assert all(is_write((c, "k")) for c in ("SET", b"DEL", "ZADD", "hset", "UNLINK"))
