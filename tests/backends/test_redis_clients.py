@@ -204,3 +204,33 @@ async def test_isolated_removes_every_key_however_many() -> None:
         assert [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)] == []
     finally:
         await client.aclose()
+
+
+async def test_a_passed_client_that_decodes_replies_works_and_keeps_its_settings(
+    redis_backend: siglo.Backend,
+) -> None:
+    """siglo sends through its own client over a passed redis-py client's pool
+    (docs/backends/redis.md): the pool's settings, ``decode_responses`` here, are the
+    application's, and siglo reads its replies either way; the client is left as it was."""
+    import redis.asyncio
+
+    from siglo_redis.sent_once import SentOnceRedis
+
+    client = redis.asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    prefix = redis_backend.adapter.keys.prefix  # type: ignore[attr-defined]
+    try:
+        async with siglo.connect(REDIS_URL, client=client, prefix=prefix) as backend:
+            assert isinstance(backend.adapter.client, SentOnceRedis)  # type: ignore[attr-defined]
+            assert backend.adapter.client.connection_pool is client.connection_pool  # type: ignore[attr-defined]
+            a, lock, nonces = backend.adapter, backend.lock, backend.nonces
+            assert lock is not None and nonces is not None
+            await a.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+            loaded = await a.get_checkpoint("s")
+            assert loaded is not None and loaded.revision == 1
+            await a.set_cached_step("k", {"v": "é"})
+            assert await a.get_cached_step("k") == {"v": "é"}
+            assert (await lock.acquire("L")).acquired
+            assert await nonces.claim("n", 60) is True
+        assert isinstance(await client.get(f"{prefix}checkpoint:s"), str)  # still decodes
+    finally:
+        await client.aclose()
