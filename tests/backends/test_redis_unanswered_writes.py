@@ -29,6 +29,7 @@ from _redis_helpers import (
     redis_cli,
     require_redis,
     start_cluster,
+    wait_for_replica_links,
 )
 from _tcp_proxy import TcpProxy, proxied_url, tcp_proxy
 from ports import free_ports
@@ -128,7 +129,7 @@ async def _check_every_write(backend: siglo.Backend, proxies: list[TcpProxy]) ->
         for proxy in proxies:
             proxy.cut()
             proxy.restore()
-        _wait_for_replica_links(proxies)
+        wait_for_replica_links([proxy.upstream[1] for proxy in proxies])
         if blocked:
             time.sleep(0.2)  # noqa: ASYNC251 - the loop must not run: that is the case
         else:
@@ -142,16 +143,6 @@ async def _check_every_write(backend: siglo.Backend, proxies: list[TcpProxy]) ->
         assert await nonces.claim(f"N{revision}-{stack}", 60) is True
 
 
-def _wait_for_replica_links(proxies: list[TcpProxy]) -> None:
-    """Until every replica behind ``proxies`` is linked to its master again."""
-    deadline = time.monotonic() + 20
-    for proxy in proxies:
-        port = proxy.upstream[1]
-        while "master_link_status:down" in redis_cli(port, "info", "replication"):
-            assert time.monotonic() < deadline, f"the replica on {port} did not relink"
-            time.sleep(0.05)
-
-
 @pytest.fixture
 def replicated() -> Iterator[RedisServer]:
     """A server of our own with one replica (for ``wait_replicas=1``)."""
@@ -161,10 +152,7 @@ def replicated() -> Iterator[RedisServer]:
     replica = RedisServer(replica_port, "--replicaof", "127.0.0.1", str(master_port))
     try:
         replica.start()
-        deadline = time.monotonic() + 20
-        while "master_link_status:up" not in redis_cli(replica_port, "info", "replication"):
-            assert time.monotonic() < deadline, "the replica did not sync"
-            time.sleep(0.05)
+        wait_for_replica_links([replica_port], replicas=1)
         yield master
     finally:
         replica.stop()
@@ -350,13 +338,7 @@ def _proxied_cluster() -> Iterator[list[TcpProxy]]:
                 ports[:6], ports[6:], replicas=1, announce_ports=[p.port for p in proxies]
             )
         )
-        deadline = time.monotonic() + 30
-        while True:
-            links = [redis_cli(s.port, "info", "replication") for s in servers]
-            if sum("master_link_status:up" in link for link in links) == 3:
-                break
-            assert time.monotonic() < deadline, f"replicas did not sync: {links}"
-            time.sleep(0.1)
+        wait_for_replica_links([server.port for server in servers], replicas=3)
         yield proxies
 
 

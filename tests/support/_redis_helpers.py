@@ -253,6 +253,21 @@ def redis_cli(port: int, *command: str) -> str:
     ).stdout
 
 
+def wait_for_replica_links(ports: list[int], replicas: int | None = None) -> None:
+    """Until every replica among the servers on ``ports`` is linked to its master (and,
+    with ``replicas``, that many of them are replicas), at most 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        infos = [redis_cli(port, "info", "replication") for port in ports]
+        linked = [i for i in infos if "role:slave" in i and "master_link_status:up" in i]
+        if len(linked) == sum("role:slave" in i for i in infos) and (
+            replicas is None or len(linked) == replicas
+        ):
+            return
+        assert time.monotonic() < deadline, f"replicas not linked: {infos}"
+        time.sleep(0.05)
+
+
 class SentinelGroup:
     """1 master, ``replicas`` replicas and 3 Sentinels on loopback ports, for
     ``service`` (``ports``: the master's, the replicas', the Sentinels')."""
