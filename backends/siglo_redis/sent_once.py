@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import select
-from collections.abc import Awaitable
+from collections.abc import Iterable
 from typing import Any, Final
 
 import redis.asyncio
@@ -137,19 +137,18 @@ def unanswered(args: tuple[Any, ...], exc: BaseException) -> BaseException:
     return error
 
 
-async def _read_reply(connection: Any, sent: list[tuple[Any, ...]], reply: Awaitable[Any]) -> Any:
-    """Await ``reply``, the reading of what ``connection`` was sent (the commands
-    ``sent``): a connection failure then raises :class:`UnansweredWriteError` if any of
-    them may write (the connection dropped), else passes as it is (retried)."""
-    try:
-        return await reply
-    except (ConnectionError, TimeoutError) as exc:
-        for args in sent:
-            failure = unanswered(args, exc)
-            if failure is not exc:
-                await connection.disconnect(nowait=True)
-                raise failure from exc
-        raise
+async def _raise_if_a_write(
+    connection: Any, sent: Iterable[tuple[Any, ...]], exc: ConnectionError | TimeoutError
+) -> None:
+    """After reading the reply to the commands ``sent`` on ``connection`` failed with
+    ``exc``: :class:`UnansweredWriteError` if any of them may write (the connection
+    dropped); else nothing, and the caller raises ``exc`` (retried). Only on that
+    failure: the reading itself goes unwrapped."""
+    for args in sent:
+        failure = unanswered(args, exc)
+        if failure is not exc:
+            await connection.disconnect(nowait=True)
+            raise failure from exc
 
 
 class SentOncePipeline(Pipeline):
@@ -168,8 +167,11 @@ class SentOncePipeline(Pipeline):
 
     async def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
         # Only ever called after the batch was written.
-        reply = super().parse_response(connection, command_name, **options)
-        return await _read_reply(connection, [args for args, _ in self.command_stack], reply)
+        try:
+            return await super().parse_response(connection, command_name, **options)
+        except (ConnectionError, TimeoutError) as exc:
+            await _raise_if_a_write(connection, (args for args, _ in self.command_stack), exc)
+            raise
 
 
 class SentOnceRedis(redis.asyncio.Redis):
@@ -184,7 +186,11 @@ class SentOnceRedis(redis.asyncio.Redis):
         if closed_by_server(conn):
             await conn.disconnect(nowait=True)  # the send connects anew
         await conn.send_command(*args)
-        return await _read_reply(conn, [args], self.parse_response(conn, command_name, **options))
+        try:
+            return await self.parse_response(conn, command_name, **options)
+        except (ConnectionError, TimeoutError) as exc:
+            await _raise_if_a_write(conn, (args,), exc)
+            raise
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         return SentOncePipeline(
@@ -231,9 +237,11 @@ async def send_once(node: ClusterNode, args: tuple[Any, ...], kwargs: dict[str, 
         if closed_by_server(connection):
             await connection.disconnect(nowait=True)  # sent on a new one
         await connection.send_packed_command(connection.pack_command(*args), False)
-        return await _read_reply(
-            connection, [args], node.parse_response(connection, args[0], **kwargs)
-        )
+        try:
+            return await node.parse_response(connection, args[0], **kwargs)
+        except (ConnectionError, TimeoutError) as exc:
+            await _raise_if_a_write(connection, (args,), exc)
+            raise
     finally:
         node.release(connection)
 
