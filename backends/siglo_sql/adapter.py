@@ -56,6 +56,7 @@ from siglo_sql.parts import (
     DEFAULT_INCREMENTAL_MIN_BYTES,
     DIGEST_BYTES,
     BodyCache,
+    SameLengthRows,
     Split,
     assemble,
     split,
@@ -158,6 +159,9 @@ class SqlStorageAdapter(StorageAdapter):
         self.incremental_min_bytes = incremental_min_bytes
         self._bodies = BodyCache()
         """The context bodies this adapter saved last, so unchanged ones are not hashed."""
+        self._same_length = SameLengthRows()
+        """SQLite: the lengths of the large documents this adapter saved, by row, which
+        decide whether a row that keeps its length is saved whole (:meth:`_in_parts`)."""
         self._versions: dict[bytes, tuple[str, frozenset[bytes]]] = {}
         """By checkpoint row id, the version of the row this adapter saved or loaded last
         (stored in parts, on PostgreSQL: its ``xmin``) and the digests of its parts,
@@ -249,6 +253,7 @@ class SqlStorageAdapter(StorageAdapter):
             row, key = await self._row(
                 checkpoint, expected_revision, self.clock.now_ms(), tokens=False
             )
+            self._note_length(row)
             await self._save_in_parts(checkpoint, row, key, release)
             return
         await self._save_together(checkpoint, (), expected_revision, release, None)
@@ -294,6 +299,7 @@ class SqlStorageAdapter(StorageAdapter):
         now = self.clock.now_ms()
         s = self._s
         row, key = await self._row(checkpoint, expected_revision, now)
+        self._note_length(row)
         # The checkpoint's row first, then the context rows, the cache entry's and the
         # lock's: the order PostgreSQL takes them in for WITH ctx AS (…) UPDATE (the
         # main statement's row, then the CTE's), so that two concurrent saves of a stack
@@ -390,9 +396,25 @@ class SqlStorageAdapter(StorageAdapter):
         self._token_triggers = True
 
     def _in_parts(self, checkpoint: Checkpoint) -> bool:
-        """Whether ``checkpoint`` is saved incrementally (its document is large enough)."""
+        """Whether ``checkpoint`` is saved incrementally: its document is large enough,
+        and on SQLite its row does not keep its length (:class:`SameLengthRows`)."""
         least = self.incremental_min_bytes
-        return least is not None and len(checkpoint.to_json()) >= least
+        length = len(checkpoint.to_json())
+        if least is None or length < least:
+            return False
+        if self._s.parts_replace is None:  # not SQLite
+            return True
+        return not self._same_length.whole(
+            row_id(checkpoint.namespace or "", checkpoint.stack_id), length
+        )
+
+    def _note_length(self, row: dict[str, Any]) -> None:
+        """SQLite: note the save of ``row`` for :class:`SameLengthRows` (a document long
+        enough to be saved in parts; a shorter one is always whole)."""
+        least = self.incremental_min_bytes
+        length = len(row["document"])
+        if self._s.parts_replace is not None and least is not None and length >= least:
+            self._same_length.saved(row["id"], length)
 
     async def _save_in_parts(
         self, checkpoint: Checkpoint, row: dict[str, Any], save: str, release: Hold | None

@@ -22,7 +22,15 @@ from siglo.locking import run_with_lock, workflow_lock_key
 from siglo.pipeline import Pipeline, pipeline_adapter
 from siglo.sealing import SEALED_KEY
 from siglo_sql.adapter import SqlStorageAdapter
-from siglo_sql.parts import DEFAULT_INCREMENTAL_MIN_BYTES, assemble, split
+from siglo_sql.parts import (
+    DEFAULT_INCREMENTAL_MIN_BYTES,
+    IN_PLACE_MAX_BYTES,
+    MOST_CHANGES,
+    WINDOW,
+    SameLengthRows,
+    assemble,
+    split,
+)
 
 pytestmark = pytest.mark.rule("checkpoint.incremental")
 KINDS = pytest.mark.parametrize("kind", SHARED_KINDS)
@@ -179,6 +187,13 @@ async def test_a_save_of_the_version_it_loaded_is_one_statement_on_postgres() ->
         assert calls == {"write": 1, "run_plan": 0}
 
 
+def _parts_only(a: Any) -> None:
+    """``a`` saves every large document in parts, whatever its length does: its
+    :class:`SameLengthRows` remembers no save (SQLite would otherwise save a row that
+    keeps its length whole from its fourth save, and these tests are of the parts)."""
+    a._same_length = SameLengthRows(max_rows=0)
+
+
 def _record_plans(a: Any) -> list[str]:
     """The first word of each statement of ``a``'s transactions, as they run."""
     sent: list[str] = []
@@ -216,6 +231,7 @@ async def test_a_save_in_parts_is_three_statements_on_sqlite() -> None:
     # new bodies and one DELETE of the dropped ones, whatever their number.
     async with open_backend("sqlite-file") as backend:
         a: Any = backend.raw_adapter
+        _parts_only(a)
         await a.save_checkpoint(_doc(1, 8))
         sent = _record_plans(a)
         # step-3 changed to a body of another length, step-8 and step-9 added
@@ -231,6 +247,7 @@ async def test_a_context_changed_to_one_as_long_is_written_over_its_row_on_sqlit
     # save) is written over the row of the one it drops: one UPDATE each, no DELETE.
     async with open_backend("sqlite-file") as backend:
         a: Any = backend.raw_adapter
+        _parts_only(a)
         await a.save_checkpoint(_doc(1, 8))
         sent = _record_plans(a)
         mine = _doc(2, 9, changed=3)  # step-3 changed (as long), step-8 added
@@ -256,6 +273,7 @@ async def test_a_body_two_steps_shared_is_written_over_once_on_sqlite() -> None:
         same = {"output": "s" * 12_000}
         first = _doc(1, 6)
         first = first.replace(contexts={**first.contexts, "step-1": same, "step-2": same})
+        _parts_only(a)
         await a.save_checkpoint(first)
         sent = _record_plans(a)
         saves = [
@@ -288,6 +306,115 @@ async def test_a_body_two_steps_shared_is_written_over_once_on_sqlite() -> None:
             assert sent == statements, changes
             assert await _digests(backend) == set(split(mine).bodies)
             await _loads_everywhere(backend, mine)
+
+
+async def _layout(backend: siglo.Backend, mine: Checkpoint) -> str:
+    """How the row of ``mine`` is stored: ``"whole"`` (no parts list, no parts rows) or
+    ``"parts"`` (exactly the bodies of its contexts)."""
+    rows = await _rows(backend, "SELECT parts FROM {p}checkpoints")
+    if rows[0][0] is None:
+        assert await _digests(backend) == set()
+        return "whole"
+    assert await _digests(backend) == set(split(mine).bodies)
+    return "parts"
+
+
+@KINDS
+async def test_a_row_that_keeps_its_length_is_saved_whole_on_sqlite(kind: str) -> None:
+    # SQLite writes a row of unchanged length over the old one, rewriting only the pages
+    # whose bytes differ: a row whose saves keep its length is saved whole from its
+    # fourth save, and goes back to parts once its length changes more often than
+    # MOST_CHANGES in WINDOW saves. PostgreSQL rewrites a row whole whatever its length:
+    # parts throughout.
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        sqlite = a._s.parts_replace is not None
+        await a.save_checkpoint(_doc(1, 8))
+        layouts = []
+        for revision in range(2, 8):  # one context replaced by one as long
+            mine = _doc(revision, 8, changed=revision)
+            await a.save_checkpoint(mine, expected_revision=revision - 1)
+            layouts.append(await _layout(backend, mine))
+            await _loads_everywhere(backend, mine)
+        assert layouts == (["parts"] * 2 + ["whole"] * 4 if sqlite else ["parts"] * 6)
+        # Another process (its own memory) loads the row and saves it as long: in parts.
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        loaded = await other.get_checkpoint("run")
+        assert loaded is not None and loaded.to_json() == mine.to_json()
+        theirs = _doc(8, 8, changed=3)
+        await other.save_checkpoint(theirs, expected_revision=7)
+        assert await _layout(backend, theirs) == "parts"
+        await _loads_everywhere(backend, theirs)
+        # This one saves it whole again: its saves kept the length.
+        mine = _doc(9, 8, changed=4)
+        await a.save_checkpoint(mine, expected_revision=8)
+        assert await _layout(backend, mine) == ("whole" if sqlite else "parts")
+        await _loads_everywhere(backend, mine)
+        layouts.clear()
+        for revision in range(10, 13):  # step-1 grows each save
+            mine = _doc(revision, 8, changed=1, longer=revision)
+            await a.save_checkpoint(mine, expected_revision=revision - 1)
+            layouts.append(await _layout(backend, mine))
+            await _loads_everywhere(backend, mine)
+        assert layouts == (["whole"] * MOST_CHANGES + ["parts"] if sqlite else ["parts"] * 3)
+
+
+async def test_a_row_longer_than_in_place_max_bytes_stays_in_parts_on_sqlite() -> None:
+    async with open_backend("sqlite-file") as backend:
+        a: Any = backend.raw_adapter
+        steps = IN_PLACE_MAX_BYTES // 12_000 + 1
+        await a.save_checkpoint(_doc(1, steps))
+        for revision in range(2, 8):
+            mine = _doc(revision, steps, changed=revision)
+            assert len(mine.to_json()) > IN_PLACE_MAX_BYTES
+            await a.save_checkpoint(mine, expected_revision=revision - 1)
+            assert await _layout(backend, mine) == "parts"
+        await _loads_everywhere(backend, mine)
+
+
+def test_same_length_rows_decides_by_the_last_window_of_saves() -> None:
+    rows = SameLengthRows()
+    key, n = b"k", 100_000
+    decided = []
+    for _ in range(6):
+        decided.append(rows.whole(key, n))
+        rows.saved(key, n)
+    assert decided == [False, False, False, True, True, True]
+    # Length changes: whole while the window holds at most MOST_CHANGES of them (the
+    # save being decided among them).
+    decided.clear()
+    for i in range(1, MOST_CHANGES + 2):
+        decided.append(rows.whole(key, n + i))
+        rows.saved(key, n + i)
+    assert decided == [True] * MOST_CHANGES + [False]
+    # Back to n: four changes in the window (n+1, n+2, n+3, n), whole again once two
+    # of them have left it (WINDOW 8, MOST_CHANGES 2).
+    assert (WINDOW, MOST_CHANGES) == (8, 2)
+    decided.clear()
+    for _ in range(WINDOW):
+        decided.append(rows.whole(key, n))
+        rows.saved(key, n)
+    assert decided == [False] * 6 + [True] * 2
+    # Never above IN_PLACE_MAX_BYTES; never for a row it has not seen.
+    long = IN_PLACE_MAX_BYTES + 1
+    for _ in range(4):
+        rows.saved(b"long", long)
+    assert rows.whole(b"long", long) is False
+    assert rows.whole(b"unseen", n) is False
+
+
+def test_same_length_rows_forgets_the_least_recently_saved() -> None:
+    rows = SameLengthRows(max_rows=2)
+    for _ in range(3):
+        for key in (b"a", b"b"):
+            rows.saved(key, 100_000)
+    assert rows.whole(b"a", 100_000) and rows.whole(b"b", 100_000)
+    rows.saved(b"c", 100_000)  # a, saved least recently, is forgotten
+    assert not rows.whole(b"a", 100_000) and rows.whole(b"b", 100_000)
+    nothing = SameLengthRows(max_rows=0)
+    for _ in range(5):
+        nothing.saved(b"a", 100_000)
+    assert not nothing.whole(b"a", 100_000)
 
 
 @KINDS
@@ -624,6 +751,7 @@ async def test_with_encryption_an_unchanged_context_is_not_written_again(kind: s
     # rows on PostgreSQL instead of 28). Sealed, an unchanged context keeps its bytes.
     async with open_backend(kind) as backend:
         raw: Any = backend.raw_adapter
+        _parts_only(raw)
         a = _encrypting(raw)
         await a.save_checkpoint(_doc(1, 8))
         first = await _digests(backend)
