@@ -200,7 +200,10 @@ def test_a_worker_given_a_missing_database_creates_nothing(tmp_path: Path) -> No
                 manager = siglo.StorageManager(backend)
                 with contextlib.suppress(WorkflowSuspended):
                     await orders.run(1, manager=manager, stack_id="order-1")
-                for _ in range(200):  # the worker fires the 50 ms timeout
+                # The worker fires the 50 ms timeout once it has found the store; on a
+                # busy machine its polls and its start take seconds: a minute is allowed.
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
                     checkpoint = await backend.adapter.get_checkpoint("order-1")
                     if checkpoint is not None and checkpoint.status == "completed":
                         return
