@@ -175,11 +175,25 @@ class KeyedReads:
                     for row in rows:
                         grouped.setdefault(bytes(row[0]), []).append(tuple(row[1:]))
                     found = {key: self._fold(group) for key, group in grouped.items()}
-                for key, futures in batch.items():
+                # At most answers_per_turn callers resume in one turn of the loop
+                # (Database.answers_per_turn); the rest wait a turn each such group.
+                per_turn = self._db.answers_per_turn
+                answered = 0
+                turns = 0
+                for key in list(batch):
+                    if per_turn is not None and answered >= per_turn:
+                        await asyncio.sleep(0)
+                        answered = 0
+                        turns += 1
                     value = found.get(key)
-                    for future in futures:
+                    for future in batch.pop(key):
                         if not future.done():
                             future.set_result(value)
+                            answered += 1
+                if turns:
+                    # The callers answered last resume in the next turn, and most ask
+                    # again at once: the next batch waits for them, as for the rest.
+                    await asyncio.sleep(0)
         finally:
             self._running = False
             self._drainer = None

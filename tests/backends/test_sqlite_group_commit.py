@@ -353,3 +353,84 @@ async def test_a_batch_cancelled_before_it_ran_lets_the_line_go_on(
     got = await adapter.get_checkpoint("s")
     assert got is not None and got.revision == 1
     await adapter.save_checkpoint(cp(2), expected_revision=1)
+
+
+def _turns() -> tuple[list[int], asyncio.Handle]:
+    """A counter of the event loop's turns (``[n]``), and the handle that advances it."""
+    loop = asyncio.get_running_loop()
+    count = [0]
+    handle: list[asyncio.Handle] = []
+
+    def tick() -> None:
+        count[0] += 1
+        handle[0] = loop.call_soon(tick)
+
+    handle.append(loop.call_soon(tick))
+    return count, handle[0]
+
+
+def _at_most_per_turn(resumed: list[int]) -> int:
+    """The most callers that resumed in one turn of the loop."""
+    return max(resumed.count(turn) for turn in set(resumed))
+
+
+async def test_a_batch_answers_its_callers_a_few_a_turn(backend: siglo.Backend) -> None:
+    """A batch of 31 saves commits once, then answers ANSWERS_PER_TURN callers a turn
+    of the loop: each resumes in the turn after its answer, and 31 at once made one turn
+    of their work, which a sleeping coroutine waited for (issue 36's loop lag)."""
+    adapter: Any = backend.adapter
+    trace = traced(backend)
+    count, _ = _turns()
+    resumed: list[int] = []
+
+    async def save(i: int) -> None:
+        await adapter.save_checkpoint(cp(1, f"s{i}"))
+        resumed.append(count[0])
+
+    await asyncio.gather(*(save(i) for i in range(32)))
+    assert kinds(trace) == ["WRITE", "BEGIN", *["WRITE"] * 31, "COMMIT"], kinds(trace)
+    batched = resumed[1:]  # the first wrote alone, at once
+    assert _at_most_per_turn(batched) == sqlite_database.ANSWERS_PER_TURN == 8
+    assert len(set(batched)) == 4
+    for i in range(32):
+        got = await adapter.get_checkpoint(f"s{i}")
+        assert got is not None and got.revision == 1
+
+
+async def test_coalesced_loads_are_answered_a_few_a_turn(backend: siglo.Backend) -> None:
+    """31 loads queued behind a running one share one statement, and are answered
+    ANSWERS_PER_TURN a turn, each with its own checkpoint."""
+    adapter: Any = backend.adapter
+    for i in range(32):
+        await adapter.save_checkpoint(cp(i + 1, f"s{i}"))
+    count, _ = _turns()
+    resumed: list[int] = []
+
+    async def load(i: int) -> None:
+        got = await adapter.get_checkpoint(f"s{i}")
+        assert got is not None and got.revision == i + 1
+        resumed.append(count[0])
+
+    await asyncio.gather(*(load(i) for i in range(32)))
+    assert len(resumed) == 32
+    assert _at_most_per_turn(resumed) <= sqlite_database.ANSWERS_PER_TURN
+    assert len(set(resumed)) >= 4
+
+
+async def test_a_batch_cancelled_while_answering_answers_the_rest() -> None:
+    """What committed is never reported otherwise: cancelled between its turns,
+    answer_in_turns answers every caller left before it stops."""
+    from siglo_sqlite.group_commit import Entry, answer_in_turns
+
+    loop = asyncio.get_running_loop()
+    entries = [Entry("", {}, None, 0.0, loop.create_future()) for _ in range(20)]
+    answering = asyncio.ensure_future(
+        answer_in_turns([(e, [(i,)], None) for i, e in enumerate(entries)])
+    )
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert 0 < sum(e.future.done() for e in entries) < 20
+    answering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await answering
+    assert [e.future.result() for e in entries] == [[(i,)] for i in range(20)]
