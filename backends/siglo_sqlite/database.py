@@ -546,10 +546,10 @@ class SqliteDatabase(Database):
                 await wal.answered()
             if self._driver.lock.locked():
                 break
-            answered: list[tuple[Entry, list[Row] | None, Exception | None]] = []
+            answered: list[tuple[Entry, list[Row] | None, BaseException | None]] = []
             ran = self._commit_group(writer, wal, entries, first, answered)
             if ran is not None:
-                await answer_in_turns(answered)
+                await answer_in_turns(answered, self.answers_per_turn)
                 return ran
             if not wal.under_way():
                 break
@@ -580,7 +580,7 @@ class SqliteDatabase(Database):
         wal: WalCheckpoints,
         entries: list[Entry],
         first: int,
-        answered: list[tuple[Entry, list[Row] | None, Exception | None]],
+        answered: list[tuple[Entry, list[Row] | None, BaseException | None]],
     ) -> int | None:
         """Run ``entries[first:]`` on the writer in one transaction until the budget is
         spent, and add their answers to ``answered`` once it committed (a failed commit
@@ -660,11 +660,15 @@ class SqliteDatabase(Database):
             return len(entries)
         if answers is None:
             return None
-        for entry, (rows, failed) in zip(entries[first:], answers, strict=True):
-            if failed is not None:
-                settle(entry, None, self.wrap(failed, "running a statement"))
-            else:
-                settle(entry, rows)
+        await answer_in_turns(
+            [
+                (entry, None, self.wrap(failed, "running a statement"))
+                if failed is not None
+                else (entry, rows, None)
+                for entry, (rows, failed) in zip(entries[first:], answers, strict=True)
+            ],
+            self.answers_per_turn,
+        )
         return len(entries)
 
     def _commit_one(

@@ -434,3 +434,29 @@ async def test_a_batch_cancelled_while_answering_answers_the_rest() -> None:
     with pytest.raises(asyncio.CancelledError):
         await answering
     assert [e.future.result() for e in entries] == [[(i,)] for i in range(20)]
+
+
+async def test_at_full_a_syncing_commit_answers_a_few_a_turn(tmp_path: Path) -> None:
+    """The syncing commit on the backend's thread answers its callers ANSWERS_PER_TURN a
+    turn of the loop too, each with its own outcome."""
+    async with siglo.connect(f"sqlite:///{tmp_path}/f.db?synchronous=FULL") as backend:
+        adapter: Any = backend.adapter
+        await adapter.open()
+        await adapter.save_checkpoint(cp(1, "taken"), expected_revision=0)
+        count, _ = _turns()
+        resumed: list[int] = []
+
+        async def save(stack: str) -> BaseException | None:
+            try:
+                await adapter.save_checkpoint(cp(1, stack), expected_revision=0)
+            except siglo.CheckpointConflictError as exc:
+                return exc
+            finally:
+                resumed.append(count[0])
+            return None
+
+        results = await asyncio.gather(*(save(f"s{i}") for i in range(31)), save("taken"))
+        assert results[:31] == [None] * 31
+        assert isinstance(results[31], siglo.CheckpointConflictError)
+        assert _at_most_per_turn(resumed) <= sqlite_database.ANSWERS_PER_TURN
+        assert len(set(resumed)) >= 4
