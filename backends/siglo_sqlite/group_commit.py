@@ -52,19 +52,20 @@ __all__ = [
 
 BATCH_MAX: Final = 64
 """The most writes one batch collects; the next opens another."""
-BATCH_BUDGET_S: Final = 0.001
+BATCH_BUDGET_S: Final = 0.002
 """How long one transaction of a batch may run before it commits (the writes left commit
 in another, after a turn of the loop)."""
-HOLD_S: Final = 0.001
+HOLD_S: Final = 0.002
 """How long inline work (keyed reads and writes run at once) may hold the event loop
 before a call yields it: a read waits a turn of the loop, a write joins a batch."""
 ANSWERS_PER_TURN: Final = 8
 """How many callers a batch answers in one turn of the loop (the rest in the turns
 after). Each resumes in the turn after its answer: 32 answered at once made turns of
 1.4-2.3 ms, and a coroutine waiting for the loop waits for such a turn and the one
-before it. With 2 ms for the hold and the budget and every caller answered at once, a
-1 ms sleeper beside 32 callers woke 5.5-8 ms late at p99; with 1 ms, 8 a turn, 2.6-3.8
-ms, at up to 17 % fewer operations a second (docs/backends/sqlite.md, issue 36)."""
+before it: a 1 ms sleeper beside 32 callers woke 5.5-6.7 ms late at p99, 8 a turn
+4.0-4.5 ms, at 2-14 % fewer operations a second (docs/backends/sqlite.md, issue 36).
+A shorter hold and budget (1 ms) took it to 2.4-3.9 ms but let eight writers of one
+stack conflict more: a fifth fewer updates a second."""
 GAP_S: Final = 0.0005
 """Inline calls further apart than this start a new stretch of holding the loop."""
 
