@@ -159,9 +159,12 @@ class SqlStorageAdapter(StorageAdapter):
         self.incremental_min_bytes = incremental_min_bytes
         self._bodies = BodyCache()
         """The context bodies this adapter saved last, so unchanged ones are not hashed."""
-        self._same_length = SameLengthRows()
-        """SQLite: the lengths of the large documents this adapter saved, by row, which
-        decide whether a row that keeps its length is saved whole (:meth:`_in_parts`)."""
+        self._same_length: SameLengthRows | None = None
+        """SQLite, saving in parts: the lengths of the large documents this adapter
+        saved, by row, which decide whether a row that keeps its length is saved whole
+        (:meth:`_in_parts`); ``None`` elsewhere."""
+        if statements.parts_replace is not None and incremental_min_bytes is not None:
+            self._same_length = SameLengthRows()
         self._versions: dict[bytes, tuple[str, frozenset[bytes]]] = {}
         """By checkpoint row id, the version of the row this adapter saved or loaded last
         (stored in parts, on PostgreSQL: its ``xmin``) and the digests of its parts,
@@ -402,19 +405,17 @@ class SqlStorageAdapter(StorageAdapter):
         length = len(checkpoint.to_json())
         if least is None or length < least:
             return False
-        if self._s.parts_replace is None:  # not SQLite
-            return True
-        return not self._same_length.whole(
+        rows = self._same_length
+        return rows is None or not rows.whole(
             row_id(checkpoint.namespace or "", checkpoint.stack_id), length
         )
 
     def _note_length(self, row: dict[str, Any]) -> None:
         """SQLite: note the save of ``row`` for :class:`SameLengthRows` (a document long
         enough to be saved in parts; a shorter one is always whole)."""
-        least = self.incremental_min_bytes
-        length = len(row["document"])
-        if self._s.parts_replace is not None and least is not None and length >= least:
-            self._same_length.saved(row["id"], length)
+        rows, least = self._same_length, self.incremental_min_bytes
+        if rows is not None and least is not None and len(row["document"]) >= least:
+            rows.saved(row["id"], len(row["document"]))
 
     async def _save_in_parts(
         self, checkpoint: Checkpoint, row: dict[str, Any], save: str, release: Hold | None

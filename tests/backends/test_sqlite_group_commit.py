@@ -355,18 +355,18 @@ async def test_a_batch_cancelled_before_it_ran_lets_the_line_go_on(
     await adapter.save_checkpoint(cp(2), expected_revision=1)
 
 
-def _turns() -> tuple[list[int], asyncio.Handle]:
-    """A counter of the event loop's turns (``[n]``), and the handle that advances it."""
+def _turns() -> list[int]:
+    """A counter of the event loop's turns (``[n]``), advanced once a turn until the
+    test's loop closes."""
     loop = asyncio.get_running_loop()
     count = [0]
-    handle: list[asyncio.Handle] = []
 
     def tick() -> None:
         count[0] += 1
-        handle[0] = loop.call_soon(tick)
+        loop.call_soon(tick)
 
-    handle.append(loop.call_soon(tick))
-    return count, handle[0]
+    loop.call_soon(tick)
+    return count
 
 
 def _at_most_per_turn(resumed: list[int]) -> int:
@@ -380,7 +380,7 @@ async def test_a_batch_answers_its_callers_a_few_a_turn(backend: siglo.Backend) 
     of their work, which a sleeping coroutine waited for (issue 36's loop lag)."""
     adapter: Any = backend.adapter
     trace = traced(backend)
-    count, _ = _turns()
+    count = _turns()
     resumed: list[int] = []
 
     async def save(i: int) -> None:
@@ -403,7 +403,7 @@ async def test_coalesced_loads_are_answered_a_few_a_turn(backend: siglo.Backend)
     adapter: Any = backend.adapter
     for i in range(32):
         await adapter.save_checkpoint(cp(i + 1, f"s{i}"))
-    count, _ = _turns()
+    count = _turns()
     resumed: list[int] = []
 
     async def load(i: int) -> None:
@@ -443,7 +443,7 @@ async def test_at_full_a_syncing_commit_answers_a_few_a_turn(tmp_path: Path) -> 
         adapter: Any = backend.adapter
         await adapter.open()
         await adapter.save_checkpoint(cp(1, "taken"), expected_revision=0)
-        count, _ = _turns()
+        count = _turns()
         resumed: list[int] = []
 
         async def save(stack: str) -> BaseException | None:
