@@ -77,10 +77,16 @@ def wait_cluster_ok(ports: list[int], seconds: float = 30) -> None:
     while not all("cluster_state:ok" in redis_cli(p, "cluster", "info") for p in ports):
         if time.monotonic() > deadline:
             down = [p for p in ports if "cluster_state:ok" not in redis_cli(p, "cluster", "info")]
+            seen = down[0] if down else ports[0]
+            # What redis-cli says when the node answers nothing (a CI run saw an empty
+            # CLUSTER NODES from a node left running: refused, or not answering?).
+            ping = subprocess.run(
+                ["redis-cli", "-p", str(seen), "ping"], capture_output=True, text=True, timeout=10
+            )
             raise RuntimeError(
-                f"the cluster did not settle in {seconds} s: down on {down}; as "
-                f"{down[0] if down else ports[0]} sees it:\n"
-                + redis_cli(down[0] if down else ports[0], "cluster", "nodes")
+                f"the cluster did not settle in {seconds} s: down on {down}; "
+                f"{seen} answers PING with {(ping.stdout + ping.stderr).strip()!r}; as "
+                f"{seen} sees it:\n" + redis_cli(seen, "cluster", "nodes")
             )
         time.sleep(0.1)
 
