@@ -93,6 +93,12 @@ def _require(mutant: Mutant | BackendMutant) -> None:
         require_redis()
 
 
+_CRASH = re.compile(r"\braised (AttributeError|NameError|TypeError|UnboundLocalError)\(")
+"""A check that failed because calling the mutant raised a programming error: the
+mutant no longer fits the code it subclasses (two manager mutants set an attribute
+the manager had lost, and were "killed" by the AttributeError)."""
+
+
 # The first test waits for the whole pool (minutes): past pytest-timeout's default.
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("mutant", ALL_MUTANTS, ids=[m.name for m in ALL_MUTANTS])
@@ -107,6 +113,12 @@ def test_mutant_is_killed_with_its_rule_as_primary_failure(
             f"{mutant.description} ({mutant.name}) breaks {mutant.rule_id}; with seed "
             f"{run.seed} the primary failure was {run.primary!r} (failures: "
             f"{list(run.failed)})\n{run.detail}"
+        )
+        crash = _CRASH.search(run.detail)
+        assert crash is None, (
+            f"{mutant.name} was killed by a {crash[1]} of its own, not by the behaviour "
+            f"it describes ({mutant.description}): a mutant left behind by a change of "
+            f"the code it subclasses proves nothing\n{run.detail}"
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from siglo.coordination import LockResult
 from siglo.errors import CapabilityNotSupportedError, LockNotAcquiredError, WaitRecordClaimError
 from siglo.manager import StorageManager
 from siglo.records import CacheEvent, ContextChangeEvent
+from siglo.snapshots import take_snapshot
 from siglo.stack import ExecutionStack
 from siglo.validation import check_save_arguments
 from siglo_memory.adapter import MemoryStorageAdapter, _StoredCheckpoint
@@ -461,27 +463,44 @@ class StreamedDeleteSetsNull(MemoryStorageAdapter):
 class StreamSkipsRedaction(StorageManager):
     """manager.redaction.stored: context changes are streamed unredacted."""
 
-    def stream_context_change(
-        self, stack: ExecutionStack, step_id: str, key: str, value: Any, op: Any
-    ) -> None:
-        kept, stack_kept = self._redact_fields, stack.redact_fields
-        self._redact_fields, stack.redact_fields = frozenset(), frozenset()
-        try:
-            super().stream_context_change(stack, step_id, key, value, op)
-        finally:
-            self._redact_fields, stack.redact_fields = kept, stack_kept
+    def _fields_of(self, stack: ExecutionStack | None) -> frozenset[str]:
+        # A streamed change is redacted when its job builds it (the closure ``build`` of
+        # StorageManager.stream_context_change): that call alone finds no keys, so that
+        # checkpoints and StorageManager.redact stay redacted.
+        if sys._getframe(1).f_code.co_name == "build":
+            return frozenset()
+        return super()._fields_of(stack)
 
 
 class BackgroundSkipsRedaction(StorageManager):
     """manager.redaction.stored: a background checkpoint() is saved unredacted."""
 
-    def checkpoint(self, stack_id: str, **options: Any) -> Checkpoint:
-        kept = self._redact_fields
-        self._redact_fields = frozenset()
+    _in_background = False
+
+    def checkpoint(self, stack_id: Any, **options: Any) -> Checkpoint:
+        self._in_background = True
         try:
             return super().checkpoint(stack_id, **options)
         finally:
-            self._redact_fields = kept
+            self._in_background = False
+
+    def _snapshot(
+        self,
+        stack: ExecutionStack,
+        expected_revision: int | None,
+        redact_fields: Any,
+        ttl_ms: int | None,
+    ) -> Checkpoint:
+        if not self._in_background:
+            return super()._snapshot(stack, expected_revision, redact_fields, ttl_ms)
+        return take_snapshot(
+            stack,
+            frozenset(),
+            self.clock,
+            expected_revision=expected_revision,
+            redact_fields=(),
+            ttl_ms=ttl_ms,
+        )
 
 
 class BestEffortSwallowsConflicts(StorageManager):
