@@ -136,26 +136,26 @@ class Commands:
         return int(await self.call("DEL", self.client.delete(*keys)) or 0)
 
     async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run ``script`` by SHA, sending its source again after a ``NOSCRIPT``."""
+        """Run ``script`` by SHA, sending its source again after a ``NOSCRIPT``: one call,
+        under one ``command_timeout_ms`` for both round trips."""
         if not self.has_eval:
             raise StorageAdapterError(
                 f"the redis client {type(self.client).__name__} has no eval(): siglo's "
                 f"{script.name} must run as a Lua script to be atomic"
             )
         argv = [a if type(a) is bytes or type(a) is str else str(a) for a in args]
+        return await self.call(script.name, self._run_script(script, keys, argv))
+
+    async def _run_script(self, script: Script, keys: Sequence[str], argv: list[Any]) -> Any:
         evalsha = self._evalsha
         if evalsha is not None:
             try:
-                return await self._deadlines.run(evalsha(script.sha, len(keys), *keys, *argv))
+                return await evalsha(script.sha, len(keys), *keys, *argv)
             except Exception as exc:
                 if not _is_noscript(exc):
-                    # Re-enter call() so the failure is wrapped the same way.
-                    await self.call(script.name, _reraise(exc))
-        # EVAL also caches the script, so the next EVALSHA finds it.
-        return await self.call(
-            script.name, self.client.eval(script.source, len(keys), *keys, *argv)
-        )
-
-
-async def _reraise(exc: BaseException) -> Any:
-    raise exc
+                    raise
+        # EVAL also caches the script, so the next EVALSHA finds it. A server that lost
+        # its scripts (a replica just promoted, with WAIT: the NOSCRIPT's round trip
+        # waits for the replicas too) must not give the retry a bound of its own: a
+        # storage call then took 4 s under a 3 s command_timeout_ms.
+        return await self.client.eval(script.source, len(keys), *keys, *argv)

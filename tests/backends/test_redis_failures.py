@@ -156,6 +156,42 @@ async def test_scripts_reload_after_noscript(server: RedisServer) -> None:
         assert await client.script_exists(CHECKPOINT_CAS.sha) == [True]  # reloaded
 
 
+async def test_a_script_sent_again_after_noscript_keeps_one_bound(server: RedisServer) -> None:
+    """A script the server does not hold (a replica just promoted) takes two round trips,
+    EVALSHA then EVAL; both are one call under one ``command_timeout_ms``. Each slowed
+    by 0.8 s under a 1.2 s bound: the call fails at the bound, where each round trip
+    with a bound of its own let it succeed after 1.6 s."""
+    import redis.asyncio
+
+    from siglo_redis.commands import Commands
+    from siglo_redis.scripts import Script
+
+    class Slowed:
+        """The server's client, each script round trip 0.8 s late."""
+
+        def __init__(self, client: redis.asyncio.Redis) -> None:
+            self.client = client
+
+        async def evalsha(self, *args: object) -> object:
+            await asyncio.sleep(0.8)
+            return await self.client.evalsha(*args)  # type: ignore[arg-type]
+
+        async def eval(self, *args: object) -> object:
+            await asyncio.sleep(0.8)
+            return await self.client.eval(*args)  # type: ignore[arg-type]
+
+    async with redis.asyncio.Redis.from_url(server.url) as client:
+        commands = Commands(Slowed(client), command_timeout_ms=1200)
+        # A source no server has seen: its EVALSHA gets NOSCRIPT.
+        script = Script("probe", f"return 1 -- {time.monotonic_ns()}")
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknownError, match="command_timeout_ms"):
+            await commands.script(script, [], [])
+        assert time.monotonic() - started < 1.5
+        # The same two round trips, not slowed, answer within the bound.
+        assert await Commands(client, command_timeout_ms=1200).script(script, [], []) == 1
+
+
 async def test_restarted_server_is_reached_again(server: RedisServer) -> None:
     async with siglo.connect(server.url) as backend:
         await backend.adapter.set_cached_step("k", 1)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-from _failover import run_through_failover
+from _failover import LoopLag, run_through_failover
 from _pg_topologies import PostgresPair, free_ports
 
 from siglo import Checkpoint, OutcomeUnknownError
@@ -76,9 +76,10 @@ async def _failover(
         pair.url
         + f"&command_timeout_ms={command_timeout_ms}&pool_timeout_ms=3000&connect_timeout_ms=2000"
     )
+    lag = LoopLag()
     async with connect(url) as backend:
         report = await run_through_failover(
-            backend, fault or (lambda: _kill_and_promote(pair)), limit_s=60, rate=rate
+            backend, fault or (lambda: _kill_and_promote(pair)), limit_s=60, rate=rate, lag=lag
         )
         print(report.line(name))
         for violation in report.violations[:10]:
@@ -87,8 +88,10 @@ async def _failover(
         assert role == "f"  # the replica is the primary now
         assert report.outage_s < 30
         # Every call is bounded by command_timeout_ms, from the wait for a pooled
-        # connection on (docs/backends/postgres.md): 1.5 s more for a loaded machine.
-        assert report.longest_failed_call_s < command_timeout_ms / 1000 + 1.5, report
+        # connection on (docs/backends/postgres.md): 1.5 s more, and however late the
+        # loaded machine's event loop ran a timer meanwhile.
+        bound_s = command_timeout_ms / 1000 + 1.5 + lag.longest_s
+        assert report.longest_failed_call_s < bound_s, (report, lag)
         assert report.cleaned_up
         return report
 

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-from _failover import run_through_failover
+from _failover import LoopLag, run_through_failover
 from _patroni import TTL_S, PatroniCluster
 from _pg_topologies import free_ports
 
@@ -41,7 +41,8 @@ async def _drill(
 ) -> DrillReport:
     url = cluster.url + "&command_timeout_ms=3000&pool_timeout_ms=3000&connect_timeout_ms=2000"
     async with connect(url) as backend:
-        report = await run_through_failover(backend, change, limit_s=90)
+        lag = LoopLag()
+        report = await run_through_failover(backend, change, limit_s=90, lag=lag)
     print(report.line(name))
     for violation in report.violations[:10]:
         print("  ", violation)
@@ -49,8 +50,9 @@ async def _drill(
     assert report.violations == [], report.violations
     assert report.verdict == "pass"
     assert report.cleaned_up
-    # Each call within command_timeout_ms (3 s), and 1.5 s for a loaded machine.
-    assert report.longest_failed_call_s < 4.5, report
+    # Each call within command_timeout_ms (3 s) and 1.5 s, and however late the loaded
+    # machine's event loop ran a timer meanwhile.
+    assert report.longest_failed_call_s < 4.5 + lag.longest_s, (report, lag)
     return report
 
 

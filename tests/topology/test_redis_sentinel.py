@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _failover import run_through_failover
+from _failover import LoopLag, run_through_failover
 from _redis_helpers import SentinelGroup, redis_cli
 from ports import free_ports
 from siglo_check import run_siglo_check
@@ -219,9 +219,10 @@ async def test_two_failovers_with_wait_lose_no_acknowledged_save(
     group = two_replicas
     url = group.url + "?wait_replicas=1&wait_timeout_ms=1000&command_timeout_ms=3000"
     masters: list[int] = []
+    lag = LoopLag()
     async with siglo.connect(url) as backend:
         report = await run_through_failover(
-            backend, lambda: _two_failovers(group, masters), limit_s=40
+            backend, lambda: _two_failovers(group, masters), limit_s=40, lag=lag
         )
         print(report.line("redis sentinel, 2 replicas, wait_replicas=1, two failovers"))
         seen = group.log_tails()  # what the Sentinels saw, for the messages below
@@ -231,9 +232,9 @@ async def test_two_failovers_with_wait_lose_no_acknowledged_save(
         assert group.master_port() == masters[-1], seen
         assert report.violations == [], (report.violations, seen)
         assert report.outage_s < 30
-        # Each storage call within command_timeout_ms (3 s), and 1.5 s for a loaded
-        # machine's event loop.
-        assert report.longest_failed_call_s < 4.5
+        # Each storage call within command_timeout_ms (3 s) and 1.5 s, and however late
+        # the loaded machine's event loop ran a timer meanwhile.
+        assert report.longest_failed_call_s < 4.5 + lag.longest_s, lag
         assert report.cleaned_up
         assert "role:master" in redis_cli(masters[-1], "info", "replication")
 
@@ -262,11 +263,14 @@ async def test_failover_without_wait_is_measured(group: SentinelGroup) -> None:
     """Without WAIT a write the master acknowledged may not have reached the replica:
     the losses are counted (and reported), not asserted away."""
     async with siglo.connect(group.url + "?command_timeout_ms=3000") as backend:
-        report = await run_through_failover(backend, lambda: _kill_master(group), limit_s=40)
+        lag = LoopLag()
+        report = await run_through_failover(
+            backend, lambda: _kill_master(group), limit_s=40, lag=lag
+        )
         print(report.line("redis sentinel, no WAIT"))
         for violation in report.violations[:10]:
             print("  ", violation)
         assert report.setting == "no WAIT"
         assert group.master_port() == group.replica.port
         assert report.outage_s < 30
-        assert report.longest_failed_call_s < 5
+        assert report.longest_failed_call_s < 5 + lag.longest_s, lag
