@@ -12,7 +12,9 @@ fewer replicas than ``wait_replicas`` confirmed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -101,23 +103,27 @@ class Commands:
             return await self._deadlines.run(awaitable)
         except SigloError:
             raise
-        except TimeoutError as exc:
+        except Exception as exc:
+            raise self._failure(what, exc) from exc
+
+    def _failure(self, what: str, exc: Exception) -> SigloError:
+        """The siglo error a driver failure of ``what`` is raised as."""
+        if isinstance(exc, TimeoutError):
             # The command may have been written and run: only its reply is missing.
-            raise past_its_bound(
+            return past_its_bound(
                 OutcomeUnknownError(
                     f"redis {what}",
                     f"timed out after {self.timeout_s} s (command_timeout_ms): no reply, "
                     "and the server may have run it",
                 )
-            ) from exc
-        except Exception as exc:
-            if getattr(exc, "outcome_unknown", False):
-                # A write sent and unanswered (siglo_redis.sent_once), or written on the
-                # master and not confirmed by replicas (siglo_redis.replication).
-                raise OutcomeUnknownError(f"redis {what}", str(exc)) from exc
-            if str(exc).startswith("SIGLO_MALFORMED"):
-                raise MalformedRecordError("checkpoint", "revision", str(exc)[16:]) from exc
-            raise StorageAdapterError(f"redis {what} failed: {type(exc).__name__}: {exc}") from exc
+            )
+        if getattr(exc, "outcome_unknown", False):
+            # A write sent and unanswered (siglo_redis.sent_once), or written on the
+            # master and not confirmed by replicas (siglo_redis.replication).
+            return OutcomeUnknownError(f"redis {what}", str(exc))
+        if str(exc).startswith("SIGLO_MALFORMED"):
+            return MalformedRecordError("checkpoint", "revision", str(exc)[16:])
+        return StorageAdapterError(f"redis {what} failed: {type(exc).__name__}: {exc}")
 
     async def get(self, key: str) -> bytes | None:
         return raw(await self.call("GET", self.client.get(key)))
@@ -144,18 +150,27 @@ class Commands:
                 f"{script.name} must run as a Lua script to be atomic"
             )
         argv = [a if type(a) is bytes or type(a) is str else str(a) for a in args]
-        return await self.call(script.name, self._run_script(script, keys, argv))
-
-    async def _run_script(self, script: Script, keys: Sequence[str], argv: list[Any]) -> Any:
         evalsha = self._evalsha
+        began = time.monotonic()
         if evalsha is not None:
             try:
-                return await evalsha(script.sha, len(keys), *keys, *argv)
+                return await self._deadlines.run(evalsha(script.sha, len(keys), *keys, *argv))
+            except SigloError:
+                raise
             except Exception as exc:
                 if not _is_noscript(exc):
-                    raise
-        # EVAL also caches the script, so the next EVALSHA finds it. A server that lost
-        # its scripts (a replica just promoted, with WAIT: the NOSCRIPT's round trip
-        # waits for the replicas too) must not give the retry a bound of its own: a
-        # storage call then took 4 s under a 3 s command_timeout_ms.
-        return await self.client.eval(script.source, len(keys), *keys, *argv)
+                    raise self._failure(script.name, exc) from exc
+        # EVAL also caches the script, so the next EVALSHA finds it. It gets what is left
+        # of the bound: a server that lost its scripts (a replica just promoted; with
+        # WAIT, the NOSCRIPT's round trip waits for the replicas too) made a storage call
+        # of 4 s under a 3 s command_timeout_ms when the EVAL had a bound of its own.
+        sent = self.client.eval(script.source, len(keys), *keys, *argv)
+        if self.timeout_s is None:
+            return await self.call(script.name, sent)
+        left = self.timeout_s - (time.monotonic() - began)
+        return await self.call(script.name, _within(left, sent))
+
+
+async def _within(seconds: float, awaitable: Awaitable[Any]) -> Any:
+    async with asyncio.timeout(max(seconds, 0.0)):
+        return await awaitable
