@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from siglo.errors import InvalidArgumentError
 from siglo_postgres.database import PostgresDatabase
 from siglo_sql.schema import build_tables
 from siglo_sql.statements import Statements, build_statements, many_ids
@@ -108,3 +109,22 @@ def test_conversion_to_pyformat(text: str, converted: str) -> None:
     db = PostgresDatabase("postgresql://127.0.0.1/none", description="x")
     assert db.sql(text) == converted
     assert SqliteDatabase(None).sql(text) == text
+
+
+def test_tables_are_built_once_per_prefix_schema_and_version() -> None:
+    """Every connect and migration asks for the tables; they are built once (a third of
+    a connect, first load and close on SQLite) and shared, never across a different
+    prefix, schema or version, and a bad name is refused every time it is asked for."""
+    tables = build_tables("siglo_once_", "app")
+    assert build_tables("siglo_once_", "app") is tables
+    assert tables.checkpoints.name == "siglo_once_checkpoints"
+    assert tables.checkpoints.schema == "app"
+    other_prefix = build_tables("siglo_other_", "app")
+    other_schema = build_tables("siglo_once_", "other")
+    version_1 = build_tables("siglo_once_", "app", version=1)
+    assert other_prefix.checkpoints.name == "siglo_other_checkpoints"
+    assert other_schema.checkpoints.schema == "other"
+    assert version_1.checkpoint_tokens is None and tables.checkpoint_tokens is not None
+    for bad in ("bad prefix;", "bad prefix;", ["siglo_"]):
+        with pytest.raises(InvalidArgumentError, match="table prefix"):
+            build_tables(bad, None)  # type: ignore[arg-type]
