@@ -192,6 +192,22 @@ async def test_a_script_sent_again_after_noscript_keeps_one_bound(server: RedisS
         assert await Commands(client, command_timeout_ms=1200).script(script, [], []) == 1
 
 
+async def test_a_failover_master_without_scripts_keeps_the_save_in_its_bound(
+    server: RedisServer,
+) -> None:
+    """The failover case for real: ``wait_replicas=1`` on a server with no replica and no
+    scripts (a replica just promoted). The ``NOSCRIPT`` round trip waits a second for
+    ``WAIT``; the script sent again then has what is left of ``command_timeout_ms``
+    (1.5 s), where with a bound of its own the save took two seconds."""
+    url = f"{server.url}?wait_replicas=1&wait_timeout_ms=1000&command_timeout_ms=1500"
+    async with siglo.connect(url) as backend:
+        await backend.adapter.client.script_flush()  # type: ignore[attr-defined]
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknownError, match="timed out"):
+            await backend.adapter.save_checkpoint(Checkpoint(stack_id="s", revision=1, timestamp=1))
+        assert time.monotonic() - started < 1.9
+
+
 async def test_restarted_server_is_reached_again(server: RedisServer) -> None:
     async with siglo.connect(server.url) as backend:
         await backend.adapter.set_cached_step("k", 1)
