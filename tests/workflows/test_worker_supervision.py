@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -293,14 +294,29 @@ async def test_a_signal_while_retrying_stops_at_once(tmp_path: Path) -> None:
     port = free_port(30400, 30500)  # nothing listens there
     url = f"redis://127.0.0.1:{port}/0?command_timeout_ms=500"
     worker = _worker(url, tmp_path / "marks", "--retry-for", "600")
-    await asyncio.sleep(2)  # retrying by now: the backoff is 0.5 s, 1 s, 2 s …
-    assert worker.poll() is None
+    # Until it says it is retrying (the backoff is 0.5 s, 1 s, 2 s …), not a fixed
+    # sleep: on a loaded machine a worker 2 s old had not yet set up its signal
+    # handlers, and the SIGTERM killed it (-15).
+    assert worker.stderr is not None
+    said = await asyncio.wait_for(asyncio.to_thread(_line_with, worker.stderr, "retrying in"), 60)
+    assert "retrying in" in said and worker.poll() is None, said
     began = time.monotonic()
     worker.send_signal(signal.SIGTERM)
     out, err = worker.communicate(timeout=30)
-    assert worker.returncode == 0, out + err
+    assert worker.returncode == 0, said + out + err
     assert time.monotonic() - began < 5  # not after the backoff's wait
-    assert "retrying in" in err and "siglo worker stopped" in out
+    assert "siglo worker stopped" in out, said + out + err
+
+
+def _line_with(stream: IO[str], text: str) -> str:
+    """What ``stream`` says up to the first line holding ``text`` (all of it if it ends
+    first)."""
+    read = []
+    for line in stream:
+        read.append(line)
+        if text in line:
+            break
+    return "".join(read)
 
 
 def test_a_bad_url_or_settings_file_is_status_1(tmp_path: Path) -> None:
