@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from mutant_seeds import mutant_base_seed
@@ -86,7 +87,28 @@ _DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rule(*ids): the docs/contract.md rule ids this test checks")
     if not hasattr(config, "workerinput"):  # the controller, before any xdist worker starts
+        _compile_the_sources()
         _own_postgres_database(config)
+
+
+_SOURCE_ROOTS = ("siglo", "backends", "contract_tests", "tests", "benchmarks")
+
+
+def _compile_the_sources() -> None:
+    """Write the source tree's bytecode once, before any process of the run imports it.
+
+    The run starts hundreds of Python processes (xdist workers, the mutants' pool, every
+    `siglo` command a test runs, the docs' code blocks). Where ``PYTHONDONTWRITEBYTECODE``
+    is set (this machine's shell sets it), none of them writes bytecode, so each compiled
+    every module of siglo it imported from source: about 0.3 s of CPU a `siglo` command,
+    a third of its time. Processes still read bytecode that exists; `compileall` writes
+    it whatever that setting, and skips what is up to date.
+    """
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for name in _SOURCE_ROOTS:
+        compileall.compile_dir(root / name, quiet=1)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

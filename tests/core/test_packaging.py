@@ -27,8 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def clean_env() -> dict[str, str]:
     """The environment for a fresh venv's processes: no PYTHONPATH (a source tree on it,
-    with its build's egg-info, would make pip think siglo is installed already)."""
-    return {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "SIGLO_URL"}}
+    with its build's egg-info, would make pip think siglo is installed already), and
+    bytecode written as a default Python writes it: the venvs are installed without
+    compiling (``--no-compile``), so with ``PYTHONDONTWRITEBYTECODE`` set every `siglo`
+    command there compiled SQLAlchemy, the drivers and siglo from source again."""
+    drop = {"PYTHONPATH", "SIGLO_URL", "PYTHONDONTWRITEBYTECODE"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 @pytest.fixture(scope="module")
