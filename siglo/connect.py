@@ -20,7 +20,15 @@ from siglo.plugins import get_registry
 from siglo.settings import DEFAULTS
 from siglo.sizing import smallest_limit
 
-__all__ = ["URL_ENV", "check_capabilities", "check_port", "command_timeout_ms", "connect"]
+__all__ = [
+    "URL_ENV",
+    "check_capabilities",
+    "check_port",
+    "command_timeout_ms",
+    "connect",
+    "is_settings_store",
+    "options_for",
+]
 
 
 URL_ENV: Final = "SIGLO_URL"
@@ -64,19 +72,7 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
                 f"as 'sqlite:///siglo.db', set {URL_ENV}, or set url in siglo.toml "
                 "(docs/configuration.md)"
             )
-    from_settings: frozenset[str] = frozenset()
-    if url == settings.url:
-        from_settings = frozenset(settings.options) - frozenset(options)
-        options = {**settings.options, **options}
-    elif settings.url is None and settings.options:
-        # The settings' options are their URL's; settings that name no URL (a
-        # siglo.toml with [options] alone) give theirs to whatever URL is connected —
-        # but for what that URL's query says itself (`?schema=appb` is not the file's
-        # `schema = "appa"`: a keyword option would win over the query).
-        written = urls.query_names(url)
-        given = {k: v for k, v in settings.options.items() if k not in written}
-        from_settings = frozenset(given) - frozenset(options)
-        options = {**given, **options}
+    options, from_settings = options_for(url, settings, options)
     # The URL's and the options' secrets are kept out of every error's text from here on
     # (siglo.masking): a driver's error may quote them.
     urls.mask_credentials(url)
@@ -121,11 +117,11 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         adapter.max_document_bytes = limit
     min_bytes, blob_url = settings.offload_min_bytes, settings.blob_url
     offloads = min_bytes is not None and blob_url is not None
-    if offloads and settings.url is not None and not urls.same_store(url, settings.url):
-        # The blob store goes with the settings' URL, as their [options] do: its
-        # collector walks that backend's checkpoints, and would take the blobs another
-        # backend put there for orphans (`siglo import OTHER_URL`, then collect-blobs:
-        # OTHER_URL's values gone). Another URL stores its values inline.
+    if offloads and settings.url is not None and not is_settings_store(url, options, settings):
+        # The blob store goes with the settings' store, as their [options] do: its
+        # collector walks that store's checkpoints, and would take the blobs another
+        # store put there for orphans (`siglo import OTHER_URL`, then collect-blobs:
+        # OTHER_URL's values gone). Another store stores its values inline.
         offloads = False
     if offloads and min_bytes is not None and blob_url is not None:
         # Below the pipeline: redact (and encode) -> offload -> store.
@@ -146,6 +142,37 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         adapter.offloaded_from_bytes = 0 if seals_contexts else min_bytes
     backend.use_pipeline(Pipeline(settings))
     return backend
+
+
+def options_for(
+    url: str, settings: Settings, options: Mapping[str, Any]
+) -> tuple[dict[str, Any], frozenset[str]]:
+    """The options a connection to ``url`` is made with: ``options`` over the settings'
+    backend options where those go with ``url`` (it is the settings' URL, or the
+    settings name none), and the names of those taken from the settings."""
+    if url == settings.url:
+        return {**settings.options, **options}, frozenset(settings.options) - frozenset(options)
+    if settings.url is None and settings.options:
+        # The settings' options are their URL's; settings that name no URL (a
+        # siglo.toml with [options] alone) give theirs to whatever URL is connected —
+        # but for what that URL's query says itself (`?schema=appb` is not the file's
+        # `schema = "appa"`: a keyword option would win over the query).
+        written = urls.query_names(url)
+        given = {k: v for k, v in settings.options.items() if k not in written}
+        return {**given, **options}, frozenset(given) - frozenset(options)
+    return dict(options), frozenset()
+
+
+def is_settings_store(url: str, options: Mapping[str, Any], settings: Settings) -> bool:
+    """Whether a connection to ``url`` made with ``options`` (as :func:`options_for`
+    gives them) opens the store the settings name: their URL's file, database or server
+    with their options' ``prefix``, ``schema`` or ``table_prefix``, however either URL is
+    spelt. Only that store offloads into the settings' blob store, and only its
+    checkpoints are walked to collect it: a URL that names the same file or database
+    without the settings' ``table_prefix`` is another store's tables."""
+    if settings.url is None:
+        return False
+    return urls.same_store(url, settings.url, options, settings.options)
 
 
 def command_timeout_ms(url: str, options: Mapping[str, Any]) -> int | None:

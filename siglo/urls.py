@@ -40,6 +40,7 @@ __all__ = [
     "optional_integer",
     "query_names",
     "refuse_unknown",
+    "STORE_OPTIONS",
     "same_store",
     "unknown_option_error",
     "split_options",
@@ -264,13 +265,13 @@ def remember_secret_options(options: Mapping[str, Any]) -> None:
             remember(value)
 
 
-_STORE_OPTIONS: Final = frozenset(
+STORE_OPTIONS: Final = frozenset(
     {"prefix", "schema", "table_prefix", "db", "dbname", "host", "port", "service_name"}
 )
 """Query parameters that say which store a URL names (the rest say how to reach it)."""
 
 
-def _store_identity(url: str) -> tuple[Any, ...]:
+def _store_identity(url: str, options: Mapping[str, Any]) -> tuple[Any, ...]:
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
     path = parts.path
@@ -284,13 +285,29 @@ def _store_identity(url: str) -> tuple[Any, ...]:
         server = ((parts.hostname or "").lower(), parts.port)
     except ValueError:
         server = (parts.netloc.lower(), None)
-    query = tuple(sorted((k, v) for k, v in parse_qsl(parts.query) if k in _STORE_OPTIONS))
-    return scheme, server, path, query
+    picked = {k: v for k, v in parse_qsl(parts.query) if k in STORE_OPTIONS}
+    # A keyword option wins over the URL's query, as the backends' factories take them
+    # (`None`: the backend's default, as if neither said it).
+    for name, value in options.items():
+        if name in STORE_OPTIONS:
+            if value is None:
+                picked.pop(name, None)
+            else:
+                picked[name] = str(value)
+    return scheme, server, path, tuple(sorted(picked.items()))
 
 
-def same_store(first: str, second: str) -> bool:
-    """Whether two backend URLs name the same store, however each spells it: the same
-    scheme, server, database (a SQLite file by its absolute path) and the options that
-    pick a store on it (``prefix``, ``schema`` …), whatever else their queries say
-    (timeouts, pool sizes) and whoever connects."""
-    return _store_identity(first) == _store_identity(second)
+def same_store(
+    first: str,
+    second: str,
+    first_options: Mapping[str, Any] | None = None,
+    second_options: Mapping[str, Any] | None = None,
+) -> bool:
+    """Whether two backend URLs, each connected with its keyword options, name the same
+    store, however each spells it: the same scheme, server, database (a SQLite file by
+    its absolute path) and the options that pick a store on it (``prefix``, ``schema``,
+    ``table_prefix`` …, from the query or the keyword options, which win), whatever else
+    they say (timeouts, pool sizes) and whoever connects."""
+    return _store_identity(first, first_options or {}) == _store_identity(
+        second, second_options or {}
+    )

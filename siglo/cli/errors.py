@@ -17,7 +17,7 @@ from typing import IO, Any, Final, TypeVar
 import click
 
 from siglo.config import Settings, current_settings
-from siglo.connect import URL_ENV
+from siglo.connect import URL_ENV, is_settings_store, options_for
 from siglo.errors import (
     BackendNotFoundError,
     CapabilityNotSupportedError,
@@ -30,7 +30,7 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.masking import scrub
-from siglo.urls import mask_credentials, same_store
+from siglo.urls import mask_credentials
 
 __all__ = [
     "DEBUG_ENV",
@@ -208,6 +208,13 @@ def cli_settings() -> Settings:
         raise CliError(str(exc), "fix the setting, or see `siglo config --help`") from exc
 
 
+def settings_store(url: str, settings: Settings) -> bool:
+    """Whether a command's connection to ``url`` (:func:`siglo.connect` with the
+    settings, no options of the command's own) opens the store the settings name: the
+    one their blob store goes with (:func:`siglo.connect.is_settings_store`)."""
+    return is_settings_store(url, options_for(url, settings, {})[0], settings)
+
+
 def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = None) -> str:
     """The backend URL a command works on: ``url`` if given, else the settings' (``url`` in
     the settings file, ``$SIGLO_URL``), else ``default`` (a callable is asked only then).
@@ -227,9 +234,9 @@ def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = No
         source = "URL"
         settings = cli_settings()
         offloads = settings.blob_url is not None and settings.offload_min_bytes is not None
-        if offloads and settings.url is not None and not same_store(url, settings.url):
-            # siglo.connect gives the settings' blob store to their own URL only: the
-            # collector of that store walks that backend alone.
+        if offloads and settings.url is not None and not settings_store(url, settings):
+            # siglo.connect gives the settings' blob store to their own store only: the
+            # collector of that store walks that store alone.
             click.echo(
                 f"note: the blob store of {settings.source} (blob_url) goes with its url "
                 f"{mask_credentials(settings.url)}, not with {mask_credentials(url.strip())}: "

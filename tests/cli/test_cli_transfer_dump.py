@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -792,7 +793,7 @@ def test_an_import_into_another_url_keeps_its_values_out_of_the_settings_blob_st
     assert "blob store" in imported.stderr and "inline" in imported.stderr
     # Collected against the other backend, every blob of the store would be an orphan.
     crossed = siglo_cli("collect-blobs", other, "--grace-ms", "0")
-    assert crossed.exit_code == 1 and "goes with the settings' url" in crossed.output
+    assert crossed.exit_code == 1 and "goes with the settings' store" in crossed.output
     assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) >= 1
     assert siglo_cli("rm", "doc-1").exit_code == 0
     collected = siglo_cli("collect-blobs", "--grace-ms", "0", "--json")
@@ -846,3 +847,75 @@ def test_the_blob_store_goes_with_its_store_however_its_url_is_spelt(tmp_path: A
     )
     assert refused.exit_code == 1 and "name a blob store but no url" in refused.output
     assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) == 1
+
+
+def test_the_blob_store_goes_with_the_store_its_settings_options_pick(tmp_path: Any) -> None:
+    """The settings' ``[options]`` pick a store on their URL's file (``table_prefix``):
+    the same file spelt another way, connected without them, is another store's tables.
+    It was taken for the settings' store, because the check compared URLs alone: its
+    values went to the settings' blob store, and ``collect-blobs`` given that spelling
+    walked the other tables and removed the application's blob (a black-box auditor:
+    data lost on SQLite and PostgreSQL). The store decides, options included: another
+    store keeps its values inline, the collector refuses it, and the settings' store
+    spelt another way with its options is still theirs."""
+    settings_file = tmp_path / "siglo.toml"
+    settings_file.write_text(
+        'url = "sqlite:///app.db"\noffload_min_bytes = 1024\n'
+        f'blob_url = "file://{tmp_path}/blobs"\n[options]\ntable_prefix = "app_"\n'
+    )
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SIGLO_")}
+    env["SIGLO_CONFIG"] = str(settings_file)
+
+    def blobs() -> list[Path]:
+        return [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+
+    def siglo_cli(*args: str) -> Result:
+        with contextlib.chdir(tmp_path):
+            return CliRunner().invoke(cli, list(args), env=env)
+
+    async def save(url: str | None, stack_id: str, **options: Any) -> None:
+        settings = load_settings(environ={"SIGLO_CONFIG": str(settings_file)})
+        async with siglo.connect(url, settings=settings, **options) as backend:
+            stack = siglo.StorageManager(backend, settings=settings).create_stack(stack_id)
+            stack.set("doc", "text", stack_id[0] * 6000)
+            await stack.save()
+
+    async def load(url: str | None, stack_id: str, **options: Any) -> str:
+        settings = load_settings(environ={"SIGLO_CONFIG": str(settings_file)})
+        async with siglo.connect(url, settings=settings, **options) as backend:
+            stored = await backend.raw_adapter.get_checkpoint(stack_id)
+            assert stored is not None
+            loaded = await backend.adapter.get_checkpoint(stack_id)
+            assert loaded is not None
+            text: str = loaded.contexts["doc"]["text"]
+            assert text == stack_id[0] * 6000
+            return json.dumps(stored.contexts["doc"])
+
+    with contextlib.chdir(tmp_path):
+        asyncio.run(save(None, "app-doc"))  # the settings' store: offloaded
+        assert len(blobs()) == 1
+        assert siglo_cli("migrate", "sqlite:///./app.db").exit_code == 0
+        # The same file without the settings' table_prefix: another store, inline.
+        asyncio.run(save("sqlite:///./app.db", "other-doc"))
+        assert "o" * 6000 in asyncio.run(load("sqlite:///./app.db", "other-doc"))
+        # The settings' own URL with a table_prefix of its own: another store, inline.
+        asyncio.run(save("sqlite:///app.db", "mine-doc", table_prefix="mine_"))
+        assert "m" * 6000 in asyncio.run(load("sqlite:///app.db", "mine-doc", table_prefix="mine_"))
+        assert len(blobs()) == 1
+    # Collecting the settings' blob store against the other tables is refused.
+    refused = siglo_cli("collect-blobs", "sqlite:///./app.db", "--grace-ms", "0")
+    assert refused.exit_code == 1, refused.output
+    assert "opens another store" in refused.output and "table_prefix" in refused.output
+    refused = siglo_cli("collect-blobs", "sqlite:///app.db?busy_timeout_ms=5000", "--grace-ms", "0")
+    assert refused.exit_code == 1, refused.output
+    assert len(blobs()) == 1
+    # The settings' store spelt another way, with its options in the query: theirs.
+    theirs = "sqlite:///./app.db?table_prefix=app_"
+    done = siglo_cli("collect-blobs", theirs, "--grace-ms", "0", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout) == {"referenced": 1, "removed": 0, "kept": 0}
+    with contextlib.chdir(tmp_path):
+        assert "$siglo.blob" in asyncio.run(load(theirs, "app-doc"))
+        asyncio.run(save(theirs, "third-doc"))
+        assert len(blobs()) == 2
+        assert asyncio.run(load(None, "app-doc")).count("$siglo.blob") == 1

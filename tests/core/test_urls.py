@@ -6,6 +6,8 @@ import pytest
 
 import siglo
 from siglo import urls
+from siglo.config import Settings
+from siglo.connect import is_settings_store, options_for
 from siglo.errors import InvalidArgumentError
 
 OPTIONS = {
@@ -80,7 +82,7 @@ def test_backends_read_url_options_with_the_shared_parser() -> None:
     with pytest.raises(InvalidArgumentError, match="URL option cache_ttl_ms must be an integer"):
         siglo.connect("sqlite://?cache_ttl_ms=abc")
     with pytest.raises(InvalidArgumentError, match="URL option cluster must be true or false"):
-        siglo.connect("redis://127.0.0.1:6379/0?cluster=perhaps")
+        siglo.connect(RD + "/0?cluster=perhaps")
     with pytest.raises(InvalidArgumentError, match="URL option prepare_threshold must be an"):
         siglo.connect("postgresql://127.0.0.1/test?prepare_threshold=x")
 
@@ -91,8 +93,80 @@ async def test_backend_urls_carry_their_options_back() -> None:
         assert backend.url == "sqlite://?table_prefix=app_"
     finally:
         await backend.aclose()
-    backend = siglo.connect("redis://127.0.0.1:6379/0?db=0", checkpoint_ttl_ms=None)
+    backend = siglo.connect(RD + "/0?db=0", checkpoint_ttl_ms=None)
     try:
-        assert backend.url == "redis://127.0.0.1:6379/0?db=0&checkpoint_ttl_ms=none"
+        assert backend.url == RD + "/0?db=0&checkpoint_ttl_ms=none"
     finally:
         await backend.aclose()
+
+
+PG = "postgresql://127.0.0.1/app"
+RD = "redis://127.0.0.1:6379"
+
+
+@pytest.mark.parametrize(
+    ("settings_url", "settings_options", "url", "options", "theirs"),
+    [
+        # The settings' PostgreSQL store is their URL's database with their [options]'
+        # schema: the same URL spelt with another query option opens `public`.
+        (PG, {"schema": "appa"}, PG, {}, True),
+        (
+            PG,
+            {"schema": "appa"},
+            PG + "?connect_timeout=10",
+            {},
+            False,
+        ),
+        (
+            PG,
+            {"schema": "appa"},
+            PG + "?connect_timeout=10&schema=appa",
+            {},
+            True,
+        ),
+        (
+            PG,
+            {"schema": "appa"},
+            PG,
+            {"schema": "appb"},
+            False,
+        ),
+        (PG, {}, PG, {"schema": "appb"}, False),
+        (RD + "/0", {"prefix": "app:"}, RD, {}, False),
+        (
+            RD + "/0",
+            {"prefix": "app:"},
+            RD + "?prefix=app:",
+            {},
+            True,
+        ),
+        (
+            RD + "/0",
+            {"prefix": "app:"},
+            RD + "/0",
+            {"prefix": None},
+            False,
+        ),
+        ("sqlite:///app.db", {"table_prefix": "app_"}, "sqlite:///./app.db", {}, False),
+        (
+            "sqlite:///app.db",
+            {"table_prefix": "app_"},
+            "sqlite:///./app.db?table_prefix=app_",
+            {},
+            True,
+        ),
+    ],
+)
+def test_the_settings_store_is_their_url_with_their_options(
+    settings_url: str,
+    settings_options: dict[str, str],
+    url: str,
+    options: dict[str, str | None],
+    theirs: bool,
+) -> None:
+    """Whether a connection opens the settings' store (the one their blob store goes
+    with) is decided on the store, the options that pick it included, however its URL
+    is spelt: a URL naming their database without their schema is another store."""
+    settings = Settings(url=settings_url, options=settings_options)
+    effective, _ = options_for(url, settings, options)
+    assert is_settings_store(url, effective, settings) is theirs
