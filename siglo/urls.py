@@ -45,6 +45,7 @@ __all__ = [
     "unknown_option_error",
     "split_options",
     "text",
+    "typed_keywords",
     "url_value",
     "with_options",
 ]
@@ -138,6 +139,26 @@ def split_options(url: str, options: Mapping[str, Converter]) -> tuple[str, dict
         else:
             ours[name] = convert(name, value)
     return _join(base, theirs), ours
+
+
+def typed_keywords(
+    options: Mapping[str, Any], converters: Mapping[str, Converter]
+) -> dict[str, Any]:
+    """``options`` given as keyword arguments, each text value of an option the backend
+    reads from a URL's query read as the query's would be (``"none"``, ``"16384"``,
+    ``"false"``): a settings file's ``[options]`` (TOML has no null) and a keyword say
+    what the URL's query says. Values of other types pass as they are, for the backend
+    to check."""
+    typed: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, str) and name in converters:
+            try:
+                value = converters[name](name, value)
+            except InvalidArgumentError as exc:
+                # The converters speak of the query; this one was a keyword.
+                raise InvalidArgumentError(str(exc).replace("URL option ", "option ", 1)) from None
+        typed[name] = value
+    return typed
 
 
 def query_names(url: str) -> frozenset[str]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
+from siglo import urls
 from siglo.backend import Backend
 from siglo.clock import Clock
 from siglo.errors import InvalidArgumentError
@@ -14,7 +15,7 @@ from siglo.urls import mask_credentials, refuse_unknown, unknown_option_error
 from siglo_memory.adapter import MemoryStorageAdapter
 from siglo_memory.coordination import MemoryIdempotencyStore, MemoryLock, MemoryNonceStore
 
-__all__ = ["KEYWORD_OPTIONS", "connect"]
+__all__ = ["CONVERTERS", "KEYWORD_OPTIONS", "connect"]
 
 KEYWORD_OPTIONS: frozenset[str] = frozenset(
     name
@@ -23,6 +24,15 @@ KEYWORD_OPTIONS: frozenset[str] = frozenset(
 )
 """The options ``connect`` takes as keyword arguments: :class:`MemoryStorageAdapter`'s
 (besides ``clock``, a parameter of its own)."""
+
+CONVERTERS: Final[dict[str, urls.Converter]] = {
+    "checkpoint_ttl_ms": urls.optional_integer,  # none: kept until removed
+    "cache_ttl_ms": urls.integer,
+    "claim_lease_ms": urls.integer,
+    "workflow_lock_timeout_ms": urls.integer,
+}
+"""How a text value of each option reads (a settings file's ``[options]``: ``"none"``),
+as the other backends read theirs from a URL's query."""
 
 _named: dict[str, Backend] = {}
 
@@ -50,6 +60,7 @@ def connect(url: str = "memory://", *, clock: Clock | None = None, **options: An
     unknown = set(options) - KEYWORD_OPTIONS
     if unknown:
         raise unknown_option_error("memory", unknown, KEYWORD_OPTIONS, where="keyword")
+    options = urls.typed_keywords(options, CONVERTERS)
     name = unquote(parts.netloc + parts.path)
     if name:
         if name not in _named:

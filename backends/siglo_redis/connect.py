@@ -86,6 +86,9 @@ def connect(
         raise urls.unknown_option_error(
             "redis", unknown, set(OPTIONS) | adapter_only, where="keyword"
         )
+    # A text value reads as in the URL's query ("none", "false"): a settings file's
+    # [options] has no null, and bool("false") is True.
+    options = urls.typed_keywords(options, OPTIONS)
     settings = {**from_url, **{k: v for k, v in options.items() if k not in adapter_only}}
     prefix = check_prefix(
         "prefix", settings.pop("prefix", settings.pop("key_prefix", DEFAULT_PREFIX))

@@ -96,13 +96,15 @@ def take_options(
     *,
     backend: str,
 ) -> dict[str, Any]:
-    """Keyword options over URL options; an unknown keyword is an error naming it and
-    the closest known one, as a URL option's is (:func:`siglo.urls.unknown_option_error`)."""
+    """Keyword options over URL options, a text value read as the URL's query would be
+    (:func:`siglo.urls.typed_keywords`: ``checkpoint_ttl_ms="none"`` in a settings
+    file's ``[options]``); an unknown keyword is an error naming it and the closest
+    known one, as a URL option's is (:func:`siglo.urls.unknown_option_error`)."""
     unknown = set(options) - allowed
     if unknown:
         raise urls.unknown_option_error(backend, unknown, allowed, where="keyword")
     merged = dict(url_options)
-    merged.update(options)
+    merged.update(urls.typed_keywords(options, CONVERTERS))
     return merged
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -472,3 +473,52 @@ def test_the_siglo_config_sample_of_the_docs_is_what_it_prints(tmp_path: Path) -
     assert last.startswith("environment variables read:")
     assert last in done.output
     assert re.search(r"siglo settings \(from .*siglo\.toml", done.output.replace("\n", " "))
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis", "postgres"])
+async def test_text_options_in_the_settings_file_read_as_in_a_url(
+    kind: str, tmp_path: Path
+) -> None:
+    """TOML has no null: ``checkpoint_ttl_ms = "none"`` in a settings file's
+    ``[options]`` was refused where ``?checkpoint_ttl_ms=none`` in the URL was taken
+    (the encryption page tells Redis stores with envelope keys to set it; a black-box
+    auditor). A text option reads as the URL's query reads it; ``"false"`` is false,
+    not the truth of a non-empty string; a value that does not read is refused, naming
+    the option and the file."""
+    from _redis_helpers import REDIS_URL, require_redis
+    from sql_support import POSTGRES_URL, require_postgres
+
+    if kind == "redis":
+        require_redis()
+    elif kind == "postgres":
+        require_postgres()
+    url = {
+        "memory": "memory://",
+        "sqlite": f"sqlite:///{tmp_path}/app.db",
+        "redis": REDIS_URL,
+        "postgres": POSTGRES_URL,
+    }
+    extra = {"redis": 'auto_pipeline = "false"\n', "sqlite": 'auto_migrate = "false"\n'}
+    file = tmp_path / "siglo.toml"
+    # memory:// keeps every document whole (no incremental_min_bytes).
+    incremental = "" if kind == "memory" else 'incremental_min_bytes = "16384"\n'
+    file.write_text(
+        f'url = "{url[kind]}"\n[options]\ncheckpoint_ttl_ms = "none"\n'
+        f"{incremental}{extra.get(kind, '')}"
+    )
+    settings = load_settings(environ={"SIGLO_CONFIG": str(file)})
+    async with siglo.connect(settings=settings) as backend:
+        adapter: Any = backend.raw_adapter
+        assert adapter.checkpoint_ttl_ms is None
+        assert kind == "memory" or adapter.incremental_min_bytes == 16384
+        if kind == "redis":
+            assert "auto_pipeline=false" in backend.url
+        elif kind == "sqlite":  # a new file, not migrated: auto_migrate is off
+            with pytest.raises(siglo.SigloError, match="siglo migrate"):
+                await backend.adapter.get_checkpoint("any")
+    file.write_text(f'url = "{url[kind]}"\n[options]\ncheckpoint_ttl_ms = "never"\n')
+    settings = load_settings(environ={"SIGLO_CONFIG": str(file)})
+    with pytest.raises(InvalidArgumentError) as refused:
+        siglo.connect(settings=settings)
+    assert "option checkpoint_ttl_ms must be an integer, got 'never'" in str(refused.value)
+    assert "URL option" not in str(refused.value) and str(file) in str(refused.value)
