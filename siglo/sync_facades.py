@@ -319,6 +319,9 @@ class SyncBackend:
         self.backend = backend
         """The async backend behind the facade (use it only from the portal's loop)."""
         self.adapter = SyncAdapter(backend.adapter, self._portal)
+        self.raw_adapter = SyncAdapter(backend.raw_adapter, self._portal)
+        """The backend's own adapter, without the pipeline: what is stored, as it is
+        stored (:attr:`siglo.Backend.raw_adapter`)."""
         self.idempotency = (
             SyncIdempotencyStore(backend.idempotency, self._portal)
             if backend.idempotency is not None
@@ -336,6 +339,11 @@ class SyncBackend:
     @property
     def url(self) -> str:
         return self.backend.url
+
+    @property
+    def url_shares_storage(self) -> bool:
+        """Whether connecting to :attr:`url` again reaches this same storage."""
+        return self.backend.url_shares_storage
 
     @property
     def capabilities(self) -> frozenset[Capability]:
