@@ -218,6 +218,7 @@ def check_port(url: str) -> None:
     """
     if not isinstance(url, str):
         return
+    urls.refuse_fragment(url)  # before a password's start can be read as a port
     try:
         parts = urlsplit(url)
         if "," not in parts.netloc:

@@ -39,6 +39,7 @@ __all__ = [
     "mask_credentials",
     "optional_integer",
     "query_names",
+    "refuse_fragment",
     "refuse_unknown",
     "STORE_OPTIONS",
     "same_store",
@@ -159,6 +160,24 @@ def typed_keywords(
                 raise InvalidArgumentError(str(exc).replace("URL option ", "option ", 1)) from None
         typed[name] = value
     return typed
+
+
+def refuse_fragment(url: str) -> None:
+    """Refuse a backend URL with a ``#``, naming its scheme alone.
+
+    ``urlsplit`` takes everything after a ``#`` for a fragment, silently: a ``#`` in a
+    password (``postgresql://u:pa#ss@db/app``) would leave the host and the database
+    behind (and the password's start be read as a port, into an error's text), and
+    ``sqlite:///a.db#x`` would open ``a.db``. What follows the ``#`` may be the rest of
+    a password, and so may what precedes it (``u:pa`` is no user and password to
+    mask without its ``@``): only the scheme is shown."""
+    if "#" in url:
+        kind = f"a {url.split('://', 1)[0]}:// backend URL" if "://" in url else "a backend URL"
+        raise InvalidArgumentError(
+            f"{kind} has a `#` (not shown: it may be in a password): a "
+            "backend URL takes no fragment, and a `#` in a password or a path is "
+            "written %23"
+        )
 
 
 def query_names(url: str) -> frozenset[str]:

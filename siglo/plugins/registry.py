@@ -18,7 +18,7 @@ from siglo.errors import BackendNotFoundError
 from siglo.plugins.backends import BackendRegistry, BackendSpec
 from siglo.plugins.markers import DISABLE_ENV, GROUP
 from siglo.plugins.spec import SigloHookSpec
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, refuse_fragment
 
 __all__ = ["BackendRegistry", "BackendSpec", "PluginInfo", "PluginRegistry", "get_registry"]
 
@@ -138,6 +138,7 @@ class PluginRegistry:
             raise BackendNotFoundError(
                 f"not a backend URL: {mask_credentials(url)!r} (expected scheme://...)"
             )
+        refuse_fragment(url)
         scheme = url.split("://", 1)[0].lower()
         for spec in self.backends():
             if scheme in spec.schemes:

@@ -51,6 +51,18 @@ def test_bad_port() -> None:
     assert_one_line_error(run("migrate", "postgresql://127.0.0.1:70000/test"), "bad port")
 
 
+def test_a_url_with_a_hash() -> None:
+    """Refused before anything connects, ``siglo check`` included (it opens a backend
+    with the plugin's own factory), and nothing after the scheme shown."""
+    for args in (
+        ("check", "sqlite:///contract.db#x"),
+        ("ls", "postgresql://u:pa#ss@127.0.0.1:5432/test"),
+        ("migrate", "redis://:se#cret@127.0.0.1:6379/0"),
+    ):
+        line = assert_one_line_error(run(*args), "has a `#`", "%23")
+        assert "pa" not in line.split("`#`")[0] and "se#" not in line and "ss@" not in line
+
+
 def test_redis_database_that_is_not_a_number() -> None:
     assert_one_line_error(run("check", f"{REDIS_URL.rsplit('/', 1)[0]}/abc"), "'abc'")
 

@@ -9,6 +9,7 @@ from siglo import urls
 from siglo.config import Settings
 from siglo.connect import is_settings_store, options_for
 from siglo.errors import InvalidArgumentError
+from siglo.plugins import get_registry
 
 OPTIONS = {
     "ttl_ms": urls.integer,
@@ -170,3 +171,31 @@ def test_the_settings_store_is_their_url_with_their_options(
     settings = Settings(url=settings_url, options=settings_options)
     effective, _ = options_for(url, settings, options)
     assert is_settings_store(url, effective, settings) is theirs
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///app.db#x",
+        "postgresql://u:pa#ss@127.0.0.1:5432/app",
+        "redis://:se#cret@127.0.0.1:6379/0",
+        "memory://#",
+    ],
+)
+def test_a_backend_url_with_a_hash_is_refused_without_showing_it(url: str) -> None:
+    """``urlsplit`` reads what follows a ``#`` as a fragment, silently: ``sqlite:///a.db#x``
+    opened ``a.db`` (a black-box auditor), and a ``#`` in a password left the host behind
+    and put the password's start, read as a port, into the error. Refused by every way
+    in (``siglo.connect``, the registry a command or ``siglo check`` resolves a URL with),
+    naming the scheme alone."""
+    for refuse in (siglo.connect, lambda u: get_registry().for_url(u)):
+        with pytest.raises(InvalidArgumentError, match="has a `#`") as refused:
+            refuse(url)
+        # Nothing of the URL but its scheme.
+        assert str(refused.value) == (
+            f"a {url.split('://')[0]}:// backend URL has a `#` (not shown: it may be in a "
+            "password): a backend URL takes no fragment, and a `#` in a password or a "
+            "path is written %23"
+        )
+    # Written %23, it is a password (or a path) like any other.
+    assert get_registry().for_url("postgresql://u:pa%23ss@127.0.0.1:5432/app").name == "postgres"
