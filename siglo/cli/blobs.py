@@ -9,11 +9,16 @@ import click
 from siglo.adapter import Capability
 from siglo.blobs import bounded, open_blob_store
 from siglo.cli.common import open_store, print_json, print_table, require
-from siglo.cli.errors import CliError, cli_settings, resolve_url, settings_store
-from siglo.config import Settings
+from siglo.cli.errors import (
+    CliError,
+    cli_settings,
+    resolve_url,
+    settings_store,
+    store_options_named,
+)
 from siglo.connect import command_timeout_ms
 from siglo.offload import DEFAULT_GRACE_MS, Collected, collect_blobs
-from siglo.urls import STORE_OPTIONS, mask_credentials, query_names
+from siglo.urls import mask_credentials, query_names
 
 
 @click.command("collect-blobs")
@@ -53,7 +58,7 @@ def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) 
         # backend's checkpoints, every one of them would look like an orphan.
         raise CliError(
             f"the blob store {mask_credentials(blob_url)} goes with the settings' store "
-            f"(url {mask_credentials(settings.url)}{_with_options(settings)}), not with "
+            f"(url {mask_credentials(settings.url)}{store_options_named(settings)}), not with "
             f"{mask_credentials(resolved)}, which opens another store: collecting it "
             "against another store would remove the blobs its own checkpoints reference",
             "run it without a URL, or with the settings of the backend whose blob store it is",
@@ -81,9 +86,3 @@ def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) 
         print_json(counts)
         return
     print_table(f"blobs of {mask_credentials(blob_url)}", ("blobs", "count"), list(counts.items()))
-
-
-def _with_options(settings: Settings) -> str:
-    """The settings' options that pick their store, as the refusal names them."""
-    picked = sorted(k for k in settings.options if k in STORE_OPTIONS)
-    return f" with the {', '.join(picked)} of its [options]" if picked else ""

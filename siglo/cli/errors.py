@@ -30,7 +30,7 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.masking import scrub
-from siglo.urls import mask_credentials
+from siglo.urls import STORE_OPTIONS, mask_credentials
 
 __all__ = [
     "DEBUG_ENV",
@@ -215,6 +215,13 @@ def settings_store(url: str, settings: Settings) -> bool:
     return is_settings_store(url, options_for(url, settings, {})[0], settings)
 
 
+def store_options_named(settings: Settings) -> str:
+    """The settings' options that pick their store on their URL, as a message names
+    them (`` with the table_prefix of its [options]``), or nothing."""
+    picked = sorted(k for k in settings.options if k in STORE_OPTIONS)
+    return f" with the {', '.join(picked)} of its [options]" if picked else ""
+
+
 def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = None) -> str:
     """The backend URL a command works on: ``url`` if given, else the settings' (``url`` in
     the settings file, ``$SIGLO_URL``), else ``default`` (a callable is asked only then).
@@ -238,8 +245,9 @@ def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = No
             # siglo.connect gives the settings' blob store to their own store only: the
             # collector of that store walks that store alone.
             click.echo(
-                f"note: the blob store of {settings.source} (blob_url) goes with its url "
-                f"{mask_credentials(settings.url)}, not with {mask_credentials(url.strip())}: "
+                f"note: the blob store of {settings.source} (blob_url) goes with its store "
+                f"(url {mask_credentials(settings.url)}{store_options_named(settings)}), "
+                f"not with {mask_credentials(url.strip())}: "
                 "values are stored there inline (give that backend a blob store of its own "
                 "in its own settings to offload them)",
                 err=True,
