@@ -26,7 +26,7 @@ from siglo.redaction import hide, redacting
 from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
-from siglo.workflow.flow import STEP_CACHE_KEY
+from siglo.workflow.flow import STEP_CACHE_KEY, run_cache_namespace
 from siglo.workflow.outcomes import wait_outcome
 
 __all__ = [
@@ -298,7 +298,10 @@ async def step_cache_uses(
         if cache:
             # A key no flow writes (edited metadata) is refused: nothing to look up.
             with contextlib.suppress(InvalidArgumentError):
-                present = await adapter.get_cached_step(key) is not MISSING
+                entry = await adapter.get_cached_step(
+                    key, **run_cache_namespace(checkpoint.namespace)
+                )
+                present = entry is not MISSING
         uses.append(
             StepCacheUse(
                 step=str(step),

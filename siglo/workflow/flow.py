@@ -46,7 +46,7 @@ from siglo.workflow.outcomes import (
 )
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
-__all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow"]
+__all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow", "run_cache_namespace"]
 
 _NO_SPAN: Final = contextlib.nullcontext()
 
@@ -1093,12 +1093,19 @@ def _step_cache(manager: StorageManager) -> StorageAdapter | None:
 
 
 def _cache_namespace(stack: ExecutionStack) -> dict[str, Any]:
-    """The namespace of a run's cache entries: its own. The same step and input in two
-    tenants are two entries — never one tenant's output served to another — each
-    encrypted under its tenant's key, so erasing the tenant leaves its entries unreadable
+    """The namespace of a run's cache entries (:func:`run_cache_namespace`)."""
+    return run_cache_namespace(stack.namespace)
+
+
+def run_cache_namespace(namespace: str | None) -> dict[str, Any]:
+    """The keyword a run in ``namespace`` passes to every call on its cache entries:
+    their namespace is the run's own. The same step and input in two tenants are two
+    entries — never one tenant's output served to another — each encrypted under its
+    tenant's key, so erasing the tenant leaves its entries unreadable
     (docs/encryption.md). Left out without a namespace, so an adapter that predates
-    namespaced entries is called as before."""
-    return {} if stack.namespace is None else {"namespace": stack.namespace}
+    namespaced entries is called as before. Every path that looks a run's entries up
+    (the flow, the dashboard's run page) takes it from here."""
+    return {} if namespace is None else {"namespace": namespace}
 
 
 class _LookAhead:

@@ -26,6 +26,7 @@ import siglo
 from siglo.coordination import LockBase, LockState, holder_label
 from siglo.errors import CapabilityNotSupportedError
 from siglo.locking import Lease, current_lease
+from siglo.sentinel import MISSING
 from siglo.ui import data
 from siglo.ui.server import create_app
 from siglo.workflow import Worker
@@ -612,6 +613,35 @@ async def test_the_run_page_shows_step_cache_hits_and_misses(store: siglo.Backen
     assert price_hit[4:] == ["written by an earlier run: not recorded", "yes"]
     assert rows(none) == [["no cached step"]]
     assert SECRET not in miss and SECRET not in hit
+
+
+async def test_a_tenants_run_page_looks_up_the_tenants_cache_entry(
+    store: siglo.Backend,
+) -> None:
+    """A run in a namespace caches its steps in that namespace; its page looked the
+    entry up without it, so it said "no" while the tenant's entry was there and "yes"
+    once a run without a namespace cached the same key (a black-box auditor). It looks
+    up the run's own entry, as the flow does (``run_cache_namespace``)."""
+
+    def cached_now(page: str) -> str:
+        table = page.split('<table id="step-cache">')[1].split("</table>")[0]
+        row = table.split("<tbody>")[1].split("<tr>")[1]
+        return re.sub(r"<[^>]+>", "", re.findall(r"<td[^>]*>(.*?)</td>", row)[-1]).strip()
+
+    params = {"id": "tenant-price", "namespace": "tenant-a"}
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        await PRICING.run("a", manager=manager, stack_id="tenant-price", namespace="tenant-a")
+        assert await backend.adapter.get_cached_step("price:A-1") is MISSING
+        async with dashboard(store.url) as client:
+            assert cached_now((await client.get("/run", params=params)).text) == "yes"
+            # The tenant's entry gone (a TTL of 1 ms), the same key cached without one.
+            await backend.adapter.set_cached_step("price:A-1", {}, 1, namespace="tenant-a")
+            await asyncio.sleep(0.05)
+            await PRICING.run("b", manager=manager, stack_id="plain-price")
+            assert await backend.adapter.get_cached_step("price:A-1") is not MISSING
+            page = (await client.get("/run", params=params)).text
+            assert cached_now(page) == "no (expired or removed)"
 
 
 async def test_a_store_that_fails_is_a_page_that_says_so(caplog: pytest.LogCaptureFixture) -> None:
