@@ -297,6 +297,19 @@ class PostgresDatabase(Database):
                 await conn.execute("SELECT 1")
             self._engine_open = True
             return
+        # Connecting is part of the call that needs it, and bounded with it: a server
+        # that takes the connection and never answers (frozen, a stalled route) kept
+        # each call waiting for libpq's connect_timeout (10 s by default) whatever the
+        # call's command_timeout_ms, and a worker's retries with it.
+        bound = None if self.command_timeout_ms is None else self.command_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(bound):
+                await self._open_pool(bound)
+        except TimeoutError:
+            raise self.timed_out("connecting") from None
+
+    async def _open_pool(self, bound: float | None) -> None:
+        """The probe connection, then the pool, filled (:meth:`_connect`)."""
         # One direct connection first: a refused connection, a wrong password or a
         # missing database fails at once with libpq's own message, where the pool would
         # retry until its timeout and report only that it timed out.
@@ -313,8 +326,13 @@ class PostgresDatabase(Database):
             open=False,
             name="siglo",
         )
+        opening_s = (
+            self.pool_timeout_ms / 1000
+            if bound is None
+            else min(bound, self.pool_timeout_ms / 1000)
+        )
         try:
-            await pool.open(wait=True, timeout=self.pool_timeout_ms / 1000)
+            await pool.open(wait=True, timeout=opening_s)
         except BaseException:
             with suppress(Exception):
                 await pool.close(timeout=0)

@@ -176,6 +176,36 @@ async def test_postgres_frozen_server() -> None:
             await drop_schema(POSTGRES_URL, schema)
 
 
+async def test_postgres_frozen_before_the_first_call() -> None:
+    """A server that takes the connection and never answers, before the backend has
+    connected: each call that had to connect waited for libpq's ``connect_timeout``
+    (10 s by default) whatever its ``command_timeout_ms``, and a worker's retries took
+    ten times their ``--retry-for`` (a black-box auditor). Connecting is bounded with
+    the call; once the server answers, the next call connects."""
+    require_postgres()
+    parts = urlsplit(POSTGRES_URL)
+    schema = "siglo_test_frozen_" + os.urandom(4).hex()
+    async with siglo.connect(POSTGRES_URL, schema=schema) as setup:
+        await setup.adapter.migrate()
+        await setup.adapter.save_checkpoint(cp(1))
+    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        url = POSTGRES_URL.replace(parts.netloc, f"{parts.username}@{proxy.url_host}")
+        proxy.freeze()
+        backend = siglo.connect(url, schema=schema, command_timeout_ms=BOUND_MS)
+        try:
+            for _ in range(2):
+                await bounded_failure(backend.adapter.get_checkpoint("s"), unknown=False)
+            assert backend.lock is not None
+            await bounded_failure(backend.lock.acquire("k"), unknown=False)
+            proxy.thaw()
+            got = await backend.adapter.get_checkpoint("s")
+            assert got is not None and got.revision == 1
+        finally:
+            proxy.restore()
+            await backend.aclose()
+            await drop_schema(POSTGRES_URL, schema)
+
+
 # -- SQLite ----------------------------------------------------------------------------------
 
 
