@@ -83,7 +83,7 @@ def test_backends_read_url_options_with_the_shared_parser() -> None:
     with pytest.raises(InvalidArgumentError, match="URL option cache_ttl_ms must be an integer"):
         siglo.connect("sqlite://?cache_ttl_ms=abc")
     with pytest.raises(InvalidArgumentError, match="URL option cluster must be true or false"):
-        siglo.connect(RD + "/0?cluster=perhaps")
+        siglo.connect("redis://127.0.0.1:6379/0?cluster=perhaps")
     with pytest.raises(InvalidArgumentError, match="URL option prepare_threshold must be an"):
         siglo.connect("postgresql://127.0.0.1/test?prepare_threshold=x")
 
@@ -94,9 +94,9 @@ async def test_backend_urls_carry_their_options_back() -> None:
         assert backend.url == "sqlite://?table_prefix=app_"
     finally:
         await backend.aclose()
-    backend = siglo.connect(RD + "/0?db=0", checkpoint_ttl_ms=None)
+    backend = siglo.connect("redis://127.0.0.1:6379/0?db=0", checkpoint_ttl_ms=None)
     try:
-        assert backend.url == RD + "/0?db=0&checkpoint_ttl_ms=none"
+        assert backend.url == "redis://127.0.0.1:6379/0?db=0&checkpoint_ttl_ms=none"
     finally:
         await backend.aclose()
 
