@@ -13,7 +13,12 @@ from typing import Any, Final
 
 import orjson
 
-from siglo.errors import DecryptionError, InvalidArgumentError, MalformedRecordError
+from siglo.errors import (
+    DecryptionError,
+    InvalidArgumentError,
+    MalformedRecordError,
+    ReservedFormError,
+)
 
 __all__ = [
     "NO_BLOB_STORE",
@@ -95,12 +100,12 @@ def refuse_reserved_forms(contexts: Any, where: str) -> None:
         if type(context) is not dict:
             continue
         if is_sealed(context):
-            raise InvalidArgumentError(
+            raise ReservedFormError(
                 f"{where}: context {step!r} has the form siglo reserves for a sealed value "
                 f'({{"{SEALED_KEY}": "…"}}); give it another shape'
             )
     for step, key, _ in references_in(contexts):
-        raise InvalidArgumentError(
+        raise ReservedFormError(
             f"{where}: {step}.{key} has the form siglo reserves for a reference to an "
             f'offloaded value ({{"{REF_KEY}": "…", "bytes": n}}); give it another shape'
         )
@@ -111,7 +116,7 @@ def refuse_reserved_value(value: Any, what: str) -> None:
     idempotency result: ``what`` names it), which reads back refused when it looks like
     a sealed value or a reference."""
     if type(value) is dict and (is_sealed(value) or is_reference(value)):
-        raise InvalidArgumentError(
+        raise ReservedFormError(
             f'{what} has a form siglo reserves ({{"{SEALED_KEY}": "…"}} for a sealed '
             f'value, {{"{REF_KEY}": "…", "bytes": n}} for an offloaded one); give it '
             "another shape"

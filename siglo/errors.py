@@ -35,6 +35,7 @@ __all__ = [
     "NamespaceMismatchException",
     "OutcomeUnknownError",
     "PluginError",
+    "ReservedFormError",
     "SchemaVersionError",
     "SigloError",
     "StorageAdapterError",
@@ -143,6 +144,15 @@ class MalformedRecordError(SigloError, ValueError):
         self.field = field
         self.problem = problem
         super().__init__(f"malformed {kind}: field {field!r} {problem}")
+
+
+class ReservedFormError(InvalidArgumentError):
+    """A value stored where siglo would take it for one of its own forms — a sealed
+    value (``{"$siglo": "…"}``), a reference to an offloaded value (``{"$siglo.blob":
+    "…", "bytes": n}``) — refused before anything is written: stored, every later read
+    would take it for that form, and refuse it. As for a document too large, a flow
+    whose step output or delivered event has such a form fails the run (or refuses the
+    delivery before its claim) rather than leave it running or waiting."""
 
 
 class DocumentTooLargeError(InvalidArgumentError):

@@ -13,6 +13,7 @@ from typing import Any
 
 from siglo.adapter import Capability
 from siglo.checkpoint import TERMINAL_STATUSES
+from siglo.codec import refuse_reserved_value
 from siglo.errors import CheckpointConflictError, SigloError
 from siglo.manager import StorageManager
 from siglo.stack import ExecutionStack
@@ -107,6 +108,10 @@ async def deliver_event(
     _require(manager, Capability.WAIT_RECORDS, "deliver an event")
     adapter = manager.adapter
     assert adapter is not None
+    # As Flow.deliver refuses it: a payload of a form siglo reserves, stored whole in the
+    # wait record and as the step's context, would read back as a sealed or offloaded
+    # value, and the run could not be checkpointed with it.
+    refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
 
     def refuse_changed(revision: int) -> None:
         if expected_revision is not None and revision != expected_revision:

@@ -23,6 +23,7 @@ from siglo.errors import (
     DocumentTooLargeError,
     InvalidArgumentError,
     InvalidStateTransitionError,
+    ReservedFormError,
     StorageAdapterError,
     WaitRecordClaimError,
     WorkflowVersionMismatchError,
@@ -47,6 +48,11 @@ from siglo.workflow.outcomes import (
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow", "run_cache_namespace"]
+
+REFUSED_UNWRITTEN: Final = (DocumentTooLargeError, ReservedFormError)
+"""A run's checkpoint refused before anything was written, whatever is retried: too
+large, or holding a value of a form siglo reserves. The flow fails the run on either,
+as a step that raised, rather than leave it running or waiting."""
 
 _NO_SPAN: Final = contextlib.nullcontext()
 
@@ -307,6 +313,11 @@ class Flow:
         """
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
+        # Stored whole in the wait record and as the step's context, a payload of a form
+        # siglo reserves would read back as a sealed or offloaded value: refused before
+        # the claim, which would otherwise complete the wait for a run that then cannot
+        # be checkpointed.
+        refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
         with self._resume_span(correlation_key, namespace):
             record = await _claim(
                 adapter,
@@ -673,9 +684,10 @@ class Flow:
                     # rather than stay running for a worker to rerun the step.
                     await _save_failed(manager, stack, step, stored, unlock=unlock)
                     raise InvalidArgumentError(str(taken)) from None
-                except DocumentTooLargeError:
-                    # The waiting checkpoint is too large (its wait is cancelled): the run
-                    # fails, as when a step's output is, instead of staying running.
+                except REFUSED_UNWRITTEN:
+                    # The waiting checkpoint is too large, or holds a reserved form (its
+                    # wait is cancelled): the run fails, as when a step's output is,
+                    # instead of staying running.
                     stack.delete(step.name, WAITING_FOR)
                     stack.metadata.pop("waitRecord", None)
                     stack.status = "running"  # the refused "waiting", taken back
@@ -712,10 +724,11 @@ class Flow:
                 if entry is not None and isinstance(exc, CheckpointConflictError):
                     # The entry is stored whatever the compare-and-set decided.
                     await self._cache_event(manager, "set", entry.key, stack, step)
-                if isinstance(exc, DocumentTooLargeError):
+                if isinstance(exc, REFUSED_UNWRITTEN):
                     # Nothing was written (the guard refuses first). The step's output
-                    # cannot be stored: the run fails as if the step had raised, instead
-                    # of staying "running" for a worker to rerun the step at every pass.
+                    # cannot be stored (too large, or of a form siglo reserves): the run
+                    # fails as if the step had raised, instead of staying "running" for a
+                    # worker to rerun the step, and its side effects, at every pass.
                     stack.delete(step.name, OUTPUT)
                     if stack.chains and stack.chains[-1] == step.name:
                         stack.chains.pop()
@@ -904,7 +917,7 @@ class Flow:
         stack.transition("waiting")
         try:
             await manager.save(stack, expected_revision=stack.revision, unlock=unlock)
-        except (CheckpointConflictError, DocumentTooLargeError):
+        except (CheckpointConflictError, *REFUSED_UNWRITTEN):
             # Refused, nothing written: another writer changed the run since it was read
             # — deleted it (`siglo rm`, `prune`), cancelled it — or the waiting checkpoint
             # is too large. The wait just written waits for nothing: cancelled, it neither
@@ -1044,7 +1057,7 @@ async def _save_failed(
     try:
         await manager.save(stack, expected_revision=stored, unlock=unlock)
         return
-    except DocumentTooLargeError:
+    except REFUSED_UNWRITTEN:
         if step.name not in stack.contexts:
             raise
     context = stack.contexts[step.name]
@@ -1055,7 +1068,7 @@ async def _save_failed(
             stack.revision = stored
             await manager.save(stack, expected_revision=stored, unlock=unlock)
             return
-    except DocumentTooLargeError:
+    except REFUSED_UNWRITTEN:
         pass
     for left in list(context):
         stack.delete(step.name, left)

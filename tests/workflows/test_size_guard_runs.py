@@ -15,7 +15,7 @@ from ops_support import DURABLE_KINDS, shared_store
 import siglo
 from siglo import DocumentTooLargeError, Step, WorkflowSuspended, flow, wait_for_event
 from siglo.config import Settings
-from siglo.errors import InvalidStateTransitionError, WaitRecordClaimError
+from siglo.errors import InvalidStateTransitionError, ReservedFormError, WaitRecordClaimError
 from siglo.workflow import Worker
 
 SETTINGS = Settings(max_document_bytes=4096)
@@ -169,3 +169,66 @@ async def test_a_run_stored_just_under_the_limit_fails_whatever_the_step_adds(ki
                 except WorkflowSuspended:
                     pass
         assert failed >= 20  # the sweep crossed the limit with the run stored before it
+
+
+# -- values of a form siglo reserves: refused before anything is written, as a size is ------
+
+RESERVED = {"$siglo.blob": "ab" * 32, "bytes": 3}
+"""A value of the form siglo gives a reference to an offloaded value."""
+reserved_charges: list[int] = []
+
+
+async def charge_reserved(amount: Any) -> dict[str, Any]:
+    reserved_charges.append(amount)
+    return RESERVED
+
+
+reserved_output = flow(Step.create("charge", charge_reserved), name="reserved-output")
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_step_output_of_a_reserved_form_fails_the_run_once(kind: str) -> None:
+    """Its checkpoint refused (``ReservedFormError``), the run stayed ``running`` at the
+    revision before, and every ``siglo worker`` pass ran the step again, its side effect
+    with it (a black-box auditor). It fails as a step too large to store does."""
+    reserved_charges.clear()
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url) as backend,
+    ):
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(ReservedFormError, match=r"charge\.output"):
+            await reserved_output.run(7, manager=manager, stack_id="reserved-1")
+        stored = await backend.adapter.get_checkpoint("reserved-1")
+        assert stored is not None and stored.status == "failed"
+        assert "output" not in stored.contexts.get("charge", {})
+        worker = Worker(manager, [reserved_output])
+        for _ in range(3):
+            done = await worker.run_once()
+            assert done.runs_recovered == 0 and not done.failures
+        assert reserved_charges == [7]
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_an_event_of_a_reserved_form_is_refused_before_its_claim(kind: str) -> None:
+    """The claim stored the payload and completed the wait; the run's checkpoint was then
+    refused, so the run stayed ``waiting`` on a completed wait for ever: a good delivery
+    "already delivered", ``siglo show`` refusing the stored payload as offloaded (a
+    black-box auditor). Refused before the claim, nothing changed: the run still waits,
+    and a good delivery resumes it."""
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url) as backend,
+    ):
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await waiting.run(None, manager=manager, stack_id="reserved-2")
+        before = await backend.adapter.get_wait_record("approve:big")
+        assert before is not None and before.status == "waiting"
+        with pytest.raises(ReservedFormError, match="approve:big"):
+            await waiting.deliver("approve:big", RESERVED, manager=manager)
+        after = await backend.adapter.get_wait_record("approve:big")
+        assert after == before
+        stored = await backend.adapter.get_checkpoint("reserved-2")
+        assert stored is not None and stored.status == "waiting"
+        assert await waiting.deliver("approve:big", {"by": "ada"}, manager=manager) == {"by": "ada"}
