@@ -22,7 +22,8 @@ not match) or malformed, naming the line, **before anything is written**. Then i
 each checkpoint *without* ``expected_revision``: the store's compare-and-set takes it only
 if it moves the stack's revision forward, so an import never overwrites newer data. A
 wait goes in after its checkpoint: replacing the store's record when the import moved the
-checkpoint forward, and with :meth:`~siglo.StorageAdapter.create_wait_record` — only
+checkpoint forward (and the wait the stored revision waited on, if the moved checkpoint
+no longer waits on it and it is still waiting, is cancelled), and with :meth:`~siglo.StorageAdapter.create_wait_record` — only
 where the store has none, atomically — when the store already held that very revision
 (an earlier run of the same import, interrupted after the checkpoint). So an interrupted
 import is completed by running it again, at whatever point it stopped: nothing is
@@ -42,6 +43,7 @@ store's current key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -564,6 +566,15 @@ async def _opened_wait(
 async def _import_checkpoint(
     adapter: StorageAdapter, checkpoint: Checkpoint, report: ImportReport
 ) -> WaitMode:
+    waits = adapter.supports(Capability.WAIT_RECORDS)
+    replaced = None
+    if waits:
+        # What the store held, for the wait it waited on (_cancel_passed_wait). One it
+        # cannot read (its key erased, say) is replaced all the same, as before.
+        with contextlib.suppress(SigloError):
+            replaced = await adapter.get_checkpoint(
+                checkpoint.stack_id, checkpoint.namespace, fallback=False
+            )
     try:
         await adapter.save_checkpoint(checkpoint)
     except CheckpointConflictError:
@@ -584,7 +595,29 @@ async def _import_checkpoint(
         return None
     report.imported += 1
     report.namespaces.add(checkpoint.namespace)
+    if replaced is not None:
+        await _cancel_passed_wait(adapter, replaced, checkpoint)
     return "save"
+
+
+async def _cancel_passed_wait(
+    adapter: StorageAdapter, replaced: Checkpoint, checkpoint: Checkpoint
+) -> None:
+    """The import moved a stack forward past the wait its replaced revision waited on (an
+    earlier import of an older dump): the run no longer waits there, as in the store the
+    dump came from, where that wait was delivered or timed out — and a dump holds only
+    the wait its run waits on now. Left open, it would be claimed at every worker pass
+    for a step that no longer waits, or take a late delivery: cancelled, as a run's
+    cancellation does. Only while it is still waiting and the stack's."""
+    passed = embedded_wait_record(replaced.metadata)
+    if passed is None:
+        return
+    current = embedded_wait_record(checkpoint.metadata)
+    if current is not None and current.correlation_key == passed.correlation_key:
+        return  # the same wait: the dump's record replaces it after this checkpoint
+    stored = await adapter.get_wait_record(passed.correlation_key, namespace=checkpoint.namespace)
+    if stored is not None and stored.status == "waiting" and stored.stack_id == checkpoint.stack_id:
+        await adapter.cancel_wait_record(passed.correlation_key, namespace=checkpoint.namespace)
 
 
 async def _import_wait(

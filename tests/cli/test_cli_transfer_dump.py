@@ -919,3 +919,60 @@ def test_the_blob_store_goes_with_the_store_its_settings_options_pick(tmp_path: 
         asyncio.run(save(theirs, "third-doc"))
         assert len(blobs()) == 2
         assert asyncio.run(load(None, "app-doc")).count("$siglo.blob") == 1
+
+
+async def _start(order: Any) -> dict[str, Any]:
+    return {"order": order}
+
+
+async def _first(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "a": await siglo.wait_for_event(f"a:{state['order']}", timeout_ms=1)}
+
+
+async def _second(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "b": await siglo.wait_for_event(f"b:{state['order']}", timeout_ms=600_000)}
+
+
+TWO_WAITS = siglo.flow(
+    siglo.Step.create("start", _start),
+    siglo.Step.create("first", _first),
+    siglo.Step.create("second", _second),
+    name="two-waits",
+)
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_newer_dump_over_an_older_import_cancels_the_wait_it_moved_past(
+    kind: str,
+) -> None:
+    """A run waited on ``a:1`` (dump 1), was delivered it and waits on ``b:1`` (dump 2);
+    dump 1 then dump 2 imported into another store moved the run forward but left
+    ``a:1`` waiting there (a dump holds only the wait its run waits on): past its
+    deadline, every worker pass claimed it for a step that no longer waits and reported
+    the run failed (a black-box auditor). The import cancels the wait its stack moved
+    past; the run waits on ``b:1`` alone, and a worker finds nothing to do."""
+    async with shared_store(kind) as src, shared_store(kind) as dst:
+        manager = siglo.StorageManager(src)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await TWO_WAITS.run(1, manager=manager, stack_id="o1")
+        first = await dump_of(src)
+        with pytest.raises(siglo.WorkflowSuspended):
+            await TWO_WAITS.deliver("a:1", "A", manager=manager, allow_expired=True)
+        second = await dump_of(src)
+        await import_lines(dst.adapter, first)
+        before = await dst.adapter.get_wait_record("a:1")
+        assert before is not None and before.status == "waiting"
+        report = await import_lines(dst.adapter, second)
+        assert report.imported == 1 and report.waits == 1
+        passed = await dst.adapter.get_wait_record("a:1")
+        assert passed is not None and passed.status == "cancelled"
+        waiting = await dst.adapter.get_wait_record("b:1")
+        assert waiting is not None and waiting.status == "waiting"
+        stored = await dst.adapter.get_checkpoint("o1")
+        assert stored is not None and stored.status == "waiting"
+        done = await siglo.workflow.Worker(siglo.StorageManager(dst), [TWO_WAITS]).run_once()
+        assert done.timers_fired == 0 and not done.failures
+        # Importing the newer dump again changes nothing.
+        again = await import_lines(dst.adapter, second)
+        assert again.imported == 0
+        assert (await dst.adapter.get_wait_record("b:1")) == waiting
