@@ -23,7 +23,8 @@ each checkpoint *without* ``expected_revision``: the store's compare-and-set tak
 if it moves the stack's revision forward, so an import never overwrites newer data. A
 wait goes in after its checkpoint: replacing the store's record when the import moved the
 checkpoint forward (and the wait the stored revision waited on, if the moved checkpoint
-no longer waits on it and it is still waiting, is cancelled), and with :meth:`~siglo.StorageAdapter.create_wait_record` — only
+no longer waits on it and it is still waiting, is cancelled), and with
+:meth:`~siglo.StorageAdapter.create_wait_record` — only
 where the store has none, atomically — when the store already held that very revision
 (an earlier run of the same import, interrupted after the checkpoint). So an interrupted
 import is completed by running it again, at whatever point it stopped: nothing is
