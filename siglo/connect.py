@@ -51,8 +51,10 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     whatever path then uses it, and refuses a checkpoint document over the settings'
     ``max_document_bytes`` or the plugin's declared maximum (:mod:`siglo.sizing`). With
     the settings' ``offload_min_bytes`` and ``blob_url``, and ``url`` the settings' own
-    (or settings that name none: the blob store goes with their URL, as their options
-    do), large values go to that blob store below the pipeline (:mod:`siglo.offload`),
+    store (:func:`is_settings_store`; or settings that name none: the blob store goes
+    with their URL, as their options do) on a backend that can list its checkpoints
+    (its collector walks them), large values go to that blob store below the pipeline
+    (:mod:`siglo.offload`),
     every call to it bounded by the backend's ``command_timeout_ms``
     (:func:`command_timeout_ms`); closing the backend closes it.
 
@@ -122,6 +124,11 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         # collector walks that store's checkpoints, and would take the blobs another
         # store put there for orphans (`siglo import OTHER_URL`, then collect-blobs:
         # OTHER_URL's values gone). Another store stores its values inline.
+        offloads = False
+    if offloads and Capability.LISTING not in backend.capabilities:
+        # Its blobs could never be collected: the collector walks the backend's
+        # checkpoints, and `siglo collect-blobs` refuses a backend that cannot list
+        # them. Its values are stored inline, as another store's are.
         offloads = False
     if offloads and min_bytes is not None and blob_url is not None:
         # Below the pipeline: redact (and encode) -> offload -> store.

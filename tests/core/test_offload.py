@@ -21,6 +21,7 @@ from raw_storage import KINDS, any_backend, raw_bytes
 
 import siglo
 from siglo import Checkpoint, StorageManager
+from siglo.adapter import Capability
 from siglo.blobs import BlobStore, DirectoryBlobStore, MemoryBlobStore, blob_digest, open_blob_store
 from siglo.config import Settings
 from siglo.errors import InvalidArgumentError, StorageAdapterError
@@ -150,6 +151,25 @@ async def test_connect_offloads_after_redaction(tmp_path: Path) -> None:
         assert len(blobs) == 1 and b"SECRET-9" not in blobs[0].read_bytes()
         raw = await backend.raw_adapter.get_checkpoint("run")
         assert raw is not None and REF_KEY in raw.contexts["step"]["doc"]
+
+
+async def test_a_backend_that_cannot_list_keeps_its_values_inline(tmp_path: Path) -> None:
+    """Offloading for a backend without ``listing`` (the example filestore plugin) put
+    blobs no collector could ever walk to: ``siglo collect-blobs`` refuses such a
+    backend, so its blobs stayed for ever (a black-box auditor). Its values are stored
+    inline, as another store's are."""
+    url = f"filestore://{tmp_path / 'fs'}"
+    blobs = tmp_path / "blobs"
+    settings = Settings(url=url, offload_min_bytes=1_024, blob_url=blobs.as_uri())
+    async with siglo.connect(settings=settings) as backend:
+        assert Capability.LISTING not in backend.capabilities
+        manager = StorageManager(backend, error_mode="strict")
+        stack = manager.create_stack("run")
+        stack.set("step", "doc", {"text": BIG})
+        await manager.save_checkpoint("run")
+        raw = await backend.raw_adapter.get_checkpoint("run")
+        assert raw is not None and raw.contexts["step"]["doc"] == {"text": BIG}
+    assert not blobs.exists() or not any(blobs.rglob("*"))
 
 
 def test_settings_refuse_offloading_without_a_store() -> None:
