@@ -39,6 +39,20 @@ oversized = flow(Step.create("charge", charge), name="oversized-output")
 waiting = flow(Step.create("first", first), Step.create("approve", approve), name="big-event")
 
 
+async def _failed_and_not_taken_up(
+    backend: siglo.Backend, manager: siglo.StorageManager, refused: Any, stack_id: str
+) -> None:
+    """The run of ``refused`` whose ``charge`` output was refused is stored failed,
+    without that output, and three worker passes take nothing up (no step run again)."""
+    stored = await backend.adapter.get_checkpoint(stack_id)
+    assert stored is not None and stored.status == "failed"
+    assert "output" not in stored.contexts.get("charge", {})
+    worker = Worker(manager, [refused])
+    for _ in range(3):
+        done = await worker.run_once()
+        assert done.runs_recovered == 0 and not done.failures
+
+
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_a_step_output_too_large_to_store_fails_the_run_once(kind: str) -> None:
     charges.clear()
@@ -49,13 +63,7 @@ async def test_a_step_output_too_large_to_store_fails_the_run_once(kind: str) ->
         manager = siglo.StorageManager(backend, settings=SETTINGS)
         with pytest.raises(DocumentTooLargeError, match="'charge'"):
             await oversized.run(1200, manager=manager, stack_id="order-1")
-        stored = await backend.adapter.get_checkpoint("order-1")
-        assert stored is not None and stored.status == "failed"
-        assert "output" not in stored.contexts.get("charge", {})
-        worker = Worker(manager, [oversized])
-        for _ in range(3):
-            done = await worker.run_once()
-            assert done.runs_recovered == 0 and not done.failures
+        await _failed_and_not_taken_up(backend, manager, oversized, "order-1")
         assert charges == [1200]  # the side effect ran once, not once a pass
         with pytest.raises(InvalidStateTransitionError, match="ended failed"):
             await oversized.run(1200, manager=manager, stack_id="order-1")
@@ -199,13 +207,7 @@ async def test_a_step_output_of_a_reserved_form_fails_the_run_once(kind: str) ->
         manager = siglo.StorageManager(backend)
         with pytest.raises(ReservedFormError, match=r"charge\.output"):
             await reserved_output.run(7, manager=manager, stack_id="reserved-1")
-        stored = await backend.adapter.get_checkpoint("reserved-1")
-        assert stored is not None and stored.status == "failed"
-        assert "output" not in stored.contexts.get("charge", {})
-        worker = Worker(manager, [reserved_output])
-        for _ in range(3):
-            done = await worker.run_once()
-            assert done.runs_recovered == 0 and not done.failures
+        await _failed_and_not_taken_up(backend, manager, reserved_output, "reserved-1")
         assert reserved_charges == [7]
 
 
