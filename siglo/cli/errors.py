@@ -30,7 +30,7 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.masking import scrub
-from siglo.urls import STORE_OPTIONS, mask_credentials
+from siglo.urls import STORE_OPTIONS, mask_credentials, refuse_fragment
 
 __all__ = [
     "DEBUG_ENV",
@@ -239,6 +239,9 @@ def resolve_url(url: str | None, *, default: str | Callable[[], str] | None = No
             )
     else:
         source = "URL"
+        # Refused before the notes below print the URL (what follows a `#` may be the
+        # rest of a password), as connecting would refuse it.
+        refuse_fragment(url)
         settings = cli_settings()
         offloads = settings.blob_url is not None and settings.offload_min_bytes is not None
         if offloads and settings.url is not None and not settings_store(url, settings):

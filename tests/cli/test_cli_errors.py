@@ -61,6 +61,13 @@ def test_a_url_with_a_hash() -> None:
     ):
         line = assert_one_line_error(run(*args), "has a `#`", "%23")
         assert "pa" not in line.split("`#`")[0] and "se#" not in line and "ss@" not in line
+    # Under settings whose blob store and options go with another URL: refused before
+    # the notes that would print this one.
+    env = {"SIGLO_URL": "sqlite:///app.db", "SIGLO_BLOB_URL": "memory://"}
+    env["SIGLO_OFFLOAD_MIN_BYTES"] = "1024"
+    refused = run("ls", "postgresql://u:pa#ss@127.0.0.1:5432/test", env=env)
+    assert_one_line_error(refused, "has a `#`")
+    assert "note:" not in refused.stderr, refused.stderr
 
 
 def test_redis_database_that_is_not_a_number() -> None:
