@@ -212,8 +212,10 @@ async def test_a_call_the_server_ended_with_an_error_is_a_plain_failure() -> Non
             waiting: list[Any] = []
             for _ in range(100):
                 cur = await holder.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database() AND pid <> pg_backend_pid()"
+                    # The sessions this holder's lock blocks: the save alone (other
+                    # tests of the run wait on locks of their own in this database).
+                    "SELECT pid FROM pg_stat_activity "
+                    "WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
                 )
                 waiting = await cur.fetchall()
                 if waiting:
