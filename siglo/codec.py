@@ -23,6 +23,7 @@ from siglo.errors import (
 __all__ = [
     "NO_BLOB_STORE",
     "REF_KEY",
+    "RESERVED_METADATA_KEYS",
     "SEALED_KEY",
     "dumps",
     "dumps_of",
@@ -32,6 +33,7 @@ __all__ = [
     "loads",
     "references_in",
     "refuse_reserved_forms",
+    "refuse_reserved_metadata",
     "refuse_reserved_value",
     "refuse_unopened_value",
     "sealed_without_codecs",
@@ -109,6 +111,26 @@ def refuse_reserved_forms(contexts: Any, where: str) -> None:
             f"{where}: {step}.{key} has the form siglo reserves for a reference to an "
             f'offloaded value ({{"{REF_KEY}": "…", "bytes": n}}); give it another shape'
         )
+
+
+RESERVED_METADATA_KEYS: Final = frozenset({SEALED_KEY, "$sigloIndex"})
+"""Metadata keys siglo writes itself: ``$siglo``, the sealed rest of an encrypted
+checkpoint's metadata (a read opens it), and ``$sigloIndex``, its blind-index tokens
+(:data:`siglo.blind.INDEX_KEY`, replaced at every save)."""
+
+
+def refuse_reserved_metadata(metadata: Any, where: str) -> None:
+    """Refuse checkpoint metadata holding a key of :data:`RESERVED_METADATA_KEYS`:
+    stored, ``$siglo`` would be read as sealed metadata (the stack then unreadable) and
+    ``$sigloIndex`` replaced by the blind index. ``where`` names the stack."""
+    if type(metadata) is not dict:
+        return
+    for key in RESERVED_METADATA_KEYS:
+        if key in metadata:
+            raise ReservedFormError(
+                f"{where}: metadata key {key!r} is one siglo reserves for its own values "
+                "(sealed metadata, the blind index); give it another name"
+            )
 
 
 def refuse_reserved_value(value: Any, what: str) -> None:

@@ -190,6 +190,7 @@ class OffloadAdapter(PipelineAdapter):
     :func:`offload_adapter`; everything it does not offload passes through."""
 
     replaced_by_pipeline: ClassVar[bool] = False
+    refuses_reserved: ClassVar[bool] = False  # below the pipeline: given its sealed forms
 
     def __init__(self, inner: StorageAdapter, offloader: Offloader) -> None:
         super().__init__(inner, Pipeline(Settings()), _AsStored(None))

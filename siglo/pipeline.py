@@ -32,6 +32,8 @@ from siglo.codec import (
     NO_BLOB_STORE,
     REF_KEY,
     is_reference,
+    refuse_reserved_forms,
+    refuse_reserved_metadata,
     refuse_reserved_value,
     refuse_unopened_value,
 )
@@ -368,6 +370,33 @@ class Codecs:
         return record.replace(event_payload=payload, metadata=metadata)
 
 
+def _refuse_reserved_checkpoint(
+    checkpoint: Checkpoint, changes: Sequence[ContextChangeEvent] = ()
+) -> None:
+    """Refuse a checkpoint (and the context changes sent with it) holding a value of a
+    form siglo reserves, before anything is written (:func:`refuse_reserved_forms`): a
+    read would take it for what it looks like. The manager refuses its stacks' when it
+    takes their snapshot; this is the adapter's own entry."""
+    where = f"stack {checkpoint.stack_id!r}"
+    refuse_reserved_forms(checkpoint.contexts, where)
+    refuse_reserved_metadata(checkpoint.metadata, where)
+    for change in changes:
+        _refuse_reserved_change(change)
+
+
+def _refuse_reserved_change(event: ContextChangeEvent) -> None:
+    refuse_reserved_value(
+        event.value,
+        f"the change of {event.step_id}.{event.key} of stack {event.stack_id!r}",
+    )
+
+
+def _refuse_reserved_wait(record: WaitRecord) -> None:
+    what = f"wait record {record.correlation_key!r}"
+    refuse_reserved_value(record.event_payload, f"the event payload of {what}")
+    refuse_reserved_value(record.metadata, f"the metadata of {what}")
+
+
 def _context_location(event: ContextChangeEvent) -> Location:
     return _change_location(event.namespace, event.stack_id, event.step_id, event.key)
 
@@ -405,6 +434,10 @@ class PipelineAdapter(StorageAdapter):
     replaced_by_pipeline: ClassVar[bool] = True
     """Whether :func:`pipeline_adapter` takes this layer off before adding its own (a
     layer below the pipeline, such as :mod:`siglo.offload`'s, stays)."""
+    refuses_reserved: ClassVar[bool] = True
+    """Whether this layer refuses values of a form siglo reserves (a sealed value, a
+    reference to an offloaded one, metadata's ``$siglo`` keys) in what it is given:
+    the layer the application calls does; one below it gets the pipeline's own forms."""
 
     def __init__(
         self, inner: StorageAdapter, pipeline: Pipeline, sealer: Sealer | None = None
@@ -438,9 +471,11 @@ class PipelineAdapter(StorageAdapter):
     async def stored_form(self, checkpoint: Checkpoint) -> tuple[Checkpoint, int | None]:
         """``checkpoint`` as the backend would store it — through every layer's stages
         down to the backend's adapter — and the backend's document limit
-        (:mod:`siglo.sizing`), with nothing written to the backend or a blob store.
-        ``siglo import`` checks a whole dump against the size guard with it before it
-        writes anything."""
+        (:mod:`siglo.sizing`), with nothing written to the backend or a blob store; a
+        value of a form siglo reserves is refused as a save refuses it. ``siglo import``
+        checks a whole dump with it before it writes anything."""
+        if self.refuses_reserved:
+            _refuse_reserved_checkpoint(checkpoint)
         out = await self._checkpoint_out(checkpoint)
         if isinstance(self.inner, PipelineAdapter):
             return await self.inner.stored_form(out)
@@ -502,6 +537,8 @@ class PipelineAdapter(StorageAdapter):
     # -- context stream ------------------------------------------------------------------
 
     async def on_context_change(self, event: ContextChangeEvent) -> None:
+        if self.refuses_reserved:
+            _refuse_reserved_change(event)
         await self.inner.on_context_change(
             await self.codecs.event_out(self.pipeline.event_out(event))
         )
@@ -521,6 +558,8 @@ class PipelineAdapter(StorageAdapter):
     async def save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
+        if self.refuses_reserved:
+            _refuse_reserved_checkpoint(checkpoint)
         await self.inner.save_checkpoint(
             await self._checkpoint_out(checkpoint), expected_revision=expected_revision
         )
@@ -535,6 +574,8 @@ class PipelineAdapter(StorageAdapter):
         *,
         expected_revision: int | None = None,
     ) -> None:
+        if self.refuses_reserved:
+            _refuse_reserved_checkpoint(checkpoint, changes)
         await self.inner.save_checkpoint_streamed(
             await self._checkpoint_out(checkpoint),
             await self._events_out(changes),
@@ -548,6 +589,8 @@ class PipelineAdapter(StorageAdapter):
         *,
         expected_revision: int | None = None,
     ) -> None:
+        if self.refuses_reserved:
+            _refuse_reserved_checkpoint(checkpoint, changes)
         await self.inner.save_checkpoint_unlocking(
             await self._checkpoint_out(checkpoint),
             await self._events_out(changes),
@@ -563,6 +606,9 @@ class PipelineAdapter(StorageAdapter):
         expected_revision: int | None = None,
         unlock: bool = False,
     ) -> None:
+        if self.refuses_reserved:
+            _refuse_reserved_checkpoint(checkpoint, changes)
+            refuse_reserved_value(entry.value, f"the value of cached step {entry.key!r}")
         # The entry's value sealed as set_cached_step seals it, at its own location.
         sealed = await self.codecs.sealer.seal(
             self.pipeline.value_out(entry.value), _step_location(entry.key, entry.namespace)
@@ -589,11 +635,15 @@ class PipelineAdapter(StorageAdapter):
     # -- wait records --------------------------------------------------------------------
 
     async def save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        if self.refuses_reserved:
+            _refuse_reserved_wait(record)
         await self.inner.save_wait_record(
             await self.codecs.wait_out(self.pipeline.wait_out(record)), ttl_ms=ttl_ms
         )
 
     async def create_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> bool:
+        if self.refuses_reserved:
+            _refuse_reserved_wait(record)
         return await self.inner.create_wait_record(
             await self.codecs.wait_out(self.pipeline.wait_out(record)), ttl_ms=ttl_ms
         )
@@ -615,6 +665,8 @@ class PipelineAdapter(StorageAdapter):
         namespace: str | None = None,
     ) -> WaitRecord | None:
         if event_payload is not MISSING:
+            if self.refuses_reserved:
+                refuse_reserved_value(event_payload, f"the event delivered for {correlation_key!r}")
             event_payload = await self.codecs.sealer.seal(
                 self.pipeline.value_out(event_payload),
                 Location(namespace, correlation_key, "wait", "eventPayload"),
@@ -681,6 +733,8 @@ class PipelineAdapter(StorageAdapter):
     async def set_cached_step(
         self, key: str, value: Any, ttl_ms: int | None = None, *, namespace: str | None = None
     ) -> None:
+        if self.refuses_reserved:
+            refuse_reserved_value(value, f"the value of cached step {key!r}")
         sealed = await self.codecs.sealer.seal(
             self.pipeline.value_out(value), _step_location(key, namespace)
         )

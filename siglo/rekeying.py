@@ -54,7 +54,7 @@ from siglo.payloads import (
 )
 from siglo.pipeline import WAIT_RECORD_KEY, Codecs, PipelineAdapter, PipelineIdempotencyStore
 from siglo.redaction import redact, redact_change
-from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed
+from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed, refuse_unresolved
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.unreadable import collecting_unreadable, stopping_at_unreadable
@@ -452,6 +452,9 @@ async def _rekey_one(
             return
         opened = await codecs.checkpoint_in(stored)
         assert opened is not None
+        # A reference left by a store's offloading, read by a connection without its
+        # blob store: refused naming blob_url, as any read through the pipeline does.
+        refuse_unresolved(opened)
         if current and not _index_missing(stored, opened, codecs.indexed):
             report.current += 1
             return

@@ -100,6 +100,7 @@ def take_snapshot(
     # A value of a form siglo reserves would read back as what it looks like: refused
     # now, not at every load after.
     codec.refuse_reserved_forms(contexts, f"stack {stack.stack_id!r}")
+    codec.refuse_reserved_metadata(metadata, f"stack {stack.stack_id!r}")
     # Encoding then decoding is the deep copy: later mutations of the live stack
     # cannot reach the snapshot, non-JSON context values fail here, synchronously,
     # and the adapter reuses the encoding instead of serialising again.

@@ -61,6 +61,7 @@ from siglo.errors import (
     CheckpointConflictError,
     DocumentTooLargeError,
     InvalidArgumentError,
+    ReservedFormError,
     SigloError,
 )
 from siglo.keys import KEYRING_NAMESPACE
@@ -476,13 +477,14 @@ async def _check_sizes(adapter: StorageAdapter, lines: Iterable[bytes]) -> None:
         if kind != "checkpoint":
             continue
         assert isinstance(value, Checkpoint)
-        if isinstance(adapter, PipelineAdapter):
-            stored, limit = await adapter.stored_form(await _opened_checkpoint(adapter, value))
-        else:  # stored as it is in the dump, but for its own redacted keys
-            stored, limit = _redacted_by_its_keys(value), adapter.max_document_bytes
         try:
+            if isinstance(adapter, PipelineAdapter):
+                opened = await _opened_checkpoint(adapter, value)
+                stored, limit = await adapter.stored_form(opened)
+            else:  # stored as it is in the dump, but for its own redacted keys
+                stored, limit = _redacted_by_its_keys(value), adapter.max_document_bytes
             check_document_size(stored, limit)
-        except DocumentTooLargeError as exc:
+        except (DocumentTooLargeError, ReservedFormError) as exc:
             exc.args = (f"line {number} of the dump: {exc}; nothing was imported",)
             raise
 

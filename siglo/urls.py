@@ -38,10 +38,11 @@ __all__ = [
     "is_secret_parameter",
     "mask_credentials",
     "optional_integer",
+    "picks_store",
     "query_names",
     "refuse_fragment",
     "refuse_unknown",
-    "STORE_OPTIONS",
+    "REACH_OPTIONS",
     "same_store",
     "unknown_option_error",
     "split_options",
@@ -305,10 +306,74 @@ def remember_secret_options(options: Mapping[str, Any]) -> None:
             remember(value)
 
 
-STORE_OPTIONS: Final = frozenset(
-    {"prefix", "schema", "table_prefix", "db", "dbname", "host", "port", "service_name"}
+REACH_OPTIONS: Final = frozenset(
+    {
+        # siglo's options of every built-in backend: bounds, pools, lifetimes, behaviour.
+        "auto_migrate",
+        "busy_timeout_ms",
+        "cache_ttl_ms",
+        "checkpoint_ttl_ms",
+        "claim_lease_ms",
+        "clean_batch_size",
+        "clock",
+        "command_timeout_ms",
+        "connect_timeout_ms",
+        "idempotency_lease_ms",
+        "idempotency_ttl_ms",
+        "incremental_min_bytes",
+        "pool_max_size",
+        "pool_min_size",
+        "pool_timeout_ms",
+        "prepare_threshold",
+        "record_context_changes",
+        "workflow_lock_timeout_ms",
+        "workflow_lock_ttl_ms",
+        # Redis: the client's, and redis-py's connection parameters.
+        "auto_pipeline",
+        "cluster",
+        "reinitialize_steps",
+        "sentinel_password",
+        "sentinel_username",
+        "strict_atomicity",
+        "wait_replicas",
+        "wait_timeout_ms",
+        "client_name",
+        "health_check_interval",
+        "max_connections",
+        "retry_on_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_timeout",
+        # libpq: how to connect and authenticate, not what to open.
+        "application_name",
+        "connect_timeout",
+        "keepalives",
+        "keepalives_count",
+        "keepalives_idle",
+        "keepalives_interval",
+        "password",
+        "sslcert",
+        "sslkey",
+        "sslmode",
+        "sslpassword",
+        "sslrootcert",
+    }
 )
-"""Query parameters that say which store a URL names (the rest say how to reach it)."""
+"""Options and query parameters that say how to reach a store or how to behave in it,
+never which store it is. Every other one — in the query or as a keyword option: a
+``prefix``, ``schema``, ``table_prefix`` or database, libpq's ``options`` (a
+``search_path``) or ``service``, a client given whole, any plugin's own — may pick
+another store, so :func:`same_store` takes two connections for one store only when
+they agree on all of those."""
+
+_OPTION_ALIASES: Final = {"key_prefix": "prefix"}
+"""Option names a backend takes for another (Redis's ``key_prefix`` is ``prefix``)."""
+
+
+def picks_store(name: str) -> bool:
+    """Whether an option or query parameter named ``name`` may pick which store a
+    connection opens (it is not in :data:`REACH_OPTIONS`)."""
+    return _OPTION_ALIASES.get(name, name) not in REACH_OPTIONS
 
 
 def _store_identity(url: str, options: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -322,19 +387,31 @@ def _store_identity(url: str, options: Mapping[str, Any]) -> tuple[Any, ...]:
     elif scheme.startswith("redis"):
         path = path.strip("/") or "0"
     try:
-        server = ((parts.hostname or "").lower(), parts.port)
+        host, port = (parts.hostname or "").lower(), parts.port
     except ValueError:
-        server = (parts.netloc.lower(), None)
-    picked = {k: v for k, v in parse_qsl(parts.query) if k in STORE_OPTIONS}
+        host, port = parts.netloc.lower(), None
+    # On PostgreSQL the role picks the schema too (the default search_path starts with
+    # "$user"); elsewhere a user sees the same store.
+    role = unquote_plus(parts.username or "") if scheme.startswith("postgres") else ""
+    server = (host, port, role)
+    picked: dict[str, Any] = {}
+    for name, value in parse_qsl(parts.query):
+        name = _OPTION_ALIASES.get(name, name)
+        if picks_store(name):
+            picked[name] = value
     # A keyword option wins over the URL's query, as the backends' factories take them
     # (`None`: the backend's default, as if neither said it).
     for name, value in options.items():
-        if name in STORE_OPTIONS:
-            if value is None:
-                picked.pop(name, None)
-            else:
-                picked[name] = str(value)
-    return scheme, server, path, tuple(sorted(picked.items()))
+        name = _OPTION_ALIASES.get(name, name)
+        if not picks_store(name):
+            continue
+        if value is None:
+            picked.pop(name, None)
+        elif isinstance(value, str | int | float | bool):
+            picked[name] = str(value)
+        else:  # an object (a client): one store only with that very object
+            picked[name] = ("object", id(value))
+    return scheme, server, path, tuple(sorted(picked.items(), key=lambda item: item[0]))
 
 
 def same_store(
@@ -345,9 +422,13 @@ def same_store(
 ) -> bool:
     """Whether two backend URLs, each connected with its keyword options, name the same
     store, however each spells it: the same scheme, server, database (a SQLite file by
-    its absolute path) and the options that pick a store on it (``prefix``, ``schema``,
-    ``table_prefix`` …, from the query or the keyword options, which win), whatever else
-    they say (timeouts, pool sizes) and whoever connects."""
+    its absolute path; a PostgreSQL database with its role), and the same value of every
+    option that may pick a store on it (``prefix``, ``schema``, ``table_prefix``, libpq's
+    ``options`` … — any but :data:`REACH_OPTIONS`, from the query or the keyword options,
+    which win), whatever they say of how to reach it (timeouts, pool sizes, passwords).
+    When unsure it answers no: another store keeps its values inline, and
+    ``siglo collect-blobs`` refuses it, where a wrong yes would let the collector remove
+    blobs the settings' store still references."""
     return _store_identity(first, first_options or {}) == _store_identity(
         second, second_options or {}
     )

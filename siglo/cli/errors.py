@@ -30,7 +30,7 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.masking import scrub
-from siglo.urls import STORE_OPTIONS, mask_credentials, refuse_fragment
+from siglo.urls import mask_credentials, picks_store, refuse_fragment
 
 __all__ = [
     "DEBUG_ENV",
@@ -218,7 +218,7 @@ def settings_store(url: str, settings: Settings) -> bool:
 def store_options_named(settings: Settings) -> str:
     """The settings' options that pick their store on their URL, as a message names
     them (`` with the table_prefix of its [options]``), or nothing."""
-    picked = sorted(k for k in settings.options if k in STORE_OPTIONS)
+    picked = sorted(k for k in settings.options if picks_store(k))
     return f" with the {', '.join(picked)} of its [options]" if picked else ""
 
 

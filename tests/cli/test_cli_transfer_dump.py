@@ -921,6 +921,66 @@ def test_the_blob_store_goes_with_the_store_its_settings_options_pick(tmp_path: 
         assert asyncio.run(load(None, "app-doc")).count("$siglo.blob") == 1
 
 
+def test_a_redis_key_prefix_picks_the_store_its_blob_store_goes_with(tmp_path: Any) -> None:
+    """Redis's ``key_prefix`` is its ``prefix``: settings picking their store with it had
+    their blob store handed to a connection with another prefix (its values offloaded
+    where the settings' collector never looks), and ``siglo collect-blobs`` on their URL
+    spelt another way walked the default prefix and removed the settings' blob (a
+    black-box auditor: the value lost). Now another prefix keeps its values inline and
+    the collector refuses it."""
+    from _redis_helpers import REDIS_URL, require_redis
+
+    require_redis()
+    prefix = f"siglo-test-{os.urandom(4).hex()}"
+    settings_file = tmp_path / "siglo.toml"
+    settings_file.write_text(
+        f'url = "{REDIS_URL}"\noffload_min_bytes = 1024\n'
+        f'blob_url = "file://{tmp_path}/blobs"\n[options]\nkey_prefix = "{prefix}-app:"\n'
+    )
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("SIGLO_")}
+    env["SIGLO_CONFIG"] = str(settings_file)
+    settings = load_settings(environ={"SIGLO_CONFIG": str(settings_file)})
+
+    def blobs() -> list[Path]:
+        return [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+
+    async def save(stack_id: str, **options: Any) -> str:
+        async with siglo.connect(settings.url, settings=settings, **options) as backend:
+            stack = siglo.StorageManager(backend, settings=settings).create_stack(stack_id)
+            stack.set("doc", "text", stack_id[0] * 6000)
+            await stack.save()
+            stored = await backend.raw_adapter.get_checkpoint(stack_id)
+            assert stored is not None
+            return json.dumps(stored.contexts["doc"])
+
+    async def remove_keys() -> None:
+        import redis.asyncio as redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            async for key in client.scan_iter(match=f"{prefix}*"):
+                await client.delete(key)
+        finally:
+            await client.aclose()
+
+    try:
+        assert "$siglo.blob" in asyncio.run(save("app-doc"))  # the settings' store
+        assert "o" * 6000 in asyncio.run(save("other-doc", key_prefix=f"{prefix}-other:"))
+        assert len(blobs()) == 1
+        elsewhere = f"{REDIS_URL}?command_timeout_ms=5000"
+        refused = CliRunner().invoke(cli, ["collect-blobs", elsewhere, "--grace-ms", "0"], env=env)
+        assert refused.exit_code == 1 and "opens another store" in refused.output, refused.output
+        assert len(blobs()) == 1
+        theirs = f"{REDIS_URL}?prefix={prefix}-app:"
+        done = CliRunner().invoke(
+            cli, ["collect-blobs", theirs, "--grace-ms", "0", "--json"], env=env
+        )
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.stdout) == {"referenced": 1, "removed": 0, "kept": 0}
+    finally:
+        asyncio.run(remove_keys())
+
+
 async def _start(order: Any) -> dict[str, Any]:
     return {"order": order}
 

@@ -156,6 +156,21 @@ RD = "redis://127.0.0.1:6379"
             {},
             True,
         ),
+        # Redis's key_prefix is its prefix (a black-box auditor: the settings' key_prefix
+        # was not compared, and collect-blobs on the default prefix removed their blobs).
+        (RD + "/15", {"key_prefix": "app:"}, RD + "/15?command_timeout_ms=5000", {}, False),
+        (RD + "/15", {}, RD + "/15", {"key_prefix": "app:"}, False),
+        (RD + "/15", {"key_prefix": "app:"}, RD + "/15?prefix=app:", {}, True),
+        (RD + "/15", {"prefix": "app:"}, RD + "/15", {"key_prefix": "app:"}, True),
+        # libpq's options (a search_path), service and role pick the schema or server:
+        # any option not known to say only how to reach the store may pick another.
+        (PG, {}, PG + "?options=-csearch_path%3Dother", {}, False),
+        (PG, {}, PG + "?service=other", {}, False),
+        (PG, {}, "postgresql://other@127.0.0.1/app", {}, False),
+        (PG, {}, PG + "?sslmode=prefer&application_name=x&password=p", {}, True),
+        ("sqlite:///app.db", {}, "sqlite:///app.db", {"some_plugin_option": "x"}, False),
+        (RD + "/0", {}, RD + "/0", {"client": object()}, False),
+        (RD + "/0", {}, RD + "/0?socket_timeout=5&auto_pipeline=false", {}, True),
     ],
 )
 def test_the_settings_store_is_their_url_with_their_options(
