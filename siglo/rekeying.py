@@ -39,7 +39,9 @@ from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
     DecryptionError,
+    DocumentTooLargeError,
     InvalidArgumentError,
+    ReservedFormError,
 )
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
 from siglo.listing import CheckpointSummary, get_listed
@@ -59,7 +61,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.unreadable import collecting_unreadable, stopping_at_unreadable
 
-__all__ = ["EraseReport", "PayloadCounts", "RekeyReport", "erase", "rekey"]
+__all__ = ["EraseReport", "PayloadCounts", "RefusedStack", "RekeyReport", "erase", "rekey"]
 
 _PAGE: Final = 500
 _ATTEMPTS: Final = 8
@@ -78,6 +80,10 @@ class RekeyReport:
     """Checkpoints already under the current key (skipped)."""
     left: int = 0
     """Checkpoints that kept changing under the rekey: run it again to finish them."""
+    refused: list[RefusedStack] = field(default_factory=list)
+    """Checkpoints whose re-save was refused for what they hold (a document over the
+    size limit once sealed, a value of a form siglo reserves): left as they are, under
+    the key they were written with, while the rekey goes on with the others."""
     rotated: dict[str | None, str] | None = None
     """With ``rotate``: the new data key id of each namespace."""
     payloads: dict[str, PayloadCounts] = field(default_factory=dict)
@@ -86,6 +92,15 @@ class RekeyReport:
     to each stored copy (for the kinds the backend lists)."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Kinds of record not rekeyed, and why (the backend cannot list them)."""
+
+
+@dataclass(frozen=True)
+class RefusedStack:
+    """A checkpoint a rekey left as it was, and why (:attr:`RekeyReport.refused`)."""
+
+    namespace: str | None
+    stack_id: str
+    reason: str
 
 
 @dataclass
@@ -226,7 +241,12 @@ async def rekey(
             names.add(namespace)
         report.rotated = {ns: await keys.rotate(ns) for ns in sorted(names, key=str)}
     for summary in stacks:
-        await _rekey_one(adapter, codecs, keys, summary, report)
+        try:
+            await _rekey_one(adapter, codecs, keys, summary, report)
+        except (DocumentTooLargeError, ReservedFormError) as exc:
+            # This document's own: the others are rekeyed all the same (one stack over
+            # the limit would otherwise stop every rekey at the same place, for ever).
+            report.refused.append(RefusedStack(summary.namespace, summary.stack_id, str(exc)))
         if progress is not None:
             progress(report)
     # One rule for every record rewritten: the settings' redaction, as on any new write

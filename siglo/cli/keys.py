@@ -55,7 +55,7 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
                 progress.update(
                     task,
                     total=report.total,
-                    completed=report.rekeyed + report.current + report.left,
+                    completed=report.rekeyed + report.current + report.left + len(report.refused),
                 )
 
             async with open_store(resolve_url(url), existing=True) as backend:
@@ -104,6 +104,16 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
             "written with until they are rewritten or expire; keep that key until then",
             err=True,
         )
+    if report.refused:
+        click.echo(
+            f"error: {len(report.refused)} checkpoint(s) not rekeyed, left under the key "
+            "they were written with (keep it until they are rewritten or removed):",
+            err=True,
+        )
+        for refused in report.refused:
+            where = "" if refused.namespace is None else f" (namespace {refused.namespace!r})"
+            click.echo(f"  {refused.stack_id!r}{where}: {refused.reason}", err=True)
+        sys.exit(1)
     if report.left or any(c.left for c in report.payloads.values()):
         sys.exit(3)
 

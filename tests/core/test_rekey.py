@@ -196,6 +196,47 @@ async def test_rekey_encrypts_clear_rows_and_moves_old_keys_to_the_current_one(
         assert b"rekeyed 0 idempotency result(s); 1 already" in again.stdout
 
 
+async def test_a_stack_sealing_would_make_too_large_is_named_and_the_rest_rekeyed(
+    tmp_path: Path,
+) -> None:
+    """Turning encryption on for a store that held plaintext: a document close to
+    ``max_document_bytes`` grows past it when sealed (base64), and its re-save is
+    refused. The rekey stopped there, every later stack left in clear — and so at every
+    run after. It leaves that one as it was, names it, rekeys the others, and exits 1."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    async with siglo.connect(url) as backend:
+        clear = backend.raw_adapter
+        # Listed in id order: the large one comes first, the others after it.
+        for stack_id, size in (("a-large", 90_000), ("b-small", 10), ("c-small", 10)):
+            text = base64.b64encode(os.urandom(size)).decode()[:size]
+            await clear.save_checkpoint(
+                Checkpoint(
+                    stack_id=stack_id,
+                    revision=1,
+                    timestamp=5,
+                    contexts={"doc": {"text": text, "card": SECRET}},
+                )
+            )
+    env = {"SIGLO_ENCRYPTION_KEYS": f"k1={new_key()}", "SIGLO_MAX_DOCUMENT_BYTES": "100000"}
+    done = run_siglo(tmp_path, "rekey", url, env=env)
+    assert done.returncode == 1, done.stdout.decode() + done.stderr.decode()
+    assert b"rekeyed 2 checkpoint(s); 0 already under the current key" in done.stdout
+    err = done.stderr.decode()
+    assert "1 checkpoint(s) not rekeyed" in err and "'a-large'" in err, err
+    assert "max_document_bytes" in err or "limit" in err, err
+    async with siglo.connect(url) as backend:
+        large = await backend.raw_adapter.get_checkpoint("a-large")
+        assert large is not None and large.revision == 1  # as it was, in clear
+        assert large.contexts["doc"]["card"] == SECRET
+        for stack_id in ("b-small", "c-small"):
+            stored = await backend.raw_adapter.get_checkpoint(stack_id)
+            assert stored is not None and key_ids(stored) == {"k1"}
+    # Run again: the same one named, the others current.
+    again = run_siglo(tmp_path, "rekey", url, env=env)
+    assert again.returncode == 1
+    assert b"rekeyed 0 checkpoint(s); 2 already under the current key" in again.stdout
+
+
 @pytest.mark.rule("pipeline.encryption")
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_rotation_under_concurrent_writers_loses_nothing(kind: str) -> None:
