@@ -326,6 +326,7 @@ REACH_OPTIONS: Final = frozenset(
         "pool_timeout_ms",
         "prepare_threshold",
         "record_context_changes",
+        "synchronous",
         "workflow_lock_timeout_ms",
         "workflow_lock_ttl_ms",
         # Redis: the client's, and redis-py's connection parameters.
@@ -344,7 +345,9 @@ REACH_OPTIONS: Final = frozenset(
         "socket_connect_timeout",
         "socket_keepalive",
         "socket_timeout",
-        # libpq: how to connect and authenticate, not what to open.
+        # PostgreSQL: through PgBouncer (its address is the URL's), and libpq's
+        # parameters of how to connect and authenticate, not what to open.
+        "pgbouncer",
         "application_name",
         "connect_timeout",
         "keepalives",

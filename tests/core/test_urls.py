@@ -188,6 +188,23 @@ def test_the_settings_store_is_their_url_with_their_options(
     assert is_settings_store(url, effective, settings) is theirs
 
 
+def test_every_built_in_backend_option_is_said_to_pick_a_store_or_not() -> None:
+    """Each option of the built-in backends is either known to say only how to reach a
+    store (``REACH_OPTIONS``) or listed here as picking one: an option added later is
+    classified here first (unlisted, it counts as picking one — the safe side)."""
+    from siglo.urls import REACH_OPTIONS, picks_store
+    from siglo_memory.connect import KEYWORD_OPTIONS as MEMORY
+    from siglo_postgres.connect import POSTGRES_OPTIONS
+    from siglo_redis.client import OPTIONS as REDIS
+    from siglo_sqlite.connect import SQLITE_OPTIONS
+
+    picking = {"prefix", "key_prefix", "lock_key_prefix", "schema", "table_prefix", "client"}
+    options = {*MEMORY, *POSTGRES_OPTIONS, *REDIS, *SQLITE_OPTIONS, *picking}
+    assert options - REACH_OPTIONS == picking
+    assert all(picks_store(name) for name in picking)
+    assert not any(picks_store(name) for name in options - picking)
+
+
 @pytest.mark.parametrize(
     "url",
     [
