@@ -204,13 +204,17 @@ class StorageManager:
     def redact(self, value: Any, stack_id: str | ExecutionStack | None = None) -> Any:
         """``value`` as siglo would store it: a copy with the redacted keys replaced.
 
-        Uses the manager's keys, plus those of the live stack (given, or of ``stack_id``).
+        Uses the manager's keys, plus those of the live stack given — or, given an id, of
+        every live stack of that id this manager holds (several callers sharing it, other
+        tenants' runs of the same id among them, may each hold one: redacting by all of
+        their keys never stores one in clear that one of them redacts).
         """
         if isinstance(stack_id, ExecutionStack):
-            stack: ExecutionStack | None = stack_id
+            fields = self._fields_of(stack_id)
         else:
-            stack = self._stacks.get(stack_id) if stack_id is not None else None
-        fields = self._fields_of(stack)
+            fields = self._fields_of(None)
+            for stack in self._live_of(stack_id) if stack_id is not None else ():
+                fields = fields | self._fields_of(stack)
         return redact(value, fields) if fields else value
 
     async def redact_event(

@@ -812,7 +812,9 @@ class Flow:
             return output, None, None
         # The output becomes context, so it is stored redacted like context: a later
         # cache hit returns "[REDACTED]" under the redacted keys, as a resume does.
-        cached_output = manager.redact(output, stack.stack_id)
+        # By this run's stack itself: another tenant's run of the same id may be live in
+        # this manager (or none, its own keys then lost).
+        cached_output = manager.redact(output, stack)
         refuse_reserved_value(cached_output, f"the output of step {step.name!r}")
         entry = CacheEntry(key, cached_output, step.cache_ttl_ms, stack.namespace)
         return output, entry, looked_up

@@ -412,3 +412,68 @@ async def test_a_flush_cut_off_by_its_caller_cancels_no_save(kind: str) -> None:
         for stack_id in ("order-a", "order-b"):
             stored = await other.load_checkpoint(stack_id)
             assert stored is not None and stored.contexts["order"] == {"paid": True}, stack_id
+
+
+_T2_DONE: dict[str, asyncio.Event] = {}
+
+
+async def _ask(state: dict[str, Any]) -> dict[str, Any]:
+    return {**state, "event": await siglo.wait_for_event(f"go:{state['ns']}")}
+
+
+async def _quote(state: dict[str, Any]) -> dict[str, Any]:
+    if state["ns"] == "t1":
+        # t2's delivery of the same stack id runs to its end (its stack registered in
+        # the shared manager, then discarded) while t1's step is still computing.
+        await _T2_DONE["t2"].wait()
+    return {"password": f"SECRET-{state['ns']}", "price": 10}
+
+
+_QUOTES = siglo.flow(
+    siglo.Step.create("ask", _ask),
+    siglo.Step.create("quote", _quote).cache(ttl_ms=600_000, key=lambda _: "quote"),
+    name="quotes",
+)
+
+
+async def test_a_cached_output_is_redacted_by_its_own_runs_keys_in_a_shared_manager() -> None:
+    """Two tenants' runs of one stack id, resumed at once by a manager without keys of
+    its own (a webhook handler sharing one manager): each cached output is redacted by
+    its run's own keys (its checkpoint's ``redactFields``). The redaction looked the
+    run's stack up by id, and found the other tenant's, or none once that one was done:
+    t1's entry was stored with the password in clear, and a later cache hit returned it
+    (a black-box auditor)."""
+    _T2_DONE["t2"] = asyncio.Event()
+    async with any_backend("sqlite") as backend:
+        app = siglo.StorageManager(backend, redact_fields={"password"})
+        for ns in ("t1", "t2"):
+            with contextlib.suppress(siglo.WorkflowSuspended):
+                await _QUOTES.run({"ns": ns}, manager=app, stack_id="order-1", namespace=ns)
+        hook = siglo.StorageManager(backend)
+
+        async def deliver(ns: str) -> Any:
+            try:
+                return await _QUOTES.deliver(f"go:{ns}", {"ok": True}, manager=hook, namespace=ns)
+            finally:
+                if ns == "t2":
+                    _T2_DONE["t2"].set()
+
+        await asyncio.gather(deliver("t1"), deliver("t2"))
+        for ns in ("t1", "t2"):
+            entry = await backend.raw_adapter.get_cached_step("quote", namespace=f"{ns}")
+            stored = await app.load_checkpoint("order-1", namespace=ns)
+            assert stored is not None
+            assert stored.contexts["quote"]["output"]["password"] == "[REDACTED]"
+            assert entry == {"password": "[REDACTED]", "price": 10}, (ns, entry)
+        # By id, a manager redacts by the keys of every live stack of that id.
+        one = hook.create_stack("s", namespace="a", redact_fields={"card"})
+        other = hook.create_stack("s", namespace="b", redact_fields={"pin"})
+        assert hook.redact({"card": 1, "pin": 2, "x": 3}, "s") == {
+            "card": "[REDACTED]",
+            "pin": "[REDACTED]",
+            "x": 3,
+        }
+        assert hook.redact({"card": 1, "pin": 2}, one) == {"card": "[REDACTED]", "pin": 2}
+        hook.discard_stack(one)
+        assert hook.redact({"card": 1, "pin": 2}, "s") == {"card": 1, "pin": "[REDACTED]"}
+        assert other.namespace == "b"
