@@ -67,7 +67,23 @@ KEY_BYTES: Final = 32
 
 
 _NO_NAMESPACE: Final = "\x1fnone"
-"""The keyring id of payloads stored without a namespace."""
+"""The keyring id of payloads stored without a namespace (and the name its keys are
+derived under)."""
+
+_SPELT_LIKE_NONE: Final = re.compile("\x1f+none")
+
+
+def _key_name(namespace: str | None) -> str:
+    """The name a namespace's keys are derived and kept under: :data:`_NO_NAMESPACE`
+    for none, the namespace itself otherwise — but for a namespace that spells it (ids
+    are any text: ``"\x1fnone"`` is a legal namespace), which gets one ``\x1f`` more,
+    so no namespace shares the keys of the payloads without one (nor another's)."""
+    if namespace is None:
+        return _NO_NAMESPACE
+    if _SPELT_LIKE_NONE.fullmatch(namespace):
+        return "\x1f" + namespace
+    return namespace
+
 
 _KEY_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -150,10 +166,7 @@ class SettingsKeyProvider:
     def _derive(self, key_id: str, namespace: str | None) -> bytes:
         cached = self._derived.get((key_id, namespace))
         if cached is None:
-            info = (
-                b"siglo namespace key\0"
-                + (_NO_NAMESPACE if namespace is None else namespace).encode()
-            )
+            info = b"siglo namespace key\0" + _key_name(namespace).encode()
             cached = self._derived[(key_id, namespace)] = _hkdf(self._keys[key_id], info)
         return cached
 
@@ -165,7 +178,7 @@ class SettingsKeyProvider:
         ``encryption_keys``, so tokens stay the same when a new key becomes current
         (keep the first key listed while a blind index is in use)."""
         first = next(iter(self._keys))
-        info = b"siglo blind index\0" + (_NO_NAMESPACE if namespace is None else namespace).encode()
+        info = b"siglo blind index\0" + _key_name(namespace).encode()
         return _hkdf(self._keys[first], info)
 
     async def key(self, namespace: str | None, key_id: str) -> bytes:
@@ -224,13 +237,17 @@ class LocalMasterKey:
 
 
 def _keyring_id(namespace: str | None) -> str:
-    return _NO_NAMESPACE if namespace is None else namespace
+    return _key_name(namespace)
 
 
 def _namespace_of(keyring_id: str) -> str | None:
     """The namespace whose keys the keyring ``keyring_id`` holds (:func:`_keyring_id`'s
     inverse)."""
-    return None if keyring_id == _NO_NAMESPACE else keyring_id
+    if keyring_id == _NO_NAMESPACE:
+        return None
+    if _SPELT_LIKE_NONE.fullmatch(keyring_id):
+        return keyring_id[1:]
+    return keyring_id
 
 
 class EnvelopeKeyProvider:

@@ -316,6 +316,47 @@ async def test_envelope_keys_are_per_namespace_and_erasable(kind: str) -> None:
         assert survivor is not None and survivor.contexts["pay"]["card"] == SECRET
 
 
+@pytest.mark.parametrize("spelt", ["\x1fnone", "\x1f\x1fnone"])
+async def test_a_namespace_spelt_like_none_has_keys_of_its_own(spelt: str) -> None:
+    """Ids are any text, so ``"\x1fnone"`` — the name siglo kept the keys of payloads
+    without a namespace under — is a legal namespace: it shared their data key and blind
+    index, and erasing it destroyed every payload without a namespace (and every
+    idempotency result) (a black-box auditor). Each has keys of its own now."""
+    async with siglo.connect("memory://", settings=Settings()) as backend:
+        settings = master()
+        adapter, _ = piped(backend, settings)
+        for ns in (None, spelt):
+            await adapter.save_checkpoint(
+                Checkpoint(
+                    stack_id="s",
+                    namespace=ns,
+                    revision=1,
+                    timestamp=1,
+                    contexts={"pay": {"card": SECRET}},
+                ),
+                expected_revision=0,
+            )
+        raw = backend.raw_adapter
+        kids = [
+            stored.contexts["pay"][SEALED_KEY].split(".")[2]
+            for ns in (None, spelt)
+            if (stored := await raw.get_checkpoint("s", ns, fallback=False)) is not None
+        ]
+        assert len(kids) == 2 and kids[0] != kids[1]
+        provider = adapter.codecs.sealer.keys
+        assert isinstance(provider, EnvelopeKeyProvider)
+        assert await provider.index_key(None) != await provider.index_key(spelt)
+        await provider.erase(spelt)
+        with pytest.raises(KeyErasedError):
+            await adapter.get_checkpoint("s", spelt, fallback=False)
+        kept = await adapter.get_checkpoint("s", None, fallback=False)
+        assert kept is not None and kept.contexts["pay"]["card"] == SECRET
+        # Keys in the settings: derived apart too.
+        keyed = SettingsKeyProvider({"k1": bytes(32)}, "k1")
+        assert (await keyed.current_key(None))[1] != (await keyed.current_key(spelt))[1]
+        assert await keyed.index_key(None) != await keyed.index_key(spelt)
+
+
 async def test_a_master_key_that_did_not_wrap_the_keyring_is_refused() -> None:
     async with siglo.connect("memory://", settings=Settings()) as backend:
         adapter, _ = piped(backend, master())
