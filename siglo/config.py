@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from siglo.errors import InvalidArgumentError
-from siglo.keys import check_key_id, decode_key
+from siglo.keys import check_key_id, decode_key, is_local_scheme
 from siglo.redaction import check_redact_fields
 from siglo.settings import DEFAULTS
 from siglo.urls import is_secret_parameter, mask_credentials
@@ -201,7 +201,7 @@ class Settings:
                     f"KMS plugin ({self.source})"
                 )
             scheme, _, rest = master.partition(":")
-            if scheme == "base64":
+            if is_local_scheme(scheme):
                 decode_key(rest, f"of master_key ({self.source})")
         if type(self.require_encryption) is not bool:
             raise InvalidArgumentError(
@@ -328,7 +328,7 @@ true/false."""
 def _mask_master(value: str) -> str:
     scheme = value.partition(":")[0]
     # A KMS reference (an ARN, a key name) is not secret; a key itself is.
-    return f"{scheme}:***" if scheme == "base64" else value
+    return f"{scheme}:***" if is_local_scheme(scheme) else value
 
 
 def _secret_option(name: str) -> bool:
@@ -471,7 +471,8 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
                     )
                 if key_id.strip() in pairs:
                     # Two keys under one id: whichever won, what the other sealed would
-                    # never decrypt.
+                    # never decrypt. (The id is checked first: a refused one is not shown.)
+                    check_key_id(key_id.strip(), variable)
                     raise InvalidArgumentError(f"{variable} names key id {key_id.strip()!r} twice")
                 pairs[key_id.strip()] = text.strip()
             values[name] = pairs

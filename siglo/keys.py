@@ -60,6 +60,7 @@ __all__ = [
     "SettingsKeyProvider",
     "check_key_id",
     "decode_key",
+    "is_local_scheme",
 ]
 
 KEY_BYTES: Final = 32
@@ -89,12 +90,27 @@ _KEY_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def check_key_id(key_id: Any, where: str) -> str:
-    """A key id: 1–64 letters, digits, ``_`` or ``-`` (it is written into each envelope)."""
+    """A key id: 1–64 letters, digits, ``_`` or ``-`` (it is written into each envelope).
+
+    A refused id is not quoted: it may be a key written where its id goes (an entry of
+    ``SIGLO_ENCRYPTION_KEYS`` without its ``id=``), and an error must not print a key."""
     if not isinstance(key_id, str) or not _KEY_ID.match(key_id):
+        shown = (
+            f"a {type(key_id).__name__}"
+            if not isinstance(key_id, str)
+            else f"{len(key_id)} characters, not shown: it may be a key in the id's place"
+        )
         raise InvalidArgumentError(
-            f"key id {key_id!r} in {where} must be 1-64 letters, digits, '_' or '-'"
+            f"a key id in {where} ({shown}) must be 1-64 letters, digits, '_' or '-': "
+            "write each key as id=base64key"
         )
     return key_id
+
+
+def is_local_scheme(scheme: str) -> bool:
+    """Whether a ``master_key`` setting's scheme names a key given inline (``base64``,
+    however it is written: ``BASE64``, `` base64``), not a KMS plugin's reference."""
+    return scheme.strip().lower() == "base64"
 
 
 def decode_key(text: Any, where: str) -> bytes:
@@ -536,7 +552,7 @@ def master_key_from(setting: str) -> MasterKey:
     :class:`LocalMasterKey`; any other ``<scheme>:<reference>`` is asked of the plugins'
     ``siglo_master_key`` hook (a KMS plugin)."""
     scheme, _, reference = setting.partition(":")
-    if scheme == "base64":
+    if is_local_scheme(scheme):
         return LocalMasterKey(decode_key(reference, "of master_key"))
     found = get_registry().master_key(scheme, reference)
     if found is None:

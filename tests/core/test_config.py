@@ -522,3 +522,33 @@ async def test_text_options_in_the_settings_file_read_as_in_a_url(
         siglo.connect(settings=settings)
     assert "option checkpoint_ttl_ms must be an integer, got 'never'" in str(refused.value)
     assert "URL option" not in str(refused.value) and str(file) in str(refused.value)
+
+
+def test_no_error_or_listing_prints_a_key_written_out_of_its_place(tmp_path: Path) -> None:
+    """A key written where its id goes (``SIGLO_ENCRYPTION_KEYS=<key>`` without ``id=``,
+    or ``k1:<key>``) was quoted whole by the error refusing it as an id; a master key
+    written ``BASE64:<key>`` (or with a space before ``base64``) passed as a KMS
+    reference, and ``siglo config`` and ``repr(settings)`` showed it (a black-box
+    auditor). The id is not quoted; ``base64`` is read whatever its case or spacing, its
+    key masked and used."""
+    import asyncio
+    import base64
+
+    from siglo.keys import LocalMasterKey, master_key_from
+
+    key = base64.b64encode(bytes(range(200, 232))).decode()
+    assert "+" in key or "/" in key  # not a valid id once its padding is split off
+    for written in (key, f"k1:{key}", f"k1={key},{key}"):
+        with pytest.raises(InvalidArgumentError) as refused:
+            load_settings(start=tmp_path, environ={"SIGLO_ENCRYPTION_KEYS": written})
+        assert key[:12] not in str(refused.value), refused.value
+        assert "id=base64key" in str(refused.value)
+    for written in (f"BASE64:{key}", f" base64:{key}", f"Base64:{key}"):
+        settings = load_settings(start=tmp_path, environ={"SIGLO_MASTER_KEY": written})
+        for shown in (repr(settings), str(settings.describe())):
+            assert key[:12] not in shown, shown
+        assert settings.describe()["master_key"].endswith(":***")
+        local = master_key_from(written)
+        assert isinstance(local, LocalMasterKey)
+        wrapped = asyncio.run(master_key_from(f"base64:{key}").wrap(bytes(32), b"ctx"))
+        assert asyncio.run(local.unwrap(wrapped, b"ctx")) == bytes(32)  # the same key
