@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable
 from importlib import metadata
 from importlib.resources import files
 from typing import Any, Final
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from siglo.plugins import BackendSpec, get_registry
 from siglo.urls import mask_credentials
 from siglo_contract.rules import ADAPTER_RULES
 from siglo_contract.runner import Report, RuleResult
+from siglo_contract.scrubbing import scrubber
 from siglo_contract.target import Target
 from siglo_contract.version import CONTRACT_VERSION, rule_set_hash
 
@@ -233,35 +232,12 @@ def _plugin(spec: BackendSpec | None) -> tuple[str | None, str | None, str | Non
     return info.name, info.distribution, info.version
 
 
-def _scrubber(url: str | None) -> Callable[[str], str]:
-    """A function that removes ``url``'s secrets (its password, secret query values and
-    the unmasked URL itself) from a text."""
-    replacements: list[tuple[str, str]] = []
-    if url:
-        masked = mask_credentials(url)
-        if masked != url:
-            replacements.append((url, masked))
-            parts = urlsplit(url)
-            if parts.password:
-                replacements += [(parts.password, "***"), (unquote(parts.password), "***")]
-            for key, value in parse_qsl(parts.query):
-                if value and f"{key}={value}" not in masked:
-                    replacements.append((value, "***"))
-
-    def scrub(text: str) -> str:
-        for secret, shown in replacements:
-            text = text.replace(secret, shown)
-        return text
-
-    return scrub
-
-
 def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]:
     """The JSON report of ``report`` (see :data:`REPORT_SCHEMA`). ``url`` is the URL the
     run was given (masked in the report; its password is removed from every text)."""
     target: Target | None = report.target_object
     spec = None if target is None else target.spec
-    scrub = _scrubber(url if url is not None else (None if target is None else target.url))
+    scrub = scrubber(url if url is not None else (None if target is None else target.url))
     plugin, distribution, version = _plugin(spec)
     primary = report.primary
     rules = []

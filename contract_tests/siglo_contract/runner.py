@@ -32,6 +32,7 @@ from siglo_contract.registry import (
     RuleViolation,
 )
 from siglo_contract.rules import ADAPTER_RULES, Rule, primary_order, select_rules
+from siglo_contract.scrubbing import scrubber
 from siglo_contract.target import (
     DEFAULT_OPTIONS,
     OPTION_PROFILES,
@@ -73,6 +74,14 @@ class RuleResult:
     """How long the checks of this rule ran (a check of several rules counts for each)."""
     deviation: Deviation | None = None
     """The backend's declared deviation from this rule, if any."""
+
+    @property
+    def declared_reason(self) -> str:
+        """For a rule reported declared: the deviation's kind and reason, as the plugin
+        registered them (``"not-yet: not atomic across processes yet"``); else ``""``."""
+        if self.verdict != "declared" or self.deviation is None:
+            return ""
+        return f"{self.deviation.kind}: {self.deviation.reason}"
 
 
 @dataclass
@@ -137,6 +146,10 @@ class Report:
             if res.verdict == "FAIL":
                 first = res.detail.splitlines()[0] if res.detail else "failed"
                 body = f"<failure message={quoteattr(first)}>{escape(res.detail)}</failure>"
+            elif res.verdict == "declared":
+                # Skipped, with the reason the backend declared (and what was seen).
+                message = quoteattr(f"declared ({res.declared_reason})")
+                body = f"<skipped message={message}>{escape(res.detail)}</skipped>"
             elif res.verdict != "pass":
                 body = f"<skipped message={quoteattr(res.verdict)}/>"
             name = quoteattr(res.rule.id)
@@ -361,6 +374,10 @@ def run_contract(
             # What stopped it is reported too, selected or not: a run limited to this
             # rule would otherwise pass with it "not run" over a broken backend.
             judged.extend(by_id[f] for f in stopped_by if f in by_id and by_id[f] not in judged)
+    # A counter-example quotes what the backend raised, which may quote its URL: no
+    # output made from this report holds the URL's secrets.
+    scrub = scrubber(tgt.url)
+    results = {k: replace(v, detail=scrub(v.detail)) if v.detail else v for k, v in results.items()}
     return Report(
         tgt.label,
         seed,

@@ -155,9 +155,18 @@ class Target:
     ) -> Target:
         """A backend made by ``factory(**options)``; capabilities default to what it declares.
 
-        The factory is called once per example, so each gets fresh storage.
+        The factory is called once per example, so each gets fresh storage, with the
+        options it names (all of them if it takes ``**options``), as a registered
+        backend's factory is (:func:`accepted_options`): a backend without wait records
+        need not take ``claim_lease_ms``.
         """
         opts = dict(DEFAULT_OPTIONS if options is None else options)
+        given = factory
+
+        def make(**options: Any) -> Backend:
+            return given(**accepted_options(given, options))
+
+        factory = make
         if capabilities is None:
             probe = factory(**opts)
             capabilities = declared_capabilities(probe)
@@ -166,7 +175,7 @@ class Target:
 
                 asyncio.run(probe.aclose())
         return cls(
-            label=label or str(getattr(factory, "__qualname__", repr(factory))),
+            label=label or str(getattr(given, "__qualname__", repr(given))),
             capabilities=frozenset(capabilities),
             multiprocess=False,
             factory=factory,

@@ -277,8 +277,11 @@ def check(
     primary = report.primary
     for res in report.results.values():
         style = _STYLE[res.verdict]
-        # A failure's counter-example; for a rule not run, why (no check of it completed).
+        # A failure's counter-example; for a rule not run, why (no check of it completed);
+        # for a declared deviation, the reason the backend gave.
         detail = escape(res.detail) if res.verdict in ("FAIL", "not run") else ""
+        if res.verdict == "declared":
+            detail = escape(res.declared_reason)
         verdict = res.verdict if res is not primary else "FAIL (primary)"
         table.add_row(res.rule.id, f"[{style}]{verdict}[/{style}]", detail)
     out.print(table)

@@ -568,3 +568,99 @@ def test_a_report_of_some_rules_never_reads_as_a_full_pass() -> None:
     # A full run's document carries neither.
     full = report_document(run_contract("memory://", rules=None, seed=1, only=lambda _: False))
     assert "rules" not in full["run"] and "examples" not in full["run"]
+
+
+class _QuotesItsUrl(MemoryStorageAdapter):
+    """A cache that fails naming the URL it was opened with, password and all, as a
+    driver's error may."""
+
+    url = ""
+
+    async def _do_get_cached_step(self, key: str) -> Any:
+        raise RuntimeError(f"cannot read {self.url}")
+
+
+def _plugin_quoting_its_url(deviations: list[Any]) -> object:
+    def factory(url: str, **options: Any) -> Any:
+        backend = memory_connect("memory://", **options)
+        adapter = _QuotesItsUrl(clock=options.get("clock"))
+        adapter.url = url
+        backend.adapter = adapter
+        return backend
+
+    class Plugin:
+        @hookimpl
+        def siglo_register_backends(self, registry: BackendRegistry) -> None:
+            registry.add_backend(
+                "quoting",
+                schemes=("quoting",),
+                factory=factory,
+                capabilities=("checkpoints", "step_cache", "clock"),
+                deviations=deviations,
+            )
+
+    return Plugin()
+
+
+def test_no_output_of_siglo_check_holds_a_password_a_backend_quoted(tmp_path: Path) -> None:
+    """A counter-example quotes what the backend raised; a backend quoting its URL put
+    the password in the JUnit XML and the table, where the JSON report had it scrubbed (a
+    black-box auditor). Every result's text is scrubbed when the report is built."""
+    registry = get_registry()
+    registry.register(_plugin_quoting_its_url([]), "quoting-test-plugin")
+    try:
+        url = "quoting://alice:SuperSecretPw123@somewhere/x"
+        junit = tmp_path / "junit.xml"
+        report = tmp_path / "report.json"
+        done = CliRunner().invoke(
+            main,
+            [
+                "check",
+                url,
+                "--rule",
+                "cache.miss",
+                "--seed",
+                "1",
+                "--junit-xml",
+                str(junit),
+                "--report",
+                "json",
+                "--report-file",
+                str(report),
+            ],
+        )
+        assert done.exit_code == 1, done.output
+        assert "cannot read quoting://alice:***@somewhere/x" in junit.read_text()
+        for text in (done.output, junit.read_text(), report.read_text()):
+            assert "SuperSecretPw123" not in text
+    finally:
+        registry.unregister("quoting-test-plugin")
+
+
+def test_a_declared_deviation_shows_its_reason_in_every_output(tmp_path: Path) -> None:
+    """``siglo check`` reports a declared rule with the reason the backend gave: in its
+    table and its JUnit XML (a skipped case), not only in the JSON and Markdown."""
+    deviation = {"rule": "cache.miss", "reason": "reads fail by design here", "kind": "by-design"}
+    registry = get_registry()
+    registry.register(_plugin_quoting_its_url([deviation]), "quoting-test-plugin")
+    try:
+        junit = tmp_path / "junit.xml"
+        done = CliRunner().invoke(
+            main,
+            [
+                "check",
+                "quoting://x",
+                "--rule",
+                "cache.miss",
+                "--seed",
+                "1",
+                "--junit-xml",
+                str(junit),
+            ],
+        )
+        assert done.exit_code == 0, done.output
+        flat = " ".join(done.output.split())
+        assert "by-design: reads fail by design here" in flat, done.output
+        assert 'message="declared (by-design: reads fail by design here)"' in junit.read_text()
+    finally:
+        registry.unregister("quoting-test-plugin")
