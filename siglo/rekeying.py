@@ -129,7 +129,8 @@ class EraseReport:
     """Checkpoints deleted."""
     payloads: dict[str, int] = field(default_factory=dict)
     """Stand-alone wait records (``wait``) and cached steps (``step``) of the namespace
-    deleted, for the kinds the backend lists."""
+    deleted, and context-change stream values (``context``) emptied, for the kinds the
+    backend lists."""
     left: dict[str, int] = field(default_factory=dict)
     """Records of each kind that kept changing under the erasure: run it again."""
     skipped: dict[str, str] = field(default_factory=dict)
@@ -539,7 +540,39 @@ async def erase(backend: Backend, namespace: str, *, settle_s: float | None = No
     report = EraseReport(namespace=namespace, erased_keys=erased, deleted=deleted)
     for kind in PAYLOAD_KINDS:
         await _erase_payloads(backend, kind, namespace, report)
+    await _erase_stream_values(backend, namespace, report)
     return report
+
+
+async def _erase_stream_values(backend: Backend, namespace: str, report: EraseReport) -> None:
+    """Empty the namespace's context-change stream values that no checkpoint took with
+    it: a stack whose changes were streamed but that was never checkpointed (deleting a
+    checkpoint deletes its streams, but a stream without one is found only by the
+    listing), written in clear before encryption was on, or sealed under the keys just
+    destroyed. Each value becomes ``null`` by the compare-and-set of a rekey
+    (``payload.context``), so a value set meanwhile is listed again by the next pass;
+    the key names stay until the stream expires or its stack is deleted."""
+    raw = backend.raw_adapter
+    if not raw.supports(Capability.PAYLOAD_SCAN) or CONTEXT_KIND not in raw.payload_kinds:
+        report.skipped[CONTEXT_KIND] = (
+            f"the {raw.name} backend cannot list its {_KIND_NAMES[CONTEXT_KIND]}"
+        )
+        return
+    emptied = 0
+    changed = 0
+    for _ in range(_ATTEMPTS):
+        changed = 0
+        async for item in raw.scan_payloads(CONTEXT_KIND):
+            if item.namespace != namespace:
+                continue
+            if await raw.swap_payload(item, dict.fromkeys(item.fields)):
+                emptied += 1
+            else:
+                changed += 1
+        if not changed:
+            break
+    report.payloads[CONTEXT_KIND] = emptied
+    report.left[CONTEXT_KIND] = changed
 
 
 async def _holds_data(backend: Backend, namespace: str) -> bool:
@@ -553,7 +586,8 @@ async def _holds_data(backend: Backend, namespace: str) -> bool:
     raw = backend.raw_adapter
     if not raw.supports(Capability.PAYLOAD_SCAN):
         return False
-    for kind in PAYLOAD_KINDS:
+    kinds = [*PAYLOAD_KINDS, *((CONTEXT_KIND,) if CONTEXT_KIND in raw.payload_kinds else ())]
+    for kind in kinds:
         async for item in raw.scan_payloads(kind):
             place = _place(item)
             if place is not None and place[0] == namespace:

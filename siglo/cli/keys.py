@@ -178,4 +178,8 @@ def erase_command(url: str | None, namespace: str, yes: bool, settle_ms: int | N
         sys.exit(3)
 
 
-_ERASED = {"wait": "wait record(s)", "step": "cached step(s)"}
+_ERASED = {
+    "wait": "wait record(s)",
+    "step": "cached step(s)",
+    "context": "context-change stream value(s) emptied",
+}

@@ -518,6 +518,50 @@ def sealed_texts(value: Any) -> list[str]:
     return []
 
 
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_erase_empties_a_tenants_streams_that_no_checkpoint_took(
+    kind: str, tmp_path: Path
+) -> None:
+    """A stack whose changes were streamed in clear (before encryption was on) and that
+    was never checkpointed: deleting the tenant's checkpoints left its stream, and
+    `siglo erase` reported success with the card number still readable (a black-box
+    auditor). Its values are emptied; another tenant's stream of the same stack id
+    keeps its values."""
+    env = {"SIGLO_MASTER_KEY": f"base64:{new_key()}"}
+    settings = Settings(master_key=env["SIGLO_MASTER_KEY"])
+    async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
+        raw = backend.raw_adapter
+        for ns in ("gone", "kept"):
+            await raw.on_context_change(
+                ContextChangeEvent(
+                    stack_id="draft",
+                    step_id="pay",
+                    key="card",
+                    value=SECRET,
+                    namespace=ns,
+                    timestamp=1,
+                )
+            )
+        writer = piped(backend, settings)
+        await writer.save_checkpoint(
+            Checkpoint(stack_id="s0", namespace="gone", revision=1, timestamp=1),
+            expected_revision=0,
+        )
+        erased = run_siglo(
+            tmp_path, "erase", backend.url, "--namespace", "gone", "--yes", *NO_SETTLE, env=env
+        )
+        assert erased.returncode == 0, erased.stderr.decode()
+        assert b"1 context-change stream value(s) emptied" in erased.stdout, erased.stdout
+        gone = await raw.get_context_changes("draft", "pay", namespace="gone")
+        assert SECRET not in str(gone), gone
+        assert await raw.get_context_changes("draft", "pay", namespace="kept") == {"card": SECRET}
+        if kind == "sqlite":
+            compact(backend)
+        assert SECRET.encode() in await raw_bytes(kind, backend)  # the other tenant's
+        left = [i async for i in raw.scan_payloads("context") if i.namespace == "gone"]
+        assert left == []
+
+
 @pytest.mark.rule("payload.delete")
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_erase_deletes_a_tenants_stand_alone_waits_and_cached_steps(
