@@ -129,8 +129,8 @@ class EraseReport:
     """Checkpoints deleted."""
     payloads: dict[str, int] = field(default_factory=dict)
     """Stand-alone wait records (``wait``) and cached steps (``step``) of the namespace
-    deleted, and context-change stream values (``context``) emptied, for the kinds the
-    backend lists."""
+    deleted, and context-change stream values (``context``, when there were any)
+    emptied, for the kinds the backend lists."""
     left: dict[str, int] = field(default_factory=dict)
     """Records of each kind that kept changing under the erasure: run it again."""
     skipped: dict[str, str] = field(default_factory=dict)
@@ -571,8 +571,12 @@ async def _erase_stream_values(backend: Backend, namespace: str, report: EraseRe
                 changed += 1
         if not changed:
             break
-    report.payloads[CONTEXT_KIND] = emptied
-    report.left[CONTEXT_KIND] = changed
+    # Counted only when there were any: most erasures meet none (a checkpoint takes its
+    # streams with it), and say so by not naming them.
+    if emptied:
+        report.payloads[CONTEXT_KIND] = emptied
+    if changed:
+        report.left[CONTEXT_KIND] = changed
 
 
 async def _holds_data(backend: Backend, namespace: str) -> bool:
