@@ -199,16 +199,32 @@ def connect(
     ``siglo.connect`` refuses any other by name (a typo in a siglo.toml's
     ``[options]`` included) before calling this.
     """
+    root = _usable_root(url)
     adapter = FileStorageAdapter(
-        _root(url), clock=clock, checkpoint_ttl_ms=checkpoint_ttl_ms, cache_ttl_ms=cache_ttl_ms
+        root, clock=clock, checkpoint_ttl_ms=checkpoint_ttl_ms, cache_ttl_ms=cache_ttl_ms
     )
     return Backend(name="filestore", url=url, adapter=adapter)
 
 
+def _usable_root(url: str) -> Path:
+    """The URL's directory, made if it is not there: a directory that cannot be made (or
+    a path that is a file) is one clear error, not an ``OSError`` from deep inside."""
+    root = _root(url)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"the filestore directory {str(root)!r} cannot be made: {exc.strerror or exc}"
+        ) from None
+    return root
+
+
 @contextlib.asynccontextmanager
 async def isolated(url: str, **options: Any) -> AsyncIterator[Backend]:
-    """A backend on a fresh temporary directory, removed afterwards (for the suite)."""
-    root = tempfile.mkdtemp(prefix="siglo-filestore-")
+    """A backend on a fresh directory inside the URL's, removed afterwards (for the
+    suite). The URL is read as :func:`connect` reads it, and refused where it refuses
+    it: `siglo check` must not pass a URL a user cannot connect with."""
+    root = tempfile.mkdtemp(prefix="siglo-filestore-", dir=_usable_root(url))
     # The suite's options this store has (it passes one set to every backend).
     backend = connect(f"filestore://{root}", **{k: options[k] for k in _OPTIONS & set(options)})
     try:
