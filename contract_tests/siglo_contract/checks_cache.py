@@ -11,6 +11,7 @@ from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError, InvalidArgumentError
 from siglo.records import CACHE_EVENT_TYPES, CacheEvent, ContextChangeEvent
 from siglo.sentinel import MISSING
+from siglo.settings import DEFAULTS
 from siglo_contract.checks_checkpoints import same
 from siglo_contract.machine_base import canon, falsy_values
 from siglo_contract.registry import CheckContext, check, expect, fail
@@ -105,6 +106,27 @@ async def cache_expiry(ctx: CheckContext) -> None:
     for name, value in (("long", {"v": 2}), ("huge", 3)):
         got = await a.get_cached_step(ctx.id(name))
         expect(_same(got, value), "cache.expiry", f"value {name!r} in its TTL read as {got!r}")
+    if not ctx.clock_controlled:
+        return  # the default TTL (minutes) passes only on a clock the suite moves
+    # Set without a TTL: the adapter's default (its cache_ttl_ms), no longer, no shorter
+    # (a backend whose entries without one never expired passed every check before).
+    default = ctx.session.target.options.get("cache_ttl_ms", DEFAULTS.cache_ttl_ms)
+    await a.set_cached_step(ctx.id("default"), {"v": 4})
+    await ctx.pass_time(default - 1_000)
+    got = await a.get_cached_step(ctx.id("default"))
+    expect(
+        _same(got, {"v": 4}),
+        "cache.expiry",
+        f"a value set without a TTL was gone before the default cache_ttl_ms={default}: {got!r}",
+    )
+    await ctx.pass_time(2_000)
+    got = await a.get_cached_step(ctx.id("default"))
+    expect(
+        got is MISSING,
+        "cache.expiry",
+        f"a value set without a TTL was returned past the default cache_ttl_ms={default}: "
+        f"{got!r}",
+    )
 
 
 @check("cache.namespaced")

@@ -4,7 +4,7 @@ is caught whatever the seed (the checkpoint machine adds the random interleaving
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -464,6 +464,26 @@ async def checkpoint_retention(ctx: CheckContext) -> None:
             await a.save_checkpoint(ctx.checkpoint(stack, 1), expected_revision=0)
         except CheckpointConflictError as exc:
             fail("checkpoint.retention", f"a save after its retention conflicted: {exc}")
+    if not ctx.clock_controlled:
+        return  # ten years pass only on a clock the suite moves
+    # A user's default, checkpoint_ttl_ms=None: kept until deleted (a backend that took
+    # None for some retention of its own passed every check before).
+    async with ctx.session.backend_with(checkpoint_ttl_ms=None) as kept:
+        stack = ctx.id("kept-without-retention")
+        await kept.adapter.save_checkpoint(ctx.checkpoint(stack, 1))
+        await ctx.pass_time(TEN_YEARS_MS)
+        got = await kept.adapter.get_checkpoint(stack)
+        expect(
+            got is not None,
+            "checkpoint.retention",
+            "opened with checkpoint_ttl_ms=None (no retention, a user's default), a "
+            "checkpoint saved without expires_at was gone ten years later: it is kept "
+            "until deleted",
+        )
+
+
+TEN_YEARS_MS: Final = 10 * 365 * 24 * 3600 * 1000
+"""How long a checkpoint kept without retention is checked to stay (a manual clock)."""
 
 
 @check("checkpoint.expiry.hidden", "checkpoint.expiry.clean")

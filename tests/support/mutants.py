@@ -517,6 +517,25 @@ class KeepsUntilDeleted(MemoryStorageAdapter):
         return None
 
 
+class NoRetentionIsADay(MemoryStorageAdapter):
+    """Takes ``checkpoint_ttl_ms=None`` (no retention, a user's default) for a day's:
+    checkpoints kept "until deleted" are gone tomorrow (a black-box auditor's plugin
+    that passed every check of contract 1.7)."""
+
+    def _retention(self, now: int) -> int | None:
+        if self.checkpoint_ttl_ms is None:
+            return now + 86_400_000
+        return super()._retention(now)
+
+
+class CacheDefaultNeverExpires(MemoryStorageAdapter):
+    """An entry set without a TTL never expires, where the adapter's ``cache_ttl_ms``
+    is its TTL (a black-box auditor's plugin that passed every check of contract 1.7)."""
+
+    async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
+        await super()._do_set_cached_step(key, value, 2**62 if ttl_ms is None else ttl_ms)
+
+
 class RetentionFromTimestamp(MemoryStorageAdapter):
     """Counts ``checkpoint_ttl_ms`` from the checkpoint's own ``timestamp``, not from its
     save: a checkpoint stamped earlier (an import, a slow clock) is gone at once (an
@@ -1419,6 +1438,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "the retention is counted from the checkpoint's timestamp, not its save",
         adapter=RetentionFromTimestamp,
     ),
+    _m(
+        "checkpoint.retention",
+        "no retention (checkpoint_ttl_ms=None) is taken for a day's",
+        adapter=NoRetentionIsADay,
+    ),
     Mutant(
         "lock.workflow.separate",
         _shares_public_lock,
@@ -1474,6 +1498,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     _m("cache.miss", "a miss is None", adapter=MissIsNone),
     _m("cache.expiry", "TTLs are ignored", adapter=CacheIgnoresTtl),
+    _m(
+        "cache.expiry",
+        "an entry set without a TTL never expires",
+        adapter=CacheDefaultNeverExpires,
+    ),
     _m(
         "cache.namespaced",
         "the step cache ignores the namespace",
