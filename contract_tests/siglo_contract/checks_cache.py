@@ -124,8 +124,7 @@ async def cache_expiry(ctx: CheckContext) -> None:
     expect(
         got is MISSING,
         "cache.expiry",
-        f"a value set without a TTL was returned past the default cache_ttl_ms={default}: "
-        f"{got!r}",
+        f"a value set without a TTL was returned past the default cache_ttl_ms={default}: {got!r}",
     )
 
 

@@ -220,14 +220,20 @@ def test_report_file_and_usage_errors(tmp_path: Path) -> None:
 # -- declared deviations -----------------------------------------------------------------------
 
 
-def _plugin(factory: Any, deviations: list[Any]) -> object:
+def _plugin(
+    factory: Any, deviations: list[Any], *, name: str = "deviant", gets_url: bool = False
+) -> object:
+    """A plugin registering ``factory`` as backend ``name`` (its scheme too), with the
+    capabilities of a checkpoint store with a step cache and ``deviations``; the factory
+    is given the URL with ``gets_url``."""
+
     class Plugin:
         @hookimpl
         def siglo_register_backends(self, registry: BackendRegistry) -> None:
             registry.add_backend(
-                "deviant",
-                schemes=("deviant",),
-                factory=lambda url, **options: factory(**options),
+                name,
+                schemes=(name,),
+                factory=factory if gets_url else lambda url, **options: factory(**options),
                 capabilities=("checkpoints", "step_cache", "clock"),
                 deviations=deviations,
             )
@@ -588,18 +594,7 @@ def _plugin_quoting_its_url(deviations: list[Any]) -> object:
         backend.adapter = adapter
         return backend
 
-    class Plugin:
-        @hookimpl
-        def siglo_register_backends(self, registry: BackendRegistry) -> None:
-            registry.add_backend(
-                "quoting",
-                schemes=("quoting",),
-                factory=factory,
-                capabilities=("checkpoints", "step_cache", "clock"),
-                deviations=deviations,
-            )
-
-    return Plugin()
+    return _plugin(factory, deviations, name="quoting", gets_url=True)
 
 
 def test_no_output_of_siglo_check_holds_a_password_a_backend_quoted(tmp_path: Path) -> None:
