@@ -20,7 +20,7 @@ import re
 import sys
 from typing import Final
 
-__all__ = ["MASK", "logger", "remember", "scrub", "scrub_chain", "scrub_handled"]
+__all__ = ["MASK", "escaped_forms", "logger", "remember", "scrub", "scrub_chain", "scrub_handled"]
 
 MASK: Final = "***"
 """What a secret is replaced by."""
@@ -35,9 +35,29 @@ _SEEN: set[str] = set()
 
 
 def remember(secret: str) -> None:
-    """Keep ``secret`` out of every siglo error's text from now on."""
+    """Keep ``secret`` out of every siglo error's text from now on — as written, and as
+    a ``repr`` of a text holding it escapes it (:func:`escaped_forms`)."""
     if secret and secret != MASK:
-        _SEEN.add(secret)
+        _SEEN.update(escaped_forms(secret))
+
+
+def escaped_forms(secret: str) -> set[str]:
+    """``secret`` and the forms an error's text may hold it in: escaped as ``repr``
+    escapes a string (backslashes doubled, a quote escaped, control characters spelt
+    out), once and twice — an exception's ``repr`` of a message that quoted a URL with
+    ``!r`` (a counter-example of ``siglo check``: ``raised StorageAdapterError("…
+    'db://u:pa\\ss@…'")``)."""
+    forms = {secret}
+    for _ in range(2):
+        for form in list(forms):
+            doubled = form.replace("\\", "\\\\")
+            forms |= {
+                doubled,
+                doubled.replace("'", "\\'"),
+                doubled.replace('"', '\\"'),
+                repr(form)[1:-1],
+            }
+    return forms
 
 
 def scrub(text: str) -> str:

@@ -386,7 +386,8 @@ def _store_identity(url: str, options: Mapping[str, Any]) -> tuple[Any, ...]:
     if scheme == "sqlite":
         # sqlite:///app.db, sqlite:///./app.db and the absolute path are one file.
         file = path[1:] if path.startswith("/") else path
-        path = os.path.abspath(file) if file and file != ":memory:" else file
+        # realpath: `link/../app.db` is the file the system opens, through the link.
+        path = os.path.realpath(file) if file and file != ":memory:" else file
     elif scheme.startswith("redis"):
         path = path.strip("/") or "0"
     try:
@@ -398,18 +399,23 @@ def _store_identity(url: str, options: Mapping[str, Any]) -> tuple[Any, ...]:
     role = unquote_plus(parts.username or "") if scheme.startswith("postgres") else ""
     server = (host, port, role)
     picked: dict[str, Any] = {}
-    for name, value in parse_qsl(parts.query):
+    # A blank value is a value: libpq reads `?dbname=` as "the default database" (the
+    # role's), SQLite `?table_prefix=` as no prefix — each another store.
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
         name = _OPTION_ALIASES.get(name, name)
         if picks_store(name):
             picked[name] = value
-    # A keyword option wins over the URL's query, as the backends' factories take them
-    # (`None`: the backend's default, as if neither said it).
-    for name, value in options.items():
+    # A keyword option wins over the URL's query, as the backends' factories take them;
+    # an alias (`key_prefix`) loses to its name (`prefix`) given too. `None` is a value
+    # of its own: what it means is the backend's (no SQL table prefix, say), so it is
+    # the same store only as another `None`.
+    ordered = sorted(options.items(), key=lambda item: item[0] not in _OPTION_ALIASES)
+    for name, value in ordered:
         name = _OPTION_ALIASES.get(name, name)
         if not picks_store(name):
             continue
         if value is None:
-            picked.pop(name, None)
+            picked[name] = ("none",)
         elif isinstance(value, str | int | float | bool):
             picked[name] = str(value)
         else:  # an object (a client): one store only with that very object

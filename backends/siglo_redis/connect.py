@@ -90,9 +90,17 @@ def connect(
     # [options] has no null, and bool("false") is True.
     options = urls.typed_keywords(options, OPTIONS)
     settings = {**from_url, **{k: v for k, v in options.items() if k not in adapter_only}}
-    prefix = check_prefix(
-        "prefix", settings.pop("prefix", settings.pop("key_prefix", DEFAULT_PREFIX))
-    )
+    # A keyword wins over the URL's query, the alias key_prefix as much as prefix (which
+    # wins over it): the store siglo.urls.same_store takes this connection for.
+    if "prefix" in options:
+        chosen = options["prefix"]
+    elif "key_prefix" in options:
+        chosen = options["key_prefix"]
+    else:
+        chosen = from_url.get("prefix", DEFAULT_PREFIX)
+    settings.pop("prefix", None)
+    settings.pop("key_prefix", None)
+    prefix = check_prefix("prefix", chosen)
     cluster = bool(settings.pop("cluster", False))
     auto_pipeline = bool(settings.pop("auto_pipeline", True))
     client_options = {k: settings.pop(k) for k in CLIENT_OPTIONS & set(settings)}

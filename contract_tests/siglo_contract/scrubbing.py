@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from siglo.masking import escaped_forms
 from siglo.masking import scrub as scrub_remembered
 from siglo.urls import mask_credentials
 
@@ -20,19 +21,22 @@ __all__ = ["scrubber"]
 
 def scrubber(url: str | None) -> Callable[[str], str]:
     """A function that removes ``url``'s secrets (its password, secret query values and
-    the unmasked URL itself), and every secret siglo was told to keep out of its texts
-    (:mod:`siglo.masking`), from a text."""
+    the unmasked URL itself; each as written and as ``repr`` escapes it), and every
+    secret siglo was told to keep out of its texts (:mod:`siglo.masking`), from a text."""
     replacements: list[tuple[str, str]] = []
     if url:
         masked = mask_credentials(url)
         if masked != url:
             replacements.append((url, masked))
             parts = urlsplit(url)
+            secrets: set[str] = set()
             if parts.password:
-                replacements += [(parts.password, "***"), (unquote(parts.password), "***")]
+                secrets |= escaped_forms(parts.password) | escaped_forms(unquote(parts.password))
             for key, value in parse_qsl(parts.query):
                 if value and f"{key}={value}" not in masked:
-                    replacements.append((value, "***"))
+                    secrets |= escaped_forms(value)
+            # Longest first: an escaped form holds the plain one's pieces.
+            replacements += [(secret, "***") for secret in sorted(secrets, key=len, reverse=True)]
 
     def scrub(text: str) -> str:
         for secret, shown in replacements:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import siglo
@@ -171,6 +173,17 @@ RD = "redis://127.0.0.1:6379"
         ("sqlite:///app.db", {}, "sqlite:///app.db", {"some_plugin_option": "x"}, False),
         (RD + "/0", {}, RD + "/0", {"client": object()}, False),
         (RD + "/0", {}, RD + "/0?socket_timeout=5&auto_pipeline=false", {}, True),
+        # A blank value is a value (libpq's `?dbname=`: the role's database; SQLite's
+        # `?table_prefix=`: no prefix), and so is a keyword None (a second auditor).
+        ("postgresql://app@127.0.0.1/db", {}, "postgresql://app@127.0.0.1/db?dbname=", {}, False),
+        ("postgresql://app@127.0.0.1/db", {}, "postgresql://app@127.0.0.1/db?user=", {}, False),
+        ("sqlite:///app.db", {}, "sqlite:///app.db?table_prefix=", {}, False),
+        ("sqlite:///app.db", {}, "sqlite:///app.db", {"table_prefix": None}, False),
+        # Redis: a keyword key_prefix wins over the query's prefix, as connect takes it.
+        (RD + "/0?prefix=b:", {}, RD + "/0?prefix=a:", {"key_prefix": "b:"}, True),
+        (RD + "/0?prefix=a:", {}, RD + "/0?prefix=a:", {"key_prefix": "b:"}, False),
+        (RD + "/0", {}, RD + "/0", {"prefix": "a:", "key_prefix": "b:"}, False),
+        (RD + "/0?prefix=a:", {}, RD + "/0", {"prefix": "a:", "key_prefix": "b:"}, True),
     ],
 )
 def test_the_settings_store_is_their_url_with_their_options(
@@ -186,6 +199,21 @@ def test_the_settings_store_is_their_url_with_their_options(
     settings = Settings(url=settings_url, options=settings_options)
     effective, _ = options_for(url, settings, options)
     assert is_settings_store(url, effective, settings) is theirs
+
+
+def test_a_sqlite_path_through_a_link_is_the_file_the_system_opens(tmp_path: Path) -> None:
+    """``link/../app.db`` with ``link`` a symbolic link is the ``app.db`` beside the
+    link's target, not the one beside the link (a second auditor: the collector walked
+    another file's checkpoints)."""
+    (tmp_path / "sub" / "d").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "sub" / "d")
+    settings = Settings(url=f"sqlite:///{tmp_path}/app.db")
+    for url, theirs in (
+        (f"sqlite:///{tmp_path}/link/../app.db", False),
+        (f"sqlite:///{tmp_path}/link/../../app.db", True),
+        (f"sqlite:///{tmp_path}/sub/../app.db", True),
+    ):
+        assert is_settings_store(url, {}, settings) is theirs, url
 
 
 def test_every_built_in_backend_option_is_said_to_pick_a_store_or_not() -> None:
