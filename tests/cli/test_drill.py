@@ -117,10 +117,19 @@ def sync_pair() -> Iterator[PostgresPair]:
 
 def _client_connections(port: int) -> int:
     """Client sessions on the server at ``port``, this query's own left out."""
-    query = (
+    return _count(
+        port,
         "select count(*) from pg_stat_activity "
-        "where backend_type = 'client backend' and pid <> pg_backend_pid()"
+        "where backend_type = 'client backend' and pid <> pg_backend_pid()",
     )
+
+
+def _commits(port: int) -> int:
+    """Transactions committed on the server at ``port`` since it started."""
+    return _count(port, "select sum(xact_commit) from pg_stat_database")
+
+
+def _count(port: int, query: str) -> int:
     out = subprocess.run(
         ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-Atc", query],
         capture_output=True,
@@ -146,7 +155,14 @@ def test_a_drill_through_a_real_failover_stopped_with_sigterm(sync_pair: Postgre
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "the drill did not connect in 30 s"
             time.sleep(0.1)
-        time.sleep(1.5)
+        # Drilling, not only connected (a loaded machine took longer than the 1.5 s this
+        # test slept, and the drill met the failover before its first call: none failed):
+        # the primary has committed a few hundred of its writes.
+        before = _commits(sync_pair.primary.port)
+        while _commits(sync_pair.primary.port) - before < 300:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline + 30, "the drill wrote nothing in 30 s"
+            time.sleep(0.1)
         assert process.poll() is None, process.communicate()
         sync_pair.primary.kill()
         sync_pair.promote()
