@@ -553,6 +553,8 @@ async def _erase_stream_values(backend: Backend, namespace: str, report: EraseRe
     (``payload.context``), so a value set meanwhile is listed again by the next pass;
     the key names stay until the stream expires or its stack is deleted."""
     raw = backend.raw_adapter
+    if not raw.supports(Capability.CONTEXT_STREAM):
+        return  # it keeps no streams: nothing left behind to say
     if not raw.supports(Capability.PAYLOAD_SCAN) or CONTEXT_KIND not in raw.payload_kinds:
         report.skipped[CONTEXT_KIND] = (
             f"the {raw.name} backend cannot list its {_KIND_NAMES[CONTEXT_KIND]}"

@@ -92,12 +92,9 @@ def connect(
     settings = {**from_url, **{k: v for k, v in options.items() if k not in adapter_only}}
     # A keyword wins over the URL's query, the alias key_prefix as much as prefix (which
     # wins over it): the store siglo.urls.same_store takes this connection for.
-    if "prefix" in options:
-        chosen = options["prefix"]
-    elif "key_prefix" in options:
-        chosen = options["key_prefix"]
-    else:
-        chosen = from_url.get("prefix", DEFAULT_PREFIX)
+    chosen = options.get(
+        "prefix", options.get("key_prefix", from_url.get("prefix", DEFAULT_PREFIX))
+    )
     settings.pop("prefix", None)
     settings.pop("key_prefix", None)
     prefix = check_prefix("prefix", chosen)

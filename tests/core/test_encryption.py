@@ -280,29 +280,36 @@ def master() -> Settings:
     return Settings(master_key=f"base64:{new_key()}")
 
 
+async def _cards_sealed(
+    adapter: Any, backend: siglo.Backend, namespaces: tuple[str | None, ...]
+) -> list[str]:
+    """Stack ``s`` saved with a card in each of ``namespaces`` through ``adapter``; the
+    id of the data key each was sealed with, as stored."""
+    kids = []
+    for ns in namespaces:
+        await adapter.save_checkpoint(
+            Checkpoint(
+                stack_id="s",
+                namespace=ns,
+                revision=1,
+                timestamp=1,
+                contexts={"pay": {"card": SECRET}},
+            ),
+            expected_revision=0,
+        )
+        stored = await backend.raw_adapter.get_checkpoint("s", ns, fallback=False)
+        assert stored is not None
+        kids.append(stored.contexts["pay"][SEALED_KEY].split(".")[2])
+    return kids
+
+
 @pytest.mark.parametrize("kind", DURABLE_KINDS)
 async def test_envelope_keys_are_per_namespace_and_erasable(kind: str) -> None:
     settings = master()
     async with shared_store(kind, checkpoint_ttl_ms=None) as backend:
         adapter, _ = piped(backend, settings)
-        for ns in ("t1", "t2"):
-            await adapter.save_checkpoint(
-                Checkpoint(
-                    stack_id="s",
-                    namespace=ns,
-                    revision=1,
-                    timestamp=1,
-                    contexts={"pay": {"card": SECRET}},
-                ),
-                expected_revision=0,
-            )
-        raw = backend.raw_adapter
-        one = await raw.get_checkpoint("s", "t1", fallback=False)
-        two = await raw.get_checkpoint("s", "t2", fallback=False)
-        assert one is not None and two is not None
-        kid_one = one.contexts["pay"][SEALED_KEY].split(".")[2]
-        kid_two = two.contexts["pay"][SEALED_KEY].split(".")[2]
-        assert kid_one != kid_two  # a data key of each tenant's own
+        kids = await _cards_sealed(adapter, backend, ("t1", "t2"))
+        assert kids[0] != kids[1]  # a data key of each tenant's own
         # A second process (its own provider, same master key) reads what the first wrote.
         other, _ = piped(backend, settings)
         found = await other.get_checkpoint("s", "t1", fallback=False)
@@ -329,24 +336,8 @@ async def test_a_namespace_spelt_like_none_has_keys_of_its_own(spelt: str) -> No
     async with siglo.connect("memory://", settings=Settings()) as backend:
         settings = master()
         adapter, _ = piped(backend, settings)
-        for ns in (None, spelt):
-            await adapter.save_checkpoint(
-                Checkpoint(
-                    stack_id="s",
-                    namespace=ns,
-                    revision=1,
-                    timestamp=1,
-                    contexts={"pay": {"card": SECRET}},
-                ),
-                expected_revision=0,
-            )
-        raw = backend.raw_adapter
-        kids = [
-            stored.contexts["pay"][SEALED_KEY].split(".")[2]
-            for ns in (None, spelt)
-            if (stored := await raw.get_checkpoint("s", ns, fallback=False)) is not None
-        ]
-        assert len(kids) == 2 and kids[0] != kids[1]
+        kids = await _cards_sealed(adapter, backend, (None, spelt))
+        assert kids[0] != kids[1]
         provider = adapter.codecs.sealer.keys
         assert isinstance(provider, EnvelopeKeyProvider)
         assert await provider.index_key(None) != await provider.index_key(spelt)

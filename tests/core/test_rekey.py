@@ -678,6 +678,7 @@ def test_erase_says_what_a_backend_without_payload_scan_kept(
         "its cached steps): they stay stored, undecryptable, until they expire"
     ) in result.stderr
     assert "stand-alone wait record(s) of gone not deleted" in result.stderr
+    assert "context-change stream value(s) of gone not deleted" in result.stderr
     assert asyncio.run(raw.get_checkpoint("s", "gone", fallback=False)) is None
 
 

@@ -4,16 +4,18 @@ the suite's recorded power, ``--compare``, and the example plugin's published re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from sql_support import require_postgres
 
 from siglo import MISSING
@@ -598,66 +600,45 @@ def _plugin_quoting_its_url(deviations: list[Any]) -> object:
     return _plugin(factory, deviations, name="quoting", gets_url=True)
 
 
+@contextlib.contextmanager
+def _quoting_backend(deviations: list[Any]) -> Iterator[None]:
+    registry = get_registry()
+    registry.register(_plugin_quoting_its_url(deviations), "quoting-test-plugin")
+    try:
+        yield
+    finally:
+        registry.unregister("quoting-test-plugin")
+
+
+def _check_cache_miss(url: str, junit: Path, *more: str) -> Result:
+    """``siglo check URL --rule cache.miss --seed 1 --junit-xml JUNIT …``, in process."""
+    args = ["check", url, "--rule", "cache.miss", "--seed", "1", "--junit-xml", str(junit)]
+    return CliRunner().invoke(main, [*args, *more])
+
+
 def test_no_output_of_siglo_check_holds_a_password_a_backend_quoted(tmp_path: Path) -> None:
     """A counter-example quotes what the backend raised; a backend quoting its URL put
     the password in the JUnit XML and the table, where the JSON report had it scrubbed (a
     black-box auditor). Every result's text is scrubbed when the report is built."""
-    registry = get_registry()
-    registry.register(_plugin_quoting_its_url([]), "quoting-test-plugin")
-    try:
-        # A backslash and quotes, which a repr escapes (a second auditor's leak).
-        url = "quoting://alice:Super\\Secret'Pw\"123@somewhere/x"
-        junit = tmp_path / "junit.xml"
-        report = tmp_path / "report.json"
-        done = CliRunner().invoke(
-            main,
-            [
-                "check",
-                url,
-                "--rule",
-                "cache.miss",
-                "--seed",
-                "1",
-                "--junit-xml",
-                str(junit),
-                "--report",
-                "json",
-                "--report-file",
-                str(report),
-            ],
-        )
-        assert done.exit_code == 1, done.output
-        assert "cannot read quoting://alice:***@somewhere/x" in junit.read_text()
-        for text in (done.output, junit.read_text(), report.read_text()):
-            assert "Secret" not in text and "Pw" not in text, text
-    finally:
-        registry.unregister("quoting-test-plugin")
+    # A backslash and quotes, which a repr escapes (a second auditor's leak).
+    url = "quoting://alice:Super\\Secret'Pw\"123@somewhere/x"
+    junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
+    with _quoting_backend([]):
+        done = _check_cache_miss(url, junit, "--report", "json", "--report-file", str(report))
+    assert done.exit_code == 1, done.output
+    assert "cannot read quoting://alice:***@somewhere/x" in junit.read_text()
+    for text in (done.output, junit.read_text(), report.read_text()):
+        assert "Secret" not in text and "Pw" not in text, text
 
 
 def test_a_declared_deviation_shows_its_reason_in_every_output(tmp_path: Path) -> None:
     """``siglo check`` reports a declared rule with the reason the backend gave: in its
     table and its JUnit XML (a skipped case), not only in the JSON and Markdown."""
     deviation = {"rule": "cache.miss", "reason": "reads fail by design here", "kind": "by-design"}
-    registry = get_registry()
-    registry.register(_plugin_quoting_its_url([deviation]), "quoting-test-plugin")
-    try:
-        junit = tmp_path / "junit.xml"
-        done = CliRunner().invoke(
-            main,
-            [
-                "check",
-                "quoting://x",
-                "--rule",
-                "cache.miss",
-                "--seed",
-                "1",
-                "--junit-xml",
-                str(junit),
-            ],
-        )
-        assert done.exit_code == 0, done.output
-        flat = " ".join(done.output.split())
-        assert "by-design: reads fail by design here" in flat, done.output
-        assert 'message="declared (by-design: reads fail by design here)"' in junit.read_text()
-    finally:
-        registry.unregister("quoting-test-plugin")
+    junit = tmp_path / "junit.xml"
+    with _quoting_backend([deviation]):
+        done = _check_cache_miss("quoting://x", junit)
+    assert done.exit_code == 0, done.output
+    flat = " ".join(done.output.split())
+    assert "by-design: reads fail by design here" in flat, done.output
+    assert 'message="declared (by-design: reads fail by design here)"' in junit.read_text()
