@@ -963,7 +963,14 @@ def test_a_redis_key_prefix_picks_the_store_its_blob_store_goes_with(tmp_path: A
         finally:
             await client.aclose()
 
+    async def prefix_of(url: str, **options: Any) -> str:
+        async with siglo.connect(url, **options) as backend:
+            return str(backend.raw_adapter.keys.prefix)  # type: ignore[attr-defined]
+
     try:
+        # A keyword wins over the query, key_prefix as prefix does: the store compared.
+        given = asyncio.run(prefix_of(f"{REDIS_URL}?prefix={prefix}-a:", key_prefix=f"{prefix}-b:"))
+        assert given == f"{prefix}-b:"
         assert "$siglo.blob" in asyncio.run(save("app-doc"))  # the settings' store
         assert "o" * 6000 in asyncio.run(save("other-doc", key_prefix=f"{prefix}-other:"))
         assert len(blobs()) == 1
