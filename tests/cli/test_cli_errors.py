@@ -74,6 +74,23 @@ def test_redis_database_that_is_not_a_number() -> None:
     assert_one_line_error(run("check", f"{REDIS_URL.rsplit('/', 1)[0]}/abc"), "'abc'")
 
 
+def test_check_refuses_a_url_its_backend_cannot_open_before_its_plan(tmp_path: Path) -> None:
+    """A URL the backend's factory refuses (a Redis path that is not a database number,
+    an unknown option) is refused before ``siglo check`` prints its plan, for the target
+    as for ``--compare``'s, and nothing is created."""
+    redis_abc = f"{REDIS_URL.rsplit('/', 1)[0]}/abc"
+    bogus = f"sqlite:///{tmp_path / 'c.db'}?bogus=1"
+    for args, named in (
+        (("check", redis_abc), "'abc'"),
+        (("check", bogus), "'bogus'"),
+        (("check", "memory://", "--compare", redis_abc), "'abc'"),
+    ):
+        result = run(*args)
+        assert_one_line_error(result, named)
+        assert "checks" not in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_redis_on_a_closed_port_is_unreachable_not_a_failed_clean_up() -> None:
     line = assert_one_line_error(
         run("check", f"redis://127.0.0.1:{closed_port()}/0"), "cannot reach"
