@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from siglo.adapter import Capability
+from siglo.adapter import Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.blind import INDEX_KEY, indexable
 from siglo.checkpoint import Checkpoint
@@ -298,6 +298,20 @@ _KIND_NAMES: Final = {
     "idempotency": "idempotency results",
 }
 
+# What a backend must offer to keep records of a kind at all: one without it has none
+# to rekey or delete, and says nothing of them (not "cannot list").
+_KEPT_WITH: Final = {
+    "wait": Capability.WAIT_RECORDS,
+    "step": Capability.STEP_CACHE,
+    "context": Capability.CONTEXT_STREAM,
+}
+
+
+def _keeps(raw: StorageAdapter, kind: PayloadKind) -> bool:
+    """Whether the backend keeps records of ``kind`` (which a rekey or an erase must
+    then find, or say it could not)."""
+    return raw.supports(_KEPT_WITH[kind])
+
 
 def _place(item: StoredPayload) -> tuple[str | None, str] | None:
     """The namespace and record id an item's payloads are bound to (its associated
@@ -361,6 +375,8 @@ async def _rekey_payloads(
     redacting: frozenset[str],
 ) -> None:
     raw = backend.raw_adapter
+    if not _keeps(raw, kind):
+        return
     if not raw.supports(Capability.PAYLOAD_SCAN):
         report.skipped[kind] = f"the {raw.name} backend cannot list its {_KIND_NAMES[kind]}"
         return
@@ -553,8 +569,8 @@ async def _erase_stream_values(backend: Backend, namespace: str, report: EraseRe
     (``payload.context``), so a value set meanwhile is listed again by the next pass;
     the key names stay until the stream expires or its stack is deleted."""
     raw = backend.raw_adapter
-    if not raw.supports(Capability.CONTEXT_STREAM):
-        return  # it keeps no streams: nothing left behind to say
+    if not _keeps(raw, CONTEXT_KIND):
+        return
     if not raw.supports(Capability.PAYLOAD_SCAN) or CONTEXT_KIND not in raw.payload_kinds:
         report.skipped[CONTEXT_KIND] = (
             f"the {raw.name} backend cannot list its {_KIND_NAMES[CONTEXT_KIND]}"
@@ -607,6 +623,8 @@ async def _erase_payloads(
     """Delete the namespace's records of ``kind`` outside checkpoints (its keys are
     already destroyed: what is left would only be undecryptable until it expires)."""
     raw = backend.raw_adapter
+    if not _keeps(raw, kind):
+        return
     if not raw.supports(Capability.PAYLOAD_SCAN):
         report.skipped[kind] = f"the {raw.name} backend cannot list its {_KIND_NAMES[kind]}"
         return

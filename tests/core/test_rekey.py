@@ -682,6 +682,47 @@ def test_erase_says_what_a_backend_without_payload_scan_kept(
     assert asyncio.run(raw.get_checkpoint("s", "gone", fallback=False)) is None
 
 
+def test_rekey_and_erase_say_nothing_of_records_a_backend_does_not_keep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backend that keeps checkpoints alone (no wait records, cached steps or context
+    streams, so nothing to list either): rekey and erase do what they can and warn of
+    nothing they could not, where one that keeps records it cannot list is warned of
+    (above)."""
+
+    class CheckpointsOnly(MemoryStorageAdapter):
+        capabilities = MemoryStorageAdapter.capabilities - {
+            siglo.Capability.PAYLOAD_SCAN,
+            siglo.Capability.WAIT_RECORDS,
+            siglo.Capability.STEP_CACHE,
+            siglo.Capability.CONTEXT_STREAM,
+        }
+
+    settings = Settings(master_key=f"base64:{new_key()}")
+    adapter, _ = pipeline_parts(CheckpointsOnly(), None, Pipeline(settings))
+    backend = siglo.Backend(name="third-party", url="memory://", adapter=adapter)
+    asyncio.run(
+        adapter.save_checkpoint(
+            Checkpoint(stack_id="s", namespace="gone", revision=1, timestamp=1, contexts={}),
+            expected_revision=0,
+        )
+    )
+
+    @contextlib.asynccontextmanager
+    async def the_store(url: str, **_: Any) -> AsyncIterator[siglo.Backend]:
+        yield backend
+
+    monkeypatch.setattr(siglo.cli.keys, "open_store", the_store)
+    runner = CliRunner()
+    rekeyed = runner.invoke(siglo.cli.keys.rekey_command, ["memory://"])
+    assert rekeyed.exit_code == 0, rekeyed.output
+    assert rekeyed.stderr == "" and "1 already under the current key" in rekeyed.stdout
+    erased = runner.invoke(siglo.cli.keys.erase_command, ["memory://", "-n", "gone", "--yes"])
+    assert erased.exit_code == 0, erased.output
+    assert erased.stderr == "", erased.stderr
+    assert erased.stdout.endswith(": destroyed 1 data key(s), deleted 1 checkpoint(s)\n")
+
+
 async def test_erase_deletes_on_its_next_pass_what_changed_under_its_first() -> None:
     """A wait record claimed and a cached step set again between erase's listing and its
     delete are not deleted as listed (the compare fails); the next pass lists them as
