@@ -172,7 +172,23 @@ def debug_enabled(ctx: click.Context | None = None) -> bool:
 
 
 class SigloGroup(click.Group):
-    """The ``siglo`` group: any exception a command lets escape becomes a :class:`CliError`."""
+    """The ``siglo`` group: any exception a command lets escape becomes a :class:`CliError`.
+
+    Every argument that holds a URL has its secrets remembered before click parses it
+    (:func:`siglo.urls.mask_credentials`), and click's own errors are scrubbed of them: a
+    usage error quotes the arguments it refuses (``siglo config URL``: "Got unexpected
+    extra argument (…)"), and must say ``***`` where the URL has a password.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            if "://" in arg:
+                mask_credentials(arg)  # remembers its password and secret options
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:
+            _scrub_click_error(exc)
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -180,6 +196,7 @@ class SigloGroup(click.Group):
         except (click.exceptions.Exit, click.Abort):
             raise
         except click.ClickException as exc:
+            _scrub_click_error(exc)
             if debug_enabled(ctx) and exc.__cause__ is not None:
                 # An error line made of another failure (a driver's, a file's): with
                 # --debug, that failure's traceback too, its secrets masked.
@@ -195,6 +212,12 @@ class SigloGroup(click.Group):
             if debug_enabled(ctx):
                 raise
             raise as_cli_error(exc) from exc
+
+
+def _scrub_click_error(exc: click.ClickException) -> None:
+    """Mask the remembered secrets in what click prints of ``exc`` (its message; a bad
+    parameter's hint names the parameter, not its value)."""
+    exc.message = scrub(exc.message)
 
 
 def cli_settings() -> Settings:

@@ -70,6 +70,27 @@ def test_a_url_with_a_hash() -> None:
     assert "note:" not in refused.stderr, refused.stderr
 
 
+@pytest.mark.parametrize("password", ["pw", "s3cr3t!pw-long-enough"])
+def test_click_usage_errors_mask_the_passwords_of_the_urls_they_quote(password: str) -> None:
+    """click's own errors quote the argument they refuse: a URL given where a command
+    takes none, once too often, to an option of another type, or as a command name.
+    Its password is shown as ``***``, as in every other error."""
+    pg = f"postgresql://app:{password}@127.0.0.1:5432/test"
+    redis = f"redis://:{password}@127.0.0.1:6379/0"
+    for args in (
+        ("config", pg),
+        ("backends", redis),
+        ("ls", redis, redis),
+        ("ls", "--limit", redis),
+        (pg,),
+        ("--config", pg, "ls"),
+    ):
+        result = run(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert password not in result.output, (args, result.output)
+        assert ":***@127.0.0.1" in result.output, (args, result.output)
+
+
 def test_redis_database_that_is_not_a_number() -> None:
     assert_one_line_error(run("check", f"{REDIS_URL.rsplit('/', 1)[0]}/abc"), "'abc'")
 
