@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from siglo.errors import InvalidArgumentError
-from siglo.keys import check_key_id, decode_key, is_local_scheme
+from siglo.keys import check_key_id, decode_key, is_local_scheme, shown_key_id
 from siglo.redaction import check_redact_fields
 from siglo.settings import DEFAULTS
 from siglo.urls import is_secret_parameter, mask_credentials
@@ -191,7 +191,7 @@ class Settings:
             )
         for key_id, text in keys.items():
             check_key_id(key_id, f"encryption_keys ({self.source})")
-            decode_key(text, f"{key_id!r} of encryption_keys ({self.source})")
+            decode_key(text, f"{shown_key_id(key_id)} of encryption_keys ({self.source})")
         object.__setattr__(self, "encryption_keys", MappingProxyType(dict(keys)))
         master = self.master_key
         if master is not None:
@@ -236,8 +236,9 @@ class Settings:
         master = self.master_key
         if self.encryption_key_id is not None and self.encryption_key_id not in keys:
             raise InvalidArgumentError(
-                f"encryption_key_id {self.encryption_key_id!r} is not one of encryption_keys "
-                f"({', '.join(keys) or 'none given'}) ({self.source})"
+                f"encryption_key_id {shown_key_id(self.encryption_key_id)} is not one of "
+                f"encryption_keys ({', '.join(map(shown_key_id, keys)) or 'none given'}) "
+                f"({self.source})"
             )
         if master is not None and keys:
             raise InvalidArgumentError(

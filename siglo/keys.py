@@ -107,6 +107,19 @@ def check_key_id(key_id: Any, where: str) -> str:
     return key_id
 
 
+_SHOWN_ID_MAX: Final = 40
+"""The longest key id an error quotes: a key (32 bytes) is at least 43 characters of
+base64, so a longer "id" may be a key written in the id's place."""
+
+
+def shown_key_id(key_id: str) -> str:
+    """A key id of the settings as an error names it: quoted when it cannot be a key,
+    else its length alone (an id is not secret, a key in its place is)."""
+    if len(key_id) < _SHOWN_ID_MAX:
+        return repr(key_id)
+    return f"({len(key_id)} characters, not shown: it may be a key in the id's place)"
+
+
 def is_local_scheme(scheme: str) -> bool:
     """Whether a ``master_key`` setting's scheme names a key given inline (``base64``,
     however it is written: ``BASE64``, `` base64``), not a KMS plugin's reference."""
@@ -174,8 +187,8 @@ class SettingsKeyProvider:
         self.active = active if active is not None else list(self._keys)[-1]
         if self.active not in self._keys:
             raise InvalidArgumentError(
-                f"encryption_key_id {self.active!r} is not one of encryption_keys "
-                f"({', '.join(self._keys)})"
+                f"encryption_key_id {shown_key_id(self.active)} is not one of "
+                f"encryption_keys ({', '.join(map(shown_key_id, self._keys))})"
             )
         self._derived: dict[tuple[str, str | None], bytes] = {}
 

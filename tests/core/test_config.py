@@ -524,6 +524,34 @@ async def test_text_options_in_the_settings_file_read_as_in_a_url(
     assert "URL option" not in str(refused.value) and str(file) in str(refused.value)
 
 
+def test_no_error_quotes_a_key_written_as_a_key_id(tmp_path: Path) -> None:
+    """A key in URL-safe base64 without its padding reads as a key id: written as
+    ``encryption_key_id``, or as the id of an entry with an empty key (``<key>=``), the
+    errors refusing it quoted it whole (a black-box auditor). They give its length; a
+    short id, which cannot be a key, is still quoted."""
+    import base64
+
+    from siglo.keys import SettingsKeyProvider
+
+    key = base64.urlsafe_b64encode(bytes(range(100, 132))).decode().rstrip("=")
+    other = base64.b64encode(bytes(32)).decode()
+    cases: list[dict[str, str]] = [
+        {"SIGLO_ENCRYPTION_KEYS": f"k1={other}", "SIGLO_ENCRYPTION_KEY_ID": key},
+        {"SIGLO_ENCRYPTION_KEYS": f"{key}="},
+    ]
+    for environ in cases:
+        with pytest.raises(InvalidArgumentError) as refused:
+            load_settings(start=tmp_path, environ=environ)
+        assert key[:12] not in str(refused.value), refused.value
+        assert "43 characters, not shown" in str(refused.value), refused.value
+    with pytest.raises(InvalidArgumentError) as refused:
+        SettingsKeyProvider({"k1": bytes(32)}, active=key)
+    assert key[:12] not in str(refused.value), refused.value
+    environ = {"SIGLO_ENCRYPTION_KEYS": f"k1={other}", "SIGLO_ENCRYPTION_KEY_ID": "k2"}
+    with pytest.raises(InvalidArgumentError, match="'k2' is not one of encryption_keys"):
+        load_settings(start=tmp_path, environ=environ)
+
+
 def test_no_error_or_listing_prints_a_key_written_out_of_its_place(tmp_path: Path) -> None:
     """A key written where its id goes (``SIGLO_ENCRYPTION_KEYS=<key>`` without ``id=``,
     or ``k1:<key>``) was quoted whole by the error refusing it as an id; a master key
