@@ -180,14 +180,17 @@ _REF_MARK: Final = orjson.dumps(REF_KEY)
 
 
 def _refuse_references(value: Any, where: Location) -> None:
-    """Refuse to encode a reference to an offloaded value (a cached step's output, or a
-    context's value): the offloading layer sits below the codecs, so a reference reaches
-    them only through a connection without the blob store (settings without
-    ``blob_url``). Sealed, it would be hidden from the offloading layer and from the
-    collector, which would then remove its blob, and read back as the value."""
+    """Refuse to encode a reference to an offloaded value where the offloading layer
+    puts them (a cached step's output or a stream's value whole, a context's top-level
+    values): that layer sits below the codecs, so a reference reaches them there only
+    through a connection without the blob store (settings without ``blob_url``). Sealed,
+    it would be hidden from the offloading layer and from the collector, which would then
+    remove its blob, and read back as the value. Deeper in a value (an event payload's
+    field, a context value's), the same form is the application's data, stored as it is
+    without encryption: no layer reads it as a reference."""
     if is_reference(value):
         found = [("", value)]
-    elif type(value) is dict:
+    elif type(value) is dict and where.kind == "checkpoint" and where.field.startswith("contexts."):
         found = [(f".{k}", v) for k, v in value.items() if is_reference(v)]
     else:
         return

@@ -198,6 +198,44 @@ async def test_an_import_of_a_reserved_form_writes_nothing(tmp_path: Path) -> No
         assert await backend.adapter.get_checkpoint("good") is None
 
 
+@pytest.mark.parametrize("kind", ["bare", *PIPELINES, "encryption and offloading"])
+async def test_a_reference_deeper_than_siglo_puts_them_is_plain_data(
+    kind: str, tmp_path: Path
+) -> None:
+    """References stand where the offloading layer puts them: a context's top-level
+    values, a cached step's output, whole. One form deeper (a context value's field, an
+    event payload's, a stream value's, a step output's) is the application's data, and
+    reads back as given on every connection: with encryption it was refused as a
+    reference "this connection cannot resolve (no blob store)", beside a blob store (a
+    black-box auditor)."""
+    if kind == "bare":
+        settings = Settings()
+    elif kind == "encryption and offloading":
+        settings = siglo.load_settings(
+            encryption_keys={"k1": KEY},
+            blob_url=f"file://{tmp_path / 'blobs'}",
+            offload_min_bytes=1024,
+        )
+    else:
+        settings = _settings(kind, tmp_path)
+    nested = {"x": REFERENCE}
+    async with siglo.connect(f"sqlite:///{tmp_path / 'app.db'}", settings=settings) as backend:
+        manager = StorageManager(backend, settings=settings)
+        stack = manager.create_stack("s")
+        stack.set("a", "v", nested)
+        await stack.save()
+        adapter = backend.adapter
+        await adapter.set_cached_step("k", nested)
+        await adapter.create_wait_record(_wait(metadata=nested))
+        assert await adapter.claim_wait_record("w", "me", event_payload=nested) is not None
+        loaded = await manager.load_checkpoint("s")
+        assert loaded is not None and loaded.contexts["a"] == {"v": nested}
+        assert await adapter.get_context_changes("s", "a") == {"v": nested}
+        assert await adapter.get_cached_step("k") == nested
+        wait = await adapter.get_wait_record("w")
+        assert wait is not None and (wait.event_payload, wait.metadata) == (nested, nested)
+
+
 def test_a_flows_key_is_not_reserved() -> None:
     """Only the exact forms are reserved: a dict with ``$siglo`` beside other keys, a
     reference with a third key, a ``$siglo`` that is not text — plain data."""
