@@ -12,8 +12,9 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
-from sql_support import open_backend
+from sql_support import base_url, open_backend
 
 import siglo
 from siglo import Checkpoint
@@ -146,3 +147,63 @@ async def bump_each_once(db: Any, table: str) -> None:
     assert results[0] == [(1,)] and results[1] == [(1,)] and results[3] == [(1,)]
     assert isinstance(results[2], siglo.StorageAdapterError)
     assert await db.fetch(f"SELECT k, n FROM {table} ORDER BY k") == [(1, 1), (2, 1), (3, 1)]
+
+
+async def test_a_write_sent_together_that_waits_for_a_row_holds_no_other_callers(
+    backend: siglo.Backend,
+) -> None:
+    """Writes sent together are one transaction: one of them waiting for a row another
+    transaction holds kept every row the others had written locked, and their callers
+    waiting, until that transaction ended (two processes' batches each waiting for the
+    other's row deadlocked). Past the batch's lock timeout the batch is rolled back and
+    each write sent again alone: the others are answered while the row is still held,
+    and every write is done once."""
+    adapter: Any = backend.adapter
+    db = adapter.database
+    table = f"{adapter.schema}.gc_rows_{secrets.token_hex(4)}"
+    await db.write(f"CREATE TABLE {table} (k int PRIMARY KEY, n int NOT NULL)")
+    await db.write(f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
+    bump = f"UPDATE {table} SET n = n + 1 WHERE k = %(k)s RETURNING n"
+    async with await psycopg.AsyncConnection.connect(base_url("postgres")) as holder:
+        await holder.execute(f"SELECT 1 FROM {table} WHERE k = 1 FOR UPDATE")
+        first = asyncio.ensure_future(db.write(bump, {"k": 1}))  # alone, waits for row 1
+        await asyncio.sleep(0.2)
+        sizes = counted(db)
+        other = asyncio.ensure_future(db.write(bump, {"k": 2}))
+        same = asyncio.ensure_future(db.write(bump, {"k": 1}))
+        done, _ = await asyncio.wait({other}, timeout=5)
+        assert other in done, "a write sent together waited for another's row"
+        assert sizes == [2]
+        assert not first.done() and not same.done()
+        await holder.commit()
+    assert sorted([(await first)[0][0], (await same)[0][0]]) == [1, 2]
+    assert await other == [(1,)]
+    assert await db.fetch(f"SELECT k, n FROM {table} ORDER BY k") == [(1, 2), (2, 1)]
+
+
+@pytest.mark.parametrize("call", ["raw_fetch", "fetch_all"])
+async def test_a_statement_failed_to_break_a_deadlock_is_sent_again(
+    backend: siglo.Backend, call: str
+) -> None:
+    """A statement (or ``fetch_all``'s transaction) that PostgreSQL fails to break a
+    deadlock was rolled back, nothing of it done: it is sent again, and its caller gets
+    its answer, not ``DeadlockDetected``. Here it takes two locks, the second held by
+    another session that then asks for the first; the statement, which waited first, is
+    the one PostgreSQL fails (after its ``deadlock_timeout``)."""
+    db: Any = backend.adapter.database  # type: ignore[attr-defined]
+    one, two = (secrets.randbits(62) for _ in range(2))
+    # Taken in the order written (a select list is evaluated left to right).
+    both = "SELECT pg_advisory_xact_lock(%(one)s), pg_advisory_xact_lock(%(two)s), 7"
+    params = {"one": one, "two": two}
+    async with await psycopg.AsyncConnection.connect(base_url("postgres")) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(%s)", (two,))
+        if call == "raw_fetch":
+            asked = asyncio.ensure_future(db.raw_fetch(both, params))
+        else:
+            asked = asyncio.ensure_future(db.fetch_all([(both, params)]))
+        await asyncio.sleep(0.3)  # it holds `one` and waits for `two`
+        await holder.execute("SELECT pg_advisory_xact_lock(%s)", (one,))  # a deadlock
+        await holder.commit()
+    rows = await asyncio.wait_for(asked, 10)
+    answer = rows if call == "raw_fetch" else rows[0]
+    assert [row[-1] for row in answer] == [7]

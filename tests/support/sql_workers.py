@@ -98,6 +98,32 @@ async def _workflow(backend: siglo.Backend, worker: int, count: int) -> list[Any
     return spans
 
 
+async def _first(x: int) -> dict[str, int]:
+    return {"x": x}
+
+
+async def _second(x: dict[str, int]) -> dict[str, int]:
+    return {**x, "y": 1}
+
+
+_RUNS = siglo.flow(
+    siglo.Step.create("first", _first).cache(ttl_ms=60_000, key=lambda x: f"k:{x}"),
+    siglo.Step.create("second", _second),
+    name="runs",
+)
+
+
+async def _runs(backend: siglo.Backend, worker: int, ids: int, at_once: int) -> list[Any]:
+    """Every process runs the same stack ids, ``at_once`` runs of each at a time (a web
+    app's duplicate requests): each run ends with the flow's output, whoever ran it."""
+    manager = siglo.StorageManager(backend)
+
+    async def one(i: int) -> Any:
+        return await _RUNS.run(i, manager=manager, stack_id=f"s-{i}", namespace=f"ns-{i % 7}")
+
+    return list(await asyncio.gather(*(one(i) for i in range(ids) for _ in range(at_once))))
+
+
 async def _migrate(backend: siglo.Backend, worker: int) -> list[Any]:
     return list(await backend.adapter.migrate())  # type: ignore[attr-defined]
 
@@ -110,6 +136,7 @@ JOBS: dict[str, Any] = {
     "nonces": _nonces,
     "locks": _locks,
     "workflow": _workflow,
+    "runs": _runs,
 }
 
 
