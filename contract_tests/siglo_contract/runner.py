@@ -291,9 +291,12 @@ def run_contract(
             if tgt.url is not None:
                 loop.run_until_complete(_probe(session, tgt.label))
         except BaseException:
-            # The backend is unreachable: its clean-up would only fail the same way.
+            # The backend is unreachable: its clean-up would only fail the same way, and
+            # is given no longer than the probe was (a hung server answers neither).
             with contextlib.suppress(Exception):
-                loop.run_until_complete(session.__aexit__(None, None, None))
+                loop.run_until_complete(
+                    asyncio.wait_for(session.__aexit__(None, None, None), PROBE_TIMEOUT_S)
+                )
             raise
         try:
             for chk in to_run:
@@ -474,7 +477,13 @@ async def _probe(session: Session, label: str) -> None:
                 elif backend.idempotency is not None:
                     await backend.idempotency.get(new_prefix() + "probe")
         except (StorageAdapterError, OSError, TimeoutError) as exc:
-            raise StorageAdapterError(f"cannot reach the backend at {label}: {exc}") from exc
+            # The probe's own bound says nothing (a bare TimeoutError): say what it was.
+            why = str(exc) or (
+                f"no answer within {PROBE_TIMEOUT_S:g} s"
+                if isinstance(exc, TimeoutError)
+                else type(exc).__name__
+            )
+            raise StorageAdapterError(f"cannot reach the backend at {label}: {why}") from exc
 
 
 def _describe(exc: BaseException) -> str:

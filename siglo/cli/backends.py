@@ -61,6 +61,7 @@ def backends(as_json: bool) -> None:
     table.add_column("schemes", no_wrap=True)
     table.add_column("capabilities", no_wrap=True)
     broken: list[tuple[str, str]] = []
+    installs: list[tuple[str, str]] = []
     for row in rows:
         dist = f"{row['distribution'] or '-'} {row['version'] or ''}".strip()
         if row["status"] != "ok":
@@ -72,7 +73,8 @@ def backends(as_json: bool) -> None:
             else:
                 # escape(): rich would read the [redis] of siglo[redis] as markup.
                 missing = escape(", ".join(b["missing_drivers"]))
-                driver = f"[red]missing[/red] ({missing}): {escape(b['install'])}"
+                driver = f"[red]missing[/red] ({missing})"
+                installs.append((b["name"], b["install"]))
             table.add_row(
                 escape(b["name"]),
                 escape(f"{row['plugin']}\n({dist})"),
@@ -82,6 +84,14 @@ def backends(as_json: bool) -> None:
             )
     console = Console()
     console.print(table)
+    # Below the table, each on a line of its own that is never wrapped: a command to
+    # copy whole, in a terminal of any width (in a cell, 80 columns cut it in three).
+    for name, command in installs:
+        console.print(
+            f"{escape(name)}: install its driver with {escape(command)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     for name, why in broken:
         console.print(
             f"[yellow]plugin {escape(repr(name))} not loaded:[/yellow] {escape(why)}",

@@ -119,6 +119,27 @@ def test_redis_on_a_closed_port_is_unreachable_not_a_failed_clean_up() -> None:
     assert "removing" not in line
 
 
+@pytest.mark.parametrize("scheme", ["redis", "postgresql"])
+def test_a_server_that_never_answers_is_named_a_timeout(
+    scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listener that accepts and never answers (a hung server, ``rediss://`` to a
+    plain Redis): ``siglo check``'s first read ends at its own bound, whose
+    ``TimeoutError`` has no text; the error line said "cannot reach the backend at …:"
+    and nothing after it (a black-box auditor). It says it had no answer in time."""
+    import siglo_contract.runner
+
+    monkeypatch.setattr(siglo_contract.runner, "PROBE_TIMEOUT_S", 0.5)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        path = "/0" if scheme == "redis" else "/test"
+        url = f"{scheme}://127.0.0.1:{port}{path}?command_timeout_ms=60000"
+        line = assert_one_line_error(run("check", url), "cannot reach")
+    assert line.endswith("no answer within 0.5 s"), line
+
+
 def test_missing_postgres_database() -> None:
     base = POSTGRES_URL.rsplit("/", 1)[0]
     assert_one_line_error(
