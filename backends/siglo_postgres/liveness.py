@@ -12,7 +12,11 @@ looked at before a call is sent on it (:func:`closed_while_idle`, about a micros
 and replaced if the server has closed it, or said anything unasked. A connection that
 fails with a SQLSTATE (``57P01`` "terminating connection due to administrator
 command" …) was told by the server that its session ended: its statement did not
-commit, and its failure is a plain :class:`~siglo.errors.StorageAdapterError`.
+commit, and its failure is a plain :class:`~siglo.errors.StorageAdapterError`. Except
+the class of connection exceptions, ``08…``: a PgBouncer whose server connection was
+lost with a statement in flight says so to its client with ``08P01`` ("server conn
+crashed?"), and it does not know either whether the statement committed (a black-box
+auditor's save, reported as failed, was stored).
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ def closed_while_idle(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 def lost_in_flight(exc: BaseException, conn: psycopg.AsyncConnection[Any] | None) -> bool:
-    """Whether ``exc`` ended a call on ``conn`` because the connection was lost without a
-    word from the server (no SQLSTATE): what the call sent may have run."""
-    return (
-        conn is not None
-        and isinstance(exc, psycopg.OperationalError)
-        and exc.sqlstate is None
-        and conn.broken
-    )
+    """Whether ``exc`` ended a call on ``conn`` because the connection was lost with the
+    call in flight — without a word from the server (no SQLSTATE), or with a connection
+    exception (``08…``, what a PgBouncer says of its own lost server connection): what
+    the call sent may have run."""
+    if conn is None or not isinstance(exc, psycopg.OperationalError):
+        return False
+    if exc.sqlstate is None:
+        return conn.broken
+    return exc.sqlstate.startswith("08")

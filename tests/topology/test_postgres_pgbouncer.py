@@ -21,11 +21,12 @@ from urllib.parse import urlsplit
 
 import pytest
 from _pg_topologies import PgBouncer, free_ports
+from _tcp_proxy import TcpProxy
 from siglo_check import run_siglo_check
 from sql_support import POOL_SIZE, POSTGRES_URL, race, require_postgres
 
 import siglo
-from siglo import Checkpoint, InvalidArgumentError, WaitRecord
+from siglo import Checkpoint, InvalidArgumentError, OutcomeUnknownError, WaitRecord
 from siglo_postgres import drop_schema, isolated
 from siglo_postgres.connect import connect
 
@@ -139,3 +140,40 @@ async def test_concurrent_first_connections_migrate_once(bouncer: PgBouncer) -> 
             for b in backends:
                 await b.aclose()
             await drop_schema(url, schema)
+
+
+async def test_a_save_whose_reply_pgbouncer_lost_has_an_unknown_outcome() -> None:
+    """PgBouncer's server connection lost after the save ran and before its reply: the
+    bouncer tells its client ``08P01`` "server conn crashed?", a SQLSTATE, which read as
+    the server's own word that the statement did not commit (a plain
+    ``StorageAdapterError``), though the save was stored (a black-box auditor). It is
+    an unknown outcome; the stored revision says what happened."""
+    require_postgres()
+    parts = urlsplit(POSTGRES_URL)
+    proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+    server = ("127.0.0.1", proxy.port, parts.path.strip("/") or "postgres", "postgres")
+    own = PgBouncer(free_ports(30300, 30400, 1)[0], server=server)
+    try:
+        own.start()
+        async with isolated(own.url() + "?pgbouncer=transaction") as backend:
+            stack = f"lost-{secrets.token_hex(4)}"
+            cp = Checkpoint(stack_id=stack, revision=1, timestamp=1, metadata={"v": 1})
+            await backend.adapter.save_checkpoint(cp, expected_revision=0)
+            proxy.lose_reply_to(stack.encode())
+            with pytest.raises(OutcomeUnknownError):
+                await backend.adapter.save_checkpoint(
+                    Checkpoint(stack_id=stack, revision=2, timestamp=2, metadata={"v": 2}),
+                    expected_revision=1,
+                )
+            assert proxy.replies_lost == 1
+            stored = None
+            for _ in range(50):  # the bouncer reconnects to its server
+                try:
+                    stored = await backend.adapter.get_checkpoint(stack)
+                    break
+                except siglo.StorageAdapterError:
+                    await asyncio.sleep(0.1)
+            assert stored is not None and stored.revision == 2  # it had run
+    finally:
+        own.stop()
+        proxy.close()
