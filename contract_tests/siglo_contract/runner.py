@@ -208,7 +208,8 @@ def run_contract(
     reported otherwise). With ``keep_going`` (the default) a state machine that failed on
     one rule is run again without that rule's comparisons, so the others get a verdict
     too. ``options`` go to the backend's factory (defaults: :data:`DEFAULT_OPTIONS`).
-    ``on_plan`` is told the checks that will run, before the first starts. ``only``
+    ``on_plan`` is told the checks that will run, once the backend has opened its storage
+    and answered a first read, before the first check starts. ``only``
     narrows the run to the checks it accepts (a rule none of whose checks ran is
     ``"not run"``); every failure those checks see is reported, whatever its rule.
     ``deviations`` (default: what the target's plugin registration declares) are rules
@@ -272,8 +273,6 @@ def run_contract(
         and c.capabilities() <= tgt.capabilities
         and (only is None or only(c))
     ]
-    if on_plan is not None:
-        on_plan(list(to_run))
     storage: str | None = None
     loop = asyncio.new_event_loop()
     try:
@@ -299,6 +298,10 @@ def run_contract(
                 )
             raise
         try:
+            # Told once the backend opened its storage and answered: a URL it refuses
+            # (an unknown option, a bad database) is one error, no plan printed before.
+            if on_plan is not None:
+                on_plan(list(to_run))
             for chk in to_run:
                 if progress:
                     progress("start", chk, "")

@@ -74,19 +74,6 @@ def _writable_report(path: Path, option: str, what: str) -> None:
         path.unlink()
 
 
-def _refuse_unopenable(url: str) -> None:
-    """Refuse, before any plan or progress is printed, a URL its backend cannot open.
-
-    An unknown scheme, a missing driver, an unknown option or a bad value (a Redis path
-    that is not a database number) is said now, not after the plan. The backend is
-    opened and closed: its factory checks the URL, and connections are made only when
-    first used, so nothing is created or reached.
-    """
-    check_port(url)
-    probe = get_registry().for_url(url).load_factory()(url)
-    asyncio.run(probe.aclose())
-
-
 @click.command()
 @click.argument("url", required=False, default=None)
 @click.option(
@@ -202,7 +189,10 @@ def check(
         _writable_report(report_file, "--report-file", f"{report_format} report")
     target = resolve_url(url, default=_default_url)
     shown = display_url(target)
-    _refuse_unopenable(target)
+    check_port(target)
+    # An unknown scheme or a missing driver is said now, before any progress is drawn; a
+    # URL the backend refuses, by the run before it prints its plan.
+    get_registry().for_url(target).load_factory()
     other_target = None
     if compare_url is not None:  # refused before the run, as the target is
         if not compare_url.strip():
@@ -210,7 +200,11 @@ def check(
                 "--compare needs a backend URL, got an empty one", "e.g. --compare memory://"
             )
         other_target = resolve_url(compare_url, default=_default_url)
-        _refuse_unopenable(other_target)
+        check_port(other_target)
+        # Opened (and closed) now: its factory refuses an unknown option or a bad value
+        # before the run, not after it. Connections are made when first used.
+        probe = get_registry().for_url(other_target).load_factory()(other_target)
+        asyncio.run(probe.aclose())
     empty = [pattern for pattern in rules if not pattern.strip()]
     if empty:
         raise click.UsageError(
