@@ -17,6 +17,7 @@ from siglo.errors import (
     DecryptionError,
     InvalidArgumentError,
     MalformedRecordError,
+    NotJSONError,
     ReservedFormError,
 )
 
@@ -171,13 +172,13 @@ GC_PAUSE_MIN_BYTES: Final = 64 * 1024
 def dumps(value: Any, *, what: str = "value") -> bytes:
     """Encode ``value`` as compact UTF-8 JSON.
 
-    Raises :class:`InvalidArgumentError` naming ``what`` if the value is not JSON data
+    Raises :class:`~siglo.errors.NotJSONError` naming ``what`` if the value is not JSON data
     (a set, an object, a non-string dict key, an integer beyond 64 bits …).
     """
     try:
         return orjson.dumps(value)
     except TypeError as exc:
-        raise InvalidArgumentError(f"{what} is not JSON-serialisable: {exc}") from exc
+        raise NotJSONError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
 def dumps_of(value: Any, kind: str, name: object) -> bytes:
@@ -187,7 +188,7 @@ def dumps_of(value: Any, kind: str, name: object) -> bytes:
     try:
         return orjson.dumps(value)
     except TypeError as exc:
-        raise InvalidArgumentError(f"{kind} {name!r} is not JSON-serialisable: {exc}") from exc
+        raise NotJSONError(f"{kind} {name!r} is not JSON-serialisable: {exc}") from exc
 
 
 def dumps_str(value: Any, *, what: str = "value") -> str:

@@ -146,6 +146,13 @@ class MalformedRecordError(SigloError, ValueError):
         super().__init__(f"malformed {kind}: field {field!r} {problem}")
 
 
+class NotJSONError(InvalidArgumentError):
+    """A value that is not JSON data (a set, bytes, an integer beyond 64 bits, a key
+    that is not text …), refused when it is encoded, before anything is written. As for
+    a document too large, a flow whose step output is not JSON data fails the run
+    rather than leave it running for a worker to run the step again."""
+
+
 class ReservedFormError(InvalidArgumentError):
     """A value stored where siglo would take it for one of its own forms — a sealed
     value (``{"$siglo": "…"}``), a reference to an offloaded value (``{"$siglo.blob":

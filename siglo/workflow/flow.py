@@ -23,6 +23,7 @@ from siglo.errors import (
     DocumentTooLargeError,
     InvalidArgumentError,
     InvalidStateTransitionError,
+    NotJSONError,
     ReservedFormError,
     StorageAdapterError,
     WaitRecordClaimError,
@@ -49,10 +50,11 @@ from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow", "run_cache_namespace"]
 
-REFUSED_UNWRITTEN: Final = (DocumentTooLargeError, ReservedFormError)
+REFUSED_UNWRITTEN: Final = (DocumentTooLargeError, ReservedFormError, NotJSONError)
 """A run's checkpoint refused before anything was written, whatever is retried: too
-large, or holding a value of a form siglo reserves. The flow fails the run on either,
-as a step that raised, rather than leave it running or waiting."""
+large, holding a value of a form siglo reserves, or a value that is not JSON data. The
+flow fails the run on any, as a step that raised, rather than leave it running or
+waiting (for a worker to run the step, and its side effects, again at every pass)."""
 
 _NO_SPAN: Final = contextlib.nullcontext()
 

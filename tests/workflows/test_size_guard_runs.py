@@ -15,7 +15,12 @@ from ops_support import DURABLE_KINDS, shared_store
 import siglo
 from siglo import DocumentTooLargeError, Step, WorkflowSuspended, flow, wait_for_event
 from siglo.config import Settings
-from siglo.errors import InvalidStateTransitionError, ReservedFormError, WaitRecordClaimError
+from siglo.errors import (
+    InvalidStateTransitionError,
+    NotJSONError,
+    ReservedFormError,
+    WaitRecordClaimError,
+)
 from siglo.workflow import Worker
 
 SETTINGS = Settings(max_document_bytes=4096)
@@ -234,3 +239,44 @@ async def test_an_event_of_a_reserved_form_is_refused_before_its_claim(kind: str
         stored = await backend.adapter.get_checkpoint("reserved-2")
         assert stored is not None and stored.status == "waiting"
         assert await waiting.deliver("approve:big", {"by": "ada"}, manager=manager) == {"by": "ada"}
+
+
+NOT_JSON = {
+    "a set": {1, 2},
+    "bytes": b"receipt",
+    "an integer beyond 64 bits": 2**70,
+    "a key that is not text": {1: "one"},
+}
+not_json_charges: list[Any] = []
+
+
+def _charging(output: Any) -> Any:
+    async def charge(amount: Any) -> Any:
+        not_json_charges.append(amount)
+        return {"receipt": output}
+
+    return charge
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+@pytest.mark.parametrize("what", list(NOT_JSON))
+async def test_a_step_output_that_is_not_json_fails_the_run_once(kind: str, what: str) -> None:
+    """The step's checkpoint was refused (not JSON-serialisable) and the run stayed
+    ``running``: every ``siglo worker`` pass ran the step again, its side effect with it
+    (a black-box auditor). It fails as a step too large to store does, with
+    ``NotJSONError``, and the manager has nothing left to report later."""
+    not_json_charges.clear()
+    refused = flow(Step.create("charge", _charging(NOT_JSON[what])), name=f"not-json-{what}")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url) as backend,
+    ):
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(NotJSONError, match="not JSON-serialisable"):
+            await refused.run(5, manager=manager, stack_id="not-json-1")
+        await manager.flush()  # no failure deferred to a later call
+        assert (await manager.load_checkpoint("not-json-1")) is not None
+        await _failed_and_not_taken_up(backend, manager, refused, "not-json-1")
+        assert not_json_charges == [5]
+        with pytest.raises(InvalidStateTransitionError, match="ended failed"):
+            await refused.run(5, manager=manager, stack_id="not-json-1")
