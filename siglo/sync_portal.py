@@ -31,7 +31,18 @@ class Portal:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.call_soon(self._ready.set)
-        self._loop.run_forever()
+        while True:
+            try:
+                self._loop.run_forever()
+                return  # stopped by close()
+            except (KeyboardInterrupt, SystemExit):
+                # Raised by an application's code in a task of the loop (a step): asyncio
+                # sets it on the task and lets it out of the loop, which ended this thread
+                # with every caller's call unanswered and the portal closed for all. Its
+                # caller gets it through its future once the loop runs again (the
+                # handles not run yet stay queued), and the other threads' calls go on.
+                # Ctrl-C never lands here: signals go to the main thread.
+                continue
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -199,6 +199,36 @@ def test_many_threads_at_once(backend: sync.SyncBackend) -> None:
     assert wins.count(True) >= 1
 
 
+@pytest.mark.parametrize("escape", [KeyboardInterrupt, SystemExit])
+def test_a_step_raising_a_base_exception_reaches_its_caller_alone(
+    backend: sync.SyncBackend, escape: type[BaseException]
+) -> None:
+    """A step that raises ``KeyboardInterrupt`` or ``SystemExit``: asyncio lets it out of
+    the loop, which ended the portal's thread — its caller blocked for ever and every
+    other thread's call refused, "the siglo.sync portal is closed" (a black-box
+    auditor). The caller gets it, as async code's caller does; the run stays running for
+    recovery, and the same manager serves the next call, from another thread too."""
+
+    async def leaves(value: Any) -> Any:
+        raise escape()
+
+    async def doubles(value: Any) -> Any:
+        return value * 2
+
+    manager = sync.StorageManager(backend, error_mode="strict")
+    broken = sync.SyncFlow(siglo.flow(siglo.Step.create("leaves", leaves), name="leaves"))
+    fine = sync.SyncFlow(siglo.flow(siglo.Step.create("doubles", doubles), name="doubles"))
+    stack_id = f"escape-{uuid.uuid4()}"
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(broken.run, 1, manager=manager, stack_id=stack_id)
+        with pytest.raises(escape):
+            asked.result(timeout=15)
+        assert pool.submit(fine.run, 2, manager=manager).result(timeout=15) == 4
+    assert fine.run(3, manager=manager) == 6
+    stored = manager.load_checkpoint(stack_id)
+    assert stored is not None and stored.status == "running"
+
+
 def test_calling_from_the_portal_loop_is_refused() -> None:
     portal = sync.get_portal()
 
