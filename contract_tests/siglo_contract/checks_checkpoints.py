@@ -342,10 +342,60 @@ async def checkpoint_occ_monotonic(ctx: CheckContext) -> None:
     await _conflict(ctx, rule_id, ctx.checkpoint(big, BIG - 1), None)
 
 
+async def _namespace_not_joined(ctx: CheckContext) -> None:
+    """Namespace ``N`` with stack ``x:y``, namespace ``N:x`` with stack ``y`` and the
+    un-namespaced stack ``N:x:y`` are three checkpoints (``:`` is data, ids.hostile): a
+    backend that keys a checkpoint by the namespace and the stack id joined with ``:``
+    gives one tenant another's row."""
+    rule = "checkpoint.namespace.isolation"
+    a = ctx.backend.adapter
+    ns, left, right = ctx.id("joined"), ctx.id("x"), ctx.id("y")
+    rows: list[tuple[str | None, str]] = [
+        (ns, f"{left}:{right}"),
+        (f"{ns}:{left}", right),
+        (None, f"{ns}:{left}:{right}"),
+    ]
+    saved: list[tuple[str | None, str]] = []
+    for namespace, stack in rows:
+        for other_ns, other_stack in rows:
+            if (other_ns, other_stack) in saved:
+                continue
+            got = await a.get_checkpoint(other_stack, other_ns, fallback=False)
+            expect(
+                got is None,
+                rule,
+                f"after saves of {saved!r} (namespace, stack id), get_checkpoint("
+                f"{other_stack!r}, {other_ns!r}, fallback=False) returned {got!r}",
+            )
+        try:
+            await a.save_checkpoint(
+                ctx.checkpoint(stack, 1, namespace=namespace, metadata={"at": [namespace, stack]}),
+                expected_revision=0,
+            )
+        except CheckpointConflictError as exc:
+            fail(
+                rule,
+                f"the first save of stack {stack!r} in namespace {namespace!r} conflicted "
+                f"after saves of {saved!r} (namespace, stack id): {exc}",
+            )
+        saved.append((namespace, stack))
+    for namespace, stack in rows:
+        got = await a.get_checkpoint(stack, namespace, fallback=False)
+        expect(
+            got is not None
+            and (got.namespace, got.stack_id) == (namespace, stack)
+            and got.metadata == {"at": [namespace, stack]},
+            rule,
+            f"get_checkpoint({stack!r}, {namespace!r}) returned {got!r}, not its own "
+            f"checkpoint (saved beside {rows!r})",
+        )
+
+
 @check("checkpoint.namespace.fallback", "checkpoint.namespace.isolation")
 async def namespace_lookups(ctx: CheckContext) -> None:
     """Namespaced reads fall back to the un-namespaced checkpoint, never to another ns;
-    each namespace has its own revisions, conflicts and clean-up."""
+    each namespace has its own revisions, conflicts and clean-up, and is never joined
+    with a stack id into one key (namespace N, stack x:y is not namespace N:x, stack y)."""
     a = ctx.backend.adapter
     stack, ns_a, ns_b, ns_c = ctx.id("s"), ctx.id("a"), ctx.id("b"), ctx.id("c")
     ctx.about("checkpoint.namespace.isolation")
@@ -391,6 +441,7 @@ async def namespace_lookups(ctx: CheckContext) -> None:
         "checkpoint.namespace.isolation" if control is not None else "checkpoint.expiry.clean",
         "clean-up of an expired checkpoint in namespace a removed namespace b's",
     )
+    await _namespace_not_joined(ctx)
     ctx.about("checkpoint.namespace.fallback")
     expect(
         await a.get_checkpoint(stack) is None,

@@ -30,7 +30,7 @@ def _padded(cp: Checkpoint, step: str, size: int) -> Checkpoint:
 
 @check("checkpoint.size.guard")
 async def checkpoint_size_guard(ctx: CheckContext) -> None:
-    """A document of exactly the limit is stored; one byte more raises
+    """A document of exactly the limit is stored, by every save path; one byte more raises
     DocumentTooLargeError naming the stack, the size, the limit and the largest context,
     and leaves the stored checkpoint and (streamed) the context stream as they were."""
     ctx.about("checkpoint.size.guard")
@@ -82,12 +82,12 @@ async def checkpoint_size_guard(ctx: CheckContext) -> None:
         # changes), the unlocking one and, with a step cache, the caching one (its cache
         # entry too) — a backend may override any of them to write in one go.
         streams = a.supports(Capability.CONTEXT_STREAM)
-        saves: dict[str, Callable[[list[ContextChangeEvent]], Awaitable[None]]] = {
-            "a streamed save": lambda changes: a.save_checkpoint_streamed(
-                over, changes, expected_revision=2
+        saves: dict[str, Callable[[Checkpoint, list[ContextChangeEvent], int], Awaitable[None]]] = {
+            "a streamed save": lambda cp, changes, expected: a.save_checkpoint_streamed(
+                cp, changes, expected_revision=expected
             ),
-            "an unlocking save": lambda changes: a.save_checkpoint_unlocking(
-                over, changes, expected_revision=2
+            "an unlocking save": lambda cp, changes, expected: a.save_checkpoint_unlocking(
+                cp, changes, expected_revision=expected
             ),
         }
         entry = CacheEntry(key=ctx.id("size-guard-entry"), value={"out": "late"})
@@ -96,15 +96,15 @@ async def checkpoint_size_guard(ctx: CheckContext) -> None:
         # is cache.miss's business, not this rule's).
         unset = await a.get_cached_step(entry.key) if caches else MISSING
         if caches:
-            saves["a caching save"] = lambda changes: a.save_checkpoint_caching(
-                over, changes, entry, expected_revision=2
+            saves["a caching save"] = lambda cp, changes, expected: a.save_checkpoint_caching(
+                cp, changes, entry, expected_revision=expected
             )
         for what, save in saves.items():
             change = ContextChangeEvent(
                 stack_id=stack, step_id="big", key="note", timestamp=ctx.now_ms(), value=what
             )
             try:
-                await save([change] if streams else [])
+                await save(over, [change] if streams else [], 2)
             except DocumentTooLargeError:
                 pass
             else:
@@ -131,6 +131,29 @@ async def checkpoint_size_guard(ctx: CheckContext) -> None:
                     "checkpoint.size.guard",
                     f"{what} refused as too large stored a cache entry: {cached!r}",
                 )
+        # A document of exactly the limit is stored by each of these saves too (a streamed
+        # save that refused it, comparing with >=, passed when only the plain save was
+        # given one).
+        revision = 2
+        for what, save in saves.items():
+            revision += 1
+            exact = _padded(
+                ctx.checkpoint(stack, revision, contexts={"small": {"n": revision}}), "big", limit
+            )
+            try:
+                await save(exact, [], revision - 1)
+            except DocumentTooLargeError as exc:
+                fail(
+                    "checkpoint.size.guard",
+                    f"{what} of a document of exactly the limit ({limit} bytes) was refused: {exc}",
+                )
+            stored = await a.get_checkpoint(stack)
+            expect(
+                same(stored, exact),
+                "checkpoint.size.guard",
+                f"{what} of a document of exactly the limit ({limit} bytes) was not stored "
+                f"as saved: read back {stored!r}",
+            )
     finally:
         raw.max_document_bytes = declared
 

@@ -329,3 +329,12 @@ async def wait_release(ctx: CheckContext) -> None:
             f"after the lease lapsed, release by {other!r} returned {released!r} and changed "
             f"{before!r} into {after!r}",
         )
+    # Its claimant's release is still its own: not taken over, the claim is released.
+    released = await a.release_wait_record(lapsing.correlation_key, "holder")
+    back = await a.get_wait_record(lapsing.correlation_key)
+    expect(
+        released is True and back is not None and back.status == "waiting",
+        "wait.release",
+        f"after the lease lapsed (the claim not taken over), the claimant's release returned "
+        f"{released!r} and left {back!r}",
+    )

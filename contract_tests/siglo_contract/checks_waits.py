@@ -440,7 +440,8 @@ async def wait_create(ctx: CheckContext) -> None:
 async def wait_namespace_isolation(ctx: CheckContext) -> None:
     """Two tenants' wait records with the same correlation key and stack id, and an
     un-namespaced one: each is read, claimed, completed and cancelled in its namespace
-    only."""
+    only; by stack id each namespace reads its own latest record, whatever another
+    namespace saves."""
     a = ctx.backend.adapter
     rule = "wait.namespace.isolation"
     key, stack = ctx.id("tenant-wait"), ctx.id("tenant-stack")
@@ -526,3 +527,22 @@ async def wait_namespace_isolation(ctx: CheckContext) -> None:
             rule,
             f"after cancel_workflow in {ns_b!r}, the record of {ns!r} is {got!r}",
         )
+    # A save in one namespace never moves another's answer by stack id: each namespace
+    # reads its own latest record of the stack, also when the other namespace saved a
+    # correlation key it has too, or one it lacks (an index of the latest record per
+    # stack id alone passed the rest of this check).
+    by_stack = ctx.id("tenant-latest")
+    first, second, third = ctx.id("latest-1"), ctx.id("latest-2"), ctx.id("latest-3")
+    latest: dict[str | None, str] = {}
+    for ns, saved in ((ns_b, first), (ns_b, second), (ns_a, first), (none_ns, third)):
+        await a.save_wait_record(WaitRecord(correlation_key=saved, stack_id=by_stack, namespace=ns))
+        latest[ns] = saved
+        for reader, want in latest.items():
+            got = await of(reader, by_stack)
+            expect(
+                got is not None and got.namespace == reader and got.correlation_key == want,
+                rule,
+                f"after a save of {saved!r} (stack {by_stack!r}) in namespace {ns!r}, "
+                f"get_wait_record({by_stack!r}, namespace={reader!r}) returned {got!r}, not "
+                f"that namespace's latest record {want!r}",
+            )

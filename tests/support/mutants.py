@@ -31,7 +31,7 @@ from siglo.listing import (
 )
 from siglo.manager import StorageManager
 from siglo.payloads import CONTEXT_KIND, PayloadKind, StoredPayload, with_wait_fields
-from siglo.records import CacheEvent, ContextChangeEvent
+from siglo.records import CacheEvent, ContextChangeEvent, embedded_wait_record
 from siglo_contract.target import Target
 from siglo_memory import connect as memory_connect
 from siglo_memory.adapter import (
@@ -212,6 +212,45 @@ class OneBucketForNamespaces(MemoryStorageAdapter):
         return found
 
 
+class _JoinedCheckpointKeys(dict[tuple[str | None, str], _StoredCheckpoint]):
+    """Checkpoints keyed by ``f"{namespace or ''}:{stack_id}"`` (under the namespace
+    ``""``, no namespace's name, so that a joined key joins to itself)."""
+
+    @staticmethod
+    def _join(key: tuple[str | None, str]) -> tuple[str | None, str]:
+        namespace, stack_id = key
+        return key if namespace == "" else ("", f"{namespace or ''}:{stack_id}")
+
+    def __getitem__(self, key: tuple[str | None, str]) -> _StoredCheckpoint:
+        return super().__getitem__(self._join(key))
+
+    def __setitem__(self, key: tuple[str | None, str], value: _StoredCheckpoint) -> None:
+        super().__setitem__(self._join(key), value)
+
+    def __delitem__(self, key: tuple[str | None, str]) -> None:
+        super().__delitem__(self._join(key))
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and super().__contains__(self._join(key))
+
+    def get(self, key: tuple[str | None, str], default: Any = None) -> Any:
+        return super().get(self._join(key), default)
+
+    def pop(self, key: tuple[str | None, str], *default: Any) -> Any:
+        return super().pop(self._join(key), *default)
+
+
+class NamespaceJoinedToStackId(MemoryStorageAdapter):
+    """Keys a checkpoint by its namespace and stack id joined with ``:``: namespace ``a``
+    with stack ``b:c`` and namespace ``a:b`` with stack ``c`` are one row, one tenant
+    reading and overwriting another's (a black-box auditor's plugin that passed every
+    check of contract 1.7)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._checkpoints = _JoinedCheckpointKeys()
+
+
 class AlwaysFallsBack(MemoryStorageAdapter):
     async def _do_get_checkpoint(
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
@@ -296,6 +335,34 @@ class FirstRecordOfStack(MemoryStorageAdapter):
         await super()._do_save_wait_record(record, ttl_ms=ttl_ms)
         if previous is not None and previous in self._waits:
             self._latest_wait_of_stack[stack] = previous
+
+
+class LatestWaitOfStackIgnoresNamespace(MemoryStorageAdapter):
+    """The index of a stack's latest wait record is kept by stack id alone, whatever the
+    namespace, and its correlation key looked up in the caller's namespace: after
+    ``B/k1``, ``B/k2`` and then ``A/k1`` of one stack, namespace ``B`` reads ``k1`` by
+    stack id (a black-box auditor's plugin that passed every check of contract 1.7)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._latest_key_of_stack: dict[str, str] = {}
+
+    async def _do_save_wait_record(self, record: WaitRecord, *, ttl_ms: int | None = None) -> None:
+        await super()._do_save_wait_record(record, ttl_ms=ttl_ms)
+        self._latest_key_of_stack[record.stack_id] = record.correlation_key
+
+    async def _do_get_wait_record(
+        self, correlation_key_or_stack_id: str, namespace: str | None = None
+    ) -> WaitRecord | None:
+        now = self.clock.now_ms()
+        record = self._live_wait(wait_key(namespace, correlation_key_or_stack_id), now)
+        latest = self._latest_key_of_stack.get(correlation_key_or_stack_id)
+        if record is None and latest is not None:
+            record = self._live_wait(wait_key(namespace, latest), now)
+        if record is not None:
+            return record
+        checkpoint = self._live_checkpoint((namespace, correlation_key_or_stack_id), now)
+        return None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
 
 
 class NoCheckpointFallback(MemoryStorageAdapter):
@@ -1154,6 +1221,14 @@ class NonceWindowTooLong(MemoryNonceStore):
         return await super()._do_claim(key, ttl_ms * 1000)
 
 
+class NonceWindowAtLeastASecond(MemoryNonceStore):
+    """Keeps every nonce at least a second: a window of ``ttl_seconds=0.5`` lasts 1,000 ms,
+    not 500 (a black-box auditor's plugin that passed every check of contract 1.7)."""
+
+    async def _do_claim(self, key: str, ttl_ms: int) -> bool:
+        return await super()._do_claim(key, max(ttl_ms, 1_000))
+
+
 class NotJsonChecked(MemoryStorageAdapter):
     async def _do_set_cached_step(self, key: str, value: Any, ttl_ms: int | None = None) -> None:
         try:
@@ -1361,6 +1436,11 @@ MUTANTS: tuple[Mutant, ...] = (
         adapter=OneBucketForNamespaces,
     ),
     _m(
+        "checkpoint.namespace.isolation",
+        "a checkpoint's key is its namespace and stack id joined with ':'",
+        adapter=NamespaceJoinedToStackId,
+    ),
+    _m(
         "checkpoint.namespace.fallback",
         "fallback=False is ignored",
         adapter=AlwaysFallsBack,
@@ -1427,6 +1507,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "wait.namespace.isolation",
         "a claim from a namespace without the record takes another namespace's",
         adapter=ClaimFallsBackAcrossNamespaces,
+    ),
+    _m(
+        "wait.namespace.isolation",
+        "the index of a stack's latest wait record ignores the namespace",
+        adapter=LatestWaitOfStackIgnoresNamespace,
     ),
     _m(
         "checkpoint.retention",
@@ -1594,6 +1679,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("lock.with-lock.wait", "with_lock never waits", lock=WithLockNeverWaits),
     _m("nonce.claim.once", "two claimers win a race", nonces=NonceYields),
     _m("nonce.expiry", "the window is 1000 times too long", nonces=NonceWindowTooLong),
+    _m("nonce.expiry", "every window lasts at least a second", nonces=NonceWindowAtLeastASecond),
     _m("list.walk", "a next_cursor skips a stack", adapter=CursorSkipsOne),
     _m(
         "list.filters",
@@ -1640,6 +1726,11 @@ MUTANTS: tuple[Mutant, ...] = (
         adapter=lg.StreamsBeforeSizeGuard,
     ),
     _m("checkpoint.size.guard", "stores documents over the limit", adapter=lg.IgnoresDocumentLimit),
+    _m(
+        "checkpoint.size.guard",
+        "a streamed save refuses a document of exactly the limit",
+        adapter=lg.StreamedRefusesExactLimit,
+    ),
     _m(
         "checkpoint.size.guard",
         "a caching save too large writes its entry and changes",
@@ -1856,6 +1947,11 @@ CERTIFICATE: tuple[Mutant, ...] = (
     _m("waits.due", "namespaced waits are never due", adapter=c.DueSkipsNamespaced),
     _m("waits.due", "the limit is applied before sorting", adapter=c.DueLimitBeforeSort),
     _m("wait.release", "anyone releases a lapsed claim", adapter=c.LapsedClaimAnyoneReleases),
+    _m(
+        "wait.release",
+        "a lapsed claim's own claimant cannot release it",
+        adapter=c.LapsedClaimNotItsClaimants,
+    ),
     _m("lock.extend.token", "extend revives a lapsed lock", lock=c.LapsedLockExtendRevives),
     _m(
         "lock.release.token",

@@ -198,6 +198,22 @@ class LapsedClaimAnyoneReleases(MemoryStorageAdapter):
         return await super()._do_release_wait_record(correlation_key, claimant_id, namespace)
 
 
+class LapsedClaimNotItsClaimants(MemoryStorageAdapter):
+    """Once a claim's lease has lapsed, even its claimant's release is refused (a
+    black-box auditor's plugin that passed every check of contract 1.7): a lapsed claim
+    is takeable, not taken, and stays its claimant's until it is."""
+
+    async def _do_release_wait_record(
+        self, correlation_key: str, claimant_id: str, namespace: str | None = None
+    ) -> bool:
+        from siglo_memory.adapter import wait_key
+
+        record = self._live_wait(wait_key(namespace, correlation_key), self.clock.now_ms())
+        if record is not None and record.lease_expired(self.clock.now_ms()):
+            return False
+        return await super()._do_release_wait_record(correlation_key, claimant_id, namespace)
+
+
 class LapsedLockExtendRevives(MemoryLock):
     """extend by the last holder of a lock that lapsed (nobody took it since) takes it
     again and returns True."""

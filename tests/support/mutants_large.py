@@ -9,6 +9,7 @@ from typing import Any
 from siglo import Checkpoint
 from siglo.adapter import CacheEntry
 from siglo.records import ContextChangeEvent
+from siglo.sizing import check_document_size
 from siglo.validation import check_save_arguments
 from siglo_memory.adapter import MemoryStorageAdapter
 
@@ -49,6 +50,28 @@ class CachesBeforeSizeGuard(MemoryStorageAdapter):
         for change in changes:
             await self.on_context_change(change)
         await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+class StreamedRefusesExactLimit(MemoryStorageAdapter):
+    """The streamed save (and the unlocking and caching saves, which go through it)
+    compares the document with the limit by ``>=``: a document of exactly
+    ``max_document_bytes`` is refused (a black-box auditor's plugin that passed every
+    check of contract 1.7, which gave the exact limit to the plain save only)."""
+
+    async def save_checkpoint_streamed(
+        self,
+        checkpoint: Checkpoint,
+        changes: Sequence[ContextChangeEvent],
+        *,
+        expected_revision: int | None = None,
+    ) -> None:
+        check_save_arguments(checkpoint, expected_revision)
+        limit = self.max_document_bytes
+        if limit is not None and len(checkpoint.to_json()) >= limit:
+            check_document_size(checkpoint, limit - 1)
+        await super().save_checkpoint_streamed(
+            checkpoint, changes, expected_revision=expected_revision
+        )
 
 
 class IgnoresDocumentLimit(MemoryStorageAdapter):
