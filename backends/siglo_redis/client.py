@@ -325,6 +325,8 @@ def _sentinel_master(
     """The master of ``service_name`` as the Sentinels of ``url`` name it."""
     from redis.asyncio.sentinel import Sentinel  # the optional driver, as above
 
+    from siglo_redis.master_watch import MasterWatch
+
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     addresses = [_sentinel_address(h, url) for h in hosts.split(",") if h]
@@ -361,12 +363,18 @@ def _sentinel_master(
         if isinstance(options.get(name), str):
             options[name] = float(options[name])
     sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    return sentinel.master_for(service, redis_class=redis_class, **options)
+    client = sentinel.master_for(service, redis_class=redis_class, **options)
+    # Connections made before a failover follow it (siglo_redis.master_watch).
+    client._master_watch = MasterWatch(client)
+    return client
 
 
 async def close_client(client: Any) -> None:
     """Close a client siglo built, and the Sentinel connections behind it if any."""
     try:
+        watch = getattr(client, "_master_watch", None)
+        if watch is not None:
+            await watch.aclose()
         await client.aclose()
     finally:
         manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)

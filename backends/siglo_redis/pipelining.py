@@ -344,6 +344,17 @@ class AutoPipeline:
             assert self._loop is not None
             self._loop.call_soon(self._flush)
 
+    def drop_connection_unless(self, address: tuple[str, int]) -> None:
+        """Close the connection unless it is to ``address`` (the master a Sentinel names
+        now: :mod:`siglo_redis.master_watch`). Its calls in flight fail as on a lost
+        connection; queued ones go out on a new connection, to the new master."""
+        conn = self._conn
+        if conn is None or (conn.host, conn.port) == tuple(address):
+            return
+        if self._loop is not asyncio.get_running_loop():
+            return  # made on another loop: dropped when this one is adopted
+        self._broken(conn, ConnectionError(f"the master is now {address[0]}:{address[1]}"))
+
     def _disconnect(self, conn: Connection) -> None:
         if self._loop is None or self._loop.is_closed():
             return
@@ -441,7 +452,10 @@ class AutoPipelinedRedis(SentOnceRedis):
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if self.connection is not None or not _pipelinable(args[0]):
-            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+            return await super().execute_command(*args, **options)
+        watch = self._master_watch
+        if watch is not None:
+            watch.poke()
         return await self._pipeline_of().execute(args, options)
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:

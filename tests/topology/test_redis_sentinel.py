@@ -207,6 +207,64 @@ async def _two_failovers(group: SentinelGroup, masters: list[int]) -> None:
         promoted.resume()
 
 
+@pytest.mark.parametrize("failover", ["paused", "planned"])
+@pytest.mark.parametrize("client", ["auto_pipeline", "pooled"])
+async def test_writes_follow_the_promotion_of_a_replica_over_a_live_master(
+    group: SentinelGroup, client: str, failover: str
+) -> None:
+    """A master paused while the Sentinels promote the replica comes back a master, and
+    stays one until they turn it into a replica (their next look, seconds later); after
+    a planned ``SENTINEL FAILOVER`` it stays one as long. Connections made to it before
+    the failover kept writing there, every save confirmed and then lost (a black-box
+    auditor lost all of them for five seconds and more). The client asks the Sentinels
+    again while it is used (siglo_redis.master_watch): within a second the saves go to
+    the new master, whose stored revision is the last one confirmed."""
+    options = "" if client == "auto_pipeline" else "&auto_pipeline=false"
+    async with siglo.connect(group.url + "?command_timeout_ms=2000" + options) as backend:
+        adapter = backend.adapter
+        cp = siglo.Checkpoint(stack_id="paused", revision=1, timestamp=1)
+        await adapter.save_checkpoint(cp, expected_revision=0)
+        async with siglo.connect(f"redis://127.0.0.1:{group.replica.port}/0") as replica:
+            for _ in range(100):  # replicated (the promoted replica must hold it)
+                if await replica.adapter.get_checkpoint("paused") is not None:
+                    break
+                await asyncio.sleep(0.02)
+        if failover == "paused":
+            group.master.pause()
+        else:
+            group.sentinels[0].ask("sentinel", "failover", group.service)
+        try:
+            deadline = time.monotonic() + 30
+            while group.master_port() != group.replica.port:
+                assert time.monotonic() < deadline, group.log_tails()
+                await asyncio.sleep(0.1)
+        finally:
+            if failover == "paused":
+                group.master.resume()
+        resumed = time.monotonic()
+        confirmed: list[tuple[float, int]] = []
+        revision = None
+        while time.monotonic() < resumed + 3:
+            try:
+                if revision is None:
+                    stored = await adapter.get_checkpoint("paused")
+                    assert stored is not None
+                    revision = stored.revision
+                nxt = siglo.Checkpoint(stack_id="paused", revision=revision + 1, timestamp=1)
+                await adapter.save_checkpoint(nxt, expected_revision=revision)
+                revision += 1
+                confirmed.append((time.monotonic() - resumed, revision))
+            except siglo.SigloError:
+                revision = None  # a conflict, a failed or unknown call: read it again
+                await asyncio.sleep(0.01)
+        assert confirmed, "no save was confirmed after the failover"
+    late = [rev for at, rev in confirmed if at > 1.0]
+    assert late, confirmed[-5:]
+    async with siglo.connect(f"redis://127.0.0.1:{group.replica.port}/0") as promoted:
+        stored = await promoted.adapter.get_checkpoint("paused")
+    assert stored is not None and stored.revision == late[-1], (stored, confirmed[-5:])
+
+
 async def test_two_failovers_with_wait_lose_no_acknowledged_save(
     two_replicas: SentinelGroup,
 ) -> None:
