@@ -151,36 +151,52 @@ def drill(
             click.echo(f"failed call: {failure}", err=True)
         for error in report.sample_unexpected_errors:
             click.echo(f"unexpected error (not a store failing): {error}", err=True)
+    # A new drill writes under a new id and never removes this one's data: what is left
+    # and the command that removes it are said whichever way the drill ends.
+    left = (
+        ""
+        if report.cleaned_up
+        else f"; the drill's data under {report.drill_id} could not all be removed"
+    )
+    leftover = (
+        ""
+        if report.cleaned_up
+        else (
+            "; once the store is reachable, `siglo prune URL -n "
+            f"{report.drill_id} --older-than 1ms --status running,waiting,completed,failed,"
+            "cancelled` removes its runs with their wait records; its locks and idempotency "
+            "keys expire by themselves"
+        )
+    )
     if report.verdict == "fail":
         expected = GUARANTEES.get(report.setting, report.expectation)
         if not as_json:
             click.echo(
                 f"verdict: FAIL: {report.total_violations} acknowledgement(s) not honoured "
-                f"where the setting ({report.setting}: {expected}) promises none is lost",
+                f"where the setting ({report.setting}: {expected}) promises none is lost"
+                + left
+                + leftover,
                 err=True,
             )
         sys.exit(_EXIT_FAILED)
     if report.verdict == "incomplete" and not report.rechecked:
         raise CliError(
             "the drill could not check every acknowledgement after the run: the store "
-            f"still failed ({report.recheck_failure})",
+            f"still failed ({report.recheck_failure})" + left,
             "let the store recover (a replica back for wait_replicas, a master restarted) "
-            "and run the drill again; the report above holds what the run measured",
+            "and run the drill again; the report above holds what the run measured" + leftover,
         )
     if report.verdict == "incomplete":
         raise CliError(
             f"{report.unexpected_errors} call(s) raised an error that is not a store "
             "failing (the first: "
             f"{(report.sample_unexpected_errors or ['?'])[0]}): their operations are not "
-            "accounted for",
+            "accounted for" + left,
             "fix what they say (a setting such as max_document_bytes, a plugin's defect) "
-            "and run the drill again",
+            "and run the drill again" + leftover,
         )
     if not report.cleaned_up:
         raise CliError(
             f"the drill's data under {report.drill_id} could not all be removed",
-            "once the store is reachable, `siglo prune URL -n "
-            f"{report.drill_id} --older-than 1ms --status running,waiting,completed,failed,"
-            "cancelled` removes its runs with their wait records; its locks and idempotency "
-            "keys expire by themselves",
+            leftover.removeprefix("; "),
         )

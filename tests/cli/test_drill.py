@@ -237,6 +237,37 @@ async def test_a_drill_names_the_workers_a_dead_server_left_behind() -> None:
         server.kill()
 
 
+def test_a_drill_that_could_not_remove_its_data_says_how_whatever_its_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store down at the end: the drill's verdict is ``incomplete``, whose error
+    said to run the drill again — a new drill writes under a new id and never removes
+    this one's data (a black-box auditor found it left). Its error names the data left
+    and the command that removes it."""
+    import functools
+    import threading
+
+    from _redis_helpers import RedisServer
+    from ports import free_ports as spare_ports
+
+    from siglo.drill import Drill
+
+    # Each call after the run tries for 1 s, not the default 30, the store being gone.
+    command_module = sys.modules["siglo.cli.drill"]  # `siglo.cli.drill` is the command
+    monkeypatch.setattr(command_module, "Drill", functools.partial(Drill, settle_s=1.0))
+    server = RedisServer(spare_ports(30010, 30100)[0]).start()
+    try:
+        threading.Timer(1.0, server.kill).start()
+        url = server.url + "?command_timeout_ms=300"
+        result = CliRunner().invoke(cli, ["drill", url, "--rate", "100", "--duration", "2"])
+    finally:
+        server.kill()
+    assert result.exit_code == 1, result.output
+    error = next(line for line in result.output.splitlines() if line.startswith("Error: "))
+    assert "could not all be removed" in error, result.output
+    assert "siglo prune URL -n siglo-drill-" in result.output, result.output
+
+
 async def test_a_store_still_down_after_the_run_gives_an_incomplete_report() -> None:
     """The store still fails when the drill checks every acknowledgement after the run (a
     master not back; a replica missing under ``wait_replicas``): the report keeps what
