@@ -625,7 +625,12 @@ class SqlStorageAdapter(StorageAdapter):
             )
             if not found:
                 return None
-            document, parts = _document(found[0])
+            read = _document(found[0])
+            if read == (document, parts):
+                # Not a save meanwhile (it would have changed the row): a part the row
+                # lists is not stored (deleted by hand, a partial restore).
+                raise MalformedRecordError("checkpoint", "parts", "lists a part that is not stored")
+            document, parts = read
         raise StorageAdapterError(
             f"the checkpoint changed under {_PART_READS} reads of its parts; try again"
         )

@@ -700,6 +700,28 @@ async def test_a_body_dropped_between_the_row_and_its_read_reads_again(kind: str
 
 
 @KINDS
+async def test_a_part_missing_from_the_store_is_a_malformed_record(kind: str) -> None:
+    """A part the row lists that is not stored (deleted by hand, a partial restore):
+    the load read it ten times as if a save kept changing it, and said "try again" —
+    a store that cannot be reached, by its error's kind (a black-box auditor, through
+    ``siglo collect-blobs``). It is a malformed record, as a garbled document is."""
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        await a.save_checkpoint(_doc(1, 6))
+        tables = _tables(backend)
+        rows = await a.database.fetch(f"SELECT digest FROM {tables}checkpoint_parts")
+        await a.database.fetch(
+            f"DELETE FROM {tables}checkpoint_parts WHERE digest = %(d)s"
+            if kind == "postgres"
+            else f"DELETE FROM {tables}checkpoint_parts WHERE digest = :d",
+            {"d": bytes(rows[0][0])},
+        )
+        cold = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        with pytest.raises(siglo.MalformedRecordError, match="lists a part that is not stored"):
+            await cold.get_checkpoint("run")
+
+
+@KINDS
 async def test_cancel_workflow_keeps_the_parts(kind: str) -> None:
     async with open_backend(kind) as backend:
         a = backend.adapter
