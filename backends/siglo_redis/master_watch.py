@@ -15,7 +15,7 @@ So a client built for a Sentinel URL asks the Sentinels for the master again, at
 every :data:`MASTER_CHECK_S`, while it is used (:meth:`MasterWatch.poke`, from each
 command: no task runs while nothing is asked of it). When the answer is not the server a
 connection is on, that connection is closed: the auto-pipeline's
-(:meth:`siglo_redis.pipelining.AutoPipeline.drop_connection`) and the pool's, in use or
+(:meth:`siglo_redis.pipelining.AutoPipeline.drop_connection_unless`) and the pool's, in use or
 idle. Calls in flight on them fail as any lost connection does (a write with an unknown
 outcome: it reached the old master), and the next connection is made to the new master.
 What remains is the window between the promotion and the next look: writes the old

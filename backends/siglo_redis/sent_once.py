@@ -185,7 +185,8 @@ class SentOnceRedis(redis.asyncio.Redis):
 
     _master_watch: MasterWatch | None = None
     """For a client of a Sentinel URL: the look at which server is the master now
-    (:mod:`siglo_redis.master_watch`), set by :func:`siglo_redis.client.client_for`."""
+    (:mod:`siglo_redis.master_watch`), set where :func:`siglo_redis.client.client_for` builds
+    one."""
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         watch = self._master_watch
