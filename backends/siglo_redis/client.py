@@ -323,9 +323,7 @@ def _sentinel_master(
     url: str, ours: dict[str, Any], redis_class: type[Any], kwargs: dict[str, Any]
 ) -> Any:
     """The master of ``service_name`` as the Sentinels of ``url`` name it."""
-    from redis.asyncio.sentinel import Sentinel  # the optional driver, as above
-
-    from siglo_redis.master_watch import MasterWatch
+    from siglo_redis.master_watch import FailoverAwareSentinel, MasterWatch
 
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
@@ -362,10 +360,11 @@ def _sentinel_master(
     for name in ("socket_timeout", "socket_connect_timeout", "health_check_interval"):
         if isinstance(options.get(name), str):
             options[name] = float(options[name])
-    sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    sentinel = FailoverAwareSentinel(addresses, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client = sentinel.master_for(service, redis_class=redis_class, **options)
     # Connections made before a failover follow it (siglo_redis.master_watch).
     client._master_watch = MasterWatch(client)
+    sentinel.probe_pool = client.connection_pool
     return client
 
 

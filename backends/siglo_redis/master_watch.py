@@ -30,9 +30,10 @@ import contextlib
 import time
 from typing import Any, Final
 
-from redis.exceptions import RedisError
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
-__all__ = ["MASTER_CHECK_S", "MasterWatch"]
+__all__ = ["MASTER_CHECK_S", "FailoverAwareSentinel", "MasterWatch"]
 
 MASTER_CHECK_S: Final = 0.5
 """How often, at most, a Sentinel client asks which server is the master while it is
@@ -99,3 +100,106 @@ class MasterWatch:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+
+
+class FailoverAwareSentinel(Sentinel):
+    """redis-py's ``Sentinel``, naming the master as the Sentinels that know best do.
+
+    redis-py takes the first Sentinel's ``SENTINEL MASTERS``, which names the old master
+    until the failover ends (``+switch-master``): seconds after the promotion, as long
+    as the Sentinels take to move the other replicas (``failover-timeout`` at worst), the
+    old master, still a master when it did not die (a planned ``SENTINEL FAILOVER``),
+    confirming writes it then drops (a black-box auditor lost 4.3 s of them). Here every
+    Sentinel is asked: one failing the master over names the promoted replica (``SENTINEL
+    GET-MASTER-ADDR-BY-NAME``, from the moment the replica is a master), and otherwise
+    the newest configuration (the highest ``config-epoch``) among those that see the
+    master up wins, so a Sentinel that has not heard of the failover yet is outvoted.
+    """
+
+    probe_pool: Any = None
+    """The pool of the client this names the master for (set where the client is built):
+    during a failover a replica is asked its ``ROLE`` on a connection of that pool's
+    settings (password, TLS), to learn of the promotion before the Sentinel does."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        states: list[tuple[Any, dict[str, Any]]] = []
+        errors: list[str] = []
+        for sentinel in self.sentinels:
+            try:
+                masters = await sentinel.sentinel_masters()  # type: ignore[no-untyped-call]
+            except (ConnectionError, TimeoutError) as exc:
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            state = masters.get(service_name)
+            if state:
+                states.append((sentinel, state))
+        for sentinel, state in states:
+            if "failover_in_progress" not in _flags(state):
+                continue
+            try:
+                # Not redis-py's sentinel_get_master_addr_by_name: its async client
+                # hands the reply's parser an option it does not take (redis-py 6.4).
+                reply = await sentinel.execute_command(
+                    "SENTINEL GET-MASTER-ADDR-BY-NAME", service_name
+                )
+            except (ConnectionError, TimeoutError):
+                continue
+            old = (state["ip"], int(state["port"]))
+            if reply:
+                promoted = (_text(reply[0]), int(reply[1]))
+                if promoted != old:
+                    return promoted
+            # The Sentinel learns of the promotion at its next look at the replica (a
+            # second later): the replica that says it is a master now is the promoted one.
+            promoted_now = await self._promoted_replica(sentinel, service_name, old)
+            if promoted_now is not None:
+                return promoted_now
+        up = [state for _, state in states if self.check_master_state(state, service_name)]
+        if up:
+            newest = max(up, key=lambda state: int(state.get("config-epoch", 0)))
+            ip = self._force_master_ip if self._force_master_ip is not None else newest["ip"]
+            return ip, int(newest["port"])
+        detail = f" : {', '.join(errors)}" if errors else ""
+        raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
+
+    async def _promoted_replica(
+        self, sentinel: Any, service_name: str, old: tuple[str, int]
+    ) -> tuple[str, int] | None:
+        """The replica of ``service_name`` (as ``sentinel`` lists them) whose ``ROLE`` is
+        master, other than ``old``; ``None`` if none is yet, or it cannot be asked."""
+        pool = self.probe_pool
+        if pool is None:
+            return None
+        try:
+            replicas = await sentinel.execute_command("SENTINEL SLAVES", service_name)
+        except (ConnectionError, TimeoutError):
+            return None
+        for replica in replicas or ():
+            if replica.get("is_sdown") or replica.get("is_disconnected"):
+                continue
+            address = (_text(replica["ip"]), int(replica["port"]))
+            if address == old:
+                continue
+            conn = pool.make_connection()
+            try:
+                await conn.connect_to(address)  # this address, not the Sentinels' master
+                await conn.send_command("ROLE")
+                role = await conn.read_response()
+            except (RedisError, OSError):
+                continue
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await conn.disconnect(nowait=True)
+            if role and _text(role[0]) == "master":
+                return address
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _flags(state: dict[str, Any]) -> set[str]:
+    """A Sentinel's flags of a master (a text in RESP2, a set in RESP3)."""
+    flags = state.get("flags", "")
+    return set(flags.split(",")) if isinstance(flags, str) else set(flags)
