@@ -22,7 +22,7 @@ auditor's save, reported as failed, was stored).
 from __future__ import annotations
 
 import select
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 
@@ -57,4 +57,22 @@ def lost_in_flight(exc: BaseException, conn: psycopg.AsyncConnection[Any] | None
         return False
     if exc.sqlstate is None:
         return conn.broken
-    return exc.sqlstate.startswith("08")
+    if not exc.sqlstate.startswith("08"):
+        return False
+    message = (exc.diag.message_primary or "").lower()
+    return not message.startswith(_NEVER_SENT)
+
+
+_NEVER_SENT: Final = (
+    "server login has been failing",  # server_login_retry: no server to send it to
+    "pgbouncer cannot connect to server",
+    "query_wait_timeout",  # waited for a server connection, never got one
+    "no more connections allowed",  # max_client_conn, max_db_connections
+    "client_login_timeout",
+    "client_idle_timeout",
+)
+"""PgBouncer's ``08P01`` answers that say the statement reached no server (its own
+words, which PostgreSQL never uses): a plain failure, as a connection refused is. Any
+other connection exception may have come with the statement in flight (``server conn
+crashed?``, ``query_timeout``): an unknown outcome, the safe side for an answer not
+listed here."""

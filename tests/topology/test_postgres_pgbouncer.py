@@ -177,3 +177,48 @@ async def test_a_save_whose_reply_pgbouncer_lost_has_an_unknown_outcome() -> Non
     finally:
         own.stop()
         proxy.close()
+
+
+async def test_a_write_pgbouncer_could_not_send_is_a_plain_failure() -> None:
+    """PgBouncer that cannot reach its server answers ``08P01`` "server login has been
+    failing, try again later" at once, the statement sent nowhere: a connection
+    exception, but not one with the statement in flight, so a plain
+    ``StorageAdapterError`` (as a refused connection is), not an unknown outcome (a
+    black-box auditor). The first write after the cut, whose connection the bouncer
+    closed as it came, may have gone anywhere: that one is unknown."""
+    require_postgres()
+    parts = urlsplit(POSTGRES_URL)
+    proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+    server = ("127.0.0.1", proxy.port, parts.path.strip("/") or "postgres", "postgres")
+    own = PgBouncer(free_ports(30300, 30400, 1)[0], server=server)
+    try:
+        own.start()
+        # The schema made and dropped on the server itself: the bouncer keeps refusing
+        # for its server_login_retry (15 s) once the server is back.
+        async with isolated(POSTGRES_URL) as direct:
+            schema = direct.adapter.schema  # type: ignore[attr-defined]
+            through = f"{own.url()}?pgbouncer=transaction&schema={schema}&command_timeout_ms=2000"
+            async with siglo.connect(through) as backend:
+                await _claims_refused_while_the_server_is_cut(backend, proxy)
+    finally:
+        own.stop()
+        proxy.close()
+
+
+async def _claims_refused_while_the_server_is_cut(backend: siglo.Backend, proxy: TcpProxy) -> None:
+    """Nonce claims through the bouncer while its server is cut off: the bouncer's
+    "login has been failing" answers are plain failures."""
+    nonces = backend.require_nonces()
+    assert await nonces.claim(f"before-{secrets.token_hex(4)}", 60)
+    proxy.cut()
+    refused: list[BaseException] = []
+    for attempt in range(4):
+        try:
+            await nonces.claim(f"cut-{attempt}-{secrets.token_hex(4)}", 60)
+        except siglo.StorageAdapterError as exc:
+            refused.append(exc)
+        await asyncio.sleep(0.3)
+    failing = [e for e in refused if "server login has been failing" in str(e)]
+    assert failing, [str(e) for e in refused]
+    assert not any(isinstance(e, OutcomeUnknownError) for e in failing), failing
+    proxy.restore()
