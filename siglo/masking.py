@@ -77,7 +77,8 @@ def scrub(text: str) -> str:
             text,
             flags=re.IGNORECASE,
         )
-        text = re.sub(rf"(://[^:/@\s]*:){quoted}@", rf"\g<1>{MASK}@", text)
+        # ":/" too: a URL made a path (`siglo export -o URL`) has its "//" normalised.
+        text = re.sub(rf"(:/+[^:/@\s]*:){quoted}@", rf"\g<1>{MASK}@", text)
         if len(secret) >= _BARE_MIN_LENGTH:
             text = text.replace(secret, MASK)
     return text
