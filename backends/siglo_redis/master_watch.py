@@ -41,6 +41,11 @@ used: the longest a failover goes unnoticed by connections made before it. One
 question to a Sentinel, a fraction of a millisecond, in a task of its own."""
 
 
+STRAGGLER_S: Final = 0.05
+"""How long the Sentinels that have not answered are waited for once one has: each
+answers in a fraction of a millisecond, and one that does not is not waited for."""
+
+
 class MasterWatch:
     """Asks the Sentinels of ``client``'s pool for the master now and then (see the
     module's docstring) and closes the client's connections to any other server."""
@@ -122,17 +127,7 @@ class FailoverAwareSentinel(Sentinel):
     settings (password, TLS), to learn of the promotion before the Sentinel does."""
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
-        states: list[tuple[Any, dict[str, Any]]] = []
-        errors: list[str] = []
-        for sentinel in self.sentinels:
-            try:
-                masters = await sentinel.sentinel_masters()  # type: ignore[no-untyped-call]
-            except (ConnectionError, TimeoutError) as exc:
-                errors.append(f"{sentinel} - {exc!r}")
-                continue
-            state = masters.get(service_name)
-            if state:
-                states.append((sentinel, state))
+        states, errors = await self._states(service_name)
         for sentinel, state in states:
             if "failover_in_progress" not in _flags(state):
                 continue
@@ -161,6 +156,47 @@ class FailoverAwareSentinel(Sentinel):
             return ip, int(newest["port"])
         detail = f" : {', '.join(errors)}" if errors else ""
         raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
+
+    async def _states(
+        self, service_name: str
+    ) -> tuple[list[tuple[Any, dict[str, Any]]], list[str]]:
+        """Each Sentinel's state of ``service_name``'s master, asked of all at once, and
+        the errors of those that failed. Those that have not answered
+        :data:`STRAGGLER_S` after the first did are left out: a Sentinel that does not
+        answer (paused, cut off) would hold every new connection for its timeout."""
+        loop = asyncio.get_running_loop()
+
+        async def ask(sentinel: Any) -> tuple[Any, dict[str, Any] | None, str | None]:
+            try:
+                masters = await sentinel.sentinel_masters()
+            except (ConnectionError, TimeoutError) as exc:
+                return sentinel, None, f"{sentinel} - {exc!r}"
+            return sentinel, masters.get(service_name), None
+
+        pending = {asyncio.ensure_future(ask(sentinel)) for sentinel in self.sentinels}
+        states: list[tuple[Any, dict[str, Any]]] = []
+        errors: list[str] = []
+        deadline: float | None = None
+        try:
+            while pending:
+                timeout = None if deadline is None else max(0.0, deadline - loop.time())
+                done, pending = await asyncio.wait(
+                    pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break  # the stragglers, past the grace
+                for task in done:
+                    sentinel, state, error = task.result()
+                    if error is not None:
+                        errors.append(error)
+                    elif state:
+                        states.append((sentinel, state))
+                        if deadline is None:
+                            deadline = loop.time() + STRAGGLER_S
+        finally:
+            for task in pending:
+                task.cancel()
+        return states, errors
 
     async def _promoted_replica(
         self, sentinel: Any, service_name: str, old: tuple[str, int]

@@ -282,6 +282,27 @@ async def test_writes_follow_the_promotion_of_a_replica_over_a_live_master(
     assert stored is not None and stored.revision == confirmed[-1][1], (stored, confirmed[-5:])
 
 
+async def test_a_sentinel_that_does_not_answer_holds_no_new_connection(
+    group: SentinelGroup,
+) -> None:
+    """Every Sentinel is asked for the master (the one failing it over knows first), at
+    once: one paused is not waited for once another has answered — it would hold every
+    new connection for its timeout (1 s), where asking one after another did."""
+    import signal
+
+    sentinel = group.sentinels[0]
+    assert sentinel.process is not None
+    sentinel.process.send_signal(signal.SIGSTOP)
+    try:
+        async with siglo.connect(group.url) as backend:
+            began = time.monotonic()
+            await backend.adapter.get_checkpoint("nothing")  # the first connection
+            took = time.monotonic() - began
+        assert took < 1.0, took
+    finally:
+        sentinel.process.send_signal(signal.SIGCONT)
+
+
 async def test_two_failovers_with_wait_lose_no_acknowledged_save(
     two_replicas: SentinelGroup,
 ) -> None:
