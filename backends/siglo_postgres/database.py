@@ -34,7 +34,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = ["PIPELINE_MODE", "SEVER_AFTER_MS", "PostgresDatabase"]
 
 AsyncConn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
 
 PIPELINE_MODE: Final = psycopg.Pipeline.is_supported()
 """Whether psycopg's libpq has pipeline mode (libpq 14 or newer: psycopg's binary wheels
@@ -416,17 +417,26 @@ class PostgresDatabase(Database):
         return _Call(self, doing)
 
     async def raw_fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        return await self._sent_again_after_a_deadlock(
+            "running a statement", lambda conn: _fetch(conn, sql, params)
+        )
+
+    async def _sent_again_after_a_deadlock(
+        self, doing: str, call: Callable[[AsyncConn], Awaitable[T]]
+    ) -> T:
+        """``call`` on a connection of its own, bounded; sent again (up to
+        :data:`_DEADLOCK_ATTEMPTS` times) when the server failed it to break a deadlock."""
         for attempt in range(1, _DEADLOCK_ATTEMPTS + 1):
             try:
-                async with self._bounded("running a statement") as conn:
-                    return await _fetch(conn, sql, params)
+                async with self._bounded(doing) as conn:
+                    return await call(conn)
             except SigloError:
                 raise
             except psycopg.errors.DeadlockDetected as exc:
                 if attempt == _DEADLOCK_ATTEMPTS:
-                    raise self.wrap(exc, "running a statement") from exc
+                    raise self.wrap(exc, doing) from exc
             except Exception as exc:
-                raise self.wrap(exc, "running a statement") from exc
+                raise self.wrap(exc, doing) from exc
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
     async def fetch_all(self, statements: Sequence[tuple[str, Params]]) -> list[list[Row]]:
@@ -442,20 +452,13 @@ class PostgresDatabase(Database):
             return await super().fetch_all(statements)
         if not self._ready:
             await self.open()
-        for attempt in range(1, _DEADLOCK_ATTEMPTS + 1):
-            try:
-                async with self._bounded("in a transaction") as conn:
-                    async with conn.pipeline():
-                        cursors = [await _execute(conn, sql, params) for sql, params in statements]
-                    return [await _rows(cur) for cur in cursors]
-            except SigloError:
-                raise
-            except psycopg.errors.DeadlockDetected as exc:
-                if attempt == _DEADLOCK_ATTEMPTS:
-                    raise self.wrap(exc, "in a transaction") from exc
-            except Exception as exc:
-                raise self.wrap(exc, "in a transaction") from exc
-        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+        async def sent(conn: AsyncConn) -> list[list[Row]]:
+            async with conn.pipeline():
+                cursors = [await _execute(conn, sql, params) for sql, params in statements]
+            return [await _rows(cur) for cur in cursors]
+
+        return await self._sent_again_after_a_deadlock("in a transaction", sent)
 
     async def write(self, sql: str, params: Params = ()) -> list[Row]:
         """A keyed write: sent at once on a connection of its own when no other is under

@@ -13,6 +13,7 @@ lock: the migration lock is ``pg_advisory_xact_lock``, locks are lease rows).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -142,19 +143,29 @@ async def test_concurrent_first_connections_migrate_once(bouncer: PgBouncer) -> 
             await drop_schema(url, schema)
 
 
-async def test_a_save_whose_reply_pgbouncer_lost_has_an_unknown_outcome() -> None:
-    """PgBouncer's server connection lost after the save ran and before its reply: the
-    bouncer tells its client ``08P01`` "server conn crashed?", a SQLSTATE, which read as
-    the server's own word that the statement did not commit (a plain
-    ``StorageAdapterError``), though the save was stored (a black-box auditor). It is
-    an unknown outcome; the stored revision says what happened."""
+@contextlib.contextmanager
+def bouncer_before_a_proxy() -> Iterator[tuple[PgBouncer, TcpProxy]]:
+    """A PgBouncer of its own whose server is the shared PostgreSQL behind a TCP proxy
+    the test controls (cut, lose a reply); both stopped afterwards."""
     require_postgres()
     parts = urlsplit(POSTGRES_URL)
     proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5432))
     server = ("127.0.0.1", proxy.port, parts.path.strip("/") or "postgres", "postgres")
     own = PgBouncer(free_ports(30300, 30400, 1)[0], server=server)
     try:
-        own.start()
+        yield own.start(), proxy
+    finally:
+        own.stop()
+        proxy.close()
+
+
+async def test_a_save_whose_reply_pgbouncer_lost_has_an_unknown_outcome() -> None:
+    """PgBouncer's server connection lost after the save ran and before its reply: the
+    bouncer tells its client ``08P01`` "server conn crashed?", a SQLSTATE, which read as
+    the server's own word that the statement did not commit (a plain
+    ``StorageAdapterError``), though the save was stored (a black-box auditor). It is
+    an unknown outcome; the stored revision says what happened."""
+    with bouncer_before_a_proxy() as (own, proxy):
         async with isolated(own.url() + "?pgbouncer=transaction") as backend:
             stack = f"lost-{secrets.token_hex(4)}"
             cp = Checkpoint(stack_id=stack, revision=1, timestamp=1, metadata={"v": 1})
@@ -174,9 +185,6 @@ async def test_a_save_whose_reply_pgbouncer_lost_has_an_unknown_outcome() -> Non
                 except siglo.StorageAdapterError:
                     await asyncio.sleep(0.1)
             assert stored is not None and stored.revision == 2  # it had run
-    finally:
-        own.stop()
-        proxy.close()
 
 
 async def test_a_write_pgbouncer_could_not_send_is_a_plain_failure() -> None:
@@ -186,13 +194,7 @@ async def test_a_write_pgbouncer_could_not_send_is_a_plain_failure() -> None:
     ``StorageAdapterError`` (as a refused connection is), not an unknown outcome (a
     black-box auditor). The first write after the cut, whose connection the bouncer
     closed as it came, may have gone anywhere: that one is unknown."""
-    require_postgres()
-    parts = urlsplit(POSTGRES_URL)
-    proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5432))
-    server = ("127.0.0.1", proxy.port, parts.path.strip("/") or "postgres", "postgres")
-    own = PgBouncer(free_ports(30300, 30400, 1)[0], server=server)
-    try:
-        own.start()
+    with bouncer_before_a_proxy() as (own, proxy):
         # The schema made and dropped on the server itself: the bouncer keeps refusing
         # for its server_login_retry (15 s) once the server is back.
         async with isolated(POSTGRES_URL) as direct:
@@ -200,9 +202,6 @@ async def test_a_write_pgbouncer_could_not_send_is_a_plain_failure() -> None:
             through = f"{own.url()}?pgbouncer=transaction&schema={schema}&command_timeout_ms=2000"
             async with siglo.connect(through) as backend:
                 await _claims_refused_while_the_server_is_cut(backend, proxy)
-    finally:
-        own.stop()
-        proxy.close()
 
 
 async def _claims_refused_while_the_server_is_cut(backend: siglo.Backend, proxy: TcpProxy) -> None:
