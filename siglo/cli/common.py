@@ -4,6 +4,7 @@ table on a terminal or as JSON for scripts."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from typing import Any, Final
 import orjson
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from siglo.adapter import Capability
 from siglo.backend import Backend
@@ -100,14 +102,27 @@ def print_json(value: Any) -> None:
 _WHOLE = frozenset({"status", "rev", "removed", "kind", "field", "namespace"})
 
 
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters written out (``\\x1b``), line breaks and tabs
+    kept: a stored id or value printed on a terminal cannot move the cursor, retitle
+    the window, recolour or hide what follows."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A table (on a terminal rich draws it; piped, it stays plain text)."""
-    table = Table(title=title)
+    """A table (on a terminal rich draws it; piped, it stays plain text). The title and
+    the cells are what is stored, as text: never read as rich's markup (an id
+    ``[bold]evil[/bold]`` shown as ``evil``, one holding ``[/]`` failing the whole
+    listing), their control characters written out (:func:`visible`)."""
+    table = Table(title=None if title is None else Text(visible(title)))
     for column in columns:
         # Ids may fold over lines; short values and times never do.
         table.add_column(column, overflow="fold", no_wrap=column in _WHOLE or "UTC" in column)
     for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row))
+        table.add_row(*(Text("-" if v is None else visible(str(v))) for v in row))
     Console().print(table)
 
 

@@ -12,7 +12,7 @@ import orjson
 
 from siglo.adapter import Capability
 from siglo.checkpoint import STATUSES
-from siglo.cli.common import format_ms, open_store, print_json, print_table, require
+from siglo.cli.common import format_ms, open_store, print_json, print_table, require, visible
 from siglo.cli.errors import CliError, cli_settings, left_out, resolve_url
 from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError, MalformedRecordError, SigloError, naming_stack
@@ -393,7 +393,7 @@ def rm(
             where = f" in namespace {namespace!r}" if namespace else ""
             raise CliError(f"no stack {stack_id!r}{where} to delete", missing[0])
         if not as_json:
-            click.echo(f"deleted {stack_id}")
+            click.echo(f"deleted {visible(stack_id)}")
 
     asyncio.run(run())
 

@@ -303,3 +303,41 @@ async def test_prune_tells_a_stack_gone_meanwhile_from_one_written_meanwhile(
         report = json.loads(done.stdout)
         assert [s["stackId"] for s in report["stacks"]] == ["done-1"]
         assert report["changed"] == 1 and report["gone"] == 2, report
+
+
+async def test_ids_and_values_are_printed_as_stored_never_as_markup_or_terminal_codes(
+    tmp_path: Any,
+) -> None:
+    """The tables of ``ls``, ``show`` and ``prune --dry-run`` read what they print as
+    rich's markup: an id ``[bold]evil[/bold]`` was listed as ``evil`` (beside a real
+    ``evil``, which ``siglo rm evil`` would then remove), and one holding ``[/]`` failed
+    every listing of the store; an id's escape codes reached the terminal (a window
+    title set, text hidden). A black-box auditor's ids: printed as stored now, their
+    control characters written out."""
+    url = f"sqlite:///{tmp_path / 'ids.db'}"
+    marked, closing, coded = "[bold]evil[/bold]", "job[/]1", "job\x1b]0;owned\x07\x1b[8mhidden"
+    async with siglo.connect(url) as backend:
+        for stack_id in (marked, "evil", closing, coded):
+            cp = Checkpoint(
+                stack_id=stack_id,
+                revision=1,
+                timestamp=1,
+                status="completed",
+                contexts={"s": {"note": "[red]not red[/red]\x1b[2J"}},
+            )
+            await backend.adapter.save_checkpoint(cp)
+
+    async def wide(*args: str) -> Result:  # no id folded over two lines
+        run = CliRunner().invoke
+        return await asyncio.to_thread(run, cli, list(args), env={"COLUMNS": "400"})
+
+    listed = await wide("ls", url)
+    assert listed.exit_code == 0, listed.output
+    assert marked in listed.output and closing in listed.output
+    assert "\x1b" not in listed.output and "job\\x1b]0;owned\\x07\\x1b[8mhidden" in listed.output
+    shown = await wide("show", url, closing)
+    assert shown.exit_code == 0, shown.output
+    assert "[red]not red[/red]\\u001b[2J" in shown.output and "\x1b" not in shown.output
+    pruned = await wide("prune", url, "--older-than", "1s", "--dry-run")
+    assert pruned.exit_code == 0, pruned.output
+    assert "would delete 4 stack(s)" in pruned.output
