@@ -73,30 +73,32 @@ def take_snapshot(
         metadata = dict(redact(stack.metadata, fields))
         listed = set(metadata.get(REDACT_FIELDS_KEY) or ()) | fields
         metadata[REDACT_FIELDS_KEY] = sorted(listed)
+    # Checkpoint.to_wire's order, key for key: a document stored from a snapshot and one
+    # a backend encodes again (an import elsewhere, an export) are the same bytes.
     wire: dict[str, Any] = {
         "version": CHECKPOINT_VERSION,
         "schemaVersion": SCHEMA_VERSION,
         "stackId": stack.stack_id,
-        "type": stack.type,
-        "status": stack.status,
-        "revision": revision,
-        "chains": stack.chains,
-        "contexts": contexts,
-        "timestamp": now,
     }
     if stack.workflow_id is not None:
         wire["workflowId"] = stack.workflow_id
     if stack.namespace is not None:
         wire["namespace"] = stack.namespace
+    wire["type"] = stack.type
+    wire["status"] = stack.status
+    wire["revision"] = revision
+    wire["chains"] = stack.chains
+    wire["contexts"] = contexts
+    wire["timestamp"] = now
     if ttl_ms is not None:
         wire["expiresAt"] = later_ms(now, ttl_ms)
     if metadata:
         wire["metadata"] = metadata
     if stack.extra:
         # What the stack was restored with and siglo does not know, kept (redacted like
-        # the rest); never in place of a field siglo writes.
+        # the rest), after siglo's fields as to_wire puts it; never in place of one.
         extra = redact(stack.extra, fields) if fields else stack.extra
-        wire = {**extra, **wire}
+        wire.update((key, value) for key, value in extra.items() if key not in wire)
     # A value of a form siglo reserves would read back as what it looks like: refused
     # now, not at every load after.
     codec.refuse_reserved_forms(contexts, f"stack {stack.stack_id!r}")

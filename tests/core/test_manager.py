@@ -494,3 +494,47 @@ async def test_a_stack_read_through_the_fallback_is_saved_in_its_namespace(
         assert kept is not None and kept.revision == 1 and kept.contexts["x"] == {"owner": "legacy"}
         own = await backend.adapter.get_checkpoint("c7", "tenant-t", fallback=False)
         assert own is not None and own.contexts["x"] == {"owner": "tenant-t"}
+
+
+@pytest.mark.parametrize("optional", ["none", "all"])
+async def test_a_snapshot_is_encoded_in_the_wire_order_a_backend_encodes_again(
+    optional: str,
+) -> None:
+    """The manager's snapshot put ``workflowId`` and ``namespace`` after ``timestamp``
+    (and fields it does not know first), where ``Checkpoint.to_wire`` — what a backend
+    that encodes a checkpoint again writes, as an import into PostgreSQL does — puts
+    them after ``stackId``: an export, imported elsewhere and exported again, was not
+    the same bytes (docs/operating.md says it is; a black-box auditor). A snapshot's
+    bytes are now to_wire's, key for key, every optional field present or none."""
+    import orjson
+
+    async with siglo.connect("memory://") as backend:
+        manager = siglo.StorageManager(backend)
+        if optional == "all":
+            stack = manager.restore_checkpoint(
+                {
+                    "version": 2,
+                    "schemaVersion": "2.0.0",
+                    "stackId": "s",
+                    "workflowId": "wf",
+                    "namespace": "t",
+                    "type": "execution",
+                    "status": "running",
+                    "revision": 0,
+                    "chains": [],
+                    "contexts": {"a": {"v": 1}},
+                    "timestamp": 1,
+                    "metadata": {"k": 1},
+                    "vendorField": {"kept": True},  # a field siglo does not know
+                }
+            )
+        else:
+            stack = manager.create_stack("s")
+            stack.set("a", "v", 1)
+        await manager.save(stack, ttl_ms=60_000 if optional == "all" else None)
+        stored = await backend.raw_adapter.get_checkpoint("s", stack.namespace, fallback=False)
+        assert stored is not None
+        if optional == "all":
+            assert stored.extra == {"vendorField": {"kept": True}}
+            assert stored.expires_at is not None and stored.workflow_id == "wf"
+        assert stored.to_json() == orjson.dumps(stored.to_wire())
