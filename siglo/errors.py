@@ -146,6 +146,15 @@ class MalformedRecordError(SigloError, ValueError):
         super().__init__(f"malformed {kind}: field {field!r} {problem}")
 
 
+class DanglingReferenceError(SigloError):
+    """A stored record references an offloaded value its blob store does not have (the
+    store named by ``blob_url`` changed or was restored, or a collector ran without this
+    backend's records): a fault of that record's data, not of reaching the storage —
+    retrying does not bring the value back. Not a :class:`StorageAdapterError`, so that
+    ``siglo worker`` reports that run failed and goes on with the others, as for any
+    run it cannot read, instead of taking it for an outage of the whole store."""
+
+
 class NotJSONError(InvalidArgumentError):
     """A value that is not JSON data (a set, bytes, an integer beyond 64 bits, a key
     that is not text …), refused when it is encoded, before anything is written. As for

@@ -34,7 +34,7 @@ from siglo.blobs import BlobStore, blob_digest
 from siglo.checkpoint import Checkpoint
 from siglo.codec import REF_KEY, is_reference
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
-from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.errors import DanglingReferenceError, InvalidArgumentError
 from siglo.listing import get_listed
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
@@ -134,7 +134,7 @@ class Offloader:
             await asyncio.sleep(_RETRY_S)
             data = await self.store.get(digest)
         if data is None:
-            raise StorageAdapterError(
+            raise DanglingReferenceError(
                 f"{where} references blob {digest} ({value['bytes']} bytes), which the "
                 f"blob store {self.store.url} does not have: was the store changed, or a "
                 "collector run without the checkpoints of this backend?"

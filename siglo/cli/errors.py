@@ -21,6 +21,7 @@ from siglo.connect import URL_ENV, is_settings_store, options_for
 from siglo.errors import (
     BackendNotFoundError,
     CapabilityNotSupportedError,
+    DanglingReferenceError,
     DocumentTooLargeError,
     DriverNotInstalledError,
     InvalidArgumentError,
@@ -106,6 +107,11 @@ def hint_for(exc: BaseException) -> str:
         )
     if isinstance(exc, CapabilityNotSupportedError):
         return "`siglo backends` lists what each backend supports"
+    if isinstance(exc, DanglingReferenceError):
+        return (
+            "run it with the blob store the application offloads to (blob_url); if that "
+            "is the one, the value is gone from it (a restore, a collector run elsewhere)"
+        )
     # A stored record named by siglo.errors.naming_stack / naming_wait: what removes it.
     stack_id = getattr(exc, "stack_id", None)
     what = "wait record" if getattr(exc, "correlation_key", None) else "stack"

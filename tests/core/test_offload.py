@@ -24,7 +24,7 @@ from siglo import Checkpoint, StorageManager
 from siglo.adapter import Capability
 from siglo.blobs import BlobStore, DirectoryBlobStore, MemoryBlobStore, blob_digest, open_blob_store
 from siglo.config import Settings
-from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.errors import InvalidArgumentError
 from siglo.offload import (
     REF_KEY,
     OffloadAdapter,
@@ -127,12 +127,16 @@ async def test_a_blob_a_save_refreshes_is_not_collected(tmp_path: Path) -> None:
 
 
 async def test_a_dangling_reference_is_a_clear_error() -> None:
+    """A value the blob store does not have is that record's fault, not an outage."""
     store = MemoryBlobStore()
     async with offloading("memory", store) as backend:
         await backend.adapter.save_checkpoint(_cp("s", 1, s={"v": BIG}))
         (digest,) = await _blobs(store)
         await store.delete(digest)
-        with pytest.raises(StorageAdapterError, match=f"stack 's', s.v references blob {digest}"):
+        # Not a StorageAdapterError: the store answered; the value is gone from it.
+        with pytest.raises(
+            siglo.DanglingReferenceError, match=f"stack 's', s.v references blob {digest}"
+        ):
             await backend.adapter.get_checkpoint("s")
 
 
@@ -201,7 +205,7 @@ async def _collection_holds(collect: Any, tmp_path: Path) -> None:
         for stack, ns in (("live", None), ("live", "n")):
             try:
                 await a.get_checkpoint(stack, ns)
-            except StorageAdapterError as exc:
+            except siglo.DanglingReferenceError as exc:
                 raise AssertionError(f"a reference dangles: {exc}") from exc
         assert len(await _blobs(store)) == 2, "an unreferenced blob was left behind"
 

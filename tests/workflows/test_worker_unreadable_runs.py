@@ -304,3 +304,37 @@ async def test_a_run_that_fails_another_way_is_said_again(tmp_path: Path) -> Non
             "MalformedRecordError",
             "WorkflowVersionMismatchError",
         ], said
+
+
+async def test_a_run_whose_offloaded_value_is_gone_fails_that_run_alone(tmp_path: Path) -> None:
+    """A crashed run whose step output went to a blob store the worker's does not hold
+    (another ``blob_url``, a restore, a collector run elsewhere): the missing value was
+    a ``StorageAdapterError``, an outage to the worker, which retried the whole pass and
+    gave up (exit 3), the other runs never reached (a black-box auditor). It is that
+    run's failure (``DanglingReferenceError``), left as stored; the others recover."""
+    from siglo.config import Settings
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    steps = _CrashingSteps()
+    big = "x" * 5_000
+
+    async def large(x: int) -> str:
+        return big
+
+    offloading = flow(Step.create("one", large), Step.create("two", steps._two), name="big")
+
+    def blobs(name: str) -> Settings:
+        return siglo.load_settings(blob_url=(tmp_path / name).as_uri(), offload_min_bytes=1024)
+
+    async with siglo.connect(url, settings=blobs("app")) as backend:
+        manager = StorageManager(backend, settings=blobs("app"))
+        with pytest.raises(_Crash):
+            await offloading.run(1, manager=manager, stack_id="gone")
+        await steps.crash(manager, "fine")  # its output small: in the checkpoint
+    async with siglo.connect(url, settings=blobs("elsewhere")) as backend:
+        manager = StorageManager(backend, settings=blobs("elsewhere"))
+        done = await Worker(manager, [offloading, steps.flow]).run_once()
+        assert len(done.failures) == 1, done.failures
+        assert "'gone'" in done.failures[0] and "DanglingReferenceError" in done.failures[0]
+        fine = await manager.load_checkpoint("fine")
+        assert fine is not None and fine.status == "completed"
