@@ -323,7 +323,7 @@ def _sentinel_master(
     url: str, ours: dict[str, Any], redis_class: type[Any], kwargs: dict[str, Any]
 ) -> Any:
     """The master of ``service_name`` as the Sentinels of ``url`` name it."""
-    from siglo_redis.master_watch import FailoverAwareSentinel, MasterWatch
+    from siglo_redis.master_watch import FailoverAwareSentinel, MasterWatch, watching
 
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
@@ -361,7 +361,7 @@ def _sentinel_master(
         if isinstance(options.get(name), str):
             options[name] = float(options[name])
     sentinel = FailoverAwareSentinel(addresses, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    client = sentinel.master_for(service, redis_class=redis_class, **options)
+    client = sentinel.master_for(service, redis_class=watching(redis_class), **options)
     # Connections made before a failover follow it (siglo_redis.master_watch).
     client._master_watch = MasterWatch(client)
     sentinel.probe_pool = client.connection_pool

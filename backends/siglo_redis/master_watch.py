@@ -33,7 +33,7 @@ from typing import Any, Final
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
-__all__ = ["MASTER_CHECK_S", "FailoverAwareSentinel", "MasterWatch"]
+__all__ = ["MASTER_CHECK_S", "FailoverAwareSentinel", "MasterWatch", "watching"]
 
 MASTER_CHECK_S: Final = 0.5
 """How often, at most, a Sentinel client asks which server is the master while it is
@@ -105,6 +105,26 @@ class MasterWatch:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+
+
+class _Watching:
+    """Mixed into the client class of a Sentinel URL (:func:`watching`): each command
+    first gives the watch its chance to look. Clients of other URLs do not have it, so
+    their commands pay nothing for it."""
+
+    _master_watch: MasterWatch | None = None
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        watch = self._master_watch
+        if watch is not None:
+            watch.poke()
+        return await super().execute_command(*args, **options)  # type: ignore[misc]
+
+
+def watching(redis_class: type[Any]) -> type[Any]:
+    """``redis_class`` (siglo's auto-pipelined, sent-once or waiting client) with each
+    of its commands poking the client's :class:`MasterWatch` first."""
+    return type(f"Watching{redis_class.__name__}", (_Watching, redis_class), {})
 
 
 class FailoverAwareSentinel(Sentinel):

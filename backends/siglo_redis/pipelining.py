@@ -452,10 +452,7 @@ class AutoPipelinedRedis(SentOnceRedis):
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if self.connection is not None or not _pipelinable(args[0]):
-            return await super().execute_command(*args, **options)
-        watch = self._master_watch
-        if watch is not None:
-            watch.poke()
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         return await self._pipeline_of().execute(args, options)
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:

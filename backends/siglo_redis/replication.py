@@ -84,10 +84,7 @@ class WaitingRedis(SentOnceRedis):
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if self.wait_replicas <= 0 or not is_write(args):
-            return await super().execute_command(*args, **options)
-        watch = self._master_watch
-        if watch is not None:
-            watch.poke()
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         # One connection for both: WAIT waits for the writes of its own connection.
         async with self.pipeline(transaction=False) as pipe:
             pipe.execute_command(*args, **options)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import select
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import redis.asyncio
 from redis.asyncio.client import Pipeline
@@ -56,9 +56,6 @@ from redis.exceptions import (
 
 from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
 from siglo_redis.scripts import READ_ONLY_SCRIPTS
-
-if TYPE_CHECKING:
-    from siglo_redis.master_watch import MasterWatch
 
 __all__ = [
     "READ_ONLY_COMMANDS",
@@ -182,17 +179,6 @@ class SentOnceRedis(redis.asyncio.Redis):
     (see the module's docstring); its :meth:`pipeline` neither."""
 
     sends_writes_once = True
-
-    _master_watch: MasterWatch | None = None
-    """For a client of a Sentinel URL: the look at which server is the master now
-    (:mod:`siglo_redis.master_watch`), set where :func:`siglo_redis.client.client_for` builds
-    one."""
-
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
-        watch = self._master_watch
-        if watch is not None:
-            watch.poke()
-        return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
     async def _send_command_parse_response(
         self, conn: Any, command_name: Any, *args: Any, **options: Any
