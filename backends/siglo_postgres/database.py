@@ -531,8 +531,15 @@ class PostgresDatabase(Database):
                 # the batch's lock timeout: the implicit transaction of them all was
                 # rolled back. Each alone, so that only its own caller hears of a
                 # refusal, and a wait for a row holds no other caller's.
+                # Not a write whose caller has gone (cut off by its own deadline): the
+                # rollback undid it, and its caller may have made up for it already (given
+                # back a claim it might have made), which a write sent now would undo.
                 await asyncio.gather(
-                    *(self._answer(f, self.raw_fetch(sql, params)) for sql, params, f in writes)
+                    *(
+                        self._answer(f, self.raw_fetch(sql, params))
+                        for sql, params, f in writes
+                        if not f.done()
+                    )
                 )
                 return
             for (_, _, future), answer in zip(writes, results, strict=True):
