@@ -207,3 +207,31 @@ async def test_a_statement_failed_to_break_a_deadlock_is_sent_again(
     rows = await asyncio.wait_for(asked, 10)
     answer = rows if call == "raw_fetch" else rows[0]
     assert [row[-1] for row in answer] == [7]
+
+
+async def test_a_write_whose_caller_has_gone_is_not_sent_again_alone(
+    backend: siglo.Backend,
+) -> None:
+    """A batch rolled back past its lock timeout sends its writes again alone, but not
+    one whose caller was cut off meanwhile: the rollback undid it, and its caller may
+    have made up for it already (a delivery cut off gives back the claim it might have
+    made; sent after that, the claim stayed with nobody — a full run met one)."""
+    adapter: Any = backend.adapter
+    db = adapter.database
+    table = f"{adapter.schema}.gc_gone_{secrets.token_hex(4)}"
+    await db.write(f"CREATE TABLE {table} (k int PRIMARY KEY, n int NOT NULL)")
+    await db.write(f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
+    bump = f"UPDATE {table} SET n = n + 1 WHERE k = %(k)s RETURNING n"
+    async with await psycopg.AsyncConnection.connect(base_url("postgres")) as holder:
+        await holder.execute(f"SELECT 1 FROM {table} WHERE k = 1 FOR UPDATE")
+        first = asyncio.ensure_future(db.write(bump, {"k": 1}))  # alone, waits for row 1
+        await asyncio.sleep(0.2)
+        other = asyncio.ensure_future(db.write(bump, {"k": 2}))
+        gone = asyncio.ensure_future(db.write(bump, {"k": 1}))
+        await asyncio.sleep(0.01)  # the two sent together, waiting for row 1
+        gone.cancel()
+        assert await asyncio.wait_for(other, 5) == [(1,)]
+        await holder.commit()
+    assert await first == [(1,)]
+    await asyncio.sleep(0.3)  # time for a write sent again to land
+    assert await db.fetch(f"SELECT k, n FROM {table} ORDER BY k") == [(1, 1), (2, 1)]
