@@ -191,6 +191,21 @@ def dumps_of(value: Any, kind: str, name: object) -> bytes:
         raise NotJSONError(f"{kind} {name!r} is not JSON-serialisable: {exc}") from exc
 
 
+def stored_form(value: Any, kind: str, name: object) -> Any:
+    """``value`` as a load reads it back: what JSON keeps of it.
+
+    orjson writes a ``datetime``, ``date``, ``UUID``, enum member or dataclass as text or
+    an object, a tuple as a list and a NaN as ``null``, and a load reads those back; the
+    workflow runtime hands a step's output on in this form, so a step sees the same
+    values whether the one before it ran in this process or was read from the store
+    (a resume after a wait or a crash). Raises :class:`~siglo.errors.NotJSONError` as
+    :func:`dumps_of` does. Text, booleans and ``None`` are returned as they are.
+    """
+    if value is None or type(value) is str or type(value) is bool:
+        return value
+    return loads(dumps_of(value, kind, name))
+
+
 def dumps_str(value: Any, *, what: str = "value") -> str:
     """Like :func:`dumps`, as ``str`` (for drivers that want text)."""
     return dumps(value, what=what).decode()

@@ -15,7 +15,7 @@ from typing import Any, Final, TypeVar
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES
-from siglo.codec import refuse_reserved_value
+from siglo.codec import refuse_reserved_value, stored_form
 from siglo.coordination import undo_later
 from siglo.errors import (
     CapabilityNotSupportedError,
@@ -166,7 +166,12 @@ class Flow:
                     run_id,
                     workflow_id=self.name,
                     namespace=namespace,
-                    metadata={"flowVersion": self.version, "input": input},
+                    # As a resume reads it (a datetime as text …): the first step sees
+                    # the same input either way.
+                    metadata={
+                        "flowVersion": self.version,
+                        "input": stored_form(input, "the input of run", run_id),
+                    },
                 )
                 try:
                     if telemetry.current() is None:
@@ -319,6 +324,9 @@ class Flow:
         # siglo reserves would read back as a sealed or offloaded value: refused before
         # the claim, which would otherwise complete the wait for a run that then cannot
         # be checkpointed.
+        # The step sees the event as a resume from the stored run reads it (a datetime
+        # as text …); an event that is not JSON is refused before the claim.
+        payload = stored_form(payload, "the event delivered for", correlation_key)
         refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
         with self._resume_span(correlation_key, namespace):
             record = await _claim(
@@ -810,6 +818,10 @@ class Flow:
             output = await step.fn(value)
         finally:
             current_step.reset(token)
+        # Handed on as a resume reads it from the checkpoint (a datetime as text, a tuple
+        # as a list …), so the next step sees the same whether this one ran here or
+        # before a wait or a crash; an output that is not JSON fails the run here.
+        output = stored_form(output, "the output of step", step.name)
         if cache is None or key is None:
             return output, None, None
         # The output becomes context, so it is stored redacted like context: a later
