@@ -41,6 +41,7 @@ from siglo.errors import (
     DecryptionError,
     DocumentTooLargeError,
     InvalidArgumentError,
+    LockNotAcquiredError,
     ReservedFormError,
 )
 from siglo.keys import KEYRING_NAMESPACE, EnvelopeKeyProvider, KeyProvider
@@ -80,6 +81,11 @@ class RekeyReport:
     """Checkpoints already under the current key (skipped)."""
     left: int = 0
     """Checkpoints that kept changing under the rekey: run it again to finish them."""
+    running: int = 0
+    """Checkpoints of runs executing a step (their workflow lock held): left as they are,
+    since a re-save would refuse the run's next checkpoint (its step then run again);
+    the run's own saves seal under its process's current key. Run the rekey again
+    once those runs have finished or suspended."""
     refused: list[RefusedStack] = field(default_factory=list)
     """Checkpoints whose re-save was refused for what they hold (a document over the
     size limit once sealed, a value of a form siglo reserves): left as they are, under
@@ -470,6 +476,39 @@ def _redacted(kind: PayloadKind, name: str, value: Any, fields: frozenset[str]) 
 
 
 async def _rekey_one(
+    adapter: PipelineAdapter,
+    codecs: Codecs,
+    keys: KeyProvider,
+    summary: CheckpointSummary,
+    report: RekeyReport,
+) -> None:
+    """Rekey one stack under its workflow lock, where the backend has one: a run
+    executing a step holds it and expects no other writer — re-saved at the next
+    revision under it, the run's next checkpoint was refused, the run failed and its
+    finished step ran again when a worker took it up (a black-box auditor). A run that
+    holds the lock for longer than :data:`RUN_WAIT_MS` is left, counted in
+    :attr:`RekeyReport.running`; while the rekey holds it, a run waits to start."""
+    raw = adapter.inner
+    if not raw.supports(Capability.WORKFLOW_LOCK):
+        await _rekey_unlocked(adapter, codecs, keys, summary, report)
+        return
+    try:
+        await raw.with_workflow_lock(
+            summary.stack_id,
+            lambda: _rekey_unlocked(adapter, codecs, keys, summary, report),
+            timeout_ms=RUN_WAIT_MS,
+            namespace=summary.namespace,
+        )
+    except LockNotAcquiredError:
+        report.running += 1
+
+
+RUN_WAIT_MS: Final = 250
+"""How long a rekey waits for a stack's workflow lock before it leaves the stack to a
+run executing it (:attr:`RekeyReport.running`)."""
+
+
+async def _rekey_unlocked(
     adapter: PipelineAdapter,
     codecs: Codecs,
     keys: KeyProvider,

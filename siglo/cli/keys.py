@@ -55,7 +55,11 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
                 progress.update(
                     task,
                     total=report.total,
-                    completed=report.rekeyed + report.current + report.left + len(report.refused),
+                    completed=report.rekeyed
+                    + report.current
+                    + report.left
+                    + report.running
+                    + len(report.refused),
                 )
 
             async with open_store(resolve_url(url), existing=True) as backend:
@@ -90,6 +94,12 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
         f"rekeyed {report.rekeyed} checkpoint(s); {report.current} already under the "
         f"current key; {report.left} kept changing (run again to finish them)"
     )
+    if report.running:
+        click.echo(
+            f"{report.running} checkpoint(s) left to the runs executing them (their workflow "
+            "lock held; a re-save would refuse the run's next checkpoint): run again once "
+            "those runs have finished or are waiting"
+        )
     for kind, counts in report.payloads.items():
         click.echo(
             f"rekeyed {counts.rekeyed} {_NOUNS[kind]}; {counts.current} already under the "
@@ -114,7 +124,7 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
             where = "" if refused.namespace is None else f" (namespace {refused.namespace!r})"
             click.echo(f"  {refused.stack_id!r}{where}: {refused.reason}", err=True)
         sys.exit(1)
-    if report.left or any(c.left for c in report.payloads.values()):
+    if report.left or report.running or any(c.left for c in report.payloads.values()):
         sys.exit(3)
 
 

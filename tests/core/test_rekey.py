@@ -1301,3 +1301,98 @@ async def test_a_save_sealed_under_an_erased_key_meanwhile_is_erased_with_the_re
         await after.save()
         resumed = await siglo.StorageManager(writer).resume("after", namespace="gone")
         assert resumed is not None and resumed.context("a") == {"v": 3}
+
+
+@pytest.mark.rule("pipeline.encryption")
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_run_executing_a_step_is_left_to_it_and_rekeyed_once_it_waits(
+    kind: str,
+) -> None:
+    """A rekey re-saved the checkpoint of a run executing a step (its workflow lock
+    held) at the next revision: the run's next checkpoint was refused, the run failed,
+    and a worker ran its finished step again (a black-box auditor, ``siglo rekey``
+    under a web app's traffic). The rekey now takes each stack's workflow lock: a run
+    that holds it is left to it (counted, exit status 3 from the CLI), and a run that
+    waits is rekeyed, its delivery then going on from the rekeyed checkpoint."""
+    from siglo import Step, WorkflowSuspended, flow, wait_for_event
+
+    old, new = new_key(), new_key()
+    app = Settings(encryption_keys={"k1": old})
+    rotated = Settings(encryption_keys={"k1": old, "k2": new}, encryption_key_id="k2")
+    paying = asyncio.Event()
+    paid = asyncio.Event()
+    charges: list[Any] = []
+
+    async def pay(order: Any) -> Any:
+        charges.append(order)
+        paying.set()
+        await paid.wait()
+        return {"paid": order, "card": SECRET}
+
+    async def approve(state: Any) -> Any:
+        return {**state, "by": (await wait_for_event("approve:o1", timeout_ms=60_000))["by"]}
+
+    orders = flow(Step.create("pay", pay), Step.create("approve", approve), name="rekey-orders")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url, settings=app) as backend,
+        siglo.connect(store.url, settings=rotated) as rekeying,
+    ):
+        manager = siglo.StorageManager(backend, settings=app)
+        run = asyncio.create_task(orders.run(7, manager=manager, stack_id="o1", namespace="t"))
+        await paying.wait()
+        during = await rekey(rekeying)
+        assert (during.running, during.rekeyed, during.left) == (1, 0, 0)
+        paid.set()
+        with pytest.raises(WorkflowSuspended):
+            await run  # its checkpoint after "pay" was not refused
+        assert charges == [7]
+        stored = await backend.raw_adapter.get_checkpoint("o1", "t", fallback=False)
+        assert stored is not None and key_ids(stored) == {"k1"}
+
+        waiting = await rekey(rekeying)
+        assert (waiting.running, waiting.rekeyed) == (0, 1)
+        stored = await backend.raw_adapter.get_checkpoint("o1", "t", fallback=False)
+        assert stored is not None and key_ids(stored) == {"k2"}
+        resumed = siglo.StorageManager(rekeying, settings=rotated)
+        assert await orders.deliver(
+            "approve:o1", {"by": "ada"}, manager=resumed, namespace="t"
+        ) == {
+            "paid": 7,
+            "card": SECRET,
+            "by": "ada",
+        }
+        assert charges == [7]
+
+
+async def test_siglo_rekey_names_the_runs_it_left_and_exits_3(tmp_path: Path) -> None:
+    """The command a user runs: the run executing a step is named and the exit status
+    says work is left (docs/encryption.md, rotation)."""
+    from siglo import Step, flow
+
+    old, new = new_key(), new_key()
+    app = Settings(encryption_keys={"k1": old})
+    paying, paid = asyncio.Event(), asyncio.Event()
+
+    async def pay(order: Any) -> Any:
+        paying.set()
+        await paid.wait()
+        return {"paid": order}
+
+    paying_flow = flow(Step.create("pay", pay), name="rekey-cli-orders")
+    async with (
+        shared_store("sqlite", checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url, settings=app) as backend,
+    ):
+        manager = siglo.StorageManager(backend, settings=app)
+        run = asyncio.create_task(paying_flow.run(7, manager=manager, stack_id="o2"))
+        await paying.wait()
+        env = {"SIGLO_ENCRYPTION_KEYS": f"k1={old},k2={new}", "SIGLO_ENCRYPTION_KEY_ID": "k2"}
+        during = await asyncio.to_thread(run_siglo, tmp_path, "rekey", store.url, env=env)
+        paid.set()
+        assert await run == {"paid": 7}
+        after = await asyncio.to_thread(run_siglo, tmp_path, "rekey", store.url, env=env)
+    assert during.returncode == 3, during.stderr
+    assert b"1 checkpoint(s) left to the runs executing them" in during.stdout
+    assert after.returncode == 0, after.stderr
+    assert b"rekeyed 1 checkpoint(s)" in after.stdout
