@@ -206,7 +206,13 @@ async def export_lines(
                 record = await adapter.get_wait_record(
                     embedded.correlation_key, namespace=checkpoint.namespace
                 )
-                if record is not None and record.correlation_key == embedded.correlation_key:
+                # The key's current record may be another run's: a key whose wait ended
+                # may be waited on again. It goes after that run's checkpoint alone.
+                if (
+                    record is not None
+                    and record.correlation_key == embedded.correlation_key
+                    and record.stack_id == checkpoint.stack_id
+                ):
                     if codecs is not None:
                         await codecs.wait_in(record)
                     line = b'{"kind":"wait","record":' + record.to_json() + b"}"

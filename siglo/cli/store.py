@@ -246,7 +246,13 @@ def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: 
                     keys.append(latest.correlation_key)
                 for key in dict.fromkeys(keys):
                     record = await adapter.get_wait_record(key, namespace=namespace)
-                    if record is not None and record.namespace == namespace:
+                    # The key's current record may be another run's (a key whose wait
+                    # ended may be waited on again): shown with that run only.
+                    if (
+                        record is not None
+                        and record.namespace == namespace
+                        and record.stack_id == stack_id
+                    ):
                         waits.append(record)
             # Read without the keys it was stored with: said, not printed as its data.
             refuse_unopened_run(checkpoint, waits)

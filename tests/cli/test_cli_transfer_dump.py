@@ -1043,3 +1043,51 @@ async def test_a_newer_dump_over_an_older_import_cancels_the_wait_it_moved_past(
         again = await import_lines(dst.adapter, second)
         assert again.imported == 0
         assert (await dst.adapter.get_wait_record("b:1")) == waiting
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_a_wait_key_waited_on_again_by_another_run_exports_and_imports(
+    kind: str,
+) -> None:
+    """Run A waited on a key, got its event and completed; run B then waits on the same
+    key (docs/workflows.md: a key whose wait ended may be waited on again). The export
+    wrote B's record after A's checkpoint too, and the import refused the whole dump
+    ("does not follow its run's checkpoint"; a black-box auditor), and `siglo show` of A
+    showed B's wait as A's. Each run's record now goes with its own checkpoint alone,
+    and the dump imports."""
+    from siglo import Step, WorkflowSuspended, flow, wait_for_event
+
+    async def approve(_: Any) -> Any:
+        return await wait_for_event("approval")
+
+    approvals = flow(Step.create("approve", approve), name="approvals-reused")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as source,
+        shared_store(kind, checkpoint_ttl_ms=None) as target,
+    ):
+        manager = siglo.StorageManager(source)
+        with pytest.raises(WorkflowSuspended):
+            await approvals.run(None, manager=manager, stack_id="run-A")
+        assert await approvals.deliver("approval", "ok", manager=manager) == "ok"
+        with pytest.raises(WorkflowSuspended):
+            await approvals.run(None, manager=manager, stack_id="run-B")
+        # `siglo show` read the key's current record too: A's page showed B's wait.
+        shown_a = await invoke("show", source.url, "run-A", "--json")
+        shown_b = await invoke("show", source.url, "run-B", "--json")
+        assert [w["stackId"] for w in orjson.loads(shown_a.stdout_bytes)["waitRecords"]] == []
+        assert [w["stackId"] for w in orjson.loads(shown_b.stdout_bytes)["waitRecords"]] == [
+            "run-B"
+        ]
+        dump = await invoke("export", source.url)
+        assert dump.exit_code == 0, dump.output
+        waits = [
+            orjson.loads(line)["record"]["stackId"]
+            for line in dump.stdout_bytes.splitlines()
+            if orjson.loads(line).get("kind") == "wait"
+        ]
+        assert waits == ["run-B"]
+        imported = await invoke("import", target.url, input=dump.stdout_bytes)
+        assert imported.exit_code == 0, imported.output
+        moved = siglo.StorageManager(target)
+        assert await approvals.deliver("approval", "yes", manager=moved) == "yes"
+        assert await approvals.run(None, manager=moved, stack_id="run-A") == "ok"
