@@ -742,3 +742,69 @@ def test_a_postgres_server_named_in_the_query_is_the_server_address() -> None:
     }
     for url in ("postgresql:///shop?host=/var/run/postgresql", "postgresql:///shop?host=a,b"):
         assert "server.address" not in telemetry.db_attributes("postgres", url), url
+
+
+def _changes_per_parent(sdk: Sdk) -> dict[str, int]:
+    spans = sdk.spans.get_finished_spans()
+    names = {s.context.span_id: s.name for s in spans}
+    found: dict[str, int] = {}
+    for span in spans:
+        if span.name == "on_context_change":
+            parent = names.get(span.parent.span_id, "<none>") if span.parent else "<none>"
+            found[parent] = found.get(parent, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("name", ["memory", "sqlite", "redis"])
+async def test_a_streamed_change_is_in_the_trace_of_the_request_that_made_it(
+    sdk: Sdk, name: str, tmp_path: Path
+) -> None:
+    """A context change is streamed by a job deferred to the loop's next turn; every job
+    deferred in one turn started in the context of the first caller that deferred one,
+    so another request's (another tenant's) change was recorded in that caller's trace
+    (a black-box auditor). Each job now runs in its own caller's context."""
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(sdk.spans))
+    tracer = provider.get_tracer("app")
+    async with _isolated(name, tmp_path) as backend:
+        manager = StorageManager(backend)
+
+        async def request(n: int) -> None:
+            with tracer.start_as_current_span(f"request-{n}"):
+                stack = manager.create_stack(f"a-{n}", namespace=f"tenant-{n}")
+                for j in range(5):
+                    stack.set("step", f"k{j}", j)
+                    await asyncio.sleep(0.005)
+
+        await asyncio.gather(*(request(n) for n in range(4)))
+        await manager.flush()
+    assert _changes_per_parent(sdk) == {f"request-{n}": 5 for n in range(4)}
+
+
+def test_a_streamed_change_through_sync_threads_is_in_its_threads_trace(sdk: Sdk) -> None:
+    """The same through :mod:`siglo.sync`, four threads changing their stacks at once."""
+    import threading
+
+    from siglo import sync
+
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(sdk.spans))
+    tracer = provider.get_tracer("app")
+    with sync.connect("memory://") as backend:
+        manager = sync.StorageManager(backend)
+        barrier = threading.Barrier(4)
+
+        def request(n: int) -> None:
+            with tracer.start_as_current_span(f"request-{n}"):
+                stack = manager.create_stack(f"s-{n}", namespace=f"tenant-{n}")
+                barrier.wait()
+                for j in range(5):
+                    stack.set("step", f"k{j}", j)
+
+        threads = [threading.Thread(target=request, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        manager.flush()
+    assert _changes_per_parent(sdk) == {f"request-{n}": 5 for n in range(4)}
