@@ -229,11 +229,19 @@ class _Call:
         checkout = self._checkout
         assert checkout is not None
         db = self._db
+        conn = self._conn
         if watch is not None:
             # Before the connection goes back: no cancel or cut may reach its next call.
             assert db._watches is not None
             db._watches.end(watch)
-        conn = self._conn
+            if watch.expired and conn is not None:
+                # The cancel sent for this call travels on a connection of its own and
+                # may reach the server after the call ended: given back, the connection
+                # would have it cancel another caller's statement (a black-box auditor:
+                # "canceling statement due to user request" on the next call). Closed,
+                # the pool replaces it, and a late cancel finds no session to cancel.
+                with suppress(Exception):
+                    await conn.close()
         ambiguous = conn is not None and db._ambiguity.take(conn)
         await checkout.__aexit__(exc_type, exc, tb)
         if watch is not None and watch.expired:

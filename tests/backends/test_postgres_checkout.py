@@ -182,3 +182,24 @@ async def test_the_gate_times_out_each_waiter_at_its_own_deadline() -> None:
         assert 0.3 + 0.1 * i - 0.02 <= end < 0.3 + 0.1 * i + 0.2, ends
     gate.release()
     assert await gate.acquire() is None  # the timed-out waiters took no permit
+
+
+async def test_a_connection_whose_call_timed_out_is_not_given_to_another_call() -> None:
+    """An expired call's cancel goes on a connection of its own and may reach the server
+    after the call ended: its connection, given back to the pool, had the next caller's
+    statement cancelled ("canceling statement due to user request", a black-box auditor,
+    a few rounds in a hundred). The connection is closed instead; the next call gets a
+    new session, and every call after it runs."""
+    require_postgres()
+    async with isolated(
+        POSTGRES_URL, pool_min_size=1, pool_max_size=1, command_timeout_ms=300
+    ) as backend:
+        assert await backend.adapter.get_checkpoint("s") is None  # opened
+        db: Any = backend.adapter.database
+        before = (await db.raw_fetch("SELECT pg_backend_pid()"))[0][0]
+        with pytest.raises(siglo.StorageAdapterError, match="timed out"):
+            await db.raw_fetch("SELECT pg_sleep(5)")
+        after = (await db.raw_fetch("SELECT pg_backend_pid()"))[0][0]
+        assert after != before
+        for _ in range(20):
+            assert (await db.raw_fetch("SELECT 1"))[0][0] == 1
