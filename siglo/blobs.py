@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import os
 import re
-import tempfile
+import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -152,11 +152,36 @@ class MemoryBlobStore(BlobStore):
         return True
 
 
+def _write_in_place(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it. The file is
+    made by ``os.open`` with mode 0666, which the umask then narrows as for any file the
+    process makes (``mkstemp`` would make it 0600: readable by its owner alone)."""
+    temp = path.with_name(f".put-{secrets.token_hex(8)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        # A write that failed (the disk full, a file size limit) leaves no partial file
+        # behind: nothing would ever collect it.
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 class DirectoryBlobStore(BlobStore):
     """One file per blob under ``root/<first two digits>/<digest>``; the file's
     modification time is its keep-until. A put writes a temporary file and renames it
     into place, so a reader never sees half a blob, and concurrent puts of the same
-    digest (the same bytes) are harmless."""
+    digest (the same bytes) are harmless.
+
+    Files are made with the mode the process's umask gives any new file (not
+    ``mkstemp``'s 0600), so the accounts that share the store's directory (a group, a
+    shared file system) read each other's blobs; a refresh of a blob another account
+    wrote, whose time only its owner may set, writes the blob again in its place."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -176,24 +201,17 @@ class DirectoryBlobStore(BlobStore):
                 current = path.stat().st_mtime
             except FileNotFoundError:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".put-")
-                try:
-                    with os.fdopen(fd, "wb") as out:
-                        out.write(data)
-                        out.flush()
-                        os.fsync(out.fileno())
-                    os.replace(temp, path)
-                except BaseException:
-                    # A write that failed (the disk full, a file size limit) leaves no
-                    # partial file behind: nothing would ever collect it.
-                    with contextlib.suppress(OSError):
-                        os.unlink(temp)
-                    raise
+                _write_in_place(path, data)
                 current = 0.0
             try:
                 os.utime(path, (keep, max(keep, current)))
             except FileNotFoundError:
                 current = -1.0
+            except PermissionError:
+                # Another account's file: only its owner may set its time. The same
+                # bytes written again in its place are this account's.
+                _write_in_place(path, data)
+                os.utime(path, (keep, max(keep, current)))
             if current < 0 or not path.exists():
                 # The collector took it between the look and the refresh: write it again
                 # (same digest, same bytes), so the caller's reference never dangles.

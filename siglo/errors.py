@@ -155,6 +155,13 @@ class DanglingReferenceError(SigloError):
     run it cannot read, instead of taking it for an outage of the whole store."""
 
 
+class DamagedBlobError(DanglingReferenceError):
+    """A stored record references an offloaded value whose blob's bytes do not match the
+    SHA-256 the reference names: the blob was altered, truncated or replaced in the blob
+    store. Never read as the value; like a missing blob, a fault of that record's data
+    (a :class:`DanglingReferenceError`, so ``siglo worker`` fails that run alone)."""
+
+
 class NotJSONError(InvalidArgumentError):
     """A value that is not JSON data (a set, bytes, an integer beyond 64 bits, a key
     that is not text …), refused when it is encoded, before anything is written. As for

@@ -34,7 +34,7 @@ from siglo.blobs import BlobStore, blob_digest
 from siglo.checkpoint import Checkpoint
 from siglo.codec import REF_KEY, is_reference
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
-from siglo.errors import DanglingReferenceError, InvalidArgumentError
+from siglo.errors import DamagedBlobError, DanglingReferenceError, InvalidArgumentError
 from siglo.listing import get_listed
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
@@ -139,7 +139,22 @@ class Offloader:
                 f"blob store {self.store.url} does not have: was the store changed, or a "
                 "collector run without the checkpoints of this backend?"
             )
-        return orjson.loads(data)
+        # Named by the digest of its bytes: bytes that do not match it were altered,
+        # truncated or replaced in the store, and are never read as the value.
+        if blob_digest(data) != digest:
+            raise DamagedBlobError(
+                f"{where} references blob {digest} ({value['bytes']} bytes), whose bytes in "
+                f"the blob store {self.store.url} ({len(data)} bytes) do not match that "
+                "digest: the blob was altered, truncated or replaced; restore it from a "
+                "backup of the blob store"
+            )
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise DamagedBlobError(
+                f"{where} references blob {digest}, whose bytes are not the JSON siglo "
+                f"writes: {exc}"
+            ) from None
 
     async def checkpoint_out(self, checkpoint: Checkpoint, limit: int | None = None) -> Checkpoint:
         """``checkpoint`` with its large context values replaced by references, their

@@ -78,6 +78,9 @@ class _Found:
     etag: str | None
     keep_until_ms: int
     doomed: bool
+    foreign: bool = False
+    """An object under a digest's name that siglo did not write (no keep-until in its
+    metadata): never listed as a blob, never collected."""
 
 
 def _now_ms() -> int:
@@ -168,9 +171,11 @@ class S3BlobStore(BlobStore):
             # A marker's time is when the collector wrote it (its clock, in ms).
             return _Found(meta["e_tag"], int(doomed) if doomed.isdigit() else 0, True)
         keep = attributes.get(_KEEP)
-        # An object under a digest's name that siglo did not write: its time is all we know.
-        kept = int(keep) if keep is not None and keep.isdigit() else _ms(meta["last_modified"])
-        return _Found(meta["e_tag"], kept, False)
+        if keep is None or not keep.isdigit():
+            # An object under a digest's name that siglo did not write (the prefix shared
+            # with another tool): its time is all we know of it.
+            return _Found(meta["e_tag"], _ms(meta["last_modified"]), False, foreign=True)
+        return _Found(meta["e_tag"], int(keep), False)
 
     async def _write(self, digest: str, body: bytes, attributes: dict[str, str], mode: Any) -> bool:
         """One conditional put; ``False`` when its condition does not hold."""
@@ -215,6 +220,12 @@ class S3BlobStore(BlobStore):
                 if await self._write(digest, body, attributes, "create"):
                     return
                 continue
+            if found.foreign:
+                raise StorageAdapterError(
+                    f"blob store {self.url}: object {digest} is not a blob siglo wrote (no "
+                    "keep-until in its metadata), and siglo does not overwrite it: give "
+                    "the blob store a prefix of its own (s3://bucket/prefix)"
+                )
             if not found.doomed:
                 if found.keep_until_ms >= enough:
                     return
@@ -256,14 +267,16 @@ class S3BlobStore(BlobStore):
 
     async def delete(self, digest: str) -> bool:
         found = await self._look(check_digest(digest))
-        if found is None:
+        if found is None or found.foreign:
             return False
         await self._remove(digest)
         return not found.doomed
 
     async def delete_stale(self, digest: str, kept_before_ms: int) -> bool:
         found = await self._look(check_digest(digest))
-        if found is None or (not found.doomed and found.keep_until_ms >= kept_before_ms):
+        if found is None or found.foreign:
+            return False  # not a blob: another tool's object is not siglo's to remove
+        if not found.doomed and found.keep_until_ms >= kept_before_ms:
             return False
         started = time.monotonic()
         doomed_at = str(_now_ms())
@@ -285,7 +298,7 @@ class S3BlobStore(BlobStore):
         async def look(digest: str) -> tuple[str, int] | None:
             async with limit:
                 found = await self._look(digest)
-            if found is None:
+            if found is None or found.foreign:
                 return None
             if found.doomed:
                 # A marker a collector left: stale once a put could take it over.

@@ -21,6 +21,7 @@ from siglo.connect import URL_ENV, is_settings_store, options_for
 from siglo.errors import (
     BackendNotFoundError,
     CapabilityNotSupportedError,
+    DamagedBlobError,
     DanglingReferenceError,
     DocumentTooLargeError,
     DriverNotInstalledError,
@@ -107,6 +108,11 @@ def hint_for(exc: BaseException) -> str:
         )
     if isinstance(exc, CapabilityNotSupportedError):
         return "`siglo backends` lists what each backend supports"
+    if isinstance(exc, DamagedBlobError):
+        return (
+            "the blob's bytes were changed in the blob store (altered, truncated or "
+            "replaced): restore it from a backup of the blob store"
+        )
     if isinstance(exc, DanglingReferenceError):
         return (
             "run it with the blob store the application offloads to (blob_url); if that "

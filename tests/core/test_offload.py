@@ -140,6 +140,89 @@ async def test_a_dangling_reference_is_a_clear_error() -> None:
             await backend.adapter.get_checkpoint("s")
 
 
+async def test_a_damaged_blob_is_never_read_as_the_value(tmp_path: Path) -> None:
+    """A blob altered in the store (still JSON) was read as the value; a truncated one
+    failed with a bare JSON error naming neither blob nor value (a black-box auditor).
+    The bytes are checked against the digest their reference names; ``siglo show``
+    names the blob and what to do."""
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    url = f"sqlite:///{tmp_path / 'damaged.db'}"
+    settings = Settings(offload_min_bytes=1_024, blob_url=store.url)
+    async with siglo.connect(url, settings=settings) as backend:
+        await backend.adapter.save_checkpoint(_cp("u", 1, c={"v": {"amount": 2000, "n": BIG}}))
+        await backend.adapter.save_checkpoint(_cp("t", 1, c={"v": BIG + "t"}))
+        paths = {p.name: p for p in (tmp_path / "blobs").glob("??/*")}
+        (u_digest,) = [d for d, p in paths.items() if b"2000" in p.read_bytes()]
+        (t_digest,) = set(paths) - {u_digest}
+        altered = paths[u_digest].read_bytes().replace(b"2000", b"9000")
+        paths[u_digest].write_bytes(altered)  # the same length, valid JSON
+        paths[t_digest].write_bytes(paths[t_digest].read_bytes()[:100])  # truncated
+        with pytest.raises(siglo.DamagedBlobError, match=f"c.v references blob {u_digest}"):
+            await backend.adapter.get_checkpoint("u")
+        with pytest.raises(siglo.DamagedBlobError, match=f"blob {t_digest}.*do not match"):
+            await backend.adapter.get_checkpoint("t")
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "siglo", "show", url, "u"],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "SIGLO_OFFLOAD_MIN_BYTES": "1024",
+            "SIGLO_BLOB_URL": store.url,
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        },
+        timeout=60,
+    )
+    assert shown.returncode == 1, shown.stderr
+    assert u_digest in shown.stderr and "restore it from a backup" in shown.stderr
+    assert "9000" not in shown.stdout
+
+
+def test_blobs_are_made_with_the_mode_the_umask_gives(tmp_path: Path) -> None:
+    """Blob files were 0600 (``mkstemp``) whatever the umask: another account sharing
+    the store's directory could not read them (a black-box auditor)."""
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    before = os.umask(0o027)
+    try:
+        asyncio.run(store.put(blob_digest(b"{}"), b"{}"))
+    finally:
+        os.umask(before)
+    (path,) = (tmp_path / "blobs").glob("??/*")
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_refresh_of_another_accounts_blob_writes_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a file's owner may set its time, so a refresh (a later keep-until) of a blob
+    another account wrote failed with "Operation not permitted" (a black-box auditor,
+    two accounts sharing the directory). It writes the same bytes again in its place.
+    The tests run as root, whom no file refuses ``utime``: the refusal is the kernel's
+    answer to a non-owner, made here."""
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    data = b'{"shared": true}'
+    digest = blob_digest(data)
+    asyncio.run(store.put(digest, data))
+    (path,) = (tmp_path / "blobs").glob("??/*")
+    first = path.stat().st_ino
+    real_utime = os.utime
+    refused: list[str] = []
+
+    def utime(target: Any, times: Any = None, **kwargs: Any) -> None:
+        if Path(target) == path and path.stat().st_ino == first:
+            refused.append(str(target))
+            raise PermissionError(1, "Operation not permitted", str(target))
+        real_utime(target, times, **kwargs)
+
+    monkeypatch.setattr(os, "utime", utime)
+    keep = int(time.time() * 1000) + 3_600_000
+    asyncio.run(store.put(digest, data, keep_until_ms=keep))
+    assert refused == [str(path)]
+    assert path.read_bytes() == data and path.stat().st_ino != first
+    assert path.stat().st_mtime * 1000 >= keep - 1_000
+
+
 async def test_connect_offloads_after_redaction(tmp_path: Path) -> None:
     url = (tmp_path / "blobs").as_uri()
     settings = Settings(offload_min_bytes=1_024, blob_url=url, redact_fields=frozenset({"key"}))

@@ -252,6 +252,31 @@ async def test_what_an_object_holds(s3_endpoint: str) -> None:
         await store.get(other)
 
 
+async def test_an_object_siglo_did_not_write_is_never_collected_nor_overwritten(
+    s3_endpoint: str,
+) -> None:
+    """A prefix shared with another tool whose objects are named by 64 hex digits:
+    `collect-blobs` took them for stale blobs and deleted them (a black-box auditor).
+    They are not listed, not collected, not deleted, and a put of that name is refused
+    rather than overwrite them."""
+    import obstore
+
+    store = _store(s3_endpoint, new_bucket(s3_endpoint))
+    foreign = blob_digest(b"another tool's object")
+    await obstore.put_async(store._store, foreign, b"another tool's object")
+    await store.put(DIGEST, DATA)
+    assert [digest async for digest, _ in store.scan()] == [DIGEST]
+    assert await store.delete_stale(foreign, int(time.time() * 1000) + LATER) is False
+    assert await store.delete(foreign) is False
+    with pytest.raises(StorageAdapterError, match="not a blob siglo wrote"):
+        await store.put(foreign, b"{}")
+    async with any_backend("sqlite") as backend:
+        done = await collect_blobs(backend.adapter, store, now_ms=int(time.time() * 1000) + LATER)
+    assert (done.removed, done.kept) == (1, 0)  # siglo's unreferenced blob alone
+    got = await obstore.get_async(store._store, foreign)
+    assert bytes(await got.bytes_async()) == b"another tool's object"
+
+
 async def test_refresh_ms_spares_uploads_within_its_slack(s3_endpoint: str) -> None:
     bucket = new_bucket(s3_endpoint)
     exact = _store(s3_endpoint, bucket)
