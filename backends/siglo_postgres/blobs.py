@@ -10,11 +10,13 @@ a blob refreshed since the collector looked stays.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from siglo import urls
 from siglo.blobs import BlobStore, check_digest
@@ -27,22 +29,65 @@ from siglo_sql.schema import DEFAULT_PREFIX, check_identifier
 
 __all__ = ["PostgresBlobStore", "open_store"]
 
+POOL_MAX: Final = DEFAULTS.pool_max_size
+"""The most connections a blob store opens (the backend's default pool size)."""
+
 
 class PostgresBlobStore(BlobStore):
-    """Blobs in one PostgreSQL table (see the module); one connection, opened on first
-    use, calls serialised on it."""
+    """Blobs in one PostgreSQL table (see the module), through a pool of connections
+    opened on first use: calls run side by side, so one held up (a row another session
+    locks, a large upload) delays no other, and a call cut off by its bound takes only
+    its own connection with it.
 
-    def __init__(self, conninfo: str, table: str, url: str) -> None:
+    The table is made on first use only where it is missing: a role allowed to read and
+    write it but not to create anything (``CREATE … IF NOT EXISTS`` still needs the
+    privilege to create) uses a table an administrator made, and processes that meet a
+    fresh store at once make it one at a time (an advisory lock of the table's name:
+    concurrent ``IF NOT EXISTS`` DDL is not race-safe in PostgreSQL)."""
+
+    def __init__(self, conninfo: str, table: str, url: str, *, max_size: int = POOL_MAX) -> None:
         self._conninfo = conninfo
         self._table = table
         self.url = url
-        self._conn: Any = None
+        self._max_size = max_size
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._opening = asyncio.Lock()
 
-    async def _connection(self) -> Any:
-        if self._conn is not None and not self._conn.closed and closed_while_idle(self._conn):
-            await self._conn.close()  # closed by the server meanwhile (a restart)
-        if self._conn is None or self._conn.closed:
-            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+    async def _opened(self) -> AsyncConnectionPool[Any]:
+        pool = self._pool
+        if pool is not None:
+            return pool
+        async with self._opening:
+            if self._pool is None:
+                pool = AsyncConnectionPool(
+                    self._conninfo,
+                    min_size=1,
+                    max_size=self._max_size,
+                    kwargs={"autocommit": True},
+                    check=_check,
+                    open=False,
+                    name="siglo-blobs",
+                )
+                await pool.open(wait=False)
+                try:
+                    async with pool.connection() as conn:
+                        await self._make_table(conn)
+                except BaseException:
+                    await pool.close()
+                    raise
+                self._pool = pool
+            return self._pool
+
+    async def _make_table(self, conn: Any) -> None:
+        """Make the table (and its schema) unless it exists, one process at a time."""
+        cursor = await conn.execute("SELECT to_regclass(%s)", (self._table,))
+        if (await cursor.fetchone())[0] is not None:
+            return
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._table,))
+            cursor = await conn.execute("SELECT to_regclass(%s)", (self._table,))
+            if (await cursor.fetchone())[0] is not None:
+                return  # made by another process while this one waited
             schema = self._table.rpartition(".")[0]
             if schema:
                 await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -50,17 +95,16 @@ class PostgresBlobStore(BlobStore):
                 f"CREATE TABLE IF NOT EXISTS {self._table} (digest text PRIMARY KEY, "
                 "body bytea NOT NULL, keep_until bigint NOT NULL)"
             )
-            self._conn = conn
-        return self._conn
 
     async def _run(
         self, doing: str, sql: str, params: tuple[Any, ...], *, writes: bool = True
     ) -> list[Any]:
         conn = None
         try:
-            conn = await self._connection()
-            cursor = await conn.execute(sql, params)
-            return list(await cursor.fetchall()) if cursor.description else []
+            pool = await self._opened()
+            async with pool.connection() as conn:
+                cursor = await conn.execute(sql, params)
+                return list(await cursor.fetchall()) if cursor.description else []
         except psycopg.Error as exc:
             if writes and lost_in_flight(exc, conn):
                 raise OutcomeUnknownError(
@@ -120,9 +164,16 @@ class PostgresBlobStore(BlobStore):
             yield str(digest), int(keep)
 
     async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+
+async def _check(conn: Any) -> None:
+    """The pool's check of a connection it hands out: one the server closed meanwhile
+    (a restart) is replaced, not handed out to fail."""
+    if closed_while_idle(conn):
+        raise psycopg.OperationalError("closed by the server while idle")
 
 
 def open_store(url: str) -> PostgresBlobStore:
