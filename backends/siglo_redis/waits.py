@@ -145,6 +145,11 @@ def cancel_decision(stack_id: str | None = None, namespace: str | None = None) -
 # -- storage -------------------------------------------------------------------------------
 
 
+_DELETE_ATTEMPTS: Final = 8
+"""Compare-and-deletes of one wait record a stack's deletion tries while deliveries keep
+changing it."""
+
+
 class WaitRecords:
     """Reads, writes and transitions of wait records in one key space."""
 
@@ -308,7 +313,7 @@ class WaitRecords:
             key = self._keys.wait(
                 stack_id if correlation_key is None else correlation_key, namespace
             )
-            deleted = int(await self._redis.script(COMPARE_AND_DELETE, [key], [data])) == 1
+            deleted = await self._delete_read(key, data)
             if not deleted or correlation_key is None:
                 continue
             await self._redis.call("ZREM", self._client.zrem(index, correlation_key))
@@ -319,6 +324,39 @@ class WaitRecords:
                 await self._redis.script(
                     WAIT_INDEX_ADD, [index], [correlation_key, "" if ttl < 0 else ttl]
                 )
+
+    async def _delete_read(self, key: str, data: bytes) -> bool:
+        """Delete the record at ``key`` if it is still the one read as ``data``: those
+        bytes, or that record changed since — claimed, completed or cancelled by a
+        delivery meanwhile, the same stack's record of the same creation time (a record
+        of a run re-created under the stack's id has its own). Each delete compares the
+        bytes it last read (a delivery's claim after the snapshot left the record behind
+        for good, indexed as due: a black-box auditor)."""
+        try:
+            first = WaitRecord.from_json(data)
+        except MalformedRecordError:
+            first = None
+        for _ in range(_DELETE_ATTEMPTS):
+            if int(await self._redis.script(COMPARE_AND_DELETE, [key], [data])) == 1:
+                return True
+            if first is None or first.created_at is None:
+                return False  # nothing tells this record from another but its bytes
+            now = await self._redis.get(key)
+            if now is None:
+                return False
+            try:
+                record = WaitRecord.from_json(now)
+            except MalformedRecordError:
+                return False
+            if (
+                record.created_at != first.created_at
+                or record.stack_id != first.stack_id
+                or record.namespace != first.namespace
+                or record.correlation_key != first.correlation_key
+            ):
+                return False
+            data = now
+        return False
 
     async def delete_listed(self, key: str, data: bytes) -> bool:
         """Delete the record, or the seed's per-stack copy, stored at ``key`` only if it

@@ -1113,8 +1113,11 @@ class SqlStorageAdapter(StorageAdapter):
         now = self.clock.now_ms()
         key = row_id(ns, stack_id)
         async with db.transaction() as tx:
-            await tx.fetch(self._s.wait_cancel_stack, {"stack_ref": key, "now": now})
+            # The checkpoint's row first, then its waits': the order a deletion of the
+            # stack locks them in (the other order deadlocked with a deletion on
+            # PostgreSQL, a black-box auditor's cancel and delete from two tabs).
             rows = await tx.fetch(self._s.cp_get_for_cancel, {"id": key, "now": now})
+            await tx.fetch(self._s.wait_cancel_stack, {"stack_ref": key, "now": now})
             if not rows:
                 return
             checkpoint = Checkpoint.from_json(stored_bytes(rows[0][0]))

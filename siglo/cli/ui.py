@@ -35,9 +35,10 @@ def build_app(url: str | None, host: str, token: str | None) -> tuple[Starlette,
     bind beyond loopback requires. Returns the app, the URL and the token."""
     from siglo.ui.server import create_app, is_loopback
 
-    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    source = "--token"
+    if token is None:
+        source, token = TOKEN_ENV, os.environ.get(TOKEN_ENV) or None
     if token is not None and not token.strip():
-        source = "--token" if token else TOKEN_ENV
         raise CliError(
             f"the token ({source}) is blank: it would let anyone in",
             "pass a secret, or --token generate to make one",

@@ -13,12 +13,12 @@ from typing import Any
 
 from siglo.adapter import Capability
 from siglo.checkpoint import TERMINAL_STATUSES
-from siglo.codec import refuse_reserved_value
+from siglo.codec import refuse_reserved_value, stored_form
 from siglo.errors import CheckpointConflictError, SigloError
 from siglo.manager import StorageManager
 from siglo.stack import ExecutionStack
 from siglo.workflow.flow import OUTPUT
-from siglo.workflow.outcomes import EVENT, WAITING_FOR
+from siglo.workflow.outcomes import EVENT, WAITING_FOR, is_sleep
 
 __all__ = ["ActionRefused", "cancel_run", "delete_run", "deliver_event"]
 
@@ -51,6 +51,25 @@ async def cancel_run(
         )
     if stored.status in TERMINAL_STATUSES:
         raise ActionRefused(f"run {stack_id!r} already ended {stored.status}")
+    # The decision is one compare-and-set on the revision the page showed: the run
+    # marked cancelled as ``cancel_workflow`` marks it, its step's next checkpoint then
+    # refused. ``cancel_workflow`` alone cancels whatever revision is stored by then (a
+    # delivery from another tab, a deletion: "cancelled" said of a run that moved on or
+    # was gone, a black-box auditor).
+    cancelled = stored.replace(
+        status="cancelled", revision=stored.revision + 1, timestamp=manager.clock.now_ms()
+    )
+    try:
+        await adapter.save_checkpoint(cancelled, expected_revision=expected_revision)
+    except CheckpointConflictError as exc:
+        if exc.current_revision is None:
+            raise ActionRefused(f"no run {stack_id!r} to cancel (it is gone)") from exc
+        raise ActionRefused(
+            f"run {stack_id!r} changed since the page was shown (revision "
+            f"{exc.current_revision}, not {expected_revision}); nothing was cancelled: "
+            "look again"
+        ) from exc
+    # Its open waits: the checkpoint has ended, so this cancels the waits alone.
     await adapter.cancel_workflow(stack_id, namespace)
     return f"cancelled {stack_id}"
 
@@ -108,9 +127,17 @@ async def deliver_event(
     _require(manager, Capability.WAIT_RECORDS, "deliver an event")
     adapter = manager.adapter
     assert adapter is not None
-    # As Flow.deliver refuses it: a payload of a form siglo reserves, stored whole in the
-    # wait record and as the step's context, would read back as a sealed or offloaded
-    # value, and the run could not be checkpointed with it.
+    if is_sleep(correlation_key):
+        # A durable sleep's wait: the worker ends it at its deadline; an event would end
+        # the sleep at once (a black-box auditor).
+        raise ActionRefused(
+            f"{correlation_key!r} is a durable sleep, not a wait for an event: the next "
+            "`siglo worker` pass after its deadline ends it; nothing was delivered"
+        )
+    # As Flow.deliver refuses it: a payload that is not JSON data (an integer beyond 64
+    # bits …), or of a form siglo reserves — stored whole in the wait record and as the
+    # step's context, it would read back as a sealed or offloaded value.
+    payload = stored_form(payload, "the event delivered for", correlation_key)
     refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
 
     def refuse_changed(revision: int) -> None:

@@ -18,6 +18,7 @@ import datetime as dt
 import hashlib
 import hmac
 import ipaddress
+import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from urllib.parse import urlencode, urlsplit
 import jinja2
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
@@ -55,6 +57,7 @@ from siglo.sentinel import MISSING
 from siglo.ui import actions, data
 from siglo.unreadable import collecting_unreadable
 from siglo.urls import mask_credentials
+from siglo.workflow.outcomes import is_sleep
 
 __all__ = ["LOOPBACK_HOSTS", "create_app", "is_loopback"]
 
@@ -141,6 +144,16 @@ def _whole_number(text: str | None, what: str, default: int) -> int:
         raise InvalidArgumentError(f"{what} must be a whole number, got {text!r}") from None
 
 
+MAX_FORM_FIELD_BYTES: Final = 64 * 1024 * 1024
+"""The largest form field an action reads (an event's payload): what a checkpoint may
+hold is bounded by the settings' ``max_document_bytes``, which the delivery enforces."""
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN`` and ``Infinity`` are not JSON (the standard library's parser takes them)."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def create_app(
     url: str,
     *,
@@ -170,6 +183,7 @@ def create_app(
     env.filters["utc"] = _utc
     env.filters["json"] = _json
     env.filters["duration"] = _duration
+    env.tests["sleep"] = is_sleep
     env.globals["shown_url"] = mask_credentials(url)
     env.globals["actions"] = ACTIONS
     # What removes a record siglo cannot read, with this store's URL (password masked).
@@ -471,7 +485,12 @@ def create_app(
         origin = request.headers.get("origin")
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
             return refuse(request, 403, f"an action from another origin ({origin}) is refused")
-        form = await request.form()
+        try:
+            # An event's payload may be as large as a document: Starlette's default
+            # bound (1 MiB a field) answered a larger one with its own bare 400.
+            form = await request.form(max_part_size=MAX_FORM_FIELD_BYTES)
+        except HTTPException as exc:
+            return refuse(request, 413, f"the form cannot be read ({exc.detail}); nothing changed")
         cookie = request.cookies.get(cookie_name(CSRF_COOKIE, request))
         sent = str(form.get("csrf") or "")
         if not cookie or not hmac.compare_digest(sent, csrf_for(cookie)):
@@ -488,8 +507,10 @@ def create_app(
                     raise actions.ActionRefused("the form names no run; nothing was delivered")
                 raw = str(form.get("payload") or "null")
                 try:
-                    payload = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
+                    # The standard library's parser: an integer beyond 64 bits stays one
+                    # (and is refused as not storable), where orjson's made it a float.
+                    payload = json.loads(raw, parse_constant=_no_constant)
+                except ValueError as exc:
                     raise actions.ActionRefused(
                         f"the event payload is not JSON ({exc}); nothing was delivered"
                     ) from None

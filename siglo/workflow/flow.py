@@ -320,12 +320,19 @@ class Flow:
         """
         manager = manager or default_storage_manager
         adapter = _require(manager, Capability.WAIT_RECORDS)
-        # Stored whole in the wait record and as the step's context, a payload of a form
-        # siglo reserves would read back as a sealed or offloaded value: refused before
-        # the claim, which would otherwise complete the wait for a run that then cannot
-        # be checkpointed.
+        if is_sleep(correlation_key):
+            # A durable sleep's wait, ended by the worker at its deadline: an event would
+            # end the sleep at once.
+            raise InvalidArgumentError(
+                f"{correlation_key!r} is a durable sleep, not a wait for an event: "
+                "`siglo worker` ends it at its deadline"
+            )
         # The step sees the event as a resume from the stored run reads it (a datetime
-        # as text …); an event that is not JSON is refused before the claim.
+        # as text …); an event that is not JSON is refused before the claim. Stored whole
+        # in the wait record and as the step's context, a payload of a form siglo
+        # reserves would read back as a sealed or offloaded value: refused before the
+        # claim, which would otherwise complete the wait for a run that then cannot be
+        # checkpointed.
         payload = stored_form(payload, "the event delivered for", correlation_key)
         refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
         with self._resume_span(correlation_key, namespace):

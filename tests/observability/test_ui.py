@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import orjson
 import pytest
 from _tcp_proxy import tcp_proxy
 from ops_support import DURABLE_KINDS, shared_store, with_option
@@ -902,11 +903,17 @@ def test_the_link_is_printed_listening_encoded_and_a_blank_token_refused(
     assert done.exit_code == 0, done.output
     assert reached == [True]
     assert "?token=ab%26c+d%23e" in done.output, done.output
-    for args, env in ((["--token", " "], {}), ([], {"SIGLO_UI_TOKEN": "  "})):
+    # The error names where the blank token came from (it named the other one).
+    for args, env, source in (
+        (["--token", " "], {}, "(--token)"),
+        (["--token", ""], {}, "(--token)"),
+        ([], {"SIGLO_UI_TOKEN": "  "}, "(SIGLO_UI_TOKEN)"),
+    ):
         refused = CliRunner().invoke(
             cli, ["ui", "memory://", "--host", "0.0.0.0", "--port", "0", *args], env=env
         )
         assert refused.exit_code == 1 and "is blank" in refused.output, refused.output
+        assert f"the token {source} is blank" in refused.output, refused.output
     with pytest.raises(siglo.errors.InvalidArgumentError, match="blank"):
         create_app("memory://", settings=SETTINGS, token="")
 
@@ -965,3 +972,148 @@ def test_a_port_taken_is_one_error_line_and_no_link(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "http://" not in done.stdout + done.stderr
+
+
+async def test_a_cancel_is_a_compare_and_set_on_the_revision_the_page_showed(
+    store: siglo.Backend,
+) -> None:
+    """Cancel read the run, then cancelled whatever was stored by then: a delivery from
+    another tab right after the read was cancelled anyway, and a run deleted meanwhile
+    was said to be cancelled (a black-box auditor, interleaving another tab's action
+    right after the cancel's read)."""
+    from siglo.ui.actions import ActionRefused, cancel_run
+
+    async with (
+        siglo.connect(store.url, settings=SETTINGS) as backend,
+        siglo.connect(store.url, settings=SETTINGS) as other,
+    ):
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        adapter: Any = backend.adapter
+        reading = adapter.get_checkpoint
+
+        def meddling(action: Any) -> Any:
+            async def read(*args: Any, **kwargs: Any) -> Any:
+                found = await reading(*args, **kwargs)
+                await action()  # another tab's action, right after the read
+                return found
+
+            return read
+
+        shown = await backend.adapter.get_checkpoint("order-2", NAMESPACE, fallback=False)
+        assert shown is not None and shown.status == "waiting"
+
+        async def deliver() -> None:
+            await ORDERS.deliver(
+                "approve:o-2",
+                {"by": "tab"},
+                manager=siglo.StorageManager(other, settings=SETTINGS),
+                namespace=NAMESPACE,
+            )
+
+        adapter.get_checkpoint = meddling(deliver)
+        try:
+            with pytest.raises(ActionRefused, match="changed since the page was shown"):
+                await cancel_run(manager, "order-2", NAMESPACE, shown.revision)
+        finally:
+            adapter.get_checkpoint = reading
+        moved = await backend.adapter.get_checkpoint("order-2", NAMESPACE, fallback=False)
+        assert moved is not None and moved.status == "completed"
+
+        for n in range(10):  # a bulk run that has not ended
+            bulk = await backend.adapter.get_checkpoint(f"bulk-{n:05}", None, fallback=False)
+            assert bulk is not None
+            if bulk.status == "running":
+                break
+        assert bulk.status == "running"
+
+        async def delete() -> None:
+            await other.adapter.delete_checkpoint(bulk.stack_id, None)
+
+        adapter.get_checkpoint = meddling(delete)
+        try:
+            with pytest.raises(ActionRefused, match=f"no run '{bulk.stack_id}' to cancel"):
+                await cancel_run(manager, bulk.stack_id, None, bulk.revision)
+        finally:
+            adapter.get_checkpoint = reading
+        assert await backend.adapter.get_checkpoint(bulk.stack_id, None, fallback=False) is None
+
+
+async def test_the_deliver_action_refuses_what_a_delivery_would(store: siglo.Backend) -> None:
+    """From a black-box audit of the dashboard: an integer beyond 64 bits was delivered
+    as a float (orjson parsed it so), where the API refuses it; a payload over 1 MiB got
+    Starlette's bare 400; and every one of these leaves the wait open."""
+    async with dashboard(store.url) as client:
+        form = await _deliver_form(client)
+        big = await client.post(
+            "/actions/deliver",
+            data={**form, "payload": '{"order": 123456789012345678901234567890}'},
+        )
+        assert big.status_code == 409 and "not JSON-serialisable" in big.text, big.text
+        nan = await client.post("/actions/deliver", data={**form, "payload": '{"x": NaN}'})
+        assert nan.status_code == 409 and "not JSON" in nan.text, nan.text
+        large = {"by": "ui", "note": "n" * 1_500_000}
+        done = await client.post(
+            "/actions/deliver", data={**form, "payload": orjson.dumps(large).decode()}
+        )
+        assert done.status_code == 200, done.text[:500]
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        stored = await backend.adapter.get_checkpoint("order-1", NAMESPACE, fallback=False)
+        assert stored is not None
+        assert stored.contexts["approve"]["event"]["note"] == large["note"]
+
+
+async def test_a_durable_sleep_has_no_deliver_button_and_refuses_an_event(
+    store: siglo.Backend,
+) -> None:
+    """The run page offered "Deliver event…" on a durable sleep (its internal key shown),
+    and a delivery ended an hour's sleep at once (a black-box auditor); Flow.deliver did
+    the same to a sleep's key."""
+    from siglo import Step, WorkflowSuspended, flow
+    from siglo.workflow import sleep
+
+    async def nap(_: Any) -> Any:
+        await sleep(3_600_000)
+        return "rested"
+
+    napping = flow(Step.create("nap", nap), name="ui-nap")
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        with pytest.raises(WorkflowSuspended) as suspended:
+            await napping.run(None, manager=manager, stack_id="napper")
+        key = suspended.value.correlation_key
+        with pytest.raises(siglo.errors.InvalidArgumentError, match="durable sleep"):
+            await napping.deliver(key, {}, manager=manager)
+    async with dashboard(store.url) as client:
+        page = (await client.get("/run", params={"id": "napper"})).text
+        assert 'id="deliver"' not in page and 'id="sleeping"' in page
+        assert "\x1f" not in page and "a durable sleep" in page
+        # A form edited to name the sleep's key (any confirmation page's CSRF token).
+        forged = {
+            "id": "napper",
+            "namespace": "",
+            "key": key,
+            "revision": "2",
+            "payload": "{}",
+            "csrf": (await _deliver_form(client))["csrf"],
+        }
+        refused = await client.post("/actions/deliver", data=forged)
+        assert refused.status_code == 409 and "durable sleep" in refused.text, refused.text
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        stored = await backend.adapter.get_checkpoint("napper", None, fallback=False)
+        assert stored is not None and stored.status == "waiting"
+
+
+async def test_a_deeply_nested_value_renders(store: siglo.Backend) -> None:
+    """A value nested 240 levels deep (storable) made the run page a bare "Internal
+    Server Error": the tree's macro went past the interpreter's recursion limit."""
+    deep: Any = "bottom"
+    for _ in range(240):
+        deep = {"d": deep}
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        await backend.adapter.save_checkpoint(
+            siglo.Checkpoint(stack_id="deep", revision=1, timestamp=1, contexts={"s": {"v": deep}})
+        )
+    async with dashboard(store.url) as client:
+        page = await client.get("/run", params={"id": "deep"})
+        assert page.status_code == 200, page.text[:300]
+        assert "bottom" in page.text and 'href="/confirm/delete?' in page.text
