@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import selectors
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -95,6 +96,24 @@ class Portal:
             future.cancel()  # an interrupted caller (Ctrl-C) does not leave its call running
             raise
 
+    def forked_away(self) -> None:
+        """In a child forked from the portal's process: give the inherited loop a
+        selector of this process's own. The loop's ``epoll`` instance is shared with the
+        parent, so the child removing one of its inherited sockets from it — a
+        connection finalized as the child's interpreter exits, never used — removed the
+        parent's registration of that socket: the parent's calls on it were never
+        answered again (a black-box auditor, Redis under ``siglo.sync``, a child ending
+        with ``sys.exit``)."""
+        if os.getpid() == self._pid:
+            return
+        loop = self._loop
+        if isinstance(getattr(loop, "_selector", None), selectors.BaseSelector):
+            loop._selector = selectors.DefaultSelector()  # type: ignore[attr-defined]
+        for task in asyncio.all_tasks(loop):
+            # The parent's tasks (a connection's reader), which never run here: not
+            # reported as destroyed while pending when this process exits.
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+
     def close(self) -> None:
         """Stop the loop (after the calls in flight) and its thread."""
         if not self.running:
@@ -126,6 +145,8 @@ def _after_fork_in_child() -> None:
     # parent's portal is of no use here (its thread is gone): the next call starts one.
     global _portal_lock
     _portal_lock = threading.Lock()
+    if _portal is not None:
+        _portal.forked_away()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork

@@ -285,6 +285,48 @@ def test_every_facade_method_takes_the_async_methods_parameters(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forking is POSIX")
+def test_a_child_that_exits_leaves_the_parents_redis_connections_working(
+    tmp_path: Path,
+) -> None:
+    """A child forked after the portal started, exiting the normal way (``sys.exit``, as a
+    gunicorn worker or a daemonised child) without calling siglo, broke the parent's
+    Redis backend for good: its interpreter's shutdown finalized the inherited
+    connections, and removing their sockets from the ``epoll`` instance parent and child
+    share removed the parent's registrations — every later call of the parent timed out
+    (a black-box auditor)."""
+    from _redis_helpers import require_redis
+
+    require_redis()
+    prefix = f"siglo-test-fork-{uuid.uuid4().hex[:8]}:"
+    url = f"{URLS['redis']}?prefix={prefix}&command_timeout_ms=2000"
+    script = tmp_path / "exits.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys
+            from siglo import sync
+
+            backend = sync.connect({url!r})
+            manager = sync.StorageManager(backend)
+            manager.create_stack("before").save()
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)
+            os.waitpid(pid, 0)
+            for _ in range(3):
+                print("parent:", manager.load_checkpoint("before").revision, flush=True)
+            backend.adapter.delete_checkpoint("before")
+            backend.close()
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("parent: 1") == 3, done.stdout
+    assert "Task was destroyed" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forking is POSIX")
 def test_a_forked_process_is_told_to_connect_again(tmp_path: Path) -> None:
     """gunicorn --preload: the application connected (a module-level sync backend) and
     then the server forked. Every call in the child raised "the siglo.sync portal is
