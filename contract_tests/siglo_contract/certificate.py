@@ -96,8 +96,10 @@ REPORT_SCHEMA: Final[dict[str, Any]] = {
                 "rules": {"type": "array", "items": {"type": "string"}},
                 "examples": {"type": "integer", "minimum": 1},
                 # Whether the concurrency rules raced callers in several processes (the
-                # registration's multiprocess=True), or within one process only.
+                # registration's multiprocess=True, and isolated storage other processes
+                # reach), or within one process only, and then why.
                 "crossProcess": {"type": "boolean"},
+                "oneProcessBecause": {"type": "string"},
             },
         },
         "target": {
@@ -290,7 +292,18 @@ def report_document(report: Report, *, url: str | None = None) -> dict[str, Any]
             "seconds": round(report.seconds, 1),
             **({"rules": list(report.selection)} if report.selection else {}),
             **({"examples": report.examples} if report.examples is not None else {}),
-            "crossProcess": target is not None and target.multiprocess,
+            # Whether the races ran across processes: the registration must say
+            # multiprocess=True and the run must have storage other processes reach (the
+            # plugin's isolated factory). Without it they raced in one process, whatever
+            # the registration says, and the report says so.
+            "crossProcess": target is not None
+            and target.multiprocess
+            and report.storage is not None,
+            **(
+                {"oneProcessBecause": _one_process_because(target, report)}
+                if target is not None and not (target.multiprocess and report.storage)
+                else {}
+            ),
         },
         "target": {
             "url": scrub(mask_credentials(report.target)),
@@ -356,7 +369,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         + f", option profiles {', '.join(r['optionProfiles'])}"
         + (f"; only the rules {_cell(', '.join(r['rules']))}" if "rules" in r else "")
         + (
-            "; concurrency raced in one process only (the registration says multiprocess=False)"
+            f"; concurrency raced in one process only ({r.get('oneProcessBecause', '')})"
             if r.get("crossProcess") is False
             else ""
         )
@@ -439,3 +452,13 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     if fmt == "html":
         return to_html(doc)
     raise ValueError(f"unknown report format {fmt!r}; formats: {', '.join(REPORT_FORMATS)}")
+
+
+def _one_process_because(target: Any, report: Any) -> str:
+    """Why a run raced its concurrency checks in one process only."""
+    if not target.multiprocess:
+        return "the registration says multiprocess=False"
+    return (
+        "no storage other processes reach: the plugin registers no isolated factory, "
+        "whatever its registration's multiprocess=True"
+    )

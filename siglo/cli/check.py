@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 from rich.console import Console
@@ -13,6 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from siglo.cli.common import stopped_by_signals
 from siglo.cli.errors import CliError, display_url, resolve_url
 from siglo.connect import check_port
 from siglo.errors import SigloError
@@ -192,7 +195,9 @@ def check(
     check_port(target)
     # An unknown scheme or a missing driver is said now, before any progress is drawn; a
     # URL the backend refuses, by the run before it prints its plan.
-    get_registry().for_url(target).load_factory()
+    spec = get_registry().for_url(target)
+    spec.load_factory()
+    _refuse_without_isolation(spec, shown)
     other_target = None
     if compare_url is not None:  # refused before the run, as the target is
         if not compare_url.strip():
@@ -203,7 +208,9 @@ def check(
         check_port(other_target)
         # Opened (and closed) now: its factory refuses an unknown option or a bad value
         # before the run, not after it. Connections are made when first used.
-        probe = get_registry().for_url(other_target).load_factory()(other_target)
+        other_spec = get_registry().for_url(other_target)
+        _refuse_without_isolation(other_spec, display_url(other_target))
+        probe = other_spec.load_factory()(other_target)
         asyncio.run(probe.aclose())
     empty = [pattern for pattern in rules if not pattern.strip()]
     if empty:
@@ -221,7 +228,11 @@ def check(
     console = Console(stderr=True)
     # With a report on stdout, the table goes to stderr.
     out = Console(stderr=report_format is not None and report_file is None)
+    # A SIGTERM (a timeout, `docker stop`, a cancelled CI job) removes the run's
+    # isolated storage as Ctrl-C does; it left a thousand keys behind.
+    restore_signals = stopped_by_signals()
     with (
+        _restoring(restore_signals),
         Progress(
             TextColumn("[progress.description]{task.description}"),
             BarColumn(),
@@ -384,3 +395,31 @@ def _print_comparison(out: Console, a: Report, b: Report) -> None:
         highlight=False,
         markup=False,
     )
+
+
+def _refuse_without_isolation(spec: Any, shown: str) -> None:
+    """Refuse a backend that declares storage shared between processes (a real store:
+    ``multiprocess=True``) but whose plugin registers no ``isolated`` factory: the suite
+    would call the plugin's factory on the URL itself for every example, writing its test
+    data into the store the URL names and leaving it there (a black-box auditor: 108
+    files in a user's store after one run), and could race no two processes on storage
+    of its own. A backend of one process's storage (``memory://``, a factory of
+    in-memory stores) is checked on it, in the check's own process."""
+    if spec.isolated is not None or not spec.multiprocess:
+        return
+    raise CliError(
+        f"backend {spec.name!r} (plugin {spec.plugin!r}) registers no isolated factory: "
+        f"siglo check would write its test data into {shown} itself and leave it there",
+        "the plugin's registration needs isolated= (a factory of fresh private storage, "
+        "docs/writing-a-backend.md); or run the suite under pytest with a factory of "
+        "your own (docs/running-the-contract-suite.md)",
+    )
+
+
+@contextlib.contextmanager
+def _restoring(restore: Callable[[], None]) -> Iterator[None]:
+    """Call ``restore`` on the way out, however the block ends."""
+    try:
+        yield
+    finally:
+        restore()

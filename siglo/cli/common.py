@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -136,3 +137,20 @@ def format_ms(ms: int | None) -> str | None:
     except (OverflowError, OSError, ValueError):
         return str(ms)
     return moment.strftime("%Y-%m-%d %H:%M")
+
+
+def stopped_by_signals() -> Callable[[], None]:
+    """SIGTERM and SIGHUP (a supervisor's stop, a closed terminal, a cancelled CI job)
+    end the command as Ctrl-C does, through its clean-up (an export's temporary file, a
+    check's isolated storage); returns what puts the handlers back."""
+
+    def stopped(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
-from siglo.cli.common import open_store, print_json, require
+from siglo.cli.common import open_store, print_json, require, stopped_by_signals
 from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
 from siglo.offload import resolving
 from siglo.pipeline import PipelineAdapter
@@ -145,7 +145,7 @@ def _replacing(path: Path, write: Callable[[IO[bytes]], int]) -> int:
 
     SIGTERM and SIGHUP are turned into an exit before the temporary file exists and are
     held while it is made, so a stop at any moment removes it."""
-    stop = _stopped_by_signals()
+    stop = stopped_by_signals()
     name: str | None = None
     try:
         with _signals_held():
@@ -218,22 +218,6 @@ def _like(fd: int, path: Path) -> None:
     os.fchmod(fd, existing.st_mode & 0o7777)
     with contextlib.suppress(OSError):
         os.fchown(fd, existing.st_uid, existing.st_gid)
-
-
-def _stopped_by_signals() -> Callable[[], None]:
-    """SIGTERM and SIGHUP (a supervisor's stop, a closed terminal) end the export as
-    Ctrl-C does, so its temporary file is removed; returns what puts the handlers back."""
-
-    def stopped(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
 
 
 def _lines(source: IO[bytes]) -> Iterator[bytes]:

@@ -56,15 +56,37 @@ class PluginRegistry:
     def _load_entry_points(self) -> None:
 
         blocked = self.blocked_names()
-        seen: set[str] = set()
-        for ep in importlib.metadata.entry_points(group=GROUP):
-            if ep.name in seen:  # the same distribution seen twice on sys.path
+        seen: dict[str, tuple[str | None, str]] = {}
+        # siglo's own backends first: a third party's entry point or scheme that clashes
+        # with a built-in one is the one refused, whatever the order of sys.path.
+        found = sorted(
+            importlib.metadata.entry_points(group=GROUP),
+            key=lambda ep: _distribution(ep) != "siglo",
+        )
+        for ep in found:
+            distribution = _distribution(ep)
+            if ep.name in seen:
+                if seen[ep.name] == (distribution, ep.value):
+                    continue  # the same distribution seen twice on sys.path
+                # Another distribution's entry point of the same name: loading it would
+                # replace the first (a built-in backend disappeared), skipping it would
+                # hide it. Reported broken, naming both.
+                first = seen[ep.name][0] or seen[ep.name][1]
+                self.plugins[f"{ep.name} ({distribution or ep.value})"] = PluginInfo(
+                    name=ep.name,
+                    distribution=distribution,
+                    version=ep.dist.version if ep.dist is not None else None,
+                    error=(
+                        f"its entry point name {ep.name!r} is taken by {first}: not loaded; "
+                        "give the plugin's entry point (group 'siglo') a name of its own"
+                    ),
+                )
                 continue
-            seen.add(ep.name)
+            seen[ep.name] = (distribution, ep.value)
             dist = ep.dist
             info = PluginInfo(
                 name=ep.name,
-                distribution=dist.metadata["Name"] if dist is not None else None,
+                distribution=distribution,
                 version=dist.version if dist is not None else None,
             )
             self.plugins[ep.name] = info
@@ -112,6 +134,23 @@ class PluginRegistry:
                     + "".join(traceback.format_exception_only(exc)).strip()
                 )
                 return
+        # A scheme another working plugin serves already: a URL of it would reach
+        # whichever was found first (its credentials with it), silently.
+        taken = {
+            scheme: other.name
+            for other in self.plugins.values()
+            if other is not info and other.error is None
+            for spec in other.backends
+            for scheme in spec.schemes
+        }
+        clashes = sorted({s for spec in registry.backends for s in spec.schemes if s in taken})
+        if clashes:
+            info.error = (
+                f"it serves {', '.join(f'{s}://' for s in clashes)}, which plugin "
+                f"{taken[clashes[0]]!r} serves already: not loaded (a URL would reach either)"
+            )
+            self._pm.unregister(name=name)  # none of its hooks answers either
+            return
         info.backends = registry.backends
 
     # -- lookups -------------------------------------------------------------------
@@ -166,3 +205,8 @@ def get_registry(*, reload: bool = False) -> PluginRegistry:
         if _registry is None or reload:
             _registry = PluginRegistry()
         return _registry
+
+
+def _distribution(ep: importlib.metadata.EntryPoint) -> str | None:
+    """The name of the distribution an entry point comes from."""
+    return ep.dist.metadata["Name"] if ep.dist is not None else None

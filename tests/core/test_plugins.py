@@ -82,6 +82,67 @@ def test_broken_plugins_are_reported_by_name_and_others_load(fake_distributions:
         registry.for_url("nosuch://x")
 
 
+@pytest.mark.rule("plugins.broken", "plugins.discovery")
+def test_a_plugin_clashing_with_another_is_reported_and_the_built_ins_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third party's entry point named ``memory`` made the built-in memory backend
+    disappear (or vanished itself, as sys.path had it), and one serving ``redis://``
+    was handed the Redis URLs, credentials included, when found first; neither was
+    reported (a black-box auditor). Each is reported broken, naming what it clashes
+    with, and the built-in backends serve their schemes."""
+    (tmp_path / "siglo_test_clashing.py").write_text(
+        textwrap.dedent(
+            """
+            from siglo.plugins import hookimpl
+
+            @hookimpl
+            def siglo_register_backends(registry):
+                registry.add_backend(
+                    "myredis",
+                    schemes=("redis", "myredis"),
+                    factory="siglo_memory.connect:connect",
+                    capabilities=("checkpoints",),
+                )
+            """
+        )
+    )
+    (tmp_path / "siglo_test_named.py").write_text(
+        textwrap.dedent(
+            """
+            from siglo.plugins import hookimpl
+
+            @hookimpl
+            def siglo_register_backends(registry):
+                registry.add_backend(
+                    "named",
+                    schemes=("named",),
+                    factory="siglo_memory.connect:connect",
+                    capabilities=("checkpoints",),
+                )
+            """
+        )
+    )
+    info = tmp_path / "siglo_test_clash-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: siglo-test-clash\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[siglo]\nmemory = siglo_test_named\nclashing = siglo_test_clashing\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # found before siglo's own
+    registry = PluginRegistry()
+    assert registry.for_url("memory://").name == "memory"
+    assert registry.plugins["memory"].distribution == "siglo"
+    named = registry.plugins["memory (siglo-test-clash)"]
+    assert named.error is not None and "entry point name 'memory' is taken by siglo" in named.error
+    clashing = registry.plugins["clashing"]
+    assert clashing.error is not None
+    assert "redis://" in clashing.error and "'redis' serves already" in clashing.error
+    assert registry.for_url("redis://127.0.0.1:6379/0").name == "redis"
+    with pytest.raises(siglo.BackendNotFoundError):
+        registry.for_url("myredis://x")  # nothing of the refused plugin serves
+
+
 @pytest.mark.rule("plugins.blocked")
 def test_blocked_plugins_are_not_loaded(
     fake_distributions: Path, monkeypatch: pytest.MonkeyPatch

@@ -349,3 +349,105 @@ def test_debug_adds_the_traceback_behind_an_error_line(tmp_path: Path) -> None:
         assert "Error: cannot write the JUnit XML report" in done.stderr
         assert ("Traceback" in done.stderr) is debug, done.stderr
         assert ("FileNotFoundError" in done.stderr) is debug, done.stderr
+
+
+def _shared_store_plugin(name: str) -> object:
+    """A plugin whose backend declares storage shared between processes
+    (``multiprocess=True``) and registers no isolated factory (in-memory here: what it
+    stores goes with the test's process)."""
+    from siglo.plugins import hookimpl
+    from siglo_memory.connect import connect as siglo_memory_connect
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def siglo_register_backends(registry):  # type: ignore[no-untyped-def]
+            registry.add_backend(
+                name,
+                schemes=(name,),
+                factory=lambda url, **options: siglo_memory_connect("memory://", **options),
+                capabilities=("checkpoints",),
+                multiprocess=True,
+            )
+
+    return Plugin()
+
+
+def test_siglo_check_refuses_a_shared_store_it_cannot_isolate() -> None:
+    """Without an isolated factory the suite called the plugin's factory on the URL
+    itself: 108 files of test data left in a user's store after one run (a black-box
+    auditor). Refused, before anything is written, saying what the plugin needs."""
+    from siglo.plugins import get_registry
+
+    registry = get_registry()
+    registry.register(_shared_store_plugin("sharedstore"), "sharedstore-test-plugin")
+    try:
+        result = CliRunner().invoke(cli, ["check", "sharedstore://", "--rule", "checkpoint.*"])
+    finally:
+        registry.unregister("sharedstore-test-plugin")
+    assert result.exit_code == 1, result.output
+    assert "registers no isolated factory" in result.output, result.output
+    assert "isolated=" in result.output and "checks" not in result.output.split("Error")[0]
+
+
+def test_a_report_says_the_races_ran_in_one_process_without_isolated_storage() -> None:
+    """The report said ``crossProcess: true`` for a plugin registered
+    ``multiprocess=True`` without an isolated factory, where no race ever ran across
+    processes (and a CAS all four processes won passed ``checkpoint.occ.atomic``)."""
+    from siglo.plugins import get_registry
+    from siglo_contract.certificate import report_document, to_markdown
+    from siglo_contract.runner import run_contract
+
+    registry = get_registry()
+    registry.register(_shared_store_plugin("sharedreport"), "sharedreport-test-plugin")
+    try:
+        report = run_contract("sharedreport://", rules=["checkpoint.occ.atomic"], seed=1)
+    finally:
+        registry.unregister("sharedreport-test-plugin")
+    doc = report_document(report)
+    assert doc["run"]["crossProcess"] is False
+    assert "no isolated factory" in doc["run"]["oneProcessBecause"]
+    assert "concurrency raced in one process only (no storage other processes" in to_markdown(doc)
+
+
+def test_a_check_stopped_by_sigterm_removes_its_isolated_storage(tmp_path: Path) -> None:
+    """A SIGTERM (a timeout, `docker stop`, a cancelled CI job) left the run's isolated
+    Redis keys behind, a thousand of them, some without an expiry (a black-box auditor);
+    Ctrl-C removed them. It ends the run as Ctrl-C does. Redis database 12, which no
+    other test uses: what is left there is this run's."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import redis
+    from _redis_helpers import require_redis
+
+    require_redis()
+    url = "redis://127.0.0.1:6379/12"
+    client = redis.Redis.from_url(url)
+    before = client.dbsize()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "COLUMNS": "200",
+    }
+    with subprocess.Popen(
+        [sys.executable, "-m", "siglo", "check", url, "--seed", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    ) as process:
+        assert process.stderr is not None
+        began = time.monotonic()
+        for line in process.stderr:
+            if b"\xe2\x9c\x93" in line:  # a check finished: its storage is written
+                break
+            assert time.monotonic() - began < 60, "no check finished"
+        process.send_signal(signal.SIGTERM)
+        process.stderr.read()
+        code = process.wait(timeout=60)
+    assert code == 128 + signal.SIGTERM
+    assert client.dbsize() == before
+    client.close()
