@@ -206,6 +206,18 @@ def stored_form(value: Any, kind: str, name: object) -> Any:
     return loads(dumps_of(value, kind, name))
 
 
+def private_copy(value: Any) -> Any:
+    """A copy of ``value`` (JSON data in its stored form) that shares no container with
+    it: what a workflow step is handed, so that changing it in place changes neither the
+    run's stored values nor another step's."""
+    if value is None or type(value) in _IMMUTABLE:
+        return value
+    return orjson.loads(orjson.dumps(value))
+
+
+_IMMUTABLE: Final = frozenset({str, bool, int, float})
+
+
 def dumps_str(value: Any, *, what: str = "value") -> str:
     """Like :func:`dumps`, as ``str`` (for drivers that want text)."""
     return dumps(value, what=what).decode()

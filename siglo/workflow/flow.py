@@ -15,7 +15,7 @@ from typing import Any, Final, TypeVar
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES
-from siglo.codec import refuse_reserved_value, stored_form
+from siglo.codec import private_copy, refuse_reserved_value, stored_form
 from siglo.coordination import undo_later
 from siglo.errors import (
     CapabilityNotSupportedError,
@@ -554,6 +554,16 @@ class Flow:
                     "with the flow that wrote it; a pending event stays deliverable."
                 )
             migrate(stack)
+            # What the migration set is handed on as a resume from its checkpoint reads
+            # it (a datetime as text …), as every step output and event is.
+            for step_id, context in stack.contexts.items():
+                for key in (OUTPUT, EVENT):
+                    if key in context:
+                        context[key] = stored_form(context[key], f"{key} of step", step_id)
+            if "input" in stack.metadata:
+                stack.metadata["input"] = stored_form(
+                    stack.metadata["input"], "the input of run", stack.stack_id
+                )
             stack.metadata["flowVersion"] = self.version
         return stack
 
@@ -809,12 +819,17 @@ class Flow:
                 # for a checkpoint).
                 refuse_unopened_value(cached, f"cached step {key!r}")
                 return cached, None, looked_up
+        # The step is handed copies: the same objects are the run's stored input, the
+        # previous step's stored output and the event in this step's context, and a
+        # step changing its input in place changed them — the next checkpoint then
+        # stored the previous step's output as this step had changed it, and a resume
+        # handed it on so (a black-box auditor).
         run = StepRun(
             stack.stack_id,
             step.name,
             stack.namespace,
-            stack.metadata.get("input"),
-            event,
+            private_copy(stack.metadata.get("input")),
+            event if event is MISSING else private_copy(event),
             timed_out,
             manager,
             stack.redact_fields,
@@ -822,7 +837,7 @@ class Flow:
         )
         token = current_step.set(run)
         try:
-            output = await step.fn(value)
+            output = await step.fn(private_copy(value))
         finally:
             current_step.reset(token)
         # Handed on as a resume reads it from the checkpoint (a datetime as text, a tuple

@@ -140,3 +140,76 @@ async def test_an_input_that_is_not_json_stores_nothing() -> None:
         with pytest.raises(NotJSONError, match="input of run 'n1'"):
             await rich.run({"tags": {"a"}}, manager=manager, stack_id="n1")
         assert await manager.load_checkpoint("n1") is None
+
+
+counted: list[Any] = []
+
+
+async def _one(value: Any) -> Any:
+    value["seen"] = True  # changes its input in place: the run's stored input
+    return {"n": 1}
+
+
+async def _count(state: Any) -> Any:
+    state["n"] += 1  # changes its input in place: the stored output of the step before
+    counted.append(dict(state))
+    await wait_for_event("count:go", timeout_ms=60_000)
+    return state
+
+
+counting = flow(Step.create("one", _one), Step.create("count", _count), name="in-place")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_step_changing_its_input_in_place_changes_nothing_stored(kind: str) -> None:
+    """A step was handed the very objects the run stores — its input, the previous
+    step's output — so ``state["n"] += 1`` before a wait changed step ``one``'s stored
+    output, and the step, run again after the wait, counted twice (a black-box
+    auditor). Each step is handed copies."""
+    counted.clear()
+    async with shared_store(kind) as store, siglo.connect(store.url) as backend:
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await counting.run({"order": 7}, manager=manager, stack_id="c1")
+        result = await counting.deliver("count:go", None, manager=manager)
+        stored = await manager.load_checkpoint("c1")
+    assert counted == [{"n": 2}, {"n": 2}]
+    assert result == {"n": 2}
+    assert stored is not None
+    assert stored.contexts["one"]["output"] == {"n": 1}
+    assert stored.metadata["input"] == {"order": 7}
+
+
+migrated: list[str] = []
+
+
+async def _reserve(order: Any) -> Any:
+    return {"order": order}
+
+
+async def _approve(state: Any) -> Any:
+    migrated.append(type(state.get("at")).__name__)
+    return {**state, "by": await wait_for_event(f"approve:{state['order']}", timeout_ms=60_000)}
+
+
+def _add_at(stack: Any) -> None:
+    stack.contexts["reserve"]["output"]["at"] = AT
+
+
+async def test_what_a_migration_sets_is_handed_on_in_its_stored_form() -> None:
+    """A flow migration setting a ``datetime`` in a restored run: the waiting step saw
+    the object on the resume that migrated, and text on any later resume."""
+    migrated.clear()
+    v1 = flow(Step.create("reserve", _reserve), Step.create("approve", _approve), name="mig")
+    v2 = flow(
+        Step.create("reserve", _reserve),
+        Step.create("approve", _approve),
+        Step.create("after", _reserve),
+        name="mig",
+    ).with_migration(v1.version, _add_at)
+    async with shared_store("sqlite") as store, siglo.connect(store.url) as backend:
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await v1.run(7, manager=manager, stack_id="m1")
+        await v2.deliver("approve:7", "ada", manager=manager)
+    assert migrated == ["NoneType", "str"]
