@@ -141,8 +141,13 @@ class Settings:
                 f"error_mode must be one of {', '.join(sorted(_ERROR_MODES))}, "
                 f"got {self.error_mode!r} ({self.source})"
             )
-        if self.url is not None and (not isinstance(self.url, str) or not self.url):
+        if self.url is not None and (not isinstance(self.url, str) or not self.url.strip()):
             raise InvalidArgumentError(f"url must be a non-empty string ({self.source})")
+        if self.url is not None and self.url != self.url.strip():
+            # Spaces around it (a secret file's trailing newline) are not part of a URL:
+            # kept, the application opened `e2.db ` and the commands, which strip what
+            # they are given, `e2.db` — or another Redis prefix (a black-box auditor).
+            object.__setattr__(self, "url", self.url.strip())
         if type(self.namespace_fallback) is not bool:
             raise InvalidArgumentError(
                 f"namespace_fallback must be true or false, got {self.namespace_fallback!r} "
@@ -435,9 +440,12 @@ def _refuse_misspelt(environ: Mapping[str, str]) -> None:
         if not variable.upper().startswith("SIGLO_") or variable in known:
             continue
         # Compared without regard to case: SIGLO_encryption_keys is not read either.
-        close = difflib.get_close_matches(
-            variable.upper().removeprefix("SIGLO_"), list(suffixes), n=1, cutoff=0.9
-        )
+        written = variable.upper().removeprefix("SIGLO_")
+        close = difflib.get_close_matches(written, list(suffixes), n=1, cutoff=0.9) or [
+            # A short name's one changed letter or two swapped ones score below the cutoff
+            # (SIGLO_URI, SIGLO_CONIFG, SIGLO_UI_TOEKN passed unread: a black-box auditor).
+            suffix for suffix in sorted(suffixes) if _one_letter_off(written, suffix)
+        ][:1]
         if close:
             meant = suffixes[close[0]]
             raise InvalidArgumentError(
@@ -648,3 +656,19 @@ def reset_settings() -> None:
         _configured = None
         _loaded = None
         _generation += 1
+
+
+def _one_letter_off(written: str, name: str) -> bool:
+    """Whether ``written`` is ``name`` with one letter changed or two neighbours swapped."""
+    if len(written) != len(name) or written == name:
+        return False
+    differ = [i for i, (a, b) in enumerate(zip(written, name, strict=True)) if a != b]
+    if len(differ) == 1:
+        return True
+    first, second = differ[0], differ[-1]
+    return (
+        len(differ) == 2
+        and second == first + 1
+        and written[first] == name[second]
+        and written[second] == name[first]
+    )

@@ -66,6 +66,8 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
     extra to install.
     """
     settings = effective_settings(settings)
+    if isinstance(url, str):
+        url = url.strip()  # as the settings' URL and every command's is
     if url is None:
         url = settings.url
         if not url:
@@ -157,15 +159,18 @@ def options_for(
     """The options a connection to ``url`` is made with: ``options`` over the settings'
     backend options where those go with ``url`` (it is the settings' URL, or the
     settings name none), and the names of those taken from the settings."""
-    if url == settings.url:
-        return {**settings.options, **options}, frozenset(settings.options) - frozenset(options)
-    if settings.url is None and settings.options:
+    if settings.options and (url == settings.url or settings.url is None):
         # The settings' options are their URL's; settings that name no URL (a
         # siglo.toml with [options] alone) give theirs to whatever URL is connected —
-        # but for what that URL's query says itself (`?schema=appb` is not the file's
-        # `schema = "appa"`: a keyword option would win over the query).
+        # but for what that URL's query says itself, by any of its names
+        # (`?schema=appb` is not the file's `schema = "appa"`, `?prefix=` not its
+        # `key_prefix`: a keyword option would win over the query). That holds for the
+        # settings' own URL too: `$SIGLO_URL`'s query was overridden by the file's
+        # `[options]`, a source it outranks (a black-box auditor).
         written = urls.query_names(url)
-        given = {k: v for k, v in settings.options.items() if k not in written}
+        given = {
+            k: v for k, v in settings.options.items() if urls.option_name(k) not in written
+        }
         return {**given, **options}, frozenset(given) - frozenset(options)
     return dict(options), frozenset()
 

@@ -373,6 +373,12 @@ _OPTION_ALIASES: Final = {"key_prefix": "prefix"}
 """Option names a backend takes for another (Redis's ``key_prefix`` is ``prefix``)."""
 
 
+def option_name(name: str) -> str:
+    """The name a backend knows option ``name`` by in a URL's query (Redis's
+    ``key_prefix`` is ``prefix``)."""
+    return _OPTION_ALIASES.get(name, name)
+
+
 def picks_store(name: str) -> bool:
     """Whether an option or query parameter named ``name`` may pick which store a
     connection opens (it is not in :data:`REACH_OPTIONS`)."""

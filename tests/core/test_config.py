@@ -4,6 +4,7 @@ synchronous facade and the command line take them from there."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -402,6 +403,45 @@ def test_options_without_a_url_go_with_the_url_a_command_names(tmp_path: Path) -
     assert not any(name.startswith("appb_") for name in tables(tmp_path / "app.db"))
 
 
+def test_a_urls_own_query_wins_over_the_files_options_whatever_the_source(
+    tmp_path: Path,
+) -> None:
+    """``$SIGLO_URL``'s ``?table_prefix=`` (or the file's own url's) was overridden by
+    the file's ``[options]``, a source it outranks, so the application and every command
+    opened other tables than the URL named; Redis's ``key_prefix`` option beat a URL's
+    ``?prefix=``; and a settings URL with a trailing newline (a secret file) made the
+    commands, which strip it, drop the options (a black-box auditor)."""
+    import sqlite3
+
+    def tables(path: Path) -> set[str]:
+        with sqlite3.connect(path) as db:
+            return {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+
+    db = tmp_path / "q.db"
+    (tmp_path / "siglo.toml").write_text('[options]\ntable_prefix = "opttp_"\n')
+    environ = {"SIGLO_URL": f"sqlite:///{db}?table_prefix=envtp_"}
+    settings = load_settings(start=tmp_path, environ=environ)
+    backend = siglo.connect(settings=settings)
+    assert "table_prefix=envtp_" in backend.url
+    asyncio.run(backend.aclose())
+    # The file's own url and [options] at once: the query wins there too.
+    (tmp_path / "siglo.toml").write_text(
+        f'url = "sqlite:///{db}?table_prefix=urltp_"\n[options]\ntable_prefix = "opttp_"\n'
+    )
+    done = CliRunner().invoke(cli, ["migrate"], env={"SIGLO_CONFIG": str(tmp_path / "siglo.toml")})
+    assert done.exit_code == 0, done.output
+    assert "urltp_checkpoints" in tables(db) and "opttp_checkpoints" not in tables(db)
+    # Redis: the option's other name loses to the query as well.
+    redis_settings = Settings(options={"key_prefix": "file-prefix:"})
+    redis_backend = siglo.connect(
+        "redis://127.0.0.1:6379/0?prefix=url-prefix:", settings=redis_settings
+    )
+    assert "prefix=url-prefix:" in redis_backend.url
+    # Spaces around the settings' URL are not part of it.
+    spaced = load_settings(start=tmp_path, environ={"SIGLO_URL": f"sqlite:///{db}\n"})
+    assert spaced.url == f"sqlite:///{db}"
+
+
 @pytest.mark.parametrize(
     ("variable", "meant"),
     [
@@ -412,6 +452,13 @@ def test_options_without_a_url_go_with_the_url_a_command_names(tmp_path: Path) -
         ("SIGLO_CONFG", "SIGLO_CONFIG"),
         ("SIGLO_UI_TOKN", "SIGLO_UI_TOKEN"),
         ("SIGLO_encryption_keys", "SIGLO_ENCRYPTION_KEYS"),
+        # One letter changed or two swapped in a short name (they passed unread).
+        ("SIGLO_CONIFG", "SIGLO_CONFIG"),
+        ("SIGLO_CONFIF", "SIGLO_CONFIG"),
+        ("SIGLO_UI_TOEKN", "SIGLO_UI_TOKEN"),
+        ("SIGLO_UI_TOKEM", "SIGLO_UI_TOKEN"),
+        ("SIGLO_BLOB_URI", "SIGLO_BLOB_URL"),
+        ("SIGLO_URI", "SIGLO_URL"),
     ],
 )
 def test_a_misspelt_setting_variable_is_refused_naming_the_one_meant(
