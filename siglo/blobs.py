@@ -112,6 +112,15 @@ class BlobStore(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027  (a hook: most stores hold nothing)
         """Release what the store holds (nothing, for the built-in ones)."""
 
+    def use_bound(self, command_timeout_ms: int) -> float:
+        """Be told the bound of every call (the backend's ``command_timeout_ms``) when
+        wrapped in :class:`BoundedBlobStore`, and answer how many seconds past it a call
+        may take. A store whose driver does not give up at a cancellation (psycopg waits
+        up to 10 s for a stalled server to acknowledge one) ends its own calls at the
+        bound, raising :class:`TimeoutError`, and is cancelled only as a backstop that
+        much later. ``0``, for the others: they are cancelled at the bound."""
+        return 0.0
+
     def use_grace(self, grace_ms: int) -> None:  # noqa: B027  (a hook: most ignore it)
         """Be told the collector's grace period (the settings' ``blob_grace_ms``) when
         opened for a backend; a store whose refresh of a blob is costly (S3) spaces its
@@ -308,7 +317,8 @@ class BoundedBlobStore(BlobStore):
         self.inner = store
         self.url = store.url
         self.command_timeout_ms = command_timeout_ms
-        self._timeout_s = command_timeout_ms / 1000
+        # A store that ends its own calls at the bound is cancelled only past it.
+        self._timeout_s = command_timeout_ms / 1000 + store.use_bound(command_timeout_ms)
 
     def __getattr__(self, name: str) -> object:
         # What a store adds (an S3 store's refresh_ms, a file store's root) shows through.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from typing import Any, Final
 
 import psycopg
@@ -24,11 +25,15 @@ from siglo.errors import OutcomeUnknownError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo_postgres.connect import POSTGRES_OPTIONS, _conninfo, _libpq_parameters
 from siglo_postgres.liveness import closed_while_idle, lost_in_flight
+from siglo_postgres.watches import SEVER_AFTER_MS, Watches
 from siglo_sql.connect import split_url_options
 from siglo_sql.schema import DEFAULT_PREFIX, check_identifier
 
 __all__ = ["PostgresBlobStore", "open_store"]
 
+BACKSTOP_S: Final = 1.0
+"""How long past a call's own end at its bound (the server's cancel, the cut a second
+later) the wrapper waits before cancelling it."""
 POOL_MAX: Final = DEFAULTS.pool_max_size
 """The most connections a blob store opens (the backend's default pool size)."""
 
@@ -52,6 +57,15 @@ class PostgresBlobStore(BlobStore):
         self._max_size = max_size
         self._pool: AsyncConnectionPool[Any] | None = None
         self._opening = asyncio.Lock()
+        self._watches: Watches | None = None
+
+    def use_bound(self, command_timeout_ms: int) -> float:
+        # A call cut off by a cancellation at the bound left psycopg waiting up to 10 s
+        # for a stalled server (a black-box auditor: 10.3 s at a bound of 300 ms): the
+        # call is ended here instead, as the backend's are — cancelled on the server,
+        # its connection cut SEVER_AFTER_MS later — and cancelled only as a backstop.
+        self._watches = Watches(command_timeout_ms / 1000)
+        return SEVER_AFTER_MS / 1000 + BACKSTOP_S
 
     async def _opened(self) -> AsyncConnectionPool[Any]:
         pool = self._pool
@@ -103,8 +117,30 @@ class PostgresBlobStore(BlobStore):
         try:
             pool = await self._opened()
             async with pool.connection() as conn:
-                cursor = await conn.execute(sql, params)
-                return list(await cursor.fetchall()) if cursor.description else []
+                watches = self._watches
+                if watches is None:
+                    cursor = await conn.execute(sql, params)
+                    return list(await cursor.fetchall()) if cursor.description else []
+                watch = watches.start(asyncio.get_running_loop())
+                watch.conn = conn
+                try:
+                    cursor = await conn.execute(sql, params)
+                    rows = list(await cursor.fetchall()) if cursor.description else []
+                except psycopg.Error as exc:
+                    if watch.expired:
+                        # Cancelled on the server or cut at the bound: the wrapper
+                        # (BoundedBlobStore) says it timed out, and what that means.
+                        raise TimeoutError(f"{doing} past its bound") from exc
+                    raise
+                finally:
+                    watches.end(watch)
+                    if watch.expired:
+                        # A cancel sent for it may land later: not given back to the pool.
+                        with suppress(Exception):
+                            await conn.close()
+                if watch.expired:
+                    raise TimeoutError(f"{doing} past its bound")  # done, but too late
+                return rows
         except psycopg.Error as exc:
             if writes and lost_in_flight(exc, conn):
                 raise OutcomeUnknownError(
@@ -165,7 +201,9 @@ class PostgresBlobStore(BlobStore):
 
     async def aclose(self) -> None:
         if self._pool is not None:
-            await self._pool.close()
+            # Its connections closed at once; a worker still connecting to a stalled
+            # server is not waited for (psycopg_pool's default waits 5 s).
+            await self._pool.close(timeout=0.1)
             self._pool = None
 
 
