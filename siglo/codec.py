@@ -212,7 +212,7 @@ def private_copy(value: Any) -> Any:
     run's stored values nor another step's."""
     if value is None or type(value) in _IMMUTABLE:
         return value
-    return orjson.loads(orjson.dumps(value))
+    return loads(orjson.dumps(value))  # a large one with the collector paused
 
 
 _IMMUTABLE: Final = frozenset({str, bool, int, float})

@@ -441,11 +441,16 @@ def _refuse_misspelt(environ: Mapping[str, str]) -> None:
             continue
         # Compared without regard to case: SIGLO_encryption_keys is not read either.
         written = variable.upper().removeprefix("SIGLO_")
-        close = difflib.get_close_matches(written, list(suffixes), n=1, cutoff=0.9) or [
-            # A short name's one changed letter or two swapped ones score below the cutoff
-            # (SIGLO_URI, SIGLO_CONIFG, SIGLO_UI_TOEKN passed unread: a black-box auditor).
-            suffix for suffix in sorted(suffixes) if _one_letter_off(written, suffix)
-        ][:1]
+        close = (
+            difflib.get_close_matches(written, list(suffixes), n=1, cutoff=0.9)
+            or [
+                # A short name's one changed letter or two swapped ones score below the cutoff
+                # (SIGLO_URI, SIGLO_CONIFG, SIGLO_UI_TOEKN passed unread: a black-box auditor).
+                suffix
+                for suffix in sorted(suffixes)
+                if _one_letter_off(written, suffix)
+            ][:1]
+        )
         if close:
             meant = suffixes[close[0]]
             raise InvalidArgumentError(

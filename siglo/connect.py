@@ -168,9 +168,7 @@ def options_for(
         # settings' own URL too: `$SIGLO_URL`'s query was overridden by the file's
         # `[options]`, a source it outranks (a black-box auditor).
         written = urls.query_names(url)
-        given = {
-            k: v for k, v in settings.options.items() if urls.option_name(k) not in written
-        }
+        given = {k: v for k, v in settings.options.items() if urls.option_name(k) not in written}
         return {**given, **options}, frozenset(given) - frozenset(options)
     return dict(options), frozenset()
 

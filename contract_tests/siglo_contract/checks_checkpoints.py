@@ -585,3 +585,25 @@ async def checkpoint_expiry_in_time(ctx: CheckContext) -> None:
         "checkpoint.expiry.hidden",
         "an expired checkpoint was returned after clean-up",
     )
+    if ctx.session.clock is not None:
+        # "Afterwards no expired checkpoint is stored": a backend on the suite's clock
+        # decides expiry by it, not by its store's own (native expiry may return 0), so
+        # its clean-up removes what expired and says so, and a second one finds nothing
+        # left — a clean-up that removed nothing passed before (a black-box auditor).
+        gone = ctx.id("gone")
+        await a.save_checkpoint(ctx.checkpoint(gone, 1, expires_at=ctx.now_ms() + ttl))
+        await ctx.pass_time(ttl)
+        removed = await a.clean_expired_checkpoints()
+        expect(
+            removed >= 1,
+            "checkpoint.expiry.clean",
+            f"clean_expired_checkpoints removed {removed} checkpoints with one expired by "
+            "the backend's own clock: it is left stored",
+        )
+        again = await a.clean_expired_checkpoints()
+        expect(
+            again == 0,
+            "checkpoint.expiry.clean",
+            f"a second clean_expired_checkpoints removed {again} more: the first left "
+            "expired checkpoints stored",
+        )

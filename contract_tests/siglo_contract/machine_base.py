@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.errors import CapabilityNotSupportedError
+from siglo_contract import registry
 from siglo_contract.registry import EVIDENCE_DIRECT, EVIDENCE_DIVERGENCE, fail
 from siglo_contract.target import Session, new_prefix
 
@@ -205,7 +206,9 @@ class ContractMachine(RuleBasedStateMachine):
         return self.ref.adapter.clock.now_ms()  # type: ignore[attr-defined,no-any-return]
 
     def run(self, awaitable: Awaitable[T]) -> T:
-        return self.loop.run_until_complete(awaitable)
+        # Bounded as a focused check is: a call that never returns is a TimeoutError
+        # the machine judges, not a hung run.
+        return self.loop.run_until_complete(asyncio.wait_for(awaitable, registry.CHECK_TIMEOUT_S))
 
     def call(self, awaitable: Awaitable[Any], rule_id: str) -> Outcome:
         """Run one call and return what it did (errors included: the caller judges them).

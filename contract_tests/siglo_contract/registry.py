@@ -40,6 +40,14 @@ EVIDENCE_DIVERGENCE: Final = 1
 """A state machine saw the backend disagree with the reference and named the likeliest rule."""
 
 
+CHECK_TIMEOUT_S = 300.0
+"""How long a focused check, or one call of a state machine, may take: far more than any
+takes against a working backend (the slowest, racing processes, a few seconds), so a
+call that never returns fails its check, naming the rule being checked, instead of
+hanging the run (a black-box auditor: a plugin call awaiting for ever hung `siglo
+check` until it was killed). Read when used, so a test may make it shorter."""
+
+
 class RuleViolation(AssertionError):
     """A backend broke rule :attr:`rule_id`; the message says how.
 

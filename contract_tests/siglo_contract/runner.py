@@ -20,6 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from siglo.adapter import Capability
 from siglo.errors import PluginError, SigloError, StorageAdapterError
 from siglo.plugins import Deviation
+from siglo_contract import registry
 from siglo_contract.checks import all_checks
 from siglo_contract.determinism import fixed_constants
 from siglo_contract.hypothesis_home import in_hypothesis_home
@@ -501,17 +502,33 @@ def _run_async_check(
     out = _CheckOutcome()
     contexts: list[CheckContext] = []
 
+    bounds: list[asyncio.Timeout] = []
+
     async def body() -> None:
-        async with session.backend() as backend:
-            ctx = CheckContext(session, backend, new_prefix())
-            contexts.append(ctx)
-            await chk.fn(ctx)  # type: ignore[misc]
+        async with asyncio.timeout(registry.CHECK_TIMEOUT_S) as bound:
+            bounds.append(bound)
+            async with session.backend() as backend:
+                ctx = CheckContext(session, backend, new_prefix())
+                contexts.append(ctx)
+                await chk.fn(ctx)  # type: ignore[misc]
 
     try:
         loop.run_until_complete(body())
         out.completed = True
     except RuleViolation as exc:
         out.add(exc.rule_id, f"{chk.name}: {_describe(exc)}", exc.evidence)
+    except TimeoutError as exc:
+        blamed = (contexts[0].current_rule if contexts else None) or chk.rules[0]
+        if not (bounds and bounds[0].expired()):
+            tb = "".join(traceback.format_exception(exc, limit=-3))
+            out.add(blamed, f"[{blamed}] {chk.name} raised {exc!r}\n{tb}", EVIDENCE_DIRECT)
+        else:
+            out.add(
+                blamed,
+                f"[{blamed}] {chk.name} did not finish within {registry.CHECK_TIMEOUT_S:g} s: a "
+                "call of the backend never returned",
+                EVIDENCE_DIRECT,
+            )
     except Exception as exc:
         # Blamed on the step that was running, with less weight than a seen violation:
         # an error is a symptom whose cause may be an earlier step's rule.

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import click
 from rich.console import Console
@@ -20,6 +20,7 @@ from siglo.cli.errors import CliError, display_url, resolve_url
 from siglo.connect import check_port
 from siglo.errors import SigloError
 from siglo.plugins import get_registry
+from siglo.plugins.backends import BackendSpec
 
 if TYPE_CHECKING:
     from siglo_contract.registry import Check
@@ -397,7 +398,7 @@ def _print_comparison(out: Console, a: Report, b: Report) -> None:
     )
 
 
-def _refuse_without_isolation(spec: Any, shown: str) -> None:
+def _refuse_without_isolation(spec: BackendSpec, shown: str) -> None:
     """Refuse a backend that declares storage shared between processes (a real store:
     ``multiprocess=True``) but whose plugin registers no ``isolated`` factory: the suite
     would call the plugin's factory on the URL itself for every example, writing its test

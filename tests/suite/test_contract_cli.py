@@ -451,3 +451,39 @@ def test_a_check_stopped_by_sigterm_removes_its_isolated_storage(tmp_path: Path)
     assert code == 128 + signal.SIGTERM
     assert client.dbsize() == before
     client.close()
+
+
+def test_a_call_that_never_returns_fails_its_check_instead_of_hanging_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plugin whose ``get_cached_step`` awaits for ever hung `siglo check` until it was
+    killed (a black-box auditor). The check fails at its bound, naming the rule, and the
+    run goes on. (The bound, 300 s, made 1 s here.)"""
+    import asyncio
+    import time
+
+    from siglo_contract import registry
+    from siglo_contract.runner import run_contract
+    from siglo_memory.adapter import MemoryStorageAdapter
+    from siglo_memory.connect import connect as memory_connect
+
+    class Hangs(MemoryStorageAdapter):
+        async def _do_get_cached_step(self, key: str) -> Any:
+            await asyncio.Event().wait()
+
+    def factory(**options: Any) -> siglo.Backend:
+        backend = memory_connect("memory://", **options)
+        backend.adapter = Hangs(clock=backend.adapter.clock)
+        return backend
+
+    monkeypatch.setattr(registry, "CHECK_TIMEOUT_S", 1.0)
+    began = time.monotonic()
+    # The focused checks alone (a machine's calls, bounded the same way, would each wait
+    # out the bound: the state machine's many calls make the test slow, not different).
+    report = run_contract(
+        factory, rules=["cache.roundtrip"], seed=1, only=lambda chk: chk.machine is None
+    )
+    assert time.monotonic() - began < 30
+    result = report.results["cache.roundtrip"]
+    assert result.verdict == "FAIL"
+    assert "did not finish within 1 s: a call of the backend never returned" in result.detail

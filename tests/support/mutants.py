@@ -281,6 +281,15 @@ class CleansLiveCheckpoints(MemoryStorageAdapter):
         return len(doomed)
 
 
+class CleansNothing(MemoryStorageAdapter):
+    """Clean-up removes nothing and says so: expired checkpoints stay stored for ever
+    (hidden from reads, but never freed). A black-box auditor's plugin passed the
+    suite this way."""
+
+    async def _do_clean_expired_checkpoints(self) -> int:
+        return 0
+
+
 class TruncatesIds(MemoryStorageAdapter):
     """Stores checkpoints under the first 255 characters of the stack id (a VARCHAR(255))."""
 
@@ -1454,6 +1463,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "checkpoint.expiry.clean",
         "clean-up removes live checkpoints",
         adapter=CleansLiveCheckpoints,
+    ),
+    _m(
+        "checkpoint.expiry.clean",
+        "clean-up removes nothing",
+        adapter=CleansNothing,
     ),
     _m("wait.roundtrip", "a saved record loses its metadata", adapter=DropsWaitMetadata),
     _m(
