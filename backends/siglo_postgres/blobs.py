@@ -23,7 +23,7 @@ from siglo import urls
 from siglo.blobs import BlobStore, check_digest
 from siglo.errors import OutcomeUnknownError, StorageAdapterError
 from siglo.settings import DEFAULTS
-from siglo_postgres.connect import POSTGRES_OPTIONS, _conninfo, _libpq_parameters
+from siglo_postgres.connect import _conninfo, _libpq_parameters, _pgbouncer
 from siglo_postgres.liveness import closed_while_idle, lost_in_flight
 from siglo_postgres.watches import SEVER_AFTER_MS, Watches
 from siglo_sql.connect import split_url_options
@@ -50,11 +50,24 @@ class PostgresBlobStore(BlobStore):
     fresh store at once make it one at a time (an advisory lock of the table's name:
     concurrent ``IF NOT EXISTS`` DDL is not race-safe in PostgreSQL)."""
 
-    def __init__(self, conninfo: str, table: str, url: str, *, max_size: int = POOL_MAX) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        table: str,
+        url: str,
+        *,
+        max_size: int = POOL_MAX,
+        min_size: int = 1,
+        pool_timeout_s: float = DEFAULTS.pool_timeout_ms / 1000,
+        prepare_threshold: int | None = 5,
+    ) -> None:
         self._conninfo = conninfo
         self._table = table
         self.url = url
         self._max_size = max_size
+        self._min_size = min_size
+        self._pool_timeout_s = pool_timeout_s
+        self._prepare_threshold = prepare_threshold
         self._pool: AsyncConnectionPool[Any] | None = None
         self._opening = asyncio.Lock()
         self._watches: Watches | None = None
@@ -75,9 +88,10 @@ class PostgresBlobStore(BlobStore):
             if self._pool is None:
                 pool = AsyncConnectionPool(
                     self._conninfo,
-                    min_size=1,
+                    min_size=self._min_size,
                     max_size=self._max_size,
-                    kwargs={"autocommit": True},
+                    timeout=self._pool_timeout_s,
+                    kwargs={"autocommit": True, "prepare_threshold": self._prepare_threshold},
                     check=_check,
                     open=False,
                     name="siglo-blobs",
@@ -87,7 +101,9 @@ class PostgresBlobStore(BlobStore):
                     async with pool.connection() as conn:
                         await self._make_table(conn)
                 except BaseException:
-                    await pool.close()
+                    # Not waiting for a worker stuck connecting to a stalled server
+                    # (psycopg_pool's default waits 5 s past the call's bound).
+                    await pool.close(timeout=0.1)
                     raise
                 self._pool = pool
             return self._pool
@@ -209,30 +225,65 @@ class PostgresBlobStore(BlobStore):
 
 async def _check(conn: Any) -> None:
     """The pool's check of a connection it hands out: one the server closed meanwhile
-    (a restart) is replaced, not handed out to fail."""
+    (a restart) is replaced, not handed out to fail. Closed here first: psycopg_pool
+    puts a connection that failed its check back when it still looks usable, and then
+    hands the same dead one out again until the call's bound (a black-box auditor: no
+    offloaded value read again after a restart)."""
     if closed_while_idle(conn):
+        await conn.close()
         raise psycopg.OperationalError("closed by the server while idle")
+
+
+BLOB_OPTIONS: Final = frozenset(
+    {
+        "schema",
+        "table_prefix",
+        "pool_min_size",
+        "pool_max_size",
+        "pool_timeout_ms",
+        "connect_timeout_ms",
+        "prepare_threshold",
+        "pgbouncer",
+    }
+)
+"""The backend options a blob store URL takes, each applied as the backend applies it.
+The others a backend URL takes (``command_timeout_ms``: the blob store has its backend's
+bound; ``checkpoint_ttl_ms`` …) are refused: accepted and ignored, they looked applied
+(a black-box auditor: ``?pool_max_size=1`` opened ten connections)."""
 
 
 def open_store(url: str) -> PostgresBlobStore:
     """The store at ``postgresql://…[?schema=S][&table_prefix=P]`` (table ``P + "blobs"``,
-    in the connection's schema when none is named); the other query parameters are
-    libpq's, and any other name is refused, as in a backend URL."""
+    in the connection's schema when none is named), with the pool options
+    (``pool_min_size``, ``pool_max_size``, ``pool_timeout_ms``, ``connect_timeout_ms``)
+    and ``prepare_threshold`` / ``pgbouncer`` of a backend URL; the other query
+    parameters are libpq's, and any other name is refused."""
     urls.refuse_unknown(
         url,
-        POSTGRES_OPTIONS,
+        BLOB_OPTIONS,
         backend="postgresql blob store",
         driver=_libpq_parameters(),
         also="and libpq's connection parameters (sslmode, application_name, …)",
     )
-    base, options = split_url_options(url, POSTGRES_OPTIONS)
+    base, options = split_url_options(url, BLOB_OPTIONS)
+    _pgbouncer(options)  # pgbouncer=transaction: no prepared statements
     schema = options.get("schema")
     prefix = str(options.get("table_prefix", DEFAULT_PREFIX))
     check_identifier("table prefix", prefix)
     table = f'"{prefix}blobs"'
     if schema:
         table = f'"{check_identifier("schema", str(schema))}".{table}'
-    return PostgresBlobStore(_conninfo(base, DEFAULT_CONNECT_MS), table, url)
+    max_size = int(options.get("pool_max_size", POOL_MAX))
+    min_size = min(int(options.get("pool_min_size", 1)), max_size)
+    return PostgresBlobStore(
+        _conninfo(base, int(options.get("connect_timeout_ms", DEFAULT_CONNECT_MS))),
+        table,
+        url,
+        max_size=max_size,
+        min_size=min_size,
+        pool_timeout_s=int(options.get("pool_timeout_ms", DEFAULTS.pool_timeout_ms)) / 1000,
+        prepare_threshold=options.get("prepare_threshold", 5),
+    )
 
 
 DEFAULT_CONNECT_MS = DEFAULTS.connect_timeout_ms

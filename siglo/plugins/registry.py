@@ -14,7 +14,7 @@ from typing import Any
 
 import pluggy
 
-from siglo.errors import BackendNotFoundError
+from siglo.errors import BackendNotFoundError, PluginError
 from siglo.plugins.backends import BackendRegistry, BackendSpec
 from siglo.plugins.markers import DISABLE_ENV, GROUP
 from siglo.plugins.spec import SigloHookSpec
@@ -157,8 +157,22 @@ class PluginRegistry:
 
     def master_key(self, scheme: str, reference: str) -> Any:
         """The master key a plugin's ``siglo_master_key`` hook gives for ``scheme``, or
-        ``None`` when no working plugin knows the scheme."""
-        return self._pm.hook.siglo_master_key(scheme=scheme, reference=reference)
+        ``None`` when no working plugin knows the scheme. Two plugins that both answer
+        for it are refused, naming both: pluggy would take the last one registered, and
+        hand it the reference (credentials and all) and its key (a black-box auditor),
+        as a backend scheme served twice was before."""
+        answers = []
+        for impl in reversed(self._pm.hook.siglo_master_key.get_hookimpls()):
+            key = impl.function(scheme=scheme, reference=reference)
+            if key is not None:
+                answers.append((impl.plugin_name, key))
+        if len(answers) > 1:
+            raise PluginError(
+                f"master_key scheme {scheme!r} is answered by more than one plugin "
+                f"({', '.join(repr(name) for name, _ in answers)}): uninstall or disable "
+                "one (SIGLO_DISABLE_PLUGINS)"
+            )
+        return answers[0][1] if answers else None
 
     def backends(self) -> list[BackendSpec]:
         """Every backend of every working plugin, in discovery order."""

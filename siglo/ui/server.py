@@ -510,7 +510,7 @@ def create_app(
                     # The standard library's parser: an integer beyond 64 bits stays one
                     # (and is refused as not storable), where orjson's made it a float.
                     payload = json.loads(raw, parse_constant=_no_constant)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # nested past the parser
                     raise actions.ActionRefused(
                         f"the event payload is not JSON ({exc}); nothing was delivered"
                     ) from None

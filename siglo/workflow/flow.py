@@ -819,17 +819,18 @@ class Flow:
                 # for a checkpoint).
                 refuse_unopened_value(cached, f"cached step {key!r}")
                 return cached, None, looked_up
-        # The step is handed copies: the same objects are the run's stored input, the
-        # previous step's stored output and the event in this step's context, and a
-        # step changing its input in place changed them — the next checkpoint then
-        # stored the previous step's output as this step had changed it, and a resume
-        # handed it on so (a black-box auditor).
+        # The step is handed copies (run_input() and wait_for_event() make theirs when
+        # called): the same objects are the run's stored input, the previous step's
+        # stored output and the event in this step's context, and a step changing its
+        # input in place changed them — the next checkpoint then stored the previous
+        # step's output as this step had changed it, and a resume handed it on so (a
+        # black-box auditor).
         run = StepRun(
             stack.stack_id,
             step.name,
             stack.namespace,
-            private_copy(stack.metadata.get("input")),
-            event if event is MISSING else private_copy(event),
+            stack.metadata.get("input"),
+            event,
             timed_out,
             manager,
             stack.redact_fields,

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
+from siglo.codec import private_copy
 from siglo.errors import InvalidArgumentError, InvalidStateTransitionError, WaitTimeoutError
 from siglo.redaction import redact
 from siglo.sentinel import MISSING
@@ -223,8 +224,9 @@ class _Redacting:
 
 def run_input() -> Any:
     """Inside a step: the input the run was started with (each step receives the
-    previous step's output; this is the original input)."""
-    return _current("run_input()").input
+    previous step's output; this is the original input). A copy: changing it changes
+    nothing the run stores."""
+    return private_copy(_current("run_input()").input)
 
 
 async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None) -> Any:
@@ -246,7 +248,8 @@ async def wait_for_event(correlation_key: str, *, timeout_ms: int | None = None)
         _answer(run, correlation_key, f"wait_for_event({correlation_key!r})")
         if run.timed_out:
             raise WaitTimeoutError(correlation_key)
-        return run.event
+        # A copy: the event stays in the step's context as it was delivered.
+        return private_copy(run.event)
     raise _Suspend(correlation_key, timeout_ms)
 
 

@@ -115,3 +115,81 @@ async def test_a_call_held_up_by_a_lock_delays_no_other_call() -> None:
                 await asyncio.wait_for(waiting, 10)
         finally:
             await store.aclose()
+
+
+async def _connections(name: str) -> int:
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as db:
+        cursor = await db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_the_store_recovers_when_the_server_closes_its_connections() -> None:
+    """A connection the server closed (a restart) failed the pool's check but stayed in
+    the pool, handed out again until every call's bound: no offloaded value was read
+    again in that process (a black-box auditor, ``pg_terminate_backend``)."""
+    name = f"siglo-blob-test-{secrets.token_hex(4)}"
+    async with fresh_schema() as schema:
+        store = open_blob_store(f"{POSTGRES_URL}?schema={schema}&application_name={name}")
+        data = b'{"large":"value"}'
+        try:
+            await store.put(blob_digest(data), data)
+            async with await psycopg.AsyncConnection.connect(POSTGRES_URL, autocommit=True) as db:
+                await db.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    (name,),
+                )
+            await asyncio.sleep(0.2)
+            for _ in range(3):
+                assert await asyncio.wait_for(store.get(blob_digest(data)), 10) == data
+        finally:
+            await store.aclose()
+
+
+async def test_a_blob_url_applies_the_pool_options_it_takes_and_refuses_the_others() -> None:
+    """``?pool_max_size=1`` was accepted and ignored (ten connections opened), and so
+    were ``command_timeout_ms`` (no bound) and ``pgbouncer``."""
+    from siglo.errors import InvalidArgumentError
+
+    name = f"siglo-blob-test-{secrets.token_hex(4)}"
+    async with fresh_schema() as schema:
+        store = open_blob_store(
+            f"{POSTGRES_URL}?schema={schema}&application_name={name}&pool_max_size=1"
+            "&pgbouncer=transaction"
+        )
+        try:
+            values = [b'{"n":%d}' % n for n in range(8)]
+            await asyncio.gather(*(store.put(blob_digest(v), v) for v in values))
+            await asyncio.gather(*(store.get(blob_digest(v)) for v in values))
+            assert await _connections(name) == 1
+        finally:
+            await store.aclose()
+    with pytest.raises(InvalidArgumentError, match="command_timeout_ms"):
+        open_blob_store(f"{POSTGRES_URL}?command_timeout_ms=500")
+
+
+async def test_the_first_call_against_a_stalled_server_fails_within_its_bound() -> None:
+    """The pool's first use against a server that accepts and never answers: the
+    wrapper's backstop cancelled the call, whose clean-up then waited psycopg_pool's
+    5 s for a worker stuck connecting (a black-box auditor: 7.5 s at a bound of 0.5 s)."""
+    from _tcp_proxy import tcp_proxy
+
+    from siglo.blobs import BoundedBlobStore
+    from siglo.errors import StorageAdapterError
+
+    parts = urlsplit(POSTGRES_URL)
+    with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        proxy.freeze()
+        url = urlunsplit(parts._replace(netloc=f"{parts.username}@{proxy.url_host}"))
+        store = BoundedBlobStore(open_blob_store(f"{url}?connect_timeout_ms=30000"), 500)
+        began = time.monotonic()
+        with pytest.raises(StorageAdapterError, match="timed out"):
+            await store.get(blob_digest(b"{}"))
+        took = time.monotonic() - began
+        proxy.thaw()
+        await store.aclose()
+    assert took < 4.0, took

@@ -401,6 +401,46 @@ async def test_a_kms_plugin_supplies_the_master_key() -> None:
         registry.unregister("test-kms")
 
 
+def test_two_plugins_answering_one_master_key_scheme_are_refused() -> None:
+    """pluggy took the last plugin registered that answered ``siglo_master_key`` for a
+    scheme, handing it the reference (credentials in it) and sealing under its key,
+    without a word (a black-box auditor). Two answers are refused, naming both."""
+    from siglo.errors import PluginError
+    from siglo.plugins import get_registry, hookimpl
+
+    handed: list[str] = []
+
+    def kms_plugin(name: str) -> object:
+        class Plugin:
+            @hookimpl
+            def siglo_master_key(self, scheme: str, reference: str) -> Any:
+                if scheme != "clashkms":
+                    return None
+                handed.append(name)
+                return LocalMasterKey(base64.b64decode(new_key()))
+
+        return Plugin()
+
+    registry = get_registry()
+    registry.register(kms_plugin("first"), "clash-kms-first")
+    registry.register(kms_plugin("second"), "clash-kms-second")
+    try:
+        with pytest.raises(
+            PluginError,
+            match=r"more than one plugin \('clash-kms-\w+', 'clash-kms-\w+'\)",
+        ):
+            registry.master_key("clashkms", "alias/prod")
+        assert registry.master_key("otherkms", "x") is None
+    finally:
+        registry.unregister("clash-kms-first")
+        registry.unregister("clash-kms-second")
+    registry.register(kms_plugin("alone"), "clash-kms-alone")
+    try:
+        assert registry.master_key("clashkms", "alias/prod") is not None
+    finally:
+        registry.unregister("clash-kms-alone")
+
+
 async def test_envelope_keys_refuse_a_backend_that_expires_checkpoints() -> None:
     """The keyrings are checkpoints: under a retention they would expire, and every key
     of a namespace with them."""

@@ -1051,6 +1051,9 @@ async def test_the_deliver_action_refuses_what_a_delivery_would(store: siglo.Bac
         assert big.status_code == 409 and "not JSON-serialisable" in big.text, big.text
         nan = await client.post("/actions/deliver", data={**form, "payload": '{"x": NaN}'})
         assert nan.status_code == 409 and "not JSON" in nan.text, nan.text
+        # Nested past the parser's recursion limit: a bare 500 before.
+        deep = await client.post("/actions/deliver", data={**form, "payload": "[" * 100_000})
+        assert deep.status_code == 409 and "not JSON" in deep.text, deep.text[:300]
         large = {"by": "ui", "note": "n" * 1_500_000}
         done = await client.post(
             "/actions/deliver", data={**form, "payload": orjson.dumps(large).decode()}
