@@ -97,8 +97,9 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         refuse_unnamed_options(spec.name, factory, options)
         backend = factory(url, **options)
     except InvalidArgumentError as exc:
-        # The options it names, not those it lists as known.
-        said = re.split(r";? \(?known", str(exc), maxsplit=1)[0]
+        # The options it names, not those it lists as known or suggests instead (a URL's
+        # `?key_prefix=` "did you mean prefix?" was blamed on the file's `prefix`).
+        said = re.split(r";? \(?known| — did you mean", str(exc), maxsplit=1)[0]
         named = sorted(k for k in from_settings if re.search(rf"\b{re.escape(k)}\b", said))
         if not named:
             raise

@@ -627,3 +627,14 @@ def test_no_error_or_listing_prints_a_key_written_out_of_its_place(tmp_path: Pat
         assert isinstance(local, LocalMasterKey)
         wrapped = asyncio.run(master_key_from(f"base64:{key}").wrap(bytes(32), b"ctx"))
         assert asyncio.run(local.unwrap(wrapped, b"ctx")) == bytes(32)  # the same key
+
+
+def test_a_urls_own_unknown_option_is_not_blamed_on_the_settings_file(tmp_path: Path) -> None:
+    """``?key_prefix=`` (a Redis URL's option is ``prefix``) with ``prefix`` in the
+    file's ``[options]``: the error said the option came from the file, because the
+    file's name appeared in its "did you mean prefix?"."""
+    settings = Settings(options={"prefix": "abc:"}, source="siglo.toml")
+    with pytest.raises(InvalidArgumentError) as refused:
+        siglo.connect("redis://127.0.0.1:6379/0?key_prefix=x", settings=settings)
+    assert "did you mean prefix?" in str(refused.value)
+    assert "[options]" not in str(refused.value)
