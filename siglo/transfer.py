@@ -65,7 +65,7 @@ from siglo.errors import (
     SigloError,
 )
 from siglo.keys import KEYRING_NAMESPACE
-from siglo.listing import get_listed
+from siglo.listing import CheckpointSummary, get_listed
 from siglo.offload import references
 from siglo.pipeline import Codecs, PipelineAdapter, redact_wait, redacted_parts
 from siglo.records import WaitRecord, embedded_wait_record
@@ -74,6 +74,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
 from siglo.validation import check_save_arguments, check_wait_record, require_optional_id
+from siglo.wait_keys import place_wait
 
 __all__ = [
     "FORMAT",
@@ -180,9 +181,10 @@ async def export_lines(
         for summary in page.items:
             if summary.namespace == KEYRING_NAMESPACE:
                 continue  # a dump never carries the keys it depends on
-            checkpoint = await get_listed(adapter, summary)
-            if checkpoint is None:
+            pair = await _run_and_wait(adapter, summary, waits)
+            if pair is None:
                 continue  # deleted or expired since the page was read
+            checkpoint, record = pair
             # A dump carries values: a reference left here means the adapter has no
             # blob store to resolve it (settings without blob_url), and the target
             # may not share that store. Failing leaves the dump without its trailer.
@@ -200,29 +202,57 @@ async def export_lines(
             digest.add(line)
             digest.checkpoints += 1
             yield line
-            embedded = embedded_wait_record(checkpoint.metadata) if waits else None
-            if embedded is not None:
-                # Wait records live in their stack's namespace: read them there.
-                record = await adapter.get_wait_record(
-                    embedded.correlation_key, namespace=checkpoint.namespace
-                )
-                # The key's current record may be another run's: a key whose wait ended
-                # may be waited on again. It goes after that run's checkpoint alone.
-                if (
-                    record is not None
-                    and record.correlation_key == embedded.correlation_key
-                    and record.stack_id == checkpoint.stack_id
-                ):
-                    if codecs is not None:
-                        await codecs.wait_in(record)
-                    line = b'{"kind":"wait","record":' + record.to_json() + b"}"
-                    digest.add(line)
-                    digest.waits += 1
-                    yield line
+            if record is not None:
+                if codecs is not None:
+                    await codecs.wait_in(record)
+                line = b'{"kind":"wait","record":' + record.to_json() + b"}"
+                digest.add(line)
+                digest.waits += 1
+                yield line
         if page.next_cursor is None:
             break
         cursor = page.next_cursor
     yield orjson.dumps(digest.trailer())
+
+
+_PAIR_ATTEMPTS: Final = 8
+"""Reads of a run and its wait an export makes while deliveries keep moving the run."""
+
+
+async def _run_and_wait(
+    adapter: StorageAdapter, summary: CheckpointSummary, waits: bool
+) -> tuple[Checkpoint, WaitRecord | None] | None:
+    """A listed run's checkpoint and the current record of the wait it names (if that
+    record is the run's), read as a pair the store held: a run that waits with a record
+    whose wait has ended was read across a delivery — the checkpoint before it, the
+    record after — and imported so it waited for ever, every delivery refused (a
+    black-box auditor). Read again until the two agree (the checkpoint moved on), at
+    most :data:`_PAIR_ATTEMPTS` times; ``None`` if the run is gone."""
+    pair: tuple[Checkpoint, WaitRecord | None] | None = None
+    for _ in range(_PAIR_ATTEMPTS):
+        checkpoint = await get_listed(adapter, summary)
+        if checkpoint is None:
+            return None
+        embedded = embedded_wait_record(checkpoint.metadata) if waits else None
+        if embedded is None:
+            return checkpoint, None
+        # Wait records live in their stack's namespace: read them there.
+        record = await adapter.get_wait_record(
+            embedded.correlation_key, namespace=checkpoint.namespace
+        )
+        # The key's current record may be another run's: a key whose wait ended may be
+        # waited on again. It goes after that run's checkpoint alone.
+        if (
+            record is None
+            or record.correlation_key != embedded.correlation_key
+            or record.stack_id != checkpoint.stack_id
+        ):
+            return checkpoint, None
+        pair = (checkpoint, record)
+        if checkpoint.status != "waiting" or record.status in ("waiting", "claimed"):
+            return pair
+    # A run delivered to and waiting again at every one of those reads: as last read.
+    return pair
 
 
 @dataclass
@@ -255,6 +285,10 @@ class ImportReport:
     waits_present: int = 0
     """Wait records the store already had (from an earlier run, or changed there since),
     left as they are."""
+    waits_taken: list[WaitRecord] = field(default_factory=list)
+    """Wait records of the dump not stored because another run of the store waits on
+    their correlation key (a key names one open wait): stored, that run would never
+    resume. Their runs were imported waiting, and wait for a key another run holds."""
     namespaces: set[str | None] = field(default_factory=set)
     summary: DumpSummary | None = None
     """The dump's header and trailer, as verified before anything was written."""
@@ -632,10 +666,13 @@ async def _cancel_passed_wait(
 async def _import_wait(
     adapter: StorageAdapter, record: WaitRecord, mode: WaitMode, report: ImportReport
 ) -> None:
-    if mode == "save":
-        await adapter.save_wait_record(record)
+    # Never over another run's open wait of the key (an unconditional save took it: that
+    # run never resumed, a black-box auditor); "create": the store's own record of this
+    # run stays.
+    placed, _there = await place_wait(adapter, record, replace_own=mode == "save")
+    if placed == "stored":
         report.waits += 1
-    elif await adapter.create_wait_record(record):
-        report.waits += 1
-    else:
+    elif placed == "present":
         report.waits_present += 1
+    else:
+        report.waits_taken.append(record)

@@ -285,6 +285,10 @@ def import_(url: str | None, source: IO[bytes], as_json: bool) -> None:
                 "skipped": report.skipped,
                 "waits": report.waits,
                 "waitsPresent": report.waits_present,
+                "waitsTaken": [
+                    {"correlationKey": w.correlation_key, "stackId": w.stack_id}
+                    for w in report.waits_taken
+                ],
             }
         )
     if summary is not None and not summary.verified:
@@ -294,11 +298,20 @@ def import_(url: str | None, source: IO[bytes], as_json: bool) -> None:
             "checked",
             err=True,
         )
-    if as_json:
-        return
-    click.echo(
-        f"imported {report.imported} checkpoint(s) and {report.waits} wait record(s); "
-        f"{report.present} checkpoint(s) and {report.waits_present} wait record(s) "
-        "already there from an earlier run; "
-        f"skipped {report.skipped} newer in the store"
-    )
+    if not as_json:
+        click.echo(
+            f"imported {report.imported} checkpoint(s) and {report.waits} wait record(s); "
+            f"{report.present} checkpoint(s) and {report.waits_present} wait record(s) "
+            "already there from an earlier run; "
+            f"skipped {report.skipped} newer in the store"
+        )
+    for wait in report.waits_taken:
+        where = "" if wait.namespace is None else f" (namespace {wait.namespace!r})"
+        click.echo(
+            f"error: the wait of run {wait.stack_id!r}{where} for {wait.correlation_key!r} "
+            "was not imported: another run of the store waits on that key, and would "
+            "never resume; the imported run waits for a key it does not hold",
+            err=True,
+        )
+    if report.waits_taken:
+        sys.exit(1)

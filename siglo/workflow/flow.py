@@ -37,6 +37,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
+from siglo.wait_keys import place_wait
 from siglo.wire import later_ms
 from siglo.workflow.outcomes import (
     EVENT,
@@ -445,7 +446,11 @@ class Flow:
                 # A run that waits again on the same key replaced the claimed record with
                 # its new wait: that one is not this delivery's to complete.
                 if not isinstance(exc, StorageAdapterError) and not waits_again:
-                    await complete()
+                    # A record gone meanwhile (the run removed: `siglo rm`): the run's
+                    # own failure says what happened, not the completion's "no wait
+                    # record" (a black-box auditor).
+                    with contextlib.suppress(WaitRecordClaimError):
+                        await complete()
                 # A storage failure may have kept the run's outcome from being stored,
                 # and a cancelled run (a worker stopped at once, the process ending) has
                 # none: the wait stays claimed, and when the claim's lease lapses the
@@ -915,38 +920,15 @@ class Flow:
         # rerun after a crash — or one whose wait ended is replaced): a second run
         # waiting on the key would take the first's wait, and the first would never
         # resume.
-        try:
-            created = await adapter.create_wait_record(record)
-        except CapabilityNotSupportedError:
-            created = False  # a plugin without it: looked up, then saved (not atomic)
-        if not created:
-
-            async def replace() -> None:
-                there = await adapter.get_wait_record(
-                    wait.correlation_key, namespace=stack.namespace
-                )
-                if (
-                    there is not None
-                    and there.stack_id != stack.stack_id
-                    and there.status in ("waiting", "claimed")
-                ):
-                    raise _WaitRefused(
-                        f"run {stack.stack_id!r} cannot wait for {wait.correlation_key!r}: "
-                        f"run {there.stack_id!r} of {_describe_namespace(stack.namespace)} "
-                        "waits for it already (a correlation key names one waiting run; "
-                        "make it unique, e.g. with the run's id)"
-                    )
-                await adapter.save_wait_record(record)
-
-            if adapter.supports(Capability.WORKFLOW_LOCK):
-                # The look and the replacement under one lock of the key: two runs
-                # replacing an ended wait at once would each find it ended and each
-                # write, and the first's wait would be lost.
-                await adapter.with_workflow_lock(
-                    _WAIT_KEY_LOCK + wait.correlation_key, replace, namespace=stack.namespace
-                )
-            else:
-                await replace()
+        placed, there = await place_wait(adapter, record)
+        if placed == "taken":
+            assert there is not None
+            raise _WaitRefused(
+                f"run {stack.stack_id!r} cannot wait for {wait.correlation_key!r}: "
+                f"run {there.stack_id!r} of {_describe_namespace(stack.namespace)} "
+                "waits for it already (a correlation key names one waiting run; "
+                "make it unique, e.g. with the run's id)"
+            )
         stack.set(step.name, WAITING_FOR, wait.correlation_key)
         stack.metadata["waitRecord"] = record.to_wire()
         traceparent = telemetry.suspending_traceparent()
@@ -1053,10 +1035,6 @@ async def _why_unclaimable(
             "pass allow_expired=True to deliver it late"
         )
     return f"{head}: it changed while being claimed; deliver again"
-
-
-_WAIT_KEY_LOCK: Final = "siglo-wait-key:"
-"""The workflow lock a run takes on a correlation key to replace its ended wait."""
 
 
 def _retention_ms(adapter: StorageAdapter) -> int | None:

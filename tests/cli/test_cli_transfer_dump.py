@@ -189,6 +189,7 @@ async def test_an_altered_dump_is_refused() -> None:
             "skipped": 0,
             "waits": 0,
             "waitsPresent": 3,
+            "waitsTaken": [],
         }
 
 
@@ -1091,3 +1092,80 @@ async def test_a_wait_key_waited_on_again_by_another_run_exports_and_imports(
         moved = siglo.StorageManager(target)
         assert await approvals.deliver("approval", "yes", manager=moved) == "yes"
         assert await approvals.run(None, manager=moved, stack_id="run-A") == "ok"
+
+
+@pytest.mark.parametrize("kind", DURABLE_KINDS)
+async def test_an_import_never_takes_another_runs_open_wait(kind: str) -> None:
+    """The dump's run waits on a key that a run of the target store waits on: the
+    import saved its record over the other's, which never resumed (a black-box auditor,
+    `siglo import` into a live store). The other's wait stays, the import says which
+    wait it could not bring and exits 1."""
+    from siglo import Step, WorkflowSuspended, flow, wait_for_event
+
+    async def approve(_: Any) -> Any:
+        return await wait_for_event("approve:1")
+
+    approvals = flow(Step.create("approve", approve), name="approvals-taken")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as source,
+        shared_store(kind, checkpoint_ttl_ms=None) as target,
+    ):
+        with pytest.raises(WorkflowSuspended):
+            await approvals.run(None, manager=siglo.StorageManager(source), stack_id="old")
+        live = siglo.StorageManager(target)
+        with pytest.raises(WorkflowSuspended):
+            await approvals.run(None, manager=live, stack_id="live")
+        dump = await invoke("export", source.url)
+        assert dump.exit_code == 0, dump.output
+        imported = await invoke("import", target.url, input=dump.stdout_bytes)
+        assert imported.exit_code == 1, imported.output
+        assert "the wait of run 'old' for 'approve:1' was not imported" in imported.output
+        record = await target.adapter.get_wait_record("approve:1")
+        assert record is not None and record.stack_id == "live"
+        assert await approvals.deliver("approve:1", "ok", manager=live) == "ok"
+        stored = await live.load_checkpoint("live")
+        assert stored is not None and stored.status == "completed"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_an_export_never_pairs_a_waiting_run_with_its_delivered_wait(kind: str) -> None:
+    """The export read a run waiting, then its wait record after a delivery had completed
+    it: the dump paired the two, and the imported run waited for ever, every delivery
+    refused as already delivered (a black-box auditor, the delivery made to land between
+    the two reads, as here). The run is read again: the dump holds what it became."""
+    from siglo import Step, WorkflowSuspended, flow, wait_for_event
+
+    async def approve(_: Any) -> Any:
+        return await wait_for_event("approve:torn")
+
+    approvals = flow(Step.create("approve", approve), name="approvals-torn")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as source,
+        shared_store(kind, checkpoint_ttl_ms=None) as target,
+        siglo.connect(source.url) as other,
+    ):
+        with pytest.raises(WorkflowSuspended):
+            await approvals.run(None, manager=siglo.StorageManager(source), stack_id="torn")
+        adapter: Any = source.adapter
+        reading = adapter.get_wait_record
+        delivered: list[Any] = []
+
+        async def after_a_delivery(*args: Any, **kwargs: Any) -> Any:
+            if not delivered:  # another process's delivery, between the two reads
+                delivered.append(
+                    await approvals.deliver(
+                        "approve:torn", "ok", manager=siglo.StorageManager(other)
+                    )
+                )
+            return await reading(*args, **kwargs)
+
+        adapter.get_wait_record = after_a_delivery
+        try:
+            lines = [line async for line in export_lines(source.adapter)]
+        finally:
+            adapter.get_wait_record = reading
+        assert delivered == ["ok"]
+        report = await import_lines(target.adapter, lines)
+        assert report.imported == 1
+        moved = await target.adapter.get_checkpoint("torn")
+        assert moved is not None and moved.status == "completed"

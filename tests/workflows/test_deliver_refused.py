@@ -61,3 +61,38 @@ async def test_claimed_elsewhere_says_so() -> None:
         assert await backend.adapter.claim_wait_record("approve:refused", "other") is not None
         with pytest.raises(siglo.WaitRecordClaimError, match="another delivery holds"):
             await V1.deliver("approve:refused", None, manager=manager)
+
+
+async def test_a_run_removed_during_its_delivery_says_so_not_no_wait_record() -> None:
+    """`siglo rm` of a run while a delivery executes it: the run's next checkpoint is
+    refused (the stack is gone), and deliver() raised "no wait record" — the error of a
+    delivery that never claimed the wait — from the wait's completion (a black-box
+    auditor). The run's own failure propagates."""
+    import asyncio
+
+    from ops_support import shared_store
+
+    from siglo import Step, WorkflowSuspended, flow, wait_for_event
+    from siglo.errors import CheckpointConflictError
+
+    working, release = asyncio.Event(), asyncio.Event()
+
+    async def approve(_: object) -> object:
+        return await wait_for_event("rm:1")
+
+    async def slow(value: object) -> object:
+        working.set()
+        await release.wait()
+        return value
+
+    removed = flow(Step.create("approve", approve), Step.create("slow", slow), name="rm-during")
+    async with shared_store("sqlite") as store, siglo.connect(store.url) as backend:
+        manager = siglo.StorageManager(backend)
+        with pytest.raises(WorkflowSuspended):
+            await removed.run(None, manager=manager, stack_id="rm-1")
+        delivering = asyncio.create_task(removed.deliver("rm:1", "ada", manager=manager))
+        await working.wait()
+        assert await backend.adapter.delete_checkpoint("rm-1") is True  # `siglo rm`
+        release.set()
+        with pytest.raises(CheckpointConflictError):
+            await delivering

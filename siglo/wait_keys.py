@@ -1,0 +1,58 @@
+"""A correlation key names one open wait: placing a run's wait record without taking
+another run's (the workflow runtime's suspension, ``siglo import``)."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from siglo.adapter import Capability, StorageAdapter
+from siglo.errors import CapabilityNotSupportedError
+from siglo.records import WaitRecord
+
+__all__ = ["WAIT_KEY_LOCK", "place_wait"]
+
+WAIT_KEY_LOCK: Final = "siglo-wait-key:"
+"""The workflow lock a writer takes on a correlation key to replace its record."""
+
+OPEN: Final = ("waiting", "claimed")
+
+Placed = Literal["stored", "present", "taken"]
+
+
+async def place_wait(
+    adapter: StorageAdapter, record: WaitRecord, *, replace_own: bool = True
+) -> tuple[Placed, WaitRecord | None]:
+    """Store ``record`` as its key's wait unless another run's wait of that key is open.
+
+    One create-if-absent first; where a record is there, under the key's lock (two
+    writers replacing one ended wait would each find it ended and each write): another
+    run's open wait (``waiting`` or ``claimed``) is left as it is — ``"taken"``, with it:
+    replaced, that run would never resume; this run's own record is replaced
+    (``"stored"``), or, without ``replace_own``, left (``"present"``, with it); a record
+    whose wait ended is replaced. A backend without ``create_wait_record`` is looked up,
+    then saved (not atomic)."""
+    try:
+        if await adapter.create_wait_record(record):
+            return "stored", None
+    except CapabilityNotSupportedError:
+        pass
+    placed: tuple[Placed, WaitRecord | None] = ("stored", None)
+
+    async def replace() -> None:
+        nonlocal placed
+        there = await adapter.get_wait_record(record.correlation_key, namespace=record.namespace)
+        if there is not None and there.stack_id != record.stack_id and there.status in OPEN:
+            placed = ("taken", there)
+            return
+        if there is not None and there.stack_id == record.stack_id and not replace_own:
+            placed = ("present", there)
+            return
+        await adapter.save_wait_record(record)
+
+    if adapter.supports(Capability.WORKFLOW_LOCK):
+        await adapter.with_workflow_lock(
+            WAIT_KEY_LOCK + record.correlation_key, replace, namespace=record.namespace
+        )
+    else:
+        await replace()
+    return placed
