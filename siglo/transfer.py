@@ -74,7 +74,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
 from siglo.unreadable import stopping_at_unreadable
 from siglo.validation import check_save_arguments, check_wait_record, require_optional_id
-from siglo.wait_keys import place_wait
+from siglo.wait_keys import cancel_own_wait, place_wait
 
 __all__ = [
     "FORMAT",
@@ -660,7 +660,8 @@ async def _cancel_passed_wait(
         return  # the same wait: the dump's record replaces it after this checkpoint
     stored = await adapter.get_wait_record(passed.correlation_key, namespace=checkpoint.namespace)
     if stored is not None and stored.status == "waiting" and stored.stack_id == checkpoint.stack_id:
-        await adapter.cancel_wait_record(passed.correlation_key, namespace=checkpoint.namespace)
+        # Under the key's lock, only if still that record (another run may take the key).
+        await cancel_own_wait(adapter, stored, statuses=("waiting",))
 
 
 async def _import_wait(

@@ -9,7 +9,7 @@ from siglo.adapter import Capability, StorageAdapter
 from siglo.errors import CapabilityNotSupportedError
 from siglo.records import WaitRecord
 
-__all__ = ["WAIT_KEY_LOCK", "place_wait"]
+__all__ = ["WAIT_KEY_LOCK", "cancel_own_wait", "place_wait"]
 
 WAIT_KEY_LOCK: Final = "siglo-wait-key:"
 """The workflow lock a writer takes on a correlation key to replace its record."""
@@ -56,3 +56,37 @@ async def place_wait(
     else:
         await replace()
     return placed
+
+
+async def cancel_own_wait(
+    adapter: StorageAdapter, record: WaitRecord, *, statuses: tuple[str, ...] = OPEN
+) -> bool:
+    """Cancel the wait of ``record``'s key only if it is still that record — the same
+    run's, created at the same time — under the key's lock (a writer replacing the key's
+    record takes it; one creating it finds it there, as long as it is). Cancelled by key
+    alone, a run's clean-up cancelled the wait another run had placed on the key once
+    the first's was cancelled or removed, and that run waited for ever (a black-box
+    auditor). ``statuses``: the ones it is cancelled in (default: open). Whether it was
+    cancelled."""
+    cancelled = False
+
+    async def cancel() -> None:
+        nonlocal cancelled
+        there = await adapter.get_wait_record(record.correlation_key, namespace=record.namespace)
+        if (
+            there is not None
+            and there.stack_id == record.stack_id
+            and there.created_at == record.created_at
+            and there.status in statuses
+        ):
+            cancelled = await adapter.cancel_wait_record(
+                record.correlation_key, namespace=record.namespace
+            )
+
+    if adapter.supports(Capability.WORKFLOW_LOCK):
+        await adapter.with_workflow_lock(
+            WAIT_KEY_LOCK + record.correlation_key, cancel, namespace=record.namespace
+        )
+    else:
+        await cancel()
+    return cancelled

@@ -37,7 +37,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
-from siglo.wait_keys import place_wait
+from siglo.wait_keys import cancel_own_wait, place_wait
 from siglo.wire import later_ms
 from siglo.workflow.outcomes import (
     EVENT,
@@ -943,8 +943,9 @@ class Flow:
             # — deleted it (`siglo rm`, `prune`), cancelled it — or the waiting checkpoint
             # is too large. The wait just written waits for nothing: cancelled, it neither
             # holds its key against another run nor fires as a timer.
+            # Only if it is still this run's: the key may be another run's by now.
             with contextlib.suppress(Exception):
-                await adapter.cancel_wait_record(wait.correlation_key, namespace=stack.namespace)
+                await cancel_own_wait(adapter, record)
             raise
 
 

@@ -14,7 +14,7 @@ from ops_support import DURABLE_KINDS, shared_store
 
 import siglo
 from siglo import Step, WorkflowSuspended, flow, wait_for_event
-from siglo.errors import InvalidArgumentError
+from siglo.errors import InvalidArgumentError, InvalidStateTransitionError
 
 
 async def approve(value: Any) -> Any:
@@ -195,3 +195,52 @@ async def test_a_timeout_past_any_stored_time_means_never(kind: str) -> None:
         stack = manager.create_stack("kept-forever")
         saved = await manager.save(stack, ttl_ms=10**20)
         assert saved.expires_at == INT64_MAX
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_a_refused_waiting_checkpoint_never_cancels_another_runs_wait(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run A placed its wait on a key; before A's waiting checkpoint, A was cancelled
+    (its wait ended) and run B waited on the freed key; A's checkpoint was refused, and
+    its clean-up cancelled the key's wait — B's — by key alone: B waited for ever (a
+    black-box auditor, the interleaving forced here as there; in life two processes and
+    an operator's cancel). The clean-up cancels only A's own record."""
+    import importlib
+
+    from ops_support import shared_store
+
+    flow_module = importlib.import_module("siglo.workflow.flow")
+
+    async def first(value: Any) -> Any:
+        return value
+
+    async def waits(value: Any) -> Any:
+        return {"x": value, "event": await wait_for_event("shared-key")}
+
+    race = flow(Step.create("first", first), Step.create("waits", waits), name="key-race")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url) as backend,
+    ):
+        manager = siglo.StorageManager(backend)
+        placing = flow_module.place_wait
+
+        async def then_a_cancelled_and_b_waiting(adapter: Any, record: Any, **kw: Any) -> Any:
+            placed = await placing(adapter, record, **kw)
+            if record.stack_id == "A":
+                await backend.adapter.cancel_workflow("A")
+                with pytest.raises(WorkflowSuspended):
+                    await race.run("B", manager=manager, stack_id="B")
+            return placed
+
+        monkeypatch.setattr(flow_module, "place_wait", then_a_cancelled_and_b_waiting)
+        with pytest.raises(InvalidStateTransitionError):
+            await race.run("A", manager=manager, stack_id="A")
+        monkeypatch.setattr(flow_module, "place_wait", placing)
+        record = await backend.adapter.get_wait_record("shared-key")
+        assert record is not None and (record.stack_id, record.status) == ("B", "waiting")
+        assert await race.deliver("shared-key", "ev", manager=manager) == {
+            "x": "B",
+            "event": "ev",
+        }
