@@ -3,6 +3,7 @@ another run's (the workflow runtime's suspension, ``siglo import``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Final, Literal
 
 from siglo.adapter import Capability, StorageAdapter
@@ -49,12 +50,7 @@ async def place_wait(
             return
         await adapter.save_wait_record(record)
 
-    if adapter.supports(Capability.WORKFLOW_LOCK):
-        await adapter.with_workflow_lock(
-            WAIT_KEY_LOCK + record.correlation_key, replace, namespace=record.namespace
-        )
-    else:
-        await replace()
+    await _under_key_lock(adapter, record, replace)
     return placed
 
 
@@ -83,10 +79,18 @@ async def cancel_own_wait(
                 record.correlation_key, namespace=record.namespace
             )
 
+    await _under_key_lock(adapter, record, cancel)
+    return cancelled
+
+
+async def _under_key_lock(
+    adapter: StorageAdapter, record: WaitRecord, action: Callable[[], Awaitable[None]]
+) -> None:
+    """``action`` under the lock of ``record``'s correlation key (its workflow lock named
+    :data:`WAIT_KEY_LOCK` + key), where the backend has one."""
     if adapter.supports(Capability.WORKFLOW_LOCK):
         await adapter.with_workflow_lock(
-            WAIT_KEY_LOCK + record.correlation_key, cancel, namespace=record.namespace
+            WAIT_KEY_LOCK + record.correlation_key, action, namespace=record.namespace
         )
     else:
-        await cancel()
-    return cancelled
+        await action()
