@@ -161,9 +161,11 @@ class PluginRegistry:
         for it are refused, naming both: pluggy would take the last one registered, and
         hand it the reference (credentials and all) and its key (a black-box auditor),
         as a backend scheme served twice was before."""
+        given = {"scheme": scheme, "reference": reference}
         answers = []
         for impl in reversed(self._pm.hook.siglo_master_key.get_hookimpls()):
-            key = impl.function(scheme=scheme, reference=reference)
+            # Each as pluggy calls it: with the arguments it names (a subset may do).
+            key = impl.function(*(given[name] for name in impl.argnames))
             if key is not None:
                 answers.append((impl.plugin_name, key))
         if len(answers) > 1:
