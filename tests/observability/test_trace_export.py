@@ -92,5 +92,7 @@ def test_a_run_resumed_in_another_process_links_to_the_run_that_suspended_it(
     # Never payloads, never credentials: no attribute holds the card, the order's input
     # or the event.
     text = json.dumps([first, second])
-    assert "4111" not in text
+    # The card as planted ("4111 1111 1111 1111"): "4111" alone is found in a random
+    # span id now and then (a CI run failed on "61d4111fcbfca3dd").
+    assert "4111 1111" not in text
     assert '"by": "ops"' not in json.dumps([s["attributes"] for s in spans + spans2])
