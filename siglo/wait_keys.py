@@ -25,22 +25,25 @@ async def place_wait(
 ) -> tuple[Placed, WaitRecord | None]:
     """Store ``record`` as its key's wait unless another run's wait of that key is open.
 
-    One create-if-absent first; where a record is there, under the key's lock (two
-    writers replacing one ended wait would each find it ended and each write): another
-    run's open wait (``waiting`` or ``claimed``) is left as it is — ``"taken"``, with it:
-    replaced, that run would never resume; this run's own record is replaced
-    (``"stored"``), or, without ``replace_own``, left (``"present"``, with it); a record
-    whose wait ended is replaced. A backend without ``create_wait_record`` is looked up,
-    then saved (not atomic)."""
-    try:
-        if await adapter.create_wait_record(record):
-            return "stored", None
-    except CapabilityNotSupportedError:
-        pass
+    All of it under the key's lock, where the backend has one: a create-if-absent, and
+    where a record is there, a look at it — another run's open wait (``waiting`` or
+    ``claimed``) is left as it is (``"taken"``, with it: replaced, that run would never
+    resume); this run's own record is replaced (``"stored"``), or, without
+    ``replace_own``, left (``"present"``, with it); a record whose wait ended is
+    replaced. The create under the lock too: a run creating the key's record while
+    another, holding the lock, replaced an ended record that a deletion (``siglo rm``)
+    removed in between had its fresh wait overwritten, and waited for ever (a black-box
+    auditor, three processes). A backend without ``create_wait_record`` is looked up,
+    then saved; one without a workflow lock, not atomically."""
     placed: tuple[Placed, WaitRecord | None] = ("stored", None)
 
-    async def replace() -> None:
+    async def place() -> None:
         nonlocal placed
+        try:
+            if await adapter.create_wait_record(record):
+                return
+        except CapabilityNotSupportedError:
+            pass
         there = await adapter.get_wait_record(record.correlation_key, namespace=record.namespace)
         if there is not None and there.stack_id != record.stack_id and there.status in OPEN:
             placed = ("taken", there)
@@ -50,7 +53,7 @@ async def place_wait(
             return
         await adapter.save_wait_record(record)
 
-    await _under_key_lock(adapter, record, replace)
+    await _under_key_lock(adapter, record, place)
     return placed
 
 

@@ -244,3 +244,59 @@ async def test_a_refused_waiting_checkpoint_never_cancels_another_runs_wait(
             "x": "B",
             "event": "ev",
         }
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])
+async def test_a_key_freed_by_a_removal_during_a_replacement_is_never_doubly_held(
+    kind: str,
+) -> None:
+    """Run B replaced run A's ended wait under the key's lock; between B's look and B's
+    save, `siglo rm A` removed A's record and run C created the key's record without the
+    lock: B's save overwrote C's fresh wait, and C waited for ever (a black-box auditor,
+    three processes). The create goes under the lock too: C finds B's wait and fails."""
+    from ops_support import shared_store
+
+    async def waits(value: Any) -> Any:
+        return {"x": value, "event": await wait_for_event("reused-key")}
+
+    race = flow(Step.create("waits", waits), name="key-reuse-race")
+    async with (
+        shared_store(kind, checkpoint_ttl_ms=None) as store,
+        siglo.connect(store.url) as for_a,
+        siglo.connect(store.url) as for_b,
+        siglo.connect(store.url) as for_c,
+    ):
+        with pytest.raises(WorkflowSuspended):
+            await race.run("A", manager=siglo.StorageManager(for_a), stack_id="A")
+        assert await race.deliver("reused-key", 1, manager=siglo.StorageManager(for_a)) == {
+            "x": "A",
+            "event": 1,
+        }
+        adapter: Any = for_b.adapter
+        reading = adapter.get_wait_record
+        c_run: list[asyncio.Task[Any]] = []
+
+        async def then_a_removed_and_c_waiting(*args: Any, **kwargs: Any) -> Any:
+            found = await reading(*args, **kwargs)
+            if not c_run:  # B looked at A's ended record: A goes, C tries the key
+                assert await for_a.adapter.delete_checkpoint("A") is True
+                c_run.append(
+                    asyncio.create_task(
+                        race.run("C", manager=siglo.StorageManager(for_c), stack_id="C")
+                    )
+                )
+                await asyncio.sleep(0.3)  # C's create, where it does not wait for the lock
+            return found
+
+        adapter.get_wait_record = then_a_removed_and_c_waiting
+        try:
+            with pytest.raises(WorkflowSuspended):
+                await race.run("B", manager=siglo.StorageManager(for_b), stack_id="B")
+        finally:
+            adapter.get_wait_record = reading
+        with pytest.raises(InvalidArgumentError, match="waits for it already"):
+            await c_run[0]
+        record = await for_a.adapter.get_wait_record("reused-key")
+        assert record is not None and (record.stack_id, record.status) == ("B", "waiting")
+        c = await for_a.adapter.get_checkpoint("C")
+        assert c is not None and c.status == "failed"
