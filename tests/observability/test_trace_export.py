@@ -57,9 +57,11 @@ def test_a_run_resumed_in_another_process_links_to_the_run_that_suspended_it(
     assert {s["trace_id"] for s in spans} == {run["trace_id"]}
     steps = [s["name"] for s in spans if s["name"].startswith("step ")]
     assert steps == ["step reserve", "step approve"]
-    # A step runs under the run's workflow lock: run > with_workflow_lock > step.
-    (lock,) = by_name(spans, "with_workflow_lock")
-    assert lock["parent"] == run["span_id"]
+    # A step runs under the run's workflow lock: run > with_workflow_lock > step; the
+    # wait is placed under its key's lock, taken by the suspension under the run's.
+    (lock,) = [s for s in by_name(spans, "with_workflow_lock") if s["parent"] == run["span_id"]]
+    (key_lock,) = [s for s in by_name(spans, "with_workflow_lock") if s is not lock]
+    assert key_lock["parent"] == lock["span_id"]
     assert {s["parent"] for s in spans if s["name"].startswith("step ")} == {lock["span_id"]}
     saves = by_name(spans, "save_checkpoint") + by_name(spans, "save_checkpoint_streamed")
     assert saves and all(s["kind"] == "CLIENT" for s in saves)
