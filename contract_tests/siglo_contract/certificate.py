@@ -458,6 +458,11 @@ def _one_process_because(target: Any, report: Any) -> str:
     """Why a run raced its concurrency checks in one process only."""
     if not target.multiprocess:
         return "the registration says multiprocess=False"
+    if target.isolated is not None:
+        return (
+            "its isolated storage is not reached by another process's connection (the "
+            "backend says url_shares_storage=False), whatever its multiprocess=True"
+        )
     return (
         "no storage other processes reach: the plugin registers no isolated factory, "
         "whatever its registration's multiprocess=True"

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from siglo.cli.common import stopped_by_signals
+from siglo.cli.common import STOPPED_BY, stopped_by_signals
 from siglo.cli.errors import CliError, display_url, resolve_url
 from siglo.connect import check_port
 from siglo.errors import SigloError
@@ -231,57 +231,70 @@ def check(
     out = Console(stderr=report_format is not None and report_file is None)
     # A SIGTERM (a timeout, `docker stop`, a cancelled CI job) removes the run's
     # isolated storage as Ctrl-C does; it left a thousand keys behind.
-    restore_signals = stopped_by_signals()
-    with (
-        _restoring(restore_signals),
-        Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress,
-    ):
-        task = progress.add_task(f"connecting to {escape(shown)}", total=None)
+    restore_signals = stopped_by_signals(as_interrupt=True)
+    try:
+        with (
+            _restoring(restore_signals),
+            Progress(
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            ) as progress,
+        ):
+            task = progress.add_task(f"connecting to {escape(shown)}", total=None)
 
-        def on_plan(checks: list[Check]) -> None:
-            progress.update(task, total=len(checks), completed=0)
-            console.print(f"siglo check {escape(shown)}: {len(checks)} checks", highlight=False)
+            def on_plan(checks: list[Check]) -> None:
+                progress.update(task, total=len(checks), completed=0)
+                console.print(f"siglo check {escape(shown)}: {len(checks)} checks", highlight=False)
 
-        def on_progress(event: str, chk: Check, message: str) -> None:
-            ids = escape(", ".join(chk.rules))
-            if event == "start":
-                progress.update(task, description=f"{chk.name} [dim]({ids})[/dim]")
-                return
-            progress.advance(task)
-            mark = "[green]✓[/green]" if event == "pass" else f"[red]✗ {escape(message)}[/red]"
-            progress.console.print(f"  {mark} {chk.name} [dim]({ids})[/dim]", highlight=False)
+            def on_progress(event: str, chk: Check, message: str) -> None:
+                ids = escape(", ".join(chk.rules))
+                if event == "start":
+                    progress.update(task, description=f"{chk.name} [dim]({ids})[/dim]")
+                    return
+                progress.advance(task)
+                mark = "[green]✓[/green]" if event == "pass" else f"[red]✗ {escape(message)}[/red]"
+                progress.console.print(f"  {mark} {chk.name} [dim]({ids})[/dim]", highlight=False)
 
-        profiles = tuple(OPTION_PROFILES) if option_profile == "all" else (option_profile,)
-        report = run_option_profiles(
-            target,
-            profiles,
-            rules=rules or None,
-            examples=examples,
-            seed=seed,
-            profile=profile,
-            progress=on_progress,
-            on_plan=on_plan,
-        )
-        other = None
-        if other_target is not None:
-            progress.update(task, description=f"comparing with {escape(display_url(other_target))}")
-            other = run_option_profiles(
-                other_target,
+            profiles = tuple(OPTION_PROFILES) if option_profile == "all" else (option_profile,)
+            report = run_option_profiles(
+                target,
                 profiles,
                 rules=rules or None,
                 examples=examples,
-                seed=report.seed,
+                seed=seed,
                 profile=profile,
                 progress=on_progress,
                 on_plan=on_plan,
             )
+            other = None
+            if other_target is not None:
+                progress.update(
+                    task, description=f"comparing with {escape(display_url(other_target))}"
+                )
+                other = run_option_profiles(
+                    other_target,
+                    profiles,
+                    rules=rules or None,
+                    examples=examples,
+                    seed=report.seed,
+                    profile=profile,
+                    progress=on_progress,
+                    on_plan=on_plan,
+                )
+    except KeyboardInterrupt:
+        if not STOPPED_BY:
+            raise  # Ctrl-C itself
+        # Through the run's clean-up, as Ctrl-C: then the status the signal ends with.
+        sys.exit(128 + STOPPED_BY[-1])
+    if STOPPED_BY:
+        # The interrupt was swallowed where it landed (Python ignores an exception raised
+        # in a finalizer): the run went on to its end and removed its storage, and the
+        # signal still decides the status — never 0 for a stopped run.
+        sys.exit(128 + STOPPED_BY[-1])
 
     table = Table(title=f"siglo check {escape(report.target)}", show_lines=not report.ok)
     table.add_column("rule")

@@ -139,12 +139,22 @@ def format_ms(ms: int | None) -> str | None:
     return moment.strftime("%Y-%m-%d %H:%M")
 
 
-def stopped_by_signals() -> Callable[[], None]:
+STOPPED_BY: list[int] = []
+"""The signal a :func:`stopped_by_signals` ``as_interrupt`` handler turned into Ctrl-C."""
+
+
+def stopped_by_signals(*, as_interrupt: bool = False) -> Callable[[], None]:
     """SIGTERM and SIGHUP (a supervisor's stop, a closed terminal, a cancelled CI job)
     end the command as Ctrl-C does, through its clean-up (an export's temporary file, a
-    check's isolated storage); returns what puts the handlers back."""
+    check's isolated storage): by ``SystemExit(128 + signum)``, or with ``as_interrupt``
+    by the very ``KeyboardInterrupt`` Ctrl-C raises, the signal noted in
+    :data:`STOPPED_BY` (code that lets Ctrl-C through then lets it through too);
+    returns what puts the handlers back."""
 
     def stopped(signum: int, _frame: object) -> None:
+        if as_interrupt:
+            STOPPED_BY.append(signum)
+            raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
     previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
