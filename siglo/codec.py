@@ -206,6 +206,17 @@ def stored_form(value: Any, kind: str, name: object) -> Any:
     return loads(dumps_of(value, kind, name))
 
 
+def stored_event(payload: Any, correlation_key: str) -> Any:
+    """An event delivered for ``correlation_key`` as a step will see it
+    (:func:`stored_form`), refused — before anything is claimed — if it is not JSON or
+    has a form siglo reserves (stored whole in the wait record and as the step's context,
+    it would read back as a sealed or offloaded value). Every path that delivers an event
+    (``Flow.deliver``, the dashboard's deliver) takes it here."""
+    payload = stored_form(payload, "the event delivered for", correlation_key)
+    refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
+    return payload
+
+
 def private_copy(value: Any) -> Any:
     """A copy of ``value`` (JSON data in its stored form) that shares no container with
     it: what a workflow step is handed, so that changing it in place changes neither the

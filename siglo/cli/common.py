@@ -151,6 +151,8 @@ def stopped_by_signals(*, as_interrupt: bool = False) -> Callable[[], None]:
     :data:`STOPPED_BY` (code that lets Ctrl-C through then lets it through too);
     returns what puts the handlers back."""
 
+    STOPPED_BY.clear()  # this command's signals, not an earlier one's in this process
+
     def stopped(signum: int, _frame: object) -> None:
         if as_interrupt:
             STOPPED_BY.append(signum)

@@ -13,7 +13,7 @@ from typing import Any
 
 from siglo.adapter import Capability
 from siglo.checkpoint import TERMINAL_STATUSES
-from siglo.codec import refuse_reserved_value, stored_form
+from siglo.codec import stored_event
 from siglo.errors import CheckpointConflictError, SigloError
 from siglo.manager import StorageManager
 from siglo.stack import ExecutionStack
@@ -134,11 +134,7 @@ async def deliver_event(
             f"{correlation_key!r} is a durable sleep, not a wait for an event: the next "
             "`siglo worker` pass after its deadline ends it; nothing was delivered"
         )
-    # As Flow.deliver refuses it: a payload that is not JSON data (an integer beyond 64
-    # bits …), or of a form siglo reserves — stored whole in the wait record and as the
-    # step's context, it would read back as a sealed or offloaded value.
-    payload = stored_form(payload, "the event delivered for", correlation_key)
-    refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
+    payload = stored_event(payload, correlation_key)  # as Flow.deliver takes it
 
     def refuse_changed(revision: int) -> None:
         if expected_revision is not None and revision != expected_revision:

@@ -15,7 +15,7 @@ from typing import Any, Final, TypeVar
 from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES
-from siglo.codec import private_copy, refuse_reserved_value, stored_form
+from siglo.codec import private_copy, refuse_reserved_value, stored_event, stored_form
 from siglo.coordination import undo_later
 from siglo.errors import (
     CapabilityNotSupportedError,
@@ -328,14 +328,9 @@ class Flow:
                 f"{correlation_key!r} is a durable sleep, not a wait for an event: "
                 "`siglo worker` ends it at its deadline"
             )
-        # The step sees the event as a resume from the stored run reads it (a datetime
-        # as text …); an event that is not JSON is refused before the claim. Stored whole
-        # in the wait record and as the step's context, a payload of a form siglo
-        # reserves would read back as a sealed or offloaded value: refused before the
-        # claim, which would otherwise complete the wait for a run that then cannot be
-        # checkpointed.
-        payload = stored_form(payload, "the event delivered for", correlation_key)
-        refuse_reserved_value(payload, f"the event delivered for {correlation_key!r}")
+        # Before the claim, which would otherwise complete the wait for a run that then
+        # cannot be checkpointed with it.
+        payload = stored_event(payload, correlation_key)
         with self._resume_span(correlation_key, namespace):
             record = await _claim(
                 adapter,

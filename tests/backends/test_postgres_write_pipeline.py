@@ -158,12 +158,7 @@ async def test_a_write_sent_together_that_waits_for_a_row_holds_no_other_callers
     other's row deadlocked). Past the batch's lock timeout the batch is rolled back and
     each write sent again alone: the others are answered while the row is still held,
     and every write is done once."""
-    adapter: Any = backend.adapter
-    db = adapter.database
-    table = f"{adapter.schema}.gc_rows_{secrets.token_hex(4)}"
-    await db.write(f"CREATE TABLE {table} (k int PRIMARY KEY, n int NOT NULL)")
-    await db.write(f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
-    bump = f"UPDATE {table} SET n = n + 1 WHERE k = %(k)s RETURNING n"
+    db, table, bump = await _two_rows(backend, "gc_rows")
     async with await psycopg.AsyncConnection.connect(base_url("postgres")) as holder:
         await holder.execute(f"SELECT 1 FROM {table} WHERE k = 1 FOR UPDATE")
         first = asyncio.ensure_future(db.write(bump, {"k": 1}))  # alone, waits for row 1
@@ -216,12 +211,7 @@ async def test_a_write_whose_caller_has_gone_is_not_sent_again_alone(
     one whose caller was cut off meanwhile: the rollback undid it, and its caller may
     have made up for it already (a delivery cut off gives back the claim it might have
     made; sent after that, the claim stayed with nobody — a full run met one)."""
-    adapter: Any = backend.adapter
-    db = adapter.database
-    table = f"{adapter.schema}.gc_gone_{secrets.token_hex(4)}"
-    await db.write(f"CREATE TABLE {table} (k int PRIMARY KEY, n int NOT NULL)")
-    await db.write(f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
-    bump = f"UPDATE {table} SET n = n + 1 WHERE k = %(k)s RETURNING n"
+    db, table, bump = await _two_rows(backend, "gc_gone")
     async with await psycopg.AsyncConnection.connect(base_url("postgres")) as holder:
         await holder.execute(f"SELECT 1 FROM {table} WHERE k = 1 FOR UPDATE")
         first = asyncio.ensure_future(db.write(bump, {"k": 1}))  # alone, waits for row 1
@@ -235,3 +225,14 @@ async def test_a_write_whose_caller_has_gone_is_not_sent_again_alone(
     assert await first == [(1,)]
     await asyncio.sleep(0.3)  # time for a write sent again to land
     assert await db.fetch(f"SELECT k, n FROM {table} ORDER BY k") == [(1, 1), (2, 1)]
+
+
+async def _two_rows(backend: siglo.Backend, name: str) -> tuple[Any, str, str]:
+    """The backend's database, a table of two rows (``k`` 1 and 2, ``n`` 0) in its
+    schema, and the statement that bumps a row's ``n``."""
+    adapter: Any = backend.adapter
+    db = adapter.database
+    table = f"{adapter.schema}.{name}_{secrets.token_hex(4)}"
+    await db.write(f"CREATE TABLE {table} (k int PRIMARY KEY, n int NOT NULL)")
+    await db.write(f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
+    return db, table, f"UPDATE {table} SET n = n + 1 WHERE k = %(k)s RETURNING n"
