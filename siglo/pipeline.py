@@ -57,7 +57,13 @@ from siglo.keys import (
 from siglo.listing import DEFAULT_PAGE_SIZE, CheckpointPage
 from siglo.payloads import PayloadKind, StoredPayload, context_field
 from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord
-from siglo.redaction import REDACT_FIELDS_KEY, named_redactions, redact, redact_change
+from siglo.redaction import (
+    REDACT_FIELDS_KEY,
+    named_redactions,
+    redact,
+    redact_change,
+    redacting,
+)
 from siglo.sealing import SEALED_KEY, Location, Sealer, refuse_unresolved, require_packages
 from siglo.sentinel import MISSING, Missing
 from siglo.telemetry import Telemetry
@@ -75,6 +81,7 @@ __all__ = [
     "redact_wait",
     "redacted_parts",
     "sealer_for",
+    "shown_run",
 ]
 
 WAIT_RECORD_KEY: Final = "waitRecord"
@@ -165,6 +172,26 @@ def redacted_parts(
     metadata = None if checkpoint.metadata is None else redact(checkpoint.metadata, fields)
     extra = redact(checkpoint.extra, fields) if checkpoint.extra else checkpoint.extra
     return contexts, metadata, extra
+
+
+def shown_run(
+    checkpoint: Checkpoint, waits: Iterable[WaitRecord], settings_fields: Iterable[str]
+) -> tuple[Checkpoint, list[WaitRecord], frozenset[str]]:
+    """A stored run as every path that prints or sends it out gives it — ``siglo show``,
+    ``siglo export``, the dashboard: the keys the settings redact (``settings_fields``)
+    and those the checkpoint says it was saved without hidden at any depth in its
+    contexts, metadata and fields siglo does not know, and in its wait records' payloads
+    and metadata, so that a value stored before its key was redacted is not printed
+    either (:func:`siglo.redaction.redacting`). Returns the run, its waits and the keys
+    hidden (for the run's other records: its context stream)."""
+    fields = redacting(checkpoint, settings_fields)
+    waits = list(waits)
+    if not fields:
+        return checkpoint, waits, fields
+    contexts, metadata, extra = redacted_parts(checkpoint, fields)
+    if (contexts, metadata, extra) != (checkpoint.contexts, checkpoint.metadata, checkpoint.extra):
+        checkpoint = checkpoint.replace(contexts=contexts, metadata=metadata, extra=extra)
+    return checkpoint, [redact_wait(w, fields) for w in waits], fields
 
 
 def redact_wait(record: WaitRecord, fields: frozenset[str]) -> WaitRecord:

@@ -67,7 +67,7 @@ from siglo.errors import (
 from siglo.keys import KEYRING_NAMESPACE
 from siglo.listing import CheckpointSummary, get_listed
 from siglo.offload import references
-from siglo.pipeline import Codecs, PipelineAdapter, redact_wait, redacted_parts
+from siglo.pipeline import Codecs, PipelineAdapter, redact_wait, redacted_parts, shown_run
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import named_redactions
 from siglo.sentinel import MISSING, Missing
@@ -152,15 +152,25 @@ async def export_lines(
     *,
     namespace: str | Missing | None = MISSING,
     codecs: Codecs | None = None,
+    redact_fields: Iterable[str] | None = None,
 ) -> AsyncIterator[bytes]:
     """The dump of every live checkpoint (of ``namespace``, if given), line by line
     (each without its newline), its trailer last. With ``codecs`` (the settings' codec
     chain, under ``require_encryption``), every checkpoint and wait record is read
     through them before it is written, as any other path reads it: one stored in clear
     stops the export naming it (:class:`~siglo.errors.EncryptionRequiredError`), and the
-    dump, without its trailer, is refused by ``siglo import``."""
+    dump, without its trailer, is refused by ``siglo import``. A key of
+    ``redact_fields`` (by default the settings' of ``adapter``'s pipeline, if it has
+    one), or one a checkpoint says it was saved without, is written ``[REDACTED]``
+    wherever it stands in a value written in clear, even one stored before the key was
+    redacted, as ``siglo show`` shows it
+    (:func:`~siglo.pipeline.shown_run`)."""
     if namespace is not MISSING:
         require_optional_id("namespace", namespace)  # before the header is written
+    if redact_fields is None:
+        redact_fields = (
+            adapter.pipeline.redact_fields if isinstance(adapter, PipelineAdapter) else ()
+        )
     if not adapter.supports(Capability.LISTING):
         raise CapabilityNotSupportedError(
             f"backend {adapter.name!r} cannot list its checkpoints (capability listing)"
@@ -198,13 +208,18 @@ async def export_lines(
                 )
             if codecs is not None:
                 await codecs.checkpoint_in(checkpoint)
+                if record is not None:
+                    await codecs.wait_in(record)
+            # What leaves the store in clear leaves it as every printing path gives it.
+            checkpoint, shown, _hidden = shown_run(
+                checkpoint, () if record is None else (record,), redact_fields
+            )
+            record = shown[0] if shown else None
             line = b'{"kind":"checkpoint","document":' + checkpoint.to_json() + b"}"
             digest.add(line)
             digest.checkpoints += 1
             yield line
             if record is not None:
-                if codecs is not None:
-                    await codecs.wait_in(record)
                 line = b'{"kind":"wait","record":' + record.to_json() + b"}"
                 digest.add(line)
                 digest.waits += 1

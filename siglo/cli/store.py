@@ -18,8 +18,8 @@ from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError, MalformedRecordError, SigloError, naming_stack
 from siglo.listing import CheckpointSummary
 from siglo.moments import describe_ms
+from siglo.pipeline import shown_run
 from siglo.records import WaitRecord, embedded_wait_record
-from siglo.redaction import hide, redacting
 from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
@@ -256,21 +256,9 @@ def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: 
                         waits.append(record)
             # Read without the keys it was stored with: said, not printed as its data.
             refuse_unopened_run(checkpoint, waits)
-        # Shown as the dashboard shows it: a key the settings redact is hidden even in a
-        # value stored before it was redacted (siglo.redaction.redacting).
-        fields = redacting(checkpoint, cli_settings().redact_fields)
-        if fields:
-            checkpoint = checkpoint.replace(
-                contexts=hide(checkpoint.contexts, fields),
-                metadata=None if checkpoint.metadata is None else hide(checkpoint.metadata, fields),
-            )
-            waits = [
-                w.replace(
-                    event_payload=hide(w.event_payload, fields),
-                    metadata=None if w.metadata is None else hide(w.metadata, fields),
-                )
-                for w in waits
-            ]
+        # Shown as the dashboard and an export give it: a key the settings redact is
+        # hidden even in a value stored before it was redacted (pipeline.shown_run).
+        checkpoint, waits, _hidden = shown_run(checkpoint, waits, cli_settings().redact_fields)
         doc = checkpoint.to_wire()
         outcomes = [wait_outcome(w, checkpoint, now) for w in waits]
         if as_json:

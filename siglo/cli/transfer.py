@@ -87,7 +87,10 @@ def export(url: str | None, namespace: str | None, output: Path, decrypt: bool) 
                     assert isinstance(piped, PipelineAdapter)  # keys are set: a pipeline
                     codecs = piped.codecs
                 lines = export_lines(
-                    source, namespace=MISSING if namespace is None else namespace, codecs=codecs
+                    source,
+                    namespace=MISSING if namespace is None else namespace,
+                    codecs=codecs,
+                    redact_fields=cli_settings().redact_fields,
                 )
                 async for line in lines:
                     output.write(line + b"\n")

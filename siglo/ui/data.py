@@ -21,8 +21,9 @@ from siglo.errors import (
 )
 from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
 from siglo.locking import workflow_lock_key
+from siglo.pipeline import shown_run
 from siglo.records import WaitRecord, embedded_wait_record
-from siglo.redaction import hide, redacting
+from siglo.redaction import hide
 from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
 from siglo.unreadable import collecting_unreadable
@@ -236,7 +237,6 @@ async def run_detail(
         raise naming_stack(exc, stack_id, namespace) from exc  # its page says to remove it
     if checkpoint is None:
         return None
-    fields = redacting(checkpoint, redact_fields)
     stream: dict[str, dict[str, Any]] = {}
     if adapter.supports(Capability.CONTEXT_STREAM):
         for step in checkpoint.contexts:
@@ -246,24 +246,19 @@ async def run_detail(
     stored_waits = await waits_of(adapter, checkpoint)
     # Read without the keys it was stored with: said, not printed as the run's data.
     refuse_unopened_run(checkpoint, stored_waits, stream)
+    # Shown as `siglo show` and an export give it (pipeline.shown_run).
+    shown, waits, fields = shown_run(checkpoint, stored_waits, redact_fields)
     stream = {step: hide(changes, fields) for step, changes in stream.items()}
-    waits = [
-        w.replace(
-            event_payload=hide(w.event_payload, fields),
-            metadata=None if w.metadata is None else hide(w.metadata, fields),
-        )
-        for w in stored_waits
-    ]
     # Read for every run where the lock can be read without taking it (an action may
     # hold it whatever the status says); taken for an instant only for a running run.
     lock = await lock_state(
         adapter, stack_id, checkpoint.namespace, probe=checkpoint.status == "running"
     )
-    metadata = hide(dict(checkpoint.metadata or {}), fields)
+    metadata = dict(shown.metadata or {})
     now = system_clock.now_ms()
     return RunDetail(
-        checkpoint=checkpoint,
-        contexts=hide(checkpoint.contexts, fields),
+        checkpoint=shown,
+        contexts=dict(shown.contexts),
         metadata=metadata,
         waits=waits,
         stream=stream,

@@ -4,6 +4,7 @@ PostgreSQL and Redis stores (SPEC §9)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
@@ -220,12 +221,16 @@ async def test_clean_on_redis_drops_what_its_indexes_still_name() -> None:
         assert [s.stack_id for s in page.items] == ["kept"]
 
 
-async def test_show_hides_a_key_the_settings_redact_in_a_value_stored_before(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("encrypting", [False, True], ids=["plain", "encrypting"])
+async def test_every_path_that_prints_a_run_hides_a_key_redacted_after_it_was_stored(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, encrypting: bool
 ) -> None:
-    """An application adopts ``redact_fields`` after a card was stored in clear: ``siglo
-    show`` (table and ``--json``) prints ``[REDACTED]`` for that key in the contexts, the
-    metadata and a wait record's payload, as the dashboard does — never the card."""
+    """An application adopts ``redact_fields`` (and, in one case, encryption) after a
+    card was stored in clear: every command that prints a stored run — ``siglo show``
+    (table and ``--json``), ``siglo export`` as stored and ``--decrypt`` — gives
+    ``[REDACTED]`` for that key in the contexts, the metadata, the fields siglo does not
+    know and a wait record's payload, as the dashboard does: never the card (export
+    ``--decrypt`` printed it, a black-box auditor)."""
     from siglo.config import reset_settings
 
     card = "4111-1111-1111-1111"
@@ -246,9 +251,14 @@ async def test_show_hides_a_key_the_settings_redact_in_a_value_stored_before(
                 status="waiting",
                 contexts={"pay": {"card": card, "nested": [{"card": card}], "n": 1}},
                 metadata={"input": {"card": card}, "waitRecord": wait.to_wire()},
+                extra={"tsField": {"card": card}},
             )
         )
-    (tmp_path / "siglo.toml").write_text('redact_fields = ["card"]\n')
+    settings = 'redact_fields = ["card"]\n'
+    if encrypting:
+        key = base64.b64encode(bytes(range(32))).decode()
+        settings += f'encryption_keys = {{ k1 = "{key}" }}\n'
+    (tmp_path / "siglo.toml").write_text(settings)
     monkeypatch.chdir(tmp_path)
     reset_settings()
     try:
@@ -261,7 +271,21 @@ async def test_show_hides_a_key_the_settings_redact_in_a_value_stored_before(
         pay = doc["checkpoint"]["contexts"]["pay"]
         assert pay == {"card": REDACTED, "nested": [{"card": REDACTED}], "n": 1}
         assert doc["checkpoint"]["metadata"]["input"] == {"card": REDACTED}
+        assert doc["checkpoint"]["tsField"] == {"card": REDACTED}
         assert [w["eventPayload"] for w in doc["waitRecords"]] == [{"card": REDACTED}]
+        for how in (["--decrypt"] if encrypting else []) + [None]:
+            dump = await invoke("export", url, *([how] if how else []))
+            assert dump.exit_code == 0, dump.output
+            assert card not in dump.output, (how, dump.output)
+            # (The CLI runner mixes stderr's "exported 1 checkpoint(s)" in.)
+            lines = [json.loads(line) for line in dump.output.splitlines() if line[:1] == "{"]
+            (run,) = [line["document"] for line in lines if line.get("kind") == "checkpoint"]
+            (record,) = [line["record"] for line in lines if line.get("kind") == "wait"]
+            assert run["contexts"]["pay"] == pay
+            assert run["metadata"]["input"] == {"card": REDACTED}
+            assert run["metadata"]["waitRecord"]["eventPayload"] == {"card": REDACTED}
+            assert run["tsField"] == {"card": REDACTED}
+            assert record["eventPayload"] == {"card": REDACTED}
     finally:
         reset_settings()
 
