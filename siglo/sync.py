@@ -286,15 +286,17 @@ class SyncFlow:
     and a step's exception are raised as in async code.
     """
 
-    __slots__ = ("_portal", "flow")
+    __slots__ = ("flow",)
 
     def __init__(self, flow: Flow) -> None:
         if not isinstance(flow, Flow):
             raise InvalidArgumentError(
                 f"SyncFlow takes a siglo.Flow (from siglo.flow(...)), got {type(flow).__name__}"
             )
+        # No portal is kept: a SyncFlow is made at import time (a module of tasks), which
+        # a pre-fork server (Celery, gunicorn --preload) does before it forks, and a
+        # child's calls run on the child's own portal (see _portal_of).
         self.flow = flow
-        self._portal = get_portal()
 
     @property
     def name(self) -> str:
@@ -310,7 +312,7 @@ class SyncFlow:
         namespace: str | None = None,
     ) -> Any:
         """``Flow.run``: run (or continue) the run, and return its output."""
-        return self._portal.run(
+        return _portal_of(manager).run(
             self.flow.run,
             input,
             manager=_manager(manager),
@@ -326,7 +328,7 @@ class SyncFlow:
         namespace: str | None = None,
     ) -> Any:
         """``Flow.resume``: continue a run from its last checkpoint."""
-        return self._portal.run(
+        return _portal_of(manager).run(
             self.flow.resume, stack_id, manager=_manager(manager), namespace=namespace
         )
 
@@ -338,7 +340,7 @@ class SyncFlow:
         namespace: str | None = None,
     ) -> bool:
         """``Flow.recover``: continue a run a dead process left ``running``."""
-        recovered: bool = self._portal.run(
+        recovered: bool = _portal_of(manager).run(
             self.flow.recover, stack_id, manager=_manager(manager), namespace=namespace
         )
         return recovered
@@ -354,7 +356,7 @@ class SyncFlow:
         namespace: str | None = None,
     ) -> Any:
         """``Flow.deliver``: deliver an event to the run waiting for it, resume it here."""
-        return self._portal.run(
+        return _portal_of(manager).run(
             self.flow.deliver,
             correlation_key,
             payload,
@@ -366,6 +368,14 @@ class SyncFlow:
 
     def __repr__(self) -> str:
         return f"<siglo.sync.SyncFlow {self.flow.name!r}>"
+
+
+def _portal_of(manager: StorageManager | AsyncStorageManager | None) -> Portal:
+    """The portal a flow's call runs on: the one of the sync manager given (in a process
+    forked after it was made, that portal says so and what to do), else this process's."""
+    if isinstance(manager, StorageManager):
+        return manager._portal
+    return get_portal()
 
 
 def _manager(

@@ -368,6 +368,51 @@ def test_a_forked_process_is_told_to_connect_again(tmp_path: Path) -> None:
     assert "child again: 1" in out and "parent: 1" in out, out
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forking is POSIX")
+def test_a_sync_flow_made_before_a_fork_runs_in_the_child(tmp_path: Path) -> None:
+    """Celery prefork, gunicorn --preload: the tasks module defines a ``SyncFlow`` at
+    import time (as docs/sync.md's example does), then the server forks, and the child
+    connects after the fork. The flow kept the parent's portal and every call in the
+    child raised the fork error (a black-box auditor); it runs on the child's portal,
+    and a parent's sync manager handed to it in the child still says to connect again."""
+    script = tmp_path / "preforked.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys
+            import siglo
+            from siglo import Step, sync
+
+            async def hello(x):
+                return f"hello {{x}}"
+
+            orders = sync.SyncFlow(siglo.flow(Step.create("hello", hello), name="forked"))
+            url = "sqlite:///{tmp_path}/f.db"
+            parent = sync.StorageManager(sync.connect(url))
+            print("parent:", orders.run("parent", manager=parent, stack_id="p"), flush=True)
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    orders.run("stale", manager=parent, stack_id="stale")
+                except RuntimeError as exc:
+                    print("child with the parent's:", exc, flush=True)
+                with sync.connect(url) as backend:
+                    manager = sync.StorageManager(backend)
+                    print("child:", orders.run("child", manager=manager, stack_id="c"), flush=True)
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print("parent again:", orders.run("again", manager=parent, stack_id="q"), flush=True)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "parent: hello parent" in out and "parent again: hello again" in out, out
+    assert "child: hello child" in out, out
+    assert "child with the parent's:" in out and "was forked from it" in out, out
+
+
 BACKEND_ONLY = {
     "aclose": "close() blocks instead",
     "use_pipeline": "siglo.connect() sets the pipeline before the facade wraps the backend",
