@@ -374,7 +374,8 @@ def _portal_of(manager: StorageManager | AsyncStorageManager | None) -> Portal:
     """The portal a flow's call runs on: the one of the sync manager given (in a process
     forked after it was made, that portal says so and what to do), else this process's."""
     if isinstance(manager, StorageManager):
-        return manager._portal
+        portal: Portal = manager._portal
+        return portal
     return get_portal()
 
 
