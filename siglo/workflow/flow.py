@@ -427,8 +427,10 @@ class Flow:
                 outcome(stack, step)
             else:
                 answered_event = context.get(EVENT)
-            if stack.status == "waiting":
+            if stack.status == "waiting" and OUTPUT not in context:
                 stack.transition("running")
+            # A run that went on past this answered wait and waits for another is left as
+            # it is: _continue says what it waits for now, and the wait is completed.
             started = True
             try:
                 # Not the action's last write: the wait's completion comes after it.
@@ -621,6 +623,12 @@ class Flow:
         for step in self.steps:
             ctx = stack.contexts.get(step.name, {})
             if OUTPUT not in ctx and ctx.get(WAITING_FOR) == key:
+                return step.name
+        for step in self.steps:
+            ctx = stack.contexts.get(step.name, {})
+            if OUTPUT in ctx and ctx.get(WAITING_FOR) == key and answer_of(ctx) is not None:
+                # Answered, and the run went on past it (to another wait, say): a
+                # claimant that stopped before completing the wait left it claimed.
                 return step.name
         if stack.status == "waiting":
             raise mark_left_as_stored(

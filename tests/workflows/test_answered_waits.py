@@ -155,3 +155,67 @@ async def test_a_worker_counts_the_answered_run_it_resumes_as_recovered() -> Non
         stored = await backend.adapter.get_checkpoint("answered-worker")
         assert stored is not None and stored.status == "completed"
         assert TIMED_OUT not in stored.contexts["waiter"]
+
+
+async def _first(_: Any) -> Any:
+    return await wait_for_event("hook:first", timeout_ms=DEADLINE["ms"])
+
+
+async def _second(first: Any) -> Any:
+    return {"first": first, "second": await wait_for_event("hook:second")}
+
+
+TWO_WAITS = flow(Step.create("first", _first), Step.create("second", _second), name="two-waits")
+
+
+@pytest.mark.parametrize("by", ["delivery", "timer"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_answered_wait_the_run_went_past_is_completed_when_claimed_again(
+    kind: str, by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delivering process stops after the run's checkpoint — the run went on and now
+    waits for its next event — and before it completed the first wait. A retried
+    delivery was refused with InvalidStateTransitionError ("no step waits … the event
+    stays deliverable"), the wait put back, and the worker's timer failed on it at every
+    pass, for as long as the run waited (a black-box auditor): a claim of it now
+    completes it as answered, the run left as it is, waiting for the next event."""
+    DEADLINE["ms"] = 1500
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        with pytest.raises(siglo.WorkflowSuspended):
+            await TWO_WAITS.run(None, manager=manager, stack_id="went-on")
+
+        async def stopped(*_: Any, **__: Any) -> None:
+            raise asyncio.CancelledError  # the delivering process ends here
+
+        with monkeypatch.context() as patched:
+            patched.setattr(adapter, "complete_wait_record", stopped)
+            with pytest.raises(asyncio.CancelledError):
+                await TWO_WAITS.deliver("hook:first", {"v": 1}, manager=manager)
+        went_on = await adapter.get_checkpoint("went-on")
+        assert went_on is not None and went_on.status == "waiting"
+        await asyncio.sleep(LEASE_MS / 1000 + 0.2)  # the claim lapses
+
+        if by == "delivery":
+            with pytest.raises(siglo.WaitRecordClaimError, match="this event was not used"):
+                await TWO_WAITS.deliver("hook:first", {"v": 2}, manager=manager)
+        else:  # the worker's pass past the first wait's deadline
+            waiting = await adapter.get_wait_record("hook:first")
+            assert waiting is not None and waiting.expires_at is not None
+            await asyncio.sleep((waiting.expires_at - manager.clock.now_ms()) / 1000 + 0.1)
+            report = await Worker(manager, [TWO_WAITS]).run_once()
+            assert report.failures == [] and report.runs_recovered == 1, report
+        record = await adapter.get_wait_record("hook:first")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == {"v": 1}
+        stored = await adapter.get_checkpoint("went-on")
+        assert stored is not None and stored.revision == went_on.revision  # left as it is
+        assert stored.contexts["first"][EVENT] == {"v": 1}
+        assert TIMED_OUT not in stored.contexts["first"]
+        with pytest.raises(siglo.WaitRecordClaimError, match="already delivered"):
+            await TWO_WAITS.deliver("hook:first", {"v": 3}, manager=manager)
+        assert await TWO_WAITS.deliver("hook:second", "done", manager=manager) == {
+            "first": {"v": 1},
+            "second": "done",
+        }
