@@ -21,7 +21,12 @@ Placed = Literal["stored", "present", "taken"]
 
 
 async def place_wait(
-    adapter: StorageAdapter, record: WaitRecord, *, replace_own: bool = True
+    adapter: StorageAdapter,
+    record: WaitRecord,
+    *,
+    replace_own: bool = True,
+    now_ms: int | None = None,
+    resuming_claimant: str | None = None,
 ) -> tuple[Placed, WaitRecord | None]:
     """Store ``record`` as its key's wait unless another run's wait of that key is open.
 
@@ -30,7 +35,13 @@ async def place_wait(
     ``claimed``) is left as it is (``"taken"``, with it: replaced, that run would never
     resume); this run's own record is replaced (``"stored"``), or, without
     ``replace_own``, left (``"present"``, with it); a record whose wait ended is
-    replaced. The create under the lock too: a run creating the key's record while
+    replaced. Given ``now_ms``, this run's own record claimed by a delivery whose lease
+    has not lapsed is left too (``"present"``), unless ``resuming_claimant`` holds the
+    claim (the delivery resuming this run, which waits again on the key): a run rerun
+    after a crash, reaching the wait a delivery is about to resume it from, replaced the
+    claim, and the delivery, which then resumed the run with its event, could not
+    complete the wait (a black-box auditor).
+    The create under the lock too: a run creating the key's record while
     another, holding the lock, replaced an ended record that a deletion (``siglo rm``)
     removed in between had its fresh wait overwritten, and waited for ever (a black-box
     auditor, three processes). A backend without ``create_wait_record`` is looked up,
@@ -51,10 +62,28 @@ async def place_wait(
         if there is not None and there.stack_id == record.stack_id and not replace_own:
             placed = ("present", there)
             return
+        if (
+            there is not None
+            and there.stack_id == record.stack_id
+            and now_ms is not None
+            and _claim_held(there, now_ms)
+            and there.claimant_id != resuming_claimant
+        ):
+            placed = ("present", there)
+            return
         await adapter.save_wait_record(record)
 
     await _under_key_lock(adapter, record, place)
     return placed
+
+
+def _claim_held(record: WaitRecord, now_ms: int) -> bool:
+    """Whether ``record`` is claimed and its claim's lease has not lapsed at ``now_ms``."""
+    return (
+        record.status == "claimed"
+        and record.lease_expires_at is not None
+        and now_ms < record.lease_expires_at
+    )
 
 
 async def cancel_own_wait(

@@ -9,6 +9,7 @@ import hashlib
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 
@@ -50,6 +51,11 @@ from siglo.workflow.outcomes import (
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow", "run_cache_namespace"]
+
+_RESUMING_CLAIMANT: Final[ContextVar[str | None]] = ContextVar(
+    "siglo_resuming_claimant", default=None
+)
+"""The claimant of the wait a delivery (or a timer) is resuming the current run from."""
 
 REFUSED_UNWRITTEN: Final = (DocumentTooLargeError, ReservedFormError, NotJSONError)
 """A run's checkpoint refused before anything was written, whatever is retried: too
@@ -432,6 +438,9 @@ class Flow:
             # A run that went on past this answered wait and waits for another is left as
             # it is: _continue says what it waits for now, and the wait is completed.
             started = True
+            # A run that waits again on this key (a later step's wait) replaces this
+            # claim with its new wait: it is no delivery in flight (_suspend, place_wait).
+            resuming = _RESUMING_CLAIMANT.set(claimant)
             try:
                 # Not the action's last write: the wait's completion comes after it.
                 result = await self._continue(manager, stack, unlock=False)
@@ -457,6 +466,8 @@ class Flow:
             except BaseException:
                 manager.discard_stack(stack)
                 raise
+            finally:
+                _RESUMING_CLAIMANT.reset(resuming)
             manager.discard_stack(stack)
             await complete()
             return result
@@ -923,7 +934,21 @@ class Flow:
         # rerun after a crash — or one whose wait ended is replaced): a second run
         # waiting on the key would take the first's wait, and the first would never
         # resume.
-        placed, there = await place_wait(adapter, record)
+        placed, there = await place_wait(
+            adapter, record, now_ms=now, resuming_claimant=_RESUMING_CLAIMANT.get()
+        )
+        if placed == "present":
+            # This run's own wait, which a delivery has claimed and is resuming the run
+            # from (it waits for the run's lock): kept, so that the delivery completes it;
+            # the run waits on it as it was placed.
+            assert there is not None
+            record = there.replace(
+                status="waiting",
+                claimant_id=None,
+                claimed_at=None,
+                lease_expires_at=None,
+                event_payload=None,
+            )
         if placed == "taken":
             assert there is not None
             raise _WaitRefused(

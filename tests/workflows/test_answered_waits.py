@@ -219,3 +219,67 @@ async def test_an_answered_wait_the_run_went_past_is_completed_when_claimed_agai
             "first": {"v": 1},
             "second": "done",
         }
+
+
+async def _charge(order: Any) -> Any:
+    return {"charged": order, "confirmed": await wait_for_event("hook:confirm")}
+
+
+CONFIRMED = flow(Step.create("charge", _charge), name="confirmed")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_recovery_rerunning_the_step_keeps_the_claim_of_a_delivery_in_flight(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run dies after placing its wait and before its waiting checkpoint; a delivery
+    claims the wait and waits for the run's lock; a worker recovers the run first, and
+    its rerun step reached the wait: the wait was placed again over the claim, and the
+    delivery — which then resumed the run with its event — could not complete it: the
+    wait stayed open after its event was used (a black-box auditor). The claim is kept:
+    the delivery completes the wait, and the run completes with its event."""
+    async with any_backend(kind, claim_lease_ms=30_000) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        real_save = adapter.save_checkpoint
+
+        async def dies_at_the_waiting_save(checkpoint: Any, **kwargs: Any) -> Any:
+            if checkpoint.status == "waiting":
+                raise asyncio.CancelledError  # the process ends here
+            return await real_save(checkpoint, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(adapter, "save_checkpoint", dies_at_the_waiting_save)
+            with pytest.raises(asyncio.CancelledError):
+                await CONFIRMED.run(7, manager=manager, stack_id="in-flight")
+        crashed = await adapter.get_checkpoint("in-flight")
+        assert crashed is not None and crashed.status == "running"
+
+        # The delivery claims the wait, then finds the run's lock taken by the worker.
+        recovered = asyncio.Event()
+        real_lock = adapter.with_workflow_lock
+
+        async def after_the_recovery(stack_id: str, action: Any, **kwargs: Any) -> Any:
+            if asyncio.current_task() is delivery and stack_id == "in-flight":
+                await recovered.wait()
+            return await real_lock(stack_id, action, **kwargs)
+
+        monkeypatch.setattr(adapter, "with_workflow_lock", after_the_recovery)
+        delivery = asyncio.create_task(CONFIRMED.deliver("hook:confirm", "yes", manager=manager))
+        for _ in range(200):
+            record = await adapter.get_wait_record("hook:confirm")
+            if record is not None and record.status == "claimed":
+                break
+            await asyncio.sleep(0.01)
+        report = await Worker(manager, [CONFIRMED]).run_once()
+        assert report.runs_recovered == 1 and report.failures == [], report
+        record = await adapter.get_wait_record("hook:confirm")
+        assert record is not None and record.status == "claimed"  # not placed again
+        recovered.set()
+
+        assert await delivery == {"charged": 7, "confirmed": "yes"}
+        record = await adapter.get_wait_record("hook:confirm")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == "yes"
+        with pytest.raises(siglo.WaitRecordClaimError, match="already delivered"):
+            await CONFIRMED.deliver("hook:confirm", "again", manager=manager)
