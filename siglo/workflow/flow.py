@@ -40,6 +40,7 @@ from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
 from siglo.wait_keys import cancel_own_wait, place_wait
 from siglo.wire import later_ms
+from siglo.workflow.claim_keeper import ClaimKeeper
 from siglo.workflow.outcomes import (
     EVENT,
     TIMED_OUT,
@@ -52,10 +53,8 @@ from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow", "run_cache_namespace"]
 
-_RESUMING_CLAIMANT: Final[ContextVar[str | None]] = ContextVar(
-    "siglo_resuming_claimant", default=None
-)
-"""The claimant of the wait a delivery (or a timer) is resuming the current run from."""
+_RESUMING: Final[ContextVar[ClaimKeeper | None]] = ContextVar("siglo_resuming", default=None)
+"""The claim of the wait a delivery (or a timer) is resuming the current run from."""
 
 REFUSED_UNWRITTEN: Final = (DocumentTooLargeError, ReservedFormError, NotJSONError)
 """A run's checkpoint refused before anything was written, whatever is retried: too
@@ -401,7 +400,12 @@ class Flow:
         answered: str | None = None
         answered_event: Any = None
 
+        # The claim is renewed while the run goes on (a run longer than the lease lost it
+        # to a retried delivery): claim_keeper.
+        keeper = ClaimKeeper(adapter, record)
+
         async def complete() -> None:
+            await keeper.stop()
             if answered is not None and delivering:
                 # This claim wrote its own payload into the record: the run used the
                 # earlier event (or none: it timed out). A claim of the current claimant
@@ -440,7 +444,7 @@ class Flow:
             started = True
             # A run that waits again on this key (a later step's wait) replaces this
             # claim with its new wait: it is no delivery in flight (_suspend, place_wait).
-            resuming = _RESUMING_CLAIMANT.set(claimant)
+            resuming = _RESUMING.set(keeper)
             try:
                 # Not the action's last write: the wait's completion comes after it.
                 result = await self._continue(manager, stack, unlock=False)
@@ -467,7 +471,7 @@ class Flow:
                 manager.discard_stack(stack)
                 raise
             finally:
-                _RESUMING_CLAIMANT.reset(resuming)
+                _RESUMING.reset(resuming)
             manager.discard_stack(stack)
             await complete()
             return result
@@ -489,6 +493,7 @@ class Flow:
                 raise _not_used(correlation_key, answered)
             return result
         except BaseException as refused:
+            await keeper.stop()
             if not started:
                 # Refused before the run began (a changed flow, no checkpoint, a busy
                 # lock): the event was not consumed, so the wait must not stay claimed
@@ -934,8 +939,16 @@ class Flow:
         # rerun after a crash — or one whose wait ended is replaced): a second run
         # waiting on the key would take the first's wait, and the first would never
         # resume.
+        resuming = _RESUMING.get()
+        if resuming is not None and resuming.keeps(record.correlation_key, record.namespace):
+            # The run waits again on the key it was resumed from: the new wait replaces
+            # the claim, which no renewal may take back afterwards.
+            await resuming.stop()
         placed, there = await place_wait(
-            adapter, record, now_ms=now, resuming_claimant=_RESUMING_CLAIMANT.get()
+            adapter,
+            record,
+            now_ms=now,
+            resuming_claimant=None if resuming is None else resuming.claimant,
         )
         if placed == "present":
             # This run's own wait, which a delivery has claimed and is resuming the run

@@ -283,3 +283,38 @@ async def test_a_recovery_rerunning_the_step_keeps_the_claim_of_a_delivery_in_fl
         assert record.event_payload == "yes"
         with pytest.raises(siglo.WaitRecordClaimError, match="already delivered"):
             await CONFIRMED.deliver("hook:confirm", "again", manager=manager)
+
+
+async def _slow(value: Any) -> Any:
+    await asyncio.sleep(LEASE_MS * 4 / 1000)  # longer than the claim's lease
+    return value
+
+
+SLOW_AFTER = flow(
+    Step.create("approve", lambda _: wait_for_event("hook:slow")),
+    Step.create("slow", _slow),
+    name="slow-after",
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_delivery_keeps_its_claim_while_the_run_outlasts_the_lease(kind: str) -> None:
+    """A delivery whose run goes on longer than the claim's lease lost the claim to a
+    retried webhook: the run completed with the first event, yet the first delivery was
+    told its claim was taken and the retry that its claimant had stopped — neither
+    caller learnt the event was accepted (a black-box auditor). The claimant renews its
+    claim while it resumes the run: the first delivery returns the run's output, the
+    retry is refused as a duplicate, and the wait completes with the first payload."""
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        with pytest.raises(siglo.WorkflowSuspended):
+            await SLOW_AFTER.run(None, manager=manager, stack_id="slow-1")
+        first = asyncio.create_task(SLOW_AFTER.deliver("hook:slow", {"n": 1}, manager=manager))
+        await asyncio.sleep(LEASE_MS * 2 / 1000)  # past the first claim's lease
+        with pytest.raises(siglo.WaitRecordClaimError) as retried:
+            await SLOW_AFTER.deliver("hook:slow", {"n": 2}, manager=manager)
+        assert "stopped before completing" not in str(retried.value), retried.value
+        assert await first == {"n": 1}
+        record = await backend.adapter.get_wait_record("hook:slow")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == {"n": 1}
