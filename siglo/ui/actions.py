@@ -150,10 +150,9 @@ async def deliver_event(
                 f"{run_id!r}; nothing was delivered"
             )
 
-    # The run is looked at before the claim: a claim stores the payload in the wait
-    # record, and a released one keeps it (rule wait.release), so a delivery refused
-    # after its claim would leave the payload behind on a wait still open. (The same
-    # checks run again under the workflow lock below, for a run that moves meanwhile.)
+    # The run is looked at before the claim, so that a delivery bound to be refused
+    # claims nothing. (The same checks run again under the workflow lock below, for a run
+    # that moves meanwhile; a refusal there gives the claim back as it found the wait.)
     waiting = await adapter.get_wait_record(correlation_key, namespace=namespace)
     if waiting is not None:
         refuse_other_run(waiting.stack_id)
@@ -179,9 +178,29 @@ async def deliver_event(
             "claimed by another process); nothing was delivered"
         )
 
+    # What the record held before this claim wrote the payload into it: put back with the
+    # claim when the delivery is refused (a released claim keeps its payload, rule
+    # wait.release), so that a refused delivery leaves the wait as it was — not holding an
+    # event never delivered (one the size guard refused, say: a black-box auditor).
+    before = (
+        waiting.event_payload
+        if waiting is not None and waiting.created_at == record.created_at
+        else None
+    )
+
+    async def give_back() -> None:
+        await adapter.claim_wait_record(
+            correlation_key,
+            claimant,
+            allow_expired=True,
+            event_payload=before,
+            namespace=record.namespace,
+        )
+        await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
+
     if run_id is not None and record.stack_id != run_id:
         # A wait saved again under the same key since the look above: given back.
-        await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
+        await give_back()
         refuse_other_run(record.stack_id)
 
     async def mark() -> None:
@@ -210,8 +229,8 @@ async def deliver_event(
         else:
             await mark()
     except BaseException:
-        # Not delivered: the wait goes back to waiting for the next delivery.
-        await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
+        # Not delivered: the wait goes back to waiting for the next delivery, as it was.
+        await give_back()
         raise
     await adapter.complete_wait_record(correlation_key, claimant, namespace=record.namespace)
     return (

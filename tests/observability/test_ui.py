@@ -243,6 +243,32 @@ async def test_a_delivery_to_a_run_that_moved_on_stores_nothing(store: siglo.Bac
     assert record.event_payload is None and record.claimant_id is None, record
 
 
+async def test_a_delivery_the_size_guard_refuses_leaves_the_wait_as_it_was(
+    store: siglo.Backend,
+) -> None:
+    """An event that makes the run's checkpoint too large is refused
+    (``DocumentTooLargeError``), and the wait is given back as it was: the claim had
+    stored the payload in the record, and the release kept it — an event never
+    delivered, over the size bound, on a wait still open (a black-box auditor)."""
+    from siglo.errors import DocumentTooLargeError
+    from siglo.ui.actions import deliver_event
+
+    bounded = siglo.Settings(redact_fields=SETTINGS.redact_fields, max_document_bytes=20_000)
+    async with siglo.connect(store.url, settings=bounded) as backend:
+        manager = siglo.StorageManager(backend)
+        before = await backend.adapter.get_wait_record("approve:o-1", namespace=NAMESPACE)
+        assert before is not None and before.status == "waiting"
+        with pytest.raises(DocumentTooLargeError):
+            await deliver_event(
+                manager, "approve:o-1", NAMESPACE, {"doc": "x" * 30_000}, run_id="order-1"
+            )
+        after = await backend.adapter.get_wait_record("approve:o-1", namespace=NAMESPACE)
+        assert after is not None and after.status == "waiting", after
+        assert after.event_payload == before.event_payload and after.claimant_id is None
+        stored = await backend.adapter.get_checkpoint("order-1", NAMESPACE, fallback=False)
+        assert stored is not None and stored.status == "waiting"
+
+
 async def test_a_delivery_names_the_run_and_a_wait_of_another_run_is_refused(
     store: siglo.Backend,
 ) -> None:
