@@ -4,13 +4,14 @@ another run's (the workflow runtime's suspension, ``siglo import``)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.errors import CapabilityNotSupportedError
 from siglo.records import WaitRecord
+from siglo.sentinel import MISSING
 
-__all__ = ["WAIT_KEY_LOCK", "cancel_own_wait", "place_wait"]
+__all__ = ["WAIT_KEY_LOCK", "cancel_own_wait", "place_wait", "renew_own_claim"]
 
 WAIT_KEY_LOCK: Final = "siglo-wait-key:"
 """The workflow lock a writer takes on a correlation key to replace its record."""
@@ -35,12 +36,14 @@ async def place_wait(
     ``claimed``) is left as it is (``"taken"``, with it: replaced, that run would never
     resume); this run's own record is replaced (``"stored"``), or, without
     ``replace_own``, left (``"present"``, with it); a record whose wait ended is
-    replaced. Given ``now_ms``, this run's own record claimed by a delivery whose lease
-    has not lapsed is left too (``"present"``), unless ``resuming_claimant`` holds the
-    claim (the delivery resuming this run, which waits again on the key): a run rerun
-    after a crash, reaching the wait a delivery is about to resume it from, replaced the
-    claim, and the delivery, which then resumed the run with its event, could not
-    complete the wait (a black-box auditor).
+    replaced. Given ``now_ms``, this run's own record of the same wait (its step's)
+    claimed by a delivery whose lease has not lapsed is left too (``"present"``), unless
+    ``resuming_claimant`` holds the claim (the delivery resuming this run, which waits
+    again on the key): a run rerun after a crash, reaching the wait a delivery is about
+    to resume it from, replaced the claim, and the delivery, which then resumed the run
+    with its event, could not complete the wait (a black-box auditor). A claim of another
+    step's wait on the key (an earlier, answered one) is replaced: kept, the later wait
+    would have taken its deadline, and its event.
     The create under the lock too: a run creating the key's record while
     another, holding the lock, replaced an ended record that a deletion (``siglo rm``)
     removed in between had its fresh wait overwritten, and waited for ever (a black-box
@@ -65,6 +68,7 @@ async def place_wait(
         if (
             there is not None
             and there.stack_id == record.stack_id
+            and there.step_id == record.step_id
             and now_ms is not None
             and _claim_held(there, now_ms)
             and there.claimant_id != resuming_claimant
@@ -75,6 +79,42 @@ async def place_wait(
 
     await _under_key_lock(adapter, record, place)
     return placed
+
+
+async def renew_own_claim(
+    adapter: StorageAdapter, record: WaitRecord, *, event_payload: Any = MISSING
+) -> WaitRecord | None:
+    """Claim ``record``'s wait again for its claimant — renewing the lease, and putting
+    ``event_payload`` in the record if given — only if the key's record is still that
+    one (the same run's, created at the same time) and claimed by that claimant, under
+    the key's lock: a claim by key alone took the wait another run placed on the key
+    once this one was cancelled, and completed it (a black-box auditor). The record
+    renewed, or ``None`` (the claim is not this claimant's any more)."""
+    claimant = record.claimant_id
+    assert claimant is not None  # a claimed record names its claimant
+    renewed: WaitRecord | None = None
+
+    async def renew() -> None:
+        nonlocal renewed
+        there = await adapter.get_wait_record(record.correlation_key, namespace=record.namespace)
+        if (
+            there is None
+            or there.status != "claimed"
+            or there.claimant_id != claimant
+            or there.stack_id != record.stack_id
+            or there.created_at != record.created_at
+        ):
+            return
+        renewed = await adapter.claim_wait_record(
+            record.correlation_key,
+            claimant,
+            allow_expired=True,
+            event_payload=event_payload,
+            namespace=record.namespace,
+        )
+
+    await _under_key_lock(adapter, record, renew)
+    return renewed
 
 
 def _claim_held(record: WaitRecord, now_ms: int) -> bool:

@@ -18,7 +18,7 @@ from siglo.errors import CheckpointConflictError, SigloError
 from siglo.manager import StorageManager
 from siglo.stack import ExecutionStack
 from siglo.workflow.flow import OUTPUT
-from siglo.workflow.outcomes import EVENT, WAITING_FOR, is_sleep
+from siglo.workflow.outcomes import EVENT, WAITING_FOR, answer_of, is_sleep
 
 __all__ = ["ActionRefused", "cancel_run", "delete_run", "deliver_event"]
 
@@ -209,7 +209,18 @@ async def deliver_event(
             raise ActionRefused(f"the run {record.stack_id!r} of this wait is gone")
         try:
             refuse_changed(stack.revision)
-            step = record.step_id or _waiting_step(stack, correlation_key)
+            # The step that waits for the key now, unanswered — never the step the record
+            # names once that one ran (a wait answered and gone past, whose claim lapsed):
+            # the event would have been written over the one the step used, or into a
+            # step that runs no more (a black-box auditor).
+            named = stack.contexts.get(record.step_id) if record.step_id else None
+            step = (
+                None
+                if named is not None and OUTPUT in named
+                else _waiting_step(stack, correlation_key)
+            )
+            if step is not None and answer_of(stack.contexts[step]) is not None:
+                step = None  # answered already: its run goes on with that answer
             if step is None or stack.status != "waiting":
                 raise ActionRefused(
                     f"run {record.stack_id!r} is {stack.status}, not waiting for "

@@ -5,11 +5,13 @@ resumes the run under its workflow lock and completes the wait when the run stop
 whose later steps take longer than the lease lost the claim to a retried webhook that
 took it over meanwhile: the first delivery's event was used, yet its completion was
 refused, and the retry was told its claimant had stopped — neither caller learnt that
-the event was accepted (a black-box auditor). So the claimant renews its claim (a claim
-by the same claimant renews the lease and keeps the payload) every third of the lease
-while it resumes the run, as the workflow lock's keeper renews the lock, and stops
-before the run places a new wait on the same key (which a renewal would claim) and
-before it completes or releases the claim.
+the event was accepted (a black-box auditor). So the claimant renews its claim every
+third of the lease while it resumes the run, as the workflow lock's keeper renews the
+lock — only while the key's record is still the one it claimed
+(:func:`siglo.wait_keys.renew_own_claim`: a run cancelled meanwhile frees its key for
+another run's wait) — and stops before the run places a new wait on the same key and
+before it completes or releases the claim. A step that blocks the event loop past the
+lease still loses it (no renewal runs): the delivery then says its event was used.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Final
 from siglo.adapter import StorageAdapter
 from siglo.masking import logger
 from siglo.records import WaitRecord
+from siglo.wait_keys import renew_own_claim
 
 __all__ = ["ClaimKeeper"]
 
@@ -60,12 +63,7 @@ class ClaimKeeper:
         while not self._stopped:
             self._renewing = True
             try:
-                renewed = await self.adapter.claim_wait_record(
-                    record.correlation_key,
-                    self.claimant,
-                    allow_expired=True,
-                    namespace=record.namespace,
-                )
+                renewed = await renew_own_claim(self.adapter, record)
             except Exception as exc:  # the store unreachable for now: the next tick tries
                 log.debug("renewing the claim of wait %r failed: %s", record.correlation_key, exc)
                 renewed = record

@@ -31,6 +31,7 @@ from siglo.errors import (
     WorkflowVersionMismatchError,
 )
 from siglo.manager import StorageManager, default_storage_manager
+from siglo.masking import logger
 from siglo.moments import describe_ms, iso_ms
 from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
 from siglo.sealing import refuse_unopened_value
@@ -38,7 +39,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
-from siglo.wait_keys import cancel_own_wait, place_wait
+from siglo.wait_keys import cancel_own_wait, place_wait, renew_own_claim
 from siglo.wire import later_ms
 from siglo.workflow.claim_keeper import ClaimKeeper
 from siglo.workflow.outcomes import (
@@ -52,6 +53,8 @@ from siglo.workflow.outcomes import (
 from siglo.workflow.step import Step, StepRun, _Suspend, current_step
 
 __all__ = ["STEP_CACHE_KEY", "Flow", "WorkflowSuspended", "flow", "run_cache_namespace"]
+
+log = logger("siglo.workflow")
 
 _RESUMING: Final[ContextVar[ClaimKeeper | None]] = ContextVar("siglo_resuming", default=None)
 """The claim of the wait a delivery (or a timer) is resuming the current run from."""
@@ -409,16 +412,20 @@ class Flow:
             if answered is not None and delivering:
                 # This claim wrote its own payload into the record: the run used the
                 # earlier event (or none: it timed out). A claim of the current claimant
-                # renews it and puts that back, atomically, before the wait completes.
-                await adapter.claim_wait_record(
-                    correlation_key,
-                    claimant,
-                    allow_expired=True,
+                # renews it and puts that back, atomically, before the wait completes —
+                # only while the key's record is still the one claimed (a key freed by
+                # the run's cancellation may hold another run's wait by now).
+                renewed = await renew_own_claim(
+                    adapter,
+                    record,
                     event_payload=await manager.redact_event(
                         correlation_key, answered_event, namespace=record.namespace
                     ),
-                    namespace=record.namespace,
                 )
+                if renewed is None:
+                    raise WaitRecordClaimError(
+                        f"wait record {correlation_key!r} is not this delivery's claim any more"
+                    )
             await adapter.complete_wait_record(
                 correlation_key, claimant, namespace=record.namespace
             )
@@ -473,7 +480,22 @@ class Flow:
             finally:
                 _RESUMING.reset(resuming)
             manager.discard_stack(stack)
-            await complete()
+            try:
+                await complete()
+            except WaitRecordClaimError:
+                if answered is not None:
+                    raise
+                # This claim's outcome was used — the run's checkpoints hold it — but the
+                # claim lapsed meanwhile (a step blocked the event loop past the lease,
+                # and no renewal ran) and another claimant holds the wait: that one finds
+                # the run answered and completes it. The delivery did what it was for.
+                log.warning(
+                    "wait %r: the run went on with this claim's %s, but the claim lapsed "
+                    "meanwhile (a step blocked the event loop past claim_lease_ms?) and "
+                    "another claimant completes the wait",
+                    correlation_key,
+                    "event" if delivering else "timeout",
+                )
             return result
 
         telemetry.note_run_id(record.stack_id)  # on the resume span (Flow._resume_span)
@@ -636,6 +658,17 @@ class Flow:
         the step the wait record names. A waiting run with no step waiting for the key
         is refused (before the event is consumed: the claim is released)."""
         key = record.correlation_key
+        named = stack.contexts.get(record.step_id) if record.step_id is not None else None
+        if (
+            named is not None
+            and OUTPUT in named
+            and named.get(WAITING_FOR) == key
+            and answer_of(named) is not None
+        ):
+            # The claimed record is of a wait its step answered and went past: not the
+            # run's later wait on the same key (whose record replaces it once placed).
+            assert record.step_id is not None
+            return record.step_id
         for step in self.steps:
             ctx = stack.contexts.get(step.name, {})
             if OUTPUT not in ctx and ctx.get(WAITING_FOR) == key:

@@ -1,0 +1,237 @@
+"""A delivery's claim while the run it resumes goes on (a black-box auditor's findings on
+the claim's renewal and on claims kept through a worker's rerun).
+
+- a renewal renews only the record it claimed: a run cancelled or removed meanwhile frees
+  its key, and another run's wait placed on it is not taken;
+- a rerun keeps a live claim only of its own step's wait: a later wait on the same key
+  gets its own record, deadline included, and the claim of the earlier, answered wait
+  is never used by it;
+- the dashboard never writes an event into a step that ran;
+- a delivery whose claim lapsed under a step that blocked the event loop says its event
+  was used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from raw_storage import KINDS, any_backend
+
+import siglo
+from siglo import Step, StorageManager, flow, wait_for_event
+from siglo.ui.actions import ActionRefused, deliver_event
+from siglo.workflow.outcomes import EVENT
+
+
+async def _suspended(run: Any) -> None:
+    with pytest.raises(siglo.WorkflowSuspended):
+        await run
+
+
+async def _waits(_: Any) -> Any:
+    return await wait_for_event("k")
+
+
+async def _slow(value: Any) -> Any:
+    await asyncio.sleep(0.9)
+    return value
+
+
+@pytest.mark.parametrize("how", ["cancel", "rm"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_renewal_never_takes_the_wait_another_run_placed_on_the_key(
+    kind: str, how: str
+) -> None:
+    """Run A's delivery renews its claim while A's slow step runs; A is cancelled (or
+    removed), and run B waits on the freed key. The renewal claimed B's fresh wait, and
+    A's delivery then completed it: B waited for ever, every event refused as "already
+    delivered"."""
+    a = flow(Step.create("w", _waits), Step.create("slow", _slow), name="renewed-a")
+    b = flow(Step.create("w", _waits), name="renewed-b")
+    async with any_backend(kind, claim_lease_ms=600) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(a.run(None, manager=manager, stack_id="A"))
+        delivery = asyncio.create_task(a.deliver("k", "for-A", manager=manager))
+        await asyncio.sleep(0.3)  # A's slow step runs; renewals every 0.2 s
+        if how == "cancel":
+            await adapter.cancel_workflow("A")
+        else:
+            await adapter.delete_checkpoint("A")
+        await _suspended(b.run(None, manager=manager, stack_id="B"))
+        await asyncio.sleep(0.45)  # renewals come and go
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.stack_id == "B" and record.status == "waiting"
+        await asyncio.gather(delivery, return_exceptions=True)  # A's run refused
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.stack_id == "B" and record.status == "waiting"
+        assert await b.deliver("k", "for-B", manager=manager) == "for-B"
+
+
+async def _w1(_: Any) -> Any:
+    return await wait_for_event("k", timeout_ms=DEADLINES["w1"])
+
+
+async def _w3(value: Any) -> Any:
+    try:
+        return [value, await wait_for_event("k", timeout_ms=DEADLINES["w3"])]
+    except siglo.WaitTimeoutError:
+        return [value, "timed out"]
+
+
+DEADLINES: dict[str, int | None] = {"w1": None, "w3": None}
+THREE = flow(
+    Step.create("w1", _w1), Step.create("slow", _slow), Step.create("w3", _w3), name="three"
+)
+
+
+async def _answered_then_stopped(manager: StorageManager, event: Any) -> None:
+    """W1 answered with ``event``, the delivery stopped in the slow step (its claim left
+    live): the run is ``running``, w1's checkpoint holding the event."""
+    await _suspended(THREE.run(None, manager=manager, stack_id="R"))
+    delivery = asyncio.create_task(THREE.deliver("k", event, manager=manager))
+    await asyncio.sleep(0.4)
+    delivery.cancel()  # the delivering process ends here
+    await asyncio.gather(delivery, return_exceptions=True)
+    stored = await manager.adapter.get_checkpoint("R")
+    assert stored is not None and stored.status == "running"
+    assert stored.contexts["w1"][EVENT] == event
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_rerun_reaching_a_later_wait_on_the_key_gets_a_record_of_its_own(
+    kind: str,
+) -> None:
+    """The worker recovers the run while the stopped delivery's claim of w1's wait is
+    live, and the rerun reaches w3, which waits on the same key with a deadline of its
+    own: the claimed record was kept for it, with w1's step and no deadline, and w3's
+    timer never fired."""
+    DEADLINES.update(w1=None, w3=600)
+    async with any_backend(kind, claim_lease_ms=5_000) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _answered_then_stopped(manager, "E1")
+        assert await THREE.recover("R", manager=manager)  # the worker's rerun: w3 waits
+        record = await manager.adapter.get_wait_record("k")
+        assert record is not None and record.status == "waiting" and record.step_id == "w3"
+        assert record.expires_at is not None and record.created_at is not None
+        assert record.expires_at - record.created_at == 600
+        await asyncio.sleep(0.7)
+        assert await THREE.fire_timeout("k", manager=manager) == ["E1", "timed out"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_retry_claiming_an_answered_wait_is_not_used_by_a_later_wait(kind: str) -> None:
+    """A retried webhook claims w1's answered wait (the first delivery stopped after w1's
+    checkpoint) and waits for the run's lock, which a worker recovering the run holds;
+    the rerun reaches w3 on the same key. The retry's event was handed to w3 — one event
+    used by two waits. It is told its event was not used, and w3 still waits."""
+    DEADLINES.update(w1=None, w3=None)
+    async with any_backend(kind, claim_lease_ms=500) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _answered_then_stopped(manager, "E0")
+        await asyncio.sleep(0.6)  # the stopped delivery's claim lapses
+        worker = asyncio.create_task(THREE.recover("R", manager=manager))
+        await asyncio.sleep(0.15)  # the worker holds the run's lock, in the slow step
+        with pytest.raises(siglo.WaitRecordClaimError, match="not used"):
+            await THREE.deliver("k", "E0", manager=manager)  # the webhook's retry
+        assert await worker
+        stored = await manager.adapter.get_checkpoint("R")
+        assert stored is not None and stored.status == "waiting"
+        assert EVENT not in stored.contexts["w3"]
+        record = await manager.adapter.get_wait_record("k")
+        assert record is not None and record.step_id == "w3" and record.status == "waiting"
+        assert await THREE.deliver("k", "E3", manager=manager) == ["E0", "E3"]
+
+
+async def _w3_elsewhere(value: Any) -> Any:
+    return [value, await wait_for_event("k-2")]
+
+
+GONE_PAST = flow(
+    Step.create("w1", _waits),
+    Step.create("slow", _slow),
+    Step.create("w3", _w3_elsewhere),
+    name="gone-past",
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_dashboard_never_delivers_into_a_step_that_ran(kind: str) -> None:
+    """A wait answered and gone past (the run waits for another key now), its claim
+    lapsed: the dashboard's deliver wrote the event over the one w1 used, marked the run
+    running and said "delivered". It is refused, and nothing changes."""
+    async with any_backend(kind, claim_lease_ms=400) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(GONE_PAST.run(None, manager=manager, stack_id="G"))
+
+        async def stopped(*_: Any, **__: Any) -> None:
+            raise asyncio.CancelledError  # the delivering process ends before completing
+
+        real = adapter.complete_wait_record
+        adapter.complete_wait_record = stopped  # type: ignore[method-assign]
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                await GONE_PAST.deliver("k", "E1", manager=manager)
+        finally:
+            adapter.complete_wait_record = real  # type: ignore[method-assign]
+        await asyncio.sleep(0.5)  # its claim lapses
+        before = await adapter.get_checkpoint("G")
+        assert before is not None and before.status == "waiting"
+        with pytest.raises(ActionRefused, match="nothing was delivered"):
+            await deliver_event(manager, "k", None, "E2", run_id="G")
+        after = await adapter.get_checkpoint("G")
+        assert after is not None and after.revision == before.revision
+        assert after.contexts["w1"][EVENT] == "E1"
+
+
+RETRIED: dict[str, Any] = {}
+
+
+async def _blocking(value: Any) -> Any:
+    time.sleep(0.8)  # noqa: ASYNC251 (a synchronous call: no renewal runs meanwhile)
+    # A retried webhook in another process takes the lapsed claim meanwhile; here, as the
+    # loop gets its first turn after the block (before a renewal can run).
+    RETRIED["claim"] = await RETRIED["adapter"].claim_wait_record("k", "retry", allow_expired=True)
+    return value
+
+
+BLOCKING = flow(Step.create("w", _waits), Step.create("blocking", _blocking), name="blocking")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_delivery_whose_claim_lapsed_under_a_blocking_step_returns_its_output(
+    kind: str,
+) -> None:
+    """A later step blocks the event loop past the claim's lease, and a retry takes the
+    lapsed claim: the first delivery's event was used, yet it raised WaitRecordClaimError.
+    It returns the run's output; the retry is told its event was not used, and the wait
+    ends completed with the first event."""
+    # The lock's lease outlasts the blocking step, the claim's does not.
+    options: dict[str, Any] = {"claim_lease_ms": 300}
+    if kind != "memory":  # whose workflow lock has no lease to lapse
+        options["workflow_lock_ttl_ms"] = 10_000
+    async with any_backend(kind, **options) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _suspended(BLOCKING.run(None, manager=manager, stack_id="B"))
+        adapter = manager.adapter
+        RETRIED["adapter"] = adapter
+        assert await BLOCKING.deliver("k", "E", manager=manager) == "E"
+        assert RETRIED["claim"] is not None  # the claim had lapsed: the retry took it
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "claimed"
+        assert record.claimant_id == "retry"
+        # The retry stopped too; another one finds the run answered: not used, and the
+        # wait ends completed with the first event.
+        await asyncio.sleep(0.35)
+        with pytest.raises(siglo.WaitRecordClaimError, match="not used"):
+            await BLOCKING.deliver("k", "E2", manager=manager)
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == "E"
+        stored = await adapter.get_checkpoint("B")
+        assert stored is not None and stored.status == "completed"
+        assert stored.contexts["w"][EVENT] == "E"
