@@ -42,6 +42,7 @@ from siglo.errors import (
 from siglo.plugins import get_registry
 from siglo.plugins.backends import import_dotted
 from siglo.urls import mask_credentials, refuse_unknown
+from siglo.validation import ms_as_seconds
 
 __all__ = [
     "BlobStore",
@@ -318,7 +319,7 @@ class BoundedBlobStore(BlobStore):
         self.url = store.url
         self.command_timeout_ms = command_timeout_ms
         # A store that ends its own calls at the bound is cancelled only past it.
-        self._timeout_s = command_timeout_ms / 1000 + store.use_bound(command_timeout_ms)
+        self._timeout_s = ms_as_seconds(command_timeout_ms) + store.use_bound(command_timeout_ms)
 
     def __getattr__(self, name: str) -> object:
         # What a store adds (an S3 store's refresh_ms, a file store's root) shows through.

@@ -38,7 +38,7 @@ from siglo.errors import InvalidArgumentError
 from siglo.keys import check_key_id, decode_key, is_local_scheme, shown_key_id
 from siglo.redaction import check_redact_fields
 from siglo.settings import DEFAULTS
-from siglo.urls import is_secret_parameter, mask_credentials
+from siglo.urls import OBJECT_OPTIONS, is_secret_parameter, mask_credentials
 
 __all__ = [
     "CONFIG_ENV",
@@ -185,6 +185,8 @@ class Settings:
             raise InvalidArgumentError(
                 f"options must be a table of option names to values ({self.source})"
             )
+        for name, value in self.options.items():
+            _check_option(name, value, self.source)
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         self._check_sealing()
 
@@ -346,6 +348,32 @@ def _secret_option(name: str) -> bool:
     return is_secret_parameter(lowered) or any(
         word in lowered for word in ("password", "passwd", "secret", "token", "key", "credential")
     )
+
+
+def _check_option(name: str, value: object, source: str) -> None:
+    """A backend option of the settings is data, what a URL's query could say: text, a
+    number, true/false (or ``None`` in code). Checked when the settings are read, before
+    any connection: ``url`` under ``[options]`` (the everyday slip of a key written
+    after the table's header) would reach the factory beside its own URL, a bare
+    ``TypeError``, and ``clock = "…"`` would fail at the first call that reads the time.
+    The value is not quoted: it may be a secret (a URL with its password)."""
+    if name == "url":
+        raise InvalidArgumentError(
+            f"options: url is not a backend option but a setting of its own ({source}): "
+            "write `url = …` above the [options] table (a key after a table's header "
+            "belongs to that table), or give the URL to siglo.connect"
+        )
+    what = OBJECT_OPTIONS.get(name)
+    if what is not None:
+        raise InvalidArgumentError(
+            f"options: {name} takes {what}, an object settings cannot hold ({source}): "
+            f"pass it as a keyword to siglo.connect in code (siglo.connect(url, {name}=…))"
+        )
+    if value is not None and not isinstance(value, str | int | float | bool):
+        raise InvalidArgumentError(
+            f"options: {name} must be text, a number or true/false (what a URL's query "
+            f"can say), got {type(value).__name__} ({source})"
+        )
 
 
 def _check_names(values: Mapping[str, Any], where: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import random
 import re
 import secrets
@@ -36,7 +35,7 @@ from siglo.errors import (
 from siglo.payloads import StoredPayload
 from siglo.sentinel import Missing
 from siglo.settings import DEFAULTS
-from siglo.validation import require_id, require_ttl_ms
+from siglo.validation import ms_as_seconds, require_id, require_ttl_ms, seconds_as_ms
 
 __all__ = [
     "ClaimState",
@@ -300,7 +299,8 @@ def undo_later(what: str, undo: Callable[[], Awaitable[bool]], *, lapses_in_ms: 
     request refused until then)."""
     loop = asyncio.get_running_loop()
     first_try = asyncio.Event()
-    task = loop.create_task(_undo(what, undo, loop.time() + lapses_in_ms / 1000, first_try))
+    lapses_at = loop.time() + ms_as_seconds(lapses_in_ms)
+    task = loop.create_task(_undo(what, undo, lapses_at, first_try))
     _UNDOING.add(task)
     _FIRST_TRIES[task] = first_try
     task.add_done_callback(_UNDOING.discard)
@@ -346,12 +346,10 @@ async def acquire_undone_on_cancel(lock: Lock, lock_key: str, ttl_ms: int) -> Lo
 
 
 def nonce_ttl_ms(ttl_seconds: float) -> int:
-    """The seed's window: ``max(1, floor(ttl_seconds * 1000))`` milliseconds."""
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
-        raise InvalidArgumentError(f"ttl_seconds must be a number, got {ttl_seconds!r}")
-    if not math.isfinite(ttl_seconds) or ttl_seconds <= 0:
-        raise InvalidArgumentError(f"ttl_seconds must be positive and finite, got {ttl_seconds!r}")
-    return max(1, math.floor(ttl_seconds * 1000))
+    """The seed's window: ``max(1, floor(ttl_seconds * 1000))`` milliseconds, capped at
+    :data:`~siglo.validation.MAX_DURATION_MS` (a longer window means "never", as a TTL
+    in milliseconds past it does)."""
+    return seconds_as_ms("ttl_seconds", ttl_seconds)
 
 
 class IdempotencyStoreBase(Closable):
@@ -732,7 +730,7 @@ class LockBase(Closable):
 
     async def _acquire_within(self, lock_key: str, ttl_ms: int, wait_ms: int) -> LockResult:
         """:meth:`acquire`, retried with back-off until acquired or ``wait_ms`` passed."""
-        deadline = time.monotonic() + wait_ms / 1000
+        deadline = time.monotonic() + ms_as_seconds(wait_ms)
         delay = _MIN_POLL_S
         while True:
             # Undone if the caller is cancelled meanwhile (acquire_undone_on_cancel).

@@ -59,6 +59,7 @@ from siglo.errors import (
     StorageAdapterError,
 )
 from siglo.records import WaitRecord
+from siglo.validation import ms_as_seconds
 
 __all__ = [
     "GUARANTEES",
@@ -629,7 +630,7 @@ class Drill:
                 fencing=result.fencing_token,
                 began=began,
                 acked=acked,
-                lease_end=began + self.lock_ttl_ms / 1000,
+                lease_end=began + ms_as_seconds(self.lock_ttl_ms),
                 release_at=acked + self.hold_s,
             )
         )
@@ -909,7 +910,7 @@ async def _redis_setting(backend: Backend) -> str:
 def _bound_s(backend: Backend) -> float | None:
     """The backend's ``command_timeout_ms``, in seconds (``None``: unbounded)."""
     bound = command_timeout_ms(backend.url, {})
-    return None if bound is None else bound / 1000
+    return None if bound is None else ms_as_seconds(bound)
 
 
 async def _postgres_setting(backend: Backend) -> str:

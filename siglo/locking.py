@@ -30,7 +30,7 @@ from siglo.coordination import Lock, acquire_undone_on_cancel
 from siglo.errors import LockLostError, LockNotAcquiredError
 from siglo.lease_release import release_lease
 from siglo.settings import DEFAULTS
-from siglo.validation import MAX_ID_LENGTH
+from siglo.validation import MAX_ID_LENGTH, ms_as_seconds
 
 __all__ = [
     "Hold",
@@ -130,7 +130,7 @@ async def run_with_lock(
     :class:`~siglo.errors.LockNotAcquiredError` if the lock stays taken past the timeout.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_ms / 1000
+    deadline = loop.time() + ms_as_seconds(timeout_ms)
     delay = _MIN_POLL_S
     while True:
         started = loop.time()
@@ -149,7 +149,7 @@ async def run_with_lock(
         delay = min(delay * 2, _MAX_POLL_S)
 
     hold = Hold(Lease(lock_key, result.token, result.fencing_token), lock)
-    renewer = _Renewer(lock, hold, ttl_ms, lapses_at=started + ttl_ms / 1000)
+    renewer = _Renewer(lock, hold, ttl_ms, lapses_at=started + ms_as_seconds(ttl_ms))
     reset = _current.set(hold)
     try:
         # A child task (it copies the context, lease included), so it can be cancelled.
@@ -209,7 +209,7 @@ class _Renewer:
         self.lock = lock
         self.hold = hold
         self.lease = hold.lease
-        self.ttl_s = ttl_ms / 1000
+        self.ttl_s = ms_as_seconds(ttl_ms)
         self.ttl_ms = ttl_ms
         # Measured from before the request that set the lease: the server's lease
         # cannot end earlier than this on our clock, only later.

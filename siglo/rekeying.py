@@ -61,6 +61,7 @@ from siglo.sealing import SEALED_KEY, Location, Sealer, is_sealed, refuse_unreso
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.unreadable import collecting_unreadable, stopping_at_unreadable
+from siglo.validation import capped_seconds
 
 __all__ = ["EraseReport", "PayloadCounts", "RefusedStack", "RekeyReport", "erase", "rekey"]
 
@@ -578,7 +579,7 @@ async def erase(backend: Backend, namespace: str, *, settle_s: float | None = No
             "namespaces of the stacks)"
         )
     erased = await keys.erase(namespace)
-    await asyncio.sleep(keys.refresh_s + 1.0 if settle_s is None else settle_s)
+    await asyncio.sleep(keys.refresh_s + 1.0 if settle_s is None else capped_seconds(settle_s))
     deleted = 0
     with collecting_unreadable() as unreadable:
         stacks = [s async for s in _summaries(backend, namespace, stop=False)]

@@ -283,7 +283,9 @@ class S3BlobStore(BlobStore):
         marker = b"doomed " + doomed_at.encode() + b"\n"
         if not await self._write(digest, marker, {_DOOMED: doomed_at}, {"e_tag": found.etag}):
             return False  # a put refreshed it (or another collector took it) meanwhile
-        if (time.monotonic() - started) * 1000 > self.takeover_ms / 3:
+        # Compared as ``3 × elapsed > takeover_ms``: ``takeover_ms / 3`` of an int too
+        # large for a float overflows.
+        if (time.monotonic() - started) * 3000 > self.takeover_ms:
             # Too late to be sure no put has taken the marker over: leave it to a put or
             # to the next collection.
             return False

@@ -32,6 +32,7 @@ from siglo.masking import MASK, remember
 
 __all__ = [
     "MASK",
+    "OBJECT_OPTIONS",
     "Converter",
     "boolean",
     "integer",
@@ -202,7 +203,14 @@ def unknown_option_error(
     candidates = sorted(set(known_names) | set(suggest))
     parts = []
     for name in sorted(set(unknown)):
-        close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+        # Another name of a known option (Redis's key_prefix for prefix) is that option,
+        # however close another name is spelt (lock_key_prefix).
+        alias = _OPTION_ALIASES.get(name)
+        close = (
+            [alias]
+            if alias in candidates
+            else difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+        )
         parts.append(f"{name!r} — did you mean {close[0]}?" if close else repr(name))
     plural = "s" if len(parts) > 1 else ""
     if known_names:
@@ -368,6 +376,11 @@ never which store it is. Every other one — in the query or as a keyword option
 ``search_path``) or ``service``, a client given whole, any plugin's own — may pick
 another store, so :func:`same_store` takes two connections for one store only when
 they agree on all of those."""
+
+OBJECT_OPTIONS: Final[Mapping[str, str]] = {"clock": "a siglo.Clock", "client": "a Redis client"}
+"""Options of the built-in backends whose value is an object, by what it is: given as
+keywords to ``siglo.connect`` in code. No URL carries one, and a settings file's
+``[options]`` holds none (:class:`siglo.config.Settings` refuses them by name)."""
 
 _OPTION_ALIASES: Final = {"key_prefix": "prefix"}
 """Option names a backend takes for another (Redis's ``key_prefix`` is ``prefix``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final, overload
 
 from siglo.checkpoint import Checkpoint
@@ -10,14 +11,20 @@ from siglo.records import ContextChangeEvent, WaitRecord
 from siglo.reserved import KEYRING_NAMESPACE, check_not_keyring
 
 __all__ = [
+    "MAX_DURATION_MS",
+    "MAX_DURATION_S",
     "MAX_ID_LENGTH",
     "MAX_LEASE_MS",
+    "capped_seconds",
     "check_context_change",
     "check_save_arguments",
     "check_wait_record",
+    "ms_as_seconds",
     "require_id",
     "require_optional_id",
+    "require_seconds",
     "require_ttl_ms",
+    "seconds_as_ms",
 ]
 
 
@@ -78,6 +85,53 @@ def require_ttl_ms(name: str, value: Any, *, optional: bool = False) -> int | No
     if value <= 0:
         raise InvalidArgumentError(f"{name} must be positive, got {value}")
     return value
+
+
+MAX_DURATION_MS: Final = 2**63 - 1
+"""The longest duration siglo counts with, in milliseconds: a signed 64-bit count, what
+every store holds. A longer one (``10**400``) means "never" and is capped at it where a
+deadline, a timer or a window is worked out from it, as a TTL past it is clamped where it
+is stored: in seconds it is still a float, so no arithmetic on it overflows."""
+
+MAX_DURATION_S: Final = MAX_DURATION_MS / 1000
+""":data:`MAX_DURATION_MS` in seconds (about 292 million years)."""
+
+
+def ms_as_seconds(ms: int) -> float:
+    """``ms`` milliseconds in seconds, for a deadline, a timer or a sleep, capped at
+    :data:`MAX_DURATION_MS`: ``ms / 1000`` of an integer too large for a float raises a
+    raw ``OverflowError`` wherever the duration is first used."""
+    return min(ms, MAX_DURATION_MS) / 1000
+
+
+def capped_seconds(seconds: float) -> float:
+    """``seconds`` capped at :data:`MAX_DURATION_S` (an ``int`` too large for a float
+    included), so that adding it to a clock's time or scaling it cannot overflow."""
+    return MAX_DURATION_S if seconds >= MAX_DURATION_S else seconds
+
+
+def require_seconds(name: str, value: Any) -> float:
+    """A duration in seconds must be a positive finite number (``bool`` is not one); it is
+    returned capped (:func:`capped_seconds`). ``math.isfinite`` is asked of floats only:
+    an integer is finite however large, and converting a huge one to a float raises
+    ``OverflowError``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{name} must be a number of seconds, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgumentError(f"{name} must be positive and finite, got {value!r}")
+    if value <= 0:
+        raise InvalidArgumentError(f"{name} must be positive and finite, got {value!r}")
+    return capped_seconds(value)
+
+
+def seconds_as_ms(name: str, value: Any) -> int:
+    """A duration in seconds (:func:`require_seconds`) as whole milliseconds,
+    ``max(1, floor(value * 1000))``, capped at :data:`MAX_DURATION_MS` (a float of seconds
+    past it is infinite once multiplied by 1000)."""
+    seconds = require_seconds(name, value)
+    if seconds >= MAX_DURATION_S:
+        return MAX_DURATION_MS
+    return min(MAX_DURATION_MS, max(1, math.floor(seconds * 1000)))
 
 
 MAX_LEASE_MS: Final = 2**62

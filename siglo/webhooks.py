@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import inspect
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -26,7 +25,7 @@ from typing import Final
 from siglo.clock import Clock, system_clock
 from siglo.coordination import NonceStore
 from siglo.errors import InvalidArgumentError, SigloError
-from siglo.validation import require_id
+from siglo.validation import require_id, require_seconds
 
 __all__ = [
     "DEFAULT_HEADER",
@@ -217,10 +216,9 @@ async def verify(
     """
     if scope is not None:
         require_id("scope", scope)
-    if isinstance(tolerance_s, bool) or not isinstance(tolerance_s, int | float):
-        raise InvalidArgumentError(f"tolerance_s must be a number of seconds, got {tolerance_s!r}")
-    if not math.isfinite(tolerance_s) or tolerance_s <= 0:
-        raise InvalidArgumentError(f"tolerance_s must be positive and finite, got {tolerance_s}")
+    # Capped: a tolerance past MAX_DURATION_S (10**400) accepts any signed time, and the
+    # nonce's window worked out from it below stays a float.
+    tolerance_s = require_seconds("tolerance_s", tolerance_s)
     keys = [_key(s) for s in ([secret] if isinstance(secret, str | bytes) else secret)]
     if not keys:
         raise InvalidArgumentError("at least one webhook secret is required")

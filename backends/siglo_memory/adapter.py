@@ -33,7 +33,7 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_w
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
-from siglo.validation import check_save_arguments, require_ttl_ms
+from siglo.validation import check_save_arguments, ms_as_seconds, require_ttl_ms
 from siglo_memory.model import StorageModel, WaitKey, wait_key
 
 __all__ = ["MemoryStorageAdapter", "WaitKey", "wait_key"]
@@ -427,7 +427,7 @@ class MemoryStorageAdapter(StorageAdapter):
         timeout_ms: int | None = None,
     ) -> T:
         lock = self._workflow_locks.setdefault(stack_id, asyncio.Lock())
-        timeout = (timeout_ms or self.workflow_lock_timeout_ms) / 1000
+        timeout = ms_as_seconds(timeout_ms or self.workflow_lock_timeout_ms)
         try:
             await asyncio.wait_for(lock.acquire(), timeout)
         except TimeoutError:

@@ -23,6 +23,7 @@ from siglo import urls
 from siglo.blobs import BlobStore, check_digest
 from siglo.errors import OutcomeUnknownError, StorageAdapterError
 from siglo.settings import DEFAULTS
+from siglo.validation import ms_as_seconds
 from siglo_postgres.connect import _conninfo, _libpq_parameters, _pgbouncer
 from siglo_postgres.liveness import closed_while_idle, lost_in_flight
 from siglo_postgres.watches import SEVER_AFTER_MS, Watches
@@ -77,7 +78,7 @@ class PostgresBlobStore(BlobStore):
         # for a stalled server (a black-box auditor: 10.3 s at a bound of 300 ms): the
         # call is ended here instead, as the backend's are — cancelled on the server,
         # its connection cut SEVER_AFTER_MS later — and cancelled only as a backstop.
-        self._watches = Watches(command_timeout_ms / 1000)
+        self._watches = Watches(ms_as_seconds(command_timeout_ms))
         return SEVER_AFTER_MS / 1000 + BACKSTOP_S
 
     async def _opened(self) -> AsyncConnectionPool[Any]:
@@ -281,7 +282,7 @@ def open_store(url: str) -> PostgresBlobStore:
         url,
         max_size=max_size,
         min_size=min_size,
-        pool_timeout_s=int(options.get("pool_timeout_ms", DEFAULTS.pool_timeout_ms)) / 1000,
+        pool_timeout_s=ms_as_seconds(int(options.get("pool_timeout_ms", DEFAULTS.pool_timeout_ms))),
         prepare_threshold=options.get("prepare_threshold", 5),
     )
 

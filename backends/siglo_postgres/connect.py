@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import urlsplit
@@ -22,6 +22,7 @@ from siglo_sql.connect import (
     split_url_options,
     take_options,
     timeout_option,
+    travelling,
 )
 from siglo_sql.schema import check_identifier
 
@@ -44,6 +45,8 @@ POSTGRES_OPTIONS: Final = COMMON_OPTIONS | {
 URL_OPTIONS: Final = POSTGRES_OPTIONS - {"clock"}
 """siglo's options a ``postgresql://`` URL's query may set; libpq's parameters pass on."""
 PGBOUNCER_MODES: Final = ("transaction", "session")
+_MAX_CONNECT_TIMEOUT_S: Final = 2**31 - 1
+"""The longest ``connect_timeout`` libpq reads (seconds, a C ``int``)."""
 
 
 class PostgresStorageAdapter(SqlStorageAdapter):
@@ -61,7 +64,9 @@ def _conninfo(base: str, connect_timeout_ms: int) -> str:
         raise InvalidArgumentError(f"not a postgresql:// URL: {base!r}")
     conninfo = "postgresql://" + rest
     if "connect_timeout=" not in urlsplit(conninfo).query:
-        seconds = max(1, -(-connect_timeout_ms // 1000))  # libpq wants whole seconds
+        # libpq wants whole seconds, in a C int: a longer timeout is refused as a "bad
+        # value" at the first connection, so it is capped (about 68 years).
+        seconds = min(max(1, -(-connect_timeout_ms // 1000)), _MAX_CONNECT_TIMEOUT_S)
         conninfo = urls.with_options(conninfo, {"connect_timeout": seconds})
     return conninfo
 
@@ -120,8 +125,9 @@ def connect(url: str, **options: Any) -> Backend:
     refuse_unknown_options(url)
     base, url_options = split_url_options(url, URL_OPTIONS)
     merged = take_options(options, url_options, POSTGRES_OPTIONS, backend="postgres")
+    given = travelling(merged, URL_OPTIONS)
     conninfo = _conninfo(base, merged.pop("connect_timeout_ms", DEFAULTS.connect_timeout_ms))
-    return _build(base, conninfo, merged, engine=None)
+    return _build(base, conninfo, merged, engine=None, given=given)
 
 
 def refuse_unknown_options(url: str) -> None:
@@ -175,8 +181,14 @@ def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
 
 
 def _build(
-    base: str, conninfo: str, options: dict[str, Any], *, engine: AsyncEngine | None
+    base: str,
+    conninfo: str,
+    options: dict[str, Any],
+    *,
+    engine: AsyncEngine | None,
+    given: Mapping[str, Any] | None = None,
 ) -> Backend:
+    """The backend; ``given``: the options that ride in its URL (:func:`travelling`)."""
     schema = options.pop("schema", None)
     travel = _pgbouncer(options)
     settings = SqlSettings(options, schema=schema)
@@ -191,7 +203,9 @@ def _build(
         on_open=settings.on_open,
         command_timeout_ms=options.pop("command_timeout_ms", DEFAULTS.command_timeout_ms),
     )
-    url = urls.with_options(base, {**settings.url_options(), **timeout_option(db), **travel})
+    url = urls.with_options(
+        base, {**(given or {}), **settings.url_options(), **timeout_option(db), **travel}
+    )
     return assemble_backend("postgres", url, db, settings, PostgresStorageAdapter)
 
 

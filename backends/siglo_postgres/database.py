@@ -42,6 +42,7 @@ from sqlalchemy.dialects import postgresql
 
 from siglo.errors import OutcomeUnknownError, SigloError, StorageAdapterError
 from siglo.settings import DEFAULTS
+from siglo.validation import ms_as_seconds
 from siglo_postgres.checkout import PooledConnections
 from siglo_postgres.liveness import closed_while_idle, lost_in_flight
 from siglo_postgres.watches import SEVER_AFTER_MS, Watch, Watches
@@ -313,7 +314,9 @@ class PostgresDatabase(Database):
         self.engine = engine
         self._pool: PooledConnections | None = None
         self._engine_open = False
-        self._watches = None if command_timeout_ms is None else Watches(command_timeout_ms / 1000)
+        self._watches = (
+            None if command_timeout_ms is None else Watches(ms_as_seconds(command_timeout_ms))
+        )
         self._ambiguity = _Ambiguity()
         self._writing = 0
         """Keyed writes sent alone and not answered yet."""
@@ -331,7 +334,7 @@ class PostgresDatabase(Database):
         # that takes the connection and never answers (frozen, a stalled route) kept
         # each call waiting for libpq's connect_timeout (10 s by default) whatever the
         # call's command_timeout_ms, and a worker's retries with it.
-        bound = None if self.command_timeout_ms is None else self.command_timeout_ms / 1000
+        bound = None if self.command_timeout_ms is None else ms_as_seconds(self.command_timeout_ms)
         try:
             async with asyncio.timeout(bound):
                 await self._open_pool(bound)
@@ -349,18 +352,15 @@ class PostgresDatabase(Database):
             self.conninfo,
             min_size=self.pool_min_size,
             max_size=self.pool_max_size,
-            timeout=self.pool_timeout_ms / 1000,
+            timeout=ms_as_seconds(self.pool_timeout_ms),
             kwargs={"autocommit": True, "prepare_threshold": self.prepare_threshold},
             configure=self._ambiguity.configure,
             reconnect_timeout=RECONNECT_ROUND_S,
             open=False,
             name="siglo",
         )
-        opening_s = (
-            self.pool_timeout_ms / 1000
-            if bound is None
-            else min(bound, self.pool_timeout_ms / 1000)
-        )
+        pool_timeout_s = ms_as_seconds(self.pool_timeout_ms)
+        opening_s = pool_timeout_s if bound is None else min(bound, pool_timeout_s)
         try:
             await pool.open(wait=True, timeout=opening_s)
         except BaseException:
@@ -369,7 +369,7 @@ class PostgresDatabase(Database):
             raise
         # The wait for a connection is bounded like the call (whichever is shorter).
         wait_ms = min(self.pool_timeout_ms, self.command_timeout_ms or self.pool_timeout_ms)
-        self._pool = PooledConnections(pool, self.pool_max_size, wait_ms / 1000)
+        self._pool = PooledConnections(pool, self.pool_max_size, ms_as_seconds(wait_ms))
 
     async def _disconnect(self) -> None:
         self._engine_open = False

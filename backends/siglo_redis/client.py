@@ -44,6 +44,7 @@ _DEFAULT_MAX_CONNECTIONS: Final = 64
 
 OPTIONS: Final[dict[str, urls.Converter]] = {
     "prefix": urls.text,
+    "lock_key_prefix": urls.text,
     "cluster": urls.boolean,
     "auto_pipeline": urls.boolean,
     "checkpoint_ttl_ms": urls.optional_integer,

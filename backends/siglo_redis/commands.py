@@ -25,6 +25,7 @@ from siglo.errors import (
     StorageAdapterError,
     past_its_bound,
 )
+from siglo.validation import ms_as_seconds
 from siglo_redis.deadlines import Deadlines
 from siglo_redis.scripts import Script
 
@@ -90,7 +91,7 @@ class Commands:
 
     def __init__(self, client: Any, *, command_timeout_ms: int | None) -> None:
         self.client = client
-        self.timeout_s = None if command_timeout_ms is None else command_timeout_ms / 1000
+        self.timeout_s = None if command_timeout_ms is None else ms_as_seconds(command_timeout_ms)
         self._deadlines = Deadlines(self.timeout_s)
         evalsha = getattr(client, "evalsha", None)
         self._evalsha = evalsha if callable(evalsha) else None

@@ -6,6 +6,9 @@ siglo's own options can ride in the URL's query string, so that
 
 ``prefix``
     replaces the leading ``siglo:`` of every key (tests isolate with it);
+``lock_key_prefix``
+    where ``with_workflow_lock`` takes its locks (default ``<prefix>workflow-lock:``):
+    every process running one stack's actions must take them under the same prefix;
 ``cluster``
     ``true`` to connect a :class:`redis.asyncio.RedisCluster` (seed nodes from the URL);
 ``auto_pipeline``
@@ -50,6 +53,7 @@ from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import StorageAdapterError
 from siglo.settings import DEFAULTS
+from siglo.validation import ms_as_seconds
 from siglo_redis.adapter import RedisStorageAdapter
 from siglo_redis.client import (
     CLIENT_OPTIONS,
@@ -80,16 +84,12 @@ def connect(
     refuse_unknown_options(url)
     _, from_url = split_url(url)
     unknown = set(options) - set(OPTIONS) - {"key_prefix"}
-    adapter_only = {"lock_key_prefix"}
-    unknown -= adapter_only
     if unknown:
-        raise urls.unknown_option_error(
-            "redis", unknown, set(OPTIONS) | adapter_only, where="keyword"
-        )
+        raise urls.unknown_option_error("redis", unknown, set(OPTIONS), where="keyword")
     # A text value reads as in the URL's query ("none", "false"): a settings file's
     # [options] has no null, and bool("false") is True.
     options = urls.typed_keywords(options, OPTIONS)
-    settings = {**from_url, **{k: v for k, v in options.items() if k not in adapter_only}}
+    settings = {**from_url, **options}
     # A keyword wins over the URL's query, the alias key_prefix as much as prefix (which
     # wins over it): the store siglo.urls.same_store takes this connection for.
     chosen = options.get(
@@ -98,6 +98,11 @@ def connect(
     settings.pop("prefix", None)
     settings.pop("key_prefix", None)
     prefix = check_prefix("prefix", chosen)
+    # In backend.url like every option: a worker connected with backend.url must take
+    # the workflow locks where the application does, or both run one stack's action.
+    lock_key_prefix = settings.pop("lock_key_prefix", None)
+    if lock_key_prefix is not None:
+        check_prefix("lock_key_prefix", lock_key_prefix)
     cluster = bool(settings.pop("cluster", False))
     auto_pipeline = bool(settings.pop("auto_pipeline", True))
     client_options = {k: settings.pop(k) for k in CLIENT_OPTIONS & set(settings)}
@@ -119,7 +124,7 @@ def connect(
     adapter = RedisStorageAdapter(
         client,
         key_prefix=prefix,
-        lock_key_prefix=options.get("lock_key_prefix"),
+        lock_key_prefix=lock_key_prefix,
         **settings,
     )
     idempotency = RedisIdempotencyStore(
@@ -147,8 +152,18 @@ def connect(
 
 
 def _with_params(url: str, params: dict[str, Any]) -> str:
-    """``url`` with siglo's options set in its query, so another process can repeat it."""
-    return urls.with_options(url, {k: v for k, v in params.items() if k in OPTIONS})
+    """``url`` with siglo's options set in its query, so another process can repeat it.
+
+    A text option given ``None`` (``lock_key_prefix=None``: the default) is left out:
+    written, it would read back as the text ``none``."""
+    return urls.with_options(
+        url,
+        {
+            k: v
+            for k, v in params.items()
+            if k in OPTIONS and not (v is None and OPTIONS[k] is urls.text)
+        },
+    )
 
 
 async def delete_prefix(
@@ -163,7 +178,8 @@ async def delete_prefix(
     """
     import redis.asyncio  # the optional driver (siglo[redis]): imported when used
 
-    bounded = Deadlines(None if command_timeout_ms is None else command_timeout_ms / 1000).run
+    bound = None if command_timeout_ms is None else ms_as_seconds(command_timeout_ms)
+    bounded = Deadlines(bound).run
     pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
     removed = 0
     try:

@@ -30,6 +30,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final
 
+from siglo.validation import ms_as_seconds
 from siglo_sql.database import Database
 from siglo_sql.rows import stored_bytes
 
@@ -116,7 +117,7 @@ class KeyedReads:
         # the very turn its batch answers, so that callers asking again at once still
         # share the next batch (wait_for would wake them a turn later, one by one).
         assert self._loop is not None
-        timer = self._loop.call_later(bound_ms / 1000, self._expire, key, future)
+        timer = self._loop.call_later(ms_as_seconds(bound_ms), self._expire, key, future)
         try:
             return await future
         finally:

@@ -1,10 +1,10 @@
 """Options shared by the SQL backends, and assembling a :class:`~siglo.Backend`.
 
 Options are keyword arguments of ``connect`` or query parameters of the URL (read by
-:mod:`siglo.urls` with :data:`CONVERTERS`); a keyword argument wins over the URL. Those
-that decide which tables are used (``table_prefix``, Postgres ``schema``) are written back into
-:attr:`Backend.url`, so ``siglo.connect(backend.url)`` in another process reaches the
-same tables.
+:mod:`siglo.urls` with :data:`CONVERTERS`); a keyword argument wins over the URL. Every
+option given either way that a URL can say (all but ``clock``) is written back into
+:attr:`Backend.url` (:func:`travelling`), so ``siglo.connect(backend.url)`` in another
+process reaches the same tables with the same settings.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ __all__ = [
     "split_url_options",
     "take_options",
     "timeout_option",
+    "travelling",
 ]
 
 ADAPTER_OPTIONS: Final = frozenset(
@@ -78,6 +79,20 @@ CONVERTERS: Final[dict[str, urls.Converter]] = {
 def split_url_options(url: str, known: frozenset[str]) -> tuple[str, dict[str, Any]]:
     """``url`` without the query parameters in ``known``, and those parameters typed."""
     return urls.split_options(url, {name: CONVERTERS.get(name, urls.text) for name in known})
+
+
+def travelling(options: Mapping[str, Any], url_options: frozenset[str]) -> dict[str, Any]:
+    """The options given (the URL's and the keywords, merged) that ride in
+    :attr:`Backend.url`: each one a URL can say (``url_options``), so that a worker
+    connected with ``backend.url`` runs as the process that connected first. A text
+    option given ``None`` (``table_prefix``, ``schema``) is left to
+    :meth:`SqlSettings.url_options`, which writes what it means: written as it is, it
+    would read back as the text ``none``."""
+    return {
+        name: value
+        for name, value in options.items()
+        if name in url_options and not (value is None and name not in CONVERTERS)
+    }
 
 
 def timeout_option(db: Database) -> dict[str, Any]:

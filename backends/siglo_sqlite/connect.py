@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import unquote, urlsplit
@@ -22,6 +22,7 @@ from siglo_sql.connect import (
     split_url_options,
     take_options,
     timeout_option,
+    travelling,
 )
 from siglo_sqlite.database import SqliteDatabase
 
@@ -83,7 +84,7 @@ def connect(url: str = "sqlite://", **options: Any) -> Backend:
     base, url_options = split_url_options(url, URL_OPTIONS)
     path = _path_of(base)
     merged = take_options(options, url_options, SQLITE_OPTIONS, backend="sqlite")
-    return _build(url, base, path, merged, engine=None)
+    return _build(url, base, path, merged, engine=None, given=travelling(merged, URL_OPTIONS))
 
 
 def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
@@ -105,8 +106,15 @@ def connect_engine(engine: AsyncEngine, **options: Any) -> Backend:
 
 
 def _build(
-    url: str, base: str, path: str | None, options: dict[str, Any], *, engine: AsyncEngine | None
+    url: str,
+    base: str,
+    path: str | None,
+    options: dict[str, Any],
+    *,
+    engine: AsyncEngine | None,
+    given: Mapping[str, Any] | None = None,
 ) -> Backend:
+    """The backend; ``given``: the options that ride in its URL (:func:`travelling`)."""
     settings = SqlSettings(options)
     db = SqliteDatabase(
         path,
@@ -117,7 +125,7 @@ def _build(
         command_timeout_ms=options.pop("command_timeout_ms", DEFAULTS.command_timeout_ms),
     )
     backend_url = (
-        urls.with_options(base, {**settings.url_options(), **timeout_option(db)})
+        urls.with_options(base, {**(given or {}), **settings.url_options(), **timeout_option(db)})
         if engine is None
         else url
     )

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import aiosqlite
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -63,6 +63,9 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 __all__ = ["SqliteDatabase"]
+
+_MAX_BUSY_MS: Final = 2**31 - 1
+"""The longest ``PRAGMA busy_timeout`` SQLite keeps (milliseconds, a C ``int``)."""
 
 
 class SqliteDatabase(Database):
@@ -257,10 +260,11 @@ class SqliteDatabase(Database):
 
     @property
     def busy_ms(self) -> int:
-        """The longest one call may wait for the write lock."""
+        """The longest one call may wait for the write lock, at most what SQLite's
+        ``busy_timeout`` holds (a C ``int``: a longer one reads as 0, no wait at all)."""
         if self.command_timeout_ms is None:
-            return self.busy_timeout_ms
-        return min(self.busy_timeout_ms, self.command_timeout_ms)
+            return min(self.busy_timeout_ms, _MAX_BUSY_MS)
+        return min(self.busy_timeout_ms, self.command_timeout_ms, _MAX_BUSY_MS)
 
     # -- calls on the driver ----------------------------------------------------------
 

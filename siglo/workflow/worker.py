@@ -45,6 +45,7 @@ from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from siglo.manager import StorageManager
 from siglo.records import WaitRecord
 from siglo.unreadable import collecting_unreadable
+from siglo.validation import capped_seconds, ms_as_seconds
 from siglo.workflow.flow import Flow, WorkflowSuspended, left_as_stored, mark_left_as_stored
 from siglo.workflow.outcomes import EVENT, answer_of
 
@@ -109,16 +110,20 @@ class RetryPolicy:
 
     def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
         """The wait before retry number ``attempt`` (0 for the first), jitter included."""
-        ceiling = min(self.max_delay_s, self.initial_delay_s * 2.0 ** min(attempt, 60))
+        # Capped first: an initial delay of 10**400 s, doubled as a float, overflows.
+        initial, most = capped_seconds(self.initial_delay_s), capped_seconds(self.max_delay_s)
+        ceiling = min(most, initial * 2.0 ** min(attempt, 60))
         jitter: float = (rng or _RANDOM).uniform(0, ceiling / 2)
         return ceiling / 2 + jitter
 
 
 def _positive(value: object) -> bool:
+    # isfinite of floats only: an int is finite however large, and converting 10**400
+    # to a float for it raises OverflowError.
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
-        and math.isfinite(value)
+        and (not isinstance(value, float) or math.isfinite(value))
         and value > 0
     )
 
@@ -503,7 +508,7 @@ class Worker:
     def _lock_held(self, key: tuple[str | None, str], flow_name: str) -> None:
         """Say once what the worker waits for on a `running` run whose lock is held."""
         now = time.monotonic()
-        lease_s = self.adapter.workflow_lock_ttl_ms / 1000
+        lease_s = ms_as_seconds(self.adapter.workflow_lock_ttl_ms)
         first, alive = self._held.get(key, (now, False))
         if key not in self._held:
             # Its holder renewed the lease before now if at all, so a crashed holder's
@@ -557,7 +562,7 @@ def _name(key: tuple[str | None, str]) -> str:
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
     """Up to ``seconds``, or until ``stop`` is set."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
+        await asyncio.wait_for(stop.wait(), capped_seconds(seconds))
 
 
 def _pick(versions: dict[str, Flow], checkpoint: Checkpoint) -> Flow:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -638,3 +639,64 @@ def test_a_urls_own_unknown_option_is_not_blamed_on_the_settings_file(tmp_path: 
         siglo.connect("redis://127.0.0.1:6379/0?key_prefix=x", settings=settings)
     assert "did you mean prefix?" in str(refused.value)
     assert "[options]" not in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres", "redis"])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # The everyday TOML slip: the key after the [options] header belongs to the table.
+        ('url = "{url}"', r"options: url is not a backend option but a setting of its own"),
+        ('clock = "1"', r"options: clock takes a siglo.Clock, an object settings cannot hold"),
+        ('client = "redis://x"', r"options: client takes a Redis client"),
+        ("prefix = [1, 2]", r"options: prefix must be text, a number or true/false"),
+    ],
+)
+def test_options_the_settings_cannot_hold_are_refused_naming_them_and_the_file(
+    kind: str, line: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``url`` under ``[options]`` made every ``siglo.connect()`` raise a bare
+    ``TypeError`` (multiple values for ``url``) and every command print "unexpected
+    TypeError … report it"; ``clock = "…"`` was taken by SQLite and PostgreSQL and failed
+    later with an ``AttributeError`` (a black-box auditor). Both are refused when the
+    settings are read, naming the option and the file, on every backend: nothing is
+    connected (the servers named here do not exist)."""
+    url = {
+        "memory": "memory://",
+        "sqlite": f"sqlite:///{tmp_path}/app.db",
+        "postgres": "postgresql://siglo@127.0.0.1:1/app",
+        "redis": "redis://127.0.0.1:1/0",
+    }[kind]
+    file = tmp_path / "siglo.toml"
+    file.write_text(f'url = "{url}"\n[options]\n{line.format(url=url)}\n')
+    with pytest.raises(InvalidArgumentError, match=message) as refused:
+        load_settings(environ={"SIGLO_CONFIG": str(file)})
+    assert str(file) in str(refused.value)
+    monkeypatch.setenv(CONFIG_ENV, str(file))  # the process's settings, read by connect()
+    with pytest.raises(InvalidArgumentError, match=message):
+        siglo.connect()
+    done = CliRunner().invoke(cli, ["ls", url], env={"SIGLO_CONFIG": str(file)})
+    assert done.exit_code != 0
+    assert "unexpected" not in done.output and re.search(message, done.output), done.output
+    assert not (tmp_path / "app.db").exists()
+
+
+def test_options_given_in_code_hold_data_only_too() -> None:
+    """``siglo.configure(options=…)`` and settings built in code: the same refusals (an
+    object goes to ``siglo.connect`` as a keyword, where it is taken)."""
+    from siglo.clock import ManualClock
+
+    with pytest.raises(InvalidArgumentError, match=r"options: url .*\(arguments\)"):
+        configure(options={"url": "sqlite://"})
+    with pytest.raises(InvalidArgumentError, match=r"options: clock takes a siglo\.Clock"):
+        Settings(options={"clock": ManualClock()})
+    with pytest.raises(InvalidArgumentError, match="options: schema must be text"):
+        Settings(options={"schema": object()})
+    settings = Settings(options={"checkpoint_ttl_ms": None, "table_prefix": "t_", "x": 1.5})
+    assert dict(settings.options) == {"checkpoint_ttl_ms": None, "table_prefix": "t_", "x": 1.5}
+    clock = ManualClock()
+    backend = siglo.connect("memory://", clock=clock)
+    try:
+        assert backend.raw_adapter.clock is clock  # type: ignore[attr-defined]
+    finally:
+        asyncio.run(backend.aclose())

@@ -93,7 +93,9 @@ def test_backends_read_url_options_with_the_shared_parser() -> None:
 async def test_backend_urls_carry_their_options_back() -> None:
     backend = siglo.connect("sqlite://?table_prefix=app_&cache_ttl_ms=5")
     try:
-        assert backend.url == "sqlite://?table_prefix=app_"
+        # Every option rides back, not only those that pick the tables: a worker
+        # connected with backend.url runs as this process does.
+        assert backend.url == "sqlite://?table_prefix=app_&cache_ttl_ms=5"
     finally:
         await backend.aclose()
     backend = siglo.connect("redis://127.0.0.1:6379/0?db=0", checkpoint_ttl_ms=None)
