@@ -788,6 +788,15 @@ class PipelineAdapter(StorageAdapter):
         ``metadata`` filters by equality on metadata fields — through the blind index
         when the metadata is encrypted (:mod:`siglo.blind`)."""
         if metadata is not None:
+            redacted = sorted(set(metadata) & self.pipeline.redact_fields)
+            if redacted:
+                # Stored "[REDACTED]", or its value where it was stored before the key was
+                # redacted: a filter on it would answer guesses about the values every
+                # printing path hides (a black-box auditor: `siglo ls --where ssn=…`).
+                raise InvalidArgumentError(
+                    f"metadata field(s) {', '.join(map(repr, redacted))} are redacted by the "
+                    "settings (redact_fields): a listing does not filter on them"
+                )
             return await self._list_matching(
                 metadata,
                 namespace=namespace,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 
 import click
@@ -10,11 +11,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
-from siglo.cli.common import open_store, require
+from siglo.cli.common import STOPPED_BY, open_store, require, stopped_by_signals
 from siglo.cli.errors import CliError, resolve_url
 from siglo.errors import SigloError
 from siglo.rekeying import EraseReport, RekeyReport, erase, rekey
 from siglo.sentinel import MISSING
+from siglo.validation import ms_as_seconds
 
 __all__ = ["erase_command", "rekey_command"]
 
@@ -72,22 +74,34 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
                     report=report,
                 )
 
+    restore_signals = stopped_by_signals(as_interrupt=True)
     try:
         asyncio.run(run())
+    except KeyboardInterrupt:
+        # Ctrl-C, SIGTERM or SIGHUP: said, with what is left to do (never a bare
+        # "Aborted!", which left a rotation's operator rotating again).
+        if report.rotated:
+            raise _interrupted(
+                "siglo rekey --rotate",
+                f"the rotation was made and stays in effect (new data keys "
+                f"{_made(report)}): finish with `siglo rekey` without --rotate (rotating "
+                "again would add another key)",
+            ) from None
+        raise _interrupted(
+            "siglo rekey", "run it again to finish: what is under the current key is skipped"
+        ) from None
     except SigloError as exc:
         if not report.rotated:
             raise
         # The new keys are current and stay so: rotating again would only add more.
-        made = ", ".join(
-            f"{ns if ns is not None else '(none)'}: {key_id}"
-            for ns, key_id in report.rotated.items()
-        )
         raise CliError(
             str(exc),
             f"the rotation was made before this error and stays in effect (new data keys "
-            f"{made}): once the error is fixed, finish with `siglo rekey` without --rotate "
-            "(rotating again would add another key)",
+            f"{_made(report)}): once the error is fixed, finish with `siglo rekey` without "
+            "--rotate (rotating again would add another key)",
         ) from exc
+    finally:
+        restore_signals()
     for ns, key_id in (report.rotated or {}).items():
         click.echo(f"namespace {ns if ns is not None else '(none)'}: new data key {key_id}")
     click.echo(
@@ -128,6 +142,23 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
         sys.exit(3)
 
 
+def _made(report: RekeyReport) -> str:
+    """The data keys a rotation made, by namespace."""
+    return ", ".join(
+        f"{ns if ns is not None else '(none)'}: {key_id}"
+        for ns, key_id in (report.rotated or {}).items()
+    )
+
+
+def _interrupted(command: str, hint: str) -> CliError:
+    """The error of a command stopped by Ctrl-C, SIGTERM or SIGHUP, exiting with the
+    status the signal ends a process with (128 + its number)."""
+    signum = STOPPED_BY[-1] if STOPPED_BY else signal.SIGINT
+    error = CliError(f"{command} was interrupted ({signal.Signals(signum).name})", hint)
+    error.exit_code = 128 + signum
+    return error
+
+
 _NOUNS = {
     "wait": "stand-alone wait record(s)",
     "step": "cached step(s)",
@@ -162,10 +193,21 @@ def erase_command(url: str | None, namespace: str, yes: bool, settle_ms: int | N
     async def run() -> EraseReport:
         async with open_store(resolve_url(url), existing=True) as backend:
             require(backend, Capability.LISTING, Capability.DELETION)
-            settle_s = None if settle_ms is None else settle_ms / 1000
+            settle_s = None if settle_ms is None else ms_as_seconds(settle_ms)
             return await erase(backend, namespace, settle_s=settle_s)
 
-    report = asyncio.run(run())
+    restore_signals = stopped_by_signals(as_interrupt=True)
+    try:
+        report = asyncio.run(run())
+    except KeyboardInterrupt:
+        raise _interrupted(
+            f"siglo erase of namespace {namespace!r}",
+            "its data keys may be destroyed already and its data not yet deleted: run "
+            f"`siglo erase --namespace {namespace}` again to finish (what is left is "
+            "deleted; the keys destroyed stay destroyed)",
+        ) from None
+    finally:
+        restore_signals()
     deleted = "".join(
         f", {report.payloads[kind]} {_ERASED[kind]}" for kind in _ERASED if kind in report.payloads
     )

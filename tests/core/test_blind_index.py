@@ -134,6 +134,11 @@ async def test_the_same_filter_works_on_metadata_in_clear(kind: str) -> None:
         ]
         with pytest.raises(InvalidArgumentError, match="number, boolean or null"):
             await backend.raw_adapter.list_checkpoints(metadata={"customer": ["x"]})
+        # A field the settings redact is not filtered on: stored "[REDACTED]", or its
+        # value where stored before it was redacted, a filter would answer guesses about
+        # what every printing path hides (a black-box auditor, `siglo ls --where`).
+        with pytest.raises(InvalidArgumentError, match="'cvv' are redacted by the settings"):
+            await adapter.list_checkpoints(metadata={"cvv": "123", "n": 2})
 
 
 @pytest.mark.parametrize("kind", DURABLE_KINDS)

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -1396,3 +1397,85 @@ async def test_siglo_rekey_names_the_runs_it_left_and_exits_3(tmp_path: Path) ->
     assert b"1 checkpoint(s) left to the runs executing them" in during.stdout
     assert after.returncode == 0, after.stderr
     assert b"rekeyed 1 checkpoint(s)" in after.stdout
+
+
+async def _keyring_changes(url: str, settings: Settings) -> None:
+    """Until tenant ``t``'s keyring is rewritten (or removed) by another process."""
+    async with siglo.connect(url, settings=settings) as backend:
+        with keyring_access():
+            first = await backend.raw_adapter.get_checkpoint("t", KEYRING_NAMESPACE, fallback=False)
+            assert first is not None
+            for _ in range(1_000):
+                ring = await backend.raw_adapter.get_checkpoint(
+                    "t", KEYRING_NAMESPACE, fallback=False
+                )
+                if ring is None or ring.revision != first.revision:
+                    return
+                await asyncio.sleep(0.02)
+    raise AssertionError("the keyring never changed")
+
+
+def _started(home: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    clean = {k: v for k, v in os.environ.items() if k not in (*ENVIRONMENT, CONFIG_ENV)}
+    clean["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "backends"), str(ROOT / "contract_tests")]
+    )
+    clean.update(env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "siglo", *args],
+        cwd=home,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+async def test_an_interrupted_erase_says_what_it_left_and_how_to_finish(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    """Stopped in its settle, after the keys were destroyed and before the data was
+    deleted, ``siglo erase`` ended silently (SIGTERM, SIGHUP) or with a bare "Aborted!"
+    (Ctrl-C), the tenant's data stored and unreadable (a black-box auditor). It says so
+    and how to finish, exits 128 + the signal, and running it again finishes it."""
+    url, settings = await _tenant_t_under_a_master_key(tmp_path)
+    assert settings.master_key is not None
+    env = {"SIGLO_MASTER_KEY": settings.master_key}
+    erasing = _started(tmp_path, "erase", url, "-n", "t", "--yes", "--settle-ms", "60000", env=env)
+    await _keyring_changes(url, settings)  # the keys' destruction is the first write
+    await asyncio.sleep(0.3)
+    erasing.send_signal(stop)
+    _out, err = erasing.communicate(timeout=60)
+    said = err.decode()
+    assert erasing.returncode == 128 + stop, (erasing.returncode, said)
+    assert f"siglo erase of namespace 't' was interrupted ({stop.name})" in said, said
+    assert "run `siglo erase --namespace t` again to finish" in said, said
+    again = run_siglo(tmp_path, "erase", url, "-n", "t", "--yes", *NO_SETTLE, env=env)
+    assert again.returncode == 0, again.stderr.decode()
+    assert b"deleted 1 checkpoint(s)" in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+async def test_an_interrupted_rotation_says_to_finish_without_rotate(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    """``siglo rekey --rotate`` stopped mid-walk made the new keys current and said
+    nothing of it: an operator running the same command again rotated again. It names
+    the keys it made and says to finish with ``siglo rekey`` without --rotate."""
+    url, settings = await _tenant_t_under_a_master_key(tmp_path)
+    assert settings.master_key is not None
+    async with siglo.connect(url, settings=settings) as backend:
+        manager = siglo.StorageManager(backend)
+        for i in range(3000):  # a walk long enough to stop in
+            stack = manager.create_stack(f"bulk-{i}", namespace="t")
+            stack.set("pay", "card", SECRET)
+            await stack.save()
+    env = {"SIGLO_MASTER_KEY": settings.master_key}
+    rotating = _started(tmp_path, "rekey", url, "--rotate", env=env)
+    await _keyring_changes(url, settings)  # the rotation, before the walk
+    rotating.send_signal(stop)
+    _out, err = rotating.communicate(timeout=60)
+    said = err.decode()
+    assert rotating.returncode == 128 + stop, (rotating.returncode, said)
+    assert f"siglo rekey --rotate was interrupted ({stop.name})" in said, said
+    assert "finish with `siglo rekey` without --rotate" in said, said
