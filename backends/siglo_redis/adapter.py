@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from hashlib import sha1
 from typing import Any, ClassVar, Final
 
@@ -67,6 +68,7 @@ from siglo_redis.scripts import (
     CONTEXT_COMPARE_DELETE,
     CONTEXT_SWAP,
     PARTS_DROP,
+    PARTS_STEP_SAVE,
     STEP_SAVE,
 )
 from siglo_redis.values import decode_cached, decode_context_value, encode_cached
@@ -242,11 +244,18 @@ class RedisStorageAdapter(StorageAdapter):
         now = now_ms()
         px = self._px(checkpoint.expires_at, now)
         key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+        parts = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
         shard = self._index.shard_of(key)
         await self._index.register(shard)
         reply = await self._redis.script(
             CHECKPOINT_CAS,
-            [key, self._index.key(shard), *self._index.token_keys_of(checkpoint, key)],
+            [
+                key,
+                self._index.key(shard),
+                # The parts hash another writer may have left: dropped with the write.
+                *filter(None, [parts]),
+                *self._index.token_keys_of(checkpoint, key),
+            ],
             [
                 data,
                 checkpoint.revision,
@@ -254,6 +263,7 @@ class RedisStorageAdapter(StorageAdapter):
                 now,
                 "" if px is None else px,
                 member_of(checkpoint.stack_id, checkpoint.namespace),
+                "" if parts is None else "1",
             ],
         )
         outcome = int(reply)
@@ -266,18 +276,12 @@ class RedisStorageAdapter(StorageAdapter):
 
     # -- a step's writes in one script -------------------------------------------------
 
-    def _one_script(self) -> bool:
-        """Whether a step's writes (its context changes, its cache entry, its checkpoint's
-        compare-and-set, the workflow lock's release) go in one script (``STEP_SAVE``):
-        on one Redis server (on a cluster the keys are in different slots), with
-        ``eval``, whole checkpoints, and this class's own writes (a subclass or an
-        instance that replaces one gets the calls apart)."""
+    def _own_writes(self) -> bool:
+        """Whether saving, streaming and caching are this class's own: a subclass or an
+        instance that replaces one (a wrapper, a test's recorder) gets the calls apart."""
         cls = type(self)
         return (
-            self._redis.has_eval
-            and not self._index.cluster
-            and self.incremental_min_bytes is None
-            and cls._do_save_checkpoint is RedisStorageAdapter._do_save_checkpoint
+            cls._do_save_checkpoint is RedisStorageAdapter._do_save_checkpoint
             and cls._do_on_context_change is RedisStorageAdapter._do_on_context_change
             and cls._do_set_cached_step is RedisStorageAdapter._do_set_cached_step
             and cls.save_checkpoint is StorageAdapter.save_checkpoint
@@ -286,9 +290,21 @@ class RedisStorageAdapter(StorageAdapter):
             and not _WRITES & vars(self).keys()
         )
 
+    def _one_script(self) -> bool:
+        """Whether a step's writes (its context changes, its cache entry, its checkpoint's
+        compare-and-set, the workflow lock's release) go in one script (``STEP_SAVE``, or
+        ``PARTS_STEP_SAVE`` for a checkpoint saved incrementally): on one Redis server (on
+        a cluster the keys are in different slots), with ``eval``, and this class's own
+        writes (:meth:`_own_writes`)."""
+        return self._redis.has_eval and not self._index.cluster and self._own_writes()
+
     def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
-        """Any changes, where a step's writes are one script (:meth:`_one_script`)."""
-        return self._one_script()
+        """Any changes, by this class's own writes (:meth:`_own_writes`): in one script
+        with the checkpoint (:meth:`_one_script`), else the calls in order after the size
+        guard (:meth:`StorageAdapter.save_checkpoint_streamed`). Either way a save the
+        guard refuses writes none of them, where the storage manager, told no, would
+        stream them before the save."""
+        return self._own_writes()
 
     async def save_checkpoint_streamed(
         self,
@@ -363,33 +379,15 @@ class RedisStorageAdapter(StorageAdapter):
         check_save_arguments(checkpoint, expected_revision)
         if entry is not None:
             entry.checked()
+        # Before anything is sent: a document too large leaves nothing written, the
+        # changes and the entry included (they go in the save's script).
         check_document_size(checkpoint, self.max_document_bytes)
         self._require_open()
-        extra_keys: list[str] = []
-        extra: list[Any] = []
-        retention = None if self.checkpoint_ttl_ms is None else clamp_px(self.checkpoint_ttl_ms)
-        recorded = 0
-        for change in changes:
-            event = check_context_change(change)
-            value = codec.dumps(event.value, what=f"context value {event.key!r}")
-            if not self.record_context_changes:
-                continue
-            recorded += 1
-            extra_keys.append(self.keys.context(event.stack_id, event.step_id, event.namespace))
-            extra += [event.op, event.key, value, "" if retention is None else retention]
-        if entry is None:
-            extra += ["0", "", ""]
-        else:
-            name = namespaced_key(entry.key, entry.namespace)
-            data = encode_cached(entry.value, what=f"cached value of {name!r}")
-            extra_keys.append(self.keys.cache(name))
-            extra += ["1", data, clamp_px(entry.ttl_ms or self.cache_ttl_ms)]
-        if release is None:
-            extra += ["0", ""]
-        else:
-            assert isinstance(self.workflow_lock, RedisLock)  # _hold found it
-            extra_keys.append(self.workflow_lock.key_prefix + release.lease.key)
-            extra += ["1", release.lease.token]
+        step = self._step_writes(changes, release, entry)
+        parts = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
+        if self.incremental_min_bytes is not None and parts is not None:
+            await self._save_incrementally(checkpoint, expected_revision, step)
+            return
         data = checkpoint.to_json()
         now = now_ms()
         px = self._px(checkpoint.expires_at, now)
@@ -399,7 +397,7 @@ class RedisStorageAdapter(StorageAdapter):
         tokens = self._index.token_keys_of(checkpoint, key)
         reply = await self._redis.script(
             STEP_SAVE,
-            [key, self._index.key(shard), *tokens, *extra_keys],
+            [key, self._index.key(shard), *filter(None, [parts]), *tokens, *step.keys],
             [
                 data,
                 checkpoint.revision,
@@ -407,9 +405,10 @@ class RedisStorageAdapter(StorageAdapter):
                 now,
                 "" if px is None else px,
                 member_of(checkpoint.stack_id, checkpoint.namespace),
+                "" if parts is None else "1",
                 len(tokens),
-                recorded,
-                *extra,
+                step.changes,
+                *step.args,
             ],
         )
         outcome = int(reply)
@@ -422,12 +421,50 @@ class RedisStorageAdapter(StorageAdapter):
             return
         raise _conflict(checkpoint, expected_revision, outcome)
 
+    def _step_writes(
+        self,
+        changes: Sequence[ContextChangeEvent],
+        release: Hold | None,
+        entry: CacheEntry | None,
+    ) -> _StepWrites:
+        """The keys and arguments of a step's writes besides its checkpoint, as the tail
+        of ``STEP_SAVE`` and ``PARTS_STEP_SAVE`` reads them."""
+        step = _StepWrites(release)
+        retention = None if self.checkpoint_ttl_ms is None else clamp_px(self.checkpoint_ttl_ms)
+        for change in changes:
+            event = check_context_change(change)
+            value = codec.dumps(event.value, what=f"context value {event.key!r}")
+            if not self.record_context_changes:
+                continue
+            step.changes += 1
+            step.keys.append(self.keys.context(event.stack_id, event.step_id, event.namespace))
+            step.args += [event.op, event.key, value, "" if retention is None else retention]
+        if entry is None:
+            step.args += ["0", "", ""]
+        else:
+            name = namespaced_key(entry.key, entry.namespace)
+            data = encode_cached(entry.value, what=f"cached value of {name!r}")
+            step.keys.append(self.keys.cache(name))
+            step.args += ["1", data, clamp_px(entry.ttl_ms or self.cache_ttl_ms)]
+        if release is None:
+            step.args += ["0", ""]
+        else:
+            assert isinstance(self.workflow_lock, RedisLock)  # _hold found it
+            step.keys.append(self.workflow_lock.key_prefix + release.lease.key)
+            step.args += ["1", release.lease.token]
+        return step
+
     async def _save_incrementally(
-        self, checkpoint: Checkpoint, expected_revision: int | None
+        self,
+        checkpoint: Checkpoint,
+        expected_revision: int | None,
+        step: _StepWrites | None = None,
     ) -> None:
         """The compare-and-set of :data:`CHECKPOINT_PARTS_CAS`: a document of at least
         ``incremental_min_bytes`` as its skeleton and the context bodies the parts hash
-        does not hold yet, a smaller one whole (its parts hash dropped), in one script."""
+        does not hold yet, a smaller one whole (its parts hash dropped), in one script.
+        With ``step``, a step's other writes go in that script too
+        (:data:`PARTS_STEP_SAVE`), as :data:`STEP_SAVE` takes them with a whole save."""
         data = checkpoint.to_json()
         now = now_ms()
         px = self._px(checkpoint.expires_at, now)
@@ -454,28 +491,38 @@ class RedisStorageAdapter(StorageAdapter):
             member_of(checkpoint.stack_id, checkpoint.namespace),
             order,
         ]
-        keys = [key, self._index.key(shard), parts_key]
-        keys += self._index.token_keys_of(checkpoint, key)
+        tokens = self._index.token_keys_of(checkpoint, key)
+        keys = [key, self._index.key(shard), parts_key, *tokens]
+        script = CHECKPOINT_PARTS_CAS
+        if step is not None:
+            script = PARTS_STEP_SAVE
+            keys += step.keys
+            common += [len(tokens), len(bodies)]
         outcome = 3
         for sent in (known, frozenset()):  # then every body, if one believed kept is not
-            pairs: list[bytes | str] = []
+            pairs: list[Any] = []
             for digest, body in bodies.items():
                 pairs += (digest.hex(), b"" if digest in sent else body)
-            outcome = int(await self._redis.script(CHECKPOINT_PARTS_CAS, keys, common + pairs))
+            if step is not None:
+                pairs += [step.changes, *step.args]
+            outcome = int(await self._redis.script(script, keys, common + pairs))
             if outcome != 3 or not sent:
                 break
-        if outcome == 1:
-            self._remember(key, digests)
-            return
         if outcome == 2:
+            # Revisions past 2**53: decided here, writing the document whole and dropping
+            # the parts hash in one script; a step's lock is still held.
             await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
-            await self._redis.script(PARTS_DROP, [key, parts_key], [])
             return
         if outcome == 3:
             raise StorageAdapterError(
                 f"checkpoint of stack {checkpoint.stack_id!r}: the parts hash lost a body "
                 "the save did not send"
             )
+        if step is not None and step.release is not None:
+            step.release.released = True
+        if outcome == 1:
+            self._remember(key, digests)
+            return
         raise _conflict(checkpoint, expected_revision, outcome)
 
     def _remember(self, key: str, digests: frozenset[bytes]) -> None:
@@ -655,7 +702,10 @@ class RedisStorageAdapter(StorageAdapter):
             await self._redis.call("ZADD", self.client.zadd(index, {member: 0}))
             for token_key in self._index.token_keys_of(checkpoint, key):
                 await self._redis.call("ZADD", self.client.zadd(token_key, {member: 0}))
-            if await swap(self._redis, key, stored_data, data, "" if px is None else px):
+            # Written whole: a parts hash beside it goes in the same script.
+            parts = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
+            ttl = "" if px is None else px
+            if await swap(self._redis, key, stored_data, data, ttl, parts):
                 return
         raise StorageAdapterError(
             f"checkpoint of stack {checkpoint.stack_id!r} kept changing under contention"
@@ -691,8 +741,9 @@ class RedisStorageAdapter(StorageAdapter):
     async def clean_expired(self) -> dict[str, int]:
         """What ``siglo clean`` runs: Redis expires the records themselves (0 of them
         here); this drops what siglo's own indexes still name — listing-index members of
-        expired checkpoints, due-wait entries of gone or finished waits — and counts
-        them."""
+        expired checkpoints, due-wait entries of gone or finished waits — and the parts
+        hashes that belong to no stored checkpoint (:meth:`_drop_orphan_parts`), and
+        counts them."""
         self._require_open()
 
         async def read(member: str) -> WaitRecord | None:
@@ -700,7 +751,44 @@ class RedisStorageAdapter(StorageAdapter):
             record, _ = await self._waits.read(key, namespace)
             return record
 
-        return {"checkpoints": 0, **await self._index.sweep(read)}
+        swept = await self._index.sweep(read)
+        return {"checkpoints": 0, **swept, "checkpoint_parts": await self._drop_orphan_parts()}
+
+    async def _drop_orphan_parts(self) -> int:
+        """Drop every parts hash whose checkpoint key is gone or holds another head, and
+        count them. siglo's own writes leave none (every whole write and every delete
+        drops the hash in its script, and a save in parts gives both keys one ``PX``),
+        but siglo before whole writes dropped it did, and so does a key removed past
+        siglo (a ``DEL`` by hand, eviction under ``maxmemory``) or saved whole by a
+        TypeScript worker: such a hash holds every context body of a checkpoint that is
+        no longer stored, kept for its old TTL or, with ``checkpoint_ttl_ms`` none,
+        forever. They are found with ``SCAN`` (no index names them), whatever this
+        adapter's ``incremental_min_bytes``: another process may have saved in parts.
+        Each is dropped by :data:`PARTS_DROP`, which keeps it if a save made it the
+        stored head's meanwhile; a batch of them at once (auto-pipelined: one round trip
+        for many, where one each took a round trip per hash)."""
+        prefix = "".join("\\" + c if c in "*?[]\\" else c for c in self.keys.prefix)
+        dropped = 0
+        batch: list[Any] = []
+
+        async def drop() -> int:
+            sent = batch[:]
+            batch.clear()
+            return sum(int(reply or 0) for reply in await asyncio.gather(*sent))
+
+        try:
+            async for name in scan_keys(self._redis, self.client, f"{prefix}*checkpoint-parts:*"):
+                owner = self.keys.checkpoint_parts_of(name)
+                if owner is None:
+                    continue  # another key whose id holds "checkpoint-parts:"
+                key = self.keys.checkpoint(*owner)
+                batch.append(self._redis.script(PARTS_DROP, [key, name], []))
+                if len(batch) == _DROP_BATCH:
+                    dropped += await drop()
+            return dropped + await drop()
+        finally:
+            for unsent in batch:  # the walk failed: these were never started
+                unsent.close()
 
     # -- operating what is stored (siglo_redis.listing) ---------------------------------
 
@@ -879,7 +967,10 @@ class RedisStorageAdapter(StorageAdapter):
                 except CheckpointConflictError:
                     continue
                 return
-            if await swap(self._redis, key, data, cancelled.to_json()):
+            # Written whole, keeping the key's TTL: a parts hash left beside it (by siglo
+            # before whole writes dropped it) goes in the same script.
+            parts = self.keys.checkpoint_parts(stack_id, namespace)
+            if await swap(self._redis, key, data, cancelled.to_json(), "keep", parts):
                 return
         raise StorageAdapterError(
             f"checkpoint of stack {stack_id!r} kept changing under contention"
@@ -1030,6 +1121,21 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_on_cache_event(self, event: CacheEvent) -> None:
         """Telemetry only: accepted, nothing is stored."""
 
+
+@dataclass(slots=True)
+class _StepWrites:
+    """A step's writes besides its checkpoint, as the tail of a step's script reads them:
+    the keys after the checkpoint's, the arguments after its own, how many context
+    changes they hold, and the workflow lock's hold when the script releases it."""
+
+    release: Hold | None
+    keys: list[str] = field(default_factory=list)
+    args: list[Any] = field(default_factory=list)
+    changes: int = 0
+
+
+_DROP_BATCH: Final = 256
+"""Parts hashes ``siglo clean`` checks at once (:meth:`RedisStorageAdapter._drop_orphan_parts`)."""
 
 _REMEMBERED: Final = 4096
 """Checkpoints whose stored context digests an adapter remembers."""

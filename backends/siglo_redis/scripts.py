@@ -33,6 +33,7 @@ __all__ = [
     "LOCK_EXTEND",
     "LOCK_INSPECT",
     "PARTS_DROP",
+    "PARTS_STEP_SAVE",
     "STEP_SAVE",
     "SWAP",
     "WAIT_CREATE",
@@ -58,15 +59,19 @@ class Script:
 
 
 _CAS_HEAD: Final = """
--- Compare-and-set of a checkpoint on its stored revision.
+-- Compare-and-set of a checkpoint on its stored revision, writing the document whole.
 -- KEYS[1] checkpoint key. ARGV[1] new JSON, ARGV[2] its revision, ARGV[3] expected
 -- revision ('' = none: the new revision must be above the stored one), ARGV[4] now (ms),
 -- ARGV[5] PX ('' = keep forever; <= 0 = already expired: delete).
 -- KEYS[2], when given: the listing index (a sorted set in the checkpoint key's cluster
 -- slot) and ARGV[6] the checkpoint's member in it; a write adds it, a delete removes it.
--- KEYS[3] ...: the blind-index sets of the document's tokens (same slot); a write adds
--- the member to each (a set may keep members whose token changed since: readers check
--- the document and drop them).
+-- KEYS[3], when ARGV[7] is '1': the checkpoint's parts hash (same slot; a writer with
+-- incremental_min_bytes stored the stack in parts, siglo_redis.adapter). A write or a
+-- delete drops it, so that a hash holding every context body never outlives the key
+-- (it kept its own TTL, or none); a DEL of a key that is not there, inside the script.
+-- The keys after it (after KEYS[2] without it): the blind-index sets of the document's
+-- tokens (same slot); a write adds the member to each (a set may keep members whose
+-- token changed since: readers check the document and drop them).
 -- Returns an integer (a table reply costs more to build and to parse): 1 when stored,
 -- 2 when a revision is too large for Lua's doubles to compare exactly (the caller then
 -- decides in exact integers and writes with the swap script), and on a conflict
@@ -74,6 +79,9 @@ _CAS_HEAD: Final = """
 local exact = 9007199254740992
 local new = tonumber(ARGV[2])
 local expected = tonumber(ARGV[3])
+local parts = nil
+if ARGV[7] == '1' then parts = KEYS[3] end
+local first_token = parts and 4 or 3
 """
 
 _CAS_WRITE_WHOLE: Final = """\
@@ -85,10 +93,13 @@ local function write()
   else
     redis.call('DEL', KEYS[1])
     if KEYS[2] then redis.call('ZREM', KEYS[2], ARGV[6]) end
+    if parts then redis.call('DEL', parts) end
     return 1
   end
+  -- Stored whole: parts another writer saved belong to no head now.
+  if parts then redis.call('DEL', parts) end
   if KEYS[2] then redis.call('ZADD', KEYS[2], 0, ARGV[6]) end
-  for i = 3, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end
+  for i = first_token, last_token do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end
   return 1
 end
 """
@@ -171,16 +182,18 @@ end
 return write()
 """
 
-CHECKPOINT_CAS: Final = Script("checkpoint_cas", _CAS_HEAD + _CAS_WRITE_WHOLE + _CAS_DECIDE)
+CHECKPOINT_CAS: Final = Script(
+    "checkpoint_cas", _CAS_HEAD + "local last_token = #KEYS\n" + _CAS_WRITE_WHOLE + _CAS_DECIDE
+)
 
 _STEP_TAIL: Final = """\
 local outcome = decide()
-if type(outcome) == 'table' then
+if type(outcome) == 'table' or outcome == 3 then
   return outcome
 end
 local k = last_token + 1
-local a = 9
-for _ = 1, tonumber(ARGV[8]) do
+local a = tail + 1
+for _ = 1, tonumber(ARGV[tail]) do
   if ARGV[a] == 'delete' then
     redis.call('HDEL', KEYS[k], ARGV[a + 1])
   else
@@ -209,16 +222,18 @@ STEP_SAVE: Final = Script(
     "step_save",
     _CAS_HEAD
     + """\
--- A step's writes in one call: CHECKPOINT_CAS on KEYS[1..2+ARGV[7]] (ARGV[1..6] as
--- there; ARGV[7] how many blind-index keys follow KEYS[2]), then, whatever it decided
--- (not after an error reply, which writes nothing): ARGV[8] context changes, each four
--- ARGV (op, field, JSON value, retention as in CONTEXT_CHANGE) on the next key; a cache
--- entry ('1', value, PX; or '0', '', '') on the next key; and the release of a workflow
--- lock ('1', token; or '0', '') on the next key, if it holds that token (not when the
--- compare-and-set answers 2: the caller saves exactly, and the lock stays held).
-local last_token = 2 + tonumber(ARGV[7])
+-- A step's writes in one call: CHECKPOINT_CAS on its keys (ARGV[1..7] as there; ARGV[8]
+-- how many blind-index keys follow KEYS[2], or the parts hash when ARGV[7] is '1'),
+-- then, whatever it decided (not after an error reply, which writes nothing): ARGV[9]
+-- context changes, each four ARGV (op, field, JSON value, retention as in
+-- CONTEXT_CHANGE) on the next key; a cache entry ('1', value, PX; or '0', '', '') on the
+-- next key; and the release of a workflow lock ('1', token; or '0', '') on the next key,
+-- if it holds that token (not when the compare-and-set answers 2: the caller saves
+-- exactly, and the lock stays held).
+local last_token = first_token - 1 + tonumber(ARGV[8])
+local tail = 9
 """
-    + _CAS_WRITE_WHOLE.replace("for i = 3, #KEYS do", "for i = 3, last_token do")
+    + _CAS_WRITE_WHOLE
     + "local function decide()\n"
     + _CAS_DECIDE
     + "end\n"
@@ -240,9 +255,12 @@ _PARTS_HEAD: Final = """
 local exact = 9007199254740992
 local new = tonumber(ARGV[2])
 local expected = tonumber(ARGV[3])
+"""
+
+_PARTS_WRITE: Final = """\
 local function write_parts()
   local named = {}
-  for i = 8, #ARGV, 2 do
+  for i = first_pair, last_pair, 2 do
     named[ARGV[i]] = true
     if ARGV[i + 1] == '' and redis.call('HEXISTS', KEYS[3], ARGV[i]) == 0 then
       return 3
@@ -254,16 +272,13 @@ local function write_parts()
       redis.call('HDEL', KEYS[3], name)
     end
   end
-  for i = 8, #ARGV, 2 do
+  for i = first_pair, last_pair, 2 do
     if ARGV[i + 1] ~= '' then redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
   end
   redis.call('HSET', KEYS[3], '@order', ARGV[7], '@len', #ARGV[1],
     '@head', redis.sha1hex(ARGV[1]))
   return 1
 end
-"""
-
-_PARTS_WRITE: Final = """\
 local function write()
   if ARGV[5] ~= '' and tonumber(ARGV[5]) <= 0 then
     redis.call('DEL', KEYS[1], KEYS[3])
@@ -283,13 +298,38 @@ local function write()
     redis.call('PEXPIRE', KEYS[3], ARGV[5])
   end
   redis.call('ZADD', KEYS[2], 0, ARGV[6])
-  for i = 4, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end
+  for i = 4, last_token do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end
   return 1
 end
 """
 
 CHECKPOINT_PARTS_CAS: Final = Script(
-    "checkpoint_parts_cas", _PARTS_HEAD + _PARTS_WRITE + _CAS_DECIDE
+    "checkpoint_parts_cas",
+    _PARTS_HEAD
+    + "local first_pair, last_pair, last_token = 8, #ARGV, #KEYS\n"
+    + _PARTS_WRITE
+    + _CAS_DECIDE,
+)
+
+PARTS_STEP_SAVE: Final = Script(
+    "parts_step_save",
+    _PARTS_HEAD
+    + """\
+-- A step's writes in one call, for a store saving incrementally: CHECKPOINT_PARTS_CAS
+-- on its keys (ARGV[1..7] as there; ARGV[8] how many blind-index keys follow KEYS[3],
+-- ARGV[9] how many digest and body pairs follow it), then, whatever it decided (not
+-- after an error reply or 3, which write nothing), the context changes, the cache entry
+-- and the lock's release of STEP_SAVE, from the ARGV after the pairs and the keys after
+-- the blind-index sets.
+local last_token = 3 + tonumber(ARGV[8])
+local first_pair, last_pair = 10, 9 + 2 * tonumber(ARGV[9])
+local tail = last_pair + 1
+"""
+    + _PARTS_WRITE
+    + "local function decide()\n"
+    + _CAS_DECIDE
+    + "end\n"
+    + _STEP_TAIL,
 )
 
 CHECKPOINT_LOAD: Final = Script(
@@ -322,9 +362,13 @@ return reply
 PARTS_DROP: Final = Script(
     "parts_drop",
     """
--- Drop a checkpoint's parts hash unless it belongs to the head stored now (after a
--- write of the whole document by the swap script). KEYS[1] checkpoint key, KEYS[2] parts
--- hash. Returns 1 when dropped.
+-- Drop a checkpoint's parts hash unless it belongs to the head stored now: one whose
+-- key is gone (expired, evicted, deleted past siglo) or holds another head (saved whole
+-- by a writer that left the hash: siglo before every whole write dropped it, a
+-- TypeScript worker). What `siglo clean` runs on each parts hash it finds.
+-- KEYS[1] checkpoint key, KEYS[2] parts hash (same slot). Returns 1 when dropped; a key
+-- of another type under a parts hash's name is not one, and stays.
+if redis.call('TYPE', KEYS[2]).ok ~= 'hash' then return 0 end
 local head = redis.call('GET', KEYS[1])
 local meta = redis.call('HMGET', KEYS[2], '@len', '@head')
 if head and meta[1] and tonumber(meta[1]) == #head and meta[2] == redis.sha1hex(head) then
@@ -340,7 +384,9 @@ SWAP: Final = Script(
 -- Replace a value only if it is still the one the caller decided on.
 -- KEYS[1] key. ARGV[1] SHA-1 of the value read ('' = the key must be absent),
 -- ARGV[2] new value, ARGV[3] TTL: 'keep' (keep the key's TTL), '' (none), PX in ms,
--- or <= 0 (already expired: delete). Returns 1 if done, 0 if the value had changed.
+-- or <= 0 (already expired: delete). KEYS[2], when given, is deleted with the write
+-- (a checkpoint written whole: its parts hash, which would outlive it). Returns 1 if
+-- done, 0 if the value had changed.
 local current = redis.call('GET', KEYS[1])
 if ARGV[1] == '' then
   if current then return 0 end
@@ -356,6 +402,7 @@ elseif tonumber(ARGV[3]) > 0 then
 else
   redis.call('DEL', KEYS[1])
 end
+if KEYS[2] then redis.call('DEL', KEYS[2]) end
 return 1
 """,
 )

@@ -59,10 +59,17 @@ def now_ms() -> int:
 
 
 async def swap(
-    redis: Commands, key: str, old: bytes | None, new: bytes, ttl: int | str = "keep"
+    redis: Commands,
+    key: str,
+    old: bytes | None,
+    new: bytes,
+    ttl: int | str = "keep",
+    drop: str | None = None,
 ) -> bool:
-    """Write ``new`` at ``key`` only if it still holds ``old`` (``None``: absent)."""
-    return int(await redis.script(SWAP, [key], [sha1(old), new, ttl])) == 1
+    """Write ``new`` at ``key`` only if it still holds ``old`` (``None``: absent), and
+    delete ``drop`` (a key in its slot) in the same script when it does."""
+    keys = [key] if drop is None else [key, drop]
+    return int(await redis.script(SWAP, keys, [sha1(old), new, ttl])) == 1
 
 
 # -- decisions -------------------------------------------------------------------------------

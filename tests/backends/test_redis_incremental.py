@@ -18,6 +18,8 @@ from _redis_helpers import REDIS_URL, require_redis
 
 import siglo
 from siglo import Checkpoint, CheckpointConflictError
+from siglo.adapter import CacheEntry
+from siglo.clock import system_clock
 from siglo.config import Settings
 from siglo.errors import InvalidArgumentError
 from siglo.pipeline import Pipeline, pipeline_adapter
@@ -463,3 +465,188 @@ async def test_a_namespace_whose_braces_move_the_hash_tag_is_stored_whole(
         await a.save_checkpoint(_doc(2, 10, changed=3).replace(namespace=namespace))
         assert await a.delete_checkpoint("run", namespace)
         assert await _keys(a) == before
+
+
+# -- the parts hash never outlives its key -------------------------------------------------
+
+
+async def _ttls(adapter: RedisStorageAdapter, stack: str = "run") -> tuple[int, int]:
+    """The PTTLs of a checkpoint's key and its parts hash (-2: no such key, -1: none)."""
+    key, parts = adapter.keys.checkpoint(stack), adapter.keys.checkpoint_parts(stack)
+    return int(await adapter.client.pttl(key)), int(await adapter.client.pttl(parts))
+
+
+@pytest.mark.parametrize("how", ["save", "streamed", "caching", "exact"])
+async def test_a_whole_save_over_parts_drops_the_parts_hash(how: str) -> None:
+    """A process without the option saves whole, with an expiry, a stack another saved in
+    parts (without one): its script drops the parts hash, which kept its own TTL (here
+    none) and, once the key expired, held the bodies of a gone checkpoint forever — not
+    even `siglo clean` removed it (an auditor's finding). Every whole write: a plain save,
+    a step's one script (with its changes, with its cache entry), the exact path of
+    revisions past 2**53."""
+    async with _backend(checkpoint_ttl_ms=None) as backend:
+        a = _adapter(backend)
+        start = 2**53 - 5 if how == "exact" else 1
+        await a.save_checkpoint(_doc(start, 10))
+        assert await _ttls(a) == (-1, -1)  # stored in parts, kept until removed
+        plain = connect(backend.url, incremental_min_bytes=None)
+        try:
+            p: Any = plain.raw_adapter
+            whole = _doc(start + 6, 10, changed=2).replace(expires_at=system_clock.now_ms() + 800)
+            change = ContextChangeEvent(stack_id="run", step_id="step-2", key="k", timestamp=1)
+            if how == "streamed":
+                await p.save_checkpoint_streamed(whole, [change], expected_revision=start)
+            elif how == "caching":
+                entry = CacheEntry("price", {"v": 1}, 60_000)
+                await p.save_checkpoint_caching(whole, [change], entry, expected_revision=start)
+            else:
+                await p.save_checkpoint(whole, expected_revision=start)
+        finally:
+            await plain.aclose()
+        assert await a.client.get(a.keys.checkpoint("run")) == whole.to_json()
+        key_ttl, parts_ttl = await _ttls(a)
+        assert 0 < key_ttl <= 800 and parts_ttl == -2
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == whole.to_json()
+        await asyncio.sleep(1.0)
+        await a.clean_expired()
+        assert not {k for k in await _keys(a) if "checkpoint" in k}
+
+
+async def test_cancel_over_a_whole_key_drops_a_parts_hash_left_beside_it() -> None:
+    # siglo before whole writes dropped the hash left one beside a key stored whole:
+    # cancel_workflow writes that key whole again (keeping its TTL) and drops the hash.
+    async with _backend(incremental_min_bytes=None) as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 3).replace(expires_at=system_clock.now_ms() + 60_000))
+        parts = a.keys.checkpoint_parts("run")
+        await a.client.hset(parts, mapping={"@len": "1", "@head": "x", "@order": "[]"})
+        await a.cancel_workflow("run")
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.status == "cancelled"
+        assert await a.client.exists(parts) == 0
+        assert 0 < (await _ttls(a))[0] <= 60_000  # the key's TTL kept
+
+
+async def test_clean_drops_the_parts_hashes_no_stored_checkpoint_owns() -> None:
+    """A parts hash whose key is gone (removed past siglo: by hand, evicted, or left by
+    siglo before whole writes dropped it) or holds another head is dropped by `siglo
+    clean`, whatever the cleaning process's option; one the key stored holds stays, and
+    so does any key whose name merely reads as one."""
+    async with _backend() as backend:
+        a = _adapter(backend)
+        for stack in ("kept", "evicted", "rewritten"):
+            await a.save_checkpoint(_doc(1, 10, stack=stack))
+        ns = "wait"  # a namespace escaped in key names
+        await a.save_checkpoint(_doc(1, 10, stack="n:s").replace(namespace=ns))
+        await a.client.delete(a.keys.checkpoint("evicted"), a.keys.checkpoint("n:s", ns))
+        await a.client.set(a.keys.checkpoint("rewritten"), _doc(2, 10, stack="rewritten").to_json())
+        # Keys whose names hold "checkpoint-parts:" but are not parts hashes: left alone.
+        stream = a.keys.context("kept", "checkpoint-parts:{0}kept")
+        await a.client.hset(stream, "k", "1")
+        fake = a.keys.checkpoint_parts("stringy")
+        await a.client.set(fake, "not a hash")  # named as one, of another type
+        plain = connect(backend.url, incremental_min_bytes=None)
+        try:
+            counts = await plain.raw_adapter.clean_expired()  # type: ignore[attr-defined]
+        finally:
+            await plain.aclose()
+        assert counts["checkpoint_parts"] == 3
+        left = {k for k in await _keys(a) if "checkpoint-parts" in k}
+        assert left == {a.keys.checkpoint_parts("kept"), stream, fake}
+        for stack in ("kept", "rewritten"):
+            got = await a.get_checkpoint(stack)
+            want = _doc(1 if stack == "kept" else 2, 10, stack=stack)
+            assert got is not None and got.to_json() == want.to_json()
+        assert (await a.clean_expired())["checkpoint_parts"] == 0
+
+
+def test_a_parts_hash_names_its_checkpoint() -> None:
+    keys = RedisStorageAdapter(REDIS_URL, key_prefix="p:").keys
+    for stack, namespace in [("run", None), ("a:b}c{d", "t"), ("x", "wait"), ("y", "a%b:c")]:
+        name = keys.checkpoint_parts(stack, namespace)
+        assert name is not None and keys.checkpoint_parts_of(name) == (stack, namespace)
+    for other in ["p:checkpoint:run", "p:checkpoint-parts:run", "q:checkpoint-parts:{0}r"]:
+        assert keys.checkpoint_parts_of(other) is None
+    wrong_tag = keys.checkpoint_parts("run").replace("{", "{0")  # type: ignore[union-attr]
+    assert keys.checkpoint_parts_of(wrong_tag) is None
+
+
+# -- a save the size guard refuses streams nothing -----------------------------------------
+
+
+@pytest.mark.parametrize("least", [LEAST, 0, None])
+async def test_a_refused_save_streams_none_of_the_changes_it_carries(least: int | None) -> None:
+    """A change set in the same turn as a save goes with that save: when the size guard
+    refuses the save, none is written (docs/large-state.md). With incremental saves on,
+    the manager streamed it first and the guard refused only the save (an auditor's
+    finding): the step's writes now go in the parts script too."""
+    async with _backend(incremental_min_bytes=least) as backend:
+        backend.raw_adapter.max_document_bytes = 20_000
+        manager = siglo.StorageManager(backend, error_mode="best-effort")
+        stack = manager.create_stack("st")
+        stack.set("base", "v", "b" * 12_000)
+        await manager.save_checkpoint("st")
+        stack.set("new", "v", "n" * 12_000)  # under the limit alone, the document over
+        with pytest.raises(siglo.DocumentTooLargeError):
+            await manager.save_checkpoint("st")
+        assert await backend.adapter.get_context_changes("st", "new") == {}
+        stored = await backend.adapter.get_checkpoint("st")
+        assert stored is not None and stored.revision == 1
+        stack.set("new", "v", "short")  # the next save that fits writes the stream
+        await manager.save_checkpoint("st")
+        assert await backend.adapter.get_context_changes("st", "new") == {"v": "short"}
+
+
+class _Scripts:
+    """Records the names of the scripts an adapter runs (the real scripts run)."""
+
+    def __init__(self, adapter: RedisStorageAdapter) -> None:
+        self.inner = adapter._redis
+        self.names: list[str] = []
+        adapter._redis = self  # type: ignore[assignment]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        self.names.append(script.name)
+        return await self.inner.script(script, keys, args)
+
+
+async def test_a_step_saved_in_parts_is_one_script() -> None:
+    """A step's changes, its cache entry and its checkpoint saved in parts go in one
+    script, the changes and the entry written whatever the compare-and-set decides (as
+    the whole save's step_save); a body believed stored and gone makes it write nothing
+    the first time and everything with every body."""
+    async with _backend() as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        sent = _Scripts(a)
+        change = ContextChangeEvent(stack_id="run", step_id="step-1", key="k", timestamp=1)
+        entry = CacheEntry("price", {"v": 1}, 60_000)
+        with pytest.raises(CheckpointConflictError):
+            await a.save_checkpoint_caching(
+                _doc(3, 10, changed=1), [change], entry, expected_revision=2
+            )
+        assert sent.names == ["parts_step_save"]
+        assert await a.get_context_changes("run", "step-1") == {"k": None}
+        assert await a.get_cached_step("price") == {"v": 1}
+        assert (await a.get_checkpoint("run")).to_json() == _doc(1, 10).to_json()  # type: ignore[union-attr]
+        # A body it believes stored is gone: refused with nothing written, then sent whole.
+        await a.client.hdel(
+            a.keys.checkpoint_parts("run"),
+            *[
+                f
+                for f in await a.client.hkeys(a.keys.checkpoint_parts("run"))
+                if not f.startswith(b"@")
+            ][:1],
+        )
+        sent.names.clear()
+        other = ContextChangeEvent(stack_id="run", step_id="step-2", key="j", value=2, timestamp=1)
+        doc = _doc(2, 10, changed=1)
+        await a.save_checkpoint_streamed(doc, [other], expected_revision=1)
+        assert sent.names == ["parts_step_save", "parts_step_save"]
+        assert await a.get_context_changes("run", "step-2") == {"j": 2}
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.to_json() == doc.to_json()

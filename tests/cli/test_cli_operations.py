@@ -214,9 +214,19 @@ async def test_clean_on_redis_drops_what_its_indexes_still_name() -> None:
         await a.complete_wait_record("w", "me")
         await asyncio.sleep(0.2)  # Redis expires "brief"
         cleaned = json.loads((await invoke("clean", backend.url, "--json")).output)
-        assert cleaned == {"checkpoints": 0, "checkpoint_index": 1, "wait_deadlines": 1}
+        assert cleaned == {
+            "checkpoints": 0,
+            "checkpoint_index": 1,
+            "wait_deadlines": 1,
+            "checkpoint_parts": 0,
+        }
         again = json.loads((await invoke("clean", backend.url, "--json")).output)
-        assert again == {"checkpoints": 0, "checkpoint_index": 0, "wait_deadlines": 0}
+        assert again == {
+            "checkpoints": 0,
+            "checkpoint_index": 0,
+            "wait_deadlines": 0,
+            "checkpoint_parts": 0,
+        }
         page = await a.list_checkpoints()
         assert [s.stack_id for s in page.items] == ["kept"]
 

@@ -374,7 +374,7 @@ class RedisTokensNotIndexed(_ScriptEdit, RedisStorageAdapter):
     to the blind-index sets of its tokens."""
 
     SCRIPT = CHECKPOINT_CAS
-    OLD = "  for i = 3, #KEYS do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end\n"
+    OLD = "  for i = first_token, last_token do redis.call('ZADD', KEYS[i], 0, ARGV[6]) end\n"
     NEW = ""
 
 

@@ -70,6 +70,51 @@ async def test_incremental_saves_over_many_slots(cluster_url: str) -> None:
             assert await a.client.exists(a.keys.checkpoint_parts(stack)) == 0
 
 
+@pytest.mark.rule("checkpoint.incremental")
+async def test_a_whole_save_drops_the_parts_hash_in_every_slot(cluster_url: str) -> None:
+    # The whole save's script takes the parts hash (tagged to the checkpoint's slot) and
+    # drops it; `siglo clean` finds a hash left on any master (SCAN of each primary).
+    from siglo import Checkpoint
+
+    def doc(stack: str, revision: int) -> Checkpoint:
+        contexts = {f"s{i}": {"out": f"{i}-{revision}" * 1_000} for i in range(4)}
+        return Checkpoint(stack_id=stack, revision=revision, timestamp=revision, contexts=contexts)
+
+    async with isolated(cluster_url, incremental_min_bytes=0) as backend:
+        a: Any = backend.raw_adapter
+        stacks = [f"run-{i}" for i in range(12)]
+        async with siglo.connect(backend.url, incremental_min_bytes=None) as plain:
+            for stack in stacks:
+                await a.save_checkpoint(doc(stack, 1))
+                await plain.adapter.save_checkpoint(doc(stack, 2), expected_revision=1)
+                assert await a.client.exists(a.keys.checkpoint_parts(stack)) == 0
+        for stack in stacks:  # left as siglo before this fix left them: key gone
+            await a.save_checkpoint(doc(stack, 3))
+            await a.client.delete(a.keys.checkpoint(stack))
+        counts = await a.clean_expired()
+        assert counts["checkpoint_parts"] == len(stacks)
+        assert not [k async for k in a.client.scan_iter(match=a.keys.prefix + "*checkpoint-parts*")]
+
+
+async def test_a_refused_save_streams_nothing_on_a_cluster(cluster_url: str) -> None:
+    # On a cluster a step's writes cannot be one script (their keys span slots): the
+    # adapter takes the changes and sends them after the size guard, not before it.
+    for least in (None, 0):
+        async with isolated(cluster_url, incremental_min_bytes=least) as backend:
+            backend.raw_adapter.max_document_bytes = 20_000
+            manager = siglo.StorageManager(backend)
+            stack = manager.create_stack("st")
+            stack.set("base", "v", "b" * 12_000)
+            await manager.save_checkpoint("st")
+            stack.set("new", "v", "n" * 12_000)
+            with pytest.raises(siglo.DocumentTooLargeError):
+                await manager.save_checkpoint("st")
+            assert await backend.adapter.get_context_changes("st", "new") == {}
+            stack.set("new", "v", "short")
+            await manager.save_checkpoint("st")
+            assert await backend.adapter.get_context_changes("st", "new") == {"v": "short"}
+
+
 @pytest.mark.rule("lock.fencing", "lock.acquire.exclusive")
 async def test_locks_over_many_slots(backend: siglo.Backend) -> None:
     lock = backend.lock
