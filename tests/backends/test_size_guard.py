@@ -62,6 +62,26 @@ async def test_a_manager_save_over_the_limit_writes_nothing(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+async def test_a_refused_save_streams_none_of_the_changes_set_in_its_turn(kind: str) -> None:
+    """docs/large-state.md: a change followed by a save in the same turn of the loop goes
+    with the save, and a save the guard refuses writes none of them — on every backend,
+    the in-memory reference included (it streamed them first, a black-box auditor's
+    note), each change under the limit by itself."""
+    async with any_backend(kind) as backend:
+        backend.raw_adapter.max_document_bytes = 2_000
+        manager = StorageManager(backend, error_mode="strict")
+        stack = manager.create_stack("turn")
+        stack.set("step", "note", "n" * 1_200)
+        await manager.save_checkpoint("turn")
+        stack.set("step", "history", "h" * 1_500)  # fits alone; the document does not
+        with pytest.raises(DocumentTooLargeError):
+            await manager.save_checkpoint("turn")
+        await asyncio.sleep(0.05)  # nothing left to stream on its own either
+        changes = await backend.adapter.get_context_changes("turn", "step")
+        assert "history" not in changes, changes
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_a_context_change_over_the_limit_by_itself_is_never_streamed(kind: str) -> None:
     """A change streamed on its own (not with a save) whose value alone is over the limit
     is refused with DocumentTooLargeError naming it, and nothing is streamed: through the
