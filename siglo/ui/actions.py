@@ -14,13 +14,20 @@ from typing import Any
 from siglo.adapter import Capability
 from siglo.checkpoint import TERMINAL_STATUSES
 from siglo.codec import stored_event
-from siglo.errors import CheckpointConflictError, SigloError
+from siglo.errors import CheckpointConflictError, SigloError, WaitRecordClaimError
 from siglo.manager import StorageManager
+from siglo.masking import logger
+from siglo.records import embedded_wait_record
+from siglo.sealing import refuse_unopened
 from siglo.stack import ExecutionStack
+from siglo.wait_keys import renew_own_claim
+from siglo.workflow.claim_keeper import ClaimKeeper
 from siglo.workflow.flow import OUTPUT
 from siglo.workflow.outcomes import EVENT, WAITING_FOR, answer_of, is_sleep
 
 __all__ = ["ActionRefused", "cancel_run", "delete_run", "deliver_event"]
+
+log = logger("siglo.ui")
 
 
 class ActionRefused(SigloError):
@@ -189,24 +196,39 @@ async def deliver_event(
     )
 
     async def give_back() -> None:
-        await adapter.claim_wait_record(
-            correlation_key,
-            claimant,
-            allow_expired=True,
-            event_payload=before,
-            namespace=record.namespace,
-        )
-        await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
+        # Only while the key's record is still the one claimed: a run removed meanwhile
+        # frees its key, and another run's wait on it is not this claim's to touch.
+        if await renew_own_claim(adapter, record, event_payload=before) is not None:
+            await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
 
     if run_id is not None and record.stack_id != run_id:
         # A wait saved again under the same key since the look above: given back.
         await give_back()
         refuse_other_run(record.stack_id)
 
+    used = False  # the event stored with the run: delivered, whatever follows
+
     async def mark() -> None:
-        stack = await manager.resume(record.stack_id, namespace=record.namespace)
-        if stack is None:
-            raise ActionRefused(f"the run {record.stack_id!r} of this wait is gone")
+        # The run of the claimed wait, in its namespace only (never a run of no namespace
+        # through namespace_fallback: a tenant's run removed meanwhile was brought back
+        # from another's, a black-box auditor), and still waiting on that very record (a
+        # run removed and started again under its id waits on a record of its own).
+        checkpoint = await adapter.get_checkpoint(
+            record.stack_id, record.namespace, fallback=False
+        )
+        embedded = None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
+        if (
+            checkpoint is None
+            or embedded is None
+            or embedded.correlation_key != correlation_key
+            or embedded.created_at != record.created_at
+        ):
+            raise ActionRefused(
+                f"the run {record.stack_id!r} of this wait is gone, or waits on another wait "
+                "now; nothing was delivered"
+            )
+        refuse_unopened(checkpoint)
+        stack = manager.restore_checkpoint(checkpoint, expected_namespace=record.namespace)
         try:
             refuse_changed(stack.revision)
             # The step that waits for the key now, unanswered — never the step the record
@@ -231,7 +253,29 @@ async def deliver_event(
             await manager.save(stack, expected_revision=stack.revision)
         finally:
             manager.discard_stack(stack)
+        nonlocal used
+        used = True
+        # Completed under the run's lock, before a worker can take the run up.
+        await keeper.stop()
+        try:
+            await adapter.complete_wait_record(
+                correlation_key, claimant, namespace=record.namespace
+            )
+        except WaitRecordClaimError:
+            # The event is stored with the run: delivered. The claim lapsed meanwhile (a
+            # store too slow to renew it) and another claimant holds the wait; it finds
+            # the run answered and completes the wait.
+            log.warning(
+                "wait %r: the event was stored with run %r, but the claim lapsed meanwhile "
+                "and another claimant completes the wait",
+                correlation_key,
+                record.stack_id,
+            )
 
+    # The claim is renewed while the delivery waits for the run's lock and marks it
+    # (siglo.workflow.claim_keeper): lapsed, a retry took it over, and both were refused
+    # though this event was used (a black-box auditor).
+    keeper = ClaimKeeper(adapter, record)
     try:
         if adapter.supports(Capability.WORKFLOW_LOCK):
             await adapter.with_workflow_lock(
@@ -240,10 +284,11 @@ async def deliver_event(
         else:
             await mark()
     except BaseException:
-        # Not delivered: the wait goes back to waiting for the next delivery, as it was.
-        await give_back()
+        await keeper.stop()
+        if not used:
+            # Not delivered: the wait goes back to waiting for the next delivery, as it was.
+            await give_back()
         raise
-    await adapter.complete_wait_record(correlation_key, claimant, namespace=record.namespace)
     return (
         f"delivered to {correlation_key}: run {record.stack_id} continues on the next "
         "`siglo worker` pass"

@@ -235,3 +235,71 @@ async def test_a_delivery_whose_claim_lapsed_under_a_blocking_step_returns_its_o
         stored = await adapter.get_checkpoint("B")
         assert stored is not None and stored.status == "completed"
         assert stored.contexts["w"][EVENT] == "E"
+
+
+async def _used(value: Any) -> Any:
+    return {"used": value}
+
+
+DASHBOARD = flow(Step.create("w", _waits), Step.create("done", _used), name="dashboard")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_dashboard_never_delivers_to_another_namespaces_run(kind: str) -> None:
+    """Tenant t1's run and a run of no namespace of the same id wait on one key; t1's
+    is removed while the dashboard's delivery to it waits for the run's lock. The
+    delivery loaded the run through namespace_fallback — the other one — wrote t1's
+    event into it and saved it under t1, bringing the removed run back with another
+    tenant's data (a black-box auditor). It is refused, and nothing of it is stored."""
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        for namespace in ("t1", None):
+            await _suspended(
+                DASHBOARD.run(
+                    {"tenant": namespace}, manager=manager, stack_id="A", namespace=namespace
+                )
+            )
+
+        async def removed_meanwhile() -> None:
+            await asyncio.sleep(0.3)  # the delivery has claimed t1's wait and waits
+            assert await adapter.delete_checkpoint("A", "t1")
+
+        holder = asyncio.create_task(
+            adapter.with_workflow_lock("A", removed_meanwhile, namespace="t1")
+        )
+        await asyncio.sleep(0.05)
+        with pytest.raises(ActionRefused, match="nothing was delivered"):
+            await deliver_event(manager, "k", "t1", "T1-EVENT", run_id="A")
+        await holder
+        assert await adapter.get_checkpoint("A", "t1", fallback=False) is None
+        other = await adapter.get_checkpoint("A", None, fallback=False)
+        assert other is not None and other.status == "waiting"
+        assert EVENT not in other.contexts["w"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_dashboards_claim_is_kept_while_it_waits_for_the_lock(kind: str) -> None:
+    """The dashboard's delivery waits up to 2 s for the run's lock; its claim lapsed
+    meanwhile, a webhook's delivery took it over, and both were told they failed though
+    the dashboard's event was used (a black-box auditor). The claim is renewed: the
+    webhook's delivery is refused as a duplicate, the dashboard's goes through."""
+    async with any_backend(kind, claim_lease_ms=300) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(DASHBOARD.run(None, manager=manager, stack_id="L"))
+
+        async def held() -> None:
+            await asyncio.sleep(0.9)  # another process holds the run for a while
+
+        holder = asyncio.create_task(adapter.with_workflow_lock("L", held))
+        await asyncio.sleep(0.05)
+        dashboard = asyncio.create_task(deliver_event(manager, "k", None, "UI", run_id="L"))
+        await asyncio.sleep(0.5)  # past the claim's first lease
+        with pytest.raises(siglo.WaitRecordClaimError):
+            await DASHBOARD.deliver("k", "WEBHOOK", manager=manager)
+        await holder
+        assert "delivered to k" in await dashboard
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "completed"
+        assert await DASHBOARD.resume("L", manager=manager) == {"used": "UI"}
