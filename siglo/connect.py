@@ -168,7 +168,9 @@ def options_for(
         # `key_prefix`: a keyword option would win over the query). That holds for the
         # settings' own URL too: `$SIGLO_URL`'s query was overridden by the file's
         # `[options]`, a source it outranks (a black-box auditor).
-        written = urls.query_names(url)
+        # A keyword wins over the file by any of its names too (`key_prefix=` in code
+        # over the file's `prefix`: a black-box auditor found the file's taken).
+        written = urls.query_names(url) | {urls.option_name(k) for k in options}
         given = {k: v for k, v in settings.options.items() if urls.option_name(k) not in written}
         return {**given, **options}, frozenset(given) - frozenset(options)
     return dict(options), frozenset()

@@ -51,7 +51,7 @@ from typing import Any
 
 from siglo import urls
 from siglo.backend import Backend
-from siglo.errors import StorageAdapterError
+from siglo.errors import InvalidArgumentError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo.validation import ms_as_seconds
 from siglo_redis.adapter import RedisStorageAdapter
@@ -86,17 +86,25 @@ def connect(
     unknown = set(options) - set(OPTIONS) - {"key_prefix"}
     if unknown:
         raise urls.unknown_option_error("redis", unknown, set(OPTIONS), where="keyword")
+    if "key_prefix" in options:
+        # One option by two names: given both, which one the keys take and which one
+        # backend.url says could differ (a black-box auditor: a worker on backend.url
+        # missed the application's keys). Taken by its URL name from here on.
+        aliased = options.pop("key_prefix")
+        if "prefix" in options and options["prefix"] != aliased:
+            raise InvalidArgumentError(
+                "prefix and key_prefix name one option (the key prefix), given "
+                f"{options['prefix']!r} and {aliased!r}: give one"
+            )
+        options["prefix"] = aliased
     # A text value reads as in the URL's query ("none", "false"): a settings file's
     # [options] has no null, and bool("false") is True.
     options = urls.typed_keywords(options, OPTIONS)
     settings = {**from_url, **options}
     # A keyword wins over the URL's query, the alias key_prefix as much as prefix (which
     # wins over it): the store siglo.urls.same_store takes this connection for.
-    chosen = options.get(
-        "prefix", options.get("key_prefix", from_url.get("prefix", DEFAULT_PREFIX))
-    )
+    chosen = options.get("prefix", from_url.get("prefix", DEFAULT_PREFIX))
     settings.pop("prefix", None)
-    settings.pop("key_prefix", None)
     prefix = check_prefix("prefix", chosen)
     # In backend.url like every option: a worker connected with backend.url must take
     # the workflow locks where the application does, or both run one stack's action.
@@ -138,9 +146,7 @@ def connect(
     nonces = RedisNonceStore(client, key_prefix=keys.nonce_prefix, command_timeout_ms=timeout)
     backend = Backend(
         name="redis",
-        url=_with_params(
-            url, {("prefix" if k == "key_prefix" else k): v for k, v in options.items()}
-        ),
+        url=_with_params(url, dict(options)),
         adapter=adapter,
         idempotency=idempotency,
         lock=lock,

@@ -244,3 +244,31 @@ async def test_a_worker_connected_with_backend_url_shares_the_workflow_lock() ->
             await delete_prefix(app.adapter.client, prefix)  # type: ignore[attr-defined]
         finally:
             await asyncio.gather(app.aclose(), worker.aclose())
+
+
+async def test_the_redis_key_prefix_by_either_name_is_the_one_backend_url_says() -> None:
+    """``prefix`` and ``key_prefix`` are one option: given both, the keys took one and
+    ``backend.url`` said the other; a settings file's ``prefix`` beat a keyword
+    ``key_prefix`` — and a worker on ``backend.url`` missed the application's keys (a
+    black-box auditor). Both given differently are refused; a keyword wins by any name."""
+    from siglo.config import Settings
+
+    with pytest.raises(InvalidArgumentError, match="prefix and key_prefix name one option"):
+        siglo.connect(RD, prefix="rt:a:", key_prefix="rt:b:")
+    same = siglo.connect(RD, prefix="rt:a:", key_prefix="rt:a:")
+    try:
+        assert "prefix=rt%3Aa%3A" in same.url
+    finally:
+        await same.aclose()
+    filed = Settings(options={"prefix": "rt:file:"})
+    backend = siglo.connect(RD, settings=filed, key_prefix="rt:code:")
+    try:
+        assert backend.adapter.keys.prefix == "rt:code:"  # type: ignore[attr-defined]
+        assert "prefix=rt%3Acode%3A" in backend.url and "rt%3Afile" not in backend.url
+        again = siglo.connect(backend.url)
+        try:
+            assert again.adapter.keys.prefix == "rt:code:"  # type: ignore[attr-defined]
+        finally:
+            await again.aclose()
+    finally:
+        await backend.aclose()
