@@ -62,8 +62,8 @@ CONVERTERS: Final[dict[str, urls.Converter]] = {
     **dict.fromkeys(ADAPTER_OPTIONS, urls.integer),
     "checkpoint_ttl_ms": urls.optional_integer,  # none: kept until removed
     "incremental_min_bytes": urls.optional_integer,  # none: every document whole
-    "idempotency_ttl_ms": urls.integer,
-    "idempotency_lease_ms": urls.integer,
+    "idempotency_ttl_ms": urls.optional_integer,  # none: the default, as on Redis
+    "idempotency_lease_ms": urls.optional_integer,
     "busy_timeout_ms": urls.integer,
     "pool_min_size": urls.integer,
     "pool_max_size": urls.integer,
@@ -136,10 +136,12 @@ class SqlSettings:
         prefix = options.pop("table_prefix", DEFAULT_PREFIX)
         self.prefix = check_identifier("table_prefix", prefix) if prefix else ""
         self.schema = check_identifier("schema", schema) if schema is not None else None
-        self.idempotency_ttl_ms = options.pop("idempotency_ttl_ms", DEFAULTS.idempotency_ttl_ms)
-        self.idempotency_lease_ms = options.pop(
-            "idempotency_lease_ms", DEFAULTS.idempotency_lease_ms
-        )
+        # None (`none` in a URL or a settings file) is the default, as on Redis: before,
+        # it reached the store as "default_ttl_ms is required", naming no option given.
+        ttl = options.pop("idempotency_ttl_ms", None)
+        lease = options.pop("idempotency_lease_ms", None)
+        self.idempotency_ttl_ms = DEFAULTS.idempotency_ttl_ms if ttl is None else ttl
+        self.idempotency_lease_ms = DEFAULTS.idempotency_lease_ms if lease is None else lease
         self.adapter_options = {k: options.pop(k) for k in list(options) if k in ADAPTER_OPTIONS}
 
     def url_options(self) -> dict[str, Any]:

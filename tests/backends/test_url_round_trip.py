@@ -272,3 +272,25 @@ async def test_the_redis_key_prefix_by_either_name_is_the_one_backend_url_says()
             await again.aclose()
     finally:
         await backend.aclose()
+
+
+@pytest.mark.parametrize("how", ["keyword", "url"])
+async def test_an_idempotency_ttl_of_none_is_the_default_on_sql_as_on_redis(
+    tmp_path: Any, how: str
+) -> None:
+    """``idempotency_ttl_ms=None`` (``none`` in a URL or a settings file) was refused on
+    SQLite and PostgreSQL with "default_ttl_ms is required", naming no option the user
+    gave (a black-box auditor); Redis takes it as the default. So do the SQL backends."""
+    from siglo.settings import DEFAULTS
+
+    url = f"sqlite:///{tmp_path / 'i.db'}"
+    options: dict[str, Any] = {"idempotency_ttl_ms": None, "idempotency_lease_ms": None}
+    if how == "url":
+        url, options = urls.with_options(url, {"idempotency_ttl_ms": "none"}), {}
+    backend = siglo.connect(url, **options)
+    try:
+        store = backend.idempotency
+        assert store.default_ttl_ms == DEFAULTS.idempotency_ttl_ms  # type: ignore[attr-defined]
+        assert store.default_lease_ms == DEFAULTS.idempotency_lease_ms  # type: ignore[attr-defined]
+    finally:
+        await backend.aclose()
