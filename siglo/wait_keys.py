@@ -11,7 +11,13 @@ from siglo.errors import CapabilityNotSupportedError
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 
-__all__ = ["WAIT_KEY_LOCK", "cancel_own_wait", "place_wait", "renew_own_claim"]
+__all__ = [
+    "WAIT_KEY_LOCK",
+    "cancel_own_wait",
+    "place_wait",
+    "release_own_claim",
+    "renew_own_claim",
+]
 
 WAIT_KEY_LOCK: Final = "siglo-wait-key:"
 """The workflow lock a writer takes on a correlation key to replace its record."""
@@ -97,13 +103,7 @@ async def renew_own_claim(
     async def renew() -> None:
         nonlocal renewed
         there = await adapter.get_wait_record(record.correlation_key, namespace=record.namespace)
-        if (
-            there is None
-            or there.status != "claimed"
-            or there.claimant_id != claimant
-            or there.stack_id != record.stack_id
-            or there.created_at != record.created_at
-        ):
+        if not _same_claim(there, record):
             return
         renewed = await adapter.claim_wait_record(
             record.correlation_key,
@@ -115,6 +115,37 @@ async def renew_own_claim(
 
     await _under_key_lock(adapter, record, renew)
     return renewed
+
+
+async def release_own_claim(adapter: StorageAdapter, record: WaitRecord) -> bool:
+    """Release ``record``'s claim (back to waiting, for the next delivery) only if the
+    key's record is still that one and claimed by its claimant (see
+    :func:`renew_own_claim`); whether it was."""
+    released = False
+
+    async def release() -> None:
+        nonlocal released
+        there = await adapter.get_wait_record(record.correlation_key, namespace=record.namespace)
+        if _same_claim(there, record):
+            assert record.claimant_id is not None
+            await adapter.release_wait_record(
+                record.correlation_key, record.claimant_id, namespace=record.namespace
+            )
+            released = True
+
+    await _under_key_lock(adapter, record, release)
+    return released
+
+
+def _same_claim(there: WaitRecord | None, record: WaitRecord) -> bool:
+    """Whether ``there`` (the key's record now) is ``record``, claimed by its claimant."""
+    return (
+        there is not None
+        and there.status == "claimed"
+        and there.claimant_id == record.claimant_id
+        and there.stack_id == record.stack_id
+        and there.created_at == record.created_at
+    )
 
 
 def _claim_held(record: WaitRecord, now_ms: int) -> bool:

@@ -12,13 +12,14 @@ import uuid
 from typing import Any
 
 from siglo.adapter import Capability
-from siglo.checkpoint import TERMINAL_STATUSES
+from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
 from siglo.codec import stored_event
 from siglo.errors import CheckpointConflictError, SigloError, WaitRecordClaimError
 from siglo.manager import StorageManager
 from siglo.masking import logger
-from siglo.records import embedded_wait_record
+from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sealing import refuse_unopened
+from siglo.sentinel import MISSING
 from siglo.stack import ExecutionStack
 from siglo.wait_keys import renew_own_claim
 from siglo.workflow.claim_keeper import ClaimKeeper
@@ -103,6 +104,20 @@ async def delete_run(
     if not deleted:
         raise ActionRefused(f"no run {stack_id!r} to delete")
     return f"deleted {stack_id}"
+
+
+def _answered(checkpoint: Checkpoint, record: WaitRecord) -> Any:
+    """The event ``checkpoint``'s run answered the claimed wait ``record`` with, when the
+    step the record names holds one and ran (``MISSING`` otherwise, a timeout included)."""
+    context = checkpoint.contexts.get(record.step_id) if record.step_id else None
+    if (
+        context is None
+        or OUTPUT not in context
+        or context.get(WAITING_FOR) != record.correlation_key
+        or answer_of(context) != EVENT
+    ):
+        return MISSING
+    return context[EVENT]
 
 
 def _waiting_step(stack: ExecutionStack, correlation_key: str) -> str | None:
@@ -206,16 +221,34 @@ async def deliver_event(
         await give_back()
         refuse_other_run(record.stack_id)
 
-    used = False  # the event stored with the run: delivered, whatever follows
+    used = False  # the claim settled (the event stored with the run): never given back
 
     async def mark() -> None:
         # The run of the claimed wait, in its namespace only (never a run of no namespace
         # through namespace_fallback: a tenant's run removed meanwhile was brought back
         # from another's, a black-box auditor), and still waiting on that very record (a
         # run removed and started again under its id waits on a record of its own).
-        checkpoint = await adapter.get_checkpoint(
-            record.stack_id, record.namespace, fallback=False
-        )
+        checkpoint = await adapter.get_checkpoint(record.stack_id, record.namespace, fallback=False)
+        nonlocal used
+        answered = MISSING if checkpoint is None else _answered(checkpoint, record)
+        if answered is not MISSING:
+            # A wait the run answered (a delivery whose claim lapsed under a blocking
+            # step, say): completed as it was answered, its event put back, as a flow's
+            # delivery does — given back, it waited again for a run that went on (a
+            # black-box auditor).
+            used = True
+            await keeper.stop()
+            event = await manager.redact_event(
+                correlation_key, answered, namespace=record.namespace
+            )
+            if await renew_own_claim(adapter, record, event_payload=event) is not None:
+                await adapter.complete_wait_record(
+                    correlation_key, claimant, namespace=record.namespace
+                )
+            raise ActionRefused(
+                f"run {record.stack_id!r} already received an event for {correlation_key!r} "
+                "and went on; this one was not delivered"
+            )
         embedded = None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
         if (
             checkpoint is None
@@ -253,7 +286,6 @@ async def deliver_event(
             await manager.save(stack, expected_revision=stack.revision)
         finally:
             manager.discard_stack(stack)
-        nonlocal used
         used = True
         # Completed under the run's lock, before a worker can take the run up.
         await keeper.stop()

@@ -39,7 +39,7 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
-from siglo.wait_keys import cancel_own_wait, place_wait, renew_own_claim
+from siglo.wait_keys import cancel_own_wait, place_wait, release_own_claim, renew_own_claim
 from siglo.wire import later_ms
 from siglo.workflow.claim_keeper import ClaimKeeper
 from siglo.workflow.outcomes import (
@@ -439,6 +439,17 @@ class Flow:
                 manager.discard_stack(stack)
                 raise
             context = stack.contexts.get(step, {})
+            if _waits_on_another_record(stack, record) and OUTPUT not in context:
+                # The run waits on another record of the key: the claimed one went with a
+                # run removed meanwhile, and this is a new run of the same id (a black-box
+                # auditor: the old event, or the old timer, was handed to it, and its own
+                # wait left open for ever). Nothing of this claim is its.
+                manager.discard_stack(stack)
+                raise WaitRecordClaimError(
+                    f"no claimable wait for {correlation_key!r}: the wait claimed went with "
+                    f"its run, and run {record.stack_id!r} now waits on a wait of its own; "
+                    "nothing was delivered"
+                )
             answered = answer_of(context)
             if answered is None:
                 outcome(stack, step)
@@ -521,9 +532,8 @@ class Flow:
                 # lock): the event was not consumed, so the wait must not stay claimed
                 # for the whole lease. Put it back to waiting for the next delivery.
                 try:
-                    await adapter.release_wait_record(
-                        correlation_key, claimant, namespace=record.namespace
-                    )
+                    # Only its own claim: the key may hold another run's wait by now.
+                    await release_own_claim(adapter, record)
                 except Exception as exc:
                     refused.add_note(
                         f"the claim on {correlation_key!r} could not be released ({exc}); "
@@ -1021,6 +1031,22 @@ class Flow:
             with contextlib.suppress(Exception):
                 await cancel_own_wait(adapter, record)
             raise
+
+
+def _waits_on_another_record(stack: ExecutionStack, record: WaitRecord) -> bool:
+    """Whether waiting ``stack`` waits on a record of ``record``'s key other than it (by
+    its creation time: where either does not say it, a TypeScript worker's or an older
+    siglo's, it is taken for the same)."""
+    if stack.status != "waiting":
+        return False
+    embedded = embedded_wait_record(stack.metadata)
+    return (
+        embedded is not None
+        and embedded.correlation_key == record.correlation_key
+        and embedded.created_at is not None
+        and record.created_at is not None
+        and embedded.created_at != record.created_at
+    )
 
 
 def _deadline(stack: ExecutionStack) -> int | None:

@@ -303,3 +303,95 @@ async def test_the_dashboards_claim_is_kept_while_it_waits_for_the_lock(kind: st
         record = await adapter.get_wait_record("k")
         assert record is not None and record.status == "completed"
         assert await DASHBOARD.resume("L", manager=manager) == {"used": "UI"}
+
+
+async def _short(_: Any) -> Any:
+    try:
+        return await wait_for_event("k", timeout_ms=DEADLINES["w1"])
+    except siglo.WaitTimeoutError:
+        return "timed out"
+
+
+RESTARTED = flow(Step.create("w", _short), Step.create("done", _used), name="restarted")
+
+
+@pytest.mark.parametrize("by", ["delivery", "timer"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_claim_of_a_removed_runs_wait_is_nothing_to_a_new_run_of_its_id(
+    kind: str, by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery (or a worker's timer) claims run R's wait and waits for R's lock; R is
+    removed and started again under its id, waiting on the key with a record of its own.
+    The old event (or timeout) was handed to the new run, which went on, its own wait
+    left open for ever (a black-box auditor). The claim is refused; the new run waits
+    on its own wait, which a delivery then ends."""
+    DEADLINES["w1"] = 100 if by == "timer" else None
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(RESTARTED.run("old", manager=manager, stack_id="R"))
+        if by == "timer":
+            await asyncio.sleep(0.2)  # due
+        restarted = asyncio.Event()
+        real_lock = adapter.with_workflow_lock
+
+        async def after_the_restart(stack_id: str, action: Any, **kwargs: Any) -> Any:
+            if asyncio.current_task() is claiming and stack_id == "R":
+                await restarted.wait()
+            return await real_lock(stack_id, action, **kwargs)
+
+        monkeypatch.setattr(adapter, "with_workflow_lock", after_the_restart)
+        claiming = asyncio.create_task(
+            RESTARTED.deliver("k", "old event", manager=manager)
+            if by == "delivery"
+            else RESTARTED.fire_timeout("k", manager=manager)
+        )
+        for _ in range(200):
+            record = await adapter.get_wait_record("k")
+            if record is not None and record.status == "claimed":
+                break
+            await asyncio.sleep(0.01)
+        assert await adapter.delete_checkpoint("R")  # `siglo rm`, its waits with it
+        DEADLINES["w1"] = 3_600_000
+        await _suspended(RESTARTED.run("new", manager=manager, stack_id="R"))
+        restarted.set()
+        with pytest.raises(siglo.WaitRecordClaimError, match="waits on a wait of its own"):
+            await claiming
+        stored = await adapter.get_checkpoint("R")
+        assert stored is not None and stored.status == "waiting"
+        assert stored.metadata["input"] == "new" and EVENT not in stored.contexts["w"]
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "waiting"
+        assert await RESTARTED.deliver("k", "new event", manager=manager) == {"used": "new event"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_dashboard_completes_a_wait_the_run_answered_and_went_past(kind: str) -> None:
+    """A delivery's run went on with its event but the delivery could not complete the
+    wait (its claim lapsed; here: it stopped), and the dashboard's deliver takes the
+    lapsed claim: it gave the claim back, and the wait of a completed run waited again
+    for ever (a black-box auditor). It completes the wait as it was answered, and says
+    its own event was not delivered."""
+    async with any_backend(kind, claim_lease_ms=300) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(DASHBOARD.run(None, manager=manager, stack_id="P"))
+
+        async def stopped(*_: Any, **__: Any) -> None:
+            raise asyncio.CancelledError  # the delivering process ends before completing
+
+        real = adapter.complete_wait_record
+        adapter.complete_wait_record = stopped  # type: ignore[method-assign]
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                await DASHBOARD.deliver("k", "E1", manager=manager)
+        finally:
+            adapter.complete_wait_record = real  # type: ignore[method-assign]
+        done = await adapter.get_checkpoint("P")
+        assert done is not None and done.status == "completed"
+        await asyncio.sleep(0.4)  # its claim lapses
+        with pytest.raises(ActionRefused, match="already received an event"):
+            await deliver_event(manager, "k", None, "E2", run_id="P")
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == "E1"
