@@ -146,6 +146,23 @@ CAPABILITY_METHODS: Final[dict[Capability, tuple[str, ...]]] = {
 """The adapter methods each adapter-level capability requires."""
 
 
+def latest_changes(changes: Sequence[ContextChangeEvent]) -> list[ContextChangeEvent]:
+    """``changes`` without those a later one of the same key supersedes: a stream keeps
+    the latest value of each key, and a value set then replaced in one turn is no part
+    of what the save carries — measured by itself, a large one refused a save whose
+    document was under the limit (a black-box auditor; the SQL and Redis backends
+    write the batch as one, keeping the latest)."""
+    last = {
+        (change.namespace, change.stack_id, change.step_id, change.key): index
+        for index, change in enumerate(changes)
+    }
+    return [
+        change
+        for index, change in enumerate(changes)
+        if last[(change.namespace, change.stack_id, change.step_id, change.key)] == index
+    ]
+
+
 class StorageAdapter(Closable):
     """Base class of storage adapters.
 
@@ -293,7 +310,7 @@ class StorageAdapter(Closable):
         check_save_arguments(checkpoint, expected_revision)
         # Before the changes: a document too large leaves nothing written, changes included.
         check_document_size(checkpoint, self.max_document_bytes)
-        for change in changes:
+        for change in latest_changes(changes):
             await self.on_context_change(change)
         await self.save_checkpoint(checkpoint, expected_revision=expected_revision)
 

@@ -30,7 +30,10 @@ from siglo.error_modes import (
 from siglo.errors import (
     AmbiguousStackError,
     CheckpointConflictError,
+    DocumentTooLargeError,
     InvalidArgumentError,
+    NotJSONError,
+    ReservedFormError,
     UnknownStackError,
 )
 from siglo.records import ContextChangeEvent, ContextOp
@@ -447,6 +450,15 @@ class StorageManager:
             change.taken = True
         return taken
 
+    def _requeue(self, key: StackKey, changes: list[_Unstreamed]) -> None:
+        """``changes`` (taken by a save that wrote nothing) ahead of the stack's changes
+        not streamed yet, for its next save to take."""
+        if not changes:
+            return
+        for change in changes:
+            change.taken = False
+        self._unstreamed[key] = [*changes, *self._unstreamed.get(key, ())]
+
     def _built(self, key: StackKey, changes: list[_Unstreamed]) -> list[ContextChangeEvent]:
         """The events of ``changes``; one that cannot be built fails as its stream job
         would have (deferred for the stack, raised by the caller's next check)."""
@@ -630,13 +642,14 @@ class StorageManager:
         adapter = self._supports(Capability.CHECKPOINTS)
         together = adapter is not None and _writes_together(adapter)
         self._scrub_stream(live, redact_fields)
-        events = self._built(key, self._take_unstreamed(key)) if together else []
+        taken = self._take_unstreamed(key) if together else []
+        events = self._built(key, taken)
         await self._jobs.drain(stack_id)
         if events and not (adapter is not None and adapter.writes_with_checkpoint(events)):
             # Not these: streamed now, one by one, their failures handled on their own
             # and raised below, as their jobs' would have been.
             await self._stream_now(key, events)
-            events = []
+            events, taken = [], []
         read = live.revision
         try:
             self._deferred.raise_for(key)
@@ -666,6 +679,12 @@ class StorageManager:
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
             except Exception as exc:
                 _back_if_refused(live, read, exc)
+                if isinstance(exc, WRITES_NOTHING):
+                    # Refused before anything was written, its changes with it: they go
+                    # with the stack's next save (the redacted re-streams of keys this
+                    # save named among them, which no later save would make again: a
+                    # black-box auditor found the clear values left in the stream).
+                    self._requeue(key, taken)
                 self._handle_failure(exc, f"saving checkpoint of {stack_id!r}")
         return checkpoint
 
@@ -761,6 +780,10 @@ def _back_if_refused(stack: ExecutionStack, read: int, exc: Exception) -> None:
     save. After any other failure the save may have landed, and the revision stays."""
     if isinstance(exc, CheckpointConflictError | InvalidArgumentError):
         stack.revision = min(stack.revision, read)
+
+
+WRITES_NOTHING: Final = (DocumentTooLargeError, ReservedFormError, NotJSONError)
+"""Refusals of a save raised before anything of it is written, its changes included."""
 
 
 def _writes_together(adapter: StorageAdapter) -> bool:

@@ -356,3 +356,53 @@ def test_the_limit_is_read_from_the_environment_and_files(tmp_path: Path) -> Non
     (tmp_path / "siglo.toml").write_text("max_document_bytes = 8192\n")
     assert load_settings(start=tmp_path, environ={}).max_document_bytes == 8192
     assert Settings(max_document_bytes=5).describe()["max_document_bytes"] == 5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_value_replaced_in_its_turn_is_not_measured_by_itself(kind: str) -> None:
+    """A value over the limit set, then replaced by a small one, in the turn of a save
+    whose document is under the limit: the save is stored and the stream holds the
+    latest values. On the in-memory backend the carried changes were recorded one by
+    one, the large one measured by itself, and the save refused (a black-box auditor)."""
+    async with any_backend(kind) as backend:
+        backend.raw_adapter.max_document_bytes = 3_000
+        manager = StorageManager(backend, error_mode="strict")
+        stack = manager.create_stack("replaced")
+        stack.set("s", "a", 1)
+        await manager.save_checkpoint("replaced")
+        stack.set("s", "k", "x" * 5_000)
+        stack.set("s", "k", "small")
+        stack.set("s", "b", 2)
+        saved = await manager.save_checkpoint("replaced")
+        assert saved.revision == 2
+        await manager.flush()
+        assert await backend.adapter.get_context_changes("replaced", "s") == {
+            "a": 1,
+            "k": "small",
+            "b": 2,
+        }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_refused_save_leaves_its_redacted_restreams_to_the_next_save(kind: str) -> None:
+    """A save naming ``redact_fields=`` queues the stack's values holding those keys to
+    be streamed again, redacted. Refused for its size, it dropped them, and the next
+    save named nothing new: the stream kept the card in clear for good (a black-box
+    auditor). They go with the next save."""
+    card = "4111-1111-1111-1111"
+    async with any_backend(kind) as backend:
+        backend.raw_adapter.max_document_bytes = 3_000
+        manager = StorageManager(backend, error_mode="strict")
+        stack = manager.create_stack("scrubbed")
+        stack.set("pay", "card", card)
+        await manager.save_checkpoint("scrubbed")
+        await manager.flush()
+        stack.set("pay", "big", "x" * 2_900)
+        with pytest.raises(DocumentTooLargeError):
+            await manager.save_checkpoint("scrubbed", redact_fields=["card"])
+        stack.delete("pay", "big")
+        await manager.save_checkpoint("scrubbed", redact_fields=["card"])
+        await manager.flush()
+        changes = await backend.adapter.get_context_changes("scrubbed", "pay")
+        assert changes.get("card") == "[REDACTED]", changes
+        assert "big" not in changes
