@@ -63,18 +63,23 @@ def piped(backend: siglo.Backend, settings: Settings) -> PipelineAdapter:
     return adapter
 
 
-def run_siglo(
-    home: Path, *args: str, env: dict[str, str], stdin: bytes | None = None
-) -> subprocess.CompletedProcess[bytes]:
+def _siglo_env(env: dict[str, str]) -> dict[str, str]:
+    """This environment without siglo's settings, the checkout on the path, and ``env``."""
     clean = {k: v for k, v in os.environ.items() if k not in (*ENVIRONMENT, CONFIG_ENV)}
     clean["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "backends"), str(ROOT / "contract_tests")]
     )
     clean.update(env)
+    return clean
+
+
+def run_siglo(
+    home: Path, *args: str, env: dict[str, str], stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-m", "siglo", *args],
         cwd=home,
-        env=clean,
+        env=_siglo_env(env),
         input=stdin,
         capture_output=True,
         timeout=120,
@@ -1416,15 +1421,10 @@ async def _keyring_changes(url: str, settings: Settings) -> None:
 
 
 def _started(home: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    clean = {k: v for k, v in os.environ.items() if k not in (*ENVIRONMENT, CONFIG_ENV)}
-    clean["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), str(ROOT / "backends"), str(ROOT / "contract_tests")]
-    )
-    clean.update(env)
     return subprocess.Popen(
         [sys.executable, "-m", "siglo", *args],
         cwd=home,
-        env=clean,
+        env=_siglo_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -146,6 +146,23 @@ async def test_a_retry_claiming_an_answered_wait_is_not_used_by_a_later_wait(kin
         assert await THREE.deliver("k", "E3", manager=manager) == ["E0", "E3"]
 
 
+async def _delivered_then_stopped(run: Any, manager: StorageManager, event: Any) -> None:
+    """``event`` delivered, and the delivering process ended before it completed the
+    wait: the run went on with the event, the wait stays claimed until its lease lapses."""
+    adapter = manager.adapter
+
+    async def stopped(*_: Any, **__: Any) -> None:
+        raise asyncio.CancelledError  # the delivering process ends before completing
+
+    real = adapter.complete_wait_record
+    adapter.complete_wait_record = stopped  # type: ignore[method-assign]
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await run.deliver("k", event, manager=manager)
+    finally:
+        adapter.complete_wait_record = real  # type: ignore[method-assign]
+
+
 async def _w3_elsewhere(value: Any) -> Any:
     return [value, await wait_for_event("k-2")]
 
@@ -162,30 +179,24 @@ GONE_PAST = flow(
 async def test_the_dashboard_never_delivers_into_a_step_that_ran(kind: str) -> None:
     """A wait answered and gone past (the run waits for another key now), its claim
     lapsed: the dashboard's deliver wrote the event over the one w1 used, marked the run
-    running and said "delivered". It is refused, and nothing changes."""
+    running and said "delivered". It is refused, the run left as it is, and the wait
+    completed as it was answered."""
     async with any_backend(kind, claim_lease_ms=400) as backend:
         manager = StorageManager(backend, error_mode="strict")
         adapter = manager.adapter
         await _suspended(GONE_PAST.run(None, manager=manager, stack_id="G"))
-
-        async def stopped(*_: Any, **__: Any) -> None:
-            raise asyncio.CancelledError  # the delivering process ends before completing
-
-        real = adapter.complete_wait_record
-        adapter.complete_wait_record = stopped  # type: ignore[method-assign]
-        try:
-            with pytest.raises(asyncio.CancelledError):
-                await GONE_PAST.deliver("k", "E1", manager=manager)
-        finally:
-            adapter.complete_wait_record = real  # type: ignore[method-assign]
+        await _delivered_then_stopped(GONE_PAST, manager, "E1")
         await asyncio.sleep(0.5)  # its claim lapses
         before = await adapter.get_checkpoint("G")
         assert before is not None and before.status == "waiting"
-        with pytest.raises(ActionRefused, match="nothing was delivered"):
+        with pytest.raises(ActionRefused, match="already received an event"):
             await deliver_event(manager, "k", None, "E2", run_id="G")
         after = await adapter.get_checkpoint("G")
         assert after is not None and after.revision == before.revision
         assert after.contexts["w1"][EVENT] == "E1"
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == "E1"
 
 
 RETRIED: dict[str, Any] = {}
@@ -376,17 +387,7 @@ async def test_the_dashboard_completes_a_wait_the_run_answered_and_went_past(kin
         manager = StorageManager(backend, error_mode="strict")
         adapter = manager.adapter
         await _suspended(DASHBOARD.run(None, manager=manager, stack_id="P"))
-
-        async def stopped(*_: Any, **__: Any) -> None:
-            raise asyncio.CancelledError  # the delivering process ends before completing
-
-        real = adapter.complete_wait_record
-        adapter.complete_wait_record = stopped  # type: ignore[method-assign]
-        try:
-            with pytest.raises(asyncio.CancelledError):
-                await DASHBOARD.deliver("k", "E1", manager=manager)
-        finally:
-            adapter.complete_wait_record = real  # type: ignore[method-assign]
+        await _delivered_then_stopped(DASHBOARD, manager, "E1")
         done = await adapter.get_checkpoint("P")
         assert done is not None and done.status == "completed"
         await asyncio.sleep(0.4)  # its claim lapses
