@@ -444,11 +444,13 @@ async def _import(env: Env, ident: str) -> None:
             await backend.adapter.save_wait_record(resumed)
     async with siglo.connect() as target:  # the application's settings
         await target.adapter.save_checkpoint(there)
+    # Exported there too, by that process's (empty) settings: an export hides what its
+    # own settings redact, and this dump comes from a store that redacts nothing.
     exported = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "siglo", "export", source],
         cwd=elsewhere,
-        env=env.env(),
+        env=env.env(**{CONFIG_ENV: str(elsewhere / "none.toml")}),
         capture_output=True,
         timeout=120,
         check=True,
