@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import click
 from rich.console import Console
@@ -19,6 +21,8 @@ from siglo.sentinel import MISSING
 from siglo.validation import ms_as_seconds
 
 __all__ = ["erase_command", "rekey_command"]
+
+T = TypeVar("T")
 
 
 def _progress() -> Progress:
@@ -76,8 +80,8 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
 
     restore_signals = stopped_by_signals(as_interrupt=True)
     try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
+        asyncio.run(_stoppable(run()))
+    except (KeyboardInterrupt, asyncio.CancelledError):
         # Ctrl-C, SIGTERM or SIGHUP: said, with what is left to do (never a bare
         # "Aborted!", which left a rotation's operator rotating again).
         if report.rotated:
@@ -142,6 +146,31 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
         sys.exit(3)
 
 
+async def _stoppable(work: Awaitable[T]) -> T:
+    """``work`` as the command's main task, which SIGINT, SIGTERM and SIGHUP cancel where
+    it waits: Python's own Ctrl-C is not raised in a process that inherited SIGINT
+    ignored (a command started from a background job), and an interrupt raised in a
+    finalizer is lost — the erase then slept out its settle and went on. The signal is
+    noted in :data:`STOPPED_BY`; the cancellation ends ``asyncio.run`` with
+    ``CancelledError`` after the store is closed."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop(signum: int) -> None:
+        STOPPED_BY.append(signum)
+        task.cancel()
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for signum in stops:
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        return await work
+    finally:
+        for signum in stops:
+            loop.remove_signal_handler(signum)
+
+
 def _made(report: RekeyReport) -> str:
     """The data keys a rotation made, by namespace."""
     return ", ".join(
@@ -198,8 +227,8 @@ def erase_command(url: str | None, namespace: str, yes: bool, settle_ms: int | N
 
     restore_signals = stopped_by_signals(as_interrupt=True)
     try:
-        report = asyncio.run(run())
-    except KeyboardInterrupt:
+        report = asyncio.run(_stoppable(run()))
+    except (KeyboardInterrupt, asyncio.CancelledError):
         raise _interrupted(
             f"siglo erase of namespace {namespace!r}",
             "its data keys may be destroyed already and its data not yet deleted: run "
