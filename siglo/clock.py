@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "system_clock"]
+from siglo.errors import InvalidArgumentError
+
+__all__ = ["Clock", "ManualClock", "SystemClock", "clock_or_system", "system_clock"]
 
 
 @runtime_checkable
@@ -59,3 +61,16 @@ class ManualClock:
 
 
 system_clock = SystemClock()
+
+
+def clock_or_system(clock: object) -> Clock:
+    """``clock``, or the wall clock for ``None``. Anything without ``now_ms()`` is refused
+    with :class:`~siglo.errors.InvalidArgumentError` where it is given, not raised as an
+    ``AttributeError`` by the first expiry decision."""
+    if clock is None:
+        return system_clock
+    if not isinstance(clock, Clock):
+        raise InvalidArgumentError(
+            f"clock must be a siglo Clock (an object with now_ms()), got {clock!r}"
+        )
+    return clock

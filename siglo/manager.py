@@ -16,7 +16,7 @@ from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.backend import Backend
 from siglo.background import SerialJobs
 from siglo.checkpoint import Checkpoint
-from siglo.clock import Clock, system_clock
+from siglo.clock import Clock, clock_or_system
 from siglo.config import Settings, current_settings, effective_settings, settings_generation
 from siglo.deferred_failures import DeferredFailures, StackKey
 from siglo.error_modes import (
@@ -107,7 +107,7 @@ class StorageManager:
         self.use_storage(adapter)
         if error_mode is not None:
             self.set_error_mode(error_mode)
-        self.clock: Clock = clock or system_clock
+        self.clock: Clock = clock_or_system(clock)
         # The latest live stack of each id, and every live stack of each id: two callers
         # sharing the manager may each hold one (see _one_live).
         self._stacks: dict[str, ExecutionStack] = {}

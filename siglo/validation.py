@@ -87,6 +87,16 @@ def require_ttl_ms(name: str, value: Any, *, optional: bool = False) -> int | No
     return value
 
 
+def require_count(name: str, value: Any, *, minimum: int) -> int:
+    """An integer option of at least ``minimum`` (a pool's size, a timeout in
+    milliseconds); ``bool`` is not one."""
+    if type(value) is not int:
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
 MAX_DURATION_MS: Final = 2**63 - 1
 """The longest duration siglo counts with, in milliseconds: a signed 64-bit count, what
 every store holds. A longer one (``10**400``) means "never" and is capped at it where a

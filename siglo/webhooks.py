@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from siglo.clock import Clock, system_clock
+from siglo.clock import Clock, clock_or_system, system_clock
 from siglo.coordination import NonceStore
 from siglo.errors import InvalidArgumentError, SigloError
 from siglo.validation import require_id, require_seconds
@@ -240,7 +240,7 @@ async def verify(
     raw = _raw(body)
     timestamp, signatures = _parse(_header(headers, header), header)
 
-    now_s = (clock or system_clock).now_ms() / 1000
+    now_s = clock_or_system(clock).now_ms() / 1000
     if abs(now_s - timestamp) > tolerance_s:
         raise WebhookTimestampError(
             f"the signed timestamp {timestamp} is {timestamp - now_s:+.0f} s from now; "

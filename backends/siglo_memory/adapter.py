@@ -12,7 +12,7 @@ from siglo import codec
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.blind import stored_tokens
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
-from siglo.clock import Clock, system_clock
+from siglo.clock import Clock, clock_or_system
 from siglo.errors import (
     CheckpointConflictError,
     LockNotAcquiredError,
@@ -106,7 +106,7 @@ class MemoryStorageAdapter(StorageAdapter):
         claim_lease_ms: int = DEFAULTS.claim_lease_ms,
         workflow_lock_timeout_ms: int = DEFAULTS.workflow_lock_timeout_ms,
     ) -> None:
-        self.clock: Clock = clock or system_clock
+        self.clock: Clock = clock_or_system(clock)
         self.checkpoint_ttl_ms = require_ttl_ms(
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
         )

@@ -7,7 +7,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from siglo import codec
-from siglo.clock import Clock, system_clock
+from siglo.clock import Clock, clock_or_system
 from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
@@ -91,8 +91,8 @@ class MemoryIdempotencyStore(IdempotencyStoreBase):
     ) -> None:
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
         self.default_lease_ms = require_ttl_ms("default_lease_ms", default_lease_ms)
-        self._keys = _ExpiringDict(clock or system_clock)
-        self._meta = _ExpiringDict(clock or system_clock)
+        self._keys = _ExpiringDict(clock_or_system(clock))
+        self._meta = _ExpiringDict(clock_or_system(clock))
 
     @property
     def model(self) -> ExpiringKeysModel:
@@ -198,7 +198,7 @@ class MemoryLock(LockBase):
     """Token-checked locks with a TTL and a fencing counter per key."""
 
     def __init__(self, *, clock: Clock | None = None) -> None:
-        self.clock = clock or system_clock
+        self.clock = clock_or_system(clock)
         self._holders = _ExpiringDict(self.clock)
         self._fences: dict[str, int] = {}
 
@@ -241,7 +241,7 @@ class MemoryNonceStore(NonceStoreBase):
     """First claim of a key within its window wins; later ones are replays."""
 
     def __init__(self, *, clock: Clock | None = None) -> None:
-        self._seen = _ExpiringDict(clock or system_clock)
+        self._seen = _ExpiringDict(clock_or_system(clock))
 
     @property
     def model(self) -> ExpiringKeysModel:

@@ -24,7 +24,7 @@ from siglo.blobs import BlobStore, check_digest
 from siglo.errors import OutcomeUnknownError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo.validation import ms_as_seconds
-from siglo_postgres.connect import _conninfo, _libpq_parameters, _pgbouncer
+from siglo_postgres.connect import _conninfo, _libpq_parameters, _pgbouncer, check_pool_options
 from siglo_postgres.liveness import closed_while_idle, lost_in_flight
 from siglo_postgres.watches import SEVER_AFTER_MS, Watches
 from siglo_sql.connect import split_url_options
@@ -267,6 +267,7 @@ def open_store(url: str) -> PostgresBlobStore:
         also="and libpq's connection parameters (sslmode, application_name, …)",
     )
     base, options = split_url_options(url, BLOB_OPTIONS)
+    check_pool_options(options)
     _pgbouncer(options)  # pgbouncer=transaction: no prepared statements
     schema = options.get("schema")
     prefix = str(options.get("table_prefix", DEFAULT_PREFIX))

@@ -13,6 +13,7 @@ from siglo import urls
 from siglo.backend import Backend
 from siglo.errors import InvalidArgumentError
 from siglo.settings import DEFAULTS
+from siglo.validation import require_count
 from siglo_postgres.database import PostgresDatabase
 from siglo_sql.adapter import SqlStorageAdapter
 from siglo_sql.connect import (
@@ -125,9 +126,38 @@ def connect(url: str, **options: Any) -> Backend:
     refuse_unknown_options(url)
     base, url_options = split_url_options(url, URL_OPTIONS)
     merged = take_options(options, url_options, POSTGRES_OPTIONS, backend="postgres")
+    check_pool_options(merged)
+    check_pool_sizes(merged)
     given = travelling(merged, URL_OPTIONS)
     conninfo = _conninfo(base, merged.pop("connect_timeout_ms", DEFAULTS.connect_timeout_ms))
     return _build(base, conninfo, merged, engine=None, given=given)
+
+
+def check_pool_options(options: Mapping[str, Any]) -> None:
+    """Refuse a pool option given a value psycopg's pool would take badly (a negative
+    wait fails every connection as a pool timeout, ``True`` waits a millisecond), naming
+    the option; the blob store's URL is read by the same rules."""
+    for name, minimum in (
+        ("pool_min_size", 0),
+        ("pool_max_size", 1),
+        ("pool_timeout_ms", 1),
+        ("connect_timeout_ms", 1),
+    ):
+        if name in options:
+            require_count(name, options[name], minimum=minimum)
+    if options.get("prepare_threshold") is not None:
+        require_count("prepare_threshold", options["prepare_threshold"], minimum=0)
+
+
+def check_pool_sizes(options: Mapping[str, Any]) -> None:
+    """Refuse a backend's ``pool_min_size`` above its ``pool_max_size`` (either given or
+    the default), which psycopg's pool refuses only when it opens."""
+    low = options.get("pool_min_size", DEFAULTS.pool_min_size)
+    high = options.get("pool_max_size", DEFAULTS.pool_max_size)
+    if low > high:
+        raise InvalidArgumentError(
+            f"pool_min_size ({low}) must not be larger than pool_max_size ({high})"
+        )
 
 
 def refuse_unknown_options(url: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from siglo import codec
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES, Checkpoint
-from siglo.clock import Clock, system_clock
+from siglo.clock import Clock, clock_or_system, system_clock
 from siglo.errors import (
     CheckpointConflictError,
     InvalidArgumentError,
@@ -138,7 +138,7 @@ class SqlStorageAdapter(StorageAdapter):
         self.database = database
         self.table_prefix = table_prefix
         self.schema = schema
-        self.clock: Clock = clock or system_clock
+        self.clock: Clock = clock_or_system(clock)
         self.checkpoint_ttl_ms = require_ttl_ms(
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
         )

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from siglo import codec
-from siglo.clock import Clock, system_clock
+from siglo.clock import Clock, clock_or_system
 from siglo.coordination import (
     IdempotencyStoreBase,
     LockBase,
@@ -54,7 +54,7 @@ class SqlIdempotencyStore(IdempotencyStoreBase):
     ) -> None:
         self.default_ttl_ms = require_ttl_ms("default_ttl_ms", default_ttl_ms)
         self.default_lease_ms = require_ttl_ms("default_lease_ms", default_lease_ms)
-        self.clock: Clock = clock or system_clock
+        self.clock: Clock = clock_or_system(clock)
         self._db = database
         self._s = statements
 
@@ -159,7 +159,7 @@ class SqlLock(LockBase):
         clock: Clock | None = None,
         scope: str = "lock",
     ) -> None:
-        self.clock: Clock = clock or system_clock
+        self.clock: Clock = clock_or_system(clock)
         self.scope = scope
         self._db = database
         self._s = statements
@@ -220,7 +220,7 @@ class SqlNonceStore(NonceStoreBase):
     def __init__(
         self, database: Database, statements: Statements, *, clock: Clock | None = None
     ) -> None:
-        self.clock: Clock = clock or system_clock
+        self.clock: Clock = clock_or_system(clock)
         self._db = database
         self._s = statements
 

@@ -1,0 +1,73 @@
+"""Options given values their consumer would take badly are refused where they are given,
+naming the option: a clock without ``now_ms()`` (raised as an ``AttributeError`` by the
+first expiry decision before), and PostgreSQL pool options that psycopg's pool took as a
+negative wait or a one-millisecond one (every connection a pool timeout), or sizes it
+refused only when it opened."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import siglo
+from siglo import InvalidArgumentError, StorageManager
+from siglo_memory.adapter import MemoryStorageAdapter
+from siglo_memory.coordination import MemoryIdempotencyStore
+from siglo_postgres.blobs import open_store
+
+PG = "postgresql://127.0.0.1:5432/test"
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///:memory:", PG])
+@pytest.mark.parametrize("clock", ["12:00", 5, object()])
+def test_a_clock_without_now_ms_is_refused_at_connect(url: str, clock: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="clock must be a siglo Clock"):
+        siglo.connect(url, clock=clock)
+
+
+def test_a_clock_without_now_ms_is_refused_where_siglo_takes_one() -> None:
+    for make in (
+        lambda: MemoryStorageAdapter(clock="12:00"),  # type: ignore[arg-type]
+        lambda: MemoryIdempotencyStore(clock="12:00"),  # type: ignore[arg-type]
+        lambda: StorageManager(clock="12:00"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidArgumentError, match="clock must be a siglo Clock"):
+            make()
+    assert StorageManager(clock=siglo.ManualClock(5)).clock.now_ms() == 5
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pool_timeout_ms": -5}, "pool_timeout_ms must be at least 1, got -5"),
+        ({"pool_timeout_ms": True}, "pool_timeout_ms must be an integer, got True"),
+        ({"connect_timeout_ms": 0}, "connect_timeout_ms must be at least 1, got 0"),
+        ({"pool_max_size": 0}, "pool_max_size must be at least 1, got 0"),
+        ({"pool_min_size": -1}, "pool_min_size must be at least 0, got -1"),
+        ({"prepare_threshold": -1}, "prepare_threshold must be at least 0, got -1"),
+        (
+            {"pool_min_size": 20},
+            r"pool_min_size \(20\) must not be larger than pool_max_size \(10\)",
+        ),
+        (
+            {"pool_min_size": 3, "pool_max_size": 2},
+            r"pool_min_size \(3\) must not be larger than pool_max_size \(2\)",
+        ),
+    ],
+)
+def test_bad_postgres_pool_options_are_refused_at_connect(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        siglo.connect(PG, **options)
+    if not isinstance(next(iter(options.values())), bool):
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        with pytest.raises(InvalidArgumentError, match=message):
+            siglo.connect(f"{PG}?{query}")
+
+
+@pytest.mark.parametrize("query", ["pool_timeout_ms=-3", "pool_max_size=0", "connect_timeout_ms=0"])
+def test_bad_pool_options_of_a_postgres_blob_store_are_refused(query: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=query.split("=")[0] + " must be at least"):
+        open_store(f"{PG}?{query}")
