@@ -459,15 +459,19 @@ class RedisStorageAdapter(StorageAdapter):
         checkpoint: Checkpoint,
         expected_revision: int | None,
         step: _StepWrites | None = None,
+        *,
+        keep_ttl: bool = False,
     ) -> None:
         """The compare-and-set of :data:`CHECKPOINT_PARTS_CAS`: a document of at least
         ``incremental_min_bytes`` as its skeleton and the context bodies the parts hash
         does not hold yet, a smaller one whole (its parts hash dropped), in one script.
         With ``step``, a step's other writes go in that script too
-        (:data:`PARTS_STEP_SAVE`), as :data:`STEP_SAVE` takes them with a whole save."""
+        (:data:`PARTS_STEP_SAVE`), as :data:`STEP_SAVE` takes them with a whole save.
+        ``keep_ttl``: the key keeps the TTL it has (``cancel_workflow``, as its whole
+        write does) instead of the retention starting again."""
         data = checkpoint.to_json()
         now = now_ms()
-        px = self._px(checkpoint.expires_at, now)
+        px: int | str | None = "keep" if keep_ttl else self._px(checkpoint.expires_at, now)
         key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
         parts_key = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
         assert parts_key is not None  # _do_save_checkpoint saves the others whole
@@ -675,9 +679,10 @@ class RedisStorageAdapter(StorageAdapter):
         expected_revision: int | None,
         key: str,
         data: bytes,
-        px: int | None,
+        px: int | str | None,
     ) -> None:
-        """The compare-and-set for revisions of 2**53 and above, in exact integers.
+        """The compare-and-set for revisions of 2**53 and above, in exact integers
+        (``px``: as the swap script's TTL, ``"keep"`` included).
 
         Decided here, written by the swap script only if the stored value is still the
         one decided on (else decided again): as atomic as the Lua compare-and-set.
@@ -963,7 +968,7 @@ class RedisStorageAdapter(StorageAdapter):
                 # Stored in parts (or saving so): the compare-and-set on the revision
                 # keeps the parts hash in step, where the swap would write the head only.
                 try:
-                    await self._save_incrementally(cancelled, checkpoint.revision)
+                    await self._save_incrementally(cancelled, checkpoint.revision, keep_ttl=True)
                 except CheckpointConflictError:
                     continue
                 return

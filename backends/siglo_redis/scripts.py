@@ -252,6 +252,7 @@ _PARTS_HEAD: Final = """
 -- the skeleton these parts belong to: a reader assembles only then). Returns as
 -- CHECKPOINT_CAS does, or 3 (nothing written) when a body sent as '' is not there: the
 -- caller sends them all. KEYS[4] ...: the blind-index sets, as in CHECKPOINT_CAS.
+-- ARGV[5] may also be 'keep': the key keeps its TTL, and the parts hash gets the same.
 local exact = 9007199254740992
 local new = tonumber(ARGV[2])
 local expected = tonumber(ARGV[3])
@@ -280,7 +281,7 @@ local function write_parts()
   return 1
 end
 local function write()
-  if ARGV[5] ~= '' and tonumber(ARGV[5]) <= 0 then
+  if ARGV[5] ~= '' and ARGV[5] ~= 'keep' and tonumber(ARGV[5]) <= 0 then
     redis.call('DEL', KEYS[1], KEYS[3])
     redis.call('ZREM', KEYS[2], ARGV[6])
     return 1
@@ -290,7 +291,16 @@ local function write()
   elseif write_parts() == 3 then
     return 3
   end
-  if ARGV[5] == '' then
+  if ARGV[5] == 'keep' then
+    -- cancel_workflow: the checkpoint keeps the TTL it has, as a whole write keeps it.
+    local left = redis.call('PTTL', KEYS[1])
+    redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+    if left > 0 then
+      redis.call('PEXPIRE', KEYS[3], left)
+    else
+      redis.call('PERSIST', KEYS[3])
+    end
+  elseif ARGV[5] == '' then
     redis.call('SET', KEYS[1], ARGV[1])
     redis.call('PERSIST', KEYS[3])
   else

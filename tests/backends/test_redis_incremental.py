@@ -431,6 +431,29 @@ async def test_cancel_workflow_keeps_the_parts_in_step() -> None:
         assert got.contexts == _doc(1, 10).contexts
 
 
+@pytest.mark.parametrize("least", [LEAST, None])
+async def test_cancel_workflow_keeps_the_checkpoints_ttl(least: int | None) -> None:
+    """As the reference model keeps the checkpoint's expiry when it cancels, and as the
+    whole write keeps the key's TTL: in parts too (the retention started again there)."""
+    async with _backend(checkpoint_ttl_ms=600_000, incremental_min_bytes=least) as backend:
+        a = _adapter(backend)
+        await a.save_checkpoint(_doc(1, 10))
+        key, parts = a.keys.checkpoint("run"), a.keys.checkpoint_parts("run")
+        assert parts is not None
+        # What ten minutes of the retention gone by leave: 5 s.
+        await a.client.pexpire(key, 5_000)
+        if least is not None:
+            await a.client.pexpire(parts, 5_000)
+        await a.cancel_workflow("run")
+        got = await a.get_checkpoint("run")
+        assert got is not None and got.status == "cancelled"
+        assert 0 < await a.client.pttl(key) <= 5_000
+        if least is not None:
+            assert 0 < await a.client.pttl(parts) <= 5_000
+        else:
+            assert parts not in await _keys(a)
+
+
 async def test_revisions_past_two_to_the_53_are_saved_whole_and_drop_the_parts() -> None:
     # Lua's doubles cannot compare them: the exact path decides and writes the document
     # whole, then drops the parts hash that no longer belongs to the key.
