@@ -59,9 +59,23 @@ async def _proxied_blob_url(
 
         require_redis()
         parts = urlsplit(REDIS_URL)
+        import redis.asyncio
+
+        from siglo_redis.connect import delete_prefix
+
+        prefix = f"siglo-blob-timeouts-{secrets.token_hex(6)}:"
         with tcp_proxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
-            prefix = f"siglo-blob-timeouts-{secrets.token_hex(6)}:"
-            yield f"redis://{proxy.url_host}/0?prefix={prefix}", proxy
+            try:
+                yield f"redis://{proxy.url_host}/0?prefix={prefix}", proxy
+            finally:
+                proxy.thaw()
+                client = redis.asyncio.Redis(
+                    host=parts.hostname or "127.0.0.1", port=parts.port or 6379, db=0
+                )
+                try:
+                    await delete_prefix(client, prefix)  # the blobs the test stored
+                finally:
+                    await client.aclose()
         return
     if kind == "postgres":
         # psycopg, cancelled at the bound, waited up to 10 s for the stalled server to
