@@ -19,6 +19,7 @@ __all__ = [
     "ContextOp",
     "WaitRecord",
     "WaitStatus",
+    "another_record_of_its_key",
     "embedded_wait_record",
 ]
 
@@ -125,6 +126,22 @@ def embedded_wait_record(metadata: Mapping[str, Any] | None) -> WaitRecord | Non
     """
     embedded = metadata.get("waitRecord") if metadata else None
     return WaitRecord.from_wire(embedded) if isinstance(embedded, dict) else None
+
+
+def another_record_of_its_key(metadata: Mapping[str, Any] | None, record: WaitRecord) -> bool:
+    """Whether the wait record a checkpoint keeps (:func:`embedded_wait_record`) is a record
+    of ``record``'s key other than ``record``: by creation time, a run removed and started
+    again under its id waiting on a record of its own. Where either does not say when it
+    was created (a TypeScript worker's record, an older siglo's), or the checkpoint keeps
+    none, it is taken for the same: the flow's delivery and the dashboard's decide alike."""
+    embedded = embedded_wait_record(metadata)
+    return (
+        embedded is not None
+        and embedded.correlation_key == record.correlation_key
+        and embedded.created_at is not None
+        and record.created_at is not None
+        and embedded.created_at != record.created_at
+    )
 
 
 ContextOp = Literal["set", "delete"]

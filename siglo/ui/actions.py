@@ -17,7 +17,7 @@ from siglo.codec import stored_event
 from siglo.errors import CheckpointConflictError, SigloError, WaitRecordClaimError
 from siglo.manager import StorageManager
 from siglo.masking import logger
-from siglo.records import WaitRecord, embedded_wait_record
+from siglo.records import WaitRecord, another_record_of_its_key, embedded_wait_record
 from siglo.sealing import refuse_unopened
 from siglo.sentinel import MISSING
 from siglo.stack import ExecutionStack
@@ -249,12 +249,14 @@ async def deliver_event(
                 f"run {record.stack_id!r} already received an event for {correlation_key!r} "
                 "and went on; this one was not delivered"
             )
+        # Decided as a flow's delivery decides (records.another_record_of_its_key): a
+        # run that does not say which record it waits on (a TypeScript worker's, an
+        # older siglo's) is taken to wait on this one.
         embedded = None if checkpoint is None else embedded_wait_record(checkpoint.metadata)
         if (
             checkpoint is None
-            or embedded is None
-            or embedded.correlation_key != correlation_key
-            or embedded.created_at != record.created_at
+            or (embedded is not None and embedded.correlation_key != correlation_key)
+            or another_record_of_its_key(checkpoint.metadata, record)
         ):
             raise ActionRefused(
                 f"the run {record.stack_id!r} of this wait is gone, or waits on another wait "

@@ -33,7 +33,7 @@ from siglo.errors import (
 from siglo.manager import StorageManager, default_storage_manager
 from siglo.masking import logger
 from siglo.moments import describe_ms, iso_ms
-from siglo.records import CacheEvent, WaitRecord, embedded_wait_record
+from siglo.records import CacheEvent, WaitRecord, another_record_of_its_key, embedded_wait_record
 from siglo.sealing import refuse_unopened_value
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
@@ -1037,16 +1037,7 @@ def _waits_on_another_record(stack: ExecutionStack, record: WaitRecord) -> bool:
     """Whether waiting ``stack`` waits on a record of ``record``'s key other than it (by
     its creation time: where either does not say it, a TypeScript worker's or an older
     siglo's, it is taken for the same)."""
-    if stack.status != "waiting":
-        return False
-    embedded = embedded_wait_record(stack.metadata)
-    return (
-        embedded is not None
-        and embedded.correlation_key == record.correlation_key
-        and embedded.created_at is not None
-        and record.created_at is not None
-        and embedded.created_at != record.created_at
-    )
+    return stack.status == "waiting" and another_record_of_its_key(stack.metadata, record)
 
 
 def _deadline(stack: ExecutionStack) -> int | None:

@@ -243,6 +243,38 @@ async def test_a_delivery_to_a_run_that_moved_on_stores_nothing(store: siglo.Bac
     assert record.event_payload is None and record.claimant_id is None, record
 
 
+@pytest.mark.parametrize("says", ["no creation time", "no wait record"])
+async def test_a_run_that_does_not_say_which_record_it_waits_on_is_delivered_to(
+    store: siglo.Backend, says: str
+) -> None:
+    """A run whose checkpoint does not say when its wait record was created (a TypeScript
+    worker's, an older siglo's), or keeps none, is taken to wait on the open record of
+    its key, as a flow's delivery takes it (records.another_record_of_its_key): the
+    dashboard refused it, "gone, or waits on another wait"."""
+    stored = await store.adapter.get_checkpoint("order-1", NAMESPACE, fallback=False)
+    assert stored is not None and stored.status == "waiting"
+    metadata = dict(stored.metadata or {})
+    if says == "no creation time":
+        metadata["waitRecord"] = {
+            k: v for k, v in metadata["waitRecord"].items() if k != "createdAt"
+        }
+    else:
+        del metadata["waitRecord"]
+    await store.adapter.save_checkpoint(
+        stored.replace(metadata=metadata, revision=stored.revision + 1)
+    )
+    async with dashboard(store.url) as client:
+        done = await client.post("/actions/deliver", data=await _deliver_form(client))
+        assert done.status_code == 200 and "continues on the next" in done.text, done.text
+    record = await store.adapter.get_wait_record("approve:o-1", namespace=NAMESPACE)
+    assert record is not None and record.status == "completed", record
+    async with siglo.connect(store.url, settings=SETTINGS) as backend:
+        manager = siglo.StorageManager(backend, settings=SETTINGS)
+        await Worker(manager, [ORDERS]).run_once()
+        finished = await backend.adapter.get_checkpoint("order-1", NAMESPACE)
+        assert finished is not None and finished.status == "completed"
+
+
 async def test_a_delivery_the_size_guard_refuses_leaves_the_wait_as_it_was(
     store: siglo.Backend,
 ) -> None:
