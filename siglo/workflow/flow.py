@@ -497,9 +497,26 @@ class Flow:
                 if answered is not None:
                     raise
                 # This claim's outcome was used — the run's checkpoints hold it — but the
-                # claim lapsed meanwhile (a step blocked the event loop past the lease,
-                # and no renewal ran) and another claimant holds the wait: that one finds
-                # the run answered and completes it. The delivery did what it was for.
+                # wait is no longer this claim's to complete. The delivery did what it was
+                # for; the log says why (a black-box auditor: it blamed another claimant
+                # for a cancel).
+                there = await adapter.get_wait_record(correlation_key, namespace=record.namespace)
+                if there is not None and there.status == "cancelled":
+                    # The run was cancelled (cancel_workflow, siglo cancel) after its
+                    # checkpoint took the event, before this completion: the cancel ended
+                    # the wait, and no transition leads from cancelled to completed.
+                    log.warning(
+                        "wait %r: the run went on with this claim's %s, but the wait was "
+                        "cancelled (cancel_workflow) before the delivery completed it; the "
+                        "run keeps the %s and the wait stays cancelled",
+                        correlation_key,
+                        "event" if delivering else "timeout",
+                        "event" if delivering else "timeout",
+                    )
+                    return result
+                # The claim lapsed meanwhile (a step blocked the event loop past the
+                # lease, and no renewal ran) and another claimant holds the wait: that
+                # one finds the run answered and completes it.
                 log.warning(
                     "wait %r: the run went on with this claim's %s, but the claim lapsed "
                     "meanwhile (a step blocked the event loop past claim_lease_ms?) and "

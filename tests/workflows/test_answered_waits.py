@@ -318,3 +318,36 @@ async def test_a_delivery_keeps_its_claim_while_the_run_outlasts_the_lease(kind:
         record = await backend.adapter.get_wait_record("hook:slow")
         assert record is not None and record.status == "completed"
         assert record.event_payload == {"n": 1}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_cancel_between_the_runs_checkpoint_and_the_completion_is_said_as_such(
+    kind: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancel (``cancel_workflow``, ``siglo cancel``) lands after the run's checkpoint
+    took the event and before the delivery completes the wait: the run keeps the event
+    (completed), the cancel ended the wait, and the delivery returns the run's output,
+    logging that the wait was cancelled — it blamed another claimant that does not exist
+    (a black-box auditor)."""
+    DEADLINE["ms"] = 600_000
+    async with any_backend(kind) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        with pytest.raises(siglo.WorkflowSuspended):
+            await ANSWERED.run(None, manager=manager, stack_id="cancelled-late")
+        complete = adapter.complete_wait_record
+
+        async def after_a_cancel(*args: Any, **kwargs: Any) -> None:
+            await adapter.cancel_workflow("cancelled-late")
+            await complete(*args, **kwargs)
+
+        monkeypatch.setattr(adapter, "complete_wait_record", after_a_cancel)
+        result = await ANSWERED.deliver("hook:answered", {"v": 1}, manager=manager)
+        assert result == {"event": {"v": 1}}
+        stored = await adapter.get_checkpoint("cancelled-late")
+        assert stored is not None and stored.status == "completed"
+        assert stored.contexts["waiter"][EVENT] == {"v": 1}
+        record = await adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "cancelled"
+        assert "was cancelled (cancel_workflow) before the delivery completed it" in caplog.text
+        assert "another claimant" not in caplog.text
