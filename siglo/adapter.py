@@ -49,11 +49,11 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_change_size, check_document_size
 from siglo.validation import (
-    MAX_LEASE_MS,
     check_context_change,
     check_save_arguments,
     check_wait_record,
     require_id,
+    require_lease_ms,
     require_optional_id,
     require_ttl_ms,
 )
@@ -469,12 +469,7 @@ class StorageAdapter(Closable):
         require_id("correlation_key", correlation_key)
         require_optional_id("claimant_id", claimant_id)
         require_optional_id("namespace", namespace)
-        require_ttl_ms("lease_ms", lease_ms, optional=True)
-        if lease_ms is not None and lease_ms > MAX_LEASE_MS:
-            raise InvalidArgumentError(
-                f"lease_ms must be at most {MAX_LEASE_MS} ms (2**62: the lease's end is a "
-                f"stored time), got {lease_ms}"
-            )
+        require_lease_ms("lease_ms", lease_ms, optional=True)
         if event_payload is not MISSING:
             codec.dumps(event_payload, what="event_payload")  # JSON data, or refused here
         self._require_open()

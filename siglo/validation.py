@@ -23,6 +23,7 @@ __all__ = [
     "require_id",
     "require_optional_id",
     "require_seconds",
+    "require_lease_ms",
     "require_ttl_ms",
     "seconds_as_ms",
 ]
@@ -147,6 +148,23 @@ def seconds_as_ms(name: str, value: Any) -> int:
 MAX_LEASE_MS: Final = 2**62
 """The longest lease of a wait record's claim: added to now, its ``leaseExpiresAt`` is
 still a signed 64-bit integer, which every backend stores."""
+
+
+@overload
+def require_lease_ms(name: str, value: Any) -> int: ...
+@overload
+def require_lease_ms(name: str, value: Any, *, optional: bool) -> int | None: ...
+def require_lease_ms(name: str, value: Any, *, optional: bool = False) -> int | None:
+    """A claim's lease in milliseconds: a TTL (:func:`require_ttl_ms`) of at most
+    :data:`MAX_LEASE_MS`, whether given to a call or as a backend's ``claim_lease_ms``
+    (accepted at connect, a longer one failed every claim, each backend differently)."""
+    lease = require_ttl_ms(name, value, optional=optional)
+    if lease is not None and lease > MAX_LEASE_MS:
+        raise InvalidArgumentError(
+            f"{name} must be at most {MAX_LEASE_MS} ms (2**62: the lease's end is a "
+            f"stored time), got {lease}"
+        )
+    return lease
 
 
 def check_save_arguments(checkpoint: Any, expected_revision: Any) -> None:

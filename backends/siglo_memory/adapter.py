@@ -33,7 +33,7 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_w
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
-from siglo.validation import check_save_arguments, ms_as_seconds, require_ttl_ms
+from siglo.validation import check_save_arguments, ms_as_seconds, require_lease_ms, require_ttl_ms
 from siglo_memory.model import StorageModel, WaitKey, wait_key
 
 __all__ = ["MemoryStorageAdapter", "WaitKey", "wait_key"]
@@ -111,7 +111,7 @@ class MemoryStorageAdapter(StorageAdapter):
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
         )
         self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
-        self.claim_lease_ms = require_ttl_ms("claim_lease_ms", claim_lease_ms)
+        self.claim_lease_ms = require_lease_ms("claim_lease_ms", claim_lease_ms)
         self.workflow_lock_timeout_ms = require_ttl_ms(
             "workflow_lock_timeout_ms", workflow_lock_timeout_ms
         )

@@ -41,7 +41,12 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_w
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
-from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
+from siglo.validation import (
+    check_context_change,
+    check_save_arguments,
+    require_lease_ms,
+    require_ttl_ms,
+)
 from siglo_redis.client import client_for, close_client
 from siglo_redis.commands import (
     Commands,
@@ -167,7 +172,7 @@ class RedisStorageAdapter(StorageAdapter):
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
         )
         self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
-        self.claim_lease_ms = require_ttl_ms("claim_lease_ms", claim_lease_ms)
+        self.claim_lease_ms = require_lease_ms("claim_lease_ms", claim_lease_ms)
         self.workflow_lock_ttl_ms = require_ttl_ms("workflow_lock_ttl_ms", workflow_lock_ttl_ms)
         self.workflow_lock_timeout_ms = require_ttl_ms(
             "workflow_lock_timeout_ms", workflow_lock_timeout_ms

@@ -39,7 +39,12 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
 from siglo.unreadable import UNREADABLE, report_unreadable
-from siglo.validation import check_context_change, check_save_arguments, require_ttl_ms
+from siglo.validation import (
+    check_context_change,
+    check_save_arguments,
+    require_lease_ms,
+    require_ttl_ms,
+)
 from siglo_sql.batching import KeyedReads
 from siglo_sql.coordination import SqlLock
 from siglo_sql.database import Database, Params, Plan, Row
@@ -143,7 +148,7 @@ class SqlStorageAdapter(StorageAdapter):
             "checkpoint_ttl_ms", checkpoint_ttl_ms, optional=True
         )
         self.cache_ttl_ms = require_ttl_ms("cache_ttl_ms", cache_ttl_ms)
-        self.claim_lease_ms = require_ttl_ms("claim_lease_ms", claim_lease_ms)
+        self.claim_lease_ms = require_lease_ms("claim_lease_ms", claim_lease_ms)
         self.workflow_lock_timeout_ms = require_ttl_ms(
             "workflow_lock_timeout_ms", workflow_lock_timeout_ms
         )

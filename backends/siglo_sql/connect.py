@@ -134,7 +134,11 @@ class SqlSettings:
                 f"auto_migrate must be True or False, got {self.auto_migrate!r}"
             )
         prefix = options.pop("table_prefix", DEFAULT_PREFIX)
-        self.prefix = check_identifier("table_prefix", prefix) if prefix else ""
+        # None or "" is no prefix; any other value is checked (a falsy 0 or False was
+        # taken for no prefix, and the tables of another application used: an auditor).
+        self.prefix = (
+            "" if prefix is None or prefix == "" else check_identifier("table_prefix", prefix)
+        )
         self.schema = check_identifier("schema", schema) if schema is not None else None
         # None (`none` in a URL or a settings file) is the default, as on Redis: before,
         # it reached the store as "default_ttl_ms is required", naming no option given.

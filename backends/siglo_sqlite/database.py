@@ -98,7 +98,7 @@ class SqliteDatabase(Database):
             raise InvalidArgumentError(
                 f"busy_timeout_ms must be a non-negative integer, got {busy_timeout_ms!r}"
             )
-        if synchronous.upper() not in SYNCHRONOUS_MODES:
+        if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS_MODES:
             raise InvalidArgumentError(
                 f"synchronous must be one of {', '.join(sorted(SYNCHRONOUS_MODES))}, "
                 f"got {synchronous!r}"

@@ -71,3 +71,31 @@ def test_bad_postgres_pool_options_are_refused_at_connect(
 def test_bad_pool_options_of_a_postgres_blob_store_are_refused(query: str) -> None:
     with pytest.raises(InvalidArgumentError, match=query.split("=")[0] + " must be at least"):
         open_store(f"{PG}?{query}")
+
+
+REDIS = "redis://127.0.0.1:6379/0?prefix=siglo-option-values:"
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///:memory:", REDIS, PG])
+@pytest.mark.parametrize("lease", [2**62 + 1, 10**400])
+def test_a_claim_lease_past_a_stored_time_is_refused_at_connect(url: str, lease: int) -> None:
+    """As a lease given to a call is: accepted at connect, every claim then failed, each
+    backend its own way (SQLite a raw OverflowError)."""
+    with pytest.raises(InvalidArgumentError, match="claim_lease_ms must be at most"):
+        siglo.connect(url, claim_lease_ms=lease)
+    assert siglo.connect(url, claim_lease_ms=2**62).url  # the longest accepted
+
+
+@pytest.mark.parametrize("value", [5, True, None, b"FULL"])
+def test_sqlite_synchronous_of_another_type_is_refused(value: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="synchronous must be one of"):
+        siglo.connect("sqlite:///:memory:", synchronous=value)
+
+
+@pytest.mark.parametrize("url", ["sqlite:///:memory:", PG])
+@pytest.mark.parametrize("value", [0, False, 5, ["siglo_"]])
+def test_a_table_prefix_that_is_not_text_is_refused(url: str, value: Any) -> None:
+    """0 and False were taken for no prefix: the un-prefixed tables (`checkpoints`,
+    `locks`) of whatever else the database holds were used."""
+    with pytest.raises(InvalidArgumentError, match="table_prefix must contain only"):
+        siglo.connect(url, table_prefix=value)
