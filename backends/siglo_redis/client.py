@@ -14,6 +14,7 @@ import functools
 import inspect
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -23,8 +24,10 @@ from siglo.settings import DEFAULTS
 
 __all__ = [
     "CLIENT_OPTIONS",
+    "MAX_WAIT_REPLICAS",
     "OPTIONS",
     "SCHEMES",
+    "check_option_values",
     "client_for",
     "client_from_url",
     "close_client",
@@ -40,6 +43,10 @@ _SENTINEL_TIMEOUT_S: Final = 1.0
 _DEFAULT_WAIT_TIMEOUT_MS: Final = 1000
 _DEFAULT_SOCKET_TIMEOUT_S: Final = 5.0
 _DEFAULT_MAX_CONNECTIONS: Final = 64
+MAX_WAIT_REPLICAS: Final = 2**31 - 1
+"""The most replicas ``wait_replicas`` may ask ``WAIT`` for. Redis refuses a
+``numreplicas`` past a signed 64-bit integer only when the ``WAIT`` runs, after the write
+(``2**63``: every save failed, yet stored); no deployment has anywhere near this many."""
 
 
 OPTIONS: Final[dict[str, urls.Converter]] = {
@@ -118,6 +125,43 @@ def _driver_parameters() -> frozenset[str] | None:
     return frozenset(names)
 
 
+def check_option_values(options: Mapping[str, Any]) -> None:
+    """Refuse a value of one of siglo's options (:data:`OPTIONS`, typed: read from a URL's
+    query, or a keyword after :func:`siglo.urls.typed_keywords`) that could not be
+    written into ``backend.url`` and read back as the same, naming the option.
+
+    A flag must be a ``bool``: ``bool()`` of anything else took ``[1]``, ``2`` or
+    ``nan`` for true and ``None`` or ``0`` for false, and ``backend.url`` then carried
+    the raw value, which ``siglo.connect(backend.url)`` refused. ``None`` is not a flag's
+    value, as ``none`` is not in the query: leaving the option out gives its default.
+    An integer of the client's must be an ``int`` (not a ``bool``), and ``wait_replicas``
+    one that ``WAIT`` takes (:func:`check_wait_replicas`).
+    """
+    for name, value in options.items():
+        convert = OPTIONS.get(name)
+        if convert is urls.boolean and not isinstance(value, bool):
+            raise InvalidArgumentError(
+                f"option {name} must be true or false (a bool, or the text a URL's query "
+                f"takes: 'true', 'false' …), got {value!r}"
+            )
+        if convert is urls.integer and type(value) is not int:
+            raise InvalidArgumentError(f"option {name} must be an integer, got {value!r}")
+    if "wait_replicas" in options:
+        check_wait_replicas(options["wait_replicas"])
+
+
+def check_wait_replicas(value: int) -> int:
+    """``value``, a count of replicas for ``WAIT``, if it is one: from 0 (no ``WAIT``) to
+    :data:`MAX_WAIT_REPLICAS`. Checked before any connection: Redis refuses a count it
+    cannot hold only in the ``WAIT`` that follows each write, which has then run."""
+    if not 0 <= value <= MAX_WAIT_REPLICAS:
+        raise InvalidArgumentError(
+            f"wait_replicas must be a number of replicas from 0 to {MAX_WAIT_REPLICAS}, "
+            f"got {value!r}"
+        )
+    return value
+
+
 def split_url(url: str) -> tuple[str, dict[str, Any]]:
     """The URL without siglo's query parameters, and those parameters (typed)."""
     parts = urlsplit(url)
@@ -127,7 +171,11 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
             f"{urls.mask_credentials(url)!r}"
         )
     # A Sentinel URL's path is /service_name[/db], checked where it is read.
-    if parts.scheme.lower() not in ("unix", *SENTINEL_SCHEMES):
+    db = ""
+    if parts.scheme.lower() in SENTINEL_SCHEMES:
+        names = [p for p in parts.path.split("/") if p]
+        db = names[1] if len(names) > 1 else ""
+    elif parts.scheme.lower() != "unix":
         # redis-py reads a path that is not a number as database 0, silently.
         db = parts.path.strip("/")
         if db and not (db.isascii() and db.isdigit()):
@@ -135,7 +183,24 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
                 f"the path of a redis URL is the database number, got {db!r}: "
                 "use redis://host:port/0 (or no path for database 0)"
             )
+    given = dict(parse_qsl(parts.query, keep_blank_values=True)).get("db")
+    if db and given is not None and not _same_database(db, given):
+        # Two databases: redis-py takes the query's and drops the path's silently (a
+        # Sentinel URL took the path's), where siglo refuses any other option given
+        # twice. The same one both ways (`/0?db=0`) leaves no doubt, and is kept.
+        raise InvalidArgumentError(
+            f"the database is given twice, {db!r} in the path and {given!r} in the "
+            f"query's db, in {urls.mask_credentials(url)!r}: give one"
+        )
     return urls.split_options(url, OPTIONS)
+
+
+def _same_database(path: str, query: str) -> bool:
+    """Whether a URL's path and its query's ``db`` name one database, as redis-py reads
+    each (a number: ``/03`` is ``db=3``)."""
+    if path.isascii() and path.isdigit() and query.isascii() and query.strip().isdigit():
+        return int(path) == int(query)
+    return path == query
 
 
 def client_for(client: Any, *, command_timeout_ms: int | None) -> Any:
@@ -228,13 +293,10 @@ def _client_from_url(
     # Every client sends a write once: a lost reply is an unknown outcome, never a
     # retry that meets its own write (siglo_redis.sent_once).
     redis_class: Any = AutoPipelinedRedis if auto_pipeline else SentOnceRedis
-    wait_replicas = ours.get("wait_replicas") or 0
+    wait_replicas = check_wait_replicas(ours.get("wait_replicas") or 0)
     wait_timeout_ms = ours.get("wait_timeout_ms")
-    if wait_replicas < 0 or (wait_timeout_ms is not None and wait_timeout_ms < 0):
-        raise InvalidArgumentError(
-            f"wait_replicas and wait_timeout_ms must be >= 0, got {wait_replicas!r} "
-            f"and {wait_timeout_ms!r}"
-        )
+    if wait_timeout_ms is not None and wait_timeout_ms < 0:
+        raise InvalidArgumentError(f"wait_timeout_ms must be >= 0, got {wait_timeout_ms!r}")
     reinitialize_steps = ours.get("reinitialize_steps")
     if reinitialize_steps is not None and (not cluster or reinitialize_steps < 0):
         raise InvalidArgumentError(

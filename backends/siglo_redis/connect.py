@@ -23,11 +23,12 @@ siglo's own options can ride in the URL's query string, so that
     contexts in a parts hash beside the key, only the changed ones written); ``none``
     (the default) keeps every document whole, the layout TypeScript reads;
 ``record_context_changes``, ``strict_atomicity``
-    ``true`` / ``false``;
+    ``true`` / ``false`` (as keywords: a ``bool``, or that text; anything else, ``None``
+    included, is refused by name);
 ``wait_replicas``, ``wait_timeout_ms``
-    confirm every write on that many replicas (``WAIT``) within the timeout (default
-    1000 ms) before answering, or fail (:mod:`siglo_redis.replication`; turns
-    auto-pipelining off);
+    confirm every write on that many replicas (``WAIT``, 0 to 2**31-1) within the
+    timeout (default 1000 ms) before answering, or fail (:mod:`siglo_redis.replication`;
+    turns auto-pipelining off);
 ``sentinel_password``, ``sentinel_username``
     credentials of the Sentinels of a ``redis+sentinel://`` URL (the URL's own user and
     password are the master's).
@@ -35,6 +36,9 @@ siglo's own options can ride in the URL's query string, so that
 ``redis+sentinel://[user:password@]host:port,host:port/service_name[/db]`` (also
 ``rediss+sentinel://`` for TLS to the master) asks the Sentinels which server is the
 master of ``service_name`` before each new connection, so a failover needs no restart.
+
+The database is the path's number or the query's ``db``; a URL whose two name different
+databases is refused.
 
 Any other query parameter must be one of redis-py's (``socket_timeout``, ``db``,
 ``client_name`` …) and goes to it; a name that is neither siglo's nor redis-py's is refused
@@ -58,6 +62,7 @@ from siglo_redis.adapter import RedisStorageAdapter
 from siglo_redis.client import (
     CLIENT_OPTIONS,
     OPTIONS,
+    check_option_values,
     client_from_url,
     close_client,
     refuse_unknown_options,
@@ -101,6 +106,9 @@ def connect(
     # [options] has no null, and bool("false") is True.
     options = urls.typed_keywords(options, OPTIONS)
     settings = {**from_url, **options}
+    # Before any client: what is accepted is written into backend.url, and must read back
+    # as the same there (a flag taken through bool() did not).
+    check_option_values(settings)
     # A keyword wins over the URL's query, the alias key_prefix as much as prefix (which
     # wins over it): the store siglo.urls.same_store takes this connection for.
     chosen = options.get("prefix", from_url.get("prefix", DEFAULT_PREFIX))
@@ -111,10 +119,10 @@ def connect(
     lock_key_prefix = settings.pop("lock_key_prefix", None)
     if lock_key_prefix is not None:
         check_prefix("lock_key_prefix", lock_key_prefix)
-    cluster = bool(settings.pop("cluster", False))
-    auto_pipeline = bool(settings.pop("auto_pipeline", True))
+    cluster: bool = settings.pop("cluster", False)
+    auto_pipeline: bool = settings.pop("auto_pipeline", True)
     client_options = {k: settings.pop(k) for k in CLIENT_OPTIONS & set(settings)}
-    strict = bool(settings.pop("strict_atomicity", False))
+    strict: bool = settings.pop("strict_atomicity", False)
     idempotency_ttl_ms = settings.pop("idempotency_ttl_ms", None)
     idempotency_lease_ms = settings.pop("idempotency_lease_ms", None)
     timeout = settings.get("command_timeout_ms", DEFAULTS.command_timeout_ms)

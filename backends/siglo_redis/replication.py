@@ -55,10 +55,21 @@ class ReplicationError(RedisError):
 
 
 def _confirmed(args: tuple[Any, ...], confirmed: Any, replicas: int, timeout_ms: int) -> None:
-    """Raise :class:`ReplicationError` unless ``confirmed`` replicas are enough."""
+    """Raise :class:`ReplicationError` unless ``confirmed`` replicas are enough: the
+    ``WAIT``'s reply to the write ``args``, which ran."""
+    name = args[0]
+    shown = (name if isinstance(name, bytes) else str(name).encode()).upper().decode()
+    if isinstance(confirmed, BaseException):
+        # The WAIT's own error reply (a count or timeout the server refuses): the write
+        # before it ran all the same, and whether a replica has it is not known.
+        error = ReplicationError(
+            f"{shown} was written on the master, and the WAIT {replicas} {timeout_ms} "
+            f"after it failed ({type(confirmed).__name__}: {confirmed}) (wait_replicas): "
+            "it is not known to be on a replica"
+        )
+        error.__cause__ = confirmed
+        raise error
     if int(confirmed) < replicas:
-        name = args[0]
-        shown = (name if isinstance(name, bytes) else str(name).encode()).upper().decode()
         raise ReplicationError(
             f"{shown} was written on the master but confirmed by {confirmed} of the "
             f"{replicas} replica(s) required within {timeout_ms} ms (wait_replicas): it "
@@ -89,7 +100,12 @@ class WaitingRedis(SentOnceRedis):
         async with self.pipeline(transaction=False) as pipe:
             pipe.execute_command(*args, **options)
             pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            result, confirmed = await pipe.execute()
+            # Each reply on its own: the first error raised would not say whether the
+            # write or the WAIT after it failed, and only the write's error means it did
+            # not run.
+            result, confirmed = await pipe.execute(raise_on_error=False)
+        if isinstance(result, BaseException):
+            raise result
         _confirmed(args, confirmed, self.wait_replicas, self.wait_timeout_ms)
         return result
 
@@ -181,8 +197,6 @@ class WaitingRedisCluster(SentOnceRedisCluster):
                 raise result
             if isinstance(result, BaseException):
                 raise result
-            if isinstance(wait.result, BaseException):
-                raise wait.result
             _confirmed(args, wait.result, self.wait_replicas, self.wait_timeout_ms)
             return result
         raise ClusterError("TTL exhausted.")

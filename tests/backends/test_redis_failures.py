@@ -24,7 +24,7 @@ rule = pytest.mark.rule
 
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
-    own = RedisServer(free_port(30000, 30010)).start()
+    own = RedisServer(free_port(30000, 30100)).start()
     try:
         yield own
     finally:
