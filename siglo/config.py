@@ -133,16 +133,33 @@ class Settings:
     source: str = "defaults"
     """Where these settings were read from (for messages; not a setting)."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Settings:
+        # The dataclass's __init__ refuses an unknown keyword with a bare TypeError;
+        # configure() and replace() refuse it naming the known settings, and so does
+        # Settings(...) here (``source`` is no setting, but the constructor takes it).
+        _check_names({k: v for k, v in kwargs.items() if k != "source"}, "Settings()")
+        return object.__new__(cls)
+
     def __post_init__(self) -> None:
-        # Checked once, here: every way of building settings refuses the same things.
-        object.__setattr__(self, "redact_fields", check_redact_fields(self.redact_fields))
-        if self.error_mode is not None and self.error_mode not in _ERROR_MODES:
+        # Checked once, here: every way of building settings — Settings(...), replace(),
+        # configure(), the file and the environment — comes through this, so each
+        # setting's kind is checked before it is used, and a wrong one is refused naming
+        # the setting and its source. A value of the wrong type must never reach a set
+        # or a len() first: the bare TypeError named neither (a black-box auditor).
+        # tests/core/test_settings_values.py gives every setting values of every kind.
+        object.__setattr__(
+            self, "redact_fields", _checked_redact_fields(self.redact_fields, self.source)
+        )
+        mode = self.error_mode
+        if mode is not None and (not isinstance(mode, str) or mode not in _ERROR_MODES):
             raise InvalidArgumentError(
                 f"error_mode must be one of {', '.join(sorted(_ERROR_MODES))}, "
-                f"got {self.error_mode!r} ({self.source})"
+                f"got {_shown(mode)} ({self.source})"
             )
         if self.url is not None and (not isinstance(self.url, str) or not self.url.strip()):
-            raise InvalidArgumentError(f"url must be a non-empty string ({self.source})")
+            raise InvalidArgumentError(
+                f"url must be a non-empty string, got {_kind(self.url)} ({self.source})"
+            )
         if self.url is not None and self.url != self.url.strip():
             # Spaces around it (a secret file's trailing newline) are not part of a URL:
             # kept, the application opened `e2.db ` and the commands, which strip what
@@ -172,7 +189,9 @@ class Settings:
                 f"got {least!r} ({self.source})"
             )
         if self.blob_url is not None and (not isinstance(self.blob_url, str) or not self.blob_url):
-            raise InvalidArgumentError(f"blob_url must be a non-empty string ({self.source})")
+            raise InvalidArgumentError(
+                f"blob_url must be a non-empty string, got {_kind(self.blob_url)} ({self.source})"
+            )
         grace = self.blob_grace_ms
         if type(grace) is not int or grace < 0:
             raise InvalidArgumentError(
@@ -183,7 +202,8 @@ class Settings:
             isinstance(k, str) for k in self.options
         ):
             raise InvalidArgumentError(
-                f"options must be a table of option names to values ({self.source})"
+                f"options must be a table of option names to values, got "
+                f"{type(self.options).__name__} ({self.source})"
             )
         for name, value in self.options.items():
             _check_option(name, value, self.source)
@@ -194,18 +214,31 @@ class Settings:
         keys = self.encryption_keys
         if not isinstance(keys, Mapping):
             raise InvalidArgumentError(
-                f"encryption_keys must be a table of key ids to base64 keys ({self.source})"
+                f"encryption_keys must be a table of key ids to base64 keys, got "
+                f"{_kind(keys)} ({self.source})"
             )
         for key_id, text in keys.items():
             check_key_id(key_id, f"encryption_keys ({self.source})")
             decode_key(text, f"{shown_key_id(key_id)} of encryption_keys ({self.source})")
         object.__setattr__(self, "encryption_keys", MappingProxyType(dict(keys)))
+        active = self.encryption_key_id
+        if active is not None and not isinstance(active, str):
+            # Only its kind is checked here: whether it is one of encryption_keys waits
+            # for every source (the keys may come from the environment, the id from the
+            # file: _check_combination). A non-text id is never quoted whole: a list may
+            # hold a key written in the id's place.
+            raise InvalidArgumentError(
+                f"encryption_key_id must be text (the id of one of encryption_keys) or "
+                f"none, got {_kind(active)} ({self.source})"
+            )
         master = self.master_key
         if master is not None:
             if not isinstance(master, str) or ":" not in master:
+                # Text without its scheme may be a key itself: only another kind is shown.
+                got = "" if isinstance(master, str) else f", got {_kind(master)}"
                 raise InvalidArgumentError(
                     "master_key must be 'base64:<32 bytes>' or '<scheme>:<reference>' of a "
-                    f"KMS plugin ({self.source})"
+                    f"KMS plugin{got} ({self.source})"
                 )
             scheme, _, rest = master.partition(":")
             if is_local_scheme(scheme):
@@ -215,12 +248,9 @@ class Settings:
                 f"require_encryption must be true or false, got {self.require_encryption!r} "
                 f"({self.source})"
             )
-        fields = self.blind_index_fields
-        if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
-            raise InvalidArgumentError(
-                f"blind_index_fields must be a list of metadata field names ({self.source})"
-            )
-        object.__setattr__(self, "blind_index_fields", frozenset(fields))
+        object.__setattr__(
+            self, "blind_index_fields", _checked_field_names(self.blind_index_fields, self.source)
+        )
         limit = self.compression_min_bytes
         if limit is not None and (type(limit) is not int or limit < 0):
             raise InvalidArgumentError(
@@ -269,8 +299,8 @@ class Settings:
         :class:`~siglo.errors.InvalidArgumentError`."""
         _check_names(changes, "replace()")
         if "redact_fields" in changes:
-            changes["redact_fields"] = self.redact_fields | check_redact_fields(
-                changes["redact_fields"]
+            changes["redact_fields"] = self.redact_fields | _checked_redact_fields(
+                changes["redact_fields"], self.source
             )
         return replace(self, **changes)
 
@@ -374,6 +404,55 @@ def _check_option(name: str, value: object, source: str) -> None:
             f"options: {name} must be text, a number or true/false (what a URL's query "
             f"can say), got {type(value).__name__} ({source})"
         )
+
+
+def _checked_redact_fields(value: object, source: str) -> frozenset[str]:
+    """``value`` as the names of ``redact_fields``, or refused naming where it was read."""
+    try:
+        return check_redact_fields(value)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{exc} ({source})") from None
+
+
+def _checked_field_names(value: Any, source: str) -> frozenset[str]:
+    """``value`` as the names of ``blind_index_fields``, or refused naming where it was
+    read. Taken into a tuple first: a generator would be used up by the check and leave
+    no name to index."""
+    names: tuple[object, ...] | None = None
+    if not isinstance(value, str | bytes):
+        try:
+            names = tuple(value)
+        except TypeError:
+            names = None
+    if names is None or not all(isinstance(name, str) and name for name in names):
+        raise InvalidArgumentError(
+            f"blind_index_fields must be a list of metadata field names (non-empty text), "
+            f"got {_shown(value)} ({source})"
+        )
+    return frozenset(name for name in names if isinstance(name, str))
+
+
+_SHOWN_MAX: Final = 80
+"""The most characters of a refused value an error quotes (a list of thousands is not
+worth a screenful)."""
+
+
+def _shown(value: object) -> str:
+    """A refused value of a setting that holds no secret, as an error quotes it."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_MAX else f"{text[: _SHOWN_MAX - 1]}…"
+
+
+def _kind(value: object) -> str:
+    """A refused value of a setting that may hold a secret (a URL with its password, a
+    key id that may be a key): a number or true/false quoted, anything else only by its
+    kind."""
+    if value is None or isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        # Text is refused only when blank (a variable that lost its value).
+        return "blank text" if not value.strip() else "text"
+    return f"a {type(value).__name__}"
 
 
 def _check_names(values: Mapping[str, Any], where: str) -> None:
@@ -587,11 +666,9 @@ def _layers(
 
 
 def _layer(settings: Settings, values: Mapping[str, Any], source: str) -> Settings:
-    layered = replace(settings, source=source)
-    try:
-        return layered.replace(**values)
-    except TypeError as exc:  # a value of the wrong type reaching frozenset() and the like
-        raise InvalidArgumentError(f"bad siglo setting in {source}: {exc}") from None
+    # No TypeError is caught here: Settings.__post_init__ checks every setting's kind,
+    # naming it and ``source``; a message built from a TypeError named neither.
+    return replace(settings, source=source).replace(**values)
 
 
 _lock = threading.Lock()
@@ -630,6 +707,13 @@ def effective_settings(settings: Settings | None) -> Settings:
     here."""
     if settings is None:
         return current_settings()
+    if not isinstance(settings, Settings):
+        # Refused here, where connect(), configure() and the manager all pass: a dict
+        # of settings would otherwise fail on its first attribute, naming none.
+        raise InvalidArgumentError(
+            f"settings must be a siglo.Settings (siglo.Settings(...) or "
+            f"siglo.load_settings(...)), got {type(settings).__name__}"
+        )
     loaded = _file_and_environment()
     if loaded.redact_fields <= settings.redact_fields:
         return settings

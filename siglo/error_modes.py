@@ -45,7 +45,8 @@ def default_error_mode(adapter: StorageAdapter | None) -> ErrorMode:
 
 def check_error_mode(mode: object) -> ErrorMode:
     """``mode`` if it is an error mode; raises :class:`InvalidArgumentError` otherwise."""
-    if mode not in ERROR_MODES:
+    # Text first: `in` a set hashes the value, and a list raised a raw TypeError.
+    if not isinstance(mode, str) or mode not in ERROR_MODES:
         raise InvalidArgumentError(
             f"error mode must be one of {', '.join(sorted(ERROR_MODES))}, got {mode!r}"
         )

@@ -103,9 +103,25 @@ class StorageManager:
         # Keys named here are redacted on top of the settings' (never instead of them).
         self._extra_fields = check_redact_fields(redact_fields)
         self._explicit_mode: ErrorMode | None = None
+        if namespace_fallback is not None and type(namespace_fallback) is not bool:
+            # Any value was taken and its truth used: "false" meant True, and a tenant's
+            # reads fell back to the stacks saved without a namespace (a black-box
+            # auditor). None is "the settings' value".
+            raise InvalidArgumentError(
+                f"namespace_fallback must be True, False or None (the settings'), "
+                f"got {namespace_fallback!r}"
+            )
         self._fallback = namespace_fallback
         self.use_storage(adapter)
         if error_mode is not None:
+            if not isinstance(error_mode, str) or error_mode not in ERROR_MODES:
+                # Refused naming the argument, and before the look-up among the modes
+                # for a value that is not text: an unhashable one (a list) failed it
+                # with a bare TypeError that named nothing.
+                raise InvalidArgumentError(
+                    f"error_mode must be one of {', '.join(sorted(ERROR_MODES))} or None, "
+                    f"got {error_mode!r}"
+                )
             self.set_error_mode(error_mode)
         self.clock: Clock = clock_or_system(clock)
         # The latest live stack of each id, and every live stack of each id: two callers

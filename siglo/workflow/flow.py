@@ -129,6 +129,15 @@ class Flow:
 
     def with_migration(self, from_version: str, migrate: Migration) -> Flow:
         """A copy that resumes checkpoints of ``from_version`` after ``migrate(stack)``."""
+        # Checked here, at import, not when a run of that version is first taken up.
+        if type(from_version) is not str or not from_version:
+            raise InvalidArgumentError(
+                f"from_version must be a flow's version (its .version: text), got {from_version!r}"
+            )
+        if not callable(migrate):
+            raise InvalidArgumentError(
+                f"migrate must be a callable taking the restored ExecutionStack, got {migrate!r}"
+            )
         return replace(self, migrations={**self.migrations, from_version: migrate})
 
     # -- running --------------------------------------------------------------------
@@ -158,7 +167,7 @@ class Flow:
         step waits; a failing step's exception propagates after the stack is
         checkpointed as ``failed``.
         """
-        manager = manager or default_storage_manager
+        manager = _manager_of(manager)
         run_id = require_id("stack_id", stack_id if stack_id is not None else str(uuid.uuid4()))
         require_optional_id("namespace", namespace)
 
@@ -222,8 +231,9 @@ class Flow:
         A completed run returns its output; a run still waiting raises
         :class:`WorkflowSuspended` again. Holds the workflow lock like :meth:`run`.
         """
-        manager = manager or default_storage_manager
+        manager = _manager_of(manager)
         require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
         with telemetry.workflow_span(
             f"resume {self.name}", self._attributes(stack_id, namespace), run=True
         ):
@@ -242,8 +252,9 @@ class Flow:
         the lock is held. Finished steps are not run again; the step that was running
         when the process died runs again from its start. What ``siglo worker`` calls.
         """
-        manager = manager or default_storage_manager
+        manager = _manager_of(manager)
         require_id("stack_id", stack_id)
+        require_optional_id("namespace", namespace)
         adapter = _require(manager, Capability.WORKFLOW_LOCK)
 
         async def take_over() -> bool:
@@ -287,7 +298,8 @@ class Flow:
         :func:`~siglo.workflow.wait_for_event` raises
         :class:`~siglo.errors.WaitTimeoutError` and :func:`~siglo.workflow.sleep` returns.
         """
-        manager = manager or default_storage_manager
+        manager = _manager_of(manager)
+        _check_claim_arguments(correlation_key, claimant_id, namespace)
         adapter = _require(manager, Capability.WAIT_RECORDS)
         with self._resume_span(correlation_key, namespace):
             record = await _claim(
@@ -327,7 +339,13 @@ class Flow:
         :class:`~siglo.errors.WaitRecordClaimError`. ``namespace`` is the namespace of
         the waiting run (wait records never cross namespaces).
         """
-        manager = manager or default_storage_manager
+        manager = _manager_of(manager)
+        _check_claim_arguments(correlation_key, claimant_id, namespace)
+        if type(allow_expired) is not bool:
+            # Its truth would be taken: "false" would claim a wait past its deadline.
+            raise InvalidArgumentError(
+                f"allow_expired must be True or False, got {allow_expired!r}"
+            )
         adapter = _require(manager, Capability.WAIT_RECORDS)
         if is_sleep(correlation_key):
             # A durable sleep's wait, ended by the worker at its deadline: an event would
@@ -1300,6 +1318,29 @@ async def _locked(
     if adapter is not None and adapter.supports(Capability.WORKFLOW_LOCK):
         return await adapter.with_workflow_lock(stack_id, action, namespace=namespace)
     return await action()
+
+
+def _manager_of(manager: object) -> StorageManager:
+    """The manager a flow's call runs with: ``manager``, else the default one. Anything
+    else is refused where it is given: it failed later on a missing attribute (an
+    ``AttributeError`` naming no argument — a black-box auditor), and ``manager or``
+    would have taken a falsy one for none."""
+    if manager is None:
+        return default_storage_manager
+    if not isinstance(manager, StorageManager):
+        raise InvalidArgumentError(
+            f"manager must be a siglo.StorageManager or None (the default one), got "
+            f"{type(manager).__name__}"
+        )
+    return manager
+
+
+def _check_claim_arguments(correlation_key: object, claimant_id: object, namespace: object) -> None:
+    """The arguments of a delivery's (or a timer's) claim, checked before anything is
+    read or claimed (a key that is not text failed as an ``AttributeError``)."""
+    require_id("correlation_key", correlation_key)
+    require_optional_id("claimant_id", claimant_id)
+    require_optional_id("namespace", namespace)
 
 
 def _require(manager: StorageManager, capability: Capability) -> StorageAdapter:

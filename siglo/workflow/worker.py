@@ -45,7 +45,7 @@ from siglo.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from siglo.manager import StorageManager
 from siglo.records import WaitRecord
 from siglo.unreadable import collecting_unreadable
-from siglo.validation import capped_seconds, ms_as_seconds
+from siglo.validation import capped_seconds, ms_as_seconds, require_optional_id, require_seconds
 from siglo.workflow.flow import Flow, WorkflowSuspended, left_as_stored, mark_left_as_stored
 from siglo.workflow.outcomes import EVENT, answer_of
 
@@ -172,6 +172,39 @@ class Worker:
         worker_id: str | None = None,
         notify: Callable[[str], None] | None = None,
     ) -> None:
+        # Every argument is checked here, where it is given: a wrong one taken as it was
+        # failed later at every pass, far from its cause — a batch over the listing's
+        # maximum failed each listing of running runs (no crash was ever recovered), a
+        # worker_id that is not text each timer's claim, a manager that is not one an
+        # AttributeError (a black-box auditor).
+        if not isinstance(manager, StorageManager):
+            raise InvalidArgumentError(
+                f"manager must be a siglo.StorageManager (the async one: a worker runs on an "
+                f"event loop), got {_type_name(manager)}"
+            )
+        if isinstance(flows, Flow) or not isinstance(flows, Iterable):
+            raise InvalidArgumentError(
+                f"flows must be a list of siglo.workflow.Flow (one flow: [flow]), got "
+                f"{type(flows).__name__}"
+            )
+        if type(batch) is not int or not 1 <= batch <= MAX_PAGE_SIZE:
+            # The bound of a listing (the running runs are listed `batch` at a time), as
+            # `siglo worker --batch` says.
+            raise InvalidArgumentError(
+                f"batch must be an integer from 1 to {MAX_PAGE_SIZE}, got {batch!r}"
+            )
+        # The worker claims due timers under this id: checked as a claimant id is (the
+        # value quoted when it is not text at all: the id check names only its type).
+        if worker_id is not None and not isinstance(worker_id, str):
+            raise InvalidArgumentError(
+                f"worker_id must be text (the id the worker claims timers under) or None, "
+                f"got {worker_id!r}"
+            )
+        require_optional_id("worker_id", worker_id)
+        if notify is not None and not callable(notify):
+            raise InvalidArgumentError(
+                f"notify must be a callable taking a line of text, or None, got {notify!r}"
+            )
         self.manager = manager
         # What the worker is waiting for goes to its log, and to ``notify`` (siglo worker
         # prints it) so an operator sees why nothing happens.
@@ -189,8 +222,6 @@ class Worker:
             versions[f.version] = f
         if not self.flows:
             raise InvalidArgumentError("a worker needs at least one flow")
-        if type(batch) is not int or batch < 1:
-            raise InvalidArgumentError(f"batch must be a positive integer, got {batch!r}")
         self.batch = batch
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self._cursor: str | None = None
@@ -235,6 +266,7 @@ class Worker:
         further run is taken up; the run in progress finishes first. A storage failure
         is raised (:data:`RETRYABLE`); :meth:`run` retries it.
         """
+        _check_stop(stop)
         done = WorkerPass()
         if self.adapter.supports(Capability.DUE_WAITS):
             await self._fire_timers(done, stop)
@@ -262,6 +294,18 @@ class Worker:
         ``retry`` says (default :class:`RetryPolicy`); past its bound the last error is
         raised. ``on_pass`` is called with each pass's :class:`WorkerPass`.
         """
+        # Checked before the first pass: a wrong one would fail only after it (interval_s
+        # at the first idle wait, on_pass once a pass is done, retry at the first outage).
+        require_seconds("interval_s", interval_s)
+        _check_stop(stop)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentError(
+                f"retry must be a siglo.workflow.RetryPolicy or None, got {type(retry).__name__}"
+            )
+        if on_pass is not None and not callable(on_pass):
+            raise InvalidArgumentError(
+                f"on_pass must be a callable taking a WorkerPass, or None, got {on_pass!r}"
+            )
         stop = stop or asyncio.Event()
         retry = retry or RetryPolicy()
         failing_since: float | None = None
@@ -557,6 +601,23 @@ def _record_key(exc: Exception) -> tuple[str | None, str]:
 def _name(key: tuple[str | None, str]) -> str:
     namespace, stack_id = key
     return repr(stack_id) if namespace is None else f"{stack_id!r} (namespace {namespace!r})"
+
+
+def _type_name(value: object) -> str:
+    """``value``'s type as an error names it: with its module unless a builtin, so that
+    ``siglo.sync.StorageManager`` is not taken for the ``siglo.StorageManager`` asked for."""
+    kind = type(value)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+def _check_stop(stop: object) -> None:
+    """``stop`` of :meth:`Worker.run` and :meth:`Worker.run_once`: an event, or none."""
+    if stop is not None and not isinstance(stop, asyncio.Event):
+        raise InvalidArgumentError(f"stop must be an asyncio.Event or None, got {stop!r}")
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
