@@ -85,6 +85,7 @@ async def test_the_wait_is_bounded_and_the_default_does_not_wait(kind: str) -> N
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_threads_wait_through_the_blocking_facade(kind: str, tmp_path: object) -> None:
     url = {"sqlite": f"sqlite:///{tmp_path}/locks.db", "redis": None}[kind]
+    prefix = None
     if url is None:
         from _redis_helpers import REDIS_URL, require_redis
 
@@ -93,7 +94,8 @@ def test_threads_wait_through_the_blocking_facade(kind: str, tmp_path: object) -
 
         from siglo import urls
 
-        url = urls.with_options(REDIS_URL, {"prefix": f"siglo-test-{uuid.uuid4().hex[:12]}:"})
+        prefix = f"siglo-test-{uuid.uuid4().hex[:12]}:"
+        url = urls.with_options(REDIS_URL, {"prefix": prefix})
     backend = sync.connect(url)
     try:
         lock = backend.require_lock()
@@ -126,3 +128,13 @@ def test_threads_wait_through_the_blocking_facade(kind: str, tmp_path: object) -
         assert most == 1
     finally:
         backend.close()
+        if prefix is not None:  # the lock's fencing counter stays after its release
+            import redis
+            from _redis_helpers import REDIS_URL
+
+            client = redis.Redis.from_url(REDIS_URL)
+            try:
+                for key in client.scan_iter(match=prefix + "*"):
+                    client.delete(key)
+            finally:
+                client.close()
