@@ -24,7 +24,13 @@ from siglo.blobs import BlobStore, check_digest
 from siglo.errors import OutcomeUnknownError, StorageAdapterError
 from siglo.settings import DEFAULTS
 from siglo.validation import ms_as_seconds
-from siglo_postgres.connect import _conninfo, _libpq_parameters, _pgbouncer, check_pool_options
+from siglo_postgres.connect import (
+    _conninfo,
+    _libpq_parameters,
+    _pgbouncer,
+    check_pool_options,
+    check_pool_sizes,
+)
 from siglo_postgres.liveness import closed_while_idle, lost_in_flight
 from siglo_postgres.watches import SEVER_AFTER_MS, Watches
 from siglo_sql.connect import split_url_options
@@ -268,6 +274,8 @@ def open_store(url: str) -> PostgresBlobStore:
     )
     base, options = split_url_options(url, BLOB_OPTIONS)
     check_pool_options(options)
+    # As a backend's (docs/backends/postgres.md): the minimum was lowered to the maximum.
+    check_pool_sizes(options, least=1, most=POOL_MAX)
     _pgbouncer(options)  # pgbouncer=transaction: no prepared statements
     schema = options.get("schema")
     prefix = str(options.get("table_prefix", DEFAULT_PREFIX))
@@ -276,7 +284,7 @@ def open_store(url: str) -> PostgresBlobStore:
     if schema:
         table = f'"{check_identifier("schema", str(schema))}".{table}'
     max_size = int(options.get("pool_max_size", POOL_MAX))
-    min_size = min(int(options.get("pool_min_size", 1)), max_size)
+    min_size = int(options.get("pool_min_size", 1))
     return PostgresBlobStore(
         _conninfo(base, int(options.get("connect_timeout_ms", DEFAULT_CONNECT_MS))),
         table,

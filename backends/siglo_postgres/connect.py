@@ -149,11 +149,16 @@ def check_pool_options(options: Mapping[str, Any]) -> None:
         require_count("prepare_threshold", options["prepare_threshold"], minimum=0)
 
 
-def check_pool_sizes(options: Mapping[str, Any]) -> None:
-    """Refuse a backend's ``pool_min_size`` above its ``pool_max_size`` (either given or
-    the default), which psycopg's pool refuses only when it opens."""
-    low = options.get("pool_min_size", DEFAULTS.pool_min_size)
-    high = options.get("pool_max_size", DEFAULTS.pool_max_size)
+def check_pool_sizes(
+    options: Mapping[str, Any],
+    *,
+    least: int = DEFAULTS.pool_min_size,
+    most: int = DEFAULTS.pool_max_size,
+) -> None:
+    """Refuse a ``pool_min_size`` above the ``pool_max_size`` (either given or the
+    default: ``least`` and ``most``), which psycopg's pool refuses only when it opens."""
+    low = options.get("pool_min_size", least)
+    high = options.get("pool_max_size", most)
     if low > high:
         raise InvalidArgumentError(
             f"pool_min_size ({low}) must not be larger than pool_max_size ({high})"

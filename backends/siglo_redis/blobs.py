@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from siglo import urls
 from siglo.blobs import BlobStore, check_digest
 from siglo.errors import OutcomeUnknownError, StorageAdapterError
-from siglo_redis.client import _driver_parameters
+from siglo_redis.client import _driver_parameters, split_url
 from siglo_redis.sent_once import SentOnceRedis
 
 __all__ = ["RedisBlobStore", "open_store"]
@@ -119,6 +119,10 @@ def open_store(url: str) -> RedisBlobStore:
         driver=_driver_parameters(),
         also="and redis-py's connection parameters (db, socket_timeout, client_name, …)",
     )
+    # The URL's database read as a backend URL's is (a path that is not a number, or a
+    # path and a `db` that differ, refused): redis-py took `/app` for database 0, and
+    # `/11?db=12` for 12, silently (a black-box auditor).
+    split_url(url)
     base, options = urls.split_options(url, BLOB_OPTIONS)
     # A change whose reply is lost is not sent again (siglo_redis.sent_once): a removal
     # sent twice would say "nothing removed" of the blob it removed.

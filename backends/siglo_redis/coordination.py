@@ -212,7 +212,10 @@ class RedisLock(_ClientOwner, LockBase):
         self.fence_prefix = check_prefix(
             "fence_prefix", fence_prefix or default_fence_prefix(key_prefix)
         )
-        self.strict_atomicity = bool(strict_atomicity)
+        if not isinstance(strict_atomicity, bool):
+            # bool() of the text "false" is True (a black-box auditor).
+            raise InvalidArgumentError(f"strict_atomicity must be a bool, got {strict_atomicity!r}")
+        self.strict_atomicity = strict_atomicity
         super().__init__(client, command_timeout_ms)
 
     def _keys(self, lock_key: str) -> tuple[str, str, str]:

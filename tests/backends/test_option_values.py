@@ -99,3 +99,11 @@ def test_a_table_prefix_that_is_not_text_is_refused(url: str, value: Any) -> Non
     `locks`) of whatever else the database holds were used."""
     with pytest.raises(InvalidArgumentError, match="table_prefix must contain only"):
         siglo.connect(url, table_prefix=value)
+
+
+def test_a_postgres_blob_store_refuses_a_minimum_above_its_maximum() -> None:
+    """As a backend does (docs/backends/postgres.md); the minimum was lowered silently."""
+    with pytest.raises(InvalidArgumentError, match=r"pool_min_size \(5\) must not be larger"):
+        open_store(f"{PG}?pool_min_size=5&pool_max_size=2")
+    with pytest.raises(InvalidArgumentError, match=r"pool_min_size \(20\) must not be larger"):
+        open_store(f"{PG}?pool_min_size=20")

@@ -191,3 +191,28 @@ def test_a_database_given_twice_is_refused_without_showing_a_password() -> None:
 async def test_a_database_given_once_is_accepted(url: str) -> None:
     async with siglo.connect(url):
         pass
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://127.0.0.1:6379/11?db=12&prefix=blobs:", "the database is given twice"),
+        ("redis://127.0.0.1:6379/app?prefix=blobs:", "the path of a redis URL is the database"),
+    ],
+)
+def test_a_blob_store_url_names_its_database_as_a_backend_url_does(url: str, message: str) -> None:
+    """A blob store URL's options are checked as a backend's (docs/large-state.md):
+    `/11?db=12` stored the blobs in db 12 and `/app` in db 0, silently."""
+    from siglo.blobs import open_blob_store
+
+    with pytest.raises(InvalidArgumentError, match=message):
+        open_blob_store(url)
+
+
+@pytest.mark.parametrize("value", ["false", 1, None])
+def test_a_redis_lock_built_directly_takes_strict_atomicity_as_a_bool(value: Any) -> None:
+    """bool("false") is True: the lock ran strictly when asked not to."""
+    from siglo_redis.coordination import RedisLock
+
+    with pytest.raises(InvalidArgumentError, match="strict_atomicity must be a bool"):
+        RedisLock(REDIS_URL, strict_atomicity=value)
