@@ -7,11 +7,12 @@ tests/support/_redis_helpers.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from _redis_helpers import REDIS_URL, require_redis
+from _redis_helpers import REDIS_URL, require_redis, start_cluster
+from ports import free_ports
 
 import siglo
 from siglo_redis import isolated
@@ -36,3 +37,12 @@ async def raw_redis() -> AsyncIterator[Any]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    """The URL of a 3-master loopback Redis Cluster of the module's own (started from the
+    binaries on spare ports, stopped after the module)."""
+    ports = free_ports(30200, 30300, 6)
+    for _ in start_cluster(ports[:3], ports[3:]):
+        yield f"redis://127.0.0.1:{ports[0]}/0?cluster=true"

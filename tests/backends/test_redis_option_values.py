@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from _redis_helpers import REDIS_URL, require_redis, start_cluster
-from ports import free_ports
+from _redis_helpers import REDIS_URL, require_redis
 
 import siglo
 from siglo import urls
@@ -130,13 +129,6 @@ async def _refused_wait_leaves_the_write(url: str, prefix: str) -> None:
 
 async def test_a_wait_error_reply_after_a_write_is_an_unknown_outcome(prefix: str) -> None:
     await _refused_wait_leaves_the_write(urls.with_options(REDIS_URL, {"prefix": prefix}), prefix)
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    ports = free_ports(30200, 30300, 6)
-    for _ in start_cluster(ports[:3], ports[3:]):
-        yield f"redis://127.0.0.1:{ports[0]}/0?cluster=true"
 
 
 @pytest.mark.redis_cluster

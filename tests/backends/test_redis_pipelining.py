@@ -14,8 +14,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from _redis_helpers import REDIS_URL, RedisServer, require_redis, start_cluster
-from ports import free_port, free_ports
+from _redis_helpers import REDIS_URL, RedisServer, require_redis
+from ports import free_port
 
 import siglo
 from siglo import urls
@@ -272,13 +272,6 @@ async def test_a_killed_server_fails_calls_with_storage_adapter_error(
         own_server.start()
         found = await backend.adapter.get_checkpoint("s")
         assert found is None  # a fresh server (no persistence): reached again, empty
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    ports = free_ports(30200, 30300, 6)
-    for _ in start_cluster(ports[:3], ports[3:]):
-        yield f"redis://127.0.0.1:{ports[0]}/0?cluster=true"
 
 
 @pytest.mark.redis_cluster

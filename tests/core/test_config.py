@@ -7,19 +7,18 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from settings_support import clean_settings  # noqa: F401  (autouse: a clean slate)
 
 import siglo
 from siglo import sync
 from siglo.cli import cli
 from siglo.config import (
     CONFIG_ENV,
-    ENVIRONMENT,
     Settings,
     configure,
     current_settings,
@@ -28,20 +27,6 @@ from siglo.config import (
 )
 from siglo.errors import InvalidArgumentError
 from siglo.redaction import REDACT_FIELDS_KEY, REDACTED
-
-
-@pytest.fixture(autouse=True)
-def _clean_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test in an empty directory, without SIGLO_* variables, with fresh settings."""
-    for name in (*ENVIRONMENT, CONFIG_ENV):
-        # Set, then removed: monkeypatch restores the variable's absence afterwards even
-        # when the code under test sets it (siglo --config does, for its process).
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    reset_settings()
-    yield
-    reset_settings()
 
 
 def test_defaults_without_file_or_environment() -> None:

@@ -12,18 +12,17 @@ without the setting's name, and ``Settings(bogus=1)`` a ``TypeError`` where
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from settings_support import clean_settings  # noqa: F401  (autouse: a clean slate)
 
 import siglo
 from siglo import sync
 from siglo.cli import cli
 from siglo.config import (
-    CONFIG_ENV,
     ENVIRONMENT,
     SETTING_NAMES,
     Settings,
@@ -32,18 +31,6 @@ from siglo.config import (
     reset_settings,
 )
 from siglo.errors import InvalidArgumentError
-
-
-@pytest.fixture(autouse=True)
-def _clean_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test in an empty directory, without SIGLO_* variables, with fresh settings."""
-    for name in (*ENVIRONMENT, CONFIG_ENV):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    reset_settings()
-    yield
-    reset_settings()
 
 
 class _Opaque:
