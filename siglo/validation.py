@@ -20,10 +20,11 @@ __all__ = [
     "check_save_arguments",
     "check_wait_record",
     "ms_as_seconds",
+    "require_count",
     "require_id",
+    "require_lease_ms",
     "require_optional_id",
     "require_seconds",
-    "require_lease_ms",
     "require_ttl_ms",
     "seconds_as_ms",
 ]

@@ -518,7 +518,12 @@ class Flow:
                 # wait is no longer this claim's to complete. The delivery did what it was
                 # for; the log says why (a black-box auditor: it blamed another claimant
                 # for a cancel).
-                there = await adapter.get_wait_record(correlation_key, namespace=record.namespace)
+                try:
+                    there = await adapter.get_wait_record(
+                        correlation_key, namespace=record.namespace
+                    )
+                except StorageAdapterError:
+                    there = None  # not known which: the delivery still returns its output
                 if there is not None and there.status == "cancelled":
                     # The run was cancelled (cancel_workflow, siglo cancel) after its
                     # checkpoint took the event, before this completion: the cancel ended
