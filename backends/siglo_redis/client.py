@@ -25,9 +25,12 @@ from siglo.settings import DEFAULTS
 __all__ = [
     "CLIENT_OPTIONS",
     "MAX_WAIT_REPLICAS",
+    "MAX_WAIT_TIMEOUT_MS",
     "OPTIONS",
     "SCHEMES",
     "check_option_values",
+    "check_wait_replicas",
+    "check_wait_timeout_ms",
     "client_for",
     "client_from_url",
     "close_client",
@@ -43,6 +46,9 @@ _SENTINEL_TIMEOUT_S: Final = 1.0
 _DEFAULT_WAIT_TIMEOUT_MS: Final = 1000
 _DEFAULT_SOCKET_TIMEOUT_S: Final = 5.0
 _DEFAULT_MAX_CONNECTIONS: Final = 64
+MAX_WAIT_TIMEOUT_MS: Final = 2**62
+"""The longest ``wait_timeout_ms``: Redis adds it to its clock, and refuses a sum past a
+signed 64-bit integer (``2**63`` failed every ``WAIT``)."""
 MAX_WAIT_REPLICAS: Final = 2**31 - 1
 """The most replicas ``wait_replicas`` may ask ``WAIT`` for. Redis refuses a
 ``numreplicas`` past a signed 64-bit integer only when the ``WAIT`` runs, after the write
@@ -148,6 +154,8 @@ def check_option_values(options: Mapping[str, Any]) -> None:
             raise InvalidArgumentError(f"option {name} must be an integer, got {value!r}")
     if "wait_replicas" in options:
         check_wait_replicas(options["wait_replicas"])
+    if options.get("wait_timeout_ms") is not None:
+        check_wait_timeout_ms(options["wait_timeout_ms"])
 
 
 def check_wait_replicas(value: int) -> int:
@@ -158,6 +166,18 @@ def check_wait_replicas(value: int) -> int:
         raise InvalidArgumentError(
             f"wait_replicas must be a number of replicas from 0 to {MAX_WAIT_REPLICAS}, "
             f"got {value!r}"
+        )
+    return value
+
+
+def check_wait_timeout_ms(value: int) -> int:
+    """``value``, the ``WAIT``'s timeout, if Redis takes it: from 0 (no timeout) to
+    :data:`MAX_WAIT_TIMEOUT_MS`. Redis refuses one it cannot add to its clock only in the
+    ``WAIT`` that follows each write, which has then run (every save an unknown outcome,
+    stored)."""
+    if not 0 <= value <= MAX_WAIT_TIMEOUT_MS:
+        raise InvalidArgumentError(
+            f"wait_timeout_ms must be from 0 to {MAX_WAIT_TIMEOUT_MS} (2**62), got {value!r}"
         )
     return value
 
@@ -295,8 +315,8 @@ def _client_from_url(
     redis_class: Any = AutoPipelinedRedis if auto_pipeline else SentOnceRedis
     wait_replicas = check_wait_replicas(ours.get("wait_replicas") or 0)
     wait_timeout_ms = ours.get("wait_timeout_ms")
-    if wait_timeout_ms is not None and wait_timeout_ms < 0:
-        raise InvalidArgumentError(f"wait_timeout_ms must be >= 0, got {wait_timeout_ms!r}")
+    if wait_timeout_ms is not None:
+        check_wait_timeout_ms(wait_timeout_ms)
     reinitialize_steps = ours.get("reinitialize_steps")
     if reinitialize_steps is not None and (not cluster or reinitialize_steps < 0):
         raise InvalidArgumentError(

@@ -88,6 +88,20 @@ def test_a_wait_replicas_out_of_range_in_the_url_is_refused(value: int) -> None:
         RedisStorageAdapter(url)
 
 
+@pytest.mark.parametrize("value", [2**62 + 1, 2**63, 10**400, -1])
+def test_a_wait_timeout_redis_cannot_add_to_its_clock_is_refused_at_connect(value: int) -> None:
+    """Redis refuses a WAIT timeout past a signed 64-bit time only in the WAIT after each
+    write, which has then run: every save an unknown outcome, though stored."""
+    with pytest.raises(InvalidArgumentError, match="wait_timeout_ms must be from 0 to"):
+        siglo.connect(NOWHERE, wait_replicas=1, wait_timeout_ms=value)
+    url = f"{NOWHERE}&wait_replicas=1&wait_timeout_ms={value}"
+    with pytest.raises(InvalidArgumentError, match="wait_timeout_ms must be from 0 to"):
+        siglo.connect(url)
+    with pytest.raises(InvalidArgumentError, match="wait_timeout_ms must be from 0 to"):
+        RedisStorageAdapter(url)
+    assert siglo.connect(NOWHERE, wait_replicas=1, wait_timeout_ms=2**62).url
+
+
 async def test_the_largest_wait_replicas_is_accepted_and_reads_back() -> None:
     # WAIT's count is a C long to Redis; siglo takes up to a signed 32-bit one.
     async with siglo.connect(NOWHERE, wait_replicas=2**31 - 1) as backend:
