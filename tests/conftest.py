@@ -7,6 +7,7 @@ import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Final
 
 import pytest
 from mutant_seeds import mutant_base_seed
@@ -90,6 +91,45 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller, before any xdist worker starts
         _compile_the_sources()
         _own_postgres_database(config)
+        config._siglo_redis_keys = _test_redis_keys()  # type: ignore[attr-defined]
+
+
+_TEST_KEYS: Final = "siglo-*"
+"""The keys of the shared Redis server the tests' own prefixes make (``siglo-test-…:``,
+``siglo-blob-timeouts-…:``, the isolated backends'): each test removes what it stored."""
+
+
+def _test_redis_keys() -> set[bytes] | None:
+    """The shared server's test keys (database 0), or ``None`` when it cannot be read."""
+    from _redis_helpers import REDIS_URL
+
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+        try:
+            return set(client.scan_iter(match=_TEST_KEYS, count=1000))
+        finally:
+            client.close()
+    except Exception:
+        return None
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Name the shared Redis server's test keys the run left (a test that stored under a
+    prefix of its own and did not remove it): a report, not a failure, since another run
+    on the same server may be storing meanwhile."""
+    before = getattr(config, "_siglo_redis_keys", None)
+    after = _test_redis_keys() if before is not None else None
+    if before is None or after is None:
+        return
+    left = sorted(after - before)
+    if left:
+        terminalreporter.section("siglo: Redis keys the run left")
+        for key in left[:20]:
+            terminalreporter.write_line(key.decode(errors="replace"))
+        if len(left) > 20:
+            terminalreporter.write_line(f"… and {len(left) - 20} more")
 
 
 _SOURCE_ROOTS = ("siglo", "backends", "contract_tests", "tests", "benchmarks")
