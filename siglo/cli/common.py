@@ -3,13 +3,15 @@ table on a terminal or as JSON for scripts."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 from rich.console import Console
@@ -23,12 +25,15 @@ from siglo.connect import connect
 
 __all__ = [
     "format_ms",
+    "interrupted",
     "missing_storage",
     "open_store",
     "print_json",
     "print_table",
     "require",
     "require_storage",
+    "stoppable",
+    "stopped_by_signals",
 ]
 
 
@@ -139,8 +144,11 @@ def format_ms(ms: int | None) -> str | None:
     return moment.strftime("%Y-%m-%d %H:%M")
 
 
+T = TypeVar("T")
+
 STOPPED_BY: list[int] = []
-"""The signal a :func:`stopped_by_signals` ``as_interrupt`` handler turned into Ctrl-C."""
+"""The signals a :func:`stopped_by_signals` handler (or :func:`stoppable`) stopped the
+command with, the last one last."""
 
 
 def stopped_by_signals(*, as_interrupt: bool = False) -> Callable[[], None]:
@@ -152,10 +160,14 @@ def stopped_by_signals(*, as_interrupt: bool = False) -> Callable[[], None]:
     returns what puts the handlers back."""
 
     STOPPED_BY.clear()  # this command's signals, not an earlier one's in this process
+    if threading.current_thread() is not threading.main_thread():
+        # Signals go to the main thread alone (a command invoked from another, as a
+        # test's CliRunner in a thread does): there is nothing to catch.
+        return lambda: None
 
     def stopped(signum: int, _frame: object) -> None:
+        STOPPED_BY.append(signum)
         if as_interrupt:
-            STOPPED_BY.append(signum)
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
@@ -166,3 +178,39 @@ def stopped_by_signals(*, as_interrupt: bool = False) -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
+
+
+async def stoppable(work: Awaitable[T]) -> T:
+    """``work`` as the command's main task, which SIGINT, SIGTERM and SIGHUP cancel where
+    it waits: Python's own Ctrl-C is not raised in a process that inherited SIGINT
+    ignored (a command started from a background job), and an interrupt raised in a
+    finalizer is lost — the erase then slept out its settle and went on. The signal is
+    noted in :data:`STOPPED_BY`; the cancellation ends ``asyncio.run`` with
+    ``CancelledError`` after the store is closed."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop(signum: int) -> None:
+        STOPPED_BY.append(signum)
+        task.cancel()
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    if threading.current_thread() is not threading.main_thread():
+        return await work  # signals reach the main thread alone
+    for signum in stops:
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        return await work
+    finally:
+        for signum in stops:
+            loop.remove_signal_handler(signum)
+
+
+def interrupted(command: str, hint: str) -> CliError:
+    """The error of a command stopped by Ctrl-C, SIGTERM or SIGHUP, exiting with the
+    status the signal ends a process with (128 + its number)."""
+    signum = STOPPED_BY[-1] if STOPPED_BY else signal.SIGINT
+    error = CliError(f"{command} was interrupted ({signal.Signals(signum).name})", hint)
+    error.exit_code = 128 + signum
+    return error

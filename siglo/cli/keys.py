@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
-from collections.abc import Awaitable
 from typing import TypeVar
 
 import click
@@ -13,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
-from siglo.cli.common import STOPPED_BY, open_store, require, stopped_by_signals
+from siglo.cli.common import interrupted, open_store, require, stoppable, stopped_by_signals
 from siglo.cli.errors import CliError, resolve_url
 from siglo.errors import SigloError
 from siglo.rekeying import EraseReport, RekeyReport, erase, rekey
@@ -80,18 +78,18 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
 
     restore_signals = stopped_by_signals(as_interrupt=True)
     try:
-        asyncio.run(_stoppable(run()))
+        asyncio.run(stoppable(run()))
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Ctrl-C, SIGTERM or SIGHUP: said, with what is left to do (never a bare
         # "Aborted!", which left a rotation's operator rotating again).
         if report.rotated:
-            raise _interrupted(
+            raise interrupted(
                 "siglo rekey --rotate",
                 f"the rotation was made and stays in effect (new data keys "
                 f"{_made(report)}): finish with `siglo rekey` without --rotate (rotating "
                 "again would add another key)",
             ) from None
-        raise _interrupted(
+        raise interrupted(
             "siglo rekey", "run it again to finish: what is under the current key is skipped"
         ) from None
     except SigloError as exc:
@@ -146,46 +144,12 @@ def rekey_command(url: str | None, namespace: str | None, rotate: bool) -> None:
         sys.exit(3)
 
 
-async def _stoppable(work: Awaitable[T]) -> T:
-    """``work`` as the command's main task, which SIGINT, SIGTERM and SIGHUP cancel where
-    it waits: Python's own Ctrl-C is not raised in a process that inherited SIGINT
-    ignored (a command started from a background job), and an interrupt raised in a
-    finalizer is lost — the erase then slept out its settle and went on. The signal is
-    noted in :data:`STOPPED_BY`; the cancellation ends ``asyncio.run`` with
-    ``CancelledError`` after the store is closed."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-
-    def stop(signum: int) -> None:
-        STOPPED_BY.append(signum)
-        task.cancel()
-
-    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    for signum in stops:
-        loop.add_signal_handler(signum, stop, signum)
-    try:
-        return await work
-    finally:
-        for signum in stops:
-            loop.remove_signal_handler(signum)
-
-
 def _made(report: RekeyReport) -> str:
     """The data keys a rotation made, by namespace."""
     return ", ".join(
         f"{ns if ns is not None else '(none)'}: {key_id}"
         for ns, key_id in (report.rotated or {}).items()
     )
-
-
-def _interrupted(command: str, hint: str) -> CliError:
-    """The error of a command stopped by Ctrl-C, SIGTERM or SIGHUP, exiting with the
-    status the signal ends a process with (128 + its number)."""
-    signum = STOPPED_BY[-1] if STOPPED_BY else signal.SIGINT
-    error = CliError(f"{command} was interrupted ({signal.Signals(signum).name})", hint)
-    error.exit_code = 128 + signum
-    return error
 
 
 _NOUNS = {
@@ -227,9 +191,9 @@ def erase_command(url: str | None, namespace: str, yes: bool, settle_ms: int | N
 
     restore_signals = stopped_by_signals(as_interrupt=True)
     try:
-        report = asyncio.run(_stoppable(run()))
+        report = asyncio.run(stoppable(run()))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        raise _interrupted(
+        raise interrupted(
             f"siglo erase of namespace {namespace!r}",
             "its data keys may be destroyed already and its data not yet deleted: run "
             f"`siglo erase --namespace {namespace}` again to finish (what is left is "

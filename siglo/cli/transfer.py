@@ -18,7 +18,15 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from siglo.adapter import Capability
-from siglo.cli.common import open_store, print_json, require, stopped_by_signals
+from siglo.cli.common import (
+    STOPPED_BY,
+    interrupted,
+    open_store,
+    print_json,
+    require,
+    stoppable,
+    stopped_by_signals,
+)
 from siglo.cli.errors import CliError, cli_settings, display_url, resolve_url
 from siglo.offload import resolving
 from siglo.pipeline import PipelineAdapter
@@ -100,21 +108,48 @@ def export(url: str | None, namespace: str | None, output: Path, decrypt: bool) 
         output.flush()
         return count
 
-    if str(output) == "-":
-        count = asyncio.run(run(sys.stdout.buffer))
-    elif (fd := _descriptor(output)) is not None:
-        # A descriptor the shell gave (/dev/stdout, /dev/fd/N): written through it, as it
-        # was opened (appending, say), whatever it is redirected to — never reopened.
-        with os.fdopen(os.dup(fd), "wb") as given:
-            count = asyncio.run(run(given))
-    elif output.exists() and not output.is_file():
-        # /dev/null, a named pipe, a device: written as it is.
-        with _opened(output) as opened:
-            count = asyncio.run(run(opened))
-    else:
-        target = Path(os.path.realpath(output))
-        # Through a symlink, to the file it names: a link is not replaced by a file.
-        count = _replacing(target, lambda file: asyncio.run(run(file)))
+    def write(file: IO[bytes]) -> int:
+        return asyncio.run(stoppable(run(file)))
+
+    # Ctrl-C, SIGTERM and SIGHUP are said, with the exit status the signal gives (as
+    # rekey and erase say theirs): SIGTERM ended it silently, Ctrl-C with a bare
+    # "Aborted!" and status 1 (a black-box auditor).
+    restore_signals = stopped_by_signals(as_interrupt=True)
+    try:
+        if str(output) == "-":
+            count = write(sys.stdout.buffer)
+        elif (fd := _descriptor(output)) is not None:
+            # A descriptor the shell gave (/dev/stdout, /dev/fd/N): written through it, as
+            # it was opened (appending, say), whatever it is redirected to — never reopened.
+            with os.fdopen(os.dup(fd), "wb") as given:
+                count = write(given)
+        elif output.exists() and not output.is_file():
+            # /dev/null, a named pipe, a device: written as it is.
+            with _opened(output) as opened:
+                count = write(opened)
+        else:
+            target = Path(os.path.realpath(output))
+            # Through a symlink, to the file it names: a link is not replaced by a file.
+            count = _replacing(target, write)
+    except (KeyboardInterrupt, asyncio.CancelledError, SystemExit) as exc:
+        if isinstance(exc, SystemExit) and not (STOPPED_BY and exc.code == 128 + STOPPED_BY[-1]):
+            raise  # not a stop by a signal
+        # (A stop while the file beside the target is made or renamed, outside the
+        # export's loop, is _replacing's SystemExit: said alike.)
+        replaced = (
+            str(output) != "-"
+            and _descriptor(output) is None
+            and not (output.exists() and not output.is_file())
+        )
+        raise interrupted(
+            "siglo export",
+            "the file is as it was before: run the export again"
+            if replaced
+            else "what was written has no trailer, and siglo import refuses it: run the "
+            "export again",
+        ) from None
+    finally:
+        restore_signals()
     click.echo(f"exported {count} checkpoint(s)", err=True)
 
 
@@ -269,10 +304,18 @@ def import_(url: str | None, source: IO[bytes], as_json: bool) -> None:
                     )
                 return await import_lines(backend.adapter, _lines(source), progress=advance)
 
+    restore_signals = stopped_by_signals(as_interrupt=True)
     try:
-        report = asyncio.run(run())
+        report = asyncio.run(stoppable(run()))
     except DumpError as exc:
         raise CliError(str(exc), exc.hint) from exc
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise interrupted(
+            "siglo import",
+            "run it again to finish: what this run wrote is kept, and the rest is written",
+        ) from None
+    finally:
+        restore_signals()
     summary = report.summary
     if as_json:
         print_json(

@@ -608,7 +608,7 @@ async def test_a_revision_past_64_bits_is_refused_on_every_backend(kind: str) ->
 def test_export_to_a_link_or_an_existing_file_keeps_what_it_was(tmp_path: Any) -> None:
     """``-o`` through a symlink writes the file it names (the link stays a link); the file
     replaced keeps its mode (a new one gets the umask's); SIGTERM mid-export, as a
-    supervisor stops it, leaves no temporary file beside the backup."""
+    supervisor stops it, leaves no temporary file beside the backup, and says so."""
     import os
     import signal
     import stat
@@ -655,7 +655,11 @@ def test_export_to_a_link_or_an_existing_file_keeps_what_it_was(tmp_path: Any) -
         assert export.poll() is None and time.monotonic() < deadline, "it never began"
         time.sleep(0.01)
     export.send_signal(signal.SIGTERM)
-    assert export.wait(timeout=60) != 0
+    # Said, with the status SIGTERM gives (it ended silently: a black-box auditor).
+    assert export.wait(timeout=60) == 128 + signal.SIGTERM
+    said = export.stderr.read().decode() if export.stderr else ""
+    assert "siglo export was interrupted (SIGTERM)" in said, said
+    assert "the file is as it was before" in said, said
     assert backup.read_text() == "last night\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
 
@@ -1169,3 +1173,64 @@ async def test_an_export_never_pairs_a_waiting_run_with_its_delivered_wait(kind:
         assert report.imported == 1
         moved = await target.adapter.get_checkpoint("torn")
         assert moved is not None and moved.status == "completed"
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_an_interrupted_import_says_so_and_how_to_finish(tmp_path: Path, stop: str) -> None:
+    """Ctrl-C gave a bare "Aborted!" and status 1, SIGTERM killed the import without a
+    word (a black-box auditor): it says it was interrupted and that running it again
+    finishes it, and exits 128 + the signal. The import waits on a Redis server behind a
+    frozen proxy when the signal comes; run again, it completes."""
+    import signal
+    import subprocess
+    import time
+
+    from _redis_helpers import REDIS_URL, require_redis
+    from _tcp_proxy import proxied_url
+
+    from siglo_redis import isolated
+
+    require_redis()
+    dump = tmp_path / "dump.jsonl"
+
+    async def a_dump() -> None:
+        async with siglo.connect(f"sqlite:///{tmp_path / 'a.db'}") as backend:
+            for i in range(3):
+                await backend.adapter.save_checkpoint(
+                    Checkpoint(stack_id=f"s{i}", revision=1, timestamp=1, contexts={"a": {"n": i}})
+                )
+            dump.write_bytes(
+                b"".join([line + b"\n" async for line in export_lines(backend.adapter)])
+            )
+
+    asyncio.run(a_dump())
+    signum = signal.Signals[stop]
+
+    async def interrupted_then_finished() -> None:
+        async with isolated(REDIS_URL) as target:
+            with proxied_url(target.url, 6379) as (url, proxy):
+                proxy.freeze()
+                importing = await asyncio.to_thread(
+                    subprocess.Popen,
+                    [sys.executable, "-m", "siglo", "import", url, "-i", str(dump)],
+                    cwd=tmp_path,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+                deadline = time.monotonic() + 60
+                while not proxy._pairs:  # connected: its loop and handlers are in place
+                    assert importing.poll() is None and time.monotonic() < deadline
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.3)
+                importing.send_signal(signum)
+                _out, err = await asyncio.to_thread(importing.communicate, timeout=60)
+                proxy.thaw()
+            said = err.decode()
+            assert importing.returncode == 128 + signum, (importing.returncode, said)
+            assert f"siglo import was interrupted ({stop})" in said, said
+            assert "run it again to finish" in said, said
+            again = await invoke("import", target.url, "-i", str(dump))
+            assert again.exit_code == 0, again.output
+            assert await target.adapter.get_checkpoint("s2") is not None
+
+    asyncio.run(interrupted_then_finished())
