@@ -8,7 +8,7 @@ import click
 
 from siglo.adapter import Capability
 from siglo.blobs import bounded, open_blob_store
-from siglo.cli.common import open_store, print_json, print_table, require
+from siglo.cli.common import interruptible, open_store, print_json, print_table, require
 from siglo.cli.errors import (
     CliError,
     cli_settings,
@@ -31,6 +31,7 @@ from siglo.urls import mask_credentials, query_names
     f"default: the settings' blob_grace_ms ({DEFAULT_GRACE_MS} unless set).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@interruptible("siglo collect-blobs", "what was collected stays collected: run it again to finish")
 def collect_blobs_command(url: str | None, grace_ms: int | None, as_json: bool) -> None:
     """Remove blobs of the settings' blob_url that no live checkpoint references."""
     settings = cli_settings()

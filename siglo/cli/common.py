@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import re
 import signal
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 import orjson
 from rich.console import Console
@@ -25,6 +26,7 @@ from siglo.connect import connect
 
 __all__ = [
     "format_ms",
+    "interruptible",
     "interrupted",
     "missing_storage",
     "open_store",
@@ -145,6 +147,8 @@ def format_ms(ms: int | None) -> str | None:
 
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 STOPPED_BY: list[int] = []
 """The signals a :func:`stopped_by_signals` handler (or :func:`stoppable`) stopped the
@@ -214,3 +218,25 @@ def interrupted(command: str, hint: str) -> CliError:
     error = CliError(f"{command} was interrupted ({signal.Signals(signum).name})", hint)
     error.exit_code = 128 + signum
     return error
+
+
+def interruptible(command: str, hint: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """A command that, stopped by Ctrl-C, SIGTERM or SIGHUP, says so — ``command`` was
+    interrupted, and ``hint`` — and exits with 128 + the signal's number, as ``export``,
+    ``import``, ``rekey`` and ``erase`` do; not click's bare "Aborted!" with status 1,
+    nor (SIGTERM, SIGHUP) a silent end."""
+
+    def wrap(function: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(function)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            restore_signals = stopped_by_signals(as_interrupt=True)
+            try:
+                return function(*args, **kwargs)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                raise interrupted(command, hint) from None
+            finally:
+                restore_signals()
+
+        return run
+
+    return wrap

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from siglo.backend import Backend
+from siglo.cli.common import interruptible
 from siglo.cli.errors import CliError, cli_settings, resolve_url
 from siglo.connect import connect
 
@@ -70,6 +71,7 @@ async def _migrate(url: str, target: int | None, status_only: bool) -> str:
 @click.option(
     "--status", "status_only", is_flag=True, help="Only print the schema version (changes nothing)."
 )
+@interruptible("siglo migrate", "run it again to finish")
 def migrate(url: str | None, target: int | None, status_only: bool) -> None:
     """Apply the schema migrations of a SQL backend (sqlite:///path.db, postgresql://…).
 

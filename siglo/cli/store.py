@@ -12,7 +12,15 @@ import orjson
 
 from siglo.adapter import Capability
 from siglo.checkpoint import STATUSES
-from siglo.cli.common import format_ms, open_store, print_json, print_table, require, visible
+from siglo.cli.common import (
+    format_ms,
+    interruptible,
+    open_store,
+    print_json,
+    print_table,
+    require,
+    visible,
+)
 from siglo.cli.errors import CliError, cli_settings, left_out, resolve_url
 from siglo.clock import system_clock
 from siglo.errors import CheckpointConflictError, MalformedRecordError, SigloError, naming_stack
@@ -114,6 +122,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
     "Encrypted metadata: fields of blind_index_fields only.",
 )
 @json_option
+@interruptible("siglo ls", "a listing or a read: nothing was changed; run it again")
 def ls(
     url: str | None,
     namespace: str | None,
@@ -211,6 +220,7 @@ async def _missing_hint(adapter: Any, stack_id: str, namespace: str | None) -> s
 @click.argument("stack_id", required=False, default=None, metavar="STACK_ID")
 @click.option("--namespace", "-n", default=None, help="The stack's namespace.")
 @json_option
+@interruptible("siglo show", "a listing or a read: nothing was changed; run it again")
 def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: bool) -> None:
     """Show one stack: its checkpoint (as stored; a key the settings redact is shown
     [REDACTED] even in a value stored before it was redacted), what it waits for, and its
@@ -339,6 +349,7 @@ def _compact(value: Any) -> str:
     help="Only if the stored revision is this one (compare-and-set).",
 )
 @json_option
+@interruptible("siglo rm", "run it again to remove what is left")
 def rm(
     url: str | None,
     stack_id: str | None,
@@ -409,6 +420,7 @@ def rm(
 @namespace_option
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @json_option
+@interruptible("siglo prune", "what was pruned stays pruned: run it again to finish")
 def prune(
     url: str | None,
     status: str,
@@ -487,6 +499,7 @@ def prune(
 @click.command()
 @click.argument("url", required=False, default=None)
 @json_option
+@interruptible("siglo clean", "what was removed stays removed: run it again to finish")
 def clean(url: str | None, as_json: bool) -> None:
     """Remove expired records now, with a count per kind (Redis expires keys itself)."""
 
