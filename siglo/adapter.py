@@ -305,7 +305,9 @@ class StorageAdapter(Closable):
         one statement (the SQL backend on PostgreSQL: one round trip and one commit),
         saying which changes it takes in :meth:`writes_with_checkpoint`; the changes are
         then recorded even when the checkpoint's compare-and-set is refused, as with the
-        two calls, and a failure of either fails the call.
+        two calls, and a failure of either fails the call. A backend that declares
+        changes in :meth:`writes_with_checkpoint` without overriding this (the in-memory
+        one) has them taken here, after the size guard.
         """
         check_save_arguments(checkpoint, expected_revision)
         # Before the changes: a document too large leaves nothing written, changes included.

@@ -803,12 +803,15 @@ WRITES_NOTHING: Final = (DocumentTooLargeError, ReservedFormError, NotJSONError)
 
 
 def _writes_together(adapter: StorageAdapter) -> bool:
-    """Whether ``adapter`` writes context changes with a checkpoint in one go (it
-    overrides :meth:`StorageAdapter.save_checkpoint_streamed`); otherwise the manager
-    streams them first, each failure handled on its own, as it always has."""
-    return (
-        adapter.supports(Capability.CONTEXT_STREAM)
-        and type(adapter).save_checkpoint_streamed is not StorageAdapter.save_checkpoint_streamed
+    """Whether ``adapter`` may take context changes with a checkpoint: it overrides
+    :meth:`StorageAdapter.save_checkpoint_streamed` (one write of both), or declares
+    through :meth:`StorageAdapter.writes_with_checkpoint` that the base's (the size guard,
+    the changes, the save) takes them; otherwise the manager streams them first, each
+    failure handled on its own, as it always has."""
+    kind = type(adapter)
+    return adapter.supports(Capability.CONTEXT_STREAM) and (
+        kind.save_checkpoint_streamed is not StorageAdapter.save_checkpoint_streamed
+        or kind.writes_with_checkpoint is not StorageAdapter.writes_with_checkpoint
     )
 
 

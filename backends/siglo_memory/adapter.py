@@ -172,24 +172,12 @@ class MemoryStorageAdapter(StorageAdapter):
         self._checkpoints[key] = _StoredCheckpoint(data, gone_at, checkpoint.revision)
 
     def writes_with_checkpoint(self, changes: Sequence[ContextChangeEvent]) -> bool:
-        """Any changes: a save that follows them in the same turn takes them (below), so
-        that a save the size guard refuses writes none of them, as on every backend
-        (docs/large-state.md); streamed first, they stayed in the stream."""
+        """Any changes: a save that follows them in the same turn takes them, through
+        :meth:`StorageAdapter.save_checkpoint_streamed` (the size guard, then the changes
+        recorded, then the save), so that a save the size guard refuses writes none of
+        them, as on every backend (docs/large-state.md); streamed first, they stayed in
+        the stream."""
         return True
-
-    async def save_checkpoint_streamed(
-        self,
-        checkpoint: Checkpoint,
-        changes: Sequence[ContextChangeEvent],
-        *,
-        expected_revision: int | None = None,
-    ) -> None:
-        """The size guard, then the changes recorded, then the save: one after the other
-        (:meth:`StorageAdapter.save_checkpoint_streamed`), taken here so that the manager
-        sends the changes with the save."""
-        await super().save_checkpoint_streamed(
-            checkpoint, changes, expected_revision=expected_revision
-        )
 
     async def save_checkpoint_caching(
         self,
