@@ -6,16 +6,13 @@ when the signal comes: a real process, a real signal."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from _redis_helpers import REDIS_URL, require_redis
 from _tcp_proxy import proxied_url
+from stopped_commands import stopped_while_waiting
 
 from siglo_redis import isolated
 
@@ -38,24 +35,8 @@ async def test_a_stopped_command_says_it_was_interrupted(
     signum = signal.Signals[stop]
     async with isolated(REDIS_URL) as store:
         with proxied_url(store.url, 6379) as (url, proxy):
-            proxy.freeze()
             args = [a.format(url=url) for a in COMMANDS[command]]
-            running = await asyncio.to_thread(
-                subprocess.Popen,
-                [sys.executable, "-m", "siglo", *args],
-                cwd=tmp_path,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            deadline = time.monotonic() + 60
-            while not proxy._pairs:  # connected: its handlers are in place
-                assert running.poll() is None and time.monotonic() < deadline
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.3)
-            running.send_signal(signum)
-            _out, err = await asyncio.to_thread(running.communicate, timeout=60)
-            proxy.thaw()
-    said = err.decode()
-    assert running.returncode == 128 + signum, (running.returncode, said)
+            status, said = await stopped_while_waiting(args, proxy, tmp_path, signum)
+    assert status == 128 + signum, (status, said)
     assert f"siglo {command} was interrupted ({stop})" in said, said
     assert "run it again" in said, said

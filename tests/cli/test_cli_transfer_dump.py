@@ -1182,11 +1182,10 @@ def test_an_interrupted_import_says_so_and_how_to_finish(tmp_path: Path, stop: s
     finishes it, and exits 128 + the signal. The import waits on a Redis server behind a
     frozen proxy when the signal comes; run again, it completes."""
     import signal
-    import subprocess
-    import time
 
     from _redis_helpers import REDIS_URL, require_redis
     from _tcp_proxy import proxied_url
+    from stopped_commands import stopped_while_waiting
 
     from siglo_redis import isolated
 
@@ -1209,24 +1208,9 @@ def test_an_interrupted_import_says_so_and_how_to_finish(tmp_path: Path, stop: s
     async def interrupted_then_finished() -> None:
         async with isolated(REDIS_URL) as target:
             with proxied_url(target.url, 6379) as (url, proxy):
-                proxy.freeze()
-                importing = await asyncio.to_thread(
-                    subprocess.Popen,
-                    [sys.executable, "-m", "siglo", "import", url, "-i", str(dump)],
-                    cwd=tmp_path,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )
-                deadline = time.monotonic() + 60
-                while not proxy._pairs:  # connected: its loop and handlers are in place
-                    assert importing.poll() is None and time.monotonic() < deadline
-                    await asyncio.sleep(0.02)
-                await asyncio.sleep(0.3)
-                importing.send_signal(signum)
-                _out, err = await asyncio.to_thread(importing.communicate, timeout=60)
-                proxy.thaw()
-            said = err.decode()
-            assert importing.returncode == 128 + signum, (importing.returncode, said)
+                args = ["import", url, "-i", str(dump)]
+                status, said = await stopped_while_waiting(args, proxy, tmp_path, signum)
+            assert status == 128 + signum, (status, said)
             assert f"siglo import was interrupted ({stop})" in said, said
             assert "run it again to finish" in said, said
             again = await invoke("import", target.url, "-i", str(dump))

@@ -1,0 +1,40 @@
+"""A ``siglo`` command stopped by a real signal while it waits on a server behind a frozen
+proxy (tests/support/_tcp_proxy.py): what it said and how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _tcp_proxy import TcpProxy
+
+__all__ = ["stopped_while_waiting"]
+
+
+async def stopped_while_waiting(
+    args: list[str], proxy: TcpProxy, cwd: Path, signum: signal.Signals
+) -> tuple[int, str]:
+    """Run ``siglo *args`` with ``proxy`` frozen, send ``signum`` once it has connected
+    through it (its loop, and its handlers, in place), and return its status and stderr;
+    the proxy is thawed afterwards."""
+    proxy.freeze()
+    running = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "siglo", *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not proxy._pairs:
+        assert running.poll() is None and time.monotonic() < deadline, "it never connected"
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    running.send_signal(signum)
+    _out, err = await asyncio.to_thread(running.communicate, timeout=60)
+    proxy.thaw()
+    return running.returncode, err.decode()
