@@ -61,17 +61,20 @@ async def _keys(adapter: RedisStorageAdapter) -> set[str]:
 
 
 class _Sent:
-    """Records the bytes each compare-and-set script call carries (the real script runs)."""
+    """Records the scripts an adapter runs (the real scripts run): their names, and the
+    bytes each compare-and-set call carries."""
 
     def __init__(self, adapter: RedisStorageAdapter) -> None:
         self.inner = adapter._redis
         self.calls: list[int] = []
+        self.names: list[str] = []
         adapter._redis = self  # type: ignore[assignment]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        self.names.append(script.name)
         if script is CHECKPOINT_PARTS_CAS:
             self.calls.append(sum(len(a) for a in args if isinstance(a, bytes)))
         return await self.inner.script(script, keys, args)
@@ -621,22 +624,6 @@ async def test_a_refused_save_streams_none_of_the_changes_it_carries(least: int 
         assert await backend.adapter.get_context_changes("st", "new") == {"v": "short"}
 
 
-class _Scripts:
-    """Records the names of the scripts an adapter runs (the real scripts run)."""
-
-    def __init__(self, adapter: RedisStorageAdapter) -> None:
-        self.inner = adapter._redis
-        self.names: list[str] = []
-        adapter._redis = self  # type: ignore[assignment]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        self.names.append(script.name)
-        return await self.inner.script(script, keys, args)
-
-
 async def test_a_step_saved_in_parts_is_one_script() -> None:
     """A step's changes, its cache entry and its checkpoint saved in parts go in one
     script, the changes and the entry written whatever the compare-and-set decides (as
@@ -645,7 +632,7 @@ async def test_a_step_saved_in_parts_is_one_script() -> None:
     async with _backend() as backend:
         a = _adapter(backend)
         await a.save_checkpoint(_doc(1, 10))
-        sent = _Scripts(a)
+        sent = _Sent(a)
         change = ContextChangeEvent(stack_id="run", step_id="step-1", key="k", timestamp=1)
         entry = CacheEntry("price", {"v": 1}, 60_000)
         with pytest.raises(CheckpointConflictError):
