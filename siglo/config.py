@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import threading
 import tomllib
 from collections.abc import Mapping
@@ -68,6 +69,7 @@ DEFAULT_BLOB_GRACE_MS: Final = 3_600_000
 _ERROR_MODES: Final = frozenset({"best-effort", "warn", "strict"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
+_DECIMAL: Final = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,13 +613,12 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         ):
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None
+            elif _DECIMAL.fullmatch(raw.strip()):
+                values[name] = int(raw)
             else:
-                try:
-                    values[name] = int(raw)
-                except ValueError:
-                    raise InvalidArgumentError(
-                        f"{variable} must be an integer or none, got {raw!r}"
-                    ) from None
+                # int() also takes "1_000" and digits of other scripts ("١٢"): a value
+                # nobody means as a byte count or a timeout.
+                raise InvalidArgumentError(f"{variable} must be an integer or none, got {raw!r}")
         else:
             values[name] = raw
     return values

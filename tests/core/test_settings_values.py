@@ -245,3 +245,25 @@ def test_set_error_mode_refuses_what_is_not_a_mode_by_name(mode: Any) -> None:
     manager = siglo.StorageManager()
     with pytest.raises(siglo.InvalidArgumentError, match="error mode must be one of"):
         manager.set_error_mode(mode)
+
+
+INTEGER_VARIABLES = sorted(
+    variable
+    for variable, name in ENVIRONMENT.items()
+    if name in ("command_timeout_ms", "max_document_bytes", "offload_min_bytes")
+)
+
+
+@pytest.mark.parametrize("variable", INTEGER_VARIABLES)
+@pytest.mark.parametrize("value", ["١٢٣٤", "1_000", "12\u0663"])
+def test_an_integer_variable_takes_ascii_digits_only(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # int() reads digits of any script and underscores; a timeout or a byte count
+    # written so is a typo or a paste, not a number anybody meant.
+    monkeypatch.setenv("SIGLO_BLOB_URL", "file:///var/lib/app/blobs")  # offloading needs it
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidArgumentError, match=variable):
+        load_settings()
+    monkeypatch.setenv(variable, " 2048 ")
+    assert getattr(load_settings(), ENVIRONMENT[variable]) == 2048
