@@ -15,13 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
+from urllib.parse import parse_qsl, urlsplit
 
 import redis.asyncio as aioredis
 
 from siglo import urls
 from siglo.blobs import BlobStore, check_digest
 from siglo.errors import OutcomeUnknownError, StorageAdapterError
-from siglo_redis.client import _driver_parameters, split_url
+from siglo_redis.client import _driver_parameters, check_driver_numbers, split_url
 from siglo_redis.sent_once import SentOnceRedis
 
 __all__ = ["RedisBlobStore", "open_store"]
@@ -124,6 +125,7 @@ def open_store(url: str) -> RedisBlobStore:
     # `/11?db=12` for 12, silently (a black-box auditor).
     split_url(url)
     base, options = urls.split_options(url, BLOB_OPTIONS)
+    check_driver_numbers(dict(parse_qsl(urlsplit(base).query)), url)
     # A change whose reply is lost is not sent again (siglo_redis.sent_once): a removal
     # sent twice would say "nothing removed" of the blob it removed.
     client = SentOnceRedis.from_url(base)

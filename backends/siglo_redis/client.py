@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 import warnings
 from collections.abc import Mapping
@@ -339,6 +340,7 @@ def _client_from_url(
 
         cluster_class = WaitingRedisCluster
     query = dict(parse_qsl(urlsplit(driver_url).query))
+    check_driver_numbers({**kwargs, **query}, url)
     if "socket_connect_timeout" not in query:
         kwargs.setdefault("socket_connect_timeout", _DEFAULT_SOCKET_TIMEOUT_S)
     if cluster:
@@ -384,6 +386,34 @@ def _client_from_url(
         timeout = _DEFAULT_WAIT_TIMEOUT_MS if wait_timeout_ms is None else wait_timeout_ms
         client.require_replicas(wait_replicas, timeout)
     return client
+
+
+def check_driver_numbers(parameters: Mapping[str, Any], url: str) -> None:
+    """Refuse a redis-py timeout or pool size that would not bound anything, naming it.
+
+    redis-py takes ``max_connections=0`` for no limit at all (a burst of callers opens a
+    socket each, where siglo's default pool makes them queue) and a timeout of 0 or
+    below for one that has always passed (every call then fails, each after its
+    retries, as a timeout). ``parameters`` are the keywords and the URL's query merged
+    as redis-py merges them (the query wins).
+    """
+    for name in ("socket_timeout", "socket_connect_timeout", "max_connections"):
+        value = parameters.get(name)
+        if value is None:
+            continue
+        try:
+            number = float(value) if name != "max_connections" else int(value)
+        except (TypeError, ValueError):
+            continue  # redis-py's own conversion fails, and client_from_url says so
+        if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+            what = (
+                "a number of connections >= 1"
+                if name == "max_connections"
+                else ("a number of seconds > 0")
+            )
+            raise InvalidArgumentError(
+                f"{name} must be {what}, got {value!r} in {urls.mask_credentials(url)!r}"
+            )
 
 
 def _sentinel_address(item: str, url: str) -> tuple[str, int]:

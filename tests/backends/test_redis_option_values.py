@@ -7,7 +7,9 @@ refused there, naming the option, before any connection:
 - ``wait_replicas=2**63`` was accepted, and Redis refused the count in the ``WAIT`` after
   every write, which had run: a stored save reported as a plain failure (and a ``WAIT``'s
   error reply after a write is now an unknown outcome);
-- ``redis://host/9?db=3`` named two databases, and the query's silently won.
+- ``redis://host/9?db=3`` named two databases, and the query's silently won;
+- ``?max_connections=0`` meant no limit (redis-py's reading), and a ``socket_timeout`` of
+  0 or below failed every call.
 """
 
 from __future__ import annotations
@@ -222,3 +224,40 @@ def test_a_redis_lock_built_directly_takes_strict_atomicity_as_a_bool(value: Any
 
     with pytest.raises(InvalidArgumentError, match="strict_atomicity must be a bool"):
         RedisLock(REDIS_URL, strict_atomicity=value)
+
+
+@pytest.mark.parametrize(
+    ("parameter", "value"),
+    [
+        # redis-py reads 0 as a pool without a limit: a burst opens a socket a caller.
+        ("max_connections", "0"),
+        ("max_connections", "-3"),
+        # A timeout that has always passed: every call failed, after its retries.
+        ("socket_timeout", "-1"),
+        ("socket_timeout", "0"),
+        ("socket_connect_timeout", "0"),
+        ("socket_connect_timeout", "nan"),
+    ],
+)
+def test_a_driver_bound_that_bounds_nothing_is_refused_naming_it(
+    parameter: str, value: str
+) -> None:
+    from siglo.blobs import open_blob_store
+
+    for url in (
+        f"{NOWHERE}&{parameter}={value}",
+        f"redis://127.0.0.1:1/0?prefix=blobs:&{parameter}={value}",
+    ):
+        opener = siglo.connect if "option-values" in url else open_blob_store
+        with pytest.raises(InvalidArgumentError, match=rf"{parameter} must be .*{value!r}"):
+            opener(url)
+
+
+@pytest.mark.parametrize(
+    "query", ["max_connections=1", "socket_timeout=0.25", "socket_connect_timeout=3"]
+)
+async def test_a_driver_bound_given_is_used(query: str) -> None:
+    require_redis()
+    url = f"{REDIS_URL.split('?')[0]}?prefix=siglo-option-values-{uuid.uuid4().hex}:&{query}"
+    async with siglo.connect(url) as backend:
+        assert await backend.adapter.get_checkpoint("nobody") is None
