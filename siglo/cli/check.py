@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from siglo.cli.common import STOPPED_BY, stopped_by_signals
+from siglo.cli.common import STOPPED_BY, interrupted, stopped_by_signals
 from siglo.cli.errors import CliError, display_url, resolve_url
 from siglo.connect import check_port
 from siglo.errors import SigloError
@@ -286,15 +286,14 @@ def check(
                     on_plan=on_plan,
                 )
     except KeyboardInterrupt:
-        if not STOPPED_BY:
-            raise  # Ctrl-C itself
-        # Through the run's clean-up, as Ctrl-C: then the status the signal ends with.
-        sys.exit(128 + STOPPED_BY[-1])
+        # Ctrl-C, SIGTERM or SIGHUP, through the run's clean-up: said, with the status
+        # the signal ends a process with (not click's bare "Aborted!" and status 1).
+        raise interrupted("siglo check", _STOPPED_HINT) from None
     if STOPPED_BY:
         # The interrupt was swallowed where it landed (Python ignores an exception raised
         # in a finalizer): the run went on to its end and removed its storage, and the
         # signal still decides the status — never 0 for a stopped run.
-        sys.exit(128 + STOPPED_BY[-1])
+        raise interrupted("siglo check", _STOPPED_HINT)
 
     table = Table(title=f"siglo check {escape(report.target)}", show_lines=not report.ok)
     table.add_column("rule")
@@ -356,6 +355,8 @@ def check(
     if not report.ok:
         sys.exit(1)
 
+
+_STOPPED_HINT: Final = "no verdict; the run's isolated storage was removed: run it again"
 
 _NOT_SELECTED: Final = "not selected"
 """A rule one run judged and the other did not: outside a ``--rule`` selection, judged

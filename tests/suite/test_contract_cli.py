@@ -410,11 +410,15 @@ def test_a_report_says_the_races_ran_in_one_process_without_isolated_storage() -
     assert "concurrency raced in one process only (no storage other processes" in to_markdown(doc)
 
 
-def test_a_check_stopped_by_sigterm_removes_its_isolated_storage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_check_stopped_by_a_signal_removes_its_isolated_storage_and_says_so(
+    signame: str, tmp_path: Path
+) -> None:
     """A SIGTERM (a timeout, `docker stop`, a cancelled CI job) left the run's isolated
     Redis keys behind, a thousand of them, some without an expiry (a black-box auditor);
-    Ctrl-C removed them. It ends the run as Ctrl-C does. Redis database 12, which no
-    other test uses: what is left there is this run's."""
+    Ctrl-C removed them. It ends the run as Ctrl-C does. Ctrl-C itself ended with click's
+    bare "Aborted!" and status 1. Redis databases 12 and 13, one a signal, which no other
+    test uses: what is left there is this run's."""
     import signal
     import subprocess
     import sys
@@ -424,7 +428,7 @@ def test_a_check_stopped_by_sigterm_removes_its_isolated_storage(tmp_path: Path)
     from _redis_helpers import require_redis
 
     require_redis()
-    url = "redis://127.0.0.1:6379/12"
+    url = f"redis://127.0.0.1:6379/{12 if signame == 'SIGTERM' else 13}"
     client = redis.Redis.from_url(url)
     before = client.dbsize()
     env = {
@@ -445,10 +449,13 @@ def test_a_check_stopped_by_sigterm_removes_its_isolated_storage(tmp_path: Path)
             if b"\xe2\x9c\x93" in line:  # a check finished: its storage is written
                 break
             assert time.monotonic() - began < 60, "no check finished"
-        process.send_signal(signal.SIGTERM)
-        process.stderr.read()
+        signum = getattr(signal, signame)
+        process.send_signal(signum)
+        said = process.stderr.read().decode()
         code = process.wait(timeout=60)
-    assert code == 128 + signal.SIGTERM
+    assert code == 128 + signum, said
+    assert f"siglo check was interrupted ({signame})" in said, said
+    assert "Aborted!" not in said
     assert client.dbsize() == before
     client.close()
 
