@@ -14,6 +14,7 @@ from siglo.sentinel import MISSING
 __all__ = [
     "WAIT_KEY_LOCK",
     "cancel_own_wait",
+    "complete_lapsed_claim",
     "place_wait",
     "release_own_claim",
     "renew_own_claim",
@@ -135,6 +136,48 @@ async def release_own_claim(adapter: StorageAdapter, record: WaitRecord) -> bool
 
     await _under_key_lock(adapter, record, release)
     return released
+
+
+async def complete_lapsed_claim(
+    adapter: StorageAdapter,
+    record: WaitRecord,
+    claimant: str,
+    *,
+    now_ms: Callable[[], int],
+) -> bool:
+    """Complete ``record``'s wait for ``claimant`` — claimed by a claimant whose lease
+    lapsed, of a run that holds its answer — only if the key's record is still that one
+    (the same run's, created at the same time: a record that does not say when it was
+    created is left), still claimed and still lapsed, under the key's lock, so that no
+    wait placed on the key meanwhile is taken. The lapsed claim is taken over (one
+    atomic claim: a delivery taking it first wins, and this does nothing) and completed,
+    with the payload the first claim put there. Whether it was completed."""
+    completed = False
+
+    async def complete() -> None:
+        nonlocal completed
+        there = await adapter.get_wait_record(record.correlation_key, namespace=record.namespace)
+        if (
+            there is None
+            or record.created_at is None
+            or there.stack_id != record.stack_id
+            or there.created_at != record.created_at
+            or there.status != "claimed"
+            or _claim_held(there, now_ms())
+        ):
+            return
+        taken = await adapter.claim_wait_record(
+            record.correlation_key, claimant, allow_expired=True, namespace=record.namespace
+        )
+        if taken is None or taken.created_at != record.created_at:
+            return  # another claimant took it first (the key's lock keeps others out)
+        await adapter.complete_wait_record(
+            record.correlation_key, claimant, namespace=record.namespace
+        )
+        completed = True
+
+    await _under_key_lock(adapter, record, complete)
+    return completed
 
 
 def _same_claim(there: WaitRecord | None, record: WaitRecord) -> bool:

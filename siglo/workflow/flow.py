@@ -39,7 +39,13 @@ from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
-from siglo.wait_keys import cancel_own_wait, place_wait, release_own_claim, renew_own_claim
+from siglo.wait_keys import (
+    cancel_own_wait,
+    complete_lapsed_claim,
+    place_wait,
+    release_own_claim,
+    renew_own_claim,
+)
 from siglo.wire import later_ms
 from siglo.workflow.claim_keeper import ClaimKeeper
 from siglo.workflow.outcomes import (
@@ -257,6 +263,8 @@ class Flow:
         require_optional_id("namespace", namespace)
         adapter = _require(manager, Capability.WORKFLOW_LOCK)
 
+        answered: list[tuple[str, str]] = []
+
         async def take_over() -> bool:
             with telemetry.lock_held_expected(False):  # the steps' own locks are not
                 stack = await self._restore(manager, stack_id, namespace)
@@ -266,6 +274,7 @@ class Flow:
                     await self._execute(manager, stack, unlock=True)
                     return True
                 finally:
+                    answered[:] = _answered_waits(stack)
                     manager.discard_stack(stack)
 
         try:
@@ -276,11 +285,14 @@ class Flow:
                     f"recover {self.name}", self._attributes(stack_id, namespace), run=True
                 ),
             ):
-                return await adapter.with_workflow_lock(
+                recovered = await adapter.with_workflow_lock(
                     stack_id, take_over, timeout_ms=1, namespace=namespace
                 )
         except WorkflowSuspended:
-            return True
+            recovered = True
+        if recovered:
+            await _complete_lapsed_answers(manager, stack_id, namespace, answered)
+        return recovered
 
     async def fire_timeout(
         self,
@@ -659,10 +671,15 @@ class Flow:
 
     async def _take_up(self, manager: StorageManager, stack_id: str, namespace: str | None) -> Any:
         stack = await self._restore(manager, stack_id, namespace)
+        answered: list[tuple[str, str]] = []
         try:
             return await self._continue(manager, stack, unlock=True)
         finally:
+            answered = _answered_waits(stack)
             manager.discard_stack(stack)
+            # After the run's own work, whichever way it ended (suspended again,
+            # completed, failed): the answers its checkpoint holds are stored.
+            await _complete_lapsed_answers(manager, stack_id, namespace, answered)
 
     async def _continue(
         self, manager: StorageManager, stack: ExecutionStack, *, unlock: bool
@@ -1078,6 +1095,63 @@ def _waits_on_another_record(stack: ExecutionStack, record: WaitRecord) -> bool:
     its creation time: where either does not say it, a TypeScript worker's or an older
     siglo's, it is taken for the same)."""
     return stack.status == "waiting" and another_record_of_its_key(stack.metadata, record)
+
+
+def _answered_waits(stack: ExecutionStack) -> list[tuple[str, str]]:
+    """The waits ``stack``'s steps waited on and were answered (an event, or a timeout):
+    each one's correlation key and step."""
+    return [
+        (str(context[WAITING_FOR]), step)
+        for step, context in stack.contexts.items()
+        if WAITING_FOR in context and answer_of(context) is not None
+    ]
+
+
+async def _complete_lapsed_answers(
+    manager: StorageManager,
+    stack_id: str,
+    namespace: str | None,
+    answered: list[tuple[str, str]],
+) -> None:
+    """Complete the waits ``answered`` (a run's, which a recovery or a resume just
+    continued) that a delivery claimed and never completed: its process died after the
+    run took the event, and the claim's lease lapsed. A wait without a deadline is fired
+    by no timer, so nothing else would complete it, and its key would refuse every other
+    run's wait for as long as the store keeps it. Only this run's record of the answered
+    step, still claimed and lapsed (:func:`~siglo.wait_keys.complete_lapsed_claim`);
+    a failure is logged, not raised: the run's own work is done and stored."""
+    if not answered or not manager.adapter.supports(Capability.WAIT_RECORDS):
+        return
+    adapter = manager.adapter
+    for correlation_key, step in answered:
+        try:
+            record = await adapter.get_wait_record(correlation_key, namespace=namespace)
+            if (
+                record is None
+                or record.correlation_key != correlation_key
+                or record.stack_id != stack_id
+                or record.step_id != step
+                or record.status != "claimed"
+                or not record.lease_expired(manager.clock.now_ms())
+            ):
+                continue
+            if await complete_lapsed_claim(
+                adapter, record, uuid.uuid4().hex, now_ms=manager.clock.now_ms
+            ):
+                log.info(
+                    "wait %r of run %r completed: its delivery's claim lapsed after the run "
+                    "took the event",
+                    correlation_key,
+                    stack_id,
+                )
+        except Exception as exc:
+            log.warning(
+                "wait %r of run %r: the run holds its answer, but its lapsed claim could "
+                "not be completed (%s); a retried delivery completes it",
+                correlation_key,
+                stack_id,
+                exc,
+            )
 
 
 def _deadline(stack: ExecutionStack) -> int | None:

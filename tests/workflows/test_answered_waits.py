@@ -351,3 +351,36 @@ async def test_a_cancel_between_the_runs_checkpoint_and_the_completion_is_said_a
         assert record is not None and record.status == "cancelled"
         assert "was cancelled (cancel_workflow) before the delivery completed it" in caplog.text
         assert "another claimant" not in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_worker_recovering_a_run_completes_its_answered_wait_without_a_deadline(
+    kind: str,
+) -> None:
+    """A delivery claimed a wait with no deadline, the run took the event, and the
+    delivering process died in a later step; a worker recovered the run and finished it.
+    The wait stayed ``claimed`` (its lease lapsed) for as long as the store kept it: no
+    timer ever fires a wait without a deadline, so nothing completed it, and its key
+    refused every other run's wait. The recovery completes it, as delivered, with the
+    event the run used."""
+    DEADLINE["ms"] = None
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _delivered_then_stopped(manager, "answered-recovered")
+        before = await backend.adapter.get_wait_record("hook:answered")
+        assert before is not None and before.status == "claimed"
+        done = await Worker(manager, [ANSWERED]).run_once()
+        assert done.runs_recovered == 1, done
+        stored = await backend.adapter.get_checkpoint("answered-recovered")
+        assert stored is not None and stored.status == "completed"
+        assert stored.contexts["after"]["output"] == {"event": {"v": 1}}
+        record = await backend.adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "completed", record
+        assert wait_outcome(record, stored, manager.clock.now_ms()) == "delivered"
+        assert record.event_payload == {"v": 1}
+        # The key is free again: another run waits on it, and is delivered to.
+        with pytest.raises(siglo.WorkflowSuspended):
+            await ANSWERED.run(None, manager=manager, stack_id="answered-next")
+        assert await ANSWERED.deliver("hook:answered", {"v": 2}, manager=manager) == {
+            "event": {"v": 2}
+        }
