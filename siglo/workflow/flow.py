@@ -671,15 +671,24 @@ class Flow:
 
     async def _take_up(self, manager: StorageManager, stack_id: str, namespace: str | None) -> Any:
         stack = await self._restore(manager, stack_id, namespace)
-        answered: list[tuple[str, str]] = []
         try:
-            return await self._continue(manager, stack, unlock=True)
-        finally:
-            answered = _answered_waits(stack)
-            manager.discard_stack(stack)
-            # After the run's own work, whichever way it ended (suspended again,
-            # completed, failed): the answers its checkpoint holds are stored.
-            await _complete_lapsed_answers(manager, stack_id, namespace, answered)
+            result = await self._continue(manager, stack, unlock=True)
+        except Exception:
+            # Suspended again, or failed: the answers its checkpoint holds are stored.
+            await self._done_taking_up(manager, stack)
+            raise
+        except BaseException:
+            manager.discard_stack(stack)  # cut off: no more storage work
+            raise
+        await self._done_taking_up(manager, stack)
+        return result
+
+    async def _done_taking_up(self, manager: StorageManager, stack: ExecutionStack) -> None:
+        """Discard a resumed run's stack, and complete the waits it holds answers to whose
+        delivery's claim lapsed (:func:`_complete_lapsed_answers`)."""
+        answered = _answered_waits(stack)
+        manager.discard_stack(stack)
+        await _complete_lapsed_answers(manager, stack.stack_id, stack.namespace, answered)
 
     async def _continue(
         self, manager: StorageManager, stack: ExecutionStack, *, unlock: bool
@@ -1120,9 +1129,9 @@ async def _complete_lapsed_answers(
     run's wait for as long as the store keeps it. Only this run's record of the answered
     step, still claimed and lapsed (:func:`~siglo.wait_keys.complete_lapsed_claim`);
     a failure is logged, not raised: the run's own work is done and stored."""
-    if not answered or not manager.adapter.supports(Capability.WAIT_RECORDS):
-        return
     adapter = manager.adapter
+    if not answered or adapter is None or not adapter.supports(Capability.WAIT_RECORDS):
+        return
     for correlation_key, step in answered:
         try:
             record = await adapter.get_wait_record(correlation_key, namespace=namespace)

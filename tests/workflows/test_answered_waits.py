@@ -384,3 +384,15 @@ async def test_a_worker_recovering_a_run_completes_its_answered_wait_without_a_d
         assert await ANSWERED.deliver("hook:answered", {"v": 2}, manager=manager) == {
             "event": {"v": 2}
         }
+
+
+async def test_a_resume_of_the_run_completes_its_answered_wait_too() -> None:
+    """``resume`` (continuing a crashed run by hand) completes it as the worker does."""
+    DEADLINE["ms"] = None
+    async with siglo.connect("memory://", claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _delivered_then_stopped(manager, "answered-resumed")
+        assert await ANSWERED.resume("answered-resumed", manager=manager) == {"event": {"v": 1}}
+        record = await backend.adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "completed", record
+        assert record.event_payload == {"v": 1}
