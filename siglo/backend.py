@@ -10,7 +10,7 @@ from siglo.adapter import Capability, StorageAdapter
 from siglo.closing import Closable
 from siglo.coordination import IdempotencyStore, Lock, NonceStore, undos_settled
 from siglo.errors import CapabilityNotSupportedError
-from siglo.pipeline import Pipeline, PipelineAdapter, pipeline_parts
+from siglo.pipeline import Pipeline, PipelineAdapter, observe_coordination, pipeline_parts
 from siglo.telemetry import db_attributes
 from siglo.urls import mask_credentials
 
@@ -58,11 +58,13 @@ class Backend:
 
     def use_pipeline(self, pipeline: Pipeline) -> None:
         """Store through ``pipeline`` from now on (:func:`siglo.connect` does this with the
-        settings' pipeline): the adapter and the idempotency store are put behind it."""
+        settings' pipeline): the adapter and the idempotency store are put behind it, and
+        the lock and nonce store count their timed-out calls when it traces."""
         attributes = None if pipeline.telemetry is None else db_attributes(self.name, self.url)
         self.adapter, self.idempotency = pipeline_parts(
             self.adapter, self.idempotency, pipeline, attributes
         )
+        observe_coordination(pipeline, attributes, self.lock, self.nonces)
 
     @property
     def raw_adapter(self) -> StorageAdapter:

@@ -627,6 +627,13 @@ class LockBase(Closable):
     and (contract 1.4) :meth:`_do_inspect`; each receives arguments already checked.
     """
 
+    failure_observer: Callable[[str, BaseException], None] | None = None
+    """Told of each call that raised (``"lock.acquire"``, ``"lock.release"``,
+    ``"lock.extend"``, ``"lock.inspect"``, and the exception), if set: :func:`siglo.connect`
+    sets it on a backend's public lock when an OpenTelemetry SDK listens, to count a call
+    that ran past its bound under ``siglo.timeouts`` (the lock's calls are not traced).
+    It never raises."""
+
     async def acquire(
         self, lock_key: str, ttl_ms: int = DEFAULT_LOCK_TTL_MS, custom_token: str | None = None
     ) -> LockResult:
@@ -636,14 +643,22 @@ class LockBase(Closable):
         if custom_token is not None:
             require_id("custom_token", custom_token)
         self._require_open()
-        return await self._do_acquire(lock_key, ttl_ms, custom_token)
+        try:
+            return await self._do_acquire(lock_key, ttl_ms, custom_token)
+        except BaseException as exc:
+            _observed(self, "lock.acquire", exc)
+            raise
 
     async def release(self, lock_key: str, token: str) -> bool:
         """Release if ``token`` still holds the lock; ``True`` if released."""
         require_id("lock_key", lock_key)
         require_id("token", token)
         self._require_open()
-        return await self._do_release(lock_key, token)
+        try:
+            return await self._do_release(lock_key, token)
+        except BaseException as exc:
+            _observed(self, "lock.release", exc)
+            raise
 
     async def extend(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         """Reset the TTL if ``token`` still holds the lock; ``True`` if extended."""
@@ -651,7 +666,11 @@ class LockBase(Closable):
         require_id("token", token)
         require_ttl_ms("ttl_ms", ttl_ms)
         self._require_open()
-        return await self._do_extend(lock_key, token, ttl_ms)
+        try:
+            return await self._do_extend(lock_key, token, ttl_ms)
+        except BaseException as exc:
+            _observed(self, "lock.extend", exc)
+            raise
 
     async def inspect(self, lock_key: str) -> LockState | None:
         """Who holds ``lock_key`` and until when, or ``None`` when nobody does (never
@@ -664,9 +683,13 @@ class LockBase(Closable):
         require_id("lock_key", lock_key)
         self._require_open()
         try:
-            return await self._do_inspect(lock_key)
-        except OutcomeUnknownError as exc:  # a read: nothing it did changed anything
-            raise read_failure(exc) from (exc.__cause__ or exc)
+            try:
+                return await self._do_inspect(lock_key)
+            except OutcomeUnknownError as exc:  # a read: nothing it did changed anything
+                raise read_failure(exc) from (exc.__cause__ or exc)
+        except BaseException as exc:
+            _observed(self, "lock.inspect", exc)
+            raise
 
     async def _do_acquire(self, lock_key: str, ttl_ms: int, custom_token: str | None) -> LockResult:
         raise _unsupported(self, "acquire")
@@ -749,15 +772,32 @@ class NonceStoreBase(Closable):
     The hook receives the window already converted to milliseconds (:func:`nonce_ttl_ms`).
     """
 
+    failure_observer: Callable[[str, BaseException], None] | None = None
+    """Told of each claim that raised (``"nonces.claim"`` and the exception), if set: as
+    :attr:`LockBase.failure_observer`, to count a claim past its bound under
+    ``siglo.timeouts``."""
+
     async def claim(self, key: str, ttl_seconds: float) -> bool:
         """``True`` for the first claim within the window, ``False`` for a replay."""
         require_id("key", key)
         ttl_ms = nonce_ttl_ms(ttl_seconds)
         self._require_open()
-        return await self._do_claim(key, ttl_ms)
+        try:
+            return await self._do_claim(key, ttl_ms)
+        except BaseException as exc:
+            _observed(self, "nonces.claim", exc)
+            raise
 
     async def _do_claim(self, key: str, ttl_ms: int) -> bool:
         raise _unsupported(self, "claim")
+
+
+def _observed(part: LockBase | NonceStoreBase, operation: str, exc: BaseException) -> None:
+    """Tell ``part``'s :attr:`~LockBase.failure_observer`, if it has one, that its call
+    ``operation`` raised ``exc`` (the observer never raises)."""
+    observer = part.failure_observer
+    if observer is not None:
+        observer(operation, exc)
 
 
 def _unsupported(part: object, method: str) -> CapabilityNotSupportedError:

@@ -20,7 +20,9 @@ do, :func:`siglo.connect` returns the backend as it is: no layer, no cost.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from inspect import iscoroutinefunction
 from typing import Any, ClassVar, Final, TypeVar
 
 from siglo import telemetry
@@ -44,6 +46,9 @@ from siglo.coordination import (
     IdempotencyStore,
     IdempotencyStoreBase,
     Lock,
+    LockBase,
+    NonceStore,
+    NonceStoreBase,
 )
 from siglo.errors import InvalidArgumentError, KeyErasedError, naming_wait
 from siglo.keys import (
@@ -76,12 +81,14 @@ __all__ = [
     "PipelineIdempotencyStore",
     "TracedPipelineAdapter",
     "TracedPipelineIdempotencyStore",
+    "observe_coordination",
     "pipeline_adapter",
     "pipeline_parts",
     "redact_wait",
     "redacted_parts",
     "sealer_for",
     "shown_run",
+    "traced_own",
 ]
 
 WAIT_RECORD_KEY: Final = "waitRecord"
@@ -957,18 +964,28 @@ TRACED_IDEMPOTENCY_CALLS: Final = (
 )
 
 
+NOT_STORAGE_CALLS: Final = frozenset({"aclose"})
+"""A backend's own coroutine methods, reached past the pipeline's (:func:`traced_own`),
+that are not storage calls: left untraced."""
+
+
+def _operation_attributes(part: Any, name: str) -> dict[str, Any]:
+    # The span's attributes are built once per part and operation, not per call.
+    attributes: dict[str, Any] | None = part.operation_attributes.get(name)
+    if attributes is None:
+        attributes = part.operation_attributes[name] = {
+            **part.attributes,
+            "db.operation.name": name,
+        }
+    return attributes
+
+
 def _traced(base: type[Any], operation: str, prefix: str = "") -> Any:
     untraced = getattr(base, operation)
     name = prefix + operation
 
     async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # The span's attributes are built once per part and operation, not per call.
-        attributes = self.operation_attributes.get(name)
-        if attributes is None:
-            attributes = self.operation_attributes[name] = {
-                **self.attributes,
-                "db.operation.name": name,
-            }
+        attributes = _operation_attributes(self, name)
         if name == "with_workflow_lock":
             return await _traced_lock(self, attributes, untraced, *args, **kwargs)
         return await self.telemetry.call(attributes, name, untraced, self, *args, **kwargs)
@@ -1012,13 +1029,41 @@ async def _traced_lock(
     )
 
 
+def traced_own(part: Any, name: str, prefix: str = "") -> Any:
+    """``part.inner``'s attribute ``name`` as a traced part (:class:`TracedPipelineAdapter`,
+    :class:`TracedPipelineIdempotencyStore`) hands it on: a coroutine method of the
+    backend's own (``clean_expired``, ``migrate``, ``swap_result`` …, which the
+    contract's traced calls do not list) is a storage call too, so it is wrapped in a
+    span and a timing named ``prefix + name``; anything else is handed on as it is."""
+    found = getattr(part.inner, name)
+    if name.startswith("_") or name in NOT_STORAGE_CALLS or not iscoroutinefunction(found):
+        return found
+    operation = prefix + name
+    attributes = _operation_attributes(part, operation)
+    telemetry: Telemetry = part.telemetry
+
+    # Made per look-up, not kept on the part: the backend's method is looked up anew
+    # each time, as without the tracing stage (a method replaced later is the one called).
+    @functools.wraps(found)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await telemetry.call(attributes, operation, found, *args, **kwargs)
+
+    return call
+
+
 class TracedPipelineAdapter(PipelineAdapter):
     """A :class:`PipelineAdapter` whose every storage call is a span and a timing
-    (:mod:`siglo.telemetry`); what the stages make of the payloads is the same."""
+    (:mod:`siglo.telemetry`); what the stages make of the payloads is the same. The
+    backend's own coroutine methods, reached through it (``clean_expired`` …), are
+    traced too (:func:`traced_own`)."""
 
     telemetry: Telemetry
     attributes: dict[str, Any]
     operation_attributes: dict[str, dict[str, Any]]
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for what this class does not define: the backend's own API.
+        return traced_own(self, name)
 
 
 for _name in TRACED_CALLS:
@@ -1130,11 +1175,15 @@ class PipelineIdempotencyStore(Closable):
 
 
 class TracedPipelineIdempotencyStore(PipelineIdempotencyStore):
-    """A :class:`PipelineIdempotencyStore` whose every call is a span and a timing."""
+    """A :class:`PipelineIdempotencyStore` whose every call is a span and a timing, the
+    store's own coroutine methods reached through it (``swap_result``) included."""
 
     telemetry: Telemetry
     attributes: dict[str, Any]
     operation_attributes: dict[str, dict[str, Any]]
+
+    def __getattr__(self, name: str) -> Any:
+        return traced_own(self, name, prefix="idempotency.")
 
 
 for _name in TRACED_IDEMPOTENCY_CALLS:
@@ -1143,6 +1192,28 @@ for _name in TRACED_IDEMPOTENCY_CALLS:
         _name,
         _traced(PipelineIdempotencyStore, _name, prefix="idempotency."),
     )
+
+
+def observe_coordination(
+    pipeline: Pipeline,
+    attributes: dict[str, Any] | None,
+    lock: Lock | None,
+    nonces: NonceStore | None,
+) -> None:
+    """Have a backend's lock and nonce store count their calls that run past their bound
+    under ``siglo.timeouts`` when the pipeline traces (``attributes``: the backend's).
+    They are not traced (called directly, they stay the backend's own objects), but a
+    timeout of theirs is a storage call's like any other. A lock or store not built on
+    :class:`~siglo.coordination.LockBase` / :class:`~siglo.coordination.NonceStoreBase`
+    has nowhere to report it, and is left alone."""
+    observed = None
+    if pipeline.telemetry is not None:
+        observed = pipeline.telemetry.failure_observer(attributes or {})
+    for part in (lock, nonces):
+        if isinstance(part, LockBase | NonceStoreBase):
+            # Set either way: a part handed to a second connect (a memory store's copy)
+            # reports to that connect's telemetry, or to none.
+            part.failure_observer = observed
 
 
 def pipeline_parts(

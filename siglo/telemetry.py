@@ -17,6 +17,12 @@ Never payloads, never credentials: attributes are the OTel database conventions
 ``server.port``), siglo's routing fields (its namespace, a workflow's name, a run's id,
 a step's name) and outcomes (``error.type``). A URL's user and password never reach an
 attribute.
+
+Telemetry never changes what a call raises or returns: an SDK component that fails (a
+span processor raising in ``on_start`` or ``on_end``, an instrument that raises) and an
+exception whose text cannot be formatted (``str()`` raising) are absorbed here — the
+first such failure is logged on the ``siglo.telemetry`` logger, once per process — and
+the call's own outcome goes on to its caller as it would without an SDK.
 """
 
 from __future__ import annotations
@@ -26,21 +32,23 @@ import time
 import traceback
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 from urllib.parse import parse_qsl, urlsplit
 
 from siglo.errors import CheckpointConflictError, LockLostError, LockNotAcquiredError
-from siglo.masking import scrub
+from siglo.masking import logger, scrub
 from siglo.records import WaitRecord
 
 try:  # the optional API (siglo[otel]); siglo works the same without it
+    from opentelemetry import context as otel_context
     from opentelemetry import metrics as otel_metrics
     from opentelemetry import trace as otel_trace
     from opentelemetry.metrics import _internal as _otel_metrics_internal
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - exercised by the overhead benchmark's "absent" cell
+    otel_context = None  # type: ignore[assignment]
     otel_metrics = None  # type: ignore[assignment]
     otel_trace = None  # type: ignore[assignment]
     _otel_metrics_internal = None  # type: ignore[assignment]
@@ -76,6 +84,12 @@ _override: tuple[Any, Any] | None = None
 _cache: dict[tuple[int, int], Telemetry] = {}
 _queues: weakref.WeakSet[_Sized] = weakref.WeakSet()
 _run_span: ContextVar[Any] = ContextVar("siglo_run_span", default=None)
+_log = logger("siglo.telemetry")
+_sdk_failure_reported = False
+_COUNTED_MARK: Final = "_siglo_timeout_counted"
+"""Set on a timed-out exception once ``siglo.timeouts`` counted it: a lock's call counted
+where it failed (:meth:`Telemetry.failure_observer`) is not counted again by a traced
+call it propagates out of."""
 
 
 class _Sized(Protocol):
@@ -138,7 +152,13 @@ def current() -> Telemetry | None:
     key = (id(tracer_provider), id(meter_provider))
     found = _cache.get(key)
     if found is None:
-        found = _cache[key] = Telemetry(tracer_provider, meter_provider)
+        try:
+            found = _cache[key] = Telemetry(tracer_provider, meter_provider)
+        except Exception as exc:
+            # A provider that cannot make siglo's tracer or instruments: nothing is
+            # traced, rather than every connect and run failing on it.
+            _sdk_failed("making siglo's tracer and instruments", exc)
+            return None
     return found
 
 
@@ -316,89 +336,246 @@ class Telemetry:
         )
         failed: dict[str, Any] | None = None
         started = time.perf_counter()
+        # Started, made current and ended by hand rather than with the SDK's
+        # start_as_current_span: its end (a processor's on_end) runs in a `finally` and
+        # would replace the call's outcome with its own exception.
+        span = self._start(operation, otel_trace.SpanKind.CLIENT, attrs)
+        token = _enter(span)
         try:
-            with self.tracer.start_as_current_span(
-                operation,
-                kind=otel_trace.SpanKind.CLIENT,
-                attributes=attrs,
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
-                try:
-                    return await fn(*args, **kwargs)
-                except BaseException as exc:
-                    if _is_signal(exc):
-                        span.set_attribute("siglo.outcome", "suspended")
-                        raise
-                    if isinstance(exc, CheckpointConflictError) and _CONFLICT_EXPECTED.get():
-                        span.set_attribute("siglo.outcome", "exists")
-                        raise
-                    if action_raised is not None and action_raised(exc):
-                        span.set_attribute("siglo.outcome", "action failed")
-                        raise
-                    if _held_elsewhere(exc):
-                        span.set_attribute("siglo.outcome", "held elsewhere")
-                        raise
-                    _record_failure(span, exc)
-                    kind = type(exc).__qualname__
-                    span.set_attribute("error.type", kind)
-                    failed = {**attrs, "error.type": kind}
-                    if isinstance(exc, CheckpointConflictError):
-                        self.conflicts.add(1, attrs)
-                    elif _timed_out(exc):
-                        self.timeouts.add(1, attrs)
-                    raise
+            return await fn(*args, **kwargs)
+        except BaseException as exc:
+            failed = self._call_failed(span, exc, attrs, action_raised)
+            raise
         finally:
+            _leave(token)
+            _end(span)
             # Recorded after the span has ended: inside it the SDK also offers each
             # measurement to the exemplar reservoir (measured: a call went from 95 to
             # 79 µs with an SDK on a loaded 2-core machine, against 39 µs for a bare span).
-            self.duration.record(time.perf_counter() - started, failed or attrs)
+            try:
+                self.duration.record(time.perf_counter() - started, failed or attrs)
+            except Exception as error:
+                _sdk_failed("recording a call's duration", error)
+
+    def _start(self, name: str, kind: Any, attributes: Any, links: Sequence[Any] = ()) -> Any:
+        """A started span, or ``None`` when the SDK failed to start one (a processor's
+        ``on_start`` raised): the call goes on untraced, its storage calls the children of
+        the span that was current."""
+        try:
+            return self.tracer.start_span(
+                name, kind=kind, attributes=attributes, links=list(links) if links else None
+            )
+        except Exception as exc:
+            _sdk_failed("starting a span", exc)
+            return None
+
+    def _call_failed(
+        self,
+        span: Any,
+        exc: BaseException,
+        attrs: Mapping[str, Any],
+        action_raised: Callable[[BaseException], bool] | None,
+    ) -> dict[str, Any] | None:
+        """Note on ``span`` and in the counters how a storage call ended with ``exc``;
+        the failed duration's attributes, or ``None`` when ``exc`` is an answer rather
+        than a failure (:meth:`call`). Never raises: ``exc`` is what the caller gets."""
+        try:
+            if _is_signal(exc):
+                _set_attribute(span, "siglo.outcome", "suspended")
+                return None
+            if isinstance(exc, CheckpointConflictError) and _CONFLICT_EXPECTED.get():
+                _set_attribute(span, "siglo.outcome", "exists")
+                return None
+            if action_raised is not None and action_raised(exc):
+                _set_attribute(span, "siglo.outcome", "action failed")
+                return None
+            if _held_elsewhere(exc):
+                _set_attribute(span, "siglo.outcome", "held elsewhere")
+                return None
+        except Exception as error:
+            _sdk_failed("recording a failed call", error)
+            return None
+        _record_failure(span, exc)
+        kind = type(exc).__qualname__
+        _set_attribute(span, "error.type", kind)
+        try:
+            if isinstance(exc, CheckpointConflictError):
+                self.conflicts.add(1, attrs)
+            else:
+                self._count_timeout(exc, attrs)
+        except Exception as error:
+            _sdk_failed("counting a failed call", error)
+        return {**attrs, "error.type": kind}
+
+    def _count_timeout(self, exc: BaseException, attrs: Mapping[str, Any]) -> None:
+        """Count ``exc`` under ``siglo.timeouts`` if it is a call that ran past its bound,
+        once whichever layer sees it first (:data:`_COUNTED_MARK`)."""
+        if not _timed_out(exc) or getattr(exc, _COUNTED_MARK, False):
+            return
+        self.timeouts.add(1, attrs)
+        with suppress(Exception):  # an exception that takes no attributes: counted, unmarked
+            setattr(exc, _COUNTED_MARK, True)
+
+    def failure_observer(
+        self, attributes: Mapping[str, Any]
+    ) -> Callable[[str, BaseException], None]:
+        """What a backend's lock and nonce store are given at connect
+        (:attr:`siglo.coordination.LockBase.failure_observer`): called with each of their
+        calls that raised (its operation's name, ``lock.acquire``, ``nonces.claim`` …,
+        and the exception), it counts one that ran past its bound under
+        ``siglo.timeouts`` with ``attributes`` (the backend's) and the operation's name.
+        Those calls are not traced; their timeouts are counted all the same. Never
+        raises."""
+        per_operation: dict[str, dict[str, Any]] = {}
+
+        def observe(operation: str, exc: BaseException) -> None:
+            try:
+                if not _timed_out(exc):
+                    return
+                attrs = per_operation.get(operation)
+                if attrs is None:
+                    attrs = per_operation[operation] = {
+                        **attributes,
+                        "db.operation.name": operation,
+                    }
+                self._count_timeout(exc, attrs)
+            except Exception as error:
+                _sdk_failed("counting a timeout", error)
+
+        return observe
 
     @contextmanager
     def span(
         self, name: str, attributes: Mapping[str, Any], *, links_from: str | None = None
     ) -> Iterator[Any]:
         """An internal span (a workflow run or step), linked to the span whose W3C
-        ``traceparent`` is ``links_from`` (the run that suspended this one)."""
+        ``traceparent`` is ``links_from`` (the run that suspended this one). Yields the
+        span, or ``None`` when the SDK failed to start it."""
         links = []
         if links_from:
-            linked = _span_context(links_from)
-            if linked is not None:
-                links.append(otel_trace.Link(linked, {"siglo.link": "suspended_by"}))
-        with self.tracer.start_as_current_span(
-            name,
-            attributes=dict(attributes),
-            links=links,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
             try:
-                yield span
-            except BaseException as exc:
+                linked = _span_context(links_from)
+                if linked is not None:
+                    links.append(otel_trace.Link(linked, {"siglo.link": "suspended_by"}))
+            except Exception as exc:
+                _sdk_failed("reading a suspended run's traceparent", exc)
+        span = self._start(name, otel_trace.SpanKind.INTERNAL, dict(attributes), links)
+        token = _enter(span)
+        try:
+            yield span
+        except BaseException as exc:
+            try:
                 if _is_signal(exc):
-                    span.set_attribute("siglo.outcome", "suspended")
+                    _set_attribute(span, "siglo.outcome", "suspended")
                 elif _held_elsewhere(exc):
-                    span.set_attribute("siglo.outcome", "held elsewhere")
+                    _set_attribute(span, "siglo.outcome", "held elsewhere")
                 else:
                     _record_failure(span, exc)
-                raise
+            except Exception as error:
+                _sdk_failed("recording a failed span", error)
+            raise
+        finally:
+            _leave(token)
+            _end(span)
 
     def traceparent(self) -> str | None:
         """The W3C ``traceparent`` of the current workflow run's span (else of the current
-        span; ``None`` outside a recording one)."""
+        span; ``None`` outside a recording one, or when the SDK fails to tell)."""
         assert TraceContextTextMapPropagator is not None
         assert otel_trace is not None
         carrier: dict[str, str] = {}
-        run = _run_span.get()
-        context = None if run is None else otel_trace.set_span_in_context(run)
-        TraceContextTextMapPropagator().inject(carrier, context=context)
+        try:
+            run = _run_span.get()
+            context = None if run is None else otel_trace.set_span_in_context(run)
+            TraceContextTextMapPropagator().inject(carrier, context=context)
+        except Exception as exc:
+            _sdk_failed("reading the run's traceparent", exc)
+            return None
         return carrier.get("traceparent")
 
     def lost_lease(self) -> None:
-        self.lease_losses.add(1)
+        """Count a lost workflow-lock lease."""
+        try:
+            self.lease_losses.add(1)
+        except Exception as exc:
+            _sdk_failed("counting a lost lease", exc)
 
     def retried(self, kind: str) -> None:
-        self.retries.add(1, {"siglo.retry.kind": kind})
+        """Count one retry of ``kind``."""
+        try:
+            self.retries.add(1, {"siglo.retry.kind": kind})
+        except Exception as exc:
+            _sdk_failed("counting a retry", exc)
+
+
+def _sdk_failed(what: str, exc: BaseException) -> None:
+    """An SDK component (or an exception's text) failed while siglo recorded telemetry:
+    absorbed, so the call's outcome stays its own; logged the first time in the process
+    only (a broken processor fails every span, and a log line per call would flood)."""
+    global _sdk_failure_reported
+    if _sdk_failure_reported:
+        return
+    _sdk_failure_reported = True
+    # A logging handler's failure is no more the call's than the SDK's.
+    with suppress(Exception):
+        _log.warning(
+            "OpenTelemetry failed %s (%s); siglo's calls go on as without it, their "
+            "outcomes unchanged (further such failures in this process are not logged)",
+            what,
+            _described(exc),
+        )
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)`` with secrets masked, or the type's name when ``str()`` itself raises
+    (a ``KeyError`` of an object whose ``repr`` fails: a detached ORM object)."""
+    try:
+        return scrub(str(exc))
+    except Exception:
+        return type(exc).__name__
+
+
+def _described(exc: BaseException) -> str:
+    message = _message(exc)
+    name = type(exc).__name__
+    return name if message == name else f"{name}: {message}"
+
+
+def _enter(span: Any) -> Any:
+    """Make ``span`` current (a token for :func:`_leave`); nothing for no span."""
+    if span is None:
+        return None
+    try:
+        return otel_context.attach(otel_trace.set_span_in_context(span))
+    except Exception as exc:
+        _sdk_failed("making a span current", exc)
+        return None
+
+
+def _leave(token: Any) -> None:
+    if token is not None:
+        try:
+            otel_context.detach(token)
+        except Exception as exc:
+            _sdk_failed("restoring the current span", exc)
+
+
+def _end(span: Any) -> None:
+    """End ``span``: the SDK hands it to its processors (``on_end``), whose failure is
+    theirs, not the call's."""
+    if span is not None:
+        try:
+            span.end()
+        except Exception as exc:
+            _sdk_failed("ending a span", exc)
+
+
+def _set_attribute(span: Any, key: str, value: Any) -> None:
+    if span is not None:
+        try:
+            span.set_attribute(key, value)
+        except Exception as exc:
+            _sdk_failed("setting a span attribute", exc)
 
 
 _CONFLICT_EXPECTED: ContextVar[bool] = ContextVar("siglo_conflict_expected", default=False)
@@ -448,21 +625,40 @@ def _is_signal(exc: BaseException) -> bool:
 def _record_failure(span: Any, exc: BaseException) -> None:
     """What the SDK records of an exception that ends a span — its event (type, message,
     traceback) and the span's error status — with the secrets of URLs and options masked
-    (:mod:`siglo.masking`): a driver's exception in the traceback may quote one."""
-    if isinstance(exc, GeneratorExit):
-        return  # a generator closed, not a failure
+    (:mod:`siglo.masking`): a driver's exception in the traceback may quote one. An
+    exception whose ``str()`` raises is recorded under its type's name; any failure here
+    is absorbed (:func:`_sdk_failed`): the exception goes on to the caller unchanged."""
+    if span is None or isinstance(exc, GeneratorExit):
+        return  # no span (the SDK failed to start it), or a generator closed: no failure
     assert otel_trace is not None
-    message = scrub(str(exc))
-    span.record_exception(
-        exc,
-        attributes={
-            "exception.message": message,
-            "exception.stacktrace": scrub("".join(traceback.format_exception(exc))),
-        },
-    )
-    span.set_status(
-        otel_trace.Status(otel_trace.StatusCode.ERROR, f"{type(exc).__name__}: {message}")
-    )
+    kind = type(exc).__name__
+    message = _message(exc)
+    try:
+        stacktrace = scrub("".join(traceback.format_exception(exc)))
+    except Exception:
+        stacktrace = kind
+    attributes = {"exception.message": message, "exception.stacktrace": stacktrace}
+    try:
+        span.record_exception(exc, attributes=attributes)
+    except Exception:
+        # The SDK's record_exception formats str(exc) itself, before it takes ours: the
+        # same event, made here from the text that could be formatted.
+        try:
+            module, name = type(exc).__module__, type(exc).__qualname__
+            span.add_event(
+                "exception",
+                {
+                    "exception.type": f"{module}.{name}" if module != "builtins" else name,
+                    **attributes,
+                    "exception.escaped": "False",
+                },
+            )
+        except Exception as error:
+            _sdk_failed("recording an exception", error)
+    try:
+        span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, f"{kind}: {message}"))
+    except Exception as error:
+        _sdk_failed("setting a span's status", error)
 
 
 def _span_context(traceparent: str) -> Any:
@@ -477,7 +673,7 @@ def note_lease_lost(error: BaseException) -> None:
     """Count a lost lease (``LockLostError``) if anything listens."""
     telemetry = current()
     if telemetry is not None and isinstance(error, LockLostError):
-        telemetry.lost_lease()
+        telemetry.lost_lease()  # never raises
 
 
 def note_retry(kind: str) -> None:
@@ -524,10 +720,13 @@ def link_to_suspender(metadata: Mapping[str, Any]) -> None:
     traceparent = metadata.get(TRACEPARENT_KEY)
     if not isinstance(traceparent, str) or current() is None:
         return
-    linked = _span_context(traceparent)
-    span = _run_span.get()
-    if linked is not None and span is not None and span.is_recording():
-        span.add_link(linked, {"siglo.link": "suspended_by"})
+    try:
+        linked = _span_context(traceparent)
+        span = _run_span.get()
+        if linked is not None and span is not None and span.is_recording():
+            span.add_link(linked, {"siglo.link": "suspended_by"})
+    except Exception as exc:
+        _sdk_failed("linking a run to the run that suspended it", exc)
 
 
 def note_run_id(run_id: str) -> None:
@@ -536,8 +735,11 @@ def note_run_id(run_id: str) -> None:
     if current() is None:
         return
     span = _run_span.get()
-    if span is not None and span.is_recording():
-        span.set_attribute("siglo.run.id", run_id)
+    try:
+        if span is not None and span.is_recording():
+            span.set_attribute("siglo.run.id", run_id)
+    except Exception as exc:
+        _sdk_failed("naming a run on its span", exc)
 
 
 def suspending_traceparent() -> str | None:
@@ -552,17 +754,23 @@ def note_due_waits(due: Sequence[WaitRecord], now_ms: int) -> None:
     telemetry = current()
     if telemetry is None or not due:
         return
-    telemetry.due_waits.add(len(due))
-    for record in due:
-        if record.expires_at is not None:
-            telemetry.lateness.record(max(0, now_ms - record.expires_at) / 1000)
+    try:
+        telemetry.due_waits.add(len(due))
+        for record in due:
+            if record.expires_at is not None:
+                telemetry.lateness.record(max(0, now_ms - record.expires_at) / 1000)
+    except Exception as exc:
+        _sdk_failed("counting due waits", exc)
 
 
 def note_recovery(workflow_id: str | None) -> None:
     """Count a crashed run a worker took over, if anything listens."""
     telemetry = current()
     if telemetry is not None:
-        telemetry.recoveries.add(1, {"siglo.workflow.name": workflow_id or ""})
+        try:
+            telemetry.recoveries.add(1, {"siglo.workflow.name": workflow_id or ""})
+        except Exception as exc:
+            _sdk_failed("counting a recovery", exc)
 
 
 def note_step_cache(result: str) -> None:
@@ -571,7 +779,10 @@ def note_step_cache(result: str) -> None:
     telemetry = current()
     if telemetry is None:
         return
-    telemetry.step_cache.add(1, {"siglo.step.cache": result})
-    span = otel_trace.get_current_span()
-    if span.is_recording():
-        span.set_attribute("siglo.step.cache", result)
+    try:
+        telemetry.step_cache.add(1, {"siglo.step.cache": result})
+        span = otel_trace.get_current_span()
+        if span.is_recording():
+            span.set_attribute("siglo.step.cache", result)
+    except Exception as exc:
+        _sdk_failed("counting a step cache look-up", exc)

@@ -808,3 +808,143 @@ def test_a_streamed_change_through_sync_threads_is_in_its_threads_trace(sdk: Sdk
             thread.join()
         manager.flush()
     assert _changes_per_parent(sdk) == {f"request-{n}": 5 for n in range(4)}
+
+
+# -- where a cached step's look-up is, what times out off the tracing stage, a backend's
+# own calls ---------------------------------------------------------------------------
+
+
+async def _take(order: Any) -> str:
+    return f"took {order}"
+
+
+async def test_a_cached_steps_look_up_started_ahead_is_beside_its_step(sdk: Sdk) -> None:
+    """docs/observability.md: a cached step that follows a step run in the same pass has
+    its look-up started ahead, beside the previous step's checkpoint save — a sibling of
+    its step's span under ``with_workflow_lock`` — and inside its span otherwise (the
+    pass's first step; after a step that stored a cache entry)."""
+
+    async def reserve(order: Any) -> Any:
+        return order
+
+    cached = siglo.Step.create("take", _take).cache(ttl_ms=60_000, key=lambda o: f"take:{o}")
+    ahead = siglo.flow(siglo.Step.create("reserve", reserve), cached, name="ahead")
+    packing = siglo.Step.create("pack", _take).cache(ttl_ms=60_000, key=lambda o: f"pack:{o}")
+    inside = siglo.flow(cached, packing, name="inside")
+    async with siglo.connect("memory://") as backend:
+        manager = StorageManager(backend)
+        await ahead.run(7, manager=manager, stack_id="r-ahead")
+        ran = len(sdk.spans.get_finished_spans())
+        await inside.run(8, manager=manager, stack_id="r-inside")
+    spans = sdk.spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in spans}
+
+    def parent(span: Any) -> Any:
+        return by_id[span.parent.span_id]
+
+    first, second = spans[:ran], spans[ran:]
+    (lookup,) = [s for s in first if s.name == "get_cached_step"]
+    (take,) = [s for s in first if s.name == "step take"]
+    (reserve_step,) = [s for s in first if s.name == "step reserve"]
+    (lock,) = [s for s in first if s.name == "with_workflow_lock"]
+    (reserve_save,) = [
+        s
+        for s in first
+        if s.name.startswith("save_checkpoint")
+        and s.start_time >= reserve_step.end_time
+        and s.end_time <= take.start_time
+    ]
+    assert parent(lookup) is lock and parent(take) is lock and parent(reserve_save) is lock
+    # Sent once the previous step ran. (Its span begins when its task first runs: on the
+    # memory backend, whose save does not wait, after `step take` began — still not in it.)
+    assert lookup.start_time >= reserve_step.end_time
+    assert dict(take.attributes or {})["siglo.step.cache"] == "miss"
+    assert [s.name for s in first if s.parent and s.parent.span_id == take.context.span_id] == [
+        "on_cache_event"  # the record of the look-up's result is made in the step
+    ]
+
+    # The pass's first step looks up inside its span; so does a step after one that
+    # stored a cache entry (the look-up waits for that save).
+    lookups = [s for s in second if s.name == "get_cached_step"]
+    assert sorted(parent(s).name for s in lookups) == ["step pack", "step take"]
+
+
+@pytest.mark.parametrize("backend_name", ["sqlite", "postgres"])
+async def test_a_nonce_or_lock_call_past_command_timeout_is_counted(
+    sdk: Sdk, backend_name: str, tmp_path: Path
+) -> None:
+    """The backend's ``nonces`` and ``lock`` are not traced, but a call of theirs past
+    ``command_timeout_ms`` is counted under ``siglo.timeouts`` like a traced call's, with
+    the backend's attributes and the operation's name — once (``with_lock`` acquires)."""
+    async with _isolated(backend_name, tmp_path) as made:
+        assert await made.require_nonces().claim("warm-up", 60)  # the tables, made unhurried
+        # The same store, its calls bounded to 300 ms.
+        async with siglo.connect(made.url, command_timeout_ms=300) as backend:
+            await _time_out_a_nonce_and_a_lock(backend, backend_name, tmp_path)
+    counted = {
+        p.attributes["db.operation.name"]: (p.value, dict(p.attributes))
+        for p in sdk.metrics()["siglo.timeouts"]
+    }
+    assert set(counted) == {"nonces.claim", "lock.acquire"}
+    system = {"sqlite": "sqlite", "postgres": "postgresql"}[backend_name]
+    for operation, (value, attributes) in counted.items():
+        assert value == 1, operation
+        assert attributes["db.system.name"] == system
+        assert "db.namespace" in attributes
+
+
+async def _time_out_a_nonce_and_a_lock(
+    backend: siglo.Backend, backend_name: str, tmp_path: Path
+) -> None:
+    """A nonce claim and a ``with_lock`` while another session holds what they write."""
+    nonces, lock = backend.require_nonces(), backend.require_lock()
+    raw: Any = backend.raw_adapter
+    if backend_name == "sqlite":
+        import sqlite3
+
+        other = sqlite3.connect(tmp_path / "otel.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        release: Any = other.close
+    else:
+        import psycopg
+
+        other_pg = await psycopg.AsyncConnection.connect(POSTGRES_URL)
+        for table in ("nonces", "locks"):
+            await other_pg.execute(
+                f'LOCK TABLE "{raw.schema}".{raw.table_prefix}{table} IN ACCESS EXCLUSIVE MODE'
+            )
+        release = other_pg.close
+    try:
+        with pytest.raises(siglo.StorageAdapterError) as claim:
+            await nonces.claim("n-1", 60)
+        with pytest.raises(siglo.StorageAdapterError) as locked:
+            await lock.with_lock("k-1", _ran)
+    finally:
+        done = release()
+        if asyncio.iscoroutine(done):
+            await done
+    assert claim.value.timed_out and locked.value.timed_out
+
+
+async def test_a_backends_own_call_through_the_pipeline_is_traced(sdk: Sdk, tmp_path: Path) -> None:
+    """``siglo clean`` calls ``backend.adapter.clean_expired()``, the SQL backends' own
+    method, past the pipeline's contract calls: a span and a duration named by it, with
+    the backend's attributes; what is not a coroutine method is handed on as it is."""
+    async with _isolated("sqlite", tmp_path) as backend:
+        clean = backend.adapter.clean_expired  # type: ignore[attr-defined]
+        assert asyncio.iscoroutinefunction(clean)
+        counts = await clean()
+        assert counts["checkpoints"] == 0
+        raw: Any = backend.raw_adapter
+        assert backend.adapter.table_prefix == raw.table_prefix  # type: ignore[attr-defined]
+    (span,) = [s for s in sdk.spans.get_finished_spans() if s.name == "clean_expired"]
+    assert span.kind.name == "CLIENT"
+    attributes = dict(span.attributes or {})
+    assert attributes["db.system.name"] == "sqlite"
+    assert attributes["db.operation.name"] == "clean_expired"
+    timed = [
+        p
+        for p in sdk.metrics()["db.client.operation.duration"]
+        if p.attributes["db.operation.name"] == "clean_expired"
+    ]
+    assert [p.count for p in timed] == [1]
