@@ -107,7 +107,16 @@ def _v4(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     bigint = dialect.type_compiler_instance.process(BigInteger())
     text_type = "TEXT"
     if dialect.name == "postgresql":
-        doc = "convert_from(document, 'UTF8')::jsonb"
+        # A context may hold "\u0000" in a string, which PostgreSQL's JSON refuses to
+        # turn into text (json and jsonb alike, once a value is read): the escape is
+        # made U+FFFD in the copy read here (the stored document is not changed), and
+        # only the listing's fields are taken from it. Every escaped backslash is made
+        # "\u005c" first, so that each "\u0000" left is an escape, not a backslash and
+        # the text "u0000".
+        doc = (
+            r"replace(replace(convert_from(document, 'UTF8'), '\\', '\u005c'), "
+            r"'\u0000', '\ufffd')::json"
+        )
         field = {
             "workflow_id": f"{doc} ->> 'workflowId'",
             "updated_at": f"LEAST(({doc} ->> 'timestamp')::numeric, {MAX_MS})::bigint",

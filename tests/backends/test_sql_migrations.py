@@ -177,3 +177,57 @@ async def test_concurrent_migrate_from_processes(kind: str) -> None:
             table = f'"{backend.adapter.schema}".{table}'  # type: ignore[attr-defined]
         rows = await db.raw_fetch(f"SELECT version FROM {table} ORDER BY version")
         assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+
+
+async def test_a_document_holding_a_nul_escape_is_migrated(kind: str) -> None:
+    """A context may hold "\\u0000" in a string, which siglo stores and reads back. On
+    PostgreSQL, migration 4 read every stored document as jsonb to fill the listing
+    columns, and jsonb refuses that escape: the migration rolled back, for ever, and the
+    store could not be opened (a black-box auditor, with a store an older siglo wrote)."""
+    import json
+    from hashlib import blake2b
+
+    document = json.dumps(
+        {
+            "version": 2,
+            "schemaVersion": "2.0.0",
+            "stackId": "nul",
+            "type": "execution",
+            "status": "running",
+            "revision": 1,
+            "chains": ["s"],
+            "contexts": {"s": {"v": "a\u0000b"}},
+            "timestamp": 1_700_000_000_000,
+        },
+        separators=(",", ":"),
+    ).encode()
+    row_id = blake2b(b"\x00".join([b"", b"nul"]), digest_size=16).digest()
+    insert = (
+        "INSERT INTO siglo_checkpoints (id, namespace, stack_id, revision, status, gone_at, "
+        "document) VALUES ({p}, '', 'nul', 1, 'running', NULL, {p})"
+    )
+    async with v1_database(kind) as url:
+        if kind == "sqlite-file":
+            with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+                conn.execute(insert.format(p="?"), (row_id, document))
+        else:
+            import psycopg
+
+            schema = url.rsplit("schema=", 1)[1]
+            async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as conn:
+                await conn.execute(f'SET search_path TO "{schema}"')
+                await conn.execute(insert.format(p="%s"), (row_id, document))  # type: ignore[arg-type]
+                await conn.commit()
+        result = await asyncio.to_thread(run_cli, "migrate", url)
+        assert result.exit_code == 0, result.output
+        async with siglo.connect(url, auto_migrate=False) as backend:
+            stored = await backend.adapter.get_checkpoint("nul")
+            assert stored is not None and stored.to_json() == document
+            await check_v1_data_listing_of(backend, "nul")
+
+
+async def check_v1_data_listing_of(backend: siglo.Backend, stack_id: str) -> None:
+    """The listing columns of ``stack_id``'s row were filled by the migration."""
+    page = await backend.adapter.list_checkpoints()
+    (summary,) = [s for s in page.items if s.stack_id == stack_id]
+    assert (summary.status, summary.timestamp) == ("running", 1_700_000_000_000)
