@@ -24,15 +24,25 @@ wait claim, idempotency claim, nonce
 When it stops it sweeps what was acknowledged, once the store answers again: every
 acknowledged save must be stored, every acknowledged claim must refuse one more
 claimant, every lock still held must refuse another holder, and each lock key's next
-fencing token must be above all acknowledged ones. Then it removes what it wrote
+fencing token must be above all acknowledged ones. Those checks are writes themselves,
+and one whose outcome is unknown (its write may have landed) is never retried as if
+nothing had happened: a retry refused by the check's own write would pass a lost
+acknowledgement as honoured. So each check carries an identity of its own where the
+primitive takes one (a wait claim is claimed by the sweep's claimant, which may claim
+again; an idempotency key is renewed with the owner token of the acknowledged claim,
+which creates nothing; a lock is taken with a token of the sweep's, told apart by
+:meth:`~siglo.coordination.LockBase.inspect`), and a nonce, which has neither an
+identity nor a read, is counted as not re-checked when its check's outcome stays
+unknown. Then it removes what it wrote
 (checkpoints with their wait records, locks, idempotency claims; nonces have no delete
 and expire after the drill's window). Everything it writes is under its own id
 (``siglo-drill-<hex>``: the namespace of its checkpoints and wait records, the prefix
 of its keys), so it never touches an application's data.
 
 The verdict compares the violations with what docs/deploying.md promises for the
-setting (:data:`GUARANTEES`): where an acknowledgement is promised to survive, any
-violation fails the drill.
+setting (:data:`GUARANTEES`), or with the expectation its caller gave instead (``siglo
+drill --expect``, for a managed service that replicates where the server cannot see
+it): where an acknowledgement is expected to survive, any violation fails the drill.
 """
 
 from __future__ import annotations
@@ -46,12 +56,13 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, TypeVar, cast
-from urllib.parse import parse_qsl, urlsplit
 
 from siglo.backend import Backend
 from siglo.checkpoint import Checkpoint
 from siglo.connect import command_timeout_ms
+from siglo.coordination import LockState, holder_label
 from siglo.errors import (
+    CapabilityNotSupportedError,
     CheckpointConflictError,
     InvalidArgumentError,
     OutcomeUnknownError,
@@ -107,6 +118,10 @@ _CLOCK_MARGIN_S: Final = 0.05
 """Slack on the client's own clock before two leases count as overlapping."""
 _KEPT_VIOLATIONS: Final = 200
 """Violations listed one by one in a report (all are counted)."""
+_SWEEP_LEASE_MS: Final = 60_000
+"""The lease of a lock the check after the run takes (and releases at once): long enough
+that a grant whose outcome was unknown still holds the key when the check looks who
+does, however long the store takes to answer that."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +144,13 @@ class DrillReport:
 
     drill_id: str
     setting: str
+    """The replication setting detected (:func:`detect_setting`), a column of the table."""
     expectation: Expectation
+    """What the verdict compares with: the table's promise for ``setting``, or what the
+    caller gave instead (:attr:`expectation_source`)."""
+    expectation_source: str = "the table"
+    """Where :attr:`expectation` comes from: ``the table`` (docs/deploying.md, for
+    ``setting``), ``--expect`` (the command's option), or whoever else gave it."""
     duration_s: float = 0.0
     calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
@@ -139,11 +160,15 @@ class DrillReport:
     ambiguous_saves: int = 0
     """Failed saves found applied afterwards (a retry conflicted with them)."""
     first_failure_s: float | None = None
-    """When the first call failed, in seconds since the drill began."""
+    """When the first call failed (its error reached the drill), in seconds since the
+    drill began."""
+    first_failure_began_s: float | None = None
+    """When the operation that failed first began: up to ``command_timeout_ms`` (times
+    the calls it makes) before :attr:`first_failure_s`, and possibly before the fault."""
     recovered_s: float | None = None
-    """From the start of the first failed call to the end of the first successful call
-    begun after the last failure (``None`` when nothing failed, or nothing succeeded
-    after the last failure)."""
+    """From the start of the first failed operation (:attr:`first_failure_began_s`) to
+    the end of the first successful call begun after the last failure (``None`` when
+    nothing failed, or nothing succeeded after the last failure)."""
     longest_failed_call_s: float = 0.0
     """The longest failed storage call: from the start of the call that failed (an
     operation of the drill makes up to three) to its failure — what ``command_timeout_ms``
@@ -169,14 +194,60 @@ class DrillReport:
     rechecked: bool = True
     """Whether every acknowledgement was checked against the store after the run; not
     when the store still failed then (a replica still missing under ``wait_replicas``,
-    a master not back): the losses counted are then only those seen during the run."""
+    a master not back), nor when a check's own write had an unknown outcome that could
+    not be told apart (:attr:`unchecked`): the losses counted are then only those seen
+    during the run and by the checks that were made."""
     recheck_failure: str | None = None
-    """Why the re-check after the run stopped (``rechecked`` false)."""
+    """Why not every acknowledgement was re-checked (``rechecked`` false)."""
+    unchecked: int = 0
+    """Acknowledgements whose check after the run could not be decided: the check's own
+    write had an unknown outcome, and a retry refused could have been refused by it (a
+    nonce, which has neither an identity of its claimant nor a read)."""
+    sample_unchecked: list[str] = field(default_factory=list)
+    """The first five of them (the primitive and the key)."""
     cleaned_up: bool = False
 
     @property
     def failed_calls(self) -> int:
         return sum(self.failures.values())
+
+    @property
+    def table_promise(self) -> Expectation | None:
+        """What the table of docs/deploying.md promises for :attr:`setting` (``None``:
+        a setting it has no column for), whatever the verdict compares with."""
+        return GUARANTEES.get(self.setting)
+
+    def expectation_said(self) -> str:
+        """What the verdict compares with and where that comes from, the table's promise
+        beside it when the caller's expectation was applied instead."""
+        if self.expectation_source == "the table":
+            return f"{self.expectation} (the table's promise for {self.setting})"
+        promise = self.table_promise
+        table = (
+            f"the table promises {promise} for {self.setting}"
+            if promise is not None
+            else f"the table has no column for {self.setting}"
+        )
+        return f"{self.expectation}, from {self.expectation_source} ({table})"
+
+    @property
+    def verdict_reason(self) -> str:
+        """Why the verdict is what it is, naming the expectation applied and its source
+        (the command's ``verdict: FAIL`` line, and ``--json``'s ``verdict_reason``)."""
+        lost = f"{self.total_violations} acknowledgement(s) not honoured"
+        expected = self.expectation_said()
+        if self.verdict == "fail":
+            return f"{lost} where none may be lost: expected {expected}"
+        if self.verdict == "losses allowed":
+            return f"{lost}, as may happen: expected {expected}"
+        if self.verdict == "pass":
+            return f"every acknowledgement honoured: expected {expected}"
+        if not self.rechecked:
+            return f"nothing seen lost, but not everything re-checked: {self.recheck_failure}"
+        return (
+            f"nothing seen lost, but {self.unexpected_errors} call(s) raised an error that "
+            "is not a store failing: their operations are not accounted for"
+        )
 
     @property
     def total_violations(self) -> int:
@@ -205,9 +276,11 @@ class DrillReport:
         """The report as JSON data."""
         document = asdict(self)
         document.update(
+            table_promise=self.table_promise,
             failed_calls=self.failed_calls,
             total_violations=self.total_violations,
             verdict=self.verdict,
+            verdict_reason=self.verdict_reason,
         )
         return document
 
@@ -219,9 +292,17 @@ class DrillReport:
 
         calls = ", ".join(f"{k} {self.calls[k]}" for k in KINDS)
         failed = ", ".join(f"{k} {self.failures[k]}" for k in KINDS if self.failures[k])
+        # The table's promise, and apart from it what the verdict applies when the
+        # caller said otherwise (--expect): one was printed as the other.
+        setting = f"{self.setting} (the table promises: {self.table_promise or 'no column'})"
+        if self.expectation_source != "the table":
+            setting += f"; the verdict applies {self.expectation}, from {self.expectation_source}"
+        first_failure = seconds(self.first_failure_s)
+        if self.first_failure_began_s is not None:
+            first_failure += f" (its operation began at {self.first_failure_began_s:.2f} s)"
         return [
             ("drill", self.drill_id),
-            ("setting", f"{self.setting} (the table promises: {self.expectation})"),
+            ("setting", setting),
             ("ran", seconds(self.duration_s)),
             ("calls", f"{sum(self.calls.values())} ({calls})"),
             (
@@ -231,7 +312,7 @@ class DrillReport:
                 + f", {self.outcome_unknown} with an unknown outcome",
             ),
             ("unexpected errors", str(self.unexpected_errors)),
-            ("first failure", seconds(self.first_failure_s)),
+            ("first failure", first_failure),
             ("time to recover", seconds(self.recovered_s)),
             ("longest stretch without a success", seconds(self.outage_s)),
             ("longest failed call", seconds(self.longest_failed_call_s)),
@@ -342,7 +423,9 @@ class Drill:
     ``hold_s``; ``window_s`` is how long claims and nonces must be remembered (the
     drill's planned length plus the sweep); ``settle_s`` is how long each call of the
     check after the run is tried again while the store settles (a Sentinel naming no
-    master for a moment) before the check is given up as incomplete.
+    master for a moment) before the check is given up as incomplete. ``expectation``
+    replaces the table's promise for ``setting`` in the verdict, said to come from
+    ``expectation_source`` (``siglo drill`` passes ``--expect``).
     """
 
     def __init__(
@@ -353,6 +436,7 @@ class Drill:
         workers: int = 8,
         setting: str = "single server",
         expectation: Expectation | None = None,
+        expectation_source: str = "the caller",
         hold_s: float = 1.0,
         lock_ttl_ms: int = 10_000,
         window_s: float = 3600.0,
@@ -373,10 +457,18 @@ class Drill:
         self.window_s = window_s
         self.settle_s = settle_s
         self.id = drill_id or f"siglo-drill-{secrets.token_hex(4)}"
+        if expectation is not None:
+            source = expectation_source
+        elif setting in GUARANTEES:
+            expectation, source = GUARANTEES[setting], "the table"
+        else:
+            # A setting the table has no column for: the strict reading.
+            expectation, source = "nothing-lost", "the default"
         self.report = DrillReport(
             drill_id=self.id,
             setting=setting,
-            expectation=expectation or GUARANTEES.get(setting, "nothing-lost"),
+            expectation=expectation,
+            expectation_source=source,
         )
         self._t0 = time.monotonic()
         self._next_due = 0.0
@@ -395,6 +487,7 @@ class Drill:
         self._worker_failure: dict[int, float] = {}
         self._worker_error: dict[int, str] = {}
         self._worker_success: dict[int, float] = {}
+        self._sweep_grants: list[tuple[str, str]] = []  # lock key, token: for the cleanup
 
     # -- time -----------------------------------------------------------------------------
 
@@ -456,10 +549,32 @@ class Drill:
             # The store still failing after its patience: the measurement of the run
             # stands, said to be unchecked afterwards, rather than thrown away.
             self.report.rechecked = False
-            self.report.recheck_failure = f"{type(exc).__name__}: {str(exc)[:300]}"
+            self.report.recheck_failure = (
+                f"the store still failed: {type(exc).__name__}: {str(exc)[:300]}"
+            )
         finally:
+            self._say_unchecked()
             self.report.cleaned_up = await self._clean_up()
         return self.report
+
+    def _say_unchecked(self) -> None:
+        """Acknowledgements whose check could not be decided make the re-check
+        incomplete, said with the rest of why."""
+        report = self.report
+        if not report.unchecked:
+            return
+        more = " …" if report.unchecked > len(report.sample_unchecked) else ""
+        said = (
+            f"{report.unchecked} acknowledgement(s) whose check had an unknown outcome "
+            "that no retry could tell from the check's own write ("
+            + ", ".join(report.sample_unchecked)
+            + more
+            + ")"
+        )
+        report.rechecked = False
+        report.recheck_failure = (
+            said if report.recheck_failure is None else f"{report.recheck_failure}; {said}"
+        )
 
     async def _worker(self, worker: int, stop: asyncio.Event) -> None:
         operations: dict[Kind, Callable[[int], Awaitable[None]]] = {
@@ -521,7 +636,10 @@ class Drill:
         call_began = max(began, _CALL_BEGAN.get())
         report.longest_failed_call_s = max(report.longest_failed_call_s, ended - call_began)
         if report.first_failure_s is None:
-            report.first_failure_s = began
+            # Both: when it failed, and when its operation began (a stalled master fails
+            # a call only at command_timeout_ms; the time to recover counts from there).
+            report.first_failure_s = ended
+            report.first_failure_began_s = began
         if len(report.sample_failures) < 5:
             report.sample_failures.append(f"{kind}: {str(exc)[:300]}")
         self._failures.append((began, ended))
@@ -548,9 +666,10 @@ class Drill:
 
     def _settle_recovery(self) -> None:
         report = self.report
-        if report.first_failure_s is None or self._first_success_after_last_failure is None:
+        began = report.first_failure_began_s
+        if began is None or self._first_success_after_last_failure is None:
             return
-        report.recovered_s = self._first_success_after_last_failure - report.first_failure_s
+        report.recovered_s = self._first_success_after_last_failure - began
 
     def _violation(self, kind: str, key: str, detail: str) -> None:
         report = self.report
@@ -636,10 +755,18 @@ class Drill:
         )
 
     def _check_grant(
-        self, key: str, began: float, acked: float, fencing: int | None, who: str
+        self,
+        key: str,
+        began: float,
+        acked: float,
+        fencing: int | None,
+        who: str,
+        *,
+        holders: bool = True,
     ) -> None:
-        """A lock of ``key`` granted by a call from ``began`` to ``acked``."""
-        for hold in self._holds[key]:
+        """A lock of ``key`` granted by a call from ``began`` to ``acked`` (``holders``
+        false: its holders already checked, by a grant to the same caller before)."""
+        for hold in self._holds[key] if holders else ():
             if hold.acked <= began and acked + _CLOCK_MARGIN_S < hold.end():
                 self._violation(
                     "double lock holder",
@@ -727,6 +854,14 @@ class Drill:
                 key,
                 f"claimed again; first claim acknowledged at {acked:.2f} s",
             )
+            # The second claim holds the key now: the one the check after the run
+            # renews (the first's loss is counted once) and the cleanup frees.
+            assert again.token is not None
+            self._idempotency[self._idempotency.index((key, claim.token, acked))] = (
+                key,
+                again.token,
+                self._now(),
+            )
 
     async def _nonce(self, worker: int) -> None:
         store = self._stores.nonces
@@ -750,24 +885,41 @@ class Drill:
         call: Callable[..., Awaitable[T]],
         *args: Any,
         seconds: float | None = None,
+        retry_unknown: bool = True,
         **kwargs: Any,
     ) -> T:
         """``call(*args, **kwargs)``, tried again while the store is still settling
         after a failover (a Sentinel may name no master for a moment), for ``seconds``
-        (the drill's ``settle_s`` by default)."""
+        (the drill's ``settle_s`` by default).
+
+        A read, or a write that may be repeated (one with an identity of its own: a
+        release, a renewal by the owner's token), is tried again whatever failed. With
+        ``retry_unknown`` false an :class:`~siglo.errors.OutcomeUnknownError` is raised
+        at once: the write may have landed, and what a retry answers may then be the
+        write's own doing (a check's claim refusing its own retry)."""
         deadline = time.monotonic() + (self.settle_s if seconds is None else seconds)
         while True:
             try:
                 return await call(*args, **kwargs)
+            except OutcomeUnknownError:
+                if not retry_unknown or time.monotonic() > deadline:
+                    raise
             except StorageAdapterError:
                 if time.monotonic() > deadline:
                     raise
-                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)
 
     def _remembered(self, acked: float) -> bool:
         """Whether a claim acknowledged at ``acked`` is still within the drill's window
         (leases and nonces of a longer run lapse by design: not checked)."""
         return self._now() - acked < self.window_s - 60
+
+    def _unchecked(self, kind: Kind, key: str) -> None:
+        """An acknowledgement whose check after the run could not be decided."""
+        report = self.report
+        report.unchecked += 1
+        if len(report.sample_unchecked) < 5:
+            report.sample_unchecked.append(f"{kind} {key}")
 
     async def _sweep(self) -> None:
         """Every acknowledgement checked once more against the store."""
@@ -782,6 +934,10 @@ class Drill:
             self._account_stored(stack, 0 if stored is None else stored.revision, during=False)
         sweeper = f"{self.id}-sweeper"
         for key, acked in self._claims:
+            # Retried whatever failed: a claimant may claim again what it holds, so a
+            # retry after the sweep's own claim landed unseen wins again (the loss is
+            # seen), and one refused was refused by another claimant, the one
+            # acknowledged.
             again = await self._patiently(
                 adapter.claim_wait_record, key, sweeper, lease_ms=60_000, namespace=self.id
             )
@@ -794,20 +950,23 @@ class Drill:
                 )
         idempotency = self.backend.idempotency
         if idempotency is not None:
-            for key, _token, acked in self._idempotency:
-                claim = await self._patiently(idempotency.claim_owned, key, 60_000)
-                if claim.claimed:
+            for key, token, acked in self._idempotency:
+                # Not a claim of the sweep's (a retry after its unknown outcome would be
+                # refused by the sweep's own claim, and the loss pass as honoured): the
+                # acknowledged claim's own token renewing it answers whether it still
+                # holds the key, creates nothing, and may be repeated.
+                held = await self._patiently(idempotency.extend, key, token, 60_000)
+                if not held:
                     self._violation(
                         "double idempotency claim",
                         key,
-                        f"claimed again after the drill; the claim acknowledged at {acked:.2f} s "
-                        "was lost",
+                        f"the claim acknowledged at {acked:.2f} s no longer held the key "
+                        "after the drill (free for another claimant): it was lost",
                     )
-                    await self._quietly(idempotency.fail(key, token=claim.token))
         nonces = self.backend.nonces
         if nonces is not None:
             for key, acked in self._nonces:
-                if await self._patiently(nonces.claim, key, self.window_s):
+                if await self._nonce_replayed(nonces, key):
                     self._violation(
                         "nonce replay",
                         key,
@@ -816,19 +975,112 @@ class Drill:
                     )
         await self._sweep_locks()
 
+    async def _nonce_replayed(self, nonces: Any, key: str) -> bool:
+        """Whether ``key`` is accepted once more (its acknowledged claim lost). A nonce's
+        claim has no claimant to tell and no read beside it: after a check whose outcome
+        is unknown, a retry accepted still says the key was free (no earlier try
+        landed), but one refused may be refused by the check's own claim — the key is
+        then counted as not re-checked, never as honoured."""
+        try:
+            return bool(
+                await self._patiently(nonces.claim, key, self.window_s, retry_unknown=False)
+            )
+        except OutcomeUnknownError:
+            pass
+        if await self._patiently(nonces.claim, key, self.window_s):
+            return True
+        self._unchecked("nonce", key)
+        return False
+
     async def _sweep_locks(self) -> None:
         lock = self.backend.lock
         if lock is None:
             return
         for key in self._lock_keys:
+            await self._sweep_lock(lock, key)
+
+    async def _sweep_lock(self, lock: Any, key: str) -> None:
+        """Take ``key`` once: refused while a lease of ours still holds it (or one whose
+        release was lost in a failover, which lapses by itself); granted, the grant is
+        checked like any other (a live acknowledged lease: a double holder; its fencing
+        token above every acknowledged one).
+
+        Each try takes it with a token of the sweep's own: a try whose outcome is unknown
+        is told by who holds the key (:meth:`~siglo.coordination.LockBase.inspect`, a
+        read), since a retry would be refused by that try's own grant, and a lost lease
+        would pass as still held."""
+        deadline = time.monotonic() + self.settle_s
+        ours: set[str] = set()
+        holders_checked = False
+        for attempt in itertools.count():
+            token = f"{self.id}-sweep-{attempt}-{secrets.token_hex(4)}"
             began = self._now()
-            result = await self._patiently(lock.acquire, key, 1_000)
-            if not result.acquired:
-                # Still held: by a lease of ours not yet lapsed, or one whose release
-                # was lost in a failover (it lapses by itself).
+            try:
+                result = await lock.acquire(key, _SWEEP_LEASE_MS, token)
+            except OutcomeUnknownError as unknown:
+                self._sweep_grants.append((key, token))
+                ours.add(holder_label(token))
+                state = await self._holder(lock, key)
+                if state is False:
+                    self._unchecked("lock", key)
+                    return
+                if state is None:
+                    # Not granted (its lease, far longer than this, would hold it): again,
+                    # as after any failure, while the store settles.
+                    if time.monotonic() > deadline:
+                        raise unknown
+                    continue
+                if state.holder not in ours:
+                    return  # refused: a lease of ours still holds it
+                # Granted after all: a grant to the sweep, whose fencing token only the
+                # inspection may give (Redis keeps none per key).
+                self._check_grant(
+                    key,
+                    began,
+                    self._now(),
+                    state.fencing_token,
+                    " to the sweep",
+                    holders=not holders_checked,
+                )
+                holders_checked = True
+                await self._patiently(lock.release, key, token)
+                if state.fencing_token is not None:
+                    return
+                if time.monotonic() > deadline:
+                    # Every grant's outcome unknown: its fencing token never checked.
+                    self._unchecked("lock", key)
+                    return
+                continue  # for a grant whose fencing token is known
+            except StorageAdapterError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
                 continue
-            self._check_grant(key, began, self._now(), result.fencing_token, " to the sweep")
+            if not result.acquired:
+                return
+            self._sweep_grants.append((key, result.token))
+            self._check_grant(
+                key,
+                began,
+                self._now(),
+                result.fencing_token,
+                " to the sweep",
+                holders=not holders_checked,
+            )
             await self._quietly(lock.release(key, result.token))
+            return
+
+    async def _holder(self, lock: Any, key: str) -> LockState | Literal[False] | None:
+        """Who holds ``key`` (``None``: nobody), or ``False`` when the lock cannot say (a
+        lock class without :meth:`~siglo.coordination.LockBase.inspect`)."""
+        inspect = getattr(lock, "inspect", None)
+        if inspect is None:
+            return False
+        try:
+            state: LockState | None = await self._patiently(inspect, key)
+        except CapabilityNotSupportedError:
+            return False
+        return state
 
     @staticmethod
     async def _quietly(call: Awaitable[Any]) -> None:
@@ -851,11 +1103,13 @@ class Drill:
                     seconds=min(10.0, self.settle_s),
                 )
             if lock is not None:
-                for key, holds in self._holds.items():
-                    for hold in holds:
-                        await self._patiently(
-                            lock.release, key, hold.token, seconds=min(10.0, self.settle_s)
-                        )
+                tokens = [(key, hold.token) for key, holds in self._holds.items() for hold in holds]
+                # The check's own grants too: one whose release failed, or whose outcome
+                # was unknown, would hold a drill's key for the check's long lease.
+                for key, token in tokens + self._sweep_grants:
+                    await self._patiently(
+                        lock.release, key, token, seconds=min(10.0, self.settle_s)
+                    )
             if idempotency is not None:
                 for key, token, _acked in self._idempotency:
                     with contextlib.suppress(SigloError):
@@ -868,7 +1122,8 @@ class Drill:
 async def detect_setting(backend: Backend) -> str:
     """The replication setting of ``backend``, as a column of docs/deploying.md's table.
 
-    Redis: ``wait_replicas`` and ``cluster`` from the URL, else a Sentinel URL or a
+    Redis: ``wait_replicas`` and ``cluster`` as the connected client applies them (its
+    ``WAIT`` replicas, a cluster client), else a client of a Sentinel's master or a
     server with replicas (``INFO replication``) is ``no WAIT``. PostgreSQL: a standby
     named in ``synchronous_standby_names`` with ``synchronous_commit`` ``on``,
     ``remote_write`` or ``remote_apply`` is a synchronous standby, else a server with
@@ -884,17 +1139,22 @@ async def detect_setting(backend: Backend) -> str:
 
 
 async def _redis_setting(backend: Backend) -> str:
-    parts = urlsplit(backend.url)
-    query = dict(parse_qsl(parts.query))
-    cluster = query.get("cluster", "").lower() in ("true", "1", "yes", "on")
-    waits = query.get("wait_replicas", "0") not in ("", "0")
-    if cluster:
+    # What the connected client does, not the URL's text: siglo.connect reads
+    # `wait_replicas=00` or `+0` as 0 (no WAIT sent), which a test of the text took for
+    # the wait_replicas setting (a verdict of `fail` on losses the table allows), and a
+    # client passed to connect() carries its own. siglo_redis's clients say both
+    # (duck-typed: the driver is optional, and a plugin's client may be of its own).
+    client = getattr(backend.raw_adapter, "client", None)
+    replicas = getattr(client, "wait_replicas", 0)
+    waits = isinstance(replicas, int) and not isinstance(replicas, bool) and replicas > 0
+    # A cluster client routes keys to nodes (siglo_redis.listing.is_cluster).
+    if callable(getattr(client, "get_node_from_key", None)):
         return "cluster with WAIT" if waits else "cluster without WAIT"
     if waits:
         return "wait_replicas"
-    if parts.scheme.lower().endswith("+sentinel"):
+    # A Sentinel's master: its pool asks the Sentinels (it may be unreachable now).
+    if getattr(getattr(client, "connection_pool", None), "sentinel_manager", None) is not None:
         return "no WAIT"
-    client = getattr(backend.adapter, "client", None)
     # The driver's client is called directly here, outside siglo's bounded calls: bounded
     # by the backend's command_timeout_ms too (a drill is run when a primary may be silent).
     with contextlib.suppress(Exception):
@@ -914,7 +1174,7 @@ def _bound_s(backend: Backend) -> float | None:
 
 
 async def _postgres_setting(backend: Backend) -> str:
-    database = getattr(backend.adapter, "database", None)
+    database = getattr(backend.raw_adapter, "database", None)
     raw_fetch = getattr(database, "raw_fetch", None)
     if raw_fetch is None:
         return "single server"

@@ -15,7 +15,7 @@ import click
 
 from siglo.cli.common import open_store, print_json, print_table
 from siglo.cli.errors import CliError, FiniteRange, display_url, resolve_url
-from siglo.drill import GUARANTEES, Drill, DrillReport, Expectation, detect_setting
+from siglo.drill import Drill, DrillReport, Expectation, detect_setting
 
 __all__ = ["drill"]
 
@@ -41,6 +41,9 @@ async def _drill(
             workers=workers,
             setting=setting,
             expectation=expectation,
+            # Said as the verdict's source: the table's promise for the setting is
+            # reported beside it, not replaced by it.
+            expectation_source="--expect",
             # Claims and nonces must outlive the run and its sweep (a run past an hour
             # sweeps only its last hour), and go soon after.
             window_s=(duration_s or 3600.0) + 300.0,
@@ -96,8 +99,9 @@ async def _drill(
     type=click.Choice(["auto", "nothing-lost", "may-lose"]),
     default="auto",
     show_default=True,
-    help="What the setting promises (auto: read from the URL and the server); a managed "
-    "service that replicates where the server cannot see it needs it said.",
+    help="What the verdict expects instead of the table's promise for the detected setting "
+    "(auto: the table's; the setting is read from the connected client and the server); a "
+    "managed service that replicates where the server cannot see it needs it said.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON document, for CI.")
 def drill(
@@ -169,20 +173,15 @@ def drill(
         )
     )
     if report.verdict == "fail":
-        expected = GUARANTEES.get(report.setting, report.expectation)
         if not as_json:
-            click.echo(
-                f"verdict: FAIL: {report.total_violations} acknowledgement(s) not honoured "
-                f"where the setting ({report.setting}: {expected}) promises none is lost"
-                + left
-                + leftover,
-                err=True,
-            )
+            # The expectation the verdict applied, and where it came from (--expect or
+            # the table): --json carries the same sentence as verdict_reason.
+            click.echo(f"verdict: FAIL: {report.verdict_reason}" + left + leftover, err=True)
         sys.exit(_EXIT_FAILED)
     if report.verdict == "incomplete" and not report.rechecked:
         raise CliError(
-            "the drill could not check every acknowledgement after the run: the store "
-            f"still failed ({report.recheck_failure})" + left,
+            "the drill could not check every acknowledgement after the run: "
+            f"{report.recheck_failure}" + left,
             "let the store recover (a replica back for wait_replicas, a master restarted) "
             "and run the drill again; the report above holds what the run measured" + leftover,
         )
