@@ -22,6 +22,7 @@ from siglo.sizing import smallest_limit
 
 __all__ = [
     "URL_ENV",
+    "check_backend",
     "check_capabilities",
     "check_port",
     "command_timeout_ms",
@@ -107,11 +108,7 @@ def connect(url: str | None = None, *, settings: Settings | None = None, **optio
         raise InvalidArgumentError(
             f"{exc} (option {', '.join(named)} from the [options] of {settings.source})"
         ) from exc
-    if not isinstance(backend, Backend):
-        raise PluginError(
-            f"backend {spec.name!r} (plugin {spec.plugin!r}) returned "
-            f"{type(backend).__name__} from its factory, not a siglo.Backend"
-        )
+    backend = check_backend(spec.name, spec.plugin, backend)
     check_capabilities(spec.name, spec.plugin, spec.capabilities, backend)
     adapter = backend.raw_adapter
     limit = smallest_limit(
@@ -202,6 +199,19 @@ def command_timeout_ms(url: str, options: Mapping[str, Any]) -> int | None:
         found: int | None = query["command_timeout_ms"]
         return found
     return DEFAULTS.command_timeout_ms
+
+
+def check_backend(name: str, plugin: str, backend: object) -> Backend:
+    """``backend``, what the factory of backend ``name`` (of ``plugin``) returned, if it
+    is a :class:`Backend`; otherwise the plugin is broken, and :class:`PluginError` says
+    so naming it (``siglo check`` calls a plugin's factories through this too, so both
+    name the mistake alike instead of failing later on a missing attribute)."""
+    if not isinstance(backend, Backend):
+        raise PluginError(
+            f"backend {name!r} (plugin {plugin!r}) returned "
+            f"{type(backend).__name__} from its factory, not a siglo.Backend"
+        )
+    return backend
 
 
 def check_capabilities(

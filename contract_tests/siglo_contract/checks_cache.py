@@ -110,6 +110,8 @@ async def cache_expiry(ctx: CheckContext) -> None:
         return  # the default TTL (minutes) passes only on a clock the suite moves
     # Set without a TTL: the adapter's default (its cache_ttl_ms), no longer, no shorter
     # (a backend whose entries without one never expired passed every check before).
+    # Under the user-defaults profile no cache_ttl_ms is given, and the backend's own
+    # default must be siglo's.
     default = ctx.session.target.options.get("cache_ttl_ms", DEFAULTS.cache_ttl_ms)
     await a.set_cached_step(ctx.id("default"), {"v": 4})
     await ctx.pass_time(default - 1_000)

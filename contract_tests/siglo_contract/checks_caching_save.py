@@ -12,6 +12,7 @@ from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError, InvalidArgumentError, LockNotAcquiredError
 from siglo.records import ContextChangeEvent
 from siglo.sentinel import MISSING
+from siglo.settings import DEFAULTS
 from siglo_contract.machine_base import canon
 from siglo_contract.registry import CheckContext, check, expect, fail
 from siglo_contract.target import USER_DEFAULTS
@@ -29,14 +30,27 @@ async def cache_with_checkpoint(ctx: CheckContext) -> None:
     checkpoint as save_checkpoint_streamed does (the changes recorded either way), raises
     a refused compare-and-set, writes nothing for bad input, and with ``unlock`` inside
     the workflow lock leaves the lock free once the action returns. Un-namespaced and
-    namespaced, with the suite's options and a user's defaults."""
+    namespaced, with the suite's options and a user's defaults. On a clock the suite
+    moves, an entry given ``ttl_ms=None`` lives the adapter's default TTL, no longer
+    (``cache_ttl_ms``: the option the backend was opened with, else siglo's default);
+    without one (Redis) that takes minutes of real time, and only its read while live is
+    checked."""
     ctx.about(_RULE)
+    default = _default_ttl_ms(ctx.session.backend_options())
     for ns in (None, ctx.id("N")):
-        await _CachingSaves(ctx, ctx.backend.adapter, ns).run()
+        await _CachingSaves(ctx, ctx.backend.adapter, ns, default).run()
     # A user's defaults (no checkpoint retention) take another path on some backends:
     # PostgreSQL puts the change in the checkpoint's statement.
     async with ctx.session.backend_with(**USER_DEFAULTS) as plain:
-        await _CachingSaves(ctx, plain.adapter, ctx.id("no-retention")).run()
+        default = _default_ttl_ms({**ctx.session.backend_options(), **USER_DEFAULTS})
+        await _CachingSaves(ctx, plain.adapter, ctx.id("no-retention"), default).run()
+
+
+def _default_ttl_ms(options: dict[str, Any]) -> int:
+    """The TTL of an entry given none, on a backend opened with ``options``: their
+    ``cache_ttl_ms``, else (not given, as under the user-defaults profile) siglo's
+    default, which a backend's own must be (docs/writing-a-backend.md)."""
+    return int(options.get("cache_ttl_ms", DEFAULTS.cache_ttl_ms))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -48,10 +62,17 @@ def _same(a: Any, b: Any) -> bool:
 class _CachingSaves:
     """One stack's caching saves and what must be stored after each."""
 
-    def __init__(self, ctx: CheckContext, adapter: StorageAdapter, namespace: str | None) -> None:
+    def __init__(
+        self,
+        ctx: CheckContext,
+        adapter: StorageAdapter,
+        namespace: str | None,
+        default_ttl_ms: int,
+    ) -> None:
         self.ctx = ctx
         self.a = adapter
         self.ns = namespace
+        self.default_ttl_ms = default_ttl_ms
         self.stack = ctx.id(f"caching-{namespace is not None}")
         self.streams = adapter.supports(Capability.CONTEXT_STREAM)
 
@@ -176,7 +197,35 @@ class _CachingSaves:
         for entry, want in ((first, {"v": 1}), (refused, 0), (default, [None])):
             got = await self.cached(entry)
             expect(_same(got, want), _RULE, f"an entry within its TTL read {got!r}, not {want!r}")
+        if self.ctx.clock_controlled:
+            await self.default_ttl(default, [None], short)
         await self.unlocking()
+
+    async def default_ttl(self, entry: CacheEntry, want: Any, elapsed: int) -> None:
+        """``entry``, saved with ``ttl_ms=None`` ``elapsed`` ms ago, lives the adapter's
+        default TTL and no longer, as set_cached_step's does (cache.expiry): a backend
+        whose caching save kept such an entry for 31 years passed when only its read while
+        live was checked (a black-box auditor)."""
+        ttl = self.default_ttl_ms
+        margin = max(1, min(1_000, ttl // 4))
+        before = ttl - elapsed - margin
+        if before > 0:
+            await self.ctx.pass_time(before)
+            got = await self.cached(entry)
+            expect(
+                _same(got, want),
+                _RULE,
+                f"an entry saved with ttl_ms=None was gone {margin} ms before the adapter's "
+                f"default (cache_ttl_ms={ttl}): read {got!r}, not {want!r}",
+            )
+        await self.ctx.pass_time(max(0, ttl - elapsed) + margin - max(0, before))
+        got = await self.cached(entry)
+        expect(
+            got is MISSING,
+            _RULE,
+            f"an entry saved with ttl_ms=None was read {margin} ms past the adapter's default "
+            f"(cache_ttl_ms={ttl}): {got!r}; None means the TTL set_cached_step gives it",
+        )
 
     async def unlocking(self) -> None:
         """Inside the workflow lock with ``unlock``: stored, and the lock free after."""

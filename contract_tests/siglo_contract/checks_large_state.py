@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-from siglo.adapter import CacheEntry, Capability
+from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import Checkpoint
 from siglo.errors import CheckpointConflictError, DocumentTooLargeError
 from siglo.records import ContextChangeEvent
@@ -18,6 +18,25 @@ GUARD_LIMIT = 4096
 """The document limit the size-guard check puts on the adapter under test (or its own
 declared maximum, if smaller): small enough to cross cheaply on every backend."""
 
+DECLARED_LIMIT_CHECKED_UP_TO: Final = 16 * 1024 * 1024
+"""The largest declared ``max_document_bytes`` the size-guard check also stores a document
+of exactly (by every save path; and refuses one byte more). A limit up to here is a
+document store's item size — DynamoDB's 400 KB, Firestore's 1 MiB, Cosmos DB's 2 MB,
+MongoDB's 16 MiB — which a backend declares so that siglo refuses a larger document
+before its store fails on it mid-run: a declaration larger than what the store holds is
+then exactly the failure it exists to prevent, and only a save at the declared size
+shows it (a backend declaring 400 KB whose store failed above 200 KB passed every rule:
+the guard was crossed at :data:`GUARD_LIMIT` only, and ``checkpoint.incremental``
+stores 165 KB at most; a black-box auditor). Writing and reading back 16 MiB four times
+takes well under a second in memory. A larger limit is a field maximum (Redis's 512 MiB
+string, PostgreSQL's 1 GiB field, SQLite's 10⁹-byte value: every built-in backend's),
+which no quick run writes at: for it the guard is checked at :data:`GUARD_LIMIT` and the
+documents stored go up to ``checkpoint.incremental``'s, and nothing between those and
+the declared limit is written."""
+
+SaveFn = Callable[[Checkpoint, list[ContextChangeEvent], int], Awaitable[None]]
+"""``save(checkpoint, changes, expected_revision)``: one of the paths a save takes."""
+
 
 def _padded(cp: Checkpoint, step: str, size: int) -> Checkpoint:
     """``cp`` with a context ``step`` padded so that its document is ``size`` bytes."""
@@ -28,11 +47,48 @@ def _padded(cp: Checkpoint, step: str, size: int) -> Checkpoint:
     return cp.replace(contexts={**cp.contexts, step: {"pad": "x" * missing}})
 
 
+def _save_paths(a: StorageAdapter, entry: CacheEntry) -> dict[str, SaveFn]:
+    """Every save path the storage manager takes, by what a message calls it: the plain
+    save, the streamed save (its context changes), the unlocking one and, with a step
+    cache, the caching one (storing ``entry`` too) — a backend may override any of them
+    to write in one go."""
+    saves: dict[str, SaveFn] = {
+        "a plain save": lambda cp, changes, expected: a.save_checkpoint(
+            cp, expected_revision=expected
+        ),
+        "a streamed save": lambda cp, changes, expected: a.save_checkpoint_streamed(
+            cp, changes, expected_revision=expected
+        ),
+        "an unlocking save": lambda cp, changes, expected: a.save_checkpoint_unlocking(
+            cp, changes, expected_revision=expected
+        ),
+    }
+    if a.supports(Capability.STEP_CACHE):
+        saves["a caching save"] = lambda cp, changes, expected: a.save_checkpoint_caching(
+            cp, changes, entry, expected_revision=expected
+        )
+    return saves
+
+
 @check("checkpoint.size.guard")
 async def checkpoint_size_guard(ctx: CheckContext) -> None:
     """A document of exactly the limit is stored, by every save path; one byte more raises
     DocumentTooLargeError naming the stack, the size, the limit and the largest context,
-    and leaves the stored checkpoint and (streamed) the context stream as they were."""
+    and leaves the stored checkpoint and (streamed) the context stream as they were.
+
+    The limit is :data:`GUARD_LIMIT` (the declared one when smaller), put on the adapter
+    for the check; then, for a declared ``max_document_bytes`` above it and up to
+    :data:`DECLARED_LIMIT_CHECKED_UP_TO`, a document of exactly the declared limit is
+    stored by every save path and one byte more refused. A larger declared limit (every
+    built-in backend's) is not written at: see :data:`DECLARED_LIMIT_CHECKED_UP_TO`."""
+    await _guard_at_lowered_limit(ctx)
+    declared = ctx.backend.raw_adapter.max_document_bytes
+    if declared is not None and GUARD_LIMIT < declared <= DECLARED_LIMIT_CHECKED_UP_TO:
+        await _guard_at_declared_limit(ctx, declared)
+
+
+async def _guard_at_lowered_limit(ctx: CheckContext) -> None:
+    """The guard crossed at :data:`GUARD_LIMIT`: cheap on every backend."""
     ctx.about("checkpoint.size.guard")
     raw = ctx.backend.raw_adapter
     declared = raw.max_document_bytes
@@ -78,27 +134,15 @@ async def checkpoint_size_guard(ctx: CheckContext) -> None:
             "checkpoint.size.guard",
             f"a refused save changed the stored checkpoint into {after!r}",
         )
-        # Every save path the storage manager takes: the streamed save (its context
-        # changes), the unlocking one and, with a step cache, the caching one (its cache
-        # entry too) — a backend may override any of them to write in one go.
+        # Every save path the storage manager takes but the plain one, checked above.
         streams = a.supports(Capability.CONTEXT_STREAM)
-        saves: dict[str, Callable[[Checkpoint, list[ContextChangeEvent], int], Awaitable[None]]] = {
-            "a streamed save": lambda cp, changes, expected: a.save_checkpoint_streamed(
-                cp, changes, expected_revision=expected
-            ),
-            "an unlocking save": lambda cp, changes, expected: a.save_checkpoint_unlocking(
-                cp, changes, expected_revision=expected
-            ),
-        }
         entry = CacheEntry(key=ctx.id("size-guard-entry"), value={"out": "late"})
         caches = a.supports(Capability.STEP_CACHE)
         # Compared with what a look-up answers before (a miss; how a backend reads a miss
         # is cache.miss's business, not this rule's).
         unset = await a.get_cached_step(entry.key) if caches else MISSING
-        if caches:
-            saves["a caching save"] = lambda cp, changes, expected: a.save_checkpoint_caching(
-                cp, changes, entry, expected_revision=expected
-            )
+        saves = _save_paths(a, entry)
+        del saves["a plain save"]
         for what, save in saves.items():
             change = ContextChangeEvent(
                 stack_id=stack, step_id="big", key="note", timestamp=ctx.now_ms(), value=what
@@ -156,6 +200,58 @@ async def checkpoint_size_guard(ctx: CheckContext) -> None:
             )
     finally:
         raw.max_document_bytes = declared
+
+
+async def _guard_at_declared_limit(ctx: CheckContext, limit: int) -> None:
+    """A document of exactly the declared ``limit`` stored by every save path, and one
+    byte more refused: the store holds what the backend declares it holds."""
+    ctx.about("checkpoint.size.guard")
+    a = ctx.backend.adapter
+    stack = ctx.id("size-guard-declared")
+    entry = CacheEntry(key=ctx.id("size-guard-declared-entry"), value={"out": 1})
+    revision = 0
+    for what, save in _save_paths(a, entry).items():
+        revision += 1
+        exact = _padded(
+            ctx.checkpoint(stack, revision, contexts={"small": {"n": revision}}), "big", limit
+        )
+        try:
+            await save(exact, [], revision - 1)
+        except Exception as exc:
+            # The store's own failure (a driver's error for an item too large) as much as
+            # the guard's: a document of the declared size must be stored.
+            fail(
+                "checkpoint.size.guard",
+                f"{what} of a document of exactly the declared max_document_bytes "
+                f"({limit} bytes) raised {type(exc).__name__}: {exc} — a backend declares "
+                "the largest document its store holds",
+            )
+        stored = await a.get_checkpoint(stack)
+        expect(
+            same(stored, exact),
+            "checkpoint.size.guard",
+            f"{what} of a document of exactly the declared max_document_bytes ({limit} "
+            "bytes) was not stored as saved: read back "
+            + ("nothing" if stored is None else f"{len(stored.to_json())} bytes"),
+        )
+    over = _padded(
+        ctx.checkpoint(stack, revision + 1, contexts={"small": {"n": 0}}), "big", limit + 1
+    )
+    try:
+        await a.save_checkpoint(over, expected_revision=revision)
+    except DocumentTooLargeError as exc:
+        expect(
+            (exc.size, exc.limit) == (limit + 1, limit),
+            "checkpoint.size.guard",
+            f"a document one byte over the declared limit raised with size={exc.size}, "
+            f"limit={exc.limit}; want {limit + 1}, {limit}",
+        )
+    else:
+        fail(
+            "checkpoint.size.guard",
+            f"a {limit + 1}-byte document was stored although the declared "
+            f"max_document_bytes is {limit}",
+        )
 
 
 _OUTPUT: Final = 8_000

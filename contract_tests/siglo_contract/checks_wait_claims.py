@@ -8,6 +8,7 @@ from typing import Any
 
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
+from siglo.settings import DEFAULTS
 from siglo_contract.checks_waits import (
     claim_as,
     complete_refused,
@@ -26,7 +27,10 @@ async def wait_claim_once(ctx: CheckContext) -> None:
     the lease, and the payload passed (None included) or the stored one."""
     ctx.about("wait.claim.once")
     a = ctx.backend.adapter
-    lease_default = int(ctx.session.target.options.get("claim_lease_ms", 60_000))
+    # A claim without lease_ms lasts the backend's claim_lease_ms: the run's option, or,
+    # under the user-defaults profile (no option given, as siglo.connect gives none), the
+    # backend's own default, which must be siglo's (DEFAULTS).
+    lease_default = int(ctx.session.target.options.get("claim_lease_ms", DEFAULTS.claim_lease_ms))
     cases: list[tuple[str, str | None, Any, int | None]] = [
         ("stored-payload", "c1", MISSING, None),
         ("none-payload", "c2", None, None),

@@ -11,6 +11,7 @@ from hypothesis.stateful import Bundle, precondition, rule
 from siglo.adapter import Capability
 from siglo.checkpoint import Checkpoint
 from siglo.records import WaitRecord
+from siglo.settings import DEFAULTS
 from siglo_contract.machine_base import LOOK_ALIKES, ContractMachine, canon, nested_values
 from siglo_memory.adapter import MemoryStorageAdapter
 
@@ -86,7 +87,9 @@ class WaitMachineBase(ContractMachine):
 
     @property
     def lease_default(self) -> int:
-        return int(self.session.target.options.get("claim_lease_ms", 60_000))
+        # Not given (the user-defaults profile): the backend's own default, which must be
+        # siglo's.
+        return int(self.session.target.options.get("claim_lease_ms", DEFAULTS.claim_lease_ms))
 
     def norm(self, rec: Any, backend_side: bool) -> Any:
         """A record comparable across sides: generated claimants aliased, and without

@@ -35,7 +35,6 @@ from siglo_contract.registry import (
 from siglo_contract.rules import ADAPTER_RULES, Rule, primary_order, select_rules
 from siglo_contract.scrubbing import scrubber
 from siglo_contract.target import (
-    DEFAULT_OPTIONS,
     OPTION_PROFILES,
     BackendFactory,
     Session,
@@ -208,7 +207,8 @@ def run_contract(
     state machine; ``seed`` makes the run deterministic (a random one is picked and
     reported otherwise). With ``keep_going`` (the default) a state machine that failed on
     one rule is run again without that rule's comparisons, so the others get a verdict
-    too. ``options`` go to the backend's factory (defaults: :data:`DEFAULT_OPTIONS`).
+    too. ``options`` go to the backend's factory (defaults:
+    :data:`~siglo_contract.target.DEFAULT_OPTIONS`).
     ``on_plan`` is told the checks that will run, once the backend has opened its storage
     and answered a first read, before the first check starts. ``only``
     narrows the run to the checks it accepts (a rule none of whose checks ran is
@@ -418,7 +418,8 @@ def run_option_profiles(
 ) -> Report:
     """Run the suite once per option profile (:data:`~siglo_contract.target.OPTION_PROFILES`:
     ``suite``, the suite's explicit retention and TTLs; ``user-defaults``, what a user's
-    ``siglo.connect`` gives, no checkpoint retention) with the same seed, and merge the
+    ``siglo.connect`` gives, no option at all: the backend's own defaults, held to
+    :data:`siglo.settings.DEFAULTS`) with the same seed, and merge the
     verdicts: a rule passes only if it passes under every profile, and a failure's
     detail names the profile it was seen under. ``kwargs`` go to :func:`run_contract`
     (``options`` excepted: the profiles are the options)."""
@@ -434,9 +435,7 @@ def run_option_profiles(
     if seed is None:
         seed = random.getrandbits(32)
     reports = {
-        name: run_contract(
-            target, seed=seed, options={**DEFAULT_OPTIONS, **OPTION_PROFILES[name]}, **kwargs
-        )
+        name: run_contract(target, seed=seed, options=dict(OPTION_PROFILES[name]), **kwargs)
         for name in names
     }
     first = next(iter(reports.values()))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -21,6 +21,8 @@ from typing import Any, Final
 from siglo.adapter import Capability
 from siglo.backend import Backend
 from siglo.clock import ManualClock
+from siglo.connect import check_backend
+from siglo.errors import PluginError, SigloError
 from siglo.manager import StorageManager
 from siglo.plugins import BackendSpec, Deviation, get_registry
 from siglo.settings import DEFAULTS
@@ -53,17 +55,26 @@ DEFAULT_OPTIONS: Final[dict[str, Any]] = {
 """Options passed to the backend under test *and* the reference, so their defaults agree."""
 
 USER_DEFAULTS: Final[dict[str, Any]] = {"checkpoint_ttl_ms": None}
-"""The options that differ between the suite's profile (:data:`DEFAULT_OPTIONS`) and what
-a user gets by default: no checkpoint retention. Checks of paths a backend takes only
-then (PostgreSQL's one-round-trip streamed and unlocking saves) also run a backend opened
-with these (:meth:`Session.backend_with`)."""
+"""The override of the suite's options that takes a backend down the paths it takes only
+with a user's default retention on memory, SQLite and PostgreSQL: none. Checks of those
+paths (PostgreSQL's one-round-trip streamed and unlocking saves) also run a backend
+opened with the suite's options and this one changed (:meth:`Session.backend_with`); the
+``user-defaults`` profile (:data:`OPTION_PROFILES`) runs every rule with no option at
+all."""
 
 OPTION_PROFILES: Final[dict[str, dict[str, Any]]] = {
-    "suite": {},
-    "user-defaults": USER_DEFAULTS,
+    "suite": dict(DEFAULT_OPTIONS),
+    "user-defaults": {},
 }
-"""The option profiles a run covers, by name: the suite's options, and a user's defaults
-(overrides of the suite's)."""
+"""The option profiles a run covers, by name, each the options the backend's factory is
+called with (and ``clock=`` besides, when the backend declares ``clock``): the suite's
+(:data:`DEFAULT_OPTIONS`), and a user's defaults — what ``siglo.connect(url)`` passes a
+factory when the user names no option: none. The factory's own defaults then apply, and
+the checks that read an option the run did not give hold the backend to
+:data:`siglo.settings.DEFAULTS` (a cache entry set without a TTL lives ``cache_ttl_ms``,
+300 s; a claim without ``lease_ms`` lasts ``claim_lease_ms``, 60 s), as
+docs/writing-a-backend.md asks. (Passing the suite's TTLs here let a plugin whose own
+defaults were wrong pass every profile: a black-box auditor.)"""
 
 
 def accepted_options(fn: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -79,11 +90,41 @@ def accepted_options(fn: Callable[..., Any], options: dict[str, Any]) -> dict[st
     return {k: v for k, v in options.items() if k in names}
 
 
+@contextlib.contextmanager
+def plugin_code(spec: BackendSpec, what: str) -> Iterator[None]:
+    """Around a call of a plugin's ``what`` (``"factory"``, ``"isolated factory"``): an
+    exception that is neither siglo's (a URL refused, a store unreachable) nor the
+    operating system's is the plugin's mistake, and becomes a :class:`PluginError`
+    naming the backend and the plugin; ``siglo check`` said "unexpected KeyError …
+    report it" as if siglo were broken (a black-box auditor)."""
+    try:
+        yield
+    except (SigloError, OSError):
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"backend {spec.name!r} (plugin {spec.plugin!r}): its {what} raised "
+            f"{type(exc).__name__}: {exc}; a backend's factories raise siglo's errors "
+            "(InvalidArgumentError for a bad URL or option, StorageAdapterError for a store "
+            "they cannot reach), docs/writing-a-backend.md"
+        ) from exc
+
+
+def plugin_backend(
+    spec: BackendSpec, factory: Callable[..., Any], url: str, options: Mapping[str, Any]
+) -> Backend:
+    """The backend ``factory``, ``spec``'s (:meth:`~siglo.plugins.BackendSpec.load_factory`),
+    makes for ``url`` with the ``options`` it accepts, refused as :func:`siglo.connect`
+    refuses it (:func:`siglo.connect.check_backend`) when it is not a :class:`Backend`."""
+    with plugin_code(spec, "factory"):
+        made = factory(url, **accepted_options(factory, dict(options)))
+    return check_backend(spec.name, spec.plugin, made)
+
+
 def connect_url(url: str, **options: Any) -> Backend:
     """``siglo.connect(url, **options)``, passing only the options the factory accepts."""
-    factory = get_registry().for_url(url).load_factory()
-    backend: Backend = factory(url, **accepted_options(factory, options))
-    return backend
+    spec = get_registry().for_url(url)
+    return plugin_backend(spec, spec.load_factory(), url, options)
 
 
 def declared_capabilities(backend: Backend) -> frozenset[Capability]:
@@ -122,15 +163,19 @@ class Target:
         isolated = spec.load_isolated()
 
         def make(**opts: Any) -> Backend:
-            backend: Backend = factory(url, **accepted_options(factory, opts))
-            return backend
+            return plugin_backend(spec, factory, url, opts)
 
-        def make_isolated(**opts: Any) -> AbstractAsyncContextManager[Backend]:
+        @contextlib.asynccontextmanager
+        async def make_isolated(**opts: Any) -> AsyncIterator[Backend]:
             assert isolated is not None
-            cm: AbstractAsyncContextManager[Backend] = isolated(
-                url, **accepted_options(isolated, opts)
-            )
-            return cm
+            async with contextlib.AsyncExitStack() as stack:
+                # Entered here, the plugin's mistakes named as the plain factory's are;
+                # what the checks raise inside goes through to its exit untouched.
+                with plugin_code(spec, "isolated factory"):
+                    made = await stack.enter_async_context(
+                        isolated(url, **accepted_options(isolated, opts))
+                    )
+                yield check_backend(spec.name, spec.plugin, made)
 
         return cls(
             label=mask_credentials(url),

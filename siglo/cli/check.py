@@ -18,7 +18,7 @@ from rich.table import Table
 from siglo.cli.common import STOPPED_BY, interrupted, stopped_by_signals
 from siglo.cli.errors import CliError, display_url, resolve_url
 from siglo.connect import check_port
-from siglo.errors import SigloError
+from siglo.errors import PluginError, SigloError
 from siglo.plugins import get_registry
 from siglo.plugins.backends import BackendSpec
 
@@ -137,7 +137,8 @@ def _writable_report(path: Path, option: str, what: str) -> None:
     default="suite",
     show_default=True,
     help="Options the backend is opened with: the suite's (explicit retention and TTLs), "
-    "a user's defaults (no checkpoint retention), or all: every rule under each, one "
+    "a user's defaults (what siglo.connect gives: no option, the backend's own "
+    "defaults, held to siglo's), or all: every rule under each, one "
     "verdict per rule.",
 )
 @click.option(
@@ -174,7 +175,7 @@ def check(
     """
     from siglo_contract.rules import select_rules
     from siglo_contract.runner import run_option_profiles
-    from siglo_contract.target import OPTION_PROFILES
+    from siglo_contract.target import OPTION_PROFILES, plugin_backend
     from siglo_contract.version import (
         CONTRACT_VERSION,
         ContractMismatchError,
@@ -211,7 +212,12 @@ def check(
         # before the run, not after it. Connections are made when first used.
         other_spec = get_registry().for_url(other_target)
         _refuse_without_isolation(other_spec, display_url(other_target))
-        probe = other_spec.load_factory()(other_target)
+        try:
+            # Through the suite's call of a plugin's factory: a plugin's mistake is named
+            # as siglo.connect names it, not an AttributeError of siglo's.
+            probe = plugin_backend(other_spec, other_spec.load_factory(), other_target, {})
+        except PluginError as exc:
+            raise CliError(str(exc), _PLUGIN_HINT) from exc
         asyncio.run(probe.aclose())
     empty = [pattern for pattern in rules if not pattern.strip()]
     if empty:
@@ -289,6 +295,11 @@ def check(
         # Ctrl-C, SIGTERM or SIGHUP, through the run's clean-up: said, with the status
         # the signal ends a process with (not click's bare "Aborted!" and status 1).
         raise interrupted("siglo check", _STOPPED_HINT) from None
+    except PluginError as exc:
+        # A plugin's factory that returned something else than a siglo.Backend, or
+        # raised an error that is not siglo's: named by the suite as siglo.connect names
+        # it (siglo_contract.target.plugin_backend), the plugin's to fix, not siglo's.
+        raise CliError(str(exc), _PLUGIN_HINT) from exc
     if STOPPED_BY:
         # The interrupt was swallowed where it landed (Python ignores an exception raised
         # in a finalizer): the run went on to its end and removed its storage, and the
@@ -357,6 +368,11 @@ def check(
 
 
 _STOPPED_HINT: Final = "no verdict; the run's isolated storage was removed: run it again"
+
+_PLUGIN_HINT: Final = (
+    "a mistake of the plugin named above, not of siglo: its authors can fix it "
+    "(docs/writing-a-backend.md); `siglo backends` lists the installed plugins"
+)
 
 _NOT_SELECTED: Final = "not selected"
 """A rule one run judged and the other did not: outside a ``--rule`` selection, judged

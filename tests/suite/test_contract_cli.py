@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -283,6 +284,92 @@ def test_every_rule_runs_under_each_option_profile() -> None:
         run_option_profiles("memory://", ("nightly",), rules=rules)
 
 
+def test_the_user_defaults_profile_gives_the_factory_what_siglo_connect_gives() -> None:
+    """``user-defaults`` was documented as what a user's siglo.connect gives, yet it
+    called the factory with cache_ttl_ms=300000 and claim_lease_ms=60000: a plugin whose
+    own defaults were wrong passed ``--options all`` and misbehaved under every user's
+    connect (a black-box auditor). It now gives what siglo.connect gives a factory when
+    the user names no option (nothing; the clock the suite moves, which a user may
+    give), and a wrong default fails the rule it breaks, held to siglo.settings.DEFAULTS."""
+    from siglo.settings import DEFAULTS
+    from siglo_contract.target import DEFAULT_OPTIONS, OPTION_PROFILES
+
+    given: list[set[str]] = []
+
+    def recording(**options: Any) -> siglo.Backend:
+        given.append(set(options))
+        return memory_connect("memory://", **options)
+
+    # The focused checks (the state machines take a minute and check no default more).
+    rules = ["cache.expiry", "wait.claim.once"]
+    kw: dict[str, Any] = {"rules": rules, "seed": 1, "only": lambda chk: chk.machine is None}
+    assert run_option_profiles(recording, ("user-defaults",), **kw).ok
+    assert given and all(names <= {"clock"} for names in given), given
+    assert OPTION_PROFILES == {"suite": DEFAULT_OPTIONS, "user-defaults": {}}
+
+    def own_defaults(**options: Any) -> siglo.Backend:
+        # The auditor's plugin: right whenever the options are given.
+        options.setdefault("cache_ttl_ms", 10**12)
+        options.setdefault("claim_lease_ms", 3_600_000)
+        return memory_connect("memory://", **options)
+
+    assert run_option_profiles(own_defaults, ("suite",), **kw).ok
+    both = run_option_profiles(own_defaults, **kw)
+    for rule_id, default in (
+        ("cache.expiry", f"cache_ttl_ms={DEFAULTS.cache_ttl_ms}"),
+        ("wait.claim.once", f"lease {DEFAULTS.claim_lease_ms} ms"),
+    ):
+        res = both.results[rule_id]
+        assert res.verdict == "FAIL", rule_id
+        assert res.detail.startswith("[option profile user-defaults] "), res.detail
+        assert default in res.detail, res.detail
+
+
+# -- the size guard at a backend's declared limit ---------------------------------------------
+
+
+def test_the_size_guard_check_stores_a_declared_limit_up_to_its_bound() -> None:
+    """A declared max_document_bytes up to DECLARED_LIMIT_CHECKED_UP_TO is written at
+    exactly (a backend declaring 400 KB whose store held 200 KB passed every rule: the
+    guard was crossed at 4,096 bytes only; a black-box auditor); a larger one, every
+    built-in backend's, is not, so their runs stay quick (docs/running-the-contract-suite.md)."""
+    from siglo.plugins import get_registry
+    from siglo_contract.checks_large_state import DECLARED_LIMIT_CHECKED_UP_TO, GUARD_LIMIT
+
+    sizes: list[int] = []
+
+    class Recording(MemoryStorageAdapter):
+        async def _do_save_checkpoint(
+            self, checkpoint: siglo.Checkpoint, *, expected_revision: int | None = None
+        ) -> None:
+            sizes.append(len(checkpoint.to_json()))
+            await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+    for declared, largest in (
+        (400_000, 400_000),
+        (DECLARED_LIMIT_CHECKED_UP_TO, DECLARED_LIMIT_CHECKED_UP_TO),
+        (DECLARED_LIMIT_CHECKED_UP_TO + 1, GUARD_LIMIT),
+    ):
+
+        def factory(declared: int = declared, **options: Any) -> siglo.Backend:
+            backend = memory_connect("memory://", **options)
+            adapter = Recording(
+                clock=options.get("clock"),
+                **{k: v for k, v in options.items() if k.endswith("_ms")},
+            )
+            adapter.max_document_bytes = declared
+            backend.adapter = adapter
+            return backend
+
+        sizes.clear()
+        report = run_contract(factory, rules=["checkpoint.size.guard"], seed=1)
+        assert report.ok, report.results["checkpoint.size.guard"].detail
+        assert max(sizes) == largest, (declared, max(sizes))
+    for url in ("memory://", "sqlite://", "postgresql://h/db", "redis://h"):
+        limit = get_registry().for_url(url).max_document_bytes
+        assert limit is None or limit > DECLARED_LIMIT_CHECKED_UP_TO, (url, limit)
+
+
 def test_siglo_check_options_all(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         cli, ["check", "memory://", "--rule", "cache.miss", "--seed", "1", "--options", "all"]
@@ -388,6 +475,85 @@ def test_siglo_check_refuses_a_shared_store_it_cannot_isolate() -> None:
     assert result.exit_code == 1, result.output
     assert "registers no isolated factory" in result.output, result.output
     assert "isolated=" in result.output and "checks" not in result.output.split("Error")[0]
+
+
+def _broken_factory_plugin(name: str, mistake: str) -> object:
+    """A plugin whose factory makes one mistake: ``"dict"`` returns a dict instead of a
+    siglo.Backend, ``"raises"`` raises a KeyError (a lookup it never guarded), and
+    ``"isolated-dict"`` has an isolated factory that yields a dict."""
+    from siglo.plugins import hookimpl
+    from siglo_memory.connect import connect as siglo_memory_connect
+
+    def factory(url: str, **options: Any) -> Any:
+        if mistake == "dict":
+            return {}
+        if mistake == "raises":
+            return {}["no-such-option"]
+        return siglo_memory_connect("memory://", **options)
+
+    @contextlib.asynccontextmanager
+    async def isolated(url: str, **options: Any) -> AsyncIterator[Any]:
+        yield {"not": "a backend"}
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def siglo_register_backends(registry):  # type: ignore[no-untyped-def]
+            registry.add_backend(
+                name,
+                schemes=(name,),
+                factory=factory,
+                capabilities=("checkpoints",),
+                **(
+                    {"isolated": isolated, "multiprocess": True}
+                    if mistake == "isolated-dict"
+                    else {}
+                ),
+            )
+
+    return Plugin()
+
+
+@pytest.mark.parametrize("mistake", ["dict", "raises", "isolated-dict"])
+def test_siglo_check_names_a_plugins_broken_factory_as_siglo_connect_does(mistake: str) -> None:
+    """A plugin factory that returned a dict: siglo.connect said "backend 'x' (plugin
+    'x') returned dict from its factory, not a siglo.Backend", `siglo check` said
+    "unexpected AttributeError: 'dict' object has no attribute 'raw_adapter'" and asked
+    for a bug report to siglo; one that raised KeyError, "unexpected KeyError", naming
+    no plugin (a black-box auditor). Both now say what siglo.connect says, naming the
+    plugin, with `--compare` too."""
+    from siglo.plugins import get_registry
+
+    name = f"broken{mistake.replace('-', '')}"
+    plugin = f"{name}-test-plugin"
+    registry = get_registry()
+    registry.register(_broken_factory_plugin(name, mistake), plugin)
+    try:
+        result = CliRunner().invoke(
+            cli, ["check", f"{name}://", "--rule", "checkpoint.roundtrip", "--seed", "1"]
+        )
+        compared = CliRunner().invoke(
+            cli,
+            ["check", "memory://", "--rule", "checkpoint.roundtrip", "--compare", f"{name}://"],
+        )
+        if mistake == "dict":
+            with pytest.raises(siglo.PluginError) as connect_said:
+                siglo.connect(f"{name}://")
+    finally:
+        registry.unregister(plugin)
+    for out in (result, compared):
+        said = " ".join(out.output.split())
+        assert out.exit_code == 1, out.output
+        assert "unexpected" not in said and "report it" not in said, said
+        assert f"Error: backend {name!r} (plugin {plugin!r})" in said, said
+        assert "a mistake of the plugin named above, not of siglo" in said, said
+    said = " ".join(result.output.split())
+    if mistake == "dict":
+        assert f"Error: {connect_said.value}" in said, said
+    elif mistake == "raises":
+        assert "its factory raised KeyError: 'no-such-option'" in said, said
+    else:
+        assert "returned dict from its factory, not a siglo.Backend" in said, said
 
 
 def test_a_report_says_the_races_ran_in_one_process_without_isolated_storage() -> None:

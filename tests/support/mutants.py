@@ -32,7 +32,7 @@ from siglo.listing import (
 from siglo.manager import StorageManager
 from siglo.payloads import CONTEXT_KIND, PayloadKind, StoredPayload, with_wait_fields
 from siglo.records import CacheEvent, ContextChangeEvent, embedded_wait_record
-from siglo_contract.target import Target
+from siglo_contract.target import OPTION_PROFILES, Target
 from siglo_memory import connect as memory_connect
 from siglo_memory.adapter import (
     MemoryStorageAdapter,
@@ -612,6 +612,25 @@ class CacheDefaultNeverExpires(MemoryStorageAdapter):
         await super()._do_set_cached_step(key, value, 2**62 if ttl_ms is None else ttl_ms)
 
 
+class OwnCacheTtlDefault(MemoryStorageAdapter):
+    """Its own ``cache_ttl_ms`` default, what a user's ``siglo.connect`` gets when naming
+    none, is 31 years, not siglo's 300 s (``DEFAULTS.cache_ttl_ms``): right whenever the
+    option is given, as the suite's profile gives it (a black-box auditor's plugin
+    passed ``--options all``: the user-defaults profile gave it too)."""
+
+    def __init__(self, *, cache_ttl_ms: int = 10**12, **options: Any) -> None:
+        super().__init__(cache_ttl_ms=cache_ttl_ms, **options)
+
+
+class OwnClaimLeaseDefault(MemoryStorageAdapter):
+    """Its own ``claim_lease_ms`` default is an hour, not siglo's 60 s
+    (``DEFAULTS.claim_lease_ms``): a claim without ``lease_ms`` under a user's
+    ``siglo.connect`` holds a record from a dead worker for an hour."""
+
+    def __init__(self, *, claim_lease_ms: int = 3_600_000, **options: Any) -> None:
+        super().__init__(claim_lease_ms=claim_lease_ms, **options)
+
+
 class RetentionFromTimestamp(MemoryStorageAdapter):
     """Counts ``checkpoint_ttl_ms`` from the checkpoint's own ``timestamp``, not from its
     save: a checkpoint stamped earlier (an import, a slow clock) is gone at once (an
@@ -855,6 +874,28 @@ class CachingSaveEntryOnlyIfSaved(MemoryStorageAdapter):
             checkpoint, changes, expected_revision=expected_revision
         )
         await self.set_cached_step(entry.key, entry.value, entry.ttl_ms, **entry.in_namespace())
+
+
+class CachingSaveDefaultNeverExpires(MemoryStorageAdapter):
+    """cache.with-checkpoint: an entry given ``ttl_ms=None`` (the adapter's default,
+    ``cache_ttl_ms``, as set_cached_step gives it) is cached for 31 years (a black-box
+    auditor's plugin that passed every rule of contract 1.7: the check read the entry
+    only while it should be live)."""
+
+    async def save_checkpoint_caching(
+        self,
+        checkpoint: Checkpoint,
+        changes: Any,
+        entry: CacheEntry,
+        *,
+        expected_revision: int | None = None,
+        unlock: bool = False,
+    ) -> None:
+        if entry.ttl_ms is None:
+            entry = replace(entry, ttl_ms=10**12)
+        await super().save_checkpoint_caching(
+            checkpoint, changes, entry, expected_revision=expected_revision, unlock=unlock
+        )
 
 
 class CachingSaveIgnoresTtl(MemoryStorageAdapter):
@@ -1388,10 +1429,16 @@ class Mutant:
     """The broken part's class name: a stable id for the test and for worker processes."""
     manager: type[StorageManager] = StorageManager
     """The manager the suite's end-to-end checks use (a broken one for ``manager.*``)."""
+    profile: str = "suite"
+    """The option profile the suite runs it under (``siglo check --options PROFILE``):
+    ``user-defaults`` for a backend broken only in its own defaults, which the suite's
+    profile overrides with explicit options."""
 
     def target(self) -> Target:
         """The suite's target for this mutant, as a third party's factory would give."""
-        target = Target.from_factory(self.factory, label=self.name)
+        target = Target.from_factory(
+            self.factory, label=self.name, options=OPTION_PROFILES[self.profile]
+        )
         target.manager_factory = self.manager
         return target
 
@@ -1400,12 +1447,14 @@ def _m(
     rule_id: str,
     description: str,
     manager: type[StorageManager] = StorageManager,
+    *,
+    profile: str = "suite",
     **parts: Any,
 ) -> Mutant:
     names = "+".join(
         cls.__name__ for cls in [*parts.values(), manager] if cls is not StorageManager
     )
-    return Mutant(rule_id, _factory(**parts), description, names, manager)
+    return Mutant(rule_id, _factory(**parts), description, names, manager, profile)
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -1588,6 +1637,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "the caching save ignores the entry's TTL",
         adapter=CachingSaveIgnoresTtl,
     ),
+    _m(
+        "cache.with-checkpoint",
+        "the caching save keeps an entry without a TTL for 31 years",
+        adapter=CachingSaveDefaultNeverExpires,
+    ),
     _m("cache.roundtrip", "the first set wins", adapter=FirstSetWins),
     _m("cache.falsy-hit", "a cached None is a miss", adapter=DropsCachedNone),
     _m(
@@ -1601,6 +1655,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "cache.expiry",
         "an entry set without a TTL never expires",
         adapter=CacheDefaultNeverExpires,
+    ),
+    _m(
+        "cache.expiry",
+        "its own cache_ttl_ms default is 31 years (under a user's defaults)",
+        adapter=OwnCacheTtlDefault,
+        profile="user-defaults",
+    ),
+    _m(
+        "wait.claim.once",
+        "its own claim_lease_ms default is an hour (under a user's defaults)",
+        adapter=OwnClaimLeaseDefault,
+        profile="user-defaults",
     ),
     _m(
         "cache.namespaced",
@@ -1740,6 +1806,11 @@ MUTANTS: tuple[Mutant, ...] = (
         adapter=lg.StreamsBeforeSizeGuard,
     ),
     _m("checkpoint.size.guard", "stores documents over the limit", adapter=lg.IgnoresDocumentLimit),
+    _m(
+        "checkpoint.size.guard",
+        "its store holds half the max_document_bytes it declares",
+        adapter=lg.HoldsHalfItsDeclaredLimit,
+    ),
     _m(
         "checkpoint.size.guard",
         "a streamed save refuses a document of exactly the limit",

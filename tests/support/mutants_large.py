@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from siglo import Checkpoint
+from siglo import Checkpoint, StorageAdapterError
 from siglo.adapter import CacheEntry
 from siglo.records import ContextChangeEvent
 from siglo.sizing import check_document_size
@@ -84,6 +84,25 @@ class IgnoresDocumentLimit(MemoryStorageAdapter):
         check_save_arguments(checkpoint, expected_revision)
         self._require_open()
         await self._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
+
+
+class HoldsHalfItsDeclaredLimit(MemoryStorageAdapter):
+    """Declares ``max_document_bytes`` 400,000 (DynamoDB's item size) where its store
+    holds 200,000 bytes: a document between the two passes the size guard and fails in
+    the store, mid-run, the failure the declaration exists to prevent (a black-box
+    auditor's plugin that passed every rule: the guard was crossed at 4,096 bytes and no
+    check stored more than 165 KB)."""
+
+    max_document_bytes = 400_000
+    _HOLDS = 200_000
+
+    async def _do_save_checkpoint(
+        self, checkpoint: Checkpoint, *, expected_revision: int | None = None
+    ) -> None:
+        size = len(checkpoint.to_json())
+        if size > self._HOLDS:
+            raise StorageAdapterError(f"item of {size} bytes exceeds the store's item size")
+        await super()._do_save_checkpoint(checkpoint, expected_revision=expected_revision)
 
 
 _PARTS_FROM = 65_536
