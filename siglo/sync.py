@@ -92,7 +92,9 @@ class StorageManager(Facade):
         namespace_fallback: bool | None = None,
         redact_fields: Collection[str] = (),
     ) -> None:
-        portal = get_portal()
+        # Built on the portal of the backend handed over, where its connections live:
+        # this process's portal would run the parent's connections in a forked child.
+        portal = _portal_for(adapter)
         target = _unwrap(adapter)
         manager = portal.call(
             AsyncStorageManager,
@@ -127,7 +129,16 @@ class StorageManager(Facade):
         self._portal.call(self._inner.set_error_mode, mode)
 
     def use_storage(self, adapter: SyncBackend | Backend | StorageAdapter | None) -> None:
-        """``StorageManager.use_storage``."""
+        """``StorageManager.use_storage``: a backend on the manager's own portal (the
+        storage of a manager runs on its loop); one of another portal — one opened
+        before this process was forked, say — is refused with ``RuntimeError``."""
+        given = _portal_of_facade(adapter)
+        if given is not None and given is not self._portal:
+            given.check()  # the fork (or the closed portal) named, if that is why
+            raise RuntimeError(
+                "use_storage() was given a backend of another siglo.sync portal than the "
+                "manager's: make the manager with sync.StorageManager(backend)"
+            )
         self._portal.call(self._inner.use_storage, _unwrap(adapter))
 
     def create_stack(
@@ -373,10 +384,7 @@ class SyncFlow:
 def _portal_of(manager: StorageManager | AsyncStorageManager | None) -> Portal:
     """The portal a flow's call runs on: the one of the sync manager given (in a process
     forked after it was made, that portal says so and what to do), else this process's."""
-    if isinstance(manager, StorageManager):
-        portal: Portal = manager._portal
-        return portal
-    return get_portal()
+    return _portal_for(manager)
 
 
 def _manager(
@@ -398,6 +406,21 @@ def _live(stack: str | SyncStack) -> str | ExecutionStack:
         inner: ExecutionStack = stack.wrapped
         return inner
     return stack
+
+
+def _portal_of_facade(value: object) -> Portal | None:
+    """The portal of a facade (where the async object behind it lives), else ``None``."""
+    if isinstance(value, SyncBackend | Facade):
+        portal: Portal = value._portal
+        return portal
+    return None
+
+
+def _portal_for(value: object) -> Portal:
+    """The portal to build an object from ``value`` on: a facade's own — in a process
+    forked after the facade was made, that portal refuses every call, naming the fork,
+    instead of handing the parent's connections to the child's — else this process's."""
+    return _portal_of_facade(value) or get_portal()
 
 
 def _unwrap(
@@ -423,11 +446,12 @@ def verify_webhook(
     scope: str | None = None,
 ) -> VerifiedWebhook:
     """:func:`siglo.webhooks.verify` for synchronous code (a Flask or Django view): the
-    same checks and the same one claim of the delivery's nonce, run on the portal's loop
-    with the store behind ``nonce_store`` (``sync_backend.require_nonces()``)."""
+    same checks and the same one claim of the delivery's nonce, run on the loop of the
+    store behind ``nonce_store`` (``sync_backend.require_nonces()``)."""
     store = nonce_store.wrapped if isinstance(nonce_store, SyncNonceStore) else nonce_store
-    # webhooks.verify checks every argument (a store without ``claim`` included) first.
-    verified: VerifiedWebhook = get_portal().run(
+    # webhooks.verify checks every argument (a store without ``claim`` included) first,
+    # on the portal of the store's facade (in a forked child, the fork error).
+    verified: VerifiedWebhook = _portal_for(nonce_store).run(
         webhooks.verify,
         secret,
         body,

@@ -51,6 +51,11 @@ class Portal:
         return self._loop
 
     @property
+    def pid(self) -> int:
+        """The process the portal was started in (its loop runs in no other)."""
+        return self._pid
+
+    @property
     def running(self) -> bool:
         """Whether the loop still accepts calls."""
         return self._thread.is_alive() and not self._loop.is_closed()
@@ -72,7 +77,11 @@ class Portal:
 
         return self._wait(call)
 
-    def _wait(self, make: Callable[[], Awaitable[T]]) -> T:
+    def check(self) -> None:
+        """Raise :class:`RuntimeError` if a call from here could not be served: from
+        inside the portal's own loop, in a process forked after the portal started (its
+        connections are the parent's sockets), or once the portal is closed. Every call
+        checks this first; an object built from a facade checks it before it is built."""
         if threading.current_thread() is self._thread:
             raise RuntimeError(
                 "siglo.sync called from inside its own event loop: in async code use the "
@@ -89,11 +98,18 @@ class Portal:
             )
         if not self.running:
             raise RuntimeError("the siglo.sync portal is closed")
+
+    def _wait(self, make: Callable[[], Awaitable[T]]) -> T:
+        self.check()
         future: Future[T] = asyncio.run_coroutine_threadsafe(_as_coroutine(make), self._loop)
         try:
             return future.result()
         except BaseException:
-            future.cancel()  # an interrupted caller (Ctrl-C) does not leave its call running
+            # An interrupted caller (Ctrl-C, a signal's time limit) is told at once, and
+            # its call is cancelled on the loop, not left running. What cannot be
+            # cancelled — a lock helper's function, in a thread — runs to its end there
+            # with the lock held (sync_facades.run_in_own_thread).
+            future.cancel()
             raise
 
     def forked_away(self) -> None:
