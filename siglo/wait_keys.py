@@ -143,6 +143,7 @@ async def complete_lapsed_claim(
     record: WaitRecord,
     claimant: str,
     *,
+    event_payload: Any,
     now_ms: Callable[[], int],
 ) -> bool:
     """Complete ``record``'s wait for ``claimant`` — claimed by a claimant whose lease
@@ -151,7 +152,8 @@ async def complete_lapsed_claim(
     created is left), still claimed and still lapsed, under the key's lock, so that no
     wait placed on the key meanwhile is taken. The lapsed claim is taken over (one
     atomic claim: a delivery taking it first wins, and this does nothing) and completed,
-    with the payload the first claim put there. Whether it was completed."""
+    with ``event_payload`` in the record (the answer the run used: a later delivery's
+    lapsed claim may have written its own payload there). Whether it was completed."""
     completed = False
 
     async def complete() -> None:
@@ -167,7 +169,11 @@ async def complete_lapsed_claim(
         ):
             return
         taken = await adapter.claim_wait_record(
-            record.correlation_key, claimant, allow_expired=True, namespace=record.namespace
+            record.correlation_key,
+            claimant,
+            allow_expired=True,
+            event_payload=event_payload,
+            namespace=record.namespace,
         )
         if taken is None or taken.created_at != record.created_at:
             return  # another claimant took it first (the key's lock keeps others out)

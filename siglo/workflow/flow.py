@@ -263,7 +263,7 @@ class Flow:
         require_optional_id("namespace", namespace)
         adapter = _require(manager, Capability.WORKFLOW_LOCK)
 
-        answered: list[tuple[str, str]] = []
+        answered: list[_Answered] = []
 
         async def take_over() -> bool:
             with telemetry.lock_held_expected(False):  # the steps' own locks are not
@@ -315,7 +315,14 @@ class Flow:
         adapter = _require(manager, Capability.WAIT_RECORDS)
         with self._resume_span(correlation_key, namespace):
             record = await _claim(
-                adapter, correlation_key, claimant_id, namespace, allow_expired=True
+                adapter,
+                correlation_key,
+                claimant_id,
+                namespace,
+                allow_expired=True,
+                # No event: a payload an earlier delivery's lapsed claim left in the record
+                # was not used (the run times out now, or keeps its own answer).
+                event_payload=None,
             )
             if record is None:
                 raise WaitRecordClaimError(
@@ -439,9 +446,10 @@ class Flow:
 
         async def complete() -> None:
             await keeper.stop()
-            if answered is not None and delivering:
-                # This claim wrote its own payload into the record: the run used the
-                # earlier event (or none: it timed out). A claim of the current claimant
+            if answered is not None:
+                # This claim wrote its own payload into the record (a timer's, none), or
+                # an earlier claim that lapsed did: the run used the earlier event (or
+                # none: it timed out). A claim of the current claimant
                 # renews it and puts that back, atomically, before the wait completes —
                 # only while the key's record is still the one claimed (a key freed by
                 # the run's cancellation may hold another run's wait by now).
@@ -1106,11 +1114,24 @@ def _waits_on_another_record(stack: ExecutionStack, record: WaitRecord) -> bool:
     return stack.status == "waiting" and another_record_of_its_key(stack.metadata, record)
 
 
-def _answered_waits(stack: ExecutionStack) -> list[tuple[str, str]]:
-    """The waits ``stack``'s steps waited on and were answered (an event, or a timeout):
-    each one's correlation key and step."""
+@dataclass(frozen=True)
+class _Answered:
+    """A wait a run's step waited on and was answered: its key, the step, and the event
+    the run used (``None`` for a timeout, which used none)."""
+
+    correlation_key: str
+    step: str
+    event: Any
+
+
+def _answered_waits(stack: ExecutionStack) -> list[_Answered]:
+    """The waits ``stack``'s steps waited on and were answered (an event, or a timeout)."""
     return [
-        (str(context[WAITING_FOR]), step)
+        _Answered(
+            str(context[WAITING_FOR]),
+            step,
+            context.get(EVENT) if answer_of(context) == EVENT else None,
+        )
         for step, context in stack.contexts.items()
         if WAITING_FOR in context and answer_of(context) is not None
     ]
@@ -1120,19 +1141,23 @@ async def _complete_lapsed_answers(
     manager: StorageManager,
     stack_id: str,
     namespace: str | None,
-    answered: list[tuple[str, str]],
+    answered: list[_Answered],
 ) -> None:
     """Complete the waits ``answered`` (a run's, which a recovery or a resume just
     continued) that a delivery claimed and never completed: its process died after the
     run took the event, and the claim's lease lapsed. A wait without a deadline is fired
     by no timer, so nothing else would complete it, and its key would refuse every other
     run's wait for as long as the store keeps it. Only this run's record of the answered
-    step, still claimed and lapsed (:func:`~siglo.wait_keys.complete_lapsed_claim`);
-    a failure is logged, not raised: the run's own work is done and stored."""
+    step, still claimed and lapsed (:func:`~siglo.wait_keys.complete_lapsed_claim`),
+    with the answer the run used put back in the record (the event, redacted as a
+    delivery stores it, or none for a timeout): a later delivery's claim that lapsed
+    too wrote its own payload there, which the run never used. A failure is logged, not
+    raised: the run's own work is done and stored."""
     adapter = manager.adapter
     if not answered or adapter is None or not adapter.supports(Capability.WAIT_RECORDS):
         return
-    for correlation_key, step in answered:
+    for wait in answered:
+        correlation_key, step = wait.correlation_key, wait.step
         try:
             record = await adapter.get_wait_record(correlation_key, namespace=namespace)
             if (
@@ -1144,8 +1169,13 @@ async def _complete_lapsed_answers(
                 or not record.lease_expired(manager.clock.now_ms())
             ):
                 continue
+            used = (
+                None
+                if wait.event is None
+                else await manager.redact_event(correlation_key, wait.event, namespace=namespace)
+            )
             if await complete_lapsed_claim(
-                adapter, record, uuid.uuid4().hex, now_ms=manager.clock.now_ms
+                adapter, record, uuid.uuid4().hex, event_payload=used, now_ms=manager.clock.now_ms
             ):
                 log.info(
                     "wait %r of run %r completed: its delivery's claim lapsed after the run "

@@ -396,3 +396,50 @@ async def test_a_resume_of_the_run_completes_its_answered_wait_too() -> None:
         record = await backend.adapter.get_wait_record("hook:answered")
         assert record is not None and record.status == "completed", record
         assert record.event_payload == {"v": 1}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_recovery_puts_back_the_event_the_run_used_not_a_lapsed_later_claims(
+    kind: str,
+) -> None:
+    """The run used {"v": 1}; a retried delivery claimed the wait with {"v": 2}, writing
+    it into the record, and died before resuming the run. The recovery completed the
+    wait with {"v": 2}, an event the run never used (a black-box auditor)."""
+    DEADLINE["ms"] = None
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        await _delivered_then_stopped(manager, "answered-twice")
+        retried = await backend.adapter.claim_wait_record(
+            "hook:answered", "retry-that-died", event_payload={"v": 2}
+        )
+        assert retried is not None and retried.event_payload == {"v": 2}
+        await asyncio.sleep(LEASE_MS / 1000 + 0.2)
+        assert await ANSWERED.recover("answered-twice", manager=manager)
+        record = await backend.adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload == {"v": 1}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_timer_leaves_no_payload_of_a_delivery_the_run_never_used(kind: str) -> None:
+    """A delivery claimed the wait with its event and died before the run took it; the
+    deadline passed and the worker's timer timed the run out. The wait was completed with
+    the dead delivery's payload, an event the run never used."""
+    DEADLINE["ms"] = 200
+    async with any_backend(kind, claim_lease_ms=LEASE_MS) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        with pytest.raises(siglo.WorkflowSuspended):
+            await ANSWERED.run(None, manager=manager, stack_id="never-used")
+        died = await backend.adapter.claim_wait_record(
+            "hook:answered", "delivery-that-died", event_payload={"v": 9}
+        )
+        assert died is not None
+        await asyncio.sleep(LEASE_MS / 1000 + 0.2)  # the claim lapses, the deadline passes
+        done = await Worker(manager, [ANSWERED]).run_once()
+        assert done.timers_fired == 1, done
+        stored = await backend.adapter.get_checkpoint("never-used")
+        assert stored is not None and stored.contexts["waiter"][TIMED_OUT] is True
+        record = await backend.adapter.get_wait_record("hook:answered")
+        assert record is not None and record.status == "completed"
+        assert record.event_payload is None
+        assert wait_outcome(record, stored, manager.clock.now_ms()) == "timed out"
