@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import threading
 import tomllib
 from collections.abc import Mapping
@@ -39,7 +38,7 @@ from siglo.errors import InvalidArgumentError
 from siglo.keys import check_key_id, decode_key, is_local_scheme, shown_key_id
 from siglo.redaction import check_redact_fields
 from siglo.settings import DEFAULTS
-from siglo.urls import OBJECT_OPTIONS, is_secret_parameter, mask_credentials
+from siglo.urls import OBJECT_OPTIONS, is_secret_parameter, mask_credentials, read_decimal
 
 __all__ = [
     "CONFIG_ENV",
@@ -69,7 +68,6 @@ DEFAULT_BLOB_GRACE_MS: Final = 3_600_000
 _ERROR_MODES: Final = frozenset({"best-effort", "warn", "strict"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
-_DECIMAL: Final = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,11 +611,9 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         ):
             if raw.strip().lower() in ("none", "null"):
                 values[name] = None
-            elif _DECIMAL.fullmatch(raw.strip()):
-                values[name] = int(raw)
+            elif (number := read_decimal(raw)) is not None:
+                values[name] = number
             else:
-                # int() also takes "1_000" and digits of other scripts ("١٢"): a value
-                # nobody means as a byte count or a timeout.
                 raise InvalidArgumentError(f"{variable} must be an integer or none, got {raw!r}")
         else:
             values[name] = raw

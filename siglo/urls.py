@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit
@@ -80,12 +81,25 @@ _SECRET_PARAMETERS: Final = frozenset(
 )
 
 
+_DECIMAL: Final = re.compile(r"[+-]?[0-9]+")
+
+
+def read_decimal(value: str) -> int | None:
+    """``value`` read as an integer written in ASCII digits (a sign, and spaces around it,
+    allowed), or ``None``. ``int()`` also reads ``"1_000"`` and digits of other scripts
+    (``"١٢٣"``, fullwidth ``"５"``): a timeout or a byte count written so is a typo or a
+    paste, not a number anybody meant, and every place siglo reads a number from text
+    (a URL's query, a settings file's text, a ``SIGLO_*`` variable) refuses it alike."""
+    stripped = value.strip()
+    return int(stripped) if _DECIMAL.fullmatch(stripped) else None
+
+
 def integer(name: str, value: str) -> int:
-    """An integer (``"10000"``)."""
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"URL option {name} must be an integer, got {value!r}") from None
+    """An integer (``"10000"``), in ASCII digits (:func:`read_decimal`)."""
+    read = read_decimal(value)
+    if read is None:
+        raise InvalidArgumentError(f"URL option {name} must be an integer, got {value!r}")
+    return read
 
 
 def optional_integer(name: str, value: str) -> int | None:

@@ -267,3 +267,18 @@ def test_an_integer_variable_takes_ascii_digits_only(
         load_settings()
     monkeypatch.setenv(variable, " 2048 ")
     assert getattr(load_settings(), ENVIRONMENT[variable]) == 2048
+
+
+@pytest.mark.parametrize("value", ["1_000", "١٢٣٤٥", "５０００"])
+def test_a_number_in_a_url_or_options_takes_ascii_digits_only(value: str) -> None:
+    """As a variable's number: a URL's query, a keyword given as text, and the settings'
+    [options] (read as the query reads them) took what int() takes."""
+    for connect in (
+        lambda: siglo.connect(f"sqlite:///unused.db?claim_lease_ms={value}"),
+        lambda: siglo.connect("sqlite:///unused.db", claim_lease_ms=value),
+        lambda: siglo.connect(
+            settings=siglo.Settings(url="sqlite:///unused.db", options={"cache_ttl_ms": value})
+        ),
+    ):
+        with pytest.raises(InvalidArgumentError, match=r"must be an integer"):
+            connect()
