@@ -51,14 +51,16 @@ async def _drill(
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         handled = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP too (a closed terminal, an ssh session dropped): killed by it, the drill
+        # left its records behind and printed nothing.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             # Only the main thread takes signals (a drill run from a thread has
             # --duration to stop it).
             with contextlib.suppress(RuntimeError, ValueError):
                 loop.add_signal_handler(sig, stop.set)
                 handled.append(sig)
         if not quiet:
-            until = f"for {duration_s:g} s" if duration_s else "until Ctrl-C or SIGTERM"
+            until = f"for {duration_s:g} s" if duration_s else "until Ctrl-C, SIGTERM or SIGHUP"
             click.echo(
                 f"siglo drill {runner.id} on {display_url(url)} ({setting}): {rate:g} calls/s "
                 f"{until}; fail the primary over now",
@@ -85,7 +87,7 @@ async def _drill(
     "duration_s",
     type=FiniteRange(min=0.5),
     default=None,
-    help="Stop after this many seconds (default: run until Ctrl-C or SIGTERM).",
+    help="Stop after this many seconds (default: run until Ctrl-C, SIGTERM or SIGHUP).",
 )
 @click.option(
     "--workers",
@@ -115,8 +117,8 @@ def drill(
     """Account for every acknowledged operation through a failover you trigger.
 
     Start it against your topology (managed Redis, Sentinel, Cluster, Patroni, RDS …),
-    fail the primary over by whatever means you have, then stop it (Ctrl-C, SIGTERM or
-    --duration). It saves checkpoints with compare-and-set, takes locks, claims wait
+    fail the primary over by whatever means you have, then stop it (Ctrl-C, SIGTERM,
+    SIGHUP or --duration). It saves checkpoints with compare-and-set, takes locks, claims wait
     records, idempotency keys and nonces, then checks each acknowledgement against the
     store and reports calls, failures, time to recover, acknowledged saves lost, double
     lock holders, fencing-token regressions and double claims, each traced to its

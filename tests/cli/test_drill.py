@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -387,3 +390,44 @@ def test_a_drill_whose_calls_raise_unexpected_errors_is_not_a_pass(tmp_path: Any
     assert report["verdict"] == "incomplete" and report["unexpected_errors"] > 0
     assert report["acknowledged"]["save"] == 0
     assert "DocumentTooLargeError" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGTERM"])
+def test_a_drill_stopped_by_a_closed_terminal_reports_and_cleans_up(
+    signame: str, tmp_path: Path
+) -> None:
+    """SIGHUP (a closed terminal, a dropped ssh session) killed the drill: no report,
+    and its wait records, idempotency keys and checkpoints left in the store (a black-box
+    auditor). It stops the drill as SIGTERM does."""
+    store = tmp_path / "drill.db"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "siglo", "drill", f"sqlite:///{store}", "--rate", "50"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        assert process.stderr is not None
+        began = time.monotonic()
+        for line in process.stderr:  # "siglo drill <id> on …": drilling from here
+            if b"fail the primary over now" in line:
+                break
+            assert time.monotonic() - began < 60, "the drill did not start"
+        time.sleep(1.0)
+        process.send_signal(getattr(signal, signame))
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    said = out.decode()
+    assert process.returncode == 0, err.decode()
+    assert re.search(r"cleaned up\s*│?\s*yes", said), said
+    with sqlite3.connect(store) as conn:
+        tables = [t for (t,) in conn.execute("select name from sqlite_master where type='table'")]
+        left = {
+            table: conn.execute(f'select count(*) from "{table}"').fetchone()[0]
+            for table in tables
+            if table.endswith(("checkpoints", "wait_records", "idempotency"))
+        }
+    assert not any(left.values()), left
