@@ -1,20 +1,26 @@
 """A correlation key names one open wait: placing a run's wait record without taking
-another run's (the workflow runtime's suspension, ``siglo import``)."""
+another run's (the workflow runtime's suspension, ``siglo import``), and claiming it for
+a delivery (a flow's, a timer's, the dashboard's)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal
 
 from siglo.adapter import Capability, StorageAdapter
-from siglo.errors import CapabilityNotSupportedError
+from siglo.coordination import undo_later
+from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
+from siglo.settings import DEFAULTS
 
 __all__ = [
     "WAIT_KEY_LOCK",
     "cancel_own_wait",
+    "claim_for_delivery",
     "complete_lapsed_claim",
+    "give_back_later",
     "place_wait",
     "release_own_claim",
     "renew_own_claim",
@@ -86,6 +92,59 @@ async def place_wait(
 
     await _under_key_lock(adapter, record, place)
     return placed
+
+
+async def claim_for_delivery(
+    adapter: StorageAdapter,
+    correlation_key: str,
+    claimant_id: str | None,
+    namespace: str | None,
+    *,
+    allow_expired: bool = False,
+    event_payload: Any = MISSING,
+) -> WaitRecord | None:
+    """A delivery's (or a timer's) claim of a wait, with a claimant named here: a claim
+    cut off by its caller (a request's timeout) or of unknown outcome is given back in
+    the background (:func:`siglo.coordination.undo_later`), so the event is deliverable
+    again at once, not after the claim's lease.
+
+    Every claim made to deliver (``Flow.deliver``, ``Flow.fire_timeout``, the
+    dashboard's ``deliver_event``) goes through here: a caller claiming the wait itself
+    had no token to give the claim back with once the reply was lost, and the wait
+    stayed claimed by nobody for the whole lease (the dashboard's, a black-box
+    auditor). The claimed record, or ``None`` (the wait cannot be claimed)."""
+    # Made before the call: the token that gives the claim back must not be in the
+    # reply, which is what goes missing.
+    claimant = claimant_id or uuid.uuid4().hex
+    try:
+        return await adapter.claim_wait_record(
+            correlation_key,
+            claimant,
+            allow_expired=allow_expired,
+            event_payload=event_payload,
+            namespace=namespace,
+        )
+    except InvalidArgumentError:
+        raise  # refused before anything was sent
+    except BaseException:
+        give_back_later(adapter, correlation_key, claimant, namespace)
+        raise
+
+
+def give_back_later(
+    adapter: StorageAdapter, correlation_key: str, claimant: str, namespace: str | None
+) -> None:
+    """Release the claim ``claimant`` may hold on ``correlation_key``'s wait, in the
+    background (:func:`siglo.coordination.undo_later`): at once and a few times more,
+    until a release answers or the claim's lease has lapsed by itself. A release by a
+    claimant changes nothing where the claim is not that claimant's (contract rule
+    ``wait.release``), so a try that comes late takes no other delivery's claim."""
+    lease = getattr(adapter, "claim_lease_ms", None)
+    undo_later(
+        f"the claim of wait {correlation_key!r}",
+        lambda: adapter.release_wait_record(correlation_key, claimant, namespace=namespace),
+        lapses_in_ms=lease if isinstance(lease, int) else DEFAULTS.claim_lease_ms,
+    )
 
 
 async def renew_own_claim(

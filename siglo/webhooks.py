@@ -10,7 +10,10 @@ the window is refused while a forged request cannot use up a nonce. Each refusal
 own :class:`WebhookError` subclass, and so is every malformed request, however hostile
 (a header or body of the wrong type, a non-ASCII signature, a timestamp of thousands of
 digits): a handler that catches :class:`WebhookError` answers every bad request with a
-4xx. :func:`sign` makes the header (for tests, or for a sender).
+4xx. A failure of the nonce store is not a refusal: its
+:class:`~siglo.errors.StorageAdapterError` is raised as it is, for the handler to answer
+503 so that the sender retries (docs/safety.md, "When the nonce store fails").
+:func:`sign` makes the header (for tests, or for a sender).
 """
 
 from __future__ import annotations
@@ -55,7 +58,10 @@ Secret = str | bytes
 
 
 class WebhookError(SigloError):
-    """A webhook request was refused; the subclass says why. Answer it with a 4xx."""
+    """A webhook request was refused; the subclass says why. Answer it with a 4xx.
+
+    A nonce store that fails is not one: :func:`verify` raises its
+    :class:`~siglo.errors.StorageAdapterError` (answer 503)."""
 
 
 class WebhookSignatureMissingError(WebhookError):
@@ -213,6 +219,13 @@ async def verify(
     ``scope`` names this receiver's deliveries in a nonce store it shares with receivers
     of other senders (a tenant's id): without it, two senders' deliveries of the same
     body in the same second are one delivery.
+
+    When the nonce store fails, its :class:`~siglo.errors.StorageAdapterError` is raised
+    (the request is neither accepted nor refused: answer 503, and the sender retries).
+    An :class:`~siglo.errors.OutcomeUnknownError` among them may have claimed the nonce:
+    a nonce store keeps no owner to give a claim back with, so a retry of the very same
+    signed request is then refused as a replay (one signed anew is not); a claim known
+    not to have happened claimed nothing, and the retry is accepted.
     """
     if scope is not None:
         require_id("scope", scope)

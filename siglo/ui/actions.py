@@ -4,6 +4,10 @@ Each goes through the backend :func:`siglo.connect` opened with the one configur
 (its pipeline: an event's payload is stored redacted like any other), and each is
 compare-and-set or a claim, so an action confirmed on a page that has gone stale since
 is refused instead of undoing what happened meanwhile.
+
+An action is the store write: each learns of every failure of the store, whatever the
+error mode of the settings (their ``best-effort`` or ``warn`` is for an application's
+own saves), and raises it, so that the page says the store failed instead of "Done".
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from siglo.records import WaitRecord, another_record_of_its_key, embedded_wait_r
 from siglo.sealing import refuse_unopened
 from siglo.sentinel import MISSING
 from siglo.stack import ExecutionStack
-from siglo.wait_keys import renew_own_claim
+from siglo.wait_keys import claim_for_delivery, give_back_later, renew_own_claim
 from siglo.workflow.claim_keeper import ClaimKeeper
 from siglo.workflow.flow import OUTPUT
 from siglo.workflow.outcomes import EVENT, WAITING_FOR, answer_of, is_sleep
@@ -33,6 +37,28 @@ log = logger("siglo.ui")
 
 class ActionRefused(SigloError):
     """An action that was not carried out; nothing stored changed. The message says why."""
+
+
+def _strict(manager: StorageManager) -> StorageManager:
+    """``manager``, or, when its error mode would swallow a store failure
+    (``best-effort``) or only log it (``warn``), a manager like it — the same store,
+    settings, redacted keys, clock and namespace fallback — that raises every failure.
+
+    The dashboard's manager follows the settings' error mode; under ``best-effort`` a
+    delivery's refused save was swallowed, the wait completed and "Done" answered,
+    though the run never received the event, and the wait could not be delivered to
+    again (a black-box auditor). Its own manager, not the caller's with its mode
+    changed: the dashboard's is shared by concurrent requests."""
+    if manager.error_mode == "strict":
+        return manager
+    return StorageManager(
+        manager.backend if manager.backend is not None else manager.adapter,
+        settings=manager.settings,
+        error_mode="strict",
+        clock=manager.clock,
+        namespace_fallback=manager.namespace_fallback,
+        redact_fields=manager.redact_fields,
+    )
 
 
 def _require(manager: StorageManager, capability: Capability, what: str) -> None:
@@ -147,6 +173,9 @@ async def deliver_event(
     revision the confirmation showed; a run that went on and waits again on the same key
     is not the run that page was about)."""
     _require(manager, Capability.WAIT_RECORDS, "deliver an event")
+    # Its reads and its save raise whatever the store does: a failure swallowed here
+    # was a delivery reported done that stored nothing (see _strict).
+    manager = _strict(manager)
     adapter = manager.adapter
     assert adapter is not None
     if is_sleep(correlation_key):
@@ -188,11 +217,16 @@ async def deliver_event(
                 f"{correlation_key!r}; nothing was delivered"
             )
     claimant = f"siglo-ui-{uuid.uuid4().hex[:12]}"
-    record = await adapter.claim_wait_record(
+    # As a flow's delivery claims (siglo.wait_keys.claim_for_delivery): a claim whose
+    # reply was lost (a store timing out) is given back in the background with the
+    # claimant made here; claimed directly, it held the wait for the whole lease (60 s)
+    # with nothing to give it back with (a black-box auditor).
+    record = await claim_for_delivery(
+        adapter,
         correlation_key,
         claimant,
+        namespace,
         event_payload=await manager.redact_event(correlation_key, payload, namespace=namespace),
-        namespace=namespace,
     )
     if record is None:
         raise ActionRefused(
@@ -213,8 +247,18 @@ async def deliver_event(
     async def give_back() -> None:
         # Only while the key's record is still the one claimed: a run removed meanwhile
         # frees its key, and another run's wait on it is not this claim's to touch.
-        if await renew_own_claim(adapter, record, event_payload=before) is not None:
-            await adapter.release_wait_record(correlation_key, claimant, namespace=record.namespace)
+        try:
+            if await renew_own_claim(adapter, record, event_payload=before) is not None:
+                await adapter.release_wait_record(
+                    correlation_key, claimant, namespace=record.namespace
+                )
+        except BaseException:
+            # The store failing here too (or the request cut off): released in the
+            # background by its claimant, as a claim whose reply was lost is, rather
+            # than left claimed for its lease (its payload then stays in the record,
+            # as a released claim's does, until the next delivery's claim).
+            give_back_later(adapter, correlation_key, claimant, record.namespace)
+            raise
 
     if run_id is not None and record.stack_id != run_id:
         # A wait saved again under the same key since the look above: given back.
@@ -317,11 +361,19 @@ async def deliver_event(
             )
         else:
             await mark()
-    except BaseException:
+    except BaseException as failed:
         await keeper.stop()
         if not used:
-            # Not delivered: the wait goes back to waiting for the next delivery, as it was.
-            await give_back()
+            # Not delivered (refused, or its save failed): the wait goes back to waiting
+            # for the next delivery, as it was.
+            try:
+                await give_back()
+            except Exception as exc:
+                # What the caller is told is why nothing was delivered, not this.
+                failed.add_note(
+                    f"the claim of {correlation_key!r} could not be given back at once "
+                    f"({exc}); it is being given back in the background"
+                )
         raise
     return (
         f"delivered to {correlation_key}: run {record.stack_id} continues on the next "

@@ -17,7 +17,6 @@ from siglo import telemetry
 from siglo.adapter import CacheEntry, Capability, StorageAdapter
 from siglo.checkpoint import TERMINAL_STATUSES
 from siglo.codec import private_copy, refuse_reserved_value, stored_event, stored_form
-from siglo.coordination import undo_later
 from siglo.errors import (
     CapabilityNotSupportedError,
     CheckpointConflictError,
@@ -36,7 +35,6 @@ from siglo.moments import describe_ms, iso_ms
 from siglo.records import CacheEvent, WaitRecord, another_record_of_its_key, embedded_wait_record
 from siglo.sealing import refuse_unopened_value
 from siglo.sentinel import MISSING, Missing
-from siglo.settings import DEFAULTS
 from siglo.stack import ExecutionStack
 from siglo.validation import require_id, require_optional_id
 from siglo.wait_keys import (
@@ -46,6 +44,7 @@ from siglo.wait_keys import (
     release_own_claim,
     renew_own_claim,
 )
+from siglo.wait_keys import claim_for_delivery as _claim
 from siglo.wire import later_ms
 from siglo.workflow.claim_keeper import ClaimKeeper
 from siglo.workflow.outcomes import (
@@ -1197,34 +1196,6 @@ def _deadline(stack: ExecutionStack) -> int | None:
     """The deadline of the wait a suspended stack keeps in its metadata, if any."""
     embedded = embedded_wait_record(stack.metadata)
     return None if embedded is None else embedded.expires_at
-
-
-async def _claim(
-    adapter: StorageAdapter,
-    correlation_key: str,
-    claimant_id: str | None,
-    namespace: str | None,
-    **options: Any,
-) -> WaitRecord | None:
-    """A delivery's (or a timer's) claim of a wait, with a claimant named here: a claim
-    cut off by its caller (a request's timeout) or of unknown outcome is given back in
-    the background (:func:`siglo.coordination.undo_later`), so the event is deliverable
-    again at once, not after the claim's lease."""
-    claimant = claimant_id or uuid.uuid4().hex
-    try:
-        return await adapter.claim_wait_record(
-            correlation_key, claimant, namespace=namespace, **options
-        )
-    except InvalidArgumentError:
-        raise  # refused before anything was sent
-    except BaseException:
-        lease = getattr(adapter, "claim_lease_ms", None)
-        undo_later(
-            f"the claim of wait {correlation_key!r}",
-            lambda: adapter.release_wait_record(correlation_key, claimant, namespace=namespace),
-            lapses_in_ms=lease if isinstance(lease, int) else DEFAULTS.claim_lease_ms,
-        )
-        raise
 
 
 def _not_used(correlation_key: str, answer: str) -> WaitRecordClaimError:

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
+from pathlib import Path
 
 import pytest
+from _redis_helpers import REDIS_URL, require_redis
+from _tcp_proxy import proxied_url
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from raw_storage import KINDS, any_backend
 
-from siglo import InvalidArgumentError, SigloError
+import siglo
+from siglo import InvalidArgumentError, OutcomeUnknownError, SigloError, StorageAdapterError
+from siglo.coordination import NonceStore
 from siglo.webhooks import (
     VerifiedWebhook,
     WebhookError,
@@ -26,6 +32,7 @@ from siglo.webhooks import (
     verify,
 )
 from siglo_memory import MemoryNonceStore
+from siglo_redis import isolated as redis_isolated
 
 SECRET = "whsec_test_5e2f"
 BODY = b'{"id":"evt_1","type":"invoice.paid","amount":5000}'
@@ -267,3 +274,73 @@ async def test_a_replay_to_a_receiver_listing_its_secrets_otherwise_is_refused(k
         for secrets in (["new", "old"], ["old", "new"]):
             with pytest.raises(WebhookReplayError):
                 await verify(secrets, BODY, _headers(header), nonces)
+
+
+async def _handle(body: bytes, headers: dict[str, str], nonces: NonceStore) -> int:
+    """The handler docs/safety.md shows ("Webhook signatures"), as its status code."""
+    try:
+        await verify(SECRET, body, headers, nonces, tolerance_s=300)
+    except WebhookError:
+        return 400
+    except StorageAdapterError:
+        return 503  # the nonce store failed: not verified, and the sender retries
+    return 200
+
+
+async def test_a_nonce_store_that_times_out_is_a_503_and_the_retry_is_accepted(
+    tmp_path: Path,
+) -> None:
+    """docs/safety.md, "When the nonce store fails": another process holds SQLite's write
+    lock past ``command_timeout_ms``. ``verify`` raises the store's error, not a
+    ``WebhookError`` (the handler answers 503, not 400, nor a 500 it never caught); the
+    claim is known not to have happened, so the sender's retry of the very same request
+    is accepted once the store is back, and only a replay after that is refused."""
+    path = tmp_path / "nonces.db"
+    async with siglo.connect(f"sqlite:///{path}", command_timeout_ms=500) as backend:
+        nonces = backend.require_nonces()
+        assert await nonces.claim("warm-up", 60)  # the tables are made
+        headers = _headers(sign(SECRET, BODY))
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # holds the write lock until it ends
+            with pytest.raises(StorageAdapterError) as failed:
+                await verify(SECRET, BODY, headers, nonces, tolerance_s=300)
+            assert not isinstance(failed.value, WebhookError)
+            assert failed.value.timed_out
+            assert not isinstance(failed.value, OutcomeUnknownError)  # known not to be stored
+            assert await _handle(BODY, headers, nonces) == 503
+        finally:
+            other.close()
+        assert await _handle(BODY, headers, nonces) == 200  # the identical retry
+        assert await _handle(BODY, headers, nonces) == 400  # a replay now
+        with pytest.raises(WebhookReplayError):
+            await verify(SECRET, BODY, headers, nonces, tolerance_s=300)
+
+
+async def test_a_nonce_claim_whose_reply_is_lost_refuses_the_identical_retry() -> None:
+    """docs/safety.md, "When the nonce store fails": the nonce's ``SET … NX`` reaches Redis
+    and is stored, and its reply is dropped with the connection (a proxy between them).
+    ``verify`` raises ``OutcomeUnknownError`` (a 503 from the documented handler). A
+    nonce store keeps no owner to give the claim back with, so the sender's retry of the
+    very same signed request is refused as a replay, as documented; a retry signed anew
+    (a fresh ``t=``) is another delivery, and accepted."""
+    require_redis()
+    set_nx = b"$3\r\nSET\r\n"  # the nonce's claim; nothing else sent meanwhile is a SET
+    with proxied_url(REDIS_URL, 6379) as (url, proxy):
+        async with redis_isolated(url) as backend:
+            nonces = backend.require_nonces()
+            now = int(time.time())
+            headers = _headers(sign(SECRET, BODY, timestamp=now))
+            proxy.lose_reply_to(set_nx)
+            with pytest.raises(OutcomeUnknownError) as failed:
+                await verify(SECRET, BODY, headers, nonces, tolerance_s=300)
+            assert not isinstance(failed.value, WebhookError)
+            assert proxy.replies_lost == 1
+            assert await _handle(BODY, headers, nonces) == 400  # the identical retry: a replay
+            anew = _headers(sign(SECRET, BODY, timestamp=now + 1))
+            assert await _handle(BODY, anew, nonces) == 200  # signed anew: accepted
+            # The documented handler answers such a failure 503, never a 500.
+            body = BODY + b"\n"
+            proxy.lose_reply_to(set_nx)
+            assert await _handle(body, _headers(sign(SECRET, body, timestamp=now)), nonces) == 503
+            assert proxy.replies_lost == 2
