@@ -54,6 +54,7 @@ from siglo_sql.migrations import (
     check_target,
     ensure_token_triggers,
     holds_token_marker,
+    indexed_text,
     migrate,
     read_version,
 )
@@ -913,8 +914,10 @@ class SqlStorageAdapter(StorageAdapter):
             )
             sql = self._cp_list_indexed[shape] = db.sql(text)
         for i, (field, token) in enumerate(sorted(tokens.items())):
-            params[f"field{i}"] = field
-            params[f"token{i}"] = token
+            # A NUL as the triggers index it (U+FFFD): found, where PostgreSQL would
+            # refuse the parameter and SQLite match nothing.
+            params[f"field{i}"] = indexed_text(field)
+            params[f"token{i}"] = indexed_text(token)
         params.update(now=self.clock.now_ms(), limit=query.limit + 1)
         rows = await db.fetch(sql, params)
         page = rows[: query.limit]

@@ -36,6 +36,7 @@ __all__ = [
     "ensure_schema",
     "ensure_token_triggers",
     "holds_token_marker",
+    "indexed_text",
     "migrate",
     "read_version",
     "token_triggers",
@@ -107,16 +108,9 @@ def _v4(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     bigint = dialect.type_compiler_instance.process(BigInteger())
     text_type = "TEXT"
     if dialect.name == "postgresql":
-        # A context may hold "\u0000" in a string, which PostgreSQL's JSON refuses to
-        # turn into text (json and jsonb alike, once a value is read): the escape is
-        # made U+FFFD in the copy read here (the stored document is not changed), and
-        # only the listing's fields are taken from it. Every escaped backslash is made
-        # "\u005c" first, so that each "\u0000" left is an escape, not a backslash and
-        # the text "u0000".
-        doc = (
-            r"replace(replace(convert_from(document, 'UTF8'), '\\', '\u005c'), "
-            r"'\u0000', '\ufffd')::json"
-        )
+        # Only the listing's fields are taken from the copy _json_of makes (a "\u0000"
+        # in a context made U+FFFD there; the stored document is not changed).
+        doc = _json_of("document", dialect)
         field = {
             "workflow_id": f"{doc} ->> 'workflowId'",
             "updated_at": f"LEAST(({doc} ->> 'timestamp')::numeric, {MAX_MS})::bigint",
@@ -152,6 +146,39 @@ def _v4(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
             for i in sorted(new_indexes, key=lambda i: str(i.name))
         ),
     ]
+
+
+def _json_of(column: str, dialect: Dialect) -> str:
+    """The JSON of the document in ``column`` (bytes) as a migration or a token trigger
+    reads it: PostgreSQL json, SQLite text for its json functions.
+
+    A context in clear (or the in-clear ``redactFields`` of a sealed one) may hold
+    "\\u0000" in a string. PostgreSQL's JSON refuses to turn that escape into text, json
+    and jsonb alike, once any value of the document is read: what reads the document
+    would fail, and with it the save or the migration. SQLite's json functions end the
+    string at it (3.40; 3.45 and later keep the NUL), so what is indexed would depend on
+    the SQLite version. So each "\\u0000" is made "\\ufffd" (U+FFFD) in the copy read here;
+    the stored document is not changed, and a document without it reads as before.
+    Every escaped backslash is made "\\u005c" first, so that each "\\u0000" left is an
+    escape, not an escaped backslash followed by the text "u0000". (Neither database
+    reads a backslash as an escape in these literals: PostgreSQL's
+    ``standard_conforming_strings``, on since 9.1, and SQLite's strings.)"""
+    text = (
+        f"convert_from({column}, 'UTF8')"
+        if dialect.name == "postgresql"
+        else f"CAST({column} AS TEXT)"
+    )
+    safe = rf"replace(replace({text}, '\\', '\u005c'), '\u0000', '\ufffd')"
+    return f"{safe}::json" if dialect.name == "postgresql" else safe
+
+
+def indexed_text(value: str) -> str:
+    """A token or field as the token index holds it: a NUL made U+FFFD, as
+    :func:`_json_of` makes it in the documents the triggers read (PostgreSQL's text
+    cannot hold a NUL at all). A filtered listing asks for its tokens this way, so a
+    token holding a NUL finds its checkpoint; it also finds one whose token holds
+    U+FFFD in that place (tokens siglo makes are base64, and hold neither)."""
+    return value.replace("\x00", "\ufffd")
 
 
 def _v5(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
@@ -256,13 +283,15 @@ def _holds_marker(row: str) -> str:
     return f"CAST({row}.document AS TEXT) GLOB {pattern}"
 
 
-def _tokens_insert(ix: str, row: str) -> str:
+def _tokens_insert(ix: str, row: str, dialect: Dialect) -> str:
     """SQLite: the tokens of ``row``'s document into ``ix``."""
     path = """'$.metadata."$sigloIndex"'"""
+    # A token or field holding a NUL is indexed with U+FFFD there (_json_of), as on
+    # PostgreSQL: SQLite's json_each would end it at the NUL, and index "a" for "a\0b".
     return (
         f"INSERT INTO {ix} (id, field, token) SELECT {row}.id, key, value "
         f"FROM json_each(CASE WHEN {_holds_marker(row)} "
-        f"THEN CAST({row}.document AS TEXT) ELSE '{{}}' END, {path}) "
+        f"THEN {_json_of(row + '.document', dialect)} ELSE '{{}}' END, {path}) "
         "WHERE type = 'text' AND key IS NOT NULL"
     )
 
@@ -304,10 +333,10 @@ def token_triggers(prefix: str, schema: str | None, dialect: Dialect) -> list[st
     had = f"EXISTS (SELECT 1 FROM {ix} WHERE id = OLD.id)"
     return [
         f"CREATE TRIGGER IF NOT EXISTS {added} AFTER INSERT ON {cp} FOR EACH ROW "
-        f"WHEN {_holds_marker('NEW')} BEGIN {_tokens_insert(ix, 'NEW')}; END",
+        f"WHEN {_holds_marker('NEW')} BEGIN {_tokens_insert(ix, 'NEW', dialect)}; END",
         f"CREATE TRIGGER IF NOT EXISTS {changed} AFTER UPDATE OF document ON {cp} "
         f"FOR EACH ROW WHEN {_holds_marker('NEW')} OR {had} "
-        f"BEGIN DELETE FROM {ix} WHERE id = OLD.id; {_tokens_insert(ix, 'NEW')}; END",
+        f"BEGIN DELETE FROM {ix} WHERE id = OLD.id; {_tokens_insert(ix, 'NEW', dialect)}; END",
         f"CREATE TRIGGER IF NOT EXISTS {gone} AFTER DELETE ON {cp} FOR EACH ROW WHEN {had} "
         f"BEGIN DELETE FROM {ix} WHERE id = OLD.id; END",
     ]
@@ -364,6 +393,40 @@ async def _v7_then(tx: Executor, prefix: str, schema: str | None, dialect: Diale
         await _create_token_triggers(tx, prefix, schema, dialect)
 
 
+def _token_function_ddl(
+    prefix: str, schema: str | None, dialect: Dialect, *, replace: bool = False
+) -> str:
+    """PostgreSQL: the function the token triggers call. Migration 7 creates it;
+    migration 8 replaces the one an older migration 7 made, which read the document
+    without :func:`_json_of` and so refused every save (and every backfill) of a
+    document holding both the marker and a "\\u0000" escape."""
+    t = build_tables(prefix, schema, version=7)
+    assert t.checkpoint_tokens is not None
+    ix = dialect.identifier_preparer.format_table(t.checkpoint_tokens)
+    marker = "'\\x" + TOKEN_MARKER.hex() + "'::bytea"
+    fn = _token_function(prefix, schema, dialect)
+    # json, not jsonb, as the function migration 7 first made read it: the same
+    # tokens from the same document. A token or field holding a NUL comes out with
+    # U+FFFD in its place, as a listing asks for it (indexed_text).
+    tokens = f"{_json_of('NEW.document', dialect)} -> 'metadata' -> '$sigloIndex'"
+    return (
+        f"CREATE {'OR REPLACE ' if replace else ''}FUNCTION {fn}() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$\n"
+        "DECLARE found json;\n"
+        "BEGIN\n"
+        f"  IF TG_OP <> 'INSERT' THEN DELETE FROM {ix} WHERE id = OLD.id; END IF;\n"
+        f"  IF TG_OP <> 'DELETE' AND position({marker} in NEW.document) > 0 THEN\n"
+        f"    found := {tokens};\n"
+        "    IF json_typeof(found) = 'object' THEN\n"
+        f"      INSERT INTO {ix} (id, field, token) SELECT NEW.id, e.key, e.value #>> '{{}}'\n"
+        "        FROM json_each(found) AS e WHERE json_typeof(e.value) = 'string';\n"
+        "    END IF;\n"
+        "  END IF;\n"
+        "  RETURN NULL;\n"
+        "END $$"
+    )
+
+
 def _v7(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     t = build_tables(prefix, schema, version=7)
     assert t.checkpoint_tokens is not None
@@ -375,36 +438,65 @@ def _v7(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
     # store holds; the triggers themselves come with the first token (token_triggers).
     if dialect.name == "postgresql":
         marker = "'\\x" + TOKEN_MARKER.hex() + "'::bytea"
-        fn = _token_function(prefix, schema, dialect)
-        # json, not jsonb: jsonb refuses the NUL escape a context in clear may hold.
-        tokens = "convert_from(NEW.document, 'UTF8')::json -> 'metadata' -> '$sigloIndex'"
+        tokens = f"{_json_of('c.document', dialect)} -> 'metadata' -> '$sigloIndex'"
         out += [
-            f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
-            "DECLARE found json;\n"
-            "BEGIN\n"
-            f"  IF TG_OP <> 'INSERT' THEN DELETE FROM {ix} WHERE id = OLD.id; END IF;\n"
-            f"  IF TG_OP <> 'DELETE' AND position({marker} in NEW.document) > 0 THEN\n"
-            f"    found := {tokens};\n"
-            "    IF json_typeof(found) = 'object' THEN\n"
-            f"      INSERT INTO {ix} (id, field, token) SELECT NEW.id, e.key, e.value #>> '{{}}'\n"
-            "        FROM json_each(found) AS e WHERE json_typeof(e.value) = 'string';\n"
-            "    END IF;\n"
-            "  END IF;\n"
-            "  RETURN NULL;\n"
-            "END $$",
+            _token_function_ddl(prefix, schema, dialect),
             # Stores migrated with checkpoints: their tokens from the stored metadata.
             f"INSERT INTO {ix} (id, field, token) SELECT c.id, e.key, e.value #>> '{{}}' "
             f"FROM (SELECT id, document FROM {cp} WHERE position({marker} in document) > 0) "
-            "AS c, json_each(CASE WHEN json_typeof("
-            f"{tokens.replace('NEW.', 'c.')}) = 'object' THEN "
-            f"{tokens.replace('NEW.', 'c.')} ELSE '{{}}'::json END) AS e "
+            f"AS c, json_each(CASE WHEN json_typeof({tokens}) = 'object' THEN "
+            f"{tokens} ELSE '{{}}'::json END) AS e "
             "WHERE json_typeof(e.value) = 'string'",
         ]
     else:
         out.append(
-            _tokens_insert(ix, "c").replace("FROM json_each(", f"FROM {cp} AS c, json_each(", 1)
+            _tokens_insert(ix, "c", dialect).replace(
+                "FROM json_each(", f"FROM {cp} AS c, json_each(", 1
+            )
         )
     return out
+
+
+def _v8(prefix: str, schema: str | None, dialect: Dialect) -> list[str]:
+    # PostgreSQL: the triggers call the function by its oid, which CREATE OR REPLACE
+    # keeps, so they run the new body from the next row they fire on (each session's
+    # PL/pgSQL recompiles a function whose definition changed). Nothing to re-index:
+    # the old function refused every document it could not read, so no such row was
+    # stored while the triggers existed, and migration 7 could not complete over one.
+    if dialect.name == "postgresql":
+        return [_token_function_ddl(prefix, schema, dialect, replace=True)]
+    return []
+
+
+async def _v8_then(tx: Executor, prefix: str, schema: str | None, dialect: Dialect) -> None:
+    """SQLite: the token triggers hold their statements, so a store that has them gets
+    them again, reading documents through :func:`_json_of`; and the checkpoints whose
+    documents hold a "\\u0000" escape and tokens are indexed again, since the old
+    triggers (and migration 7) indexed a token or field holding a NUL cut at it on
+    SQLite before 3.45. A store without the triggers has no tokens to redo: it gets
+    the new ones with its first token."""
+    if dialect.name == "postgresql" or not await has_token_triggers(tx, prefix, schema, dialect):
+        return
+    for name in _token_names(prefix, dialect):
+        await tx.fetch(f"DROP TRIGGER IF EXISTS {name}")
+    for statement in token_triggers(prefix, schema, dialect):
+        await tx.fetch(statement)
+    t = build_tables(prefix, schema, version=8)
+    assert t.checkpoint_tokens is not None
+    q = dialect.identifier_preparer
+    cp = q.format_table(t.checkpoints)
+    ix = q.format_table(t.checkpoint_tokens)
+    # One scan of the documents (GLOB to each quote, as the triggers' condition does),
+    # in the migration's transaction; an escaped backslash before "u0000" also matches,
+    # and is indexed again as it was.
+    nul = f"{_holds_marker('c')} AND instr(CAST(c.document AS TEXT), '\\u0000') > 0"
+    await tx.fetch(f"DELETE FROM {ix} WHERE id IN (SELECT c.id FROM {cp} AS c WHERE {nul})")
+    await tx.fetch(
+        _tokens_insert(ix, "c", dialect).replace(
+            "FROM json_each(", f"FROM {cp} AS c, json_each(", 1
+        )
+        + f" AND {nul}"
+    )
 
 
 def _blob(dialect: Dialect) -> str:
@@ -457,6 +549,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "idempotency owner tokens and payload fingerprints", _v5),
     Migration(6, "incremental checkpoint saves: checkpoint parts", _v6),
     Migration(7, "blind-index tokens of checkpoints, kept by triggers", _v7, _v7_then),
+    Migration(8, "token triggers read documents holding a NUL escape", _v8, _v8_then),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

@@ -52,7 +52,7 @@ __all__ = [
     "check_identifier",
 ]
 
-SCHEMA_VERSION: Final = 7
+SCHEMA_VERSION: Final = 8
 """The schema version this code reads and writes."""
 
 DEFAULT_PREFIX: Final = "siglo_"
@@ -105,7 +105,7 @@ def _id() -> Column[bytes]:
 def build_tables(
     prefix: str = DEFAULT_PREFIX, schema: str | None = None, *, version: int = SCHEMA_VERSION
 ) -> Tables:
-    """The tables as they are at schema ``version`` (1 to 7).
+    """The tables as they are at schema ``version`` (1 to 8).
 
     Version 1: checkpoints, wait records, step cache, idempotency keys, locks (lease rows
     with an owner token), nonces. Version 2 adds the locks' fencing counter (``fence``)
@@ -127,11 +127,14 @@ def build_tables(
     keyed by the checkpoint's id and the field, with an index on ``(token, field, id)``
     that a filtered listing follows; triggers on the checkpoints, created with the
     store's first token, keep it in step (:func:`siglo_sql.migrations.token_triggers`).
+    Version 8 changes no table: it makes the token triggers read a document holding a
+    ``\\u0000`` escape (PostgreSQL: the function they call), so its tables are
+    version 7's.
     """
     check_identifier("table prefix", prefix) if prefix else None
     if schema is not None:
         check_identifier("schema", schema)
-    if version not in (1, 2, 3, 4, 5, 6, 7):
+    if version not in (1, 2, 3, 4, 5, 6, 7, 8):
         raise ValueError(f"no schema version {version}")
     return _built(prefix, schema, version)
 

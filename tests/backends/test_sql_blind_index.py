@@ -4,7 +4,8 @@ Triggers keep ``checkpoint_tokens`` in step with every write of a checkpoint row
 value changed, delete, expiry clean-up); migration 7 fills it from what a schema-6 store
 holds; a filtered listing walks its ``(token, field, id)`` index, which both planners
 choose over a scan of the checkpoints (``EXPLAIN QUERY PLAN`` / ``EXPLAIN`` on 6,000
-stacks, after ``ANALYZE``).
+stacks, after ``ANALYZE``). Migration 8 makes the triggers read a document holding a
+"\\u0000" escape, which PostgreSQL's JSON refused.
 """
 
 from __future__ import annotations
@@ -336,7 +337,8 @@ async def test_a_save_costs_what_it_did_at_schema_6_without_tokens(kind: str) ->
     for store in ("v6", "v7", "v7 with triggers"):
         async with open_backend(kind, checkpoint_ttl_ms=None, auto_migrate=False) as backend:
             a: Any = backend.adapter
-            await a.migrate(target=6 if store == "v6" else 7)
+            # "v7": the current schema (7's tables; 8 changed only what the triggers read).
+            await a.migrate(target=6 if store == "v6" else SCHEMA_VERSION)
             if store != "v6":
                 await a.save_checkpoint(_cp("other", "t"))
                 await a.delete_checkpoint("other", "t")
@@ -448,3 +450,209 @@ async def test_a_role_that_may_not_create_triggers_is_told_and_siglo_migrate_mak
         finally:
             await db.fetch(f"DROP OWNED BY {role}")
             await db.fetch(f"DROP ROLE {role}")
+
+
+# A context in clear may hold a NUL in a string ("\u0000" in the stored JSON), and the
+# marker's text anywhere (here as a value). PostgreSQL's JSON refuses to turn that escape
+# into text, so the token triggers' function, and migration 7's backfill, refused such
+# a document with the marker in it: the save failed (a black-box auditor). SQLite's
+# json_each (before 3.45) ended a token or field holding a NUL at it.
+_NUL_CONTEXT = {
+    "s": {
+        "note": "a\x00b",
+        "label": INDEX_KEY,
+        # A backslash and the text "u0000" ("\\u0000" in the JSON) is no NUL escape.
+        "path": "C:\\u0000\\x",
+    }
+}
+
+
+def _nul_cp(stack: str, revision: int = 1, **tokens: str) -> Checkpoint:
+    return _cp(stack, "t", revision, **tokens).replace(contexts=_NUL_CONTEXT)
+
+
+async def _stored_as_saved(adapter: Any, cp: Checkpoint) -> None:
+    """The checkpoint's row holds its document byte for byte, and loads as it."""
+    rows = await adapter.database.fetch(
+        adapter.database.sql(
+            f"SELECT document FROM {_table(adapter, 'checkpoints')} WHERE id = :id"
+        ),
+        {"id": row_id("t", cp.stack_id)},
+    )
+    assert bytes(rows[0][0]) == cp.to_json()
+    found = await adapter.get_checkpoint(cp.stack_id, "t", fallback=False)
+    assert found is not None and found.to_json() == cp.to_json()
+
+
+async def _saves_with_nul_escapes(a: Any, revision: int = 1) -> None:
+    """Saves of documents holding "\\u0000" and the marker, with and without tokens, and
+    with a token and a field holding a NUL: stored whole, indexed."""
+    plain = _nul_cp("nul", revision)
+    assert b"\\u0000" in plain.to_json() and b'"$sigloIndex"' in plain.to_json()
+    await a.save_checkpoint(plain)
+    await _stored_as_saved(a, plain)
+    saved = [
+        _nul_cp("nul-a", revision, customer="A"),
+        _nul_cp("nul-token", revision, customer="x\x00y", **{"g\x00h": "z"}),
+        # A token holding a backslash and the text "u0000" is indexed as it is.
+        _nul_cp("backslash", revision, customer="x\\u0000y"),
+    ]
+    for cp in saved:
+        await a.save_checkpoint(cp)
+        await _stored_as_saved(a, cp)
+    await _nul_tokens_indexed(a)
+
+
+async def _nul_tokens_indexed(a: Any) -> None:
+    rows = await _token_rows(a)
+    assert {r for r in rows if r[0] != "s0"} == {
+        ("nul-a", "customer", "A"),
+        # A NUL of a token or field is indexed as U+FFFD (PostgreSQL's text cannot hold
+        # it), and a listing asks for it so.
+        ("nul-token", "customer", "x\ufffdy"),
+        ("nul-token", "g\ufffdh", "z"),
+        ("backslash", "customer", "x\\u0000y"),
+    }
+    assert await _ids(a, {"customer": "A"}, "t") == sorted(["s0", "nul-a"], key=_order(a, "t"))
+    assert await _ids(a, {"customer": "x\x00y"}, "t") == ["nul-token"]
+    assert await _ids(a, {"customer": "x\x00y", "g\x00h": "z"}, "t") == ["nul-token"]
+    assert await _ids(a, {"customer": "x"}, "t") == []  # not cut at the NUL
+    assert await _ids(a, {"g": "z"}, "t") == []
+    assert await _ids(a, {"customer": "x\\u0000y"}, "t") == ["backslash"]
+
+
+async def test_a_document_holding_a_nul_escape_is_saved_with_the_triggers(kind: str) -> None:
+    async with open_backend(kind, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        await a.save_checkpoint(_cp("s0", "t", customer="A"))
+        assert len(await _triggers(a)) == 3
+        await _saves_with_nul_escapes(a)
+        # Saved again without the NUL tokens, deleted: their rows go.
+        await a.save_checkpoint(_nul_cp("nul-token", 2))
+        await a.delete_checkpoint("nul-a", "t")
+        assert {r for r in await _token_rows(a) if r[0] != "s0"} == {
+            ("backslash", "customer", "x\\u0000y")
+        }
+
+
+async def _insert_raw(a: Any, cp: Checkpoint) -> None:
+    """``cp``'s row as a store at an older schema version holds it (the adapter, at
+    schema 8, refuses to write there)."""
+    await a.database.raw_fetch(
+        a.database.sql(
+            f"INSERT INTO {_table(a, 'checkpoints')} (id, namespace, stack_id, revision, "
+            "status, gone_at, document, workflow_id, updated_at, expires_at) VALUES "
+            "(:id, 't', :stack, 1, 'running', NULL, :document, NULL, 1, NULL)"
+        ),
+        {"id": row_id("t", cp.stack_id), "stack": cp.stack_id, "document": cp.to_json()},
+    )
+
+
+# The token function and triggers as siglo made them before schema 8 (migration 7 and
+# the first token save), verbatim: they read the stored document as it is.
+_PG_BEFORE_8 = (
+    """CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE found json;
+BEGIN
+  IF TG_OP <> 'INSERT' THEN DELETE FROM {ix} WHERE id = OLD.id; END IF;
+  IF TG_OP <> 'DELETE' AND position({marker} in NEW.document) > 0 THEN
+    found := convert_from(NEW.document, 'UTF8')::json -> 'metadata' -> '$sigloIndex';
+    IF json_typeof(found) = 'object' THEN
+      INSERT INTO {ix} (id, field, token) SELECT NEW.id, e.key, e.value #>> '{{}}'
+        FROM json_each(found) AS e WHERE json_typeof(e.value) = 'string';
+    END IF;
+  END IF;
+  RETURN NULL;
+END $$""",
+    "CREATE TRIGGER {p}checkpoint_tokens_added AFTER INSERT ON {cp} FOR EACH ROW "
+    "WHEN (position({marker} in NEW.document) > 0) EXECUTE FUNCTION {fn}()",
+    "CREATE TRIGGER {p}checkpoint_tokens_changed AFTER UPDATE OF document ON {cp} FOR EACH "
+    "ROW WHEN (position({marker} in NEW.document) > 0 OR position({marker} in OLD.document) "
+    "> 0) EXECUTE FUNCTION {fn}()",
+    "CREATE TRIGGER {p}checkpoint_tokens_gone AFTER DELETE ON {cp} FOR EACH ROW "
+    "WHEN (position({marker} in OLD.document) > 0) EXECUTE FUNCTION {fn}()",
+)
+_SQLITE_INSERT_BEFORE_8 = (
+    "INSERT INTO {ix} (id, field, token) SELECT NEW.id, key, value FROM json_each(CASE WHEN "
+    "CAST(NEW.document AS TEXT) GLOB '*\"$sigloIndex\"*' THEN CAST(NEW.document AS TEXT) "
+    "ELSE '{{}}' END, '$.metadata.\"$sigloIndex\"') WHERE type = 'text' AND key IS NOT NULL"
+)
+_SQLITE_BEFORE_8 = (
+    "CREATE TRIGGER IF NOT EXISTS {p}checkpoint_tokens_added AFTER INSERT ON {cp} FOR EACH "
+    "ROW WHEN CAST(NEW.document AS TEXT) GLOB '*\"$sigloIndex\"*' BEGIN "
+    + _SQLITE_INSERT_BEFORE_8
+    + "; END",
+    "CREATE TRIGGER IF NOT EXISTS {p}checkpoint_tokens_changed AFTER UPDATE OF document ON "
+    "{cp} FOR EACH ROW WHEN CAST(NEW.document AS TEXT) GLOB '*\"$sigloIndex\"*' OR EXISTS "
+    "(SELECT 1 FROM {ix} WHERE id = OLD.id) BEGIN DELETE FROM {ix} WHERE id = OLD.id; "
+    + _SQLITE_INSERT_BEFORE_8
+    + "; END",
+    "CREATE TRIGGER IF NOT EXISTS {p}checkpoint_tokens_gone AFTER DELETE ON {cp} FOR EACH ROW "
+    "WHEN EXISTS (SELECT 1 FROM {ix} WHERE id = OLD.id) BEGIN DELETE FROM {ix} "
+    "WHERE id = OLD.id; END",
+)
+
+
+async def _made_as_before_schema_8(a: Any) -> None:
+    """A schema-7 store that an older siglo gave the token triggers."""
+    names = {
+        "p": a.table_prefix,
+        "cp": _table(a, "checkpoints"),
+        "ix": _table(a, "checkpoint_tokens"),
+        "fn": _table(a, "checkpoint_tokens_sync"),
+        "marker": "'\\x22247369676c6f496e64657822'::bytea",  # '"$sigloIndex"'
+    }
+    postgres = a.database.dialect_name == "postgresql"
+    for statement in _PG_BEFORE_8 if postgres else _SQLITE_BEFORE_8:
+        await a.database.raw_fetch(statement.format(**names))
+
+
+async def test_migration_8_lets_a_schema_7_store_save_a_document_holding_a_nul_escape(
+    kind: str,
+) -> None:
+    from siglo.errors import StorageAdapterError
+
+    async with open_backend(kind, checkpoint_ttl_ms=None, auto_migrate=False) as backend:
+        a: Any = backend.adapter
+        assert await a.migrate(target=7) == (0, 7)
+        await _made_as_before_schema_8(a)
+        await _insert_raw(a, _cp("s0", "t", customer="A"))
+        token = _nul_cp("nul-token", customer="x\x00y", **{"g\x00h": "z"})
+        if kind == "postgres":
+            # The store as the auditor met it: the document is refused.
+            with pytest.raises(StorageAdapterError, match="Unicode escape"):
+                await _insert_raw(a, _nul_cp("nul"))
+        else:
+            # Stored, its tokens indexed as the SQLite version's json_each made them
+            # (3.40: cut at the NUL); migration 8 indexes them again.
+            await _insert_raw(a, token)
+        assert await a.migrate() == (7, SCHEMA_VERSION)
+        assert len(await _triggers(a)) == 3
+        if kind != "postgres":
+            assert {r for r in await _token_rows(a) if r[0] == "nul-token"} == {
+                ("nul-token", "customer", "x\ufffdy"),
+                ("nul-token", "g\ufffdh", "z"),
+            }
+            await _stored_as_saved(a, token)
+        await _saves_with_nul_escapes(a, revision=2)
+
+
+async def test_migration_7_indexes_a_schema_6_store_holding_nul_escapes(kind: str) -> None:
+    async with open_backend(kind, auto_migrate=False, checkpoint_ttl_ms=None) as backend:
+        a: Any = backend.adapter
+        assert await a.migrate(target=6) == (0, 6)
+        saved = [
+            _cp("s0", "t", customer="A"),
+            _nul_cp("nul"),
+            _nul_cp("nul-a", customer="A"),
+            _nul_cp("nul-token", customer="x\x00y", **{"g\x00h": "z"}),
+            _nul_cp("backslash", customer="x\\u0000y"),
+        ]
+        for cp in saved:
+            await _insert_raw(a, cp)
+        assert await a.migrate() == (6, SCHEMA_VERSION)
+        assert len(await _triggers(a)) == 3
+        assert ("s0", "customer", "A") in await _token_rows(a)
+        await _nul_tokens_indexed(a)
+        for cp in saved:
+            await _stored_as_saved(a, cp)
