@@ -159,9 +159,9 @@ def stopped_by_signals(*, as_interrupt: bool = False) -> Callable[[], None]:
     """SIGTERM and SIGHUP (a supervisor's stop, a closed terminal, a cancelled CI job)
     end the command as Ctrl-C does, through its clean-up (an export's temporary file, a
     check's isolated storage): by ``SystemExit(128 + signum)``, or with ``as_interrupt``
-    by the very ``KeyboardInterrupt`` Ctrl-C raises, the signal noted in
-    :data:`STOPPED_BY` (code that lets Ctrl-C through then lets it through too);
-    returns what puts the handlers back."""
+    by the very ``KeyboardInterrupt`` Ctrl-C raises — and then Ctrl-C itself is noted
+    too — the signal noted in :data:`STOPPED_BY` (code that lets Ctrl-C through then
+    lets it through too); returns what puts the handlers back."""
 
     STOPPED_BY.clear()  # this command's signals, not an earlier one's in this process
     if threading.current_thread() is not threading.main_thread():
@@ -175,7 +175,11 @@ def stopped_by_signals(*, as_interrupt: bool = False) -> Callable[[], None]:
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
-    previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # With ``as_interrupt``, Ctrl-C too, raising what Python's own handler raises: noted
+    # like the others, a Ctrl-C whose interrupt is lost where it lands (raised in a
+    # finalizer) still decides the status, where the run went on and exited 0.
+    signals = (signal.SIGTERM, signal.SIGHUP, *((signal.SIGINT,) if as_interrupt else ()))
+    previous = {sig: signal.signal(sig, stopped) for sig in signals}
 
     def restore() -> None:
         for sig, handler in previous.items():
