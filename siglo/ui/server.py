@@ -56,7 +56,7 @@ from siglo.manager import StorageManager
 from siglo.sentinel import MISSING
 from siglo.ui import actions, data
 from siglo.unreadable import collecting_unreadable
-from siglo.urls import mask_credentials
+from siglo.urls import mask_credentials, read_decimal
 from siglo.workflow.outcomes import is_sleep
 
 __all__ = ["LOOPBACK_HOSTS", "create_app", "is_loopback"]
@@ -138,10 +138,10 @@ def _whole_number(text: str | None, what: str, default: int) -> int:
     """A query parameter that must be a whole number (``default`` when absent)."""
     if not text:
         return default
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidArgumentError(f"{what} must be a whole number, got {text!r}") from None
+    number = read_decimal(text)  # ASCII digits, as every number siglo reads from text
+    if number is None:
+        raise InvalidArgumentError(f"{what} must be a whole number, got {text!r}")
+    return number
 
 
 MAX_FORM_FIELD_BYTES: Final = 64 * 1024 * 1024

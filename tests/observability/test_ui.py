@@ -416,6 +416,9 @@ async def test_bad_listing_parameters_and_a_gone_run_say_what_is_wrong(
         for params, said in (
             ({"limit": "abc"}, "limit must be a whole number, got &#39;abc&#39;"),
             ({"page": "abc"}, "page must be a whole number"),
+            # int() reads these: a number siglo reads from text takes ASCII digits.
+            ({"limit": "1_0"}, "limit must be a whole number"),
+            ({"page": "٢"}, "page must be a whole number"),
             ({"namespace": NAMESPACE, "no_namespace": "1"}, "not both"),
         ):
             page = await client.get("/runs", params=params)
