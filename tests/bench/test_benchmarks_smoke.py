@@ -8,6 +8,7 @@ skipped by the harness itself, never as failures.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # Two runs of the command serve the module's tests (each run takes tens of seconds):
 # every backend with the charts, and memory + SQLite with the scale workloads and the
 # end-to-end comparison. One xdist worker runs the module, so that each runs once.
-pytestmark = pytest.mark.xdist_group("bench-smoke")
+# Behind an option (docs/testing.md): the two runs cost about 80 s of the default run's
+# two cores, which brought it past its 10 minutes; the harness's parts (workloads,
+# subjects, reports, reasons) are tested by the other modules here in every run.
+pytestmark = [
+    pytest.mark.xdist_group("bench-smoke"),
+    pytest.mark.skipif(
+        os.environ.get("SIGLO_TEST_BENCH_SMOKE") != "1",
+        reason="the benchmark command end to end (~80 s): SIGLO_TEST_BENCH_SMOKE=1 runs it",
+    ),
+]
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Any]:
