@@ -678,22 +678,28 @@ class Flow:
 
     async def _take_up(self, manager: StorageManager, stack_id: str, namespace: str | None) -> Any:
         stack = await self._restore(manager, stack_id, namespace)
+        # Only a run continued here (one left running: a crash) may hold answers whose
+        # delivery died; a completed or waiting run taken up (`run` of a stored id, a
+        # retried request) is read and returned, with no look-up of its waits.
+        continued = stack.status == "running"
         try:
             result = await self._continue(manager, stack, unlock=True)
         except Exception:
             # Suspended again, or failed: the answers its checkpoint holds are stored.
-            await self._done_taking_up(manager, stack)
+            await self._done_taking_up(manager, stack, continued=continued)
             raise
         except BaseException:
             manager.discard_stack(stack)  # cut off: no more storage work
             raise
-        await self._done_taking_up(manager, stack)
+        await self._done_taking_up(manager, stack, continued=continued)
         return result
 
-    async def _done_taking_up(self, manager: StorageManager, stack: ExecutionStack) -> None:
-        """Discard a resumed run's stack, and complete the waits it holds answers to whose
-        delivery's claim lapsed (:func:`_complete_lapsed_answers`)."""
-        answered = _answered_waits(stack)
+    async def _done_taking_up(
+        self, manager: StorageManager, stack: ExecutionStack, *, continued: bool
+    ) -> None:
+        """Discard a resumed run's stack, and, if it was ``continued``, complete the waits
+        it holds answers to whose delivery's claim lapsed (:func:`_complete_lapsed_answers`)."""
+        answered = _answered_waits(stack) if continued else []
         manager.discard_stack(stack)
         await _complete_lapsed_answers(manager, stack.stack_id, stack.namespace, answered)
 
