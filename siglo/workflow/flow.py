@@ -435,6 +435,12 @@ class Flow:
         claimant = record.claimant_id
         assert claimant is not None  # a successful claim always names its claimant
         started = False
+        # The restored stack and the revision it was restored at: a run cut off before it
+        # took a snapshot (which moves the revision before it is written) stored nothing
+        # of this claim, whatever it ran meanwhile.
+        restored: ExecutionStack | None = None
+        restored_at = 0
+        completing = False
         # An earlier claim's answer found in the run (EVENT or TIMED_OUT), and its event.
         answered: str | None = None
         answered_event: Any = None
@@ -444,6 +450,8 @@ class Flow:
         keeper = ClaimKeeper(adapter, record)
 
         async def complete() -> None:
+            nonlocal completing
+            completing = True
             await keeper.stop()
             if answered is not None:
                 # This claim wrote its own payload into the record (a timer's, none), or
@@ -468,8 +476,9 @@ class Flow:
             )
 
         async def resume_with_outcome() -> Any:
-            nonlocal started, answered, answered_event
+            nonlocal started, answered, answered_event, restored, restored_at
             stack = await self._restore(manager, record.stack_id, record.namespace)
+            restored, restored_at = stack, stack.revision
             try:
                 step = self._step_for(stack, record)
             except BaseException:
@@ -586,10 +595,13 @@ class Flow:
             return result
         except BaseException as refused:
             await keeper.stop()
-            if not started:
+            unsaved = restored is not None and restored.revision == restored_at and not completing
+            if not started or unsaved:
                 # Refused before the run began (a changed flow, no checkpoint, a busy
-                # lock): the event was not consumed, so the wait must not stay claimed
-                # for the whole lease. Put it back to waiting for the next delivery.
+                # lock), or cut off (cancelled: a caller's deadline; a storage error)
+                # before the run took a snapshot: the event was not stored, so the wait
+                # must not stay claimed for the whole lease. Put it back to waiting for
+                # the next delivery.
                 try:
                     # Only its own claim: the key may hold another run's wait by now.
                     await release_own_claim(adapter, record)

@@ -122,7 +122,8 @@ async def test_a_timed_out_owned_claim_leaves_no_key_held(kind: str) -> None:
 async def test_a_timed_out_delivery_leaves_no_wait_claimed_by_nobody(kind: str) -> None:
     """``flow.deliver`` cut off by its caller while it claims the wait: the claim is given
     back, so no wait stays claimed while its run still waits (a delivery cut off after
-    its run began keeps its claim, as documented: that run is not waiting any more)."""
+    its run's first snapshot keeps its claim, as documented: that run may not be waiting
+    any more)."""
     RUNS = RUNS_OF[kind]
     from siglo import Step, StorageManager, WorkflowSuspended, flow, wait_for_event
 

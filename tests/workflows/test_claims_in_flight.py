@@ -396,3 +396,42 @@ async def test_the_dashboard_completes_a_wait_the_run_answered_and_went_past(kin
         record = await adapter.get_wait_record("k")
         assert record is not None and record.status == "completed"
         assert record.event_payload == "E1"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_delivery_cut_off_before_the_runs_first_snapshot_gives_its_claim_back(
+    kind: str,
+) -> None:
+    """The caller's deadline cuts a delivery off after it put the event in the restored
+    run, while the step's code after its wait still runs — before the run took a
+    snapshot, so nothing of the event is stored: the claim is given back at once (it was
+    kept for the whole lease, the run stored as waiting on a claimed wait; the test of
+    random cut-offs caught one in 50), and the next delivery resumes the run."""
+    entered = asyncio.Event()
+    hold = {"on": True}
+
+    async def waits_then_works(_: Any) -> Any:
+        got = await wait_for_event("k")
+        if hold["on"]:
+            entered.set()
+            await asyncio.sleep(3600)
+        return got
+
+    f = flow(Step.create("w", waits_then_works), name="cut-before-snapshot")
+    async with any_backend(kind, claim_lease_ms=60_000) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(f.run(None, manager=manager, stack_id="A"))
+        delivery = asyncio.create_task(f.deliver("k", "first", manager=manager))
+        await asyncio.wait_for(entered.wait(), 10)
+        delivery.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await delivery
+        record = await adapter.get_wait_record("k")
+        stored = await manager.load_checkpoint("A")
+        assert stored is not None and stored.status == "waiting"
+        assert record is not None and record.status == "waiting", record
+        hold["on"] = False
+        assert await f.deliver("k", "second", manager=manager) == "second"
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "completed"
