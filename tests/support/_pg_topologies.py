@@ -135,7 +135,20 @@ class PgBouncer:
             **_as_postgres(),  # type: ignore[call-overload]
         )
         _wait_listening(self.port, self.dir / "pgbouncer.log")
+        time.sleep(0.05)
+        if self.process.poll() is not None:
+            # Something else listens on the port (this bouncer could not bind it): its
+            # clients would talk to another test's bouncer.
+            raise RuntimeError(
+                f"pgbouncer on 127.0.0.1:{self.port} exited ({self.process.returncode}):\n"
+                + self.log_tail()
+            )
         return self
+
+    def log_tail(self, size: int = 3000) -> str:
+        """The end of the bouncer's log (why it closed a client, say)."""
+        log = self.dir / "pgbouncer.log"
+        return log.read_text(errors="replace")[-size:] if log.exists() else "(no log)"
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -70,6 +70,15 @@ def test_the_option_turns_prepared_statements_off_and_travels_in_the_url() -> No
 
 async def test_operations_through_one_server_connection(bouncer: PgBouncer) -> None:
     """Every client's transactions interleave on a single server connection."""
+    try:
+        await _through_one_server_connection(bouncer)
+    except BaseException as exc:
+        # A CI run once saw the bouncer close a client mid-statement: say why it did.
+        exc.add_note(f"pgbouncer's log:\n{bouncer.log_tail()}")
+        raise
+
+
+async def _through_one_server_connection(bouncer: PgBouncer) -> None:
     async with isolated(bouncer.url("one") + "?pgbouncer=transaction") as backend:
         other = siglo.connect(backend.url)
         async with other:
