@@ -1,7 +1,8 @@
 """`siglo check URL` passes every rule for every built-in backend (issue 3's must-show),
 under both option profiles (the suite's options and a user's defaults: `--options all`
-for the embedded backends, one run a profile for the servers; the file SQLite one, whose
-SQL is sqlite-memory's, under the suite's only).
+for the in-memory backend, one run a profile for the servers; SQLite's two URLs share
+their SQL, so the file one runs under the suite's options and the in-memory one under a
+user's defaults).
 
 Each runs the real command line in a subprocess, as CI and users run it. Servers that are
 unreachable skip their backend with a plain message, except under CI=true.
@@ -24,9 +25,8 @@ from sql_support import POSTGRES_URL, require_postgres
     ids=["memory", "sqlite-memory", "sqlite-file"],
 )
 def test_siglo_check_embedded_backends(url: str, tmp_path: Path) -> None:
-    out, xml = run_siglo_check(
-        url, tmp_path, *(() if url.startswith("sqlite:///") else ("--options", "all"))
-    )
+    profile = {"memory://": "all", "sqlite://": "user-defaults"}.get(url, "suite")
+    out, xml = run_siglo_check(url, tmp_path, "--options", profile)
     if url == "memory://":
         # The reference model passes every rule, each a test case of the JUnit report.
         from xml.etree import ElementTree
@@ -39,7 +39,7 @@ def test_siglo_check_embedded_backends(url: str, tmp_path: Path) -> None:
 
 
 # The servers' runs are the longest of the default test run: one profile a test, so that
-# pytest-xdist spreads them over its workers (the embedded ones above run `--options all`
+# pytest-xdist spreads them over its workers (the in-memory one above runs `--options all`
 # itself, which merges the two profiles' verdicts).
 PROFILES = ["suite", "user-defaults"]
 

@@ -6,8 +6,10 @@ replica, a killed cluster master) is marked ``measured_losses`` and runs only wi
 ``SIGLO_TEST_TOPOLOGIES=1``; each prints a ``FAILOVER …`` or ``CLUSTER …`` line under
 ``-s``. So does the whole contract suite run through a topology (``siglo check`` through a
 Redis Cluster, a Sentinel URL, PgBouncer: marked ``contract_sweep``, 25-40 s each on two
-cores), which the default run leaves to that option to stay under ten minutes; the
-topologies' own tests (failover losing nothing acknowledged, routing, clean-up) run always.
+cores), which the default run leaves to that option to stay under ten minutes, and so do
+the further pairings of a test run over several (``topology_variant``: each client and each
+kind of failover runs by default, not every pairing of them); the topologies' own tests
+(failover losing nothing acknowledged, routing, clean-up) run always.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return
     skip = pytest.mark.skip(reason="SIGLO_TEST_TOPOLOGIES=1 runs it")
     for item in items:
-        if (
-            item.get_closest_marker("measured_losses") is not None
-            or item.get_closest_marker("contract_sweep") is not None
+        if any(
+            item.get_closest_marker(name) is not None
+            for name in ("measured_losses", "contract_sweep", "topology_variant")
         ):
             item.add_marker(skip)
