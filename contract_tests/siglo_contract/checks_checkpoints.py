@@ -124,9 +124,25 @@ async def checkpoint_roundtrip(ctx: CheckContext) -> None:
             expires_at=ctx.now_ms() + 3_600_000,
             extra={"unknownField": {"kept": [1, 2]}, "nullField": None},
         ),
-        ctx.checkpoint(stack, 4, metadata={}),
-        ctx.checkpoint(stack, 5, metadata=None, contexts={}, chains=()),
-        ctx.checkpoint(stack, 6, contexts={"only": {"v": None}}, chains=("only",), metadata={}),
+        # Unknown wire fields of every JSON kind, falsy ones too.
+        ctx.checkpoint(
+            stack,
+            4,
+            metadata={},
+            extra={
+                "textField": "t",
+                "numberField": 2.5,
+                "listField": [1, None],
+                "trueField": True,
+                "zeroField": 0,
+                "falseField": False,
+                "blankField": "",
+                "emptyList": [],
+            },
+        ),
+        ctx.checkpoint(stack, 5, metadata={}),
+        ctx.checkpoint(stack, 6, metadata=None, contexts={}, chains=()),
+        ctx.checkpoint(stack, 7, contexts={"only": {"v": None}}, chains=("only",), metadata={}),
     ]
     for cp in variants:
         await a.save_checkpoint(cp)

@@ -337,8 +337,16 @@ async def idempotency_owners(ctx: CheckContext) -> None:
     assert won.token is not None
     lost = await idem.claim_owned(key, 60_000)
     expect(lost == IdempotencyClaim("in-progress"), rid, f"second claim_owned {lost!r}")
+    # The owner's token in other letter case is another token (a store comparing tokens
+    # without case lets anyone who guesses the letters complete the claim).
+    other_case = won.token.swapcase()
     for what, call in (
         ("complete with a wrong token", lambda: idem.complete(key, 1, token="idem_not-it")),
+        (
+            "complete with the owner's token in other case",
+            lambda: idem.complete(key, 1, token=other_case),
+        ),
+        ("fail with the owner's token in other case", lambda: idem.fail(key, token=other_case)),
         ("complete without a token", lambda: idem.complete(key, 1)),
         ("fail with a wrong token", lambda: idem.fail(key, token="idem_not-it")),
         ("fail without a token", lambda: idem.fail(key)),

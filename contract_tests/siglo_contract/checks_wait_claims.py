@@ -35,6 +35,8 @@ async def wait_claim_once(ctx: CheckContext) -> None:
         ("stored-payload", "c1", MISSING, None),
         ("none-payload", "c2", None, None),
         ("falsy-payload", "c3", 0, 5_000),
+        ("false-payload", "c5", False, None),
+        ("empty-text-payload", "c6", "", None),
         ("nested-payload", "c4", {"a": [1, {"b": None}]}, None),
         ("generated", None, MISSING, 2**40),
     ]

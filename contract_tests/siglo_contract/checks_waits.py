@@ -104,6 +104,23 @@ async def wait_roundtrip(ctx: CheckContext) -> None:
     for payload in payloads:
         await store_record(ctx, record(ctx, "k", event_payload=payload, metadata={}))
     await store_record(ctx, record(ctx, "k"))
+    # Unknown wire fields of every JSON kind, falsy ones too.
+    await store_record(
+        ctx,
+        record(
+            ctx,
+            "k",
+            extra={
+                "zeroField": 0,
+                "falseField": False,
+                "blankField": "",
+                "emptyList": [],
+                "emptyObject": {},
+                "nullField": None,
+                "listField": [0, ""],
+            },
+        ),
+    )
     claimed_rec = record(
         ctx,
         "c",
