@@ -64,7 +64,6 @@ _LONG_TESTS = (
     "test_paging_across_10000_runs",
     "test_shared_storage_in_",
     "test_a_suite_class_runs_every_rule",
-    "test_memory_passes_every_rule",
     "test_timers_fire_exactly_once_across_an_outage",
 )
 """Tests of 15 s and more (``--durations=40`` on a slow day): sent out right after the
