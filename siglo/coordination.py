@@ -285,7 +285,13 @@ async def undos_settled(timeout_s: float) -> None:
             waiter.cancel()
 
 
-def undo_later(what: str, undo: Callable[[], Awaitable[bool]], *, lapses_in_ms: int) -> None:
+def undo_later(
+    what: str,
+    undo: Callable[[], Awaitable[bool]],
+    *,
+    lapses_in_ms: int,
+    done: str = "released",
+) -> None:
     """Undo, in the background, what a call cut off by its caller may have taken (a
     lock, an owned claim, a wait's claim): ``undo()`` — a release with the token the
     call was made with, ``True`` once it released something — at once and again a few
@@ -296,11 +302,11 @@ def undo_later(what: str, undo: Callable[[], Awaitable[bool]], *, lapses_in_ms: 
     A request's timeout (``asyncio.wait_for`` around a handler) can cancel a call after
     the store granted it and before the reply came back: the token would be lost with
     the reply, and the key held by nobody until its lease ended (every retry of the
-    request refused until then)."""
+    request refused until then). ``done`` is what the log says of it once undone."""
     loop = asyncio.get_running_loop()
     first_try = asyncio.Event()
     lapses_at = loop.time() + ms_as_seconds(lapses_in_ms)
-    task = loop.create_task(_undo(what, undo, lapses_at, first_try))
+    task = loop.create_task(_undo(what, undo, lapses_at, first_try, done))
     _UNDOING.add(task)
     _FIRST_TRIES[task] = first_try
     task.add_done_callback(_UNDOING.discard)
@@ -308,7 +314,11 @@ def undo_later(what: str, undo: Callable[[], Awaitable[bool]], *, lapses_in_ms: 
 
 
 async def _undo(
-    what: str, undo: Callable[[], Awaitable[bool]], lapses_at: float, first_try: asyncio.Event
+    what: str,
+    undo: Callable[[], Awaitable[bool]],
+    lapses_at: float,
+    first_try: asyncio.Event,
+    done: str,
 ) -> None:
     loop = asyncio.get_running_loop()
     waited = 0.0
@@ -320,7 +330,7 @@ async def _undo(
             waited = at
             try:
                 if await undo():
-                    _log.info("%s released after the call that took it was cancelled", what)
+                    _log.info("%s %s after the call that took it was cancelled", what, done)
                     return
             except Exception:
                 continue

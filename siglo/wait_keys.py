@@ -4,13 +4,14 @@ a delivery (a flow's, a timer's, the dashboard's)."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal
 
 from siglo.adapter import Capability, StorageAdapter
 from siglo.coordination import undo_later
-from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError
+from siglo.errors import CapabilityNotSupportedError, InvalidArgumentError, WaitRecordClaimError
 from siglo.records import WaitRecord
 from siglo.sentinel import MISSING
 from siglo.settings import DEFAULTS
@@ -144,6 +145,31 @@ def give_back_later(
         f"the claim of wait {correlation_key!r}",
         lambda: adapter.release_wait_record(correlation_key, claimant, namespace=namespace),
         lapses_in_ms=lease if isinstance(lease, int) else DEFAULTS.claim_lease_ms,
+    )
+
+
+def complete_later(
+    adapter: StorageAdapter, correlation_key: str, complete: Callable[[], Awaitable[None]]
+) -> None:
+    """Complete a wait whose run's checkpoint holds its answer, in the background
+    (:func:`siglo.coordination.undo_later`): ``complete()`` — the delivery's own
+    completion, cut off by its caller — at once and a few times more, until it answers
+    or the claim's lease has lapsed (then a retried delivery, or a worker recovering the
+    run, completes it). A claim that is not the delivery's any more
+    (:class:`~siglo.errors.WaitRecordClaimError`: completed already, or another
+    claimant's) ends the tries: completing is that claimant's."""
+
+    async def attempt() -> bool:
+        with contextlib.suppress(WaitRecordClaimError):
+            await complete()
+        return True
+
+    lease = getattr(adapter, "claim_lease_ms", None)
+    undo_later(
+        f"wait {correlation_key!r}",
+        attempt,
+        lapses_in_ms=lease if isinstance(lease, int) else DEFAULTS.claim_lease_ms,
+        done="completed",
     )
 
 

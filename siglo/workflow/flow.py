@@ -40,6 +40,7 @@ from siglo.validation import require_id, require_optional_id
 from siglo.wait_keys import (
     cancel_own_wait,
     complete_lapsed_claim,
+    complete_later,
     place_wait,
     release_own_claim,
     renew_own_claim,
@@ -452,7 +453,21 @@ class Flow:
         async def complete() -> None:
             nonlocal completing
             completing = True
-            await keeper.stop()
+            try:
+                await keeper.stop()
+                await complete_claim()
+            except BaseException as exc:
+                if isinstance(exc, Exception):
+                    raise
+                # Cut off (the caller's deadline) after the run's checkpoint took the
+                # answer: the wait is completed in the background, or it would stay
+                # claimed by nobody — a run gone on to its next wait is recovered by no
+                # worker, and a wait without a deadline is fired by no timer (a
+                # black-box auditor: its key then refused every other run's wait).
+                complete_later(adapter, correlation_key, complete_claim)
+                raise
+
+        async def complete_claim() -> None:
             if answered is not None:
                 # This claim wrote its own payload into the record (a timer's, none), or
                 # an earlier claim that lapsed did: the run used the earlier event (or

@@ -154,11 +154,19 @@ async def _delivered_then_stopped(run: Any, manager: StorageManager, event: Any)
     async def stopped(*_: Any, **__: Any) -> None:
         raise asyncio.CancelledError  # the delivering process ends before completing
 
+    from siglo.lease_release import releases_pending
+
     real = adapter.complete_wait_record
     adapter.complete_wait_record = stopped  # type: ignore[method-assign]
     try:
         with pytest.raises(asyncio.CancelledError):
             await run.deliver("k", event, manager=manager)
+        # A process that lives on completes the wait in the background: this one ended,
+        # and its background completion with it.
+        for _ in range(100):
+            if not releases_pending(asyncio.get_running_loop()):
+                break
+            await asyncio.sleep(0.02)
     finally:
         adapter.complete_wait_record = real  # type: ignore[method-assign]
 
@@ -435,3 +443,50 @@ async def test_a_delivery_cut_off_before_the_runs_first_snapshot_gives_its_claim
         assert await f.deliver("k", "second", manager=manager) == "second"
         record = await adapter.get_wait_record("k")
         assert record is not None and record.status == "completed"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_delivery_cut_off_as_it_completes_the_wait_completes_it_in_the_background(
+    kind: str,
+) -> None:
+    """The caller's deadline lands as the delivery completes the wait, after the run's
+    checkpoint took the event and the run went on to its next wait: the wait stayed
+    `claimed` for good (no worker recovers a waiting run, no timer fires a wait without a
+    deadline), and its key refused every other run's wait, even after the run completed
+    (a black-box auditor). It is completed in the background, with the event used."""
+    from siglo.lease_release import releases_pending
+
+    async def first(_: Any) -> Any:
+        return await wait_for_event("a")
+
+    async def second(event: Any) -> Any:
+        return [event, await wait_for_event("b")]
+
+    f = flow(Step.create("w1", first), Step.create("w2", second), name="cut-in-completion")
+    other = flow(Step.create("w1", first), name="next-on-the-key")
+    async with any_backend(kind, claim_lease_ms=60_000) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(f.run(None, manager=manager, stack_id="A"))
+        real = adapter.complete_wait_record
+
+        async def cut_off(*args: Any, **kwargs: Any) -> None:
+            # The one fault not produced for real: a cancellation at this very await.
+            adapter.complete_wait_record = real  # type: ignore[method-assign]
+            raise asyncio.CancelledError
+
+        adapter.complete_wait_record = cut_off  # type: ignore[method-assign]
+        with pytest.raises(asyncio.CancelledError):
+            await f.deliver("a", "E1", manager=manager)
+        for _ in range(100):
+            if not releases_pending(asyncio.get_running_loop()):
+                break
+            await asyncio.sleep(0.05)
+        stored = await manager.load_checkpoint("A")
+        assert stored is not None and stored.status == "waiting"
+        assert stored.contexts["w1"][EVENT] == "E1"
+        record = await adapter.get_wait_record("a")
+        assert record is not None and record.status == "completed", record
+        assert record.event_payload == "E1"
+        assert await f.deliver("b", "B", manager=manager) == ["E1", "B"]
+        await _suspended(other.run(None, manager=manager, stack_id="B"))
