@@ -1099,6 +1099,16 @@ class Flow:
             now_ms=now,
             resuming_claimant=None if resuming is None else resuming.claimant,
         )
+        if placed == "taken" and await _completed_as_answered(manager, there):
+            # The key was held by another run's wait that run had taken its answer to,
+            # claimed by a delivery that stopped before completing it: completed now,
+            # the key is free.
+            placed, there = await place_wait(
+                adapter,
+                record,
+                now_ms=now,
+                resuming_claimant=None if resuming is None else resuming.claimant,
+            )
         if placed == "present":
             # This run's own wait, which a delivery has claimed and is resuming the run
             # from (it waits for the run's lock): kept, so that the delivery completes it;
@@ -1158,15 +1168,55 @@ class _Answered:
 
 def _answered_waits(stack: ExecutionStack) -> list[_Answered]:
     """The waits ``stack``'s steps waited on and were answered (an event, or a timeout)."""
+    return _answered_in(stack.contexts)
+
+
+def _answered_in(contexts: Mapping[str, Mapping[str, Any]]) -> list[_Answered]:
+    """The waits the steps of ``contexts`` waited on and were answered."""
     return [
         _Answered(
             str(context[WAITING_FOR]),
             step,
             context.get(EVENT) if answer_of(context) == EVENT else None,
         )
-        for step, context in stack.contexts.items()
+        for step, context in contexts.items()
         if WAITING_FOR in context and answer_of(context) is not None
     ]
+
+
+async def _completed_as_answered(manager: StorageManager, there: WaitRecord | None) -> bool:
+    """Whether ``there`` — the wait of another run holding a key a run would wait on —
+    was claimed by a delivery whose claim lapsed after that run's checkpoint took its
+    answer, and is now completed as it was answered (:func:`_complete_lapsed_answers`).
+    The delivery stopped before it completed the wait (its process died, or a save
+    whose outcome was unknown), and a run gone on to its next wait is recovered by no
+    worker: without this its key refused every other run's wait until a retried
+    delivery of it."""
+    adapter = manager.adapter
+    if (
+        there is None
+        or adapter is None
+        or there.status != "claimed"
+        or not there.lease_expired(manager.clock.now_ms())
+    ):
+        return False
+    try:
+        # That run's own checkpoint, never the un-namespaced stack of its id.
+        checkpoint = await adapter.get_checkpoint(there.stack_id, there.namespace, fallback=False)
+    except Exception as exc:
+        log.warning("wait %r: its run could not be read (%s)", there.correlation_key, exc)
+        return False
+    if checkpoint is None:
+        return False
+    answered = [
+        wait
+        for wait in _answered_in(checkpoint.contexts)
+        if wait.correlation_key == there.correlation_key and wait.step == there.step_id
+    ]
+    if not answered:
+        return False
+    await _complete_lapsed_answers(manager, there.stack_id, there.namespace, answered)
+    return True
 
 
 async def _complete_lapsed_answers(

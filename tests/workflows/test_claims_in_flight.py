@@ -146,7 +146,9 @@ async def test_a_retry_claiming_an_answered_wait_is_not_used_by_a_later_wait(kin
         assert await THREE.deliver("k", "E3", manager=manager) == ["E0", "E3"]
 
 
-async def _delivered_then_stopped(run: Any, manager: StorageManager, event: Any) -> None:
+async def _delivered_then_stopped(
+    run: Any, manager: StorageManager, event: Any, *, key: str = "k"
+) -> None:
     """``event`` delivered, and the delivering process ended before it completed the
     wait: the run went on with the event, the wait stays claimed until its lease lapses."""
     adapter = manager.adapter
@@ -160,7 +162,7 @@ async def _delivered_then_stopped(run: Any, manager: StorageManager, event: Any)
     adapter.complete_wait_record = stopped  # type: ignore[method-assign]
     try:
         with pytest.raises(asyncio.CancelledError):
-            await run.deliver("k", event, manager=manager)
+            await run.deliver(key, event, manager=manager)
         # A process that lives on completes the wait in the background: this one ended,
         # and its background completion with it.
         for _ in range(100):
@@ -490,3 +492,37 @@ async def test_a_delivery_cut_off_as_it_completes_the_wait_completes_it_in_the_b
         assert record.event_payload == "E1"
         assert await f.deliver("b", "B", manager=manager) == ["E1", "B"]
         await _suspended(other.run(None, manager=manager, stack_id="B"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_wait_answered_and_gone_past_frees_its_key_for_another_run(kind: str) -> None:
+    """A delivery's process ended after the run's checkpoint took the event and the run
+    went on to its next wait, before it completed the wait: no worker recovers a waiting
+    run and no timer fires a wait without a deadline, so the key refused every other
+    run's wait until someone delivered to it again (a black-box auditor). Once the claim
+    has lapsed, the next run to wait on the key completes that wait as it was answered,
+    with the event the first run used, and waits on the key itself."""
+
+    async def first(_: Any) -> Any:
+        return await wait_for_event("a")
+
+    async def second(event: Any) -> Any:
+        return [event, await wait_for_event("b")]
+
+    f = flow(Step.create("w1", first), Step.create("w2", second), name="answered-gone-past")
+    other = flow(Step.create("w1", first), name="next-on-the-freed-key")
+    async with any_backend(kind, claim_lease_ms=300) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        await _suspended(f.run(None, manager=manager, stack_id="A"))
+        await _delivered_then_stopped(f, manager, "E1", key="a")
+        record = await adapter.get_wait_record("a")
+        assert record is not None and record.status == "claimed"
+        with pytest.raises(siglo.InvalidArgumentError, match="waits for it already"):
+            await other.run(None, manager=manager, stack_id="B")  # the claim still holds
+        await asyncio.sleep(0.4)  # the claim lapses
+        await _suspended(other.run(None, manager=manager, stack_id="C"))
+        record = await adapter.get_wait_record("a")
+        assert record is not None and record.stack_id == "C" and record.status == "waiting"
+        assert await other.deliver("a", "for-C", manager=manager) == "for-C"
+        assert await f.deliver("b", "B", manager=manager) == ["E1", "B"]
