@@ -447,6 +447,18 @@ async def test_a_delivery_cut_off_before_the_runs_first_snapshot_gives_its_claim
         assert record is not None and record.status == "completed"
 
 
+async def _on_a(_: Any) -> Any:
+    return await wait_for_event("a")
+
+
+async def _then_on_b(event: Any) -> Any:
+    return [event, await wait_for_event("b")]
+
+
+A_THEN_B = flow(Step.create("w1", _on_a), Step.create("w2", _then_on_b), name="a-then-b")
+ON_A = flow(Step.create("w1", _on_a), name="on-a")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_delivery_cut_off_as_it_completes_the_wait_completes_it_in_the_background(
     kind: str,
@@ -458,14 +470,7 @@ async def test_a_delivery_cut_off_as_it_completes_the_wait_completes_it_in_the_b
     (a black-box auditor). It is completed in the background, with the event used."""
     from siglo.lease_release import releases_pending
 
-    async def first(_: Any) -> Any:
-        return await wait_for_event("a")
-
-    async def second(event: Any) -> Any:
-        return [event, await wait_for_event("b")]
-
-    f = flow(Step.create("w1", first), Step.create("w2", second), name="cut-in-completion")
-    other = flow(Step.create("w1", first), name="next-on-the-key")
+    f, other = A_THEN_B, ON_A
     async with any_backend(kind, claim_lease_ms=60_000) as backend:
         manager = StorageManager(backend, error_mode="strict")
         adapter = manager.adapter
@@ -503,14 +508,7 @@ async def test_a_wait_answered_and_gone_past_frees_its_key_for_another_run(kind:
     has lapsed, the next run to wait on the key completes that wait as it was answered,
     with the event the first run used, and waits on the key itself."""
 
-    async def first(_: Any) -> Any:
-        return await wait_for_event("a")
-
-    async def second(event: Any) -> Any:
-        return [event, await wait_for_event("b")]
-
-    f = flow(Step.create("w1", first), Step.create("w2", second), name="answered-gone-past")
-    other = flow(Step.create("w1", first), name="next-on-the-freed-key")
+    f, other = A_THEN_B, ON_A
     async with any_backend(kind, claim_lease_ms=300) as backend:
         manager = StorageManager(backend, error_mode="strict")
         adapter = manager.adapter
