@@ -17,9 +17,9 @@ import math
 import random
 
 import pytest
+from background import background_settled
 from raw_storage import any_backend
 
-from siglo.lease_release import releases_pending
 from siglo.locking import workflow_lock_key
 
 LEASE_MS = 60_000
@@ -35,11 +35,7 @@ TIMEOUTS_S = {"sqlite": (0.00002, 0.001), "postgres": (0.0002, 0.004), "redis": 
 
 async def _settle() -> None:
     """Wait for the background releases of the cancelled acquires to finish."""
-    for _ in range(200):  # the last undo is 3 s after its cancellation
-        if not releases_pending(asyncio.get_running_loop()):
-            break
-        await asyncio.sleep(0.05)
-    assert releases_pending(asyncio.get_running_loop()) == 0
+    assert await background_settled(10) == 0  # the last undo is 3 s after its cancellation
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres", "redis"])

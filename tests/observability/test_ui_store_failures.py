@@ -11,7 +11,6 @@ one — a claim whose reply was lost too, in the background, as a flow's deliver
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import sqlite3
@@ -23,12 +22,12 @@ import httpx
 import psycopg
 import pytest
 from _tcp_proxy import proxied_url
+from background import background_settled
 from ops_support import shared_store
 from sql_support import POSTGRES_URL
 from ui_support import FIELD, NAMESPACE, SECRET, seed
 
 import siglo
-from siglo.coordination import undos_pending
 from siglo.ui.server import create_app
 
 KEY = "approve:o-1"
@@ -192,13 +191,9 @@ async def test_a_give_back_the_store_refuses_is_made_again_in_the_background(kin
             wait = await backend.raw_adapter.get_wait_record(KEY, namespace=NAMESPACE)
             assert wait is not None and wait.status == "claimed"  # the release refused
             await drop_releases()
-            loop = asyncio.get_running_loop()
-            for _ in range(100):  # the give-back's tries: at once, … 3 s later
-                wait = await backend.raw_adapter.get_wait_record(KEY, namespace=NAMESPACE)
-                assert wait is not None
-                if wait.status == "waiting" or not undos_pending(loop):
-                    break
-                await asyncio.sleep(0.05)
+            await background_settled()  # the give-back's tries: at once, … 3 s later
+            wait = await backend.raw_adapter.get_wait_record(KEY, namespace=NAMESPACE)
+            assert wait is not None
             assert wait.status == "waiting" and wait.claimant_id is None, wait
             await drop_saves()
             done = await client.post("/actions/deliver", data=form)
@@ -241,13 +236,8 @@ async def test_a_delivery_whose_claim_reply_is_lost_gives_the_claim_back(kind: s
                 assert proxy.replies_lost == 1
                 assert lost.status_code == 503, lost.text
                 assert "Outcome unknown" in lost.text
-                loop = asyncio.get_running_loop()
-                for _ in range(100):  # the give-back's tries: at once, … 3 s later
-                    wait = await backend.raw_adapter.get_wait_record(KEY, namespace=NAMESPACE)
-                    assert wait is not None
-                    if wait.status == "waiting" or not undos_pending(loop):
-                        break
-                    await asyncio.sleep(0.05)
+                await background_settled()  # the give-back's tries: at once, … 3 s later
+                wait = await backend.raw_adapter.get_wait_record(KEY, namespace=NAMESPACE)
                 assert wait is not None
                 assert wait.status == "waiting" and wait.claimant_id is None, wait
                 run = await backend.raw_adapter.get_checkpoint("order-1", NAMESPACE, fallback=False)

@@ -17,6 +17,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from background import background_settled
 from raw_storage import KINDS, any_backend
 
 import siglo
@@ -43,15 +44,6 @@ async def _after(value: Any) -> Any:
 
 
 DEADLINE = {"ms": 200}
-
-
-async def _background_settled() -> None:
-    from siglo.lease_release import releases_pending
-
-    for _ in range(100):
-        if not releases_pending(asyncio.get_running_loop()):
-            return
-        await asyncio.sleep(0.02)
 
 
 ANSWERED = flow(Step.create("waiter", _waiter), Step.create("after", _after), name="answered")
@@ -206,7 +198,7 @@ async def test_an_answered_wait_the_run_went_past_is_completed_when_claimed_agai
                 await TWO_WAITS.deliver("hook:first", {"v": 1}, manager=manager)
             # A process that lives on completes the wait in the background: this one
             # ended, and its background completion with it.
-            await _background_settled()
+            await background_settled()
         went_on = await adapter.get_checkpoint("went-on")
         assert went_on is not None and went_on.status == "waiting"
         await asyncio.sleep(LEASE_MS / 1000 + 0.2)  # the claim lapses

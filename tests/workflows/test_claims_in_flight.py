@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import pytest
+from background import background_settled
 from raw_storage import KINDS, any_backend
 
 import siglo
@@ -156,8 +157,6 @@ async def _delivered_then_stopped(
     async def stopped(*_: Any, **__: Any) -> None:
         raise asyncio.CancelledError  # the delivering process ends before completing
 
-    from siglo.lease_release import releases_pending
-
     real = adapter.complete_wait_record
     adapter.complete_wait_record = stopped  # type: ignore[method-assign]
     try:
@@ -165,10 +164,7 @@ async def _delivered_then_stopped(
             await run.deliver(key, event, manager=manager)
         # A process that lives on completes the wait in the background: this one ended,
         # and its background completion with it.
-        for _ in range(100):
-            if not releases_pending(asyncio.get_running_loop()):
-                break
-            await asyncio.sleep(0.02)
+        await background_settled()
     finally:
         adapter.complete_wait_record = real  # type: ignore[method-assign]
 
@@ -468,8 +464,6 @@ async def test_a_delivery_cut_off_as_it_completes_the_wait_completes_it_in_the_b
     `claimed` for good (no worker recovers a waiting run, no timer fires a wait without a
     deadline), and its key refused every other run's wait, even after the run completed
     (a black-box auditor). It is completed in the background, with the event used."""
-    from siglo.lease_release import releases_pending
-
     f, other = A_THEN_B, ON_A
     async with any_backend(kind, claim_lease_ms=60_000) as backend:
         manager = StorageManager(backend, error_mode="strict")
@@ -485,10 +479,7 @@ async def test_a_delivery_cut_off_as_it_completes_the_wait_completes_it_in_the_b
         adapter.complete_wait_record = cut_off  # type: ignore[method-assign]
         with pytest.raises(asyncio.CancelledError):
             await f.deliver("a", "E1", manager=manager)
-        for _ in range(100):
-            if not releases_pending(asyncio.get_running_loop()):
-                break
-            await asyncio.sleep(0.05)
+        await background_settled()
         stored = await manager.load_checkpoint("A")
         assert stored is not None and stored.status == "waiting"
         assert stored.contexts["w1"][EVENT] == "E1"
