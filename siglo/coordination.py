@@ -287,7 +287,7 @@ async def undos_settled(timeout_s: float) -> None:
 
 def undo_later(
     what: str,
-    undo: Callable[[], Awaitable[bool]],
+    undo: Callable[[], Awaitable[bool | None]],
     *,
     lapses_in_ms: int,
     done: str = "released",
@@ -302,7 +302,9 @@ def undo_later(
     A request's timeout (``asyncio.wait_for`` around a handler) can cancel a call after
     the store granted it and before the reply came back: the token would be lost with
     the reply, and the key held by nobody until its lease ended (every retry of the
-    request refused until then). ``done`` is what the log says of it once undone."""
+    request refused until then). ``done`` is what the log says of it once undone; an
+    ``undo()`` that returns ``None`` found nothing left to undo (another holder's now),
+    and ends the tries without a word."""
     loop = asyncio.get_running_loop()
     first_try = asyncio.Event()
     lapses_at = loop.time() + ms_as_seconds(lapses_in_ms)
@@ -315,7 +317,7 @@ def undo_later(
 
 async def _undo(
     what: str,
-    undo: Callable[[], Awaitable[bool]],
+    undo: Callable[[], Awaitable[bool | None]],
     lapses_at: float,
     first_try: asyncio.Event,
     done: str,
@@ -329,8 +331,10 @@ async def _undo(
             await asyncio.sleep(at - waited)
             waited = at
             try:
-                if await undo():
+                undone = await undo()
+                if undone:
                     _log.info("%s %s after the call that took it was cancelled", what, done)
+                if undone is not False:
                     return
             except Exception:
                 continue

@@ -4,7 +4,6 @@ a delivery (a flow's, a timer's, the dashboard's)."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal
@@ -159,9 +158,11 @@ def complete_later(
     (:class:`~siglo.errors.WaitRecordClaimError`: completed already, or another
     claimant's) ends the tries: completing is that claimant's."""
 
-    async def attempt() -> bool:
-        with contextlib.suppress(WaitRecordClaimError):
+    async def attempt() -> bool | None:
+        try:
             await complete()
+        except WaitRecordClaimError:
+            return None
         return True
 
     lease = getattr(adapter, "claim_lease_ms", None)
