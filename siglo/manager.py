@@ -7,6 +7,7 @@ this module keeps the manager's API and the process-wide default manager.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Mapping
@@ -41,6 +42,7 @@ from siglo.redaction import check_redact_fields, redact, redacting
 from siglo.sealing import refuse_unopened
 from siglo.snapshots import context_change_event, restore_stack, take_snapshot
 from siglo.stack import ExecutionStack
+from siglo.unsent import unsent
 from siglo.validation import require_id, require_optional_id
 
 __all__ = [
@@ -693,6 +695,13 @@ class StorageManager:
                     )
                 else:
                     await adapter.save_checkpoint(checkpoint, expected_revision=expected_revision)
+            except asyncio.CancelledError as exc:
+                if unsent(exc):
+                    # Cut off before anything of it was sent: nothing is stored, so the
+                    # stack is back at its revision, as after a refused save (a delivery
+                    # cut off here gives its claim back: siglo.workflow.flow).
+                    live.revision = min(live.revision, read)
+                raise
             except Exception as exc:
                 _back_if_refused(live, read, exc)
                 if isinstance(exc, WRITES_NOTHING):

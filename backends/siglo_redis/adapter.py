@@ -41,6 +41,7 @@ from siglo.records import CacheEvent, ContextChangeEvent, WaitRecord, embedded_w
 from siglo.sentinel import MISSING, Missing
 from siglo.settings import DEFAULTS
 from siglo.sizing import check_document_size
+from siglo.unsent import mark_unsent, unwritten
 from siglo.validation import (
     check_context_change,
     check_save_arguments,
@@ -240,44 +241,52 @@ class RedisStorageAdapter(StorageAdapter):
     async def _do_save_checkpoint(
         self, checkpoint: Checkpoint, *, expected_revision: int | None = None
     ) -> None:
-        if self.incremental_min_bytes is not None and (
-            self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace) is not None
-        ):
-            await self._save_incrementally(checkpoint, expected_revision)
-            return
-        data = checkpoint.to_json()
-        now = now_ms()
-        px = self._px(checkpoint.expires_at, now)
-        key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
-        parts = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
-        shard = self._index.shard_of(key)
-        await self._index.register(shard)
-        reply = await self._redis.script(
-            CHECKPOINT_CAS,
-            [
-                key,
-                self._index.key(shard),
-                # The parts hash another writer may have left: dropped with the write.
-                *filter(None, [parts]),
-                *self._index.token_keys_of(checkpoint, key),
-            ],
-            [
-                data,
-                checkpoint.revision,
-                "" if expected_revision is None else expected_revision,
-                now,
-                "" if px is None else px,
-                member_of(checkpoint.stack_id, checkpoint.namespace),
-                "" if parts is None else "1",
-            ],
-        )
-        outcome = int(reply)
-        if outcome == 1:
-            return
-        if outcome == 2:
-            await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
-            return
-        raise _conflict(checkpoint, expected_revision, outcome)
+        # Cut off while its one write was queued, unwritten, it stored nothing: said so
+        # (siglo.unsent), the caller may act on it. Every command of this save comes
+        # before, or is, the one that stores the checkpoint.
+        try:
+            if self.incremental_min_bytes is not None and (
+                self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace) is not None
+            ):
+                await self._save_incrementally(checkpoint, expected_revision)
+                return
+            data = checkpoint.to_json()
+            now = now_ms()
+            px = self._px(checkpoint.expires_at, now)
+            key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+            parts = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
+            shard = self._index.shard_of(key)
+            await self._index.register(shard)
+            reply = await self._redis.script(
+                CHECKPOINT_CAS,
+                [
+                    key,
+                    self._index.key(shard),
+                    # The parts hash another writer may have left: dropped with the write.
+                    *filter(None, [parts]),
+                    *self._index.token_keys_of(checkpoint, key),
+                ],
+                [
+                    data,
+                    checkpoint.revision,
+                    "" if expected_revision is None else expected_revision,
+                    now,
+                    "" if px is None else px,
+                    member_of(checkpoint.stack_id, checkpoint.namespace),
+                    "" if parts is None else "1",
+                ],
+            )
+            outcome = int(reply)
+            if outcome == 1:
+                return
+            if outcome == 2:
+                await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
+                return
+            raise _conflict(checkpoint, expected_revision, outcome)
+        except asyncio.CancelledError as exc:
+            if unwritten(exc):
+                mark_unsent(exc)
+            raise
 
     # -- a step's writes in one script -------------------------------------------------
 
@@ -381,50 +390,56 @@ class RedisStorageAdapter(StorageAdapter):
         release: Hold | None,
         entry: CacheEntry | None,
     ) -> None:
-        check_save_arguments(checkpoint, expected_revision)
-        if entry is not None:
-            entry.checked()
-        # Before anything is sent: a document too large leaves nothing written, the
-        # changes and the entry included (they go in the save's script).
-        check_document_size(checkpoint, self.max_document_bytes)
-        self._require_open()
-        step = self._step_writes(changes, release, entry)
-        parts = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
-        if self.incremental_min_bytes is not None and parts is not None:
-            await self._save_incrementally(checkpoint, expected_revision, step)
-            return
-        data = checkpoint.to_json()
-        now = now_ms()
-        px = self._px(checkpoint.expires_at, now)
-        key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
-        shard = self._index.shard_of(key)
-        await self._index.register(shard)
-        tokens = self._index.token_keys_of(checkpoint, key)
-        reply = await self._redis.script(
-            STEP_SAVE,
-            [key, self._index.key(shard), *filter(None, [parts]), *tokens, *step.keys],
-            [
-                data,
-                checkpoint.revision,
-                "" if expected_revision is None else expected_revision,
-                now,
-                "" if px is None else px,
-                member_of(checkpoint.stack_id, checkpoint.namespace),
-                "" if parts is None else "1",
-                len(tokens),
-                step.changes,
-                *step.args,
-            ],
-        )
-        outcome = int(reply)
-        if outcome == 2:  # revisions past 2**53: decided here, the lock still held
-            await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
-            return
-        if release is not None:
-            release.released = True
-        if outcome == 1:
-            return
-        raise _conflict(checkpoint, expected_revision, outcome)
+        # As _do_save_checkpoint: one script stores the checkpoint and the step's writes.
+        try:
+            check_save_arguments(checkpoint, expected_revision)
+            if entry is not None:
+                entry.checked()
+            # Before anything is sent: a document too large leaves nothing written, the
+            # changes and the entry included (they go in the save's script).
+            check_document_size(checkpoint, self.max_document_bytes)
+            self._require_open()
+            step = self._step_writes(changes, release, entry)
+            parts = self.keys.checkpoint_parts(checkpoint.stack_id, checkpoint.namespace)
+            if self.incremental_min_bytes is not None and parts is not None:
+                await self._save_incrementally(checkpoint, expected_revision, step)
+                return
+            data = checkpoint.to_json()
+            now = now_ms()
+            px = self._px(checkpoint.expires_at, now)
+            key = self.keys.checkpoint(checkpoint.stack_id, checkpoint.namespace)
+            shard = self._index.shard_of(key)
+            await self._index.register(shard)
+            tokens = self._index.token_keys_of(checkpoint, key)
+            reply = await self._redis.script(
+                STEP_SAVE,
+                [key, self._index.key(shard), *filter(None, [parts]), *tokens, *step.keys],
+                [
+                    data,
+                    checkpoint.revision,
+                    "" if expected_revision is None else expected_revision,
+                    now,
+                    "" if px is None else px,
+                    member_of(checkpoint.stack_id, checkpoint.namespace),
+                    "" if parts is None else "1",
+                    len(tokens),
+                    step.changes,
+                    *step.args,
+                ],
+            )
+            outcome = int(reply)
+            if outcome == 2:  # revisions past 2**53: decided here, the lock still held
+                await self._save_checkpoint_exactly(checkpoint, expected_revision, key, data, px)
+                return
+            if release is not None:
+                release.released = True
+            if outcome == 1:
+                return
+            raise _conflict(checkpoint, expected_revision, outcome)
+        except asyncio.CancelledError as exc:
+            if unwritten(exc):
+                mark_unsent(exc)
+            raise
 
     def _step_writes(
         self,

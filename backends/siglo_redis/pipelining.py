@@ -13,7 +13,8 @@ Semantics are those of one call at a time:
 
 * an error reply (``-ERR …``) fails only its own call; the stream stays in step;
 * a call cancelled (or timed out by :class:`~siglo_redis.deadlines.Deadlines`) before its
-  command was written is never written; after, its reply is read and dropped;
+  command was written is never written, and its cancellation says so
+  (:func:`siglo.unsent.unwritten`); after, its reply is read and dropped;
 * a reply redis-py raises as a ``ConnectionError`` though the server answered it
   (``-LOADING`` …: :func:`~siglo_redis.sent_once.refused`) fails only its own call, which
   the retry policy may send again (it did not run);
@@ -46,6 +47,7 @@ from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+from siglo.unsent import mark_unwritten
 from siglo_redis.cluster_seeds import SeedKeepingRedisCluster
 from siglo_redis.sent_once import (
     SentOnceRedis,
@@ -133,12 +135,14 @@ def _pipelinable(command: Any) -> bool:
 class _Entry:
     """One queued call: its arguments, options and the future its caller awaits."""
 
-    __slots__ = ("args", "future", "options")
+    __slots__ = ("args", "future", "options", "written")
 
     def __init__(self, args: tuple[Any, ...], options: dict[str, Any], future: Any) -> None:
         self.args = args
         self.options = options
         self.future: asyncio.Future[Any] = future
+        self.written = False
+        """Handed to the connection's writer: the server may run it from then on."""
 
 
 class AutoPipeline:
@@ -198,7 +202,14 @@ class AutoPipeline:
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 loop.call_soon(self._flush)
-        return await entry.future
+        try:
+            return await entry.future
+        except asyncio.CancelledError as exc:
+            if not entry.written:
+                # Cut off while queued: the next write skips it (a done future), so it
+                # never reaches the server, and the caller may know that (siglo.unsent).
+                mark_unwritten(exc)
+            raise
 
     async def _parse(self, command: Any, reply: Any, options: dict[str, Any]) -> Any:
         if isinstance(reply, ResponseError):
@@ -245,6 +256,8 @@ class AutoPipeline:
         try:
             if writer is None:
                 raise ConnectionError("connection closed")
+            for e in entries:
+                e.written = True
             writer.writelines(chunks)
         except Exception as exc:
             for e in entries:

@@ -14,13 +14,14 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from _redis_helpers import REDIS_URL, RedisServer, require_redis
+from _redis_helpers import BUSY_LUA, REDIS_URL, CancelWhenQueued, RedisServer, require_redis
 from ports import free_port
 
 import siglo
 from siglo import urls
 from siglo.checkpoint import Checkpoint
 from siglo.errors import InvalidArgumentError, StorageAdapterError
+from siglo.unsent import unwritten
 from siglo_redis import isolated
 from siglo_redis.commands import Commands
 from siglo_redis.connect import client_from_url
@@ -138,9 +139,11 @@ async def test_a_call_cancelled_before_its_write_never_runs(client: Any, prefix:
         await asyncio.sleep(0)  # queued behind it, not yet written
         queued.cancel()
         assert await first == b"done"
-        with pytest.raises(asyncio.CancelledError):
+        with pytest.raises(asyncio.CancelledError) as cut:
             await queued
         assert await client.get(prefix + "n") == b"0"
+        # Its cancellation says so: a save cut off there stored nothing (siglo.unsent).
+        assert unwritten(cut.value)
     finally:
         await _cleanup(client, prefix)
 
@@ -157,7 +160,12 @@ async def test_a_call_cancelled_after_its_write_leaves_the_stream_in_step(
         await asyncio.sleep(0.02)  # both written; Redis still spinning
         written.cancel()
         spin.cancel()
-        await asyncio.gather(spin, written, return_exceptions=True)
+        cut = await asyncio.gather(spin, written, return_exceptions=True)
+        # Written, it may have run: its cancellation does not say it was not.
+        assert [isinstance(c, asyncio.CancelledError) and not unwritten(c) for c in cut] == [
+            True,
+            True,
+        ]
         # The dropped replies were read and discarded: the next calls get their own.
         assert await client.set(prefix + "y", "y-value") is True
         assert await asyncio.gather(client.get(prefix + "y"), client.get(prefix + "x")) == [
@@ -361,3 +369,33 @@ async def test_a_command_that_cannot_be_encoded_fails_alone(client: Any, prefix:
         assert results[2] == b"1"
     finally:
         await _cleanup(client, prefix)
+
+
+async def test_a_save_cut_off_before_its_write_leaves_the_stack_at_its_revision() -> None:
+    """A save cut off by its caller while its script waited in the queue (another call in
+    flight) stored nothing, and the stack says so: its revision is the one it had, so the
+    caller's retry of the same compare-and-set stores it (the stack was left one ahead,
+    and the retry lost to a revision nobody had written)."""
+    require_redis()
+    async with isolated(REDIS_URL) as backend:
+        manager = siglo.StorageManager(backend, error_mode="strict")
+        stack = manager.create_stack("s")
+        stack.set("step", "n", 1)
+        await stack.save(expected_revision=0)
+        client = backend.adapter.client  # type: ignore[attr-defined]
+        queue = CancelWhenQueued(backend.adapter.keys.checkpoint("s", None))  # type: ignore[attr-defined]
+        client._pipeline_of()._queue = queue
+        busy = asyncio.ensure_future(client.eval(BUSY_LUA, 0))
+        await asyncio.sleep(0.05)  # written and running: the save's script is queued
+        stack.set("step", "n", 2)
+        save = asyncio.ensure_future(stack.save(expected_revision=1))
+        queue.task = save
+        with pytest.raises(asyncio.CancelledError):
+            await save
+        assert queue.task is None  # cut off where the test meant it to be
+        await busy
+        stored = await manager.load_checkpoint("s")
+        assert stored is not None and stored.revision == 1
+        assert stack.revision == 1
+        saved = await stack.save(expected_revision=stack.revision)
+        assert saved.revision == 2 and saved.contexts == {"step": {"n": 2}}

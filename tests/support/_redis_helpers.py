@@ -18,10 +18,36 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REDIS_URL = os.environ.get("SIGLO_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+BUSY_LUA = (
+    "local t = redis.call('TIME') local u = t[1] * 1e6 + t[2] "
+    "repeat local n = redis.call('TIME') until n[1] * 1e6 + n[2] - u > 300000 return 1"
+)
+"""A script that keeps the server, and the connection it came on, busy for 0.3 s: the
+calls asked meanwhile on the connection wait in its auto-pipeline's queue."""
+
+
+class CancelWhenQueued(list[Any]):
+    """An auto-pipeline's queue (``client._pipeline_of()._queue``) that cancels ``task``
+    as a command naming ``key`` joins it: a caller's deadline landing while that command
+    waits for the next write of the connection, never written."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+        self.task: Any = None
+
+    def append(self, entry: Any) -> None:
+        super().append(entry)
+        if self.task is not None and self.key in entry.args:
+            self.task.cancel()
+            self.task = None
 
 
 def _unavailable(message: str) -> None:

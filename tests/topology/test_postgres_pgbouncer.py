@@ -208,6 +208,9 @@ async def test_a_write_pgbouncer_could_not_send_is_a_plain_failure() -> None:
         # for its server_login_retry (15 s) once the server is back.
         async with isolated(POSTGRES_URL) as direct:
             schema = direct.adapter.schema  # type: ignore[attr-defined]
+            # Its tables made here, under the default bound: through the bouncer, at the
+            # test's 2 s, the migration's statements were cut off on a loaded machine.
+            await direct.adapter.open()  # type: ignore[attr-defined]
             through = f"{own.url()}?pgbouncer=transaction&schema={schema}&command_timeout_ms=2000"
             async with siglo.connect(through) as backend:
                 await _claims_refused_while_the_server_is_cut(backend, proxy)

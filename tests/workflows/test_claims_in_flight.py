@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import pytest
+from _redis_helpers import BUSY_LUA, CancelWhenQueued
 from background import background_settled
 from raw_storage import KINDS, any_backend
 
@@ -438,6 +439,46 @@ async def test_a_delivery_cut_off_before_the_runs_first_snapshot_gives_its_claim
         assert stored is not None and stored.status == "waiting"
         assert record is not None and record.status == "waiting", record
         hold["on"] = False
+        assert await f.deliver("k", "second", manager=manager) == "second"
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "completed"
+
+
+async def test_a_delivery_cut_off_while_its_save_is_queued_gives_its_claim_back() -> None:
+    """Redis: the caller's deadline lands after the run's first snapshot, while its save
+    waits in the auto-pipeline's queue behind another call in flight. The command is
+    never written, so nothing of the event is stored, and the claim is given back at once
+    (it was kept for the whole lease, the run stored as waiting on a claimed wait: 5 of
+    1,000 random cut-offs of deliveries beside other calls; ``siglo.unsent``)."""
+    in_flight: list[asyncio.Future[Any]] = []
+    async with any_backend("redis", claim_lease_ms=60_000) as backend:
+        manager = StorageManager(backend, error_mode="strict")
+        adapter = manager.adapter
+        client = adapter.client  # type: ignore[attr-defined]
+        queue = CancelWhenQueued(adapter.keys.checkpoint("A", None))  # type: ignore[attr-defined]
+
+        async def waits_beside_a_busy_call(_: Any) -> Any:
+            got = await wait_for_event("k")
+            if queue.task is not None:
+                await asyncio.sleep(0.05)  # the event's context change is streamed
+                # Another call in flight on the connection: the step's save is queued.
+                in_flight.append(asyncio.ensure_future(client.eval(BUSY_LUA, 0)))
+                await asyncio.sleep(0.05)
+            return got
+
+        f = flow(Step.create("w", waits_beside_a_busy_call), name="cut-while-queued")
+        await _suspended(f.run(None, manager=manager, stack_id="A"))
+        client._pipeline_of()._queue = queue
+        delivery = asyncio.create_task(f.deliver("k", "first", manager=manager))
+        queue.task = delivery
+        with pytest.raises(asyncio.CancelledError):
+            await delivery
+        assert queue.task is None  # cut off where the test meant it to be
+        await asyncio.gather(*in_flight)
+        stored = await manager.load_checkpoint("A")
+        assert stored is not None and stored.status == "waiting" and stored.revision == 2
+        record = await adapter.get_wait_record("k")
+        assert record is not None and record.status == "waiting", record
         assert await f.deliver("k", "second", manager=manager) == "second"
         record = await adapter.get_wait_record("k")
         assert record is not None and record.status == "completed"
