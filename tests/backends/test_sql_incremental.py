@@ -700,6 +700,35 @@ async def test_a_body_dropped_between_the_row_and_its_read_reads_again(kind: str
 
 
 @KINDS
+async def test_a_fallback_read_whose_namespaced_row_goes_reads_the_other(kind: str) -> None:
+    """A namespaced read with the fallback finds the namespace's row, saved in parts, and
+    another writer deletes that row before its parts are read: the read answered "no
+    checkpoint" while the un-namespaced one was there throughout (a black-box auditor:
+    701 of 55,831 such reads). The fallback decides again and reads the un-namespaced
+    checkpoint."""
+    async with open_backend(kind) as backend:
+        a: Any = backend.raw_adapter
+        other = SqlStorageAdapter(a.database, a._s, table_prefix=a.table_prefix, schema=a.schema)
+        plain = _doc(1, 2)
+        await a.save_checkpoint(plain)
+        await a.save_checkpoint(_doc(1, 8, changed=2).replace(namespace="t"))
+        read = a.database.read
+        sent: list[str] = []
+
+        async def racing(sql: str, params: Any = ()) -> Any:
+            sent.append(sql)
+            rows = await read(sql, params)
+            if sql == a._s.cp_get_fallback and len(sent) == 1:
+                assert await other.delete_checkpoint("run", "t")
+            return rows
+
+        a.database.read = racing
+        got = await a.get_checkpoint("run", "t", fallback=True)
+        assert got is not None and got.to_json() == plain.to_json()
+        assert sent[0] == a._s.cp_get_fallback and sent[-1] == a._s.cp_get_fallback
+
+
+@KINDS
 async def test_a_part_missing_from_the_store_is_a_malformed_record(kind: str) -> None:
     """A part the row lists that is not stored (deleted by hand, a partial restore):
     the load read it ten times as if a save kept changing it, and said "try again" —
