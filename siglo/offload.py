@@ -34,7 +34,12 @@ from siglo.blobs import BlobStore, blob_digest
 from siglo.checkpoint import Checkpoint
 from siglo.codec import REF_KEY, is_reference
 from siglo.config import DEFAULT_BLOB_GRACE_MS, Settings
-from siglo.errors import DamagedBlobError, DanglingReferenceError, InvalidArgumentError
+from siglo.errors import (
+    DamagedBlobError,
+    DanglingReferenceError,
+    InvalidArgumentError,
+    StorageAdapterError,
+)
 from siglo.listing import get_listed
 from siglo.pipeline import Pipeline, PipelineAdapter
 from siglo.records import ContextChangeEvent
@@ -63,6 +68,10 @@ DEFAULT_GRACE_MS: Final = DEFAULT_BLOB_GRACE_MS
 putting a blob and storing its reference."""
 
 _RETRY_S: Final = 0.05
+_REREADS: Final = 10
+"""Reads of a checkpoint whose blobs went missing before giving up: each means a save
+replaced it, and a collector removed the blobs it no longer names, between the read of
+the checkpoint and that of its blobs."""
 
 
 _is_ref = is_reference
@@ -291,7 +300,27 @@ class OffloadAdapter(PipelineAdapter):
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         found = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
-        return await self.offloader.checkpoint_in(found)
+        for _ in range(_REREADS):
+            try:
+                return await self.offloader.checkpoint_in(found)
+            except DamagedBlobError:
+                raise
+            except DanglingReferenceError:
+                # Read before a save replaced it, and its blobs collected since: the
+                # collector walks the revisions stored now, and a blob put long ago is
+                # past its grace (a black-box auditor: a load racing a save and
+                # `siglo collect-blobs` raised this for a healthy run). Dangling only if
+                # the checkpoint stored is still the one read.
+                again = await self.inner.get_checkpoint(stack_id, namespace, fallback=fallback)
+                if again is None:
+                    return None  # removed meanwhile
+                assert found is not None  # resolving None raises nothing
+                if again.to_json() == found.to_json():
+                    raise
+                found = again
+        raise StorageAdapterError(
+            f"the checkpoint of {stack_id!r} changed under {_REREADS} reads of its blobs; try again"
+        )
 
     async def get_cached_step(self, key: str, *, namespace: str | None = None) -> Any | Missing:
         kw: dict[str, Any] = {} if namespace is None else {"namespace": namespace}

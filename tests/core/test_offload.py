@@ -126,6 +126,38 @@ async def test_a_blob_a_save_refreshes_is_not_collected(tmp_path: Path) -> None:
     assert list(path.parent.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_load_racing_a_save_and_the_collector_reads_the_new_revision(
+    kind: str, tmp_path: Path
+) -> None:
+    """A load reads the checkpoint; a save replaces it and the collector, walking the new
+    revision, removes the old revision's blob (put long ago: past its grace) before the
+    load reads it. The load raised DanglingReferenceError for a healthy run, which a
+    worker fails (a black-box auditor, with ``siglo collect-blobs`` in a loop); it reads
+    the checkpoint again and returns the revision stored now."""
+    store = DirectoryBlobStore(tmp_path / "blobs")
+    async with offloading(kind, store) as backend:
+        a: Any = backend.adapter
+        await a.save_checkpoint(_cp("s", 1, s={"v": BIG + "old"}))
+        new = _cp("s", 2, s={"v": BIG + "new"})
+        read = a.inner.get_checkpoint
+        raced: list[int] = []
+
+        async def racing(*args: Any, **kwargs: Any) -> Any:
+            found = await read(*args, **kwargs)
+            if not raced:
+                raced.append(1)
+                await a.save_checkpoint(new, expected_revision=1)
+                later = int(time.time() * 1000) + 7_200_000  # the old blob past its grace
+                collected = await collect_blobs(a, store, now_ms=later)
+                assert collected.removed == 1
+            return found
+
+        a.inner.get_checkpoint = racing
+        assert await a.get_checkpoint("s") == new
+        assert raced == [1]
+
+
 async def test_a_dangling_reference_is_a_clear_error() -> None:
     """A value the blob store does not have is that record's fault, not an outage."""
     store = MemoryBlobStore()
