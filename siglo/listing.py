@@ -211,10 +211,16 @@ async def get_listed(adapter: _Reads, summary: CheckpointSummary) -> Checkpoint 
     A stored document that cannot be read raises its :class:`MalformedRecordError` with
     the stack named (:func:`siglo.errors.naming_stack`): a walk over every stack stops
     there, and says which one to look at (``siglo rm`` removes it)."""
+    return await get_named(adapter, summary.stack_id, summary.namespace)
+
+
+async def get_named(adapter: _Reads, stack_id: str, namespace: str | None) -> Checkpoint | None:
+    """The stored checkpoint of ``stack_id`` in ``namespace`` (no fallback), a document
+    that cannot be read raised with the stack named, as :func:`get_listed` does."""
     try:
-        return await adapter.get_checkpoint(summary.stack_id, summary.namespace, fallback=False)
+        return await adapter.get_checkpoint(stack_id, namespace, fallback=False)
     except MalformedRecordError as exc:
-        raise naming_stack(exc, summary.stack_id, summary.namespace) from exc
+        raise naming_stack(exc, stack_id, namespace) from exc
 
 
 def without_keyrings(page: CheckpointPage) -> CheckpointPage:

@@ -65,13 +65,13 @@ from siglo.errors import (
     SigloError,
 )
 from siglo.keys import KEYRING_NAMESPACE
-from siglo.listing import CheckpointSummary, get_listed
 from siglo.offload import references
 from siglo.pipeline import Codecs, PipelineAdapter, redact_wait, redacted_parts, shown_run
 from siglo.records import WaitRecord, embedded_wait_record
 from siglo.redaction import named_redactions
 from siglo.sentinel import MISSING, Missing
 from siglo.sizing import check_document_size
+from siglo.stored_runs import read_run
 from siglo.unreadable import stopping_at_unreadable
 from siglo.validation import check_save_arguments, check_wait_record, require_optional_id
 from siglo.wait_keys import cancel_own_wait, place_wait
@@ -191,10 +191,15 @@ async def export_lines(
         for summary in page.items:
             if summary.namespace == KEYRING_NAMESPACE:
                 continue  # a dump never carries the keys it depends on
-            pair = await _run_and_wait(adapter, summary, waits)
-            if pair is None:
+            # The run and the wait it names as the store held them (siglo.stored_runs):
+            # read across a delivery, it was imported waiting for ever.
+            run = await read_run(
+                adapter, summary.stack_id, summary.namespace, waits=waits, latest=False
+            )
+            if run is None:
                 continue  # deleted or expired since the page was read
-            checkpoint, record = pair
+            checkpoint, named = run
+            record = named[0] if named else None
             # A dump carries values: a reference left here means the adapter has no
             # blob store to resolve it (settings without blob_url), and the target
             # may not share that store. Failing leaves the dump without its trailer.
@@ -228,46 +233,6 @@ async def export_lines(
             break
         cursor = page.next_cursor
     yield orjson.dumps(digest.trailer())
-
-
-_PAIR_ATTEMPTS: Final = 8
-"""Reads of a run and its wait an export makes while deliveries keep moving the run."""
-
-
-async def _run_and_wait(
-    adapter: StorageAdapter, summary: CheckpointSummary, waits: bool
-) -> tuple[Checkpoint, WaitRecord | None] | None:
-    """A listed run's checkpoint and the current record of the wait it names (if that
-    record is the run's), read as a pair the store held: a run that waits with a record
-    whose wait has ended was read across a delivery — the checkpoint before it, the
-    record after — and imported so it waited for ever, every delivery refused (a
-    black-box auditor). Read again until the two agree (the checkpoint moved on), at
-    most :data:`_PAIR_ATTEMPTS` times; ``None`` if the run is gone."""
-    pair: tuple[Checkpoint, WaitRecord | None] | None = None
-    for _ in range(_PAIR_ATTEMPTS):
-        checkpoint = await get_listed(adapter, summary)
-        if checkpoint is None:
-            return None
-        embedded = embedded_wait_record(checkpoint.metadata) if waits else None
-        if embedded is None:
-            return checkpoint, None
-        # Wait records live in their stack's namespace: read them there.
-        record = await adapter.get_wait_record(
-            embedded.correlation_key, namespace=checkpoint.namespace
-        )
-        # The key's current record may be another run's: a key whose wait ended may be
-        # waited on again. It goes after that run's checkpoint alone.
-        if (
-            record is None
-            or record.correlation_key != embedded.correlation_key
-            or record.stack_id != checkpoint.stack_id
-        ):
-            return checkpoint, None
-        pair = (checkpoint, record)
-        if checkpoint.status != "waiting" or record.status in ("waiting", "claimed"):
-            return pair
-    # A run delivered to and waiting again at every one of those reads: as last read.
-    return pair
 
 
 @dataclass

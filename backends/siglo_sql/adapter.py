@@ -769,27 +769,30 @@ class SqlStorageAdapter(StorageAdapter):
         self, stack_id: str, namespace: str | None = None, *, fallback: bool = True
     ) -> Checkpoint | None:
         if namespace is not None and fallback:
+            own = row_id(namespace, stack_id)
             for _ in range(_PART_READS):
                 rows = await self.database.read(
                     self._s.cp_get_fallback,
-                    {
-                        "id": row_id(namespace, stack_id),
-                        "fallback_id": row_id("", stack_id),
-                        "now": self.clock.now_ms(),
-                    },
+                    {"id": own, "fallback_id": row_id("", stack_id), "now": self.clock.now_ms()},
                 )
                 if not rows:
                     return None
                 found = rows[0]
                 if found[1] is None:  # stored whole: no further read
                     return Checkpoint.from_json(bytes(found[0]))
-                whole = await self._whole(bytes(found[2]), *_document(found))
+                # Stored in parts: the row found is read as a load of it reads it, with
+                # its parts in one snapshot. Its parts read after it in a statement of
+                # their own met saves and deletions between the two: a row deleted
+                # meanwhile answered "no checkpoint" though the un-namespaced one was
+                # there throughout, and one deleted and saved again as it was, "a part
+                # is not stored" (two black-box auditors).
+                whole = await self._do_get_checkpoint(
+                    stack_id, namespace if bytes(found[2]) == own else None, fallback=False
+                )
                 if whole is not None:
                     return whole
-                # The row read (the namespace's) was deleted before its parts were: the
-                # fallback decides again, and finds the un-namespaced row if it is the
-                # one left (a black-box auditor: the read answered "no checkpoint" while
-                # the un-namespaced one was there throughout).
+                # Deleted meanwhile: the fallback decides again, and finds the
+                # un-namespaced row if it is the one left.
             raise StorageAdapterError(
                 f"the checkpoint of {stack_id!r} changed under {_PART_READS} reads; try again"
             )

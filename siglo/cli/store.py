@@ -23,13 +23,13 @@ from siglo.cli.common import (
 )
 from siglo.cli.errors import CliError, cli_settings, left_out, resolve_url
 from siglo.clock import system_clock
-from siglo.errors import CheckpointConflictError, MalformedRecordError, SigloError, naming_stack
+from siglo.errors import CheckpointConflictError, SigloError
 from siglo.listing import CheckpointSummary
 from siglo.moments import describe_ms
 from siglo.pipeline import shown_run
-from siglo.records import WaitRecord, embedded_wait_record
 from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
+from siglo.stored_runs import read_run
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.outcomes import WAITING_FOR, is_sleep, wait_outcome, waiting_for
 
@@ -235,35 +235,17 @@ def show(url: str | None, stack_id: str | None, namespace: str | None, as_json: 
     async def run() -> None:
         async with open_store(resolve_url(url), existing=True) as backend:
             adapter = backend.adapter
-            try:
-                checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
-            except MalformedRecordError as exc:
-                raise naming_stack(exc, stack_id, namespace) from exc  # the hint: siglo rm
-            if checkpoint is None:
+            # The run and its waits as the store held them, read in its namespace (the
+            # hint of a malformed one: siglo rm).
+            run = await read_run(adapter, stack_id, namespace)
+            if run is None:
                 where = f" in namespace {namespace!r}" if namespace else ""
                 raise CliError(
                     f"no stack {stack_id!r}{where}",
                     await _missing_hint(adapter, stack_id, namespace),
                 )
+            checkpoint, waits = run
             now = system_clock.now_ms()
-            waits: list[WaitRecord] = []
-            if adapter.supports(Capability.WAIT_RECORDS):
-                embedded = embedded_wait_record(checkpoint.metadata)
-                keys = [] if embedded is None else [embedded.correlation_key]
-                # Wait records live in their stack's namespace: every read names it.
-                latest = await adapter.get_wait_record(stack_id, namespace=namespace)
-                if latest is not None and latest.stack_id == stack_id:
-                    keys.append(latest.correlation_key)
-                for key in dict.fromkeys(keys):
-                    record = await adapter.get_wait_record(key, namespace=namespace)
-                    # The key's current record may be another run's (a key whose wait
-                    # ended may be waited on again): shown with that run only.
-                    if (
-                        record is not None
-                        and record.namespace == namespace
-                        and record.stack_id == stack_id
-                    ):
-                        waits.append(record)
             # Read without the keys it was stored with: said, not printed as its data.
             refuse_unopened_run(checkpoint, waits)
         # Shown as the dashboard and an export give it: a key the settings redact is

@@ -16,16 +16,15 @@ from siglo.errors import (
     CapabilityNotSupportedError,
     InvalidArgumentError,
     LockNotAcquiredError,
-    MalformedRecordError,
-    naming_stack,
 )
 from siglo.listing import MAX_PAGE_SIZE, CheckpointPage, CheckpointSummary
 from siglo.locking import workflow_lock_key
 from siglo.pipeline import shown_run
-from siglo.records import WaitRecord, embedded_wait_record
+from siglo.records import WaitRecord
 from siglo.redaction import hide
 from siglo.sealing import refuse_unopened_run
 from siglo.sentinel import MISSING, Missing
+from siglo.stored_runs import read_run
 from siglo.unreadable import collecting_unreadable
 from siglo.workflow.flow import STEP_CACHE_KEY, run_cache_namespace
 from siglo.workflow.outcomes import wait_outcome
@@ -205,24 +204,6 @@ def _taken_at(holder: str) -> int | None:
     return int(head[len("lock_") :]) if head.startswith("lock_") else None
 
 
-async def waits_of(adapter: StorageAdapter, checkpoint: Checkpoint) -> list[WaitRecord]:
-    """The run's wait records: the one its metadata names and the latest of its id."""
-    if not adapter.supports(Capability.WAIT_RECORDS):
-        return []
-    stack_id, namespace = checkpoint.stack_id, checkpoint.namespace
-    embedded = embedded_wait_record(checkpoint.metadata)
-    keys = [] if embedded is None else [embedded.correlation_key]
-    latest = await adapter.get_wait_record(stack_id, namespace=namespace)
-    if latest is not None and latest.stack_id == stack_id:
-        keys.append(latest.correlation_key)
-    found = []
-    for key in dict.fromkeys(keys):
-        record = await adapter.get_wait_record(key, namespace=namespace)
-        if record is not None and record.stack_id == stack_id:
-            found.append(record)
-    return found
-
-
 async def run_detail(
     adapter: StorageAdapter,
     stack_id: str,
@@ -231,19 +212,18 @@ async def run_detail(
 ) -> RunDetail | None:
     """One run's checkpoint, wait records, context stream and lock; ``None`` if no
     checkpoint of ``stack_id`` is stored in ``namespace``."""
-    try:
-        checkpoint = await adapter.get_checkpoint(stack_id, namespace, fallback=False)
-    except MalformedRecordError as exc:
-        raise naming_stack(exc, stack_id, namespace) from exc  # its page says to remove it
-    if checkpoint is None:
+    # The run and its waits as the store held them (a malformed one named: its page
+    # says to remove it).
+    run = await read_run(adapter, stack_id, namespace)
+    if run is None:
         return None
+    checkpoint, stored_waits = run
     stream: dict[str, dict[str, Any]] = {}
     if adapter.supports(Capability.CONTEXT_STREAM):
         for step in checkpoint.contexts:
             changes = await adapter.get_context_changes(stack_id, step, namespace)
             if changes:
                 stream[step] = changes
-    stored_waits = await waits_of(adapter, checkpoint)
     # Read without the keys it was stored with: said, not printed as the run's data.
     refuse_unopened_run(checkpoint, stored_waits, stream)
     # Shown as `siglo show` and an export give it (pipeline.shown_run).
