@@ -297,10 +297,15 @@ _NAME = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
 def _clean(table: str) -> str:
-    # Bounded batches through the gone_at index; RETURNING counts what went.
+    # Bounded batches through the gone_at index; RETURNING counts what went. The expiry
+    # is asked again of the row deleted: a row written over after the statement's
+    # snapshot (a save, a claim, a new wait on the key of an expired one) is re-checked
+    # by PostgreSQL against the outer WHERE alone, and the subquery's list still named it:
+    # live rows written during a clean were deleted (a black-box auditor).
     return (
         f"DELETE FROM {table} WHERE id IN "
-        f"(SELECT id FROM {table} WHERE gone_at <= :now LIMIT :limit) RETURNING 1"
+        f"(SELECT id FROM {table} WHERE gone_at <= :now LIMIT :limit) "
+        "AND gone_at <= :now RETURNING 1"
     )
 
 
@@ -730,7 +735,9 @@ def _locks(lk: str) -> dict[str, str | None]:
         "lock_clean_batch": (
             f"UPDATE {lk} SET token = NULL, gone_at = NULL WHERE id IN "
             f"(SELECT id FROM {lk} WHERE gone_at <= :now AND scope = 'lock' LIMIT :limit) "
-            "RETURNING 1"
+            # Asked again of the row freed, as _clean does: a lock taken again after
+            # the statement's snapshot was freed under its new holder (two holders).
+            "AND gone_at <= :now AND scope = 'lock' RETURNING 1"
         ),
     }
 
