@@ -122,7 +122,11 @@ def worker_pool() -> Any:
         import time
         from concurrent.futures import ProcessPoolExecutor
 
-        _pool = ProcessPoolExecutor(POOL_SIZE, mp_context=multiprocessing.get_context("spawn"))
+        from sql_workers import exit_with_parent
+
+        _pool = ProcessPoolExecutor(
+            POOL_SIZE, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent
+        )
         list(_pool.map(time.sleep, [0.01] * POOL_SIZE))
         atexit.register(_pool.shutdown)
     return _pool

@@ -8,11 +8,27 @@ process races from the same instant, and returns what it won and any error it sa
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 from typing import Any
 
 import siglo
 from siglo import Checkpoint
+
+
+def exit_with_parent() -> None:
+    """The pool's initializer: end this worker when the process that made the pool ends
+    without shutting it down (an xdist worker interrupted at the end of the run: its
+    atexit never ran, and its pool's processes were left behind, idle, for good)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 async def _start(url: str, start_at: float) -> siglo.Backend:
