@@ -67,4 +67,3 @@ async def test_a_lock_taken_again_while_a_clean_runs_keeps_its_holder() -> None:
             f"SELECT token FROM {_table(a, 'locks')} WHERE key = 'k' AND scope = 'lock'"
         )
         assert [r[0] for r in rows] == ["next-holder"]
-
